@@ -1,0 +1,44 @@
+# Prism's build. `make setup` fetches what the build needs (idempotent);
+# `make demo` is the main job end to end; `make test` is what CI runs.
+SHELL := /bin/bash
+GO ?= go
+ORT_NPM_VERSION := 1.30.0
+ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
+export ORT_LIB ?= $(ORT_CACHE_LIB)
+BIN := bin/prism
+
+.PHONY: setup build test demo proto bench vet fmt clean
+
+setup:
+	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
+
+build:
+	$(GO) build -o $(BIN) ./cmd/prism
+
+vet:
+	$(GO) vet ./...
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+test: setup
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 15m ./...
+
+# The main job end to end on embedded defaults: build a model, then score
+# synthetic samples and the Criteo sample through ONNX Runtime.
+demo: setup build
+	./scripts/demo.sh
+
+bench: setup
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./models/...
+
+# Regenerates internal/onnxpb/onnx.pb.go with protoc (Debian: protobuf-compiler)
+# and the protoc-gen-go pinned in go.mod's tool block.
+proto:
+	@command -v protoc >/dev/null || { echo "make proto: protoc not found; installing Debian's protobuf-compiler"; apt-get install -y protobuf-compiler >/dev/null || { echo "make proto: install protoc (apt-get install protobuf-compiler)"; exit 1; }; }
+	$(GO) build -o .cache/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	protoc --plugin=protoc-gen-go=.cache/protoc-gen-go --go_out=. --go_opt=paths=source_relative internal/onnxpb/onnx.proto
+
+clean:
+	rm -rf bin .cache/protoc-gen-go

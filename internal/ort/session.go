@@ -1,0 +1,156 @@
+package ort
+
+import (
+	"fmt"
+	"runtime"
+
+	ort "github.com/yalue/onnxruntime_go"
+)
+
+// SessionOptions are the knobs Prism sets on an ONNX Runtime session.
+type SessionOptions struct {
+	// IntraOpThreads is the thread pool size for one operator; 0 lets
+	// ONNX Runtime choose (one per core).
+	IntraOpThreads int
+	// InterOpThreads is the pool for running operators in parallel; 0: 1.
+	InterOpThreads int
+}
+
+// Input is one named float32 or int64 input of a Run.
+type Input struct {
+	Name    string
+	Shape   []int64
+	Float32 []float32
+	Int64   []int64
+}
+
+// Session is a loaded model. Run may be called from several goroutines:
+// ONNX Runtime sessions are safe for concurrent Run calls.
+type Session struct {
+	path    string
+	inputs  []ort.InputOutputInfo
+	outputs []ort.InputOutputInfo
+	s       *ort.DynamicAdvancedSession
+}
+
+// NewSession loads the model at path (external data is read from beside it).
+func NewSession(path string, opts SessionOptions) (*Session, error) {
+	if err := Init(); err != nil {
+		return nil, err
+	}
+	ins, outs, err := ort.GetInputOutputInfo(path)
+	if err != nil {
+		return nil, fmt.Errorf("load model %q in ONNX Runtime: %w", path, err)
+	}
+	so, err := ort.NewSessionOptions()
+	if err != nil {
+		return nil, fmt.Errorf("session options: %w", err)
+	}
+	defer so.Destroy()
+	if opts.IntraOpThreads > 0 {
+		if err := so.SetIntraOpNumThreads(opts.IntraOpThreads); err != nil {
+			return nil, fmt.Errorf("session options: %w", err)
+		}
+	}
+	inter := max(opts.InterOpThreads, 1)
+	if err := so.SetInterOpNumThreads(inter); err != nil {
+		return nil, fmt.Errorf("session options: %w", err)
+	}
+	names := func(infos []ort.InputOutputInfo) []string {
+		out := make([]string, len(infos))
+		for i, in := range infos {
+			out[i] = in.Name
+		}
+		return out
+	}
+	s, err := ort.NewDynamicAdvancedSession(path, names(ins), names(outs), so)
+	if err != nil {
+		return nil, fmt.Errorf("load model %q in ONNX Runtime: %w", path, err)
+	}
+	sess := &Session{path: path, inputs: ins, outputs: outs, s: s}
+	runtime.SetFinalizer(sess, func(s *Session) { s.Close() })
+	return sess, nil
+}
+
+// InputNames are the model's inputs in graph order.
+func (s *Session) InputNames() []string {
+	out := make([]string, len(s.inputs))
+	for i, in := range s.inputs {
+		out[i] = in.Name
+	}
+	return out
+}
+
+// OutputNames are the model's outputs in graph order.
+func (s *Session) OutputNames() []string {
+	out := make([]string, len(s.outputs))
+	for i, o := range s.outputs {
+		out[i] = o.Name
+	}
+	return out
+}
+
+// Run scores one batch. in must hold every model input, in any order; the
+// outputs come back as float32 slices in OutputNames order. The returned
+// slices are owned by the caller.
+func (s *Session) Run(in []Input) ([][]float32, error) {
+	byName := make(map[string]*Input, len(in))
+	for i := range in {
+		byName[in[i].Name] = &in[i]
+	}
+	values := make([]ort.Value, len(s.inputs))
+	defer func() {
+		for _, v := range values {
+			if v != nil {
+				v.Destroy()
+			}
+		}
+	}()
+	for i, info := range s.inputs {
+		x, ok := byName[info.Name]
+		if !ok {
+			return nil, fmt.Errorf("run %q: missing input %q", s.path, info.Name)
+		}
+		var err error
+		switch info.DataType {
+		case ort.TensorElementDataTypeFloat:
+			values[i], err = ort.NewTensor(ort.Shape(x.Shape), x.Float32)
+		case ort.TensorElementDataTypeInt64:
+			values[i], err = ort.NewTensor(ort.Shape(x.Shape), x.Int64)
+		default:
+			err = fmt.Errorf("unsupported input type %v", info.DataType)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("run %q: input %q: %w", s.path, info.Name, err)
+		}
+	}
+	outs := make([]ort.Value, len(s.outputs))
+	if err := s.s.Run(values, outs); err != nil {
+		return nil, fmt.Errorf("run %q: %w", s.path, err)
+	}
+	res := make([][]float32, len(outs))
+	for i, o := range outs {
+		t, ok := o.(*ort.Tensor[float32])
+		if !ok {
+			for _, o := range outs {
+				o.Destroy()
+			}
+			return nil, fmt.Errorf("run %q: output %q is not float32", s.path, s.outputs[i].Name)
+		}
+		res[i] = append([]float32(nil), t.GetData()...)
+	}
+	for _, o := range outs {
+		o.Destroy()
+	}
+	return res, nil
+}
+
+// Close frees the session. It is safe to call more than once.
+func (s *Session) Close() error {
+	if s.s == nil {
+		return nil
+	}
+	err := s.s.Destroy()
+	s.s = nil
+	return err
+}

@@ -1,0 +1,103 @@
+package models
+
+import (
+	"fmt"
+)
+
+// InputKind tells dense features from sparse ids.
+type InputKind int
+
+const (
+	DenseKind InputKind = iota
+	SparseKind
+)
+
+// InputSpec describes one model input per sample.
+type InputSpec struct {
+	Name string
+	Kind InputKind
+	// Width: features per sample (dense) or ids per sample (sparse).
+	Width int
+	// Rank1 marks a [batch] sparse input (one id, no bag axis).
+	Rank1 bool
+	// Rows is the id range of a sparse input.
+	Rows int64
+}
+
+// Shape is the input's shape for a batch of n samples.
+func (s InputSpec) Shape(n int) []int64 {
+	if s.Rank1 {
+		return []int64{int64(n)}
+	}
+	return []int64{int64(n), int64(s.Width)}
+}
+
+// Signature is a model's inputs, in graph order.
+type Signature struct {
+	Inputs []InputSpec
+}
+
+// Signature returns the inputs of c's graphs.
+func (c *Config) Signature() Signature {
+	sig := Signature{Inputs: []InputSpec{{Name: DenseInput, Kind: DenseKind, Width: c.NumDense}}}
+	for k, rows := range c.TableRows {
+		sig.Inputs = append(sig.Inputs, InputSpec{Name: SparseInput(k), Kind: SparseKind, Width: c.Bag(k), Rank1: c.BagSizes[k] == 0, Rows: rows})
+	}
+	return sig
+}
+
+// Column is one input's values for a batch: F32 for dense, I64 for sparse,
+// n*Width values, sample-major.
+type Column struct {
+	F32 []float32
+	I64 []int64
+}
+
+// Batch is n samples of a signature's inputs.
+type Batch struct {
+	N       int
+	Sig     *Signature
+	Columns []Column // aligned with Sig.Inputs
+}
+
+// Check verifies b against its signature: lengths and id ranges.
+func (b *Batch) Check() error {
+	if len(b.Columns) != len(b.Sig.Inputs) {
+		return fmt.Errorf("batch has %d columns for %d inputs", len(b.Columns), len(b.Sig.Inputs))
+	}
+	for i, in := range b.Sig.Inputs {
+		col := b.Columns[i]
+		want := b.N * in.Width
+		switch in.Kind {
+		case DenseKind:
+			if len(col.F32) != want {
+				return fmt.Errorf("input %q: %d values for %d samples of width %d", in.Name, len(col.F32), b.N, in.Width)
+			}
+		case SparseKind:
+			if len(col.I64) != want {
+				return fmt.Errorf("input %q: %d ids for %d samples of bag %d", in.Name, len(col.I64), b.N, in.Width)
+			}
+			for j, id := range col.I64 {
+				if id < 0 || id >= in.Rows {
+					return fmt.Errorf("input %q: sample %d: id %d outside table of %d rows", in.Name, j/in.Width, id, in.Rows)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Slice returns samples [i, j) of b, sharing its storage.
+func (b *Batch) Slice(i, j int) *Batch {
+	out := &Batch{N: j - i, Sig: b.Sig, Columns: make([]Column, len(b.Columns))}
+	for c, in := range b.Sig.Inputs {
+		w := in.Width
+		if b.Columns[c].F32 != nil {
+			out.Columns[c].F32 = b.Columns[c].F32[i*w : j*w]
+		}
+		if b.Columns[c].I64 != nil {
+			out.Columns[c].I64 = b.Columns[c].I64[i*w : j*w]
+		}
+	}
+	return out
+}

@@ -1,0 +1,216 @@
+package models
+
+import (
+	"bufio"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// CriteoDense and CriteoSparse are the Criteo display-advertising columns.
+const (
+	CriteoDense  = 13
+	CriteoSparse = 26
+)
+
+// Criteo reads rows of the Criteo data sets: label, I1..I13, C1..C26,
+// either tab-separated without a header (the original day_N and
+// train.txt files) or comma/tab-separated with a header line naming the
+// columns. As Meta's DLRM preprocessing does, a dense value x becomes
+// log(1+max(x,0)) and an empty one 0; a categorical hex string is hashed to
+// an id modulo its table's rows. For a multi-hot input the bag holds the
+// id and Width-1 further ids derived from it deterministically.
+type Criteo struct {
+	sig    *Signature
+	dense  int   // index of the dense input in sig
+	sparse []int // indices of the 26 sparse inputs in sig
+	sc     *bufio.Scanner
+	name   string
+	line   int
+	sep    byte
+	order  []int // column index in the file of label, I1..I13, C1..C26
+	labels []float32
+	// pending holds the first line when it was data, not a header.
+	pending string
+}
+
+var _ Source = (*Criteo)(nil)
+
+// NewCriteo reads Criteo rows from r for a model with sig: one dense
+// input of width 13 and 26 sparse inputs, in that order. name is used in
+// error messages.
+func NewCriteo(r io.Reader, name string, sig Signature) (*Criteo, error) {
+	c := &Criteo{sig: &sig, name: name, dense: -1}
+	for i, in := range sig.Inputs {
+		if in.Kind == DenseKind {
+			if c.dense >= 0 || in.Width != CriteoDense {
+				return nil, fmt.Errorf("criteo %s: the model must have one dense input of width %d", name, CriteoDense)
+			}
+			c.dense = i
+		} else {
+			c.sparse = append(c.sparse, i)
+		}
+	}
+	if c.dense < 0 || len(c.sparse) != CriteoSparse {
+		return nil, fmt.Errorf("criteo %s: the model has %d sparse inputs, Criteo rows have %d", name, len(c.sparse), CriteoSparse)
+	}
+	c.sc = bufio.NewScanner(r)
+	c.sc.Buffer(make([]byte, 64<<10), 1<<20)
+	c.order = make([]int, 1+CriteoDense+CriteoSparse)
+	for i := range c.order {
+		c.order[i] = i
+	}
+	// Peek at the first line for a header.
+	if !c.sc.Scan() {
+		if err := c.sc.Err(); err != nil {
+			return nil, fmt.Errorf("criteo %s: %w", name, err)
+		}
+		return nil, fmt.Errorf("criteo %s: empty file", name)
+	}
+	c.line = 1
+	first := c.sc.Text()
+	c.sep = '\t'
+	if !strings.Contains(first, "\t") && strings.Contains(first, ",") {
+		c.sep = ','
+	}
+	fields := strings.Split(first, string(c.sep))
+	if len(fields) > 0 && strings.EqualFold(strings.TrimSpace(fields[0]), "label") {
+		if err := c.header(fields); err != nil {
+			return nil, err
+		}
+		first = ""
+	}
+	c.pending = first
+	return c, nil
+}
+
+func (c *Criteo) header(fields []string) error {
+	pos := map[string]int{}
+	for i, f := range fields {
+		pos[strings.ToUpper(strings.TrimSpace(f))] = i
+	}
+	want := []string{"LABEL"}
+	for i := 1; i <= CriteoDense; i++ {
+		want = append(want, fmt.Sprintf("I%d", i))
+	}
+	for i := 1; i <= CriteoSparse; i++ {
+		want = append(want, fmt.Sprintf("C%d", i))
+	}
+	for i, w := range want {
+		p, ok := pos[w]
+		if !ok {
+			return fmt.Errorf("criteo %s:1: header has no column %s", c.name, w)
+		}
+		c.order[i] = p
+	}
+	return nil
+}
+
+// Labels returns the labels of the rows the last Next returned.
+func (c *Criteo) Labels() []float32 { return c.labels }
+
+// Next reads up to n rows; io.EOF after the last one.
+func (c *Criteo) Next(n int) (*Batch, error) {
+	b := &Batch{Sig: c.sig, Columns: make([]Column, len(c.sig.Inputs))}
+	c.labels = c.labels[:0]
+	for b.N < n {
+		text, ok, err := c.nextLine()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			break
+		}
+		if strings.TrimSpace(text) == "" {
+			continue
+		}
+		if err := c.parse(b, text); err != nil {
+			return nil, err
+		}
+		b.N++
+	}
+	if b.N == 0 {
+		return nil, io.EOF
+	}
+	return b, nil
+}
+
+func (c *Criteo) nextLine() (string, bool, error) {
+	if c.pending != "" {
+		s := c.pending
+		c.pending = ""
+		return s, true, nil
+	}
+	if !c.sc.Scan() {
+		if err := c.sc.Err(); err != nil {
+			return "", false, fmt.Errorf("criteo %s:%d: %w", c.name, c.line+1, err)
+		}
+		return "", false, nil
+	}
+	c.line++
+	return c.sc.Text(), true, nil
+}
+
+func (c *Criteo) parse(b *Batch, text string) error {
+	fields := strings.Split(text, string(c.sep))
+	need := 0
+	for _, p := range c.order {
+		need = max(need, p+1)
+	}
+	if len(fields) < need {
+		return fmt.Errorf("criteo %s:%d: %d columns, want %d (label, I1-I13, C1-C26)", c.name, c.line, len(fields), need)
+	}
+	label, err := strconv.ParseFloat(strings.TrimSpace(fields[c.order[0]]), 32)
+	if err != nil {
+		return fmt.Errorf("criteo %s:%d: label %q is not a number", c.name, c.line, fields[c.order[0]])
+	}
+	c.labels = append(c.labels, float32(label))
+	for i := range CriteoDense {
+		s := strings.TrimSpace(fields[c.order[1+i]])
+		v := 0.0
+		if s != "" {
+			v, err = strconv.ParseFloat(s, 64)
+			if err != nil || math.IsNaN(v) {
+				return fmt.Errorf("criteo %s:%d: I%d value %q is not a number", c.name, c.line, i+1, s)
+			}
+		}
+		b.Columns[c.dense].F32 = append(b.Columns[c.dense].F32, float32(math.Log1p(max(v, 0))))
+	}
+	for k, col := range c.sparse {
+		in := c.sig.Inputs[col]
+		h := hashCategory(strings.TrimSpace(fields[c.order[1+CriteoDense+k]]))
+		for j := range in.Width {
+			v := h
+			if j > 0 {
+				v = splitmix64(h + uint64(j))
+			}
+			b.Columns[col].I64 = append(b.Columns[col].I64, int64(v%uint64(in.Rows)))
+		}
+	}
+	return nil
+}
+
+// hashCategory turns a Criteo categorical value into a 64-bit number: the
+// value itself when it is the usual 8-digit hex string, else its FNV hash;
+// the empty value is 0.
+func hashCategory(s string) uint64 {
+	if s == "" {
+		return 0
+	}
+	if v, err := strconv.ParseUint(s, 16, 64); err == nil {
+		return v
+	}
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
+}
+
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}

@@ -1,0 +1,111 @@
+package models
+
+import (
+	"fmt"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+)
+
+// InferSignature reads the inputs of any recommendation model from its
+// graph, so samples can be drawn for models the zoo did not build: a float
+// input [batch, k] is k dense features; an integer input [batch] or
+// [batch, bag] is a sparse feature whose id range is the row count of the
+// table it indexes (the data of the Gather it feeds, through Cast or
+// Identity). m may be read with SkipExternalData: only dims are used.
+func InferSignature(m *pb.ModelProto) (Signature, error) {
+	g := m.GetGraph()
+	inits := map[string]*pb.TensorProto{}
+	for _, t := range g.GetInitializer() {
+		inits[t.GetName()] = t
+	}
+	producer := map[string]*pb.NodeProto{}
+	consumers := map[string][]*pb.NodeProto{}
+	for _, n := range g.GetNode() {
+		for _, o := range n.GetOutput() {
+			producer[o] = n
+		}
+		for _, in := range n.GetInput() {
+			consumers[in] = append(consumers[in], n)
+		}
+	}
+	// tableOf follows Cast/Identity back to an initializer.
+	tableOf := func(name string) *pb.TensorProto {
+		for range 4 {
+			if t, ok := inits[name]; ok {
+				return t
+			}
+			p, ok := producer[name]
+			if !ok || (p.GetOpType() != "Cast" && p.GetOpType() != "Identity") {
+				return nil
+			}
+			name = p.GetInput()[0]
+		}
+		return nil
+	}
+	// rowsFor finds the table an id tensor indexes, looking through
+	// Cast/Identity/Reshape/Flatten applied to the ids.
+	var rowsFor func(name string, depth int) int64
+	rowsFor = func(name string, depth int) int64 {
+		if depth > 4 {
+			return 0
+		}
+		for _, n := range consumers[name] {
+			switch n.GetOpType() {
+			case "Gather":
+				if len(n.GetInput()) == 2 && n.GetInput()[1] == name {
+					if t := tableOf(n.GetInput()[0]); t != nil && len(t.GetDims()) == 2 {
+						return t.GetDims()[0]
+					}
+				}
+			case "Cast", "Identity", "Reshape", "Flatten", "Unsqueeze", "Squeeze":
+				if r := rowsFor(n.GetOutput()[0], depth+1); r > 0 {
+					return r
+				}
+			}
+		}
+		return 0
+	}
+	var sig Signature
+	for _, vi := range g.GetInput() {
+		if _, isInit := inits[vi.GetName()]; isInit {
+			continue // old exporters list initializers as inputs
+		}
+		tt := vi.GetType().GetTensorType()
+		if tt == nil {
+			return sig, fmt.Errorf("input %q is not a tensor", vi.GetName())
+		}
+		dims := tt.GetShape().GetDim()
+		if len(dims) < 1 || len(dims) > 2 {
+			return sig, fmt.Errorf("input %q has rank %d; want [batch] or [batch, n]", vi.GetName(), len(dims))
+		}
+		width := 1
+		if len(dims) == 2 {
+			v, ok := dims[1].GetValue().(*pb.TensorShapeProto_Dimension_DimValue)
+			if !ok || v.DimValue <= 0 {
+				return sig, fmt.Errorf("input %q: dimension 1 must be a fixed size", vi.GetName())
+			}
+			width = int(v.DimValue)
+		}
+		spec := InputSpec{Name: vi.GetName(), Width: width, Rank1: len(dims) == 1}
+		switch pb.TensorProto_DataType(tt.GetElemType()) {
+		case pb.TensorProto_FLOAT:
+			spec.Kind = DenseKind
+			if spec.Rank1 {
+				return sig, fmt.Errorf("input %q: a dense input must be [batch, n]", vi.GetName())
+			}
+		case pb.TensorProto_INT64:
+			spec.Kind = SparseKind
+			spec.Rows = rowsFor(vi.GetName(), 0)
+			if spec.Rows <= 0 {
+				return sig, fmt.Errorf("input %q: ids that index no embedding table (no Gather on a 2-D initializer)", vi.GetName())
+			}
+		default:
+			return sig, fmt.Errorf("input %q: element type %v is not supported (float32 dense or int64 ids)", vi.GetName(), pb.TensorProto_DataType(tt.GetElemType()))
+		}
+		sig.Inputs = append(sig.Inputs, spec)
+	}
+	if len(sig.Inputs) == 0 {
+		return sig, fmt.Errorf("model has no inputs")
+	}
+	return sig, nil
+}
