@@ -1,0 +1,224 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/placement"
+)
+
+func init() { subcommands = append(subcommands, newPlanCmd) }
+
+// newPlanCmd is `prism plan`: cluster-level placement planning. The logic
+// lives in placement/; this file only parses flags and writes files.
+func newPlanCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "plan",
+		Short: "Plan placement: simulate scheduling policies, compare CN/HN deployments, lay out MIG",
+	}
+	cmd.AddCommand(newPlanSimulateCmd())
+	for _, mk := range planSubcommands {
+		cmd.AddCommand(mk())
+	}
+	return cmd
+}
+
+// planSubcommands lets other files of this package add plan jobs.
+var planSubcommands []func() *cobra.Command
+
+// sharedData finds ../shared/data beside the repository root (the
+// directory holding go.mod), walking up from the working directory; "" if
+// there is none.
+func sharedData() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			p := filepath.Join(filepath.Dir(dir), "shared", "data")
+			if st, err := os.Stat(p); err == nil && st.IsDir() {
+				return p
+			}
+			return ""
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
+
+// defaultDataFile returns the shared data file if it exists, else "".
+func defaultDataFile(rel string) string {
+	d := sharedData()
+	if d == "" {
+		return ""
+	}
+	p := filepath.Join(d, rel)
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// parseSeeds reads "42-51", "1,5,9" or "7".
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(part, "-"); ok {
+			a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 64)
+			b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 64)
+			if err1 != nil || err2 != nil || b < a {
+				return nil, fmt.Errorf("--seeds: bad range %q, want like 42-51", part)
+			}
+			if b-a > 100000 {
+				return nil, fmt.Errorf("--seeds: range %q too long", part)
+			}
+			for v := a; v <= b; v++ {
+				out = append(out, v)
+			}
+			continue
+		}
+		v, err := strconv.ParseUint(part, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--seeds: %q is not a seed", part)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--seeds: no seeds in %q", s)
+	}
+	return out, nil
+}
+
+func newPlanSimulateCmd() *cobra.Command {
+	var (
+		nodesPath, tasksPath, policies, seeds, out, tie string
+		inflation, coverage                             float64
+		at                                              int
+	)
+	cmd := &cobra.Command{
+		Use:   "simulate",
+		Short: "Replay a GPU-cluster trace under placement policies (the FGD paper's method)",
+		Long: `Simulate grows the task trace with seeded random draws to --inflation times the
+cluster's GPU capacity, shuffles it with the same seed, places tasks one by one
+(none leaves) and records GPU allocation and fragmentation against arrived load.
+It writes curves.csv, summary.csv, alloc.png and frag.png to --out.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if nodesPath == "" || tasksPath == "" {
+				return fmt.Errorf("--nodes and --tasks are required (no ../shared/data found to default to)")
+			}
+			seedList, err := parseSeeds(seeds)
+			if err != nil {
+				return err
+			}
+			nodes, err := placement.LoadNodes(nodesPath)
+			if err != nil {
+				return err
+			}
+			tasks, err := placement.LoadTasks(tasksPath)
+			if err != nil {
+				return err
+			}
+			reg := placement.NewRegistry()
+			var names []string
+			for _, p := range strings.Split(policies, ",") {
+				if p = strings.TrimSpace(p); p == "" {
+					continue
+				}
+				if p == "all" {
+					names = append(names, placement.PaperPolicies...)
+					continue
+				}
+				if _, err := reg.New(p, placement.PolicyOptions{Workload: placement.TargetWorkload{{GPUMilli: 1000, GPUs: 1, Freq: 1}}}); err != nil {
+					return fmt.Errorf("--policy: %w", err)
+				}
+				names = append(names, p)
+			}
+			if len(names) == 0 {
+				return fmt.Errorf("--policy: no policy given")
+			}
+			stderr := cmd.ErrOrStderr()
+			var results []*placement.SimResult
+			total := len(names) * len(seedList)
+			for i, name := range names {
+				for j, seed := range seedList {
+					run := i*len(seedList) + j + 1
+					opts := placement.SimOptions{Seed: seed, Inflation: inflation, Coverage: coverage, TieBreak: tie, ProgressEvery: 2000,
+						Progress: func(done, n int) {
+							fmt.Fprintf(stderr, "\r[%d/%d] %s seed %d: %d/%d tasks", run, total, name, seed, done, n)
+						}}
+					r, err := placement.Simulate(nodes, tasks, name, reg, opts)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(stderr, "\r[%d/%d] %s seed %d: %d tasks, %d failed, alloc %.2f%% at %d%% arrived\n",
+						run, total, r.Policy, seed, r.Tasks, r.Failed, r.AllocAt(at), at)
+					results = append(results, r)
+				}
+			}
+			sums := placement.Summarize(results, at)
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "%-14s %5s %12s %8s %10s %8s\n", "policy", "seeds", "alloc@"+strconv.Itoa(at)+"%", "std", "frag", "failed")
+			for _, s := range sums {
+				fmt.Fprintf(w, "%-14s %5d %11.2f%% %8.2f %9.2f%% %7.2f%%\n", s.Policy, s.Seeds, s.AllocMean, s.AllocStd, s.FragMean, s.FailedPct)
+			}
+			if out == "" {
+				return nil
+			}
+			if err := os.MkdirAll(out, 0o755); err != nil {
+				return fmt.Errorf("create %q: %w", out, err)
+			}
+			if err := writeFile(filepath.Join(out, "curves.csv"), func(f *os.File) error { return placement.WriteCurvesCSV(f, results) }); err != nil {
+				return err
+			}
+			if err := writeFile(filepath.Join(out, "summary.csv"), func(f *os.File) error { return placement.WriteSummaryCSV(f, sums) }); err != nil {
+				return err
+			}
+			for _, m := range []string{"alloc", "frag"} {
+				if err := placement.PlotCurvesPNG(filepath.Join(out, m+".png"), results, m); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(stderr, "wrote %s/{curves.csv,summary.csv,alloc.png,frag.png}\n", out)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&nodesPath, "nodes", defaultDataFile("openb/openb_node_list_gpu_node.csv"), "node CSV (sn,cpu_milli,memory_mib,gpu,model)")
+	f.StringVar(&tasksPath, "tasks", defaultDataFile("openb/openb_pod_list_default.csv"), "task CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...)")
+	f.StringVar(&policies, "policy", "all", "comma-separated policies, or all for the paper's six: "+strings.Join(placement.NewRegistry().Names(), ", "))
+	f.StringVar(&seeds, "seeds", "42", "seeds: 42-51, 1,2,3 or 42")
+	f.StringVar(&out, "out", "", "directory for curves.csv, summary.csv, alloc.png, frag.png")
+	f.Float64Var(&inflation, "inflation", 1.3, "grow GPU demand to this multiple of capacity (<= 0: trace as is)")
+	f.Float64Var(&coverage, "coverage", 0.95, "share of tasks the FGD target workload's shapes cover")
+	f.StringVar(&tie, "tie", "first", "tie break between best nodes: first (seeded node order) or random")
+	f.IntVar(&at, "at", 100, "arrived load (percent of GPU capacity) the summary reports")
+	return cmd
+}
+
+func writeFile(path string, fill func(*os.File) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create %q: %w", path, err)
+	}
+	if err := fill(f); err != nil {
+		f.Close()
+		return fmt.Errorf("write %q: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %q: %w", path, err)
+	}
+	return nil
+}
