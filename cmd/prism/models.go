@@ -1,0 +1,124 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/internal/progress"
+	"github.com/prism-serve/prism/models"
+)
+
+func init() { subcommands = append(subcommands, newModelsCmd) }
+
+func newModelsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "models",
+		Short: "List and build the model zoo (DLRM, DCNv2, DeepFM)",
+	}
+	cmd.AddCommand(newModelsListCmd(), newModelsBuildCmd())
+	return cmd
+}
+
+func newModelsListCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List the presets with their parameter counts and bytes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tFAMILY\tTABLES\tROWS\tDIM\tPARAMS\tBYTES\tFULL-SIZE BYTES\tDESCRIPTION")
+			for _, name := range models.Presets() {
+				p, _ := models.Lookup(name)
+				c, err := p.Resolve(models.ScaleOptions{})
+				if err != nil {
+					return err
+				}
+				var rows int64
+				for _, r := range c.TableRows {
+					rows += r
+				}
+				e, d := c.Params()
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", name, c.Family, c.NumTables(), humanCount(rows), c.EmbDim,
+					humanCount(e+d), progress.Bytes(c.Bytes()), progress.Bytes(p.Config.Bytes()), p.Doc)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+func newModelsBuildCmd() *cobra.Command {
+	var (
+		out      string
+		seed     uint64
+		scale    models.ScaleOptions
+		external bool
+	)
+	cmd := &cobra.Command{
+		Use:   "build NAME -o DIR",
+		Short: "Build a preset with seeded weights into DIR/model.onnx (external data when large)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" {
+				return fmt.Errorf("models build: -o DIR is required")
+			}
+			p, err := models.Lookup(args[0])
+			if err != nil {
+				return err
+			}
+			c, err := p.Resolve(scale)
+			if err != nil {
+				return fmt.Errorf("models build %s: %w", args[0], err)
+			}
+			start := time.Now()
+			stderr := cmd.ErrOrStderr()
+			fmt.Fprintf(stderr, "building %s: %d tables, %s of parameters\n", c.Name, c.NumTables(), progress.Bytes(c.Bytes()))
+			m, err := models.New(c, seed)
+			if err != nil {
+				return err
+			}
+			var bar *progress.Bar
+			opts := models.WriteOptions{External: external}
+			opts.Progress = func(done, total int64) {
+				if bar == nil {
+					bar = progress.New(stderr, "writing "+out, total, true)
+				}
+				bar.Set(done)
+			}
+			man, err := m.Write(out, opts)
+			if bar != nil {
+				bar.Done()
+			}
+			if err != nil {
+				return err
+			}
+			where := out + "/" + man.ModelFile
+			if man.External {
+				where += " (+ " + man.DataFile + ")"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "built %s (%s params, %s) in %s: %s\n", c.Name, humanCount(man.Params), progress.Bytes(man.Bytes), time.Since(start).Round(time.Millisecond), where)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&out, "out", "o", "", "output folder (created)")
+	cmd.Flags().Uint64Var(&seed, "seed", 1, "seed of the weights")
+	cmd.Flags().Float64Var(&scale.RowsScale, "rows-scale", 0, "multiply every table's rows (tables keep at least min(rows, 1000)); 0: the preset's default")
+	cmd.Flags().Int64Var(&scale.MaxRows, "max-rows", 0, "cap every table at this many rows; 0: the preset's default")
+	cmd.Flags().BoolVar(&external, "external-data", false, "always write weights to model.onnx.data (default: only above 1 GiB)")
+	return cmd
+}
+
+func humanCount(n int64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fG", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.2fM", float64(n)/1e6)
+	case n >= 1e3:
+		return fmt.Sprintf("%.1fk", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}
+
