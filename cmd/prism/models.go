@@ -121,4 +121,3 @@ func humanCount(n int64) string {
 	}
 	return fmt.Sprint(n)
 }
-
