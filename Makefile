@@ -7,7 +7,7 @@ ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
 export ORT_LIB ?= $(ORT_CACHE_LIB)
 BIN := bin/prism
 
-.PHONY: setup build test demo proto bench vet fmt clean
+.PHONY: setup build test demo proto bench bench-score vet fmt clean
 
 setup:
 	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
@@ -31,7 +31,11 @@ demo: setup build
 	./scripts/demo.sh
 
 bench: setup
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./models/...
+	$(GO) test -run '^$$' -bench . ./...
+
+# Monolithic scoring throughput table for BENCHMARKS.md.
+bench-score: setup build
+	./scripts/bench-score.sh
 
 # Regenerates internal/onnxpb/onnx.pb.go with protoc (Debian: protobuf-compiler)
 # and the protoc-gen-go pinned in go.mod's tool block.

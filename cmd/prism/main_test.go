@@ -1,0 +1,119 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// The tests run the real binary, as a user does.
+var prismBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "prism-bin")
+	if err != nil {
+		panic(err)
+	}
+	prismBin = filepath.Join(dir, "prism")
+	if out, err := exec.Command("go", "build", "-o", prismBin, ".").CombinedOutput(); err != nil {
+		panic(string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func run(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(prismBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func TestModelsListAndBuildAndScore(t *testing.T) {
+	out, err := run(t, nil, "models", "list")
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, name := range []string{"dlrm-tiny", "dlrm-kaggle", "dlrm-terabyte", "dcnv2-mlperf", "dcnv2-tiny", "deepfm-tiny", "540.68M"} {
+		if !strings.Contains(out, name) {
+			t.Errorf("models list lacks %q:\n%s", name, out)
+		}
+	}
+	dir := t.TempDir()
+	if out, err := run(t, nil, "models", "build", "dcnv2-tiny", "-o", dir, "--seed", "3"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	model := filepath.Join(dir, "model.onnx")
+	scores := filepath.Join(dir, "scores.txt")
+	out, err = run(t, nil, "score", model, "--samples", "100", "--batch", "32", "--scores-out", scores)
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !strings.Contains(out, "scored 100 samples in 4 batches") {
+		t.Errorf("unexpected summary:\n%s", out)
+	}
+	b, _ := os.ReadFile(scores)
+	if n := strings.Count(string(b), "\n"); n != 100 {
+		t.Errorf("%d scores written, want 100", n)
+	}
+	// The Criteo sample, when present.
+	_, file, _, _ := runtime.Caller(0)
+	criteo := filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "data", "criteo", "criteo_sample.txt")
+	if _, err := os.Stat(criteo); err == nil {
+		out, err = run(t, nil, "score", model, "--criteo", criteo)
+		if err != nil || !strings.Contains(out, "scored 200 samples") || !strings.Contains(out, "label") {
+			t.Errorf("criteo scoring: %v\n%s", err, out)
+		}
+	}
+}
+
+// TestErrorsAreOneLine: bad input gets one clear line and exit status 1,
+// never a Go or cgo stack trace.
+func TestErrorsAreOneLine(t *testing.T) {
+	dir := t.TempDir()
+	notONNX := filepath.Join(dir, "notes.onnx")
+	os.WriteFile(notONNX, []byte("hello"), 0o644)
+	good := filepath.Join(dir, "m")
+	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", good); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"no library", []string{"ORT_LIB=" + filepath.Join(dir, "missing.so")}, []string{"score", filepath.Join(good, "model.onnx")}, "make setup"},
+		{"not onnx", nil, []string{"score", notONNX}, "notes.onnx"},
+		{"missing model", nil, []string{"score", filepath.Join(dir, "nope.onnx")}, "nope.onnx"},
+		{"bad batch", nil, []string{"score", filepath.Join(good, "model.onnx"), "--batch", "0"}, "--batch must be positive"},
+		{"unknown model", nil, []string{"models", "build", "bert", "-o", dir}, `unknown model "bert"`},
+		{"bad scale", nil, []string{"models", "build", "dlrm-tiny", "-o", dir, "--rows-scale", "-2"}, "rows-scale"},
+		{"no -o", nil, []string{"models", "build", "dlrm-tiny"}, "-o DIR is required"},
+		{"criteo missing", nil, []string{"score", filepath.Join(good, "model.onnx"), "--criteo", filepath.Join(dir, "c.txt")}, "c.txt"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(t, tc.env, tc.args...)
+			if err == nil {
+				t.Fatalf("no error:\n%s", out)
+			}
+			if code := err.(*exec.ExitError).ExitCode(); code != 1 {
+				t.Errorf("exit code %d, want 1", code)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			last := lines[len(lines)-1]
+			if !strings.HasPrefix(last, "prism: ") || !strings.Contains(last, tc.want) {
+				t.Errorf("last line %q, want a 'prism: ' line containing %q", last, tc.want)
+			}
+			if strings.Contains(out, "goroutine ") || strings.Contains(out, "panic") || strings.Contains(out, "SIGSEGV") {
+				t.Errorf("stack trace in output:\n%s", out)
+			}
+		})
+	}
+}
