@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/prism-serve/prism/placement"
+	"github.com/prism-serve/prism/placement/cnhn"
 )
 
 func init() { subcommands = append(subcommands, newPlanCmd) }
@@ -21,7 +22,7 @@ func newPlanCmd() *cobra.Command {
 		Use:   "plan",
 		Short: "Plan placement: simulate scheduling policies, compare CN/HN deployments, lay out MIG",
 	}
-	cmd.AddCommand(newPlanSimulateCmd())
+	cmd.AddCommand(newPlanSimulateCmd(), newPlanCNHNCmd())
 	for _, mk := range planSubcommands {
 		cmd.AddCommand(mk())
 	}
@@ -221,4 +222,59 @@ func writeFile(path string, fill func(*os.File) error) error {
 		return fmt.Errorf("close %q: %w", path, err)
 	}
 	return nil
+}
+
+func newPlanCNHNCmd() *cobra.Command {
+	var (
+		trace    string
+		gpu, cpu cnhn.Shape
+	)
+	cmd := &cobra.Command{
+		Use:   "cnhn",
+		Short: "Compare Prism's disaggregated CN/HN deployment with a monolithic one on the Prism trace",
+		Long: `cnhn replays the lifetime events of the Prism trace twice on elastic pools of
+identical nodes (a node opens when nothing open fits, closes when empty, best
+fit in between): disaggregated (CN instances on CPU nodes, HN on GPU nodes) and
+monolithic (each HN instance carries its service's CN vCPUs and memory per HN
+instance, on GPU nodes). It reports peak nodes and time-averaged CPU and GPU
+fragmentation (unallocated share of the nodes in use).`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if trace == "" {
+				return fmt.Errorf("--trace is required (no ../shared/data found to default to)")
+			}
+			tr, err := cnhn.LoadTrace(trace)
+			if err != nil {
+				return err
+			}
+			o := cnhn.Options{GPUNode: gpu, CPUNode: cpu}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "replaying %d instances twice...\n", len(tr))
+			d, err := cnhn.Disaggregated(tr, o)
+			if err != nil {
+				return err
+			}
+			m, err := cnhn.Monolithic(tr, o)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "%-14s %9s %9s %9s %9s %13s %9s %12s\n", "deployment", "gpu_nodes", "cpu_nodes", "cpu_frag", "gpu_frag", "gpupool_cpu", "unplaced", "capped_vcpu")
+			for _, r := range []*cnhn.Result{d, m} {
+				fmt.Fprintf(w, "%-14s %9d %9d %8.1f%% %8.1f%% %12.1f%% %9d %12.0f\n", r.Mode, r.PeakGPUNodes, r.PeakCPUNodes, r.CPUFragPct, r.GPUFragPct, r.GPUPoolCPUFragPct, r.Unplaced, r.CappedCores)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&trace, "trace", defaultDataFile("prism/disaggregated_DLRM_trace.csv"), "Prism trace CSV")
+	f.IntVar(&gpu.Cores, "gpu-node-cores", 128, "vCPUs of a GPU node")
+	f.IntVar(&gpu.GPUs, "gpu-node-gpus", 8, "GPUs of a GPU node")
+	f.IntVar(&gpu.RNICs, "gpu-node-rnics", 4, "RNICs of a GPU node")
+	f.IntVar(&gpu.MemGiB, "gpu-node-mem", 2048, "memory GiB of a GPU node (not in the paper; assumed)")
+	f.IntVar(&cpu.Cores, "cpu-node-cores", 128, "vCPUs of a CPU node")
+	f.IntVar(&cpu.RNICs, "cpu-node-rnics", 1, "RNICs of a CPU node")
+	f.IntVar(&cpu.MemGiB, "cpu-node-mem", 1024, "memory GiB of a CPU node (not in the paper; assumed)")
+	return cmd
 }
