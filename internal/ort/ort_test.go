@@ -1,0 +1,64 @@
+package ort
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestFindLibrary(t *testing.T) {
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libonnxruntime.so")
+	os.WriteFile(lib, []byte("x"), 0o644)
+
+	t.Run("ORT_LIB", func(t *testing.T) {
+		t.Setenv("ORT_LIB", lib)
+		if p, err := FindLibrary(); err != nil || p != lib {
+			t.Fatalf("got %q, %v", p, err)
+		}
+	})
+	t.Run("ORT_LIB missing", func(t *testing.T) {
+		t.Setenv("ORT_LIB", filepath.Join(dir, "nope.so"))
+		_, err := FindLibrary()
+		if !errors.Is(err, ErrNoLibrary) || !strings.Contains(err.Error(), "nope.so") || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("ORT_LIB is a folder", func(t *testing.T) {
+		t.Setenv("ORT_LIB", dir)
+		if _, err := FindLibrary(); !errors.Is(err, ErrNoLibrary) {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("cache found upwards", func(t *testing.T) {
+		t.Setenv("ORT_LIB", "")
+		root := t.TempDir()
+		cached := filepath.Join(root, ".cache", "ort", Version, "libonnxruntime.so")
+		os.MkdirAll(filepath.Dir(cached), 0o755)
+		os.WriteFile(cached, []byte("x"), 0o644)
+		deep := filepath.Join(root, "a", "b")
+		os.MkdirAll(deep, 0o755)
+		t.Chdir(deep)
+		if p, err := FindLibrary(); err != nil || p != cached {
+			t.Fatalf("got %q, %v", p, err)
+		}
+	})
+	t.Run("nothing", func(t *testing.T) {
+		t.Setenv("ORT_LIB", "")
+		t.Chdir(t.TempDir())
+		p, err := FindLibrary()
+		// The test binary's own folder may sit inside a checkout with a
+		// cache; only when it does not must the error say how to fix it.
+		if err == nil {
+			if !strings.Contains(p, filepath.Join(".cache", "ort")) {
+				t.Fatalf("found %q", p)
+			}
+			return
+		}
+		if !strings.Contains(err.Error(), "make setup") || !strings.Contains(err.Error(), "ORT_LIB") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
