@@ -260,9 +260,9 @@ fragmentation (unallocated share of the nodes in use).`,
 				return err
 			}
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "%-14s %9s %9s %9s %9s %13s %9s %12s\n", "deployment", "gpu_nodes", "cpu_nodes", "cpu_frag", "gpu_frag", "gpupool_cpu", "unplaced", "capped_vcpu")
+			fmt.Fprintf(w, "%-14s %9s %9s %9s %9s %12s %12s %9s %12s\n", "deployment", "gpu_nodes", "cpu_nodes", "cpu_frag", "gpu_frag", "gpupool_cpu", "cpupool_cpu", "unplaced", "capped_vcpu")
 			for _, r := range []*cnhn.Result{d, m} {
-				fmt.Fprintf(w, "%-14s %9d %9d %8.1f%% %8.1f%% %12.1f%% %9d %12.0f\n", r.Mode, r.PeakGPUNodes, r.PeakCPUNodes, r.CPUFragPct, r.GPUFragPct, r.GPUPoolCPUFragPct, r.Unplaced, r.CappedCores)
+				fmt.Fprintf(w, "%-14s %9d %9d %8.1f%% %8.1f%% %11.1f%% %11.1f%% %9d %12.0f\n", r.Mode, r.PeakGPUNodes, r.PeakCPUNodes, r.CPUFragPct, r.GPUFragPct, r.GPUPoolCPUFragPct, r.CPUPoolCPUFragPct, r.Unplaced, r.CappedCores)
 			}
 			return nil
 		},

@@ -54,8 +54,8 @@ type Result struct {
 	// use over the cores (GPUs) of nodes in use, in percent. CPUFragPct
 	// covers both pools.
 	CPUFragPct, GPUFragPct float64
-	// Fragmentation on the GPU pool alone, in percent.
-	GPUPoolCPUFragPct float64
+	// CPU fragmentation of each pool alone, in percent.
+	GPUPoolCPUFragPct, CPUPoolCPUFragPct float64
 	// Instances that fit no empty node of their pool, and the vCPUs
 	// capped off oversized monolithic instances.
 	Unplaced    int
@@ -265,7 +265,7 @@ func replay(mode string, items []item, o Options, capped float64) (*Result, erro
 	}
 	placed := make([]*where, len(items))
 	res := &Result{Mode: mode, CappedCores: capped, Instances: len(items)}
-	var lastT, span, cpuFrag, gpuFrag, gpuPoolCPUFrag float64
+	var lastT, span, cpuFrag, gpuFrag, gpuPoolCPUFrag, cpuPoolCPUFrag float64
 	for k, e := range evs {
 		if k > 0 && e.t > lastT {
 			dt := e.t - lastT
@@ -276,6 +276,9 @@ func replay(mode string, items []item, o Options, capped float64) (*Result, erro
 			}
 			if gc > 0 {
 				gpuPoolCPUFrag += dt * float64(gc-guc) / float64(gc)
+			}
+			if cc > 0 {
+				cpuPoolCPUFrag += dt * float64(cc-cuc) / float64(cc)
 			}
 			if gg > 0 {
 				gpuFrag += dt * float64(gg-gug) / float64(gg)
@@ -306,6 +309,7 @@ func replay(mode string, items []item, o Options, capped float64) (*Result, erro
 		res.CPUFragPct = 100 * cpuFrag / span
 		res.GPUFragPct = 100 * gpuFrag / span
 		res.GPUPoolCPUFragPct = 100 * gpuPoolCPUFrag / span
+		res.CPUPoolCPUFragPct = 100 * cpuPoolCPUFrag / span
 	} else { // everything arrived at once and never left: the final state
 		gc, guc, gg, gug := gp.usage()
 		cc, cuc, _, _ := cp.usage()
@@ -314,6 +318,9 @@ func replay(mode string, items []item, o Options, capped float64) (*Result, erro
 		}
 		if gc > 0 {
 			res.GPUPoolCPUFragPct = 100 * float64(gc-guc) / float64(gc)
+		}
+		if cc > 0 {
+			res.CPUPoolCPUFragPct = 100 * float64(cc-cuc) / float64(cc)
 		}
 		if gg > 0 {
 			res.GPUFragPct = 100 * float64(gg-gug) / float64(gg)
