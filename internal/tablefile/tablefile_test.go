@@ -1,0 +1,115 @@
+package tablefile_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prism-serve/prism/internal/tablefile"
+)
+
+func table(rows, dim int) []float32 {
+	d := make([]float32, rows*dim)
+	for i := range d {
+		d[i] = float32(i%977) * 0.5
+	}
+	return d
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, rows := range []int{0, 1, 1000, tablefile.BatchRows + 3} {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "t.arrow")
+		data := table(rows, 8)
+		var last int64
+		meta, err := tablefile.Write(path, "emb_l.0.weight", 8, data, func(done, _ int64) { last = done })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last != int64(rows) {
+			t.Errorf("progress ended at %d, want %d", last, rows)
+		}
+		tab, err := tablefile.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tab.Meta != meta || tab.Rows != int64(rows) || tab.Dim != 8 || tab.Name != "emb_l.0.weight" {
+			t.Fatalf("meta %+v, wrote %+v", tab.Meta, meta)
+		}
+		if err := tab.Verify(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := tab.ReadAll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range data {
+			if got[i] != data[i] {
+				t.Fatalf("rows=%d: value %d = %v, want %v", rows, i, got[i], data[i])
+			}
+		}
+		if rows > tablefile.BatchRows {
+			first, b1, _ := tab.Batch(1)
+			if first != tablefile.BatchRows || len(b1) != 3*8 {
+				t.Errorf("batch 1 starts at %d with %d values", first, len(b1))
+			}
+		}
+		tab.Close()
+	}
+}
+
+func TestHashIdentifiesContent(t *testing.T) {
+	a := table(10, 4)
+	if tablefile.Hash(4, a) != tablefile.Hash(4, table(10, 4)) {
+		t.Fatal("same content, different hash")
+	}
+	if tablefile.Hash(4, a) == tablefile.Hash(8, a) {
+		t.Fatal("same bytes, different shape, same hash")
+	}
+}
+
+func TestBadFiles(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.arrow")
+	if _, err := tablefile.Write(good, "t", 4, table(5000, 4), nil); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(good)
+	cases := map[string][]byte{
+		"empty.arrow":     {},
+		"text.arrow":      []byte("not arrow at all"),
+		"truncated.arrow": raw[:len(raw)/2],
+	}
+	for name, b := range cases {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, b, 0o644)
+		if _, err := tablefile.Open(p); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+	// A flipped value inside the data is caught by Verify.
+	flipped := append([]byte(nil), raw...)
+	flipped[len(flipped)/2] ^= 0x40
+	p := filepath.Join(dir, "flipped.arrow")
+	os.WriteFile(p, flipped, 0o644)
+	tab, err := tablefile.Open(p)
+	if err == nil {
+		defer tab.Close()
+		if err := tab.Verify(); err == nil || !strings.Contains(err.Error(), "corrupt") {
+			t.Errorf("flipped byte: verify err = %v", err)
+		}
+	}
+	if _, err := tablefile.Open(filepath.Join(dir, "missing.arrow")); err == nil {
+		t.Error("missing file: no error")
+	}
+}
+
+func TestSafeName(t *testing.T) {
+	if got := tablefile.SafeName("emb_l.3.weight"); got != "emb_l.3.weight" {
+		t.Error(got)
+	}
+	if got := tablefile.SafeName("model/emb:0 x"); got != "model_emb_0_x" {
+		t.Error(got)
+	}
+}
