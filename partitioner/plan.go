@@ -1,0 +1,177 @@
+package partitioner
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// PlanVersion is the version of plan.json this build writes and reads.
+const PlanVersion = 1
+
+// PlanFile is the plan's file name in a partition folder.
+const PlanFile = "plan.json"
+
+// Plan is plan.json: everything the serving tiers need to run a model
+// split in two. Field names are the JSON the README documents.
+type Plan struct {
+	Version int `json:"version"`
+	// Model names the source model.
+	Model ModelInfo `json:"model"`
+	// Inputs are the source model's inputs, with the side(s) that read them.
+	Inputs []TensorInfo `json:"inputs"`
+	// Outputs are the source model's outputs (all produced by dense.onnx).
+	Outputs []TensorInfo `json:"outputs"`
+	// Cut lists the tensors that cross from the CPU side to the dense side:
+	// exactly dense.onnx's inputs, in its input order.
+	Cut []CutTensor `json:"cut"`
+	// Tables are the embedding tables that left the graph, each once.
+	Tables []Table `json:"tables"`
+	// CPUModel is the CPU subgraph file ("cpu.onnx"), "" when there is
+	// no CPU work besides the lookups. Its inputs are model inputs and
+	// lookup outputs; its outputs are cut tensors.
+	CPUModel string `json:"cpu_model,omitempty"`
+	// DenseModel is the dense subgraph file ("dense.onnx").
+	DenseModel string `json:"dense_model"`
+	// Cost is the cost report of the chosen cut.
+	Cost CostReport `json:"cost"`
+}
+
+// ModelInfo identifies the source model.
+type ModelInfo struct {
+	Name  string `json:"name"`
+	Path  string `json:"path"`
+	Opset int64  `json:"opset"`
+}
+
+// Side is where a node or tensor lives.
+type Side string
+
+const (
+	CPU Side = "cpu"
+	GPU Side = "gpu"
+)
+
+// TensorInfo is a named tensor with its element type and per-sample
+// shape (the batch dimension left out; -1 for a dimension not known).
+type TensorInfo struct {
+	Name  string  `json:"name"`
+	DType string  `json:"dtype"`
+	Shape []int64 `json:"shape"`
+	// Sides that read a model input: "cpu", "gpu" or both.
+	Sides []Side `json:"sides,omitempty"`
+}
+
+// CutTensor is a tensor sent from the CPU side to the dense side.
+type CutTensor struct {
+	TensorInfo
+	// BytesPerSample is its size for one sample (-1 when not known).
+	BytesPerSample int64 `json:"bytes_per_sample"`
+	// From says what produces it: "lookup" (a table lookup's output),
+	// "cpu" (cpu.onnx), or "input" (a model input passed through).
+	From string `json:"from"`
+}
+
+// Pooling is how a lookup combines the rows of one sample's bag.
+type Pooling string
+
+const (
+	PoolNone Pooling = "none" // no bag axis reduction: [batch, (bag,) dim]
+	PoolSum  Pooling = "sum"
+	PoolMean Pooling = "mean"
+	PoolMax  Pooling = "max"
+)
+
+// UnknownIDs is what a lookup does with an id outside its table.
+type UnknownIDs string
+
+const (
+	UnknownError UnknownIDs = "error" // the default
+	UnknownHash  UnknownIDs = "hash"  // id modulo rows
+	UnknownZero  UnknownIDs = "zero"  // a zero vector
+)
+
+// Table is an embedding table written to tables/NAME.arrow.
+type Table struct {
+	Name  string `json:"name"`
+	File  string `json:"file"` // relative to the plan folder
+	Rows  int64  `json:"rows"`
+	Dim   int    `json:"dim"`
+	DType string `json:"dtype"`
+	// SHA256 is the content hash (internal/tablefile): equal hashes, equal tables.
+	SHA256 string `json:"sha256"`
+	// UnknownIDs: "error" (default), "hash" or "zero".
+	UnknownIDs UnknownIDs `json:"unknown_ids,omitempty"`
+	Lookups    []Lookup   `json:"lookups"`
+}
+
+// Lookup is one use of a table: gather the rows of the ids in Input and
+// pool them over the bag axis.
+type Lookup struct {
+	// Input is the model input holding the ids: [batch] (one id per
+	// sample) or [batch, bag].
+	Input string `json:"input"`
+	// Bag is the ids per sample (1 for a [batch] input).
+	Bag int `json:"bag"`
+	// Rank1 marks a [batch] id input.
+	Rank1 bool `json:"rank1,omitempty"`
+	// Pooling over the bag axis; PoolNone keeps it.
+	Pooling Pooling `json:"pooling"`
+	// Weights, if set, is a model input [batch, bag] of per-id weights
+	// multiplied into the rows before pooling.
+	Weights string `json:"weights,omitempty"`
+	// Output is the tensor the lookup produces: a cut tensor or an input
+	// of cpu.onnx. Shape per sample: [dim] pooled or rank-1 unpooled,
+	// [bag, dim] unpooled.
+	Output string `json:"output"`
+}
+
+// CostReport summarises the cut.
+type CostReport struct {
+	CPU             SideCost `json:"cpu"`
+	GPU             SideCost `json:"gpu"`
+	CutBytes        int64    `json:"cut_bytes_per_sample"`
+	TableBytes      int64    `json:"table_bytes"`
+	Objective       float64  `json:"objective"`
+	UnknownShapes   []string `json:"unknown_shapes,omitempty"`
+	Forced          []string `json:"forced,omitempty"`
+	PartitionMillis int64    `json:"partition_ms"`
+}
+
+// SideCost is one side's share of the model.
+type SideCost struct {
+	Nodes        int            `json:"nodes"`
+	Ops          map[string]int `json:"ops"`
+	ParamBytes   int64          `json:"param_bytes"`
+	FLOPsPerSamp int64          `json:"flops_per_sample"`
+}
+
+// ReadPlan reads dir/plan.json and checks its version.
+func ReadPlan(dir string) (*Plan, error) {
+	path := filepath.Join(dir, PlanFile)
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read plan: %w", err)
+	}
+	var p Plan
+	if err := json.Unmarshal(buf, &p); err != nil {
+		return nil, fmt.Errorf("read plan %q: %w", path, err)
+	}
+	if p.Version != PlanVersion {
+		return nil, fmt.Errorf("read plan %q: version %d, this build reads version %d", path, p.Version, PlanVersion)
+	}
+	return &p, nil
+}
+
+// WritePlan writes p as dir/plan.json.
+func WritePlan(dir string, p *Plan) error {
+	buf, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write plan: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, PlanFile), append(buf, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write plan: %w", err)
+	}
+	return nil
+}
