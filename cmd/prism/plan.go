@@ -11,6 +11,7 @@ import (
 
 	"github.com/prism-serve/prism/placement"
 	"github.com/prism-serve/prism/placement/cnhn"
+	"github.com/prism-serve/prism/placement/mig"
 )
 
 func init() { subcommands = append(subcommands, newPlanCmd) }
@@ -22,7 +23,7 @@ func newPlanCmd() *cobra.Command {
 		Use:   "plan",
 		Short: "Plan placement: simulate scheduling policies, compare CN/HN deployments, lay out MIG",
 	}
-	cmd.AddCommand(newPlanSimulateCmd(), newPlanCNHNCmd())
+	cmd.AddCommand(newPlanSimulateCmd(), newPlanCNHNCmd(), newPlanMIGCmd())
 	for _, mk := range planSubcommands {
 		cmd.AddCommand(mk())
 	}
@@ -276,5 +277,71 @@ fragmentation (unallocated share of the nodes in use).`,
 	f.IntVar(&cpu.Cores, "cpu-node-cores", 128, "vCPUs of a CPU node")
 	f.IntVar(&cpu.RNICs, "cpu-node-rnics", 1, "RNICs of a CPU node")
 	f.IntVar(&cpu.MemGiB, "cpu-node-mem", 1024, "memory GiB of a CPU node (not in the paper; assumed)")
+	return cmd
+}
+
+func newPlanMIGCmd() *cobra.Command {
+	var (
+		model    string
+		demands  string
+		full     float64
+		maxExact int
+	)
+	cmd := &cobra.Command{
+		Use:   "mig",
+		Short: "Lay out MIG partitions so service demands are met with the fewest GPUs",
+		Long: `mig plans per-GPU MIG layouts legal for the GPU model and assigns instances to
+services. --demands lists each service's demand in full-GPU equivalents
+(name=demand, comma-separated); throughput per slice follows MLPerf v1.1's
+1g share of 0.136 of a full GPU per compute slice. The heuristic plan is
+compared with whole-GPU allocation and, up to --max-exact GPUs, with the
+exact solver.`,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			m, err := mig.ModelByName(model)
+			if err != nil {
+				return err
+			}
+			var svcs []mig.Service
+			for _, kv := range strings.Split(demands, ",") {
+				name, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+				d, perr := strconv.ParseFloat(v, 64)
+				if !ok || perr != nil || d < 0 {
+					return fmt.Errorf("--demands: %q, want name=demand", kv)
+				}
+				svcs = append(svcs, mig.Service{Name: name, Demand: d * full, Throughput: mig.DefaultThroughput(m, full)})
+			}
+			g, err := mig.Greedy(m, svcs)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			for i, gpu := range g.GPUs {
+				var parts []string
+				for j, in := range gpu.Layout {
+					who := "idle"
+					if s := gpu.Assign[j]; s >= 0 {
+						who = svcs[s].Name
+					}
+					parts = append(parts, fmt.Sprintf("%s@%d:%s", m.Profiles[in.Profile].Name, in.Start, who))
+				}
+				fmt.Fprintf(w, "gpu %d: %s\n", i, strings.Join(parts, " "))
+			}
+			whole := mig.WholeGPUs(m, svcs)
+			fmt.Fprintf(w, "heuristic: %d GPUs; whole-GPU allocation: %d GPUs (saves %.0f%%)\n", len(g.GPUs), whole, 100*float64(whole-len(g.GPUs))/float64(max(whole, 1)))
+			if len(g.GPUs) <= maxExact {
+				ex, err := mig.Exact(m, svcs, maxExact)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(w, "exact: %d GPUs\n", len(ex.GPUs))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&model, "model", "A100-80GB", "GPU model: A100-40GB, A100-80GB, H100-80GB")
+	f.StringVar(&demands, "demands", "resnet=0.4,bert=0.4,dlrm=1.3", "service demands in full-GPU equivalents, name=demand,...")
+	f.Float64Var(&full, "full-throughput", 1000, "requests/s of one full GPU (scales demands and throughputs alike)")
+	f.IntVar(&maxExact, "max-exact", 6, "run the exact solver when the heuristic plan has at most this many GPUs")
 	return cmd
 }

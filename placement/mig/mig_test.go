@@ -1,0 +1,178 @@
+package mig
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+)
+
+// The A100-40GB rules must match the placements go-nvml's simulated DGX
+// A100 reports for every profile.
+func TestA100PlacementsMatchNVMLMock(t *testing.T) {
+	server := dgxa100.New()
+	dev := server.Devices[0]
+	for _, p := range A100_40GB.Profiles {
+		info, ret := dev.GetGpuInstanceProfileInfo(p.NVMLID)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("%s: GetGpuInstanceProfileInfo(%d): %v", p.Name, p.NVMLID, ret)
+		}
+		places, ret := dev.GetGpuInstancePossiblePlacements(&info)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("%s: placements: %v", p.Name, ret)
+		}
+		var starts []int
+		for _, pl := range places {
+			if int(pl.Size) != p.Size {
+				t.Errorf("%s: nvml size %d, ours %d", p.Name, pl.Size, p.Size)
+			}
+			starts = append(starts, int(pl.Start))
+		}
+		if !slices.Equal(starts, p.Starts) {
+			t.Errorf("%s: nvml starts %v, ours %v", p.Name, starts, p.Starts)
+		}
+		if int(info.SliceCount) != p.Compute {
+			t.Errorf("%s: nvml slice count %d, ours %d", p.Name, info.SliceCount, p.Compute)
+		}
+	}
+}
+
+func TestLegal(t *testing.T) {
+	m := A100_40GB
+	ok := []Layout{
+		{{Profile: 3, Start: 0}, {Profile: 3, Start: 4}},                         // 3g+3g
+		{{Profile: 4, Start: 0}, {Profile: 2, Start: 4}, {Profile: 0, Start: 6}}, // 4g+2g+1g
+		{{Profile: 5, Start: 0}},                                                 // 7g
+	}
+	for _, l := range ok {
+		if err := m.Legal(l); err != nil {
+			t.Errorf("%s: %v", m.String(l), err)
+		}
+	}
+	bad := []Layout{
+		{{Profile: 0, Start: 7}},                         // 1g cannot start at 7
+		{{Profile: 3, Start: 2}},                         // 3g starts at 0 or 4
+		{{Profile: 4, Start: 0}, {Profile: 3, Start: 0}}, // overlap
+		{{Profile: 5, Start: 0}, {Profile: 0, Start: 6}}, // overlap with 7g
+	}
+	for _, l := range bad {
+		if m.Legal(l) == nil {
+			t.Errorf("%v accepted", l)
+		}
+	}
+	if n := len(m.MaximalLayouts()); n != 38 {
+		t.Errorf("A100-40GB has %d maximal layouts, want 38", n)
+	}
+}
+
+func smallCase(seed int) (Model, []Service) {
+	m := A100_80GB
+	rng := seed*7919 + 13
+	next := func(n int) int { rng = (rng*1103515245 + 12345) & 0x7fffffff; return rng % n }
+	var svcs []Service
+	for s := 0; s < 2+next(2); s++ {
+		full := float64(100 + next(200))
+		t := DefaultThroughput(m, full)
+		// Some models gain from bigger slices less than linearly.
+		if next(2) == 0 {
+			for i, p := range m.Profiles {
+				if p.Compute > 1 && p.Compute < 7 {
+					t[i] *= 0.9
+				}
+			}
+		}
+		svcs = append(svcs, Service{Name: fmt.Sprintf("s%d", s), Demand: full * float64(1+next(20)) / 10, Throughput: t})
+	}
+	return m, svcs
+}
+
+// On small cases the heuristic is never better than the exact solver (it
+// cannot be) and at most one GPU worse; both plans are legal and meet
+// every demand.
+func TestGreedyVersusExact(t *testing.T) {
+	worse := 0
+	for seed := 0; seed < 25; seed++ {
+		m, svcs := smallCase(seed)
+		ex, err := Exact(m, svcs, 6)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		gr, err := Greedy(m, svcs)
+		if err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		for name, p := range map[string]*Plan{"exact": ex, "greedy": gr} {
+			if err := p.Validate(m, svcs); err != nil {
+				t.Fatalf("seed %d %s: %v", seed, name, err)
+			}
+		}
+		if len(gr.GPUs) < len(ex.GPUs) {
+			t.Fatalf("seed %d: greedy %d GPUs beats exact %d", seed, len(gr.GPUs), len(ex.GPUs))
+		}
+		if len(gr.GPUs) > len(ex.GPUs)+1 {
+			t.Fatalf("seed %d: greedy %d GPUs, exact %d", seed, len(gr.GPUs), len(ex.GPUs))
+		}
+		if len(gr.GPUs) > len(ex.GPUs) {
+			worse++
+		}
+		if ex.GPUs != nil && len(ex.GPUs) > WholeGPUs(m, svcs) {
+			t.Fatalf("seed %d: exact %d worse than whole GPUs %d", seed, len(ex.GPUs), WholeGPUs(m, svcs))
+		}
+	}
+	t.Logf("greedy one GPU worse than exact in %d of 25 cases", worse)
+}
+
+// Hand-checked: one service needing 0.4 of a GPU fits a 3g slice (0.408);
+// whole-GPU allocation needs 1 GPU, so does MIG; two such services share
+// one GPU (3g+3g) where whole GPUs need two.
+func TestByHand(t *testing.T) {
+	m := A100_40GB
+	s := func(name string, d float64) Service {
+		return Service{Name: name, Demand: d, Throughput: DefaultThroughput(m, 1)}
+	}
+	svcs := []Service{s("a", 0.4), s("b", 0.4)}
+	ex, err := Exact(m, svcs, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ex.GPUs) != 1 || WholeGPUs(m, svcs) != 2 {
+		t.Fatalf("exact %d GPUs, whole %d; want 1 and 2", len(ex.GPUs), WholeGPUs(m, svcs))
+	}
+	if _, err := Greedy(m, []Service{{Name: "x", Demand: 1, Throughput: make([]float64, len(m.Profiles))}}); err == nil {
+		t.Fatal("unservable demand accepted")
+	}
+}
+
+func BenchmarkGreedy100Services(b *testing.B) {
+	m, svcs := largeCase()
+	for b.Loop() {
+		if _, err := Greedy(m, svcs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func largeCase() (Model, []Service) {
+	m := A100_80GB
+	var svcs []Service
+	for i := 0; i < 100; i++ {
+		svcs = append(svcs, Service{Name: fmt.Sprint(i), Demand: float64(5 + (i*37)%60), Throughput: DefaultThroughput(m, 100)})
+	}
+	return m, svcs
+}
+
+func TestGreedyLargeIsFast(t *testing.T) {
+	m, svcs := largeCase()
+	t0 := time.Now()
+	p, err := Greedy(m, svcs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Validate(m, svcs); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("100 services: %d GPUs (whole GPUs %d) in %v", len(p.GPUs), WholeGPUs(m, svcs), time.Since(t0))
+}

@@ -1,0 +1,232 @@
+package mig
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+)
+
+// Service is a model to serve with its throughput demand.
+type Service struct {
+	Name   string
+	Demand float64 // requests/s
+	// Throughput per profile index of the model, requests/s per instance.
+	Throughput []float64
+}
+
+// DefaultThroughput is the table when none is measured: a full GPU (7g)
+// serves full; a g-slice instance serves 0.136*g of it, MLPerf v1.1's
+// measured 1g.10gb share of a full A100 (0.133-0.139, ResNet-50 and BERT);
+// memory size does not change throughput.
+func DefaultThroughput(m Model, full float64) []float64 {
+	t := make([]float64, len(m.Profiles))
+	for i, p := range m.Profiles {
+		if p.Compute == m.ComputeSlices {
+			t[i] = full
+		} else {
+			t[i] = full * 0.136 * float64(p.Compute)
+		}
+	}
+	return t
+}
+
+// GPU is one GPU of a plan: its layout and the service each instance
+// serves (-1 idle).
+type GPU struct {
+	Layout Layout
+	Assign []int
+}
+
+// Plan is a solution.
+type Plan struct {
+	GPUs []GPU
+}
+
+// Validate checks legality and that demands are met.
+func (p *Plan) Validate(m Model, svcs []Service) error {
+	got := make([]float64, len(svcs))
+	for i, g := range p.GPUs {
+		if err := m.Legal(g.Layout); err != nil {
+			return fmt.Errorf("gpu %d: %w", i, err)
+		}
+		if len(g.Assign) != len(g.Layout) {
+			return fmt.Errorf("gpu %d: %d assignments for %d instances", i, len(g.Assign), len(g.Layout))
+		}
+		for j, s := range g.Assign {
+			if s >= 0 {
+				got[s] += svcs[s].Throughput[g.Layout[j].Profile]
+			}
+		}
+	}
+	for s := range svcs {
+		if got[s]+1e-9 < svcs[s].Demand {
+			return fmt.Errorf("service %q gets %.3f of %.3f", svcs[s].Name, got[s], svcs[s].Demand)
+		}
+	}
+	return nil
+}
+
+// WholeGPUs is the baseline: every service on whole GPUs of its own.
+func WholeGPUs(m Model, svcs []Service) int {
+	full := slices.IndexFunc(m.Profiles, func(p Profile) bool { return p.Compute == m.ComputeSlices })
+	n := 0
+	for _, s := range svcs {
+		n += int(math.Ceil(s.Demand/s.Throughput[full] - 1e-9))
+	}
+	return n
+}
+
+func validate(m Model, svcs []Service) error {
+	for _, s := range svcs {
+		if len(s.Throughput) != len(m.Profiles) {
+			return fmt.Errorf("service %q: %d throughputs for %d profiles", s.Name, len(s.Throughput), len(m.Profiles))
+		}
+		if s.Demand < 0 || math.IsNaN(s.Demand) {
+			return fmt.Errorf("service %q: bad demand %v", s.Name, s.Demand)
+		}
+		best := 0.0
+		for _, t := range s.Throughput {
+			if t < 0 {
+				return fmt.Errorf("service %q: negative throughput", s.Name)
+			}
+			best = max(best, t)
+		}
+		if s.Demand > 0 && best == 0 {
+			return fmt.Errorf("service %q: demand %v but no profile serves it", s.Name, s.Demand)
+		}
+	}
+	return nil
+}
+
+// Greedy builds a plan one GPU at a time: for every maximal layout it
+// assigns each instance, largest first, to the service whose unmet demand
+// it covers most, and keeps the layout that covers the most unmet demand
+// (as a share of each service's demand). A final pass drops any GPU whose
+// removal the others' idle or surplus instances can absorb.
+func Greedy(m Model, svcs []Service) (*Plan, error) {
+	if err := validate(m, svcs); err != nil {
+		return nil, err
+	}
+	layouts := m.MaximalLayouts()
+	for _, l := range layouts { // biggest instances first
+		sort.SliceStable(l, func(i, j int) bool { return m.Profiles[l[i].Profile].Compute > m.Profiles[l[j].Profile].Compute })
+	}
+	rem := make([]float64, len(svcs))
+	for i, s := range svcs {
+		rem[i] = s.Demand
+	}
+	plan := &Plan{}
+	for iter := 0; ; iter++ {
+		left := 0.0
+		for _, r := range rem {
+			left += max(r, 0)
+		}
+		if left <= 1e-9 {
+			break
+		}
+		if iter > 1_000_000 {
+			return nil, fmt.Errorf("greedy: no progress")
+		}
+		var best GPU
+		bestGain := -1.0
+		for _, l := range layouts {
+			assign, gain := fillLayout(m, svcs, l, rem)
+			if gain > bestGain+1e-12 {
+				best, bestGain = GPU{Layout: l, Assign: assign}, gain
+			}
+		}
+		if bestGain <= 0 {
+			return nil, fmt.Errorf("greedy: demand left that no layout serves")
+		}
+		for j, s := range best.Assign {
+			if s >= 0 {
+				rem[s] -= svcs[s].Throughput[best.Layout[j].Profile]
+			}
+		}
+		plan.GPUs = append(plan.GPUs, best)
+	}
+	improve(m, svcs, plan)
+	return plan, nil
+}
+
+// fillLayout assigns a layout's instances to services by largest relative
+// unmet demand covered; it returns the assignment and the covered share.
+func fillLayout(m Model, svcs []Service, l Layout, rem []float64) ([]int, float64) {
+	r := slices.Clone(rem)
+	assign := make([]int, len(l))
+	gain := 0.0
+	for j, in := range l {
+		assign[j] = -1
+		bestS, bestG := -1, 0.0
+		for s := range svcs {
+			if r[s] <= 1e-9 || svcs[s].Demand == 0 {
+				continue
+			}
+			g := min(r[s], svcs[s].Throughput[in.Profile]) / svcs[s].Demand
+			if g > bestG+1e-12 {
+				bestS, bestG = s, g
+			}
+		}
+		if bestS >= 0 {
+			assign[j] = bestS
+			r[bestS] -= svcs[bestS].Throughput[in.Profile]
+			gain += bestG
+		}
+	}
+	return assign, gain
+}
+
+// improve drops GPUs while the plan stays valid after reassigning every
+// instance greedily (local search by removal).
+func improve(m Model, svcs []Service, plan *Plan) {
+	for i := len(plan.GPUs) - 1; i >= 0 && len(plan.GPUs) > 1; i-- {
+		trial := &Plan{GPUs: slices.Concat(plan.GPUs[:i:i], plan.GPUs[i+1:])}
+		if reassign(m, svcs, trial) {
+			*plan = *trial
+		}
+	}
+}
+
+// reassign redistributes all instances of the plan's GPUs to services,
+// largest instances first, each to the service with the most relative
+// unmet demand; it reports whether all demand is met.
+func reassign(m Model, svcs []Service, plan *Plan) bool {
+	type slot struct{ g, j int }
+	var slots []slot
+	for g := range plan.GPUs {
+		plan.GPUs[g].Assign = make([]int, len(plan.GPUs[g].Layout))
+		for j := range plan.GPUs[g].Layout {
+			plan.GPUs[g].Assign[j] = -1
+			slots = append(slots, slot{g, j})
+		}
+	}
+	sort.SliceStable(slots, func(a, b int) bool {
+		pa := m.Profiles[plan.GPUs[slots[a].g].Layout[slots[a].j].Profile].Compute
+		pb := m.Profiles[plan.GPUs[slots[b].g].Layout[slots[b].j].Profile].Compute
+		return pa > pb
+	})
+	rem := make([]float64, len(svcs))
+	for i, s := range svcs {
+		rem[i] = s.Demand
+	}
+	for _, sl := range slots {
+		p := plan.GPUs[sl.g].Layout[sl.j].Profile
+		bestS, bestR := -1, 0.0
+		for s := range svcs {
+			if rem[s] > 1e-9 && svcs[s].Throughput[p] > 0 && rem[s]/svcs[s].Demand > bestR {
+				bestS, bestR = s, rem[s]/svcs[s].Demand
+			}
+		}
+		if bestS >= 0 {
+			plan.GPUs[sl.g].Assign[sl.j] = bestS
+			rem[bestS] -= svcs[bestS].Throughput[p]
+		}
+	}
+	for _, r := range rem {
+		if r > 1e-9 {
+			return false
+		}
+	}
+	return true
+}

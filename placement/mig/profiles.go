@@ -1,0 +1,161 @@
+// Package mig plans MIG layouts: which legal partition each GPU gets and
+// which service each slice serves, so every service's throughput demand is
+// met with the fewest GPUs (the MIG-serving problem).
+package mig
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Profile is a GPU instance profile and where it may start.
+type Profile struct {
+	Name    string
+	Compute int // compute slices (the "g")
+	// Size is the memory slices the instance occupies from its start.
+	Size   int
+	Starts []int
+	// NVMLID is the nvml GPU_INSTANCE_PROFILE_* id of the profile.
+	NVMLID int
+}
+
+// Model is a MIG-capable GPU and its placement rules.
+type Model struct {
+	Name          string
+	MemSlices     int
+	ComputeSlices int
+	Profiles      []Profile
+}
+
+// nvml GPU_INSTANCE_PROFILE_* ids (go-nvml's constants), kept here so this
+// package does not link NVML.
+const (
+	nvml1Slice     = 0
+	nvml2Slice     = 1
+	nvml3Slice     = 2
+	nvml4Slice     = 3
+	nvml7Slice     = 4
+	nvml1SliceRev2 = 9
+)
+
+func profiles(mem1 int) []Profile {
+	gb := func(g, m int) string { return fmt.Sprintf("%dg.%dgb", g, m) }
+	return []Profile{
+		{Name: gb(1, mem1), Compute: 1, Size: 1, Starts: []int{0, 1, 2, 3, 4, 5, 6}, NVMLID: nvml1Slice},
+		{Name: gb(1, 2*mem1), Compute: 1, Size: 2, Starts: []int{0, 2, 4, 6}, NVMLID: nvml1SliceRev2},
+		{Name: gb(2, 2*mem1), Compute: 2, Size: 2, Starts: []int{0, 2, 4}, NVMLID: nvml2Slice},
+		{Name: gb(3, 4*mem1), Compute: 3, Size: 4, Starts: []int{0, 4}, NVMLID: nvml3Slice},
+		{Name: gb(4, 4*mem1), Compute: 4, Size: 4, Starts: []int{0}, NVMLID: nvml4Slice},
+		{Name: gb(7, 8*mem1), Compute: 7, Size: 8, Starts: []int{0}, NVMLID: nvml7Slice},
+	}
+}
+
+// The placement rules of NVIDIA's MIG user guide: 8 memory slices and 7
+// compute slices; the 80 GB parts double every memory size.
+var (
+	A100_40GB = Model{Name: "A100-40GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(5)}
+	A100_80GB = Model{Name: "A100-80GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(10)}
+	H100_80GB = Model{Name: "H100-80GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(10)}
+)
+
+// ModelByName finds a model ("A100-40GB", "a100-80gb", "H100-80GB").
+func ModelByName(name string) (Model, error) {
+	for _, m := range []Model{A100_40GB, A100_80GB, H100_80GB} {
+		if strings.EqualFold(m.Name, name) {
+			return m, nil
+		}
+	}
+	return Model{}, fmt.Errorf("unknown GPU model %q (known: A100-40GB, A100-80GB, H100-80GB)", name)
+}
+
+// Instance is one GPU instance of a layout.
+type Instance struct {
+	Profile int // index into Model.Profiles
+	Start   int
+}
+
+// Layout is the partition of one GPU.
+type Layout []Instance
+
+// Legal reports why a layout breaks the model's placement rules, or nil.
+func (m Model) Legal(l Layout) error {
+	var used [16]bool
+	compute := 0
+	for _, in := range l {
+		if in.Profile < 0 || in.Profile >= len(m.Profiles) {
+			return fmt.Errorf("profile index %d out of range", in.Profile)
+		}
+		p := m.Profiles[in.Profile]
+		if !slices.Contains(p.Starts, in.Start) {
+			return fmt.Errorf("%s cannot start at memory slice %d (allowed %v)", p.Name, in.Start, p.Starts)
+		}
+		for s := in.Start; s < in.Start+p.Size; s++ {
+			if s >= m.MemSlices || used[s] {
+				return fmt.Errorf("%s at %d overlaps memory slice %d", p.Name, in.Start, s)
+			}
+			used[s] = true
+		}
+		compute += p.Compute
+	}
+	if compute > m.ComputeSlices {
+		return fmt.Errorf("layout uses %d compute slices, %s has %d", compute, m.Name, m.ComputeSlices)
+	}
+	return nil
+}
+
+// String names a layout like "3g.20gb@0+2g.10gb@4+1g.5gb@6".
+func (m Model) String(l Layout) string {
+	var parts []string
+	for _, in := range l {
+		parts = append(parts, fmt.Sprintf("%s@%d", m.Profiles[in.Profile].Name, in.Start))
+	}
+	return strings.Join(parts, "+")
+}
+
+// MaximalLayouts lists every legal layout to which no instance can be
+// added, deduplicated by the multiset of profiles (where an instance sits
+// does not change what it serves). A plan never needs any other layout:
+// an unused slice costs nothing.
+func (m Model) MaximalLayouts() []Layout {
+	seen := map[string]bool{}
+	var out []Layout
+	var cur Layout
+	var rec func(minProfile, minStart int)
+	rec = func(minProfile, minStart int) {
+		extended := false
+		for pi := range m.Profiles {
+			for _, st := range m.Profiles[pi].Starts {
+				cand := append(slices.Clone(cur), Instance{pi, st})
+				if m.Legal(cand) != nil {
+					continue
+				}
+				extended = true
+				// Canonical order: instances by start, so each set is built once.
+				if st < minStart {
+					continue
+				}
+				cur = cand
+				rec(pi, st)
+				cur = cur[:len(cur)-1]
+			}
+		}
+		if !extended {
+			key := m.countsKey(cur)
+			if !seen[key] {
+				seen[key] = true
+				out = append(out, slices.Clone(cur))
+			}
+		}
+	}
+	rec(0, 0)
+	return out
+}
+
+func (m Model) countsKey(l Layout) string {
+	c := make([]int, len(m.Profiles))
+	for _, in := range l {
+		c[in.Profile]++
+	}
+	return fmt.Sprint(c)
+}
