@@ -1,0 +1,226 @@
+package partitioner
+
+import (
+	"fmt"
+	"strings"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+)
+
+// Graph is an ONNX graph indexed for partitioning: who produces and who
+// consumes every tensor, in a topological order.
+type Graph struct {
+	Model *pb.ModelProto
+	// Nodes in topological order.
+	Nodes []*pb.NodeProto
+	// Inits are the initializers by name (external data not loaded).
+	Inits map[string]*pb.TensorProto
+	// Inputs are the graph inputs that are not initializers, in order.
+	Inputs []*pb.ValueInfoProto
+	// Outputs are the graph outputs.
+	Outputs []*pb.ValueInfoProto
+	// Producer maps a tensor to the index (in Nodes) of the node that
+	// makes it.
+	Producer map[string]int
+	// Consumers maps a tensor to the indices of nodes that read it.
+	Consumers map[string][]int
+	inputSet  map[string]bool
+}
+
+// NewGraph indexes m's graph and checks it: every node input must be a
+// graph input, an initializer or another node's output (no dangling
+// inputs), each tensor has one producer, and there is no cycle.
+func NewGraph(m *pb.ModelProto) (*Graph, error) {
+	gp := m.GetGraph()
+	g := &Graph{
+		Model:     m,
+		Inits:     map[string]*pb.TensorProto{},
+		Producer:  map[string]int{},
+		Consumers: map[string][]int{},
+		inputSet:  map[string]bool{},
+		Outputs:   gp.GetOutput(),
+	}
+	for _, t := range gp.GetInitializer() {
+		g.Inits[t.GetName()] = t
+	}
+	for _, in := range gp.GetInput() {
+		if _, ok := g.Inits[in.GetName()]; ok {
+			continue
+		}
+		g.Inputs = append(g.Inputs, in)
+		g.inputSet[in.GetName()] = true
+	}
+	nodes := gp.GetNode()
+	producer := map[string]int{}
+	for i, n := range nodes {
+		if n.GetDomain() != "" && n.GetDomain() != "ai.onnx" {
+			return nil, fmt.Errorf("node %q: operator domain %q is not supported (standard ONNX ops only)", nodeName(n, i), n.GetDomain())
+		}
+		for _, o := range n.GetOutput() {
+			if o == "" {
+				continue
+			}
+			if j, dup := producer[o]; dup {
+				return nil, fmt.Errorf("tensor %q is produced by two nodes, %q and %q", o, nodeName(nodes[j], j), nodeName(n, i))
+			}
+			if g.inputSet[o] || g.Inits[o] != nil {
+				return nil, fmt.Errorf("node %q overwrites graph input or initializer %q", nodeName(n, i), o)
+			}
+			producer[o] = i
+		}
+	}
+	for i, n := range nodes {
+		for _, in := range n.GetInput() {
+			if in == "" {
+				continue // an omitted optional input
+			}
+			if _, ok := producer[in]; !ok && !g.inputSet[in] && g.Inits[in] == nil {
+				return nil, fmt.Errorf("node %q reads %q, which no node, input or initializer provides (dangling input)", nodeName(n, i), in)
+			}
+		}
+	}
+	for _, o := range g.Outputs {
+		if _, ok := producer[o.GetName()]; !ok && !g.inputSet[o.GetName()] {
+			return nil, fmt.Errorf("graph output %q is not produced by any node", o.GetName())
+		}
+	}
+	// Kahn's algorithm; a cycle leaves nodes unvisited.
+	indeg := make([]int, len(nodes))
+	for i, n := range nodes {
+		for _, in := range n.GetInput() {
+			if _, ok := producer[in]; ok {
+				indeg[i]++
+			}
+		}
+	}
+	readers := map[string][]int{}
+	for i, n := range nodes {
+		for _, in := range n.GetInput() {
+			readers[in] = append(readers[in], i)
+		}
+	}
+	var queue, order []int
+	for i := range nodes {
+		if indeg[i] == 0 {
+			queue = append(queue, i)
+		}
+	}
+	for len(queue) > 0 {
+		i := queue[0]
+		queue = queue[1:]
+		order = append(order, i)
+		for _, o := range nodes[i].GetOutput() {
+			for _, j := range readers[o] {
+				indeg[j]--
+				if indeg[j] == 0 {
+					queue = append(queue, j)
+				}
+			}
+		}
+	}
+	if len(order) != len(nodes) {
+		var stuck []string
+		for i := range nodes {
+			if indeg[i] > 0 {
+				stuck = append(stuck, nodeName(nodes[i], i))
+				if len(stuck) == 5 {
+					break
+				}
+			}
+		}
+		return nil, fmt.Errorf("graph has a cycle through nodes %s", strings.Join(stuck, ", "))
+	}
+	for _, i := range order {
+		g.Nodes = append(g.Nodes, nodes[i])
+	}
+	for i, n := range g.Nodes {
+		if n.GetName() == "" {
+			n.Name = fmt.Sprintf("%s_%d", n.GetOpType(), i)
+		}
+		for _, o := range n.GetOutput() {
+			if o != "" {
+				g.Producer[o] = i
+			}
+		}
+		for _, in := range n.GetInput() {
+			if in != "" {
+				g.Consumers[in] = append(g.Consumers[in], i)
+			}
+		}
+	}
+	return g, nil
+}
+
+func nodeName(n *pb.NodeProto, i int) string {
+	if n.GetName() != "" {
+		return n.GetName()
+	}
+	return fmt.Sprintf("#%d (%s)", i, n.GetOpType())
+}
+
+// IsInput says whether name is a graph input (not an initializer).
+func (g *Graph) IsInput(name string) bool { return g.inputSet[name] }
+
+// Opset is the default-domain opset the model imports.
+func (g *Graph) Opset() int64 {
+	for _, o := range g.Model.GetOpsetImport() {
+		if o.GetDomain() == "" || o.GetDomain() == "ai.onnx" {
+			return o.GetVersion()
+		}
+	}
+	return 0
+}
+
+// attrInt returns integer attribute name of n, or def.
+func attrInt(n *pb.NodeProto, name string, def int64) int64 {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name {
+			return a.GetI()
+		}
+	}
+	return def
+}
+
+func attrInts(n *pb.NodeProto, name string) ([]int64, bool) {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name {
+			return a.GetInts(), true
+		}
+	}
+	return nil, false
+}
+
+func attrFloat(n *pb.NodeProto, name string, def float32) float32 {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == name {
+			return a.GetF()
+		}
+	}
+	return def
+}
+
+// constInts returns the values of an int64 initializer or Constant node
+// output (small constants such as axes and shapes).
+func (g *Graph) constInts(name string) ([]int64, bool) {
+	if t, ok := g.Inits[name]; ok {
+		if t.GetDataLocation() == pb.TensorProto_EXTERNAL {
+			return nil, false
+		}
+		v, err := pb.Int64s(t)
+		return v, err == nil
+	}
+	if i, ok := g.Producer[name]; ok && g.Nodes[i].GetOpType() == "Constant" {
+		for _, a := range g.Nodes[i].GetAttribute() {
+			switch a.GetName() {
+			case "value":
+				v, err := pb.Int64s(a.GetT())
+				return v, err == nil
+			case "value_ints":
+				return a.GetInts(), true
+			case "value_int":
+				return []int64{a.GetI()}, true
+			}
+		}
+	}
+	return nil, false
+}
