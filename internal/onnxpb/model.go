@@ -1,6 +1,7 @@
 package onnxpb
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -163,4 +164,67 @@ func resolveExternal(m *ModelProto, dir string, opts ReadOptions) error {
 		t.ExternalData = nil
 	}
 	return nil
+}
+
+// LoadData loads t's external data (resolved against dir) into RawData,
+// if it is stored externally.
+func LoadData(t *TensorProto, dir string) error {
+	ref, ext, err := External(t)
+	if err != nil || !ext {
+		return err
+	}
+	path := filepath.Join(dir, ref.Location)
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("external data of tensor %q: %w", t.GetName(), err)
+	}
+	defer f.Close()
+	length := ref.Length
+	if length < 0 {
+		st, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("external data %q: %w", path, err)
+		}
+		length = st.Size() - ref.Offset
+	}
+	raw := make([]byte, length)
+	if _, err := f.ReadAt(raw, ref.Offset); err != nil {
+		return fmt.Errorf("external data %q: tensor %q: %w", path, t.GetName(), err)
+	}
+	t.RawData, t.DataLocation, t.ExternalData = raw, TensorProto_DEFAULT, nil
+	return nil
+}
+
+// DataReader returns a reader of t's raw little-endian bytes, inline or
+// external (resolved against dir), without loading them all, and their
+// length. The caller closes it.
+func DataReader(t *TensorProto, dir string) (io.ReadCloser, int64, error) {
+	ref, ext, err := External(t)
+	if err != nil {
+		return nil, 0, err
+	}
+	if !ext {
+		if err := ToRaw(t); err != nil {
+			return nil, 0, err
+		}
+		return io.NopCloser(bytes.NewReader(t.RawData)), int64(len(t.RawData)), nil
+	}
+	path := filepath.Join(dir, ref.Location)
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("external data of tensor %q: %w", t.GetName(), err)
+	}
+	length := ref.Length
+	if length < 0 {
+		st, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return nil, 0, fmt.Errorf("external data %q: %w", path, err)
+		}
+		length = st.Size() - ref.Offset
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.NewSectionReader(f, ref.Offset, length), f}, length, nil
 }

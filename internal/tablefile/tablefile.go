@@ -90,8 +90,39 @@ func Write(path, name string, dim int, data []float32, progress func(done, total
 	if dim <= 0 || len(data)%dim != 0 {
 		return Meta{}, fmt.Errorf("write table %q: %d values do not make rows of %d", name, len(data), dim)
 	}
-	rows := int64(len(data) / dim)
-	meta := Meta{Name: name, Rows: rows, Dim: dim, DType: "float32", SHA256: Hash(dim, data)}
+	src := func(emit func([]float32) error) error { return emit(data) }
+	return WriteStream(path, name, dim, int64(len(data)/dim), src, progress)
+}
+
+// Source streams a table's rows, in row order, to emit, in pieces of any
+// whole number of rows. WriteStream calls it twice (the content hash goes
+// in the schema, which Arrow writes first), so it must yield the same
+// rows each time. The slices need only live until emit returns.
+type Source func(emit func(rows []float32) error) error
+
+// WriteStream writes a table of rows x dim from src, holding at most one
+// record batch of it in memory, so tables larger than memory stream
+// through. The file appears at path only when complete.
+func WriteStream(path, name string, dim int, rows int64, src Source, progress func(done, total int64)) (Meta, error) {
+	if dim <= 0 || rows < 0 {
+		return Meta{}, fmt.Errorf("write table %q: bad shape %d x %d", name, rows, dim)
+	}
+	h := NewHasher(dim)
+	var seen int64
+	if err := src(func(r []float32) error {
+		if len(r)%dim != 0 {
+			return fmt.Errorf("%d values are not whole rows of %d", len(r), dim)
+		}
+		h.Write(r)
+		seen += int64(len(r) / dim)
+		return nil
+	}); err != nil {
+		return Meta{}, fmt.Errorf("write table %q: %w", name, err)
+	}
+	if seen != rows {
+		return Meta{}, fmt.Errorf("write table %q: source has %d rows, want %d", name, seen, rows)
+	}
+	meta := Meta{Name: name, Rows: rows, Dim: dim, DType: "float32", SHA256: h.Sum()}
 	md := arrow.NewMetadata(
 		[]string{KeyVersion, KeyName, KeyRows, KeyDim, KeyDType, KeySHA256},
 		[]string{Version, name, strconv.FormatInt(rows, 10), strconv.Itoa(dim), meta.DType, meta.SHA256},
@@ -110,21 +141,53 @@ func Write(path, name string, dim int, data []float32, progress func(done, total
 		f.Close()
 		return Meta{}, fmt.Errorf("write table %q: %w", name, err)
 	}
-	for start := int64(0); start < rows || (rows == 0 && start == 0); start += BatchRows {
-		end := min(start+BatchRows, rows)
-		rec := record(schema, listType, dim, data[start*int64(dim):end*int64(dim)], end-start)
+	fail := func(err error) (Meta, error) {
+		w.Close()
+		f.Close()
+		return Meta{}, fmt.Errorf("write table %q: %w", name, err)
+	}
+	// Re-chunk whatever the source yields into batches of BatchRows.
+	batch := make([]float32, 0, BatchRows*dim)
+	var done int64
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		n := int64(len(batch) / dim)
+		rec := record(schema, listType, dim, batch, n)
+		err := w.Write(rec)
+		rec.Release()
+		batch = batch[:0]
+		done += n
+		if progress != nil {
+			progress(done, rows)
+		}
+		return err
+	}
+	if err := src(func(r []float32) error {
+		for len(r) > 0 {
+			take := min(len(r), cap(batch)-len(batch))
+			batch = append(batch, r[:take]...)
+			r = r[take:]
+			if len(batch) == cap(batch) {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		return fail(err)
+	}
+	if err := flush(); err != nil {
+		return fail(err)
+	}
+	if rows == 0 {
+		rec := record(schema, listType, dim, nil, 0)
 		err := w.Write(rec)
 		rec.Release()
 		if err != nil {
-			w.Close()
-			f.Close()
-			return Meta{}, fmt.Errorf("write table %q: %w", name, err)
-		}
-		if progress != nil {
-			progress(end, rows)
-		}
-		if rows == 0 {
-			break
+			return fail(err)
 		}
 	}
 	if err := w.Close(); err != nil {
@@ -146,7 +209,11 @@ func Write(path, name string, dim int, data []float32, progress func(done, total
 
 // record wraps rows (no copy) as a one-column record batch.
 func record(schema *arrow.Schema, listType arrow.DataType, dim int, rows []float32, n int64) arrow.RecordBatch {
-	values := array.NewData(arrow.PrimitiveTypes.Float32, len(rows), []*memory.Buffer{nil, memory.NewBufferBytes(onnxpb.Float32AsBytes(rows))}, nil, 0, 0)
+	var raw []byte
+	if len(rows) > 0 {
+		raw = onnxpb.Float32AsBytes(rows)
+	}
+	values := array.NewData(arrow.PrimitiveTypes.Float32, len(rows), []*memory.Buffer{nil, memory.NewBufferBytes(raw)}, nil, 0, 0)
 	defer values.Release()
 	list := array.NewData(listType, int(n), []*memory.Buffer{nil}, []arrow.ArrayData{values}, 0, 0)
 	defer list.Release()

@@ -113,3 +113,41 @@ func TestSafeName(t *testing.T) {
 		t.Error(got)
 	}
 }
+
+// TestWriteStreamRechunks: a source yielding odd pieces writes the same
+// file as Write of the whole table.
+func TestWriteStreamRechunks(t *testing.T) {
+	dir := t.TempDir()
+	data := table(tablefile.BatchRows*2+17, 4)
+	a, err := tablefile.Write(filepath.Join(dir, "a.arrow"), "t", 4, data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := func(emit func([]float32) error) error {
+		for i := 0; i < len(data); i += 4 * 1001 {
+			if err := emit(data[i:min(i+4*1001, len(data))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	b, err := tablefile.WriteStream(filepath.Join(dir, "b.arrow"), "t", 4, int64(len(data)/4), src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Fatalf("meta %+v vs %+v", a, b)
+	}
+	x, _ := os.ReadFile(filepath.Join(dir, "a.arrow"))
+	y, _ := os.ReadFile(filepath.Join(dir, "b.arrow"))
+	if string(x) != string(y) {
+		t.Fatal("streamed file differs")
+	}
+	// A source with fewer rows than declared is an error, and no file appears.
+	if _, err := tablefile.WriteStream(filepath.Join(dir, "c.arrow"), "t", 4, 5, src, nil); err == nil {
+		t.Fatal("row count mismatch accepted")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "c.arrow")); err == nil {
+		t.Fatal("a failed write left a file")
+	}
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/internal/progress"
+	"github.com/prism-serve/prism/partitioner"
+	"github.com/prism-serve/prism/partitioner/verify"
+)
+
+func init() { subcommands = append(subcommands, newPartitionCmd) }
+
+func newPartitionCmd() *cobra.Command {
+	var (
+		out        string
+		o          partitioner.Options
+		verifyN    int
+		verifySeed uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "partition MODEL.onnx -o OUT/",
+		Short: "Cut an ONNX recommendation model into an embedding side and a dense side, optimally",
+		Long: `partition finds the embedding lookups of MODEL.onnx (Gather on a 2-D table,
+with its pooling), pins them to the CPU side and heavy dense ops to the dense
+side, and places every other node by an exact minimum cut of bytes per sample
+crossing plus each side's compute. It writes OUT/plan.json, OUT/cpu.onnx (when
+there is CPU work besides the lookups), OUT/dense.onnx and OUT/tables/*.arrow,
+and prints a report.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" && !o.ReportOnly {
+				return errors.New("partition: -o OUT is required (or --report-only)")
+			}
+			if verifyN < 0 {
+				return errors.New("partition: --verify must not be negative")
+			}
+			var bar *progress.Bar
+			o.TableProgress = func(done, total int64) {
+				if bar == nil {
+					bar = progress.New(cmd.ErrOrStderr(), "writing tables", total, true)
+				}
+				bar.Set(done)
+			}
+			res, err := partitioner.Partition(args[0], out, o)
+			if bar != nil {
+				bar.Done()
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(cmd.OutOrStdout(), res.Report())
+			if o.ReportOnly {
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", out)
+			if verifyN > 0 {
+				rep, err := verify.Verify(args[0], out, verifyN, verifySeed)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "verified on %d samples: max abs error %.3g (tolerance %g)\n", rep.Samples, rep.MaxAbsErr, verify.Tolerance)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&out, "out", "o", "", "output folder (must be empty or absent)")
+	f.BoolVar(&o.ReportOnly, "report-only", false, "print the plan, write nothing")
+	f.BoolVar(&o.Overwrite, "overwrite", false, "replace a non-empty output folder")
+	f.StringArrayVar(&o.ForceCPU, "force-cpu", nil, "place this node (by name) on the CPU side; repeatable")
+	f.StringArrayVar(&o.ForceGPU, "force-gpu", nil, "place this node (by name) on the dense side; repeatable")
+	f.IntVar(&verifyN, "verify", 0, "after writing, check the partition against the whole model on N random samples")
+	f.Uint64Var(&verifySeed, "verify-seed", 1, "seed of the --verify samples")
+	f.Float64Var(&o.Cost.NetGbps, "net-gbps", 100, "cost model: CPU-to-dense-tier bandwidth, Gb/s")
+	f.Float64Var(&o.Cost.CPUGFlops, "cpu-gflops", 20, "cost model: CPU GFLOP/s")
+	f.Float64Var(&o.Cost.GPUGFlops, "gpu-gflops", 20000, "cost model: GPU GFLOP/s")
+	f.Float64Var(&o.Cost.GPULaunchMicros, "gpu-launch-us", 5, "cost model: GPU kernel launch, microseconds")
+	f.IntVar(&o.Cost.Batch, "batch", 256, "cost model: batch size that amortises launches")
+	return cmd
+}

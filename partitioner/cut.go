@@ -1,0 +1,241 @@
+package partitioner
+
+import (
+	"fmt"
+	"sort"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+)
+
+// Placement is the solved split of one graph.
+type Placement struct {
+	G       *Graph
+	Types   map[string]TensorType
+	Lookups []*lookup
+	// OnCPU says, per node index, where a placed node runs. Nodes absorbed
+	// into lookups and Constant nodes are not in it: lookups run in the
+	// store, constants are copied to whichever side reads them.
+	OnCPU     map[int]bool
+	Absorbed  map[int]*lookup
+	Constants map[int]bool
+	Cut       []CutTensor
+	// Objective is the cost model's total, in picoseconds per sample.
+	Objective     int64
+	UnknownShapes []string
+	Forced        []string
+}
+
+// Place recognises the lookups of g, builds the placement problem and
+// solves it.
+func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, error) {
+	cm.EnsureDefaults()
+	if err := cm.Validate(); err != nil {
+		return nil, err
+	}
+	types, unknownNodes := InferShapes(g)
+	pl := &Placement{G: g, Types: types, OnCPU: map[int]bool{}, Absorbed: map[int]*lookup{}, Constants: map[int]bool{}, UnknownShapes: unknownNodes}
+	pl.Lookups = findLookups(g, types)
+	for _, l := range pl.Lookups {
+		for _, i := range l.nodes {
+			pl.Absorbed[i] = l
+		}
+		for _, i := range l.table.chain {
+			pl.Absorbed[i] = l
+		}
+	}
+	byName := map[string]int{}
+	for i, n := range g.Nodes {
+		byName[n.GetName()] = i
+		if n.GetOpType() == "Constant" {
+			pl.Constants[i] = true
+		}
+	}
+
+	p := &problem{}
+	vertexOfInput := map[string]int{}
+	for _, in := range g.Inputs {
+		vertexOfInput[in.GetName()] = p.addVertex(0, 0, pinCPU)
+	}
+	vertexOfLookup := map[*lookup]int{}
+	for _, l := range pl.Lookups {
+		vertexOfLookup[l] = p.addVertex(0, 0, pinCPU)
+	}
+	vertexOfNode := map[int]int{}
+	nodeOfVertex := map[int]int{}
+	for i, n := range g.Nodes {
+		if pl.Absorbed[i] != nil || pl.Constants[i] {
+			continue
+		}
+		flops, ok := nodeFLOPs(g, n, types)
+		if !ok {
+			flops = cm.UnknownFLOPs
+		}
+		view := viewOps[n.GetOpType()]
+		k := free
+		if heavyOps[n.GetOpType()] {
+			k = pinGPU
+		}
+		v := p.addVertex(cm.cpuCost(flops, view), cm.gpuCost(flops, view), k)
+		vertexOfNode[i] = v
+		nodeOfVertex[v] = i
+	}
+	force := func(names []string, k pin, side string) error {
+		for _, name := range names {
+			i, ok := byName[name]
+			if !ok {
+				return fmt.Errorf("--force-%s %q: no node of that name", side, name)
+			}
+			if l := pl.Absorbed[i]; l != nil {
+				return fmt.Errorf("--force-%s %q: the node is part of the lookup of table %q, which the embedding store runs", side, name, l.table.name)
+			}
+			v, ok := vertexOfNode[i]
+			if !ok {
+				return fmt.Errorf("--force-%s %q: a Constant goes wherever it is read", side, name)
+			}
+			p.pins[v] = k
+			pl.Forced = append(pl.Forced, side+":"+name)
+		}
+		return nil
+	}
+	if err := force(forceCPU, pinCPU, "cpu"); err != nil {
+		return nil, err
+	}
+	if err := force(forceGPU, pinGPU, "gpu"); err != nil {
+		return nil, err
+	}
+	for _, o := range g.Outputs {
+		i, ok := g.Producer[o.GetName()]
+		v, placed := vertexOfNode[i]
+		if !ok || !placed {
+			return nil, fmt.Errorf("graph output %q comes straight from an input or an embedding lookup: nothing is left for the dense side", o.GetName())
+		}
+		if p.pins[v] == pinCPU {
+			return nil, fmt.Errorf("graph output %q is forced to the CPU side; outputs come from dense.onnx", o.GetName())
+		}
+		p.pins[v] = pinGPU
+	}
+
+	// Tensors: each producer vertex to the vertices that read it.
+	type tensorRef struct {
+		name string
+		from int
+		kind string
+	}
+	var refs []tensorRef
+	for _, in := range g.Inputs {
+		refs = append(refs, tensorRef{in.GetName(), vertexOfInput[in.GetName()], "input"})
+	}
+	for _, l := range pl.Lookups {
+		refs = append(refs, tensorRef{l.output, vertexOfLookup[l], "lookup"})
+	}
+	for i, n := range g.Nodes {
+		if v, ok := vertexOfNode[i]; ok {
+			for _, o := range n.GetOutput() {
+				if o != "" {
+					refs = append(refs, tensorRef{o, v, "cpu"})
+				}
+			}
+		}
+	}
+	readersOf := func(name string, from int) []int {
+		seen := map[int]bool{}
+		var out []int
+		for _, c := range g.Consumers[name] {
+			var v int
+			if l := pl.Absorbed[c]; l != nil {
+				v = vertexOfLookup[l]
+			} else if w, ok := vertexOfNode[c]; ok {
+				v = w
+			} else {
+				continue
+			}
+			if v != from && !seen[v] {
+				seen[v] = true
+				out = append(out, v)
+			}
+		}
+		sort.Ints(out)
+		return out
+	}
+	tensorBytes := func(name string) int64 {
+		t := types[name]
+		b, ok := t.BytesPerSample()
+		if !ok {
+			return cm.UnknownBytes
+		}
+		if !t.HasBatch() {
+			// Sent with every batch, not every sample.
+			b = (b + int64(cm.Batch) - 1) / int64(cm.Batch)
+		}
+		return b
+	}
+	type tensorIdx struct {
+		ref     tensorRef
+		readers []int
+	}
+	var tensors []tensorIdx
+	for _, r := range refs {
+		readers := readersOf(r.name, r.from)
+		if len(readers) == 0 {
+			continue
+		}
+		p.tensors = append(p.tensors, ptensor{from: r.from, to: readers, bytes: cm.bytesCost(tensorBytes(r.name))})
+		tensors = append(tensors, tensorIdx{r, readers})
+	}
+
+	onCPU, obj, err := p.solve()
+	if err != nil {
+		if len(pl.Forced) > 0 {
+			return nil, fmt.Errorf("%w (check --force-cpu/--force-gpu %v)", err, pl.Forced)
+		}
+		return nil, err
+	}
+	pl.Objective = obj
+	for v, i := range nodeOfVertex {
+		pl.OnCPU[i] = onCPU[v]
+	}
+	for _, t := range tensors {
+		if !onCPU[t.ref.from] {
+			continue
+		}
+		crosses := false
+		for _, w := range t.readers {
+			if !onCPU[w] {
+				crosses = true
+			}
+		}
+		if !crosses {
+			continue
+		}
+		tt := types[t.ref.name]
+		b, ok := tt.BytesPerSample()
+		if !ok {
+			b = -1
+		}
+		pl.Cut = append(pl.Cut, CutTensor{
+			TensorInfo:     TensorInfo{Name: t.ref.name, DType: dtypeName(tt.Elem), Shape: tt.SampleShape()},
+			BytesPerSample: b,
+			From:           t.ref.kind,
+		})
+	}
+	return pl, nil
+}
+
+// dtypeName is the lower-case ONNX type name ("float32" for FLOAT).
+func dtypeName(dt pb.TensorProto_DataType) string {
+	switch dt {
+	case pb.TensorProto_FLOAT:
+		return "float32"
+	case pb.TensorProto_DOUBLE:
+		return "float64"
+	case pb.TensorProto_FLOAT16:
+		return "float16"
+	case pb.TensorProto_INT64:
+		return "int64"
+	case pb.TensorProto_INT32:
+		return "int32"
+	case pb.TensorProto_BOOL:
+		return "bool"
+	}
+	return pb.TensorProto_DataType_name[int32(dt)]
+}

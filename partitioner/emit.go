@@ -1,0 +1,170 @@
+package partitioner
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"path/filepath"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+	"github.com/prism-serve/prism/internal/tablefile"
+)
+
+// Subgraph file names in a partition folder.
+const (
+	CPUFile   = "cpu.onnx"
+	DenseFile = "dense.onnx"
+)
+
+// subModel builds the model of one side: its nodes in topological order,
+// the Constant nodes and initializers they read, the given inputs and
+// outputs. Initializers are loaded from external data (resolved against
+// dir) as they are added: only the non-table weights ever are.
+func (pl *Placement) subModel(name string, cpuSide bool, inputs, outputs []string, outputTypes map[string]*pb.ValueInfoProto, dir string) (*pb.ModelProto, error) {
+	g := pl.G
+	sub := &pb.GraphProto{Name: g.Model.GetGraph().GetName() + "_" + name}
+	needConst := map[int]bool{}
+	needInit := map[string]bool{}
+	for i, n := range g.Nodes {
+		on, placed := pl.OnCPU[i]
+		if !placed || on != cpuSide {
+			continue
+		}
+		for _, in := range n.GetInput() {
+			if j, ok := g.Producer[in]; ok && pl.Constants[j] {
+				needConst[j] = true
+			}
+			if _, ok := g.Inits[in]; ok {
+				needInit[in] = true
+			}
+		}
+	}
+	for i, n := range g.Nodes {
+		on, placed := pl.OnCPU[i]
+		if needConst[i] || (placed && on == cpuSide) {
+			sub.Node = append(sub.Node, n)
+		}
+	}
+	for _, t := range g.Model.GetGraph().GetInitializer() {
+		if needInit[t.GetName()] {
+			if err := pb.LoadData(t, dir); err != nil {
+				return nil, err
+			}
+			sub.Initializer = append(sub.Initializer, t)
+		}
+	}
+	for _, in := range inputs {
+		sub.Input = append(sub.Input, valueInfo(in, pl.Types[in]))
+	}
+	for _, o := range outputs {
+		if vi, ok := outputTypes[o]; ok {
+			sub.Output = append(sub.Output, vi)
+		} else {
+			sub.Output = append(sub.Output, valueInfo(o, pl.Types[o]))
+		}
+	}
+	return &pb.ModelProto{
+		IrVersion:       g.Model.GetIrVersion(),
+		OpsetImport:     g.Model.GetOpsetImport(),
+		ProducerName:    "prism-partition",
+		ProducerVersion: fmt.Sprint(PlanVersion),
+		Graph:           sub,
+	}, nil
+}
+
+// valueInfo declares a tensor with the batch dimension as "batch".
+func valueInfo(name string, t TensorType) *pb.ValueInfoProto {
+	tt := &pb.TypeProto_Tensor{ElemType: int32(t.Elem)}
+	if t.Known {
+		shape := &pb.TensorShapeProto{}
+		for i, d := range t.Dims {
+			dim := &pb.TensorShapeProto_Dimension{}
+			switch {
+			case d == DimBatch:
+				dim.Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "batch"}
+			case d < 0:
+				dim.Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: fmt.Sprintf("%s_dim%d", name, i)}
+			default:
+				dim.Value = &pb.TensorShapeProto_Dimension_DimValue{DimValue: d}
+			}
+			shape.Dim = append(shape.Dim, dim)
+		}
+		tt.Shape = shape
+	}
+	return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: tt}}}
+}
+
+// tableStream reads a table's rows from its initializers (inline or
+// external), converting float16 to float32, in pieces of whole rows.
+func tableStream(src *tableSource, dir string) tablefile.Source {
+	return func(emit func([]float32) error) error {
+		const chunkRows = 1 << 14
+		buf := make([]float32, chunkRows*src.dim)
+		for _, part := range src.parts {
+			r, n, err := pb.DataReader(part, dir)
+			if err != nil {
+				return err
+			}
+			dt := pb.TensorProto_DataType(part.GetDataType())
+			es := int64(pb.ElemSize(dt))
+			if want := part.GetDims()[0] * part.GetDims()[1] * es; n != want {
+				r.Close()
+				return fmt.Errorf("table part %q has %d bytes, its shape needs %d", part.GetName(), n, want)
+			}
+			br := bufio.NewReaderSize(r, 1<<20)
+			raw := make([]byte, chunkRows*src.dim*int(es))
+			for left := part.GetDims()[0]; left > 0; {
+				rows := min(left, chunkRows)
+				b := raw[:rows*int64(src.dim)*es]
+				if _, err := io.ReadFull(br, b); err != nil {
+					r.Close()
+					return fmt.Errorf("table part %q: %w", part.GetName(), err)
+				}
+				out := buf[:rows*int64(src.dim)]
+				if dt == pb.TensorProto_FLOAT16 {
+					for i := range out {
+						out[i] = halfToFloat(binary.LittleEndian.Uint16(b[2*i:]))
+					}
+				} else {
+					for i := range out {
+						out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+					}
+				}
+				if err := emit(out); err != nil {
+					r.Close()
+					return err
+				}
+				left -= rows
+			}
+			r.Close()
+		}
+		return nil
+	}
+}
+
+// halfToFloat converts IEEE 754 binary16 to float32.
+func halfToFloat(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h) & 0x3ff
+	switch {
+	case exp == 0 && mant == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal
+		for mant&0x400 == 0 {
+			mant <<= 1
+			exp--
+		}
+		exp++
+		mant &= 0x3ff
+		return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0xff<<23 | mant<<13)
+	}
+	return math.Float32frombits(sign | (exp+127-15)<<23 | mant<<13)
+}
+
+// tableFile is where a table goes in the partition folder.
+func tableFile(name string) string { return filepath.ToSlash(tablefile.FileName(name)) }

@@ -1,0 +1,409 @@
+package partitioner
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+	"github.com/prism-serve/prism/internal/tablefile"
+)
+
+// Options control Partition.
+type Options struct {
+	Cost     CostModel
+	ForceCPU []string
+	ForceGPU []string
+	// ReportOnly plans without writing anything.
+	ReportOnly bool
+	// Overwrite replaces a non-empty output folder.
+	Overwrite bool
+	// TableProgress, if set, is called as table bytes are written.
+	TableProgress func(done, total int64)
+}
+
+// Result is a finished partition.
+type Result struct {
+	Plan      *Plan
+	Placement *Placement
+	Elapsed   time.Duration
+}
+
+// ErrOutputExists: the output folder exists and is not empty.
+var ErrOutputExists = errors.New("output folder exists and is not empty (use --overwrite)")
+
+// Partition reads the model at modelPath, places every node, and (unless
+// ReportOnly) writes the partition folder outDir: plan.json, cpu.onnx when
+// there is CPU work besides the lookups, dense.onnx and tables/. It writes
+// into a temporary folder beside outDir and renames it at the end, so a
+// failure leaves outDir as it was. Tables stream from the model's
+// (external) data one piece at a time: memory stays near the dense
+// weights plus one record batch, whatever the tables' size.
+func Partition(modelPath, outDir string, o Options) (*Result, error) {
+	start := time.Now()
+	m, err := pb.ReadModel(modelPath, pb.ReadOptions{SkipExternalData: true})
+	if err != nil {
+		return nil, err
+	}
+	g, err := NewGraph(m)
+	if err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
+	pl, err := Place(g, o.Cost, o.ForceCPU, o.ForceGPU)
+	if err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
+	cm := o.Cost
+	cm.EnsureDefaults()
+	plan := pl.plan(modelPath, cm)
+	res := &Result{Plan: plan, Placement: pl}
+	if o.ReportOnly {
+		res.Elapsed = time.Since(start)
+		plan.Cost.PartitionMillis = res.Elapsed.Milliseconds()
+		return res, nil
+	}
+	if err := checkOutDir(outDir, o.Overwrite); err != nil {
+		return nil, err
+	}
+	parent := filepath.Dir(filepath.Clean(outDir))
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, fmt.Errorf("partition: %w", err)
+	}
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(outDir)+".partial-")
+	if err != nil {
+		return nil, fmt.Errorf("partition: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := pl.write(tmp, filepath.Dir(modelPath), plan, o); err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
+	res.Elapsed = time.Since(start)
+	plan.Cost.PartitionMillis = res.Elapsed.Milliseconds()
+	if err := WritePlan(tmp, plan); err != nil {
+		return nil, err
+	}
+	if err := replaceDir(tmp, outDir); err != nil {
+		return nil, fmt.Errorf("partition: %w", err)
+	}
+	ok = true
+	return res, nil
+}
+
+func checkOutDir(dir string, overwrite bool) error {
+	ents, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("partition: output %q: %w", dir, err)
+	case len(ents) > 0 && !overwrite:
+		return fmt.Errorf("partition: %q: %w", dir, ErrOutputExists)
+	}
+	return nil
+}
+
+// replaceDir moves tmp to dir, replacing what was there.
+func replaceDir(tmp, dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		old := tmp + ".old"
+		if err := os.Rename(dir, old); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, dir); err != nil {
+			os.Rename(old, dir)
+			return err
+		}
+		return os.RemoveAll(old)
+	}
+	return os.Rename(tmp, dir)
+}
+
+// plan describes the placement as plan.json.
+func (pl *Placement) plan(modelPath string, cm CostModel) *Plan {
+	g := pl.G
+	p := &Plan{
+		Version:    PlanVersion,
+		Model:      ModelInfo{Name: g.Model.GetGraph().GetName(), Path: filepath.Base(modelPath), Opset: g.Opset()},
+		Cut:        pl.Cut,
+		DenseModel: DenseFile,
+	}
+	for _, kv := range g.Model.GetMetadataProps() {
+		if kv.GetKey() == "prism.model" {
+			p.Model.Name = kv.GetValue()
+		}
+	}
+	cutSet := map[string]bool{}
+	for _, c := range pl.Cut {
+		cutSet[c.Name] = true
+	}
+	for _, in := range g.Inputs {
+		t := pl.Types[in.GetName()]
+		ti := TensorInfo{Name: in.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()}
+		var cpu, gpu bool
+		for _, c := range g.Consumers[in.GetName()] {
+			if pl.Absorbed[c] != nil || pl.OnCPU[c] {
+				cpu = true
+			}
+		}
+		gpu = cutSet[in.GetName()]
+		if cpu {
+			ti.Sides = append(ti.Sides, CPU)
+		}
+		if gpu {
+			ti.Sides = append(ti.Sides, GPU)
+		}
+		p.Inputs = append(p.Inputs, ti)
+	}
+	for _, o := range g.Outputs {
+		t := pl.Types[o.GetName()]
+		p.Outputs = append(p.Outputs, TensorInfo{Name: o.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()})
+	}
+	byTable := map[*tableSource]*Table{}
+	for _, l := range pl.Lookups {
+		t, ok := byTable[l.table]
+		if !ok {
+			t = &Table{Name: l.table.name, File: tableFile(l.table.name), Rows: l.table.rows, Dim: l.table.dim, DType: "float32", UnknownIDs: UnknownError}
+			byTable[l.table] = t
+			p.Tables = append(p.Tables, Table{})
+		}
+		t.Lookups = append(t.Lookups, Lookup{Input: l.ids, Bag: l.bag, Rank1: l.rank1, Pooling: l.pooling, Weights: l.weights, Output: l.output})
+	}
+	i := 0
+	seen := map[*tableSource]bool{}
+	for _, l := range pl.Lookups {
+		if !seen[l.table] {
+			seen[l.table] = true
+			p.Tables[i] = *byTable[l.table]
+			i++
+		}
+	}
+	if pl.cpuNodes() > 0 {
+		p.CPUModel = CPUFile
+	}
+	p.Cost = pl.costReport(cm)
+	return p
+}
+
+func (pl *Placement) cpuNodes() int {
+	n := 0
+	for _, on := range pl.OnCPU {
+		if on {
+			n++
+		}
+	}
+	return n
+}
+
+func (pl *Placement) costReport(cm CostModel) CostReport {
+	g := pl.G
+	r := CostReport{
+		CPU:           SideCost{Ops: map[string]int{}},
+		GPU:           SideCost{Ops: map[string]int{}},
+		Objective:     float64(pl.Objective) / costScale,
+		UnknownShapes: pl.UnknownShapes,
+		Forced:        pl.Forced,
+	}
+	seen := [2]map[string]bool{{}, {}}
+	for i, n := range g.Nodes {
+		on, placed := pl.OnCPU[i]
+		if !placed {
+			continue
+		}
+		side, k := &r.GPU, 1
+		if on {
+			side, k = &r.CPU, 0
+		}
+		side.Nodes++
+		side.Ops[n.GetOpType()]++
+		side.ParamBytes += paramBytes(g, n, seen[k])
+		if f, ok := nodeFLOPs(g, n, pl.Types); ok {
+			side.FLOPsPerSamp += f
+		}
+	}
+	for _, l := range pl.Lookups {
+		r.CPU.Ops["Lookup("+string(l.pooling)+")"]++
+		r.CPU.FLOPsPerSamp += int64(l.bag * l.table.dim)
+	}
+	for _, c := range pl.Cut {
+		if c.BytesPerSample > 0 {
+			r.CutBytes += c.BytesPerSample
+		}
+	}
+	tables := map[*tableSource]bool{}
+	for _, l := range pl.Lookups {
+		if !tables[l.table] {
+			tables[l.table] = true
+			r.TableBytes += l.table.rows * int64(l.table.dim) * 4
+		}
+	}
+	return r
+}
+
+// write emits the subgraphs and tables into dir.
+func (pl *Placement) write(dir, modelDir string, plan *Plan, o Options) error {
+	g := pl.G
+	outTypes := map[string]*pb.ValueInfoProto{}
+	for _, vi := range g.Outputs {
+		outTypes[vi.GetName()] = vi
+	}
+	var cut []string
+	for _, c := range pl.Cut {
+		cut = append(cut, c.Name)
+	}
+	dense, err := pl.subModel("dense", false, cut, outputNames(g), outTypes, modelDir)
+	if err != nil {
+		return err
+	}
+	if err := pb.WriteModel(filepath.Join(dir, DenseFile), dense, pb.WriteOptions{}); err != nil {
+		return err
+	}
+	if plan.CPUModel != "" {
+		// cpu.onnx reads model inputs and lookup outputs, and produces the
+		// cut tensors that CPU nodes make.
+		var ins, outs []string
+		have := map[string]bool{}
+		lookupOut := map[string]bool{}
+		for _, l := range pl.Lookups {
+			lookupOut[l.output] = true
+		}
+		for i, n := range g.Nodes {
+			if on, placed := pl.OnCPU[i]; !placed || !on {
+				continue
+			}
+			for _, in := range n.GetInput() {
+				if (g.IsInput(in) || lookupOut[in]) && !have[in] {
+					have[in] = true
+					ins = append(ins, in)
+				}
+			}
+		}
+		for _, c := range pl.Cut {
+			if c.From == "cpu" {
+				outs = append(outs, c.Name)
+			}
+		}
+		cpu, err := pl.subModel("cpu", true, ins, outs, nil, modelDir)
+		if err != nil {
+			return err
+		}
+		if err := pb.WriteModel(filepath.Join(dir, CPUFile), cpu, pb.WriteOptions{}); err != nil {
+			return err
+		}
+	}
+	if len(plan.Tables) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
+		return err
+	}
+	var total, done int64
+	for _, t := range plan.Tables {
+		total += t.Rows * int64(t.Dim) * 4
+	}
+	srcs := map[string]*tableSource{}
+	for _, l := range pl.Lookups {
+		srcs[l.table.name] = l.table
+	}
+	for i := range plan.Tables {
+		t := &plan.Tables[i]
+		src := srcs[t.Name]
+		base := done
+		meta, err := tablefile.WriteStream(filepath.Join(dir, t.File), t.Name, t.Dim, t.Rows, tableStream(src, modelDir), func(rows, _ int64) {
+			if o.TableProgress != nil {
+				o.TableProgress(base+rows*int64(t.Dim)*4, total)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		t.SHA256 = meta.SHA256
+		done += t.Rows * int64(t.Dim) * 4
+	}
+	return nil
+}
+
+func outputNames(g *Graph) []string {
+	var out []string
+	for _, o := range g.Outputs {
+		out = append(out, o.GetName())
+	}
+	return out
+}
+
+// Report is the human summary of a partition.
+func (r *Result) Report() string {
+	p := r.Plan
+	var b strings.Builder
+	fmt.Fprintf(&b, "model %s (opset %d): %d inputs, %d outputs\n", p.Model.Name, p.Model.Opset, len(p.Inputs), len(p.Outputs))
+	side := func(label string, s SideCost) {
+		var ops []string
+		for op, n := range s.Ops {
+			ops = append(ops, fmt.Sprintf("%s x%d", op, n))
+		}
+		sort.Strings(ops)
+		fmt.Fprintf(&b, "%s: %d nodes, %s of parameters, %s FLOPs/sample\n", label, s.Nodes, human(s.ParamBytes, "B"), human(s.FLOPsPerSamp, ""))
+		if len(ops) > 0 {
+			fmt.Fprintf(&b, "  ops: %s\n", strings.Join(ops, ", "))
+		}
+	}
+	if p.CPUModel == "" && len(p.Tables) == 0 {
+		fmt.Fprintf(&b, "CPU side: empty (no embedding lookups found; the whole model is dense)\n")
+	}
+	side("CPU side ("+orNone(p.CPUModel, "lookups only")+")", p.Cost.CPU)
+	side("dense side ("+p.DenseModel+")", p.Cost.GPU)
+	fmt.Fprintf(&b, "cut: %d tensors, %d bytes/sample\n", len(p.Cut), p.Cost.CutBytes)
+	for _, c := range p.Cut {
+		fmt.Fprintf(&b, "  %-40s %-8s %v %d B (%s)\n", c.Name, c.DType, c.Shape, c.BytesPerSample, c.From)
+	}
+	fmt.Fprintf(&b, "tables: %d, %s\n", len(p.Tables), human(p.Cost.TableBytes, "B"))
+	for i, t := range p.Tables {
+		if i == 8 && len(p.Tables) > 10 {
+			fmt.Fprintf(&b, "  ... %d more\n", len(p.Tables)-8)
+			break
+		}
+		var pools []string
+		for _, l := range t.Lookups {
+			pools = append(pools, fmt.Sprintf("%s[bag %d]->%s", l.Input, l.Bag, l.Pooling))
+		}
+		fmt.Fprintf(&b, "  %-30s %10d x %-4d %s\n", t.Name, t.Rows, t.Dim, strings.Join(pools, ", "))
+	}
+	if len(p.Cost.UnknownShapes) > 0 {
+		fmt.Fprintf(&b, "shapes not inferred (costed conservatively): %s\n", strings.Join(p.Cost.UnknownShapes, ", "))
+	}
+	if len(p.Cost.Forced) > 0 {
+		fmt.Fprintf(&b, "forced: %s\n", strings.Join(p.Cost.Forced, ", "))
+	}
+	fmt.Fprintf(&b, "objective: %.1f ns/sample; took %s\n", p.Cost.Objective, r.Elapsed.Round(time.Millisecond))
+	return b.String()
+}
+
+func orNone(s, none string) string {
+	if s == "" {
+		return none
+	}
+	return s
+}
+
+func human(n int64, unit string) string {
+	f := float64(n)
+	for _, s := range []string{"", "K", "M", "G", "T"} {
+		if f < 1000 || s == "T" {
+			if s == "" {
+				return fmt.Sprintf("%d %s", n, unit)
+			}
+			return fmt.Sprintf("%.2f %s%s", f, s, unit)
+		}
+		f /= 1000
+	}
+	return ""
+}
+
