@@ -406,4 +406,3 @@ func human(n int64, unit string) string {
 	}
 	return ""
 }
-
