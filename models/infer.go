@@ -28,19 +28,41 @@ func InferSignature(m *pb.ModelProto) (Signature, error) {
 			consumers[in] = append(consumers[in], n)
 		}
 	}
-	// tableOf follows Cast/Identity back to an initializer.
-	tableOf := func(name string) *pb.TensorProto {
-		for range 4 {
-			if t, ok := inits[name]; ok {
-				return t
-			}
-			p, ok := producer[name]
-			if !ok || (p.GetOpType() != "Cast" && p.GetOpType() != "Identity") {
-				return nil
-			}
-			name = p.GetInput()[0]
+	// tableRows follows Cast/Identity/Concat(axis 0) back to initializers
+	// and returns the table's row count (0 if it is not a table).
+	var tableRows func(name string, depth int) int64
+	tableRows = func(name string, depth int) int64 {
+		if depth > 8 {
+			return 0
 		}
-		return nil
+		if t, ok := inits[name]; ok {
+			if len(t.GetDims()) < 2 {
+				return 0
+			}
+			return t.GetDims()[0]
+		}
+		p, ok := producer[name]
+		if !ok {
+			return 0
+		}
+		switch p.GetOpType() {
+		case "Cast", "Identity":
+			return tableRows(p.GetInput()[0], depth+1)
+		case "Concat":
+			if attrAxis(p) != 0 {
+				return 0
+			}
+			var rows int64
+			for _, in := range p.GetInput() {
+				r := tableRows(in, depth+1)
+				if r == 0 {
+					return 0
+				}
+				rows += r
+			}
+			return rows
+		}
+		return 0
 	}
 	// rowsFor finds the table an id tensor indexes, looking through
 	// Cast/Identity/Reshape/Flatten applied to the ids.
@@ -53,8 +75,8 @@ func InferSignature(m *pb.ModelProto) (Signature, error) {
 			switch n.GetOpType() {
 			case "Gather":
 				if len(n.GetInput()) == 2 && n.GetInput()[1] == name {
-					if t := tableOf(n.GetInput()[0]); t != nil && len(t.GetDims()) == 2 {
-						return t.GetDims()[0]
+					if r := tableRows(n.GetInput()[0], 0); r > 0 && attrAxis(n) == 0 {
+						return r
 					}
 				}
 			case "Cast", "Identity", "Reshape", "Flatten", "Unsqueeze", "Squeeze":
@@ -108,4 +130,14 @@ func InferSignature(m *pb.ModelProto) (Signature, error) {
 		return sig, fmt.Errorf("model has no inputs")
 	}
 	return sig, nil
+}
+
+// attrAxis is a Gather's axis attribute (default 0).
+func attrAxis(n *pb.NodeProto) int64 {
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == "axis" {
+			return a.GetI()
+		}
+	}
+	return 0
 }

@@ -398,9 +398,9 @@ func human(n int64, unit string) string {
 	for _, s := range []string{"", "K", "M", "G", "T"} {
 		if f < 1000 || s == "T" {
 			if s == "" {
-				return fmt.Sprintf("%d %s", n, unit)
+				return strings.TrimSpace(fmt.Sprintf("%d %s", n, unit))
 			}
-			return fmt.Sprintf("%.2f %s%s", f, s, unit)
+			return strings.TrimSpace(fmt.Sprintf("%.2f %s%s", f, s, unit))
 		}
 		f /= 1000
 	}
