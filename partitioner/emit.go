@@ -128,9 +128,7 @@ func tableStream(src *tableSource, dir string) tablefile.Source {
 						out[i] = halfToFloat(binary.LittleEndian.Uint16(b[2*i:]))
 					}
 				} else {
-					for i := range out {
-						out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-					}
+					copy(out, pb.BytesAsFloat32(b))
 				}
 				if err := emit(out); err != nil {
 					r.Close()
