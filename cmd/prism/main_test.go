@@ -117,3 +117,39 @@ func TestErrorsAreOneLine(t *testing.T) {
 		})
 	}
 }
+
+func TestPartitionCommand(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := run(t, nil, "models", "build", "dcnv2-tiny", "-o", filepath.Join(dir, "m"), "--external-data"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	model := filepath.Join(dir, "m", "model.onnx")
+	part := filepath.Join(dir, "part")
+	out, err := run(t, nil, "partition", model, "-o", part, "--verify", "100")
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	for _, want := range []string{"cut: 27 tensors", "tables: 26", "verified on 100 samples"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, f := range []string{"plan.json", "dense.onnx", "tables/emb_l.0.weight.arrow"} {
+		if _, err := os.Stat(filepath.Join(part, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	// Again into the same folder: refused without --overwrite.
+	out, err = run(t, nil, "partition", model, "-o", part)
+	if err == nil || !strings.Contains(out, "--overwrite") {
+		t.Errorf("second partition into a full folder: %v\n%s", err, out)
+	}
+	out, err = run(t, nil, "partition", model, "--report-only")
+	if err != nil || !strings.Contains(out, "dense side (dense.onnx)") {
+		t.Errorf("--report-only: %v\n%s", err, out)
+	}
+	out, err = run(t, nil, "partition", model)
+	if err == nil || !strings.Contains(out, "-o OUT is required") {
+		t.Errorf("no -o: %v\n%s", err, out)
+	}
+}
