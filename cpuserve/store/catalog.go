@@ -1,0 +1,155 @@
+package store
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/prism-serve/prism/partitioner"
+)
+
+// catalog is the store's metadata, one JSON value under catalogKey,
+// rewritten (synced) on every change, so each change is atomic: a
+// version switch, a table becoming ready, an ingest's progress.
+type catalog struct {
+	NextTable uint32                 `json:"next_table"`
+	HotBytes  int64                  `json:"hot_bytes,omitempty"`
+	Tables    map[uint32]*physTable  `json:"tables"`
+	Models    map[string]*modelEntry `json:"models"`
+}
+
+type tableState string
+
+const (
+	stateIngesting tableState = "ingesting" // never served
+	stateReady     tableState = "ready"
+)
+
+// physTable is one stored copy of a table's content in one dtype.
+type physTable struct {
+	ID     uint32     `json:"id"`
+	SHA256 string     `json:"sha256"`
+	Rows   int64      `json:"rows"`
+	Dim    int        `json:"dim"`
+	DType  DType      `json:"dtype"`
+	State  tableState `json:"state"`
+	// NextRow is the ingest's progress: rows [0, NextRow) are in Pebble.
+	NextRow int64 `json:"next_row"`
+	// Mutated is set by the first upsert: the rows no longer match SHA256,
+	// so a later ingest of that content gets its own copy.
+	Mutated bool   `json:"mutated,omitempty"`
+	Loss    *Loss  `json:"loss,omitempty"`
+	Source  string `json:"source,omitempty"`
+}
+
+// modelEntry is a model's versions. Active serves; Previous is what
+// Rollback returns to.
+type modelEntry struct {
+	Active   int              `json:"active"`
+	Previous int              `json:"previous,omitempty"`
+	Versions map[int]*version `json:"versions"`
+}
+
+type version struct {
+	N       int                      `json:"n"`
+	Plan    string                   `json:"plan,omitempty"`
+	Created string                   `json:"created,omitempty"`
+	Tables  map[string]*versionTable `json:"tables"`
+}
+
+type versionTable struct {
+	Phys       uint32                 `json:"phys"`
+	UnknownIDs partitioner.UnknownIDs `json:"unknown_ids,omitempty"`
+}
+
+func newCatalog() *catalog {
+	return &catalog{NextTable: 1, Tables: map[uint32]*physTable{}, Models: map[string]*modelEntry{}}
+}
+
+func (c *catalog) clone() *catalog {
+	buf, err := json.Marshal(c)
+	if err != nil {
+		panic(err)
+	}
+	var out catalog
+	if err := json.Unmarshal(buf, &out); err != nil {
+		panic(err)
+	}
+	if out.Tables == nil {
+		out.Tables = map[uint32]*physTable{}
+	}
+	if out.Models == nil {
+		out.Models = map[string]*modelEntry{}
+	}
+	return &out
+}
+
+func loadCatalog(db *pebble.DB) (*catalog, error) {
+	v, closer, err := db.Get(catalogKey)
+	if err == pebble.ErrNotFound {
+		return newCatalog(), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read catalog: %w", err)
+	}
+	defer closer.Close()
+	c := newCatalog()
+	if err := json.Unmarshal(v, c); err != nil {
+		return nil, fmt.Errorf("read catalog: %w: %w", ErrCorrupt, err)
+	}
+	return c, nil
+}
+
+func (c *catalog) save(db *pebble.DB) error {
+	buf, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("write catalog: %w", err)
+	}
+	if err := db.Set(catalogKey, buf, pebble.Sync); err != nil {
+		return fmt.Errorf("write catalog: %w", err)
+	}
+	return nil
+}
+
+// referenced is the set of physical tables some model version names.
+func (c *catalog) referenced() map[uint32]bool {
+	ref := map[uint32]bool{}
+	for _, m := range c.Models {
+		for _, v := range m.Versions {
+			for _, t := range v.Tables {
+				ref[t.Phys] = true
+			}
+		}
+	}
+	return ref
+}
+
+// findReady is a ready, unmutated copy of content sha in dtype, if any.
+func (c *catalog) findReady(sha string, dt DType) *physTable {
+	return c.find(sha, dt, stateReady)
+}
+
+func (c *catalog) find(sha string, dt DType, st tableState) *physTable {
+	ids := make([]uint32, 0, len(c.Tables))
+	for id := range c.Tables {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		t := c.Tables[id]
+		if t.SHA256 == sha && t.DType == dt && t.State == st && !t.Mutated {
+			return t
+		}
+	}
+	return nil
+}
+
+func (m *modelEntry) latest() int {
+	n := 0
+	for v := range m.Versions {
+		n = max(n, v)
+	}
+	return n
+}

@@ -1,0 +1,348 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
+	"github.com/cockroachdb/pebble/v2/sstable"
+
+	"github.com/prism-serve/prism/internal/tablefile"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+// stagingDir holds SSTs between their writing and their ingestion.
+const stagingDir = "ingest-staging"
+
+// IngestOptions configure Ingest.
+type IngestOptions struct {
+	// Model names the model; "" takes the plan's model name.
+	Model string
+	// DType is the stored dtype of every table ("" float32); TableDTypes
+	// overrides it per table name.
+	DType       DType
+	TableDTypes map[string]DType
+	// NoActivate leaves the new version inactive (Activate switches to it
+	// later); a model's first version is always activated.
+	NoActivate bool
+	// HotBytes, if > 0, is recorded as the store's default hot tier size.
+	HotBytes int64
+	// SSTBytes is the target size of one ingested SST (default 64 MiB).
+	SSTBytes int64
+	// Progress, if set, is called with the bytes (float32 rows) done.
+	Progress func(done, total int64)
+}
+
+// IngestReport says what Ingest did.
+type IngestReport struct {
+	Model     string
+	Version   int
+	Activated bool
+	Tables    []TableReport
+	// Rows and Bytes ingested now (shared and already ingested rows are
+	// not counted); Bytes are float32 source bytes.
+	Rows, Bytes int64
+	Elapsed     time.Duration
+}
+
+// TableReport is one table of an ingest.
+type TableReport struct {
+	Name   string
+	Phys   uint32
+	Rows   int64
+	Dim    int
+	DType  DType
+	Shared bool // an existing copy was reused
+	// ResumedAt is the row an interrupted ingest went on from (0: fresh).
+	ResumedAt int64
+	Loss      *Loss
+}
+
+type ingestJob struct {
+	pt    partitioner.Table
+	tf    *tablefile.Table
+	phys  *physTable
+	dtype DType
+	rep   *TableReport
+}
+
+// Ingest loads the tables of the plan in planDir and adds them as a new
+// version of the model. Tables go in through SST ingestion in chunks of
+// SSTBytes; the catalog records each chunk, so re-running an interrupted
+// Ingest goes on where it stopped. A table is served only once all its
+// rows are in, and the version only once all its tables are.
+func (s *Store) Ingest(ctx context.Context, planDir string, o IngestOptions) (*IngestReport, error) {
+	start := time.Now()
+	s.ingestMu.Lock()
+	defer s.ingestMu.Unlock()
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	plan, err := partitioner.ReadPlan(planDir)
+	if err != nil {
+		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+	}
+	model := o.Model
+	if model == "" {
+		model = plan.Model.Name
+	}
+	if model == "" {
+		model = filepath.Base(planDir)
+	}
+	if o.SSTBytes <= 0 {
+		o.SSTBytes = 64 << 20
+	}
+	rep := &IngestReport{Model: model}
+
+	var jobs []*ingestJob
+	defer func() {
+		for _, j := range jobs {
+			j.tf.Close()
+		}
+	}()
+	var total int64
+	for _, pt := range plan.Tables {
+		dt := o.DType
+		if d, ok := o.TableDTypes[pt.Name]; ok {
+			dt = d
+		}
+		if dt, err = ParseDType(string(dt)); err != nil {
+			return nil, fmt.Errorf("ingest table %q: %w", pt.Name, err)
+		}
+		tf, err := tablefile.Open(filepath.Join(planDir, pt.File))
+		if err != nil {
+			return nil, fmt.Errorf("ingest table %q: %w", pt.Name, err)
+		}
+		jobs = append(jobs, &ingestJob{pt: pt, tf: tf, dtype: dt})
+		if tf.Rows != pt.Rows || tf.Dim != pt.Dim || (pt.SHA256 != "" && tf.SHA256 != pt.SHA256) {
+			return nil, fmt.Errorf("ingest table %q: file says %d x %d sha %s, plan says %d x %d sha %s: %w",
+				pt.Name, tf.Rows, tf.Dim, tf.SHA256, pt.Rows, pt.Dim, pt.SHA256, ErrDimMismatch)
+		}
+		if tf.Rows >= 1<<40 {
+			return nil, fmt.Errorf("ingest table %q: %d rows is more than this store keys: %w", pt.Name, tf.Rows, ErrBadRequest)
+		}
+		switch pt.UnknownIDs {
+		case "", partitioner.UnknownError, partitioner.UnknownHash, partitioner.UnknownZero:
+		default:
+			return nil, fmt.Errorf("ingest table %q: unknown_ids %q: %w", pt.Name, pt.UnknownIDs, ErrBadRequest)
+		}
+		total += tf.Rows * int64(tf.Dim) * 4
+	}
+
+	// Claim a physical table for each job: a ready copy to share, an
+	// interrupted ingest to resume, or a new id.
+	s.catMu.Lock()
+	next := s.cat.clone()
+	if o.HotBytes > 0 {
+		next.HotBytes = o.HotBytes
+	}
+	claimed := map[uint32]bool{}
+	for _, j := range jobs {
+		j.rep = &TableReport{Name: j.pt.Name, Rows: j.tf.Rows, Dim: j.tf.Dim, DType: j.dtype}
+		if t := next.findReady(j.tf.SHA256, j.dtype); t != nil {
+			j.phys, j.rep.Shared = t, true
+		} else if t := next.find(j.tf.SHA256, j.dtype, stateIngesting); t != nil && !claimed[t.ID] {
+			j.phys, j.rep.ResumedAt = t, t.NextRow
+		} else {
+			j.phys = &physTable{ID: next.NextTable, SHA256: j.tf.SHA256, Rows: j.tf.Rows, Dim: j.tf.Dim, DType: j.dtype, State: stateIngesting, Source: j.tf.Path()}
+			next.NextTable++
+			next.Tables[j.phys.ID] = j.phys
+		}
+		claimed[j.phys.ID] = true
+		j.rep.Phys = j.phys.ID
+	}
+	// Interrupted ingests this plan does not continue are abandoned.
+	var abandoned []uint32
+	for id, t := range next.Tables {
+		if t.State == stateIngesting && !claimed[id] {
+			abandoned = append(abandoned, id)
+			delete(next.Tables, id)
+		}
+	}
+	err = s.commit(next)
+	s.catMu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+	}
+	if err := s.deleteTables(ctx, abandoned); err != nil {
+		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+	}
+
+	var done int64
+	progress := func(n int64) {
+		done += n
+		if o.Progress != nil {
+			o.Progress(done, total)
+		}
+	}
+	for _, j := range jobs {
+		if j.rep.Shared {
+			progress(j.tf.Rows * int64(j.tf.Dim) * 4)
+			continue
+		}
+		rows, err := s.ingestTable(ctx, j, o.SSTBytes, progress)
+		if err != nil {
+			return nil, fmt.Errorf("ingest table %q: %w", j.pt.Name, err)
+		}
+		rep.Rows += rows
+		rep.Bytes += rows * int64(j.tf.Dim) * 4
+	}
+
+	// Every table is ready: the version can exist.
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	next = s.cat.clone()
+	m := next.Models[model]
+	if m == nil {
+		m = &modelEntry{Versions: map[int]*version{}}
+		next.Models[model] = m
+	}
+	v := &version{N: m.latest() + 1, Plan: planDir, Created: now(), Tables: map[string]*versionTable{}}
+	for _, j := range jobs {
+		v.Tables[j.pt.Name] = &versionTable{Phys: j.phys.ID, UnknownIDs: j.pt.UnknownIDs}
+		if t := next.Tables[j.phys.ID]; t != nil {
+			j.rep.Loss = t.Loss
+		}
+		rep.Tables = append(rep.Tables, *j.rep)
+	}
+	m.Versions[v.N] = v
+	rep.Version = v.N
+	if !o.NoActivate || m.Active == 0 {
+		m.Previous, m.Active = m.Active, v.N
+		rep.Activated = true
+	}
+	if err := s.commit(next); err != nil {
+		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+	}
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// ingestTable writes the rows of j from its NextRow on as SSTs, ingests
+// each and records the progress; then checks the content hash and marks
+// the table ready. It returns the rows it ingested.
+func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, progress func(int64)) (int64, error) {
+	dim, dt := j.tf.Dim, j.dtype
+	from := j.phys.NextRow
+	loss := Loss{DType: dt}
+	if j.phys.Loss != nil {
+		loss = *j.phys.Loss
+	}
+	rowsPerSST := max(sstBytes/int64(dt.RowBytes(dim)+keyLen+8), 1)
+	fs := s.opts.FS
+	staging := fs.PathJoin(s.dir, stagingDir)
+	if err := fs.MkdirAll(staging, 0o755); err != nil {
+		return 0, err
+	}
+	h := tablefile.NewHasher(dim)
+	var (
+		w        *sstable.Writer
+		path     string
+		inSST    int64
+		seq      int
+		key      [keyLen]byte
+		val      []byte
+		dec      = make([]float32, dim)
+		ingested int64
+	)
+	flush := func(nextRow int64) error {
+		if w == nil {
+			return nil
+		}
+		if err := w.Close(); err != nil {
+			return fmt.Errorf("write sst: %w", err)
+		}
+		w = nil
+		if err := s.db.Ingest(ctx, []string{path}); err != nil {
+			return fmt.Errorf("ingest sst: %w", err)
+		}
+		_ = fs.Remove(path)
+		ingested += inSST
+		inSST = 0
+		return s.recordProgress(j.phys.ID, nextRow, &loss)
+	}
+	for b := range j.tf.NumBatches() {
+		first, rows, err := j.tf.Batch(b)
+		if err != nil {
+			return ingested, err
+		}
+		h.Write(rows)
+		n := int64(len(rows) / dim)
+		if first+n <= from {
+			continue
+		}
+		for r := max(from-first, 0); r < n; r++ {
+			if err := ctx.Err(); err != nil {
+				return ingested, err
+			}
+			if w == nil {
+				path = fs.PathJoin(staging, fmt.Sprintf("%06d-%06d.sst", j.phys.ID, seq))
+				seq++
+				f, err := fs.Create(path, "")
+				if err != nil {
+					return ingested, fmt.Errorf("write sst: %w", err)
+				}
+				wo := s.popts.MakeWriterOptions(6, s.db.FormatMajorVersion().MaxTableFormat())
+				w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wo)
+			}
+			row := rows[r*int64(dim) : (r+1)*int64(dim)]
+			val = dt.encode(val[:0], row)
+			if dt != Float32 {
+				dt.decode(dec, val)
+				loss.add(row, dec, dim)
+			}
+			if err := w.Set(rowKey(key[:], j.phys.ID, first+r), val); err != nil {
+				return ingested, fmt.Errorf("write sst: %w", err)
+			}
+			inSST++
+			if inSST >= rowsPerSST {
+				if err := flush(first + r + 1); err != nil {
+					return ingested, err
+				}
+				progress(rowsPerSST * int64(dim) * 4)
+			}
+		}
+	}
+	rest := inSST
+	if err := flush(j.tf.Rows); err != nil {
+		return ingested, err
+	}
+	progress(rest * int64(dim) * 4)
+	if from > 0 {
+		progress(from * int64(dim) * 4)
+	}
+	if got := h.Sum(); got != j.tf.SHA256 {
+		return ingested, fmt.Errorf("content hash %s, file says %s: %w", got, j.tf.SHA256, errors.New("corrupt table file"))
+	}
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	next := s.cat.clone()
+	t := next.Tables[j.phys.ID]
+	if t == nil {
+		return ingested, fmt.Errorf("table %d left the catalog during its ingest", j.phys.ID)
+	}
+	t.State, t.NextRow = stateReady, t.Rows
+	if dt != Float32 {
+		t.Loss = &loss
+	}
+	return ingested, s.commit(next)
+}
+
+func (s *Store) recordProgress(id uint32, nextRow int64, loss *Loss) error {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	next := s.cat.clone()
+	t := next.Tables[id]
+	if t == nil {
+		return fmt.Errorf("table %d left the catalog during its ingest", id)
+	}
+	t.NextRow = nextRow
+	if loss.DType != Float32 {
+		l := *loss
+		t.Loss = &l
+	}
+	return s.commit(next)
+}

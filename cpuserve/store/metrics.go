@@ -1,0 +1,127 @@
+package store
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// counters are the store's hot-path counters: atomics added once per
+// table per batch, not per row.
+type counters struct {
+	lookups, rows, errors        atomic.Int64
+	hotHits, hotMisses           atomic.Int64
+	pebbleReads, pebbleBytes     atomic.Int64
+	upserts, upsertRows          atomic.Int64
+	upsertNanos, lastUpsertNanos atomic.Int64
+}
+
+// Metrics is a snapshot of the store's counters.
+type Metrics struct {
+	// Lookups is successful Lookup calls; Rows the ids they resolved;
+	// Errors the calls refused (bad input or store failure).
+	Lookups, Rows, Errors int64
+	// HotHits and HotMisses count ids served from the hot tier or not.
+	HotHits, HotMisses int64
+	// PebbleReads is rows read from Pebble (a batch's duplicates once);
+	// PebbleBytes their stored bytes.
+	PebbleReads, PebbleBytes int64
+	// Upserts is acknowledged Upsert calls; UpsertRows their rows.
+	Upserts, UpsertRows int64
+	// UpsertLagNanos is the summed time from an Upsert call to its ack
+	// (durable and visible); LastUpsertLagNanos the latest one.
+	UpsertLagNanos, LastUpsertLagNanos int64
+	// The hot tier: its size and policy decisions.
+	HotBytes                                   int64
+	HotSlots, HotUsed                          int64
+	HotAdmissions, HotRejections, HotEvictions int64
+	// Pebble's block cache.
+	BlockCacheHits, BlockCacheMisses, BlockCacheBytes int64
+}
+
+// HitRatio is HotHits / (HotHits + HotMisses).
+func (m Metrics) HitRatio() float64 {
+	if t := m.HotHits + m.HotMisses; t > 0 {
+		return float64(m.HotHits) / float64(t)
+	}
+	return 0
+}
+
+// Metrics returns the counters now.
+func (s *Store) Metrics() Metrics {
+	v := s.view.Load()
+	hs := v.tier.Stats()
+	m := Metrics{
+		Lookups: s.m.lookups.Load(), Rows: s.m.rows.Load(), Errors: s.m.errors.Load(),
+		HotHits: s.m.hotHits.Load(), HotMisses: s.m.hotMisses.Load(),
+		PebbleReads: s.m.pebbleReads.Load(), PebbleBytes: s.m.pebbleBytes.Load(),
+		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
+		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
+		HotBytes: v.tier.Budget(), HotSlots: hs.Slots, HotUsed: hs.Used,
+		HotAdmissions: hs.Admissions, HotRejections: hs.Rejections, HotEvictions: hs.Evictions,
+	}
+	if !s.closed.Load() {
+		bc := s.db.Metrics().BlockCache
+		m.BlockCacheHits, m.BlockCacheMisses, m.BlockCacheBytes = bc.Hits, bc.Misses, bc.Size
+	}
+	return m
+}
+
+// Collector exposes a store's Metrics to Prometheus.
+type Collector struct {
+	s     *Store
+	descs []metricDesc
+}
+
+type metricDesc struct {
+	d     *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(Metrics) float64
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// NewCollector returns a collector for s (register it with a
+// prometheus.Registry).
+func NewCollector(s *Store) *Collector {
+	c := &Collector{s: s}
+	add := func(name, help string, kind prometheus.ValueType, f func(Metrics) float64) {
+		c.descs = append(c.descs, metricDesc{prometheus.NewDesc("prism_store_"+name, help, nil, nil), kind, f})
+	}
+	ctr, gauge := prometheus.CounterValue, prometheus.GaugeValue
+	add("lookups_total", "Lookup calls served.", ctr, func(m Metrics) float64 { return float64(m.Lookups) })
+	add("lookup_rows_total", "Ids looked up.", ctr, func(m Metrics) float64 { return float64(m.Rows) })
+	add("lookup_errors_total", "Lookup calls refused.", ctr, func(m Metrics) float64 { return float64(m.Errors) })
+	add("hot_hits_total", "Ids served by the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotHits) })
+	add("hot_misses_total", "Ids the hot tier did not hold.", ctr, func(m Metrics) float64 { return float64(m.HotMisses) })
+	add("hot_hit_ratio", "Hot tier hits / lookups since start.", gauge, func(m Metrics) float64 { return m.HitRatio() })
+	add("hot_bytes", "Hot tier budget in bytes.", gauge, func(m Metrics) float64 { return float64(m.HotBytes) })
+	add("hot_rows", "Rows resident in the hot tier.", gauge, func(m Metrics) float64 { return float64(m.HotUsed) })
+	add("hot_admissions_total", "Rows admitted to the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotAdmissions) })
+	add("hot_rejections_total", "Rows the admission filter turned away.", ctr, func(m Metrics) float64 { return float64(m.HotRejections) })
+	add("hot_evictions_total", "Rows evicted from the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotEvictions) })
+	add("pebble_reads_total", "Rows read from Pebble.", ctr, func(m Metrics) float64 { return float64(m.PebbleReads) })
+	add("pebble_read_bytes_total", "Bytes of rows read from Pebble.", ctr, func(m Metrics) float64 { return float64(m.PebbleBytes) })
+	add("block_cache_hits_total", "Pebble block cache hits.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheHits) })
+	add("block_cache_misses_total", "Pebble block cache misses.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheMisses) })
+	add("upserts_total", "Upserts acknowledged.", ctr, func(m Metrics) float64 { return float64(m.Upserts) })
+	add("upsert_rows_total", "Rows upserted.", ctr, func(m Metrics) float64 { return float64(m.UpsertRows) })
+	add("upsert_lag_seconds_total", "Summed time from upsert call to durable, visible ack.", ctr, func(m Metrics) float64 { return float64(m.UpsertLagNanos) / 1e9 })
+	add("upsert_last_lag_seconds", "The latest upsert's time to ack.", gauge, func(m Metrics) float64 { return float64(m.LastUpsertLagNanos) / 1e9 })
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d.d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	m := c.s.Metrics()
+	for _, d := range c.descs {
+		ch <- prometheus.MustNewConstMetric(d.d, d.kind, d.value(m))
+	}
+}

@@ -1,0 +1,77 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Options configure a Store. The zero value is usable after
+// EnsureDefaults; Open calls it.
+type Options struct {
+	// FS is the file system the store lives on: vfs.Default on disk,
+	// vfs.NewMem() or an errorfs wrapper in tests.
+	FS vfs.FS
+	// HotBytes bounds the hot tier (rows, index and sketch). 0 takes the
+	// value recorded at ingest (--hot-bytes), else DefaultHotBytes; a
+	// negative value disables the hot tier.
+	HotBytes int64
+	// CacheBytes is Pebble's block cache, below the hot tier.
+	CacheBytes int64
+	// MemTableBytes is Pebble's memtable size (online upserts land there).
+	MemTableBytes uint64
+	// NoSync skips the WAL sync of upserts: only for benchmarks and tests
+	// that do not crash. An upsert is then not durable when acknowledged.
+	NoSync bool
+	// Logger receives Pebble's log; nil discards informational lines.
+	Logger pebble.Logger
+	// ReadOnly opens the store for lookups only.
+	ReadOnly bool
+}
+
+// Defaults.
+const (
+	DefaultHotBytes   = 256 << 20
+	DefaultCacheBytes = 256 << 20
+	DefaultMemTable   = 64 << 20
+)
+
+// EnsureDefaults fills unset fields and returns o.
+func (o *Options) EnsureDefaults() *Options {
+	if o.FS == nil {
+		o.FS = vfs.Default
+	}
+	if o.CacheBytes == 0 {
+		o.CacheBytes = DefaultCacheBytes
+	}
+	if o.MemTableBytes == 0 {
+		o.MemTableBytes = DefaultMemTable
+	}
+	if o.Logger == nil {
+		o.Logger = quietLogger{}
+	}
+	return o
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.CacheBytes < 0 {
+		errs = append(errs, fmt.Errorf("cache bytes %d < 0", o.CacheBytes))
+	}
+	if o.MemTableBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("memtable bytes %d < 1 MiB", o.MemTableBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// quietLogger drops Pebble's informational lines and keeps its errors.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)              {}
+func (quietLogger) Errorf(format string, args ...any) { pebble.DefaultLogger.Errorf(format, args...) }
+func (quietLogger) Fatalf(format string, args ...any) { pebble.DefaultLogger.Fatalf(format, args...) }
+
+var _ pebble.Logger = quietLogger{}

@@ -1,0 +1,377 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/sstable"
+
+	"github.com/prism-serve/prism/cpuserve/store/hot"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+// Store is an open embedding store. Lookups, upserts and version changes
+// may run concurrently from any number of goroutines.
+type Store struct {
+	opts  Options
+	dir   string
+	db    *pebble.DB
+	popts *pebble.Options
+
+	// mu: lookups and upserts hold it shared; swapping the hot tier and
+	// deleting a table's rows take it exclusively, so no reader is inside
+	// a table that goes away or a tier that is replaced.
+	mu sync.RWMutex
+	// catMu serialises catalog changes; ingestMu serialises ingests;
+	// updMu serialises upserts (Pebble order = hot tier order).
+	catMu, ingestMu, updMu sync.Mutex
+	cat                    *catalog
+	view                   atomic.Pointer[view]
+	// updSeq counts acknowledged upserts: a lookup admits rows it read
+	// from Pebble only if none was acknowledged since it began reading.
+	updSeq  atomic.Uint64
+	m       counters
+	scratch sync.Pool
+	closed  atomic.Bool
+}
+
+// view is what readers see: an immutable snapshot of the active versions.
+type view struct {
+	models map[string]*modelView
+	tier   *hot.Tier
+	dims   []int
+}
+
+type modelView struct {
+	name    string
+	version int
+	tables  map[string]*tableView
+}
+
+type tableView struct {
+	name    string
+	id      uint32
+	rows    int64
+	dim     int
+	dtype   DType
+	unknown partitioner.UnknownIDs
+	hot     *hot.Class
+	lo, hi  []byte
+}
+
+// Open opens (creating if needed) the store in dir.
+func Open(dir string, o *Options) (*Store, error) {
+	var opts Options
+	if o != nil {
+		opts = *o
+	}
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, fmt.Errorf("open store %q: %w", dir, err)
+	}
+	cache := pebble.NewCache(opts.CacheBytes)
+	defer cache.Unref()
+	po := &pebble.Options{
+		FS:                 opts.FS,
+		Cache:              cache,
+		MemTableSize:       opts.MemTableBytes,
+		Logger:             opts.Logger,
+		ReadOnly:           opts.ReadOnly,
+		FormatMajorVersion: pebble.FormatNewest,
+	}
+	po.EnsureDefaults()
+	for i := range po.Levels {
+		// Embedding values are dense floats: compression costs CPU and
+		// saves next to nothing.
+		po.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
+		po.Levels[i].BlockSize = 16 << 10
+	}
+	db, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("open store %q: %w", dir, err)
+	}
+	cat, err := loadCatalog(db)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store %q: %w", dir, err)
+	}
+	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat}
+	s.scratch.New = func() any { return new(scratch) }
+	s.publish(cat)
+	if !opts.ReadOnly {
+		_ = opts.FS.RemoveAll(opts.FS.PathJoin(dir, stagingDir))
+	}
+	return s, nil
+}
+
+// Close closes the store; lookups after Close fail with ErrClosed.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close store %q: %w", s.dir, err)
+	}
+	return nil
+}
+
+// hotBudget is the hot tier's bytes under the options and catalog.
+func (s *Store) hotBudget(cat *catalog) int64 {
+	switch {
+	case s.opts.HotBytes < 0:
+		return 0
+	case s.opts.HotBytes > 0:
+		return s.opts.HotBytes
+	case cat.HotBytes > 0:
+		return cat.HotBytes
+	}
+	return DefaultHotBytes
+}
+
+// publish builds the readers' view of cat. The hot tier is kept while
+// the set of row widths it serves stays the same, and rebuilt (cold)
+// otherwise. Caller holds catMu, or is Open.
+func (s *Store) publish(cat *catalog) {
+	s.cat = cat
+	weight := map[int]int64{}
+	for _, m := range cat.Models {
+		v := m.Versions[m.Active]
+		if v == nil {
+			continue
+		}
+		for _, vt := range v.Tables {
+			if t := cat.Tables[vt.Phys]; t != nil {
+				weight[t.Dim] += t.Rows * int64(t.Dim) * 4
+			}
+		}
+	}
+	dims := slices.Sorted(maps.Keys(weight))
+	old := s.view.Load()
+	var tier *hot.Tier
+	if old != nil && slices.Equal(old.dims, dims) {
+		tier = old.tier
+	} else {
+		tier = hot.NewTier(s.hotBudget(cat), weight)
+	}
+	nv := &view{models: map[string]*modelView{}, tier: tier, dims: dims}
+	for name, m := range cat.Models {
+		v := m.Versions[m.Active]
+		if v == nil {
+			continue
+		}
+		mv := &modelView{name: name, version: v.N, tables: map[string]*tableView{}}
+		for tn, vt := range v.Tables {
+			t := cat.Tables[vt.Phys]
+			if t == nil || t.State != stateReady {
+				continue // never serve a table that is not fully ingested
+			}
+			lo, hi := tableBounds(t.ID)
+			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.Dim), lo: lo, hi: hi}
+		}
+		nv.models[name] = mv
+	}
+	if old != nil && old.tier != tier {
+		// Swapping the tier must wait for readers of the old one (see mu).
+		s.mu.Lock()
+		s.view.Store(nv)
+		s.mu.Unlock()
+		return
+	}
+	s.view.Store(nv)
+}
+
+// commit saves next as the catalog and publishes it. Caller holds catMu.
+func (s *Store) commit(next *catalog) error {
+	if err := next.save(s.db); err != nil {
+		return err
+	}
+	s.publish(next)
+	return nil
+}
+
+// TableInfo describes a table of a model's active version.
+type TableInfo struct {
+	Name       string
+	Rows       int64
+	Dim        int
+	DType      DType
+	UnknownIDs partitioner.UnknownIDs
+	// Phys is the physical table id; tables of two models with equal
+	// Phys share one copy.
+	Phys uint32
+}
+
+// Tables lists the tables of model's active version, by name.
+func (s *Store) Tables(model string) ([]TableInfo, error) {
+	mv, err := s.model(model)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TableInfo, 0, len(mv.tables))
+	for _, t := range mv.tables {
+		out = append(out, TableInfo{Name: t.name, Rows: t.rows, Dim: t.dim, DType: t.dtype, UnknownIDs: t.unknown, Phys: t.id})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Models lists the models with an active version.
+func (s *Store) Models() []string {
+	return slices.Sorted(maps.Keys(s.view.Load().models))
+}
+
+func (s *Store) model(name string) (*modelView, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	mv := s.view.Load().models[name]
+	if mv == nil {
+		return nil, fmt.Errorf("model %q: %w", name, ErrUnknownModel)
+	}
+	return mv, nil
+}
+
+// VersionInfo describes one version of a model.
+type VersionInfo struct {
+	N        int
+	Active   bool
+	Previous bool // the version Rollback returns to
+	Plan     string
+	Created  string
+	Tables   int
+}
+
+// Versions lists model's versions, oldest first.
+func (s *Store) Versions(model string) ([]VersionInfo, error) {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	m := s.cat.Models[model]
+	if m == nil {
+		return nil, fmt.Errorf("model %q: %w", model, ErrUnknownModel)
+	}
+	var out []VersionInfo
+	for _, n := range slices.Sorted(maps.Keys(m.Versions)) {
+		v := m.Versions[n]
+		out = append(out, VersionInfo{N: n, Active: n == m.Active, Previous: n == m.Previous, Plan: v.Plan, Created: v.Created, Tables: len(v.Tables)})
+	}
+	return out, nil
+}
+
+// Activate makes version n of model the one lookups read, atomically: a
+// lookup sees either the old version's tables or the new one's, never a
+// mix. The version it replaces stays, and Rollback returns to it.
+func (s *Store) Activate(model string, n int) error {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	m := s.cat.Models[model]
+	if m == nil {
+		return fmt.Errorf("activate %q: %w", model, ErrUnknownModel)
+	}
+	if m.Versions[n] == nil {
+		return fmt.Errorf("activate %q version %d: %w", model, n, ErrUnknownVersion)
+	}
+	if m.Active == n {
+		return nil
+	}
+	next := s.cat.clone()
+	nm := next.Models[model]
+	nm.Previous, nm.Active = nm.Active, n
+	return s.commit(next)
+}
+
+// Rollback switches model back to the version the last Activate replaced.
+func (s *Store) Rollback(model string) error {
+	s.catMu.Lock()
+	prev := 0
+	if m := s.cat.Models[model]; m != nil {
+		prev = m.Previous
+	}
+	s.catMu.Unlock()
+	if prev == 0 {
+		return fmt.Errorf("rollback %q: no previous version: %w", model, ErrUnknownVersion)
+	}
+	return s.Activate(model, prev)
+}
+
+// DropVersion deletes version n of model (not the active one) and the
+// rows of every table no other version names.
+func (s *Store) DropVersion(ctx context.Context, model string, n int) error {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	m := s.cat.Models[model]
+	if m == nil {
+		return fmt.Errorf("drop %q version %d: %w", model, n, ErrUnknownModel)
+	}
+	if m.Versions[n] == nil {
+		return fmt.Errorf("drop %q version %d: %w", model, n, ErrUnknownVersion)
+	}
+	if m.Active == n {
+		return fmt.Errorf("drop %q version %d: it is active (activate another first): %w", model, n, ErrBadRequest)
+	}
+	next := s.cat.clone()
+	nm := next.Models[model]
+	delete(nm.Versions, n)
+	if nm.Previous == n {
+		nm.Previous = 0
+	}
+	if len(nm.Versions) == 0 {
+		delete(next.Models, model)
+	}
+	return s.gc(ctx, next)
+}
+
+// gc commits next after deleting the ready tables no version names.
+// Caller holds catMu.
+func (s *Store) gc(ctx context.Context, next *catalog) error {
+	ref := next.referenced()
+	var drop []uint32
+	for id, t := range next.Tables {
+		if t.State == stateReady && !ref[id] {
+			drop = append(drop, id)
+			delete(next.Tables, id)
+		}
+	}
+	// The catalog forgets the tables first: a crash after this leaves
+	// unreachable rows (space), never a served table without rows.
+	if err := s.commit(next); err != nil {
+		return err
+	}
+	return s.deleteTables(ctx, drop)
+}
+
+func (s *Store) deleteTables(ctx context.Context, ids []uint32) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	tier := s.view.Load().tier
+	for _, id := range ids {
+		for _, d := range s.view.Load().dims {
+			if c := tier.Class(d); c != nil {
+				c.Lock()
+				c.DeleteTable(id)
+				c.Unlock()
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range ids {
+		lo, hi := tableBounds(id)
+		if err := s.db.DeleteRange(lo, hi, pebble.Sync); err != nil {
+			return fmt.Errorf("delete table %d: %w", id, err)
+		}
+	}
+	_ = ctx
+	return nil
+}
+
+func now() string { return time.Now().UTC().Format(time.RFC3339) }
