@@ -37,12 +37,15 @@ bench: setup
 bench-score: setup build
 	./scripts/bench-score.sh
 
-# Regenerates internal/onnxpb/onnx.pb.go with protoc (Debian: protobuf-compiler)
-# and the protoc-gen-go pinned in go.mod's tool block.
+# Regenerates internal/onnxpb/onnx.pb.go and api/ with protoc (Debian: protobuf-compiler)
+# and the protoc-gen-go / protoc-gen-go-grpc pinned in go.mod's tool block.
 proto:
 	@command -v protoc >/dev/null || { echo "make proto: protoc not found; installing Debian's protobuf-compiler"; apt-get install -y protobuf-compiler >/dev/null || { echo "make proto: install protoc (apt-get install protobuf-compiler)"; exit 1; }; }
 	$(GO) build -o .cache/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o .cache/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	protoc --plugin=protoc-gen-go=.cache/protoc-gen-go --go_out=. --go_opt=paths=source_relative internal/onnxpb/onnx.proto
+	protoc --plugin=protoc-gen-go=.cache/protoc-gen-go --plugin=protoc-gen-go-grpc=.cache/protoc-gen-go-grpc \
+		--go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative api/prismv1/*.proto
 
 clean:
-	rm -rf bin .cache/protoc-gen-go
+	rm -rf bin .cache/protoc-gen-go .cache/protoc-gen-go-grpc
