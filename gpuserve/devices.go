@@ -1,0 +1,162 @@
+// Package gpuserve is Prism's dense tier: it runs dense.onnx through ONNX
+// Runtime with dynamic batching, one worker per GPU or MIG slice that NVML
+// reports, or on the CPU execution provider when there is no NVIDIA
+// driver.
+package gpuserve
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// DeviceKind says what a worker runs on.
+type DeviceKind string
+
+const (
+	KindGPU DeviceKind = "gpu"
+	KindMIG DeviceKind = "mig"
+	KindCPU DeviceKind = "cpu"
+)
+
+// Device is one place a dense worker can run.
+type Device struct {
+	Kind DeviceKind `json:"kind"`
+	// Index is the GPU's NVML index (the parent's for a MIG slice).
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	Name  string `json:"name"`
+	// MemoryBytes is the device's (or slice's) memory.
+	MemoryBytes uint64 `json:"memory_bytes"`
+	// For MIG slices: the parent GPU and the instance ids.
+	ParentUUID        string `json:"parent_uuid,omitempty"`
+	GpuInstanceID     int    `json:"gpu_instance_id,omitempty"`
+	ComputeInstanceID int    `json:"compute_instance_id,omitempty"`
+}
+
+// VisibleDevices is the CUDA_VISIBLE_DEVICES value that pins a worker
+// process to this device: the GPU's UUID, or MIG-<uuid> for a slice
+// (NVML already reports MIG UUIDs with the prefix).
+func (d Device) VisibleDevices() string {
+	switch d.Kind {
+	case KindCPU:
+		return ""
+	case KindMIG:
+		if !strings.HasPrefix(d.UUID, "MIG-") {
+			return "MIG-" + d.UUID
+		}
+	}
+	return d.UUID
+}
+
+// Discovery is what Discover found.
+type Discovery struct {
+	Devices []Device
+	// NoDriver is set, with the reason, when NVML could not start: the
+	// dense tier then serves on the CPU execution provider.
+	NoDriver      string
+	DriverVersion string
+}
+
+// Discover lists the GPUs NVML reports and, on GPUs with MIG enabled, the
+// MIG slices instead of the whole GPU (a MIG-enabled GPU cannot run work
+// outside its slices). With no driver it returns one CPU device and the
+// reason. lib is nvml.New() in production and a simulated server in tests.
+func Discover(lib nvml.Interface) (Discovery, error) {
+	// After a failed Init any further NVML call may kill the process, so
+	// nothing else is called unless Init succeeds.
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return Discovery{Devices: []Device{{Kind: KindCPU, Name: "cpu"}}, NoDriver: fmt.Sprintf("NVML init: %s", nvml.ErrorString(ret))}, nil
+	}
+	defer lib.Shutdown()
+	var d Discovery
+	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		d.DriverVersion = v
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return d, fmt.Errorf("nvml device count: %s", nvml.ErrorString(ret))
+	}
+	for i := range n {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			return d, fmt.Errorf("nvml device %d: %s", i, nvml.ErrorString(ret))
+		}
+		gpu := Device{Kind: KindGPU, Index: i}
+		if gpu.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
+			return d, fmt.Errorf("nvml device %d uuid: %s", i, nvml.ErrorString(ret))
+		}
+		gpu.Name, _ = dev.GetName()
+		if mem, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
+			gpu.MemoryBytes = mem.Total
+		}
+		current, _, ret := dev.GetMigMode()
+		if ret != nvml.SUCCESS || current != nvml.DEVICE_MIG_ENABLE {
+			// NOT_SUPPORTED on GPUs without MIG: a whole GPU.
+			d.Devices = append(d.Devices, gpu)
+			continue
+		}
+		slices, err := migSlices(dev, gpu)
+		if err != nil {
+			return d, err
+		}
+		d.Devices = append(d.Devices, slices...)
+	}
+	if len(d.Devices) == 0 {
+		d.Devices = []Device{{Kind: KindCPU, Name: "cpu"}}
+		d.NoDriver = "NVML reports no GPUs"
+	}
+	return d, nil
+}
+
+func migSlices(dev nvml.Device, gpu Device) ([]Device, error) {
+	max, ret := dev.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("nvml device %d: max MIG devices: %s", gpu.Index, nvml.ErrorString(ret))
+	}
+	var out []Device
+	for j := range max {
+		mig, ret := dev.GetMigDeviceHandleByIndex(j)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // an empty slot
+		}
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("nvml device %d MIG %d: %s", gpu.Index, j, nvml.ErrorString(ret))
+		}
+		s := Device{Kind: KindMIG, Index: gpu.Index, ParentUUID: gpu.UUID}
+		if s.UUID, ret = mig.GetUUID(); ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("nvml device %d MIG %d uuid: %s", gpu.Index, j, nvml.ErrorString(ret))
+		}
+		s.Name, _ = mig.GetName()
+		if mem, ret := mig.GetMemoryInfo(); ret == nvml.SUCCESS {
+			s.MemoryBytes = mem.Total
+		}
+		s.GpuInstanceID, _ = mig.GetGpuInstanceId()
+		s.ComputeInstanceID, _ = mig.GetComputeInstanceId()
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Worker is one dense worker to start: a device and the environment that
+// pins the worker's process to it.
+type Worker struct {
+	Device Device
+	Env    []string
+}
+
+// Plan gives one worker per device.
+func Plan(d Discovery) []Worker {
+	var out []Worker
+	for _, dev := range d.Devices {
+		w := Worker{Device: dev}
+		if v := dev.VisibleDevices(); v != "" {
+			w.Env = []string{"CUDA_VISIBLE_DEVICES=" + v}
+		} else {
+			w.Env = []string{"CUDA_VISIBLE_DEVICES="}
+		}
+		out = append(out, w)
+	}
+	return out
+}
