@@ -1,0 +1,157 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/cpuserve/storebench"
+)
+
+func init() { subcommands = append(subcommands, newStoreCmd) }
+
+// newStoreCmd is `prism store`: embedding store jobs besides ingest.
+func newStoreCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "store", Short: "Embedding store: benchmarks, versions"}
+	cmd.AddCommand(newStoreBenchCmd(), newStoreVersionsCmd())
+	return cmd
+}
+
+func newStoreBenchCmd() *cobra.Command {
+	var (
+		cfg                      storebench.Config
+		work, hot, cache         string
+		dtype, scenario, cpuprof string
+		zipfs                    []float64
+	)
+	cmd := &cobra.Command{
+		Use:   "bench --work DIR [--scenario gather|redis|ltm]",
+		Short: "Measure the store against a raw gather, Redis, and larger than memory",
+		Long: `Bench builds zoo-shaped tables (seeded), ingests them into a store under
+--work (kept for later runs), and measures lookups of Zipf batches:
+
+  gather  hot-tier path vs a raw gather from flat []float32 tables
+  redis   the store vs redis-server on loopback (MGET per batch); skipped
+          when redis-server is not installed
+  ltm     larger than memory: rows/s and p99 per --zipf exponent with the
+          hot tier + block cache given by --hot-bytes/--cache-bytes`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			w := cmd.OutOrStdout()
+			var err error
+			cfg.Dir = work
+			if cfg.HotBytes, err = parseBytes(hot); err != nil {
+				return err
+			}
+			if cfg.CacheBytes, err = parseBytes(cache); err != nil {
+				return err
+			}
+			if cfg.DType, err = store.ParseDType(dtype); err != nil {
+				return err
+			}
+			cfg.Log = func(f string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), f+"\n", a...) }
+			t0 := time.Now()
+			e, err := storebench.Setup(cfg)
+			if err != nil {
+				return err
+			}
+			defer e.Close()
+			fmt.Fprintf(w, "machine: %s/%s, %d cores; %s: %d tables, dim %d, batch %d, dtype %s; setup %.0fs\n",
+				runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), e.Name, len(e.Tables), e.Dim, e.Cfg.Batch, e.Cfg.DType, time.Since(t0).Seconds())
+			if r := e.Ingest; r != nil {
+				sec := r.Elapsed.Seconds()
+				fmt.Fprintf(w, "ingest: %d rows in %.1fs: %.2f M rows/s, %.0f MB/s (float32 source bytes)\n", r.Rows, sec, float64(r.Rows)/sec/1e6, float64(r.Bytes)/sec/1e6)
+			}
+			if len(zipfs) == 0 {
+				zipfs = []float64{e.Cfg.Zipf}
+			}
+			if cpuprof != "" {
+				f, err := os.Create(cpuprof)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
+			return storebench.Run(w, e, scenario, zipfs)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&work, "work", "", "work folder (plan and store are kept there)")
+	f.StringVar(&cfg.Model, "model", "dlrm-kaggle", "zoo preset whose table shapes to use")
+	f.IntVar(&cfg.Dim, "dim", 0, "embedding width (default: the preset's)")
+	f.Float64Var(&cfg.RowsScale, "rows-scale", 0, "scale the preset's rows")
+	f.Float64SliceVar(&zipfs, "zipf", nil, "Zipf exponents (default 1.05)")
+	f.IntVar(&cfg.Batch, "batch", 256, "samples per batch")
+	f.IntVar(&cfg.Batches, "batches", 2000, "measured batches")
+	f.IntVar(&cfg.Warmup, "warmup", 2000, "warm-up batches")
+	f.StringVar(&hot, "hot-bytes", "1GiB", "hot tier size")
+	f.StringVar(&cache, "cache-bytes", "256MiB", "Pebble block cache size")
+	f.StringVar(&dtype, "dtype", "float32", "stored dtype")
+	f.StringVar(&scenario, "scenario", "gather", "gather, redis or ltm")
+	f.StringVar(&cpuprof, "cpuprofile", "", "write a CPU profile of the measured part")
+	_ = cmd.MarkFlagRequired("work")
+	return cmd
+}
+
+func newStoreVersionsCmd() *cobra.Command {
+	var db, activate string
+	var rollback bool
+	var drop int
+	cmd := &cobra.Command{
+		Use:   "versions MODEL --db DIR [--activate N | --rollback | --drop N]",
+		Short: "List, switch, roll back or drop a model's versions",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := store.Open(db, &store.Options{HotBytes: -1})
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			model := args[0]
+			switch {
+			case activate != "":
+				var n int
+				if _, err := fmt.Sscan(activate, &n); err != nil {
+					return fmt.Errorf("--activate %q: %w", activate, err)
+				}
+				err = s.Activate(model, n)
+			case rollback:
+				err = s.Rollback(model)
+			case drop > 0:
+				err = s.DropVersion(cmd.Context(), model, drop)
+			}
+			if err != nil {
+				return err
+			}
+			vs, err := s.Versions(model)
+			if err != nil {
+				return err
+			}
+			for _, v := range vs {
+				mark := " "
+				if v.Active {
+					mark = "*"
+				} else if v.Previous {
+					mark = "<"
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %3d  %2d tables  %s  %s\n", mark, v.N, v.Tables, v.Created, v.Plan)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&db, "db", "", "store directory")
+	f.StringVar(&activate, "activate", "", "switch to version N")
+	f.BoolVar(&rollback, "rollback", false, "switch back to the version the last switch replaced")
+	f.IntVar(&drop, "drop", 0, "drop version N (not the active one)")
+	_ = cmd.MarkFlagRequired("db")
+	return cmd
+}

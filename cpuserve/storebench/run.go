@@ -1,0 +1,77 @@
+package storebench
+
+import (
+	"fmt"
+	"io"
+)
+
+// Run runs a scenario and writes its report to w.
+func Run(w io.Writer, e *Env, scenario string, zipfs []float64) error {
+	switch scenario {
+	case "gather":
+		return runGather(w, e)
+	case "redis":
+		return runRedis(w, e)
+	case "ltm":
+		return runLTM(w, e, zipfs)
+	}
+	return fmt.Errorf("scenario %q: want gather, redis or ltm", scenario)
+}
+
+func runGather(w io.Writer, e *Env) error {
+	warm, err := e.Batches(e.Cfg.Warmup, e.Cfg.Zipf, 1)
+	if err != nil {
+		return err
+	}
+	if _, err := e.StoreLookup("warmup", warm); err != nil {
+		return err
+	}
+	batches, err := e.Batches(e.Cfg.Batches, e.Cfg.Zipf, 2)
+	if err != nil {
+		return err
+	}
+	// Fresh batches: ids never seen before miss the tier and go to Pebble.
+	if err := compare(w, e, "fresh batches (hot tier + Pebble)", batches); err != nil {
+		return err
+	}
+	// The same batches again: every id is resident, the hot-tier path.
+	return compare(w, e, "hot-tier path (all resident)", batches)
+}
+
+// compare runs the raw gather and the store over batches, interleaved in
+// rounds so drift (another job on the machine) hits both alike.
+func compare(w io.Writer, e *Env, name string, batches [][][]int64) error {
+	before := e.Store.Metrics()
+	var raw, st Result
+	const rounds = 5
+	per := len(batches) / rounds
+	for i := range rounds {
+		part := batches[i*per : (i+1)*per]
+		r := e.RawGather(part)
+		s, err := e.StoreLookup("store: "+name, part)
+		if err != nil {
+			return err
+		}
+		raw = merge(raw, r)
+		st = merge(st, s)
+	}
+	after := e.Store.Metrics()
+	hits, miss := after.HotHits-before.HotHits, after.HotMisses-before.HotMisses
+	fmt.Fprintf(w, "%s: zipf %.2f, hot tier %d MiB (%d rows resident), hit ratio %.4f\n", name, e.Cfg.Zipf, after.HotBytes>>20, after.HotUsed, float64(hits)/float64(hits+miss))
+	fmt.Fprintln(w, "  ", raw)
+	fmt.Fprintln(w, "  ", st)
+	fmt.Fprintf(w, "   ratio store/raw: %.2fx rows/s\n", st.RowsPerSec()/raw.RowsPerSec())
+	return nil
+}
+
+func merge(a, b Result) Result {
+	a.Name = b.Name
+	a.Rows += b.Rows
+	a.Elapsed += b.Elapsed
+	a.Latencies = append(a.Latencies, b.Latencies...)
+	return a
+}
+
+func runRedis(w io.Writer, e *Env) error { return fmt.Errorf("redis: not yet") }
+
+func runLTM(w io.Writer, e *Env, zipfs []float64) error { return fmt.Errorf("ltm: not yet") }

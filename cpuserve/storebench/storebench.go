@@ -1,0 +1,250 @@
+// Package storebench measures the embedding store against its limit (a
+// raw gather from flat in-memory tables) and its peer (Redis), on
+// zoo-shaped tables with Zipf ids. `prism store bench` runs it; nothing
+// here runs in unit tests.
+package storebench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/tablefile"
+	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+// Config shapes a run.
+type Config struct {
+	Model      string  // zoo preset, default dlrm-kaggle
+	Dim        int     // overrides the preset's embedding width when > 0
+	RowsScale  float64 // scales the preset's rows (0: 1)
+	Zipf       float64 // id exponent (default 1.05)
+	Batch      int     // samples per batch (default 256)
+	Batches    int     // measured batches (default 2000)
+	Warmup     int     // batches before measuring (default 2000)
+	HotBytes   int64   // store hot tier (-1: none)
+	CacheBytes int64   // Pebble block cache
+	DType      store.DType
+	Dir        string // work folder: plan/ and db/ (reused when present)
+	Seed       uint64
+	Log        func(format string, args ...any)
+}
+
+func (c *Config) defaults() {
+	if c.Model == "" {
+		c.Model = "dlrm-kaggle"
+	}
+	if c.Zipf == 0 {
+		c.Zipf = 1.05
+	}
+	if c.Batch == 0 {
+		c.Batch = 256
+	}
+	if c.Batches == 0 {
+		c.Batches = 2000
+	}
+	if c.Warmup == 0 {
+		c.Warmup = 2000
+	}
+	if c.Log == nil {
+		c.Log = func(string, ...any) {}
+	}
+}
+
+// Env is a built data set: the flat tables, the plan on disk, the store.
+type Env struct {
+	Cfg    Config
+	Name   string
+	Tables [][]float32
+	Rows   []int64
+	Dim    int
+	Plan   string
+	Store  *store.Store
+	Ingest *store.IngestReport
+}
+
+// Setup builds the tables (seeded), writes the plan, and ingests it into
+// Dir/db unless the store there already holds the model.
+func Setup(cfg Config) (*Env, error) {
+	cfg.defaults()
+	p, err := models.Lookup(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	mc, err := p.Resolve(models.ScaleOptions{RowsScale: cfg.RowsScale})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Dim > 0 {
+		mc.EmbDim = cfg.Dim
+	}
+	cfg.Log("building %s tables: %d tables, dim %d", cfg.Model, mc.NumTables(), mc.EmbDim)
+	m, err := models.New(mc, 1)
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("%s-d%d-%s", cfg.Model, mc.EmbDim, cfg.DType)
+	e := &Env{Cfg: cfg, Name: name, Tables: m.Tables, Rows: mc.TableRows, Dim: mc.EmbDim, Plan: filepath.Join(cfg.Dir, "plan-"+name)}
+	if err := e.writePlan(); err != nil {
+		return nil, err
+	}
+	s, err := store.Open(filepath.Join(cfg.Dir, "db"), &store.Options{HotBytes: cfg.HotBytes, CacheBytes: cfg.CacheBytes, NoSync: true})
+	if err != nil {
+		return nil, err
+	}
+	e.Store = s
+	if _, err := s.Tables(name); err != nil {
+		cfg.Log("ingesting %s", e.Plan)
+		e.Ingest, err = s.Ingest(context.Background(), e.Plan, store.IngestOptions{Model: name, DType: cfg.DType})
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// Close closes the store.
+func (e *Env) Close() error { return e.Store.Close() }
+
+func (e *Env) writePlan() error {
+	if _, err := os.Stat(filepath.Join(e.Plan, partitioner.PlanFile)); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(e.Plan, "tables"), 0o755); err != nil {
+		return err
+	}
+	pl := &partitioner.Plan{Version: partitioner.PlanVersion, Model: partitioner.ModelInfo{Name: e.Name}, DenseModel: "dense.onnx"}
+	for k, t := range e.Tables {
+		tn := models.TableName(k)
+		file := tablefile.FileName(tn)
+		meta, err := tablefile.Write(filepath.Join(e.Plan, file), tn, e.Dim, t, nil)
+		if err != nil {
+			return err
+		}
+		pl.Tables = append(pl.Tables, partitioner.Table{Name: tn, File: file, Rows: meta.Rows, Dim: meta.Dim, DType: "float32", SHA256: meta.SHA256,
+			Lookups: []partitioner.Lookup{{Input: models.SparseInput(k), Bag: 1, Rank1: true, Pooling: partitioner.PoolSum, Output: tn + "_pooled"}}})
+	}
+	return partitioner.WritePlan(e.Plan, pl)
+}
+
+// Batches draws n batches of ids: [batch][table][]id, Zipf(s) per table
+// with the hot ids scattered over the table.
+func (e *Env) Batches(n int, s float64, seed uint64) ([][][]int64, error) {
+	r := rand.New(rand.NewPCG(seed, 99))
+	zs := make([]*models.Zipf, len(e.Rows))
+	mult := make([]int64, len(e.Rows))
+	for k, rows := range e.Rows {
+		z, err := models.NewZipf(r, s, rows)
+		if err != nil {
+			return nil, err
+		}
+		zs[k] = z
+		mult[k] = 1
+		for _, p := range []int64{1_000_003, 999_983, 998_111} {
+			if gcd(p, rows) == 1 {
+				mult[k] = p
+				break
+			}
+		}
+	}
+	out := make([][][]int64, n)
+	for b := range out {
+		out[b] = make([][]int64, len(e.Rows))
+		for k := range e.Rows {
+			ids := make([]int64, e.Cfg.Batch)
+			for i := range ids {
+				rank := zs[k].Rank() - 1
+				ids[i] = int64((uint64(rank) * uint64(mult[k])) % uint64(e.Rows[k]))
+			}
+			out[b][k] = ids
+		}
+	}
+	return out, nil
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// Result is one measured path.
+type Result struct {
+	Name      string
+	Rows      int64
+	Elapsed   time.Duration
+	Latencies []time.Duration // per batch
+}
+
+// RowsPerSec is ids resolved per second.
+func (r Result) RowsPerSec() float64 { return float64(r.Rows) / r.Elapsed.Seconds() }
+
+// Quantile is the q-quantile of the batch latencies.
+func (r Result) Quantile(q float64) time.Duration {
+	if len(r.Latencies) == 0 {
+		return 0
+	}
+	l := slices.Clone(r.Latencies)
+	slices.Sort(l)
+	return l[min(len(l)-1, int(q*float64(len(l))))]
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("%-28s %8.2f M rows/s  p50 %8s  p99 %8s", r.Name, r.RowsPerSec()/1e6, r.Quantile(0.5).Round(time.Microsecond), r.Quantile(0.99).Round(time.Microsecond))
+}
+
+// RawGather is the limit: copy each id's row from the flat table into a
+// batch x dim output, table by table.
+func (e *Env) RawGather(batches [][][]int64) Result {
+	out := make([][]float32, len(e.Tables))
+	for k := range out {
+		out[k] = make([]float32, e.Cfg.Batch*e.Dim)
+	}
+	dim := e.Dim
+	res := Result{Name: "raw gather (flat []float32)"}
+	start := time.Now()
+	for _, b := range batches {
+		t0 := time.Now()
+		for k, ids := range b {
+			t, o := e.Tables[k], out[k]
+			for i, id := range ids {
+				copy(o[i*dim:(i+1)*dim], t[id*int64(dim):(id+1)*int64(dim)])
+			}
+			res.Rows += int64(len(ids))
+		}
+		res.Latencies = append(res.Latencies, time.Since(t0))
+	}
+	res.Elapsed = time.Since(start)
+	return res
+}
+
+// StoreLookup runs the batches through Store.Lookup (sum pooling, bag 1).
+func (e *Env) StoreLookup(name string, batches [][][]int64) (Result, error) {
+	req := make([]store.TableLookup, len(e.Tables))
+	for k := range req {
+		req[k] = store.TableLookup{Table: models.TableName(k), Pooling: store.PoolSum, Out: make([]float32, e.Cfg.Batch*e.Dim)}
+	}
+	res := Result{Name: name}
+	start := time.Now()
+	for _, b := range batches {
+		t0 := time.Now()
+		for k, ids := range b {
+			req[k].IDs = ids
+			res.Rows += int64(len(ids))
+		}
+		if err := e.Store.Lookup(e.Name, req); err != nil {
+			return res, err
+		}
+		res.Latencies = append(res.Latencies, time.Since(t0))
+	}
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
