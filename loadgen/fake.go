@@ -1,0 +1,75 @@
+package loadgen
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Fake is a Recommender that answers at once with zero scores, for
+// measuring the generator itself and for tests. Delay, if set, is waited
+// before each answer (return 0 for none); it may be called concurrently.
+type Fake struct {
+	prismv1.UnimplementedRecommenderServer
+	Delay func(req *prismv1.RecommendRequest) time.Duration
+}
+
+var _ prismv1.RecommenderServer = (*Fake)(nil)
+
+func (f *Fake) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (*prismv1.RecommendResponse, error) {
+	if req.NumCandidates < 1 {
+		return nil, status.Errorf(codes.InvalidArgument, "num_candidates %d: want at least 1", req.NumCandidates)
+	}
+	if f.Delay != nil {
+		if d := f.Delay(req); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}
+	}
+	return &prismv1.RecommendResponse{Scores: make([]float32, req.NumCandidates), Model: req.Model, Version: req.Version, RequestId: req.RequestId}, nil
+}
+
+func (f *Fake) RecommendStream(st grpc.BidiStreamingServer[prismv1.RecommendRequest, prismv1.RecommendResponse]) error {
+	for {
+		req, err := st.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		resp, err := f.Recommend(st.Context(), req)
+		if err != nil {
+			return err
+		}
+		if err := st.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// ServeFake serves f on addr (use "127.0.0.1:0" for a free port) and
+// returns the address it listens on and a stop function the caller owns.
+func ServeFake(addr string, f *Fake) (string, func(), error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("fake server: %w", err)
+	}
+	srv := grpc.NewServer()
+	prismv1.RegisterRecommenderServer(srv, f)
+	go func() { _ = srv.Serve(lis) }()
+	return lis.Addr().String(), srv.Stop, nil
+}

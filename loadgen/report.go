@@ -1,0 +1,157 @@
+package loadgen
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Summary is the outcome of a run, as summary.json holds it.
+type Summary struct {
+	Mode         string           `json:"mode"` // "open" or "closed"
+	Clients      int              `json:"clients,omitempty"`
+	DurationS    float64          `json:"duration_s"` // until the last answer
+	Sent         int64            `json:"sent"`
+	OK           int64            `json:"ok"`
+	Errors       int64            `json:"errors"`
+	ErrorsByCode map[string]int64 `json:"errors_by_code"`
+	OfferedRPS   float64          `json:"offered_rps"`
+	RPS          float64          `json:"throughput_rps"` // answered OK per second
+	SamplesPS    float64          `json:"throughput_samples_per_s"`
+	MeanCand     float64          `json:"mean_candidates"`
+	// Latencies in milliseconds, from the intended send time.
+	P50, P90, P99, P999, Max float64            `json:"-"`
+	Latency                  map[string]float64 `json:"latency_ms"`
+	SLOMs                    float64            `json:"slo_ms"`
+	SLOAttained              float64            `json:"slo_attainment"` // fraction of sent answered OK within the SLO
+	SendLagP99Ms             float64            `json:"send_lag_p99_ms"`
+	SendLagMaxMs             float64            `json:"send_lag_max_ms"`
+	// GeneratorCPU is the CPU seconds this process used during the run.
+	GeneratorCPU float64 `json:"generator_cpu_s"`
+	Series       []Point `json:"-"`
+}
+
+// Point is one second of the time series.
+type Point struct {
+	T         int     // second since the start
+	Offered   int64   // requests intended in this second
+	Completed int64   // answers that came in this second
+	OK        int64   // of the requests intended in this second
+	Errors    int64   // likewise
+	Samples   int64   // OK samples of the requests intended in this second
+	P99Ms     float64 // of the requests intended in this second; NaN if none
+}
+
+func (r *Recorder) summary(o Options, elapsed time.Duration) *Summary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ms := func(us int64) float64 { return float64(us) / 1000 }
+	s := &Summary{Mode: "open", Clients: o.Clients, DurationS: elapsed.Seconds(), Sent: r.sent, OK: r.ok, ErrorsByCode: map[string]int64{}, SLOMs: float64(o.SLO) / 1e6}
+	if o.Clients > 0 {
+		s.Mode = "closed"
+	}
+	for c, n := range r.errs {
+		s.ErrorsByCode[c.String()] = n
+		s.Errors += n
+	}
+	if el := elapsed.Seconds(); el > 0 {
+		s.RPS = float64(r.ok) / el
+		s.SamplesPS = float64(r.samples) / el
+	}
+	if d := math.Min(o.Duration.Seconds(), elapsed.Seconds()); d > 0 {
+		s.OfferedRPS = float64(r.sent) / d
+	}
+	if r.ok > 0 {
+		s.MeanCand = float64(r.samples) / float64(r.ok)
+	}
+	s.P50, s.P90, s.P99, s.P999 = ms(r.total.ValueAtQuantile(50)), ms(r.total.ValueAtQuantile(90)), ms(r.total.ValueAtQuantile(99)), ms(r.total.ValueAtQuantile(99.9))
+	s.Max = ms(r.total.Max())
+	s.Latency = map[string]float64{"p50": s.P50, "p90": s.P90, "p99": s.P99, "p99.9": s.P999, "max": s.Max, "mean": r.total.Mean() / 1000}
+	if r.sent > 0 {
+		s.SLOAttained = float64(r.inSLO) / float64(r.sent)
+	}
+	s.SendLagP99Ms, s.SendLagMaxMs = ms(r.lag.ValueAtQuantile(99)), ms(r.lag.Max())
+	for i, sec := range r.secs {
+		p := Point{T: i, Offered: sec.offered, Completed: sec.completed, OK: sec.ok, Errors: sec.errs, Samples: sec.samples, P99Ms: math.NaN()}
+		if sec.hist != nil {
+			p.P99Ms = ms(sec.hist.ValueAtQuantile(99))
+		}
+		s.Series = append(s.Series, p)
+	}
+	return s
+}
+
+// WriteText prints the summary for people.
+func (s *Summary) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "mode        %s", s.Mode)
+	if s.Mode == "closed" {
+		fmt.Fprintf(w, " (%d clients)", s.Clients)
+	}
+	fmt.Fprintf(w, ", %.1fs\n", s.DurationS)
+	fmt.Fprintf(w, "requests    sent %d  ok %d  errors %d\n", s.Sent, s.OK, s.Errors)
+	if len(s.ErrorsByCode) > 0 {
+		codes := make([]string, 0, len(s.ErrorsByCode))
+		for c := range s.ErrorsByCode {
+			codes = append(codes, c)
+		}
+		sort.Strings(codes)
+		fmt.Fprint(w, "errors by   ")
+		for _, c := range codes {
+			fmt.Fprintf(w, " %s %d", c, s.ErrorsByCode[c])
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "throughput  %.1f req/s  %.0f samples/s  (offered %.1f req/s, %.1f candidates/request)\n", s.RPS, s.SamplesPS, s.OfferedRPS, s.MeanCand)
+	fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)
+	fmt.Fprintf(w, "SLO         %.1f%% of requests answered OK within %gms\n", 100*s.SLOAttained, s.SLOMs)
+	fmt.Fprintf(w, "generator   send lag p99 %.3fms max %.3fms, %.2f CPU-s (%.2f cores)\n", s.SendLagP99Ms, s.SendLagMaxMs, s.GeneratorCPU, s.GeneratorCPU/math.Max(s.DurationS, 1e-9))
+}
+
+// WriteDir writes summary.json, timeseries.csv and plot.png into dir.
+func (s *Summary) WriteDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	buf, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "summary.json"), append(buf, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	f, err := os.Create(filepath.Join(dir, "timeseries.csv"))
+	if err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	if err := s.WriteCSV(f); err != nil {
+		f.Close()
+		return fmt.Errorf("write report %q: %w", f.Name(), err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write report: %w", err)
+	}
+	return s.Plot(filepath.Join(dir, "plot.png"))
+}
+
+// WriteCSV writes the per-second time series.
+func (s *Summary) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"second", "offered_rps", "completed_rps", "ok", "errors", "samples", "p99_ms"})
+	for _, p := range s.Series {
+		p99 := ""
+		if !math.IsNaN(p.P99Ms) {
+			p99 = strconv.FormatFloat(p.P99Ms, 'f', 3, 64)
+		}
+		_ = cw.Write([]string{strconv.Itoa(p.T), strconv.FormatInt(p.Offered, 10), strconv.FormatInt(p.Completed, 10),
+			strconv.FormatInt(p.OK, 10), strconv.FormatInt(p.Errors, 10), strconv.FormatInt(p.Samples, 10), p99})
+	}
+	cw.Flush()
+	return cw.Error()
+}

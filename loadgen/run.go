@@ -1,0 +1,276 @@
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Sender sends one request and waits for its answer. A failure is a gRPC
+// status error (status.Code tells its code). It is called from many
+// goroutines at once.
+type Sender interface {
+	Send(ctx context.Context, req *prismv1.RecommendRequest) error
+}
+
+// GRPCSender sends through a Recommender client.
+type GRPCSender struct{ Client prismv1.RecommenderClient }
+
+var _ Sender = GRPCSender{}
+
+func (g GRPCSender) Send(ctx context.Context, req *prismv1.RecommendRequest) error {
+	resp, err := g.Client.Recommend(ctx, req)
+	if err != nil {
+		return err
+	}
+	if len(resp.Scores) != int(req.NumCandidates) {
+		return status.Errorf(codes.Internal, "%d scores for %d candidates", len(resp.Scores), req.NumCandidates)
+	}
+	return nil
+}
+
+// Clock is the runner's time source, a seam for tests. Sleep returns early
+// when ctx is done.
+type Clock interface {
+	Now() time.Time
+	Sleep(ctx context.Context, d time.Duration)
+}
+
+// WallClock is the real clock.
+type WallClock struct{}
+
+var _ Clock = WallClock{}
+
+func (WallClock) Now() time.Time { return time.Now() }
+func (WallClock) Sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// Options configure one run.
+type Options struct {
+	// Profile is the offered rate of an open-loop run; Poisson draws
+	// exponential gaps from it, otherwise the gaps are even.
+	Profile Profile
+	Poisson bool
+	// Seed makes the schedule reproducible.
+	Seed uint64
+	// Clients > 0 runs closed loop instead: that many clients, each
+	// sending its next request when the last one is answered.
+	Clients int
+	// Duration bounds the sending; MaxRequests bounds the count. Both are
+	// required: every run stops by itself.
+	Duration    time.Duration
+	MaxRequests int64
+	// MaxInFlight bounds open-loop requests awaiting an answer (default
+	// 10000). When reached the generator waits; the wait counts in the
+	// latency of the requests it delays, and shows as send lag.
+	MaxInFlight int
+	// Timeout is each request's deadline (default 10s).
+	Timeout time.Duration
+	// SLO is the latency target for attainment (default 60ms, MLPerf
+	// DLRMv2's server bound).
+	SLO time.Duration
+	// Clock defaults to the wall clock.
+	Clock Clock
+	// Live, if set, gets a status line every LiveEvery (default 1s); on
+	// a terminal (TTY) it is redrawn in place.
+	Live      io.Writer
+	LiveEvery time.Duration
+	TTY       bool
+}
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 10000
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 10 * time.Second
+	}
+	if o.SLO == 0 {
+		o.SLO = 60 * time.Millisecond
+	}
+	if o.Clock == nil {
+		o.Clock = WallClock{}
+	}
+	if o.LiveEvery == 0 {
+		o.LiveEvery = time.Second
+	}
+}
+
+// Validate checks o after EnsureDefaults.
+func (o *Options) Validate() error {
+	switch {
+	case o.Duration <= 0:
+		return errors.New("loadgen: the run needs a positive duration")
+	case o.MaxRequests <= 0:
+		return errors.New("loadgen: the run needs a positive request cap")
+	case o.Clients < 0:
+		return errors.New("loadgen: clients must not be negative")
+	case o.Clients == 0 && o.Profile == nil:
+		return errors.New("loadgen: an open-loop run needs a rate profile")
+	case o.MaxInFlight < 1:
+		return errors.New("loadgen: max in-flight must be positive")
+	}
+	return nil
+}
+
+type job struct {
+	intended time.Duration
+	req      *prismv1.RecommendRequest
+}
+
+// Run drives one run to its end and returns its summary. ctx cancels it
+// early (the summary then covers what was sent).
+func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, error) {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	rec := NewRecorder(o.SLO)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cpu0 := cpuTime()
+	start := o.Clock.Now()
+	since := func() time.Duration { return o.Clock.Now().Sub(start) }
+
+	jobs := make(chan job, 1024)
+	var genErr error
+	// The producer builds requests ahead of their send time, so building
+	// never delays a send; it owns reqs and the schedule.
+	var sched *Schedule
+	if o.Clients == 0 {
+		var err error
+		if sched, err = NewSchedule(o.Profile, o.Poisson, o.Seed); err != nil {
+			return nil, err
+		}
+	}
+	go func() {
+		defer close(jobs)
+		for n := int64(0); n < o.MaxRequests; n++ {
+			var at time.Duration
+			if sched != nil {
+				if at = sched.Next(); at >= o.Duration {
+					return
+				}
+			}
+			req, err := reqs.Next()
+			if err != nil {
+				genErr = err
+				cancel()
+				return
+			}
+			select {
+			case jobs <- job{at, req}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	stopLive := startLive(o, rec, since)
+	var wg sync.WaitGroup
+	send := func(j job) {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), o.Timeout)
+		err := s.Send(rctx, j.req)
+		rcancel()
+		rec.Done(j.intended, since(), int(j.req.NumCandidates), status.Code(err))
+	}
+	if o.Clients == 0 {
+		sem := make(chan struct{}, o.MaxInFlight)
+		for j := range jobs {
+			if d := j.intended - since(); d > 0 {
+				o.Clock.Sleep(ctx, d)
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			sem <- struct{}{}
+			rec.Sent(j.intended, since())
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				send(j)
+				<-sem
+			}()
+		}
+	} else {
+		for range o.Clients {
+			wg.Go(func() {
+				for {
+					j, ok := <-jobs
+					now := since()
+					if !ok || now >= o.Duration || ctx.Err() != nil {
+						return
+					}
+					// Closed loop: a request is intended when its client is free.
+					j.intended = now
+					rec.Sent(now, now)
+					send(j)
+				}
+			})
+		}
+	}
+	cancel() // stop the producer; in-flight requests keep their own deadline
+	wg.Wait()
+	for range jobs {
+	}
+	elapsed := since()
+	stopLive()
+	if genErr != nil {
+		return nil, genErr
+	}
+	sum := rec.summary(o, elapsed)
+	sum.GeneratorCPU = (cpuTime() - cpu0).Seconds()
+	return sum, nil
+}
+
+func startLive(o Options, rec *Recorder, since func() time.Duration) (stop func()) {
+	if o.Live == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(o.LiveEvery)
+		defer t.Stop()
+		var last Live
+		for {
+			select {
+			case <-done:
+				if o.TTY {
+					fmt.Fprintln(o.Live)
+				}
+				return
+			case <-t.C:
+			}
+			l := rec.live()
+			el := since()
+			rate := float64(l.OK-last.OK) / o.LiveEvery.Seconds()
+			line := fmt.Sprintf("%6.1fs/%v sent %d ok %d err %d  %.0f req/s  p99 %v", el.Seconds(), o.Duration, l.Sent, l.OK, l.Errors, rate, l.IntervalP99)
+			if o.TTY {
+				fmt.Fprintf(o.Live, "\r\033[K%s", line)
+			} else {
+				fmt.Fprintln(o.Live, "loadgen:", line)
+			}
+			last = l
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

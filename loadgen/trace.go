@@ -1,0 +1,179 @@
+package loadgen
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// TraceOptions say how to read a rate trace.
+type TraceOptions struct {
+	// TimeColumn and ValueColumn name the columns; empty picks the first
+	// header among timestamp, timestamp_anon, time, ts (time) and value,
+	// rate, qps, count (value).
+	TimeColumn, ValueColumn string
+	// Count says the values are request counts per row rather than rates
+	// per second; they are divided by the window.
+	Count bool
+	// Window is the width of one trace step; rows within a window are
+	// summed (a trace with one row per container and time). Zero infers
+	// it as the smallest gap between successive distinct timestamps.
+	Window time.Duration
+}
+
+// Trace is a replayable rate series: Rates[i] is the rate, requests/s,
+// over [i*Step, (i+1)*Step) of trace time.
+type Trace struct {
+	Step  time.Duration
+	Rates []float64
+}
+
+var timeNames = []string{"timestamp", "timestamp_anon", "time", "ts"}
+var valueNames = []string{"value", "rate", "qps", "count"}
+
+// ParseTrace reads a CSV trace with a header line: one row per
+// (timestamp in seconds, value), extra columns ignored, rows in time
+// order. Rows with equal or same-window timestamps are summed. A window
+// with no rows repeats the previous window's rate: in a scraped metric a
+// missing point is a gap in the scrape, not a gap in traffic. name is used
+// in error messages, which carry the line number.
+func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	if !sc.Scan() {
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("trace %s: %w", name, err)
+		}
+		return nil, fmt.Errorf("trace %s: empty file", name)
+	}
+	header := strings.Split(sc.Text(), ",")
+	ti, err := column(header, o.TimeColumn, timeNames)
+	if err != nil {
+		return nil, fmt.Errorf("trace %s:1: %w", name, err)
+	}
+	vi, err := column(header, o.ValueColumn, valueNames)
+	if err != nil {
+		return nil, fmt.Errorf("trace %s:1: %w", name, err)
+	}
+	need := max(ti, vi) + 1
+	type point struct{ t, v float64 }
+	var pts []point
+	line := 1
+	for sc.Scan() {
+		line++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" {
+			continue
+		}
+		f := strings.Split(text, ",")
+		if len(f) < need {
+			return nil, fmt.Errorf("trace %s:%d: %d columns, the header names %d", name, line, len(f), len(header))
+		}
+		t, err := strconv.ParseFloat(strings.TrimSpace(f[ti]), 64)
+		if err != nil || math.IsNaN(t) || math.IsInf(t, 0) {
+			return nil, fmt.Errorf("trace %s:%d: time %q is not a number", name, line, f[ti])
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(f[vi]), 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("trace %s:%d: value %q is not a number", name, line, f[vi])
+		}
+		if v < 0 {
+			return nil, fmt.Errorf("trace %s:%d: value %v is negative", name, line, v)
+		}
+		if n := len(pts); n > 0 && t < pts[n-1].t {
+			return nil, fmt.Errorf("trace %s:%d: time %v goes back from %v (rows must be in time order)", name, line, t, pts[n-1].t)
+		}
+		if n := len(pts); n > 0 && t == pts[n-1].t {
+			pts[n-1].v += v
+			continue
+		}
+		pts = append(pts, point{t, v})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("trace %s:%d: %w", name, line+1, err)
+	}
+	if len(pts) == 0 {
+		return nil, fmt.Errorf("trace %s: no rows after the header", name)
+	}
+	win := o.Window.Seconds()
+	if win <= 0 {
+		win = math.Inf(1)
+		for i := 1; i < len(pts); i++ {
+			win = math.Min(win, pts[i].t-pts[i-1].t)
+		}
+		if math.IsInf(win, 1) {
+			win = 1
+		}
+	}
+	n := int((pts[len(pts)-1].t-pts[0].t)/win) + 1
+	if n > 10_000_000 {
+		return nil, fmt.Errorf("trace %s: %d windows of %gs; give a wider window", name, n, win)
+	}
+	rates := make([]float64, n)
+	seen := make([]bool, n)
+	for _, p := range pts {
+		i := min(int((p.t-pts[0].t)/win), n-1)
+		v := p.v
+		if o.Count {
+			v /= win
+		}
+		rates[i] += v
+		seen[i] = true
+	}
+	for i := 1; i < n; i++ {
+		if !seen[i] {
+			rates[i] = rates[i-1]
+		}
+	}
+	return &Trace{Step: time.Duration(win * float64(time.Second)), Rates: rates}, nil
+}
+
+func column(header []string, want string, defaults []string) (int, error) {
+	names := defaults
+	if want != "" {
+		names = []string{want}
+	}
+	for _, w := range names {
+		for i, h := range header {
+			if strings.EqualFold(strings.TrimSpace(h), w) {
+				return i, nil
+			}
+		}
+	}
+	return -1, fmt.Errorf("header %q has no column %s", strings.Join(header, ","), strings.Join(names, " or "))
+}
+
+// Duration is the trace's length in trace time.
+func (t *Trace) Duration() time.Duration { return time.Duration(len(t.Rates)) * t.Step }
+
+// Peak is the highest rate of the trace.
+func (t *Trace) Peak() float64 {
+	m := 0.0
+	for _, r := range t.Rates {
+		m = math.Max(m, r)
+	}
+	return m
+}
+
+// Replay plays a trace back: Speedup compresses time (60 plays an hour of
+// trace in a minute) and Scale multiplies every rate. Past its end the
+// trace starts over.
+type Replay struct {
+	Trace   *Trace
+	Speedup float64
+	Scale   float64
+}
+
+var _ Profile = (*Replay)(nil)
+
+func (r *Replay) Rate(t time.Duration) float64 {
+	tt := float64(t) * r.Speedup
+	i := int(tt/float64(r.Trace.Step)) % len(r.Trace.Rates)
+	return r.Scale * r.Trace.Rates[max(i, 0)]
+}
+
+func (r *Replay) MaxRate() float64 { return r.Scale * r.Trace.Peak() }

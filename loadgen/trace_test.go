@@ -1,0 +1,88 @@
+package loadgen
+
+import (
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseTraceErrors(t *testing.T) {
+	for _, c := range []struct{ name, in, want string }{
+		{"empty", "", "empty file"},
+		{"no time column", "when,value\n1,2\n", "trace t.csv:1: header \"when,value\" has no column timestamp or"},
+		{"no value column", "timestamp,x\n1,2\n", "trace t.csv:1: header \"timestamp,x\" has no column value or"},
+		{"short row", "timestamp,value\n1,2\n3\n", "trace t.csv:3: 1 columns"},
+		{"bad time", "timestamp,value\n1,2\nabc,3\n", "trace t.csv:3: time \"abc\" is not a number"},
+		{"bad value", "timestamp,value\n1,2\n2,x\n", "trace t.csv:3: value \"x\" is not a number"},
+		{"negative", "timestamp,value\n1,-2\n", "trace t.csv:2: value -2 is negative"},
+		{"back in time", "timestamp,value\n1,2\n5,1\n\n4,1\n", "trace t.csv:5: time 4 goes back from 5"},
+		{"header only", "timestamp,value\n", "no rows"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseTrace(strings.NewReader(c.in), "t.csv", TraceOptions{})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestParseTraceSumsAndFills(t *testing.T) {
+	in := "ts,x,rate\n0,a,1\n0,b,2\n10,a,4\n30,a,5\n31,b,1\n"
+	tr, err := ParseTrace(strings.NewReader(in), "t", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Smallest gap 1s would make 32 windows; a 10s window sums 30 and 31.
+	if tr.Step != time.Second || len(tr.Rates) != 32 {
+		t.Fatalf("step %v, %d windows", tr.Step, len(tr.Rates))
+	}
+	tr, err = ParseTrace(strings.NewReader(in), "t", TraceOptions{Window: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []float64{3, 4, 4, 6} // window 2 has no rows: it repeats window 1
+	if len(tr.Rates) != len(want) {
+		t.Fatalf("rates %v, want %v", tr.Rates, want)
+	}
+	for i := range want {
+		if tr.Rates[i] != want[i] {
+			t.Fatalf("rates %v, want %v", tr.Rates, want)
+		}
+	}
+	tr, err = ParseTrace(strings.NewReader("time,count\n0,50\n10,100\n"), "t", TraceOptions{Count: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Rates[0] != 5 || tr.Rates[1] != 10 {
+		t.Fatalf("counts over 10s windows: rates %v, want [5 10]", tr.Rates)
+	}
+}
+
+// The gateway trace: one row per container and minute; summed per window.
+func TestParseGatewayTrace(t *testing.T) {
+	f, err := os.Open("../../shared/data/qps/genai_gateway_qps.csv")
+	if err != nil {
+		t.Skip("shared trace not present:", err)
+	}
+	defer f.Close()
+	tr, err := ParseTrace(f, "genai_gateway_qps.csv", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Step != 57*time.Second {
+		t.Fatalf("step %v, want 57s", tr.Step)
+	}
+	if h := tr.Duration().Hours(); h < 22 || h > 22.5 {
+		t.Fatalf("trace of %.1fh, want about 22.3h", h)
+	}
+	lo := math.Inf(1)
+	for _, r := range tr.Rates {
+		lo = math.Min(lo, r)
+	}
+	if tr.Peak() < 9 || tr.Peak()/lo < 6 {
+		t.Fatalf("peak %.2f valley %.2f: want the gateway's swing (peak 9.6 req/s, ratio > 6)", tr.Peak(), lo)
+	}
+}
