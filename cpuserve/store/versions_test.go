@@ -1,0 +1,239 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+)
+
+func lookupRow(t *testing.T, s *Store, model, table string, id int64, dim int) []float32 {
+	t.Helper()
+	r := TableLookup{Table: table, IDs: []int64{id}, Out: make([]float32, dim)}
+	if err := s.Lookup(model, []TableLookup{r}); err != nil {
+		t.Fatal(err)
+	}
+	return r.Out
+}
+
+func TestVersionsAndSharing(t *testing.T) {
+	ctx := context.Background()
+	v1 := []*testTable{{name: "a", rows: 50, dim: 4, seed: 1}, {name: "b", rows: 60, dim: 8, seed: 2}}
+	v2 := []*testTable{{name: "a", rows: 50, dim: 4, seed: 11}, {name: "b", rows: 60, dim: 8, seed: 2}}
+	p1, p2 := writePlan(t, "m", v1), writePlan(t, "m", v2)
+	s, _ := openMem(t, nil)
+	if _, err := s.Ingest(ctx, p1, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := s.Ingest(ctx, p2, IngestOptions{NoActivate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Version != 2 || rep.Activated {
+		t.Fatalf("second ingest: %+v", rep)
+	}
+	// b has the same content in both versions: one copy.
+	for _, tr := range rep.Tables {
+		if (tr.Name == "b") != tr.Shared {
+			t.Errorf("table %s shared=%v", tr.Name, tr.Shared)
+		}
+	}
+	check := func(want []*testTable) {
+		t.Helper()
+		if got := lookupRow(t, s, "m", "a", 7, 4); got[0] != want[0].data[7*4] {
+			t.Fatalf("table a row 7 = %v, want the version with %v", got, want[0].data[7*4:8*4])
+		}
+	}
+	check(v1)
+	if err := s.Activate("m", 2); err != nil {
+		t.Fatal(err)
+	}
+	check(v2)
+	if err := s.Rollback("m"); err != nil {
+		t.Fatal(err)
+	}
+	check(v1)
+	if err := s.Activate("m", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DropVersion(ctx, "m", 2); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("dropping the active version: %v", err)
+	}
+	// Another model with v1's content shares its tables.
+	rep, err = s.Ingest(ctx, p1, IngestOptions{Model: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range rep.Tables {
+		if !tr.Shared {
+			t.Errorf("model other: table %s not shared", tr.Name)
+		}
+	}
+	if err := s.DropVersion(ctx, "m", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Rollback("m"); !errors.Is(err, ErrUnknownVersion) {
+		t.Fatalf("rollback to a dropped version: %v", err)
+	}
+	check(v2)
+	if got := lookupRow(t, s, "other", "a", 7, 4); got[0] != v1[0].data[7*4] {
+		t.Fatalf("model other lost its shared table: %v", got)
+	}
+	vs, err := s.Versions("m")
+	if err != nil || len(vs) != 1 || !vs[0].Active || vs[0].N != 2 {
+		t.Fatalf("versions %+v %v", vs, err)
+	}
+}
+
+// TestConcurrentVersionSwitch: readers never see a mix of versions.
+func TestConcurrentVersionSwitch(t *testing.T) {
+	ctx := context.Background()
+	mk := func(c float32) []*testTable {
+		tabs := []*testTable{{name: "a", rows: 10, dim: 2}, {name: "b", rows: 10, dim: 2}}
+		for _, tt := range tabs {
+			tt.data = make([]float32, 20)
+			for i := range tt.data {
+				tt.data[i] = c
+			}
+		}
+		return tabs
+	}
+	s, _ := openMem(t, nil)
+	for _, c := range []float32{1, 2} {
+		if _, err := s.Ingest(ctx, writePlan(t, "m", mk(c)), IngestOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				a := TableLookup{Table: "a", IDs: []int64{1}, Out: make([]float32, 2)}
+				b := TableLookup{Table: "b", IDs: []int64{1}, Out: make([]float32, 2)}
+				if err := s.Lookup("m", []TableLookup{a, b}); err != nil {
+					t.Error(err)
+					return
+				}
+				if a.Out[0] != b.Out[0] {
+					t.Errorf("mixed versions: a=%v b=%v", a.Out, b.Out)
+					return
+				}
+			}
+		}()
+	}
+	for i := range 200 {
+		if err := s.Activate("m", 1+i%2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+}
+
+func TestUpsertVisibleAfterAck(t *testing.T) {
+	tabs := []*testTable{{name: "a", rows: 100, dim: 4, seed: 1}}
+	for _, dt := range []DType{Float32, Int8} {
+		t.Run(string(dt), func(t *testing.T) {
+			s, _ := openMem(t, &Options{HotBytes: 1 << 20})
+			if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{DType: dt}); err != nil {
+				t.Fatal(err)
+			}
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() { // keeps ids 0..9 hot and races the upserts
+				defer wg.Done()
+				for !stop.Load() {
+					r := TableLookup{Table: "a", IDs: []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, Out: make([]float32, 40)}
+					if err := s.Lookup("m", []TableLookup{r}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+			for i := range 300 {
+				id := int64(i % 10)
+				row := []float32{float32(i), -float32(i), 0.5, 1}
+				if err := s.Upsert("m", "a", []int64{id}, row); err != nil {
+					t.Fatal(err)
+				}
+				got := lookupRow(t, s, "m", "a", id, 4)
+				if d := got[0] - float32(i); d > float32(i)/254+1e-6 || -d > float32(i)/254+1e-6 {
+					t.Fatalf("after ack of update %d, row %d reads %v", i, id, got)
+				}
+			}
+			stop.Store(true)
+			wg.Wait()
+			if m := s.Metrics(); m.Upserts != 300 || m.HotHits == 0 {
+				t.Errorf("metrics %+v", m)
+			}
+		})
+	}
+}
+
+func TestIngestResumeAndFaults(t *testing.T) {
+	tabs := []*testTable{{name: "a", rows: 3000, dim: 16, seed: 5}, {name: "b", rows: 500, dim: 16, seed: 6}}
+	plan := writePlan(t, "m", tabs)
+	ctx := context.Background()
+
+	t.Run("interrupted", func(t *testing.T) {
+		s, _ := openMem(t, nil)
+		cctx, cancel := context.WithCancel(ctx)
+		_, err := s.Ingest(cctx, plan, IngestOptions{SSTBytes: 20 << 10, Progress: func(done, total int64) { cancel() }})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("interrupted ingest: %v", err)
+		}
+		if _, err := s.Tables("m"); !errors.Is(err, ErrUnknownModel) {
+			t.Fatalf("a half-ingested model is served: %v", err)
+		}
+		rep, err := s.Ingest(ctx, plan, IngestOptions{SSTBytes: 20 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Tables[0].ResumedAt == 0 {
+			t.Errorf("did not resume: %+v", rep.Tables[0])
+		}
+		for _, id := range []int64{0, 1234, 2999} {
+			if got := lookupRow(t, s, "m", "a", id, 16); got[3] != tabs[0].data[id*16+3] {
+				t.Fatalf("row %d after resume: %v", id, got)
+			}
+		}
+	})
+
+	t.Run("io errors", func(t *testing.T) {
+		mem := vfs.NewMem()
+		var toggle errorfs.Toggle
+		toggle.Injector = errorfs.ErrInjected.If(errorfs.PathMatch("db/" + stagingDir + "/*"))
+		s, _ := openMem(t, &Options{FS: errorfs.Wrap(mem, &toggle)})
+		// A model already served keeps serving through the failures.
+		if _, err := s.Ingest(ctx, writePlan(t, "old", tabs[1:]), IngestOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		toggle.On()
+		_, err := s.Ingest(ctx, plan, IngestOptions{})
+		if err == nil || !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("ingest with failing staging writes: %v", err)
+		}
+		if _, err := s.Tables("m"); !errors.Is(err, ErrUnknownModel) {
+			t.Fatalf("failed ingest is served: %v", err)
+		}
+		if got := lookupRow(t, s, "old", "b", 3, 16); got[0] != tabs[1].data[3*16] {
+			t.Fatalf("old model: %v", got)
+		}
+		toggle.Off()
+		if _, err := s.Ingest(ctx, plan, IngestOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := lookupRow(t, s, "m", "a", 2999, 16); got[15] != tabs[0].data[2999*16+15] {
+			t.Fatalf("after retry: %v", got)
+		}
+	})
+}
