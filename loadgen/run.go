@@ -226,6 +226,7 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 				}
 			})
 		}
+		wg.Wait()
 	}
 	cancel() // stop the producer; in-flight requests keep their own deadline
 	wg.Wait()

@@ -1,0 +1,388 @@
+// Package cli is the `prism loadgen` command: flags, the model's inputs
+// from a preset, a plan or an ONNX file, and the gRPC connection around
+// the loadgen core. It lives apart from loadgen so the core depends on
+// the public API and the model zoo only.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+	"github.com/prism-serve/prism/internal/progress"
+	"github.com/prism-serve/prism/loadgen"
+	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+type flags struct {
+	target, model, preset, planDir, onnx string
+	context                              []string
+	fake                                 bool
+
+	arrival string
+	rate    float64
+	clients int
+
+	trace                    string
+	traceSpeedup, traceScale float64
+	tracePeak                float64
+	traceCount               bool
+	traceWindow              time.Duration
+	promo                    loadgen.Promotion
+	duration                 time.Duration
+	maxRequests              int64
+	candidates, criteo       string
+	zipf                     float64
+	seed                     uint64
+	slo, timeout             time.Duration
+	maxInFlight              int
+	findMax                  bool
+	findMaxTrial             time.Duration
+	findMaxTolerance         float64
+	findMaxTrials            int
+	out                      string
+	quiet                    bool
+}
+
+// New returns the loadgen command.
+func New() *cobra.Command {
+	var f flags
+	cmd := &cobra.Command{
+		Use:   "loadgen --target ADDR --model NAME [flags]",
+		Short: "Offer open-loop Recommend traffic (Poisson, promotion spikes, trace replay) and report latency free of coordinated omission",
+		Long: `loadgen sends Recommend requests to a router (or any Recommender) and
+measures every latency from the request's intended send time, so a server
+that stalls cannot hide its queueing. Arrivals are open loop: constant,
+poisson, promotion (a compressed day with a peak-to-valley of 6.5 and a
+1.3x promotion spike; --rate is the normal daily peak) or trace (a CSV of
+timestamp and rate or count, replayed --trace-speedup times faster).
+--clients N runs closed loop instead; --find-max searches the highest rate
+whose p99 meets --slo. Every run stops by itself after --duration or
+--max-requests. The model's inputs come from --model-preset, --plan or
+--onnx (default: the preset named by --model).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			return run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), cmd, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.target, "target", "", "address of the Recommender (host:port)")
+	fl.StringVar(&f.model, "model", "", "model name sent in requests")
+	fl.StringVar(&f.preset, "model-preset", "", "take the model's inputs from this zoo preset (default: --model, when it names one)")
+	fl.StringVar(&f.planDir, "plan", "", "take the model's inputs from this plan folder")
+	fl.StringVar(&f.onnx, "onnx", "", "take the model's inputs from this ONNX file")
+	fl.StringSliceVar(&f.context, "context-inputs", nil, "inputs sent once per request as the user context (default: all per candidate)")
+	fl.BoolVar(&f.fake, "fake", false, "serve a Recommender that answers at once in this process and target it (measures the generator)")
+	fl.StringVar(&f.arrival, "arrival", "poisson", "arrival process: constant, poisson, promotion or trace")
+	fl.Float64Var(&f.rate, "rate", 100, "requests/s (promotion: the normal daily peak; find-max: the first rate tried)")
+	fl.IntVar(&f.clients, "clients", 0, "run closed loop with this many clients instead of open loop")
+	fl.StringVar(&f.trace, "trace", "", "rate trace CSV for --arrival trace (header with timestamp and value columns)")
+	fl.Float64Var(&f.traceSpeedup, "trace-speedup", 60, "trace time compression: trace seconds per run second")
+	fl.Float64Var(&f.traceScale, "trace-scale", 1, "multiply the trace's rates by this")
+	fl.Float64Var(&f.tracePeak, "trace-peak", 0, "scale the trace so its peak is this many requests/s (overrides --trace-scale)")
+	fl.BoolVar(&f.traceCount, "trace-count", false, "the trace's values are counts per row, not rates")
+	fl.DurationVar(&f.traceWindow, "trace-window", 0, "trace window to sum rows over (default: the smallest time step)")
+	fl.Float64Var(&f.promo.PeakToValley, "promo-peak-to-valley", 6.5, "promotion: daily peak over valley")
+	fl.Float64Var(&f.promo.Spike, "promo-spike", 1.3, "promotion: spike over the normal peak")
+	fl.DurationVar(&f.promo.Day, "promo-day", 0, "promotion: length of the compressed day (default --duration)")
+	fl.DurationVar(&f.promo.At, "promo-at", 0, "promotion: start of the ramp (default 0.45 day)")
+	fl.DurationVar(&f.promo.Ramp, "promo-ramp", 0, "promotion: ramp length (default 0.05 day)")
+	fl.DurationVar(&f.promo.Plateau, "promo-plateau", 0, "promotion: plateau length (default 0.1 day)")
+	fl.DurationVar(&f.promo.Decay, "promo-decay", 0, "promotion: decay length (default 0.1 day)")
+	fl.DurationVar(&f.duration, "duration", 30*time.Second, "how long to send (each find-max trial: --find-max-trial)")
+	fl.Int64Var(&f.maxRequests, "max-requests", 1_000_000, "stop after this many requests")
+	fl.StringVar(&f.candidates, "candidates", "dlrmv2", "candidates per request: N, uniform:MIN-MAX or dlrmv2 (100-700, mean 270)")
+	fl.StringVar(&f.criteo, "criteo", "", "replay rows of this Criteo file instead of synthetic samples")
+	fl.Float64Var(&f.zipf, "zipf", 1.05, "Zipf exponent of synthetic ids per table")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed of the schedule and the requests")
+	fl.DurationVar(&f.slo, "slo", 60*time.Millisecond, "latency SLO (p99 bound for --find-max; attainment in the summary)")
+	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline of each request")
+	fl.IntVar(&f.maxInFlight, "max-inflight", 10000, "requests awaiting an answer at most (open loop)")
+	fl.BoolVar(&f.findMax, "find-max", false, "search the highest rate whose p99 meets --slo (Poisson trials)")
+	fl.DurationVar(&f.findMaxTrial, "find-max-trial", 10*time.Second, "duration of each find-max trial")
+	fl.Float64Var(&f.findMaxTolerance, "find-max-tolerance", 0.05, "stop the search when pass and fail rates are this close (relative)")
+	fl.IntVar(&f.findMaxTrials, "find-max-trials", 12, "at most this many find-max trials")
+	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
+	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
+	return cmd
+}
+
+func run(ctx context.Context, stdout, stderr io.Writer, cmd *cobra.Command, f flags) error {
+	if f.model == "" {
+		return errors.New("loadgen: --model is required")
+	}
+	if (f.target == "") == !f.fake {
+		return errors.New("loadgen: give one of --target ADDR or --fake")
+	}
+	sig, err := signature(f)
+	if err != nil {
+		return err
+	}
+	cand, err := loadgen.ParseCandidates(f.candidates)
+	if err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
+	newRequests := func() (*loadgen.Requests, error) {
+		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, Candidates: cand, Seed: f.seed, ZipfS: f.zipf}
+		if f.criteo != "" {
+			file, err := os.Open(f.criteo)
+			if err != nil {
+				return nil, fmt.Errorf("loadgen: %w", err)
+			}
+			defer file.Close()
+			o.Criteo, o.CriteoName = file, filepath.Base(f.criteo)
+		}
+		return loadgen.NewRequests(o)
+	}
+	target := f.target
+	if f.fake {
+		addr, stop, err := loadgen.ServeFake("127.0.0.1:0", &loadgen.Fake{})
+		if err != nil {
+			return err
+		}
+		defer stop()
+		target = addr
+	}
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+	if err != nil {
+		return fmt.Errorf("loadgen: dial %q: %w", target, err)
+	}
+	defer cc.Close()
+	sender := loadgen.GRPCSender{Client: prismv1.NewRecommenderClient(cc)}
+
+	opts := loadgen.Options{Poisson: f.arrival != "constant", Seed: f.seed, Clients: f.clients, Duration: f.duration,
+		MaxRequests: f.maxRequests, MaxInFlight: f.maxInFlight, Timeout: f.timeout, SLO: f.slo}
+	if !f.quiet {
+		opts.Live, opts.TTY = stderr, progress.IsTerminal(stderr)
+		if !opts.TTY {
+			opts.LiveEvery = 5 * time.Second
+		}
+	}
+	if f.findMax {
+		return findMax(ctx, stdout, stderr, f, opts, newRequests, sender)
+	}
+	if f.clients == 0 {
+		if opts.Profile, err = profile(f); err != nil {
+			return err
+		}
+	}
+	reqs, err := newRequests()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "loadgen: %s, %s arrivals, %d inputs (%d in the context), candidates %s, for %v or %d requests\n",
+		target, arrivalName(f), len(sig.Inputs), len(f.context), cand, f.duration, f.maxRequests)
+	sum, err := loadgen.Run(ctx, opts, reqs, sender)
+	if err != nil {
+		return err
+	}
+	sum.WriteText(stdout)
+	if f.out != "" {
+		if err := sum.WriteDir(f.out); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(f.out, "{summary.json,timeseries.csv,plot.png}"))
+	}
+	return nil
+}
+
+func arrivalName(f flags) string {
+	if f.clients > 0 {
+		return fmt.Sprintf("closed-loop (%d clients)", f.clients)
+	}
+	return f.arrival
+}
+
+func profile(f flags) (loadgen.Profile, error) {
+	switch f.arrival {
+	case "constant", "poisson":
+		if !(f.rate > 0) {
+			return nil, fmt.Errorf("loadgen: --rate must be positive, got %v", f.rate)
+		}
+		return loadgen.Constant(f.rate), nil
+	case "promotion":
+		p := f.promo
+		p.Peak = f.rate
+		p.EnsureDefaults(f.duration)
+		if err := p.Validate(); err != nil {
+			return nil, fmt.Errorf("loadgen: %w", err)
+		}
+		return &p, nil
+	case "trace":
+		if f.trace == "" {
+			return nil, errors.New("loadgen: --arrival trace needs --trace FILE")
+		}
+		file, err := os.Open(f.trace)
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: %w", err)
+		}
+		defer file.Close()
+		tr, err := loadgen.ParseTrace(file, filepath.Base(f.trace), loadgen.TraceOptions{Count: f.traceCount, Window: f.traceWindow})
+		if err != nil {
+			return nil, err
+		}
+		if !(f.traceSpeedup > 0) {
+			return nil, fmt.Errorf("loadgen: --trace-speedup must be positive, got %v", f.traceSpeedup)
+		}
+		r := &loadgen.Replay{Trace: tr, Speedup: f.traceSpeedup, Scale: f.traceScale}
+		if f.tracePeak > 0 && tr.Peak() > 0 {
+			r.Scale = f.tracePeak / tr.Peak()
+		}
+		if !(r.MaxRate() > 0) {
+			return nil, fmt.Errorf("loadgen: trace %s has no traffic at scale %v", f.trace, r.Scale)
+		}
+		return r, nil
+	}
+	return nil, fmt.Errorf("loadgen: --arrival %q: want constant, poisson, promotion or trace", f.arrival)
+}
+
+func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadgen.Options, newRequests func() (*loadgen.Requests, error), s loadgen.Sender) error {
+	if f.clients > 0 {
+		return errors.New("loadgen: --find-max runs open loop; leave out --clients")
+	}
+	opts.Duration = f.findMaxTrial
+	opts.Live = nil
+	trial := func(ctx context.Context, rate float64) (*loadgen.Summary, error) {
+		reqs, err := newRequests()
+		if err != nil {
+			return nil, err
+		}
+		o := opts
+		o.Profile, o.Poisson = loadgen.Constant(rate), true
+		return loadgen.Run(ctx, o, reqs, s)
+	}
+	res, err := loadgen.FindMax(ctx, loadgen.FindMaxOptions{Start: f.rate, SLO: f.slo, Tolerance: f.findMaxTolerance, MaxTrials: f.findMaxTrials}, trial, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "find-max: %.1f req/s is the highest rate with p99 under %v (%d trials of %v)\n", res.MaxRate, f.slo, len(res.Trials), f.findMaxTrial)
+	var best *loadgen.Summary
+	for _, t := range res.Trials {
+		if t.Pass && t.Rate == res.MaxRate {
+			best = t.Summary
+		}
+	}
+	if best != nil {
+		best.WriteText(stdout)
+	}
+	if f.out != "" {
+		if err := os.MkdirAll(f.out, 0o755); err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		buf, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(f.out, "findmax.json"), append(buf, '\n'), 0o644); err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		if best != nil {
+			if err := best.WriteDir(f.out); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// signature finds the model's inputs: a plan, an ONNX file, or a preset.
+func signature(f flags) (models.Signature, error) {
+	n := 0
+	for _, s := range []string{f.preset, f.planDir, f.onnx} {
+		if s != "" {
+			n++
+		}
+	}
+	if n > 1 {
+		return models.Signature{}, errors.New("loadgen: give at most one of --model-preset, --plan and --onnx")
+	}
+	switch {
+	case f.planDir != "":
+		p, err := partitioner.ReadPlan(f.planDir)
+		if err != nil {
+			return models.Signature{}, fmt.Errorf("loadgen: %w", err)
+		}
+		return planSignature(p)
+	case f.onnx != "":
+		m, err := pb.ReadModel(f.onnx, pb.ReadOptions{SkipExternalData: true})
+		if err != nil {
+			return models.Signature{}, fmt.Errorf("loadgen: %w", err)
+		}
+		sig, err := models.InferSignature(m)
+		if err != nil {
+			return models.Signature{}, fmt.Errorf("loadgen: inputs of %q: %w", f.onnx, err)
+		}
+		return sig, nil
+	}
+	name := f.preset
+	if name == "" {
+		name = f.model
+	}
+	p, err := models.Lookup(name)
+	if err != nil {
+		return models.Signature{}, fmt.Errorf("loadgen: the model's inputs: give --model-preset, --plan or --onnx: %w", err)
+	}
+	c, err := p.Resolve(models.ScaleOptions{})
+	if err != nil {
+		return models.Signature{}, fmt.Errorf("loadgen: preset %q: %w", name, err)
+	}
+	return c.Signature(), nil
+}
+
+// planSignature reads a plan's inputs: an id input takes its rows and bag
+// from the table it looks up, a float input its width from its shape.
+func planSignature(p *partitioner.Plan) (models.Signature, error) {
+	type lk struct {
+		rows  int64
+		bag   int
+		rank1 bool
+	}
+	lookups := map[string]lk{}
+	for _, t := range p.Tables {
+		for _, l := range t.Lookups {
+			cur, ok := lookups[l.Input]
+			if !ok || t.Rows < cur.rows {
+				lookups[l.Input] = lk{t.Rows, max(l.Bag, 1), l.Rank1}
+			}
+		}
+	}
+	var sig models.Signature
+	for _, in := range p.Inputs {
+		width := 1
+		for _, d := range in.Shape {
+			if d < 0 {
+				return sig, fmt.Errorf("loadgen: plan input %q has an unknown dimension %v", in.Name, in.Shape)
+			}
+			width *= int(d)
+		}
+		if l, ok := lookups[in.Name]; ok {
+			sig.Inputs = append(sig.Inputs, models.InputSpec{Name: in.Name, Kind: models.SparseKind, Width: l.bag, Rank1: l.rank1, Rows: l.rows})
+			continue
+		}
+		if strings.HasPrefix(in.DType, "int") {
+			return sig, fmt.Errorf("loadgen: plan input %q holds ids but no table looks it up", in.Name)
+		}
+		sig.Inputs = append(sig.Inputs, models.InputSpec{Name: in.Name, Kind: models.DenseKind, Width: width})
+	}
+	if len(sig.Inputs) == 0 {
+		return sig, errors.New("loadgen: the plan has no inputs")
+	}
+	return sig, nil
+}

@@ -1,0 +1,186 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// dialFake serves f on loopback and returns a sender to it.
+func dialFake(t *testing.T, f *Fake) Sender {
+	t.Helper()
+	addr, stop, err := ServeFake("127.0.0.1:0", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return GRPCSender{Client: prismv1.NewRecommenderClient(cc)}
+}
+
+func tinyRequests(t testing.TB, cand Candidates) *Requests {
+	q, err := NewRequests(RequestOptions{Model: "m", Sig: tinySig(t), Candidates: cand, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// stall makes the server freeze for [from, to) after start, as a GC pause
+// or a failover would: every request that arrives then is answered at to.
+func stall(start time.Time, from, to time.Duration) func(*prismv1.RecommendRequest) time.Duration {
+	return func(*prismv1.RecommendRequest) time.Duration {
+		el := time.Since(start)
+		if el >= from && el < to {
+			return to - el
+		}
+		return 0
+	}
+}
+
+// The coordinated-omission check: a 1s stall in a 3s run must show in
+// p99, both when the generator keeps sending through it and when it is
+// itself blocked (one request in flight, like a naive closed-loop
+// client), because latency counts from each request's intended time.
+func TestStallShowsInP99(t *testing.T) {
+	for _, inflight := range []int{0, 1} {
+		start := time.Now()
+		s := dialFake(t, &Fake{Delay: stall(start, time.Second, 2*time.Second)})
+		sum, err := Run(context.Background(), Options{Profile: Constant(200), Duration: 3 * time.Second, MaxRequests: 1e6, MaxInFlight: inflight, Seed: 1, SLO: 100 * time.Millisecond}, tinyRequests(t, Fixed(10)), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("max in-flight %d: sent %d p50 %.2fms p99 %.2fms max %.2fms lag max %.2fms attainment %.3f", inflight, sum.Sent, sum.P50, sum.P99, sum.Max, sum.SendLagMaxMs, sum.SLOAttained)
+		if sum.Sent < 590 || sum.OK != sum.Sent {
+			t.Fatalf("sent %d ok %d, want about 600 all ok", sum.Sent, sum.OK)
+		}
+		if sum.P99 < 900 {
+			t.Fatalf("p99 %.1fms hides a 1s stall", sum.P99)
+		}
+		if sum.P50 > 50 {
+			t.Fatalf("p50 %.1fms: two thirds of the run were not stalled", sum.P50)
+		}
+		// About a third of the requests hit the stall, most over the SLO.
+		if sum.SLOAttained > 0.75 || sum.SLOAttained < 0.55 {
+			t.Fatalf("SLO attainment %.3f, want about 0.7", sum.SLOAttained)
+		}
+	}
+}
+
+func TestClosedLoop(t *testing.T) {
+	s := dialFake(t, &Fake{Delay: func(*prismv1.RecommendRequest) time.Duration { return 5 * time.Millisecond }})
+	sum, err := Run(context.Background(), Options{Clients: 4, Duration: time.Second, MaxRequests: 1e6}, tinyRequests(t, Fixed(8)), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 clients, 5ms each: at most 800 req/s.
+	if sum.Mode != "closed" || sum.RPS < 300 || sum.RPS > 820 || sum.P50 < 5 {
+		t.Fatalf("closed loop: %s %.0f req/s p50 %.2fms", sum.Mode, sum.RPS, sum.P50)
+	}
+	if sum.SamplesPS != 8*sum.RPS {
+		t.Fatalf("samples/s %.0f for %.0f req/s of 8", sum.SamplesPS, sum.RPS)
+	}
+}
+
+type flaky struct{ n atomic.Int64 }
+
+func (f *flaky) Send(ctx context.Context, req *prismv1.RecommendRequest) error {
+	if f.n.Add(1)%4 == 0 {
+		return status.Error(codes.Unavailable, "down")
+	}
+	return nil
+}
+
+func TestCapErrorsAndReports(t *testing.T) {
+	var live bytes.Buffer
+	start := time.Now()
+	sum, err := Run(context.Background(), Options{Profile: Constant(1000), Duration: 10 * time.Second, MaxRequests: 400, Live: &live, LiveEvery: 100 * time.Millisecond}, tinyRequests(t, Fixed(3)), &flaky{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("a cap of 400 at 1000/s took %v", el)
+	}
+	if sum.Sent != 400 || sum.OK != 300 || sum.ErrorsByCode["Unavailable"] != 100 {
+		t.Fatalf("sent %d ok %d errors %v", sum.Sent, sum.OK, sum.ErrorsByCode)
+	}
+	if !strings.Contains(live.String(), "loadgen:") {
+		t.Fatalf("no live lines: %q", live.String())
+	}
+	var text bytes.Buffer
+	sum.WriteText(&text)
+	for _, want := range []string{"sent 400  ok 300  errors 100", "Unavailable 100", "p99.9"} {
+		if !strings.Contains(text.String(), want) {
+			t.Fatalf("summary lacks %q:\n%s", want, text.String())
+		}
+	}
+	dir := t.TempDir()
+	if err := sum.WriteDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	csv, _ := os.ReadFile(filepath.Join(dir, "timeseries.csv"))
+	if !strings.HasPrefix(string(csv), "second,offered_rps,completed_rps,ok,errors,samples,p99_ms\n0,400,") {
+		t.Fatalf("timeseries.csv:\n%s", csv)
+	}
+	f, err := os.Open(filepath.Join(dir, "plot.png"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatalf("plot.png: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "summary.json")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunNeedsBounds(t *testing.T) {
+	q := tinyRequests(t, Fixed(1))
+	if _, err := Run(context.Background(), Options{Profile: Constant(1), MaxRequests: 1}, q, &flaky{}); err == nil {
+		t.Fatal("a run without a duration was accepted")
+	}
+	if _, err := Run(context.Background(), Options{Profile: Constant(1), Duration: time.Second}, q, &flaky{}); err == nil {
+		t.Fatal("a run without a request cap was accepted")
+	}
+}
+
+func TestFindMax(t *testing.T) {
+	const capacity = 1234.0
+	trial := func(_ context.Context, rate float64) (*Summary, error) {
+		s := &Summary{Sent: 1000, OK: 1000, RPS: rate, P99: 5}
+		if rate > capacity {
+			s.P99 = 500
+		}
+		return s, nil
+	}
+	res, err := FindMax(context.Background(), FindMaxOptions{Start: 100, SLO: 60 * time.Millisecond, Tolerance: 0.02, MaxTrials: 30}, trial, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.MaxRate > capacity || res.MaxRate < 0.98*capacity {
+		t.Fatalf("max rate %.1f, want within 2%% under %v (%d trials)", res.MaxRate, capacity, len(res.Trials))
+	}
+	// A start above capacity searches down.
+	res, err = FindMax(context.Background(), FindMaxOptions{Start: 10000, SLO: 60 * time.Millisecond}, trial, nil)
+	if err != nil || res.MaxRate > capacity || res.MaxRate < 0.95*capacity {
+		t.Fatalf("from above: max rate %.1f err %v", res.MaxRate, err)
+	}
+}
