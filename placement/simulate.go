@@ -159,16 +159,11 @@ func Simulate(nodes []Node, tasks []Task, policy string, reg *Registry, opts Sim
 	if err != nil {
 		return nil, err
 	}
-	rng := NewRand(opts.Seed)
-	order := slices.Clone(nodes)
-	if opts.TieBreak == "first" {
-		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-	}
+	rng, order, list := runSetup(nodes, tasks, &opts)
 	c := NewCluster(order)
 	if c.GPUMilliTotal == 0 {
 		return nil, fmt.Errorf("simulate: cluster has no GPUs")
 	}
-	list := Workload(rng, tasks, c.GPUMilliTotal, opts.Inflation, !opts.NoShuffle)
 	res := &SimResult{Policy: p.Name, Seed: opts.Seed, Tasks: len(list)}
 
 	// Per-node fragmentation, updated only where a task lands.
@@ -224,4 +219,20 @@ func Simulate(nodes []Node, tasks []Task, policy string, reg *Registry, opts Sim
 		}
 	}
 	return res, nil
+}
+
+// runSetup draws a run's node order and task list from its seed; the
+// returned source goes on to break ties. AllocBound replays it to see the
+// same list as Simulate.
+func runSetup(nodes []Node, tasks []Task, opts *SimOptions) (*rand.Rand, []Node, []*Task) {
+	rng := NewRand(opts.Seed)
+	order := slices.Clone(nodes)
+	if opts.TieBreak == "first" {
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	}
+	var capacity int64
+	for i := range order {
+		capacity += int64(order[i].GPUs) * MilliGPU
+	}
+	return rng, order, Workload(rng, tasks, capacity, opts.Inflation, !opts.NoShuffle)
 }

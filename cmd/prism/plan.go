@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -286,6 +288,7 @@ func newPlanMIGCmd() *cobra.Command {
 		demands  string
 		full     float64
 		maxExact int
+		bench    int
 	)
 	cmd := &cobra.Command{
 		Use:   "mig",
@@ -300,6 +303,9 @@ exact solver.`,
 			m, err := mig.ModelByName(model)
 			if err != nil {
 				return err
+			}
+			if bench > 0 {
+				return migBench(cmd.OutOrStdout(), m, bench, maxExact)
 			}
 			var svcs []mig.Service
 			for _, kv := range strings.Split(demands, ",") {
@@ -343,5 +349,68 @@ exact solver.`,
 	f.StringVar(&demands, "demands", "resnet=0.4,bert=0.4,dlrm=1.3", "service demands in full-GPU equivalents, name=demand,...")
 	f.Float64Var(&full, "full-throughput", 1000, "requests/s of one full GPU (scales demands and throughputs alike)")
 	f.IntVar(&maxExact, "max-exact", 6, "run the exact solver when the heuristic plan has at most this many GPUs")
+	f.IntVar(&bench, "bench", 0, "instead of planning --demands: compare heuristic and exact on this many random small cases (seeds 1..N), then time the heuristic alone on large ones")
 	return cmd
+}
+
+// migBench is `plan mig --bench N`: GPUs and solve time of the heuristic
+// against the exact solver on N random small cases (2-3 services, demands
+// 0.1-2 GPUs), then the heuristic alone on larger random cases.
+func migBench(w io.Writer, m mig.Model, n, maxExact int) error {
+	var (
+		sumG, sumE, sumWhole, solved, equal, plus1, worse int
+		tG, tE, maxG, maxE                                time.Duration
+	)
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		svcs := mig.RandomServices(m, seed, 2+int(seed%2), 2)
+		t0 := time.Now()
+		g, err := mig.Greedy(m, svcs)
+		dg := time.Since(t0)
+		if err != nil {
+			return fmt.Errorf("bench seed %d greedy: %w", seed, err)
+		}
+		t0 = time.Now()
+		ex, err := mig.Exact(m, svcs, maxExact)
+		de := time.Since(t0)
+		tG, tE, maxG, maxE = tG+dg, tE+de, max(maxG, dg), max(maxE, de)
+		if err != nil { // nothing within maxExact GPUs: left out of the comparison
+			continue
+		}
+		solved++
+		sumG += len(g.GPUs)
+		sumE += len(ex.GPUs)
+		sumWhole += mig.WholeGPUs(m, svcs)
+		switch d := len(g.GPUs) - len(ex.GPUs); {
+		case d == 0:
+			equal++
+		case d == 1:
+			plus1++
+		default:
+			worse++
+		}
+	}
+	fmt.Fprintf(w, "%s, %d small cases (2-3 services, 0.1-2 GPUs each), exact up to %d GPUs: solved %d\n", m.Name, n, maxExact, solved)
+	fmt.Fprintf(w, "  GPUs: heuristic %d, exact %d, whole-GPU %d (MIG saves %.1f%%); heuristic = exact in %d, +1 in %d, +2 or more in %d\n",
+		sumG, sumE, sumWhole, 100*float64(sumWhole-sumE)/float64(max(sumWhole, 1)), equal, plus1, worse)
+	fmt.Fprintf(w, "  solve time per case: heuristic mean %v max %v; exact (runs the heuristic first) mean %v max %v\n",
+		(tG / time.Duration(n)).Round(time.Microsecond), maxG.Round(time.Microsecond), (tE / time.Duration(n)).Round(time.Microsecond), maxE.Round(time.Microsecond))
+	fmt.Fprintf(w, "%8s %6s %10s %10s %8s %12s\n", "services", "cases", "heuristic", "whole-GPU", "saved", "time/case")
+	for _, k := range []int{20, 50, 100, 200, 500} {
+		const cases = 5
+		var gpus, whole int
+		var el time.Duration
+		for seed := uint64(1); seed <= cases; seed++ {
+			svcs := mig.RandomServices(m, 1000*uint64(k)+seed, k, 3)
+			t0 := time.Now()
+			g, err := mig.Greedy(m, svcs)
+			el += time.Since(t0)
+			if err != nil {
+				return fmt.Errorf("bench %d services seed %d: %w", k, seed, err)
+			}
+			gpus += len(g.GPUs)
+			whole += mig.WholeGPUs(m, svcs)
+		}
+		fmt.Fprintf(w, "%8d %6d %10d %10d %7.1f%% %12v\n", k, cases, gpus, whole, 100*float64(whole-gpus)/float64(whole), (el / cases).Round(time.Microsecond))
+	}
+	return nil
 }
