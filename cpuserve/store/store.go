@@ -91,7 +91,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		// Embedding values are dense floats: compression costs CPU and
 		// saves next to nothing.
 		po.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
-		po.Levels[i].BlockSize = 16 << 10
+		po.Levels[i].BlockSize = 4 << 10
 	}
 	db, err := pebble.Open(dir, po)
 	if err != nil {

@@ -72,6 +72,36 @@ func merge(a, b Result) Result {
 	return a
 }
 
-func runRedis(w io.Writer, e *Env) error { return fmt.Errorf("redis: not yet") }
-
-func runLTM(w io.Writer, e *Env, zipfs []float64) error { return fmt.Errorf("ltm: not yet") }
+// runLTM measures fresh Zipf batches per exponent; the caller sizes the
+// tables against --hot-bytes and --cache-bytes (and the machine's memory).
+func runLTM(w io.Writer, e *Env, zipfs []float64) error {
+	var tableBytes int64
+	for _, t := range e.Tables {
+		tableBytes += int64(len(t)) * 4
+	}
+	m := e.Store.Metrics()
+	fmt.Fprintf(w, "larger than memory: tables %d MiB, hot tier %d MiB + block cache %d MiB (tables are %.1fx)\n",
+		tableBytes>>20, m.HotBytes>>20, e.Cfg.CacheBytes>>20, float64(tableBytes)/float64(m.HotBytes+e.Cfg.CacheBytes))
+	for i, s := range zipfs {
+		warm, err := e.Batches(e.Cfg.Warmup, s, uint64(10+2*i))
+		if err != nil {
+			return err
+		}
+		if _, err := e.StoreLookup("warmup", warm); err != nil {
+			return err
+		}
+		batches, err := e.Batches(e.Cfg.Batches, s, uint64(11+2*i))
+		if err != nil {
+			return err
+		}
+		before := e.Store.Metrics()
+		r, err := e.StoreLookup(fmt.Sprintf("zipf %.2f", s), batches)
+		if err != nil {
+			return err
+		}
+		after := e.Store.Metrics()
+		hits, miss := after.HotHits-before.HotHits, after.HotMisses-before.HotMisses
+		fmt.Fprintf(w, "   %s  hot hit ratio %.3f, pebble reads %d\n", r, float64(hits)/float64(hits+miss), after.PebbleReads-before.PebbleReads)
+	}
+	return nil
+}
