@@ -180,3 +180,50 @@ func TestUnschedulableIsNotError(t *testing.T) {
 		t.Fatalf("model mismatch: status %v, want Unschedulable", st.Code)
 	}
 }
+
+// The scores the table above leaves out, by hand.
+func TestMoreScoresByHand(t *testing.T) {
+	// Random: the PreScore pick gets 100, every other node 0.
+	a, b := node8(96000, 1000), node8(96000, 1000)
+	b.Index = 1
+	cs := &CycleState{Rand: NewRand(1)}
+	task := &Task{Name: "w", CPUMilli: 1000, GPUs: 1, GPUMilli: 1000}
+	(RandomScore{}).PreScore(cs, task, []*NodeState{a, b})
+	sa, sb := (RandomScore{}).Score(cs, task, a), (RandomScore{}).Score(cs, task, b)
+	if sa+sb != 100 || sa*sb != 0 {
+		t.Errorf("random scores %v, %v: want one 100 and one 0", sa, sb)
+	}
+
+	// GpuPacking on an idle 2-GPU node: max(33-2, 2) = 31. A share task
+	// on GPUs 300, 600, 1000 walks them from the least free: 300 is too
+	// small, 600 takes it with no free GPU used: max(100 - 60/10, 50) = 94.
+	if got := (GpuPackingScore{}).Score(nil, task, node8(96000, 1000, 1000)); got != 31 {
+		t.Errorf("packing idle 2-gpu node: %v, want 31", got)
+	}
+	share := &Task{Name: "s", CPUMilli: 1000, GPUs: 1, GPUMilli: 500}
+	if got := (GpuPackingScore{}).Score(nil, share, node8(96000, 300, 600, 1000)); got != 94 {
+		t.Errorf("packing share: %v, want 94", got)
+	}
+
+	// FGD, whole-GPU task. Shapes 500-milli share and 1 GPU, each 4 cores
+	// and half the weight. GPUs 1000, 1000, 600, 10 cores: the share shape
+	// fits everywhere (0), the 1-GPU shape sees 600 as a fragment (0.5*600):
+	// 300. A 1-GPU task with 8 cores leaves 2 cores, so neither shape fits
+	// and all 1600 free milli are fragments: decrease -1300,
+	// 100*sigmoid(-1.3) = 21.42 -> 21.
+	w := TargetWorkload{
+		{CPUMilli: 4000, GPUMilli: 500, GPUs: 1, Freq: 0.5},
+		{CPUMilli: 4000, GPUMilli: 1000, GPUs: 1, Freq: 0.5},
+	}
+	n := node8(10000, 1000, 1000, 600)
+	if got := NodeFrag(n, w); got != 300 {
+		t.Fatalf("NodeFrag %v, want 300", got)
+	}
+	big := &Task{Name: "b", CPUMilli: 8000, GPUs: 1, GPUMilli: 1000}
+	if got := (&FGDScore{Workload: w}).Score(nil, big, n); got != 21 {
+		t.Errorf("FGD whole-GPU task: %v, want 21", got)
+	}
+	if got, want := (&FGDScore{Workload: w, Exact: true}).Score(nil, big, n), 100/(1+math.Exp(1.3)); math.Abs(got-want) > 1e-12 {
+		t.Errorf("FGDExact: %v, want %v", got, want)
+	}
+}

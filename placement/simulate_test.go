@@ -116,3 +116,29 @@ func BenchmarkFig9a(b *testing.B) {
 		}
 	}
 }
+
+// On the real trace (a 2000-task, 300-node slice, to stay fast) a seed
+// fixes the whole run and another seed changes it.
+func TestOpenbDeterministicPerSeed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trace run")
+	}
+	nodes, tasks := openbTrace(t)
+	reg := NewRegistry()
+	for _, p := range []string{"FGD", "FGDPack", "Random"} {
+		run := func(seed uint64) *SimResult {
+			r, err := Simulate(nodes[:300], tasks[:2000], p, reg, SimOptions{Seed: seed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		a, b, c := run(42), run(42), run(43)
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("%s: seed 42 twice gives different runs", p)
+		}
+		if reflect.DeepEqual(a.Curve, c.Curve) {
+			t.Fatalf("%s: seeds 42 and 43 give the same curve", p)
+		}
+	}
+}

@@ -111,6 +111,7 @@ func newPlanSimulateCmd() *cobra.Command {
 		nodesPath, tasksPath, policies, seeds, out, tie string
 		inflation, coverage                             float64
 		at                                              int
+		bound                                           bool
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -178,6 +179,17 @@ It writes curves.csv, summary.csv, alloc.png and frag.png to --out.`,
 			for _, s := range sums {
 				fmt.Fprintf(w, "%-14s %5d %11.2f%% %8.2f %9.2f%% %7.2f%%\n", s.Policy, s.Seeds, s.AllocMean, s.AllocStd, s.FragMean, s.FailedPct)
 			}
+			if bound {
+				var sum float64
+				for _, seed := range seedList {
+					b, err := placement.AllocBound(nodes, tasks, placement.SimOptions{Seed: seed, Inflation: inflation, Coverage: coverage, TieBreak: tie}, at)
+					if err != nil {
+						return err
+					}
+					sum += b
+				}
+				fmt.Fprintf(w, "%-14s %5d %11.2f%%  (upper bound for any policy: one GPU pool, dual feasible function)\n", "bound", len(seedList), sum/float64(len(seedList)))
+			}
 			if out == "" {
 				return nil
 			}
@@ -209,6 +221,7 @@ It writes curves.csv, summary.csv, alloc.png and frag.png to --out.`,
 	f.Float64Var(&coverage, "coverage", 0.95, "share of tasks the FGD target workload's shapes cover")
 	f.StringVar(&tie, "tie", "first", "tie break between best nodes: first (seeded node order) or random")
 	f.IntVar(&at, "at", 100, "arrived load (percent of GPU capacity) the summary reports")
+	f.BoolVar(&bound, "bound", false, "also print placement.AllocBound, an upper bound on any policy's allocation for the same runs")
 	return cmd
 }
 
