@@ -81,8 +81,13 @@ func Setup(cfg Config) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Dim > 0 {
+	if cfg.Dim > 0 && cfg.Dim != mc.EmbDim {
+		// Only the tables matter here; keep the config valid (DLRM's
+		// bottom MLP ends in the embedding width).
 		mc.EmbDim = cfg.Dim
+		if n := len(mc.Bottom); n > 0 {
+			mc.Bottom = append(append([]int(nil), mc.Bottom[:n-1]...), cfg.Dim)
+		}
 	}
 	cfg.Log("building %s tables: %d tables, dim %d", cfg.Model, mc.NumTables(), mc.EmbDim)
 	m, err := models.New(mc, 1)

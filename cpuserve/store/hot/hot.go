@@ -86,8 +86,16 @@ type Class struct {
 // NewClass returns a class of rows of width dim within about budget bytes
 // (rows, index and sketch together); nil if the budget holds no row.
 func NewClass(dim int, budget int64) *Class {
+	if dim < 1 {
+		return nil
+	}
 	slots := budget / int64(dim*4+slotOverhead)
-	if slots < 1 || dim < 1 {
+	// The index and sketch round up to powers of two; shrink the slots
+	// until the rounded structures fit the budget too.
+	for slots > 0 && classBytes(dim, slots) > budget {
+		slots = slots * 15 / 16
+	}
+	if slots < 1 {
 		return nil
 	}
 	n := nextPow2(int(2 * slots))
@@ -101,6 +109,11 @@ func NewClass(dim int, budget int64) *Class {
 		sk:      newSketch(int(slots)),
 		rng:     0x9E3779B97F4A7C15,
 	}
+}
+
+// classBytes is the memory of a class of slots rows of width dim.
+func classBytes(dim int, slots int64) int64 {
+	return slots*int64(dim*4+8) + int64(nextPow2(int(2*slots)))*16 + int64(nextPow2(max(int(slots), 64)))*8
 }
 
 // Dim is the row width.
