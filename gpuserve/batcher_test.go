@@ -1,0 +1,145 @@
+package gpuserve
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/internal/ort"
+)
+
+// sumRunner is a test double for ONNX Runtime: output = sum of each
+// sample's inputs; it records batch sizes and can block.
+type sumRunner struct {
+	mu    sync.Mutex
+	sizes []int
+	gate  chan struct{}
+	fail  error
+}
+
+func (r *sumRunner) Run(in []ort.Input) ([][]float32, error) {
+	if r.gate != nil {
+		<-r.gate
+	}
+	n := int(in[0].Shape[0])
+	r.mu.Lock()
+	r.sizes = append(r.sizes, n)
+	r.mu.Unlock()
+	if r.fail != nil {
+		return nil, r.fail
+	}
+	out := make([]float32, n)
+	for _, x := range in {
+		w := len(x.Float32) / n
+		for s := range n {
+			for j := range w {
+				out[s] += x.Float32[s*w+j]
+			}
+		}
+	}
+	return [][]float32{out}, nil
+}
+
+var spec = []InputSpec{{Name: "a", Width: 2, Shape: []int64{2}}, {Name: "b", Width: 1, Shape: []int64{1}}}
+
+func req(n int, v float32) Request {
+	a := make([]float32, 2*n)
+	b := make([]float32, n)
+	for i := range n {
+		a[2*i], a[2*i+1], b[i] = v, float32(i), 0
+	}
+	return Request{N: n, Inputs: [][]float32{a, b}}
+}
+
+func TestBatcherMergesAndSplits(t *testing.T) {
+	r := &sumRunner{}
+	b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 64, MaxDelay: 50 * time.Millisecond})
+	defer b.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for k := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := b.Submit(context.Background(), req(8, float32(100*k)))
+			if err != nil {
+				errs <- err
+				return
+			}
+			for i, v := range out[0] {
+				if v != float32(100*k+i) {
+					errs <- errors.New("request got another request's rows")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, s := range r.sizes {
+		total += s
+	}
+	if total != 64 || len(r.sizes) > 3 {
+		t.Errorf("batch sizes %v: 8 concurrent requests of 8 should share a few runs", r.sizes)
+	}
+}
+
+func TestBatcherDelayFlushes(t *testing.T) {
+	r := &sumRunner{}
+	b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 1024, MaxDelay: time.Millisecond})
+	defer b.Close()
+	start := time.Now()
+	if _, err := b.Submit(context.Background(), req(3, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("a lone request waited %s", el)
+	}
+}
+
+func TestBatcherOverload(t *testing.T) {
+	r := &sumRunner{gate: make(chan struct{})}
+	b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 4, MaxDelay: time.Millisecond, MaxQueue: 8})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); b.Submit(ctx, req(4, 0)) }()
+	}
+	for b.QueueDepth() < 8 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := b.Submit(ctx, req(1, 0)); !errors.Is(err, ErrOverloaded) {
+		t.Fatalf("err = %v, want ErrOverloaded", err)
+	}
+	close(r.gate)
+	wg.Wait()
+	cancel()
+	b.Close()
+	if _, err := b.Submit(context.Background(), req(1, 0)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+}
+
+func TestBatcherErrorsAndBadInput(t *testing.T) {
+	r := &sumRunner{fail: errors.New("boom")}
+	b := NewBatcher(spec, []Runner{r}, BatchOptions{})
+	defer b.Close()
+	if _, err := b.Submit(context.Background(), req(2, 0)); err == nil || err.Error() != "boom" {
+		t.Fatalf("err = %v", err)
+	}
+	bad := req(2, 0)
+	bad.Inputs[0] = bad.Inputs[0][:3]
+	if _, err := b.Submit(context.Background(), bad); err == nil {
+		t.Fatal("short input accepted")
+	}
+	if _, err := b.Submit(context.Background(), Request{}); err == nil {
+		t.Fatal("empty request accepted")
+	}
+}
