@@ -50,8 +50,8 @@ func (o FindMaxOptions) Judge(rate float64, s *Summary) (bool, string) {
 		return false, fmt.Sprintf("%d of %d requests failed", s.Errors, s.Sent)
 	case s.P99 > float64(o.SLO)/1e6:
 		return false, fmt.Sprintf("p99 %.2fms over the SLO %v", s.P99, o.SLO)
-	case s.RPS < o.MinAchieved*rate:
-		return false, fmt.Sprintf("answered %.1f req/s of %.1f offered", s.RPS, rate)
+	case s.RPS < o.MinAchieved*s.OfferedRPS:
+		return false, fmt.Sprintf("answered %.1f req/s of %.1f offered", s.RPS, s.OfferedRPS)
 	}
 	return true, ""
 }

@@ -144,6 +144,7 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 		return nil, err
 	}
 	rec := NewRecorder(o.SLO)
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cpu0 := cpuTime()
@@ -152,6 +153,7 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 
 	jobs := make(chan job, 1024)
 	var genErr error
+	capped := false // the producer stopped at MaxRequests, not at Duration
 	// The producer builds requests ahead of their send time, so building
 	// never delays a send; it owns reqs and the schedule.
 	var sched *Schedule
@@ -163,7 +165,11 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	}
 	go func() {
 		defer close(jobs)
-		for n := int64(0); n < o.MaxRequests; n++ {
+		for n := int64(0); ; n++ {
+			if n == o.MaxRequests {
+				capped = true
+				return
+			}
 			var at time.Duration
 			if sched != nil {
 				if at = sched.Next(); at >= o.Duration {
@@ -233,6 +239,11 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	for range jobs {
 	}
 	elapsed := since()
+	if !capped && parent.Err() == nil {
+		// The run offered load over its whole duration, even when the last
+		// arrival came before its end.
+		elapsed = max(elapsed, o.Duration)
+	}
 	stopLive()
 	if genErr != nil {
 		return nil, genErr

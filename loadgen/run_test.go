@@ -27,6 +27,11 @@ func dialFake(t *testing.T, f *Fake) Sender {
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
+	return dialAddr(t, addr)
+}
+
+func dialAddr(t testing.TB, addr string) Sender {
+	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +170,7 @@ func TestRunNeedsBounds(t *testing.T) {
 func TestFindMax(t *testing.T) {
 	const capacity = 1234.0
 	trial := func(_ context.Context, rate float64) (*Summary, error) {
-		s := &Summary{Sent: 1000, OK: 1000, RPS: rate, P99: 5}
+		s := &Summary{Sent: 1000, OK: 1000, RPS: rate, OfferedRPS: rate, P99: 5}
 		if rate > capacity {
 			s.P99 = 500
 		}

@@ -78,7 +78,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
-			return run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), cmd, f)
+			return run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
 	}
 	fl := cmd.Flags()
@@ -123,7 +123,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	return cmd
 }
 
-func run(ctx context.Context, stdout, stderr io.Writer, cmd *cobra.Command, f flags) error {
+func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if f.model == "" {
 		return errors.New("loadgen: --model is required")
 	}

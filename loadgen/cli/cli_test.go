@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prism-serve/prism/loadgen"
+)
+
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := New()
+	var out, errb bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&errb)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String() + errb.String(), err
+}
+
+// End to end: the command against a fake Recommender on loopback.
+func TestLoadgenCLI(t *testing.T) {
+	addr, stop, err := loadgen.ServeFake("127.0.0.1:0", &loadgen.Fake{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	dir := t.TempDir()
+	out, err := runCLI(t, "--target", addr, "--model", "dlrm-tiny", "--arrival", "promotion", "--rate", "200",
+		"--duration", "2s", "--candidates", "uniform:10-20", "--context-inputs", "dense", "--out", dir, "--quiet")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"promotion arrivals, 27 inputs (1 in the context)", "errors 0", "p99.9", "SLO"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("output lacks %q:\n%s", want, out)
+		}
+	}
+	var sum loadgen.Summary
+	buf, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(buf, &sum); err != nil {
+		t.Fatal(err)
+	}
+	// The compressed day averages about 0.6 of the peak: a few hundred requests.
+	if sum.OK < 100 || sum.OK != sum.Sent || sum.MeanCand < 10 || sum.MeanCand > 20 {
+		t.Fatalf("summary: %+v", sum)
+	}
+	for _, f := range []string{"timeseries.csv", "plot.png"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestLoadgenCLITraceAndFindMax(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "t.csv")
+	os.WriteFile(trace, []byte("timestamp,value,container\n0,1,a\n0,2,b\n60,6,a\n"), 0o644)
+	out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", trace, "--trace-peak", "300",
+		"--duration", "1s", "--candidates", "5", "--quiet")
+	if err != nil || !strings.Contains(out, "errors 0") {
+		t.Fatalf("trace replay: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "--fake", "--model", "dlrm-tiny", "--find-max", "--rate", "50", "--find-max-trial", "300ms",
+		"--find-max-trials", "3", "--candidates", "5", "--slo", "1s")
+	if err != nil || !strings.Contains(out, "find-max: 200.0 req/s is the highest rate") {
+		t.Fatalf("find-max: %v\n%s", err, out)
+	}
+}
+
+func TestLoadgenCLIErrors(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.csv")
+	os.WriteFile(bad, []byte("timestamp,value\n1,2\n0,3\n"), 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--fake"}, "--model is required"},
+		{[]string{"--model", "dlrm-tiny"}, "one of --target ADDR or --fake"},
+		{[]string{"--fake", "--model", "nope"}, "give --model-preset, --plan or --onnx"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad}, "bad.csv:3: time 0 goes back"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--candidates", "0"}, "want a positive count"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "0s"}, "positive duration"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--context-inputs", "x", "--duration", "1s"}, "context input \"x\""},
+	} {
+		out, err := runCLI(t, append(c.args, "--quiet")...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+	}
+}
