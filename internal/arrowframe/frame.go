@@ -1,0 +1,128 @@
+// Package arrowframe frames the tensors that cross from the embedding
+// tier to the dense tier: one Arrow IPC stream holding one record batch,
+// one FixedSizeList<float32>[width] column per tensor, one row per
+// sample. The buffers are the tensors' raw little-endian floats; Encode
+// wraps them without copying element by element.
+package arrowframe
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/prism-serve/prism/internal/onnxpb"
+)
+
+// Tensor is one named tensor of n samples x Width floats.
+type Tensor struct {
+	Name  string
+	Width int
+	Data  []float32 // n*Width, sample-major
+}
+
+// Encode frames n samples of the tensors.
+func Encode(n int, ts []Tensor) ([]byte, error) {
+	fields := make([]arrow.Field, len(ts))
+	cols := make([]arrow.Array, len(ts))
+	defer func() {
+		for _, c := range cols {
+			if c != nil {
+				c.Release()
+			}
+		}
+	}()
+	for i, t := range ts {
+		if t.Width <= 0 || len(t.Data) != n*t.Width {
+			return nil, fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), n, t.Width)
+		}
+		lt := arrow.FixedSizeListOfNonNullable(int32(t.Width), arrow.PrimitiveTypes.Float32)
+		fields[i] = arrow.Field{Name: t.Name, Type: lt}
+		var raw []byte
+		if len(t.Data) > 0 {
+			raw = onnxpb.Float32AsBytes(t.Data)
+		}
+		vals := array.NewData(arrow.PrimitiveTypes.Float32, len(t.Data), []*memory.Buffer{nil, memory.NewBufferBytes(raw)}, nil, 0, 0)
+		list := array.NewData(lt, n, []*memory.Buffer{nil}, []arrow.ArrayData{vals}, 0, 0)
+		cols[i] = array.NewFixedSizeListData(list)
+		vals.Release()
+		list.Release()
+	}
+	schema := arrow.NewSchema(fields, nil)
+	rec := array.NewRecordBatch(schema, cols, int64(n))
+	defer rec.Release()
+	var buf bytes.Buffer
+	buf.Grow(n*rowBytes(ts) + 1024)
+	w := ipc.NewWriter(&buf, ipc.WithSchema(schema))
+	if err := w.Write(rec); err != nil {
+		return nil, fmt.Errorf("encode tensors: %w", err)
+	}
+	if err := w.Close(); err != nil {
+		return nil, fmt.Errorf("encode tensors: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func rowBytes(ts []Tensor) int {
+	b := 0
+	for _, t := range ts {
+		b += 4 * t.Width
+	}
+	return b
+}
+
+// ErrMalformed wraps every decoding failure: the caller answers
+// InvalidArgument.
+var ErrMalformed = errors.New("malformed tensor frame")
+
+// Decode reads a frame: the number of samples and the tensors, in column
+// order. The data slices alias memory Decode allocated.
+func Decode(b []byte) (n int, ts []Tensor, err error) {
+	defer func() {
+		// A hostile buffer can make the IPC reader panic; it is bad
+		// input, not a crash.
+		if r := recover(); r != nil {
+			n, ts, err = 0, nil, fmt.Errorf("%w: %v", ErrMalformed, r)
+		}
+	}()
+	r, err := ipc.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return 0, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	defer r.Release()
+	if !r.Next() {
+		if err := r.Err(); err != nil {
+			return 0, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
+		return 0, nil, fmt.Errorf("%w: no record batch", ErrMalformed)
+	}
+	rec := r.RecordBatch()
+	n = int(rec.NumRows())
+	for i, f := range rec.Schema().Fields() {
+		lt, ok := f.Type.(*arrow.FixedSizeListType)
+		if !ok || lt.Elem().ID() != arrow.FLOAT32 {
+			return 0, nil, fmt.Errorf("%w: column %q is %s, want fixed_size_list<float32>", ErrMalformed, f.Name, f.Type)
+		}
+		list := rec.Column(i).(*array.FixedSizeList)
+		if list.NullN() > 0 {
+			return 0, nil, fmt.Errorf("%w: column %q has nulls", ErrMalformed, f.Name)
+		}
+		vals := list.ListValues().(*array.Float32).Float32Values()
+		w := int(lt.Len())
+		off := list.Data().Offset() * w
+		if off+n*w > len(vals) {
+			return 0, nil, fmt.Errorf("%w: column %q is short", ErrMalformed, f.Name)
+		}
+		data := make([]float32, n*w)
+		copy(data, vals[off:off+n*w])
+		ts = append(ts, Tensor{Name: f.Name, Width: w, Data: data})
+	}
+	if r.Next() {
+		return 0, nil, fmt.Errorf("%w: more than one record batch", ErrMalformed)
+	}
+	return n, ts, nil
+}

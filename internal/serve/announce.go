@@ -1,0 +1,62 @@
+package serve
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Announce keeps a worker registered with the router at routerAddr until
+// ctx ends, then leaves. info is called at each heartbeat for the
+// worker's current load. It returns at once; the heartbeat runs in the
+// background and survives the router being away (it retries).
+func Announce(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, log *slog.Logger) (done <-chan struct{}) {
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		conn, err := grpc.NewClient(routerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			log.Error("registry: bad router address", "router", routerAddr, "err", err)
+			return
+		}
+		defer conn.Close()
+		reg := prismv1.NewRegistryClient(conn)
+		interval := time.Second
+		failing := false
+		for {
+			w := info()
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, err := reg.Announce(actx, &prismv1.AnnounceRequest{Worker: w})
+			cancel()
+			switch {
+			case err != nil && ctx.Err() == nil:
+				if !failing {
+					log.Warn("registry: announce failed; retrying", "router", routerAddr, "err", err)
+				}
+				failing = true
+			case err == nil:
+				if failing {
+					log.Info("registry: announced again", "router", routerAddr)
+				}
+				failing = false
+				if resp.GetHeartbeatMs() > 0 {
+					interval = time.Duration(resp.GetHeartbeatMs()) * time.Millisecond
+				}
+			}
+			select {
+			case <-ctx.Done():
+				lctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				reg.Leave(lctx, &prismv1.LeaveRequest{Id: w.GetId()})
+				cancel()
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+	return ch
+}
