@@ -175,6 +175,11 @@ func (s *Store) publish(cat *catalog) {
 				continue // never serve a table that is not fully ingested
 			}
 			lo, hi := tableBounds(t.ID)
+			if c := tier.Class(t.Dim); c != nil {
+				c.Lock()
+				c.Attach(t.ID, t.Rows)
+				c.Unlock()
+			}
 			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.Dim), lo: lo, hi: hi}
 		}
 		nv.models[name] = mv

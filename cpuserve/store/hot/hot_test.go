@@ -5,11 +5,61 @@ import (
 	"testing"
 )
 
-// TestIndexAgainstMap drives a class with random admissions, updates and
-// deletions and checks every resident row against a map model.
+// TestIndexAgainstMap drives a class of each index form with random
+// admissions, updates and deletions and checks every resident row, and
+// Gather, against a map model.
 func TestIndexAgainstMap(t *testing.T) {
 	const dim = 4
-	c := NewClass(dim, 200*(dim*4+slotOverhead))
+	t.Run("hashed", func(t *testing.T) {
+		c := NewClass(dim, 200*(dim*4+slotOverhead))
+		if c.Direct() {
+			t.Fatal("NewClass made a direct class")
+		}
+		checkIndexAgainstMap(t, c)
+	})
+	t.Run("direct", func(t *testing.T) {
+		const rows = 500
+		c := NewDirectClass(dim, 200*(dim*4+directSlotBytes)+4*3*rows+64*8, 3*rows)
+		if c == nil || !c.Direct() || c.slots < 150 {
+			t.Fatalf("direct class: %+v", c)
+		}
+		c.Lock()
+		for tb := uint32(1); tb <= 3; tb++ {
+			c.Attach(tb, rows)
+		}
+		c.Unlock()
+		checkIndexAgainstMap(t, c)
+		// A table never attached is never admitted.
+		c.Lock()
+		defer c.Unlock()
+		if c.Admit(Key(9, 1), Hash(Key(9, 1)), make([]float32, dim)) {
+			t.Fatal("admitted a row of a table not attached")
+		}
+		// The dropped table's map is gone and its rows miss.
+		if miss := c.Gather(2, []int64{0, 1}, make([]float32, 2*dim), make([]int32, 2), nil); len(miss) != 2 {
+			t.Fatalf("dropped table: misses %v", miss)
+		}
+	})
+}
+
+// TestNewTierPicksIndex: a tier that holds most of its tables' rows uses
+// direct slot maps; a small one in front of large tables hashes.
+func TestNewTierPicksIndex(t *testing.T) {
+	const dim = 16
+	rows := int64(1 << 20)
+	weight := map[int]int64{dim: rows * dim * 4}
+	big := NewTier(2*rows*dim*4, weight).Class(dim)
+	if big == nil || !big.Direct() || int64(big.slots) != rows {
+		t.Fatalf("large tier: direct %v, %d slots for %d rows", big != nil && big.Direct(), big.slots, rows)
+	}
+	small := NewTier(rows*dim*4/100, weight).Class(dim)
+	if small == nil || small.Direct() {
+		t.Fatal("a tier of 1% of the rows should hash")
+	}
+}
+
+func checkIndexAgainstMap(t *testing.T, c *Class) {
+	const dim = 4
 	model := map[uint64][]float32{}
 	r := rand.New(rand.NewPCG(1, 2))
 	c.Lock()
@@ -49,6 +99,36 @@ func TestIndexAgainstMap(t *testing.T) {
 		got, ok := c.Get(k, Hash(k))
 		if !ok || got[0] != want[0] {
 			t.Fatalf("key %x: got %v %v, want %v", k, got, ok, want)
+		}
+	}
+	// Gather agrees with the model, skips negative ids, reports misses.
+	for tb := uint32(1); tb <= 3; tb++ {
+		ids := make([]int64, 600)
+		for i := range ids {
+			ids[i] = r.Int64N(500)
+		}
+		ids[7] = -1
+		out := make([]float32, len(ids)*dim)
+		for i := range out {
+			out[i] = -7
+		}
+		miss := c.Gather(tb, ids, out, make([]int32, len(ids)), nil)
+		missed := map[int32]bool{}
+		for _, p := range miss {
+			missed[p] = true
+		}
+		for i, id := range ids {
+			want, ok := model[Key(tb, id)]
+			switch {
+			case id < 0:
+				if missed[int32(i)] || out[i*dim] != -7 {
+					t.Fatalf("table %d: negative id touched", tb)
+				}
+			case ok != !missed[int32(i)]:
+				t.Fatalf("table %d id %d: resident %v, missed %v", tb, id, ok, missed[int32(i)])
+			case ok && out[i*dim] != want[0]:
+				t.Fatalf("table %d id %d: gathered %v, want %v", tb, id, out[i*dim:(i+1)*dim], want)
+			}
 		}
 	}
 	c.DeleteTable(2)
