@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func init() { subcommands = append(subcommands, newServeCmd) }
+
+// serveSubcommands holds the tiers; each tier's file adds itself.
+var serveSubcommands []func() *cobra.Command
+
+func newServeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run one serving tier: cpu (embedding tier), gpu (dense tier) or router",
+	}
+	for _, mk := range serveSubcommands {
+		cmd.AddCommand(mk())
+	}
+	return cmd
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM: the tiers then shut
+// down gracefully, finishing the requests in flight.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// newLogger is the tiers' structured logger: text on a terminal, JSON
+// otherwise (--log-format overrides), to stderr.
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text", "":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
