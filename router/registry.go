@@ -1,0 +1,206 @@
+// Package router is Prism's front door: it accepts Recommend, cuts each
+// request into micro-batches, pipelines them across the embedding and
+// dense tiers, and keeps the registry of their workers.
+package router
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Roles of workers.
+const (
+	RoleCPU = "cpu"
+	RoleGPU = "gpu"
+)
+
+// Registry is the set of live workers. Its core is deterministic: time
+// comes from the clock it is given, and expiry happens in Expire.
+type Registry struct {
+	prismv1.UnimplementedRegistryServer
+	mu        sync.Mutex
+	now       func() time.Time
+	heartbeat time.Duration
+	workers   map[string]*worker
+	// changed is closed and replaced whenever the set of workers changes.
+	changed chan struct{}
+}
+
+type worker struct {
+	info     *prismv1.WorkerInfo
+	lastSeen time.Time
+	// inflight is what this router has sent the worker and not heard back.
+	inflight int64
+}
+
+// NewRegistry makes an empty registry; workers are expected every
+// heartbeat and removed after three missed ones.
+func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
+	if now == nil {
+		now = time.Now
+	}
+	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, changed: make(chan struct{})}
+}
+
+func (r *Registry) notify() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Announce registers or refreshes a worker.
+func (r *Registry) Announce(_ context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
+	w := req.GetWorker()
+	if w.GetId() == "" || w.GetAddr() == "" || (w.GetRole() != RoleCPU && w.GetRole() != RoleGPU) {
+		return nil, status.Errorf(codes.InvalidArgument, "announce: a worker needs an id, an address and role cpu or gpu (got id %q addr %q role %q)", w.GetId(), w.GetAddr(), w.GetRole())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.workers[w.GetId()]
+	if !ok {
+		e = &worker{}
+		r.workers[w.GetId()] = e
+	}
+	e.info, e.lastSeen = w, r.now()
+	if !ok {
+		r.notify()
+	}
+	return &prismv1.AnnounceResponse{HeartbeatMs: r.heartbeat.Milliseconds()}, nil
+}
+
+// Leave removes a worker at once.
+func (r *Registry) Leave(_ context.Context, req *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.workers[req.GetId()]; ok {
+		delete(r.workers, req.GetId())
+		r.notify()
+	}
+	return &prismv1.LeaveResponse{}, nil
+}
+
+// List returns the live workers, sorted by role and address.
+func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*prismv1.WorkerInfo
+	for _, e := range r.workers {
+		out = append(out, e.info)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Role != out[j].Role {
+			return out[i].Role < out[j].Role
+		}
+		return out[i].Addr < out[j].Addr
+	})
+	return &prismv1.ListResponse{Workers: out}, nil
+}
+
+// Expire removes workers not heard from for three heartbeats and returns
+// their ids.
+func (r *Registry) Expire() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var gone []string
+	limit := 3 * r.heartbeat
+	for id, e := range r.workers {
+		if r.now().Sub(e.lastSeen) > limit {
+			gone = append(gone, id)
+			delete(r.workers, id)
+		}
+	}
+	if len(gone) > 0 {
+		sort.Strings(gone)
+		r.notify()
+	}
+	return gone
+}
+
+// Remove drops a worker the router found dead (it re-registers with its
+// next heartbeat if it is not).
+func (r *Registry) Remove(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.workers[id]; ok {
+		delete(r.workers, id)
+		r.notify()
+	}
+}
+
+// Changed returns a channel closed at the next change of the worker set.
+func (r *Registry) Changed() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changed
+}
+
+// Pick chooses the healthy worker of role serving model with the least
+// outstanding work (what it reported plus what this router sent it since),
+// skipping ids in exclude, and charges it n samples; release undoes the
+// charge. Ties go to the lowest address, so the choice is deterministic.
+func (r *Registry) Pick(role, model string, n int64, exclude []string) (w *prismv1.WorkerInfo, release func(), err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var best *worker
+	var bestLoad int64
+	for _, e := range r.workers {
+		if e.info.GetRole() != role || !slices.Contains(e.info.GetModels(), model) || slices.Contains(exclude, e.info.GetId()) {
+			continue
+		}
+		if !e.info.GetHealthy() {
+			continue
+		}
+		load := e.info.GetOutstanding() + e.inflight
+		if best == nil || load < bestLoad || (load == bestLoad && e.info.GetAddr() < best.info.GetAddr()) {
+			best, bestLoad = e, load
+		}
+	}
+	if best == nil {
+		return nil, nil, fmt.Errorf("no healthy %s worker serves model %q", roleName(role), model)
+	}
+	best.inflight += n
+	once := sync.Once{}
+	return best.info, func() {
+		once.Do(func() {
+			r.mu.Lock()
+			best.inflight -= n
+			r.mu.Unlock()
+		})
+	}, nil
+}
+
+// Models lists the models some worker of each role serves.
+func (r *Registry) Models() (cpu, gpu []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := map[string]map[string]bool{RoleCPU: {}, RoleGPU: {}}
+	for _, e := range r.workers {
+		for _, m := range e.info.GetModels() {
+			seen[e.info.GetRole()][m] = true
+		}
+	}
+	for m := range seen[RoleCPU] {
+		cpu = append(cpu, m)
+	}
+	for m := range seen[RoleGPU] {
+		gpu = append(gpu, m)
+	}
+	sort.Strings(cpu)
+	sort.Strings(gpu)
+	return cpu, gpu
+}
+
+func roleName(role string) string {
+	if role == RoleCPU {
+		return "embedding (cpu)"
+	}
+	return "dense (gpu)"
+}

@@ -1,0 +1,349 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Options configure the router.
+type Options struct {
+	// MicroBatch is the most candidates per micro-batch (default 64):
+	// small enough that the dense tier scores micro-batch i while the
+	// embedding tier looks up i+1, large enough to amortise each call.
+	MicroBatch int
+	// MaxCandidates bounds one request (default 4096).
+	MaxCandidates int
+	// MaxInflight bounds the samples admitted and not yet answered
+	// (default 65536); beyond it requests fail at once with
+	// ResourceExhausted instead of queueing without bound.
+	MaxInflight int64
+	// Heartbeat is the interval workers announce at (default 1s).
+	Heartbeat time.Duration
+	Logger    *slog.Logger
+}
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.MicroBatch <= 0 {
+		o.MicroBatch = 64
+	}
+	if o.MaxCandidates <= 0 {
+		o.MaxCandidates = 4096
+	}
+	if o.MaxInflight <= 0 {
+		o.MaxInflight = 65536
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Router serves Recommend over the registered workers.
+type Router struct {
+	prismv1.UnimplementedRecommenderServer
+	Reg      *Registry
+	opts     Options
+	log      *slog.Logger
+	inflight atomic.Int64
+	connMu   sync.Mutex
+	conns    map[string]*grpc.ClientConn
+	m        routerMetrics
+}
+
+type routerMetrics struct {
+	microBatches *prometheus.CounterVec
+	retries      prometheus.Counter
+	rejected     prometheus.Counter
+	inflight     prometheus.GaugeFunc
+	stages       *prometheus.HistogramVec
+	workers      *prometheus.GaugeVec
+}
+
+// New makes a router; register its metrics with reg (may be nil).
+func New(o Options, reg prometheus.Registerer) *Router {
+	o.EnsureDefaults()
+	r := &Router{Reg: NewRegistry(o.Heartbeat, nil), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
+	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
+	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
+	r.m.rejected = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control."})
+	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
+	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
+	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
+	if reg != nil {
+		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers)
+	}
+	return r
+}
+
+// Run expires silent workers until ctx ends.
+func (r *Router) Run(ctx context.Context) {
+	t := time.NewTicker(r.opts.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.connMu.Lock()
+			for _, c := range r.conns {
+				c.Close()
+			}
+			r.connMu.Unlock()
+			return
+		case <-t.C:
+			for _, id := range r.Reg.Expire() {
+				r.log.Warn("worker stopped answering; removed", "worker", id)
+			}
+			ws, _ := r.Reg.List(ctx, nil)
+			counts := map[string]int{RoleCPU: 0, RoleGPU: 0}
+			for _, w := range ws.GetWorkers() {
+				counts[w.GetRole()]++
+			}
+			for role, n := range counts {
+				r.m.workers.WithLabelValues(role).Set(float64(n))
+			}
+		}
+	}
+}
+
+func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
+	if c, ok := r.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+	if err != nil {
+		return nil, err
+	}
+	r.conns[addr] = c
+	return c, nil
+}
+
+// Recommend scores the candidates of one request.
+func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (*prismv1.RecommendResponse, error) {
+	n := int(req.GetNumCandidates())
+	if err := r.validate(req); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	if cur := r.inflight.Add(int64(n)); cur > r.opts.MaxInflight {
+		r.inflight.Add(-int64(n))
+		r.m.rejected.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d samples in flight, limit %d; retry later", cur-int64(n), r.opts.MaxInflight)
+	}
+	defer r.inflight.Add(-int64(n))
+
+	mb := r.opts.MicroBatch
+	scores := make([]float32, n)
+	var wg sync.WaitGroup
+	errs := make([]error, (n+mb-1)/mb)
+	for i, lo := 0, 0; lo < n; i, lo = i+1, lo+mb {
+		hi := min(lo+mb, n)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sub, err := sliceFeatures(req.GetCandidates(), n, lo, hi)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			out, err := r.microBatch(ctx, req, sub, hi-lo)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			copy(scores[lo:hi], out)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: req.GetVersion(), RequestId: req.GetRequestId()}, nil
+}
+
+// RecommendStream answers each request of the stream in order.
+func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendRequest, prismv1.RecommendResponse]) error {
+	for {
+		req, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		resp, err := r.Recommend(s.Context(), req)
+		if err != nil {
+			return err
+		}
+		if err := s.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+func (r *Router) validate(req *prismv1.RecommendRequest) error {
+	n := int(req.GetNumCandidates())
+	switch {
+	case req.GetModel() == "":
+		return status.Error(codes.InvalidArgument, "no model named in the request")
+	case n <= 0:
+		return status.Errorf(codes.InvalidArgument, "empty request: num_candidates is %d", n)
+	case n > r.opts.MaxCandidates:
+		return status.Errorf(codes.InvalidArgument, "request has %d candidates, the limit is %d", n, r.opts.MaxCandidates)
+	}
+	cpu, gpu := r.Reg.Models()
+	if !slices.Contains(cpu, req.GetModel()) && !slices.Contains(gpu, req.GetModel()) {
+		return status.Errorf(codes.NotFound, "model %q is not served (served: %v)", req.GetModel(), cpu)
+	}
+	for _, in := range req.GetCandidates().GetInputs() {
+		if len(in.GetValues())%n != 0 || len(in.GetIds())%n != 0 || len(in.GetWeights())%n != 0 {
+			return status.Errorf(codes.InvalidArgument, "candidate input %q: %d values, %d ids, %d weights do not split over %d candidates", in.GetName(), len(in.GetValues()), len(in.GetIds()), len(in.GetWeights()), n)
+		}
+	}
+	return nil
+}
+
+// sliceFeatures takes candidates [lo, hi) of every candidate input.
+func sliceFeatures(f *prismv1.Features, n, lo, hi int) (*prismv1.Features, error) {
+	if lo == 0 && hi == n {
+		return f, nil
+	}
+	out := &prismv1.Features{Inputs: make([]*prismv1.Input, len(f.GetInputs()))}
+	for i, in := range f.GetInputs() {
+		s := &prismv1.Input{Name: in.GetName()}
+		if v := in.GetValues(); len(v) > 0 {
+			w := len(v) / n
+			s.Values = v[lo*w : hi*w]
+		}
+		if v := in.GetIds(); len(v) > 0 {
+			w := len(v) / n
+			s.Ids = v[lo*w : hi*w]
+		}
+		if v := in.GetWeights(); len(v) > 0 {
+			w := len(v) / n
+			s.Weights = v[lo*w : hi*w]
+		}
+		out.Inputs[i] = s
+	}
+	return out, nil
+}
+
+// microBatch sends one micro-batch to the least-loaded embedding worker,
+// naming the least-loaded dense worker as its destination, and retries
+// once on other replicas when a worker fails (a micro-batch is
+// idempotent: scoring it twice is harmless).
+func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n int) ([]float32, error) {
+	var avoid []string
+	var last error
+	for attempt := range 2 {
+		cn, releaseCN, err := r.pick(RoleCPU, req.GetModel(), n, avoid)
+		if err != nil {
+			return nil, firstErr(last, err)
+		}
+		hn, releaseHN, err := r.pick(RoleGPU, req.GetModel(), n, avoid)
+		if err != nil {
+			releaseCN()
+			return nil, firstErr(last, err)
+		}
+		resp, err := r.call(ctx, cn.GetAddr(), &prismv1.LookupRequest{
+			Model: req.GetModel(), Version: req.GetVersion(), NumSamples: int32(n),
+			Context: req.GetContext(), Candidates: cands, DenseAddr: hn.GetAddr(), RequestId: req.GetRequestId(),
+		})
+		releaseCN()
+		releaseHN()
+		if err == nil {
+			r.m.microBatches.WithLabelValues("ok").Inc()
+			r.observe(resp.GetTimes())
+			return resp.GetScores(), nil
+		}
+		last = err
+		if !retryable(ctx, err) || attempt == 1 {
+			break
+		}
+		// The embedding worker passes the dense worker's failures through,
+		// so either may be at fault: the retry avoids both where another
+		// replica exists. The one really down stops heartbeating and expires.
+		avoid = append(avoid, cn.GetId(), hn.GetId())
+		r.m.retries.Inc()
+		r.log.Warn("micro-batch failed; retrying", "cpu", cn.GetAddr(), "gpu", hn.GetAddr(), "err", err)
+	}
+	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
+	return nil, last
+}
+
+// pick prefers a worker not in avoid, and falls back to one that is
+// (retrying on the same replica beats failing when there is no other).
+func (r *Router) pick(role, model string, n int, avoid []string) (*prismv1.WorkerInfo, func(), error) {
+	w, release, err := r.Reg.Pick(role, model, int64(n), avoid)
+	if err != nil && len(avoid) > 0 {
+		w, release, err = r.Reg.Pick(role, model, int64(n), nil)
+	}
+	if err != nil {
+		return nil, nil, status.Error(codes.Unavailable, err.Error())
+	}
+	return w, release, nil
+}
+
+func firstErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+func (r *Router) call(ctx context.Context, addr string, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	c, err := r.conn(addr)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "embedding worker %s: %v", addr, err)
+	}
+	return prismv1.NewEmbeddingTierClient(c).Lookup(ctx, req)
+}
+
+// retryable: the failure is the worker's, not the request's.
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+func (r *Router) observe(t *prismv1.StageTimes) {
+	if t == nil {
+		return
+	}
+	for stage, us := range map[string]int64{"decode": t.GetDecodeUs(), "lookup": t.GetLookupUs(), "cpu_model": t.GetCpuModelUs(), "encode": t.GetEncodeUs(), "transfer": t.GetTransferUs(), "dense": t.GetDenseUs()} {
+		r.m.stages.WithLabelValues(stage).Observe(float64(us) / 1e6)
+	}
+}
+
+// String describes the router for logs.
+func (r *Router) String() string {
+	return fmt.Sprintf("router(micro-batch %d, max in flight %d)", r.opts.MicroBatch, r.opts.MaxInflight)
+}

@@ -1,0 +1,198 @@
+package router
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+func TestRegistryPickAndExpire(t *testing.T) {
+	now := time.Unix(0, 0)
+	r := NewRegistry(time.Second, func() time.Time { return now })
+	ann := func(id, role, addr string, out int64) {
+		if _, err := r.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: id, Role: role, Addr: addr, Models: []string{"m"}, Outstanding: out, Healthy: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ann("c1", RoleCPU, "a:1", 10)
+	ann("c2", RoleCPU, "a:2", 0)
+	ann("g1", RoleGPU, "b:1", 0)
+	w, rel, err := r.Pick(RoleCPU, "m", 64, nil)
+	if err != nil || w.GetId() != "c2" {
+		t.Fatalf("picked %v, %v; want the idle c2", w.GetId(), err)
+	}
+	// c2 now carries 64 in flight from this router: c1 (10) is lighter.
+	w2, rel2, _ := r.Pick(RoleCPU, "m", 64, nil)
+	if w2.GetId() != "c1" {
+		t.Fatalf("second pick %s, want c1", w2.GetId())
+	}
+	rel()
+	rel2()
+	rel() // idempotent
+	if w, _, _ := r.Pick(RoleCPU, "m", 1, []string{"c2"}); w.GetId() != "c1" {
+		t.Fatal("exclusion ignored")
+	}
+	if _, _, err := r.Pick(RoleCPU, "other", 1, nil); err == nil {
+		t.Fatal("picked a worker for a model nobody serves")
+	}
+	now = now.Add(2 * time.Second)
+	ann("c1", RoleCPU, "a:1", 0) // c1 keeps heartbeating
+	now = now.Add(2 * time.Second)
+	gone := r.Expire()
+	if len(gone) != 2 || gone[0] != "c2" || gone[1] != "g1" {
+		t.Fatalf("expired %v, want c2 and g1", gone)
+	}
+	if _, err := r.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "x"}}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad announce: %v", err)
+	}
+}
+
+// fakeCN is an embedding tier double: score = candidate's first id + its
+// dense address's tag; it can fail.
+type fakeCN struct {
+	prismv1.UnimplementedEmbeddingTierServer
+	calls atomic.Int64
+	fail  bool
+	tag   float32
+	delay time.Duration
+}
+
+func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	f.calls.Add(1)
+	if f.fail {
+		return nil, status.Error(codes.Unavailable, "down")
+	}
+	if f.delay > 0 {
+		select {
+		case <-time.After(f.delay):
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	ids := req.GetCandidates().GetInputs()[0].GetIds()
+	out := make([]float32, req.GetNumSamples())
+	for i := range out {
+		out[i] = float32(ids[i]) + f.tag
+	}
+	return &prismv1.LookupResponse{Scores: out}, nil
+}
+
+func startCN(t *testing.T, f *fakeCN) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	prismv1.RegisterEmbeddingTierServer(s, f)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	return lis.Addr().String()
+}
+
+func request(n int) *prismv1.RecommendRequest {
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = int64(i)
+	}
+	return &prismv1.RecommendRequest{Model: "m", NumCandidates: int32(n), Candidates: &prismv1.Features{Inputs: []*prismv1.Input{{Name: "cat_0", Ids: ids}}}}
+}
+
+func newRouter(t *testing.T, o Options, cns ...*fakeCN) *Router {
+	r := New(o, nil)
+	for i, f := range cns {
+		addr := startCN(t, f)
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu" + addr, Role: RoleCPU, Addr: addr, Models: []string{"m"}, Healthy: true}})
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu" + string(rune('a'+i)), Role: RoleGPU, Addr: "dense:" + string(rune('a'+i)), Models: []string{"m"}, Healthy: true}})
+	}
+	return r
+}
+
+func TestMicroBatchesReassembleInOrder(t *testing.T) {
+	cn := &fakeCN{}
+	r := newRouter(t, Options{MicroBatch: 7}, cn)
+	resp, err := r.Recommend(context.Background(), request(50))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range resp.GetScores() {
+		if s != float32(i) {
+			t.Fatalf("score %d = %v", i, s)
+		}
+	}
+	if got := cn.calls.Load(); got != 8 {
+		t.Errorf("%d micro-batches, want ceil(50/7) = 8", got)
+	}
+}
+
+func TestRetryOnOtherReplica(t *testing.T) {
+	bad, good := &fakeCN{fail: true}, &fakeCN{}
+	r := newRouter(t, Options{MicroBatch: 10}, bad, good)
+	for range 5 {
+		if _, err := r.Recommend(context.Background(), request(30)); err != nil {
+			t.Fatalf("a failed replica was not retried around: %v", err)
+		}
+	}
+	if bad.calls.Load() == 0 {
+		t.Skip("the failing replica was never picked; nothing to retry")
+	}
+	// With every replica failing the error comes back, never a hang.
+	r2 := newRouter(t, Options{}, &fakeCN{fail: true})
+	if _, err := r2.Recommend(context.Background(), request(3)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("all down: %v", err)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	r := newRouter(t, Options{MaxCandidates: 100, MaxInflight: 150, MicroBatch: 100}, &fakeCN{delay: 200 * time.Millisecond})
+	cases := []struct {
+		name string
+		req  *prismv1.RecommendRequest
+		want codes.Code
+	}{
+		{"unknown model", &prismv1.RecommendRequest{Model: "nope", NumCandidates: 1}, codes.NotFound},
+		{"no model", &prismv1.RecommendRequest{NumCandidates: 1}, codes.InvalidArgument},
+		{"empty", &prismv1.RecommendRequest{Model: "m"}, codes.InvalidArgument},
+		{"too big", request(101), codes.InvalidArgument},
+		{"ragged", &prismv1.RecommendRequest{Model: "m", NumCandidates: 3, Candidates: &prismv1.Features{Inputs: []*prismv1.Input{{Name: "x", Ids: []int64{1, 2}}}}}, codes.InvalidArgument},
+	}
+	for _, tc := range cases {
+		if _, err := r.Recommend(context.Background(), tc.req); status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := r.Recommend(ctx, request(1)); status.Code(err) != codes.Canceled {
+		t.Errorf("cancelled: %v", err)
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer dcancel()
+	if _, err := r.Recommend(dctx, request(1)); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("deadline: %v", err)
+	}
+	// Overload: 100 samples in flight, another 100 exceed 150.
+	done := make(chan error)
+	go func() { _, err := r.Recommend(context.Background(), request(100)); done <- err }()
+	for r.inflight.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := r.Recommend(context.Background(), request(100)); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("overload: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// And it keeps serving.
+	if _, err := r.Recommend(context.Background(), request(5)); err != nil {
+		t.Fatal(err)
+	}
+}
