@@ -84,8 +84,11 @@ type Batcher struct {
 	mu     sync.Mutex
 	queued int // samples waiting
 	closed bool
-	wg     sync.WaitGroup
-	stats  Stats
+	// sending counts Submits between their closed check and their send,
+	// so Close closes the queue only once no send can follow.
+	sending sync.WaitGroup
+	wg      sync.WaitGroup
+	stats   Stats
 }
 
 // Stats are counters for the metrics endpoint.
@@ -136,9 +139,11 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 		return nil, ErrOverloaded
 	}
 	b.queued += req.N
+	b.sending.Add(1)
 	b.mu.Unlock()
 	p := &pending{ctx: ctx, req: req, done: make(chan result, 1)}
 	b.queue <- p
+	b.sending.Done()
 	select {
 	case r := <-p.done:
 		return r.out, r.err
@@ -157,11 +162,15 @@ func (b *Batcher) QueueDepth() int {
 // Close stops taking requests, finishes the queued ones and waits.
 func (b *Batcher) Close() {
 	b.mu.Lock()
-	if !b.closed {
-		b.closed = true
+	first := !b.closed
+	b.closed = true
+	b.mu.Unlock()
+	if first {
+		// The loops still drain the queue, so a sender blocked on a full
+		// queue gets through before the close.
+		b.sending.Wait()
 		close(b.queue)
 	}
-	b.mu.Unlock()
 	b.wg.Wait()
 }
 

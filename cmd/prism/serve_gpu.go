@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/internal/serve"
+)
+
+func init() { serveSubcommands = append(serveSubcommands, newServeGPUCmd) }
+
+func newServeGPUCmd() *cobra.Command {
+	var (
+		addr, metricsAddr, router string
+		plans                     []string
+		maxBatch, maxQueue        int
+		maxDelay                  time.Duration
+		maxSamples, threads       int
+		maxMessage                int
+		logFormat, logLevel       string
+	)
+	cmd := &cobra.Command{
+		Use:   "gpu --plan DIR [--plan DIR...]",
+		Short: "Run the dense tier: dense.onnx through ONNX Runtime with dynamic batching",
+		Long: `Run the dense tier (gpuserve): it scores the cut tensors the embedding tier
+sends (DenseTier.Score) with each partitioned model's dense.onnx, batching
+concurrent requests up to --max-batch samples or --max-delay. Devices are
+discovered through NVML; with no NVIDIA driver, or an ONNX Runtime without
+the CUDA execution provider, it says so once and serves on the CPU.
+
+Once serving it prints one line, "dense tier listening on ADDR", to stdout.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			if maxDelay < 0 {
+				return fmt.Errorf("--max-delay %v: want a positive duration", maxDelay)
+			}
+			dense, err := gpuserve.New(gpuserve.Options{
+				Plans:      plans,
+				Batch:      gpuserve.BatchOptions{MaxBatch: maxBatch, MaxDelay: maxDelay, MaxQueue: maxQueue},
+				Threads:    threads,
+				MaxSamples: maxSamples,
+				NVML:       nvml.New(),
+				Logger:     log.With("tier", "dense"),
+			})
+			if err != nil {
+				return err
+			}
+			defer dense.Close()
+			s, err := serve.New("dense", serve.Options{Addr: addr, MetricsAddr: metricsAddr, MaxMessageBytes: maxMessage, Logger: log})
+			if err != nil {
+				return err
+			}
+			if err := dense.Register(s.Registry); err != nil {
+				return err
+			}
+			prismv1.RegisterDenseTierServer(s.GRPC, dense)
+			ctx, stop := signalContext()
+			defer stop()
+			var announced <-chan struct{}
+			if router != "" {
+				host, _ := os.Hostname()
+				id := fmt.Sprintf("gpu/%s/%d/%d", host, os.Getpid(), time.Now().UnixNano())
+				announced = serve.Announce(ctx, router, func() *prismv1.WorkerInfo {
+					return &prismv1.WorkerInfo{
+						Id: id, Role: "gpu", Addr: s.Addr(), Models: dense.Models(),
+						Device: dense.Device(), Outstanding: dense.Outstanding(), Healthy: dense.Healthy(),
+					}
+				}, s.Log)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "dense tier listening on %s\n", s.Addr())
+			err = s.Serve(ctx)
+			// In-flight RPCs are done (or cut off) by now: drain the batchers.
+			dense.Close()
+			if announced != nil {
+				stop()
+				<-announced
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: the OS picks)")
+	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
+	f.StringArrayVar(&plans, "plan", nil, "partition folder (plan.json, dense.onnx) of a model to serve; repeatable")
+	f.StringVar(&router, "router", "", "router address to announce this worker to (optional)")
+	f.IntVar(&maxBatch, "max-batch", 256, "most samples in one ONNX Runtime run")
+	f.DurationVar(&maxDelay, "max-delay", 2*time.Millisecond, "how long a batch's first request waits for others")
+	f.IntVar(&maxQueue, "max-queue", 0, "most samples queued or running per model before ResourceExhausted (0: 64 batches)")
+	f.IntVar(&maxSamples, "max-samples", 4096, "most samples in one Score request (more: InvalidArgument)")
+	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads per model (0: one per core)")
+	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest Score request accepted")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	cmd.MarkFlagRequired("plan")
+	return cmd
+}

@@ -1,0 +1,362 @@
+package gpuserve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+// Options configure a dense tier Server.
+type Options struct {
+	// Plans are partition folders (plan.json + dense.onnx), one per model.
+	Plans []string
+	Batch BatchOptions
+	// Threads is ONNX Runtime's intra-op pool size per model (0: one per core).
+	Threads int
+	// MaxSamples bounds one Score request (default 4096, at most
+	// Batch.MaxQueue: a request the queue could never hold is refused as
+	// too large rather than as overload).
+	MaxSamples int
+	// NVML is the device library for discovery (nvml.New() in production);
+	// nil skips discovery and serves on the CPU execution provider.
+	NVML   nvml.Interface
+	Logger *slog.Logger
+}
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	o.Batch.EnsureDefaults()
+	if o.MaxSamples <= 0 {
+		o.MaxSamples = 4096
+	}
+	o.MaxSamples = min(o.MaxSamples, o.Batch.MaxQueue)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if len(o.Plans) == 0 {
+		return errors.New("no models: give at least one --plan DIR")
+	}
+	if o.Threads < 0 {
+		return fmt.Errorf("threads %d: want 0 (one per core) or more", o.Threads)
+	}
+	return nil
+}
+
+// Server is the dense tier: one batcher over ONNX Runtime per model. It
+// implements prismv1.DenseTierServer; the caller owns the gRPC server and
+// calls Close after it has stopped taking requests.
+type Server struct {
+	prismv1.UnimplementedDenseTierServer
+	opts    Options
+	log     *slog.Logger
+	models  map[string]*model
+	names   []string
+	device  string
+	metrics *metrics
+
+	mu     sync.RWMutex
+	closed bool
+}
+
+var _ prismv1.DenseTierServer = (*Server)(nil)
+
+// model is one served dense.onnx.
+type model struct {
+	name    string
+	plan    *partitioner.Plan
+	spec    []InputSpec
+	index   map[string]int // cut tensor name -> spec position
+	session *ort.Session
+	batcher *Batcher
+}
+
+// New discovers devices, loads every plan's dense.onnx and starts the
+// batchers.
+func New(o Options) (*Server, error) {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{opts: o, log: o.Logger, models: map[string]*model{}, device: "cpu"}
+	if err := ort.Init(); err != nil {
+		return nil, err
+	}
+	s.device = s.chooseDevice()
+	for _, dir := range o.Plans {
+		m, err := loadModel(dir, o)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		if _, dup := s.models[m.name]; dup {
+			m.batcher.Close()
+			m.session.Close()
+			s.Close()
+			return nil, fmt.Errorf("load %s: model %q is served twice", dir, m.name)
+		}
+		s.models[m.name] = m
+		s.names = append(s.names, m.name)
+		s.log.Info("dense model loaded", "model", m.name, "dir", dir, "inputs", len(m.spec), "bytes_per_sample", m.bytesPerSample())
+	}
+	sort.Strings(s.names)
+	s.metrics = newMetrics(s)
+	return s, nil
+}
+
+// chooseDevice runs NVML discovery once and says, once, why the dense
+// tier serves on the CPU execution provider.
+func (s *Server) chooseDevice() string {
+	if s.opts.NVML == nil {
+		return "cpu"
+	}
+	d, err := Discover(s.opts.NVML)
+	switch {
+	case err != nil:
+		s.log.Warn("GPU discovery failed: serving on the CPU execution provider", "err", err)
+		return "cpu"
+	case d.NoDriver != "":
+		s.log.Info(fmt.Sprintf("no NVIDIA driver (%s): serving on the CPU execution provider", d.NoDriver))
+		return "cpu"
+	}
+	var found []string
+	for _, dev := range d.Devices {
+		found = append(found, string(dev.Kind)+" "+dev.UUID)
+	}
+	pinned := os.Getenv("CUDA_VISIBLE_DEVICES")
+	if reason := cudaUnavailable(); reason != "" {
+		s.log.Warn(fmt.Sprintf("%d NVIDIA device(s) found but ONNX Runtime has no CUDA execution provider (%s): serving on the CPU execution provider", len(d.Devices), reason),
+			"devices", strings.Join(found, ","), "driver", d.DriverVersion, "cuda_visible_devices", pinned, "ort_lib", ort.LibraryPath())
+		return "cpu"
+	}
+	s.log.Warn("ONNX Runtime has the CUDA execution provider, but dense sessions are created on the CPU execution provider in this build",
+		"devices", strings.Join(found, ","), "cuda_visible_devices", pinned)
+	return "cpu"
+}
+
+func loadModel(dir string, o Options) (*model, error) {
+	plan, err := partitioner.ReadPlan(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	m := &model{name: plan.Model.Name, plan: plan, index: map[string]int{}}
+	if m.name == "" {
+		m.name = filepath.Base(filepath.Clean(dir))
+	}
+	if len(plan.Cut) == 0 {
+		return nil, fmt.Errorf("load %s: plan has no cut tensors", dir)
+	}
+	for i, ct := range plan.Cut {
+		if ct.DType != "float32" {
+			return nil, fmt.Errorf("load %s: cut tensor %q is %s; the dense tier takes float32 only", dir, ct.Name, ct.DType)
+		}
+		w := 1
+		for _, d := range ct.Shape {
+			if d <= 0 {
+				return nil, fmt.Errorf("load %s: cut tensor %q has per-sample shape %v: every dimension must be known", dir, ct.Name, ct.Shape)
+			}
+			w *= int(d)
+		}
+		m.spec = append(m.spec, InputSpec{Name: ct.Name, Width: w, Shape: ct.Shape})
+		m.index[ct.Name] = i
+	}
+	if len(plan.Outputs) > 0 {
+		w := int64(1)
+		for _, d := range plan.Outputs[0].Shape {
+			w *= d
+		}
+		if w != 1 {
+			return nil, fmt.Errorf("load %s: first output %q has per-sample shape %v; want one score per sample", dir, plan.Outputs[0].Name, plan.Outputs[0].Shape)
+		}
+	}
+	path := filepath.Join(dir, plan.DenseModel)
+	if m.session, err = ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads}); err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
+	if got := m.session.InputNames(); !sameNames(got, plan.Cut) {
+		m.session.Close()
+		return nil, fmt.Errorf("load %s: dense model inputs %v differ from the plan's cut", dir, got)
+	}
+	m.batcher = NewBatcher(m.spec, []Runner{m.session}, o.Batch)
+	return m, nil
+}
+
+func sameNames(got []string, cut []partitioner.CutTensor) bool {
+	if len(got) != len(cut) {
+		return false
+	}
+	for i := range got {
+		if got[i] != cut[i].Name {
+			return false
+		}
+	}
+	return true
+}
+
+func (m *model) bytesPerSample() int {
+	n := 0
+	for _, s := range m.spec {
+		n += 4 * s.Width
+	}
+	return n
+}
+
+// Models are the served model names, sorted.
+func (s *Server) Models() []string { return append([]string(nil), s.names...) }
+
+// Device is what the worker runs on, as the registry shows it ("cpu",
+// "gpu GPU-...", "mig MIG-...").
+func (s *Server) Device() string { return s.device }
+
+// Outstanding is the samples queued or running over all models.
+func (s *Server) Outstanding() int64 {
+	var n int64
+	for _, m := range s.models {
+		n += int64(m.batcher.QueueDepth())
+	}
+	return n
+}
+
+// Healthy is false once Close has begun.
+func (s *Server) Healthy() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return !s.closed
+}
+
+// Close finishes the queued work, stops the batchers and frees the
+// sessions. Score calls after Close get Unavailable.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	s.mu.Unlock()
+	for _, m := range s.models {
+		m.batcher.Close()
+		m.session.Close()
+	}
+}
+
+// Score runs one micro-batch of cut tensors through its model's dense.onnx.
+func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1.ScoreResponse, error) {
+	start := time.Now()
+	m, ok := s.models[req.GetModel()]
+	if !ok {
+		s.metrics.reject("", "not_found")
+		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %s)", req.GetModel(), strings.Join(s.names, ", "))
+	}
+	if err := ctx.Err(); err != nil {
+		s.metrics.reject(m.name, "deadline")
+		return nil, status.FromContextError(err).Err()
+	}
+	in, err := s.decode(m, req)
+	if err != nil {
+		s.metrics.reject(m.name, "invalid")
+		return nil, err
+	}
+	s.mu.RLock()
+	closed := s.closed
+	s.mu.RUnlock()
+	if closed {
+		s.metrics.reject(m.name, "closed")
+		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
+	}
+	outs, err := m.batcher.Submit(ctx, in)
+	if err != nil {
+		return nil, s.submitError(m, err)
+	}
+	scores := outs[0]
+	if len(scores) != in.N {
+		return nil, status.Errorf(codes.Internal, "model %q: first output has %d values for %d samples", m.name, len(scores), in.N)
+	}
+	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds()}, nil
+}
+
+// decode checks a request against the plan's cut and returns the batcher
+// request, inputs in dense.onnx order.
+func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
+	n := int(req.GetNumSamples())
+	switch {
+	case n <= 0:
+		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: num_samples is %d; want at least 1", m.name, n)
+	case n > s.opts.MaxSamples:
+		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: %d samples in one request; this dense worker takes at most %d (split the request)", m.name, n, s.opts.MaxSamples)
+	}
+	got, ts, err := arrowframe.Decode(req.GetTensors())
+	if err != nil {
+		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
+	}
+	if got != n {
+		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, got, n)
+	}
+	inputs := make([][]float32, len(m.spec))
+	for _, t := range ts {
+		i, ok := m.index[t.Name]
+		if !ok {
+			return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensor %q is not a cut tensor of the plan (want %s)", m.name, t.Name, m.cutNames())
+		}
+		if inputs[i] != nil {
+			return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensor %q appears twice", m.name, t.Name)
+		}
+		if t.Width != m.spec[i].Width {
+			return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[i].Width, m.spec[i].Shape)
+		}
+		inputs[i] = t.Data
+	}
+	var missing []string
+	for i, in := range inputs {
+		if in == nil {
+			missing = append(missing, m.spec[i].Name)
+		}
+	}
+	if len(missing) > 0 {
+		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: missing tensors %s", m.name, strings.Join(missing, ", "))
+	}
+	return Request{N: n, Inputs: inputs}, nil
+}
+
+func (m *model) cutNames() string {
+	names := make([]string, len(m.spec))
+	for i, s := range m.spec {
+		names[i] = s.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+func (s *Server) submitError(m *model, err error) error {
+	switch {
+	case errors.Is(err, ErrOverloaded):
+		s.metrics.reject(m.name, "overloaded")
+		return status.Errorf(codes.ResourceExhausted, "model %q: %v (%d samples queued or running, limit %d)", m.name, err, m.batcher.QueueDepth(), s.opts.Batch.MaxQueue)
+	case errors.Is(err, ErrClosed):
+		s.metrics.reject(m.name, "closed")
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		s.metrics.reject(m.name, "deadline")
+		return status.FromContextError(err).Err()
+	}
+	s.metrics.reject(m.name, "error")
+	return status.Errorf(codes.Internal, "model %q: %v", m.name, err)
+}
