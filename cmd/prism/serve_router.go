@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/router"
+)
+
+func init() { serveSubcommands = append(serveSubcommands, newServeRouterCmd) }
+
+func newServeRouterCmd() *cobra.Command {
+	var (
+		so         serve.Options
+		ro         router.Options
+		logFormat  string
+		logLevel   string
+		maxMessage int
+	)
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "Run the router: Recommend API, micro-batch pipelining, worker registry",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			so.Logger, ro.Logger = log, log
+			so.MaxMessageBytes = maxMessage
+			s, err := serve.New("router", so)
+			if err != nil {
+				return err
+			}
+			r := router.New(ro, s.Registry)
+			prismv1.RegisterRecommenderServer(s.GRPC, r)
+			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
+			ctx, stop := signalContext()
+			defer stop()
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go r.Run(rctx)
+			fmt.Fprintf(cmd.OutOrStdout(), "router listening on %s (metrics %s)\n", s.Addr(), s.MetricsAddr())
+			return s.Serve(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&so.Addr, "addr", "127.0.0.1:8500", "gRPC listen address (Recommend and the registry)")
+	f.StringVar(&so.MetricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" to disable)`)
+	f.IntVar(&ro.MicroBatch, "micro-batch", 64, "candidates per micro-batch")
+	f.IntVar(&ro.MaxCandidates, "max-candidates", 4096, "most candidates in one request")
+	f.Int64Var(&ro.MaxInflight, "max-inflight", 65536, "samples admitted at once; beyond it requests get ResourceExhausted")
+	f.DurationVar(&ro.Heartbeat, "heartbeat", time.Second, "worker heartbeat interval; silent for 3 intervals means removed")
+	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest request accepted")
+	f.DurationVar(&so.ShutdownGrace, "shutdown-grace", 10*time.Second, "time in-flight requests get at shutdown")
+	f.StringVar(&logFormat, "log-format", "text", "text or json")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}
