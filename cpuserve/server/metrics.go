@@ -1,0 +1,54 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// metrics are the tier's own Prometheus metrics; the RPC counts and
+// latency come from internal/serve, the store's from store.Collector.
+type metrics struct {
+	stage                                    *prometheus.HistogramVec
+	decode, lookup, cpu, encode, xfer, dense prometheus.Observer
+	samples                                  prometheus.Histogram
+	outstanding                              prometheus.GaugeFunc
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{}
+	m.stage = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "prism", Subsystem: "cpuserve", Name: "stage_seconds",
+		Help:    "Time of one micro-batch in each stage: decode, lookup, cpu_model, encode, transfer (the Score call minus dense), dense.",
+		Buckets: prometheus.ExponentialBuckets(10e-6, 2, 20),
+	}, []string{"stage"})
+	m.decode = m.stage.WithLabelValues("decode")
+	m.lookup = m.stage.WithLabelValues("lookup")
+	m.cpu = m.stage.WithLabelValues("cpu_model")
+	m.encode = m.stage.WithLabelValues("encode")
+	m.xfer = m.stage.WithLabelValues("transfer")
+	m.dense = m.stage.WithLabelValues("dense")
+	m.samples = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "prism", Subsystem: "cpuserve", Name: "batch_samples",
+		Help:    "Samples per Lookup request.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
+	})
+	m.outstanding = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "prism", Subsystem: "cpuserve", Name: "outstanding_samples",
+		Help: "Samples in flight in this embedding tier.",
+	}, func() float64 { return float64(s.Outstanding()) })
+	return m
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.stage, m.samples, m.outstanding}
+}
+
+func (m *metrics) observe(t *prismv1.StageTimes) {
+	m.decode.Observe(float64(t.DecodeUs) / 1e6)
+	m.lookup.Observe(float64(t.LookupUs) / 1e6)
+	m.cpu.Observe(float64(t.CpuModelUs) / 1e6)
+	m.encode.Observe(float64(t.EncodeUs) / 1e6)
+	m.xfer.Observe(float64(t.TransferUs) / 1e6)
+	m.dense.Observe(float64(t.DenseUs) / 1e6)
+}

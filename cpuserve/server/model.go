@@ -1,0 +1,161 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+// model is one served model: its plan, resolved once at startup into
+// what a request needs (input widths, lookups, the cut), and its CPU
+// subgraph when the plan has one.
+type model struct {
+	name   string
+	dir    string
+	plan   *partitioner.Plan
+	inputs map[string]*inputSpec
+	order  []string // input names in plan order, for messages
+	// lookups in plan order: each table's uses, one TableLookup each.
+	lookups []lookupSpec
+	cpu     *ort.Session
+	cpuIns  []string
+	cpuOuts []string
+	cut     []cutSpec
+}
+
+// inputSpec is one model input as the requests carry it.
+type inputSpec struct {
+	name  string
+	ids   bool    // int64 ids (Input.ids) rather than float values (Input.values)
+	shape []int64 // per sample, plan's
+	width int     // values per sample; 0 when the plan leaves a dim unknown
+	// weighted: some lookup reads this input's per-id weights from
+	// Input.weights (a plan lookup with Weights naming no model input).
+	weighted bool
+}
+
+type lookupSpec struct {
+	table string
+	dim   int
+	l     partitioner.Lookup
+}
+
+type cutSpec struct {
+	name  string
+	shape []int64 // per sample
+}
+
+// modelName is the name a plan is served (and ingested) under: the same
+// rule as store.Ingest's.
+func modelName(dir string, p *partitioner.Plan) string {
+	if p.Model.Name != "" {
+		return p.Model.Name
+	}
+	return filepath.Base(dir)
+}
+
+// ensureIngested ingests the plan in dir into st unless st already
+// serves the model, and checks that the stored tables are the plan's.
+func ensureIngested(ctx context.Context, st *store.Store, dir string, p *partitioner.Plan, progress func(model string, done, total int64)) (ingested bool, err error) {
+	name := modelName(dir, p)
+	if !slices.Contains(st.Models(), name) {
+		io := store.IngestOptions{Model: name}
+		if progress != nil {
+			io.Progress = func(done, total int64) { progress(name, done, total) }
+		}
+		if _, err := st.Ingest(ctx, dir, io); err != nil {
+			return false, fmt.Errorf("ingest model %q from %s: %w", name, dir, err)
+		}
+		ingested = true
+	}
+	tabs, err := st.Tables(name)
+	if err != nil {
+		return ingested, fmt.Errorf("model %q: %w", name, err)
+	}
+	have := map[string]store.TableInfo{}
+	for _, t := range tabs {
+		have[t.Name] = t
+	}
+	for _, t := range p.Tables {
+		h, ok := have[t.Name]
+		if !ok || h.Rows != t.Rows || h.Dim != t.Dim {
+			return ingested, fmt.Errorf("model %q: the store's active version does not match the plan in %s (table %q: store %d x %d, plan %d x %d): ingest the plan (prism ingest) or serve the plan the store holds",
+				name, dir, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
+		}
+	}
+	return ingested, nil
+}
+
+// loadModel resolves a plan folder and opens its CPU subgraph.
+func loadModel(dir string, p *partitioner.Plan, so ort.SessionOptions) (*model, error) {
+	m := &model{name: modelName(dir, p), dir: dir, plan: p, inputs: map[string]*inputSpec{}}
+	for _, in := range p.Inputs {
+		spec := &inputSpec{name: in.Name, shape: in.Shape, width: 1}
+		switch in.DType {
+		case "int64":
+			spec.ids = true
+		case "float32", "float":
+		default:
+			return nil, fmt.Errorf("model %q: input %q: dtype %q not served (float32 and int64 are)", m.name, in.Name, in.DType)
+		}
+		for _, d := range in.Shape {
+			if d < 0 {
+				spec.width = 0
+				break
+			}
+			spec.width *= int(d)
+		}
+		m.inputs[in.Name] = spec
+		m.order = append(m.order, in.Name)
+	}
+	for _, t := range p.Tables {
+		for _, l := range t.Lookups {
+			in := m.inputs[l.Input]
+			if in == nil || !in.ids {
+				return nil, fmt.Errorf("model %q: table %q looks up %q, which is not an int64 model input", m.name, t.Name, l.Input)
+			}
+			if l.Weights != "" {
+				if w := m.inputs[l.Weights]; w == nil {
+					// Weights not a model input of their own: they ride on
+					// the id input's Input.weights.
+					in.weighted = true
+				} else if w.ids {
+					return nil, fmt.Errorf("model %q: lookup of %q: weights %q are not float32", m.name, l.Input, l.Weights)
+				}
+			}
+			m.lookups = append(m.lookups, lookupSpec{table: t.Name, dim: t.Dim, l: l})
+		}
+	}
+	for _, c := range p.Cut {
+		m.cut = append(m.cut, cutSpec{name: c.Name, shape: c.Shape})
+	}
+	if p.CPUModel != "" {
+		s, err := ort.NewSession(filepath.Join(dir, p.CPUModel), so)
+		if err != nil {
+			return nil, fmt.Errorf("model %q: %w", m.name, err)
+		}
+		m.cpu, m.cpuIns, m.cpuOuts = s, s.InputNames(), s.OutputNames()
+	}
+	return m, nil
+}
+
+func (m *model) close() {
+	if m.cpu != nil {
+		m.cpu.Close()
+	}
+}
+
+// cutShape is the per-sample shape of a cut tensor.
+func (m *model) cutShape(name string) []int64 {
+	for _, c := range m.cut {
+		if c.name == name {
+			return c.shape
+		}
+	}
+	return nil
+}

@@ -1,0 +1,400 @@
+// Package server is the embedding tier's gRPC service (prism serve cpu):
+// for one micro-batch it looks up and pools the embeddings through the
+// store, runs the plan's CPU subgraph, frames the cut tensors as Arrow and
+// sends them straight to the dense worker the router chose, then returns
+// that worker's scores with a per-stage time breakdown.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Plans are the partition folders of the models to serve. A model the
+	// store does not hold yet is ingested from its plan by New.
+	Plans []string
+	// MaxSamples bounds one request's samples (default 8192).
+	MaxSamples int
+	// Threads is ONNX Runtime's intra-op pool for cpu.onnx (0: its default).
+	Threads int
+	// IngestProgress, if set, reports a startup ingest's bytes.
+	IngestProgress func(model string, done, total int64)
+	// DialOptions are added to the dense tier connections.
+	DialOptions []grpc.DialOption
+	Logger      *slog.Logger
+}
+
+// DefaultMaxSamples is Options.MaxSamples' default.
+const DefaultMaxSamples = 8192
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.MaxSamples <= 0 {
+		o.MaxSamples = DefaultMaxSamples
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if len(o.Plans) == 0 {
+		return errors.New("no models to serve: give at least one plan folder")
+	}
+	if o.Threads < 0 {
+		return fmt.Errorf("threads %d < 0", o.Threads)
+	}
+	return nil
+}
+
+// Server implements prismv1.EmbeddingTierServer. The store is the
+// caller's: Close leaves it open.
+type Server struct {
+	prismv1.UnimplementedEmbeddingTierServer
+	st     *store.Store
+	opts   Options
+	log    *slog.Logger
+	models map[string]*model
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn // dense workers by address
+
+	outstanding atomic.Int64
+	met         *metrics
+}
+
+var _ prismv1.EmbeddingTierServer = (*Server)(nil)
+
+// New loads the plans, ingesting the models st lacks, and opens their CPU
+// subgraphs.
+func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{st: st, opts: o, log: o.Logger, models: map[string]*model{}, conns: map[string]*grpc.ClientConn{}}
+	s.met = newMetrics(s)
+	so := ort.SessionOptions{IntraOpThreads: o.Threads}
+	for _, dir := range o.Plans {
+		p, err := partitioner.ReadPlan(dir)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		name := modelName(dir, p)
+		if s.models[name] != nil {
+			s.Close()
+			return nil, fmt.Errorf("model %q given twice (%s and %s)", name, s.models[name].dir, dir)
+		}
+		start := time.Now()
+		ingested, err := ensureIngested(ctx, st, dir, p, o.IngestProgress)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		if ingested {
+			s.log.Info("ingested model", "model", name, "plan", dir, "elapsed", time.Since(start).Round(time.Millisecond))
+		}
+		m, err := loadModel(dir, p, so)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.models[name] = m
+		s.log.Info("serving model", "model", name, "plan", dir, "tables", len(p.Tables), "cpu_model", p.CPUModel != "", "cut_tensors", len(p.Cut))
+	}
+	return s, nil
+}
+
+// Close frees the CPU subgraphs and the dense connections.
+func (s *Server) Close() {
+	for _, m := range s.models {
+		m.close()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.conns {
+		c.Close()
+	}
+	s.conns = map[string]*grpc.ClientConn{}
+}
+
+// Models are the served models' names, sorted.
+func (s *Server) Models() []string {
+	var out []string
+	for name := range s.models {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Outstanding is the number of samples in flight.
+func (s *Server) Outstanding() int64 { return s.outstanding.Load() }
+
+// WorkerInfo is what the heartbeat tells the router's registry.
+func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
+	return &prismv1.WorkerInfo{Id: id, Role: "cpu", Addr: addr, Models: s.Models(), Device: "cpu", Outstanding: s.Outstanding(), Healthy: true}
+}
+
+// Collectors are the tier's metrics: per-stage latency, samples in
+// flight, and the store's (hot-tier hit ratio, lookups, Pebble reads).
+func (s *Server) Collectors() []prometheus.Collector {
+	return append(s.met.collectors(), store.NewCollector(s.st))
+}
+
+// dense returns the cached connection to a dense worker.
+func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.conns[addr]
+	if c == nil {
+		opts := append([]grpc.DialOption{
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
+		}, s.opts.DialOptions...)
+		var err error
+		if c, err = grpc.NewClient(addr, opts...); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "dense_addr %q: %v", addr, err)
+		}
+		s.conns[addr] = c
+	}
+	return prismv1.NewDenseTierClient(c), nil
+}
+
+// ctxErr is the status of a request whose context has ended.
+func ctxErr(ctx context.Context, where string) error {
+	if err := ctx.Err(); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return status.Errorf(codes.DeadlineExceeded, "deadline passed %s", where)
+		}
+		return status.Errorf(codes.Canceled, "cancelled %s", where)
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return status.Errorf(codes.DeadlineExceeded, "deadline passed %s", where)
+	}
+	return nil
+}
+
+// Lookup implements prismv1.EmbeddingTierServer.
+func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	t0 := time.Now()
+	if err := ctxErr(ctx, "before the lookup started"); err != nil {
+		return nil, err
+	}
+	m := s.models[req.GetModel()]
+	if m == nil {
+		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving: %v)", req.GetModel(), s.Models())
+	}
+	n := int(req.GetNumSamples())
+	if n <= 0 {
+		return nil, badInput("num_samples %d: want at least 1", n)
+	}
+	if n > s.opts.MaxSamples {
+		return nil, badInput("num_samples %d over this server's limit of %d per request: split the request", n, s.opts.MaxSamples)
+	}
+	if req.GetDenseAddr() == "" {
+		return nil, badInput("dense_addr is empty: the router names the dense worker to send the tensors to")
+	}
+	if v := req.GetVersion(); v != 0 {
+		if err := s.checkVersion(m.name, v); err != nil {
+			return nil, err
+		}
+	}
+	s.outstanding.Add(int64(n))
+	defer s.outstanding.Add(-int64(n))
+	s.met.samples.Observe(float64(n))
+
+	times := &prismv1.StageTimes{}
+	vals, err := m.decode(req, n)
+	if err != nil {
+		return nil, err
+	}
+	t1 := time.Now()
+	times.DecodeUs = t1.Sub(t0).Microseconds()
+
+	if err := s.lookup(m, vals, n); err != nil {
+		return nil, err
+	}
+	t2 := time.Now()
+	times.LookupUs = t2.Sub(t1).Microseconds()
+
+	if m.cpu != nil {
+		if err := runCPU(m, vals, n); err != nil {
+			s.log.Error("cpu model failed", "model", m.name, "request_id", req.GetRequestId(), "err", err)
+			return nil, status.Errorf(codes.Internal, "model %q: cpu subgraph: %v", m.name, err)
+		}
+	}
+	t3 := time.Now()
+	times.CpuModelUs = t3.Sub(t2).Microseconds()
+
+	frame, err := encodeCut(m, vals, n)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "model %q: %v", m.name, err)
+	}
+	t4 := time.Now()
+	times.EncodeUs = t4.Sub(t3).Microseconds()
+
+	if err := ctxErr(ctx, "before the dense call"); err != nil {
+		return nil, err
+	}
+	dc, err := s.dense(req.GetDenseAddr())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := dc.Score(ctx, &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n)})
+	if err != nil {
+		// The dense tier's status goes back unchanged; a transport failure
+		// is already a status (Unavailable, DeadlineExceeded ...).
+		return nil, err
+	}
+	t5 := time.Now()
+	times.DenseUs = resp.GetDenseUs()
+	times.TransferUs = max(t5.Sub(t4).Microseconds()-times.DenseUs, 0)
+	if len(resp.GetScores()) != n {
+		return nil, status.Errorf(codes.Internal, "dense worker %s returned %d scores for %d samples", req.GetDenseAddr(), len(resp.GetScores()), n)
+	}
+	s.met.observe(times)
+	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times}, nil
+}
+
+func (s *Server) checkVersion(model string, v int64) error {
+	vs, err := s.st.Versions(model)
+	if err != nil {
+		return storeStatus(err)
+	}
+	for _, vi := range vs {
+		if vi.Active {
+			if int64(vi.N) != v {
+				return status.Errorf(codes.NotFound, "model %q version %d is not served (serving version %d; 0 asks for it)", model, v, vi.N)
+			}
+			return nil
+		}
+	}
+	return status.Errorf(codes.NotFound, "model %q has no active version", model)
+}
+
+// storeStatus maps a store error to a gRPC status.
+func storeStatus(err error) error {
+	switch {
+	case errors.Is(err, store.ErrUnknownModel), errors.Is(err, store.ErrUnknownVersion):
+		return status.Error(codes.NotFound, err.Error())
+	case store.IsInputError(err):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, store.ErrClosed):
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return status.Errorf(codes.Internal, "embedding store: %v", err)
+}
+
+// lookup runs every table lookup of the model in one store batch. A
+// lookup whose ids (and weights) come from the context runs for one
+// sample and its output is repeated for all n.
+func (s *Server) lookup(m *model, vals map[string]*value, n int) error {
+	batch := make([]store.TableLookup, len(m.lookups))
+	once := make([]bool, len(m.lookups))
+	for i, ls := range m.lookups {
+		l := ls.l
+		ids := vals[l.Input]
+		var w []float32
+		wctx := true
+		if l.Weights != "" {
+			if wv := vals[l.Weights]; wv != nil {
+				w, wctx = wv.f32, wv.ctx
+				if ids.ctx && !wv.ctx {
+					ids = ids.full(n)
+				} else if !ids.ctx && wv.ctx {
+					w = tile(w, n)
+				}
+			} else {
+				w = ids.w
+			}
+		}
+		once[i] = ids.ctx && wctx
+		samples := n
+		if once[i] {
+			samples = 1
+		}
+		size := samples * ls.dim
+		if l.Pooling == partitioner.PoolNone {
+			size = len(ids.i64) * ls.dim
+		}
+		batch[i] = store.TableLookup{Table: ls.table, IDs: ids.i64, Bag: l.Bag, Weights: w, Pooling: l.Pooling, Out: make([]float32, size)}
+	}
+	if err := s.st.Lookup(m.name, batch); err != nil {
+		return storeStatus(err)
+	}
+	for i, ls := range m.lookups {
+		l := ls.l
+		out := batch[i].Out
+		if once[i] {
+			out = tile(out, n)
+		}
+		shape := []int64{int64(n), int64(ls.dim)}
+		if l.Pooling == partitioner.PoolNone && !l.Rank1 {
+			shape = []int64{int64(n), int64(l.Bag), int64(ls.dim)}
+		}
+		vals[l.Output] = &value{width: len(out) / n, shape: shape, f32: out}
+	}
+	return nil
+}
+
+// runCPU runs the CPU subgraph; its outputs join vals.
+func runCPU(m *model, vals map[string]*value, n int) error {
+	ins := make([]ort.Input, 0, len(m.cpuIns))
+	for _, name := range m.cpuIns {
+		v := vals[name]
+		if v == nil {
+			return fmt.Errorf("no value for its input %q", name)
+		}
+		v = v.full(n)
+		ins = append(ins, ort.Input{Name: name, Shape: v.shape, Float32: v.f32, Int64: v.i64})
+	}
+	outs, err := m.cpu.Run(ins)
+	if err != nil {
+		return err
+	}
+	for i, name := range m.cpuOuts {
+		shape := append([]int64{int64(n)}, m.cutShape(name)...)
+		vals[name] = &value{width: len(outs[i]) / n, shape: shape, f32: outs[i]}
+	}
+	return nil
+}
+
+// encodeCut frames the cut tensors in plan order.
+func encodeCut(m *model, vals map[string]*value, n int) ([]byte, error) {
+	ts := make([]arrowframe.Tensor, len(m.cut))
+	for i, c := range m.cut {
+		v := vals[c.name]
+		if v == nil {
+			return nil, fmt.Errorf("cut tensor %q was not produced", c.name)
+		}
+		if v.i64 != nil {
+			return nil, fmt.Errorf("cut tensor %q is int64; the dense tier takes float32 tensors", c.name)
+		}
+		v = v.full(n)
+		ts[i] = arrowframe.Tensor{Name: c.name, Width: len(v.f32) / n, Data: v.f32}
+	}
+	return arrowframe.Encode(n, ts)
+}
