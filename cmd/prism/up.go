@@ -1,0 +1,321 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+func init() { subcommands = append(subcommands, newUpCmd) }
+
+type upFlags struct {
+	plans      []string
+	db         string
+	addr       string
+	gpuWorkers int
+	cpuWorkers int
+	threads    int
+	microBatch int
+	maxBatch   int
+	maxDelay   time.Duration
+	hotBytes   string
+	ready      time.Duration
+}
+
+func newUpCmd() *cobra.Command {
+	var f upFlags
+	cmd := &cobra.Command{
+		Use:   "up --model PLAN_DIR...",
+		Short: "Start all three tiers on this machine (real gRPC on loopback) and print the address to call",
+		Long: `up starts the router, one dense worker per GPU or MIG slice (one CPU worker
+without a driver) and the embedding tier as child processes of this binary,
+on loopback ports, waits until every model has both tiers registered, and
+prints the Recommend address. Workers that die are restarted and register
+again. Ctrl-C stops everything gracefully.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runUp(cmd, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringArrayVar(&f.plans, "model", nil, "partition folder (prism partition -o) to serve; repeatable")
+	fl.StringVar(&f.db, "db", "", "embedding store folder (default: prism-db beside the first model)")
+	fl.StringVar(&f.addr, "addr", "127.0.0.1:8500", "router address (Recommend)")
+	fl.IntVar(&f.gpuWorkers, "gpu-workers", 0, "dense workers (0: one per GPU or MIG slice, one on the CPU without a driver)")
+	fl.IntVar(&f.cpuWorkers, "cpu-workers", 1, "embedding workers")
+	fl.IntVar(&f.threads, "threads", 1, "ONNX Runtime threads per dense worker on the CPU")
+	fl.IntVar(&f.microBatch, "micro-batch", 64, "router micro-batch size")
+	fl.IntVar(&f.maxBatch, "max-batch", 256, "dense tier max batch size")
+	fl.DurationVar(&f.maxDelay, "max-delay", 2*time.Millisecond, "dense tier max queue delay")
+	fl.StringVar(&f.hotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
+	fl.DurationVar(&f.ready, "ready-timeout", 10*time.Minute, "how long to wait for the tiers (ingest included)")
+	return cmd
+}
+
+// child is one tier process.
+type child struct {
+	name  string
+	args  []string
+	env   []string
+	ready string // stdout prefix announcing the listen address
+	mu    sync.Mutex
+	cmd   *exec.Cmd
+}
+
+func (c *child) start(exe string, timeout time.Duration) (string, error) {
+	cmd := exec.Command(exe, c.args...)
+	cmd.Env = append(os.Environ(), c.env...)
+	cmd.Stderr = prefixWriter(os.Stderr, "["+c.name+"] ")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("start %s: %w", c.name, err)
+	}
+	c.mu.Lock()
+	c.cmd = cmd
+	c.mu.Unlock()
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sent := false
+		for sc.Scan() {
+			line := sc.Text()
+			if !sent && strings.HasPrefix(line, c.ready) {
+				addrc <- strings.Fields(strings.TrimPrefix(line, c.ready))[0]
+				sent = true
+			}
+			fmt.Fprintf(os.Stdout, "[%s] %s\n", c.name, line)
+		}
+		if !sent {
+			close(addrc)
+		}
+	}()
+	select {
+	case addr, ok := <-addrc:
+		if !ok {
+			cmd.Wait()
+			return "", fmt.Errorf("%s exited before it was ready (see its log above)", c.name)
+		}
+		return addr, nil
+	case <-time.After(timeout):
+		cmd.Process.Kill()
+		return "", fmt.Errorf("%s not ready after %s", c.name, timeout)
+	}
+}
+
+func (c *child) signal(sig os.Signal) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd != nil && c.cmd.Process != nil {
+		c.cmd.Process.Signal(sig)
+	}
+}
+
+func (c *child) wait() error {
+	c.mu.Lock()
+	cmd := c.cmd
+	c.mu.Unlock()
+	return cmd.Wait()
+}
+
+func runUp(cmd *cobra.Command, f upFlags) error {
+	if len(f.plans) == 0 {
+		return errors.New("up: at least one --model PLAN_DIR is needed (make one with prism partition)")
+	}
+	var models []string
+	for _, p := range f.plans {
+		plan, err := partitioner.ReadPlan(p)
+		if err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+		models = append(models, plan.Model.Name)
+	}
+	if f.db == "" {
+		f.db = filepath.Join(filepath.Dir(filepath.Clean(f.plans[0])), "prism-db")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+
+	var children []*child
+	shutdown := func() {
+		for i := len(children) - 1; i >= 0; i-- {
+			children[i].signal(syscall.SIGTERM)
+		}
+		done := make(chan struct{})
+		go func() {
+			for _, c := range children {
+				c.wait()
+			}
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			for _, c := range children {
+				c.signal(os.Kill)
+			}
+		}
+	}
+	defer shutdown()
+
+	rt := &child{name: "router", ready: "router listening on ", args: []string{"serve", "router", "--addr", f.addr, "--micro-batch", fmt.Sprint(f.microBatch)}}
+	children = append(children, rt)
+	routerAddr, err := rt.start(exe, 30*time.Second)
+	if err != nil {
+		return err
+	}
+
+	planArgs := func() []string {
+		var a []string
+		for _, p := range f.plans {
+			a = append(a, "--plan", p)
+		}
+		return a
+	}
+	disc, err := gpuserve.Discover(nvml.New())
+	if err != nil {
+		return fmt.Errorf("up: device discovery: %w", err)
+	}
+	if disc.NoDriver != "" {
+		fmt.Fprintf(cmd.ErrOrStderr(), "up: no NVIDIA driver (%s): dense workers run on the CPU\n", disc.NoDriver)
+	}
+	workers := gpuserve.Plan(disc)
+	if f.gpuWorkers > 0 {
+		for len(workers) < f.gpuWorkers {
+			workers = append(workers, workers[len(workers)%len(workers)])
+		}
+		workers = workers[:f.gpuWorkers]
+	}
+	var workerChildren []*child
+	for i, w := range workers {
+		args := append([]string{"serve", "gpu", "--router", routerAddr, "--threads", fmt.Sprint(f.threads), "--max-batch", fmt.Sprint(f.maxBatch), "--max-delay", f.maxDelay.String()}, planArgs()...)
+		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("gpu%d", i), ready: "dense tier listening on ", args: args, env: w.Env})
+	}
+	for i := range f.cpuWorkers {
+		args := append([]string{"serve", "cpu", "--router", routerAddr, "--db", f.db}, planArgs()...)
+		if f.hotBytes != "" {
+			args = append(args, "--hot-bytes", f.hotBytes)
+		}
+		if i > 0 {
+			// Pebble locks its folder: further embedding workers get their own copy.
+			args = append(args[:len(args)-len(planArgs())-2], append([]string{"--db", fmt.Sprintf("%s-%d", f.db, i)}, planArgs()...)...)
+		}
+		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("cpu%d", i), ready: "embedding tier listening on ", args: args})
+	}
+	for _, c := range workerChildren {
+		children = append(children, c)
+		if _, err := c.start(exe, f.ready); err != nil {
+			return err
+		}
+	}
+	if err := waitRegistered(ctx, routerAddr, models, len(workers), f.cpuWorkers, f.ready); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "Prism is up: Recommend at %s (models %s; %d dense, %d embedding workers). Ctrl-C stops it.\n", routerAddr, strings.Join(models, ", "), len(workers), f.cpuWorkers)
+
+	// Supervise: a worker that dies is restarted and registers again.
+	for _, c := range workerChildren {
+		go func() {
+			for {
+				err := c.wait()
+				if ctx.Err() != nil {
+					return
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "up: %s exited (%v); restarting\n", c.name, err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
+				if _, err := c.start(exe, f.ready); err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "up: restarting %s: %v\n", c.name, err)
+				}
+			}
+		}()
+	}
+	<-ctx.Done()
+	fmt.Fprintln(cmd.ErrOrStderr(), "up: stopping")
+	return nil
+}
+
+// waitRegistered polls the router's registry until every model has its
+// workers.
+func waitRegistered(ctx context.Context, addr string, models []string, gpus, cpus int, timeout time.Duration) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	reg := prismv1.NewRegistryClient(conn)
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := reg.List(ctx, &prismv1.ListRequest{})
+		if err == nil {
+			ok := true
+			for _, m := range models {
+				var c, g int
+				for _, w := range resp.GetWorkers() {
+					for _, wm := range w.GetModels() {
+						if wm == m && w.GetRole() == "cpu" {
+							c++
+						}
+						if wm == m && w.GetRole() == "gpu" {
+							g++
+						}
+					}
+				}
+				if c < cpus || g < gpus {
+					ok = false
+				}
+			}
+			if ok {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("up: workers did not all register within %s", timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// prefixWriter prefixes every line written to w.
+func prefixWriter(w io.Writer, prefix string) io.Writer {
+	pr, pw := io.Pipe()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			fmt.Fprintf(w, "%s%s\n", prefix, sc.Text())
+		}
+	}()
+	return pw
+}
