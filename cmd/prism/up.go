@@ -216,13 +216,14 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("gpu%d", i), ready: "dense tier listening on ", args: args, env: w.Env})
 	}
 	for i := range f.cpuWorkers {
-		args := append([]string{"serve", "cpu", "--router", routerAddr, "--db", f.db}, planArgs()...)
+		db := f.db
+		if i > 0 {
+			// Pebble locks its folder: each further embedding worker keeps its own copy.
+			db = fmt.Sprintf("%s-%d", f.db, i)
+		}
+		args := append([]string{"serve", "cpu", "--router", routerAddr, "--db", db}, planArgs()...)
 		if f.hotBytes != "" {
 			args = append(args, "--hot-bytes", f.hotBytes)
-		}
-		if i > 0 {
-			// Pebble locks its folder: further embedding workers get their own copy.
-			args = append(args[:len(args)-len(planArgs())-2], append([]string{"--db", fmt.Sprintf("%s-%d", f.db, i)}, planArgs()...)...)
 		}
 		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("cpu%d", i), ready: "embedding tier listening on ", args: args})
 	}
