@@ -1,0 +1,475 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/server"
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+var testModels = []string{"dlrm-tiny", "dcnv2-tiny", "deepfm-tiny"}
+
+const maxSamples = 512
+
+// fixture is one embedding tier serving every test model from one store,
+// and a dense tier double, both on loopback.
+type fixture struct {
+	srv    *server.Server
+	client prismv1.EmbeddingTierClient
+	dense  *denseDouble
+	addr   string // the dense double's
+	mono   map[string]*ort.Session
+	sigs   map[string]models.Signature
+}
+
+var (
+	fixOnce sync.Once
+	fix     *fixture
+	fixErr  error
+	cleanup []func()
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	for i := len(cleanup) - 1; i >= 0; i-- {
+		cleanup[i]()
+	}
+	os.Exit(code)
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	fixOnce.Do(func() { fix, fixErr = newFixture() })
+	if fixErr != nil {
+		t.Fatal(fixErr)
+	}
+	return fix
+}
+
+func newFixture() (*fixture, error) {
+	if err := ort.Init(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "cpuserve-server-test")
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { os.RemoveAll(dir) })
+	f := &fixture{mono: map[string]*ort.Session{}, sigs: map[string]models.Signature{}}
+	dd := &denseDouble{models: map[string]*denseModel{}}
+	var plans []string
+	for i, name := range testModels {
+		p, err := models.Lookup(name)
+		if err != nil {
+			return nil, err
+		}
+		cfg, err := p.Resolve(models.ScaleOptions{})
+		if err != nil {
+			return nil, err
+		}
+		m, err := models.New(cfg, uint64(11+i))
+		if err != nil {
+			return nil, err
+		}
+		mdir := filepath.Join(dir, name)
+		if _, err := m.Write(mdir, models.WriteOptions{}); err != nil {
+			return nil, err
+		}
+		part := filepath.Join(dir, name+"-part")
+		res, err := partitioner.Partition(filepath.Join(mdir, models.ModelFile), part, partitioner.Options{})
+		if err != nil {
+			return nil, err
+		}
+		plans = append(plans, part)
+		if f.mono[name], err = ort.NewSession(filepath.Join(mdir, models.ModelFile), ort.SessionOptions{IntraOpThreads: 1}); err != nil {
+			return nil, err
+		}
+		f.sigs[name] = cfg.Signature()
+		ds, err := ort.NewSession(filepath.Join(part, res.Plan.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+		if err != nil {
+			return nil, err
+		}
+		dd.models[res.Plan.Model.Name] = &denseModel{sess: ds, plan: res.Plan}
+	}
+	st, err := store.Open(filepath.Join(dir, "db"), &store.Options{NoSync: true})
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { st.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	cleanup = append(cleanup, func() { cancel(); wg.Wait() })
+
+	if f.srv, err = server.New(ctx, st, server.Options{Plans: plans, MaxSamples: maxSamples, Threads: 1}); err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, f.srv.Close)
+	start := func(name string, register func(*grpc.Server)) (string, error) {
+		s, err := serve.New(name, serve.Options{MetricsAddr: "off"})
+		if err != nil {
+			return "", err
+		}
+		register(s.GRPC)
+		wg.Add(1)
+		go func() { defer wg.Done(); s.Serve(ctx) }()
+		return s.Addr(), nil
+	}
+	if f.addr, err = start("dense-double", func(g *grpc.Server) { prismv1.RegisterDenseTierServer(g, dd) }); err != nil {
+		return nil, err
+	}
+	f.dense = dd
+	cpuAddr, err := start("cpu", func(g *grpc.Server) { prismv1.RegisterEmbeddingTierServer(g, f.srv) })
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(cpuAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { conn.Close() })
+	f.client = prismv1.NewEmbeddingTierClient(conn)
+	return f, nil
+}
+
+// denseDouble stands in for gpuserve: dense.onnx in ONNX Runtime on the
+// CPU, shapes from the plan's cut.
+type denseDouble struct {
+	prismv1.UnimplementedDenseTierServer
+	models map[string]*denseModel
+	mu     sync.Mutex
+	fail   error // returned by Score while set
+}
+
+type denseModel struct {
+	sess *ort.Session
+	plan *partitioner.Plan
+}
+
+func (d *denseDouble) setFail(err error) {
+	d.mu.Lock()
+	d.fail = err
+	d.mu.Unlock()
+}
+
+func (d *denseDouble) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1.ScoreResponse, error) {
+	start := time.Now()
+	d.mu.Lock()
+	fail := d.fail
+	d.mu.Unlock()
+	if fail != nil {
+		return nil, fail
+	}
+	m := d.models[req.GetModel()]
+	if m == nil {
+		return nil, status.Errorf(codes.NotFound, "model %q", req.GetModel())
+	}
+	n, ts, err := arrowframe.Decode(req.GetTensors())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if n != int(req.GetNumSamples()) || len(ts) != len(m.plan.Cut) {
+		return nil, status.Errorf(codes.InvalidArgument, "%d rows, %d tensors; want %d, %d", n, len(ts), req.GetNumSamples(), len(m.plan.Cut))
+	}
+	var ins []ort.Input
+	for i, c := range m.plan.Cut {
+		if ts[i].Name != c.Name {
+			return nil, status.Errorf(codes.InvalidArgument, "tensor %d is %q, want %q", i, ts[i].Name, c.Name)
+		}
+		ins = append(ins, ort.Input{Name: c.Name, Shape: append([]int64{int64(n)}, c.Shape...), Float32: ts[i].Data})
+	}
+	out, err := m.sess.Run(ins)
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &prismv1.ScoreResponse{Scores: out[0], DenseUs: time.Since(start).Microseconds()}, nil
+}
+
+// request turns a batch into a Lookup request; the inputs named in ctx go
+// in the context, taken from sample 0.
+func (f *fixture) request(model string, b *models.Batch, ctx ...string) *prismv1.LookupRequest {
+	req := &prismv1.LookupRequest{Model: model, NumSamples: int32(b.N), DenseAddr: f.addr, Candidates: &prismv1.Features{}, Context: &prismv1.Features{}}
+	for i, in := range b.Sig.Inputs {
+		col := b.Columns[i]
+		if contains(ctx, in.Name) {
+			x := &prismv1.Input{Name: in.Name}
+			if col.F32 != nil {
+				x.Values = col.F32[:in.Width]
+			} else {
+				x.Ids = col.I64[:in.Width]
+			}
+			req.Context.Inputs = append(req.Context.Inputs, x)
+			continue
+		}
+		req.Candidates.Inputs = append(req.Candidates.Inputs, &prismv1.Input{Name: in.Name, Values: col.F32, Ids: col.I64})
+	}
+	return req
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+// shareContext makes every sample carry sample 0's values of the named inputs.
+func shareContext(b *models.Batch, names ...string) {
+	for i, in := range b.Sig.Inputs {
+		if !contains(names, in.Name) {
+			continue
+		}
+		w := in.Width
+		for s := 1; s < b.N; s++ {
+			if b.Columns[i].F32 != nil {
+				copy(b.Columns[i].F32[s*w:(s+1)*w], b.Columns[i].F32[:w])
+			} else {
+				copy(b.Columns[i].I64[s*w:(s+1)*w], b.Columns[i].I64[:w])
+			}
+		}
+	}
+}
+
+func (f *fixture) batch(t *testing.T, model string, n int, seed uint64) *models.Batch {
+	t.Helper()
+	src, err := models.NewSynthetic(f.sigs[model], models.SyntheticOptions{Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := src.Next(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (f *fixture) checkScores(t *testing.T, model string, b *models.Batch, req *prismv1.LookupRequest) *prismv1.LookupResponse {
+	t.Helper()
+	want, err := f.mono[model].Run(ort.BatchInputs(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := f.client.Lookup(ctx, req)
+	if err != nil {
+		t.Fatalf("Lookup: %v", err)
+	}
+	if len(resp.Scores) != len(want[0]) {
+		t.Fatalf("%d scores, want %d", len(resp.Scores), len(want[0]))
+	}
+	worst := 0.0
+	for i, w := range want[0] {
+		worst = max(worst, math.Abs(float64(resp.Scores[i]-w)))
+	}
+	if worst > 1e-5 {
+		t.Fatalf("max abs error %.3g against the monolithic model", worst)
+	}
+	return resp
+}
+
+// TestScoresMatchMonolith: every model family through the embedding tier
+// and the dense double reproduces model.onnx within 1e-5.
+func TestScoresMatchMonolith(t *testing.T) {
+	f := setup(t)
+	for i, name := range testModels {
+		t.Run(name, func(t *testing.T) {
+			for _, n := range []int{1, 7, 300} {
+				b := f.batch(t, name, n, uint64(100+i*10+n))
+				resp := f.checkScores(t, name, b, f.request(name, b))
+				tm := resp.Times
+				if n == 300 {
+					t.Logf("n=%d decode %dus lookup %dus cpu %dus encode %dus transfer %dus dense %dus", n, tm.DecodeUs, tm.LookupUs, tm.CpuModelUs, tm.EncodeUs, tm.TransferUs, tm.DenseUs)
+				}
+				if tm == nil || tm.DenseUs <= 0 {
+					t.Errorf("stage times %v: want the dense time filled", tm)
+				}
+			}
+		})
+	}
+}
+
+// TestContext: inputs sent once in the context are shared by every
+// candidate, dense features and ids alike, for every family.
+func TestContext(t *testing.T) {
+	f := setup(t)
+	for i, name := range testModels {
+		t.Run(name, func(t *testing.T) {
+			ctxInputs := []string{models.DenseInput, models.SparseInput(0), models.SparseInput(3), models.SparseInput(20)}
+			b := f.batch(t, name, 64, uint64(500+i))
+			shareContext(b, ctxInputs...)
+			f.checkScores(t, name, b, f.request(name, b, ctxInputs...))
+			// Everything in the context: n identical samples.
+			var all []string
+			for _, in := range b.Sig.Inputs {
+				all = append(all, in.Name)
+			}
+			b = f.batch(t, name, 5, uint64(600+i))
+			shareContext(b, all...)
+			f.checkScores(t, name, b, f.request(name, b, all...))
+		})
+	}
+}
+
+// TestBadInput: each bad request gets its status and a message naming
+// the problem; the server keeps serving after all of them.
+func TestBadInput(t *testing.T) {
+	f := setup(t)
+	const model = "dcnv2-tiny"
+	b := f.batch(t, model, 16, 9)
+	shareContext(b, models.SparseInput(1))
+	good := func() *prismv1.LookupRequest { return f.request(model, b, models.SparseInput(1)) }
+	find := func(req *prismv1.LookupRequest, name string) *prismv1.Input {
+		for _, in := range append(req.Candidates.Inputs, req.Context.Inputs...) {
+			if in.Name == name {
+				return in
+			}
+		}
+		t.Fatalf("no input %q", name)
+		return nil
+	}
+	cat := models.SparseInput(2)
+	cases := []struct {
+		name string
+		edit func(*prismv1.LookupRequest)
+		code codes.Code
+		msg  string
+	}{
+		{"unknown model", func(r *prismv1.LookupRequest) { r.Model = "nope" }, codes.NotFound, `"nope"`},
+		{"unknown version", func(r *prismv1.LookupRequest) { r.Version = 99 }, codes.NotFound, "version 99"},
+		{"zero samples", func(r *prismv1.LookupRequest) { r.NumSamples = 0 }, codes.InvalidArgument, "num_samples 0"},
+		{"negative samples", func(r *prismv1.LookupRequest) { r.NumSamples = -3 }, codes.InvalidArgument, "num_samples -3"},
+		{"over the limit", func(r *prismv1.LookupRequest) { r.NumSamples = maxSamples + 1 }, codes.InvalidArgument, "limit"},
+		{"missing input", func(r *prismv1.LookupRequest) {
+			r.Candidates.Inputs = r.Candidates.Inputs[:len(r.Candidates.Inputs)-1]
+		}, codes.InvalidArgument, "missing input"},
+		{"empty request", func(r *prismv1.LookupRequest) { r.Candidates, r.Context = nil, nil }, codes.InvalidArgument, "missing input"},
+		{"unknown input", func(r *prismv1.LookupRequest) {
+			r.Candidates.Inputs = append(r.Candidates.Inputs, &prismv1.Input{Name: "cat_99", Ids: []int64{1}})
+		}, codes.InvalidArgument, `unknown input "cat_99"`},
+		{"input twice", func(r *prismv1.LookupRequest) {
+			r.Candidates.Inputs = append(r.Candidates.Inputs, r.Candidates.Inputs[0])
+		}, codes.InvalidArgument, "twice"},
+		{"short dense", func(r *prismv1.LookupRequest) {
+			in := find(r, models.DenseInput)
+			in.Values = in.Values[:len(in.Values)-1]
+		}, codes.InvalidArgument, `"dense" has 207 values, want 13 x 16`},
+		{"long ids", func(r *prismv1.LookupRequest) {
+			in := find(r, cat)
+			in.Ids = append(in.Ids, 1)
+		}, codes.InvalidArgument, cat},
+		{"short context", func(r *prismv1.LookupRequest) {
+			in := find(r, models.SparseInput(1))
+			in.Ids = in.Ids[:len(in.Ids)-1]
+		}, codes.InvalidArgument, "context"},
+		{"values for ids", func(r *prismv1.LookupRequest) {
+			in := find(r, cat)
+			in.Values, in.Ids = make([]float32, len(in.Ids)), nil
+		}, codes.InvalidArgument, "int64 ids"},
+		{"ids for values", func(r *prismv1.LookupRequest) {
+			in := find(r, models.DenseInput)
+			in.Ids, in.Values = make([]int64, len(in.Values)), nil
+		}, codes.InvalidArgument, "float values"},
+		{"unexpected weights", func(r *prismv1.LookupRequest) {
+			in := find(r, cat)
+			in.Weights = make([]float32, len(in.Ids))
+		}, codes.InvalidArgument, "weights"},
+		{"id out of range", func(r *prismv1.LookupRequest) {
+			in := find(r, cat)
+			in.Ids[5] = 1 << 40
+		}, codes.InvalidArgument, "out of range"},
+		{"negative id", func(r *prismv1.LookupRequest) {
+			in := find(r, cat)
+			in.Ids[0] = -1
+		}, codes.InvalidArgument, "negative"},
+		{"no dense address", func(r *prismv1.LookupRequest) { r.DenseAddr = "" }, codes.InvalidArgument, "dense_addr"},
+		{"dense unreachable", func(r *prismv1.LookupRequest) { r.DenseAddr = "127.0.0.1:1" }, codes.Unavailable, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req := proto.Clone(good()).(*prismv1.LookupRequest)
+			c.edit(req)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := f.client.Lookup(ctx, req)
+			expectStatus(t, err, c.code, c.msg)
+			f.checkScores(t, model, b, good())
+		})
+	}
+
+	t.Run("deadline passed", func(t *testing.T) {
+		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+		defer cancel()
+		_, err := f.srv.Lookup(ctx, good())
+		expectStatus(t, err, codes.DeadlineExceeded, "deadline")
+		ctx, cancel = context.WithTimeout(context.Background(), time.Nanosecond)
+		defer cancel()
+		_, err = f.client.Lookup(ctx, good())
+		expectStatus(t, err, codes.DeadlineExceeded, "")
+		f.checkScores(t, model, b, good())
+	})
+	t.Run("dense status passes through", func(t *testing.T) {
+		f.dense.setFail(status.Error(codes.ResourceExhausted, "dense queue full"))
+		_, err := f.client.Lookup(context.Background(), good())
+		f.dense.setFail(nil)
+		expectStatus(t, err, codes.ResourceExhausted, "dense queue full")
+		f.checkScores(t, model, b, good())
+	})
+}
+
+func expectStatus(t *testing.T, err error, code codes.Code, msg string) {
+	t.Helper()
+	st, _ := status.FromError(err)
+	if st.Code() != code || !strings.Contains(st.Message(), msg) {
+		t.Fatalf("got %v %q, want %v with %q", st.Code(), st.Message(), code, msg)
+	}
+}
+
+// TestMetrics: the stage histograms, the samples in flight and the
+// store's hot-tier metrics are exported.
+func TestMetrics(t *testing.T) {
+	f := setup(t)
+	b := f.batch(t, "dlrm-tiny", 32, 3)
+	f.checkScores(t, "dlrm-tiny", b, f.request("dlrm-tiny", b))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(f.srv.Collectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = true
+	}
+	for _, name := range []string{"prism_cpuserve_stage_seconds", "prism_cpuserve_outstanding_samples", "prism_cpuserve_batch_samples", "prism_store_hot_hit_ratio", "prism_store_lookups_total"} {
+		if !got[name] {
+			t.Errorf("metric %s not exported", name)
+		}
+	}
+	w := f.srv.WorkerInfo("cpu/test", "127.0.0.1:1")
+	if w.Role != "cpu" || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny"}) || w.Outstanding != 0 {
+		t.Errorf("worker info %v", w)
+	}
+}
