@@ -473,3 +473,36 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("worker info %v", w)
 	}
 }
+
+// BenchmarkLookup: one micro-batch of 270 candidates (MLPerf DLRMv2's
+// average) through the embedding tier and the dense double on loopback,
+// with the stage breakdown the server reports.
+func BenchmarkLookup(b *testing.B) {
+	for _, name := range testModels {
+		b.Run(name, func(b *testing.B) {
+			f := setup(&testing.T{})
+			if f == nil {
+				b.Fatal(fixErr)
+			}
+			src, _ := models.NewSynthetic(f.sigs[name], models.SyntheticOptions{Seed: 1})
+			batch, _ := src.Next(270)
+			req := f.request(name, batch)
+			var sum [6]int64
+			b.ResetTimer()
+			for b.Loop() {
+				resp, err := f.client.Lookup(context.Background(), req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				tm := resp.Times
+				for i, v := range []int64{tm.DecodeUs, tm.LookupUs, tm.CpuModelUs, tm.EncodeUs, tm.TransferUs, tm.DenseUs} {
+					sum[i] += v
+				}
+			}
+			for i, stage := range []string{"decode", "lookup", "cpu", "encode", "transfer", "dense"} {
+				b.ReportMetric(float64(sum[i])/float64(b.N), stage+"-us/op")
+			}
+			b.ReportMetric(float64(270*b.N)/b.Elapsed().Seconds(), "samples/s")
+		})
+	}
+}
