@@ -1,0 +1,434 @@
+package gpuserve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/partitioner"
+)
+
+var (
+	fixtureOnce sync.Once
+	fixtureDir  string
+	fixtureErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if fixtureDir != "" {
+		os.RemoveAll(fixtureDir)
+	}
+	os.Exit(code)
+}
+
+// tinyPlan builds dlrm-tiny and partitions it once per test binary.
+func tinyPlan(t *testing.T) string {
+	t.Helper()
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	fixtureOnce.Do(func() {
+		if fixtureDir, fixtureErr = os.MkdirTemp("", "gpuserve-test-"); fixtureErr != nil {
+			return
+		}
+		p, err := models.Lookup("dlrm-tiny")
+		if err != nil {
+			fixtureErr = err
+			return
+		}
+		m, err := models.New(p.Config, 5)
+		if err != nil {
+			fixtureErr = err
+			return
+		}
+		if _, fixtureErr = m.Write(filepath.Join(fixtureDir, "model"), models.WriteOptions{}); fixtureErr != nil {
+			return
+		}
+		_, fixtureErr = partitioner.Partition(filepath.Join(fixtureDir, "model", models.ModelFile), filepath.Join(fixtureDir, "part"), partitioner.Options{})
+	})
+	if fixtureErr != nil {
+		t.Fatal(fixtureErr)
+	}
+	return filepath.Join(fixtureDir, "part")
+}
+
+type testServer struct {
+	dense  *Server
+	srv    *serve.Server
+	client prismv1.DenseTierClient
+}
+
+// startServer serves the dense tier on loopback (a port the OS picks)
+// until the test ends.
+func startServer(t *testing.T, o Options) *testServer {
+	t.Helper()
+	o.Plans = []string{tinyPlan(t)}
+	o.Logger = slog.New(slog.DiscardHandler)
+	dense, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := serve.New("dense", serve.Options{MetricsAddr: "off", Logger: o.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dense.Register(srv.Registry); err != nil {
+		t.Fatal(err)
+	}
+	prismv1.RegisterDenseTierServer(srv.GRPC, dense)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	conn, err := grpc.NewClient(srv.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		dense.Close()
+	})
+	return &testServer{dense: dense, srv: srv, client: prismv1.NewDenseTierClient(conn)}
+}
+
+// cutTensors draws n samples of every cut tensor of the plan.
+func cutTensors(plan *partitioner.Plan, n int, rng *rand.Rand) []arrowframe.Tensor {
+	ts := make([]arrowframe.Tensor, len(plan.Cut))
+	for i, ct := range plan.Cut {
+		w := 1
+		for _, d := range ct.Shape {
+			w *= int(d)
+		}
+		data := make([]float32, n*w)
+		for j := range data {
+			data[j] = float32(rng.NormFloat64())
+		}
+		ts[i] = arrowframe.Tensor{Name: ct.Name, Width: w, Data: data}
+	}
+	return ts
+}
+
+func encode(t *testing.T, n int, ts []arrowframe.Tensor) []byte {
+	t.Helper()
+	b, err := arrowframe.Encode(n, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// direct scores the tensors with dense.onnx in a session of its own.
+func direct(t *testing.T, sess *ort.Session, plan *partitioner.Plan, n int, ts []arrowframe.Tensor) []float32 {
+	t.Helper()
+	in := make([]ort.Input, len(ts))
+	for i, x := range ts {
+		in[i] = ort.Input{Name: x.Name, Shape: append([]int64{int64(n)}, plan.Cut[i].Shape...), Float32: x.Data}
+	}
+	out, err := sess.Run(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out[0]
+}
+
+// TestScoreMatchesDenseModel: concurrent requests of many sizes, batched
+// together by the server (and one larger than a batch, run alone), get
+// the scores dense.onnx gives each of them alone.
+func TestScoreMatchesDenseModel(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1, Batch: BatchOptions{MaxBatch: 128, MaxDelay: 5 * time.Millisecond}})
+	dir := tinyPlan(t)
+	plan, err := partitioner.ReadPlan(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := ort.NewSession(filepath.Join(dir, plan.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	sizes := []int{1, 3, 7, 16, 33, 64, 100, 270}
+	type job struct {
+		n     int
+		frame []byte
+		want  []float32
+	}
+	var jobs []job
+	total := 0
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 3 {
+		for _, n := range sizes {
+			x := cutTensors(plan, n, rng)
+			jobs = append(jobs, job{n: n, frame: encode(t, n, x), want: direct(t, sess, plan, n, x)})
+			total += n
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, len(jobs))
+	for _, j := range jobs {
+		wg.Go(func() {
+			resp, err := ts.client.Score(context.Background(), &prismv1.ScoreRequest{Model: plan.Model.Name, Tensors: j.frame, NumSamples: int32(j.n)})
+			if err != nil {
+				errs <- fmt.Errorf("n=%d: %v", j.n, err)
+				return
+			}
+			if len(resp.Scores) != j.n {
+				errs <- fmt.Errorf("n=%d: %d scores", j.n, len(resp.Scores))
+				return
+			}
+			var worst float64
+			for i := range j.want {
+				worst = max(worst, math.Abs(float64(resp.Scores[i]-j.want[i])))
+			}
+			if worst > 1e-5 {
+				errs <- fmt.Errorf("n=%d: max abs error %g", j.n, worst)
+			}
+			if resp.DenseUs <= 0 {
+				errs <- fmt.Errorf("n=%d: dense_us %d", j.n, resp.DenseUs)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	batches, samples, _, _ := ts.dense.models[plan.Model.Name].batcher.Snapshot()
+	if samples != int64(total) {
+		t.Errorf("samples scored %d, sent %d", samples, total)
+	}
+	t.Logf("%d requests, %d samples in %d batches", len(jobs), samples, batches)
+
+	got := gather(t, ts.srv)
+	if v := got["prism_dense_samples_total"]; v != float64(total) {
+		t.Errorf("prism_dense_samples_total = %v, want %d", v, total)
+	}
+	if v := got["prism_dense_batch_size_count"]; v != float64(batches) {
+		t.Errorf("prism_dense_batch_size count = %v, want %d", v, batches)
+	}
+	if v, ok := got["prism_dense_queue_depth"]; !ok || v != 0 {
+		t.Errorf("prism_dense_queue_depth = %v (present %v), want 0", v, ok)
+	}
+}
+
+// gather flattens the dense tier's metrics (model dlrm-tiny) by name.
+func gather(t *testing.T, srv *serve.Server) map[string]float64 {
+	t.Helper()
+	mfs, err := srv.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if !strings.HasPrefix(mf.GetName(), "prism_dense_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" {
+					name += "{" + l.GetValue() + "}"
+				}
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				out[name] += m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				out[name] += m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				out[name+"_count"] += float64(m.GetHistogram().GetSampleCount())
+				out[name+"_sum"] += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return out
+}
+
+// TestScoreBadInput: every malformed request gets its status code and a
+// message naming the problem, and the server keeps serving.
+func TestScoreBadInput(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1, MaxSamples: 50})
+	plan, err := partitioner.ReadPlan(tinyPlan(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := plan.Model.Name
+	rng := rand.New(rand.NewPCG(3, 4))
+	good := cutTensors(plan, 4, rng)
+	goodFrame := encode(t, 4, good)
+	clone := func() []arrowframe.Tensor { return append([]arrowframe.Tensor(nil), good...) }
+
+	wrongWidth := clone()
+	wrongWidth[1] = arrowframe.Tensor{Name: good[1].Name, Width: good[1].Width + 1, Data: make([]float32, 4*(good[1].Width+1))}
+	renamed := clone()
+	renamed[2].Name = "not_a_cut_tensor"
+	dup := clone()
+	dup[2] = good[1]
+	big := cutTensors(plan, 51, rng)
+
+	cases := []struct {
+		name string
+		req  *prismv1.ScoreRequest
+		ctx  func() (context.Context, context.CancelFunc)
+		code codes.Code
+		msg  string
+	}{
+		{"unknown model", &prismv1.ScoreRequest{Model: "nope", Tensors: goodFrame, NumSamples: 4}, nil, codes.NotFound, `"nope" is not served`},
+		{"zero samples", &prismv1.ScoreRequest{Model: name, Tensors: goodFrame, NumSamples: 0}, nil, codes.InvalidArgument, "num_samples is 0"},
+		{"empty request", &prismv1.ScoreRequest{Model: name}, nil, codes.InvalidArgument, "num_samples is 0"},
+		{"num_samples mismatch", &prismv1.ScoreRequest{Model: name, Tensors: goodFrame, NumSamples: 5}, nil, codes.InvalidArgument, "hold 4 samples, num_samples says 5"},
+		{"malformed buffer", &prismv1.ScoreRequest{Model: name, Tensors: []byte("definitely not arrow"), NumSamples: 4}, nil, codes.InvalidArgument, "malformed tensor frame"},
+		{"truncated buffer", &prismv1.ScoreRequest{Model: name, Tensors: goodFrame[:len(goodFrame)/2], NumSamples: 4}, nil, codes.InvalidArgument, "malformed tensor frame"},
+		{"missing tensor", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 4, good[:len(good)-1]), NumSamples: 4}, nil, codes.InvalidArgument, "missing tensors " + good[len(good)-1].Name},
+		{"wrong width", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 4, wrongWidth), NumSamples: 4}, nil, codes.InvalidArgument, fmt.Sprintf("has width %d; the plan says %d", good[1].Width+1, good[1].Width)},
+		{"unknown tensor", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 4, renamed), NumSamples: 4}, nil, codes.InvalidArgument, `"not_a_cut_tensor" is not a cut tensor`},
+		{"duplicate tensor", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 4, dup), NumSamples: 4}, nil, codes.InvalidArgument, "appears twice"},
+		{"over max samples", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 51, big), NumSamples: 51}, nil, codes.InvalidArgument, "at most 50"},
+		{"deadline passed", &prismv1.ScoreRequest{Model: name, Tensors: goodFrame, NumSamples: 4},
+			func() (context.Context, context.CancelFunc) {
+				return context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+			}, codes.DeadlineExceeded, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if c.ctx != nil {
+				ctx, cancel = c.ctx()
+			}
+			_, err := ts.client.Score(ctx, c.req)
+			cancel()
+			st := status.Convert(err)
+			if st.Code() != c.code || !strings.Contains(st.Message(), c.msg) {
+				t.Errorf("got %v %q, want %v containing %q", st.Code(), st.Message(), c.code, c.msg)
+			}
+			resp, err := ts.client.Score(context.Background(), &prismv1.ScoreRequest{Model: name, Tensors: goodFrame, NumSamples: 4})
+			if err != nil || len(resp.Scores) != 4 {
+				t.Fatalf("good request after it: %v", err)
+			}
+		})
+	}
+	got := gather(t, ts.srv)
+	if v := got["prism_dense_rejected_total{invalid}"]; v != 10 {
+		t.Errorf("rejected{invalid} = %v, want 10", v)
+	}
+	if v := got["prism_dense_rejected_total{not_found}"]; v != 1 {
+		t.Errorf("rejected{not_found} = %v, want 1", v)
+	}
+}
+
+// TestScoreOverloadDeadlineShutdown: a full queue answers
+// ResourceExhausted at once, a deadline that passes while queued answers
+// DeadlineExceeded, the queued request still gets its scores, and after
+// Close the tier answers Unavailable.
+func TestScoreOverloadDeadlineShutdown(t *testing.T) {
+	// A long MaxDelay and a batch that never fills hold the first request
+	// in the batcher long enough to fill the queue behind it.
+	ts := startServer(t, Options{Threads: 1, Batch: BatchOptions{MaxBatch: 1024, MaxDelay: 400 * time.Millisecond, MaxQueue: 64}})
+	plan, err := partitioner.ReadPlan(tinyPlan(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := plan.Model.Name
+	rng := rand.New(rand.NewPCG(5, 6))
+	req := func(n int) *prismv1.ScoreRequest {
+		return &prismv1.ScoreRequest{Model: name, Tensors: encode(t, n, cutTensors(plan, n, rng)), NumSamples: int32(n)}
+	}
+	first := make(chan error, 1)
+	go func() {
+		resp, err := ts.client.Score(context.Background(), req(40))
+		if err == nil && len(resp.Scores) != 40 {
+			err = fmt.Errorf("%d scores", len(resp.Scores))
+		}
+		first <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ts.dense.Outstanding() != 40; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("first request never queued (outstanding %d)", ts.dense.Outstanding())
+		}
+	}
+	_, err = ts.client.Score(context.Background(), req(40))
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "queue full") {
+		t.Errorf("over the queue: got %v %q, want ResourceExhausted", st.Code(), st.Message())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	_, err = ts.client.Score(ctx, req(10))
+	cancel()
+	if st := status.Convert(err); st.Code() != codes.DeadlineExceeded {
+		t.Errorf("deadline while queued: got %v %q, want DeadlineExceeded", st.Code(), st.Message())
+	}
+	if err := <-first; err != nil {
+		t.Errorf("queued request: %v", err)
+	}
+	got := gather(t, ts.srv)
+	if v := got["prism_dense_rejected_total{overloaded}"]; v != 1 {
+		t.Errorf("rejected{overloaded} = %v, want 1", v)
+	}
+	if !ts.dense.Healthy() {
+		t.Error("unhealthy before Close")
+	}
+	ts.dense.Close()
+	_, err = ts.client.Score(context.Background(), req(2))
+	if st := status.Convert(err); st.Code() != codes.Unavailable {
+		t.Errorf("after Close: got %v %q, want Unavailable", st.Code(), st.Message())
+	}
+	if ts.dense.Healthy() {
+		t.Error("healthy after Close")
+	}
+}
+
+// TestNew: configuration errors are caught at start, and NVML discovery
+// without a driver falls back to the CPU.
+func TestNew(t *testing.T) {
+	dir := tinyPlan(t)
+	quiet := slog.New(slog.DiscardHandler)
+	if _, err := New(Options{Logger: quiet}); err == nil || !strings.Contains(err.Error(), "--plan") {
+		t.Errorf("no plans: %v", err)
+	}
+	if _, err := New(Options{Plans: []string{dir, dir}, Logger: quiet}); err == nil || !strings.Contains(err.Error(), "served twice") {
+		t.Errorf("same model twice: %v", err)
+	}
+	if _, err := New(Options{Plans: []string{t.TempDir()}, Logger: quiet}); err == nil || !strings.Contains(err.Error(), "read plan") {
+		t.Errorf("empty folder: %v", err)
+	}
+	var logs strings.Builder
+	s, err := New(Options{Plans: []string{dir}, NVML: noDriver{}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Device() != "cpu" || !strings.Contains(logs.String(), "no NVIDIA driver (NVML init: ERROR_LIBRARY_NOT_FOUND): serving on the CPU execution provider") {
+		t.Errorf("device %q, logs:\n%s", s.Device(), logs.String())
+	}
+	if got := s.Models(); len(got) != 1 || got[0] != "dlrm-tiny" {
+		t.Errorf("models %v", got)
+	}
+}
+
+// noDriver is NVML on a machine without the driver: Init fails, and any
+// other call would be a bug (on real NVML it can kill the process).
+type noDriver struct{ nvml.Interface }
+
+func (noDriver) Init() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
