@@ -58,7 +58,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	fixOnce.Do(func() { fix, fixErr = newFixture() })
 	if fixErr != nil {
@@ -480,10 +480,7 @@ func TestMetrics(t *testing.T) {
 func BenchmarkLookup(b *testing.B) {
 	for _, name := range testModels {
 		b.Run(name, func(b *testing.B) {
-			f := setup(&testing.T{})
-			if f == nil {
-				b.Fatal(fixErr)
-			}
+			f := setup(b)
 			src, _ := models.NewSynthetic(f.sigs[name], models.SyntheticOptions{Seed: 1})
 			batch, _ := src.Next(270)
 			req := f.request(name, batch)
