@@ -236,6 +236,15 @@ func (s *Server) Outstanding() int64 {
 	return n
 }
 
+// WorkerInfo is what the worker announces to the router's registry: id
+// (unique per process) and addr are the caller's.
+func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
+	return &prismv1.WorkerInfo{
+		Id: id, Role: "gpu", Addr: addr, Models: s.Models(),
+		Device: s.Device(), Outstanding: s.Outstanding(), Healthy: s.Healthy(),
+	}
+}
+
 // Healthy is false once Close has begun.
 func (s *Server) Healthy() bool {
 	s.mu.RLock()

@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 }
 
 // tinyPlan builds dlrm-tiny and partitions it once per test binary.
-func tinyPlan(t *testing.T) string {
+func tinyPlan(t testing.TB) string {
 	t.Helper()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
@@ -432,3 +432,139 @@ func TestNew(t *testing.T) {
 type noDriver struct{ nvml.Interface }
 
 func (noDriver) Init() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
+
+// fakeRegistry records announcements, as the router's registry would.
+type fakeRegistry struct {
+	prismv1.UnimplementedRegistryServer
+	mu     sync.Mutex
+	seen   []*prismv1.WorkerInfo
+	leaves []string
+}
+
+func (r *fakeRegistry) Announce(_ context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.seen = append(r.seen, req.GetWorker())
+	return &prismv1.AnnounceResponse{HeartbeatMs: 20}, nil
+}
+
+func (r *fakeRegistry) Leave(_ context.Context, req *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.leaves = append(r.leaves, req.GetId())
+	return &prismv1.LeaveResponse{}, nil
+}
+
+// TestAnnounce: the worker registers with role, address, models, device
+// and load, heartbeats, and leaves when its context ends.
+func TestAnnounce(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	quiet := slog.New(slog.DiscardHandler)
+	reg := &fakeRegistry{}
+	rs, err := serve.New("router", serve.Options{MetricsAddr: "off", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prismv1.RegisterRegistryServer(rs.GRPC, reg)
+	rctx, rcancel := context.WithCancel(context.Background())
+	defer rcancel()
+	go rs.Serve(rctx)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serve.Announce(ctx, rs.Addr(), func() *prismv1.WorkerInfo { return ts.dense.WorkerInfo("gpu/test/1", ts.srv.Addr()) }, quiet)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		reg.mu.Lock()
+		n := len(reg.seen)
+		reg.mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d announcements in 5s", n)
+		}
+	}
+	cancel()
+	<-done
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	w := reg.seen[0]
+	if w.Id != "gpu/test/1" || w.Role != "gpu" || w.Addr != ts.srv.Addr() || len(w.Models) != 1 || w.Models[0] != "dlrm-tiny" || w.Device != "cpu" || !w.Healthy || w.Outstanding != 0 {
+		t.Errorf("announced %v", w)
+	}
+	if len(reg.leaves) != 1 || reg.leaves[0] != "gpu/test/1" {
+		t.Errorf("leaves %v", reg.leaves)
+	}
+}
+
+// BenchmarkScore: Score over loopback gRPC, 270-sample requests (MLPerf
+// DLRMv2's average candidates), from parallel clients.
+func BenchmarkScore(b *testing.B) {
+	dir := tinyPlan(b)
+	plan, err := partitioner.ReadPlan(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dense, err := New(Options{Plans: []string{dir}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv, err := serve.New("dense", serve.Options{MetricsAddr: "off", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prismv1.RegisterDenseTierServer(srv.GRPC, dense)
+	ctx, cancel := context.WithCancel(context.Background())
+	go srv.Serve(ctx)
+	defer func() { cancel(); dense.Close() }()
+	conn, err := grpc.NewClient(srv.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	client := prismv1.NewDenseTierClient(conn)
+	const n = 270
+	frame, err := arrowframe.Encode(n, cutTensors(plan, n, rand.New(rand.NewPCG(7, 8))))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(4)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := client.Score(context.Background(), &prismv1.ScoreRequest{Model: plan.Model.Name, Tensors: frame, NumSamples: n}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "samples/s")
+	b.SetBytes(int64(len(frame)))
+}
+
+// BenchmarkDenseDirect is BenchmarkScore's baseline: dense.onnx on the
+// same 270-sample batches in this process, no gRPC, no batcher.
+func BenchmarkDenseDirect(b *testing.B) {
+	dir := tinyPlan(b)
+	plan, err := partitioner.ReadPlan(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sess, err := ort.NewSession(filepath.Join(dir, plan.DenseModel), ort.SessionOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sess.Close()
+	const n = 270
+	ts := cutTensors(plan, n, rand.New(rand.NewPCG(7, 8)))
+	in := make([]ort.Input, len(ts))
+	for i, x := range ts {
+		in[i] = ort.Input{Name: x.Name, Shape: append([]int64{n}, plan.Cut[i].Shape...), Float32: x.Data}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := sess.Run(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "samples/s")
+}

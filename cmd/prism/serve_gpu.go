@@ -70,12 +70,7 @@ Once serving it prints one line, "dense tier listening on ADDR", to stdout.`,
 			if router != "" {
 				host, _ := os.Hostname()
 				id := fmt.Sprintf("gpu/%s/%d/%d", host, os.Getpid(), time.Now().UnixNano())
-				announced = serve.Announce(ctx, router, func() *prismv1.WorkerInfo {
-					return &prismv1.WorkerInfo{
-						Id: id, Role: "gpu", Addr: s.Addr(), Models: dense.Models(),
-						Device: dense.Device(), Outstanding: dense.Outstanding(), Healthy: dense.Healthy(),
-					}
-				}, s.Log)
+				announced = serve.Announce(ctx, router, func() *prismv1.WorkerInfo { return dense.WorkerInfo(id, s.Addr()) }, s.Log)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "dense tier listening on %s\n", s.Addr())
 			err = s.Serve(ctx)
