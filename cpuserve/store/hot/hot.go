@@ -10,7 +10,7 @@
 //     resident). A hit is one load from a dense 4-byte-per-row array and
 //     one row copy, no hashing or probing; it costs 4 bytes per table row
 //     whether resident or not, so it wins when the tier holds more than
-//     about a tenth of its tables' rows.
+//     about an eighth of its tables' rows.
 //   - hashed: open addressing (linear probing, backward-shift deletion,
 //     no tombstones), 32 bytes per slot at load 1/2; it wins for small
 //     tiers in front of large tables.
