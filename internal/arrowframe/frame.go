@@ -56,7 +56,9 @@ func Encode(n int, ts []Tensor) ([]byte, error) {
 	rec := array.NewRecordBatch(schema, cols, int64(n))
 	defer rec.Release()
 	var buf bytes.Buffer
-	buf.Grow(n*rowBytes(ts) + 1024)
+	// Room for the data, 64-byte padding of every buffer, and the schema
+	// and batch messages, so the buffer grows once.
+	buf.Grow(n*rowBytes(ts) + 256*len(ts) + 8192)
 	w := ipc.NewWriter(&buf, ipc.WithSchema(schema))
 	if err := w.Write(rec); err != nil {
 		return nil, fmt.Errorf("encode tensors: %w", err)
@@ -75,12 +77,17 @@ func rowBytes(ts []Tensor) int {
 	return b
 }
 
+// goAlloc allocates with Go's heap: buffers outlive the reader's Release
+// and are collected when the tensors are dropped.
+var goAlloc = memory.NewGoAllocator()
+
 // ErrMalformed wraps every decoding failure: the caller answers
 // InvalidArgument.
 var ErrMalformed = errors.New("malformed tensor frame")
 
 // Decode reads a frame: the number of samples and the tensors, in column
-// order. The data slices alias memory Decode allocated.
+// order. The data slices alias the buffers the IPC reader filled (Go
+// memory, kept alive by the slices), so the floats are copied once.
 func Decode(b []byte) (n int, ts []Tensor, err error) {
 	defer func() {
 		// A hostile buffer can make the IPC reader panic; it is bad
@@ -89,7 +96,7 @@ func Decode(b []byte) (n int, ts []Tensor, err error) {
 			n, ts, err = 0, nil, fmt.Errorf("%w: %v", ErrMalformed, r)
 		}
 	}()
-	r, err := ipc.NewReader(bytes.NewReader(b))
+	r, err := ipc.NewReader(bytes.NewReader(b), ipc.WithAllocator(goAlloc))
 	if err != nil {
 		return 0, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
@@ -117,9 +124,7 @@ func Decode(b []byte) (n int, ts []Tensor, err error) {
 		if off+n*w > len(vals) {
 			return 0, nil, fmt.Errorf("%w: column %q is short", ErrMalformed, f.Name)
 		}
-		data := make([]float32, n*w)
-		copy(data, vals[off:off+n*w])
-		ts = append(ts, Tensor{Name: f.Name, Width: w, Data: data})
+		ts = append(ts, Tensor{Name: f.Name, Width: w, Data: vals[off : off+n*w : off+n*w]})
 	}
 	if r.Next() {
 		return 0, nil, fmt.Errorf("%w: more than one record batch", ErrMalformed)
