@@ -74,10 +74,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 
 // cumulative turns the batcher's power-of-two size counts (a run of n
 // samples counts under the least power of two >= n) into Prometheus'
-// cumulative buckets, exact at every power of two up to maxBatch.
+// cumulative buckets, exact at every power of two up to maxBatch (and beyond, for requests run alone).
 func cumulative(sizes map[int]int64, maxBatch int) map[float64]uint64 {
 	bounds := map[int]bool{}
-	for b := 1; b < maxBatch; b *= 2 {
+	for b := 1; b <= maxBatch; b *= 2 {
 		bounds[b] = true
 	}
 	for k := range sizes {
