@@ -1,25 +1,47 @@
 #!/usr/bin/env bash
-# Prism's main job end to end, on embedded defaults: build zoo models with
-# seeded weights and score samples with them through ONNX Runtime.
-# (Later stages make this the full disaggregated demo.) Run via `make demo`.
+# Prism's main job end to end, on embedded defaults (run via `make demo`):
+# build dlrm-kaggle (the Criteo Kaggle table sizes, 2 GiB of weights),
+# score it whole as the baseline, partition it, ingest its tables into the
+# embedding store, start the three tiers with `prism up` on loopback, send
+# load for 30 seconds, print throughput and latency percentiles, stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=bin/prism
 out=${DEMO_DIR:-out/demo}
-criteo=${CRITEO:-../shared/data/criteo/criteo_sample.txt}
+model=${DEMO_MODEL:-dlrm-kaggle}
+duration=${DEMO_DURATION:-30s}
+rate=${DEMO_RATE:-40}
+mkdir -p "$out"
 
-echo "== the model zoo"
-$prism models list
+echo "== 1. build $model with seeded weights"
+$prism models build "$model" -o "$out/$model"
 echo
-echo "== dlrm-kaggle: Criteo Kaggle table sizes, 2 GiB of weights in external data"
-$prism models build dlrm-kaggle -o "$out/dlrm-kaggle"
-$prism score "$out/dlrm-kaggle/model.onnx" --samples 65536 --batch 256 --threads 1
-if [ -f "$criteo" ]; then
-	echo
-	echo "== dlrm-kaggle on real Criteo rows ($criteo)"
-	$prism score "$out/dlrm-kaggle/model.onnx" --criteo "$criteo" --show 3
-fi
+echo "== 2. the monolithic baseline: the whole model in one ONNX Runtime session"
+$prism score "$out/$model/model.onnx" --samples 65536 --batch 256 --threads 1 --show 2
 echo
-echo "== dcnv2-mlperf: MLPerf DLRMv2 shape (multi-hot, cross network), tables at 1% of their rows"
-$prism models build dcnv2-mlperf --rows-scale 0.01 -o "$out/dcnv2-mlperf"
-$prism score "$out/dcnv2-mlperf/model.onnx" --samples 4096 --batch 256 --threads 0
+echo "== 3. partition: embedding side and dense side, by an exact min-cut"
+$prism partition "$out/$model/model.onnx" -o "$out/$model-part" --overwrite --verify 512
+echo
+echo "== 4. ingest the tables into the embedding store"
+rm -rf "$out/db"
+$prism ingest "$out/$model-part" --db "$out/db"
+echo
+echo "== 5. prism up: router, dense tier and embedding tier on loopback"
+log="$out/up.log"
+$prism up --model "$out/$model-part" --db "$out/db" --addr 127.0.0.1:0 >"$log" 2>&1 &
+up=$!
+trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT
+addr=""
+for _ in $(seq 1 600); do
+	addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
+	[ -n "$addr" ] && break
+	if ! kill -0 $up 2>/dev/null; then cat "$log"; echo "demo: prism up failed (log above)"; exit 1; fi
+	sleep 0.5
+done
+[ -n "$addr" ] || { cat "$log"; echo "demo: prism up did not come up"; exit 1; }
+grep "Prism is up" "$log"
+echo
+echo "== 6. load: $duration of Poisson arrivals at $rate requests/s, 100-700 candidates each (MLPerf DLRMv2's mix)"
+$prism loadgen --target "$addr" --model "$model" --plan "$out/$model-part" --rate "$rate" --duration "$duration" --out "$out/load"
+echo
+echo "report: $out/load/summary.json, $out/load/plot.png; tier logs: $log"

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/models"
+)
+
+// proc is a prism process started by a test.
+type proc struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+// startProc runs prism with args and waits for the stdout line starting
+// with ready; the rest of that line's first word is the address.
+func startProc(t *testing.T, ready string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(prismBin, args...)
+	cmd.Stderr = &testLog{t: t, prefix: args[0] + " " + args[1]}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			if i := strings.Index(line, ready); i >= 0 {
+				select {
+				case addrc <- strings.Fields(line[i+len(ready):])[0]:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case p.addr = <-addrc:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("%v: not ready", args)
+	}
+	return p
+}
+
+type testLog struct {
+	t      *testing.T
+	prefix string
+	mu     sync.Mutex
+}
+
+func (l *testLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if testing.Verbose() {
+		fmt.Fprintf(os.Stderr, "[%s] %s", l.prefix, b)
+	}
+	return len(b), nil
+}
+
+// partitioned builds a zoo preset and partitions it; returns the model
+// file, the partition folder and the config.
+func partitioned(t *testing.T, dir, name string) (string, string, models.Config) {
+	t.Helper()
+	p, err := models.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mdir := filepath.Join(dir, name)
+	if out, err := run(t, nil, "models", "build", name, "-o", mdir, "--seed", "5"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	part := filepath.Join(dir, name+"-part")
+	if out, err := run(t, nil, "partition", filepath.Join(mdir, "model.onnx"), "-o", part); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return filepath.Join(mdir, "model.onnx"), part, p.Config
+}
+
+// toRequest turns a batch into a Recommend request; inputs named in
+// context go once, from sample 0.
+func toRequest(model string, b *models.Batch, context map[string]bool) *prismv1.RecommendRequest {
+	req := &prismv1.RecommendRequest{Model: model, NumCandidates: int32(b.N), Context: &prismv1.Features{}, Candidates: &prismv1.Features{}}
+	for i, in := range b.Sig.Inputs {
+		col := b.Columns[i]
+		if context[in.Name] {
+			req.Context.Inputs = append(req.Context.Inputs, &prismv1.Input{Name: in.Name, Values: head(col.F32, in.Width), Ids: headI(col.I64, in.Width)})
+			continue
+		}
+		req.Candidates.Inputs = append(req.Candidates.Inputs, &prismv1.Input{Name: in.Name, Values: col.F32, Ids: col.I64})
+	}
+	return req
+}
+
+func head(v []float32, n int) []float32 {
+	if v == nil {
+		return nil
+	}
+	return v[:n]
+}
+
+func headI(v []int64, n int) []int64 {
+	if v == nil {
+		return nil
+	}
+	return v[:n]
+}
+
+// broadcastContext makes every sample carry sample 0's context inputs,
+// as the server does.
+func broadcastContext(b *models.Batch, context map[string]bool) {
+	for i, in := range b.Sig.Inputs {
+		if !context[in.Name] {
+			continue
+		}
+		c := &b.Columns[i]
+		for s := 1; s < b.N; s++ {
+			if c.F32 != nil {
+				copy(c.F32[s*in.Width:(s+1)*in.Width], c.F32[:in.Width])
+			}
+			if c.I64 != nil {
+				copy(c.I64[s*in.Width:(s+1)*in.Width], c.I64[:in.Width])
+			}
+		}
+	}
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestEndToEnd: `prism up` serves all three families; Recommend equals
+// the monolithic model within 1e-5; bad input gets clear statuses from
+// every tier and the servers keep serving.
+func TestEndToEnd(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	type served struct {
+		name, model, part string
+		cfg               models.Config
+	}
+	var all []served
+	args := []string{"up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db")}
+	for _, name := range []string{"dlrm-tiny", "dcnv2-tiny", "deepfm-tiny"} {
+		model, part, cfg := partitioned(t, dir, name)
+		all = append(all, served{name, model, part, cfg})
+		args = append(args, "--model", part)
+	}
+	up := startProc(t, "Prism is up: Recommend at ", args...)
+	conn := dial(t, up.addr)
+	rec := prismv1.NewRecommenderClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	for _, s := range all {
+		t.Run(s.name, func(t *testing.T) {
+			mono, err := ort.NewSession(s.model, ort.SessionOptions{IntraOpThreads: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mono.Close()
+			sig := s.cfg.Signature()
+			for _, tc := range []struct {
+				n       int
+				context map[string]bool
+			}{{1, nil}, {150, nil}, {97, map[string]bool{"dense": true, "cat_0": true}}} {
+				src, _ := models.NewSynthetic(sig, models.SyntheticOptions{Seed: uint64(tc.n)})
+				b, _ := src.Next(tc.n)
+				broadcastContext(b, tc.context)
+				want, err := mono.Run(ort.BatchInputs(b))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := rec.Recommend(ctx, toRequest(s.cfg.Name, b, tc.context))
+				if err != nil {
+					t.Fatalf("n=%d: %v", tc.n, err)
+				}
+				if len(resp.GetScores()) != tc.n {
+					t.Fatalf("%d scores for %d candidates", len(resp.GetScores()), tc.n)
+				}
+				var worst float64
+				for i, v := range resp.GetScores() {
+					worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))
+				}
+				if worst > 1e-5 {
+					t.Fatalf("n=%d: max abs error %g against the monolith", tc.n, worst)
+				}
+			}
+		})
+	}
+
+	// Bad input, each with its status; then a good request still works.
+	// Each request gets its own batch: the cases below edit them in place.
+	good := func() *prismv1.RecommendRequest {
+		src, _ := models.NewSynthetic(all[0].cfg.Signature(), models.SyntheticOptions{Seed: 1})
+		b, _ := src.Next(4)
+		return toRequest(all[0].cfg.Name, b, nil)
+	}
+	missing := good()
+	missing.Candidates.Inputs = missing.Candidates.Inputs[:5]
+	outOfRange := good()
+	outOfRange.Candidates.Inputs[3].Ids[2] = 1 << 40
+	negative := good()
+	negative.Candidates.Inputs[3].Ids[1] = -1
+	short := good()
+	short.Candidates.Inputs[0].Values = short.Candidates.Inputs[0].Values[:13*3+1]
+	unknown := good()
+	unknown.Model = "no-such-model"
+	empty := good()
+	empty.NumCandidates = 0
+	huge := good()
+	huge.NumCandidates = 100000
+	cases := []struct {
+		name string
+		req  *prismv1.RecommendRequest
+		want codes.Code
+		msg  string
+	}{
+		{"unknown model", unknown, codes.NotFound, "no-such-model"},
+		{"missing inputs", missing, codes.InvalidArgument, "cat_"},
+		{"id out of range", outOfRange, codes.InvalidArgument, ""},
+		{"negative id", negative, codes.InvalidArgument, ""},
+		{"wrong value count", short, codes.InvalidArgument, ""},
+		{"empty", empty, codes.InvalidArgument, "empty"},
+		{"over the size limit", huge, codes.InvalidArgument, "limit"},
+	}
+	for _, tc := range cases {
+		_, err := rec.Recommend(ctx, tc.req)
+		if status.Code(err) != tc.want || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+			t.Errorf("%s: %v, want %v containing %q", tc.name, err, tc.want, tc.msg)
+		}
+	}
+	past, pcancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer pcancel()
+	if _, err := rec.Recommend(past, good()); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("deadline passed: %v", err)
+	}
+	// A malformed tensor buffer straight to a dense worker, and a lookup
+	// naming an unknown model straight to an embedding worker.
+	ws, err := prismv1.NewRegistryClient(conn).List(ctx, &prismv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws.GetWorkers() {
+		c := dial(t, w.GetAddr())
+		switch w.GetRole() {
+		case "gpu":
+			_, err := prismv1.NewDenseTierClient(c).Score(ctx, &prismv1.ScoreRequest{Model: all[0].cfg.Name, NumSamples: 2, Tensors: []byte("definitely not arrow")})
+			if status.Code(err) != codes.InvalidArgument {
+				t.Errorf("malformed tensors: %v", err)
+			}
+		case "cpu":
+			_, err := prismv1.NewEmbeddingTierClient(c).Lookup(ctx, &prismv1.LookupRequest{Model: "nope", NumSamples: 1})
+			if status.Code(err) != codes.NotFound {
+				t.Errorf("lookup of an unknown model: %v", err)
+			}
+		}
+	}
+	if _, err := rec.Recommend(ctx, good()); err != nil {
+		t.Fatalf("after the bad requests: %v", err)
+	}
+}
+
+// TestDenseWorkerKilled: with two dense workers under load, killing one
+// loses no request (each is answered, with scores or an error, never
+// hangs); a restarted worker registers again and takes load.
+func TestDenseWorkerKilled(t *testing.T) {
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	router := startProc(t, "router listening on ", "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
+	gpuArgs := []string{"serve", "gpu", "--plan", part, "--router", router.addr}
+	g1 := startProc(t, "dense tier listening on ", gpuArgs...)
+	g2 := startProc(t, "dense tier listening on ", gpuArgs...)
+	startProc(t, "embedding tier listening on ", "serve", "cpu", "--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
+	conn := dial(t, router.addr)
+	reg := prismv1.NewRegistryClient(conn)
+	waitWorkers := func(gpus int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+			if err == nil {
+				n := 0
+				for _, w := range ws.GetWorkers() {
+					if w.GetRole() == "gpu" {
+						n++
+					}
+				}
+				if n == gpus {
+					return
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("never saw %d dense workers registered", gpus)
+	}
+	waitWorkers(2)
+	rec := prismv1.NewRecommenderClient(conn)
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 3})
+	b, _ := src.Next(64)
+	req := toRequest(cfg.Name, b, nil)
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok, failed, hung int
+	stop := make(chan struct{})
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := rec.Recommend(ctx, req)
+				cancel()
+				mu.Lock()
+				switch {
+				case err == nil:
+					ok++
+				case status.Code(err) == codes.DeadlineExceeded:
+					hung++
+				default:
+					failed++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	g1.cmd.Process.Kill()
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	t.Logf("with a dense worker killed mid-load: %d ok, %d errors, %d hung", ok, failed, hung)
+	if hung > 0 {
+		t.Fatalf("%d requests hung until their deadline", hung)
+	}
+	if ok == 0 {
+		t.Fatal("no request succeeded")
+	}
+	waitWorkers(1)
+	// Restart it; it registers again. Then kill the other: the restarted
+	// worker must carry the load alone.
+	startProc(t, "dense tier listening on ", gpuArgs...)
+	waitWorkers(2)
+	g2.cmd.Process.Kill()
+	waitWorkers(1)
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := rec.Recommend(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("request %d served by the restarted worker: %v", i, err)
+		}
+	}
+}
