@@ -7,7 +7,7 @@ ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
 export ORT_LIB ?= $(ORT_CACHE_LIB)
 BIN := bin/prism
 
-.PHONY: setup build test demo proto bench bench-score vet fmt clean
+.PHONY: setup build test demo proto bench bench-score bench-serve vet fmt clean
 
 setup:
 	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
@@ -32,6 +32,10 @@ demo: setup build
 
 bench: setup
 	$(GO) test -run '^$$' -bench . ./...
+
+# Disaggregated serving against the monolith (needs make demo's artifacts).
+bench-serve: setup build
+	./scripts/bench-serve.sh
 
 # Monolithic scoring throughput table for BENCHMARKS.md.
 bench-score: setup build

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Disaggregated serving against the monolith, in one run on this machine
+# (run via `make bench-serve`; needs `make demo` first, or set PLAN/DB):
+#  1. the monolithic baseline: prism score, batch 256, 1 and 2 threads;
+#  2. prism up on the same cores, closed loop at 270 candidates per
+#     request: the maximum samples/s and the per-stage breakdown (the
+#     router's stage histograms);
+#  3. open loop at 50% and 80% of that maximum, 270 candidates per
+#     request: p50/p99 against the 60 ms target.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prism=bin/prism
+out=${BENCH_DIR:-out/demo}
+model=${BENCH_MODEL:-dlrm-kaggle}
+plan=${PLAN:-$out/$model-part}
+db=${DB:-$out/db}
+clients=${CLIENTS:-8}
+dur=${DURATION:-20s}
+[ -f "$plan/plan.json" ] || { echo "bench-serve: no partition at $plan (run make demo first)"; exit 1; }
+
+mono1=$($prism score "$out/$model/model.onnx" --samples 131072 --batch 256 --threads 1 --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/')
+mono2=$($prism score "$out/$model/model.onnx" --samples 131072 --batch 256 --threads 2 --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/')
+
+log=$(mktemp)
+$prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 ${UP_FLAGS:-} >"$log" 2>&1 &
+up=$!
+trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true; rm -f "$log"' EXIT
+addr=""
+for _ in $(seq 1 1200); do
+	addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
+	[ -n "$addr" ] && break
+	kill -0 $up 2>/dev/null || { cat "$log"; exit 1; }
+	sleep 0.5
+done
+[ -n "$addr" ] || { cat "$log"; exit 1; }
+metrics=$(sed -n 's/.*router listening on [^ ]* (metrics \([^)]*\)).*/\1/p' "$log" | head -1)
+
+lg() { $prism loadgen --target "$addr" --model "$model" --plan "$plan" --candidates 270 --quiet "$@"; }
+# Warm-up (hot tier, ONNX Runtime arenas), then the measured closed loop.
+lg --clients "$clients" --duration 10s >/dev/null
+before=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
+max=$(lg --clients "$clients" --duration "$dur" | tee /dev/stderr | sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p')
+after=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
+reqs=$(awk -v m="$max" 'BEGIN{printf "%.1f", m/270}')
+echo
+echo "| measure | value |"
+echo "|---|---:|"
+echo "| monolithic, batch 256, 1 thread (samples/s) | $mono1 |"
+echo "| monolithic, batch 256, 2 threads (samples/s) | $mono2 |"
+echo "| disaggregated max, $clients clients x 270 candidates (samples/s) | $max |"
+echo "| ratio to monolithic 2 threads | $(awk -v a="$max" -v b="$mono2" 'BEGIN{printf "%.2f", a/b}') |"
+echo "| ratio to monolithic 1 thread | $(awk -v a="$max" -v b="$mono1" 'BEGIN{printf "%.2f", a/b}') |"
+echo
+echo "Per micro-batch stage means during the closed loop (router's view, embedding tier's clocks):"
+echo
+echo "| stage | mean |"
+echo "|---|---:|"
+for st in decode lookup cpu_model encode transfer dense; do
+	s0=$(grep "sum{stage=\"$st\"}" <<<"$before" | awk '{print $2}'); s1=$(grep "sum{stage=\"$st\"}" <<<"$after" | awk '{print $2}')
+	c0=$(grep "count{stage=\"$st\"}" <<<"$before" | awk '{print $2}'); c1=$(grep "count{stage=\"$st\"}" <<<"$after" | awk '{print $2}')
+	awk -v st="$st" -v s0="${s0:-0}" -v s1="${s1:-0}" -v c0="${c0:-0}" -v c1="${c1:-0}" 'BEGIN{ if (c1>c0) printf "| %s | %.3f ms |\n", st, 1000*(s1-s0)/(c1-c0) }'
+done
+echo
+echo "| offered load | req/s | p50 | p99 | within 60 ms |"
+echo "|---|---:|---:|---:|---:|"
+for pct in 50 80; do
+	rate=$(awk -v r="$reqs" -v p="$pct" 'BEGIN{printf "%.1f", r*p/100}')
+	res=$(lg --rate "$rate" --duration "$dur")
+	p50=$(sed -n 's/^latency *p50 \([^ ]*\) .*/\1/p' <<<"$res")
+	p99=$(sed -n 's/.*p99 \([^ ]*\)  p99.9.*/\1/p' <<<"$res")
+	slo=$(sed -n 's/^SLO *\([0-9.]*%\).*/\1/p' <<<"$res")
+	echo "| ${pct}% of max | $rate | $p50 | $p99 | $slo |"
+done
