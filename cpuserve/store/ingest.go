@@ -75,6 +75,18 @@ type ingestJob struct {
 // Ingest goes on where it stopped. A table is served only once all its
 // rows are in, and the version only once all its tables are.
 func (s *Store) Ingest(ctx context.Context, planDir string, o IngestOptions) (*IngestReport, error) {
+	rep, err := s.ingest(ctx, planDir, o)
+	if err != nil {
+		return nil, err
+	}
+	// The new version's rows go to the hot tier now, not miss by miss.
+	if err := s.Preload(ctx); err != nil {
+		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+	}
+	return rep, nil
+}
+
+func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*IngestReport, error) {
 	start := time.Now()
 	s.ingestMu.Lock()
 	defer s.ingestMu.Unlock()

@@ -18,6 +18,16 @@ type Options struct {
 	// value recorded at ingest (--hot-bytes), else DefaultHotBytes; a
 	// negative value disables the hot tier.
 	HotBytes int64
+	// HotBytesAutoMax, when > 0 and HotBytes is 0, sizes the hot tier to
+	// hold every row of the active tables (hot.FullBytes) if that needs at
+	// most HotBytesAutoMax bytes; otherwise the recorded or default size.
+	HotBytesAutoMax int64
+	// Preload fills the hot tier with every row of the active tables at
+	// Open and after Ingest, Activate and DropVersion, by one sequential
+	// scan per table, bypassing admission: PreloadAuto (the default) when
+	// the tier holds them all, PreloadOn until the tier is full even if
+	// they do not fit (a warm start), PreloadOff never.
+	Preload PreloadMode
 	// CacheBytes is Pebble's block cache, below the hot tier.
 	CacheBytes int64
 	// MemTableBytes is Pebble's memtable size (online upserts land there).
@@ -31,6 +41,15 @@ type Options struct {
 	ReadOnly bool
 }
 
+// PreloadMode says when the hot tier is filled from Pebble (Options.Preload).
+type PreloadMode string
+
+const (
+	PreloadAuto PreloadMode = "auto"
+	PreloadOn   PreloadMode = "on"
+	PreloadOff  PreloadMode = "off"
+)
+
 // Defaults.
 const (
 	DefaultHotBytes   = 256 << 20
@@ -42,6 +61,9 @@ const (
 func (o *Options) EnsureDefaults() *Options {
 	if o.FS == nil {
 		o.FS = vfs.Default
+	}
+	if o.Preload == "" {
+		o.Preload = PreloadAuto
 	}
 	if o.CacheBytes == 0 {
 		o.CacheBytes = DefaultCacheBytes
@@ -60,6 +82,14 @@ func (o *Options) Validate() error {
 	var errs []error
 	if o.CacheBytes < 0 {
 		errs = append(errs, fmt.Errorf("cache bytes %d < 0", o.CacheBytes))
+	}
+	switch o.Preload {
+	case "", PreloadAuto, PreloadOn, PreloadOff:
+	default:
+		errs = append(errs, fmt.Errorf("preload %q: want auto, on or off", o.Preload))
+	}
+	if o.HotBytesAutoMax < 0 {
+		errs = append(errs, fmt.Errorf("hot bytes auto max %d < 0", o.HotBytesAutoMax))
 	}
 	if o.MemTableBytes < 1<<20 {
 		errs = append(errs, fmt.Errorf("memtable bytes %d < 1 MiB", o.MemTableBytes))

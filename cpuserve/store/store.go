@@ -39,7 +39,10 @@ type Store struct {
 	updSeq  atomic.Uint64
 	m       counters
 	scratch sync.Pool
-	closed  atomic.Bool
+	// preMu serialises preloads and guards pre, their summed report.
+	preMu  sync.Mutex
+	pre    PreloadReport
+	closed atomic.Bool
 }
 
 // view is what readers see: an immutable snapshot of the active versions.
@@ -47,6 +50,8 @@ type view struct {
 	models map[string]*modelView
 	tier   *hot.Tier
 	dims   []int
+	// active is the physical tables of the active versions.
+	active map[uint32]bool
 }
 
 type modelView struct {
@@ -108,6 +113,10 @@ func Open(dir string, o *Options) (*Store, error) {
 	if !opts.ReadOnly {
 		_ = opts.FS.RemoveAll(opts.FS.PathJoin(dir, stagingDir))
 	}
+	if err := s.Preload(context.Background()); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open store %q: %w", dir, err)
+	}
 	return s, nil
 }
 
@@ -124,8 +133,14 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// hotBudget is the hot tier's bytes under the options and catalog.
-func (s *Store) hotBudget(cat *catalog) int64 {
+// hotBudget is the hot tier's bytes under the options and catalog for
+// active tables of weight (float32 bytes per row width).
+func (s *Store) hotBudget(cat *catalog, weight map[int]int64) int64 {
+	if s.opts.HotBytes == 0 && s.opts.HotBytesAutoMax > 0 && len(weight) > 0 {
+		if full := hot.FullBytes(weight); full <= s.opts.HotBytesAutoMax {
+			return full
+		}
+	}
 	switch {
 	case s.opts.HotBytes < 0:
 		return 0
@@ -143,26 +158,33 @@ func (s *Store) hotBudget(cat *catalog) int64 {
 func (s *Store) publish(cat *catalog) {
 	s.cat = cat
 	weight := map[int]int64{}
+	active := map[uint32]bool{}
 	for _, m := range cat.Models {
 		v := m.Versions[m.Active]
 		if v == nil {
 			continue
 		}
 		for _, vt := range v.Tables {
-			if t := cat.Tables[vt.Phys]; t != nil {
+			if t := cat.Tables[vt.Phys]; t != nil && !active[t.ID] {
+				active[t.ID] = true // a shared table weighs once
 				weight[t.Dim] += t.Rows * int64(t.Dim) * 4
 			}
 		}
 	}
 	dims := slices.Sorted(maps.Keys(weight))
+	budget := s.hotBudget(cat, weight)
 	old := s.view.Load()
 	var tier *hot.Tier
-	if old != nil && slices.Equal(old.dims, dims) {
+	// A complete tier is rebuilt when the active tables change (it holds
+	// exactly their rows; the old version's would crowd the new one out),
+	// and the caller preloads the new one.
+	if old != nil && slices.Equal(old.dims, dims) && old.tier.Budget() == budget &&
+		!(old.tier.Complete() && !maps.Equal(old.active, active)) {
 		tier = old.tier
 	} else {
-		tier = hot.NewTier(s.hotBudget(cat), weight)
+		tier = hot.NewTier(budget, weight)
 	}
-	nv := &view{models: map[string]*modelView{}, tier: tier, dims: dims}
+	nv := &view{models: map[string]*modelView{}, tier: tier, dims: dims, active: active}
 	for name, m := range cat.Models {
 		v := m.Versions[m.Active]
 		if v == nil {
@@ -275,6 +297,13 @@ func (s *Store) Versions(model string) ([]VersionInfo, error) {
 // lookup sees either the old version's tables or the new one's, never a
 // mix. The version it replaces stays, and Rollback returns to it.
 func (s *Store) Activate(model string, n int) error {
+	if err := s.activate(model, n); err != nil {
+		return err
+	}
+	return s.Preload(context.Background())
+}
+
+func (s *Store) activate(model string, n int) error {
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
 	m := s.cat.Models[model]
@@ -310,6 +339,13 @@ func (s *Store) Rollback(model string) error {
 // DropVersion deletes version n of model (not the active one) and the
 // rows of every table no other version names.
 func (s *Store) DropVersion(ctx context.Context, model string, n int) error {
+	if err := s.dropVersion(ctx, model, n); err != nil {
+		return err
+	}
+	return s.Preload(ctx)
+}
+
+func (s *Store) dropVersion(ctx context.Context, model string, n int) error {
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
 	m := s.cat.Models[model]

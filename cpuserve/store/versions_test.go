@@ -140,9 +140,13 @@ func TestConcurrentVersionSwitch(t *testing.T) {
 
 func TestUpsertVisibleAfterAck(t *testing.T) {
 	tabs := []*testTable{{name: "a", rows: 100, dim: 4, seed: 1}}
-	for _, dt := range []DType{Float32, Int8} {
-		t.Run(string(dt), func(t *testing.T) {
-			s, _ := openMem(t, &Options{HotBytes: 1 << 20})
+	for _, c := range []struct {
+		dt      DType
+		preload PreloadMode
+	}{{Float32, PreloadOff}, {Int8, PreloadOff}, {Float32, PreloadAuto}, {Int8, PreloadAuto}} {
+		dt := c.dt
+		t.Run(string(dt)+"/preload="+string(c.preload), func(t *testing.T) {
+			s, _ := openMem(t, &Options{HotBytes: 1 << 20, Preload: c.preload})
 			if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{DType: dt}); err != nil {
 				t.Fatal(err)
 			}

@@ -94,6 +94,11 @@ type Class struct {
 	rng    uint64
 	// recordPhase carries Record's sampling across calls.
 	recordPhase int
+	// complete: the class was built to hold every row of its tables, so
+	// admission never compares frequencies and sk stays nil (see
+	// complete.go); preloaded marks the tables Load has filled.
+	complete  bool
+	preloaded map[uint32]bool
 
 	admissions, rejections, evictions, updates atomic.Int64
 }
@@ -297,6 +302,9 @@ const RecordEvery = 4
 // Record counts a sample of the accesses (hashes) in the frequency
 // sketch. Caller holds Lock.
 func (c *Class) Record(hashes []uint64) {
+	if c.sk == nil {
+		return
+	}
 	i := c.recordPhase
 	for ; i < len(hashes); i += RecordEvery {
 		c.sk.add(hashes[i])
@@ -307,6 +315,9 @@ func (c *Class) Record(hashes []uint64) {
 // Count counts every access (hash) given in the frequency sketch, for
 // callers that sample themselves. Caller holds Lock.
 func (c *Class) Count(hashes []uint64) {
+	if c.sk == nil {
+		return
+	}
 	for _, h := range hashes {
 		c.sk.add(h)
 	}
@@ -328,6 +339,11 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 		slot = c.used
 		c.used++
 	} else {
+		if c.sk == nil {
+			// A complete class outgrown by tables attached later (a new
+			// version beside the old): admission needs frequencies now.
+			c.sk = newSketch(c.slots)
+		}
 		victim := c.sampleVictim()
 		vk := c.slotKey[victim]
 		if c.sk.estimate(h) <= c.sk.estimate(Hash(vk)) {
@@ -371,6 +387,7 @@ func (c *Class) DeleteTable(table uint32) {
 		}
 	}
 	delete(c.direct, table)
+	delete(c.preloaded, table)
 }
 
 // freeSlot moves the last used slot into s, keeping used slots dense.
@@ -474,6 +491,8 @@ func (c *Class) Stats() Stats {
 type Tier struct {
 	classes map[int]*Class
 	budget  int64
+	// complete: every class holds every row of the tables it was built for.
+	complete bool
 }
 
 // NewTier splits budget between the widths in proportion to weight (the
@@ -490,6 +509,16 @@ func NewTier(budget int64, weight map[int]int64) *Tier {
 		total += w
 	}
 	if budget <= 0 || total == 0 {
+		return t
+	}
+	if budget >= FullBytes(weight) {
+		// Everything fits: every class holds all its rows, no sketch.
+		for dim, w := range weight {
+			if c := newCompleteClass(dim, w/int64(4*dim)); c != nil {
+				t.classes[dim] = c
+			}
+		}
+		t.complete = len(t.classes) == len(weight)
 		return t
 	}
 	for dim, w := range weight {
