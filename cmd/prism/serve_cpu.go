@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -20,9 +21,9 @@ func init() { serveSubcommands = append(serveSubcommands, newServeCPUCmd) }
 // newServeCPUCmd is `prism serve cpu`: the embedding tier.
 func newServeCPUCmd() *cobra.Command {
 	var (
-		db, hotBytes, addr, metricsAddr, router, logFormat, logLevel string
-		plans                                                        []string
-		maxSamples, threads                                          int
+		db, hotBytes, preload, addr, metricsAddr, router, logFormat, logLevel string
+		plans                                                                 []string
+		maxSamples, threads                                                   int
 	)
 	cmd := &cobra.Command{
 		Use:   "cpu --db DIR --plan DIR [--plan DIR ...]",
@@ -49,15 +50,24 @@ announces itself to the router's registry (role "cpu").`,
 			if err != nil {
 				return err
 			}
-			var hot int64 = -1 // "-1" or any negative size: no hot tier
-			if !strings.HasPrefix(strings.TrimSpace(hotBytes), "-") {
-				if hot, err = parseBytes(hotBytes); err != nil {
+			so := store.Options{Preload: store.PreloadMode(preload)}
+			switch hb := strings.TrimSpace(hotBytes); {
+			case hb == "auto":
+				// Enough for every row of the served tables if that is under
+				// half the machine's memory; else the store's size.
+				if mem := physicalMemory(); mem > 0 {
+					so.HotBytesAutoMax = mem / 2
+				}
+			case strings.HasPrefix(hb, "-"):
+				so.HotBytes = -1 // any negative size: no hot tier
+			default:
+				if so.HotBytes, err = parseBytes(hb); err != nil {
 					return fmt.Errorf("--hot-bytes: %w", err)
 				}
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			st, err := store.Open(db, &store.Options{HotBytes: hot})
+			st, err := store.Open(db, &so)
 			if err != nil {
 				return err
 			}
@@ -83,6 +93,11 @@ announces itself to the router's registry (role "cpu").`,
 				return err
 			}
 			defer srv.Close()
+			if pr := st.Preloaded(); pr.Rows > 0 {
+				log.Info("hot tier preloaded", "tables", pr.Tables, "rows", pr.Rows, "bytes", pr.Bytes, "elapsed", pr.Elapsed.Round(time.Millisecond), "complete", pr.Complete)
+				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
+					pr.Rows, float64(pr.Bytes)/(1<<20), pr.Tables, pr.Elapsed.Round(time.Millisecond))
+			}
 			s, err := serve.New("cpu", serve.Options{Addr: addr, MetricsAddr: metricsAddr, Logger: log})
 			if err != nil {
 				return err
@@ -106,7 +121,8 @@ announces itself to the router's registry (role "cpu").`,
 	f := cmd.Flags()
 	f.StringVar(&db, "db", "", "embedding store directory (created if missing)")
 	f.StringArrayVar(&plans, "plan", nil, "partition folder of a model to serve (repeatable); ingested at startup if the store lacks it")
-	f.StringVar(&hotBytes, "hot-bytes", "", "hot tier size, e.g. 512MiB (default: the store's recorded size; negative disables)")
+	f.StringVar(&hotBytes, "hot-bytes", "auto", `hot tier size, e.g. 512MiB; "auto": enough to hold every row of the served models' tables when that is at most half of physical memory, else the store's recorded size (256MiB unless ingest recorded one); negative disables`)
+	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
 	f.StringVar(&router, "router", "", "router address to announce this worker to (optional)")
@@ -115,4 +131,24 @@ announces itself to the router's registry (role "cpu").`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
+}
+
+// physicalMemory is the machine's memory in bytes (MemTotal of
+// /proc/meminfo), 0 when unknown.
+func physicalMemory() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
 }
