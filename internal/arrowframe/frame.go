@@ -7,8 +7,10 @@ package arrowframe
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -26,7 +28,12 @@ type Tensor struct {
 }
 
 // Encode frames n samples of the tensors.
-func Encode(n int, ts []Tensor) ([]byte, error) {
+func Encode(n int, ts []Tensor) ([]byte, error) { return AppendEncode(nil, n, ts) }
+
+// AppendEncode frames n samples of the tensors into dst[:0]'s storage
+// (grown if needed) and returns the frame: callers that send many frames
+// reuse one buffer and spare the allocator half a megabyte per call.
+func AppendEncode(dst []byte, n int, ts []Tensor) ([]byte, error) {
 	fields := make([]arrow.Field, len(ts))
 	cols := make([]arrow.Array, len(ts))
 	defer func() {
@@ -55,11 +62,14 @@ func Encode(n int, ts []Tensor) ([]byte, error) {
 	schema := arrow.NewSchema(fields, nil)
 	rec := array.NewRecordBatch(schema, cols, int64(n))
 	defer rec.Release()
-	var buf bytes.Buffer
 	// Room for the data, 64-byte padding of every buffer, and the schema
-	// and batch messages, so the buffer grows once.
-	buf.Grow(n*rowBytes(ts) + 256*len(ts) + 8192)
-	w := ipc.NewWriter(&buf, ipc.WithSchema(schema))
+	// and batch messages, so the buffer grows at most once.
+	need := n*rowBytes(ts) + 256*len(ts) + 8192
+	if cap(dst) < need {
+		dst = make([]byte, 0, need)
+	}
+	buf := bytes.NewBuffer(dst[:0])
+	w := ipc.NewWriter(buf, ipc.WithSchema(schema))
 	if err := w.Write(rec); err != nil {
 		return nil, fmt.Errorf("encode tensors: %w", err)
 	}
@@ -86,8 +96,8 @@ var goAlloc = memory.NewGoAllocator()
 var ErrMalformed = errors.New("malformed tensor frame")
 
 // Decode reads a frame: the number of samples and the tensors, in column
-// order. The data slices alias the buffers the IPC reader filled (Go
-// memory, kept alive by the slices), so the floats are copied once.
+// order. The data slices alias b (no copy): b must stay unchanged while
+// they are in use.
 func Decode(b []byte) (n int, ts []Tensor, err error) {
 	defer func() {
 		// A hostile buffer can make the IPC reader panic; it is bad
@@ -96,7 +106,7 @@ func Decode(b []byte) (n int, ts []Tensor, err error) {
 			n, ts, err = 0, nil, fmt.Errorf("%w: %v", ErrMalformed, r)
 		}
 	}()
-	r, err := ipc.NewReader(bytes.NewReader(b), ipc.WithAllocator(goAlloc))
+	r, err := ipc.NewReaderFromMessageReader(&bytesMessages{b: b}, ipc.WithAllocator(goAlloc))
 	if err != nil {
 		return 0, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
@@ -131,3 +141,68 @@ func Decode(b []byte) (n int, ts []Tensor, err error) {
 	}
 	return n, ts, nil
 }
+
+// bytesMessages reads IPC messages straight out of a byte slice: each
+// message body is a window on the slice, not a copy (arrow-go's own
+// message reader copies every body into a new buffer).
+type bytesMessages struct {
+	b   []byte
+	off int
+	cur *ipc.Message
+}
+
+var _ ipc.MessageReader = (*bytesMessages)(nil)
+
+const continuation = 0xFFFFFFFF
+
+func (r *bytesMessages) next32() (uint32, error) {
+	if r.off+4 > len(r.b) {
+		return 0, fmt.Errorf("%w: truncated at byte %d", ErrMalformed, r.off)
+	}
+	v := binary.LittleEndian.Uint32(r.b[r.off:])
+	r.off += 4
+	return v, nil
+}
+
+func (r *bytesMessages) Message() (*ipc.Message, error) {
+	if r.off == len(r.b) {
+		return nil, io.EOF
+	}
+	v, err := r.next32()
+	if err != nil {
+		return nil, err
+	}
+	if v == continuation {
+		if v, err = r.next32(); err != nil {
+			return nil, err
+		}
+	}
+	if v == 0 {
+		return nil, io.EOF // end-of-stream marker
+	}
+	metaLen := int(v)
+	if metaLen < 4 || r.off+metaLen > len(r.b) {
+		return nil, fmt.Errorf("%w: message metadata of %d bytes at byte %d overruns the frame", ErrMalformed, metaLen, r.off)
+	}
+	if err := checkMeta(r.b[r.off : r.off+metaLen]); err != nil {
+		return nil, err
+	}
+	meta := memory.NewBufferBytes(r.b[r.off : r.off+metaLen])
+	r.off += metaLen
+	probe := ipc.NewMessage(meta, memory.NewBufferBytes(nil))
+	bodyLen := probe.BodyLen()
+	probe.Release()
+	if bodyLen < 0 || int64(r.off)+bodyLen > int64(len(r.b)) {
+		return nil, fmt.Errorf("%w: message body of %d bytes at byte %d overruns the frame", ErrMalformed, bodyLen, r.off)
+	}
+	body := memory.NewBufferBytes(r.b[r.off : r.off+int(bodyLen)])
+	r.off += int(bodyLen)
+	if r.cur != nil {
+		r.cur.Release()
+	}
+	r.cur = ipc.NewMessage(meta, body)
+	return r.cur, nil
+}
+
+func (r *bytesMessages) Retain()  {}
+func (r *bytesMessages) Release() {}
