@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -298,6 +300,37 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if _, err := rec.Recommend(ctx, good()); err != nil {
 		t.Fatalf("after the bad requests: %v", err)
+	}
+
+	// Every tier answers standard health checks and lists its services by
+	// reflection (what grpcurl and ghz rely on).
+	addrs := []string{up.addr}
+	for _, w := range ws.GetWorkers() {
+		addrs = append(addrs, w.GetAddr())
+	}
+	for _, a := range addrs {
+		c := dial(t, a)
+		h, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("%s health: %v %v", a, h.GetStatus(), err)
+		}
+		st, err := reflectpb.NewServerReflectionClient(c).ServerReflectionInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Send(&reflectpb.ServerReflectionRequest{MessageRequest: &reflectpb.ServerReflectionRequest_ListServices{}})
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatalf("%s reflection: %v", a, err)
+		}
+		var names []string
+		for _, s := range resp.GetListServicesResponse().GetService() {
+			names = append(names, s.GetName())
+		}
+		if !strings.Contains(strings.Join(names, " "), "prism.v1.") {
+			t.Errorf("%s lists %v by reflection", a, names)
+		}
+		st.CloseSend()
 	}
 }
 
