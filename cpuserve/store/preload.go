@@ -21,7 +21,8 @@ type PreloadReport struct {
 	Bytes  int64
 	// Elapsed is the time the preloads took, summed.
 	Elapsed time.Duration
-	// Complete: the hot tier holds every row of the active tables.
+	// Complete: the hot tier is sized to hold every row of the active
+	// tables (hot.FullBytes); with Preload off they still enter by misses.
 	Complete bool
 }
 

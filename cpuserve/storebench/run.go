@@ -14,8 +14,10 @@ func Run(w io.Writer, e *Env, scenario string, zipfs []float64) error {
 		return runRedis(w, e)
 	case "ltm":
 		return runLTM(w, e, zipfs)
+	case "preload":
+		return runPreload(w, e)
 	}
-	return fmt.Errorf("scenario %q: want gather, redis or ltm", scenario)
+	return fmt.Errorf("scenario %q: want gather, redis, ltm or preload", scenario)
 }
 
 func runGather(w io.Writer, e *Env) error {

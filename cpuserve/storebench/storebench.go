@@ -99,7 +99,7 @@ func Setup(cfg Config) (*Env, error) {
 	if err := e.writePlan(); err != nil {
 		return nil, err
 	}
-	s, err := store.Open(filepath.Join(cfg.Dir, "db"), &store.Options{HotBytes: cfg.HotBytes, CacheBytes: cfg.CacheBytes, NoSync: true})
+	s, err := store.Open(filepath.Join(cfg.Dir, "db"), &store.Options{HotBytes: cfg.HotBytes, CacheBytes: cfg.CacheBytes, NoSync: true, Preload: store.PreloadOff})
 	if err != nil {
 		return nil, err
 	}
