@@ -52,7 +52,7 @@ func newServeRouterCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&so.Addr, "addr", "127.0.0.1:8500", "gRPC listen address (Recommend and the registry)")
 	f.StringVar(&so.MetricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" to disable)`)
-	f.IntVar(&ro.MicroBatch, "micro-batch", 64, "candidates per micro-batch")
+	f.IntVar(&ro.MicroBatch, "micro-batch", 512, "most candidates per micro-batch (a request is cut into equal micro-batches of at most this many)")
 	f.IntVar(&ro.MaxCandidates, "max-candidates", 4096, "most candidates in one request")
 	f.Int64Var(&ro.MaxInflight, "max-inflight", 65536, "samples admitted at once; beyond it requests get ResourceExhausted")
 	f.DurationVar(&ro.Heartbeat, "heartbeat", time.Second, "worker heartbeat interval; silent for 3 intervals means removed")
