@@ -39,7 +39,10 @@ lg() { $prism loadgen --target "$addr" --model "$model" --plan "$plan" --candida
 # Warm-up (hot tier, ONNX Runtime arenas), then the measured closed loop.
 lg --clients "$clients" --duration 10s >/dev/null
 before=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
-max=$(lg --clients "$clients" --duration "$dur" | tee /dev/stderr | sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p')
+maxrun=$(lg --clients "$clients" --duration "$dur")
+echo "$maxrun" >&2
+max=$(sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p' <<<"$maxrun")
+gencpu=$(sed -n 's/^generator .*, \(.*\)$/\1/p' <<<"$maxrun")
 after=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
 reqs=$(awk -v m="$max" 'BEGIN{printf "%.1f", m/270}')
 echo
@@ -50,6 +53,7 @@ echo "| monolithic, batch 256, 2 threads (samples/s) | $mono2 |"
 echo "| disaggregated max, $clients clients x 270 candidates (samples/s) | $max |"
 echo "| ratio to monolithic 2 threads | $(awk -v a="$max" -v b="$mono2" 'BEGIN{printf "%.2f", a/b}') |"
 echo "| ratio to monolithic 1 thread | $(awk -v a="$max" -v b="$mono1" 'BEGIN{printf "%.2f", a/b}') |"
+echo "| load generator's own CPU during the max run | $gencpu |"
 echo
 echo "Per micro-batch stage means during the closed loop (router's view, embedding tier's clocks):"
 echo
@@ -61,13 +65,14 @@ for st in decode lookup cpu_model encode transfer dense; do
 	awk -v st="$st" -v s0="${s0:-0}" -v s1="${s1:-0}" -v c0="${c0:-0}" -v c1="${c1:-0}" 'BEGIN{ if (c1>c0) printf "| %s | %.3f ms |\n", st, 1000*(s1-s0)/(c1-c0) }'
 done
 echo
-echo "| offered load | req/s | p50 | p99 | within 60 ms |"
-echo "|---|---:|---:|---:|---:|"
+echo "| offered load | req/s | p50 | p99 | within 60 ms | generator CPU |"
+echo "|---|---:|---:|---:|---:|---:|"
 for pct in 50 80; do
 	rate=$(awk -v r="$reqs" -v p="$pct" 'BEGIN{printf "%.1f", r*p/100}')
 	res=$(lg --rate "$rate" --duration "$dur")
 	p50=$(sed -n 's/^latency *p50 \([^ ]*\) .*/\1/p' <<<"$res")
 	p99=$(sed -n 's/.*p99 \([^ ]*\)  p99.9.*/\1/p' <<<"$res")
 	slo=$(sed -n 's/^SLO *\([0-9.]*%\).*/\1/p' <<<"$res")
-	echo "| ${pct}% of max | $rate | $p50 | $p99 | $slo |"
+	cpu=$(sed -n 's/^generator .*, \(.*\)$/\1/p' <<<"$res")
+	echo "| ${pct}% of max | $rate | $p50 | $p99 | $slo | $cpu |"
 done
