@@ -67,11 +67,13 @@ func (o *Options) Validate() error {
 // calls Close after it has stopped taking requests.
 type Server struct {
 	prismv1.UnimplementedDenseTierServer
-	opts    Options
-	log     *slog.Logger
-	models  map[string]*model
-	names   []string
-	device  string
+	opts   Options
+	log    *slog.Logger
+	models map[string]*model
+	names  []string
+	device string
+	// cuda: sessions run on the CUDA execution provider.
+	cuda    bool
 	metrics *metrics
 
 	mu     sync.RWMutex
@@ -103,7 +105,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.device = s.chooseDevice()
 	for _, dir := range o.Plans {
-		m, err := loadModel(dir, o)
+		m, err := loadModel(dir, o, s.cuda)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -148,12 +150,21 @@ func (s *Server) chooseDevice() string {
 			"devices", strings.Join(found, ","), "driver", d.DriverVersion, "cuda_visible_devices", pinned, "ort_lib", ort.LibraryPath())
 		return "cpu"
 	}
-	s.log.Warn("ONNX Runtime has the CUDA execution provider, but dense sessions are created on the CPU execution provider in this build",
-		"devices", strings.Join(found, ","), "cuda_visible_devices", pinned)
-	return "cpu"
+	// The worker runs on the device CUDA numbers 0: the one its
+	// CUDA_VISIBLE_DEVICES pins (prism up starts one worker per GPU or MIG
+	// slice that way), else the first GPU.
+	dev := d.Devices[0]
+	for _, cand := range d.Devices {
+		if pinned != "" && (cand.VisibleDevices() == pinned || cand.UUID == pinned) {
+			dev = cand
+		}
+	}
+	s.cuda = true
+	s.log.Info("serving on the CUDA execution provider", "device", string(dev.Kind)+" "+dev.UUID, "name", dev.Name, "cuda_visible_devices", pinned)
+	return string(dev.Kind) + " " + dev.UUID
 }
 
-func loadModel(dir string, o Options) (*model, error) {
+func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	plan, err := partitioner.ReadPlan(dir)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
@@ -189,7 +200,7 @@ func loadModel(dir string, o Options) (*model, error) {
 		}
 	}
 	path := filepath.Join(dir, plan.DenseModel)
-	if m.session, err = ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads}); err != nil {
+	if m.session, err = ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, CUDA: cuda}); err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	if got := m.session.InputNames(); !sameNames(got, plan.Cut) {

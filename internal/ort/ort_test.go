@@ -62,3 +62,25 @@ func TestFindLibrary(t *testing.T) {
 		}
 	})
 }
+
+// TestCUDARefusedClearly: asking the CPU build for CUDA is an error that
+// says so, not a crash. (On a CUDA build the session loads.)
+func TestCUDARefusedClearly(t *testing.T) {
+	if err := Init(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.onnx")
+	// The smallest model: Y = Identity(X).
+	if err := os.WriteFile(path, identityModel(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSession(path, SessionOptions{CUDA: true})
+	if err == nil {
+		s.Close()
+		t.Skip("this ONNX Runtime has the CUDA execution provider")
+	}
+	if !strings.Contains(err.Error(), "CUDA") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -14,6 +14,13 @@ type SessionOptions struct {
 	IntraOpThreads int
 	// InterOpThreads is the pool for running operators in parallel; 0: 1.
 	InterOpThreads int
+	// CUDA runs the session on the CUDA execution provider, on device
+	// CUDADevice of those the process sees (CUDA_VISIBLE_DEVICES pins a
+	// worker to one GPU or MIG slice, which is then device 0). It needs an
+	// ONNX Runtime build with CUDA (ORT_LIB); the CPU build `make setup`
+	// installs refuses it with an error.
+	CUDA       bool
+	CUDADevice int
 }
 
 // Input is one named float32 or int64 input of a Run.
@@ -55,6 +62,19 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 	inter := max(opts.InterOpThreads, 1)
 	if err := so.SetInterOpNumThreads(inter); err != nil {
 		return nil, fmt.Errorf("session options: %w", err)
+	}
+	if opts.CUDA {
+		po, err := ort.NewCUDAProviderOptions()
+		if err != nil {
+			return nil, fmt.Errorf("load model %q on CUDA: %w", path, err)
+		}
+		defer po.Destroy()
+		if err := po.Update(map[string]string{"device_id": fmt.Sprint(opts.CUDADevice)}); err != nil {
+			return nil, fmt.Errorf("load model %q on CUDA: %w", path, err)
+		}
+		if err := so.AppendExecutionProviderCUDA(po); err != nil {
+			return nil, fmt.Errorf("load model %q on CUDA: %w", path, err)
+		}
 	}
 	names := func(infos []ort.InputOutputInfo) []string {
 		out := make([]string, len(infos))
