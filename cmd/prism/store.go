@@ -30,7 +30,7 @@ func newStoreBenchCmd() *cobra.Command {
 		zipfs                    []float64
 	)
 	cmd := &cobra.Command{
-		Use:   "bench --work DIR [--scenario gather|redis|ltm]",
+		Use:   "bench --work DIR [--scenario gather|redis|ltm|preload]",
 		Short: "Measure the store against a raw gather, Redis, and larger than memory",
 		Long: `Bench builds zoo-shaped tables (seeded), ingests them into a store under
 --work (kept for later runs), and measures lookups of Zipf batches:
@@ -95,7 +95,7 @@ func newStoreBenchCmd() *cobra.Command {
 	f.StringVar(&hot, "hot-bytes", "1GiB", "hot tier size")
 	f.StringVar(&cache, "cache-bytes", "256MiB", "Pebble block cache size")
 	f.StringVar(&dtype, "dtype", "float32", "stored dtype")
-	f.StringVar(&scenario, "scenario", "gather", "gather, redis or ltm")
+	f.StringVar(&scenario, "scenario", "gather", "gather, redis, ltm or preload")
 	f.StringVar(&cpuprof, "cpuprofile", "", "write a CPU profile of the measured part")
 	_ = cmd.MarkFlagRequired("work")
 	return cmd
