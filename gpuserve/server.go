@@ -29,6 +29,8 @@ type Options struct {
 	Batch BatchOptions
 	// Threads is ONNX Runtime's intra-op pool size per model (0: one per core).
 	Threads int
+	// Spin lets ONNX Runtime's idle threads spin (see ort.SessionOptions).
+	Spin bool
 	// MaxSamples bounds one Score request (default 4096, at most
 	// Batch.MaxQueue: a request the queue could never hold is refused as
 	// too large rather than as overload).
@@ -200,7 +202,7 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 		}
 	}
 	path := filepath.Join(dir, plan.DenseModel)
-	if m.session, err = ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, CUDA: cuda}); err != nil {
+	if m.session, err = ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, CUDA: cuda, Spin: o.Spin}); err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	if got := m.session.InputNames(); !sameNames(got, plan.Cut) {

@@ -22,6 +22,7 @@ func newServeGPUCmd() *cobra.Command {
 		maxBatch, maxQueue        int
 		maxDelay                  time.Duration
 		maxSamples, threads       int
+		spin                      bool
 		maxMessage                int
 		logFormat, logLevel       string
 	)
@@ -48,6 +49,7 @@ Once serving it prints one line, "dense tier listening on ADDR", to stdout.`,
 				Plans:      plans,
 				Batch:      gpuserve.BatchOptions{MaxBatch: maxBatch, MaxDelay: maxDelay, MaxQueue: maxQueue},
 				Threads:    threads,
+				Spin:       spin,
 				MaxSamples: maxSamples,
 				NVML:       nvml.New(),
 				Logger:     log.With("tier", "dense"),
@@ -93,6 +95,7 @@ Once serving it prints one line, "dense tier listening on ADDR", to stdout.`,
 	f.IntVar(&maxQueue, "max-queue", 0, "most samples queued or running per model before ResourceExhausted (0: 64 batches)")
 	f.IntVar(&maxSamples, "max-samples", 4096, "most samples in one Score request (more: InvalidArgument)")
 	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads per model (0: one per core)")
+	f.BoolVar(&spin, "spin", false, "let ONNX Runtime's idle threads spin-wait (faster wake-up; steals CPU from tiers sharing the machine)")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest Score request accepted")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")

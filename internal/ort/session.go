@@ -21,6 +21,10 @@ type SessionOptions struct {
 	// installs refuses it with an error.
 	CUDA       bool
 	CUDADevice int
+	// Spin lets idle intra-op threads spin-wait for work (ONNX Runtime's
+	// default). Off, they sleep: slower to wake, but they leave the cores to
+	// the other tiers when Prism shares a machine.
+	Spin bool
 }
 
 // Input is one named float32 or int64 input of a Run.
@@ -62,6 +66,11 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 	inter := max(opts.InterOpThreads, 1)
 	if err := so.SetInterOpNumThreads(inter); err != nil {
 		return nil, fmt.Errorf("session options: %w", err)
+	}
+	if !opts.Spin && opts.IntraOpThreads != 1 {
+		if err := so.AddSessionConfigEntry("session.intra_op.allow_spinning", "0"); err != nil {
+			return nil, fmt.Errorf("session options: %w", err)
+		}
 	}
 	if opts.CUDA {
 		po, err := ort.NewCUDAProviderOptions()
