@@ -142,8 +142,18 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 	b.sending.Add(1)
 	b.mu.Unlock()
 	p := &pending{ctx: ctx, req: req, done: make(chan result, 1)}
-	b.queue <- p
-	b.sending.Done()
+	select {
+	case b.queue <- p:
+		b.sending.Done()
+	case <-ctx.Done():
+		// The channel is full of small requests: give up at the deadline
+		// instead of blocking past it.
+		b.sending.Done()
+		b.mu.Lock()
+		b.queued -= req.N
+		b.mu.Unlock()
+		return nil, ctx.Err()
+	}
 	select {
 	case r := <-p.done:
 		return r.out, r.err
@@ -213,15 +223,13 @@ func (b *Batcher) loop(r Runner) {
 
 // run scores one batch and hands each request its rows.
 func (b *Batcher) run(r Runner, batch []*pending) {
-	live := batch[:0]
+	var all int
+	live := make([]*pending, 0, len(batch))
 	for _, p := range batch {
+		all += p.req.N
 		if p.ctx.Err() == nil {
 			live = append(live, p)
 		}
-	}
-	var all int
-	for _, p := range batch {
-		all += p.req.N
 	}
 	// Samples count against MaxQueue until their run is over, so the
 	// bound covers work in flight as well as work waiting.

@@ -143,3 +143,44 @@ func TestBatcherErrorsAndBadInput(t *testing.T) {
 		t.Fatal("empty request accepted")
 	}
 }
+
+// TestCancelledRequestsLeaveNoDebt: requests cancelled while queued are
+// dropped, and the queue count returns to zero (it used to drift upwards
+// with every cancellation until the batcher refused everything).
+func TestCancelledRequestsLeaveNoDebt(t *testing.T) {
+	r := &sumRunner{gate: make(chan struct{})}
+	b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 64, MaxDelay: 20 * time.Millisecond})
+	defer b.Close()
+	blocker := make(chan error)
+	go func() { _, err := b.Submit(context.Background(), req(1, 0)); blocker <- err }()
+	for b.QueueDepth() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(30 * time.Millisecond) // the first run is now blocked in the runner
+	ctx, cancel := context.WithCancel(context.Background())
+	cancelled := make(chan error)
+	go func() { _, err := b.Submit(ctx, req(10, 0)); cancelled <- err }()
+	live := make(chan error)
+	go func() { _, err := b.Submit(context.Background(), req(5, 0)); live <- err }()
+	for b.QueueDepth() < 16 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	close(r.gate)
+	if err := <-blocker; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-live; err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for b.QueueDepth() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if d := b.QueueDepth(); d != 0 {
+		t.Fatalf("queue depth %d after everything finished", d)
+	}
+}

@@ -30,6 +30,7 @@ func checkMeta(meta []byte) (err error) {
 		rbLength      = 4  // RecordBatch.length
 		rbNodes       = 6  // RecordBatch.nodes (struct FieldNode, 16 bytes)
 		rbBuffers     = 8  // RecordBatch.buffers (struct Buffer, 16 bytes)
+		rbCompression = 10 // RecordBatch.compression
 	)
 	const msgMeta = 12 // Message.custom_metadata
 	if _, err := vector(msg, msgMeta, 4); err != nil {
@@ -55,6 +56,12 @@ func checkMeta(meta []byte) (err error) {
 			}
 		}
 	case 3: // RecordBatch
+		// A compressed body states its uncompressed size in its first
+		// bytes and arrow-go allocates that much unchecked: Prism never
+		// compresses frames, so none are accepted.
+		if hdr.Offset(rbCompression) != 0 {
+			return fmt.Errorf("%w: compressed frames are not accepted", ErrMalformed)
+		}
 		// Every row of a FixedSizeList<float32> column takes at least 4
 		// body bytes, so a batch cannot have more rows than that allows.
 		body := msg.GetInt64Slot(msgBodyLength, 0)
