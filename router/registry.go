@@ -31,6 +31,9 @@ type Registry struct {
 	now       func() time.Time
 	heartbeat time.Duration
 	workers   map[string]*worker
+	// known holds every model any worker ever announced: a known model
+	// without live workers is Unavailable (retry), an unknown one NotFound.
+	known map[string]bool
 	// changed is closed and replaced whenever the set of workers changes.
 	changed chan struct{}
 }
@@ -48,7 +51,7 @@ func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
 	if now == nil {
 		now = time.Now
 	}
-	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, changed: make(chan struct{})}
+	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, known: map[string]bool{}, changed: make(chan struct{})}
 }
 
 func (r *Registry) notify() {
@@ -70,6 +73,9 @@ func (r *Registry) Announce(_ context.Context, req *prismv1.AnnounceRequest) (*p
 		r.workers[w.GetId()] = e
 	}
 	e.info, e.lastSeen = w, r.now()
+	for _, m := range w.GetModels() {
+		r.known[m] = true
+	}
 	if !ok {
 		r.notify()
 	}
@@ -175,6 +181,13 @@ func (r *Registry) Pick(role, model string, n int64, exclude []string) (w *prism
 			r.mu.Unlock()
 		})
 	}, nil
+}
+
+// Known says whether some worker ever served model.
+func (r *Registry) Known(model string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.known[model]
 }
 
 // Models lists the models some worker of each role serves.

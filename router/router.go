@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -39,7 +40,10 @@ type Options struct {
 	MaxInflight int64
 	// Heartbeat is the interval workers announce at (default 1s).
 	Heartbeat time.Duration
-	Logger    *slog.Logger
+	// DefaultTimeout bounds a request whose client set no deadline
+	// (default 30s), so a stalled worker cannot hold admission forever.
+	DefaultTimeout time.Duration
+	Logger         *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -55,6 +59,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = time.Second
+	}
+	if o.DefaultTimeout <= 0 {
+		o.DefaultTimeout = 30 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -98,23 +105,21 @@ func New(o Options, reg prometheus.Registerer) *Router {
 	return r
 }
 
-// Run expires silent workers until ctx ends.
+// Run expires silent workers until ctx ends. Cancel it only after the
+// gRPC server has drained (requests in flight still need the workers),
+// then call Close.
 func (r *Router) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.Heartbeat)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			r.connMu.Lock()
-			for _, c := range r.conns {
-				c.Close()
-			}
-			r.connMu.Unlock()
 			return
 		case <-t.C:
 			for _, id := range r.Reg.Expire() {
 				r.log.Warn("worker stopped answering; removed", "worker", id)
 			}
+			r.dropConns()
 			ws, _ := r.Reg.List(ctx, nil)
 			counts := map[string]int{RoleCPU: 0, RoleGPU: 0}
 			for _, w := range ws.GetWorkers() {
@@ -127,6 +132,35 @@ func (r *Router) Run(ctx context.Context) {
 	}
 }
 
+// Close closes the connections to the workers.
+func (r *Router) Close() {
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
+	for addr, c := range r.conns {
+		c.Close()
+		delete(r.conns, addr)
+	}
+}
+
+// dropConns closes connections to addresses no registered worker has:
+// workers come and go (capacity borrowing) and their connections must not
+// pile up.
+func (r *Router) dropConns() {
+	live := map[string]bool{}
+	ws, _ := r.Reg.List(context.Background(), nil)
+	for _, w := range ws.GetWorkers() {
+		live[w.GetAddr()] = true
+	}
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
+	for addr, c := range r.conns {
+		if !live[addr] {
+			c.Close()
+			delete(r.conns, addr)
+		}
+	}
+}
+
 func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 	r.connMu.Lock()
 	defer r.connMu.Unlock()
@@ -134,7 +168,10 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 		return c, nil
 	}
 	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)),
+		// Keepalive notices a worker that vanished without closing its
+		// connections (a lost node), so calls to it fail instead of hanging.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}))
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +194,15 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d samples in flight, limit %d; retry later", cur-int64(n), r.opts.MaxInflight)
 	}
 	defer r.inflight.Add(-int64(n))
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)
+		defer cancel()
+	}
+	// The first failing micro-batch cancels its siblings: the request has
+	// failed, and their work and admission are better spent elsewhere.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
 	// k micro-batches of near-equal size: 270 candidates at 256 per
 	// micro-batch are two of 135, not 256 and a 14-sample straggler.
@@ -177,16 +223,23 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 			out, err := r.microBatch(ctx, req, sub, hi-lo)
 			if err != nil {
 				errs[i] = err
+				cancel()
 				return
 			}
 			copy(scores[lo:hi], out)
 		}()
 	}
 	wg.Wait()
+	// Siblings cancelled after the first failure report Canceled; the
+	// first other error is the cause.
+	var first error
 	for _, err := range errs {
-		if err != nil {
-			return nil, err
+		if err != nil && (first == nil || status.Code(first) == codes.Canceled) {
+			first = err
 		}
+	}
+	if first != nil {
+		return nil, first
 	}
 	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: req.GetVersion(), RequestId: req.GetRequestId()}, nil
 }
@@ -223,6 +276,9 @@ func (r *Router) validate(req *prismv1.RecommendRequest) error {
 	}
 	cpu, gpu := r.Reg.Models()
 	if !slices.Contains(cpu, req.GetModel()) && !slices.Contains(gpu, req.GetModel()) {
+		if r.Reg.Known(req.GetModel()) {
+			return status.Errorf(codes.Unavailable, "model %q has no live workers right now; retry", req.GetModel())
+		}
 		return status.Errorf(codes.NotFound, "model %q is not served (served: %v)", req.GetModel(), cpu)
 	}
 	for _, in := range req.GetCandidates().GetInputs() {

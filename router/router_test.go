@@ -141,8 +141,10 @@ func TestRetryOnOtherReplica(t *testing.T) {
 			t.Fatalf("a failed replica was not retried around: %v", err)
 		}
 	}
+	// Three micro-batches at once spread over both replicas (the second
+	// pick sees the first one's charge), so the failing one was tried.
 	if bad.calls.Load() == 0 {
-		t.Skip("the failing replica was never picked; nothing to retry")
+		t.Fatal("the failing replica was never picked: the retry path went untested")
 	}
 	// With every replica failing the error comes back, never a hang.
 	r2 := newRouter(t, Options{}, &fakeCN{fail: true})
@@ -194,5 +196,32 @@ func TestBadRequests(t *testing.T) {
 	// And it keeps serving.
 	if _, err := r.Recommend(context.Background(), request(5)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDefaultTimeoutAndKnownModels: a request without a deadline gets the
+// router's own; a model whose workers all left is Unavailable, not NotFound.
+func TestDefaultTimeoutAndKnownModels(t *testing.T) {
+	stuck := &fakeCN{delay: time.Hour}
+	r := newRouter(t, Options{DefaultTimeout: 100 * time.Millisecond}, stuck)
+	start := time.Now()
+	if _, err := r.Recommend(context.Background(), request(2)); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("no client deadline, stuck worker: %v", err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("took %s", el)
+	}
+	if n := r.inflight.Load(); n != 0 {
+		t.Fatalf("%d samples still admitted", n)
+	}
+	ws, _ := r.Reg.List(context.Background(), nil)
+	for _, w := range ws.GetWorkers() {
+		r.Reg.Remove(w.GetId())
+	}
+	if _, err := r.Recommend(context.Background(), request(1)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("known model, no workers: %v", err)
+	}
+	if _, err := r.Recommend(context.Background(), &prismv1.RecommendRequest{Model: "never", NumCandidates: 1}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown model: %v", err)
 	}
 }

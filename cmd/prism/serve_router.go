@@ -42,11 +42,16 @@ func newServeRouterCmd() *cobra.Command {
 			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
 			ctx, stop := signalContext()
 			defer stop()
-			rctx, cancel := context.WithCancel(ctx)
-			defer cancel()
+			// The registry's upkeep and the worker connections outlive the
+			// signal: requests in flight still need them while the server
+			// drains. They stop after Serve returns.
+			rctx, cancel := context.WithCancel(context.Background())
 			go r.Run(rctx)
 			fmt.Fprintf(cmd.OutOrStdout(), "router listening on %s (metrics %s)\n", s.Addr(), s.MetricsAddr())
-			return s.Serve(ctx)
+			err = s.Serve(ctx)
+			cancel()
+			r.Close()
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -56,6 +61,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.IntVar(&ro.MaxCandidates, "max-candidates", 4096, "most candidates in one request")
 	f.Int64Var(&ro.MaxInflight, "max-inflight", 65536, "samples admitted at once; beyond it requests get ResourceExhausted")
 	f.DurationVar(&ro.Heartbeat, "heartbeat", time.Second, "worker heartbeat interval; silent for 3 intervals means removed")
+	f.DurationVar(&ro.DefaultTimeout, "default-timeout", 30*time.Second, "deadline of a request whose client set none")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest request accepted")
 	f.DurationVar(&so.ShutdownGrace, "shutdown-grace", 10*time.Second, "time in-flight requests get at shutdown")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")

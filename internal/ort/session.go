@@ -3,6 +3,7 @@ package ort
 import (
 	"fmt"
 	"runtime"
+	"sync"
 
 	ort "github.com/yalue/onnxruntime_go"
 )
@@ -41,7 +42,10 @@ type Session struct {
 	path    string
 	inputs  []ort.InputOutputInfo
 	outputs []ort.InputOutputInfo
-	s       *ort.DynamicAdvancedSession
+	// mu guards s: Run holds it shared, Close exclusively, so a session is
+	// never destroyed under a running call.
+	mu sync.RWMutex
+	s  *ort.DynamicAdvancedSession
 }
 
 // NewSession loads the model at path (external data is read from beside it).
@@ -154,7 +158,17 @@ func (s *Session) Run(in []Input) ([][]float32, error) {
 		}
 	}
 	outs := make([]ort.Value, len(s.outputs))
-	if err := s.s.Run(values, outs); err != nil {
+	s.mu.RLock()
+	if s.s == nil {
+		s.mu.RUnlock()
+		return nil, fmt.Errorf("run %q: session closed", s.path)
+	}
+	err := s.s.Run(values, outs)
+	s.mu.RUnlock()
+	// The finalizer set in NewSession must not run while a call is inside
+	// ONNX Runtime.
+	runtime.KeepAlive(s)
+	if err != nil {
 		return nil, fmt.Errorf("run %q: %w", s.path, err)
 	}
 	res := make([][]float32, len(outs))
@@ -176,6 +190,8 @@ func (s *Session) Run(in []Input) ([][]float32, error) {
 
 // Close frees the session. It is safe to call more than once.
 func (s *Session) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.s == nil {
 		return nil
 	}

@@ -112,6 +112,9 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		grpc.MaxSendMsgSize(o.MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(s.unaryMetrics),
 		grpc.ChainStreamInterceptor(s.streamMetrics),
+		// Stop (after the grace period) waits for handlers to return, so
+		// a tier never frees what a handler still uses.
+		grpc.WaitForHandlers(true),
 	}, extra...)
 	s.GRPC = grpc.NewServer(opts...)
 	s.Health = health.NewServer()
@@ -147,7 +150,11 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.Log.Info("serving", "addr", s.Addr(), "metrics", s.MetricsAddr())
 	select {
 	case err := <-errc:
-		return err
+		s.GRPC.Stop()
+		if s.http != nil {
+			s.http.Close()
+		}
+		return fmt.Errorf("%s: serve: %w", s.name, err)
 	case <-ctx.Done():
 	}
 	s.Log.Info("shutting down", "grace", s.opts.ShutdownGrace)
