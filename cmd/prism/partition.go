@@ -39,6 +39,9 @@ and prints a report.`,
 			}
 			var bar *progress.Bar
 			o.TableProgress = func(done, total int64) {
+				if total < 64<<20 {
+					return // small tables are written before a bar would help
+				}
 				if bar == nil {
 					bar = progress.New(cmd.ErrOrStderr(), "writing tables", total, true)
 				}

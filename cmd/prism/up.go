@@ -78,11 +78,18 @@ type child struct {
 	ready string // stdout prefix announcing the listen address
 	mu    sync.Mutex
 	cmd   *exec.Cmd
+	// done is closed when the current process has exited; err is then
+	// its exit status. One goroutine per process calls Wait.
+	done chan struct{}
+	err  error
 }
 
 func (c *child) start(exe string, timeout time.Duration) (string, error) {
 	cmd := exec.Command(exe, c.args...)
 	cmd.Env = append(os.Environ(), c.env...)
+	// Its own process group: a Ctrl-C at the terminal reaches up alone,
+	// which then stops the tiers in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Stderr = prefixWriter(os.Stderr, "["+c.name+"] ")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -91,8 +98,9 @@ func (c *child) start(exe string, timeout time.Duration) (string, error) {
 	if err := cmd.Start(); err != nil {
 		return "", fmt.Errorf("start %s: %w", c.name, err)
 	}
+	done := make(chan struct{})
 	c.mu.Lock()
-	c.cmd = cmd
+	c.cmd, c.done = cmd, done
 	c.mu.Unlock()
 	addrc := make(chan string, 1)
 	go func() {
@@ -109,16 +117,22 @@ func (c *child) start(exe string, timeout time.Duration) (string, error) {
 		if !sent {
 			close(addrc)
 		}
+		err := cmd.Wait()
+		c.mu.Lock()
+		c.err = err
+		c.mu.Unlock()
+		close(done)
 	}()
 	select {
 	case addr, ok := <-addrc:
 		if !ok {
-			cmd.Wait()
+			<-done
 			return "", fmt.Errorf("%s exited before it was ready (see its log above)", c.name)
 		}
 		return addr, nil
 	case <-time.After(timeout):
 		cmd.Process.Kill()
+		<-done
 		return "", fmt.Errorf("%s not ready after %s", c.name, timeout)
 	}
 }
@@ -131,11 +145,31 @@ func (c *child) signal(sig os.Signal) {
 	}
 }
 
+// wait blocks until the current process exits (at once if none started).
 func (c *child) wait() error {
 	c.mu.Lock()
-	cmd := c.cmd
+	done := c.done
 	c.mu.Unlock()
-	return cmd.Wait()
+	if done == nil {
+		return nil
+	}
+	<-done
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// stop sends SIGTERM and waits up to grace for the exit, then kills.
+func (c *child) stop(grace time.Duration) {
+	c.signal(syscall.SIGTERM)
+	exited := make(chan struct{})
+	go func() { c.wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		c.signal(os.Kill)
+		<-exited
+	}
 }
 
 func runUp(cmd *cobra.Command, f upFlags) error {
@@ -160,24 +194,23 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 	ctx, stop := signalContext()
 	defer stop()
 
+	// Stop order: the router first (it drains the requests in flight,
+	// which still need both tiers), then the embedding workers (whose
+	// last lookups still call the dense workers), then the dense workers.
 	var children []*child
+	stopping := make(chan struct{})
 	shutdown := func() {
-		for i := len(children) - 1; i >= 0; i-- {
-			children[i].signal(syscall.SIGTERM)
-		}
-		done := make(chan struct{})
-		go func() {
+		close(stopping)
+		order := map[string]int{"router": 0, "cpu": 1, "gpu": 2}
+		for stage := range 3 {
+			var wg sync.WaitGroup
 			for _, c := range children {
-				c.wait()
+				if order[strings.TrimRight(c.name, "0123456789")] == stage {
+					wg.Add(1)
+					go func() { defer wg.Done(); c.stop(15 * time.Second) }()
+				}
 			}
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			for _, c := range children {
-				c.signal(os.Kill)
-			}
+			wg.Wait()
 		}
 	}
 	defer shutdown()
@@ -205,8 +238,10 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 	}
 	workers := gpuserve.Plan(disc)
 	if f.gpuWorkers > 0 {
+		// More workers than devices share the devices round-robin.
+		base := len(workers)
 		for len(workers) < f.gpuWorkers {
-			workers = append(workers, workers[len(workers)%len(workers)])
+			workers = append(workers, workers[len(workers)%base])
 		}
 		workers = workers[:f.gpuWorkers]
 	}
@@ -243,6 +278,11 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 		go func() {
 			for {
 				err := c.wait()
+				select {
+				case <-stopping:
+					return
+				default:
+				}
 				if ctx.Err() != nil {
 					return
 				}
