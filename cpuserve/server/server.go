@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -79,6 +80,7 @@ type Server struct {
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn // dense workers by address
+	used  map[string]time.Time        // last use of each conn, to evict the oldest
 
 	outstanding atomic.Int64
 	met         *metrics
@@ -168,11 +170,29 @@ func (s *Server) Collectors() []prometheus.Collector {
 func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.used == nil {
+		s.used = map[string]time.Time{}
+	}
 	c := s.conns[addr]
 	if c == nil {
+		// dense_addr comes from the request (the router picks the dense
+		// worker), so the cache is bounded: workers come and go, and the
+		// least recently used connection makes room for a new one.
+		if len(s.conns) >= maxDenseConns {
+			oldest := ""
+			for a := range s.conns {
+				if oldest == "" || s.used[a].Before(s.used[oldest]) {
+					oldest = a
+				}
+			}
+			s.conns[oldest].Close()
+			delete(s.conns, oldest)
+			delete(s.used, oldest)
+		}
 		opts := append([]grpc.DialOption{
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		}, s.opts.DialOptions...)
 		var err error
 		if c, err = grpc.NewClient(addr, opts...); err != nil {
@@ -180,8 +200,13 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 		}
 		s.conns[addr] = c
 	}
+	s.used[addr] = time.Now()
 	return prismv1.NewDenseTierClient(c), nil
 }
+
+// maxDenseConns bounds the dense-worker connections one embedding worker
+// keeps open.
+const maxDenseConns = 64
 
 // ctxErr is the status of a request whose context has ended.
 func ctxErr(ctx context.Context, where string) error {
@@ -332,6 +357,10 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int) error {
 				}
 			} else {
 				w = ids.w
+			}
+			if w == nil {
+				// Pooling without them would silently score wrong.
+				return badInput("model %q: lookup of %q needs per-id weights: send input %q, or weights on input %q", m.name, l.Input, l.Weights, l.Input)
 			}
 		}
 		once[i] = ids.ctx && wctx
