@@ -132,14 +132,13 @@ type RequestOptions struct {
 // Requests builds requests one after another, reproducibly for a seed.
 // It is not safe for concurrent use; the runner owns one.
 type Requests struct {
-	o     RequestOptions
-	r     *rand.Rand
-	src   models.Source
-	rows  *models.Batch // Criteo rows, replayed cyclically
-	next  int
-	ctx   []bool // per input: in the context
-	seq   uint64
-	label string
+	o    RequestOptions
+	r    *rand.Rand
+	src  models.Source
+	rows *models.Batch // Criteo rows, replayed cyclically
+	next int
+	ctx  []bool // per input: in the context
+	seq  uint64
 }
 
 // NewRequests checks o and returns its request stream.
@@ -197,14 +196,13 @@ func (q *Requests) draw(n int) (*models.Batch, error) {
 	}
 	// Wrap around: copy the rows into a fresh batch.
 	out := &models.Batch{N: n, Sig: q.rows.Sig, Columns: make([]models.Column, len(q.rows.Columns))}
-	for i := range n {
+	for range n {
 		row := q.rows.Slice(q.next, q.next+1)
 		for c := range out.Columns {
 			out.Columns[c].F32 = append(out.Columns[c].F32, row.Columns[c].F32...)
 			out.Columns[c].I64 = append(out.Columns[c].I64, row.Columns[c].I64...)
 		}
 		q.next = (q.next + 1) % q.rows.N
-		_ = i
 	}
 	return out, nil
 }

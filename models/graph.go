@@ -33,9 +33,8 @@ func TableName(k int) string { return fmt.Sprintf("emb_l.%d.weight", k) }
 // graphBuilder emits nodes the way torch.onnx.export does: one node per
 // op, initializers for weights, constants as initializers.
 type graphBuilder struct {
-	g    *pb.GraphProto
-	seq  map[string]int
-	prod string
+	g   *pb.GraphProto
+	seq map[string]int
 }
 
 func newGraphBuilder(name string) *graphBuilder {

@@ -190,15 +190,6 @@ func attrInts(n *pb.NodeProto, name string) ([]int64, bool) {
 	return nil, false
 }
 
-func attrFloat(n *pb.NodeProto, name string, def float32) float32 {
-	for _, a := range n.GetAttribute() {
-		if a.GetName() == name {
-			return a.GetF()
-		}
-	}
-	return def
-}
-
 // constInts returns the values of an int64 initializer or Constant node
 // output (small constants such as axes and shapes).
 func (g *Graph) constInts(name string) ([]int64, bool) {

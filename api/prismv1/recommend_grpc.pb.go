@@ -39,7 +39,8 @@ type RecommenderClient interface {
 	// Recommend scores the candidates of one request.
 	Recommend(ctx context.Context, in *RecommendRequest, opts ...grpc.CallOption) (*RecommendResponse, error)
 	// RecommendStream is the batch form for offline scoring: requests in,
-	// responses out in the same order, over one stream.
+	// responses out in the same order, over one stream. The stream ends with
+	// the status of the first request that fails.
 	RecommendStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RecommendRequest, RecommendResponse], error)
 }
 
@@ -81,7 +82,8 @@ type RecommenderServer interface {
 	// Recommend scores the candidates of one request.
 	Recommend(context.Context, *RecommendRequest) (*RecommendResponse, error)
 	// RecommendStream is the batch form for offline scoring: requests in,
-	// responses out in the same order, over one stream.
+	// responses out in the same order, over one stream. The stream ends with
+	// the status of the first request that fails.
 	RecommendStream(grpc.BidiStreamingServer[RecommendRequest, RecommendResponse]) error
 	mustEmbedUnimplementedRecommenderServer()
 }

@@ -33,8 +33,8 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
-// newLogger is the tiers' structured logger: text on a terminal, JSON
-// otherwise (--log-format overrides), to stderr.
+// newLogger is the tiers' structured logger on stderr: text by default,
+// JSON with --log-format json (for log collectors).
 func newLogger(format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {

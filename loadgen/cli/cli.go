@@ -88,7 +88,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.StringVar(&f.planDir, "plan", "", "take the model's inputs from this plan folder")
 	fl.StringVar(&f.onnx, "onnx", "", "take the model's inputs from this ONNX file")
 	fl.StringSliceVar(&f.context, "context-inputs", nil, "inputs sent once per request as the user context (default: all per candidate)")
-	fl.BoolVar(&f.fake, "fake", false, "serve a Recommender that answers at once in this process and target it (measures the generator)")
+	fl.BoolVar(&f.fake, "fake", false, "benchmark the generator itself: target an in-process Recommender that answers at once with zero scores (not a model)")
 	fl.StringVar(&f.arrival, "arrival", "poisson", "arrival process: constant, poisson, promotion or trace")
 	fl.Float64Var(&f.rate, "rate", 100, "requests/s (promotion: the normal daily peak; find-max: the first rate tried)")
 	fl.IntVar(&f.clients, "clients", 0, "run closed loop with this many clients instead of open loop")
