@@ -785,9 +785,10 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\rLeaveResponse\"\r\n" +
 	"\vListRequest\">\n" +
 	"\fListResponse\x12.\n" +
-	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers2L\n" +
+	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers2\x89\x01\n" +
 	"\rEmbeddingTier\x12;\n" +
-	"\x06Lookup\x12\x17.prism.v1.LookupRequest\x1a\x18.prism.v1.LookupResponse2E\n" +
+	"\x06Lookup\x12\x17.prism.v1.LookupRequest\x1a\x18.prism.v1.LookupResponse\x12;\n" +
+	"\x06Update\x12\x17.prism.v1.UpdateRequest\x1a\x18.prism.v1.UpdateResponse2E\n" +
 	"\tDenseTier\x128\n" +
 	"\x05Score\x12\x16.prism.v1.ScoreRequest\x1a\x17.prism.v1.ScoreResponse2\xbe\x01\n" +
 	"\bRegistry\x12A\n" +
@@ -822,6 +823,8 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*ListRequest)(nil),      // 10: prism.v1.ListRequest
 	(*ListResponse)(nil),     // 11: prism.v1.ListResponse
 	(*Features)(nil),         // 12: prism.v1.Features
+	(*UpdateRequest)(nil),    // 13: prism.v1.UpdateRequest
+	(*UpdateResponse)(nil),   // 14: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
 	12, // 0: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
@@ -830,17 +833,19 @@ var file_api_prismv1_internal_proto_depIdxs = []int32{
 	5,  // 3: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
 	5,  // 4: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
 	0,  // 5: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	3,  // 6: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	6,  // 7: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	8,  // 8: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	10, // 9: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	1,  // 10: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	4,  // 11: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	7,  // 12: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	9,  // 13: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	11, // 14: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
+	13, // 6: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.UpdateRequest
+	3,  // 7: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	6,  // 8: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	8,  // 9: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	10, // 10: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	1,  // 11: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	14, // 12: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	4,  // 13: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	7,  // 14: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	9,  // 15: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	11, // 16: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	11, // [11:17] is the sub-list for method output_type
+	5,  // [5:11] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name

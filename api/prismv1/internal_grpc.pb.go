@@ -24,6 +24,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	EmbeddingTier_Lookup_FullMethodName = "/prism.v1.EmbeddingTier/Lookup"
+	EmbeddingTier_Update_FullMethodName = "/prism.v1.EmbeddingTier/Update"
 )
 
 // EmbeddingTierClient is the client API for EmbeddingTier service.
@@ -35,6 +36,9 @@ const (
 // dense worker the router chose, and returns that worker's scores.
 type EmbeddingTierClient interface {
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
+	// Update upserts rows into this worker's store (WAL-synced before the
+	// answer); the router fans Embeddings.Update out to every worker.
+	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
 }
 
 type embeddingTierClient struct {
@@ -55,6 +59,16 @@ func (c *embeddingTierClient) Lookup(ctx context.Context, in *LookupRequest, opt
 	return out, nil
 }
 
+func (c *embeddingTierClient) Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateResponse)
+	err := c.cc.Invoke(ctx, EmbeddingTier_Update_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EmbeddingTierServer is the server API for EmbeddingTier service.
 // All implementations must embed UnimplementedEmbeddingTierServer
 // for forward compatibility.
@@ -64,6 +78,9 @@ func (c *embeddingTierClient) Lookup(ctx context.Context, in *LookupRequest, opt
 // dense worker the router chose, and returns that worker's scores.
 type EmbeddingTierServer interface {
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
+	// Update upserts rows into this worker's store (WAL-synced before the
+	// answer); the router fans Embeddings.Update out to every worker.
+	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
 	mustEmbedUnimplementedEmbeddingTierServer()
 }
 
@@ -76,6 +93,9 @@ type UnimplementedEmbeddingTierServer struct{}
 
 func (UnimplementedEmbeddingTierServer) Lookup(context.Context, *LookupRequest) (*LookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
+}
+func (UnimplementedEmbeddingTierServer) Update(context.Context, *UpdateRequest) (*UpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
 }
 func (UnimplementedEmbeddingTierServer) mustEmbedUnimplementedEmbeddingTierServer() {}
 func (UnimplementedEmbeddingTierServer) testEmbeddedByValue()                       {}
@@ -116,6 +136,24 @@ func _EmbeddingTier_Lookup_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EmbeddingTier_Update_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EmbeddingTierServer).Update(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: EmbeddingTier_Update_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EmbeddingTierServer).Update(ctx, req.(*UpdateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // EmbeddingTier_ServiceDesc is the grpc.ServiceDesc for EmbeddingTier service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -126,6 +164,10 @@ var EmbeddingTier_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Lookup",
 			Handler:    _EmbeddingTier_Lookup_Handler,
+		},
+		{
+			MethodName: "Update",
+			Handler:    _EmbeddingTier_Update_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -307,6 +307,124 @@ func (x *RecommendResponse) GetRequestId() string {
 	return ""
 }
 
+// UpdateRequest upserts rows of one embedding table of a model, online.
+type UpdateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// table is the table's name as in plan.json (e.g. "emb_l.3.weight").
+	Table string  `protobuf:"bytes,2,opt,name=table,proto3" json:"table,omitempty"`
+	Ids   []int64 `protobuf:"varint,3,rep,packed,name=ids,proto3" json:"ids,omitempty"`
+	// rows holds len(ids) rows of the table's dim, float32 little-endian,
+	// row-major: raw bytes, not repeated floats.
+	Rows          []byte `protobuf:"bytes,4,opt,name=rows,proto3" json:"rows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRequest) Reset() {
+	*x = UpdateRequest{}
+	mi := &file_api_prismv1_recommend_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRequest) ProtoMessage() {}
+
+func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_recommend_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRequest) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *UpdateRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *UpdateRequest) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *UpdateRequest) GetIds() []int64 {
+	if x != nil {
+		return x.Ids
+	}
+	return nil
+}
+
+func (x *UpdateRequest) GetRows() []byte {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+type UpdateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// workers is the number of embedding workers that applied the update;
+	// each synced it to its write-ahead log before answering.
+	Workers       int32 `protobuf:"varint,1,opt,name=workers,proto3" json:"workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateResponse) Reset() {
+	*x = UpdateResponse{}
+	mi := &file_api_prismv1_recommend_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateResponse) ProtoMessage() {}
+
+func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_recommend_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
+func (*UpdateResponse) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *UpdateResponse) GetWorkers() int32 {
+	if x != nil {
+		return x.Workers
+	}
+	return 0
+}
+
 var File_api_prismv1_recommend_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_recommend_proto_rawDesc = "" +
@@ -334,10 +452,20 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestId2\xa3\x01\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"a\n" +
+	"\rUpdateRequest\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
+	"\x05table\x18\x02 \x01(\tR\x05table\x12\x10\n" +
+	"\x03ids\x18\x03 \x03(\x03R\x03ids\x12\x12\n" +
+	"\x04rows\x18\x04 \x01(\fR\x04rows\"*\n" +
+	"\x0eUpdateResponse\x12\x18\n" +
+	"\aworkers\x18\x01 \x01(\x05R\aworkers2\xa3\x01\n" +
 	"\vRecommender\x12D\n" +
 	"\tRecommend\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse\x12N\n" +
-	"\x0fRecommendStream\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse(\x010\x01B*Z(github.com/prism-serve/prism/api/prismv1b\x06proto3"
+	"\x0fRecommendStream\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse(\x010\x012I\n" +
+	"\n" +
+	"Embeddings\x12;\n" +
+	"\x06Update\x12\x17.prism.v1.UpdateRequest\x1a\x18.prism.v1.UpdateResponseB*Z(github.com/prism-serve/prism/api/prismv1b\x06proto3"
 
 var (
 	file_api_prismv1_recommend_proto_rawDescOnce sync.Once
@@ -351,12 +479,14 @@ func file_api_prismv1_recommend_proto_rawDescGZIP() []byte {
 	return file_api_prismv1_recommend_proto_rawDescData
 }
 
-var file_api_prismv1_recommend_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_api_prismv1_recommend_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_api_prismv1_recommend_proto_goTypes = []any{
 	(*Input)(nil),             // 0: prism.v1.Input
 	(*Features)(nil),          // 1: prism.v1.Features
 	(*RecommendRequest)(nil),  // 2: prism.v1.RecommendRequest
 	(*RecommendResponse)(nil), // 3: prism.v1.RecommendResponse
+	(*UpdateRequest)(nil),     // 4: prism.v1.UpdateRequest
+	(*UpdateResponse)(nil),    // 5: prism.v1.UpdateResponse
 }
 var file_api_prismv1_recommend_proto_depIdxs = []int32{
 	0, // 0: prism.v1.Features.inputs:type_name -> prism.v1.Input
@@ -364,10 +494,12 @@ var file_api_prismv1_recommend_proto_depIdxs = []int32{
 	1, // 2: prism.v1.RecommendRequest.candidates:type_name -> prism.v1.Features
 	2, // 3: prism.v1.Recommender.Recommend:input_type -> prism.v1.RecommendRequest
 	2, // 4: prism.v1.Recommender.RecommendStream:input_type -> prism.v1.RecommendRequest
-	3, // 5: prism.v1.Recommender.Recommend:output_type -> prism.v1.RecommendResponse
-	3, // 6: prism.v1.Recommender.RecommendStream:output_type -> prism.v1.RecommendResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
+	4, // 5: prism.v1.Embeddings.Update:input_type -> prism.v1.UpdateRequest
+	3, // 6: prism.v1.Recommender.Recommend:output_type -> prism.v1.RecommendResponse
+	3, // 7: prism.v1.Recommender.RecommendStream:output_type -> prism.v1.RecommendResponse
+	5, // 8: prism.v1.Embeddings.Update:output_type -> prism.v1.UpdateResponse
+	6, // [6:9] is the sub-list for method output_type
+	3, // [3:6] is the sub-list for method input_type
 	3, // [3:3] is the sub-list for extension type_name
 	3, // [3:3] is the sub-list for extension extendee
 	0, // [0:3] is the sub-list for field type_name
@@ -384,9 +516,9 @@ func file_api_prismv1_recommend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_recommend_proto_rawDesc), len(file_api_prismv1_recommend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_api_prismv1_recommend_proto_goTypes,
 		DependencyIndexes: file_api_prismv1_recommend_proto_depIdxs,

@@ -169,3 +169,113 @@ var Recommender_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "api/prismv1/recommend.proto",
 }
+
+const (
+	Embeddings_Update_FullMethodName = "/prism.v1.Embeddings/Update"
+)
+
+// EmbeddingsClient is the client API for Embeddings service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type EmbeddingsClient interface {
+	// Update applies the rows on every live embedding worker serving the
+	// model and answers once all have made them durable; every later
+	// Recommend reads them. It fails (naming how many workers applied it)
+	// if any worker could not; retrying is safe: an upsert is idempotent.
+	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
+}
+
+type embeddingsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewEmbeddingsClient(cc grpc.ClientConnInterface) EmbeddingsClient {
+	return &embeddingsClient{cc}
+}
+
+func (c *embeddingsClient) Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateResponse)
+	err := c.cc.Invoke(ctx, Embeddings_Update_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// EmbeddingsServer is the server API for Embeddings service.
+// All implementations must embed UnimplementedEmbeddingsServer
+// for forward compatibility.
+type EmbeddingsServer interface {
+	// Update applies the rows on every live embedding worker serving the
+	// model and answers once all have made them durable; every later
+	// Recommend reads them. It fails (naming how many workers applied it)
+	// if any worker could not; retrying is safe: an upsert is idempotent.
+	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
+	mustEmbedUnimplementedEmbeddingsServer()
+}
+
+// UnimplementedEmbeddingsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedEmbeddingsServer struct{}
+
+func (UnimplementedEmbeddingsServer) Update(context.Context, *UpdateRequest) (*UpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
+}
+func (UnimplementedEmbeddingsServer) mustEmbedUnimplementedEmbeddingsServer() {}
+func (UnimplementedEmbeddingsServer) testEmbeddedByValue()                    {}
+
+// UnsafeEmbeddingsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to EmbeddingsServer will
+// result in compilation errors.
+type UnsafeEmbeddingsServer interface {
+	mustEmbedUnimplementedEmbeddingsServer()
+}
+
+func RegisterEmbeddingsServer(s grpc.ServiceRegistrar, srv EmbeddingsServer) {
+	// If the following call panics, it indicates UnimplementedEmbeddingsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Embeddings_ServiceDesc, srv)
+}
+
+func _Embeddings_Update_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EmbeddingsServer).Update(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Embeddings_Update_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EmbeddingsServer).Update(ctx, req.(*UpdateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Embeddings_ServiceDesc is the grpc.ServiceDesc for Embeddings service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Embeddings_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "prism.v1.Embeddings",
+	HandlerType: (*EmbeddingsServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Update",
+			Handler:    _Embeddings_Update_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "api/prismv1/recommend.proto",
+}

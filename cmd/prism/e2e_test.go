@@ -22,7 +22,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
 )
 
@@ -300,6 +302,65 @@ func TestEndToEnd(t *testing.T) {
 	}
 	if _, err := rec.Recommend(ctx, good()); err != nil {
 		t.Fatalf("after the bad requests: %v", err)
+	}
+
+	// Online updates: a row changed through the router changes the scores
+	// of the candidates that read it; putting it back restores them.
+	upd := prismv1.NewEmbeddingsClient(conn)
+	tab, err := tablefile.Open(filepath.Join(all[0].part, "tables", "emb_l.0.weight.arrow"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := tab.ReadAll()
+	tab.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := good()
+	id := req.Candidates.Inputs[1].Ids[0] // cat_0 of candidate 0
+	before, err := rec.Recommend(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := func(v []float32) []byte { return onnxpb.Float32AsBytes(append([]float32(nil), v...)) }
+	bumped := make([]float32, 16)
+	for i := range bumped {
+		bumped[i] = 3
+	}
+	if r, err := upd.Update(ctx, &prismv1.UpdateRequest{Model: "dlrm-tiny", Table: "emb_l.0.weight", Ids: []int64{id}, Rows: row(bumped)}); err != nil || r.GetWorkers() != 1 {
+		t.Fatalf("update: %v %v", r, err)
+	}
+	after, err := rec.Recommend(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.GetScores()[0] == before.GetScores()[0] {
+		t.Error("the updated row did not change the score")
+	}
+	if _, err := upd.Update(ctx, &prismv1.UpdateRequest{Model: "dlrm-tiny", Table: "emb_l.0.weight", Ids: []int64{id}, Rows: row(orig[id*16 : id*16+16])}); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := rec.Recommend(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range restored.GetScores() {
+		if restored.GetScores()[i] != before.GetScores()[i] {
+			t.Fatalf("candidate %d: %v after restoring the row, %v before", i, restored.GetScores()[i], before.GetScores()[i])
+		}
+	}
+	for _, bad := range []struct {
+		req  *prismv1.UpdateRequest
+		want codes.Code
+	}{
+		{&prismv1.UpdateRequest{Model: "nope", Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row(bumped)}, codes.NotFound},
+		{&prismv1.UpdateRequest{Model: "dlrm-tiny", Table: "no_table", Ids: []int64{1}, Rows: row(bumped)}, codes.InvalidArgument},
+		{&prismv1.UpdateRequest{Model: "dlrm-tiny", Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row(bumped[:3])}, codes.InvalidArgument},
+		{&prismv1.UpdateRequest{Model: "dlrm-tiny", Table: "emb_l.0.weight", Ids: []int64{1 << 40}, Rows: row(bumped)}, codes.InvalidArgument},
+	} {
+		if _, err := upd.Update(ctx, bad.req); status.Code(err) != bad.want {
+			t.Errorf("update %v: %v, want %v", bad.req.GetTable(), err, bad.want)
+		}
 	}
 
 	// Every tier answers standard health checks and lists its services by

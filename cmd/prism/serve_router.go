@@ -40,6 +40,7 @@ func newServeRouterCmd() *cobra.Command {
 			r := router.New(ro, s.Registry)
 			prismv1.RegisterRecommenderServer(s.GRPC, r)
 			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
+			prismv1.RegisterEmbeddingsServer(s.GRPC, r.Updater())
 			ctx, stop := signalContext()
 			defer stop()
 			// The registry's upkeep and the worker connections outlive the
