@@ -14,7 +14,7 @@ out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}
 db=${DB:-$out/db}
-clients=${CLIENTS:-8}
+clients=${CLIENTS:-16}
 dur=${DURATION:-20s}
 [ -f "$plan/plan.json" ] || { echo "bench-serve: no partition at $plan (run make demo first)"; exit 1; }
 
