@@ -208,6 +208,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	// micro-batch are two of 135, not 256 and a 14-sample straggler.
 	k := (n + r.opts.MicroBatch - 1) / r.opts.MicroBatch
 	scores := make([]float32, n)
+	var version atomic.Int64
 	var wg sync.WaitGroup
 	errs := make([]error, k)
 	for i := range k {
@@ -220,12 +221,13 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 				errs[i] = err
 				return
 			}
-			out, err := r.microBatch(ctx, req, sub, hi-lo)
+			out, v, err := r.microBatch(ctx, req, sub, hi-lo)
 			if err != nil {
 				errs[i] = err
 				cancel()
 				return
 			}
+			version.Store(v)
 			copy(scores[lo:hi], out)
 		}()
 	}
@@ -241,7 +243,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if first != nil {
 		return nil, first
 	}
-	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: req.GetVersion(), RequestId: req.GetRequestId()}, nil
+	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version.Load(), RequestId: req.GetRequestId()}, nil
 }
 
 // RecommendStream answers each request of the stream in order.
@@ -318,18 +320,18 @@ func sliceFeatures(f *prismv1.Features, n, lo, hi int) (*prismv1.Features, error
 // naming the least-loaded dense worker as its destination, and retries
 // once on other replicas when a worker fails (a micro-batch is
 // idempotent: scoring it twice is harmless).
-func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n int) ([]float32, error) {
+func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n int) ([]float32, int64, error) {
 	var avoid []string
 	var last error
 	for attempt := range 2 {
 		cn, releaseCN, err := r.pick(RoleCPU, req.GetModel(), n, avoid)
 		if err != nil {
-			return nil, firstErr(last, err)
+			return nil, 0, firstErr(last, err)
 		}
 		hn, releaseHN, err := r.pick(RoleGPU, req.GetModel(), n, avoid)
 		if err != nil {
 			releaseCN()
-			return nil, firstErr(last, err)
+			return nil, 0, firstErr(last, err)
 		}
 		resp, err := r.call(ctx, cn.GetAddr(), &prismv1.LookupRequest{
 			Model: req.GetModel(), Version: req.GetVersion(), NumSamples: int32(n),
@@ -340,7 +342,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		if err == nil {
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.observe(resp.GetTimes())
-			return resp.GetScores(), nil
+			return resp.GetScores(), resp.GetVersion(), nil
 		}
 		last = err
 		if !retryable(ctx, err) || attempt == 1 {
@@ -354,7 +356,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		r.log.Warn("micro-batch failed; retrying", "cpu", cn.GetAddr(), "gpu", hn.GetAddr(), "err", err)
 	}
 	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
-	return nil, last
+	return nil, 0, last
 }
 
 // pick prefers a worker not in avoid, and falls back to one that is

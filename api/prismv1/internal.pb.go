@@ -120,9 +120,11 @@ func (x *LookupRequest) GetRequestId() string {
 }
 
 type LookupResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Scores        []float32              `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
-	Times         *StageTimes            `protobuf:"bytes,2,opt,name=times,proto3" json:"times,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Scores []float32              `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
+	Times  *StageTimes            `protobuf:"bytes,2,opt,name=times,proto3" json:"times,omitempty"`
+	// version is the model version whose tables answered.
+	Version       int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -169,6 +171,13 @@ func (x *LookupResponse) GetTimes() *StageTimes {
 		return x.Times
 	}
 	return nil
+}
+
+func (x *LookupResponse) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 // StageTimes break one micro-batch's time down, in microseconds.
@@ -744,10 +753,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
 	"dense_addr\x18\x06 \x01(\tR\tdenseAddr\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\a \x01(\tR\trequestId\"T\n" +
+	"request_id\x18\a \x01(\tR\trequestId\"n\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12*\n" +
-	"\x05times\x18\x02 \x01(\v2\x14.prism.v1.StageTimesR\x05times\"\xc1\x01\n" +
+	"\x05times\x18\x02 \x01(\v2\x14.prism.v1.StageTimesR\x05times\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x03R\aversion\"\xc1\x01\n" +
 	"\n" +
 	"StageTimes\x12\x1b\n" +
 	"\tdecode_us\x18\x01 \x01(\x03R\bdecodeUs\x12\x1b\n" +

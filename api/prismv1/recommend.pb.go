@@ -241,10 +241,11 @@ func (x *RecommendRequest) GetRequestId() string {
 type RecommendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// scores has one value per candidate, in request order.
-	Scores        []float32 `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
-	Model         string    `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
-	Version       int64     `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
-	RequestId     string    `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Scores []float32 `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
+	Model  string    `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// version is the model version that scored the request.
+	Version       int64  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

@@ -222,6 +222,9 @@ func TestEndToEnd(t *testing.T) {
 				if len(resp.GetScores()) != tc.n {
 					t.Fatalf("%d scores for %d candidates", len(resp.GetScores()), tc.n)
 				}
+				if resp.GetVersion() != 1 {
+					t.Errorf("response names version %d; the store serves version 1", resp.GetVersion())
+				}
 				var worst float64
 				for i, v := range resp.GetScores() {
 					worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))

@@ -304,7 +304,22 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		return nil, status.Errorf(codes.Internal, "dense worker %s returned %d scores for %d samples", req.GetDenseAddr(), len(resp.GetScores()), n)
 	}
 	s.met.observe(times)
-	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times}, nil
+	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name)}, nil
+}
+
+// activeVersion is the version of model the store serves now (0 if it
+// cannot tell).
+func (s *Server) activeVersion(model string) int64 {
+	vs, err := s.st.Versions(model)
+	if err != nil {
+		return 0
+	}
+	for _, vi := range vs {
+		if vi.Active {
+			return int64(vi.N)
+		}
+	}
+	return 0
 }
 
 func (s *Server) checkVersion(model string, v int64) error {
