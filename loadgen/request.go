@@ -127,6 +127,12 @@ type RequestOptions struct {
 	Criteo io.Reader
 	// CriteoName names the Criteo file in messages.
 	CriteoName string
+	// Pool, if positive, builds this many requests before the run and
+	// cycles through them (each send gets its own request id), as MLPerf's
+	// LoadGen loads its samples before timing: drawing hundreds of Zipf
+	// ids per request then costs the generator nothing during the run,
+	// so it takes less of a machine it shares with the servers.
+	Pool int
 }
 
 // Requests builds requests one after another, reproducibly for a seed.
@@ -139,6 +145,7 @@ type Requests struct {
 	next int
 	ctx  []bool // per input: in the context
 	seq  uint64
+	pool []*prismv1.RecommendRequest
 }
 
 // NewRequests checks o and returns its request stream.
@@ -209,6 +216,44 @@ func (q *Requests) draw(n int) (*models.Batch, error) {
 
 // Next builds the next request.
 func (q *Requests) Next() (*prismv1.RecommendRequest, error) {
+	if q.o.Pool > 0 {
+		if q.pool == nil {
+			for range q.o.Pool {
+				req, err := q.build()
+				if err != nil {
+					return nil, err
+				}
+				q.pool = append(q.pool, req)
+			}
+		}
+		p := q.pool[q.seq%uint64(len(q.pool))]
+		q.seq++
+		// A new envelope per send: the pooled features are shared, read
+		// only, by concurrent sends.
+		return &prismv1.RecommendRequest{
+			Model: p.Model, Version: p.Version, NumCandidates: p.NumCandidates,
+			Context: p.Context, Candidates: p.Candidates,
+			RequestId: "lg-" + strconv.FormatUint(q.seq, 10),
+		}, nil
+	}
+	return q.build()
+}
+
+// Prepare builds the pool now (before timing), if there is one.
+func (q *Requests) Prepare() error {
+	if q.o.Pool <= 0 || q.pool != nil {
+		return nil
+	}
+	seq := q.seq
+	if _, err := q.Next(); err != nil {
+		return err
+	}
+	q.seq = seq
+	return nil
+}
+
+// build draws one request.
+func (q *Requests) build() (*prismv1.RecommendRequest, error) {
 	n := q.o.Candidates.Draw(q.r)
 	q.seq++
 	req := &prismv1.RecommendRequest{

@@ -35,7 +35,7 @@ done
 [ -n "$addr" ] || { cat "$log"; exit 1; }
 metrics=$(sed -n 's/.*router listening on [^ ]* (metrics \([^)]*\)).*/\1/p' "$log" | head -1)
 
-lg() { $prism loadgen --target "$addr" --model "$model" --plan "$plan" --candidates 270 --quiet "$@"; }
+lg() { $prism loadgen --target "$addr" --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet "$@"; }
 # Warm-up (hot tier, ONNX Runtime arenas), then the measured closed loop.
 lg --clients "$clients" --duration 10s >/dev/null
 before=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')

@@ -32,6 +32,7 @@ type flags struct {
 	target, model, preset, planDir, onnx string
 	context                              []string
 	fake                                 bool
+	pool                                 int
 
 	arrival string
 	rate    float64
@@ -88,6 +89,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.StringVar(&f.planDir, "plan", "", "take the model's inputs from this plan folder")
 	fl.StringVar(&f.onnx, "onnx", "", "take the model's inputs from this ONNX file")
 	fl.StringSliceVar(&f.context, "context-inputs", nil, "inputs sent once per request as the user context (default: all per candidate)")
+	fl.IntVar(&f.pool, "pool", 0, "build this many requests before the run and cycle through them (0: draw every request during the run)")
 	fl.BoolVar(&f.fake, "fake", false, "benchmark the generator itself: target an in-process Recommender that answers at once with zero scores (not a model)")
 	fl.StringVar(&f.arrival, "arrival", "poisson", "arrival process: constant, poisson, promotion or trace")
 	fl.Float64Var(&f.rate, "rate", 100, "requests/s (promotion: the normal daily peak; find-max: the first rate tried)")
@@ -139,7 +141,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		return fmt.Errorf("loadgen: %w", err)
 	}
 	newRequests := func() (*loadgen.Requests, error) {
-		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, Candidates: cand, Seed: f.seed, ZipfS: f.zipf}
+		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Pool: f.pool}
 		if f.criteo != "" {
 			file, err := os.Open(f.criteo)
 			if err != nil {
@@ -148,7 +150,12 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 			defer file.Close()
 			o.Criteo, o.CriteoName = file, filepath.Base(f.criteo)
 		}
-		return loadgen.NewRequests(o)
+		q, err := loadgen.NewRequests(o)
+		if err != nil {
+			return nil, err
+		}
+		// The pool is drawn here, before the clock starts.
+		return q, q.Prepare()
 	}
 	target := f.target
 	if f.fake {
