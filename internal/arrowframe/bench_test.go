@@ -15,11 +15,11 @@ func dlrmCut(n int) []Tensor {
 	return ts
 }
 
-func BenchmarkEncode270(b *testing.B) {
+func BenchmarkEncodeArrowGo270(b *testing.B) {
 	ts := dlrmCut(270)
 	b.SetBytes(int64(270 * (13 + 26*16) * 4))
 	for b.Loop() {
-		if _, err := Encode(270, ts); err != nil {
+		if _, err := encodeWithArrow(nil, 270, ts); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -30,10 +30,10 @@ type Tensor struct {
 // Encode frames n samples of the tensors.
 func Encode(n int, ts []Tensor) ([]byte, error) { return AppendEncode(nil, n, ts) }
 
-// AppendEncode frames n samples of the tensors into dst[:0]'s storage
-// (grown if needed) and returns the frame: callers that send many frames
-// reuse one buffer and spare the allocator half a megabyte per call.
-func AppendEncode(dst []byte, n int, ts []Tensor) ([]byte, error) {
+// encodeWithArrow frames with arrow-go's IPC writer: the reference the
+// fast encoder (AppendEncode, fast.go) is tested against, and the source
+// of the schema message it caches.
+func encodeWithArrow(dst []byte, n int, ts []Tensor) ([]byte, error) {
 	fields := make([]arrow.Field, len(ts))
 	cols := make([]arrow.Array, len(ts))
 	defer func() {
