@@ -1,5 +1,7 @@
 package hot
 
+import "unsafe"
+
 // A complete tier holds every row of the tables it was built for: its
 // budget covers FullBytes. Such a class is direct with one slot per row,
 // so a missed row always finds a free slot and admission never compares
@@ -36,7 +38,7 @@ func newCompleteClass(dim int, rows int64) *Class {
 	if dim < 1 || rows < 1 || rows > 1<<31-2 {
 		return nil
 	}
-	return &Class{
+	c := &Class{
 		dim:      dim,
 		slots:    int(rows),
 		arena:    make([]float32, int(rows)*dim),
@@ -45,6 +47,8 @@ func newCompleteClass(dim int, rows int64) *Class {
 		rng:      0x9E3779B97F4A7C15,
 		complete: true,
 	}
+	adviseHuge(unsafe.Pointer(unsafe.SliceData(c.arena)), uintptr(len(c.arena))*4)
+	return c
 }
 
 // Complete reports whether the class was built to hold all its rows.

@@ -38,6 +38,7 @@ package hot
 import (
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Key packs a physical table id and a row id: table in the top 24 bits,
@@ -179,7 +180,9 @@ func (c *Class) Attach(table uint32, rows int64) {
 	if c.direct == nil || c.direct[table] != nil {
 		return
 	}
-	c.direct[table] = make([]int32, rows)
+	m := make([]int32, rows)
+	adviseHuge(unsafe.Pointer(unsafe.SliceData(m)), uintptr(len(m))*4)
+	c.direct[table] = m
 }
 
 // Direct reports whether the class indexes by per-table slot maps.

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package hot
+
+import "unsafe"
+
+func adviseHuge(unsafe.Pointer, uintptr) {}
