@@ -15,11 +15,11 @@ model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}
 db=${DB:-$out/db}
 clients=${CLIENTS:-16}
-dur=${DURATION:-20s}
+dur=${DURATION:-15s}
 [ -f "$plan/plan.json" ] || { echo "bench-serve: no partition at $plan (run make demo first)"; exit 1; }
 
-mono1=$($prism score "$out/$model/model.onnx" --samples 131072 --batch 256 --threads 1 --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/')
-mono2=$($prism score "$out/$model/model.onnx" --samples 131072 --batch 256 --threads 2 --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/')
+mono() { $prism score "$out/$model/model.onnx" --samples 131072 --batch 256 --threads "$1" --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/'; }
+median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
 log=$(mktemp)
 $prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 ${UP_FLAGS:-} >"$log" 2>&1 &
@@ -38,22 +38,31 @@ metrics=$(sed -n 's/.*router listening on [^ ]* (metrics \([^)]*\)).*/\1/p' "$lo
 lg() { $prism loadgen --target "$addr" --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet "$@"; }
 # Warm-up (hot tier, ONNX Runtime arenas), then the measured closed loop.
 lg --clients "$clients" --duration 10s >/dev/null
+# The machine is shared and its speed drifts: the monolith and the
+# disaggregated system are measured in alternation, three rounds, and the
+# medians compared.
 before=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
-maxrun=$(lg --clients "$clients" --duration "$dur")
-echo "$maxrun" >&2
-max=$(sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p' <<<"$maxrun")
-gencpu=$(sed -n 's/^generator .*, \(.*\)$/\1/p' <<<"$maxrun")
+m1s=""; m2s=""; ds=""
+for round in 1 2 3; do
+	m1s="$m1s $(mono 1)"
+	m2s="$m2s $(mono 2)"
+	maxrun=$(lg --clients "$clients" --duration "$dur")
+	echo "round $round: $maxrun" >&2
+	ds="$ds $(sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p' <<<"$maxrun")"
+	gencpu=$(sed -n 's/^generator .*, \(.*\)$/\1/p' <<<"$maxrun")
+done
 after=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
+mono1=$(median <<<"${m1s# }"); mono2=$(median <<<"${m2s# }"); max=$(median <<<"${ds# }")
 reqs=$(awk -v m="$max" 'BEGIN{printf "%.1f", m/270}')
 echo
 echo "| measure | value |"
 echo "|---|---:|"
-echo "| monolithic, batch 256, 1 thread (samples/s) | $mono1 |"
-echo "| monolithic, batch 256, 2 threads (samples/s) | $mono2 |"
-echo "| disaggregated max, $clients clients x 270 candidates (samples/s) | $max |"
+echo "| monolithic, batch 256, 1 thread (samples/s; median of${m1s}) | $mono1 |"
+echo "| monolithic, batch 256, 2 threads (samples/s; median of${m2s}) | $mono2 |"
+echo "| disaggregated max, $clients clients x 270 candidates (samples/s; median of${ds}) | $max |"
 echo "| ratio to monolithic 2 threads | $(awk -v a="$max" -v b="$mono2" 'BEGIN{printf "%.2f", a/b}') |"
 echo "| ratio to monolithic 1 thread | $(awk -v a="$max" -v b="$mono1" 'BEGIN{printf "%.2f", a/b}') |"
-echo "| load generator's own CPU during the max run | $gencpu |"
+echo "| load generator's own CPU during the last max run | $gencpu |"
 echo
 echo "Per micro-batch stage means during the closed loop (router's view, embedding tier's clocks):"
 echo
