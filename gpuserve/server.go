@@ -392,10 +392,12 @@ func (s *Server) submitError(m *model, err error) error {
 // Runtime's first runs (kernel selection, arena growth): measured at 300
 // ms of p99 in the first seconds of the demo without it.
 func warmUp(r Runner, spec []InputSpec, maxBatch int) error {
+	seen := map[int]bool{}
 	for _, n := range []int{1, 16, 64, 256, maxBatch} {
-		if n > maxBatch {
+		if n > maxBatch || seen[n] {
 			continue
 		}
+		seen[n] = true
 		ins := make([]ort.Input, len(spec))
 		for i, s := range spec {
 			ins[i] = ort.Input{Name: s.Name, Shape: append([]int64{int64(n)}, s.Shape...), Float32: make([]float32, n*s.Width)}

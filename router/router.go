@@ -142,21 +142,23 @@ func (r *Router) Close() {
 	}
 }
 
-// dropConns closes connections to addresses no registered worker has:
+// dropConns retires connections to addresses no registered worker has:
 // workers come and go (capacity borrowing) and their connections must not
-// pile up.
+// pile up. A retired connection is closed only after the longest a router
+// call may take, so calls still running on it (a leaving worker drains
+// its requests) finish.
 func (r *Router) dropConns() {
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
 	live := map[string]bool{}
 	ws, _ := r.Reg.List(context.Background(), nil)
 	for _, w := range ws.GetWorkers() {
 		live[w.GetAddr()] = true
 	}
-	r.connMu.Lock()
-	defer r.connMu.Unlock()
 	for addr, c := range r.conns {
 		if !live[addr] {
-			c.Close()
 			delete(r.conns, addr)
+			time.AfterFunc(r.opts.DefaultTimeout+5*time.Second, func() { c.Close() })
 		}
 	}
 }
@@ -387,13 +389,15 @@ func (r *Router) call(ctx context.Context, addr string, req *prismv1.LookupReque
 	return prismv1.NewEmbeddingTierClient(c).Lookup(ctx, req)
 }
 
-// retryable: the failure is the worker's, not the request's.
+// retryable: the failure is the worker's, not the request's. Canceled
+// while the request itself is live means a connection closed under the
+// call.
 func retryable(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
 	switch status.Code(err) {
-	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.ResourceExhausted:
+	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.ResourceExhausted, codes.Canceled:
 		return true
 	}
 	return false

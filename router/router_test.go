@@ -225,3 +225,24 @@ func TestDefaultTimeoutAndKnownModels(t *testing.T) {
 		t.Fatalf("unknown model: %v", err)
 	}
 }
+
+// TestLeavingWorkerDrains: a worker that leaves the registry while a call
+// is running on it still answers that call: its connection is retired,
+// not closed under the call.
+func TestLeavingWorkerDrains(t *testing.T) {
+	slow := &fakeCN{delay: 300 * time.Millisecond}
+	r := newRouter(t, Options{}, slow)
+	done := make(chan error)
+	go func() { _, err := r.Recommend(context.Background(), request(4)); done <- err }()
+	for slow.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	ws, _ := r.Reg.List(context.Background(), nil)
+	for _, w := range ws.GetWorkers() {
+		r.Reg.Remove(w.GetId())
+	}
+	r.dropConns()
+	if err := <-done; err != nil {
+		t.Fatalf("the call in flight on a leaving worker failed: %v", err)
+	}
+}

@@ -12,7 +12,10 @@ import (
 
 // Updater serves Embeddings.Update: it fans an upsert out to every live
 // embedding worker of the model. Each worker's store is its own copy of
-// the tables, so an update is done only when all of them have it.
+// the tables, so an update is done only when all of them have it. A worker
+// that is down when the update is sent does not get it (its store keeps
+// the old rows): resend updates after replacing a worker, or give each
+// worker the same store lineage (re-ingest) when it rejoins.
 type Updater struct {
 	prismv1.UnimplementedEmbeddingsServer
 	r *Router
@@ -41,6 +44,7 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		for _, m := range w.GetModels() {
 			if m == req.GetModel() {
 				targets = append(targets, w)
+				break
 			}
 		}
 	}

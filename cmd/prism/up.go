@@ -83,6 +83,18 @@ type child struct {
 	// its exit status. One goroutine per process calls Wait.
 	done chan struct{}
 	err  error
+	// halt is closed when up shuts down: a process started after that is
+	// stopped at once.
+	halt chan struct{}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *child) start(exe string, timeout time.Duration) (string, error) {
@@ -90,7 +102,10 @@ func (c *child) start(exe string, timeout time.Duration) (string, error) {
 	cmd.Env = append(os.Environ(), c.env...)
 	// Its own process group: a Ctrl-C at the terminal reaches up alone,
 	// which then stops the tiers in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: if up dies without stopping them, the tiers get SIGTERM
+	// instead of living on (an orphaned embedding worker would keep the
+	// store's lock).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	cmd.Stderr = prefixWriter(os.Stderr, "["+c.name+"] ")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -102,7 +117,12 @@ func (c *child) start(exe string, timeout time.Duration) (string, error) {
 	done := make(chan struct{})
 	c.mu.Lock()
 	c.cmd, c.done = cmd, done
+	halted := c.halt != nil && isClosed(c.halt)
 	c.mu.Unlock()
+	if halted {
+		// Shutdown began while this (re)start was under way.
+		cmd.Process.Signal(syscall.SIGTERM)
+	}
 	addrc := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -201,7 +221,13 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 	var children []*child
 	stopping := make(chan struct{})
 	shutdown := func() {
+		for _, c := range children {
+			c.mu.Lock()
+		}
 		close(stopping)
+		for _, c := range children {
+			c.mu.Unlock()
+		}
 		order := map[string]int{"router": 0, "cpu": 1, "gpu": 2}
 		for stage := range 3 {
 			var wg sync.WaitGroup
@@ -243,7 +269,7 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 		// spread over them with no barrier between threads, which measured
 		// 25% more throughput than one worker with a thread per core
 		// (BENCHMARKS.md).
-		f.gpuWorkers = runtime.NumCPU()
+		f.gpuWorkers = runtime.GOMAXPROCS(0) // the CPUs this container may use
 	}
 	if f.gpuWorkers > 0 {
 		// More workers than devices share the devices round-robin.
@@ -256,7 +282,7 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 	var workerChildren []*child
 	for i, w := range workers {
 		args := append([]string{"serve", "gpu", "--router", routerAddr, "--threads", fmt.Sprint(f.threads), "--max-batch", fmt.Sprint(f.maxBatch), "--max-delay", f.maxDelay.String()}, planArgs()...)
-		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("gpu%d", i), ready: "dense tier listening on ", args: args, env: w.Env})
+		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("gpu%d", i), ready: "dense tier listening on ", args: args, env: w.Env, halt: stopping})
 	}
 	for i := range f.cpuWorkers {
 		db := f.db
@@ -268,7 +294,7 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 		if f.hotBytes != "" {
 			args = append(args, "--hot-bytes", f.hotBytes)
 		}
-		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("cpu%d", i), ready: "embedding tier listening on ", args: args})
+		workerChildren = append(workerChildren, &child{name: fmt.Sprintf("cpu%d", i), ready: "embedding tier listening on ", args: args, halt: stopping})
 	}
 	for _, c := range workerChildren {
 		children = append(children, c)

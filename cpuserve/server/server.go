@@ -80,7 +80,9 @@ type Server struct {
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn // dense workers by address
-	used  map[string]time.Time        // last use of each conn, to evict the oldest
+	// versions caches each model's active version (*versionCache).
+	versions sync.Map
+	used     map[string]time.Time // last use of each conn, to evict the oldest
 
 	outstanding atomic.Int64
 	met         *metrics
@@ -179,15 +181,15 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 		// worker), so the cache is bounded: workers come and go, and the
 		// least recently used connection makes room for a new one.
 		if len(s.conns) >= maxDenseConns {
-			oldest := ""
-			for a := range s.conns {
-				if oldest == "" || s.used[a].Before(s.used[oldest]) {
-					oldest = a
+			// Make room by closing connections idle for a minute (never
+			// one a lookup may be using); with none idle, grow.
+			for a, last := range s.used {
+				if time.Since(last) > time.Minute {
+					s.conns[a].Close()
+					delete(s.conns, a)
+					delete(s.used, a)
 				}
 			}
-			s.conns[oldest].Close()
-			delete(s.conns, oldest)
-			delete(s.used, oldest)
 		}
 		opts := append([]grpc.DialOption{
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -204,9 +206,9 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 	return prismv1.NewDenseTierClient(c), nil
 }
 
-// maxDenseConns bounds the dense-worker connections one embedding worker
-// keeps open.
-const maxDenseConns = 64
+// maxDenseConns is the number of dense-worker connections beyond which
+// idle ones are closed.
+const maxDenseConns = 1024
 
 // ctxErr is the status of a request whose context has ended.
 func ctxErr(ctx context.Context, where string) error {
@@ -307,19 +309,33 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name)}, nil
 }
 
-// activeVersion is the version of model the store serves now (0 if it
-// cannot tell).
+// activeVersion is the version of model the store serves (0 if it cannot
+// tell), read from the store's catalog at most twice a second: the
+// catalog lock is shared with its writes, which sync to the WAL, and a
+// response's version needs no fresher figure than a version switch takes.
 func (s *Server) activeVersion(model string) int64 {
-	vs, err := s.st.Versions(model)
-	if err != nil {
-		return 0
-	}
-	for _, vi := range vs {
-		if vi.Active {
-			return int64(vi.N)
+	v, _ := s.versions.LoadOrStore(model, &versionCache{})
+	vc := v.(*versionCache)
+	vc.mu.Lock()
+	defer vc.mu.Unlock()
+	if time.Since(vc.at) > 500*time.Millisecond {
+		vc.at = time.Now()
+		vc.v = 0
+		if vs, err := s.st.Versions(model); err == nil {
+			for _, vi := range vs {
+				if vi.Active {
+					vc.v = int64(vi.N)
+				}
+			}
 		}
 	}
-	return 0
+	return vc.v
+}
+
+type versionCache struct {
+	mu sync.Mutex
+	at time.Time
+	v  int64
 }
 
 func (s *Server) checkVersion(model string, v int64) error {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 )
@@ -115,6 +116,9 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		// Stop (after the grace period) waits for handlers to return, so
 		// a tier never frees what a handler still uses.
 		grpc.WaitForHandlers(true),
+		// Prism's clients ping every 10 s (to notice lost peers); allow
+		// that, where gRPC's default would answer GOAWAY too_many_pings.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	}, extra...)
 	s.GRPC = grpc.NewServer(opts...)
 	s.Health = health.NewServer()
