@@ -31,14 +31,7 @@ type Summary struct {
 // Summarize groups results by policy (in first-seen order) at arrived
 // percent pct.
 func Summarize(results []*SimResult, pct int) []Summary {
-	var order []string
-	by := map[string][]*SimResult{}
-	for _, r := range results {
-		if _, ok := by[r.Policy]; !ok {
-			order = append(order, r.Policy)
-		}
-		by[r.Policy] = append(by[r.Policy], r)
-	}
+	order, by := byPolicy(results)
 	var out []Summary
 	for _, p := range order {
 		rs := by[p]
@@ -134,14 +127,7 @@ func PlotCurvesPNG(path string, results []*SimResult, metric string) error {
 	p.X.Label.Text = "Arrived GPU demand (% of capacity)"
 	p.Y.Label.Text = ylabel
 	p.Add(plotter.NewGrid())
-	var order []string
-	by := map[string][]*SimResult{}
-	for _, r := range results {
-		if _, ok := by[r.Policy]; !ok {
-			order = append(order, r.Policy)
-		}
-		by[r.Policy] = append(by[r.Policy], r)
-	}
+	order, by := byPolicy(results)
 	for i, name := range order {
 		l, err := plotter.NewLine(meanCurve(by[name], get))
 		if err != nil {
@@ -163,4 +149,17 @@ func PlotCurvesPNG(path string, results []*SimResult, metric string) error {
 		return fmt.Errorf("plot %q: %w", path, err)
 	}
 	return nil
+}
+
+// byPolicy groups results by policy, policies in first-seen order.
+func byPolicy(results []*SimResult) ([]string, map[string][]*SimResult) {
+	var order []string
+	by := map[string][]*SimResult{}
+	for _, r := range results {
+		if _, ok := by[r.Policy]; !ok {
+			order = append(order, r.Policy)
+		}
+		by[r.Policy] = append(by[r.Policy], r)
+	}
+	return order, by
 }
