@@ -183,6 +183,19 @@ func (r *Registry) Pick(role, model string, n int64, exclude []string) (w *prism
 	}, nil
 }
 
+// Serves says whether some live worker serves model (the per-request
+// check; Models builds sorted lists for messages).
+func (r *Registry) Serves(model string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.workers {
+		if slices.Contains(e.info.GetModels(), model) {
+			return true
+		}
+	}
+	return false
+}
+
 // Known says whether some worker ever served model.
 func (r *Registry) Known(model string) bool {
 	r.mu.Lock()

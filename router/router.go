@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -278,8 +277,8 @@ func (r *Router) validate(req *prismv1.RecommendRequest) error {
 	case n > r.opts.MaxCandidates:
 		return status.Errorf(codes.InvalidArgument, "request has %d candidates, the limit is %d", n, r.opts.MaxCandidates)
 	}
-	cpu, gpu := r.Reg.Models()
-	if !slices.Contains(cpu, req.GetModel()) && !slices.Contains(gpu, req.GetModel()) {
+	if !r.Reg.Serves(req.GetModel()) {
+		cpu, _ := r.Reg.Models() // only to name them in the error
 		if r.Reg.Known(req.GetModel()) {
 			return status.Errorf(codes.Unavailable, "model %q has no live workers right now; retry", req.GetModel())
 		}
