@@ -116,6 +116,18 @@ func startServer(t *testing.T, o Options) *testServer {
 }
 
 // cutTensors draws n samples of every cut tensor of the plan.
+// benchPlan is the partition the benchmarks run: PRISM_BENCH_PLAN (for
+// example out/demo/dlrm-kaggle-part after make demo) or dlrm-tiny.
+func benchPlan(b *testing.B) string {
+	if dir := os.Getenv("PRISM_BENCH_PLAN"); dir != "" {
+		if err := ort.Init(); err != nil {
+			b.Fatal(err)
+		}
+		return dir
+	}
+	return tinyPlan(b)
+}
+
 func cutTensors(plan *partitioner.Plan, n int, rng *rand.Rand) []arrowframe.Tensor {
 	ts := make([]arrowframe.Tensor, len(plan.Cut))
 	for i, ct := range plan.Cut {
@@ -499,7 +511,7 @@ func TestAnnounce(t *testing.T) {
 // BenchmarkScore: Score over loopback gRPC, 270-sample requests (MLPerf
 // DLRMv2's average candidates), from parallel clients.
 func BenchmarkScore(b *testing.B) {
-	dir := tinyPlan(b)
+	dir := benchPlan(b)
 	plan, err := partitioner.ReadPlan(dir)
 	if err != nil {
 		b.Fatal(err)
@@ -544,7 +556,7 @@ func BenchmarkScore(b *testing.B) {
 // BenchmarkDenseDirect is BenchmarkScore's baseline: dense.onnx on the
 // same 270-sample batches in this process, no gRPC, no batcher.
 func BenchmarkDenseDirect(b *testing.B) {
-	dir := tinyPlan(b)
+	dir := benchPlan(b)
 	plan, err := partitioner.ReadPlan(dir)
 	if err != nil {
 		b.Fatal(err)

@@ -38,6 +38,7 @@ the CUDA execution provider, it says so once and serves on the CPU.
 Once serving it prints one line, "dense tier listening on ADDR", to stdout.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			lightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
 				return err

@@ -27,6 +27,7 @@ func newServeRouterCmd() *cobra.Command {
 		Short: "Run the router: Recommend API, micro-batch pipelining, worker registry",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			lightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
 				return err

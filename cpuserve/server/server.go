@@ -26,6 +26,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/partitioner"
 )
 
@@ -195,6 +196,7 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+			serve.DialOption(),
 		}, s.opts.DialOptions...)
 		var err error
 		if c, err = grpc.NewClient(addr, opts...); err != nil {
