@@ -169,12 +169,12 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := r.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)),
 		// Keepalive notices a worker that vanished without closing its
 		// connections (a lost node), so calls to it fail instead of hanging.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-		serve.DialOption())
+	}, serve.DialOptions()...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/partitioner"
 )
@@ -26,6 +27,9 @@ type model struct {
 	cpuIns  []string
 	cpuOuts []string
 	cut     []cutSpec
+	// cols is the frame layout of the cut (nil when a cut shape is not
+	// fully known): lookups write straight into a frame of this layout.
+	cols []arrowframe.Column
 }
 
 // inputSpec is one model input as the requests carry it.
@@ -133,6 +137,17 @@ func loadModel(dir string, p *partitioner.Plan, so ort.SessionOptions) (*model, 
 	}
 	for _, c := range p.Cut {
 		m.cut = append(m.cut, cutSpec{name: c.Name, shape: c.Shape})
+		w := 1
+		for _, d := range c.Shape {
+			w *= int(max(d, 0))
+		}
+		m.cols = append(m.cols, arrowframe.Column{Name: c.Name, Width: w})
+	}
+	for _, c := range m.cols {
+		if c.Width <= 0 {
+			m.cols = nil
+			break
+		}
 	}
 	if p.CPUModel != "" {
 		s, err := ort.NewSession(filepath.Join(dir, p.CPUModel), so)

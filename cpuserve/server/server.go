@@ -196,8 +196,7 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-			serve.DialOption(),
-		}, s.opts.DialOptions...)
+		}, append(serve.DialOptions(), s.opts.DialOptions...)...)
 		var err error
 		if c, err = grpc.NewClient(addr, opts...); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "dense_addr %q: %v", addr, err)
@@ -263,7 +262,25 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	t1 := time.Now()
 	times.DecodeUs = t1.Sub(t0).Microseconds()
 
-	if err := s.lookup(m, vals, n); err != nil {
+	// With a known layout the frame is laid out first and the lookups
+	// gather rows straight into it: no copy between lookup and wire.
+	fb := framePool.Get().(*[]byte)
+	var frame []byte
+	var into map[string][]float32
+	if m.cols != nil {
+		var views [][]float32
+		if frame, views, err = arrowframe.AppendFrame(*fb, n, m.cols); err != nil {
+			framePool.Put(fb)
+			return nil, status.Errorf(codes.Internal, "model %q: %v", m.name, err)
+		}
+		*fb = frame[:0]
+		into = make(map[string][]float32, len(views))
+		for i, c := range m.cols {
+			into[c.Name] = views[i]
+		}
+	}
+	if err := s.lookup(m, vals, n, into); err != nil {
+		framePool.Put(fb)
 		return nil, err
 	}
 	t2 := time.Now()
@@ -271,6 +288,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 
 	if m.cpu != nil {
 		if err := runCPU(m, vals, n); err != nil {
+			framePool.Put(fb)
 			s.log.Error("cpu model failed", "model", m.name, "request_id", req.GetRequestId(), "err", err)
 			return nil, status.Errorf(codes.Internal, "model %q: cpu subgraph: %v", m.name, err)
 		}
@@ -278,29 +296,39 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	t3 := time.Now()
 	times.CpuModelUs = t3.Sub(t2).Microseconds()
 
-	fb := framePool.Get().(*[]byte)
-	defer framePool.Put(fb)
-	frame, err := encodeCut(*fb, m, vals, n)
-	*fb = frame[:0]
+	if into != nil {
+		err = fillCut(into, m, vals, n)
+	} else {
+		frame, err = encodeCut(*fb, m, vals, n)
+		*fb = frame[:0]
+	}
 	if err != nil {
+		framePool.Put(fb)
 		return nil, status.Errorf(codes.Internal, "model %q: %v", m.name, err)
 	}
 	t4 := time.Now()
 	times.EncodeUs = t4.Sub(t3).Microseconds()
 
 	if err := ctxErr(ctx, "before the dense call"); err != nil {
+		framePool.Put(fb)
 		return nil, err
 	}
 	dc, err := s.dense(req.GetDenseAddr())
 	if err != nil {
+		framePool.Put(fb)
 		return nil, err
 	}
 	resp, err := dc.Score(ctx, &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n)})
 	if err != nil {
-		// The dense tier's status goes back unchanged; a transport failure
-		// is already a status (Unavailable, DeadlineExceeded ...).
+		// The frame is not reused: serve.Codec hands it to the transport
+		// without a copy, and a failed call (cancelled, reset) may not
+		// have finished sending it. The dense tier's status goes back
+		// unchanged; a transport failure is already a status
+		// (Unavailable, DeadlineExceeded ...).
 		return nil, err
 	}
+	// A successful answer means the dense worker read the whole frame.
+	framePool.Put(fb)
 	t5 := time.Now()
 	times.DenseUs = resp.GetDenseUs()
 	times.TransferUs = max(t5.Sub(t4).Microseconds()-times.DenseUs, 0)
@@ -371,8 +399,9 @@ func storeStatus(err error) error {
 
 // lookup runs every table lookup of the model in one store batch. A
 // lookup whose ids (and weights) come from the context runs for one
-// sample and its output is repeated for all n.
-func (s *Server) lookup(m *model, vals map[string]*value, n int) error {
+// sample and its output is repeated for all n. A lookup whose output is
+// a cut tensor with a view in into writes there (the frame being built).
+func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string][]float32) error {
 	batch := make([]store.TableLookup, len(m.lookups))
 	once := make([]bool, len(m.lookups))
 	for i, ls := range m.lookups {
@@ -405,7 +434,11 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int) error {
 		if l.Pooling == partitioner.PoolNone {
 			size = len(ids.i64) * ls.dim
 		}
-		batch[i] = store.TableLookup{Table: ls.table, IDs: ids.i64, Bag: l.Bag, Weights: w, Pooling: l.Pooling, Out: make([]float32, size)}
+		out := into[l.Output]
+		if once[i] || len(out) != size {
+			out = make([]float32, size)
+		}
+		batch[i] = store.TableLookup{Table: ls.table, IDs: ids.i64, Bag: l.Bag, Weights: w, Pooling: l.Pooling, Out: out}
 	}
 	if err := s.st.Lookup(m.name, batch); err != nil {
 		return storeStatus(err)
@@ -448,9 +481,34 @@ func runCPU(m *model, vals map[string]*value, n int) error {
 }
 
 // framePool recycles frame buffers: a frame is half a megabyte for a
-// 270-sample DLRM micro-batch, and gRPC has copied it onto the wire by
-// the time Score returns.
+// 270-sample DLRM micro-batch. A buffer comes back only after a
+// successful Score: serve.Codec sends the frame without copying it.
 var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<20); return &b }}
+
+// fillCut copies into the frame's views the cut tensors that are not
+// already there (lookups wrote theirs in place): dense features, CPU
+// subgraph outputs, context lookups.
+func fillCut(into map[string][]float32, m *model, vals map[string]*value, n int) error {
+	for _, c := range m.cut {
+		v := vals[c.name]
+		if v == nil {
+			return fmt.Errorf("cut tensor %q was not produced", c.name)
+		}
+		if v.i64 != nil {
+			return fmt.Errorf("cut tensor %q is int64; the dense tier takes float32 tensors", c.name)
+		}
+		dst := into[c.name]
+		v = v.full(n)
+		if len(v.f32) != len(dst) {
+			return fmt.Errorf("cut tensor %q: %d values for %d samples, the plan's shape %v holds %d", c.name, len(v.f32), n, c.shape, len(dst))
+		}
+		if len(dst) > 0 && &v.f32[0] == &dst[0] {
+			continue // written in place
+		}
+		copy(dst, v.f32)
+	}
+	return nil
+}
 
 // encodeCut frames the cut tensors in plan order, into dst's storage.
 func encodeCut(dst []byte, m *model, vals map[string]*value, n int) ([]byte, error) {

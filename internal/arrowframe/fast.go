@@ -6,42 +6,76 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 
 	flatbuffers "github.com/google/flatbuffers/go"
-
-	"github.com/prism-serve/prism/internal/onnxpb"
 )
 
 // AppendEncode frames n samples of the tensors into dst[:0]'s storage
 // (grown if needed) and returns the frame: callers that send many frames
 // reuse one buffer. The frame is a standard Arrow IPC stream (arrow-go and
-// pyarrow read it), but the record batch message is written here: the schema message is cached per layout (names and
-// widths) and the batch's metadata is a few dozen bytes of flatbuffer,
-// so the cost is one copy of the floats. arrow-go's writer spent most of
-// the embedding tier's encode stage (0.4 ms per 270-sample DLRM frame)
-// rebuilding the same schema and walking arrays.
+// pyarrow read it), but the record batch message is written here: the
+// schema message is cached per layout (names and widths) and the batch's
+// metadata is a few dozen bytes of flatbuffer, so the cost is one copy of
+// the floats. arrow-go's writer spent most of the embedding tier's encode
+// stage (0.4 ms per 270-sample DLRM frame) rebuilding the same schema and
+// walking arrays.
 func AppendEncode(dst []byte, n int, ts []Tensor) ([]byte, error) {
-	for _, t := range ts {
+	cols := make([]Column, len(ts))
+	for i, t := range ts {
 		if t.Width <= 0 || len(t.Data) != n*t.Width {
 			return nil, fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), n, t.Width)
 		}
+		cols[i] = Column{Name: t.Name, Width: t.Width}
 	}
-	schema, err := schemaMessage(ts)
+	out, views, err := AppendFrame(dst, n, cols)
 	if err != nil {
 		return nil, err
+	}
+	for i, t := range ts {
+		copy(views[i], t.Data)
+	}
+	return out, nil
+}
+
+// Column is one tensor's place in a frame: its name and the floats per
+// sample.
+type Column struct {
+	Name  string
+	Width int
+}
+
+// AppendFrame lays out a frame of n samples of the columns in dst[:0]'s
+// storage (grown if needed) and returns it with one view per column: the
+// column's n*Width floats inside the frame, for the caller to fill before
+// sending (their contents are undefined until then). Filling the views in
+// place is what lets the embedding tier gather rows straight into the
+// frame it sends, with no copy between its lookup and the wire.
+func AppendFrame(dst []byte, n int, cols []Column) (frame []byte, views [][]float32, err error) {
+	if n <= 0 {
+		return nil, nil, fmt.Errorf("frame of %d samples", n)
+	}
+	for _, c := range cols {
+		if c.Width <= 0 {
+			return nil, nil, fmt.Errorf("column %q: width %d", c.Name, c.Width)
+		}
+	}
+	schema, err := schemaMessage(cols)
+	if err != nil {
+		return nil, nil, err
 	}
 	// Body layout: per column, the list's validity (empty), the child's
 	// validity (empty), the child's values padded to 64 bytes.
 	const align = 64
 	type buf struct{ off, len int64 }
-	bufs := make([]buf, 0, 3*len(ts))
+	bufs := make([]buf, 0, 3*len(cols))
 	var body int64
-	for _, t := range ts {
-		l := int64(4 * len(t.Data))
+	for _, c := range cols {
+		l := int64(4 * n * c.Width)
 		bufs = append(bufs, buf{body, 0}, buf{body, 0}, buf{body, l})
 		body += (l + align - 1) / align * align
 	}
-	b := flatbuffers.NewBuilder(128 + 48*len(ts))
+	b := flatbuffers.NewBuilder(128 + 48*len(cols))
 	b.StartVector(16, len(bufs), 8)
 	for i := len(bufs) - 1; i >= 0; i-- {
 		b.Prep(8, 16)
@@ -49,15 +83,15 @@ func AppendEncode(dst []byte, n int, ts []Tensor) ([]byte, error) {
 		b.PrependInt64(bufs[i].off)
 	}
 	buffers := b.EndVector(len(bufs))
-	b.StartVector(16, 2*len(ts), 8)
-	for i := len(ts) - 1; i >= 0; i-- {
-		for _, length := range []int64{int64(n * ts[i].Width), int64(n)} { // child, then list (built backwards)
+	b.StartVector(16, 2*len(cols), 8)
+	for i := len(cols) - 1; i >= 0; i-- {
+		for _, length := range []int64{int64(n * cols[i].Width), int64(n)} { // child, then list (built backwards)
 			b.Prep(8, 16)
 			b.PrependInt64(0) // null_count
 			b.PrependInt64(length)
 		}
 	}
-	nodes := b.EndVector(2 * len(ts))
+	nodes := b.EndVector(2 * len(cols))
 	b.StartObject(5) // RecordBatch
 	b.PrependInt64Slot(0, int64(n), 0)
 	b.PrependUOffsetTSlot(1, nodes, 0)
@@ -73,23 +107,37 @@ func AppendEncode(dst []byte, n int, ts []Tensor) ([]byte, error) {
 
 	metaLen := (len(meta) + 7) / 8 * 8 // the body starts on an 8-byte boundary
 	need := len(schema) + 8 + metaLen + int(body) + 8
-	if cap(dst) < need {
-		dst = make([]byte, 0, need)
+	if cap(dst) < need || uintptr(unsafe.Pointer(unsafe.SliceData(dst[:1])))%8 != 0 {
+		dst = make([]byte, 0, need) // Go's allocator aligns it to 8
 	}
 	out := append(dst[:0], schema...)
 	out = binary.LittleEndian.AppendUint32(out, continuation)
 	out = binary.LittleEndian.AppendUint32(out, uint32(metaLen))
 	out = append(out, meta...)
-	out = append(out, make([]byte, metaLen-len(meta))...)
-	for _, t := range ts {
-		if len(t.Data) > 0 {
-			out = append(out, onnxpb.Float32AsBytes(t.Data)...)
-		}
-		out = append(out, zeros[:pad(4*len(t.Data), align)]...)
+	out = append(out, zeros[:metaLen-len(meta)]...)
+	// The schema message and the metadata are multiples of 8 bytes, and
+	// the buffer's start is 8-aligned (Go's allocator), so every column
+	// starts 4-aligned for its float32 view.
+	start := len(out)
+	out = out[:start+int(body)]
+	views = make([][]float32, len(cols))
+	for i := range cols {
+		off := start + int(bufs[3*i+2].off)
+		l := int(bufs[3*i+2].len)
+		views[i] = bytesAsFloat32(out[off : off+l : off+l])
+		clear(out[off+l : off+l+pad(l, align)]) // padding bytes are zero, as Arrow asks
 	}
 	out = binary.LittleEndian.AppendUint32(out, continuation)
 	out = binary.LittleEndian.AppendUint32(out, 0)
-	return out, nil
+	return out, views, nil
+}
+
+// bytesAsFloat32 views b (4-aligned, a multiple of 4 bytes) as floats.
+func bytesAsFloat32(b []byte) []float32 {
+	if uintptr(unsafe.Pointer(unsafe.SliceData(b)))%4 != 0 {
+		panic("arrowframe: float32 view of an unaligned buffer")
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
 
 const (
@@ -104,7 +152,7 @@ func pad(n, align int) int { return (align - n%align) % align }
 // schemas caches the schema message (framed) per layout.
 var schemas sync.Map
 
-func schemaMessage(ts []Tensor) ([]byte, error) {
+func schemaMessage(ts []Column) ([]byte, error) {
 	var key strings.Builder
 	for _, t := range ts {
 		key.WriteString(t.Name)

@@ -1,6 +1,7 @@
 package arrowframe
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -64,6 +65,52 @@ func BenchmarkEncodeAppend270(b *testing.B) {
 		var err error
 		if buf, err = AppendEncode(buf[:0], 270, ts); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestAppendFrameInPlace: a frame whose views are filled in place is the
+// frame AppendEncode writes, byte for byte, even in a reused buffer full
+// of garbage (padding is zeroed) or a misaligned one (reallocated).
+func TestAppendFrameInPlace(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 5, 270} {
+		cols := []Column{{"dense", 13}, {"emb/0", 16}, {"emb/1", 3}}
+		ts := make([]Tensor, len(cols))
+		for i, c := range cols {
+			d := make([]float32, n*c.Width)
+			for j := range d {
+				d[j] = r.Float32()
+			}
+			ts[i] = Tensor{Name: c.Name, Width: c.Width, Data: d}
+		}
+		want, err := AppendEncode(nil, n, ts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirty := bytes.Repeat([]byte{0xAB}, len(want)+16)
+		for _, dst := range [][]byte{nil, dirty[:0], dirty[3:3]} {
+			got, views, err := AppendFrame(dst, n, cols)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range cols {
+				if len(views[i]) != n*cols[i].Width {
+					t.Fatalf("view %d holds %d floats", i, len(views[i]))
+				}
+				copy(views[i], ts[i].Data)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("n=%d: in-place frame differs from AppendEncode's", n)
+			}
+		}
+	}
+	for _, bad := range []struct {
+		n    int
+		cols []Column
+	}{{0, []Column{{"a", 1}}}, {3, []Column{{"a", 0}}}} {
+		if _, _, err := AppendFrame(nil, bad.n, bad.cols); err == nil {
+			t.Errorf("AppendFrame(%d, %v) accepted", bad.n, bad.cols)
 		}
 	}
 }

@@ -19,11 +19,12 @@ import (
 // (profiled under `make bench-serve`).
 var Pool mem.BufferPool = newDirtyPool()
 
-// ServerOption and DialOption install Pool.
-func ServerOption() grpc.ServerOption { return experimental.BufferPool(Pool) }
+// ServerOptions install Pool and Codec on a server.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{experimental.BufferPool(Pool), grpc.ForceServerCodecV2(Codec)}
+}
 
-// DialOption installs Pool on a client connection.
-func DialOption() grpc.DialOption { return experimental.WithBufferPool(Pool) }
+func experimentalPool() grpc.DialOption { return experimental.WithBufferPool(Pool) }
 
 const (
 	minShift = 9  // 512 B

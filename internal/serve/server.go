@@ -119,8 +119,7 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		// Prism's clients ping every 10 s (to notice lost peers); allow
 		// that, where gRPC's default would answer GOAWAY too_many_pings.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		ServerOption(),
-	}, extra...)
+	}, append(ServerOptions(), extra...)...)
 	s.GRPC = grpc.NewServer(opts...)
 	s.Health = health.NewServer()
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)

@@ -1,0 +1,152 @@
+package serve
+
+import (
+	"errors"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers the codec Codec falls back to
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Codec is gRPC's proto codec with one message handled by hand: the
+// dense tier's ScoreRequest, whose tensors field is the half-megabyte
+// Arrow frame of a micro-batch's cut tensors. Marshalled by protobuf, the
+// frame is copied into a fresh message buffer on the embedding tier and
+// copied out of the received one on the dense tier; here the frame goes
+// to the transport as its own buffer, and the decoded request's tensors
+// alias the received bytes. Every other message goes to the proto codec
+// unchanged, and the name stays "proto": the wire is standard protobuf,
+// and any gRPC client or server interoperates.
+var Codec encoding.CodecV2 = scoreCodec{proto: encoding.GetCodecV2("proto")}
+
+type scoreCodec struct{ proto encoding.CodecV2 }
+
+func (scoreCodec) Name() string { return "proto" }
+
+func (c scoreCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*prismv1.ScoreRequest); ok {
+		return marshalScore(r), nil
+	}
+	return c.proto.Marshal(v)
+}
+
+func (c scoreCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*prismv1.ScoreRequest); ok {
+		return unmarshalScore(data.Materialize(), r)
+	}
+	return c.proto.Unmarshal(data, v)
+}
+
+// ScoreRequest field numbers (api/prismv1/internal.proto).
+const (
+	scoreModel      = 1
+	scoreVersion    = 2
+	scoreTensors    = 3
+	scoreNumSamples = 4
+)
+
+// marshalScore writes r's small fields and the tensors field's tag and
+// length into one buffer and hands the tensors over as a second buffer,
+// not copied: the caller must not change r.Tensors until the call that
+// sends it has returned successfully (then the peer has read all of it).
+// Fields follow protobuf's encoding (proto3: zero values omitted), with
+// the tensors last; unknown fields are kept.
+func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
+	h := make([]byte, 0, 32+len(r.Model))
+	if r.Model != "" {
+		h = protowire.AppendTag(h, scoreModel, protowire.BytesType)
+		h = protowire.AppendString(h, r.Model)
+	}
+	if r.Version != 0 {
+		h = protowire.AppendTag(h, scoreVersion, protowire.VarintType)
+		h = protowire.AppendVarint(h, uint64(r.Version))
+	}
+	if r.NumSamples != 0 {
+		h = protowire.AppendTag(h, scoreNumSamples, protowire.VarintType)
+		h = protowire.AppendVarint(h, uint64(int64(r.NumSamples))) // int32: sign-extended
+	}
+	h = append(h, r.ProtoReflect().GetUnknown()...)
+	if len(r.Tensors) == 0 {
+		return mem.BufferSlice{mem.SliceBuffer(h)}
+	}
+	h = protowire.AppendTag(h, scoreTensors, protowire.BytesType)
+	h = protowire.AppendVarint(h, uint64(len(r.Tensors)))
+	return mem.BufferSlice{mem.SliceBuffer(h), mem.SliceBuffer(r.Tensors)}
+}
+
+var errInvalidUTF8 = errors.New("ScoreRequest.model: invalid UTF-8")
+
+// unmarshalScore decodes b into r as proto.Unmarshal would (r reset
+// first; the last of a repeated scalar wins; a known field with another
+// wire type is kept as unknown), except that r.Tensors aliases b.
+func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
+	r.Reset()
+	var unknown []byte
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		field := b
+		b = b[n:]
+		switch {
+		case num == scoreModel && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			if !utf8.Valid(v) {
+				return errInvalidUTF8
+			}
+			r.Model = string(v)
+			n = m
+		case num == scoreVersion && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			r.Version = int64(v)
+			n = m
+		case num == scoreTensors && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			r.Tensors = v[:len(v):len(v)]
+			n = m
+		case num == scoreNumSamples && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			r.NumSamples = int32(v)
+			n = m
+		default:
+			m := protowire.ConsumeFieldValue(num, typ, b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			unknown = append(unknown, field[:len(field)-len(b)+m]...)
+			n = m
+		}
+		b = b[n:]
+	}
+	if unknown != nil {
+		r.ProtoReflect().SetUnknown(unknown)
+	}
+	return nil
+}
+
+// DialOptions are the options of Prism's internal client connections:
+// the buffer pool and the codec.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		experimentalPool(),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(Codec)),
+	}
+}

@@ -1,0 +1,154 @@
+package serve
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+func scoreCases() []*prismv1.ScoreRequest {
+	withUnknown := &prismv1.ScoreRequest{Model: "m", Tensors: []byte{1, 2, 3}, NumSamples: 3}
+	withUnknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 7))
+	big := make([]byte, 463_000)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	return []*prismv1.ScoreRequest{
+		{},
+		{Model: "dlrm-kaggle", Version: 3, Tensors: big, NumSamples: 270},
+		{Model: "x", Version: -1, NumSamples: -5}, // negative int32: ten-byte varint
+		{Tensors: []byte{0}},
+		{Model: "ünïcode", NumSamples: 1 << 30},
+		withUnknown,
+	}
+}
+
+func marshalAll(t testing.TB, v any) []byte {
+	bs, err := Codec.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bs.Materialize()
+}
+
+// The hand-written ScoreRequest codec and protobuf read each other's bytes.
+func TestCodecScoreRoundTrip(t *testing.T) {
+	for i, want := range scoreCases() {
+		var got prismv1.ScoreRequest
+		if err := proto.Unmarshal(marshalAll(t, want), &got); err != nil {
+			t.Fatalf("case %d: proto.Unmarshal of Codec's bytes: %v", i, err)
+		}
+		if !proto.Equal(&got, want) {
+			t.Errorf("case %d: Codec -> proto: got %v, want %v", i, &got, want)
+		}
+		pb, err := proto.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got2 := &prismv1.ScoreRequest{Model: "stale", Tensors: []byte{9}}
+		if err := Codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(pb)}, got2); err != nil {
+			t.Fatalf("case %d: Codec.Unmarshal of proto's bytes: %v", i, err)
+		}
+		if !proto.Equal(got2, want) {
+			t.Errorf("case %d: proto -> Codec: got %v, want %v", i, got2, want)
+		}
+	}
+}
+
+// The frame goes to the transport as its own buffer, not copied.
+func TestCodecScoreNoCopy(t *testing.T) {
+	frame := make([]byte, 1<<16)
+	bs, err := Codec.Marshal(&prismv1.ScoreRequest{Model: "m", Tensors: frame, NumSamples: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bs) != 2 || &bs[1].ReadOnlyData()[0] != &frame[0] {
+		t.Fatalf("tensors were copied (%d buffers)", len(bs))
+	}
+	// Decoded tensors alias the received bytes (one contiguous buffer).
+	wire := bs.Materialize()
+	var r prismv1.ScoreRequest
+	if err := unmarshalScore(wire, &r); err != nil {
+		t.Fatal(err)
+	}
+	if &r.Tensors[0] != &wire[len(wire)-len(frame)] {
+		t.Fatal("decoded tensors do not alias the message")
+	}
+}
+
+// Other messages go through protobuf unchanged.
+func TestCodecOtherMessages(t *testing.T) {
+	want := &prismv1.ScoreResponse{Scores: []float32{1, 2.5}, DenseUs: 7}
+	b := marshalAll(t, want)
+	pb, _ := proto.Marshal(want)
+	if !bytes.Equal(b, pb) {
+		t.Fatalf("bytes differ from protobuf's")
+	}
+	var got prismv1.ScoreResponse
+	if err := Codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got); err != nil || !proto.Equal(&got, want) {
+		t.Fatalf("got %v, %v", &got, err)
+	}
+	if Codec.Name() != encoding.GetCodecV2("proto").Name() {
+		t.Fatalf("name %q", Codec.Name())
+	}
+}
+
+// FuzzCodecScoreUnmarshal: on any bytes the hand-written decoder agrees
+// with protobuf: both reject, or both accept the same message.
+func FuzzCodecScoreUnmarshal(f *testing.F) {
+	for _, c := range scoreCases() {
+		b, _ := proto.Marshal(c)
+		f.Add(b)
+	}
+	f.Add([]byte{0x0a, 0x02, 0xff, 0xfe})       // model: invalid UTF-8
+	f.Add([]byte{0x1a, 0x05, 1})                // tensors: truncated
+	f.Add([]byte{0x10, 0xff, 0xff, 0xff, 0xff}) // version: truncated varint
+	f.Add([]byte{0x0d, 1, 2, 3, 4})             // field 1 as fixed32: unknown
+	f.Add([]byte{0x00})                         // field number 0
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var want prismv1.ScoreRequest
+		werr := proto.Unmarshal(b, &want)
+		var got prismv1.ScoreRequest
+		gerr := unmarshalScore(append([]byte(nil), b...), &got)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("protobuf: %v, codec: %v", werr, gerr)
+		}
+		if werr == nil && !proto.Equal(&got, &want) {
+			t.Fatalf("protobuf %v, codec %v", &want, &got)
+		}
+	})
+}
+
+func BenchmarkCodecScoreDecode(b *testing.B) {
+	frame := make([]byte, 463_000)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range frame {
+		frame[i] = byte(rng.Uint32())
+	}
+	wire, _ := proto.Marshal(&prismv1.ScoreRequest{Model: "dlrm-kaggle", Tensors: frame, NumSamples: 270})
+	in := mem.BufferSlice{mem.SliceBuffer(wire[:len(wire)/2]), mem.SliceBuffer(wire[len(wire)/2:])}
+	b.Run("proto", func(b *testing.B) {
+		c := encoding.GetCodecV2("proto")
+		for b.Loop() {
+			var r prismv1.ScoreRequest
+			if err := c.Unmarshal(in, &r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("codec", func(b *testing.B) {
+		for b.Loop() {
+			var r prismv1.ScoreRequest
+			if err := Codec.Unmarshal(in, &r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
