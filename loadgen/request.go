@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/models"
 )
@@ -131,7 +133,9 @@ type RequestOptions struct {
 	// cycles through them (each send gets its own request id), as MLPerf's
 	// LoadGen loads its samples before timing: drawing hundreds of Zipf
 	// ids per request then costs the generator nothing during the run,
-	// so it takes less of a machine it shares with the servers.
+	// so it takes less of a machine it shares with the servers. Each
+	// pooled request is marshaled then too, and a PremarshaledSender
+	// sends those bytes with only the request id appended.
 	Pool int
 }
 
@@ -146,6 +150,7 @@ type Requests struct {
 	ctx  []bool // per input: in the context
 	seq  uint64
 	pool []*prismv1.RecommendRequest
+	wire [][]byte // pool[i] marshaled without its request id
 }
 
 // NewRequests checks o and returns its request stream.
@@ -216,27 +221,58 @@ func (q *Requests) draw(n int) (*models.Batch, error) {
 
 // Next builds the next request.
 func (q *Requests) Next() (*prismv1.RecommendRequest, error) {
-	if q.o.Pool > 0 {
-		if q.pool == nil {
-			for range q.o.Pool {
-				req, err := q.build()
-				if err != nil {
-					return nil, err
-				}
-				q.pool = append(q.pool, req)
-			}
-		}
-		p := q.pool[q.seq%uint64(len(q.pool))]
-		q.seq++
-		// A new envelope per send: the pooled features are shared, read
-		// only, by concurrent sends.
-		return &prismv1.RecommendRequest{
-			Model: p.Model, Version: p.Version, NumCandidates: p.NumCandidates,
-			Context: p.Context, Candidates: p.Candidates,
-			RequestId: "lg-" + strconv.FormatUint(q.seq, 10),
-		}, nil
+	req, _, err := q.nextSend()
+	return req, err
+}
+
+// nextSend builds the next request and, for a pooled one, its wire form.
+func (q *Requests) nextSend() (*prismv1.RecommendRequest, *Premarshaled, error) {
+	if q.o.Pool <= 0 {
+		req, err := q.build()
+		return req, nil, err
 	}
-	return q.build()
+	if q.pool == nil {
+		if err := q.fill(); err != nil {
+			return nil, nil, err
+		}
+	}
+	i := q.seq % uint64(len(q.pool))
+	p := q.pool[i]
+	q.seq++
+	// A new envelope per send: the pooled features are shared, read
+	// only, by concurrent sends.
+	req := &prismv1.RecommendRequest{
+		Model: p.Model, Version: p.Version, NumCandidates: p.NumCandidates,
+		Context: p.Context, Candidates: p.Candidates,
+		RequestId: "lg-" + strconv.FormatUint(q.seq, 10),
+	}
+	if q.wire[i] == nil {
+		return req, nil, nil
+	}
+	return req, newPremarshaled(req, q.wire[i]), nil
+}
+
+// fill builds the pool, and marshals each entry once, without its
+// request id, so sends need not marshal it again (see Premarshaled).
+func (q *Requests) fill() error {
+	pool := make([]*prismv1.RecommendRequest, 0, q.o.Pool)
+	wire := make([][]byte, 0, q.o.Pool)
+	for range q.o.Pool {
+		req, err := q.build()
+		if err != nil {
+			return err
+		}
+		req.RequestId = "" // each send sets its own
+		// An entry that does not marshal (a model name that is not UTF-8)
+		// is left to fail at each send, as it does unpooled.
+		b, err := proto.Marshal(req)
+		if err != nil {
+			b = nil
+		}
+		pool, wire = append(pool, req), append(wire, b)
+	}
+	q.pool, q.wire = pool, wire
+	return nil
 }
 
 // Prepare builds the pool now (before timing), if there is one.
@@ -245,7 +281,7 @@ func (q *Requests) Prepare() error {
 		return nil
 	}
 	seq := q.seq
-	if _, err := q.Next(); err != nil {
+	if err := q.fill(); err != nil {
 		return err
 	}
 	q.seq = seq

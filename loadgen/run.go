@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -22,7 +23,13 @@ type Sender interface {
 }
 
 // GRPCSender sends through a Recommender client.
-type GRPCSender struct{ Client prismv1.RecommenderClient }
+type GRPCSender struct {
+	Client prismv1.RecommenderClient
+	// Conn, if set, is Client's connection: pooled requests then go out
+	// in the wire form they were given when the pool was built (see
+	// SendPremarshaled) instead of being marshaled at every send.
+	Conn grpc.ClientConnInterface
+}
 
 var _ Sender = GRPCSender{}
 
@@ -31,6 +38,10 @@ func (g GRPCSender) Send(ctx context.Context, req *prismv1.RecommendRequest) err
 	if err != nil {
 		return err
 	}
+	return checkScores(resp, req)
+}
+
+func checkScores(resp *prismv1.RecommendResponse, req *prismv1.RecommendRequest) error {
 	if len(resp.Scores) != int(req.NumCandidates) {
 		return status.Errorf(codes.Internal, "%d scores for %d candidates", len(resp.Scores), req.NumCandidates)
 	}
@@ -134,6 +145,7 @@ func (o *Options) Validate() error {
 type job struct {
 	intended time.Duration
 	req      *prismv1.RecommendRequest
+	wire     *Premarshaled // a pooled request's wire form, or nil
 }
 
 // Run drives one run to its end and returns its summary. ctx cancels it
@@ -176,14 +188,14 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 					return
 				}
 			}
-			req, err := reqs.Next()
+			req, wire, err := reqs.nextSend()
 			if err != nil {
 				genErr = err
 				cancel()
 				return
 			}
 			select {
-			case jobs <- job{at, req}:
+			case jobs <- job{at, req, wire}:
 			case <-ctx.Done():
 				return
 			}
@@ -192,9 +204,15 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 
 	stopLive := startLive(o, rec, since)
 	var wg sync.WaitGroup
+	ps, _ := s.(PremarshaledSender)
 	send := func(j job) {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), o.Timeout)
-		err := s.Send(rctx, j.req)
+		var err error
+		if j.wire != nil && ps != nil {
+			err = ps.SendPremarshaled(rctx, j.wire)
+		} else {
+			err = s.Send(rctx, j.req)
+		}
 		rcancel()
 		rec.Done(j.intended, since(), int(j.req.NumCandidates), status.Code(err))
 	}

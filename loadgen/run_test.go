@@ -37,7 +37,7 @@ func dialAddr(t testing.TB, addr string) Sender {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cc.Close() })
-	return GRPCSender{Client: prismv1.NewRecommenderClient(cc)}
+	return GRPCSender{Client: prismv1.NewRecommenderClient(cc), Conn: cc}
 }
 
 func tinyRequests(t testing.TB, cand Candidates) *Requests {

@@ -172,7 +172,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		return fmt.Errorf("loadgen: dial %q: %w", target, err)
 	}
 	defer cc.Close()
-	sender := loadgen.GRPCSender{Client: prismv1.NewRecommenderClient(cc)}
+	sender := loadgen.GRPCSender{Client: prismv1.NewRecommenderClient(cc), Conn: cc}
 
 	opts := loadgen.Options{Poisson: f.arrival != "constant", Seed: f.seed, Clients: f.clients, Duration: f.duration,
 		MaxRequests: f.maxRequests, MaxInFlight: f.maxInFlight, Timeout: f.timeout, SLO: f.slo}

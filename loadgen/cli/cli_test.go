@@ -3,11 +3,15 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/loadgen"
 )
 
@@ -55,6 +59,35 @@ func TestLoadgenCLI(t *testing.T) {
 	for _, f := range []string{"timeseries.csv", "plot.png"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// A pooled run through the command: every send arrives, each with its
+// own request id.
+func TestLoadgenCLIPool(t *testing.T) {
+	var mu sync.Mutex
+	ids := map[string]int{}
+	addr, stop, err := loadgen.ServeFake("127.0.0.1:0", &loadgen.Fake{Delay: func(req *prismv1.RecommendRequest) time.Duration {
+		mu.Lock()
+		ids[req.RequestId]++
+		mu.Unlock()
+		return 0
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	out, err := runCLI(t, "--target", addr, "--model", "dlrm-tiny", "--clients", "4", "--pool", "8", "--max-requests", "100",
+		"--duration", "10s", "--candidates", "uniform:10-20", "--context-inputs", "dense", "--quiet")
+	if err != nil || !strings.Contains(out, "sent 100  ok 100  errors 0") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i <= 100; i++ {
+		if id := fmt.Sprintf("lg-%d", i); ids[id] != 1 {
+			t.Fatalf("request %s arrived %d times", id, ids[id])
 		}
 	}
 }
