@@ -98,7 +98,27 @@ var ErrMalformed = errors.New("malformed tensor frame")
 // Decode reads a frame: the number of samples and the tensors, in column
 // order. The data slices alias b (no copy): b must stay unchanged while
 // they are in use.
+//
+// A frame whose schema message is byte for byte one that arrow-go has
+// already read successfully (a small cache, decode_fast.go) has its record
+// batch read here, without arrow-go; anything unusual about it, and every
+// other frame, goes through arrow-go's IPC reader (decodeWithArrow). Both
+// give the same result for every frame arrow-go's path accepts, and the
+// fast path accepts no frame that path refuses.
 func Decode(b []byte) (n int, ts []Tensor, err error) {
+	if n, ts, ok := decodeCached(b); ok {
+		return n, ts, nil
+	}
+	n, ts, err = decodeWithArrow(b)
+	if err == nil {
+		rememberSchema(b, n, ts)
+	}
+	return n, ts, err
+}
+
+// decodeWithArrow is Decode through arrow-go's IPC reader: the reference
+// for the fast path, and the path for every frame it does not take.
+func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 	defer func() {
 		// A hostile buffer can make the IPC reader panic; it is bad
 		// input, not a crash.

@@ -1,0 +1,339 @@
+package arrowframe
+
+import (
+	"bytes"
+	"encoding/binary"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/apache/arrow-go/v18/arrow/endian"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	flatbuffers "github.com/google/flatbuffers/go"
+)
+
+// The fast decode path. A dense worker receives frames of one or a few
+// layouts, each frame starting with the same schema message; arrow-go's
+// reader re-parses that schema and builds arrays for every frame. Here a
+// schema message arrow-go has read successfully is remembered (the
+// message's exact bytes, with the column names and widths decoded from
+// it), and a frame that starts with those bytes has its record batch
+// message read by hand: the flatbuffer's batch length, field nodes and
+// buffers, checked against the body, and the tensors are views of b, the
+// same slices arrow-go's path returns.
+//
+// The fast path takes only the plain frame, as AppendEncode and arrow-go's
+// writer produce it: one uncompressed V5 record batch whose nodes and
+// buffers are exactly the layout's, no nulls, every buffer inside the
+// body, each column's values long enough (and aligned where the CPU needs
+// it, see unalignedFloats), then the end of the stream (or of the bytes).
+// On anything else (including a panic while reading the flatbuffer) it
+// declines and Decode goes through arrow-go, which accepts or refuses the
+// frame as it always did: the fast path returns no error of its own.
+
+// Limits of the schema cache: a few layouts, each schema message at most
+// maxCachedSchema bytes, so hostile (but valid) frames churning through
+// new schemas cost a bounded amount of memory.
+const (
+	schemaCacheCap  = 8
+	maxCachedSchema = 256 << 10
+)
+
+// unalignedFloats says whether float32s may be read at any address here.
+// arrow-go's path views a column's values in place at whatever address
+// they have (it never copies to align), and so does the fast path on
+// amd64 and arm64, whose loads need no alignment (Go's checkptr allows
+// unaligned pointers to pointer-free types): a frame is not always
+// 4-byte aligned, since the dense tier's ScoreRequest aliases the frame
+// inside the received message, after the model name and the other small
+// fields. Elsewhere the fast path takes only 4-byte aligned columns.
+const unalignedFloats = runtime.GOARCH == "amd64" || runtime.GOARCH == "arm64"
+
+// cachedSchema is a schema message arrow-go has decoded, and its columns.
+type cachedSchema struct {
+	msg    []byte // the framed message: continuation, length, metadata, body
+	names  []string
+	widths []int
+}
+
+// schemaCache holds the most recently learned schemas, newest first. Readers
+// load the list without locking; writers copy it under mu.
+var schemaCache struct {
+	mu   sync.Mutex
+	list atomic.Pointer[[]*cachedSchema]
+}
+
+// lookupSchema returns the cached schema b starts with, or nil.
+func lookupSchema(b []byte) *cachedSchema {
+	l := schemaCache.list.Load()
+	if l == nil {
+		return nil
+	}
+	for _, s := range *l {
+		if len(b) >= len(s.msg) && bytes.Equal(b[:len(s.msg)], s.msg) {
+			return s
+		}
+	}
+	return nil
+}
+
+// decodeCached is the fast path: ok is false where it declines, and Decode
+// must then use arrow-go's reader.
+func decodeCached(b []byte) (n int, ts []Tensor, ok bool) {
+	if endian.IsBigEndian {
+		return 0, nil, false // arrow-go would swap the little-endian frames
+	}
+	s := lookupSchema(b)
+	if s == nil {
+		return 0, nil, false
+	}
+	return s.decode(b)
+}
+
+// Slots of Arrow's Message.fbs tables (vtable offsets).
+const (
+	slotMsgVersion    = 4
+	slotMsgHeaderType = 6
+	slotMsgHeader     = 8
+	slotMsgBodyLength = 10
+	slotMsgMeta       = 12
+
+	slotRBLength      = 4
+	slotRBNodes       = 6 // [FieldNode]: struct {length, null_count int64}
+	slotRBBuffers     = 8 // [Buffer]: struct {offset, length int64}
+	slotRBCompression = 10
+	slotRBVariadic    = 12
+
+	slotSchemaEndianness = 4
+
+	fbMetadataV5        = 4 // MetadataVersion.V5
+	fbHeaderSchema      = 1 // MessageHeader.Schema
+	fbHeaderRecordBatch = 3 // MessageHeader.RecordBatch
+)
+
+// decode reads the record batch after the schema message s.msg at the
+// start of b. It never fails: where the frame is not the plain one it
+// declines (ok false), even on a panic.
+func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
+	defer func() {
+		if recover() != nil {
+			n, ts, ok = 0, nil, false
+		}
+	}()
+	meta, body, end, ok := messageAt(b, len(s.msg))
+	if !ok {
+		return 0, nil, false
+	}
+	// After the batch, arrow-go's reader must see the end of the stream:
+	// the end of b, or an end-of-stream marker (what follows it is never
+	// read). Anything else, arrow-go decides.
+	switch rest := b[end:]; {
+	case len(rest) == 0:
+	case len(rest) >= 4 && binary.LittleEndian.Uint32(rest) == 0:
+	case len(rest) >= 8 && binary.LittleEndian.Uint32(rest) == continuation && binary.LittleEndian.Uint32(rest[4:]) == 0:
+	default:
+		return 0, nil, false
+	}
+
+	msg := root(meta)
+	if msg.GetInt16Slot(slotMsgVersion, 0) != fbMetadataV5 ||
+		msg.GetUint8Slot(slotMsgHeaderType, 0) != fbHeaderRecordBatch ||
+		msg.Offset(slotMsgMeta) != 0 {
+		return 0, nil, false
+	}
+	var rb flatbuffers.Table
+	if !union(msg, slotMsgHeader, &rb) {
+		return 0, nil, false
+	}
+	if rb.Offset(slotRBCompression) != 0 || rb.Offset(slotRBVariadic) != 0 {
+		return 0, nil, false
+	}
+	rows := rb.GetInt64Slot(slotRBLength, 0)
+	bodyLen := int64(end - body)
+	// Every row of every column takes at least 4 bytes of body: this also
+	// keeps rows*width below overflow further down.
+	if rows <= 0 || rows > bodyLen/4 {
+		return 0, nil, false
+	}
+	cols := len(s.widths)
+	nodes, nNodes := vectorAt(&rb, slotRBNodes, 16)
+	bufs, nBufs := vectorAt(&rb, slotRBBuffers, 16)
+	if nNodes != 2*cols || nBufs != 3*cols {
+		return 0, nil, false
+	}
+	i64 := func(pos int) int64 { return int64(binary.LittleEndian.Uint64(meta[pos:])) }
+	// inBody reports whether buffer j lies inside the body.
+	inBody := func(j int) (off, length int64, ok bool) {
+		off, length = i64(bufs+16*j), i64(bufs+16*j+8)
+		return off, length, off >= 0 && length >= 0 && off <= bodyLen && length <= bodyLen-off
+	}
+	ts = make([]Tensor, cols)
+	for i, w := range s.widths {
+		// The list's node, then its float32 child's: arrow-go reads a
+		// validity buffer only for a non-zero null count, and Decode
+		// refuses a list with nulls.
+		listLen, listNulls := i64(nodes+32*i), i64(nodes+32*i+8)
+		valLen, valNulls := i64(nodes+32*i+16), i64(nodes+32*i+24)
+		if listLen != rows || listNulls != 0 || valNulls != 0 {
+			return 0, nil, false
+		}
+		if int64(w) > bodyLen/4/rows { // more floats than the body holds
+			return 0, nil, false
+		}
+		nw := rows * int64(w)
+		if valLen != nw {
+			return 0, nil, false
+		}
+		// Buffers: the list's validity, the child's validity, the child's
+		// values.
+		if _, _, ok := inBody(3 * i); !ok {
+			return 0, nil, false
+		}
+		if _, _, ok := inBody(3*i + 1); !ok {
+			return 0, nil, false
+		}
+		off, length, ok := inBody(3*i + 2)
+		if !ok || length < 4*nw {
+			return 0, nil, false
+		}
+		p := unsafe.Pointer(&b[body+int(off)])
+		if !unalignedFloats && uintptr(p)%4 != 0 {
+			return 0, nil, false
+		}
+		ts[i] = Tensor{Name: s.names[i], Width: w, Data: unsafe.Slice((*float32)(p), int(nw))}
+	}
+	return int(rows), ts, true
+}
+
+// messageAt frames the message at b[off:] as bytesMessages.Message does,
+// with the same checks: its metadata and its body's bounds in b. ok is
+// false at the end of the stream and wherever bytesMessages would fail.
+func messageAt(b []byte, off int) (meta []byte, body, end int, ok bool) {
+	if off < 0 || len(b)-off < 4 {
+		return nil, 0, 0, false
+	}
+	v := binary.LittleEndian.Uint32(b[off:])
+	off += 4
+	if v == continuation {
+		if len(b)-off < 4 {
+			return nil, 0, 0, false
+		}
+		v = binary.LittleEndian.Uint32(b[off:])
+		off += 4
+	}
+	if v < 8 || uint64(v) > uint64(len(b)-off) { // checkMeta wants 8 bytes
+		return nil, 0, 0, false
+	}
+	meta = b[off : off+int(v) : off+int(v)]
+	off += int(v)
+	if checkMeta(meta) != nil {
+		return nil, 0, 0, false
+	}
+	bodyLen := root(meta).GetInt64Slot(slotMsgBodyLength, 0)
+	if bodyLen < 0 || bodyLen > int64(len(b)-off) {
+		return nil, 0, 0, false
+	}
+	return meta, off, off + int(bodyLen), true
+}
+
+// vectorAt returns where the elements of the vector in slot start in
+// t.Bytes and how many there are; -1 elements where the slot is absent or
+// the vector overruns the buffer.
+func vectorAt(t *flatbuffers.Table, slot flatbuffers.VOffsetT, elem int) (start, n int) {
+	o := flatbuffers.UOffsetT(t.Offset(slot))
+	if o == 0 {
+		return 0, -1
+	}
+	start, n = int(t.Vector(o)), t.VectorLen(o)
+	if start < 0 || n < 0 || n > (len(t.Bytes)-start)/elem {
+		return 0, -1
+	}
+	return start, n
+}
+
+// rememberSchema caches the schema of b, a frame arrow-go's path decoded
+// to n samples of ts, if the fast path can serve its layout: at least one
+// column, every width and n positive, a little-endian schema. The entry is
+// cached only if the fast path reads b itself to exactly what arrow-go's
+// path did.
+func rememberSchema(b []byte, n int, ts []Tensor) {
+	// arrow-go read these bytes without panicking, but a failure here is
+	// at worst a schema not cached: never let it crash the caller.
+	defer func() { _ = recover() }()
+	if endian.IsBigEndian || n <= 0 || len(ts) == 0 {
+		return
+	}
+	for _, t := range ts {
+		if t.Width <= 0 {
+			return
+		}
+	}
+	if lookupSchema(b) != nil {
+		return // already known: this frame was just unusual
+	}
+	r := &bytesMessages{b: b}
+	m, err := r.Message()
+	if err != nil || m.Type() != ipc.MessageSchema || r.off > maxCachedSchema {
+		return
+	}
+	meta, _, end, ok := messageAt(b, 0)
+	if !ok || end != r.off || !littleEndianSchema(meta) {
+		return
+	}
+	s := &cachedSchema{msg: bytes.Clone(b[:end]), names: make([]string, len(ts)), widths: make([]int, len(ts))}
+	for i, t := range ts {
+		s.names[i], s.widths[i] = t.Name, t.Width
+	}
+	if fn, fts, ok := s.decode(b); !ok || !sameDecode(fn, fts, n, ts) {
+		return
+	}
+	schemaCache.mu.Lock()
+	defer schemaCache.mu.Unlock()
+	var old []*cachedSchema
+	if l := schemaCache.list.Load(); l != nil {
+		old = *l
+	}
+	for _, c := range old {
+		if bytes.Equal(c.msg, s.msg) {
+			return // another goroutine got there first
+		}
+	}
+	l := make([]*cachedSchema, 0, schemaCacheCap)
+	l = append(l, s)
+	l = append(l, old[:min(len(old), schemaCacheCap-1)]...)
+	schemaCache.list.Store(&l)
+}
+
+// littleEndianSchema reports whether the schema message's metadata says
+// little-endian (arrow-go swaps the bytes of other frames in place).
+func littleEndianSchema(meta []byte) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	var s flatbuffers.Table
+	msg := root(meta)
+	return msg.GetUint8Slot(slotMsgHeaderType, 0) == fbHeaderSchema &&
+		union(msg, slotMsgHeader, &s) &&
+		s.GetInt16Slot(slotSchemaEndianness, 0) == 0 // Endianness.Little
+}
+
+// sameDecode reports whether two decodes are the same: samples, names,
+// widths, and data slices (same memory, length and capacity).
+func sameDecode(n1 int, ts1 []Tensor, n2 int, ts2 []Tensor) bool {
+	if n1 != n2 || len(ts1) != len(ts2) {
+		return false
+	}
+	for i := range ts1 {
+		a, b := ts1[i], ts2[i]
+		if a.Name != b.Name || a.Width != b.Width || len(a.Data) != len(b.Data) || cap(a.Data) != cap(b.Data) {
+			return false
+		}
+		if len(a.Data) > 0 && &a.Data[0] != &b.Data[0] {
+			return false
+		}
+	}
+	return true
+}
