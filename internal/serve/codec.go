@@ -37,9 +37,59 @@ func (c scoreCodec) Marshal(v any) (mem.BufferSlice, error) {
 
 func (c scoreCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if r, ok := v.(*prismv1.ScoreRequest); ok {
-		return unmarshalScore(data.Materialize(), r)
+		return unmarshalScore(materializeAligned(data), r)
 	}
 	return c.proto.Unmarshal(data, v)
+}
+
+// materializeAligned copies the message into one new buffer, placed so
+// that the tensors field's bytes start 8-aligned: they are read in place
+// as float32 (by ONNX Runtime, among others), and after a name and a few
+// varints they would otherwise start anywhere. Only the first bytes are
+// parsed to find the field; a message whose tensors do not start there
+// (another sender's field order) is copied as it is.
+func materializeAligned(data mem.BufferSlice) []byte {
+	var head [256]byte
+	h := head[:0]
+	for _, b := range data {
+		h = append(h, b.ReadOnlyData()[:min(b.Len(), cap(h)-len(h))]...)
+		if len(h) == cap(h) {
+			break
+		}
+	}
+	off := tensorsOffset(h)
+	if off < 0 {
+		return data.Materialize()
+	}
+	shift := (8 - off%8) % 8
+	buf := make([]byte, shift+data.Len())
+	data.CopyTo(buf[shift:])
+	return buf[shift:]
+}
+
+// tensorsOffset is where the tensors field's bytes start in a message
+// beginning with h, or -1 if that is not within h.
+func tensorsOffset(h []byte) int {
+	for pos := 0; pos < len(h); {
+		num, typ, n := protowire.ConsumeTag(h[pos:])
+		if n < 0 {
+			return -1
+		}
+		pos += n
+		if num == scoreTensors && typ == protowire.BytesType {
+			_, m := protowire.ConsumeVarint(h[pos:])
+			if m < 0 {
+				return -1
+			}
+			return pos + m
+		}
+		m := protowire.ConsumeFieldValue(num, typ, h[pos:])
+		if m < 0 {
+			return -1
+		}
+		pos += m
+	}
+	return -1
 }
 
 // ScoreRequest field numbers (api/prismv1/internal.proto).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -123,6 +124,13 @@ func FuzzCodecScoreUnmarshal(f *testing.F) {
 		if werr == nil && !proto.Equal(&got, &want) {
 			t.Fatalf("protobuf %v, codec %v", &want, &got)
 		}
+		// The same through Codec, the message in two pieces.
+		var viaCodec prismv1.ScoreRequest
+		in := mem.BufferSlice{mem.SliceBuffer(b[:len(b)/2]), mem.SliceBuffer(b[len(b)/2:])}
+		cerr := Codec.Unmarshal(in, &viaCodec)
+		if (cerr == nil) != (werr == nil) || (werr == nil && !proto.Equal(&viaCodec, &want)) {
+			t.Fatalf("protobuf %v (%v), Codec %v (%v)", &want, werr, &viaCodec, cerr)
+		}
 	})
 }
 
@@ -151,4 +159,29 @@ func BenchmarkCodecScoreDecode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// The tensors of a decoded request start 8-aligned, wherever the sender
+// put them after the small fields.
+func TestCodecScoreAligned(t *testing.T) {
+	for _, model := range []string{"", "m", "dlrm-kaggle", "a-much-longer-model-name"} {
+		for _, split := range []int{1, 3, 17, 1000} {
+			want := &prismv1.ScoreRequest{Model: model, Version: 2, Tensors: make([]byte, 4000), NumSamples: 7}
+			for i := range want.Tensors {
+				want.Tensors[i] = byte(i)
+			}
+			wire := marshalAll(t, want)
+			in := mem.BufferSlice{mem.SliceBuffer(wire[:split]), mem.SliceBuffer(wire[split:])}
+			var got prismv1.ScoreRequest
+			if err := Codec.Unmarshal(in, &got); err != nil {
+				t.Fatal(err)
+			}
+			if !proto.Equal(&got, want) {
+				t.Fatalf("model %q split %d: decoded %v", model, split, &got)
+			}
+			if p := uintptr(unsafe.Pointer(&got.Tensors[0])); p%8 != 0 {
+				t.Errorf("model %q split %d: tensors at %#x", model, split, p)
+			}
+		}
+	}
 }
