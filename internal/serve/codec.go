@@ -129,7 +129,10 @@ func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
 	return mem.BufferSlice{mem.SliceBuffer(h), mem.SliceBuffer(r.Tensors)}
 }
 
-var errInvalidUTF8 = errors.New("ScoreRequest.model: invalid UTF-8")
+var (
+	errInvalidUTF8 = errors.New("ScoreRequest.model: invalid UTF-8")
+	errFieldNumber = errors.New("ScoreRequest: invalid field number")
+)
 
 // unmarshalScore decodes b into r as proto.Unmarshal would (r reset
 // first; the last of a repeated scalar wins; a known field with another
@@ -142,7 +145,9 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
-		field := b
+		if num > protowire.MaxValidNumber {
+			return errFieldNumber
+		}
 		b = b[n:]
 		switch {
 		case num == scoreModel && typ == protowire.BytesType:
@@ -181,7 +186,9 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 			if m < 0 {
 				return protowire.ParseError(m)
 			}
-			unknown = append(unknown, field[:len(field)-len(b)+m]...)
+			// As protobuf keeps it: the tag re-encoded, the value as sent.
+			unknown = protowire.AppendTag(unknown, num, typ)
+			unknown = append(unknown, b[:m]...)
 			n = m
 		}
 		b = b[n:]
