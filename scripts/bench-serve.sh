@@ -39,11 +39,11 @@ lg() { $prism loadgen --target "$addr" --model "$model" --plan "$plan" --candida
 # Warm-up (hot tier, ONNX Runtime arenas), then the measured closed loop.
 lg --clients "$clients" --duration 10s >/dev/null
 # The machine is shared and its speed drifts: the monolith and the
-# disaggregated system are measured in alternation, three rounds, and the
+# disaggregated system are measured in alternation, ROUNDS rounds (default 5), and the
 # medians compared.
 before=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
 m1s=""; m2s=""; ds=""
-for round in 1 2 3; do
+for round in $(seq 1 "${ROUNDS:-5}"); do
 	m1s="$m1s $(mono 1)"
 	m2s="$m2s $(mono 2)"
 	maxrun=$(lg --clients "$clients" --duration "$dur")
