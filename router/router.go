@@ -43,7 +43,10 @@ type Options struct {
 	// DefaultTimeout bounds a request whose client set no deadline
 	// (default 30s), so a stalled worker cannot hold admission forever.
 	DefaultTimeout time.Duration
-	Logger         *slog.Logger
+	// StreamWindow is how many requests of one RecommendStream the router
+	// works on at once (default 16); answers still go out in order.
+	StreamWindow int
+	Logger       *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -62,6 +65,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.DefaultTimeout <= 0 {
 		o.DefaultTimeout = 30 * time.Second
+	}
+	if o.StreamWindow <= 0 {
+		o.StreamWindow = 16
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -249,23 +255,92 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version.Load(), RequestId: req.GetRequestId()}, nil
 }
 
-// RecommendStream answers each request of the stream in order.
+// RecommendStream answers the requests of a stream in order, working on
+// up to StreamWindow of them at once (an offline job's requests pipeline
+// through the tiers as concurrent clients' would). A failed request gets
+// a response carrying its status, and the stream goes on: one bad row
+// does not end a scoring job. The stream ends with an error only when it
+// breaks (cancelled, deadline, a message that does not decode).
 func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendRequest, prismv1.RecommendResponse]) error {
-	for {
-		req, err := s.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
+	ctx, cancel := context.WithCancel(s.Context())
+	// slots carries, in request order, one channel per request for its
+	// response; its capacity is the window.
+	slots := make(chan chan *prismv1.RecommendResponse, r.opts.StreamWindow)
+	// Every request's goroutine has finished before the handler returns
+	// (they use the router's connections; shutdown waits for handlers).
+	// The receiving goroutine may still be in Recv then (it returns once
+	// the handler has), so it starts no work after done is set.
+	var (
+		work sync.WaitGroup
+		mu   sync.Mutex
+		done bool
+	)
+	defer func() {
+		cancel()
+		mu.Lock()
+		done = true
+		mu.Unlock()
+		work.Wait()
+	}()
+	recvErr := make(chan error, 1)
+	go func() {
+		defer close(slots)
+		for {
+			req, err := s.Recv()
+			if err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				recvErr <- err
+				return
+			}
+			slot := make(chan *prismv1.RecommendResponse, 1)
+			select {
+			case slots <- slot:
+			case <-ctx.Done():
+				recvErr <- nil // the sender has stopped; its error ends the stream
+				return
+			}
+			mu.Lock()
+			if done {
+				mu.Unlock()
+				recvErr <- nil
+				return
+			}
+			work.Add(1)
+			mu.Unlock()
+			go func() {
+				defer work.Done()
+				slot <- r.streamAnswer(ctx, req)
+			}()
 		}
-		if err != nil {
-			return err
-		}
-		resp, err := r.Recommend(s.Context(), req)
-		if err != nil {
-			return err
+	}()
+	for slot := range slots {
+		var resp *prismv1.RecommendResponse
+		select {
+		case resp = <-slot:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
 		}
 		if err := s.Send(resp); err != nil {
 			return err
 		}
+	}
+	return <-recvErr
+}
+
+// streamAnswer is Recommend's answer for one request of a stream, a
+// failure included as the response's error.
+func (r *Router) streamAnswer(ctx context.Context, req *prismv1.RecommendRequest) *prismv1.RecommendResponse {
+	resp, err := r.Recommend(ctx, req)
+	if err == nil {
+		return resp
+	}
+	st := status.Convert(err)
+	return &prismv1.RecommendResponse{
+		Model:     req.GetModel(),
+		RequestId: req.GetRequestId(),
+		Error:     &prismv1.RequestError{Code: int32(st.Code()), Message: st.Message()},
 	}
 }
 

@@ -2,6 +2,9 @@ package router
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -9,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -63,10 +67,16 @@ type fakeCN struct {
 	fail  bool
 	tag   float32
 	delay time.Duration
+	// running and peak count concurrent Lookups.
+	running, peak atomic.Int64
 }
 
 func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
 	f.calls.Add(1)
+	now := f.running.Add(1)
+	defer f.running.Add(-1)
+	for p := f.peak.Load(); now > p && !f.peak.CompareAndSwap(p, now); p = f.peak.Load() {
+	}
 	if f.fail {
 		return nil, status.Error(codes.Unavailable, "down")
 	}
@@ -244,5 +254,134 @@ func TestLeavingWorkerDrains(t *testing.T) {
 	r.dropConns()
 	if err := <-done; err != nil {
 		t.Fatalf("the call in flight on a leaving worker failed: %v", err)
+	}
+}
+
+// streamClient serves r's Recommender on loopback and opens a stream.
+func streamClient(t *testing.T, r *Router) grpc.BidiStreamingClient[prismv1.RecommendRequest, prismv1.RecommendResponse] {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	prismv1.RegisterRecommenderServer(s, r)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	st, err := prismv1.NewRecommenderClient(conn).RecommendStream(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestRecommendStream: answers come back in request order, several
+// requests are worked on at once (never more than the window), and a
+// failing request gets its status in its response while the stream goes on.
+func TestRecommendStream(t *testing.T) {
+	cn := &fakeCN{delay: 20 * time.Millisecond}
+	r := newRouter(t, Options{StreamWindow: 4}, cn)
+	st := streamClient(t, r)
+	const n = 40
+	bad := func(i int) codes.Code {
+		switch i % 10 {
+		case 3:
+			return codes.NotFound
+		case 7:
+			return codes.InvalidArgument
+		}
+		return codes.OK
+	}
+	go func() {
+		for i := range n {
+			req := request(5 + i%3)
+			switch bad(i) {
+			case codes.NotFound:
+				req.Model = "nope"
+			case codes.InvalidArgument:
+				req.NumCandidates = 0
+			}
+			req.RequestId = fmt.Sprint("r", i)
+			if err := st.Send(req); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+		st.CloseSend()
+	}()
+	for i := range n {
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		if resp.GetRequestId() != fmt.Sprint("r", i) {
+			t.Fatalf("response %d answers %q: out of order", i, resp.GetRequestId())
+		}
+		if want := bad(i); want != codes.OK {
+			if resp.GetError() == nil || codes.Code(resp.GetError().GetCode()) != want || resp.GetError().GetMessage() == "" || len(resp.GetScores()) != 0 {
+				t.Fatalf("response %d: %v, want error %v", i, resp, want)
+			}
+			continue
+		}
+		if resp.GetError() != nil || len(resp.GetScores()) != 5+i%3 {
+			t.Fatalf("response %d: %v", i, resp)
+		}
+		for j, sc := range resp.GetScores() {
+			if sc != float32(j) {
+				t.Fatalf("response %d score %d = %v", i, j, sc)
+			}
+		}
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last answer: %v, want the stream's end", err)
+	}
+	if p := cn.peak.Load(); p < 2 || p > 4 {
+		t.Errorf("%d lookups at once, want 2..4 (window 4)", p)
+	}
+}
+
+// TestRecommendStreamCancel: a client that goes away mid-stream ends the
+// handler; the requests in flight are abandoned, not waited out.
+func TestRecommendStreamCancel(t *testing.T) {
+	cn := &fakeCN{delay: 10 * time.Second}
+	r := newRouter(t, Options{StreamWindow: 2}, cn)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	prismv1.RegisterRecommenderServer(s, r)
+	go s.Serve(lis)
+	defer s.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := prismv1.NewRecommenderClient(conn).RecommendStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if err := st.Send(request(3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for cn.running.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for cn.running.Load() > 0 || r.inflight.Load() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the client left: %d lookups running, %d samples admitted", cn.running.Load(), r.inflight.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

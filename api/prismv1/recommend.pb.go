@@ -244,8 +244,12 @@ type RecommendResponse struct {
 	Scores []float32 `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
 	Model  string    `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
 	// version is the model version that scored the request.
-	Version       int64  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
-	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Version   int64  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// error is set on RecommendStream when this request failed (scores is
+	// then empty) and the stream goes on with the next request. Recommend
+	// returns a failure as its RPC status instead and never sets it.
+	Error         *RequestError `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -308,6 +312,68 @@ func (x *RecommendResponse) GetRequestId() string {
 	return ""
 }
 
+func (x *RecommendResponse) GetError() *RequestError {
+	if x != nil {
+		return x.Error
+	}
+	return nil
+}
+
+// RequestError is one failed request's gRPC status.
+type RequestError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// code is the gRPC status code (3 INVALID_ARGUMENT, 5 NOT_FOUND,
+	// 8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE, ...).
+	Code          int32  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestError) Reset() {
+	*x = RequestError{}
+	mi := &file_api_prismv1_recommend_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestError) ProtoMessage() {}
+
+func (x *RequestError) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_recommend_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestError.ProtoReflect.Descriptor instead.
+func (*RequestError) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RequestError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *RequestError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 // UpdateRequest upserts rows of one embedding table of a model, online.
 type UpdateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -324,7 +390,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_api_prismv1_recommend_proto_msgTypes[4]
+	mi := &file_api_prismv1_recommend_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -336,7 +402,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_recommend_proto_msgTypes[4]
+	mi := &file_api_prismv1_recommend_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -349,7 +415,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{4}
+	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UpdateRequest) GetModel() string {
@@ -391,7 +457,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_api_prismv1_recommend_proto_msgTypes[5]
+	mi := &file_api_prismv1_recommend_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +469,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_recommend_proto_msgTypes[5]
+	mi := &file_api_prismv1_recommend_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +482,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{5}
+	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *UpdateResponse) GetWorkers() int32 {
@@ -447,13 +513,17 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"candidates\x18\x05 \x01(\v2\x12.prism.v1.FeaturesR\n" +
 	"candidates\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"z\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\xa8\x01\n" +
 	"\x11RecommendResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x04 \x01(\tR\trequestId\"a\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x12,\n" +
+	"\x05error\x18\x05 \x01(\v2\x16.prism.v1.RequestErrorR\x05error\"<\n" +
+	"\fRequestError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"a\n" +
 	"\rUpdateRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x10\n" +
@@ -480,30 +550,32 @@ func file_api_prismv1_recommend_proto_rawDescGZIP() []byte {
 	return file_api_prismv1_recommend_proto_rawDescData
 }
 
-var file_api_prismv1_recommend_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_api_prismv1_recommend_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_api_prismv1_recommend_proto_goTypes = []any{
 	(*Input)(nil),             // 0: prism.v1.Input
 	(*Features)(nil),          // 1: prism.v1.Features
 	(*RecommendRequest)(nil),  // 2: prism.v1.RecommendRequest
 	(*RecommendResponse)(nil), // 3: prism.v1.RecommendResponse
-	(*UpdateRequest)(nil),     // 4: prism.v1.UpdateRequest
-	(*UpdateResponse)(nil),    // 5: prism.v1.UpdateResponse
+	(*RequestError)(nil),      // 4: prism.v1.RequestError
+	(*UpdateRequest)(nil),     // 5: prism.v1.UpdateRequest
+	(*UpdateResponse)(nil),    // 6: prism.v1.UpdateResponse
 }
 var file_api_prismv1_recommend_proto_depIdxs = []int32{
 	0, // 0: prism.v1.Features.inputs:type_name -> prism.v1.Input
 	1, // 1: prism.v1.RecommendRequest.context:type_name -> prism.v1.Features
 	1, // 2: prism.v1.RecommendRequest.candidates:type_name -> prism.v1.Features
-	2, // 3: prism.v1.Recommender.Recommend:input_type -> prism.v1.RecommendRequest
-	2, // 4: prism.v1.Recommender.RecommendStream:input_type -> prism.v1.RecommendRequest
-	4, // 5: prism.v1.Embeddings.Update:input_type -> prism.v1.UpdateRequest
-	3, // 6: prism.v1.Recommender.Recommend:output_type -> prism.v1.RecommendResponse
-	3, // 7: prism.v1.Recommender.RecommendStream:output_type -> prism.v1.RecommendResponse
-	5, // 8: prism.v1.Embeddings.Update:output_type -> prism.v1.UpdateResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 3: prism.v1.RecommendResponse.error:type_name -> prism.v1.RequestError
+	2, // 4: prism.v1.Recommender.Recommend:input_type -> prism.v1.RecommendRequest
+	2, // 5: prism.v1.Recommender.RecommendStream:input_type -> prism.v1.RecommendRequest
+	5, // 6: prism.v1.Embeddings.Update:input_type -> prism.v1.UpdateRequest
+	3, // 7: prism.v1.Recommender.Recommend:output_type -> prism.v1.RecommendResponse
+	3, // 8: prism.v1.Recommender.RecommendStream:output_type -> prism.v1.RecommendResponse
+	6, // 9: prism.v1.Embeddings.Update:output_type -> prism.v1.UpdateResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_recommend_proto_init() }
@@ -517,7 +589,7 @@ func file_api_prismv1_recommend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_recommend_proto_rawDesc), len(file_api_prismv1_recommend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -39,8 +39,11 @@ type RecommenderClient interface {
 	// Recommend scores the candidates of one request.
 	Recommend(ctx context.Context, in *RecommendRequest, opts ...grpc.CallOption) (*RecommendResponse, error)
 	// RecommendStream is the batch form for offline scoring: requests in,
-	// responses out in the same order, over one stream. The stream ends with
-	// the status of the first request that fails.
+	// responses out in the same order, over one stream. The router works on
+	// several requests of a stream at once (its --stream-window); a request
+	// that fails gets a response carrying its error, and the stream goes
+	// on. The stream itself ends with an error only when it breaks
+	// (cancelled, deadline, a malformed message).
 	RecommendStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RecommendRequest, RecommendResponse], error)
 }
 
@@ -82,8 +85,11 @@ type RecommenderServer interface {
 	// Recommend scores the candidates of one request.
 	Recommend(context.Context, *RecommendRequest) (*RecommendResponse, error)
 	// RecommendStream is the batch form for offline scoring: requests in,
-	// responses out in the same order, over one stream. The stream ends with
-	// the status of the first request that fails.
+	// responses out in the same order, over one stream. The router works on
+	// several requests of a stream at once (its --stream-window); a request
+	// that fails gets a response carrying its error, and the stream goes
+	// on. The stream itself ends with an error only when it breaks
+	// (cancelled, deadline, a malformed message).
 	RecommendStream(grpc.BidiStreamingServer[RecommendRequest, RecommendResponse]) error
 	mustEmbedUnimplementedRecommenderServer()
 }
