@@ -36,6 +36,10 @@ type Registry struct {
 	known map[string]bool
 	// changed is closed and replaced whenever the set of workers changes.
 	changed chan struct{}
+	// eligible, when set, says whether a worker may serve a model now
+	// (an embedding worker lacking acknowledged updates may not). It is
+	// called under mu.
+	eligible func(w *prismv1.WorkerInfo, model string) bool
 }
 
 type worker struct {
@@ -157,11 +161,16 @@ func (r *Registry) Pick(role, model string, n int64, exclude []string) (w *prism
 	defer r.mu.Unlock()
 	var best *worker
 	var bestLoad int64
+	lagging := 0
 	for _, e := range r.workers {
 		if e.info.GetRole() != role || !slices.Contains(e.info.GetModels(), model) || slices.Contains(exclude, e.info.GetId()) {
 			continue
 		}
 		if !e.info.GetHealthy() {
+			continue
+		}
+		if r.eligible != nil && !r.eligible(e.info, model) {
+			lagging++
 			continue
 		}
 		load := e.info.GetOutstanding() + e.inflight
@@ -170,6 +179,9 @@ func (r *Registry) Pick(role, model string, n int64, exclude []string) (w *prism
 		}
 	}
 	if best == nil {
+		if lagging > 0 {
+			return nil, nil, fmt.Errorf("every %s worker of model %q lacks acknowledged embedding updates (%d catching up or stale; see the router's log)", roleName(role), model, lagging)
+		}
 		return nil, nil, fmt.Errorf("no healthy %s worker serves model %q", roleName(role), model)
 	}
 	best.inflight += n

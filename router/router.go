@@ -46,7 +46,10 @@ type Options struct {
 	// StreamWindow is how many requests of one RecommendStream the router
 	// works on at once (default 16); answers still go out in order.
 	StreamWindow int
-	Logger       *slog.Logger
+	// UpdateLogBytes bounds the recent Embeddings.Update requests kept
+	// per model to catch lagging embedding workers up (default 256 MiB).
+	UpdateLogBytes int64
+	Logger         *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -69,6 +72,9 @@ func (o *Options) EnsureDefaults() {
 	if o.StreamWindow <= 0 {
 		o.StreamWindow = 16
 	}
+	if o.UpdateLogBytes <= 0 {
+		o.UpdateLogBytes = 256 << 20
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -83,6 +89,7 @@ type Router struct {
 	inflight atomic.Int64
 	connMu   sync.Mutex
 	conns    map[string]*grpc.ClientConn
+	upd      *updates
 	m        routerMetrics
 }
 
@@ -93,6 +100,7 @@ type routerMetrics struct {
 	inflight     prometheus.GaugeFunc
 	stages       *prometheus.HistogramVec
 	workers      *prometheus.GaugeVec
+	behind       *prometheus.GaugeVec
 }
 
 // New makes a router; register its metrics with reg (may be nil).
@@ -105,9 +113,12 @@ func New(o Options, reg prometheus.Registerer) *Router {
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
 	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
+	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
-		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers)
+		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers, r.m.behind)
 	}
+	r.upd = newUpdates(r, o.UpdateLogBytes)
+	r.Reg.eligible = r.upd.inSync
 	return r
 }
 
@@ -134,6 +145,7 @@ func (r *Router) Run(ctx context.Context) {
 			for role, n := range counts {
 				r.m.workers.WithLabelValues(role).Set(float64(n))
 			}
+			r.upd.catchUp(ctx, ws.GetWorkers())
 		}
 	}
 }
@@ -264,8 +276,9 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendRequest, prismv1.RecommendResponse]) error {
 	ctx, cancel := context.WithCancel(s.Context())
 	// slots carries, in request order, one channel per request for its
-	// response; its capacity is the window.
-	slots := make(chan chan *prismv1.RecommendResponse, r.opts.StreamWindow)
+	// response: the ones buffered plus the one the sender waits on make
+	// the window.
+	slots := make(chan chan *prismv1.RecommendResponse, r.opts.StreamWindow-1)
 	// Every request's goroutine has finished before the handler returns
 	// (they use the router's connections; shutdown waits for handlers).
 	// The receiving goroutine may still be in Recv then (it returns once

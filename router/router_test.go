@@ -95,7 +95,7 @@ func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	return &prismv1.LookupResponse{Scores: out}, nil
 }
 
-func startCN(t *testing.T, f *fakeCN) string {
+func startCN(t *testing.T, f prismv1.EmbeddingTierServer) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -2,20 +2,37 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
 
 // Updater serves Embeddings.Update: it fans an upsert out to every live
 // embedding worker of the model. Each worker's store is its own copy of
-// the tables, so an update is done only when all of them have it. A worker
-// that is down when the update is sent does not get it (its store keeps
-// the old rows): resend updates after replacing a worker, or give each
-// worker the same store lineage (re-ingest) when it rejoins.
+// the tables, so the router keeps the copies in step:
+//
+//   - One order per model. Updates of a model are numbered (seq 1, 2, 3
+//     ...) and sent one at a time, so two updates of the same row land in
+//     the same order on every worker. A worker's store records the last
+//     seq it applied with the rows (one synced batch) and announces it.
+//   - Nobody serves stale rows. An update is acknowledged once at least
+//     one worker holds it; from then on the router sends lookups only to
+//     workers that hold every acknowledged update.
+//   - Catching up. The router keeps the latest updates of each model
+//     (Options.UpdateLogBytes) and replays to a worker what it missed
+//     (down, restarted, slow), after which it serves again. A worker
+//     further behind than the log reaches (or any behind worker after the
+//     router restarted: the log lives in the router's memory) is left out
+//     of serving, and the router logs how to bring it back (copy a store
+//     that holds the updates, or re-ingest and resend them).
+//
+// One router sequences a model's updates; several routers taking updates
+// for the same model would need a shared sequencer.
 type Updater struct {
 	prismv1.UnimplementedEmbeddingsServer
 	r *Router
@@ -24,11 +41,117 @@ type Updater struct {
 // Updater returns the Embeddings service of r.
 func (r *Router) Updater() *Updater { return &Updater{r: r} }
 
+// updates is the router's per-model update state.
+type updates struct {
+	r        *Router
+	logBytes int64
+	mu       sync.Mutex
+	models   map[string]*modelUpdates
+}
+
+type modelUpdates struct {
+	// fanout makes a model's updates one at a time (taken before mu).
+	fanout sync.Mutex
+	// Under updates.mu:
+	next      int64 // the last seq handed out
+	committed int64 // the last seq acknowledged to a client
+	floor     int64 // log holds floor+1 .. next
+	log       []*prismv1.ApplyUpdateRequest
+	bytes     int64
+	known     map[string]int64 // worker id -> last seq it holds
+	catching  map[string]bool
+	stale     map[string]bool // reported once
+}
+
+func newUpdates(r *Router, logBytes int64) *updates {
+	return &updates{r: r, logBytes: logBytes, models: map[string]*modelUpdates{}}
+}
+
+// observe learns what the live embedding workers hold from their
+// announcements. A model seen for the first time (a router that just
+// started) continues from the highest seq any worker holds.
+func (u *updates) observe(ws []*prismv1.WorkerInfo) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	live := map[string]bool{}
+	for _, w := range ws {
+		if w.GetRole() != RoleCPU {
+			continue
+		}
+		live[w.GetId()] = true
+		for model, seq := range w.GetUpdateSeq() {
+			m := u.models[model]
+			if m == nil {
+				m = &modelUpdates{known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+				u.models[model] = m
+			}
+			if seq > m.next {
+				// Updates this router never handed out (it restarted, or
+				// a store came from elsewhere): continue after them.
+				m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
+			}
+			m.known[w.GetId()] = max(m.known[w.GetId()], seq)
+		}
+	}
+	for _, m := range u.models {
+		for id := range m.known {
+			if !live[id] {
+				delete(m.known, id)
+				delete(m.stale, id)
+			}
+		}
+	}
+}
+
+// inSync says whether w holds every acknowledged update of model: only
+// then does it serve the model's lookups. Called under the registry's
+// lock (the registry's lock is taken before u.mu, never after).
+func (u *updates) inSync(w *prismv1.WorkerInfo, model string) bool {
+	if w.GetRole() != RoleCPU {
+		return true
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	m := u.models[model]
+	if m == nil {
+		return true
+	}
+	k, ok := m.known[w.GetId()]
+	if !ok {
+		k = w.GetUpdateSeq()[model]
+	}
+	return k >= m.committed
+}
+
+func (u *updates) ack(model, id string, seq int64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if m := u.models[model]; m != nil {
+		m.known[id] = max(m.known[id], seq)
+	}
+}
+
+// appendLog keeps req as update seq, dropping the oldest beyond the
+// byte budget (the latest one always stays).
+func (m *modelUpdates) appendLog(req *prismv1.ApplyUpdateRequest, budget int64) {
+	m.log = append(m.log, req)
+	m.bytes += int64(proto.Size(req))
+	for len(m.log) > 1 && m.bytes > budget {
+		m.bytes -= int64(proto.Size(m.log[0]))
+		m.log[0] = nil
+		m.log = m.log[1:]
+		m.floor++
+	}
+}
+
 // Update applies req on every embedding worker serving req.Model.
 func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
 	r := u.r
 	if req.GetModel() == "" || req.GetTable() == "" || len(req.GetIds()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "update needs a model, a table and ids")
+	}
+	if n := len(req.GetRows()); n%4 != 0 || n%len(req.GetIds()) != 0 || n == 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "update: %d row bytes are not whole float32 rows for %d ids", n, len(req.GetIds()))
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
@@ -54,6 +177,27 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		}
 		return nil, status.Errorf(codes.NotFound, "model %q is not served", req.GetModel())
 	}
+	up := r.upd
+	// Learn what the targets hold before numbering: a router that just
+	// started must not hand out a seq the workers already hold.
+	up.observe(ws.GetWorkers())
+	up.mu.Lock()
+	m := up.models[req.GetModel()]
+	if m == nil {
+		m = &modelUpdates{known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		up.models[req.GetModel()] = m
+	}
+	up.mu.Unlock()
+
+	m.fanout.Lock()
+	defer m.fanout.Unlock()
+	up.mu.Lock()
+	m.next++
+	seq := m.next
+	areq := &prismv1.ApplyUpdateRequest{Update: req, Seq: seq}
+	m.appendLog(areq, up.logBytes)
+	up.mu.Unlock()
+
 	errs := make([]error, len(targets))
 	var wg sync.WaitGroup
 	for i, w := range targets {
@@ -65,21 +209,133 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 				errs[i] = err
 				return
 			}
-			_, errs[i] = prismv1.NewEmbeddingTierClient(c).Update(ctx, req)
+			_, errs[i] = prismv1.NewEmbeddingTierClient(c).Update(ctx, areq)
 		}()
 	}
 	wg.Wait()
-	applied, failed := 0, -1
+	applied := 0
+	var inputErr, failed error
 	for i, err := range errs {
-		if err == nil {
+		w := targets[i]
+		switch status.Code(err) {
+		case codes.OK:
 			applied++
-		} else if failed < 0 {
-			failed = i
+			up.ack(req.GetModel(), w.GetId(), seq)
+		case codes.InvalidArgument, codes.NotFound:
+			// Bad input: every replica refuses it alike and takes the seq.
+			if inputErr == nil {
+				inputErr = err
+			}
+			up.ack(req.GetModel(), w.GetId(), seq)
+		case codes.FailedPrecondition:
+			// Behind: the catch-up replays what it missed, then this.
+			r.log.Info("embedding worker behind on updates; catching it up", "model", req.GetModel(), "worker", w.GetId(), "seq", seq)
+		default:
+			if failed == nil {
+				failed = fmt.Errorf("worker %s: %s", w.GetAddr(), status.Convert(err).Message())
+			}
+			r.log.Warn("update failed on an embedding worker; it is left out of serving until caught up", "model", req.GetModel(), "worker", w.GetId(), "seq", seq, "err", err)
 		}
 	}
-	if failed >= 0 {
-		st := status.Convert(errs[failed])
-		return nil, status.Errorf(st.Code(), "update applied on %d of %d embedding workers; worker %s: %s (retrying is safe)", applied, len(targets), targets[failed].GetAddr(), st.Message())
+	switch {
+	case inputErr != nil && applied == 0:
+		up.commit(req.GetModel(), seq)
+		return nil, inputErr
+	case applied == 0:
+		if failed == nil {
+			failed = fmt.Errorf("every worker is behind and catching up")
+		}
+		return nil, status.Errorf(codes.Unavailable, "update applied on no embedding worker of %d: %v (retrying is safe)", len(targets), failed)
 	}
+	up.commit(req.GetModel(), seq)
 	return &prismv1.UpdateResponse{Workers: int32(applied)}, nil
+}
+
+func (u *updates) commit(model string, seq int64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if m := u.models[model]; m != nil {
+		m.committed = max(m.committed, seq)
+	}
+}
+
+// catchUp starts a replay for every live embedding worker behind on a
+// model's updates the log still holds, and reports (once) those it
+// cannot reach. Run calls it every heartbeat.
+func (u *updates) catchUp(ctx context.Context, ws []*prismv1.WorkerInfo) {
+	u.observe(ws)
+	addr := map[string]string{}
+	for _, w := range ws {
+		addr[w.GetId()] = w.GetAddr()
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for model, m := range u.models {
+		behind := 0
+		for id, k := range m.known {
+			if k >= m.next {
+				continue
+			}
+			if k < m.committed {
+				behind++
+			}
+			if k < m.floor {
+				if !m.stale[id] {
+					m.stale[id] = true
+					u.r.log.Error("embedding worker misses updates the router no longer holds; it stays out of serving: give it a store that holds them (copy one from an up-to-date worker) or re-ingest and resend the updates",
+						"model", model, "worker", id, "holds", k, "missing_from", k+1, "router_holds_from", m.floor+1, "latest", m.next)
+				}
+				continue
+			}
+			if m.catching[id] || addr[id] == "" {
+				continue
+			}
+			m.catching[id] = true
+			go u.replay(ctx, model, id, addr[id])
+		}
+		if u.r.m.behind != nil {
+			u.r.m.behind.WithLabelValues(model).Set(float64(behind))
+		}
+	}
+}
+
+// replay sends worker id the updates of model it lacks, in order, until
+// it holds the latest or a call fails (the next heartbeat tries again).
+func (u *updates) replay(ctx context.Context, model, id, addr string) {
+	defer func() {
+		u.mu.Lock()
+		if m := u.models[model]; m != nil {
+			delete(m.catching, id)
+		}
+		u.mu.Unlock()
+	}()
+	for {
+		u.mu.Lock()
+		m := u.models[model]
+		if m == nil {
+			u.mu.Unlock()
+			return
+		}
+		k, ok := m.known[id]
+		if !ok || k >= m.next || k < m.floor {
+			u.mu.Unlock()
+			return
+		}
+		areq := m.log[k-m.floor]
+		u.mu.Unlock()
+		c, err := u.r.conn(addr)
+		if err != nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, u.r.opts.DefaultTimeout)
+		_, err = prismv1.NewEmbeddingTierClient(c).Update(cctx, areq)
+		cancel()
+		switch status.Code(err) {
+		case codes.OK, codes.InvalidArgument, codes.NotFound:
+			u.ack(model, id, areq.GetSeq())
+		default:
+			u.r.log.Warn("replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", id, "seq", areq.GetSeq(), "err", err)
+			return
+		}
+	}
 }

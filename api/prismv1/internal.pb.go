@@ -25,6 +25,65 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ApplyUpdateRequest is one Embeddings.Update as the router sequences it.
+type ApplyUpdateRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Update *UpdateRequest         `protobuf:"bytes,1,opt,name=update,proto3" json:"update,omitempty"`
+	// seq numbers the model's updates 1, 2, 3 ... in the order the router
+	// accepted them. A worker applies seq only right after seq-1 (stored
+	// with the rows, atomically): an older seq is acknowledged without
+	// applying it again, a newer one fails with FAILED_PRECONDITION naming
+	// the seq it needs, and the router replays what the worker missed.
+	// 0 applies unsequenced (tools and tests).
+	Seq           int64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyUpdateRequest) Reset() {
+	*x = ApplyUpdateRequest{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyUpdateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyUpdateRequest) ProtoMessage() {}
+
+func (x *ApplyUpdateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyUpdateRequest.ProtoReflect.Descriptor instead.
+func (*ApplyUpdateRequest) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ApplyUpdateRequest) GetUpdate() *UpdateRequest {
+	if x != nil {
+		return x.Update
+	}
+	return nil
+}
+
+func (x *ApplyUpdateRequest) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type LookupRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Model   string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -42,7 +101,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	mi := &file_api_prismv1_internal_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -54,7 +113,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	mi := &file_api_prismv1_internal_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -67,7 +126,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{0}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *LookupRequest) GetModel() string {
@@ -131,7 +190,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[1]
+	mi := &file_api_prismv1_internal_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -143,7 +202,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[1]
+	mi := &file_api_prismv1_internal_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -156,7 +215,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{1}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *LookupResponse) GetScores() []float32 {
@@ -195,7 +254,7 @@ type StageTimes struct {
 
 func (x *StageTimes) Reset() {
 	*x = StageTimes{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[2]
+	mi := &file_api_prismv1_internal_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -207,7 +266,7 @@ func (x *StageTimes) String() string {
 func (*StageTimes) ProtoMessage() {}
 
 func (x *StageTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[2]
+	mi := &file_api_prismv1_internal_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -220,7 +279,7 @@ func (x *StageTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageTimes.ProtoReflect.Descriptor instead.
 func (*StageTimes) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{2}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *StageTimes) GetDecodeUs() int64 {
@@ -281,7 +340,7 @@ type ScoreRequest struct {
 
 func (x *ScoreRequest) Reset() {
 	*x = ScoreRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[3]
+	mi := &file_api_prismv1_internal_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +352,7 @@ func (x *ScoreRequest) String() string {
 func (*ScoreRequest) ProtoMessage() {}
 
 func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[3]
+	mi := &file_api_prismv1_internal_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +365,7 @@ func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
 func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{3}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ScoreRequest) GetModel() string {
@@ -348,7 +407,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[4]
+	mi := &file_api_prismv1_internal_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -360,7 +419,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[4]
+	mi := &file_api_prismv1_internal_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -373,7 +432,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{4}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ScoreResponse) GetScores() []float32 {
@@ -402,15 +461,18 @@ type WorkerInfo struct {
 	// device, e.g. "cpu", "gpu GPU-...", "mig MIG-...".
 	Device string `protobuf:"bytes,5,opt,name=device,proto3" json:"device,omitempty"`
 	// outstanding samples in the worker (queued or running).
-	Outstanding   int64 `protobuf:"varint,6,opt,name=outstanding,proto3" json:"outstanding,omitempty"`
-	Healthy       bool  `protobuf:"varint,7,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	Outstanding int64 `protobuf:"varint,6,opt,name=outstanding,proto3" json:"outstanding,omitempty"`
+	Healthy     bool  `protobuf:"varint,7,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// update_seq is, per model, the last sequenced update this embedding
+	// worker's store holds (see ApplyUpdateRequest).
+	UpdateSeq     map[string]int64 `protobuf:"bytes,8,rep,name=update_seq,json=updateSeq,proto3" json:"update_seq,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[5]
+	mi := &file_api_prismv1_internal_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +484,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[5]
+	mi := &file_api_prismv1_internal_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +497,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{5}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WorkerInfo) GetId() string {
@@ -487,6 +549,13 @@ func (x *WorkerInfo) GetHealthy() bool {
 	return false
 }
 
+func (x *WorkerInfo) GetUpdateSeq() map[string]int64 {
+	if x != nil {
+		return x.UpdateSeq
+	}
+	return nil
+}
+
 type AnnounceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Worker        *WorkerInfo            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
@@ -496,7 +565,7 @@ type AnnounceRequest struct {
 
 func (x *AnnounceRequest) Reset() {
 	*x = AnnounceRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[6]
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +577,7 @@ func (x *AnnounceRequest) String() string {
 func (*AnnounceRequest) ProtoMessage() {}
 
 func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[6]
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +590,7 @@ func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceRequest.ProtoReflect.Descriptor instead.
 func (*AnnounceRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{6}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AnnounceRequest) GetWorker() *WorkerInfo {
@@ -541,7 +610,7 @@ type AnnounceResponse struct {
 
 func (x *AnnounceResponse) Reset() {
 	*x = AnnounceResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +622,7 @@ func (x *AnnounceResponse) String() string {
 func (*AnnounceResponse) ProtoMessage() {}
 
 func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +635,7 @@ func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceResponse.ProtoReflect.Descriptor instead.
 func (*AnnounceResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AnnounceResponse) GetHeartbeatMs() int64 {
@@ -585,7 +654,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +666,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,7 +679,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *LeaveRequest) GetId() string {
@@ -628,7 +697,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +709,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +722,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
 }
 
 type ListRequest struct {
@@ -664,7 +733,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -676,7 +745,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -689,7 +758,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
 }
 
 type ListResponse struct {
@@ -701,7 +770,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +782,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +795,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListResponse) GetWorkers() []*WorkerInfo {
@@ -740,7 +809,10 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\x80\x02\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"W\n" +
+	"\x12ApplyUpdateRequest\x12/\n" +
+	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\x80\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
@@ -776,7 +848,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"numSamples\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xb0\x01\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xb2\x02\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -785,7 +857,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06models\x18\x04 \x03(\tR\x06models\x12\x16\n" +
 	"\x06device\x18\x05 \x01(\tR\x06device\x12 \n" +
 	"\voutstanding\x18\x06 \x01(\x03R\voutstanding\x12\x18\n" +
-	"\ahealthy\x18\a \x01(\bR\ahealthy\"?\n" +
+	"\ahealthy\x18\a \x01(\bR\ahealthy\x12B\n" +
+	"\n" +
+	"update_seq\x18\b \x03(\v2#.prism.v1.WorkerInfo.UpdateSeqEntryR\tupdateSeq\x1a<\n" +
+	"\x0eUpdateSeqEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
 	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"5\n" +
 	"\x10AnnounceResponse\x12!\n" +
@@ -795,10 +872,10 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\rLeaveResponse\"\r\n" +
 	"\vListRequest\">\n" +
 	"\fListResponse\x12.\n" +
-	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers2\x89\x01\n" +
+	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers2\x8e\x01\n" +
 	"\rEmbeddingTier\x12;\n" +
-	"\x06Lookup\x12\x17.prism.v1.LookupRequest\x1a\x18.prism.v1.LookupResponse\x12;\n" +
-	"\x06Update\x12\x17.prism.v1.UpdateRequest\x1a\x18.prism.v1.UpdateResponse2E\n" +
+	"\x06Lookup\x12\x17.prism.v1.LookupRequest\x1a\x18.prism.v1.LookupResponse\x12@\n" +
+	"\x06Update\x12\x1c.prism.v1.ApplyUpdateRequest\x1a\x18.prism.v1.UpdateResponse2E\n" +
 	"\tDenseTier\x128\n" +
 	"\x05Score\x12\x16.prism.v1.ScoreRequest\x1a\x17.prism.v1.ScoreResponse2\xbe\x01\n" +
 	"\bRegistry\x12A\n" +
@@ -818,47 +895,51 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 	return file_api_prismv1_internal_proto_rawDescData
 }
 
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_api_prismv1_internal_proto_goTypes = []any{
-	(*LookupRequest)(nil),    // 0: prism.v1.LookupRequest
-	(*LookupResponse)(nil),   // 1: prism.v1.LookupResponse
-	(*StageTimes)(nil),       // 2: prism.v1.StageTimes
-	(*ScoreRequest)(nil),     // 3: prism.v1.ScoreRequest
-	(*ScoreResponse)(nil),    // 4: prism.v1.ScoreResponse
-	(*WorkerInfo)(nil),       // 5: prism.v1.WorkerInfo
-	(*AnnounceRequest)(nil),  // 6: prism.v1.AnnounceRequest
-	(*AnnounceResponse)(nil), // 7: prism.v1.AnnounceResponse
-	(*LeaveRequest)(nil),     // 8: prism.v1.LeaveRequest
-	(*LeaveResponse)(nil),    // 9: prism.v1.LeaveResponse
-	(*ListRequest)(nil),      // 10: prism.v1.ListRequest
-	(*ListResponse)(nil),     // 11: prism.v1.ListResponse
-	(*Features)(nil),         // 12: prism.v1.Features
-	(*UpdateRequest)(nil),    // 13: prism.v1.UpdateRequest
-	(*UpdateResponse)(nil),   // 14: prism.v1.UpdateResponse
+	(*ApplyUpdateRequest)(nil), // 0: prism.v1.ApplyUpdateRequest
+	(*LookupRequest)(nil),      // 1: prism.v1.LookupRequest
+	(*LookupResponse)(nil),     // 2: prism.v1.LookupResponse
+	(*StageTimes)(nil),         // 3: prism.v1.StageTimes
+	(*ScoreRequest)(nil),       // 4: prism.v1.ScoreRequest
+	(*ScoreResponse)(nil),      // 5: prism.v1.ScoreResponse
+	(*WorkerInfo)(nil),         // 6: prism.v1.WorkerInfo
+	(*AnnounceRequest)(nil),    // 7: prism.v1.AnnounceRequest
+	(*AnnounceResponse)(nil),   // 8: prism.v1.AnnounceResponse
+	(*LeaveRequest)(nil),       // 9: prism.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 10: prism.v1.LeaveResponse
+	(*ListRequest)(nil),        // 11: prism.v1.ListRequest
+	(*ListResponse)(nil),       // 12: prism.v1.ListResponse
+	nil,                        // 13: prism.v1.WorkerInfo.UpdateSeqEntry
+	(*UpdateRequest)(nil),      // 14: prism.v1.UpdateRequest
+	(*Features)(nil),           // 15: prism.v1.Features
+	(*UpdateResponse)(nil),     // 16: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	12, // 0: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	12, // 1: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
-	2,  // 2: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
-	5,  // 3: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	5,  // 4: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	0,  // 5: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	13, // 6: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.UpdateRequest
-	3,  // 7: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	6,  // 8: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	8,  // 9: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	10, // 10: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	1,  // 11: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	14, // 12: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	4,  // 13: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	7,  // 14: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	9,  // 15: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	11, // 16: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	11, // [11:17] is the sub-list for method output_type
-	5,  // [5:11] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	14, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	15, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	15, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	3,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
+	13, // 4: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	6,  // 5: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	6,  // 6: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	1,  // 7: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	0,  // 8: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	4,  // 9: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	7,  // 10: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	9,  // 11: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	11, // 12: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	2,  // 13: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	16, // 14: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	5,  // 15: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	8,  // 16: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	10, // 17: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	12, // 18: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -873,7 +954,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

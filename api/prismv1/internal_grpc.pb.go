@@ -37,8 +37,9 @@ const (
 type EmbeddingTierClient interface {
 	Lookup(ctx context.Context, in *LookupRequest, opts ...grpc.CallOption) (*LookupResponse, error)
 	// Update upserts rows into this worker's store (WAL-synced before the
-	// answer); the router fans Embeddings.Update out to every worker.
-	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
+	// answer); the router fans Embeddings.Update out to every worker, in
+	// one order per model (see ApplyUpdateRequest.seq).
+	Update(ctx context.Context, in *ApplyUpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
 }
 
 type embeddingTierClient struct {
@@ -59,7 +60,7 @@ func (c *embeddingTierClient) Lookup(ctx context.Context, in *LookupRequest, opt
 	return out, nil
 }
 
-func (c *embeddingTierClient) Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error) {
+func (c *embeddingTierClient) Update(ctx context.Context, in *ApplyUpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UpdateResponse)
 	err := c.cc.Invoke(ctx, EmbeddingTier_Update_FullMethodName, in, out, cOpts...)
@@ -79,8 +80,9 @@ func (c *embeddingTierClient) Update(ctx context.Context, in *UpdateRequest, opt
 type EmbeddingTierServer interface {
 	Lookup(context.Context, *LookupRequest) (*LookupResponse, error)
 	// Update upserts rows into this worker's store (WAL-synced before the
-	// answer); the router fans Embeddings.Update out to every worker.
-	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
+	// answer); the router fans Embeddings.Update out to every worker, in
+	// one order per model (see ApplyUpdateRequest.seq).
+	Update(context.Context, *ApplyUpdateRequest) (*UpdateResponse, error)
 	mustEmbedUnimplementedEmbeddingTierServer()
 }
 
@@ -94,7 +96,7 @@ type UnimplementedEmbeddingTierServer struct{}
 func (UnimplementedEmbeddingTierServer) Lookup(context.Context, *LookupRequest) (*LookupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lookup not implemented")
 }
-func (UnimplementedEmbeddingTierServer) Update(context.Context, *UpdateRequest) (*UpdateResponse, error) {
+func (UnimplementedEmbeddingTierServer) Update(context.Context, *ApplyUpdateRequest) (*UpdateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
 }
 func (UnimplementedEmbeddingTierServer) mustEmbedUnimplementedEmbeddingTierServer() {}
@@ -137,7 +139,7 @@ func _EmbeddingTier_Lookup_Handler(srv interface{}, ctx context.Context, dec fun
 }
 
 func _EmbeddingTier_Update_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(UpdateRequest)
+	in := new(ApplyUpdateRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -149,7 +151,7 @@ func _EmbeddingTier_Update_Handler(srv interface{}, ctx context.Context, dec fun
 		FullMethod: EmbeddingTier_Update_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(EmbeddingTierServer).Update(ctx, req.(*UpdateRequest))
+		return srv.(EmbeddingTierServer).Update(ctx, req.(*ApplyUpdateRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }

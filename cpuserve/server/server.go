@@ -160,7 +160,18 @@ func (s *Server) Outstanding() int64 { return s.outstanding.Load() }
 
 // WorkerInfo is what the heartbeat tells the router's registry.
 func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
-	return &prismv1.WorkerInfo{Id: id, Role: "cpu", Addr: addr, Models: s.Models(), Device: "cpu", Outstanding: s.Outstanding(), Healthy: true}
+	models := s.Models()
+	seqs := make(map[string]int64, len(models))
+	healthy := true
+	for _, m := range models {
+		seq, err := s.st.AppliedSeq(m)
+		if err != nil {
+			s.log.Error("update seq unreadable", "model", m, "err", err)
+			healthy = false
+		}
+		seqs[m] = seq
+	}
+	return &prismv1.WorkerInfo{Id: id, Role: "cpu", Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs}
 }
 
 // Collectors are the tier's metrics: per-stage latency, samples in
@@ -386,7 +397,10 @@ func (s *Server) checkVersion(model string, v int64) error {
 
 // storeStatus maps a store error to a gRPC status.
 func storeStatus(err error) error {
+	var gap *store.SeqGapError
 	switch {
+	case errors.As(err, &gap):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, store.ErrUnknownModel), errors.Is(err, store.ErrUnknownVersion):
 		return status.Error(codes.NotFound, err.Error())
 	case store.IsInputError(err):

@@ -13,8 +13,12 @@ import (
 
 // Update upserts rows of one table into this worker's store. It answers
 // after the store has synced its write-ahead log: an acknowledged update
-// survives a crash, and every later lookup reads it.
-func (s *Server) Update(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
+// survives a crash, and every later lookup reads it. A sequenced update
+// (the router's) applies only after the one before it: an update the
+// store holds already is acknowledged again, one that comes too early
+// gets FailedPrecondition naming the update the worker needs.
+func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
+	req := areq.GetUpdate()
 	if err := ctxErr(ctx, "on arrival"); err != nil {
 		return nil, err
 	}
@@ -22,17 +26,33 @@ func (s *Server) Update(ctx context.Context, req *prismv1.UpdateRequest) (*prism
 		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %v)", req.GetModel(), s.Models())
 	}
 	ids, raw := req.GetIds(), req.GetRows()
+	var bad error
 	if len(ids) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "update: no ids")
+		bad = status.Error(codes.InvalidArgument, "update: no ids")
+	} else if len(raw)%4 != 0 || len(raw)%len(ids) != 0 {
+		bad = status.Errorf(codes.InvalidArgument, "update: %d row bytes are not whole float32 rows for %d ids", len(raw), len(ids))
 	}
-	if len(raw)%4 != 0 || len(raw)%len(ids) != 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "update: %d row bytes are not whole float32 rows for %d ids", len(raw), len(ids))
+	if bad != nil {
+		if seq := areq.GetSeq(); seq > 0 {
+			// Every replica rejects it alike: it takes its place in the
+			// sequence, so the updates after it are not held up.
+			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+				return nil, storeStatus(fmt.Errorf("update: %w", err))
+			}
+		}
+		return nil, bad
 	}
 	// Copy: the request's bytes need not be aligned for a float view, and
 	// the store keeps nothing of its arguments anyway.
 	rows := make([]float32, len(raw)/4)
 	copy(rows, onnxpb.BytesAsFloat32(raw))
-	if err := s.st.Upsert(req.GetModel(), req.GetTable(), ids, rows); err != nil {
+	var err error
+	if seq := areq.GetSeq(); seq > 0 {
+		_, err = s.st.UpsertSeq(req.GetModel(), req.GetTable(), ids, rows, seq)
+	} else {
+		err = s.st.Upsert(req.GetModel(), req.GetTable(), ids, rows)
+	}
+	if err != nil {
 		return nil, storeStatus(fmt.Errorf("update: %w", err))
 	}
 	return &prismv1.UpdateResponse{Workers: 1}, nil

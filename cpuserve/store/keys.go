@@ -26,3 +26,7 @@ func keyRow(k []byte) int64 { return int64(binary.BigEndian.Uint64(k[4:12])) }
 
 // catalogKey holds the catalog (JSON) under the metadata table id 0.
 var catalogKey = []byte("\x00\x00\x00\x00catalog")
+
+// seqKey holds a model's last applied update seq (8 bytes, little-endian)
+// under the metadata table id 0.
+func seqKey(model string) []byte { return append([]byte("\x00\x00\x00\x00updseq/"), model...) }

@@ -30,6 +30,8 @@ type Store struct {
 	// a table that goes away or a tier that is replaced.
 	mu sync.RWMutex
 	// catMu serialises catalog changes; ingestMu serialises ingests;
+	// seqs caches each model's applied update seq (under updMu).
+	seqs map[string]int64
 	// updMu serialises upserts (Pebble order = hot tier order).
 	catMu, ingestMu, updMu sync.Mutex
 	cat                    *catalog

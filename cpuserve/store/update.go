@@ -1,6 +1,8 @@
 package store
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -18,33 +20,49 @@ import (
 // The change is to the physical table: every model version sharing it
 // sees it.
 func (s *Store) Upsert(model, table string, ids []int64, rows []float32) error {
-	start := time.Now()
-	if s.opts.ReadOnly {
-		return fmt.Errorf("upsert: store opened read-only: %w", ErrBadRequest)
-	}
-	mv, err := s.model(model)
-	if err != nil {
-		return err
-	}
-	tv := mv.tables[table]
-	if tv == nil {
-		return fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
-	}
-	if len(rows) != len(ids)*tv.dim {
-		return fmt.Errorf("upsert model %q table %q: %d floats for %d ids of dim %d: %w", model, table, len(rows), len(ids), tv.dim, ErrDimMismatch)
-	}
-	for i, id := range ids {
-		if id < 0 {
-			return fmt.Errorf("upsert model %q table %q: ids[%d]=%d: %w", model, table, i, id, ErrNegativeID)
-		}
-		if id >= tv.rows {
-			return fmt.Errorf("upsert model %q table %q: ids[%d]=%d, table has %d rows: %w", model, table, i, id, tv.rows, ErrIDOutOfRange)
-		}
-	}
-	if err := s.markMutated(tv.id); err != nil {
-		return fmt.Errorf("upsert model %q table %q: %w", model, table, err)
-	}
+	_, err := s.upsert(model, table, ids, rows, 0)
+	return err
+}
 
+// SeqGapError says a sequenced upsert came before the ones it follows.
+type SeqGapError struct {
+	Model string
+	// Applied is the last update seq the store holds; Applied+1 is next.
+	Applied, Got int64
+}
+
+func (e *SeqGapError) Error() string {
+	return fmt.Sprintf("model %q: update %d arrived, but the store holds updates up to %d: it needs %d first", e.Model, e.Got, e.Applied, e.Applied+1)
+}
+
+// UpsertSeq is Upsert as update number seq (> 0) of model, in the order
+// one writer (the router) gives model's updates: applied only right after
+// seq-1, and seq is stored with the rows in the same synced batch, so
+// AppliedSeq says exactly which updates the store holds, crash or not.
+// An older seq is acknowledged without writing (applied false: a replay);
+// a newer one fails with a *SeqGapError and writes nothing. An update
+// that is bad input (unknown table, id out of range ...) still takes its
+// place in the sequence, rows unwritten, and its error is returned: every
+// replica of the model rejects it alike, and the updates after it are not
+// held up.
+func (s *Store) UpsertSeq(model, table string, ids []int64, rows []float32, seq int64) (applied bool, err error) {
+	if seq <= 0 {
+		return false, fmt.Errorf("upsert model %q: update seq %d: want > 0: %w", model, seq, ErrBadRequest)
+	}
+	applied, err = s.upsert(model, table, ids, rows, seq)
+	if err != nil && IsInputError(err) && !errors.Is(err, ErrUnknownModel) {
+		if serr := s.SkipSeq(model, seq); serr != nil {
+			return false, serr
+		}
+	}
+	return applied, err
+}
+
+// SkipSeq records update seq of model as taken without rows: for an
+// update rejected as bad input before it reached UpsertSeq. Like
+// UpsertSeq it is a no-op for a seq the store holds and a *SeqGapError
+// for one that comes too early.
+func (s *Store) SkipSeq(model string, seq int64) error {
 	s.updMu.Lock()
 	defer s.updMu.Unlock()
 	s.mu.RLock()
@@ -52,16 +70,123 @@ func (s *Store) Upsert(model, table string, ids []int64, rows []float32) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	// Re-resolve under mu: the hot tier may have been swapped meanwhile.
-	if mv, err = s.model(model); err != nil {
+	cur, err := s.appliedSeqLocked(model)
+	if err != nil {
 		return err
 	}
+	if seq <= cur {
+		return nil
+	}
+	if seq > cur+1 {
+		return &SeqGapError{Model: model, Applied: cur, Got: seq}
+	}
+	wo := pebble.Sync
+	if s.opts.NoSync {
+		wo = pebble.NoSync
+	}
+	if err := s.db.Set(seqKey(model), binary.LittleEndian.AppendUint64(nil, uint64(seq)), wo); err != nil {
+		return fmt.Errorf("model %q: record update seq %d: %w", model, seq, err)
+	}
+	s.seqs[model] = seq
+	return nil
+}
+
+// AppliedSeq is the last sequenced update of model the store holds (0:
+// none).
+func (s *Store) AppliedSeq(model string) (int64, error) {
+	s.updMu.Lock()
+	defer s.updMu.Unlock()
+	return s.appliedSeqLocked(model)
+}
+
+// appliedSeqLocked reads (once) and caches model's applied seq; updMu held.
+func (s *Store) appliedSeqLocked(model string) (int64, error) {
+	if v, ok := s.seqs[model]; ok {
+		return v, nil
+	}
+	v, closer, err := s.db.Get(seqKey(model))
+	var seq int64
+	switch {
+	case err == pebble.ErrNotFound:
+	case err != nil:
+		return 0, fmt.Errorf("model %q: read update seq: %w", model, err)
+	default:
+		if len(v) != 8 {
+			closer.Close()
+			return 0, fmt.Errorf("model %q: update seq of %d bytes: %w", model, len(v), ErrCorrupt)
+		}
+		seq = int64(binary.LittleEndian.Uint64(v))
+		closer.Close()
+	}
+	if s.seqs == nil {
+		s.seqs = map[string]int64{}
+	}
+	s.seqs[model] = seq
+	return seq, nil
+}
+
+func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int64) (bool, error) {
+	start := time.Now()
+	if s.opts.ReadOnly {
+		return false, fmt.Errorf("upsert: store opened read-only: %w", ErrBadRequest)
+	}
+	mv, err := s.model(model)
+	if err != nil {
+		return false, err
+	}
+	tv := mv.tables[table]
+	if tv == nil {
+		return false, fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
+	}
+	if len(rows) != len(ids)*tv.dim {
+		return false, fmt.Errorf("upsert model %q table %q: %d floats for %d ids of dim %d: %w", model, table, len(rows), len(ids), tv.dim, ErrDimMismatch)
+	}
+	for i, id := range ids {
+		if id < 0 {
+			return false, fmt.Errorf("upsert model %q table %q: ids[%d]=%d: %w", model, table, i, id, ErrNegativeID)
+		}
+		if id >= tv.rows {
+			return false, fmt.Errorf("upsert model %q table %q: ids[%d]=%d, table has %d rows: %w", model, table, i, id, tv.rows, ErrIDOutOfRange)
+		}
+	}
+	if err := s.markMutated(tv.id); err != nil {
+		return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+	}
+
+	s.updMu.Lock()
+	defer s.updMu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed.Load() {
+		return false, ErrClosed
+	}
+	// Re-resolve under mu: the hot tier may have been swapped meanwhile.
+	if mv, err = s.model(model); err != nil {
+		return false, err
+	}
 	if tv = mv.tables[table]; tv == nil {
-		return fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
+		return false, fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
+	}
+	if seq > 0 {
+		cur, err := s.appliedSeqLocked(model)
+		if err != nil {
+			return false, err
+		}
+		if seq <= cur {
+			return false, nil // a replay of an update the store holds
+		}
+		if seq > cur+1 {
+			return false, &SeqGapError{Model: model, Applied: cur, Got: seq}
+		}
 	}
 	dim := tv.dim
-	b := s.db.NewBatchWithSize(len(ids) * (keyLen + tv.dtype.RowBytes(dim) + 8))
+	b := s.db.NewBatchWithSize(len(ids)*(keyLen+tv.dtype.RowBytes(dim)+8) + 64)
 	defer b.Close()
+	if seq > 0 {
+		if err := b.Set(seqKey(model), binary.LittleEndian.AppendUint64(nil, uint64(seq)), nil); err != nil {
+			return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+		}
+	}
 	var key [keyLen]byte
 	var val []byte
 	stored := make([]float32, len(rows))
@@ -69,7 +194,7 @@ func (s *Store) Upsert(model, table string, ids []int64, rows []float32) error {
 		val = tv.dtype.encode(val[:0], rows[i*dim:(i+1)*dim])
 		tv.dtype.decode(stored[i*dim:(i+1)*dim], val)
 		if err := b.Set(rowKey(key[:], tv.id, id), val, nil); err != nil {
-			return fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+			return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 		}
 	}
 	wo := pebble.Sync
@@ -77,12 +202,15 @@ func (s *Store) Upsert(model, table string, ids []int64, rows []float32) error {
 		wo = pebble.NoSync
 	}
 	if err := s.db.Apply(b, wo); err != nil {
-		return fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+		return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 	}
 	// Durable. Now visible: lookups that read Pebble before this point
 	// must not admit what they read (updSeq), and resident rows are
 	// overwritten before the ack.
 	s.updSeq.Add(1)
+	if seq > 0 {
+		s.seqs[model] = seq
+	}
 	if cls := tv.hot; cls != nil {
 		cls.Lock()
 		for i, id := range ids {
@@ -96,7 +224,7 @@ func (s *Store) Upsert(model, table string, ids []int64, rows []float32) error {
 	s.m.upsertRows.Add(int64(len(ids)))
 	s.m.upsertNanos.Add(lag)
 	s.m.lastUpsertNanos.Store(lag)
-	return nil
+	return true, nil
 }
 
 // markMutated records, before the first upsert of a table, that it no

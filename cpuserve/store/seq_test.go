@@ -1,0 +1,88 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"testing"
+)
+
+// TestUpsertSeq: sequenced upserts apply in order, replays are
+// acknowledged without writing, gaps are refused, bad input takes its
+// place in the sequence, and the seq survives a reopen with the rows.
+func TestUpsertSeq(t *testing.T) {
+	tabs := []*testTable{{name: "a", rows: 10, dim: 2, seed: 1}}
+	s, fs := openMem(t, &Options{})
+	if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	row := func(v float32) []float32 { return []float32{v, v} }
+	steps := []struct {
+		seq     int64
+		table   string
+		id      int64
+		val     float32
+		applied bool
+		err     error // errors.Is target; nil: none
+		gap     bool
+		after   int64 // AppliedSeq afterwards
+	}{
+		{seq: 1, table: "a", id: 1, val: 10, applied: true, after: 1},
+		{seq: 2, table: "a", id: 1, val: 20, applied: true, after: 2},
+		{seq: 1, table: "a", id: 1, val: 99, applied: false, after: 2}, // replay: not written again
+		{seq: 4, table: "a", id: 2, val: 40, gap: true, after: 2},
+		{seq: 3, table: "nope", id: 2, val: 30, err: ErrUnknownTable, after: 3}, // rejected, seq taken
+		{seq: 3, table: "nope", id: 2, val: 30, err: ErrUnknownTable, after: 3}, // its replay
+		{seq: 4, table: "a", id: 2, val: 40, applied: true, after: 4},
+		{seq: 6, table: "nope", id: 2, val: 30, gap: true, after: 4}, // bad and early: the gap comes first
+		{seq: 5, table: "a", id: 99, val: 1, err: ErrIDOutOfRange, after: 5},
+	}
+	for i, st := range steps {
+		applied, err := s.UpsertSeq("m", st.table, []int64{st.id}, row(st.val), st.seq)
+		var gapErr *SeqGapError
+		switch {
+		case st.gap:
+			if !errors.As(err, &gapErr) || gapErr.Applied != st.after || gapErr.Got != st.seq {
+				t.Fatalf("step %d: %v, want a gap after %d", i, err, st.after)
+			}
+		case st.err != nil:
+			if !errors.Is(err, st.err) {
+				t.Fatalf("step %d: %v, want %v", i, err, st.err)
+			}
+		case err != nil:
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if applied != st.applied {
+			t.Fatalf("step %d: applied %v", i, applied)
+		}
+		if got, err := s.AppliedSeq("m"); err != nil || got != st.after {
+			t.Fatalf("step %d: AppliedSeq %d, %v; want %d", i, got, err, st.after)
+		}
+	}
+	if got := lookupRow(t, s, "m", "a", 1, 2); got[0] != 20 {
+		t.Fatalf("row 1 reads %v: a replay wrote over a later update", got)
+	}
+	if _, err := s.UpsertSeq("m", "a", []int64{1}, row(1), 0); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("seq 0: %v", err)
+	}
+	// Unsequenced upserts leave the sequence alone.
+	if err := s.Upsert("m", "a", []int64{3}, row(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open("db", &Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if got, err := s2.AppliedSeq("m"); err != nil || got != 5 {
+		t.Fatalf("after reopen: AppliedSeq %d, %v; want 5", got, err)
+	}
+	if got := lookupRow(t, s2, "m", "a", 2, 2); got[0] != 40 {
+		t.Fatalf("after reopen: row 2 reads %v", got)
+	}
+	if got, _ := s2.AppliedSeq("other"); got != 0 {
+		t.Fatalf("a model without updates: %d", got)
+	}
+}
