@@ -503,3 +503,34 @@ func BenchmarkLookup(b *testing.B) {
 		})
 	}
 }
+
+// TestSequencedUpdates: the router's numbered updates map to statuses a
+// router acts on, and bad input takes its number (no rows are written
+// here: the fixture's store is shared with the score checks).
+func TestSequencedUpdates(t *testing.T) {
+	f := setup(t)
+	model := testModels[0]
+	ctx := context.Background()
+	steps := []struct {
+		seq   int64
+		table string
+		rows  []byte
+		want  codes.Code
+		after int64
+	}{
+		{1, "emb_l.0.weight", []byte{1, 2, 3}, codes.InvalidArgument, 1}, // ragged rows: refused, number taken
+		{3, "nope", make([]byte, 64), codes.FailedPrecondition, 1},        // too early
+		{2, "nope", make([]byte, 64), codes.InvalidArgument, 2},           // unknown table: refused, number taken
+		{1, "emb_l.0.weight", []byte{1, 2, 3}, codes.InvalidArgument, 2}, // a replay of a refused one
+		{3, "nope", make([]byte, 64), codes.InvalidArgument, 3},
+	}
+	for i, st := range steps {
+		_, err := f.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: st.seq, Update: &prismv1.UpdateRequest{Model: model, Table: st.table, Ids: []int64{0}, Rows: st.rows}})
+		if status.Code(err) != st.want {
+			t.Fatalf("step %d: %v, want %v", i, err, st.want)
+		}
+		if got := f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; got != st.after {
+			t.Fatalf("step %d: worker announces update %d, want %d", i, got, st.after)
+		}
+	}
+}
