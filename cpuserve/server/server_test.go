@@ -519,8 +519,8 @@ func TestSequencedUpdates(t *testing.T) {
 		after int64
 	}{
 		{1, "emb_l.0.weight", []byte{1, 2, 3}, codes.InvalidArgument, 1}, // ragged rows: refused, number taken
-		{3, "nope", make([]byte, 64), codes.FailedPrecondition, 1},        // too early
-		{2, "nope", make([]byte, 64), codes.InvalidArgument, 2},           // unknown table: refused, number taken
+		{3, "nope", make([]byte, 64), codes.FailedPrecondition, 1},       // too early
+		{2, "nope", make([]byte, 64), codes.InvalidArgument, 2},          // unknown table: refused, number taken
 		{1, "emb_l.0.weight", []byte{1, 2, 3}, codes.InvalidArgument, 2}, // a replay of a refused one
 		{3, "nope", make([]byte, 64), codes.InvalidArgument, 3},
 	}
