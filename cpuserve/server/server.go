@@ -205,7 +205,13 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 		}
 		opts := append([]grpc.DialOption{
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
+			// No transparent retry of a Score: serve.Codec sends the frame
+			// without a copy, and a retry succeeding while the refused
+			// attempt's writer still reads the frame would let this tier
+			// reuse it under that writer (a frame is recycled after a
+			// successful Score). A refused call fails instead; the router
+			// retries it on another replica.
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxRetryRPCBufferSize(0)),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
 		}, append(serve.DialOptions(), s.opts.DialOptions...)...)
 		var err error

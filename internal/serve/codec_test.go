@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -182,6 +183,23 @@ func TestCodecScoreAligned(t *testing.T) {
 			if p := uintptr(unsafe.Pointer(&got.Tensors[0])); p%8 != 0 {
 				t.Errorf("model %q split %d: tensors at %#x", model, split, p)
 			}
+		}
+	}
+}
+
+// The hand-written codec knows ScoreRequest's fields 1-4: a field added
+// to the message must be added to the codec too, or it would travel as
+// nothing. This fails first.
+func TestCodecKnowsEveryScoreField(t *testing.T) {
+	fields := (&prismv1.ScoreRequest{}).ProtoReflect().Descriptor().Fields()
+	want := map[protowire.Number]string{scoreModel: "model string", scoreVersion: "version int64", scoreTensors: "tensors bytes", scoreNumSamples: "num_samples int32"}
+	if fields.Len() != len(want) {
+		t.Fatalf("ScoreRequest has %d fields; serve.Codec encodes %d: update marshalScore/unmarshalScore", fields.Len(), len(want))
+	}
+	for i := range fields.Len() {
+		f := fields.Get(i)
+		if got := string(f.Name()) + " " + f.Kind().String(); want[f.Number()] != got || f.Cardinality() == protoreflect.Repeated {
+			t.Errorf("field %d is %q, the codec writes %q", f.Number(), got, want[f.Number()])
 		}
 	}
 }
