@@ -40,6 +40,8 @@ type Registry struct {
 	// (an embedding worker lacking acknowledged updates may not). It is
 	// called under mu.
 	eligible func(w *prismv1.WorkerInfo, model string) bool
+	// observe, when set, sees every announcement (under mu).
+	observe func(w *prismv1.WorkerInfo)
 }
 
 type worker struct {
@@ -77,6 +79,9 @@ func (r *Registry) Announce(_ context.Context, req *prismv1.AnnounceRequest) (*p
 		r.workers[w.GetId()] = e
 	}
 	e.info, e.lastSeen = w, r.now()
+	if r.observe != nil {
+		r.observe(w)
+	}
 	for _, m := range w.GetModels() {
 		r.known[m] = true
 	}

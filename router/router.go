@@ -117,7 +117,8 @@ func New(o Options, reg prometheus.Registerer) *Router {
 	if reg != nil {
 		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers, r.m.behind)
 	}
-	r.upd = newUpdates(r, o.UpdateLogBytes)
+	r.upd = newUpdates(r, o.UpdateLogBytes, o.Heartbeat)
+	r.Reg.observe = r.upd.observeOne
 	r.Reg.eligible = r.upd.inSync
 	return r
 }

@@ -3,7 +3,9 @@ package router
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,8 +30,16 @@ import (
 //     (down, restarted, slow), after which it serves again. A worker
 //     further behind than the log reaches (or any behind worker after the
 //     router restarted: the log lives in the router's memory) is left out
-//     of serving, and the router logs how to bring it back (copy a store
-//     that holds the updates, or re-ingest and resend them).
+//     of serving, and the router logs how to bring it back: give it a
+//     copy of an up-to-date worker's store.
+//   - A seq is handed out only while some live worker holds every
+//     earlier one, and only to a request whose deadline has not passed,
+//     so a number is never left without a worker to apply it; entries no
+//     live worker holds are never trimmed from the log.
+//   - A router that has just started takes no updates, and serves no
+//     lookups of a model that has had updates, for Options.Heartbeat x 3:
+//     every live worker has announced what it holds by then, so the
+//     sequence continues from the true latest.
 //
 // One router sequences a model's updates; several routers taking updates
 // for the same model would need a shared sequencer.
@@ -45,13 +55,20 @@ func (r *Router) Updater() *Updater { return &Updater{r: r} }
 type updates struct {
 	r        *Router
 	logBytes int64
-	mu       sync.Mutex
-	models   map[string]*modelUpdates
+	// ready is when the router has heard from every live worker (three
+	// heartbeats after it started).
+	ready  time.Time
+	now    func() time.Time
+	mu     sync.Mutex
+	models map[string]*modelUpdates
 }
 
 type modelUpdates struct {
-	// fanout makes a model's updates one at a time (taken before mu).
-	fanout sync.Mutex
+	// fanout makes a model's updates one at a time (a one-slot
+	// semaphore, taken before mu, given up at the caller's deadline).
+	fanout chan struct{}
+	// handedOut: this router has numbered updates of the model.
+	handedOut bool
 	// Under updates.mu:
 	next      int64 // the last seq handed out
 	committed int64 // the last seq acknowledged to a client
@@ -63,8 +80,45 @@ type modelUpdates struct {
 	stale     map[string]bool // reported once
 }
 
-func newUpdates(r *Router, logBytes int64) *updates {
-	return &updates{r: r, logBytes: logBytes, models: map[string]*modelUpdates{}}
+func newUpdates(r *Router, logBytes int64, heartbeat time.Duration) *updates {
+	return &updates{r: r, logBytes: logBytes, now: time.Now, ready: time.Now().Add(3 * heartbeat), models: map[string]*modelUpdates{}}
+}
+
+func newModelUpdates() *modelUpdates {
+	return &modelUpdates{fanout: make(chan struct{}, 1), known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+}
+
+// observeOne learns what one announcing worker holds (Announce calls it,
+// under the registry's lock: the registry's lock comes before u.mu).
+func (u *updates) observeOne(w *prismv1.WorkerInfo) {
+	if w.GetRole() != RoleCPU {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.learnLocked(w)
+}
+
+func (u *updates) learnLocked(w *prismv1.WorkerInfo) {
+	for model, seq := range w.GetUpdateSeq() {
+		m := u.models[model]
+		if m == nil {
+			m = newModelUpdates()
+			u.models[model] = m
+		}
+		if seq > m.next {
+			if m.handedOut {
+				// This router numbered the model's updates, and a worker
+				// holds a later one: another history (a store copied from
+				// elsewhere, a second router). Its updates are newer than
+				// any this router knows; continue after them.
+				u.r.log.Error("embedding worker holds updates this router never sent; continuing the sequence after them (do two routers take updates for this model?)",
+					"model", model, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
+			}
+			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
+		}
+		m.known[w.GetId()] = max(m.known[w.GetId()], seq)
+	}
 }
 
 // observe learns what the live embedding workers hold from their
@@ -79,19 +133,7 @@ func (u *updates) observe(ws []*prismv1.WorkerInfo) {
 			continue
 		}
 		live[w.GetId()] = true
-		for model, seq := range w.GetUpdateSeq() {
-			m := u.models[model]
-			if m == nil {
-				m = &modelUpdates{known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
-				u.models[model] = m
-			}
-			if seq > m.next {
-				// Updates this router never handed out (it restarted, or
-				// a store came from elsewhere): continue after them.
-				m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
-			}
-			m.known[w.GetId()] = max(m.known[w.GetId()], seq)
-		}
+		u.learnLocked(w)
 	}
 	for _, m := range u.models {
 		for id := range m.known {
@@ -116,6 +158,11 @@ func (u *updates) inSync(w *prismv1.WorkerInfo, model string) bool {
 	if m == nil {
 		return true
 	}
+	if m.next > 0 && u.now().Before(u.ready) {
+		// Just started: a worker holding later updates may not have
+		// announced yet.
+		return false
+	}
 	k, ok := m.known[w.GetId()]
 	if !ok {
 		k = w.GetUpdateSeq()[model]
@@ -132,11 +179,12 @@ func (u *updates) ack(model, id string, seq int64) {
 }
 
 // appendLog keeps req as update seq, dropping the oldest beyond the
-// byte budget (the latest one always stays).
-func (m *modelUpdates) appendLog(req *prismv1.ApplyUpdateRequest, budget int64) {
+// byte budget, but never one that no live worker holds (held is the
+// highest seq a live worker holds).
+func (m *modelUpdates) appendLog(req *prismv1.ApplyUpdateRequest, budget, held int64) {
 	m.log = append(m.log, req)
 	m.bytes += int64(proto.Size(req))
-	for len(m.log) > 1 && m.bytes > budget {
+	for len(m.log) > 1 && m.bytes > budget && m.floor+1 <= held {
 		m.bytes -= int64(proto.Size(m.log[0]))
 		m.log[0] = nil
 		m.log = m.log[1:]
@@ -177,25 +225,52 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		}
 		return nil, status.Errorf(codes.NotFound, "model %q is not served", req.GetModel())
 	}
+	// Wrapped for the workers, the update must still fit their message
+	// limit; a seq whose update cannot be sent would hold up every later
+	// one.
+	if size := proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64}); size > maxUpdateBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "update of %d bytes: the limit is %d; split it", size, maxUpdateBytes)
+	}
 	up := r.upd
-	// Learn what the targets hold before numbering: a router that just
-	// started must not hand out a seq the workers already hold.
+	if wait := up.ready.Sub(up.now()); wait > 0 {
+		return nil, status.Errorf(codes.Unavailable, "router started moments ago and is still learning which updates the embedding workers hold; retry in %v", wait.Round(time.Millisecond))
+	}
 	up.observe(ws.GetWorkers())
 	up.mu.Lock()
 	m := up.models[req.GetModel()]
 	if m == nil {
-		m = &modelUpdates{known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		m = newModelUpdates()
 		up.models[req.GetModel()] = m
 	}
 	up.mu.Unlock()
 
-	m.fanout.Lock()
-	defer m.fanout.Unlock()
+	select {
+	case m.fanout <- struct{}{}:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-m.fanout }()
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	// Number it only if some live worker holds every update before it:
+	// otherwise it could not be applied anywhere now, and would hold up
+	// the updates after it.
 	up.mu.Lock()
+	var held int64
+	for _, w := range targets {
+		held = max(held, m.known[w.GetId()])
+	}
+	if held < m.next {
+		next := m.next
+		up.mu.Unlock()
+		return nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", req.GetModel(), next)
+	}
 	m.next++
+	m.handedOut = true
 	seq := m.next
 	areq := &prismv1.ApplyUpdateRequest{Update: req, Seq: seq}
-	m.appendLog(areq, up.logBytes)
+	m.appendLog(areq, up.logBytes, held)
 	up.mu.Unlock()
 
 	errs := make([]error, len(targets))
@@ -221,7 +296,7 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		case codes.OK:
 			applied++
 			up.ack(req.GetModel(), w.GetId(), seq)
-		case codes.InvalidArgument, codes.NotFound:
+		case codes.InvalidArgument:
 			// Bad input: every replica refuses it alike and takes the seq.
 			if inputErr == nil {
 				inputErr = err
@@ -245,11 +320,19 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		if failed == nil {
 			failed = fmt.Errorf("every worker is behind and catching up")
 		}
-		return nil, status.Errorf(codes.Unavailable, "update applied on no embedding worker of %d: %v (retrying is safe)", len(targets), failed)
+		// The update keeps its number: a worker may have applied it and
+		// lost the answer, so the number cannot be given to another. The
+		// catch-up applies it everywhere later; a retry applies the same
+		// rows again, which upserts make harmless.
+		return nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", seq, len(targets), failed)
 	}
 	up.commit(req.GetModel(), seq)
 	return &prismv1.UpdateResponse{Workers: int32(applied)}, nil
 }
+
+// maxUpdateBytes is the largest ApplyUpdateRequest sent to a worker:
+// under the 64 MiB the tiers accept by default.
+const maxUpdateBytes = 64<<20 - 1<<10
 
 func (u *updates) commit(model string, seq int64) {
 	u.mu.Lock()
@@ -282,7 +365,7 @@ func (u *updates) catchUp(ctx context.Context, ws []*prismv1.WorkerInfo) {
 			if k < m.floor {
 				if !m.stale[id] {
 					m.stale[id] = true
-					u.r.log.Error("embedding worker misses updates the router no longer holds; it stays out of serving: give it a store that holds them (copy one from an up-to-date worker) or re-ingest and resend the updates",
+					u.r.log.Error("embedding worker misses updates the router no longer holds; it stays out of serving: stop it and give it a copy of an up-to-date worker's store",
 						"model", model, "worker", id, "holds", k, "missing_from", k+1, "router_holds_from", m.floor+1, "latest", m.next)
 				}
 				continue
@@ -323,6 +406,9 @@ func (u *updates) replay(ctx context.Context, model, id, addr string) {
 		}
 		areq := m.log[k-m.floor]
 		u.mu.Unlock()
+		if ctx.Err() != nil {
+			return // the router is stopping
+		}
 		c, err := u.r.conn(addr)
 		if err != nil {
 			return
@@ -331,7 +417,7 @@ func (u *updates) replay(ctx context.Context, model, id, addr string) {
 		_, err = prismv1.NewEmbeddingTierClient(c).Update(cctx, areq)
 		cancel()
 		switch status.Code(err) {
-		case codes.OK, codes.InvalidArgument, codes.NotFound:
+		case codes.OK, codes.InvalidArgument:
 			u.ack(model, id, areq.GetSeq())
 		default:
 			u.r.log.Warn("replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", id, "seq", areq.GetSeq(), "err", err)

@@ -71,6 +71,7 @@ type updateRig struct {
 
 func newUpdateRig(t *testing.T, o Options, cns ...*seqCN) *updateRig {
 	rig := &updateRig{t: t, r: New(o, nil), cns: cns}
+	rig.r.upd.ready = time.Time{} // as if every worker had announced: the start-up wait has its own test
 	for i, f := range cns {
 		f.tag = float32(1000 * (i + 1))
 		rig.addr = append(rig.addr, startCN(t, f))
@@ -271,5 +272,85 @@ func TestUpdateLogBudget(t *testing.T) {
 	}
 	if got := rig.servers(); got[1] {
 		t.Fatal("the stale worker served")
+	}
+}
+
+// A router that has just started neither numbers updates nor serves a
+// model that has had updates until every worker has had time to
+// announce: the first to announce may be one that lags.
+func TestUpdatesWaitAfterRouterStart(t *testing.T) {
+	a, b := &seqCN{seq: 10}, &seqCN{seq: 8}
+	rig := newUpdateRig(t, Options{}, b) // only the lagging worker has announced
+	rig.r.upd.ready = time.Now().Add(time.Hour)
+	if _, err := rig.update("t", 1, 1); status.Code(err) != codes.Unavailable {
+		t.Fatalf("update right after start: %v", err)
+	}
+	if got := rig.servers(); len(got) != 0 {
+		t.Fatalf("right after start a worker served a model with updates: %v", got)
+	}
+	// The up-to-date worker announces; the wait ends.
+	rig.cns = append(rig.cns, a)
+	a.tag = 2000
+	rig.addr = append(rig.addr, startCN(t, a))
+	rig.announce()
+	rig.r.upd.ready = time.Time{}
+	if got := rig.servers(); got[0] || !got[1] {
+		t.Fatalf("after the wait lookups go to %v, want only the worker holding update 10", got)
+	}
+	if r, err := rig.update("t", 1, 1); err != nil || r.GetWorkers() != 1 || a.held() != 11 || b.held() != 8 {
+		t.Fatalf("update: %v %v; a holds %d, b %d", r, err, a.held(), b.held())
+	}
+}
+
+// A number is never handed out where no worker could apply it: not to a
+// request whose deadline passed while it waited its turn, and not while
+// no live worker holds every earlier update. An update no worker
+// acknowledged keeps its number and reaches the workers when they are
+// back, and updates resume after it, however small the log.
+func TestUpdatesNeverStall(t *testing.T) {
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{UpdateLogBytes: 200}, a, b)
+	if _, err := rig.update("t", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	m := rig.r.upd.models["m"]
+	m.fanout <- struct{}{} // another update's turn
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	rows := binary.LittleEndian.AppendUint32(nil, 7)
+	if _, err := rig.r.Updater().Update(ctx, &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: rows}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("waiting past the deadline: %v", err)
+	}
+	<-m.fanout
+	if m.next != 1 {
+		t.Fatalf("an update that never ran took number %d", m.next)
+	}
+	for _, f := range []*seqCN{a, b} {
+		f.mu.Lock()
+		f.down = true
+		f.mu.Unlock()
+	}
+	if _, err := rig.update("t", 1, 2); status.Code(err) != codes.Unavailable {
+		t.Fatalf("every worker down: %v", err)
+	}
+	for range 20 { // clients retrying while the workers are down
+		if _, err := rig.update("t", 1, 2); status.Code(err) != codes.Unavailable {
+			t.Fatalf("retry with every worker down: %v", err)
+		}
+	}
+	if m.next != 2 {
+		t.Fatalf("retries took numbers: next %d, want 2", m.next)
+	}
+	for _, f := range []*seqCN{a, b} {
+		f.mu.Lock()
+		f.down = false
+		f.mu.Unlock()
+	}
+	rig.tick()
+	if a.held() != 2 || b.held() != 2 {
+		t.Fatalf("after the workers came back: a %d b %d, want 2", a.held(), b.held())
+	}
+	if r, err := rig.update("t", 1, 3); err != nil || r.GetWorkers() != 2 {
+		t.Fatalf("updates did not resume: %v %v", r, err)
 	}
 }

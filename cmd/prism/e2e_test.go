@@ -330,7 +330,16 @@ func TestEndToEnd(t *testing.T) {
 	for i := range bumped {
 		bumped[i] = 3
 	}
-	if r, err := upd.Update(ctx, &prismv1.UpdateRequest{Model: "dlrm-tiny", Table: "emb_l.0.weight", Ids: []int64{id}, Rows: row(bumped)}); err != nil || r.GetWorkers() != 1 {
+	// A router takes updates once it has heard from every worker (three
+	// heartbeats after it starts): until then Unavailable, retry.
+	var r *prismv1.UpdateResponse
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r, err = upd.Update(ctx, &prismv1.UpdateRequest{Model: "dlrm-tiny", Table: "emb_l.0.weight", Ids: []int64{id}, Rows: row(bumped)})
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || r.GetWorkers() != 1 {
 		t.Fatalf("update: %v %v", r, err)
 	}
 	after, err := rec.Recommend(ctx, req)

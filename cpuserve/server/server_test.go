@@ -511,6 +511,8 @@ func TestSequencedUpdates(t *testing.T) {
 	f := setup(t)
 	model := testModels[0]
 	ctx := context.Background()
+	// The fixture's store outlives one run (-count): number after it.
+	base := f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]
 	steps := []struct {
 		seq   int64
 		table string
@@ -525,12 +527,12 @@ func TestSequencedUpdates(t *testing.T) {
 		{3, "nope", make([]byte, 64), codes.InvalidArgument, 3},
 	}
 	for i, st := range steps {
-		_, err := f.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: st.seq, Update: &prismv1.UpdateRequest{Model: model, Table: st.table, Ids: []int64{0}, Rows: st.rows}})
+		_, err := f.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: base + st.seq, Update: &prismv1.UpdateRequest{Model: model, Table: st.table, Ids: []int64{0}, Rows: st.rows}})
 		if status.Code(err) != st.want {
 			t.Fatalf("step %d: %v, want %v", i, err, st.want)
 		}
-		if got := f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; got != st.after {
-			t.Fatalf("step %d: worker announces update %d, want %d", i, got, st.after)
+		if got := f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; got != base+st.after {
+			t.Fatalf("step %d: worker announces update %d, want %d", i, got, base+st.after)
 		}
 	}
 }

@@ -96,6 +96,11 @@ func (s *Store) SkipSeq(model string, seq int64) error {
 func (s *Store) AppliedSeq(model string) (int64, error) {
 	s.updMu.Lock()
 	defer s.updMu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
 	return s.appliedSeqLocked(model)
 }
 
