@@ -504,3 +504,95 @@ func TestDenseWorkerKilled(t *testing.T) {
 		}
 	}
 }
+
+// TestEmbeddingWorkerCatchesUp: two embedding workers, each with its own
+// store. One is killed, an update goes to the other, the killed one
+// restarts on its store and is caught up by the router before it serves:
+// alone, it answers with the updated row.
+func TestEmbeddingWorkerCatchesUp(t *testing.T) {
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	router := startProc(t, "router listening on ", "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
+	startProc(t, "dense tier listening on ", "serve", "gpu", "--plan", part, "--router", router.addr)
+	cpuArgs := func(db string) []string {
+		return []string{"serve", "cpu", "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
+	}
+	e1 := startProc(t, "embedding tier listening on ", cpuArgs("db1")...)
+	e2 := startProc(t, "embedding tier listening on ", cpuArgs("db2")...)
+	conn := dial(t, router.addr)
+	reg := prismv1.NewRegistryClient(conn)
+	// cpuWorkers waits until the registry lists n embedding workers,
+	// each holding update seq (when seq >= 0).
+	cpuWorkers := func(n int, seq int64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+			if err == nil {
+				got := 0
+				for _, w := range ws.GetWorkers() {
+					if w.GetRole() == "cpu" && (seq < 0 || w.GetUpdateSeq()[cfg.Name] == seq) {
+						got++
+					}
+				}
+				if got == n {
+					return
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("never saw %d embedding workers holding update %d", n, seq)
+	}
+	cpuWorkers(2, 0)
+	rec := prismv1.NewRecommenderClient(conn)
+	upd := prismv1.NewEmbeddingsClient(conn)
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 4})
+	b, _ := src.Next(8)
+	req := toRequest(cfg.Name, b, nil)
+	id := req.Candidates.Inputs[1].Ids[0] // cat_0 of candidate 0
+	update := func(v float32) *prismv1.UpdateResponse {
+		t.Helper()
+		row := make([]float32, 16)
+		for i := range row {
+			row[i] = v
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			r, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{id}, Rows: onnxpb.Float32AsBytes(row)})
+			if err == nil {
+				return r
+			}
+			if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+				t.Fatalf("update: %v", err)
+			}
+		}
+	}
+	if r := update(2); r.GetWorkers() != 2 {
+		t.Fatalf("first update reached %d workers", r.GetWorkers())
+	}
+	cpuWorkers(2, 1)
+	e2.cmd.Process.Kill()
+	e2.cmd.Wait()
+	if r := update(5); r.GetWorkers() != 1 {
+		t.Fatalf("update with one worker killed reached %d workers", r.GetWorkers())
+	}
+	want, err := rec.Recommend(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back on its store (which holds update 1): caught up to 2.
+	startProc(t, "embedding tier listening on ", cpuArgs("db2")...)
+	cpuWorkers(2, 2)
+	// The first worker leaves: the restarted one serves alone.
+	e1.cmd.Process.Signal(syscall.SIGTERM)
+	e1.cmd.Wait()
+	cpuWorkers(1, 2)
+	got, err := rec.Recommend(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want.GetScores() {
+		if got.GetScores()[i] != want.GetScores()[i] {
+			t.Fatalf("candidate %d: %v from the caught-up worker, %v from the one that took the update", i, got.GetScores()[i], want.GetScores()[i])
+		}
+	}
+}
