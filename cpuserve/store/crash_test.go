@@ -95,10 +95,13 @@ func TestCrashKill(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The first rounds die early (during the ingest, likely); later
-		// ones among the upserts.
+		// ones among the upserts: their clock starts when the child is
+		// ready, however long its ingest took (under -race, longer than
+		// any fixed delay).
 		delay := time.Duration(r.IntN(150)) * time.Millisecond
-		if round >= 2 {
-			delay = 100*time.Millisecond + time.Duration(r.IntN(400))*time.Millisecond
+		afterReady := round >= 2
+		if afterReady {
+			delay = time.Duration(r.IntN(400)) * time.Millisecond
 		}
 		lines := make(chan string, 1024)
 		go func() {
@@ -108,7 +111,11 @@ func TestCrashKill(t *testing.T) {
 			}
 			close(lines)
 		}()
-		timer := time.NewTimer(delay)
+		var killAt <-chan time.Time
+		if !afterReady {
+			killAt = time.After(delay)
+		}
+		giveUp := time.After(3 * time.Minute)
 		ready := false
 	read:
 		for {
@@ -123,6 +130,9 @@ func TestCrashKill(t *testing.T) {
 				switch {
 				case l == "ready":
 					ready = true
+					if killAt == nil {
+						killAt = time.After(delay)
+					}
 				case strings.HasPrefix(l, "ack "):
 					n, _ := strconv.Atoi(l[4:])
 					acked[n] = true
@@ -130,8 +140,11 @@ func TestCrashKill(t *testing.T) {
 				case strings.HasPrefix(l, "error"):
 					t.Fatalf("child: %s", l)
 				}
-			case <-timer.C:
+			case <-killAt:
 				break read
+			case <-giveUp:
+				_ = cmd.Process.Signal(syscall.SIGKILL)
+				t.Fatalf("round %d: the child was not ready after 3 minutes", round)
 			}
 		}
 		_ = cmd.Process.Signal(syscall.SIGKILL)
