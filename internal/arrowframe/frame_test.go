@@ -1,15 +1,10 @@
 package arrowframe
 
 import (
-	"bytes"
 	"errors"
 	"strings"
 	"testing"
 
-	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/ipc"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -47,22 +42,7 @@ func TestMalformed(t *testing.T) {
 // size is refused before arrow-go allocates it (it used to kill the
 // process with an out-of-memory fatal error).
 func TestCompressedRefused(t *testing.T) {
-	var buf bytes.Buffer
-	schema := arrow.NewSchema([]arrow.Field{{Name: "a", Type: arrow.FixedSizeListOfNonNullable(2, arrow.PrimitiveTypes.Float32)}}, nil)
-	w := ipc.NewWriter(&buf, ipc.WithSchema(schema), ipc.WithZstd())
-	b := array.NewRecordBuilder(memory.NewGoAllocator(), schema)
-	lb := b.Field(0).(*array.FixedSizeListBuilder)
-	vb := lb.ValueBuilder().(*array.Float32Builder)
-	for range 4 {
-		lb.Append(true)
-		vb.AppendValues([]float32{1, 2}, nil)
-	}
-	rec := b.NewRecordBatch()
-	if err := w.Write(rec); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
-	if _, _, err := Decode(buf.Bytes()); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "compressed") {
+	if _, _, err := Decode(compressedFrame(t)); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "compressed") {
 		t.Fatalf("err = %v", err)
 	}
 }
