@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -57,8 +58,10 @@ type updates struct {
 	logBytes int64
 	// ready is when the router has heard from every live worker (three
 	// heartbeats after it started).
-	ready  time.Time
-	now    func() time.Time
+	ready time.Time
+	now   func() time.Time
+	// any is set once some model has had an update (seq > 0).
+	any    atomic.Bool
 	mu     sync.Mutex
 	models map[string]*modelUpdates
 }
@@ -84,8 +87,14 @@ func newUpdates(r *Router, logBytes int64, heartbeat time.Duration) *updates {
 	return &updates{r: r, logBytes: logBytes, now: time.Now, ready: time.Now().Add(3 * heartbeat), models: map[string]*modelUpdates{}}
 }
 
-func newModelUpdates() *modelUpdates {
-	return &modelUpdates{fanout: make(chan struct{}, 1), known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+// modelLocked is model's state, created on first use; u.mu held.
+func (u *updates) modelLocked(model string) *modelUpdates {
+	m := u.models[model]
+	if m == nil {
+		m = &modelUpdates{fanout: make(chan struct{}, 1), known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		u.models[model] = m
+	}
+	return m
 }
 
 // observeOne learns what one announcing worker holds (Announce calls it,
@@ -101,10 +110,9 @@ func (u *updates) observeOne(w *prismv1.WorkerInfo) {
 
 func (u *updates) learnLocked(w *prismv1.WorkerInfo) {
 	for model, seq := range w.GetUpdateSeq() {
-		m := u.models[model]
-		if m == nil {
-			m = newModelUpdates()
-			u.models[model] = m
+		m := u.modelLocked(model)
+		if seq > 0 {
+			u.any.Store(true)
 		}
 		if seq > m.next {
 			if m.handedOut {
@@ -149,8 +157,8 @@ func (u *updates) observe(ws []*prismv1.WorkerInfo) {
 // then does it serve the model's lookups. Called under the registry's
 // lock (the registry's lock is taken before u.mu, never after).
 func (u *updates) inSync(w *prismv1.WorkerInfo, model string) bool {
-	if w.GetRole() != RoleCPU {
-		return true
+	if w.GetRole() != RoleCPU || !u.any.Load() {
+		return true // no model was ever updated: no lock on the lookup path
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -237,11 +245,7 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	}
 	up.observe(ws.GetWorkers())
 	up.mu.Lock()
-	m := up.models[req.GetModel()]
-	if m == nil {
-		m = newModelUpdates()
-		up.models[req.GetModel()] = m
-	}
+	m := up.modelLocked(req.GetModel())
 	up.mu.Unlock()
 
 	select {
@@ -268,6 +272,7 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	}
 	m.next++
 	m.handedOut = true
+	up.any.Store(true)
 	seq := m.next
 	areq := &prismv1.ApplyUpdateRequest{Update: req, Seq: seq}
 	m.appendLog(areq, up.logBytes, held)
