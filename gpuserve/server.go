@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -19,7 +20,6 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // Options configure a dense tier Server.
@@ -87,7 +87,7 @@ var _ prismv1.DenseTierServer = (*Server)(nil)
 // model is one served dense.onnx.
 type model struct {
 	name    string
-	plan    *partitioner.Plan
+	plan    *plan.Plan
 	spec    []InputSpec
 	index   map[string]int // cut tensor name -> spec position
 	session *ort.Session
@@ -167,7 +167,7 @@ func (s *Server) chooseDevice() string {
 }
 
 func loadModel(dir string, o Options, cuda bool) (*model, error) {
-	plan, err := partitioner.ReadPlan(dir)
+	plan, err := plan.Read(dir)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
@@ -217,7 +217,7 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	return m, nil
 }
 
-func sameNames(got []string, cut []partitioner.CutTensor) bool {
+func sameNames(got []string, cut []plan.CutTensor) bool {
 	if len(got) != len(cut) {
 		return false
 	}
@@ -257,7 +257,7 @@ func (s *Server) Outstanding() int64 {
 // (unique per process) and addr are the caller's.
 func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 	return &prismv1.WorkerInfo{
-		Id: id, Role: "gpu", Addr: addr, Models: s.Models(),
+		Id: id, Role: prismv1.Role_ROLE_DENSE, Addr: addr, Models: s.Models(),
 		Device: s.Device(), Outstanding: s.Outstanding(), Healthy: s.Healthy(),
 	}
 }

@@ -3,6 +3,7 @@ package gpuserve
 import (
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -128,7 +129,7 @@ func benchPlan(b *testing.B) string {
 	return tinyPlan(b)
 }
 
-func cutTensors(plan *partitioner.Plan, n int, rng *rand.Rand) []arrowframe.Tensor {
+func cutTensors(plan *plan.Plan, n int, rng *rand.Rand) []arrowframe.Tensor {
 	ts := make([]arrowframe.Tensor, len(plan.Cut))
 	for i, ct := range plan.Cut {
 		w := 1
@@ -154,7 +155,7 @@ func encode(t *testing.T, n int, ts []arrowframe.Tensor) []byte {
 }
 
 // direct scores the tensors with dense.onnx in a session of its own.
-func direct(t *testing.T, sess *ort.Session, plan *partitioner.Plan, n int, ts []arrowframe.Tensor) []float32 {
+func direct(t *testing.T, sess *ort.Session, plan *plan.Plan, n int, ts []arrowframe.Tensor) []float32 {
 	t.Helper()
 	in := make([]ort.Input, len(ts))
 	for i, x := range ts {
@@ -173,7 +174,7 @@ func direct(t *testing.T, sess *ort.Session, plan *partitioner.Plan, n int, ts [
 func TestScoreMatchesDenseModel(t *testing.T) {
 	ts := startServer(t, Options{Threads: 1, Batch: BatchOptions{MaxBatch: 128, MaxDelay: 5 * time.Millisecond}})
 	dir := tinyPlan(t)
-	plan, err := partitioner.ReadPlan(dir)
+	plan, err := plan.Read(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +284,7 @@ func gather(t *testing.T, srv *serve.Server) map[string]float64 {
 // message naming the problem, and the server keeps serving.
 func TestScoreBadInput(t *testing.T) {
 	ts := startServer(t, Options{Threads: 1, MaxSamples: 50})
-	plan, err := partitioner.ReadPlan(tinyPlan(t))
+	plan, err := plan.Read(tinyPlan(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func TestScoreOverloadDeadlineShutdown(t *testing.T) {
 	// A long MaxDelay and a batch that never fills hold the first request
 	// in the batcher long enough to fill the queue behind it.
 	ts := startServer(t, Options{Threads: 1, Batch: BatchOptions{MaxBatch: 1024, MaxDelay: 400 * time.Millisecond, MaxQueue: 64}})
-	plan, err := partitioner.ReadPlan(tinyPlan(t))
+	plan, err := plan.Read(tinyPlan(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -500,7 +501,7 @@ func TestAnnounce(t *testing.T) {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
 	w := reg.seen[0]
-	if w.Id != "gpu/test/1" || w.Role != "gpu" || w.Addr != ts.srv.Addr() || len(w.Models) != 1 || w.Models[0] != "dlrm-tiny" || w.Device != "cpu" || !w.Healthy || w.Outstanding != 0 {
+	if w.Id != "gpu/test/1" || w.Role != prismv1.Role_ROLE_DENSE || w.Addr != ts.srv.Addr() || len(w.Models) != 1 || w.Models[0] != "dlrm-tiny" || w.Device != "cpu" || !w.Healthy || w.Outstanding != 0 {
 		t.Errorf("announced %v", w)
 	}
 	if len(reg.leaves) != 1 || reg.leaves[0] != "gpu/test/1" {
@@ -512,7 +513,7 @@ func TestAnnounce(t *testing.T) {
 // DLRMv2's average candidates), from parallel clients.
 func BenchmarkScore(b *testing.B) {
 	dir := benchPlan(b)
-	plan, err := partitioner.ReadPlan(dir)
+	plan, err := plan.Read(dir)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -557,7 +558,7 @@ func BenchmarkScore(b *testing.B) {
 // same 270-sample batches in this process, no gRPC, no batcher.
 func BenchmarkDenseDirect(b *testing.B) {
 	dir := benchPlan(b)
-	plan, err := partitioner.ReadPlan(dir)
+	plan, err := plan.Read(dir)
 	if err != nil {
 		b.Fatal(err)
 	}

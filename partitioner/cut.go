@@ -2,6 +2,7 @@ package partitioner
 
 import (
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"sort"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
@@ -18,7 +19,7 @@ type Placement struct {
 	OnCPU     map[int]bool
 	Absorbed  map[int]*lookup
 	Constants map[int]bool
-	Cut       []CutTensor
+	Cut       []plan.CutTensor
 	// Objective is the cost model's total, in picoseconds per sample.
 	Objective     int64
 	UnknownShapes []string
@@ -212,8 +213,8 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 		if !ok {
 			b = -1
 		}
-		pl.Cut = append(pl.Cut, CutTensor{
-			TensorInfo:     TensorInfo{Name: t.ref.name, DType: dtypeName(tt.Elem), Shape: tt.SampleShape()},
+		pl.Cut = append(pl.Cut, plan.CutTensor{
+			TensorInfo:     plan.TensorInfo{Name: t.ref.name, DType: dtypeName(tt.Elem), Shape: tt.SampleShape()},
 			BytesPerSample: b,
 			From:           t.ref.kind,
 		})

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"io"
 	"math"
 	"path/filepath"
@@ -69,7 +70,7 @@ func (pl *Placement) subModel(name string, cpuSide bool, inputs, outputs []strin
 		IrVersion:       g.Model.GetIrVersion(),
 		OpsetImport:     g.Model.GetOpsetImport(),
 		ProducerName:    "prism-partition",
-		ProducerVersion: fmt.Sprint(PlanVersion),
+		ProducerVersion: fmt.Sprint(plan.Version),
 		Graph:           sub,
 	}, nil
 }

@@ -1,6 +1,7 @@
 package partitioner
 
 import (
+	"github.com/prism-serve/prism/plan"
 	"slices"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
@@ -15,7 +16,7 @@ type lookup struct {
 	ids     string
 	rank1   bool
 	bag     int
-	pooling Pooling
+	pooling plan.Pooling
 	weights string
 	output  string
 }
@@ -59,7 +60,7 @@ func findLookups(g *Graph, types map[string]TensorType) []*lookup {
 		if prev, ok := tables[src.name]; ok {
 			src = prev
 		}
-		l := &lookup{table: src, gather: gi, nodes: []int{gi}, ids: ids, rank1: len(it.Dims) == 1, bag: 1, pooling: PoolNone, output: n.GetOutput()[0]}
+		l := &lookup{table: src, gather: gi, nodes: []int{gi}, ids: ids, rank1: len(it.Dims) == 1, bag: 1, pooling: plan.PoolNone, output: n.GetOutput()[0]}
 		if !l.rank1 {
 			l.bag = int(it.Dims[1])
 			matchPooling(g, types, l)
@@ -204,14 +205,14 @@ func matchPooling(g *Graph, types map[string]TensorType, l *lookup) {
 		}
 	}
 	n := g.Nodes[next]
-	var pool Pooling
+	var pool plan.Pooling
 	switch n.GetOpType() {
 	case "ReduceSum":
-		pool = PoolSum
+		pool = plan.PoolSum
 	case "ReduceMean":
-		pool = PoolMean
+		pool = plan.PoolMean
 	case "ReduceMax":
-		pool = PoolMax
+		pool = plan.PoolMax
 	default:
 		return
 	}
@@ -219,7 +220,7 @@ func matchPooling(g *Graph, types map[string]TensorType, l *lookup) {
 	if !ok || len(axes) != 1 || (axes[0] != 1 && axes[0] != -2) || attrInt(n, "keepdims", 1) != 0 {
 		return
 	}
-	if weights != "" && pool == PoolMax {
+	if weights != "" && pool == plan.PoolMax {
 		return // EmbeddingBag allows per-sample weights with sum only; keep it in the graph
 	}
 	l.nodes = append(append(l.nodes, extra...), next)

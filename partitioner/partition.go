@@ -3,6 +3,7 @@ package partitioner
 import (
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"os"
 	"path/filepath"
 	"sort"
@@ -28,7 +29,7 @@ type Options struct {
 
 // Result is a finished partition.
 type Result struct {
-	Plan      *Plan
+	Plan      *plan.Plan
 	Placement *Placement
 	Elapsed   time.Duration
 }
@@ -59,11 +60,11 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	}
 	cm := o.Cost
 	cm.EnsureDefaults()
-	plan := pl.plan(modelPath, cm)
-	res := &Result{Plan: plan, Placement: pl}
+	p := pl.plan(modelPath, cm)
+	res := &Result{Plan: p, Placement: pl}
 	if o.ReportOnly {
 		res.Elapsed = time.Since(start)
-		plan.Cost.PartitionMillis = res.Elapsed.Milliseconds()
+		p.Cost.PartitionMillis = res.Elapsed.Milliseconds()
 		return res, nil
 	}
 	if err := checkOutDir(outDir, o.Overwrite); err != nil {
@@ -83,12 +84,12 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 			os.RemoveAll(tmp)
 		}
 	}()
-	if err := pl.write(tmp, filepath.Dir(modelPath), plan, o); err != nil {
+	if err := pl.write(tmp, filepath.Dir(modelPath), p, o); err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}
 	res.Elapsed = time.Since(start)
-	plan.Cost.PartitionMillis = res.Elapsed.Milliseconds()
-	if err := WritePlan(tmp, plan); err != nil {
+	p.Cost.PartitionMillis = res.Elapsed.Milliseconds()
+	if err := plan.Write(tmp, p); err != nil {
 		return nil, err
 	}
 	if err := replaceDir(tmp, outDir); err != nil {
@@ -128,11 +129,11 @@ func replaceDir(tmp, dir string) error {
 }
 
 // plan describes the placement as plan.json.
-func (pl *Placement) plan(modelPath string, cm CostModel) *Plan {
+func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 	g := pl.G
-	p := &Plan{
-		Version:    PlanVersion,
-		Model:      ModelInfo{Name: g.Model.GetGraph().GetName(), Path: filepath.Base(modelPath), Opset: g.Opset()},
+	p := &plan.Plan{
+		Version:    plan.Version,
+		Model:      plan.ModelInfo{Name: g.Model.GetGraph().GetName(), Path: filepath.Base(modelPath), Opset: g.Opset()},
 		Cut:        pl.Cut,
 		DenseModel: DenseFile,
 	}
@@ -147,7 +148,7 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *Plan {
 	}
 	for _, in := range g.Inputs {
 		t := pl.Types[in.GetName()]
-		ti := TensorInfo{Name: in.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()}
+		ti := plan.TensorInfo{Name: in.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()}
 		var cpu, gpu bool
 		for _, c := range g.Consumers[in.GetName()] {
 			if pl.Absorbed[c] != nil || pl.OnCPU[c] {
@@ -156,26 +157,26 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *Plan {
 		}
 		gpu = cutSet[in.GetName()]
 		if cpu {
-			ti.Sides = append(ti.Sides, CPU)
+			ti.Sides = append(ti.Sides, plan.CPU)
 		}
 		if gpu {
-			ti.Sides = append(ti.Sides, GPU)
+			ti.Sides = append(ti.Sides, plan.GPU)
 		}
 		p.Inputs = append(p.Inputs, ti)
 	}
 	for _, o := range g.Outputs {
 		t := pl.Types[o.GetName()]
-		p.Outputs = append(p.Outputs, TensorInfo{Name: o.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()})
+		p.Outputs = append(p.Outputs, plan.TensorInfo{Name: o.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()})
 	}
-	byTable := map[*tableSource]*Table{}
+	byTable := map[*tableSource]*plan.Table{}
 	for _, l := range pl.Lookups {
 		t, ok := byTable[l.table]
 		if !ok {
-			t = &Table{Name: l.table.name, File: tableFile(l.table.name), Rows: l.table.rows, Dim: l.table.dim, DType: "float32", UnknownIDs: UnknownError}
+			t = &plan.Table{Name: l.table.name, File: tableFile(l.table.name), Rows: l.table.rows, Dim: l.table.dim, DType: "float32", UnknownIDs: plan.UnknownError}
 			byTable[l.table] = t
-			p.Tables = append(p.Tables, Table{})
+			p.Tables = append(p.Tables, plan.Table{})
 		}
-		t.Lookups = append(t.Lookups, Lookup{Input: l.ids, Bag: l.bag, Rank1: l.rank1, Pooling: l.pooling, Weights: l.weights, Output: l.output})
+		t.Lookups = append(t.Lookups, plan.Lookup{Input: l.ids, Bag: l.bag, Rank1: l.rank1, Pooling: l.pooling, Weights: l.weights, Output: l.output})
 	}
 	i := 0
 	seen := map[*tableSource]bool{}
@@ -203,11 +204,11 @@ func (pl *Placement) cpuNodes() int {
 	return n
 }
 
-func (pl *Placement) costReport(cm CostModel) CostReport {
+func (pl *Placement) costReport(cm CostModel) plan.CostReport {
 	g := pl.G
-	r := CostReport{
-		CPU:           SideCost{Ops: map[string]int{}},
-		GPU:           SideCost{Ops: map[string]int{}},
+	r := plan.CostReport{
+		CPU:           plan.SideCost{Ops: map[string]int{}},
+		GPU:           plan.SideCost{Ops: map[string]int{}},
 		Objective:     float64(pl.Objective) / costScale,
 		UnknownShapes: pl.UnknownShapes,
 		Forced:        pl.Forced,
@@ -249,7 +250,7 @@ func (pl *Placement) costReport(cm CostModel) CostReport {
 }
 
 // write emits the subgraphs and tables into dir.
-func (pl *Placement) write(dir, modelDir string, plan *Plan, o Options) error {
+func (pl *Placement) write(dir, modelDir string, p *plan.Plan, o Options) error {
 	g := pl.G
 	outTypes := map[string]*pb.ValueInfoProto{}
 	for _, vi := range g.Outputs {
@@ -266,7 +267,7 @@ func (pl *Placement) write(dir, modelDir string, plan *Plan, o Options) error {
 	if err := pb.WriteModel(filepath.Join(dir, DenseFile), dense, pb.WriteOptions{}); err != nil {
 		return err
 	}
-	if plan.CPUModel != "" {
+	if p.CPUModel != "" {
 		// cpu.onnx reads model inputs and lookup outputs, and produces the
 		// cut tensors that CPU nodes make.
 		var ins, outs []string
@@ -299,22 +300,22 @@ func (pl *Placement) write(dir, modelDir string, plan *Plan, o Options) error {
 			return err
 		}
 	}
-	if len(plan.Tables) == 0 {
+	if len(p.Tables) == 0 {
 		return nil
 	}
 	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
 		return err
 	}
 	var total, done int64
-	for _, t := range plan.Tables {
+	for _, t := range p.Tables {
 		total += t.Rows * int64(t.Dim) * 4
 	}
 	srcs := map[string]*tableSource{}
 	for _, l := range pl.Lookups {
 		srcs[l.table.name] = l.table
 	}
-	for i := range plan.Tables {
-		t := &plan.Tables[i]
+	for i := range p.Tables {
+		t := &p.Tables[i]
 		src := srcs[t.Name]
 		base := done
 		meta, err := tablefile.WriteStream(filepath.Join(dir, t.File), t.Name, t.Dim, t.Rows, tableStream(src, modelDir), func(rows, _ int64) {
@@ -344,7 +345,7 @@ func (r *Result) Report() string {
 	p := r.Plan
 	var b strings.Builder
 	fmt.Fprintf(&b, "model %s (opset %d): %d inputs, %d outputs\n", p.Model.Name, p.Model.Opset, len(p.Inputs), len(p.Outputs))
-	side := func(label string, s SideCost) {
+	side := func(label string, s plan.SideCost) {
 		var ops []string
 		for op, n := range s.Ops {
 			ops = append(ops, fmt.Sprintf("%s x%d", op, n))

@@ -2,6 +2,7 @@ package partitioner_test
 
 import (
 	"errors"
+	"github.com/prism-serve/prism/plan"
 	"os"
 	"path/filepath"
 	"strings"
@@ -173,9 +174,9 @@ func TestOutputFolder(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "keep.txt")); err == nil {
 		t.Error("--overwrite kept the old contents")
 	}
-	plan, err := partitioner.ReadPlan(out)
-	if err != nil || plan.Version != partitioner.PlanVersion || len(plan.Tables) != 26 {
-		t.Fatalf("plan %v, %v", plan, err)
+	p, err := plan.Read(out)
+	if err != nil || p.Version != plan.Version || len(p.Tables) != 26 {
+		t.Fatalf("plan %v, %v", p, err)
 	}
 	// An empty existing folder is fine.
 	empty := filepath.Join(t.TempDir(), "empty")

@@ -17,12 +17,6 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 )
 
-// Roles of workers.
-const (
-	RoleCPU = "cpu"
-	RoleGPU = "gpu"
-)
-
 // Registry is the set of live workers. Its core is deterministic: time
 // comes from the clock it is given, and expiry happens in Expire.
 type Registry struct {
@@ -68,8 +62,8 @@ func (r *Registry) notify() {
 // Announce registers or refreshes a worker.
 func (r *Registry) Announce(_ context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
 	w := req.GetWorker()
-	if w.GetId() == "" || w.GetAddr() == "" || (w.GetRole() != RoleCPU && w.GetRole() != RoleGPU) {
-		return nil, status.Errorf(codes.InvalidArgument, "announce: a worker needs an id, an address and role cpu or gpu (got id %q addr %q role %q)", w.GetId(), w.GetAddr(), w.GetRole())
+	if w.GetId() == "" || w.GetAddr() == "" || (w.GetRole() != prismv1.Role_ROLE_EMBEDDING && w.GetRole() != prismv1.Role_ROLE_DENSE) {
+		return nil, status.Errorf(codes.InvalidArgument, "announce: a worker needs an id, an address and the role embedding or dense (got id %q addr %q role %s)", w.GetId(), w.GetAddr(), w.GetRole())
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -161,7 +155,7 @@ func (r *Registry) Changed() <-chan struct{} {
 // outstanding work (what it reported plus what this router sent it since),
 // skipping ids in exclude, and charges it n samples; release undoes the
 // charge. Ties go to the lowest address, so the choice is deterministic.
-func (r *Registry) Pick(role, model string, n int64, exclude []string) (w *prismv1.WorkerInfo, release func(), err error) {
+func (r *Registry) Pick(role prismv1.Role, model string, n int64, exclude []string) (w *prismv1.WorkerInfo, release func(), err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var best *worker
@@ -185,9 +179,9 @@ func (r *Registry) Pick(role, model string, n int64, exclude []string) (w *prism
 	}
 	if best == nil {
 		if lagging > 0 {
-			return nil, nil, fmt.Errorf("every %s worker of model %q lacks acknowledged embedding updates (%d catching up or stale; see the router's log)", roleName(role), model, lagging)
+			return nil, nil, fmt.Errorf("every %s worker of model %q lacks acknowledged embedding updates (%d catching up or stale; see the router's log)", role.Name(), model, lagging)
 		}
-		return nil, nil, fmt.Errorf("no healthy %s worker serves model %q", roleName(role), model)
+		return nil, nil, fmt.Errorf("no healthy %s worker serves model %q", role.Name(), model)
 	}
 	best.inflight += n
 	once := sync.Once{}
@@ -224,26 +218,19 @@ func (r *Registry) Known(model string) bool {
 func (r *Registry) Models() (cpu, gpu []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seen := map[string]map[string]bool{RoleCPU: {}, RoleGPU: {}}
+	seen := map[prismv1.Role]map[string]bool{prismv1.Role_ROLE_EMBEDDING: {}, prismv1.Role_ROLE_DENSE: {}}
 	for _, e := range r.workers {
 		for _, m := range e.info.GetModels() {
 			seen[e.info.GetRole()][m] = true
 		}
 	}
-	for m := range seen[RoleCPU] {
+	for m := range seen[prismv1.Role_ROLE_EMBEDDING] {
 		cpu = append(cpu, m)
 	}
-	for m := range seen[RoleGPU] {
+	for m := range seen[prismv1.Role_ROLE_DENSE] {
 		gpu = append(gpu, m)
 	}
 	sort.Strings(cpu)
 	sort.Strings(gpu)
 	return cpu, gpu
-}
-
-func roleName(role string) string {
-	if role == RoleCPU {
-		return "embedding (cpu)"
-	}
-	return "dense (gpu)"
 }

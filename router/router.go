@@ -139,12 +139,12 @@ func (r *Router) Run(ctx context.Context) {
 			}
 			r.dropConns()
 			ws, _ := r.Reg.List(ctx, nil)
-			counts := map[string]int{RoleCPU: 0, RoleGPU: 0}
+			counts := map[prismv1.Role]int{prismv1.Role_ROLE_EMBEDDING: 0, prismv1.Role_ROLE_DENSE: 0}
 			for _, w := range ws.GetWorkers() {
 				counts[w.GetRole()]++
 			}
 			for role, n := range counts {
-				r.m.workers.WithLabelValues(role).Set(float64(n))
+				r.m.workers.WithLabelValues(role.Name()).Set(float64(n))
 			}
 			r.upd.catchUp(ctx, ws.GetWorkers())
 		}
@@ -416,11 +416,11 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 	var avoid []string
 	var last error
 	for attempt := range 2 {
-		cn, releaseCN, err := r.pick(RoleCPU, req.GetModel(), n, avoid)
+		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, avoid)
 		if err != nil {
 			return nil, 0, firstErr(last, err)
 		}
-		hn, releaseHN, err := r.pick(RoleGPU, req.GetModel(), n, avoid)
+		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, avoid)
 		if err != nil {
 			releaseCN()
 			return nil, 0, firstErr(last, err)
@@ -445,7 +445,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		// replica exists. The one really down stops heartbeating and expires.
 		avoid = append(avoid, cn.GetId(), hn.GetId())
 		r.m.retries.Inc()
-		r.log.Warn("micro-batch failed; retrying", "cpu", cn.GetAddr(), "gpu", hn.GetAddr(), "err", err)
+		r.log.Warn("micro-batch failed; retrying", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
 	}
 	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
 	return nil, 0, last
@@ -453,7 +453,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 
 // pick prefers a worker not in avoid, and falls back to one that is
 // (retrying on the same replica beats failing when there is no other).
-func (r *Router) pick(role, model string, n int, avoid []string) (*prismv1.WorkerInfo, func(), error) {
+func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string) (*prismv1.WorkerInfo, func(), error) {
 	w, release, err := r.Reg.Pick(role, model, int64(n), avoid)
 	if err != nil && len(avoid) > 0 {
 		w, release, err = r.Reg.Pick(role, model, int64(n), nil)

@@ -21,34 +21,34 @@ import (
 func TestRegistryPickAndExpire(t *testing.T) {
 	now := time.Unix(0, 0)
 	r := NewRegistry(time.Second, func() time.Time { return now })
-	ann := func(id, role, addr string, out int64) {
+	ann := func(id string, role prismv1.Role, addr string, out int64) {
 		if _, err := r.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: id, Role: role, Addr: addr, Models: []string{"m"}, Outstanding: out, Healthy: true}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ann("c1", RoleCPU, "a:1", 10)
-	ann("c2", RoleCPU, "a:2", 0)
-	ann("g1", RoleGPU, "b:1", 0)
-	w, rel, err := r.Pick(RoleCPU, "m", 64, nil)
+	ann("c1", prismv1.Role_ROLE_EMBEDDING, "a:1", 10)
+	ann("c2", prismv1.Role_ROLE_EMBEDDING, "a:2", 0)
+	ann("g1", prismv1.Role_ROLE_DENSE, "b:1", 0)
+	w, rel, err := r.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 64, nil)
 	if err != nil || w.GetId() != "c2" {
 		t.Fatalf("picked %v, %v; want the idle c2", w.GetId(), err)
 	}
 	// c2 now carries 64 in flight from this router: c1 (10) is lighter.
-	w2, rel2, _ := r.Pick(RoleCPU, "m", 64, nil)
+	w2, rel2, _ := r.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 64, nil)
 	if w2.GetId() != "c1" {
 		t.Fatalf("second pick %s, want c1", w2.GetId())
 	}
 	rel()
 	rel2()
 	rel() // idempotent
-	if w, _, _ := r.Pick(RoleCPU, "m", 1, []string{"c2"}); w.GetId() != "c1" {
+	if w, _, _ := r.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, []string{"c2"}); w.GetId() != "c1" {
 		t.Fatal("exclusion ignored")
 	}
-	if _, _, err := r.Pick(RoleCPU, "other", 1, nil); err == nil {
+	if _, _, err := r.Pick(prismv1.Role_ROLE_EMBEDDING, "other", 1, nil); err == nil {
 		t.Fatal("picked a worker for a model nobody serves")
 	}
 	now = now.Add(2 * time.Second)
-	ann("c1", RoleCPU, "a:1", 0) // c1 keeps heartbeating
+	ann("c1", prismv1.Role_ROLE_EMBEDDING, "a:1", 0) // c1 keeps heartbeating
 	now = now.Add(2 * time.Second)
 	gone := r.Expire()
 	if len(gone) != 2 || gone[0] != "c2" || gone[1] != "g1" {
@@ -120,8 +120,8 @@ func newRouter(t *testing.T, o Options, cns ...*fakeCN) *Router {
 	r := New(o, nil)
 	for i, f := range cns {
 		addr := startCN(t, f)
-		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu" + addr, Role: RoleCPU, Addr: addr, Models: []string{"m"}, Healthy: true}})
-		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu" + string(rune('a'+i)), Role: RoleGPU, Addr: "dense:" + string(rune('a'+i)), Models: []string{"m"}, Healthy: true}})
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu" + addr, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}})
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu" + string(rune('a'+i)), Role: prismv1.Role_ROLE_DENSE, Addr: "dense:" + string(rune('a'+i)), Models: []string{"m"}, Healthy: true}})
 	}
 	return r
 }

@@ -100,7 +100,7 @@ func (u *updates) modelLocked(model string) *modelUpdates {
 // observeOne learns what one announcing worker holds (Announce calls it,
 // under the registry's lock: the registry's lock comes before u.mu).
 func (u *updates) observeOne(w *prismv1.WorkerInfo) {
-	if w.GetRole() != RoleCPU {
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
 		return
 	}
 	u.mu.Lock()
@@ -137,7 +137,7 @@ func (u *updates) observe(ws []*prismv1.WorkerInfo) {
 	defer u.mu.Unlock()
 	live := map[string]bool{}
 	for _, w := range ws {
-		if w.GetRole() != RoleCPU {
+		if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
 			continue
 		}
 		live[w.GetId()] = true
@@ -157,7 +157,7 @@ func (u *updates) observe(ws []*prismv1.WorkerInfo) {
 // then does it serve the model's lookups. Called under the registry's
 // lock (the registry's lock is taken before u.mu, never after).
 func (u *updates) inSync(w *prismv1.WorkerInfo, model string) bool {
-	if w.GetRole() != RoleCPU || !u.any.Load() {
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !u.any.Load() {
 		return true // no model was ever updated: no lock on the lookup path
 	}
 	u.mu.Lock()
@@ -217,7 +217,7 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	ws, _ := r.Reg.List(ctx, nil)
 	var targets []*prismv1.WorkerInfo
 	for _, w := range ws.GetWorkers() {
-		if w.GetRole() != RoleCPU {
+		if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
 			continue
 		}
 		for _, m := range w.GetModels() {

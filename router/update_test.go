@@ -76,7 +76,7 @@ func newUpdateRig(t *testing.T, o Options, cns ...*seqCN) *updateRig {
 		f.tag = float32(1000 * (i + 1))
 		rig.addr = append(rig.addr, startCN(t, f))
 	}
-	rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: RoleGPU, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+	rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
 	rig.announce()
 	return rig
 }
@@ -84,7 +84,7 @@ func newUpdateRig(t *testing.T, o Options, cns ...*seqCN) *updateRig {
 func (rig *updateRig) announce() {
 	for i, f := range rig.cns {
 		rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
-			Id: "cpu" + rig.addr[i], Role: RoleCPU, Addr: rig.addr[i], Models: []string{"m"}, Healthy: true,
+			Id: "cpu" + rig.addr[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.addr[i], Models: []string{"m"}, Healthy: true,
 			UpdateSeq: map[string]int64{"m": f.held()},
 		}})
 	}
@@ -129,7 +129,7 @@ func (rig *updateRig) servers() map[int]bool {
 				others = append(others, "cpu"+rig.addr[j])
 			}
 		}
-		if _, release, err := rig.r.Reg.Pick(RoleCPU, "m", 1, others); err == nil {
+		if _, release, err := rig.r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others); err == nil {
 			release()
 			got[i] = true
 		}

@@ -25,6 +25,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Role is a worker's tier.
+type Role int32
+
+const (
+	Role_ROLE_UNSPECIFIED Role = 0
+	// ROLE_EMBEDDING: the embedding tier (prism serve embedding, package
+	// cpuserve): lookups, pooling, cpu.onnx.
+	Role_ROLE_EMBEDDING Role = 1
+	// ROLE_DENSE: the dense tier (prism serve dense, package gpuserve):
+	// dense.onnx on a GPU, a MIG slice or the CPU.
+	Role_ROLE_DENSE Role = 2
+)
+
+// Enum value maps for Role.
+var (
+	Role_name = map[int32]string{
+		0: "ROLE_UNSPECIFIED",
+		1: "ROLE_EMBEDDING",
+		2: "ROLE_DENSE",
+	}
+	Role_value = map[string]int32{
+		"ROLE_UNSPECIFIED": 0,
+		"ROLE_EMBEDDING":   1,
+		"ROLE_DENSE":       2,
+	}
+)
+
+func (x Role) Enum() *Role {
+	p := new(Role)
+	*p = x
+	return p
+}
+
+func (x Role) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Role) Descriptor() protoreflect.EnumDescriptor {
+	return file_api_prismv1_internal_proto_enumTypes[0].Descriptor()
+}
+
+func (Role) Type() protoreflect.EnumType {
+	return &file_api_prismv1_internal_proto_enumTypes[0]
+}
+
+func (x Role) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Role.Descriptor instead.
+func (Role) EnumDescriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{0}
+}
+
 // ApplyUpdateRequest is one Embeddings.Update as the router sequences it.
 type ApplyUpdateRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -452,9 +506,8 @@ func (x *ScoreResponse) GetDenseUs() int64 {
 type WorkerInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// id is unique per process (role/host/pid/start time).
-	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	// role is "cpu" (embedding tier) or "gpu" (dense tier).
-	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Role Role   `protobuf:"varint,2,opt,name=role,proto3,enum=prism.v1.Role" json:"role,omitempty"`
 	Addr string `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
 	// models the worker serves.
 	Models []string `protobuf:"bytes,4,rep,name=models,proto3" json:"models,omitempty"`
@@ -507,11 +560,11 @@ func (x *WorkerInfo) GetId() string {
 	return ""
 }
 
-func (x *WorkerInfo) GetRole() string {
+func (x *WorkerInfo) GetRole() Role {
 	if x != nil {
 		return x.Role
 	}
-	return ""
+	return Role_ROLE_UNSPECIFIED
 }
 
 func (x *WorkerInfo) GetAddr() string {
@@ -848,11 +901,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"numSamples\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xb2\x02\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xc2\x02\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
-	"\x04role\x18\x02 \x01(\tR\x04role\x12\x12\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
+	"\x04role\x18\x02 \x01(\x0e2\x0e.prism.v1.RoleR\x04role\x12\x12\n" +
 	"\x04addr\x18\x03 \x01(\tR\x04addr\x12\x16\n" +
 	"\x06models\x18\x04 \x03(\tR\x06models\x12\x16\n" +
 	"\x06device\x18\x05 \x01(\tR\x06device\x12 \n" +
@@ -872,7 +925,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\rLeaveResponse\"\r\n" +
 	"\vListRequest\">\n" +
 	"\fListResponse\x12.\n" +
-	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers2\x8e\x01\n" +
+	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers*@\n" +
+	"\x04Role\x12\x14\n" +
+	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eROLE_EMBEDDING\x10\x01\x12\x0e\n" +
+	"\n" +
+	"ROLE_DENSE\x10\x022\x8e\x01\n" +
 	"\rEmbeddingTier\x12;\n" +
 	"\x06Lookup\x12\x17.prism.v1.LookupRequest\x1a\x18.prism.v1.LookupResponse\x12@\n" +
 	"\x06Update\x12\x1c.prism.v1.ApplyUpdateRequest\x1a\x18.prism.v1.UpdateResponse2E\n" +
@@ -895,51 +953,54 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 	return file_api_prismv1_internal_proto_rawDescData
 }
 
+var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_api_prismv1_internal_proto_goTypes = []any{
-	(*ApplyUpdateRequest)(nil), // 0: prism.v1.ApplyUpdateRequest
-	(*LookupRequest)(nil),      // 1: prism.v1.LookupRequest
-	(*LookupResponse)(nil),     // 2: prism.v1.LookupResponse
-	(*StageTimes)(nil),         // 3: prism.v1.StageTimes
-	(*ScoreRequest)(nil),       // 4: prism.v1.ScoreRequest
-	(*ScoreResponse)(nil),      // 5: prism.v1.ScoreResponse
-	(*WorkerInfo)(nil),         // 6: prism.v1.WorkerInfo
-	(*AnnounceRequest)(nil),    // 7: prism.v1.AnnounceRequest
-	(*AnnounceResponse)(nil),   // 8: prism.v1.AnnounceResponse
-	(*LeaveRequest)(nil),       // 9: prism.v1.LeaveRequest
-	(*LeaveResponse)(nil),      // 10: prism.v1.LeaveResponse
-	(*ListRequest)(nil),        // 11: prism.v1.ListRequest
-	(*ListResponse)(nil),       // 12: prism.v1.ListResponse
-	nil,                        // 13: prism.v1.WorkerInfo.UpdateSeqEntry
-	(*UpdateRequest)(nil),      // 14: prism.v1.UpdateRequest
-	(*Features)(nil),           // 15: prism.v1.Features
-	(*UpdateResponse)(nil),     // 16: prism.v1.UpdateResponse
+	(Role)(0),                  // 0: prism.v1.Role
+	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
+	(*LookupRequest)(nil),      // 2: prism.v1.LookupRequest
+	(*LookupResponse)(nil),     // 3: prism.v1.LookupResponse
+	(*StageTimes)(nil),         // 4: prism.v1.StageTimes
+	(*ScoreRequest)(nil),       // 5: prism.v1.ScoreRequest
+	(*ScoreResponse)(nil),      // 6: prism.v1.ScoreResponse
+	(*WorkerInfo)(nil),         // 7: prism.v1.WorkerInfo
+	(*AnnounceRequest)(nil),    // 8: prism.v1.AnnounceRequest
+	(*AnnounceResponse)(nil),   // 9: prism.v1.AnnounceResponse
+	(*LeaveRequest)(nil),       // 10: prism.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 11: prism.v1.LeaveResponse
+	(*ListRequest)(nil),        // 12: prism.v1.ListRequest
+	(*ListResponse)(nil),       // 13: prism.v1.ListResponse
+	nil,                        // 14: prism.v1.WorkerInfo.UpdateSeqEntry
+	(*UpdateRequest)(nil),      // 15: prism.v1.UpdateRequest
+	(*Features)(nil),           // 16: prism.v1.Features
+	(*UpdateResponse)(nil),     // 17: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	14, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	15, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	15, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
-	3,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
-	13, // 4: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	6,  // 5: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	6,  // 6: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	1,  // 7: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	0,  // 8: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	4,  // 9: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	7,  // 10: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	9,  // 11: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	11, // 12: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	2,  // 13: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	16, // 14: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	5,  // 15: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	8,  // 16: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	10, // 17: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	12, // 18: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	15, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	16, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	16, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
+	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
+	14, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	7,  // 6: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	7,  // 7: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	2,  // 8: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 9: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 10: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	8,  // 11: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	10, // 12: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	12, // 13: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	3,  // 14: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	17, // 15: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 16: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	9,  // 17: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	11, // 18: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	13, // 19: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -953,13 +1014,14 @@ func file_api_prismv1_internal_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
 		GoTypes:           file_api_prismv1_internal_proto_goTypes,
 		DependencyIndexes: file_api_prismv1_internal_proto_depIdxs,
+		EnumInfos:         file_api_prismv1_internal_proto_enumTypes,
 		MessageInfos:      file_api_prismv1_internal_proto_msgTypes,
 	}.Build()
 	File_api_prismv1_internal_proto = out.File

@@ -31,7 +31,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// The embedding tier (prism serve cpu): looks up and pools the embeddings
+// The embedding tier (prism serve embedding): looks up and pools the embeddings
 // of one micro-batch, runs cpu.onnx, sends the cut tensors straight to the
 // dense worker the router chose, and returns that worker's scores.
 type EmbeddingTierClient interface {
@@ -74,7 +74,7 @@ func (c *embeddingTierClient) Update(ctx context.Context, in *ApplyUpdateRequest
 // All implementations must embed UnimplementedEmbeddingTierServer
 // for forward compatibility.
 //
-// The embedding tier (prism serve cpu): looks up and pools the embeddings
+// The embedding tier (prism serve embedding): looks up and pools the embeddings
 // of one micro-batch, runs cpu.onnx, sends the cut tensors straight to the
 // dense worker the router chose, and returns that worker's scores.
 type EmbeddingTierServer interface {
@@ -184,7 +184,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// The dense tier (prism serve gpu): scores cut tensors with dense.onnx.
+// The dense tier (prism serve dense): scores cut tensors with dense.onnx.
 type DenseTierClient interface {
 	Score(ctx context.Context, in *ScoreRequest, opts ...grpc.CallOption) (*ScoreResponse, error)
 }
@@ -211,7 +211,7 @@ func (c *denseTierClient) Score(ctx context.Context, in *ScoreRequest, opts ...g
 // All implementations must embed UnimplementedDenseTierServer
 // for forward compatibility.
 //
-// The dense tier (prism serve gpu): scores cut tensors with dense.onnx.
+// The dense tier (prism serve dense): scores cut tensors with dense.onnx.
 type DenseTierServer interface {
 	Score(context.Context, *ScoreRequest) (*ScoreResponse, error)
 	mustEmbedUnimplementedDenseTierServer()

@@ -291,12 +291,12 @@ func TestEndToEnd(t *testing.T) {
 	for _, w := range ws.GetWorkers() {
 		c := dial(t, w.GetAddr())
 		switch w.GetRole() {
-		case "gpu":
+		case prismv1.Role_ROLE_DENSE:
 			_, err := prismv1.NewDenseTierClient(c).Score(ctx, &prismv1.ScoreRequest{Model: all[0].cfg.Name, NumSamples: 2, Tensors: []byte("definitely not arrow")})
 			if status.Code(err) != codes.InvalidArgument {
 				t.Errorf("malformed tensors: %v", err)
 			}
-		case "cpu":
+		case prismv1.Role_ROLE_EMBEDDING:
 			_, err := prismv1.NewEmbeddingTierClient(c).Lookup(ctx, &prismv1.LookupRequest{Model: "nope", NumSamples: 1})
 			if status.Code(err) != codes.NotFound {
 				t.Errorf("lookup of an unknown model: %v", err)
@@ -428,7 +428,7 @@ func TestDenseWorkerKilled(t *testing.T) {
 			if err == nil {
 				n := 0
 				for _, w := range ws.GetWorkers() {
-					if w.GetRole() == "gpu" {
+					if w.GetRole() == prismv1.Role_ROLE_DENSE {
 						n++
 					}
 				}
@@ -531,7 +531,7 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 			if err == nil {
 				got := 0
 				for _, w := range ws.GetWorkers() {
-					if w.GetRole() == "cpu" && (seq < 0 || w.GetUpdateSeq()[cfg.Name] == seq) {
+					if w.GetRole() == prismv1.Role_ROLE_EMBEDDING && (seq < 0 || w.GetUpdateSeq()[cfg.Name] == seq) {
 						got++
 					}
 				}

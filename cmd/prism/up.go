@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"io"
 	"os"
 	"os/exec"
@@ -22,7 +23,6 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 func init() { subcommands = append(subcommands, newUpCmd) }
@@ -199,7 +199,7 @@ func runUp(cmd *cobra.Command, f upFlags) error {
 	}
 	var models []string
 	for _, p := range f.plans {
-		plan, err := partitioner.ReadPlan(p)
+		plan, err := plan.Read(p)
 		if err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
@@ -355,10 +355,10 @@ func waitRegistered(ctx context.Context, addr string, models []string, gpus, cpu
 				var c, g int
 				for _, w := range resp.GetWorkers() {
 					for _, wm := range w.GetModels() {
-						if wm == m && w.GetRole() == "cpu" {
+						if wm == m && w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
 							c++
 						}
-						if wm == m && w.GetRole() == "gpu" {
+						if wm == m && w.GetRole() == prismv1.Role_ROLE_DENSE {
 							g++
 						}
 					}

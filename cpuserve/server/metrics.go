@@ -18,7 +18,7 @@ type metrics struct {
 func newMetrics(s *Server) *metrics {
 	m := &metrics{}
 	m.stage = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: "prism", Subsystem: "cpuserve", Name: "stage_seconds",
+		Namespace: "prism", Subsystem: "embedding", Name: "stage_seconds",
 		Help:    "Time of one micro-batch in each stage: decode, lookup, cpu_model, encode, transfer (the Score call minus dense), dense.",
 		Buckets: prometheus.ExponentialBuckets(10e-6, 2, 20),
 	}, []string{"stage"})
@@ -29,12 +29,12 @@ func newMetrics(s *Server) *metrics {
 	m.xfer = m.stage.WithLabelValues("transfer")
 	m.dense = m.stage.WithLabelValues("dense")
 	m.samples = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Namespace: "prism", Subsystem: "cpuserve", Name: "batch_samples",
+		Namespace: "prism", Subsystem: "embedding", Name: "batch_samples",
 		Help:    "Samples per Lookup request.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 14),
 	})
 	m.outstanding = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Namespace: "prism", Subsystem: "cpuserve", Name: "outstanding_samples",
+		Namespace: "prism", Subsystem: "embedding", Name: "outstanding_samples",
 		Help: "Samples in flight in this embedding tier.",
 	}, func() float64 { return float64(s.Outstanding()) })
 	return m

@@ -3,13 +3,13 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"path/filepath"
 	"slices"
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // model is one served model: its plan, resolved once at startup into
@@ -18,7 +18,7 @@ import (
 type model struct {
 	name   string
 	dir    string
-	plan   *partitioner.Plan
+	plan   *plan.Plan
 	inputs map[string]*inputSpec
 	order  []string // input names in plan order, for messages
 	// lookups in plan order: each table's uses, one TableLookup each.
@@ -46,7 +46,7 @@ type inputSpec struct {
 type lookupSpec struct {
 	table string
 	dim   int
-	l     partitioner.Lookup
+	l     plan.Lookup
 }
 
 type cutSpec struct {
@@ -56,7 +56,7 @@ type cutSpec struct {
 
 // modelName is the name a plan is served (and ingested) under: the same
 // rule as store.Ingest's.
-func modelName(dir string, p *partitioner.Plan) string {
+func modelName(dir string, p *plan.Plan) string {
 	if p.Model.Name != "" {
 		return p.Model.Name
 	}
@@ -65,7 +65,7 @@ func modelName(dir string, p *partitioner.Plan) string {
 
 // ensureIngested ingests the plan in dir into st unless st already
 // serves the model, and checks that the stored tables are the plan's.
-func ensureIngested(ctx context.Context, st *store.Store, dir string, p *partitioner.Plan, progress func(model string, done, total int64)) (ingested bool, err error) {
+func ensureIngested(ctx context.Context, st *store.Store, dir string, p *plan.Plan, progress func(model string, done, total int64)) (ingested bool, err error) {
 	name := modelName(dir, p)
 	if !slices.Contains(st.Models(), name) {
 		io := store.IngestOptions{Model: name}
@@ -96,7 +96,7 @@ func ensureIngested(ctx context.Context, st *store.Store, dir string, p *partiti
 }
 
 // loadModel resolves a plan folder and opens its CPU subgraph.
-func loadModel(dir string, p *partitioner.Plan, so ort.SessionOptions) (*model, error) {
+func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) {
 	m := &model{name: modelName(dir, p), dir: dir, plan: p, inputs: map[string]*inputSpec{}}
 	for _, in := range p.Inputs {
 		spec := &inputSpec{name: in.Name, shape: in.Shape, width: 1}

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"log/slog"
 	"slices"
 	"sync"
@@ -27,7 +28,6 @@ import (
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // Options configure a Server.
@@ -102,7 +102,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 	s.met = newMetrics(s)
 	so := ort.SessionOptions{IntraOpThreads: o.Threads}
 	for _, dir := range o.Plans {
-		p, err := partitioner.ReadPlan(dir)
+		p, err := plan.Read(dir)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -171,7 +171,7 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 		}
 		seqs[m] = seq
 	}
-	return &prismv1.WorkerInfo{Id: id, Role: "cpu", Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs}
+	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs}
 }
 
 // Collectors are the tier's metrics: per-stage latency, samples in
@@ -451,7 +451,7 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 			samples = 1
 		}
 		size := samples * ls.dim
-		if l.Pooling == partitioner.PoolNone {
+		if l.Pooling == plan.PoolNone {
 			size = len(ids.i64) * ls.dim
 		}
 		out := into[l.Output]
@@ -470,7 +470,7 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 			out = tile(out, n)
 		}
 		shape := []int64{int64(n), int64(ls.dim)}
-		if l.Pooling == partitioner.PoolNone && !l.Rank1 {
+		if l.Pooling == plan.PoolNone && !l.Rank1 {
 			shape = []int64{int64(n), int64(l.Bag), int64(ls.dim)}
 		}
 		vals[l.Output] = &value{width: len(out) / n, shape: shape, f32: out}

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"math"
 	"os"
 	"path/filepath"
@@ -163,7 +164,7 @@ type denseDouble struct {
 
 type denseModel struct {
 	sess *ort.Session
-	plan *partitioner.Plan
+	plan *plan.Plan
 }
 
 func (d *denseDouble) setFail(err error) {
@@ -463,13 +464,13 @@ func TestMetrics(t *testing.T) {
 	for _, mf := range mfs {
 		got[mf.GetName()] = true
 	}
-	for _, name := range []string{"prism_cpuserve_stage_seconds", "prism_cpuserve_outstanding_samples", "prism_cpuserve_batch_samples", "prism_store_hot_hit_ratio", "prism_store_lookups_total"} {
+	for _, name := range []string{"prism_embedding_stage_seconds", "prism_embedding_outstanding_samples", "prism_embedding_batch_samples", "prism_store_hot_hit_ratio", "prism_store_lookups_total"} {
 		if !got[name] {
 			t.Errorf("metric %s not exported", name)
 		}
 	}
 	w := f.srv.WorkerInfo("cpu/test", "127.0.0.1:1")
-	if w.Role != "cpu" || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny"}) || w.Outstanding != 0 {
+	if w.Role != prismv1.Role_ROLE_EMBEDDING || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny"}) || w.Outstanding != 0 {
 		t.Errorf("worker info %v", w)
 	}
 }

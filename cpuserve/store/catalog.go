@@ -3,11 +3,10 @@ package store
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"sort"
 
 	"github.com/cockroachdb/pebble/v2"
-
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // catalog is the store's metadata, one JSON value under catalogKey,
@@ -60,8 +59,8 @@ type version struct {
 }
 
 type versionTable struct {
-	Phys       uint32                 `json:"phys"`
-	UnknownIDs partitioner.UnknownIDs `json:"unknown_ids,omitempty"`
+	Phys       uint32          `json:"phys"`
+	UnknownIDs plan.UnknownIDs `json:"unknown_ids,omitempty"`
 }
 
 func newCatalog() *catalog {

@@ -3,16 +3,15 @@ package store
 import (
 	"context"
 	"errors"
+	"github.com/prism-serve/prism/plan"
 	"testing"
-
-	"github.com/prism-serve/prism/partitioner"
 )
 
 func TestBadInput(t *testing.T) {
 	tables := []*testTable{
 		{name: "a", rows: 100, dim: 4, seed: 1},
-		{name: "h", rows: 10, dim: 4, seed: 2, unknown: partitioner.UnknownHash},
-		{name: "z", rows: 10, dim: 4, seed: 3, unknown: partitioner.UnknownZero},
+		{name: "h", rows: 10, dim: 4, seed: 2, unknown: plan.UnknownHash},
+		{name: "z", rows: 10, dim: 4, seed: 3, unknown: plan.UnknownZero},
 	}
 	plan := writePlan(t, "m", tables)
 	s, _ := openMem(t, nil)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"github.com/prism-serve/prism/plan"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -9,7 +10,6 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/prism-serve/prism/internal/tablefile"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // testTable is a table for a test plan.
@@ -18,7 +18,7 @@ type testTable struct {
 	rows    int64
 	dim     int
 	seed    uint64
-	unknown partitioner.UnknownIDs
+	unknown plan.UnknownIDs
 	data    []float32 // filled by writePlan when nil
 }
 
@@ -30,7 +30,7 @@ func writePlan(t testing.TB, model string, tables []*testTable) string {
 	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := &partitioner.Plan{Version: partitioner.PlanVersion, Model: partitioner.ModelInfo{Name: model}, DenseModel: "dense.onnx"}
+	p := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: model}, DenseModel: "dense.onnx"}
 	for _, tt := range tables {
 		if tt.data == nil {
 			tt.data = randomTable(tt.rows, tt.dim, tt.seed)
@@ -40,13 +40,13 @@ func writePlan(t testing.TB, model string, tables []*testTable) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.Tables = append(p.Tables, partitioner.Table{
+		p.Tables = append(p.Tables, plan.Table{
 			Name: tt.name, File: file, Rows: meta.Rows, Dim: meta.Dim, DType: "float32", SHA256: meta.SHA256,
 			UnknownIDs: tt.unknown,
-			Lookups:    []partitioner.Lookup{{Input: "ids_" + tt.name, Bag: 1, Pooling: partitioner.PoolSum, Output: "emb_" + tt.name}},
+			Lookups:    []plan.Lookup{{Input: "ids_" + tt.name, Bag: 1, Pooling: plan.PoolSum, Output: "emb_" + tt.name}},
 		})
 	}
-	if err := partitioner.WritePlan(dir, p); err != nil {
+	if err := plan.Write(dir, p); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"path/filepath"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 	"github.com/cockroachdb/pebble/v2/sstable"
 
 	"github.com/prism-serve/prism/internal/tablefile"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // stagingDir holds SSTs between their writing and their ingestion.
@@ -62,7 +62,7 @@ type TableReport struct {
 }
 
 type ingestJob struct {
-	pt    partitioner.Table
+	pt    plan.Table
 	tf    *tablefile.Table
 	phys  *physTable
 	dtype DType
@@ -93,13 +93,13 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
-	plan, err := partitioner.ReadPlan(planDir)
+	p, err := plan.Read(planDir)
 	if err != nil {
 		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
 	}
 	model := o.Model
 	if model == "" {
-		model = plan.Model.Name
+		model = p.Model.Name
 	}
 	if model == "" {
 		model = filepath.Base(planDir)
@@ -116,7 +116,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		}
 	}()
 	var total int64
-	for _, pt := range plan.Tables {
+	for _, pt := range p.Tables {
 		dt := o.DType
 		if d, ok := o.TableDTypes[pt.Name]; ok {
 			dt = d
@@ -137,7 +137,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 			return nil, fmt.Errorf("ingest table %q: %d rows is more than this store keys: %w", pt.Name, tf.Rows, ErrBadRequest)
 		}
 		switch pt.UnknownIDs {
-		case "", partitioner.UnknownError, partitioner.UnknownHash, partitioner.UnknownZero:
+		case "", plan.UnknownError, plan.UnknownHash, plan.UnknownZero:
 		default:
 			return nil, fmt.Errorf("ingest table %q: unknown_ids %q: %w", pt.Name, pt.UnknownIDs, ErrBadRequest)
 		}

@@ -2,23 +2,23 @@ package store
 
 import (
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // Pooling is how a lookup reduces the rows of a bag (partitioner's type:
 // a plan's lookups pass through unchanged).
-type Pooling = partitioner.Pooling
+type Pooling = plan.Pooling
 
 const (
-	PoolNone = partitioner.PoolNone
-	PoolSum  = partitioner.PoolSum
-	PoolMean = partitioner.PoolMean
-	PoolMax  = partitioner.PoolMax
+	PoolNone = plan.PoolNone
+	PoolSum  = plan.PoolSum
+	PoolMean = plan.PoolMean
+	PoolMax  = plan.PoolMax
 )
 
 // TableLookup is one table's part of a batch.
@@ -152,9 +152,9 @@ func resolveIDs(tv *tableView, ids []int64, g []float32, sc *scratch) ([]int64, 
 			return nil, fmt.Errorf("table %q: ids[%d]=%d: %w", tv.name, i, id, ErrNegativeID)
 		}
 		switch tv.unknown {
-		case partitioner.UnknownHash:
+		case plan.UnknownHash:
 			sc.ids[i] = id % tv.rows
-		case partitioner.UnknownZero:
+		case plan.UnknownZero:
 			clear(g[i*dim : (i+1)*dim])
 			sc.ids[i] = -1
 		default:

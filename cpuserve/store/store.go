@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"maps"
 	"slices"
 	"sort"
@@ -14,7 +15,6 @@ import (
 	"github.com/cockroachdb/pebble/v2/sstable"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // Store is an open embedding store. Lookups, upserts and version changes
@@ -68,7 +68,7 @@ type tableView struct {
 	rows    int64
 	dim     int
 	dtype   DType
-	unknown partitioner.UnknownIDs
+	unknown plan.UnknownIDs
 	hot     *hot.Class
 	lo, hi  []byte
 }
@@ -233,7 +233,7 @@ type TableInfo struct {
 	Rows       int64
 	Dim        int
 	DType      DType
-	UnknownIDs partitioner.UnknownIDs
+	UnknownIDs plan.UnknownIDs
 	// Phys is the physical table id; tables of two models with equal
 	// Phys share one copy.
 	Phys uint32

@@ -7,6 +7,7 @@ package storebench
 import (
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -16,7 +17,6 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // Config shapes a run.
@@ -119,13 +119,13 @@ func Setup(cfg Config) (*Env, error) {
 func (e *Env) Close() error { return e.Store.Close() }
 
 func (e *Env) writePlan() error {
-	if _, err := os.Stat(filepath.Join(e.Plan, partitioner.PlanFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(e.Plan, plan.File)); err == nil {
 		return nil
 	}
 	if err := os.MkdirAll(filepath.Join(e.Plan, "tables"), 0o755); err != nil {
 		return err
 	}
-	pl := &partitioner.Plan{Version: partitioner.PlanVersion, Model: partitioner.ModelInfo{Name: e.Name}, DenseModel: "dense.onnx"}
+	pl := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: e.Name}, DenseModel: "dense.onnx"}
 	for k, t := range e.Tables {
 		tn := models.TableName(k)
 		file := tablefile.FileName(tn)
@@ -133,10 +133,10 @@ func (e *Env) writePlan() error {
 		if err != nil {
 			return err
 		}
-		pl.Tables = append(pl.Tables, partitioner.Table{Name: tn, File: file, Rows: meta.Rows, Dim: meta.Dim, DType: "float32", SHA256: meta.SHA256,
-			Lookups: []partitioner.Lookup{{Input: models.SparseInput(k), Bag: 1, Rank1: true, Pooling: partitioner.PoolSum, Output: tn + "_pooled"}}})
+		pl.Tables = append(pl.Tables, plan.Table{Name: tn, File: file, Rows: meta.Rows, Dim: meta.Dim, DType: "float32", SHA256: meta.SHA256,
+			Lookups: []plan.Lookup{{Input: models.SparseInput(k), Bag: 1, Rank1: true, Pooling: plan.PoolSum, Output: tn + "_pooled"}}})
 	}
-	return partitioner.WritePlan(e.Plan, pl)
+	return plan.Write(e.Plan, pl)
 }
 
 // Batches draws n batches of ids: [batch][table][]id, Zipf(s) per table

@@ -108,7 +108,7 @@ func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := Announce(ctx, s.Addr(), func() *prismv1.WorkerInfo {
-		return &prismv1.WorkerInfo{Id: "gpu/1", Role: "gpu", Addr: "x:1"}
+		return &prismv1.WorkerInfo{Id: "gpu/1", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1"}
 	}, quiet())
 	deadline := time.Now().Add(5 * time.Second)
 	for {

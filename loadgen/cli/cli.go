@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"io"
 	"os"
 	"os/signal"
@@ -25,7 +26,6 @@ import (
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/loadgen"
 	"github.com/prism-serve/prism/models"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 type flags struct {
@@ -322,7 +322,7 @@ func signature(f flags) (models.Signature, error) {
 	}
 	switch {
 	case f.planDir != "":
-		p, err := partitioner.ReadPlan(f.planDir)
+		p, err := plan.Read(f.planDir)
 		if err != nil {
 			return models.Signature{}, fmt.Errorf("loadgen: %w", err)
 		}
@@ -355,7 +355,7 @@ func signature(f flags) (models.Signature, error) {
 
 // planSignature reads a plan's inputs: an id input takes its rows and bag
 // from the table it looks up, a float input its width from its shape.
-func planSignature(p *partitioner.Plan) (models.Signature, error) {
+func planSignature(p *plan.Plan) (models.Signature, error) {
 	type lk struct {
 		rows  int64
 		bag   int

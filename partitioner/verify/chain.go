@@ -7,18 +7,18 @@ package verify
 
 import (
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"math"
 	"path/filepath"
 
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
-	"github.com/prism-serve/prism/partitioner"
 )
 
 // Chain is an opened partition folder.
 type Chain struct {
-	Plan   *partitioner.Plan
+	Plan   *plan.Plan
 	cpu    *ort.Session
 	dense  *ort.Session
 	tables map[string][]float32
@@ -27,7 +27,7 @@ type Chain struct {
 // Open loads a partition folder: both subgraphs in ONNX Runtime and every
 // table in memory (this is a checker, not the embedding store).
 func Open(dir string, so ort.SessionOptions) (*Chain, error) {
-	plan, err := partitioner.ReadPlan(dir)
+	plan, err := plan.Read(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func (c *Chain) Run(b *models.Batch) ([][]float32, error) {
 			vals[l.Output] = out
 		}
 	}
-	run := func(s *ort.Session, outs []partitioner.CutTensor) error {
+	run := func(s *ort.Session, outs []plan.CutTensor) error {
 		var ins []ort.Input
 		for _, name := range s.InputNames() {
 			v, ok := vals[name]
@@ -138,7 +138,7 @@ func (c *Chain) Run(b *models.Batch) ([][]float32, error) {
 
 // Lookup gathers and pools one lookup for n samples, the plain way: the
 // reference the embedding store is tested against.
-func Lookup(table []float32, t partitioner.Table, l partitioner.Lookup, n int, ids []int64, weights []float32) (tensor, error) {
+func Lookup(table []float32, t plan.Table, l plan.Lookup, n int, ids []int64, weights []float32) (tensor, error) {
 	d := t.Dim
 	if len(ids) != n*l.Bag {
 		return tensor{}, fmt.Errorf("lookup %s: %d ids for %d samples of bag %d", l.Input, len(ids), n, l.Bag)
@@ -149,7 +149,7 @@ func Lookup(table []float32, t partitioner.Table, l partitioner.Lookup, n int, i
 		}
 		return table[id*int64(d) : (id+1)*int64(d)], nil
 	}
-	if l.Pooling == partitioner.PoolNone {
+	if l.Pooling == plan.PoolNone {
 		out := make([]float32, 0, len(ids)*d)
 		for _, id := range ids {
 			r, err := row(id)
@@ -167,7 +167,7 @@ func Lookup(table []float32, t partitioner.Table, l partitioner.Lookup, n int, i
 	out := make([]float32, n*d)
 	for s := range n {
 		acc := out[s*d : (s+1)*d]
-		if l.Pooling == partitioner.PoolMax {
+		if l.Pooling == plan.PoolMax {
 			for i := range acc {
 				acc[i] = float32(math.Inf(-1))
 			}
@@ -182,14 +182,14 @@ func Lookup(table []float32, t partitioner.Table, l partitioner.Lookup, n int, i
 				w = weights[s*l.Bag+j]
 			}
 			for i, v := range r {
-				if l.Pooling == partitioner.PoolMax {
+				if l.Pooling == plan.PoolMax {
 					acc[i] = max(acc[i], v)
 				} else {
 					acc[i] += w * v
 				}
 			}
 		}
-		if l.Pooling == partitioner.PoolMean {
+		if l.Pooling == plan.PoolMean {
 			for i := range acc {
 				acc[i] /= float32(l.Bag)
 			}

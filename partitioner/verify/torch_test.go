@@ -3,6 +3,7 @@ package verify_test
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/prism-serve/prism/plan"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -165,21 +166,21 @@ func TestTorchStyleExport(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := res.Plan
-	byName := map[string]partitioner.Table{}
+	byName := map[string]plan.Table{}
 	for _, tab := range p.Tables {
 		byName[tab.Name] = tab
 	}
 	want := map[string]struct {
 		rows    int64
 		lookups int
-		pool    partitioner.Pooling
+		pool    plan.Pooling
 	}{
-		"embeddings.0.weight":           {50, 1, partitioner.PoolNone},
-		"embeddings.1.weight":           {60, 1, partitioner.PoolSum},
-		"embeddings.2.weight":           {70, 2, partitioner.PoolMean},
-		"embeddings.4.weight":           {40, 1, partitioner.PoolMax},
-		"/embeddings.5/Concat_output_0": {50, 1, partitioner.PoolNone},
-		"/embeddings.6/Cast_output_0":   {25, 1, partitioner.PoolNone},
+		"embeddings.0.weight":           {50, 1, plan.PoolNone},
+		"embeddings.1.weight":           {60, 1, plan.PoolSum},
+		"embeddings.2.weight":           {70, 2, plan.PoolMean},
+		"embeddings.4.weight":           {40, 1, plan.PoolMax},
+		"/embeddings.5/Concat_output_0": {50, 1, plan.PoolNone},
+		"/embeddings.6/Cast_output_0":   {25, 1, plan.PoolNone},
 	}
 	if len(p.Tables) != len(want) {
 		t.Errorf("%d tables, want %d: %v", len(p.Tables), len(want), byName)

@@ -1,4 +1,4 @@
-package partitioner
+package plan
 
 import (
 	"encoding/json"
@@ -7,11 +7,11 @@ import (
 	"path/filepath"
 )
 
-// PlanVersion is the version of plan.json this build writes and reads.
-const PlanVersion = 1
+// Version is the version of plan.json this build writes and reads.
+const Version = 1
 
-// PlanFile is the plan's file name in a partition folder.
-const PlanFile = "plan.json"
+// File is the plan's file name in a partition folder.
+const File = "plan.json"
 
 // Plan is plan.json: everything the serving tiers need to run a model
 // split in two. Field names are the JSON the README documents.
@@ -147,9 +147,9 @@ type SideCost struct {
 	FLOPsPerSamp int64          `json:"flops_per_sample"`
 }
 
-// ReadPlan reads dir/plan.json and checks its version.
-func ReadPlan(dir string) (*Plan, error) {
-	path := filepath.Join(dir, PlanFile)
+// Read reads dir/plan.json and checks its version.
+func Read(dir string) (*Plan, error) {
+	path := filepath.Join(dir, File)
 	buf, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read plan: %w", err)
@@ -158,19 +158,19 @@ func ReadPlan(dir string) (*Plan, error) {
 	if err := json.Unmarshal(buf, &p); err != nil {
 		return nil, fmt.Errorf("read plan %q: %w", path, err)
 	}
-	if p.Version != PlanVersion {
-		return nil, fmt.Errorf("read plan %q: version %d, this build reads version %d", path, p.Version, PlanVersion)
+	if p.Version != Version {
+		return nil, fmt.Errorf("read plan %q: version %d, this build reads version %d", path, p.Version, Version)
 	}
 	return &p, nil
 }
 
-// WritePlan writes p as dir/plan.json.
-func WritePlan(dir string, p *Plan) error {
+// Write writes p as dir/plan.json.
+func Write(dir string, p *Plan) error {
 	buf, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		return fmt.Errorf("write plan: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, PlanFile), append(buf, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, File), append(buf, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write plan: %w", err)
 	}
 	return nil
