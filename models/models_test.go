@@ -2,6 +2,7 @@ package models_test
 
 import (
 	"fmt"
+	"github.com/prism-serve/prism/internal/modelrun"
 	"math"
 	"path/filepath"
 	"testing"
@@ -18,7 +19,7 @@ func scoreORT(t *testing.T, dir string, b *models.Batch) []float32 {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	out, err := s.Run(ort.BatchInputs(b))
+	out, err := s.Run(modelrun.Inputs(b))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/plan"
 	"io"
 	"math"
@@ -129,7 +130,7 @@ func tableStream(src *tableSource, dir string) tablefile.Source {
 						out[i] = halfToFloat(binary.LittleEndian.Uint16(b[2*i:]))
 					}
 				} else {
-					copy(out, pb.BytesAsFloat32(b))
+					copy(out, leview.Float32s(b))
 				}
 				if err := emit(out); err != nil {
 					r.Close()

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/internal/leview"
+	"github.com/prism-serve/prism/internal/modelrun"
 	"math"
 	"os"
 	"os/exec"
@@ -22,7 +24,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
-	"github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
@@ -211,7 +212,7 @@ func TestEndToEnd(t *testing.T) {
 				src, _ := models.NewSynthetic(sig, models.SyntheticOptions{Seed: uint64(tc.n)})
 				b, _ := src.Next(tc.n)
 				broadcastContext(b, tc.context)
-				want, err := mono.Run(ort.BatchInputs(b))
+				want, err := mono.Run(modelrun.Inputs(b))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -325,7 +326,7 @@ func TestEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := func(v []float32) []byte { return onnxpb.Float32AsBytes(append([]float32(nil), v...)) }
+	row := func(v []float32) []byte { return leview.Bytes(append([]float32(nil), v...)) }
 	bumped := make([]float32, 16)
 	for i := range bumped {
 		bumped[i] = 3
@@ -557,7 +558,7 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 			row[i] = v
 		}
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			r, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{id}, Rows: onnxpb.Float32AsBytes(row)})
+			r, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{id}, Rows: leview.Bytes(row)})
 			if err == nil {
 				return r
 			}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/internal/modelrun"
 	"io"
 	"math"
 	"os"
@@ -120,7 +121,7 @@ func runScore(stdout io.Writer, path string, f scoreFlags) error {
 		outIdx = i
 	}
 	for i := 0; i < f.warmup && len(batches) > 0; i++ {
-		if _, err := sess.Run(ort.BatchInputs(batches[i%len(batches)])); err != nil {
+		if _, err := sess.Run(modelrun.Inputs(batches[i%len(batches)])); err != nil {
 			return err
 		}
 	}
@@ -129,7 +130,7 @@ func runScore(stdout io.Writer, path string, f scoreFlags) error {
 	start := time.Now()
 	for _, b := range batches {
 		t0 := time.Now()
-		out, err := sess.Run(ort.BatchInputs(b))
+		out, err := sess.Run(modelrun.Inputs(b))
 		if err != nil {
 			return err
 		}

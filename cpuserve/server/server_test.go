@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/internal/modelrun"
 	"github.com/prism-serve/prism/plan"
 	"math"
 	"os"
@@ -268,7 +269,7 @@ func (f *fixture) batch(t *testing.T, model string, n int, seed uint64) *models.
 
 func (f *fixture) checkScores(t *testing.T, model string, b *models.Batch, req *prismv1.LookupRequest) *prismv1.LookupResponse {
 	t.Helper()
-	want, err := f.mono[model].Run(ort.BatchInputs(b))
+	want, err := f.mono[model].Run(modelrun.Inputs(b))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,12 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/prism-serve/prism/internal/leview"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
-	"github.com/prism-serve/prism/internal/onnxpb"
 )
 
 // Update upserts rows of one table into this worker's store. It answers
@@ -45,7 +45,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	// Copy: the request's bytes need not be aligned for a float view, and
 	// the store keeps nothing of its arguments anyway.
 	rows := make([]float32, len(raw)/4)
-	copy(rows, onnxpb.BytesAsFloat32(raw))
+	copy(rows, leview.Float32s(raw))
 	var err error
 	if seq := areq.GetSeq(); seq > 0 {
 		_, err = s.st.UpsertSeq(req.GetModel(), req.GetTable(), ids, rows, seq)

@@ -10,14 +10,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/internal/leview"
 	"io"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
-
-	"github.com/prism-serve/prism/internal/onnxpb"
 )
 
 // Tensor is one named tensor of n samples x Width floats.
@@ -51,7 +50,7 @@ func encodeWithArrow(dst []byte, n int, ts []Tensor) ([]byte, error) {
 		fields[i] = arrow.Field{Name: t.Name, Type: lt}
 		var raw []byte
 		if len(t.Data) > 0 {
-			raw = onnxpb.Float32AsBytes(t.Data)
+			raw = leview.Bytes(t.Data)
 		}
 		vals := array.NewData(arrow.PrimitiveTypes.Float32, len(t.Data), []*memory.Buffer{nil, memory.NewBufferBytes(raw)}, nil, 0, 0)
 		list := array.NewData(lt, n, []*memory.Buffer{nil}, []arrow.ArrayData{vals}, 0, 0)

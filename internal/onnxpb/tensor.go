@@ -3,8 +3,8 @@ package onnxpb
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/prism-serve/prism/internal/leview"
 	"math"
-	"unsafe"
 )
 
 // ElemSize is the byte size of one element of an ONNX data type, 0 when
@@ -109,7 +109,7 @@ func Float32s(t *TensorProto) ([]float32, error) {
 	if int64(len(t.RawData)) != 4*n {
 		return nil, fmt.Errorf("tensor %q: %d raw bytes for %d float32 elements", t.GetName(), len(t.RawData), n)
 	}
-	return BytesAsFloat32(t.RawData), nil
+	return leview.Float32s(t.RawData), nil
 }
 
 // Int64s returns t's values (INT64 or INT32, widened), always a copy.
@@ -151,7 +151,7 @@ func Int64s(t *TensorProto) ([]int64, error) {
 // NewFloatTensor makes a FLOAT initializer whose raw data aliases data
 // (no copy): the caller must not change data while the tensor is in use.
 func NewFloatTensor(name string, dims []int64, data []float32) *TensorProto {
-	return &TensorProto{Name: name, Dims: dims, DataType: int32(TensorProto_FLOAT), RawData: Float32AsBytes(data)}
+	return &TensorProto{Name: name, Dims: dims, DataType: int32(TensorProto_FLOAT), RawData: leview.Bytes(data)}
 }
 
 // NewInt64Tensor makes an INT64 initializer (a copy of data).
@@ -161,33 +161,4 @@ func NewInt64Tensor(name string, dims []int64, data []int64) *TensorProto {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(v))
 	}
 	return &TensorProto{Name: name, Dims: dims, DataType: int32(TensorProto_INT64), RawData: b}
-}
-
-func init() {
-	// Raw tensor data is little-endian; the zero-copy views below are only
-	// right on little-endian machines, which is every machine Prism runs on.
-	x := uint16(1)
-	if *(*byte)(unsafe.Pointer(&x)) != 1 {
-		panic("onnxpb: big-endian machines are not supported")
-	}
-}
-
-// Float32AsBytes views a float32 slice as its little-endian bytes.
-func Float32AsBytes(f []float32) []byte {
-	if len(f) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
-}
-
-// BytesAsFloat32 views little-endian bytes as float32s. If b is not 4-byte
-// aligned it is copied first.
-func BytesAsFloat32(b []byte) []float32 {
-	if len(b) < 4 {
-		return nil
-	}
-	if uintptr(unsafe.Pointer(&b[0]))%4 != 0 {
-		b = append([]byte(nil), b...)
-	}
-	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
 }

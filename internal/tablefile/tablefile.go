@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/internal/leview"
 	"hash"
 	"os"
 	"path/filepath"
@@ -26,8 +27,6 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
-
-	"github.com/prism-serve/prism/internal/onnxpb"
 )
 
 // Format version written in every file's metadata.
@@ -71,7 +70,7 @@ func NewHasher(dim int) *Hasher {
 }
 
 // Write adds rows, in row order.
-func (h *Hasher) Write(rows []float32) { h.h.Write(onnxpb.Float32AsBytes(rows)) }
+func (h *Hasher) Write(rows []float32) { h.h.Write(leview.Bytes(rows)) }
 
 // Sum is the hex digest.
 func (h *Hasher) Sum() string { return hex.EncodeToString(h.h.Sum(nil)) }
@@ -211,7 +210,7 @@ func WriteStream(path, name string, dim int, rows int64, src Source, progress fu
 func record(schema *arrow.Schema, listType arrow.DataType, dim int, rows []float32, n int64) arrow.RecordBatch {
 	var raw []byte
 	if len(rows) > 0 {
-		raw = onnxpb.Float32AsBytes(rows)
+		raw = leview.Bytes(rows)
 	}
 	values := array.NewData(arrow.PrimitiveTypes.Float32, len(rows), []*memory.Buffer{nil, memory.NewBufferBytes(raw)}, nil, 0, 0)
 	defer values.Release()

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"fmt"
+	"github.com/prism-serve/prism/internal/modelrun"
 	"math"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
@@ -54,7 +55,7 @@ func Verify(modelPath, dir string, n int, seed uint64) (Report, error) {
 	for done := 0; done < n; {
 		k := min(batch, n-done)
 		b, _ := src.Next(k)
-		want, err := mono.Run(ort.BatchInputs(b))
+		want, err := mono.Run(modelrun.Inputs(b))
 		if err != nil {
 			return rep, err
 		}
