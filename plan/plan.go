@@ -1,3 +1,7 @@
+// Package plan is the plan.json contract between the partitioner, which
+// writes a plan folder (plan.json, cpu.onnx, dense.onnx, tables/*.arrow),
+// and the tiers and tools that read it. It imports nothing of Prism, so
+// reading a plan never links the compiler.
 package plan
 
 import (
@@ -147,7 +151,7 @@ type SideCost struct {
 	FLOPsPerSamp int64          `json:"flops_per_sample"`
 }
 
-// Read reads dir/plan.json and checks its version.
+// Read reads dir/plan.json and validates it (see Validate).
 func Read(dir string) (*Plan, error) {
 	path := filepath.Join(dir, File)
 	buf, err := os.ReadFile(path)
@@ -158,14 +162,17 @@ func Read(dir string) (*Plan, error) {
 	if err := json.Unmarshal(buf, &p); err != nil {
 		return nil, fmt.Errorf("read plan %q: %w", path, err)
 	}
-	if p.Version != Version {
-		return nil, fmt.Errorf("read plan %q: version %d, this build reads version %d", path, p.Version, Version)
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("read plan %q: %w", path, err)
 	}
 	return &p, nil
 }
 
-// Write writes p as dir/plan.json.
+// Write validates p and writes it as dir/plan.json.
 func Write(dir string, p *Plan) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("write plan: %w", err)
+	}
 	buf, err := json.MarshalIndent(p, "", "  ")
 	if err != nil {
 		return fmt.Errorf("write plan: %w", err)

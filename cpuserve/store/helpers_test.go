@@ -30,7 +30,8 @@ func writePlan(t testing.TB, model string, tables []*testTable) string {
 	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	p := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: model}, DenseModel: "dense.onnx"}
+	p := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: model}, DenseModel: "dense.onnx",
+		Outputs: []plan.TensorInfo{{Name: "score", DType: "float32", Shape: []int64{1}}}}
 	for _, tt := range tables {
 		if tt.data == nil {
 			tt.data = randomTable(tt.rows, tt.dim, tt.seed)
@@ -40,6 +41,7 @@ func writePlan(t testing.TB, model string, tables []*testTable) string {
 		if err != nil {
 			t.Fatal(err)
 		}
+		p.Inputs = append(p.Inputs, plan.TensorInfo{Name: "ids_" + tt.name, DType: "int64", Shape: []int64{}, Sides: []plan.Side{plan.CPU}})
 		p.Tables = append(p.Tables, plan.Table{
 			Name: tt.name, File: file, Rows: meta.Rows, Dim: meta.Dim, DType: "float32", SHA256: meta.SHA256,
 			UnknownIDs: tt.unknown,

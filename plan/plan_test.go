@@ -1,0 +1,136 @@
+package plan
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// valid is a small plan of the shape the partitioner writes: two tables,
+// one pooled bag with weights, one cpu.onnx output on the cut.
+func valid() *Plan {
+	return &Plan{
+		Version: Version,
+		Model:   ModelInfo{Name: "m", Path: "model.onnx", Opset: 18},
+		Inputs: []TensorInfo{
+			{Name: "dense", DType: "float32", Shape: []int64{13}, Sides: []Side{GPU}},
+			{Name: "cat_0", DType: "int64", Shape: []int64{}, Sides: []Side{CPU}},
+			{Name: "cat_1", DType: "int64", Shape: []int64{4}, Sides: []Side{CPU}},
+			{Name: "w_1", DType: "float32", Shape: []int64{4}, Sides: []Side{CPU}},
+		},
+		Outputs: []TensorInfo{{Name: "score", DType: "float32", Shape: []int64{1}}},
+		Cut: []CutTensor{
+			{TensorInfo: TensorInfo{Name: "emb_0", DType: "float32", Shape: []int64{16}}, BytesPerSample: 64, From: "lookup"},
+			{TensorInfo: TensorInfo{Name: "t", DType: "float32", Shape: []int64{16}}, BytesPerSample: 64, From: "cpu"},
+			{TensorInfo: TensorInfo{Name: "dense", DType: "float32", Shape: []int64{13}}, BytesPerSample: 52, From: "input"},
+		},
+		Tables: []Table{
+			{Name: "t0", File: "tables/t0.arrow", Rows: 10, Dim: 16, DType: "float32", UnknownIDs: UnknownError,
+				Lookups: []Lookup{{Input: "cat_0", Bag: 1, Rank1: true, Pooling: PoolNone, Output: "emb_0"}}},
+			{Name: "t1", File: "tables/t1.arrow", Rows: 10, Dim: 16, DType: "float32",
+				Lookups: []Lookup{{Input: "cat_1", Bag: 4, Pooling: PoolSum, Weights: "w_1", Output: "emb_1"}}},
+		},
+		CPUModel:   "cpu.onnx",
+		DenseModel: "dense.onnx",
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(p *Plan)
+		error string // "" for valid
+	}{
+		{"valid", func(*Plan) {}, ""},
+		{"no cpu model", func(p *Plan) { p.CPUModel = "" }, ""},
+		{"version", func(p *Plan) { p.Version = 2 }, "version 2, this build reads version 1"},
+		{"no dense model", func(p *Plan) { p.DenseModel = "" }, "dense_model is empty"},
+		{"dense model escapes", func(p *Plan) { p.DenseModel = "../x/dense.onnx" }, `dense_model "../x/dense.onnx" is not a path inside the plan folder`},
+		{"cpu model absolute", func(p *Plan) { p.CPUModel = "/etc/passwd" }, `cpu_model "/etc/passwd" is not a path inside the plan folder`},
+		{"table file escapes", func(p *Plan) { p.Tables[1].File = "tables/../../t1.arrow" }, `tables[1] "t1" file "tables/../../t1.arrow" is not a path inside the plan folder`},
+		{"no inputs", func(p *Plan) { p.Inputs = nil }, "inputs: none"},
+		{"input twice", func(p *Plan) { p.Inputs[2].Name = "cat_0" }, `inputs[2]: input "cat_0" listed twice`},
+		{"input side", func(p *Plan) { p.Inputs[0].Sides = []Side{"tpu"} }, `inputs[0] "dense": side "tpu", want "cpu" or "gpu"`},
+		{"input dtype", func(p *Plan) { p.Inputs[1].DType = "" }, `inputs[1] "cat_0": dtype is empty`},
+		{"no outputs", func(p *Plan) { p.Outputs = nil }, "outputs: none"},
+		{"cut twice", func(p *Plan) { p.Cut[1].Name = "emb_0" }, `cut[1]: tensor "emb_0" listed twice`},
+		{"cut from", func(p *Plan) { p.Cut[0].From = "gpu" }, `cut[0] "emb_0": from "gpu", want lookup, cpu or input`},
+		{"table name", func(p *Plan) { p.Tables[0].Name = "" }, "tables[0]: name is empty"},
+		{"table twice", func(p *Plan) { p.Tables[1].Name = "t0" }, `tables[1] "t0": listed twice`},
+		{"rows", func(p *Plan) { p.Tables[0].Rows = 0 }, `tables[0] "t0": rows 0, want > 0`},
+		{"dim", func(p *Plan) { p.Tables[0].Dim = -1 }, `tables[0] "t0": dim -1, want > 0`},
+		{"no lookups", func(p *Plan) { p.Tables[0].Lookups = nil }, `tables[0] "t0": no lookups`},
+		{"unknown ids", func(p *Plan) { p.Tables[0].UnknownIDs = "drop" }, `tables[0] "t0": unknown_ids "drop", want error, hash or zero`},
+		{"lookup input", func(p *Plan) { p.Tables[0].Lookups[0].Input = "cat_9" }, `tables[0] "t0" lookups[0]: input "cat_9" is not a model input`},
+		{"lookup weights", func(p *Plan) { p.Tables[1].Lookups[0].Weights = "w_9" }, `tables[1] "t1" lookups[0]: weights "w_9" is not a model input`},
+		{"bag", func(p *Plan) { p.Tables[1].Lookups[0].Bag = 0 }, `tables[1] "t1" lookups[0]: bag 0, want >= 1`},
+		{"rank1 bag", func(p *Plan) { p.Tables[0].Lookups[0].Bag = 2 }, `tables[0] "t0" lookups[0]: rank1 with bag 2, want 1`},
+		{"pooling", func(p *Plan) { p.Tables[1].Lookups[0].Pooling = "avg" }, `tables[1] "t1" lookups[0]: pooling "avg", want none, sum, mean or max`},
+		{"output twice", func(p *Plan) { p.Tables[1].Lookups[0].Output = "emb_0" }, `tables[1] "t1" lookups[0]: output "emb_0" produced twice`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := valid()
+			tc.edit(p)
+			err := p.Validate()
+			switch {
+			case tc.error == "" && err != nil:
+				t.Fatalf("valid plan refused: %v", err)
+			case tc.error != "" && err == nil:
+				t.Fatalf("accepted, want error %q", tc.error)
+			case tc.error != "" && err.Error() != tc.error:
+				t.Fatalf("error %q, want %q", err, tc.error)
+			}
+		})
+	}
+}
+
+func TestReadWrite(t *testing.T) {
+	dir := t.TempDir()
+	if err := Write(dir, valid()); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Tables[1].Lookups[0].Weights != "w_1" || p.Cut[2].From != "input" || p.CPUModel != "cpu.onnx" {
+		t.Fatalf("round trip lost fields: %+v", p)
+	}
+
+	bad := valid()
+	bad.Tables[0].File = "../t0.arrow"
+	if err := Write(t.TempDir(), bad); err == nil || !strings.Contains(err.Error(), "not a path inside the plan folder") {
+		t.Fatalf("Write of an escaping plan: %v", err)
+	}
+
+	for _, tc := range []struct{ name, body, error string }{
+		{"not json", "{", "unexpected end of JSON input"},
+		{"version", `{"version": 7}`, "version 7, this build reads version 1"},
+		{"escaping table", strings.Replace(mustJSON(t, dir), `"tables/t0.arrow"`, `"/tmp/t0.arrow"`, 1), `file "/tmp/t0.arrow" is not a path inside the plan folder`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := t.TempDir()
+			if err := os.WriteFile(filepath.Join(d, File), []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Read(d)
+			if err == nil || !strings.Contains(err.Error(), tc.error) || !strings.Contains(err.Error(), filepath.Join(d, File)) {
+				t.Fatalf("error %v, want one naming the file and %q", err, tc.error)
+			}
+		})
+	}
+	if _, err := Read(t.TempDir()); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing plan: %v", err)
+	}
+}
+
+func mustJSON(t *testing.T, dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}

@@ -1,0 +1,143 @@
+package plan
+
+import (
+	"fmt"
+	"path/filepath"
+)
+
+// Validate checks that p is a plan the tiers can serve: the version this
+// build reads, every name a lookup or the cut refers to declared once,
+// sizes positive, enumerations known, and every file the plan names a
+// local path inside the plan folder (no "..", not absolute), so a plan
+// cannot make a tier open files elsewhere. Read calls it; the partitioner
+// calls it before writing. The error names the first field that is wrong.
+func (p *Plan) Validate() error {
+	if p.Version != Version {
+		return fmt.Errorf("version %d, this build reads version %d", p.Version, Version)
+	}
+	if p.DenseModel == "" {
+		return fmt.Errorf("dense_model is empty")
+	}
+	if err := localFile("dense_model", p.DenseModel); err != nil {
+		return err
+	}
+	if p.CPUModel != "" {
+		if err := localFile("cpu_model", p.CPUModel); err != nil {
+			return err
+		}
+	}
+	if len(p.Inputs) == 0 {
+		return fmt.Errorf("inputs: none")
+	}
+	inputs := map[string]bool{}
+	for i, in := range p.Inputs {
+		if err := checkTensor(fmt.Sprintf("inputs[%d]", i), in); err != nil {
+			return err
+		}
+		if inputs[in.Name] {
+			return fmt.Errorf("inputs[%d]: input %q listed twice", i, in.Name)
+		}
+		inputs[in.Name] = true
+		for _, s := range in.Sides {
+			if s != CPU && s != GPU {
+				return fmt.Errorf("inputs[%d] %q: side %q, want %q or %q", i, in.Name, s, CPU, GPU)
+			}
+		}
+	}
+	if len(p.Outputs) == 0 {
+		return fmt.Errorf("outputs: none")
+	}
+	for i, out := range p.Outputs {
+		if err := checkTensor(fmt.Sprintf("outputs[%d]", i), out); err != nil {
+			return err
+		}
+	}
+	cut := map[string]bool{}
+	for i, c := range p.Cut {
+		if err := checkTensor(fmt.Sprintf("cut[%d]", i), c.TensorInfo); err != nil {
+			return err
+		}
+		if cut[c.Name] {
+			return fmt.Errorf("cut[%d]: tensor %q listed twice", i, c.Name)
+		}
+		cut[c.Name] = true
+		switch c.From {
+		case "lookup", "cpu", "input":
+		default:
+			return fmt.Errorf("cut[%d] %q: from %q, want lookup, cpu or input", i, c.Name, c.From)
+		}
+	}
+	tables := map[string]bool{}
+	outputs := map[string]bool{}
+	for i, t := range p.Tables {
+		where := fmt.Sprintf("tables[%d] %q", i, t.Name)
+		switch {
+		case t.Name == "":
+			return fmt.Errorf("tables[%d]: name is empty", i)
+		case tables[t.Name]:
+			return fmt.Errorf("%s: listed twice", where)
+		case t.Rows <= 0:
+			return fmt.Errorf("%s: rows %d, want > 0", where, t.Rows)
+		case t.Dim <= 0:
+			return fmt.Errorf("%s: dim %d, want > 0", where, t.Dim)
+		case len(t.Lookups) == 0:
+			return fmt.Errorf("%s: no lookups", where)
+		}
+		tables[t.Name] = true
+		if err := localFile(where+" file", t.File); err != nil {
+			return err
+		}
+		switch t.UnknownIDs {
+		case "", UnknownError, UnknownHash, UnknownZero:
+		default:
+			return fmt.Errorf("%s: unknown_ids %q, want error, hash or zero", where, t.UnknownIDs)
+		}
+		for j, l := range t.Lookups {
+			lw := fmt.Sprintf("%s lookups[%d]", where, j)
+			switch {
+			case l.Input == "":
+				return fmt.Errorf("%s: input is empty", lw)
+			case !inputs[l.Input]:
+				return fmt.Errorf("%s: input %q is not a model input", lw, l.Input)
+			case l.Weights != "" && !inputs[l.Weights]:
+				return fmt.Errorf("%s: weights %q is not a model input", lw, l.Weights)
+			case l.Bag < 1:
+				return fmt.Errorf("%s: bag %d, want >= 1", lw, l.Bag)
+			case l.Rank1 && l.Bag != 1:
+				return fmt.Errorf("%s: rank1 with bag %d, want 1", lw, l.Bag)
+			case l.Output == "":
+				return fmt.Errorf("%s: output is empty", lw)
+			case outputs[l.Output]:
+				return fmt.Errorf("%s: output %q produced twice", lw, l.Output)
+			}
+			switch l.Pooling {
+			case PoolNone, PoolSum, PoolMean, PoolMax:
+			default:
+				return fmt.Errorf("%s: pooling %q, want none, sum, mean or max", lw, l.Pooling)
+			}
+			outputs[l.Output] = true
+		}
+	}
+	return nil
+}
+
+func checkTensor(where string, t TensorInfo) error {
+	if t.Name == "" {
+		return fmt.Errorf("%s: name is empty", where)
+	}
+	if t.DType == "" {
+		return fmt.Errorf("%s %q: dtype is empty", where, t.Name)
+	}
+	return nil
+}
+
+// localFile refuses a path that leaves the plan folder.
+func localFile(field, path string) error {
+	if path == "" {
+		return fmt.Errorf("%s is empty", field)
+	}
+	if !filepath.IsLocal(path) {
+		return fmt.Errorf("%s %q is not a path inside the plan folder", field, path)
+	}
+	return nil
+}
