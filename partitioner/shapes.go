@@ -145,7 +145,7 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 	switch n.GetOpType() {
 	case "Identity", "Relu", "Sigmoid", "Tanh", "Neg", "Exp", "Log", "Sqrt", "Abs", "Erf", "Softmax", "LogSoftmax",
 		"LeakyRelu", "Dropout", "Clip", "Gelu", "Elu", "Selu", "HardSigmoid", "Softplus", "Reciprocal", "Floor", "Ceil",
-		"Round", "Sign", "LayerNormalization", "BatchNormalization", "InstanceNormalization", "Mod":
+		"Round", "Sign", "LayerNormalization", "BatchNormalization", "InstanceNormalization":
 		return []TensorType{x}
 	case "Not":
 		x.Elem = pb.TensorProto_BOOL
@@ -153,7 +153,7 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 	case "Cast":
 		x.Elem = pb.TensorProto_DataType(attrInt(n, "to", int64(x.Elem)))
 		return []TensorType{x}
-	case "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu":
+	case "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "PRelu":
 		out := x
 		for i := 1; i < len(n.GetInput()); i++ {
 			out = broadcast(out, in(i))
@@ -251,16 +251,29 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 		}
 		return []TensorType{known(x.Elem, dims...)}
 	case "Reshape":
-		shape, ok := g.constInts(n.GetInput()[1])
+		var shape []int64
+		ok := false
+		if len(n.GetInput()) > 1 {
+			shape, ok = g.constInts(n.GetInput()[1])
+		} else {
+			shape, ok = attrInts(n, "shape") // Reshape-1
+		}
 		if !ok {
 			return []TensorType{unknown(x.Elem)}
 		}
-		return []TensorType{reshapeType(x, shape)}
+		return []TensorType{reshapeType(x, shape, attrInt(n, "allowzero", 0) == 1)}
 	case "Flatten":
 		if !x.Known {
 			return []TensorType{unknown(x.Elem)}
 		}
-		axis := normAxis(attrInt(n, "axis", 1), len(x.Dims)+1)
+		// axis is in [-r, r]: -1 is r-1, not r as normAxis(a, r+1) would say.
+		axis := attrInt(n, "axis", 1)
+		if axis < 0 {
+			axis += int64(len(x.Dims))
+		}
+		if axis < 0 || axis > int64(len(x.Dims)) {
+			return []TensorType{unknown(x.Elem)}
+		}
 		return []TensorType{known(x.Elem, prodDims(x.Dims[:axis]), prodDims(x.Dims[axis:]))}
 	case "Transpose":
 		if !x.Known {
@@ -277,7 +290,12 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 			return []TensorType{unknown(x.Elem)}
 		}
 		dims := make([]int64, len(perm))
+		seen := make([]bool, len(perm))
 		for i, p := range perm {
+			if p < 0 || p >= int64(len(perm)) || seen[p] {
+				return []TensorType{unknown(x.Elem)}
+			}
+			seen[p] = true
 			dims[i] = x.Dims[p]
 		}
 		return []TensorType{known(x.Elem, dims...)}
@@ -289,7 +307,11 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 		r := len(x.Dims) + len(axes)
 		ins := map[int]bool{}
 		for _, a := range axes {
-			ins[normAxis(a, r)] = true
+			i := normAxis(a, r)
+			if i < 0 || ins[i] {
+				return []TensorType{unknown(x.Elem)}
+			}
+			ins[i] = true
 		}
 		var dims []int64
 		j := 0
@@ -309,10 +331,19 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 		}
 		rm := map[int]bool{}
 		for _, a := range axes {
-			rm[normAxis(a, len(x.Dims))] = true
+			i := normAxis(a, len(x.Dims))
+			if i < 0 || x.Dims[i] >= 0 && x.Dims[i] != 1 {
+				return []TensorType{unknown(x.Elem)}
+			}
+			rm[i] = true
 		}
 		var dims []int64
 		for i, d := range x.Dims {
+			if len(axes) == 0 && d < 0 {
+				// Without axes every 1 goes, and a symbolic size may be
+				// 1 (a batch of one), so the output's rank is unknown.
+				return []TensorType{unknown(x.Elem)}
+			}
 			if (len(axes) == 0 && d == 1) || rm[i] {
 				continue
 			}
@@ -335,9 +366,19 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 			}
 		}
 	case "Shape":
-		if x.Known {
-			return []TensorType{known(pb.TensorProto_INT64, int64(len(x.Dims)))}
+		if !x.Known {
+			return []TensorType{unknown(pb.TensorProto_INT64)}
 		}
+		// start and end (opset 15) slice the shape, clamped to [0, r].
+		r := int64(len(x.Dims))
+		clamp := func(a int64) int64 {
+			if a < 0 {
+				a += r
+			}
+			return min(max(a, 0), r)
+		}
+		start, end := clamp(attrInt(n, "start", 0)), clamp(attrInt(n, "end", r))
+		return []TensorType{known(pb.TensorProto_INT64, max(end-start, 0))}
 	}
 	return nil
 }
@@ -448,9 +489,10 @@ func matmulType(a, b TensorType) TensorType {
 }
 
 // reshapeType resolves a Reshape to constant shape: 0 copies the input
-// dimension, -1 takes what is left. The batch dimension survives when
-// the target accounts for exactly one sample's elements besides it.
-func reshapeType(x TensorType, shape []int64) TensorType {
+// dimension (is a literal 0 with allowZero), -1 takes what is left. The
+// batch dimension survives when the target accounts for exactly one
+// sample's elements besides it.
+func reshapeType(x TensorType, shape []int64, allowZero bool) TensorType {
 	if !x.Known {
 		return unknown(x.Elem)
 	}
@@ -464,6 +506,9 @@ func reshapeType(x TensorType, shape []int64) TensorType {
 	batchPlaced := false
 	for i, s := range shape {
 		switch {
+		case s == 0 && allowZero:
+			dims[i] = 0
+			knownProd = 0
 		case s == 0 && i < len(x.Dims):
 			dims[i] = x.Dims[i]
 			if dims[i] == DimBatch {
@@ -491,6 +536,8 @@ func reshapeType(x TensorType, shape []int64) TensorType {
 				return unknown(x.Elem)
 			}
 			dims[inferAt] = per / knownProd
+		} else if knownProd != per {
+			return unknown(x.Elem)
 		}
 		return known(x.Elem, dims...)
 	}

@@ -1,84 +1,360 @@
 package partitioner
 
 import (
-	"reflect"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/cockroachdb/datadriven"
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 )
 
-// TestInferShapes pins the per-op rules on one graph that chains them,
-// batch dimension symbolic (-1) throughout.
-func TestInferShapes(t *testing.T) {
-	f := pb.TensorProto_FLOAT
-	ints := func(name string, v ...int64) *pb.TensorProto {
-		return pb.NewInt64Tensor(name, []int64{int64(len(v))}, v)
-	}
-	attr := func(n string, v int64) *pb.AttributeProto {
-		return &pb.AttributeProto{Name: n, Type: pb.AttributeProto_INT, I: v}
-	}
-	node := func(op, out string, ins []string, attrs ...*pb.AttributeProto) *pb.NodeProto {
-		return &pb.NodeProto{Name: out, OpType: op, Input: ins, Output: []string{out}, Attribute: attrs}
-	}
-	m := &pb.ModelProto{IrVersion: 8, OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}}, Graph: &pb.GraphProto{
-		Input: []*pb.ValueInfoProto{vi3("x", f, 13), vi3("ids", pb.TensorProto_INT64, 4)},
-		Initializer: []*pb.TensorProto{
-			pb.NewFloatTensor("w", []int64{8, 13}, make([]float32, 104)),
-			pb.NewFloatTensor("table", []int64{100, 8}, make([]float32, 800)),
-			ints("ax1", 1), ints("shape", -1, 2, 4), ints("ax2", 2),
-		},
-		Node: []*pb.NodeProto{
-			node("Gemm", "g", []string{"x", "w"}, attr("transB", 1)),                                                                       // [B,8]
-			node("Gather", "e", []string{"table", "ids"}),                                                                                  // [B,4,8]
-			node("ReduceSum", "p", []string{"e", "ax1"}, attr("keepdims", 0)),                                                              // [B,8]
-			node("Concat", "c", []string{"g", "p"}, attr("axis", 1)),                                                                       // [B,16]
-			node("Reshape", "r", []string{"c", "shape"}),                                                                                   // [B,2,4]... -1 is batch? no: 16/8=2 per sample
-			node("Transpose", "tr", []string{"e"}, &pb.AttributeProto{Name: "perm", Type: pb.AttributeProto_INTS, Ints: []int64{0, 2, 1}}), // [B,8,4]
-			node("MatMul", "mm", []string{"e", "tr"}),                                                                                      // [B,4,4]
-			node("Unsqueeze", "u", []string{"g", "ax2"}),                                                                                   // [B,8,1]
-			node("Flatten", "fl", []string{"mm"}),                                                                                          // [B,16]
-			node("Mul", "bc", []string{"g", "p"}),                                                                                          // [B,8]
-			node("TopK", "unk", []string{"g"}),                                                                                             // unknown op
-			node("Relu", "after", []string{"unk"}),                                                                                         // unknown stays unknown
-		},
-		Output: []*pb.ValueInfoProto{{Name: "after"}},
-	}}
-	g, err := NewGraph(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	types, unknownNodes := InferShapes(g)
-	want := map[string][]int64{
-		"g": {-1, 8}, "e": {-1, 4, 8}, "p": {-1, 8}, "c": {-1, 16}, "tr": {-1, 8, 4},
-		"mm": {-1, 4, 4}, "u": {-1, 8, 1}, "fl": {-1, 16}, "bc": {-1, 8},
-	}
-	for name, dims := range want {
-		if got := types[name]; !got.Known || !reflect.DeepEqual(got.Dims, dims) {
-			t.Errorf("%s: %+v, want %v", name, got, dims)
-		}
-	}
-	// Reshape [-1,2,4] of [B,16]: 8 elements named, 16 per sample, so the
-	// -1 is not the batch alone; inference must not guess.
-	if types["r"].Known {
-		t.Errorf("r: %+v, want unknown", types["r"])
-	}
-	if types["unk"].Known || types["after"].Known {
-		t.Error("an unknown op's output was typed")
-	}
-	if len(unknownNodes) != 3 {
-		t.Errorf("unknown nodes %v, want r, unk, after", unknownNodes)
-	}
-	if b, ok := types["c"].BytesPerSample(); !ok || b != 64 {
-		t.Errorf("c: %d bytes/sample", b)
-	}
+// TestInferShapesDataDriven runs testdata/shapes/*: one small graph per
+// block, written in the text form below, and the type InferShapes gives
+// every node output. Regenerate with
+//
+//	go test ./partitioner/ -run TestInferShapesDataDriven -rewrite
+//
+// but check each new value against the ONNX operator spec by hand: the
+// files are the spec's answer, not a record of what the code does.
+//
+// A block is
+//
+//	infer [sample]
+//	input  NAME TYPE [DIMS]        graph input; no [DIMS] = no declared shape
+//	init   NAME TYPE [DIMS] [= V,V,...] [external]
+//	node   OP IN,IN,... -> OUT,OUT,... [ATTR=VAL ...]
+//	----
+//	OUT: TYPE [DIMS]               one line per node output, in file order
+//	OUT: TYPE unknown              (inference gave up)
+//	unknown nodes: NAME (OP), ...  the InferShapes report, when not empty
+//
+// TYPE is an ONNX data type name in any case (float, int64, bool, ...).
+// In an input's DIMS an integer is a dim_value and anything else a
+// dim_param (symbol), so [N,13] declares a symbolic batch; an empty
+// entry ([,4]) is a dimension with neither. In the output, B is the batch
+// dimension (DimBatch) and ? a size inference could not fix (DimUnknown).
+// Init values (int64 or int32 only) are what Reshape shapes and axes
+// inputs are read from; other initializers hold no data. "external"
+// marks the data as external (so not readable). A node's IN or OUT "_"
+// is an omitted optional one, IN "-" no inputs at all; a node is named
+// after its first output. A panic in inference shows as "panic: ...".
+//
+// ATTR=VAL: 3 is an int, 1.5 a float, [1,-2] ints, [1.5] floats,
+// TYPE[DIMS] or TYPE[DIMS]{V,...} a tensor (Constant's value), and a bare
+// type name (to=int64) the type's enum number.
+//
+// "infer sample" adds, per known output, SampleShape, PerSample and
+// BytesPerSample (what plan.json is sized from).
+func TestInferShapesDataDriven(t *testing.T) {
+	datadriven.Walk(t, "testdata/shapes", func(t *testing.T, path string) {
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			if d.Cmd != "infer" {
+				d.Fatalf(t, "unknown command %q", d.Cmd)
+			}
+			m, err := parseGraph(d.Input)
+			if err != nil {
+				d.Fatalf(t, "%v", err)
+			}
+			return inferText(m, d.HasArg("sample"))
+		})
+	})
 }
 
-func vi3(name string, elem pb.TensorProto_DataType, width int64) *pb.ValueInfoProto {
-	return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
-		ElemType: int32(elem),
-		Shape: &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{
-			{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "N"}},
-			{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: width}},
-		}},
-	}}}}
+func inferText(m *pb.ModelProto, sample bool) (out string) {
+	defer func() {
+		if r := recover(); r != nil {
+			out += fmt.Sprintf("panic: %v\n", r)
+		}
+	}()
+	g, err := NewGraph(m)
+	if err != nil {
+		return fmt.Sprintf("error: %v\n", err)
+	}
+	types, unknownNodes := InferShapes(g)
+	var b strings.Builder
+	for _, n := range m.GetGraph().GetNode() { // file order, not g's topological order
+		for _, o := range n.GetOutput() {
+			if o == "" {
+				continue
+			}
+			tt := types[o]
+			fmt.Fprintf(&b, "%s: %s %s", o, strings.ToLower(tt.Elem.String()), dimsText(tt))
+			if sample {
+				if tt.Known {
+					fmt.Fprintf(&b, " sample=%s", intsText(tt.SampleShape()))
+				}
+				if n, ok := tt.PerSample(); ok {
+					fmt.Fprintf(&b, " per-sample=%d", n)
+				}
+				if n, ok := tt.BytesPerSample(); ok {
+					fmt.Fprintf(&b, " bytes=%d", n)
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+	if len(unknownNodes) > 0 {
+		fmt.Fprintf(&b, "unknown nodes: %s\n", strings.Join(unknownNodes, ", "))
+	}
+	return b.String()
+}
+
+func intsText(v []int64) string {
+	s := make([]string, len(v))
+	for i, d := range v {
+		s[i] = strconv.FormatInt(d, 10)
+	}
+	return "[" + strings.Join(s, ",") + "]"
+}
+
+func dimsText(t TensorType) string {
+	if !t.Known {
+		return "unknown"
+	}
+	s := make([]string, len(t.Dims))
+	for i, d := range t.Dims {
+		switch d {
+		case DimBatch:
+			s[i] = "B"
+		case DimUnknown:
+			s[i] = "?"
+		default:
+			s[i] = strconv.FormatInt(d, 10)
+		}
+	}
+	return "[" + strings.Join(s, ",") + "]"
+}
+
+// parseGraph reads the block form documented on TestInferShapesDataDriven.
+func parseGraph(text string) (*pb.ModelProto, error) {
+	gp := &pb.GraphProto{}
+	for ln, line := range strings.Split(text, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		var err error
+		switch f[0] {
+		case "input":
+			err = parseInput(gp, f[1:])
+		case "init":
+			err = parseInit(gp, f[1:])
+		case "node":
+			err = parseNode(gp, f[1:])
+		default:
+			err = fmt.Errorf("unknown line kind %q", f[0])
+		}
+		if err != nil {
+			return nil, fmt.Errorf("line %d %q: %w", ln+1, line, err)
+		}
+	}
+	return &pb.ModelProto{IrVersion: 8, OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}}, Graph: gp}, nil
+}
+
+func parseType(s string) (pb.TensorProto_DataType, error) {
+	v, ok := pb.TensorProto_DataType_value[strings.ToUpper(s)]
+	if !ok {
+		return 0, fmt.Errorf("unknown data type %q", s)
+	}
+	return pb.TensorProto_DataType(v), nil
+}
+
+// bracketed splits "[a,b]" into its entries; "[]" is none.
+func bracketed(s string) ([]string, error) {
+	if !strings.HasPrefix(s, "[") || !strings.HasSuffix(s, "]") {
+		return nil, fmt.Errorf("want [...], got %q", s)
+	}
+	s = s[1 : len(s)-1]
+	if s == "" {
+		return nil, nil
+	}
+	return strings.Split(s, ","), nil
+}
+
+func parseInts(ss []string) ([]int64, error) {
+	out := make([]int64, len(ss))
+	for i, s := range ss {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+func parseInput(gp *pb.GraphProto, f []string) error {
+	if len(f) < 2 || len(f) > 3 {
+		return fmt.Errorf("want NAME TYPE [DIMS]")
+	}
+	elem, err := parseType(f[1])
+	if err != nil {
+		return err
+	}
+	tt := &pb.TypeProto_Tensor{ElemType: int32(elem)}
+	if len(f) == 3 {
+		dims, err := bracketed(f[2])
+		if err != nil {
+			return err
+		}
+		tt.Shape = &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{}}
+		for _, d := range dims {
+			dim := &pb.TensorShapeProto_Dimension{}
+			if v, err := strconv.ParseInt(d, 10, 64); err == nil {
+				dim.Value = &pb.TensorShapeProto_Dimension_DimValue{DimValue: v}
+			} else if d != "" {
+				dim.Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: d}
+			}
+			tt.Shape.Dim = append(tt.Shape.Dim, dim)
+		}
+	}
+	gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: f[0], Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: tt}}})
+	return nil
+}
+
+func parseInit(gp *pb.GraphProto, f []string) error {
+	if len(f) < 3 {
+		return fmt.Errorf("want NAME TYPE [DIMS] [= V,...] [external]")
+	}
+	t, err := parseTensor(f[1], f[2])
+	if err != nil {
+		return err
+	}
+	t.Name = f[0]
+	rest := f[3:]
+	if len(rest) >= 2 && rest[0] == "=" {
+		if err := setInts(t, strings.Split(rest[1], ",")); err != nil {
+			return err
+		}
+		rest = rest[2:]
+	}
+	if len(rest) == 1 && rest[0] == "external" {
+		t.DataLocation = pb.TensorProto_EXTERNAL
+		rest = nil
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("unexpected %q", rest)
+	}
+	gp.Initializer = append(gp.Initializer, t)
+	return nil
+}
+
+// parseTensor makes a data-less tensor of type typ and dims "[...]".
+func parseTensor(typ, dims string) (*pb.TensorProto, error) {
+	elem, err := parseType(typ)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := bracketed(dims)
+	if err != nil {
+		return nil, err
+	}
+	d, err := parseInts(ds)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.TensorProto{DataType: int32(elem), Dims: d}, nil
+}
+
+func setInts(t *pb.TensorProto, ss []string) error {
+	v, err := parseInts(ss)
+	if err != nil {
+		return err
+	}
+	switch pb.TensorProto_DataType(t.GetDataType()) {
+	case pb.TensorProto_INT64:
+		t.Int64Data = v
+	case pb.TensorProto_INT32:
+		for _, x := range v {
+			t.Int32Data = append(t.Int32Data, int32(x))
+		}
+	default:
+		return fmt.Errorf("values only for int64 and int32 tensors")
+	}
+	return nil
+}
+
+func parseNode(gp *pb.GraphProto, f []string) error {
+	if len(f) < 4 || f[2] != "->" {
+		return fmt.Errorf("want OP IN,... -> OUT,... [ATTR=VAL ...]")
+	}
+	names := func(s string) []string {
+		out := strings.Split(s, ",")
+		for i, n := range out {
+			if n == "_" {
+				out[i] = ""
+			}
+		}
+		return out
+	}
+	n := &pb.NodeProto{OpType: f[0], Input: names(f[1]), Output: names(f[3])}
+	if f[1] == "-" {
+		n.Input = nil
+	}
+	n.Name = n.Output[0]
+	for _, a := range f[4:] {
+		attr, err := parseAttr(a)
+		if err != nil {
+			return err
+		}
+		n.Attribute = append(n.Attribute, attr)
+	}
+	gp.Node = append(gp.Node, n)
+	return nil
+}
+
+func parseAttr(s string) (*pb.AttributeProto, error) {
+	name, val, ok := strings.Cut(s, "=")
+	if !ok {
+		return nil, fmt.Errorf("attribute %q: want NAME=VALUE", s)
+	}
+	a := &pb.AttributeProto{Name: name}
+	if v, err := strconv.ParseInt(val, 10, 64); err == nil {
+		a.Type, a.I = pb.AttributeProto_INT, v
+		return a, nil
+	}
+	if v, err := strconv.ParseFloat(val, 32); err == nil {
+		a.Type, a.F = pb.AttributeProto_FLOAT, float32(v)
+		return a, nil
+	}
+	if elem, err := parseType(val); err == nil {
+		a.Type, a.I = pb.AttributeProto_INT, int64(elem)
+		return a, nil
+	}
+	if typ, rest, ok := strings.Cut(val, "["); ok && typ != "" {
+		dims, data, _ := strings.Cut(rest, "]")
+		t, err := parseTensor(typ, "["+dims+"]")
+		if err != nil {
+			return nil, fmt.Errorf("attribute %q: %w", s, err)
+		}
+		if data != "" {
+			if !strings.HasPrefix(data, "{") || !strings.HasSuffix(data, "}") {
+				return nil, fmt.Errorf("attribute %q: want {V,...} after the dims", s)
+			}
+			if err := setInts(t, strings.Split(data[1:len(data)-1], ",")); err != nil {
+				return nil, fmt.Errorf("attribute %q: %w", s, err)
+			}
+		}
+		a.Type, a.T = pb.AttributeProto_TENSOR, t
+		return a, nil
+	}
+	vals, err := bracketed(val)
+	if err != nil {
+		return nil, fmt.Errorf("attribute %q: %w", s, err)
+	}
+	if ints, err := parseInts(vals); err == nil {
+		a.Type, a.Ints = pb.AttributeProto_INTS, ints
+		return a, nil
+	}
+	a.Type = pb.AttributeProto_FLOATS
+	for _, v := range vals {
+		x, err := strconv.ParseFloat(v, 32)
+		if err != nil {
+			return nil, fmt.Errorf("attribute %q: %w", s, err)
+		}
+		a.Floats = append(a.Floats, float32(x))
+	}
+	return a, nil
 }
