@@ -36,6 +36,9 @@ type Registry struct {
 	eligible func(w *prismv1.WorkerInfo, model string) bool
 	// observe, when set, sees every announcement (under mu).
 	observe func(w *prismv1.WorkerInfo)
+	// gone, when set, hears of every worker removed: left, expired or
+	// found dead (under mu).
+	gone func(id string)
 }
 
 type worker struct {
@@ -90,8 +93,7 @@ func (r *Registry) Leave(_ context.Context, req *prismv1.LeaveRequest) (*prismv1
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.workers[req.GetId()]; ok {
-		delete(r.workers, req.GetId())
-		r.notify()
+		r.drop(req.GetId())
 	}
 	return &prismv1.LeaveResponse{}, nil
 }
@@ -123,12 +125,11 @@ func (r *Registry) Expire() []string {
 	for id, e := range r.workers {
 		if r.now().Sub(e.lastSeen) > limit {
 			gone = append(gone, id)
-			delete(r.workers, id)
 		}
 	}
-	if len(gone) > 0 {
-		sort.Strings(gone)
-		r.notify()
+	sort.Strings(gone)
+	for _, id := range gone {
+		r.drop(id)
 	}
 	return gone
 }
@@ -139,9 +140,17 @@ func (r *Registry) Remove(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.workers[id]; ok {
-		delete(r.workers, id)
-		r.notify()
+		r.drop(id)
 	}
+}
+
+// drop removes a registered worker; r.mu held.
+func (r *Registry) drop(id string) {
+	delete(r.workers, id)
+	if r.gone != nil {
+		r.gone(id)
+	}
+	r.notify()
 }
 
 // Changed returns a channel closed at the next change of the worker set.

@@ -50,6 +50,10 @@ type Options struct {
 	// per model to catch lagging embedding workers up (default 256 MiB).
 	UpdateLogBytes int64
 	Logger         *slog.Logger
+
+	// now is the router's clock (tests set it; default time.Now): the
+	// registry's expiry and the update sequencer's start-up wait read it.
+	now func() time.Time
 }
 
 // EnsureDefaults fills zero fields.
@@ -89,8 +93,11 @@ type Router struct {
 	inflight atomic.Int64
 	connMu   sync.Mutex
 	conns    map[string]*grpc.ClientConn
-	upd      *updates
+	upd      *updateDriver
 	m        routerMetrics
+	// dialOpts are added to the workers' connections (tests dial
+	// in-process servers).
+	dialOpts []grpc.DialOption
 }
 
 type routerMetrics struct {
@@ -106,7 +113,7 @@ type routerMetrics struct {
 // New makes a router; register its metrics with reg (may be nil).
 func New(o Options, reg prometheus.Registerer) *Router {
 	o.EnsureDefaults()
-	r := &Router{Reg: NewRegistry(o.Heartbeat, nil), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
+	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
 	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
 	r.m.rejected = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control."})
@@ -117,8 +124,9 @@ func New(o Options, reg prometheus.Registerer) *Router {
 	if reg != nil {
 		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers, r.m.behind)
 	}
-	r.upd = newUpdates(r, o.UpdateLogBytes, o.Heartbeat)
-	r.Reg.observe = r.upd.observeOne
+	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, r.applyUpdate)
+	r.Reg.observe = r.upd.announced
+	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync
 	return r
 }
@@ -146,7 +154,7 @@ func (r *Router) Run(ctx context.Context) {
 			for role, n := range counts {
 				r.m.workers.WithLabelValues(role.Name()).Set(float64(n))
 			}
-			r.upd.catchUp(ctx, ws.GetWorkers())
+			r.upd.tick(ctx)
 		}
 	}
 }
@@ -193,12 +201,22 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 		// Keepalive notices a worker that vanished without closing its
 		// connections (a lost node), so calls to it fail instead of hanging.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-	}, serve.DialOptions()...)...)
+	}, append(serve.DialOptions(), r.dialOpts...)...)...)
 	if err != nil {
 		return nil, err
 	}
 	r.conns[addr] = c
 	return c, nil
+}
+
+// applyUpdate sends one numbered update to the embedding worker at addr.
+func (r *Router) applyUpdate(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error {
+	c, err := r.conn(addr)
+	if err != nil {
+		return err
+	}
+	_, err = prismv1.NewEmbeddingTierClient(c).Update(ctx, req)
+	return err
 }
 
 // Recommend scores the candidates of one request.

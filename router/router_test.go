@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -95,17 +97,77 @@ func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	return &prismv1.LookupResponse{Scores: out}, nil
 }
 
+// inproc is the in-process network the tests' servers listen on
+// (bufconn: no ports, nothing outside the test process).
+var inproc = struct {
+	sync.Mutex
+	n   int
+	lis map[string]*bufconn.Listener
+}{lis: map[string]*bufconn.Listener{}}
+
+// listen opens an in-process listener and returns the address that
+// reaches it through dialInproc.
+func listen(t *testing.T) (string, *bufconn.Listener) {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	inproc.Lock()
+	inproc.n++
+	name := fmt.Sprintf("inproc-%d", inproc.n)
+	inproc.lis[name] = lis
+	inproc.Unlock()
+	t.Cleanup(func() {
+		inproc.Lock()
+		delete(inproc.lis, name)
+		inproc.Unlock()
+	})
+	// passthrough: the name goes to the dialer as it is, not to DNS.
+	return "passthrough:///" + name, lis
+}
+
+// dialInproc connects to an in-process listener by name.
+func dialInproc(ctx context.Context, name string) (net.Conn, error) {
+	inproc.Lock()
+	lis := inproc.lis[name]
+	inproc.Unlock()
+	if lis == nil {
+		return nil, fmt.Errorf("dial %q: no in-process server", name)
+	}
+	return lis.DialContext(ctx)
+}
+
+// testRouter is a router that dials the in-process servers.
+func testRouter(o Options) *Router {
+	r := New(o, nil)
+	r.dialOpts = []grpc.DialOption{grpc.WithContextDialer(dialInproc)}
+	return r
+}
+
+// serveInproc serves what register registers on an in-process listener
+// until the test ends, and returns its address.
+func serveInproc(t *testing.T, register func(*grpc.Server)) string {
+	t.Helper()
+	addr, lis := listen(t)
+	s := grpc.NewServer()
+	register(s)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	return addr
+}
+
 func startCN(t *testing.T, f prismv1.EmbeddingTierServer) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	return serveInproc(t, func(s *grpc.Server) { prismv1.RegisterEmbeddingTierServer(s, f) })
+}
+
+// dialTest is a client connection to an in-process server.
+func dialTest(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialInproc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer()
-	prismv1.RegisterEmbeddingTierServer(s, f)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	return lis.Addr().String()
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 func request(n int) *prismv1.RecommendRequest {
@@ -117,7 +179,7 @@ func request(n int) *prismv1.RecommendRequest {
 }
 
 func newRouter(t *testing.T, o Options, cns ...*fakeCN) *Router {
-	r := New(o, nil)
+	r := testRouter(o)
 	for i, f := range cns {
 		addr := startCN(t, f)
 		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu" + addr, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}})
@@ -257,22 +319,10 @@ func TestLeavingWorkerDrains(t *testing.T) {
 	}
 }
 
-// streamClient serves r's Recommender on loopback and opens a stream.
+// streamClient serves r's Recommender in process and opens a stream.
 func streamClient(t *testing.T, r *Router) grpc.BidiStreamingClient[prismv1.RecommendRequest, prismv1.RecommendResponse] {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	prismv1.RegisterRecommenderServer(s, r)
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := dialTest(t, serveInproc(t, func(s *grpc.Server) { prismv1.RegisterRecommenderServer(s, r) }))
 	st, err := prismv1.NewRecommenderClient(conn).RecommendStream(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -350,19 +400,7 @@ func TestRecommendStream(t *testing.T) {
 func TestRecommendStreamCancel(t *testing.T) {
 	cn := &fakeCN{delay: 10 * time.Second}
 	r := newRouter(t, Options{StreamWindow: 2}, cn)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	prismv1.RegisterRecommenderServer(s, r)
-	go s.Serve(lis)
-	defer s.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialTest(t, serveInproc(t, func(s *grpc.Server) { prismv1.RegisterRecommenderServer(s, r) }))
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := prismv1.NewRecommenderClient(conn).RecommendStream(ctx)
 	if err != nil {

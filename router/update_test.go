@@ -1,10 +1,14 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"log/slog"
 	"math"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +17,10 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
+
+// These tests drive the Updater and its driver over in-process gRPC
+// workers; the rules themselves are tested event by event in
+// TestSequencer (testdata/sequencer).
 
 // seqCN is an embedding worker with a one-table store that applies
 // sequenced updates as cpuserve's store does: seq only after seq-1, older
@@ -23,11 +31,21 @@ type seqCN struct {
 	seq  int64
 	rows map[int64]float32
 	down bool
+	// gate, when set, holds every Update until it is closed; entered
+	// hears of each Update held.
+	gate, entered chan struct{}
 	// order records the seqs applied, in order.
 	order []int64
 }
 
 func (f *seqCN) Update(_ context.Context, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
+	f.mu.Lock()
+	gate, entered := f.gate, f.entered
+	f.mu.Unlock()
+	if gate != nil {
+		entered <- struct{}{}
+		<-gate
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down {
@@ -60,25 +78,63 @@ func (f *seqCN) held() int64 {
 	return f.seq
 }
 
+func (f *seqCN) row(id int64) float32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rows[id]
+}
+
+func (f *seqCN) setDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+}
+
 // updateRig: a router with embedding workers that announce what they
-// hold, as their heartbeats would.
+// hold, as their heartbeats would. The router's clock runs skew ahead of
+// the wall clock (deadlines stay wall-clock), so a test moves it past
+// the start-up wait without waiting.
 type updateRig struct {
 	t    *testing.T
 	r    *Router
 	cns  []*seqCN
 	addr []string
+	skew atomic.Int64
+	logs lockedBuffer
 }
 
+// newUpdateRig is a router past its start-up wait (it has its own test).
 func newUpdateRig(t *testing.T, o Options, cns ...*seqCN) *updateRig {
-	rig := &updateRig{t: t, r: New(o, nil), cns: cns}
-	rig.r.upd.ready = time.Time{} // as if every worker had announced: the start-up wait has its own test
-	for i, f := range cns {
-		f.tag = float32(1000 * (i + 1))
-		rig.addr = append(rig.addr, startCN(t, f))
-	}
-	rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
-	rig.announce()
+	rig := newStartingRig(t, o, cns...)
+	rig.settle()
 	return rig
+}
+
+// newStartingRig is a router that has just started.
+func newStartingRig(t *testing.T, o Options, cns ...*seqCN) *updateRig {
+	rig := &updateRig{t: t}
+	o.now = func() time.Time { return time.Now().Add(time.Duration(rig.skew.Load())) }
+	o.Logger = slog.New(slog.NewTextHandler(&rig.logs, nil))
+	rig.r = testRouter(o)
+	rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+	for _, f := range cns {
+		rig.add(f)
+	}
+	return rig
+}
+
+// settle moves the router's clock three heartbeats on: every worker has
+// had time to announce.
+func (rig *updateRig) settle() {
+	rig.skew.Add(int64(3*rig.r.opts.Heartbeat) + 1)
+}
+
+// add starts a worker and announces it.
+func (rig *updateRig) add(f *seqCN) {
+	f.tag = float32(1000 * (len(rig.cns) + 1))
+	rig.cns = append(rig.cns, f)
+	rig.addr = append(rig.addr, startCN(rig.t, f))
+	rig.announce()
 }
 
 func (rig *updateRig) announce() {
@@ -90,32 +146,21 @@ func (rig *updateRig) announce() {
 	}
 }
 
-// tick is one heartbeat of the router's catch-up, waited out.
+// tick is one heartbeat: the workers announce, the router's heartbeat
+// runs, and its catch-up calls are waited out.
 func (rig *updateRig) tick() {
 	rig.announce()
-	ws, _ := rig.r.Reg.List(context.Background(), nil)
-	rig.r.upd.catchUp(context.Background(), ws.GetWorkers())
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		rig.r.upd.mu.Lock()
-		busy := 0
-		for _, m := range rig.r.upd.models {
-			busy += len(m.catching)
-		}
-		rig.r.upd.mu.Unlock()
-		if busy == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			rig.t.Fatal("catch-up did not finish")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	rig.r.upd.tick(context.Background())
+	rig.r.upd.wait()
 }
 
 func (rig *updateRig) update(table string, id int64, v float32) (*prismv1.UpdateResponse, error) {
+	return rig.updateCtx(context.Background(), table, id, v)
+}
+
+func (rig *updateRig) updateCtx(ctx context.Context, table string, id int64, v float32) (*prismv1.UpdateResponse, error) {
 	rows := binary.LittleEndian.AppendUint32(nil, math.Float32bits(v))
-	return rig.r.Updater().Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: table, Ids: []int64{id}, Rows: rows})
+	return rig.r.Updater().Update(ctx, &prismv1.UpdateRequest{Model: "m", Table: table, Ids: []int64{id}, Rows: rows})
 }
 
 // servers returns which workers (by index) the router would send a
@@ -137,6 +182,24 @@ func (rig *updateRig) servers() map[int]bool {
 	return got
 }
 
+// lockedBuffer is a log sink safe for the router's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
 func TestUpdatesCatchUpLaggingWorker(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
 	rig := newUpdateRig(t, Options{}, a, b)
@@ -145,9 +208,7 @@ func TestUpdatesCatchUpLaggingWorker(t *testing.T) {
 	}
 	// b goes down: the update is acknowledged (a holds it) and b stops
 	// serving until it has it.
-	b.mu.Lock()
-	b.down = true
-	b.mu.Unlock()
+	b.setDown(true)
 	if r, err := rig.update("t", 1, 20); err != nil || r.GetWorkers() != 1 {
 		t.Fatalf("update 2 with a worker down: %v %v", r, err)
 	}
@@ -159,12 +220,10 @@ func TestUpdatesCatchUpLaggingWorker(t *testing.T) {
 	if b.held() != 1 {
 		t.Fatalf("b holds %d", b.held())
 	}
-	b.mu.Lock()
-	b.down = false
-	b.mu.Unlock()
+	b.setDown(false)
 	rig.tick()
-	if b.held() != 2 || b.rows[1] != 20 {
-		t.Fatalf("after catch-up b holds %d, row %v", b.held(), b.rows[1])
+	if b.held() != 2 || b.row(1) != 20 {
+		t.Fatalf("after catch-up b holds %d, row %v", b.held(), b.row(1))
 	}
 	if got := rig.servers(); !got[0] || !got[1] {
 		t.Fatalf("lookups went to %v: the caught-up worker does not serve again", got)
@@ -180,9 +239,20 @@ func TestUpdatesCatchUpLaggingWorker(t *testing.T) {
 	if a.held() != 4 || b.held() != 4 {
 		t.Fatalf("seqs held: %d %d", a.held(), b.held())
 	}
-	// Input checks that need no worker.
-	if _, err := rig.r.Updater().Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: []byte{1, 2, 3}}); status.Code(err) != codes.InvalidArgument {
+	// Checks that need no worker: ragged rows, an update too big to
+	// send, a model nobody serves.
+	u := rig.r.Updater()
+	if _, err := u.Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: []byte{1, 2, 3}}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("ragged rows: %v", err)
+	}
+	if _, err := u.Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: make([]byte, maxUpdateBytes)}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("oversize update: %v", err)
+	}
+	if _, err := u.Update(context.Background(), &prismv1.UpdateRequest{Model: "nope", Table: "t", Ids: []int64{1}, Rows: make([]byte, 4)}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown model: %v", err)
+	}
+	if a.held() != 4 || b.held() != 4 {
+		t.Fatalf("a refused update took a number: %d %d", a.held(), b.held())
 	}
 }
 
@@ -202,10 +272,13 @@ func TestUpdatesOneOrder(t *testing.T) {
 	}
 	wg.Wait()
 	for i, f := range []*seqCN{a, b, c} {
-		if f.held() != 40 || len(f.order) != 40 || f.rows[7] != a.rows[7] {
-			t.Fatalf("worker %d: holds %d, %d applied, row %v (worker 0: %v)", i, f.held(), len(f.order), f.rows[7], a.rows[7])
+		f.mu.Lock()
+		order := f.order
+		f.mu.Unlock()
+		if f.held() != 40 || len(order) != 40 || f.row(7) != a.row(7) {
+			t.Fatalf("worker %d: holds %d, %d applied, row %v (worker 0: %v)", i, f.held(), len(order), f.row(7), a.row(7))
 		}
-		for j, s := range f.order {
+		for j, s := range order {
 			if s != int64(j+1) {
 				t.Fatalf("worker %d applied seq %d as its %dth", i, s, j)
 			}
@@ -233,45 +306,39 @@ func TestUpdatesStaleWorkerAfterRouterRestart(t *testing.T) {
 	if b.held() != 2 {
 		t.Fatalf("b was replayed updates the router never had: %d", b.held())
 	}
+	if n := rig.logs.count("misses updates the router no longer holds"); n != 1 {
+		t.Fatalf("the stale worker was reported %d times over two heartbeats, want once", n)
+	}
 	// Only the stale worker left: the model is Unavailable, not served stale.
-	a.mu.Lock()
-	a.down = true
-	a.mu.Unlock()
+	a.setDown(true)
 	rig.r.Reg.Remove("cpu" + rig.addr[0])
 	if _, err := rig.r.Recommend(context.Background(), request(1)); status.Code(err) != codes.Unavailable {
 		t.Fatalf("only a stale worker left: %v", err)
 	}
 }
 
-// The log keeps the latest updates within its byte budget; a worker
-// behind its start is stale, one within it is caught up.
+// The log keeps the latest updates within its byte budget (the exact
+// span: testdata/sequencer/catchup.txt); a worker behind its start is
+// stale, one within it is caught up.
 func TestUpdateLogBudget(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
 	rig := newUpdateRig(t, Options{UpdateLogBytes: 200}, a, b)
-	b.mu.Lock()
-	b.down = true
-	b.mu.Unlock()
+	b.setDown(true)
 	for i := range 20 {
 		if _, err := rig.update("t", int64(i), 1); err != nil {
 			t.Fatal(err)
 		}
 	}
-	rig.r.upd.mu.Lock()
-	m := rig.r.upd.models["m"]
-	floor, n := m.floor, len(m.log)
-	rig.r.upd.mu.Unlock()
-	if floor == 0 || n == 0 || floor+int64(n) != 20 {
-		t.Fatalf("log holds %d from %d", n, floor+1)
-	}
-	b.mu.Lock()
-	b.down = false
-	b.mu.Unlock()
+	b.setDown(false)
 	rig.tick()
 	if b.held() != 0 {
 		t.Fatalf("a worker behind the log's start was replayed to %d", b.held())
 	}
 	if got := rig.servers(); got[1] {
 		t.Fatal("the stale worker served")
+	}
+	if n := rig.logs.count("misses updates the router no longer holds"); n != 1 {
+		t.Fatalf("the stale worker was reported %d times, want once", n)
 	}
 }
 
@@ -280,8 +347,7 @@ func TestUpdateLogBudget(t *testing.T) {
 // announce: the first to announce may be one that lags.
 func TestUpdatesWaitAfterRouterStart(t *testing.T) {
 	a, b := &seqCN{seq: 10}, &seqCN{seq: 8}
-	rig := newUpdateRig(t, Options{}, b) // only the lagging worker has announced
-	rig.r.upd.ready = time.Now().Add(time.Hour)
+	rig := newStartingRig(t, Options{}, b) // only the lagging worker has announced
 	if _, err := rig.update("t", 1, 1); status.Code(err) != codes.Unavailable {
 		t.Fatalf("update right after start: %v", err)
 	}
@@ -289,11 +355,8 @@ func TestUpdatesWaitAfterRouterStart(t *testing.T) {
 		t.Fatalf("right after start a worker served a model with updates: %v", got)
 	}
 	// The up-to-date worker announces; the wait ends.
-	rig.cns = append(rig.cns, a)
-	a.tag = 2000
-	rig.addr = append(rig.addr, startCN(t, a))
-	rig.announce()
-	rig.r.upd.ready = time.Time{}
+	rig.add(a)
+	rig.settle()
 	if got := rig.servers(); got[0] || !got[1] {
 		t.Fatalf("after the wait lookups go to %v, want only the worker holding update 10", got)
 	}
@@ -313,44 +376,52 @@ func TestUpdatesNeverStall(t *testing.T) {
 	if _, err := rig.update("t", 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	m := rig.r.upd.models["m"]
-	m.fanout <- struct{}{} // another update's turn
+	// Update 2 holds the model's turn (a holds it at its worker) while
+	// another's deadline passes.
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	a.mu.Lock()
+	a.gate, a.entered = gate, entered
+	a.mu.Unlock()
+	first := make(chan error, 1)
+	go func() { _, err := rig.update("t", 1, 2); first <- err }()
+	<-entered
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	rows := binary.LittleEndian.AppendUint32(nil, 7)
-	if _, err := rig.r.Updater().Update(ctx, &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: rows}); status.Code(err) != codes.DeadlineExceeded {
+	if _, err := rig.updateCtx(ctx, "t", 1, 7); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("waiting past the deadline: %v", err)
 	}
-	<-m.fanout
-	if m.next != 1 {
-		t.Fatalf("an update that never ran took number %d", m.next)
+	a.mu.Lock()
+	a.gate = nil
+	a.mu.Unlock()
+	close(gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// Had the expired update taken number 3, this one (4) would find
+	// every worker behind.
+	if r, err := rig.update("t", 1, 3); err != nil || r.GetWorkers() != 2 || a.held() != 3 {
+		t.Fatalf("after an expired update: %v %v, a holds %d", r, err, a.held())
 	}
 	for _, f := range []*seqCN{a, b} {
-		f.mu.Lock()
-		f.down = true
-		f.mu.Unlock()
+		f.setDown(true)
 	}
-	if _, err := rig.update("t", 1, 2); status.Code(err) != codes.Unavailable {
+	if _, err := rig.update("t", 1, 4); status.Code(err) != codes.Unavailable {
 		t.Fatalf("every worker down: %v", err)
 	}
 	for range 20 { // clients retrying while the workers are down
-		if _, err := rig.update("t", 1, 2); status.Code(err) != codes.Unavailable {
+		if _, err := rig.update("t", 1, 4); status.Code(err) != codes.Unavailable {
 			t.Fatalf("retry with every worker down: %v", err)
 		}
 	}
-	if m.next != 2 {
-		t.Fatalf("retries took numbers: next %d, want 2", m.next)
-	}
 	for _, f := range []*seqCN{a, b} {
-		f.mu.Lock()
-		f.down = false
-		f.mu.Unlock()
+		f.setDown(false)
 	}
 	rig.tick()
-	if a.held() != 2 || b.held() != 2 {
-		t.Fatalf("after the workers came back: a %d b %d, want 2", a.held(), b.held())
+	// Update 4 kept its number and reached both; the retries took none.
+	if a.held() != 4 || b.held() != 4 {
+		t.Fatalf("after the workers came back: a %d b %d, want 4", a.held(), b.held())
 	}
-	if r, err := rig.update("t", 1, 3); err != nil || r.GetWorkers() != 2 {
+	if r, err := rig.update("t", 1, 5); err != nil || r.GetWorkers() != 2 || a.held() != 5 {
 		t.Fatalf("updates did not resume: %v %v", r, err)
 	}
 }

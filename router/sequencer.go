@@ -1,0 +1,499 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// sequencer is the deterministic core of embedding-update sequencing:
+// it decides every rule listed on Updater and does none of the work. It
+// is driven by events, each carrying the logical time (announced, gone,
+// propose, cancel, applied, tick), and answers with messages (apply an
+// update on a worker, answer a client, set a gauge, log a line) that
+// its caller takes with ready and carries out, reporting each apply's
+// outcome back with applied. It reads no clock, starts no goroutine and
+// takes no lock, so a test replays any interleaving by stepping events;
+// the caller serializes the events (updateDriver does, under one mutex).
+type sequencer struct {
+	logBytes int64
+	// settled is when every live worker has announced what it holds
+	// (three heartbeats after the router started): before it no update
+	// is numbered and no updated model served.
+	settled time.Time
+	// now is the latest logical time an event carried.
+	now time.Time
+	// workers are the live embedding workers by id, as last announced.
+	workers map[string]*prismv1.WorkerInfo
+	models  map[string]*modelSeq
+	// any is set once some model has had an update: until then lookups
+	// need not ask the sequencer at all.
+	any bool
+	out []message
+}
+
+// modelSeq is one model's sequence.
+type modelSeq struct {
+	// handedOut: this router has numbered updates of the model.
+	handedOut bool
+	next      int64 // the last seq handed out
+	committed int64 // the last seq acknowledged to a client
+	floor     int64 // log holds floor+1 .. next
+	log       []*prismv1.ApplyUpdateRequest
+	bytes     int64
+	known     map[string]int64 // live worker id -> last seq it holds
+	catching  map[string]bool  // a replay to the worker is under way
+	stale     map[string]bool  // reported once
+	// queue holds the updates waiting their turn, oldest first; inflight
+	// is the one being applied (one at a time gives one order).
+	queue    []*proposal
+	inflight *fanout
+}
+
+type proposal struct {
+	client   uint64
+	req      *prismv1.UpdateRequest
+	deadline time.Time
+}
+
+// fanout is a numbered update waiting for its workers' answers.
+type fanout struct {
+	client   uint64
+	seq      int64
+	targets  int
+	waiting  map[string]string // worker id -> addr, not yet answered
+	applied  int
+	inputErr error
+	failed   error
+}
+
+// msgType says what a message asks the caller to do.
+type msgType int
+
+const (
+	// msgApply: send Apply to Worker at Addr and report the outcome with
+	// applied. Client is the update's caller, 0 for a catch-up replay
+	// (sent under the router's context, bounded by its default timeout).
+	msgApply msgType = iota
+	// msgAnswer: answer Client with Resp or Err.
+	msgAnswer
+	// msgBehind: set Model's embedding_workers_behind gauge to Behind.
+	msgBehind
+	// msgLog: log Text at Level with Attrs.
+	msgLog
+)
+
+// message is one thing the sequencer asks its caller to do.
+type message struct {
+	Type   msgType
+	Client uint64
+	Model  string
+	Worker string
+	Addr   string
+	Apply  *prismv1.ApplyUpdateRequest
+	Resp   *prismv1.UpdateResponse
+	Err    error
+	Behind int
+	Level  slog.Level
+	Text   string
+	Attrs  []any
+}
+
+// errRouterStopping is the outcome the caller reports for a replay it
+// did not send because the router is stopping: the replay just ends.
+var errRouterStopping = errors.New("router stopping")
+
+// newSequencer starts a sequencer at the router's start time.
+func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64) *sequencer {
+	return &sequencer{
+		logBytes: logBytes,
+		settled:  start.Add(3 * heartbeat),
+		now:      start,
+		workers:  map[string]*prismv1.WorkerInfo{},
+		models:   map[string]*modelSeq{},
+	}
+}
+
+// ready returns the messages out since the last call; the caller owns
+// carrying them out, in order.
+func (s *sequencer) ready() []message {
+	out := s.out
+	s.out = nil
+	return out
+}
+
+func (s *sequencer) advance(now time.Time) {
+	if now.After(s.now) {
+		s.now = now
+	}
+}
+
+func (s *sequencer) send(m message) { s.out = append(s.out, m) }
+
+func (s *sequencer) logf(level slog.Level, text string, attrs ...any) {
+	s.send(message{Type: msgLog, Level: level, Text: text, Attrs: attrs})
+}
+
+func (s *sequencer) answer(client uint64, resp *prismv1.UpdateResponse, err error) {
+	s.send(message{Type: msgAnswer, Client: client, Resp: resp, Err: err})
+}
+
+// model is model's state, created on first use.
+func (s *sequencer) model(model string) *modelSeq {
+	m := s.models[model]
+	if m == nil {
+		m = &modelSeq{known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		s.models[model] = m
+	}
+	return m
+}
+
+// announced is the event "worker w announced what it serves and holds".
+// A model seen for the first time (a router that just started)
+// continues from the highest seq any worker holds.
+func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
+	s.advance(now)
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
+		// Not (or no longer) an embedding worker: nothing to sequence.
+		s.forget(w.GetId())
+		return
+	}
+	s.workers[w.GetId()] = w
+	for _, model := range slices.Sorted(maps.Keys(w.GetUpdateSeq())) {
+		seq := w.GetUpdateSeq()[model]
+		m := s.model(model)
+		if seq > 0 {
+			s.any = true
+		}
+		if seq > m.next {
+			if m.handedOut {
+				// This router numbered the model's updates, and a worker
+				// holds a later one: another history (a store copied from
+				// elsewhere, a second router). Its updates are newer than
+				// any this router knows; continue after them.
+				s.logf(slog.LevelError, "embedding worker holds updates this router never sent; continuing the sequence after them (do two routers take updates for this model?)",
+					"model", model, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
+			}
+			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
+		}
+		m.known[w.GetId()] = max(m.known[w.GetId()], seq)
+	}
+}
+
+// gone is the event "worker id left, expired or was removed".
+func (s *sequencer) gone(now time.Time, id string) {
+	s.advance(now)
+	s.forget(id)
+}
+
+// forget drops what a worker held. A replay to it under way is left to
+// end with its outcome (catching stays set until then, so a worker
+// back meanwhile gets one replay, not two).
+func (s *sequencer) forget(id string) {
+	delete(s.workers, id)
+	for _, m := range s.models {
+		delete(m.known, id)
+		delete(m.stale, id)
+	}
+}
+
+// propose is the event "client asks for req to be applied, before
+// deadline". Its answer comes as a msgAnswer, at once or after the
+// update's turn and fan-out.
+func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateRequest, deadline time.Time) {
+	s.advance(now)
+	if wait := s.settled.Sub(s.now); wait > 0 {
+		s.answer(client, nil, status.Errorf(codes.Unavailable, "router started moments ago and is still learning which updates the embedding workers hold; retry in %v", wait.Round(time.Millisecond)))
+		return
+	}
+	m := s.model(req.GetModel())
+	m.queue = append(m.queue, &proposal{client: client, req: req, deadline: deadline})
+	s.startNext(req.GetModel(), m)
+}
+
+// cancel is the event "client's context ended" (err is its status): an
+// update still waiting its turn is dropped and answered err. One already
+// numbered is answered when its workers have.
+func (s *sequencer) cancel(now time.Time, client uint64, err error) {
+	s.advance(now)
+	for _, m := range s.models {
+		for i, p := range m.queue {
+			if p.client == client {
+				m.queue = slices.Delete(m.queue, i, i+1)
+				s.answer(client, nil, err)
+				return
+			}
+		}
+	}
+}
+
+// targets are the live embedding workers serving model, by id.
+func (s *sequencer) targets(model string) []*prismv1.WorkerInfo {
+	var out []*prismv1.WorkerInfo
+	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+		if w := s.workers[id]; slices.Contains(w.GetModels(), model) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// startNext numbers and sends model's next waiting update, if none is
+// being applied.
+func (s *sequencer) startNext(model string, m *modelSeq) {
+	for m.inflight == nil && len(m.queue) > 0 {
+		p := m.queue[0]
+		m.queue = m.queue[1:]
+		if !s.now.Before(p.deadline) {
+			// Its turn came too late: a number handed out now could be
+			// left with no worker to apply it.
+			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
+			continue
+		}
+		targets := s.targets(model)
+		if len(targets) == 0 {
+			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no live embedding worker right now; retry", model))
+			continue
+		}
+		// Number it only if some live worker holds every update before
+		// it: otherwise it could not be applied anywhere now, and would
+		// hold up the updates after it.
+		var held int64
+		for _, w := range targets {
+			held = max(held, m.known[w.GetId()])
+		}
+		if held < m.next {
+			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", model, m.next))
+			continue
+		}
+		m.next++
+		m.handedOut = true
+		s.any = true
+		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
+		m.appendLog(areq, s.logBytes, held)
+		f := &fanout{client: p.client, seq: m.next, targets: len(targets), waiting: map[string]string{}}
+		m.inflight = f
+		for _, w := range targets {
+			f.waiting[w.GetId()] = w.GetAddr()
+			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: areq})
+		}
+	}
+}
+
+// appendLog keeps req as update seq, dropping the oldest beyond the
+// byte budget, but never one that no live worker holds (held is the
+// highest seq a live worker holds).
+func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, held int64) {
+	m.log = append(m.log, req)
+	m.bytes += int64(proto.Size(req))
+	for len(m.log) > 1 && m.bytes > budget && m.floor+1 <= held {
+		m.bytes -= int64(proto.Size(m.log[0]))
+		m.log[0] = nil
+		m.log = m.log[1:]
+		m.floor++
+	}
+}
+
+// ack records that a live worker holds seq. A worker gone meanwhile is
+// not recorded: it announces what it holds when it is back.
+func (s *sequencer) ack(m *modelSeq, id string, seq int64) {
+	if _, live := s.workers[id]; live {
+		m.known[id] = max(m.known[id], seq)
+	}
+}
+
+// applied is the event "worker answered the apply of model's update seq
+// that a msgApply for client asked for" (err nil: applied; client 0: a
+// replay).
+func (s *sequencer) applied(now time.Time, client uint64, model, worker string, seq int64, err error) {
+	s.advance(now)
+	m := s.models[model]
+	if m == nil {
+		return
+	}
+	if client == 0 {
+		s.replayed(model, m, worker, seq, err)
+		return
+	}
+	f := m.inflight
+	addr, ok := "", false
+	if f != nil && f.client == client && f.seq == seq {
+		addr, ok = f.waiting[worker]
+	}
+	if !ok {
+		return // not an answer this sequencer waits for
+	}
+	delete(f.waiting, worker)
+	switch status.Code(err) {
+	case codes.OK:
+		f.applied++
+		s.ack(m, worker, seq)
+	case codes.InvalidArgument:
+		// Bad input: every replica refuses it alike and takes the seq.
+		if f.inputErr == nil {
+			f.inputErr = err
+		}
+		s.ack(m, worker, seq)
+	case codes.FailedPrecondition:
+		// Behind: the catch-up replays what it missed, then this.
+		s.logf(slog.LevelInfo, "embedding worker behind on updates; catching it up", "model", model, "worker", worker, "seq", seq)
+	default:
+		if f.failed == nil {
+			f.failed = fmt.Errorf("worker %s: %s", addr, status.Convert(err).Message())
+		}
+		s.logf(slog.LevelWarn, "update failed on an embedding worker; it is left out of serving until caught up", "model", model, "worker", worker, "seq", seq, "err", err)
+	}
+	if len(f.waiting) > 0 {
+		return
+	}
+	m.inflight = nil
+	switch {
+	case f.inputErr != nil && f.applied == 0:
+		m.committed = max(m.committed, f.seq)
+		s.answer(f.client, nil, f.inputErr)
+	case f.applied == 0:
+		failed := f.failed
+		if failed == nil {
+			failed = errors.New("every worker is behind and catching up")
+		}
+		// The update keeps its number: a worker may have applied it and
+		// lost the answer, so the number cannot be given to another. The
+		// catch-up applies it everywhere later; a retry applies the same
+		// rows again, which upserts make harmless.
+		s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
+	default:
+		m.committed = max(m.committed, f.seq)
+		s.answer(f.client, &prismv1.UpdateResponse{Workers: int32(f.applied)}, nil)
+	}
+	s.startNext(model, m)
+}
+
+// replayed goes on with a replay after one of its updates was answered.
+func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64, err error) {
+	switch code := status.Code(err); {
+	case err == nil || code == codes.InvalidArgument:
+		s.ack(m, worker, seq)
+		s.replayNext(model, m, worker)
+	case errors.Is(err, errRouterStopping):
+		delete(m.catching, worker)
+	default:
+		s.logf(slog.LevelWarn, "replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", worker, "seq", seq, "err", err)
+		delete(m.catching, worker)
+	}
+}
+
+// replayNext sends worker the next update of model it lacks, or ends its
+// replay when it holds the latest, is gone, or the log no longer reaches.
+func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
+	k, ok := m.known[id]
+	w := s.workers[id]
+	if !ok || w == nil || k >= m.next || k < m.floor {
+		delete(m.catching, id)
+		return
+	}
+	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: m.log[k-m.floor]})
+}
+
+// tick is the event "a heartbeat passed": updates whose deadline passed
+// while waiting are answered, a replay starts for every live worker
+// behind on updates the log still holds, those it cannot reach are
+// reported (once), and each model's behind gauge is set.
+func (s *sequencer) tick(now time.Time) {
+	s.advance(now)
+	for _, model := range slices.Sorted(maps.Keys(s.models)) {
+		m := s.models[model]
+		m.queue = slices.DeleteFunc(m.queue, func(p *proposal) bool {
+			if s.now.Before(p.deadline) {
+				return false
+			}
+			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
+			return true
+		})
+		behind := 0
+		for _, id := range slices.Sorted(maps.Keys(m.known)) {
+			k := m.known[id]
+			if k >= m.next {
+				continue
+			}
+			if k < m.committed {
+				behind++
+			}
+			if k < m.floor {
+				if !m.stale[id] {
+					m.stale[id] = true
+					s.logf(slog.LevelError, "embedding worker misses updates the router no longer holds; it stays out of serving: stop it and give it a copy of an up-to-date worker's store",
+						"model", model, "worker", id, "holds", k, "missing_from", k+1, "router_holds_from", m.floor+1, "latest", m.next)
+				}
+				continue
+			}
+			if m.catching[id] {
+				continue
+			}
+			m.catching[id] = true
+			s.replayNext(model, m, id)
+		}
+		s.send(message{Type: msgBehind, Model: model, Behind: behind})
+	}
+}
+
+// inSync says whether w may serve model's lookups at now: only a worker
+// holding every acknowledged update does, and, while the router is
+// still hearing from its workers, none of a model that has had updates
+// (a worker holding later ones may not have announced yet). It changes
+// nothing.
+func (s *sequencer) inSync(w *prismv1.WorkerInfo, model string, now time.Time) bool {
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !s.any {
+		return true
+	}
+	m := s.models[model]
+	if m == nil {
+		return true
+	}
+	if m.next > 0 && now.Before(s.settled) {
+		return false
+	}
+	k, ok := m.known[w.GetId()]
+	if !ok {
+		k = w.GetUpdateSeq()[model]
+	}
+	return k >= m.committed
+}
+
+// String is the message in one line, for tests and debugging.
+func (m message) String() string {
+	switch m.Type {
+	case msgApply:
+		to := "replay"
+		if m.Client != 0 {
+			to = fmt.Sprintf("c%d", m.Client)
+		}
+		return fmt.Sprintf("apply %s#%d -> %s (%s)", m.Model, m.Apply.GetSeq(), m.Worker, to)
+	case msgAnswer:
+		if m.Err != nil {
+			st := status.Convert(m.Err)
+			return fmt.Sprintf("answer c%d: %s: %s", m.Client, st.Code(), st.Message())
+		}
+		return fmt.Sprintf("answer c%d: ok, %d workers", m.Client, m.Resp.GetWorkers())
+	case msgBehind:
+		return fmt.Sprintf("behind %s = %d", m.Model, m.Behind)
+	case msgLog:
+		var b strings.Builder
+		fmt.Fprintf(&b, "log %s %q", m.Level, m.Text)
+		for i := 0; i+1 < len(m.Attrs); i += 2 {
+			fmt.Fprintf(&b, " %v=%v", m.Attrs[i], m.Attrs[i+1])
+		}
+		return b.String()
+	}
+	return fmt.Sprintf("message type %d", m.Type)
+}

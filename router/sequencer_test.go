@@ -1,0 +1,249 @@
+package router
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/sequencer from what the sequencer does")
+
+// TestSequencer runs the scripts in testdata/sequencer: each block is one
+// event (or query) of the sequencer, and below "----" the messages it
+// sends, one a line. No goroutines, no sleeps: the clock is logical.
+//
+// Commands (defaults in brackets):
+//
+//	new [heartbeat=1s] [log-bytes=268435456]   a router starting now
+//	advance <duration>                         the clock moves on
+//	announce <worker> [models=m] [seq=m:N,...] [role=dense]
+//	gone <worker>                              left, expired or removed
+//	propose <client> [model=m] [table=t] [ids=1] [deadline=10s]
+//	cancel <client> [code=Canceled]            the client's context ended
+//	applied <client|replay> <worker> <seq> [model=m] [code=OK]
+//	tick [after=0s]                            a heartbeat
+//	serving [model=m]                          which live workers may serve
+//	state [model=m]                            the model's sequence
+func TestSequencer(t *testing.T) {
+	files, err := filepath.Glob("testdata/sequencer/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) { runSequencerScript(t, file) })
+	}
+}
+
+type seqScript struct {
+	t   *testing.T
+	s   *sequencer
+	now time.Time
+}
+
+func runSequencerScript(t *testing.T, file string) {
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := &seqScript{t: t, now: time.Unix(1000, 0)}
+	h.s = newSequencer(h.now, time.Second, 256<<20)
+	var out strings.Builder
+	sc := bufio.NewScanner(f)
+	lineNo := 0
+	next := func() (string, bool) {
+		if !sc.Scan() {
+			return "", false
+		}
+		lineNo++
+		return sc.Text(), true
+	}
+	for {
+		line, ok := next()
+		if !ok {
+			break
+		}
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			out.WriteString(line + "\n")
+			continue
+		}
+		cmdLine := lineNo
+		if sep, ok := next(); !ok || sep != "----" {
+			t.Fatalf("%s:%d: %q is not followed by ----", file, cmdLine, line)
+		}
+		var want []string
+		for {
+			l, ok := next()
+			if !ok || l == "" {
+				break
+			}
+			want = append(want, l)
+		}
+		got := h.do(line)
+		fmt.Fprintf(&out, "%s\n----\n", line)
+		for _, g := range got {
+			out.WriteString(g + "\n")
+		}
+		out.WriteString("\n")
+		if !*rewrite && !slices.Equal(got, want) {
+			t.Errorf("%s:%d: %s\ngot:\n\t%s\nwant:\n\t%s", file, cmdLine, line, strings.Join(got, "\n\t"), strings.Join(want, "\n\t"))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if *rewrite {
+		if err := os.WriteFile(file, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// do runs one command and returns what it printed: the messages the
+// sequencer sent, or the answer to a query.
+func (h *seqScript) do(line string) []string {
+	fields := strings.Fields(line)
+	cmd, pos, kv := fields[0], []string{}, map[string]string{}
+	for _, f := range fields[1:] {
+		if k, v, ok := strings.Cut(f, "="); ok {
+			kv[k] = v
+		} else {
+			pos = append(pos, f)
+		}
+	}
+	arg := func(k, def string) string {
+		if v, ok := kv[k]; ok {
+			return v
+		}
+		return def
+	}
+	dur := func(s string) time.Duration {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			h.t.Fatalf("%s: %v", line, err)
+		}
+		return d
+	}
+	num := func(s string) int64 {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			h.t.Fatalf("%s: %v", line, err)
+		}
+		return n
+	}
+	client := func(s string) uint64 {
+		if s == "replay" {
+			return 0
+		}
+		return uint64(num(strings.TrimPrefix(s, "c")))
+	}
+	need := func(n int) {
+		if len(pos) != n {
+			h.t.Fatalf("%s: want %d arguments", line, n)
+		}
+	}
+	model := arg("model", "m")
+	switch cmd {
+	case "new":
+		h.s = newSequencer(h.now, dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")))
+	case "advance":
+		need(1)
+		h.now = h.now.Add(dur(pos[0]))
+	case "announce":
+		need(1)
+		w := &prismv1.WorkerInfo{Id: pos[0], Addr: "addr-" + pos[0], Role: prismv1.Role_ROLE_EMBEDDING, Models: strings.Split(arg("models", "m"), ","), UpdateSeq: map[string]int64{}}
+		if arg("role", "") == "dense" {
+			w.Role = prismv1.Role_ROLE_DENSE
+		}
+		if s := arg("seq", ""); s != "" {
+			for _, p := range strings.Split(s, ",") {
+				m, n, _ := strings.Cut(p, ":")
+				w.UpdateSeq[m] = num(n)
+			}
+		}
+		h.s.announced(h.now, w)
+	case "gone":
+		need(1)
+		h.s.gone(h.now, pos[0])
+	case "propose":
+		need(1)
+		n := num(arg("ids", "1"))
+		req := &prismv1.UpdateRequest{Model: model, Table: arg("table", "t"), Ids: make([]int64, n), Rows: make([]byte, 4*n)}
+		h.s.propose(h.now, client(pos[0]), req, h.now.Add(dur(arg("deadline", "10s"))))
+	case "cancel":
+		need(1)
+		h.s.cancel(h.now, client(pos[0]), status.Error(codeNamed(h.t, arg("code", "Canceled")), "context canceled"))
+	case "applied":
+		need(3)
+		var err error
+		if c := codeNamed(h.t, arg("code", "OK")); c != codes.OK {
+			err = status.Error(c, "worker says "+c.String())
+		}
+		h.s.applied(h.now, client(pos[0]), model, pos[1], num(pos[2]), err)
+	case "tick":
+		h.now = h.now.Add(dur(arg("after", "0s")))
+		h.s.tick(h.now)
+	case "serving":
+		var out []string
+		for _, id := range slices.Sorted(maps.Keys(h.s.workers)) {
+			out = append(out, fmt.Sprintf("%s: %v", id, h.s.inSync(h.s.workers[id], model, h.now)))
+		}
+		return out
+	case "state":
+		return []string{h.state(model)}
+	default:
+		h.t.Fatalf("unknown command %q", line)
+	}
+	var out []string
+	for _, m := range h.s.ready() {
+		out = append(out, m.String())
+	}
+	return out
+}
+
+func codeNamed(t *testing.T, name string) codes.Code {
+	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+		if c.String() == name {
+			return c
+		}
+	}
+	t.Fatalf("no code %q", name)
+	return 0
+}
+
+func (h *seqScript) state(model string) string {
+	m := h.s.models[model]
+	if m == nil {
+		return "no state"
+	}
+	ids := func(set map[string]bool) string {
+		return strings.Join(slices.Sorted(maps.Keys(set)), ",")
+	}
+	var known []string
+	for _, id := range slices.Sorted(maps.Keys(m.known)) {
+		known = append(known, fmt.Sprintf("%s:%d", id, m.known[id]))
+	}
+	var queue []string
+	for _, p := range m.queue {
+		queue = append(queue, fmt.Sprintf("c%d", p.client))
+	}
+	inflight := "-"
+	if f := m.inflight; f != nil {
+		inflight = fmt.Sprintf("c%d#%d waiting %s", f.client, f.seq, strings.Join(slices.Sorted(maps.Keys(f.waiting)), ","))
+	}
+	return fmt.Sprintf("next=%d committed=%d log=%d..%d (%d bytes) known=%s catching=%s stale=%s queue=%s inflight=%s",
+		m.next, m.committed, m.floor+1, m.next, m.bytes, strings.Join(known, ","), ids(m.catching), ids(m.stale), strings.Join(queue, ","), inflight)
+}
