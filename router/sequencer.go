@@ -440,6 +440,14 @@ func (s *sequencer) tick(now time.Time) {
 			if m.catching[id] {
 				continue
 			}
+			if m.inflight != nil {
+				if _, sending := m.inflight.waiting[id]; sending {
+					// It is being sent the latest update now; a replay of
+					// the same update would send the rows twice. If the
+					// send fails, the next heartbeat catches it up.
+					continue
+				}
+			}
 			m.catching[id] = true
 			s.replayNext(model, m, id)
 		}

@@ -153,7 +153,17 @@ type updateAnswer struct {
 // step feeds the sequencer one event and carries out what it asks.
 func (d *updateDriver) step(event func(now time.Time)) {
 	d.mu.Lock()
-	event(d.now())
+	now := d.now()
+	// A client whose context ended leaves the queue before anything else
+	// happens in this step: the sequencer must not number an update whose
+	// caller is gone (its fan-out would run under a dead context, and
+	// every later update would wait for the catch-up).
+	for id, c := range d.clients {
+		if err := c.ctx.Err(); err != nil {
+			d.seq.cancel(now, id, status.FromContextError(err).Err())
+		}
+	}
+	event(now)
 	msgs := d.seq.ready()
 	if d.seq.any {
 		d.any.Store(true)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -423,5 +424,79 @@ func TestUpdatesNeverStall(t *testing.T) {
 	}
 	if r, err := rig.update("t", 1, 5); err != nil || r.GetWorkers() != 2 || a.held() != 5 {
 		t.Fatalf("updates did not resume: %v %v", r, err)
+	}
+}
+
+// TestCancelledWhileQueuedTakesNoNumber: a client whose context ends
+// while its update waits for the model's turn is never numbered, even
+// when the step that hands out the next number (the last answer of the
+// update before it) runs before the client's own cancel step. Numbering
+// it would fan it out under a dead context and make every later update
+// wait for the catch-up.
+func TestCancelledWhileQueuedTakesNoNumber(t *testing.T) {
+	start := time.Unix(1000, 0)
+	now := start.Add(time.Hour) // long past the start-up wait
+	gate := make(chan struct{})
+	entered := make(chan int64, 8)
+	var mu sync.Mutex
+	var sent []int64 // seqs sent to workers, in order
+	call := func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error {
+		mu.Lock()
+		sent = append(sent, req.GetSeq())
+		mu.Unlock()
+		if req.GetSeq() == 1 {
+			entered <- req.GetSeq()
+			<-gate
+		}
+		return ctx.Err()
+	}
+	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, call)
+	for _, id := range []string{"w1", "w2"} {
+		d.announced(&prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-" + id, Models: []string{"m"}, Healthy: true})
+	}
+	req := func(v float32) *prismv1.UpdateRequest {
+		return &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: binary.LittleEndian.AppendUint32(nil, math.Float32bits(v))}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	aDone := make(chan error, 1)
+	go func() { _, err := d.update(ctx, req(1)); aDone <- err }()
+	<-entered
+	<-entered // update 1 is at both workers
+
+	bctx, bcancel := context.WithCancel(ctx)
+	bDone := make(chan error, 1)
+	go func() { _, err := d.update(bctx, req(2)); bDone <- err }()
+	for queued := false; !queued; {
+		d.mu.Lock()
+		queued = len(d.clients) == 2
+		d.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	// Hold the driver while update 1 is answered and then B is
+	// cancelled: the answers' steps wait on the lock before B's cancel
+	// step, so the step that frees the model's turn runs first.
+	d.mu.Lock()
+	close(gate)
+	time.Sleep(20 * time.Millisecond)
+	bcancel()
+	time.Sleep(20 * time.Millisecond)
+	d.mu.Unlock()
+
+	if err := <-aDone; err != nil {
+		t.Fatalf("update 1: %v", err)
+	}
+	if err := <-bDone; status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled update: %v, want Canceled", err)
+	}
+	if _, err := d.update(ctx, req(3)); err != nil {
+		t.Fatalf("the update after a cancelled one: %v", err)
+	}
+	d.wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []int64{1, 1, 2, 2}; !slices.Equal(sent, want) {
+		t.Fatalf("seqs sent %v, want %v (the cancelled update took no number)", sent, want)
 	}
 }
