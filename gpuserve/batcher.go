@@ -231,14 +231,8 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 			live = append(live, p)
 		}
 	}
-	// Samples count against MaxQueue until their run is over, so the
-	// bound covers work in flight as well as work waiting.
-	defer func() {
-		b.mu.Lock()
-		b.queued -= all
-		b.mu.Unlock()
-	}()
 	if len(live) == 0 {
+		b.release(all)
 		return
 	}
 	n := 0
@@ -259,6 +253,7 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		ins[i] = ort.Input{Name: s.Name, Shape: append([]int64{int64(n)}, s.Shape...), Float32: data}
 	}
 	outs, err := r.Run(ins)
+	b.release(all)
 	b.stats.mu.Lock()
 	b.stats.Batches++
 	b.stats.Samples += int64(n)
@@ -284,6 +279,18 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		off += p.req.N
 		p.done <- result{out: res}
 	}
+}
+
+// release uncounts a finished run's samples. Samples count against
+// MaxQueue until their run is over, so the bound covers work in flight as
+// well as work waiting; they are uncounted before any caller of the run
+// gets its answer, so a caller holding its scores never sees them still
+// in QueueDepth (the queue-depth gauge, the load announced to the router)
+// and is never refused for a queue full of its own finished work.
+func (b *Batcher) release(samples int) {
+	b.mu.Lock()
+	b.queued -= samples
+	b.mu.Unlock()
 }
 
 // Snapshot copies the counters.

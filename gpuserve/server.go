@@ -56,7 +56,7 @@ func (o *Options) EnsureDefaults() {
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
 	if len(o.Plans) == 0 {
-		return errors.New("no models: give at least one --plan DIR")
+		return errors.New("no models to serve: give at least one plan folder")
 	}
 	if o.Threads < 0 {
 		return fmt.Errorf("threads %d: want 0 (one per core) or more", o.Threads)

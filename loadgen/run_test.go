@@ -17,22 +17,32 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/grpctest"
 )
 
-// dialFake serves f on loopback and returns a sender to it.
+// dialFake serves f in process over bufconn and returns a sender to it.
 func dialFake(t *testing.T, f *Fake) Sender {
 	t.Helper()
-	addr, stop, err := ServeFake("127.0.0.1:0", f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	return dialAddr(t, addr)
+	return serveBufconn(t, grpc.NewServer(), f)
 }
 
-func dialAddr(t testing.TB, addr string) Sender {
+// serveBufconn serves f on srv over bufconn until the test ends and
+// returns a sender to it.
+func serveBufconn(t *testing.T, srv *grpc.Server, f *Fake) GRPCSender {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var bn grpctest.Net
+	lis := bn.MustListen(t, "recommender")
+	prismv1.RegisterRecommenderServer(srv, f)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return dialAddr(t, lis.Addr().String(), bn.DialOption()).(GRPCSender)
+}
+
+// dialAddr is a sender to addr: a loopback port for the benchmarks, a
+// bufconn target (with its Net's DialOption) for the tests.
+func dialAddr(t testing.TB, addr string, opts ...grpc.DialOption) Sender {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

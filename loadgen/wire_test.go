@@ -3,7 +3,6 @@ package loadgen
 import (
 	"bytes"
 	"context"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,16 +23,13 @@ type arrival struct {
 	contentType string
 }
 
-// captureServer serves a Fake on loopback whose interceptor keeps every
-// request as the server decoded it, by request id.
-func captureServer(t *testing.T) (addr string, got func(id string) (arrival, bool), n func() int) {
+// captureServer serves a Fake in process over bufconn whose interceptor
+// keeps every request as the server decoded it, by request id, and
+// returns a sender to it.
+func captureServer(t *testing.T) (s GRPCSender, got func(id string) (arrival, bool), n func() int) {
 	t.Helper()
 	var mu sync.Mutex
 	seen := map[string]arrival{}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		r := req.(*prismv1.RecommendRequest)
@@ -42,10 +38,7 @@ func captureServer(t *testing.T) (addr string, got func(id string) (arrival, boo
 		mu.Unlock()
 		return h(ctx, req)
 	}))
-	prismv1.RegisterRecommenderServer(srv, &Fake{})
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	return lis.Addr().String(),
+	return serveBufconn(t, srv, &Fake{}),
 		func(id string) (arrival, bool) { mu.Lock(); defer mu.Unlock(); a, ok := seen[id]; return a, ok },
 		func() int { mu.Lock(); defer mu.Unlock(); return len(seen) }
 }
@@ -66,8 +59,7 @@ func pooledRequests(t testing.TB, pool int) *Requests {
 // bytes arrives equal to the message it stands for, request id included,
 // and those bytes are what proto.Marshal gives for the message.
 func TestPremarshaledArrivesEqual(t *testing.T) {
-	addr, got, _ := captureServer(t)
-	s := dialAddr(t, addr).(GRPCSender)
+	s, got, _ := captureServer(t)
 	q := pooledRequests(t, 3)
 	for i := range 7 { // more than the pool: the entries come round again
 		req, wire, err := q.nextSend()
@@ -153,8 +145,7 @@ func TestPremarshaledCodec(t *testing.T) {
 // every request once, each equal to what the same request stream yields
 // for its id, with the runner taking the pre-marshaled path.
 func TestRunPooledSendsEachRequest(t *testing.T) {
-	addr, got, n := captureServer(t)
-	s := dialAddr(t, addr)
+	s, got, n := captureServer(t)
 	sum, err := Run(context.Background(), Options{Clients: 4, Duration: 5 * time.Second, MaxRequests: 50}, pooledRequests(t, 4), s)
 	if err != nil {
 		t.Fatal(err)

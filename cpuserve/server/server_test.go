@@ -24,6 +24,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/server"
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/grpctest"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/models"
@@ -35,12 +36,14 @@ var testModels = []string{"dlrm-tiny", "dcnv2-tiny", "deepfm-tiny"}
 const maxSamples = 512
 
 // fixture is one embedding tier serving every test model from one store,
-// and a dense tier double, both on loopback.
+// and a dense tier double, both in process over bufconn: the embedding
+// tier dials the dense_addr a request names through the fixture's
+// in-memory network (Options.DialOptions).
 type fixture struct {
 	srv    *server.Server
 	client prismv1.EmbeddingTierClient
 	dense  *denseDouble
-	addr   string // the dense double's
+	addr   string // the dense double's (a bufconn target)
 	mono   map[string]*ort.Session
 	sigs   map[string]models.Signature
 }
@@ -123,12 +126,17 @@ func newFixture() (*fixture, error) {
 	var wg sync.WaitGroup
 	cleanup = append(cleanup, func() { cancel(); wg.Wait() })
 
-	if f.srv, err = server.New(ctx, st, server.Options{Plans: plans, MaxSamples: maxSamples, Threads: 1}); err != nil {
+	bn := &grpctest.Net{}
+	if f.srv, err = server.New(ctx, st, server.Options{Plans: plans, MaxSamples: maxSamples, Threads: 1, DialOptions: []grpc.DialOption{bn.DialOption()}}); err != nil {
 		return nil, err
 	}
 	cleanup = append(cleanup, f.srv.Close)
 	start := func(name string, register func(*grpc.Server)) (string, error) {
-		s, err := serve.New(name, serve.Options{MetricsAddr: "off"})
+		lis, err := bn.Listen(name)
+		if err != nil {
+			return "", err
+		}
+		s, err := serve.New(name, serve.Options{Listener: lis, MetricsAddr: "off"})
 		if err != nil {
 			return "", err
 		}
@@ -145,7 +153,7 @@ func newFixture() (*fixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(cpuAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(cpuAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), bn.DialOption())
 	if err != nil {
 		return nil, err
 	}
@@ -407,7 +415,7 @@ func TestBadInput(t *testing.T) {
 			in.Ids[0] = -1
 		}, codes.InvalidArgument, "negative"},
 		{"no dense address", func(r *prismv1.LookupRequest) { r.DenseAddr = "" }, codes.InvalidArgument, "dense_addr"},
-		{"dense unreachable", func(r *prismv1.LookupRequest) { r.DenseAddr = "127.0.0.1:1" }, codes.Unavailable, ""},
+		{"dense unreachable", func(r *prismv1.LookupRequest) { r.DenseAddr = grpctest.Target("nowhere") }, codes.Unavailable, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -477,8 +485,10 @@ func TestMetrics(t *testing.T) {
 }
 
 // BenchmarkLookup: one micro-batch of 270 candidates (MLPerf DLRMv2's
-// average) through the embedding tier and the dense double on loopback,
-// with the stage breakdown the server reports.
+// average) through the embedding tier and the dense double, with the
+// stage breakdown the server reports. The fixture is in process over
+// bufconn, so transfer is gRPC framing and an in-memory pipe, without
+// the kernel's loopback copy (make bench-serve measures that).
 func BenchmarkLookup(b *testing.B) {
 	for _, name := range testModels {
 		b.Run(name, func(b *testing.B) {

@@ -14,12 +14,13 @@ import (
 // Announce keeps a worker registered with the router at routerAddr until
 // ctx ends, then leaves. info is called at each heartbeat for the
 // worker's current load. It returns at once; the heartbeat runs in the
-// background and survives the router being away (it retries).
-func Announce(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, log *slog.Logger) (done <-chan struct{}) {
+// background and survives the router being away (it retries). opts are
+// added to the connection to the router (tests dial over bufconn).
+func Announce(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
-		conn, err := grpc.NewClient(routerAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(routerAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 		if err != nil {
 			log.Error("registry: bad router address", "router", routerAddr, "err", err)
 			return

@@ -31,6 +31,9 @@ import (
 type Options struct {
 	// Addr is the gRPC listen address (default 127.0.0.1:0: a port the OS picks).
 	Addr string
+	// Listener, if set, is served instead of a listener on Addr (tests
+	// serve over bufconn); the Server owns it from New on.
+	Listener net.Listener
 	// MetricsAddr serves /metrics over HTTP (default 127.0.0.1:0; "off" disables).
 	MetricsAddr string
 	// MaxMessageBytes bounds one request (default 64 MiB).
@@ -88,8 +91,10 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 	}, []string{"method"})
 	s.Registry.MustRegister(s.requests, s.latency, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
-	if s.lis, err = net.Listen("tcp", o.Addr); err != nil {
-		return nil, fmt.Errorf("%s: listen %s: %w", name, o.Addr, err)
+	if s.lis = o.Listener; s.lis == nil {
+		if s.lis, err = net.Listen("tcp", o.Addr); err != nil {
+			return nil, fmt.Errorf("%s: listen %s: %w", name, o.Addr, err)
+		}
 	}
 	if o.MetricsAddr != "off" {
 		if s.mlis, err = net.Listen("tcp", o.MetricsAddr); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,20 +16,27 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/grpctest"
 )
 
-// slowRegistry is a test registry: Announce can be made to take a while,
+// slowRegistry is a test registry: Announce can be held until released,
 // and it records what workers said.
 type slowRegistry struct {
 	prismv1.UnimplementedRegistryServer
-	delay time.Duration
-	mu    sync.Mutex
-	seen  []string
-	left  []string
+	entered chan struct{} // if set, gets a value as each Announce starts
+	release chan struct{} // if set, Announce waits for it to close
+	mu      sync.Mutex
+	seen    []string
+	left    []string
 }
 
 func (r *slowRegistry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
-	time.Sleep(r.delay)
+	if r.entered != nil {
+		r.entered <- struct{}{}
+	}
+	if r.release != nil {
+		<-r.release
+	}
 	r.mu.Lock()
 	r.seen = append(r.seen, req.GetWorker().GetId())
 	r.mu.Unlock()
@@ -44,20 +52,102 @@ func (r *slowRegistry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*p
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// TestServeHealthMetricsAndGracefulStop: health answers SERVING, /metrics
-// counts RPCs by method and code, and a cancelled Serve lets an RPC in
-// flight finish before it returns.
+// TestServeHealthMetricsAndGracefulStop: health answers SERVING, the
+// registry counts RPCs by method and code, and a cancelled Serve lets an
+// RPC in flight finish before it returns. In process, over bufconn.
 func TestServeHealthMetricsAndGracefulStop(t *testing.T) {
+	var bn grpctest.Net
+	s, err := New("test", Options{Listener: bn.MustListen(t, "test"), MetricsAddr: "off", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Addr() != grpctest.Target("test") {
+		t.Errorf("Addr %q, want the listener's", s.Addr())
+	}
+	reg := &slowRegistry{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+
+	conn := bn.Dial(t, s.Addr())
+	h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health %v %v", h.GetStatus(), err)
+	}
+	if n := countRequests(t, s, "/grpc.health.v1.Health/Check", "OK"); n != 1 {
+		t.Errorf("prism_rpc_requests_total{Health/Check, OK} = %v, want 1", n)
+	}
+
+	// An Announce in flight when shutdown starts still completes, and
+	// Serve waits for it.
+	rpc := make(chan error, 1)
+	go func() {
+		_, err := prismv1.NewRegistryClient(conn).Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "w"}})
+		rpc <- err
+	}()
+	<-reg.entered
+	cancel()
+	select {
+	case err := <-done:
+		t.Fatalf("Serve returned (%v) with an RPC in flight", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(reg.release)
+	if err := <-rpc; err != nil {
+		t.Fatalf("in-flight RPC failed at shutdown: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countRequests is prism_rpc_requests_total for one method and code.
+func countRequests(t *testing.T, s *Server, method, code string) float64 {
+	t.Helper()
+	mfs, err := s.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "prism_rpc_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			if got["method"] == method && got["code"] == code {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// TestServeTCP is about the network, so it keeps real sockets: New binds
+// Addr on loopback (a port the OS picks) before Serve, a gRPC client
+// reaches it there, and /metrics answers over HTTP on its own port.
+func TestServeTCP(t *testing.T) {
 	s, err := New("test", Options{Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := &slowRegistry{delay: 300 * time.Millisecond}
-	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	host, port, err := net.SplitHostPort(s.Addr())
+	if err != nil || host != "127.0.0.1" || port == "0" {
+		t.Fatalf("Addr %q (%v): want a loopback port the OS picked", s.Addr(), err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
+	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
-
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
 	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -76,27 +166,13 @@ func TestServeHealthMetricsAndGracefulStop(t *testing.T) {
 	if !strings.Contains(string(body), `prism_rpc_requests_total{code="OK",method="/grpc.health.v1.Health/Check"} 1`) {
 		t.Errorf("metrics lack the health check:\n%s", body)
 	}
-
-	// An Announce in flight when shutdown starts still completes.
-	rpc := make(chan error)
-	go func() {
-		_, err := prismv1.NewRegistryClient(conn).Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "w"}})
-		rpc <- err
-	}()
-	time.Sleep(100 * time.Millisecond)
-	cancel()
-	if err := <-rpc; err != nil {
-		t.Fatalf("in-flight RPC failed at shutdown: %v", err)
-	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestAnnounceHeartbeatsAndLeaves: a worker announces at the interval the
 // registry asks for, and leaves when its context ends.
 func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
-	s, err := New("registry", Options{Logger: quiet(), MetricsAddr: "off"})
+	var bn grpctest.Net
+	s, err := New("registry", Options{Listener: bn.MustListen(t, "router"), Logger: quiet(), MetricsAddr: "off"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +185,8 @@ func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := Announce(ctx, s.Addr(), func() *prismv1.WorkerInfo {
 		return &prismv1.WorkerInfo{Id: "gpu/1", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1"}
-	}, quiet())
+	}, quiet(), bn.DialOption())
+	// Heartbeats are timed by the registry's interval: wait for them.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		reg.mu.Lock()
