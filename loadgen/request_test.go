@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/prism-serve/prism/internal/shareddata/sharedtest"
 	"github.com/prism-serve/prism/models"
 )
 
@@ -129,9 +130,9 @@ func TestRequestsZipfSkew(t *testing.T) {
 }
 
 func TestRequestsCriteoReplay(t *testing.T) {
-	f, err := os.Open("../../shared/data/criteo/criteo_sample.txt")
+	f, err := os.Open(sharedtest.Path(t, "criteo/criteo_sample.txt"))
 	if err != nil {
-		t.Skip("shared Criteo sample not present:", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	sig := tinySig(t)

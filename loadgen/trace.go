@@ -1,13 +1,15 @@
 package loadgen
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prism-serve/prism/internal/csvtab"
 )
 
 // TraceOptions say how to read a rate trace.
@@ -42,59 +44,55 @@ var valueNames = []string{"value", "rate", "qps", "count"}
 // missing point is a gap in the scrape, not a gap in traffic. name is used
 // in error messages, which carry the line number.
 func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	if !sc.Scan() {
-		if err := sc.Err(); err != nil {
-			return nil, fmt.Errorf("trace %s: %w", name, err)
-		}
-		return nil, fmt.Errorf("trace %s: empty file", name)
-	}
-	header := strings.Split(sc.Text(), ",")
-	ti, err := column(header, o.TimeColumn, timeNames)
+	t, err := csvtab.NewReader(name, r)
 	if err != nil {
-		return nil, fmt.Errorf("trace %s:1: %w", name, err)
+		return nil, fmt.Errorf("trace %w", err)
 	}
-	vi, err := column(header, o.ValueColumn, valueNames)
+	header := t.Header()
+	tc, err := column(t, o.TimeColumn, timeNames)
 	if err != nil {
-		return nil, fmt.Errorf("trace %s:1: %w", name, err)
+		return nil, fmt.Errorf("trace %w", err)
 	}
-	need := max(ti, vi) + 1
+	vc, err := column(t, o.ValueColumn, valueNames)
+	if err != nil {
+		return nil, fmt.Errorf("trace %w", err)
+	}
+	need := max(slices.Index(header, tc), slices.Index(header, vc)) + 1
 	type point struct{ t, v float64 }
 	var pts []point
-	line := 1
-	for sc.Scan() {
-		line++
-		text := strings.TrimSpace(sc.Text())
-		if text == "" {
+	for {
+		row, err := t.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("trace %w", err)
+		}
+		if row.Blank() {
 			continue
 		}
-		f := strings.Split(text, ",")
-		if len(f) < need {
-			return nil, fmt.Errorf("trace %s:%d: %d columns, the header names %d", name, line, len(f), len(header))
+		if row.Len() < need {
+			return nil, fmt.Errorf("trace %w", row.Errorf("%d columns, the header names %d", row.Len(), len(header)))
 		}
-		t, err := strconv.ParseFloat(strings.TrimSpace(f[ti]), 64)
-		if err != nil || math.IsNaN(t) || math.IsInf(t, 0) {
-			return nil, fmt.Errorf("trace %s:%d: time %q is not a number", name, line, f[ti])
+		tv, err := strconv.ParseFloat(row.Str(tc), 64)
+		if err != nil || math.IsNaN(tv) || math.IsInf(tv, 0) {
+			return nil, fmt.Errorf("trace %w", row.Errorf("time %q is not a number", row.Str(tc)))
 		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(f[vi]), 64)
+		v, err := strconv.ParseFloat(row.Str(vc), 64)
 		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil, fmt.Errorf("trace %s:%d: value %q is not a number", name, line, f[vi])
+			return nil, fmt.Errorf("trace %w", row.Errorf("value %q is not a number", row.Str(vc)))
 		}
 		if v < 0 {
-			return nil, fmt.Errorf("trace %s:%d: value %v is negative", name, line, v)
+			return nil, fmt.Errorf("trace %w", row.Errorf("value %v is negative", v))
 		}
-		if n := len(pts); n > 0 && t < pts[n-1].t {
-			return nil, fmt.Errorf("trace %s:%d: time %v goes back from %v (rows must be in time order)", name, line, t, pts[n-1].t)
+		if n := len(pts); n > 0 && tv < pts[n-1].t {
+			return nil, fmt.Errorf("trace %w", row.Errorf("time %v goes back from %v (rows must be in time order)", tv, pts[n-1].t))
 		}
-		if n := len(pts); n > 0 && t == pts[n-1].t {
+		if n := len(pts); n > 0 && tv == pts[n-1].t {
 			pts[n-1].v += v
 			continue
 		}
-		pts = append(pts, point{t, v})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("trace %s:%d: %w", name, line+1, err)
+		pts = append(pts, point{tv, v})
 	}
 	if len(pts) == 0 {
 		return nil, fmt.Errorf("trace %s: no rows after the header", name)
@@ -132,19 +130,17 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 	return &Trace{Step: time.Duration(win * float64(time.Second)), Rates: rates}, nil
 }
 
-func column(header []string, want string, defaults []string) (int, error) {
+// column picks the time or value column: want if given, else the first
+// of defaults the header has, compared case-insensitively.
+func column(t *csvtab.Reader, want string, defaults []string) (string, error) {
 	names := defaults
 	if want != "" {
 		names = []string{want}
 	}
-	for _, w := range names {
-		for i, h := range header {
-			if strings.EqualFold(strings.TrimSpace(h), w) {
-				return i, nil
-			}
-		}
+	if c, ok := t.Find(names...); ok {
+		return c, nil
 	}
-	return -1, fmt.Errorf("header %q has no column %s", strings.Join(header, ","), strings.Join(names, " or "))
+	return "", t.Errorf(1, "header %q has no column %s", strings.Join(t.Header(), ","), strings.Join(names, " or "))
 }
 
 // Duration is the trace's length in trace time.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prism-serve/prism/internal/shareddata/sharedtest"
 )
 
 func TestParseTraceErrors(t *testing.T) {
@@ -63,9 +65,9 @@ func TestParseTraceSumsAndFills(t *testing.T) {
 
 // The gateway trace: one row per container and minute; summed per window.
 func TestParseGatewayTrace(t *testing.T) {
-	f, err := os.Open("../../shared/data/qps/genai_gateway_qps.csv")
+	f, err := os.Open(sharedtest.Path(t, "qps/genai_gateway_qps.csv"))
 	if err != nil {
-		t.Skip("shared trace not present:", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	tr, err := ParseTrace(f, "genai_gateway_qps.csv", TraceOptions{})

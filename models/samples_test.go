@@ -6,24 +6,18 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/prism-serve/prism/internal/shareddata/sharedtest"
 	"github.com/prism-serve/prism/models"
 )
 
 // sharedData finds ../shared/data beside the repository, or skips.
 func sharedData(t *testing.T, rel string) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	p := filepath.Join(filepath.Dir(file), "..", "..", "shared", "data", rel)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("%s not present", p)
-	}
-	return p
+	return sharedtest.Path(t, rel)
 }
 
 func tinySig(t *testing.T, name string) models.Signature {

@@ -150,34 +150,58 @@ type Assignment struct {
 // Fits reports whether the task's scalar requests fit the node (CPU,
 // memory, RNIC, per-node cap) and whether the GPUs could host it; it is the
 // default filter.
-func (s *NodeState) Fits(t *Task) bool {
+func (s *NodeState) Fits(t *Task) bool { return s.Unfit(t) == "" }
+
+// Reasons Unfit gives, in the order it checks; they read after a node
+// count, as kube-scheduler's do ("3 insufficient cpu").
+const (
+	ReasonCPU       = "insufficient cpu"
+	ReasonMemory    = "insufficient memory"
+	ReasonRNIC      = "insufficient RNIC share"
+	ReasonPerNode   = "per-node instance cap of the task's group reached"
+	ReasonNoGPU     = "no GPU on the node"
+	ReasonGPUModel  = "GPU model not accepted by the task"
+	ReasonGPUShare  = "no GPU with enough free share"
+	ReasonWholeGPUs = "not enough fully free GPUs"
+)
+
+// Unfit is Fits with the first reason the node cannot host the task; ""
+// when it can. The reasons are the Reason constants, so callers may count
+// them without allocating.
+func (s *NodeState) Unfit(t *Task) string {
 	if t.CPUMilli > s.CPULeft {
-		return false
+		return ReasonCPU
 	}
 	if s.Node.MemMiB > 0 && t.MemMiB > s.MemLeft {
-		return false
+		return ReasonMemory
 	}
 	if t.RNICMilli > 0 && t.RNICMilli > s.RNICLeft {
-		return false
+		return ReasonRNIC
 	}
 	if t.MaxPerNode > 0 && s.Groups[t.Group] >= t.MaxPerNode {
-		return false
+		return ReasonPerNode
 	}
 	if t.GPUs == 0 {
-		return true
+		return ""
 	}
-	if s.Node.GPUs == 0 || !t.Accepts(s.Node.Model) {
-		return false
+	if s.Node.GPUs == 0 {
+		return ReasonNoGPU
+	}
+	if !t.Accepts(s.Node.Model) {
+		return ReasonGPUModel
 	}
 	if t.IsShare() {
 		for _, g := range s.GPUs() {
 			if g >= t.GPUMilli {
-				return true
+				return ""
 			}
 		}
-		return false
+		return ReasonGPUShare
 	}
-	return s.FullyFreeGPUs() >= t.GPUs
+	if s.FullyFreeGPUs() < t.GPUs {
+		return ReasonWholeGPUs
+	}
+	return ""
 }
 
 // FirstFreeGPUs picks n fully free GPUs in device order, as the reference

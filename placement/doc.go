@@ -11,6 +11,14 @@
 // task. There is no wall clock and no goroutine in the core: a run is a pure
 // function of its inputs and its seed.
 //
+// A filter answers with a Status: Success, Unschedulable with a reason, or
+// Error. When no node passes, the scheduling status counts the refusals
+// per filter and reason, as kube-scheduler's FitError does ("0/12 nodes
+// are available: 8 Fit (not enough fully free GPUs), 4 Fit (insufficient
+// cpu)").
+//
 // Subpackages: cnhn compares Prism's disaggregated CN/HN deployment with a
-// monolithic one on the Prism trace; mig plans MIG layouts.
+// monolithic one on the Prism trace; mig plans MIG layouts; plot draws
+// the simulator's curves, so the planner does not link gonum/plot; cli is
+// what `prism plan` runs once its flags are parsed.
 package placement

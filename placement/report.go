@@ -2,18 +2,9 @@ package placement
 
 import (
 	"encoding/csv"
-	"fmt"
-	"image/color"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
-
-	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
 )
 
 // Summary is the mean and spread of one policy over seeds at one arrived
@@ -31,7 +22,7 @@ type Summary struct {
 // Summarize groups results by policy (in first-seen order) at arrived
 // percent pct.
 func Summarize(results []*SimResult, pct int) []Summary {
-	order, by := byPolicy(results)
+	order, by := ByPolicy(results)
 	var out []Summary
 	for _, p := range order {
 		rs := by[p]
@@ -91,68 +82,8 @@ func WriteSummaryCSV(w io.Writer, sums []Summary) error {
 	return cw.Error()
 }
 
-// meanCurve averages one metric of a policy's runs per arrived percent,
-// up to the shortest run.
-func meanCurve(rs []*SimResult, metric func(Point) float64) plotter.XYs {
-	n := math.MaxInt
-	for _, r := range rs {
-		n = min(n, len(r.Curve))
-	}
-	xy := make(plotter.XYs, n)
-	for i := 0; i < n; i++ {
-		xy[i].X = float64(i)
-		for _, r := range rs {
-			xy[i].Y += metric(r.Curve[i])
-		}
-		xy[i].Y /= float64(len(rs))
-	}
-	return xy
-}
-
-// PlotCurvesPNG draws one line per policy (mean over seeds) of the metric
-// ("alloc" or "frag") against arrived load.
-func PlotCurvesPNG(path string, results []*SimResult, metric string) error {
-	var get func(Point) float64
-	var ylabel string
-	switch metric {
-	case "alloc":
-		get, ylabel = func(p Point) float64 { return p.AllocPct }, "GPU allocation (% of capacity)"
-	case "frag":
-		get, ylabel = func(p Point) float64 { return p.FragPct }, "GPU fragmentation (% of capacity)"
-	default:
-		return fmt.Errorf("plot: unknown metric %q", metric)
-	}
-	p := plot.New()
-	p.Title.Text = "Placement policies, mean over seeds"
-	p.X.Label.Text = "Arrived GPU demand (% of capacity)"
-	p.Y.Label.Text = ylabel
-	p.Add(plotter.NewGrid())
-	order, by := byPolicy(results)
-	for i, name := range order {
-		l, err := plotter.NewLine(meanCurve(by[name], get))
-		if err != nil {
-			return fmt.Errorf("plot %s: %w", name, err)
-		}
-		l.Color = plotutil.Color(i)
-		l.Dashes = plotutil.Dashes(i / 7)
-		l.Width = vg.Points(1.5)
-		p.Add(l)
-		p.Legend.Add(name, l)
-	}
-	p.Legend.Top = true
-	p.Legend.Left = true
-	p.Legend.TextStyle.Color = color.Black
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("plot %q: %w", path, err)
-	}
-	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
-		return fmt.Errorf("plot %q: %w", path, err)
-	}
-	return nil
-}
-
-// byPolicy groups results by policy, policies in first-seen order.
-func byPolicy(results []*SimResult) ([]string, map[string][]*SimResult) {
+// ByPolicy groups results by policy, policies in first-seen order.
+func ByPolicy(results []*SimResult) ([]string, map[string][]*SimResult) {
 	var order []string
 	by := map[string][]*SimResult{}
 	for _, r := range results {

@@ -188,6 +188,8 @@ func Simulate(nodes []Node, tasks []Task, policy string, reg *Registry, opts Sim
 	record(0)
 	sched := NewScheduler(p)
 	sched.FirstTie = opts.TieBreak == "first"
+	// Only a Trace reads why a task found no node.
+	sched.NoDiagnosis = opts.Trace == nil
 	cs := &CycleState{Rand: rng}
 	var arrived int64
 	for i, t := range list {

@@ -4,9 +4,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/prism-serve/prism/internal/shareddata"
 )
 
 // The tests run the real binary, as a user does.
@@ -62,9 +63,7 @@ func TestModelsListAndBuildAndScore(t *testing.T) {
 		t.Errorf("%d scores written, want 100", n)
 	}
 	// The Criteo sample, when present.
-	_, file, _, _ := runtime.Caller(0)
-	criteo := filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "data", "criteo", "criteo_sample.txt")
-	if _, err := os.Stat(criteo); err == nil {
+	if criteo, err := shareddata.Path("criteo/criteo_sample.txt"); err == nil {
 		out, err = run(t, nil, "score", model, "--criteo", criteo)
 		if err != nil || !strings.Contains(out, "scored 200 samples") || !strings.Contains(out, "label") {
 			t.Errorf("criteo scoring: %v\n%s", err, out)

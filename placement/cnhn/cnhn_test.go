@@ -1,28 +1,17 @@
 package cnhn
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/prism-serve/prism/internal/shareddata/sharedtest"
 )
 
 func sharedTrace(tb testing.TB) []Instance {
 	tb.Helper()
-	dir, _ := os.Getwd()
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			tb.Skip("no repository root")
-		}
-		dir = parent
-	}
-	tr, err := LoadTrace(filepath.Join(filepath.Dir(dir), "shared", "data", "prism", "disaggregated_DLRM_trace.csv"))
+	tr, err := LoadTrace(sharedtest.Path(tb, "prism/disaggregated_DLRM_trace.csv"))
 	if err != nil {
-		tb.Skipf("prism trace: %v", err)
+		tb.Fatalf("prism trace: %v", err)
 	}
 	return tr
 }

@@ -6,14 +6,12 @@
 package cnhn
 
 import (
-	"encoding/csv"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
-	"strconv"
-	"strings"
+
+	"github.com/prism-serve/prism/internal/csvtab"
 )
 
 // Instance is one row of the trace.
@@ -31,89 +29,58 @@ type Instance struct {
 	Start, End float64
 }
 
-// ReadTrace parses disaggregated_DLRM_trace.csv.
+// ReadTrace parses disaggregated_DLRM_trace.csv. Empty and NaN fields
+// take defaults: no GPU, RDMA or memory, no per-node cap, created before
+// the window (0), alive past its end (+Inf); cpu_request must be given.
 func ReadTrace(name string, r io.Reader) ([]Instance, error) {
-	cr := csv.NewReader(r)
-	cr.FieldsPerRecord = -1
-	head, err := cr.Read()
+	t, err := csvtab.NewReader(name, r)
 	if err != nil {
-		return nil, fmt.Errorf("%s: read header: %w", name, err)
+		return nil, err
 	}
-	col := map[string]int{}
-	for i, h := range head {
-		col[strings.TrimSpace(h)] = i
-	}
-	for _, c := range []string{"instance_sn", "role", "app_name", "cpu_request", "gpu_request", "rdma_request", "memory_request", "max_instance_per_node", "creation_time", "deletion_time"} {
-		if _, ok := col[c]; !ok {
-			return nil, fmt.Errorf("%s:1: missing column %q", name, c)
-		}
+	if err := t.Require("instance_sn", "role", "app_name", "cpu_request", "gpu_request", "rdma_request", "memory_request", "max_instance_per_node", "creation_time", "deletion_time"); err != nil {
+		return nil, err
 	}
 	var out []Instance
 	for {
-		rec, err := cr.Read()
+		row, err := t.Next()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			var pe *csv.ParseError
-			if errors.As(err, &pe) {
-				return nil, fmt.Errorf("%s:%d: %w", name, pe.Line, pe.Err)
-			}
-			return nil, fmt.Errorf("%s: %w", name, err)
-		}
-		line, _ := cr.FieldPos(0)
-		get := func(c string) string {
-			if i := col[c]; i < len(rec) {
-				return strings.TrimSpace(rec[i])
-			}
-			return ""
-		}
-		num := func(c string, missing float64) (float64, error) {
-			s := get(c)
-			if s == "" || strings.EqualFold(s, "nan") {
-				if math.IsNaN(missing) {
-					return 0, fmt.Errorf("%s:%d: column %q is empty", name, line, c)
-				}
-				return missing, nil
-			}
-			v, err := strconv.ParseFloat(s, 64)
-			if err != nil {
-				return 0, fmt.Errorf("%s:%d: column %q: %q is not a number", name, line, c, s)
-			}
-			return v, nil
-		}
-		in := Instance{Name: get("instance_sn"), Role: get("role"), App: get("app_name")}
-		if in.Role != "CN" && in.Role != "HN" {
-			return nil, fmt.Errorf("%s:%d: role %q, want CN or HN", name, line, in.Role)
-		}
-		var g, mpn float64
-		if in.CPU, err = num("cpu_request", math.NaN()); err != nil {
 			return nil, err
 		}
-		if g, err = num("gpu_request", 0); err != nil {
+		in := Instance{Name: row.Str("instance_sn"), Role: row.Str("role"), App: row.Str("app_name")}
+		if in.Role != "CN" && in.Role != "HN" {
+			return nil, row.Errorf("role %q, want CN or HN", in.Role)
+		}
+		var g, mpn float64
+		if in.CPU, err = row.Float("cpu_request"); err != nil {
+			return nil, err
+		}
+		if g, err = row.FloatOr("gpu_request", 0); err != nil {
 			return nil, err
 		}
 		in.GPU = int(g)
-		if in.RDMA, err = num("rdma_request", 0); err != nil {
+		if in.RDMA, err = row.FloatOr("rdma_request", 0); err != nil {
 			return nil, err
 		}
-		if in.MemGiB, err = num("memory_request", 0); err != nil {
+		if in.MemGiB, err = row.FloatOr("memory_request", 0); err != nil {
 			return nil, err
 		}
-		if mpn, err = num("max_instance_per_node", -1); err != nil {
+		if mpn, err = row.FloatOr("max_instance_per_node", -1); err != nil {
 			return nil, err
 		}
 		if mpn > 0 {
 			in.MaxPerNode = int(mpn)
 		}
-		if in.Start, err = num("creation_time", 0); err != nil {
+		if in.Start, err = row.FloatOr("creation_time", 0); err != nil {
 			return nil, err
 		}
-		if in.End, err = num("deletion_time", math.Inf(1)); err != nil {
+		if in.End, err = row.FloatOr("deletion_time", math.Inf(1)); err != nil {
 			return nil, err
 		}
 		if in.CPU < 0 || in.GPU < 0 || in.RDMA < 0 || in.MemGiB < 0 || in.End < in.Start {
-			return nil, fmt.Errorf("%s:%d: negative request or deletion before creation", name, line)
+			return nil, row.Errorf("negative request or deletion before creation")
 		}
 		out = append(out, in)
 	}

@@ -1,0 +1,34 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/prism-serve/prism/placement/cnhn"
+)
+
+// CNHN replays the Prism trace at tracePath disaggregated and monolithic
+// and prints one row per deployment on stdout.
+func CNHN(stdout, stderr io.Writer, tracePath string, o cnhn.Options) error {
+	tr, err := cnhn.LoadTrace(tracePath)
+	if err != nil {
+		return err
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "replaying %d instances twice...\n", len(tr))
+	d, err := cnhn.Disaggregated(tr, o)
+	if err != nil {
+		return err
+	}
+	m, err := cnhn.Monolithic(tr, o)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%-14s %9s %9s %9s %9s %12s %12s %9s %12s\n", "deployment", "gpu_nodes", "cpu_nodes", "cpu_frag", "gpu_frag", "gpupool_cpu", "cpupool_cpu", "unplaced", "capped_vcpu")
+	for _, r := range []*cnhn.Result{d, m} {
+		fmt.Fprintf(stdout, "%-14s %9d %9d %8.1f%% %8.1f%% %11.1f%% %11.1f%% %9d %12.0f\n", r.Mode, r.PeakGPUNodes, r.PeakCPUNodes, r.CPUFragPct, r.GPUFragPct, r.GPUPoolCPUFragPct, r.CPUPoolCPUFragPct, r.Unplaced, r.CappedCores)
+	}
+	return nil
+}

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prism-serve/prism/placement/mig"
+)
+
+// ParseDemands reads "name=demand,..." with demands in full-GPU
+// equivalents; full is the requests/s of one full GPU, which scales
+// demands and the default throughput table alike.
+func ParseDemands(s string, m mig.Model, full float64) ([]mig.Service, error) {
+	var svcs []mig.Service
+	for _, kv := range strings.Split(s, ",") {
+		name, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		d, perr := strconv.ParseFloat(v, 64)
+		if !ok || perr != nil || d < 0 {
+			return nil, fmt.Errorf("%q, want name=demand", kv)
+		}
+		svcs = append(svcs, mig.Service{Name: name, Demand: d * full, Throughput: mig.DefaultThroughput(m, full)})
+	}
+	return svcs, nil
+}
+
+// MIG plans svcs on GPUs of model m, prints each GPU's layout and the
+// count against whole-GPU allocation, and, when the heuristic needs at
+// most maxExact GPUs, the exact solver's count.
+func MIG(w io.Writer, m mig.Model, svcs []mig.Service, maxExact int) error {
+	g, err := mig.Greedy(m, svcs)
+	if err != nil {
+		return err
+	}
+	for i, gpu := range g.GPUs {
+		var parts []string
+		for j, in := range gpu.Layout {
+			who := "idle"
+			if s := gpu.Assign[j]; s >= 0 {
+				who = svcs[s].Name
+			}
+			parts = append(parts, fmt.Sprintf("%s@%d:%s", m.Profiles[in.Profile].Name, in.Start, who))
+		}
+		fmt.Fprintf(w, "gpu %d: %s\n", i, strings.Join(parts, " "))
+	}
+	whole := mig.WholeGPUs(m, svcs)
+	fmt.Fprintf(w, "heuristic: %d GPUs; whole-GPU allocation: %d GPUs (saves %.0f%%)\n", len(g.GPUs), whole, 100*float64(whole-len(g.GPUs))/float64(max(whole, 1)))
+	if len(g.GPUs) <= maxExact {
+		ex, err := mig.Exact(m, svcs, maxExact)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "exact: %d GPUs\n", len(ex.GPUs))
+	}
+	return nil
+}
+
+// MIGBench compares GPUs and solve time of the heuristic with the exact
+// solver on n random small cases (2-3 services, demands 0.1-2 GPUs), then
+// times the heuristic alone on larger random cases. It measures wall
+// time, so its times vary from run to run; the GPU counts do not.
+func MIGBench(w io.Writer, m mig.Model, n, maxExact int) error {
+	var (
+		sumG, sumE, sumWhole, solved, equal, plus1, worse int
+		tG, tE, maxG, maxE                                time.Duration
+	)
+	for seed := uint64(1); seed <= uint64(n); seed++ {
+		svcs := mig.RandomServices(m, seed, 2+int(seed%2), 2)
+		t0 := time.Now()
+		g, err := mig.Greedy(m, svcs)
+		dg := time.Since(t0)
+		if err != nil {
+			return fmt.Errorf("bench seed %d greedy: %w", seed, err)
+		}
+		t0 = time.Now()
+		ex, err := mig.Exact(m, svcs, maxExact)
+		de := time.Since(t0)
+		tG, tE, maxG, maxE = tG+dg, tE+de, max(maxG, dg), max(maxE, de)
+		if err != nil { // nothing within maxExact GPUs: left out of the comparison
+			continue
+		}
+		solved++
+		sumG += len(g.GPUs)
+		sumE += len(ex.GPUs)
+		sumWhole += mig.WholeGPUs(m, svcs)
+		switch d := len(g.GPUs) - len(ex.GPUs); {
+		case d == 0:
+			equal++
+		case d == 1:
+			plus1++
+		default:
+			worse++
+		}
+	}
+	fmt.Fprintf(w, "%s, %d small cases (2-3 services, 0.1-2 GPUs each), exact up to %d GPUs: solved %d\n", m.Name, n, maxExact, solved)
+	fmt.Fprintf(w, "  GPUs: heuristic %d, exact %d, whole-GPU %d (MIG saves %.1f%%); heuristic = exact in %d, +1 in %d, +2 or more in %d\n",
+		sumG, sumE, sumWhole, 100*float64(sumWhole-sumE)/float64(max(sumWhole, 1)), equal, plus1, worse)
+	fmt.Fprintf(w, "  solve time per case: heuristic mean %v max %v; exact (runs the heuristic first) mean %v max %v\n",
+		(tG / time.Duration(n)).Round(time.Microsecond), maxG.Round(time.Microsecond), (tE / time.Duration(n)).Round(time.Microsecond), maxE.Round(time.Microsecond))
+	fmt.Fprintf(w, "%8s %6s %10s %10s %8s %12s\n", "services", "cases", "heuristic", "whole-GPU", "saved", "time/case")
+	for _, k := range []int{20, 50, 100, 200, 500} {
+		const cases = 5
+		var gpus, whole int
+		var el time.Duration
+		for seed := uint64(1); seed <= cases; seed++ {
+			svcs := mig.RandomServices(m, 1000*uint64(k)+seed, k, 3)
+			t0 := time.Now()
+			g, err := mig.Greedy(m, svcs)
+			el += time.Since(t0)
+			if err != nil {
+				return fmt.Errorf("bench %d services seed %d: %w", k, seed, err)
+			}
+			gpus += len(g.GPUs)
+			whole += mig.WholeGPUs(m, svcs)
+		}
+		fmt.Fprintf(w, "%8d %6d %10d %10d %7.1f%% %12v\n", k, cases, gpus, whole, 100*float64(whole-gpus)/float64(whole), (el / cases).Round(time.Microsecond))
+	}
+	return nil
+}
