@@ -34,8 +34,12 @@ type Result struct {
 	Elapsed   time.Duration
 }
 
+// ErrForced marks an error caused by the nodes the caller forced onto a
+// side (Options.ForceCPU, Options.ForceGPU).
+var ErrForced = errors.New("cannot honour a forced placement")
+
 // ErrOutputExists: the output folder exists and is not empty.
-var ErrOutputExists = errors.New("output folder exists and is not empty (use --overwrite)")
+var ErrOutputExists = errors.New("output folder exists and is not empty")
 
 // Partition reads the model at modelPath, places every node, and (unless
 // ReportOnly) writes the partition folder outDir: plan.json, cpu.onnx when

@@ -209,10 +209,10 @@ func TestForce(t *testing.T) {
 		// CPU would send data back, which no placement allows.
 		t.Fatalf("forced relu onto the CPU after a GPU Gemm: %+v", res.Plan.Cut)
 	}
-	if !strings.Contains(err.Error(), "cpu:relu") {
-		t.Errorf("error %q does not name the forced node", err)
+	if !strings.Contains(err.Error(), "cpu:relu") || !errors.Is(err, partitioner.ErrForced) {
+		t.Errorf("error %q does not name the forced node or is not ErrForced", err)
 	}
-	if _, err := partitioner.Partition(model, "", partitioner.Options{ReportOnly: true, ForceGPU: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), `"nope"`) {
+	if _, err := partitioner.Partition(model, "", partitioner.Options{ReportOnly: true, ForceGPU: []string{"nope"}}); err == nil || !strings.Contains(err.Error(), `"nope"`) || !errors.Is(err, partitioner.ErrForced) || strings.Contains(err.Error(), "--") {
 		t.Errorf("unknown node: %v", err)
 	}
 	// DeepFM: its first-order sum runs on the CPU by choice; forcing it

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"github.com/prism-serve/prism/internal/leview"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
 )
@@ -35,9 +35,9 @@ type proc struct {
 	addr string
 }
 
-// startProc runs prism with args and waits for the stdout line starting
-// with ready; the rest of that line's first word is the address.
-func startProc(t *testing.T, ready string, args ...string) *proc {
+// startProc runs prism with args and waits for its ready line; the
+// line's address is the proc's.
+func startProc(t *testing.T, ready readyline.Line, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(prismBin, args...)
 	cmd.Stderr = &testLog{t: t, prefix: args[0] + " " + args[1]}
@@ -59,23 +59,10 @@ func startProc(t *testing.T, ready string, args ...string) *proc {
 			cmd.Process.Kill()
 		}
 	})
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			line := sc.Text()
-			if i := strings.Index(line, ready); i >= 0 {
-				select {
-				case addrc <- strings.Fields(line[i+len(ready):])[0]:
-				default:
-				}
-			}
-		}
-	}()
-	select {
-	case p.addr = <-addrc:
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("%v: not ready", args)
+	// Anywhere: prism up echoes its children's lines tagged "[name] ".
+	w := readyline.Start(out, ready, readyline.WatchOptions{Anywhere: true})
+	if p.addr, err = w.Await(context.Background(), 3*time.Minute); err != nil {
+		t.Fatalf("%v: %v", args, err)
 	}
 	return p
 }
@@ -191,7 +178,7 @@ func TestEndToEnd(t *testing.T) {
 		all = append(all, served{name, model, part, cfg})
 		args = append(args, "--model", part)
 	}
-	up := startProc(t, "Prism is up: Recommend at ", args...)
+	up := startProc(t, readyline.Up, args...)
 	conn := dial(t, up.addr)
 	rec := prismv1.NewRecommenderClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -414,11 +401,11 @@ func TestEndToEnd(t *testing.T) {
 func TestDenseWorkerKilled(t *testing.T) {
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	router := startProc(t, "router listening on ", "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
-	gpuArgs := []string{"serve", "gpu", "--plan", part, "--router", router.addr}
-	g1 := startProc(t, "dense tier listening on ", gpuArgs...)
-	g2 := startProc(t, "dense tier listening on ", gpuArgs...)
-	startProc(t, "embedding tier listening on ", "serve", "cpu", "--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
+	router := startProc(t, readyline.Router, "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
+	denseArgs := []string{"serve", "dense", "--plan", part, "--router", router.addr}
+	g1 := startProc(t, readyline.Dense, denseArgs...)
+	g2 := startProc(t, readyline.Dense, denseArgs...)
+	startProc(t, readyline.Embedding, "serve", "embedding", "--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
 	conn := dial(t, router.addr)
 	reg := prismv1.NewRegistryClient(conn)
 	waitWorkers := func(gpus int) {
@@ -492,7 +479,7 @@ func TestDenseWorkerKilled(t *testing.T) {
 	waitWorkers(1)
 	// Restart it; it registers again. Then kill the other: the restarted
 	// worker must carry the load alone.
-	startProc(t, "dense tier listening on ", gpuArgs...)
+	startProc(t, readyline.Dense, denseArgs...)
 	waitWorkers(2)
 	g2.cmd.Process.Kill()
 	waitWorkers(1)
@@ -513,18 +500,18 @@ func TestDenseWorkerKilled(t *testing.T) {
 func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	router := startProc(t, "router listening on ", "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
-	startProc(t, "dense tier listening on ", "serve", "gpu", "--plan", part, "--router", router.addr)
-	cpuArgs := func(db string) []string {
-		return []string{"serve", "cpu", "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
+	router := startProc(t, readyline.Router, "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
+	startProc(t, readyline.Dense, "serve", "dense", "--plan", part, "--router", router.addr)
+	embeddingArgs := func(db string) []string {
+		return []string{"serve", "embedding", "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
 	}
-	e1 := startProc(t, "embedding tier listening on ", cpuArgs("db1")...)
-	e2 := startProc(t, "embedding tier listening on ", cpuArgs("db2")...)
+	e1 := startProc(t, readyline.Embedding, embeddingArgs("db1")...)
+	e2 := startProc(t, readyline.Embedding, embeddingArgs("db2")...)
 	conn := dial(t, router.addr)
 	reg := prismv1.NewRegistryClient(conn)
-	// cpuWorkers waits until the registry lists n embedding workers,
+	// embeddingWorkers waits until the registry lists n embedding workers,
 	// each holding update seq (when seq >= 0).
-	cpuWorkers := func(n int, seq int64) {
+	embeddingWorkers := func(n int, seq int64) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
@@ -544,7 +531,7 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 		}
 		t.Fatalf("never saw %d embedding workers holding update %d", n, seq)
 	}
-	cpuWorkers(2, 0)
+	embeddingWorkers(2, 0)
 	rec := prismv1.NewRecommenderClient(conn)
 	upd := prismv1.NewEmbeddingsClient(conn)
 	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 4})
@@ -570,7 +557,7 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 	if r := update(2); r.GetWorkers() != 2 {
 		t.Fatalf("first update reached %d workers", r.GetWorkers())
 	}
-	cpuWorkers(2, 1)
+	embeddingWorkers(2, 1)
 	e2.cmd.Process.Kill()
 	e2.cmd.Wait()
 	if r := update(5); r.GetWorkers() != 1 {
@@ -581,12 +568,12 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Back on its store (which holds update 1): caught up to 2.
-	startProc(t, "embedding tier listening on ", cpuArgs("db2")...)
-	cpuWorkers(2, 2)
+	startProc(t, readyline.Embedding, embeddingArgs("db2")...)
+	embeddingWorkers(2, 2)
 	// The first worker leaves: the restarted one serves alone.
 	e1.cmd.Process.Signal(syscall.SIGTERM)
 	e1.cmd.Wait()
-	cpuWorkers(1, 2)
+	embeddingWorkers(1, 2)
 	got, err := rec.Recommend(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
@@ -594,6 +581,17 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 	for i := range want.GetScores() {
 		if got.GetScores()[i] != want.GetScores()[i] {
 			t.Fatalf("candidate %d: %v from the caught-up worker, %v from the one that took the update", i, got.GetScores()[i], want.GetScores()[i])
+		}
+	}
+}
+
+// TestServeAliases: the tiers' former names still start them, so older
+// scripts keep working.
+func TestServeAliases(t *testing.T) {
+	for alias, want := range map[string]string{"cpu": "prism serve embedding", "gpu": "prism serve dense", "embedding": "prism serve embedding", "dense": "prism serve dense"} {
+		out, err := run(t, nil, "serve", alias, "--help")
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("serve %s --help: %v\n%s", alias, err, out)
 		}
 	}
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,23 +27,7 @@ func newModelsListCmd() *cobra.Command {
 		Short: "List the presets with their parameter counts and bytes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 0, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tFAMILY\tTABLES\tROWS\tDIM\tPARAMS\tBYTES\tFULL-SIZE BYTES\tDESCRIPTION")
-			for _, name := range models.Presets() {
-				p, _ := models.Lookup(name)
-				c, err := p.Resolve(models.ScaleOptions{})
-				if err != nil {
-					return err
-				}
-				var rows int64
-				for _, r := range c.TableRows {
-					rows += r
-				}
-				e, d := c.Params()
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", name, c.Family, c.NumTables(), humanCount(rows), c.EmbDim,
-					humanCount(e+d), progress.Bytes(c.Bytes()), progress.Bytes(p.Config.Bytes()), p.Doc)
-			}
-			return w.Flush()
+			return models.WriteList(cmd.OutOrStdout())
 		},
 	}
 }
@@ -98,7 +81,7 @@ func newModelsBuildCmd() *cobra.Command {
 			if man.External {
 				where += " (+ " + man.DataFile + ")"
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "built %s (%s params, %s) in %s: %s\n", c.Name, humanCount(man.Params), progress.Bytes(man.Bytes), time.Since(start).Round(time.Millisecond), where)
+			fmt.Fprintf(cmd.OutOrStdout(), "built %s (%s params, %s) in %s: %s\n", c.Name, models.HumanCount(man.Params), progress.Bytes(man.Bytes), time.Since(start).Round(time.Millisecond), where)
 			return nil
 		},
 	}
@@ -108,16 +91,4 @@ func newModelsBuildCmd() *cobra.Command {
 	cmd.Flags().Int64Var(&scale.MaxRows, "max-rows", 0, "cap every table at this many rows; 0: the preset's default")
 	cmd.Flags().BoolVar(&external, "external-data", false, "always write weights to model.onnx.data (default: only above 1 GiB)")
 	return cmd
-}
-
-func humanCount(n int64) string {
-	switch {
-	case n >= 1e9:
-		return fmt.Sprintf("%.2fG", float64(n)/1e9)
-	case n >= 1e6:
-		return fmt.Sprintf("%.2fM", float64(n)/1e6)
-	case n >= 1e3:
-		return fmt.Sprintf("%.1fk", float64(n)/1e3)
-	}
-	return fmt.Sprint(n)
 }

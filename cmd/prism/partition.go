@@ -51,6 +51,12 @@ and prints a report.`,
 			if bar != nil {
 				bar.Done()
 			}
+			switch {
+			case errors.Is(err, partitioner.ErrOutputExists):
+				return fmt.Errorf("%w (use --overwrite)", err)
+			case errors.Is(err, partitioner.ErrForced):
+				return fmt.Errorf("%w (check --force-cpu/--force-gpu)", err)
+			}
 			if err != nil {
 				return err
 			}

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/router"
 )
@@ -27,7 +27,7 @@ func newServeRouterCmd() *cobra.Command {
 		Short: "Run the router: Recommend API, micro-batch pipelining, worker registry",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			lightHeapGC()
+			serve.LightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
 				return err
@@ -49,7 +49,7 @@ func newServeRouterCmd() *cobra.Command {
 			// drains. They stop after Serve returns.
 			rctx, cancel := context.WithCancel(context.Background())
 			go r.Run(rctx)
-			fmt.Fprintf(cmd.OutOrStdout(), "router listening on %s (metrics %s)\n", s.Addr(), s.MetricsAddr())
+			readyline.WriteRouter(cmd.OutOrStdout(), s.Addr(), s.MetricsAddr())
 			err = s.Serve(ctx)
 			cancel()
 			r.Close()

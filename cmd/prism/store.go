@@ -11,6 +11,7 @@ import (
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/cpuserve/storebench"
+	"github.com/prism-serve/prism/internal/flagval"
 )
 
 func init() { subcommands = append(subcommands, newStoreCmd) }
@@ -44,11 +45,11 @@ func newStoreBenchCmd() *cobra.Command {
 			w := cmd.OutOrStdout()
 			var err error
 			cfg.Dir = work
-			if cfg.HotBytes, err = parseBytes(hot); err != nil {
-				return err
+			if cfg.HotBytes, err = flagval.Bytes(hot); err != nil {
+				return fmt.Errorf("--hot-bytes: %w", err)
 			}
-			if cfg.CacheBytes, err = parseBytes(cache); err != nil {
-				return err
+			if cfg.CacheBytes, err = flagval.Bytes(cache); err != nil {
+				return fmt.Errorf("--cache-bytes: %w", err)
 			}
 			if cfg.DType, err = store.ParseDType(dtype); err != nil {
 				return err
@@ -135,15 +136,7 @@ func newStoreVersionsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			for _, v := range vs {
-				mark := " "
-				if v.Active {
-					mark = "*"
-				} else if v.Previous {
-					mark = "<"
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s %3d  %2d tables  %s  %s\n", mark, v.N, v.Tables, v.Created, v.Plan)
-			}
+			store.WriteVersions(cmd.OutOrStdout(), vs)
 			return nil
 		},
 	}

@@ -1,4 +1,4 @@
-// Package server is the embedding tier's gRPC service (prism serve cpu):
+// Package server is the embedding tier's gRPC service (prism serve embedding):
 // for one micro-batch it looks up and pools the embeddings through the
 // store, runs the plan's CPU subgraph, frames the cut tensors as Arrow and
 // sends them straight to the dense worker the router chose, then returns

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -13,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prism-serve/prism/internal/readyline"
 )
 
 // Crash test: a child process (this test binary, re-executed) ingests a
@@ -28,6 +29,9 @@ const (
 	crashRows     = 40000
 	crashDim      = 16
 )
+
+// crashReady is the child's line once its ingest is done and upserts begin.
+var crashReady = readyline.New("ready")
 
 // crashRow is the value upsert n writes to row n of table "a".
 func crashRow(n int) []float32 {
@@ -55,7 +59,7 @@ func TestCrashChild(t *testing.T) {
 			os.Exit(2)
 		}
 	}
-	fmt.Println("ready")
+	crashReady.Write(os.Stdout, "")
 	for n := start; n < crashRows; n++ {
 		if err := s.Upsert("m", "a", []int64{int64(n)}, crashRow(n)); err != nil {
 			fmt.Println("error", err)
@@ -104,13 +108,9 @@ func TestCrashKill(t *testing.T) {
 			delay = time.Duration(r.IntN(400)) * time.Millisecond
 		}
 		lines := make(chan string, 1024)
-		go func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				lines <- sc.Text()
-			}
-			close(lines)
-		}()
+		w := readyline.Start(out, crashReady, readyline.WatchOptions{Echo: func(l string) { lines <- l }})
+		go func() { <-w.Done(); close(lines) }()
+		readyc := w.Ready()
 		var killAt <-chan time.Time
 		if !afterReady {
 			killAt = time.After(delay)
@@ -128,17 +128,20 @@ func TestCrashKill(t *testing.T) {
 					break read
 				}
 				switch {
-				case l == "ready":
-					ready = true
-					if killAt == nil {
-						killAt = time.After(delay)
-					}
 				case strings.HasPrefix(l, "ack "):
 					n, _ := strconv.Atoi(l[4:])
 					acked[n] = true
 					next = max(next, n+1)
 				case strings.HasPrefix(l, "error"):
 					t.Fatalf("child: %s", l)
+				}
+			case _, ok := <-readyc:
+				readyc = nil
+				if ok {
+					ready = true
+					if killAt == nil {
+						killAt = time.After(delay)
+					}
 				}
 			case <-killAt:
 				break read
@@ -154,7 +157,9 @@ func TestCrashKill(t *testing.T) {
 				acked[n] = true
 				next = max(next, n+1)
 			}
-			if l == "ready" {
+		}
+		if readyc != nil { // a ready line the loop above did not take
+			if _, ok := <-readyc; ok {
 				ready = true
 			}
 		}

@@ -15,7 +15,7 @@ type Options struct {
 	// vfs.NewMem() or an errorfs wrapper in tests.
 	FS vfs.FS
 	// HotBytes bounds the hot tier (rows, index and sketch). 0 takes the
-	// value recorded at ingest (--hot-bytes), else DefaultHotBytes; a
+	// value recorded at ingest (IngestOptions.HotBytes), else DefaultHotBytes; a
 	// negative value disables the hot tier.
 	HotBytes int64
 	// HotBytesAutoMax, when > 0 and HotBytes is 0, sizes the hot tier to

@@ -2,9 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,23 +10,25 @@ import (
 	"github.com/prism-serve/prism/cpuserve/server"
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/progress"
+	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 )
 
-func init() { serveSubcommands = append(serveSubcommands, newServeCPUCmd) }
+func init() { serveSubcommands = append(serveSubcommands, newServeEmbeddingCmd) }
 
-// newServeCPUCmd is `prism serve cpu`: the embedding tier.
-func newServeCPUCmd() *cobra.Command {
+// newServeEmbeddingCmd is `prism serve embedding` (formerly `serve cpu`).
+func newServeEmbeddingCmd() *cobra.Command {
 	var (
 		db, hotBytes, preload, addr, metricsAddr, router, logFormat, logLevel string
 		plans                                                                 []string
 		maxSamples, threads                                                   int
 	)
 	cmd := &cobra.Command{
-		Use:   "cpu --db DIR --plan DIR [--plan DIR ...]",
-		Short: "Run the embedding tier: store lookups, cpu.onnx, and the cut tensors sent to a dense worker",
-		Long: `Serve cpu opens the embedding store at --db and serves the models of the
-given partition folders (--plan, repeatable). A model the store does not
+		Use:     "embedding --db DIR --plan DIR [--plan DIR ...]",
+		Aliases: []string{"cpu"},
+		Short:   "Run the embedding tier: store lookups, cpu.onnx, and the cut tensors sent to a dense worker",
+		Long: `Serve embedding opens the embedding store at --db and serves the models of
+the given partition folders (--plan, repeatable). A model the store does not
 hold yet is ingested from its plan first, with progress on stderr.
 
 For each Lookup (one micro-batch) it looks up and pools the embeddings,
@@ -37,7 +36,7 @@ runs cpu.onnx where the plan has one, frames the cut tensors as Arrow and
 sends them to the dense worker the request names; the scores and a
 per-stage time breakdown come back. Once serving it prints one line,
 "embedding tier listening on ADDR", to stdout. With --router it
-announces itself to the router's registry (role "cpu").`,
+announces itself to the router's registry (role "embedding").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if db == "" {
@@ -51,19 +50,8 @@ announces itself to the router's registry (role "cpu").`,
 				return err
 			}
 			so := store.Options{Preload: store.PreloadMode(preload)}
-			switch hb := strings.TrimSpace(hotBytes); {
-			case hb == "auto":
-				// Enough for every row of the served tables if that is under
-				// half the machine's memory; else the store's size.
-				if mem := physicalMemory(); mem > 0 {
-					so.HotBytesAutoMax = mem / 2
-				}
-			case strings.HasPrefix(hb, "-"):
-				so.HotBytes = -1 // any negative size: no hot tier
-			default:
-				if so.HotBytes, err = parseBytes(hb); err != nil {
-					return fmt.Errorf("--hot-bytes: %w", err)
-				}
+			if err := so.SetHotBytes(hotBytes, store.PhysicalMemory()); err != nil {
+				return fmt.Errorf("--hot-bytes: %w", err)
 			}
 			ctx, stop := signalContext()
 			defer stop()
@@ -75,7 +63,7 @@ announces itself to the router's registry (role "cpu").`,
 			var bar *progress.Bar
 			var barModel string
 			srv, err := server.New(ctx, st, server.Options{
-				Plans: plans, MaxSamples: maxSamples, Threads: threads, Logger: log.With("tier", "cpu"),
+				Plans: plans, MaxSamples: maxSamples, Threads: threads, Logger: log.With("tier", "embedding"),
 				IngestProgress: func(model string, done, total int64) {
 					if bar == nil || barModel != model {
 						if bar != nil {
@@ -98,30 +86,24 @@ announces itself to the router's registry (role "cpu").`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
 					pr.Rows, float64(pr.Bytes)/(1<<20), pr.Tables, pr.Elapsed.Round(time.Millisecond))
 			}
-			s, err := serve.New("cpu", serve.Options{Addr: addr, MetricsAddr: metricsAddr, Logger: log})
+			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, Logger: log})
 			if err != nil {
 				return err
 			}
 			prismv1.RegisterEmbeddingTierServer(s.GRPC, srv)
 			s.Registry.MustRegister(srv.Collectors()...)
-			host, _ := os.Hostname()
-			id := fmt.Sprintf("cpu/%s/%d/%d", host, os.Getpid(), time.Now().UnixNano())
-			var announced <-chan struct{}
-			if router != "" {
-				announced = serve.Announce(ctx, router, func() *prismv1.WorkerInfo { return srv.WorkerInfo(id, s.Addr()) }, s.Log)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "embedding tier listening on %s\n", s.Addr())
-			err = s.Serve(ctx)
-			if announced != nil {
-				<-announced
-			}
-			return err
+			id := serve.WorkerID("embedding")
+			return s.ServeWorker(ctx, serve.WorkerOptions{
+				Router: router,
+				Info:   func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
+				Ready:  func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
+			})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&db, "db", "", "embedding store directory (created if missing)")
 	f.StringArrayVar(&plans, "plan", nil, "partition folder of a model to serve (repeatable); ingested at startup if the store lacks it")
-	f.StringVar(&hotBytes, "hot-bytes", "auto", `hot tier size, e.g. 512MiB; "auto": enough to hold every row of the served models' tables when that is at most half of physical memory, else the store's recorded size (256MiB unless ingest recorded one); negative disables`)
+	f.StringVar(&hotBytes, "hot-bytes", store.HotBytesAuto, `hot tier size, e.g. 512MiB; "auto": enough to hold every row of the served models' tables when that is at most half of physical memory, else the store's recorded size (256MiB unless ingest recorded one); negative disables`)
 	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
@@ -131,24 +113,4 @@ announces itself to the router's registry (role "cpu").`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
-}
-
-// physicalMemory is the machine's memory in bytes (MemTotal of
-// /proc/meminfo), 0 when unknown.
-func physicalMemory() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -10,12 +9,14 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 )
 
-func init() { serveSubcommands = append(serveSubcommands, newServeGPUCmd) }
+func init() { serveSubcommands = append(serveSubcommands, newServeDenseCmd) }
 
-func newServeGPUCmd() *cobra.Command {
+// newServeDenseCmd is `prism serve dense` (formerly `serve gpu`).
+func newServeDenseCmd() *cobra.Command {
 	var (
 		addr, metricsAddr, router string
 		plans                     []string
@@ -27,18 +28,20 @@ func newServeGPUCmd() *cobra.Command {
 		logFormat, logLevel       string
 	)
 	cmd := &cobra.Command{
-		Use:   "gpu --plan DIR [--plan DIR...]",
-		Short: "Run the dense tier: dense.onnx through ONNX Runtime with dynamic batching",
+		Use:     "dense --plan DIR [--plan DIR...]",
+		Aliases: []string{"gpu"},
+		Short:   "Run the dense tier: dense.onnx through ONNX Runtime with dynamic batching",
 		Long: `Run the dense tier (gpuserve): it scores the cut tensors the embedding tier
 sends (DenseTier.Score) with each partitioned model's dense.onnx, batching
 concurrent requests up to --max-batch samples or --max-delay. Devices are
 discovered through NVML; with no NVIDIA driver, or an ONNX Runtime without
 the CUDA execution provider, it says so once and serves on the CPU.
 
-Once serving it prints one line, "dense tier listening on ADDR", to stdout.`,
+Once serving it prints one line, "dense tier listening on ADDR", to stdout.
+With --router it announces itself to the router's registry (role "dense").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			lightHeapGC()
+			serve.LightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
 				return err
@@ -69,21 +72,15 @@ Once serving it prints one line, "dense tier listening on ADDR", to stdout.`,
 			prismv1.RegisterDenseTierServer(s.GRPC, dense)
 			ctx, stop := signalContext()
 			defer stop()
-			var announced <-chan struct{}
-			if router != "" {
-				host, _ := os.Hostname()
-				id := fmt.Sprintf("gpu/%s/%d/%d", host, os.Getpid(), time.Now().UnixNano())
-				announced = serve.Announce(ctx, router, func() *prismv1.WorkerInfo { return dense.WorkerInfo(id, s.Addr()) }, s.Log)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "dense tier listening on %s\n", s.Addr())
-			err = s.Serve(ctx)
-			// In-flight RPCs are done (or cut off) by now: drain the batchers.
-			dense.Close()
-			if announced != nil {
-				stop()
-				<-announced
-			}
-			return err
+			id := serve.WorkerID("dense")
+			return s.ServeWorker(ctx, serve.WorkerOptions{
+				Router: router,
+				Info:   func(addr string) *prismv1.WorkerInfo { return dense.WorkerInfo(id, addr) },
+				Ready:  func(addr string) { readyline.WriteDense(cmd.OutOrStdout(), addr) },
+				// In-flight RPCs are done (or cut off) by now: drain the
+				// batchers before leaving the registry.
+				Drained: func() { dense.Close() },
+			})
 		},
 	}
 	f := cmd.Flags()

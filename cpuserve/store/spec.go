@@ -1,0 +1,132 @@
+package store
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/progress"
+)
+
+// HotBytesAuto is the hot tier size spec that sizes the tier to the
+// served tables (SetHotBytes).
+const HotBytesAuto = "auto"
+
+// SetHotBytes sets the hot tier's size from a spec as people write it:
+// "auto" holds every row of the active tables when that needs at most
+// half of physicalMemory (bytes; 0 when unknown), else the store's
+// recorded size; any negative value disables the tier; "" is the
+// recorded size (or DefaultHotBytes); anything else is a byte size
+// ("512MiB", see flagval.Bytes).
+func (o *Options) SetHotBytes(spec string, physicalMemory int64) error {
+	switch hb := strings.TrimSpace(spec); {
+	case hb == HotBytesAuto:
+		// Half: the rest of the machine is the process, Pebble's block
+		// cache and memtables, and the OS's page cache under them.
+		if physicalMemory > 0 {
+			o.HotBytesAutoMax = physicalMemory / 2
+		}
+	case strings.HasPrefix(hb, "-"):
+		o.HotBytes = -1
+	default:
+		n, err := flagval.Bytes(hb)
+		if err != nil {
+			return fmt.Errorf("hot tier size: %w", err)
+		}
+		o.HotBytes = n
+	}
+	return nil
+}
+
+// PhysicalMemory is the machine's memory in bytes (MemTotal of
+// /proc/meminfo), 0 when unknown.
+func PhysicalMemory() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	return memTotal(f)
+}
+
+// memTotal reads MemTotal (in kB) from meminfo's text; 0 when absent.
+func memTotal(r io.Reader) int64 {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// ParseDTypes reads a stored-dtype spec: one dtype for every table
+// ("int8"), or per table with an optional default
+// ("emb_l.2.weight=int8,float16"). def is "" when the spec names no
+// default (IngestOptions then uses float32).
+func ParseDTypes(spec string) (def DType, perTable map[string]DType, err error) {
+	perTable = map[string]DType{}
+	for _, part := range strings.Split(spec, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		name, dt, ok := strings.Cut(part, "=")
+		if !ok {
+			name, dt = "", part
+		}
+		d, err := ParseDType(dt)
+		if err != nil {
+			return "", nil, err
+		}
+		if name == "" {
+			def = d
+		} else {
+			perTable[name] = d
+		}
+	}
+	return def, perTable, nil
+}
+
+// WriteText prints the report as prism ingest does: a line per table
+// (with its accuracy loss when quantized), then the totals.
+func (r *IngestReport) WriteText(w io.Writer) {
+	for _, t := range r.Tables {
+		how := "ingested"
+		switch {
+		case t.Shared:
+			how = "shared (same content already stored)"
+		case t.ResumedAt > 0:
+			how = fmt.Sprintf("resumed at row %d", t.ResumedAt)
+		}
+		fmt.Fprintf(w, "table %-24s %10d x %-4d %-8s phys %-4d %s\n", t.Name, t.Rows, t.Dim, t.DType, t.Phys, how)
+		if t.Loss != nil {
+			fmt.Fprintf(w, "    accuracy loss %s\n", t.Loss)
+		}
+	}
+	sec := r.Elapsed.Seconds()
+	fmt.Fprintf(w, "model %q version %d (active: %v): %d rows, %s in %.1fs: %.0f rows/s, %.1f MB/s\n",
+		r.Model, r.Version, r.Activated, r.Rows, progress.Bytes(r.Bytes), sec, float64(r.Rows)/sec, float64(r.Bytes)/sec/1e6)
+}
+
+// WriteVersions prints a model's versions, one a line: "*" marks the
+// active one, "<" the one Rollback returns to.
+func WriteVersions(w io.Writer, vs []VersionInfo) {
+	for _, v := range vs {
+		mark := " "
+		if v.Active {
+			mark = "*"
+		} else if v.Previous {
+			mark = "<"
+		}
+		fmt.Fprintf(w, "%s %3d  %2d tables  %s  %s\n", mark, v.N, v.Tables, v.Created, v.Plan)
+	}
+}

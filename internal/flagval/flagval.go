@@ -1,0 +1,44 @@
+// Package flagval parses values people write on command lines and in
+// configs, such as byte sizes ("256MiB"). Its errors describe the value;
+// the command adds which flag it came from. (Seed lists are
+// placement/cli.ParseSeeds, beside their one user.)
+package flagval
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// byteUnits are tried in order: longer suffixes first, so "mib" is not
+// read as "b". The one-letter forms are binary, as people mean them.
+var byteUnits = []struct {
+	suffix string
+	mult   int64
+}{
+	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30},
+	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9},
+	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1},
+}
+
+// Bytes reads "1234", "64MiB", "2GB", "512k" or "1.5g", case-insensitive;
+// "" is 0. Negative sizes are refused.
+func Bytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, nil
+	}
+	mult := int64(1)
+	low := strings.ToLower(s)
+	for _, u := range byteUnits {
+		if strings.HasSuffix(low, u.suffix) {
+			mult, low = u.mult, strings.TrimSuffix(low, u.suffix)
+			break
+		}
+	}
+	n, err := strconv.ParseFloat(strings.TrimSpace(low), 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size", s)
+	}
+	return int64(n * float64(mult)), nil
+}

@@ -1,0 +1,35 @@
+package flagval
+
+import "testing"
+
+func TestBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{"", 0, false},
+		{"  ", 0, false},
+		{"1234", 1234, false},
+		{"64MiB", 64 << 20, false},
+		{"256mib", 256 << 20, false},
+		{"2GB", 2e9, false},
+		{"2GiB", 2 << 30, false},
+		{"512k", 512 << 10, false},
+		{"512KB", 512e3, false},
+		{"1.5g", 3 << 29, false},
+		{"10b", 10, false},
+		{" 8 MiB ", 8 << 20, false},
+		{"0", 0, false},
+		{"-1", 0, true},
+		{"-64MiB", 0, true},
+		{"auto", 0, true},
+		{"12 parsecs", 0, true},
+		{"MiB", 0, true},
+	} {
+		got, err := Bytes(tc.in)
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("Bytes(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.bad)
+		}
+	}
+}

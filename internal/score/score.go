@@ -1,0 +1,207 @@
+// Package score runs a whole model in one ONNX Runtime session on
+// synthetic or Criteo samples (prism score): the monolithic reference
+// every correctness check compares against, and the baseline every
+// performance figure is a ratio against.
+package score
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/prism-serve/prism/internal/modelrun"
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/models"
+)
+
+// Options configure Run.
+type Options struct {
+	// Samples synthetic samples are scored, unless Criteo names a file
+	// (TSV, or CSV/TSV with a header) whose rows are scored instead.
+	Samples int
+	Criteo  string
+	// Batch is the samples per ONNX Runtime run.
+	Batch int
+	// Threads are ONNX Runtime's intra-op threads (0: one per core).
+	Threads int
+	// Seed and Zipf draw the synthetic samples.
+	Seed uint64
+	Zipf float64
+	// Show prints the first Show scores.
+	Show int
+	// ScoresOut, when set, receives every score, one a line.
+	ScoresOut string
+	// Warmup batches run untimed first.
+	Warmup int
+}
+
+// Validate reports options that cannot work.
+func (o *Options) Validate() error {
+	if o.Batch <= 0 {
+		return fmt.Errorf("batch %d: want > 0", o.Batch)
+	}
+	if o.Samples <= 0 && o.Criteo == "" {
+		return fmt.Errorf("samples %d: want > 0", o.Samples)
+	}
+	if o.Threads < 0 {
+		return fmt.Errorf("threads %d: want >= 0", o.Threads)
+	}
+	return nil
+}
+
+// Run scores the model at path and prints the first scores and the
+// summary (samples/s, batch latency p50 and p99; the log loss for
+// labelled rows) to w.
+func Run(w io.Writer, path string, o Options) error {
+	if err := o.Validate(); err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	meta, err := pb.ReadModel(path, pb.ReadOptions{SkipExternalData: true})
+	if err != nil {
+		return err
+	}
+	sig, err := models.InferSignature(meta)
+	if err != nil {
+		return fmt.Errorf("score %q: %w", path, err)
+	}
+	// Draw every batch before timing, so the figure is ONNX Runtime's.
+	batches, labels, err := draw(sig, o)
+	if err != nil {
+		return err
+	}
+	sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads})
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	outIdx := 0
+	if i := slices.Index(sess.OutputNames(), models.ScoreOutput); i >= 0 {
+		outIdx = i
+	}
+	for i := 0; i < o.Warmup && len(batches) > 0; i++ {
+		if _, err := sess.Run(modelrun.Inputs(batches[i%len(batches)])); err != nil {
+			return err
+		}
+	}
+	var scores []float32
+	lat := make([]time.Duration, 0, len(batches))
+	start := time.Now()
+	for _, b := range batches {
+		t0 := time.Now()
+		out, err := sess.Run(modelrun.Inputs(b))
+		if err != nil {
+			return err
+		}
+		lat = append(lat, time.Since(t0))
+		scores = append(scores, out[outIdx]...)
+	}
+	wall := time.Since(start)
+
+	for i := 0; i < o.Show && i < len(scores); i++ {
+		if labels != nil {
+			fmt.Fprintf(w, "sample %d: score %.6f label %g\n", i, scores[i], labels[i])
+		} else {
+			fmt.Fprintf(w, "sample %d: score %.6f\n", i, scores[i])
+		}
+	}
+	if o.ScoresOut != "" {
+		if err := WriteScores(o.ScoresOut, scores); err != nil {
+			return err
+		}
+	}
+	slices.Sort(lat)
+	threads := fmt.Sprint(o.Threads)
+	if o.Threads == 0 {
+		threads = "auto"
+	}
+	fmt.Fprintf(w, "scored %d samples in %d batches of up to %d, threads=%s: %.0f samples/s; batch latency p50 %s p99 %s\n",
+		len(scores), len(batches), o.Batch, threads, float64(len(scores))/wall.Seconds(), percentile(lat, 0.5), percentile(lat, 0.99))
+	if labels != nil {
+		fmt.Fprintf(w, "log loss on %d labelled rows: %.4f\n", len(labels), LogLoss(scores, labels))
+	}
+	return nil
+}
+
+// draw makes every batch up front: the Criteo file's rows (with their
+// labels) or o.Samples synthetic samples.
+func draw(sig models.Signature, o Options) ([]*models.Batch, []float32, error) {
+	var batches []*models.Batch
+	if o.Criteo == "" {
+		src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: o.Seed, ZipfS: o.Zipf})
+		if err != nil {
+			return nil, nil, err
+		}
+		for left := o.Samples; left > 0; left -= o.Batch {
+			b, _ := src.Next(min(left, o.Batch))
+			batches = append(batches, b)
+		}
+		return batches, nil, nil
+	}
+	file, err := os.Open(o.Criteo)
+	if err != nil {
+		return nil, nil, fmt.Errorf("score: %w", err)
+	}
+	defer file.Close()
+	src, err := models.NewCriteo(bufio.NewReader(file), o.Criteo, sig)
+	if err != nil {
+		return nil, nil, err
+	}
+	var labels []float32
+	for {
+		b, err := src.Next(o.Batch)
+		if errors.Is(err, io.EOF) {
+			return batches, labels, nil
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		labels = append(labels, src.Labels()...)
+		batches = append(batches, b)
+	}
+}
+
+// percentile of sorted latencies (nearest rank, rounding down).
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
+}
+
+// WriteScores writes scores to path, one a line.
+func WriteScores(path string, scores []float32) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("write scores: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	for _, s := range scores {
+		fmt.Fprintf(w, "%.8g\n", s)
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return fmt.Errorf("write scores %q: %w", path, err)
+	}
+	return f.Close()
+}
+
+// LogLoss is the mean binary cross-entropy of predictions p against
+// labels y (> 0.5 is positive), with p clipped away from 0 and 1.
+func LogLoss(p, y []float32) float64 {
+	var s float64
+	for i := range y {
+		q := min(max(float64(p[i]), 1e-7), 1-1e-7)
+		if y[i] > 0.5 {
+			s -= math.Log(q)
+		} else {
+			s -= math.Log(1 - q)
+		}
+	}
+	return s / float64(len(y))
+}

@@ -1,0 +1,79 @@
+package supervise
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// Exec starts children as processes of the executable Path.
+type Exec struct {
+	Path string
+	// Stderr receives the children's stderr lines, tagged "[name] "
+	// (default os.Stderr).
+	Stderr io.Writer
+}
+
+var _ Starter = (*Exec)(nil)
+
+// Start runs e.Path with c's arguments and environment.
+func (e *Exec) Start(c *Child) (Process, io.Reader, error) {
+	cmd := exec.Command(e.Path, c.Args...)
+	cmd.Env = append(os.Environ(), c.Env...)
+	// Its own process group: a Ctrl-C at the terminal reaches the
+	// supervisor alone, which then stops the children in order.
+	// Pdeathsig: if the supervisor dies without stopping them, the
+	// children get SIGTERM instead of living on (an orphaned embedding
+	// worker would keep the store's lock).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	stderr := e.Stderr
+	if stderr == nil {
+		stderr = os.Stderr
+	}
+	pw := prefixWriter(stderr, "["+c.Name+"] ")
+	cmd.Stderr = pw
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		pw.Close()
+		return nil, nil, fmt.Errorf("start %s: %w", c.Name, err)
+	}
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		return nil, nil, fmt.Errorf("start %s: %w", c.Name, err)
+	}
+	return &execProcess{cmd: cmd, stderr: pw}, out, nil
+}
+
+type execProcess struct {
+	cmd    *exec.Cmd
+	stderr io.Closer
+}
+
+var _ Process = (*execProcess)(nil)
+
+func (p *execProcess) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+func (p *execProcess) Wait() error {
+	err := p.cmd.Wait()
+	// Wait has copied all of stderr: end the tagging goroutine.
+	p.stderr.Close()
+	return err
+}
+
+// prefixWriter prefixes every line written to it before writing it to w;
+// Close flushes the last line and ends its goroutine.
+func prefixWriter(w io.Writer, prefix string) io.WriteCloser {
+	pr, pw := io.Pipe()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			fmt.Fprintf(w, "%s%s\n", prefix, sc.Text())
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	return pw
+}

@@ -1,0 +1,83 @@
+package up
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/gpuserve"
+)
+
+func TestDenseWorkers(t *testing.T) {
+	cpu := gpuserve.Discovery{Devices: []gpuserve.Device{{Kind: gpuserve.KindCPU, Name: "cpu"}}, NoDriver: "no driver"}
+	gpus := gpuserve.Discovery{Devices: []gpuserve.Device{{Kind: gpuserve.KindGPU, Name: "a", UUID: "GPU-a"}, {Kind: gpuserve.KindGPU, Name: "b", UUID: "GPU-b"}}}
+	for _, tc := range []struct {
+		name string
+		disc gpuserve.Discovery
+		n    int
+		want int
+	}{
+		{"no driver: one per cpu", cpu, 0, 4},
+		{"no driver, asked for 2", cpu, 2, 2},
+		{"one per gpu", gpus, 0, 2},
+		{"more than the gpus", gpus, 5, 5},
+		{"fewer than the gpus", gpus, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws := DenseWorkers(tc.disc, tc.n, 4)
+			if len(ws) != tc.want {
+				t.Fatalf("%d workers, want %d", len(ws), tc.want)
+			}
+			// Extra workers share the devices round-robin.
+			for i, w := range ws {
+				if want := tc.disc.Devices[i%len(tc.disc.Devices)].Name; w.Device.Name != want {
+					t.Errorf("worker %d on %s, want %s", i, w.Device.Name, want)
+				}
+			}
+		})
+	}
+}
+
+func TestChildren(t *testing.T) {
+	c := Config{Plans: []string{"p1", "p2"}, DB: "db", EmbeddingWorkers: 2, Threads: 1, MaxBatch: 512, MaxDelay: 2 * time.Millisecond, HotBytes: "1GiB"}
+	dense := []gpuserve.Worker{{Env: []string{"CUDA_VISIBLE_DEVICES=GPU-a"}}}
+	kids := Children(c, "127.0.0.1:9", dense)
+	var names []string
+	for _, k := range kids {
+		names = append(names, k.Name)
+	}
+	if !slices.Equal(names, []string{"dense0", "embedding0", "embedding1"}) {
+		t.Fatalf("children %v", names)
+	}
+	if got := strings.Join(kids[0].Args, " "); got != "serve dense --router 127.0.0.1:9 --threads 1 --max-batch 512 --max-delay 2ms --plan p1 --plan p2" {
+		t.Errorf("dense args %q", got)
+	}
+	if !slices.Equal(kids[0].Env, dense[0].Env) {
+		t.Errorf("dense env %v", kids[0].Env)
+	}
+	if got := strings.Join(kids[2].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db-1 --plan p1 --plan p2 --hot-bytes 1GiB" {
+		t.Errorf("second embedding args %q", got)
+	}
+	// Shutdown order: router, embedding, dense.
+	if !(stageRouter < kids[1].Stage && kids[1].Stage < kids[0].Stage) {
+		t.Errorf("stages: embedding %d, dense %d", kids[1].Stage, kids[0].Stage)
+	}
+}
+
+func TestRegistered(t *testing.T) {
+	w := func(role prismv1.Role, models ...string) *prismv1.WorkerInfo {
+		return &prismv1.WorkerInfo{Role: role, Models: models}
+	}
+	ws := []*prismv1.WorkerInfo{w(prismv1.Role_ROLE_EMBEDDING, "a", "b"), w(prismv1.Role_ROLE_DENSE, "a", "b"), w(prismv1.Role_ROLE_DENSE, "a")}
+	if !Registered(ws, []string{"a", "b"}, 1, 1) {
+		t.Error("1 dense, 1 embedding: registered")
+	}
+	if Registered(ws, []string{"a", "b"}, 2, 1) {
+		t.Error("b has one dense worker, not 2")
+	}
+	if !Registered(ws, []string{"a"}, 2, 1) {
+		t.Error("a has 2 dense workers")
+	}
+}
