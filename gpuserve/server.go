@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/plan"
 	"log/slog"
 	"os"
@@ -133,7 +134,7 @@ func (s *Server) chooseDevice() string {
 	if s.opts.NVML == nil {
 		return "cpu"
 	}
-	d, err := Discover(s.opts.NVML)
+	d, err := devices.Discover(s.opts.NVML)
 	switch {
 	case err != nil:
 		s.log.Warn("GPU discovery failed: serving on the CPU execution provider", "err", err)

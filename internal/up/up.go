@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prism-serve/prism/api/prismv1"
-	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
@@ -120,7 +120,7 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 
-	disc, err := gpuserve.Discover(c.NVML)
+	disc, err := devices.Discover(c.NVML)
 	if err != nil {
 		return fmt.Errorf("up: device discovery: %w", err)
 	}
@@ -153,8 +153,8 @@ func Run(ctx context.Context, c Config) error {
 // (cpus): single-threaded dense workers with no barrier between threads
 // measured 25% more throughput than one worker with a thread per core
 // (BENCHMARKS.md).
-func DenseWorkers(disc gpuserve.Discovery, n, cpus int) []gpuserve.Worker {
-	workers := gpuserve.Plan(disc)
+func DenseWorkers(disc devices.Discovery, n, cpus int) []devices.Worker {
+	workers := devices.Plan(disc)
 	if disc.NoDriver != "" && n == 0 {
 		n = cpus
 	}
@@ -171,7 +171,7 @@ func DenseWorkers(disc gpuserve.Discovery, n, cpus int) []gpuserve.Worker {
 // Children are the worker processes up starts after the router: the
 // dense workers (pinned to their devices by env), then the embedding
 // workers, each with its own store folder.
-func Children(c Config, routerAddr string, dense []gpuserve.Worker) []*supervise.Child {
+func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.Child {
 	var planArgs []string
 	for _, p := range c.Plans {
 		planArgs = append(planArgs, "--plan", p)

@@ -7,15 +7,15 @@ import (
 	"time"
 
 	"github.com/prism-serve/prism/api/prismv1"
-	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/gpuserve/devices"
 )
 
 func TestDenseWorkers(t *testing.T) {
-	cpu := gpuserve.Discovery{Devices: []gpuserve.Device{{Kind: gpuserve.KindCPU, Name: "cpu"}}, NoDriver: "no driver"}
-	gpus := gpuserve.Discovery{Devices: []gpuserve.Device{{Kind: gpuserve.KindGPU, Name: "a", UUID: "GPU-a"}, {Kind: gpuserve.KindGPU, Name: "b", UUID: "GPU-b"}}}
+	cpu := devices.Discovery{Devices: []devices.Device{{Kind: devices.KindCPU, Name: "cpu"}}, NoDriver: "no driver"}
+	gpus := devices.Discovery{Devices: []devices.Device{{Kind: devices.KindGPU, Name: "a", UUID: "GPU-a"}, {Kind: devices.KindGPU, Name: "b", UUID: "GPU-b"}}}
 	for _, tc := range []struct {
 		name string
-		disc gpuserve.Discovery
+		disc devices.Discovery
 		n    int
 		want int
 	}{
@@ -42,7 +42,7 @@ func TestDenseWorkers(t *testing.T) {
 
 func TestChildren(t *testing.T) {
 	c := Config{Plans: []string{"p1", "p2"}, DB: "db", EmbeddingWorkers: 2, Threads: 1, MaxBatch: 512, MaxDelay: 2 * time.Millisecond, HotBytes: "1GiB"}
-	dense := []gpuserve.Worker{{Env: []string{"CUDA_VISIBLE_DEVICES=GPU-a"}}}
+	dense := []devices.Worker{{Env: []string{"CUDA_VISIBLE_DEVICES=GPU-a"}}}
 	kids := Children(c, "127.0.0.1:9", dense)
 	var names []string
 	for _, k := range kids {

@@ -1,8 +1,9 @@
-// Package gpuserve is Prism's dense tier: it runs dense.onnx through ONNX
-// Runtime with dynamic batching, one worker per GPU or MIG slice that NVML
-// reports, or on the CPU execution provider when there is no NVIDIA
-// driver.
-package gpuserve
+// Package devices finds the NVIDIA GPUs and MIG slices of a machine
+// through NVML and plans one dense worker per device (pinned with
+// CUDA_VISIBLE_DEVICES). It is apart from the dense tier's server so that
+// prism up can plan workers without linking a tier; tests run it against
+// go-nvml's simulated DGX A100.
+package devices
 
 import (
 	"fmt"

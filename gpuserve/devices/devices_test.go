@@ -1,4 +1,4 @@
-package gpuserve
+package devices
 
 import (
 	"fmt"
