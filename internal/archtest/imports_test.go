@@ -111,7 +111,9 @@ func TestImportRules(t *testing.T) {
 		{"byte formats do not link the ONNX protobuf", func(p string) bool { return p == "internal/arrowframe" || p == "internal/tablefile" },
 			func(p, dep string) bool { return dep == "internal/onnxpb" }},
 		{"the load generator speaks the public API only", func(p string) bool { return p == "loadgen" },
-			func(p, dep string) bool { return under(dep, "internal/serve", "router", "cpuserve", "gpuserve", "partitioner") }},
+			func(p, dep string) bool {
+				return under(dep, "internal/serve", "router", "cpuserve", "gpuserve", "partitioner")
+			}},
 	}
 	for _, r := range rules {
 		var broken []string
