@@ -44,7 +44,7 @@ var valueNames = []string{"value", "rate", "qps", "count"}
 // missing point is a gap in the scrape, not a gap in traffic. name is used
 // in error messages, which carry the line number.
 func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
-	t, err := csvtab.NewReader(name, r)
+	t, err := csvtab.NewLenientReader(name, r)
 	if err != nil {
 		return nil, fmt.Errorf("trace %w", err)
 	}

@@ -20,6 +20,7 @@ func TestParseTraceErrors(t *testing.T) {
 		{"bad value", "timestamp,value\n1,2\n2,x\n", "trace t.csv:3: value \"x\" is not a number"},
 		{"negative", "timestamp,value\n1,-2\n", "trace t.csv:2: value -2 is negative"},
 		{"back in time", "timestamp,value\n1,2\n5,1\n\n4,1\n", "trace t.csv:5: time 4 goes back from 5"},
+		{"line of empty fields", "time,value\n1,2\n,\n3,4\n", `trace t.csv:3: time "" is not a number`},
 		{"header only", "timestamp,value\n", "no rows"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -28,6 +29,18 @@ func TestParseTraceErrors(t *testing.T) {
 				t.Fatalf("error %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+// A stray quote in a column the trace reader never reads (free text)
+// does not fail the file.
+func TestParseTraceStrayQuote(t *testing.T) {
+	tr, err := ParseTrace(strings.NewReader("time,value,note\n1,2,a\"b\n2,3,c\n"), "t.csv", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Rates) != 2 || tr.Rates[0] != 2 || tr.Rates[1] != 3 {
+		t.Fatalf("rates %v, want [2 3]", tr.Rates)
 	}
 }
 

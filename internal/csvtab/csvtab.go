@@ -30,9 +30,22 @@ type Reader struct {
 // input, usually its path. Header names are trimmed of spaces (and a
 // leading byte order mark); the first of two equal names wins.
 func NewReader(name string, r io.Reader) (*Reader, error) {
+	return newReader(name, r, false)
+}
+
+// NewLenientReader is NewReader for files whose other columns hold free
+// text the caller never reads: a stray quote is kept as text (and an
+// unterminated quoted field runs to the end of the input) instead of
+// failing the file.
+func NewLenientReader(name string, r io.Reader) (*Reader, error) {
+	return newReader(name, r, true)
+}
+
+func newReader(name string, r io.Reader, lazy bool) (*Reader, error) {
 	cr := csv.NewReader(r)
 	cr.ReuseRecord = true
 	cr.FieldsPerRecord = -1
+	cr.LazyQuotes = lazy
 	head, err := cr.Read()
 	if err == io.EOF {
 		return nil, fmt.Errorf("%s: empty file, want a header row", name)
@@ -128,14 +141,11 @@ func (r *Row) Line() int { return r.line }
 // Len is the number of fields in the record.
 func (r *Row) Len() int { return len(r.rec) }
 
-// Blank reports a record whose fields are all empty or spaces.
+// Blank reports a line of nothing but spaces (one field of spaces). A
+// line of empty fields ("," or ",,") is not blank: it is a record
+// whose values are missing, and the caller says so.
 func (r *Row) Blank() bool {
-	for _, f := range r.rec {
-		if strings.TrimSpace(f) != "" {
-			return false
-		}
-	}
-	return true
+	return len(r.rec) == 1 && strings.TrimSpace(r.rec[0]) == ""
 }
 
 // Str returns the trimmed field of column col; "" when the header lacks

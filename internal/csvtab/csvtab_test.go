@@ -76,7 +76,7 @@ func TestReader(t *testing.T) {
 	if _, err := row.Int("B"); err == nil || err.Error() != `f.csv:5: column "B" is empty` {
 		t.Fatalf("empty: %v", err)
 	}
-	if !(&Row{rec: []string{" ", ""}}).Blank() || row.Blank() {
+	if !(&Row{rec: []string{"  "}}).Blank() || (&Row{rec: []string{" ", ""}}).Blank() || row.Blank() {
 		t.Fatal("Blank")
 	}
 	if _, err := r.Next(); err != io.EOF {
@@ -91,14 +91,27 @@ func TestReaderErrors(t *testing.T) {
 	if _, err := NewReader("q.csv", strings.NewReader("a,\"b\n")); err == nil || !strings.HasPrefix(err.Error(), "q.csv:1: ") {
 		t.Fatalf("bad header: %v", err)
 	}
-	r, err := NewReader("q.csv", strings.NewReader("a,b\n1,2\n3,\"x\"y\n"))
+	if r, err := NewReader("q.csv", strings.NewReader("a,b\n1,2\n3,x\"y\n")); err != nil {
+		t.Fatal(err)
+	} else if _, err := r.Next(); err != nil {
+		t.Fatal(err)
+	} else if _, err := r.Next(); err == nil || !strings.HasPrefix(err.Error(), "q.csv:3: ") {
+		t.Fatalf("bad quote: %v", err)
+	}
+	// The lenient reader keeps stray quotes as text (free-text columns
+	// of real traces), and the line of the record still names errors.
+	r, err := NewLenientReader("q.csv", strings.NewReader("a,b\n1,2\n3,x\"y\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.Next(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Next(); err == nil || !strings.HasPrefix(err.Error(), "q.csv:3: ") {
-		t.Fatalf("bad quote: %v", err)
+	row, err := r.Next()
+	if err != nil || row.Str("b") != `x"y` {
+		t.Fatalf("stray quote: %v %q", err, row.Str("b"))
+	}
+	if _, err := row.Int("b"); err == nil || !strings.HasPrefix(err.Error(), "q.csv:3: ") {
+		t.Fatalf("error line: %v", err)
 	}
 }
