@@ -84,14 +84,14 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 		for _, name := range names {
 			i, ok := byName[name]
 			if !ok {
-				return fmt.Errorf("node %q forced onto the %s side: %w: no node of that name", name, side, ErrForced)
+				return fmt.Errorf("%w: node %q (%s side): no node of that name", ErrForced, name, side)
 			}
 			if l := pl.Absorbed[i]; l != nil {
-				return fmt.Errorf("node %q forced onto the %s side: %w: the node is part of the lookup of table %q, which the embedding store runs", name, side, ErrForced, l.table.name)
+				return fmt.Errorf("%w: node %q (%s side): it is part of the lookup of table %q, which the embedding store runs", ErrForced, name, side, l.table.name)
 			}
 			v, ok := vertexOfNode[i]
 			if !ok {
-				return fmt.Errorf("node %q forced onto the %s side: %w: a Constant goes wherever it is read", name, side, ErrForced)
+				return fmt.Errorf("%w: node %q (%s side): a Constant goes wherever it is read", ErrForced, name, side)
 			}
 			p.pins[v] = k
 			pl.Forced = append(pl.Forced, side+":"+name)
@@ -187,7 +187,7 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 	onCPU, obj, err := p.solve()
 	if err != nil {
 		if len(pl.Forced) > 0 {
-			return nil, fmt.Errorf("%w (%w: %v)", err, ErrForced, pl.Forced)
+			return nil, fmt.Errorf("%w: %w (forced: %v)", ErrForced, err, pl.Forced)
 		}
 		return nil, err
 	}

@@ -44,7 +44,7 @@ func newLogger(format, level string) (*slog.Logger, error) {
 		if errors.Is(err, serve.ErrLogLevel) {
 			flag = "--log-level"
 		}
-		return nil, fmt.Errorf("%s: %w", flag, err)
+		return nil, fmt.Errorf("%w (check %s)", err, flag)
 	}
 	return log, nil
 }

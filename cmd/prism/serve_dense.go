@@ -78,7 +78,7 @@ With --router it announces itself to the router's registry (role "dense").`,
 				Info:   func(addr string) *prismv1.WorkerInfo { return dense.WorkerInfo(id, addr) },
 				Ready:  func(addr string) { readyline.WriteDense(cmd.OutOrStdout(), addr) },
 				// In-flight RPCs are done (or cut off) by now: drain the
-				// batchers before leaving the registry.
+				// batchers.
 				Drained: func() { dense.Close() },
 			})
 		},

@@ -35,7 +35,7 @@ func (o *Options) SetHotBytes(spec string, physicalMemory int64) error {
 	default:
 		n, err := flagval.Bytes(hb)
 		if err != nil {
-			return fmt.Errorf("hot tier size: %w", err)
+			return err
 		}
 		o.HotBytes = n
 	}

@@ -12,7 +12,9 @@ import (
 // WorkerOptions say how a tier worker joins the system around Serve.
 type WorkerOptions struct {
 	// Router, when set, is the registry the worker announces itself to
-	// while it serves, and leaves at the end.
+	// while it serves. It leaves as soon as ctx ends, while Serve still
+	// finishes the RPCs in flight: the router stops sending it work
+	// first.
 	Router string
 	// Info is the worker's registry entry at each heartbeat, given the
 	// server's address.
@@ -21,8 +23,7 @@ type WorkerOptions struct {
 	// the tier prints its ready line there (internal/readyline).
 	Ready func(addr string)
 	// Drained, when set, runs after Serve returns (in-flight RPCs are
-	// done or cut off) and before the worker leaves the registry: the
-	// dense tier drains its batchers there.
+	// done or cut off): the dense tier drains its batchers there.
 	Drained func()
 }
 

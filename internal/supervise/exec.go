@@ -64,16 +64,33 @@ func (p *execProcess) Wait() error {
 }
 
 // prefixWriter prefixes every line written to it before writing it to w;
-// Close flushes the last line and ends its goroutine.
+// Close flushes the last line and returns once every line is written
+// (up may exit right after its children: their last words are kept).
 func prefixWriter(w io.Writer, prefix string) io.WriteCloser {
 	pr, pw := io.Pipe()
+	p := &prefixed{pw: pw, done: make(chan struct{})}
 	go func() {
+		defer close(p.done)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			fmt.Fprintf(w, "%s%s\n", prefix, sc.Text())
 		}
+		// A line over 1 MiB ends the tagging; keep the child unblocked.
 		_, _ = io.Copy(io.Discard, pr)
 	}()
-	return pw
+	return p
+}
+
+type prefixed struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+}
+
+func (p *prefixed) Write(b []byte) (int, error) { return p.pw.Write(b) }
+
+func (p *prefixed) Close() error {
+	err := p.pw.Close()
+	<-p.done
+	return err
 }

@@ -98,7 +98,14 @@ type Supervisor struct {
 	children []*Child
 	stopping bool
 	halt     chan struct{} // closed with stopping
+	// starting counts the processes being started (from the check of
+	// stopping to their registration in the child): Shutdown waits for
+	// them, so none is left running unwaited.
+	starting sync.WaitGroup
 }
+
+// ErrStopping: Start was called after Shutdown began.
+var ErrStopping = errors.New("supervisor is shutting down")
 
 // New returns a supervisor with no children.
 func New(o Options) *Supervisor {
@@ -113,23 +120,26 @@ func New(o Options) *Supervisor {
 // here on: Shutdown stops it even when Start failed.
 func (s *Supervisor) Start(ctx context.Context, c *Child, timeout time.Duration) (string, error) {
 	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return "", fmt.Errorf("start %s: %w", c.Name, ErrStopping)
+	}
 	if !slices.Contains(s.children, c) {
 		s.children = append(s.children, c)
 	}
+	s.starting.Add(1)
 	s.mu.Unlock()
 	p, stdout, err := s.o.Starter.Start(c)
 	if err != nil {
+		s.starting.Done()
 		return "", err
 	}
 	done := make(chan struct{})
 	s.mu.Lock()
 	c.proc, c.done = p, done
-	halted := s.stopping
 	s.mu.Unlock()
-	if halted {
-		// Shutdown began while this (re)start was under way.
-		_ = p.Signal(syscall.SIGTERM)
-	}
+	// Registered: a Shutdown that began meanwhile stops this process.
+	s.starting.Done()
 	w := readyline.Start(stdout, c.Ready, readyline.WatchOptions{Echo: func(line string) {
 		s.outMu.Lock()
 		fmt.Fprintf(s.o.Stdout, "[%s] %s\n", c.Name, line)
@@ -154,6 +164,10 @@ func (s *Supervisor) Start(ctx context.Context, c *Child, timeout time.Duration)
 		return "", fmt.Errorf("%s not ready after %s", c.Name, timeout)
 	case err != nil:
 		return "", fmt.Errorf("%s: %w", c.Name, err)
+	case addr == "":
+		// Nobody could dial it; workers told to announce to "" would
+		// never register.
+		return "", fmt.Errorf("%s printed its ready line without an address", c.Name)
 	}
 	return addr, nil
 }
@@ -184,14 +198,18 @@ func (s *Supervisor) Supervise(ctx context.Context, c *Child, timeout time.Durat
 }
 
 // Shutdown stops every child, stage by stage (the children of one stage
-// in parallel): SIGTERM, then SIGKILL after Grace. No child is restarted
-// once it has begun. It returns when all have exited.
+// in parallel): SIGTERM, then SIGKILL after Grace. No child is started
+// or restarted once it has begun; a start already under way is waited
+// for and then stopped with the rest. It returns when all have exited.
 func (s *Supervisor) Shutdown() {
 	s.mu.Lock()
 	if !s.stopping {
 		s.stopping = true
 		close(s.halt)
 	}
+	s.mu.Unlock()
+	s.starting.Wait()
+	s.mu.Lock()
 	children := slices.Clone(s.children)
 	s.mu.Unlock()
 	var stages []int

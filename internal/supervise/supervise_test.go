@@ -2,6 +2,7 @@ package supervise
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,7 +21,8 @@ type fakes struct {
 	events []string // "start NAME", "term NAME", "kill NAME", "exit NAME"
 	procs  map[string][]*fakeProc
 	// behave says how the next process of a child acts: "ready" (the
-	// default), "silent" (never ready), "die" (exits before ready),
+	// default), "silent" (never ready), "noaddr" (a ready line without
+	// an address), "die" (exits before ready),
 	// "stubborn" (ready, ignores SIGTERM).
 	behave map[string]string
 	// gate, when set, holds Start until it is closed; entered then
@@ -56,6 +58,8 @@ func (f *fakes) Start(c *Child) (Process, io.Reader, error) {
 		case "die":
 			p.exit(fmt.Errorf("exit status 2"))
 		case "silent":
+		case "noaddr":
+			fmt.Fprintln(pw, c.Ready.Prefix())
 		default:
 			c.Ready.Write(pw, fmt.Sprintf("127.0.0.1:%d", 1000+n))
 		}
@@ -284,7 +288,7 @@ func TestNoRestartAfterShutdown(t *testing.T) {
 }
 
 // TestRestartRacingShutdown: a restart under way when shutdown begins
-// has its process stopped at once.
+// has its process stopped, and Shutdown returns only after it exited.
 func TestRestartRacingShutdown(t *testing.T) {
 	f := newFakes()
 	s := newSup(f, &logs{})
@@ -299,18 +303,24 @@ func TestRestartRacingShutdown(t *testing.T) {
 	s.Supervise(context.Background(), c, time.Second)
 	f.proc("embedding0", 0).exit(fmt.Errorf("signal: killed"))
 	<-entered // the restart is under way, held at the gate
-	s.Shutdown()
+	stopped := make(chan struct{})
+	go func() { s.Shutdown(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Shutdown returned while a start was under way")
+	case <-time.After(50 * time.Millisecond):
+	}
 	close(gate)
-	eventually(t, "the late process", func() bool { return f.started("embedding0") == 2 })
+	<-stopped // Shutdown waited for the late process and stopped it
+	if n := f.started("embedding0"); n != 2 {
+		t.Fatalf("%d processes started, want 2", n)
+	}
 	late := f.proc("embedding0", 1)
-	eventually(t, "the late process stopped", func() bool {
-		select {
-		case <-late.exited:
-			return true
-		default:
-			return false
-		}
-	})
+	select {
+	case <-late.exited:
+	default:
+		t.Fatal("Shutdown returned with the late process still running")
+	}
 	if sigs := late.signals(); len(sigs) == 0 || sigs[0] != syscall.SIGTERM {
 		t.Errorf("late process got %v, want SIGTERM first", sigs)
 	}
@@ -390,4 +400,31 @@ func TestEchoTagsLines(t *testing.T) {
 	if got != want {
 		t.Errorf("echoed %q, want %q", got, want)
 	}
+}
+
+// TestStartAfterShutdown: once shutdown began nothing starts.
+func TestStartAfterShutdown(t *testing.T) {
+	f := newFakes()
+	s := newSup(f, &logs{})
+	s.Shutdown()
+	_, err := s.Start(context.Background(), &Child{Name: "router", Ready: readyline.Router}, time.Second)
+	if !errors.Is(err, ErrStopping) {
+		t.Fatalf("Start after Shutdown: %v, want ErrStopping", err)
+	}
+	if n := f.started("router"); n != 0 {
+		t.Fatalf("%d processes started after Shutdown", n)
+	}
+}
+
+// TestReadyWithoutAddress: a ready line naming no address is an error,
+// not an address "" for the workers to dial.
+func TestReadyWithoutAddress(t *testing.T) {
+	f := newFakes()
+	f.behave["router"] = "noaddr"
+	s := newSup(f, &logs{})
+	_, err := s.Start(context.Background(), &Child{Name: "router", Ready: readyline.Router}, time.Second)
+	if err == nil || !strings.Contains(err.Error(), "router printed its ready line without an address") {
+		t.Fatalf("Start: %v", err)
+	}
+	s.Shutdown()
 }

@@ -57,6 +57,8 @@ type Config struct {
 	NVML nvml.Interface
 	// Stdout gets the children's output and the "Prism is up" line,
 	// Stderr their logs and up's notes (defaults os.Stdout, os.Stderr).
+	// Both are written from several goroutines: they must be safe for
+	// concurrent use, as os.Stdout and os.Stderr are.
 	Stdout, Stderr io.Writer
 }
 
@@ -78,6 +80,9 @@ const routerReadyTimeout = 30 * time.Second
 func Run(ctx context.Context, c Config) error {
 	if len(c.Plans) == 0 {
 		return errors.New("up: no models to serve")
+	}
+	if c.ReadyTimeout <= 0 {
+		return fmt.Errorf("up: ready timeout %s, want > 0", c.ReadyTimeout)
 	}
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout
@@ -115,9 +120,17 @@ func Run(ctx context.Context, c Config) error {
 
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
 		Args: []string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch)}}
+	// A signal during start-up (ctx ends) stops it as one after it would.
+	stopping := func(err error) error {
+		if ctx.Err() != nil {
+			fmt.Fprintln(c.Stderr, "up: stopping")
+			return nil
+		}
+		return err
+	}
 	routerAddr, err := sup.Start(ctx, rt, routerReadyTimeout)
 	if err != nil {
-		return err
+		return stopping(err)
 	}
 
 	disc, err := devices.Discover(c.NVML)
@@ -131,11 +144,11 @@ func Run(ctx context.Context, c Config) error {
 	workers := Children(c, routerAddr, dense)
 	for _, w := range workers {
 		if _, err := sup.Start(ctx, w, c.ReadyTimeout); err != nil {
-			return err
+			return stopping(err)
 		}
 	}
 	if err := waitRegistered(ctx, routerAddr, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout); err != nil {
-		return err
+		return stopping(err)
 	}
 	readyline.WriteUp(c.Stdout, routerAddr, models, len(dense), c.EmbeddingWorkers)
 
