@@ -202,7 +202,10 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 			return nil, fmt.Errorf("load %s: first output %q has per-sample shape %v; want one score per sample", dir, plan.Outputs[0].Name, plan.Outputs[0].Shape)
 		}
 	}
-	path := filepath.Join(dir, plan.DenseModel)
+	path, err := planFile(dir, plan.DenseModel)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
 	if m.session, err = ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, CUDA: cuda, Spin: o.Spin}); err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
@@ -409,3 +412,7 @@ func warmUp(r Runner, spec []InputSpec, maxBatch int) error {
 	}
 	return nil
 }
+
+// planFile resolves a file the plan names inside its folder (plan.Resolve:
+// no symlink out of it); in loadModel a local variable hides package plan.
+func planFile(dir, rel string) (string, error) { return plan.Resolve(dir, rel) }

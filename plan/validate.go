@@ -2,7 +2,19 @@ package plan
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
+)
+
+// Bounds Validate keeps, so that sizes the tiers compute from a plan
+// (values per sample, bytes of a table) cannot overflow.
+const (
+	// MaxSampleElements bounds a tensor's known values per sample.
+	MaxSampleElements = 1 << 24
+	// MaxDim bounds a table's width.
+	MaxDim = 1 << 20
+	// MaxBag bounds a lookup's ids per sample.
+	MaxBag = 1 << 20
 )
 
 // Validate checks that p is a plan the tiers can serve: the version this
@@ -61,6 +73,9 @@ func (p *Plan) Validate() error {
 			return fmt.Errorf("cut[%d]: tensor %q listed twice", i, c.Name)
 		}
 		cut[c.Name] = true
+		if c.BytesPerSample < -1 {
+			return fmt.Errorf("cut[%d] %q: bytes_per_sample %d, want -1 (unknown) or more", i, c.Name, c.BytesPerSample)
+		}
 		switch c.From {
 		case "lookup", "cpu", "input":
 		default:
@@ -80,6 +95,10 @@ func (p *Plan) Validate() error {
 			return fmt.Errorf("%s: rows %d, want > 0", where, t.Rows)
 		case t.Dim <= 0:
 			return fmt.Errorf("%s: dim %d, want > 0", where, t.Dim)
+		case t.Dim > MaxDim:
+			return fmt.Errorf("%s: dim %d, want at most %d", where, t.Dim, MaxDim)
+		case t.Rows > math.MaxInt64/4/int64(t.Dim):
+			return fmt.Errorf("%s: %d rows of %d float32 overflow a byte count", where, t.Rows, t.Dim)
 		case len(t.Lookups) == 0:
 			return fmt.Errorf("%s: no lookups", where)
 		}
@@ -103,6 +122,8 @@ func (p *Plan) Validate() error {
 				return fmt.Errorf("%s: weights %q is not a model input", lw, l.Weights)
 			case l.Bag < 1:
 				return fmt.Errorf("%s: bag %d, want >= 1", lw, l.Bag)
+			case l.Bag > MaxBag:
+				return fmt.Errorf("%s: bag %d, want at most %d", lw, l.Bag, MaxBag)
 			case l.Rank1 && l.Bag != 1:
 				return fmt.Errorf("%s: rank1 with bag %d, want 1", lw, l.Bag)
 			case l.Output == "":
@@ -127,6 +148,18 @@ func checkTensor(where string, t TensorInfo) error {
 	}
 	if t.DType == "" {
 		return fmt.Errorf("%s %q: dtype is empty", where, t.Name)
+	}
+	n := int64(1)
+	for _, d := range t.Shape {
+		if d < -1 {
+			return fmt.Errorf("%s %q: shape %v: dimension %d, want -1 (unknown) or more", where, t.Name, t.Shape, d)
+		}
+		if d > 0 {
+			if n > MaxSampleElements/d {
+				return fmt.Errorf("%s %q: shape %v: more than %d values per sample", where, t.Name, t.Shape, MaxSampleElements)
+			}
+			n *= d
+		}
 	}
 	return nil
 }

@@ -150,7 +150,11 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 		}
 	}
 	if p.CPUModel != "" {
-		s, err := ort.NewSession(filepath.Join(dir, p.CPUModel), so)
+		path, err := plan.Resolve(dir, p.CPUModel)
+		if err != nil {
+			return nil, fmt.Errorf("model %q: %w", m.name, err)
+		}
+		s, err := ort.NewSession(path, so)
 		if err != nil {
 			return nil, fmt.Errorf("model %q: %w", m.name, err)
 		}

@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -67,33 +67,59 @@ type ExternalRef struct {
 	Length   int64 // -1: to the end of the file
 }
 
-// External returns where t's data lives when it is stored externally.
+// External returns where t's data lives when it is stored externally. It
+// checks what can be checked without the file: a location that is a
+// local path (not absolute, no ".."), offset and length non-negative
+// decimal integers, each given at most once, whose sum does not overflow.
+// OpenExternal checks the rest against the file.
 func External(t *TensorProto) (ExternalRef, bool, error) {
 	if t.GetDataLocation() != TensorProto_EXTERNAL {
 		return ExternalRef{}, false, nil
 	}
 	ref := ExternalRef{Length: -1}
+	vals := map[string]string{}
+	var twice string
 	for _, kv := range t.GetExternalData() {
-		switch kv.GetKey() {
-		case "location":
-			ref.Location = kv.GetValue()
-		case "offset", "length":
-			v, err := strconv.ParseInt(kv.GetValue(), 10, 64)
-			if err != nil || v < 0 {
-				return ref, true, fmt.Errorf("tensor %q: external_data %s=%q is not a non-negative integer", t.GetName(), kv.GetKey(), kv.GetValue())
+		switch k := kv.GetKey(); k {
+		case "location", "offset", "length":
+			if _, ok := vals[k]; ok && twice == "" {
+				twice = k
 			}
-			if kv.GetKey() == "offset" {
-				ref.Offset = v
-			} else {
-				ref.Length = v
+			if _, ok := vals[k]; !ok {
+				vals[k] = kv.GetValue()
 			}
 		}
+	}
+	ref.Location = vals["location"]
+	bad := func(format string, args ...any) (ExternalRef, bool, error) {
+		return ref, true, fmt.Errorf("tensor %q: external data %q: %s", t.GetName(), ref.Location, fmt.Sprintf(format, args...))
 	}
 	if ref.Location == "" {
 		return ref, true, fmt.Errorf("tensor %q: external data without a location", t.GetName())
 	}
-	if filepath.IsAbs(ref.Location) || strings.Contains(filepath.ToSlash(filepath.Clean(ref.Location)), "..") {
-		return ref, true, fmt.Errorf("tensor %q: external data location %q must be a path inside the model's folder", t.GetName(), ref.Location)
+	if twice != "" {
+		return bad("external_data %s given twice", twice)
+	}
+	if !filepath.IsLocal(ref.Location) {
+		return bad("location must be a path inside the model's folder")
+	}
+	for _, k := range []string{"offset", "length"} {
+		s, ok := vals[k]
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v < 0 {
+			return bad("%s=%q is not a non-negative integer", k, s)
+		}
+		if k == "offset" {
+			ref.Offset = v
+		} else {
+			ref.Length = v
+		}
+	}
+	if ref.Length >= 0 && ref.Offset > math.MaxInt64-ref.Length {
+		return bad("offset %d + length %d overflows", ref.Offset, ref.Length)
 	}
 	return ref, true, nil
 }
@@ -121,43 +147,16 @@ func resolveExternal(m *ModelProto, dir string, opts ReadOptions) error {
 		}
 	}()
 	for _, t := range Tensors(m) {
-		ref, ok, err := External(t)
+		x, ok, err := openExternal(t, dir, files)
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if !ok || opts.SkipExternalData {
 			continue
 		}
-		path := filepath.Join(dir, ref.Location)
-		f, ok := files[path]
-		if !ok {
-			f, err = os.Open(path)
-			if err != nil {
-				return fmt.Errorf("external data of tensor %q: %w", t.GetName(), err)
-			}
-			files[path] = f
-		}
-		st, err := f.Stat()
+		raw, err := x.read()
 		if err != nil {
-			return fmt.Errorf("external data %q: %w", path, err)
-		}
-		length := ref.Length
-		if length < 0 {
-			length = st.Size() - ref.Offset
-		}
-		want, known := ByteSize(t)
-		if known && length != want {
-			return fmt.Errorf("external data %q: tensor %q declares %d bytes, its shape needs %d", path, t.GetName(), length, want)
-		}
-		if ref.Offset+length > st.Size() || length < 0 {
-			return fmt.Errorf("external data %q is %d bytes, tensor %q needs bytes %d..%d: file truncated", path, st.Size(), t.GetName(), ref.Offset, ref.Offset+length)
-		}
-		if opts.SkipExternalData {
-			continue
-		}
-		raw := make([]byte, length)
-		if _, err := f.ReadAt(raw, ref.Offset); err != nil && !errors.Is(err, io.EOF) {
-			return fmt.Errorf("external data %q: tensor %q: %w", path, t.GetName(), err)
+			return err
 		}
 		t.RawData = raw
 		t.DataLocation = TensorProto_DEFAULT
@@ -166,30 +165,119 @@ func resolveExternal(m *ModelProto, dir string, opts ReadOptions) error {
 	return nil
 }
 
+// extent is a checked external-data reference: bytes off..off+length of
+// an open regular file inside the model's folder.
+type extent struct {
+	tensor string
+	path   string
+	f      *os.File
+	off    int64
+	length int64
+}
+
+func (x extent) read() ([]byte, error) {
+	raw := make([]byte, x.length)
+	if _, err := x.f.ReadAt(raw, x.off); err != nil && !(errors.Is(err, io.EOF) && x.length == 0) {
+		return nil, fmt.Errorf("external data %q: tensor %q: %w", x.path, x.tensor, err)
+	}
+	return raw, nil
+}
+
+// openExternal checks t's external data against its file: the location
+// resolved inside dir (a symlink leaving it is refused), a regular file,
+// the extent inside it, and its length what t's dims and type need. files
+// caches the open files by path (nil: the caller closes x.f). ok is false
+// for a tensor stored inline.
+func openExternal(t *TensorProto, dir string, files map[string]*os.File) (x extent, ok bool, err error) {
+	ref, ext, err := External(t)
+	if err != nil || !ext {
+		return x, ext, err
+	}
+	x.tensor = t.GetName()
+	x.path = filepath.Join(dir, ref.Location)
+	real, err := resolveIn(dir, ref.Location)
+	if err != nil {
+		return x, true, fmt.Errorf("external data of tensor %q: %w", x.tensor, err)
+	}
+	if x.f = files[real]; x.f == nil {
+		if x.f, err = os.Open(real); err != nil {
+			return x, true, fmt.Errorf("external data of tensor %q: %w", x.tensor, err)
+		}
+		if files != nil {
+			files[real] = x.f
+		}
+	}
+	fail := func(err error) (extent, bool, error) {
+		if files == nil {
+			x.f.Close()
+		}
+		return extent{}, true, err
+	}
+	st, err := x.f.Stat()
+	if err != nil {
+		return fail(fmt.Errorf("external data %q of tensor %q: %w", x.path, x.tensor, err))
+	}
+	if !st.Mode().IsRegular() {
+		return fail(fmt.Errorf("external data %q of tensor %q is not a regular file (%v)", x.path, x.tensor, st.Mode().Type()))
+	}
+	size := st.Size()
+	if ref.Offset > size {
+		return fail(fmt.Errorf("external data %q is %d bytes, tensor %q starts at offset %d: file truncated", x.path, size, x.tensor, ref.Offset))
+	}
+	x.off, x.length = ref.Offset, ref.Length
+	if x.length < 0 {
+		x.length = size - ref.Offset
+	}
+	if x.length > size-ref.Offset { // External checked that off+length does not overflow
+		return fail(fmt.Errorf("external data %q is %d bytes, tensor %q needs bytes %d..%d: file truncated", x.path, size, x.tensor, ref.Offset, ref.Offset+x.length))
+	}
+	want, known, err := checkedByteSize(t)
+	if err != nil {
+		return fail(fmt.Errorf("external data %q: %w", x.path, err))
+	}
+	if known && x.length != want {
+		return fail(fmt.Errorf("external data %q: tensor %q declares %d bytes, its shape needs %d", x.path, x.tensor, x.length, want))
+	}
+	return x, true, nil
+}
+
+// resolveIn resolves rel inside dir and refuses a path that leaves dir,
+// lexically or through a symlink. It returns the resolved path.
+func resolveIn(dir, rel string) (string, error) {
+	if !filepath.IsLocal(rel) {
+		return "", fmt.Errorf("%q is not a path inside %q", rel, dir)
+	}
+	root, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	if root, err = filepath.Abs(root); err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(filepath.Join(dir, rel))
+	if err != nil {
+		return "", err
+	}
+	if real, err = filepath.Abs(real); err != nil {
+		return "", err
+	}
+	if r, err := filepath.Rel(root, real); err != nil || !filepath.IsLocal(r) {
+		return "", fmt.Errorf("%q leaves %q through a symlink (it resolves to %q)", rel, dir, real)
+	}
+	return real, nil
+}
+
 // LoadData loads t's external data (resolved against dir) into RawData,
 // if it is stored externally.
 func LoadData(t *TensorProto, dir string) error {
-	ref, ext, err := External(t)
+	x, ext, err := openExternal(t, dir, nil)
 	if err != nil || !ext {
 		return err
 	}
-	path := filepath.Join(dir, ref.Location)
-	f, err := os.Open(path)
+	defer x.f.Close()
+	raw, err := x.read()
 	if err != nil {
-		return fmt.Errorf("external data of tensor %q: %w", t.GetName(), err)
-	}
-	defer f.Close()
-	length := ref.Length
-	if length < 0 {
-		st, err := f.Stat()
-		if err != nil {
-			return fmt.Errorf("external data %q: %w", path, err)
-		}
-		length = st.Size() - ref.Offset
-	}
-	raw := make([]byte, length)
-	if _, err := f.ReadAt(raw, ref.Offset); err != nil {
-		return fmt.Errorf("external data %q: tensor %q: %w", path, t.GetName(), err)
+		return err
 	}
 	t.RawData, t.DataLocation, t.ExternalData = raw, TensorProto_DEFAULT, nil
 	return nil
@@ -199,7 +287,7 @@ func LoadData(t *TensorProto, dir string) error {
 // external (resolved against dir), without loading them all, and their
 // length. The caller closes it.
 func DataReader(t *TensorProto, dir string) (io.ReadCloser, int64, error) {
-	ref, ext, err := External(t)
+	x, ext, err := openExternal(t, dir, nil)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -209,22 +297,8 @@ func DataReader(t *TensorProto, dir string) (io.ReadCloser, int64, error) {
 		}
 		return io.NopCloser(bytes.NewReader(t.RawData)), int64(len(t.RawData)), nil
 	}
-	path := filepath.Join(dir, ref.Location)
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, 0, fmt.Errorf("external data of tensor %q: %w", t.GetName(), err)
-	}
-	length := ref.Length
-	if length < 0 {
-		st, err := f.Stat()
-		if err != nil {
-			f.Close()
-			return nil, 0, fmt.Errorf("external data %q: %w", path, err)
-		}
-		length = st.Size() - ref.Offset
-	}
 	return struct {
 		io.Reader
 		io.Closer
-	}{io.NewSectionReader(f, ref.Offset, length), f}, length, nil
+	}{io.NewSectionReader(x.f, x.off, x.length), x.f}, x.length, nil
 }

@@ -25,22 +25,55 @@ func ElemSize(dt TensorProto_DataType) int {
 	return 0
 }
 
-// NumElements is the product of t's dims (1 for a scalar).
+// NumElements is the product of t's dims (1 for a scalar). For dims
+// that are negative or whose product overflows it is -1: no tensor has
+// that many elements.
 func NumElements(t *TensorProto) int64 {
-	n := int64(1)
-	for _, d := range t.GetDims() {
-		n *= d
+	n, err := checkedNumElements(t)
+	if err != nil {
+		return -1
 	}
 	return n
 }
 
-// ByteSize is the size of t's data in bytes, and whether it is known.
-func ByteSize(t *TensorProto) (int64, bool) {
-	es := ElemSize(TensorProto_DataType(t.GetDataType()))
-	if es == 0 {
-		return 0, false
+// checkedNumElements is the product of t's dims, an error for a negative
+// dim or a product beyond int64.
+func checkedNumElements(t *TensorProto) (int64, error) {
+	n := int64(1)
+	for _, d := range t.GetDims() {
+		if d < 0 {
+			return 0, fmt.Errorf("tensor %q: dims %v: negative dimension", t.GetName(), t.GetDims())
+		}
+		if d != 0 && n > math.MaxInt64/d {
+			return 0, fmt.Errorf("tensor %q: dims %v: element count overflows", t.GetName(), t.GetDims())
+		}
+		n *= d
 	}
-	return NumElements(t) * int64(es), true
+	return n, nil
+}
+
+// ByteSize is the size of t's data in bytes, and whether it is known
+// (not for a type without a fixed size, or dims that are negative or
+// overflow).
+func ByteSize(t *TensorProto) (int64, bool) {
+	n, known, err := checkedByteSize(t)
+	return n, known && err == nil
+}
+
+// checkedByteSize is ByteSize with an error for dims that cannot be.
+func checkedByteSize(t *TensorProto) (int64, bool, error) {
+	n, err := checkedNumElements(t)
+	if err != nil {
+		return 0, false, err
+	}
+	es := int64(ElemSize(TensorProto_DataType(t.GetDataType())))
+	if es == 0 {
+		return 0, false, nil
+	}
+	if n > math.MaxInt64/es {
+		return 0, false, fmt.Errorf("tensor %q: dims %v: byte size overflows", t.GetName(), t.GetDims())
+	}
+	return n * es, true, nil
 }
 
 // ToRaw moves data held in typed fields (float_data, int64_data, ...) to
@@ -99,14 +132,17 @@ func Float32s(t *TensorProto) ([]float32, error) {
 	if t.GetDataLocation() == TensorProto_EXTERNAL {
 		return nil, fmt.Errorf("tensor %q: external data not loaded", t.GetName())
 	}
-	n := NumElements(t)
+	n, err := checkedNumElements(t)
+	if err != nil {
+		return nil, err
+	}
 	if len(t.FloatData) > 0 {
 		if int64(len(t.FloatData)) != n {
 			return nil, fmt.Errorf("tensor %q: %d float_data values for %d elements", t.GetName(), len(t.FloatData), n)
 		}
 		return t.FloatData, nil
 	}
-	if int64(len(t.RawData)) != 4*n {
+	if int64(len(t.RawData))/4 != n || len(t.RawData)%4 != 0 {
 		return nil, fmt.Errorf("tensor %q: %d raw bytes for %d float32 elements", t.GetName(), len(t.RawData), n)
 	}
 	return leview.Float32s(t.RawData), nil
@@ -114,13 +150,16 @@ func Float32s(t *TensorProto) ([]float32, error) {
 
 // Int64s returns t's values (INT64 or INT32, widened), always a copy.
 func Int64s(t *TensorProto) ([]int64, error) {
-	n := NumElements(t)
+	n, err := checkedNumElements(t)
+	if err != nil {
+		return nil, err
+	}
 	switch TensorProto_DataType(t.GetDataType()) {
 	case TensorProto_INT64:
 		if len(t.Int64Data) > 0 {
 			return append([]int64(nil), t.Int64Data...), nil
 		}
-		if int64(len(t.RawData)) != 8*n {
+		if int64(len(t.RawData))/8 != n || len(t.RawData)%8 != 0 {
 			return nil, fmt.Errorf("tensor %q: %d raw bytes for %d int64 elements", t.GetName(), len(t.RawData), n)
 		}
 		out := make([]int64, n)
@@ -136,7 +175,7 @@ func Int64s(t *TensorProto) ([]int64, error) {
 			}
 			return out, nil
 		}
-		if int64(len(t.RawData)) != 4*n {
+		if int64(len(t.RawData))/4 != n || len(t.RawData)%4 != 0 {
 			return nil, fmt.Errorf("tensor %q: %d raw bytes for %d int32 elements", t.GetName(), len(t.RawData), n)
 		}
 		out := make([]int64, n)

@@ -257,6 +257,9 @@ func (t *Table) init() (err error) {
 	if len(t.mapping) == 0 {
 		return errors.New("empty file")
 	}
+	if err := precheck(t.mapping); err != nil {
+		return fmt.Errorf("not a readable Arrow IPC file: %w", err)
+	}
 	t.fr, err = ipc.NewMappedFileReader(t.mapping)
 	if err != nil {
 		return fmt.Errorf("not an Arrow IPC file: %w", err)
@@ -285,7 +288,7 @@ func (t *Table) init() (err error) {
 		return fmt.Errorf("metadata %s=%q: %w", KeyRows, get(KeyRows), err)
 	}
 	t.Dim, err = strconv.Atoi(get(KeyDim))
-	if err != nil || t.Dim != int(lt.Len()) {
+	if err != nil || t.Dim != int(lt.Len()) || t.Dim <= 0 {
 		return fmt.Errorf("metadata %s=%q does not match the column width %d", KeyDim, get(KeyDim), lt.Len())
 	}
 	if t.DType != "float32" {
@@ -293,12 +296,12 @@ func (t *Table) init() (err error) {
 	}
 	var rows int64
 	for i := range t.fr.NumRecords() {
-		rec, err := t.fr.RecordBatch(i)
-		if err != nil {
-			return fmt.Errorf("record batch %d: %w", i, err)
-		}
 		t.starts = append(t.starts, rows)
-		rows += rec.NumRows()
+		vals, err := t.rows(i)
+		if err != nil {
+			return err
+		}
+		rows += int64(len(vals) / t.Dim)
 	}
 	if rows != t.Rows {
 		return fmt.Errorf("metadata says %d rows, the file holds %d (truncated?)", t.Rows, rows)
@@ -312,14 +315,50 @@ func (t *Table) NumBatches() int { return len(t.starts) }
 // Batch returns batch i: its first row id and its rows, row-major, aliasing
 // the mapping (do not modify; valid until Close).
 func (t *Table) Batch(i int) (int64, []float32, error) {
+	if i < 0 || i >= len(t.starts) {
+		return 0, nil, fmt.Errorf("table %q: record batch %d of %d", t.path, i, len(t.starts))
+	}
+	vals, err := t.rows(i)
+	if err != nil {
+		return 0, nil, fmt.Errorf("table %q: %w", t.path, err)
+	}
+	return t.starts[i], vals, nil
+}
+
+// rows returns batch i's values, after checking that the batch is what
+// the schema says and that its buffers hold every row it claims: a file
+// whose row count, offsets or buffers disagree is an error, never a
+// slice past the values (or a panic in the Arrow reader).
+func (t *Table) rows(i int) (vals []float32, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			vals, err = nil, fmt.Errorf("record batch %d: not readable: %v", i, r)
+		}
+	}()
 	rec, err := t.fr.RecordBatch(i)
 	if err != nil {
-		return 0, nil, fmt.Errorf("table %q: record batch %d: %w", t.path, i, err)
+		return nil, fmt.Errorf("record batch %d: %w", i, err)
 	}
-	list := rec.Column(0).(*array.FixedSizeList)
-	vals := list.ListValues().(*array.Float32).Float32Values()
-	off := list.Data().Offset() * t.Dim
-	return t.starts[i], vals[off : off+list.Len()*t.Dim], nil
+	if rec.NumCols() != 1 {
+		return nil, fmt.Errorf("record batch %d: %d columns, want 1", i, rec.NumCols())
+	}
+	list, ok := rec.Column(0).(*array.FixedSizeList)
+	if !ok {
+		return nil, fmt.Errorf("record batch %d: column is %s, want fixed_size_list<float32>", i, rec.Column(0).DataType())
+	}
+	fv, ok := list.ListValues().(*array.Float32)
+	if !ok {
+		return nil, fmt.Errorf("record batch %d: list values are %s, want float32", i, list.ListValues().DataType())
+	}
+	n, off := list.Len(), list.Data().Offset()
+	if int64(n) != rec.NumRows() || list.NullN() != 0 || fv.NullN() != 0 {
+		return nil, fmt.Errorf("record batch %d: %d rows, a column of %d with %d null rows and %d null values", i, rec.NumRows(), n, list.NullN(), fv.NullN())
+	}
+	all := fv.Float32Values()
+	if n < 0 || off < 0 || int64(off)+int64(n) > int64(len(all))/int64(t.Dim) {
+		return nil, fmt.Errorf("record batch %d: %d rows of %d from row %d, its values buffer holds %d values (truncated or corrupt)", i, n, t.Dim, off, len(all))
+	}
+	return all[off*t.Dim : (off+n)*t.Dim], nil
 }
 
 // Verify recomputes the content hash and compares it with the metadata.

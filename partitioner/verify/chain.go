@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"github.com/prism-serve/prism/plan"
 	"math"
-	"path/filepath"
 
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/tablefile"
@@ -33,16 +32,30 @@ func Open(dir string, so ort.SessionOptions) (*Chain, error) {
 	}
 	c := &Chain{Plan: plan, tables: map[string][]float32{}}
 	if plan.CPUModel != "" {
-		if c.cpu, err = ort.NewSession(filepath.Join(dir, plan.CPUModel), so); err != nil {
+		path, err := planFile(dir, plan.CPUModel)
+		if err != nil {
+			return nil, err
+		}
+		if c.cpu, err = ort.NewSession(path, so); err != nil {
 			return nil, err
 		}
 	}
-	if c.dense, err = ort.NewSession(filepath.Join(dir, plan.DenseModel), so); err != nil {
+	path, err := planFile(dir, plan.DenseModel)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	if c.dense, err = ort.NewSession(path, so); err != nil {
 		c.Close()
 		return nil, err
 	}
 	for _, t := range plan.Tables {
-		tab, err := tablefile.Open(filepath.Join(dir, t.File))
+		path, err := planFile(dir, t.File)
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		tab, err := tablefile.Open(path)
 		if err != nil {
 			c.Close()
 			return nil, err
@@ -197,3 +210,7 @@ func Lookup(table []float32, t plan.Table, l plan.Lookup, n int, ids []int64, we
 	}
 	return tensor{shape: []int64{int64(n), int64(d)}, f32: out}, nil
 }
+
+// planFile resolves a file the plan names inside its folder (plan.Resolve:
+// no symlink out of it); in Open a local variable hides package plan.
+func planFile(dir, rel string) (string, error) { return plan.Resolve(dir, rel) }

@@ -1,0 +1,70 @@
+package gpuserve
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/arrowframe"
+)
+
+// FuzzScore sends DenseTier.Score requests built from arbitrary bytes to
+// a dense tier serving dlrm-tiny (the frame decoding itself is fuzzed in
+// internal/arrowframe and the codec in internal/serve; this is the
+// handler's checks against the plan). Every request gets scores or a
+// status from the documented set, never a panic or Internal.
+func FuzzScore(f *testing.F) {
+	s, err := New(Options{Plans: []string{tinyPlan(f)}, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(s.Close)
+	m := s.models[s.names[0]]
+	var cols []arrowframe.Column
+	for _, sp := range m.spec {
+		cols = append(cols, arrowframe.Column{Name: sp.Name, Width: sp.Width})
+	}
+	for _, n := range []int{1, 3} {
+		frame, _, err := arrowframe.AppendFrame(nil, n, cols)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, req := range []*prismv1.ScoreRequest{
+			{Model: m.name, NumSamples: int32(n), Tensors: frame},
+			{Model: m.name, NumSamples: int32(n + 1), Tensors: frame},
+			{Model: m.name, NumSamples: -1, Tensors: frame},
+			{Model: m.name, NumSamples: int32(n), Tensors: frame[:len(frame)/2]},
+			{Model: "other", NumSamples: int32(n), Tensors: frame},
+		} {
+			b, err := proto.Marshal(req)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var req prismv1.ScoreRequest
+		if err := proto.Unmarshal(b, &req); err != nil {
+			t.Skip()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := s.Score(ctx, &req)
+		switch status.Code(err) {
+		case codes.OK:
+			if len(resp.GetScores()) != int(req.GetNumSamples()) {
+				t.Fatalf("%d scores for %d samples", len(resp.GetScores()), req.GetNumSamples())
+			}
+		case codes.InvalidArgument, codes.NotFound, codes.ResourceExhausted:
+		default:
+			t.Fatalf("status %v: %v", status.Code(err), err)
+		}
+	})
+}

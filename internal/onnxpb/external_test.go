@@ -1,0 +1,182 @@
+package onnxpb_test
+
+import (
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+)
+
+// extModel is a model with one externally stored initializer "w" whose
+// external_data entries are kv (key, value pairs) and whose dims and type
+// are as given.
+func extModel(dt pb.TensorProto_DataType, dims []int64, kv ...string) *pb.ModelProto {
+	w := &pb.TensorProto{Name: "w", Dims: dims, DataType: int32(dt), DataLocation: pb.TensorProto_EXTERNAL}
+	for i := 0; i+1 < len(kv); i += 2 {
+		w.ExternalData = append(w.ExternalData, &pb.StringStringEntryProto{Key: kv[i], Value: kv[i+1]})
+	}
+	return &pb.ModelProto{
+		IrVersion:   8,
+		OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}},
+		Graph:       &pb.GraphProto{Name: "g", Initializer: []*pb.TensorProto{w}},
+	}
+}
+
+// TestExternalDataBounds: every external-data field that does not fit
+// the file or the tensor is an error naming the tensor and the file,
+// from ReadModel (with and without data), LoadData and DataReader alike:
+// never a panic, an allocation of a lying length, or a read outside the
+// model's folder. Before the checks, "offset+length overflows" panicked
+// in makeslice and "offset beyond the file" panicked in LoadData.
+func TestExternalDataBounds(t *testing.T) {
+	const dataLen = 256 // 64 float32
+	f32 := pb.TensorProto_FLOAT
+	max := strconv.FormatInt(math.MaxInt64, 10)
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "secret"), make([]byte, dataLen), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		m     *pb.ModelProto
+		setup func(dir string)
+		want  string
+	}{
+		{"offset+length overflows", extModel(pb.TensorProto_UNDEFINED, []int64{64}, "location", "w.bin", "offset", "1", "length", max), nil, "overflows"},
+		{"offset+length overflows, known type", extModel(f32, []int64{64}, "location", "w.bin", "offset", max, "length", "256"), nil, "overflows"},
+		{"negative offset", extModel(f32, []int64{64}, "location", "w.bin", "offset", "-4"), nil, "not a non-negative integer"},
+		{"negative length", extModel(f32, []int64{64}, "location", "w.bin", "length", "-1"), nil, "not a non-negative integer"},
+		{"length not a number", extModel(f32, []int64{64}, "location", "w.bin", "length", "12x"), nil, "not a non-negative integer"},
+		{"offset beyond the file", extModel(f32, []int64{64}, "location", "w.bin", "offset", "4096"), nil, "truncated"},
+		{"offset beyond the file, no type", extModel(pb.TensorProto_STRING, []int64{64}, "location", "w.bin", "offset", "4096"), nil, "truncated"},
+		{"length beyond the file", extModel(f32, []int64{128}, "location", "w.bin", "length", "512"), nil, "truncated"},
+		{"extent beyond the file", extModel(f32, []int64{64}, "location", "w.bin", "offset", "4", "length", "256"), nil, "truncated"},
+		{"length does not match dims", extModel(f32, []int64{32}, "location", "w.bin", "length", "256"), nil, "shape needs 128"},
+		{"rest of file does not match dims", extModel(f32, []int64{65}, "location", "w.bin"), nil, "shape needs 260"},
+		{"negative dims", extModel(f32, []int64{-2, -32}, "location", "w.bin"), nil, "negative dimension"},
+		{"dims overflow", extModel(f32, []int64{1 << 62, 4}, "location", "w.bin", "length", "0"), nil, "overflows"},
+		{"bytes overflow", extModel(f32, []int64{1 << 62}, "location", "w.bin", "length", "0"), nil, "overflows"},
+		{"location given twice", extModel(f32, []int64{64}, "location", "w.bin", "location", "x.bin"), nil, "given twice"},
+		{"location with ..", extModel(f32, []int64{64}, "location", "../w.bin"), nil, "inside the model's folder"},
+		{"location absolute", extModel(f32, []int64{64}, "location", filepath.Join(outside, "secret")), nil, "inside the model's folder"},
+		{"location through a symlink out", extModel(f32, []int64{64}, "location", "link.bin"), func(dir string) {
+			if err := os.Symlink(filepath.Join(outside, "secret"), filepath.Join(dir, "link.bin")); err != nil {
+				t.Fatal(err)
+			}
+		}, "symlink"},
+		{"location through a symlinked folder", extModel(f32, []int64{64}, "location", "sub/secret"), func(dir string) {
+			if err := os.Symlink(outside, filepath.Join(dir, "sub")); err != nil {
+				t.Fatal(err)
+			}
+		}, "symlink"},
+		{"location a folder", extModel(f32, []int64{64}, "location", "d"), func(dir string) {
+			if err := os.Mkdir(filepath.Join(dir, "d"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}, "not a regular file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "w.bin"), make([]byte, dataLen), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.setup != nil {
+				tc.setup(dir)
+			}
+			path := filepath.Join(dir, "m.onnx")
+			writeRaw(t, path, tc.m)
+			check := func(what string, err error) {
+				t.Helper()
+				if err == nil {
+					t.Fatalf("%s: no error", what)
+				}
+				msg := err.Error()
+				if !strings.Contains(msg, tc.want) || !strings.Contains(msg, `"w"`) {
+					t.Errorf("%s: error %q should say %q and name tensor \"w\"", what, msg, tc.want)
+				}
+				if loc := location(tc.m); !strings.Contains(msg, loc) {
+					t.Errorf("%s: error %q does not name the file %q", what, msg, loc)
+				}
+			}
+			_, err := pb.ReadModel(path, pb.ReadOptions{})
+			check("ReadModel", err)
+			_, err = pb.ReadModel(path, pb.ReadOptions{SkipExternalData: true})
+			check("ReadModel(SkipExternalData)", err)
+			w := tc.m.Graph.Initializer[0]
+			check("LoadData", pb.LoadData(w, dir))
+			r, _, err := pb.DataReader(w, dir)
+			if err == nil {
+				io.Copy(io.Discard, r)
+				r.Close()
+			}
+			check("DataReader", err)
+		})
+	}
+}
+
+// writeRaw writes m as it is (WriteModel refuses unresolved external data).
+func writeRaw(t testing.TB, path string, m *pb.ModelProto) {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// location is the tensor's external file as the model names it.
+func location(m *pb.ModelProto) string {
+	for _, kv := range m.Graph.Initializer[0].ExternalData {
+		if kv.Key == "location" {
+			return kv.Value
+		}
+	}
+	return ""
+}
+
+// TestExternalDataGoodExtents: the checks keep valid extents: an offset
+// into the file, the length left out (to the end), a symlink that stays
+// in the folder, and a zero-size tensor at the end of the file.
+func TestExternalDataGoodExtents(t *testing.T) {
+	f32 := pb.TensorProto_FLOAT
+	cases := []struct {
+		name string
+		m    *pb.ModelProto
+		n    int
+	}{
+		{"offset and length", extModel(f32, []int64{32}, "location", "w.bin", "offset", "128", "length", "128"), 128},
+		{"to the end", extModel(f32, []int64{16}, "location", "w.bin", "offset", "192"), 64},
+		{"symlink inside", extModel(f32, []int64{64}, "location", "in.bin"), 256},
+		{"empty at the end", extModel(f32, []int64{0, 8}, "location", "w.bin", "offset", "256"), 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "w.bin"), make([]byte, 256), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("w.bin", filepath.Join(dir, "in.bin")); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "m.onnx")
+			writeRaw(t, path, tc.m)
+			m, err := pb.ReadModel(path, pb.ReadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(m.Graph.Initializer[0].RawData); got != tc.n {
+				t.Fatalf("%d bytes, want %d", got, tc.n)
+			}
+		})
+	}
+}
