@@ -24,6 +24,9 @@ type tableState string
 const (
 	stateIngesting tableState = "ingesting" // never served
 	stateReady     tableState = "ready"
+	// stateCopying is a copy-on-write copy being written (cow.go): never
+	// served, and deleted by Open if a crash left it.
+	stateCopying tableState = "copying"
 )
 
 // physTable is one stored copy of a table's content in one dtype.
@@ -123,6 +126,23 @@ func (c *catalog) referenced() map[uint32]bool {
 		}
 	}
 	return ref
+}
+
+// sharedBeyond says whether physical table id is read under a name other
+// than model's table (another model's, or another table of model's): an
+// update of model's table must then copy it first (cow.go). Versions of
+// one model share a table freely: they hold the same updates.
+func (c *catalog) sharedBeyond(id uint32, model, table string) bool {
+	for mn, m := range c.Models {
+		for _, v := range m.Versions {
+			for tn, vt := range v.Tables {
+				if vt.Phys == id && (mn != model || tn != table) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // findReady is a ready, unmutated copy of content sha in dtype, if any.

@@ -17,17 +17,25 @@ import (
 )
 
 // Crash test: a child process (this test binary, re-executed) ingests a
-// plan and then applies upserts, printing "ack N" after each Upsert
-// returns; the parent SIGKILLs it at a random point, reopens the store
-// and checks that every acknowledged upsert is there and that no table is
-// served half-ingested. The next child resumes the ingest.
+// plan as model m, a second version of it (table a differs, b is shared)
+// and the first plan again as model o (sharing m's tables), and then
+// applies upserts to m, printing "ack N" after each Upsert returns and
+// switching m's version every crashSwitchEvery upserts; the first upsert
+// copies the table m shares with o. The parent SIGKILLs it at a random
+// point, reopens the store and checks that every acknowledged upsert is
+// there whichever version is active, that o never reads m's updates, and
+// that no table is served half-ingested. The next child resumes the ingest.
 
 const (
 	crashEnvDir   = "PRISM_STORE_CRASH_DIR"
 	crashEnvPlan  = "PRISM_STORE_CRASH_PLAN"
+	crashEnvPlan2 = "PRISM_STORE_CRASH_PLAN2"
 	crashEnvStart = "PRISM_STORE_CRASH_START"
 	crashRows     = 40000
 	crashDim      = 16
+	// crashSwitchEvery is how many upserts the child applies between
+	// switches of m's version.
+	crashSwitchEvery = 300
 )
 
 // crashReady is the child's line once its ingest is done and upserts begin.
@@ -53,17 +61,46 @@ func TestCrashChild(t *testing.T) {
 		fmt.Println("error", err)
 		os.Exit(2)
 	}
+	ctx := context.Background()
+	fail := func(err error) {
+		fmt.Println("error", err)
+		os.Exit(2)
+	}
 	if _, err := s.Tables("m"); err != nil {
-		if _, err := s.Ingest(context.Background(), os.Getenv(crashEnvPlan), IngestOptions{SSTBytes: 64 << 10}); err != nil {
-			fmt.Println("error", err)
-			os.Exit(2)
+		if _, err := s.Ingest(ctx, os.Getenv(crashEnvPlan), IngestOptions{SSTBytes: 64 << 10}); err != nil {
+			fail(err)
+		}
+	}
+	if vs, err := s.Versions("m"); err != nil {
+		fail(err)
+	} else if len(vs) == 1 {
+		if _, err := s.Ingest(ctx, os.Getenv(crashEnvPlan2), IngestOptions{SSTBytes: 64 << 10, NoActivate: true}); err != nil {
+			fail(err)
+		}
+	}
+	if _, err := s.Tables("o"); err != nil {
+		if _, err := s.Ingest(ctx, os.Getenv(crashEnvPlan), IngestOptions{Model: "o", SSTBytes: 64 << 10}); err != nil {
+			fail(err)
 		}
 	}
 	crashReady.Write(os.Stdout, "")
 	for n := start; n < crashRows; n++ {
+		if n%crashSwitchEvery == crashSwitchEvery-1 {
+			vs, err := s.Versions("m")
+			if err != nil {
+				fail(err)
+			}
+			for _, v := range vs {
+				if !v.Active {
+					if err := s.Activate("m", v.N); err != nil {
+						fail(err)
+					}
+					break
+				}
+			}
+		}
 		if err := s.Upsert("m", "a", []int64{int64(n)}, crashRow(n)); err != nil {
-			fmt.Println("error", err)
-			os.Exit(2)
+			fail(err)
 		}
 		fmt.Printf("ack %d\n", n) // stdout is unbuffered: the parent sees the ack once it is given
 		// Keep the hot tier busy with the rows just written.
@@ -81,7 +118,8 @@ func TestCrashKill(t *testing.T) {
 		t.Skip("spawns processes")
 	}
 	tabs := []*testTable{{name: "a", rows: crashRows, dim: crashDim, seed: 9}, {name: "b", rows: 20000, dim: 32, seed: 10}}
-	plan := writePlan(t, "m", tabs)
+	tabs2 := []*testTable{{name: "a", rows: crashRows, dim: crashDim, seed: 19}, {name: "b", rows: 20000, dim: 32, seed: 10}}
+	plan, plan2 := writePlan(t, "m", tabs), writePlan(t, "m", tabs2)
 	dir := filepath.Join(t.TempDir(), "db")
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	acked := map[int]bool{}
@@ -89,7 +127,7 @@ func TestCrashKill(t *testing.T) {
 	sawIngestKill := false
 	for round := range 6 {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.v=false")
-		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvPlan+"="+plan, crashEnvStart+"="+strconv.Itoa(next))
+		cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvPlan+"="+plan, crashEnvPlan2+"="+plan2, crashEnvStart+"="+strconv.Itoa(next))
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -102,8 +140,11 @@ func TestCrashKill(t *testing.T) {
 		// ones among the upserts: their clock starts when the child is
 		// ready, however long its ingest took (under -race, longer than
 		// any fixed delay).
+		// Round 2 likely dies in the first upsert's copy of the shared
+		// table; from round 3 the clock starts at the round's first ack,
+		// so some upserts are acknowledged even when that copy is slow.
 		delay := time.Duration(r.IntN(150)) * time.Millisecond
-		afterReady := round >= 2
+		afterReady, afterAck := round >= 2, round >= 3
 		if afterReady {
 			delay = time.Duration(r.IntN(400)) * time.Millisecond
 		}
@@ -132,6 +173,9 @@ func TestCrashKill(t *testing.T) {
 					n, _ := strconv.Atoi(l[4:])
 					acked[n] = true
 					next = max(next, n+1)
+					if afterAck && killAt == nil {
+						killAt = time.After(delay)
+					}
 				case strings.HasPrefix(l, "error"):
 					t.Fatalf("child: %s", l)
 				}
@@ -139,7 +183,7 @@ func TestCrashKill(t *testing.T) {
 				readyc = nil
 				if ok {
 					ready = true
-					if killAt == nil {
+					if killAt == nil && !afterAck {
 						killAt = time.After(delay)
 					}
 				}
@@ -182,7 +226,20 @@ func TestCrashKill(t *testing.T) {
 			if len(infos) != 2 {
 				t.Fatalf("round %d: %d tables served, want 2", round, len(infos))
 			}
-			verifyCrashStore(t, s, tabs, acked, round)
+			vs, err := s.Versions("m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := tabs
+			for _, v := range vs {
+				if v.Active && v.N == 2 {
+					base = tabs2
+				}
+			}
+			verifyCrashStore(t, s, "m", base, acked, round)
+			if _, err := s.Tables("o"); err == nil {
+				verifyCrashStore(t, s, "o", tabs, nil, round)
+			}
 		}
 		s.Close()
 		t.Logf("round %d: killed after %v, ready=%v, %d acks so far", round, delay, ready, len(acked))
@@ -196,7 +253,7 @@ func TestCrashKill(t *testing.T) {
 // verifyCrashStore reads every row of both tables: acknowledged upserts
 // hold their value, untouched rows their ingested value, and a row whose
 // upsert was in flight at the kill holds one or the other.
-func verifyCrashStore(t *testing.T, s *Store, tabs []*testTable, acked map[int]bool, round int) {
+func verifyCrashStore(t *testing.T, s *Store, model string, tabs []*testTable, acked map[int]bool, round int) {
 	t.Helper()
 	for _, tt := range tabs {
 		ids := make([]int64, tt.rows)
@@ -204,20 +261,20 @@ func verifyCrashStore(t *testing.T, s *Store, tabs []*testTable, acked map[int]b
 			ids[i] = int64(i)
 		}
 		r := TableLookup{Table: tt.name, IDs: ids, Pooling: PoolNone, Out: make([]float32, len(ids)*tt.dim)}
-		if err := s.Lookup("m", []TableLookup{r}); err != nil {
-			t.Fatalf("round %d: %v", round, err)
+		if err := s.Lookup(model, []TableLookup{r}); err != nil {
+			t.Fatalf("round %d: model %s: %v", round, model, err)
 		}
 		for i := range ids {
 			got := r.Out[i*tt.dim : (i+1)*tt.dim]
 			orig := tt.data[i*tt.dim : (i+1)*tt.dim]
 			if tt.name == "a" && acked[i] {
 				if !slicesEqual(got, crashRow(i)) {
-					t.Fatalf("round %d: acknowledged upsert %d lost: row reads %v", round, i, got[:3])
+					t.Fatalf("round %d: model %s: acknowledged upsert %d lost: row reads %v", round, model, i, got[:3])
 				}
 				continue
 			}
-			if !slicesEqual(got, orig) && !(tt.name == "a" && slicesEqual(got, crashRow(i))) {
-				t.Fatalf("round %d: table %s row %d is neither ingested nor upserted: %v", round, tt.name, i, got[:3])
+			if !slicesEqual(got, orig) && !(acked != nil && tt.name == "a" && slicesEqual(got, crashRow(i))) {
+				t.Fatalf("round %d: model %s table %s row %d is neither ingested nor upserted: %v", round, model, tt.name, i, got[:3])
 			}
 		}
 	}

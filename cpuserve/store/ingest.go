@@ -124,7 +124,11 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		if dt, err = ParseDType(string(dt)); err != nil {
 			return nil, fmt.Errorf("ingest table %q: %w", pt.Name, err)
 		}
-		tf, err := tablefile.Open(filepath.Join(planDir, pt.File))
+		path, err := plan.Resolve(planDir, pt.File)
+		if err != nil {
+			return nil, fmt.Errorf("ingest table %q: %w", pt.Name, err)
+		}
+		tf, err := tablefile.Open(path)
 		if err != nil {
 			return nil, fmt.Errorf("ingest table %q: %w", pt.Name, err)
 		}
@@ -205,7 +209,6 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 
 	// Every table is ready: the version can exist.
 	s.catMu.Lock()
-	defer s.catMu.Unlock()
 	next = s.cat.clone()
 	m := next.Models[model]
 	if m == nil {
@@ -222,12 +225,27 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 	}
 	m.Versions[v.N] = v
 	rep.Version = v.N
-	if !o.NoActivate || m.Active == 0 {
-		m.Previous, m.Active = m.Active, v.N
-		rep.Activated = true
+	// A table this ingest shares must still hold its content: it may have
+	// been updated (by its one model) or dropped since it was claimed.
+	for _, j := range jobs {
+		if t := next.Tables[j.phys.ID]; j.rep.Shared && (t == nil || t.Mutated || t.State != stateReady) {
+			s.catMu.Unlock()
+			return nil, fmt.Errorf("ingest %q: table %q: the copy it shares was updated or dropped during the ingest; run it again", planDir, j.pt.Name)
+		}
 	}
-	if err := s.commit(next); err != nil {
+	activate := !o.NoActivate || m.Active == 0
+	err = s.commit(next)
+	s.catMu.Unlock()
+	if err != nil {
 		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+	}
+	// The switch carries the model's updates into the new version (a
+	// crash before it leaves the version ingested but inactive).
+	if activate {
+		if err := s.activate(model, v.N); err != nil {
+			return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+		}
+		rep.Activated = true
 	}
 	rep.Elapsed = time.Since(start)
 	return rep, nil

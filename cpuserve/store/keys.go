@@ -30,3 +30,36 @@ var catalogKey = []byte("\x00\x00\x00\x00catalog")
 // seqKey holds a model's last applied update seq (8 bytes, little-endian)
 // under the metadata table id 0.
 func seqKey(model string) []byte { return append([]byte("\x00\x00\x00\x00updseq/"), model...) }
+
+// overlayPrefix starts the keys of the model's update overlay: the last
+// value (float32 little-endian, as sent) of every row an upsert wrote,
+// by model, table name and row, under the metadata table id 0. A version
+// switch writes the overlay into the newly active tables (carry.go).
+const overlayPrefix = "\x00\x00\x00\x00ovl/"
+
+// overlayTablePrefix is the prefix of the overlay keys of model's table:
+// both names length-prefixed, so no name is a prefix of another's keys.
+func overlayTablePrefix(model, table string) []byte {
+	k := append([]byte(nil), overlayPrefix...)
+	k = binary.AppendUvarint(k, uint64(len(model)))
+	k = append(k, model...)
+	k = binary.AppendUvarint(k, uint64(len(table)))
+	return append(k, table...)
+}
+
+// overlayKey is the overlay key of row of model's table, appended to prefix
+// (overlayTablePrefix's).
+func overlayKey(prefix []byte, row int64) []byte {
+	return binary.BigEndian.AppendUint64(prefix, uint64(row))
+}
+
+// prefixEnd is the first key past every key that starts with p.
+func prefixEnd(p []byte) []byte {
+	end := append([]byte(nil), p...)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i]++; end[i] != 0 {
+			return end[:i+1]
+		}
+	}
+	return nil
+}

@@ -14,6 +14,8 @@ type counters struct {
 	pebbleReads, pebbleBytes     atomic.Int64
 	upserts, upsertRows          atomic.Int64
 	upsertNanos, lastUpsertNanos atomic.Int64
+	copies, copiedRows           atomic.Int64
+	carriedRows                  atomic.Int64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -31,6 +33,10 @@ type Metrics struct {
 	// UpsertLagNanos is the summed time from an Upsert call to its ack
 	// (durable and visible); LastUpsertLagNanos the latest one.
 	UpsertLagNanos, LastUpsertLagNanos int64
+	// TableCopies is shared tables copied before their first update
+	// (copy-on-write), CopiedRows their rows; CarriedRows is updated rows
+	// a version switch wrote into the newly active tables.
+	TableCopies, CopiedRows, CarriedRows int64
 	// The hot tier: its size and policy decisions.
 	HotBytes                                   int64
 	HotSlots, HotUsed                          int64
@@ -57,6 +63,7 @@ func (s *Store) Metrics() Metrics {
 		PebbleReads: s.m.pebbleReads.Load(), PebbleBytes: s.m.pebbleBytes.Load(),
 		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
+		TableCopies: s.m.copies.Load(), CopiedRows: s.m.copiedRows.Load(), CarriedRows: s.m.carriedRows.Load(),
 		HotBytes: v.tier.Budget(), HotSlots: hs.Slots, HotUsed: hs.Used,
 		HotAdmissions: hs.Admissions, HotRejections: hs.Rejections, HotEvictions: hs.Evictions,
 	}
@@ -108,6 +115,9 @@ func NewCollector(s *Store) *Collector {
 	add("upsert_rows_total", "Rows upserted.", ctr, func(m Metrics) float64 { return float64(m.UpsertRows) })
 	add("upsert_lag_seconds_total", "Summed time from upsert call to durable, visible ack.", ctr, func(m Metrics) float64 { return float64(m.UpsertLagNanos) / 1e9 })
 	add("upsert_last_lag_seconds", "The latest upsert's time to ack.", gauge, func(m Metrics) float64 { return float64(m.LastUpsertLagNanos) / 1e9 })
+	add("table_copies_total", "Shared tables copied before their first update.", ctr, func(m Metrics) float64 { return float64(m.TableCopies) })
+	add("table_copied_rows_total", "Rows of the shared tables copied.", ctr, func(m Metrics) float64 { return float64(m.CopiedRows) })
+	add("carried_rows_total", "Updated rows a version switch wrote into the newly active tables.", ctr, func(m Metrics) float64 { return float64(m.CarriedRows) })
 	return c
 }
 

@@ -32,10 +32,17 @@ type Store struct {
 	// catMu serialises catalog changes; ingestMu serialises ingests;
 	// seqs caches each model's applied update seq (under updMu).
 	seqs map[string]int64
-	// updMu serialises upserts (Pebble order = hot tier order).
-	catMu, ingestMu, updMu sync.Mutex
-	cat                    *catalog
-	view                   atomic.Pointer[view]
+	// updMu serialises upserts (Pebble order = hot tier order); cowMu
+	// serialises table copies (cow.go), and copySrc (under catMu) is the
+	// table being copied, which nobody writes meanwhile. Lock order:
+	// cowMu, catMu, updMu, mu.
+	catMu, ingestMu, updMu, cowMu sync.Mutex
+	copySrc                       uint32
+	// testHook, if set, is called at named points of multi-step changes
+	// (the crash tests stop the world there).
+	testHook func(point string)
+	cat      *catalog
+	view     atomic.Pointer[view]
 	// updSeq counts acknowledged upserts: a lookup admits rows it read
 	// from Pebble only if none was acknowledged since it began reading.
 	updSeq  atomic.Uint64
@@ -114,6 +121,10 @@ func Open(dir string, o *Options) (*Store, error) {
 	s.publish(cat)
 	if !opts.ReadOnly {
 		_ = opts.FS.RemoveAll(opts.FS.PathJoin(dir, stagingDir))
+		if err := s.dropCopies(); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("open store %q: %w", dir, err)
+		}
 	}
 	if err := s.Preload(context.Background()); err != nil {
 		s.Close()
@@ -297,31 +308,14 @@ func (s *Store) Versions(model string) ([]VersionInfo, error) {
 
 // Activate makes version n of model the one lookups read, atomically: a
 // lookup sees either the old version's tables or the new one's, never a
-// mix. The version it replaces stays, and Rollback returns to it.
+// mix. The model's updates are carried into the new version's tables in
+// the same atomic step (carry.go), so AppliedSeq still tells what it
+// serves. The version it replaces stays, and Rollback returns to it.
 func (s *Store) Activate(model string, n int) error {
 	if err := s.activate(model, n); err != nil {
 		return err
 	}
 	return s.Preload(context.Background())
-}
-
-func (s *Store) activate(model string, n int) error {
-	s.catMu.Lock()
-	defer s.catMu.Unlock()
-	m := s.cat.Models[model]
-	if m == nil {
-		return fmt.Errorf("activate %q: %w", model, ErrUnknownModel)
-	}
-	if m.Versions[n] == nil {
-		return fmt.Errorf("activate %q version %d: %w", model, n, ErrUnknownVersion)
-	}
-	if m.Active == n {
-		return nil
-	}
-	next := s.cat.clone()
-	nm := next.Models[model]
-	nm.Previous, nm.Active = nm.Active, n
-	return s.commit(next)
 }
 
 // Rollback switches model back to the version the last Activate replaced.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -135,71 +136,126 @@ func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int
 	if s.opts.ReadOnly {
 		return false, fmt.Errorf("upsert: store opened read-only: %w", ErrBadRequest)
 	}
+	copied := false
+	for range 8 {
+		applied, shared, err := s.upsertOnce(model, table, ids, rows, seq)
+		if err != nil {
+			return false, err
+		}
+		if shared == 0 {
+			if copied {
+				// The copy is new to the hot tier (or a complete tier was
+				// rebuilt around it): fill it as after an Activate.
+				if err := s.Preload(context.Background()); err != nil {
+					return applied, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+				}
+			}
+			lag := time.Since(start).Nanoseconds()
+			if applied {
+				s.m.upserts.Add(1)
+				s.m.upsertRows.Add(int64(len(ids)))
+				s.m.upsertNanos.Add(lag)
+				s.m.lastUpsertNanos.Store(lag)
+			}
+			return applied, nil
+		}
+		c, err := s.unshare(context.Background(), model, table, shared)
+		if err != nil {
+			return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+		}
+		copied = copied || c
+	}
+	return false, fmt.Errorf("upsert model %q table %q: its table keeps being shared anew", model, table)
+}
+
+// upsertOnce checks and writes an upsert, unless model's table reads a
+// physical table shared with another name: then it writes nothing and
+// returns that table's id for the caller to copy (cow.go).
+func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq int64) (applied bool, shared uint32, err error) {
+	// catMu keeps the catalog, the view and the tables' sharing as they
+	// are from the checks to the write; updMu orders upserts.
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	s.updMu.Lock()
+	defer s.updMu.Unlock()
 	mv, err := s.model(model)
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	tv := mv.tables[table]
 	if tv == nil {
-		return false, fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
+		return false, 0, fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
 	}
 	if len(rows) != len(ids)*tv.dim {
-		return false, fmt.Errorf("upsert model %q table %q: %d floats for %d ids of dim %d: %w", model, table, len(rows), len(ids), tv.dim, ErrDimMismatch)
+		return false, 0, fmt.Errorf("upsert model %q table %q: %d floats for %d ids of dim %d: %w", model, table, len(rows), len(ids), tv.dim, ErrDimMismatch)
 	}
 	for i, id := range ids {
 		if id < 0 {
-			return false, fmt.Errorf("upsert model %q table %q: ids[%d]=%d: %w", model, table, i, id, ErrNegativeID)
+			return false, 0, fmt.Errorf("upsert model %q table %q: ids[%d]=%d: %w", model, table, i, id, ErrNegativeID)
 		}
 		if id >= tv.rows {
-			return false, fmt.Errorf("upsert model %q table %q: ids[%d]=%d, table has %d rows: %w", model, table, i, id, tv.rows, ErrIDOutOfRange)
+			return false, 0, fmt.Errorf("upsert model %q table %q: ids[%d]=%d, table has %d rows: %w", model, table, i, id, tv.rows, ErrIDOutOfRange)
 		}
-	}
-	if err := s.markMutated(tv.id); err != nil {
-		return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
-	}
-
-	s.updMu.Lock()
-	defer s.updMu.Unlock()
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed.Load() {
-		return false, ErrClosed
-	}
-	// Re-resolve under mu: the hot tier may have been swapped meanwhile.
-	if mv, err = s.model(model); err != nil {
-		return false, err
-	}
-	if tv = mv.tables[table]; tv == nil {
-		return false, fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
 	}
 	if seq > 0 {
 		cur, err := s.appliedSeqLocked(model)
 		if err != nil {
-			return false, err
+			return false, 0, err
 		}
 		if seq <= cur {
-			return false, nil // a replay of an update the store holds
+			return false, 0, nil // a replay of an update the store holds
 		}
 		if seq > cur+1 {
-			return false, &SeqGapError{Model: model, Applied: cur, Got: seq}
+			return false, 0, &SeqGapError{Model: model, Applied: cur, Got: seq}
 		}
 	}
+	if s.copySrc == tv.id || s.cat.sharedBeyond(tv.id, model, table) {
+		return false, tv.id, nil
+	}
+	// Before the first upsert of a table, record that it no longer holds
+	// its content hash's rows (no later ingest shares it).
+	if t := s.cat.Tables[tv.id]; t != nil && !t.Mutated {
+		next := s.cat.clone()
+		next.Tables[tv.id].Mutated = true
+		if err := s.commit(next); err != nil {
+			return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+		}
+		if mv, err = s.model(model); err != nil {
+			return false, 0, err
+		}
+		if tv = mv.tables[table]; tv == nil {
+			return false, 0, fmt.Errorf("upsert model %q: table %q: %w", model, table, ErrUnknownTable)
+		}
+	}
+
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed.Load() {
+		return false, 0, ErrClosed
+	}
 	dim := tv.dim
-	b := s.db.NewBatchWithSize(len(ids)*(keyLen+tv.dtype.RowBytes(dim)+8) + 64)
+	ovl := overlayTablePrefix(model, table)
+	b := s.db.NewBatchWithSize(len(ids)*(2*keyLen+len(ovl)+tv.dtype.RowBytes(dim)+4*dim+16) + 64)
 	defer b.Close()
 	if seq > 0 {
 		if err := b.Set(seqKey(model), binary.LittleEndian.AppendUint64(nil, uint64(seq)), nil); err != nil {
-			return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+			return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 		}
 	}
 	var key [keyLen]byte
 	var val []byte
 	stored := make([]float32, len(rows))
 	for i, id := range ids {
-		val = tv.dtype.encode(val[:0], rows[i*dim:(i+1)*dim])
+		row := rows[i*dim : (i+1)*dim]
+		val = tv.dtype.encode(val[:0], row)
 		tv.dtype.decode(stored[i*dim:(i+1)*dim], val)
 		if err := b.Set(rowKey(key[:], tv.id, id), val, nil); err != nil {
-			return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+			return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+		}
+		// The overlay keeps the row as sent, for a later version switch.
+		val = Float32.encode(val[:0], row)
+		if err := b.Set(overlayKey(ovl, id), val, nil); err != nil {
+			return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 		}
 	}
 	wo := pebble.Sync
@@ -207,7 +263,7 @@ func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int
 		wo = pebble.NoSync
 	}
 	if err := s.db.Apply(b, wo); err != nil {
-		return false, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+		return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 	}
 	// Durable. Now visible: lookups that read Pebble before this point
 	// must not admit what they read (updSeq), and resident rows are
@@ -224,24 +280,5 @@ func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int
 		}
 		cls.Unlock()
 	}
-	lag := time.Since(start).Nanoseconds()
-	s.m.upserts.Add(1)
-	s.m.upsertRows.Add(int64(len(ids)))
-	s.m.upsertNanos.Add(lag)
-	s.m.lastUpsertNanos.Store(lag)
-	return true, nil
-}
-
-// markMutated records, before the first upsert of a table, that it no
-// longer holds its content hash's rows.
-func (s *Store) markMutated(id uint32) error {
-	s.catMu.Lock()
-	defer s.catMu.Unlock()
-	t := s.cat.Tables[id]
-	if t == nil || t.Mutated {
-		return nil
-	}
-	next := s.cat.clone()
-	next.Tables[id].Mutated = true
-	return s.commit(next)
+	return true, 0, nil
 }

@@ -1,0 +1,188 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// TestCrashDuringSwitchAndCopy crashes the store (a crash clone of a
+// crashable in-memory FS: exactly the synced bytes, or those plus a random
+// part of the unsynced ones) in the middle of every step of a run of
+// sequenced updates, shared-table copies and version switches, and after
+// each acknowledged one. Each clone, reopened, must serve one state that
+// a prefix of the run gives: AppliedSeq = k and the active version v serve
+// v's rows with updates 1..k on top, never a mix; at least every
+// acknowledged update; no half-made copy left (nor its rows); and the
+// other model sharing the tables never sees this model's updates.
+func TestCrashDuringSwitchAndCopy(t *testing.T) {
+	ctx := context.Background()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 3))
+	v1 := []*testTable{{name: "a", rows: 300, dim: 4, seed: 1}, {name: "b", rows: 200, dim: 8, seed: 2}}
+	v2 := []*testTable{{name: "a", rows: 300, dim: 4, seed: 11}, {name: "b", rows: 200, dim: 8, seed: 2}}
+	base := map[int][]*testTable{1: v1, 2: v2}
+	p1, p2 := writePlan(t, "m", v1), writePlan(t, "m", v2)
+
+	mem := vfs.NewCrashableMem()
+	s, err := Open("db", &Options{FS: mem, HotBytesAutoMax: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Ingest(ctx, p1, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Ingest(ctx, p2, IngestOptions{NoActivate: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Model o shares v2's tables: m's first update of b copies b, and
+	// the first switch to v2 copies v2's a before carrying into it.
+	if _, err := s.Ingest(ctx, p2, IngestOptions{Model: "o"}); err != nil {
+		t.Fatal(err)
+	}
+
+	type update struct {
+		table string
+		id    int64
+		row   []float32
+	}
+	var updates []update // updates[k-1] is seq k
+	type clone struct {
+		fs     vfs.FS
+		acked  int64 // updates acknowledged when it was taken
+		point  string
+		active int // the active version then (or the one being left)
+	}
+	var clones []clone
+	acked, active := int64(0), 1
+	take := func(point string) {
+		cfg := vfs.CrashCloneCfg{}
+		clones = append(clones, clone{fs: mem.CrashClone(cfg), acked: acked, point: point, active: active})
+		cfg = vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(r.Uint64(), 1))}
+		clones = append(clones, clone{fs: mem.CrashClone(cfg), acked: acked, point: point + " (part unsynced)", active: active})
+	}
+	s.testHook = take
+
+	for step := range 40 {
+		switch {
+		case step%10 == 9:
+			n := 3 - active
+			if err := s.Activate("m", n); err != nil {
+				t.Fatal(err)
+			}
+			active = n
+			take(fmt.Sprintf("after activate %d", n))
+		default:
+			u := update{table: "a", id: int64(r.IntN(300))}
+			if r.IntN(3) == 0 {
+				u.table, u.id = "b", int64(r.IntN(200))
+			}
+			u.row = fill(map[string]int{"a": 4, "b": 8}[u.table], float32(len(updates)+1))
+			if _, err := s.UpsertSeq("m", u.table, []int64{u.id}, u.row, int64(len(updates)+1)); err != nil {
+				t.Fatal(err)
+			}
+			updates = append(updates, u)
+			acked++
+			take(fmt.Sprintf("after update %d", acked))
+		}
+	}
+	s.testHook = nil
+
+	points := map[string]bool{}
+	for _, c := range clones {
+		points[c.point] = true
+		func() {
+			cs, err := Open("db", &Options{FS: c.fs, HotBytesAutoMax: 16 << 20})
+			if err != nil {
+				t.Fatalf("%s: reopen: %v", c.point, err)
+			}
+			defer cs.Close()
+			k, err := cs.AppliedSeq("m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k < c.acked || k > c.acked+1 {
+				t.Fatalf("%s: AppliedSeq %d, %d updates acknowledged", c.point, k, c.acked)
+			}
+			vs, err := cs.Versions("m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			v := 0
+			for _, vi := range vs {
+				if vi.Active {
+					v = vi.N
+				}
+			}
+			want := map[string][]float32{}
+			for _, tt := range base[v] {
+				want[tt.name] = append([]float32(nil), tt.data...)
+			}
+			for _, u := range updates[:k] {
+				copy(want[u.table][u.id*int64(len(u.row)):], u.row)
+			}
+			for _, tt := range base[v] {
+				checkAllRows(t, cs, "m", tt.name, tt.dim, want[tt.name], fmt.Sprintf("%s: version %d, AppliedSeq %d", c.point, v, k))
+			}
+			checkAllRows(t, cs, "o", "a", 4, v2[0].data, c.point+": model o")
+			checkAllRows(t, cs, "o", "b", 8, v2[1].data, c.point+": model o")
+			checkNoStrayTables(t, cs, c.point)
+		}()
+	}
+	for _, p := range []string{"cow-registered", "cow-copied", "activate-batch"} {
+		if !points[p] {
+			t.Errorf("no crash at %s", p)
+		}
+	}
+	t.Logf("%d crash clones checked, %d updates, %d table copies", len(clones), len(updates), s.Metrics().TableCopies)
+}
+
+func checkAllRows(t *testing.T, s *Store, model, table string, dim int, want []float32, what string) {
+	t.Helper()
+	n := len(want) / dim
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = int64(i)
+	}
+	r := TableLookup{Table: table, IDs: ids, Pooling: PoolNone, Out: make([]float32, len(want))}
+	if err := s.Lookup(model, []TableLookup{r}); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	for i := range n {
+		if !slicesEqual(r.Out[i*dim:(i+1)*dim], want[i*dim:(i+1)*dim]) {
+			t.Fatalf("%s: table %s row %d reads %v, want %v", what, table, i, r.Out[i*dim:i*dim+2], want[i*dim:i*dim+2])
+		}
+	}
+}
+
+// checkNoStrayTables: every physical table is ready, and every row key
+// belongs to a table of the catalog (no copy or its rows left behind).
+func checkNoStrayTables(t *testing.T, s *Store, what string) {
+	t.Helper()
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	for id, pt := range s.cat.Tables {
+		if pt.State != stateReady {
+			t.Fatalf("%s: table %d left in state %s", what, id, pt.State)
+		}
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{0, 0, 0, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	for ok := it.First(); ok; ok = it.Next() {
+		id := binary.BigEndian.Uint32(it.Key())
+		if s.cat.Tables[id] == nil {
+			t.Fatalf("%s: rows of table %d, which the catalog does not have", what, id)
+		}
+	}
+}
