@@ -6,6 +6,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -17,17 +18,72 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 )
 
+// RegistryLimits bound what workers may register: the registry takes
+// nothing a worker says about itself on trust.
+type RegistryLimits struct {
+	// MaxWorkers bounds the workers registered at once (default 4096):
+	// a new id beyond it is ResourceExhausted.
+	MaxWorkers int
+	// MaxModels bounds the models (and update_seq entries) of one worker
+	// (default 256).
+	MaxModels int
+	// MaxNameBytes bounds a worker's id, address, device and model names
+	// (default 256).
+	MaxNameBytes int
+	// MaxOutstanding is the most outstanding samples a worker's
+	// announcement counts for (default 1<<20): what it reports is
+	// clamped to [0, MaxOutstanding], so a negative figure cannot win
+	// every pick.
+	MaxOutstanding int64
+}
+
+// EnsureDefaults fills zero fields.
+func (l *RegistryLimits) EnsureDefaults() {
+	if l.MaxWorkers <= 0 {
+		l.MaxWorkers = 4096
+	}
+	if l.MaxModels <= 0 {
+		l.MaxModels = 256
+	}
+	if l.MaxNameBytes <= 0 {
+		l.MaxNameBytes = 256
+	}
+	if l.MaxOutstanding <= 0 {
+		l.MaxOutstanding = 1 << 20
+	}
+}
+
+// PeerFunc names the caller of an RPC from its transport credentials
+// (the mTLS certificate): its role ("embedding", "dense", ...) and its
+// name. ok false: no identity to bind (plaintext).
+type PeerFunc func(ctx context.Context) (role, name string, ok bool)
+
 // Registry is the set of live workers. Its core is deterministic: time
 // comes from the clock it is given, and expiry happens in Expire.
 type Registry struct {
 	prismv1.UnimplementedRegistryServer
+	// Limits and Peer are set before the registry serves.
+	Limits RegistryLimits
+	// Peer, when set, binds a worker id to the identity that first
+	// announced it: a later Announce or Leave of the id from another
+	// name is PermissionDenied, and a worker's role must be its peer's.
+	Peer PeerFunc
+
 	mu        sync.Mutex
 	now       func() time.Time
 	heartbeat time.Duration
 	workers   map[string]*worker
+	// byModel indexes the workers by (role, model): a pick looks at the
+	// workers of its model only.
+	byModel map[roleModel]*workerSet
+	// denseAddrs are the registered dense workers' addresses, sorted: the
+	// embedding workers are told them (the only dense_addr they accept).
+	denseAddrs []string
 	// known holds every model any worker ever announced: a known model
 	// without live workers is Unavailable (retry), an unknown one NotFound.
 	known map[string]bool
+	// gen counts announcements (joined, told).
+	gen uint64
 	// changed is closed and replaced whenever the set of workers changes.
 	changed chan struct{}
 	// eligible, when set, says whether a worker may serve a model now
@@ -41,12 +97,55 @@ type Registry struct {
 	gone func(id string)
 }
 
+type roleModel struct {
+	role  prismv1.Role
+	model string
+}
+
+// workerSet is the workers of one (role, model): a slice to scan, and
+// each one's place in it for removal.
+type workerSet struct {
+	ws  []*worker
+	pos map[string]int
+}
+
+func (s *workerSet) add(e *worker) {
+	if _, ok := s.pos[e.info.GetId()]; ok {
+		return
+	}
+	s.pos[e.info.GetId()] = len(s.ws)
+	s.ws = append(s.ws, e)
+}
+
+func (s *workerSet) remove(id string) {
+	i, ok := s.pos[id]
+	if !ok {
+		return
+	}
+	last := len(s.ws) - 1
+	s.ws[i] = s.ws[last]
+	s.pos[s.ws[i].info.GetId()] = i
+	s.ws[last] = nil
+	s.ws = s.ws[:last]
+	delete(s.pos, id)
+}
+
 type worker struct {
 	info     *prismv1.WorkerInfo
 	lastSeen time.Time
 	// inflight is what this router has sent the worker and not heard back.
 	inflight int64
+	// peer is the identity the id is bound to ("" if none).
+	peer string
+	// joined is the announcement (r.gen) that registered the worker at
+	// its address; told, for an embedding worker, the one whose answer
+	// last told it the dense workers: a dense worker that joined before
+	// it is one the embedding worker accepts.
+	joined, told uint64
 }
+
+// maxKnownModels bounds the models remembered as once served.
+const maxKnownModels = 1 << 16
 
 // NewRegistry makes an empty registry; workers are expected every
 // heartbeat and removed after three missed ones.
@@ -54,7 +153,8 @@ func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
 	if now == nil {
 		now = time.Now
 	}
-	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, known: map[string]bool{}, changed: make(chan struct{})}
+	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{},
+		known: map[string]bool{}, changed: make(chan struct{})}
 }
 
 func (r *Registry) notify() {
@@ -62,37 +162,164 @@ func (r *Registry) notify() {
 	r.changed = make(chan struct{})
 }
 
-// Announce registers or refreshes a worker.
-func (r *Registry) Announce(_ context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
-	w := req.GetWorker()
+// check refuses an announcement the registry cannot take as given.
+func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 	if w.GetId() == "" || w.GetAddr() == "" || (w.GetRole() != prismv1.Role_ROLE_EMBEDDING && w.GetRole() != prismv1.Role_ROLE_DENSE) {
-		return nil, status.Errorf(codes.InvalidArgument, "announce: a worker needs an id, an address and the role embedding or dense (got id %q addr %q role %s)", w.GetId(), w.GetAddr(), w.GetRole())
+		return status.Errorf(codes.InvalidArgument, "announce: a worker needs an id, an address and the role embedding or dense (got id %.64q addr %.64q role %s)", w.GetId(), w.GetAddr(), w.GetRole())
 	}
+	for what, v := range map[string]string{"id": w.GetId(), "addr": w.GetAddr(), "device": w.GetDevice()} {
+		if len(v) > l.MaxNameBytes {
+			return status.Errorf(codes.InvalidArgument, "announce: worker %s of %d bytes, the limit is %d", what, len(v), l.MaxNameBytes)
+		}
+	}
+	if n := max(len(w.GetModels()), len(w.GetUpdateSeq())); n > l.MaxModels {
+		return status.Errorf(codes.ResourceExhausted, "announce: worker %.64q names %d models, the limit is %d", w.GetId(), n, l.MaxModels)
+	}
+	for _, m := range w.GetModels() {
+		if m == "" || len(m) > l.MaxNameBytes {
+			return status.Errorf(codes.InvalidArgument, "announce: model name of %d bytes, want 1 to %d", len(m), l.MaxNameBytes)
+		}
+	}
+	for m := range w.GetUpdateSeq() {
+		if len(m) > l.MaxNameBytes {
+			return status.Errorf(codes.InvalidArgument, "announce: update_seq model name of %d bytes, the limit is %d", len(m), l.MaxNameBytes)
+		}
+	}
+	return nil
+}
+
+// Announce registers or refreshes a worker. It answers an embedding
+// worker with the dense workers it may send cut tensors to.
+func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
+	w := req.GetWorker()
+	l := r.Limits
+	l.EnsureDefaults()
+	if err := r.check(w, l); err != nil {
+		return nil, err
+	}
+	var peer string
+	if r.Peer != nil {
+		role, name, ok := r.Peer(ctx)
+		if ok {
+			if role != w.GetRole().Name() {
+				return nil, status.Errorf(codes.PermissionDenied, "announce: %q holds the role %q and cannot announce a worker of role %s", name, role, w.GetRole().Name())
+			}
+			peer = name
+		}
+	}
+	// The worker's own figure counts within bounds only.
+	w.Outstanding = min(max(w.GetOutstanding(), 0), l.MaxOutstanding)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.workers[w.GetId()]
-	if !ok {
-		e = &worker{}
-		r.workers[w.GetId()] = e
+	switch {
+	case ok && e.peer != "" && peer != e.peer:
+		return nil, status.Errorf(codes.PermissionDenied, "announce: worker id %.64q belongs to %q, not %q", w.GetId(), e.peer, peer)
+	case !ok && len(r.workers) >= l.MaxWorkers:
+		return nil, status.Errorf(codes.ResourceExhausted, "announce: %d workers registered, the limit is %d", len(r.workers), l.MaxWorkers)
 	}
+	changed := !ok
+	if !ok {
+		e = &worker{peer: peer}
+		r.workers[w.GetId()] = e
+	} else {
+		changed = e.info.GetRole() != w.GetRole() || e.info.GetAddr() != w.GetAddr() || !slices.Equal(e.info.GetModels(), w.GetModels())
+		if changed {
+			r.unindex(e)
+		}
+	}
+	if e.peer == "" {
+		e.peer = peer
+	}
+	old := e.info
 	e.info, e.lastSeen = w, r.now()
+	r.gen++
+	if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
+		e.told = r.gen
+	}
+	if changed {
+		e.joined = r.gen
+		r.index(e)
+		if w.GetRole() == prismv1.Role_ROLE_DENSE || old.GetRole() == prismv1.Role_ROLE_DENSE {
+			r.listDense()
+		}
+	}
 	if r.observe != nil {
 		r.observe(w)
 	}
 	for _, m := range w.GetModels() {
-		r.known[m] = true
+		if len(r.known) < maxKnownModels {
+			r.known[m] = true
+		}
 	}
 	if !ok {
 		r.notify()
 	}
-	return &prismv1.AnnounceResponse{HeartbeatMs: r.heartbeat.Milliseconds()}, nil
+	resp := &prismv1.AnnounceResponse{HeartbeatMs: r.heartbeat.Milliseconds()}
+	if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
+		resp.DenseAddrs = r.denseAddrs // replaced, never changed in place
+	}
+	return resp, nil
 }
 
-// Leave removes a worker at once.
-func (r *Registry) Leave(_ context.Context, req *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
+// index and unindex add e to and remove it from byModel; r.mu held.
+func (r *Registry) index(e *worker) {
+	for _, m := range e.info.GetModels() {
+		k := roleModel{e.info.GetRole(), m}
+		set := r.byModel[k]
+		if set == nil {
+			set = &workerSet{pos: map[string]int{}}
+			r.byModel[k] = set
+		}
+		set.add(e)
+	}
+}
+
+func (r *Registry) unindex(e *worker) {
+	for _, m := range e.info.GetModels() {
+		k := roleModel{e.info.GetRole(), m}
+		if set := r.byModel[k]; set != nil {
+			set.remove(e.info.GetId())
+			if len(set.ws) == 0 {
+				delete(r.byModel, k)
+			}
+		}
+	}
+}
+
+// listDense rebuilds denseAddrs; r.mu held.
+func (r *Registry) listDense() {
+	seen := map[string]bool{}
+	for _, e := range r.workers {
+		if e.info.GetRole() == prismv1.Role_ROLE_DENSE {
+			seen[e.info.GetAddr()] = true
+		}
+	}
+	r.denseAddrs = slices.Sorted(maps.Keys(seen))
+}
+
+// DenseAddrs are the registered dense workers' addresses, sorted.
+func (r *Registry) DenseAddrs() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, ok := r.workers[req.GetId()]; ok {
+	return slices.Clone(r.denseAddrs)
+}
+
+// Leave removes a worker at once. With Peer set, only the identity the
+// worker id is bound to may remove it.
+func (r *Registry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
+	var peer string
+	if r.Peer != nil {
+		if _, name, ok := r.Peer(ctx); ok {
+			peer = name
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.workers[req.GetId()]; ok {
+		if e.peer != "" && e.peer != peer {
+			return nil, status.Errorf(codes.PermissionDenied, "leave: worker id %.64q belongs to %q, not %q", req.GetId(), e.peer, peer)
+		}
 		r.drop(req.GetId())
 	}
 	return &prismv1.LeaveResponse{}, nil
@@ -146,7 +373,12 @@ func (r *Registry) Remove(id string) {
 
 // drop removes a registered worker; r.mu held.
 func (r *Registry) drop(id string) {
+	e := r.workers[id]
+	r.unindex(e)
 	delete(r.workers, id)
+	if e.info.GetRole() == prismv1.Role_ROLE_DENSE {
+		r.listDense()
+	}
 	if r.gone != nil {
 		r.gone(id)
 	}
@@ -165,26 +397,23 @@ func (r *Registry) Changed() <-chan struct{} {
 // skipping ids in exclude, and charges it n samples; release undoes the
 // charge. Ties go to the lowest address, so the choice is deterministic.
 func (r *Registry) Pick(role prismv1.Role, model string, n int64, exclude []string) (w *prismv1.WorkerInfo, release func(), err error) {
+	return r.PickFor(role, model, n, exclude, "")
+}
+
+// PickFor is Pick of a dense worker for the embedding worker id
+// sender: it prefers the dense workers sender has been told of (the
+// only ones it sends to), and falls back to the others only when there
+// are none (sender learns of them at its next heartbeat).
+func (r *Registry) PickFor(role prismv1.Role, model string, n int64, exclude []string, sender string) (w *prismv1.WorkerInfo, release func(), err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var best *worker
-	var bestLoad int64
-	lagging := 0
-	for _, e := range r.workers {
-		if e.info.GetRole() != role || !slices.Contains(e.info.GetModels(), model) || slices.Contains(exclude, e.info.GetId()) {
-			continue
-		}
-		if !e.info.GetHealthy() {
-			continue
-		}
-		if r.eligible != nil && !r.eligible(e.info, model) {
-			lagging++
-			continue
-		}
-		load := e.info.GetOutstanding() + e.inflight
-		if best == nil || load < bestLoad || (load == bestLoad && e.info.GetAddr() < best.info.GetAddr()) {
-			best, bestLoad = e, load
-		}
+	var told uint64
+	if e := r.workers[sender]; e != nil && role == prismv1.Role_ROLE_DENSE {
+		told = e.told
+	}
+	best, lagging, untold := r.best(role, model, exclude, told)
+	if best == nil && untold > 0 {
+		best, lagging, _ = r.best(role, model, exclude, 0)
 	}
 	if best == nil {
 		if lagging > 0 {
@@ -203,17 +432,44 @@ func (r *Registry) Pick(role prismv1.Role, model string, n int64, exclude []stri
 	}, nil
 }
 
+// best is the least-loaded eligible worker of role serving model, but
+// those in exclude and, when told is set, those that joined after it;
+// r.mu held.
+func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64) (best *worker, lagging, untold int) {
+	var bestLoad int64
+	var set []*worker
+	if s := r.byModel[roleModel{role, model}]; s != nil {
+		set = s.ws
+	}
+	for _, e := range set {
+		if slices.Contains(exclude, e.info.GetId()) {
+			continue
+		}
+		if told != 0 && e.joined >= told {
+			untold++
+			continue
+		}
+		if !e.info.GetHealthy() {
+			continue
+		}
+		if r.eligible != nil && !r.eligible(e.info, model) {
+			lagging++
+			continue
+		}
+		load := e.info.GetOutstanding() + e.inflight
+		if best == nil || load < bestLoad || (load == bestLoad && e.info.GetAddr() < best.info.GetAddr()) {
+			best, bestLoad = e, load
+		}
+	}
+	return best, lagging, untold
+}
+
 // Serves says whether some live worker serves model (the per-request
 // check; Models builds sorted lists for messages).
 func (r *Registry) Serves(model string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, e := range r.workers {
-		if slices.Contains(e.info.GetModels(), model) {
-			return true
-		}
-	}
-	return false
+	return r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}] != nil || r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}] != nil
 }
 
 // Known says whether some worker ever served model.
@@ -227,17 +483,13 @@ func (r *Registry) Known(model string) bool {
 func (r *Registry) Models() (cpu, gpu []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seen := map[prismv1.Role]map[string]bool{prismv1.Role_ROLE_EMBEDDING: {}, prismv1.Role_ROLE_DENSE: {}}
-	for _, e := range r.workers {
-		for _, m := range e.info.GetModels() {
-			seen[e.info.GetRole()][m] = true
+	for k := range r.byModel {
+		switch k.role {
+		case prismv1.Role_ROLE_EMBEDDING:
+			cpu = append(cpu, k.model)
+		case prismv1.Role_ROLE_DENSE:
+			gpu = append(gpu, k.model)
 		}
-	}
-	for m := range seen[prismv1.Role_ROLE_EMBEDDING] {
-		cpu = append(cpu, m)
-	}
-	for m := range seen[prismv1.Role_ROLE_DENSE] {
-		gpu = append(gpu, m)
 	}
 	sort.Strings(cpu)
 	sort.Strings(gpu)

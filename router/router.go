@@ -51,6 +51,33 @@ type Options struct {
 	UpdateLogBytes int64
 	Logger         *slog.Logger
 
+	// Limits bound what the registry takes from workers (sizes, the
+	// outstanding figure); see RegistryLimits for the defaults.
+	Limits RegistryLimits
+	// Peer, when set, names the caller of a registry RPC from its
+	// certificate: a worker id is bound to the identity that first
+	// announced it, and a worker's role must be its identity's. Nil:
+	// no binding (plaintext).
+	Peer PeerFunc
+	// MaxInflightBytes bounds the request bytes admitted and not yet
+	// answered (default 1 GiB): a request costs its candidates against
+	// MaxInflight and its size against this.
+	MaxInflightBytes int64
+	// MaxContextBytes bounds one request's shared context (default 4 MiB).
+	MaxContextBytes int
+	// MaxStreams bounds the RecommendStream streams open at once
+	// (default 1024); one more is ResourceExhausted.
+	MaxStreams int
+	// DialOptions are added to the connections to the embedding workers
+	// (after the plaintext default, so transport credentials given here
+	// win): the router's TLS identity, or an in-process dialer in tests.
+	DialOptions []grpc.DialOption
+	// UpdateWorkerTimeout bounds one worker's answer to an update of the
+	// fan-out (default 10s, at most the caller's deadline): a worker
+	// that does not answer in time is left behind and caught up later,
+	// and the update is answered without it.
+	UpdateWorkerTimeout time.Duration
+
 	// now is the router's clock (tests set it; default time.Now): the
 	// registry's expiry and the update sequencer's start-up wait read it.
 	now func() time.Time
@@ -82,7 +109,28 @@ func (o *Options) EnsureDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	o.Limits.EnsureDefaults()
+	if o.MaxInflightBytes <= 0 {
+		o.MaxInflightBytes = DefaultMaxInflightBytes
+	}
+	if o.MaxContextBytes <= 0 {
+		o.MaxContextBytes = DefaultMaxContextBytes
+	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = DefaultMaxStreams
+	}
+	if o.UpdateWorkerTimeout <= 0 {
+		o.UpdateWorkerTimeout = DefaultUpdateWorkerTimeout
+	}
 }
+
+// Defaults of Options' admission fields (the command's flags use them).
+const (
+	DefaultMaxInflightBytes    = 1 << 30
+	DefaultMaxContextBytes     = 4 << 20
+	DefaultMaxStreams          = 1024
+	DefaultUpdateWorkerTimeout = 10 * time.Second
+)
 
 // Router serves Recommend over the registered workers.
 type Router struct {
@@ -91,13 +139,14 @@ type Router struct {
 	opts     Options
 	log      *slog.Logger
 	inflight atomic.Int64
-	connMu   sync.Mutex
-	conns    map[string]*grpc.ClientConn
-	upd      *updateDriver
-	m        routerMetrics
-	// dialOpts are added to the workers' connections (tests dial
-	// in-process servers).
-	dialOpts []grpc.DialOption
+	// inflightBytes are the admitted requests' bytes (admission.go);
+	// streams the RecommendStream streams open.
+	inflightBytes atomic.Int64
+	streams       atomic.Int64
+	connMu        sync.Mutex
+	conns         map[string]*grpc.ClientConn
+	upd           *updateDriver
+	m             routerMetrics
 }
 
 type routerMetrics struct {
@@ -114,6 +163,7 @@ type routerMetrics struct {
 func New(o Options, reg prometheus.Registerer) *Router {
 	o.EnsureDefaults()
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
+	r.Reg.Limits, r.Reg.Peer = o.Limits, o.Peer
 	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
 	r.m.rejected = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control."})
@@ -124,7 +174,7 @@ func New(o Options, reg prometheus.Registerer) *Router {
 	if reg != nil {
 		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers, r.m.behind)
 	}
-	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, r.applyUpdate)
+	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
 	r.Reg.observe = r.upd.announced
 	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync
@@ -201,7 +251,7 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 		// Keepalive notices a worker that vanished without closing its
 		// connections (a lost node), so calls to it fail instead of hanging.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
-	}, append(serve.DialOptions(), r.dialOpts...)...)...)
+	}, append(serve.DialOptions(), r.opts.DialOptions...)...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -225,15 +275,18 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if err := r.validate(req); err != nil {
 		return nil, err
 	}
+	bytes, err := r.cost(req, n)
+	if err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	if cur := r.inflight.Add(int64(n)); cur > r.opts.MaxInflight {
-		r.inflight.Add(-int64(n))
-		r.m.rejected.Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d samples in flight, limit %d; retry later", cur-int64(n), r.opts.MaxInflight)
+	release, err := r.admit(int64(n), bytes)
+	if err != nil {
+		return nil, err
 	}
-	defer r.inflight.Add(-int64(n))
+	defer release()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)
@@ -293,6 +346,11 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 // does not end a scoring job. The stream ends with an error only when it
 // breaks (cancelled, deadline, a message that does not decode).
 func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendRequest, prismv1.RecommendResponse]) error {
+	closeStream, err := r.openStream()
+	if err != nil {
+		return err
+	}
+	defer closeStream()
 	ctx, cancel := context.WithCancel(s.Context())
 	// slots carries, in request order, one channel per request for its
 	// response: the ones buffered plus the one the sender waits on make
@@ -434,11 +492,11 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 	var avoid []string
 	var last error
 	for attempt := range 2 {
-		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, avoid)
+		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, avoid, "")
 		if err != nil {
 			return nil, 0, firstErr(last, err)
 		}
-		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, avoid)
+		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, avoid, cn.GetId())
 		if err != nil {
 			releaseCN()
 			return nil, 0, firstErr(last, err)
@@ -471,10 +529,10 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 
 // pick prefers a worker not in avoid, and falls back to one that is
 // (retrying on the same replica beats failing when there is no other).
-func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string) (*prismv1.WorkerInfo, func(), error) {
-	w, release, err := r.Reg.Pick(role, model, int64(n), avoid)
+func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string, sender string) (*prismv1.WorkerInfo, func(), error) {
+	w, release, err := r.Reg.PickFor(role, model, int64(n), avoid, sender)
 	if err != nil && len(avoid) > 0 {
-		w, release, err = r.Reg.Pick(role, model, int64(n), nil)
+		w, release, err = r.Reg.PickFor(role, model, int64(n), nil, sender)
 	}
 	if err != nil {
 		return nil, nil, status.Error(codes.Unavailable, err.Error())
@@ -506,6 +564,11 @@ func retryable(ctx context.Context, err error) bool {
 	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.ResourceExhausted, codes.Canceled:
+		return true
+	case codes.PermissionDenied:
+		// An embedding worker refusing a dense worker it has not been
+		// told of yet (it joined since the worker's last heartbeat):
+		// another pair may serve.
 		return true
 	}
 	return false

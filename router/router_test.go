@@ -138,7 +138,7 @@ func dialInproc(ctx context.Context, name string) (net.Conn, error) {
 // testRouter is a router that dials the in-process servers.
 func testRouter(o Options) *Router {
 	r := New(o, nil)
-	r.dialOpts = []grpc.DialOption{grpc.WithContextDialer(dialInproc)}
+	r.opts.DialOptions = []grpc.DialOption{grpc.WithContextDialer(dialInproc)}
 	return r
 }
 

@@ -32,6 +32,11 @@ type sequencer struct {
 	// (three heartbeats after the router started): before it no update
 	// is numbered and no updated model served.
 	settled time.Time
+	// window is how long after the router first hears of a model its
+	// workers' update_seq may still set the model's sequence (three
+	// heartbeats): a model whose workers join after the router started
+	// gets a startup window of its own.
+	window time.Duration
 	// now is the latest logical time an event carried.
 	now time.Time
 	// workers are the live embedding workers by id, as last announced.
@@ -53,8 +58,24 @@ type modelSeq struct {
 	log       []*prismv1.ApplyUpdateRequest
 	bytes     int64
 	known     map[string]int64 // live worker id -> last seq it holds
-	catching  map[string]bool  // a replay to the worker is under way
-	stale     map[string]bool  // reported once
+	// foreign are live workers announcing updates this router did not
+	// number and may not adopt (after the startup window, or once it
+	// has numbered updates): worker id -> the seq claimed. They take no
+	// updates and serve no lookups of the model.
+	foreign map[string]int64
+	// slow are live workers that let an update of the fan-out time out
+	// (errWorkerTimeout): they get no new updates until the catch-up has
+	// brought them to the latest, so each update does not wait for them.
+	slow map[string]bool
+	// diverged are live workers that refused as bad input an update
+	// another worker applied (worker id -> that seq): their copy differs
+	// and a replay cannot mend it (the refusal took the seq), so they
+	// serve no lookups of the model and get no updates.
+	diverged map[string]int64
+	// opened is when a worker first announced the model's seq.
+	opened   time.Time
+	catching map[string]bool // a replay to the worker is under way
+	stale    map[string]bool // reported once
 	// queue holds the updates waiting their turn, oldest first; inflight
 	// is the one being applied (one at a time gives one order).
 	queue    []*proposal
@@ -76,6 +97,9 @@ type fanout struct {
 	applied  int
 	inputErr error
 	failed   error
+	// refusers are the workers that answered InvalidArgument, "id
+	// addr: message" by id.
+	refusers map[string]string
 }
 
 // msgType says what a message asks the caller to do.
@@ -114,11 +138,17 @@ type message struct {
 // did not send because the router is stopping: the replay just ends.
 var errRouterStopping = errors.New("router stopping")
 
+// errWorkerTimeout is the outcome the caller reports for an apply of a
+// client's update that the worker did not answer within the per-worker
+// timeout while the client still waited.
+var errWorkerTimeout = errors.New("no answer within the per-worker update timeout")
+
 // newSequencer starts a sequencer at the router's start time.
 func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64) *sequencer {
 	return &sequencer{
 		logBytes: logBytes,
 		settled:  start.Add(3 * heartbeat),
+		window:   3 * heartbeat,
 		now:      start,
 		workers:  map[string]*prismv1.WorkerInfo{},
 		models:   map[string]*modelSeq{},
@@ -153,15 +183,35 @@ func (s *sequencer) answer(client uint64, resp *prismv1.UpdateResponse, err erro
 func (s *sequencer) model(model string) *modelSeq {
 	m := s.models[model]
 	if m == nil {
-		m = &modelSeq{known: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		m = &modelSeq{known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
 		s.models[model] = m
 	}
 	return m
 }
 
+// settles is when the startup window of m ends: three heartbeats after
+// the router started, or after the first announcement of m's seq when
+// that came later.
+func (s *sequencer) settles(m *modelSeq) time.Time {
+	if m.opened.IsZero() {
+		return s.settled
+	}
+	return later(s.settled, m.opened.Add(s.window))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // announced is the event "worker w announced what it serves and holds".
-// A model seen for the first time (a router that just started)
-// continues from the highest seq any worker holds.
+// Within the model's startup window, before this router numbered any
+// of its updates, the sequence continues from the highest seq any
+// worker holds. Later a worker claiming updates beyond the sequence is
+// not believed: the numbering stays, and the worker is foreign (no
+// updates, no lookups) until it announces a seq the router knows.
 func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 	s.advance(now)
 	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
@@ -173,20 +223,28 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 	for _, model := range slices.Sorted(maps.Keys(w.GetUpdateSeq())) {
 		seq := w.GetUpdateSeq()[model]
 		m := s.model(model)
-		if seq > 0 {
-			s.any = true
+		if m.opened.IsZero() {
+			m.opened = s.now
 		}
 		if seq > m.next {
-			if m.handedOut {
-				// This router numbered the model's updates, and a worker
-				// holds a later one: another history (a store copied from
-				// elsewhere, a second router). Its updates are newer than
-				// any this router knows; continue after them.
-				s.logf(slog.LevelError, "embedding worker holds updates this router never sent; continuing the sequence after them (do two routers take updates for this model?)",
-					"model", model, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
+			if m.handedOut || !s.now.Before(s.settles(m)) {
+				// Another history (a store copied from elsewhere, a
+				// second router) or a lie: adopting it would renumber
+				// the model and leave every real worker behind.
+				if m.foreign[w.GetId()] != seq {
+					s.logf(slog.LevelError, "embedding worker claims updates this router never numbered; it is left out of the model (no updates, no lookups) and the sequence goes on: give it a copy of an up-to-date worker's store (do two routers take updates for this model?)",
+						"model", model, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
+				}
+				m.foreign[w.GetId()] = seq
+				delete(m.known, w.GetId())
+				continue
 			}
 			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
 		}
+		if seq > 0 {
+			s.any = true
+		}
+		delete(m.foreign, w.GetId())
 		m.known[w.GetId()] = max(m.known[w.GetId()], seq)
 	}
 }
@@ -205,6 +263,9 @@ func (s *sequencer) forget(id string) {
 	for _, m := range s.models {
 		delete(m.known, id)
 		delete(m.stale, id)
+		delete(m.foreign, id)
+		delete(m.slow, id)
+		delete(m.diverged, id)
 	}
 }
 
@@ -218,6 +279,10 @@ func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateReq
 		return
 	}
 	m := s.model(req.GetModel())
+	if wait := s.settles(m).Sub(s.now); wait > 0 {
+		s.answer(client, nil, status.Errorf(codes.Unavailable, "router first heard of model %q moments ago and is still learning which updates its embedding workers hold; retry in %v", req.GetModel(), wait.Round(time.Millisecond)))
+		return
+	}
 	m.queue = append(m.queue, &proposal{client: client, req: req, deadline: deadline})
 	s.startNext(req.GetModel(), m)
 }
@@ -238,10 +303,18 @@ func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 	}
 }
 
-// targets are the live embedding workers serving model, by id.
+// targets are the live embedding workers serving model, by id, but
+// the foreign ones.
 func (s *sequencer) targets(model string) []*prismv1.WorkerInfo {
 	var out []*prismv1.WorkerInfo
+	m := s.models[model]
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+		if _, foreign := m.foreign[id]; foreign {
+			continue
+		}
+		if _, diverged := m.diverged[id]; diverged || m.slow[id] {
+			continue
+		}
 		if w := s.workers[id]; slices.Contains(w.GetModels(), model) {
 			out = append(out, w)
 		}
@@ -263,6 +336,10 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		}
 		targets := s.targets(model)
 		if len(targets) == 0 {
+			if n := len(m.slow) + len(m.diverged) + len(m.foreign); n > 0 {
+				s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no embedding worker taking updates right now (%d slow and being caught up, or out of serving; see the router's log); retry", model, n))
+				continue
+			}
 			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no live embedding worker right now; retry", model))
 			continue
 		}
@@ -310,6 +387,9 @@ func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, held int64
 func (s *sequencer) ack(m *modelSeq, id string, seq int64) {
 	if _, live := s.workers[id]; live {
 		m.known[id] = max(m.known[id], seq)
+		if m.known[id] >= m.next {
+			delete(m.slow, id) // caught up: back in the fan-out
+		}
 	}
 }
 
@@ -344,6 +424,10 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		if f.inputErr == nil {
 			f.inputErr = err
 		}
+		if f.refusers == nil {
+			f.refusers = map[string]string{}
+		}
+		f.refusers[worker] = addr + ": " + status.Convert(err).Message()
 		s.ack(m, worker, seq)
 	case codes.FailedPrecondition:
 		// Behind: the catch-up replays what it missed, then this.
@@ -351,6 +435,13 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	default:
 		if f.failed == nil {
 			f.failed = fmt.Errorf("worker %s: %s", addr, status.Convert(err).Message())
+		}
+		if errors.Is(err, errWorkerTimeout) {
+			// Hung or slow: the next updates do not wait for it; the
+			// catch-up brings it back.
+			m.slow[worker] = true
+			s.logf(slog.LevelWarn, "embedding worker did not answer an update in time; it gets no new updates until caught up", "model", model, "worker", worker, "seq", seq)
+			break
 		}
 		s.logf(slog.LevelWarn, "update failed on an embedding worker; it is left out of serving until caught up", "model", model, "worker", worker, "seq", seq, "err", err)
 	}
@@ -374,7 +465,19 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
 	default:
 		m.committed = max(m.committed, f.seq)
-		s.answer(f.client, &prismv1.UpdateResponse{Workers: int32(f.applied)}, nil)
+		resp := &prismv1.UpdateResponse{Workers: int32(f.applied)}
+		// Divergent answers: some applied it, some refused it as bad
+		// input. The refusers' copies now lack the rows and a replay
+		// cannot add them (the refusal took the seq): out of serving.
+		for _, id := range slices.Sorted(maps.Keys(f.refusers)) {
+			resp.Refused = append(resp.Refused, f.refusers[id])
+			if _, live := s.workers[id]; live {
+				m.diverged[id] = f.seq
+				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
+					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
+			}
+		}
+		s.answer(f.client, resp, nil)
 	}
 	s.startNext(model, m)
 }
@@ -468,7 +571,13 @@ func (s *sequencer) inSync(w *prismv1.WorkerInfo, model string, now time.Time) b
 	if m == nil {
 		return true
 	}
-	if m.next > 0 && now.Before(s.settled) {
+	if _, foreign := m.foreign[w.GetId()]; foreign {
+		return false
+	}
+	if _, diverged := m.diverged[w.GetId()]; diverged {
+		return false
+	}
+	if m.next > 0 && now.Before(s.settles(m)) {
 		return false
 	}
 	k, ok := m.known[w.GetId()]
@@ -491,6 +600,9 @@ func (m message) String() string {
 		if m.Err != nil {
 			st := status.Convert(m.Err)
 			return fmt.Sprintf("answer c%d: %s: %s", m.Client, st.Code(), st.Message())
+		}
+		if r := m.Resp.GetRefused(); len(r) > 0 {
+			return fmt.Sprintf("answer c%d: ok, %d workers, refused by %s", m.Client, m.Resp.GetWorkers(), strings.Join(r, "; "))
 		}
 		return fmt.Sprintf("answer c%d: ok, %d workers", m.Client, m.Resp.GetWorkers())
 	case msgBehind:

@@ -33,7 +33,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	gone <worker>                              left, expired or removed
 //	propose <client> [model=m] [table=t] [ids=1] [deadline=10s]
 //	cancel <client> [code=Canceled]            the client's context ended
-//	applied <client|replay> <worker> <seq> [model=m] [code=OK]
+//	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout]
 //	tick [after=0s]                            a heartbeat
 //	serving [model=m]                          which live workers may serve
 //	state [model=m]                            the model's sequence
@@ -189,7 +189,9 @@ func (h *seqScript) do(line string) []string {
 	case "applied":
 		need(3)
 		var err error
-		if c := codeNamed(h.t, arg("code", "OK")); c != codes.OK {
+		if arg("code", "") == "timeout" {
+			err = errWorkerTimeout
+		} else if c := codeNamed(h.t, arg("code", "OK")); c != codes.OK {
 			err = status.Error(c, "worker says "+c.String())
 		}
 		h.s.applied(h.now, client(pos[0]), model, pos[1], num(pos[2]), err)
@@ -244,6 +246,17 @@ func (h *seqScript) state(model string) string {
 	if f := m.inflight; f != nil {
 		inflight = fmt.Sprintf("c%d#%d waiting %s", f.client, f.seq, strings.Join(slices.Sorted(maps.Keys(f.waiting)), ","))
 	}
-	return fmt.Sprintf("next=%d committed=%d log=%d..%d (%d bytes) known=%s catching=%s stale=%s queue=%s inflight=%s",
+	out := fmt.Sprintf("next=%d committed=%d log=%d..%d (%d bytes) known=%s catching=%s stale=%s queue=%s inflight=%s",
 		m.next, m.committed, m.floor+1, m.next, m.bytes, strings.Join(known, ","), ids(m.catching), ids(m.stale), strings.Join(queue, ","), inflight)
+	// Only when set, so the scripts written before them read the same.
+	if len(m.foreign) > 0 {
+		out += " foreign=" + strings.Join(slices.Sorted(maps.Keys(m.foreign)), ",")
+	}
+	if len(m.slow) > 0 {
+		out += " slow=" + ids(m.slow)
+	}
+	if len(m.diverged) > 0 {
+		out += " diverged=" + strings.Join(slices.Sorted(maps.Keys(m.diverged)), ",")
+	}
+	return out
 }

@@ -42,6 +42,15 @@ import (
 //     lookups of a model that has had updates, for Options.Heartbeat x 3:
 //     every live worker has announced what it holds by then, so the
 //     sequence continues from the true latest.
+//   - A worker's announced seq sets the sequence only inside that
+//     startup window (or a model's own, three heartbeats from the first
+//     announcement of a model the router heard of later), and never
+//     once this router has numbered the model's updates: a worker
+//     claiming later updates is left out of the model, not followed.
+//   - A worker that does not answer within Options.UpdateWorkerTimeout
+//     is left behind (caught up later), not waited on; one refusing as
+//     bad input an update another applied leaves serving the model, and
+//     the caller's UpdateResponse.refused names it.
 //
 // One router sequences a model's updates; several routers taking updates
 // for the same model would need a shared sequencer.
@@ -125,6 +134,10 @@ type updateDriver struct {
 	behind *prometheus.GaugeVec
 	// timeout bounds one replayed update (the router's default timeout).
 	timeout time.Duration
+	// workerTimeout bounds one worker's answer to a client's update
+	// (Options.UpdateWorkerTimeout): past it the worker is reported slow
+	// (errWorkerTimeout) while the client still waits for the others.
+	workerTimeout time.Duration
 	// any mirrors sequencer.any, so the lookup path takes no lock until
 	// some model has had an update (one atomic load).
 	any atomic.Bool
@@ -210,8 +223,19 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 	var err error
 	switch {
 	case m.Client != 0:
-		// The caller's deadline bounds its update's fan-out.
-		err = d.call(ctx, m.Addr, m.Apply)
+		// The caller's deadline bounds its update's fan-out, and the
+		// per-worker timeout each worker's part: a hung worker is left
+		// behind, not waited on.
+		cctx := ctx
+		cancel := context.CancelFunc(func() {})
+		if d.workerTimeout > 0 {
+			cctx, cancel = context.WithTimeout(ctx, d.workerTimeout)
+		}
+		err = d.call(cctx, m.Addr, m.Apply)
+		if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+			err = errWorkerTimeout
+		}
+		cancel()
 	case ctx.Err() != nil:
 		err = errRouterStopping
 	default:
@@ -273,9 +297,9 @@ func (d *updateDriver) tick(ctx context.Context) {
 	})
 }
 
-func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout time.Duration,
+func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout, workerTimeout time.Duration,
 	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error) *updateDriver {
-	return &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}}
+	return &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}}
 }
 
 // wait returns once no apply is under way (a replay goes on until the

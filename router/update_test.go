@@ -37,6 +37,8 @@ type seqCN struct {
 	gate, entered chan struct{}
 	// order records the seqs applied, in order.
 	order []int64
+	// refuse: every table is refused as bad input (taking its seq).
+	refuse bool
 }
 
 func (f *seqCN) Update(_ context.Context, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
@@ -60,7 +62,7 @@ func (f *seqCN) Update(_ context.Context, req *prismv1.ApplyUpdateRequest) (*pri
 		return nil, status.Errorf(codes.FailedPrecondition, "needs %d", f.seq+1)
 	}
 	f.seq = seq
-	if req.GetUpdate().GetTable() == "bad" {
+	if req.GetUpdate().GetTable() == "bad" || f.refuse {
 		return nil, status.Error(codes.InvalidArgument, "unknown table")
 	}
 	if f.rows == nil {
@@ -450,7 +452,7 @@ func TestCancelledWhileQueuedTakesNoNumber(t *testing.T) {
 		}
 		return ctx.Err()
 	}
-	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, call)
+	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
 	for _, id := range []string{"w1", "w2"} {
 		d.announced(&prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-" + id, Models: []string{"m"}, Healthy: true})
 	}

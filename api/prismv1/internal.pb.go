@@ -146,7 +146,10 @@ type LookupRequest struct {
 	NumSamples int32     `protobuf:"varint,3,opt,name=num_samples,json=numSamples,proto3" json:"num_samples,omitempty"`
 	Context    *Features `protobuf:"bytes,4,opt,name=context,proto3" json:"context,omitempty"`
 	Candidates *Features `protobuf:"bytes,5,opt,name=candidates,proto3" json:"candidates,omitempty"`
-	// dense_addr is the dense worker to send the cut tensors to.
+	// dense_addr is the dense worker to send the cut tensors to. The
+	// embedding worker accepts only one the router told it of (see
+	// AnnounceResponse.dense_addrs): PERMISSION_DENIED otherwise, and
+	// UNAVAILABLE while it has not heard from a router.
 	DenseAddr     string `protobuf:"bytes,6,opt,name=dense_addr,json=denseAddr,proto3" json:"dense_addr,omitempty"`
 	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -656,7 +659,11 @@ func (x *AnnounceRequest) GetWorker() *WorkerInfo {
 type AnnounceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// heartbeat_ms is how often the router expects to hear from the worker.
-	HeartbeatMs   int64 `protobuf:"varint,1,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
+	HeartbeatMs int64 `protobuf:"varint,1,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
+	// dense_addrs, in the answer to an embedding worker, are the addresses
+	// of the dense workers registered now (sorted): the only ones its
+	// Lookup may send cut tensors to (LookupRequest.dense_addr).
+	DenseAddrs    []string `protobuf:"bytes,2,rep,name=dense_addrs,json=denseAddrs,proto3" json:"dense_addrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -696,6 +703,13 @@ func (x *AnnounceResponse) GetHeartbeatMs() int64 {
 		return x.HeartbeatMs
 	}
 	return 0
+}
+
+func (x *AnnounceResponse) GetDenseAddrs() []string {
+	if x != nil {
+		return x.DenseAddrs
+	}
+	return nil
 }
 
 type LeaveRequest struct {
@@ -917,9 +931,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
-	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"5\n" +
+	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"V\n" +
 	"\x10AnnounceResponse\x12!\n" +
-	"\fheartbeat_ms\x18\x01 \x01(\x03R\vheartbeatMs\"\x1e\n" +
+	"\fheartbeat_ms\x18\x01 \x01(\x03R\vheartbeatMs\x12\x1f\n" +
+	"\vdense_addrs\x18\x02 \x03(\tR\n" +
+	"denseAddrs\"\x1e\n" +
 	"\fLeaveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rLeaveResponse\"\r\n" +

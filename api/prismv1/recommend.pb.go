@@ -450,7 +450,12 @@ type UpdateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// workers is the number of embedding workers that applied the update;
 	// each synced it to its write-ahead log before answering.
-	Workers       int32 `protobuf:"varint,1,opt,name=workers,proto3" json:"workers,omitempty"`
+	Workers int32 `protobuf:"varint,1,opt,name=workers,proto3" json:"workers,omitempty"`
+	// refused names the embedding workers that refused the update (as bad
+	// input) while others applied it, each as "ADDR: reason": their
+	// copies now differ, so they are left out of serving the model until
+	// they are given a copy of an up-to-date worker's store.
+	Refused       []string `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -492,6 +497,13 @@ func (x *UpdateResponse) GetWorkers() int32 {
 	return 0
 }
 
+func (x *UpdateResponse) GetRefused() []string {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
 var File_api_prismv1_recommend_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_recommend_proto_rawDesc = "" +
@@ -528,9 +540,10 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x10\n" +
 	"\x03ids\x18\x03 \x03(\x03R\x03ids\x12\x12\n" +
-	"\x04rows\x18\x04 \x01(\fR\x04rows\"*\n" +
+	"\x04rows\x18\x04 \x01(\fR\x04rows\"D\n" +
 	"\x0eUpdateResponse\x12\x18\n" +
-	"\aworkers\x18\x01 \x01(\x05R\aworkers2\xa3\x01\n" +
+	"\aworkers\x18\x01 \x01(\x05R\aworkers\x12\x18\n" +
+	"\arefused\x18\x02 \x03(\tR\arefused2\xa3\x01\n" +
 	"\vRecommender\x12D\n" +
 	"\tRecommend\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse\x12N\n" +
 	"\x0fRecommendStream\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse(\x010\x012I\n" +

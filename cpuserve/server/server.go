@@ -43,7 +43,16 @@ type Options struct {
 	IngestProgress func(model string, done, total int64)
 	// DialOptions are added to the dense tier connections.
 	DialOptions []grpc.DialOption
-	Logger      *slog.Logger
+	// MaxInflightSamples bounds the samples of the Lookups in flight
+	// (default DefaultMaxInflightSamples); beyond it a Lookup is
+	// ResourceExhausted at once (the router retries another replica).
+	MaxInflightSamples int64
+	// AnyDenseAddr lets a Lookup name any dense_addr. Off (the default),
+	// only the dense workers the router last announced (SetDenseAddrs)
+	// are dialled: set it only for a worker without a router (tools,
+	// tests).
+	AnyDenseAddr bool
+	Logger       *slog.Logger
 }
 
 // DefaultMaxSamples is Options.MaxSamples' default.
@@ -53,6 +62,9 @@ const DefaultMaxSamples = 8192
 func (o *Options) EnsureDefaults() {
 	if o.MaxSamples <= 0 {
 		o.MaxSamples = DefaultMaxSamples
+	}
+	if o.MaxInflightSamples <= 0 {
+		o.MaxInflightSamples = DefaultMaxInflightSamples
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -87,6 +99,9 @@ type Server struct {
 
 	outstanding atomic.Int64
 	met         *metrics
+	// denseAddrs is the router's latest list of dense workers (nil until
+	// it has answered an announcement).
+	denseAddrs atomic.Pointer[denseSet]
 }
 
 var _ prismv1.EmbeddingTierServer = (*Server)(nil)
@@ -262,12 +277,17 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	if req.GetDenseAddr() == "" {
 		return nil, badInput("dense_addr is empty: the router names the dense worker to send the tensors to")
 	}
+	if err := s.checkDense(req.GetDenseAddr()); err != nil {
+		return nil, err
+	}
 	if v := req.GetVersion(); v != 0 {
 		if err := s.checkVersion(m.name, v); err != nil {
 			return nil, err
 		}
 	}
-	s.outstanding.Add(int64(n))
+	if err := s.admit(int64(n)); err != nil {
+		return nil, err
+	}
 	defer s.outstanding.Add(-int64(n))
 	s.met.samples.Observe(float64(n))
 

@@ -149,6 +149,9 @@ func newFixture() (*fixture, error) {
 		return nil, err
 	}
 	f.dense = dd
+	// The router's list of dense workers: the double, and an address
+	// nothing listens at (a dense worker gone since).
+	f.srv.SetDenseAddrs([]string{f.addr, grpctest.Target("nowhere")})
 	cpuAddr, err := start("cpu", func(g *grpc.Server) { prismv1.RegisterEmbeddingTierServer(g, f.srv) })
 	if err != nil {
 		return nil, err
@@ -416,6 +419,9 @@ func TestBadInput(t *testing.T) {
 		}, codes.InvalidArgument, "negative"},
 		{"no dense address", func(r *prismv1.LookupRequest) { r.DenseAddr = "" }, codes.InvalidArgument, "dense_addr"},
 		{"dense unreachable", func(r *prismv1.LookupRequest) { r.DenseAddr = grpctest.Target("nowhere") }, codes.Unavailable, ""},
+		// Embeddings go only to dense workers the router registered.
+		{"dense not registered", func(r *prismv1.LookupRequest) { r.DenseAddr = grpctest.Target("elsewhere") }, codes.PermissionDenied, "not a dense worker registered with the router"},
+		{"dense host of the attacker", func(r *prismv1.LookupRequest) { r.DenseAddr = "203.0.113.9:443" }, codes.PermissionDenied, "not a dense worker registered"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -17,6 +17,14 @@ import (
 // background and survives the router being away (it retries). opts are
 // added to the connection to the router (tests dial over bufconn).
 func Announce(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
+	return AnnounceWith(ctx, routerAddr, info, nil, log, opts...)
+}
+
+// AnnounceWith is Announce that hands every answer of the router to
+// answered (when set), in the heartbeat's goroutine: an embedding worker
+// learns there the dense workers it may send to
+// (AnnounceResponse.dense_addrs).
+func AnnounceWith(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, answered func(*prismv1.AnnounceResponse), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
@@ -45,6 +53,9 @@ func Announce(ctx context.Context, routerAddr string, info func() *prismv1.Worke
 					log.Info("registry: announced again", "router", routerAddr)
 				}
 				failing = false
+				if answered != nil {
+					answered(resp)
+				}
 				if resp.GetHeartbeatMs() > 0 {
 					interval = time.Duration(resp.GetHeartbeatMs()) * time.Millisecond
 				}

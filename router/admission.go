@@ -1,0 +1,52 @@
+package router
+
+import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// cost is what a valid request costs admission in bytes: its size, plus
+// its shared context once more for every micro-batch after the first
+// (each Lookup carries it). It refuses a context over
+// Options.MaxContextBytes.
+func (r *Router) cost(req *prismv1.RecommendRequest, n int) (int64, error) {
+	ctxBytes := proto.Size(req.GetContext())
+	if ctxBytes > r.opts.MaxContextBytes {
+		return 0, status.Errorf(codes.InvalidArgument, "request context of %d bytes, the limit is %d", ctxBytes, r.opts.MaxContextBytes)
+	}
+	k := (n + r.opts.MicroBatch - 1) / r.opts.MicroBatch
+	return int64(proto.Size(req)) + int64(k-1)*int64(ctxBytes), nil
+}
+
+// admit charges a request's samples and bytes, or refuses it with
+// ResourceExhausted; release gives them back.
+func (r *Router) admit(n, bytes int64) (release func(), err error) {
+	if cur := r.inflight.Add(n); cur > r.opts.MaxInflight {
+		r.inflight.Add(-n)
+		r.m.rejected.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d samples in flight, limit %d; retry later", cur-n, r.opts.MaxInflight)
+	}
+	if cur := r.inflightBytes.Add(bytes); cur > r.opts.MaxInflightBytes {
+		r.inflightBytes.Add(-bytes)
+		r.inflight.Add(-n)
+		r.m.rejected.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d request bytes in flight, this request's %d exceed the limit of %d; retry later", cur-bytes, bytes, r.opts.MaxInflightBytes)
+	}
+	return func() {
+		r.inflight.Add(-n)
+		r.inflightBytes.Add(-bytes)
+	}, nil
+}
+
+// openStream counts a RecommendStream against Options.MaxStreams.
+func (r *Router) openStream() (closeStream func(), err error) {
+	if cur := r.streams.Add(1); cur > int64(r.opts.MaxStreams) {
+		r.streams.Add(-1)
+		r.m.rejected.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "%d RecommendStream streams open, the limit is %d; retry later", cur-1, r.opts.MaxStreams)
+	}
+	return func() { r.streams.Add(-1) }, nil
+}

@@ -1,0 +1,36 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// BenchmarkPick1000Workers is one Pick and its release with 1,000
+// embedding workers registered: spread over 10 models (100 serve the
+// model picked), and all serving one model.
+func BenchmarkPick1000Workers(b *testing.B) {
+	for _, models := range []int{10, 1} {
+		b.Run(fmt.Sprintf("models=%d", models), func(b *testing.B) {
+			reg := NewRegistry(time.Second, nil)
+			for i := range 1000 {
+				reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+					Id: fmt.Sprintf("w%04d", i), Addr: fmt.Sprintf("10.0.%d.%d:1", i/250, i%250), Role: prismv1.Role_ROLE_EMBEDDING,
+					Models: []string{fmt.Sprintf("m%d", i%models)}, Healthy: true, Outstanding: int64(i % 7),
+				}})
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				_, release, err := reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m0", 1, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release()
+			}
+		})
+	}
+}

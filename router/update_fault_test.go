@@ -1,0 +1,95 @@
+package router
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// A worker (or anyone) announcing a huge update_seq after the startup
+// window must not renumber the model and leave the real workers behind.
+func TestHugeAnnouncedSeqKeepsNumbering(t *testing.T) {
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{}, a, b)
+	if r, err := rig.update("t", 1, 10); err != nil || r.GetWorkers() != 2 {
+		t.Fatalf("update 1: %v %v", r, err)
+	}
+	rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+		Id: "evil", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "evil:1", Models: []string{"m"}, Healthy: true,
+		UpdateSeq: map[string]int64{"m": 1 << 40},
+	}})
+	if r, err := rig.update("t", 1, 20); err != nil || r.GetWorkers() != 2 {
+		t.Fatalf("update after the huge seq: %v %v (the real workers were left behind)", r, err)
+	}
+	if a.held() != 2 || b.held() != 2 {
+		t.Fatalf("seqs held: %d %d, want 2", a.held(), b.held())
+	}
+	if got := rig.servers(); !got[0] || !got[1] {
+		t.Fatalf("serving %v: the real workers must serve", got)
+	}
+	if _, _, err := rig.r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, []string{"cpu" + rig.addr[0], "cpu" + rig.addr[1]}); err == nil {
+		t.Fatal("the worker claiming foreign updates serves lookups")
+	}
+}
+
+// A hung worker is left behind after the per-worker timeout; the update
+// is answered without it, well before the caller's deadline, and the
+// next update does not wait for it either.
+func TestHungWorkerLeftBehind(t *testing.T) {
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{UpdateWorkerTimeout: 100 * time.Millisecond}, a, b)
+	gate := make(chan struct{})
+	b.mu.Lock()
+	b.gate, b.entered = gate, make(chan struct{}, 16)
+	b.mu.Unlock()
+	defer close(gate)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, err := rig.updateCtx(ctx, "t", 1, 10)
+	if err != nil || r.GetWorkers() != 1 {
+		t.Fatalf("update with a hung worker: %v %v", r, err)
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Fatalf("the update waited %v for the hung worker", el)
+	}
+	if got := rig.servers(); got[1] || !got[0] {
+		t.Fatalf("serving %v: the hung worker lacks update 1", got)
+	}
+	start = time.Now()
+	if r, err := rig.updateCtx(ctx, "t", 1, 20); err != nil || r.GetWorkers() != 1 {
+		t.Fatalf("update 2: %v %v", r, err)
+	}
+	if el := time.Since(start); el > 50*time.Millisecond && len(b.entered) > 1 {
+		t.Fatalf("update 2 was sent to the slow worker (%v)", el)
+	}
+	if !strings.Contains(rig.logs.String(), "did not answer an update in time") {
+		t.Fatalf("no log of the slow worker:\n%s", rig.logs.String())
+	}
+}
+
+// Divergent answers: one worker applies, one refuses as bad input. The
+// caller learns which refused, and the refuser leaves serving.
+func TestDivergentAnswersReported(t *testing.T) {
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{}, a, b)
+	b.mu.Lock()
+	b.refuse = true
+	b.mu.Unlock()
+	r, err := rig.update("t", 1, 10)
+	if err != nil || r.GetWorkers() != 1 || len(r.GetRefused()) != 1 || !strings.HasPrefix(r.GetRefused()[0], rig.addr[1]+": ") {
+		t.Fatalf("divergent update answered %v, %v; want 1 worker and %s named as refusing", r, err, rig.addr[1])
+	}
+	if got := rig.servers(); got[1] || !got[0] {
+		t.Fatalf("serving %v: the refusing worker's copy differs, it must not serve", got)
+	}
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
