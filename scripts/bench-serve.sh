@@ -7,6 +7,9 @@
 #     router's stage histograms);
 #  3. open loop at 50% and 80% of that maximum, 270 candidates per
 #     request: p50/p99 against the 60 ms target.
+# Mutual TLS by default (certificates in CERTS, default certs beside DB,
+# made by prism up when missing); TLS=0 runs every tier and the load
+# generator on plaintext (--insecure), for the comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=bin/prism
@@ -16,13 +19,15 @@ plan=${PLAN:-$out/$model-part}
 db=${DB:-$out/db}
 clients=${CLIENTS:-16}
 dur=${DURATION:-15s}
+certs=${CERTS:-$(dirname "$db")/certs}
+if [ "${TLS:-1}" = 0 ]; then tls=(--insecure); else tls=(--certs "$certs"); fi
 [ -f "$plan/plan.json" ] || { echo "bench-serve: no partition at $plan (run make demo first)"; exit 1; }
 
 mono() { $prism score "$out/$model/model.onnx" --samples 131072 --batch 256 --threads "$1" --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/'; }
 median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
 log=$(mktemp)
-$prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 ${UP_FLAGS:-} >"$log" 2>&1 &
+$prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 "${tls[@]}" ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true; rm -f "$log"' EXIT
 addr=""
@@ -35,7 +40,7 @@ done
 [ -n "$addr" ] || { cat "$log"; exit 1; }
 metrics=$(sed -n 's/.*router listening on [^ ]* (metrics \([^)]*\)).*/\1/p' "$log" | head -1)
 
-lg() { $prism loadgen --target "$addr" --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet "$@"; }
+lg() { $prism loadgen --target "$addr" "${tls[@]}" --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet "$@"; }
 # Warm-up (hot tier, ONNX Runtime arenas), then the measured closed loop.
 lg --clients "$clients" --duration 10s >/dev/null
 # The machine is shared and its speed drifts: the monolith and the

@@ -11,6 +11,10 @@ out=${DEMO_DIR:-out/demo}
 model=${DEMO_MODEL:-dlrm-kaggle}
 duration=${DEMO_DURATION:-30s}
 rate=${DEMO_RATE:-40}
+# Mutual TLS between the tiers and for the load generator, by default
+# (prism up makes the certificates in $out/certs, beside the store);
+# DEMO_INSECURE=1 runs plaintext.
+if [ "${DEMO_INSECURE:-0}" = 1 ]; then tls=(--insecure); wire="plaintext"; else tls=(--certs "$out/certs"); wire="mutual TLS, certificates in $out/certs"; fi
 mkdir -p "$out"
 
 echo "== 1. build $model with seeded weights"
@@ -26,9 +30,9 @@ echo "== 4. ingest the tables into the embedding store"
 rm -rf "$out/db"
 $prism ingest "$out/$model-part" --db "$out/db"
 echo
-echo "== 5. prism up: router, dense tier and embedding tier on loopback"
+echo "== 5. prism up: router, dense tier and embedding tier on loopback ($wire)"
 log="$out/up.log"
-$prism up --model "$out/$model-part" --db "$out/db" --addr 127.0.0.1:0 >"$log" 2>&1 &
+$prism up --model "$out/$model-part" --db "$out/db" --addr 127.0.0.1:0 "${tls[@]}" >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT
 addr=""
@@ -42,6 +46,6 @@ done
 grep "Prism is up" "$log"
 echo
 echo "== 6. load: $duration of Poisson arrivals at $rate requests/s, 100-700 candidates each (MLPerf DLRMv2's mix)"
-$prism loadgen --target "$addr" --model "$model" --plan "$out/$model-part" --rate "$rate" --duration "$duration" --out "$out/load"
+$prism loadgen --target "$addr" "${tls[@]}" --model "$model" --plan "$out/$model-part" --rate "$rate" --duration "$duration" --out "$out/load"
 echo
 echo "report: $out/load/summary.json, $out/load/plot.png; tier logs: $log"

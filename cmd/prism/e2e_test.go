@@ -17,12 +17,14 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/tablefile"
@@ -149,9 +151,29 @@ func broadcastContext(b *models.Batch, context map[string]bool) {
 	}
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+// newCerts makes a CA and the role certificates with prism certs init.
+func newCerts(t *testing.T) string {
 	t.Helper()
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	dir := filepath.Join(t.TempDir(), "certs")
+	if out, err := run(t, nil, "certs", "init", dir); err != nil {
+		t.Fatalf("certs init: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// dial connects to a tier over mutual TLS as role, with the certificates
+// in certs ("" : plaintext).
+func dial(t *testing.T, addr, certs string, role auth.Role) *grpc.ClientConn {
+	t.Helper()
+	creds := insecure.NewCredentials()
+	if certs != "" {
+		c, err := auth.ClientTLS(auth.FilesFor(certs, role))
+		if err != nil {
+			t.Fatal(err)
+		}
+		creds = credentials.NewTLS(c)
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,8 +200,10 @@ func TestEndToEnd(t *testing.T) {
 		all = append(all, served{name, model, part, cfg})
 		args = append(args, "--model", part)
 	}
+	// TLS by default: prism up makes the certificates beside the store.
 	up := startProc(t, readyline.Up, args...)
-	conn := dial(t, up.addr)
+	certs := filepath.Join(dir, "certs")
+	conn := dial(t, up.addr, certs, auth.Admin)
 	rec := prismv1.NewRecommenderClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -277,14 +301,15 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range ws.GetWorkers() {
-		c := dial(t, w.GetAddr())
 		switch w.GetRole() {
 		case prismv1.Role_ROLE_DENSE:
+			c := dial(t, w.GetAddr(), certs, auth.Embedding)
 			_, err := prismv1.NewDenseTierClient(c).Score(ctx, &prismv1.ScoreRequest{Model: all[0].cfg.Name, NumSamples: 2, Tensors: []byte("definitely not arrow")})
 			if status.Code(err) != codes.InvalidArgument {
 				t.Errorf("malformed tensors: %v", err)
 			}
 		case prismv1.Role_ROLE_EMBEDDING:
+			c := dial(t, w.GetAddr(), certs, auth.Router)
 			_, err := prismv1.NewEmbeddingTierClient(c).Lookup(ctx, &prismv1.LookupRequest{Model: "nope", NumSamples: 1})
 			if status.Code(err) != codes.NotFound {
 				t.Errorf("lookup of an unknown model: %v", err)
@@ -370,7 +395,7 @@ func TestEndToEnd(t *testing.T) {
 		addrs = append(addrs, w.GetAddr())
 	}
 	for _, a := range addrs {
-		c := dial(t, a)
+		c := dial(t, a, certs, auth.Admin)
 		h, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
 		if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			t.Errorf("%s health: %v %v", a, h.GetStatus(), err)
@@ -401,12 +426,13 @@ func TestEndToEnd(t *testing.T) {
 func TestDenseWorkerKilled(t *testing.T) {
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	router := startProc(t, readyline.Router, "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
-	denseArgs := []string{"serve", "dense", "--plan", part, "--router", router.addr}
+	certs := newCerts(t)
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
+	denseArgs := []string{"serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr}
 	g1 := startProc(t, readyline.Dense, denseArgs...)
 	g2 := startProc(t, readyline.Dense, denseArgs...)
-	startProc(t, readyline.Embedding, "serve", "embedding", "--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
-	conn := dial(t, router.addr)
+	startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
+	conn := dial(t, router.addr, certs, auth.Admin)
 	reg := prismv1.NewRegistryClient(conn)
 	waitWorkers := func(gpus int) {
 		t.Helper()
@@ -500,14 +526,15 @@ func TestDenseWorkerKilled(t *testing.T) {
 func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	router := startProc(t, readyline.Router, "serve", "router", "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
-	startProc(t, readyline.Dense, "serve", "dense", "--plan", part, "--router", router.addr)
+	certs := newCerts(t)
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
+	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
 	embeddingArgs := func(db string) []string {
-		return []string{"serve", "embedding", "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
+		return []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
 	}
 	e1 := startProc(t, readyline.Embedding, embeddingArgs("db1")...)
 	e2 := startProc(t, readyline.Embedding, embeddingArgs("db2")...)
-	conn := dial(t, router.addr)
+	conn := dial(t, router.addr, certs, auth.Admin)
 	reg := prismv1.NewRegistryClient(conn)
 	// embeddingWorkers waits until the registry lists n embedding workers,
 	// each holding update seq (when seq >= 0).

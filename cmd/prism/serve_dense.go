@@ -6,9 +6,12 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/auth/authflag"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 )
@@ -26,6 +29,7 @@ func newServeDenseCmd() *cobra.Command {
 		spin                      bool
 		maxMessage                int
 		logFormat, logLevel       string
+		tlsFlags                  authflag.Flags
 	)
 	cmd := &cobra.Command{
 		Use:     "dense --plan DIR [--plan DIR...]",
@@ -46,6 +50,15 @@ With --router it announces itself to the router's registry (role "dense").`,
 			if err != nil {
 				return err
 			}
+			tlsFlags.Warn(cmd.ErrOrStderr(), "the dense tier")
+			tlsConf, err := tlsFlags.Server(auth.Dense, auth.ServerTLSOptions{})
+			if err != nil {
+				return err
+			}
+			toRouter, err := tlsFlags.Dial(auth.Dense, auth.Router)
+			if err != nil {
+				return err
+			}
 			if maxDelay < 0 {
 				return fmt.Errorf("--max-delay %v: want a positive duration", maxDelay)
 			}
@@ -62,7 +75,7 @@ With --router it announces itself to the router's registry (role "dense").`,
 				return err
 			}
 			defer dense.Close()
-			s, err := serve.New("dense", serve.Options{Addr: addr, MetricsAddr: metricsAddr, MaxMessageBytes: maxMessage, Logger: log})
+			s, err := serve.New("dense", serve.Options{Addr: addr, MetricsAddr: metricsAddr, MaxMessageBytes: maxMessage, TLS: tlsConf, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -79,7 +92,8 @@ With --router it announces itself to the router's registry (role "dense").`,
 				Ready:  func(addr string) { readyline.WriteDense(cmd.OutOrStdout(), addr) },
 				// In-flight RPCs are done (or cut off) by now: drain the
 				// batchers.
-				Drained: func() { dense.Close() },
+				Drained:     func() { dense.Close() },
+				DialOptions: []grpc.DialOption{toRouter},
 			})
 		},
 	}
@@ -97,6 +111,7 @@ With --router it announces itself to the router's registry (role "dense").`,
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest Score request accepted")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	tlsFlags.Register(cmd, auth.Dense)
 	cmd.MarkFlagRequired("plan")
 	return cmd
 }

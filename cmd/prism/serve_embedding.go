@@ -5,10 +5,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/server"
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/auth/authflag"
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
@@ -22,7 +25,10 @@ func newServeEmbeddingCmd() *cobra.Command {
 		db, hotBytes, preload, addr, metricsAddr, router, logFormat, logLevel string
 		plans                                                                 []string
 		maxSamples, threads                                                   int
+		tlsFlags                                                              authflag.Flags
 	)
+	// Trust and admission (router-side trust work).
+	var maxInflightSamples int64
 	cmd := &cobra.Command{
 		Use:     "embedding --db DIR --plan DIR [--plan DIR ...]",
 		Aliases: []string{"cpu"},
@@ -49,6 +55,21 @@ announces itself to the router's registry (role "embedding").`,
 			if err != nil {
 				return err
 			}
+			tlsFlags.Warn(cmd.ErrOrStderr(), "the embedding tier")
+			tlsConf, err := tlsFlags.Server(auth.Embedding, auth.ServerTLSOptions{})
+			if err != nil {
+				return err
+			}
+			// Cut tensors go only to a dense worker's certificate; the
+			// registry only to the router's.
+			toDense, err := tlsFlags.Dial(auth.Embedding, auth.Dense)
+			if err != nil {
+				return err
+			}
+			toRouter, err := tlsFlags.Dial(auth.Embedding, auth.Router)
+			if err != nil {
+				return err
+			}
 			so := store.Options{Preload: store.PreloadMode(preload)}
 			if err := so.SetHotBytes(hotBytes, store.PhysicalMemory()); err != nil {
 				return fmt.Errorf("--hot-bytes: %w", err)
@@ -64,6 +85,10 @@ announces itself to the router's registry (role "embedding").`,
 			var barModel string
 			srv, err := server.New(ctx, st, server.Options{
 				Plans: plans, MaxSamples: maxSamples, Threads: threads, Logger: log.With("tier", "embedding"),
+				// Trust and admission: cut tensors go only to the dense
+				// workers the router announces (any, without a router).
+				MaxInflightSamples: maxInflightSamples, AnyDenseAddr: router == "",
+				DialOptions: []grpc.DialOption{toDense},
 				IngestProgress: func(model string, done, total int64) {
 					if bar == nil || barModel != model {
 						if bar != nil {
@@ -86,7 +111,7 @@ announces itself to the router's registry (role "embedding").`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
 					pr.Rows, float64(pr.Bytes)/(1<<20), pr.Tables, pr.Elapsed.Round(time.Millisecond))
 			}
-			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, Logger: log})
+			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, TLS: tlsConf, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -94,9 +119,11 @@ announces itself to the router's registry (role "embedding").`,
 			s.Registry.MustRegister(srv.Collectors()...)
 			id := serve.WorkerID("embedding")
 			return s.ServeWorker(ctx, serve.WorkerOptions{
-				Router: router,
-				Info:   func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
-				Ready:  func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
+				Router:      router,
+				Announced:   func(r *prismv1.AnnounceResponse) { srv.SetDenseAddrs(r.GetDenseAddrs()) },
+				Info:        func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
+				Ready:       func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
+				DialOptions: []grpc.DialOption{toRouter},
 			})
 		},
 	}
@@ -112,5 +139,8 @@ announces itself to the router's registry (role "embedding").`,
 	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads for cpu.onnx (0: one per core)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	tlsFlags.Register(cmd, auth.Embedding)
+	// Trust and admission (router-side trust work).
+	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
 	return cmd
 }

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/auth/authflag"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/router"
@@ -21,6 +25,8 @@ func newServeRouterCmd() *cobra.Command {
 		logFormat  string
 		logLevel   string
 		maxMessage int
+		tlsFlags   authflag.Flags
+		tokenFile  string
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -34,6 +40,28 @@ func newServeRouterCmd() *cobra.Command {
 			}
 			so.Logger, ro.Logger = log, log
 			so.MaxMessageBytes = maxMessage
+			tlsFlags.Warn(cmd.ErrOrStderr(), "the router")
+			if so.TLS, err = tlsFlags.Server(auth.Router, auth.ServerTLSOptions{AllowNoClientCert: tokenFile != ""}); err != nil {
+				return err
+			}
+			if tokenFile != "" {
+				if so.TLS == nil {
+					return errors.New("--auth-token-file needs TLS (--certs or --tls-*): over --insecure the token would travel in the clear")
+				}
+				if so.BearerToken, err = auth.ReadToken(tokenFile); err != nil {
+					return fmt.Errorf("--auth-token-file: %w", err)
+				}
+			}
+			// The router dials its embedding workers as router.
+			toEmbedding, err := tlsFlags.Dial(auth.Router, auth.Embedding)
+			if err != nil {
+				return err
+			}
+			ro.DialOptions = append(ro.DialOptions, toEmbedding)
+			if so.TLS != nil {
+				// The registry binds each worker to its certificate.
+				ro.Peer = auth.Peer
+			}
 			s, err := serve.New("router", so)
 			if err != nil {
 				return err
@@ -70,5 +98,13 @@ func newServeRouterCmd() *cobra.Command {
 	f.DurationVar(&so.ShutdownGrace, "shutdown-grace", 10*time.Second, "time in-flight requests get at shutdown")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&tokenFile, "auth-token-file", "", "file holding a bearer token that admits clients without a certificate to Recommend (authorization: Bearer TOKEN)")
+	tlsFlags.Register(cmd, auth.Router)
+	// Trust and admission (router-side trust work).
+	f.Int64Var(&ro.MaxInflightBytes, "max-inflight-bytes", router.DefaultMaxInflightBytes, "request bytes admitted at once (a shared context counts once per micro-batch); beyond it requests get ResourceExhausted")
+	f.IntVar(&ro.MaxContextBytes, "max-context-bytes", router.DefaultMaxContextBytes, "largest shared context of one request")
+	f.IntVar(&ro.MaxStreams, "max-streams", router.DefaultMaxStreams, "RecommendStream streams open at once")
+	f.DurationVar(&ro.UpdateWorkerTimeout, "update-worker-timeout", router.DefaultUpdateWorkerTimeout, "how long an embedding update waits for one worker before leaving it behind (caught up later)")
+	f.IntVar(&ro.Limits.MaxWorkers, "max-workers", 4096, "workers registered at once")
 	return cmd
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,6 +30,12 @@ again. Ctrl-C stops everything gracefully.`,
 			ctx, stop := signalContext()
 			defer stop()
 			c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if c.Insecure {
+				if c.Certs != "" {
+					return errors.New("--insecure goes without --certs")
+				}
+				fmt.Fprintln(c.Stderr, "prism: warning: --insecure: every tier runs plaintext gRPC without authentication; anyone who reaches their ports may call every RPC")
+			}
 			return up.Run(ctx, c)
 		},
 	}
@@ -48,6 +55,8 @@ again. Ctrl-C stops everything gracefully.`,
 	fl.IntVar(&c.MaxBatch, "max-batch", 512, "dense tier max batch size")
 	fl.DurationVar(&c.MaxDelay, "max-delay", 2*time.Millisecond, "dense tier max queue delay")
 	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
+	fl.StringVar(&c.Certs, "certs", "", "certificate folder for mutual TLS between the tiers (prism certs init); made when absent or empty (default: certs beside --db)")
+	fl.BoolVar(&c.Insecure, "insecure", false, "run every tier on plaintext gRPC without authentication")
 	fl.DurationVar(&c.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the tiers (ingest included)")
 	return cmd
 }

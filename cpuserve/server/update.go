@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
 )
 
 // Update upserts rows of one table into this worker's store. It answers
@@ -16,11 +17,17 @@ import (
 // survives a crash, and every later lookup reads it. A sequenced update
 // (the router's) applies only after the one before it: an update the
 // store holds already is acknowledged again, one that comes too early
-// gets FailedPrecondition naming the update the worker needs.
+// gets FailedPrecondition naming the update the worker needs. Over TLS an
+// unsequenced update (seq 0) is refused to every role but admin.
 func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
 	req := areq.GetUpdate()
 	if err := ctxErr(ctx, "on arrival"); err != nil {
 		return nil, err
+	}
+	if areq.GetSeq() == 0 && !auth.Allowed(ctx, auth.Admin) {
+		// Unsequenced writes bypass the router's order: operators only.
+		role, _, _ := auth.Peer(ctx)
+		return nil, status.Errorf(codes.PermissionDenied, "role %q may not send an unsequenced update (seq 0) to %s: only admin may", role, prismv1.EmbeddingTier_Update_FullMethodName)
 	}
 	if s.models[req.GetModel()] == nil {
 		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %v)", req.GetModel(), s.Models())

@@ -200,7 +200,8 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 }
 
 // DialOptions are the options of Prism's internal client connections:
-// the buffer pool and the codec.
+// the buffer pool and the codec. Transport credentials come from the
+// caller (each tier's options).
 func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		experimentalPool(),

@@ -7,6 +7,7 @@ package serve
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,11 +21,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/internal/auth"
 )
 
 // Options configure a tier's server.
@@ -40,7 +44,19 @@ type Options struct {
 	MaxMessageBytes int
 	// ShutdownGrace is how long in-flight requests get at shutdown (default 10s).
 	ShutdownGrace time.Duration
-	Logger        *slog.Logger
+	// MaxConcurrentStreams bounds the RPCs one client connection runs at
+	// once (default 1024): a client cannot open streams without bound.
+	MaxConcurrentStreams uint32
+	// TLS, when set, serves over TLS with it (auth.ServerTLS) and enforces
+	// auth.Table on every RPC: the caller's role, from its certificate,
+	// must be one the table allows for the method. Nil serves plaintext
+	// with no authentication.
+	TLS *tls.Config
+	// BearerToken, with TLS, also admits callers without a certificate
+	// that send "authorization: Bearer TOKEN" to the methods the table
+	// opens to the token (Recommend, health, reflection).
+	BearerToken string
+	Logger      *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -57,9 +73,20 @@ func (o *Options) EnsureDefaults() {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = 10 * time.Second
 	}
+	if o.MaxConcurrentStreams == 0 {
+		o.MaxConcurrentStreams = 1024
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+}
+
+// Validate checks the options (after EnsureDefaults).
+func (o *Options) Validate() error {
+	if o.BearerToken != "" && o.TLS == nil {
+		return errors.New("a bearer token needs TLS: over plaintext it would travel in the clear")
+	}
+	return nil
 }
 
 // Server is one tier's gRPC and metrics endpoints.
@@ -81,6 +108,9 @@ type Server struct {
 // server; register services on s.GRPC, then call Serve.
 func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	s := &Server{name: name, opts: o, Log: o.Logger.With("tier", name), Registry: prometheus.NewRegistry()}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "prism", Name: "rpc_requests_total", Help: "RPCs handled, by method and gRPC status code.",
@@ -113,18 +143,27 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		}
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
+	unary, stream := []grpc.UnaryServerInterceptor{s.unaryMetrics}, []grpc.StreamServerInterceptor{s.streamMetrics}
+	var creds []grpc.ServerOption
+	if o.TLS != nil {
+		// After the metrics: refused calls are counted, by their code.
+		p := auth.Policy{Token: o.BearerToken}
+		unary, stream = append(unary, p.UnaryInterceptor()), append(stream, p.StreamInterceptor())
+		creds = append(creds, grpc.Creds(credentials.NewTLS(o.TLS)))
+	}
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(o.MaxMessageBytes),
 		grpc.MaxSendMsgSize(o.MaxMessageBytes),
-		grpc.ChainUnaryInterceptor(s.unaryMetrics),
-		grpc.ChainStreamInterceptor(s.streamMetrics),
+		grpc.MaxConcurrentStreams(o.MaxConcurrentStreams),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 		// Stop (after the grace period) waits for handlers to return, so
 		// a tier never frees what a handler still uses.
 		grpc.WaitForHandlers(true),
 		// Prism's clients ping every 10 s (to notice lost peers); allow
 		// that, where gRPC's default would answer GOAWAY too_many_pings.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-	}, append(ServerOptions(), extra...)...)
+	}, append(append(creds, ServerOptions()...), extra...)...)
 	s.GRPC = grpc.NewServer(opts...)
 	s.Health = health.NewServer()
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)

@@ -6,6 +6,8 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/prism-serve/prism/api/prismv1"
 )
 
@@ -22,9 +24,16 @@ type WorkerOptions struct {
 	// Ready is called once the worker is listening (and announcing):
 	// the tier prints its ready line there (internal/readyline).
 	Ready func(addr string)
+	// Announced, when set, hears every answer of the router to the
+	// worker's announcements (the embedding tier learns the dense
+	// workers there).
+	Announced func(*prismv1.AnnounceResponse)
 	// Drained, when set, runs after Serve returns (in-flight RPCs are
 	// done or cut off): the dense tier drains its batchers there.
 	Drained func()
+	// DialOptions are added to the connection to the router: its TLS
+	// credentials (the worker's certificate) when the cluster runs TLS.
+	DialOptions []grpc.DialOption
 }
 
 // ServeWorker runs a tier worker: it announces it to the router, calls
@@ -37,7 +46,7 @@ func (s *Server) ServeWorker(ctx context.Context, o WorkerOptions) error {
 	var announced <-chan struct{}
 	if o.Router != "" {
 		addr := s.Addr()
-		announced = Announce(actx, o.Router, func() *prismv1.WorkerInfo { return o.Info(addr) }, s.Log)
+		announced = AnnounceWith(actx, o.Router, func() *prismv1.WorkerInfo { return o.Info(addr) }, o.Announced, s.Log, o.DialOptions...)
 	}
 	if o.Ready != nil {
 		o.Ready(s.Addr())

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,10 +19,12 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve/devices"
+	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
@@ -48,6 +52,13 @@ type Config struct {
 	MaxDelay   time.Duration
 	// HotBytes is passed to the embedding workers as written ("" : theirs).
 	HotBytes string
+	// Certs is the certificate folder (auth.InitCerts) every tier serves
+	// and dials with; it is made when absent or empty (default: certs
+	// beside DB).
+	Certs string
+	// Insecure runs every tier on plaintext without authentication
+	// (Certs is then unused).
+	Insecure bool
 	// ReadyTimeout bounds each worker's start-up (ingest included) and
 	// the wait for every registration.
 	ReadyTimeout time.Duration
@@ -104,6 +115,27 @@ func Run(ctx context.Context, c Config) error {
 	if c.DB == "" {
 		c.DB = filepath.Join(filepath.Dir(filepath.Clean(c.Plans[0])), "prism-db")
 	}
+	var dialCreds grpc.DialOption
+	if c.Insecure {
+		dialCreds = grpc.WithTransportCredentials(insecure.NewCredentials())
+	} else {
+		if c.Certs == "" {
+			c.Certs = filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "certs")
+		}
+		made, err := EnsureCerts(c.Certs, c.Addr)
+		if err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+		if made {
+			fmt.Fprintf(c.Stderr, "up: made a development CA and certificates in %s\n", c.Certs)
+		}
+		// up lists the registry as admin.
+		tc, err := auth.ClientTLS(auth.FilesFor(c.Certs, auth.Admin), auth.Router)
+		if err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+		dialCreds = grpc.WithTransportCredentials(credentials.NewTLS(tc))
+	}
 	if c.Exe == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -119,7 +151,7 @@ func Run(ctx context.Context, c Config) error {
 	defer sup.Shutdown()
 
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
-		Args: []string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch)}}
+		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch)}, tlsArgs(c)...)}
 	// A signal during start-up (ctx ends) stops it as one after it would.
 	stopping := func(err error) error {
 		if ctx.Err() != nil {
@@ -147,7 +179,7 @@ func Run(ctx context.Context, c Config) error {
 			return stopping(err)
 		}
 	}
-	if err := waitRegistered(ctx, routerAddr, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout); err != nil {
+	if err := waitRegistered(ctx, routerAddr, dialCreds, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout); err != nil {
 		return stopping(err)
 	}
 	readyline.WriteUp(c.Stdout, routerAddr, models, len(dense), c.EmbeddingWorkers)
@@ -185,7 +217,7 @@ func DenseWorkers(disc devices.Discovery, n, cpus int) []devices.Worker {
 // dense workers (pinned to their devices by env), then the embedding
 // workers, each with its own store folder.
 func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.Child {
-	var planArgs []string
+	planArgs := tlsArgs(c)
 	for _, p := range c.Plans {
 		planArgs = append(planArgs, "--plan", p)
 	}
@@ -208,10 +240,52 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 	return out
 }
 
+// tlsArgs are the children's TLS flags.
+func tlsArgs(c Config) []string {
+	if c.Insecure {
+		return []string{"--insecure"}
+	}
+	return []string{"--certs", c.Certs}
+}
+
+// EnsureCerts makes a development CA and certificates in dir when it is
+// absent or empty (valid for loopback and addr's host), and checks that
+// a folder it did not make holds every role's files. made says whether
+// it made them.
+func EnsureCerts(dir, addr string) (made bool, err error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("certificates: %w", err)
+	}
+	if len(entries) == 0 {
+		var hosts []string
+		if h, _, err := net.SplitHostPort(addr); err == nil && h != "" {
+			if ip := net.ParseIP(h); ip == nil || !(ip.IsLoopback() || ip.IsUnspecified()) {
+				if h != "localhost" {
+					hosts = append(hosts, h)
+				}
+			}
+		}
+		if err := auth.InitCerts(dir, auth.CertOptions{Hosts: hosts}); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	for _, r := range auth.Roles {
+		f := auth.FilesFor(dir, r)
+		for _, p := range []string{f.CA, f.Cert, f.Key} {
+			if _, err := os.Stat(p); err != nil {
+				return false, fmt.Errorf("certificate folder %s is not empty but lacks %s (make a complete one with prism certs init): %w", dir, filepath.Base(p), err)
+			}
+		}
+	}
+	return false, nil
+}
+
 // waitRegistered polls the router's registry until every model has its
 // workers.
-func waitRegistered(ctx context.Context, addr string, models []string, dense, embedding int, timeout time.Duration) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, models []string, dense, embedding int, timeout time.Duration) error {
+	conn, err := grpc.NewClient(addr, creds)
 	if err != nil {
 		return fmt.Errorf("up: dial router %s: %w", addr, err)
 	}

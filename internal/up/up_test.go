@@ -1,6 +1,8 @@
 package up
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -41,7 +43,7 @@ func TestDenseWorkers(t *testing.T) {
 }
 
 func TestChildren(t *testing.T) {
-	c := Config{Plans: []string{"p1", "p2"}, DB: "db", EmbeddingWorkers: 2, Threads: 1, MaxBatch: 512, MaxDelay: 2 * time.Millisecond, HotBytes: "1GiB"}
+	c := Config{Plans: []string{"p1", "p2"}, DB: "db", EmbeddingWorkers: 2, Threads: 1, MaxBatch: 512, MaxDelay: 2 * time.Millisecond, HotBytes: "1GiB", Certs: "certs"}
 	dense := []devices.Worker{{Env: []string{"CUDA_VISIBLE_DEVICES=GPU-a"}}}
 	kids := Children(c, "127.0.0.1:9", dense)
 	var names []string
@@ -51,14 +53,18 @@ func TestChildren(t *testing.T) {
 	if !slices.Equal(names, []string{"dense0", "embedding0", "embedding1"}) {
 		t.Fatalf("children %v", names)
 	}
-	if got := strings.Join(kids[0].Args, " "); got != "serve dense --router 127.0.0.1:9 --threads 1 --max-batch 512 --max-delay 2ms --plan p1 --plan p2" {
+	if got := strings.Join(kids[0].Args, " "); got != "serve dense --router 127.0.0.1:9 --threads 1 --max-batch 512 --max-delay 2ms --certs certs --plan p1 --plan p2" {
 		t.Errorf("dense args %q", got)
 	}
 	if !slices.Equal(kids[0].Env, dense[0].Env) {
 		t.Errorf("dense env %v", kids[0].Env)
 	}
-	if got := strings.Join(kids[2].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db-1 --plan p1 --plan p2 --hot-bytes 1GiB" {
+	if got := strings.Join(kids[2].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db-1 --certs certs --plan p1 --plan p2 --hot-bytes 1GiB" {
 		t.Errorf("second embedding args %q", got)
+	}
+	c.Insecure = true
+	if got := strings.Join(Children(c, "127.0.0.1:9", dense)[1].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db --insecure --plan p1 --plan p2 --hot-bytes 1GiB" {
+		t.Errorf("insecure embedding args %q", got)
 	}
 	// Shutdown order: router, embedding, dense.
 	if !(stageRouter < kids[1].Stage && kids[1].Stage < kids[0].Stage) {
@@ -79,5 +85,31 @@ func TestRegistered(t *testing.T) {
 	}
 	if !Registered(ws, []string{"a"}, 2, 1) {
 		t.Error("a has 2 dense workers")
+	}
+}
+
+func TestEnsureCerts(t *testing.T) {
+	root := t.TempDir()
+	empty := filepath.Join(root, "empty")
+	os.Mkdir(empty, 0o755)
+	partial := filepath.Join(root, "partial")
+	os.Mkdir(partial, 0o755)
+	os.WriteFile(filepath.Join(partial, "ca.pem"), []byte("x"), 0o644)
+	for _, tc := range []struct {
+		name     string
+		dir      string
+		made, ok bool
+	}{
+		{"absent", filepath.Join(root, "absent"), true, true},
+		{"again", filepath.Join(root, "absent"), false, true},
+		{"empty", empty, true, true},
+		{"partial", partial, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			made, err := EnsureCerts(tc.dir, "127.0.0.1:0")
+			if made != tc.made || (err == nil) != tc.ok {
+				t.Fatalf("made %v, err %v", made, err)
+			}
+		})
 	}
 }

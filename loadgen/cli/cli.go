@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/auth/authflag"
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/loadgen"
@@ -57,6 +59,8 @@ type flags struct {
 	findMaxTrials            int
 	out                      string
 	quiet                    bool
+	tls                      authflag.Flags
+	tokenFile                string
 }
 
 // New returns the loadgen command.
@@ -122,6 +126,8 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.IntVar(&f.findMaxTrials, "find-max-trials", 12, "at most this many find-max trials")
 	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
+	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
+	f.tls.Register(cmd, auth.Admin)
 	return cmd
 }
 
@@ -166,8 +172,33 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		defer stop()
 		target = addr
 	}
-	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
+	dialOpts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20))}
+	if f.fake {
+		// The in-process fake serves plaintext on loopback.
+		dialOpts = append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	} else {
+		creds, err := f.tls.Credentials(auth.Admin, f.tokenFile != "")
+		if err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		f.tls.Warn(stderr, "loadgen")
+		dialOpts = append(dialOpts, grpc.WithTransportCredentials(creds))
+		if f.tokenFile != "" {
+			if f.tls.Insecure {
+				return errors.New("loadgen: --auth-token-file needs TLS: over --insecure the token would travel in the clear")
+			}
+			token, err := auth.ReadToken(f.tokenFile)
+			if err != nil {
+				return fmt.Errorf("loadgen: --auth-token-file: %w", err)
+			}
+			bearer, err := auth.BearerToken(token)
+			if err != nil {
+				return fmt.Errorf("loadgen: --auth-token-file: %w", err)
+			}
+			dialOpts = append(dialOpts, bearer)
+		}
+	}
+	cc, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
 		return fmt.Errorf("loadgen: dial %q: %w", target, err)
 	}

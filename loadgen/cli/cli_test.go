@@ -34,7 +34,7 @@ func TestLoadgenCLI(t *testing.T) {
 	}
 	defer stop()
 	dir := t.TempDir()
-	out, err := runCLI(t, "--target", addr, "--model", "dlrm-tiny", "--arrival", "promotion", "--rate", "200",
+	out, err := runCLI(t, "--target", addr, "--insecure", "--model", "dlrm-tiny", "--arrival", "promotion", "--rate", "200",
 		"--duration", "2s", "--candidates", "uniform:10-20", "--context-inputs", "dense", "--out", dir, "--quiet")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
@@ -78,7 +78,7 @@ func TestLoadgenCLIPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	out, err := runCLI(t, "--target", addr, "--model", "dlrm-tiny", "--clients", "4", "--pool", "8", "--max-requests", "100",
+	out, err := runCLI(t, "--target", addr, "--insecure", "--model", "dlrm-tiny", "--clients", "4", "--pool", "8", "--max-requests", "100",
 		"--duration", "10s", "--candidates", "uniform:10-20", "--context-inputs", "dense", "--quiet")
 	if err != nil || !strings.Contains(out, "sent 100  ok 100  errors 0") {
 		t.Fatalf("%v\n%s", err, out)
@@ -121,6 +121,10 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--fake", "--model", "dlrm-tiny", "--candidates", "0"}, "want a positive count"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "0s"}, "positive duration"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--context-inputs", "x", "--duration", "1s"}, "context input \"x\""},
+		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny"}, "TLS is on by default: give --certs DIR"},
+		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--certs", "x"}, "--insecure goes with neither"},
+		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--certs", bad}, "read CA"},
+		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--auth-token-file", bad}, "needs TLS"},
 	} {
 		out, err := runCLI(t, append(c.args, "--quiet")...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

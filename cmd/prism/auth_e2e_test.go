@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/leview"
+	"github.com/prism-serve/prism/internal/readyline"
+	"github.com/prism-serve/prism/models"
+)
+
+// TestAuth: real processes over mutual TLS. A certificate from another
+// CA, a plaintext client or one without a certificate is refused; a
+// right certificate with the wrong role gets PermissionDenied; a bearer
+// token admits a client without a certificate to Recommend only.
+func TestAuth(t *testing.T) {
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	certs, other := newCerts(t), newCerts(t)
+	const token = "e2e-0123456789abcdef0123456789"
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--auth-token-file", tokenFile, "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
+	dense := startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	// The embedding tier with explicit files instead of --certs.
+	ef := auth.FilesFor(certs, auth.Embedding)
+	embedding := startProc(t, readyline.Embedding, "serve", "embedding", "--tls-cert", ef.Cert, "--tls-key", ef.Key, "--tls-ca", ef.CA,
+		"--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
+	admin := dial(t, router.addr, certs, auth.Admin)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ws, err := prismv1.NewRegistryClient(admin).List(ctx, &prismv1.ListRequest{})
+		if err == nil && len(ws.GetWorkers()) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the workers never registered over TLS: %v %v", ws, err)
+		}
+	}
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 9})
+	b, _ := src.Next(8)
+	req := toRequest(cfg.Name, b, nil)
+	// The embedding worker learns the dense workers from the router's
+	// answer to its next announce: until then Unavailable.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := prismv1.NewRecommenderClient(admin).Recommend(ctx, req)
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("Recommend as admin: %v", err)
+		}
+	}
+
+	// Connections that present something else.
+	tlsConn := func(f auth.Files, opts ...grpc.DialOption) *grpc.ClientConn {
+		c, err := auth.ClientTLS(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient(router.addr, append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(c))}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	withToken := func(tok string) grpc.DialOption {
+		o, err := auth.BearerToken(tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	caOnly := auth.Files{CA: auth.CAFile(certs)}
+	otherCA := auth.FilesFor(other, auth.Admin)
+	otherCA.CA = auth.CAFile(certs) // trusts the router; the router does not trust it
+	plain, err := grpc.NewClient(router.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	recommend := func(c *grpc.ClientConn) error {
+		_, err := prismv1.NewRecommenderClient(c).Recommend(ctx, req)
+		return err
+	}
+	row := leview.Bytes(make([]float32, 16))
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want []codes.Code
+	}{
+		{"certificate of another CA", func() error { return recommend(tlsConn(otherCA)) }, []codes.Code{codes.Unavailable, codes.Unauthenticated}},
+		{"plaintext client", func() error { return recommend(plain) }, []codes.Code{codes.Unavailable}},
+		{"no certificate, no token", func() error { return recommend(tlsConn(caOnly)) }, []codes.Code{codes.Unauthenticated}},
+		{"bearer token Recommend", func() error { return recommend(tlsConn(caOnly, withToken(token))) }, []codes.Code{codes.OK}},
+		{"wrong bearer token", func() error { return recommend(tlsConn(caOnly, withToken(token+"x"))) }, []codes.Code{codes.Unauthenticated}},
+		{"bearer token updating embeddings", func() error {
+			_, err := prismv1.NewEmbeddingsClient(tlsConn(caOnly, withToken(token))).Update(ctx, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row})
+			return err
+		}, []codes.Code{codes.Unauthenticated}},
+		{"embedding certificate updating embeddings", func() error {
+			_, err := prismv1.NewEmbeddingsClient(dial(t, router.addr, certs, auth.Embedding)).Update(ctx, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row})
+			return err
+		}, []codes.Code{codes.PermissionDenied}},
+		{"client announcing as a worker", func() error {
+			_, err := prismv1.NewRegistryClient(admin).Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "evil", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "127.0.0.1:1", Models: []string{cfg.Name}}})
+			return err
+		}, []codes.Code{codes.PermissionDenied}},
+		{"router certificate scoring on a dense worker", func() error {
+			_, err := prismv1.NewDenseTierClient(dial(t, dense.addr, certs, auth.Router)).Score(ctx, &prismv1.ScoreRequest{Model: cfg.Name, NumSamples: 1})
+			return err
+		}, []codes.Code{codes.PermissionDenied}},
+		{"embedding certificate looking up on an embedding worker", func() error {
+			_, err := prismv1.NewEmbeddingTierClient(dial(t, embedding.addr, certs, auth.Embedding)).Lookup(ctx, &prismv1.LookupRequest{Model: cfg.Name, NumSamples: 1})
+			return err
+		}, []codes.Code{codes.PermissionDenied}},
+		{"router certificate sending an unsequenced update", func() error {
+			_, err := prismv1.NewEmbeddingTierClient(dial(t, embedding.addr, certs, auth.Router)).Update(ctx, &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row}})
+			return err
+		}, []codes.Code{codes.PermissionDenied}},
+		{"admin sending an unsequenced update", func() error {
+			_, err := prismv1.NewEmbeddingTierClient(dial(t, embedding.addr, certs, auth.Admin)).Update(ctx, &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row}})
+			return err
+		}, []codes.Code{codes.OK}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			for _, c := range tc.want {
+				if status.Code(err) == c {
+					return
+				}
+			}
+			t.Fatalf("%v, want one of %v", err, tc.want)
+		})
+	}
+	if _, err := prismv1.NewRecommenderClient(admin).Recommend(ctx, req); err != nil {
+		t.Fatalf("Recommend after the refused calls: %v", err)
+	}
+	// prism loadgen with a certificate, and with the token alone.
+	for _, args := range [][]string{{"--certs", certs}, {"--tls-ca", auth.CAFile(certs), "--auth-token-file", tokenFile}} {
+		out, err := run(t, nil, append([]string{"loadgen", "--target", router.addr, "--model", cfg.Name, "--plan", part, "--candidates", "8",
+			"--rate", "200", "--max-requests", "20", "--duration", "5s", "--quiet"}, args...)...)
+		if err != nil || !strings.Contains(out, "ok 20  errors 0") {
+			t.Errorf("loadgen %v: %v\n%s", args, err, out)
+		}
+	}
+}
+
+// TestTLSFlags: a serving command without TLS flags says how to get
+// them; --insecure says once that it runs without authentication.
+func TestTLSFlags(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	os.WriteFile(token, []byte("0123456789abcdef0123"), 0o600)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"no TLS flags", []string{"serve", "router", "--addr", "127.0.0.1:0"}, []string{"prism certs init", "--insecure"}},
+		{"both", []string{"serve", "router", "--addr", "127.0.0.1:0", "--insecure", "--certs", dir}, []string{"--insecure goes with neither"}},
+		{"token over plaintext", []string{"serve", "router", "--addr", "127.0.0.1:0", "--insecure", "--auth-token-file", token}, []string{"warning: --insecure", "needs TLS"}},
+		{"certs folder without certificates", []string{"serve", "router", "--addr", "127.0.0.1:0", "--certs", dir}, []string{"ca.pem", "check --certs"}},
+		{"insecure warns", []string{"serve", "dense", "--insecure", "--plan", filepath.Join(dir, "nope")}, []string{"warning: --insecure: the dense tier runs plaintext"}},
+		{"certs init twice", []string{"certs", "init", newCerts(t)}, []string{"a CA exists there already"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(t, nil, tc.args...)
+			if err == nil {
+				t.Fatalf("no error:\n%s", out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+			if n := strings.Count(out, "warning:"); n > 1 {
+				t.Errorf("%d warnings:\n%s", n, out)
+			}
+		})
+	}
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/internal/auth"
+)
+
+func init() { subcommands = append(subcommands, newCertsCmd) }
+
+func newCertsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "certs",
+		Short: "Certificates for mutual TLS between the tiers and for clients",
+	}
+	var (
+		hosts    []string
+		validity time.Duration
+	)
+	initCmd := &cobra.Command{
+		Use:   "init DIR [--host H ...]",
+		Short: "Make a development CA and a certificate per role (router, embedding, dense, admin)",
+		Long: `certs init writes into DIR a development CA (ca.pem) and, for each role,
+a certificate and its key: router.pem, embedding.pem, dense.pem, admin.pem
+and ROLE-key.pem (readable by the owner only), ECDSA P-256. Each
+certificate carries its role (URI SAN spiffe://prism/role/ROLE) and is
+valid for 127.0.0.1, ::1, localhost and every --host. The CA's key is not
+kept; a folder that has a CA already is refused.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			err := auth.InitCerts(args[0], auth.CertOptions{Hosts: hosts, Validity: validity})
+			if errors.Is(err, auth.ErrCAExists) {
+				return fmt.Errorf("%w: use it as it is, or give certs init a new folder", err)
+			}
+			if err != nil {
+				return fmt.Errorf("certs init: %w", err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote a CA and certificates for %v into %s\n", auth.Roles, args[0])
+			return nil
+		},
+	}
+	initCmd.Flags().StringArrayVar(&hosts, "host", nil, "a host name or IP address the certificates are also valid for; repeatable")
+	initCmd.Flags().DurationVar(&validity, "validity", 2*365*24*time.Hour, "how long the CA and certificates are valid")
+	cmd.AddCommand(initCmd)
+	return cmd
+}

@@ -1,0 +1,133 @@
+// Package auth is Prism's identity and authorization: a development CA
+// and per-role certificates (InitCerts, what `prism certs init` runs), the
+// TLS 1.3 configurations every tier serves and dials with (mutual TLS,
+// both sides verified against the cluster CA), the caller's role read
+// from its verified certificate (Peer), and one table of which roles may
+// call which RPC (policy.go), enforced by interceptors that
+// internal/serve installs whenever a tier serves over TLS.
+//
+// A role travels in the certificate as a URI SAN,
+// spiffe://prism/role/ROLE (the subject's OU and CN repeat it for
+// people reading the certificate); only the URI counts.
+package auth
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+)
+
+// Role is what a certificate lets its holder do.
+type Role string
+
+// The roles `prism certs init` makes certificates for.
+const (
+	Router    Role = "router"
+	Embedding Role = "embedding"
+	Dense     Role = "dense"
+	// Admin is the operators' and clients' role: embedding updates, the
+	// registry's list, Recommend.
+	Admin Role = "admin"
+)
+
+// Roles are every certificate role, in the order certs init writes them.
+var Roles = []Role{Router, Embedding, Dense, Admin}
+
+// Token is the role of a caller that presented the bearer token instead
+// of a certificate (a client that cannot hold one); no certificate
+// carries it.
+const Token Role = "token"
+
+// roleURIPrefix starts the URI SAN that carries a certificate's role.
+const roleURIPrefix = "spiffe://prism/role/"
+
+// ParseRole checks that s names a certificate role.
+func ParseRole(s string) (Role, error) {
+	for _, r := range Roles {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	return "", fmt.Errorf("unknown role %q (want one of %v)", s, Roles)
+}
+
+// RoleURI is the URI SAN that gives a certificate role r.
+func RoleURI(r Role) *url.URL {
+	u, _ := url.Parse(roleURIPrefix + string(r))
+	return u
+}
+
+// RoleOf is the role a certificate carries, "" when it carries none (or
+// one Prism does not know).
+func RoleOf(c *x509.Certificate) Role {
+	for _, u := range c.URIs {
+		s := u.String()
+		if !strings.HasPrefix(s, roleURIPrefix) {
+			continue
+		}
+		if r, err := ParseRole(strings.TrimPrefix(s, roleURIPrefix)); err == nil {
+			return r
+		}
+	}
+	return ""
+}
+
+// verifiedLeaf is the caller's certificate, verified against the CA, or
+// nil; secure says whether the connection is TLS at all.
+func verifiedLeaf(ctx context.Context) (leaf *x509.Certificate, secure bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.AuthInfo == nil {
+		return nil, false
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil, false
+	}
+	if len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return nil, true
+	}
+	return info.State.VerifiedChains[0][0], true
+}
+
+// Peer is the role and name (the certificate's common name) of the
+// caller of the RPC ctx belongs to; ok is false unless the caller
+// presented a certificate that the server verified against its CA and
+// that carries a role.
+func Peer(ctx context.Context) (role, name string, ok bool) {
+	leaf, _ := verifiedLeaf(ctx)
+	if leaf == nil {
+		return "", "", false
+	}
+	r := RoleOf(leaf)
+	if r == "" {
+		return "", leaf.Subject.CommonName, false
+	}
+	return string(r), leaf.Subject.CommonName, true
+}
+
+// Allowed reports whether the caller of ctx may do what roles may: true
+// on a plaintext connection (the process runs without TLS, where nothing
+// is authenticated), else only when the caller's verified certificate
+// carries one of roles. Handlers use it for checks finer than a method
+// (an unsequenced embedding update needs an admin).
+func Allowed(ctx context.Context, roles ...Role) bool {
+	leaf, secure := verifiedLeaf(ctx)
+	if !secure {
+		return true
+	}
+	if leaf == nil {
+		return false
+	}
+	r := RoleOf(leaf)
+	for _, want := range roles {
+		if r == want {
+			return true
+		}
+	}
+	return false
+}

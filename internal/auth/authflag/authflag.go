@@ -1,0 +1,118 @@
+// Package authflag is the command-line side of internal/auth: the flags
+// every serving or dialling prism command takes (--certs, or
+// --tls-cert/--tls-key/--tls-ca, or --insecure) and what they resolve
+// to. It belongs to the command layer: its errors name the flags.
+package authflag
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/prism-serve/prism/internal/auth"
+)
+
+// Flags are one command's TLS flags.
+type Flags struct {
+	Certs, Cert, Key, CA string
+	Insecure             bool
+}
+
+// Register adds the flags to cmd; role names the certificate --certs
+// picks.
+func (f *Flags) Register(cmd *cobra.Command, role auth.Role) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.Certs, "certs", "", fmt.Sprintf("certificate folder (prism certs init): uses ca.pem, %s.pem and %s-key.pem", role, role))
+	fl.StringVar(&f.Cert, "tls-cert", "", "this process's certificate (PEM), instead of --certs")
+	fl.StringVar(&f.Key, "tls-key", "", "the key of --tls-cert (PEM)")
+	fl.StringVar(&f.CA, "tls-ca", "", "the CA certificate that peers' certificates must chain to (PEM)")
+	fl.BoolVar(&f.Insecure, "insecure", false, "plaintext gRPC: no TLS, no authentication (anyone who reaches the port may call every RPC)")
+}
+
+// Files resolves the flags for role: ok is false with --insecure.
+// Without a certificate (only --tls-ca) the files name the CA alone,
+// which only clients holding a bearer token can use (allowNoCert).
+func (f *Flags) Files(role auth.Role, allowNoCert bool) (files auth.Files, ok bool, err error) {
+	explicit := f.Cert != "" || f.Key != "" || f.CA != ""
+	switch {
+	case f.Insecure && (f.Certs != "" || explicit):
+		return files, false, errors.New("--insecure goes with neither --certs nor --tls-cert/--tls-key/--tls-ca")
+	case f.Insecure:
+		return files, false, nil
+	case f.Certs != "" && explicit:
+		return files, false, errors.New("give --certs DIR or --tls-cert/--tls-key/--tls-ca, not both")
+	case f.Certs != "":
+		return auth.FilesFor(f.Certs, role), true, nil
+	case !explicit:
+		return files, false, errors.New("TLS is on by default: give --certs DIR (make one with prism certs init DIR), or --tls-cert, --tls-key and --tls-ca, or --insecure for plaintext")
+	case f.CA == "":
+		return files, false, errors.New("--tls-cert and --tls-key need --tls-ca (the CA peers are verified against)")
+	case (f.Cert == "") != (f.Key == ""):
+		return files, false, errors.New("--tls-cert and --tls-key go together")
+	case f.Cert == "" && !allowNoCert:
+		return files, false, errors.New("--tls-ca needs --tls-cert and --tls-key (this process's identity)")
+	}
+	return auth.Files{Cert: f.Cert, Key: f.Key, CA: f.CA}, true, nil
+}
+
+// Server is the TLS configuration to serve with as role, nil with
+// --insecure.
+func (f *Flags) Server(role auth.Role, o auth.ServerTLSOptions) (*tls.Config, error) {
+	files, ok, err := f.Files(role, false)
+	if err != nil || !ok {
+		return nil, err
+	}
+	c, err := auth.ServerTLS(files, o)
+	if err != nil {
+		return nil, fmt.Errorf("%w (check %s)", err, f.which())
+	}
+	return c, nil
+}
+
+// Credentials are the transport credentials to dial with as role,
+// expecting a server of one of serverRoles (any, when none are given);
+// plaintext with --insecure.
+func (f *Flags) Credentials(role auth.Role, allowNoCert bool, serverRoles ...auth.Role) (credentials.TransportCredentials, error) {
+	files, ok, err := f.Files(role, allowNoCert)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return insecure.NewCredentials(), nil
+	}
+	c, err := auth.ClientTLS(files, serverRoles...)
+	if err != nil {
+		return nil, fmt.Errorf("%w (check %s)", err, f.which())
+	}
+	return credentials.NewTLS(c), nil
+}
+
+// Dial is Credentials as a dial option.
+func (f *Flags) Dial(role auth.Role, serverRoles ...auth.Role) (grpc.DialOption, error) {
+	c, err := f.Credentials(role, false, serverRoles...)
+	if err != nil {
+		return nil, err
+	}
+	return grpc.WithTransportCredentials(c), nil
+}
+
+// Warn writes the one-line warning of a plaintext process to w, and
+// nothing over TLS.
+func (f *Flags) Warn(w io.Writer, what string) {
+	if f.Insecure {
+		fmt.Fprintf(w, "prism: warning: --insecure: %s runs plaintext gRPC without authentication; anyone who reaches its port may call every RPC\n", what)
+	}
+}
+
+func (f *Flags) which() string {
+	if f.Certs != "" {
+		return "--certs"
+	}
+	return "--tls-cert, --tls-key and --tls-ca"
+}

@@ -1,0 +1,188 @@
+package auth
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/big"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// ErrCAExists is returned by InitCerts when the folder holds a CA
+// already: a second one would orphan every certificate the first signed.
+var ErrCAExists = errors.New("a CA exists there already")
+
+// CertOptions configure InitCerts.
+type CertOptions struct {
+	// Hosts are names and addresses the certificates are valid for,
+	// besides 127.0.0.1, ::1 and localhost (which they always are).
+	Hosts []string
+	// Validity is how long the CA and the certificates are valid
+	// (default two years).
+	Validity time.Duration
+	// Now is the start of validity (default time.Now; tests make expired
+	// certificates with it).
+	Now func() time.Time
+}
+
+// EnsureDefaults fills zero fields.
+func (o *CertOptions) EnsureDefaults() {
+	if o.Validity == 0 {
+		o.Validity = 2 * 365 * 24 * time.Hour
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Validate checks the options.
+func (o *CertOptions) Validate() error {
+	if o.Validity < 0 {
+		return fmt.Errorf("certificate validity %s, want > 0", o.Validity)
+	}
+	for _, h := range o.Hosts {
+		if h == "" || strings.ContainsAny(h, " \t/,") {
+			return fmt.Errorf("host %q: want a host name or an IP address", h)
+		}
+	}
+	return nil
+}
+
+// Files are the PEM files of one identity: its certificate and key, and
+// the CA it trusts.
+type Files struct {
+	Cert, Key, CA string
+}
+
+// CAFile is the CA certificate's file in a certificate folder.
+func CAFile(dir string) string { return filepath.Join(dir, "ca.pem") }
+
+// FilesFor are role's files in a folder InitCerts wrote: ROLE.pem,
+// ROLE-key.pem and ca.pem.
+func FilesFor(dir string, r Role) Files {
+	return Files{Cert: filepath.Join(dir, string(r)+".pem"), Key: filepath.Join(dir, string(r)+"-key.pem"), CA: CAFile(dir)}
+}
+
+// InitCerts makes a development CA in dir (ca.pem) and a certificate
+// and key for each role (ROLE.pem, ROLE-key.pem; keys readable by the
+// owner only), all ECDSA P-256. It refuses a folder that holds a CA
+// already (ErrCAExists). The CA's key is not kept: to add a host, make a
+// new folder. dir is created if missing.
+func InitCerts(dir string, o CertOptions) error {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if _, err := os.Stat(CAFile(dir)); err == nil {
+		return fmt.Errorf("certs %s: %w", dir, ErrCAExists)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("certs %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("certs %s: %w", dir, err)
+	}
+	now := o.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("CA key: %w", err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{Organization: []string{"Prism"}, CommonName: "Prism development CA"},
+		NotBefore:             now.Add(-time.Minute),
+		NotAfter:              now.Add(o.Validity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return fmt.Errorf("CA certificate: %w", err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return fmt.Errorf("CA certificate: %w", err)
+	}
+	dns, ips := []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	for _, h := range o.Hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dns = append(dns, h)
+		}
+	}
+	// The role certificates first, the CA last: a folder with ca.pem is
+	// complete, so an interrupted run can be repeated.
+	for _, r := range Roles {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return fmt.Errorf("%s key: %w", r, err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: serial(),
+			Subject:      pkix.Name{Organization: []string{"Prism"}, OrganizationalUnit: []string{string(r)}, CommonName: string(r)},
+			NotBefore:    now.Add(-time.Minute),
+			NotAfter:     now.Add(o.Validity),
+			KeyUsage:     x509.KeyUsageDigitalSignature,
+			// Every role both serves and dials (an admin only dials).
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+			DNSNames:    dns,
+			IPAddresses: ips,
+			URIs:        []*url.URL{RoleURI(r)},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			return fmt.Errorf("%s certificate: %w", r, err)
+		}
+		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			return fmt.Errorf("%s key: %w", r, err)
+		}
+		f := FilesFor(dir, r)
+		if err := writePEM(f.Key, "PRIVATE KEY", keyDER, 0o600); err != nil {
+			return err
+		}
+		if err := writePEM(f.Cert, "CERTIFICATE", der, 0o644); err != nil {
+			return err
+		}
+	}
+	return writePEM(CAFile(dir), "CERTIFICATE", caDER, 0o644)
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(fmt.Sprintf("crypto/rand: %v", err))
+	}
+	return n
+}
+
+// writePEM writes one PEM block to path with perm, replacing a file left
+// by an interrupted run (the folder had no CA, so nothing trusts it).
+func writePEM(path, typ string, der []byte, perm os.FileMode) error {
+	os.Remove(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := pem.Encode(f, &pem.Block{Type: typ, Bytes: der}); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,149 @@
+package auth
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+func readCert(t *testing.T, path string) *x509.Certificate {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		t.Fatalf("%s: no PEM block", path)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestInitCerts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := InitCerts(dir, CertOptions{Hosts: []string{"10.1.2.3", "worker-7.example"}}); err != nil {
+		t.Fatal(err)
+	}
+	ca := readCert(t, CAFile(dir))
+	if !ca.IsCA {
+		t.Fatal("ca.pem is not a CA")
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	for _, r := range Roles {
+		f := FilesFor(dir, r)
+		c := readCert(t, f.Cert)
+		if got := RoleOf(c); got != r {
+			t.Errorf("%s.pem carries role %q", r, got)
+		}
+		if c.Subject.OrganizationalUnit[0] != string(r) {
+			t.Errorf("%s.pem OU %v", r, c.Subject.OrganizationalUnit)
+		}
+		for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
+			if _, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+				t.Errorf("%s.pem does not verify against ca.pem: %v", r, err)
+			}
+		}
+		for _, host := range []string{"127.0.0.1", "::1", "localhost", "10.1.2.3", "worker-7.example"} {
+			if err := c.VerifyHostname(host); err != nil {
+				t.Errorf("%s.pem: %v", r, err)
+			}
+		}
+		if err := c.VerifyHostname("10.9.9.9"); err == nil {
+			t.Errorf("%s.pem is valid for a host it was not made for", r)
+		}
+		st, err := os.Stat(f.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", f.Key, st.Mode().Perm())
+		}
+	}
+	// The CA's key is not kept.
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1+2*len(Roles) {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("certs init wrote %v", names)
+	}
+	before, _ := os.ReadFile(CAFile(dir))
+	if err := InitCerts(dir, CertOptions{}); !errors.Is(err, ErrCAExists) {
+		t.Fatalf("second init: %v, want ErrCAExists", err)
+	}
+	if after, _ := os.ReadFile(CAFile(dir)); !slices.Equal(before, after) {
+		t.Fatal("second init replaced the CA")
+	}
+}
+
+func TestInitCertsOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    CertOptions
+		ok   bool
+	}{
+		{"defaults", CertOptions{}, true},
+		{"hosts", CertOptions{Hosts: []string{"a.example", "::2"}}, true},
+		{"empty host", CertOptions{Hosts: []string{""}}, false},
+		{"host with a space", CertOptions{Hosts: []string{"a b"}}, false},
+		{"negative validity", CertOptions{Validity: -time.Hour}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := InitCerts(t.TempDir(), tc.o)
+			if (err == nil) != tc.ok {
+				t.Fatalf("err %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestParseRoleAndURI(t *testing.T) {
+	for _, r := range Roles {
+		got, err := ParseRole(string(r))
+		if err != nil || got != r {
+			t.Errorf("ParseRole(%q) = %q, %v", r, got, err)
+		}
+		c := &x509.Certificate{URIs: []*url.URL{RoleURI(r)}}
+		if RoleOf(c) != r {
+			t.Errorf("RoleOf(%s) = %q", RoleURI(r), RoleOf(c))
+		}
+	}
+	for _, s := range []string{"", "token", "root", "Admin"} {
+		if _, err := ParseRole(s); err == nil {
+			t.Errorf("ParseRole(%q) accepted", s)
+		}
+	}
+	other, _ := url.Parse("spiffe://other/role/admin")
+	for name, c := range map[string]*x509.Certificate{
+		"no URI":           {IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}},
+		"other trust":      {URIs: []*url.URL{other}},
+		"unknown role":     {URIs: []*url.URL{mustURL(t, "spiffe://prism/role/root")}},
+		"token is no role": {URIs: []*url.URL{mustURL(t, "spiffe://prism/role/token")}},
+	} {
+		if r := RoleOf(c); r != "" {
+			t.Errorf("%s: role %q", name, r)
+		}
+	}
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}

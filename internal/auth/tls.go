@@ -1,0 +1,96 @@
+package auth
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+)
+
+// ServerTLSOptions configure ServerTLS.
+type ServerTLSOptions struct {
+	// AllowNoClientCert accepts clients without a certificate (the
+	// router when a bearer token admits them to Recommend); a
+	// certificate a client does present is still verified. The
+	// authorization table then decides per method.
+	AllowNoClientCert bool
+}
+
+// ServerTLS is the TLS 1.3 configuration a tier serves with: f's
+// certificate, and client certificates required and verified against
+// f's CA.
+func ServerTLS(f Files, o ServerTLSOptions) (*tls.Config, error) {
+	cert, pool, err := load(f, true)
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		ClientCAs:    pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+	}
+	if o.AllowNoClientCert {
+		c.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return c, nil
+}
+
+// ClientTLS is the TLS 1.3 configuration a process dials with: f's
+// certificate as its identity (none when f.Cert and f.Key are empty: a
+// client that authenticates by bearer token), the server verified
+// against f's CA and, when serverRoles are given, refused unless its
+// certificate carries one of them (the embedding tier sends cut tensors
+// only to a dense worker).
+func ClientTLS(f Files, serverRoles ...Role) (*tls.Config, error) {
+	withCert := f.Cert != "" || f.Key != ""
+	cert, pool, err := load(f, withCert)
+	if err != nil {
+		return nil, err
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}
+	if withCert {
+		c.Certificates = []tls.Certificate{cert}
+	}
+	if len(serverRoles) > 0 {
+		want := slices.Clone(serverRoles)
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("server presented no certificate")
+			}
+			if r := RoleOf(cs.PeerCertificates[0]); !slices.Contains(want, r) {
+				return fmt.Errorf("server certificate has role %q, want one of %v", r, want)
+			}
+			return nil
+		}
+	}
+	return c, nil
+}
+
+// load reads f's CA and, when withCert, its certificate and key.
+func load(f Files, withCert bool) (tls.Certificate, *x509.CertPool, error) {
+	var cert tls.Certificate
+	if f.CA == "" {
+		return cert, nil, errors.New("no CA certificate file given")
+	}
+	caPEM, err := os.ReadFile(f.CA)
+	if err != nil {
+		return cert, nil, fmt.Errorf("read CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return cert, nil, fmt.Errorf("CA %s: no PEM certificate in it", f.CA)
+	}
+	if !withCert {
+		return cert, pool, nil
+	}
+	if f.Cert == "" || f.Key == "" {
+		return cert, nil, errors.New("a certificate needs both its file and its key file")
+	}
+	if cert, err = tls.LoadX509KeyPair(f.Cert, f.Key); err != nil {
+		return cert, nil, fmt.Errorf("certificate %s with key %s: %w", f.Cert, f.Key, err)
+	}
+	return cert, pool, nil
+}

@@ -1,0 +1,139 @@
+package auth
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/grpctest"
+)
+
+// peerRegistry answers List with the caller's role and name.
+type peerRegistry struct {
+	prismv1.UnimplementedRegistryServer
+}
+
+func (peerRegistry) List(ctx context.Context, _ *prismv1.ListRequest) (*prismv1.ListResponse, error) {
+	role, name, ok := Peer(ctx)
+	if !ok {
+		return nil, status.Error(codes.Internal, "no peer")
+	}
+	return &prismv1.ListResponse{Workers: []*prismv1.WorkerInfo{{Id: role + "/" + name}}}, nil
+}
+
+func TestMutualTLS(t *testing.T) {
+	root := t.TempDir()
+	good, other, expired := filepath.Join(root, "good"), filepath.Join(root, "other"), filepath.Join(root, "expired")
+	for _, d := range []string{good, other} {
+		if err := InitCerts(d, CertOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := InitCerts(expired, CertOptions{Validity: time.Hour, Now: func() time.Time { return time.Now().Add(-48 * time.Hour) }}); err != nil {
+		t.Fatal(err)
+	}
+	// The server is a router trusting both its own CA and, for the
+	// expired case, the expired CA (so only the expiry refuses it).
+	serve := func(t *testing.T, caDir string) (*grpctest.Net, string) {
+		f := FilesFor(good, Router)
+		f.CA = CAFile(caDir)
+		conf, err := ServerTLS(f, ServerTLSOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := Policy{}
+		srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(conf)), grpc.UnaryInterceptor(p.UnaryInterceptor()))
+		prismv1.RegisterRegistryServer(srv, peerRegistry{})
+		var n grpctest.Net
+		lis := n.MustListen(t, "router")
+		go srv.Serve(lis)
+		t.Cleanup(srv.Stop)
+		return &n, lis.Addr().String()
+	}
+	client := func(t *testing.T, f Files, serverRoles ...Role) grpc.DialOption {
+		c, err := ClientTLS(f, serverRoles...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.ServerName = "localhost" // bufconn targets are names, not hosts
+		return grpc.WithTransportCredentials(credentials.NewTLS(c))
+	}
+	withCA := func(f Files, dir string) Files { f.CA = CAFile(dir); return f }
+	for _, tc := range []struct {
+		name     string
+		serverCA string
+		creds    func(t *testing.T) grpc.DialOption
+		announce bool
+		want     codes.Code
+		wantPeer string
+	}{
+		{"admin lists", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Admin), Router) }, false, codes.OK, "admin/admin"},
+		{"embedding lists", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Embedding)) }, false, codes.OK, "embedding/embedding"},
+		{"admin may not announce", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Admin)) }, true, codes.PermissionDenied, ""},
+		{"embedding announces", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Embedding)) }, true, codes.Unimplemented, ""},
+		{"other CA", good, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(other, Admin), good)) }, false, codes.Unavailable, ""},
+		{"expired certificate", expired, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(expired, Admin), good)) }, false, codes.Unavailable, ""},
+		{"no certificate", good, func(t *testing.T) grpc.DialOption { return client(t, Files{CA: CAFile(good)}) }, false, codes.Unavailable, ""},
+		{"server of the wrong role", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Embedding), Dense) }, false, codes.Unavailable, ""},
+		{"server from another CA", good, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(good, Admin), other)) }, false, codes.Unavailable, ""},
+		{"plaintext", good, func(t *testing.T) grpc.DialOption { return grpc.WithTransportCredentials(insecure.NewCredentials()) }, false, codes.Unavailable, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, addr := serve(t, tc.serverCA)
+			reg := prismv1.NewRegistryClient(n.Dial(t, addr, tc.creds(t)))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var err error
+			var resp *prismv1.ListResponse
+			if tc.announce {
+				_, err = reg.Announce(ctx, &prismv1.AnnounceRequest{})
+			} else {
+				resp, err = reg.List(ctx, &prismv1.ListRequest{})
+			}
+			if status.Code(err) != tc.want {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+			if tc.wantPeer != "" && resp.GetWorkers()[0].GetId() != tc.wantPeer {
+				t.Errorf("the server saw %q, want %q", resp.GetWorkers()[0].GetId(), tc.wantPeer)
+			}
+		})
+	}
+}
+
+func TestTLSFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitCerts(dir, CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := FilesFor(dir, Dense)
+	for _, tc := range []struct {
+		name string
+		f    Files
+	}{
+		{"no CA", Files{Cert: f.Cert, Key: f.Key}},
+		{"missing CA", Files{Cert: f.Cert, Key: f.Key, CA: filepath.Join(dir, "nope.pem")}},
+		{"CA is a key", Files{Cert: f.Cert, Key: f.Key, CA: f.Key}},
+		{"key of another role", Files{Cert: f.Cert, Key: FilesFor(dir, Admin).Key, CA: f.CA}},
+		{"no key", Files{Cert: f.Cert, CA: f.CA}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := ServerTLS(tc.f, ServerTLSOptions{}); err == nil {
+				t.Error("ServerTLS accepted it")
+			}
+			if _, err := ClientTLS(tc.f); err == nil {
+				t.Error("ClientTLS accepted it")
+			}
+		})
+	}
+	if c, err := ServerTLS(f, ServerTLSOptions{}); err != nil || c.MinVersion != 0x0304 || c.ClientAuth.String() != "RequireAndVerifyClientCert" {
+		t.Errorf("server config %+v, %v", c, err)
+	}
+}
