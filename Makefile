@@ -7,7 +7,7 @@ ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
 export ORT_LIB ?= $(ORT_CACHE_LIB)
 BIN := bin/prism
 
-.PHONY: setup build test demo proto bench bench-score bench-serve vet fmt clean
+.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls vet fmt clean
 
 setup:
 	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
@@ -36,6 +36,10 @@ bench: setup
 # Disaggregated serving against the monolith (needs make demo's artifacts).
 bench-serve: setup build
 	./scripts/bench-serve.sh
+
+# Mutual TLS against plaintext serving (needs make demo's artifacts).
+bench-tls: setup build
+	./scripts/bench-tls.sh
 
 # Monolithic scoring throughput table for BENCHMARKS.md.
 bench-score: setup build

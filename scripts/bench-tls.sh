@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Mutual TLS against plaintext, in one run on this machine (run via
+# `make bench-tls`; needs `make demo` first, or set PLAN/DB): two
+# `prism up` stacks on the same partition, one with mTLS (the default)
+# and one with --insecure on a copy of the store, both up at once, and
+# closed-loop runs at 270 candidates per request alternating between
+# them (the order swapped every round), so the machine's drift falls on
+# both alike. Prints each round, the medians and their ratio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prism=bin/prism
+out=${BENCH_DIR:-out/demo}
+model=${BENCH_MODEL:-dlrm-kaggle}
+plan=${PLAN:-$out/$model-part}
+db=${DB:-$out/db}
+clients=${CLIENTS:-16}
+dur=${DURATION:-15s}
+rounds=${ROUNDS:-5}
+certs=${CERTS:-$(dirname "$db")/certs}
+[ -f "$plan/plan.json" ] || { echo "bench-tls: no partition at $plan (run make demo first)"; exit 1; }
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+echo "bench-tls: copying the store for the plaintext stack" >&2
+cp -r "$db" "$tmp/db-plain"
+
+# up NAME ARGS...: starts a stack, prints its Recommend address.
+up() {
+	local name=$1 log="$tmp/$1.log" addr=""
+	shift
+	$prism up --model "$plan" --addr 127.0.0.1:0 "$@" >"$log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 1 1200); do
+		addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
+		[ -n "$addr" ] && break
+		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
+		sleep 0.5
+	done
+	[ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+	echo "$addr"
+}
+tls_addr=$(up tls --db "$db" --certs "$certs")
+plain_addr=$(up plain --db "$tmp/db-plain" --insecure)
+
+lg() { $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" "$@"; }
+tls() { lg --target "$tls_addr" --certs "$certs" "$@"; }
+plain() { lg --target "$plain_addr" --insecure "$@"; }
+samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
+p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
+median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+
+# Warm-up: hot tiers, ONNX Runtime arenas, TLS sessions.
+tls --duration 10s >/dev/null
+plain --duration 10s >/dev/null
+ts=""; ps=""
+for r in $(seq 1 "$rounds"); do
+	if [ $((r % 2)) = 1 ]; then
+		a=$(tls --duration "$dur"); b=$(plain --duration "$dur")
+	else
+		b=$(plain --duration "$dur"); a=$(tls --duration "$dur")
+	fi
+	t=$(samples <<<"$a"); p=$(samples <<<"$b")
+	echo "round $r: mTLS $t samples/s (p99 $(p99 <<<"$a")), plaintext $p samples/s (p99 $(p99 <<<"$b"))" >&2
+	ts="$ts $t"; ps="$ps $p"
+done
+tm=$(median <<<"${ts# }"); pm=$(median <<<"${ps# }")
+echo
+echo "| measure | value |"
+echo "|---|---:|"
+echo "| plaintext, $clients clients x 270 candidates (samples/s; median of${ps}) | $pm |"
+echo "| mutual TLS, same (samples/s; median of${ts}) | $tm |"
+echo "| mTLS / plaintext | $(awk -v a="$tm" -v b="$pm" 'BEGIN{printf "%.3f", a/b}') |"
