@@ -27,7 +27,13 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 // Commands (defaults in brackets):
 //
-//	new [heartbeat=1s] [log-bytes=268435456]   a router starting now
+//	new [heartbeat=1s] [log-bytes=268435456] [quorum=one] [persist=hide|show]
+//	                                           a router starting now (the
+//	                                           scripts from before quorums
+//	                                           assume one; show prints the
+//	                                           update log writes)
+//	restart [after=0s]                         the router restarts from what
+//	                                           its update log holds
 //	advance <duration>                         the clock moves on
 //	announce <worker> [models=m] [seq=m:N,...] [role=dense]
 //	gone <worker>                              left, expired or removed
@@ -51,6 +57,59 @@ type seqScript struct {
 	t   *testing.T
 	s   *sequencer
 	now time.Time
+	// What the last new set, for restart.
+	heartbeat   time.Duration
+	logBytes    int64
+	quorum      Quorum
+	showPersist bool
+	// disk is the update log as the persists wrote it.
+	disk map[string]*diskModel
+}
+
+// diskModel is one model's update log as written.
+type diskModel struct {
+	next, committed, floor int64
+	entries                map[int64]*prismv1.ApplyUpdateRequest
+}
+
+// write applies a persist as the driver's updateLog would.
+func (h *seqScript) write(m message) {
+	d := h.disk[m.Model]
+	if d == nil {
+		d = &diskModel{entries: map[int64]*prismv1.ApplyUpdateRequest{}}
+		h.disk[m.Model] = d
+	}
+	c := m.Persist
+	for seq := c.DropFrom + 1; seq <= c.Floor; seq++ {
+		delete(d.entries, seq)
+	}
+	if c.Entry != nil {
+		d.entries[c.Entry.GetSeq()] = c.Entry
+	}
+	d.next, d.committed, d.floor = c.Next, c.Committed, c.Floor
+}
+
+// restart is a new sequencer at now restored from disk.
+func (h *seqScript) restart() []string {
+	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+	var out []string
+	for _, model := range slices.Sorted(maps.Keys(h.disk)) {
+		d := h.disk[model]
+		var log []*prismv1.ApplyUpdateRequest
+		for seq := d.floor + 1; seq <= d.next; seq++ {
+			e := d.entries[seq]
+			if e == nil {
+				h.t.Fatalf("restart: the log of %s lacks update %d (floor %d, next %d)", model, seq, d.floor, d.next)
+			}
+			log = append(log, e)
+		}
+		if len(d.entries) != len(log) {
+			h.t.Fatalf("restart: the log of %s holds %d entries, want %d (trimmed ones left behind)", model, len(d.entries), len(log))
+		}
+		h.s.restore(model, d.next, d.committed, d.floor, log)
+		out = append(out, fmt.Sprintf("restored %s next=%d committed=%d floor=%d", model, d.next, d.committed, d.floor))
+	}
+	return out
 }
 
 func runSequencerScript(t *testing.T, file string) {
@@ -59,8 +118,8 @@ func runSequencerScript(t *testing.T, file string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h := &seqScript{t: t, now: time.Unix(1000, 0)}
-	h.s = newSequencer(h.now, time.Second, 256<<20)
+	h := &seqScript{t: t, now: time.Unix(1000, 0), heartbeat: time.Second, logBytes: 256 << 20, quorum: QuorumOne, disk: map[string]*diskModel{}}
+	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
 	var out strings.Builder
 	sc := bufio.NewScanner(f)
 	lineNo := 0
@@ -158,7 +217,16 @@ func (h *seqScript) do(line string) []string {
 	model := arg("model", "m")
 	switch cmd {
 	case "new":
-		h.s = newSequencer(h.now, dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")))
+		q, err := ParseQuorum(arg("quorum", "one"))
+		if err != nil {
+			h.t.Fatalf("%s: %v", line, err)
+		}
+		h.heartbeat, h.logBytes, h.quorum, h.showPersist = dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")), q, arg("persist", "hide") == "show"
+		h.disk = map[string]*diskModel{}
+		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+	case "restart":
+		h.now = h.now.Add(dur(arg("after", "0s")))
+		return h.restart()
 	case "advance":
 		need(1)
 		h.now = h.now.Add(dur(pos[0]))
@@ -211,6 +279,12 @@ func (h *seqScript) do(line string) []string {
 	}
 	var out []string
 	for _, m := range h.s.ready() {
+		if m.Type == msgPersist {
+			h.write(m)
+			if !h.showPersist {
+				continue
+			}
+		}
 		out = append(out, m.String())
 	}
 	return out

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,16 +25,22 @@ import (
 //     ...) and sent one at a time, so two updates of the same row land in
 //     the same order on every worker. A worker's store records the last
 //     seq it applied with the rows (one synced batch) and announces it.
-//   - Nobody serves stale rows. An update is acknowledged once at least
-//     one worker holds it; from then on the router sends lookups only to
-//     workers that hold every acknowledged update.
+//   - Nobody serves stale rows. An update is acknowledged once the
+//     quorum of the model's workers holds it (Options.UpdateQuorum:
+//     one, a majority, all); from then on the router sends lookups only
+//     to workers that hold every acknowledged update. Below the quorum
+//     the caller gets Unavailable, and the update keeps its number and
+//     reaches the others by catch-up, as one no worker applied does.
 //   - Catching up. The router keeps the latest updates of each model
 //     (Options.UpdateLogBytes) and replays to a worker what it missed
-//     (down, restarted, slow), after which it serves again. A worker
-//     further behind than the log reaches (or any behind worker after the
-//     router restarted: the log lives in the router's memory) is left out
-//     of serving, and the router logs how to bring it back: give it a
-//     copy of an up-to-date worker's store.
+//     (down, restarted, slow), after which it serves again. The log is
+//     in memory, or with Options.UpdateLogDir in a Pebble folder written
+//     (synced) before any worker is sent an update or any client
+//     answered, so a restarted router still catches workers up. A worker
+//     further behind than the log reaches (or any behind worker after an
+//     in-memory router restarted) is left out of serving, and the router
+//     logs how to bring it back: give it a copy of an up-to-date
+//     worker's store.
 //   - A seq is handed out only while some live worker holds every
 //     earlier one, and only to a request whose deadline has not passed,
 //     so a number is never left without a worker to apply it; entries no
@@ -127,6 +134,17 @@ func (u *Updater) served(model string) bool {
 // to the waiting Update handlers, gauges and log lines. The registry
 // calls announced, gone and inSync under its own lock, so the
 // registry's lock comes before mu, never after.
+//
+// Persistence (ulog set): the sequencer stays free of IO and says what
+// to write with msgPersist messages. The driver writes a step's persists
+// in one synced batch after mu is released (a lookup's inSync never
+// waits for a disk) but before it carries out any other message of the
+// step, and the steps' batches are written in the order of the steps
+// (a ticket taken under mu), so the log on disk always holds every
+// update any worker was sent and every number any client was told.
+// When a write fails, the step's applies of client updates are not sent
+// (each is reported back failed, so the update is answered Unavailable,
+// not acknowledged) and an OK answer in it becomes Unavailable.
 type updateDriver struct {
 	now    func() time.Time
 	call   func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error
@@ -143,6 +161,15 @@ type updateDriver struct {
 	any atomic.Bool
 	// calls counts the applies under way (wait).
 	calls sync.WaitGroup
+
+	// ulog is the update log's folder (nil: in memory only); tickets
+	// order its writes: the step that took ticket n writes after the
+	// one that took n-1 (written counts those done).
+	ulog    *updateLog
+	wmu     sync.Mutex
+	wcond   *sync.Cond
+	tickets uint64
+	written uint64
 
 	mu  sync.Mutex
 	seq *sequencer
@@ -183,6 +210,14 @@ func (d *updateDriver) step(event func(now time.Time)) {
 	}
 	// What a message needs of the driver's state is taken under mu: the
 	// context an apply runs under, the channel an answer goes to.
+	var ticket uint64
+	// Every step that sends, answers or persists takes a ticket: one
+	// that only replays must not send an entry before the step that
+	// numbered it has written it.
+	if d.ulog != nil && slices.ContainsFunc(msgs, func(m message) bool { return m.Type == msgPersist || m.Type == msgApply || m.Type == msgAnswer }) {
+		d.tickets++
+		ticket = d.tickets
+	}
 	ctxs := make([]context.Context, len(msgs))
 	answers := make([]chan updateAnswer, len(msgs))
 	for i, m := range msgs {
@@ -198,12 +233,23 @@ func (d *updateDriver) step(event func(now time.Time)) {
 		}
 	}
 	d.mu.Unlock()
+	var werr error
+	if ticket != 0 {
+		werr = d.write(ticket, msgs)
+	}
 	for i, m := range msgs {
 		switch m.Type {
 		case msgApply:
 			d.calls.Add(1)
+			if werr != nil && m.Client != 0 {
+				go d.unlogged(m, werr)
+				continue
+			}
 			go d.apply(ctxs[i], m)
 		case msgAnswer:
+			if werr != nil && m.Err == nil {
+				m.Resp, m.Err = nil, status.Errorf(codes.Unavailable, "the update was applied but the router could not write its update log (%v), so it is not acknowledged; retrying is safe", werr)
+			}
 			if answers[i] != nil {
 				answers[i] <- updateAnswer{m.Resp, m.Err} // buffered: never blocks
 			}
@@ -215,6 +261,33 @@ func (d *updateDriver) step(event func(now time.Time)) {
 			d.log.Log(context.Background(), m.Level, m.Text, m.Attrs...)
 		}
 	}
+}
+
+// write writes the persists of msgs (if any), once the steps before
+// ticket have written theirs.
+func (d *updateDriver) write(ticket uint64, msgs []message) error {
+	d.wmu.Lock()
+	for d.written+1 != ticket {
+		d.wcond.Wait()
+	}
+	d.wmu.Unlock()
+	err := d.ulog.write(msgs)
+	d.wmu.Lock()
+	d.written = ticket
+	d.wcond.Broadcast()
+	d.wmu.Unlock()
+	if err != nil {
+		d.log.Error("cannot write the update log: the updates of this step are not acknowledged", "err", err)
+	}
+	return err
+}
+
+// unlogged reports an apply not sent because its update could not be
+// written to the update log.
+func (d *updateDriver) unlogged(m message, err error) {
+	defer d.calls.Done()
+	err = status.Errorf(codes.Unavailable, "router could not write update %d to its update log: %v", m.Apply.GetSeq(), err)
+	d.step(func(now time.Time) { d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), err) })
 }
 
 // apply sends one update to one worker and reports the outcome.
@@ -232,7 +305,10 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 			cctx, cancel = context.WithTimeout(ctx, d.workerTimeout)
 		}
 		err = d.call(cctx, m.Addr, m.Apply)
-		if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		// gRPC's own deadline timer may end the call (DeadlineExceeded)
+		// a moment before cctx reports its end: that is the per-worker
+		// timeout too, not a failure.
+		if err != nil && ctx.Err() == nil && (cctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded) {
 			err = errWorkerTimeout
 		}
 		cancel()
@@ -299,7 +375,30 @@ func (d *updateDriver) tick(ctx context.Context) {
 
 func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout, workerTimeout time.Duration,
 	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error) *updateDriver {
-	return &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}}
+	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}}
+	d.wcond = sync.NewCond(&d.wmu)
+	return d
+}
+
+// restore feeds the sequencer what l holds and writes through l from
+// then on; call it before any other event.
+func (d *updateDriver) restore(l *updateLog) (models, updates int, err error) {
+	rs, err := l.load()
+	if err != nil {
+		return 0, 0, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range rs {
+		d.seq.restore(r.model, r.next, r.committed, r.floor, r.log)
+		models++
+		updates += len(r.log)
+	}
+	if d.seq.any {
+		d.any.Store(true)
+	}
+	d.ulog = l
+	return models, updates, nil
 }
 
 // wait returns once no apply is under way (a replay goes on until the

@@ -40,7 +40,7 @@ func TestHugeAnnouncedSeqKeepsNumbering(t *testing.T) {
 // next update does not wait for it either.
 func TestHungWorkerLeftBehind(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
-	rig := newUpdateRig(t, Options{UpdateWorkerTimeout: 100 * time.Millisecond}, a, b)
+	rig := newUpdateRig(t, Options{UpdateWorkerTimeout: 100 * time.Millisecond, UpdateQuorum: QuorumOne}, a, b)
 	gate := make(chan struct{})
 	b.mu.Lock()
 	b.gate, b.entered = gate, make(chan struct{}, 16)
@@ -75,7 +75,7 @@ func TestHungWorkerLeftBehind(t *testing.T) {
 // caller learns which refused, and the refuser leaves serving.
 func TestDivergentAnswersReported(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
-	rig := newUpdateRig(t, Options{}, a, b)
+	rig := newUpdateRig(t, Options{UpdateQuorum: QuorumOne}, a, b)
 	b.mu.Lock()
 	b.refuse = true
 	b.mu.Unlock()

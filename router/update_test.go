@@ -205,7 +205,7 @@ func (l *lockedBuffer) count(s string) int {
 
 func TestUpdatesCatchUpLaggingWorker(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
-	rig := newUpdateRig(t, Options{}, a, b)
+	rig := newUpdateRig(t, Options{UpdateQuorum: QuorumOne}, a, b)
 	if r, err := rig.update("t", 1, 10); err != nil || r.GetWorkers() != 2 {
 		t.Fatalf("update 1: %v %v", r, err)
 	}
@@ -325,7 +325,7 @@ func TestUpdatesStaleWorkerAfterRouterRestart(t *testing.T) {
 // stale, one within it is caught up.
 func TestUpdateLogBudget(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
-	rig := newUpdateRig(t, Options{UpdateLogBytes: 200}, a, b)
+	rig := newUpdateRig(t, Options{UpdateLogBytes: 200, UpdateQuorum: QuorumOne}, a, b)
 	b.setDown(true)
 	for i := range 20 {
 		if _, err := rig.update("t", int64(i), 1); err != nil {
@@ -452,7 +452,7 @@ func TestCancelledWhileQueuedTakesNoNumber(t *testing.T) {
 		}
 		return ctx.Err()
 	}
-	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
+	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
 	for _, id := range []string{"w1", "w2"} {
 		d.announced(&prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-" + id, Models: []string{"m"}, Healthy: true})
 	}

@@ -66,7 +66,13 @@ func newServeRouterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			r := router.New(ro, s.Registry)
+			if ro.UpdateLogDir == "" {
+				log.Info("embedding update log kept in memory (--update-log-dir not set): a restarted router cannot catch up workers that missed updates before it")
+			}
+			r, err := router.Open(ro, s.Registry)
+			if err != nil {
+				return fmt.Errorf("%w (--update-log-dir)", err)
+			}
 			prismv1.RegisterRecommenderServer(s.GRPC, r)
 			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
 			prismv1.RegisterEmbeddingsServer(s.GRPC, r.Updater())
@@ -106,5 +112,9 @@ func newServeRouterCmd() *cobra.Command {
 	f.IntVar(&ro.MaxStreams, "max-streams", router.DefaultMaxStreams, "RecommendStream streams open at once")
 	f.DurationVar(&ro.UpdateWorkerTimeout, "update-worker-timeout", router.DefaultUpdateWorkerTimeout, "how long an embedding update waits for one worker before leaving it behind (caught up later)")
 	f.IntVar(&ro.Limits.MaxWorkers, "max-workers", 4096, "workers registered at once")
+	// Durable updates.
+	ro.UpdateQuorum = router.QuorumMajority
+	f.Var(&ro.UpdateQuorum, "update-quorum", "how many of a model's embedding workers must hold an update before it is acknowledged: one, majority or all (below it the client gets Unavailable; the update still reaches the others by catch-up)")
+	f.StringVar(&ro.UpdateLogDir, "update-log-dir", "", `Pebble folder keeping the recent embedding updates across router restarts ("": in memory)`)
 	return cmd
 }

@@ -150,8 +150,11 @@ func Run(ctx context.Context, c Config) error {
 	})
 	defer sup.Shutdown()
 
+	// The router keeps its update log beside the store (router-log), so
+	// a restarted router still catches lagging workers up.
+	updateLog := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log")
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
-		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch)}, tlsArgs(c)...)}
+		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c)...)}
 	// A signal during start-up (ctx ends) stops it as one after it would.
 	stopping := func(err error) error {
 		if ctx.Err() != nil {

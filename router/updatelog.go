@@ -1,0 +1,185 @@
+package router
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// updateLog keeps the sequencer's update logs in a Pebble folder
+// (Options.UpdateLogDir), so a restarted router still holds the recent
+// updates of each model and catches up a worker that missed them.
+//
+// It mirrors, per model, what the sequencer keeps in memory: the state
+// (next, committed, floor) under "s"+model, and each numbered update
+// floor+1 .. next under "e"+uvarint(len(model))+model+seq (8 bytes, big
+// endian, so a model's entries sort by seq). The sequencer asks for
+// every change with a msgPersist; the driver writes those of one step in
+// one synced batch (write) before it sends or answers anything of that
+// step. Trimming drops the same entries the in-memory log drops (the
+// byte budget), in the same batch.
+type updateLog struct {
+	mu     sync.Mutex
+	db     *pebble.DB
+	closed bool
+}
+
+// restoredModel is one model's log as read back at start.
+type restoredModel struct {
+	model                  string
+	next, committed, floor int64
+	log                    []*prismv1.ApplyUpdateRequest
+}
+
+// openUpdateLog opens (or makes) the update log in dir on fs (nil: the
+// operating system's).
+func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	db, err := pebble.Open(dir, &pebble.Options{FS: fs, Logger: quietPebble{}, FormatMajorVersion: pebble.FormatNewest})
+	if err != nil {
+		return nil, fmt.Errorf("open update log %q: %w", dir, err)
+	}
+	return &updateLog{db: db}, nil
+}
+
+func stateKey(model string) []byte { return append([]byte("s"), model...) }
+
+func entryKey(model string, seq int64) []byte {
+	k := binary.AppendUvarint([]byte("e"), uint64(len(model)))
+	k = append(k, model...)
+	return binary.BigEndian.AppendUint64(k, uint64(seq))
+}
+
+// write applies the msgPersist messages among msgs in one synced batch.
+func (l *updateLog) write(msgs []message) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return errors.New("update log closed")
+	}
+	b := l.db.NewBatch()
+	defer b.Close()
+	for _, m := range msgs {
+		if m.Type != msgPersist {
+			continue
+		}
+		c := m.Persist
+		switch n := c.Floor - c.DropFrom; {
+		case n > 64:
+			if err := b.DeleteRange(entryKey(m.Model, c.DropFrom+1), entryKey(m.Model, c.Floor+1), nil); err != nil {
+				return err
+			}
+		case n > 0:
+			for seq := c.DropFrom + 1; seq <= c.Floor; seq++ {
+				if err := b.Delete(entryKey(m.Model, seq), nil); err != nil {
+					return err
+				}
+			}
+		}
+		if c.Entry != nil {
+			v, err := proto.Marshal(c.Entry)
+			if err != nil {
+				return err
+			}
+			if err := b.Set(entryKey(m.Model, c.Entry.GetSeq()), v, nil); err != nil {
+				return err
+			}
+		}
+		var st []byte
+		st = binary.AppendUvarint(st, uint64(c.Next))
+		st = binary.AppendUvarint(st, uint64(c.Committed))
+		st = binary.AppendUvarint(st, uint64(c.Floor))
+		if err := b.Set(stateKey(m.Model), st, nil); err != nil {
+			return err
+		}
+	}
+	if b.Empty() {
+		return nil
+	}
+	return b.Commit(pebble.Sync)
+}
+
+// load reads every model's log back. Its entries are the contiguous run
+// ending at next (a batch that failed to write leaves a gap, below which
+// the entries cannot be replayed: the floor moves up to it).
+func (l *updateLog) load() ([]restoredModel, error) {
+	it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: []byte("s"), UpperBound: []byte("t")})
+	if err != nil {
+		return nil, err
+	}
+	var out []restoredModel
+	for it.First(); it.Valid(); it.Next() {
+		r := restoredModel{model: string(it.Key()[1:])}
+		v := it.Value()
+		var nums [3]int64
+		for i := range nums {
+			n, k := binary.Uvarint(v)
+			if k <= 0 {
+				it.Close()
+				return nil, fmt.Errorf("update log: state of model %q does not decode", r.model)
+			}
+			nums[i], v = int64(n), v[k:]
+		}
+		r.next, r.committed, r.floor = nums[0], nums[1], nums[2]
+		out = append(out, r)
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	for i := range out {
+		r := &out[i]
+		it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: entryKey(r.model, r.floor+1), UpperBound: entryKey(r.model, r.next+1)})
+		if err != nil {
+			return nil, err
+		}
+		want := r.floor + 1
+		for it.First(); it.Valid(); it.Next() {
+			seq := int64(binary.BigEndian.Uint64(it.Key()[len(it.Key())-8:]))
+			e := &prismv1.ApplyUpdateRequest{}
+			if err := proto.Unmarshal(it.Value(), e); err != nil || e.GetSeq() != seq {
+				it.Close()
+				return nil, fmt.Errorf("update log: update %d of model %q does not decode", seq, r.model)
+			}
+			if seq != want {
+				r.log = r.log[:0] // a gap: only what follows it can be replayed
+			}
+			r.log = append(r.log, e)
+			want = seq + 1
+		}
+		if err := it.Close(); err != nil {
+			return nil, err
+		}
+		if want != r.next+1 {
+			r.log = nil // the latest is missing: nothing can be replayed
+		}
+		r.floor = r.next - int64(len(r.log))
+	}
+	return out, nil
+}
+
+// Close closes the folder; a write after it fails.
+func (l *updateLog) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	return l.db.Close()
+}
+
+// quietPebble keeps Pebble's routine notes out of the router's log.
+type quietPebble struct{}
+
+func (quietPebble) Infof(string, ...any)              {}
+func (quietPebble) Errorf(format string, args ...any) { pebble.DefaultLogger.Errorf(format, args...) }
+func (quietPebble) Fatalf(format string, args ...any) { pebble.DefaultLogger.Fatalf(format, args...) }

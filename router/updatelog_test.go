@@ -1,0 +1,193 @@
+package router
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// The update log reads back what the persists wrote: the numbers, the
+// entries floor+1 .. next, trimmed ones gone; a gap left by a failed
+// write moves the floor up to it.
+func TestUpdateLogRoundTrip(t *testing.T) {
+	fs := vfs.NewMem()
+	l, err := openUpdateLog("log", fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := func(seq int64) *prismv1.ApplyUpdateRequest {
+		return &prismv1.ApplyUpdateRequest{Seq: seq, Update: &prismv1.UpdateRequest{Model: "m/1", Table: "t", Ids: []int64{seq}, Rows: make([]byte, 4)}}
+	}
+	persist := func(model string, c logChange) message {
+		return message{Type: msgPersist, Model: model, Persist: &c}
+	}
+	// Two models whose names share a prefix, in one batch and in several.
+	if err := l.write([]message{
+		persist("m/1", logChange{Next: 1, Entry: entry(1)}),
+		persist("m/10", logChange{Next: 1, Committed: 1, Entry: entry(1)}),
+		{Type: msgLog},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for seq := int64(2); seq <= 5; seq++ {
+		// The byte budget keeps three: seq-3 leaves as seq joins.
+		floor := max(0, seq-3)
+		if err := l.write([]message{persist("m/1", logChange{Next: seq, Committed: seq - 1, Floor: floor, DropFrom: max(0, floor-1), Entry: entry(seq)})}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.write([]message{persist("m/1", logChange{Next: 6})}); err == nil {
+		t.Fatal("a write after Close succeeded")
+	}
+	if l, err = openUpdateLog("log", fs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := l.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].model != "m/1" || got[1].model != "m/10" {
+		t.Fatalf("models read back: %+v", got)
+	}
+	if r := got[0]; r.next != 5 || r.committed != 4 || r.floor != 2 || len(r.log) != 3 || r.log[0].GetSeq() != 3 || r.log[2].GetSeq() != 5 {
+		t.Fatalf("m/1 read back: next %d committed %d floor %d, %d entries", r.next, r.committed, r.floor, len(r.log))
+	}
+	if r := got[1]; r.next != 1 || r.committed != 1 || r.floor != 0 || len(r.log) != 1 {
+		t.Fatalf("m/10 read back: %+v", r)
+	}
+	// Update 6 was never written (its batch failed), 7 was: only 7 can be
+	// replayed.
+	if err := l.write([]message{persist("m/1", logChange{Next: 7, Committed: 7, Floor: 2, DropFrom: 2, Entry: entry(7)})}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = l.load(); err != nil {
+		t.Fatal(err)
+	}
+	if r := got[0]; r.next != 7 || r.floor != 6 || len(r.log) != 1 || r.log[0].GetSeq() != 7 {
+		t.Fatalf("after a gap: next %d floor %d, %d entries", r.next, r.floor, len(r.log))
+	}
+	l.Close()
+}
+
+// A worker that missed updates before the router restarted is caught up
+// after it from the update log, in a real folder and on Pebble's
+// in-memory file system. (With the log in memory it stays stale:
+// TestUpdatesStaleWorkerAfterRouterRestart.)
+func TestUpdateLogAcrossRouterRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    func(t *testing.T) Options
+	}{
+		{"dir", func(t *testing.T) Options { return Options{UpdateLogDir: t.TempDir()} }},
+		{"memfs", func(*testing.T) Options { return Options{UpdateLogDir: "log", UpdateLogFS: vfs.NewMem()} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.o(t)
+			o.UpdateQuorum = QuorumOne
+			a, b := &seqCN{}, &seqCN{}
+			rig := newUpdateRig(t, o, a, b)
+			if _, err := rig.update("t", 1, 10); err != nil {
+				t.Fatal(err)
+			}
+			b.setDown(true)
+			for v := range 3 {
+				if _, err := rig.update("t", 2, float32(20+v)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rig.r.Close()
+			if a.held() != 4 || b.held() != 1 {
+				t.Fatalf("before the restart: a %d b %d", a.held(), b.held())
+			}
+			b.setDown(false)
+
+			rig = newStartingRig(t, o, a, b)
+			defer rig.r.Close()
+			if got := rig.servers(); len(got) != 0 {
+				t.Fatalf("in the restarted router's startup window lookups went to %v", got)
+			}
+			rig.settle()
+			if got := rig.servers(); !got[0] || got[1] {
+				t.Fatalf("after the window, before the catch-up, lookups went to %v", got)
+			}
+			rig.tick()
+			if b.held() != 4 || b.row(2) != 22 || b.row(1) != 10 {
+				t.Fatalf("after the restart b holds %d, rows %v %v", b.held(), b.row(1), b.row(2))
+			}
+			if got := rig.servers(); !got[0] || !got[1] {
+				t.Fatalf("the caught-up worker does not serve: %v", got)
+			}
+			if n := rig.logs.count("misses updates the router no longer holds"); n != 0 {
+				t.Fatalf("a worker was reported stale %d times", n)
+			}
+			// The numbering goes on from the log.
+			if r, err := rig.update("t", 3, 1); err != nil || r.GetWorkers() != 2 || a.held() != 5 {
+				t.Fatalf("update after the restart: %v %v, a holds %d", r, err, a.held())
+			}
+		})
+	}
+}
+
+// An update the router cannot write to its log is neither sent nor
+// acknowledged.
+func TestUpdateLogWriteFails(t *testing.T) {
+	a := &seqCN{}
+	rig := newUpdateRig(t, Options{UpdateLogDir: "log", UpdateLogFS: vfs.NewMem()}, a)
+	if _, err := rig.update("t", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rig.r.upd.ulog.Close() // every write fails from now on
+	_, err := rig.update("t", 1, 2)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "update log") {
+		t.Fatalf("update with a failing log: %v", err)
+	}
+	rig.r.upd.wait()
+	if a.held() != 1 || a.row(1) != 1 {
+		t.Fatalf("an update the log lacks was sent: a holds %d, row %v", a.held(), a.row(1))
+	}
+}
+
+// The quorum over RPC: majority of three takes two, all takes three; an
+// update below it is Unavailable and still reaches every worker.
+func TestUpdateQuorum(t *testing.T) {
+	a, b, c := &seqCN{}, &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{}, a, b, c) // the default: majority
+	c.setDown(true)
+	if r, err := rig.update("t", 1, 1); err != nil || r.GetWorkers() != 2 {
+		t.Fatalf("majority, one of three down: %v %v", r, err)
+	}
+	b.setDown(true)
+	_, err := rig.update("t", 1, 2)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "held by 1 of 3") {
+		t.Fatalf("majority, two of three down: %v", err)
+	}
+	if got := rig.servers(); !got[0] || !got[1] || got[2] {
+		t.Fatalf("an unacknowledged update changed who serves: %v", got)
+	}
+	b.setDown(false)
+	c.setDown(false)
+	rig.tick()
+	if a.held() != 2 || b.held() != 2 || c.held() != 2 || c.row(1) != 2 {
+		t.Fatalf("after the catch-up: %d %d %d", a.held(), b.held(), c.held())
+	}
+
+	x, y := &seqCN{}, &seqCN{}
+	rig = newUpdateRig(t, Options{UpdateQuorum: QuorumAll}, x, y)
+	y.setDown(true)
+	if _, err := rig.update("t", 1, 1); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "held by 1 of 2") {
+		t.Fatalf("all, one of two down: %v", err)
+	}
+	y.setDown(false)
+	rig.tick()
+	if r, err := rig.update("t", 1, 2); err != nil || r.GetWorkers() != 2 {
+		t.Fatalf("all, both up: %v %v", r, err)
+	}
+}
