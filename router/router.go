@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -77,6 +78,18 @@ type Options struct {
 	// that does not answer in time is left behind and caught up later,
 	// and the update is answered without it.
 	UpdateWorkerTimeout time.Duration
+	// UpdateQuorum is how many of a model's embedding workers must hold
+	// an update before Embeddings.Update answers OK (default
+	// QuorumMajority; quorum.go).
+	UpdateQuorum Quorum
+	// UpdateLogDir is the Pebble folder keeping the update log (default
+	// "": in memory, lost when the router stops). With it, a restarted
+	// router still holds the recent updates and catches up a worker
+	// that missed them. Open it with Open.
+	UpdateLogDir string
+	// UpdateLogFS is the file system UpdateLogDir lives on (default:
+	// the operating system's; tests use vfs.NewMem()).
+	UpdateLogFS vfs.FS
 
 	// now is the router's clock (tests set it; default time.Now): the
 	// registry's expiry and the update sequencer's start-up wait read it.
@@ -143,10 +156,13 @@ type Router struct {
 	// streams the RecommendStream streams open.
 	inflightBytes atomic.Int64
 	streams       atomic.Int64
-	connMu        sync.Mutex
-	conns         map[string]*grpc.ClientConn
-	upd           *updateDriver
-	m             routerMetrics
+	// started is when the router started: for three heartbeats after,
+	// its workers are still announcing.
+	started time.Time
+	connMu  sync.Mutex
+	conns   map[string]*grpc.ClientConn
+	upd     *updateDriver
+	m       routerMetrics
 }
 
 type routerMetrics struct {
@@ -159,10 +175,23 @@ type routerMetrics struct {
 	behind       *prometheus.GaugeVec
 }
 
-// New makes a router; register its metrics with reg (may be nil).
+// New makes a router; register its metrics with reg (may be nil). It
+// panics where Open would fail (only with Options.UpdateLogDir set):
+// use Open then.
 func New(o Options, reg prometheus.Registerer) *Router {
+	r, err := Open(o, reg)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}
+
+// Open makes a router as New does, and with Options.UpdateLogDir set
+// opens the update log there and starts from what it holds.
+func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	o.EnsureDefaults()
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
+	r.started = r.Reg.now()
 	r.Reg.Limits, r.Reg.Peer = o.Limits, o.Peer
 	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
@@ -174,11 +203,23 @@ func New(o Options, reg prometheus.Registerer) *Router {
 	if reg != nil {
 		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers, r.m.behind)
 	}
-	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
+	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
+	if o.UpdateLogDir != "" {
+		l, err := openUpdateLog(o.UpdateLogDir, o.UpdateLogFS)
+		if err != nil {
+			return nil, err
+		}
+		models, updates, err := r.upd.restore(l)
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("open update log %q: %w", o.UpdateLogDir, err)
+		}
+		r.log.Info("update log opened", "dir", o.UpdateLogDir, "models", models, "updates", updates)
+	}
 	r.Reg.observe = r.upd.announced
 	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync
-	return r
+	return r, nil
 }
 
 // Run expires silent workers until ctx ends. Cancel it only after the
@@ -209,8 +250,13 @@ func (r *Router) Run(ctx context.Context) {
 	}
 }
 
-// Close closes the connections to the workers.
+// Close closes the connections to the workers and the update log.
 func (r *Router) Close() {
+	if r.upd.ulog != nil {
+		if err := r.upd.ulog.Close(); err != nil {
+			r.log.Error("closing the update log", "err", err)
+		}
+	}
 	r.connMu.Lock()
 	defer r.connMu.Unlock()
 	for addr, c := range r.conns {
@@ -449,6 +495,11 @@ func (r *Router) validate(req *prismv1.RecommendRequest) error {
 		if r.Reg.Known(req.GetModel()) {
 			return status.Errorf(codes.Unavailable, "model %q has no live workers right now; retry", req.GetModel())
 		}
+		if since := r.Reg.now().Sub(r.started); len(cpu) == 0 && since < 3*r.opts.Heartbeat {
+			// A router just (re)started that has heard from no worker
+			// yet: the model may well be served in a moment.
+			return status.Errorf(codes.Unavailable, "model %q is not served yet: the router started %s ago and its workers are still announcing; retry", req.GetModel(), since.Round(time.Millisecond))
+		}
 		return status.Errorf(codes.NotFound, "model %q is not served (served: %v)", req.GetModel(), cpu)
 	}
 	for _, in := range req.GetCandidates().GetInputs() {
@@ -524,6 +575,12 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		r.log.Warn("micro-batch failed; retrying", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
 	}
 	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
+	if status.Code(last) == codes.PermissionDenied {
+		// Every pair tried refused for a dense worker its embedding
+		// worker has not been told of yet: that passes with the next
+		// heartbeat, so the client may retry.
+		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
+	}
 	return nil, 0, last
 }
 

@@ -139,7 +139,25 @@ func dialInproc(ctx context.Context, name string) (net.Conn, error) {
 func testRouter(o Options) *Router {
 	r := New(o, nil)
 	r.opts.DialOptions = []grpc.DialOption{grpc.WithContextDialer(dialInproc)}
+	// Past the start-up window (TestUnknownModelJustAfterStart is about it).
+	r.started = r.started.Add(-time.Hour)
 	return r
+}
+
+// TestUnknownModelJustAfterStart: a router that has just (re)started and
+// heard from no worker yet answers a model it does not know with
+// Unavailable (its workers are still announcing), and NotFound once they
+// have had the time.
+func TestUnknownModelJustAfterStart(t *testing.T) {
+	r := New(Options{Heartbeat: time.Second}, nil)
+	req := &prismv1.RecommendRequest{Model: "later", NumCandidates: 1}
+	if _, err := r.Recommend(context.Background(), req); status.Code(err) != codes.Unavailable {
+		t.Fatalf("just after start: %v, want Unavailable", err)
+	}
+	r.started = r.started.Add(-3 * time.Second)
+	if _, err := r.Recommend(context.Background(), req); status.Code(err) != codes.NotFound {
+		t.Fatalf("three heartbeats after start: %v, want NotFound", err)
+	}
 }
 
 // serveInproc serves what register registers on an in-process listener

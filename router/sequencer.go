@@ -28,6 +28,9 @@ import (
 // the caller serializes the events (updateDriver does, under one mutex).
 type sequencer struct {
 	logBytes int64
+	// quorum is how many of a model's workers must hold an update before
+	// its client is answered OK (quorum.go).
+	quorum Quorum
 	// settled is when every live worker has announced what it holds
 	// (three heartbeats after the router started): before it no update
 	// is numbered and no updated model served.
@@ -90,13 +93,16 @@ type proposal struct {
 
 // fanout is a numbered update waiting for its workers' answers.
 type fanout struct {
-	client   uint64
-	seq      int64
-	targets  int
-	waiting  map[string]string // worker id -> addr, not yet answered
-	applied  int
-	inputErr error
-	failed   error
+	client  uint64
+	seq     int64
+	targets int
+	// members are the workers the quorum counts (the targets and the
+	// slow ones), need how many of them must hold the update.
+	members, need int
+	waiting       map[string]string // worker id -> addr, not yet answered
+	applied       int
+	inputErr      error
+	failed        error
 	// refusers are the workers that answered InvalidArgument, "id
 	// addr: message" by id.
 	refusers map[string]string
@@ -116,7 +122,22 @@ const (
 	msgBehind
 	// msgLog: log Text at Level with Attrs.
 	msgLog
+	// msgPersist: write Persist, Model's change of its update log,
+	// durably (updatelog.go). The driver writes the persists of a step
+	// before it carries out any other message of that step, so no
+	// worker is sent an update, and no client answered, before the log
+	// holds it (see updateDriver.step).
+	msgPersist
 )
+
+// logChange is one change of a model's update log: the state after it,
+// the entries that leave it (DropFrom+1 .. Floor) and the one that joins
+// it (Entry, nil when only the numbers change).
+type logChange struct {
+	Next, Committed, Floor int64
+	DropFrom               int64
+	Entry                  *prismv1.ApplyUpdateRequest
+}
 
 // message is one thing the sequencer asks its caller to do.
 type message struct {
@@ -129,9 +150,11 @@ type message struct {
 	Resp   *prismv1.UpdateResponse
 	Err    error
 	Behind int
-	Level  slog.Level
-	Text   string
-	Attrs  []any
+	// Persist is the change a msgPersist writes.
+	Persist *logChange
+	Level   slog.Level
+	Text    string
+	Attrs   []any
 }
 
 // errRouterStopping is the outcome the caller reports for a replay it
@@ -144,9 +167,10 @@ var errRouterStopping = errors.New("router stopping")
 var errWorkerTimeout = errors.New("no answer within the per-worker update timeout")
 
 // newSequencer starts a sequencer at the router's start time.
-func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64) *sequencer {
+func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64, quorum Quorum) *sequencer {
 	return &sequencer{
 		logBytes: logBytes,
+		quorum:   quorum,
 		settled:  start.Add(3 * heartbeat),
 		window:   3 * heartbeat,
 		now:      start,
@@ -175,6 +199,12 @@ func (s *sequencer) logf(level slog.Level, text string, attrs ...any) {
 	s.send(message{Type: msgLog, Level: level, Text: text, Attrs: attrs})
 }
 
+// persist asks the caller to write m's log state durably, entry (nil:
+// none) joining it and dropFrom+1 .. m.floor leaving it.
+func (s *sequencer) persist(model string, m *modelSeq, entry *prismv1.ApplyUpdateRequest, dropFrom int64) {
+	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor, DropFrom: dropFrom, Entry: entry}})
+}
+
 func (s *sequencer) answer(client uint64, resp *prismv1.UpdateResponse, err error) {
 	s.send(message{Type: msgAnswer, Client: client, Resp: resp, Err: err})
 }
@@ -187,6 +217,25 @@ func (s *sequencer) model(model string) *modelSeq {
 		s.models[model] = m
 	}
 	return m
+}
+
+// restore is the event "the update log read back at start holds model
+// at next, committed, with log holding floor+1 .. next"; it comes before
+// any other. The model then continues from next and its workers serve
+// only holding committed, and a worker behind is caught up from log.
+// The startup window still applies: inside it a worker announcing a
+// later seq is adopted as with no log (the log is older than the
+// workers' stores: a write of it failed, or it was copied back from
+// elsewhere), since this router has numbered nothing yet.
+func (s *sequencer) restore(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest) {
+	m := s.model(model)
+	m.next, m.committed, m.floor, m.log, m.bytes = next, committed, floor, log, 0
+	for _, e := range log {
+		m.bytes += int64(proto.Size(e))
+	}
+	if next > 0 {
+		s.any = true
+	}
 }
 
 // settles is when the startup window of m ends: three heartbeats after
@@ -222,6 +271,15 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 	s.workers[w.GetId()] = w
 	for _, model := range slices.Sorted(maps.Keys(w.GetUpdateSeq())) {
 		seq := w.GetUpdateSeq()[model]
+		// A claim about a model the worker does not serve, or a number
+		// no store can hold, is not taken at all: it would open the
+		// model's startup window or set its numbering for the workers
+		// that do serve it.
+		if !slices.Contains(w.GetModels(), model) || seq < 0 || seq > maxAnnouncedSeq {
+			s.logf(slog.LevelWarn, "embedding worker announces an update number it cannot hold; ignored",
+				"model", model, "worker", w.GetId(), "seq", seq, "serves_model", slices.Contains(w.GetModels(), model))
+			continue
+		}
 		m := s.model(model)
 		if m.opened.IsZero() {
 			m.opened = s.now
@@ -239,7 +297,9 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 				delete(m.known, w.GetId())
 				continue
 			}
+			dropFrom := m.floor
 			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
+			s.persist(model, m, nil, dropFrom)
 		}
 		if seq > 0 {
 			s.any = true
@@ -248,6 +308,12 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		m.known[w.GetId()] = max(m.known[w.GetId()], seq)
 	}
 }
+
+// maxAnnouncedSeq bounds the update numbers taken from announcements:
+// far beyond any real history (a billion updates a second for over a
+// hundred days), and far enough below the int64 limit that numbering on
+// from it cannot overflow.
+const maxAnnouncedSeq = 1 << 53
 
 // gone is the event "worker id left, expired or was removed".
 func (s *sequencer) gone(now time.Time, id string) {
@@ -304,22 +370,31 @@ func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 }
 
 // targets are the live embedding workers serving model, by id, but
-// the foreign ones.
-func (s *sequencer) targets(model string) []*prismv1.WorkerInfo {
-	var out []*prismv1.WorkerInfo
+// the foreign, diverged and slow ones; members counts the workers the
+// quorum counts: the targets and the slow ones, but not the stale ones
+// (behind what the log holds: out of the model until an operator gives
+// them a store, like the foreign and diverged ones).
+func (s *sequencer) targets(model string) (out []*prismv1.WorkerInfo, members int) {
 	m := s.models[model]
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
 		if _, foreign := m.foreign[id]; foreign {
 			continue
 		}
-		if _, diverged := m.diverged[id]; diverged || m.slow[id] {
+		if _, diverged := m.diverged[id]; diverged {
 			continue
 		}
-		if w := s.workers[id]; slices.Contains(w.GetModels(), model) {
+		w := s.workers[id]
+		if !slices.Contains(w.GetModels(), model) {
+			continue
+		}
+		if k, ok := m.known[id]; !ok || k >= m.floor {
+			members++
+		}
+		if !m.slow[id] {
 			out = append(out, w)
 		}
 	}
-	return out
+	return out, members
 }
 
 // startNext numbers and sends model's next waiting update, if none is
@@ -334,7 +409,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			continue
 		}
-		targets := s.targets(model)
+		targets, members := s.targets(model)
 		if len(targets) == 0 {
 			if n := len(m.slow) + len(m.diverged) + len(m.foreign); n > 0 {
 				s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no embedding worker taking updates right now (%d slow and being caught up, or out of serving; see the router's log); retry", model, n))
@@ -358,8 +433,13 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		m.handedOut = true
 		s.any = true
 		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
+		dropFrom := m.floor
 		m.appendLog(areq, s.logBytes, held)
-		f := &fanout{client: p.client, seq: m.next, targets: len(targets), waiting: map[string]string{}}
+		s.persist(model, m, areq, dropFrom)
+		// The quorum counts the workers after the trim: one it left
+		// stale is out of the model.
+		_, members = s.targets(model)
+		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
 		m.inflight = f
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
@@ -452,6 +532,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	switch {
 	case f.inputErr != nil && f.applied == 0:
 		m.committed = max(m.committed, f.seq)
+		s.persist(model, m, nil, m.floor)
 		s.answer(f.client, nil, f.inputErr)
 	case f.applied == 0:
 		failed := f.failed
@@ -464,20 +545,36 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// rows again, which upserts make harmless.
 		s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
 	default:
-		m.committed = max(m.committed, f.seq)
-		resp := &prismv1.UpdateResponse{Workers: int32(f.applied)}
 		// Divergent answers: some applied it, some refused it as bad
 		// input. The refusers' copies now lack the rows and a replay
 		// cannot add them (the refusal took the seq): out of serving.
+		var refused []string
 		for _, id := range slices.Sorted(maps.Keys(f.refusers)) {
-			resp.Refused = append(resp.Refused, f.refusers[id])
+			refused = append(refused, f.refusers[id])
 			if _, live := s.workers[id]; live {
 				m.diverged[id] = f.seq
 				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
 					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
 			}
 		}
-		s.answer(f.client, resp, nil)
+		if f.applied < f.need {
+			// Below the quorum: as with none above, the update keeps its
+			// number and reaches the others by catch-up, and it is not
+			// acknowledged (committed stays: workers lacking it still
+			// serve, as they would had no worker applied it).
+			why := ""
+			if f.failed != nil {
+				why = fmt.Sprintf("; %v", f.failed)
+			}
+			if len(refused) > 0 {
+				why += "; refused by " + strings.Join(refused, "; ")
+			}
+			s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, below the update quorum (%s: %d)%s; it may still reach the others as they catch up; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need, why))
+			break
+		}
+		m.committed = max(m.committed, f.seq)
+		s.persist(model, m, nil, m.floor)
+		s.answer(f.client, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused}, nil)
 	}
 	s.startNext(model, m)
 }
@@ -582,7 +679,11 @@ func (s *sequencer) inSync(w *prismv1.WorkerInfo, model string, now time.Time) b
 	}
 	k, ok := m.known[w.GetId()]
 	if !ok {
-		k = w.GetUpdateSeq()[model]
+		// Not yet learnt from an announcement: its claim counts only
+		// where announced would have taken it.
+		if c := w.GetUpdateSeq()[model]; c >= 0 && c <= maxAnnouncedSeq && slices.Contains(w.GetModels(), model) {
+			k = c
+		}
 	}
 	return k >= m.committed
 }
@@ -607,6 +708,17 @@ func (m message) String() string {
 		return fmt.Sprintf("answer c%d: ok, %d workers", m.Client, m.Resp.GetWorkers())
 	case msgBehind:
 		return fmt.Sprintf("behind %s = %d", m.Model, m.Behind)
+	case msgPersist:
+		c := m.Persist
+		entry := ""
+		if c.Entry != nil {
+			entry = fmt.Sprintf(" +#%d", c.Entry.GetSeq())
+		}
+		drop := ""
+		if c.Floor > c.DropFrom {
+			drop = fmt.Sprintf(" -#%d..%d", c.DropFrom+1, c.Floor)
+		}
+		return fmt.Sprintf("persist %s next=%d committed=%d floor=%d%s%s", m.Model, c.Next, c.Committed, c.Floor, entry, drop)
 	case msgLog:
 		var b strings.Builder
 		fmt.Fprintf(&b, "log %s %q", m.Level, m.Text)

@@ -24,6 +24,9 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	if err := ctxErr(ctx, "on arrival"); err != nil {
 		return nil, err
 	}
+	if areq.GetSeq() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "update seq %d: want 0 (unsequenced) or a positive number", areq.GetSeq())
+	}
 	if areq.GetSeq() == 0 && !auth.Allowed(ctx, auth.Admin) {
 		// Unsequenced writes bypass the router's order: operators only.
 		role, _, _ := auth.Peer(ctx)

@@ -13,7 +13,9 @@ package auth
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"fmt"
 	"net/url"
 	"strings"
@@ -94,7 +96,7 @@ func verifiedLeaf(ctx context.Context) (leaf *x509.Certificate, secure bool) {
 	return info.State.VerifiedChains[0][0], true
 }
 
-// Peer is the role and name (the certificate's common name) of the
+// Peer is the role and name (the role and the SHA-256 of the certificate) of the
 // caller of the RPC ctx belongs to; ok is false unless the caller
 // presented a certificate that the server verified against its CA and
 // that carries a role.
@@ -103,11 +105,17 @@ func Peer(ctx context.Context) (role, name string, ok bool) {
 	if leaf == nil {
 		return "", "", false
 	}
+	// The name is the certificate itself (its SHA-256), not its common
+	// name: names repeat across certificates (every worker of a role
+	// from certs init, or none at all in SPIFFE certificates), and a
+	// worker id bound to a name another holder shares is not bound.
+	sum := sha256.Sum256(leaf.Raw)
+	name = string(RoleOf(leaf)) + "/" + hex.EncodeToString(sum[:])
 	r := RoleOf(leaf)
 	if r == "" {
-		return "", leaf.Subject.CommonName, false
+		return "", name, false
 	}
-	return string(r), leaf.Subject.CommonName, true
+	return string(r), name, true
 }
 
 // Allowed reports whether the caller of ctx may do what roles may: true

@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,7 +102,7 @@ func TestMutualTLS(t *testing.T) {
 			if status.Code(err) != tc.want {
 				t.Fatalf("%v, want %v", err, tc.want)
 			}
-			if tc.wantPeer != "" && resp.GetWorkers()[0].GetId() != tc.wantPeer {
+			if tc.wantPeer != "" && !strings.HasPrefix(resp.GetWorkers()[0].GetId(), tc.wantPeer+"/") {
 				t.Errorf("the server saw %q, want %q", resp.GetWorkers()[0].GetId(), tc.wantPeer)
 			}
 		})

@@ -10,6 +10,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
 	"log/slog"
 	"net"
 	"net/http"
@@ -150,6 +152,17 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		p := auth.Policy{Token: o.BearerToken}
 		unary, stream = append(unary, p.UnaryInterceptor()), append(stream, p.StreamInterceptor())
 		creds = append(creds, grpc.Creds(credentials.NewTLS(o.TLS)))
+		// The same check before the request is read: gRPC decodes a
+		// message before any interceptor runs, so without this a caller
+		// with no right to a method could still make the server read
+		// (and decode) up to MaxMessageBytes per stream.
+		creds = append(creds, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+			if err := p.Authorize(metadata.NewIncomingContext(ctx, info.Header), info.FullMethodName); err != nil {
+				s.observe(info.FullMethodName, time.Now(), err) // counted by its code, as a handled call is
+				return nil, err
+			}
+			return ctx, nil
+		}))
 	}
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(o.MaxMessageBytes),

@@ -177,7 +177,9 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		// The in-process fake serves plaintext on loopback.
 		dialOpts = append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	} else {
-		creds, err := f.tls.Credentials(auth.Admin, f.tokenFile != "")
+		// The load goes to the router only: a worker's certificate
+		// answering on the path does not get the session (or the token).
+		creds, err := f.tls.Credentials(auth.Admin, f.tokenFile != "", auth.Router)
 		if err != nil {
 			return fmt.Errorf("loadgen: %w", err)
 		}
