@@ -527,7 +527,9 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	certs := newCerts(t)
-	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
+	// Quorum one: with one of the two workers killed, updates are still
+	// acknowledged (by the survivor), which is the case under test.
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--update-quorum", "one")
 	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
 	embeddingArgs := func(db string) []string {
 		return []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
