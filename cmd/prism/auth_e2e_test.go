@@ -34,8 +34,10 @@ func TestAuth(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The router gets certs init's folder (and reads only router/), the
+	// dense worker its role's folder alone.
 	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--auth-token-file", tokenFile, "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
-	dense := startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	dense := startProc(t, readyline.Dense, "serve", "dense", "--certs", auth.RoleDir(certs, auth.Dense), "--plan", part, "--router", router.addr)
 	// The embedding tier with explicit files instead of --certs.
 	ef := auth.FilesFor(certs, auth.Embedding)
 	embedding := startProc(t, readyline.Embedding, "serve", "embedding", "--tls-cert", ef.Cert, "--tls-key", ef.Key, "--tls-ca", ef.CA,
@@ -87,9 +89,9 @@ func TestAuth(t *testing.T) {
 		}
 		return o
 	}
-	caOnly := auth.Files{CA: auth.CAFile(certs)}
+	caOnly := auth.Files{CA: auth.FilesFor(certs, auth.Admin).CA}
 	otherCA := auth.FilesFor(other, auth.Admin)
-	otherCA.CA = auth.CAFile(certs) // trusts the router; the router does not trust it
+	otherCA.CA = caOnly.CA // trusts the router; the router does not trust it
 	plain, err := grpc.NewClient(router.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +155,7 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("Recommend after the refused calls: %v", err)
 	}
 	// prism loadgen with a certificate, and with the token alone.
-	for _, args := range [][]string{{"--certs", certs}, {"--tls-ca", auth.CAFile(certs), "--auth-token-file", tokenFile}} {
+	for _, args := range [][]string{{"--certs", certs}, {"--certs", auth.RoleDir(certs, auth.Admin)}, {"--tls-ca", caOnly.CA, "--auth-token-file", tokenFile}} {
 		out, err := run(t, nil, append([]string{"loadgen", "--target", router.addr, "--model", cfg.Name, "--plan", part, "--candidates", "8",
 			"--rate", "200", "--max-requests", "20", "--duration", "5s", "--quiet"}, args...)...)
 		if err != nil || !strings.Contains(out, "ok 20  errors 0") {
@@ -166,6 +168,17 @@ func TestAuth(t *testing.T) {
 // them; --insecure says once that it runs without authentication.
 func TestTLSFlags(t *testing.T) {
 	dir := t.TempDir()
+	certs := newCerts(t)
+	// The layout certs init wrote before role folders.
+	flat := filepath.Join(dir, "flat")
+	os.Mkdir(flat, 0o755)
+	for _, r := range auth.Roles {
+		f := auth.FilesFor(certs, r)
+		for from, to := range map[string]string{f.Cert: string(r) + ".pem", f.Key: string(r) + "-key.pem", f.CA: "ca.pem"} {
+			b, _ := os.ReadFile(from)
+			os.WriteFile(filepath.Join(flat, to), b, 0o600)
+		}
+	}
 	token := filepath.Join(dir, "token")
 	os.WriteFile(token, []byte("0123456789abcdef0123"), 0o600)
 	for _, tc := range []struct {
@@ -176,7 +189,9 @@ func TestTLSFlags(t *testing.T) {
 		{"no TLS flags", []string{"serve", "router", "--addr", "127.0.0.1:0"}, []string{"prism certs init", "--insecure"}},
 		{"both", []string{"serve", "router", "--addr", "127.0.0.1:0", "--insecure", "--certs", dir}, []string{"--insecure goes with neither"}},
 		{"token over plaintext", []string{"serve", "router", "--addr", "127.0.0.1:0", "--insecure", "--auth-token-file", token}, []string{"warning: --insecure", "needs TLS"}},
-		{"certs folder without certificates", []string{"serve", "router", "--addr", "127.0.0.1:0", "--certs", dir}, []string{"ca.pem", "check --certs"}},
+		{"certs folder without certificates", []string{"serve", "router", "--addr", "127.0.0.1:0", "--certs", dir}, []string{"--certs", "holds no router certificate", "prism certs init folder"}},
+		{"another role's folder", []string{"serve", "router", "--addr", "127.0.0.1:0", "--certs", auth.RoleDir(certs, auth.Admin)}, []string{"carries role \"admin\"", "runs as router"}},
+		{"flat folder warns once", []string{"serve", "dense", "--certs", flat, "--plan", filepath.Join(dir, "nope")}, []string{"warning: " + flat + " has the old flat layout", "nope"}},
 		{"insecure warns", []string{"serve", "dense", "--insecure", "--plan", filepath.Join(dir, "nope")}, []string{"warning: --insecure: the dense tier runs plaintext"}},
 		{"certs init twice", []string{"certs", "init", newCerts(t)}, []string{"a CA exists there already"}},
 	} {

@@ -24,12 +24,15 @@ func newCertsCmd() *cobra.Command {
 	initCmd := &cobra.Command{
 		Use:   "init DIR [--host H ...]",
 		Short: "Make a development CA and a certificate per role (router, embedding, dense, admin)",
-		Long: `certs init writes into DIR a development CA (ca.pem) and, for each role,
-a certificate and its key: router.pem, embedding.pem, dense.pem, admin.pem
-and ROLE-key.pem (readable by the owner only), ECDSA P-256. Each
-certificate carries its role (URI SAN spiffe://prism/role/ROLE) and is
-valid for 127.0.0.1, ::1, localhost and every --host. The CA's key is not
-kept; a folder that has a CA already is refused.`,
+		Long: `certs init makes a development CA and writes, for each role, a folder
+DIR/ROLE (router, embedding, dense, admin; readable by the owner only)
+holding the role's certificate, its key and the CA's certificate:
+cert.pem, key.pem (readable by the owner only) and ca.pem, ECDSA P-256.
+Hand each host only its role's folder (--certs DIR/ROLE) and keep
+DIR/admin with the operators. Each certificate carries its role (URI SAN
+spiffe://prism/role/ROLE) and is valid for 127.0.0.1, ::1, localhost and
+every --host. The CA's key is not kept; a folder that has a CA already
+is refused.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			err := auth.InitCerts(args[0], auth.CertOptions{Hosts: hosts, Validity: validity})
@@ -39,7 +42,7 @@ kept; a folder that has a CA already is refused.`,
 			if err != nil {
 				return fmt.Errorf("certs init: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote a CA and certificates for %v into %s\n", auth.Roles, args[0])
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote a CA and a folder per role into %s: %v (give each process only its role's folder)\n", args[0], auth.Roles)
 			return nil
 		},
 	}

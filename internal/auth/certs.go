@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -65,29 +66,55 @@ type Files struct {
 	Cert, Key, CA string
 }
 
-// CAFile is the CA certificate's file in a certificate folder.
-func CAFile(dir string) string { return filepath.Join(dir, "ca.pem") }
+// The files of a role's folder (what InitCerts writes into DIR/ROLE).
+const (
+	certFile = "cert.pem"
+	keyFile  = "key.pem"
+	caFile   = "ca.pem"
+)
 
-// FilesFor are role's files in a folder InitCerts wrote: ROLE.pem,
-// ROLE-key.pem and ca.pem.
-func FilesFor(dir string, r Role) Files {
-	return Files{Cert: filepath.Join(dir, string(r)+".pem"), Key: filepath.Join(dir, string(r)+"-key.pem"), CA: CAFile(dir)}
+// RoleDir is role r's folder in a folder InitCerts wrote: DIR/ROLE, the
+// only part of it a process of that role needs.
+func RoleDir(dir string, r Role) string { return filepath.Join(dir, string(r)) }
+
+// FolderFiles are the files of one role's folder: cert.pem, key.pem and
+// ca.pem.
+func FolderFiles(dir string) Files {
+	return Files{Cert: filepath.Join(dir, certFile), Key: filepath.Join(dir, keyFile), CA: filepath.Join(dir, caFile)}
 }
 
-// InitCerts makes a development CA in dir (ca.pem) and a certificate
-// and key for each role (ROLE.pem, ROLE-key.pem; keys readable by the
-// owner only), all ECDSA P-256. It refuses a folder that holds a CA
-// already (ErrCAExists). The CA's key is not kept: to add a host, make a
-// new folder. dir is created if missing.
+// FilesFor are role r's files in a folder InitCerts wrote:
+// DIR/ROLE/{cert.pem,key.pem,ca.pem}.
+func FilesFor(dir string, r Role) Files { return FolderFiles(RoleDir(dir, r)) }
+
+// flatFiles are role r's files in the flat layout certs init wrote
+// before role folders (ROLE.pem, ROLE-key.pem, ca.pem), still read.
+func flatFiles(dir string, r Role) Files {
+	return Files{Cert: filepath.Join(dir, string(r)+".pem"), Key: filepath.Join(dir, string(r)+"-key.pem"), CA: filepath.Join(dir, caFile)}
+}
+
+// InitCerts makes a development CA and, for each role, a folder DIR/ROLE
+// (readable by the owner only) holding the role's certificate and key
+// and the CA's certificate (cert.pem, key.pem, ca.pem; the key readable
+// by the owner only), all ECDSA P-256, so that each process can be given
+// its own role's folder and nothing else. It refuses a folder that holds
+// a CA already, in either layout (ErrCAExists). The CA's key is not
+// kept: to add a host, make a new folder. dir is created if missing.
 func InitCerts(dir string, o CertOptions) error {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	if _, err := os.Stat(CAFile(dir)); err == nil {
-		return fmt.Errorf("certs %s: %w", dir, ErrCAExists)
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("certs %s: %w", dir, err)
+	cas := []string{filepath.Join(dir, caFile)}
+	for _, r := range Roles {
+		cas = append(cas, FilesFor(dir, r).CA)
+	}
+	for _, ca := range cas {
+		if _, err := os.Stat(ca); err == nil {
+			return fmt.Errorf("certs %s: %w", dir, ErrCAExists)
+		} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			return fmt.Errorf("certs %s: %w", dir, err)
+		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("certs %s: %w", dir, err)
@@ -123,9 +150,18 @@ func InitCerts(dir string, o CertOptions) error {
 			dns = append(dns, h)
 		}
 	}
-	// The role certificates first, the CA last: a folder with ca.pem is
-	// complete, so an interrupted run can be repeated.
+	// The role certificates first, the CA last: a folder with a ca.pem
+	// is complete, so an interrupted run can be repeated.
 	for _, r := range Roles {
+		rd := RoleDir(dir, r)
+		if err := os.Mkdir(rd, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("certs %s: %w", dir, err)
+		}
+		// Mkdir's mode is masked by the umask, and a folder left by an
+		// interrupted run may have another.
+		if err := os.Chmod(rd, 0o700); err != nil {
+			return fmt.Errorf("certs %s: %w", dir, err)
+		}
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			return fmt.Errorf("%s key: %w", r, err)
@@ -158,7 +194,12 @@ func InitCerts(dir string, o CertOptions) error {
 			return err
 		}
 	}
-	return writePEM(CAFile(dir), "CERTIFICATE", caDER, 0o644)
+	for _, r := range Roles {
+		if err := writePEM(FilesFor(dir, r).CA, "CERTIFICATE", caDER, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func serial() *big.Int {

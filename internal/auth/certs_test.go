@@ -35,7 +35,7 @@ func TestInitCerts(t *testing.T) {
 	if err := InitCerts(dir, CertOptions{Hosts: []string{"10.1.2.3", "worker-7.example"}}); err != nil {
 		t.Fatal(err)
 	}
-	ca := readCert(t, CAFile(dir))
+	ca := readCert(t, FilesFor(dir, Admin).CA)
 	if !ca.IsCA {
 		t.Fatal("ca.pem is not a CA")
 	}
@@ -70,23 +70,47 @@ func TestInitCerts(t *testing.T) {
 		if st.Mode().Perm() != 0o600 {
 			t.Errorf("%s: mode %v, want 0600", f.Key, st.Mode().Perm())
 		}
-	}
-	// The CA's key is not kept.
-	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1+2*len(Roles) {
-		var names []string
-		for _, e := range entries {
-			names = append(names, e.Name())
+		// Each role's folder is its owner's alone, and holds the same CA.
+		if st, err := os.Stat(RoleDir(dir, r)); err != nil || st.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v, want mode 0700", RoleDir(dir, r), err)
 		}
-		t.Errorf("certs init wrote %v", names)
+		if !slices.Equal(readCert(t, f.CA).Raw, ca.Raw) {
+			t.Errorf("%s is another CA", f.CA)
+		}
+		// The CA's key is not kept, nor another role's key.
+		if got := listDir(t, RoleDir(dir, r)); !slices.Equal(got, []string{"ca.pem", "cert.pem", "key.pem"}) {
+			t.Errorf("%s holds %v", RoleDir(dir, r), got)
+		}
 	}
-	before, _ := os.ReadFile(CAFile(dir))
+	if got := listDir(t, dir); !slices.Equal(got, []string{"admin", "dense", "embedding", "router"}) {
+		t.Errorf("certs init wrote %v", got)
+	}
+	before, _ := os.ReadFile(FilesFor(dir, Admin).CA)
 	if err := InitCerts(dir, CertOptions{}); !errors.Is(err, ErrCAExists) {
 		t.Fatalf("second init: %v, want ErrCAExists", err)
 	}
-	if after, _ := os.ReadFile(CAFile(dir)); !slices.Equal(before, after) {
+	if after, _ := os.ReadFile(FilesFor(dir, Admin).CA); !slices.Equal(before, after) {
 		t.Fatal("second init replaced the CA")
 	}
+	// A folder of the old flat layout has a CA too.
+	flat := t.TempDir()
+	os.WriteFile(filepath.Join(flat, "ca.pem"), []byte("x"), 0o644)
+	if err := InitCerts(flat, CertOptions{}); !errors.Is(err, ErrCAExists) {
+		t.Fatalf("init over a flat folder: %v, want ErrCAExists", err)
+	}
+}
+
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
 }
 
 func TestInitCertsOptions(t *testing.T) {

@@ -45,7 +45,7 @@ func TestMutualTLS(t *testing.T) {
 	// expired case, the expired CA (so only the expiry refuses it).
 	serve := func(t *testing.T, caDir string) (*grpctest.Net, string) {
 		f := FilesFor(good, Router)
-		f.CA = CAFile(caDir)
+		f.CA = FilesFor(caDir, Router).CA
 		conf, err := ServerTLS(f, ServerTLSOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -67,7 +67,7 @@ func TestMutualTLS(t *testing.T) {
 		c.ServerName = "localhost" // bufconn targets are names, not hosts
 		return grpc.WithTransportCredentials(credentials.NewTLS(c))
 	}
-	withCA := func(f Files, dir string) Files { f.CA = CAFile(dir); return f }
+	withCA := func(f Files, dir string) Files { f.CA = FilesFor(dir, Admin).CA; return f }
 	for _, tc := range []struct {
 		name     string
 		serverCA string
@@ -82,7 +82,7 @@ func TestMutualTLS(t *testing.T) {
 		{"embedding announces", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Embedding)) }, true, codes.Unimplemented, ""},
 		{"other CA", good, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(other, Admin), good)) }, false, codes.Unavailable, ""},
 		{"expired certificate", expired, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(expired, Admin), good)) }, false, codes.Unavailable, ""},
-		{"no certificate", good, func(t *testing.T) grpc.DialOption { return client(t, Files{CA: CAFile(good)}) }, false, codes.Unavailable, ""},
+		{"no certificate", good, func(t *testing.T) grpc.DialOption { return client(t, Files{CA: FilesFor(good, Admin).CA}) }, false, codes.Unavailable, ""},
 		{"server of the wrong role", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Embedding), Dense) }, false, codes.Unavailable, ""},
 		{"server from another CA", good, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(good, Admin), other)) }, false, codes.Unavailable, ""},
 		{"plaintext", good, func(t *testing.T) grpc.DialOption { return grpc.WithTransportCredentials(insecure.NewCredentials()) }, false, codes.Unavailable, ""},

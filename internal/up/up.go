@@ -52,13 +52,18 @@ type Config struct {
 	MaxDelay   time.Duration
 	// HotBytes is passed to the embedding workers as written ("" : theirs).
 	HotBytes string
-	// Certs is the certificate folder (auth.InitCerts) every tier serves
-	// and dials with; it is made when absent or empty (default: certs
-	// beside DB).
+	// Certs is the certificate folder (auth.InitCerts) the tiers serve
+	// and dial with: each child is given only its role's folder
+	// (Certs/ROLE), up lists the registry with Certs/admin. It is made
+	// when absent or empty (default: certs beside DB). A folder of the
+	// old flat layout is still passed whole (with a warning).
 	Certs string
 	// Insecure runs every tier on plaintext without authentication
 	// (Certs is then unused).
 	Insecure bool
+	// flatCerts says Certs has the old flat layout (Run sets it), which
+	// has no role folders to pass.
+	flatCerts bool
 	// ReadyTimeout bounds each worker's start-up (ingest included) and
 	// the wait for every registration.
 	ReadyTimeout time.Duration
@@ -122,15 +127,23 @@ func Run(ctx context.Context, c Config) error {
 		if c.Certs == "" {
 			c.Certs = filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "certs")
 		}
-		made, err := EnsureCerts(c.Certs, c.Addr)
+		made, layout, err := EnsureCerts(c.Certs, c.Addr)
 		if err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
 		if made {
 			fmt.Fprintf(c.Stderr, "up: made a development CA and certificates in %s\n", c.Certs)
 		}
+		c.flatCerts = layout == auth.Flat
 		// up lists the registry as admin.
-		tc, err := auth.ClientTLS(auth.FilesFor(c.Certs, auth.Admin), auth.Router)
+		admin, err := auth.ResolveCerts(c.Certs, auth.Admin)
+		if err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+		for _, w := range admin.Warnings {
+			fmt.Fprintf(c.Stderr, "prism: warning: %s\n", w)
+		}
+		tc, err := auth.ClientTLS(admin.Files, auth.Router)
 		if err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
@@ -154,7 +167,7 @@ func Run(ctx context.Context, c Config) error {
 	// a restarted router still catches lagging workers up.
 	updateLog := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log")
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
-		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c)...)}
+		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
 	// A signal during start-up (ctx ends) stops it as one after it would.
 	stopping := func(err error) error {
 		if ctx.Err() != nil {
@@ -220,13 +233,14 @@ func DenseWorkers(disc devices.Discovery, n, cpus int) []devices.Worker {
 // dense workers (pinned to their devices by env), then the embedding
 // workers, each with its own store folder.
 func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.Child {
-	planArgs := tlsArgs(c)
+	var planArgs []string
 	for _, p := range c.Plans {
 		planArgs = append(planArgs, "--plan", p)
 	}
 	var out []*supervise.Child
 	for i, w := range dense {
-		args := append([]string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch), "--max-delay", c.MaxDelay.String()}, planArgs...)
+		args := append([]string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch), "--max-delay", c.MaxDelay.String()}, tlsArgs(c, auth.Dense)...)
+		args = append(args, planArgs...)
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: args, Env: w.Env})
 	}
 	for i := range c.EmbeddingWorkers {
@@ -234,7 +248,8 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		if i > 0 {
 			db = fmt.Sprintf("%s-%d", c.DB, i)
 		}
-		args := append([]string{"serve", "embedding", "--router", routerAddr, "--db", db}, planArgs...)
+		args := append([]string{"serve", "embedding", "--router", routerAddr, "--db", db}, tlsArgs(c, auth.Embedding)...)
+		args = append(args, planArgs...)
 		if c.HotBytes != "" {
 			args = append(args, "--hot-bytes", c.HotBytes)
 		}
@@ -243,22 +258,27 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 	return out
 }
 
-// tlsArgs are the children's TLS flags.
-func tlsArgs(c Config) []string {
+// tlsArgs are the TLS flags of a child of role r: only its role's
+// folder.
+func tlsArgs(c Config, r auth.Role) []string {
 	if c.Insecure {
 		return []string{"--insecure"}
 	}
-	return []string{"--certs", c.Certs}
+	if c.flatCerts {
+		return []string{"--certs", c.Certs}
+	}
+	return []string{"--certs", auth.RoleDir(c.Certs, r)}
 }
 
 // EnsureCerts makes a development CA and certificates in dir when it is
 // absent or empty (valid for loopback and addr's host), and checks that
-// a folder it did not make holds every role's files. made says whether
-// it made them.
-func EnsureCerts(dir, addr string) (made bool, err error) {
+// a folder it did not make holds every role's files: a prism certs init
+// folder (auth.InitRoot), or one of the old flat layout (auth.Flat), not
+// one role's folder. made says whether it made them.
+func EnsureCerts(dir, addr string) (made bool, layout auth.Layout, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("certificates: %w", err)
+		return false, 0, fmt.Errorf("certificates: %w", err)
 	}
 	if len(entries) == 0 {
 		var hosts []string
@@ -270,19 +290,24 @@ func EnsureCerts(dir, addr string) (made bool, err error) {
 			}
 		}
 		if err := auth.InitCerts(dir, auth.CertOptions{Hosts: hosts}); err != nil {
-			return false, err
+			return false, 0, err
 		}
-		return true, nil
+		return true, auth.InitRoot, nil
+	}
+	if _, err := os.Stat(auth.FolderFiles(dir).Cert); err == nil {
+		return false, 0, fmt.Errorf("certificate folder %s is one role's folder: prism up runs every role and needs the folder prism certs init wrote (its parent, if that is one)", dir)
 	}
 	for _, r := range auth.Roles {
-		f := auth.FilesFor(dir, r)
-		for _, p := range []string{f.CA, f.Cert, f.Key} {
-			if _, err := os.Stat(p); err != nil {
-				return false, fmt.Errorf("certificate folder %s is not empty but lacks %s (make a complete one with prism certs init): %w", dir, filepath.Base(p), err)
-			}
+		res, err := auth.ResolveCerts(dir, r)
+		if err != nil {
+			return false, 0, fmt.Errorf("certificate folder %s is not empty but is not a complete one (make one with prism certs init): %w", dir, err)
 		}
+		if layout != 0 && res.Layout != layout {
+			return false, 0, fmt.Errorf("certificate folder %s mixes layouts (%s and %s): make a new one with prism certs init", dir, layout, res.Layout)
+		}
+		layout = res.Layout
 	}
-	return false, nil
+	return false, layout, nil
 }
 
 // waitRegistered polls the router's registry until every model has its

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve/devices"
+	"github.com/prism-serve/prism/internal/auth"
 )
 
 func TestDenseWorkers(t *testing.T) {
@@ -53,14 +54,23 @@ func TestChildren(t *testing.T) {
 	if !slices.Equal(names, []string{"dense0", "embedding0", "embedding1"}) {
 		t.Fatalf("children %v", names)
 	}
-	if got := strings.Join(kids[0].Args, " "); got != "serve dense --router 127.0.0.1:9 --threads 1 --max-batch 512 --max-delay 2ms --certs certs --plan p1 --plan p2" {
+	if got := strings.Join(kids[0].Args, " "); got != "serve dense --router 127.0.0.1:9 --threads 1 --max-batch 512 --max-delay 2ms --certs certs/dense --plan p1 --plan p2" {
 		t.Errorf("dense args %q", got)
 	}
 	if !slices.Equal(kids[0].Env, dense[0].Env) {
 		t.Errorf("dense env %v", kids[0].Env)
 	}
-	if got := strings.Join(kids[2].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db-1 --certs certs --plan p1 --plan p2 --hot-bytes 1GiB" {
+	if got := strings.Join(kids[2].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db-1 --certs certs/embedding --plan p1 --plan p2 --hot-bytes 1GiB" {
 		t.Errorf("second embedding args %q", got)
+	}
+	if got := strings.Join(tlsArgs(c, auth.Router), " "); got != "--certs certs/router" {
+		t.Errorf("router TLS args %q", got)
+	}
+	// A folder of the old flat layout has no role folders: passed whole.
+	flat := c
+	flat.flatCerts = true
+	if got := strings.Join(Children(flat, "127.0.0.1:9", dense)[1].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db --certs certs --plan p1 --plan p2 --hot-bytes 1GiB" {
+		t.Errorf("flat embedding args %q", got)
 	}
 	c.Insecure = true
 	if got := strings.Join(Children(c, "127.0.0.1:9", dense)[1].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db --insecure --plan p1 --plan p2 --hot-bytes 1GiB" {
@@ -95,20 +105,37 @@ func TestEnsureCerts(t *testing.T) {
 	partial := filepath.Join(root, "partial")
 	os.Mkdir(partial, 0o755)
 	os.WriteFile(filepath.Join(partial, "ca.pem"), []byte("x"), 0o644)
+	// The old flat layout, from certs init's files.
+	src := filepath.Join(root, "src")
+	if err := auth.InitCerts(src, auth.CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	flat := filepath.Join(root, "flat")
+	os.Mkdir(flat, 0o755)
+	for _, r := range auth.Roles {
+		f := auth.FilesFor(src, r)
+		for from, to := range map[string]string{f.Cert: string(r) + ".pem", f.Key: string(r) + "-key.pem", f.CA: "ca.pem"} {
+			b, _ := os.ReadFile(from)
+			os.WriteFile(filepath.Join(flat, to), b, 0o600)
+		}
+	}
 	for _, tc := range []struct {
 		name     string
 		dir      string
 		made, ok bool
+		layout   auth.Layout
 	}{
-		{"absent", filepath.Join(root, "absent"), true, true},
-		{"again", filepath.Join(root, "absent"), false, true},
-		{"empty", empty, true, true},
-		{"partial", partial, false, false},
+		{"absent", filepath.Join(root, "absent"), true, true, auth.InitRoot},
+		{"again", filepath.Join(root, "absent"), false, true, auth.InitRoot},
+		{"empty", empty, true, true, auth.InitRoot},
+		{"partial", partial, false, false, 0},
+		{"flat", flat, false, true, auth.Flat},
+		{"one role's folder", auth.RoleDir(src, auth.Admin), false, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			made, err := EnsureCerts(tc.dir, "127.0.0.1:0")
-			if made != tc.made || (err == nil) != tc.ok {
-				t.Fatalf("made %v, err %v", made, err)
+			made, layout, err := EnsureCerts(tc.dir, "127.0.0.1:0")
+			if made != tc.made || (err == nil) != tc.ok || layout != tc.layout {
+				t.Fatalf("made %v, layout %v, err %v", made, layout, err)
 			}
 		})
 	}

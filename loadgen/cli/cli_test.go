@@ -123,7 +123,7 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--fake", "--model", "dlrm-tiny", "--context-inputs", "x", "--duration", "1s"}, "context input \"x\""},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny"}, "TLS is on by default: give --certs DIR"},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--certs", "x"}, "--insecure goes with neither"},
-		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--certs", bad}, "read CA"},
+		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--certs", bad}, "is not a folder"},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--auth-token-file", bad}, "needs TLS"},
 	} {
 		out, err := runCLI(t, append(c.args, "--quiet")...)

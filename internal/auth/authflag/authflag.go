@@ -22,13 +22,25 @@ import (
 type Flags struct {
 	Certs, Cert, Key, CA string
 	Insecure             bool
+
+	// role is Register's, the role Warn resolves the files for.
+	role auth.Role
+	// The files resolved for resolvedRole, once: Files is called for
+	// the server and for each dial, and warns (through Warn) once.
+	resolved     bool
+	resolvedRole auth.Role
+	files        auth.Files
+	resolveErr   error
+	warnings     []string
+	warned       bool
 }
 
 // Register adds the flags to cmd; role names the certificate --certs
 // picks.
 func (f *Flags) Register(cmd *cobra.Command, role auth.Role) {
+	f.role = role
 	fl := cmd.Flags()
-	fl.StringVar(&f.Certs, "certs", "", fmt.Sprintf("certificate folder (prism certs init): uses ca.pem, %s.pem and %s-key.pem", role, role))
+	fl.StringVar(&f.Certs, "certs", "", fmt.Sprintf("certificate folder: the %s role's folder (cert.pem, key.pem, ca.pem), or a prism certs init folder, of which only %s/ is read", role, role))
 	fl.StringVar(&f.Cert, "tls-cert", "", "this process's certificate (PEM), instead of --certs")
 	fl.StringVar(&f.Key, "tls-key", "", "the key of --tls-cert (PEM)")
 	fl.StringVar(&f.CA, "tls-ca", "", "the CA certificate that peers' certificates must chain to (PEM)")
@@ -48,7 +60,8 @@ func (f *Flags) Files(role auth.Role, allowNoCert bool) (files auth.Files, ok bo
 	case f.Certs != "" && explicit:
 		return files, false, errors.New("give --certs DIR or --tls-cert/--tls-key/--tls-ca, not both")
 	case f.Certs != "":
-		return auth.FilesFor(f.Certs, role), true, nil
+		files, err := f.resolve(role)
+		return files, err == nil, err
 	case !explicit:
 		return files, false, errors.New("TLS is on by default: give --certs DIR (make one with prism certs init DIR), or --tls-cert, --tls-key and --tls-ca, or --insecure for plaintext")
 	case f.CA == "":
@@ -58,7 +71,32 @@ func (f *Flags) Files(role auth.Role, allowNoCert bool) (files auth.Files, ok bo
 	case f.Cert == "" && !allowNoCert:
 		return files, false, errors.New("--tls-ca needs --tls-cert and --tls-key (this process's identity)")
 	}
+	if _, err := f.resolve(role); err != nil {
+		return files, false, err
+	}
 	return auth.Files{Cert: f.Cert, Key: f.Key, CA: f.CA}, true, nil
+}
+
+// resolve finds role's files under --certs (auth.ResolveCerts), or
+// checks --tls-key's mode, once per role, keeping the warnings for Warn.
+func (f *Flags) resolve(role auth.Role) (auth.Files, error) {
+	if f.resolved && f.resolvedRole == role {
+		return f.files, f.resolveErr
+	}
+	f.resolved, f.resolvedRole, f.files, f.resolveErr, f.warnings = true, role, auth.Files{}, nil, nil
+	if f.Certs == "" {
+		if w := auth.KeyModeWarning(f.Key); f.Key != "" && w != "" {
+			f.warnings = append(f.warnings, w)
+		}
+		return f.files, nil
+	}
+	res, err := auth.ResolveCerts(f.Certs, role)
+	if err != nil {
+		f.resolveErr = fmt.Errorf("--certs: %w", err)
+		return f.files, f.resolveErr
+	}
+	f.files, f.warnings = res.Files, res.Warnings
+	return f.files, nil
 }
 
 // Server is the TLS configuration to serve with as role, nil with
@@ -102,11 +140,24 @@ func (f *Flags) Dial(role auth.Role, serverRoles ...auth.Role) (grpc.DialOption,
 	return grpc.WithTransportCredentials(c), nil
 }
 
-// Warn writes the one-line warning of a plaintext process to w, and
-// nothing over TLS.
+// Warn writes the one-line warning of a plaintext process to w; over
+// TLS, once, a line for each thing the files deserve one for (the flat
+// layout of --certs, a key readable by others). Errors are left to
+// Server, Dial and Credentials.
 func (f *Flags) Warn(w io.Writer, what string) {
 	if f.Insecure {
 		fmt.Fprintf(w, "prism: warning: --insecure: %s runs plaintext gRPC without authentication; anyone who reaches its port may call every RPC\n", what)
+		return
+	}
+	if f.warned || f.role == "" || (f.Certs == "" && f.Key == "") {
+		return
+	}
+	f.warned = true
+	if _, err := f.resolve(f.role); err != nil {
+		return
+	}
+	for _, line := range f.warnings {
+		fmt.Fprintf(w, "prism: warning: %s\n", line)
 	}
 }
 

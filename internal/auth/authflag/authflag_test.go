@@ -1,0 +1,65 @@
+package authflag
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/internal/auth"
+)
+
+// TestFlags: --certs resolves the command's role in either layout, says
+// once what deserves a warning, and refuses another role's folder.
+func TestFlags(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	flags := func(args ...string) *Flags {
+		var f Flags
+		cmd := &cobra.Command{}
+		f.Register(cmd, auth.Embedding)
+		if err := cmd.ParseFlags(args); err != nil {
+			t.Fatal(err)
+		}
+		return &f
+	}
+	for _, d := range []string{dir, auth.RoleDir(dir, auth.Embedding)} {
+		f := flags("--certs", d)
+		files, ok, err := f.Files(auth.Embedding, false)
+		if err != nil || !ok || files != auth.FilesFor(dir, auth.Embedding) {
+			t.Fatalf("--certs %s: %+v %v %v", d, files, ok, err)
+		}
+		var w bytes.Buffer
+		f.Warn(&w, "test")
+		if w.Len() != 0 {
+			t.Errorf("--certs %s warns: %s", d, w.String())
+		}
+	}
+	if _, err := flags("--certs", auth.RoleDir(dir, auth.Dense)).Server(auth.Embedding, auth.ServerTLSOptions{}); err == nil || !strings.Contains(err.Error(), `carries role "dense"`) {
+		t.Errorf("another role's folder: %v", err)
+	}
+
+	// A key others may read warns once, however often the files are
+	// used.
+	key := auth.FilesFor(dir, auth.Embedding).Key
+	os.Chmod(key, 0o640)
+	for _, args := range [][]string{{"--certs", dir}, {"--tls-cert", auth.FilesFor(dir, auth.Embedding).Cert, "--tls-key", key, "--tls-ca", auth.FilesFor(dir, auth.Embedding).CA}} {
+		f := flags(args...)
+		var w bytes.Buffer
+		f.Warn(&w, "test")
+		for range 3 {
+			if _, err := f.Dial(auth.Embedding, auth.Router); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.Warn(&w, "test")
+		if got := w.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "prism: warning: key "+key+" is readable by group or others") {
+			t.Errorf("%v: warnings %q", args, got)
+		}
+	}
+}
