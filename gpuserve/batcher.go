@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -30,13 +31,19 @@ type BatchOptions struct {
 	// MaxBatch is the most samples one Run gets (default 256). A request
 	// larger than this runs alone.
 	MaxBatch int
-	// MaxDelay is how long the first request of a batch waits for others
-	// (default 2ms): the latency given up for throughput.
+	// MaxDelay is how long the oldest queued request waits for others to
+	// fill a batch (default 2ms): the latency given up for throughput.
+	// Once it has waited that long it goes in the next batch whatever its
+	// deadline (schedule.go: no request starves).
 	MaxDelay time.Duration
 	// MaxQueue is the most samples waiting; beyond it Submit fails with
 	// ErrOverloaded at once rather than queueing without bound
 	// (default 64 batches).
 	MaxQueue int
+	// Order is how queued requests are ordered into batches: OrderEDF
+	// (the zero value: earliest deadline first, work predicted to miss
+	// its deadline refused) or OrderFIFO (arrival order). See schedule.go.
+	Order Order
 }
 
 // EnsureDefaults fills zero fields.
@@ -65,30 +72,71 @@ type Request struct {
 }
 
 type pending struct {
+	item
 	ctx  context.Context
 	req  Request
 	done chan result
+	// state is guarded by the batcher's mu.
+	state pendingState
 }
+
+type pendingState int
+
+const (
+	queuedState   pendingState = iota // in the queue
+	runningState                      // taken into a batch
+	answeredState                     // refused; its result is in done
+)
 
 type result struct {
 	out [][]float32
 	err error
 }
 
+// DeadlineError answers a request refused for its deadline: it expired
+// in the queue, or it was predicted to finish after it. It matches
+// context.DeadlineExceeded under errors.Is.
+type DeadlineError struct {
+	// Miss is by how much the request was predicted to miss; zero when
+	// its deadline had passed already.
+	Miss time.Duration
+	// Waited is its time in the queue.
+	Waited time.Duration
+}
+
+func (e *DeadlineError) Error() string {
+	if e.Miss <= 0 {
+		return fmt.Sprintf("deadline expired in queue (waited %s)", ms(e.Waited))
+	}
+	return fmt.Sprintf("deadline: predicted to miss by %s (waited %s in queue; not run)", ms(e.Miss), ms(e.Waited))
+}
+
+// Is makes errors.Is(err, context.DeadlineExceeded) hold.
+func (e *DeadlineError) Is(target error) bool { return target == context.DeadlineExceeded }
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
 // Batcher merges concurrent requests into batches for its runners, one
-// goroutine per runner (one per GPU, MIG slice or CPU pool).
+// goroutine per runner (one per GPU, MIG slice or CPU pool). The batches
+// are formed by formBatch (schedule.go): earliest deadline first, work
+// that would miss its deadline refused, MaxBatch and MaxDelay kept.
 type Batcher struct {
-	spec   []InputSpec
-	opts   BatchOptions
-	queue  chan *pending
-	mu     sync.Mutex
-	queued int // samples waiting
-	closed bool
-	// sending counts Submits between their closed check and their send,
-	// so Close closes the queue only once no send can follow.
-	sending sync.WaitGroup
-	wg      sync.WaitGroup
-	stats   Stats
+	spec []InputSpec
+	opts BatchOptions
+	mu   sync.Mutex
+	// waiting are the queued requests in arrival order.
+	waiting []*pending
+	seq     uint64
+	queued  int // samples waiting or running
+	closed  bool
+	times   runTimes
+	// wake tells an idle runner to form a batch (one token is enough:
+	// the runner looks at the whole queue); stop ends the idle waits at
+	// Close.
+	wake  chan struct{}
+	stop  chan struct{}
+	wg    sync.WaitGroup
+	stats Stats
 }
 
 // Stats are counters for the metrics endpoint.
@@ -99,12 +147,15 @@ type Stats struct {
 	Rejected int64
 	// BatchSizes counts runs by size bucket (powers of two).
 	BatchSizes map[int]int64
+	// Expired and Late count requests refused for their deadline: expired
+	// in the queue, or predicted to miss it.
+	Expired, Late int64
 }
 
 // NewBatcher starts one batching loop per runner.
 func NewBatcher(spec []InputSpec, runners []Runner, o BatchOptions) *Batcher {
 	o.EnsureDefaults()
-	b := &Batcher{spec: spec, opts: o, queue: make(chan *pending, 4096)}
+	b := &Batcher{spec: spec, opts: o, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	b.stats.BatchSizes = map[int]int64{}
 	for _, r := range runners {
 		b.wg.Add(1)
@@ -114,6 +165,9 @@ func NewBatcher(spec []InputSpec, runners []Runner, o BatchOptions) *Batcher {
 }
 
 // Submit queues req and waits for its outputs (per output, n x width).
+// Its deadline is ctx's. A request refused for its deadline gets a
+// *DeadlineError; one whose ctx ends while queued leaves the queue and
+// gets ctx's error (a DeadlineError when the deadline passed).
 func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) {
 	if req.N <= 0 {
 		return nil, fmt.Errorf("empty request")
@@ -126,6 +180,9 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 			return nil, fmt.Errorf("input %q: %d values for %d samples of width %d", b.spec[i].Name, len(in), req.N, b.spec[i].Width)
 		}
 	}
+	p := &pending{ctx: ctx, req: req, done: make(chan result, 1)}
+	p.n = req.N
+	p.deadline, _ = ctx.Deadline()
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -139,27 +196,60 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 		return nil, ErrOverloaded
 	}
 	b.queued += req.N
-	b.sending.Add(1)
+	b.seq++
+	p.seq = b.seq
+	p.arrived = time.Now()
+	b.waiting = append(b.waiting, p)
 	b.mu.Unlock()
-	p := &pending{ctx: ctx, req: req, done: make(chan result, 1)}
-	select {
-	case b.queue <- p:
-		b.sending.Done()
-	case <-ctx.Done():
-		// The channel is full of small requests: give up at the deadline
-		// instead of blocking past it.
-		b.sending.Done()
-		b.mu.Lock()
-		b.queued -= req.N
-		b.mu.Unlock()
-		return nil, ctx.Err()
-	}
+	b.signal()
 	select {
 	case r := <-p.done:
 		return r.out, r.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
+	b.mu.Lock()
+	switch p.state {
+	case queuedState:
+		// Still queued: leave at once and release the depth.
+		b.remove(p)
+		b.queued -= p.n
+		b.mu.Unlock()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			b.count(1, 0)
+			return nil, &DeadlineError{Waited: time.Since(p.arrived)}
+		}
+		return nil, ctx.Err()
+	case answeredState:
+		b.mu.Unlock()
+		r := <-p.done
+		return r.out, r.err
+	}
+	// Running: its run drops it and releases the depth.
+	b.mu.Unlock()
+	return nil, ctx.Err()
+}
+
+// signal wakes an idle runner, if any is waiting.
+func (b *Batcher) signal() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// remove takes p out of the queue; b.mu is held.
+func (b *Batcher) remove(p *pending) {
+	if i := slices.Index(b.waiting, p); i >= 0 {
+		b.waiting = slices.Delete(b.waiting, i, i+1)
+	}
+	p.state = answeredState
+}
+
+func (b *Batcher) count(expired, late int64) {
+	b.stats.mu.Lock()
+	b.stats.Expired += expired
+	b.stats.Late += late
+	b.stats.mu.Unlock()
 }
 
 // QueueDepth is the number of samples waiting or running.
@@ -176,48 +266,78 @@ func (b *Batcher) Close() {
 	b.closed = true
 	b.mu.Unlock()
 	if first {
-		// The loops still drain the queue, so a sender blocked on a full
-		// queue gets through before the close.
-		b.sending.Wait()
-		close(b.queue)
+		close(b.stop)
 	}
 	b.wg.Wait()
 }
 
+// loop forms batches with formBatch and runs them until the batcher is
+// closed and its queue empty.
 func (b *Batcher) loop(r Runner) {
 	defer b.wg.Done()
-	var carry *pending
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var est estimator
+	if b.opts.Order == OrderEDF {
+		est = b.times.estimate // called with b.mu held
+	}
 	for {
-		first := carry
-		carry = nil
-		if first == nil {
-			var ok bool
-			if first, ok = <-b.queue; !ok {
-				return
+		b.mu.Lock()
+		now := time.Now()
+		d := formBatch(b.waiting, now, b.opts, est, b.closed)
+		var expired, lateN int64
+		for _, l := range d.late {
+			if l.miss > 0 {
+				lateN++
+			} else {
+				expired++
 			}
+			b.remove(l.p)
+			b.queued -= l.p.n
+			// Answered under the lock, so Submit finds its state and its
+			// result together; done is buffered.
+			l.p.done <- result{err: &DeadlineError{Miss: l.miss, Waited: l.waited}}
 		}
-		batch := []*pending{first}
-		n := first.req.N
-		timer := time.NewTimer(b.opts.MaxDelay)
-	collect:
-		for n < b.opts.MaxBatch {
-			select {
-			case p, ok := <-b.queue:
-				if !ok {
-					break collect
-				}
-				if n+p.req.N > b.opts.MaxBatch {
-					carry = p // starts the next batch
-					break collect
-				}
-				batch = append(batch, p)
-				n += p.req.N
-			case <-timer.C:
-				break collect
+		for _, p := range d.batch {
+			p.state = runningState
+		}
+		if len(d.batch) > 0 {
+			b.waiting = slices.DeleteFunc(b.waiting, func(p *pending) bool { return p.state == runningState })
+		}
+		more := len(b.waiting) > 0
+		closed := b.closed
+		b.mu.Unlock()
+		if expired+lateN > 0 {
+			b.count(expired, lateN)
+		}
+		if len(d.batch) > 0 {
+			if more {
+				b.signal() // another runner may take the rest
 			}
+			b.run(r, d.batch)
+			continue
+		}
+		if len(d.late) > 0 {
+			continue // the queue changed: form again
+		}
+		if closed && !more {
+			return
+		}
+		var fire <-chan time.Time
+		if !d.wake.IsZero() {
+			timer.Reset(d.wake.Sub(now))
+			fire = timer.C
+		}
+		stop := b.stop
+		if closed {
+			stop = nil // closing: formBatch no longer waits
+		}
+		select {
+		case <-b.wake:
+		case <-fire:
+		case <-stop:
 		}
 		timer.Stop()
-		b.run(r, batch)
 	}
 }
 
@@ -232,7 +352,7 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		}
 	}
 	if len(live) == 0 {
-		b.release(all)
+		b.release(all, 0, 0)
 		return
 	}
 	n := 0
@@ -252,16 +372,17 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		}
 		ins[i] = ort.Input{Name: s.Name, Shape: append([]int64{int64(n)}, s.Shape...), Float32: data}
 	}
+	start := time.Now()
 	outs, err := r.Run(ins)
-	b.release(all)
+	took := time.Since(start)
+	if err != nil {
+		took = 0 // a failed run says nothing of run times
+	}
+	b.release(all, n, took)
 	b.stats.mu.Lock()
 	b.stats.Batches++
 	b.stats.Samples += int64(n)
-	bucket := 1
-	for bucket < n {
-		bucket *= 2
-	}
-	b.stats.BatchSizes[bucket]++
+	b.stats.BatchSizes[bucketOf(n)]++
 	b.stats.mu.Unlock()
 	if err != nil {
 		for _, p := range live {
@@ -287,9 +408,15 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 // gets its answer, so a caller holding its scores never sees them still
 // in QueueDepth (the queue-depth gauge, the load announced to the router)
 // and is never refused for a queue full of its own finished work.
-func (b *Batcher) release(samples int) {
+//
+// A run of n samples that took took (0: not measured) feeds the run-time
+// estimate of its size bucket.
+func (b *Batcher) release(samples, n int, took time.Duration) {
 	b.mu.Lock()
 	b.queued -= samples
+	if took > 0 {
+		b.times.observe(n, took)
+	}
 	b.mu.Unlock()
 }
 

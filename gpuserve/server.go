@@ -383,6 +383,10 @@ func (s *Server) submitError(m *model, err error) error {
 	case errors.Is(err, ErrClosed):
 		s.metrics.reject(m.name, "closed")
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.As(err, new(*DeadlineError)):
+		// Refused by the batcher for its deadline: the message says why.
+		s.metrics.reject(m.name, "deadline")
+		return status.Errorf(codes.DeadlineExceeded, "model %q: %v", m.name, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		s.metrics.reject(m.name, "deadline")
 		return status.FromContextError(err).Err()

@@ -1,0 +1,167 @@
+package gpuserve
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/internal/ort"
+)
+
+// simRunner stands for ONNX Runtime on a GPU: a run of n samples takes
+// base + n*per (sleeping, so it costs no CPU), outputs zeros.
+type simRunner struct{ base, per time.Duration }
+
+func (r simRunner) Run(in []ort.Input) ([][]float32, error) {
+	n := int(in[0].Shape[0])
+	time.Sleep(r.base + time.Duration(n)*r.per)
+	return [][]float32{make([]float32, n)}, nil
+}
+
+// goodputLoad is the request mix: micro-batches of 32 to 270 samples
+// (the router's halves of 270 candidates among them), each due 10 to 60 ms
+// after it reaches the dense tier (what is left of a 60 ms SLO after the
+// embedding tier, which varies).
+type goodputLoad struct {
+	sizes          []int
+	minDue, maxDue time.Duration
+}
+
+var benchLoad = goodputLoad{sizes: []int{32, 64, 135, 135, 270}, minDue: 10 * time.Millisecond, maxDue: 60 * time.Millisecond}
+
+var benchRunner = simRunner{base: time.Millisecond, per: 10 * time.Microsecond} // 256 samples: 3.56 ms
+
+var benchBatch = BatchOptions{MaxBatch: 256, MaxDelay: 2 * time.Millisecond}
+
+// requests builds one request per size, shared by every submission.
+func (l goodputLoad) requests() map[int]Request {
+	out := map[int]Request{}
+	for _, n := range l.sizes {
+		out[n] = req(n, 0)
+	}
+	return out
+}
+
+// capacity is the requests per second the batcher sustains on r with this
+// mix: closed-loop clients with no deadline, arrival order, for d.
+func capacity(r Runner, l goodputLoad, d time.Duration) float64 {
+	b := NewBatcher(spec, []Runner{r}, benchBatch)
+	defer b.Close()
+	reqs := l.requests()
+	var done atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for c := range 64 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(c), 1))
+			for time.Now().Before(end) {
+				if _, err := b.Submit(context.Background(), reqs[l.sizes[rng.IntN(len(l.sizes))]]); err == nil {
+					done.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(done.Load()) / d.Seconds()
+}
+
+// goodputRun is what an open-loop run counted.
+type goodputRun struct {
+	offered, good, refused, missed, overloaded int64
+	seconds                                    float64
+	// batches and samples run over the whole run, warm-up included.
+	batches, samples int64
+}
+
+func (g goodputRun) goodput() float64 { return float64(g.good) / g.seconds }
+
+// openLoop offers rate requests per second (Poisson arrivals, seeded) to
+// a fresh batcher with order o for warm+d, counting from warm on: good is
+// answered within its deadline; refused is a deadline refusal by the
+// batcher (DeadlineError before running); missed is any other answer
+// after the deadline; overloaded is a full queue.
+func openLoop(r Runner, l goodputLoad, o Order, rate float64, warm, d time.Duration) goodputRun {
+	opts := benchBatch
+	opts.Order = o
+	b := NewBatcher(spec, []Runner{r}, opts)
+	defer b.Close()
+	reqs := l.requests()
+	rng := rand.New(rand.NewPCG(42, 7))
+	var run goodputRun
+	var good, refused, missed, overloaded, offered atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	countFrom, end := start.Add(warm), start.Add(warm+d)
+	next := start
+	for {
+		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+		if !next.Before(end) {
+			break
+		}
+		time.Sleep(time.Until(next)) // behind: at once, keeping the mean rate
+		n := l.sizes[rng.IntN(len(l.sizes))]
+		due := l.minDue + time.Duration(rng.Int64N(int64(l.maxDue-l.minDue)))
+		counted := !next.Before(countFrom)
+		wg.Go(func() {
+			sent := time.Now()
+			ctx, cancel := context.WithDeadline(context.Background(), sent.Add(due))
+			defer cancel()
+			_, err := b.Submit(ctx, reqs[n])
+			took := time.Since(sent)
+			if !counted {
+				return
+			}
+			offered.Add(1)
+			var de *DeadlineError
+			switch {
+			case err == nil && took <= due:
+				good.Add(1)
+			case errors.As(err, &de):
+				refused.Add(1)
+			case errors.Is(err, ErrOverloaded):
+				overloaded.Add(1)
+			default:
+				missed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	run.batches, run.samples, _, _ = b.Snapshot()
+	run.offered, run.good, run.refused, run.missed, run.overloaded = offered.Load(), good.Load(), refused.Load(), missed.Load(), overloaded.Load()
+	run.seconds = d.Seconds()
+	return run
+}
+
+// BenchmarkGoodputOverload: goodput (requests answered within their
+// deadline per second) at 1.2x the load the batcher sustains on a
+// simulated runner, arrival order (FIFO, the former batcher) against
+// earliest deadline first with work predicted to miss refused (EDF, the
+// default), in the same run. One iteration is about 8 s.
+//
+//	go test -run '^$' -bench GoodputOverload -benchtime 1x ./gpuserve/
+func BenchmarkGoodputOverload(b *testing.B) {
+	const overload = 1.2
+	warm, d := 500*time.Millisecond, 3*time.Second
+	for b.Loop() {
+		max := capacity(benchRunner, benchLoad, time.Second)
+		rate := overload * max
+		fifo := openLoop(benchRunner, benchLoad, OrderFIFO, rate, warm, d)
+		edf := openLoop(benchRunner, benchLoad, OrderEDF, rate, warm, d)
+		for _, x := range []struct {
+			name string
+			g    goodputRun
+		}{{"fifo", fifo}, {"edf", edf}} {
+			b.Logf("%s: offered %.0f req/s (max %.0f), goodput %.0f req/s (%.0f%% of max): %d good, %d refused for deadline, %d missed, %d overloaded of %d; %d runs of %.0f samples on average",
+				x.name, float64(x.g.offered)/x.g.seconds, max, x.g.goodput(), 100*x.g.goodput()/max, x.g.good, x.g.refused, x.g.missed, x.g.overloaded, x.g.offered, x.g.batches, float64(x.g.samples)/float64(x.g.batches))
+		}
+		b.ReportMetric(max, "max_req/s")
+		b.ReportMetric(fifo.goodput(), "fifo_goodput_req/s")
+		b.ReportMetric(edf.goodput(), "edf_goodput_req/s")
+		b.ReportMetric(edf.goodput()/fifo.goodput(), "edf/fifo")
+		b.ReportMetric(edf.goodput()/max, "edf_goodput/max")
+	}
+}

@@ -1,0 +1,271 @@
+package gpuserve
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// This file is the batcher's deterministic core: which queued requests
+// form the next batch, which are refused for their deadline, and when to
+// look again. No locks, no clock, no goroutines: formBatch is a function
+// of the queue, the time and the run-time estimates, tested table by
+// table in schedule_test.go. batcher.go carries out its decisions.
+//
+// The rule (Order EDF, the default):
+//
+//  1. Refused first. A request whose deadline has passed is answered
+//     DeadlineExceeded ("expired in queue"). A request chosen for the
+//     batch that would finish after its deadline, finish predicted as now
+//     plus the EWMA run time of the batch's size bucket, is answered
+//     DeadlineExceeded ("predicted to miss by X ms") instead of running;
+//     the batch is then refilled from the queue (in the same order) and
+//     checked again, until it holds no predicted miss. Requests are
+//     refused only when a batch is formed, that is when a runner is free.
+//  2. When a batch goes: when the queued samples fill MaxBatch (as
+//     before: a full batch does not wait), when the oldest queued request
+//     has waited MaxDelay, or when the batcher is closing. Otherwise the
+//     runner looks again at the oldest request's MaxDelay mark or at the
+//     next arrival, whichever is first.
+//  3. What goes, in order: the oldest request (by arrival), if it has
+//     waited MaxDelay, takes the first place whatever its deadline (the
+//     anti-starvation rule); the rest fills by earliest deadline first,
+//     fewest samples first among equal deadlines, then arrival; requests
+//     without a deadline come after all that have one, in arrival order.
+//     A request that does not fit in what is left of MaxBatch is skipped
+//     and a later, smaller one may take the room; a request larger than
+//     MaxBatch runs alone when it is first.
+//
+// No request starves: every batch formed once the oldest request has
+// waited MaxDelay carries it, so a request waits at most MaxDelay plus
+// one batch for each request queued ahead of it when it arrived, as in
+// arrival order, however far its deadline (or without one). Deadlines
+// reorder the requests inside that bound.
+//
+// Order FIFO is the former behaviour, kept for comparison: arrival order,
+// a batch stops at the first request that does not fit, and only
+// requests already expired are refused (no prediction).
+
+// Order is how the batcher orders queued requests.
+type Order int
+
+const (
+	// OrderEDF: earliest deadline first, and work predicted to miss its
+	// deadline is refused instead of run (the default).
+	OrderEDF Order = iota
+	// OrderFIFO: arrival order; only expired work is refused.
+	OrderFIFO
+)
+
+func (o Order) String() string {
+	switch o {
+	case OrderEDF:
+		return "edf"
+	case OrderFIFO:
+		return "fifo"
+	}
+	return fmt.Sprintf("Order(%d)", int(o))
+}
+
+// ParseOrder reads "edf" or "fifo".
+func ParseOrder(s string) (Order, error) {
+	switch s {
+	case "edf", "":
+		return OrderEDF, nil
+	case "fifo":
+		return OrderFIFO, nil
+	}
+	return 0, fmt.Errorf("batch order %q: want edf or fifo", s)
+}
+
+// item is what the scheduler knows of a queued request.
+type item struct {
+	seq      uint64    // arrival order
+	n        int       // samples
+	arrived  time.Time // when it was queued
+	deadline time.Time // zero: none
+}
+
+// late is a request refused for its deadline.
+type late struct {
+	p *pending
+	// miss is by how much it was predicted to miss; zero when it had
+	// already expired.
+	miss time.Duration
+	// waited is its time in the queue.
+	waited time.Duration
+}
+
+// decision is formBatch's answer.
+type decision struct {
+	// batch is what runs now, in run order; empty when nothing goes yet.
+	batch []*pending
+	// late are answered DeadlineExceeded and leave the queue.
+	late []late
+	// wake is when to form again if nothing arrives (zero: at the next
+	// arrival only). Set only when batch is empty.
+	wake time.Time
+}
+
+// estimator predicts a run's time from its samples (0: no estimate).
+type estimator func(n int) time.Duration
+
+// formBatch applies the rule above to queue (in arrival order) at now.
+// It does not change queue; the caller removes what batch and late name.
+func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, closing bool) decision {
+	var d decision
+	live := make([]*pending, 0, len(queue))
+	total := 0
+	for _, p := range queue {
+		if !p.deadline.IsZero() && !now.Before(p.deadline) {
+			d.late = append(d.late, late{p: p, waited: now.Sub(p.arrived)})
+			continue
+		}
+		live = append(live, p)
+		total += p.n
+	}
+	if len(live) == 0 {
+		return d
+	}
+	// live keeps arrival order: live[0] is the oldest.
+	due := live[0].arrived.Add(o.MaxDelay)
+	overdue := !now.Before(due)
+	if !closing && !overdue && total < o.MaxBatch {
+		d.wake = due
+		return d
+	}
+	if o.Order == OrderFIFO {
+		n := 0
+		for i, p := range live {
+			if i > 0 && n+p.n > o.MaxBatch {
+				break
+			}
+			d.batch = append(d.batch, p)
+			n += p.n
+		}
+		return d
+	}
+	order := live
+	if overdue {
+		// The oldest goes first; the rest by deadline.
+		order = append([]*pending{live[0]}, sortEDF(live[1:])...)
+	} else {
+		order = sortEDF(live)
+	}
+	n := 0
+	next := 0
+	for {
+		for ; next < len(order) && n < o.MaxBatch; next++ {
+			p := order[next]
+			if len(d.batch) > 0 && n+p.n > o.MaxBatch {
+				continue
+			}
+			d.batch = append(d.batch, p)
+			n += p.n
+		}
+		if est == nil || len(d.batch) == 0 {
+			break
+		}
+		run := est(n)
+		if run <= 0 {
+			break
+		}
+		finish := now.Add(run)
+		kept := d.batch[:0]
+		dropped := 0
+		for _, p := range d.batch {
+			if !p.deadline.IsZero() && finish.After(p.deadline) {
+				d.late = append(d.late, late{p: p, miss: finish.Sub(p.deadline), waited: now.Sub(p.arrived)})
+				n -= p.n
+				dropped++
+				continue
+			}
+			kept = append(kept, p)
+		}
+		d.batch = kept
+		if dropped == 0 || next >= len(order) {
+			break
+		}
+		// Skipped requests that now fit are not reconsidered: they were
+		// passed over for larger, earlier ones; the refill goes on from
+		// where the walk stopped.
+	}
+	return d
+}
+
+// sortEDF returns ps (not changed) sorted by deadline, then samples, then
+// arrival; requests without a deadline last, in arrival order.
+func sortEDF(ps []*pending) []*pending {
+	out := slices.Clone(ps)
+	slices.SortFunc(out, func(a, b *pending) int {
+		az, bz := a.deadline.IsZero(), b.deadline.IsZero()
+		switch {
+		case az && bz:
+			return cmpU64(a.seq, b.seq)
+		case az:
+			return 1
+		case bz:
+			return -1
+		}
+		if c := a.deadline.Compare(b.deadline); c != 0 {
+			return c
+		}
+		if a.n != b.n {
+			return a.n - b.n
+		}
+		return cmpU64(a.seq, b.seq)
+	})
+	return out
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// bucketOf is a run's size bucket: the least power of two >= n.
+func bucketOf(n int) int {
+	b := 1
+	for b < n {
+		b *= 2
+	}
+	return b
+}
+
+// runTimes is an EWMA of measured run times per size bucket.
+type runTimes struct {
+	ewma map[int]time.Duration
+}
+
+// ewmaWeight is the weight of the newest run.
+const ewmaWeight = 0.2
+
+func (r *runTimes) observe(n int, d time.Duration) {
+	if r.ewma == nil {
+		r.ewma = map[int]time.Duration{}
+	}
+	b := bucketOf(n)
+	old, ok := r.ewma[b]
+	if !ok {
+		r.ewma[b] = d
+		return
+	}
+	r.ewma[b] = old + time.Duration(ewmaWeight*float64(d-old))
+}
+
+// estimate is the bucket's EWMA; for a bucket not measured yet, the
+// nearest smaller measured bucket's (a lower bound, so no request is
+// refused on a guess that is too high); 0 when none is.
+func (r *runTimes) estimate(n int) time.Duration {
+	for b := bucketOf(n); b >= 1; b /= 2 {
+		if d, ok := r.ewma[b]; ok {
+			return d
+		}
+	}
+	return 0
+}
