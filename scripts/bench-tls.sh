@@ -8,7 +8,7 @@
 # both alike. Prints each round, the medians and their ratio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-prism=bin/prism
+prism=${PRISM:-bin/prism}
 out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}
@@ -30,9 +30,12 @@ trap cleanup EXIT
 echo "bench-tls: copying the store for the plaintext stack" >&2
 cp -r "$db" "$tmp/db-plain"
 
-# up NAME ARGS...: starts a stack, prints its Recommend address.
+# up NAME ARGS...: starts a stack and sets addr to its Recommend address.
+# Not called in a $(...) subshell: the stack's pid must reach pids, or the
+# cleanup would leave the stack running.
 up() {
-	local name=$1 log="$tmp/$1.log" addr=""
+	local name=$1 log="$tmp/$1.log"
+	addr=""
 	shift
 	$prism up --model "$plan" --addr 127.0.0.1:0 "$@" >"$log" 2>&1 &
 	pids+=($!)
@@ -43,10 +46,11 @@ up() {
 		sleep 0.5
 	done
 	[ -n "$addr" ] || { cat "$log" >&2; exit 1; }
-	echo "$addr"
 }
-tls_addr=$(up tls --db "$db" --certs "$certs")
-plain_addr=$(up plain --db "$tmp/db-plain" --insecure)
+up tls --db "$db" --certs "$certs"
+tls_addr=$addr
+up plain --db "$tmp/db-plain" --insecure
+plain_addr=$addr
 
 lg() { $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" "$@"; }
 tls() { lg --target "$tls_addr" --certs "$certs" "$@"; }

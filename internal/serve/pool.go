@@ -21,8 +21,20 @@ var Pool mem.BufferPool = newDirtyPool()
 
 // ServerOptions install Pool and Codec on a server.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{experimental.BufferPool(Pool), grpc.ForceServerCodecV2(Codec)}
+	return []grpc.ServerOption{experimental.BufferPool(Pool), grpc.ForceServerCodecV2(Codec),
+		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow)}
 }
+
+// Flow-control windows of a server's connections: large enough that a
+// 463 KB cut-tensor frame arrives without stalling on WINDOW_UPDATEs
+// (gRPC's 64 KiB start, which its BDP estimate hardly grows on a fast
+// link, made the sender wait and the receiver send an update every
+// 16 KiB, each its own TLS record and syscall under mTLS). A peer can
+// still have at most connWindow unread bytes per connection in flight.
+const (
+	streamWindow = 1 << 20
+	connWindow   = 4 << 20
+)
 
 func experimentalPool() grpc.DialOption { return experimental.WithBufferPool(Pool) }
 

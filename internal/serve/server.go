@@ -152,6 +152,13 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		p := auth.Policy{Token: o.BearerToken}
 		unary, stream = append(unary, p.UnaryInterceptor()), append(stream, p.StreamInterceptor())
 		creds = append(creds, grpc.Creds(credentials.NewTLS(o.TLS)))
+		// No read buffer of gRPC's own under TLS: crypto/tls already
+		// buffers each decrypted record, so gRPC's 32 KiB bufio.Reader
+		// above it only copied every received byte once more before the
+		// framer copied it again into the message (on the dense worker,
+		// every 463 KB cut-tensor frame). The framer reads the record
+		// buffer directly; a small read (a frame header) costs no syscall.
+		creds = append(creds, grpc.ReadBufferSize(0))
 		// The same check before the request is read: gRPC decodes a
 		// message before any interceptor runs, so without this a caller
 		// with no right to a method could still make the server read
