@@ -83,6 +83,21 @@ type modelSeq struct {
 	// is the one being applied (one at a time gives one order).
 	queue    []*proposal
 	inflight *fanout
+	// unwritten: a write of the model's update log failed (writeFailed),
+	// so the log on disk may lack what memory holds. Until a rewrite of
+	// it succeeds (rewritten with the latest wgen) the model numbers no
+	// update and replays none: a worker is never sent an update a
+	// restarted router would not know, whose number it could hand out
+	// again. unwrittenFrom is the lowest update a failed write held (0:
+	// none), unwrittenDrop the lowest DropFrom: the rewrite writes the
+	// entries from there and drops what they dropped.
+	unwritten     bool
+	wgen          uint64
+	unwrittenFrom int64
+	unwrittenDrop int64
+	// overBudget: the log is over its byte budget because a live worker
+	// still lacks its oldest updates (reported once).
+	overBudget bool
 }
 
 type proposal struct {
@@ -132,11 +147,15 @@ const (
 
 // logChange is one change of a model's update log: the state after it,
 // the entries that leave it (DropFrom+1 .. Floor) and the one that joins
-// it (Entry, nil when only the numbers change).
+// it (Entry, nil when only the numbers change). A rewrite after a failed
+// write (Rewrite, the failure's generation, not 0) writes Entries, every
+// entry the failed writes held that the log still keeps, instead.
 type logChange struct {
 	Next, Committed, Floor int64
 	DropFrom               int64
 	Entry                  *prismv1.ApplyUpdateRequest
+	Entries                []*prismv1.ApplyUpdateRequest
+	Rewrite                uint64
 }
 
 // message is one thing the sequencer asks its caller to do.
@@ -160,6 +179,12 @@ type message struct {
 // errRouterStopping is the outcome the caller reports for a replay it
 // did not send because the router is stopping: the replay just ends.
 var errRouterStopping = errors.New("router stopping")
+
+// errNotLogged is the outcome the caller reports for an apply it did not
+// send because the update log does not hold the update (the write of its
+// step failed, or an earlier one did): writeFailed and the driver's
+// check of what is written report it.
+var errNotLogged = errors.New("not sent: the router could not write it to its update log")
 
 // errWorkerTimeout is the outcome the caller reports for an apply of a
 // client's update that the worker did not answer within the per-worker
@@ -372,8 +397,10 @@ func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 // targets are the live embedding workers serving model, by id, but
 // the foreign, diverged and slow ones; members counts the workers the
 // quorum counts: the targets and the slow ones, but not the stale ones
-// (behind what the log holds: out of the model until an operator gives
-// them a store, like the foreign and diverged ones).
+// (already behind what the log holds when the update is numbered: out
+// of the model until an operator gives them a store, like the foreign
+// and diverged ones). startNext counts them before its trim, which
+// never leaves a live worker stale anyway.
 func (s *sequencer) targets(model string) (out []*prismv1.WorkerInfo, members int) {
 	m := s.models[model]
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
@@ -409,6 +436,10 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			continue
 		}
+		if m.unwritten {
+			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "the router could not write the update log of model %q; it takes no updates until it has written it again; retry", model))
+			continue
+		}
 		targets, members := s.targets(model)
 		if len(targets) == 0 {
 			if n := len(m.slow) + len(m.diverged) + len(m.foreign); n > 0 {
@@ -434,11 +465,30 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		s.any = true
 		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
 		dropFrom := m.floor
-		m.appendLog(areq, s.logBytes, held)
+		// The trim stops at the lowest seq a live worker of the model
+		// holds (one not already stale, foreign or diverged), which is
+		// never above held: no trim leaves a live worker behind what the
+		// log reaches, even if the log then exceeds its byte budget.
+		lowest, lagging := held, ""
+		for _, id := range slices.Sorted(maps.Keys(m.known)) {
+			_, foreign := m.foreign[id]
+			_, diverged := m.diverged[id]
+			w := s.workers[id]
+			if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), model) && k >= m.floor && k < lowest {
+				lowest, lagging = k, id
+			}
+		}
+		m.appendLog(areq, s.logBytes, lowest)
 		s.persist(model, m, areq, dropFrom)
-		// The quorum counts the workers after the trim: one it left
-		// stale is out of the model.
-		_, members = s.targets(model)
+		// members were counted before the trim: a worker that held
+		// floor then counts against the quorum of this update.
+		if over := m.bytes > s.logBytes && len(m.log) > 1 && lowest < held && m.floor+1 <= held; over && !m.overBudget {
+			s.logf(slog.LevelWarn, "update log over its byte budget: it keeps updates a live embedding worker still lacks, so the worker can be caught up, until it is",
+				"model", model, "worker", lagging, "holds", lowest, "bytes", m.bytes, "budget", s.logBytes)
+			m.overBudget = true
+		} else if m.bytes <= s.logBytes {
+			m.overBudget = false
+		}
 		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
 		m.inflight = f
 		for _, w := range targets {
@@ -449,12 +499,13 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 }
 
 // appendLog keeps req as update seq, dropping the oldest beyond the
-// byte budget, but never one that no live worker holds (held is the
-// highest seq a live worker holds).
-func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, held int64) {
+// byte budget, but none above upto (startNext passes the lowest seq a
+// live worker holds: never one that no live worker holds, nor one that
+// a live worker lacks).
+func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64) {
 	m.log = append(m.log, req)
 	m.bytes += int64(proto.Size(req))
-	for len(m.log) > 1 && m.bytes > budget && m.floor+1 <= held {
+	for len(m.log) > 1 && m.bytes > budget && m.floor+1 <= upto {
 		m.bytes -= int64(proto.Size(m.log[0]))
 		m.log[0] = nil
 		m.log = m.log[1:]
@@ -513,6 +564,14 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// Behind: the catch-up replays what it missed, then this.
 		s.logf(slog.LevelInfo, "embedding worker behind on updates; catching it up", "model", model, "worker", worker, "seq", seq)
 	default:
+		if errors.Is(err, errNotLogged) {
+			// Not sent (writeFailed logged why, once for the model): the
+			// worker is as it was and keeps serving what it holds.
+			if f.failed == nil {
+				f.failed = err
+			}
+			break
+		}
 		if f.failed == nil {
 			f.failed = fmt.Errorf("worker %s: %s", addr, status.Convert(err).Message())
 		}
@@ -585,7 +644,10 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 	case err == nil || code == codes.InvalidArgument:
 		s.ack(m, worker, seq)
 		s.replayNext(model, m, worker)
-	case errors.Is(err, errRouterStopping):
+	case errors.Is(err, errRouterStopping), errors.Is(err, errNotLogged):
+		// Stopping, or the log does not hold the update yet (writeFailed
+		// logged it): the next heartbeat after the log is written again
+		// goes on.
 		delete(m.catching, worker)
 	default:
 		s.logf(slog.LevelWarn, "replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", worker, "seq", seq, "err", err)
@@ -598,7 +660,7 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 	k, ok := m.known[id]
 	w := s.workers[id]
-	if !ok || w == nil || k >= m.next || k < m.floor {
+	if !ok || w == nil || k >= m.next || k < m.floor || m.unwritten {
 		delete(m.catching, id)
 		return
 	}
@@ -620,6 +682,9 @@ func (s *sequencer) tick(now time.Time) {
 			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			return true
 		})
+		if m.unwritten {
+			s.rewrite(model, m)
+		}
 		behind := 0
 		for _, id := range slices.Sorted(maps.Keys(m.known)) {
 			k := m.known[id]
@@ -637,7 +702,7 @@ func (s *sequencer) tick(now time.Time) {
 				}
 				continue
 			}
-			if m.catching[id] {
+			if m.catching[id] || m.unwritten {
 				continue
 			}
 			if m.inflight != nil {
@@ -653,6 +718,75 @@ func (s *sequencer) tick(now time.Time) {
 		}
 		s.send(message{Type: msgBehind, Model: model, Behind: behind})
 	}
+}
+
+// writeFailed is the event "the write of msgs, the messages of one step,
+// failed": the driver sent none of their applies (each is reported not
+// sent, errNotLogged, as the step's other replays are), and the models
+// they persisted are unwritten: the log on disk may lack their latest
+// updates. Two ways out were possible: take the numbers back, or refuse
+// the model until its log is written again. Taking back is not enough
+// (the same write may have dropped trimmed entries or changed committed
+// or the adopted sequence, which memory cannot undo); refusing is simple
+// and always right: the model numbers no update and replays none
+// (Unavailable) until a rewrite of what the failed writes held, sent at
+// each heartbeat, has been written (rewritten). The numbered update
+// keeps its number, like one no worker acknowledged, and reaches the
+// workers by catch-up once it is on disk.
+func (s *sequencer) writeFailed(now time.Time, msgs []message) {
+	s.advance(now)
+	for _, msg := range msgs {
+		m := s.models[msg.Model]
+		if msg.Type != msgPersist || m == nil {
+			continue
+		}
+		c := msg.Persist
+		if !m.unwritten {
+			s.logf(slog.LevelError, "cannot write the update log of a model: it takes no updates and replays none until the router has written it again (retried each heartbeat)",
+				"model", msg.Model, "latest", m.next)
+			m.unwritten, m.unwrittenFrom, m.unwrittenDrop = true, 0, c.DropFrom
+		}
+		m.wgen++
+		m.unwrittenDrop = min(m.unwrittenDrop, c.DropFrom)
+		entries := slices.Clip(c.Entries) // a rewrite's; an append copies
+		if c.Entry != nil {
+			entries = append(entries, c.Entry)
+		}
+		for _, e := range entries {
+			if m.unwrittenFrom == 0 || e.GetSeq() < m.unwrittenFrom {
+				m.unwrittenFrom = e.GetSeq()
+			}
+		}
+	}
+	for _, msg := range msgs {
+		if msg.Type == msgApply {
+			s.applied(s.now, msg.Client, msg.Model, msg.Worker, msg.Apply.GetSeq(), errNotLogged)
+		}
+	}
+}
+
+// rewrite asks the caller to write what the failed writes of m held:
+// the numbers, the entries from the lowest they held, the drops.
+func (s *sequencer) rewrite(model string, m *modelSeq) {
+	var entries []*prismv1.ApplyUpdateRequest
+	if from := max(m.unwrittenFrom, m.floor+1); m.unwrittenFrom != 0 && from <= m.next {
+		entries = slices.Clone(m.log[from-m.floor-1:])
+	}
+	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor,
+		DropFrom: min(m.unwrittenDrop, m.floor), Entries: entries, Rewrite: m.wgen}})
+}
+
+// rewritten is the event "the rewrite of model for failure generation
+// gen was written": unless a write failed since, the log on disk holds
+// what memory does again, and the model takes updates and replays.
+func (s *sequencer) rewritten(now time.Time, model string, gen uint64) {
+	s.advance(now)
+	m := s.models[model]
+	if m == nil || !m.unwritten || gen != m.wgen {
+		return
+	}
+	m.unwritten, m.unwrittenFrom, m.unwrittenDrop = false, 0, 0
+	s.logf(slog.LevelInfo, "update log of the model written again; it takes updates again", "model", model, "latest", m.next)
 }
 
 // inSync says whether w may serve model's lookups at now: only a worker
@@ -713,6 +847,12 @@ func (m message) String() string {
 		entry := ""
 		if c.Entry != nil {
 			entry = fmt.Sprintf(" +#%d", c.Entry.GetSeq())
+		}
+		if n := len(c.Entries); n > 0 {
+			entry = fmt.Sprintf(" +#%d..%d", c.Entries[0].GetSeq(), c.Entries[n-1].GetSeq())
+		}
+		if c.Rewrite != 0 {
+			entry += fmt.Sprintf(" (rewrite %d)", c.Rewrite)
 		}
 		drop := ""
 		if c.Floor > c.DropFrom {

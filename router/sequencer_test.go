@@ -43,6 +43,15 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	tick [after=0s]                            a heartbeat
 //	serving [model=m]                          which live workers may serve
 //	state [model=m]                            the model's sequence
+//	writes fail|ok                             from now on the update log's
+//	                                           writes fail (or succeed again)
+//
+// The messages of each event are carried out as updateDriver does:
+// persists written (a rewrite's success reported with rewritten), an
+// apply above what the log holds not sent ("apply ...: not sent", then
+// reported with errNotLogged), and while writes fail a step with a
+// persist writes nothing and is reported with writeFailed ("write
+// failed"); the messages that follow are carried out likewise.
 func TestSequencer(t *testing.T) {
 	files, err := filepath.Glob("testdata/sequencer/*.txt")
 	if err != nil || len(files) == 0 {
@@ -62,8 +71,12 @@ type seqScript struct {
 	logBytes    int64
 	quorum      Quorum
 	showPersist bool
-	// disk is the update log as the persists wrote it.
-	disk map[string]*diskModel
+	// disk is the update log as the persists wrote it; durable what it
+	// holds every entry up to (updateDriver.durable); failWrites: every
+	// write fails.
+	disk       map[string]*diskModel
+	durable    map[string]int64
+	failWrites bool
 }
 
 // diskModel is one model's update log as written.
@@ -86,7 +99,13 @@ func (h *seqScript) write(m message) {
 	if c.Entry != nil {
 		d.entries[c.Entry.GetSeq()] = c.Entry
 	}
+	for _, e := range c.Entries {
+		d.entries[e.GetSeq()] = e
+	}
 	d.next, d.committed, d.floor = c.Next, c.Committed, c.Floor
+	if c.Entry != nil || c.Rewrite != 0 || c.Floor == c.Next {
+		h.durable[m.Model] = c.Next
+	}
 }
 
 // restart is a new sequencer at now restored from disk.
@@ -107,6 +126,7 @@ func (h *seqScript) restart() []string {
 			h.t.Fatalf("restart: the log of %s holds %d entries, want %d (trimmed ones left behind)", model, len(d.entries), len(log))
 		}
 		h.s.restore(model, d.next, d.committed, d.floor, log)
+		h.durable[model] = d.next
 		out = append(out, fmt.Sprintf("restored %s next=%d committed=%d floor=%d", model, d.next, d.committed, d.floor))
 	}
 	return out
@@ -118,7 +138,7 @@ func runSequencerScript(t *testing.T, file string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h := &seqScript{t: t, now: time.Unix(1000, 0), heartbeat: time.Second, logBytes: 256 << 20, quorum: QuorumOne, disk: map[string]*diskModel{}}
+	h := &seqScript{t: t, now: time.Unix(1000, 0), heartbeat: time.Second, logBytes: 256 << 20, quorum: QuorumOne, disk: map[string]*diskModel{}, durable: map[string]int64{}}
 	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
 	var out strings.Builder
 	sc := bufio.NewScanner(f)
@@ -222,7 +242,7 @@ func (h *seqScript) do(line string) []string {
 			h.t.Fatalf("%s: %v", line, err)
 		}
 		h.heartbeat, h.logBytes, h.quorum, h.showPersist = dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")), q, arg("persist", "hide") == "show"
-		h.disk = map[string]*diskModel{}
+		h.disk, h.durable, h.failWrites = map[string]*diskModel{}, map[string]int64{}, false
 		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
 	case "restart":
 		h.now = h.now.Add(dur(arg("after", "0s")))
@@ -274,18 +294,64 @@ func (h *seqScript) do(line string) []string {
 		return out
 	case "state":
 		return []string{h.state(model)}
+	case "writes":
+		need(1)
+		h.failWrites = pos[0] == "fail"
+		return nil
 	default:
 		h.t.Fatalf("unknown command %q", line)
 	}
+	return h.carry(h.s.ready())
+}
+
+// carry carries out msgs, the messages of one event, as updateDriver.step
+// does, and returns what they print.
+func (h *seqScript) carry(msgs []message) []string {
 	var out []string
-	for _, m := range h.s.ready() {
-		if m.Type == msgPersist {
-			h.write(m)
-			if !h.showPersist {
-				continue
+	if h.failWrites && slices.ContainsFunc(msgs, func(m message) bool { return m.Type == msgPersist }) {
+		for _, m := range msgs {
+			switch {
+			case m.Type == msgPersist && !h.showPersist:
+			case m.Type == msgApply:
+				out = append(out, m.String()+": not sent")
+			default:
+				out = append(out, m.String())
 			}
 		}
-		out = append(out, m.String())
+		out = append(out, "write failed")
+		h.s.writeFailed(h.now, msgs)
+		return append(out, h.carry(h.s.ready())...)
+	}
+	var notSent []message
+	rewrote := false
+	for _, m := range msgs {
+		if m.Type == msgPersist {
+			h.write(m)
+			rewrote = rewrote || m.Persist.Rewrite != 0
+		}
+	}
+	for _, m := range msgs {
+		switch {
+		case m.Type == msgPersist && !h.showPersist:
+		case m.Type == msgApply && m.Apply.GetSeq() > h.durable[m.Model]:
+			notSent = append(notSent, m)
+			out = append(out, m.String()+": not sent")
+		default:
+			out = append(out, m.String())
+		}
+	}
+	for _, m := range notSent {
+		h.s.applied(h.now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), errNotLogged)
+	}
+	if rewrote {
+		for _, m := range msgs {
+			if m.Type == msgPersist && m.Persist.Rewrite != 0 {
+				h.s.rewritten(h.now, m.Model, m.Persist.Rewrite)
+			}
+		}
+	}
+	if len(notSent) > 0 || rewrote {
+		out = append(out, h.carry(h.s.ready())...)
 	}
 	return out
 }
@@ -331,6 +397,9 @@ func (h *seqScript) state(model string) string {
 	}
 	if len(m.diverged) > 0 {
 		out += " diverged=" + strings.Join(slices.Sorted(maps.Keys(m.diverged)), ",")
+	}
+	if m.unwritten {
+		out += " unwritten"
 	}
 	return out
 }

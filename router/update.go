@@ -44,7 +44,11 @@ import (
 //   - A seq is handed out only while some live worker holds every
 //     earlier one, and only to a request whose deadline has not passed,
 //     so a number is never left without a worker to apply it; entries no
-//     live worker holds are never trimmed from the log.
+//     live worker holds, or one still lacks, are never trimmed from the
+//     log (it exceeds its budget instead).
+//   - No worker is sent an update the log on disk lacks: when a write
+//     fails, the model takes no updates and replays none until its log
+//     has been written again.
 //   - A router that has just started takes no updates, and serves no
 //     lookups of a model that has had updates, for Options.Heartbeat x 3:
 //     every live worker has announced what it holds by then, so the
@@ -142,9 +146,13 @@ func (u *Updater) served(model string) bool {
 // step, and the steps' batches are written in the order of the steps
 // (a ticket taken under mu), so the log on disk always holds every
 // update any worker was sent and every number any client was told.
-// When a write fails, the step's applies of client updates are not sent
-// (each is reported back failed, so the update is answered Unavailable,
-// not acknowledged) and an OK answer in it becomes Unavailable.
+// No apply, a client's or a replay, is sent with a seq above what the
+// driver knows the log holds for its model (written, set after each
+// successful write). When a write fails, none of the step's applies is
+// sent, an OK answer in it becomes Unavailable, and the sequencer hears
+// of it (writeFailed): it reports the applies not sent and refuses the
+// model's updates and replays until a rewrite of its log is written
+// (rewritten).
 type updateDriver struct {
 	now    func() time.Time
 	call   func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error
@@ -170,6 +178,10 @@ type updateDriver struct {
 	wcond   *sync.Cond
 	tickets uint64
 	written uint64
+	// durable is, per model, the latest seq the log on disk holds with
+	// every entry the log keeps up to it (under wmu): an apply above it
+	// is not sent.
+	durable map[string]int64
 
 	mu  sync.Mutex
 	seq *sequencer
@@ -234,17 +246,31 @@ func (d *updateDriver) step(event func(now time.Time)) {
 	}
 	d.mu.Unlock()
 	var werr error
+	var notSent []message
+	held := make([]bool, len(msgs)) // an apply not sent
 	if ticket != 0 {
-		werr = d.write(ticket, msgs)
+		var durable map[string]int64
+		durable, werr = d.write(ticket, msgs)
+		for i, m := range msgs {
+			if m.Type == msgApply && (werr != nil || m.Apply.GetSeq() > durable[m.Model]) {
+				held[i] = true
+				notSent = append(notSent, m)
+			}
+		}
+	}
+	if werr != nil || len(notSent) > 0 {
+		// Reported in a step of their own (with the failure first), as a
+		// sent apply's outcome is.
+		d.calls.Add(1)
+		go d.unlogged(werr, msgs, notSent)
 	}
 	for i, m := range msgs {
 		switch m.Type {
 		case msgApply:
-			d.calls.Add(1)
-			if werr != nil && m.Client != 0 {
-				go d.unlogged(m, werr)
+			if held[i] {
 				continue
 			}
+			d.calls.Add(1)
 			go d.apply(ctxs[i], m)
 		case msgAnswer:
 			if werr != nil && m.Err == nil {
@@ -261,11 +287,16 @@ func (d *updateDriver) step(event func(now time.Time)) {
 			d.log.Log(context.Background(), m.Level, m.Text, m.Attrs...)
 		}
 	}
+	if ticket != 0 && werr == nil && slices.ContainsFunc(msgs, func(m message) bool { return m.Type == msgPersist && m.Persist.Rewrite != 0 }) {
+		d.calls.Add(1)
+		go d.rewrote(msgs)
+	}
 }
 
 // write writes the persists of msgs (if any), once the steps before
-// ticket have written theirs.
-func (d *updateDriver) write(ticket uint64, msgs []message) error {
+// ticket have written theirs, and returns what the log then holds of
+// the models msgs apply (durable's entries).
+func (d *updateDriver) write(ticket uint64, msgs []message) (map[string]int64, error) {
 	d.wmu.Lock()
 	for d.written+1 != ticket {
 		d.wcond.Wait()
@@ -273,21 +304,56 @@ func (d *updateDriver) write(ticket uint64, msgs []message) error {
 	d.wmu.Unlock()
 	err := d.ulog.write(msgs)
 	d.wmu.Lock()
+	defer d.wmu.Unlock()
 	d.written = ticket
 	d.wcond.Broadcast()
-	d.wmu.Unlock()
 	if err != nil {
-		d.log.Error("cannot write the update log: the updates of this step are not acknowledged", "err", err)
+		d.log.Error("cannot write the update log: the updates of this step are neither sent nor acknowledged", "err", err)
+		return nil, err
 	}
-	return err
+	held := map[string]int64{}
+	for _, m := range msgs {
+		if c := m.Persist; m.Type == msgPersist && (c.Entry != nil || c.Rewrite != 0 || c.Floor == c.Next) {
+			// Written with its entry (or a rewrite of all it lacked,
+			// or nothing to hold): every entry up to Next is on disk. A
+			// change of the numbers alone says nothing of the entries
+			// (one an earlier, failed write held may be missing).
+			d.durable[m.Model] = c.Next
+		}
+	}
+	for _, m := range msgs {
+		if m.Type == msgApply {
+			held[m.Model] = d.durable[m.Model]
+		}
+	}
+	return held, nil
 }
 
-// unlogged reports an apply not sent because its update could not be
-// written to the update log.
-func (d *updateDriver) unlogged(m message, err error) {
+// unlogged reports what a step could not do for want of its log: the
+// failed write (werr, if any) of msgs, and the applies not sent.
+func (d *updateDriver) unlogged(werr error, msgs, notSent []message) {
 	defer d.calls.Done()
-	err = status.Errorf(codes.Unavailable, "router could not write update %d to its update log: %v", m.Apply.GetSeq(), err)
-	d.step(func(now time.Time) { d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), err) })
+	d.step(func(now time.Time) {
+		if werr != nil {
+			d.seq.writeFailed(now, msgs) // reports each apply of msgs not sent
+			return
+		}
+		for _, m := range notSent {
+			d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), errNotLogged)
+		}
+	})
+}
+
+// rewrote tells the sequencer that the rewrites among msgs were written.
+func (d *updateDriver) rewrote(msgs []message) {
+	defer d.calls.Done()
+	d.step(func(now time.Time) {
+		for _, m := range msgs {
+			if m.Type == msgPersist && m.Persist.Rewrite != 0 {
+				d.seq.rewritten(now, m.Model, m.Persist.Rewrite)
+			}
+		}
+	})
 }
 
 // apply sends one update to one worker and reports the outcome.
@@ -375,7 +441,7 @@ func (d *updateDriver) tick(ctx context.Context) {
 
 func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout, workerTimeout time.Duration,
 	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error) *updateDriver {
-	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}}
+	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
 	d.wcond = sync.NewCond(&d.wmu)
 	return d
 }
@@ -391,6 +457,7 @@ func (d *updateDriver) restore(l *updateLog) (models, updates int, err error) {
 	defer d.mu.Unlock()
 	for _, r := range rs {
 		d.seq.restore(r.model, r.next, r.committed, r.floor, r.log)
+		d.durable[r.model] = r.next // load keeps only the run of entries ending at next
 		models++
 		updates += len(r.log)
 	}

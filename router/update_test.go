@@ -322,7 +322,8 @@ func TestUpdatesStaleWorkerAfterRouterRestart(t *testing.T) {
 
 // The log keeps the latest updates within its byte budget (the exact
 // span: testdata/sequencer/catchup.txt); a worker behind its start is
-// stale, one within it is caught up.
+// stale, one within it is caught up. A live worker failing its updates
+// keeps the log over its budget: it is caught up, not stranded.
 func TestUpdateLogBudget(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
 	rig := newUpdateRig(t, Options{UpdateLogBytes: 200, UpdateQuorum: QuorumOne}, a, b)
@@ -334,7 +335,21 @@ func TestUpdateLogBudget(t *testing.T) {
 	}
 	b.setDown(false)
 	rig.tick()
-	if b.held() != 0 {
+	if b.held() != 20 || !rig.servers()[1] {
+		t.Fatalf("a live worker that failed 20 updates holds %d after the catch-up (serving: %v)", b.held(), rig.servers())
+	}
+	if n := rig.logs.count("update log over its byte budget"); n != 1 {
+		t.Fatalf("the log over its budget was reported %d times, want once", n)
+	}
+	// Away (not live) while the log trims: stale when back.
+	rig.r.Reg.Remove("cpu" + rig.addr[1])
+	for i := range 20 {
+		if _, err := rig.update("t", int64(i), 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rig.tick()
+	if b.held() != 20 {
 		t.Fatalf("a worker behind the log's start was replayed to %d", b.held())
 	}
 	if got := rig.servers(); got[1] {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -61,6 +62,9 @@ func entryKey(model string, seq int64) []byte {
 
 // write applies the msgPersist messages among msgs in one synced batch.
 func (l *updateLog) write(msgs []message) error {
+	if !slices.ContainsFunc(msgs, func(m message) bool { return m.Type == msgPersist }) {
+		return nil // nothing to write (a step that only sends or answers)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -85,12 +89,16 @@ func (l *updateLog) write(msgs []message) error {
 				}
 			}
 		}
+		entries := slices.Clip(c.Entries) // a rewrite's; an append copies
 		if c.Entry != nil {
-			v, err := proto.Marshal(c.Entry)
+			entries = append(entries, c.Entry)
+		}
+		for _, e := range entries {
+			v, err := proto.Marshal(e)
 			if err != nil {
 				return err
 			}
-			if err := b.Set(entryKey(m.Model, c.Entry.GetSeq()), v, nil); err != nil {
+			if err := b.Set(entryKey(m.Model, e.GetSeq()), v, nil); err != nil {
 				return err
 			}
 		}

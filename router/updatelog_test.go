@@ -191,3 +191,55 @@ func TestUpdateQuorum(t *testing.T) {
 		t.Fatalf("all, both up: %v %v", r, err)
 	}
 }
+
+// An update whose log write failed reaches no worker, not even by the
+// catch-up at the next heartbeat, so a router restarted from the log
+// cannot hand its number to another update (the reviewer's
+// reproduction): quorum one, the log on the in-memory file system.
+func TestUpdateLogWriteFailureNeverSent(t *testing.T) {
+	fs := vfs.NewMem()
+	o := Options{UpdateLogDir: "log", UpdateLogFS: fs, UpdateQuorum: QuorumOne}
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, o, a, b)
+	if r, err := rig.update("t", 1, 1); err != nil || r.GetWorkers() != 2 {
+		t.Fatalf("update 1: %v %v", r, err)
+	}
+	b.setDown(true)
+	rig.r.upd.ulog.Close() // every write fails from now on
+	if _, err := rig.update("t", 1, 2); status.Code(err) != codes.Unavailable {
+		t.Fatalf("update 2 with a failing log: %v", err)
+	}
+	rig.r.upd.wait()
+	rig.tick()
+	if a.held() != 1 || a.row(1) != 1 {
+		t.Errorf("after a heartbeat a worker was sent the update the log lacks: a holds %d, row %v", a.held(), a.row(1))
+	}
+	// A second update is refused too while the log cannot be written.
+	if _, err := rig.update("t", 1, 3); status.Code(err) != codes.Unavailable {
+		t.Errorf("update 3 with a failing log: %v", err)
+	}
+	rig.r.upd.wait()
+	if a.held() != 1 {
+		t.Errorf("a holds %d after update 3, want 1", a.held())
+	}
+	rig.r.Close()
+
+	// The router restarts from the log while a is away; b is back.
+	b.setDown(false)
+	rig = newStartingRig(t, o, b)
+	defer rig.r.Close()
+	rig.settle()
+	if r, err := rig.update("t", 1, 99); err != nil || r.GetWorkers() != 1 {
+		t.Fatalf("update after the restart: %v %v", r, err)
+	}
+	// a returns, announcing what it holds: it may serve only with the
+	// acknowledged row.
+	rig.add(a)
+	rig.tick()
+	if got := rig.servers(); got[1] && a.row(1) != 99 {
+		t.Fatalf("a serves row 1 = %v (holds update %d), acknowledged: 99", a.row(1), a.held())
+	}
+	if a.row(1) != 99 || b.row(1) != 99 {
+		t.Fatalf("after the catch-up: a row %v (seq %d), b row %v (seq %d)", a.row(1), a.held(), b.row(1), b.held())
+	}
+}
