@@ -19,20 +19,44 @@ import (
 // the model's overlay (keys.go), and a version switch (Activate,
 // Rollback, an activating Ingest) writes the overlay's rows into the
 // tables of the version it activates that the version it leaves does not
-// share, in the same Pebble batch as the catalog that switches: after a
-// crash the store serves either the old version or the new one with
-// every update, and AppliedSeq holds as it was. This is what replaying
+// share, and marks them mutated, atomically with the catalog that
+// switches (in its batch, or under a marker, below): after a crash the
+// store serves either the old version or the new one with every update,
+// and AppliedSeq holds as it was. This is what replaying
 // updates 1..AppliedSeq onto the new version would give (the last write
 // of each row wins), except that a row that does not fit the new table
 // (another dim, an id past its rows, no such table) is skipped where a
 // replay would refuse that update whole.
 
+// carryBatchBytes bounds one Pebble batch of a carry (Store.carryBatchBytes
+// by default): an overlay of any size is carried in batches of about this
+// size, so none nears Pebble's 4 GiB batch limit and the rows held in
+// memory at once stay bounded.
+const carryBatchBytes = 64 << 20
+
+// A carry larger than one batch is still atomic. Before its first
+// bounded batch it commits a marker: the catalog with every table the
+// carry writes marked Mutated (no later ingest shares it), the old
+// version still active. The bounded batches then write rows only into
+// tables of the version being activated, which no active version reads
+// (a table the old version shares under the same name is skipped, and
+// one read under another name is copied first), and the last batch
+// holds the switching catalog. A crash before that last batch leaves the
+// old version serving exactly as before, and the new version's tables
+// holding some carried rows: harmless, as the next switch to it writes
+// the whole overlay again (the overlay holds the last value of each row,
+// so writing it twice is writing it once).
+
 // activate switches model to version n, carrying its updates.
 func (s *Store) activate(model string, n int) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
 	for range 8 {
 		need, err := s.activateOnce(model, n)
 		if err != nil || need == nil {
-			return err
+			return s.closedErr(err)
 		}
 		// A table the updates go to is read under another name too: copy
 		// it first, then try again.
@@ -78,9 +102,13 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 	nm := next.Models[model]
 	old := nm.Versions[nm.Active]
 	nm.Previous, nm.Active = nm.Active, n
-	b := s.db.NewBatch()
-	defer b.Close()
-	var carry []carried
+	// First the tables the overlay has rows for, each checked for sharing
+	// before anything is written.
+	type target struct {
+		name string
+		t    *physTable // in next
+	}
+	var targets []target
 	for _, tn := range slices.Sorted(maps.Keys(nm.Versions[n].Tables)) {
 		vt := nm.Versions[n].Tables[tn]
 		if old != nil && old.Tables[tn] != nil && old.Tables[tn].Phys == vt.Phys {
@@ -90,37 +118,166 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 		if t == nil || t.State != stateReady {
 			continue
 		}
-		c, any, err := s.carryTable(b, model, tn, t)
+		any, err := s.hasOverlay(model, tn)
 		if err != nil {
 			return nil, fmt.Errorf("activate %q version %d: table %q: %w", model, n, tn, err)
 		}
-		if any && (s.copySrc == t.ID || next.sharedBeyond(t.ID, model, tn)) {
+		if !any {
+			continue
+		}
+		if s.copySrc == t.ID || next.sharedBeyond(t.ID, model, tn) {
 			return &sharedTable{table: tn, phys: t.ID}, nil
 		}
-		if len(c.ids) > 0 {
-			carry = append(carry, c)
+		targets = append(targets, target{tn, t})
+	}
+	w := &carryWriter{s: s, b: s.db.NewBatch()}
+	defer func() { w.b.Close() }()
+	w.marker = func() error {
+		mk := s.cat.clone()
+		for _, tg := range targets {
+			if t := mk.Tables[tg.t.ID]; t != nil {
+				t.Mutated = true
+			}
+		}
+		return s.commit(mk)
+	}
+	for _, tg := range targets {
+		wrote, err := w.table(model, tg.name, tg.t)
+		if err != nil {
+			return nil, fmt.Errorf("activate %q version %d: table %q: %w", model, n, tg.name, err)
+		}
+		if wrote {
+			// The table no longer holds its content hash's rows: a later
+			// ingest of that content must not share it (as after an upsert).
+			tg.t.Mutated = true
 		}
 	}
 	buf, err := json.Marshal(next)
 	if err != nil {
 		return nil, fmt.Errorf("activate %q version %d: write catalog: %w", model, n, err)
 	}
-	if err := b.Set(catalogKey, buf, nil); err != nil {
+	if err := w.b.Set(catalogKey, buf, nil); err != nil {
 		return nil, fmt.Errorf("activate %q version %d: write catalog: %w", model, n, err)
 	}
 	s.hook("activate-batch")
-	if err := s.db.Apply(b, pebble.Sync); err != nil {
+	if err := w.apply(pebble.Sync); err != nil {
 		return nil, fmt.Errorf("activate %q version %d: %w", model, n, err)
 	}
-	// The carried rows are durable; a lookup or preload that read one of
-	// these tables from Pebble before must not admit it, and a resident
-	// row (from a time the version was active before) is overwritten.
+	s.m.carriedRows.Add(w.rows)
+	s.publish(next)
+	return nil, nil
+}
+
+// hasOverlay says whether model's overlay has rows of table tn.
+func (s *Store) hasOverlay(model, tn string) (bool, error) {
+	prefix := overlayTablePrefix(model, tn)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return false, err
+	}
+	defer it.Close()
+	any := it.First()
+	return any, it.Error()
+}
+
+// carryWriter writes a carry's rows in batches of at most about
+// s.carryBatchBytes; the caller adds the catalog to the last one.
+type carryWriter struct {
+	s       *Store
+	b       *pebble.Batch
+	pending []carried // rows in b, for the hot tier once b is applied
+	rows    int64
+	// marker is committed once, before the first batch short of the last.
+	marker     func() error
+	markerDone bool
+}
+
+// table adds the overlay rows of model's table tn that fit t; wrote says
+// whether there were any.
+func (w *carryWriter) table(model, tn string, t *physTable) (wrote bool, err error) {
+	s := w.s
+	prefix := overlayTablePrefix(model, tn)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return false, err
+	}
+	defer it.Close()
+	c := carried{phys: t.ID, dim: t.Dim}
+	src := make([]float32, t.Dim)
+	var key [keyLen]byte
+	var val []byte
+	for ok := it.First(); ok; ok = it.Next() {
+		k := it.Key()
+		if len(k) != len(prefix)+8 {
+			continue
+		}
+		id := int64(binary.BigEndian.Uint64(k[len(prefix):]))
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return wrote, err
+		}
+		if len(v) != 4*t.Dim || id < 0 || id >= t.Rows {
+			continue // does not fit this version's table
+		}
+		Float32.decode(src, v)
+		val = t.DType.encode(val[:0], src)
+		if err := w.b.Set(rowKey(key[:], t.ID, id), val, nil); err != nil {
+			return wrote, err
+		}
+		wrote = true
+		c.ids = append(c.ids, id)
+		c.rows = slices.Grow(c.rows, t.Dim)[:len(c.rows)+t.Dim]
+		t.DType.decode(c.rows[len(c.rows)-t.Dim:], val)
+		if w.b.Len() >= s.carryBatchBytes {
+			w.pending = append(w.pending, c)
+			c = carried{phys: t.ID, dim: t.Dim}
+			if err := w.flush(); err != nil {
+				return wrote, err
+			}
+		}
+	}
+	if len(c.ids) > 0 {
+		w.pending = append(w.pending, c)
+	}
+	return wrote, it.Error()
+}
+
+// flush applies a full batch that is not the last: after the marker,
+// unsynced (the last batch's sync makes it durable, and a crash before
+// that leaves the old version serving).
+func (w *carryWriter) flush() error {
+	if !w.markerDone {
+		if err := w.marker(); err != nil {
+			return err
+		}
+		w.markerDone = true
+	}
+	w.s.hook("carry-batch")
+	if err := w.apply(pebble.NoSync); err != nil {
+		return err
+	}
+	w.b.Reset()
+	return nil
+}
+
+// apply applies the batch and then puts its rows into the hot tier.
+func (w *carryWriter) apply(wo *pebble.WriteOptions) error {
+	s := w.s
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if err := s.db.Apply(w.b, wo); err != nil {
+		return err
+	}
+	// The carried rows are in Pebble; a lookup or preload that read one
+	// of these tables from Pebble before must not admit it, and a
+	// resident row (from a time the version was active before) is
+	// overwritten.
 	s.updSeq.Add(1)
 	s.mu.RLock()
 	tier := s.view.Load().tier
-	var rows int64
-	for _, c := range carry {
-		rows += int64(len(c.ids))
+	for _, c := range w.pending {
+		w.rows += int64(len(c.ids))
 		cls := tier.Class(c.dim)
 		if cls == nil {
 			continue
@@ -133,46 +290,6 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 		cls.Unlock()
 	}
 	s.mu.RUnlock()
-	s.m.carriedRows.Add(rows)
-	s.publish(next)
-	return nil, nil
-}
-
-// carryTable adds to b the overlay rows of model's table tn that fit t;
-// any says whether the overlay has rows for tn at all.
-func (s *Store) carryTable(b *pebble.Batch, model, tn string, t *physTable) (c carried, any bool, err error) {
-	prefix := overlayTablePrefix(model, tn)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
-	if err != nil {
-		return c, false, err
-	}
-	defer it.Close()
-	c = carried{phys: t.ID, dim: t.Dim}
-	src := make([]float32, t.Dim)
-	var key [keyLen]byte
-	var val []byte
-	for ok := it.First(); ok; ok = it.Next() {
-		k := it.Key()
-		if len(k) != len(prefix)+8 {
-			continue
-		}
-		any = true
-		id := int64(binary.BigEndian.Uint64(k[len(prefix):]))
-		v, err := it.ValueAndErr()
-		if err != nil {
-			return c, any, err
-		}
-		if len(v) != 4*t.Dim || id < 0 || id >= t.Rows {
-			continue // does not fit this version's table
-		}
-		Float32.decode(src, v)
-		val = t.DType.encode(val[:0], src)
-		if err := b.Set(rowKey(key[:], t.ID, id), val, nil); err != nil {
-			return c, any, err
-		}
-		c.ids = append(c.ids, id)
-		c.rows = slices.Grow(c.rows, t.Dim)[:len(c.rows)+t.Dim]
-		t.DType.decode(c.rows[len(c.rows)-t.Dim:], val)
-	}
-	return c, any, it.Error()
+	w.pending = w.pending[:0]
+	return nil
 }

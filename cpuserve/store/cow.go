@@ -22,7 +22,10 @@ import (
 // is committed or dropped), so the copy reads a still table with no lock
 // and lookups of either name read the original meanwhile. A crash leaves
 // either the catalog before the copy (the copy, in state copying, is
-// deleted by Open) or after it (the copy complete, ingested durably).
+// deleted by Open) or after it (the copy complete, ingested durably). A
+// copy an error path leaves in state copying (its drop or its commit
+// failed) is deleted by the next gc, which spares only the copy in
+// progress (copyDst).
 
 // copySSTBytes is the target size of one SST of a copy.
 const copySSTBytes = 64 << 20
@@ -30,6 +33,14 @@ const copySSTBytes = 64 << 20
 // unshare gives model's table its own copy of physical table src if src
 // is read under another name too; copied says whether it made one.
 func (s *Store) unshare(ctx context.Context, model, table string, src uint32) (copied bool, err error) {
+	// Close cancels the copy (ctx) and waits for it to stop.
+	if err := s.enter(); err != nil {
+		return false, err
+	}
+	defer s.ops.Done()
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	defer func() { err = s.closedErr(err) }()
 	s.cowMu.Lock()
 	defer s.cowMu.Unlock()
 	s.catMu.Lock()
@@ -47,17 +58,20 @@ func (s *Store) unshare(ctx context.Context, model, table string, src uint32) (c
 		s.catMu.Unlock()
 		return false, fmt.Errorf("copy table %d: %w", src, err)
 	}
-	s.copySrc = src
+	s.copySrc, s.copyDst = src, id
 	s.catMu.Unlock()
 	defer func() {
 		s.catMu.Lock()
-		s.copySrc = 0
+		s.copySrc, s.copyDst = 0, 0
 		s.catMu.Unlock()
 	}()
 	s.hook("cow-registered")
 
 	if err := s.copyRows(ctx, src, id, t.Rows); err != nil {
-		return false, fmt.Errorf("copy table %d: %w (and dropping the copy: %w)", src, err, s.dropCopy(id))
+		if derr := s.dropCopy(id); derr != nil {
+			return false, fmt.Errorf("copy table %d: %w (and dropping the copy: %w)", src, err, derr)
+		}
+		return false, fmt.Errorf("copy table %d: %w", src, err)
 	}
 	s.hook("cow-copied")
 
@@ -78,7 +92,7 @@ func (s *Store) unshare(ctx context.Context, model, table string, src uint32) (c
 	}
 	// The original may be read by nobody now (its other names were
 	// dropped during the copy): gc deletes it then.
-	if err := s.gc(ctx, next); err != nil {
+	if err := s.gc(ctx, next, nil); err != nil {
 		return false, fmt.Errorf("copy table %d: %w", src, err)
 	}
 	s.m.copies.Add(1)
@@ -115,6 +129,9 @@ func (s *Store) copyRows(ctx context.Context, src, dst uint32, rows int64) error
 			return fmt.Errorf("write sst: %w", err)
 		}
 		w = nil
+		if s.closed.Load() {
+			return ErrClosed
+		}
 		if err := s.db.Ingest(ctx, []string{path}); err != nil {
 			return fmt.Errorf("ingest sst: %w", err)
 		}
@@ -167,7 +184,8 @@ func (s *Store) copyRows(ctx context.Context, src, dst uint32, rows int64) error
 }
 
 // dropCopy deletes a copy's rows, then forgets it (a crash in between
-// leaves it in state copying, which Open deletes again).
+// leaves it in state copying, which Open deletes again; an error, which
+// the next gc or Open deletes).
 func (s *Store) dropCopy(id uint32) error {
 	lo, hi := tableBounds(id)
 	if err := s.db.DeleteRange(lo, hi, pebble.Sync); err != nil {

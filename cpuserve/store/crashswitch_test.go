@@ -20,16 +20,28 @@ import (
 // a prefix of the run gives: AppliedSeq = k and the active version v serve
 // v's rows with updates 1..k on top, never a mix; at least every
 // acknowledged update; no half-made copy left (nor its rows); and the
-// other model sharing the tables never sees this model's updates.
+// other model sharing the tables never sees this model's updates. It runs
+// with switches carried in one batch, and in many small ones (crashing
+// between them too).
 func TestCrashDuringSwitchAndCopy(t *testing.T) {
+	t.Run("carry=one-batch", func(t *testing.T) { crashSwitchAndCopy(t, 0) })
+	t.Run("carry=bounded", func(t *testing.T) { crashSwitchAndCopy(t, 1) })
+}
+
+// crashSwitchAndCopy runs TestCrashDuringSwitchAndCopy with carry batches
+// of carryBytes (0: the default).
+func crashSwitchAndCopy(t *testing.T, carryBytes int) {
 	ctx := context.Background()
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewPCG(seed, 3))
-	v1 := []*testTable{{name: "a", rows: 300, dim: 4, seed: 1}, {name: "b", rows: 200, dim: 8, seed: 2}}
-	v2 := []*testTable{{name: "a", rows: 300, dim: 4, seed: 11}, {name: "b", rows: 200, dim: 8, seed: 2}}
+	// c is m's alone: its first carry writes a table no update made
+	// mutated yet (the others were copied or updated before).
+	v1 := []*testTable{{name: "a", rows: 300, dim: 4, seed: 1}, {name: "b", rows: 200, dim: 8, seed: 2}, {name: "c", rows: 100, dim: 4, seed: 3}}
+	v2 := []*testTable{{name: "a", rows: 300, dim: 4, seed: 11}, {name: "b", rows: 200, dim: 8, seed: 2}, {name: "c", rows: 100, dim: 4, seed: 13}}
 	base := map[int][]*testTable{1: v1, 2: v2}
 	p1, p2 := writePlan(t, "m", v1), writePlan(t, "m", v2)
+	po := writePlan(t, "o", v2[:2])
 
 	mem := vfs.NewCrashableMem()
 	s, err := Open("db", &Options{FS: mem, HotBytesAutoMax: 16 << 20})
@@ -37,6 +49,9 @@ func TestCrashDuringSwitchAndCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	if carryBytes > 0 {
+		s.carryBatchBytes = carryBytes
+	}
 	if _, err := s.Ingest(ctx, p1, IngestOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +60,7 @@ func TestCrashDuringSwitchAndCopy(t *testing.T) {
 	}
 	// Model o shares v2's tables: m's first update of b copies b, and
 	// the first switch to v2 copies v2's a before carrying into it.
-	if _, err := s.Ingest(ctx, p2, IngestOptions{Model: "o"}); err != nil {
+	if _, err := s.Ingest(ctx, po, IngestOptions{Model: "o"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -64,6 +79,12 @@ func TestCrashDuringSwitchAndCopy(t *testing.T) {
 	var clones []clone
 	acked, active := int64(0), 1
 	take := func(point string) {
+		if point == "carry-batch" || point == "activate-batch" {
+			// The live store, mid-switch (catMu held): the rows of the
+			// batches before are in, and the tables they went to must be
+			// marked mutated already.
+			checkUnmutatedTablesLocked(t, s, base, "live at "+point)
+		}
 		cfg := vfs.CrashCloneCfg{}
 		clones = append(clones, clone{fs: mem.CrashClone(cfg), acked: acked, point: point, active: active})
 		cfg = vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(r.Uint64(), 1))}
@@ -82,10 +103,13 @@ func TestCrashDuringSwitchAndCopy(t *testing.T) {
 			take(fmt.Sprintf("after activate %d", n))
 		default:
 			u := update{table: "a", id: int64(r.IntN(300))}
-			if r.IntN(3) == 0 {
+			switch r.IntN(4) {
+			case 0:
 				u.table, u.id = "b", int64(r.IntN(200))
+			case 1:
+				u.table, u.id = "c", int64(r.IntN(100))
 			}
-			u.row = fill(map[string]int{"a": 4, "b": 8}[u.table], float32(len(updates)+1))
+			u.row = fill(map[string]int{"a": 4, "b": 8, "c": 4}[u.table], float32(len(updates)+1))
 			if _, err := s.UpsertSeq("m", u.table, []int64{u.id}, u.row, int64(len(updates)+1)); err != nil {
 				t.Fatal(err)
 			}
@@ -135,9 +159,14 @@ func TestCrashDuringSwitchAndCopy(t *testing.T) {
 			checkAllRows(t, cs, "o", "a", 4, v2[0].data, c.point+": model o")
 			checkAllRows(t, cs, "o", "b", 8, v2[1].data, c.point+": model o")
 			checkNoStrayTables(t, cs, c.point)
+			checkUnmutatedTables(t, cs, base, c.point)
 		}()
 	}
-	for _, p := range []string{"cow-registered", "cow-copied", "activate-batch"} {
+	want := []string{"cow-registered", "cow-copied", "activate-batch"}
+	if carryBytes > 0 {
+		want = append(want, "carry-batch")
+	}
+	for _, p := range want {
 		if !points[p] {
 			t.Errorf("no crash at %s", p)
 		}
@@ -183,6 +212,54 @@ func checkNoStrayTables(t *testing.T, s *Store, what string) {
 		id := binary.BigEndian.Uint32(it.Key())
 		if s.cat.Tables[id] == nil {
 			t.Fatalf("%s: rows of table %d, which the catalog does not have", what, id)
+		}
+	}
+}
+
+// checkUnmutatedTables: every table not marked mutated holds exactly its
+// content (base's tables, by version and name of model m), as a later
+// ingest of that content would share it.
+func checkUnmutatedTables(t *testing.T, s *Store, base map[int][]*testTable, what string) {
+	t.Helper()
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	checkUnmutatedTablesLocked(t, s, base, what)
+}
+
+// checkUnmutatedTablesLocked is checkUnmutatedTables with catMu held.
+func checkUnmutatedTablesLocked(t *testing.T, s *Store, base map[int][]*testTable, what string) {
+	t.Helper()
+	content := map[string]*testTable{}
+	for v, tabs := range base {
+		for _, tt := range tabs {
+			if vt := s.cat.Models["m"].Versions[v].Tables[tt.name]; vt != nil {
+				if pt := s.cat.Tables[vt.Phys]; pt != nil {
+					content[pt.SHA256] = tt
+				}
+			}
+		}
+	}
+	for id, pt := range s.cat.Tables {
+		tt := content[pt.SHA256]
+		if pt.Mutated || tt == nil || pt.DType != Float32 {
+			continue
+		}
+		lo, hi := tableBounds(id)
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := make([]float32, tt.dim)
+		for ok := it.First(); ok; ok = it.Next() {
+			r := keyRow(it.Key())
+			Float32.decode(row, it.Value())
+			if !slicesEqual(row, tt.data[r*int64(tt.dim):(r+1)*int64(tt.dim)]) {
+				it.Close()
+				t.Fatalf("%s: table %d (%s) is not marked mutated, but its row %d reads %v, not its content", what, id, tt.name, r, row[:2])
+			}
+		}
+		if err := it.Close(); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

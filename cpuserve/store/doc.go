@@ -22,12 +22,33 @@
 // per model, and the router trusts it. So a version switch (Activate,
 // Rollback, an activating Ingest) carries them forward: every upsert
 // also keeps the row as sent in the model's overlay, and the switch
-// writes the overlay into the new version's tables in the same atomic
-// batch as the catalog change (carry.go). We chose this over resetting
+// writes the overlay into the new version's tables, atomically with the
+// catalog change (carry.go), and marks those tables mutated. We chose
+// this over resetting
 // AppliedSeq on a switch because a reset can only be repaired by a
 // replay from the router's log, which (in memory, bounded) often no
 // longer reaches update 1: every worker that switched would be out of
 // serving, the whole model if all did. Rows that do not fit the new
 // version (another dim, fewer rows, no such table) are not carried, as a
 // replay of them would be refused there.
+//
+// The overlay's cost. It holds one key per distinct (model, table, row)
+// ever updated: 18+len(model)+len(table) bytes of key and 4*dim of value
+// (float32 as sent, whatever the table's dtype), 276 B at dim 64 with
+// one-letter names, plus Pebble's per-key overhead: about 0.28 GB per
+// million distinct updated rows at dim 64. Updating a row again replaces
+// its key; nothing else shrinks the overlay but DropVersion, which
+// deletes the overlay of every table name no remaining version of the
+// model names (those updates are forgotten: a later version with that
+// table name again starts from its ingested rows), and, with a model's
+// last version, the model's whole overlay and its update seq (AppliedSeq
+// 0 again). Every switch rewrites the whole overlay of the tables it
+// activates that the old version does not share: it reads each overlay
+// row and writes it into the new table, in Pebble batches of at most
+// about 64 MiB (carryBatchBytes; some 240,000 rows at dim 64, float32),
+// holding one batch and its decoded rows (about twice that) in memory.
+// The switch holds the catalog and update locks throughout, so upserts
+// and other catalog changes wait for it (lookups go on, on the old
+// version): its time grows linearly with the overlay. Nothing yet folds
+// the overlay into a new base version to bound it.
 package store

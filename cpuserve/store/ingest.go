@@ -77,7 +77,7 @@ type ingestJob struct {
 func (s *Store) Ingest(ctx context.Context, planDir string, o IngestOptions) (*IngestReport, error) {
 	rep, err := s.ingest(ctx, planDir, o)
 	if err != nil {
-		return nil, err
+		return nil, s.closedErr(err)
 	}
 	// The new version's rows go to the hot tier now, not miss by miss.
 	if err := s.Preload(ctx); err != nil {
@@ -88,11 +88,15 @@ func (s *Store) Ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 
 func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*IngestReport, error) {
 	start := time.Now()
+	// Close cancels the ingest (ctx) and waits for it to stop.
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	defer s.ops.Done()
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
 	s.ingestMu.Lock()
 	defer s.ingestMu.Unlock()
-	if s.closed.Load() {
-		return nil, ErrClosed
-	}
 	p, err := plan.Read(planDir)
 	if err != nil {
 		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
@@ -286,6 +290,9 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 			return fmt.Errorf("write sst: %w", err)
 		}
 		w = nil
+		if s.closed.Load() {
+			return ErrClosed
+		}
 		if err := s.db.Ingest(ctx, []string{path}); err != nil {
 			return fmt.Errorf("ingest sst: %w", err)
 		}

@@ -37,12 +37,17 @@ func seqKey(model string) []byte { return append([]byte("\x00\x00\x00\x00updseq/
 // switch writes the overlay into the newly active tables (carry.go).
 const overlayPrefix = "\x00\x00\x00\x00ovl/"
 
+// overlayModelPrefix is the prefix of all of model's overlay keys.
+func overlayModelPrefix(model string) []byte {
+	k := append([]byte(nil), overlayPrefix...)
+	k = binary.AppendUvarint(k, uint64(len(model)))
+	return append(k, model...)
+}
+
 // overlayTablePrefix is the prefix of the overlay keys of model's table:
 // both names length-prefixed, so no name is a prefix of another's keys.
 func overlayTablePrefix(model, table string) []byte {
-	k := append([]byte(nil), overlayPrefix...)
-	k = binary.AppendUvarint(k, uint64(len(model)))
-	k = append(k, model...)
+	k := overlayModelPrefix(model)
 	k = binary.AppendUvarint(k, uint64(len(table)))
 	return append(k, table...)
 }

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/prism-serve/prism/plan"
 	"maps"
@@ -38,6 +40,20 @@ type Store struct {
 	// cowMu, catMu, updMu, mu.
 	catMu, ingestMu, updMu, cowMu sync.Mutex
 	copySrc                       uint32
+	// copyDst (under catMu) is the copy being written, in state copying;
+	// gc drops every other copying table (one an error path left).
+	copyDst uint32
+	// carryBatchBytes bounds one Pebble batch of a version switch's carry
+	// (carry.go); tests lower it.
+	carryBatchBytes int
+	// opsMu and ops track the multi-step changes under way (ingests,
+	// upserts, copies, switches, drops): Close cancels closeCtx, which
+	// they run under, and waits for them before it closes Pebble, and
+	// none starts once closed is set (enter).
+	opsMu       sync.Mutex
+	ops         sync.WaitGroup
+	closeCtx    context.Context
+	closeCancel context.CancelFunc
 	// testHook, if set, is called at named points of multi-step changes
 	// (the crash tests stop the world there).
 	testHook func(point string)
@@ -116,7 +132,8 @@ func Open(dir string, o *Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open store %q: %w", dir, err)
 	}
-	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat}
+	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat, carryBatchBytes: carryBatchBytes}
+	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
 	s.publish(cat)
 	if !opts.ReadOnly {
@@ -133,17 +150,53 @@ func Open(dir string, o *Options) (*Store, error) {
 	return s, nil
 }
 
-// Close closes the store; lookups after Close fail with ErrClosed.
+// Close closes the store; lookups after Close fail with ErrClosed. A
+// change under way (an ingest, a table copy, a version switch) is
+// cancelled where it can stop safely and waited for; it fails with
+// ErrClosed or completes.
 func (s *Store) Close() error {
+	s.opsMu.Lock()
 	if s.closed.Swap(true) {
+		s.opsMu.Unlock()
 		return nil
 	}
+	s.opsMu.Unlock()
+	s.closeCancel()
+	s.ops.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close store %q: %w", s.dir, err)
 	}
 	return nil
+}
+
+// enter registers a change that Close must wait for; it fails with
+// ErrClosed once Close began. The caller calls s.ops.Done when done.
+func (s *Store) enter() error {
+	s.opsMu.Lock()
+	defer s.opsMu.Unlock()
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	s.ops.Add(1)
+	return nil
+}
+
+// opContext is ctx, cancelled also when the store closes.
+func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.closeCtx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// closedErr is err, marked ErrClosed if the store closed meanwhile (a
+// change that Close cancelled).
+func (s *Store) closedErr(err error) error {
+	if err != nil && s.closed.Load() && !errors.Is(err, ErrClosed) {
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return err
 }
 
 // hotBudget is the hot tier's bytes under the options and catalog for
@@ -342,6 +395,10 @@ func (s *Store) DropVersion(ctx context.Context, model string, n int) error {
 }
 
 func (s *Store) dropVersion(ctx context.Context, model string, n int) error {
+	if err := s.enter(); err != nil {
+		return err
+	}
+	defer s.ops.Done()
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
 	m := s.cat.Models[model]
@@ -360,29 +417,101 @@ func (s *Store) dropVersion(ctx context.Context, model string, n int) error {
 	if nm.Previous == n {
 		nm.Previous = 0
 	}
+	// The overlay of a table name no version names any more can never be
+	// carried again (the active version names every table an upsert can
+	// write): delete it, and a dropped model's whole overlay and seq.
+	var prune []overlayPrune
 	if len(nm.Versions) == 0 {
 		delete(next.Models, model)
+		prune = append(prune, overlayPrune{model: model, whole: true})
+	} else {
+		names := map[string]bool{}
+		for _, v := range nm.Versions {
+			for tn := range v.Tables {
+				names[tn] = true
+			}
+		}
+		for _, tn := range slices.Sorted(maps.Keys(m.Versions[n].Tables)) {
+			if !names[tn] {
+				prune = append(prune, overlayPrune{model: model, table: tn})
+			}
+		}
 	}
-	return s.gc(ctx, next)
+	return s.gc(ctx, next, prune)
 }
 
-// gc commits next after deleting the ready tables no version names.
-// Caller holds catMu.
-func (s *Store) gc(ctx context.Context, next *catalog) error {
+// overlayPrune names overlay keys to delete: those of model's table, or
+// (whole) all of model's and its update seq.
+type overlayPrune struct {
+	model, table string
+	whole        bool
+}
+
+// gc commits next after deleting the tables no version names: ready
+// ones, and copies (state copying) that no copy in progress is writing,
+// which an error path left behind. The overlay keys of prune go in the
+// catalog's batch. Caller holds catMu.
+func (s *Store) gc(ctx context.Context, next *catalog, prune []overlayPrune) error {
 	ref := next.referenced()
 	var drop []uint32
 	for id, t := range next.Tables {
-		if t.State == stateReady && !ref[id] {
+		if ref[id] {
+			continue
+		}
+		if t.State == stateReady || (t.State == stateCopying && id != s.copyDst) {
 			drop = append(drop, id)
 			delete(next.Tables, id)
 		}
 	}
 	// The catalog forgets the tables first: a crash after this leaves
 	// unreachable rows (space), never a served table without rows.
-	if err := s.commit(next); err != nil {
+	if err := s.commitPruning(next, prune); err != nil {
 		return err
 	}
 	return s.deleteTables(ctx, drop)
+}
+
+// commitPruning is commit, deleting the overlay keys of prune in the same
+// synced batch. Caller holds catMu.
+func (s *Store) commitPruning(next *catalog, prune []overlayPrune) error {
+	if len(prune) == 0 {
+		return s.commit(next)
+	}
+	buf, err := json.Marshal(next)
+	if err != nil {
+		return fmt.Errorf("write catalog: %w", err)
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	for _, p := range prune {
+		pre := overlayModelPrefix(p.model)
+		if !p.whole {
+			pre = overlayTablePrefix(p.model, p.table)
+		} else if err := b.Delete(seqKey(p.model), nil); err != nil {
+			return fmt.Errorf("write catalog: %w", err)
+		}
+		if err := b.DeleteRange(pre, prefixEnd(pre), nil); err != nil {
+			return fmt.Errorf("write catalog: %w", err)
+		}
+	}
+	if err := b.Set(catalogKey, buf, nil); err != nil {
+		return fmt.Errorf("write catalog: %w", err)
+	}
+	s.updMu.Lock() // the seq cache
+	defer s.updMu.Unlock()
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if err := s.db.Apply(b, pebble.Sync); err != nil {
+		return fmt.Errorf("write catalog: %w", err)
+	}
+	for _, p := range prune {
+		if p.whole {
+			delete(s.seqs, p.model)
+		}
+	}
+	s.publish(next)
+	return nil
 }
 
 func (s *Store) deleteTables(ctx context.Context, ids []uint32) error {

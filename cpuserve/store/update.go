@@ -136,6 +136,10 @@ func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int
 	if s.opts.ReadOnly {
 		return false, fmt.Errorf("upsert: store opened read-only: %w", ErrBadRequest)
 	}
+	if err := s.enter(); err != nil {
+		return false, err
+	}
+	defer s.ops.Done()
 	copied := false
 	for range 8 {
 		applied, shared, err := s.upsertOnce(model, table, ids, rows, seq)
