@@ -1,0 +1,269 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+type proposal struct {
+	client   uint64
+	req      *prismv1.UpdateRequest
+	deadline time.Time
+}
+
+// fanout is a numbered update waiting for its workers' answers.
+type fanout struct {
+	client  uint64
+	seq     int64
+	targets int
+	// members are the workers the quorum counts (the targets and the
+	// slow ones), need how many of them must hold the update.
+	members, need int
+	waiting       map[string]string // worker id -> addr, not yet answered
+	applied       int
+	inputErr      error
+	failed        error
+	// refusers are the workers that answered InvalidArgument, "id
+	// addr: message" by id.
+	refusers map[string]string
+}
+
+// targets are the live embedding workers serving model, by id, but
+// the foreign, diverged and slow ones; members counts the workers the
+// quorum counts: the targets and the slow ones, but not the stale ones
+// (already behind what the log holds when the update is numbered: out
+// of the model until an operator gives them a store, like the foreign
+// and diverged ones). startNext counts them before its trim, which
+// never leaves a live worker stale anyway.
+func (s *sequencer) targets(model string) (out []*prismv1.WorkerInfo, members int) {
+	m := s.models[model]
+	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+		if _, foreign := m.foreign[id]; foreign {
+			continue
+		}
+		if _, diverged := m.diverged[id]; diverged {
+			continue
+		}
+		w := s.workers[id]
+		if !slices.Contains(w.GetModels(), model) {
+			continue
+		}
+		if k, ok := m.known[id]; !ok || k >= m.floor {
+			members++
+		}
+		if !m.slow[id] {
+			out = append(out, w)
+		}
+	}
+	return out, members
+}
+
+// startNext numbers and sends model's next waiting update, if none is
+// being applied.
+func (s *sequencer) startNext(model string, m *modelSeq) {
+	for m.inflight == nil && len(m.queue) > 0 {
+		p := m.queue[0]
+		m.queue = m.queue[1:]
+		if !s.now.Before(p.deadline) {
+			// Its turn came too late: a number handed out now could be
+			// left with no worker to apply it.
+			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
+			continue
+		}
+		if m.unwritten {
+			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "the router could not write the update log of model %q; it takes no updates until it has written it again; retry", model))
+			continue
+		}
+		targets, members := s.targets(model)
+		if len(targets) == 0 {
+			if n := len(m.slow) + len(m.diverged) + len(m.foreign); n > 0 {
+				s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no embedding worker taking updates right now (%d slow and being caught up, or out of serving; see the router's log); retry", model, n))
+				continue
+			}
+			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no live embedding worker right now; retry", model))
+			continue
+		}
+		// Number it only if some live worker holds every update before
+		// it: otherwise it could not be applied anywhere now, and would
+		// hold up the updates after it.
+		var held int64
+		for _, w := range targets {
+			held = max(held, m.known[w.GetId()])
+		}
+		if held < m.next {
+			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", model, m.next))
+			continue
+		}
+		m.next++
+		m.handedOut = true
+		s.any = true
+		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
+		dropFrom := m.floor
+		// The trim stops at the lowest seq a live worker of the model
+		// holds (one not already stale, foreign or diverged), which is
+		// never above held: no trim leaves a live worker behind what the
+		// log reaches, even if the log then exceeds its byte budget.
+		lowest, lagging := held, ""
+		for _, id := range slices.Sorted(maps.Keys(m.known)) {
+			_, foreign := m.foreign[id]
+			_, diverged := m.diverged[id]
+			w := s.workers[id]
+			if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), model) && k >= m.floor && k < lowest {
+				lowest, lagging = k, id
+			}
+		}
+		m.appendLog(areq, s.logBytes, lowest)
+		s.persist(model, m, areq, dropFrom)
+		// members were counted before the trim: a worker that held
+		// floor then counts against the quorum of this update.
+		if over := m.bytes > s.logBytes && len(m.log) > 1 && lowest < held && m.floor+1 <= held; over && !m.overBudget {
+			s.logf(slog.LevelWarn, "update log over its byte budget: it keeps updates a live embedding worker still lacks, so the worker can be caught up, until it is",
+				"model", model, "worker", lagging, "holds", lowest, "bytes", m.bytes, "budget", s.logBytes)
+			m.overBudget = true
+		} else if m.bytes <= s.logBytes {
+			m.overBudget = false
+		}
+		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
+		m.inflight = f
+		for _, w := range targets {
+			f.waiting[w.GetId()] = w.GetAddr()
+			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: areq})
+		}
+	}
+}
+
+// ack records that a live worker holds seq. A worker gone meanwhile is
+// not recorded: it announces what it holds when it is back.
+func (s *sequencer) ack(m *modelSeq, id string, seq int64) {
+	if _, live := s.workers[id]; live {
+		m.known[id] = max(m.known[id], seq)
+		if m.known[id] >= m.next {
+			delete(m.slow, id) // caught up: back in the fan-out
+		}
+	}
+}
+
+// applied is the event "worker answered the apply of model's update seq
+// that a msgApply for client asked for" (err nil: applied; client 0: a
+// replay).
+func (s *sequencer) applied(now time.Time, client uint64, model, worker string, seq int64, err error) {
+	s.advance(now)
+	m := s.models[model]
+	if m == nil {
+		return
+	}
+	if client == 0 {
+		s.replayed(model, m, worker, seq, err)
+		return
+	}
+	f := m.inflight
+	addr, ok := "", false
+	if f != nil && f.client == client && f.seq == seq {
+		addr, ok = f.waiting[worker]
+	}
+	if !ok {
+		return // not an answer this sequencer waits for
+	}
+	delete(f.waiting, worker)
+	switch status.Code(err) {
+	case codes.OK:
+		f.applied++
+		s.ack(m, worker, seq)
+	case codes.InvalidArgument:
+		// Bad input: every replica refuses it alike and takes the seq.
+		if f.inputErr == nil {
+			f.inputErr = err
+		}
+		if f.refusers == nil {
+			f.refusers = map[string]string{}
+		}
+		f.refusers[worker] = addr + ": " + status.Convert(err).Message()
+		s.ack(m, worker, seq)
+	case codes.FailedPrecondition:
+		// Behind: the catch-up replays what it missed, then this.
+		s.logf(slog.LevelInfo, "embedding worker behind on updates; catching it up", "model", model, "worker", worker, "seq", seq)
+	default:
+		if errors.Is(err, errNotLogged) {
+			// Not sent (writeFailed logged why, once for the model): the
+			// worker is as it was and keeps serving what it holds.
+			if f.failed == nil {
+				f.failed = err
+			}
+			break
+		}
+		if f.failed == nil {
+			f.failed = fmt.Errorf("worker %s: %s", addr, status.Convert(err).Message())
+		}
+		if errors.Is(err, errWorkerTimeout) {
+			// Hung or slow: the next updates do not wait for it; the
+			// catch-up brings it back.
+			m.slow[worker] = true
+			s.logf(slog.LevelWarn, "embedding worker did not answer an update in time; it gets no new updates until caught up", "model", model, "worker", worker, "seq", seq)
+			break
+		}
+		s.logf(slog.LevelWarn, "update failed on an embedding worker; it is left out of serving until caught up", "model", model, "worker", worker, "seq", seq, "err", err)
+	}
+	if len(f.waiting) > 0 {
+		return
+	}
+	m.inflight = nil
+	switch {
+	case f.inputErr != nil && f.applied == 0:
+		m.committed = max(m.committed, f.seq)
+		s.persist(model, m, nil, m.floor)
+		s.answer(f.client, nil, f.inputErr)
+	case f.applied == 0:
+		failed := f.failed
+		if failed == nil {
+			failed = errors.New("every worker is behind and catching up")
+		}
+		// The update keeps its number: a worker may have applied it and
+		// lost the answer, so the number cannot be given to another. The
+		// catch-up applies it everywhere later; a retry applies the same
+		// rows again, which upserts make harmless.
+		s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
+	default:
+		// Divergent answers: some applied it, some refused it as bad
+		// input. The refusers' copies now lack the rows and a replay
+		// cannot add them (the refusal took the seq): out of serving.
+		var refused []string
+		for _, id := range slices.Sorted(maps.Keys(f.refusers)) {
+			refused = append(refused, f.refusers[id])
+			if _, live := s.workers[id]; live {
+				m.diverged[id] = f.seq
+				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
+					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
+			}
+		}
+		if f.applied < f.need {
+			// Below the quorum: as with none above, the update keeps its
+			// number and reaches the others by catch-up, and it is not
+			// acknowledged (committed stays: workers lacking it still
+			// serve, as they would had no worker applied it).
+			why := ""
+			if f.failed != nil {
+				why = fmt.Sprintf("; %v", f.failed)
+			}
+			if len(refused) > 0 {
+				why += "; refused by " + strings.Join(refused, "; ")
+			}
+			s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, below the update quorum (%s: %d)%s; it may still reach the others as they catch up; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need, why))
+			break
+		}
+		m.committed = max(m.committed, f.seq)
+		s.persist(model, m, nil, m.floor)
+		s.answer(f.client, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused}, nil)
+	}
+	s.startNext(model, m)
+}

@@ -1,0 +1,75 @@
+package router
+
+import (
+	"errors"
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// restore is the event "the update log read back at start holds model
+// at next, committed, with log holding floor+1 .. next"; it comes before
+// any other. The model then continues from next and its workers serve
+// only holding committed, and a worker behind is caught up from log.
+// The startup window still applies: inside it a worker announcing a
+// later seq is adopted as with no log (the log is older than the
+// workers' stores: a write of it failed, or it was copied back from
+// elsewhere), since this router has numbered nothing yet.
+func (s *sequencer) restore(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest) {
+	m := s.model(model)
+	m.next, m.committed, m.floor, m.log, m.bytes = next, committed, floor, log, 0
+	for _, e := range log {
+		m.bytes += int64(proto.Size(e))
+	}
+	if next > 0 {
+		s.any = true
+	}
+}
+
+// appendLog keeps req as update seq, dropping the oldest beyond the
+// byte budget, but none above upto (startNext passes the lowest seq a
+// live worker holds: never one that no live worker holds, nor one that
+// a live worker lacks).
+func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64) {
+	m.log = append(m.log, req)
+	m.bytes += int64(proto.Size(req))
+	for len(m.log) > 1 && m.bytes > budget && m.floor+1 <= upto {
+		m.bytes -= int64(proto.Size(m.log[0]))
+		m.log[0] = nil
+		m.log = m.log[1:]
+		m.floor++
+	}
+}
+
+// replayed goes on with a replay after one of its updates was answered.
+func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64, err error) {
+	switch code := status.Code(err); {
+	case err == nil || code == codes.InvalidArgument:
+		s.ack(m, worker, seq)
+		s.replayNext(model, m, worker)
+	case errors.Is(err, errRouterStopping), errors.Is(err, errNotLogged):
+		// Stopping, or the log does not hold the update yet (writeFailed
+		// logged it): the next heartbeat after the log is written again
+		// goes on.
+		delete(m.catching, worker)
+	default:
+		s.logf(slog.LevelWarn, "replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", worker, "seq", seq, "err", err)
+		delete(m.catching, worker)
+	}
+}
+
+// replayNext sends worker the next update of model it lacks, or ends its
+// replay when it holds the latest, is gone, or the log no longer reaches.
+func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
+	k, ok := m.known[id]
+	w := s.workers[id]
+	if !ok || w == nil || k >= m.next || k < m.floor || m.unwritten {
+		delete(m.catching, id)
+		return
+	}
+	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: m.log[k-m.floor]})
+}

@@ -1,0 +1,97 @@
+package router
+
+import (
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// logChange is one change of a model's update log: the state after it,
+// the entries that leave it (DropFrom+1 .. Floor) and the one that joins
+// it (Entry, nil when only the numbers change). A rewrite after a failed
+// write (Rewrite, the failure's generation, not 0) writes Entries, every
+// entry the failed writes held that the log still keeps, instead.
+type logChange struct {
+	Next, Committed, Floor int64
+	DropFrom               int64
+	Entry                  *prismv1.ApplyUpdateRequest
+	Entries                []*prismv1.ApplyUpdateRequest
+	Rewrite                uint64
+}
+
+// persist asks the caller to write m's log state durably, entry (nil:
+// none) joining it and dropFrom+1 .. m.floor leaving it.
+func (s *sequencer) persist(model string, m *modelSeq, entry *prismv1.ApplyUpdateRequest, dropFrom int64) {
+	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor, DropFrom: dropFrom, Entry: entry}})
+}
+
+// writeFailed is the event "the write of msgs, the messages of one step,
+// failed": the driver sent none of their applies (each is reported not
+// sent, errNotLogged, as the step's other replays are), and the models
+// they persisted are unwritten: the log on disk may lack their latest
+// updates. Two ways out were possible: take the numbers back, or refuse
+// the model until its log is written again. Taking back is not enough
+// (the same write may have dropped trimmed entries or changed committed
+// or the adopted sequence, which memory cannot undo); refusing is simple
+// and always right: the model numbers no update and replays none
+// (Unavailable) until a rewrite of what the failed writes held, sent at
+// each heartbeat, has been written (rewritten). The numbered update
+// keeps its number, like one no worker acknowledged, and reaches the
+// workers by catch-up once it is on disk.
+func (s *sequencer) writeFailed(now time.Time, msgs []message) {
+	s.advance(now)
+	for _, msg := range msgs {
+		m := s.models[msg.Model]
+		if msg.Type != msgPersist || m == nil {
+			continue
+		}
+		c := msg.Persist
+		if !m.unwritten {
+			s.logf(slog.LevelError, "cannot write the update log of a model: it takes no updates and replays none until the router has written it again (retried each heartbeat)",
+				"model", msg.Model, "latest", m.next)
+			m.unwritten, m.unwrittenFrom, m.unwrittenDrop = true, 0, c.DropFrom
+		}
+		m.wgen++
+		m.unwrittenDrop = min(m.unwrittenDrop, c.DropFrom)
+		entries := slices.Clip(c.Entries) // a rewrite's; an append copies
+		if c.Entry != nil {
+			entries = append(entries, c.Entry)
+		}
+		for _, e := range entries {
+			if m.unwrittenFrom == 0 || e.GetSeq() < m.unwrittenFrom {
+				m.unwrittenFrom = e.GetSeq()
+			}
+		}
+	}
+	for _, msg := range msgs {
+		if msg.Type == msgApply {
+			s.applied(s.now, msg.Client, msg.Model, msg.Worker, msg.Apply.GetSeq(), errNotLogged)
+		}
+	}
+}
+
+// rewrite asks the caller to write what the failed writes of m held:
+// the numbers, the entries from the lowest they held, the drops.
+func (s *sequencer) rewrite(model string, m *modelSeq) {
+	var entries []*prismv1.ApplyUpdateRequest
+	if from := max(m.unwrittenFrom, m.floor+1); m.unwrittenFrom != 0 && from <= m.next {
+		entries = slices.Clone(m.log[from-m.floor-1:])
+	}
+	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor,
+		DropFrom: min(m.unwrittenDrop, m.floor), Entries: entries, Rewrite: m.wgen}})
+}
+
+// rewritten is the event "the rewrite of model for failure generation
+// gen was written": unless a write failed since, the log on disk holds
+// what memory does again, and the model takes updates and replays.
+func (s *sequencer) rewritten(now time.Time, model string, gen uint64) {
+	s.advance(now)
+	m := s.models[model]
+	if m == nil || !m.unwritten || gen != m.wgen {
+		return
+	}
+	m.unwritten, m.unwrittenFrom, m.unwrittenDrop = false, 0, 0
+	s.logf(slog.LevelInfo, "update log of the model written again; it takes updates again", "model", model, "latest", m.next)
+}
