@@ -1,6 +1,8 @@
 package router
 
 import (
+	"time"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -22,20 +24,36 @@ func (r *Router) cost(req *prismv1.RecommendRequest, n int) (int64, error) {
 }
 
 // admit charges a request's samples and bytes, or refuses it with
-// ResourceExhausted; release gives them back.
-func (r *Router) admit(n, bytes int64) (release func(), err error) {
-	if cur := r.inflight.Add(n); cur > r.opts.MaxInflight {
+// ResourceExhausted; release gives them back. remaining is the time to
+// the request's deadline: unless Options.FixedAdmission is set, a
+// request predicted (predict.go) to finish past it is refused too, so
+// the system spends its time on work that can still succeed. The fixed
+// MaxInflight stays the upper bound.
+func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(), err error) {
+	cur := r.inflight.Add(n)
+	if cur > r.opts.MaxInflight {
 		r.inflight.Add(-n)
-		r.m.rejected.Inc()
+		r.m.rejected.WithLabelValues("inflight").Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d samples in flight, limit %d; retry later", cur-n, r.opts.MaxInflight)
 	}
 	if cur := r.inflightBytes.Add(bytes); cur > r.opts.MaxInflightBytes {
 		r.inflightBytes.Add(-bytes)
 		r.inflight.Add(-n)
-		r.m.rejected.Inc()
+		r.m.rejected.WithLabelValues("bytes").Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d request bytes in flight, this request's %d exceed the limit of %d; retry later", cur-bytes, bytes, r.opts.MaxInflightBytes)
 	}
+	if !r.opts.FixedAdmission {
+		// ahead: the samples admitted before this request, still in flight.
+		if predicted, ok := predictFinish(r.pred.serviceRate(), cur-n, n, remaining); !ok {
+			r.inflightBytes.Add(-bytes)
+			r.inflight.Add(-n)
+			r.m.rejected.WithLabelValues("deadline").Inc()
+			return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining))
+		}
+	}
+	r.pred.begin(time.Now())
 	return func() {
+		r.pred.end(time.Now())
 		r.inflight.Add(-n)
 		r.inflightBytes.Add(-bytes)
 	}, nil
@@ -45,7 +63,7 @@ func (r *Router) admit(n, bytes int64) (release func(), err error) {
 func (r *Router) openStream() (closeStream func(), err error) {
 	if cur := r.streams.Add(1); cur > int64(r.opts.MaxStreams) {
 		r.streams.Add(-1)
-		r.m.rejected.Inc()
+		r.m.rejected.WithLabelValues("streams").Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "%d RecommendStream streams open, the limit is %d; retry later", cur-1, r.opts.MaxStreams)
 	}
 	return func() { r.streams.Add(-1) }, nil

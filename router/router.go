@@ -91,6 +91,11 @@ type Options struct {
 	// the operating system's; tests use vfs.NewMem()).
 	UpdateLogFS vfs.FS
 
+	// FixedAdmission admits by MaxInflight and MaxInflightBytes only
+	// (the behaviour before issue 18): no request is refused for being
+	// predicted to finish past its deadline.
+	FixedAdmission bool
+
 	// now is the router's clock (tests set it; default time.Now): the
 	// registry's expiry and the update sequencer's start-up wait read it.
 	now func() time.Time
@@ -156,6 +161,8 @@ type Router struct {
 	// streams the RecommendStream streams open.
 	inflightBytes atomic.Int64
 	streams       atomic.Int64
+	// pred measures the service rate for admission by predicted time.
+	pred predictor
 	// started is when the router started: for three heartbeats after,
 	// its workers are still announcing.
 	started time.Time
@@ -168,7 +175,7 @@ type Router struct {
 type routerMetrics struct {
 	microBatches *prometheus.CounterVec
 	retries      prometheus.Counter
-	rejected     prometheus.Counter
+	rejected     *prometheus.CounterVec
 	inflight     prometheus.GaugeFunc
 	stages       *prometheus.HistogramVec
 	workers      *prometheus.GaugeVec
@@ -195,7 +202,10 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.Reg.Limits, r.Reg.Peer = o.Limits, o.Peer
 	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
-	r.m.rejected = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control."})
+	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it)."}, []string{"reason"})
+	for _, reason := range []string{"inflight", "bytes", "streams", "deadline"} {
+		r.m.rejected.WithLabelValues(reason)
+	}
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
 	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
@@ -328,7 +338,11 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
-	release, err := r.admit(int64(n), bytes)
+	remaining := r.opts.DefaultTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		remaining = time.Until(dl)
+	}
+	release, err := r.admit(int64(n), bytes, remaining)
 	if err != nil {
 		return nil, err
 	}
@@ -560,6 +574,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		releaseHN()
 		if err == nil {
 			r.m.microBatches.WithLabelValues("ok").Inc()
+			r.pred.answered(time.Now(), int64(n))
 			r.observe(resp.GetTimes())
 			return resp.GetScores(), resp.GetVersion(), nil
 		}

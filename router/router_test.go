@@ -69,6 +69,8 @@ type fakeCN struct {
 	fail  bool
 	tag   float32
 	delay time.Duration
+	// gate, when set, holds every Lookup until it is closed.
+	gate chan struct{}
 	// running and peak count concurrent Lookups.
 	running, peak atomic.Int64
 }
@@ -81,6 +83,13 @@ func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	}
 	if f.fail {
 		return nil, status.Error(codes.Unavailable, "down")
+	}
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
 	}
 	if f.delay > 0 {
 		select {

@@ -96,6 +96,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.IntVar(&ro.MicroBatch, "micro-batch", 512, "most candidates per micro-batch (a request is cut into equal micro-batches of at most this many)")
 	f.IntVar(&ro.MaxCandidates, "max-candidates", 4096, "most candidates in one request")
 	f.Int64Var(&ro.MaxInflight, "max-inflight", 65536, "samples admitted at once; beyond it requests get ResourceExhausted")
+	f.BoolVar(&ro.FixedAdmission, "fixed-admission", false, "admit by --max-inflight and --max-inflight-bytes only, not also by predicted finish time against the deadline")
 	f.DurationVar(&ro.Heartbeat, "heartbeat", time.Second, "worker heartbeat interval; silent for 3 intervals means removed")
 	f.DurationVar(&ro.DefaultTimeout, "default-timeout", 30*time.Second, "deadline of a request whose client set none")
 	f.IntVar(&ro.StreamWindow, "stream-window", 16, "requests of one RecommendStream worked on at once (answers stay in order)")

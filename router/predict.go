@@ -1,0 +1,119 @@
+package router
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// predictor estimates when a newly admitted request would finish, so
+// the router can refuse at once what would miss its deadline anyway
+// (admission by predicted time; issue 18). Its clock is the caller's:
+// every method takes now, so tests drive it with a logical clock.
+//
+// The estimator is the whole system's service rate in samples per busy
+// second: answered micro-batches' samples divided by the time during
+// which at least one request was in flight, over windows of at least
+// predictWindow of busy time, smoothed by an EWMA (weight predictAlpha
+// per window). Counting only busy time keeps idle gaps from reading as
+// a slow system. A request with ahead samples already in flight and n
+// of its own is predicted to take (ahead+n)/rate: with nothing ahead
+// that is the latency measured at the concurrency seen, and under a
+// backlog it is the time to drain the queue at the measured rate, as in
+// a FIFO queue. It errs pessimistic only in a sudden burst after a long
+// stretch of low concurrency (the rate measured then is below what more
+// concurrency gets), and corrects itself within one window. Before the
+// first window closes there is no rate, and admission is by count only.
+type predictor struct {
+	mu sync.Mutex
+	// rate is the smoothed service rate in samples/s; 0: no data yet.
+	rate float64
+	// active counts the requests in flight; busySince is when the
+	// current busy period (or window within it) started.
+	active    int64
+	busySince time.Time
+	// busy and done are the current window's busy time (closed
+	// periods) and answered samples.
+	busy time.Duration
+	done int64
+}
+
+const (
+	predictWindow = 50 * time.Millisecond
+	predictAlpha  = 0.3
+)
+
+// begin notes a request admitted at now.
+func (p *predictor) begin(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.active == 0 {
+		p.busySince = now
+	}
+	p.active++
+}
+
+// end notes a request finished (whatever its outcome) at now.
+func (p *predictor) end(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.active--
+	if p.active == 0 {
+		p.busy += now.Sub(p.busySince)
+	}
+}
+
+// answered notes a micro-batch of n samples answered at now, and closes
+// the window when it holds enough busy time.
+func (p *predictor) answered(now time.Time, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done += n
+	busy := p.busy
+	if p.active > 0 {
+		busy += now.Sub(p.busySince)
+	}
+	if busy < predictWindow || p.done <= 0 {
+		return
+	}
+	sample := float64(p.done) / busy.Seconds()
+	if p.rate == 0 {
+		p.rate = sample
+	} else {
+		p.rate = predictAlpha*sample + (1-predictAlpha)*p.rate
+	}
+	p.busy, p.done = 0, 0
+	if p.active > 0 {
+		p.busySince = now
+	}
+}
+
+// serviceRate is the smoothed rate in samples/s (0: no data yet).
+func (p *predictor) serviceRate() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.rate
+}
+
+// predictFinish is the pure admission rule: at rate samples/s, a
+// request of n samples behind ahead samples in flight is predicted to
+// take (ahead+n)/rate; it is admitted when that is within remaining
+// (the time to its deadline). With no rate yet (cold start) it is
+// admitted and predicted is 0.
+func predictFinish(rate float64, ahead, n int64, remaining time.Duration) (predicted time.Duration, ok bool) {
+	if rate <= 0 {
+		return 0, true
+	}
+	predicted = time.Duration(float64(ahead+n) / rate * float64(time.Second))
+	return predicted, predicted <= remaining
+}
+
+// lateMessage is the ResourceExhausted message of a request refused by
+// predicted time.
+func lateMessage(predicted, remaining time.Duration) string {
+	return fmt.Sprintf("predicted to finish in %s ms, past its deadline in %s ms; back off", ms(predicted), ms(remaining))
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+}

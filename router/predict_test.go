@@ -1,0 +1,146 @@
+package router
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// The rule: (ahead+n)/rate against the time left; no rate, no refusal.
+func TestPredictFinish(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		rate      float64
+		ahead, n  int64
+		remaining time.Duration
+		predicted time.Duration
+		ok        bool
+	}{
+		{"cold start admits anything", 0, 1 << 20, 270, time.Millisecond, 0, true},
+		{"idle system, loose deadline", 10000, 0, 100, 60 * time.Millisecond, 10 * time.Millisecond, true},
+		{"backlog within the deadline", 10000, 400, 100, 60 * time.Millisecond, 50 * time.Millisecond, true},
+		{"exactly at the deadline", 10000, 500, 100, 60 * time.Millisecond, 60 * time.Millisecond, true},
+		{"backlog past the deadline", 10000, 600, 100, 60 * time.Millisecond, 70 * time.Millisecond, false},
+		{"same backlog, loose deadline", 10000, 600, 100, 30 * time.Second, 70 * time.Millisecond, true},
+		{"deadline already passed", 10000, 0, 1, -time.Millisecond, 100 * time.Microsecond, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := predictFinish(c.rate, c.ahead, c.n, c.remaining)
+			if ok != c.ok || (got-c.predicted).Abs() > time.Microsecond {
+				t.Fatalf("predictFinish(%v, %d, %d, %v) = %v, %v; want %v, %v", c.rate, c.ahead, c.n, c.remaining, got, ok, c.predicted, c.ok)
+			}
+		})
+	}
+}
+
+// The estimator on a logical clock: samples per busy second, windows of
+// at least predictWindow, EWMA across windows, idle time not counted.
+func TestPredictorRate(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	type ev struct {
+		kind string // begin, end, answered
+		ms   int
+		n    int64
+	}
+	for _, c := range []struct {
+		name string
+		evs  []ev
+		rate float64
+	}{
+		{"no data", nil, 0},
+		{"window not yet full", []ev{{"begin", 0, 0}, {"answered", 20, 100}}, 0},
+		{"one window: 500 samples in 50 ms", []ev{{"begin", 0, 0}, {"answered", 25, 250}, {"answered", 50, 250}}, 10000},
+		{"idle gaps are not busy time", []ev{
+			{"begin", 0, 0}, {"answered", 25, 250}, {"end", 25, 0},
+			{"begin", 5000, 0}, {"answered", 5025, 250}, {"end", 5025, 0},
+		}, 10000},
+		{"overlapping requests count busy time once", []ev{
+			{"begin", 0, 0}, {"begin", 10, 0}, {"answered", 30, 300}, {"end", 30, 0}, {"answered", 50, 200}, {"end", 50, 0},
+		}, 10000},
+		{"EWMA across windows", []ev{
+			{"begin", 0, 0}, {"answered", 50, 500}, // 10000/s
+			{"answered", 100, 1500}, // 30000/s: 0.3*30000 + 0.7*10000
+		}, 16000},
+		{"a stall lowers the rate", []ev{
+			{"begin", 0, 0}, {"answered", 50, 500}, // 10000/s
+			{"answered", 1050, 500}, // 500/s: 0.3*500 + 0.7*10000
+		}, 7150},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var p predictor
+			for _, e := range c.evs {
+				switch e.kind {
+				case "begin":
+					p.begin(at(e.ms))
+				case "end":
+					p.end(at(e.ms))
+				case "answered":
+					p.answered(at(e.ms), e.n)
+				}
+			}
+			if got := p.serviceRate(); math.Abs(got-c.rate) > 1e-6*c.rate+1e-9 {
+				t.Fatalf("rate %v, want %v", got, c.rate)
+			}
+		})
+	}
+}
+
+// Under a backlog, a request whose deadline the measured rate cannot
+// meet is refused at once, without reaching a worker; one with a loose
+// deadline is admitted and answered.
+func TestRecommendAdmitsByPredictedTime(t *testing.T) {
+	cn := &fakeCN{gate: make(chan struct{})}
+	r := newRouter(t, Options{}, cn)
+	// Measured: 1000 samples/s (as if from earlier answered micro-batches).
+	r.pred.rate = 1000
+	backlog := make(chan error, 1)
+	go func() { _, err := r.Recommend(context.Background(), request(100)); backlog <- err }()
+	for cn.running.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// 100 samples ahead + 10 at 1000/s: 110 ms, past a 50 ms deadline.
+	tight, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := r.Recommend(tight, request(10))
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "predicted to finish in 110.0 ms, past its deadline in") {
+		t.Fatalf("tight deadline under a backlog: %v, want ResourceExhausted predicting 110 ms", err)
+	}
+	if tight.Err() != nil {
+		t.Fatal("the refusal waited for the deadline instead of coming at once")
+	}
+	if got := cn.calls.Load(); got != 1 {
+		t.Fatalf("%d Lookups, want only the backlog's: the refused request reached a worker", got)
+	}
+	if got := r.inflight.Load(); got != 100 {
+		t.Fatalf("%d samples in flight after the refusal, want the backlog's 100", got)
+	}
+	// The same request with a loose deadline is admitted and answered.
+	loose, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	answered := make(chan error, 1)
+	go func() { _, err := r.Recommend(loose, request(10)); answered <- err }()
+	for cn.calls.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	close(cn.gate)
+	if err := <-answered; err != nil {
+		t.Fatalf("loose deadline: %v", err)
+	}
+	if err := <-backlog; err != nil {
+		t.Fatal(err)
+	}
+	// With FixedAdmission the tight request is admitted as before.
+	r2 := newRouter(t, Options{FixedAdmission: true}, &fakeCN{})
+	r2.pred.rate = 1
+	tight2, cancel3 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel3()
+	if _, err := r2.Recommend(tight2, request(10)); err != nil {
+		t.Fatalf("FixedAdmission: %v", err)
+	}
+}
