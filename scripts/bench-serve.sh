@@ -6,13 +6,17 @@
 #     request: the maximum samples/s and the per-stage breakdown (the
 #     router's stage histograms);
 #  3. open loop at 50% and 80% of that maximum, 270 candidates per
-#     request: p50/p99 against the 60 ms target.
+#     request: p50/p99 against the 60 ms target (LOADS="50 80 90 100 120"
+#     for more points; UP_FLAGS are passed to prism up, e.g.
+#     "--batch-order fifo --fixed-admission" for the FIFO baseline;
+#     OPEN_FLAGS go to the open-loop runs, e.g. "--timeout 100ms" to give
+#     requests a deadline near the SLO).
 # Mutual TLS by default (certificates in CERTS, default certs beside DB,
 # made by prism up when missing); TLS=0 runs every tier and the load
 # generator on plaintext (--insecure), for the comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-prism=bin/prism
+prism=${PRISM:-bin/prism}
 out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}
@@ -81,9 +85,9 @@ done
 echo
 echo "| offered load | req/s | p50 | p99 | within 60 ms | generator CPU |"
 echo "|---|---:|---:|---:|---:|---:|"
-for pct in 50 80; do
+for pct in ${LOADS:-50 80}; do
 	rate=$(awk -v r="$reqs" -v p="$pct" 'BEGIN{printf "%.1f", r*p/100}')
-	res=$(lg --rate "$rate" --duration "$dur")
+	res=$(lg --rate "$rate" --duration "$dur" ${OPEN_FLAGS:-})
 	p50=$(sed -n 's/^latency *p50 \([^ ]*\) .*/\1/p' <<<"$res")
 	p99=$(sed -n 's/.*p99 \([^ ]*\)  p99.9.*/\1/p' <<<"$res")
 	slo=$(sed -n 's/^SLO *\([0-9.]*%\).*/\1/p' <<<"$res")

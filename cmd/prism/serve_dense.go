@@ -29,6 +29,7 @@ func newServeDenseCmd() *cobra.Command {
 		spin                      bool
 		maxMessage                int
 		logFormat, logLevel       string
+		batchOrder                string
 		tlsFlags                  authflag.Flags
 	)
 	cmd := &cobra.Command{
@@ -50,6 +51,10 @@ With --router it announces itself to the router's registry (role "dense").`,
 			if err != nil {
 				return err
 			}
+			order, err := gpuserve.ParseOrder(batchOrder)
+			if err != nil {
+				return fmt.Errorf("--batch-order: %w", err)
+			}
 			tlsFlags.Warn(cmd.ErrOrStderr(), "the dense tier")
 			tlsConf, err := tlsFlags.Server(auth.Dense, auth.ServerTLSOptions{})
 			if err != nil {
@@ -64,7 +69,7 @@ With --router it announces itself to the router's registry (role "dense").`,
 			}
 			dense, err := gpuserve.New(gpuserve.Options{
 				Plans:      plans,
-				Batch:      gpuserve.BatchOptions{MaxBatch: maxBatch, MaxDelay: maxDelay, MaxQueue: maxQueue},
+				Batch:      gpuserve.BatchOptions{MaxBatch: maxBatch, MaxDelay: maxDelay, MaxQueue: maxQueue, Order: order},
 				Threads:    threads,
 				Spin:       spin,
 				MaxSamples: maxSamples,
@@ -103,6 +108,7 @@ With --router it announces itself to the router's registry (role "dense").`,
 	f.StringArrayVar(&plans, "plan", nil, "partition folder (plan.json, dense.onnx) of a model to serve; repeatable")
 	f.StringVar(&router, "router", "", "router address to announce this worker to (optional)")
 	f.IntVar(&maxBatch, "max-batch", 256, "most samples in one ONNX Runtime run")
+	f.StringVar(&batchOrder, "batch-order", "edf", "how a batch is filled: edf (earliest deadline first, work that would miss its deadline refused) or fifo (arrival order)")
 	f.DurationVar(&maxDelay, "max-delay", 2*time.Millisecond, "how long a batch's first request waits for others")
 	f.IntVar(&maxQueue, "max-queue", 0, "most samples queued or running per model before ResourceExhausted (0: 64 batches)")
 	f.IntVar(&maxSamples, "max-samples", 4096, "most samples in one Score request (more: InvalidArgument)")

@@ -54,6 +54,8 @@ again. Ctrl-C stops everything gracefully.`,
 	fl.IntVar(&c.MicroBatch, "micro-batch", 512, "router micro-batch size")
 	fl.IntVar(&c.MaxBatch, "max-batch", 512, "dense tier max batch size")
 	fl.DurationVar(&c.MaxDelay, "max-delay", 2*time.Millisecond, "dense tier max queue delay")
+	fl.StringVar(&c.BatchOrder, "batch-order", "", "dense tier batch order: edf or fifo (default: the dense tier's, edf)")
+	fl.BoolVar(&c.FixedAdmission, "fixed-admission", false, "router admits by count and bytes only, not by predicted finish against the deadline")
 	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
 	fl.StringVar(&c.Certs, "certs", "", "certificate folder for mutual TLS between the tiers (prism certs init); made when absent or empty (default: certs beside --db)")
 	fl.BoolVar(&c.Insecure, "insecure", false, "run every tier on plaintext gRPC without authentication")

@@ -50,6 +50,11 @@ type Config struct {
 	MicroBatch int
 	MaxBatch   int
 	MaxDelay   time.Duration
+	// BatchOrder is the dense workers' --batch-order ("": theirs, edf).
+	BatchOrder string
+	// FixedAdmission passes --fixed-admission to the router (admission
+	// by count and bytes only, not by predicted finish).
+	FixedAdmission bool
 	// HotBytes is passed to the embedding workers as written ("" : theirs).
 	HotBytes string
 	// Certs is the certificate folder (auth.InitCerts) the tiers serve
@@ -168,6 +173,9 @@ func Run(ctx context.Context, c Config) error {
 	updateLog := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log")
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
 		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
+	if c.FixedAdmission {
+		rt.Args = append(rt.Args, "--fixed-admission")
+	}
 	// A signal during start-up (ctx ends) stops it as one after it would.
 	stopping := func(err error) error {
 		if ctx.Err() != nil {
@@ -240,6 +248,9 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 	var out []*supervise.Child
 	for i, w := range dense {
 		args := append([]string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch), "--max-delay", c.MaxDelay.String()}, tlsArgs(c, auth.Dense)...)
+		if c.BatchOrder != "" {
+			args = append(args, "--batch-order", c.BatchOrder)
+		}
 		args = append(args, planArgs...)
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: args, Env: w.Env})
 	}
