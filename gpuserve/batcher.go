@@ -277,13 +277,14 @@ func (b *Batcher) loop(r Runner) {
 	defer b.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	var est estimator
-	if b.opts.Order == OrderEDF {
-		est = b.times.estimate // called with b.mu held
-	}
+	edf := b.opts.Order == OrderEDF
 	for {
 		b.mu.Lock()
 		now := time.Now()
+		var est estimator
+		if edf {
+			est = func(n int) time.Duration { return b.times.fresh(n, now) } // called with b.mu held
+		}
 		d := formBatch(b.waiting, now, b.opts, est, b.closed)
 		var expired, lateN int64
 		for _, l := range d.late {
@@ -415,7 +416,14 @@ func (b *Batcher) release(samples, n int, took time.Duration) {
 	b.mu.Lock()
 	b.queued -= samples
 	if took > 0 {
+		now := time.Now()
+		if !b.times.last.IsZero() && now.Sub(b.times.last) > staleAfter {
+			// Stale estimates start over from this run, not averaged
+			// with the outlier that made them stale.
+			b.times.ewma = nil
+		}
 		b.times.observe(n, took)
+		b.times.last = now
 	}
 	b.mu.Unlock()
 }

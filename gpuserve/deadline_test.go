@@ -238,6 +238,7 @@ func TestScoreDeadlineStatus(t *testing.T) {
 	// which refuses a request its measured runs say cannot make it.
 	m.batcher.mu.Lock()
 	m.batcher.times.observe(4, time.Second)
+	m.batcher.times.last = time.Now()
 	m.batcher.mu.Unlock()
 	p, err := plan.Read(tinyPlan(t))
 	if err != nil {

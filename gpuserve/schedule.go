@@ -240,6 +240,24 @@ func bucketOf(n int) int {
 // runTimes is an EWMA of measured run times per size bucket.
 type runTimes struct {
 	ewma map[int]time.Duration
+	// last is when a run was last measured. Estimates older than
+	// staleAfter are not used: they change only when batches run, so a
+	// slow run (a GC pause, a cold shape) whose estimate refused every
+	// later request would never be corrected; once stale, batches run
+	// unpredicted and measure again.
+	last time.Time
+}
+
+// staleAfter is how long run-time estimates stay in use without a run.
+const staleAfter = time.Second
+
+// fresh is estimate while a run was measured within staleAfter of now,
+// else 0 (not known).
+func (r *runTimes) fresh(n int, now time.Time) time.Duration {
+	if r.last.IsZero() || now.Sub(r.last) > staleAfter {
+		return 0
+	}
+	return r.estimate(n)
 }
 
 // ewmaWeight is the weight of the newest run.

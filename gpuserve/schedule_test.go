@@ -230,3 +230,31 @@ func TestRunTimes(t *testing.T) {
 		t.Error("lifo accepted")
 	}
 }
+
+// TestEstimatesGoStale: one slow run's estimate is used only while runs
+// are being measured; a second without one and the batcher runs
+// unpredicted (and measures again), so one outlier cannot refuse every
+// later request of a model forever.
+func TestEstimatesGoStale(t *testing.T) {
+	var r runTimes
+	t0 := time.Unix(100, 0)
+	if d := r.fresh(4, t0); d != 0 {
+		t.Fatalf("nothing measured: %v, want 0", d)
+	}
+	r.observe(4, 300*time.Millisecond)
+	r.last = t0
+	for _, c := range []struct {
+		at   time.Duration
+		want time.Duration
+	}{
+		{0, 300 * time.Millisecond},
+		{500 * time.Millisecond, 300 * time.Millisecond},
+		{staleAfter, 300 * time.Millisecond},
+		{staleAfter + time.Millisecond, 0},
+		{time.Hour, 0},
+	} {
+		if d := r.fresh(4, t0.Add(c.at)); d != c.want {
+			t.Errorf("%v after the run: %v, want %v", c.at, d, c.want)
+		}
+	}
+}

@@ -99,13 +99,17 @@ func (p *predictor) serviceRate() float64 {
 // request of n samples behind ahead samples in flight is predicted to
 // take (ahead+n)/rate; it is admitted when that is within remaining
 // (the time to its deadline). With no rate yet (cold start) it is
-// admitted and predicted is 0.
+// admitted and predicted is 0. With nothing ahead it is admitted too
+// (predicted still says when it should finish): refusing it would free
+// nothing, and the rate moves only when requests are answered, so a
+// rate measured low once (a slow first window, a stall) would otherwise
+// refuse every later request and never be measured again.
 func predictFinish(rate float64, ahead, n int64, remaining time.Duration) (predicted time.Duration, ok bool) {
 	if rate <= 0 {
 		return 0, true
 	}
 	predicted = time.Duration(float64(ahead+n) / rate * float64(time.Second))
-	return predicted, predicted <= remaining
+	return predicted, predicted <= remaining || (ahead <= 0 && remaining > 0)
 }
 
 // lateMessage is the ResourceExhausted message of a request refused by

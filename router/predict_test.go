@@ -28,6 +28,10 @@ func TestPredictFinish(t *testing.T) {
 		{"backlog past the deadline", 10000, 600, 100, 60 * time.Millisecond, 70 * time.Millisecond, false},
 		{"same backlog, loose deadline", 10000, 600, 100, 30 * time.Second, 70 * time.Millisecond, true},
 		{"deadline already passed", 10000, 0, 1, -time.Millisecond, 100 * time.Microsecond, false},
+		// A rate measured low once (a slow first window, a stall) must
+		// not refuse a request with nothing ahead: it frees nothing, and
+		// only answered requests move the rate again.
+		{"nothing ahead, rate measured low", 500, 0, 100, 100 * time.Millisecond, 200 * time.Millisecond, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, ok := predictFinish(c.rate, c.ahead, c.n, c.remaining)
