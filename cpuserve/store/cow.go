@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
-	"github.com/cockroachdb/pebble/v2/sstable"
 )
 
 // Copy-on-write. The store keeps one copy of identical content (a
@@ -103,9 +101,8 @@ func (s *Store) unshare(ctx context.Context, model, table string, src uint32) (c
 // copyRows copies the rows of physical table src (rows rows) to table
 // dst, as SSTs ingested into Pebble (durable when Ingest returns).
 func (s *Store) copyRows(ctx context.Context, src, dst uint32, rows int64) error {
-	fs := s.opts.FS
-	staging := fs.PathJoin(s.dir, stagingDir)
-	if err := fs.MkdirAll(staging, 0o755); err != nil {
+	sink, err := s.newSSTSink(fmt.Sprintf("%06d-copy", dst))
+	if err != nil {
 		return err
 	}
 	lo, hi := tableBounds(src)
@@ -115,30 +112,9 @@ func (s *Store) copyRows(ctx context.Context, src, dst uint32, rows int64) error
 	}
 	defer it.Close()
 	var (
-		w      *sstable.Writer
-		path   string
-		bytes  int64
-		n, seq int64
-		key    [keyLen]byte
+		n   int64
+		key [keyLen]byte
 	)
-	flush := func() error {
-		if w == nil {
-			return nil
-		}
-		if err := w.Close(); err != nil {
-			return fmt.Errorf("write sst: %w", err)
-		}
-		w = nil
-		if s.closed.Load() {
-			return ErrClosed
-		}
-		if err := s.db.Ingest(ctx, []string{path}); err != nil {
-			return fmt.Errorf("ingest sst: %w", err)
-		}
-		_ = fs.Remove(path)
-		bytes = 0
-		return nil
-	}
 	for ok := it.First(); ok; ok = it.Next() {
 		k := it.Key()
 		if len(k) != keyLen {
@@ -151,22 +127,12 @@ func (s *Store) copyRows(ctx context.Context, src, dst uint32, rows int64) error
 		if err != nil {
 			return err
 		}
-		if w == nil {
-			path = fs.PathJoin(staging, fmt.Sprintf("%06d-copy-%06d.sst", dst, seq))
-			seq++
-			f, err := fs.Create(path, "")
-			if err != nil {
-				return fmt.Errorf("write sst: %w", err)
-			}
-			wo := s.popts.MakeWriterOptions(6, s.db.FormatMajorVersion().MaxTableFormat())
-			w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wo)
-		}
-		if err := w.Set(rowKey(key[:], dst, keyRow(k)), v); err != nil {
-			return fmt.Errorf("write sst: %w", err)
+		if err := sink.set(rowKey(key[:], dst, keyRow(k)), v); err != nil {
+			return err
 		}
 		n++
-		if bytes += int64(len(v) + keyLen); bytes >= copySSTBytes {
-			if err := flush(); err != nil {
+		if sink.Bytes >= copySSTBytes {
+			if err := sink.flush(ctx); err != nil {
 				return err
 			}
 		}
@@ -174,7 +140,7 @@ func (s *Store) copyRows(ctx context.Context, src, dst uint32, rows int64) error
 	if err := it.Error(); err != nil {
 		return err
 	}
-	if err := flush(); err != nil {
+	if err := sink.flush(ctx); err != nil {
 		return err
 	}
 	if n != rows {

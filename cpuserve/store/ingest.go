@@ -8,9 +8,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
-	"github.com/cockroachdb/pebble/v2/sstable"
-
 	"github.com/prism-serve/prism/internal/tablefile"
 )
 
@@ -266,39 +263,26 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 		loss = *j.phys.Loss
 	}
 	rowsPerSST := max(sstBytes/int64(dt.RowBytes(dim)+keyLen+8), 1)
-	fs := s.opts.FS
-	staging := fs.PathJoin(s.dir, stagingDir)
-	if err := fs.MkdirAll(staging, 0o755); err != nil {
+	sink, err := s.newSSTSink(fmt.Sprintf("%06d", j.phys.ID))
+	if err != nil {
 		return 0, err
 	}
 	h := tablefile.NewHasher(dim)
 	var (
-		w        *sstable.Writer
-		path     string
-		inSST    int64
-		seq      int
 		key      [keyLen]byte
 		val      []byte
 		dec      = make([]float32, dim)
 		ingested int64
 	)
 	flush := func(nextRow int64) error {
-		if w == nil {
-			return nil
+		if sink.w == nil {
+			return nil // nothing written since the last flush
 		}
-		if err := w.Close(); err != nil {
-			return fmt.Errorf("write sst: %w", err)
+		inSST := sink.Rows
+		if err := sink.flush(ctx); err != nil {
+			return err
 		}
-		w = nil
-		if s.closed.Load() {
-			return ErrClosed
-		}
-		if err := s.db.Ingest(ctx, []string{path}); err != nil {
-			return fmt.Errorf("ingest sst: %w", err)
-		}
-		_ = fs.Remove(path)
 		ingested += inSST
-		inSST = 0
 		return s.recordProgress(j.phys.ID, nextRow, &loss)
 	}
 	for b := range j.tf.NumBatches() {
@@ -315,27 +299,16 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 			if err := ctx.Err(); err != nil {
 				return ingested, err
 			}
-			if w == nil {
-				path = fs.PathJoin(staging, fmt.Sprintf("%06d-%06d.sst", j.phys.ID, seq))
-				seq++
-				f, err := fs.Create(path, "")
-				if err != nil {
-					return ingested, fmt.Errorf("write sst: %w", err)
-				}
-				wo := s.popts.MakeWriterOptions(6, s.db.FormatMajorVersion().MaxTableFormat())
-				w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wo)
-			}
 			row := rows[r*int64(dim) : (r+1)*int64(dim)]
 			val = dt.encode(val[:0], row)
 			if dt != Float32 {
 				dt.decode(dec, val)
 				loss.add(row, dec, dim)
 			}
-			if err := w.Set(rowKey(key[:], j.phys.ID, first+r), val); err != nil {
-				return ingested, fmt.Errorf("write sst: %w", err)
+			if err := sink.set(rowKey(key[:], j.phys.ID, first+r), val); err != nil {
+				return ingested, err
 			}
-			inSST++
-			if inSST >= rowsPerSST {
+			if sink.Rows >= rowsPerSST {
 				if err := flush(first + r + 1); err != nil {
 					return ingested, err
 				}
@@ -343,7 +316,7 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 			}
 		}
 	}
-	rest := inSST
+	rest := sink.Rows
 	if err := flush(j.tf.Rows); err != nil {
 		return ingested, err
 	}
