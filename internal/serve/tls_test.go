@@ -21,38 +21,13 @@ import (
 // the authorization table; refused calls are counted by their code; a
 // worker announces with the credentials WorkerOptions.DialOptions give.
 func TestServeTLSEnforcesRoles(t *testing.T) {
-	dir := t.TempDir()
-	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var bn grpctest.Net
-	s, err := New("router", Options{Listener: bn.MustListen(t, "router"), MetricsAddr: "off", TLS: conf, Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := &slowRegistry{}
-	prismv1.RegisterRegistryServer(s.GRPC, reg)
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	defer func() { cancel(); <-served }()
-	creds := func(r auth.Role) grpc.DialOption {
-		c, err := auth.ClientTLS(auth.FilesFor(dir, r), auth.Router)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.ServerName = "localhost"
-		return grpc.WithTransportCredentials(credentials.NewTLS(c))
-	}
+	s, bn, creds, ctx := tlsRouter(t, reg)
 	admin := bn.Dial(t, s.Addr(), creds(auth.Admin))
 	if _, err := healthpb.NewHealthClient(admin).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("health as admin: %v", err)
 	}
-	_, err = prismv1.NewRegistryClient(admin).Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "fake"}})
+	_, err := prismv1.NewRegistryClient(admin).Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "fake"}})
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "admin") {
 		t.Fatalf("admin announcing: %v", err)
 	}
@@ -107,4 +82,38 @@ func TestOptionsValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tlsRouter serves reg over mutual TLS (certificates from certs init in a
+// temporary folder) on an in-process listener until the test ends; creds
+// dials it as a role.
+func tlsRouter(t *testing.T, reg prismv1.RegistryServer) (s *Server, bn *grpctest.Net, creds func(auth.Role) grpc.DialOption, ctx context.Context) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bn = &grpctest.Net{}
+	s, err = New("router", Options{Listener: bn.MustListen(t, "router"), MetricsAddr: "off", TLS: conf, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+	creds = func(r auth.Role) grpc.DialOption {
+		c, err := auth.ClientTLS(auth.FilesFor(dir, r), auth.Router)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.ServerName = "localhost"
+		return grpc.WithTransportCredentials(credentials.NewTLS(c))
+	}
+	return s, bn, creds, ctx
 }
