@@ -91,16 +91,7 @@ func TestVersionSwitchCarriesUpdates(t *testing.T) {
 			if got, _ := s.AppliedSeq("m"); got != seq {
 				t.Fatalf("AppliedSeq %d, want %d", got, seq)
 			}
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			o2 := hm.opts
-			o2.FS = fs
-			s2, err := Open("db", &o2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s2.Close()
+			s2 := reopen(t, s, hm.opts, fs)
 			for id, row := range map[int64][]float32{7: r7, 8: r8, 9: r9} {
 				wantRow(t, s2, "m", "a", id, row, "after reopen")
 			}
@@ -240,16 +231,7 @@ func TestSharedTableCopyOnWrite(t *testing.T) {
 			}
 			wantRow(t, s, "n", "a", 7, orig(7), "new model")
 			wantRow(t, s, "n", "a", 8, orig(8), "new model")
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			o2 := hm.opts
-			o2.FS = fs
-			s2, err := Open("db", &o2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s2.Close()
+			s2 := reopen(t, s, hm.opts, fs)
 			wantRow(t, s2, "m", "a", 7, r7, "after reopen")
 			wantRow(t, s2, "o", "a", 7, orig(7), "after reopen")
 			wantRow(t, s2, "o", "a", 8, r8, "after reopen")
@@ -328,4 +310,20 @@ func BenchmarkCopyOnWrite(b *testing.B) {
 			b.ReportMetric(float64(64<<20)*float64(b.N)/b.Elapsed().Seconds()/(1<<20), "MiB/s")
 		})
 	}
+}
+
+// reopen closes s and opens its folder "db" on fs again with opts; the
+// reopened store is closed when the test ends.
+func reopen(t *testing.T, s *Store, opts Options, fs vfs.FS) *Store {
+	t.Helper()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	opts.FS = fs
+	s2, err := Open("db", &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	return s2
 }

@@ -343,16 +343,7 @@ func TestBoundedCarry(t *testing.T) {
 				t.Fatal(err)
 			}
 			check(s, 1, "after rollback")
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			o2 := hm.opts
-			o2.FS = fs
-			s2, err := Open("db", &o2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s2.Close()
+			s2 := reopen(t, s, hm.opts, fs)
 			s2.carryBatchBytes = 1 << 10
 			check(s2, 1, "after reopen")
 			if err := s2.Activate("m", 2); err != nil {
