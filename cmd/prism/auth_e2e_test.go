@@ -136,6 +136,10 @@ func TestAuth(t *testing.T) {
 			_, err := prismv1.NewEmbeddingTierClient(dial(t, embedding.addr, certs, auth.Router)).Update(ctx, &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row}})
 			return err
 		}, []codes.Code{codes.PermissionDenied}},
+		{"admin taking an update number", func() error {
+			_, err := prismv1.NewEmbeddingTierClient(dial(t, embedding.addr, certs, auth.Admin)).Update(ctx, &prismv1.ApplyUpdateRequest{Seq: 1000, Update: &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row}})
+			return err
+		}, []codes.Code{codes.PermissionDenied}},
 		{"admin sending an unsequenced update", func() error {
 			_, err := prismv1.NewEmbeddingTierClient(dial(t, embedding.addr, certs, auth.Admin)).Update(ctx, &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row}})
 			return err

@@ -32,6 +32,13 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 		role, _, _ := auth.Peer(ctx)
 		return nil, status.Errorf(codes.PermissionDenied, "role %q may not send an unsequenced update (seq 0) to %s: only admin may", role, prismv1.EmbeddingTier_Update_FullMethodName)
 	}
+	if areq.GetSeq() > 0 && !auth.Allowed(ctx, auth.Router) {
+		// A number is the router's to give: another caller taking one
+		// would make the router's real update with that number look
+		// applied here without being written.
+		role, _, _ := auth.Peer(ctx)
+		return nil, status.Errorf(codes.PermissionDenied, "role %q may not send a sequenced update (seq %d) to %s: only the router numbers updates", role, areq.GetSeq(), prismv1.EmbeddingTier_Update_FullMethodName)
+	}
 	if s.models[req.GetModel()] == nil {
 		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %v)", req.GetModel(), s.Models())
 	}
