@@ -293,7 +293,7 @@ func (b *Batcher) loop(r Runner) {
 			} else {
 				expired++
 			}
-			b.remove(l.p)
+			l.p.state = answeredState // leaves the queue below
 			b.queued -= l.p.n
 			// Answered under the lock, so Submit finds its state and its
 			// result together; done is buffered.
@@ -302,8 +302,10 @@ func (b *Batcher) loop(r Runner) {
 		for _, p := range d.batch {
 			p.state = runningState
 		}
-		if len(d.batch) > 0 {
-			b.waiting = slices.DeleteFunc(b.waiting, func(p *pending) bool { return p.state == runningState })
+		if len(d.batch)+len(d.late) > 0 {
+			// One pass for all that leave: removing each on its own
+			// moved the whole queue once per request.
+			b.waiting = slices.DeleteFunc(b.waiting, func(p *pending) bool { return p.state != queuedState })
 		}
 		more := len(b.waiting) > 0
 		closed := b.closed

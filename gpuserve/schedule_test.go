@@ -2,6 +2,7 @@ package gpuserve
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -256,5 +257,86 @@ func TestEstimatesGoStale(t *testing.T) {
 		if d := r.fresh(4, t0.Add(c.at)); d != c.want {
 			t.Errorf("%v after the run: %v, want %v", c.at, d, c.want)
 		}
+	}
+}
+
+// sortedEDF is the reference order: the whole queue sorted by edfLess.
+func sortedEDF(ps []*pending) []*pending {
+	out := slices.Clone(ps)
+	slices.SortFunc(out, func(a, b *pending) int {
+		switch {
+		case edfKeyOf(a).less(edfKeyOf(b)):
+			return -1
+		case edfKeyOf(b).less(edfKeyOf(a)):
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// randomQueue is n queued requests of 1..maxN samples arriving 0.01 ms
+// apart, a quarter without a deadline, the rest due within 100 ms (ties
+// on purpose: deadlines on a 1 ms grid).
+func randomQueue(rng *rand.Rand, n, maxN int) []*pending {
+	out := make([]*pending, n)
+	for i := range out {
+		p := &pending{}
+		p.seq, p.n, p.arrived = uint64(i+1), 1+rng.IntN(maxN), at(float64(i)/100)
+		if rng.IntN(4) > 0 {
+			p.deadline = at(float64(1 + rng.IntN(100)))
+		}
+		out[i] = p
+	}
+	return out
+}
+
+// TestHeapOrderMatchesSort: without a run-time estimate and with every
+// request fitting, the batch is the first requests of the sorted queue,
+// for random queues (the heap walk is only a faster way to that order).
+func TestHeapOrderMatchesSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 200 {
+		queue := randomQueue(rng, 1+rng.IntN(300), 1)
+		o := BatchOptions{MaxBatch: 1 + rng.IntN(64), MaxDelay: time.Hour, MaxQueue: 1 << 20}
+		d := formBatch(queue, at(0), o, nil, true)
+		want := sortedEDF(queue)[:min(o.MaxBatch, len(queue))]
+		if !slices.Equal(d.batch, want) {
+			t.Fatalf("trial %d: batch of %d differs from the sorted queue's head", trial, len(d.batch))
+		}
+	}
+}
+
+// TestSkipBound: a batch a few samples short of full stops looking after
+// maxSkips requests too large for the room left.
+func TestSkipBound(t *testing.T) {
+	qs := []q{{7, 0, 10}}
+	for range 1000 {
+		qs = append(qs, q{4, 0.5, 20})
+	}
+	qs = append(qs, q{1, 0.6, 30}) // fits, but behind 1000 that do not
+	d := formBatch(queueOf(qs), at(1), BatchOptions{MaxBatch: 8, MaxDelay: time.Millisecond, MaxQueue: 1 << 20}, nil, false)
+	if len(d.batch) != 1 || d.batch[0].seq != 1 {
+		t.Fatalf("batch %v, want only request 1", seqs(d.batch))
+	}
+}
+
+// BenchmarkFormBatch: forming one batch from a deep queue, against the
+// former rule's cost (sorting the whole queue) in the same run.
+func BenchmarkFormBatch(b *testing.B) {
+	for _, depth := range []int{256, 4096, 16384} {
+		queue := randomQueue(rand.New(rand.NewPCG(3, 4)), depth, 512)
+		o := BatchOptions{MaxBatch: 2048, MaxDelay: time.Millisecond, MaxQueue: 1 << 30}
+		est := linear(1, 0.01)
+		b.Run(fmt.Sprintf("heap/queue=%d", depth), func(b *testing.B) {
+			for b.Loop() {
+				formBatch(queue, at(0), o, est, true)
+			}
+		})
+		b.Run(fmt.Sprintf("sort-baseline/queue=%d", depth), func(b *testing.B) {
+			for b.Loop() {
+				sortedEDF(queue)
+			}
+		})
 	}
 }
