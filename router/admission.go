@@ -42,24 +42,18 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(),
 		r.m.rejected.WithLabelValues("bytes").Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d request bytes in flight, this request's %d exceed the limit of %d; retry later", cur-bytes, bytes, r.opts.MaxInflightBytes)
 	}
-	var predicted time.Duration
 	if !r.opts.FixedAdmission {
 		// ahead: the samples admitted before this request, still in flight.
-		rate, factor := r.pred.serviceRate()
-		var ok bool
-		if predicted, ok = predictFinish(rate, factor, cur-n, n, remaining); !ok {
+		if predicted, ok := predictFinish(r.pred.serviceRate(), cur-n, n, remaining); !ok {
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("deadline").Inc()
-			return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, factor, remaining))
+			return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining))
 		}
 	}
-	start := time.Now()
-	r.pred.begin(start)
+	r.pred.begin(time.Now())
 	return func() {
-		now := time.Now()
-		r.pred.took(predicted, now.Sub(start))
-		r.pred.end(now)
+		r.pred.end(time.Now())
 		r.inflight.Add(-n)
 		r.inflightBytes.Add(-bytes)
 	}, nil

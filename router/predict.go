@@ -2,7 +2,6 @@ package router
 
 import (
 	"fmt"
-	"math"
 	"sync"
 	"time"
 )
@@ -37,83 +36,6 @@ type predictor struct {
 	// periods) and answered samples.
 	busy time.Duration
 	done int64
-	// cal is how far off the predictions were.
-	cal calibration
-}
-
-// calibration tracks the ratio of a request's real time to its
-// predicted time over recent requests, and gives admission its
-// calibrateQuantile as a factor: a request is admitted when predicted
-// times factor fits before its deadline. The rate model predicts a
-// mean; requests queue behind bursts, batches run slower than average,
-// and the tiers' queues are not one FIFO, so under overload admitting
-// up to the deadline itself fills the system with work that finishes
-// just around it, half of it late. Scaling by the measured quantile
-// admits what is predicted to finish in time with that probability
-// instead, and keeps the queue short enough for it; the throughput
-// does not drop because under overload the queue never empties.
-//
-// The ratios go into a histogram with calibrateSteps buckets per
-// doubling from 1/8 to 16; every calibrateHalfLife observations the
-// counts halve, so the factor follows the last few hundred requests.
-type calibration struct {
-	counts [calibrateBuckets]float64
-	total  float64
-	seen   int
-	factor float64 // 0: not known yet (use 1)
-}
-
-const (
-	calibrateQuantile = 0.95
-	calibrateSteps    = 8  // buckets per doubling
-	calibrateMinExp   = -3 // the lowest bucket starts at 2^-3
-	calibrateBuckets  = (4 - calibrateMinExp) * calibrateSteps
-	calibrateHalfLife = 256
-	// calibrateMin is how many observations the factor needs before
-	// it is used.
-	calibrateMin = 32
-)
-
-// observe adds one request's real/predicted ratio.
-func (c *calibration) observe(ratio float64) {
-	if !(ratio > 0) {
-		return
-	}
-	i := int(math.Floor((math.Log2(ratio) - calibrateMinExp) * calibrateSteps))
-	i = min(max(i, 0), calibrateBuckets-1)
-	c.counts[i]++
-	c.total++
-	c.seen++
-	if c.seen%calibrateHalfLife == 0 {
-		for j := range c.counts {
-			c.counts[j] /= 2
-		}
-		c.total /= 2
-	}
-	if c.seen >= calibrateMin {
-		c.factor = c.quantile(calibrateQuantile)
-	}
-}
-
-// quantile is the upper edge of the bucket holding the q-quantile.
-func (c *calibration) quantile(q float64) float64 {
-	want := q * c.total
-	var sum float64
-	for i, n := range c.counts {
-		sum += n
-		if sum >= want {
-			return math.Exp2(float64(i+1)/calibrateSteps + calibrateMinExp)
-		}
-	}
-	return math.Exp2(4)
-}
-
-// get is the factor to scale predictions by (1 until enough is seen).
-func (c *calibration) get() float64 {
-	if c.factor <= 0 {
-		return 1
-	}
-	return c.factor
 }
 
 const (
@@ -166,50 +88,33 @@ func (p *predictor) answered(now time.Time, n int64) {
 	}
 }
 
-// serviceRate is the smoothed rate in samples/s (0: no data yet) and
-// the calibration factor to scale predictions by.
-func (p *predictor) serviceRate() (rate, factor float64) {
+// serviceRate is the smoothed rate in samples/s (0: no data yet).
+func (p *predictor) serviceRate() float64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.rate, p.cal.get()
-}
-
-// took notes that a request predicted to take predicted (unscaled; 0:
-// no prediction) took took.
-func (p *predictor) took(predicted, took time.Duration) {
-	if predicted <= 0 {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cal.observe(float64(took) / float64(predicted))
+	return p.rate
 }
 
 // predictFinish is the pure admission rule: at rate samples/s, a
 // request of n samples behind ahead samples in flight is predicted to
-// take (ahead+n)/rate; it is admitted when that times factor (the
-// calibration's, 1 when not known) is within remaining (the time to
-// its deadline). predicted is unscaled. With no rate yet (cold start) it is
+// take (ahead+n)/rate; it is admitted when that is within remaining
+// (the time to its deadline). With no rate yet (cold start) it is
 // admitted and predicted is 0. With nothing ahead it is admitted too
 // (predicted still says when it should finish): refusing it would free
 // nothing, and the rate moves only when requests are answered, so a
 // rate measured low once (a slow first window, a stall) would otherwise
 // refuse every later request and never be measured again.
-func predictFinish(rate, factor float64, ahead, n int64, remaining time.Duration) (predicted time.Duration, ok bool) {
+func predictFinish(rate float64, ahead, n int64, remaining time.Duration) (predicted time.Duration, ok bool) {
 	if rate <= 0 {
 		return 0, true
 	}
 	predicted = time.Duration(float64(ahead+n) / rate * float64(time.Second))
-	scaled := time.Duration(float64(predicted) * factor)
-	return predicted, scaled <= remaining || (ahead <= 0 && remaining > 0)
+	return predicted, predicted <= remaining || (ahead <= 0 && remaining > 0)
 }
 
 // lateMessage is the ResourceExhausted message of a request refused by
 // predicted time.
-func lateMessage(predicted time.Duration, factor float64, remaining time.Duration) string {
-	if factor > 1.005 || factor < 0.995 {
-		return fmt.Sprintf("predicted to finish in %s ms (%s ms with the recent prediction error, x%.2f), past its deadline in %s ms; back off", ms(predicted), ms(time.Duration(float64(predicted)*factor)), factor, ms(remaining))
-	}
+func lateMessage(predicted, remaining time.Duration) string {
 	return fmt.Sprintf("predicted to finish in %s ms, past its deadline in %s ms; back off", ms(predicted), ms(remaining))
 }
 

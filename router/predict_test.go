@@ -16,35 +16,25 @@ func TestPredictFinish(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		rate      float64
-		factor    float64 // 0: 1
 		ahead, n  int64
 		remaining time.Duration
 		predicted time.Duration
 		ok        bool
 	}{
-		{"cold start admits anything", 0, 0, 1 << 20, 270, time.Millisecond, 0, true},
-		{"idle system, loose deadline", 10000, 0, 0, 100, 60 * time.Millisecond, 10 * time.Millisecond, true},
-		{"backlog within the deadline", 10000, 0, 400, 100, 60 * time.Millisecond, 50 * time.Millisecond, true},
-		{"exactly at the deadline", 10000, 0, 500, 100, 60 * time.Millisecond, 60 * time.Millisecond, true},
-		{"backlog past the deadline", 10000, 0, 600, 100, 60 * time.Millisecond, 70 * time.Millisecond, false},
-		{"same backlog, loose deadline", 10000, 0, 600, 100, 30 * time.Second, 70 * time.Millisecond, true},
-		{"deadline already passed", 10000, 0, 0, 1, -time.Millisecond, 100 * time.Microsecond, false},
+		{"cold start admits anything", 0, 1 << 20, 270, time.Millisecond, 0, true},
+		{"idle system, loose deadline", 10000, 0, 100, 60 * time.Millisecond, 10 * time.Millisecond, true},
+		{"backlog within the deadline", 10000, 400, 100, 60 * time.Millisecond, 50 * time.Millisecond, true},
+		{"exactly at the deadline", 10000, 500, 100, 60 * time.Millisecond, 60 * time.Millisecond, true},
+		{"backlog past the deadline", 10000, 600, 100, 60 * time.Millisecond, 70 * time.Millisecond, false},
+		{"same backlog, loose deadline", 10000, 600, 100, 30 * time.Second, 70 * time.Millisecond, true},
+		{"deadline already passed", 10000, 0, 1, -time.Millisecond, 100 * time.Microsecond, false},
 		// A rate measured low once (a slow first window, a stall) must
 		// not refuse a request with nothing ahead: it frees nothing, and
 		// only answered requests move the rate again.
-		{"nothing ahead, rate measured low", 500, 0, 0, 100, 100 * time.Millisecond, 200 * time.Millisecond, true},
-		// The calibration factor scales the prediction against the
-		// deadline; predicted stays the unscaled estimate.
-		{"within the deadline, but not with the recent error", 10000, 1.5, 400, 100, 60 * time.Millisecond, 50 * time.Millisecond, false},
-		{"past the deadline, but predictions ran pessimistic", 10000, 0.8, 600, 100, 60 * time.Millisecond, 70 * time.Millisecond, true},
-		{"a large factor still admits with nothing ahead", 10000, 8, 0, 100, 5 * time.Millisecond, 10 * time.Millisecond, true},
+		{"nothing ahead, rate measured low", 500, 0, 100, 100 * time.Millisecond, 200 * time.Millisecond, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			f := c.factor
-			if f == 0 {
-				f = 1
-			}
-			got, ok := predictFinish(c.rate, f, c.ahead, c.n, c.remaining)
+			got, ok := predictFinish(c.rate, c.ahead, c.n, c.remaining)
 			if ok != c.ok || (got-c.predicted).Abs() > time.Microsecond {
 				t.Fatalf("predictFinish(%v, %d, %d, %v) = %v, %v; want %v, %v", c.rate, c.ahead, c.n, c.remaining, got, ok, c.predicted, c.ok)
 			}
@@ -98,56 +88,10 @@ func TestPredictorRate(t *testing.T) {
 					p.answered(at(e.ms), e.n)
 				}
 			}
-			if got, _ := p.serviceRate(); math.Abs(got-c.rate) > 1e-6*c.rate+1e-9 {
+			if got := p.serviceRate(); math.Abs(got-c.rate) > 1e-6*c.rate+1e-9 {
 				t.Fatalf("rate %v, want %v", got, c.rate)
 			}
 		})
-	}
-}
-
-// The calibration on ratios fed in: the factor is the upper edge of the
-// bucket holding the 95th percentile, used only after calibrateMin
-// observations, and it follows a change within a few half-lives.
-func TestCalibration(t *testing.T) {
-	var c calibration
-	for range calibrateMin - 1 {
-		c.observe(3)
-	}
-	if f := c.get(); f != 1 {
-		t.Fatalf("factor %v before %d observations, want 1", f, calibrateMin)
-	}
-	c.observe(3)
-	if f := c.get(); f < 3 || f > 3*math.Exp2(1.0/calibrateSteps) {
-		t.Fatalf("every ratio 3: factor %v", f)
-	}
-	// 90% on time (ratio 1), 10% twice as long: the 95th percentile is 2.
-	var d calibration
-	for i := range 1000 {
-		r := 1.0
-		if i%10 == 0 {
-			r = 2
-		}
-		d.observe(r)
-	}
-	if f := d.get(); f < 2 || f > 2*math.Exp2(1.0/calibrateSteps) {
-		t.Fatalf("90%% at 1, 10%% at 2: factor %v", f)
-	}
-	// Then everything on time for a while: the old tail fades.
-	for range 6 * calibrateHalfLife {
-		d.observe(1)
-	}
-	if f := d.get(); f > math.Exp2(1.0/calibrateSteps)+1e-9 {
-		t.Fatalf("after the tail faded: factor %v", f)
-	}
-	// Out-of-range ratios land in the end buckets; non-positive ones are ignored.
-	var e calibration
-	for range calibrateMin {
-		e.observe(1000)
-		e.observe(0)
-		e.observe(math.NaN())
-	}
-	if f := e.get(); f != 16 {
-		t.Fatalf("ratios past the top: factor %v, want 16", f)
 	}
 }
 
