@@ -16,10 +16,15 @@ type Placement struct {
 	// OnCPU says, per node index, where a placed node runs. Nodes absorbed
 	// into lookups and Constant nodes are not in it: lookups run in the
 	// store, constants are copied to whichever side reads them.
-	OnCPU     map[int]bool
-	Absorbed  map[int]*lookup
-	Constants map[int]bool
-	Cut       []plan.CutTensor
+	OnCPU    map[int]bool
+	Absorbed map[int]*lookup
+	// Pre are the id-chain nodes the embedding tier runs natively as
+	// pre-lookup ops: out of the graph, like the lookups.
+	Pre map[int]bool
+	// Candidates are every Gather on a table, recognised or not.
+	Candidates []TableCandidate
+	Constants  map[int]bool
+	Cut        []plan.CutTensor
 	// Objective is the cost model's total, in picoseconds per sample.
 	Objective     int64
 	UnknownShapes []string
@@ -35,7 +40,7 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 	}
 	types, unknownNodes := InferShapes(g)
 	pl := &Placement{G: g, Types: types, OnCPU: map[int]bool{}, Absorbed: map[int]*lookup{}, Constants: map[int]bool{}, UnknownShapes: unknownNodes}
-	pl.Lookups = findLookups(g, types)
+	pl.Lookups, pl.Candidates, pl.Pre = findLookups(g, types)
 	for _, l := range pl.Lookups {
 		for _, i := range l.nodes {
 			pl.Absorbed[i] = l
@@ -64,7 +69,7 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 	vertexOfNode := map[int]int{}
 	nodeOfVertex := map[int]int{}
 	for i, n := range g.Nodes {
-		if pl.Absorbed[i] != nil || pl.Constants[i] {
+		if pl.Absorbed[i] != nil || pl.Constants[i] || pl.Pre[i] {
 			continue
 		}
 		flops, ok := nodeFLOPs(g, n, types)
@@ -88,6 +93,9 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 			}
 			if l := pl.Absorbed[i]; l != nil {
 				return fmt.Errorf("%w: node %q (%s side): it is part of the lookup of table %q, which the embedding store runs", ErrForced, name, side, l.table.name)
+			}
+			if pl.Pre[i] {
+				return fmt.Errorf("%w: node %q (%s side): it makes a lookup's ids, which the embedding tier computes before the lookup", ErrForced, name, side)
 			}
 			v, ok := vertexOfNode[i]
 			if !ok {

@@ -1,8 +1,11 @@
 package partitioner
 
 import (
-	"github.com/prism-serve/prism/plan"
+	"fmt"
 	"slices"
+	"strings"
+
+	"github.com/prism-serve/prism/plan"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 )
@@ -10,15 +13,19 @@ import (
 // lookup is one recognised embedding lookup: a Gather on a table, with
 // its pooling, that leaves the graph for the embedding store.
 type lookup struct {
-	table   *tableSource
-	gather  int   // node index of the Gather
-	nodes   []int // every node index it absorbs (Gather, Mul, Unsqueeze, Reduce)
-	ids     string
-	rank1   bool
-	bag     int
-	pooling plan.Pooling
-	weights string
-	output  string
+	table  *tableSource
+	gather int    // node index of the Gather
+	nodes  []int  // every node index it absorbs (Gather, Mul, Unsqueeze, Reduce)
+	ids    string // the graph input the ids come from
+	// pre are the pre-lookup ops making the ids from ids, preNodes the
+	// graph nodes they stand for.
+	pre      []plan.PreOp
+	preNodes []int
+	rank1    bool
+	bag      int
+	pooling  plan.Pooling
+	weights  string
+	output   string
 }
 
 // tableSource is where a table's rows come from: one 2-D initializer, or
@@ -31,26 +38,37 @@ type tableSource struct {
 	chain []int // Identity/Cast/Concat node indices between the parts and the Gathers
 }
 
-// findLookups recognises embedding lookups (see the package comment for
-// the patterns). A Gather that almost matches stays in the graph and is
-// placed by the cut like any other node.
-func findLookups(g *Graph, types map[string]TensorType) []*lookup {
-	var out []*lookup
+// TableCandidate is a Gather on a table (a 2-D float initializer or
+// Constant, through Cast/Identity/Concat): a lookup when recognised,
+// otherwise a table left in the graph, with the reason.
+type TableCandidate struct {
+	Table  string
+	Rows   int64
+	Dim    int
+	Gather string
+	// Path runs from a graph input to the Gather's indices ("x -> Slice
+	// -> Cast -> Gather"); when not recognised, as far as it was traced.
+	Path string
+	// Reason is why it was not taken ("" when it is a lookup).
+	Reason string
+}
+
+// Bytes is the table's size in float32.
+func (c TableCandidate) Bytes() int64 { return c.Rows * int64(c.Dim) * 4 }
+
+// findLookups recognises embedding lookups: a Gather on a table whose
+// indices are a graph input, or come from one through integer work the
+// embedding tier runs natively (traceIDs), with its pooling. A Gather on
+// a table that is not recognised stays in the graph, is placed by the
+// cut like any other node, and is listed in the candidates with why.
+// pre holds the nodes of the id chains that serve only lookups: they
+// leave the graph with them.
+func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []TableCandidate, pre map[int]bool) {
 	tables := map[string]*tableSource{}
 	absorbed := map[int]bool{}
+	candOf := map[*lookup]int{}
 	for gi, n := range g.Nodes {
-		if n.GetOpType() != "Gather" || attrInt(n, "axis", 0) != 0 || len(n.GetInput()) != 2 {
-			continue
-		}
-		ids := n.GetInput()[1]
-		if !g.IsInput(ids) {
-			continue
-		}
-		it := types[ids]
-		if !it.Known || (it.Elem != pb.TensorProto_INT64 && it.Elem != pb.TensorProto_INT32) || len(it.Dims) < 1 || len(it.Dims) > 2 || it.Dims[0] != DimBatch {
-			continue
-		}
-		if len(it.Dims) == 2 && it.Dims[1] <= 0 {
+		if n.GetOpType() != "Gather" || len(n.GetInput()) != 2 {
 			continue
 		}
 		src := resolveTable(g, n.GetInput()[0])
@@ -60,12 +78,34 @@ func findLookups(g *Graph, types map[string]TensorType) []*lookup {
 		if prev, ok := tables[src.name]; ok {
 			src = prev
 		}
-		l := &lookup{table: src, gather: gi, nodes: []int{gi}, ids: ids, rank1: len(it.Dims) == 1, bag: 1, pooling: plan.PoolNone, output: n.GetOutput()[0]}
+		cand := TableCandidate{Table: src.name, Rows: src.rows, Dim: src.dim, Gather: n.GetName()}
+		ids := n.GetInput()[1]
+		chain, err := traceIDs(g, types, ids)
+		switch {
+		case attrInt(n, "axis", 0) != 0:
+			cand.Reason = fmt.Sprintf("the Gather reads the table along axis %d, not its rows", attrInt(n, "axis", 0))
+		case err != nil:
+			cand.Reason = err.Error()
+		case !isInt(chain.elem):
+			cand.Reason = fmt.Sprintf("indices are %s values never cast to integers", elemName(chain.elem))
+		case len(chain.shape) > 1:
+			cand.Reason = fmt.Sprintf("indices have per-sample shape %v; a lookup takes one id or a bag of ids per sample", chain.shape)
+		}
+		if chain != nil {
+			cand.Path = chainPath(g, chain, n)
+		}
+		if cand.Reason != "" {
+			cands = append(cands, cand)
+			continue
+		}
+		l := &lookup{table: src, gather: gi, nodes: []int{gi}, ids: chain.input, pre: chain.ops, preNodes: chain.nodes, rank1: len(chain.shape) == 0, bag: 1, pooling: plan.PoolNone, output: n.GetOutput()[0]}
 		if !l.rank1 {
-			l.bag = int(it.Dims[1])
+			l.bag = int(chain.shape[0])
 			matchPooling(g, types, l)
 		}
 		tables[src.name] = src
+		candOf[l] = len(cands)
+		cands = append(cands, cand)
 		out = append(out, l)
 		for _, i := range l.nodes {
 			absorbed[i] = true
@@ -76,34 +116,78 @@ func findLookups(g *Graph, types map[string]TensorType) []*lookup {
 	// and so do its Gathers.
 	var keep []*lookup
 	for _, l := range out {
-		ok := true
 		for _, c := range l.table.chain {
 			absorbed[c] = true
 		}
+	}
+	for _, l := range out {
+		other := ""
 		for _, c := range l.table.chain {
 			for _, o := range g.Nodes[c].GetOutput() {
 				for _, r := range g.Consumers[o] {
-					if !absorbed[r] {
-						ok = false
+					if !absorbed[r] && other == "" {
+						other = g.Nodes[r].GetName()
 					}
 				}
 			}
 		}
 		for _, p := range l.table.parts {
 			for _, r := range g.Consumers[p.GetName()] {
-				if !absorbed[r] {
-					ok = false
+				if !absorbed[r] && other == "" {
+					other = g.Nodes[r].GetName()
 				}
 			}
 			if slices.ContainsFunc(g.Outputs, func(o *pb.ValueInfoProto) bool { return o.GetName() == p.GetName() }) {
-				ok = false
+				other = "a graph output"
 			}
 		}
-		if ok {
-			keep = append(keep, l)
+		if other != "" {
+			cands[candOf[l]].Reason = fmt.Sprintf("the table is also read by %q, outside the lookups", other)
+			continue
+		}
+		keep = append(keep, l)
+	}
+	// Id chain nodes leave the graph when every reader of their outputs
+	// leaves it too (a lookup's Gather, or another such node); one read
+	// elsewhere stays in the graph as well, and the embedding tier runs
+	// its native copy.
+	pre = map[int]bool{}
+	gone := map[int]bool{}
+	for _, l := range keep {
+		for _, i := range l.nodes {
+			gone[i] = true
+		}
+		for _, i := range l.preNodes {
+			pre[i] = true
 		}
 	}
-	return keep
+	for changed := true; changed; {
+		changed = false
+		for i := range pre {
+			for _, o := range g.Nodes[i].GetOutput() {
+				isOut := slices.ContainsFunc(g.Outputs, func(v *pb.ValueInfoProto) bool { return v.GetName() == o })
+				for _, r := range g.Consumers[o] {
+					if !gone[r] && !pre[r] {
+						isOut = true
+					}
+				}
+				if isOut && pre[i] {
+					delete(pre, i)
+					changed = true
+				}
+			}
+		}
+	}
+	return keep, cands, pre
+}
+
+// chainPath writes the path from the graph input to the Gather.
+func chainPath(g *Graph, c *idChain, gather *pb.NodeProto) string {
+	parts := []string{c.input}
+	for _, i := range c.nodes {
+		parts = append(parts, g.Nodes[i].GetOpType())
+	}
+	return strings.Join(append(parts, gather.GetOpType()), " -> ")
 }
 
 // resolveTable follows Identity/Cast(to float) and Concat(axis 0) back to
@@ -137,6 +221,29 @@ func resolveTable(g *Graph, name string) *tableSource {
 		}
 		n := g.Nodes[i]
 		switch n.GetOpType() {
+		case "Constant":
+			// A table as a Constant node (exporters that fold weights):
+			// its value tensor is the part, named after the output.
+			for _, a := range n.GetAttribute() {
+				if a.GetName() != "value" || a.GetT() == nil {
+					continue
+				}
+				t := a.GetT()
+				dt := pb.TensorProto_DataType(t.GetDataType())
+				if len(t.GetDims()) != 2 || (dt != pb.TensorProto_FLOAT && dt != pb.TensorProto_FLOAT16) || (src.dim != 0 && src.dim != int(t.GetDims()[1])) {
+					return false
+				}
+				if dt == pb.TensorProto_FLOAT16 && !castSeen(src, g) {
+					return false
+				}
+				t.Name = name
+				src.chain = append(src.chain, i)
+				src.dim = int(t.GetDims()[1])
+				src.rows += t.GetDims()[0]
+				src.parts = append(src.parts, t)
+				return true
+			}
+			return false
 		case "Identity":
 			src.chain = append(src.chain, i)
 			return walk(n.GetInput()[0], depth+1)

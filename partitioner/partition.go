@@ -21,6 +21,10 @@ type Options struct {
 	ForceGPU []string
 	// ReportOnly plans without writing anything.
 	ReportOnly bool
+	// AllowDenseOnly writes a plan even when Gathers on tables were not
+	// recognised as lookups (they stay in the dense graph); without it
+	// that is an ErrUnrecognised error naming each.
+	AllowDenseOnly bool
 	// Overwrite replaces a non-empty output folder.
 	Overwrite bool
 	// TableProgress, if set, is called as table bytes are written.
@@ -37,6 +41,10 @@ type Result struct {
 // ErrForced marks an error caused by the nodes the caller forced onto a
 // side (Options.ForceCPU, Options.ForceGPU).
 var ErrForced = errors.New("cannot honour a forced placement")
+
+// ErrUnrecognised marks a model with tables whose lookups the
+// partitioner cannot recognise (see Options.AllowDenseOnly).
+var ErrUnrecognised = errors.New("embedding tables not recognised as lookups")
 
 // ErrOutputExists: the output folder exists and is not empty.
 var ErrOutputExists = errors.New("output folder exists and is not empty")
@@ -71,6 +79,9 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 		p.Cost.PartitionMillis = res.Elapsed.Milliseconds()
 		return res, nil
 	}
+	if err := pl.unrecognised(); err != nil && !o.AllowDenseOnly {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
 	if err := checkOutDir(outDir, o.Overwrite); err != nil {
 		return nil, err
 	}
@@ -101,6 +112,21 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	}
 	ok = true
 	return res, nil
+}
+
+// unrecognised is the error naming every table left in the graph, its
+// size and why, or nil.
+func (pl *Placement) unrecognised() error {
+	var lines []string
+	for _, c := range pl.Candidates {
+		if c.Reason != "" {
+			lines = append(lines, fmt.Sprintf("table %q (%d x %d, %s) at Gather %q: %s", c.Table, c.Rows, c.Dim, human(c.Bytes(), "B"), c.Gather, c.Reason))
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %d Gather(s) on tables would stay in the dense graph:\n  %s", ErrUnrecognised, len(lines), strings.Join(lines, "\n  "))
 }
 
 func checkOutDir(dir string, overwrite bool) error {
@@ -155,7 +181,12 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 		ti := plan.TensorInfo{Name: in.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()}
 		var cpu, gpu bool
 		for _, c := range g.Consumers[in.GetName()] {
-			if pl.Absorbed[c] != nil || pl.OnCPU[c] {
+			if pl.Absorbed[c] != nil || pl.OnCPU[c] || pl.Pre[c] {
+				cpu = true
+			}
+		}
+		for _, l := range pl.Lookups {
+			if l.ids == in.GetName() || l.weights == in.GetName() {
 				cpu = true
 			}
 		}
@@ -180,7 +211,7 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 			byTable[l.table] = t
 			p.Tables = append(p.Tables, plan.Table{})
 		}
-		t.Lookups = append(t.Lookups, plan.Lookup{Input: l.ids, Bag: l.bag, Rank1: l.rank1, Pooling: l.pooling, Weights: l.weights, Output: l.output})
+		t.Lookups = append(t.Lookups, plan.Lookup{Input: l.ids, Pre: l.pre, Bag: l.bag, Rank1: l.rank1, Pooling: l.pooling, Weights: l.weights, Output: l.output})
 	}
 	i := 0
 	seen := map[*tableSource]bool{}
@@ -380,6 +411,20 @@ func (r *Result) Report() string {
 			pools = append(pools, fmt.Sprintf("%s[bag %d]->%s", l.Input, l.Bag, l.Pooling))
 		}
 		fmt.Fprintf(&b, "  %-30s %10d x %-4d %s\n", t.Name, t.Rows, t.Dim, strings.Join(pools, ", "))
+	}
+	if len(r.Placement.Candidates) > 0 {
+		fmt.Fprintf(&b, "table candidates: %d\n", len(r.Placement.Candidates))
+		for _, c := range r.Placement.Candidates {
+			state := "lookup"
+			if c.Reason != "" {
+				state = "NOT a lookup: " + c.Reason
+			}
+			path := c.Path
+			if path == "" {
+				path = "(no path from the inputs)"
+			}
+			fmt.Fprintf(&b, "  %-30s %10d x %-4d %s\n    %s\n", c.Table, c.Rows, c.Dim, state, path)
+		}
 	}
 	if len(p.Cost.UnknownShapes) > 0 {
 		fmt.Fprintf(&b, "shapes not inferred (costed conservatively): %s\n", strings.Join(p.Cost.UnknownShapes, ", "))

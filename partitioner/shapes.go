@@ -350,6 +350,10 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 			dims = append(dims, d)
 		}
 		return []TensorType{known(x.Elem, dims...)}
+	case "Slice":
+		return []TensorType{sliceType(g, n, x)}
+	case "Split":
+		return splitTypes(g, n, x)
 	case "Constant":
 		for _, a := range n.GetAttribute() {
 			switch a.GetName() {
@@ -557,4 +561,127 @@ func reshapeType(x TensorType, shape []int64, allowZero bool) TensorType {
 		return unknown(x.Elem)
 	}
 	return known(x.Elem, dims...)
+}
+
+// sliceType: each sliced axis of known size d keeps the elements of
+// [start, end) by step (positive steps only; bounds clamped to [0, d]),
+// the others are unchanged. Bounds are inputs from opset 10, attributes
+// before; the batch axis sliced is unknown unless taken whole.
+func sliceType(g *Graph, n *pb.NodeProto, x TensorType) TensorType {
+	if !x.Known {
+		return unknown(x.Elem)
+	}
+	var starts, ends, axes, steps []int64
+	if len(n.GetInput()) >= 3 {
+		var ok1, ok2 bool
+		starts, ok1 = g.constInts(n.GetInput()[1])
+		ends, ok2 = g.constInts(n.GetInput()[2])
+		if !ok1 || !ok2 {
+			return unknown(x.Elem)
+		}
+		if len(n.GetInput()) > 3 && n.GetInput()[3] != "" {
+			if axes, ok1 = g.constInts(n.GetInput()[3]); !ok1 {
+				return unknown(x.Elem)
+			}
+		}
+		if len(n.GetInput()) > 4 && n.GetInput()[4] != "" {
+			if steps, ok1 = g.constInts(n.GetInput()[4]); !ok1 {
+				return unknown(x.Elem)
+			}
+		}
+	} else {
+		starts, _ = attrInts(n, "starts")
+		ends, _ = attrInts(n, "ends")
+		axes, _ = attrInts(n, "axes")
+	}
+	if len(axes) == 0 {
+		for i := range starts {
+			axes = append(axes, int64(i))
+		}
+	}
+	if len(starts) != len(ends) || len(axes) != len(starts) || (len(steps) > 0 && len(steps) != len(starts)) {
+		return unknown(x.Elem)
+	}
+	dims := append([]int64(nil), x.Dims...)
+	for k, a := range axes {
+		ax := normAxis(a, len(dims))
+		step := int64(1)
+		if len(steps) > 0 {
+			step = steps[k]
+		}
+		if ax < 0 || step <= 0 {
+			return unknown(x.Elem)
+		}
+		d := x.Dims[ax]
+		if d < 0 {
+			if starts[k] == 0 && ends[k] >= 1<<62 && step == 1 {
+				continue // the whole axis
+			}
+			dims[ax] = DimUnknown
+			continue
+		}
+		clamp := func(v int64) int64 {
+			if v < 0 {
+				v += d
+			}
+			return min(max(v, 0), d)
+		}
+		st, en := clamp(starts[k]), clamp(ends[k])
+		dims[ax] = max(0, (en-st+step-1)/step)
+	}
+	return known(x.Elem, dims...)
+}
+
+// splitTypes: the outputs cut axis into the sizes of the split input
+// (opset 13) or attribute (before), or into equal parts (the last one
+// smaller when the size does not divide).
+func splitTypes(g *Graph, n *pb.NodeProto, x TensorType) []TensorType {
+	outs := len(n.GetOutput())
+	res := make([]TensorType, outs)
+	for i := range res {
+		res[i] = unknown(x.Elem)
+	}
+	if !x.Known {
+		return res
+	}
+	ax := normAxis(attrInt(n, "axis", 0), len(x.Dims))
+	if ax < 0 {
+		return res
+	}
+	var sizes []int64
+	if len(n.GetInput()) > 1 && n.GetInput()[1] != "" {
+		v, ok := g.constInts(n.GetInput()[1])
+		if !ok {
+			return res
+		}
+		sizes = v
+	} else if v, ok := attrInts(n, "split"); ok && len(v) > 0 {
+		sizes = v
+	} else {
+		d := x.Dims[ax]
+		if d < 0 {
+			return res
+		}
+		each := (d + int64(outs) - 1) / int64(outs)
+		for range outs {
+			sizes = append(sizes, min(each, d))
+			d -= min(each, d)
+		}
+	}
+	if len(sizes) != outs {
+		return res
+	}
+	var sum int64
+	for i, sz := range sizes {
+		dims := append([]int64(nil), x.Dims...)
+		dims[ax] = sz
+		res[i] = known(x.Elem, dims...)
+		sum += sz
+	}
+	if x.Dims[ax] >= 0 && sum != x.Dims[ax] {
+		for i := range res {
+			res[i] = unknown(x.Elem)
+		}
+	}
+	return res
 }

@@ -139,6 +139,12 @@ func parseGraph(text string) (*pb.ModelProto, error) {
 		switch f[0] {
 		case "input":
 			err = parseInput(gp, f[1:])
+		case "output":
+			// Declared like an input (used by testdata/recognise).
+			tmp := &pb.GraphProto{}
+			if err = parseInput(tmp, f[1:]); err == nil {
+				gp.Output = append(gp.Output, tmp.Input...)
+			}
 		case "init":
 			err = parseInit(gp, f[1:])
 		case "node":

@@ -11,8 +11,13 @@ import (
 	"path/filepath"
 )
 
-// Version is the version of plan.json this build writes and reads.
-const Version = 1
+// Version is the version of plan.json this build writes. Version 2 adds
+// a lookup's pre-lookup ops (Lookup.Pre); this build also reads version
+// 1 plans, which have none (MinVersion).
+const Version = 2
+
+// MinVersion is the oldest plan.json version this build reads.
+const MinVersion = 1
 
 // File is the plan's file name in a partition folder.
 const File = "plan.json"
@@ -114,11 +119,16 @@ type Table struct {
 // pool them over the bag axis.
 type Lookup struct {
 	// Input is the model input holding the ids: [batch] (one id per
-	// sample) or [batch, bag].
+	// sample) or [batch, bag]. With Pre, the model input the pre-lookup
+	// ops start from (any per-sample shape, int64 or float32).
 	Input string `json:"input"`
+	// Pre are the pre-lookup ops (version 2): integer work on Input,
+	// in order, that the embedding tier runs natively before the lookup
+	// to make its ids (see PreOp). Empty: Input holds the ids.
+	Pre []PreOp `json:"pre,omitempty"`
 	// Bag is the ids per sample (1 for a [batch] input).
 	Bag int `json:"bag"`
-	// Rank1 marks a [batch] id input.
+	// Rank1 marks one id per sample and no bag axis ([batch] ids).
 	Rank1 bool `json:"rank1,omitempty"`
 	// Pooling over the bag axis; PoolNone keeps it.
 	Pooling Pooling `json:"pooling"`

@@ -20,6 +20,7 @@ func valid() *Plan {
 			{Name: "cat_0", DType: "int64", Shape: []int64{}, Sides: []Side{CPU}},
 			{Name: "cat_1", DType: "int64", Shape: []int64{4}, Sides: []Side{CPU}},
 			{Name: "w_1", DType: "float32", Shape: []int64{4}, Sides: []Side{CPU}},
+			{Name: "packed", DType: "float32", Shape: []int64{4}, Sides: []Side{CPU}},
 		},
 		Outputs: []TensorInfo{{Name: "score", DType: "float32", Shape: []int64{1}}},
 		Cut: []CutTensor{
@@ -46,7 +47,30 @@ func TestValidate(t *testing.T) {
 	}{
 		{"valid", func(*Plan) {}, ""},
 		{"no cpu model", func(p *Plan) { p.CPUModel = "" }, ""},
-		{"version", func(p *Plan) { p.Version = 2 }, "version 2, this build reads version 1"},
+		{"version", func(p *Plan) { p.Version = 3 }, "version 3, this build reads versions 1 to 2"},
+		{"version 0", func(p *Plan) { p.Version = 0 }, "version 0, this build reads versions 1 to 2"},
+		{"version 1 reads", func(p *Plan) { p.Version = 1 }, ""},
+		{"pre in version 1", func(p *Plan) { p.Version = 1; p.Tables[0].Lookups[0].Pre = packedPre(3) },
+			`tables[0] "t0" lookups[0]: pre-lookup ops in a version 1 plan (they came in version 2)`},
+		{"pre packed", func(p *Plan) { p.Tables[0].Lookups[0].Input = "packed"; p.Tables[0].Lookups[0].Pre = packedPre(3) }, ""},
+		{"pre column range", func(p *Plan) { p.Tables[0].Lookups[0].Input = "packed"; p.Tables[0].Lookups[0].Pre = packedPre(9) },
+			`tables[0] "t0" lookups[0]: pre[0] column: index 9 outside a sample of shape [4]`},
+		{"pre float ids", func(p *Plan) {
+			p.Tables[0].Lookups[0].Input = "packed"
+			p.Tables[0].Lookups[0].Pre = []PreOp{{Op: PreColumn, Index: 1}}
+		}, `tables[0] "t0" lookups[0]: pre-lookup ops end in float32 values, want integer ids (a cast)`},
+		{"pre add before cast", func(p *Plan) {
+			p.Tables[0].Lookups[0].Input = "packed"
+			p.Tables[0].Lookups[0].Pre = []PreOp{{Op: PreColumn, Index: 1}, {Op: PreAdd, Values: []int64{1}}, {Op: PreCast, To: "int64"}}
+		}, `tables[0] "t0" lookups[0]: pre[1] add: on float32 values; arithmetic needs integers (cast first)`},
+		{"pre offsets length", func(p *Plan) {
+			p.Tables[1].Lookups[0].Pre = []PreOp{{Op: PreAdd, Values: []int64{0, 10, 20}}}
+		}, `tables[1] "t1" lookups[0]: pre[0] add: 3 values for a sample of shape [4] (want 1 or 4)`},
+		{"pre bag", func(p *Plan) {
+			p.Tables[1].Lookups[0].Pre = []PreOp{{Op: PreSlice, Start: 0, End: 2}}
+		}, `tables[1] "t1" lookups[0]: pre-lookup ops make 2 ids per sample (shape [2]), bag is 4`},
+		{"pre unknown op", func(p *Plan) { p.Tables[1].Lookups[0].Pre = []PreOp{{Op: "hash"}} },
+			`tables[1] "t1" lookups[0]: pre[0] hash: unknown op (want column, slice, cast, add, sub, mod, clip, where_equal or reshape)`},
 		{"no dense model", func(p *Plan) { p.DenseModel = "" }, "dense_model is empty"},
 		{"dense model escapes", func(p *Plan) { p.DenseModel = "../x/dense.onnx" }, `dense_model "../x/dense.onnx" is not a path inside the plan folder`},
 		{"cpu model absolute", func(p *Plan) { p.CPUModel = "/etc/passwd" }, `cpu_model "/etc/passwd" is not a path inside the plan folder`},
@@ -114,7 +138,7 @@ func TestReadWrite(t *testing.T) {
 
 	for _, tc := range []struct{ name, body, error string }{
 		{"not json", "{", "unexpected end of JSON input"},
-		{"version", `{"version": 7}`, "version 7, this build reads version 1"},
+		{"version", `{"version": 7}`, "version 7, this build reads versions 1 to 2"},
 		{"escaping table", strings.Replace(mustJSON(t, dir), `"tables/t0.arrow"`, `"/tmp/t0.arrow"`, 1), `file "/tmp/t0.arrow" is not a path inside the plan folder`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,4 +163,9 @@ func mustJSON(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// packedPre picks column k of a float [batch, 4] input and casts it.
+func packedPre(k int64) []PreOp {
+	return []PreOp{{Op: PreColumn, Index: k}, {Op: PreCast, To: "int64"}}
 }

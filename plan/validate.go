@@ -24,8 +24,8 @@ const (
 // cannot make a tier open files elsewhere. Read calls it; the partitioner
 // calls it before writing. The error names the first field that is wrong.
 func (p *Plan) Validate() error {
-	if p.Version != Version {
-		return fmt.Errorf("version %d, this build reads version %d", p.Version, Version)
+	if p.Version < MinVersion || p.Version > Version {
+		return fmt.Errorf("version %d, this build reads versions %d to %d", p.Version, MinVersion, Version)
 	}
 	if p.DenseModel == "" {
 		return fmt.Errorf("dense_model is empty")
@@ -42,7 +42,9 @@ func (p *Plan) Validate() error {
 		return fmt.Errorf("inputs: none")
 	}
 	inputs := map[string]bool{}
+	inputInfo := map[string]TensorInfo{}
 	for i, in := range p.Inputs {
+		inputInfo[in.Name] = in
 		if err := checkTensor(fmt.Sprintf("inputs[%d]", i), in); err != nil {
 			return err
 		}
@@ -136,6 +138,11 @@ func (p *Plan) Validate() error {
 			default:
 				return fmt.Errorf("%s: pooling %q, want none, sum, mean or max", lw, l.Pooling)
 			}
+			if len(l.Pre) > 0 {
+				if err := checkPre(p.Version, lw, inputInfo[l.Input], l); err != nil {
+					return err
+				}
+			}
 			outputs[l.Output] = true
 		}
 	}
@@ -171,6 +178,38 @@ func localFile(field, path string) error {
 	}
 	if !filepath.IsLocal(path) {
 		return fmt.Errorf("%s %q is not a path inside the plan folder", field, path)
+	}
+	return nil
+}
+
+// checkPre checks a lookup's pre-lookup ops: a version 2 field, applied
+// to the input's per-sample shape they must end in integer ids, Bag of
+// them per sample (none of axis for Rank1).
+func checkPre(version int, where string, in TensorInfo, l Lookup) error {
+	if version < 2 {
+		return fmt.Errorf("%s: pre-lookup ops in a version %d plan (they came in version 2)", where, version)
+	}
+	switch in.DType {
+	case "int64", "int32", "float32":
+	default:
+		return fmt.Errorf("%s: input %q of dtype %q: pre-lookup ops start from int64, int32 or float32", where, in.Name, in.DType)
+	}
+	shape, dtype, err := PreShape(in.Shape, in.DType, l.Pre)
+	if err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	}
+	if dtype != "int64" && dtype != "int32" {
+		return fmt.Errorf("%s: pre-lookup ops end in %s values, want integer ids (a cast)", where, dtype)
+	}
+	n := int64(1)
+	for _, d := range shape {
+		n *= d
+	}
+	switch {
+	case n != int64(l.Bag):
+		return fmt.Errorf("%s: pre-lookup ops make %d ids per sample (shape %v), bag is %d", where, n, shape, l.Bag)
+	case l.Rank1 != (len(shape) == 0):
+		return fmt.Errorf("%s: pre-lookup ops make ids of per-sample shape %v, rank1 is %v", where, shape, l.Rank1)
 	}
 	return nil
 }

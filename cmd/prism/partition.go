@@ -54,6 +54,8 @@ and prints a report.`,
 			switch {
 			case errors.Is(err, partitioner.ErrOutputExists):
 				return fmt.Errorf("%w (use --overwrite)", err)
+			case errors.Is(err, partitioner.ErrUnrecognised):
+				return fmt.Errorf("%w\n(--report-only lists every table candidate; --allow-dense-only leaves them in the dense graph)", err)
 			case errors.Is(err, partitioner.ErrForced):
 				return fmt.Errorf("%w (check --force-cpu/--force-gpu)", err)
 			}
@@ -78,6 +80,7 @@ and prints a report.`,
 	f := cmd.Flags()
 	f.StringVarP(&out, "out", "o", "", "output folder (must be empty or absent)")
 	f.BoolVar(&o.ReportOnly, "report-only", false, "print the plan, write nothing")
+	f.BoolVar(&o.AllowDenseOnly, "allow-dense-only", false, "write the plan even when Gathers on tables are not recognised as lookups (they stay in the dense graph)")
 	f.BoolVar(&o.Overwrite, "overwrite", false, "replace a non-empty output folder")
 	f.StringArrayVar(&o.ForceCPU, "force-cpu", nil, "place this node (by name) on the CPU side; repeatable")
 	f.StringArrayVar(&o.ForceGPU, "force-gpu", nil, "place this node (by name) on the dense side; repeatable")

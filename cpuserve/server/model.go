@@ -10,6 +10,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/prelookup"
 )
 
 // model is one served model: its plan, resolved once at startup into
@@ -47,6 +48,8 @@ type lookupSpec struct {
 	table string
 	dim   int
 	l     plan.Lookup
+	// pre runs the lookup's pre-lookup ops (nil when Input holds the ids).
+	pre *prelookup.Program
 }
 
 type cutSpec struct {
@@ -117,10 +120,20 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 		m.inputs[in.Name] = spec
 		m.order = append(m.order, in.Name)
 	}
+	infos := map[string]plan.TensorInfo{}
+	for _, in := range p.Inputs {
+		infos[in.Name] = in
+	}
 	for _, t := range p.Tables {
 		for _, l := range t.Lookups {
 			in := m.inputs[l.Input]
-			if in == nil || !in.ids {
+			var pre *prelookup.Program
+			if len(l.Pre) > 0 && in != nil {
+				var err error
+				if pre, err = prelookup.Compile(infos[l.Input], l.Pre); err != nil {
+					return nil, fmt.Errorf("model %q: table %q: %w", m.name, t.Name, err)
+				}
+			} else if in == nil || !in.ids {
 				return nil, fmt.Errorf("model %q: table %q looks up %q, which is not an int64 model input", m.name, t.Name, l.Input)
 			}
 			if l.Weights != "" {
@@ -132,7 +145,7 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 					return nil, fmt.Errorf("model %q: lookup of %q: weights %q are not float32", m.name, l.Input, l.Weights)
 				}
 			}
-			m.lookups = append(m.lookups, lookupSpec{table: t.Name, dim: t.Dim, l: l})
+			m.lookups = append(m.lookups, lookupSpec{table: t.Name, dim: t.Dim, l: l, pre: pre})
 		}
 	}
 	for _, c := range p.Cut {

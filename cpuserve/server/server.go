@@ -447,6 +447,18 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 	for i, ls := range m.lookups {
 		l := ls.l
 		ids := vals[l.Input]
+		if ls.pre != nil {
+			// The pre-lookup ops make the ids from the input, natively.
+			samples := n
+			if ids.ctx {
+				samples = 1
+			}
+			made, err := ls.pre.Run(samples, ids.f32, ids.i64)
+			if err != nil {
+				return badInput("model %q: lookup of table %q: input %q: %v", m.name, ls.table, l.Input, err)
+			}
+			ids = &value{width: ls.pre.Width, i64: made, w: ids.w, ctx: ids.ctx}
+		}
 		var w []float32
 		wctx := true
 		if l.Weights != "" {

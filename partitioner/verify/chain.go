@@ -7,8 +7,11 @@ package verify
 
 import (
 	"fmt"
-	"github.com/prism-serve/prism/plan"
 	"math"
+
+	"github.com/prism-serve/prism/internal/prelookup"
+	"github.com/prism-serve/prism/plan"
+	planpkg "github.com/prism-serve/prism/plan"
 
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/tablefile"
@@ -21,6 +24,7 @@ type Chain struct {
 	cpu    *ort.Session
 	dense  *ort.Session
 	tables map[string][]float32
+	inputs map[string]planpkg.TensorInfo
 }
 
 // Open loads a partition folder: both subgraphs in ONNX Runtime and every
@@ -30,7 +34,10 @@ func Open(dir string, so ort.SessionOptions) (*Chain, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Chain{Plan: plan, tables: map[string][]float32{}}
+	c := &Chain{Plan: plan, tables: map[string][]float32{}, inputs: map[string]planpkg.TensorInfo{}}
+	for _, in := range plan.Inputs {
+		c.inputs[in.Name] = in
+	}
 	if plan.CPUModel != "" {
 		path, err := planFile(dir, plan.CPUModel)
 		if err != nil {
@@ -102,7 +109,18 @@ func (c *Chain) Run(b *models.Batch) ([][]float32, error) {
 	}
 	for _, t := range c.Plan.Tables {
 		for _, l := range t.Lookups {
-			out, err := Lookup(c.tables[t.Name], t, l, b.N, vals[l.Input].i64, vals[l.Weights].f32)
+			ids := vals[l.Input].i64
+			if len(l.Pre) > 0 {
+				prog, err := prelookup.Compile(c.inputs[l.Input], l.Pre)
+				if err != nil {
+					return nil, err
+				}
+				in := vals[l.Input]
+				if ids, err = prog.Run(b.N, in.f32, in.i64); err != nil {
+					return nil, fmt.Errorf("lookup of table %q: pre-lookup ops on %q: %w", t.Name, l.Input, err)
+				}
+			}
+			out, err := Lookup(c.tables[t.Name], t, l, b.N, ids, vals[l.Weights].f32)
 			if err != nil {
 				return nil, err
 			}

@@ -39,6 +39,16 @@ func Verify(modelPath, dir string, n int, seed uint64) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	return VerifySource(modelPath, dir, src, n)
+}
+
+// VerifySource is Verify on n samples drawn from src: for a model whose
+// inputs InferSignature cannot read (packed ids, ids as float values),
+// whose caller knows what valid inputs are.
+func VerifySource(modelPath, dir string, src models.Source, n int) (Report, error) {
+	if n <= 0 {
+		return Report{}, fmt.Errorf("verify: need at least one sample")
+	}
 	so := ort.SessionOptions{IntraOpThreads: 1}
 	mono, err := ort.NewSession(modelPath, so)
 	if err != nil {
@@ -54,7 +64,10 @@ func Verify(modelPath, dir string, n int, seed uint64) (Report, error) {
 	const batch = 256
 	for done := 0; done < n; {
 		k := min(batch, n-done)
-		b, _ := src.Next(k)
+		b, err := src.Next(k)
+		if err != nil {
+			return rep, fmt.Errorf("verify: samples: %w", err)
+		}
 		want, err := mono.Run(modelrun.Inputs(b))
 		if err != nil {
 			return rep, err

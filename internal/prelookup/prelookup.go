@@ -1,0 +1,183 @@
+// Package prelookup runs a lookup's pre-lookup ops (plan.PreOp: column
+// pick, slice, cast, offset add, sub, mod, clip, where-equal-default,
+// reshape) natively on a batch of one model input, making the ids the
+// lookup reads. The embedding tier runs it before its store lookups and
+// partitioner/verify before its reference lookups, so both execute the
+// ops the same way.
+package prelookup
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/prism-serve/prism/plan"
+)
+
+// Program is a lookup's pre-lookup ops checked against its input.
+type Program struct {
+	ops []step
+	// InWidth is the input's values per sample; Width the ids' per sample.
+	InWidth, Width int
+	float          bool // the input is float32
+}
+
+type step struct {
+	op    plan.PreOp
+	width int // values per sample before the op
+	inner int // values per index of axis 0 (column, slice)
+}
+
+// Compile checks ops against the input in (per-sample shape fully
+// known, dtype int64, int32 or float32) and prepares them to run.
+func Compile(in plan.TensorInfo, ops []plan.PreOp) (*Program, error) {
+	p := &Program{float: in.DType == "float32" || in.DType == "float"}
+	shape := append([]int64(nil), in.Shape...)
+	dtype := in.DType
+	if dtype == "float" {
+		dtype = "float32"
+	}
+	width := func(s []int64) int {
+		n := 1
+		for _, d := range s {
+			n *= int(d)
+		}
+		return n
+	}
+	_, outType, err := plan.PreShape(shape, dtype, ops)
+	if err != nil {
+		return nil, fmt.Errorf("pre-lookup ops on %q: %w", in.Name, err)
+	}
+	if outType != "int64" && outType != "int32" {
+		return nil, fmt.Errorf("pre-lookup ops on %q end in %s values, want integer ids", in.Name, outType)
+	}
+	p.InWidth = width(shape)
+	for _, op := range ops {
+		st := step{op: op, width: width(shape)}
+		switch op.Op {
+		case plan.PreColumn:
+			st.inner = width(shape[1:])
+			shape = shape[1:]
+		case plan.PreSlice:
+			st.inner = width(shape[1:])
+			shape = append([]int64{op.End - op.Start}, shape[1:]...)
+		case plan.PreReshape:
+			shape = append([]int64(nil), op.Shape...)
+		}
+		p.ops = append(p.ops, st)
+	}
+	p.Width = width(shape)
+	return p, nil
+}
+
+// Run applies the ops to n samples of the input, given as f32 (a float32
+// input) or i64 (an integer input), and returns n*Width ids.
+func (p *Program) Run(n int, f32 []float32, i64 []int64) ([]int64, error) {
+	var fv []float32
+	var iv []int64
+	if p.float {
+		if len(f32) != n*p.InWidth {
+			return nil, fmt.Errorf("%d values for %d samples of %d", len(f32), n, p.InWidth)
+		}
+		fv = f32
+	} else {
+		if len(i64) != n*p.InWidth {
+			return nil, fmt.Errorf("%d ids for %d samples of %d", len(i64), n, p.InWidth)
+		}
+		iv = i64
+	}
+	owned := false // iv is ours to change in place
+	for _, st := range p.ops {
+		op := st.op
+		switch op.Op {
+		case plan.PreColumn:
+			if fv != nil {
+				fv = pick(fv, n, st.width, int(op.Index)*st.inner, st.inner)
+			} else {
+				iv, owned = pick(iv, n, st.width, int(op.Index)*st.inner, st.inner), true
+			}
+		case plan.PreSlice:
+			k := int(op.End-op.Start) * st.inner
+			if fv != nil {
+				fv = pick(fv, n, st.width, int(op.Start)*st.inner, k)
+			} else {
+				iv, owned = pick(iv, n, st.width, int(op.Start)*st.inner, k), true
+			}
+		case plan.PreReshape:
+		case plan.PreCast:
+			if fv != nil {
+				out := make([]int64, len(fv))
+				for i, v := range fv {
+					if math.IsNaN(float64(v)) || v >= 0x1p63 || v < -0x1p63 {
+						return nil, fmt.Errorf("sample %d: id %g is not an integer in range", i/st.width, v)
+					}
+					out[i] = int64(v)
+				}
+				iv, fv, owned = out, nil, true
+			}
+			if op.To == "int32" {
+				iv, owned = own(iv, owned)
+				for i, v := range iv {
+					iv[i] = int64(int32(v))
+				}
+			}
+		case plan.PreAdd, plan.PreSub, plan.PreMod:
+			iv, owned = own(iv, owned)
+			vals := op.Values
+			for i := range iv {
+				b := vals[0]
+				if len(vals) > 1 {
+					b = vals[i%st.width]
+				}
+				switch op.Op {
+				case plan.PreAdd:
+					iv[i] += b
+				case plan.PreSub:
+					iv[i] -= b
+				default:
+					r := iv[i] % b
+					if r != 0 && (r < 0) != (b < 0) {
+						r += b
+					}
+					iv[i] = r
+				}
+			}
+		case plan.PreClip:
+			iv, owned = own(iv, owned)
+			for i, v := range iv {
+				if op.Min != nil && v < *op.Min {
+					v = *op.Min
+				}
+				if op.Max != nil && v > *op.Max {
+					v = *op.Max
+				}
+				iv[i] = v
+			}
+		case plan.PreWhereEqual:
+			iv, owned = own(iv, owned)
+			for i, v := range iv {
+				if v == op.Equal {
+					iv[i] = op.Default
+				}
+			}
+		}
+	}
+	// Unless an op copied them, the ids are the input's, shared.
+	return iv, nil
+}
+
+// pick copies, from each sample of width w, k values from offset off.
+func pick[T any](in []T, n, w, off, k int) []T {
+	out := make([]T, n*k)
+	for s := range n {
+		copy(out[s*k:(s+1)*k], in[s*w+off:s*w+off+k])
+	}
+	return out
+}
+
+// own returns v as a slice the caller may change: v itself when owned.
+func own(v []int64, owned bool) ([]int64, bool) {
+	if owned {
+		return v, true
+	}
+	return append([]int64(nil), v...), true
+}

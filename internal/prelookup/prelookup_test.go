@@ -1,0 +1,91 @@
+package prelookup
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prism-serve/prism/plan"
+)
+
+func i64p(v int64) *int64 { return &v }
+
+func TestRun(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   plan.TensorInfo
+		ops  []plan.PreOp
+		n    int
+		f32  []float32
+		i64  []int64
+		want []int64
+		err  string
+	}{
+		{name: "column of packed ids", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{3}},
+			ops: []plan.PreOp{{Op: plan.PreColumn, Index: 1}}, n: 2, i64: []int64{1, 2, 3, 4, 5, 6}, want: []int64{2, 5}},
+		{name: "column of bags", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2, 2}},
+			ops: []plan.PreOp{{Op: plan.PreColumn, Index: 1}}, n: 2, i64: []int64{1, 2, 3, 4, 5, 6, 7, 8}, want: []int64{3, 4, 7, 8}},
+		{name: "slice squeeze", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{3}},
+			ops: []plan.PreOp{{Op: plan.PreSlice, Start: 2, End: 3}, {Op: plan.PreReshape, Shape: []int64{}}}, n: 2, i64: []int64{1, 2, 3, 4, 5, 6}, want: []int64{3, 6}},
+		{name: "float input sliced and cast", in: plan.TensorInfo{Name: "x", DType: "float32", Shape: []int64{4}},
+			ops: []plan.PreOp{{Op: plan.PreSlice, Start: 2, End: 4}, {Op: plan.PreCast, To: "int64"}}, n: 2,
+			f32: []float32{0.5, 0.25, 7, 9.9, 1, 1, -2.7, 3}, want: []int64{7, 9, -2, 3}},
+		{name: "cast NaN", in: plan.TensorInfo{Name: "x", DType: "float32", Shape: []int64{1}},
+			ops: []plan.PreOp{{Op: plan.PreCast, To: "int64"}}, n: 1, f32: []float32{float32(nan())}, err: "not an integer in range"},
+		{name: "cast int32 wraps", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{1}},
+			ops: []plan.PreOp{{Op: plan.PreCast, To: "int32"}}, n: 2, i64: []int64{1 << 32, 1<<32 + 5}, want: []int64{0, 5}},
+		{name: "offsets", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{3}},
+			ops: []plan.PreOp{{Op: plan.PreAdd, Values: []int64{0, 10, 30}}}, n: 2, i64: []int64{1, 2, 3, 4, 5, 6}, want: []int64{1, 12, 33, 4, 15, 36}},
+		{name: "sub one", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2}},
+			ops: []plan.PreOp{{Op: plan.PreSub, Values: []int64{1}}}, n: 1, i64: []int64{1, 5}, want: []int64{0, 4}},
+		{name: "mod like python", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{4}},
+			ops: []plan.PreOp{{Op: plan.PreMod, Values: []int64{7}}}, n: 1, i64: []int64{15, -1, -7, 6}, want: []int64{1, 6, 0, 6}},
+		{name: "mod negative divisor", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2}},
+			ops: []plan.PreOp{{Op: plan.PreMod, Values: []int64{-7}}}, n: 1, i64: []int64{15, -1}, want: []int64{-6, -1}},
+		{name: "clip", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{3}},
+			ops: []plan.PreOp{{Op: plan.PreClip, Min: i64p(0), Max: i64p(9)}}, n: 1, i64: []int64{-3, 4, 12}, want: []int64{0, 4, 9}},
+		{name: "max only", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2}},
+			ops: []plan.PreOp{{Op: plan.PreClip, Max: i64p(9)}}, n: 1, i64: []int64{-3, 12}, want: []int64{-3, 9}},
+		{name: "where equal", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{3}},
+			ops: []plan.PreOp{{Op: plan.PreWhereEqual, Equal: -1, Default: 99}}, n: 1, i64: []int64{-1, 4, -1}, want: []int64{99, 4, 99}},
+		{name: "no ops shares", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2}}, n: 1, i64: []int64{3, 4}, want: []int64{3, 4}},
+		{name: "wrong length", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2}}, n: 2, i64: []int64{3, 4}, err: "2 ids for 2 samples of 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Compile(tc.in, tc.ops)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := slices.Clone(tc.i64)
+			got, err := p.Run(tc.n, tc.f32, tc.i64)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one with %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("ids %v, want %v", got, tc.want)
+			}
+			if !slices.Equal(tc.i64, in) {
+				t.Errorf("the input changed: %v, was %v", tc.i64, in)
+			}
+		})
+	}
+}
+
+func TestCompileErrors(t *testing.T) {
+	_, err := Compile(plan.TensorInfo{Name: "x", DType: "float32", Shape: []int64{3}}, []plan.PreOp{{Op: plan.PreColumn, Index: 1}})
+	if err == nil || err.Error() != `pre-lookup ops on "x" end in float32 values, want integer ids` {
+		t.Errorf("error %v", err)
+	}
+	_, err = Compile(plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{3}}, []plan.PreOp{{Op: plan.PreMod, Values: []int64{0}}})
+	if err == nil || err.Error() != `pre-lookup ops on "x": pre[0] mod: divisor 0` {
+		t.Errorf("error %v", err)
+	}
+}
+
+func nan() float64 { z := 0.0; return z / z }
