@@ -110,6 +110,16 @@ func TestImportRules(t *testing.T) {
 			func(p, dep string) bool { return under(dep, "models") }},
 		{"byte formats do not link the ONNX protobuf", func(p string) bool { return p == "internal/arrowframe" || p == "internal/tablefile" },
 			func(p, dep string) bool { return dep == "internal/onnxpb" }},
+		{"the capacity controller imports nothing of Prism", func(p string) bool { return p == "capacity" },
+			func(p, dep string) bool { return true }},
+		{"capacity loaning imports no server and no tier", func(p string) bool { return under(p, "capacity") },
+			func(p, dep string) bool {
+				return under(dep, "internal/serve", "router", "cpuserve", "gpuserve", "partitioner")
+			}},
+		{"tune drives prism as processes: no server linked", func(p string) bool { return p == "tune" },
+			func(p, dep string) bool {
+				return under(dep, "internal/serve", "internal/up", "router", "cpuserve", "gpuserve", "partitioner")
+			}},
 		{"the load generator speaks the public API only", func(p string) bool { return p == "loadgen" },
 			func(p, dep string) bool {
 				return under(dep, "internal/serve", "router", "cpuserve", "gpuserve", "partitioner")

@@ -1,0 +1,419 @@
+package capacity
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"time"
+)
+
+// Controller is the capacity-loaning state machine. It is not safe for
+// concurrent use: one driver ticks it and reads its Stats.
+type Controller struct {
+	o       Options
+	started bool
+	now     time.Duration
+	gap     time.Duration // between the last two ticks
+
+	leases     map[string]*lease // by worker id
+	pending    []pending         // borrows asked for, oldest first
+	lastReturn map[string]time.Duration
+	capacity   map[string]float64 // last measured, per model
+	shed       map[string]float64 // shed fraction advised, per model
+
+	stats Stats
+}
+
+// lease is one borrowed worker the controller holds.
+type lease struct {
+	worker, model string
+	decidedAt     time.Duration // the borrow decision it answers
+	servingAt     time.Duration
+	serving       bool
+	draining      bool
+	drainedAt     time.Duration
+	drainReason   string // ReasonLowDemand or ReasonReclaim
+	deadline      time.Duration
+}
+
+type pending struct {
+	model string
+	n     int
+	at    time.Duration
+}
+
+// New returns a controller; o is defaulted and validated.
+func New(o Options) (*Controller, error) {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	return &Controller{
+		o:          o,
+		leases:     map[string]*lease{},
+		lastReturn: map[string]time.Duration{},
+		capacity:   map[string]float64{},
+		shed:       map[string]float64{},
+		stats:      newStats(),
+	}, nil
+}
+
+// Options returns the options in use, defaults filled.
+func (c *Controller) Options() Options { return c.o }
+
+func validate(obs *Observation) error {
+	var errs []error
+	if obs.LenderIdle < 0 {
+		errs = append(errs, fmt.Errorf("lender idle %d is negative", obs.LenderIdle))
+	}
+	models := map[string]bool{}
+	workers := map[string]bool{}
+	for _, m := range obs.Models {
+		if m.Model == "" {
+			errs = append(errs, errors.New("a model without a name"))
+		}
+		if models[m.Model] {
+			errs = append(errs, fmt.Errorf("model %q observed twice", m.Model))
+		}
+		models[m.Model] = true
+		for _, v := range []struct {
+			name string
+			v    float64
+		}{{"offered", m.Offered}, {"shed", m.Shed}, {"capacity per worker", m.CapacityPerWorker}} {
+			if !(v.v >= 0) || math.IsInf(v.v, 0) {
+				errs = append(errs, fmt.Errorf("model %q: %s %v is not a non-negative number", m.Model, v.name, v.v))
+			}
+		}
+		if m.QueueDepth < 0 || m.P99 < 0 {
+			errs = append(errs, fmt.Errorf("model %q: negative queue depth or p99", m.Model))
+		}
+		for _, w := range m.Workers {
+			if w.ID == "" || workers[w.ID] {
+				errs = append(errs, fmt.Errorf("model %q: worker id %q empty or seen twice", m.Model, w.ID))
+			}
+			workers[w.ID] = true
+			if w.InFlight < 0 {
+				errs = append(errs, fmt.Errorf("worker %q: in-flight %d is negative", w.ID, w.InFlight))
+			}
+		}
+	}
+	for _, f := range obs.BorrowFailures {
+		if f.N <= 0 {
+			errs = append(errs, fmt.Errorf("borrow failure of model %q: n %d must be positive", f.Model, f.N))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Tick advances the controller to now with what was observed and
+// returns what to do. An observation that does not make sense (time going
+// back, negative rates, a worker seen twice) is an error, and the
+// controller is left as it was.
+func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error) {
+	if c.started && now < c.now {
+		return nil, fmt.Errorf("capacity tick at %v goes back from %v", now, c.now)
+	}
+	if err := validate(&obs); err != nil {
+		return nil, fmt.Errorf("capacity tick at %v: %w", now, err)
+	}
+	if c.started {
+		c.gap = now - c.now
+		c.stats.BorrowedGPUSeconds += float64(len(c.leases)) * (now - c.now).Seconds()
+	}
+	c.started, c.now = true, now
+
+	var out []Decision
+	emit := func(d Decision) {
+		out = append(out, d)
+		c.stats.Events[EventKey{d.Kind.String(), d.Reason}]++
+	}
+	seen := map[string]Worker{}
+	workerModel := map[string]string{}
+	for _, m := range obs.Models {
+		for _, w := range m.Workers {
+			seen[w.ID] = w
+			workerModel[w.ID] = m.Model
+		}
+		if m.CapacityPerWorker > 0 {
+			c.capacity[m.Model] = m.CapacityPerWorker
+		}
+	}
+
+	// Borrows the provider could not deliver, and borrows never delivered.
+	for _, f := range obs.BorrowFailures {
+		c.stats.Events[EventKey{"borrow failed", "provider"}]++
+		c.dropPending(f.Model, f.N)
+	}
+	kept := c.pending[:0]
+	for _, p := range c.pending {
+		if now-p.at >= c.o.BorrowTimeout {
+			c.stats.Events[EventKey{"borrow failed", "timeout"}] += p.n
+			continue
+		}
+		kept = append(kept, p)
+	}
+	c.pending = kept
+
+	// New borrowed workers answer the oldest borrow of their model; a
+	// worker nobody asked for (a restart of the driver) is adopted.
+	for _, id := range slices.Sorted(maps.Keys(seen)) {
+		w := seen[id]
+		if !w.Borrowed {
+			continue
+		}
+		l := c.leases[id]
+		if l == nil {
+			model := workerModel[id]
+			l = &lease{worker: id, model: model, decidedAt: now}
+			if at, ok := c.takePending(model); ok {
+				l.decidedAt = at
+			} else {
+				c.stats.Events[EventKey{"adopt", "unrequested"}]++
+			}
+			c.leases[id] = l
+			c.stats.BorrowedWorkers++
+		}
+		if w.State == Serving && !l.serving {
+			l.serving, l.servingAt = true, now
+			c.stats.observeStartup(now - l.decidedAt)
+		}
+	}
+
+	// Reclaims: drain at once, release by the lender's deadline.
+	for _, r := range obs.Reclaims {
+		l := c.leases[r.Worker]
+		if l == nil {
+			c.stats.Events[EventKey{"reclaim", "not held"}]++
+			continue
+		}
+		c.stats.Events[EventKey{"reclaim", "lender"}]++
+		if l.draining {
+			l.drainReason = ReasonReclaim
+			l.deadline = min(l.deadline, r.Deadline)
+			continue
+		}
+		l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonReclaim, r.Deadline
+		emit(Decision{Kind: Drain, Model: l.model, Worker: l.worker, Reason: ReasonReclaim})
+	}
+
+	// Releases: a worker drained at an earlier tick goes back once it
+	// holds nothing, at its deadline, or when it has vanished.
+	for _, id := range slices.Sorted(maps.Keys(c.leases)) {
+		l := c.leases[id]
+		w, ok := seen[id]
+		switch {
+		case !ok && !l.draining:
+			delete(c.leases, id)
+			emit(Decision{Kind: Return, Model: l.model, Worker: id, Reason: "lost"})
+		case !l.draining || l.drainedAt == now:
+		case !ok || w.InFlight == 0:
+			delete(c.leases, id)
+			emit(Decision{Kind: Return, Model: l.model, Worker: id, Reason: ReasonDrained})
+		case now >= l.deadline:
+			delete(c.leases, id)
+			c.stats.ReleasedWithInFlight += w.InFlight
+			reason := ReasonTimeout
+			if l.drainReason == ReasonReclaim {
+				reason = ReasonGraceEnd
+			}
+			emit(Decision{Kind: Return, Model: l.model, Worker: id, Reason: reason})
+		}
+	}
+
+	idle := obs.LenderIdle
+	held := len(c.leases) + c.pendingCount("")
+	models := slices.Clone(obs.Models)
+	slices.SortFunc(models, func(a, b ModelObs) int {
+		switch {
+		case a.Model < b.Model:
+			return -1
+		case a.Model > b.Model:
+			return 1
+		}
+		return 0
+	})
+	for i := range models {
+		m := &models[i]
+		cp := c.capacity[m.Model]
+		if cp <= 0 {
+			continue // nothing to size with yet
+		}
+		owned, borrowed, starting, replacing := 0, 0, 0, false
+		for _, w := range m.Workers {
+			if !w.Borrowed && w.State != Draining {
+				owned++
+			}
+		}
+		for _, l := range c.leases {
+			if l.model != m.Model {
+				continue
+			}
+			if l.draining {
+				replacing = replacing || l.drainReason == ReasonReclaim
+				continue
+			}
+			borrowed++
+			if !l.serving {
+				starting++
+			}
+		}
+		pend := c.pendingCount(m.Model)
+		active := owned + borrowed + pend
+		capa := float64(active) * cp
+
+		size := m.Offered
+		forecast := 0.0
+		if c.o.Policy == Predictive && m.Forecast != nil {
+			forecast = m.Forecast.Peak(now, now+c.lead())
+			size = math.Max(size, forecast)
+		}
+		need := int(math.Ceil(m.Offered/(cp*c.o.Target))) - active
+		cool := false
+		if t, ok := c.lastReturn[m.Model]; ok && now-t < c.o.CoolDown {
+			cool = true
+		}
+		reason := ""
+		switch {
+		case m.Shed > 0:
+			reason = ReasonShedding
+		case m.Offered > capa:
+			reason = ReasonHighWater
+		case cool:
+		case m.Offered > c.o.High*capa:
+			reason = ReasonHighWater
+		case c.o.P99Limit > 0 && m.P99 > c.o.P99Limit:
+			reason = ReasonLatency
+		case c.o.QueueLimit > 0 && m.QueueDepth > c.o.QueueLimit:
+			reason = ReasonQueue
+		}
+		n := 0
+		if reason != "" {
+			n = need
+			if n < 1 && reason != ReasonHighWater && pend == 0 && starting == 0 {
+				n = 1 // latency pressure at a size that looks right: one more
+			}
+			if replacing {
+				reason = ReasonReplace
+			}
+		}
+		// Predictive: the forecast peak within the lead time crosses the
+		// high-water mark of what is counted: size for it now, so the
+		// workers serve when it comes.
+		if forecast > c.o.High*capa {
+			if fn := int(math.Ceil(forecast/(cp*c.o.Target))) - active; fn > n {
+				n, reason = fn, ReasonForecast
+			}
+		}
+		if c.o.MaxBorrowed > 0 {
+			n = min(n, c.o.MaxBorrowed-held)
+		}
+		n = min(n, idle)
+		if n > 0 {
+			idle -= n
+			held += n
+			active += n
+			c.pending = append(c.pending, pending{m.Model, n, now})
+			emit(Decision{Kind: Borrow, Model: m.Model, N: n, Reason: reason})
+		}
+
+		// Shed advice: the demand the workers counted (starting and asked
+		// for included) cannot cover, once nothing more can be borrowed.
+		frac := 0.0
+		if covered := float64(active) * cp; m.Offered > covered {
+			frac = math.Ceil((1-covered/m.Offered)*100) / 100
+		}
+		if frac != c.shed[m.Model] {
+			r := ReasonUncovered
+			if frac == 0 {
+				r = ReasonCovered
+			}
+			c.shed[m.Model] = frac
+			emit(Decision{Kind: Shed, Model: m.Model, Frac: frac, Reason: r})
+		}
+
+		// Returns: nothing pressing, nothing on its way, past the
+		// cool-down, and the demand (or forecast) fits under Low without
+		// the workers returned.
+		if reason != "" || n > 0 || cool || pend > 0 || starting > 0 || frac > 0 {
+			continue
+		}
+		k := active - max(1, int(math.Ceil(size/(c.o.Low*cp))))
+		if k <= 0 {
+			continue
+		}
+		var cand []*lease
+		for _, l := range c.leases {
+			if l.model == m.Model && l.serving && !l.draining && now-l.servingAt >= c.o.MinLease {
+				cand = append(cand, l)
+			}
+		}
+		slices.SortFunc(cand, func(a, b *lease) int {
+			if a.servingAt != b.servingAt {
+				return int(a.servingAt - b.servingAt)
+			}
+			if a.worker < b.worker {
+				return -1
+			}
+			return 1
+		})
+		for _, l := range cand[:min(k, len(cand))] {
+			l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonLowDemand, now+c.o.DrainTimeout
+			c.lastReturn[m.Model] = now
+			emit(Decision{Kind: Drain, Model: m.Model, Worker: l.worker, Reason: ReasonLowDemand})
+		}
+	}
+	return out, nil
+}
+
+// lead is how far ahead the predictive policy looks: the measured time
+// from a borrow decision to serving (the estimate until one is measured)
+// plus one tick, since the next decision comes a tick later.
+func (c *Controller) lead() time.Duration {
+	s := c.o.StartupEstimate
+	if c.stats.StartupCount > 0 {
+		s = c.stats.StartupSum / time.Duration(c.stats.StartupCount)
+	}
+	return s + c.gap
+}
+
+func (c *Controller) pendingCount(model string) int {
+	n := 0
+	for _, p := range c.pending {
+		if model == "" || p.model == model {
+			n += p.n
+		}
+	}
+	return n
+}
+
+// takePending consumes one worker of the oldest borrow of model.
+func (c *Controller) takePending(model string) (time.Duration, bool) {
+	for i := range c.pending {
+		if p := &c.pending[i]; p.model == model {
+			at := p.at
+			if p.n--; p.n == 0 {
+				c.pending = slices.Delete(c.pending, i, i+1)
+			}
+			return at, true
+		}
+	}
+	return 0, false
+}
+
+// dropPending forgets n workers of model's newest borrows.
+func (c *Controller) dropPending(model string, n int) {
+	for i := len(c.pending) - 1; i >= 0 && n > 0; i-- {
+		p := &c.pending[i]
+		if p.model != model {
+			continue
+		}
+		d := min(n, p.n)
+		p.n -= d
+		n -= d
+		if p.n == 0 {
+			c.pending = slices.Delete(c.pending, i, i+1)
+		}
+	}
+}

@@ -1,0 +1,36 @@
+package capacity
+
+import (
+	"context"
+	"time"
+)
+
+// Provider is the IO side of loaning: the lender. A local provider starts
+// and stops `prism serve dense` processes on spare device slots of this
+// host; a Kubernetes provider places dense-worker Pods on the training
+// pool's nodes. The driver calls it to carry out the controller's
+// decisions and feeds what it reports into the next Observation.
+type Provider interface {
+	// Name identifies the lender in logs and metrics.
+	Name() string
+	// Idle says how many workers the lender could lend now.
+	Idle(ctx context.Context) (int, error)
+	// Borrow starts n workers serving model and returns their ids at
+	// once; each registers with the router when it serves, and is
+	// reported Starting until then. Fewer ids than n (with an error) mean
+	// the rest failed: the driver reports them as a BorrowFailure.
+	Borrow(ctx context.Context, model string, n int) ([]string, error)
+	// Return stops a worker the controller drained and hands its device
+	// back to the lender.
+	Return(ctx context.Context, worker string) error
+	// Reclaims delivers the lender taking workers back, each with the
+	// grace it allows; the driver passes them on as Reclaims.
+	Reclaims() <-chan ProviderReclaim
+}
+
+// ProviderReclaim is a reclaim as the lender announces it: the worker
+// and the grace before it is taken regardless.
+type ProviderReclaim struct {
+	Worker string
+	Grace  time.Duration
+}

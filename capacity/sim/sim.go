@@ -1,0 +1,348 @@
+// Package sim is the what-if simulation of capacity loaning: it replays a
+// demand trace through the capacity controller on a simulated clock, with
+// a lender that hands out workers which serve after a startup delay and
+// reclaims some of them with a grace period, and reports what static
+// provisioning for the peak would have needed against what loaning used.
+//
+// The model per tick: capacity is the serving workers (owned, and
+// borrowed ones past their startup and not drained) times the capacity of
+// one worker; the demand above it misses the SLO (shed or late). A
+// drained worker finishes its in-flight work in Drain.
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/prism-serve/prism/capacity"
+)
+
+// Config is one simulation.
+type Config struct {
+	// Step and Rates are the demand trace, samples/s: Rates[i] over
+	// [i*Step, (i+1)*Step). It is also the seasonal history the
+	// predictive policy forecasts from.
+	Step  time.Duration
+	Rates []float64
+	// Promotions multiply the demand (and are on the forecast's calendar).
+	Promotions []capacity.Promotion
+	// CapacityPerWorker is the samples/s one dense worker serves.
+	CapacityPerWorker float64
+	// Controller are the controller's options (policy included).
+	Controller capacity.Options
+	// Owned is the dense workers the service owns; 0 sizes it for the
+	// median of the trace without promotions at the controller's target.
+	Owned int
+	// Tick is the controller's period (10s).
+	Tick time.Duration
+	// Startup is the time from a borrow to the worker serving (90s).
+	Startup time.Duration
+	// Drain is the time a drained worker needs to finish its in-flight
+	// work (1s).
+	Drain time.Duration
+	// Reclaims are times at which the lender takes back one borrowed
+	// worker (the newest), with Grace to release it (30s).
+	Reclaims []time.Duration
+	Grace    time.Duration
+	// LenderIdle is how many workers the lender can lend at most (1000).
+	LenderIdle int
+}
+
+// EnsureDefaults fills zero fields.
+func (c *Config) EnsureDefaults() {
+	c.Controller.EnsureDefaults()
+	if c.Tick == 0 {
+		c.Tick = 10 * time.Second
+	}
+	if c.Startup == 0 {
+		c.Startup = 90 * time.Second
+	}
+	if c.Drain == 0 {
+		c.Drain = time.Second
+	}
+	if c.Grace == 0 {
+		c.Grace = 30 * time.Second
+	}
+	if c.LenderIdle == 0 {
+		c.LenderIdle = 1000
+	}
+	if c.Owned == 0 && c.CapacityPerWorker > 0 && len(c.Rates) > 0 {
+		s := slices.Clone(c.Rates)
+		slices.Sort(s)
+		c.Owned = max(1, int(math.Ceil(s[len(s)/2]/(c.CapacityPerWorker*c.Controller.Target))))
+	}
+}
+
+// Validate checks c after EnsureDefaults.
+func (c *Config) Validate() error {
+	var errs []error
+	if err := c.Controller.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Step <= 0 || len(c.Rates) == 0 {
+		errs = append(errs, errors.New("the demand trace is empty"))
+	}
+	if !(c.CapacityPerWorker > 0) || math.IsInf(c.CapacityPerWorker, 0) {
+		errs = append(errs, fmt.Errorf("capacity per worker must be a positive number, got %v", c.CapacityPerWorker))
+	}
+	for _, p := range c.Promotions {
+		if err := p.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("promotion: %w", err))
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"tick", c.Tick}, {"startup", c.Startup}, {"drain", c.Drain}, {"grace", c.Grace}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v is negative", d.name, d.v))
+		}
+	}
+	if c.Tick <= 0 {
+		errs = append(errs, fmt.Errorf("tick %v must be positive", c.Tick))
+	}
+	if c.Owned < 0 || c.LenderIdle < 0 {
+		errs = append(errs, fmt.Errorf("owned %d and lender idle %d must not be negative", c.Owned, c.LenderIdle))
+	}
+	for _, r := range c.Reclaims {
+		if r < 0 {
+			errs = append(errs, fmt.Errorf("reclaim at %v is negative", r))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Point is the state at one tick.
+type Point struct {
+	T time.Duration
+	// Demand and Capacity are samples/s; Capacity is what serves.
+	Demand, Capacity float64
+	// Serving counts the serving workers, Borrowed the borrowed ones held.
+	Serving, Borrowed int
+}
+
+// Result is a simulation's outcome.
+type Result struct {
+	Points []Point
+	Report Report
+}
+
+// worker is one simulated dense worker.
+type worker struct {
+	id        string
+	borrowed  bool
+	arrived   time.Duration
+	draining  bool
+	drainedAt time.Duration
+}
+
+func (w *worker) serving(now, startup time.Duration) bool {
+	return !w.draining && (!w.borrowed || now-w.arrived >= startup)
+}
+
+func (w *worker) inFlight(now, drain time.Duration) int {
+	if w.draining && now-w.drainedAt < drain {
+		return 1
+	}
+	return 0
+}
+
+// rate is the demand at t: the trace times the promotions on.
+func (c *Config) rate(t time.Duration) float64 {
+	i := min(int(t/c.Step), len(c.Rates)-1)
+	return c.Rates[i] * capacity.Factor(c.Promotions, t)
+}
+
+// Run simulates c.
+func Run(c Config) (*Result, error) {
+	c.EnsureDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("capacity simulation: %w", err)
+	}
+	ctl, err := capacity.New(c.Controller)
+	if err != nil {
+		return nil, err
+	}
+	const model = "m"
+	var forecast capacity.Forecaster
+	if c.Controller.Policy == capacity.Predictive {
+		forecast = &capacity.Seasonal{Step: c.Step, Rates: c.Rates, Promotions: c.Promotions}
+	}
+	workers := map[string]*worker{}
+	for i := range c.Owned {
+		id := fmt.Sprintf("owned-%d", i+1)
+		workers[id] = &worker{id: id}
+	}
+	reclaims := slices.Clone(c.Reclaims)
+	slices.Sort(reclaims)
+	reclaimed := map[string]bool{}
+	rep := Report{Policy: string(c.Controller.Policy), CapacityPerWorker: c.CapacityPerWorker, OwnedGPUs: c.Owned}
+	var res Result
+	var offered, served float64
+	ticksOK, ticks := 0, 0
+	next := 0
+	duration := time.Duration(len(c.Rates)) * c.Step
+	for now := time.Duration(0); now < duration; now += c.Tick {
+		d := c.rate(now)
+		rep.PeakDemand = math.Max(rep.PeakDemand, d)
+		// The lender's reclaims due by now: the newest borrowed worker.
+		var recl []capacity.Reclaim
+		for len(reclaims) > 0 && reclaims[0] <= now {
+			reclaims = reclaims[1:]
+			var newest *worker
+			for _, w := range workers {
+				if w.borrowed && !w.draining && !reclaimed[w.id] && (newest == nil || w.arrived > newest.arrived || w.arrived == newest.arrived && w.id > newest.id) {
+					newest = w
+				}
+			}
+			if newest == nil {
+				rep.ReclaimsSkipped++
+				continue
+			}
+			rep.Reclaims++
+			reclaimed[newest.id] = true
+			recl = append(recl, capacity.Reclaim{Worker: newest.id, Deadline: now + c.Grace})
+		}
+		mo := capacity.ModelObs{Model: model, Offered: d, CapacityPerWorker: c.CapacityPerWorker, Forecast: forecast}
+		serving, borrowed := 0, 0
+		ids := make([]string, 0, len(workers))
+		for id := range workers {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		for _, id := range ids {
+			w := workers[id]
+			st := capacity.Starting
+			switch {
+			case w.draining:
+				st = capacity.Draining
+			case w.serving(now, c.Startup):
+				st = capacity.Serving
+				serving++
+			}
+			if w.borrowed {
+				borrowed++
+			}
+			mo.Workers = append(mo.Workers, capacity.Worker{ID: id, Borrowed: w.borrowed, State: st, InFlight: w.inFlight(now, c.Drain)})
+		}
+		capa := float64(serving) * c.CapacityPerWorker
+		mo.Shed = math.Max(0, d-capa)
+		ds, err := ctl.Tick(now, capacity.Observation{Models: []capacity.ModelObs{mo}, LenderIdle: max(0, c.LenderIdle-borrowed), Reclaims: recl})
+		if err != nil {
+			return nil, err
+		}
+		for _, dec := range ds {
+			switch dec.Kind {
+			case capacity.Borrow:
+				for range dec.N {
+					next++
+					id := fmt.Sprintf("borrowed-%d", next)
+					workers[id] = &worker{id: id, borrowed: true, arrived: now}
+				}
+			case capacity.Drain:
+				if w := workers[dec.Worker]; w != nil {
+					w.draining, w.drainedAt = true, now
+				}
+			case capacity.Return:
+				w := workers[dec.Worker]
+				if w == nil {
+					continue
+				}
+				if reclaimed[w.id] {
+					if w.inFlight(now, c.Drain) == 0 {
+						rep.ReclaimsSurvived++
+					}
+				}
+				delete(workers, dec.Worker)
+			}
+		}
+		// What this tick served: the workers serving when it began.
+		dt := c.Tick.Seconds()
+		offered += d * dt
+		served += math.Min(d, capa) * dt
+		ticks++
+		if d <= capa {
+			ticksOK++
+		}
+		rep.PeakBorrowed = max(rep.PeakBorrowed, borrowed)
+		res.Points = append(res.Points, Point{T: now, Demand: d, Capacity: capa, Serving: serving, Borrowed: borrowed})
+	}
+	st := ctl.Stats()
+	hours := duration.Hours()
+	rep.TraceHours = hours
+	rep.StaticGPUs = int(math.Ceil(rep.PeakDemand / c.CapacityPerWorker))
+	rep.BorrowedGPUHours = st.BorrowedGPUSeconds / 3600
+	rep.StaticGPUHours = float64(rep.StaticGPUs) * hours
+	rep.LoanGPUHours = float64(c.Owned)*hours + rep.BorrowedGPUHours
+	if rep.StaticGPUHours > 0 {
+		rep.GPUHoursSavedPct = 100 * (1 - rep.LoanGPUHours/rep.StaticGPUHours)
+	}
+	if extra := float64(rep.StaticGPUs-c.Owned) * hours; extra > 0 {
+		rep.PeakGPUHoursSavedPct = 100 * (1 - rep.BorrowedGPUHours/extra)
+	}
+	if offered > 0 {
+		rep.SLOAttainmentPct = 100 * served / offered
+	} else {
+		rep.SLOAttainmentPct = 100
+	}
+	rep.TicksInSLOPct = 100 * float64(ticksOK) / float64(max(ticks, 1))
+	rep.ReleasedWithInFlight = st.ReleasedWithInFlight
+	if st.StartupCount > 0 {
+		rep.DecisionToServingS = (st.StartupSum / time.Duration(st.StartupCount)).Seconds()
+	}
+	rep.Events = map[string]int{}
+	for k, n := range st.Events {
+		rep.Events[k.Kind+": "+k.Reason] += n
+	}
+	rep.BorrowedWorkers = st.BorrowedWorkers
+	rep.Claim = PaperClaim
+	res.Report = rep
+	return &res, nil
+}
+
+// PaperClaim is the production result the simulation is set against.
+const PaperClaim = "Prism (NSDI'25): during promotions, loaning GPUs from training clusters saved over 90% of the GPUs that static provisioning for the peak would need"
+
+// Report sums a simulation up.
+type Report struct {
+	Policy            string  `json:"policy"`
+	TraceHours        float64 `json:"trace_hours"`
+	PeakDemand        float64 `json:"peak_demand"`
+	CapacityPerWorker float64 `json:"capacity_per_worker"`
+	// StaticGPUs is ceil(peak demand / capacity per worker): one GPU per
+	// worker, provisioned for the peak all the time.
+	StaticGPUs int `json:"static_gpus"`
+	OwnedGPUs  int `json:"owned_gpus"`
+	// PeakBorrowed is the most workers borrowed at once.
+	PeakBorrowed     int     `json:"peak_borrowed"`
+	BorrowedWorkers  int     `json:"borrowed_workers"`
+	BorrowedGPUHours float64 `json:"borrowed_gpu_hours"`
+	// StaticGPUHours is StaticGPUs over the trace; LoanGPUHours the owned
+	// workers over the trace plus the borrowed GPU-hours.
+	StaticGPUHours float64 `json:"static_gpu_hours"`
+	LoanGPUHours   float64 `json:"loan_gpu_hours"`
+	// GPUHoursSavedPct is 1 - LoanGPUHours/StaticGPUHours;
+	// PeakGPUHoursSavedPct 1 - borrowed GPU-hours over the GPU-hours of
+	// the GPUs static provisioning adds above the owned ones.
+	GPUHoursSavedPct     float64 `json:"gpu_hours_saved_pct"`
+	PeakGPUHoursSavedPct float64 `json:"peak_gpu_hours_saved_pct"`
+	// SLOAttainmentPct is the share of offered samples the serving
+	// capacity covered; TicksInSLOPct the share of ticks with demand
+	// within capacity.
+	SLOAttainmentPct float64 `json:"slo_attainment_pct"`
+	TicksInSLOPct    float64 `json:"ticks_in_slo_pct"`
+	// Reclaims were injected; ReclaimsSurvived released with no work in
+	// flight (no accepted request dropped); ReclaimsSkipped found no
+	// borrowed worker to take.
+	Reclaims             int            `json:"reclaims"`
+	ReclaimsSurvived     int            `json:"reclaims_survived"`
+	ReclaimsSkipped      int            `json:"reclaims_skipped"`
+	ReleasedWithInFlight int            `json:"released_with_in_flight"`
+	DecisionToServingS   float64        `json:"decision_to_serving_s"`
+	Events               map[string]int `json:"events"`
+	Claim                string         `json:"paper_claim"`
+}

@@ -1,0 +1,212 @@
+package sim
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/capacity"
+)
+
+// spike is 2h of demand at 300 samples/s with a promotion tripling it
+// from 1h for 20m; workers serve 100/s and take 90s to start.
+func spike(policy capacity.Policy) Config {
+	rates := make([]float64, 120)
+	for i := range rates {
+		rates[i] = 300
+	}
+	return Config{
+		Step:              time.Minute,
+		Rates:             rates,
+		Promotions:        []capacity.Promotion{{Start: time.Hour, Duration: 20 * time.Minute, Factor: 3}},
+		CapacityPerWorker: 100,
+		Owned:             5,
+		Controller:        capacity.Options{Policy: policy},
+	}
+}
+
+// firstBorrow is when a run first holds a borrowed worker.
+func firstBorrow(r *Result) time.Duration {
+	for _, p := range r.Points {
+		if p.Borrowed > 0 {
+			return p.T
+		}
+	}
+	return -1
+}
+
+func TestSpike(t *testing.T) {
+	results := map[capacity.Policy]*Result{}
+	for _, p := range []capacity.Policy{capacity.Reactive, capacity.Predictive} {
+		r, err := Run(spike(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		results[p] = r
+		rep := r.Report
+		if rep.PeakDemand != 900 || rep.StaticGPUs != 9 {
+			t.Errorf("%s: peak %v, static %d GPUs; want 900 and ceil(900/100) = 9", p, rep.PeakDemand, rep.StaticGPUs)
+		}
+		for _, pt := range r.Points {
+			inSpike := pt.T >= time.Hour+5*time.Minute && pt.T < time.Hour+20*time.Minute
+			after := pt.T >= time.Hour+40*time.Minute
+			if inSpike && pt.Borrowed == 0 {
+				t.Errorf("%s: nothing borrowed at %v in the spike", p, pt.T)
+			}
+			if after && pt.Borrowed != 0 {
+				t.Errorf("%s: %d still borrowed at %v, 20m after the spike", p, pt.Borrowed, pt.T)
+			}
+			if pt.T < 50*time.Minute && pt.Borrowed != 0 {
+				t.Errorf("%s: %d borrowed at %v, before any ramp", p, pt.Borrowed, pt.T)
+			}
+		}
+		// Sizing to 70%: ceil(900/70) = 13 workers, 8 borrowed.
+		if rep.PeakBorrowed != 8 {
+			t.Errorf("%s: peak borrowed %d, want 8", p, rep.PeakBorrowed)
+		}
+		if rep.BorrowedGPUHours <= 0 || rep.LoanGPUHours >= rep.StaticGPUHours {
+			t.Errorf("%s: borrowed %.2f GPU-hours, loaning %.2f against static %.2f", p, rep.BorrowedGPUHours, rep.LoanGPUHours, rep.StaticGPUHours)
+		}
+	}
+	re, pr := results[capacity.Reactive], results[capacity.Predictive]
+	if rb, pb := firstBorrow(re), firstBorrow(pr); !(pb >= 0 && pb < rb) {
+		t.Errorf("predictive first borrowed at %v, reactive at %v: want predictive first", pb, rb)
+	}
+	// Reactive serves the spike 90s late (9 of 120 ten-second ticks of
+	// the first 20 minutes at 500/900 covered); predictive on time.
+	if re.Report.SLOAttainmentPct >= 100 || pr.Report.SLOAttainmentPct != 100 {
+		t.Errorf("SLO attainment reactive %.3f%%, predictive %.3f%%: want reactive below 100, predictive 100", re.Report.SLOAttainmentPct, pr.Report.SLOAttainmentPct)
+	}
+	if d := re.Report.DecisionToServingS; d != 90 {
+		t.Errorf("decision to serving %vs, want the 90s startup", d)
+	}
+}
+
+// Reclaims inside the spike: each is drained and released within the
+// grace with nothing in flight, and replaced; a grace shorter than the
+// in-flight work's drain cuts it off.
+func TestReclaims(t *testing.T) {
+	c := spike(capacity.Reactive)
+	// Sized to 70%, 13 workers carry the spike; with High at 75% the
+	// first reclaim leaves 12 (75%), the second 11 (82%): replaced.
+	c.Controller.High = 0.75
+	c.Reclaims = []time.Duration{time.Hour + 5*time.Minute, time.Hour + 10*time.Minute, 30 * time.Minute}
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := r.Report
+	if rep.Reclaims != 2 || rep.ReclaimsSurvived != 2 || rep.ReclaimsSkipped != 1 || rep.ReleasedWithInFlight != 0 {
+		t.Errorf("reclaims %d, survived %d, skipped %d, cut off %d; want 2, 2, 1, 0", rep.Reclaims, rep.ReclaimsSurvived, rep.ReclaimsSkipped, rep.ReleasedWithInFlight)
+	}
+	if rep.Events["borrow: replace reclaimed"] == 0 {
+		t.Errorf("no replacement borrow: %v", rep.Events)
+	}
+	c.Drain, c.Grace = 40*time.Second, 5*time.Second
+	r, err = Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := r.Report; rep.ReclaimsSurvived != 0 || rep.ReleasedWithInFlight != 2 {
+		t.Errorf("grace 5s under a 40s drain: survived %d, cut off %d; want 0 and 2", rep.ReclaimsSurvived, rep.ReleasedWithInFlight)
+	}
+}
+
+// A lender with too little idle: shed advice, and the SLO shortfall.
+func TestLenderShort(t *testing.T) {
+	c := spike(capacity.Reactive)
+	c.LenderIdle = 2
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Report.PeakBorrowed != 2 || r.Report.Events["shed: demand uncovered"] == 0 {
+		t.Errorf("peak borrowed %d, events %v: want 2 and shed advice", r.Report.PeakBorrowed, r.Report.Events)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []struct {
+		mod  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.CapacityPerWorker = 0 }, "capacity per worker must be a positive number"},
+		{func(c *Config) { c.Rates = nil }, "the demand trace is empty"},
+		{func(c *Config) { c.Tick = -time.Second }, "tick -1s is negative"},
+		{func(c *Config) { c.Controller.Low = 0.9 }, "0 < low <= target < high <= 1"},
+		{func(c *Config) { c.Promotions[0].Factor = -1 }, "factor -1 must be a positive number"},
+		{func(c *Config) { c.Owned = -1 }, "owned -1"},
+	} {
+		cfg := spike(capacity.Reactive)
+		c.mod(&cfg)
+		if _, err := Run(cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("error %v, want %q", err, c.want)
+		}
+	}
+}
+
+func TestOwnedAuto(t *testing.T) {
+	c := spike(capacity.Reactive)
+	c.Owned = 0
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The median 300/s at 70%: ceil(300/70) = 5.
+	if r.Report.OwnedGPUs != 5 {
+		t.Errorf("owned %d, want 5", r.Report.OwnedGPUs)
+	}
+}
+
+func TestLoanOutputs(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "qps.csv")
+	var b strings.Builder
+	b.WriteString("timestamp_anon,value,container_ip,request_type\n")
+	for i := range 120 {
+		v := 1.0
+		if i >= 60 && i < 80 {
+			v = 3
+		}
+		// Two containers per minute: their values are summed.
+		for range 2 {
+			b.WriteString(strings.Join([]string{ftoa(float64(i * 60)), ftoa(v / 2), "c", "x"}, ",") + "\n")
+		}
+	}
+	if err := os.WriteFile(trace, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	var w strings.Builder
+	err := Loan(&w, LoanConfig{Trace: trace, Scale: 300, Policies: []capacity.Policy{capacity.Reactive, capacity.Predictive}, Base: Config{CapacityPerWorker: 100, Owned: 5}, Out: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(w.String(), "static for the peak:  9 GPUs") || !strings.Contains(w.String(), "over 90%") {
+		t.Errorf("summary:\n%s", w.String())
+	}
+	var reps []Report
+	raw, err := os.ReadFile(filepath.Join(out, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &reps); err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 || reps[0].Policy != "reactive" || reps[1].Policy != "predictive" || reps[0].StaticGPUs != 9 || math.Abs(reps[0].TraceHours-2) > 1e-9 {
+		t.Errorf("report.json: %+v", reps)
+	}
+	if st, err := os.Stat(filepath.Join(out, "loan.png")); err != nil || st.Size() < 1000 {
+		t.Errorf("loan.png: %v", err)
+	}
+	if err := Loan(&w, LoanConfig{Trace: filepath.Join(dir, "none.csv"), Scale: 1, Policies: []capacity.Policy{capacity.Reactive}}); err == nil || !strings.Contains(err.Error(), "open trace") {
+		t.Errorf("missing trace: %v", err)
+	}
+}
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
