@@ -21,16 +21,16 @@ func init() { serveSubcommands = append(serveSubcommands, newServeDenseCmd) }
 // newServeDenseCmd is `prism serve dense` (formerly `serve gpu`).
 func newServeDenseCmd() *cobra.Command {
 	var (
-		addr, metricsAddr, router string
-		plans                     []string
-		maxBatch, maxQueue        int
-		maxDelay                  time.Duration
-		maxSamples, threads       int
-		spin                      bool
-		maxMessage                int
-		logFormat, logLevel       string
-		batchOrder                string
-		tlsFlags                  authflag.Flags
+		addr, metricsAddr, router, advertise string
+		plans                                []string
+		maxBatch, maxQueue                   int
+		maxDelay                             time.Duration
+		maxSamples, threads                  int
+		spin                                 bool
+		maxMessage                           int
+		logFormat, logLevel                  string
+		batchOrder                           string
+		tlsFlags                             authflag.Flags
 	)
 	cmd := &cobra.Command{
 		Use:     "dense --plan DIR [--plan DIR...]",
@@ -43,7 +43,8 @@ discovered through NVML; with no NVIDIA driver, or an ONNX Runtime without
 the CUDA execution provider, it says so once and serves on the CPU.
 
 Once serving it prints one line, "dense tier listening on ADDR", to stdout.
-With --router it announces itself to the router's registry (role "dense").`,
+With --router it announces itself to every router's registry (role "dense")
+at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			serve.LightHeapGC()
@@ -92,9 +93,10 @@ With --router it announces itself to the router's registry (role "dense").`,
 			defer stop()
 			id := serve.WorkerID("dense")
 			return s.ServeWorker(ctx, serve.WorkerOptions{
-				Router: router,
-				Info:   func(addr string) *prismv1.WorkerInfo { return dense.WorkerInfo(id, addr) },
-				Ready:  func(addr string) { readyline.WriteDense(cmd.OutOrStdout(), addr) },
+				Router:        router,
+				AdvertiseAddr: advertise,
+				Info:          func(addr string) *prismv1.WorkerInfo { return dense.WorkerInfo(id, addr) },
+				Ready:         func(addr string) { readyline.WriteDense(cmd.OutOrStdout(), addr) },
 				// In-flight RPCs are done (or cut off) by now: drain the
 				// batchers.
 				Drained:     func() { dense.Close() },
@@ -106,7 +108,8 @@ With --router it announces itself to the router's registry (role "dense").`,
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: the OS picks)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
 	f.StringArrayVar(&plans, "plan", nil, "partition folder (plan.json, dense.onnx) of a model to serve; repeatable")
-	f.StringVar(&router, "router", "", "router address to announce this worker to (optional)")
+	f.StringVar(&router, "router", "", "routers to announce this worker to: HOST:PORT, comma-separated; a name stands for every address it resolves to (resolved again every 30s)")
+	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
 	f.IntVar(&maxBatch, "max-batch", 256, "most samples in one ONNX Runtime run")
 	f.StringVar(&batchOrder, "batch-order", "edf", "how a batch is filled: edf (earliest deadline first, work that would miss its deadline refused) or fifo (arrival order)")
 	f.DurationVar(&maxDelay, "max-delay", 2*time.Millisecond, "how long a batch's first request waits for others")

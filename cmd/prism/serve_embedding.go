@@ -22,10 +22,10 @@ func init() { serveSubcommands = append(serveSubcommands, newServeEmbeddingCmd) 
 // newServeEmbeddingCmd is `prism serve embedding` (formerly `serve cpu`).
 func newServeEmbeddingCmd() *cobra.Command {
 	var (
-		db, hotBytes, preload, addr, metricsAddr, router, logFormat, logLevel string
-		plans                                                                 []string
-		maxSamples, threads                                                   int
-		tlsFlags                                                              authflag.Flags
+		db, hotBytes, preload, addr, metricsAddr, router, advertise, logFormat, logLevel string
+		plans                                                                            []string
+		maxSamples, threads                                                              int
+		tlsFlags                                                                         authflag.Flags
 	)
 	// Trust and admission (router-side trust work).
 	var maxInflightSamples int64
@@ -42,7 +42,8 @@ runs cpu.onnx where the plan has one, frames the cut tensors as Arrow and
 sends them to the dense worker the request names; the scores and a
 per-stage time breakdown come back. Once serving it prints one line,
 "embedding tier listening on ADDR", to stdout. With --router it
-announces itself to the router's registry (role "embedding").`,
+announces itself to every router's registry (role "embedding")
+at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if db == "" {
@@ -119,11 +120,12 @@ announces itself to the router's registry (role "embedding").`,
 			s.Registry.MustRegister(srv.Collectors()...)
 			id := serve.WorkerID("embedding")
 			return s.ServeWorker(ctx, serve.WorkerOptions{
-				Router:      router,
-				Announced:   func(r *prismv1.AnnounceResponse) { srv.SetDenseAddrs(r.GetDenseAddrs()) },
-				Info:        func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
-				Ready:       func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
-				DialOptions: []grpc.DialOption{toRouter},
+				Router:        router,
+				AdvertiseAddr: advertise,
+				Announced:     func(r *prismv1.AnnounceResponse) { srv.SetDenseAddrs(r.GetDenseAddrs()) },
+				Info:          func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
+				Ready:         func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
+				DialOptions:   []grpc.DialOption{toRouter},
 			})
 		},
 	}
@@ -134,7 +136,8 @@ announces itself to the router's registry (role "embedding").`,
 	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
-	f.StringVar(&router, "router", "", "router address to announce this worker to (optional)")
+	f.StringVar(&router, "router", "", "routers to announce this worker to: HOST:PORT, comma-separated; a name stands for every address it resolves to (resolved again every 30s)")
+	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
 	f.IntVar(&maxSamples, "max-samples", server.DefaultMaxSamples, "most samples one Lookup may carry")
 	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads for cpu.onnx (0: one per core)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -23,12 +24,33 @@ func Announce(ctx context.Context, routerAddr string, info func() *prismv1.Worke
 // AnnounceWith is Announce that hands every answer of the router to
 // answered (when set), in the heartbeat's goroutine: an embedding worker
 // learns there the dense workers it may send to
-// (AnnounceResponse.dense_addrs).
+// (AnnounceResponse.dense_addrs). AnnounceRouters runs one of these
+// loops per router and merges their answers.
 func AnnounceWith(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, answered func(*prismv1.AnnounceResponse), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
+	heard := func(resp *prismv1.AnnounceResponse, err error) {
+		if err == nil && answered != nil {
+			answered(resp)
+		}
+	}
+	return announceLoop(ctx, routerAddr, info, heard, log, opts...)
+}
+
+// announceBackoff bounds how long a worker waits between attempts to
+// reach a router it lost: gRPC's default grows to two minutes, so a host
+// whose link came back would rejoin minutes late.
+var announceBackoff = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+	MinConnectTimeout: 2 * time.Second,
+}
+
+// announceLoop is the heartbeat to one router: heard gets every
+// attempt's answer or error (not once ctx has ended), in the loop's
+// goroutine.
+func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, heard func(*prismv1.AnnounceResponse, error), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
-		conn, err := grpc.NewClient(routerAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+		conn, err := grpc.NewClient(routerAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(announceBackoff)}, opts...)...)
 		if err != nil {
 			log.Error("registry: bad router address", "router", routerAddr, "err", err)
 			return
@@ -48,14 +70,13 @@ func AnnounceWith(ctx context.Context, routerAddr string, info func() *prismv1.W
 					log.Warn("registry: announce failed; retrying", "router", routerAddr, "err", err)
 				}
 				failing = true
+				heard(nil, err)
 			case err == nil:
 				if failing {
 					log.Info("registry: announced again", "router", routerAddr)
 				}
 				failing = false
-				if answered != nil {
-					answered(resp)
-				}
+				heard(resp, nil)
 				if resp.GetHeartbeatMs() > 0 {
 					interval = time.Duration(resp.GetHeartbeatMs()) * time.Millisecond
 				}

@@ -13,20 +13,31 @@ import (
 
 // WorkerOptions say how a tier worker joins the system around Serve.
 type WorkerOptions struct {
-	// Router, when set, is the registry the worker announces itself to
-	// while it serves. It leaves as soon as ctx ends, while Serve still
-	// finishes the RPCs in flight: the router stops sending it work
-	// first.
+	// Router, when set, is the routers whose registries the worker
+	// announces itself to while it serves: addresses HOST:PORT separated
+	// by commas, a name standing for every router it resolves to
+	// (AnnounceRouters). It leaves them as soon as ctx ends, while Serve
+	// still finishes the RPCs in flight: the routers stop sending it
+	// work first.
 	Router string
+	// AdvertiseAddr is the address announced, "" to choose one
+	// (Advertise: the listen host when it is specific, else the address
+	// of the interface that routes to the router).
+	AdvertiseAddr string
+	// ResolveEvery is how often router names are resolved again
+	// (default DefaultResolveEvery).
+	ResolveEvery time.Duration
 	// Info is the worker's registry entry at each heartbeat, given the
-	// server's address.
+	// address it advertises.
 	Info func(addr string) *prismv1.WorkerInfo
-	// Ready is called once the worker is listening (and announcing):
-	// the tier prints its ready line there (internal/readyline).
+	// Ready is called once the worker is listening (and announcing),
+	// with the address it advertises: the tier prints its ready line
+	// there (internal/readyline).
 	Ready func(addr string)
-	// Announced, when set, hears every answer of the router to the
-	// worker's announcements (the embedding tier learns the dense
-	// workers there).
+	// Announced, when set, hears the routers' answers to the worker's
+	// announcements, merged into one (dense_addrs: the union of the
+	// routers' lists; see answers): the embedding tier learns the dense
+	// workers there.
 	Announced func(*prismv1.AnnounceResponse)
 	// Drained, when set, runs after Serve returns (in-flight RPCs are
 	// done or cut off): the dense tier drains its batchers there.
@@ -36,20 +47,40 @@ type WorkerOptions struct {
 	DialOptions []grpc.DialOption
 }
 
-// ServeWorker runs a tier worker: it announces it to the router, calls
+// ServeWorker runs a tier worker: it announces it to the routers, calls
 // Ready, serves until ctx ends or serving fails, then leaves the
-// registry. It returns once the worker has left, promptly even when
+// registries. It returns once the worker has left, promptly even when
 // serving failed while ctx was still live.
 func (s *Server) ServeWorker(ctx context.Context, o WorkerOptions) error {
+	routers, err := ParseRouters(o.Router)
+	if err == nil {
+		var addr string
+		addr, err = Advertise{Flag: o.AdvertiseAddr, Listen: s.opts.Addr, Bound: s.Addr(), Routers: routers}.Addr()
+		if err == nil {
+			return s.serveWorker(ctx, o, routers, addr)
+		}
+	}
+	// Nothing served: close the listeners bound by New.
+	s.lis.Close()
+	if s.mlis != nil {
+		s.mlis.Close()
+	}
+	return fmt.Errorf("%s: %w", s.name, err)
+}
+
+func (s *Server) serveWorker(ctx context.Context, o WorkerOptions, routers []string, addr string) error {
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var announced <-chan struct{}
-	if o.Router != "" {
-		addr := s.Addr()
-		announced = AnnounceWith(actx, o.Router, func() *prismv1.WorkerInfo { return o.Info(addr) }, o.Announced, s.Log, o.DialOptions...)
+	if len(routers) > 0 {
+		s.Log.Info("announcing", "routers", routers, "advertise", addr)
+		announced = AnnounceRouters(actx, RouterOptions{
+			Routers: routers, Info: func() *prismv1.WorkerInfo { return o.Info(addr) }, Answered: o.Announced,
+			ResolveEvery: o.ResolveEvery, DialOptions: o.DialOptions, Log: s.Log,
+		})
 	}
 	if o.Ready != nil {
-		o.Ready(s.Addr())
+		o.Ready(addr)
 	}
 	err := s.Serve(ctx)
 	if o.Drained != nil {

@@ -1,0 +1,204 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/grpctest"
+)
+
+// fakeRouter is a registry that answers with its dense workers and
+// records who announced and who left, with the :authority they named.
+type fakeRouter struct {
+	prismv1.UnimplementedRegistryServer
+	mu        sync.Mutex
+	dense     []string
+	announces int
+	left      int
+	authority string
+}
+
+func (r *fakeRouter) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.announces++
+	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md[":authority"]) > 0 {
+		r.authority = md[":authority"][0]
+	}
+	return &prismv1.AnnounceResponse{HeartbeatMs: 20, DenseAddrs: r.dense}, nil
+}
+
+func (r *fakeRouter) Leave(context.Context, *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.left++
+	return &prismv1.LeaveResponse{}, nil
+}
+
+func (r *fakeRouter) counts() (announces, left int, authority string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.announces, r.left, r.authority
+}
+
+// eventually polls cond for up to 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("never: %s", what)
+		}
+	}
+}
+
+// TestAnnounceRouters: a worker announces to every router it resolves,
+// one heartbeat each, in process over bufconn: a name's addresses and a
+// literal address; a router that appears in the name's addresses is
+// found at the next resolution, one that is gone is left; a name that
+// stops resolving keeps its routers. The embedding worker's answer is
+// the union of the routers' dense workers.
+func TestAnnounceRouters(t *testing.T) {
+	var bn grpctest.Net
+	routers := map[string]*fakeRouter{
+		"10.0.0.1:7000": {dense: []string{"d1:1", "d2:1"}},
+		"10.0.0.2:7000": {dense: []string{"d4:1"}},
+		"10.0.0.3:7000": {dense: []string{"d2:1", "d3:1"}},
+	}
+	for addr, r := range routers {
+		s, err := New("router", Options{Listener: bn.MustListen(t, addr), MetricsAddr: "off", Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		prismv1.RegisterRegistryServer(s.GRPC, r)
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Serve(ctx); close(done) }()
+		t.Cleanup(func() { stop(); <-done })
+	}
+	var dnsMu sync.Mutex
+	dns := []string{"10.0.0.1"}
+	var dnsErr error
+	setDNS := func(ips []string, err error) { dnsMu.Lock(); dns, dnsErr = ips, err; dnsMu.Unlock() }
+	lookup := func(_ context.Context, host string) ([]string, error) {
+		dnsMu.Lock()
+		defer dnsMu.Unlock()
+		if host != "routers.test" {
+			return nil, errors.New("no such host")
+		}
+		return slices.Clone(dns), dnsErr
+	}
+	var mu sync.Mutex
+	var union []string
+	answered := func(r *prismv1.AnnounceResponse) { mu.Lock(); union = r.GetDenseAddrs(); mu.Unlock() }
+	unionIs := func(want ...string) func() bool {
+		return func() bool { mu.Lock(); defer mu.Unlock(); return slices.Equal(union, want) }
+	}
+	specs, err := ParseRouters("routers.test:7000, 10.0.0.3:7000,routers.test:7000")
+	if err != nil || len(specs) != 2 {
+		t.Fatalf("ParseRouters: %v %v", specs, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := AnnounceRouters(ctx, RouterOptions{
+		Routers: specs, Info: func() *prismv1.WorkerInfo { return workerInfo("w:1") }, Answered: answered,
+		ResolveEvery: 30 * time.Millisecond, LookupHost: lookup, DialOptions: []grpc.DialOption{bn.DialOption()}, Log: quiet(),
+	})
+	eventually(t, "the union of routers 1 and 3", unionIs("d1:1", "d2:1", "d3:1"))
+	if _, _, auth := routers["10.0.0.1:7000"].counts(); auth != "routers.test:7000" {
+		t.Errorf("a router found by name was dialled with authority %q, want the name", auth)
+	}
+	if n, _, _ := routers["10.0.0.2:7000"].counts(); n != 0 {
+		t.Errorf("router 2, not resolved yet, had %d announcements", n)
+	}
+
+	// A new replica behind the name.
+	setDNS([]string{"10.0.0.2", "10.0.0.1"}, nil)
+	eventually(t, "router 2 found", unionIs("d1:1", "d2:1", "d3:1", "d4:1"))
+	// Router 1 gone from the name: left, and its dense workers with it.
+	setDNS([]string{"10.0.0.2"}, nil)
+	eventually(t, "router 1 left", func() bool { _, l, _ := routers["10.0.0.1:7000"].counts(); return l == 1 })
+	eventually(t, "router 1's dense workers dropped", unionIs("d2:1", "d3:1", "d4:1"))
+	// The name stops resolving: its routers stay.
+	setDNS(nil, errors.New("SERVFAIL"))
+	before, _, _ := routers["10.0.0.2:7000"].counts()
+	time.Sleep(150 * time.Millisecond)
+	if n, l, _ := routers["10.0.0.2:7000"].counts(); l != 0 || n <= before {
+		t.Errorf("router 2 after the name failed to resolve: %d announcements (%d before), %d leaves", n, before, l)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AnnounceRouters did not end after its context")
+	}
+	for _, a := range []string{"10.0.0.2:7000", "10.0.0.3:7000"} {
+		if _, l, _ := routers[a].counts(); l != 1 {
+			t.Errorf("router %s: %d leaves at the end, want 1", a, l)
+		}
+	}
+}
+
+// TestAnswers: a router silent for three of its heartbeats leaves the
+// union; one that answers again is back in it.
+func TestAnswers(t *testing.T) {
+	now := time.Unix(0, 0)
+	var got [][]string
+	a := newAnswers(func(r *prismv1.AnnounceResponse) { got = append(got, r.GetDenseAddrs()) }, func() time.Time { return now })
+	a.heard("r1", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"b", "a"}}, nil)
+	a.heard("r2", &prismv1.AnnounceResponse{HeartbeatMs: 1000, DenseAddrs: []string{"c", "a"}}, nil)
+	down := errors.New("unavailable")
+	now = now.Add(250 * time.Millisecond)
+	a.heard("r1", nil, down) // within three heartbeats: kept
+	now = now.Add(100 * time.Millisecond)
+	a.heard("r1", nil, down) // 350 ms > 300 ms: dropped
+	a.heard("r1", nil, down) // no change: nothing delivered
+	a.heard("r1", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"b"}}, nil)
+	a.forget("r2")
+	want := [][]string{{"a", "b"}, {"a", "b", "c"}, {"a", "c"}, {"a", "b", "c"}, {"b"}}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("delivered %v, want %v", got, want)
+	}
+}
+
+// TestResolveRouter: a literal is one router, a name each of its
+// addresses (dialled under the name), a name of loopback addresses one
+// router by its name.
+func TestResolveRouter(t *testing.T) {
+	lookup := func(_ context.Context, host string) ([]string, error) {
+		return map[string][]string{
+			"localhost": {"127.0.0.1", "::1"},
+			"routers":   {"10.0.0.2", "fd00::1", "10.0.0.2"},
+		}[host], nil
+	}
+	for spec, want := range map[string][]routerTarget{
+		"10.0.0.9:7000":   {{addr: "10.0.0.9:7000"}},
+		"[fd00::9]:7000":  {{addr: "[fd00::9]:7000"}},
+		"localhost:7000":  {{addr: "localhost:7000"}},
+		"routers:7000":    {{"10.0.0.2:7000", "routers:7000"}, {"[fd00::1]:7000", "routers:7000"}},
+		"nothing.at:7000": nil,
+	} {
+		got, err := resolveRouter(context.Background(), spec, lookup)
+		if want == nil {
+			if err == nil {
+				t.Errorf("%s: %v, want an error", spec, got)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%s: %v %v, want %v", spec, got, err, want)
+		}
+	}
+	for _, bad := range []string{"router", ":7000", "router:"} {
+		if _, err := ParseRouters(bad); err == nil {
+			t.Errorf("ParseRouters(%q): no error", bad)
+		}
+	}
+}
