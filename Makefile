@@ -7,7 +7,7 @@ ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
 export ORT_LIB ?= $(ORT_CACHE_LIB)
 BIN := bin/prism
 
-.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls vet fmt clean
+.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls vet fmt clean manifests image
 
 setup:
 	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
@@ -54,6 +54,23 @@ proto:
 	protoc --plugin=protoc-gen-go=.cache/protoc-gen-go --go_out=. --go_opt=paths=source_relative internal/onnxpb/onnx.proto
 	protoc --plugin=protoc-gen-go=.cache/protoc-gen-go --plugin=protoc-gen-go-grpc=.cache/protoc-gen-go-grpc \
 		--go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative api/prismv1/*.proto
+
+# Plain Kubernetes manifests (deploy/manifests, for kubectl apply -k),
+# rendered from the Helm chart with its default values. Helm: on PATH or
+# GOBIN=$(CURDIR)/.cache/bin go install helm.sh/helm/v3/cmd/helm@v3.22.0
+HELM ?= $(shell command -v helm 2>/dev/null || echo $(CURDIR)/.cache/bin/helm)
+manifests:
+	@[ -x "$(HELM)" ] || { echo "make manifests: helm not found: GOBIN=$(CURDIR)/.cache/bin go install helm.sh/helm/v3/cmd/helm@v3.22.0"; exit 1; }
+	$(HELM) lint deploy/helm/prism
+	$(HELM) template prism deploy/helm/prism --namespace prism > deploy/manifests/prism.yaml
+
+# The container image (Dockerfile): needs docker or podman with a working
+# engine and access to the registries the Dockerfile pulls from.
+IMAGE ?= prism:dev
+image:
+	@engine=; for e in docker podman; do if command -v $$e >/dev/null 2>&1 && timeout 20 $$e info >/dev/null 2>&1; then engine=$$e; break; fi; done; \
+	if [ -z "$$engine" ]; then echo "make image: no usable container engine here (docker/podman missing or its daemon not reachable); build where one runs with registry access: docker build -t $(IMAGE) ."; exit 1; fi; \
+	echo "$$engine build -t $(IMAGE) ."; $$engine build -t $(IMAGE) .
 
 clean:
 	rm -rf bin .cache/protoc-gen-go .cache/protoc-gen-go-grpc

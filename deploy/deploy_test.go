@@ -1,0 +1,484 @@
+package deploy
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	chartDir   = "helm/prism"
+	rendered   = "manifests/prism.yaml"
+	namespace  = "prism"
+	regenerate = "make manifests"
+)
+
+// helmTemplate is how `make manifests` renders the chart (keep the two
+// in step).
+var helmTemplate = []string{"template", "prism", chartDir, "--namespace", namespace}
+
+// wantKinds are the objects the chart renders with its default values.
+var wantKinds = map[string]int{
+	"Deployment": 2, "StatefulSet": 1, "Service": 4, "HorizontalPodAutoscaler": 1,
+	"PodDisruptionBudget": 3, "NetworkPolicy": 3,
+}
+
+// object is one decoded manifest document.
+type object struct {
+	Kind, Name string
+	Obj        any
+}
+
+// decode splits a YAML stream into documents and decodes each strictly
+// (unknown or misspelt fields fail) into its Kubernetes API type.
+func decode(t *testing.T, stream []byte) []object {
+	t.Helper()
+	var objs []object
+	for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(stream), -1) {
+		if strings.TrimSpace(stripComments(doc)) == "" {
+			continue
+		}
+		var meta struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		var obj any
+		switch meta.APIVersion + " " + meta.Kind {
+		case "apps/v1 Deployment":
+			obj = &appsv1.Deployment{}
+		case "apps/v1 StatefulSet":
+			obj = &appsv1.StatefulSet{}
+		case "v1 Service":
+			obj = &corev1.Service{}
+		case "v1 Namespace":
+			obj = &corev1.Namespace{}
+		case "autoscaling/v2 HorizontalPodAutoscaler":
+			obj = &autoscalingv2.HorizontalPodAutoscaler{}
+		case "policy/v1 PodDisruptionBudget":
+			obj = &policyv1.PodDisruptionBudget{}
+		case "networking.k8s.io/v1 NetworkPolicy":
+			obj = &networkingv1.NetworkPolicy{}
+		default:
+			t.Fatalf("document %d (%s): unexpected %s %s", i, meta.Metadata.Name, meta.APIVersion, meta.Kind)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s %s: %v", meta.Kind, meta.Metadata.Name, err)
+		}
+		objs = append(objs, object{Kind: meta.Kind, Name: meta.Metadata.Name, Obj: obj})
+	}
+	return objs
+}
+
+func stripComments(doc string) string {
+	var b strings.Builder
+	for line := range strings.Lines(doc) {
+		if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+			b.WriteString(line)
+		}
+	}
+	return b.String()
+}
+
+func readRendered(t *testing.T) []object {
+	t.Helper()
+	b, err := os.ReadFile(rendered)
+	if err != nil {
+		t.Fatalf("%v (regenerate: %s)", err, regenerate)
+	}
+	return decode(t, b)
+}
+
+// podSpecs are the pod templates of the workloads, by workload name.
+func podSpecs(objs []object) map[string]*corev1.PodTemplateSpec {
+	pods := map[string]*corev1.PodTemplateSpec{}
+	for _, o := range objs {
+		switch w := o.Obj.(type) {
+		case *appsv1.Deployment:
+			pods[o.Name] = &w.Spec.Template
+		case *appsv1.StatefulSet:
+			pods[o.Name] = &w.Spec.Template
+		}
+	}
+	return pods
+}
+
+func find[T any](t *testing.T, objs []object, kind, name string) T {
+	t.Helper()
+	for _, o := range objs {
+		if o.Kind == kind && o.Name == name {
+			return o.Obj.(T)
+		}
+	}
+	t.Fatalf("no %s %s", kind, name)
+	var zero T
+	return zero
+}
+
+func TestManifestsDecode(t *testing.T) {
+	objs := readRendered(t)
+	got := map[string]int{}
+	for _, o := range objs {
+		got[o.Kind]++
+	}
+	for k, n := range wantKinds {
+		if got[k] != n {
+			t.Errorf("%d %s objects, want %d", got[k], k, n)
+		}
+	}
+	if len(got) != len(wantKinds) {
+		t.Errorf("kinds %v, want %v", got, wantKinds)
+	}
+	for _, o := range objs {
+		if ns := o.Obj.(interface{ GetNamespace() string }).GetNamespace(); ns != namespace {
+			t.Errorf("%s %s in namespace %q, want %q", o.Kind, o.Name, ns, namespace)
+		}
+	}
+	checkWorkloads(t, objs)
+}
+
+// checkWorkloads checks what the issue asks of each tier in objs.
+func checkWorkloads(t *testing.T, objs []object) {
+	t.Helper()
+	pods := podSpecs(objs)
+	for _, name := range []string{"prism-router", "prism-embedding", "prism-dense"} {
+		p, ok := pods[name]
+		if !ok {
+			t.Errorf("no workload %s", name)
+			continue
+		}
+		c := p.Spec.Containers[0]
+		if c.ReadinessProbe == nil || c.LivenessProbe == nil {
+			t.Errorf("%s: readiness and liveness probes wanted", name)
+		}
+		if c.ReadinessProbe != nil && c.ReadinessProbe.GRPC == nil && (c.ReadinessProbe.Exec == nil || !strings.Contains(strings.Join(c.ReadinessProbe.Exec.Command, " "), "grpc_health_probe")) {
+			t.Errorf("%s: readiness is not a gRPC health check: %+v", name, c.ReadinessProbe.ProbeHandler)
+		}
+		var metricsPort int32
+		for _, port := range c.Ports {
+			if port.Name == "metrics" {
+				metricsPort = port.ContainerPort
+			}
+		}
+		a := p.Annotations
+		if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != fmt.Sprint(metricsPort) || metricsPort == 0 {
+			t.Errorf("%s: scrape annotations %v for metrics port %d", name, a, metricsPort)
+		}
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
+			t.Errorf("%s: no CPU or memory request", name)
+		}
+		if sc := p.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("%s: not run as non-root", name)
+		}
+		checkEnvRefs(t, name, p.Spec)
+	}
+	if t.Failed() {
+		return
+	}
+	emb := find[*appsv1.StatefulSet](t, objs, "StatefulSet", "prism-embedding")
+	if len(emb.Spec.VolumeClaimTemplates) != 1 {
+		t.Errorf("embedding: %d volume claim templates, want 1 (the Pebble store)", len(emb.Spec.VolumeClaimTemplates))
+	}
+	if init := emb.Spec.Template.Spec.InitContainers; len(init) == 0 || !strings.Contains(strings.Join(init[0].Command, " "), "prism ingest") {
+		t.Errorf("embedding: no init step running prism ingest: %+v", init)
+	}
+	if emb.Spec.Template.Spec.Containers[0].StartupProbe == nil {
+		t.Errorf("embedding: no startup probe to wait out the hot tier's preload")
+	}
+	dense := pods["prism-dense"].Spec.Containers[0].Resources
+	var gpu []string
+	for r := range dense.Limits {
+		if r == "nvidia.com/gpu" || strings.HasPrefix(string(r), "nvidia.com/mig-") {
+			gpu = append(gpu, string(r))
+			if dense.Requests[r] != dense.Limits[r] {
+				t.Errorf("dense: %s request %v, limit %v", r, dense.Requests[r], dense.Limits[r])
+			}
+		}
+	}
+	if len(gpu) != 1 {
+		t.Errorf("dense: GPU resources %v, want one of nvidia.com/gpu or nvidia.com/mig-*", gpu)
+	}
+	hpa := find[*autoscalingv2.HorizontalPodAutoscaler](t, objs, "HorizontalPodAutoscaler", "prism-router")
+	if hpa.Spec.ScaleTargetRef.Name != "prism-router" || len(hpa.Spec.Metrics) != 1 || hpa.Spec.Metrics[0].Resource.Name != corev1.ResourceCPU {
+		t.Errorf("router HPA: %+v", hpa.Spec)
+	}
+	// The internal ports admit Prism's own pods only.
+	for _, name := range []string{"prism-embedding", "prism-dense"} {
+		np := find[*networkingv1.NetworkPolicy](t, objs, "NetworkPolicy", name)
+		grpc := pods[name].Spec.Containers[0].Ports[0].ContainerPort
+		for _, rule := range np.Spec.Ingress {
+			if len(rule.Ports) == 1 && rule.Ports[0].Port.IntValue() == int(grpc) {
+				if len(rule.From) != 1 || rule.From[0].PodSelector == nil || rule.From[0].NamespaceSelector != nil ||
+					rule.From[0].PodSelector.MatchLabels["app.kubernetes.io/instance"] == "" {
+					t.Errorf("%s: gRPC port %d open to %+v, want Prism's pods only", name, grpc, rule.From)
+				}
+				grpc = -1
+			}
+		}
+		if grpc != -1 {
+			t.Errorf("%s: no ingress rule for the gRPC port", name)
+		}
+	}
+}
+
+// checkEnvRefs checks that every $(VAR) in a container's args names one
+// of its environment variables (Kubernetes leaves unknown ones as they
+// are, which prism would then take literally).
+func checkEnvRefs(t *testing.T, workload string, spec corev1.PodSpec) {
+	t.Helper()
+	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		env := map[string]bool{}
+		for _, e := range c.Env {
+			env[e.Name] = true
+		}
+		for _, a := range append(slices.Clone(c.Command), c.Args...) {
+			for _, m := range ref.FindAllStringSubmatch(a, -1) {
+				if !env[m[1]] {
+					t.Errorf("%s/%s: %s names no environment variable of the container", workload, c.Name, m[0])
+				}
+			}
+		}
+	}
+}
+
+// knownCommands are the prism subcommands the chart runs.
+var knownCommands = [][]string{{"serve", "router"}, {"serve", "embedding"}, {"serve", "dense"}, {"ingest"}, {"store", "versions"}}
+
+// commandLines returns every prism command line of the workloads: a
+// container's args (the image's entrypoint is prism) and the prism
+// commands of `sh -c` scripts.
+func commandLines(objs []object) map[string][][]string {
+	lines := map[string][][]string{}
+	for name, p := range podSpecs(objs) {
+		for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+			where := name + "/" + c.Name
+			switch {
+			case len(c.Command) == 0:
+				lines[where] = append(lines[where], c.Args)
+			case len(c.Command) == 3 && c.Command[0] == "sh" && c.Command[1] == "-c":
+				for _, seg := range regexp.MustCompile(`\|\||&&|;|\|`).Split(c.Command[2], -1) {
+					f := strings.Fields(seg)
+					if len(f) > 0 && f[0] == "exec" {
+						f = f[1:]
+					}
+					if len(f) == 0 || f[0] != "prism" {
+						continue
+					}
+					f = slices.DeleteFunc(f[1:], func(s string) bool { return strings.Contains(s, ">") })
+					lines[where] = append(lines[where], f)
+				}
+			case c.Command[0] == "prism":
+				lines[where] = append(lines[where], append(slices.Clone(c.Command[1:]), c.Args...))
+			}
+		}
+	}
+	return lines
+}
+
+// prismBinary is the binary the command lines are checked against:
+// $PRISM_BIN, else the checkout's bin/prism (make build).
+func prismBinary(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("PRISM_BIN")
+	if bin == "" {
+		bin = filepath.Join("..", "bin", "prism")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Skipf("no prism binary at %s (make build, or set PRISM_BIN): the manifests' command lines are not checked against the CLI", bin)
+	}
+	return bin
+}
+
+var helpFlag = regexp.MustCompile(`(?m)^\s+(?:-[a-zA-Z], )?--([a-z0-9][a-z0-9-]*)`)
+
+// flagProblems checks each prism command line of objs against the help of
+// the binary's subcommand: every --flag must be one it takes.
+func flagProblems(t *testing.T, bin string, objs []object) []string {
+	t.Helper()
+	help := map[string]map[string]bool{}
+	var problems []string
+	lines := commandLines(objs)
+	if len(lines) == 0 {
+		t.Fatal("no prism command line found in the workloads")
+	}
+	for where, cmds := range lines {
+		for _, argv := range cmds {
+			var path []string
+			for _, k := range knownCommands {
+				if len(argv) >= len(k) && slices.Equal(argv[:len(k)], k) && len(k) > len(path) {
+					path = k
+				}
+			}
+			if path == nil {
+				problems = append(problems, fmt.Sprintf("%s: prism %s: not a known subcommand (add it to knownCommands)", where, strings.Join(argv, " ")))
+				continue
+			}
+			key := strings.Join(path, " ")
+			if help[key] == nil {
+				out, err := exec.Command(bin, append(slices.Clone(path), "--help")...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("%s %s --help: %v\n%s", bin, key, err, out)
+				}
+				help[key] = map[string]bool{}
+				for _, m := range helpFlag.FindAllStringSubmatch(string(out), -1) {
+					help[key][m[1]] = true
+				}
+			}
+			for _, a := range argv[len(path):] {
+				if !strings.HasPrefix(a, "--") {
+					continue
+				}
+				name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+				if !help[key][name] {
+					problems = append(problems, fmt.Sprintf("%s: prism %s: unknown flag --%s", where, key, name))
+				}
+			}
+		}
+	}
+	slices.Sort(problems)
+	return problems
+}
+
+func TestCommandLinesMatchCLI(t *testing.T) {
+	bin := prismBinary(t)
+	for _, p := range flagProblems(t, bin, readRendered(t)) {
+		t.Error(p)
+	}
+}
+
+// helmBinary finds helm on PATH or in the checkout's .cache/bin.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("helm"); err == nil {
+		return p
+	}
+	p := filepath.Join("..", ".cache", "bin", "helm")
+	if _, err := os.Stat(p); err != nil {
+		t.Skip("helm not found on PATH or in .cache/bin (GOBIN=$PWD/.cache/bin go install helm.sh/helm/v3/cmd/helm@v3.22.0): the chart is not linted or rendered")
+	}
+	return p
+}
+
+func run(t *testing.T, name string, args ...string) []byte {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, stderr.Bytes())
+	}
+	return out
+}
+
+// TestChartRendersManifests lints the chart and checks that
+// deploy/manifests is what it renders with its default values.
+func TestChartRendersManifests(t *testing.T) {
+	helm := helmBinary(t)
+	run(t, helm, "lint", "--strict", chartDir)
+	got := run(t, helm, helmTemplate...)
+	want, err := os.ReadFile(rendered)
+	if err != nil {
+		t.Fatalf("%v (regenerate: %s)", err, regenerate)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("deploy/%s is stale: it is not what the chart renders; regenerate it with `%s` and commit it", rendered, regenerate)
+	}
+}
+
+// TestChartVariants renders the chart's other branches and decodes them
+// strictly: plaintext with the kubelet's gRPC probes, an image volume for
+// the models, MIG slices on a selected node pool, DNS names announced.
+func TestChartVariants(t *testing.T) {
+	helm := helmBinary(t)
+	bin := os.Getenv("PRISM_BIN")
+	if bin == "" {
+		bin = filepath.Join("..", "bin", "prism")
+	}
+	for _, v := range []struct {
+		name string
+		set  []string
+		// partial: the variant turns off parts checkWorkloads asks for.
+		partial bool
+	}{
+		{"plaintext", []string{"tls.enabled=false"}, false},
+		{"image-models", []string{"modelRepository.type=image", "modelRepository.image.reference=registry.example/prism-models:1"}, false},
+		{"hostpath-models-token", []string{"modelRepository.type=hostPath", "tls.authTokenSecret=prism-token", "embedding.ingest.dtype=float16"}, false},
+		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false},
+		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false},
+		{"cpu-only-fixed-routers-open", []string{"dense.gpu.enabled=false", "router.autoscaling.enabled=false", "router.replicas=2",
+			"networkPolicy.enabled=false", "metrics.annotations=false", "embedding.ingest.enabled=false"}, true},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			args := slices.Clone(helmTemplate)
+			for _, s := range v.set {
+				args = append(args, "--set", s)
+			}
+			objs := decode(t, run(t, helm, args...))
+			if !v.partial {
+				checkWorkloads(t, objs)
+			}
+			if _, err := os.Stat(bin); err != nil {
+				return
+			}
+			problems := flagProblems(t, bin, objs)
+			for _, p := range problems {
+				t.Error(p)
+			}
+		})
+	}
+}
+
+// TestKustomize builds deploy/manifests as `kubectl apply -k` would.
+func TestKustomize(t *testing.T) {
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not found: kubectl kustomize deploy/manifests not checked")
+	}
+	objs := decode(t, run(t, kubectl, "kustomize", "manifests"))
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.Kind]++
+	}
+	want := map[string]int{"Namespace": 1}
+	for k, n := range wantKinds {
+		want[k] = n
+	}
+	if fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Errorf("kubectl kustomize: kinds %v, want %v", kinds, want)
+	}
+	checkWorkloads(t, objs)
+}
+
+// TestFlagProblemsCatchesUnknown checks the checker: a flag no prism
+// command takes is found in args and in a `sh -c` script alike.
+func TestFlagProblemsCatchesUnknown(t *testing.T) {
+	bin := prismBinary(t)
+	d := &appsv1.Deployment{}
+	d.Spec.Template.Spec.InitContainers = []corev1.Container{{Name: "init", Command: []string{"sh", "-c", "prism store versions m --db /d >/dev/null 2>&1 || exec prism ingest /p --db /d --no-such-ingest-flag x"}}}
+	d.Spec.Template.Spec.Containers = []corev1.Container{{Name: "main", Args: []string{"serve", "router", "--addr", "0.0.0.0:1", "--no-such-router-flag=1"}}}
+	got := flagProblems(t, bin, []object{{Kind: "Deployment", Name: "x", Obj: d}})
+	want := []string{"x/init: prism ingest: unknown flag --no-such-ingest-flag", "x/main: prism serve router: unknown flag --no-such-router-flag"}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems %q, want %q", got, want)
+	}
+}

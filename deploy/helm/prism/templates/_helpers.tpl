@@ -1,0 +1,163 @@
+{{/* The release's base name: the release name, with the chart's name unless the release's holds it. */}}
+{{- define "prism.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A tier's resource name: fullname-COMPONENT. Call with (list $ "router"). */}}
+{{- define "prism.name" -}}
+{{- printf "%s-%s" (include "prism.fullname" (index . 0)) (index . 1) -}}
+{{- end -}}
+
+{{/* Selector labels of a tier. Call with (list $ "router"). */}}
+{{- define "prism.selectorLabels" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ $.Chart.Name }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* Every label of a tier's objects. Call with (list $ "router"). */}}
+{{- define "prism.labels" -}}
+{{- $ := index . 0 -}}
+{{ include "prism.selectorLabels" . }}
+app.kubernetes.io/part-of: prism
+app.kubernetes.io/version: {{ $.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version }}
+{{- end -}}
+
+{{- define "prism.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The TLS flags of a tier (internal/auth/authflag). */}}
+{{- define "prism.tlsArgs" -}}
+{{- if .Values.tls.enabled }}
+- --certs
+- {{ .Values.tls.mountPath }}
+{{- else }}
+- --insecure
+{{- end }}
+{{- end -}}
+
+{{/* The address a worker binds: the pod IP (announced as it is), or every interface when it announces a DNS name. Call with (list $ port). */}}
+{{- define "prism.workerAddr" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.workers.advertiseDNS -}}
+{{- printf "0.0.0.0:%v" (index . 1) -}}
+{{- else -}}
+{{- printf "$(POD_IP):%v" (index . 1) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The gRPC health check of a tier, as a probe's handler. Call with (list $ port host): host is the address the tier listens on as the pod sees it. */}}
+{{- define "prism.healthProbe" -}}
+{{- $ := index . 0 -}}
+{{- $port := index . 1 -}}
+{{- if $.Values.tls.enabled }}
+exec:
+  command:
+    - sh
+    - -c
+    - exec grpc_health_probe -addr="{{ index . 2 }}:{{ $port }}" -tls -tls-ca-cert={{ $.Values.tls.mountPath }}/ca.pem -tls-client-cert={{ $.Values.tls.mountPath }}/cert.pem -tls-client-key={{ $.Values.tls.mountPath }}/key.pem -tls-server-name=localhost -connect-timeout=2s -rpc-timeout=2s
+{{- else }}
+grpc:
+  port: {{ $port }}
+{{- end }}
+timeoutSeconds: {{ $.Values.probes.timeoutSeconds }}
+{{- end -}}
+
+{{/* The host a worker's probe dials. */}}
+{{- define "prism.workerProbeHost" -}}
+{{- if .Values.workers.advertiseDNS -}}127.0.0.1{{- else -}}${POD_IP}{{- end -}}
+{{- end -}}
+
+{{/* Pod annotations: Prometheus scrape of the metrics port. Call with (list $ metricsPort). */}}
+{{- define "prism.podAnnotations" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.metrics.annotations }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ index . 1 | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}
+
+{{/* Environment every tier gets: its pod's IP and name (for addresses), GOMEMLIMIT at the container's memory limit. */}}
+{{- define "prism.env" -}}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: GOMEMLIMIT
+  valueFrom:
+    resourceFieldRef:
+      resource: limits.memory
+{{- end -}}
+
+{{/* The volume of a tier's certificates. Call with (list $ role). */}}
+{{- define "prism.certsVolume" -}}
+{{- $ := index . 0 -}}
+{{- if $.Values.tls.enabled }}
+- name: certs
+  secret:
+    secretName: {{ index $.Values.tls.secrets (index . 1) }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{- define "prism.certsMount" -}}
+{{- if .Values.tls.enabled }}
+- name: certs
+  mountPath: {{ .Values.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* The model repository volume. */}}
+{{- define "prism.modelsVolume" -}}
+- name: models
+{{- with .Values.modelRepository }}
+{{- if eq .type "pvc" }}
+  persistentVolumeClaim:
+    claimName: {{ .pvc.claimName }}
+    readOnly: true
+{{- else if eq .type "hostPath" }}
+  hostPath:
+    path: {{ .hostPath.path }}
+    type: Directory
+{{- else if eq .type "image" }}
+  image:
+    reference: {{ required "modelRepository.image.reference is required with type image" .image.reference }}
+    pullPolicy: {{ .image.pullPolicy }}
+{{- else }}
+{{- fail (printf "modelRepository.type %q: want pvc, hostPath or image" .type) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "prism.modelsMount" -}}
+- name: models
+  mountPath: {{ .Values.modelRepository.mountPath }}
+  readOnly: true
+{{- end -}}
+
+{{/* --plan DIR for every model. */}}
+{{- define "prism.planArgs" -}}
+{{- range .Values.models }}
+- --plan
+- {{ $.Values.modelRepository.mountPath }}/{{ .plan }}
+{{- end }}
+{{- end -}}
+
+{{/* The routers a worker announces to: every pod behind the headless Service. */}}
+{{- define "prism.routerAddr" -}}
+{{- printf "%s-headless:%v" (include "prism.name" (list . "router")) .Values.router.port -}}
+{{- end -}}
