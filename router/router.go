@@ -90,6 +90,16 @@ type Options struct {
 	// UpdateLogFS is the file system UpdateLogDir lives on (default:
 	// the operating system's; tests use vfs.NewMem()).
 	UpdateLogFS vfs.FS
+	// Sequencer is the address of the router that sequences embedding
+	// updates when it is not this one (default "": this router does).
+	// With it, this router forwards Embeddings.Update there and serves
+	// lookups from the workers that hold the acknowledged updates, as
+	// follow.go describes; it keeps no update log.
+	Sequencer string
+	// SequencerDialOptions are added to the connection to Sequencer
+	// (after the plaintext default): the router's TLS identity,
+	// expecting a router's certificate on the other side.
+	SequencerDialOptions []grpc.DialOption
 
 	// FixedAdmission admits by MaxInflight and MaxInflightBytes only
 	// (the behaviour before issue 18): no request is refused for being
@@ -169,6 +179,10 @@ type Router struct {
 	connMu  sync.Mutex
 	conns   map[string]*grpc.ClientConn
 	upd     *updateDriver
+	// fol is set when another router sequences updates (Options.Sequencer);
+	// seqConn is its connection there.
+	fol     *follower
+	seqConn *grpc.ClientConn
 	m       routerMetrics
 }
 
@@ -213,6 +227,9 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	if reg != nil {
 		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers, r.m.behind)
 	}
+	if o.Sequencer != "" && o.UpdateLogDir != "" {
+		return nil, fmt.Errorf("router: an update log (%q) is kept by the router that sequences updates, and this one follows %s", o.UpdateLogDir, o.Sequencer)
+	}
 	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
 	if o.UpdateLogDir != "" {
 		l, err := openUpdateLog(o.UpdateLogDir, o.UpdateLogFS)
@@ -229,6 +246,13 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.Reg.observe = r.upd.announced
 	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync
+	if o.Sequencer != "" {
+		r.fol = newFollower(o.Sequencer, r.sequencerConn, o.UpdateQuorum, r.Reg.now, o.Heartbeat)
+		r.Reg.observe = r.fol.announced
+		r.Reg.gone = r.fol.gone
+		r.Reg.eligible = r.fol.inSync
+		r.log.Info("embedding updates go to another router", "sequencer", o.Sequencer)
+	}
 	return r, nil
 }
 
@@ -273,6 +297,10 @@ func (r *Router) Close() {
 		c.Close()
 		delete(r.conns, addr)
 	}
+	if r.seqConn != nil {
+		r.seqConn.Close()
+		r.seqConn = nil
+	}
 }
 
 // dropConns retires connections to addresses no registered worker has:
@@ -294,6 +322,23 @@ func (r *Router) dropConns() {
 			time.AfterFunc(r.opts.DefaultTimeout+5*time.Second, func() { c.Close() })
 		}
 	}
+}
+
+// sequencerConn is the connection to the router that sequences updates
+// (Options.Sequencer), made once.
+func (r *Router) sequencerConn(addr string) (*grpc.ClientConn, error) {
+	r.connMu.Lock()
+	defer r.connMu.Unlock()
+	if r.seqConn != nil {
+		return r.seqConn, nil
+	}
+	c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		append(serve.DialOptions(), r.opts.SequencerDialOptions...)...)...)
+	if err != nil {
+		return nil, err
+	}
+	r.seqConn = c
+	return c, nil
 }
 
 func (r *Router) conn(addr string) (*grpc.ClientConn, error) {

@@ -63,8 +63,9 @@ import (
 //     bad input an update another applied leaves serving the model, and
 //     the caller's UpdateResponse.refused names it.
 //
-// One router sequences a model's updates; several routers taking updates
-// for the same model would need a shared sequencer.
+// One router sequences a model's updates; other routers serving the
+// same workers forward their updates to it (Options.Sequencer;
+// follow.go).
 //
 // The rules live in sequencer (sequencer.go), a deterministic state
 // machine; Updater and updateDriver only check requests at the RPC
@@ -74,6 +75,7 @@ type Updater struct {
 	prismv1.UnimplementedEmbeddingsServer
 	reg     *Registry
 	d       *updateDriver
+	fol     *follower // nil: this router sequences
 	timeout time.Duration
 }
 
@@ -81,7 +83,7 @@ var _ prismv1.EmbeddingsServer = (*Updater)(nil)
 
 // Updater returns the Embeddings service of r.
 func (r *Router) Updater() *Updater {
-	return &Updater{reg: r.Reg, d: r.upd, timeout: r.opts.DefaultTimeout}
+	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, timeout: r.opts.DefaultTimeout}
 }
 
 // maxUpdateBytes is the largest ApplyUpdateRequest sent to a worker:
@@ -100,6 +102,9 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, u.timeout)
 		defer cancel()
+	}
+	if u.fol != nil {
+		return u.fol.forward(ctx, req)
 	}
 	if !u.served(req.GetModel()) {
 		if u.reg.Known(req.GetModel()) {

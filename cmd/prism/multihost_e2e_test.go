@@ -12,15 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/internal/modelrun"
 	"github.com/prism-serve/prism/internal/netns"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
+	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
 )
 
@@ -97,9 +100,11 @@ func TestMultiHost(t *testing.T) {
 	}
 	router := startIn(t, topo, rh, readyline.Router, "serve", "router", "--certs", certs,
 		"--addr", net.JoinHostPort(rh.Addr, "0"), "--heartbeat", "200ms", "--micro-batch", "32")
-	// A second router on a fourth host: every worker announces to both.
+	// A second router on a fourth host: every worker announces to both,
+	// and it forwards embedding updates to the first, which orders them.
 	router2 := startIn(t, topo, rh2, readyline.Router, "serve", "router", "--certs", certs,
-		"--addr", net.JoinHostPort(rh2.Addr, "0"), "--heartbeat", "200ms", "--micro-batch", "32")
+		"--addr", net.JoinHostPort(rh2.Addr, "0"), "--heartbeat", "200ms", "--micro-batch", "32",
+		"--sequencer", router.addr)
 	routers := router.addr + "," + router2.addr
 	for i, h := range []*netns.Host{h1, h2} {
 		startIn(t, topo, h, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--threads", "1",
@@ -197,6 +202,72 @@ func TestMultiHost(t *testing.T) {
 		equal(rec, "across hosts", n, uint64(i+1))
 		equal(prismv1.NewRecommenderClient(conn2), "on the second router", n, uint64(i+1))
 	}
+
+	// An embedding update sent to the second router is forwarded over
+	// the network to the first (router to router, mutual TLS), applied
+	// on both embedding workers, and read through either router.
+	updated := func() {
+		t.Helper()
+		src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 42})
+		b, _ := src.Next(4)
+		req := toRequest(cfg.Name, b, nil)
+		id := req.Candidates.Inputs[1].Ids[0] // cat_0 of candidate 0
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		before, err := rec.Recommend(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := make([]float32, 16)
+		for i := range row {
+			row[i] = 3
+		}
+		upd := prismv1.NewEmbeddingsClient(conn2)
+		var r *prismv1.UpdateResponse
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			// Unavailable while the first router's start-up wait lasts.
+			r, err = upd.Update(ctx, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{id}, Rows: leview.Bytes(row)})
+			if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil || r.GetWorkers() != 2 {
+			t.Fatalf("update through the second router: %v %v", r, err)
+		}
+		for i, c := range []*grpc.ClientConn{conn, conn2} {
+			after, err := prismv1.NewRecommenderClient(c).Recommend(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.GetScores()[0] == before.GetScores()[0] {
+				t.Errorf("router %d: the row updated through the second router did not change the score", i+1)
+			}
+		}
+		// Put it back (through the first router, which sequences), for
+		// the comparisons with the monolith below.
+		tab, err := tablefile.Open(filepath.Join(part, "tables", "emb_l.0.weight.arrow"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		orig, err := tab.ReadAll()
+		tab.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := prismv1.NewEmbeddingsClient(conn).Update(ctx, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{id}, Rows: leview.Bytes(orig[id*16 : id*16+16])}); err != nil {
+			t.Fatalf("restoring the row through the first router: %v", err)
+		}
+		for i, c := range []*grpc.ClientConn{conn, conn2} {
+			again, err := prismv1.NewRecommenderClient(c).Recommend(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if again.GetScores()[0] != before.GetScores()[0] {
+				t.Errorf("router %d: the restored row gives %v, before %v", i+1, again.GetScores()[0], before.GetScores()[0])
+			}
+		}
+	}
+	updated()
 
 	// Load from the root namespace: every call has a 2 s deadline.
 	const deadline = 2 * time.Second

@@ -58,6 +58,12 @@ func newServeRouterCmd() *cobra.Command {
 				return err
 			}
 			ro.DialOptions = append(ro.DialOptions, toEmbedding)
+			// and forwards updates to the sequencing router as router.
+			toRouter, err := tlsFlags.Dial(auth.Router, auth.Router)
+			if err != nil {
+				return err
+			}
+			ro.SequencerDialOptions = append(ro.SequencerDialOptions, toRouter)
 			if so.TLS != nil {
 				// The registry binds each worker to its certificate.
 				ro.Peer = auth.Peer
@@ -66,7 +72,7 @@ func newServeRouterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if ro.UpdateLogDir == "" {
+			if ro.UpdateLogDir == "" && ro.Sequencer == "" {
 				log.Info("embedding update log kept in memory (--update-log-dir not set): a restarted router cannot catch up workers that missed updates before it")
 			}
 			r, err := router.Open(ro, s.Registry)
@@ -117,5 +123,6 @@ func newServeRouterCmd() *cobra.Command {
 	ro.UpdateQuorum = router.QuorumMajority
 	f.Var(&ro.UpdateQuorum, "update-quorum", "how many of a model's embedding workers must hold an update before it is acknowledged: one, majority or all (below it the client gets Unavailable; the update still reaches the others by catch-up)")
 	f.StringVar(&ro.UpdateLogDir, "update-log-dir", "", `Pebble folder keeping the recent embedding updates across router restarts ("": in memory)`)
+	f.StringVar(&ro.Sequencer, "sequencer", "", `with several routers: the address of the one that orders embedding updates; this router forwards Embeddings.Update there ("": this router orders them; give every other router this one's address)`)
 	return cmd
 }

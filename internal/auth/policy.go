@@ -31,8 +31,10 @@ type Rule struct {
 // form is refused to everyone: a new RPC is closed until it gets a row.
 var Table = map[string]Rule{
 	// The public API.
-	"/prism.v1.Recommender/*":     {Token: true},
-	"/prism.v1.Embeddings/Update": {Roles: []Role{Admin}},
+	"/prism.v1.Recommender/*": {Token: true},
+	// Operators update; a router that does not sequence updates forwards
+	// them to the one that does (router/follow.go).
+	"/prism.v1.Embeddings/Update": {Roles: []Role{Admin, Router}},
 	// The registry: workers announce and leave, operators and peers list.
 	"/prism.v1.Registry/Announce": {Roles: []Role{Embedding, Dense}},
 	"/prism.v1.Registry/Leave":    {Roles: []Role{Embedding, Dense}},

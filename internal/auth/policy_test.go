@@ -60,7 +60,7 @@ func TestAuthorizeTable(t *testing.T) {
 	want := map[string][4]codes.Code{
 		recommend: {ok, ok, ok, ok},
 		stream:    {ok, ok, ok, ok},
-		update:    {denied, denied, denied, ok},
+		update:    {ok, denied, denied, ok},
 		announce:  {denied, ok, ok, denied},
 		leave:     {denied, ok, ok, denied},
 		list:      {ok, ok, ok, ok},

@@ -1,0 +1,194 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Several routers serve the same workers (issue 12), but a model's
+// updates must keep one order, so one router sequences them
+// (update.go) and the others follow (Options.Sequencer names the
+// sequencing router):
+//
+//   - Embeddings.Update on a following router is forwarded to the
+//     sequencer and its answer passed back. A follower never numbers or
+//     applies an update itself: when the sequencer cannot be reached it
+//     answers Unavailable, naming it. A forwarded update that reaches a
+//     router which itself follows is refused (FailedPrecondition): two
+//     routers naming each other would otherwise pass it around.
+//   - Lookups on a follower go only to embedding workers that hold the
+//     model's acknowledged updates, judged from what the workers
+//     announce to every router: an update the sequencer acknowledged is
+//     held by its quorum of the model's workers, so the quorum-th
+//     highest number the live workers announce is at least the latest
+//     acknowledged one (one worker claiming a number it never got
+//     cannot raise it under a majority quorum). That floor never goes
+//     down while a live worker still holds it, so workers that lost
+//     their stores do not come back into serving when the up-to-date
+//     ones are fewer than the quorum; if no live worker holds the
+//     floor (the stores were replaced, the sequence started over) it
+//     follows the workers down. The follower learns of a new update at
+//     the workers' next heartbeat: until then it may serve rows one
+//     update older than the sequencer would.
+//   - A follower that has just started serves no lookups of a model
+//     with updates for three heartbeats, as the sequencer does: every
+//     live worker has announced what it holds by then.
+type follower struct {
+	// sequencer is the sequencing router's address; conn dials it.
+	sequencer string
+	conn      func(addr string) (*grpc.ClientConn, error)
+	quorum    Quorum
+	now       func() time.Time
+	started   time.Time
+	heartbeat time.Duration
+
+	// any is set once some worker announced an update of some model:
+	// until then lookups take no lock here.
+	any atomic.Bool
+	mu  sync.Mutex
+	// workers is per live embedding worker the models it serves and the
+	// numbers it holds; floor is per model the acknowledged number
+	// judged so far.
+	workers map[string]followed
+	floor   map[string]int64
+}
+
+type followed struct {
+	models []string
+	held   map[string]int64
+}
+
+func newFollower(sequencer string, conn func(string) (*grpc.ClientConn, error), q Quorum, now func() time.Time, heartbeat time.Duration) *follower {
+	return &follower{
+		sequencer: sequencer, conn: conn, quorum: q, now: now, started: now(), heartbeat: heartbeat,
+		workers: map[string]followed{}, floor: map[string]int64{},
+	}
+}
+
+// forwardedKey marks an update one router forwards to another.
+const forwardedKey = "prism-forwarded-by"
+
+// forward sends an update to the sequencer and passes its answer back.
+func (f *follower) forward(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
+	if forwarded(ctx) {
+		return nil, status.Errorf(codes.FailedPrecondition, "this router does not sequence updates (it forwards them to %s) and was sent a forwarded one: two routers name each other with --sequencer", f.sequencer)
+	}
+	conn, err := f.conn(f.sequencer)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %v; not applied (one router orders each model's updates)", f.sequencer, err)
+	}
+	resp, err := prismv1.NewEmbeddingsClient(conn).Update(metadata.AppendToOutgoingContext(ctx, forwardedKey, "router"), req)
+	if err != nil {
+		st := status.Convert(err)
+		switch st.Code() {
+		case codes.Unavailable, codes.Unknown, codes.Internal:
+			// Not reached, or it broke: say where the update went.
+			return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %s; retry", f.sequencer, st.Message())
+		}
+		return nil, err // its own answer (bad input, deadline, quorum not reached, ...)
+	}
+	return resp, nil
+}
+
+// forwarded says whether ctx is an update another router forwarded.
+func forwarded(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get(forwardedKey)) > 0
+}
+
+// announced is the registry's hook for every announcement.
+func (f *follower) announced(w *prismv1.WorkerInfo) {
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
+		return
+	}
+	held := map[string]int64{}
+	for m, s := range w.GetUpdateSeq() {
+		if s > 0 {
+			held[m] = s
+			f.any.Store(true)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.workers[w.GetId()] = followed{models: slices.Clone(w.GetModels()), held: held}
+	for _, m := range w.GetModels() {
+		f.judge(m)
+	}
+}
+
+// gone is the registry's hook for a worker that left or expired.
+func (f *follower) gone(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return
+	}
+	delete(f.workers, id)
+	for _, m := range w.models {
+		f.judge(m)
+	}
+}
+
+// judge recomputes model's floor from the live workers; f.mu is held.
+func (f *follower) judge(model string) {
+	var held []int64
+	for _, w := range f.workers {
+		if slices.Contains(w.models, model) {
+			held = append(held, w.held[model])
+		}
+	}
+	f.floor[model] = nextFloor(f.floor[model], held, f.quorum)
+}
+
+// nextFloor is the pure rule: the quorum-th highest number the live
+// workers hold, never below the floor so far while some worker still
+// holds that; when none does, the quorum-th highest.
+func nextFloor(floor int64, held []int64, q Quorum) int64 {
+	if len(held) == 0 {
+		return floor
+	}
+	sorted := slices.Clone(held)
+	slices.Sort(sorted)
+	slices.Reverse(sorted)
+	k := max(q.need(len(sorted)), 1)
+	kth := sorted[k-1]
+	if sorted[0] >= floor {
+		return max(floor, kth)
+	}
+	return kth
+}
+
+// inSync is the registry's eligibility hook: may w serve model's
+// lookups? It is called under the registry's lock.
+func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !f.any.Load() {
+		return true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	floor := f.floor[model]
+	if floor == 0 {
+		return true
+	}
+	if f.now().Sub(f.started) < 3*f.heartbeat {
+		return false // the workers are still announcing what they hold
+	}
+	return w.GetUpdateSeq()[model] >= floor
+}
+
+// String describes the follower for logs.
+func (f *follower) String() string {
+	return fmt.Sprintf("following update sequencer %s", f.sequencer)
+}

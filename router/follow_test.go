@@ -1,0 +1,217 @@
+package router
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// The follower's floor, case by case: the quorum-th highest number the
+// live workers hold, kept while some worker holds it.
+func TestNextFloor(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		floor int64
+		held  []int64
+		q     Quorum
+		want  int64
+	}{
+		{"no workers keep the floor", 5, nil, QuorumMajority, 5},
+		{"all up to date", 0, []int64{4, 4, 4}, QuorumMajority, 4},
+		{"one behind does not lower it", 0, []int64{4, 4, 1}, QuorumMajority, 4},
+		{"one liar cannot raise it under a majority", 0, []int64{1 << 40, 4, 4}, QuorumMajority, 4},
+		{"under quorum one the highest counts", 0, []int64{7, 4, 4}, QuorumOne, 7},
+		{"under quorum all the lowest", 0, []int64{7, 4, 2}, QuorumAll, 2},
+		{"it never goes down while someone holds it", 6, []int64{6, 2, 2}, QuorumMajority, 6},
+		{"a newer majority raises it", 6, []int64{8, 8, 2}, QuorumMajority, 8},
+		{"nobody holds it any more: follow the workers down", 6, []int64{3, 3, 1}, QuorumMajority, 3},
+		{"a lone worker", 0, []int64{9}, QuorumMajority, 9},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := nextFloor(c.floor, c.held, c.q); got != c.want {
+				t.Fatalf("nextFloor(%d, %v, %v) = %d, want %d", c.floor, c.held, c.q, got, c.want)
+			}
+		})
+	}
+}
+
+// followRig: a sequencing router (an updateRig with its workers) and a
+// second router that follows it, reaching the first's Embeddings
+// service in process. The follower hears the same announcements.
+type followRig struct {
+	*updateRig
+	fol     *Router
+	seqAddr string
+	stop    func()
+	folSkew atomic.Int64
+}
+
+func newFollowRig(t *testing.T, cns ...*seqCN) *followRig {
+	rig := &followRig{updateRig: newUpdateRig(t, Options{}, cns...)}
+	addr, lis := listen(t)
+	s := grpc.NewServer()
+	prismv1.RegisterEmbeddingsServer(s, rig.r.Updater())
+	go s.Serve(lis)
+	rig.stop = s.Stop
+	t.Cleanup(s.Stop)
+	rig.seqAddr = addr
+	rig.fol = testRouter(Options{Sequencer: addr, now: func() time.Time { return time.Now().Add(time.Duration(rig.folSkew.Load())) }})
+	rig.fol.opts.SequencerDialOptions = []grpc.DialOption{grpc.WithContextDialer(dialInproc)}
+	rig.fol.fol.started = time.Now().Add(-time.Hour) // past its start-up wait (tested below)
+	rig.fol.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+	rig.announceBoth()
+	return rig
+}
+
+// announceBoth: every worker announces to both routers.
+func (rig *followRig) announceBoth() {
+	rig.announce()
+	for i, f := range rig.cns {
+		rig.fol.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: "cpu" + rig.addr[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.addr[i], Models: []string{"m"}, Healthy: true,
+			UpdateSeq: map[string]int64{"m": f.held()},
+		}})
+	}
+}
+
+// followerServes: which workers the follower would send a lookup to.
+func (rig *followRig) followerServes() map[int]bool {
+	got := map[int]bool{}
+	for i := range rig.cns {
+		var others []string
+		for j := range rig.cns {
+			if j != i {
+				others = append(others, "cpu"+rig.addr[j])
+			}
+		}
+		if _, release, err := rig.fol.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others); err == nil {
+			release()
+			got[i] = true
+		}
+	}
+	return got
+}
+
+func (rig *followRig) updateVia(r *Router, ctx context.Context, id int64, v float32) (*prismv1.UpdateResponse, error) {
+	rows := binary.LittleEndian.AppendUint32(nil, math.Float32bits(v))
+	return r.Updater().Update(ctx, &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: rows})
+}
+
+// An update sent to the follower is sequenced by the other router and
+// lands on every worker in the one order; the follower then leaves a
+// worker that lacks it out of lookups, as the sequencer does.
+func TestFollowerForwardsUpdates(t *testing.T) {
+	rig := newFollowRig(t, &seqCN{}, &seqCN{}, &seqCN{})
+	for i := range 5 {
+		r := rig.fol
+		if i%2 == 1 {
+			r = rig.r // both routers take updates of the same model
+		}
+		if _, err := rig.updateVia(r, context.Background(), int64(i), float32(i+1)); err != nil {
+			t.Fatalf("update %d: %v", i, err)
+		}
+	}
+	for i, f := range rig.cns {
+		if f.held() != 5 || !slices.Equal(f.order, []int64{1, 2, 3, 4, 5}) {
+			t.Fatalf("worker %d holds %d in order %v", i, f.held(), f.order)
+		}
+	}
+	rig.announceBoth()
+	if got := rig.followerServes(); len(got) != 3 {
+		t.Fatalf("all up to date: follower serves from %v", got)
+	}
+	// Worker 2 goes down for an update and comes back behind.
+	rig.cns[2].setDown(true)
+	if _, err := rig.updateVia(rig.fol, context.Background(), 9, 9); err != nil {
+		t.Fatalf("update with one worker down (a majority holds it): %v", err)
+	}
+	rig.cns[2].setDown(false)
+	rig.announceBoth()
+	if got := rig.followerServes(); got[2] || !got[0] || !got[1] {
+		t.Fatalf("worker 2 lacks update 6: follower serves from %v", got)
+	}
+	// The sequencer catches it up; once it announces, it serves again.
+	rig.tick()
+	rig.announceBoth()
+	if got := rig.followerServes(); !got[2] {
+		t.Fatalf("worker 2 caught up (holds %d): follower serves from %v", rig.cns[2].held(), got)
+	}
+}
+
+// A follower that cannot reach the sequencer answers Unavailable naming
+// it, and nothing is applied anywhere; the sequencer's own answers
+// (bad input, unknown model) pass through as they are.
+func TestFollowerWithoutSequencer(t *testing.T) {
+	rig := newFollowRig(t, &seqCN{}, &seqCN{})
+	if _, err := rig.fol.Updater().Update(context.Background(), &prismv1.UpdateRequest{Model: "nope", Table: "t", Ids: []int64{1}, Rows: []byte{0, 0, 0, 0}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown model through the follower: %v, want NotFound", err)
+	}
+	rig.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := rig.updateVia(rig.fol, ctx, 1, 1)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), rig.seqAddr) {
+		t.Fatalf("sequencer down: %v, want Unavailable naming %s", err, rig.seqAddr)
+	}
+	for i, f := range rig.cns {
+		if f.held() != 0 {
+			t.Fatalf("worker %d applied %d with the sequencer down", i, f.held())
+		}
+	}
+}
+
+// A forwarded update reaching a router that itself follows is refused:
+// two routers naming each other would pass it around for ever.
+func TestFollowerRefusesForwarded(t *testing.T) {
+	rig := newFollowRig(t, &seqCN{})
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(forwardedKey, "router"))
+	if _, err := rig.updateVia(rig.fol, ctx, 1, 1); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("forwarded to a follower: %v, want FailedPrecondition", err)
+	}
+	// The sequencer takes forwarded updates as any other.
+	if _, err := rig.updateVia(rig.r, ctx, 1, 1); err != nil {
+		t.Fatalf("forwarded to the sequencer: %v", err)
+	}
+}
+
+// Just after it starts, a follower serves no lookups of a model with
+// updates until three heartbeats have passed (the workers are still
+// announcing); a model without updates is served at once.
+func TestFollowerStartupWait(t *testing.T) {
+	rig := newFollowRig(t, &seqCN{}, &seqCN{})
+	if got := rig.followerServes(); len(got) != 2 {
+		t.Fatalf("no updates yet: follower serves from %v", got)
+	}
+	if _, err := rig.updateVia(rig.r, context.Background(), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rig.fol.fol.started = rig.fol.Reg.now()
+	rig.announceBoth()
+	if got := rig.followerServes(); len(got) != 0 {
+		t.Fatalf("just started, model updated: follower serves from %v", got)
+	}
+	rig.folSkew.Add(int64(3*rig.fol.opts.Heartbeat) + 1)
+	rig.announceBoth()
+	if got := rig.followerServes(); len(got) != 2 {
+		t.Fatalf("three heartbeats later: follower serves from %v", got)
+	}
+}
+
+// A follower keeps no update log: asking for one is an error at start.
+func TestFollowerKeepsNoLog(t *testing.T) {
+	if _, err := Open(Options{Sequencer: "other:1", UpdateLogDir: t.TempDir()}, nil); err == nil || !strings.Contains(err.Error(), "other:1") {
+		t.Fatalf("follower with an update log: %v", err)
+	}
+}
