@@ -22,10 +22,28 @@ type InputSpec struct {
 	Rank1 bool
 	// Rows is the id range of a sparse input.
 	Rows int64
+	// Ranges, when set (len Width), gives each value of a sample its own
+	// valid range: a packed input whose columns feed different lookups
+	// (or reach one through offsets, 1-based ids, clamps), or a float
+	// input carrying ids among dense features. A range with Hi <= Lo
+	// marks a dense value (a float input's) or a value no lookup reads.
+	Ranges []IDRange
+	// Dims, when set, is the per-sample shape (for inputs of rank 3 and
+	// more; the product is Width).
+	Dims []int64
 }
+
+// IDRange is the valid ids [Lo, Hi) of one value of a sample.
+type IDRange struct{ Lo, Hi int64 }
+
+// IsID says whether the range holds ids (not a dense value).
+func (r IDRange) IsID() bool { return r.Hi > r.Lo }
 
 // Shape is the input's shape for a batch of n samples.
 func (s InputSpec) Shape(n int) []int64 {
+	if s.Dims != nil {
+		return append([]int64{int64(n)}, s.Dims...)
+	}
 	if s.Rank1 {
 		return []int64{int64(n)}
 	}
@@ -73,11 +91,24 @@ func (b *Batch) Check() error {
 			if len(col.F32) != want {
 				return fmt.Errorf("input %q: %d values for %d samples of width %d", in.Name, len(col.F32), b.N, in.Width)
 			}
+			for j, v := range col.F32 {
+				if in.Ranges != nil && in.Ranges[j%in.Width].IsID() {
+					if r := in.Ranges[j%in.Width]; float64(v) != float64(int64(v)) || int64(v) < r.Lo || int64(v) >= r.Hi {
+						return fmt.Errorf("input %q: sample %d: value %d holds id %g outside [%d, %d)", in.Name, j/in.Width, j%in.Width, v, r.Lo, r.Hi)
+					}
+				}
+			}
 		case SparseKind:
 			if len(col.I64) != want {
 				return fmt.Errorf("input %q: %d ids for %d samples of bag %d", in.Name, len(col.I64), b.N, in.Width)
 			}
 			for j, id := range col.I64 {
+				if in.Ranges != nil {
+					if r := in.Ranges[j%in.Width]; r.IsID() && (id < r.Lo || id >= r.Hi) {
+						return fmt.Errorf("input %q: sample %d: value %d: id %d outside [%d, %d)", in.Name, j/in.Width, j%in.Width, id, r.Lo, r.Hi)
+					}
+					continue
+				}
 				if id < 0 || id >= in.Rows {
 					return fmt.Errorf("input %q: sample %d: id %d outside table of %d rows", in.Name, j/in.Width, id, in.Rows)
 				}

@@ -24,9 +24,11 @@ const (
 // an id modulo its table's rows. For a multi-hot input the bag holds the
 // id and Width-1 further ids derived from it deterministically.
 type Criteo struct {
-	sig    *Signature
-	dense  int   // index of the dense input in sig
-	sparse []int // indices of the 26 sparse inputs in sig
+	sig *Signature
+	// dense are the 13 dense values, cats the 26 categorical ones, in
+	// the order of the file's columns.
+	dense  []slot
+	cats   []slot
 	sc     *bufio.Scanner
 	name   string
 	line   int
@@ -39,23 +41,42 @@ type Criteo struct {
 
 var _ Source = (*Criteo)(nil)
 
-// NewCriteo reads Criteo rows from r for a model with sig: one dense
-// input of width 13 and 26 sparse inputs, in that order. name is used in
-// error messages.
+// slot is where one Criteo column goes: value pos of input in (pos -1:
+// every value of a sparse input, its bag).
+type slot struct{ in, pos int }
+
+// NewCriteo reads Criteo rows from r for a model with sig: 13 dense
+// values and 26 categorical features, in that order, however the model
+// packs them: one dense input of width 13 and 26 sparse inputs (the
+// zoo's layout), a packed [batch, 26] id input (one value per feature,
+// each hashed into its own range, sig's Ranges), or one float input
+// carrying dense values and ids together. name is used in error
+// messages.
 func NewCriteo(r io.Reader, name string, sig Signature) (*Criteo, error) {
-	c := &Criteo{sig: &sig, name: name, dense: -1}
+	c := &Criteo{sig: &sig, name: name}
 	for i, in := range sig.Inputs {
-		if in.Kind == DenseKind {
-			if c.dense >= 0 || in.Width != CriteoDense {
-				return nil, fmt.Errorf("criteo %s: the model must have one dense input of width %d", name, CriteoDense)
+		switch {
+		case in.Ranges != nil:
+			for j, rg := range in.Ranges {
+				if rg.IsID() {
+					c.cats = append(c.cats, slot{i, j})
+				} else if in.Kind == DenseKind {
+					c.dense = append(c.dense, slot{i, j})
+				}
 			}
-			c.dense = i
-		} else {
-			c.sparse = append(c.sparse, i)
+		case in.Kind == DenseKind:
+			for j := range in.Width {
+				c.dense = append(c.dense, slot{i, j})
+			}
+		default:
+			c.cats = append(c.cats, slot{i, -1})
 		}
 	}
-	if c.dense < 0 || len(c.sparse) != CriteoSparse {
-		return nil, fmt.Errorf("criteo %s: the model has %d sparse inputs, Criteo rows have %d", name, len(c.sparse), CriteoSparse)
+	if len(c.dense) != CriteoDense {
+		return nil, fmt.Errorf("criteo %s: the model has %d dense values, Criteo rows have %d", name, len(c.dense), CriteoDense)
+	}
+	if len(c.cats) != CriteoSparse {
+		return nil, fmt.Errorf("criteo %s: the model has %d sparse inputs, Criteo rows have %d", name, len(c.cats), CriteoSparse)
 	}
 	c.sc = bufio.NewScanner(r)
 	c.sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -168,7 +189,15 @@ func (c *Criteo) parse(b *Batch, text string) error {
 		return fmt.Errorf("criteo %s:%d: label %q is not a number", c.name, c.line, fields[c.order[0]])
 	}
 	c.labels = append(c.labels, float32(label))
-	for i := range CriteoDense {
+	row := make([]Column, len(c.sig.Inputs))
+	for i, in := range c.sig.Inputs {
+		if in.Kind == DenseKind {
+			row[i].F32 = make([]float32, in.Width)
+		} else {
+			row[i].I64 = make([]int64, in.Width)
+		}
+	}
+	for i, sl := range c.dense {
 		s := strings.TrimSpace(fields[c.order[1+i]])
 		v := 0.0
 		if s != "" {
@@ -177,18 +206,32 @@ func (c *Criteo) parse(b *Batch, text string) error {
 				return fmt.Errorf("criteo %s:%d: I%d value %q is not a number", c.name, c.line, i+1, s)
 			}
 		}
-		b.Columns[c.dense].F32 = append(b.Columns[c.dense].F32, float32(math.Log1p(max(v, 0))))
+		row[sl.in].F32[sl.pos] = float32(math.Log1p(max(v, 0)))
 	}
-	for k, col := range c.sparse {
-		in := c.sig.Inputs[col]
+	for k, sl := range c.cats {
+		in := c.sig.Inputs[sl.in]
 		h := hashCategory(strings.TrimSpace(fields[c.order[1+CriteoDense+k]]))
+		if sl.pos >= 0 {
+			rg := in.Ranges[sl.pos]
+			id := rg.Lo + int64(h%uint64(rg.Hi-rg.Lo))
+			if in.Kind == DenseKind {
+				row[sl.in].F32[sl.pos] = float32(id)
+			} else {
+				row[sl.in].I64[sl.pos] = id
+			}
+			continue
+		}
 		for j := range in.Width {
 			v := h
 			if j > 0 {
 				v = splitmix64(h + uint64(j))
 			}
-			b.Columns[col].I64 = append(b.Columns[col].I64, int64(v%uint64(in.Rows)))
+			row[sl.in].I64[j] = int64(v % uint64(in.Rows))
 		}
+	}
+	for i := range row {
+		b.Columns[i].F32 = append(b.Columns[i].F32, row[i].F32...)
+		b.Columns[i].I64 = append(b.Columns[i].I64, row[i].I64...)
 	}
 	return nil
 }

@@ -115,14 +115,14 @@ func InferSignature(m *pb.ModelProto) (Signature, error) {
 			if spec.Rank1 {
 				return sig, fmt.Errorf("input %q: a dense input must be [batch, n]", vi.GetName())
 			}
-		case pb.TensorProto_INT64:
+		case pb.TensorProto_INT64, pb.TensorProto_INT32:
 			spec.Kind = SparseKind
 			spec.Rows = rowsFor(vi.GetName(), 0)
 			if spec.Rows <= 0 {
 				return sig, fmt.Errorf("input %q: ids that index no embedding table (no Gather on a 2-D initializer)", vi.GetName())
 			}
 		default:
-			return sig, fmt.Errorf("input %q: element type %v is not supported (float32 dense or int64 ids)", vi.GetName(), pb.TensorProto_DataType(tt.GetElemType()))
+			return sig, fmt.Errorf("input %q: element type %v is not supported (float32 dense, int64 or int32 ids)", vi.GetName(), pb.TensorProto_DataType(tt.GetElemType()))
 		}
 		sig.Inputs = append(sig.Inputs, spec)
 	}

@@ -31,7 +31,10 @@ type Synthetic struct {
 	r     *rand.Rand
 	zipfs []*Zipf
 	perms []idPermutation
-	opts  SyntheticOptions
+	// per-value samplers of inputs with Ranges (nil for dense values)
+	vzipfs [][]*Zipf
+	vperms [][]idPermutation
+	opts   SyntheticOptions
 }
 
 var _ Source = (*Synthetic)(nil)
@@ -44,7 +47,31 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 	s := &Synthetic{sig: &sig, r: rand.New(rand.NewPCG(o.Seed, 0x5eed)), opts: o}
 	s.zipfs = make([]*Zipf, len(sig.Inputs))
 	s.perms = make([]idPermutation, len(sig.Inputs))
+	s.vzipfs = make([][]*Zipf, len(sig.Inputs))
+	s.vperms = make([][]idPermutation, len(sig.Inputs))
 	for i, in := range sig.Inputs {
+		if in.Ranges != nil {
+			if len(in.Ranges) != in.Width {
+				return nil, errors.New("synthetic: input " + in.Name + ": ranges do not match its width")
+			}
+			s.vzipfs[i] = make([]*Zipf, in.Width)
+			s.vperms[i] = make([]idPermutation, in.Width)
+			for j, r := range in.Ranges {
+				if !r.IsID() {
+					if in.Kind == SparseKind {
+						return nil, errors.New("synthetic: input " + in.Name + " has a value with no id range")
+					}
+					continue
+				}
+				z, err := NewZipf(s.r, o.ZipfS, r.Hi-r.Lo)
+				if err != nil {
+					return nil, err
+				}
+				s.vzipfs[i][j] = z
+				s.vperms[i][j] = newIDPermutation(s.r, r.Hi-r.Lo)
+			}
+			continue
+		}
 		if in.Kind != SparseKind {
 			continue
 		}
@@ -65,6 +92,10 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 func (s *Synthetic) Next(n int) (*Batch, error) {
 	b := &Batch{N: n, Sig: s.sig, Columns: make([]Column, len(s.sig.Inputs))}
 	for i, in := range s.sig.Inputs {
+		if in.Ranges != nil {
+			s.nextRanged(b, i, in, n)
+			continue
+		}
 		switch in.Kind {
 		case DenseKind:
 			v := make([]float32, n*in.Width)
@@ -85,4 +116,33 @@ func (s *Synthetic) Next(n int) (*Batch, error) {
 		}
 	}
 	return b, nil
+}
+
+// nextRanged draws an input with per-value ranges: each id value from its
+// own range (Zipf, or uniform), each dense value as Next does.
+func (s *Synthetic) nextRanged(b *Batch, i int, in InputSpec, n int) {
+	id := func(j int) int64 {
+		r := in.Ranges[j]
+		if s.opts.Uniform {
+			return r.Lo + s.r.Int64N(r.Hi-r.Lo)
+		}
+		return r.Lo + s.vperms[i][j].id(s.vzipfs[i][j].Rank())
+	}
+	if in.Kind == SparseKind {
+		v := make([]int64, n*in.Width)
+		for k := range v {
+			v[k] = id(k % in.Width)
+		}
+		b.Columns[i].I64 = v
+		return
+	}
+	v := make([]float32, n*in.Width)
+	for k := range v {
+		if j := k % in.Width; in.Ranges[j].IsID() {
+			v[k] = float32(id(j))
+		} else {
+			v[k] = float32(math.Log1p(math.Exp(1 + 1.5*s.r.NormFloat64())))
+		}
+	}
+	b.Columns[i].F32 = v
 }

@@ -111,6 +111,18 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			absorbed[i] = true
 		}
 	}
+	// Tables read inside a subgraph (a Loop's body: the exporters'
+	// EmbeddingBag with offsets) are candidates with the reason, and
+	// neither they nor their other Gathers leave the graph.
+	inBody := map[string]string{}
+	for _, n := range g.Nodes {
+		for _, c := range bodyCandidates(g, n) {
+			if _, ok := inBody[c.Table]; !ok {
+				inBody[c.Table] = n.GetName()
+			}
+			cands = append(cands, c)
+		}
+	}
 	// A table's chain (Cast, Identity, Concat) and its initializers must
 	// serve only recognised lookups; otherwise the table stays in the graph
 	// and so do its Gathers.
@@ -140,6 +152,10 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			if slices.ContainsFunc(g.Outputs, func(o *pb.ValueInfoProto) bool { return o.GetName() == p.GetName() }) {
 				other = "a graph output"
 			}
+		}
+		if loop, ok := inBody[l.table.name]; ok && other == "" {
+			cands[candOf[l]].Reason = fmt.Sprintf("the table is also read inside the body of %s %q", g.Nodes[g.nodeIndex(loop)].GetOpType(), loop)
+			continue
 		}
 		if other != "" {
 			cands[candOf[l]].Reason = fmt.Sprintf("the table is also read by %q, outside the lookups", other)
@@ -373,4 +389,83 @@ func soleConsumer(g *Graph, name string) (int, bool) {
 		}
 	}
 	return cs[0], true
+}
+
+// nodeIndex is the index of the node called name (-1 if none).
+func (g *Graph) nodeIndex(name string) int {
+	for i, n := range g.Nodes {
+		if n.GetName() == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// bodyCandidates lists the Gathers on tables of the outer graph inside
+// n's subgraphs (Loop, Scan, If bodies, nested too), each with why it is
+// not a lookup. The TorchScript exporter writes nn.EmbeddingBag with
+// offsets (torch/onnx/symbolic_helper.py _embedding_bag_helper), and
+// the dynamo exporter its aten_embedding_bag, as a Loop over the bags
+// whose body slices the bag's ids out of a 1-D indices tensor, gathers
+// and reduces them: jagged ids, [total] with [bags] offsets, which no
+// [batch, ...] input of Prism carries.
+func bodyCandidates(g *Graph, n *pb.NodeProto) []TableCandidate {
+	var out []TableCandidate
+	for _, a := range n.GetAttribute() {
+		bodies := a.GetGraphs()
+		if a.GetG() != nil {
+			bodies = append(bodies, a.GetG())
+		}
+		for _, body := range bodies {
+			local := map[string]bool{}
+			producer := map[string]*pb.NodeProto{}
+			for _, in := range body.GetInput() {
+				local[in.GetName()] = true
+			}
+			for _, t := range body.GetInitializer() {
+				local[t.GetName()] = true
+			}
+			for _, bn := range body.GetNode() {
+				for _, o := range bn.GetOutput() {
+					local[o] = true
+					producer[o] = bn
+				}
+			}
+			pooled := map[string]bool{}
+			for _, bn := range body.GetNode() {
+				switch bn.GetOpType() {
+				case "ReduceSum", "ReduceMean", "ReduceMax":
+					pooled[bn.GetInput()[0]] = true
+				}
+			}
+			for _, bn := range body.GetNode() {
+				if len(bn.GetAttribute()) > 0 {
+					for _, a := range bn.GetAttribute() {
+						if a.GetG() != nil || len(a.GetGraphs()) > 0 {
+							out = append(out, bodyCandidates(g, bn)...)
+							break
+						}
+					}
+				}
+				if bn.GetOpType() != "Gather" || len(bn.GetInput()) != 2 || local[bn.GetInput()[0]] {
+					continue
+				}
+				src := resolveTable(g, bn.GetInput()[0])
+				if src == nil {
+					continue
+				}
+				c := TableCandidate{Table: src.name, Rows: src.rows, Dim: src.dim, Gather: bn.GetName()}
+				ids := bn.GetInput()[1]
+				sl := producer[ids]
+				if sl != nil && sl.GetOpType() == "Slice" && !local[sl.GetInput()[0]] && pooled[bn.GetOutput()[0]] {
+					c.Path = sl.GetInput()[0] + " -> Slice -> Gather (in the body of " + n.GetOpType() + ")"
+					c.Reason = fmt.Sprintf("the table is read inside the body of %s %q: an EmbeddingBag with offsets as the exporters write it (a loop over the bags slicing %q, 1-D ids of all bags, by their offsets); jagged ids are not a [batch, ...] input Prism serves: export the ids as [batch, bag] and pool with embedding(ids).sum(1) (Gather, ReduceSum)", n.GetOpType(), n.GetName(), sl.GetInput()[0])
+				} else {
+					c.Reason = fmt.Sprintf("the table is read inside the body of %s %q, which is not an EmbeddingBag (no slice of the ids per bag pooled by a Reduce): a lookup inside a loop is not taken", n.GetOpType(), n.GetName())
+				}
+				out = append(out, c)
+			}
+		}
+	}
+	return out
 }

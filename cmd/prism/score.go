@@ -13,7 +13,7 @@ func init() { subcommands = append(subcommands, newScoreCmd) }
 func newScoreCmd() *cobra.Command {
 	var o score.Options
 	cmd := &cobra.Command{
-		Use:   "score MODEL.onnx [--samples N | --criteo FILE] [--batch B]",
+		Use:   "score MODEL.onnx [--samples N | --criteo FILE] [--plan DIR] [--batch B]",
 		Short: "Score samples with the whole model in one ONNX Runtime session (the monolithic reference and baseline)",
 		Long: `score runs the whole model in one ONNX Runtime session, on synthetic
 samples (Zipf ids, seeded) or on Criteo rows, and prints the first scores and
@@ -35,6 +35,7 @@ every performance figure is a ratio against it.`,
 	fl := cmd.Flags()
 	fl.IntVar(&o.Samples, "samples", 1024, "synthetic samples to score (ignored with --criteo)")
 	fl.StringVar(&o.Criteo, "criteo", "", "score rows of this Criteo file (TSV, or CSV/TSV with a header)")
+	fl.StringVar(&o.Plan, "plan", "", "draw samples (or read Criteo rows) for the inputs of this partition folder's plan.json: packed ids, ids among float values, offsets into fused tables")
 	fl.IntVar(&o.Batch, "batch", 256, "samples per ONNX Runtime run")
 	fl.IntVar(&o.Threads, "threads", 1, "ONNX Runtime intra-op threads (0: one per core)")
 	fl.Uint64Var(&o.Seed, "seed", 1, "seed of the synthetic samples")

@@ -28,12 +28,15 @@ type SessionOptions struct {
 	Spin bool
 }
 
-// Input is one named float32 or int64 input of a Run.
+// Input is one named float32, int64 or int32 input of a Run.
 type Input struct {
 	Name    string
 	Shape   []int64
 	Float32 []float32
 	Int64   []int64
+	// Int32 feeds an int32 model input; without it, an int32 input takes
+	// Int64 narrowed (two's complement, as ONNX Cast wraps).
+	Int32 []int32
 }
 
 // Session is a loaded model. Run may be called from several goroutines:
@@ -150,6 +153,15 @@ func (s *Session) Run(in []Input) ([][]float32, error) {
 			values[i], err = ort.NewTensor(ort.Shape(x.Shape), x.Float32)
 		case ort.TensorElementDataTypeInt64:
 			values[i], err = ort.NewTensor(ort.Shape(x.Shape), x.Int64)
+		case ort.TensorElementDataTypeInt32:
+			v := x.Int32
+			if v == nil {
+				v = make([]int32, len(x.Int64))
+				for k, id := range x.Int64 {
+					v[k] = int32(id)
+				}
+			}
+			values[i], err = ort.NewTensor(ort.Shape(x.Shape), v)
 		default:
 			err = fmt.Errorf("unsupported input type %v", info.DataType)
 		}

@@ -18,6 +18,7 @@ import (
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/plan"
 )
 
 // Options configure Run.
@@ -26,6 +27,11 @@ type Options struct {
 	// (TSV, or CSV/TSV with a header) whose rows are scored instead.
 	Samples int
 	Criteo  string
+	// Plan, when set, is the model's partition folder: the samples follow
+	// its inputs (models.PlanSignature: packed ids, ids among float
+	// values, each value's valid range) instead of what the graph alone
+	// shows (models.InferSignature).
+	Plan string
 	// Batch is the samples per ONNX Runtime run.
 	Batch int
 	// Threads are ONNX Runtime's intra-op threads (0: one per core).
@@ -66,7 +72,7 @@ func Run(w io.Writer, path string, o Options) error {
 	if err != nil {
 		return err
 	}
-	sig, err := models.InferSignature(meta)
+	sig, err := signature(meta, o.Plan)
 	if err != nil {
 		return fmt.Errorf("score %q: %w", path, err)
 	}
@@ -126,6 +132,32 @@ func Run(w io.Writer, path string, o Options) error {
 		fmt.Fprintf(w, "log loss on %d labelled rows: %.4f\n", len(labels), LogLoss(scores, labels))
 	}
 	return nil
+}
+
+// signature is the model's inputs: from the plan in dir when given,
+// else from the graph.
+func signature(meta *pb.ModelProto, dir string) (models.Signature, error) {
+	if dir == "" {
+		sig, err := models.InferSignature(meta)
+		if err != nil {
+			return sig, fmt.Errorf("%w (a model whose ids are packed or computed: score it with its partition's plan)", err)
+		}
+		return sig, nil
+	}
+	p, err := plan.Read(dir)
+	if err != nil {
+		return models.Signature{}, err
+	}
+	have := map[string]bool{}
+	for _, in := range meta.GetGraph().GetInput() {
+		have[in.GetName()] = true
+	}
+	for _, in := range p.Inputs {
+		if !have[in.Name] {
+			return models.Signature{}, fmt.Errorf("the plan in %s has input %q, the model none of that name: not this model's plan", dir, in.Name)
+		}
+	}
+	return models.PlanSignature(p)
 }
 
 // draw makes every batch up front: the Criteo file's rows (with their

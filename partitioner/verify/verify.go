@@ -8,6 +8,7 @@ import (
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/plan"
 )
 
 // Tolerance is the largest difference allowed between the chained and the
@@ -31,7 +32,7 @@ func Verify(modelPath, dir string, n int, seed uint64) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	sig, err := models.InferSignature(meta)
+	sig, err := signature(meta, dir)
 	if err != nil {
 		return Report{}, fmt.Errorf("verify %q: %w", modelPath, err)
 	}
@@ -42,9 +43,35 @@ func Verify(modelPath, dir string, n int, seed uint64) (Report, error) {
 	return VerifySource(modelPath, dir, src, n)
 }
 
-// VerifySource is Verify on n samples drawn from src: for a model whose
-// inputs InferSignature cannot read (packed ids, ids as float values),
-// whose caller knows what valid inputs are.
+// signature is what the samples of Verify are drawn for: the model's
+// inputs as its graph shows them (models.InferSignature), unless the
+// plan's lookups run pre-lookup ops or the graph does not explain its
+// ids; then the plan's (models.PlanSignature: valid ids worked back from
+// the tables through the pre-lookup ops).
+func signature(meta *pb.ModelProto, dir string) (models.Signature, error) {
+	p, perr := plan.Read(dir)
+	pre := false
+	if perr == nil {
+		for _, t := range p.Tables {
+			for _, l := range t.Lookups {
+				pre = pre || len(l.Pre) > 0
+			}
+		}
+	}
+	if !pre {
+		sig, err := models.InferSignature(meta)
+		if err == nil || perr != nil {
+			return sig, err
+		}
+	}
+	if perr != nil {
+		return models.Signature{}, perr
+	}
+	return models.PlanSignature(p)
+}
+
+// VerifySource is Verify on n samples drawn from src, for a caller that
+// knows better what valid inputs are.
 func VerifySource(modelPath, dir string, src models.Source, n int) (Report, error) {
 	if n <= 0 {
 		return Report{}, fmt.Errorf("verify: need at least one sample")
