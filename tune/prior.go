@@ -1,0 +1,145 @@
+package tune
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/prism-serve/prism/plan"
+)
+
+// Features describe a model for the prior's similarity: what makes two
+// models' best configurations alike.
+type Features struct {
+	// DenseParamBytes and DenseFLOPs (per sample) are the dense side's
+	// size and work (plan.json's cost report).
+	DenseParamBytes int64 `json:"dense_param_bytes"`
+	DenseFLOPs      int64 `json:"dense_flops_per_sample"`
+	// TableBytes are the embedding tables' bytes; CutBytes the bytes per
+	// sample sent from the embedding tier to the dense tier.
+	TableBytes int64 `json:"table_bytes"`
+	CutBytes   int64 `json:"cut_bytes_per_sample"`
+	// Candidates per request in the trials.
+	Candidates float64 `json:"candidates"`
+}
+
+// PlanFeatures reads a plan's features.
+func PlanFeatures(p *plan.Plan, candidates float64) Features {
+	return Features{
+		DenseParamBytes: p.Cost.GPU.ParamBytes,
+		DenseFLOPs:      p.Cost.GPU.FLOPsPerSamp,
+		TableBytes:      p.Cost.TableBytes,
+		CutBytes:        p.Cost.CutBytes,
+		Candidates:      candidates,
+	}
+}
+
+// Similarity of two models in (0,1]: a Gaussian of the distance between
+// their features in decades (log10), one decade costing as much as the
+// bandwidth.
+func Similarity(a, b Features) float64 {
+	pairs := [][2]float64{
+		{float64(a.DenseParamBytes), float64(b.DenseParamBytes)},
+		{float64(a.DenseFLOPs), float64(b.DenseFLOPs)},
+		{float64(a.TableBytes), float64(b.TableBytes)},
+		{float64(a.CutBytes), float64(b.CutBytes)},
+		{a.Candidates, b.Candidates},
+	}
+	var d2 float64
+	for _, p := range pairs {
+		d := math.Log10(math.Max(p[0], 1)) - math.Log10(math.Max(p[1], 1))
+		d2 += d * d
+	}
+	return math.Exp(-d2 / 2)
+}
+
+// PriorRecord is one line of the prior file: one trial of an earlier
+// tuning run.
+type PriorRecord struct {
+	Time     time.Time `json:"time"`
+	Model    string    `json:"model"`
+	Features Features  `json:"features"`
+	Config   Config    `json:"config"`
+	// Score is the trial's max samples/s over its run's best (0 for a
+	// failed trial).
+	Score       float64 `json:"score"`
+	SamplesPerS float64 `json:"samples_per_s"`
+}
+
+// ReadPrior reads a prior file (JSON lines); a missing file is an empty
+// prior.
+func ReadPrior(path string) ([]PriorRecord, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read prior: %w", err)
+	}
+	defer f.Close()
+	var out []PriorRecord
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		var r PriorRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("read prior %q line %d: %w", path, n, err)
+		}
+		out = append(out, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read prior %q: %w", path, err)
+	}
+	return out, nil
+}
+
+// AppendPrior adds records to a prior file, making its folder.
+func AppendPrior(path string, recs []PriorRecord) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("append prior: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("append prior: %w", err)
+	}
+	enc := json.NewEncoder(f)
+	for _, r := range recs {
+		if err := enc.Encode(r); err != nil {
+			f.Close()
+			return fmt.Errorf("append prior %q: %w", path, err)
+		}
+	}
+	return f.Close()
+}
+
+// PriorPoints places records in space for a model of features f: each
+// weighted by its model's similarity to f; records that cannot be
+// placed (a flag of the space missing) or whose weight is below
+// minWeight are dropped, and so are records of the model named skip.
+func PriorPoints(recs []PriorRecord, space Space, f Features, skip string, minWeight float64) []PriorPoint {
+	var out []PriorPoint
+	for _, r := range recs {
+		if r.Model == skip {
+			continue
+		}
+		w := Similarity(r.Features, f)
+		if w < minWeight {
+			continue
+		}
+		c, ok := space.CoordsOf(r.Config)
+		if !ok {
+			continue
+		}
+		out = append(out, PriorPoint{Coords: c, Score: r.Score, Weight: w})
+	}
+	return out
+}

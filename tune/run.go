@@ -1,0 +1,324 @@
+package tune
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Options configure a tuning run.
+type Options struct {
+	// Model is the model's name; Features its features for the prior.
+	Model    string
+	Features Features
+	Space    Space
+	// Start is the configuration tried first without a prior (prism
+	// up's defaults); its values must be in Space.
+	Start Config
+	// Grid runs every point of Space in order instead of searching.
+	Grid bool
+	// Threshold and MaxTrials end the search (see SearcherOptions).
+	Threshold float64
+	MaxTrials int
+	// Prior is the prior file read at the start and appended to at the
+	// end ("" : none).
+	Prior string
+	// StartRPS is the first find-max rate of the first trial; later
+	// trials start at StartFraction of the best rate so far.
+	StartRPS      float64
+	StartFraction float64
+	// Out is the folder for tune.json and the trials' logs.
+	Out     string
+	Trialer Trialer
+	// Progress gets one line per trial (default io.Discard).
+	Progress io.Writer
+	// Now is the clock for the ETA and the prior's time stamps (default
+	// time.Now).
+	Now func() time.Time
+}
+
+// EnsureDefaults fills unset fields.
+func (o *Options) EnsureDefaults() {
+	if o.Threshold == 0 {
+		o.Threshold = 0.02
+	}
+	if o.StartRPS == 0 {
+		o.StartRPS = 100
+	}
+	if o.StartFraction == 0 {
+		o.StartFraction = 0.6
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Validate checks the options.
+func (o *Options) Validate() error {
+	if o.Model == "" {
+		return errors.New("tune: no model name")
+	}
+	if err := o.Space.Validate(); err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	if o.Out == "" {
+		return errors.New("tune: no output folder")
+	}
+	if o.Trialer == nil {
+		return errors.New("tune: no trialer")
+	}
+	if o.MaxTrials < 0 || !(o.Threshold > 0) || !(o.StartRPS > 0) || !(o.StartFraction > 0) {
+		return fmt.Errorf("tune: max trials %d, threshold %v, start rate %v, start fraction %v: want >= 0 and positive", o.MaxTrials, o.Threshold, o.StartRPS, o.StartFraction)
+	}
+	if o.Start != nil {
+		if _, ok := o.Space.Index(o.Start); !ok {
+			return fmt.Errorf("tune: the start configuration %v is not in the search space", o.Start)
+		}
+	}
+	return nil
+}
+
+// TrialRecord is one trial in tune.json.
+type TrialRecord struct {
+	N      int     `json:"n"`
+	Config Config  `json:"config"`
+	Result Result  `json:"result"`
+	Secs   float64 `json:"seconds"`
+	// Predicted and EI are the searcher's expectations before the trial
+	// (fractions of the best so far; absent in a grid run).
+	Predicted float64 `json:"predicted,omitempty"`
+	EI        float64 `json:"expected_improvement,omitempty"`
+}
+
+// Report is tune.json.
+type Report struct {
+	Model     string        `json:"model"`
+	Features  Features      `json:"features"`
+	Mode      string        `json:"mode"` // "search" or "grid"
+	Space     Space         `json:"space"`
+	GridSize  int           `json:"grid_size"`
+	Threshold float64       `json:"threshold,omitempty"`
+	PriorFile string        `json:"prior_file,omitempty"`
+	PriorPts  int           `json:"prior_points"`
+	Stop      string        `json:"stop"`
+	Trials    []TrialRecord `json:"trials"`
+	// Best is the best trial; its Config is what prism up --config
+	// takes.
+	Best *TrialRecord `json:"best"`
+}
+
+// File is the name of the report in the output folder.
+const File = "tune.json"
+
+// Run tunes: it proposes (or, for a grid, enumerates) configurations,
+// measures each with the trialer, writes tune.json after every trial
+// and appends the run's trials to the prior file at the end.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, fmt.Errorf("tune: %w", err)
+	}
+	rep := &Report{Model: o.Model, Features: o.Features, Mode: "search", Space: o.Space, GridSize: o.Space.Size(), PriorFile: o.Prior}
+	var prior []PriorPoint
+	if o.Prior != "" {
+		recs, err := ReadPrior(o.Prior)
+		if err != nil {
+			return nil, fmt.Errorf("tune: %w", err)
+		}
+		prior = PriorPoints(recs, o.Space, o.Features, "", 0.01)
+		rep.PriorPts = len(prior)
+	}
+	so := SearcherOptions{Space: o.Space, Prior: prior, Threshold: o.Threshold, MaxTrials: o.MaxTrials}
+	if o.Start != nil {
+		so.Start, _ = o.Space.Index(o.Start)
+	}
+	s, err := NewSearcher(so)
+	if err != nil {
+		return nil, fmt.Errorf("tune: %w", err)
+	}
+	limit := o.MaxTrials
+	if limit == 0 || limit > o.Space.Size() {
+		limit = o.Space.Size()
+	}
+	var grid []Point
+	if o.Grid {
+		rep.Mode, rep.PriorPts = "grid", 0
+		grid = o.Space.All()
+		if o.MaxTrials > 0 && o.MaxTrials < len(grid) {
+			grid = grid[:o.MaxTrials]
+		}
+		limit = len(grid)
+	} else {
+		rep.Threshold = o.Threshold
+	}
+	fmt.Fprintf(o.Progress, "tune: %s, %s over %d configurations (%s), up to %d trials, %d prior points\n",
+		o.Model, rep.Mode, o.Space.Size(), spaceString(o.Space), limit, rep.PriorPts)
+	began := o.Now()
+	bestRPS := 0.0
+	for {
+		var prop Proposal
+		if o.Grid {
+			if len(rep.Trials) >= len(grid) {
+				rep.Stop = StopExhausted
+				break
+			}
+			prop = Proposal{Point: grid[len(rep.Trials)]}
+		} else if prop = s.Next(); prop.Stop != "" {
+			rep.Stop = prop.Stop
+			if prop.Stop == StopThreshold {
+				fmt.Fprintf(o.Progress, "tune: stop: the next trial's expected improvement is %.1f%%, under --threshold %.1f%%\n", 100*prop.EI, 100*o.Threshold)
+			}
+			break
+		}
+		n := len(rep.Trials) + 1
+		cfg := o.Space.Config(prop.Point)
+		start := o.StartRPS
+		if bestRPS > 0 {
+			start = o.StartFraction * bestRPS
+		}
+		t0 := o.Now()
+		res, err := o.Trialer.Trial(ctx, n, cfg, start)
+		if err != nil {
+			return rep, fmt.Errorf("tune: trial %d: %w", n, err)
+		}
+		tr := TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()}
+		if !o.Grid {
+			tr.Predicted, tr.EI = prop.Predicted, finite(prop.EI)
+		}
+		rep.Trials = append(rep.Trials, tr)
+		s.Observe(prop.Point, res.SamplesPerS)
+		if res.SamplesPerS > 0 && (rep.Best == nil || res.SamplesPerS > rep.Best.Result.SamplesPerS) {
+			b := tr
+			rep.Best = &b
+			bestRPS = res.MaxRPS
+		}
+		if err := writeReport(o.Out, rep); err != nil {
+			return rep, err
+		}
+		progressLine(o, rep, tr, limit, o.Now().Sub(began))
+	}
+	if err := writeReport(o.Out, rep); err != nil {
+		return rep, err
+	}
+	if o.Prior != "" && rep.Best != nil {
+		if err := AppendPrior(o.Prior, priorRecords(rep, o.Now())); err != nil {
+			return rep, fmt.Errorf("tune: %w", err)
+		}
+	}
+	return rep, nil
+}
+
+func finite(f float64) float64 {
+	if f > 1e300 {
+		return 0
+	}
+	return f
+}
+
+func priorRecords(rep *Report, now time.Time) []PriorRecord {
+	var out []PriorRecord
+	for _, t := range rep.Trials {
+		if t.Result.Error != "" && t.Result.SamplesPerS == 0 && t.Result.MaxRPS == 0 && t.Result.Steps == 0 {
+			continue // never measured (prism up did not start)
+		}
+		out = append(out, PriorRecord{Time: now.UTC(), Model: rep.Model, Features: rep.Features, Config: t.Config,
+			Score: t.Result.SamplesPerS / rep.Best.Result.SamplesPerS, SamplesPerS: t.Result.SamplesPerS})
+	}
+	return out
+}
+
+func progressLine(o Options, rep *Report, tr TrialRecord, limit int, elapsed time.Duration) {
+	res := fmt.Sprintf("%.0f samples/s (%.1f req/s, p99 %.1f ms)", tr.Result.SamplesPerS, tr.Result.MaxRPS, tr.Result.P99Ms)
+	if tr.Result.Error != "" {
+		res = "failed: " + tr.Result.Error
+	}
+	best := "none yet"
+	if rep.Best != nil {
+		best = fmt.Sprintf("%.0f (trial %d)", rep.Best.Result.SamplesPerS, rep.Best.N)
+	}
+	n := len(rep.Trials)
+	eta := time.Duration(float64(elapsed) / float64(n) * float64(limit-n)).Round(time.Second)
+	etaWord := "ETA"
+	if !o.Grid {
+		etaWord = "ETA at most"
+	}
+	fmt.Fprintf(o.Progress, "trial %d/%d  %s  ->  %s  best %s  %s %v\n", n, limit, tr.Config.flags(o.Space.Flags()), res, best, etaWord, eta)
+}
+
+func spaceString(s Space) string {
+	var out string
+	for i, d := range s.Dims {
+		if i > 0 {
+			out += " x "
+		}
+		out += fmt.Sprintf("%s %v", d.Flag, d.Values)
+	}
+	return out
+}
+
+func writeReport(dir string, rep *Report) error {
+	buf, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	tmp := filepath.Join(dir, File+".tmp")
+	if err := os.WriteFile(tmp, append(buf, '\n'), 0o644); err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, File)); err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	return nil
+}
+
+// ReadConfig reads the configuration prism up --config takes: the best
+// configuration of a tune.json, or a JSON object of prism up flags to
+// values (strings, numbers or booleans).
+func ReadConfig(path string) (Config, error) {
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(buf, &top); err != nil {
+		return nil, fmt.Errorf("read config %q: %w", path, err)
+	}
+	if best, ok := top["best"]; ok {
+		var b struct {
+			Config map[string]json.RawMessage `json:"config"`
+		}
+		if err := json.Unmarshal(best, &b); err != nil || b.Config == nil {
+			return nil, fmt.Errorf("read config %q: tune.json without a best configuration (did every trial fail?)", path)
+		}
+		top = b.Config
+	}
+	c := Config{}
+	for k, raw := range top {
+		var v any
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, fmt.Errorf("read config %q: %s: %w", path, k, err)
+		}
+		switch x := v.(type) {
+		case string:
+			c[k] = x
+		case float64:
+			c[k] = string(raw)
+		case bool:
+			c[k] = fmt.Sprint(x)
+		default:
+			return nil, fmt.Errorf("read config %q: %s: want a string, number or boolean, got %s", path, k, raw)
+		}
+	}
+	return c, nil
+}

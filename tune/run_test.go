@@ -1,0 +1,149 @@
+package tune
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeTrialer scores a configuration by a known function of its flags.
+type fakeTrialer struct {
+	space Space
+	f     func(Point) float64
+	calls int
+}
+
+func (t *fakeTrialer) Trial(_ context.Context, n int, c Config, start float64) (Result, error) {
+	t.calls++
+	p, ok := t.space.Index(c)
+	if !ok {
+		return Result{Error: "not in space"}, nil
+	}
+	s := t.f(p)
+	return Result{MaxRPS: s / 270, SamplesPerS: s, P99Ms: 50, Steps: 6}, nil
+}
+
+func TestRunGridThenSearchWithPrior(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	clock := time.Unix(0, 0)
+	now := func() time.Time { clock = clock.Add(time.Minute); return clock }
+	priorFile := filepath.Join(dir, "prior.jsonl")
+
+	// A grid on model A fills the prior.
+	fa := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}
+	var progress strings.Builder
+	rep, err := Run(context.Background(), Options{Model: "a", Features: Features{DenseParamBytes: 1e6, DenseFLOPs: 1e6, TableBytes: 1e9, CutBytes: 1700, Candidates: 270},
+		Space: space, Grid: true, Prior: priorFile, Out: filepath.Join(dir, "a"), Trialer: fa, Progress: &progress, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Trials) != space.Size() || fa.calls != space.Size() || rep.Stop != StopExhausted {
+		t.Fatalf("grid: %d trials, %d calls, stop %s", len(rep.Trials), fa.calls, rep.Stop)
+	}
+	if got := rep.Best.Config; got["micro-batch"] != "512" || got["max-batch"] != "256" || got["max-delay"] != "4ms" || got["threads"] != "2" {
+		t.Errorf("grid best %v", got)
+	}
+	if lines := strings.Count(progress.String(), "\ntrial "); lines != space.Size() {
+		t.Errorf("%d progress lines:\n%s", lines, progress.String())
+	}
+	recs, err := ReadPrior(priorFile)
+	if err != nil || len(recs) != space.Size() {
+		t.Fatalf("prior: %d records, %v", len(recs), err)
+	}
+
+	// A search on a similar model B starts at A's best and stops soon.
+	fb := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 9e4)}
+	rep, err = Run(context.Background(), Options{Model: "b", Features: Features{DenseParamBytes: 2e6, DenseFLOPs: 2e6, TableBytes: 2e9, CutBytes: 1700, Candidates: 270},
+		Space: space, Start: space.Config(Point{1, 1, 1, 0}), Prior: priorFile, Out: filepath.Join(dir, "b"), Trialer: fb, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.PriorPts != space.Size() {
+		t.Errorf("prior points %d", rep.PriorPts)
+	}
+	if key(mustIndex(t, space, rep.Trials[0].Config)) != key(Point{3, 0, 2, 1}) {
+		t.Errorf("first trial %v, want the prior's best", rep.Trials[0].Config)
+	}
+	if len(rep.Trials) > space.Size()/10 {
+		t.Errorf("search took %d trials of a %d grid", len(rep.Trials), space.Size())
+	}
+	// tune.json is what prism up --config takes.
+	cfg, err := ReadConfig(filepath.Join(dir, "b", File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg["micro-batch"] != "512" || cfg["threads"] != "2" || len(cfg) != len(space.Dims) {
+		t.Errorf("config from tune.json: %v", cfg)
+	}
+	recs, _ = ReadPrior(priorFile)
+	if len(recs) != space.Size()+len(rep.Trials) {
+		t.Errorf("prior after the search: %d records", len(recs))
+	}
+}
+
+func mustIndex(t *testing.T, s Space, c Config) Point {
+	t.Helper()
+	p, ok := s.Index(c)
+	if !ok {
+		t.Fatalf("%v not in space", c)
+	}
+	return p
+}
+
+func TestReadConfig(t *testing.T) {
+	dir := t.TempDir()
+	for i, tc := range []struct {
+		file    string
+		want    Config
+		wantErr string
+	}{
+		{file: `{"micro-batch": 256, "max-delay": "4ms", "fixed-admission": true}`, want: Config{"micro-batch": "256", "max-delay": "4ms", "fixed-admission": "true"}},
+		{file: `{"mode": "search", "best": {"n": 3, "config": {"threads": "2"}}, "trials": []}`, want: Config{"threads": "2"}},
+		{file: `{"best": null, "trials": []}`, wantErr: "without a best configuration"},
+		{file: `{"threads": [1, 2]}`, wantErr: "want a string, number or boolean"},
+		{file: `not json`, wantErr: "invalid character"},
+	} {
+		path := filepath.Join(dir, strconv.Itoa(i)+".json")
+		if err := os.WriteFile(path, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadConfig(path)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s: error %v, want %q", tc.file, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.file, err)
+			continue
+		}
+		if len(got) != len(tc.want) {
+			t.Errorf("%s: %v, want %v", tc.file, got, tc.want)
+		}
+		for k, v := range tc.want {
+			if got[k] != v {
+				t.Errorf("%s: %s = %q, want %q", tc.file, k, got[k], v)
+			}
+		}
+	}
+}
+
+func TestSimilarity(t *testing.T) {
+	a := Features{DenseParamBytes: 2e6, DenseFLOPs: 1e6, TableBytes: 2e9, CutBytes: 1716, Candidates: 270}
+	if s := Similarity(a, a); s != 1 {
+		t.Errorf("self similarity %v", s)
+	}
+	b := a
+	b.TableBytes = 2e7 // two decades smaller tables
+	c := a
+	c.TableBytes = 2e8
+	if !(Similarity(a, b) < Similarity(a, c) && Similarity(a, c) < 1) {
+		t.Errorf("similarity not decreasing with distance: %v %v", Similarity(a, b), Similarity(a, c))
+	}
+}
