@@ -31,7 +31,7 @@ func newStoreBenchCmd() *cobra.Command {
 		zipfs                    []float64
 	)
 	cmd := &cobra.Command{
-		Use:   "bench --work DIR [--scenario gather|redis|ltm|preload]",
+		Use:   "bench --work DIR [--scenario gather|redis|ltm|preload|misses|setup]",
 		Short: "Measure the store against a raw gather, Redis, and larger than memory",
 		Long: `Bench builds zoo-shaped tables (seeded), ingests them into a store under
 --work (kept for later runs), and measures lookups of Zipf batches:
@@ -40,7 +40,12 @@ func newStoreBenchCmd() *cobra.Command {
   redis   the store vs redis-server on loopback (MGET per batch); skipped
           when redis-server is not installed
   ltm     larger than memory: rows/s and p99 per --zipf exponent with the
-          hot tier + block cache given by --hot-bytes/--cache-bytes`,
+          hot tier + block cache given by --hot-bytes/--cache-bytes
+  misses  the miss path: point Gets vs the sorted pass (1 and
+          --miss-parallel readers) per --zipf exponent, with the time in
+          file reads and the device bytes; drops the store files' page
+          cache first (run it in a memory cgroup: scripts/bench-ltm.sh)
+  setup   build and ingest the tables only`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			w := cmd.OutOrStdout()
 			var err error
@@ -54,6 +59,7 @@ func newStoreBenchCmd() *cobra.Command {
 			if cfg.DType, err = store.ParseDType(dtype); err != nil {
 				return err
 			}
+			cfg.NoTables = scenario == "misses" || scenario == "ltm" || scenario == "setup"
 			cfg.Log = func(f string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), f+"\n", a...) }
 			t0 := time.Now()
 			e, err := storebench.Setup(cfg)
@@ -96,7 +102,8 @@ func newStoreBenchCmd() *cobra.Command {
 	f.StringVar(&hot, "hot-bytes", "1GiB", "hot tier size")
 	f.StringVar(&cache, "cache-bytes", "256MiB", "Pebble block cache size")
 	f.StringVar(&dtype, "dtype", "float32", "stored dtype")
-	f.StringVar(&scenario, "scenario", "gather", "gather, redis, ltm or preload")
+	f.StringVar(&scenario, "scenario", "gather", "gather, redis, ltm, preload, misses or setup")
+	f.IntVar(&cfg.MissParallel, "miss-parallel", 0, "readers a lookup's sorted misses are split among (default: the store's)")
 	f.StringVar(&cpuprof, "cpuprofile", "", "write a CPU profile of the measured part")
 	_ = cmd.MarkFlagRequired("work")
 	return cmd

@@ -5,8 +5,9 @@
 //
 // Keys are 12 bytes, big-endian (physical table id uint32, row id
 // uint64), so a table is one contiguous key range and a batch's misses,
-// sorted, are read in key order through one iterator. Table id 0 holds the
-// store's own metadata (the catalog).
+// sorted, are read in key order through one iterator per table, or per
+// key range when a large miss set is split among concurrent readers
+// (missread.go). Table id 0 holds the store's own metadata (the catalog).
 //
 // A physical table is a table's content (its SHA-256 from
 // internal/tablefile) in one dtype; model versions name physical tables,

@@ -1,11 +1,10 @@
 package store
 
 import (
+	"cmp"
 	"fmt"
 	"github.com/prism-serve/prism/plan"
 	"slices"
-
-	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
@@ -46,6 +45,12 @@ type TableLookup struct {
 // Lookup looks up and pools a batch, table by table, from model's active
 // version. An error for one table stops the batch (Out is then partly
 // written) and leaves the store serving.
+//
+// The batch goes in three phases: every table's hot rows are copied and
+// its misses noted and sorted into key order; then the misses of all the
+// tables are read from Pebble (missread.go: one sorted pass per table, or
+// per key range of a table, several ranges at once); then each table
+// offers its missed rows to the hot tier and is pooled.
 func (s *Store) Lookup(model string, batch []TableLookup) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -55,17 +60,40 @@ func (s *Store) Lookup(model string, batch []TableLookup) error {
 		return err
 	}
 	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
+	if cap(sc.jobs) < len(batch) {
+		sc.jobs = append(sc.jobs[:cap(sc.jobs)], make([]tableJob, len(batch)-cap(sc.jobs))...)
+	}
+	jobs := sc.jobs[:len(batch)]
+	defer func() {
+		for i := range jobs {
+			jobs[i].release()
+		}
+		s.scratch.Put(sc)
+	}()
+	nMiss := 0
 	for i := range batch {
 		tv := mv.tables[batch[i].Table]
 		if tv == nil {
 			s.m.errors.Add(1)
 			return fmt.Errorf("model %q: table %q: %w", model, batch[i].Table, ErrUnknownTable)
 		}
-		if err := s.lookupTable(tv, &batch[i], sc); err != nil {
+		if err := s.gatherHot(tv, &batch[i], &jobs[i], sc); err != nil {
 			s.m.errors.Add(1)
 			return fmt.Errorf("model %q: %w", model, err)
 		}
+		nMiss += jobs[i].nMiss()
+	}
+	// Rows read from Pebble are admitted only if no upsert was
+	// acknowledged since the reads began.
+	seq := s.updSeq.Load()
+	if nMiss > 0 {
+		if err := s.readMisses(jobs, sc); err != nil {
+			s.m.errors.Add(1)
+			return fmt.Errorf("model %q: %w", model, err)
+		}
+	}
+	for i := range jobs {
+		s.finish(&jobs[i], sc, seq)
 	}
 	s.m.lookups.Add(1)
 	return nil
@@ -73,15 +101,28 @@ func (s *Store) Lookup(model string, batch []TableLookup) error {
 
 // scratch is one lookup's reusable memory.
 type scratch struct {
-	hashes  []uint64 // the sampled accesses to count
-	ids     []int64  // a batch's ids after the unknown-id rule
-	slots   []int32  // hot.Class.Gather's scratch
-	miss    []int32  // positions of the ids not in the hot tier
-	phase   int      // where the sketch sampling starts
-	misses  []uint64 // id<<24 | position, sorted into key order
-	bigMiss []missRef
+	jobs  []tableJob
+	slots []int32 // hot.Class.Gather's scratch
+	phase int     // where the sketch sampling starts
+	key   [keyLen]byte
+	tasks []readTask
+}
+
+// tableJob is one table's part of a lookup between the phases.
+type tableJob struct {
+	tv      *tableView
+	r       *TableLookup
+	g       []float32 // the gathered rows: r.Out or gather
+	samples int
+	direct  bool
+	big     bool    // too many ids to pack a position in posBits
+	ids     []int64 // the ids after the unknown-id rule
+	idBuf   []int64
 	gather  []float32
-	key     [keyLen]byte
+	hashes  []uint64 // the sampled accesses to count
+	miss    []int32  // positions of the ids not in the hot tier, in id order
+	misses  []uint64 // id<<posBits | position, sorted into key order
+	bigMiss []missRef
 }
 
 type missRef struct {
@@ -90,6 +131,18 @@ type missRef struct {
 }
 
 const posBits = 24
+
+// nMiss is the number of ids to read from Pebble.
+func (j *tableJob) nMiss() int { return len(j.misses) + len(j.bigMiss) }
+
+// at is the k-th miss in key order: its id and position.
+func (j *tableJob) at(k int) (int64, int) {
+	if j.big {
+		return j.bigMiss[k].id, j.bigMiss[k].pos
+	}
+	m := j.misses[k]
+	return int64(m >> posBits), int(m & (1<<posBits - 1))
+}
 
 // checkShape validates a request against its table and returns the
 // number of samples and whether the gathered rows can go straight into Out.
@@ -141,10 +194,10 @@ const lookupRecordEvery = 16
 // resolveIDs applies the table's unknown-id rule to a batch with ids
 // outside the table: into sc.ids, hashed ids folded, zero-vector ids as
 // -1 with their rows of g cleared.
-func resolveIDs(tv *tableView, ids []int64, g []float32, sc *scratch) ([]int64, error) {
+func resolveIDs(tv *tableView, ids []int64, g []float32, j *tableJob) ([]int64, error) {
 	dim := tv.dim
-	sc.ids = append(sc.ids[:0], ids...)
-	for i, id := range sc.ids {
+	j.idBuf = append(j.idBuf[:0], ids...)
+	for i, id := range j.idBuf {
 		if id >= 0 && id < tv.rows {
 			continue
 		}
@@ -153,68 +206,72 @@ func resolveIDs(tv *tableView, ids []int64, g []float32, sc *scratch) ([]int64, 
 		}
 		switch tv.unknown {
 		case plan.UnknownHash:
-			sc.ids[i] = id % tv.rows
+			j.idBuf[i] = id % tv.rows
 		case plan.UnknownZero:
 			clear(g[i*dim : (i+1)*dim])
-			sc.ids[i] = -1
+			j.idBuf[i] = -1
 		default:
 			return nil, fmt.Errorf("table %q: ids[%d]=%d, table has %d rows: %w", tv.name, i, id, tv.rows, ErrIDOutOfRange)
 		}
 	}
-	return sc.ids, nil
+	return j.idBuf, nil
 }
 
-func (s *Store) lookupTable(tv *tableView, r *TableLookup, sc *scratch) error {
+// gatherHot checks a table's request, copies its resident rows into the
+// gather buffer and notes its misses in key order (phase 1 of Lookup).
+func (s *Store) gatherHot(tv *tableView, r *TableLookup, j *tableJob, sc *scratch) error {
 	samples, direct, err := checkShape(tv, r)
 	if err != nil {
 		return err
 	}
 	dim := tv.dim
 	n := len(r.IDs)
-	g := r.Out
+	*j = tableJob{tv: tv, r: r, samples: samples, direct: direct, big: n >= 1<<posBits,
+		idBuf: j.idBuf[:0], gather: j.gather, hashes: j.hashes[:0], miss: j.miss[:0], misses: j.misses[:0], bigMiss: j.bigMiss[:0]}
+	j.g = r.Out
 	if !direct {
-		if cap(sc.gather) < n*dim {
-			sc.gather = make([]float32, n*dim)
+		if cap(j.gather) < n*dim {
+			j.gather = make([]float32, n*dim)
 		}
-		g = sc.gather[:n*dim]
+		j.g = j.gather[:n*dim]
 	}
 	ids, resolved := r.IDs, false
 	for _, id := range ids {
 		if uint64(id) >= uint64(tv.rows) {
-			if ids, err = resolveIDs(tv, r.IDs, g, sc); err != nil {
+			if ids, err = resolveIDs(tv, r.IDs, j.g, j); err != nil {
 				return err
 			}
 			resolved = true
 			break
 		}
 	}
-	sc.hashes = sc.hashes[:0]
-	sc.misses = sc.misses[:0]
-	sc.bigMiss = sc.bigMiss[:0]
-	sc.miss = sc.miss[:0]
-	big := n >= 1<<posBits
+	j.ids = ids
 	cls := tv.hot
-	// Pass 1: copy the hot rows, note the misses.
 	if cls != nil {
 		if cap(sc.slots) < n {
 			sc.slots = make([]int32, n)
 		}
 		cls.RLock()
-		sc.miss = cls.Gather(tv.id, ids, g, sc.slots, sc.miss)
+		j.miss = cls.Gather(tv.id, ids, j.g, sc.slots, j.miss)
 		cls.RUnlock()
 	} else {
 		for i, id := range ids {
 			if id >= 0 {
-				sc.miss = append(sc.miss, int32(i))
+				j.miss = append(j.miss, int32(i))
 			}
 		}
 	}
-	for _, p := range sc.miss {
-		if big {
-			sc.bigMiss = append(sc.bigMiss, missRef{id: ids[p], pos: int(p)})
+	for _, p := range j.miss {
+		if j.big {
+			j.bigMiss = append(j.bigMiss, missRef{id: ids[p], pos: int(p)})
 		} else {
-			sc.misses = append(sc.misses, uint64(ids[p])<<posBits|uint64(p))
+			j.misses = append(j.misses, uint64(ids[p])<<posBits|uint64(p))
 		}
+	}
+	if j.big {
+		slices.SortFunc(j.bigMiss, func(a, b missRef) int { return cmp.Compare(a.id, b.id) })
+	} else {
+		slices.Sort(j.misses)
 	}
 	var hits int64
 	if cls != nil {
@@ -226,31 +283,27 @@ func (s *Store) lookupTable(tv *tableView, r *TableLookup, sc *scratch) error {
 				}
 			}
 		}
-		hits = int64(valid - len(sc.miss))
+		hits = int64(valid - len(j.miss))
 		sc.phase = (sc.phase + 1) % lookupRecordEvery
 		for i := sc.phase; i < n; i += lookupRecordEvery {
 			if id := ids[i]; id >= 0 {
-				sc.hashes = append(sc.hashes, hot.Hash(hot.Key(tv.id, id)))
+				j.hashes = append(j.hashes, hot.Hash(hot.Key(tv.id, id)))
 			}
 		}
 	}
-	nMiss := len(sc.misses) + len(sc.bigMiss)
 	s.m.rows.Add(int64(n))
 	s.m.hotHits.Add(hits)
-	s.m.hotMisses.Add(int64(nMiss))
+	s.m.hotMisses.Add(int64(j.nMiss()))
+	return nil
+}
 
-	// Pass 2: the misses, in key order, through one iterator.
-	seq := s.updSeq.Load()
-	if nMiss > 0 {
-		if err := s.readMisses(tv, g, sc, big); err != nil {
-			return err
-		}
-	}
-	// Pass 3: count the accesses and offer the missed rows to the tier.
-	// Without misses a busy class skips the counting of this batch (a
-	// lossy read buffer); rows read from Pebble are admitted only if no
-	// upsert was acknowledged since the read began.
-	if cls != nil && (len(sc.hashes) > 0 || nMiss > 0) {
+// finish counts a table's accesses, offers its missed rows to the hot
+// tier and pools (phase 3 of Lookup). Without misses a busy class skips
+// the counting of this batch (a lossy read buffer); rows read from Pebble
+// are admitted only if no upsert was acknowledged since seq.
+func (s *Store) finish(j *tableJob, sc *scratch, seq uint64) {
+	nMiss := j.nMiss()
+	if cls := j.tv.hot; cls != nil && (len(j.hashes) > 0 || nMiss > 0) {
 		locked := false
 		if nMiss > 0 {
 			cls.Lock()
@@ -259,92 +312,31 @@ func (s *Store) lookupTable(tv *tableView, r *TableLookup, sc *scratch) error {
 			locked = cls.TryLock()
 		}
 		if locked {
-			cls.Count(sc.hashes)
+			cls.Count(j.hashes)
 			if nMiss > 0 && s.updSeq.Load() == seq {
-				s.admit(tv, cls, g, sc, big)
+				s.admit(j, cls)
 			}
 			cls.Unlock()
 		}
 	}
-	// Pass 4: pool.
-	pool(r, g, dim, samples, direct)
-	return nil
+	pool(j.r, j.g, j.tv.dim, j.samples, j.direct)
 }
 
-func (s *Store) readMisses(tv *tableView, g []float32, sc *scratch, big bool) error {
-	dim := tv.dim
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: tv.lo, UpperBound: tv.hi})
-	if err != nil {
-		return fmt.Errorf("table %q: %w", tv.name, err)
-	}
-	var reads, bytes int64
-	prevID, prevPos := int64(-1), -1
-	visit := func(id int64, pos int) error {
-		dst := g[pos*dim : (pos+1)*dim]
-		if id == prevID {
-			copy(dst, g[prevPos*dim:(prevPos+1)*dim])
-			return nil
-		}
-		k := rowKey(sc.key[:], tv.id, id)
-		if !it.SeekGE(k) || keyRow(it.Key()) != id || len(it.Key()) != keyLen {
-			return fmt.Errorf("table %q: row %d missing from the store: %w", tv.name, id, ErrCorrupt)
-		}
-		v, err := it.ValueAndErr()
-		if err != nil {
-			return fmt.Errorf("table %q: row %d: %w", tv.name, id, err)
-		}
-		if !tv.dtype.decode(dst, v) {
-			return fmt.Errorf("table %q: row %d holds %d bytes, want %d: %w", tv.name, id, len(v), tv.dtype.RowBytes(dim), ErrCorrupt)
-		}
-		reads++
-		bytes += int64(len(v))
-		prevID, prevPos = id, pos
-		return nil
-	}
-	if big {
-		slices.SortFunc(sc.bigMiss, func(a, b missRef) int { return int(a.id - b.id) })
-		for _, m := range sc.bigMiss {
-			if err := visit(m.id, m.pos); err != nil {
-				it.Close()
-				return err
-			}
-		}
-	} else {
-		slices.Sort(sc.misses)
-		for _, m := range sc.misses {
-			if err := visit(int64(m>>posBits), int(m&(1<<posBits-1))); err != nil {
-				it.Close()
-				return err
-			}
-		}
-	}
-	s.m.pebbleReads.Add(reads)
-	s.m.pebbleBytes.Add(bytes)
-	if err := it.Close(); err != nil {
-		return fmt.Errorf("table %q: %w", tv.name, err)
-	}
-	return nil
-}
+// release drops the job's references to the caller's memory and the
+// table (the scratch outlives the lookup in a pool).
+func (j *tableJob) release() { j.tv, j.r, j.g, j.ids = nil, nil, nil, nil }
 
 // admit offers each distinct missed row to the class. Caller holds its Lock.
-func (s *Store) admit(tv *tableView, cls *hot.Class, g []float32, sc *scratch, big bool) {
-	dim := tv.dim
+func (s *Store) admit(j *tableJob, cls *hot.Class) {
+	dim := j.tv.dim
 	prev := int64(-1)
-	offer := func(id int64, pos int) {
+	for k := range j.nMiss() {
+		id, pos := j.at(k)
 		if id == prev {
-			return
+			continue
 		}
 		prev = id
-		k := hot.Key(tv.id, id)
-		cls.Admit(k, hot.Hash(k), g[pos*dim:(pos+1)*dim])
-	}
-	if big {
-		for _, m := range sc.bigMiss {
-			offer(m.id, m.pos)
-		}
-		return
-	}
-	for _, m := range sc.misses {
-		offer(int64(m>>posBits), int(m&(1<<posBits-1)))
+		key := hot.Key(j.tv.id, id)
+		cls.Admit(key, hot.Hash(key), j.g[pos*dim:(pos+1)*dim])
 	}
 }

@@ -16,6 +16,8 @@ type counters struct {
 	upsertNanos, lastUpsertNanos atomic.Int64
 	copies, copiedRows           atomic.Int64
 	carriedRows                  atomic.Int64
+	missNanos, blockReadNanos    atomic.Int64
+	blockReadBytes               atomic.Int64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -28,6 +30,12 @@ type Metrics struct {
 	// PebbleReads is rows read from Pebble (a batch's duplicates once);
 	// PebbleBytes their stored bytes.
 	PebbleReads, PebbleBytes int64
+	// MissReadNanos is the wall time lookups spent reading misses from
+	// Pebble; BlockReadNanos the time Pebble's iterators spent reading
+	// blocks the block cache did not hold (summed over concurrent
+	// readers, so it may exceed MissReadNanos), and BlockReadBytes those
+	// blocks' bytes. Point reads (MissPoint) add to MissReadNanos only.
+	MissReadNanos, BlockReadNanos, BlockReadBytes int64
 	// Upserts is acknowledged Upsert calls; UpsertRows their rows.
 	Upserts, UpsertRows int64
 	// UpsertLagNanos is the summed time from an Upsert call to its ack
@@ -61,6 +69,7 @@ func (s *Store) Metrics() Metrics {
 		Lookups: s.m.lookups.Load(), Rows: s.m.rows.Load(), Errors: s.m.errors.Load(),
 		HotHits: s.m.hotHits.Load(), HotMisses: s.m.hotMisses.Load(),
 		PebbleReads: s.m.pebbleReads.Load(), PebbleBytes: s.m.pebbleBytes.Load(),
+		MissReadNanos: s.m.missNanos.Load(), BlockReadNanos: s.m.blockReadNanos.Load(), BlockReadBytes: s.m.blockReadBytes.Load(),
 		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
 		TableCopies: s.m.copies.Load(), CopiedRows: s.m.copiedRows.Load(), CarriedRows: s.m.carriedRows.Load(),
@@ -109,6 +118,9 @@ func NewCollector(s *Store) *Collector {
 	add("hot_evictions_total", "Rows evicted from the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotEvictions) })
 	add("pebble_reads_total", "Rows read from Pebble.", ctr, func(m Metrics) float64 { return float64(m.PebbleReads) })
 	add("pebble_read_bytes_total", "Bytes of rows read from Pebble.", ctr, func(m Metrics) float64 { return float64(m.PebbleBytes) })
+	add("miss_read_seconds_total", "Wall time lookups spent reading hot-tier misses from Pebble.", ctr, func(m Metrics) float64 { return float64(m.MissReadNanos) / 1e9 })
+	add("block_read_seconds_total", "Time Pebble iterators of lookups spent reading blocks not in the block cache (summed over concurrent readers).", ctr, func(m Metrics) float64 { return float64(m.BlockReadNanos) / 1e9 })
+	add("block_read_bytes_total", "Bytes of the blocks lookups read from files.", ctr, func(m Metrics) float64 { return float64(m.BlockReadBytes) })
 	add("block_cache_hits_total", "Pebble block cache hits.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheHits) })
 	add("block_cache_misses_total", "Pebble block cache misses.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheMisses) })
 	add("upserts_total", "Upserts acknowledged.", ctr, func(m Metrics) float64 { return float64(m.Upserts) })

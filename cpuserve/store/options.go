@@ -28,8 +28,20 @@ type Options struct {
 	// the tier holds them all, PreloadOn until the tier is full even if
 	// they do not fit (a warm start), PreloadOff never.
 	Preload PreloadMode
-	// CacheBytes is Pebble's block cache, below the hot tier.
+	// CacheBytes is Pebble's block cache, below the hot tier. When the
+	// tables do not fit the hot tier, size it to hold the SSTs' index
+	// blocks (Store.IndexBytes; there are no filter blocks: lookups seek,
+	// and bloom filters serve only point reads) with room to spare, so a
+	// miss costs one data block read and no index read; data blocks of
+	// cold rows, each read once, gain little from more.
 	CacheBytes int64
+	// MissReads is how lookups read the rows the hot tier does not hold:
+	// MissSorted (the default) or MissPoint (the baseline).
+	MissReads MissReads
+	// MissParallel is how many readers a lookup's sorted misses are
+	// split among (DefaultMissParallel when 0; 1 reads them in the
+	// caller's goroutine only).
+	MissParallel int
 	// MemTableBytes is Pebble's memtable size (online upserts land there).
 	MemTableBytes uint64
 	// NoSync skips the WAL sync of upserts: only for benchmarks and tests
@@ -71,6 +83,7 @@ func (o *Options) EnsureDefaults() *Options {
 	if o.MemTableBytes == 0 {
 		o.MemTableBytes = DefaultMemTable
 	}
+	o.ensureMiss()
 	if o.Logger == nil {
 		o.Logger = quietLogger{}
 	}
@@ -88,6 +101,9 @@ func (o *Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("preload %q: want auto, on or off", o.Preload))
 	}
+	if err := o.validateMiss(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.HotBytesAutoMax < 0 {
 		errs = append(errs, fmt.Errorf("hot bytes auto max %d < 0", o.HotBytesAutoMax))
 	}
@@ -95,6 +111,27 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("memtable bytes %d < 1 MiB", o.MemTableBytes))
 	}
 	return errors.Join(errs...)
+}
+
+func (o *Options) ensureMiss() {
+	if o.MissReads == "" {
+		o.MissReads = MissSorted
+	}
+	if o.MissParallel == 0 {
+		o.MissParallel = DefaultMissParallel
+	}
+}
+
+func (o *Options) validateMiss() error {
+	switch o.MissReads {
+	case "", MissSorted, MissPoint:
+	default:
+		return fmt.Errorf("miss reads %q: want sorted or point", o.MissReads)
+	}
+	if o.MissParallel < 0 || o.MissParallel > 64 {
+		return fmt.Errorf("miss parallel %d: want 1 to 64", o.MissParallel)
+	}
+	return nil
 }
 
 // quietLogger drops Pebble's informational lines and keeps its errors.

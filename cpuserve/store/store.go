@@ -61,9 +61,13 @@ type Store struct {
 	view     atomic.Pointer[view]
 	// updSeq counts acknowledged upserts: a lookup admits rows it read
 	// from Pebble only if none was acknowledged since it began reading.
-	updSeq  atomic.Uint64
-	m       counters
-	scratch sync.Pool
+	updSeq atomic.Uint64
+	// missPoint and missParallel are Options.MissReads and MissParallel,
+	// changeable while serving (SetMissReads).
+	missPoint    atomic.Bool
+	missParallel atomic.Int32
+	m            counters
+	scratch      sync.Pool
 	// preMu serialises preloads and guards pre, their summed report.
 	preMu  sync.Mutex
 	pre    PreloadReport
@@ -135,6 +139,8 @@ func Open(dir string, o *Options) (*Store, error) {
 	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat, carryBatchBytes: carryBatchBytes}
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
+	s.missPoint.Store(opts.MissReads == MissPoint)
+	s.missParallel.Store(int32(opts.MissParallel))
 	s.publish(cat)
 	if !opts.ReadOnly {
 		_ = opts.FS.RemoveAll(opts.FS.PathJoin(dir, stagingDir))

@@ -16,8 +16,12 @@ func Run(w io.Writer, e *Env, scenario string, zipfs []float64) error {
 		return runLTM(w, e, zipfs)
 	case "preload":
 		return runPreload(w, e)
+	case "misses":
+		return runMisses(w, e, zipfs)
+	case "setup":
+		return nil
 	}
-	return fmt.Errorf("scenario %q: want gather, redis, ltm or preload", scenario)
+	return fmt.Errorf("scenario %q: want gather, redis, ltm, preload, misses or setup", scenario)
 }
 
 func runGather(w io.Writer, e *Env) error {
@@ -78,8 +82,8 @@ func merge(a, b Result) Result {
 // tables against --hot-bytes and --cache-bytes (and the machine's memory).
 func runLTM(w io.Writer, e *Env, zipfs []float64) error {
 	var tableBytes int64
-	for _, t := range e.Tables {
-		tableBytes += int64(len(t)) * 4
+	for _, rows := range e.Rows {
+		tableBytes += rows * int64(e.Dim) * 4
 	}
 	m := e.Store.Metrics()
 	fmt.Fprintf(w, "larger than memory: tables %d MiB, hot tier %d MiB + block cache %d MiB (tables are %.1fx)\n",

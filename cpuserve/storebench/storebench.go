@@ -11,8 +11,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/tablefile"
@@ -31,9 +35,15 @@ type Config struct {
 	HotBytes   int64   // store hot tier (-1: none)
 	CacheBytes int64   // Pebble block cache
 	DType      store.DType
-	Dir        string // work folder: plan/ and db/ (reused when present)
-	Seed       uint64
-	Log        func(format string, args ...any)
+	// MissParallel is the store's Options.MissParallel (0: its default).
+	MissParallel int
+	// NoTables keeps no flat tables in memory (Env.Tables nil): they are
+	// built only to write a missing plan, then dropped, so the misses
+	// and ltm scenarios fit a memory cgroup smaller than the tables.
+	NoTables bool
+	Dir      string // work folder: plan/ and db/ (reused when present)
+	Seed     uint64
+	Log      func(format string, args ...any)
 }
 
 func (c *Config) defaults() {
@@ -67,6 +77,8 @@ type Env struct {
 	Plan   string
 	Store  *store.Store
 	Ingest *store.IngestReport
+	// IO counts the store's file reads (every ReadAt through its FS).
+	IO *IOStats
 }
 
 // Setup builds the tables (seeded), writes the plan, and ingests it into
@@ -89,17 +101,28 @@ func Setup(cfg Config) (*Env, error) {
 			mc.Bottom = append(append([]int(nil), mc.Bottom[:n-1]...), cfg.Dim)
 		}
 	}
-	cfg.Log("building %s tables: %d tables, dim %d", cfg.Model, mc.NumTables(), mc.EmbDim)
-	m, err := models.New(mc, 1)
-	if err != nil {
-		return nil, err
-	}
 	name := fmt.Sprintf("%s-d%d-%s", cfg.Model, mc.EmbDim, cfg.DType)
-	e := &Env{Cfg: cfg, Name: name, Tables: m.Tables, Rows: mc.TableRows, Dim: mc.EmbDim, Plan: filepath.Join(cfg.Dir, "plan-"+name)}
-	if err := e.writePlan(); err != nil {
-		return nil, err
+	e := &Env{Cfg: cfg, Name: name, Rows: mc.TableRows, Dim: mc.EmbDim, Plan: filepath.Join(cfg.Dir, "plan-"+name)}
+	_, statErr := os.Stat(filepath.Join(e.Plan, plan.File))
+	if !cfg.NoTables || statErr != nil {
+		cfg.Log("building %s tables: %d tables, dim %d", cfg.Model, mc.NumTables(), mc.EmbDim)
+		m, err := models.New(mc, 1)
+		if err != nil {
+			return nil, err
+		}
+		e.Tables = m.Tables
+		if err := e.writePlan(); err != nil {
+			return nil, err
+		}
+		if cfg.NoTables {
+			e.Tables = nil
+			runtime.GC()
+			debug.FreeOSMemory()
+		}
 	}
-	s, err := store.Open(filepath.Join(cfg.Dir, "db"), &store.Options{HotBytes: cfg.HotBytes, CacheBytes: cfg.CacheBytes, NoSync: true, Preload: store.PreloadOff})
+	e.IO = &IOStats{}
+	s, err := store.Open(filepath.Join(cfg.Dir, "db"), &store.Options{FS: timedFS{vfs.Default, e.IO}, HotBytes: cfg.HotBytes, CacheBytes: cfg.CacheBytes,
+		NoSync: true, Preload: store.PreloadOff, MissParallel: cfg.MissParallel})
 	if err != nil {
 		return nil, err
 	}
@@ -125,8 +148,10 @@ func (e *Env) writePlan() error {
 	if err := os.MkdirAll(filepath.Join(e.Plan, "tables"), 0o755); err != nil {
 		return err
 	}
-	pl := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: e.Name}, DenseModel: "dense.onnx"}
+	pl := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: e.Name}, DenseModel: "dense.onnx",
+		Outputs: []plan.TensorInfo{{Name: "score", DType: "float32", Shape: []int64{1}}}}
 	for k, t := range e.Tables {
+		pl.Inputs = append(pl.Inputs, plan.TensorInfo{Name: models.SparseInput(k), DType: "int64", Shape: []int64{}, Sides: []plan.Side{plan.CPU}})
 		tn := models.TableName(k)
 		file := tablefile.FileName(tn)
 		meta, err := tablefile.Write(filepath.Join(e.Plan, file), tn, e.Dim, t, nil)
@@ -233,7 +258,7 @@ func (e *Env) RawGather(batches [][][]int64) Result {
 
 // StoreLookup runs the batches through Store.Lookup (sum pooling, bag 1).
 func (e *Env) StoreLookup(name string, batches [][][]int64) (Result, error) {
-	req := make([]store.TableLookup, len(e.Tables))
+	req := make([]store.TableLookup, len(e.Rows))
 	for k := range req {
 		req[k] = store.TableLookup{Table: models.TableName(k), Pooling: store.PoolSum, Out: make([]float32, e.Cfg.Batch*e.Dim)}
 	}

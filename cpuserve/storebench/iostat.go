@@ -1,0 +1,141 @@
+package storebench
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// IOStats counts the file reads of a store: every ReadAt of a file its
+// FS opened (SST blocks the block cache did not hold; from the page cache
+// or the device).
+type IOStats struct {
+	Reads, Bytes, Nanos atomic.Int64
+}
+
+// IOSnap is IOStats at one moment, with the process's device reads
+// (/proc/self/io read_bytes) and CPU time.
+type IOSnap struct {
+	Reads, Bytes, Nanos int64
+	DeviceBytes         int64
+	CPU                 time.Duration
+	At                  time.Time
+}
+
+// Snap reads the counters now.
+func (s *IOStats) Snap() IOSnap {
+	cpu := cpuTime()
+	return IOSnap{Reads: s.Reads.Load(), Bytes: s.Bytes.Load(), Nanos: s.Nanos.Load(), DeviceBytes: procReadBytes(), CPU: cpu, At: time.Now()}
+}
+
+// Sub is the difference a - b.
+func (a IOSnap) Sub(b IOSnap) IOSnap {
+	return IOSnap{Reads: a.Reads - b.Reads, Bytes: a.Bytes - b.Bytes, Nanos: a.Nanos - b.Nanos,
+		DeviceBytes: a.DeviceBytes - b.DeviceBytes, CPU: a.CPU - b.CPU, At: a.At}
+}
+
+// procReadBytes is the bytes this process caused to be read from a block
+// device (page cache hits excluded); -1 where /proc/self/io is missing.
+func procReadBytes() int64 {
+	f, err := os.Open("/proc/self/io")
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "read_bytes: "); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return -1
+}
+
+// timedFS times the reads of the files it opens.
+type timedFS struct {
+	vfs.FS
+	st *IOStats
+}
+
+func (fs timedFS) Open(name string, opts ...vfs.OpenOption) (vfs.File, error) {
+	f, err := fs.FS.Open(name, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return timedFile{f, fs.st}, nil
+}
+
+type timedFile struct {
+	vfs.File
+	st *IOStats
+}
+
+func (f timedFile) ReadAt(p []byte, off int64) (int, error) {
+	t0 := time.Now()
+	n, err := f.File.ReadAt(p, off)
+	f.st.Nanos.Add(int64(time.Since(t0)))
+	f.st.Reads.Add(1)
+	f.st.Bytes.Add(int64(n))
+	return n, err
+}
+
+// EvictPageCache drops the page cache of every file under dir
+// (fadvise DONTNEED), so the next reads come from the device and are
+// charged to the reader's memory cgroup; a no-op where unsupported.
+func EvictPageCache(dir string) (files int, err error) {
+	err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return nil // a file Pebble just removed
+		}
+		defer f.Close()
+		if fadviseDontNeed(f) == nil {
+			files++
+		}
+		return nil
+	})
+	return files, err
+}
+
+// cgroupLimit is the memory limit of this process's cgroup (v1 or v2),
+// 0 when none is set or it cannot be read.
+func cgroupLimit() int64 {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		var file string
+		switch {
+		case parts[1] == "memory":
+			file = filepath.Join("/sys/fs/cgroup/memory", parts[2], "memory.limit_in_bytes")
+		case parts[0] == "0" && parts[1] == "":
+			file = filepath.Join("/sys/fs/cgroup", parts[2], "memory.max")
+		default:
+			continue
+		}
+		v, err := os.ReadFile(file)
+		if err != nil {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+		if err == nil && n > 0 && n < 1<<50 {
+			return n
+		}
+	}
+	return 0
+}
