@@ -20,9 +20,16 @@ type Provider interface {
 	// reported Starting until then. Fewer ids than n (with an error) mean
 	// the rest failed: the driver reports them as a BorrowFailure.
 	Borrow(ctx context.Context, model string, n int) ([]string, error)
-	// Return stops a worker the controller drained and hands its device
-	// back to the lender.
+	// Drain tells a worker to leave the router's registry and finish
+	// what it holds: a `prism serve dense` worker does both on SIGTERM
+	// (it leaves at once, then exits when its in-flight work is done).
+	Drain(ctx context.Context, worker string) error
+	// Return stops a worker the controller drained (at once, if it still
+	// runs: the drain's deadline has passed) and hands its device back to
+	// the lender.
 	Return(ctx context.Context, worker string) error
+	// Workers are the workers lent now, as the lender sees them.
+	Workers() []LentWorker
 	// Reclaims delivers the lender taking workers back, each with the
 	// grace it allows; the driver passes them on as Reclaims.
 	Reclaims() <-chan ProviderReclaim
@@ -33,4 +40,20 @@ type Provider interface {
 type ProviderReclaim struct {
 	Worker string
 	Grace  time.Duration
+}
+
+// LentWorker is one lent worker as the lender sees it.
+type LentWorker struct {
+	ID, Model string
+	// Addr is the worker's serving address once it has printed it (""
+	// while it starts): the driver finds it in the router's registry by
+	// it.
+	Addr string
+	// Running: its process (or Pod) has not exited.
+	Running bool
+	// Draining: Drain was called.
+	Draining bool
+	// Lent is when the lender started it; Ready when it printed its
+	// address (zero until then).
+	Lent, Ready time.Time
 }

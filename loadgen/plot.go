@@ -53,13 +53,35 @@ func (s *Summary) Plot(path string) error {
 	bot.Legend.Top = true
 	bot.X.Min, bot.X.Max = 0, math.Max(1, float64(len(s.Series)))
 	top.X.Min, top.X.Max = bot.X.Min, bot.X.Max
+	rows := [][]*plot.Plot{{top}, {bot}}
+	if s.Watched != "" {
+		// The watched number (borrowed workers) as a step line.
+		w := plotter.XYs{}
+		for _, p := range s.Series {
+			if !math.IsNaN(p.Watched) {
+				w = append(w, plotter.XY{X: float64(p.T), Y: p.Watched}, plotter.XY{X: float64(p.T) + 1, Y: p.Watched})
+			}
+		}
+		wp := plot.New()
+		wp.Y.Label.Text = s.Watched
+		wp.Y.Min = 0
+		wp.X.Min, wp.X.Max = bot.X.Min, bot.X.Max
+		if err := addLine(wp, s.Watched, w, color.RGBA{R: 200, G: 120, A: 255}, false); err != nil {
+			return err
+		}
+		wp.Legend.Top = true
+		bot.X.Label.Text = ""
+		wp.X.Label.Text = "seconds"
+		rows = append(rows, []*plot.Plot{wp})
+	}
 
-	img := vgimg.New(10*vg.Inch, 7*vg.Inch)
+	img := vgimg.New(10*vg.Inch, vg.Length(3.5*float64(len(rows)))*vg.Inch)
 	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: 2, Cols: 1, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
-	canvases := plot.Align([][]*plot.Plot{{top}, {bot}}, tiles, dc)
-	top.Draw(canvases[0][0])
-	bot.Draw(canvases[1][0])
+	tiles := draw.Tiles{Rows: len(rows), Cols: 1, PadY: vg.Millimeter * 4, PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 4}
+	canvases := plot.Align(rows, tiles, dc)
+	for i, r := range rows {
+		r[0].Draw(canvases[i][0])
+	}
 	w, err := createFile(path)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -35,7 +36,11 @@ type Summary struct {
 	SendLagMaxMs             float64            `json:"send_lag_max_ms"`
 	// GeneratorCPU is the CPU seconds this process used during the run.
 	GeneratorCPU float64 `json:"generator_cpu_s"`
-	Series       []Point `json:"-"`
+	// Watched names the number sampled each second beside the run
+	// (Options.Watch), WatchedSeries its values (null where a read failed).
+	Watched       string     `json:"watched,omitempty"`
+	WatchedSeries []*float64 `json:"watched_series,omitempty"`
+	Series        []Point    `json:"-"`
 }
 
 // Point is one second of the time series.
@@ -47,6 +52,29 @@ type Point struct {
 	Errors    int64   // likewise
 	Samples   int64   // OK samples of the requests intended in this second
 	P99Ms     float64 // of the requests intended in this second; NaN if none
+	Watched   float64 // Options.Watch at the second's start; NaN if none
+}
+
+var nan = math.NaN()
+
+// addWatched puts the watched values into the series, which it extends
+// to cover them.
+func (s *Summary) addWatched(name string, vals []float64) {
+	s.Watched = name
+	for i := range s.Series {
+		s.Series[i].Watched = nan
+	}
+	for i, v := range vals {
+		for len(s.Series) <= i {
+			s.Series = append(s.Series, Point{T: len(s.Series), P99Ms: nan, Watched: nan})
+		}
+		s.Series[i].Watched = v
+		if math.IsNaN(v) {
+			s.WatchedSeries = append(s.WatchedSeries, nil)
+		} else {
+			s.WatchedSeries = append(s.WatchedSeries, &v)
+		}
+	}
 }
 
 func (r *Recorder) summary(o Options, elapsed time.Duration) *Summary {
@@ -79,7 +107,7 @@ func (r *Recorder) summary(o Options, elapsed time.Duration) *Summary {
 	}
 	s.SendLagP99Ms, s.SendLagMaxMs = ms(r.lag.ValueAtQuantile(99)), ms(r.lag.Max())
 	for i, sec := range r.secs {
-		p := Point{T: i, Offered: sec.offered, Completed: sec.completed, OK: sec.ok, Errors: sec.errs, Samples: sec.samples, P99Ms: math.NaN()}
+		p := Point{T: i, Offered: sec.offered, Completed: sec.completed, OK: sec.ok, Errors: sec.errs, Samples: sec.samples, P99Ms: math.NaN(), Watched: math.NaN()}
 		if sec.hist != nil {
 			p.P99Ms = ms(sec.hist.ValueAtQuantile(99))
 		}
@@ -111,6 +139,15 @@ func (s *Summary) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "throughput  %.1f req/s  %.0f samples/s  (offered %.1f req/s, %.1f candidates/request)\n", s.RPS, s.SamplesPS, s.OfferedRPS, s.MeanCand)
 	fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)
 	fmt.Fprintf(w, "SLO         %.1f%% of requests answered OK within %gms\n", 100*s.SLOAttained, s.SLOMs)
+	if s.Watched != "" {
+		peak := nan
+		for _, p := range s.Series {
+			if !math.IsNaN(p.Watched) && !(p.Watched <= peak) {
+				peak = p.Watched
+			}
+		}
+		fmt.Fprintf(w, "watched     %s: peak %g, sampled every second (timeseries.csv)\n", s.Watched, peak)
+	}
 	fmt.Fprintf(w, "generator   send lag p99 %.3fms max %.3fms, %.2f CPU-s (%.2f cores)\n", s.SendLagP99Ms, s.SendLagMaxMs, s.GeneratorCPU, s.GeneratorCPU/math.Max(s.DurationS, 1e-9))
 }
 
@@ -143,14 +180,24 @@ func (s *Summary) WriteDir(dir string) error {
 // WriteCSV writes the per-second time series.
 func (s *Summary) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"second", "offered_rps", "completed_rps", "ok", "errors", "samples", "p99_ms"})
-	for _, p := range s.Series {
-		p99 := ""
-		if !math.IsNaN(p.P99Ms) {
-			p99 = strconv.FormatFloat(p.P99Ms, 'f', 3, 64)
+	head := []string{"second", "offered_rps", "completed_rps", "ok", "errors", "samples", "p99_ms"}
+	if s.Watched != "" {
+		head = append(head, strings.ReplaceAll(s.Watched, " ", "_"))
+	}
+	_ = cw.Write(head)
+	num := func(v float64, prec int) string {
+		if math.IsNaN(v) {
+			return ""
 		}
-		_ = cw.Write([]string{strconv.Itoa(p.T), strconv.FormatInt(p.Offered, 10), strconv.FormatInt(p.Completed, 10),
-			strconv.FormatInt(p.OK, 10), strconv.FormatInt(p.Errors, 10), strconv.FormatInt(p.Samples, 10), p99})
+		return strconv.FormatFloat(v, 'f', prec, 64)
+	}
+	for _, p := range s.Series {
+		row := []string{strconv.Itoa(p.T), strconv.FormatInt(p.Offered, 10), strconv.FormatInt(p.Completed, 10),
+			strconv.FormatInt(p.OK, 10), strconv.FormatInt(p.Errors, 10), strconv.FormatInt(p.Samples, 10), num(p.P99Ms, 3)}
+		if s.Watched != "" {
+			row = append(row, num(p.Watched, -1))
+		}
+		_ = cw.Write(row)
 	}
 	cw.Flush()
 	return cw.Error()

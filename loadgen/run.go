@@ -104,6 +104,8 @@ type Options struct {
 	Live      io.Writer
 	LiveEvery time.Duration
 	TTY       bool
+	// Watch, if set, is sampled every second of the run (Point.Watched).
+	Watch *Watch
 }
 
 // EnsureDefaults fills zero fields.
@@ -203,6 +205,14 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	}()
 
 	stopLive := startLive(o, rec, since)
+	var watched []float64
+	watchCtx, stopWatch := context.WithCancel(parent)
+	watchDone := make(chan struct{})
+	if o.Watch != nil {
+		go watchLoop(watchCtx, o.Watch, o.Clock, start, &watched, watchDone)
+	} else {
+		close(watchDone)
+	}
 	var wg sync.WaitGroup
 	ps, _ := s.(PremarshaledSender)
 	send := func(j job) {
@@ -263,11 +273,16 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 		elapsed = max(elapsed, o.Duration)
 	}
 	stopLive()
+	stopWatch()
+	<-watchDone
 	if genErr != nil {
 		return nil, genErr
 	}
 	sum := rec.summary(o, elapsed)
 	sum.GeneratorCPU = (cpuTime() - cpu0).Seconds()
+	if o.Watch != nil {
+		sum.addWatched(o.Watch.Name, watched)
+	}
 	return sum, nil
 }
 

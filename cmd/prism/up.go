@@ -3,17 +3,21 @@ package main
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/prism-serve/prism/internal/up"
+	"github.com/prism-serve/prism/tune"
 )
 
 func init() { subcommands = append(subcommands, newUpCmd) }
 
 func newUpCmd() *cobra.Command {
 	var c up.Config
+	var configFile string
 	cmd := &cobra.Command{
 		Use:   "up --model PLAN_DIR...",
 		Short: "Start all three tiers on this machine (real gRPC on loopback) and print the address to call",
@@ -24,6 +28,11 @@ prints the Recommend address. Workers that die are restarted and register
 again. Ctrl-C stops everything gracefully.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configFile != "" {
+				if err := applyConfig(cmd.Flags(), configFile); err != nil {
+					return fmt.Errorf("up: --config: %w", err)
+				}
+			}
 			if len(c.Plans) == 0 {
 				return errors.New("up: at least one --model PLAN_DIR is needed (make one with prism partition)")
 			}
@@ -60,5 +69,34 @@ again. Ctrl-C stops everything gracefully.`,
 	fl.StringVar(&c.Certs, "certs", "", "certificate folder for mutual TLS between the tiers (prism certs init); made when absent or empty (default: certs beside --db)")
 	fl.BoolVar(&c.Insecure, "insecure", false, "run every tier on plaintext gRPC without authentication")
 	fl.DurationVar(&c.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the tiers (ingest included)")
+	fl.StringVar(&c.Loan, "loan", "", "borrow dense workers for peaks: local:max=N[,capacity=REQ/S,policy=reactive|predictive,high=,target=,low=,p99=,queue=,min-lease=,cool-down=,drain-timeout=,tick=,grace=,reclaim-after=,hold=,addr=] (README: Promotions and capacity loaning)")
+	fl.StringVar(&configFile, "config", "", "take the serving configuration from this file: the best of a prism tune tune.json, or a JSON object of these flags' names to values; flags given on the command line win")
 	return cmd
+}
+
+// applyConfig sets the flags a config file names, except those given on
+// the command line; a key that is not a prism up flag is an error.
+func applyConfig(fl *pflag.FlagSet, path string) error {
+	cfg, err := tune.ReadConfig(path)
+	if err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(cfg))
+	for k := range cfg {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		f := fl.Lookup(k)
+		if f == nil || k == "config" {
+			return fmt.Errorf("%s: unknown key %q (not a prism up flag)", path, k)
+		}
+		if f.Changed {
+			continue
+		}
+		if err := fl.Set(k, cfg[k]); err != nil {
+			return fmt.Errorf("%s: %s: %w", path, k, err)
+		}
+	}
+	return nil
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/capacity/loan"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/readyline"
@@ -76,6 +77,9 @@ type Config struct {
 	Exe string
 	// NVML finds the devices (default nvml.New()).
 	NVML nvml.Interface
+	// Loan, when set, runs capacity loaning beside the router
+	// (capacity/loan.ParseSpec: local:max=N,...).
+	Loan string
 	// Stdout gets the children's output and the "Prism is up" line,
 	// Stderr their logs and up's notes (defaults os.Stdout, os.Stderr).
 	// Both are written from several goroutines: they must be safe for
@@ -161,9 +165,18 @@ func Run(ctx context.Context, c Config) error {
 		}
 		c.Exe = exe
 	}
+	var spec loan.Spec
+	metrics := &routerMetricsWatch{w: c.Stdout}
+	if c.Loan != "" {
+		sp, err := loan.ParseSpec(c.Loan)
+		if err != nil {
+			return fmt.Errorf("up: --loan: %w", err)
+		}
+		spec = sp
+	}
 	sup := supervise.New(supervise.Options{
 		Starter: &supervise.Exec{Path: c.Exe, Stderr: c.Stderr},
-		Stdout:  c.Stdout,
+		Stdout:  metrics,
 		Logf:    func(format string, args ...any) { fmt.Fprintf(c.Stderr, "up: "+format+"\n", args...) },
 	})
 	defer sup.Shutdown()
@@ -205,6 +218,15 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if err := waitRegistered(ctx, routerAddr, dialCreds, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout); err != nil {
 		return stopping(err)
+	}
+	if c.Loan != "" {
+		stopLoan, err := startLoan(ctx, c, spec, routerAddr, dialCreds, metrics, disc, dense, models)
+		if err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+		// Before the supervisor's shutdown (deferred earlier): the lent
+		// workers drain while the router still serves.
+		defer stopLoan()
 	}
 	readyline.WriteUp(c.Stdout, routerAddr, models, len(dense), c.EmbeddingWorkers)
 

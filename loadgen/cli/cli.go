@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -31,6 +30,7 @@ import (
 )
 
 type flags struct {
+	watchBorrowed                        string
 	target, model, preset, planDir, onnx string
 	context                              []string
 	fake                                 bool
@@ -124,6 +124,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.DurationVar(&f.findMaxTrial, "find-max-trial", 10*time.Second, "duration of each find-max trial")
 	fl.Float64Var(&f.findMaxTolerance, "find-max-tolerance", 0.05, "stop the search when pass and fail rates are this close (relative)")
 	fl.IntVar(&f.findMaxTrials, "find-max-trials", 12, "at most this many find-max trials")
+	fl.StringVar(&f.watchBorrowed, "watch-borrowed", "", "sample the borrowed dense workers every second from this /metrics URL (prism up --loan's controller) into the report")
 	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
@@ -209,6 +210,9 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 
 	opts := loadgen.Options{Poisson: f.arrival != "constant", Seed: f.seed, Clients: f.clients, Duration: f.duration,
 		MaxRequests: f.maxRequests, MaxInFlight: f.maxInFlight, Timeout: f.timeout, SLO: f.slo}
+	if f.watchBorrowed != "" {
+		opts.Watch = loadgen.GaugeWatch("borrowed workers", f.watchBorrowed, "prism_capacity_borrowed_workers")
+	}
 	if !f.quiet {
 		opts.Live, opts.TTY = stderr, progress.IsTerminal(stderr)
 		if !opts.TTY {
@@ -386,43 +390,15 @@ func signature(f flags) (models.Signature, error) {
 	return c.Signature(), nil
 }
 
-// planSignature reads a plan's inputs: an id input takes its rows and bag
-// from the table it looks up, a float input its width from its shape.
+// planSignature reads a plan's inputs (models.PlanSignature): an id
+// input takes its rows and bag from the table it looks up, a packed or
+// float input carrying ids the valid range of each value, worked back
+// through the lookups' pre-lookup ops; a float input its width from its
+// shape.
 func planSignature(p *plan.Plan) (models.Signature, error) {
-	type lk struct {
-		rows  int64
-		bag   int
-		rank1 bool
-	}
-	lookups := map[string]lk{}
-	for _, t := range p.Tables {
-		for _, l := range t.Lookups {
-			cur, ok := lookups[l.Input]
-			if !ok || t.Rows < cur.rows {
-				lookups[l.Input] = lk{t.Rows, max(l.Bag, 1), l.Rank1}
-			}
-		}
-	}
-	var sig models.Signature
-	for _, in := range p.Inputs {
-		width := 1
-		for _, d := range in.Shape {
-			if d < 0 {
-				return sig, fmt.Errorf("loadgen: plan input %q has an unknown dimension %v", in.Name, in.Shape)
-			}
-			width *= int(d)
-		}
-		if l, ok := lookups[in.Name]; ok {
-			sig.Inputs = append(sig.Inputs, models.InputSpec{Name: in.Name, Kind: models.SparseKind, Width: l.bag, Rank1: l.rank1, Rows: l.rows})
-			continue
-		}
-		if strings.HasPrefix(in.DType, "int") {
-			return sig, fmt.Errorf("loadgen: plan input %q holds ids but no table looks it up", in.Name)
-		}
-		sig.Inputs = append(sig.Inputs, models.InputSpec{Name: in.Name, Kind: models.DenseKind, Width: width})
-	}
-	if len(sig.Inputs) == 0 {
-		return sig, errors.New("loadgen: the plan has no inputs")
+	sig, err := models.PlanSignature(p)
+	if err != nil {
+		return sig, fmt.Errorf("loadgen: %w", err)
 	}
 	return sig, nil
 }

@@ -1,0 +1,379 @@
+// Package loan is the driver of capacity loaning: beside the router (in
+// prism up) it ticks the capacity controller with what the router's
+// /metrics and registry say, carries out its decisions through a
+// capacity.Provider, logs each with its reason and keeps their timeline.
+// The controller decides; the driver does the IO.
+package loan
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/capacity"
+)
+
+// Options configure a Driver.
+type Options struct {
+	Provider capacity.Provider
+	// Controller are the controller's options (defaulted by New).
+	Controller capacity.Options
+	// Model names the dense pool in the observation and the metrics:
+	// every dense worker serves every model of prism up, so the pool is
+	// sized as one.
+	Model string
+	// Registry lists the router's registry.
+	Registry func(ctx context.Context) ([]*prismv1.WorkerInfo, error)
+	// RouterMetrics is the router's /metrics URL now ("" while unknown).
+	RouterMetrics func() string
+	// CapacityPerWorker is one dense worker's requests/s; 0 measures it
+	// when the workers saturate (requests shed, or the p99 over its
+	// limit): the requests/s served then over the serving workers.
+	CapacityPerWorker float64
+	// Tick is the controller's period (default 1s).
+	Tick time.Duration
+	// Window is how far back the demand's rates and p99 are measured
+	// (default 2s, at least a tick): a short tick sees Poisson noise.
+	Window time.Duration
+	// Logf gets one line per borrow, drain, return, reclaim and shed
+	// advice (default: discarded).
+	Logf func(format string, args ...any)
+	// Now is the clock (default time.Now).
+	Now    func() time.Time
+	Client *http.Client
+}
+
+type timedSample struct {
+	at time.Time
+	s  sample
+}
+
+// Event is one line of the loan timeline.
+type Event struct {
+	// T is seconds since the driver started.
+	T      float64 `json:"t"`
+	Kind   string  `json:"kind"` // borrow, drain, return, shed, reclaim, borrow failed, serving
+	Worker string  `json:"worker,omitempty"`
+	N      int     `json:"n,omitempty"`
+	Frac   float64 `json:"frac,omitempty"`
+	Reason string  `json:"reason,omitempty"`
+	// Borrowed is the workers borrowed after it (asked for, starting,
+	// serving or draining).
+	Borrowed int `json:"borrowed"`
+}
+
+// Driver runs the controller. Its methods are safe for concurrent use.
+type Driver struct {
+	o     Options
+	mu    sync.Mutex
+	ctl   *capacity.Controller
+	start time.Time
+	// samples are the router's metrics over the last Window, oldest first.
+	samples []timedSample
+	cap     float64 // measured capacity per worker
+	// failures are borrowed workers the provider did not deliver, for
+	// the next observation; failed the ids already reported.
+	failures int
+	failed   map[string]bool
+	serving  map[string]bool // lent workers seen serving
+	events   []Event
+	lastObs  capacity.ModelObs
+}
+
+// New returns a driver; it starts nothing.
+func New(o Options) (*Driver, error) {
+	if o.Provider == nil || o.Registry == nil || o.RouterMetrics == nil {
+		return nil, errors.New("loan: a provider, the registry and the router's metrics are needed")
+	}
+	if o.Model == "" {
+		o.Model = "dense"
+	}
+	if o.Tick <= 0 {
+		o.Tick = time.Second
+	}
+	if o.Window <= 0 {
+		o.Window = 2 * time.Second
+	}
+	o.Window = max(o.Window, o.Tick)
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Timeout: 5 * time.Second}
+	}
+	ctl, err := capacity.New(o.Controller)
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{o: o, ctl: ctl, start: o.Now(), failed: map[string]bool{}, serving: map[string]bool{}}, nil
+}
+
+// Options returns the controller's options, defaults filled.
+func (d *Driver) Options() capacity.Options { return d.ctl.Options() }
+
+// Run ticks until ctx ends.
+func (d *Driver) Run(ctx context.Context) {
+	t := time.NewTicker(d.o.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := d.Step(ctx); err != nil && ctx.Err() == nil {
+			d.o.Logf("loan: tick: %v", err)
+		}
+	}
+}
+
+// Step is one tick: observe, decide, act.
+func (d *Driver) Step(ctx context.Context) error {
+	now := d.o.Now()
+	ws, err := d.o.Registry(ctx)
+	if err != nil {
+		return fmt.Errorf("list the registry: %w", err)
+	}
+	var dem demand
+	if url := d.o.RouterMetrics(); url != "" {
+		lines, err := scrape(ctx, d.o.Client, url)
+		if err != nil {
+			return err
+		}
+		s := routerSample(lines)
+		d.mu.Lock()
+		// The base is the oldest sample within the window.
+		for len(d.samples) > 1 && now.Sub(d.samples[1].at) >= d.o.Window {
+			d.samples = d.samples[1:]
+		}
+		if len(d.samples) > 0 {
+			base := d.samples[0]
+			dem = between(base.s, s, now.Sub(base.at))
+		}
+		d.samples = append(d.samples, timedSample{now, s})
+		d.mu.Unlock()
+	}
+	idle, err := d.o.Provider.Idle(ctx)
+	if err != nil {
+		return fmt.Errorf("lender idle: %w", err)
+	}
+	lent := d.o.Provider.Workers()
+
+	d.mu.Lock()
+	obs, returns := d.observe(now, dem, ws, lent, idle)
+	decisions, err := d.ctl.Tick(now.Sub(d.start), obs)
+	d.mu.Unlock()
+	for _, id := range returns {
+		_ = d.o.Provider.Return(ctx, id)
+	}
+	if err != nil {
+		return err
+	}
+	for _, dec := range decisions {
+		d.act(ctx, now, dec)
+	}
+	return nil
+}
+
+// observe builds the observation; returns are lent workers that never
+// started, to hand back. d.mu is held.
+func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, lent []capacity.LentWorker, idle int) (capacity.Observation, []string) {
+	byAddr := map[string]*prismv1.WorkerInfo{}
+	for _, w := range ws {
+		if w.GetRole() == prismv1.Role_ROLE_DENSE {
+			byAddr[w.GetAddr()] = w
+		}
+	}
+	m := capacity.ModelObs{Model: d.o.Model, Offered: dem.offered, Shed: dem.shed, P99: dem.p99, QueueDepth: dem.queue}
+	var returns []string
+	lentAddr := map[string]bool{}
+	serving := 0
+	for _, lw := range lent {
+		if lw.Addr != "" {
+			lentAddr[lw.Addr] = true
+		}
+		reg := byAddr[lw.Addr]
+		w := capacity.Worker{ID: lw.ID, Borrowed: true}
+		switch {
+		case !lw.Running && lw.Addr == "" && !lw.Draining:
+			// Never served: a failed borrow.
+			if !d.failed[lw.ID] {
+				d.failed[lw.ID] = true
+				d.failures++
+				d.record(now, Event{Kind: "borrow failed", Worker: lw.ID, Reason: "did not start"})
+			}
+			returns = append(returns, lw.ID)
+			continue
+		case !lw.Running && !lw.Draining:
+			continue // it died: the controller returns it as lost
+		case lw.Draining:
+			w.State = capacity.Draining
+			if lw.Running {
+				w.InFlight = 1 // until it exits: it holds what it was given
+				if reg != nil {
+					w.InFlight = max(1, int(reg.GetOutstanding()))
+				}
+			}
+		case reg != nil:
+			w.State, w.InFlight = capacity.Serving, int(reg.GetOutstanding())
+			serving++
+			if !d.serving[lw.ID] {
+				d.serving[lw.ID] = true
+				d.record(now, Event{Kind: "serving", Worker: lw.ID, Reason: fmt.Sprintf("%.2fs after it was lent", now.Sub(lw.Lent).Seconds())})
+			}
+		default:
+			w.State = capacity.Starting
+		}
+		m.Workers = append(m.Workers, w)
+	}
+	for _, w := range ws {
+		if w.GetRole() != prismv1.Role_ROLE_DENSE || lentAddr[w.GetAddr()] {
+			continue
+		}
+		m.Workers = append(m.Workers, capacity.Worker{ID: w.GetId(), State: capacity.Serving, InFlight: int(w.GetOutstanding())})
+		serving++
+	}
+	m.CapacityPerWorker = d.o.CapacityPerWorker
+	if m.CapacityPerWorker == 0 {
+		p99 := d.ctl.Options().P99Limit
+		if served := dem.offered - dem.shed; serving > 0 && served > 0 && (dem.shed > 0 || (p99 > 0 && dem.p99 > p99)) {
+			if c := served / float64(serving); c > d.cap {
+				d.cap = c
+				d.o.Logf("loan: measured capacity %.1f requests/s per dense worker (%.1f served by %d while saturated)", c, served, serving)
+			}
+		}
+		m.CapacityPerWorker = d.cap
+	}
+	obs := capacity.Observation{Models: []capacity.ModelObs{m}, LenderIdle: idle}
+	if d.failures > 0 {
+		obs.BorrowFailures = []capacity.BorrowFailure{{Model: d.o.Model, N: d.failures}}
+		d.failures = 0
+	}
+	for {
+		select {
+		case r := <-d.o.Provider.Reclaims():
+			obs.Reclaims = append(obs.Reclaims, capacity.Reclaim{Worker: r.Worker, Deadline: now.Sub(d.start) + r.Grace})
+			d.record(now, Event{Kind: "reclaim", Worker: r.Worker, Reason: fmt.Sprintf("lender, %s grace", r.Grace)})
+			d.o.Logf("loan: the %s lender reclaims %s (grace %s)", d.o.Provider.Name(), r.Worker, r.Grace)
+			continue
+		default:
+		}
+		break
+	}
+	d.lastObs = m
+	return obs, returns
+}
+
+// act carries out one decision and logs it.
+func (d *Driver) act(ctx context.Context, now time.Time, dec capacity.Decision) {
+	ev := Event{Kind: dec.Kind.String(), Worker: dec.Worker, N: dec.N, Frac: dec.Frac, Reason: dec.Reason}
+	d.mu.Lock()
+	obs := d.lastObs
+	d.mu.Unlock()
+	switch dec.Kind {
+	case capacity.Borrow:
+		ids, err := d.o.Provider.Borrow(ctx, dec.Model, dec.N)
+		ev.Worker = fmt.Sprint(ids)
+		d.o.Logf("loan: borrow %d dense worker(s) from %s (%s: %.1f requests/s offered, %.1f shed, p99 %s, capacity %.1f per worker): %v",
+			dec.N, d.o.Provider.Name(), dec.Reason, obs.Offered, obs.Shed, obs.P99, obs.CapacityPerWorker, ids)
+		if err != nil {
+			d.o.Logf("loan: borrow: %v", err)
+			d.mu.Lock()
+			d.failures += dec.N - len(ids)
+			d.mu.Unlock()
+		}
+	case capacity.Drain:
+		d.o.Logf("loan: drain %s (%s): it leaves the registry and finishes what it holds", dec.Worker, dec.Reason)
+		if err := d.o.Provider.Drain(ctx, dec.Worker); err != nil {
+			d.o.Logf("loan: drain %s: %v", dec.Worker, err)
+		}
+	case capacity.Return:
+		d.o.Logf("loan: return %s to %s (%s)", dec.Worker, d.o.Provider.Name(), dec.Reason)
+		if err := d.o.Provider.Return(ctx, dec.Worker); err != nil {
+			d.o.Logf("loan: return %s: %v", dec.Worker, err)
+		}
+	case capacity.Shed:
+		// The router has no hook to shed a fraction early: its admission
+		// already refuses, with ResourceExhausted, what it predicts would
+		// finish past the deadline. The advice is logged and counted.
+		d.o.Logf("loan: shed advice %.0f%% of %s (%s); not applied: the router's admission sheds on its own", 100*dec.Frac, dec.Model, dec.Reason)
+	}
+	d.mu.Lock()
+	d.record(now, ev)
+	d.mu.Unlock()
+}
+
+// record appends ev to the timeline. d.mu is held.
+func (d *Driver) record(now time.Time, ev Event) {
+	ev.T = now.Sub(d.start).Seconds()
+	st := d.ctl.Stats()
+	for _, n := range st.Borrowed {
+		ev.Borrowed += n
+	}
+	for _, n := range st.Pending {
+		ev.Borrowed += n
+	}
+	d.events = append(d.events, ev)
+}
+
+// Stats are the controller's counters.
+func (d *Driver) Stats() capacity.Stats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ctl.Stats()
+}
+
+// Collector exports the controller's counters.
+func (d *Driver) Collector() *capacity.Collector { return capacity.NewCollector(d.Stats) }
+
+// Timeline is the events so far.
+func (d *Driver) Timeline() []Event {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.events)
+}
+
+// Status is what GET /loan answers.
+type Status struct {
+	Provider string                `json:"provider"`
+	Borrowed int                   `json:"borrowed"`
+	Workers  []capacity.LentWorker `json:"workers"`
+	Events   []Event               `json:"events"`
+	Counts   map[string]int        `json:"events_by_kind_reason"`
+	Startup  map[string]float64    `json:"decision_to_serving_s"`
+	GPUHours float64               `json:"borrowed_gpu_hours"`
+	Capacity float64               `json:"capacity_per_worker_rps"`
+	// CutOff is the work still in flight on workers released at a
+	// deadline (a reclaim's grace ended): requests dropped.
+	CutOff int            `json:"released_in_flight"`
+	Last   map[string]any `json:"last_observation"`
+}
+
+// Status reports the driver's state.
+func (d *Driver) Status() Status {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s := d.ctl.Stats()
+	st := Status{Provider: d.o.Provider.Name(), Workers: d.o.Provider.Workers(), Events: slices.Clone(d.events), Counts: map[string]int{},
+		GPUHours: s.BorrowedGPUSeconds / 3600, Capacity: d.lastObs.CapacityPerWorker, CutOff: s.ReleasedWithInFlight,
+		Last: map[string]any{"offered_rps": d.lastObs.Offered, "shed_rps": d.lastObs.Shed, "p99_s": d.lastObs.P99.Seconds(), "queue": d.lastObs.QueueDepth}}
+	for _, n := range s.Borrowed {
+		st.Borrowed += n
+	}
+	for k, n := range s.Events {
+		st.Counts[k.Kind+": "+k.Reason] = n
+	}
+	st.Startup = map[string]float64{"count": float64(s.StartupCount), "max": s.StartupMax.Seconds()}
+	if s.StartupCount > 0 {
+		st.Startup["mean"] = (s.StartupSum / time.Duration(s.StartupCount)).Seconds()
+	}
+	return st
+}

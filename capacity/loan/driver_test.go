@@ -1,0 +1,148 @@
+package loan
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/capacity"
+)
+
+// fakeLender lends workers that serve (register) at the next tick.
+type fakeLender struct {
+	mu       sync.Mutex
+	max, seq int
+	workers  map[string]*capacity.LentWorker
+	reclaims chan capacity.ProviderReclaim
+	log      []string
+}
+
+func (f *fakeLender) Name() string { return "fake" }
+func (f *fakeLender) Idle(context.Context) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.max - len(f.workers), nil
+}
+func (f *fakeLender) Borrow(_ context.Context, model string, n int) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for range n {
+		f.seq++
+		id := fmt.Sprintf("w%d", f.seq)
+		f.workers[id] = &capacity.LentWorker{ID: id, Model: model, Addr: "addr-" + id, Running: true, Lent: time.Now()}
+		ids = append(ids, id)
+		f.log = append(f.log, "borrow "+id)
+	}
+	return ids, nil
+}
+func (f *fakeLender) Drain(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w := f.workers[id]
+	w.Draining, w.Running = true, false // exits at once: it held nothing
+	f.log = append(f.log, "drain "+id)
+	return nil
+}
+func (f *fakeLender) Return(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.workers, id)
+	f.log = append(f.log, "return "+id)
+	return nil
+}
+func (f *fakeLender) Workers() []capacity.LentWorker {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []capacity.LentWorker
+	for _, w := range f.workers {
+		out = append(out, *w)
+	}
+	return out
+}
+func (f *fakeLender) Reclaims() <-chan capacity.ProviderReclaim { return f.reclaims }
+
+// TestDriver: demand over one owned worker's capacity borrows; the
+// borrowed worker registers and serves; a reclaim drains and returns it
+// and the controller replaces it; when the demand falls all go back.
+func TestDriver(t *testing.T) {
+	var mu sync.Mutex
+	total := 0.0
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, total)
+	}))
+	defer metrics.Close()
+	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
+	now := time.Unix(1000, 0)
+	var logs []string
+	d, err := New(Options{
+		Provider: lender, Model: "m", CapacityPerWorker: 100,
+		Controller: capacity.Options{MinLease: 3 * time.Second, CoolDown: time.Second, MaxBorrowed: 2},
+		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
+			ws := []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}
+			for _, w := range lender.Workers() {
+				if w.Running && !w.Draining {
+					ws = append(ws, &prismv1.WorkerInfo{Id: "reg-" + w.ID, Role: prismv1.Role_ROLE_DENSE, Addr: w.Addr})
+				}
+			}
+			return ws, nil
+		},
+		RouterMetrics: func() string { return metrics.URL },
+		Now:           func() time.Time { return now },
+		Logf:          func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(rate float64) {
+		t.Helper()
+		now = now.Add(time.Second)
+		mu.Lock()
+		total += rate
+		mu.Unlock()
+		if err := d.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(0)
+	for range 3 {
+		step(180) // 1.8 owned workers' worth: borrow 2 at a 70% target
+	}
+	if n := len(lender.Workers()); n != 2 {
+		t.Fatalf("%d borrowed, want 2; %v", n, lender.log)
+	}
+	step(180)
+	lender.reclaims <- capacity.ProviderReclaim{Worker: "w1", Grace: 5 * time.Second}
+	for range 4 {
+		step(180)
+	}
+	for range 12 {
+		step(10)
+	}
+	want := "borrow w1,borrow w2,drain w1,return w1,borrow w3"
+	if got := strings.Join(lender.log, ","); !strings.HasPrefix(got, want) || len(lender.workers) != 0 {
+		t.Errorf("lender saw %s, want it to start with %s and end with nothing lent", got, want)
+	}
+	st := d.Status()
+	kinds := map[string]int{}
+	for _, e := range st.Events {
+		kinds[e.Kind]++
+	}
+	if kinds["reclaim"] != 1 || kinds["serving"] != 3 || kinds["return"] != 3 || st.Borrowed != 0 {
+		t.Errorf("timeline %+v", st.Events)
+	}
+	if s := d.Stats(); s.StartupCount != 3 || s.ReleasedWithInFlight != 0 {
+		t.Errorf("stats %+v", s)
+	}
+	if !strings.Contains(strings.Join(logs, "\n"), "loan: the fake lender reclaims w1") {
+		t.Errorf("log lacks the reclaim:\n%s", strings.Join(logs, "\n"))
+	}
+}

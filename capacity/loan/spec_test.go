@@ -1,0 +1,79 @@
+package loan
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/capacity"
+)
+
+func TestParseSpec(t *testing.T) {
+	sp, err := ParseSpec("local:max=2,capacity=40,tick=250ms,min-lease=5s,cool-down=2s,policy=predictive,p99=50ms,reclaim-after=20s,grace=3s,hold=1m,addr=127.0.0.1:9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sp.Controller
+	if sp.Provider != "local" || sp.Max != 2 || sp.CapacityPerWorker != 40 || sp.Tick != 250*time.Millisecond ||
+		c.MinLease != 5*time.Second || c.CoolDown != 2*time.Second || c.Policy != capacity.Predictive || c.P99Limit != 50*time.Millisecond ||
+		c.MaxBorrowed != 2 || sp.ReclaimAfter != 20*time.Second || sp.Grace != 3*time.Second || sp.Hold != time.Minute || sp.Addr != "127.0.0.1:9" {
+		t.Errorf("parsed %+v", sp)
+	}
+	if c.High != 0.85 || c.Target != 0.7 {
+		t.Errorf("defaults not filled: %+v", c)
+	}
+	for _, tc := range []struct{ in, want string }{
+		{"local", "max=N"},
+		{"local:max=0", "max=N"},
+		{"kubernetes:max=2", "not built yet"},
+		{"cloud:max=2", "unknown loan provider"},
+		{"local:max=2,speed=3", `unknown key "speed"`},
+		{"local:max=2,tick", "not KEY=VALUE"},
+		{"local:max=2,tick=soon", "tick"},
+		{"local:max=2,high=0.5", "thresholds"},
+	} {
+		if _, err := ParseSpec(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseSpec(%q) = %v, want an error with %q", tc.in, err, tc.want)
+		}
+	}
+}
+
+func TestRouterDemand(t *testing.T) {
+	text := func(ok, shed, fast, slow float64, inflight int) string {
+		return strings.Join([]string{
+			"# HELP prism_rpc_requests_total RPCs handled.",
+			`prism_rpc_requests_total{code="OK",method="/prism.v1.Recommender/Recommend"} ` + ftoa(ok),
+			`prism_rpc_requests_total{code="ResourceExhausted",method="/prism.v1.Recommender/Recommend"} ` + ftoa(shed),
+			`prism_rpc_requests_total{code="OK",method="/prism.v1.Registry/List"} 99`,
+			`prism_rpc_latency_seconds_bucket{method="/prism.v1.Recommender/Recommend",le="0.01"} ` + ftoa(fast),
+			`prism_rpc_latency_seconds_bucket{method="/prism.v1.Recommender/Recommend",le="0.1"} ` + ftoa(fast+slow),
+			`prism_rpc_latency_seconds_bucket{method="/prism.v1.Recommender/Recommend",le="+Inf"} ` + ftoa(fast+slow),
+			"prism_router_inflight_samples " + ftoa(float64(inflight)),
+		}, "\n")
+	}
+	parse := func(s string) sample {
+		lines, err := parseText(strings.NewReader(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return routerSample(lines)
+	}
+	a := parse(text(100, 0, 100, 0, 0))
+	b := parse(text(290, 10, 280, 20, 64))
+	d := between(a, b, 2*time.Second)
+	if d.offered != 100 || d.shed != 5 || d.queue != 64 || d.p99 != 100*time.Millisecond {
+		t.Errorf("demand %+v, want 100 offered, 5 shed, queue 64, p99 100ms", d)
+	}
+	// 99% fast: the p99 is the fast bucket's bound.
+	c := parse(text(1290, 10, 1270, 20, 0))
+	if d := between(b, c, time.Second); d.p99 != 10*time.Millisecond {
+		t.Errorf("p99 %v, want 10ms", d.p99)
+	}
+	// A restarted router: counters back to zero, no demand.
+	if d := between(c, a, time.Second); d.offered != 0 {
+		t.Errorf("after a restart: %+v", d)
+	}
+}
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }

@@ -1,0 +1,347 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/readyline"
+	"github.com/prism-serve/prism/models"
+)
+
+// loanStatus is what prism up's GET /loan answers (capacity/loan.Status).
+type loanStatus struct {
+	Borrowed int `json:"borrowed"`
+	Workers  []struct {
+		ID    string `json:"ID"`
+		Addr  string `json:"Addr"`
+		Ready time.Time
+	} `json:"workers"`
+	Events []struct {
+		T        float64 `json:"t"`
+		Kind     string  `json:"kind"`
+		Worker   string  `json:"worker"`
+		Reason   string  `json:"reason"`
+		Borrowed int     `json:"borrowed"`
+	} `json:"events"`
+	CutOff int `json:"released_in_flight"`
+}
+
+func getLoan(t *testing.T, base string) (loanStatus, []byte) {
+	t.Helper()
+	resp, err := http.Get(base + "/loan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var s loanStatus
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("GET /loan: %v: %s", err, b)
+	}
+	return s, b
+}
+
+// TestLoanPromotion: prism up --loan local:max=2 with one owned dense
+// worker; the load generator's promotion drives the demand past it:
+// workers are borrowed during the spike, one is reclaimed mid-spike
+// (POST /loan/reclaim), the controller replaces it, and all are returned
+// after; no request fails, and the report holds the borrowed workers
+// second by second.
+func TestLoanPromotion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes for about a minute")
+	}
+	dir := t.TempDir()
+	_, part, _ := partitioned(t, dir, "dlrm-tiny")
+	// One owned worker rated at 40 requests/s: the promotion's 75 needs
+	// three. Short leases and ticks fit the run into a minute.
+	cmd := exec.Command(prismBin, "up", "--model", part, "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"),
+		"--dense-workers", "1", "--micro-batch", "64",
+		"--loan", "local:max=2,capacity=40,tick=250ms,min-lease=5s,cool-down=2s,drain-timeout=5s,grace=5s")
+	stdout, _ := cmd.StdoutPipe()
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	var logMu sync.Mutex
+	var upLog []string
+	loanURL := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			logMu.Lock()
+			upLog = append(upLog, line)
+			logMu.Unlock()
+			if testing.Verbose() {
+				fmt.Fprintln(os.Stderr, "[up]", line)
+			}
+			if _, rest, ok := strings.Cut(line, "controller at "); ok {
+				loanURL <- strings.Fields(rest)[0]
+			}
+		}
+	}()
+	w := readyline.Start(stdout, readyline.Up, readyline.WatchOptions{Anywhere: true})
+	addr, err := w.Await(context.Background(), 2*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var base string
+	select {
+	case base = <-loanURL:
+	case <-time.After(10 * time.Second):
+		t.Fatal("prism up did not print the loan controller's address")
+	}
+	t.Logf("up at %s, loan controller at %s", addr, base)
+
+	// Reclaim one borrowed worker once it has served 2 seconds: mid-spike.
+	reclaimed := make(chan string, 1)
+	stopWatch := make(chan struct{})
+	go func() {
+		defer close(reclaimed)
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			s, _ := getLoan(t, base)
+			for _, w := range s.Workers {
+				if !w.Ready.IsZero() && time.Since(w.Ready) > 2*time.Second {
+					resp, err := http.Post(base+"/loan/reclaim?grace=5s&worker="+w.ID, "", nil)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						t.Errorf("POST /loan/reclaim: %s: %s", resp.Status, b)
+						return
+					}
+					reclaimed <- strings.TrimSpace(string(b))
+					return
+				}
+			}
+		}
+	}()
+
+	report := filepath.Join(dir, "report")
+	start := time.Now()
+	out, err := run(t, nil, "loadgen", "--target", addr, "--certs", filepath.Join(dir, "certs"), "--model", "dlrm-tiny",
+		"--arrival", "promotion", "--rate", "25", "--promo-spike", "3", "--promo-day", "30s",
+		"--promo-at", "6s", "--promo-ramp", "3s", "--promo-plateau", "10s", "--promo-decay", "3s",
+		"--duration", "26s", "--candidates", "16", "--seed", "7", "--quiet",
+		"--watch-borrowed", base+"/metrics", "--out", report)
+	close(stopWatch)
+	t.Logf("loadgen (%s):\n%s", time.Since(start).Round(time.Second), out)
+	if err != nil {
+		t.Fatalf("loadgen: %v", err)
+	}
+	victim := <-reclaimed
+	if victim == "" {
+		t.Fatal("no borrowed worker served long enough to be reclaimed")
+	}
+
+	// After the promotion everything borrowed goes back.
+	deadline := time.Now().Add(25 * time.Second)
+	var s loanStatus
+	var raw []byte
+	for {
+		s, raw = getLoan(t, base)
+		if s.Borrowed == 0 && len(s.Workers) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("borrowed workers not returned after the promotion:\n%s", raw)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	os.WriteFile(filepath.Join(report, "loan.json"), raw, 0o644)
+
+	var sum struct {
+		Sent         int64            `json:"sent"`
+		OK           int64            `json:"ok"`
+		Errors       int64            `json:"errors"`
+		ErrorsByCode map[string]int64 `json:"errors_by_code"`
+		SLO          float64          `json:"slo_attainment"`
+		Watched      string           `json:"watched"`
+		Series       []*float64       `json:"watched_series"`
+	}
+	b, err := os.ReadFile(filepath.Join(report, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	// Admission may refuse with ResourceExhausted by design; nothing
+	// else may fail.
+	shed := sum.ErrorsByCode[codes.ResourceExhausted.String()]
+	if other := sum.Errors - shed; other != 0 || sum.OK == 0 {
+		t.Errorf("%d ok, %d failed other than shed (%v)", sum.OK, other, sum.ErrorsByCode)
+	}
+	if s.CutOff != 0 {
+		t.Errorf("%d requests in flight cut off by a release", s.CutOff)
+	}
+	peak := 0.0
+	var timeline []string
+	for i, v := range sum.Series {
+		if v != nil {
+			peak = max(peak, *v)
+			timeline = append(timeline, fmt.Sprintf("%d:%g", i, *v))
+		}
+	}
+	if sum.Watched != "borrowed workers" || peak < 1 {
+		t.Errorf("the report's borrowed workers peak at %g (%q)", peak, sum.Watched)
+	}
+	count := map[string]int{}
+	var events []string
+	for _, e := range s.Events {
+		count[e.Kind+": "+e.Reason]++
+		if e.Kind != "shed" {
+			events = append(events, fmt.Sprintf("%.1fs %s %s %s (borrowed %d)", e.T, e.Kind, e.Worker, e.Reason, e.Borrowed))
+		}
+	}
+	t.Logf("sent %d, ok %d, shed %d, SLO attainment %.3f; borrowed per second %s\nloan timeline:\n  %s",
+		sum.Sent, sum.OK, shed, sum.SLO, strings.Join(timeline, " "), strings.Join(events, "\n  "))
+	if count["drain: reclaim"] != 1 {
+		t.Errorf("reclaimed worker %s: %d drains for reclaim, want 1", victim, count["drain: reclaim"])
+	}
+	if count["return: drained"]+count["return: grace end"] < 2 {
+		t.Errorf("returns %v: want the reclaimed worker and the rest returned", count)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	for _, want := range []string{"loan: borrow ", "loan: the local lender reclaims " + victim, "loan: return " + victim} {
+		found := false
+		for _, l := range upLog {
+			found = found || strings.Contains(l, want)
+		}
+		if !found {
+			t.Errorf("prism up's log has no %q", want)
+		}
+	}
+}
+
+// TestDenseDrainDropsNothing: a dense worker sent SIGTERM under load (a
+// drain: what a return or reclaim does) leaves the registry at once and
+// finishes what it holds; every request is answered, none fails.
+func TestDenseDrainDropsNothing(t *testing.T) {
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	certs := newCerts(t)
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
+	denseArgs := []string{"serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr}
+	startProc(t, readyline.Dense, denseArgs...)
+	startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
+	conn := dial(t, router.addr, certs, auth.Admin)
+	reg := prismv1.NewRegistryClient(conn)
+	dense := func() int {
+		ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+		if err != nil {
+			return -1
+		}
+		n := 0
+		for _, w := range ws.GetWorkers() {
+			if w.GetRole() == prismv1.Role_ROLE_DENSE {
+				n++
+			}
+		}
+		return n
+	}
+	waitDense := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if dense() == n {
+				return
+			}
+		}
+		t.Fatalf("never saw %d dense workers registered", n)
+	}
+	rec := prismv1.NewRecommenderClient(conn)
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 3})
+	b, _ := src.Next(64)
+	req := toRequest(cfg.Name, b, nil)
+
+	for round := range 3 {
+		// A lent worker joins, serves under load, and is drained.
+		lent := startProc(t, readyline.Dense, denseArgs...)
+		waitDense(2)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var ok, failed int
+		var errs []string
+		stop := make(chan struct{})
+		for range 6 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					_, err := rec.Recommend(ctx, req)
+					cancel()
+					mu.Lock()
+					if err == nil {
+						ok++
+					} else {
+						failed++
+						if len(errs) < 5 {
+							errs = append(errs, status.Convert(err).Message())
+						}
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		time.Sleep(400 * time.Millisecond)
+		lent.cmd.Process.Signal(syscall.SIGTERM)
+		exited := make(chan struct{})
+		go func() { lent.cmd.Wait(); close(exited) }()
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			t.Fatal("the drained worker did not exit")
+		}
+		if n := dense(); n != 1 {
+			t.Errorf("round %d: %d dense workers registered after the drain, want 1", round, n)
+		}
+		time.Sleep(300 * time.Millisecond)
+		close(stop)
+		wg.Wait()
+		t.Logf("round %d: a dense worker drained under load: %d ok, %d failed %v", round, ok, failed, errs)
+		if failed > 0 || ok == 0 {
+			t.Fatalf("round %d: %d ok, %d failed: %v", round, ok, failed, errs)
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/prism-serve/prism/loadgen"
+	"github.com/prism-serve/prism/plan"
+	"github.com/prism-serve/prism/tune"
+)
+
+func init() { subcommands = append(subcommands, newTuneCmd) }
+
+// newTuneCmd is `prism tune`: the search lives in tune/; this file only
+// parses flags.
+func newTuneCmd() *cobra.Command {
+	var (
+		planDir, db, certs, out, prior, candidates string
+		insecure, grid                             bool
+		threshold, startRPS                        float64
+		maxTrials, pool, maxSteps                  int
+		slo, step, timeout, readyTimeout           time.Duration
+		microBatch, maxBatch, maxDelay, threads    []string
+		denseWorkers, hotBytes                     []string
+	)
+	home, _ := os.UserHomeDir()
+	defaultPrior := ""
+	if home != "" {
+		defaultPrior = filepath.Join(home, ".prism", "tune-prior.jsonl")
+	}
+	cpus := runtime.GOMAXPROCS(0)
+	cmd := &cobra.Command{
+		Use:   "tune --model PLAN_DIR --db DB [flags]",
+		Short: "Search the serving configuration of a model on this machine by measured trials (prism up + loadgen find-max)",
+		Long: `tune searches prism up's serving configuration (router micro-batch, dense
+max batch and max delay, ONNX Runtime threads per dense worker, dense workers,
+embedding hot-tier bytes) for the highest samples/s whose p99 meets --slo. Each
+trial starts prism up with one configuration, runs prism loadgen --find-max
+against it and stops it. The search starts from a prior learned from earlier
+tuning runs of other models (--prior, read at the start and appended to at the
+end), refines around the best measured configuration, and stops when the next
+trial is not expected to improve the best by more than --threshold (or after
+--max-trials). --grid measures every configuration instead. Each search flag
+takes a comma-separated list of values; one value fixes it.
+
+It writes --out/tune.json (every trial, the best); prism up --config
+OUT/tune.json serves with the best configuration.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if planDir == "" {
+				return errors.New("tune: --model PLAN_DIR is needed (make one with prism partition)")
+			}
+			if insecure && certs != "" {
+				return errors.New("tune: --insecure goes without --certs")
+			}
+			pl, err := plan.Read(planDir)
+			if err != nil {
+				return fmt.Errorf("tune: %w", err)
+			}
+			if _, err := loadgen.ParseCandidates(candidates); err != nil {
+				return fmt.Errorf("tune: --candidates: %w", err)
+			}
+			meanCand, err := strconv.ParseFloat(candidates, 64)
+			if err != nil {
+				meanCand = 270 // a distribution: its mean is DLRMv2's
+			}
+			if db == "" {
+				db = filepath.Join(filepath.Dir(filepath.Clean(planDir)), "prism-db")
+			}
+			if certs == "" && !insecure {
+				certs = filepath.Join(filepath.Dir(filepath.Clean(db)), "certs")
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("tune: %w", err)
+			}
+			space := tune.Space{Dims: []tune.Dim{
+				{Flag: "micro-batch", Values: microBatch},
+				{Flag: "max-batch", Values: maxBatch},
+				{Flag: "max-delay", Values: maxDelay},
+				{Flag: "threads", Values: threads},
+				{Flag: "dense-workers", Values: denseWorkers},
+				{Flag: "hot-bytes", Values: hotBytes},
+			}}
+			if err := space.Validate(); err != nil {
+				return fmt.Errorf("tune: %w", err)
+			}
+			// prism up's defaults, where the space lists them.
+			start := tune.StartConfig(space, tune.Config{"micro-batch": "512", "max-batch": "512", "max-delay": "2ms",
+				"threads": "1", "dense-workers": fmt.Sprint(cpus), "hot-bytes": "auto"})
+			ctx, stop := signalContext()
+			defer stop()
+			rep, err := tune.Run(ctx, tune.Options{
+				Model: pl.Model.Name, Features: tune.PlanFeatures(pl, meanCand), Space: space, Start: start,
+				Grid: grid, Threshold: threshold, MaxTrials: maxTrials, Prior: prior, StartRPS: startRPS,
+				Out: out, Progress: cmd.ErrOrStderr(),
+				Trialer: &tune.ProcessTrialer{Exe: exe, Plan: planDir, DB: db, Certs: certs, Insecure: insecure,
+					Model: pl.Model.Name, Candidates: candidates, Pool: pool, Timeout: timeout, SLO: slo,
+					Step: step, Tolerance: 0.05, MaxSteps: maxSteps, LogDir: out, ReadyTimeout: readyTimeout},
+			})
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if rep.Best == nil {
+				return fmt.Errorf("tune: no configuration met the SLO in %d trials (logs in %s)", len(rep.Trials), out)
+			}
+			fmt.Fprintf(w, "tune: best of %d trials (%s): %.0f samples/s (%.1f req/s, p99 %.1f ms) with %v\n",
+				len(rep.Trials), rep.Stop, rep.Best.Result.SamplesPerS, rep.Best.Result.MaxRPS, rep.Best.Result.P99Ms, tune.FlagArgs(rep.Best.Config))
+			fmt.Fprintf(w, "wrote %s; serve with it: prism up --model %s --db %s --config %s\n",
+				filepath.Join(out, tune.File), planDir, db, filepath.Join(out, tune.File))
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&planDir, "model", "", "partition folder (prism partition -o) of the model to tune")
+	fl.StringVar(&db, "db", "", "embedding store folder holding the model (default: prism-db beside the model); not in use by another prism up")
+	fl.StringVar(&certs, "certs", "", "certificate folder for prism up and the load generator (default: certs beside --db)")
+	fl.BoolVar(&insecure, "insecure", false, "run the trials on plaintext gRPC")
+	fl.StringVar(&out, "out", "tune-out", "folder for tune.json and the trials' logs")
+	fl.StringVar(&prior, "prior", defaultPrior, `prior file (JSON lines) read at the start and appended to at the end; "" for none`)
+	fl.BoolVar(&grid, "grid", false, "measure every configuration of the space (for comparison) instead of searching")
+	fl.Float64Var(&threshold, "threshold", 0.02, "stop when the next trial's expected improvement is below this fraction of the best")
+	fl.IntVar(&maxTrials, "max-trials", 0, "at most this many trials (0: the space's size)")
+	fl.DurationVar(&slo, "slo", 60*time.Millisecond, "p99 bound of the find-max search")
+	fl.DurationVar(&step, "step", 6*time.Second, "length of each find-max step")
+	fl.IntVar(&maxSteps, "steps", 8, "at most this many find-max steps per trial")
+	fl.DurationVar(&timeout, "timeout", 250*time.Millisecond, "deadline of each request in the trials")
+	fl.Float64Var(&startRPS, "start-rate", 100, "first find-max rate of the first trial (req/s; later trials start at 0.6x the best so far)")
+	fl.StringVar(&candidates, "candidates", "270", "candidates per request (as prism loadgen --candidates)")
+	fl.IntVar(&pool, "pool", 512, "requests built before each find-max step's clock starts")
+	fl.DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "how long prism up may take to start")
+	fl.StringSliceVar(&microBatch, "micro-batch", []string{"128", "256", "512"}, "router micro-batch sizes to try")
+	fl.StringSliceVar(&maxBatch, "max-batch", []string{"256", "512", "1024"}, "dense max batch sizes to try")
+	fl.StringSliceVar(&maxDelay, "max-delay", []string{"1ms", "2ms", "4ms"}, "dense max queue delays to try")
+	fl.StringSliceVar(&threads, "threads", []string{"1", "2"}, "ONNX Runtime threads per dense worker to try")
+	fl.StringSliceVar(&denseWorkers, "dense-workers", workerCounts(cpus), "dense worker counts to try (default: half, one and two per core)")
+	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto)")
+	return cmd
+}
+
+// workerCounts are half, one and two dense workers per core.
+func workerCounts(cpus int) []string {
+	var out []string
+	for _, n := range []int{max(cpus/2, 1), cpus, 2 * cpus} {
+		s := strconv.Itoa(n)
+		if len(out) == 0 || out[len(out)-1] != s {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,142 @@
+package up
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/capacity/loan"
+	"github.com/prism-serve/prism/capacity/local"
+	"github.com/prism-serve/prism/gpuserve/devices"
+	"github.com/prism-serve/prism/internal/supervise"
+)
+
+// routerMetricsWatch passes the supervisor's output through and keeps
+// the metrics address of the router's latest ready line ("[router]
+// router listening on ADDR (metrics MADDR)"): the loan driver scrapes it,
+// and a restarted router is followed.
+type routerMetricsWatch struct {
+	w    io.Writer
+	addr atomic.Pointer[string]
+}
+
+func (r *routerMetricsWatch) Write(b []byte) (int, error) {
+	if s := string(b); strings.HasPrefix(s, "[router] router listening on ") {
+		if _, rest, ok := strings.Cut(s, "(metrics "); ok {
+			if a, _, ok := strings.Cut(rest, ")"); ok && a != "" {
+				r.addr.Store(&a)
+			}
+		}
+	}
+	return r.w.Write(b)
+}
+
+func (r *routerMetricsWatch) url() string {
+	if a := r.addr.Load(); a != nil {
+		return "http://" + *a + "/metrics"
+	}
+	return ""
+}
+
+// LoanSlots are the devices the local lender lends: those the owned
+// dense workers leave free (GPUs or MIG slices; without a driver, the
+// CPU cores beyond them), shared round-robin when fewer than max; none
+// free shares all the devices (or, on the CPU, the cores).
+func LoanSlots(disc devices.Discovery, owned, max, cpus int) []local.Slot {
+	var slots []local.Slot
+	if disc.NoDriver != "" || len(disc.Devices) == 0 {
+		for i := owned; i < cpus; i++ {
+			slots = append(slots, local.Slot{Name: fmt.Sprintf("cpu core %d", i)})
+		}
+		if len(slots) == 0 {
+			slots = append(slots, local.Slot{Name: "cpu (shared with the owned workers)"})
+		}
+		return slots
+	}
+	all := devices.Plan(disc)
+	free := all
+	if owned < len(all) {
+		free = all[owned:]
+	}
+	for _, w := range free {
+		slots = append(slots, local.Slot{Name: fmt.Sprintf("%v %d %s", w.Device.Kind, w.Device.Index, w.Device.UUID), Env: w.Env})
+	}
+	return slots
+}
+
+// startLoan runs capacity loaning beside the router (prism up --loan):
+// the local lender, the controller's driver, and the HTTP endpoint of
+// its metrics and reclaims. stop ends them, the lent workers first.
+func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, creds grpc.DialOption, metrics *routerMetricsWatch, disc devices.Discovery, owned []devices.Worker, models []string) (stop func(), err error) {
+	logf := func(format string, args ...any) { fmt.Fprintf(c.Stderr, "up: "+format+"\n", args...) }
+	children := Children(c, routerAddr, []devices.Worker{{}})
+	slots := LoanSlots(disc, len(owned), sp.Max, runtime.GOMAXPROCS(0))
+	prov, err := local.New(local.Options{
+		Max: sp.Max, Slots: slots, Args: children[0].Args,
+		Starter: &supervise.Exec{Path: c.Exe, Stderr: c.Stderr}, Stdout: c.Stdout,
+		Logf:         func(format string, args ...any) { logf("loan: "+format, args...) },
+		ReadyTimeout: c.ReadyTimeout, ReclaimAfter: sp.ReclaimAfter, ReclaimGrace: sp.Grace, Hold: sp.Hold,
+	})
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(routerAddr, creds)
+	if err != nil {
+		return nil, fmt.Errorf("loan: dial router %s: %w", routerAddr, err)
+	}
+	reg := prismv1.NewRegistryClient(conn)
+	d, err := loan.New(loan.Options{
+		Provider: prov, Controller: sp.Controller, Model: strings.Join(models, ","),
+		Registry: func(ctx context.Context) ([]*prismv1.WorkerInfo, error) {
+			resp, err := reg.List(ctx, &prismv1.ListRequest{})
+			return resp.GetWorkers(), err
+		},
+		RouterMetrics: metrics.url, CapacityPerWorker: sp.CapacityPerWorker, Tick: sp.Tick, Window: sp.Window, Logf: logf,
+	})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", sp.Addr)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("loan: listen %s: %w", sp.Addr, err)
+	}
+	srv := &http.Server{Handler: d.Handler()}
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logf("loan: http: %v", err)
+		}
+	}()
+	names := make([]string, len(slots))
+	for i, s := range slots {
+		names[i] = s.Name
+	}
+	capa := "measured when the workers saturate"
+	if sp.CapacityPerWorker > 0 {
+		capa = fmt.Sprintf("%g requests/s per worker", sp.CapacityPerWorker)
+	}
+	o := d.Options()
+	logf("loan: local lender, up to %d dense workers on %s; %s policy, capacity %s, tick %s, minimum lease %s, cool-down %s; controller at http://%s (GET /metrics, GET /loan, POST /loan/reclaim)",
+		sp.Max, strings.Join(names, ", "), o.Policy, capa, sp.Tick, o.MinLease, o.CoolDown, lis.Addr())
+	dctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { d.Run(dctx) })
+	return func() {
+		cancel()
+		wg.Wait()
+		prov.Close()
+		srv.Close()
+		conn.Close()
+	}, nil
+}

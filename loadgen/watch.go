@@ -1,0 +1,79 @@
+package loadgen
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Watch samples a number beside the run once a second (prism up's
+// borrowed dense workers, say): it lands in the summary's time series,
+// timeseries.csv and the plot.
+type Watch struct {
+	// Name labels it ("borrowed workers").
+	Name string
+	// Read returns its value now.
+	Read func(ctx context.Context) (float64, error)
+}
+
+// GaugeWatch reads the sum of metric's samples from a Prometheus /metrics
+// URL (prism_capacity_borrowed_workers from prism up --loan's endpoint):
+// plain HTTP, no server linked.
+func GaugeWatch(name, url, metric string) *Watch {
+	client := &http.Client{Timeout: 2 * time.Second}
+	return &Watch{Name: name, Read: func(ctx context.Context) (float64, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return 0, err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("watch %s: %s", url, resp.Status)
+		}
+		sum := 0.0
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := sc.Text()
+			rest, ok := strings.CutPrefix(line, metric)
+			if !ok || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
+				continue
+			}
+			f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+			if len(f) > 0 {
+				if v, err := strconv.ParseFloat(f[0], 64); err == nil {
+					sum += v
+				}
+			}
+		}
+		return sum, sc.Err()
+	}}
+}
+
+// watchLoop samples w at each second of the run into vals (NaN when a
+// read fails) until ctx ends.
+func watchLoop(ctx context.Context, w *Watch, clock Clock, start time.Time, vals *[]float64, done chan<- struct{}) {
+	defer close(done)
+	for i := 0; ; i++ {
+		if d := start.Add(time.Duration(i) * time.Second).Sub(clock.Now()); d > 0 {
+			clock.Sleep(ctx, d)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		rctx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+		v, err := w.Read(rctx)
+		cancel()
+		if err != nil {
+			v = nan
+		}
+		*vals = append(*vals, v)
+	}
+}
