@@ -7,7 +7,7 @@ ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
 export ORT_LIB ?= $(ORT_CACHE_LIB)
 BIN := bin/prism
 
-.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls vet fmt clean manifests image
+.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls vet fmt clean kube-apiserver manifests image
 
 setup:
 	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
@@ -71,6 +71,11 @@ image:
 	@engine=; for e in docker podman; do if command -v $$e >/dev/null 2>&1 && timeout 20 $$e info >/dev/null 2>&1; then engine=$$e; break; fi; done; \
 	if [ -z "$$engine" ]; then echo "make image: no usable container engine here (docker/podman missing or its daemon not reachable); build where one runs with registry access: docker build -t $(IMAGE) ."; exit 1; fi; \
 	echo "$$engine build -t $(IMAGE) ."; $$engine build -t $(IMAGE) .
+
+# kube-apiserver (from the k8s.io/kubernetes module) and etcd for the
+# tests against a real API server; they skip without them.
+kube-apiserver:
+	./scripts/build-kube-apiserver.sh
 
 clean:
 	rm -rf bin .cache/protoc-gen-go .cache/protoc-gen-go-grpc

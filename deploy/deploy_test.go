@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -34,6 +35,8 @@ var helmTemplate = []string{"template", "prism", chartDir, "--namespace", namesp
 var wantKinds = map[string]int{
 	"Deployment": 2, "StatefulSet": 1, "Service": 4, "HorizontalPodAutoscaler": 1,
 	"PodDisruptionBudget": 3, "NetworkPolicy": 3,
+	// The routers' identity and its right to the sequencing Lease.
+	"ServiceAccount": 1, "Role": 1, "RoleBinding": 1,
 }
 
 // object is one decoded manifest document.
@@ -77,6 +80,12 @@ func decode(t *testing.T, stream []byte) []object {
 			obj = &policyv1.PodDisruptionBudget{}
 		case "networking.k8s.io/v1 NetworkPolicy":
 			obj = &networkingv1.NetworkPolicy{}
+		case "v1 ServiceAccount":
+			obj = &corev1.ServiceAccount{}
+		case "rbac.authorization.k8s.io/v1 Role":
+			obj = &rbacv1.Role{}
+		case "rbac.authorization.k8s.io/v1 RoleBinding":
+			obj = &rbacv1.RoleBinding{}
 		default:
 			t.Fatalf("document %d (%s): unexpected %s %s", i, meta.Metadata.Name, meta.APIVersion, meta.Kind)
 		}
@@ -220,6 +229,10 @@ func checkWorkloads(t *testing.T, objs []object) {
 	if hpa.Spec.ScaleTargetRef.Name != "prism-router" || len(hpa.Spec.Metrics) != 1 || hpa.Spec.Metrics[0].Resource.Name != corev1.ResourceCPU {
 		t.Errorf("router HPA: %+v", hpa.Spec)
 	}
+	if hpa.Spec.MaxReplicas < 2 {
+		t.Errorf("router HPA: maxReplicas %d: several routers elect their update sequencer, so more than one", hpa.Spec.MaxReplicas)
+	}
+	checkSequencerLease(t, objs, pods["prism-router"].Spec)
 	// The internal ports admit Prism's own pods only.
 	for _, name := range []string{"prism-embedding", "prism-dense"} {
 		np := find[*networkingv1.NetworkPolicy](t, objs, "NetworkPolicy", name)
@@ -235,6 +248,58 @@ func checkWorkloads(t *testing.T, objs []object) {
 		}
 		if grpc != -1 {
 			t.Errorf("%s: no ingress rule for the gRPC port", name)
+		}
+	}
+}
+
+// checkSequencerLease checks that the routers elect their update
+// sequencer through a Lease they may get, create and update in their
+// namespace, under the identity of their ServiceAccount, at an address
+// the other routers dial.
+func checkSequencerLease(t *testing.T, objs []object, router corev1.PodSpec) {
+	t.Helper()
+	args := router.Containers[0].Args
+	i := slices.Index(args, "--sequencer-lease")
+	if i < 0 || i+1 >= len(args) {
+		t.Errorf("router: no --sequencer-lease in %v", args)
+		return
+	}
+	ns, lease, _ := strings.Cut(args[i+1], "/")
+	if ns != namespace || lease == "" {
+		t.Errorf("router: --sequencer-lease %q, want %s/NAME", args[i+1], namespace)
+	}
+	if j := slices.Index(args, "--advertise-addr"); j < 0 || j+1 >= len(args) || !strings.HasSuffix(args[j+1], ":8500") {
+		t.Errorf("router: --advertise-addr missing or not at the gRPC port: %v", args)
+	}
+	if slices.Contains(args, "--update-log-dir") {
+		t.Errorf("router: an elected router keeps no update log dir: %v", args)
+	}
+	sa := find[*corev1.ServiceAccount](t, objs, "ServiceAccount", router.ServiceAccountName)
+	role := find[*rbacv1.Role](t, objs, "Role", "prism-router-sequencer-lease")
+	binding := find[*rbacv1.RoleBinding](t, objs, "RoleBinding", "prism-router-sequencer-lease")
+	if t.Failed() {
+		return
+	}
+	if binding.RoleRef.Kind != "Role" || binding.RoleRef.Name != role.Name || len(binding.Subjects) != 1 ||
+		binding.Subjects[0].Kind != "ServiceAccount" || binding.Subjects[0].Name != sa.Name || binding.Subjects[0].Namespace != namespace {
+		t.Errorf("router: the RoleBinding does not give Role %s to ServiceAccount %s: %+v %+v", role.Name, sa.Name, binding.RoleRef, binding.Subjects)
+	}
+	granted := map[string]bool{}
+	for _, r := range role.Rules {
+		if !slices.Equal(r.APIGroups, []string{"coordination.k8s.io"}) || !slices.Equal(r.Resources, []string{"leases"}) {
+			t.Errorf("router: the Role grants more than Leases: %+v", r)
+			continue
+		}
+		for _, v := range r.Verbs {
+			if len(r.ResourceNames) > 0 && !slices.Contains(r.ResourceNames, lease) {
+				continue
+			}
+			granted[v] = true
+		}
+	}
+	for _, v := range []string{"get", "create", "update"} {
+		if !granted[v] {
+			t.Errorf("router: the Role does not grant %s on Lease %s: %+v", v, lease, role.Rules)
 		}
 	}
 }
@@ -425,6 +490,7 @@ func TestChartVariants(t *testing.T) {
 		{"hostpath-models-token", []string{"modelRepository.type=hostPath", "tls.authTokenSecret=prism-token", "embedding.ingest.dtype=float16"}, false},
 		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false},
 		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false},
+		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.maxReplicas=1"}, true},
 		{"cpu-only-fixed-routers-open", []string{"dense.gpu.enabled=false", "router.autoscaling.enabled=false", "router.replicas=2",
 			"networkPolicy.enabled=false", "metrics.annotations=false", "embedding.ingest.enabled=false"}, true},
 	} {

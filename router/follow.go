@@ -84,9 +84,16 @@ func (f *follower) forward(ctx context.Context, req *prismv1.UpdateRequest) (*pr
 	if forwarded(ctx) {
 		return nil, status.Errorf(codes.FailedPrecondition, "this router does not sequence updates (it forwards them to %s) and was sent a forwarded one: two routers name each other with --sequencer", f.sequencer)
 	}
-	conn, err := f.conn(f.sequencer)
+	return f.forwardTo(ctx, f.sequencer, req)
+}
+
+// forwardTo sends an update to the sequencer at addr (the holder of
+// the lease when routers elect theirs, elect.go) and passes its answer
+// back.
+func (f *follower) forwardTo(ctx context.Context, addr string, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
+	conn, err := f.conn(addr)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %v; not applied (one router orders each model's updates)", f.sequencer, err)
+		return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %v; not applied (one router orders each model's updates)", addr, err)
 	}
 	resp, err := prismv1.NewEmbeddingsClient(conn).Update(metadata.AppendToOutgoingContext(ctx, forwardedKey, "router"), req)
 	if err != nil {
@@ -94,7 +101,7 @@ func (f *follower) forward(ctx context.Context, req *prismv1.UpdateRequest) (*pr
 		switch st.Code() {
 		case codes.Unavailable, codes.Unknown, codes.Internal:
 			// Not reached, or it broke: say where the update went.
-			return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %s; retry", f.sequencer, st.Message())
+			return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %s; retry", addr, st.Message())
 		}
 		return nil, err // its own answer (bad input, deadline, quorum not reached, ...)
 	}

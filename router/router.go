@@ -100,6 +100,14 @@ type Options struct {
 	// (after the plaintext default): the router's TLS identity,
 	// expecting a router's certificate on the other side.
 	SequencerDialOptions []grpc.DialOption
+	// Election, when set, chooses the router that sequences embedding
+	// updates among several at run time (on Kubernetes a Lease,
+	// internal/kubelease): this router sequences while it holds the
+	// election and forwards to the holder otherwise (elect.go). Run
+	// takes part in it. Not with Sequencer, nor with UpdateLogDir (a
+	// sequencer starts afresh with each term and learns from the
+	// workers; its log is in memory).
+	Election Election
 
 	// FixedAdmission admits by MaxInflight and MaxInflightBytes only
 	// (the behaviour before issue 18): no request is refused for being
@@ -183,7 +191,11 @@ type Router struct {
 	// seqConn is its connection there.
 	fol     *follower
 	seqConn *grpc.ClientConn
-	m       routerMetrics
+	seqAddr string
+	// el is set when the routers elect the one that sequences updates
+	// (Options.Election, elect.go); upd and fol are then its own.
+	el *elected
+	m  routerMetrics
 }
 
 type routerMetrics struct {
@@ -230,6 +242,22 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	if o.Sequencer != "" && o.UpdateLogDir != "" {
 		return nil, fmt.Errorf("router: an update log (%q) is kept by the router that sequences updates, and this one follows %s", o.UpdateLogDir, o.Sequencer)
 	}
+	if o.Election != nil {
+		switch {
+		case o.Sequencer != "":
+			return nil, fmt.Errorf("router: the sequencing router is either elected or named (%s), not both", o.Sequencer)
+		case o.UpdateLogDir != "":
+			return nil, fmt.Errorf("router: an update log (%q) is kept only by a router that always sequences updates; an elected one keeps it in memory", o.UpdateLogDir)
+		case o.Election.Identity() == "":
+			return nil, errors.New("router: no identity in the election: the address the other routers dial this one at is needed")
+		}
+		r.el = newElected(r, o.Election.Identity())
+		r.Reg.observe = r.el.announced
+		r.Reg.gone = r.el.gone
+		r.Reg.eligible = r.el.inSync
+		r.log.Info("the router that sequences embedding updates is elected", "self", o.Election.Identity())
+		return r, nil
+	}
 	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
 	if o.UpdateLogDir != "" {
 		l, err := openUpdateLog(o.UpdateLogDir, o.UpdateLogFS)
@@ -256,12 +284,21 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	return r, nil
 }
 
-// Run expires silent workers until ctx ends. Cancel it only after the
-// gRPC server has drained (requests in flight still need the workers),
-// then call Close.
+// Run expires silent workers, and takes part in Options.Election, until
+// ctx ends; it returns once the election is given up. Cancel it only
+// after the gRPC server has drained (requests in flight still need the
+// workers), then call Close.
 func (r *Router) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.Heartbeat)
 	defer t.Stop()
+	if r.el != nil {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			r.opts.Election.Run(ctx, r.el.setLeader)
+		}()
+		defer func() { <-done }()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -279,14 +316,21 @@ func (r *Router) Run(ctx context.Context) {
 			for role, n := range counts {
 				r.m.workers.WithLabelValues(role.Name()).Set(float64(n))
 			}
-			r.upd.tick(ctx)
+			if r.el != nil {
+				r.el.tick()
+			} else {
+				r.upd.tick(ctx)
+			}
 		}
 	}
 }
 
 // Close closes the connections to the workers and the update log.
 func (r *Router) Close() {
-	if r.upd.ulog != nil {
+	if r.el != nil {
+		r.el.close()
+	}
+	if r.upd != nil && r.upd.ulog != nil {
 		if err := r.upd.ulog.Close(); err != nil {
 			r.log.Error("closing the update log", "err", err)
 		}
@@ -325,11 +369,13 @@ func (r *Router) dropConns() {
 }
 
 // sequencerConn is the connection to the router that sequences updates
-// (Options.Sequencer), made once.
+// (Options.Sequencer, or the lease holder of Options.Election), made
+// once per address: when the holder moves, the connection to the old
+// one is closed after the longest a forwarded update may take.
 func (r *Router) sequencerConn(addr string) (*grpc.ClientConn, error) {
 	r.connMu.Lock()
 	defer r.connMu.Unlock()
-	if r.seqConn != nil {
+	if r.seqConn != nil && r.seqAddr == addr {
 		return r.seqConn, nil
 	}
 	c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
@@ -337,7 +383,10 @@ func (r *Router) sequencerConn(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.seqConn = c
+	if old := r.seqConn; old != nil {
+		time.AfterFunc(r.opts.DefaultTimeout+5*time.Second, func() { old.Close() })
+	}
+	r.seqConn, r.seqAddr = c, addr
 	return c, nil
 }
 

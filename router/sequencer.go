@@ -44,7 +44,10 @@ type sequencer struct {
 	// any is set once some model has had an update: until then lookups
 	// need not ask the sequencer at all.
 	any bool
-	out []message
+	// resigned: another router sequences the updates now (resign): this
+	// one numbers nothing more and replays nothing more.
+	resigned bool
+	out      []message
 }
 
 // modelSeq is one model's sequence.

@@ -75,6 +75,10 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 	for m.inflight == nil && len(m.queue) > 0 {
 		p := m.queue[0]
 		m.queue = m.queue[1:]
+		if s.resigned {
+			s.answer(p.client, nil, errResigned)
+			continue
+		}
 		if !s.now.Before(p.deadline) {
 			// Its turn came too late: a number handed out now could be
 			// left with no worker to apply it.

@@ -41,6 +41,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	cancel <client> [code=Canceled]            the client's context ended
 //	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout]
 //	tick [after=0s]                            a heartbeat
+//	resign                                     another router sequences now
 //	serving [model=m]                          which live workers may serve
 //	state [model=m]                            the model's sequence
 //	writes fail|ok                             from now on the update log's
@@ -286,6 +287,8 @@ func (h *seqScript) do(line string) []string {
 	case "tick":
 		h.now = h.now.Add(dur(arg("after", "0s")))
 		h.s.tick(h.now)
+	case "resign":
+		h.s.resign(h.now)
 	case "serving":
 		var out []string
 		for _, id := range slices.Sorted(maps.Keys(h.s.workers)) {

@@ -65,7 +65,7 @@ import (
 //
 // One router sequences a model's updates; other routers serving the
 // same workers forward their updates to it (Options.Sequencer;
-// follow.go).
+// follow.go), or to the one they elected (Options.Election; elect.go).
 //
 // The rules live in sequencer (sequencer.go), a deterministic state
 // machine; Updater and updateDriver only check requests at the RPC
@@ -76,6 +76,7 @@ type Updater struct {
 	reg     *Registry
 	d       *updateDriver
 	fol     *follower // nil: this router sequences
+	el      *elected  // set: the sequencing router is elected (elect.go)
 	timeout time.Duration
 }
 
@@ -83,7 +84,7 @@ var _ prismv1.EmbeddingsServer = (*Updater)(nil)
 
 // Updater returns the Embeddings service of r.
 func (r *Router) Updater() *Updater {
-	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, timeout: r.opts.DefaultTimeout}
+	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, el: r.el, timeout: r.opts.DefaultTimeout}
 }
 
 // maxUpdateBytes is the largest ApplyUpdateRequest sent to a worker:
@@ -103,7 +104,14 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		ctx, cancel = context.WithTimeout(ctx, u.timeout)
 		defer cancel()
 	}
-	if u.fol != nil {
+	d := u.d
+	if u.el != nil {
+		var resp *prismv1.UpdateResponse
+		var err error
+		if d, resp, err = u.el.update(ctx, req); d == nil {
+			return resp, err
+		}
+	} else if u.fol != nil {
 		return u.fol.forward(ctx, req)
 	}
 	if !u.served(req.GetModel()) {
@@ -118,7 +126,7 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	if size := proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64}); size > maxUpdateBytes {
 		return nil, status.Errorf(codes.InvalidArgument, "update of %d bytes: the limit is %d; split it", size, maxUpdateBytes)
 	}
-	return u.d.update(ctx, req)
+	return d.update(ctx, req)
 }
 
 // served says whether a live embedding worker serves model.

@@ -11,6 +11,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
+	"github.com/prism-serve/prism/internal/kubelease"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/router"
@@ -27,6 +28,8 @@ func newServeRouterCmd() *cobra.Command {
 		maxMessage int
 		tlsFlags   authflag.Flags
 		tokenFile  string
+		lease      string
+		lo         kubelease.Options
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -72,7 +75,22 @@ func newServeRouterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if ro.UpdateLogDir == "" && ro.Sequencer == "" {
+			if lease != "" {
+				if ro.Sequencer != "" {
+					return errors.New("--sequencer-lease elects the router that sequences updates; --sequencer names it: give one")
+				}
+				if lo.Namespace, lo.Name, err = kubelease.ParseLease(lease); err != nil {
+					return fmt.Errorf("--sequencer-lease: %w", err)
+				}
+				if lo.Identity == "" {
+					return errors.New("--sequencer-lease needs --advertise-addr: the address the other routers dial this one at (on Kubernetes, the pod's DNS name or IP and the port)")
+				}
+				lo.Logger = log
+				if ro.Election, err = kubelease.New(lo); err != nil {
+					return fmt.Errorf("--sequencer-lease: %w (--kubeconfig, --sequencer-lease-duration)", err)
+				}
+			}
+			if ro.UpdateLogDir == "" && ro.Sequencer == "" && ro.Election == nil {
 				log.Info("embedding update log kept in memory (--update-log-dir not set): a restarted router cannot catch up workers that missed updates before it")
 			}
 			r, err := router.Open(ro, s.Registry)
@@ -88,10 +106,12 @@ func newServeRouterCmd() *cobra.Command {
 			// signal: requests in flight still need them while the server
 			// drains. They stop after Serve returns.
 			rctx, cancel := context.WithCancel(context.Background())
-			go r.Run(rctx)
+			ran := make(chan struct{})
+			go func() { r.Run(rctx); close(ran) }()
 			readyline.WriteRouter(cmd.OutOrStdout(), s.Addr(), s.MetricsAddr())
 			err = s.Serve(ctx)
 			cancel()
+			<-ran // with --sequencer-lease, the lease is given up
 			r.Close()
 			return err
 		},
@@ -123,6 +143,10 @@ func newServeRouterCmd() *cobra.Command {
 	ro.UpdateQuorum = router.QuorumMajority
 	f.Var(&ro.UpdateQuorum, "update-quorum", "how many of a model's embedding workers must hold an update before it is acknowledged: one, majority or all (below it the client gets Unavailable; the update still reaches the others by catch-up)")
 	f.StringVar(&ro.UpdateLogDir, "update-log-dir", "", `Pebble folder keeping the recent embedding updates across router restarts ("": in memory)`)
+	f.StringVar(&lease, "sequencer-lease", "", `with several routers on Kubernetes: NAMESPACE/NAME of the Lease through which the routers elect the one that orders embedding updates (the others forward to it); needs --advertise-addr, not with --sequencer or --update-log-dir`)
+	f.StringVar(&lo.Identity, "advertise-addr", "", "with --sequencer-lease: the address the other routers dial this one at (HOST:PORT), its identity in the Lease")
+	f.StringVar(&lo.Kubeconfig, "kubeconfig", "", `with --sequencer-lease outside a cluster: the kubeconfig file reaching the API server ("": the pod's in-cluster configuration)`)
+	f.DurationVar(&lo.LeaseDuration, "sequencer-lease-duration", 15*time.Second, "with --sequencer-lease: how long a router that stopped renewing keeps the Lease (it renews within 2/3 of it, tries every 2/15 of it)")
 	f.StringVar(&ro.Sequencer, "sequencer", "", `with several routers: the address of the one that orders embedding updates; this router forwards Embeddings.Update there ("": this router orders them; give every other router this one's address)`)
 	return cmd
 }

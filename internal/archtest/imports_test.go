@@ -120,6 +120,8 @@ func TestImportRules(t *testing.T) {
 			func(p, dep string) bool {
 				return under(dep, "internal/serve", "internal/up", "router", "cpuserve", "gpuserve", "partitioner")
 			}},
+		{"only commands link client-go (internal/kubelease)", func(p string) bool { return !under(p, "cmd", "internal/kubelease") },
+			func(p, dep string) bool { return dep == "internal/kubelease" }},
 		{"the load generator speaks the public API only", func(p string) bool { return p == "loadgen" },
 			func(p, dep string) bool {
 				return under(dep, "internal/serve", "router", "cpuserve", "gpuserve", "partitioner")

@@ -1,0 +1,95 @@
+package kubelease
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/prism-serve/prism/internal/kubetest"
+)
+
+// TestElectionOnAPIServer: two electors on a real API server
+// (internal/kubetest; skipped without it) agree on one holder; when the
+// holder stops and gives the Lease up, the other takes it over, and the
+// time that takes is logged (BENCHMARKS.md, multi-host).
+func TestElectionOnAPIServer(t *testing.T) {
+	s := kubetest.Start(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := v1.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type seen struct {
+		mu   sync.Mutex
+		view string
+		at   time.Time
+	}
+	start := func(id string) (*seen, context.CancelFunc, chan struct{}) {
+		e, err := New(Options{Namespace: "default", Name: "prism-router-sequencer", Identity: id, Leases: leases,
+			LeaseDuration: 2 * time.Second, RenewDeadline: 1200 * time.Millisecond, RetryPeriod: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := &seen{}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			e.Run(ctx, func(addr string) {
+				v.mu.Lock()
+				v.view, v.at = addr, time.Now()
+				v.mu.Unlock()
+			})
+		}()
+		t.Cleanup(func() { cancel(); <-done })
+		return v, cancel, done
+	}
+	view := func(v *seen) (string, time.Time) {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.view, v.at
+	}
+	a, stopA, doneA := start("10.0.0.1:8500")
+	b, stopB, doneB := start("10.0.0.2:8500")
+	var holder string
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		va, _ := view(a)
+		vb, _ := view(b)
+		if va != "" && va == vb {
+			holder = va
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no agreed holder: a sees %q, b sees %q", va, vb)
+		}
+	}
+	if holder != "10.0.0.1:8500" && holder != "10.0.0.2:8500" {
+		t.Fatalf("holder %q", holder)
+	}
+	// Stop the holder (it gives the Lease up) and time the takeover.
+	other, otherID := b, "10.0.0.2:8500"
+	stop, done := stopA, doneA
+	if holder == "10.0.0.2:8500" {
+		other, otherID, stop, done = a, "10.0.0.1:8500", stopB, doneB
+	}
+	stopped := time.Now()
+	stop()
+	<-done
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if v, at := view(other); v == otherID {
+			t.Logf("failover on a real API server (holder stopped and released the Lease): %v", at.Sub(stopped).Round(time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			v, _ := view(other)
+			t.Fatalf("the other elector never took over: it sees %q", v)
+		}
+	}
+}

@@ -1,0 +1,237 @@
+// Package kubelease elects, through a Kubernetes Lease, the router that
+// sequences embedding updates (issue 12): every router runs an Elector
+// under its advertised address, and the holder of the Lease sequences
+// while the others forward to it. It is the one package that links
+// client-go, so the tiers and the commands that do not elect stay free
+// of it; the router sees it only as router.Election.
+package kubelease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+// Options configure an Elector.
+type Options struct {
+	// Namespace and Name name the Lease (created at the first try).
+	Namespace, Name string
+	// Identity is this router's name in the election: the address the
+	// other routers dial it at.
+	Identity string
+	// Leases reaches the coordination.k8s.io/v1 API (tests give a fake
+	// clientset's); nil: made from Kubeconfig, or in-cluster.
+	Leases coordinationv1.LeasesGetter
+	// Kubeconfig is a kubeconfig file for a router running outside the
+	// cluster ("": the in-cluster configuration of the Pod).
+	Kubeconfig string
+	// LeaseDuration is how long a holder that stopped renewing keeps the
+	// Lease (default 15s); RenewDeadline how long the holder retries a
+	// renewal before it gives the Lease up (default 2/3 of it);
+	// RetryPeriod the interval of tries (default 2/15 of it).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	Logger                                    *slog.Logger
+}
+
+// EnsureDefaults fills zero fields.
+func (o *Options) EnsureDefaults() {
+	if o.LeaseDuration <= 0 {
+		o.LeaseDuration = 15 * time.Second
+	}
+	if o.RenewDeadline <= 0 {
+		o.RenewDeadline = o.LeaseDuration * 2 / 3
+	}
+	if o.RetryPeriod <= 0 {
+		o.RetryPeriod = o.LeaseDuration * 2 / 15
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Validate reports what is wrong with o.
+func (o *Options) Validate() error {
+	switch {
+	case o.Namespace == "" || o.Name == "":
+		return fmt.Errorf("lease %q/%q: a namespace and a name are needed", o.Namespace, o.Name)
+	case o.Identity == "":
+		return errors.New("no identity: the address the other routers dial this one at is needed")
+	case o.LeaseDuration < time.Second:
+		// The Lease records whole seconds.
+		return fmt.Errorf("lease duration %v: at least 1s", o.LeaseDuration)
+	case o.RenewDeadline >= o.LeaseDuration:
+		return fmt.Errorf("renew deadline %v: below the lease duration %v", o.RenewDeadline, o.LeaseDuration)
+	case float64(o.RenewDeadline) <= leaderelection.JitterFactor*float64(o.RetryPeriod):
+		return fmt.Errorf("renew deadline %v: above %v times the retry period %v", o.RenewDeadline, leaderelection.JitterFactor, o.RetryPeriod)
+	}
+	return nil
+}
+
+// ParseLease splits "NAMESPACE/NAME".
+func ParseLease(s string) (namespace, name string, err error) {
+	namespace, name, ok := strings.Cut(s, "/")
+	if !ok || namespace == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("lease %q: want NAMESPACE/NAME", s)
+	}
+	return namespace, name, nil
+}
+
+// Elector takes part in the election of one Lease.
+type Elector struct {
+	o    Options
+	lock *resourcelock.LeaseLock
+
+	mu sync.Mutex
+	// leading: this elector holds the Lease (between client-go's
+	// OnStartedLeading and OnStoppedLeading of one round); observed is
+	// the holder last seen in the Lease.
+	leading  bool
+	observed string
+	changed  chan struct{}
+}
+
+// New makes an Elector; it reaches the API server only in Run.
+func New(o Options) (*Elector, error) {
+	o.EnsureDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Leases == nil {
+		cfg, err := config(o.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		c, err := coordinationv1.NewForConfig(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
+		o.Leases = c
+	}
+	return &Elector{
+		o: o,
+		lock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name},
+			Client:     o.Leases,
+			LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity},
+			Labels:     map[string]string{"app.kubernetes.io/part-of": "prism"},
+		},
+		changed: make(chan struct{}, 1),
+	}, nil
+}
+
+func config(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %q: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster kubernetes configuration: %w (outside a cluster, name a kubeconfig)", err)
+	}
+	return cfg, nil
+}
+
+// Identity is this router's name in the election.
+func (e *Elector) Identity() string { return e.o.Identity }
+
+// Run takes part in the election until ctx ends, then gives the Lease
+// up if it holds it. It calls leader, one call at a time, each time the
+// view changes: Identity() while this elector holds the Lease, the
+// holder's identity while another does, "" while none is known (no
+// holder yet, or this elector's hold just ended: the Lease may still
+// name it until another takes it).
+func (e *Elector) Run(ctx context.Context, leader func(addr string)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		reported := ""
+		for {
+			select {
+			case <-e.changed:
+			case <-ctx.Done():
+				if reported != "" {
+					leader("")
+				}
+				return
+			}
+			if v := e.view(); v != reported {
+				reported = v
+				leader(v)
+			}
+		}
+	}()
+	for ctx.Err() == nil {
+		// One round: acquire, lead until a renewal fails, stop. A lost
+		// Lease starts a new round (client-go's elector leads once).
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            e.lock,
+			LeaseDuration:   e.o.LeaseDuration,
+			RenewDeadline:   e.o.RenewDeadline,
+			RetryPeriod:     e.o.RetryPeriod,
+			ReleaseOnCancel: true,
+			Name:            e.o.Namespace + "/" + e.o.Name,
+			Callbacks: leaderelection.LeaderCallbacks{
+				// Called on goroutines of their own: a round's start is
+				// taken only while its context lives (client-go cancels
+				// it before it calls OnStoppedLeading).
+				OnStartedLeading: func(rctx context.Context) {
+					e.set(func() {
+						if rctx.Err() == nil {
+							e.leading = true
+						}
+					})
+				},
+				OnStoppedLeading: func() { e.set(func() { e.leading = false }) },
+				OnNewLeader:      func(id string) { e.set(func() { e.observed = id }) },
+			},
+		})
+		if err != nil {
+			e.o.Logger.Error("lease election cannot start", "lease", e.o.Namespace+"/"+e.o.Name, "err", err)
+			break // Validate checked what client-go does: not reached
+		}
+		le.Run(ctx)
+		if ctx.Err() == nil {
+			e.o.Logger.Warn("lost the update sequencing lease; taking part again", "lease", e.o.Namespace+"/"+e.o.Name)
+		}
+	}
+	<-done
+}
+
+func (e *Elector) set(f func()) {
+	e.mu.Lock()
+	f()
+	e.mu.Unlock()
+	select {
+	case e.changed <- struct{}{}:
+	default:
+	}
+}
+
+// view is the holder as Run reports it.
+func (e *Elector) view() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.leading:
+		return e.o.Identity
+	case e.observed == e.o.Identity:
+		// The Lease still names this elector, which does not hold it
+		// (its hold ended, or it is about to take it back).
+		return ""
+	}
+	return e.observed
+}

@@ -1,0 +1,200 @@
+package router
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Election chooses, among several routers serving the same workers,
+// the one that sequences embedding updates (Options.Election). On
+// Kubernetes it is a Lease (internal/kubelease); tests drive it by
+// hand.
+type Election interface {
+	// Identity is this router's name in the election: the address the
+	// other routers dial it at.
+	Identity() string
+	// Run takes part until ctx ends (then gives up the election if this
+	// router holds it). It calls leader, one call at a time, whenever
+	// the holder changes: Identity() while this router holds it, the
+	// holder's address while another does, "" while none is known.
+	Run(ctx context.Context, leader func(addr string))
+}
+
+// elected runs a router whose role in update sequencing follows an
+// Election (issue 12): every router serves lookups and takes updates;
+// the holder of the election sequences them (a fresh sequencer for each
+// term), the others forward them to it (follow.go):
+//
+//   - Becoming the holder starts a new term: a sequencer started now,
+//     fed at once with the registry's live workers as announcements and
+//     then with every announcement, so its start-up window of three
+//     heartbeats learns what the workers hold (the updates the previous
+//     holder numbered included) and the sequence goes on from there.
+//     Until the window ends updates are Unavailable, and lookups are
+//     judged by the follower's rule, as they were before.
+//   - Losing it ends the term at once: the sequencer resigns (no new
+//     number, no replay; the update being applied finishes or fails),
+//     and the router forwards to the new holder.
+//   - While no holder is known (an election under way) an update is
+//     answered Unavailable; one forwarded to a router that does not
+//     hold the election (the holder moved meanwhile) too. No router
+//     ever applies an update it did not number.
+//   - The follower hears every announcement in every role, so lookups
+//     are judged the moment the router stops leading.
+//
+// Known limits: each term's update log is its own and in memory, so a
+// worker that lacks updates an earlier holder numbered when the
+// election moves cannot be caught up by the new holder: it stays out
+// of serving the model, logged, until it gets a copy of an up-to-date
+// worker's store (as a worker behind an in-memory log's reach after a
+// router restart). And an update the old holder sent just before it lost the
+// election may reach a worker after the new holder's window ended (a
+// worker slower than three heartbeats); the new holder then finds the
+// worker claiming an update it did not number and leaves it out of the
+// model (foreign, see sequencer.announced) until an operator gives it a
+// store, as with any second history.
+type elected struct {
+	r    *Router
+	self string
+	fol  *follower
+	// term is the current role; replaced (never changed) by setLeader,
+	// which holds mu and the registry's lock while it does, so the
+	// registry's hooks see one term for a whole announcement.
+	term atomic.Pointer[term]
+	mu   sync.Mutex
+}
+
+// term is one stretch of one role: leading (d set) or following leader
+// ("" while none is known).
+type term struct {
+	leader string
+	d      *updateDriver
+	// settled ends the start-up window of d's sequencer: lookups are
+	// judged by the follower's rule until then.
+	settled time.Time
+	// ctx is d's replays' context, ended with the term.
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newElected(r *Router, self string) *elected {
+	e := &elected{r: r, self: self,
+		fol: newFollower("", r.sequencerConn, r.opts.UpdateQuorum, r.Reg.now, r.opts.Heartbeat)}
+	e.term.Store(&term{})
+	return e
+}
+
+// setLeader is the Election's report: addr holds it now.
+func (e *elected) setLeader(addr string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := e.term.Load()
+	if old.leader == addr {
+		return
+	}
+	reg := e.r.Reg
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	now := reg.now()
+	next := &term{leader: addr}
+	if addr == e.self {
+		o := e.r.opts
+		next.d = newUpdateDriver(newSequencer(now, o.Heartbeat, o.UpdateLogBytes, o.UpdateQuorum), reg.now, e.r.log, e.r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, e.r.applyUpdate)
+		next.settled = now.Add(3 * o.Heartbeat)
+		next.ctx, next.cancel = context.WithCancel(context.Background())
+		next.d.runCtx = next.ctx
+		// What the workers announced so far, as if announced now; later
+		// announcements come through the hooks (the registry's lock is
+		// held: none comes in between).
+		for _, id := range slices.Sorted(maps.Keys(reg.workers)) {
+			next.d.announced(reg.workers[id].info)
+		}
+	}
+	e.term.Store(next)
+	if old.d != nil {
+		old.d.step(func(now time.Time) { old.d.seq.resign(now) })
+		old.cancel()
+	}
+	switch {
+	case next.d != nil:
+		e.r.log.Info("this router sequences embedding updates now (it holds the election); it takes updates once it has heard from its workers", "self", e.self, "window", 3*e.r.opts.Heartbeat)
+	case addr == "":
+		e.r.log.Warn("no router is known to sequence embedding updates (election under way): updates are answered Unavailable", "self", e.self)
+	default:
+		e.r.log.Info("embedding updates go to the router holding the election", "sequencer", addr, "self", e.self)
+	}
+}
+
+// update routes an update by the current term: the driver to sequence
+// it with (this router leads and its window has ended), or else the
+// answer (forwarded to the holder, or Unavailable).
+func (e *elected) update(ctx context.Context, req *prismv1.UpdateRequest) (*updateDriver, *prismv1.UpdateResponse, error) {
+	t := e.term.Load()
+	switch {
+	case t.d != nil:
+		if wait := t.settled.Sub(e.r.Reg.now()); wait > 0 {
+			return nil, nil, status.Errorf(codes.Unavailable, "this router began sequencing embedding updates moments ago and is still learning which updates the embedding workers hold; not applied; retry in %v", wait.Round(time.Millisecond))
+		}
+		return t.d, nil, nil
+	case forwarded(ctx):
+		// Sent by a router that took this one for the holder: the
+		// election moved meanwhile.
+		return nil, nil, status.Errorf(codes.Unavailable, "this router does not sequence embedding updates (the election is held by %q); not applied; retry", t.leader)
+	case t.leader == "":
+		return nil, nil, status.Error(codes.Unavailable, "no router sequences embedding updates right now (the election of one is under way); not applied; retry")
+	}
+	resp, err := e.fol.forwardTo(ctx, t.leader, req)
+	return nil, resp, err
+}
+
+// announced, gone and inSync are the registry's hooks (under its lock):
+// the follower hears everything, the term's sequencer too while it
+// leads.
+func (e *elected) announced(w *prismv1.WorkerInfo) {
+	e.fol.announced(w)
+	if t := e.term.Load(); t.d != nil {
+		t.d.announced(w)
+	}
+}
+
+func (e *elected) gone(id string) {
+	e.fol.gone(id)
+	if t := e.term.Load(); t.d != nil {
+		t.d.gone(id)
+	}
+}
+
+func (e *elected) inSync(w *prismv1.WorkerInfo, model string) bool {
+	if t := e.term.Load(); t.d != nil && !e.r.Reg.now().Before(t.settled) {
+		return t.d.inSync(w, model)
+	}
+	return e.fol.inSync(w, model)
+}
+
+// tick is one heartbeat of the leading term.
+func (e *elected) tick() {
+	if t := e.term.Load(); t.d != nil {
+		t.d.tick(t.ctx)
+	}
+}
+
+// leader is the holder as last reported ("" none known).
+func (e *elected) leader() string { return e.term.Load().leader }
+
+// close ends the term (the router is stopping).
+func (e *elected) close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t := e.term.Load(); t.cancel != nil {
+		t.cancel()
+	}
+}

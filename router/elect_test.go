@@ -1,0 +1,337 @@
+package router
+
+import (
+	"context"
+	"encoding/binary"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// handElection is an Election driven by hand: the test reports the
+// holder to each router (elected.setLeader), as a Lease would.
+type handElection struct {
+	self string
+	// ran is set while Run runs; Run reports self as the holder.
+	ran atomic.Bool
+}
+
+func (h *handElection) Identity() string { return h.self }
+
+func (h *handElection) Run(ctx context.Context, leader func(string)) {
+	h.ran.Store(true)
+	leader(h.self)
+	<-ctx.Done()
+	leader("")
+}
+
+// electRig: two routers electing their sequencer, each serving its
+// Embeddings service in process at the address it is elected under, and
+// embedding workers announcing to both. Both routers' clocks run skew
+// ahead of the wall clock.
+type electRig struct {
+	t     *testing.T
+	rs    []*Router
+	addrs []string
+	cns   []*seqCN
+	cnAt  []string
+	skew  atomic.Int64
+	logs  lockedBuffer
+}
+
+func newElectRig(t *testing.T, workers int) *electRig {
+	rig := &electRig{t: t}
+	for range 2 {
+		addr, lis := listen(t)
+		r := testRouter(Options{Election: &handElection{self: addr}, Logger: slog.New(slog.NewTextHandler(&rig.logs, nil)),
+			now: func() time.Time { return time.Now().Add(time.Duration(rig.skew.Load())) }})
+		r.opts.SequencerDialOptions = []grpc.DialOption{grpc.WithContextDialer(dialInproc)}
+		s := grpc.NewServer()
+		prismv1.RegisterEmbeddingsServer(s, r.Updater())
+		go s.Serve(lis)
+		t.Cleanup(s.Stop)
+		t.Cleanup(r.Close)
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+		rig.rs, rig.addrs = append(rig.rs, r), append(rig.addrs, addr)
+	}
+	for range workers {
+		f := &seqCN{}
+		rig.cns = append(rig.cns, f)
+		rig.cnAt = append(rig.cnAt, startCN(t, f))
+	}
+	rig.announce()
+	rig.advance() // past the followers' start-up wait
+	return rig
+}
+
+// announce: every worker announces what it holds to both routers.
+func (rig *electRig) announce() {
+	for _, r := range rig.rs {
+		for i, f := range rig.cns {
+			r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+				Id: "cpu" + rig.cnAt[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.cnAt[i], Models: []string{"m"}, Healthy: true,
+				UpdateSeq: map[string]int64{"m": f.held()},
+			}})
+		}
+	}
+}
+
+// advance moves the clocks three heartbeats on, the workers announcing.
+func (rig *electRig) advance() {
+	rig.skew.Add(int64(3*rig.rs[0].opts.Heartbeat) + 1)
+	rig.announce()
+}
+
+// lead reports holder (an index into rs, -1: none) to both routers.
+func (rig *electRig) lead(holder int) {
+	for _, r := range rig.rs {
+		if holder < 0 {
+			r.el.setLeader("")
+		} else {
+			r.el.setLeader(rig.addrs[holder])
+		}
+	}
+}
+
+func (rig *electRig) update(via int, id int64, v float32) error {
+	// The routers' clocks run ahead (skew): a deadline well past it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rows := binary.LittleEndian.AppendUint32(nil, math.Float32bits(v))
+	_, err := rig.rs[via].Updater().Update(ctx, &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: rows})
+	return err
+}
+
+// orders checks every worker applied want, in that order.
+func (rig *electRig) orders(want ...int64) {
+	rig.t.Helper()
+	for i, f := range rig.cns {
+		f.mu.Lock()
+		order := slices.Clone(f.order)
+		f.mu.Unlock()
+		if !slices.Equal(order, want) {
+			rig.t.Fatalf("worker %d applied %v, want %v", i, order, want)
+		}
+	}
+}
+
+func wantUnavailable(t *testing.T, err error, what, says string) {
+	t.Helper()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), says) {
+		t.Fatalf("%s: %v, want Unavailable saying %q", what, err, says)
+	}
+}
+
+// Router A is elected and sequences updates sent to either router; A
+// loses the election and during the gap every update is Unavailable;
+// B is elected, learns in its start-up window what the workers hold
+// and numbers the next updates after A's: no number reused, every
+// worker applies one order.
+func TestElectedSequencerMoves(t *testing.T) {
+	rig := newElectRig(t, 3)
+	a, b := 0, 1
+	// No holder known yet.
+	for via := range rig.rs {
+		wantUnavailable(t, rig.update(via, 1, 1), "no holder", "election of one is under way")
+	}
+	rig.lead(a)
+	// A's start-up window: nothing numbered, on A or through B.
+	wantUnavailable(t, rig.update(a, 1, 1), "A's window", "moments ago")
+	wantUnavailable(t, rig.update(b, 1, 1), "through B in A's window", "moments ago")
+	rig.orders()
+	rig.advance()
+	for i := range 4 {
+		if err := rig.update(i%2, int64(i), float32(i+1)); err != nil {
+			t.Fatalf("update %d via router %d: %v", i+1, i%2, err)
+		}
+	}
+	rig.orders(1, 2, 3, 4)
+
+	// An update being applied when A loses finishes; one waiting its
+	// turn is refused, and A numbers nothing more.
+	for _, f := range rig.cns {
+		f.mu.Lock()
+		f.gate, f.entered = make(chan struct{}), make(chan struct{}, 8)
+		f.mu.Unlock()
+	}
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- rig.update(a, 10, 10) }()
+	for _, f := range rig.cns {
+		<-f.entered
+	}
+	go func() { second <- rig.update(b, 11, 11) }() // forwarded to A, queued there
+	waitQueued(t, rig.rs[a], 1)
+	rig.lead(-1)
+	wantUnavailable(t, <-second, "queued when A lost", "stopped sequencing")
+	for _, f := range rig.cns {
+		f.mu.Lock()
+		close(f.gate)
+		f.gate = nil
+		f.mu.Unlock()
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("update in flight when A lost: %v", err)
+	}
+	rig.orders(1, 2, 3, 4, 5)
+	// The gap: no router sequences.
+	for via := range rig.rs {
+		wantUnavailable(t, rig.update(via, 1, 1), "gap", "election of one is under way")
+	}
+
+	// B is elected: its window first, then it numbers on from 5.
+	rig.lead(b)
+	rig.announce()
+	wantUnavailable(t, rig.update(a, 1, 1), "through A in B's window", "moments ago")
+	wantUnavailable(t, rig.update(b, 1, 1), "B's window", "moments ago")
+	rig.advance()
+	for i := range 3 {
+		if err := rig.update(i%2, int64(20+i), float32(20+i)); err != nil {
+			t.Fatalf("update %d via router %d under B: %v", 6+i, i%2, err)
+		}
+	}
+	rig.orders(1, 2, 3, 4, 5, 6, 7, 8)
+	if got := rig.cns[0].row(22); got != 22 {
+		t.Fatalf("row 22 = %v, want 22", got)
+	}
+	// A keeps no driver: its term ended.
+	if d := rig.rs[a].el.term.Load().d; d != nil {
+		t.Fatal("A still has a sequencer after losing the election")
+	}
+}
+
+// While the election moves, two routers may each take the other for
+// the holder: a forwarded update reaching a router that does not hold
+// the election is Unavailable (retry), never passed on nor applied.
+func TestElectedForwardedToNonHolder(t *testing.T) {
+	rig := newElectRig(t, 1)
+	rig.rs[0].el.setLeader(rig.addrs[1])
+	rig.rs[1].el.setLeader(rig.addrs[0])
+	wantUnavailable(t, rig.update(0, 1, 1), "A and B name each other", "does not sequence")
+	rig.orders()
+}
+
+// Lookups: a worker lacking an acknowledged update serves on no router,
+// the new holder's included while its window lasts (it judges by the
+// follower's rule) and after it (by its sequencer's). The new holder
+// cannot replay what the old one numbered: the worker stays out until
+// it gets an up-to-date store, as one behind an in-memory log's reach.
+func TestElectedLookups(t *testing.T) {
+	rig := newElectRig(t, 3)
+	rig.lead(0)
+	rig.advance()
+	rig.cns[2].setDown(true)
+	if err := rig.update(0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rig.cns[2].setDown(false)
+	rig.announce()
+	serves := func(r *Router) []bool {
+		var out []bool
+		for i := range rig.cns {
+			var others []string
+			for j := range rig.cns {
+				if j != i {
+					others = append(others, "cpu"+rig.cnAt[j])
+				}
+			}
+			_, release, err := r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others)
+			if err == nil {
+				release()
+			}
+			out = append(out, err == nil)
+		}
+		return out
+	}
+	want := []bool{true, true, false}
+	for i, r := range rig.rs {
+		if got := serves(r); !slices.Equal(got, want) {
+			t.Fatalf("router %d serves from %v, want %v", i, got, want)
+		}
+	}
+	rig.lead(1)
+	if got := serves(rig.rs[1]); !slices.Equal(got, want) {
+		t.Fatalf("B in its window serves from %v, want %v", got, want)
+	}
+	rig.advance()
+	if got := serves(rig.rs[1]); !slices.Equal(got, want) {
+		t.Fatalf("B after its window serves from %v, want %v", got, want)
+	}
+	// B never held update 1 (A numbered it, and each term's log is its
+	// own): it cannot catch worker 2 up, says so, and keeps it out.
+	rig.rs[1].el.tick()
+	rig.rs[1].el.term.Load().d.wait()
+	rig.announce()
+	for i, r := range rig.rs {
+		if got := serves(r); !slices.Equal(got, want) {
+			t.Fatalf("after B's heartbeat router %d serves from %v, want %v", i, got, want)
+		}
+	}
+	if !strings.Contains(rig.logs.String(), "misses updates the router no longer holds") {
+		t.Fatalf("B did not report the worker it cannot catch up:\n%s", rig.logs.String())
+	}
+}
+
+// Run takes part in the election and gives it up when ctx ends; the
+// options refuse what an elected router cannot do.
+func TestElectedRunAndOptions(t *testing.T) {
+	h := &handElection{self: "10.0.0.1:8500"}
+	r, err := Open(Options{Election: h, Heartbeat: 10 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for r.el.leader() != h.self && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r.el.leader() != h.self {
+		t.Fatalf("Run did not take part: holder %q", r.el.leader())
+	}
+	cancel()
+	<-done
+	if r.el.leader() != "" {
+		t.Fatalf("after Run: holder %q", r.el.leader())
+	}
+	r.Close()
+	for _, o := range []Options{
+		{Election: h, Sequencer: "other:1"},
+		{Election: h, UpdateLogDir: t.TempDir()},
+		{Election: &handElection{}},
+	} {
+		if _, err := Open(o, nil); err == nil {
+			t.Errorf("Open(%+v): no error", o)
+		}
+	}
+}
+
+// waitQueued waits until r's sequencer has n updates waiting their turn.
+func waitQueued(t *testing.T, r *Router, n int) {
+	t.Helper()
+	d := r.el.term.Load().d
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		d.mu.Lock()
+		q := 0
+		for _, m := range d.seq.models {
+			q += len(m.queue)
+		}
+		d.mu.Unlock()
+		if q >= n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no %d updates queued", n)
+}
