@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Goodput under overload with deadlines at the SLO (issue 18).
+# usage: scripts/goodput.sh BIN "80 120" [extra loadgen flags]
+# Needs make demo's artifacts in out/demo. Starts prism up, measures
+# the closed-loop maximum (16 clients), then offers each share of it
+# (Poisson, 15 s, 60 ms deadlines) and prints goodput: requests answered
+# OK within 60 ms per second, and that over the maximum.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$1; loads=$2; shift 2
+log=$(mktemp)
+$bin up --model out/demo/dlrm-kaggle-part --db out/demo/db --addr 127.0.0.1:0 --certs out/demo/certs >"$log" 2>&1 &
+up=$!
+trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
+for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
+lg() { $bin loadgen --target "$addr" --certs out/demo/certs --model dlrm-kaggle --plan out/demo/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
+lg --clients 16 --duration 5s >/dev/null
+max=$(lg --clients 16 --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
+echo "$bin max $max req/s"
+for pct in $loads; do
+  rate=$(awk -v r="$max" -v p="$pct" 'BEGIN{printf "%.1f", r*p/100}')
+  res=$(lg --rate "$rate" --duration 15s --timeout 60ms "$@")
+  sent=$(sed -n 's/^requests *sent \([0-9]*\).*/\1/p' <<<"$res")
+  slo=$(sed -n 's/^SLO *\([0-9.]*\)%.*/\1/p' <<<"$res")
+  p99=$(sed -n 's/.*p99 \([^ ]*\)  p99.9.*/\1/p' <<<"$res")
+  errs=$(sed -n 's/^errors by *//p' <<<"$res")
+  awk -v b="$bin" -v p="$pct" -v r="$rate" -v s="$sent" -v slo="$slo" -v m="$max" -v p99="$p99" -v e="$errs" 'BEGIN{g=s*slo/100/15; printf "%s %s%% offered %.0f req/s: within 60ms %s%%, goodput %.1f req/s = %.2f of max, p99 %s, errors %s\n", b, p, r, slo, g, g/m, p99, e}'
+done
