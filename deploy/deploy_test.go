@@ -285,9 +285,15 @@ func checkSequencerLease(t *testing.T, objs []object, router corev1.PodSpec) {
 		t.Errorf("router: the RoleBinding does not give Role %s to ServiceAccount %s: %+v %+v", role.Name, sa.Name, binding.RoleRef, binding.Subjects)
 	}
 	granted := map[string]bool{}
+	watches := slices.Contains(args, "--watch-endpoints")
 	for _, r := range role.Rules {
+		if watches && slices.Equal(r.APIGroups, []string{"discovery.k8s.io"}) && slices.Equal(r.Resources, []string{"endpointslices"}) &&
+			slices.Equal(r.Verbs, []string{"list", "watch"}) {
+			granted["endpointslices"] = true
+			continue
+		}
 		if !slices.Equal(r.APIGroups, []string{"coordination.k8s.io"}) || !slices.Equal(r.Resources, []string{"leases"}) {
-			t.Errorf("router: the Role grants more than Leases: %+v", r)
+			t.Errorf("router: the Role grants more than Leases and reading EndpointSlices: %+v", r)
 			continue
 		}
 		for _, v := range r.Verbs {
@@ -301,6 +307,9 @@ func checkSequencerLease(t *testing.T, objs []object, router corev1.PodSpec) {
 		if !granted[v] {
 			t.Errorf("router: the Role does not grant %s on Lease %s: %+v", v, lease, role.Rules)
 		}
+	}
+	if watches && !granted["endpointslices"] {
+		t.Errorf("router: --watch-endpoints without list and watch on EndpointSlices: %+v", role.Rules)
 	}
 }
 

@@ -95,6 +95,8 @@ type Registry struct {
 	// gone, when set, hears of every worker removed: left, expired or
 	// found dead (under mu).
 	gone func(id string)
+	// podsGone are the Pods Kubernetes says are gone (podgone.go).
+	podsGone map[string]PodName
 }
 
 type roleModel struct {
@@ -211,6 +213,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 	w.Outstanding = min(max(w.GetOutstanding(), 0), l.MaxOutstanding)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if err := r.podGone(w.GetAddr()); err != nil {
+		return nil, err
+	}
 	e, ok := r.workers[w.GetId()]
 	switch {
 	case ok && e.peer != "" && peer != e.peer:

@@ -30,6 +30,8 @@ func newServeRouterCmd() *cobra.Command {
 		tokenFile  string
 		lease      string
 		lo         kubelease.Options
+		// watchEndpoints is --watch-endpoints.
+		watchEndpoints string
 	)
 	cmd := &cobra.Command{
 		Use:   "router",
@@ -108,6 +110,28 @@ func newServeRouterCmd() *cobra.Command {
 			rctx, cancel := context.WithCancel(context.Background())
 			ran := make(chan struct{})
 			go func() { r.Run(rctx); close(ran) }()
+			if watchEndpoints != "" {
+				eo := kubelease.EndpointsOptions{Kubeconfig: lo.Kubeconfig, Logger: log}
+				if eo.Namespace, eo.Services, err = kubelease.ParseServices(watchEndpoints); err != nil {
+					cancel()
+					return fmt.Errorf("--watch-endpoints: %w", err)
+				}
+				toPod := func(p kubelease.Pod) router.PodName {
+					return router.PodName{Addresses: p.Addresses, Hostname: p.Hostname, Name: p.Name}
+				}
+				go func() {
+					err := kubelease.WatchEndpoints(rctx, eo,
+						func(p kubelease.Pod) {
+							if ids := r.Reg.PodGone(toPod(p)); len(ids) > 0 {
+								log.Warn("workers removed: their pod is no longer a ready endpoint", "pod", p.Name, "workers", ids)
+							}
+						},
+						func(p kubelease.Pod) { r.Reg.PodBack(toPod(p)) })
+					if err != nil {
+						log.Error("watching the workers' EndpointSlices stopped; workers leave by missed heartbeats only", "err", err)
+					}
+				}()
+			}
 			readyline.WriteRouter(cmd.OutOrStdout(), s.Addr(), s.MetricsAddr())
 			err = s.Serve(ctx)
 			cancel()
@@ -145,7 +169,8 @@ func newServeRouterCmd() *cobra.Command {
 	f.StringVar(&ro.UpdateLogDir, "update-log-dir", "", `Pebble folder keeping the recent embedding updates across router restarts ("": in memory)`)
 	f.StringVar(&lease, "sequencer-lease", "", `with several routers on Kubernetes: NAMESPACE/NAME of the Lease through which the routers elect the one that orders embedding updates (the others forward to it); needs --advertise-addr, not with --sequencer or --update-log-dir`)
 	f.StringVar(&lo.Identity, "advertise-addr", "", "with --sequencer-lease: the address the other routers dial this one at (HOST:PORT), its identity in the Lease")
-	f.StringVar(&lo.Kubeconfig, "kubeconfig", "", `with --sequencer-lease outside a cluster: the kubeconfig file reaching the API server ("": the pod's in-cluster configuration)`)
+	f.StringVar(&lo.Kubeconfig, "kubeconfig", "", `with --sequencer-lease or --watch-endpoints outside a cluster: the kubeconfig file reaching the API server ("": the pod's in-cluster configuration)`)
+	f.StringVar(&watchEndpoints, "watch-endpoints", "", `on Kubernetes: NAMESPACE/SERVICE[,SERVICE...], the workers' Services whose EndpointSlices to watch: a worker whose Pod stops being a ready endpoint leaves the registry at once instead of after three missed heartbeats, and rejoins when it is ready again`)
 	f.DurationVar(&lo.LeaseDuration, "sequencer-lease-duration", 15*time.Second, "with --sequencer-lease: how long a router that stopped renewing keeps the Lease (it renews within 2/3 of it, tries every 2/15 of it)")
 	f.StringVar(&ro.Sequencer, "sequencer", "", `with several routers: the address of the one that orders embedding updates; this router forwards Embeddings.Update there ("": this router orders them; give every other router this one's address)`)
 	return cmd

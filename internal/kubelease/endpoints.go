@@ -1,0 +1,236 @@
+package kubelease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Pod is what an EndpointSlice says of one endpoint.
+type Pod struct {
+	Addresses      []string
+	Hostname, Name string
+}
+
+// id is the Pod's identity across slices (IPv4 and IPv6 slices name the
+// same Pod): its target Pod's name, else hostname, else first address.
+func (p Pod) id() string {
+	switch {
+	case p.Name != "":
+		return "pod/" + p.Name
+	case p.Hostname != "":
+		return "host/" + p.Hostname
+	case len(p.Addresses) > 0:
+		return "addr/" + p.Addresses[0]
+	}
+	return ""
+}
+
+// EndpointsOptions configure WatchEndpoints.
+type EndpointsOptions struct {
+	// Namespace and Services: the Services whose EndpointSlices to watch
+	// (the embedding and dense workers' headless Services).
+	Namespace string
+	Services  []string
+	// Slices reaches the discovery.k8s.io/v1 API; nil: made from
+	// Kubeconfig, or in-cluster.
+	Slices     discoveryclient.EndpointSlicesGetter
+	Kubeconfig string
+	Logger     *slog.Logger
+}
+
+// Validate reports what is wrong with o.
+func (o *EndpointsOptions) Validate() error {
+	if o.Namespace == "" || len(o.Services) == 0 || slices.Contains(o.Services, "") {
+		return fmt.Errorf("endpoints %q/%q: a namespace and Service names are needed", o.Namespace, o.Services)
+	}
+	return nil
+}
+
+// ParseServices splits "NAMESPACE/SERVICE[,SERVICE...]".
+func ParseServices(s string) (namespace string, services []string, err error) {
+	namespace, list, ok := strings.Cut(s, "/")
+	if !ok || namespace == "" || list == "" {
+		return "", nil, fmt.Errorf("%q: want NAMESPACE/SERVICE[,SERVICE...]", s)
+	}
+	for _, svc := range strings.Split(list, ",") {
+		if svc == "" || strings.Contains(svc, "/") {
+			return "", nil, fmt.Errorf("%q: want NAMESPACE/SERVICE[,SERVICE...]", s)
+		}
+		services = append(services, svc)
+	}
+	return namespace, services, nil
+}
+
+// podTracker turns EndpointSlice states into Pod transitions: a Pod that
+// was ready in some slice and is ready in none any more is gone; one
+// that is ready again after that is back. A Pod never seen ready makes
+// no transition. It is the watch's deterministic core (no IO).
+type podTracker struct {
+	// slices is per slice the ready Pods it lists, by id.
+	slices map[string]map[string]Pod
+	// goneIDs are the Pods reported gone and not back yet.
+	goneIDs map[string]bool
+}
+
+func newPodTracker() *podTracker {
+	return &podTracker{slices: map[string]map[string]Pod{}, goneIDs: map[string]bool{}}
+}
+
+// ready is the set of ready Pods of an EndpointSlice. An endpoint whose
+// ready condition is unset counts as ready (the API's rule); a
+// terminating one is not.
+func ready(s *discoveryv1.EndpointSlice) map[string]Pod {
+	out := map[string]Pod{}
+	for _, e := range s.Endpoints {
+		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+			continue
+		}
+		if e.Conditions.Terminating != nil && *e.Conditions.Terminating {
+			continue
+		}
+		p := Pod{Addresses: slices.Clone(e.Addresses)}
+		if e.Hostname != nil {
+			p.Hostname = *e.Hostname
+		}
+		if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
+			p.Name = e.TargetRef.Name
+		}
+		if id := p.id(); id != "" {
+			if old, ok := out[id]; ok {
+				p.Addresses = append(old.Addresses, p.Addresses...)
+			}
+			out[id] = p
+		}
+	}
+	return out
+}
+
+// set records a slice's ready Pods (nil: the slice was deleted) and
+// returns the transitions.
+func (t *podTracker) set(slice string, now map[string]Pod) (gone, back []Pod) {
+	before := t.slices[slice]
+	if now == nil {
+		delete(t.slices, slice)
+	} else {
+		t.slices[slice] = now
+	}
+	for id, p := range before {
+		if _, still := now[id]; still || t.readyElsewhere(id) {
+			continue
+		}
+		// Every address the Pod had in any slice goes.
+		t.goneIDs[id] = true
+		gone = append(gone, p)
+	}
+	for id, p := range now {
+		if t.goneIDs[id] {
+			delete(t.goneIDs, id)
+			back = append(back, p)
+		}
+	}
+	byID := func(a, b Pod) int { return strings.Compare(a.id(), b.id()) }
+	slices.SortFunc(gone, byID)
+	slices.SortFunc(back, byID)
+	return gone, back
+}
+
+// readyElsewhere says whether some slice still lists the Pod ready.
+func (t *podTracker) readyElsewhere(id string) bool {
+	for _, ps := range t.slices {
+		if _, ok := ps[id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// WatchEndpoints watches the EndpointSlices of the given Services until
+// ctx ends, and calls gone for each Pod that stops being a ready
+// endpoint (deleted, evicted, failing its readiness probe) and back when
+// it is ready again. The calls come one at a time.
+func WatchEndpoints(ctx context.Context, o EndpointsOptions, gone, back func(Pod)) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Slices == nil {
+		cfg, err := config(o.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		c, err := discoveryclient.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+		o.Slices = c
+	}
+	selector := fmt.Sprintf("%s in (%s)", discoveryv1.LabelServiceName, strings.Join(o.Services, ","))
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.LabelSelector = selector
+			return o.Slices.EndpointSlices(o.Namespace).List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.LabelSelector = selector
+			return o.Slices.EndpointSlices(o.Namespace).Watch(ctx, opts)
+		},
+	}
+	var mu sync.Mutex
+	t := newPodTracker()
+	apply := func(name string, now map[string]Pod) {
+		mu.Lock()
+		defer mu.Unlock()
+		g, b := t.set(name, now)
+		for _, p := range g {
+			o.Logger.Info("pod no longer a ready endpoint; its workers leave the registry", "pod", p.Name, "addresses", p.Addresses)
+			gone(p)
+		}
+		for _, p := range b {
+			o.Logger.Info("pod a ready endpoint again", "pod", p.Name, "addresses", p.Addresses)
+			back(p)
+		}
+	}
+	inf := cache.NewSharedIndexInformer(lw, &discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				apply(s.Name, ready(s))
+			}
+		},
+		UpdateFunc: func(_, obj any) {
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				apply(s.Name, ready(s))
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				apply(s.Name, nil)
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("endpoints watch: %w", err)
+	}
+	inf.RunWithContext(ctx)
+	if ctx.Err() == nil {
+		return errors.New("endpoints watch stopped")
+	}
+	return nil
+}

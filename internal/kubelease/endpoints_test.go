@@ -1,0 +1,154 @@
+package kubelease
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/prism-serve/prism/internal/kubetest"
+)
+
+func endpoint(pod, addr string, readyState *bool, terminating bool) discoveryv1.Endpoint {
+	e := discoveryv1.Endpoint{Addresses: []string{addr}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: pod}}
+	e.Conditions.Ready = readyState
+	if terminating {
+		e.Conditions.Terminating = &terminating
+	}
+	return e
+}
+
+func slice(name string, es ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: "prism-dense"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   es,
+	}
+}
+
+func names(ps []Pod) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// The tracker, step by step: only a ready Pod that stops being ready
+// anywhere is gone; it is back when ready again; a Pod ready in two
+// slices (IPv4 and IPv6) is gone only when both drop it.
+func TestPodTracker(t *testing.T) {
+	yes, no := true, false
+	tr := newPodTracker()
+	type step struct {
+		slice      string
+		s          *discoveryv1.EndpointSlice // nil: deleted
+		gone, back []string
+	}
+	for i, st := range []step{
+		{"v4", slice("v4", endpoint("a", "10.0.0.1", &yes, false), endpoint("b", "10.0.0.2", nil, false), endpoint("c", "10.0.0.3", &no, false)), nil, nil},
+		{"v6", slice("v6", endpoint("a", "fd00::1", &yes, false)), nil, nil},
+		// b turns not ready; c (never ready) becomes ready: no transition for c.
+		{"v4", slice("v4", endpoint("a", "10.0.0.1", &yes, false), endpoint("b", "10.0.0.2", &no, false), endpoint("c", "10.0.0.3", &yes, false)), []string{"b"}, nil},
+		// a leaves the v4 slice but is still ready in v6.
+		{"v4", slice("v4", endpoint("b", "10.0.0.2", &yes, false), endpoint("c", "10.0.0.3", &yes, true)), []string{"c"}, []string{"b"}},
+		// the v6 slice goes: a is gone now.
+		{"v6", nil, []string{"a"}, nil},
+		{"v4", nil, []string{"b"}, nil},
+	} {
+		var ps map[string]Pod
+		if st.s != nil {
+			ps = ready(st.s)
+		}
+		gone, back := tr.set(st.slice, ps)
+		if !slices.Equal(names(gone), st.gone) || !slices.Equal(names(back), st.back) {
+			t.Fatalf("step %d: gone %v back %v, want %v %v", i, names(gone), names(back), st.gone, st.back)
+		}
+	}
+}
+
+func TestParseServices(t *testing.T) {
+	ns, svcs, err := ParseServices("prism/prism-embedding,prism-dense")
+	if err != nil || ns != "prism" || !slices.Equal(svcs, []string{"prism-embedding", "prism-dense"}) {
+		t.Fatalf("%q %v %v", ns, svcs, err)
+	}
+	for _, bad := range []string{"", "prism", "prism/", "/x", "prism/a,,b", "prism/a/b"} {
+		if _, _, err := ParseServices(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// On a real API server (skipped without one): a Pod whose endpoint turns
+// not ready is reported gone within moments, and back when ready again.
+func TestWatchEndpointsOnAPIServer(t *testing.T) {
+	s := kubetest.Start(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := discoveryclient.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yes, no := true, false
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sl, err := c.EndpointSlices("default").Create(ctx, slice("prism-dense-x1", endpoint("dense-0", "10.1.0.1", &yes, false), endpoint("dense-1", "10.1.0.2", &yes, false)), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var events []string
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- WatchEndpoints(wctx, EndpointsOptions{Namespace: "default", Services: []string{"prism-dense"}, Slices: c},
+			func(p Pod) { mu.Lock(); events = append(events, "gone "+p.Name); mu.Unlock() },
+			func(p Pod) { mu.Lock(); events = append(events, "back "+p.Name); mu.Unlock() })
+	}()
+	waitFor := func(want []string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		for deadline := start.Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			mu.Lock()
+			got := slices.Clone(events)
+			mu.Unlock()
+			if slices.Equal(got, want) {
+				return time.Since(start)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("events %v, want %v", events, want)
+		return 0
+	}
+	time.Sleep(300 * time.Millisecond) // the initial list is no event
+	sl.Endpoints[1].Conditions.Ready = &no
+	if sl, err = c.EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor([]string{"gone dense-1"})
+	t.Logf("a Pod's endpoint turned not ready: reported gone after %v", took.Round(time.Millisecond))
+	sl.Endpoints[1].Conditions.Ready = &yes
+	if _, err = c.EndpointSlices("default").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor([]string{"gone dense-1", "back dense-1"})
+	if err := c.EndpointSlices("default").Delete(ctx, sl.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor([]string{"gone dense-1", "back dense-1", "gone dense-0", "gone dense-1"})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
