@@ -27,6 +27,11 @@ type WorkerOptions struct {
 	// ResolveEvery is how often router names are resolved again
 	// (default DefaultResolveEvery).
 	ResolveEvery time.Duration
+	// Linger is how long a stopping worker keeps taking new calls after
+	// it has left every router's registry (default DefaultLinger): calls
+	// a router (or an embedding worker) sent on its way just before the
+	// leave still arrive, and are served instead of refused.
+	Linger time.Duration
 	// Info is the worker's registry entry at each heartbeat, given the
 	// address it advertises.
 	Info func(addr string) *prismv1.WorkerInfo
@@ -82,7 +87,33 @@ func (s *Server) serveWorker(ctx context.Context, o WorkerOptions, routers []str
 	if o.Ready != nil {
 		o.Ready(addr)
 	}
-	err := s.Serve(ctx)
+	// Serving stops only after the worker has left the routers'
+	// registries (the announce loops send Leave when ctx ends) and
+	// lingered: stopping at once refused calls already on their way.
+	sctx, stopServing := context.WithCancel(context.Background())
+	defer stopServing()
+	served := make(chan struct{})
+	defer close(served)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-served:
+			return
+		}
+		if announced != nil {
+			<-announced
+			linger := o.Linger
+			if linger <= 0 {
+				linger = DefaultLinger
+			}
+			select {
+			case <-time.After(linger):
+			case <-served:
+			}
+		}
+		stopServing()
+	}()
+	err := s.Serve(sctx)
 	if o.Drained != nil {
 		o.Drained()
 	}
@@ -94,6 +125,9 @@ func (s *Server) serveWorker(ctx context.Context, o WorkerOptions, routers []str
 	}
 	return err
 }
+
+// DefaultLinger is WorkerOptions.Linger's default.
+const DefaultLinger = 500 * time.Millisecond
 
 // WorkerID names one worker process in the registry: its tier, host,
 // process id and start time, so a restarted worker is a new entry.
