@@ -45,6 +45,8 @@ type Plan struct {
 	DenseModel string `json:"dense_model"`
 	// Cost is the cost report of the chosen cut.
 	Cost CostReport `json:"cost"`
+	// Sharding, if set, spreads the tables over shards (shard.go).
+	Sharding *Sharding `json:"sharding,omitempty"`
 }
 
 // ModelInfo identifies the source model.

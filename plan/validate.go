@@ -146,7 +146,7 @@ func (p *Plan) Validate() error {
 			outputs[l.Output] = true
 		}
 	}
-	return nil
+	return p.ValidateSharding()
 }
 
 func checkTensor(where string, t TensorInfo) error {

@@ -21,9 +21,10 @@ func newIngestCmd() *cobra.Command {
 	var (
 		db, dtype, model, hotBytes, sstBytes string
 		noActivate                           bool
+		shard                                int
 	)
 	cmd := &cobra.Command{
-		Use:   "ingest PLAN_DIR --db DIR",
+		Use:   "ingest PLAN_DIR --db DIR [--shard K]",
 		Short: "Load a plan's embedding tables into the store (SST ingestion; re-run to resume)",
 		Long: `Ingest loads the tables of a partition plan into the embedding store at
 --db as a new version of the model and switches to it (unless
@@ -34,13 +35,20 @@ its rows are in.
 --dtype sets the stored dtype: float32 (default, exact), float16 or int8
 (a per-row scale), for every table ("int8") or per table
 ("emb_l.2.weight=int8,float16" : the bare one is the default). The
-accuracy lost is reported per table.`,
+accuracy lost is reported per table.
+
+--shard K ingests only shard K of the plan's sharding (prism shard): its
+table-wise tables and its rows of the row-wise ones; the store records
+the shard it holds.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if db == "" {
 				return fmt.Errorf("--db is required")
 			}
 			io := store.IngestOptions{Model: model, NoActivate: noActivate}
+			if cmd.Flags().Changed("shard") {
+				io.Shard = &shard
+			}
 			var err error
 			if io.HotBytes, err = flagval.Bytes(hotBytes); err != nil {
 				return fmt.Errorf("--hot-bytes: %w", err)
@@ -83,5 +91,6 @@ accuracy lost is reported per table.`,
 	f.StringVar(&hotBytes, "hot-bytes", "", "hot tier size to record as the store's default (e.g. 512MiB)")
 	f.StringVar(&sstBytes, "sst-bytes", "", "bytes per ingested SST (default 64MiB)")
 	f.BoolVar(&noActivate, "no-activate", false, "add the version without switching to it")
+	f.IntVar(&shard, "shard", 0, "ingest only this shard (0 to N-1) of the plan's sharding section (prism shard)")
 	return cmd
 }

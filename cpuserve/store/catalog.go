@@ -44,6 +44,9 @@ type physTable struct {
 	Mutated bool   `json:"mutated,omitempty"`
 	Loss    *Loss  `json:"loss,omitempty"`
 	Source  string `json:"source,omitempty"`
+	// Part, if set, is the rows of a row-wise sharded table it holds
+	// (shard.go); NextRow still counts rows of the whole table.
+	Part *RowPart `json:"part,omitempty"`
 }
 
 // modelEntry is a model's versions. Active serves; Previous is what
@@ -59,6 +62,8 @@ type version struct {
 	Plan    string                   `json:"plan,omitempty"`
 	Created string                   `json:"created,omitempty"`
 	Tables  map[string]*versionTable `json:"tables"`
+	// Shard, if set, is the shard of the plan's sharding it holds.
+	Shard *ShardRef `json:"shard,omitempty"`
 }
 
 type versionTable struct {
@@ -146,11 +151,11 @@ func (c *catalog) sharedBeyond(id uint32, model, table string) bool {
 }
 
 // findReady is a ready, unmutated copy of content sha in dtype, if any.
-func (c *catalog) findReady(sha string, dt DType) *physTable {
-	return c.find(sha, dt, stateReady)
+func (c *catalog) findReady(sha string, dt DType, part *RowPart) *physTable {
+	return c.find(sha, dt, part, stateReady)
 }
 
-func (c *catalog) find(sha string, dt DType, st tableState) *physTable {
+func (c *catalog) find(sha string, dt DType, part *RowPart, st tableState) *physTable {
 	ids := make([]uint32, 0, len(c.Tables))
 	for id := range c.Tables {
 		ids = append(ids, id)
@@ -158,7 +163,7 @@ func (c *catalog) find(sha string, dt DType, st tableState) *physTable {
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	for _, id := range ids {
 		t := c.Tables[id]
-		if t.SHA256 == sha && t.DType == dt && t.State == st && !t.Mutated {
+		if t.SHA256 == sha && t.DType == dt && t.State == st && !t.Mutated && t.Part.equal(part) {
 			return t
 		}
 	}

@@ -51,7 +51,7 @@ func (s *Store) unshare(ctx context.Context, model, table string, src uint32) (c
 	id := next.NextTable
 	next.NextTable++
 	next.Tables[id] = &physTable{ID: id, SHA256: t.SHA256, Rows: t.Rows, Dim: t.Dim, DType: t.DType,
-		State: stateCopying, Mutated: true, Loss: t.Loss, Source: t.Source}
+		State: stateCopying, Mutated: true, Loss: t.Loss, Source: t.Source, Part: t.Part}
 	if err := s.commit(next); err != nil {
 		s.catMu.Unlock()
 		return false, fmt.Errorf("copy table %d: %w", src, err)
@@ -65,7 +65,7 @@ func (s *Store) unshare(ctx context.Context, model, table string, src uint32) (c
 	}()
 	s.hook("cow-registered")
 
-	if err := s.copyRows(ctx, src, id, t.Rows); err != nil {
+	if err := s.copyRows(ctx, src, id, t.held()); err != nil {
 		if derr := s.dropCopy(id); derr != nil {
 			return false, fmt.Errorf("copy table %d: %w (and dropping the copy: %w)", src, err, derr)
 		}
@@ -94,7 +94,7 @@ func (s *Store) unshare(ctx context.Context, model, table string, src uint32) (c
 		return false, fmt.Errorf("copy table %d: %w", src, err)
 	}
 	s.m.copies.Add(1)
-	s.m.copiedRows.Add(t.Rows)
+	s.m.copiedRows.Add(t.held())
 	return true, nil
 }
 

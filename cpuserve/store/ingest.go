@@ -31,6 +31,11 @@ type IngestOptions struct {
 	SSTBytes int64
 	// Progress, if set, is called with the bytes (float32 rows) done.
 	Progress func(done, total int64)
+	// Shard, if set, ingests only that shard of the plan's sharding
+	// (plan.Sharding): its table-wise tables, and its rows of the
+	// row-wise ones (keyed by their row id in the whole table). The
+	// version records the shard (Store.Shard).
+	Shard *int
 }
 
 // IngestReport says what Ingest did.
@@ -43,6 +48,8 @@ type IngestReport struct {
 	// not counted); Bytes are float32 source bytes.
 	Rows, Bytes int64
 	Elapsed     time.Duration
+	// Shard is the shard ingested (nil: the whole model).
+	Shard *ShardRef
 }
 
 // TableReport is one table of an ingest.
@@ -56,6 +63,8 @@ type TableReport struct {
 	// ResumedAt is the row an interrupted ingest went on from (0: fresh).
 	ResumedAt int64
 	Loss      *Loss
+	// Part is the rows held of a row-wise sharded table (nil: all).
+	Part *RowPart
 }
 
 type ingestJob struct {
@@ -64,6 +73,7 @@ type ingestJob struct {
 	phys  *physTable
 	dtype DType
 	rep   *TableReport
+	part  *RowPart
 }
 
 // Ingest loads the tables of the plan in planDir and adds them as a new
@@ -109,6 +119,13 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		o.SSTBytes = 64 << 20
 	}
 	rep := &IngestReport{Model: model}
+	tables, parts := p.Tables, make([]*RowPart, len(p.Tables))
+	if o.Shard != nil {
+		if tables, parts, err = shardTables(p, *o.Shard); err != nil {
+			return nil, fmt.Errorf("ingest %q: %w", planDir, err)
+		}
+		rep.Shard = &ShardRef{Shard: *o.Shard, Shards: p.Sharding.Shards}
+	}
 
 	var jobs []*ingestJob
 	defer func() {
@@ -117,7 +134,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		}
 	}()
 	var total int64
-	for _, pt := range p.Tables {
+	for ti, pt := range tables {
 		dt := o.DType
 		if d, ok := o.TableDTypes[pt.Name]; ok {
 			dt = d
@@ -133,7 +150,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		if err != nil {
 			return nil, fmt.Errorf("ingest table %q: %w", pt.Name, err)
 		}
-		jobs = append(jobs, &ingestJob{pt: pt, tf: tf, dtype: dt})
+		jobs = append(jobs, &ingestJob{pt: pt, tf: tf, dtype: dt, part: parts[ti]})
 		if tf.Rows != pt.Rows || tf.Dim != pt.Dim || (pt.SHA256 != "" && tf.SHA256 != pt.SHA256) {
 			return nil, fmt.Errorf("ingest table %q: file says %d x %d sha %s, plan says %d x %d sha %s: %w",
 				pt.Name, tf.Rows, tf.Dim, tf.SHA256, pt.Rows, pt.Dim, pt.SHA256, ErrDimMismatch)
@@ -146,7 +163,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		default:
 			return nil, fmt.Errorf("ingest table %q: unknown_ids %q: %w", pt.Name, pt.UnknownIDs, ErrBadRequest)
 		}
-		total += tf.Rows * int64(tf.Dim) * 4
+		total += parts[ti].count(tf.Rows) * int64(tf.Dim) * 4
 	}
 
 	// Claim a physical table for each job: a ready copy to share, an
@@ -158,13 +175,13 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 	}
 	claimed := map[uint32]bool{}
 	for _, j := range jobs {
-		j.rep = &TableReport{Name: j.pt.Name, Rows: j.tf.Rows, Dim: j.tf.Dim, DType: j.dtype}
-		if t := next.findReady(j.tf.SHA256, j.dtype); t != nil {
+		j.rep = &TableReport{Name: j.pt.Name, Rows: j.part.count(j.tf.Rows), Dim: j.tf.Dim, DType: j.dtype, Part: j.part}
+		if t := next.findReady(j.tf.SHA256, j.dtype, j.part); t != nil {
 			j.phys, j.rep.Shared = t, true
-		} else if t := next.find(j.tf.SHA256, j.dtype, stateIngesting); t != nil && !claimed[t.ID] {
+		} else if t := next.find(j.tf.SHA256, j.dtype, j.part, stateIngesting); t != nil && !claimed[t.ID] {
 			j.phys, j.rep.ResumedAt = t, t.NextRow
 		} else {
-			j.phys = &physTable{ID: next.NextTable, SHA256: j.tf.SHA256, Rows: j.tf.Rows, Dim: j.tf.Dim, DType: j.dtype, State: stateIngesting, Source: j.tf.Path()}
+			j.phys = &physTable{ID: next.NextTable, SHA256: j.tf.SHA256, Rows: j.tf.Rows, Dim: j.tf.Dim, DType: j.dtype, State: stateIngesting, Source: j.tf.Path(), Part: j.part}
 			next.NextTable++
 			next.Tables[j.phys.ID] = j.phys
 		}
@@ -197,7 +214,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 	}
 	for _, j := range jobs {
 		if j.rep.Shared {
-			progress(j.tf.Rows * int64(j.tf.Dim) * 4)
+			progress(j.part.count(j.tf.Rows) * int64(j.tf.Dim) * 4)
 			continue
 		}
 		rows, err := s.ingestTable(ctx, j, o.SSTBytes, progress)
@@ -216,7 +233,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		m = &modelEntry{Versions: map[int]*version{}}
 		next.Models[model] = m
 	}
-	v := &version{N: m.latest() + 1, Plan: planDir, Created: now(), Tables: map[string]*versionTable{}}
+	v := &version{N: m.latest() + 1, Plan: planDir, Created: now(), Tables: map[string]*versionTable{}, Shard: rep.Shard}
 	for _, j := range jobs {
 		v.Tables[j.pt.Name] = &versionTable{Phys: j.phys.ID, UnknownIDs: j.pt.UnknownIDs}
 		if t := next.Tables[j.phys.ID]; t != nil {
@@ -296,6 +313,9 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 			continue
 		}
 		for r := max(from-first, 0); r < n; r++ {
+			if !j.part.holds(first + r) {
+				continue // another shard's row
+			}
 			if err := ctx.Err(); err != nil {
 				return ingested, err
 			}
@@ -322,7 +342,7 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 	}
 	progress(rest * int64(dim) * 4)
 	if from > 0 {
-		progress(from * int64(dim) * 4)
+		progress(j.part.count(from) * int64(dim) * 4)
 	}
 	if got := h.Sum(); got != j.tf.SHA256 {
 		return ingested, fmt.Errorf("content hash %s, file says %s: %w", got, j.tf.SHA256, errors.New("corrupt table file"))

@@ -107,12 +107,18 @@ func (r *IngestReport) WriteText(w io.Writer) {
 		case t.ResumedAt > 0:
 			how = fmt.Sprintf("resumed at row %d", t.ResumedAt)
 		}
+		if t.Part != nil {
+			how += fmt.Sprintf(" (rows r mod %d = %d)", t.Part.Mod, t.Part.Rem)
+		}
 		fmt.Fprintf(w, "table %-24s %10d x %-4d %-8s phys %-4d %s\n", t.Name, t.Rows, t.Dim, t.DType, t.Phys, how)
 		if t.Loss != nil {
 			fmt.Fprintf(w, "    accuracy loss %s\n", t.Loss)
 		}
 	}
 	sec := r.Elapsed.Seconds()
+	if r.Shard != nil {
+		fmt.Fprintf(w, "shard %d of %d\n", r.Shard.Shard, r.Shard.Shards)
+	}
 	fmt.Fprintf(w, "model %q version %d (active: %v): %d rows, %s in %.1fs: %.0f rows/s, %.1f MB/s\n",
 		r.Model, r.Version, r.Activated, r.Rows, progress.Bytes(r.Bytes), sec, float64(r.Rows)/sec, float64(r.Bytes)/sec/1e6)
 }

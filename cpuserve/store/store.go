@@ -239,7 +239,7 @@ func (s *Store) publish(cat *catalog) {
 		for _, vt := range v.Tables {
 			if t := cat.Tables[vt.Phys]; t != nil && !active[t.ID] {
 				active[t.ID] = true // a shared table weighs once
-				weight[t.Dim] += t.Rows * int64(t.Dim) * 4
+				weight[t.Dim] += t.held() * int64(t.Dim) * 4
 			}
 		}
 	}

@@ -1,0 +1,89 @@
+package store
+
+import (
+	"fmt"
+
+	"github.com/prism-serve/prism/plan"
+)
+
+// RowPart is the part of a table's rows a physical table holds when its
+// store holds a shard of a row-wise table (plan.Sharding): the rows r
+// with r mod Mod == Rem, keyed by their row id in the whole table.
+type RowPart struct {
+	Mod int64 `json:"mod"`
+	Rem int64 `json:"rem"`
+}
+
+// holds says whether row is in the part (a nil part holds every row).
+func (p *RowPart) holds(row int64) bool { return p == nil || row%p.Mod == p.Rem }
+
+// count is the number of rows of [0, rows) in the part.
+func (p *RowPart) count(rows int64) int64 {
+	if p == nil {
+		return rows
+	}
+	return plan.PartRows(rows, p.Mod, p.Rem)
+}
+
+func (p *RowPart) equal(q *RowPart) bool {
+	if p == nil || q == nil {
+		return p == q
+	}
+	return *p == *q
+}
+
+// held is the number of rows the physical table holds.
+func (t *physTable) held() int64 { return t.Part.count(t.Rows) }
+
+// ShardRef is the shard of a plan's sharding a model version holds.
+type ShardRef struct {
+	Shard  int `json:"shard"`
+	Shards int `json:"shards"`
+}
+
+// Shard says which shard of model the active version holds, for the
+// worker to announce; ok is false for a version that holds the whole
+// model (ingested without IngestOptions.Shard).
+func (s *Store) Shard(model string) (ref ShardRef, ok bool, err error) {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	m := s.cat.Models[model]
+	if m == nil || m.Versions[m.Active] == nil {
+		return ShardRef{}, false, fmt.Errorf("model %q: %w", model, ErrUnknownModel)
+	}
+	if r := m.Versions[m.Active].Shard; r != nil {
+		return *r, true, nil
+	}
+	return ShardRef{}, false, nil
+}
+
+// shardJobs keeps the tables of plan p that shard k holds, each with the
+// part of its rows (nil: all of them).
+func shardTables(p *plan.Plan, k int) ([]plan.Table, []*RowPart, error) {
+	if err := p.ValidateSharding(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", err, ErrBadRequest)
+	}
+	sh := p.Sharding
+	if sh == nil {
+		return nil, nil, fmt.Errorf("shard %d: the plan has no sharding section (run prism shard first): %w", k, ErrBadRequest)
+	}
+	if k < 0 || k >= sh.Shards {
+		return nil, nil, fmt.Errorf("shard %d: the plan has shards 0 to %d: %w", k, sh.Shards-1, ErrBadRequest)
+	}
+	var tables []plan.Table
+	var parts []*RowPart
+	for _, t := range p.Tables {
+		tp := sh.Placement(t.Name)
+		mod, rem, ok := tp.Part(k)
+		if !ok {
+			continue
+		}
+		tables = append(tables, t)
+		if mod > 1 {
+			parts = append(parts, &RowPart{Mod: mod, Rem: rem})
+		} else {
+			parts = append(parts, nil)
+		}
+	}
+	return tables, parts, nil
+}

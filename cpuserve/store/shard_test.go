@@ -1,0 +1,188 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/prism-serve/prism/plan"
+	"github.com/prism-serve/prism/sharding"
+)
+
+// storedRows reads every row a store holds of model's table, straight
+// from Pebble: row id to value.
+func storedRows(t *testing.T, s *Store, model, table string) map[int64][]float32 {
+	t.Helper()
+	mv, err := s.model(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tv := mv.tables[table]
+	if tv == nil {
+		return nil
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: tv.lo, UpperBound: tv.hi})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	out := map[int64][]float32{}
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(it.Key()) != keyLen {
+			continue
+		}
+		row := make([]float32, tv.dim)
+		if !tv.dtype.decode(row, it.Value()) {
+			t.Fatalf("table %q row %d: bad value", table, keyRow(it.Key()))
+		}
+		out[keyRow(it.Key())] = row
+	}
+	return out
+}
+
+// Each shard of a small model ingested into its own store: together
+// they hold every row of every table exactly once, with the unsharded
+// store's values, and each store says which shard it holds.
+func TestIngestShards(t *testing.T) {
+	tables := []*testTable{
+		{name: "big", rows: 1001, dim: 8, seed: 1},
+		{name: "mid", rows: 300, dim: 16, seed: 2},
+		{name: "small", rows: 37, dim: 4, seed: 3},
+		{name: "tiny", rows: 5, dim: 4, seed: 4},
+	}
+	dir := writePlan(t, "m", tables)
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const shards = 3
+	// A budget that forces "big" (32 KB) row-wise.
+	r, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: shards, ShardBytes: 20 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Sharding, err = sharding.Section(p, r, "uniform"); err != nil {
+		t.Fatal(err)
+	}
+	if pl := p.Sharding.Placement("big"); pl.Placement != plan.RowWise {
+		t.Fatalf("big placed %+v, want row-wise", pl)
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	whole, _ := openMem(t, nil)
+	if _, err := whole.Ingest(ctx, dir, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := whole.Shard("m"); err != nil || ok {
+		t.Fatalf("unsharded store: Shard says ok %v, %v", ok, err)
+	}
+	held := map[string]map[int64]int{} // table, row: shard
+	for k := range shards {
+		s, _ := openMem(t, nil)
+		rep, err := s.Ingest(ctx, dir, IngestOptions{Shard: &k})
+		if err != nil {
+			t.Fatalf("shard %d: %v", k, err)
+		}
+		if ref, ok, err := s.Shard("m"); err != nil || !ok || ref != (ShardRef{Shard: k, Shards: shards}) {
+			t.Fatalf("shard %d: Shard says %+v %v %v", k, ref, ok, err)
+		}
+		if rep.Rows != p.Sharding.Shard[k].Rows {
+			t.Fatalf("shard %d: ingested %d rows, the plan says %d", k, rep.Rows, p.Sharding.Shard[k].Rows)
+		}
+		infos, err := s.Tables("m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tt := range tables {
+			_, _, want := p.Sharding.Placement(tt.name).Part(k)
+			has := slices.ContainsFunc(infos, func(i TableInfo) bool { return i.Name == tt.name })
+			if has != want {
+				t.Fatalf("shard %d: table %q held %v, plan says %v", k, tt.name, has, want)
+			}
+			rows := storedRows(t, s, "m", tt.name)
+			wholeRows := storedRows(t, whole, "m", tt.name)
+			if held[tt.name] == nil {
+				held[tt.name] = map[int64]int{}
+			}
+			pl := p.Sharding.Placement(tt.name)
+			for id, v := range rows {
+				if prev, ok := held[tt.name][id]; ok {
+					t.Fatalf("table %q row %d on shard %d and %d", tt.name, id, prev, k)
+				}
+				held[tt.name][id] = k
+				if pl.ShardOf(id) != k {
+					t.Fatalf("table %q row %d on shard %d, ShardOf says %d", tt.name, id, k, pl.ShardOf(id))
+				}
+				if !slices.Equal(v, wholeRows[id]) {
+					t.Fatalf("table %q row %d differs from the unsharded store's", tt.name, id)
+				}
+			}
+			// Lookups of the rows it holds read them; of others, no row.
+			if has {
+				for id := range min(tt.rows, 12) {
+					out := make([]float32, tt.dim)
+					err := s.Lookup("m", []TableLookup{{Table: tt.name, IDs: []int64{id}, Bag: 1, Pooling: PoolSum, Out: out}})
+					switch {
+					case pl.ShardOf(id) == k && (err != nil || !slices.Equal(out, wholeRows[id])):
+						t.Fatalf("shard %d table %q row %d: lookup %v %v", k, tt.name, id, out, err)
+					case pl.ShardOf(id) != k && err == nil:
+						t.Fatalf("shard %d table %q row %d: another shard's row looked up without error", k, tt.name, id)
+					}
+				}
+			}
+		}
+		if pre := s.Preloaded(); pre.Rows != p.Sharding.Shard[k].Rows {
+			t.Fatalf("shard %d: preloaded %d rows, holds %d", k, pre.Rows, p.Sharding.Shard[k].Rows)
+		}
+		// Ingesting the same shard again shares its copies; another
+		// model's shard of the same content does not share a part.
+		rep2, err := s.Ingest(ctx, dir, IngestOptions{Shard: &k, Model: "m2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tr := range rep2.Tables {
+			if !tr.Shared {
+				t.Fatalf("shard %d re-ingested: table %q not shared", k, tr.Name)
+			}
+		}
+	}
+	for _, tt := range tables {
+		if int64(len(held[tt.name])) != tt.rows {
+			t.Fatalf("table %q: the shards hold %d rows of %d", tt.name, len(held[tt.name]), tt.rows)
+		}
+	}
+}
+
+func TestIngestShardErrors(t *testing.T) {
+	dir := writePlan(t, "m", []*testTable{{name: "a", rows: 10, dim: 4, seed: 1}})
+	s, _ := openMem(t, nil)
+	k := 0
+	if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("shard of a plan without sharding: %v", err)
+	}
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Sharding, err = sharding.Section(p, r, "uniform"); err != nil {
+		t.Fatal(err)
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []int{-1, 2} {
+		if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("shard %d of 2: %v", k, err)
+		}
+	}
+}
