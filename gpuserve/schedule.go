@@ -230,10 +230,18 @@ type edfKey struct {
 	p   *pending
 }
 
+// lastDue is the latest deadline UnixNano represents.
+var lastDue = time.Unix(0, math.MaxInt64-1)
+
 func edfKeyOf(p *pending) edfKey {
 	due := int64(math.MaxInt64)
 	if !p.deadline.IsZero() {
-		due = p.deadline.UnixNano()
+		// UnixNano is undefined past 2262: gRPC clamps a huge timeout to
+		// about 292 years, which wrapped to the head of the queue.
+		due = math.MaxInt64 - 1
+		if p.deadline.Before(lastDue) {
+			due = p.deadline.UnixNano()
+		}
 	}
 	return edfKey{due: due, n: p.n, seq: p.seq, p: p}
 }

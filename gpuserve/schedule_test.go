@@ -1,7 +1,9 @@
 package gpuserve
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -260,17 +262,28 @@ func TestEstimatesGoStale(t *testing.T) {
 	}
 }
 
-// sortedEDF is the reference order: the whole queue sorted by edfLess.
+// sortedEDF is the reference order, written on the requests' own
+// fields (time.Time deadlines, not the heap's keys): by deadline, then
+// samples, then arrival; requests without a deadline last, by arrival.
 func sortedEDF(ps []*pending) []*pending {
 	out := slices.Clone(ps)
 	slices.SortFunc(out, func(a, b *pending) int {
+		az, bz := a.deadline.IsZero(), b.deadline.IsZero()
 		switch {
-		case edfKeyOf(a).less(edfKeyOf(b)):
-			return -1
-		case edfKeyOf(b).less(edfKeyOf(a)):
+		case az && bz:
+			return cmp.Compare(a.seq, b.seq)
+		case az:
 			return 1
+		case bz:
+			return -1
 		}
-		return 0
+		if c := a.deadline.Compare(b.deadline); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.n, b.n); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.seq, b.seq)
 	})
 	return out
 }
@@ -297,10 +310,16 @@ func randomQueue(rng *rand.Rand, n, maxN int) []*pending {
 func TestHeapOrderMatchesSort(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 200 {
-		queue := randomQueue(rng, 1+rng.IntN(300), 1)
-		o := BatchOptions{MaxBatch: 1 + rng.IntN(64), MaxDelay: time.Hour, MaxQueue: 1 << 20}
+		queue := randomQueue(rng, 1+rng.IntN(300), 1+rng.IntN(4))
+		if trial%4 == 0 {
+			// Deadlines beyond what UnixNano holds (gRPC's clamp of a
+			// huge timeout): after every nearer one.
+			queue[rng.IntN(len(queue))].deadline = at(0).Add(time.Duration(math.MaxInt64))
+		}
+		// Every request fits: MaxBatch covers the queue's samples.
+		o := BatchOptions{MaxBatch: 4 * len(queue), MaxDelay: time.Hour, MaxQueue: 1 << 20}
 		d := formBatch(queue, at(0), o, nil, true)
-		want := sortedEDF(queue)[:min(o.MaxBatch, len(queue))]
+		want := sortedEDF(queue)
 		if !slices.Equal(d.batch, want) {
 			t.Fatalf("trial %d: batch of %d differs from the sorted queue's head", trial, len(d.batch))
 		}

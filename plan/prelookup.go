@@ -121,6 +121,11 @@ func PreShape(in []int64, dtype string, ops []PreOp) ([]int64, string, error) {
 				if d < 0 {
 					return nil, "", fmt.Errorf("%s: shape %v: sizes must be known", where, op.Shape)
 				}
+				// Bounded as the inputs are: a product past
+				// MaxSampleElements could wrap int64 and pass as equal.
+				if d > 0 && n > MaxSampleElements/d {
+					return nil, "", fmt.Errorf("%s: shape %v: more than %d values per sample", where, op.Shape, MaxSampleElements)
+				}
 				n *= d
 			}
 			if n != count() {

@@ -50,15 +50,41 @@ func Compile(in plan.TensorInfo, ops []plan.PreOp) (*Program, error) {
 	if outType != "int64" && outType != "int32" {
 		return nil, fmt.Errorf("pre-lookup ops on %q end in %s values, want integer ids", in.Name, outType)
 	}
+	for _, d := range shape {
+		if d < 0 || (d > 0 && int64(width(shape)) > plan.MaxSampleElements) {
+			return nil, fmt.Errorf("pre-lookup ops on %q: input shape %v: unknown or more than %d values per sample", in.Name, in.Shape, plan.MaxSampleElements)
+		}
+	}
 	p.InWidth = width(shape)
 	for _, op := range ops {
 		st := step{op: op, width: width(shape)}
+		// Every copy stays inside its sample (PreShape bounded the
+		// shapes; this keeps Run from slicing out of range whatever
+		// reached it).
+		inRange := func(off, k int64) error {
+			if len(shape) == 0 || off < 0 || k < 0 || off > int64(st.width) || k > int64(st.width)-off {
+				return fmt.Errorf("pre-lookup ops on %q: %s reads values %d..%d of a sample of %d", in.Name, op.Op, off, off+k, st.width)
+			}
+			return nil
+		}
 		switch op.Op {
 		case plan.PreColumn:
+			if len(shape) == 0 {
+				return nil, fmt.Errorf("pre-lookup ops on %q: column of a scalar", in.Name)
+			}
 			st.inner = width(shape[1:])
+			if err := inRange(op.Index*int64(st.inner), int64(st.inner)); err != nil {
+				return nil, err
+			}
 			shape = shape[1:]
 		case plan.PreSlice:
+			if len(shape) == 0 {
+				return nil, fmt.Errorf("pre-lookup ops on %q: slice of a scalar", in.Name)
+			}
 			st.inner = width(shape[1:])
+			if err := inRange(op.Start*int64(st.inner), (op.End-op.Start)*int64(st.inner)); err != nil {
+				return nil, err
+			}
 			shape = append([]int64{op.End - op.Start}, shape[1:]...)
 		case plan.PreReshape:
 			shape = append([]int64(nil), op.Shape...)
