@@ -28,19 +28,29 @@ import (
 //     router which itself follows is refused (FailedPrecondition): two
 //     routers naming each other would otherwise pass it around.
 //   - Lookups on a follower go only to embedding workers that hold the
-//     model's acknowledged updates, judged from what the workers
-//     announce to every router: an update the sequencer acknowledged is
-//     held by its quorum of the model's workers, so the quorum-th
-//     highest number the live workers announce is at least the latest
-//     acknowledged one (one worker claiming a number it never got
-//     cannot raise it under a majority quorum). That floor never goes
-//     down while a live worker still holds it, so workers that lost
-//     their stores do not come back into serving when the up-to-date
-//     ones are fewer than the quorum; if no live worker holds the
-//     floor (the stores were replaced, the sequence started over) it
-//     follows the workers down. The follower learns of a new update at
+//     model's acknowledged updates and that the sequencer has not left
+//     out. Each heartbeat the follower asks the sequencer
+//     (Registry.List's updates, describe.go) for each model's last
+//     acknowledged and last numbered update, the workers it leaves out
+//     whatever they claim (foreign, diverged) and whether the model's
+//     start-up window is open, and applies that to the announcements it
+//     hears itself: a worker serves when it is not left out, holds the
+//     acknowledged update, and (when the sequencer did not know it yet)
+//     claims nothing beyond the last numbered one. Between two answers
+//     the follower also raises the bar from the announcements: an update
+//     the sequencer acknowledged is held by its quorum of the model's
+//     workers, so the quorum-th highest number the workers not left out
+//     announce (claims beyond any sequence ignored) is the latest
+//     acknowledged one or later. The follower learns of a new update at
 //     the workers' next heartbeat: until then it may serve rows one
 //     update older than the sequencer would.
+//   - Without an answer from the sequencer yet (or from the current one,
+//     after the election moved) the follower judges by announcements
+//     alone: the quorum-th highest claim, a floor that never goes down
+//     while a live worker still holds it, so workers that lost their
+//     stores do not come back into serving when the up-to-date ones are
+//     fewer than the quorum (under quorum one, a single worker's claim
+//     sets it: the sequencer's answer is what corrects that).
 //   - A follower that has just started serves no lookups of a model
 //     with updates for three heartbeats, as the sequencer does: every
 //     live worker has announced what it holds by then.
@@ -62,6 +72,13 @@ type follower struct {
 	// judged so far.
 	workers map[string]followed
 	floor   map[string]int64
+	// view is the sequencer's last answer per model (nil: none yet);
+	// viewWorkers the embedding workers it knew then; viewFrom the
+	// address it came from; failures the polls failed in a row.
+	view        map[string]*prismv1.ModelUpdates
+	viewWorkers map[string]bool
+	viewFrom    string
+	failures    int
 }
 
 type followed struct {
@@ -150,13 +167,91 @@ func (f *follower) gone(id string) {
 
 // judge recomputes model's floor from the live workers; f.mu is held.
 func (f *follower) judge(model string) {
+	var u *prismv1.ModelUpdates
+	if f.view != nil {
+		u = f.view[model]
+	}
 	var held []int64
-	for _, w := range f.workers {
-		if slices.Contains(w.models, model) {
-			held = append(held, w.held[model])
+	for id, w := range f.workers {
+		if !slices.Contains(w.models, model) || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
+			continue
 		}
+		h := w.held[model]
+		if h > maxAnnouncedSeq || (u != nil && !f.viewWorkers[id] && h > u.GetNumbered()) {
+			continue // past any sequence, or past this one and not judged yet
+		}
+		held = append(held, h)
+	}
+	if f.view != nil {
+		// The sequencer's acknowledged number is the lower bound
+		// (inSync): the claims only raise it between two answers.
+		f.floor[model] = nextFloor(0, held, f.quorum)
+		return
 	}
 	f.floor[model] = nextFloor(f.floor[model], held, f.quorum)
+}
+
+// poll asks the sequencer at addr for its view of the models' updates
+// (one call, bounded by timeout). A failure keeps the last view if it
+// came from addr, and drops it if it came from another router (the
+// election moved).
+func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration) error {
+	conn, err := f.conn(addr)
+	var resp *prismv1.ListResponse
+	if err == nil {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		resp, err = prismv1.NewRegistryClient(conn).List(cctx, &prismv1.ListRequest{})
+		cancel()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil {
+		f.failures++
+		if f.viewFrom != addr && f.view != nil {
+			f.view, f.viewWorkers, f.viewFrom = nil, nil, ""
+			f.rejudge()
+		}
+		return err
+	}
+	f.failures = 0
+	f.view = resp.GetUpdates()
+	if f.view == nil {
+		f.view = map[string]*prismv1.ModelUpdates{}
+	}
+	if len(f.view) > 0 {
+		f.any.Store(true)
+	}
+	f.viewWorkers = map[string]bool{}
+	for _, w := range resp.GetWorkers() {
+		if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
+			f.viewWorkers[w.GetId()] = true
+		}
+	}
+	f.viewFrom = addr
+	f.rejudge()
+	return nil
+}
+
+// rejudge recomputes every model's floor; f.mu is held.
+func (f *follower) rejudge() {
+	models := map[string]bool{}
+	for m := range f.floor {
+		models[m] = true
+	}
+	for m := range f.view {
+		models[m] = true
+	}
+	for m := range models {
+		f.judge(m)
+	}
+}
+
+// noteFailure says whether a failed poll is worth a log line: the
+// first of a run, then one a minute at the default heartbeat.
+func (f *follower) noteFailure() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failures == 1 || f.failures%60 == 0
 }
 
 // nextFloor is the pure rule: the quorum-th highest number the live
@@ -186,13 +281,27 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	floor := f.floor[model]
+	held := w.GetUpdateSeq()[model]
+	if f.view != nil {
+		if u := f.view[model]; u != nil {
+			switch {
+			case u.GetSettling():
+				return false // the sequencer is learning what the workers hold
+			case slices.Contains(u.GetLeftOut(), w.GetId()):
+				return false // foreign or diverged, by the sequencer's judgment
+			case !f.viewWorkers[w.GetId()] && held > u.GetNumbered():
+				return false // claims more than was numbered; not judged yet
+			}
+			floor = max(floor, u.GetAcknowledged())
+		}
+	}
 	if floor == 0 {
 		return true
 	}
 	if f.now().Sub(f.started) < 3*f.heartbeat {
 		return false // the workers are still announcing what they hold
 	}
-	return w.GetUpdateSeq()[model] >= floor
+	return held >= floor && held <= maxAnnouncedSeq
 }
 
 // String describes the follower for logs.

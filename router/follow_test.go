@@ -63,6 +63,7 @@ func newFollowRig(t *testing.T, cns ...*seqCN) *followRig {
 	addr, lis := listen(t)
 	s := grpc.NewServer()
 	prismv1.RegisterEmbeddingsServer(s, rig.r.Updater())
+	prismv1.RegisterRegistryServer(s, rig.r.Reg)
 	go s.Serve(lis)
 	rig.stop = s.Stop
 	t.Cleanup(s.Stop)
@@ -213,5 +214,90 @@ func TestFollowerStartupWait(t *testing.T) {
 func TestFollowerKeepsNoLog(t *testing.T) {
 	if _, err := Open(Options{Sequencer: "other:1", UpdateLogDir: t.TempDir()}, nil); err == nil || !strings.Contains(err.Error(), "other:1") {
 		t.Fatalf("follower with an update log: %v", err)
+	}
+}
+
+// poll has the follower ask the sequencer for its view, as its
+// heartbeat does.
+func (rig *followRig) poll() {
+	rig.t.Helper()
+	if err := rig.fol.fol.poll(context.Background(), rig.seqAddr, time.Second); err != nil {
+		rig.t.Fatal(err)
+	}
+}
+
+// The review's cases: a worker whose store claims updates the sequencer
+// never numbered is left out by the sequencer, and the follower follows
+// that judgment instead of believing the claim; under quorum one a
+// single worker's claim stops ruling the honest ones once the follower
+// has the sequencer's view; a claim past any sequence is never taken.
+func TestFollowerTakesTheSequencersJudgment(t *testing.T) {
+	for _, q := range []Quorum{QuorumMajority, QuorumOne} {
+		t.Run(q.String(), func(t *testing.T) {
+			rig := newFollowRig(t, &seqCN{}, &seqCN{})
+			rig.fol.fol.quorum = q // the follower's rule under test
+			for i := range 10 {
+				if _, err := rig.updateVia(rig.r, context.Background(), int64(i), 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rig.announceBoth()
+			rig.poll()
+			// A third worker joins with a store from another history.
+			liar := &seqCN{}
+			liar.seq = 500
+			rig.add(liar)
+			rig.announceBoth()
+			if got := rig.followerServes(); got[2] || !got[0] || !got[1] {
+				t.Fatalf("before the sequencer judged it: follower serves from %v (worker 2 claims 500 of 10 numbered)", got)
+			}
+			rig.poll()
+			if got := rig.followerServes(); got[2] || !got[0] || !got[1] {
+				t.Fatalf("after the sequencer left it out: follower serves from %v", got)
+			}
+			if got := rig.servers(); got[2] {
+				t.Fatalf("the sequencer serves from the liar: %v", got)
+			}
+		})
+	}
+	// A claim past any sequence never sets the floor, view or not.
+	rig := newFollowRig(t, &seqCN{}, &seqCN{})
+	rig.fol.fol.quorum = QuorumOne
+	if _, err := rig.updateVia(rig.r, context.Background(), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	liar := &seqCN{}
+	liar.seq = 1 << 62
+	rig.add(liar)
+	rig.announceBoth()
+	if got := rig.followerServes(); !got[0] || !got[1] || got[2] {
+		t.Fatalf("a claim of 2^62 under quorum one: follower serves from %v", got)
+	}
+}
+
+// Workers that restarted from old stores, now the majority, do not come
+// back into serving: the sequencer's acknowledged number holds the bar
+// where the workers' claims alone would let it drop.
+func TestFollowerKeepsTheAcknowledgedBar(t *testing.T) {
+	rig := newFollowRig(t, &seqCN{}, &seqCN{}, &seqCN{})
+	for i := range 5 {
+		if _, err := rig.updateVia(rig.r, context.Background(), int64(i), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rig.announceBoth()
+	rig.poll()
+	// Two workers lose their stores (back at 0) and announce again; the
+	// sequencer has not caught them up yet.
+	for _, f := range rig.cns[1:] {
+		f.mu.Lock()
+		f.seq, f.rows = 0, nil
+		f.down = true // and refuse replays for now
+		f.mu.Unlock()
+	}
+	rig.announceBoth()
+	rig.poll()
+	if got := rig.followerServes(); !got[0] || got[1] || got[2] {
+		t.Fatalf("two of three back at update 0: follower serves from %v", got)
 	}
 }

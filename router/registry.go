@@ -97,6 +97,9 @@ type Registry struct {
 	gone func(id string)
 	// podsGone are the Pods Kubernetes says are gone (podgone.go).
 	podsGone map[string]PodName
+	// describe, when set, fills List's updates (describe.go); called
+	// without mu.
+	describe func() map[string]*prismv1.ModelUpdates
 }
 
 type roleModel struct {
@@ -344,7 +347,13 @@ func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListRes
 		}
 		return out[i].Addr < out[j].Addr
 	})
-	return &prismv1.ListResponse{Workers: out}, nil
+	resp := &prismv1.ListResponse{Workers: out}
+	if r.describe != nil {
+		r.mu.Unlock()
+		resp.Updates = r.describe()
+		r.mu.Lock() // the deferred Unlock
+	}
+	return resp, nil
 }
 
 // Expire removes workers not heard from for three heartbeats and returns

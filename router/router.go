@@ -192,6 +192,8 @@ type Router struct {
 	fol     *follower
 	seqConn *grpc.ClientConn
 	seqAddr string
+	// polling: a poll of the sequencer's view is under way (describe.go).
+	polling atomic.Bool
 	// el is set when the routers elect the one that sequences updates
 	// (Options.Election, elect.go); upd and fol are then its own.
 	el *elected
@@ -252,6 +254,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 			return nil, errors.New("router: no identity in the election: the address the other routers dial this one at is needed")
 		}
 		r.el = newElected(r, o.Election.Identity())
+		r.Reg.describe = r.describeUpdates
 		r.Reg.observe = r.el.announced
 		r.Reg.gone = r.el.gone
 		r.Reg.eligible = r.el.inSync
@@ -271,6 +274,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		}
 		r.log.Info("update log opened", "dir", o.UpdateLogDir, "models", models, "updates", updates)
 	}
+	r.Reg.describe = r.describeUpdates
 	r.Reg.observe = r.upd.announced
 	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync
@@ -320,6 +324,12 @@ func (r *Router) Run(ctx context.Context) {
 				r.el.tick()
 			} else {
 				r.upd.tick(ctx)
+			}
+			if (r.fol != nil || r.el != nil) && r.polling.CompareAndSwap(false, true) {
+				go func() {
+					defer r.polling.Store(false)
+					r.pollSequencer(ctx)
+				}()
 			}
 		}
 	}

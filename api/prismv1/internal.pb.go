@@ -829,8 +829,12 @@ func (*ListRequest) Descriptor() ([]byte, []int) {
 }
 
 type ListResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Workers       []*WorkerInfo          `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Workers []*WorkerInfo          `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	// updates is filled by a router that sequences embedding updates, per
+	// model that has had updates: what a router that follows it needs to
+	// choose embedding workers for lookups (router/follow.go).
+	Updates       map[string]*ModelUpdates `protobuf:"bytes,2,rep,name=updates,proto3" json:"updates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -870,6 +874,91 @@ func (x *ListResponse) GetWorkers() []*WorkerInfo {
 		return x.Workers
 	}
 	return nil
+}
+
+func (x *ListResponse) GetUpdates() map[string]*ModelUpdates {
+	if x != nil {
+		return x.Updates
+	}
+	return nil
+}
+
+// ModelUpdates is the sequencing router's view of one model's updates.
+type ModelUpdates struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// acknowledged is the last update answered OK to its client; a worker
+	// lacking it serves no lookups of the model.
+	Acknowledged int64 `protobuf:"varint,1,opt,name=acknowledged,proto3" json:"acknowledged,omitempty"`
+	// numbered is the last update number handed out; a worker claiming a
+	// later one holds updates this router never numbered.
+	Numbered int64 `protobuf:"varint,2,opt,name=numbered,proto3" json:"numbered,omitempty"`
+	// left_out are the ids of live workers out of the model's lookups
+	// whatever they hold: claiming updates never numbered, or refusing
+	// one the others applied.
+	LeftOut []string `protobuf:"bytes,3,rep,name=left_out,json=leftOut,proto3" json:"left_out,omitempty"`
+	// settling: the model's start-up window is open (its workers are
+	// still announcing what they hold); no lookups of it until it closes.
+	Settling      bool `protobuf:"varint,4,opt,name=settling,proto3" json:"settling,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelUpdates) Reset() {
+	*x = ModelUpdates{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelUpdates) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelUpdates) ProtoMessage() {}
+
+func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelUpdates.ProtoReflect.Descriptor instead.
+func (*ModelUpdates) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ModelUpdates) GetAcknowledged() int64 {
+	if x != nil {
+		return x.Acknowledged
+	}
+	return 0
+}
+
+func (x *ModelUpdates) GetNumbered() int64 {
+	if x != nil {
+		return x.Numbered
+	}
+	return 0
+}
+
+func (x *ModelUpdates) GetLeftOut() []string {
+	if x != nil {
+		return x.LeftOut
+	}
+	return nil
+}
+
+func (x *ModelUpdates) GetSettling() bool {
+	if x != nil {
+		return x.Settling
+	}
+	return false
 }
 
 var File_api_prismv1_internal_proto protoreflect.FileDescriptor
@@ -939,9 +1028,18 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\fLeaveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rLeaveResponse\"\r\n" +
-	"\vListRequest\">\n" +
+	"\vListRequest\"\xd1\x01\n" +
 	"\fListResponse\x12.\n" +
-	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers*@\n" +
+	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers\x12=\n" +
+	"\aupdates\x18\x02 \x03(\v2#.prism.v1.ListResponse.UpdatesEntryR\aupdates\x1aR\n" +
+	"\fUpdatesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\x85\x01\n" +
+	"\fModelUpdates\x12\"\n" +
+	"\facknowledged\x18\x01 \x01(\x03R\facknowledged\x12\x1a\n" +
+	"\bnumbered\x18\x02 \x01(\x03R\bnumbered\x12\x19\n" +
+	"\bleft_out\x18\x03 \x03(\tR\aleftOut\x12\x1a\n" +
+	"\bsettling\x18\x04 \x01(\bR\bsettling*@\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eROLE_EMBEDDING\x10\x01\x12\x0e\n" +
@@ -970,7 +1068,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -986,37 +1084,41 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*LeaveResponse)(nil),      // 11: prism.v1.LeaveResponse
 	(*ListRequest)(nil),        // 12: prism.v1.ListRequest
 	(*ListResponse)(nil),       // 13: prism.v1.ListResponse
-	nil,                        // 14: prism.v1.WorkerInfo.UpdateSeqEntry
-	(*UpdateRequest)(nil),      // 15: prism.v1.UpdateRequest
-	(*Features)(nil),           // 16: prism.v1.Features
-	(*UpdateResponse)(nil),     // 17: prism.v1.UpdateResponse
+	(*ModelUpdates)(nil),       // 14: prism.v1.ModelUpdates
+	nil,                        // 15: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 16: prism.v1.ListResponse.UpdatesEntry
+	(*UpdateRequest)(nil),      // 17: prism.v1.UpdateRequest
+	(*Features)(nil),           // 18: prism.v1.Features
+	(*UpdateResponse)(nil),     // 19: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	15, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	16, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	16, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	17, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	18, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	18, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	14, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	15, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
 	7,  // 6: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
 	7,  // 7: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	2,  // 8: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 9: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 10: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	8,  // 11: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	10, // 12: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	12, // 13: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	3,  // 14: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	17, // 15: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 16: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	9,  // 17: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	11, // 18: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	13, // 19: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	16, // 8: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	14, // 9: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	2,  // 10: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 11: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 12: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	8,  // 13: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	10, // 14: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	12, // 15: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	3,  // 16: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	19, // 17: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 18: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	9,  // 19: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	11, // 20: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	13, // 21: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	16, // [16:22] is the sub-list for method output_type
+	10, // [10:16] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1031,7 +1133,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

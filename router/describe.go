@@ -1,0 +1,88 @@
+package router
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// A router that follows another for embedding updates (follow.go) asks
+// it, each heartbeat, how it judges each model's workers
+// (Registry.List's updates, filled here): the update acknowledged last,
+// the one numbered last, the workers it leaves out whatever they hold
+// (foreign, diverged) and whether the model's start-up window is open.
+// The sequencer decides; followers apply its decisions to the
+// announcements they hear themselves.
+
+// describe is the sequencer's view of its models' updates at now; nil
+// once it resigned (another router sequences).
+func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
+	if s.resigned {
+		return nil
+	}
+	out := map[string]*prismv1.ModelUpdates{}
+	for name, m := range s.models {
+		updated := m.next > 0 || m.committed > 0
+		for _, k := range m.known {
+			updated = updated || k > 0
+		}
+		if !updated && len(m.foreign) == 0 {
+			continue
+		}
+		left := slices.Collect(maps.Keys(m.foreign))
+		for id := range m.diverged {
+			if !slices.Contains(left, id) {
+				left = append(left, id)
+			}
+		}
+		slices.Sort(left)
+		out[name] = &prismv1.ModelUpdates{
+			Acknowledged: m.committed, Numbered: m.next, LeftOut: left,
+			Settling: now.Before(s.settles(m)),
+		}
+	}
+	return out
+}
+
+// describe is the driver's: the sequencer's view now.
+func (d *updateDriver) describe() map[string]*prismv1.ModelUpdates {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.seq.describe(d.now())
+}
+
+// describeUpdates fills Registry.List's updates: this router's
+// sequencer's view, when this router sequences (nil when it follows).
+func (r *Router) describeUpdates() map[string]*prismv1.ModelUpdates {
+	switch {
+	case r.el != nil:
+		if t := r.el.term.Load(); t.d != nil {
+			return t.d.describe()
+		}
+		return nil
+	case r.fol != nil:
+		return nil
+	}
+	return r.upd.describe()
+}
+
+// pollSequencer fetches the sequencer's view for the follower (one
+// heartbeat's call; a failure keeps the last view).
+func (r *Router) pollSequencer(ctx context.Context) {
+	f, addr := r.fol, r.opts.Sequencer
+	if r.el != nil {
+		f, addr = r.el.fol, r.el.leader()
+		if addr == r.el.self {
+			return // this router leads
+		}
+	}
+	if f == nil || addr == "" {
+		return
+	}
+	if err := f.poll(ctx, addr, r.opts.Heartbeat); err != nil && f.noteFailure() {
+		r.log.Warn("cannot ask the update sequencer which embedding workers hold the acknowledged updates; judging by the last answer and the workers' own announcements", "sequencer", addr, "err", err)
+	}
+}
