@@ -44,7 +44,8 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(),
 	}
 	if !r.opts.FixedAdmission {
 		// ahead: the samples admitted before this request, still in flight.
-		if predicted, ok := predictFinish(r.pred.serviceRate(), cur-n, n, remaining); !ok {
+		budget := time.Duration(float64(remaining) * r.opts.AdmitShare)
+		if predicted, ok := predictFinish(r.pred.serviceRate(), cur-n, n, budget); !ok {
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("deadline").Inc()

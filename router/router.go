@@ -113,6 +113,12 @@ type Options struct {
 	// (the behaviour before issue 18): no request is refused for being
 	// predicted to finish past its deadline.
 	FixedAdmission bool
+	// AdmitShare is the share of the time to its deadline a request may
+	// be predicted to take and still be admitted (default 1: the whole
+	// of it). Below 1 it keeps headroom for the prediction's error and
+	// the queue's variance: fewer requests in flight, each further from
+	// its deadline.
+	AdmitShare float64
 
 	// now is the router's clock (tests set it; default time.Now): the
 	// registry's expiry and the update sequencer's start-up wait read it.
@@ -157,6 +163,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.UpdateWorkerTimeout <= 0 {
 		o.UpdateWorkerTimeout = DefaultUpdateWorkerTimeout
+	}
+	if o.AdmitShare <= 0 || o.AdmitShare > 1 {
+		o.AdmitShare = 1
 	}
 }
 
@@ -478,7 +487,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 				errs[i] = err
 				return
 			}
-			out, v, err := r.microBatch(ctx, req, sub, hi-lo)
+			out, v, err := r.microBatch(ctx, req, sub, hi-lo, i)
 			if err != nil {
 				errs[i] = err
 				cancel()
@@ -657,13 +666,21 @@ func sliceFeatures(f *prismv1.Features, n, lo, hi int) (*prismv1.Features, error
 // naming the least-loaded dense worker as its destination, and retries
 // once on other replicas when a worker fails (a micro-batch is
 // idempotent: scoring it twice is harmless).
-func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n int) ([]float32, int64, error) {
+//
+// A model whose embedding workers hold shards of it fans each
+// micro-batch out to a replica of every shard (shards.go); mb numbers
+// the micro-batch in its request for the fan-out's key.
+func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb int) ([]float32, int64, error) {
 	var avoid []string
 	var last error
 	for attempt := range 2 {
 		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, avoid, "")
 		if err != nil {
 			return nil, 0, firstErr(last, err)
+		}
+		if ref := cn.GetShards()[req.GetModel()]; ref != nil {
+			releaseCN()
+			return r.microBatchSharded(ctx, req, cands, n, mb, int(ref.GetShards()))
 		}
 		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, avoid, cn.GetId())
 		if err != nil {

@@ -4,12 +4,13 @@
 # Needs make demo's artifacts in out/demo. Starts prism up, measures
 # the closed-loop maximum (16 clients), then offers each share of it
 # (Poisson, 15 s, 60 ms deadlines) and prints goodput: requests answered
-# OK within 60 ms per second, and that over the maximum.
+# OK within 60 ms per second, and that over the maximum. UP_FLAGS go to
+# prism up (e.g. "--admit-share 0.7").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1; loads=$2; shift 2
 log=$(mktemp)
-$bin up --model out/demo/dlrm-kaggle-part --db out/demo/db --addr 127.0.0.1:0 --certs out/demo/certs >"$log" 2>&1 &
+$bin up --model out/demo/dlrm-kaggle-part --db out/demo/db --addr 127.0.0.1:0 --certs out/demo/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
 for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done

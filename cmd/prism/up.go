@@ -64,6 +64,7 @@ again. Ctrl-C stops everything gracefully.`,
 	fl.IntVar(&c.MaxBatch, "max-batch", 512, "dense tier max batch size")
 	fl.DurationVar(&c.MaxDelay, "max-delay", 2*time.Millisecond, "dense tier max queue delay")
 	fl.StringVar(&c.BatchOrder, "batch-order", "", "dense tier batch order: edf or fifo (default: the dense tier's, edf)")
+	fl.Float64Var(&c.AdmitShare, "admit-share", 0, "router admits a request predicted to take at most this share of the time to its deadline (0: the router's default, 1)")
 	fl.BoolVar(&c.FixedAdmission, "fixed-admission", false, "router admits by count and bytes only, not by predicted finish against the deadline")
 	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
 	fl.StringVar(&c.Certs, "certs", "", "certificate folder for mutual TLS between the tiers (prism certs init); made when absent or empty (default: certs beside --db)")

@@ -56,6 +56,8 @@ type Config struct {
 	// FixedAdmission passes --fixed-admission to the router (admission
 	// by count and bytes only, not by predicted finish).
 	FixedAdmission bool
+	// AdmitShare passes --admit-share to the router (0: its default).
+	AdmitShare float64
 	// HotBytes is passed to the embedding workers as written ("" : theirs).
 	HotBytes string
 	// Certs is the certificate folder (auth.InitCerts) the tiers serve
@@ -186,6 +188,9 @@ func Run(ctx context.Context, c Config) error {
 	updateLog := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log")
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
 		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
+	if c.AdmitShare > 0 {
+		rt.Args = append(rt.Args, "--admit-share", fmt.Sprint(c.AdmitShare))
+	}
 	if c.FixedAdmission {
 		rt.Args = append(rt.Args, "--fixed-admission")
 	}
