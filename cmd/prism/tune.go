@@ -29,6 +29,7 @@ func newTuneCmd() *cobra.Command {
 		slo, step, timeout, readyTimeout           time.Duration
 		microBatch, maxBatch, maxDelay, threads    []string
 		denseWorkers, hotBytes                     []string
+		admitShare                                 []string
 	)
 	home, _ := os.UserHomeDir()
 	defaultPrior := ""
@@ -88,13 +89,14 @@ OUT/tune.json serves with the best configuration.`,
 				{Flag: "threads", Values: threads},
 				{Flag: "dense-workers", Values: denseWorkers},
 				{Flag: "hot-bytes", Values: hotBytes},
+				{Flag: "admit-share", Values: admitShare},
 			}}
 			if err := space.Validate(); err != nil {
 				return fmt.Errorf("tune: %w", err)
 			}
 			// prism up's defaults, where the space lists them.
 			start := tune.StartConfig(space, tune.Config{"micro-batch": "512", "max-batch": "512", "max-delay": "2ms",
-				"threads": "1", "dense-workers": fmt.Sprint(cpus), "hot-bytes": "auto"})
+				"threads": "1", "dense-workers": fmt.Sprint(cpus), "hot-bytes": "auto", "admit-share": "1"})
 			ctx, stop := signalContext()
 			defer stop()
 			rep, err := tune.Run(ctx, tune.Options{
@@ -143,6 +145,7 @@ OUT/tune.json serves with the best configuration.`,
 	fl.StringSliceVar(&threads, "threads", []string{"1", "2"}, "ONNX Runtime threads per dense worker to try")
 	fl.StringSliceVar(&denseWorkers, "dense-workers", workerCounts(cpus), "dense worker counts to try (default: half, one and two per core)")
 	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto)")
+	fl.StringSliceVar(&admitShare, "admit-share", []string{"1", "0.7"}, "router admission shares of the deadline to try (prism up --admit-share)")
 	return cmd
 }
 
