@@ -93,6 +93,8 @@ type model struct {
 	index   map[string]int // cut tensor name -> spec position
 	session *ort.Session
 	batcher *Batcher
+	// assembly joins the parts of sharded fan-outs (assemble.go).
+	assembly *assembler
 }
 
 // New discovers devices, loads every plan's dense.onnx and starts the
@@ -218,6 +220,7 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 		return nil, fmt.Errorf("load %s: warm-up run: %w", dir, err)
 	}
 	m.batcher = NewBatcher(m.spec, []Runner{m.session}, o.Batch)
+	m.assembly = newAssembler(o.Batch.MaxQueue)
 	return m, nil
 }
 
@@ -300,6 +303,9 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 	if err := ctx.Err(); err != nil {
 		s.metrics.reject(m.name, "deadline")
 		return nil, status.FromContextError(err).Err()
+	}
+	if req.GetShards() != 0 || req.GetFanoutKey() != "" {
+		return s.scorePart(ctx, m, req, start)
 	}
 	in, err := s.decode(m, req)
 	if err != nil {

@@ -177,7 +177,7 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 			return status.Errorf(codes.InvalidArgument, "announce: worker %s of %d bytes, the limit is %d", what, len(v), l.MaxNameBytes)
 		}
 	}
-	if n := max(len(w.GetModels()), len(w.GetUpdateSeq())); n > l.MaxModels {
+	if n := max(len(w.GetModels()), len(w.GetUpdateSeq()), len(w.GetShards())); n > l.MaxModels {
 		return status.Errorf(codes.ResourceExhausted, "announce: worker %.64q names %d models, the limit is %d", w.GetId(), n, l.MaxModels)
 	}
 	for _, m := range w.GetModels() {
@@ -188,6 +188,14 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 	for m := range w.GetUpdateSeq() {
 		if len(m) > l.MaxNameBytes {
 			return status.Errorf(codes.InvalidArgument, "announce: update_seq model name of %d bytes, the limit is %d", len(m), l.MaxNameBytes)
+		}
+	}
+	for m, ref := range w.GetShards() {
+		if len(m) > l.MaxNameBytes {
+			return status.Errorf(codes.InvalidArgument, "announce: shards model name of %d bytes, the limit is %d", len(m), l.MaxNameBytes)
+		}
+		if n, k := ref.GetShards(), ref.GetShard(); n < 1 || n > maxShards || k < 0 || k >= n {
+			return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard %d of %d", m, k, n)
 		}
 	}
 	return nil

@@ -150,8 +150,17 @@ type LookupRequest struct {
 	// embedding worker accepts only one the router told it of (see
 	// AnnounceResponse.dense_addrs): PERMISSION_DENIED otherwise, and
 	// UNAVAILABLE while it has not heard from a router.
-	DenseAddr     string `protobuf:"bytes,6,opt,name=dense_addr,json=denseAddr,proto3" json:"dense_addr,omitempty"`
-	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	DenseAddr string `protobuf:"bytes,6,opt,name=dense_addr,json=denseAddr,proto3" json:"dense_addr,omitempty"`
+	RequestId string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Sharded models (plan.json sharding): the router sends every shard's
+	// worker the same ids and dense_addr; each looks up only the tables of
+	// its shard and sends the dense worker its part, which assembles the
+	// parts of one fan-out before scoring. fanout_key names the fan-out
+	// (unique per micro-batch attempt), shard the shard this worker was
+	// picked for and shards the count (0: unsharded, the whole model).
+	FanoutKey     string `protobuf:"bytes,8,opt,name=fanout_key,json=fanoutKey,proto3" json:"fanout_key,omitempty"`
+	Shard         int32  `protobuf:"varint,9,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shards        int32  `protobuf:"varint,10,opt,name=shards,proto3" json:"shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -233,6 +242,27 @@ func (x *LookupRequest) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *LookupRequest) GetFanoutKey() string {
+	if x != nil {
+		return x.FanoutKey
+	}
+	return ""
+}
+
+func (x *LookupRequest) GetShard() int32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *LookupRequest) GetShards() int32 {
+	if x != nil {
+		return x.Shards
+	}
+	return 0
 }
 
 type LookupResponse struct {
@@ -389,8 +419,15 @@ type ScoreRequest struct {
 	// FixedSizeList<float32> column per cut tensor, named as in plan.json,
 	// num_samples rows. Raw little-endian buffers with shapes, not repeated
 	// floats.
-	Tensors       []byte `protobuf:"bytes,3,opt,name=tensors,proto3" json:"tensors,omitempty"`
-	NumSamples    int32  `protobuf:"varint,4,opt,name=num_samples,json=numSamples,proto3" json:"num_samples,omitempty"`
+	Tensors    []byte `protobuf:"bytes,3,opt,name=tensors,proto3" json:"tensors,omitempty"`
+	NumSamples int32  `protobuf:"varint,4,opt,name=num_samples,json=numSamples,proto3" json:"num_samples,omitempty"`
+	// A part of a sharded fan-out (see LookupRequest.fanout_key): tensors
+	// hold this shard's columns only; the dense worker waits for all
+	// shards parts of fanout_key, scores the assembled frame once and
+	// answers every part with the scores. shards 0: a whole frame.
+	FanoutKey     string `protobuf:"bytes,5,opt,name=fanout_key,json=fanoutKey,proto3" json:"fanout_key,omitempty"`
+	Shard         int32  `protobuf:"varint,6,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shards        int32  `protobuf:"varint,7,opt,name=shards,proto3" json:"shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -449,6 +486,27 @@ func (x *ScoreRequest) GetTensors() []byte {
 func (x *ScoreRequest) GetNumSamples() int32 {
 	if x != nil {
 		return x.NumSamples
+	}
+	return 0
+}
+
+func (x *ScoreRequest) GetFanoutKey() string {
+	if x != nil {
+		return x.FanoutKey
+	}
+	return ""
+}
+
+func (x *ScoreRequest) GetShard() int32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ScoreRequest) GetShards() int32 {
+	if x != nil {
+		return x.Shards
 	}
 	return 0
 }
@@ -521,7 +579,10 @@ type WorkerInfo struct {
 	Healthy     bool  `protobuf:"varint,7,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	// update_seq is, per model, the last sequenced update this embedding
 	// worker's store holds (see ApplyUpdateRequest).
-	UpdateSeq     map[string]int64 `protobuf:"bytes,8,rep,name=update_seq,json=updateSeq,proto3" json:"update_seq,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	UpdateSeq map[string]int64 `protobuf:"bytes,8,rep,name=update_seq,json=updateSeq,proto3" json:"update_seq,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// shards is, per model, the shard of the model's sharding this
+	// embedding worker's store holds (absent: the whole model).
+	Shards        map[string]*ShardRef `protobuf:"bytes,9,rep,name=shards,proto3" json:"shards,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -612,6 +673,66 @@ func (x *WorkerInfo) GetUpdateSeq() map[string]int64 {
 	return nil
 }
 
+func (x *WorkerInfo) GetShards() map[string]*ShardRef {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+// ShardRef is shard `shard` of a sharding into `shards` shards.
+type ShardRef struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         int32                  `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shards        int32                  `protobuf:"varint,2,opt,name=shards,proto3" json:"shards,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardRef) Reset() {
+	*x = ShardRef{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardRef) ProtoMessage() {}
+
+func (x *ShardRef) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardRef.ProtoReflect.Descriptor instead.
+func (*ShardRef) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ShardRef) GetShard() int32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ShardRef) GetShards() int32 {
+	if x != nil {
+		return x.Shards
+	}
+	return 0
+}
+
 type AnnounceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Worker        *WorkerInfo            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
@@ -621,7 +742,7 @@ type AnnounceRequest struct {
 
 func (x *AnnounceRequest) Reset() {
 	*x = AnnounceRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +754,7 @@ func (x *AnnounceRequest) String() string {
 func (*AnnounceRequest) ProtoMessage() {}
 
 func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +767,7 @@ func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceRequest.ProtoReflect.Descriptor instead.
 func (*AnnounceRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AnnounceRequest) GetWorker() *WorkerInfo {
@@ -670,7 +791,7 @@ type AnnounceResponse struct {
 
 func (x *AnnounceResponse) Reset() {
 	*x = AnnounceResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +803,7 @@ func (x *AnnounceResponse) String() string {
 func (*AnnounceResponse) ProtoMessage() {}
 
 func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +816,7 @@ func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceResponse.ProtoReflect.Descriptor instead.
 func (*AnnounceResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AnnounceResponse) GetHeartbeatMs() int64 {
@@ -721,7 +842,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +854,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +867,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *LeaveRequest) GetId() string {
@@ -764,7 +885,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +897,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +910,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
 }
 
 type ListRequest struct {
@@ -800,7 +921,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +933,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +946,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 type ListResponse struct {
@@ -841,7 +962,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +974,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +987,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetWorkers() []*WorkerInfo {
@@ -905,7 +1026,7 @@ type ModelUpdates struct {
 
 func (x *ModelUpdates) Reset() {
 	*x = ModelUpdates{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1038,7 @@ func (x *ModelUpdates) String() string {
 func (*ModelUpdates) ProtoMessage() {}
 
 func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1051,7 @@ func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelUpdates.ProtoReflect.Descriptor instead.
 func (*ModelUpdates) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ModelUpdates) GetAcknowledged() int64 {
@@ -968,7 +1089,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"W\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\x80\x02\n" +
+	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\xcd\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
@@ -981,7 +1102,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
 	"dense_addr\x18\x06 \x01(\tR\tdenseAddr\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\a \x01(\tR\trequestId\"n\n" +
+	"request_id\x18\a \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"fanout_key\x18\b \x01(\tR\tfanoutKey\x12\x14\n" +
+	"\x05shard\x18\t \x01(\x05R\x05shard\x12\x16\n" +
+	"\x06shards\x18\n" +
+	" \x01(\x05R\x06shards\"n\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12*\n" +
 	"\x05times\x18\x02 \x01(\v2\x14.prism.v1.StageTimesR\x05times\x12\x18\n" +
@@ -995,16 +1121,20 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\tencode_us\x18\x04 \x01(\x03R\bencodeUs\x12\x1f\n" +
 	"\vtransfer_us\x18\x05 \x01(\x03R\n" +
 	"transferUs\x12\x19\n" +
-	"\bdense_us\x18\x06 \x01(\x03R\adenseUs\"y\n" +
+	"\bdense_us\x18\x06 \x01(\x03R\adenseUs\"\xc6\x01\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x18\n" +
 	"\atensors\x18\x03 \x01(\fR\atensors\x12\x1f\n" +
 	"\vnum_samples\x18\x04 \x01(\x05R\n" +
-	"numSamples\"B\n" +
+	"numSamples\x12\x1d\n" +
+	"\n" +
+	"fanout_key\x18\x05 \x01(\tR\tfanoutKey\x12\x14\n" +
+	"\x05shard\x18\x06 \x01(\x05R\x05shard\x12\x16\n" +
+	"\x06shards\x18\a \x01(\x05R\x06shards\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xc2\x02\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xcb\x03\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
@@ -1015,10 +1145,17 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\voutstanding\x18\x06 \x01(\x03R\voutstanding\x12\x18\n" +
 	"\ahealthy\x18\a \x01(\bR\ahealthy\x12B\n" +
 	"\n" +
-	"update_seq\x18\b \x03(\v2#.prism.v1.WorkerInfo.UpdateSeqEntryR\tupdateSeq\x1a<\n" +
+	"update_seq\x18\b \x03(\v2#.prism.v1.WorkerInfo.UpdateSeqEntryR\tupdateSeq\x128\n" +
+	"\x06shards\x18\t \x03(\v2 .prism.v1.WorkerInfo.ShardsEntryR\x06shards\x1a<\n" +
 	"\x0eUpdateSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"?\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +
+	"\vShardsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
+	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ShardRefR\x05value:\x028\x01\"8\n" +
+	"\bShardRef\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
+	"\x06shards\x18\x02 \x01(\x05R\x06shards\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
 	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"V\n" +
 	"\x10AnnounceResponse\x12!\n" +
@@ -1068,7 +1205,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1078,47 +1215,51 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*ScoreRequest)(nil),       // 5: prism.v1.ScoreRequest
 	(*ScoreResponse)(nil),      // 6: prism.v1.ScoreResponse
 	(*WorkerInfo)(nil),         // 7: prism.v1.WorkerInfo
-	(*AnnounceRequest)(nil),    // 8: prism.v1.AnnounceRequest
-	(*AnnounceResponse)(nil),   // 9: prism.v1.AnnounceResponse
-	(*LeaveRequest)(nil),       // 10: prism.v1.LeaveRequest
-	(*LeaveResponse)(nil),      // 11: prism.v1.LeaveResponse
-	(*ListRequest)(nil),        // 12: prism.v1.ListRequest
-	(*ListResponse)(nil),       // 13: prism.v1.ListResponse
-	(*ModelUpdates)(nil),       // 14: prism.v1.ModelUpdates
-	nil,                        // 15: prism.v1.WorkerInfo.UpdateSeqEntry
-	nil,                        // 16: prism.v1.ListResponse.UpdatesEntry
-	(*UpdateRequest)(nil),      // 17: prism.v1.UpdateRequest
-	(*Features)(nil),           // 18: prism.v1.Features
-	(*UpdateResponse)(nil),     // 19: prism.v1.UpdateResponse
+	(*ShardRef)(nil),           // 8: prism.v1.ShardRef
+	(*AnnounceRequest)(nil),    // 9: prism.v1.AnnounceRequest
+	(*AnnounceResponse)(nil),   // 10: prism.v1.AnnounceResponse
+	(*LeaveRequest)(nil),       // 11: prism.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 12: prism.v1.LeaveResponse
+	(*ListRequest)(nil),        // 13: prism.v1.ListRequest
+	(*ListResponse)(nil),       // 14: prism.v1.ListResponse
+	(*ModelUpdates)(nil),       // 15: prism.v1.ModelUpdates
+	nil,                        // 16: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 17: prism.v1.WorkerInfo.ShardsEntry
+	nil,                        // 18: prism.v1.ListResponse.UpdatesEntry
+	(*UpdateRequest)(nil),      // 19: prism.v1.UpdateRequest
+	(*Features)(nil),           // 20: prism.v1.Features
+	(*UpdateResponse)(nil),     // 21: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	17, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	18, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	18, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	19, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	20, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	20, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	15, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	7,  // 6: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	7,  // 7: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	16, // 8: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	14, // 9: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	2,  // 10: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 11: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 12: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	8,  // 13: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	10, // 14: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	12, // 15: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	3,  // 16: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	19, // 17: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 18: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	9,  // 19: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	11, // 20: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	13, // 21: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	16, // [16:22] is the sub-list for method output_type
-	10, // [10:16] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	16, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	17, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	7,  // 7: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	7,  // 8: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	18, // 9: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	8,  // 10: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	15, // 11: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	2,  // 12: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 13: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 14: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	9,  // 15: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	11, // 16: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	13, // 17: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	3,  // 18: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	21, // 19: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 20: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	10, // 21: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	12, // 22: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	14, // 23: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	18, // [18:24] is the sub-list for method output_type
+	12, // [12:18] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1133,7 +1274,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -90,6 +90,9 @@ type Server struct {
 	opts   Options
 	log    *slog.Logger
 	models map[string]*model
+	// shards holds, per model the store holds one shard of, that shard
+	// (shard.go); empty when every model is whole.
+	shards map[string]*shardRef
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn // dense workers by address
@@ -113,7 +116,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{st: st, opts: o, log: o.Logger, models: map[string]*model{}, conns: map[string]*grpc.ClientConn{}}
+	s := &Server{st: st, opts: o, log: o.Logger, models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{}}
 	s.met = newMetrics(s)
 	so := ort.SessionOptions{IntraOpThreads: o.Threads}
 	for _, dir := range o.Plans {
@@ -128,7 +131,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 			return nil, fmt.Errorf("model %q given twice (%s and %s)", name, s.models[name].dir, dir)
 		}
 		start := time.Now()
-		ingested, err := ensureIngested(ctx, st, dir, p, o.IngestProgress)
+		ingested, err := ensureServed(ctx, st, dir, p, o.IngestProgress)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -142,6 +145,15 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 			return nil, err
 		}
 		s.models[name] = m
+		sr, err := shardModel(st, m)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		if sr != nil {
+			s.shards[name] = sr
+			s.log.Info("serving a shard of the model", "model", name, "shard", sr.shard, "shards", sr.shards, "lookups", len(m.lookups), "cut_tensors", len(m.cut))
+		}
 		s.log.Info("serving model", "model", name, "plan", dir, "tables", len(p.Tables), "cpu_model", p.CPUModel != "", "cut_tensors", len(p.Cut))
 	}
 	return s, nil
@@ -186,7 +198,7 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 		}
 		seqs[m] = seq
 	}
-	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs}
+	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs()}
 }
 
 // Collectors are the tier's metrics: per-stage latency, samples in
@@ -274,6 +286,11 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	if n > s.opts.MaxSamples {
 		return nil, badInput("num_samples %d over this server's limit of %d per request: split the request", n, s.opts.MaxSamples)
 	}
+	if len(s.shards) != 0 || req.GetShards() != 0 {
+		if err := checkShard(m.name, s.shards[m.name], req); err != nil {
+			return nil, err
+		}
+	}
 	if req.GetDenseAddr() == "" {
 		return nil, badInput("dense_addr is empty: the router names the dense worker to send the tensors to")
 	}
@@ -355,7 +372,8 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		framePool.Put(fb)
 		return nil, err
 	}
-	resp, err := dc.Score(ctx, &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n)})
+	resp, err := dc.Score(ctx, &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n),
+		FanoutKey: req.GetFanoutKey(), Shard: req.GetShard(), Shards: req.GetShards()})
 	if err != nil {
 		// The frame is not reused: serve.Codec hands it to the transport
 		// without a copy, and a failed call (cancelled, reset) may not

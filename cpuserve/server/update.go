@@ -42,6 +42,16 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	if s.models[req.GetModel()] == nil {
 		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %v)", req.GetModel(), s.Models())
 	}
+	if s.skipsUpdate(req.GetModel(), req.GetTable()) {
+		// Another shard's table: this worker takes the update's place in
+		// the model's one sequence, rows unwritten.
+		if seq := areq.GetSeq(); seq > 0 {
+			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+				return nil, storeStatus(fmt.Errorf("update: %w", err))
+			}
+		}
+		return &prismv1.UpdateResponse{Workers: 1}, nil
+	}
 	ids, raw := req.GetIds(), req.GetRows()
 	var bad error
 	if len(ids) == 0 {

@@ -98,6 +98,9 @@ const (
 	scoreVersion    = 2
 	scoreTensors    = 3
 	scoreNumSamples = 4
+	scoreFanoutKey  = 5
+	scoreShard      = 6
+	scoreShards     = 7
 )
 
 // marshalScore writes r's small fields and the tensors field's tag and
@@ -107,7 +110,7 @@ const (
 // Fields follow protobuf's encoding (proto3: zero values omitted), with
 // the tensors last; unknown fields are kept.
 func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
-	h := make([]byte, 0, 32+len(r.Model))
+	h := make([]byte, 0, 32+len(r.Model)+len(r.FanoutKey))
 	if r.Model != "" {
 		h = protowire.AppendTag(h, scoreModel, protowire.BytesType)
 		h = protowire.AppendString(h, r.Model)
@@ -120,6 +123,18 @@ func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
 		h = protowire.AppendTag(h, scoreNumSamples, protowire.VarintType)
 		h = protowire.AppendVarint(h, uint64(int64(r.NumSamples))) // int32: sign-extended
 	}
+	if r.FanoutKey != "" {
+		h = protowire.AppendTag(h, scoreFanoutKey, protowire.BytesType)
+		h = protowire.AppendString(h, r.FanoutKey)
+	}
+	if r.Shard != 0 {
+		h = protowire.AppendTag(h, scoreShard, protowire.VarintType)
+		h = protowire.AppendVarint(h, uint64(int64(r.Shard)))
+	}
+	if r.Shards != 0 {
+		h = protowire.AppendTag(h, scoreShards, protowire.VarintType)
+		h = protowire.AppendVarint(h, uint64(int64(r.Shards)))
+	}
 	h = append(h, r.ProtoReflect().GetUnknown()...)
 	if len(r.Tensors) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(h)}
@@ -131,6 +146,7 @@ func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
 
 var (
 	errInvalidUTF8 = errors.New("ScoreRequest.model: invalid UTF-8")
+	errInvalidKey  = errors.New("ScoreRequest.fanout_key: invalid UTF-8")
 	errFieldNumber = errors.New("ScoreRequest: invalid field number")
 )
 
@@ -180,6 +196,30 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 				return protowire.ParseError(m)
 			}
 			r.NumSamples = int32(v)
+			n = m
+		case num == scoreFanoutKey && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			if !utf8.Valid(v) {
+				return errInvalidKey
+			}
+			r.FanoutKey = string(v)
+			n = m
+		case num == scoreShard && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			r.Shard = int32(v)
+			n = m
+		case num == scoreShards && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			r.Shards = int32(v)
 			n = m
 		default:
 			m := protowire.ConsumeFieldValue(num, typ, b)

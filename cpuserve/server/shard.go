@@ -1,0 +1,193 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/plan"
+)
+
+// A worker whose store holds one shard of a model's sharding (prism
+// ingest --shard K; store.Shard says which) serves that shard: it
+// announces it (WorkerInfo.shards), looks up only the lookups the shard
+// answers in full (plan.json sharding.shard[K].full), and sends the
+// dense worker a part holding only those columns, marked with the
+// router's fan-out key, its shard and the shard count; the dense worker
+// assembles the parts (gpuserve/assemble.go). Shard 0 also sends the cut
+// tensors no lookup produces (dense features, cpu.onnx's outputs) and
+// runs cpu.onnx. Row-wise shards (partial pools) are not served yet.
+
+// shardRef is a served model's shard.
+type shardRef struct {
+	shard, shards int
+	// held: the plan's tables this shard holds (an update of another
+	// table of the plan is some other shard's: skipped here).
+	held map[string]bool
+	// tables: every table of the plan.
+	tables map[string]bool
+}
+
+// ensureServed is ensureIngested for a store that may hold a shard of
+// the model: such a store is checked against the shard's tables only.
+func ensureServed(ctx context.Context, st *store.Store, dir string, p *plan.Plan, progress func(model string, done, total int64)) (bool, error) {
+	name := modelName(dir, p)
+	if !slices.Contains(st.Models(), name) {
+		return ensureIngested(ctx, st, dir, p, progress)
+	}
+	ref, ok, err := st.Shard(name)
+	if err != nil {
+		return false, fmt.Errorf("model %q: %w", name, err)
+	}
+	if !ok {
+		return ensureIngested(ctx, st, dir, p, progress)
+	}
+	if err := checkShardPlan(name, dir, p, ref); err != nil {
+		return false, err
+	}
+	tabs, err := st.Tables(name)
+	if err != nil {
+		return false, fmt.Errorf("model %q: %w", name, err)
+	}
+	have := map[string]store.TableInfo{}
+	for _, t := range tabs {
+		have[t.Name] = t
+	}
+	for _, t := range p.Tables {
+		if _, _, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); !holds {
+			continue
+		}
+		h, ok := have[t.Name]
+		if !ok || h.Rows != t.Rows || h.Dim != t.Dim {
+			return false, fmt.Errorf("model %q: the store's shard %d of %d does not match the plan in %s (table %q: store %d x %d, plan %d x %d): ingest the shard (prism ingest --shard %d) or serve the plan the store holds",
+				name, ref.Shard, ref.Shards, dir, t.Name, h.Rows, h.Dim, t.Rows, t.Dim, ref.Shard)
+		}
+	}
+	return false, nil
+}
+
+// checkShardPlan checks that the plan's sharding is the one the store's
+// shard came from, and that this build serves the shard.
+func checkShardPlan(name, dir string, p *plan.Plan, ref store.ShardRef) error {
+	sh := p.Sharding
+	switch {
+	case sh == nil:
+		return fmt.Errorf("model %q: the store holds shard %d of %d, but the plan in %s has no sharding section: serve the plan the shard was ingested from", name, ref.Shard, ref.Shards, dir)
+	case sh.Shards != ref.Shards || ref.Shard < 0 || ref.Shard >= sh.Shards:
+		return fmt.Errorf("model %q: the store holds shard %d of %d, the plan in %s shards into %d", name, ref.Shard, ref.Shards, dir, sh.Shards)
+	}
+	if err := p.ValidateSharding(); err != nil {
+		return fmt.Errorf("model %q: %w", name, err)
+	}
+	if part := sh.Shard[ref.Shard].Partial; len(part) > 0 {
+		return fmt.Errorf("model %q: shard %d holds row-wise parts of tables (%s ...): serving row-wise shards is not supported yet; plan table-wise only (a larger --shard-bytes)", name, ref.Shard, part[0].Table)
+	}
+	return nil
+}
+
+// shardModel narrows m to the shard the store holds, if it holds one:
+// m's lookups, cut (the frame's columns) and cpu.onnx become the
+// shard's. It returns nil for a store holding the whole model.
+func shardModel(st *store.Store, m *model) (*shardRef, error) {
+	ref, ok, err := st.Shard(m.name)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: %w", m.name, err)
+	}
+	if !ok {
+		return nil, nil
+	}
+	p := m.plan
+	if err := checkShardPlan(m.name, m.dir, p, ref); err != nil {
+		return nil, err
+	}
+	info := p.Sharding.Shard[ref.Shard]
+	full := map[string]bool{}
+	for _, o := range info.Full {
+		full[o] = true
+	}
+	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}}
+	for _, t := range p.Tables {
+		sr.tables[t.Name] = true
+		if _, _, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); holds {
+			sr.held[t.Name] = true
+		}
+	}
+	produced := map[string]bool{} // every lookup output of the plan
+	for _, ls := range m.lookups {
+		produced[ls.l.Output] = true
+	}
+	m.lookups = slices.DeleteFunc(m.lookups, func(ls lookupSpec) bool { return !full[ls.l.Output] })
+	if m.cpu != nil {
+		if ref.Shard != 0 {
+			m.cpu.Close()
+			m.cpu, m.cpuIns, m.cpuOuts = nil, nil, nil
+		} else {
+			for _, in := range m.cpuIns {
+				if produced[in] && !full[in] {
+					return nil, fmt.Errorf("model %q: cpu.onnx reads lookup output %q, which shard 0 does not hold: a sharded model's cpu.onnx may read only shard 0's lookups", m.name, in)
+				}
+			}
+		}
+	}
+	// The shard sends its lookups' cut tensors; shard 0 also the others.
+	m.cut = slices.DeleteFunc(m.cut, func(c cutSpec) bool {
+		if produced[c.name] {
+			return !full[c.name]
+		}
+		return ref.Shard != 0
+	})
+	if m.cols != nil {
+		m.cols = m.cols[:0:0]
+		for _, c := range m.cut {
+			w := 1
+			for _, d := range c.shape {
+				w *= int(max(d, 0))
+			}
+			m.cols = append(m.cols, arrowframe.Column{Name: c.name, Width: w})
+		}
+	}
+	return sr, nil
+}
+
+// checkShard checks a Lookup's fan-out fields against the shard this
+// worker holds of the model (sr nil: the whole model).
+func checkShard(model string, sr *shardRef, req *prismv1.LookupRequest) error {
+	if sr == nil {
+		if req.GetShards() != 0 {
+			return status.Errorf(codes.FailedPrecondition, "model %q: this embedding worker holds the whole model, the lookup asks for shard %d of %d", model, req.GetShard(), req.GetShards())
+		}
+		return nil
+	}
+	switch {
+	case int(req.GetShards()) != sr.shards || int(req.GetShard()) != sr.shard:
+		return status.Errorf(codes.FailedPrecondition, "model %q: this embedding worker holds shard %d of %d, the lookup asks for shard %d of %d (a router that does not fan out sharded models?)", model, sr.shard, sr.shards, req.GetShard(), req.GetShards())
+	case req.GetFanoutKey() == "":
+		return badInput("model %q: a lookup of shard %d of %d needs a fan-out key", model, sr.shard, sr.shards)
+	}
+	return nil
+}
+
+// skipsUpdate says whether an update of table belongs to another shard
+// of model: a table of the plan this worker's shard does not hold.
+func (s *Server) skipsUpdate(model, table string) bool {
+	sr := s.shards[model]
+	return sr != nil && sr.tables[table] && !sr.held[table]
+}
+
+// shardRefs is what WorkerInfo announces: per sharded model its shard.
+func (s *Server) shardRefs() map[string]*prismv1.ShardRef {
+	if len(s.shards) == 0 {
+		return nil
+	}
+	out := make(map[string]*prismv1.ShardRef, len(s.shards))
+	for name, sr := range s.shards {
+		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards)}
+	}
+	return out
+}

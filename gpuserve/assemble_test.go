@@ -1,0 +1,250 @@
+package gpuserve
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/plan"
+)
+
+// splitParts deals the cut tensors round-robin over k parts.
+func splitParts(ts []arrowframe.Tensor, k int) [][]arrowframe.Tensor {
+	parts := make([][]arrowframe.Tensor, k)
+	for i, x := range ts {
+		parts[i%k] = append(parts[i%k], x)
+	}
+	return parts
+}
+
+type partResult struct {
+	shard  int
+	scores []float32
+	err    error
+}
+
+// sendParts sends the given shards' parts of one fan-out at once and
+// collects every answer.
+func sendParts(t *testing.T, ts *testServer, ctx context.Context, model, key string, n, shards int, parts [][]arrowframe.Tensor, order []int) []partResult {
+	t.Helper()
+	out := make([]partResult, len(order))
+	var wg sync.WaitGroup
+	for i, sh := range order {
+		frame := encode(t, n, parts[sh])
+		wg.Go(func() {
+			resp, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: model, Tensors: frame, NumSamples: int32(n), FanoutKey: key, Shard: int32(sh), Shards: int32(shards)})
+			out[i] = partResult{shard: sh, scores: resp.GetScores(), err: err}
+		})
+		time.Sleep(2 * time.Millisecond) // spread arrivals a little
+	}
+	wg.Wait()
+	return out
+}
+
+// Parts in any order assemble into the frame dense.onnx scores whole,
+// and every part gets the scores.
+func TestAssembleAnyOrder(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	dir := tinyPlan(t)
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := ort.NewSession(filepath.Join(dir, p.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, tc := range []struct {
+		n, shards int
+		order     []int
+	}{{5, 3, []int{0, 1, 2}}, {17, 3, []int{2, 0, 1}}, {1, 2, []int{1, 0}}, {40, 1, []int{0}}, {9, 4, []int{3, 1, 2, 0}}} {
+		x := cutTensors(p, tc.n, rng)
+		want := direct(t, sess, p, tc.n, x)
+		key := "k-" + strings.Repeat("x", tc.n)
+		for _, r := range sendParts(t, ts, context.Background(), p.Model.Name, key, tc.n, tc.shards, splitParts(x, tc.shards), tc.order) {
+			if r.err != nil {
+				t.Fatalf("n=%d shard %d: %v", tc.n, r.shard, r.err)
+			}
+			var worst float64
+			for i := range want {
+				worst = max(worst, math.Abs(float64(r.scores[i]-want[i])))
+			}
+			if len(r.scores) != tc.n || worst > 1e-5 {
+				t.Fatalf("n=%d shard %d: %d scores, max abs error %g", tc.n, r.shard, len(r.scores), worst)
+			}
+		}
+	}
+	if got := len(ts.dense.models[p.Model.Name].assembly.pending); got != 0 {
+		t.Errorf("%d fan-outs left pending", got)
+	}
+}
+
+// A part missing at the deadline fails every part that came, with
+// DeadlineExceeded naming the missing shard; nothing is left pending.
+func TestAssembleMissingPart(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	p, _ := plan.Read(tinyPlan(t))
+	x := cutTensors(p, 4, rand.New(rand.NewPCG(5, 6)))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res := sendParts(t, ts, ctx, p.Model.Name, "missing", 4, 3, splitParts(x, 3), []int{0, 2})
+	for _, r := range res {
+		if status.Code(r.err) != codes.DeadlineExceeded {
+			t.Fatalf("shard %d: %v, want DeadlineExceeded", r.shard, r.err)
+		}
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("took %s", el)
+	}
+	a := ts.dense.models[p.Model.Name].assembly
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.pending) != 0 || a.samples != 0 {
+		t.Errorf("left pending: %d fan-outs, %d samples", len(a.pending), a.samples)
+	}
+}
+
+// A missing part's message names it (the handler's own error; the
+// client above sees its own deadline first).
+func TestAssembleMissingNamed(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	p, _ := plan.Read(tinyPlan(t))
+	x := cutTensors(p, 2, rand.New(rand.NewPCG(5, 6)))
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	frame := encode(t, 2, splitParts(x, 3)[0])
+	_, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: p.Model.Name, Tensors: frame, NumSamples: 2, FanoutKey: "k", Shard: 0, Shards: 3})
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("%v, want DeadlineExceeded", err)
+	}
+	m := ts.dense.models[p.Model.Name]
+	// The server side may settle just after the client's deadline.
+	for range 100 {
+		m.assembly.mu.Lock()
+		n := len(m.assembly.pending)
+		m.assembly.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Named through the server-side error: call the handler directly.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	_, err = ts.dense.Score(ctx2, &prismv1.ScoreRequest{Model: p.Model.Name, Tensors: frame, NumSamples: 2, FanoutKey: "k2", Shard: 0, Shards: 3})
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "shard(s) [1 2] of 3") {
+		t.Fatalf("%v, want DeadlineExceeded naming shards [1 2]", err)
+	}
+}
+
+// A duplicate part is refused alone (the fan-out completes with the
+// first); parts that disagree on the shard count fail the fan-out; a
+// tensor sent by two shards or by none fails it too.
+func TestAssembleBadParts(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	p, _ := plan.Read(tinyPlan(t))
+	x := cutTensors(p, 3, rand.New(rand.NewPCG(7, 8)))
+	parts := splitParts(x, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	model := p.Model.Name
+	score := func(key string, sh, shards int, ts2 []arrowframe.Tensor) chan partResult {
+		ch := make(chan partResult, 1)
+		frame := encode(t, 3, ts2)
+		go func() {
+			resp, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: model, Tensors: frame, NumSamples: 3, FanoutKey: key, Shard: int32(sh), Shards: int32(shards)})
+			ch <- partResult{shard: sh, scores: resp.GetScores(), err: err}
+		}()
+		return ch
+	}
+	waitPending := func(key string) {
+		for range 200 {
+			a := ts.dense.models[model].assembly
+			a.mu.Lock()
+			f := a.pending[key]
+			a.mu.Unlock()
+			if f != nil {
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		t.Fatalf("fan-out %q never pending", key)
+	}
+
+	// Duplicate.
+	first := score("dup", 0, 2, parts[0])
+	waitPending("dup")
+	if r := <-score("dup", 0, 2, parts[0]); status.Code(r.err) != codes.InvalidArgument || !strings.Contains(r.err.Error(), "twice") {
+		t.Fatalf("duplicate: %v", r.err)
+	}
+	second := score("dup", 1, 2, parts[1])
+	for _, ch := range []chan partResult{first, second} {
+		if r := <-ch; r.err != nil || len(r.scores) != 3 {
+			t.Fatalf("after a duplicate, shard %d: %v (%d scores)", r.shard, r.err, len(r.scores))
+		}
+	}
+
+	// Shard counts that disagree.
+	a := score("count", 0, 2, parts[0])
+	waitPending("count")
+	b := <-score("count", 1, 3, parts[1])
+	if status.Code(b.err) != codes.InvalidArgument || !strings.Contains(b.err.Error(), "disagree") {
+		t.Fatalf("mismatched count: %v", b.err)
+	}
+	if r := <-a; status.Code(r.err) != codes.InvalidArgument {
+		t.Fatalf("the waiting part after a mismatch: %v", r.err)
+	}
+
+	// A tensor from two shards.
+	a = score("twice", 0, 2, parts[0])
+	waitPending("twice")
+	if r := <-score("twice", 1, 2, x); status.Code(r.err) != codes.InvalidArgument || !strings.Contains(r.err.Error(), "sent by shards") {
+		t.Fatalf("tensor twice: %v", r.err)
+	}
+	if r := <-a; status.Code(r.err) != codes.InvalidArgument {
+		t.Fatalf("the waiting part: %v", r.err)
+	}
+
+	// A tensor from none.
+	a = score("none", 0, 2, parts[0][:1])
+	waitPending("none")
+	if r := <-score("none", 1, 2, parts[1]); status.Code(r.err) != codes.InvalidArgument || !strings.Contains(r.err.Error(), "no shard sent") {
+		t.Fatalf("tensor from none: %v", r.err)
+	}
+	if r := <-a; status.Code(r.err) != codes.InvalidArgument {
+		t.Fatalf("the waiting part: %v", r.err)
+	}
+
+	// Bad part headers.
+	for _, req := range []*prismv1.ScoreRequest{
+		{Model: model, NumSamples: 3, Shards: 2, Shard: 0},                 // no key
+		{Model: model, NumSamples: 3, Shards: 2, Shard: 2, FanoutKey: "k"}, // shard out of range
+		{Model: model, NumSamples: 3, Shards: -1, FanoutKey: "k"},          // count
+		{Model: model, NumSamples: 3, Shards: 2, FanoutKey: strings.Repeat("k", 300)},
+	} {
+		req.Tensors = encode(t, 3, parts[0])
+		if _, err := ts.client.Score(ctx, req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v: %v, want InvalidArgument", req.GetShards(), err)
+		}
+	}
+	as := ts.dense.models[model].assembly
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if len(as.pending) != 0 || as.samples != 0 {
+		t.Errorf("left pending: %d fan-outs, %d samples", len(as.pending), as.samples)
+	}
+}

@@ -1,0 +1,211 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// Sharded models (plan.json sharding, issue 16). An embedding worker
+// whose store holds one shard of a model announces it
+// (WorkerInfo.shards). A micro-batch of such a model goes to one live
+// replica of every shard, least outstanding first as any pick, each
+// sent the same ids and the same dense worker under one fan-out key;
+// each sends the dense worker its part and the dense worker scores the
+// assembled frame once (gpuserve/assemble.go). The scores come from the
+// answer of shard 0's worker; the others must have succeeded. A shard
+// without a live replica fails the micro-batch at once with Unavailable
+// naming it: never a partial score.
+
+// maxShards bounds the shard count a worker may announce (plan.MaxShards).
+const maxShards = 1 << 12
+
+// fanoutNonce makes this router's fan-out keys its own: several routers
+// share the dense workers.
+var fanoutNonce = rand.Uint64()
+
+// fanoutSeq numbers this router's fan-outs.
+var fanoutSeq atomic.Uint64
+
+// fanoutKey names micro-batch mb of a request, one attempt of it: a
+// retry is a new fan-out.
+func fanoutKey(requestID string, mb int) string {
+	return fmt.Sprintf("%.64s/%d/%x.%d", requestID, mb, fanoutNonce, fanoutSeq.Add(1))
+}
+
+// ShardMissingError says which shards of a model have no live worker.
+type ShardMissingError struct {
+	Model   string
+	Shards  int
+	Missing []int
+	// Lagging counts the workers of the missing shards left out for
+	// lacking acknowledged updates.
+	Lagging int
+}
+
+func (e *ShardMissingError) Error() string {
+	s := fmt.Sprintf("model %q: shard(s) %v of %d have no live embedding worker", e.Model, e.Missing, e.Shards)
+	if e.Lagging > 0 {
+		s += fmt.Sprintf(" (%d lack acknowledged embedding updates)", e.Lagging)
+	}
+	return s
+}
+
+// PickShards chooses for every shard 0..shards-1 of model the healthy,
+// eligible embedding worker holding it with the least outstanding work
+// (preferring those not in avoid), and charges each n samples; release
+// undoes the charges. A shard without one is a *ShardMissingError.
+func (r *Registry) PickShards(model string, shards int, n int64, avoid []string) ([]*prismv1.WorkerInfo, func(), error) {
+	if shards < 1 || shards > maxShards {
+		return nil, nil, fmt.Errorf("model %q: %d shards", model, shards)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var set []*worker
+	if s := r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}]; s != nil {
+		set = s.ws
+	}
+	best := make([]*worker, shards)
+	loads := make([]int64, shards)
+	avoided := make([]bool, shards) // best[i] is in avoid
+	lagging := make([]int, shards)
+	for _, e := range set {
+		ref := e.info.GetShards()[model]
+		if ref == nil || int(ref.GetShards()) != shards || ref.GetShard() < 0 || int(ref.GetShard()) >= shards || !e.info.GetHealthy() {
+			continue
+		}
+		i := int(ref.GetShard())
+		if r.eligible != nil && !r.eligible(e.info, model) {
+			lagging[i]++
+			continue
+		}
+		av := slices.Contains(avoid, e.info.GetId())
+		load := e.info.GetOutstanding() + e.inflight
+		switch {
+		case best[i] == nil,
+			avoided[i] && !av,
+			av == avoided[i] && (load < loads[i] || (load == loads[i] && e.info.GetAddr() < best[i].info.GetAddr())):
+			best[i], loads[i], avoided[i] = e, load, av
+		}
+	}
+	var miss *ShardMissingError
+	for i, e := range best {
+		if e == nil {
+			if miss == nil {
+				miss = &ShardMissingError{Model: model, Shards: shards}
+			}
+			miss.Missing = append(miss.Missing, i)
+			miss.Lagging += lagging[i]
+		}
+	}
+	if miss != nil {
+		return nil, nil, miss
+	}
+	out := make([]*prismv1.WorkerInfo, shards)
+	for i, e := range best {
+		e.inflight += n
+		out[i] = e.info
+	}
+	var once sync.Once
+	return out, func() {
+		once.Do(func() {
+			r.mu.Lock()
+			for _, e := range best {
+				e.inflight -= n
+			}
+			r.mu.Unlock()
+		})
+	}, nil
+}
+
+// microBatchSharded is microBatch for a model sharded into shards:
+// one fan-out to a replica of every shard, retried once on others.
+func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb, shards int) ([]float32, int64, error) {
+	model := req.GetModel()
+	var avoid []string
+	var last error
+	for attempt := range 2 {
+		cns, releaseCN, err := r.Reg.PickShards(model, shards, int64(n), avoid)
+		if err != nil {
+			r.m.microBatches.WithLabelValues("shard_missing").Inc()
+			return nil, 0, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
+		}
+		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, cns[0].GetId())
+		if err != nil {
+			releaseCN()
+			return nil, 0, firstErr(last, err)
+		}
+		resps, failed, err := r.fanOut(ctx, req, cands, n, shards, cns, hn.GetAddr(), fanoutKey(req.GetRequestId(), mb))
+		releaseCN()
+		releaseHN()
+		if err == nil {
+			r.m.microBatches.WithLabelValues("ok").Inc()
+			r.pred.answered(time.Now(), int64(n))
+			r.observe(resps[0].GetTimes())
+			return resps[0].GetScores(), resps[0].GetVersion(), nil
+		}
+		last = err
+		if !retryable(ctx, err) || attempt == 1 {
+			break
+		}
+		avoid = append(avoid, failed, hn.GetId())
+		r.m.retries.Inc()
+		r.log.Warn("sharded micro-batch failed; retrying", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
+	}
+	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
+	if status.Code(last) == codes.PermissionDenied {
+		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
+	}
+	return nil, 0, last
+}
+
+// fanOut sends one Lookup to each shard's worker at once. The first
+// failure cancels the others (their parts would wait at the dense
+// worker for one that never comes); it is returned with the id of the
+// worker that failed.
+func (r *Router) fanOut(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, shards int, cns []*prismv1.WorkerInfo, dense, key string) ([]*prismv1.LookupResponse, string, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	resps := make([]*prismv1.LookupResponse, shards)
+	errs := make([]error, shards)
+	var wg sync.WaitGroup
+	for i, cn := range cns {
+		wg.Go(func() {
+			resps[i], errs[i] = r.call(ctx, cn.GetAddr(), &prismv1.LookupRequest{
+				Model: req.GetModel(), Version: req.GetVersion(), NumSamples: int32(n),
+				Context: req.GetContext(), Candidates: cands, DenseAddr: dense, RequestId: req.GetRequestId(),
+				FanoutKey: key, Shard: int32(i), Shards: int32(shards),
+			})
+			if errs[i] != nil {
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	// The cause is the first failure that is not the cancellation of a
+	// sibling.
+	first := -1
+	for i, err := range errs {
+		if err != nil && (first < 0 || status.Code(errs[first]) == codes.Canceled) {
+			first = i
+		}
+	}
+	if first >= 0 {
+		return nil, cns[first].GetId(), errs[first]
+	}
+	for i, resp := range resps {
+		if len(resp.GetScores()) != n {
+			return nil, cns[i].GetId(), status.Errorf(codes.Internal, "embedding worker %s (shard %d of %d) answered %d scores for %d samples", cns[i].GetAddr(), i, shards, len(resp.GetScores()), n)
+		}
+	}
+	return resps, "", nil
+}

@@ -1,0 +1,136 @@
+package router
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// shardCN is an embedding worker double holding one shard: it records
+// the lookups it gets and answers as fakeCN does.
+type shardCN struct {
+	fakeCN
+	mu   sync.Mutex
+	reqs []*prismv1.LookupRequest
+}
+
+func (f *shardCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	f.mu.Lock()
+	f.reqs = append(f.reqs, req)
+	f.mu.Unlock()
+	return f.fakeCN.Lookup(ctx, req)
+}
+
+func (f *shardCN) got() []*prismv1.LookupRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*prismv1.LookupRequest(nil), f.reqs...)
+}
+
+// announceShard registers f as holding shard k of n of model "m".
+func announceShard(t *testing.T, r *Router, id string, f *shardCN, k, n int, outstanding int64) {
+	t.Helper()
+	addr := startCN(t, f)
+	_, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+		Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true, Outstanding: outstanding,
+		Shards: map[string]*prismv1.ShardRef{"m": {Shard: int32(k), Shards: int32(n)}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Every micro-batch of a sharded model goes to one replica of every
+// shard (the least loaded), each with the same ids, dense worker and
+// fan-out key and its own shard index; the scores are shard 0's.
+func TestShardedFanOut(t *testing.T) {
+	r := testRouter(Options{MicroBatch: 10})
+	r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+	s0, s1busy, s1, s2 := &shardCN{}, &shardCN{}, &shardCN{}, &shardCN{fakeCN: fakeCN{tag: 1000}}
+	announceShard(t, r, "s0", s0, 0, 3, 0)
+	announceShard(t, r, "s1-busy", s1busy, 1, 3, 500)
+	announceShard(t, r, "s1", s1, 1, 3, 0)
+	announceShard(t, r, "s2", s2, 2, 3, 0)
+	resp, err := r.Recommend(context.Background(), request(25))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range resp.GetScores() {
+		if s != float32(i) {
+			t.Fatalf("score %d = %v: not shard 0's", i, s)
+		}
+	}
+	if n := len(s1busy.got()); n != 0 {
+		t.Errorf("the busier replica of shard 1 got %d lookups", n)
+	}
+	keys := map[string]int{}
+	for k, f := range []*shardCN{s0, s1, s2} {
+		reqs := f.got()
+		if len(reqs) != 3 {
+			t.Fatalf("shard %d: %d lookups, want 3 (one per micro-batch)", k, len(reqs))
+		}
+		for _, q := range reqs {
+			if int(q.GetShard()) != k || q.GetShards() != 3 || q.GetDenseAddr() != "dense:a" || q.GetFanoutKey() == "" {
+				t.Errorf("shard %d got shard %d of %d, dense %q, key %q", k, q.GetShard(), q.GetShards(), q.GetDenseAddr(), q.GetFanoutKey())
+			}
+			keys[q.GetFanoutKey()+"|"+strings.Repeat("x", int(q.GetNumSamples()))]++
+		}
+	}
+	if len(keys) != 3 {
+		t.Errorf("%d distinct fan-outs, want 3", len(keys))
+	}
+	for k, n := range keys {
+		if n != 3 {
+			t.Errorf("fan-out %q reached %d shards, want 3", k, n)
+		}
+	}
+}
+
+// A shard without a live worker fails the request at once with
+// Unavailable naming it, and no shard is sent anything; it serves again
+// once the shard is back.
+func TestShardMissingFailsFast(t *testing.T) {
+	r := testRouter(Options{})
+	r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+	s0, s2 := &shardCN{}, &shardCN{}
+	announceShard(t, r, "s0", s0, 0, 3, 0)
+	announceShard(t, r, "s2", s2, 2, 3, 0)
+	_, err := r.Recommend(context.Background(), request(4))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shard(s) [1] of 3") {
+		t.Fatalf("%v, want Unavailable naming shard 1", err)
+	}
+	if len(s0.got())+len(s2.got()) != 0 {
+		t.Errorf("lookups sent with a shard missing")
+	}
+	s1 := &shardCN{}
+	announceShard(t, r, "s1", s1, 1, 3, 0)
+	if _, err := r.Recommend(context.Background(), request(4)); err != nil {
+		t.Fatalf("with every shard back: %v", err)
+	}
+	// A shard that fails fails the request (after the retry finds no
+	// other replica), never a partial score.
+	s1.fail = true
+	if _, err := r.Recommend(context.Background(), request(4)); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a failing shard: %v, want Unavailable", err)
+	}
+}
+
+// A worker cannot announce a shard that does not exist.
+func TestAnnounceBadShard(t *testing.T) {
+	r := testRouter(Options{})
+	for _, ref := range []*prismv1.ShardRef{{Shard: 3, Shards: 3}, {Shard: -1, Shards: 3}, {Shard: 0, Shards: 0}, {Shard: 0, Shards: 1 << 20}} {
+		_, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: "x", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "a", Models: []string{"m"}, Healthy: true,
+			Shards: map[string]*prismv1.ShardRef{"m": ref},
+		}})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("shard %d of %d: %v", ref.Shard, ref.Shards, err)
+		}
+	}
+}
