@@ -224,13 +224,26 @@ func (s *sequencer) gone(now time.Time, id string) {
 // back meanwhile gets one replay, not two).
 func (s *sequencer) forget(id string) {
 	delete(s.workers, id)
-	for _, m := range s.models {
+	for name, m := range s.models {
 		delete(m.known, id)
 		delete(m.stale, id)
 		delete(m.foreign, id)
 		delete(m.slow, id)
 		delete(m.diverged, id)
+		if m.idle() {
+			// A model no live worker serves and that never had an update
+			// leaves no state to keep: the map stays bounded by the models
+			// served, not every name ever announced.
+			delete(s.models, name)
+		}
 	}
+}
+
+// idle: no live worker, no update ever numbered or held, nothing queued
+// or in flight, nothing being replayed.
+func (m *modelSeq) idle() bool {
+	return len(m.known) == 0 && len(m.catching) == 0 && !m.handedOut && m.next == 0 && m.committed == 0 &&
+		len(m.log) == 0 && len(m.queue) == 0 && m.inflight == nil && !m.unwritten
 }
 
 // propose is the event "client asks for req to be applied, before
