@@ -25,6 +25,14 @@ import (
 // for every part of a key, scores the assembled frame once and answers
 // every part's Score call with the scores. A part missing when a waiting
 // part's deadline passes fails every part of the key: no partial score.
+//
+// A row-wise table's lookup output comes in parts: every shard holding
+// part of the table sends its partial pools of the output as column
+// arrowframe.PartialName(output) and, for the sum_count and max_count
+// combines, its per-sample id counts as arrowframe.CountName(output)
+// (width 1). Once every part is in, the assembler combines each such
+// output by the plan's rule (plan.Combine; combinePartial) into the cut
+// tensor, then scores.
 
 // maxFanoutKey bounds a fan-out key's bytes.
 const maxFanoutKey = 256
@@ -37,6 +45,111 @@ type assembler struct {
 	// batcher's queue bound): parts waiting for their siblings hold
 	// memory as queued work does.
 	samples, max int
+	// partials: the plan's lookup outputs that arrive in parts, by
+	// output name (partialSpecs); set at load, read-only after.
+	partials map[string]*partialSpec
+}
+
+// partialSpec is a cut tensor that row-wise shards send in parts.
+type partialSpec struct {
+	index   int          // the cut tensor's position
+	combine plan.Combine // how its parts combine
+	shards  []int        // the shards that send a part, ascending
+	counts  bool         // the parts carry per-sample counts
+}
+
+// partialSpecs reads the plan's sharding: which cut tensors come in
+// parts, from which shards, combined how. A plan without sharding, or
+// served whole, never sends a partial column.
+func partialSpecs(m *model) (map[string]*partialSpec, error) {
+	sh := m.plan.Sharding
+	if sh == nil {
+		return nil, nil
+	}
+	out := map[string]*partialSpec{}
+	for _, info := range sh.Shard {
+		for _, po := range info.Partial {
+			i, ok := m.index[po.Output]
+			if !ok {
+				// An input of cpu.onnx: such a sharding cannot be served
+				// (the embedding workers refuse it), while the plan can
+				// still be served whole.
+				continue
+			}
+			switch po.Combine {
+			case plan.CombineSum, plan.CombineSumCount, plan.CombineMaxCount:
+			default:
+				return nil, fmt.Errorf("sharding: shard %d: output %q: combine %q, want sum, sum_count or max_count", info.Shard, po.Output, po.Combine)
+			}
+			ps := out[po.Output]
+			if ps == nil {
+				ps = &partialSpec{index: i, combine: po.Combine, counts: po.Combine != plan.CombineSum}
+				out[po.Output] = ps
+			} else if ps.combine != po.Combine {
+				return nil, fmt.Errorf("sharding: output %q combined both by %s and %s", po.Output, ps.combine, po.Combine)
+			}
+			ps.shards = append(ps.shards, info.Shard)
+		}
+	}
+	for _, ps := range out {
+		slices.Sort(ps.shards)
+	}
+	return out, nil
+}
+
+// combinePartial writes into out (n samples of width floats) the
+// combination of the shards' parts of one output (parts[k], counts[k]:
+// the k-th shard's, counts nil for CombineSum): sum adds the parts;
+// sum_count divides the summed parts by the summed counts; max_count
+// takes the elementwise max over the parts whose count is not 0; a
+// sample whose counts are 0 everywhere gets zeros.
+func combinePartial(c plan.Combine, out []float32, parts, counts [][]float32, n, width int) {
+	clear(out)
+	switch c {
+	case plan.CombineSum:
+		for _, p := range parts {
+			for i, x := range p[:len(out)] {
+				out[i] += x
+			}
+		}
+	case plan.CombineSumCount:
+		for s := range n {
+			o := out[s*width : (s+1)*width]
+			var total float32
+			for k, p := range parts {
+				total += counts[k][s]
+				for i, x := range p[s*width : (s+1)*width] {
+					o[i] += x
+				}
+			}
+			if total == 0 {
+				clear(o)
+				continue
+			}
+			for i := range o {
+				o[i] /= total
+			}
+		}
+	case plan.CombineMaxCount:
+		for s := range n {
+			o := out[s*width : (s+1)*width]
+			first := true
+			for k, p := range parts {
+				if counts[k][s] == 0 {
+					continue
+				}
+				src := p[s*width : (s+1)*width]
+				if first {
+					copy(o, src)
+					first = false
+					continue
+				}
+				for i, x := range src {
+					o[i] = max(o[i], x)
+				}
+			}
+		}
+	}
 }
 
 // fanout is one key's parts so far.
@@ -48,7 +161,10 @@ type fanout struct {
 	count  int         // parts arrived
 	inputs [][]float32 // per cut tensor, in dense.onnx order
 	from   []int       // per cut tensor, the shard that sent it
-	done   chan struct{}
+	// parts and counts: per cut tensor sent in parts (partialSpec), per
+	// shard, its part and its counts (nil until some part arrives).
+	parts, counts [][][]float32
+	done          chan struct{}
 	// scores and err are set before done is closed.
 	scores []float32
 	err    error
@@ -88,6 +204,8 @@ func (f *fanout) missing() []int {
 type partTensor struct {
 	index int
 	data  []float32
+	// partial: a shard's part of a row-wise output (count: its counts).
+	partial, count bool
 }
 
 // scorePart takes one part of a sharded fan-out: it joins the part to
@@ -144,8 +262,16 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		return nil, s.invalid(m, "model %q: fan-out %q: shard %d sent its part twice", m.name, key, shard)
 	}
 	for _, p := range parts {
-		if f.inputs[p.index] != nil {
-			err := status.Errorf(codes.InvalidArgument, "model %q: fan-out %q: tensor %q sent by shards %d and %d", m.name, key, m.spec[p.index].Name, f.from[p.index], shard)
+		var err error
+		switch {
+		case f.inputs[p.index] != nil:
+			err = status.Errorf(codes.InvalidArgument, "model %q: fan-out %q: tensor %q sent by shards %d and %d", m.name, key, m.spec[p.index].Name, f.from[p.index], shard)
+		case !p.partial && f.parts != nil && (f.parts[p.index] != nil || f.counts[p.index] != nil):
+			err = status.Errorf(codes.InvalidArgument, "model %q: fan-out %q: tensor %q sent whole by shard %d and in parts by others", m.name, key, m.spec[p.index].Name, shard)
+		case p.partial && !slices.Contains(a.partials[m.spec[p.index].Name].shards, shard):
+			err = status.Errorf(codes.InvalidArgument, "model %q: fan-out %q: shard %d sent a part of %q, which the plan's sharding gives to shards %v", m.name, key, shard, m.spec[p.index].Name, a.partials[m.spec[p.index].Name].shards)
+		}
+		if err != nil {
 			a.finish(f, nil, err)
 			a.mu.Unlock()
 			s.metrics.reject(m.name, "invalid")
@@ -153,7 +279,21 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		}
 	}
 	for _, p := range parts {
-		f.inputs[p.index], f.from[p.index] = p.data, shard
+		if !p.partial {
+			f.inputs[p.index], f.from[p.index] = p.data, shard
+			continue
+		}
+		if f.parts == nil {
+			f.parts, f.counts = make([][][]float32, len(m.spec)), make([][][]float32, len(m.spec))
+		}
+		dst := &f.parts
+		if p.count {
+			dst = &f.counts
+		}
+		if (*dst)[p.index] == nil {
+			(*dst)[p.index] = make([][]float32, shards)
+		}
+		(*dst)[p.index][shard] = p.data
 	}
 	f.got[shard] = true
 	f.count++
@@ -165,6 +305,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	delete(a.pending, key)
 	a.samples -= n
 	a.mu.Unlock()
+	err = combineParts(m, f)
 	var missing []string
 	for i, in := range f.inputs {
 		if in == nil {
@@ -172,7 +313,9 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		}
 	}
 	var scores []float32
-	if len(missing) > 0 {
+	if err != nil {
+		s.metrics.reject(m.name, "invalid")
+	} else if len(missing) > 0 {
 		err = status.Errorf(codes.InvalidArgument, "model %q: fan-out %q: no shard sent tensors %s", m.name, key, strings.Join(missing, ", "))
 		s.metrics.reject(m.name, "invalid")
 	} else {
@@ -223,6 +366,49 @@ func (s *Server) awaitFanout(ctx context.Context, m *model, f *fanout, start tim
 	return &prismv1.ScoreResponse{Scores: f.scores, DenseUs: time.Since(start).Microseconds()}, nil
 }
 
+// combineParts combines the parts of every output f received in parts
+// into its cut tensor; every shard of the output must have sent its part
+// (and its counts where the combine takes them).
+func combineParts(m *model, f *fanout) error {
+	if f.parts == nil {
+		return nil
+	}
+	for i, got := range f.parts {
+		if got == nil && f.counts[i] == nil {
+			continue
+		}
+		name := m.spec[i].Name
+		ps := m.assembly.partials[name]
+		parts := make([][]float32, 0, len(ps.shards))
+		var counts [][]float32
+		var lacking []int
+		for _, sh := range ps.shards {
+			var p, c []float32
+			if sh < len(got) {
+				p = got[sh]
+			}
+			if f.counts[i] != nil && sh < len(f.counts[i]) {
+				c = f.counts[i][sh]
+			}
+			if p == nil || ps.counts != (c != nil) {
+				lacking = append(lacking, sh)
+				continue
+			}
+			parts = append(parts, p)
+			if ps.counts {
+				counts = append(counts, c)
+			}
+		}
+		if len(lacking) > 0 {
+			return status.Errorf(codes.InvalidArgument, "model %q: fan-out %q: output %q (combine %s) comes in parts from shards %v; shard(s) %v sent none or an incomplete one", m.name, f.key, name, ps.combine, ps.shards, lacking)
+		}
+		out := make([]float32, f.n*m.spec[i].Width)
+		combinePartial(ps.combine, out, parts, counts, f.n, m.spec[i].Width)
+		f.inputs[i], f.from[i] = out, ps.shards[0]
+	}
+	return nil
+}
+
 func (s *Server) invalid(m *model, format string, args ...any) error {
 	s.metrics.reject(m.name, "invalid")
 	return status.Errorf(codes.InvalidArgument, format, args...)
@@ -240,6 +426,23 @@ func decodePart(m *model, tensors []byte, n int) ([]partTensor, error) {
 	}
 	out := make([]partTensor, 0, len(ts))
 	for _, t := range ts {
+		if output, count, ok := arrowframe.ParsePartial(t.Name); ok {
+			ps := m.assembly.partials[output]
+			switch {
+			case ps == nil:
+				return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q: %q is not an output the plan's sharding sends in parts", m.name, t.Name, output)
+			case count && !ps.counts:
+				return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q: output %q combines by %s, without counts", m.name, t.Name, output, ps.combine)
+			case slices.ContainsFunc(out, func(p partTensor) bool { return p.index == ps.index && (!p.partial || p.count == count) }):
+				return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q appears twice", m.name, t.Name)
+			case count && t.Width != 1:
+				return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; counts have width 1", m.name, t.Name, t.Width)
+			case !count && t.Width != m.spec[ps.index].Width:
+				return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[ps.index].Width, m.spec[ps.index].Shape)
+			}
+			out = append(out, partTensor{index: ps.index, data: t.Data, partial: true, count: count})
+			continue
+		}
 		i, ok := m.index[t.Name]
 		switch {
 		case !ok:

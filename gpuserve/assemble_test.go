@@ -103,18 +103,32 @@ func TestAssembleMissingPart(t *testing.T) {
 	start := time.Now()
 	res := sendParts(t, ts, ctx, p.Model.Name, "missing", 4, 3, splitParts(x, 3), []int{0, 2})
 	for _, r := range res {
-		if status.Code(r.err) != codes.DeadlineExceeded {
+		// The deadline ends every call; the server may see one of them
+		// as a cancellation first (the client's reset of the stream
+		// outrunning the server's own timer) and fail the fan-out with
+		// Canceled.
+		if c := status.Code(r.err); c != codes.DeadlineExceeded && c != codes.Canceled {
 			t.Fatalf("shard %d: %v, want DeadlineExceeded", r.shard, r.err)
 		}
 	}
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("took %s", el)
 	}
+	// The client's deadline may return before the server's handlers
+	// settle the fan-out: give them a moment.
 	a := ts.dense.models[p.Model.Name].assembly
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.pending) != 0 || a.samples != 0 {
-		t.Errorf("left pending: %d fan-outs, %d samples", len(a.pending), a.samples)
+	var pending, samples int
+	for range 100 {
+		a.mu.Lock()
+		pending, samples = len(a.pending), a.samples
+		a.mu.Unlock()
+		if pending == 0 && samples == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if pending != 0 || samples != 0 {
+		t.Errorf("left pending: %d fan-outs, %d samples", pending, samples)
 	}
 }
 

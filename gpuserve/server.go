@@ -221,6 +221,10 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	}
 	m.batcher = NewBatcher(m.spec, []Runner{m.session}, o.Batch)
 	m.assembly = newAssembler(o.Batch.MaxQueue)
+	if m.assembly.partials, err = partialSpecs(m); err != nil {
+		m.session.Close()
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
 	return m, nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/internal/modelrun"
+	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/models"
@@ -211,5 +214,219 @@ func TestShardedTableWise(t *testing.T) {
 		if after.Scores[i] != before.Scores[i] && req.Candidates.Inputs[1].Ids[i] != 1 {
 			t.Fatalf("candidate %d changed with an update of a row it does not read", i)
 		}
+	}
+}
+
+// rowWiseModel builds a small model in the style of a PyTorch export
+// whose lookups are every pooling a row-wise shard answers in part:
+//
+//	sparse_0 [s0]      one-hot Gather on table "emb_a" (small)
+//	sparse_1 [s0,4]    weighted sum bag: Mul(Gather, Unsqueeze(sparse_1_w)) + ReduceSum on "emb_w"
+//	sparse_2 [s0,3]    ReduceMean bag on "emb_m"
+//	sparse_3 [s0]      one-hot Gather on "emb_m" again (unpooled)
+//	sparse_4 [s0,4]    ReduceMax bag on "emb_x"
+//
+// with dense features through a Gemm, everything concatenated into a
+// two-layer MLP and a sigmoid.
+func rowWiseModel(seed uint64) *pb.ModelProto {
+	r := rand.New(rand.NewPCG(seed, 1))
+	g := &pb.GraphProto{Name: "main_graph"}
+	seq := 0
+	const d = 8
+	initF := func(name string, dims ...int64) string {
+		n := int64(1)
+		for _, x := range dims {
+			n *= x
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(r.NormFloat64() * 0.3)
+		}
+		g.Initializer = append(g.Initializer, pb.NewFloatTensor(name, dims, v))
+		return name
+	}
+	ints := func(vals ...int64) string {
+		seq++
+		n := fmt.Sprintf("/Constant_%d_output_0", seq)
+		g.Initializer = append(g.Initializer, pb.NewInt64Tensor(n, []int64{int64(len(vals))}, vals))
+		return n
+	}
+	node := func(op, name string, ins []string, attrs ...*pb.AttributeProto) string {
+		out := name + "_output_0"
+		g.Node = append(g.Node, &pb.NodeProto{Name: name, OpType: op, Input: ins, Output: []string{out}, Attribute: attrs})
+		return out
+	}
+	intA := func(n string, v int64) *pb.AttributeProto {
+		return &pb.AttributeProto{Name: n, Type: pb.AttributeProto_INT, I: v}
+	}
+	input := func(name string, elem pb.TensorProto_DataType, dims ...int) *pb.ValueInfoProto {
+		shape := &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "s0"}}}}
+		for _, x := range dims {
+			shape.Dim = append(shape.Dim, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: int64(x)}})
+		}
+		return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(elem), Shape: shape}}}}
+	}
+	i64, f32 := pb.TensorProto_INT64, pb.TensorProto_FLOAT
+	g.Input = []*pb.ValueInfoProto{
+		input("dense_features", f32, 13),
+		input("sparse_0", i64),
+		input("sparse_1", i64, 4), input("sparse_1_w", f32, 4),
+		input("sparse_2", i64, 3),
+		input("sparse_3", i64),
+		input("sparse_4", i64, 4),
+	}
+	x := node("Gemm", "/dense_arch/Gemm", []string{"dense_features", initF("dense_arch.weight", d, 13), initF("dense_arch.bias", d)}, intA("transB", 1))
+	parts := []string{node("Relu", "/dense_arch/Relu", []string{x})}
+	gather := func(k int, table, ids string) string {
+		return node("Gather", fmt.Sprintf("/embeddings.%d/Gather", k), []string{table, ids})
+	}
+	parts = append(parts, gather(0, initF("emb_a", 50, d), "sparse_0"))
+	w := node("Unsqueeze", "/embeddings.1/Unsqueeze", []string{"sparse_1_w", ints(2)})
+	g1 := node("Mul", "/embeddings.1/Mul", []string{gather(1, initF("emb_w", 1700, d), "sparse_1"), w})
+	parts = append(parts, node("ReduceSum", "/embeddings.1/ReduceSum", []string{g1, ints(1)}, intA("keepdims", 0)))
+	tm := initF("emb_m", 1800, d)
+	parts = append(parts, node("ReduceMean", "/embeddings.2/ReduceMean", []string{gather(2, tm, "sparse_2"), ints(1)}, intA("keepdims", 0)))
+	parts = append(parts, gather(3, tm, "sparse_3"))
+	parts = append(parts, node("ReduceMax", "/embeddings.4/ReduceMax", []string{gather(4, initF("emb_x", 300, d), "sparse_4"), ints(-2)}, intA("keepdims", 0)))
+	z := node("Concat", "/Concat", parts, intA("axis", 1))
+	z = node("Gemm", "/over_arch/Gemm", []string{z, initF("over_arch.0.weight", 16, int64(len(parts)*d)), initF("over_arch.0.bias", 16)}, intA("transB", 1))
+	z = node("Relu", "/over_arch/Relu", []string{z})
+	node("Gemm", "/over_arch/Gemm_1", []string{z, initF("over_arch.1.weight", 1, 16), initF("over_arch.1.bias", 1)}, intA("transB", 1))
+	g.Node = append(g.Node, &pb.NodeProto{Name: "/Sigmoid", OpType: "Sigmoid", Input: []string{"/over_arch/Gemm_1_output_0"}, Output: []string{"output"}})
+	g.Output = []*pb.ValueInfoProto{input("output", f32, 1)}
+	return &pb.ModelProto{IrVersion: 8, ProducerName: "pytorch", ProducerVersion: "2.5.0", OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}}, Graph: g}
+}
+
+// TestShardedRowWise: a model sharded over three embedding workers with
+// row-wise tables (a weighted sum bag, a mean bag and an unpooled lookup
+// of one table, a max bag on two of the three shards; forced row-wise
+// by a small --shard-bytes, and prism shard says so) and a table-wise
+// one scores as the monolith within 1e-5: each shard
+// pools its rows' part of every bag, sends partial sums, maxima and
+// counts, and the dense worker combines them; lookups from the user
+// context and candidates alike.
+func TestShardedRowWise(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model := filepath.Join(dir, "rowwise", "model.onnx")
+	if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := pb.WriteModel(model, rowWiseModel(3), pb.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	part := filepath.Join(dir, "rowwise-part")
+	if out, err := run(t, nil, "partition", model, "-o", part, "--verify", "100"); err != nil {
+		t.Fatalf("partition: %v\n%s", err, out)
+	}
+	// 50 KB a shard: emb_w (54 KB) and emb_m (58 KB) must go row-wise;
+	// the planner makes the hot emb_x row-wise too, and keeps emb_a whole.
+	out, err := run(t, nil, "shard", part, "--shards", "3", "--shard-bytes", "50000", "--zipf", "1.05")
+	if err != nil {
+		t.Fatalf("shard: %v\n%s", err, out)
+	}
+	t.Logf("prism shard:\n%s", out)
+	p, err := plan.Read(part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"emb_w", "emb_m"} {
+		if pl := p.Sharding.Placement(table); pl == nil || pl.Placement != plan.RowWise {
+			t.Fatalf("table %q placed %+v, want row-wise", table, pl)
+		}
+		if !strings.Contains(out, "row-wise "+table) {
+			t.Fatalf("prism shard's output does not say %q is row-wise:\n%s", table, out)
+		}
+	}
+	combines := map[plan.Combine]bool{}
+	for _, sh := range p.Sharding.Shard {
+		for _, po := range sh.Partial {
+			combines[po.Combine] = true
+		}
+	}
+	if len(combines) != 3 {
+		t.Fatalf("partial outputs combine by %v, want sum, sum_count and max_count", combines)
+	}
+	if pl := p.Sharding.Placement("emb_a"); pl == nil || pl.Placement != plan.TableWise {
+		t.Fatalf("table emb_a placed %+v, want table-wise (the test wants both placements)", pl)
+	}
+	for k := range 3 {
+		if out, err := run(t, nil, "ingest", part, "--db", filepath.Join(dir, fmt.Sprintf("db%d", k)), "--shard", fmt.Sprint(k)); err != nil {
+			t.Fatalf("ingest --shard %d: %v\n%s", k, err, out)
+		}
+	}
+	name := p.Model.Name
+	if name == "" {
+		name = filepath.Base(part)
+	}
+	certs := newCerts(t)
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "64")
+	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	for k := range 3 {
+		startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, fmt.Sprintf("db%d", k)), "--router", router.addr)
+	}
+	conn := dial(t, router.addr, certs, auth.Admin)
+	reg := prismv1.NewRegistryClient(conn)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+		got := map[int32]bool{}
+		for _, w := range ws.GetWorkers() {
+			if ref := w.GetShards()[name]; ref != nil && ref.GetShards() == 3 {
+				got[ref.GetShard()] = true
+			}
+		}
+		if err == nil && len(got) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never saw three shards registered: %v %v", got, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rec := prismv1.NewRecommenderClient(conn)
+	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mono.Close()
+	sig, err := models.PlanSignature(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		n       int
+		uniform bool
+		ctx     map[string]bool
+	}{{1, true, nil}, {150, true, nil}, {150, false, nil}, {97, true, map[string]bool{"dense_features": true, "sparse_2": true, "sparse_1": true, "sparse_1_w": true}}} {
+		src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: uint64(tc.n), Uniform: tc.uniform})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := src.Next(tc.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		broadcastContext(b, tc.ctx)
+		want, err := mono.Run(modelrun.Inputs(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		resp, err := rec.Recommend(ctx, toRequest(name, b, tc.ctx))
+		cancel()
+		if err != nil {
+			t.Fatalf("n=%d: %v", tc.n, err)
+		}
+		var worst float64
+		for i, v := range resp.GetScores() {
+			worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))
+		}
+		if len(resp.GetScores()) != tc.n || worst > 1e-5 {
+			t.Fatalf("n=%d uniform=%v context %v: %d scores, max abs error %g against the monolith", tc.n, tc.uniform, tc.ctx, len(resp.GetScores()), worst)
+		}
+		t.Logf("n=%d uniform=%v context %v: max abs error %g", tc.n, tc.uniform, tc.ctx, worst)
 	}
 }

@@ -459,7 +459,13 @@ func storeStatus(err error) error {
 // lookup whose ids (and weights) come from the context runs for one
 // sample and its output is repeated for all n. A lookup whose output is
 // a cut tensor with a view in into writes there (the frame being built).
+//
+// On a shard holding part of a row-wise table, that table's lookups are
+// partial (shard.go): pooled over the shard's rows, written as the
+// output's partial column and, for the sum_count and max_count combines,
+// its counts column.
 func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string][]float32) error {
+	sr := s.shards[m.name]
 	batch := make([]store.TableLookup, len(m.lookups))
 	once := make([]bool, len(m.lookups))
 	for i, ls := range m.lookups {
@@ -504,11 +510,23 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		if l.Pooling == plan.PoolNone {
 			size = len(ids.i64) * ls.dim
 		}
-		out := into[l.Output]
+		po, partial := sr.partialOf(l.Output)
+		name := l.Output
+		if partial {
+			name = arrowframe.PartialName(l.Output)
+		}
+		out := into[name]
 		if once[i] || len(out) != size {
 			out = make([]float32, size)
 		}
-		batch[i] = store.TableLookup{Table: ls.table, IDs: ids.i64, Bag: l.Bag, Weights: w, Pooling: l.Pooling, Out: out}
+		batch[i] = store.TableLookup{Table: ls.table, IDs: ids.i64, Bag: l.Bag, Weights: w, Pooling: l.Pooling, Out: out, Partial: partial}
+		if partial && po.Combine != plan.CombineSum {
+			counts := into[arrowframe.CountName(l.Output)]
+			if once[i] || len(counts) != samples {
+				counts = make([]float32, samples)
+			}
+			batch[i].Counts = counts
+		}
 	}
 	if err := s.st.Lookup(m.name, batch); err != nil {
 		return storeStatus(err)
@@ -523,7 +541,17 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		if l.Pooling == plan.PoolNone && !l.Rank1 {
 			shape = []int64{int64(n), int64(l.Bag), int64(ls.dim)}
 		}
-		vals[l.Output] = &value{width: len(out) / n, shape: shape, f32: out}
+		if !batch[i].Partial {
+			vals[l.Output] = &value{width: len(out) / n, shape: shape, f32: out}
+			continue
+		}
+		vals[arrowframe.PartialName(l.Output)] = &value{width: len(out) / n, shape: shape, f32: out}
+		if counts := batch[i].Counts; counts != nil {
+			if once[i] {
+				counts = tile(counts, n)
+			}
+			vals[arrowframe.CountName(l.Output)] = &value{width: 1, shape: []int64{int64(n), 1}, f32: counts}
+		}
 	}
 	return nil
 }

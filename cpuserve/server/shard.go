@@ -22,7 +22,15 @@ import (
 // router's fan-out key, its shard and the shard count; the dense worker
 // assembles the parts (gpuserve/assemble.go). Shard 0 also sends the cut
 // tensors no lookup produces (dense features, cpu.onnx's outputs) and
-// runs cpu.onnx. Row-wise shards (partial pools) are not served yet.
+// runs cpu.onnx.
+//
+// A shard holding part of a row-wise table (sharding.shard[K].partial)
+// answers that table's lookup outputs in part: each bag pooled over the
+// ids whose rows it holds (store.TableLookup.Partial), sent as the
+// column arrowframe.PartialName(output) and, where the combine takes
+// them (sum_count, max_count), the per-sample id counts as
+// arrowframe.CountName(output); the dense worker combines the parts of
+// every shard of the table (gpuserve/assemble.go).
 
 // shardRef is a served model's shard.
 type shardRef struct {
@@ -32,6 +40,18 @@ type shardRef struct {
 	held map[string]bool
 	// tables: every table of the plan.
 	tables map[string]bool
+	// partial: the lookup outputs this shard answers in part, by output.
+	partial map[string]plan.PartialOutput
+}
+
+// partialOf is how this shard answers a lookup output in part (ok false:
+// whole, or not a sharded model).
+func (sr *shardRef) partialOf(output string) (po plan.PartialOutput, ok bool) {
+	if sr == nil {
+		return po, false
+	}
+	po, ok = sr.partial[output]
+	return po, ok
 }
 
 // ensureServed is ensureIngested for a store that may hold a shard of
@@ -85,9 +105,6 @@ func checkShardPlan(name, dir string, p *plan.Plan, ref store.ShardRef) error {
 	if err := p.ValidateSharding(); err != nil {
 		return fmt.Errorf("model %q: %w", name, err)
 	}
-	if part := sh.Shard[ref.Shard].Partial; len(part) > 0 {
-		return fmt.Errorf("model %q: shard %d holds row-wise parts of tables (%s ...): serving row-wise shards is not supported yet; plan table-wise only (a larger --shard-bytes)", name, ref.Shard, part[0].Table)
-	}
 	return nil
 }
 
@@ -111,7 +128,10 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	for _, o := range info.Full {
 		full[o] = true
 	}
-	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}}
+	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}, partial: map[string]plan.PartialOutput{}}
+	for _, po := range info.Partial {
+		sr.partial[po.Output] = po
+	}
 	for _, t := range p.Tables {
 		sr.tables[t.Name] = true
 		if _, _, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); holds {
@@ -122,13 +142,19 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	for _, ls := range m.lookups {
 		produced[ls.l.Output] = true
 	}
-	m.lookups = slices.DeleteFunc(m.lookups, func(ls lookupSpec) bool { return !full[ls.l.Output] })
+	m.lookups = slices.DeleteFunc(m.lookups, func(ls lookupSpec) bool {
+		_, part := sr.partial[ls.l.Output]
+		return !full[ls.l.Output] && !part
+	})
 	if m.cpu != nil {
 		if ref.Shard != 0 {
 			m.cpu.Close()
 			m.cpu, m.cpuIns, m.cpuOuts = nil, nil, nil
 		} else {
 			for _, in := range m.cpuIns {
+				if _, part := sr.partial[in]; part {
+					return nil, fmt.Errorf("model %q: cpu.onnx reads lookup output %q, which comes from a row-wise table: a row-wise table's lookups must feed the dense side directly (plan it table-wise: a larger --shard-bytes)", m.name, in)
+				}
 				if produced[in] && !full[in] {
 					return nil, fmt.Errorf("model %q: cpu.onnx reads lookup output %q, which shard 0 does not hold: a sharded model's cpu.onnx may read only shard 0's lookups", m.name, in)
 				}
@@ -136,12 +162,28 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 		}
 	}
 	// The shard sends its lookups' cut tensors; shard 0 also the others.
-	m.cut = slices.DeleteFunc(m.cut, func(c cutSpec) bool {
-		if produced[c.name] {
-			return !full[c.name]
+	// An output answered in part goes as its partial column (and counts).
+	var cut []cutSpec
+	sent := map[string]bool{}
+	for _, c := range m.cut {
+		po, part := sr.partial[c.name]
+		switch {
+		case part:
+			cut = append(cut, cutSpec{name: arrowframe.PartialName(c.name), shape: c.shape})
+			if po.Combine != plan.CombineSum {
+				cut = append(cut, cutSpec{name: arrowframe.CountName(c.name), shape: []int64{1}})
+			}
+			sent[c.name] = true
+		case produced[c.name] && full[c.name], !produced[c.name] && ref.Shard == 0:
+			cut = append(cut, c)
 		}
-		return ref.Shard != 0
-	})
+	}
+	for o := range sr.partial {
+		if !sent[o] {
+			return nil, fmt.Errorf("model %q: shard %d answers %q in part, which is not a cut tensor: a row-wise table's lookups must feed the dense side directly (plan it table-wise: a larger --shard-bytes)", m.name, ref.Shard, o)
+		}
+	}
+	m.cut = cut
 	if m.cols != nil {
 		m.cols = m.cols[:0:0]
 		for _, c := range m.cut {

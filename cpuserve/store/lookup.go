@@ -32,6 +32,19 @@ const (
 //
 // Out is the caller's: samples x dim floats pooled, len(IDs) x dim for
 // PoolNone. Lookup writes every float of it and keeps no reference.
+//
+// Partial asks for this store's part of a row-wise sharded table
+// (plan.json sharding; the store's part: rows r with r mod Mod == Rem,
+// shard.go): every bag is pooled over only the ids whose rows the part
+// holds (id after the unknown-id rule; every id for a store holding the
+// whole table), as the dense side's combine rules want (plan.Combine):
+// sum pools Σ w·row over them, mean pools that same sum, undivided, max
+// the elementwise max of w·row over them; a bag with none of them gives
+// zeros; PoolNone writes w·row for the ids held and zeros for the
+// others. An id the unknown-id rule maps to the zero vector counts as
+// held by the part with Rem 0 (the shard of row 0), so the parts' counts
+// add up to the bag's size. Counts, if set (pooled lookups only,
+// samples floats), receives per sample the number of ids held.
 type TableLookup struct {
 	Table   string
 	IDs     []int64
@@ -40,6 +53,8 @@ type TableLookup struct {
 	Weights []float32
 	Pooling Pooling
 	Out     []float32
+	Partial bool
+	Counts  []float32
 }
 
 // Lookup looks up and pools a batch, table by table, from model's active
@@ -181,6 +196,16 @@ func checkShape(tv *tableView, r *TableLookup) (samples int, direct bool, err er
 	if len(r.Out) != want {
 		return 0, false, fmt.Errorf("table %q: out holds %d floats, want %d (dim %d): %w", tv.name, len(r.Out), want, tv.dim, ErrDimMismatch)
 	}
+	if r.Counts != nil {
+		switch {
+		case !r.Partial:
+			return 0, false, fmt.Errorf("table %q: counts are for partial lookups: %w", tv.name, ErrBadRequest)
+		case r.Pooling == PoolNone || r.Pooling == "":
+			return 0, false, fmt.Errorf("table %q: counts for an unpooled lookup: %w", tv.name, ErrBadRequest)
+		case len(r.Counts) != samples:
+			return 0, false, fmt.Errorf("table %q: counts hold %d floats for %d samples: %w", tv.name, len(r.Counts), samples, ErrBadRequest)
+		}
+	}
 	return samples, direct, nil
 }
 
@@ -217,6 +242,36 @@ func resolveIDs(tv *tableView, ids []int64, g []float32, j *tableJob) ([]int64, 
 	return j.idBuf, nil
 }
 
+// notHeld marks, in a partial lookup's resolved ids, an id whose row
+// another shard holds (its row of the gather buffer cleared).
+const notHeld = -2
+
+// markHeld marks the ids of a partial lookup whose rows the table's part
+// does not hold (resolved: ids is already j.idBuf, else a copy is made).
+// The unknown-id rule's zero vector (-1) belongs to the part with Rem 0.
+func markHeld(tv *tableView, ids []int64, resolved bool, g []float32, j *tableJob) []int64 {
+	p := tv.part
+	if p == nil {
+		return ids
+	}
+	if !resolved {
+		j.idBuf = append(j.idBuf[:0], ids...)
+		ids = j.idBuf
+	}
+	dim := tv.dim
+	for i, id := range ids {
+		held := p.holds(id)
+		if id < 0 {
+			held = p.Rem == 0
+		}
+		if !held {
+			ids[i] = notHeld
+			clear(g[i*dim : (i+1)*dim])
+		}
+	}
+	return ids
+}
+
 // gatherHot checks a table's request, copies its resident rows into the
 // gather buffer and notes its misses in key order (phase 1 of Lookup).
 func (s *Store) gatherHot(tv *tableView, r *TableLookup, j *tableJob, sc *scratch) error {
@@ -244,6 +299,10 @@ func (s *Store) gatherHot(tv *tableView, r *TableLookup, j *tableJob, sc *scratc
 			resolved = true
 			break
 		}
+	}
+	if r.Partial {
+		ids = markHeld(tv, ids, resolved, j.g, j)
+		resolved = true
 	}
 	j.ids = ids
 	cls := tv.hot
@@ -318,6 +377,10 @@ func (s *Store) finish(j *tableJob, sc *scratch, seq uint64) {
 			}
 			cls.Unlock()
 		}
+	}
+	if j.r.Partial {
+		poolPartial(j.r, j.g, j.ids, j.tv.dim, j.samples, j.direct)
+		return
 	}
 	pool(j.r, j.g, j.tv.dim, j.samples, j.direct)
 }

@@ -69,3 +69,59 @@ func pool(r *TableLookup, g []float32, dim, samples int, direct bool) {
 		}
 	}
 }
+
+// poolPartial pools a partial lookup (TableLookup.Partial): over the ids
+// held only (ids[i] != notHeld; the others' rows of g are zeros), mean
+// as an undivided sum, and the per-sample counts into r.Counts.
+func poolPartial(r *TableLookup, g []float32, ids []int64, dim, samples int, direct bool) {
+	if direct {
+		pool(r, g, dim, samples, true) // zeros stay zeros
+		if r.Counts != nil {
+			for s := range samples {
+				r.Counts[s] = 0
+				if ids[s] != notHeld {
+					r.Counts[s] = 1
+				}
+			}
+		}
+		return
+	}
+	bag := max(r.Bag, 1)
+	for s := range samples {
+		lo, hi := s*bag, (s+1)*bag
+		if r.Offsets != nil {
+			lo, hi = int(r.Offsets[s]), int(r.Offsets[s+1])
+		}
+		out := r.Out[s*dim : (s+1)*dim]
+		clear(out)
+		count := 0
+		for j := lo; j < hi; j++ {
+			if ids[j] == notHeld {
+				continue
+			}
+			row := g[j*dim : (j+1)*dim]
+			w := float32(1)
+			if r.Weights != nil {
+				w = r.Weights[j]
+			}
+			switch {
+			case r.Pooling != PoolMax:
+				for k, x := range row[:len(out)] {
+					out[k] += w * x
+				}
+			case count == 0:
+				for k, x := range row[:len(out)] {
+					out[k] = w * x
+				}
+			default:
+				for k, x := range row[:len(out)] {
+					out[k] = max(out[k], w*x)
+				}
+			}
+			count++
+		}
+		if r.Counts != nil {
+			r.Counts[s] = float32(count)
+		}
+	}
+}

@@ -98,6 +98,8 @@ type tableView struct {
 	unknown plan.UnknownIDs
 	hot     *hot.Class
 	lo, hi  []byte
+	// part is the rows held of a row-wise sharded table (nil: all).
+	part *RowPart
 }
 
 // Open opens (creating if needed) the store in dir.
@@ -274,7 +276,7 @@ func (s *Store) publish(cat *catalog) {
 				c.Attach(t.ID, t.Rows)
 				c.Unlock()
 			}
-			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.Dim), lo: lo, hi: hi}
+			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.Dim), lo: lo, hi: hi, part: t.Part}
 		}
 		nv.models[name] = mv
 	}
