@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Sharded against unsharded embedding tier, in one run on this machine
+# (issue 16; needs `make demo` first, or set PLAN/DB): the dlrm-kaggle
+# partition sharded over SHARDS embedding workers (`prism shard`, then
+# `prism ingest --shard K` into a store each) served by a router and two
+# dense workers started by hand, beside `prism up` on the unsharded store
+# (one embedding worker, two dense workers), both up at once on the same
+# cores; closed loops of 270 candidates alternate between them (order
+# swapped every round). Prints each round, the medians and their ratio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prism=${PRISM:-bin/prism}
+out=${BENCH_DIR:-out/demo}
+model=${BENCH_MODEL:-dlrm-kaggle}
+plan=${PLAN:-$out/$model-part}
+db=${DB:-$out/db}
+shards=${SHARDS:-3}
+clients=${CLIENTS:-16}
+dur=${DURATION:-15s}
+rounds=${ROUNDS:-3}
+certs=${CERTS:-$(dirname "$db")/certs}
+[ -f "$plan/plan.json" ] || { echo "bench-shard: no partition at $plan (run make demo first)"; exit 1; }
+
+tmp=${SHARD_DIR:-$(mktemp -d)}
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	[ -n "${SHARD_DIR:-}" ] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+# The sharded plan: plan.json and the ONNX files copied, the table files
+# linked (prism shard rewrites plan.json only).
+sp="$tmp/plan"
+if [ ! -f "$sp/plan.json" ] || ! grep -q '"sharding"' "$sp/plan.json"; then
+	rm -rf "$sp"; mkdir -p "$sp"
+	cp "$plan"/*.json "$sp"/; cp "$plan"/*.onnx "$sp"/ 2>/dev/null || true
+	cp -al "$plan/tables" "$sp/tables"
+	$prism shard "$sp" --shards "$shards" >&2
+fi
+for k in $(seq 0 $((shards - 1))); do
+	[ -d "$tmp/db-$k" ] || $prism ingest "$sp" --db "$tmp/db-$k" --shard "$k" >&2
+done
+
+# wait_ready LOG PATTERN: the address a child printed in its ready line.
+wait_ready() {
+	local log=$1 pat=$2 a=""
+	for _ in $(seq 1 1200); do
+		a=$(sed -n "s/.*$pat \([^ ]*\).*/\1/p" "$log" | head -1)
+		[ -n "$a" ] && { echo "$a"; return; }
+		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
+		sleep 0.5
+	done
+	cat "$log" >&2; exit 1
+}
+$prism serve router --certs "$certs" --addr 127.0.0.1:0 >"$tmp/router.log" 2>&1 &
+pids+=($!)
+sharded_addr=$(wait_ready "$tmp/router.log" "router listening on")
+for d in 0 1; do
+	$prism serve dense --certs "$certs" --plan "$sp" --router "$sharded_addr" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
+	pids+=($!)
+	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
+done
+for k in $(seq 0 $((shards - 1))); do
+	$prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
+	pids+=($!)
+	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
+done
+
+$prism up --model "$plan" --db "$db" --certs "$certs" --addr 127.0.0.1:0 >"$tmp/up.log" 2>&1 &
+pids+=($!)
+whole_addr=$(wait_ready "$tmp/up.log" "Prism is up: Recommend at")
+
+lg() { $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" --certs "$certs" "$@"; }
+samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
+p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
+median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+
+# Warm-up (the workers wait for every shard's registration too).
+for _ in $(seq 1 60); do lg --target "$sharded_addr" --duration 2s 2>/dev/null | grep -q "errors 0" && break; sleep 1; done
+lg --target "$sharded_addr" --duration 10s >/dev/null
+lg --target "$whole_addr" --duration 10s >/dev/null
+ss=""; ws=""
+for r in $(seq 1 "$rounds"); do
+	if [ $((r % 2)) = 1 ]; then
+		a=$(lg --target "$sharded_addr" --duration "$dur"); b=$(lg --target "$whole_addr" --duration "$dur")
+	else
+		b=$(lg --target "$whole_addr" --duration "$dur"); a=$(lg --target "$sharded_addr" --duration "$dur")
+	fi
+	s=$(samples <<<"$a"); w=$(samples <<<"$b")
+	echo "round $r: sharded $s samples/s (p99 $(p99 <<<"$a")), unsharded $w samples/s (p99 $(p99 <<<"$b"))" >&2
+	ss="$ss $s"; ws="$ws $w"
+done
+sm=$(median <<<"${ss# }"); wm=$(median <<<"${ws# }")
+echo
+echo "| measure | value |"
+echo "|---|---:|"
+echo "| unsharded (prism up: 1 embedding, 2 dense workers), $clients clients x 270 candidates (samples/s; median of${ws}) | $wm |"
+echo "| sharded over $shards embedding workers (2 dense workers) (samples/s; median of${ss}) | $sm |"
+echo "| sharded / unsharded | $(awk -v a="$sm" -v b="$wm" 'BEGIN{printf "%.2f", a/b}') |"
