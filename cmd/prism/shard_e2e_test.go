@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -428,5 +430,116 @@ func TestShardedRowWise(t *testing.T) {
 			t.Fatalf("n=%d uniform=%v context %v: %d scores, max abs error %g against the monolith", tc.n, tc.uniform, tc.ctx, len(resp.GetScores()), worst)
 		}
 		t.Logf("n=%d uniform=%v context %v: max abs error %g", tc.n, tc.uniform, tc.ctx, worst)
+	}
+}
+
+// TestShardReplicaKilledUnderLoad: two replicas of each of three
+// table-wise shards (six embedding workers, two on each shard's store
+// copy); one replica of shard 1 is killed while clients send requests:
+// no request fails (the router's one retry goes to the other replica of
+// the shard), and the scores stay the monolith's.
+func TestShardReplicaKilledUnderLoad(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	if out, err := run(t, nil, "shard", part, "--shards", "3", "--shard-bytes", "1MiB", "--zipf", "1.05"); err != nil {
+		t.Fatalf("shard: %v\n%s", err, out)
+	}
+	for k := range 3 {
+		for r := range 2 { // each replica its own store of the shard
+			if out, err := run(t, nil, "ingest", part, "--db", filepath.Join(dir, fmt.Sprintf("db%d-%d", k, r)), "--shard", fmt.Sprint(k)); err != nil {
+				t.Fatalf("ingest --shard %d: %v\n%s", k, err, out)
+			}
+		}
+	}
+	certs := newCerts(t)
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "64")
+	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	replicas := map[[2]int]*proc{}
+	for k := range 3 {
+		for r := range 2 {
+			replicas[[2]int{k, r}] = startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part,
+				"--db", filepath.Join(dir, fmt.Sprintf("db%d-%d", k, r)), "--router", router.addr)
+		}
+	}
+	conn := dial(t, router.addr, certs, auth.Admin)
+	reg := prismv1.NewRegistryClient(conn)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+		n := 0
+		for _, w := range ws.GetWorkers() {
+			if w.GetShards()[cfg.Name] != nil {
+				n++
+			}
+		}
+		if err == nil && n == 6 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 6 shard replicas registered (%v)", n, err)
+		}
+	}
+	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mono.Close()
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 7})
+	b, _ := src.Next(150)
+	want, err := mono.Run(modelrun.Inputs(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := toRequest(cfg.Name, b, nil)
+	rec := prismv1.NewRecommenderClient(conn)
+
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				resp, err := rec.Recommend(ctx, req)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				for i, v := range resp.GetScores() {
+					if math.Abs(float64(v)-float64(want[0][i])) > 1e-5 {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, fmt.Sprintf("score %d: %v, monolith %v", i, v, want[0][i]))
+						break
+					}
+				}
+				ok.Add(1)
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	victim := replicas[[2]int{1, 0}]
+	victim.cmd.Process.Kill()
+	victim.cmd.Wait()
+	time.Sleep(2 * time.Second) // past the registry's expiry (3 heartbeats of 200 ms)
+	close(stop)
+	wg.Wait()
+	t.Logf("one replica of shard 1 killed under load: %d ok, %d failed", ok.Load(), failed.Load())
+	if failed.Load() > 0 {
+		t.Fatalf("%d requests failed with a replica of every shard alive: first %v", failed.Load(), firstErr.Load())
+	}
+	if ok.Load() == 0 {
+		t.Fatal("no request answered")
 	}
 }
