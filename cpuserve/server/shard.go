@@ -42,6 +42,34 @@ type shardRef struct {
 	tables map[string]bool
 	// partial: the lookup outputs this shard answers in part, by output.
 	partial map[string]plan.PartialOutput
+	// parts: for each row-wise table this shard holds part of, which
+	// rows (id mod [0] == [1]) and the table's rows ([2]): an update
+	// writes only its own rows.
+	parts map[string][3]int64
+}
+
+// ownRows keeps of an update of table the ids (and their rows of width
+// dim) this shard holds. An id outside the table is bad input on every
+// shard alike (ok false), so replicas never split on it.
+func (sr *shardRef) ownRows(table string, ids []int64, rows []float32) (keptIDs []int64, keptRows []float32, ok bool) {
+	if sr == nil {
+		return ids, rows, true
+	}
+	pt, split := sr.parts[table]
+	if !split {
+		return ids, rows, true
+	}
+	dim := len(rows) / len(ids)
+	for i, id := range ids {
+		if id < 0 || id >= pt[2] {
+			return nil, nil, false
+		}
+		if id%pt[0] == pt[1] {
+			keptIDs = append(keptIDs, id)
+			keptRows = append(keptRows, rows[i*dim:(i+1)*dim]...)
+		}
+	}
+	return keptIDs, keptRows, true
 }
 
 // partialOf is how this shard answers a lookup output in part (ok false:
@@ -128,14 +156,17 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	for _, o := range info.Full {
 		full[o] = true
 	}
-	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}, partial: map[string]plan.PartialOutput{}}
+	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}, partial: map[string]plan.PartialOutput{}, parts: map[string][3]int64{}}
 	for _, po := range info.Partial {
 		sr.partial[po.Output] = po
 	}
 	for _, t := range p.Tables {
 		sr.tables[t.Name] = true
-		if _, _, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); holds {
+		if mod, rem, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); holds {
 			sr.held[t.Name] = true
+			if mod > 1 {
+				sr.parts[t.Name] = [3]int64{mod, rem, t.Rows}
+			}
 		}
 	}
 	produced := map[string]bool{} // every lookup output of the plan

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -38,5 +39,25 @@ func TestCheckShardAndSkips(t *testing.T) {
 	}
 	if s.skipsUpdate("other", "b") {
 		t.Error("an unsharded model skips updates")
+	}
+}
+
+// An update of a row-wise table keeps, on each shard, the rows that
+// shard holds; an id outside the table is bad input on every shard.
+func TestOwnRows(t *testing.T) {
+	sr := &shardRef{parts: map[string][3]int64{"t": {3, 1, 10}}}
+	ids, rows, ok := sr.ownRows("t", []int64{0, 1, 4, 5, 7}, []float32{0, 0, 1, 1, 4, 4, 5, 5, 7, 7})
+	if !ok || !slices.Equal(ids, []int64{1, 4, 7}) || !slices.Equal(rows, []float32{1, 1, 4, 4, 7, 7}) {
+		t.Fatalf("kept %v %v %v", ids, rows, ok)
+	}
+	if _, _, ok := sr.ownRows("t", []int64{1, 10}, []float32{1, 10}); ok {
+		t.Fatal("an id past the table's rows was taken")
+	}
+	if ids, _, ok := sr.ownRows("whole", []int64{2}, []float32{2}); !ok || len(ids) != 1 {
+		t.Fatal("a table not split row-wise lost its rows")
+	}
+	var none *shardRef
+	if ids, _, ok := none.ownRows("t", []int64{2}, []float32{2}); !ok || len(ids) != 1 {
+		t.Fatal("an unsharded model lost its rows")
 	}
 }

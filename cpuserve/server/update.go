@@ -73,6 +73,26 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	// the store keeps nothing of its arguments anyway.
 	rows := make([]float32, len(raw)/4)
 	copy(rows, leview.Float32s(raw))
+	// A row-wise table's shard writes only the rows it holds (the others
+	// are other shards'); an update left with none takes its number.
+	ids, rows, inTable := s.shards[req.GetModel()].ownRows(req.GetTable(), ids, rows)
+	if !inTable {
+		bad := status.Errorf(codes.InvalidArgument, "update of table %q: an id outside the table", req.GetTable())
+		if seq := areq.GetSeq(); seq > 0 {
+			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+				return nil, storeStatus(fmt.Errorf("update: %w", err))
+			}
+		}
+		return nil, bad
+	}
+	if len(ids) == 0 {
+		if seq := areq.GetSeq(); seq > 0 {
+			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+				return nil, storeStatus(fmt.Errorf("update: %w", err))
+			}
+		}
+		return &prismv1.UpdateResponse{Workers: 1}, nil
+	}
 	var err error
 	if seq := areq.GetSeq(); seq > 0 {
 		_, err = s.st.UpsertSeq(req.GetModel(), req.GetTable(), ids, rows, seq)
