@@ -24,7 +24,12 @@ type Graph struct {
 	Producer map[string]int
 	// Consumers maps a tensor to the indices of nodes that read it.
 	Consumers map[string][]int
-	inputSet  map[string]bool
+	// FixedBatch, when not 0, is the batch size a graph exported with
+	// a fixed batch stays at (Debatch found nodes that keep it): shape
+	// inference takes a dimension of that size meeting the batch in a
+	// broadcast as the batch.
+	FixedBatch int64
+	inputSet   map[string]bool
 }
 
 // NewGraph indexes m's graph and checks it: every node input must be a

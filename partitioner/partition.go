@@ -62,9 +62,16 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	batch, err := Debatch(m)
+	if err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
 	g, err := NewGraph(m)
 	if err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
+	if batch != nil && len(batch.Blockers) > 0 {
+		g.FixedBatch = batch.Exported
 	}
 	pl, err := Place(g, o.Cost, o.ForceCPU, o.ForceGPU)
 	if err != nil {
@@ -73,6 +80,7 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	cm := o.Cost
 	cm.EnsureDefaults()
 	p := pl.plan(modelPath, cm)
+	pl.setBatch(p, batch)
 	res := &Result{Plan: p, Placement: pl}
 	if o.ReportOnly {
 		res.Elapsed = time.Since(start)
@@ -432,6 +440,25 @@ func (r *Result) Report() string {
 	if len(p.Cost.Forced) > 0 {
 		fmt.Fprintf(&b, "forced: %s\n", strings.Join(p.Cost.Forced, ", "))
 	}
+	if bi := p.Batch; bi != nil {
+		if p.FixedBatch > 0 {
+			fmt.Fprintf(&b, "batch: FIXED at %d (exported without a dynamic batch; the tiers serve batches of exactly %d candidates only), kept there by:\n", p.FixedBatch, p.FixedBatch)
+			dense := false
+			for _, x := range bi.Blockers {
+				fmt.Fprintf(&b, "  node %q (%s, %s side): %s\n", x.Node, x.Op, orNone(string(x.Side), "no"), x.Reason)
+				dense = dense || x.Side == plan.GPU
+			}
+			if dense {
+				fmt.Fprintf(&b, "  dense.onnx keeps the fixed batch: the dense tier does not honour fixed_batch yet (it warms up at batch 1 and batches requests together); --force-cpu the node(s) above to serve it\n")
+			}
+		} else {
+			fmt.Fprintf(&b, "batch: exported fixed at %d, rewritten to a symbolic batch", bi.Exported)
+			if len(bi.Rewritten) > 0 {
+				fmt.Fprintf(&b, " (shape constants of %s)", strings.Join(bi.Rewritten, ", "))
+			}
+			fmt.Fprintf(&b, "; --verify checks it at other batch sizes\n")
+		}
+	}
 	fmt.Fprintf(&b, "objective: %.1f ns/sample; took %s\n", p.Cost.Objective, r.Elapsed.Round(time.Millisecond))
 	return b.String()
 }
@@ -455,4 +482,34 @@ func human(n int64, unit string) string {
 		f /= 1000
 	}
 	return ""
+}
+
+// setBatch records what Debatch made of a fixed exported batch, with
+// the side each blocker landed on.
+func (pl *Placement) setBatch(p *plan.Plan, bi *plan.BatchInfo) {
+	if bi == nil {
+		return
+	}
+	byName := map[string]int{}
+	for i, n := range pl.G.Nodes {
+		byName[n.GetName()] = i
+	}
+	for k := range bi.Blockers {
+		i, ok := byName[bi.Blockers[k].Node]
+		if !ok {
+			continue
+		}
+		if on, placed := pl.OnCPU[i]; placed {
+			bi.Blockers[k].Side = plan.GPU
+			if on {
+				bi.Blockers[k].Side = plan.CPU
+			}
+		} else if pl.Pre[i] || pl.Absorbed[i] != nil {
+			bi.Blockers[k].Side = plan.CPU
+		}
+	}
+	p.Batch = bi
+	if len(bi.Blockers) > 0 {
+		p.FixedBatch = bi.Exported
+	}
 }

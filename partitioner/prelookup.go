@@ -75,8 +75,8 @@ func traceFrom(g *Graph, types map[string]TensorType, name string, depth int) (*
 		switch {
 		case !sampleKnown(t):
 			return nil, &notIDs{node: name, reason: fmt.Sprintf("indices come from input %q whose shape %s is not [batch, known sizes...]", name, dimsString(t))}
-		case t.Elem != pb.TensorProto_INT64 && t.Elem != pb.TensorProto_FLOAT:
-			return nil, &notIDs{node: name, reason: fmt.Sprintf("indices come from input %q of type %s (the embedding tier takes int64 ids or float32 values)", name, elemName(t.Elem))}
+		case t.Elem != pb.TensorProto_INT64 && t.Elem != pb.TensorProto_INT32 && t.Elem != pb.TensorProto_FLOAT:
+			return nil, &notIDs{node: name, reason: fmt.Sprintf("indices come from input %q of type %s (the embedding tier takes int64 or int32 ids, or float32 values)", name, elemName(t.Elem))}
 		}
 		return &idChain{input: name}, nil
 	}

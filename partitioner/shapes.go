@@ -156,15 +156,15 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 	case "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "PRelu":
 		out := x
 		for i := 1; i < len(n.GetInput()); i++ {
-			out = broadcast(out, in(i))
+			out = broadcastB(out, in(i), g.FixedBatch)
 		}
 		return []TensorType{out}
 	case "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor":
-		out := broadcast(x, in(1))
+		out := broadcastB(x, in(1), g.FixedBatch)
 		out.Elem = pb.TensorProto_BOOL
 		return []TensorType{out}
 	case "Where":
-		out := broadcast(broadcast(x, in(1)), in(2))
+		out := broadcastB(broadcastB(x, in(1), g.FixedBatch), in(2), g.FixedBatch)
 		out.Elem = in(1).Elem
 		return []TensorType{out}
 	case "Gather":
@@ -439,7 +439,11 @@ func opAxes(g *Graph, n *pb.NodeProto) ([]int64, bool) {
 	return axes, ok || n.GetOpType() == "Squeeze"
 }
 
-func broadcast(a, b TensorType) TensorType {
+func broadcast(a, b TensorType) TensorType { return broadcastB(a, b, 0) }
+
+// broadcastB is broadcast in a graph kept at the fixed batch fixed (0:
+// none), where a dimension of that size meets the batch.
+func broadcastB(a, b TensorType, fixed int64) TensorType {
 	if !a.Known || !b.Known {
 		return unknown(a.Elem)
 	}
@@ -460,6 +464,10 @@ func broadcast(a, b TensorType) TensorType {
 			dims[i] = da
 		case da == db:
 			dims[i] = da
+		case fixed > 1 && (da == DimBatch && db == fixed || db == DimBatch && da == fixed):
+			// A graph kept at its exported batch (plan.json
+			// fixed_batch): a constant of that size along the batch.
+			dims[i] = DimBatch
 		default:
 			dims[i] = DimUnknown
 		}

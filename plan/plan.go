@@ -47,6 +47,36 @@ type Plan struct {
 	Cost CostReport `json:"cost"`
 	// Sharding, if set, spreads the tables over shards (shard.go).
 	Sharding *Sharding `json:"sharding,omitempty"`
+	// Batch, set for a model exported with a fixed batch size (a number
+	// as its inputs' first dimension), says what the partitioner made
+	// of it: the nodes it rewrote to a symbolic batch, and the nodes
+	// that tie the graph to the exported size.
+	Batch *BatchInfo `json:"batch,omitempty"`
+	// FixedBatch, when not 0, is the only batch size the parts run at
+	// (Batch.Blockers say why): the embedding tier refuses a request of
+	// any other number of candidates.
+	FixedBatch int64 `json:"fixed_batch,omitempty"`
+}
+
+// BatchInfo is what the partitioner made of a fixed exported batch.
+type BatchInfo struct {
+	// Exported is the batch size in the model's inputs.
+	Exported int64 `json:"exported"`
+	// Rewritten names the nodes whose shape constants were rewritten to
+	// a symbolic batch (-1 where the batch is).
+	Rewritten []string `json:"rewritten,omitempty"`
+	// Blockers are the nodes that keep the graph at the exported batch.
+	Blockers []BatchBlocker `json:"blockers,omitempty"`
+}
+
+// BatchBlocker is a node that ties a graph to its exported batch size.
+type BatchBlocker struct {
+	Node   string `json:"node"`
+	Op     string `json:"op"`
+	Reason string `json:"reason"`
+	// Side is where the node runs: "cpu" (the embedding tier: cpu.onnx
+	// or a lookup's pre-lookup ops) or "gpu" (dense.onnx).
+	Side Side `json:"side,omitempty"`
 }
 
 // ModelInfo identifies the source model.

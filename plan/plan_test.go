@@ -100,6 +100,23 @@ func TestValidate(t *testing.T) {
 		{"rank1 bag", func(p *Plan) { p.Tables[0].Lookups[0].Bag = 2 }, `tables[0] "t0" lookups[0]: rank1 with bag 2, want 1`},
 		{"pooling", func(p *Plan) { p.Tables[1].Lookups[0].Pooling = "avg" }, `tables[1] "t1" lookups[0]: pooling "avg", want none, sum, mean or max`},
 		{"output twice", func(p *Plan) { p.Tables[1].Lookups[0].Output = "emb_0" }, `tables[1] "t1" lookups[0]: output "emb_0" produced twice`},
+		{"batch rewritten", func(p *Plan) { p.Batch = &BatchInfo{Exported: 8, Rewritten: []string{"/Reshape_3"}} }, ""},
+		{"fixed batch", func(p *Plan) {
+			p.Batch = &BatchInfo{Exported: 4, Blockers: []BatchBlocker{{Node: "/Add_7", Op: "Add", Reason: "r", Side: CPU}}}
+			p.FixedBatch = 4
+		}, ""},
+		{"fixed batch without blockers", func(p *Plan) { p.Batch = &BatchInfo{Exported: 4}; p.FixedBatch = 4 },
+			"fixed_batch 4: batch must say the model was exported at that size and name the nodes that keep it there"},
+		{"fixed batch not exported", func(p *Plan) { p.FixedBatch = 4 },
+			"fixed_batch 4: batch must say the model was exported at that size and name the nodes that keep it there"},
+		{"blockers without fixed batch", func(p *Plan) {
+			p.Batch = &BatchInfo{Exported: 4, Blockers: []BatchBlocker{{Node: "/Add_7", Op: "Add", Reason: "r"}}}
+		}, "batch: 1 node(s) keep the graph at batch 4, but fixed_batch is not set"},
+		{"fixed batch negative", func(p *Plan) { p.FixedBatch = -1 }, "fixed_batch -1 is negative"},
+		{"blocker side", func(p *Plan) {
+			p.Batch = &BatchInfo{Exported: 4, Blockers: []BatchBlocker{{Node: "n", Op: "Add", Reason: "r", Side: "tpu"}}}
+			p.FixedBatch = 4
+		}, `batch.blockers[0] "n": side "tpu", want "cpu" or "gpu"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := valid()

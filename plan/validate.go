@@ -38,6 +38,9 @@ func (p *Plan) Validate() error {
 			return err
 		}
 	}
+	if err := p.validateBatch(); err != nil {
+		return err
+	}
 	if len(p.Inputs) == 0 {
 		return fmt.Errorf("inputs: none")
 	}
@@ -210,6 +213,29 @@ func checkPre(version int, where string, in TensorInfo, l Lookup) error {
 		return fmt.Errorf("%s: pre-lookup ops make %d ids per sample (shape %v), bag is %d", where, n, shape, l.Bag)
 	case l.Rank1 != (len(shape) == 0):
 		return fmt.Errorf("%s: pre-lookup ops make ids of per-sample shape %v, rank1 is %v", where, shape, l.Rank1)
+	}
+	return nil
+}
+
+// validateBatch checks fixed_batch against batch: a fixed batch is the
+// exported one, and some node keeps the graph at it.
+func (p *Plan) validateBatch() error {
+	switch {
+	case p.FixedBatch < 0:
+		return fmt.Errorf("fixed_batch %d is negative", p.FixedBatch)
+	case p.Batch != nil && p.Batch.Exported <= 0:
+		return fmt.Errorf("batch: exported %d, want a positive batch size", p.Batch.Exported)
+	case p.FixedBatch > 0 && (p.Batch == nil || p.Batch.Exported != p.FixedBatch || len(p.Batch.Blockers) == 0):
+		return fmt.Errorf("fixed_batch %d: batch must say the model was exported at that size and name the nodes that keep it there", p.FixedBatch)
+	case p.FixedBatch == 0 && p.Batch != nil && len(p.Batch.Blockers) > 0:
+		return fmt.Errorf("batch: %d node(s) keep the graph at batch %d, but fixed_batch is not set", len(p.Batch.Blockers), p.Batch.Exported)
+	}
+	if p.Batch != nil {
+		for i, b := range p.Batch.Blockers {
+			if b.Side != "" && b.Side != CPU && b.Side != GPU {
+				return fmt.Errorf("batch.blockers[%d] %q: side %q, want %q or %q", i, b.Node, b.Side, CPU, GPU)
+			}
+		}
 	}
 	return nil
 }

@@ -26,13 +26,18 @@ import (
 // --verify, serve through prism up with their inputs as the model
 // declares them (a packed input is one input of F values per
 // candidate), score the same as prism score on the whole model within
-// 1e-5, and take prism loadgen --plan.
+// 1e-5, and take prism loadgen --plan. Among them: ids the model
+// declares int32, a model exported with a fixed batch that partition
+// rewrites to a symbolic one (served at 96 candidates, exported at 8),
+// and one whose fixed batch stays (served at exactly its 4; a request
+// of another size is refused naming the node that keeps it).
 func TestExporterPatternsEndToEnd(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	names := []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic"}
+	names := []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
+		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias"}
 	args := []string{"up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db")}
 	parts := map[string]string{}
 	for _, name := range names {
@@ -45,9 +50,12 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		part := filepath.Join(dir, name+"-part")
-		out, err := run(t, nil, "partition", model, "-o", part, "--verify", "300")
-		if err != nil || !strings.Contains(out, "verified on 300 samples") {
+		out, err := run(t, nil, "partition", model, "-o", part, "--verify", "296")
+		if err != nil || !strings.Contains(out, "verified on 296 samples") {
 			t.Fatalf("partition %s: %v\n%s", name, err, out)
+		}
+		if m.Batch > 0 && !strings.Contains(out, "verified at batch sizes") {
+			t.Fatalf("partition %s: exported at batch %d, but verify did not say at which sizes it ran\n%s", name, m.Batch, out)
 		}
 		parts[name] = part
 		args = append(args, "--model", part)
@@ -60,9 +68,18 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
 			model, part := filepath.Join(dir, name, "model.onnx"), parts[name]
-			const n = 97
+			n, batch, candidates := 97, 97, "8"
+			if m := exporters.ByName(name, 11); m.Batch > 0 {
+				// prism score runs the whole model at its exported batch.
+				batch = int(m.Batch)
+				n = 12 * batch
+				if m.BlockedBy != "" {
+					// Kept at its batch: every request is that size.
+					n, candidates = batch, strconv.Itoa(batch)
+				}
+			}
 			scores := filepath.Join(dir, name+"-scores.txt")
-			if out, err := run(t, nil, "score", model, "--plan", part, "--samples", strconv.Itoa(n), "--batch", strconv.Itoa(n),
+			if out, err := run(t, nil, "score", model, "--plan", part, "--samples", strconv.Itoa(n), "--batch", strconv.Itoa(batch),
 				"--seed", "7", "--scores-out", scores); err != nil {
 				t.Fatalf("score: %v\n%s", err, out)
 			}
@@ -80,7 +97,12 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, _ := src.Next(n)
+			// prism score draws a batch of --batch at a time.
+			b, _ := src.Next(batch)
+			for b.N < n {
+				more, _ := src.Next(batch)
+				b = joinBatches(b, more)
+			}
 			req := toRequest(name, b, nil)
 			if len(req.Candidates.Inputs) != len(p.Inputs) {
 				t.Fatalf("%d request inputs for the plan's %d", len(req.Candidates.Inputs), len(p.Inputs))
@@ -99,7 +121,13 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 			if worst > 1e-5 {
 				t.Fatalf("served scores differ from prism score by %g", worst)
 			}
-			out, err := run(t, nil, "loadgen", "--target", up.addr, "--model", name, "--plan", part, "--candidates", "8",
+			if p.FixedBatch > 0 {
+				_, err := rec.Recommend(ctx, toRequest(name, b.Slice(0, n-1), nil))
+				if err == nil || !strings.Contains(err.Error(), "serves batches of exactly") {
+					t.Fatalf("a request of %d candidates for a model fixed at %d: %v", n-1, p.FixedBatch, err)
+				}
+			}
+			out, err := run(t, nil, "loadgen", "--target", up.addr, "--model", name, "--plan", part, "--candidates", candidates,
 				"--rate", "200", "--max-requests", "20", "--duration", "5s", "--quiet", "--certs", certs)
 			if err != nil || !strings.Contains(out, "ok 20  errors 0") {
 				t.Errorf("loadgen: %v\n%s", err, out)
@@ -121,6 +149,20 @@ func readScores(t *testing.T, path string) []float64 {
 			t.Fatal(err)
 		}
 		out = append(out, v)
+	}
+	return out
+}
+
+// joinBatches is a's samples followed by b's.
+func joinBatches(a, b *models.Batch) *models.Batch {
+	out := &models.Batch{N: a.N + b.N, Sig: a.Sig, Columns: make([]models.Column, len(a.Columns))}
+	for i := range a.Columns {
+		if a.Columns[i].F32 != nil {
+			out.Columns[i].F32 = append(append([]float32(nil), a.Columns[i].F32...), b.Columns[i].F32...)
+		}
+		if a.Columns[i].I64 != nil {
+			out.Columns[i].I64 = append(append([]int64(nil), a.Columns[i].I64...), b.Columns[i].I64...)
+		}
 	}
 	return out
 }

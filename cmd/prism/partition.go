@@ -73,6 +73,9 @@ and prints a report.`,
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "verified on %d samples: max abs error %.3g (tolerance %g)\n", rep.Samples, rep.MaxAbsErr, verify.Tolerance)
+				if len(rep.BatchSizes) > 0 {
+					fmt.Fprintf(cmd.OutOrStdout(), "verified at batch sizes %v (the model runs whole at its exported batch only)\n", rep.BatchSizes)
+				}
 			}
 			return nil
 		},

@@ -36,7 +36,8 @@ type model struct {
 // inputSpec is one model input as the requests carry it.
 type inputSpec struct {
 	name  string
-	ids   bool    // int64 ids (Input.ids) rather than float values (Input.values)
+	ids   bool    // ids (Input.ids, int64 on the wire) rather than float values (Input.values)
+	int32 bool    // the model declares the ids int32: each must fit one
 	shape []int64 // per sample, plan's
 	width int     // values per sample; 0 when the plan leaves a dim unknown
 	// weighted: some lookup reads this input's per-id weights from
@@ -106,9 +107,11 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 		switch in.DType {
 		case "int64":
 			spec.ids = true
+		case "int32":
+			spec.ids, spec.int32 = true, true
 		case "float32", "float":
 		default:
-			return nil, fmt.Errorf("model %q: input %q: dtype %q not served (float32 and int64 are)", m.name, in.Name, in.DType)
+			return nil, fmt.Errorf("model %q: input %q: dtype %q not served (float32, int64 and int32 are)", m.name, in.Name, in.DType)
 		}
 		for _, d := range in.Shape {
 			if d < 0 {
@@ -134,7 +137,7 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 					return nil, fmt.Errorf("model %q: table %q: %w", m.name, t.Name, err)
 				}
 			} else if in == nil || !in.ids {
-				return nil, fmt.Errorf("model %q: table %q looks up %q, which is not an int64 model input", m.name, t.Name, l.Input)
+				return nil, fmt.Errorf("model %q: table %q looks up %q, which is not an int64 or int32 model input", m.name, t.Name, l.Input)
 			}
 			if l.Weights != "" {
 				if w := m.inputs[l.Weights]; w == nil {
@@ -190,4 +193,12 @@ func (m *model) cutShape(name string) []int64 {
 		}
 	}
 	return nil
+}
+
+// dtype is the element type the model declares for an id input.
+func (s *inputSpec) dtype() string {
+	if s.int32 {
+		return "int32"
+	}
+	return "int64"
 }

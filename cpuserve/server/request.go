@@ -49,6 +49,10 @@ func badInput(format string, args ...any) error {
 // decode checks a request's features against the model's inputs and
 // returns every model input by name. The values alias the request.
 func (m *model) decode(req *prismv1.LookupRequest, n int) (map[string]*value, error) {
+	if fb := m.plan.FixedBatch; fb > 0 && int64(n) != fb {
+		return nil, badInput("model %q: %d candidates: the model was exported with a fixed batch of %d that node %s keeps (plan.json fixed_batch), so it serves batches of exactly %d candidates",
+			m.name, n, fb, m.fixedBlocker(), fb)
+	}
 	vals := make(map[string]*value, len(m.inputs)+len(m.lookups))
 	if err := m.decodeSide(vals, "candidates", req.GetCandidates(), n, false); err != nil {
 		return nil, err
@@ -90,9 +94,16 @@ func (m *model) decodeSide(vals map[string]*value, side string, f *prismv1.Featu
 		var count int
 		if spec.ids {
 			if len(in.GetValues()) > 0 {
-				return badInput("model %q: %s: input %q takes int64 ids, got %d float values", m.name, side, name, len(in.GetValues()))
+				return badInput("model %q: %s: input %q takes %s ids, got %d float values", m.name, side, name, spec.dtype(), len(in.GetValues()))
 			}
 			count = len(in.GetIds())
+			if spec.int32 {
+				for j, id := range in.GetIds() {
+					if id != int64(int32(id)) {
+						return badInput("model %q: %s: input %q: id %d (value %d) does not fit the model's int32", m.name, side, name, id, j)
+					}
+				}
+			}
 		} else {
 			if len(in.GetIds()) > 0 || len(in.GetWeights()) > 0 {
 				return badInput("model %q: %s: input %q takes float values, got ids or weights", m.name, side, name)
@@ -147,4 +158,13 @@ func batchShape(n int, shape []int64, width int) []int64 {
 		out[unknown] = int64(width) / max(known, 1)
 	}
 	return out
+}
+
+// fixedBlocker names the node that keeps a fixed-batch plan at its
+// batch, for messages.
+func (m *model) fixedBlocker() string {
+	if b := m.plan.Batch; b != nil && len(b.Blockers) > 0 {
+		return fmt.Sprintf("%q (%s)", b.Blockers[0].Node, b.Blockers[0].Op)
+	}
+	return "(unnamed)"
 }

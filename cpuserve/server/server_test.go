@@ -28,6 +28,7 @@ import (
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/models/exporters"
 	"github.com/prism-serve/prism/partitioner"
 )
 
@@ -46,7 +47,15 @@ type fixture struct {
 	addr   string // the dense double's (a bufconn target)
 	mono   map[string]*ort.Session
 	sigs   map[string]models.Signature
+	// corpus holds the exporter-corpus models served besides the zoo's
+	// (testExporterModels), for their float64 references.
+	corpus map[string]*exporters.Model
 }
+
+// testExporterModels are exporter-corpus models the fixture serves too:
+// int32 ids, a fixed exported batch rewritten to a symbolic one, and a
+// fixed batch kept (plan.json fixed_batch).
+var testExporterModels = []string{"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias"}
 
 var (
 	fixOnce sync.Once
@@ -81,9 +90,28 @@ func newFixture() (*fixture, error) {
 		return nil, err
 	}
 	cleanup = append(cleanup, func() { os.RemoveAll(dir) })
-	f := &fixture{mono: map[string]*ort.Session{}, sigs: map[string]models.Signature{}}
+	f := &fixture{mono: map[string]*ort.Session{}, sigs: map[string]models.Signature{}, corpus: map[string]*exporters.Model{}}
 	dd := &denseDouble{models: map[string]*denseModel{}}
 	var plans []string
+	for _, name := range testExporterModels {
+		m := exporters.ByName(name, 11)
+		path := filepath.Join(dir, name+".onnx")
+		if err := m.Write(path); err != nil {
+			return nil, err
+		}
+		part := filepath.Join(dir, name+"-part")
+		res, err := partitioner.Partition(path, part, partitioner.Options{})
+		if err != nil {
+			return nil, err
+		}
+		plans = append(plans, part)
+		f.corpus[name], f.sigs[name] = m, m.Sig
+		ds, err := ort.NewSession(filepath.Join(part, res.Plan.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+		if err != nil {
+			return nil, err
+		}
+		dd.models[res.Plan.Model.Name] = &denseModel{sess: ds, plan: res.Plan}
+	}
 	for i, name := range testModels {
 		p, err := models.Lookup(name)
 		if err != nil {
@@ -485,7 +513,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	w := f.srv.WorkerInfo("cpu/test", "127.0.0.1:1")
-	if w.Role != prismv1.Role_ROLE_EMBEDDING || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny"}) || w.Outstanding != 0 {
+	if w.Role != prismv1.Role_ROLE_EMBEDDING || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny", "torchrec-int32-ids", "ts-fixed-batch-row-bias", "ts-fixed-batch-view"}) || w.Outstanding != 0 {
 		t.Errorf("worker info %v", w)
 	}
 }
@@ -553,4 +581,65 @@ func TestSequencedUpdates(t *testing.T) {
 			t.Fatalf("step %d: worker announces update %d, want %d", i, got, base+st.after)
 		}
 	}
+}
+
+// TestExporterModels: an exporter-corpus model whose ids the model
+// declares int32 is served from int64 ids on the wire (each must fit an
+// int32); a model exported with a fixed batch and rewritten to a
+// symbolic one serves any number of candidates; one whose fixed batch
+// could not be rewritten serves exactly that many and refuses others
+// naming the node that keeps it. Scores equal the corpus's float64
+// references within 1e-5.
+func TestExporterModels(t *testing.T) {
+	f := setup(t)
+	check := func(t *testing.T, name string, n int, seed uint64) {
+		t.Helper()
+		m := f.corpus[name]
+		src, err := models.NewSynthetic(m.Sig, models.SyntheticOptions{Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := src.Next(n)
+		want, err := m.Reference(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := f.client.Lookup(ctx, f.request(name, b))
+		if err != nil {
+			t.Fatalf("n=%d: %v", n, err)
+		}
+		if len(resp.Scores) != n {
+			t.Fatalf("%d scores for %d candidates", len(resp.Scores), n)
+		}
+		for i, v := range resp.Scores {
+			if d := math.Abs(float64(v) - want[i]); d > 1e-5 {
+				t.Fatalf("n=%d: score %d differs from the reference by %g", n, i, d)
+			}
+		}
+	}
+	t.Run("int32", func(t *testing.T) {
+		for _, n := range []int{1, 7, 300} {
+			check(t, "torchrec-int32-ids", n, uint64(n))
+		}
+		b := f.batch(t, "torchrec-int32-ids", 2, 1)
+		b.Columns[1].I64[1] = 1 << 33 // wraps to 0 as an int32: refused
+		_, err := f.client.Lookup(context.Background(), f.request("torchrec-int32-ids", b))
+		expectStatus(t, err, codes.InvalidArgument, "does not fit the model's int32")
+	})
+	t.Run("fixed-batch-rewritten", func(t *testing.T) {
+		for _, n := range []int{1, 5, 8, 300} {
+			check(t, "ts-fixed-batch-view", n, uint64(n))
+		}
+	})
+	t.Run("fixed-batch-kept", func(t *testing.T) {
+		check(t, "ts-fixed-batch-row-bias", 4, 3)
+		for _, n := range []int{1, 5} {
+			b := f.batch(t, "ts-fixed-batch-row-bias", n, 1)
+			_, err := f.client.Lookup(context.Background(), f.request("ts-fixed-batch-row-bias", b))
+			expectStatus(t, err, codes.InvalidArgument, `serves batches of exactly 4 candidates`)
+			expectStatus(t, err, codes.InvalidArgument, `node "/Add_`)
+		}
+	})
 }

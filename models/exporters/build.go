@@ -19,6 +19,7 @@ import (
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/plan"
 )
 
 // Model is one corpus model.
@@ -32,6 +33,16 @@ type Model struct {
 	Sig models.Signature
 	// WantErr, for a broken twin, is what the partition error must say.
 	WantErr string
+	// Batch, when not 0, is the fixed batch size the model was exported
+	// with (its inputs take batches of exactly this size): run it in
+	// chunks of Batch samples.
+	Batch int64
+	// BlockedBy, for a fixed-batch model that cannot be rewritten to a
+	// symbolic batch, names the node that ties it to Batch.
+	BlockedBy string
+	// BlockedSide is the side the partition puts that node on: "cpu"
+	// (the embedding tier) or "gpu" (dense.onnx).
+	BlockedSide plan.Side
 
 	feats func(s sample) []float64
 	w     []float64
@@ -174,7 +185,16 @@ func (b *builder) constTable(rows, dim int) (string, [][]float32) {
 }
 
 func (b *builder) input(name string, elem pb.TensorProto_DataType, dims ...int64) string {
+	return b.inputB(name, 0, elem, dims...)
+}
+
+// inputB declares an input whose batch is the number batch (0: the
+// symbol "batch").
+func (b *builder) inputB(name string, batch int64, elem pb.TensorProto_DataType, dims ...int64) string {
 	d := []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "batch"}}}
+	if batch > 0 {
+		d[0].Value = &pb.TensorShapeProto_Dimension_DimValue{DimValue: batch}
+	}
 	for _, v := range dims {
 		d = append(d, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: v}})
 	}
@@ -185,6 +205,12 @@ func (b *builder) input(name string, elem pb.TensorProto_DataType, dims ...int64
 // finish concatenates parts ([batch, k] float each, width features in
 // all) and scores them: Concat, Gemm, Sigmoid.
 func (b *builder) finish(m *Model, parts []string, width int) {
+	b.finishB(m, parts, width, 0)
+}
+
+// finishB is finish with the output's batch the number batch (0: the
+// symbol "batch").
+func (b *builder) finishB(m *Model, parts []string, width int, batch int64) {
 	cat := b.node("Concat", parts, ai("axis", 1))
 	w := make([]float32, width)
 	m.w = make([]float64, width)
@@ -202,6 +228,9 @@ func (b *builder) finish(m *Model, parts []string, width int) {
 	b.g.Output = append(b.g.Output, &pb.ValueInfoProto{Name: models.ScoreOutput, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
 		ElemType: int32(pb.TensorProto_FLOAT), Shape: &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{
 			{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "batch"}}, {Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: 1}}}}}}}})
+	if batch > 0 {
+		b.g.Output[len(b.g.Output)-1].GetType().GetTensorType().GetShape().Dim[0].Value = &pb.TensorShapeProto_Dimension_DimValue{DimValue: batch}
+	}
 	m.Proto = &pb.ModelProto{IrVersion: 8, ProducerName: "pytorch", OpsetImport: []*pb.OperatorSetIdProto{{Version: b.opset}}, Graph: b.g,
 		MetadataProps: []*pb.StringStringEntryProto{{Key: "prism.model", Value: m.Name}}}
 }

@@ -12,12 +12,13 @@ func Corpus(seed uint64) []*Model {
 	return []*Model{
 		selectEmbedding(seed), unbindSplit(seed), splitOpset11(seed), sliceNarrow(seed),
 		torchrecFused(seed), singleFloatInput(seed), idArithmetic(seed), foldedTables(seed),
+		int32IDs(seed),
 	}
 }
 
 // ByName returns the corpus or broken-twin model called name, or nil.
 func ByName(name string, seed uint64) *Model {
-	for _, m := range append(Corpus(seed), Broken(seed)...) {
+	for _, m := range append(append(Corpus(seed), Broken(seed)...), FixedBatch(seed)...) {
 		if m.Name == name {
 			return m
 		}
@@ -269,5 +270,40 @@ func foldedTables(seed uint64) *Model {
 		return append(append(row64(t0, s.id(0, 0)), row64(t1, s.id(0, 1))...), s.f(1, 0))
 	}
 	b.finish(m, []string{e0, e1, dense}, 2*dim+1)
+	return m
+}
+
+// int32IDs: ids the model declares int32 (TorchRec and FBGEMM take
+// int32 indices and offsets; a model exported with
+// example inputs of dtype torch.int32 keeps that type): a packed
+// [batch, 3] int32 tensor with int32 offsets into a fused table
+// (Add), and a [batch] int32 id read directly by a Gather (int32
+// indices are valid for Gather); opset 17.
+func int32IDs(seed uint64) *Model {
+	m := &Model{Name: "torchrec-int32-ids", Source: "torchrec KeyedJaggedTensor int32 values + fbgemm_gpu TBE int32 indices (opset 17)"}
+	b := newBuilder("main_graph", 17, seed)
+	ids := b.input("ids", pb.TensorProto_INT32, 3)
+	user := b.input("user", pb.TensorProto_INT32)
+	sizes := []int64{20, 30, 25}
+	fused := b.table("ebc.fused.weight", 75, dim)
+	users := b.table("user.weight", 50, dim)
+	b.g.Initializer = append(b.g.Initializer, &pb.TensorProto{Name: "feature_offsets", DataType: int32(pb.TensorProto_INT32), Dims: []int64{3}, Int32Data: []int32{0, 20, 50}})
+	fid := b.node("Add", []string{ids, "feature_offsets"})
+	flat := b.node("Flatten", []string{b.node("Gather", []string{"ebc.fused.weight", fid})}, ai("axis", 1))
+	u := b.node("Gather", []string{"user.weight", user})
+	m.Sig = models.Signature{Inputs: []models.InputSpec{
+		ranged("ids", models.SparseKind, rng(0, sizes[0]), rng(0, sizes[1]), rng(0, sizes[2])),
+		{Name: "user", Kind: models.SparseKind, Width: 1, Rank1: true, Rows: 50},
+	}}
+	m.feats = func(s sample) []float64 {
+		var x []float64
+		off := int64(0)
+		for k := range 3 {
+			x = append(x, row64(fused, off+s.id(0, k))...)
+			off += sizes[k]
+		}
+		return append(x, row64(users, s.id(1, 0))...)
+	}
+	b.finish(m, []string{flat, u}, 4*dim)
 	return m
 }

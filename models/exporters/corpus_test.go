@@ -18,7 +18,7 @@ func TestCorpusMatchesReference(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range exporters.Corpus(3) {
+	for _, m := range append(exporters.Corpus(3), exporters.FixedBatch(3)...) {
 		t.Run(m.Name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "model.onnx")
 			if err := m.Write(path); err != nil {
@@ -34,21 +34,32 @@ func TestCorpusMatchesReference(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				b, _ := src.Next(300)
+				n, chunk := 300, 300
+				if m.Batch > 0 {
+					// A fixed exported batch: the model takes batches of
+					// exactly that size.
+					chunk = int(m.Batch)
+					n -= n % chunk
+				}
+				b, _ := src.Next(n)
 				want, err := m.Reference(b)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := s.Run(modelrun.Inputs(b))
-				if err != nil {
-					t.Fatal(err)
+				var got []float32
+				for i := 0; i < n; i += chunk {
+					out, err := s.Run(modelrun.Inputs(b.Slice(i, i+chunk)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, out[0]...)
 				}
 				var worst float64
 				for i := range want {
-					worst = max(worst, math.Abs(float64(got[0][i])-want[i]))
+					worst = max(worst, math.Abs(float64(got[i])-want[i]))
 				}
-				if worst > 1e-5 || len(got[0]) != len(want) {
-					t.Fatalf("ONNX Runtime differs from the float64 reference by %g (%d scores, want %d)", worst, len(got[0]), len(want))
+				if worst > 1e-5 || len(got) != len(want) {
+					t.Fatalf("ONNX Runtime differs from the float64 reference by %g (%d scores, want %d)", worst, len(got), len(want))
 				}
 			}
 		})
@@ -80,6 +91,34 @@ func TestEmbeddingBagLoopRuns(t *testing.T) {
 		}
 		if len(out[0]) != 2 || math.IsNaN(float64(out[0][0])) {
 			t.Fatalf("bag=%v: scores %v, want 2", bag, out[0])
+		}
+	}
+}
+
+// TestFixedBatchRefusesOtherSizes: a fixed-batch fixture really is
+// fixed: ONNX Runtime refuses a batch of another size for it.
+func TestFixedBatchRefusesOtherSizes(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range exporters.FixedBatch(3) {
+		path := filepath.Join(t.TempDir(), "model.onnx")
+		if err := m.Write(path); err != nil {
+			t.Fatal(err)
+		}
+		s, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := models.NewSynthetic(m.Sig, models.SyntheticOptions{Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := src.Next(int(m.Batch) + 1)
+		_, err = s.Run(modelrun.Inputs(b))
+		s.Close()
+		if err == nil {
+			t.Fatalf("%s: ran a batch of %d, exported at %d", m.Name, m.Batch+1, m.Batch)
 		}
 	}
 }

@@ -70,3 +70,69 @@ func TestExporterBrokenTwins(t *testing.T) {
 		})
 	}
 }
+
+// TestExporterFixedBatch: models exported without dynamic axes. The
+// rewritable one partitions to a symbolic batch (its Reshape constants
+// rewritten) and the parts equal the model, run at its exported batch,
+// at batch sizes other than the exported one; the other keeps its
+// exported batch, names the node that ties it there, and verifies at
+// that size.
+func TestExporterFixedBatch(t *testing.T) {
+	requireORT(t)
+	for _, m := range exporters.FixedBatch(5) {
+		t.Run(m.Name, func(t *testing.T) {
+			dir := t.TempDir()
+			model := filepath.Join(dir, "model.onnx")
+			if err := m.Write(model); err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(dir, "part")
+			res, err := partitioner.Partition(model, out, partitioner.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := res.Plan
+			if p.Batch == nil || p.Batch.Exported != m.Batch || len(p.Tables) == 0 {
+				t.Fatalf("batch %+v, %d tables; want exported %d\n%s", p.Batch, len(p.Tables), m.Batch, res.Report())
+			}
+			rep, err := verify.Verify(model, out, 300, 1)
+			if err != nil {
+				t.Fatalf("verify: %v\n%s", err, res.Report())
+			}
+			src, err := models.NewSynthetic(m.Sig, models.SyntheticOptions{Seed: 2, Uniform: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := verify.VerifySource(model, out, src, 300); err != nil {
+				t.Fatalf("verify on the corpus's samples: %v", err)
+			}
+			if m.BlockedBy == "" {
+				if p.FixedBatch != 0 || len(p.Batch.Rewritten) == 0 || len(p.Batch.Blockers) != 0 {
+					t.Fatalf("want a rewrite to a symbolic batch, got fixed_batch %d, batch %+v\n%s", p.FixedBatch, p.Batch, res.Report())
+				}
+				for _, s := range rep.BatchSizes {
+					if s == int(m.Batch) {
+						t.Fatalf("verified at the exported batch %d: %v", s, rep.BatchSizes)
+					}
+				}
+				if len(rep.BatchSizes) < 3 {
+					t.Fatalf("verified at batch sizes %v only", rep.BatchSizes)
+				}
+			} else {
+				if p.FixedBatch != m.Batch || len(p.Batch.Blockers) != 1 || p.Batch.Blockers[0].Node != strings.TrimSuffix(m.BlockedBy, "_output_0") {
+					t.Fatalf("want fixed_batch %d blocked by %q, got %d, %+v\n%s", m.Batch, m.BlockedBy, p.FixedBatch, p.Batch, res.Report())
+				}
+				if len(rep.BatchSizes) != 1 || rep.BatchSizes[0] != int(m.Batch) {
+					t.Fatalf("verified at %v, want the fixed batch %d only", rep.BatchSizes, m.Batch)
+				}
+				if !strings.Contains(res.Report(), "batch: FIXED at 4") {
+					t.Fatalf("the report does not say the batch is fixed:\n%s", res.Report())
+				}
+				if want := m.BlockedSide; p.Batch.Blockers[0].Side != want {
+					t.Fatalf("blocker on side %q, want %q\n%s", p.Batch.Blockers[0].Side, want, res.Report())
+				}
+			}
+			t.Logf("batch sizes %v, max abs error %.2g\n%s", rep.BatchSizes, rep.MaxAbsErr, res.Report())
+		})
+	}
+}

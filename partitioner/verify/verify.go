@@ -19,6 +19,11 @@ const Tolerance = 1e-5
 type Report struct {
 	Samples   int
 	MaxAbsErr float64
+	// BatchSizes are the batch sizes the partition ran at, for a model
+	// exported with a fixed batch (plan.json batch): the exported size
+	// only when the plan keeps it (fixed_batch), sizes other than it
+	// when the partitioner rewrote the graph to a symbolic batch.
+	BatchSizes []int
 }
 
 // Verify scores n fresh random samples (seeded) with the monolithic model
@@ -88,18 +93,51 @@ func VerifySource(modelPath, dir string, src models.Source, n int) (Report, erro
 	}
 	defer chain.Close()
 	rep := Report{}
-	const batch = 256
+	batch := 256
+	// A model exported with a fixed batch B runs whole only in batches
+	// of B: the reference runs in chunks of B, and the partition at
+	// other sizes (proving the rewrite to a symbolic batch), or at B
+	// when the plan keeps it fixed.
+	var exported int
+	var sizes []int
+	if bi := chain.Plan.Batch; bi != nil {
+		exported = int(bi.Exported)
+		batch = max(1, 256/exported) * exported
+		n += (exported - n%exported) % exported
+		if chain.Plan.FixedBatch > 0 {
+			sizes = []int{exported}
+		} else {
+			for _, s := range []int{1, 3, 7, 2*exported + 1, 64} {
+				if s != exported {
+					sizes = append(sizes, s)
+				}
+			}
+		}
+	}
+	seen := map[int]bool{}
+	next := 0
 	for done := 0; done < n; {
 		k := min(batch, n-done)
 		b, err := src.Next(k)
 		if err != nil {
 			return rep, fmt.Errorf("verify: samples: %w", err)
 		}
-		want, err := mono.Run(modelrun.Inputs(b))
+		want, err := runChunks(k, exported, func(i, j int) ([][]float32, error) { return mono.Run(modelrun.Inputs(b.Slice(i, j))) })
 		if err != nil {
 			return rep, err
 		}
-		got, err := chain.Run(b)
+		var got [][]float32
+		if sizes == nil {
+			got, err = chain.Run(b)
+		} else {
+			got, err = runSizes(k, sizes, &next, func(i, j int) ([][]float32, error) {
+				if !seen[j-i] {
+					seen[j-i] = true
+					rep.BatchSizes = append(rep.BatchSizes, j-i)
+				}
+				return chain.Run(b.Slice(i, j))
+			})
+		}
 		if err != nil {
 			return rep, fmt.Errorf("verify: partitioned model: %w", err)
 		}
@@ -121,4 +159,54 @@ func VerifySource(modelPath, dir string, src models.Source, n int) (Report, erro
 		return rep, fmt.Errorf("verify: partitioned output differs from the monolithic model by %g (> %g)", rep.MaxAbsErr, Tolerance)
 	}
 	return rep, nil
+}
+
+// runChunks runs samples [0, k) in chunks of size (all at once for 0)
+// and joins the outputs.
+func runChunks(k, size int, run func(i, j int) ([][]float32, error)) ([][]float32, error) {
+	if size == 0 {
+		return run(0, k)
+	}
+	var out [][]float32
+	for i := 0; i < k; i += size {
+		o, err := run(i, min(i+size, k))
+		if err != nil {
+			return nil, err
+		}
+		out = joinOutputs(out, o)
+	}
+	return out, nil
+}
+
+// runSizes runs samples [0, k) in batches whose sizes cycle through
+// sizes (from *next on; a fixed size is never cut short) and joins the
+// outputs.
+func runSizes(k int, sizes []int, next *int, run func(i, j int) ([][]float32, error)) ([][]float32, error) {
+	var out [][]float32
+	for i := 0; i < k; {
+		s := sizes[*next%len(sizes)]
+		*next++
+		if len(sizes) > 1 {
+			s = min(s, k-i)
+		}
+		o, err := run(i, i+s)
+		if err != nil {
+			return nil, err
+		}
+		out = joinOutputs(out, o)
+		i += s
+	}
+	return out, nil
+}
+
+func joinOutputs(acc, o [][]float32) [][]float32 {
+	if acc == nil {
+		return o
+	}
+	for i := range acc {
+		if i < len(o) {
+			acc[i] = append(acc[i], o[i]...)
+		}
+	}
+	return acc
 }
