@@ -34,8 +34,9 @@ type lease struct {
 	serving       bool
 	draining      bool
 	drainedAt     time.Duration
-	drainReason   string // ReasonLowDemand or ReasonReclaim
+	drainReason   string // ReasonLowDemand, ReasonReclaim or ReasonLost
 	deadline      time.Duration
+	missing       int // observations in a row without it
 }
 
 type pending struct {
@@ -81,7 +82,7 @@ func validate(obs *Observation) error {
 		for _, v := range []struct {
 			name string
 			v    float64
-		}{{"offered", m.Offered}, {"shed", m.Shed}, {"capacity per worker", m.CapacityPerWorker}} {
+		}{{"offered", m.Offered}, {"shed", m.Shed}} {
 			if !(v.v >= 0) || math.IsInf(v.v, 0) {
 				errs = append(errs, fmt.Errorf("model %q: %s %v is not a non-negative number", m.Model, v.name, v.v))
 			}
@@ -136,7 +137,9 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 			seen[w.ID] = w
 			workerModel[w.ID] = m.Model
 		}
-		if m.CapacityPerWorker > 0 {
+		// A capacity per worker that is not a positive number (a
+		// glitched measurement) is unknown: the last one stands.
+		if m.CapacityPerWorker > 0 && !math.IsInf(m.CapacityPerWorker, 0) {
 			c.capacity[m.Model] = m.CapacityPerWorker
 		}
 	}
@@ -199,18 +202,31 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 	}
 
 	// Releases: a worker drained at an earlier tick goes back once it
-	// holds nothing, at its deadline, or when it has vanished.
+	// holds nothing, at its deadline, or when it has vanished. A worker
+	// missing from LostAfter observations in a row (not one failed
+	// scrape) is drained as lost first.
 	for _, id := range slices.Sorted(maps.Keys(c.leases)) {
 		l := c.leases[id]
 		w, ok := seen[id]
+		if ok {
+			l.missing = 0
+		} else {
+			l.missing++
+		}
 		switch {
 		case !ok && !l.draining:
-			delete(c.leases, id)
-			emit(Decision{Kind: Return, Model: l.model, Worker: id, Reason: "lost"})
+			if l.missing >= c.o.LostAfter {
+				l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonLost, now+c.o.DrainTimeout
+				emit(Decision{Kind: Drain, Model: l.model, Worker: id, Reason: ReasonLost})
+			}
 		case !l.draining || l.drainedAt == now:
 		case !ok || w.InFlight == 0:
 			delete(c.leases, id)
-			emit(Decision{Kind: Return, Model: l.model, Worker: id, Reason: ReasonDrained})
+			reason := ReasonDrained
+			if !ok && l.drainReason == ReasonLost {
+				reason = ReasonLost
+			}
+			emit(Decision{Kind: Return, Model: l.model, Worker: id, Reason: reason})
 		case now >= l.deadline:
 			delete(c.leases, id)
 			c.stats.ReleasedWithInFlight += w.InFlight
@@ -266,10 +282,13 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 		size := m.Offered
 		forecast := 0.0
 		if c.o.Policy == Predictive && m.Forecast != nil {
-			forecast = m.Forecast.Peak(now, now+c.lead())
-			size = math.Max(size, forecast)
+			// A forecast that is not a number (or negative) is none.
+			if f := m.Forecast.Peak(now, now+c.lead()); f >= 0 {
+				forecast = f
+				size = math.Max(size, forecast)
+			}
 		}
-		need := int(math.Ceil(m.Offered/(cp*c.o.Target))) - active
+		need := workersFor(m.Offered, cp*c.o.Target) - active
 		cool := false
 		if t, ok := c.lastReturn[m.Model]; ok && now-t < c.o.CoolDown {
 			cool = true
@@ -302,7 +321,7 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 		// high-water mark of what is counted: size for it now, so the
 		// workers serve when it comes.
 		if forecast > c.o.High*capa {
-			if fn := int(math.Ceil(forecast/(cp*c.o.Target))) - active; fn > n {
+			if fn := workersFor(forecast, cp*c.o.Target) - active; fn > n {
 				n, reason = fn, ReasonForecast
 			}
 		}
@@ -339,7 +358,7 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 		if reason != "" || n > 0 || cool || pend > 0 || starting > 0 || frac > 0 {
 			continue
 		}
-		k := active - max(1, int(math.Ceil(size/(c.o.Low*cp))))
+		k := active - max(1, workersFor(size, c.o.Low*cp))
 		if k <= 0 {
 			continue
 		}
@@ -365,6 +384,26 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 		}
 	}
 	return out, nil
+}
+
+// maxWorkers bounds what workersFor answers: far more workers than any
+// lender has, far from overflowing an int in the sums it goes into.
+const maxWorkers = 1 << 30
+
+// workersFor is how many workers of perWorker samples/s each carry rate:
+// ceil(rate / perWorker), clamped to [0, maxWorkers] before it is an int
+// (a tiny capacity or a huge forecast would overflow: int of an
+// out-of-range float is not defined), 0 for a rate that is not a
+// positive number.
+func workersFor(rate, perWorker float64) int {
+	if !(rate > 0) {
+		return 0
+	}
+	x := math.Ceil(rate / perWorker)
+	if !(x < maxWorkers) { // +Inf and NaN (perWorker 0) included
+		return maxWorkers
+	}
+	return int(x)
 }
 
 // lead is how far ahead the predictive policy looks: the measured time

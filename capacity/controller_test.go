@@ -20,12 +20,14 @@ import (
 //
 //	new [policy=] [target=] [high=] [low=] [p99-limit=] [queue-limit=]
 //	    [min-lease=] [cool-down=] [max-borrowed=] [startup=]
-//	    [borrow-timeout=] [drain-timeout=] [deliver=on|off]
+//	    [borrow-timeout=] [drain-timeout=] [lost-after=] [deliver=on|off]
 //	model <name> cap=<samples/s> [owned=N]       a model and its owned workers
 //	demand step=<d> rates=r,r,... [promotion=START,DUR,FACTOR] [forecast]
 //	                                             offered load for run (and
 //	                                             the seasonal forecast)
 //	tick at=<d> [model=m] [offered=] [shed=] [p99=] [queue=] [lender=N]
+//	     [cap=]                                  cap: the capacity per worker
+//	                                             observed at this tick only
 //	run to=<d> every=<d> [serve-after=<d>] [lender=N]
 //	                                             ticks from the last time on,
 //	                                             offered from demand, borrowed
@@ -36,6 +38,9 @@ import (
 //	reclaim <worker> grace=<d>                   at the next tick
 //	fail <model> <n>                             a borrow failed, next tick
 //	vanish <worker>                              gone without notice
+//	miss <worker>...                             missing from the next
+//	                                             tick's observation only (a
+//	                                             failed scrape)
 //	workers                                      the world's workers
 //	stats                                        the controller's counters
 func TestController(t *testing.T) {
@@ -97,6 +102,13 @@ func TestController(t *testing.T) {
 				d.MaybeScanArgs(t, "offered", &o.offered)
 				d.MaybeScanArgs(t, "shed", &o.shed)
 				d.MaybeScanArgs(t, "queue", &o.queue)
+				if a, ok := d.Arg("cap"); ok {
+					v, err := strconv.ParseFloat(a.Vals[0], 64)
+					if err != nil {
+						d.Fatalf(t, "cap: %v", err)
+					}
+					o.cap = &v
+				}
 				if a, ok := d.Arg("p99"); ok {
 					o.p99 = dur(t, d, a.Vals[0])
 				}
@@ -159,6 +171,15 @@ func TestController(t *testing.T) {
 				return ""
 			case "vanish":
 				delete(w.workers, d.CmdArgs[0].Key)
+				return ""
+			case "miss":
+				if w.missing == nil {
+					w.missing = map[string]bool{}
+				}
+				for _, a := range d.CmdArgs {
+					w.worker(t, d, a.Key)
+					w.missing[a.Key] = true
+				}
 				return ""
 			case "workers":
 				var lines []string
@@ -232,6 +253,8 @@ func parseOptions(t *testing.T, d *datadriven.TestData) (Options, bool) {
 			o.BorrowTimeout = dur(t, d, v)
 		case "drain-timeout":
 			o.DrainTimeout = dur(t, d, v)
+		case "lost-after":
+			o.LostAfter = i()
 		case "deliver":
 			deliver = v == "on"
 		default:
@@ -251,6 +274,7 @@ type world struct {
 	workers  map[string]*wworker
 	reclaims []pendingReclaim
 	failures []BorrowFailure
+	missing  map[string]bool // left out of the next observation
 	demand   *Seasonal
 	forecast bool
 }
@@ -275,6 +299,7 @@ type tickObs struct {
 	offered, shed float64
 	queue         int
 	p99           time.Duration
+	cap           *float64 // the capacity per worker observed, when set
 }
 
 func (w *world) only(t *testing.T, d *datadriven.TestData) string {
@@ -308,15 +333,19 @@ func (w *world) tick(now time.Duration, per map[string]tickObs) []string {
 		obs.Reclaims = append(obs.Reclaims, Reclaim{Worker: r.worker, Deadline: now + r.grace})
 	}
 	w.reclaims, w.failures = nil, nil
+	defer func() { w.missing = nil }()
 	for _, name := range slices.Sorted(maps.Keys(w.models)) {
 		m := w.models[name]
 		o := per[name]
 		mo := ModelObs{Model: name, Offered: o.offered, Shed: o.shed, QueueDepth: o.queue, P99: o.p99, CapacityPerWorker: m.cap}
+		if o.cap != nil {
+			mo.CapacityPerWorker = *o.cap
+		}
 		if w.forecast && w.demand != nil {
 			mo.Forecast = w.demand
 		}
 		for _, id := range slices.Sorted(maps.Keys(w.workers)) {
-			if ww := w.workers[id]; ww.model == name {
+			if ww := w.workers[id]; ww.model == name && !w.missing[id] {
 				mo.Workers = append(mo.Workers, ww.Worker)
 			}
 		}

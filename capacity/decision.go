@@ -46,6 +46,7 @@ const (
 	ReasonDrained   = "drained"
 	ReasonTimeout   = "drain timeout"
 	ReasonGraceEnd  = "grace end"
+	ReasonLost      = "lost"
 	ReasonUncovered = "demand uncovered"
 	ReasonCovered   = "demand covered"
 )

@@ -68,6 +68,10 @@ type Options struct {
 	// in-flight work is done or after this long (1m). A reclaim uses the
 	// lender's grace instead.
 	DrainTimeout time.Duration
+	// LostAfter is how many observations in a row a borrowed worker
+	// must be missing from (gone without notice, not just a failed
+	// scrape) before it is drained, and then returned (3).
+	LostAfter int
 }
 
 // EnsureDefaults fills zero fields.
@@ -99,6 +103,9 @@ func (o *Options) EnsureDefaults() {
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = time.Minute
 	}
+	if o.LostAfter == 0 {
+		o.LostAfter = 3
+	}
 }
 
 // Validate checks o after EnsureDefaults.
@@ -120,6 +127,9 @@ func (o *Options) Validate() error {
 	}
 	if o.QueueLimit < 0 {
 		errs = append(errs, fmt.Errorf("capacity queue limit must not be negative, got %d", o.QueueLimit))
+	}
+	if o.LostAfter < 0 {
+		errs = append(errs, fmt.Errorf("capacity lost-after must not be negative, got %d", o.LostAfter))
 	}
 	if o.MaxBorrowed < 0 {
 		errs = append(errs, fmt.Errorf("capacity max borrowed must not be negative, got %d", o.MaxBorrowed))

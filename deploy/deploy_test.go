@@ -233,6 +233,7 @@ func checkWorkloads(t *testing.T, objs []object) {
 		t.Errorf("router HPA: maxReplicas %d: several routers elect their update sequencer, so more than one", hpa.Spec.MaxReplicas)
 	}
 	checkSequencerLease(t, objs, pods["prism-router"].Spec)
+	checkRouterRollout(t, objs)
 	// The internal ports admit Prism's own pods only.
 	for _, name := range []string{"prism-embedding", "prism-dense"} {
 		np := find[*networkingv1.NetworkPolicy](t, objs, "NetworkPolicy", name)
@@ -310,6 +311,35 @@ func checkSequencerLease(t *testing.T, objs []object, router corev1.PodSpec) {
 	}
 	if watches && !granted["endpointslices"] {
 		t.Errorf("router: --watch-endpoints without list and watch on EndpointSlices: %+v", role.Rules)
+	}
+}
+
+// checkRouterRollout checks how the router Deployment rolls out: a new
+// router counts as available only after a few heartbeats (the default
+// --heartbeat, 1 s), time for the workers to register with it before
+// the old one goes; and a router with its own update log (no sequencer
+// Lease) is never run beside another, so two routers never number
+// updates at once.
+func checkRouterRollout(t *testing.T, objs []object) {
+	t.Helper()
+	d := find[*appsv1.Deployment](t, objs, "Deployment", "prism-router")
+	if d == nil {
+		return
+	}
+	const heartbeats = 3
+	if d.Spec.MinReadySeconds < heartbeats {
+		t.Errorf("router: minReadySeconds %d, want at least %d (heartbeats for the workers to register)", d.Spec.MinReadySeconds, heartbeats)
+	}
+	if slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--sequencer-lease") {
+		return
+	}
+	st := d.Spec.Strategy
+	if st.Type == appsv1.RecreateDeploymentStrategyType {
+		return
+	}
+	if st.Type != appsv1.RollingUpdateDeploymentStrategyType || st.RollingUpdate == nil || st.RollingUpdate.MaxSurge == nil ||
+		!slices.Contains([]string{"0", "0%"}, st.RollingUpdate.MaxSurge.String()) {
+		t.Errorf("router without a sequencer Lease: strategy %+v, want Recreate or a rolling update with maxSurge 0 (two routers would sequence updates at once)", st)
 	}
 }
 
@@ -511,6 +541,8 @@ func TestChartVariants(t *testing.T) {
 			objs := decode(t, run(t, helm, args...))
 			if !v.partial {
 				checkWorkloads(t, objs)
+			} else {
+				checkRouterRollout(t, objs)
 			}
 			if _, err := os.Stat(bin); err != nil {
 				return

@@ -157,6 +157,9 @@ func traceFrom(g *Graph, types map[string]TensorType, name string, depth int) (*
 	case "Squeeze", "Unsqueeze", "Reshape", "Flatten":
 		return reshape(in0)
 	case "Gather":
+		if len(n.GetInput()) != 2 {
+			return fail("%d inputs, want 2", len(n.GetInput()))
+		}
 		axis := attrInt(n, "axis", 0)
 		if axis < 0 {
 			axis += int64(len(inT.Dims))
@@ -177,7 +180,7 @@ func traceFrom(g *Graph, types map[string]TensorType, name string, depth int) (*
 				return fail("index %d outside %d columns", idx[k], cols)
 			}
 		}
-		if len(dims) == 0 {
+		if len(dims) == 0 && len(idx) == 1 {
 			return prev(in0, plan.PreOp{Op: plan.PreColumn, Index: idx[0]})
 		}
 		if len(dims) == 1 && len(idx) > 0 && idx[len(idx)-1]-idx[0] == int64(len(idx)-1) && consecutive(idx) {
@@ -250,16 +253,19 @@ func traceFrom(g *Graph, types map[string]TensorType, name string, depth int) (*
 				continue
 			}
 			v, dims, ok := g.constTensor(n.GetInput()[k+1])
-			if !ok || len(dims) != 0 {
+			if !ok || len(dims) != 0 || len(v) != 1 {
 				return fail("its bounds are not scalar constants")
 			}
 			*dst = &v[0]
 		}
 		return prev(in0, o)
 	case "Where":
+		if len(n.GetInput()) != 3 {
+			return fail("%d inputs, want 3", len(n.GetInput()))
+		}
 		cond, a, b := n.GetInput()[0], n.GetInput()[1], n.GetInput()[2]
 		ci, ok := g.Producer[cond]
-		if !ok || g.Nodes[ci].GetOpType() != "Equal" {
+		if !ok || g.Nodes[ci].GetOpType() != "Equal" || len(g.Nodes[ci].GetInput()) != 2 {
 			return fail("only Where(Equal(ids, c), default, ids) maps an id to a default row")
 		}
 		eq := g.Nodes[ci]
@@ -270,7 +276,7 @@ func traceFrom(g *Graph, types map[string]TensorType, name string, depth int) (*
 			cv, cd, ok = g.constTensor(c)
 		}
 		dv, dd, dok := g.constTensor(a)
-		if !ok || !dok || len(cd) != 0 || len(dd) != 0 || b != x {
+		if !ok || !dok || len(cd) != 0 || len(dd) != 0 || len(cv) != 1 || len(dv) != 1 || b != x {
 			return fail("only Where(Equal(ids, c), default, ids) with scalar constants maps an id to a default row")
 		}
 		if len(g.Consumers[cond]) != 1 {
@@ -332,7 +338,8 @@ func dimsString(t TensorType) string {
 }
 
 // constTensor reads an integer constant (initializer or Constant node):
-// its values and dims.
+// its values and dims. One whose values do not fill its dims (malformed)
+// is not read.
 func (g *Graph) constTensor(name string) ([]int64, []int64, bool) {
 	var t *pb.TensorProto
 	if init, ok := g.Inits[name]; ok {
@@ -353,7 +360,7 @@ func (g *Graph) constTensor(name string) ([]int64, []int64, bool) {
 		return nil, nil, false
 	}
 	v, err := pb.Int64s(t)
-	if err != nil {
+	if err != nil || int64(len(v)) != numElements(t.GetDims()) {
 		return nil, nil, false
 	}
 	return v, t.GetDims(), true
@@ -362,6 +369,9 @@ func (g *Graph) constTensor(name string) ([]int64, []int64, bool) {
 // broadcastConst expands a constant broadcast against ids of type t
 // (numpy rules) to one value per id of a sample, or one value for all.
 func broadcastConst(vals, cdims []int64, t TensorType) ([]int64, error) {
+	if int64(len(vals)) != numElements(cdims) {
+		return nil, fmt.Errorf("the constant of shape %v holds %d values", cdims, len(vals))
+	}
 	if len(vals) == 1 {
 		return vals, nil
 	}
@@ -403,6 +413,19 @@ func broadcastConst(vals, cdims []int64, t TensorType) ([]int64, error) {
 		out[j] = vals[ci]
 	}
 	return out, nil
+}
+
+// numElements is the number of values of dims (1 for a scalar), -1 for
+// dims that are negative or overflow.
+func numElements(dims []int64) int64 {
+	n := int64(1)
+	for _, d := range dims {
+		if d < 0 || (d != 0 && n > math.MaxInt64/d) {
+			return -1
+		}
+		n *= d
+	}
+	return n
 }
 
 // sliceRange reads a Slice on axis 1 with step 1 and constant bounds

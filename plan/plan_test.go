@@ -69,6 +69,9 @@ func TestValidate(t *testing.T) {
 		{"pre bag", func(p *Plan) {
 			p.Tables[1].Lookups[0].Pre = []PreOp{{Op: PreSlice, Start: 0, End: 2}}
 		}, `tables[1] "t1" lookups[0]: pre-lookup ops make 2 ids per sample (shape [2]), bag is 4`},
+		{"pre weights", func(p *Plan) { packedWeights(p, "w_1") }, ""},
+		{"pre weights width", func(p *Plan) { packedWeights(p, "w_8") },
+			`tables[1] "t1" lookups[0]: weights "w_8" hold 8 values per sample, but the pre-lookup ops make 4 ids (shape [4]): one weight per id`},
 		{"pre unknown op", func(p *Plan) { p.Tables[1].Lookups[0].Pre = []PreOp{{Op: "hash"}} },
 			`tables[1] "t1" lookups[0]: pre[0] hash: unknown op (want column, slice, cast, add, sub, mod, clip, where_equal or reshape)`},
 		{"no dense model", func(p *Plan) { p.DenseModel = "" }, "dense_model is empty"},
@@ -180,6 +183,16 @@ func mustJSON(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// packedWeights has t1 look up columns 0 to 3 of a packed [batch, 8]
+// id input, weighted by the input weights.
+func packedWeights(p *Plan, weights string) {
+	p.Inputs = append(p.Inputs,
+		TensorInfo{Name: "cat_8", DType: "int64", Shape: []int64{8}, Sides: []Side{CPU}},
+		TensorInfo{Name: "w_8", DType: "float32", Shape: []int64{8}, Sides: []Side{CPU}})
+	l := &p.Tables[1].Lookups[0]
+	l.Input, l.Weights, l.Pre = "cat_8", weights, []PreOp{{Op: PreSlice, Start: 0, End: 4}}
 }
 
 // packedPre picks column k of a float [batch, 4] input and casts it.

@@ -142,7 +142,7 @@ func (p *Plan) Validate() error {
 				return fmt.Errorf("%s: pooling %q, want none, sum, mean or max", lw, l.Pooling)
 			}
 			if len(l.Pre) > 0 {
-				if err := checkPre(p.Version, lw, inputInfo[l.Input], l); err != nil {
+				if err := checkPre(p.Version, lw, inputInfo[l.Input], inputInfo[l.Weights], l); err != nil {
 					return err
 				}
 			}
@@ -187,8 +187,10 @@ func localFile(field, path string) error {
 
 // checkPre checks a lookup's pre-lookup ops: a version 2 field, applied
 // to the input's per-sample shape they must end in integer ids, Bag of
-// them per sample (none of axis for Rank1).
-func checkPre(version int, where string, in TensorInfo, l Lookup) error {
+// them per sample (none of axis for Rank1), and a weighted lookup's
+// weights (w, the Weights input) must hold one value per id they make,
+// not one per value of the input.
+func checkPre(version int, where string, in, w TensorInfo, l Lookup) error {
 	if version < 2 {
 		return fmt.Errorf("%s: pre-lookup ops in a version %d plan (they came in version 2)", where, version)
 	}
@@ -213,6 +215,19 @@ func checkPre(version int, where string, in TensorInfo, l Lookup) error {
 		return fmt.Errorf("%s: pre-lookup ops make %d ids per sample (shape %v), bag is %d", where, n, shape, l.Bag)
 	case l.Rank1 != (len(shape) == 0):
 		return fmt.Errorf("%s: pre-lookup ops make ids of per-sample shape %v, rank1 is %v", where, shape, l.Rank1)
+	}
+	if l.Weights != "" {
+		width := int64(1)
+		for _, d := range w.Shape {
+			if d < 0 {
+				width = -1 // unknown: the tier checks each request
+				break
+			}
+			width *= d
+		}
+		if width >= 0 && width != n {
+			return fmt.Errorf("%s: weights %q hold %d values per sample, but the pre-lookup ops make %d ids (shape %v): one weight per id", where, l.Weights, width, n, shape)
+		}
 	}
 	return nil
 }

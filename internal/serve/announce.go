@@ -32,7 +32,7 @@ func AnnounceWith(ctx context.Context, routerAddr string, info func() *prismv1.W
 			answered(resp)
 		}
 	}
-	return announceLoop(ctx, routerAddr, info, heard, log, opts...)
+	return announceLoop(ctx, routerAddr, info, heard, nil, log, opts...)
 }
 
 // announceBackoff bounds how long a worker waits between attempts to
@@ -43,10 +43,16 @@ var announceBackoff = grpc.ConnectParams{
 	MinConnectTimeout: 2 * time.Second,
 }
 
+// staleAfter is how many heartbeats in a row must fail before the loop
+// says its router may be gone (announceLoop's stale).
+const staleAfter = 2
+
 // announceLoop is the heartbeat to one router: heard gets every
 // attempt's answer or error (not once ctx has ended), in the loop's
-// goroutine.
-func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, heard func(*prismv1.AnnounceResponse, error), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
+// goroutine. stale, when set, is called at every failed attempt once
+// staleAfter have failed in a row: the router's address may have died
+// (AnnounceRouters then resolves its name again); it must not block.
+func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, heard func(*prismv1.AnnounceResponse, error), stale func(), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
@@ -59,6 +65,7 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 		reg := prismv1.NewRegistryClient(conn)
 		interval := time.Second
 		failing := false
+		fails := 0 // attempts failed in a row
 		for {
 			w := info()
 			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -71,11 +78,15 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 				}
 				failing = true
 				heard(nil, err)
+				if fails++; fails >= staleAfter && stale != nil {
+					stale()
+				}
 			case err == nil:
 				if failing {
 					log.Info("registry: announced again", "router", routerAddr)
 				}
 				failing = false
+				fails = 0
 				heard(resp, nil)
 				if resp.GetHeartbeatMs() > 0 {
 					interval = time.Duration(resp.GetHeartbeatMs()) * time.Millisecond

@@ -19,6 +19,12 @@ import (
 // names again, to find new router replicas.
 const DefaultResolveEvery = 30 * time.Second
 
+// DefaultResolveRetry is how soon a worker resolves its routers' names
+// again when it has reason to (a name failed to resolve, or the
+// heartbeat to a router has been failing): the delay doubles at each
+// such resolution in a row, up to ResolveEvery.
+const DefaultResolveRetry = time.Second
+
 // ParseRouters splits a --router value: router addresses HOST:PORT,
 // separated by commas. A HOST that is a name may resolve to several
 // routers.
@@ -53,6 +59,9 @@ type RouterOptions struct {
 	// ResolveEvery is how often names are resolved again (default
 	// DefaultResolveEvery).
 	ResolveEvery time.Duration
+	// ResolveRetry is the first delay before names are resolved again
+	// out of turn (default DefaultResolveRetry, at most ResolveEvery).
+	ResolveRetry time.Duration
 	// LookupHost resolves a name (default net.DefaultResolver's; tests
 	// replace it).
 	LookupHost func(ctx context.Context, host string) ([]string, error)
@@ -66,6 +75,10 @@ func (o *RouterOptions) EnsureDefaults() {
 	if o.ResolveEvery <= 0 {
 		o.ResolveEvery = DefaultResolveEvery
 	}
+	if o.ResolveRetry <= 0 {
+		o.ResolveRetry = DefaultResolveRetry
+	}
+	o.ResolveRetry = min(o.ResolveRetry, o.ResolveEvery)
 	if o.LookupHost == nil {
 		o.LookupHost = net.DefaultResolver.LookupHost
 	}
@@ -78,8 +91,13 @@ func (o *RouterOptions) EnsureDefaults() {
 // resolves until ctx ends: one heartbeat (Announce) per router address,
 // names resolved again every ResolveEvery, a loop started for each
 // router that appears and ended (the worker leaves it) for each that is
-// gone. A name that fails to resolve keeps the routers it had. done
-// closes once every loop has left.
+// gone. A name that fails to resolve keeps the routers it had. Names are
+// resolved again sooner, after ResolveRetry doubling up to
+// ResolveEvery, while a name fails to resolve (a headless Service with
+// no ready endpoint yet) or a heartbeat keeps failing (the loop says so:
+// a router pod replaced in a rollout leaves its old address dead, and
+// the new one is found by resolving). done closes once every loop has
+// left.
 func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}) {
 	o.EnsureDefaults()
 	merged := newAnswers(o.Answered, nil)
@@ -93,7 +111,20 @@ func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}
 		loops := map[string]loop{}
 		prev := map[string][]routerTarget{}
 		var wg sync.WaitGroup
+		// stale hears the loops whose heartbeat keeps failing; one
+		// pending signal is enough.
+		stale := make(chan struct{}, 1)
+		signal := func() {
+			select {
+			case stale <- struct{}{}:
+			default:
+			}
+		}
+		// retry is the delay before the next resolution out of turn.
+		retry := o.ResolveRetry
 		for {
+			resolved := time.Now()
+			soon, changed := false, false
 			want := map[string]routerTarget{}
 			for _, spec := range o.Routers {
 				ts, err := resolveRouter(ctx, spec, o.LookupHost)
@@ -101,6 +132,7 @@ func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}
 					if ctx.Err() != nil {
 						break
 					}
+					soon = true
 					o.Log.Warn("registry: cannot resolve router; keeping its last addresses", "router", spec, "err", err)
 					ts = prev[spec]
 				}
@@ -116,6 +148,7 @@ func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}
 					o.Log.Info("registry: router gone from the resolved addresses; leaving it", "router", addr)
 					l.stop()
 					delete(loops, addr)
+					changed = true
 					wg.Add(1)
 					go func() {
 						defer wg.Done()
@@ -135,17 +168,47 @@ func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}
 					// it was given, not the address the name resolved to.
 					opts = append(opts, grpc.WithAuthority(t.authority))
 				}
+				changed = true
 				heard := func(resp *prismv1.AnnounceResponse, err error) { merged.heard(addr, resp, err) }
-				loops[addr] = loop{stop, announceLoop(lctx, addr, o.Info, heard, o.Log, opts...)}
+				loops[addr] = loop{stop, announceLoop(lctx, addr, o.Info, heard, signal, o.Log, opts...)}
 			}
-			select {
-			case <-ctx.Done():
-				for _, l := range loops {
-					<-l.done
+			// Next: at ResolveEvery, or after retry when a name failed
+			// or a heartbeat signals it keeps failing; retry doubles
+			// while that goes on, and is reset by a quiet period or a
+			// resolution that changed the routers.
+			if changed {
+				retry = o.ResolveRetry
+			}
+			wait := o.ResolveEvery
+			if soon {
+				wait = retry
+			}
+			timer := time.NewTimer(wait)
+			quiet := false
+		waiting:
+			for {
+				select {
+				case <-ctx.Done():
+					timer.Stop()
+					for _, l := range loops {
+						<-l.done
+					}
+					wg.Wait()
+					return
+				case <-stale:
+					if !soon {
+						soon = true
+						timer.Reset(time.Until(resolved.Add(retry)))
+					}
+				case <-timer.C:
+					quiet = !soon
+					break waiting
 				}
-				wg.Wait()
-				return
-			case <-time.After(o.ResolveEvery):
+			}
+			if quiet {
+				retry = o.ResolveRetry
+			} else {
+				retry = min(2*retry, o.ResolveEvery)
 			}
 		}
 	}()

@@ -202,3 +202,62 @@ func TestResolveRouter(t *testing.T) {
 		}
 	}
 }
+
+// TestAnnounceRoutersRollout: with the default 30 s between resolutions,
+// a worker still finds its routers within seconds when it matters. A
+// first resolution that fails (a headless Service with no ready
+// endpoints yet) is retried after a short backoff, and a router whose
+// pod is replaced (its address dies, the name now resolves to the new
+// pod) is found again once its heartbeat has failed for a couple of
+// beats, not at the next periodic resolution.
+func TestAnnounceRoutersRollout(t *testing.T) {
+	var bn grpctest.Net
+	old, repl := &fakeRouter{}, &fakeRouter{}
+	start := func(addr string, r *fakeRouter) (stop func()) {
+		s, err := New("router", Options{Listener: bn.MustListen(t, addr), MetricsAddr: "off", Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		prismv1.RegisterRegistryServer(s.GRPC, r)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.Serve(ctx); close(done) }()
+		var once sync.Once
+		stop = func() { once.Do(func() { cancel(); <-done }) }
+		t.Cleanup(stop)
+		return stop
+	}
+	stopOld := start("10.0.0.1:7000", old)
+	start("10.0.0.2:7000", repl)
+
+	var dnsMu sync.Mutex
+	var dns []string
+	dnsErr := errors.New("no such host")
+	setDNS := func(ips []string, err error) { dnsMu.Lock(); dns, dnsErr = ips, err; dnsMu.Unlock() }
+	lookup := func(context.Context, string) ([]string, error) {
+		dnsMu.Lock()
+		defer dnsMu.Unlock()
+		return slices.Clone(dns), dnsErr
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := AnnounceRouters(ctx, RouterOptions{
+		Routers: []string{"routers.test:7000"}, Info: func() *prismv1.WorkerInfo { return workerInfo("w:1") },
+		ResolveEvery: 30 * time.Second, LookupHost: lookup, DialOptions: []grpc.DialOption{bn.DialOption()}, Log: quiet(),
+	})
+	time.Sleep(100 * time.Millisecond) // the first resolution fails
+	setDNS([]string{"10.0.0.1"}, nil)
+	eventually(t, "announced to the router once its name resolves", func() bool { n, _, _ := old.counts(); return n > 0 })
+
+	// The rollout: the old pod dies, the name resolves to the new one.
+	setDNS([]string{"10.0.0.2"}, nil)
+	stopOld()
+	eventually(t, "announced to the new router", func() bool { n, _, _ := repl.counts(); return n > 0 })
+
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AnnounceRouters did not end after its context")
+	}
+}
