@@ -17,6 +17,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -86,6 +87,12 @@ func decode(t *testing.T, stream []byte) []object {
 			obj = &rbacv1.Role{}
 		case "rbac.authorization.k8s.io/v1 RoleBinding":
 			obj = &rbacv1.RoleBinding{}
+		case "rbac.authorization.k8s.io/v1 ClusterRole":
+			obj = &rbacv1.ClusterRole{}
+		case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+			obj = &rbacv1.ClusterRoleBinding{}
+		case "scheduling.k8s.io/v1 PriorityClass":
+			obj = &schedulingv1.PriorityClass{}
 		default:
 			t.Fatalf("document %d (%s): unexpected %s %s", i, meta.Metadata.Name, meta.APIVersion, meta.Kind)
 		}
@@ -365,7 +372,7 @@ func checkEnvRefs(t *testing.T, workload string, spec corev1.PodSpec) {
 }
 
 // knownCommands are the prism subcommands the chart runs.
-var knownCommands = [][]string{{"serve", "router"}, {"serve", "embedding"}, {"serve", "dense"}, {"ingest"}, {"store", "versions"}}
+var knownCommands = [][]string{{"serve", "router"}, {"serve", "embedding"}, {"serve", "dense"}, {"ingest"}, {"store", "versions"}, {"loan"}}
 
 // commandLines returns every prism command line of the workloads: a
 // container's args (the image's entrypoint is prism) and the prism
@@ -529,6 +536,7 @@ func TestChartVariants(t *testing.T) {
 		{"hostpath-models-token", []string{"modelRepository.type=hostPath", "tls.authTokenSecret=prism-token", "embedding.ingest.dtype=float16"}, false},
 		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false},
 		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false},
+		{"loan", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.pool.taints={pool=training:NoSchedule}", "loan.options=capacity=300"}, false},
 		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.maxReplicas=1"}, true},
 		{"cpu-only-fixed-routers-open", []string{"dense.gpu.enabled=false", "router.autoscaling.enabled=false", "router.replicas=2",
 			"networkPolicy.enabled=false", "metrics.annotations=false", "embedding.ingest.enabled=false"}, true},

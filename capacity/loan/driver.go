@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +30,9 @@ type Options struct {
 	Model string
 	// Registry lists the router's registry.
 	Registry func(ctx context.Context) ([]*prismv1.WorkerInfo, error)
-	// RouterMetrics is the router's /metrics URL now ("" while unknown).
+	// RouterMetrics is the router's /metrics URL now ("" while unknown),
+	// or several, comma-separated: with several routers (on Kubernetes)
+	// the demand is the sum of theirs.
 	RouterMetrics func() string
 	// CapacityPerWorker is one dense worker's requests/s; 0 measures it
 	// when the workers saturate (requests shed, or the p99 over its
@@ -143,10 +146,14 @@ func (d *Driver) Step(ctx context.Context) error {
 		return fmt.Errorf("list the registry: %w", err)
 	}
 	var dem demand
-	if url := d.o.RouterMetrics(); url != "" {
-		lines, err := scrape(ctx, d.o.Client, url)
-		if err != nil {
-			return err
+	if urls := d.o.RouterMetrics(); urls != "" {
+		var lines []metricLine
+		for url := range strings.SplitSeq(urls, ",") {
+			l, err := scrape(ctx, d.o.Client, url)
+			if err != nil {
+				return err
+			}
+			lines = append(lines, l...)
 		}
 		s := routerSample(lines)
 		d.mu.Lock()

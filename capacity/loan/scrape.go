@@ -126,7 +126,7 @@ func routerSample(lines []metricLine) sample {
 				s.buckets[le] += m.value
 			}
 		case m.name == "prism_router_inflight_samples":
-			s.inflight = m.value
+			s.inflight += m.value // summed over the routers scraped
 		}
 	}
 	return s

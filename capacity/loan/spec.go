@@ -9,12 +9,15 @@ import (
 	"github.com/prism-serve/prism/capacity"
 )
 
-// Spec is what prism up's --loan flag says: the lender and its
-// settings, the controller's options and the driver's.
+// Spec is what a --loan flag says (prism up's, prism loan's): the lender
+// and its settings, the controller's options and the driver's.
 //
 //	local:max=2,capacity=400,min-lease=30s,cool-down=10s,reclaim-after=20s
+//	kubernetes:max=4,template=prism-dense,pool=pool=training,taint=pool=training:NoSchedule,priority-class=prism-loan
 type Spec struct {
-	// Provider is the lender: "local" (spare slots of this host).
+	// Provider is the lender: "local" (spare slots of this host) or
+	// "kubernetes" (Pods on a training pool's nodes; "k8s" is read as
+	// it).
 	Provider string
 	// Max is how many workers may be borrowed at once (max=).
 	Max int
@@ -35,6 +38,37 @@ type Spec struct {
 	// Addr is where prism up serves the controller's /metrics, /loan and
 	// POST /loan/reclaim (addr=, default 127.0.0.1:0).
 	Addr string
+	// Kube are the kubernetes lender's settings.
+	Kube KubeSpec
+}
+
+// KubeSpec are the kubernetes lender's keys (capacity/kube.Options: the
+// command turns them into it, so that this package links no client-go).
+type KubeSpec struct {
+	// Namespace of the dense Deployment and the lent Pods (namespace=;
+	// "": the command's own).
+	Namespace string
+	// Template is the dense Deployment whose pod template a lent worker
+	// runs (template=).
+	Template string
+	// Pool are the training pool's node labels, KEY=VALUE (pool=,
+	// repeatable: every one must match).
+	Pool []string
+	// Taints are the pool's taints the lent Pods tolerate,
+	// KEY[=VALUE][:EFFECT] (taint=, repeatable).
+	Taints []string
+	// PriorityClass is the lent Pods' class, below training's
+	// (priority-class=).
+	PriorityClass string
+	// Resource is the pool's GPU or MIG resource (resource=; "": the
+	// template's).
+	Resource string
+	// Kubeconfig is a kubeconfig file outside a cluster (kubeconfig=;
+	// "": in-cluster).
+	Kubeconfig string
+	// IdleRefresh reuses a count of the pool's idle devices this long
+	// (idle-refresh=, default 10s).
+	IdleRefresh time.Duration
 }
 
 // ParseSpec reads a --loan value: PROVIDER:KEY=VALUE,...
@@ -44,11 +78,13 @@ func ParseSpec(s string) (Spec, error) {
 	switch name {
 	case "local":
 	case "kubernetes", "k8s":
-		return sp, fmt.Errorf("loan provider %q is not built yet (it needs client-go and a cluster); use local", name)
+		name = "kubernetes"
+		sp.Kube.IdleRefresh = 10 * time.Second
 	default:
-		return sp, fmt.Errorf("unknown loan provider %q in %q (want local:max=N,...)", name, s)
+		return sp, fmt.Errorf("unknown loan provider %q in %q (want local:max=N,... or kubernetes:max=N,...)", name, s)
 	}
 	sp.Provider = name
+	kube := name == "kubernetes"
 	c := &sp.Controller
 	if rest != "" {
 		for kv := range strings.SplitSeq(rest, ",") {
@@ -98,6 +134,29 @@ func ParseSpec(s string) (Spec, error) {
 				dur(&sp.Hold)
 			case "addr":
 				sp.Addr = v
+			case "namespace", "template", "pool", "taint", "priority-class", "resource", "kubeconfig", "idle-refresh":
+				if !kube {
+					return sp, fmt.Errorf("loan %q: %s= is a key of the kubernetes lender", s, k)
+				}
+				kv := &sp.Kube
+				switch k {
+				case "namespace":
+					kv.Namespace = v
+				case "template":
+					kv.Template = v
+				case "pool":
+					kv.Pool = append(kv.Pool, v)
+				case "taint":
+					kv.Taints = append(kv.Taints, v)
+				case "priority-class":
+					kv.PriorityClass = v
+				case "resource":
+					kv.Resource = v
+				case "kubeconfig":
+					kv.Kubeconfig = v
+				case "idle-refresh":
+					dur(&kv.IdleRefresh)
+				}
 			default:
 				return sp, fmt.Errorf("loan %q: unknown key %q", s, k)
 			}
@@ -108,6 +167,18 @@ func ParseSpec(s string) (Spec, error) {
 	}
 	if sp.Max < 1 {
 		return sp, fmt.Errorf("loan %q: max=N (at least 1) is needed", s)
+	}
+	if kube {
+		switch {
+		case sp.Kube.Template == "":
+			return sp, fmt.Errorf("loan %q: template=DEPLOYMENT (the dense Deployment whose Pods a lent worker copies) is needed", s)
+		case len(sp.Kube.Pool) == 0:
+			return sp, fmt.Errorf("loan %q: pool=KEY=VALUE (the training pool's node label) is needed", s)
+		case sp.Kube.PriorityClass == "":
+			return sp, fmt.Errorf("loan %q: priority-class=NAME (a class below training's, so training preempts lent workers) is needed", s)
+		case sp.ReclaimAfter != 0 || sp.Hold != 0:
+			return sp, fmt.Errorf("loan %q: reclaim-after= and hold= are the local lender's: on Kubernetes the cluster reclaims", s)
+		}
 	}
 	if sp.CapacityPerWorker < 0 || sp.Tick <= 0 {
 		return sp, fmt.Errorf("loan %q: capacity must not be negative and tick must be positive", s)

@@ -26,7 +26,11 @@ func TestParseSpec(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"local", "max=N"},
 		{"local:max=0", "max=N"},
-		{"kubernetes:max=2", "not built yet"},
+		{"kubernetes:max=2", "template="},
+		{"k8s:max=2,template=prism-dense", "pool="},
+		{"kubernetes:max=2,template=prism-dense,pool=pool=training", "priority-class="},
+		{"kubernetes:max=2,template=d,pool=a=b,priority-class=c,reclaim-after=1m", "local lender"},
+		{"local:max=2,pool=a=b", "kubernetes lender"},
 		{"cloud:max=2", "unknown loan provider"},
 		{"local:max=2,speed=3", `unknown key "speed"`},
 		{"local:max=2,tick", "not KEY=VALUE"},
@@ -36,6 +40,23 @@ func TestParseSpec(t *testing.T) {
 		if _, err := ParseSpec(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%q) = %v, want an error with %q", tc.in, err, tc.want)
 		}
+	}
+}
+
+func TestParseKubernetesSpec(t *testing.T) {
+	sp, err := ParseSpec("k8s:max=4,template=prism-dense,namespace=prism,pool=pool=training,pool=gpu=h100,taint=pool=training:NoSchedule,taint=nvidia.com/gpu,priority-class=prism-loan,resource=nvidia.com/mig-3g.40gb,idle-refresh=5s,capacity=300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := sp.Kube
+	if sp.Provider != "kubernetes" || sp.Max != 4 || sp.CapacityPerWorker != 300 || k.Template != "prism-dense" || k.Namespace != "prism" ||
+		strings.Join(k.Pool, " ") != "pool=training gpu=h100" || strings.Join(k.Taints, " ") != "pool=training:NoSchedule nvidia.com/gpu" ||
+		k.PriorityClass != "prism-loan" || k.Resource != "nvidia.com/mig-3g.40gb" || k.IdleRefresh != 5*time.Second {
+		t.Errorf("parsed %+v", sp)
+	}
+	sp, err = ParseSpec("kubernetes:max=1,template=d,pool=a=b,priority-class=c")
+	if err != nil || sp.Kube.IdleRefresh != 10*time.Second {
+		t.Errorf("default idle-refresh: %+v, %v", sp.Kube, err)
 	}
 }
 

@@ -120,8 +120,10 @@ func TestImportRules(t *testing.T) {
 			func(p, dep string) bool {
 				return under(dep, "internal/serve", "internal/up", "router", "cpuserve", "gpuserve", "partitioner")
 			}},
-		{"only commands link client-go (internal/kubelease)", func(p string) bool { return !under(p, "cmd", "internal/kubelease") },
-			func(p, dep string) bool { return dep == "internal/kubelease" }},
+		{"only commands link client-go (internal/kubelease, capacity/kube)", func(p string) bool { return !under(p, "cmd", "internal/kubelease", "capacity/kube") },
+			func(p, dep string) bool { return dep == "internal/kubelease" || dep == "capacity/kube" }},
+		{"the kubernetes lender is a lender: the controller and nothing of the serving path", func(p string) bool { return p == "capacity/kube" },
+			func(p, dep string) bool { return dep != "capacity" }},
 		{"the load generator speaks the public API only", func(p string) bool { return p == "loadgen" },
 			func(p, dep string) bool {
 				return under(dep, "internal/serve", "router", "cpuserve", "gpuserve", "partitioner")

@@ -174,6 +174,9 @@ func Run(ctx context.Context, c Config) error {
 		if err != nil {
 			return fmt.Errorf("up: --loan: %w", err)
 		}
+		if sp.Provider != "local" {
+			return fmt.Errorf("up: --loan %s: prism up lends only local slots; the %s lender runs beside the routers on the cluster: prism loan --lender %s", c.Loan, sp.Provider, c.Loan)
+		}
 		spec = sp
 	}
 	sup := supervise.New(supervise.Options{

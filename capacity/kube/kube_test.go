@@ -1,0 +1,447 @@
+package kube
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/prism-serve/prism/capacity"
+)
+
+const ns = "prism"
+
+// denseDeployment is the chart's dense Deployment, as far as the lender
+// reads it: labels, the pods' subdomain, the worker's arguments and
+// environment, the certificates Secret, one GPU, the serving pool.
+func denseDeployment() *appsv1.Deployment {
+	sel := map[string]string{"app.kubernetes.io/name": "prism", "app.kubernetes.io/instance": "prism", "app.kubernetes.io/component": "dense"}
+	lbl := map[string]string{"app.kubernetes.io/part-of": "prism"}
+	for k, v := range sel {
+		lbl[k] = v
+	}
+	gpu := resource.MustParse("1")
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "prism-dense", Namespace: ns, Labels: lbl},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: sel},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: lbl, Annotations: map[string]string{"prometheus.io/scrape": "true"}},
+				Spec: corev1.PodSpec{
+					Subdomain:                     "prism-dense",
+					TerminationGracePeriodSeconds: new(int64(30)),
+					Containers: []corev1.Container{{
+						Name:  "dense",
+						Image: "registry.example/prism:1.0",
+						Args:  []string{"serve", "dense", "--addr", "0.0.0.0:8600", "--advertise-addr", "$(POD_NAME).prism-dense:8600", "--router", "prism-router-headless:8500", "--certs", "/certs"},
+						Env:   []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+						Ports: []corev1.ContainerPort{{Name: "grpc", ContainerPort: 8600}},
+						Resources: corev1.ResourceRequirements{
+							Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), "nvidia.com/gpu": gpu},
+							Limits:   corev1.ResourceList{"nvidia.com/gpu": gpu},
+						},
+						VolumeMounts: []corev1.VolumeMount{{Name: "certs", MountPath: "/certs", ReadOnly: true}},
+					}},
+					Volumes:      []corev1.Volume{{Name: "certs", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "prism-certs-dense"}}}},
+					NodeSelector: map[string]string{"pool": "serving"},
+					Tolerations:  []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+				},
+			},
+		},
+	}
+}
+
+func poolTaint(t *testing.T) corev1.Toleration {
+	tol, err := ParseTaint("pool=training:NoSchedule")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tol
+}
+
+func newLender(t *testing.T, c kubernetes.Interface, o Options) (*Provider, *[]string) {
+	t.Helper()
+	var logs []string
+	o.Client, o.Namespace, o.Template = c, ns, "prism-dense"
+	if o.Max == 0 {
+		o.Max = 4
+	}
+	o.Pool = map[string]string{"pool": "training"}
+	o.Tolerations = []corev1.Toleration{poolTaint(t)}
+	o.PriorityClass = "prism-loan"
+	o.Logf = func(f string, a ...any) { logs = append(logs, f) }
+	p, err := New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, &logs
+}
+
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func reclaim(t *testing.T, p *Provider) capacity.ProviderReclaim {
+	t.Helper()
+	select {
+	case r := <-p.Reclaims():
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reclaim reported")
+	}
+	return capacity.ProviderReclaim{}
+}
+
+func noReclaim(t *testing.T, p *Provider) {
+	t.Helper()
+	select {
+	case r := <-p.Reclaims():
+		t.Fatalf("reclaim %+v reported", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+func lentWorker(p *Provider, id string) (capacity.LentWorker, bool) {
+	for _, w := range p.Workers() {
+		if w.ID == id {
+			return w, true
+		}
+	}
+	return capacity.LentWorker{}, false
+}
+
+// TestBorrowPodSpec: a lent worker is the dense Deployment's Pod moved to
+// the training pool: its node selector, the pool's taint tolerated, the
+// priority class, the pool's resource; the same image, arguments and
+// certificates; owned by the Deployment, so its ReplicaSets leave it.
+func TestBorrowPodSpec(t *testing.T) {
+	dep := denseDeployment()
+	c := fake.NewClientset(dep)
+	p, _ := newLender(t, c, Options{Resource: "nvidia.com/mig-3g.40gb"})
+	ids, err := p.Borrow(context.Background(), "dlrm", 2)
+	if err != nil || len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("Borrow = %v, %v", ids, err)
+	}
+	for _, id := range ids {
+		if !strings.HasPrefix(id, "prism-dense-loan-") {
+			t.Errorf("name %q", id)
+		}
+		pod, err := c.CoreV1().Pods(ns).Get(context.Background(), id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := pod.Spec
+		if len(s.NodeSelector) != 1 || s.NodeSelector["pool"] != "training" {
+			t.Errorf("node selector %v, want the pool's", s.NodeSelector)
+		}
+		if !slices.ContainsFunc(s.Tolerations, func(x corev1.Toleration) bool {
+			return x.Key == "pool" && x.Value == "training" && x.Effect == corev1.TaintEffectNoSchedule
+		}) || !slices.ContainsFunc(s.Tolerations, func(x corev1.Toleration) bool { return x.Key == "nvidia.com/gpu" }) {
+			t.Errorf("tolerations %+v: want the pool's taint and the template's", s.Tolerations)
+		}
+		if s.PriorityClassName != "prism-loan" || s.Priority != nil {
+			t.Errorf("priority class %q (priority %v)", s.PriorityClassName, s.Priority)
+		}
+		ct := s.Containers[0]
+		want := dep.Spec.Template.Spec.Containers[0]
+		if ct.Image != want.Image || !slices.Equal(ct.Args, want.Args) || s.Subdomain != "prism-dense" || s.Volumes[0].Secret.SecretName != "prism-certs-dense" {
+			t.Errorf("container %+v, want the template's", ct)
+		}
+		mig := ct.Resources.Requests["nvidia.com/mig-3g.40gb"]
+		migLimit := ct.Resources.Limits["nvidia.com/mig-3g.40gb"]
+		if _, still := ct.Resources.Requests["nvidia.com/gpu"]; still || mig.Value() != 1 || migLimit.Value() != 1 {
+			t.Errorf("resources %+v: want one nvidia.com/mig-3g.40gb instead of the GPU", ct.Resources)
+		}
+		if pod.Labels[LabelLentBy] != "prism-dense-loan" || pod.Labels["app.kubernetes.io/component"] != "dense" || pod.Annotations[AnnotationModel] != "dlrm" {
+			t.Errorf("labels %v, annotations %v", pod.Labels, pod.Annotations)
+		}
+		if len(pod.OwnerReferences) != 1 || pod.OwnerReferences[0].Name != "prism-dense" || pod.OwnerReferences[0].Kind != "Deployment" || !*pod.OwnerReferences[0].Controller {
+			t.Errorf("owners %+v, want the Deployment as controller", pod.OwnerReferences)
+		}
+	}
+	if ws := p.Workers(); len(ws) != 2 || !ws[0].Running || ws[0].Addr != "" {
+		t.Errorf("workers %+v: want 2 starting", ws)
+	}
+	if _, err := p.Borrow(context.Background(), "dlrm", 3); err == nil {
+		t.Error("borrowing past max: no error")
+	}
+}
+
+// runPod makes a lent Pod run and be ready on node, as the kubelet would.
+func runPod(t *testing.T, c kubernetes.Interface, name, node string) {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := c.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Spec.NodeName = node
+	pod.Status.Phase, pod.Status.PodIP = corev1.PodRunning, "10.1.2.3"
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	if _, err := c.CoreV1().Pods(ns).Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReclaim: a Pod deleted by someone else (its grace recorded by the
+// API server, as preemption and the Eviction API do), one removed at
+// once, and one the kubelet evicted, are each reported once as a
+// reclaim with its grace.
+func TestReclaim(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(denseDeployment())
+	p, _ := newLender(t, c, Options{})
+	ids, err := p.Borrow(ctx, "dlrm", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		runPod(t, c, id, "train-1")
+	}
+	eventually(t, "the workers' addresses", func() bool {
+		w, _ := lentWorker(p, ids[0])
+		return w.Addr == ids[0]+".prism-dense:8600" && !w.Ready.IsZero()
+	})
+
+	// Preemption: the scheduler marks the Pod a disruption target and
+	// deletes it with its grace; the API server sets the deletion
+	// timestamp and grace (the fake removes at once, so set them as the
+	// real one does).
+	pod, _ := c.CoreV1().Pods(ns).Get(ctx, ids[0], metav1.GetOptions{})
+	now := metav1.Now()
+	pod.DeletionTimestamp, pod.DeletionGracePeriodSeconds = &now, new(int64(30))
+	pod.Status.Conditions = append(pod.Status.Conditions, corev1.PodCondition{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue, Reason: "PreemptionByScheduler", Message: "preempted by training/job-0"})
+	if _, err := c.CoreV1().Pods(ns).Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := reclaim(t, p); r.Worker != ids[0] || r.Grace != 30*time.Second {
+		t.Errorf("reclaim %+v, want %s with 30s", r, ids[0])
+	}
+	// Then gone: reported once.
+	if err := c.CoreV1().Pods(ns).Delete(ctx, ids[0], metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the preempted Pod stopped", func() bool { w, _ := lentWorker(p, ids[0]); return !w.Running })
+	noReclaim(t, p)
+
+	// Deleted at once (kubectl delete --grace-period=0 --force).
+	if err := c.CoreV1().Pods(ns).Delete(ctx, ids[1], metav1.DeleteOptions{GracePeriodSeconds: new(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if r := reclaim(t, p); r.Worker != ids[1] || r.Grace != 0 {
+		t.Errorf("reclaim %+v, want %s with no grace", r, ids[1])
+	}
+
+	// Evicted by the kubelet (node pressure): the Pod failed.
+	pod, _ = c.CoreV1().Pods(ns).Get(ctx, ids[2], metav1.GetOptions{})
+	pod.Status.Phase, pod.Status.Reason = corev1.PodFailed, "Evicted"
+	if _, err := c.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if r := reclaim(t, p); r.Worker != ids[2] || r.Grace != 0 {
+		t.Errorf("reclaim %+v, want %s", r, ids[2])
+	}
+	if w, _ := lentWorker(p, ids[2]); w.Running {
+		t.Error("an evicted worker still runs")
+	}
+	// The controller returns them: nothing is left.
+	for _, id := range ids {
+		if err := p.Return(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
+	if pods, _ := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); len(pods.Items) != 0 {
+		t.Errorf("%d Pods left", len(pods.Items))
+	}
+}
+
+// TestDrainReturn: a drain deletes the Pod with the drain's grace (no
+// reclaim reported), a return deletes what is left; a return of a Pod
+// that never ran deletes it too.
+func TestDrainReturn(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(denseDeployment())
+	var deletes []metav1.DeleteOptions
+	p, _ := newLender(t, c, Options{Grace: 20 * time.Second})
+	ids, err := p.Borrow(ctx, "dlrm", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runPod(t, c, ids[0], "train-1")
+	eventually(t, "the address", func() bool { w, _ := lentWorker(p, ids[0]); return w.Addr != "" })
+	c.PrependReactor("delete", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		deletes = append(deletes, a.(k8stesting.DeleteAction).GetDeleteOptions())
+		return false, nil, nil
+	})
+	if err := p.Drain(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if len(deletes) != 1 || deletes[0].GracePeriodSeconds == nil || *deletes[0].GracePeriodSeconds != 20 {
+		t.Errorf("drain's deletes %+v, want one with 20s grace", deletes)
+	}
+	eventually(t, "the drained Pod gone", func() bool { w, _ := lentWorker(p, ids[0]); return !w.Running && w.Draining })
+	noReclaim(t, p)
+	if err := p.Return(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Never placed (the pool is full): returned at the borrow's timeout.
+	if err := p.Return(ctx, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CoreV1().Pods(ns).Get(ctx, ids[1], metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("returned Pod: %v, want it deleted", err)
+	}
+	if len(p.Workers()) != 0 {
+		t.Errorf("workers %+v after the returns", p.Workers())
+	}
+	noReclaim(t, p)
+	if err := p.Return(ctx, ids[1]); err == nil {
+		t.Error("a second return: no error")
+	}
+}
+
+// TestLeftovers: Pods an earlier run lent are deleted at start.
+func TestLeftovers(t *testing.T) {
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "prism-dense-loan-old", Namespace: ns, Labels: map[string]string{LabelLentBy: "prism-dense-loan"}}}
+	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "prism-dense-abc", Namespace: ns}}
+	c := fake.NewClientset(denseDeployment(), old, other)
+	newLender(t, c, Options{})
+	pods, _ := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+	if len(pods.Items) != 1 || pods.Items[0].Name != "prism-dense-abc" {
+		t.Errorf("pods %v, want only the owned worker", pods.Items)
+	}
+}
+
+func node(name string, pool string, gpus int64, ready, unschedulable bool) *corev1.Node {
+	st := corev1.ConditionTrue
+	if !ready {
+		st = corev1.ConditionFalse
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"pool": pool}},
+		Spec:       corev1.NodeSpec{Unschedulable: unschedulable},
+		Status: corev1.NodeStatus{
+			Allocatable: corev1.ResourceList{"nvidia.com/gpu": *resource.NewQuantity(gpus, resource.DecimalSI)},
+			Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st}},
+		},
+	}
+}
+
+func gpuPod(name, ns, node string, gpus int64, phase corev1.PodPhase) *corev1.Pod {
+	q := *resource.NewQuantity(gpus, resource.DecimalSI)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{"nvidia.com/gpu": q}, Limits: corev1.ResourceList{"nvidia.com/gpu": q}}}}},
+		Status: corev1.PodStatus{Phase: phase},
+	}
+}
+
+// TestIdle: the pool's allocatable GPUs on ready, schedulable nodes,
+// minus what the running and pending Pods on them request and what the
+// lent Pods not yet placed will, capped by max less the lent workers.
+func TestIdle(t *testing.T) {
+	ctx := context.Background()
+	c := fake.NewClientset(denseDeployment(),
+		node("train-1", "training", 8, true, false),
+		node("train-2", "training", 8, true, false),
+		node("train-3", "training", 8, true, true),   // cordoned
+		node("train-4", "training", 8, false, false), // not ready
+		node("serve-1", "serving", 8, true, false),
+		gpuPod("job-0", "training", "train-1", 6, corev1.PodRunning),
+		gpuPod("job-1", "training", "train-2", 8, corev1.PodSucceeded), // done: frees its GPUs
+		gpuPod("job-2", "training", "train-2", 1, corev1.PodPending),   // bound, starting
+		gpuPod("dense-0", ns, "serve-1", 8, corev1.PodRunning),
+	)
+	p, _ := newLender(t, c, Options{Max: 20})
+	idle := func() int {
+		t.Helper()
+		n, err := p.Idle(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := idle(); n != 9 { // (8-6) + (8-1)
+		t.Fatalf("idle %d, want 9", n)
+	}
+	ids, err := p.Borrow(ctx, "dlrm", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := idle(); n != 6 { // lent, not yet placed
+		t.Errorf("idle %d after lending 3, want 6", n)
+	}
+	// Placed on train-2: counted once, as a Pod on the node.
+	for _, id := range ids {
+		runPod(t, c, id, "train-2")
+	}
+	eventually(t, "the lent Pods placed", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, w := range p.workers {
+			if w.nodeName == "" {
+				return false
+			}
+		}
+		return true
+	})
+	if n := idle(); n != 6 {
+		t.Errorf("idle %d with 3 lent placed, want 6", n)
+	}
+	// Capped by max.
+	p.o.Max = 5
+	if n := idle(); n != 2 {
+		t.Errorf("idle %d with max 5 and 3 lent, want 2", n)
+	}
+	// Reused within idle-refresh, less what is lent since.
+	p.o.Max, p.o.IdleRefresh = 20, time.Hour
+	idle()
+	if err := c.CoreV1().Pods("training").Delete(ctx, "job-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Borrow(ctx, "dlrm", 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := idle(); n != 5 {
+		t.Errorf("idle %d from the reused count, want 5", n)
+	}
+}
+
+func TestParseTaint(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want corev1.Toleration
+	}{
+		{"pool=training:NoSchedule", corev1.Toleration{Key: "pool", Operator: corev1.TolerationOpEqual, Value: "training", Effect: corev1.TaintEffectNoSchedule}},
+		{"nvidia.com/gpu", corev1.Toleration{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists}},
+		{"dedicated:NoExecute", corev1.Toleration{Key: "dedicated", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
+	} {
+		got, err := ParseTaint(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("ParseTaint(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"", ":NoSchedule", "a=b:Sometimes"} {
+		if _, err := ParseTaint(bad); err == nil {
+			t.Errorf("ParseTaint(%q): no error", bad)
+		}
+	}
+}
