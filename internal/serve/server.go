@@ -104,6 +104,10 @@ type Server struct {
 	http     *http.Server
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	// ReadyGate, when set before Serve, keeps gRPC health NOT_SERVING
+	// (load balancers and readiness probes send nothing yet) until it is
+	// closed; the server takes calls all the same.
+	ReadyGate <-chan struct{}
 }
 
 // New binds the listeners (so Addr is known at once) and builds the gRPC
@@ -205,7 +209,12 @@ func (s *Server) MetricsAddr() string {
 // Serve serves until ctx is cancelled, then stops taking new RPCs, marks
 // itself not serving, and lets in-flight ones finish for ShutdownGrace.
 func (s *Server) Serve(ctx context.Context) error {
-	s.Health.Resume()
+	gate := s.ReadyGate
+	if gate == nil {
+		s.Health.Resume()
+	} else {
+		s.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 	errc := make(chan error, 2)
 	go func() { errc <- s.GRPC.Serve(s.lis) }()
 	if s.http != nil {
@@ -216,14 +225,20 @@ func (s *Server) Serve(ctx context.Context) error {
 		}()
 	}
 	s.Log.Info("serving", "addr", s.Addr(), "metrics", s.MetricsAddr())
-	select {
-	case err := <-errc:
-		s.GRPC.Stop()
-		if s.http != nil {
-			s.http.Close()
+	for waiting := true; waiting; {
+		select {
+		case err := <-errc:
+			s.GRPC.Stop()
+			if s.http != nil {
+				s.http.Close()
+			}
+			return fmt.Errorf("%s: serve: %w", s.name, err)
+		case <-gate: // nil (never ready) without a gate
+			s.Health.Resume()
+			gate = nil
+		case <-ctx.Done():
+			waiting = false
 		}
-		return fmt.Errorf("%s: serve: %w", s.name, err)
-	case <-ctx.Done():
 	}
 	s.Log.Info("shutting down", "grace", s.opts.ShutdownGrace)
 	s.Health.Shutdown()

@@ -208,3 +208,40 @@ func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
 		t.Fatalf("left %v", reg.left)
 	}
 }
+
+// With a ReadyGate, health says NOT_SERVING (calls are still served)
+// until the gate closes, then SERVING; a shutdown marks it not serving.
+func TestServeReadyGate(t *testing.T) {
+	var bn grpctest.Net
+	s, err := New("test", Options{Listener: bn.MustListen(t, "gated"), MetricsAddr: "off", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	s.ReadyGate = gate
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	hc := healthpb.NewHealthClient(bn.Dial(t, s.Addr()))
+	status := func() healthpb.HealthCheckResponse_ServingStatus {
+		t.Helper()
+		h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h.GetStatus()
+	}
+	if st := status(); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("before the gate: %v", st)
+	}
+	close(gate)
+	for deadline := time.Now().Add(5 * time.Second); status() != healthpb.HealthCheckResponse_SERVING; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("never SERVING after the gate closed")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
