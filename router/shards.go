@@ -128,12 +128,18 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 }
 
 // microBatchSharded is microBatch for a model sharded into shards:
-// one fan-out to a replica of every shard, retried once on others.
+// one fan-out to a replica of every shard, retried on others up to
+// shardAttempts times in all: a fan-out touches a worker of every shard,
+// so one attempt can blame a sibling cancelled by the failing one and
+// the next still meet the dead replica (seen as 3 of 1,030 requests
+// failing with one retry when a replica was killed under load).
+const shardAttempts = 3
+
 func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb, shards int) ([]float32, int64, error) {
 	model := req.GetModel()
 	var avoid []string
 	var last error
-	for attempt := range 2 {
+	for attempt := range shardAttempts {
 		cns, releaseCN, err := r.Reg.PickShards(model, shards, int64(n), avoid)
 		if err != nil {
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
@@ -154,7 +160,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			return resps[0].GetScores(), resps[0].GetVersion(), nil
 		}
 		last = err
-		if !retryable(ctx, err) || attempt == 1 {
+		if !retryable(ctx, err) || attempt == shardAttempts-1 {
 			break
 		}
 		avoid = append(avoid, failed, hn.GetId())
