@@ -39,9 +39,16 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 			}
 		}
 		slices.Sort(left)
+		var inSync []string
+		for id, w := range s.workers {
+			if slices.Contains(w.GetModels(), name) && s.inSync(w, name, now) {
+				inSync = append(inSync, id)
+			}
+		}
+		slices.Sort(inSync)
 		out[name] = &prismv1.ModelUpdates{
 			Acknowledged: m.committed, Numbered: m.next, LeftOut: left,
-			Settling: now.Before(s.settles(m)),
+			Settling: now.Before(s.settles(m)), InSync: inSync,
 		}
 	}
 	return out

@@ -291,6 +291,10 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 				return false // foreign or diverged, by the sequencer's judgment
 			case !f.viewWorkers[w.GetId()] && held > u.GetNumbered():
 				return false // claims more than was numbered; not judged yet
+			case slices.Contains(u.GetInSync(), w.GetId()):
+				// The sequencer sends it lookups: this router's copy of its
+				// announcement may lag the sequencer's acknowledgement.
+				return held <= maxAnnouncedSeq
 			}
 			floor = max(floor, u.GetAcknowledged())
 		}

@@ -1019,7 +1019,11 @@ type ModelUpdates struct {
 	LeftOut []string `protobuf:"bytes,3,rep,name=left_out,json=leftOut,proto3" json:"left_out,omitempty"`
 	// settling: the model's start-up window is open (its workers are
 	// still announcing what they hold); no lookups of it until it closes.
-	Settling      bool `protobuf:"varint,4,opt,name=settling,proto3" json:"settling,omitempty"`
+	Settling bool `protobuf:"varint,4,opt,name=settling,proto3" json:"settling,omitempty"`
+	// in_sync are the ids of the live workers the sequencing router sends
+	// the model's lookups to (holding every acknowledged update), as of
+	// this answer: a follower's own copy of their announcements may lag.
+	InSync        []string `protobuf:"bytes,5,rep,name=in_sync,json=inSync,proto3" json:"in_sync,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1080,6 +1084,13 @@ func (x *ModelUpdates) GetSettling() bool {
 		return x.Settling
 	}
 	return false
+}
+
+func (x *ModelUpdates) GetInSync() []string {
+	if x != nil {
+		return x.InSync
+	}
+	return nil
 }
 
 var File_api_prismv1_internal_proto protoreflect.FileDescriptor
@@ -1171,12 +1182,13 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\aupdates\x18\x02 \x03(\v2#.prism.v1.ListResponse.UpdatesEntryR\aupdates\x1aR\n" +
 	"\fUpdatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
-	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\x9e\x01\n" +
 	"\fModelUpdates\x12\"\n" +
 	"\facknowledged\x18\x01 \x01(\x03R\facknowledged\x12\x1a\n" +
 	"\bnumbered\x18\x02 \x01(\x03R\bnumbered\x12\x19\n" +
 	"\bleft_out\x18\x03 \x03(\tR\aleftOut\x12\x1a\n" +
-	"\bsettling\x18\x04 \x01(\bR\bsettling*@\n" +
+	"\bsettling\x18\x04 \x01(\bR\bsettling\x12\x17\n" +
+	"\ain_sync\x18\x05 \x03(\tR\x06inSync*@\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eROLE_EMBEDDING\x10\x01\x12\x0e\n" +
