@@ -41,8 +41,17 @@ type proc struct {
 // line's address is the proc's.
 func startProc(t *testing.T, ready readyline.Line, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(prismBin, args...)
-	cmd.Stderr = &testLog{t: t, prefix: args[0] + " " + args[1]}
+	// Anywhere: prism up echoes its children's lines tagged "[name] ".
+	return startCmd(t, exec.Command(prismBin, args...), args[0]+" "+args[1], ready, true, 3*time.Minute)
+}
+
+// startCmd starts cmd (a prism command), logs its stderr under prefix,
+// and waits up to within for its ready line (anywhere in a line, or at
+// its start); it is stopped (SIGTERM, then killed after 20 s) when the
+// test ends.
+func startCmd(t *testing.T, cmd *exec.Cmd, prefix string, ready readyline.Line, anywhere bool, within time.Duration) *proc {
+	t.Helper()
+	cmd.Stderr = &testLog{t: t, prefix: prefix}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -59,12 +68,12 @@ func startProc(t *testing.T, ready readyline.Line, args ...string) *proc {
 		case <-done:
 		case <-time.After(20 * time.Second):
 			cmd.Process.Kill()
+			<-done
 		}
 	})
-	// Anywhere: prism up echoes its children's lines tagged "[name] ".
-	w := readyline.Start(out, ready, readyline.WatchOptions{Anywhere: true})
-	if p.addr, err = w.Await(context.Background(), 3*time.Minute); err != nil {
-		t.Fatalf("%v: %v", args, err)
+	w := readyline.Start(out, ready, readyline.WatchOptions{Anywhere: anywhere})
+	if p.addr, err = w.Await(context.Background(), within); err != nil {
+		t.Fatalf("%s: %v", prefix, err)
 	}
 	return p
 }

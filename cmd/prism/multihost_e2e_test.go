@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,32 +30,7 @@ import (
 // ready line; stopped (SIGTERM, then killed) when the test ends.
 func startIn(t *testing.T, topo *netns.Topology, h *netns.Host, ready readyline.Line, args ...string) *proc {
 	t.Helper()
-	cmd := topo.Command(h, prismBin, args...)
-	cmd.Stderr = &testLog{t: t, prefix: h.Name + " " + args[1]}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	w := readyline.Start(out, ready, readyline.WatchOptions{})
-	if p.addr, err = w.Await(context.Background(), time.Minute); err != nil {
-		t.Fatalf("%s %v: %v", h.Name, args, err)
-	}
-	return p
+	return startCmd(t, topo.Command(h, prismBin, args...), h.Name+" "+args[1], ready, false, time.Minute)
 }
 
 // TestMultiHost: two routers, two embedding and two dense workers on
