@@ -1,7 +1,6 @@
 package loan
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,8 +8,11 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // recommendMethod is the router's public RPC whose counters and latency
@@ -39,74 +41,59 @@ type metricLine struct {
 	value  float64
 }
 
-// parseText reads the Prometheus text exposition format (the lines the
-// client library writes; comments skipped).
+// parseText reads the Prometheus text exposition format with the
+// Prometheus library's own parser and flattens it into sample lines: a
+// histogram family becomes its _bucket lines (le label, +Inf included),
+// _sum and _count, as the text names them.
 func parseText(r io.Reader) ([]metricLine, error) {
-	var out []metricLine
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		m := metricLine{labels: map[string]string{}}
-		rest := line
-		if i := strings.IndexAny(line, "{ "); i >= 0 && line[i] == '{' {
-			m.name = line[:i]
-			j := strings.LastIndexByte(line, '}')
-			if j < i {
-				return nil, fmt.Errorf("metrics line %q: unclosed labels", line)
-			}
-			for _, kv := range splitLabels(line[i+1 : j]) {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok {
-					continue
-				}
-				if uq, err := strconv.Unquote(v); err == nil {
-					v = uq
-				}
-				m.labels[strings.TrimSpace(k)] = v
-			}
-			rest = line[j+1:]
-		} else {
-			name, r, _ := strings.Cut(line, " ")
-			m.name, rest = name, r
-		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return nil, fmt.Errorf("metrics line %q: no value", line)
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics line %q: %w", line, err)
-		}
-		m.value = v
-		out = append(out, m)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	return out, sc.Err()
+	var out []metricLine
+	for name, mf := range fams {
+		for _, m := range mf.GetMetric() {
+			labels := make(map[string]string, len(m.GetLabel())+1)
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				out = append(out, metricLine{name, labels, m.GetCounter().GetValue()})
+			case dto.MetricType_GAUGE:
+				out = append(out, metricLine{name, labels, m.GetGauge().GetValue()})
+			case dto.MetricType_UNTYPED:
+				out = append(out, metricLine{name, labels, m.GetUntyped().GetValue()})
+			case dto.MetricType_HISTOGRAM:
+				h := m.GetHistogram()
+				count := float64(h.GetSampleCount()) + h.GetSampleCountFloat()
+				inf := false
+				for _, b := range h.GetBucket() {
+					bl := withLabel(labels, "le", strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64))
+					inf = inf || math.IsInf(b.GetUpperBound(), 1)
+					out = append(out, metricLine{name + "_bucket", bl, float64(b.GetCumulativeCount()) + b.GetCumulativeCountFloat()})
+				}
+				if !inf {
+					out = append(out, metricLine{name + "_bucket", withLabel(labels, "le", "+Inf"), count})
+				}
+				out = append(out, metricLine{name + "_sum", labels, h.GetSampleSum()}, metricLine{name + "_count", labels, count})
+			case dto.MetricType_SUMMARY:
+				s := m.GetSummary()
+				out = append(out, metricLine{name + "_sum", labels, s.GetSampleSum()}, metricLine{name + "_count", labels, float64(s.GetSampleCount())})
+			}
+		}
+	}
+	return out, nil
 }
 
-// splitLabels splits a{b="x,y",c="z"}'s inside at commas outside quotes.
-func splitLabels(s string) []string {
-	var out []string
-	start, quoted := 0, false
-	for i := 0; i < len(s); i++ {
-		switch s[i] {
-		case '\\':
-			i++
-		case '"':
-			quoted = !quoted
-		case ',':
-			if !quoted {
-				out = append(out, s[start:i])
-				start = i + 1
-			}
-		}
+// withLabel is labels plus k=v, a copy.
+func withLabel(labels map[string]string, k, v string) map[string]string {
+	out := make(map[string]string, len(labels)+1)
+	for lk, lv := range labels {
+		out[lk] = lv
 	}
-	if start < len(s) {
-		out = append(out, s[start:])
-	}
+	out[k] = v
 	return out
 }
 

@@ -71,7 +71,7 @@ func TestRouterDemand(t *testing.T) {
 			`prism_rpc_latency_seconds_bucket{method="/prism.v1.Recommender/Recommend",le="0.1"} ` + ftoa(fast+slow),
 			`prism_rpc_latency_seconds_bucket{method="/prism.v1.Recommender/Recommend",le="+Inf"} ` + ftoa(fast+slow),
 			"prism_router_inflight_samples " + ftoa(float64(inflight)),
-		}, "\n")
+		}, "\n") + "\n"
 	}
 	parse := func(s string) sample {
 		lines, err := parseText(strings.NewReader(s))
