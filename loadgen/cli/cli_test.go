@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -102,7 +103,13 @@ func TestLoadgenCLITraceAndFindMax(t *testing.T) {
 	}
 	out, err = runCLI(t, "--fake", "--model", "dlrm-tiny", "--find-max", "--rate", "50", "--find-max-trial", "300ms",
 		"--find-max-trials", "3", "--candidates", "5", "--slo", "1s")
-	if err != nil || !strings.Contains(out, "find-max: 200.0 req/s is the highest rate") {
+	// The search itself is tested on a deterministic trial (TestFindMax);
+	// here the flags reach it and it reports. Which rates pass depends on
+	// the machine (300 ms Poisson trials against a real fake server), so
+	// the test checks the three trials ran and the verdict line, not the
+	// rate (it read 100 instead of 200 once on a machine at load 15).
+	if err != nil || strings.Count(out, "find-max: ") != 4 ||
+		!regexp.MustCompile(`find-max: [0-9.]+ req/s is the highest rate with p99 under 1s \(3 trials of 300ms\)`).MatchString(out) {
 		t.Fatalf("find-max: %v\n%s", err, out)
 	}
 }
