@@ -58,6 +58,15 @@ type Signature struct {
 // Signature returns the inputs of c's graphs.
 func (c *Config) Signature() Signature {
 	sig := Signature{Inputs: []InputSpec{{Name: DenseInput, Kind: DenseKind, Width: c.NumDense}}}
+	if c.Packed {
+		in := InputSpec{Name: PackedInput, Kind: SparseKind, Width: c.NumTables()}
+		for _, rows := range c.TableRows {
+			in.Ranges = append(in.Ranges, IDRange{Lo: 0, Hi: rows})
+			in.Rows = max(in.Rows, rows)
+		}
+		sig.Inputs = append(sig.Inputs, in)
+		return sig
+	}
 	for k, rows := range c.TableRows {
 		sig.Inputs = append(sig.Inputs, InputSpec{Name: SparseInput(k), Kind: SparseKind, Width: c.Bag(k), Rank1: c.BagSizes[k] == 0, Rows: rows})
 	}

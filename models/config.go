@@ -40,6 +40,11 @@ type Config struct {
 	// CrossLayers and CrossRank shape DCNv2's low-rank cross network.
 	CrossLayers int `json:"cross_layers,omitempty"`
 	CrossRank   int `json:"cross_rank,omitempty"`
+	// Packed takes every table's id in one [batch, tables] int64 input
+	// (PackedInput), each column picked by Gather(axis=1) with a scalar
+	// index, as TorchScript exports x[:, k] (symbolic_opset9 select),
+	// instead of one input per table. One-hot tables only.
+	Packed bool `json:"packed,omitempty"`
 }
 
 // NumTables is the number of sparse features (one table each).
@@ -69,6 +74,13 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Top) == 0 || c.Top[len(c.Top)-1] != 1 {
 		return fmt.Errorf("model %s: top MLP must end in width 1", c.Name)
+	}
+	if c.Packed {
+		for k, b := range c.BagSizes {
+			if b != 0 {
+				return fmt.Errorf("model %s: packed ids take one-hot tables, table %d has bags of %d", c.Name, k, b)
+			}
+		}
 	}
 	switch c.Family {
 	case DLRM, DCNv2:

@@ -23,6 +23,10 @@ const (
 	ScoreOutput = "score"
 )
 
+// PackedInput is the one id input of a packed model (Config.Packed),
+// [batch, tables] int64.
+const PackedInput = "sparse"
+
 // SparseInput is the name of table k's id input.
 func SparseInput(k int) string { return fmt.Sprintf("cat_%d", k) }
 
@@ -35,6 +39,8 @@ func TableName(k int) string { return fmt.Sprintf("emb_l.%d.weight", k) }
 type graphBuilder struct {
 	g   *pb.GraphProto
 	seq map[string]int
+	// cols are a packed model's picked id columns, by table.
+	cols map[int]string
 }
 
 func newGraphBuilder(name string) *graphBuilder {
@@ -63,6 +69,27 @@ func (b *graphBuilder) int64Const(vals ...int64) string {
 	name := b.fresh("Constant") + "_value"
 	b.g.Initializer = append(b.g.Initializer, pb.NewInt64Tensor(name, []int64{int64(len(vals))}, vals))
 	return name
+}
+
+// int64Scalar is a rank-0 int64 constant (torch.onnx writes select's
+// index so).
+func (b *graphBuilder) int64Scalar(v int64) string {
+	name := b.fresh("Constant") + "_value"
+	b.g.Initializer = append(b.g.Initializer, pb.NewInt64Tensor(name, nil, []int64{v}))
+	return name
+}
+
+// packedIDs is table k's id column of a packed model: x[:, k] as
+// TorchScript exports it, Gather(x, k, axis=1) with a scalar k, [batch].
+func (b *graphBuilder) packedIDs(k int) string {
+	if c, ok := b.cols[k]; ok {
+		return c
+	}
+	if b.cols == nil {
+		b.cols = map[int]string{}
+	}
+	b.cols[k] = b.node("Gather", []string{PackedInput, b.int64Scalar(int64(k))}, intAttr("axis", 1))
+	return b.cols[k]
 }
 
 func (b *graphBuilder) floatConst(v float32) string {
@@ -139,9 +166,12 @@ func (b *graphBuilder) embedding(m *Model, k int) string {
 	c := &m.Config
 	table := b.floatInit(TableName(k), []int64{c.TableRows[k], int64(c.EmbDim)}, m.Tables[k])
 	var in string
-	if c.BagSizes[k] == 0 {
+	switch {
+	case c.Packed:
+		in = b.packedIDs(k)
+	case c.BagSizes[k] == 0:
 		in = b.input(SparseInput(k), tensorType(pb.TensorProto_INT64, BatchDim))
-	} else {
+	default:
 		in = b.input(SparseInput(k), tensorType(pb.TensorProto_INT64, BatchDim, c.BagSizes[k]))
 	}
 	e := b.node("Gather", []string{table, in}, intAttr("axis", 0))
@@ -156,6 +186,9 @@ func (m *Model) Graph() *pb.ModelProto {
 	c := &m.Config
 	b := newGraphBuilder(c.Name)
 	dense := b.input(DenseInput, tensorType(pb.TensorProto_FLOAT, BatchDim, c.NumDense))
+	if c.Packed {
+		b.input(PackedInput, tensorType(pb.TensorProto_INT64, BatchDim, c.NumTables()))
+	}
 	var score string
 	switch c.Family {
 	case DLRM:
@@ -242,7 +275,11 @@ func (m *Model) deepfmGraph(b *graphBuilder, dense string) string {
 	for k := range c.NumTables() {
 		embs = append(embs, b.embedding(m, k))
 		lin := b.floatInit(fmt.Sprintf("linear.emb_l.%d.weight", k), []int64{c.TableRows[k], 1}, m.FirstOrder[k])
-		firsts = append(firsts, b.node("Gather", []string{lin, SparseInput(k)}, intAttr("axis", 0)))
+		ids := SparseInput(k)
+		if c.Packed {
+			ids = b.packedIDs(k)
+		}
+		firsts = append(firsts, b.node("Gather", []string{lin, ids}, intAttr("axis", 0)))
 	}
 	first := b.node("ReduceSum", []string{b.node("Concat", firsts, intAttr("axis", 1)), b.int64Const(1)}, intAttr("keepdims", 1))
 	first = b.node("Add", []string{first, b.gemm(dense, m.DenseLinear, "linear.dense")})

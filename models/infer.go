@@ -1,6 +1,7 @@
 package models
 
 import (
+	"encoding/binary"
 	"fmt"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
@@ -11,7 +12,8 @@ import (
 // input [batch, k] is k dense features; an integer input [batch] or
 // [batch, bag] is a sparse feature whose id range is the row count of the
 // table it indexes (the data of the Gather it feeds, through Cast or
-// Identity). m may be read with SkipExternalData: only dims are used.
+// Identity); a [batch, n] integer input whose columns TorchScript's
+// x[:, k] picks (Gather axis 1, scalar k) gets each column's range. m may be read with SkipExternalData: only dims are used.
 func InferSignature(m *pb.ModelProto) (Signature, error) {
 	g := m.GetGraph()
 	inits := map[string]*pb.TensorProto{}
@@ -87,6 +89,48 @@ func InferSignature(m *pb.ModelProto) (Signature, error) {
 		}
 		return 0
 	}
+	// packedRanges: a [batch, width] id input whose every column k is
+	// picked by Gather(axis=1) with the scalar constant k (TorchScript's
+	// x[:, k]) and indexes a table gets each column's row range; nil if
+	// any column does not.
+	packedRanges := func(name string, width int) []IDRange {
+		rows := make([]int64, width)
+		for _, n := range consumers[name] {
+			if n.GetOpType() != "Gather" || len(n.GetInput()) != 2 || n.GetInput()[0] != name || attrAxis(n) != 1 {
+				continue
+			}
+			t, ok := inits[n.GetInput()[1]]
+			if !ok || len(t.GetDims()) != 0 {
+				continue
+			}
+			var k int64
+			switch {
+			case len(t.GetInt64Data()) == 1:
+				k = t.GetInt64Data()[0]
+			case len(t.GetRawData()) == 8:
+				k = int64(binary.LittleEndian.Uint64(t.GetRawData()))
+			default:
+				continue
+			}
+			if k < 0 {
+				k += int64(width)
+			}
+			if k < 0 || k >= int64(width) {
+				continue
+			}
+			if r := rowsFor(n.GetOutput()[0], 0); r > 0 {
+				rows[k] = r
+			}
+		}
+		out := make([]IDRange, width)
+		for k, r := range rows {
+			if r <= 0 {
+				return nil
+			}
+			out[k] = IDRange{Lo: 0, Hi: r}
+		}
+		return out
+	}
 	var sig Signature
 	for _, vi := range g.GetInput() {
 		if _, isInit := inits[vi.GetName()]; isInit {
@@ -118,6 +162,12 @@ func InferSignature(m *pb.ModelProto) (Signature, error) {
 		case pb.TensorProto_INT64, pb.TensorProto_INT32:
 			spec.Kind = SparseKind
 			spec.Rows = rowsFor(vi.GetName(), 0)
+			if spec.Rows <= 0 && !spec.Rank1 {
+				spec.Ranges = packedRanges(vi.GetName(), width)
+				for _, r := range spec.Ranges {
+					spec.Rows = max(spec.Rows, r.Hi)
+				}
+			}
 			if spec.Rows <= 0 {
 				return sig, fmt.Errorf("input %q: ids that index no embedding table (no Gather on a 2-D initializer)", vi.GetName())
 			}

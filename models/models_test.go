@@ -94,6 +94,8 @@ func ExamplePresets() {
 	// dcnv2-tiny
 	// deepfm-tiny
 	// dlrm-kaggle
+	// dlrm-kaggle-packed
 	// dlrm-terabyte
 	// dlrm-tiny
+	// dlrm-tiny-packed
 }

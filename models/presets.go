@@ -60,6 +60,14 @@ var presets = map[string]Preset{
 		Doc:    "DLRM on Criteo Kaggle table sizes (33.7M rows), dim 16",
 		Config: Config{Family: DLRM, NumDense: 13, TableRows: kaggleRows, EmbDim: 16, BagSizes: repeat(0, 26), Bottom: []int{512, 256, 64, 16}, Top: []int{512, 256, 1}},
 	},
+	"dlrm-kaggle-packed": {
+		Doc:    "dlrm-kaggle with its 26 ids in one packed [batch, 26] input (TorchScript's x[:, k]); same weights as dlrm-kaggle for a seed",
+		Config: Config{Family: DLRM, NumDense: 13, TableRows: kaggleRows, EmbDim: 16, BagSizes: repeat(0, 26), Bottom: []int{512, 256, 64, 16}, Top: []int{512, 256, 1}, Packed: true},
+	},
+	"dlrm-tiny-packed": {
+		Doc:    "dlrm-tiny with its 26 ids in one packed [batch, 26] input; same weights as dlrm-tiny for a seed",
+		Config: Config{Family: DLRM, NumDense: 13, TableRows: tinyRows(), EmbDim: 16, BagSizes: repeat(0, 26), Bottom: []int{32, 16}, Top: []int{64, 32, 1}, Packed: true},
+	},
 	"dlrm-terabyte": {
 		Doc:    "DLRM on Criteo Terabyte table sizes, dim 64, rows capped by --max-rows",
 		Config: Config{Family: DLRM, NumDense: 13, TableRows: terabyteRows, EmbDim: 64, BagSizes: repeat(0, 26), Bottom: []int{512, 256, 64}, Top: []int{512, 512, 256, 1}},

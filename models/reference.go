@@ -14,8 +14,15 @@ func (m *Model) Reference(b *Batch) ([]float64, error) {
 		return nil, err
 	}
 	c := &m.Config
-	if len(b.Columns) != 1+c.NumTables() {
-		return nil, fmt.Errorf("reference %s: batch has %d inputs, model %d", c.Name, len(b.Columns), 1+c.NumTables())
+	inputs := 1 + c.NumTables()
+	// id is sample s's j-th id of table k.
+	id := func(s, k, j int) int64 { return b.Columns[1+k].I64[s*c.Bag(k)+j] }
+	if c.Packed {
+		inputs = 2
+		id = func(s, k, _ int) int64 { return b.Columns[1].I64[s*c.NumTables()+k] }
+	}
+	if len(b.Columns) != inputs {
+		return nil, fmt.Errorf("reference %s: batch has %d inputs, model %d", c.Name, len(b.Columns), inputs)
 	}
 	out := make([]float64, b.N)
 	d := c.EmbDim
@@ -29,7 +36,7 @@ func (m *Model) Reference(b *Batch) ([]float64, error) {
 			bag := c.Bag(k)
 			v := make([]float64, d)
 			for j := range bag {
-				id := b.Columns[1+k].I64[s*bag+j]
+				id := id(s, k, j)
 				row := m.Tables[k][id*int64(d) : (id+1)*int64(d)]
 				for i := range v {
 					v[i] += float64(row[i])
@@ -68,7 +75,7 @@ func (m *Model) Reference(b *Batch) ([]float64, error) {
 		case DeepFM:
 			first := refLinear(dense, m.DenseLinear)[0]
 			for k := range embs {
-				first += float64(m.FirstOrder[k][b.Columns[1+k].I64[s]])
+				first += float64(m.FirstOrder[k][id(s, k, 0)])
 			}
 			var fm float64
 			for i := range d {
