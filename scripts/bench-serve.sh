@@ -25,6 +25,7 @@ clients=${CLIENTS:-16}
 dur=${DURATION:-15s}
 certs=${CERTS:-$(dirname "$db")/certs}
 if [ "${TLS:-1}" = 0 ]; then tls=(--insecure); else tls=(--certs "$certs"); fi
+. scripts/scrape.sh
 [ -f "$plan/plan.json" ] || { echo "bench-serve: no partition at $plan (run make demo first)"; exit 1; }
 
 mono() { $prism score "$out/$model/model.onnx" --samples 131072 --batch 256 --threads "$1" --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/'; }
@@ -50,7 +51,7 @@ lg --clients "$clients" --duration 10s >/dev/null
 # The machine is shared and its speed drifts: the monolith and the
 # disaggregated system are measured in alternation, ROUNDS rounds (default 5), and the
 # medians compared.
-before=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
+before=$(scrape "$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
 m1s=""; m2s=""; ds=""
 for round in $(seq 1 "${ROUNDS:-5}"); do
 	m1s="$m1s $(mono 1)"
@@ -60,7 +61,7 @@ for round in $(seq 1 "${ROUNDS:-5}"); do
 	ds="$ds $(sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p' <<<"$maxrun")"
 	gencpu=$(sed -n 's/^generator .*, \(.*\)$/\1/p' <<<"$maxrun")
 done
-after=$(curl -s "http://$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
+after=$(scrape "$metrics/metrics" | grep -E '^prism_router_stage_seconds_(sum|count)')
 mono1=$(median <<<"${m1s# }"); mono2=$(median <<<"${m2s# }"); max=$(median <<<"${ds# }")
 reqs=$(awk -v m="$max" 'BEGIN{printf "%.1f", m/270}')
 echo

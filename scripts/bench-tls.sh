@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Mutual TLS against plaintext, in one run on this machine (run via
-# `make bench-tls`; needs `make demo` first, or set PLAN/DB): two
-# `prism up` stacks on the same partition, one with mTLS (the default)
-# and one with --insecure on a copy of the store, both up at once, and
-# closed-loop runs at 270 candidates per request alternating between
-# them (the order swapped every round), so the machine's drift falls on
-# both alike. Prints each round, the medians and their ratio.
+# `make bench-tls`; needs `make demo` first, or set PLAN/DB): `prism up`
+# stacks on the same partition, one with mTLS (the default) and one with
+# --insecure on a copy of the store, both up at once, and closed-loop
+# runs at 270 candidates per request alternating between them (the
+# order rotated every round), so the machine's drift falls on both alike.
+# Prints each round, the medians and their ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
@@ -60,23 +60,27 @@ p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
 median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
 # Warm-up: hot tiers, ONNX Runtime arenas, TLS sessions.
-tls --duration 10s >/dev/null
-plain --duration 10s >/dev/null
-ts=""; ps=""
+stacks=(tls plain)
+for st in "${stacks[@]}"; do $st --duration 10s >/dev/null; done
+declare -A tput p99s
 for r in $(seq 1 "$rounds"); do
-	if [ $((r % 2)) = 1 ]; then
-		a=$(tls --duration "$dur"); b=$(plain --duration "$dur")
-	else
-		b=$(plain --duration "$dur"); a=$(tls --duration "$dur")
-	fi
-	t=$(samples <<<"$a"); p=$(samples <<<"$b")
-	echo "round $r: mTLS $t samples/s (p99 $(p99 <<<"$a")), plaintext $p samples/s (p99 $(p99 <<<"$b"))" >&2
-	ts="$ts $t"; ps="$ps $p"
+	line="round $r:"
+	n=${#stacks[@]}
+	for i in $(seq 0 $((n - 1))); do
+		st=${stacks[$(((i + r) % n))]}
+		res=$($st --duration "$dur")
+		tput[$st]="${tput[$st]:-} $(samples <<<"$res")"
+		p99s[$st]="${p99s[$st]:-} $(p99 <<<"$res")"
+		line="$line $st $(samples <<<"$res") samples/s (p99 $(p99 <<<"$res"));"
+	done
+	echo "$line" >&2
 done
-tm=$(median <<<"${ts# }"); pm=$(median <<<"${ps# }")
+ms() { sed 's/ms$//' | median; }
+pm=$(median <<<"${tput[plain]# }"); tm=$(median <<<"${tput[tls]# }")
 echo
 echo "| measure | value |"
 echo "|---|---:|"
-echo "| plaintext, $clients clients x 270 candidates (samples/s; median of${ps}) | $pm |"
-echo "| mutual TLS, same (samples/s; median of${ts}) | $tm |"
+echo "| plaintext, $clients clients x 270 candidates (samples/s; median of${tput[plain]}) | $pm |"
+echo "| mutual TLS, same (samples/s; median of${tput[tls]}) | $tm |"
 echo "| mTLS / plaintext | $(awk -v a="$tm" -v b="$pm" 'BEGIN{printf "%.3f", a/b}') |"
+echo "| p99, plaintext / mTLS (median of each) | $(tr ' ' '\n' <<<"${p99s[plain]# }" | ms)ms / $(tr ' ' '\n' <<<"${p99s[tls]# }" | ms)ms |"

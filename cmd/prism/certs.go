@@ -18,11 +18,12 @@ func newCertsCmd() *cobra.Command {
 		Short: "Certificates for mutual TLS between the tiers and for clients",
 	}
 	var (
-		hosts    []string
-		validity time.Duration
+		hosts     []string
+		validity  time.Duration
+		instances int
 	)
 	initCmd := &cobra.Command{
-		Use:   "init DIR [--host H ...]",
+		Use:   "init DIR [--host H ...] [--instances N]",
 		Short: "Make a development CA and a certificate per role (router, embedding, dense, admin)",
 		Long: `certs init makes a development CA and writes, for each role, a folder
 DIR/ROLE (router, embedding, dense, admin; readable by the owner only)
@@ -32,10 +33,19 @@ Hand each host only its role's folder (--certs DIR/ROLE) and keep
 DIR/admin with the operators. Each certificate carries its role (URI SAN
 spiffe://prism/role/ROLE) and is valid for 127.0.0.1, ::1, localhost and
 every --host. The CA's key is not kept; a folder that has a CA already
-is refused.`,
+is refused.
+
+Workers of one role sharing DIR/ROLE share one identity: the router binds
+a worker id to the certificate that first announced it, so any holder of
+that certificate could take over another worker's id. --instances N also
+writes, for each worker role (embedding, dense), N folders
+DIR/ROLE-0 ... DIR/ROLE-(N-1) of the same form, each certificate that
+worker's alone (its common name ROLE-I and the URI SAN
+urn:prism:instance:ROLE-I besides the role's): give worker I of a
+role --certs DIR/ROLE-I. prism up does when they exist.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			err := auth.InitCerts(args[0], auth.CertOptions{Hosts: hosts, Validity: validity})
+			err := auth.InitCerts(args[0], auth.CertOptions{Hosts: hosts, Validity: validity, Instances: instances})
 			if errors.Is(err, auth.ErrCAExists) {
 				return fmt.Errorf("%w: use it as it is, or give certs init a new folder", err)
 			}
@@ -43,10 +53,15 @@ is refused.`,
 				return fmt.Errorf("certs init: %w", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote a CA and a folder per role into %s: %v (give each process only its role's folder)\n", args[0], auth.Roles)
+			if instances > 0 {
+				fmt.Fprintf(cmd.OutOrStdout(), "and a folder per worker instance: %s ... %s, %s ... %s (give worker I of a role only ROLE-I)\n",
+					auth.InstanceName(auth.Embedding, 0), auth.InstanceName(auth.Embedding, instances-1), auth.InstanceName(auth.Dense, 0), auth.InstanceName(auth.Dense, instances-1))
+			}
 			return nil
 		},
 	}
 	initCmd.Flags().StringArrayVar(&hosts, "host", nil, "a host name or IP address the certificates are also valid for; repeatable")
+	initCmd.Flags().IntVar(&instances, "instances", 0, "also make N certificates of their own per worker role (DIR/embedding-0 ..., DIR/dense-0 ...), one per worker")
 	initCmd.Flags().DurationVar(&validity, "validity", 2*365*24*time.Hour, "how long the CA and certificates are valid")
 	cmd.AddCommand(initCmd)
 	return cmd

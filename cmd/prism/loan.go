@@ -59,19 +59,36 @@ the lent Pods with their grace (they drain) and exits.`,
 			if err != nil {
 				return err
 			}
+			// A router serving TLS serves /metrics over HTTPS: scraped
+			// with this process's certificate, the router's verified.
+			var scraper *http.Client
+			if strings.HasPrefix(routerMetrics, "https://") {
+				files, ok, err := tlsFlags.Files(auth.Dense, false)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return errors.New("--router-metrics https://... needs --certs (or --tls-cert/--tls-key/--tls-ca), not --insecure")
+				}
+				tc, err := auth.ScrapeTLS(files, auth.Router)
+				if err != nil {
+					return err
+				}
+				scraper = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+			}
 			stderr := cmd.ErrOrStderr()
 			logf := func(format string, args ...any) {
 				fmt.Fprintf(stderr, "%s loan: %s\n", time.Now().UTC().Format(time.RFC3339), fmt.Sprintf(format, args...))
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			return runLoan(ctx, sp, routerAddr, routerMetrics, addr, model, creds, logf)
+			return runLoan(ctx, sp, routerAddr, routerMetrics, addr, model, creds, scraper, logf)
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&lender, "lender", "", "the lender: kubernetes:max=N,template=DEPLOYMENT,pool=KEY=VALUE,priority-class=NAME[,taint=KEY[=VALUE][:EFFECT],resource=,namespace=,kubeconfig=,idle-refresh=] and the controller's keys of prism up --loan (capacity=,policy=,high=,target=,low=,p99=,queue=,min-lease=,cool-down=,drain-timeout=,startup=,borrow-timeout=,tick=,window=) (README: Promotions and capacity loaning)")
 	fl.StringVar(&routerAddr, "router", "", "a router's gRPC address: the driver lists its registry (workers announce to every router)")
-	fl.StringVar(&routerMetrics, "router-metrics", "", "the routers' /metrics URL; a host name is resolved at each tick and every address scraped (http://prism-router-headless:9090/metrics)")
+	fl.StringVar(&routerMetrics, "router-metrics", "", "the routers' /metrics URL; a host name is resolved at each tick and every address scraped (https://prism-router-headless:9090/metrics when the routers serve TLS: scraped with --certs, the router's certificate checked against the CA and for the router role; http:// with --insecure)")
 	fl.StringVar(&addr, "metrics-addr", "0.0.0.0:9470", "where to serve GET /metrics (the prism_capacity_* counters) and GET /loan (lent workers, the timeline)")
 	fl.StringVar(&model, "model", "dense", "the name of the dense pool in the metrics and the timeline (every dense worker serves every model)")
 	tlsFlags.Register(cmd, auth.Dense)
@@ -80,7 +97,7 @@ the lent Pods with their grace (they drain) and exits.`,
 
 // runLoan wires the kubernetes lender, the driver and its HTTP endpoint,
 // and runs them until ctx ends.
-func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr, model string, creds grpc.DialOption, logf func(string, ...any)) error {
+func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr, model string, creds grpc.DialOption, scraper *http.Client, logf func(string, ...any)) error {
 	k := sp.Kube
 	pool, err := kube.ParsePool(k.Pool)
 	if err != nil {
@@ -119,7 +136,7 @@ func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr,
 	defer conn.Close()
 	reg := prismv1.NewRegistryClient(conn)
 	d, err := loan.New(loan.Options{
-		Provider: prov, Controller: sp.Controller, Model: model,
+		Provider: prov, Controller: sp.Controller, Model: model, Client: scraper,
 		Registry: func(ctx context.Context) ([]*prismv1.WorkerInfo, error) {
 			resp, err := reg.List(ctx, &prismv1.ListRequest{})
 			return resp.GetWorkers(), err

@@ -81,7 +81,7 @@ at --advertise-addr.`,
 				return err
 			}
 			defer dense.Close()
-			s, err := serve.New("dense", serve.Options{Addr: addr, MetricsAddr: metricsAddr, MaxMessageBytes: maxMessage, TLS: tlsConf, Logger: log})
+			s, err := serve.New("dense", serve.Options{Addr: addr, MetricsAddr: metricsAddr, MaxMessageBytes: maxMessage, TLS: tlsConf, MetricsRequireClientCert: tlsFlags.MetricsClientCert, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -121,6 +121,7 @@ at --advertise-addr.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	tlsFlags.Register(cmd, auth.Dense)
+	tlsFlags.RegisterMetrics(cmd)
 	cmd.MarkFlagRequired("plan")
 	return cmd
 }

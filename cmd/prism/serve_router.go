@@ -46,6 +46,7 @@ func newServeRouterCmd() *cobra.Command {
 			so.Logger, ro.Logger = log, log
 			so.MaxMessageBytes = maxMessage
 			tlsFlags.Warn(cmd.ErrOrStderr(), "the router")
+			so.MetricsRequireClientCert = tlsFlags.MetricsClientCert
 			if so.TLS, err = tlsFlags.Server(auth.Router, auth.ServerTLSOptions{AllowNoClientCert: tokenFile != ""}); err != nil {
 				return err
 			}
@@ -179,6 +180,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&tokenFile, "auth-token-file", "", "file holding a bearer token that admits clients without a certificate to Recommend (authorization: Bearer TOKEN)")
 	tlsFlags.Register(cmd, auth.Router)
+	tlsFlags.RegisterMetrics(cmd)
 	// Trust and admission (router-side trust work).
 	f.Int64Var(&ro.MaxInflightBytes, "max-inflight-bytes", router.DefaultMaxInflightBytes, "request bytes admitted at once (a shared context counts once per micro-batch); beyond it requests get ResourceExhausted")
 	f.IntVar(&ro.MaxContextBytes, "max-context-bytes", router.DefaultMaxContextBytes, "largest shared context of one request")

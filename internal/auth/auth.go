@@ -48,6 +48,30 @@ const Token Role = "token"
 // roleURIPrefix starts the URI SAN that carries a certificate's role.
 const roleURIPrefix = "spiffe://prism/role/"
 
+// instanceURIPrefix starts the URI SAN that names one worker's
+// certificate (certs init --instances): urn:prism:instance:NAME. Not a
+// second spiffe:// URI: a SPIFFE identity is one URI SAN (gRPC, among
+// others, takes a certificate with two as having none).
+const instanceURIPrefix = "urn:prism:instance:"
+
+// InstanceURI is the URI SAN that names the certificate of instance
+// name ("embedding-0").
+func InstanceURI(name string) *url.URL {
+	u, _ := url.Parse(instanceURIPrefix + name)
+	return u
+}
+
+// InstanceOf is the instance name a certificate carries, "" when it
+// carries none (a role's shared certificate).
+func InstanceOf(c *x509.Certificate) string {
+	for _, u := range c.URIs {
+		if s := u.String(); strings.HasPrefix(s, instanceURIPrefix) {
+			return strings.TrimPrefix(s, instanceURIPrefix)
+		}
+	}
+	return ""
+}
+
 // ParseRole checks that s names a certificate role.
 func ParseRole(s string) (Role, error) {
 	for _, r := range Roles {

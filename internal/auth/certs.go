@@ -35,7 +35,21 @@ type CertOptions struct {
 	// Now is the start of validity (default time.Now; tests make expired
 	// certificates with it).
 	Now func() time.Time
+	// Instances, when > 0, also makes that many certificates of their
+	// own for each worker role (embedding, dense): DIR/ROLE-I for I in
+	// 0..Instances-1 (InstanceDir), each with the role and a distinct
+	// identity (InstanceURI, and the instance's name as its common
+	// name), so that the router binds a worker id to one worker's
+	// certificate, not to a certificate every worker of the role holds.
+	Instances int
 }
+
+// WorkerRoles are the roles whose processes announce themselves to the
+// router (and so get per-instance certificates).
+var WorkerRoles = []Role{Embedding, Dense}
+
+// maxInstances bounds CertOptions.Instances.
+const maxInstances = 4096
 
 // EnsureDefaults fills zero fields.
 func (o *CertOptions) EnsureDefaults() {
@@ -49,6 +63,9 @@ func (o *CertOptions) EnsureDefaults() {
 
 // Validate checks the options.
 func (o *CertOptions) Validate() error {
+	if o.Instances < 0 || o.Instances > maxInstances {
+		return fmt.Errorf("%d instances, want 0 to %d", o.Instances, maxInstances)
+	}
 	if o.Validity < 0 {
 		return fmt.Errorf("certificate validity %s, want > 0", o.Validity)
 	}
@@ -77,6 +94,17 @@ const (
 // only part of it a process of that role needs.
 func RoleDir(dir string, r Role) string { return filepath.Join(dir, string(r)) }
 
+// InstanceName is the name of instance i of role r: "ROLE-I".
+func InstanceName(r Role, i int) string { return fmt.Sprintf("%s-%d", r, i) }
+
+// InstanceDir is instance i of role r's folder in a folder InitCerts
+// wrote with Instances > i: DIR/ROLE-I, a role's folder (cert.pem,
+// key.pem, ca.pem) like DIR/ROLE, whose certificate is that instance's
+// alone.
+func InstanceDir(dir string, r Role, i int) string {
+	return filepath.Join(dir, InstanceName(r, i))
+}
+
 // FolderFiles are the files of one role's folder: cert.pem, key.pem and
 // ca.pem.
 func FolderFiles(dir string) Files {
@@ -97,7 +125,9 @@ func flatFiles(dir string, r Role) Files {
 // (readable by the owner only) holding the role's certificate and key
 // and the CA's certificate (cert.pem, key.pem, ca.pem; the key readable
 // by the owner only), all ECDSA P-256, so that each process can be given
-// its own role's folder and nothing else. It refuses a folder that holds
+// its own role's folder and nothing else. With o.Instances, also a
+// folder of the same form per worker instance (InstanceDir), whose
+// certificate is that worker's alone. It refuses a folder that holds
 // a CA already, in either layout (ErrCAExists). The CA's key is not
 // kept: to add a host, make a new folder. dir is created if missing.
 func InitCerts(dir string, o CertOptions) error {
@@ -152,8 +182,23 @@ func InitCerts(dir string, o CertOptions) error {
 	}
 	// The role certificates first, the CA last: a folder with a ca.pem
 	// is complete, so an interrupted run can be repeated.
+	type leaf struct {
+		dir      string
+		role     Role
+		instance string // "" for the role's shared certificate
+	}
+	var leaves []leaf
 	for _, r := range Roles {
-		rd := RoleDir(dir, r)
+		leaves = append(leaves, leaf{RoleDir(dir, r), r, ""})
+	}
+	for _, r := range WorkerRoles {
+		for i := range o.Instances {
+			leaves = append(leaves, leaf{InstanceDir(dir, r, i), r, InstanceName(r, i)})
+		}
+	}
+	for _, l := range leaves {
+		r := l.role
+		rd := l.dir
 		if err := os.Mkdir(rd, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("certs %s: %w", dir, err)
 		}
@@ -166,9 +211,13 @@ func InitCerts(dir string, o CertOptions) error {
 		if err != nil {
 			return fmt.Errorf("%s key: %w", r, err)
 		}
+		cn, uris := string(r), []*url.URL{RoleURI(r)}
+		if l.instance != "" {
+			cn, uris = l.instance, append(uris, InstanceURI(l.instance))
+		}
 		tmpl := &x509.Certificate{
 			SerialNumber: serial(),
-			Subject:      pkix.Name{Organization: []string{"Prism"}, OrganizationalUnit: []string{string(r)}, CommonName: string(r)},
+			Subject:      pkix.Name{Organization: []string{"Prism"}, OrganizationalUnit: []string{string(r)}, CommonName: cn},
 			NotBefore:    now.Add(-time.Minute),
 			NotAfter:     now.Add(o.Validity),
 			KeyUsage:     x509.KeyUsageDigitalSignature,
@@ -176,21 +225,26 @@ func InitCerts(dir string, o CertOptions) error {
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 			DNSNames:    dns,
 			IPAddresses: ips,
-			URIs:        []*url.URL{RoleURI(r)},
+			URIs:        uris,
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 		if err != nil {
-			return fmt.Errorf("%s certificate: %w", r, err)
+			return fmt.Errorf("%s certificate: %w", cn, err)
 		}
 		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 		if err != nil {
-			return fmt.Errorf("%s key: %w", r, err)
+			return fmt.Errorf("%s key: %w", cn, err)
 		}
-		f := FilesFor(dir, r)
+		f := FolderFiles(rd)
 		if err := writePEM(f.Key, "PRIVATE KEY", keyDER, 0o600); err != nil {
 			return err
 		}
 		if err := writePEM(f.Cert, "CERTIFICATE", der, 0o644); err != nil {
+			return err
+		}
+	}
+	for _, l := range leaves[len(Roles):] {
+		if err := writePEM(FolderFiles(l.dir).CA, "CERTIFICATE", caDER, 0o644); err != nil {
 			return err
 		}
 	}

@@ -171,3 +171,59 @@ func mustURL(t *testing.T, s string) *url.URL {
 	}
 	return u
 }
+
+// TestInitCertsInstances: --instances makes, per worker role, folders of
+// their own whose certificates carry the role and distinct identities,
+// each a role's folder ResolveCerts takes.
+func TestInitCertsInstances(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := InitCerts(dir, CertOptions{Instances: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ca := readCert(t, FilesFor(dir, Admin).CA)
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	seen := map[string]bool{}
+	for _, r := range WorkerRoles {
+		shared := readCert(t, FilesFor(dir, r).Cert)
+		if InstanceOf(shared) != "" {
+			t.Errorf("the %s role's certificate names an instance: %q", r, InstanceOf(shared))
+		}
+		for i := range 2 {
+			d := InstanceDir(dir, r, i)
+			res, err := ResolveCerts(d, r)
+			if err != nil || res.Layout != RoleFolder {
+				t.Fatalf("%s: %+v %v", d, res, err)
+			}
+			c := readCert(t, res.Cert)
+			name := InstanceName(r, i)
+			if RoleOf(c) != r || InstanceOf(c) != name || c.Subject.CommonName != name {
+				t.Errorf("%s: role %q, instance %q, CN %q", d, RoleOf(c), InstanceOf(c), c.Subject.CommonName)
+			}
+			if _, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+				t.Errorf("%s: %v", d, err)
+			}
+			if !slices.Equal(readCert(t, res.CA).Raw, ca.Raw) {
+				t.Errorf("%s holds another CA", d)
+			}
+			if st, err := os.Stat(d); err != nil || st.Mode().Perm() != 0o700 {
+				t.Errorf("%s: %v, want mode 0700", d, err)
+			}
+			if st, err := os.Stat(res.Key); err != nil || st.Mode().Perm() != 0o600 {
+				t.Errorf("%s: %v, want mode 0600", res.Key, err)
+			}
+			if seen[string(c.RawSubjectPublicKeyInfo)] {
+				t.Errorf("%s shares a key with another certificate", d)
+			}
+			seen[string(c.RawSubjectPublicKeyInfo)] = true
+		}
+	}
+	if _, err := os.Stat(InstanceDir(dir, Router, 0)); err == nil {
+		t.Error("instances made for the router role")
+	}
+	for _, n := range []int{-1, maxInstances + 1} {
+		if err := InitCerts(filepath.Join(t.TempDir(), "x"), CertOptions{Instances: n}); err == nil {
+			t.Errorf("%d instances accepted", n)
+		}
+	}
+}

@@ -94,3 +94,36 @@ func load(f Files, withCert bool) (tls.Certificate, *x509.CertPool, error) {
 	}
 	return cert, pool, nil
 }
+
+// ScrapeTLS is the configuration an HTTPS client scraping a tier's
+// /metrics dials with: f's certificate (none when f has only the CA),
+// the server's certificate verified against f's CA and required to carry
+// one of serverRoles, but not checked against the host name: a scraper
+// reaches the routers of a headless Service by their addresses, which
+// their certificates need not list (the role is the identity, as
+// between the tiers).
+func ScrapeTLS(f Files, serverRoles ...Role) (*tls.Config, error) {
+	c, err := ClientTLS(f, serverRoles...)
+	if err != nil {
+		return nil, err
+	}
+	roots, roleCheck := c.RootCAs, c.VerifyConnection
+	c.InsecureSkipVerify = true // replaced by the verification below
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("server presented no certificate")
+		}
+		inter := x509.NewCertPool()
+		for _, ic := range cs.PeerCertificates[1:] {
+			inter.AddCert(ic)
+		}
+		if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+			return fmt.Errorf("server certificate: %w", err)
+		}
+		if roleCheck != nil {
+			return roleCheck(cs)
+		}
+		return nil
+	}
+	return c, nil
+}

@@ -2,6 +2,8 @@ package auth
 
 import (
 	"context"
+	"crypto/tls"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -136,5 +138,49 @@ func TestTLSFiles(t *testing.T) {
 	}
 	if c, err := ServerTLS(f, ServerTLSOptions{}); err != nil || c.MinVersion != 0x0304 || c.ClientAuth.String() != "RequireAndVerifyClientCert" {
 		t.Errorf("server config %+v, %v", c, err)
+	}
+}
+
+// TestScrapeTLS: a scraper's configuration takes a server whose
+// certificate the CA signed and carries the wanted role, whatever name
+// it was dialled by, and refuses another role or another CA's.
+func TestScrapeTLS(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	for _, d := range []string{dir, other} {
+		if err := InitCerts(d, CertOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	handshake := func(server Files, client *tls.Config) error {
+		sc, err := ServerTLS(server, ServerTLSOptions{AllowNoClientCert: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		go tls.Server(a, sc).Handshake()
+		client.ServerName = "a-name-no-certificate-lists.example"
+		return tls.Client(b, client).Handshake()
+	}
+	c, err := ScrapeTLS(FilesFor(dir, Admin), Router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := handshake(FilesFor(dir, Router), c.Clone()); err != nil {
+		t.Errorf("the router, by a name its certificate does not list: %v", err)
+	}
+	if err := handshake(FilesFor(dir, Dense), c.Clone()); err == nil || !strings.Contains(err.Error(), "role") {
+		t.Errorf("a dense worker as the router: %v", err)
+	}
+	if err := handshake(FilesFor(other, Router), c.Clone()); err == nil {
+		t.Error("another CA's router accepted")
+	}
+	caOnly, err := ScrapeTLS(Files{CA: FilesFor(dir, Admin).CA}, Router)
+	if err != nil || len(caOnly.Certificates) != 0 {
+		t.Fatalf("CA only: %v", err)
+	}
+	if err := handshake(FilesFor(dir, Router), caOnly); err != nil {
+		t.Errorf("CA only: %v", err)
 	}
 }

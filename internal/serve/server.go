@@ -1,7 +1,7 @@
 // Package serve is the scaffolding every Prism tier shares: a gRPC server
 // with standard health checking and reflection (so grpcurl and ghz work
 // out of the box), RPC metrics by method and code, a Prometheus /metrics
-// endpoint, structured logs, graceful shutdown that finishes in-flight
+// endpoint (HTTPS when the tier serves TLS), structured logs, graceful shutdown that finishes in-flight
 // requests, and the worker's heartbeat to the router's registry.
 package serve
 
@@ -40,8 +40,14 @@ type Options struct {
 	// Listener, if set, is served instead of a listener on Addr (tests
 	// serve over bufconn); the Server owns it from New on.
 	Listener net.Listener
-	// MetricsAddr serves /metrics over HTTP (default 127.0.0.1:0; "off" disables).
+	// MetricsAddr serves /metrics (default 127.0.0.1:0; "off" disables):
+	// over HTTPS with TLS's certificate when TLS is set, else plain HTTP.
 	MetricsAddr string
+	// MetricsRequireClientCert, with TLS, refuses a /metrics client (a
+	// scraper) without a certificate signed by the cluster's CA; by
+	// default one is verified if given but not needed, so a scraper
+	// holding only the CA (to verify the server) can read the metrics.
+	MetricsRequireClientCert bool
 	// MaxMessageBytes bounds one request (default 64 MiB).
 	MaxMessageBytes int
 	// ShutdownGrace is how long in-flight requests get at shutdown (default 10s).
@@ -147,7 +153,12 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
-		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		// The server's own complaints (a scraper speaking plain HTTP to
+		// the HTTPS port, a failed handshake) at debug level.
+		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(s.Log.Handler(), slog.LevelDebug)}
+		if o.TLS != nil {
+			s.mlis = tls.NewListener(s.mlis, MetricsTLS(o.TLS, o.MetricsRequireClientCert))
+		}
 	}
 	unary, stream := []grpc.UnaryServerInterceptor{s.unaryMetrics}, []grpc.StreamServerInterceptor{s.streamMetrics}
 	var creds []grpc.ServerOption
@@ -193,6 +204,29 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	return s, nil
+}
+
+// MetricsTLS is the configuration /metrics is served with next to a
+// gRPC server serving with grpcTLS: the same certificate and CA, HTTP/2
+// or HTTP/1.1, and a client certificate verified when given, required
+// only with requireClientCert.
+func MetricsTLS(grpcTLS *tls.Config, requireClientCert bool) *tls.Config {
+	c := grpcTLS.Clone()
+	c.NextProtos = []string{"h2", "http/1.1"}
+	c.ClientAuth = tls.VerifyClientCertIfGiven
+	if requireClientCert {
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return c
+}
+
+// MetricsScheme is the scheme of a tier's /metrics URL: "https" when it
+// serves gRPC over TLS, else "http".
+func MetricsScheme(tlsOn bool) string {
+	if tlsOn {
+		return "https"
+	}
+	return "http"
 }
 
 // Addr is the gRPC address.

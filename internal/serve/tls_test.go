@@ -2,6 +2,9 @@ package serve
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -116,4 +119,60 @@ func tlsRouter(t *testing.T, reg prismv1.RegistryServer) (s *Server, bn *grpctes
 		return grpc.WithTransportCredentials(credentials.NewTLS(c))
 	}
 	return s, bn, creds, ctx
+}
+
+// TestMetricsOverTLS: a tier serving TLS serves /metrics over HTTPS with
+// its certificate, not plain HTTP; a scraper needs only the CA unless
+// MetricsRequireClientCert, and then a certificate the CA signed.
+func TestMetricsOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, require := range []bool{false, true} {
+		conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Dense), auth.ServerTLSOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := New("dense", Options{Addr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", TLS: conf, MetricsRequireClientCert: require, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		served := make(chan error, 1)
+		go func() { served <- s.Serve(ctx) }()
+		get := func(url string, files auth.Files) error {
+			c, err := auth.ClientTLS(files)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: c}}
+			resp, err := hc.Get(url)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "prism_rpc_") && !strings.Contains(string(b), "go_goroutines") {
+				return fmt.Errorf("status %d: %.200s", resp.StatusCode, b)
+			}
+			return nil
+		}
+		https := MetricsScheme(true) + "://" + s.MetricsAddr() + "/metrics"
+		caOnly := auth.Files{CA: auth.FilesFor(dir, auth.Admin).CA}
+		if err := get(https, auth.FilesFor(dir, auth.Admin)); err != nil {
+			t.Errorf("require %v: scraping with a certificate: %v", require, err)
+		}
+		if err := get(https, caOnly); (err == nil) == require {
+			t.Errorf("require %v: scraping with the CA alone: %v", require, err)
+		}
+		if resp, err := http.Get("http://" + s.MetricsAddr() + "/metrics"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				t.Errorf("require %v: /metrics answers plain HTTP", require)
+			}
+		}
+		cancel()
+		<-served
+	}
 }

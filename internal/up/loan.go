@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -18,6 +19,8 @@ import (
 	"github.com/prism-serve/prism/capacity/loan"
 	"github.com/prism-serve/prism/capacity/local"
 	"github.com/prism-serve/prism/gpuserve/devices"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/internal/supervise"
 )
 
@@ -28,6 +31,9 @@ import (
 type routerMetricsWatch struct {
 	w    io.Writer
 	addr atomic.Pointer[string]
+	// scheme is "https" when the router serves TLS (and so /metrics),
+	// "http" (or "") otherwise; set before url is called.
+	scheme string
 }
 
 func (r *routerMetricsWatch) Write(b []byte) (int, error) {
@@ -43,7 +49,11 @@ func (r *routerMetricsWatch) Write(b []byte) (int, error) {
 
 func (r *routerMetricsWatch) url() string {
 	if a := r.addr.Load(); a != nil {
-		return "http://" + *a + "/metrics"
+		scheme := r.scheme
+		if scheme == "" {
+			scheme = "http"
+		}
+		return scheme + "://" + *a + "/metrics"
 	}
 	return ""
 }
@@ -95,7 +105,25 @@ func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, c
 		return nil, fmt.Errorf("loan: dial router %s: %w", routerAddr, err)
 	}
 	reg := prismv1.NewRegistryClient(conn)
+	// The router's /metrics is HTTPS under TLS: scraped as admin, the
+	// router verified against the CA.
+	var scraper *http.Client
+	metrics.scheme = serve.MetricsScheme(!c.Insecure)
+	if !c.Insecure {
+		admin, err := auth.ResolveCerts(c.Certs, auth.Admin)
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("loan: %w", err)
+		}
+		tc, err := auth.ScrapeTLS(admin.Files, auth.Router)
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("loan: %w", err)
+		}
+		scraper = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+	}
 	d, err := loan.New(loan.Options{
+		Client:   scraper,
 		Provider: prov, Controller: sp.Controller, Model: strings.Join(models, ","),
 		Registry: func(ctx context.Context) ([]*prismv1.WorkerInfo, error) {
 			resp, err := reg.List(ctx, &prismv1.ListRequest{})

@@ -22,6 +22,9 @@ import (
 type Flags struct {
 	Certs, Cert, Key, CA string
 	Insecure             bool
+	// MetricsClientCert (RegisterMetrics) requires scrapers of a TLS
+	// tier's /metrics to present a certificate the CA signed.
+	MetricsClientCert bool
 
 	// role is Register's, the role Warn resolves the files for.
 	role auth.Role
@@ -45,6 +48,13 @@ func (f *Flags) Register(cmd *cobra.Command, role auth.Role) {
 	fl.StringVar(&f.Key, "tls-key", "", "the key of --tls-cert (PEM)")
 	fl.StringVar(&f.CA, "tls-ca", "", "the CA certificate that peers' certificates must chain to (PEM)")
 	fl.BoolVar(&f.Insecure, "insecure", false, "plaintext gRPC: no TLS, no authentication (anyone who reaches the port may call every RPC)")
+}
+
+// RegisterMetrics adds the flag of a serving command's /metrics
+// endpoint, which is HTTPS with the process's certificate unless
+// --insecure.
+func (f *Flags) RegisterMetrics(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&f.MetricsClientCert, "metrics-client-cert", false, "over TLS, require scrapers of /metrics to present a certificate signed by the CA (by default /metrics is HTTPS and a scraper needs only the CA to verify it); with --insecure /metrics is plain HTTP")
 }
 
 // Files resolves the flags for role: ok is false with --insecure.

@@ -76,13 +76,16 @@ timeoutSeconds: {{ $.Values.probes.timeoutSeconds }}
 {{- if .Values.workers.advertiseDNS -}}127.0.0.1{{- else -}}${POD_IP}{{- end -}}
 {{- end -}}
 
-{{/* Pod annotations: Prometheus scrape of the metrics port. Call with (list $ metricsPort). */}}
+{{/* Pod annotations: Prometheus scrape of the metrics port, https when the tiers serve TLS. Call with (list $ metricsPort), or (list $ metricsPort SCHEME). */}}
 {{- define "prism.podAnnotations" -}}
 {{- $ := index . 0 -}}
+{{- $scheme := ternary "https" "http" $.Values.tls.enabled -}}
+{{- if gt (len .) 2 }}{{ $scheme = index . 2 }}{{ end -}}
 {{- if $.Values.metrics.annotations }}
 prometheus.io/scrape: "true"
 prometheus.io/port: {{ index . 1 | quote }}
 prometheus.io/path: /metrics
+prometheus.io/scheme: {{ $scheme }}
 {{- end }}
 {{- end -}}
 
