@@ -7,7 +7,7 @@ ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
 export ORT_LIB ?= $(ORT_CACHE_LIB)
 BIN := bin/prism
 
-.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls vet fmt clean kube-apiserver manifests image
+.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls bench-context vet fmt clean kube-apiserver manifests image
 
 setup:
 	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
@@ -40,6 +40,11 @@ bench-serve: setup build
 # Mutual TLS against plaintext serving (needs make demo's artifacts).
 bench-tls: setup build
 	./scripts/bench-tls.sh
+
+# The user context (13 sparse features once per request) against every
+# feature per candidate, and the monolith (needs make demo's artifacts).
+bench-context: setup build
+	./scripts/bench-context.sh
 
 # Monolithic scoring throughput table for BENCHMARKS.md.
 bench-score: setup build

@@ -161,6 +161,9 @@ type fanout struct {
 	count  int         // parts arrived
 	inputs [][]float32 // per cut tensor, in dense.onnx order
 	from   []int       // per cut tensor, the shard that sent it
+	// ctx: per cut tensor, a context column (one row for all samples;
+	// nil until a part sends one).
+	ctx []bool
 	// parts and counts: per cut tensor sent in parts (partialSpec), per
 	// shard, its part and its counts (nil until some part arrives).
 	parts, counts [][][]float32
@@ -206,6 +209,9 @@ type partTensor struct {
 	data  []float32
 	// partial: a shard's part of a row-wise output (count: its counts).
 	partial, count bool
+	// context: data is one row, shared by every sample (never for a
+	// partial column: decodePart expands those).
+	context bool
 }
 
 // scorePart takes one part of a sharded fan-out: it joins the part to
@@ -281,6 +287,12 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	for _, p := range parts {
 		if !p.partial {
 			f.inputs[p.index], f.from[p.index] = p.data, shard
+			if p.context {
+				if f.ctx == nil {
+					f.ctx = make([]bool, len(m.spec))
+				}
+				f.ctx[p.index] = true
+			}
 			continue
 		}
 		if f.parts == nil {
@@ -320,7 +332,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		s.metrics.reject(m.name, "invalid")
 	} else {
 		var outs [][]float32
-		outs, err = m.batcher.Submit(ctx, Request{N: n, Inputs: f.inputs})
+		outs, err = m.batcher.Submit(ctx, Request{N: n, Inputs: f.inputs, Context: f.ctx})
 		switch {
 		case err != nil:
 			err = s.submitError(m, err)
@@ -440,7 +452,14 @@ func decodePart(m *model, tensors []byte, n int) ([]partTensor, error) {
 			case !count && t.Width != m.spec[ps.index].Width:
 				return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[ps.index].Width, m.spec[ps.index].Shape)
 			}
-			out = append(out, partTensor{index: ps.index, data: t.Data, partial: true, count: count})
+			data := t.Data
+			if t.Context {
+				// The combine reads every sample's part: expanded here
+				// (the embedding tier sends partial columns expanded).
+				data = make([]float32, n*t.Width)
+				t.Expand(data, n)
+			}
+			out = append(out, partTensor{index: ps.index, data: data, partial: true, count: count})
 			continue
 		}
 		i, ok := m.index[t.Name]
@@ -452,7 +471,7 @@ func decodePart(m *model, tensors []byte, n int) ([]partTensor, error) {
 		case t.Width != m.spec[i].Width:
 			return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[i].Width, m.spec[i].Shape)
 		}
-		out = append(out, partTensor{index: i, data: t.Data})
+		out = append(out, partTensor{index: i, data: t.Data, context: t.Context})
 	}
 	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
 )
 
@@ -69,6 +70,23 @@ var ErrClosed = errors.New("dense tier shutting down")
 type Request struct {
 	N      int
 	Inputs [][]float32
+	// Context marks the inputs (nil: none) that hold one sample's Width
+	// values, the same for all N samples: a cut tensor computed from the
+	// request's context alone, which crossed the network once
+	// (arrowframe's context columns). The batcher expands it into the
+	// batch as it copies the samples into the runner's input.
+	Context []bool
+}
+
+// context says whether input i holds one row shared by every sample.
+func (r *Request) context(i int) bool { return i < len(r.Context) && r.Context[i] }
+
+// rows is how many samples' values input i holds.
+func (r *Request) rows(i int) int {
+	if r.context(i) {
+		return 1
+	}
+	return r.N
 }
 
 type pending struct {
@@ -175,9 +193,12 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 	if len(req.Inputs) != len(b.spec) {
 		return nil, fmt.Errorf("request has %d inputs, the dense model %d", len(req.Inputs), len(b.spec))
 	}
+	if req.Context != nil && len(req.Context) != len(b.spec) {
+		return nil, fmt.Errorf("request marks %d inputs context or not, the dense model has %d", len(req.Context), len(b.spec))
+	}
 	for i, in := range req.Inputs {
-		if len(in) != req.N*b.spec[i].Width {
-			return nil, fmt.Errorf("input %q: %d values for %d samples of width %d", b.spec[i].Name, len(in), req.N, b.spec[i].Width)
+		if len(in) != req.rows(i)*b.spec[i].Width {
+			return nil, fmt.Errorf("input %q: %d values for %d samples of width %d", b.spec[i].Name, len(in), req.rows(i), b.spec[i].Width)
 		}
 	}
 	p := &pending{ctx: ctx, req: req, done: make(chan result, 1)}
@@ -365,12 +386,20 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 	ins := make([]ort.Input, len(b.spec))
 	for i, s := range b.spec {
 		var data []float32
-		if len(live) == 1 {
-			data = live[0].req.Inputs[i]
+		if len(live) == 1 && !live[0].req.context(i) {
+			data = live[0].req.Inputs[i] // as received: no copy
 		} else {
+			// One pass writes the batch: each request's samples copied,
+			// a context input's row expanded in place.
 			data = make([]float32, 0, n*s.Width)
 			for _, p := range live {
-				data = append(data, p.req.Inputs[i]...)
+				if !p.req.context(i) {
+					data = append(data, p.req.Inputs[i]...)
+					continue
+				}
+				off := len(data)
+				data = data[:off+p.req.N*s.Width]
+				arrowframe.Repeat(data[off:], p.req.Inputs[i])
 			}
 		}
 		ins[i] = ort.Input{Name: s.Name, Shape: append([]int64{int64(n)}, s.Shape...), Float32: data}

@@ -26,12 +26,17 @@ func FuzzScore(f *testing.F) {
 	}
 	f.Cleanup(s.Close)
 	m := s.models[s.names[0]]
-	var cols []arrowframe.Column
-	for _, sp := range m.spec {
+	var cols, ctxCols []arrowframe.Column
+	for i, sp := range m.spec {
 		cols = append(cols, arrowframe.Column{Name: sp.Name, Width: sp.Width})
+		ctxCols = append(ctxCols, arrowframe.Column{Name: sp.Name, Width: sp.Width, Context: i%2 == 0})
 	}
-	for _, n := range []int{1, 3} {
-		frame, _, err := arrowframe.AppendFrame(nil, n, cols)
+	for _, n := range []int{1, 3, 5} {
+		layout := cols
+		if n == 5 {
+			layout = ctxCols // context columns among the others
+		}
+		frame, _, err := arrowframe.AppendFrame(nil, n, layout)
 		if err != nil {
 			f.Fatal(err)
 		}

@@ -352,6 +352,7 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, got, n)
 	}
 	inputs := make([][]float32, len(m.spec))
+	var ctx []bool // nil unless some tensor is a context column
 	for _, t := range ts {
 		i, ok := m.index[t.Name]
 		if !ok {
@@ -364,6 +365,12 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 			return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[i].Width, m.spec[i].Shape)
 		}
 		inputs[i] = t.Data
+		if t.Context {
+			if ctx == nil {
+				ctx = make([]bool, len(m.spec))
+			}
+			ctx[i] = true
+		}
 	}
 	var missing []string
 	for i, in := range inputs {
@@ -374,7 +381,7 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	if len(missing) > 0 {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: missing tensors %s", m.name, strings.Join(missing, ", "))
 	}
-	return Request{N: n, Inputs: inputs}, nil
+	return Request{N: n, Inputs: inputs, Context: ctx}, nil
 }
 
 func (m *model) cutNames() string {

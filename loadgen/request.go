@@ -118,6 +118,11 @@ type RequestOptions struct {
 	// Context names the inputs sent once per request; the others are
 	// sent per candidate.
 	Context []string
+	// ExpandContext sends the Context inputs per candidate instead, every
+	// candidate repeating the request's one context sample: the same
+	// requests as with Context, without the user context (the baseline
+	// it is measured against).
+	ExpandContext bool
 	// Candidates per request (default dlrmv2).
 	Candidates Candidates
 	// Seed makes the request stream reproducible.
@@ -167,6 +172,11 @@ func NewRequests(o RequestOptions) (*Requests, error) {
 		for i, in := range o.Sig.Inputs {
 			if in.Name == name {
 				q.ctx[i], found = true, true
+				if in.Offsets != "" || in.Kind == models.OffsetsKind {
+					// An EmbeddingBag's ids, weights or offsets: one bag
+					// per candidate, drawn 1 to Width long.
+					return nil, fmt.Errorf("requests: input %q is jagged (an EmbeddingBag's ids, weights or offsets): it comes in the candidates, not the context", name)
+				}
 			}
 		}
 		if !found {
@@ -314,6 +324,11 @@ func (q *Requests) build() (*prismv1.RecommendRequest, error) {
 			b, feats = ctxb, req.Context
 		}
 		col := b.Columns[i]
+		if q.ctx[i] && q.o.ExpandContext {
+			// The context sample, repeated for every candidate.
+			col = models.Column{F32: repeat(col.F32, n), I64: repeat(col.I64, n)}
+			feats = req.Candidates
+		}
 		pi := &prismv1.Input{Name: in.Name}
 		if in.Kind == models.DenseKind {
 			pi.Values = col.F32
@@ -322,5 +337,20 @@ func (q *Requests) build() (*prismv1.RecommendRequest, error) {
 		}
 		feats.Inputs = append(feats.Inputs, pi)
 	}
+	if q.o.ExpandContext {
+		req.Context = nil
+	}
 	return req, nil
+}
+
+// repeat is one sample's values n times (nil stays nil).
+func repeat[T any](one []T, n int) []T {
+	if one == nil {
+		return nil
+	}
+	out := make([]T, 0, len(one)*n)
+	for range n {
+		out = append(out, one...)
+	}
+	return out
 }

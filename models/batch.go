@@ -10,6 +10,9 @@ type InputKind int
 const (
 	DenseKind InputKind = iota
 	SparseKind
+	// OffsetsKind is a jagged input's offsets (jagged.go): one int64
+	// per sample, the start of its bag.
+	OffsetsKind
 )
 
 // InputSpec describes one model input per sample.
@@ -31,6 +34,13 @@ type InputSpec struct {
 	// Dims, when set, is the per-sample shape (for inputs of rank 3 and
 	// more; the product is Width).
 	Dims []int64
+	// Offsets, set on a jagged input (jagged.go), names the OffsetsKind
+	// input holding each sample's start in its values; Width is then the
+	// most values a sample has (Synthetic draws 1 to Width).
+	Offsets string
+	// LastOffset, on an OffsetsKind input, appends the number of values
+	// as one offset more (include_last_offset=True).
+	LastOffset bool
 }
 
 // IDRange is the valid ids [Lo, Hi) of one value of a sample.
@@ -93,6 +103,12 @@ func (b *Batch) Check() error {
 		return fmt.Errorf("batch has %d columns for %d inputs", len(b.Columns), len(b.Sig.Inputs))
 	}
 	for i, in := range b.Sig.Inputs {
+		if in.Offsets != "" || in.Kind == OffsetsKind {
+			if err := b.checkJagged(i); err != nil {
+				return err
+			}
+			continue
+		}
 		col := b.Columns[i]
 		want := b.N * in.Width
 		switch in.Kind {
@@ -131,6 +147,10 @@ func (b *Batch) Check() error {
 func (b *Batch) Slice(i, j int) *Batch {
 	out := &Batch{N: j - i, Sig: b.Sig, Columns: make([]Column, len(b.Columns))}
 	for c, in := range b.Sig.Inputs {
+		if in.Offsets != "" || in.Kind == OffsetsKind {
+			out.Columns[c] = b.sliceJagged(c, i, j)
+			continue
+		}
 		w := in.Width
 		if b.Columns[c].F32 != nil {
 			out.Columns[c].F32 = b.Columns[c].F32[i*w : j*w]

@@ -56,6 +56,8 @@ func NewCriteo(r io.Reader, name string, sig Signature) (*Criteo, error) {
 	c := &Criteo{sig: &sig, name: name}
 	for i, in := range sig.Inputs {
 		switch {
+		case in.Offsets != "" || in.Kind == OffsetsKind:
+			return nil, fmt.Errorf("criteo %s: input %q is jagged (an EmbeddingBag's ids, weights or offsets): Criteo rows have one id per feature, not bags of any length", name, in.Name)
 		case in.Ranges != nil:
 			for j, rg := range in.Ranges {
 				if rg.IsID() {

@@ -17,7 +17,11 @@ import (
 // through the lookup's pre-lookup ops (offsets, 1-based ids, hashing,
 // clamps). A plain id input whose lookups have no pre-lookup ops gets
 // Rows (the smallest table it indexes) and no Ranges, as
-// InferSignature gives it.
+// InferSignature gives it. An input the plan's pre.onnx reads for a
+// lookup (pre_inputs) is drawn as ids of that lookup's table, every
+// value in [0, rows): the subgraph's work is not worked back, so a
+// model whose pre.onnx takes other ids is verified on the caller's
+// samples (verify.VerifySource).
 func PlanSignature(p *plan.Plan) (Signature, error) {
 	type use struct {
 		rows int64
@@ -27,10 +31,22 @@ func PlanSignature(p *plan.Plan) (Signature, error) {
 	for _, t := range p.Tables {
 		for _, l := range t.Lookups {
 			uses[l.Input] = append(uses[l.Input], use{t.Rows, l})
+			// Ids pre.onnx makes (pre_output): no ops to work back
+			// through, so every value of every input it reads is drawn
+			// as an id of the table, [0, rows), as for a plain input.
+			for _, in := range l.PreInputs {
+				if in != l.Input {
+					uses[in] = append(uses[in], use{t.Rows, l})
+				}
+			}
 		}
 	}
 	var sig Signature
 	for _, in := range p.Inputs {
+		if spec, ok := jaggedSpec(p, in); ok {
+			sig.Inputs = append(sig.Inputs, spec)
+			continue
+		}
 		width := 1
 		for _, d := range in.Shape {
 			if d < 0 {

@@ -91,7 +91,12 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 // Next draws n samples.
 func (s *Synthetic) Next(n int) (*Batch, error) {
 	b := &Batch{N: n, Sig: s.sig, Columns: make([]Column, len(s.sig.Inputs))}
+	bags := s.drawBags(n)
 	for i, in := range s.sig.Inputs {
+		if in.Offsets != "" || in.Kind == OffsetsKind {
+			s.nextJagged(b, i, in, bags)
+			continue
+		}
 		if in.Ranges != nil {
 			s.nextRanged(b, i, in, n)
 			continue

@@ -41,6 +41,7 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 	types, unknownNodes := InferShapes(g)
 	pl := &Placement{G: g, Types: types, OnCPU: map[int]bool{}, Absorbed: map[int]*lookup{}, Constants: map[int]bool{}, UnknownShapes: unknownNodes}
 	pl.Lookups, pl.Candidates, pl.Pre = findLookups(g, types)
+	pl.UnknownShapes = reinferJagged(g, types, pl.Lookups, pl.UnknownShapes)
 	for _, l := range pl.Lookups {
 		for _, i := range l.nodes {
 			pl.Absorbed[i] = l

@@ -21,11 +21,20 @@ type lookup struct {
 	// graph nodes they stand for.
 	pre      []plan.PreOp
 	preNodes []int
-	rank1    bool
-	bag      int
-	pooling  plan.Pooling
-	weights  string
-	output   string
+	// preOut, when set, is the pre.onnx output holding the ids, made
+	// from the graph inputs preInputs (ids the first) by preNodes.
+	preOut    string
+	preInputs []string
+	rank1     bool
+	bag       int
+	pooling   plan.Pooling
+	weights   string
+	output    string
+	// offsets, when set, makes the lookup jagged (jagged.go): ids holds
+	// every bag's ids, offsets each bag's start; lastOffset: offsets
+	// ends with the number of ids.
+	offsets    string
+	lastOffset bool
 }
 
 // tableSource is where a table's rows come from: one 2-D initializer, or
@@ -67,9 +76,22 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 	tables := map[string]*tableSource{}
 	absorbed := map[int]bool{}
 	candOf := map[*lookup]int{}
+	dynamo, refused := dynamoBags(g, types) // jagged_dynamo.go
+	claimed := map[int]bool{}
+	for _, l := range dynamo {
+		for _, i := range l.nodes {
+			claimed[i] = true
+		}
+	}
 	for gi, n := range g.Nodes {
-		if n.GetOpType() != "Gather" || len(n.GetInput()) != 2 {
+		if n.GetOpType() != "Gather" || len(n.GetInput()) != 2 || claimed[gi] {
 			continue
+		}
+		if why, ok := refused[gi]; ok {
+			if src := resolveTable(g, n.GetInput()[0]); src != nil {
+				cands = append(cands, TableCandidate{Table: src.name, Rows: src.rows, Dim: src.dim, Gather: n.GetName(), Reason: why})
+				continue
+			}
 		}
 		src := resolveTable(g, n.GetInput()[0])
 		if src == nil {
@@ -81,6 +103,9 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 		cand := TableCandidate{Table: src.name, Rows: src.rows, Dim: src.dim, Gather: n.GetName()}
 		ids := n.GetInput()[1]
 		chain, err := traceIDs(g, types, ids)
+		if err != nil && attrInt(n, "axis", 0) == 0 {
+			chain, err = preFallback(g, types, ids) // integer work for pre.onnx
+		}
 		switch {
 		case attrInt(n, "axis", 0) != 0:
 			cand.Reason = fmt.Sprintf("the Gather reads the table along axis %d, not its rows", attrInt(n, "axis", 0))
@@ -99,6 +124,7 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			continue
 		}
 		l := &lookup{table: src, gather: gi, nodes: []int{gi}, ids: chain.input, pre: chain.ops, preNodes: chain.nodes, rank1: len(chain.shape) == 0, bag: 1, pooling: plan.PoolNone, output: n.GetOutput()[0]}
+		l.preOut, l.preInputs = chain.preOut, chain.preInputs
 		if !l.rank1 {
 			l.bag = int(chain.shape[0])
 			matchPooling(g, types, l)
@@ -111,11 +137,48 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			absorbed[i] = true
 		}
 	}
+	for _, l := range dynamo {
+		if prev, ok := tables[l.table.name]; ok {
+			l.table = prev
+		} else {
+			tables[l.table.name] = l.table
+		}
+		candOf[l] = len(cands)
+		cands = append(cands, TableCandidate{Table: l.table.name, Rows: l.table.rows, Dim: l.table.dim, Gather: g.Nodes[l.gather].GetName(),
+			Path: l.ids + " + " + l.offsets + " -> Gather -> Loop -> ConcatFromSequence (EmbeddingBag)"})
+		out = append(out, l)
+		for _, i := range l.nodes {
+			absorbed[i] = true
+		}
+	}
 	// Tables read inside a subgraph (a Loop's body: the exporters'
 	// EmbeddingBag with offsets) are candidates with the reason, and
 	// neither they nor their other Gathers leave the graph.
 	inBody := map[string]string{}
-	for _, n := range g.Nodes {
+	for gi, n := range g.Nodes {
+		if l, why := jaggedLoop(g, types, gi); l != nil || why != "" {
+			c := TableCandidate{Gather: n.GetName(), Reason: why}
+			if l != nil {
+				if prev, ok := tables[l.table.name]; ok {
+					l.table = prev
+				} else {
+					tables[l.table.name] = l.table
+				}
+				c.Table, c.Rows, c.Dim, c.Path = l.table.name, l.table.rows, l.table.dim, l.ids+" + "+l.offsets+" -> Loop (EmbeddingBag)"
+				candOf[l] = len(cands)
+				out = append(out, l)
+				for _, i := range l.nodes {
+					absorbed[i] = true
+				}
+			} else if bc := bodyCandidates(g, n); len(bc) > 0 {
+				c.Table, c.Rows, c.Dim, c.Gather, c.Path = bc[0].Table, bc[0].Rows, bc[0].Dim, bc[0].Gather, bc[0].Path
+				if _, ok := inBody[c.Table]; !ok {
+					inBody[c.Table] = n.GetName()
+				}
+			}
+			cands = append(cands, c)
+			continue
+		}
 		for _, c := range bodyCandidates(g, n) {
 			if _, ok := inBody[c.Table]; !ok {
 				inBody[c.Table] = n.GetName()
@@ -403,12 +466,10 @@ func (g *Graph) nodeIndex(name string) int {
 
 // bodyCandidates lists the Gathers on tables of the outer graph inside
 // n's subgraphs (Loop, Scan, If bodies, nested too), each with why it is
-// not a lookup. The TorchScript exporter writes nn.EmbeddingBag with
-// offsets (torch/onnx/symbolic_helper.py _embedding_bag_helper), and
-// the dynamo exporter its aten_embedding_bag, as a Loop over the bags
-// whose body slices the bag's ids out of a 1-D indices tensor, gathers
-// and reduces them: jagged ids, [total] with [bags] offsets, which no
-// [batch, ...] input of Prism carries.
+// not a lookup. A Loop of the outer graph that is an EmbeddingBag with
+// offsets (jagged.go, jagged_dynamo.go) is a lookup and never gets
+// here; what does is a table read in a subgraph of another kind, or in
+// such a loop nested inside another subgraph.
 func bodyCandidates(g *Graph, n *pb.NodeProto) []TableCandidate {
 	var out []TableCandidate
 	for _, a := range n.GetAttribute() {
@@ -459,7 +520,7 @@ func bodyCandidates(g *Graph, n *pb.NodeProto) []TableCandidate {
 				sl := producer[ids]
 				if sl != nil && sl.GetOpType() == "Slice" && !local[sl.GetInput()[0]] && pooled[bn.GetOutput()[0]] {
 					c.Path = sl.GetInput()[0] + " -> Slice -> Gather (in the body of " + n.GetOpType() + ")"
-					c.Reason = fmt.Sprintf("the table is read inside the body of %s %q: an EmbeddingBag with offsets as the exporters write it (a loop over the bags slicing %q, 1-D ids of all bags, by their offsets); jagged ids are not a [batch, ...] input Prism serves: export the ids as [batch, bag] and pool with embedding(ids).sum(1) (Gather, ReduceSum)", n.GetOpType(), n.GetName(), sl.GetInput()[0])
+					c.Reason = fmt.Sprintf("the table is read inside the body of %s %q, like an EmbeddingBag with offsets (a loop over the bags slicing %q by their offsets), but nested in another subgraph: only a Loop of the outer graph is taken as a jagged lookup", n.GetOpType(), n.GetName(), sl.GetInput()[0])
 				} else {
 					c.Reason = fmt.Sprintf("the table is read inside the body of %s %q, which is not an EmbeddingBag (no slice of the ids per bag pooled by a Reduce): a lookup inside a loop is not taken", n.GetOpType(), n.GetName())
 				}

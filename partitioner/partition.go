@@ -6,6 +6,7 @@ import (
 	"github.com/prism-serve/prism/plan"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -194,7 +195,7 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 			}
 		}
 		for _, l := range pl.Lookups {
-			if l.ids == in.GetName() || l.weights == in.GetName() {
+			if l.ids == in.GetName() || l.weights == in.GetName() || slices.Contains(l.preInputs, in.GetName()) {
 				cpu = true
 			}
 		}
@@ -219,7 +220,10 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 			byTable[l.table] = t
 			p.Tables = append(p.Tables, plan.Table{})
 		}
-		t.Lookups = append(t.Lookups, plan.Lookup{Input: l.ids, Pre: l.pre, Bag: l.bag, Rank1: l.rank1, Pooling: l.pooling, Weights: l.weights, Output: l.output})
+		t.Lookups = append(t.Lookups, plan.Lookup{Input: l.ids, Pre: l.pre, PreOutput: l.preOut, PreInputs: l.preInputs, Bag: l.bag, Rank1: l.rank1, Pooling: l.pooling, Weights: l.weights, Output: l.output})
+		if l.preOut != "" {
+			p.PreModel = PreFile
+		}
 	}
 	i := 0
 	seen := map[*tableSource]bool{}
@@ -230,6 +234,7 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 			i++
 		}
 	}
+	pl.planJagged(p)
 	if pl.cpuNodes() > 0 {
 		p.CPUModel = CPUFile
 	}
@@ -343,6 +348,15 @@ func (pl *Placement) write(dir, modelDir string, p *plan.Plan, o Options) error 
 			return err
 		}
 	}
+	if p.PreModel != "" {
+		pre, err := pl.preModel(modelDir)
+		if err != nil {
+			return err
+		}
+		if err := pb.WriteModel(filepath.Join(dir, PreFile), pre, pb.WriteOptions{}); err != nil {
+			return err
+		}
+	}
 	if len(p.Tables) == 0 {
 		return nil
 	}
@@ -403,6 +417,9 @@ func (r *Result) Report() string {
 		fmt.Fprintf(&b, "CPU side: empty (no embedding lookups found; the whole model is dense)\n")
 	}
 	side("CPU side ("+orNone(p.CPUModel, "lookups only")+")", p.Cost.CPU)
+	if p.PreModel != "" {
+		fmt.Fprintf(&b, "pre-lookup subgraph (%s, ONNX Runtime before the lookups): %s\n", p.PreModel, r.Placement.preSummary())
+	}
 	side("dense side ("+p.DenseModel+")", p.Cost.GPU)
 	fmt.Fprintf(&b, "cut: %d tensors, %d bytes/sample\n", len(p.Cut), p.Cost.CutBytes)
 	for _, c := range p.Cut {

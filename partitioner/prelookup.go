@@ -19,6 +19,11 @@ type idChain struct {
 	// shape is the ids' per-sample shape, elem their type.
 	shape []int64
 	elem  pb.TensorProto_DataType
+	// preOut, for work the native ops do not cover, is the ids tensor
+	// pre.onnx outputs (ops then empty, nodes the nodes it runs), made
+	// from the graph inputs preInputs (input the first).
+	preOut    string
+	preInputs []string
 }
 
 // notIDs says why a tensor is not a lookup's ids: the node it comes
@@ -149,8 +154,6 @@ func traceFrom(g *Graph, types map[string]TensorType, name string, depth int) (*
 		case !isInt(to):
 			return fail("a cast to %s", elemName(to))
 		case to == inT.Elem:
-			return prev(in0)
-		case to == pb.TensorProto_INT64 && inT.Elem == pb.TensorProto_INT32:
 			return prev(in0)
 		}
 		return prev(in0, plan.PreOp{Op: plan.PreCast, To: strings.ToLower(to.String())})

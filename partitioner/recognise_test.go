@@ -16,10 +16,15 @@ import (
 // recognition and the cut make of it. One file per pattern family.
 //
 //	recognise [opset=N]
-//	<graph>                    (also: output NAME TYPE [DIMS])
+//	<graph>                    (also: output NAME TYPE [DIMS]; "body [ATTR]"
+//	                           ... "end" after a node: its subgraph ATTR,
+//	                           "body" by default, nested blocks inside)
 //	----
-//	lookup TABLE ROWSxDIM: INPUT [pre OP; OP; ...] -> bag B POOLING -> OUTPUT
+//	lookup TABLE ROWSxDIM: INPUT [pre OP; OP; ...] -> bag B POOLING [weights W] [offsets O [last]] -> OUTPUT
+//	                           ([pre.onnx INPUTS -> IDS]: ids from pre.onnx)
 //	native: NODE, ...          id-chain nodes that leave the graph
+//	pre.onnx: NODE, ...        id-chain nodes cut into pre.onnx ("(kept)":
+//	                           also read elsewhere, so left in the graph too)
 //	not a lookup: TABLE at GATHER: REASON
 //	path TABLE: INPUT -> OP -> ... -> Gather
 //	cut: NAME (FROM), ...
@@ -62,9 +67,18 @@ func recogniseText(m *pb.ModelProto) string {
 		if len(l.pre) > 0 {
 			fmt.Fprintf(&b, " [pre %s]", preText(l.pre))
 		}
+		if l.preOut != "" {
+			fmt.Fprintf(&b, " [pre.onnx %s -> %s]", strings.Join(l.preInputs, ","), l.preOut)
+		}
 		pool := string(l.pooling)
 		if l.weights != "" {
 			pool += " weights " + l.weights
+		}
+		if l.offsets != "" {
+			pool += " offsets " + l.offsets
+			if l.lastOffset {
+				pool += " last"
+			}
 		}
 		rank := ""
 		if l.rank1 {
@@ -72,13 +86,34 @@ func recogniseText(m *pb.ModelProto) string {
 		}
 		fmt.Fprintf(&b, " -> bag %d%s %s -> %s\n", l.bag, rank, pool, l.output)
 	}
-	var native []string
+	onnx := map[int]bool{}
+	for _, l := range pl.Lookups {
+		if l.preOut != "" {
+			for _, i := range l.preNodes {
+				onnx[i] = true
+			}
+		}
+	}
+	var native, preNodes []string
 	for i := range pl.Pre {
-		native = append(native, g.Nodes[i].GetName())
+		if !onnx[i] {
+			native = append(native, g.Nodes[i].GetName())
+		}
+	}
+	for i := range onnx {
+		name := g.Nodes[i].GetName()
+		if !pl.Pre[i] {
+			name += " (kept)"
+		}
+		preNodes = append(preNodes, name)
 	}
 	sort.Strings(native)
+	sort.Strings(preNodes)
 	if len(native) > 0 {
 		fmt.Fprintf(&b, "native: %s\n", strings.Join(native, ", "))
+	}
+	if len(preNodes) > 0 {
+		fmt.Fprintf(&b, "pre.onnx: %s\n", strings.Join(preNodes, ", "))
 	}
 	for _, c := range pl.Candidates {
 		if c.Reason != "" {

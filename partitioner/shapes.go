@@ -145,7 +145,7 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 	switch n.GetOpType() {
 	case "Identity", "Relu", "Sigmoid", "Tanh", "Neg", "Exp", "Log", "Sqrt", "Abs", "Erf", "Softmax", "LogSoftmax",
 		"LeakyRelu", "Dropout", "Clip", "Gelu", "Elu", "Selu", "HardSigmoid", "Softplus", "Reciprocal", "Floor", "Ceil",
-		"Round", "Sign", "LayerNormalization", "BatchNormalization", "InstanceNormalization":
+		"Round", "Sign", "LayerNormalization", "BatchNormalization", "InstanceNormalization", "BitwiseNot":
 		return []TensorType{x}
 	case "Not":
 		x.Elem = pb.TensorProto_BOOL
@@ -153,7 +153,8 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 	case "Cast":
 		x.Elem = pb.TensorProto_DataType(attrInt(n, "to", int64(x.Elem)))
 		return []TensorType{x}
-	case "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "PRelu":
+	case "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "PRelu",
+		"BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor":
 		out := x
 		for i := 1; i < len(n.GetInput()); i++ {
 			out = broadcastB(out, in(i), g.FixedBatch)

@@ -130,13 +130,47 @@ func dimsText(t TensorType) string {
 // parseGraph reads the block form documented on TestInferShapesDataDriven.
 func parseGraph(text string) (*pb.ModelProto, error) {
 	gp := &pb.GraphProto{}
+	// body holds the lines of a "body [ATTR]" ... "end" block (nested
+	// blocks inside): the last node's subgraph attribute ATTR ("body").
+	var body []string
+	depth := 0
 	for ln, line := range strings.Split(text, "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 {
 			continue
 		}
+		if body != nil {
+			switch f[0] {
+			case "body":
+				depth++
+			case "end":
+				depth--
+			}
+			if depth > 0 {
+				body = append(body, line)
+				continue
+			}
+			sub, err := parseGraph(strings.Join(body[1:], "\n"))
+			if err != nil {
+				return nil, fmt.Errorf("body ending on line %d: %w", ln+1, err)
+			}
+			attr := "body"
+			if h := strings.Fields(body[0]); len(h) > 1 {
+				attr = h[1]
+			}
+			last := gp.Node[len(gp.Node)-1]
+			last.Attribute = append(last.Attribute, &pb.AttributeProto{Name: attr, Type: pb.AttributeProto_GRAPH, G: sub.Graph})
+			body = nil
+			continue
+		}
 		var err error
 		switch f[0] {
+		case "body":
+			if len(gp.Node) == 0 {
+				return nil, fmt.Errorf("line %d: body before any node", ln+1)
+			}
+			body, depth = []string{line}, 1
+			continue
 		case "input":
 			err = parseInput(gp, f[1:])
 		case "output":
@@ -317,6 +351,10 @@ func parseAttr(s string) (*pb.AttributeProto, error) {
 		return nil, fmt.Errorf("attribute %q: want NAME=VALUE", s)
 	}
 	a := &pb.AttributeProto{Name: name}
+	if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
+		a.Type, a.S = pb.AttributeProto_STRING, []byte(val[1:len(val)-1])
+		return a, nil
+	}
 	if v, err := strconv.ParseInt(val, 10, 64); err == nil {
 		a.Type, a.I = pb.AttributeProto_INT, v
 		return a, nil

@@ -12,9 +12,13 @@ import (
 )
 
 // Version is the version of plan.json this build writes. Version 2 adds
-// a lookup's pre-lookup ops (Lookup.Pre); this build also reads version
-// 1 plans, which have none (MinVersion).
-const Version = 2
+// a lookup's pre-lookup ops (Lookup.Pre); version 3 the pre-lookup
+// subgraph run through ONNX Runtime (Plan.PreModel, Lookup.PreOutput,
+// Lookup.PreInputs); version 4 jagged inputs (TensorInfo.Offsets,
+// Lookup.Offsets, Lookup.LastOffset: an EmbeddingBag with offsets).
+// This build also reads version 1 to 3 plans, which have none of the
+// later fields (MinVersion).
+const Version = 4
 
 // MinVersion is the oldest plan.json version this build reads.
 const MinVersion = 1
@@ -43,6 +47,14 @@ type Plan struct {
 	CPUModel string `json:"cpu_model,omitempty"`
 	// DenseModel is the dense subgraph file ("dense.onnx").
 	DenseModel string `json:"dense_model"`
+	// PreModel (version 3) is the pre-lookup subgraph file ("pre.onnx"),
+	// "" when every lookup's ids are a model input or made by native
+	// pre-lookup ops. It holds the integer work between the model inputs
+	// and the ids of the lookups the native ops do not cover: its inputs
+	// are model inputs, its outputs (int64 or int32) the ids the lookups
+	// naming them in PreOutput read. The embedding tier runs it through
+	// ONNX Runtime on each micro-batch before the lookups.
+	PreModel string `json:"pre_model,omitempty"`
 	// Cost is the cost report of the chosen cut.
 	Cost CostReport `json:"cost"`
 	// Sharding, if set, spreads the tables over shards (shard.go).
@@ -102,6 +114,11 @@ type TensorInfo struct {
 	Shape []int64 `json:"shape"`
 	// Sides that read a model input: "cpu", "gpu" or both.
 	Sides []Side `json:"sides,omitempty"`
+	// Offsets (version 4), set on a jagged model input, names the model
+	// input holding where each sample's values start in it (jagged.go):
+	// the input is 1-D, every sample's values concatenated, and Shape
+	// ([]) says nothing of a sample's count.
+	Offsets string `json:"offsets,omitempty"`
 }
 
 // CutTensor is a tensor sent from the CPU side to the dense side.
@@ -158,6 +175,12 @@ type Lookup struct {
 	// in order, that the embedding tier runs natively before the lookup
 	// to make its ids (see PreOp). Empty: Input holds the ids.
 	Pre []PreOp `json:"pre,omitempty"`
+	// PreOutput (version 3), if set, names the output of PreModel that
+	// holds the lookup's ids (shape [batch] for Rank1, else [batch,
+	// Bag]); Pre is then empty. PreInputs are the model inputs that
+	// output is computed from, Input the first of them.
+	PreOutput string   `json:"pre_output,omitempty"`
+	PreInputs []string `json:"pre_inputs,omitempty"`
 	// Bag is the ids per sample (1 for a [batch] input).
 	Bag int `json:"bag"`
 	// Rank1 marks one id per sample and no bag axis ([batch] ids).
@@ -167,6 +190,14 @@ type Lookup struct {
 	// Weights, if set, is a model input [batch, bag] of per-id weights
 	// multiplied into the rows before pooling.
 	Weights string `json:"weights,omitempty"`
+	// Offsets (version 4), if set, makes the lookup jagged: Input (and
+	// Weights) hold every sample's ids concatenated, and this model
+	// input holds each sample's start in them (torch.nn.EmbeddingBag's
+	// offsets); Bag is then 1 and a sample's bag is as long as its
+	// offsets say. LastOffset: the model takes one offset more, the
+	// number of ids (include_last_offset=True).
+	Offsets    string `json:"offsets,omitempty"`
+	LastOffset bool   `json:"last_offset,omitempty"`
 	// Output is the tensor the lookup produces: a cut tensor or an input
 	// of cpu.onnx. Shape per sample: [dim] pooled or rank-1 unpooled,
 	// [bag, dim] unpooled.

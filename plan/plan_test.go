@@ -47,11 +47,37 @@ func TestValidate(t *testing.T) {
 	}{
 		{"valid", func(*Plan) {}, ""},
 		{"no cpu model", func(p *Plan) { p.CPUModel = "" }, ""},
-		{"version", func(p *Plan) { p.Version = 3 }, "version 3, this build reads versions 1 to 2"},
-		{"version 0", func(p *Plan) { p.Version = 0 }, "version 0, this build reads versions 1 to 2"},
+		{"version", func(p *Plan) { p.Version = Version + 1 }, "version 5, this build reads versions 1 to 4"},
+		{"version 0", func(p *Plan) { p.Version = 0 }, "version 0, this build reads versions 1 to 4"},
 		{"version 1 reads", func(p *Plan) { p.Version = 1 }, ""},
 		{"pre in version 1", func(p *Plan) { p.Version = 1; p.Tables[0].Lookups[0].Pre = packedPre(3) },
 			`tables[0] "t0" lookups[0]: pre-lookup ops in a version 1 plan (they came in version 2)`},
+		{"pre model", func(p *Plan) {
+			p.PreModel = "pre.onnx"
+			l := &p.Tables[0].Lookups[0]
+			l.Input, l.PreOutput, l.PreInputs = "packed", "hashed", []string{"packed"}
+		}, ""},
+		{"pre model in version 2", func(p *Plan) { p.Version = 2; p.PreModel = "pre.onnx" }, "pre_model in a version 2 plan (it came in version 3)"},
+		{"pre model outside", func(p *Plan) { p.PreModel = "../pre.onnx" }, `pre_model "../pre.onnx" is not a path inside the plan folder`},
+		{"pre output without model", func(p *Plan) {
+			l := &p.Tables[0].Lookups[0]
+			l.PreOutput, l.PreInputs = "hashed", []string{l.Input}
+		}, `tables[0] "t0" lookups[0]: pre_output "hashed", but the plan has no pre_model`},
+		{"pre output and ops", func(p *Plan) {
+			p.PreModel = "pre.onnx"
+			l := &p.Tables[0].Lookups[0]
+			l.Input, l.PreOutput, l.PreInputs, l.Pre = "packed", "hashed", []string{"packed"}, packedPre(3)
+		}, `tables[0] "t0" lookups[0]: both pre-lookup ops and a pre_output "hashed": the ids come from one or the other`},
+		{"pre inputs not the input", func(p *Plan) {
+			p.PreModel = "pre.onnx"
+			l := &p.Tables[0].Lookups[0]
+			l.PreOutput, l.PreInputs = "hashed", []string{"packed"}
+		}, `tables[0] "t0" lookups[0]: pre_inputs [packed] must start with the lookup's input "cat_0"`},
+		{"pre inputs unknown", func(p *Plan) {
+			p.PreModel = "pre.onnx"
+			l := &p.Tables[0].Lookups[0]
+			l.PreOutput, l.PreInputs = "hashed", []string{l.Input, "nope"}
+		}, `tables[0] "t0" lookups[0]: pre_inputs: "nope" is not a model input`},
 		{"pre packed", func(p *Plan) { p.Tables[0].Lookups[0].Input = "packed"; p.Tables[0].Lookups[0].Pre = packedPre(3) }, ""},
 		{"pre column range", func(p *Plan) { p.Tables[0].Lookups[0].Input = "packed"; p.Tables[0].Lookups[0].Pre = packedPre(9) },
 			`tables[0] "t0" lookups[0]: pre[0] column: index 9 outside a sample of shape [4]`},
@@ -158,7 +184,7 @@ func TestReadWrite(t *testing.T) {
 
 	for _, tc := range []struct{ name, body, error string }{
 		{"not json", "{", "unexpected end of JSON input"},
-		{"version", `{"version": 7}`, "version 7, this build reads versions 1 to 2"},
+		{"version", `{"version": 7}`, "version 7, this build reads versions 1 to 4"},
 		{"escaping table", strings.Replace(mustJSON(t, dir), `"tables/t0.arrow"`, `"/tmp/t0.arrow"`, 1), `file "/tmp/t0.arrow" is not a path inside the plan folder`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

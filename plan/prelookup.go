@@ -19,6 +19,8 @@ const (
 	// truncation toward zero, as ONNX Cast does.
 	PreCast PreOpKind = "cast"
 	// PreAdd adds Values: one value, or one per element of the sample.
+	// On int32 values (an int32 input, or after a cast to int32) the
+	// result wraps at 32 bits, as ONNX int32 Add does; so does sub.
 	PreAdd PreOpKind = "add"
 	// PreSub subtracts Values (one, or one per element).
 	PreSub PreOpKind = "sub"

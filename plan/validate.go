@@ -38,6 +38,14 @@ func (p *Plan) Validate() error {
 			return err
 		}
 	}
+	if p.PreModel != "" {
+		if p.Version < 3 {
+			return fmt.Errorf("pre_model in a version %d plan (it came in version 3)", p.Version)
+		}
+		if err := localFile("pre_model", p.PreModel); err != nil {
+			return err
+		}
+	}
 	if err := p.validateBatch(); err != nil {
 		return err
 	}
@@ -146,8 +154,16 @@ func (p *Plan) Validate() error {
 					return err
 				}
 			}
+			if l.PreOutput != "" || len(l.PreInputs) > 0 {
+				if err := p.checkPreOutput(lw, inputs, l); err != nil {
+					return err
+				}
+			}
 			outputs[l.Output] = true
 		}
+	}
+	if err := p.validateJagged(); err != nil {
+		return err
 	}
 	return p.ValidateSharding()
 }
@@ -227,6 +243,30 @@ func checkPre(version int, where string, in, w TensorInfo, l Lookup) error {
 		}
 		if width >= 0 && width != n {
 			return fmt.Errorf("%s: weights %q hold %d values per sample, but the pre-lookup ops make %d ids (shape %v): one weight per id", where, l.Weights, width, n, shape)
+		}
+	}
+	return nil
+}
+
+// checkPreOutput checks a lookup whose ids come from the plan's
+// pre_model (version 3): it names the output and the model inputs it is
+// computed from (input the first), and runs no native ops besides.
+func (p *Plan) checkPreOutput(where string, inputs map[string]bool, l Lookup) error {
+	switch {
+	case p.Version < 3:
+		return fmt.Errorf("%s: pre_output in a version %d plan (it came in version 3)", where, p.Version)
+	case p.PreModel == "":
+		return fmt.Errorf("%s: pre_output %q, but the plan has no pre_model", where, l.PreOutput)
+	case l.PreOutput == "":
+		return fmt.Errorf("%s: pre_inputs without a pre_output", where)
+	case len(l.Pre) > 0:
+		return fmt.Errorf("%s: both pre-lookup ops and a pre_output %q: the ids come from one or the other", where, l.PreOutput)
+	case len(l.PreInputs) == 0 || l.PreInputs[0] != l.Input:
+		return fmt.Errorf("%s: pre_inputs %v must start with the lookup's input %q", where, l.PreInputs, l.Input)
+	}
+	for _, in := range l.PreInputs {
+		if !inputs[in] {
+			return fmt.Errorf("%s: pre_inputs: %q is not a model input", where, in)
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,7 +42,10 @@ import (
 //     the sequencer acknowledged is held by its quorum of the model's
 //     workers, so the quorum-th highest number the workers not left out
 //     announce (claims beyond any sequence ignored) is the latest
-//     acknowledged one or later. The follower learns of a new update at
+//     acknowledged one or later. For a sharded model the sequencer
+//     counts each shard's workers on their own (quorum.go), so the
+//     follower does too: the highest of the shards' quorum-th highest
+//     claims (a worker of the whole model counts in every shard). The follower learns of a new update at
 //     the workers' next heartbeat: until then it may serve rows one
 //     update older than the sequencer would.
 //   - Without an answer from the sequencer yet (or from the current one,
@@ -84,6 +88,8 @@ type follower struct {
 type followed struct {
 	models []string
 	held   map[string]int64
+	// shard is per sharded model the shard the worker holds.
+	shard map[string]int32
 }
 
 func newFollower(sequencer string, conn func(string) (*grpc.ClientConn, error), q Quorum, now func() time.Time, heartbeat time.Duration) *follower {
@@ -145,7 +151,16 @@ func (f *follower) announced(w *prismv1.WorkerInfo) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.workers[w.GetId()] = followed{models: slices.Clone(w.GetModels()), held: held}
+	var shard map[string]int32
+	for m, ref := range w.GetShards() {
+		if ref.GetShards() > 0 {
+			if shard == nil {
+				shard = map[string]int32{}
+			}
+			shard[m] = ref.GetShard()
+		}
+	}
+	f.workers[w.GetId()] = followed{models: slices.Clone(w.GetModels()), held: held, shard: shard}
 	for _, m := range w.GetModels() {
 		f.judge(m)
 	}
@@ -171,7 +186,8 @@ func (f *follower) judge(model string) {
 	if f.view != nil {
 		u = f.view[model]
 	}
-	var held []int64
+	// held by shard (-1: workers of the whole model).
+	held := map[int32][]int64{}
 	for id, w := range f.workers {
 		if !slices.Contains(w.models, model) || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
 			continue
@@ -180,15 +196,37 @@ func (f *follower) judge(model string) {
 		if h > maxAnnouncedSeq || (u != nil && !f.viewWorkers[id] && h > u.GetNumbered()) {
 			continue // past any sequence, or past this one and not judged yet
 		}
-		held = append(held, h)
+		k, ok := w.shard[model]
+		if !ok {
+			k = -1
+		}
+		held[k] = append(held[k], h)
 	}
+	groups := shardGroups(held)
 	if f.view != nil {
 		// The sequencer's acknowledged number is the lower bound
 		// (inSync): the claims only raise it between two answers.
-		f.floor[model] = nextFloor(0, held, f.quorum)
+		f.floor[model] = nextFloorShards(0, groups, f.quorum)
 		return
 	}
-	f.floor[model] = nextFloor(f.floor[model], held, f.quorum)
+	f.floor[model] = nextFloorShards(f.floor[model], groups, f.quorum)
+}
+
+// shardGroups are the claims the quorum counts, one group per shard
+// (held by shard, -1 the workers of the whole model, who count in
+// every shard); one group when no worker holds a shard.
+func shardGroups(held map[int32][]int64) [][]int64 {
+	whole := held[-1]
+	if len(held) == 0 || (len(held) == 1 && whole != nil) {
+		return [][]int64{whole}
+	}
+	var out [][]int64
+	for _, k := range slices.Sorted(maps.Keys(held)) {
+		if k != -1 {
+			out = append(out, append(slices.Clone(held[k]), whole...))
+		}
+	}
+	return out
 }
 
 // poll asks the sequencer at addr for its view of the models' updates
@@ -258,15 +296,37 @@ func (f *follower) noteFailure() bool {
 // workers hold, never below the floor so far while some worker still
 // holds that; when none does, the quorum-th highest.
 func nextFloor(floor int64, held []int64, q Quorum) int64 {
-	if len(held) == 0 {
+	return nextFloorShards(floor, [][]int64{held}, q)
+}
+
+// nextFloorShards is nextFloor over the shards of a sharded model
+// (groups: each shard's claims): the highest of the shards' quorum-th
+// highest claims, since an acknowledged update is held by the quorum of
+// some shard (each holding its rows); never below the floor so far
+// while some worker still holds that.
+func nextFloorShards(floor int64, groups [][]int64, q Quorum) int64 {
+	var kth, top int64
+	seen := false
+	for _, held := range groups {
+		if len(held) == 0 {
+			continue
+		}
+		sorted := slices.Clone(held)
+		slices.Sort(sorted)
+		slices.Reverse(sorted)
+		k := max(q.need(len(sorted)), 1)
+		if !seen || sorted[k-1] > kth {
+			kth = sorted[k-1]
+		}
+		if !seen || sorted[0] > top {
+			top = sorted[0]
+		}
+		seen = true
+	}
+	if !seen {
 		return floor
 	}
-	sorted := slices.Clone(held)
-	slices.Sort(sorted)
-	slices.Reverse(sorted)
-	k := max(q.need(len(sorted)), 1)
-	kth := sorted[k-1]
-	if sorted[0] >= floor {
+	if top >= floor {
 		return max(floor, kth)
 	}
 	return kth

@@ -48,6 +48,31 @@ func TestNextFloor(t *testing.T) {
 	}
 }
 
+// The follower's floor for a sharded model: the highest of the shards'
+// quorum-th highest claims. An update acknowledged by shard 1's quorum
+// alone (the other shards' workers took or lacked its number) still
+// keeps shard 1's replica lacking it out.
+func TestNextFloorShards(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		held map[int32][]int64
+		q    Quorum
+		want int64
+	}{
+		{"unsharded as before", map[int32][]int64{-1: {4, 4, 1}}, QuorumMajority, 4},
+		{"shard 1's quorum holds 5, the rest of the model lacks it", map[int32][]int64{0: {4}, 1: {5, 5, 4}, 2: {4}}, QuorumMajority, 5},
+		{"a model-wide majority would have said 4", map[int32][]int64{0: {4, 4, 4}, 1: {5, 5, 4}}, QuorumMajority, 5},
+		{"one liar in a shard cannot raise it", map[int32][]int64{0: {4, 4, 4}, 1: {1 << 40, 4, 4}}, QuorumMajority, 4},
+		{"a whole-model worker counts in every shard", map[int32][]int64{-1: {6}, 0: {6, 2}, 1: {2, 2}}, QuorumMajority, 6},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := nextFloorShards(0, shardGroups(c.held), c.q); got != c.want {
+				t.Fatalf("nextFloorShards(%v, %v) = %d, want %d", c.held, c.q, got, c.want)
+			}
+		})
+	}
+}
+
 // followRig: a sequencing router (an updateRig with its workers) and a
 // second router that follows it, reaching the first's Embeddings
 // service in process. The follower hears the same announcements.

@@ -429,13 +429,12 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 }
 
 // applyUpdate sends one numbered update to the embedding worker at addr.
-func (r *Router) applyUpdate(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error {
+func (r *Router) applyUpdate(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
 	c, err := r.conn(addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = prismv1.NewEmbeddingTierClient(c).Update(ctx, req)
-	return err
+	return prismv1.NewEmbeddingTierClient(c).Update(ctx, req)
 }
 
 // Recommend scores the candidates of one request.
@@ -445,6 +444,10 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		return nil, err
 	}
 	bytes, err := r.cost(req, n)
+	if err != nil {
+		return nil, err
+	}
+	jc, err := newJaggedCut(r.Reg.Jagged(req.GetModel()), req, n) // jagged.go
 	if err != nil {
 		return nil, err
 	}
@@ -482,7 +485,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sub, err := sliceFeatures(req.GetCandidates(), n, lo, hi)
+			sub, err := jc.sliceFeatures(req.GetCandidates(), n, lo, hi)
 			if err != nil {
 				errs[i] = err
 				return
@@ -629,7 +632,11 @@ func (r *Router) validate(req *prismv1.RecommendRequest) error {
 		}
 		return status.Errorf(codes.NotFound, "model %q is not served (served: %v)", req.GetModel(), cpu)
 	}
+	jagged := r.Reg.Jagged(req.GetModel()) // jagged.go: cut by their offsets
 	for _, in := range req.GetCandidates().GetInputs() {
+		if isJagged(jagged, in.GetName()) {
+			continue
+		}
 		if len(in.GetValues())%n != 0 || len(in.GetIds())%n != 0 || len(in.GetWeights())%n != 0 {
 			return status.Errorf(codes.InvalidArgument, "candidate input %q: %d values, %d ids, %d weights do not split over %d candidates", in.GetName(), len(in.GetValues()), len(in.GetIds()), len(in.GetWeights()), n)
 		}

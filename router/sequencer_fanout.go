@@ -37,6 +37,14 @@ type fanout struct {
 	// refusers are the workers that answered InvalidArgument, "id
 	// addr: message" by id.
 	refusers map[string]string
+	// A sharded model (some member announced a shard): shardOf is each
+	// member's shard (-1: the whole model), shards the shard count,
+	// held the members that applied it, rows the shards holding the
+	// update's rows as the answers named them (quorum.go).
+	shardOf map[string]int32
+	shards  int32
+	held    map[string]bool
+	rows    map[int32]bool
 }
 
 // targets are the live embedding workers serving model, by id, but
@@ -47,6 +55,12 @@ type fanout struct {
 // and diverged ones). startNext counts them before its trim, which
 // never leaves a live worker stale anyway.
 func (s *sequencer) targets(model string) (out []*prismv1.WorkerInfo, members int) {
+	out, ids := s.targetsOf(model)
+	return out, len(ids)
+}
+
+// targetsOf is targets with the members' ids.
+func (s *sequencer) targetsOf(model string) (out []*prismv1.WorkerInfo, members []string) {
 	m := s.models[model]
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
 		if _, foreign := m.foreign[id]; foreign {
@@ -60,7 +74,7 @@ func (s *sequencer) targets(model string) (out []*prismv1.WorkerInfo, members in
 			continue
 		}
 		if k, ok := m.known[id]; !ok || k >= m.floor {
-			members++
+			members = append(members, id)
 		}
 		if !m.slow[id] {
 			out = append(out, w)
@@ -89,7 +103,8 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "the router could not write the update log of model %q; it takes no updates until it has written it again; retry", model))
 			continue
 		}
-		targets, members := s.targets(model)
+		targets, memberIDs := s.targetsOf(model)
+		members := len(memberIDs)
 		if len(targets) == 0 {
 			if n := len(m.slow) + len(m.diverged) + len(m.foreign); n > 0 {
 				s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no embedding worker taking updates right now (%d slow and being caught up, or out of serving; see the router's log); retry", model, n))
@@ -139,6 +154,22 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			m.overBudget = false
 		}
 		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
+		for _, id := range memberIDs {
+			if ref := s.workers[id].GetShards()[model]; ref != nil && ref.GetShards() > 0 {
+				if f.shardOf == nil {
+					f.shardOf, f.held, f.rows = map[string]int32{}, map[string]bool{}, map[int32]bool{}
+				}
+				f.shards = max(f.shards, ref.GetShards())
+			}
+		}
+		if f.shardOf != nil {
+			for _, id := range memberIDs {
+				f.shardOf[id] = -1
+				if ref := s.workers[id].GetShards()[model]; ref != nil && ref.GetShards() > 0 {
+					f.shardOf[id] = ref.GetShard()
+				}
+			}
+		}
 		m.inflight = f
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
@@ -160,8 +191,9 @@ func (s *sequencer) ack(m *modelSeq, id string, seq int64) {
 
 // applied is the event "worker answered the apply of model's update seq
 // that a msgApply for client asked for" (err nil: applied; client 0: a
-// replay).
-func (s *sequencer) applied(now time.Time, client uint64, model, worker string, seq int64, err error) {
+// replay); rows are the shards holding the update's rows that a worker
+// of a sharded model named (UpdateResponse.shards).
+func (s *sequencer) applied(now time.Time, client uint64, model, worker string, seq int64, rows []int32, err error) {
 	s.advance(now)
 	m := s.models[model]
 	if m == nil {
@@ -184,6 +216,14 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	case codes.OK:
 		f.applied++
 		s.ack(m, worker, seq)
+		if f.shardOf != nil {
+			f.held[worker] = true
+			for _, k := range rows {
+				if k >= 0 && k < f.shards {
+					f.rows[k] = true
+				}
+			}
+		}
 	case codes.InvalidArgument:
 		// Bad input: every replica refuses it alike and takes the seq.
 		if f.inputErr == nil {
@@ -249,6 +289,33 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
 					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
 			}
+		}
+		if on := slices.Sorted(maps.Keys(f.rows)); len(on) > 0 {
+			// A sharded model: each shard holding the rows by its own
+			// quorum; the others' workers took the number only.
+			if short := s.quorum.shortShards(on, f.shardOf, f.held); len(short) > 0 {
+				var lack []string
+				for _, sh := range short {
+					if sh.members == 0 {
+						lack = append(lack, fmt.Sprintf("shard %d: no live worker", sh.shard))
+						continue
+					}
+					lack = append(lack, fmt.Sprintf("shard %d: %d of %d, need %d", sh.shard, sh.held, sh.members, sh.needs))
+				}
+				why := ""
+				if f.failed != nil {
+					why = fmt.Sprintf("; %v", f.failed)
+				}
+				if len(refused) > 0 {
+					why += "; refused by " + strings.Join(refused, "; ")
+				}
+				s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d of rows on shards %v (of %d) held below the update quorum (%s) by the embedding workers of %s%s; it may still reach the others as they catch up; retrying is safe", f.seq, on, f.shards, s.quorum, strings.Join(lack, ", "), why))
+				break
+			}
+			m.committed = max(m.committed, f.seq)
+			s.persist(model, m, nil, m.floor)
+			s.answer(f.client, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused, Shards: on}, nil)
+			break
 		}
 		if f.applied < f.need {
 			// Below the quorum: as with none above, the update keeps its

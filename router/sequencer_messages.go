@@ -90,10 +90,14 @@ func (m message) String() string {
 			st := status.Convert(m.Err)
 			return fmt.Sprintf("answer c%d: %s: %s", m.Client, st.Code(), st.Message())
 		}
-		if r := m.Resp.GetRefused(); len(r) > 0 {
-			return fmt.Sprintf("answer c%d: ok, %d workers, refused by %s", m.Client, m.Resp.GetWorkers(), strings.Join(r, "; "))
+		on := ""
+		if sh := m.Resp.GetShards(); len(sh) > 0 {
+			on = fmt.Sprintf(", rows on shards %v", sh)
 		}
-		return fmt.Sprintf("answer c%d: ok, %d workers", m.Client, m.Resp.GetWorkers())
+		if r := m.Resp.GetRefused(); len(r) > 0 {
+			return fmt.Sprintf("answer c%d: ok, %d workers%s, refused by %s", m.Client, m.Resp.GetWorkers(), on, strings.Join(r, "; "))
+		}
+		return fmt.Sprintf("answer c%d: ok, %d workers%s", m.Client, m.Resp.GetWorkers(), on)
 	case msgBehind:
 		return fmt.Sprintf("behind %s = %d", m.Model, m.Behind)
 	case msgPersist:

@@ -35,11 +35,16 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	restart [after=0s]                         the router restarts from what
 //	                                           its update log holds
 //	advance <duration>                         the clock moves on
-//	announce <worker> [models=m] [seq=m:N,...] [role=dense]
+//	announce <worker> [models=m] [seq=m:N,...] [role=dense] [shard=K/N]
+//	                                           shard: it holds shard K of N
+//	                                           of each of its models
 //	gone <worker>                              left, expired or removed
 //	propose <client> [model=m] [table=t] [ids=1] [deadline=10s]
 //	cancel <client> [code=Canceled]            the client's context ended
-//	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout]
+//	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout] [shards=K,...]
+//	                                           shards: the shards holding the
+//	                                           update's rows, as a worker of a
+//	                                           sharded model names them
 //	tick [after=0s]                            a heartbeat
 //	resign                                     another router sequences now
 //	serving [model=m]                          which live workers may serve
@@ -263,6 +268,13 @@ func (h *seqScript) do(line string) []string {
 				w.UpdateSeq[m] = num(n)
 			}
 		}
+		if s := arg("shard", ""); s != "" {
+			k, n, _ := strings.Cut(s, "/")
+			w.Shards = map[string]*prismv1.ShardRef{}
+			for _, m := range w.Models {
+				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n))}
+			}
+		}
 		h.s.announced(h.now, w)
 	case "gone":
 		need(1)
@@ -283,7 +295,13 @@ func (h *seqScript) do(line string) []string {
 		} else if c := codeNamed(h.t, arg("code", "OK")); c != codes.OK {
 			err = status.Error(c, "worker says "+c.String())
 		}
-		h.s.applied(h.now, client(pos[0]), model, pos[1], num(pos[2]), err)
+		var rows []int32
+		if s := arg("shards", ""); s != "" {
+			for _, k := range strings.Split(s, ",") {
+				rows = append(rows, int32(num(k)))
+			}
+		}
+		h.s.applied(h.now, client(pos[0]), model, pos[1], num(pos[2]), rows, err)
 	case "tick":
 		h.now = h.now.Add(dur(arg("after", "0s")))
 		h.s.tick(h.now)
@@ -344,7 +362,7 @@ func (h *seqScript) carry(msgs []message) []string {
 		}
 	}
 	for _, m := range notSent {
-		h.s.applied(h.now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), errNotLogged)
+		h.s.applied(h.now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), nil, errNotLogged)
 	}
 	if rewrote {
 		for _, m := range msgs {

@@ -167,8 +167,10 @@ func (u *Updater) served(model string) bool {
 // model's updates and replays until a rewrite of its log is written
 // (rewritten).
 type updateDriver struct {
-	now    func() time.Time
-	call   func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error
+	now func() time.Time
+	// call applies req on the worker at addr; a worker of a sharded
+	// model names in its answer the shards holding the rows.
+	call   func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)
 	log    *slog.Logger
 	behind *prometheus.GaugeVec
 	// timeout bounds one replayed update (the router's default timeout).
@@ -352,7 +354,7 @@ func (d *updateDriver) unlogged(werr error, msgs, notSent []message) {
 			return
 		}
 		for _, m := range notSent {
-			d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), errNotLogged)
+			d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), nil, errNotLogged)
 		}
 	})
 }
@@ -373,6 +375,7 @@ func (d *updateDriver) rewrote(msgs []message) {
 func (d *updateDriver) apply(ctx context.Context, m message) {
 	defer d.calls.Done()
 	var err error
+	var resp *prismv1.UpdateResponse
 	switch {
 	case m.Client != 0:
 		// The caller's deadline bounds its update's fan-out, and the
@@ -383,7 +386,7 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 		if d.workerTimeout > 0 {
 			cctx, cancel = context.WithTimeout(ctx, d.workerTimeout)
 		}
-		err = d.call(cctx, m.Addr, m.Apply)
+		resp, err = d.call(cctx, m.Addr, m.Apply)
 		// gRPC's own deadline timer may end the call (DeadlineExceeded)
 		// a moment before cctx reports its end: that is the per-worker
 		// timeout too, not a failure.
@@ -395,10 +398,12 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 		err = errRouterStopping
 	default:
 		cctx, cancel := context.WithTimeout(ctx, d.timeout)
-		err = d.call(cctx, m.Addr, m.Apply)
+		resp, err = d.call(cctx, m.Addr, m.Apply)
 		cancel()
 	}
-	d.step(func(now time.Time) { d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), err) })
+	d.step(func(now time.Time) {
+		d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), resp.GetShards(), err)
+	})
 }
 
 // update proposes req and waits for the sequencer's answer. If ctx ends
@@ -453,7 +458,7 @@ func (d *updateDriver) tick(ctx context.Context) {
 }
 
 func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout, workerTimeout time.Duration,
-	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error) *updateDriver {
+	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)) *updateDriver {
 	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
 	d.wcond = sync.NewCond(&d.wmu)
 	return d

@@ -457,7 +457,7 @@ func TestCancelledWhileQueuedTakesNoNumber(t *testing.T) {
 	entered := make(chan int64, 8)
 	var mu sync.Mutex
 	var sent []int64 // seqs sent to workers, in order
-	call := func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) error {
+	call := func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
 		mu.Lock()
 		sent = append(sent, req.GetSeq())
 		mu.Unlock()
@@ -465,7 +465,7 @@ func TestCancelledWhileQueuedTakesNoNumber(t *testing.T) {
 			entered <- req.GetSeq()
 			<-gate
 		}
-		return ctx.Err()
+		return &prismv1.UpdateResponse{Workers: 1}, ctx.Err()
 	}
 	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
 	for _, id := range []string{"w1", "w2"} {

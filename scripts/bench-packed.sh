@@ -20,6 +20,7 @@ clients=${CLIENTS:-16}
 dur=${DURATION:-15s}
 rounds=${ROUNDS:-5}
 certs=${CERTS:-$(dirname "$db")/certs}
+. scripts/scrape.sh
 [ -f "$plan/plan.json" ] || { echo "bench-packed: no partition at $plan (run make demo first)"; exit 1; }
 
 mkdir -p "$pdir"
@@ -91,7 +92,7 @@ if [ -n "$emb_metrics" ]; then
 	packed --duration 14s >/dev/null &
 	lgpid=$!
 	sleep 2
-	if curl -sf -o "$tmp/emb.prof" "http://$emb_metrics/debug/pprof/profile?seconds=10"; then
+	if scrape "$emb_metrics/debug/pprof/profile?seconds=10" -f -o "$tmp/emb.prof"; then
 		cum=$(go tool pprof -top -cum "$tmp/emb.prof" 2>/dev/null | awk '/prelookup\.\(\*Program\)\.Run$/ {print $5; exit}')
 		share="${cum:-0%} of the embedding worker's CPU samples (go tool pprof -top -cum: internal/prelookup.(*Program).Run)"
 	fi

@@ -418,7 +418,10 @@ type ScoreRequest struct {
 	// tensors is an Arrow IPC stream holding one record batch: one
 	// FixedSizeList<float32> column per cut tensor, named as in plan.json,
 	// num_samples rows. Raw little-endian buffers with shapes, not repeated
-	// floats.
+	// floats. A cut tensor made from the request's context alone may come
+	// as a context column: run_end_encoded<int32, FixedSizeList<float32>>
+	// of one run, its one row standing for every sample (the dense worker
+	// expands it; internal/arrowframe context.go).
 	Tensors    []byte `protobuf:"bytes,3,opt,name=tensors,proto3" json:"tensors,omitempty"`
 	NumSamples int32  `protobuf:"varint,4,opt,name=num_samples,json=numSamples,proto3" json:"num_samples,omitempty"`
 	// A part of a sharded fan-out (see LookupRequest.fanout_key): tensors
@@ -582,7 +585,12 @@ type WorkerInfo struct {
 	UpdateSeq map[string]int64 `protobuf:"bytes,8,rep,name=update_seq,json=updateSeq,proto3" json:"update_seq,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// shards is, per model, the shard of the model's sharding this
 	// embedding worker's store holds (absent: the whole model).
-	Shards        map[string]*ShardRef `protobuf:"bytes,9,rep,name=shards,proto3" json:"shards,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Shards map[string]*ShardRef `protobuf:"bytes,9,rep,name=shards,proto3" json:"shards,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// jagged is, per model with jagged inputs (plan.json inputs' offsets:
+	// an EmbeddingBag's ids and per-id weights, each sample's bag starting
+	// at its offset), those inputs: the router cuts them per micro-batch
+	// by the offsets, not evenly (router/jagged.go).
+	Jagged        map[string]*JaggedInputs `protobuf:"bytes,10,rep,name=jagged,proto3" json:"jagged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -680,6 +688,68 @@ func (x *WorkerInfo) GetShards() map[string]*ShardRef {
 	return nil
 }
 
+func (x *WorkerInfo) GetJagged() map[string]*JaggedInputs {
+	if x != nil {
+		return x.Jagged
+	}
+	return nil
+}
+
+// JaggedInputs are a model's jagged inputs: inputs[i] holds every
+// sample's values concatenated, offsets[i] names the input holding each
+// sample's start in them.
+type JaggedInputs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Inputs        []string               `protobuf:"bytes,1,rep,name=inputs,proto3" json:"inputs,omitempty"`
+	Offsets       []string               `protobuf:"bytes,2,rep,name=offsets,proto3" json:"offsets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JaggedInputs) Reset() {
+	*x = JaggedInputs{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JaggedInputs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JaggedInputs) ProtoMessage() {}
+
+func (x *JaggedInputs) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JaggedInputs.ProtoReflect.Descriptor instead.
+func (*JaggedInputs) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *JaggedInputs) GetInputs() []string {
+	if x != nil {
+		return x.Inputs
+	}
+	return nil
+}
+
+func (x *JaggedInputs) GetOffsets() []string {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
 // ShardRef is shard `shard` of a sharding into `shards` shards.
 type ShardRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -691,7 +761,7 @@ type ShardRef struct {
 
 func (x *ShardRef) Reset() {
 	*x = ShardRef{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +773,7 @@ func (x *ShardRef) String() string {
 func (*ShardRef) ProtoMessage() {}
 
 func (x *ShardRef) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +786,7 @@ func (x *ShardRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardRef.ProtoReflect.Descriptor instead.
 func (*ShardRef) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ShardRef) GetShard() int32 {
@@ -742,7 +812,7 @@ type AnnounceRequest struct {
 
 func (x *AnnounceRequest) Reset() {
 	*x = AnnounceRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +824,7 @@ func (x *AnnounceRequest) String() string {
 func (*AnnounceRequest) ProtoMessage() {}
 
 func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +837,7 @@ func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceRequest.ProtoReflect.Descriptor instead.
 func (*AnnounceRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AnnounceRequest) GetWorker() *WorkerInfo {
@@ -791,7 +861,7 @@ type AnnounceResponse struct {
 
 func (x *AnnounceResponse) Reset() {
 	*x = AnnounceResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +873,7 @@ func (x *AnnounceResponse) String() string {
 func (*AnnounceResponse) ProtoMessage() {}
 
 func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +886,7 @@ func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceResponse.ProtoReflect.Descriptor instead.
 func (*AnnounceResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AnnounceResponse) GetHeartbeatMs() int64 {
@@ -842,7 +912,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +924,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +937,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LeaveRequest) GetId() string {
@@ -885,7 +955,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +967,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +980,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 type ListRequest struct {
@@ -921,7 +991,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1003,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1016,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
 }
 
 type ListResponse struct {
@@ -962,7 +1032,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1044,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1057,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListResponse) GetWorkers() []*WorkerInfo {
@@ -1030,7 +1100,7 @@ type ModelUpdates struct {
 
 func (x *ModelUpdates) Reset() {
 	*x = ModelUpdates{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1042,7 +1112,7 @@ func (x *ModelUpdates) String() string {
 func (*ModelUpdates) ProtoMessage() {}
 
 func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1055,7 +1125,7 @@ func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelUpdates.ProtoReflect.Descriptor instead.
 func (*ModelUpdates) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ModelUpdates) GetAcknowledged() int64 {
@@ -1145,7 +1215,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06shards\x18\a \x01(\x05R\x06shards\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xcb\x03\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xd8\x04\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
@@ -1157,13 +1227,21 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\ahealthy\x18\a \x01(\bR\ahealthy\x12B\n" +
 	"\n" +
 	"update_seq\x18\b \x03(\v2#.prism.v1.WorkerInfo.UpdateSeqEntryR\tupdateSeq\x128\n" +
-	"\x06shards\x18\t \x03(\v2 .prism.v1.WorkerInfo.ShardsEntryR\x06shards\x1a<\n" +
+	"\x06shards\x18\t \x03(\v2 .prism.v1.WorkerInfo.ShardsEntryR\x06shards\x128\n" +
+	"\x06jagged\x18\n" +
+	" \x03(\v2 .prism.v1.WorkerInfo.JaggedEntryR\x06jagged\x1a<\n" +
 	"\x0eUpdateSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +
 	"\vShardsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
-	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ShardRefR\x05value:\x028\x01\"8\n" +
+	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ShardRefR\x05value:\x028\x01\x1aQ\n" +
+	"\vJaggedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.JaggedInputsR\x05value:\x028\x01\"@\n" +
+	"\fJaggedInputs\x12\x16\n" +
+	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"8\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\x02 \x01(\x05R\x06shards\"?\n" +
@@ -1217,7 +1295,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1227,51 +1305,55 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*ScoreRequest)(nil),       // 5: prism.v1.ScoreRequest
 	(*ScoreResponse)(nil),      // 6: prism.v1.ScoreResponse
 	(*WorkerInfo)(nil),         // 7: prism.v1.WorkerInfo
-	(*ShardRef)(nil),           // 8: prism.v1.ShardRef
-	(*AnnounceRequest)(nil),    // 9: prism.v1.AnnounceRequest
-	(*AnnounceResponse)(nil),   // 10: prism.v1.AnnounceResponse
-	(*LeaveRequest)(nil),       // 11: prism.v1.LeaveRequest
-	(*LeaveResponse)(nil),      // 12: prism.v1.LeaveResponse
-	(*ListRequest)(nil),        // 13: prism.v1.ListRequest
-	(*ListResponse)(nil),       // 14: prism.v1.ListResponse
-	(*ModelUpdates)(nil),       // 15: prism.v1.ModelUpdates
-	nil,                        // 16: prism.v1.WorkerInfo.UpdateSeqEntry
-	nil,                        // 17: prism.v1.WorkerInfo.ShardsEntry
-	nil,                        // 18: prism.v1.ListResponse.UpdatesEntry
-	(*UpdateRequest)(nil),      // 19: prism.v1.UpdateRequest
-	(*Features)(nil),           // 20: prism.v1.Features
-	(*UpdateResponse)(nil),     // 21: prism.v1.UpdateResponse
+	(*JaggedInputs)(nil),       // 8: prism.v1.JaggedInputs
+	(*ShardRef)(nil),           // 9: prism.v1.ShardRef
+	(*AnnounceRequest)(nil),    // 10: prism.v1.AnnounceRequest
+	(*AnnounceResponse)(nil),   // 11: prism.v1.AnnounceResponse
+	(*LeaveRequest)(nil),       // 12: prism.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 13: prism.v1.LeaveResponse
+	(*ListRequest)(nil),        // 14: prism.v1.ListRequest
+	(*ListResponse)(nil),       // 15: prism.v1.ListResponse
+	(*ModelUpdates)(nil),       // 16: prism.v1.ModelUpdates
+	nil,                        // 17: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 18: prism.v1.WorkerInfo.ShardsEntry
+	nil,                        // 19: prism.v1.WorkerInfo.JaggedEntry
+	nil,                        // 20: prism.v1.ListResponse.UpdatesEntry
+	(*UpdateRequest)(nil),      // 21: prism.v1.UpdateRequest
+	(*Features)(nil),           // 22: prism.v1.Features
+	(*UpdateResponse)(nil),     // 23: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	19, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	20, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	20, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	21, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	22, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	22, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	16, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	17, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
-	7,  // 7: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	7,  // 8: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	18, // 9: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	8,  // 10: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	15, // 11: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	2,  // 12: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 13: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 14: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	9,  // 15: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	11, // 16: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	13, // 17: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	3,  // 18: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	21, // 19: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 20: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	10, // 21: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	12, // 22: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	14, // 23: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	17, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	18, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	19, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
+	7,  // 8: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	7,  // 9: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	20, // 10: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	9,  // 11: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 12: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	16, // 13: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	2,  // 14: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 15: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 16: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	10, // 17: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	12, // 18: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	14, // 19: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	3,  // 20: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	23, // 21: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 22: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	11, // 23: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	13, // 24: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	15, // 25: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	20, // [20:26] is the sub-list for method output_type
+	14, // [14:20] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1286,7 +1368,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

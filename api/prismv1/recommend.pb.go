@@ -37,7 +37,13 @@ type Input struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Dense inputs: width float32 values per sample.
 	Values []float32 `protobuf:"fixed32,2,rep,packed,name=values,proto3" json:"values,omitempty"`
-	// Sparse inputs: bag ids per sample (bag = the input's width).
+	// Sparse inputs: bag ids per sample (bag = the input's width). A
+	// jagged input (plan.json inputs' offsets: an EmbeddingBag's 1-D
+	// indices) holds every candidate's bag concatenated, and its offsets
+	// input one id per candidate, the start of its bag in them (or one
+	// more, the number of ids, as include_last_offset takes them), both in
+	// the candidates; the bag's per-id weights are then a float input of
+	// their own (values, one per id).
 	Ids []int64 `protobuf:"varint,3,rep,packed,name=ids,proto3" json:"ids,omitempty"`
 	// Optional per-id weights for a weighted bag, one per id.
 	Weights       []float32 `protobuf:"fixed32,4,rep,packed,name=weights,proto3" json:"weights,omitempty"`
@@ -455,7 +461,15 @@ type UpdateResponse struct {
 	// input) while others applied it, each as "ADDR: reason": their
 	// copies now differ, so they are left out of serving the model until
 	// they are given a copy of an up-to-date worker's store.
-	Refused       []string `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
+	Refused []string `protobuf:"bytes,2,rep,name=refused,proto3" json:"refused,omitempty"`
+	// shards, for a model sharded over its embedding workers (prism
+	// shard), are the shards that hold the update's rows: the shard of a
+	// table placed whole, the shards of its ids' rows for a row-wise one.
+	// An embedding worker answering the router names them (every worker
+	// of the model alike, whether it wrote rows or took the number only);
+	// the router acknowledges an update once the update quorum of the
+	// replicas of each of them holds it, and answers them.
+	Shards        []int32 `protobuf:"varint,3,rep,packed,name=shards,proto3" json:"shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -504,6 +518,13 @@ func (x *UpdateResponse) GetRefused() []string {
 	return nil
 }
 
+func (x *UpdateResponse) GetShards() []int32 {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
 var File_api_prismv1_recommend_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_recommend_proto_rawDesc = "" +
@@ -540,10 +561,11 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x10\n" +
 	"\x03ids\x18\x03 \x03(\x03R\x03ids\x12\x12\n" +
-	"\x04rows\x18\x04 \x01(\fR\x04rows\"D\n" +
+	"\x04rows\x18\x04 \x01(\fR\x04rows\"\\\n" +
 	"\x0eUpdateResponse\x12\x18\n" +
 	"\aworkers\x18\x01 \x01(\x05R\aworkers\x12\x18\n" +
-	"\arefused\x18\x02 \x03(\tR\arefused2\xa3\x01\n" +
+	"\arefused\x18\x02 \x03(\tR\arefused\x12\x16\n" +
+	"\x06shards\x18\x03 \x03(\x05R\x06shards2\xa3\x01\n" +
 	"\vRecommender\x12D\n" +
 	"\tRecommend\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse\x12N\n" +
 	"\x0fRecommendStream\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse(\x010\x012I\n" +

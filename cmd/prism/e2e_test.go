@@ -225,10 +225,23 @@ func TestEndToEnd(t *testing.T) {
 			}
 			defer mono.Close()
 			sig := s.cfg.Signature()
+			// Half the sparse features in the context (user features,
+			// looked up once and sent to the dense worker as one row) and
+			// the dense ones: issue 18's user context.
+			half := map[string]bool{models.DenseInput: true}
+			var sparse []string
+			for _, in := range sig.Inputs {
+				if in.Kind == models.SparseKind {
+					sparse = append(sparse, in.Name)
+				}
+			}
+			for _, name := range sparse[:len(sparse)/2] {
+				half[name] = true
+			}
 			for _, tc := range []struct {
 				n       int
 				context map[string]bool
-			}{{1, nil}, {150, nil}, {97, map[string]bool{"dense": true, "cat_0": true}}} {
+			}{{1, nil}, {150, nil}, {97, map[string]bool{"dense": true, "cat_0": true}}, {270, half}, {3, half}} {
 				src, _ := models.NewSynthetic(sig, models.SyntheticOptions{Seed: uint64(tc.n)})
 				b, _ := src.Next(tc.n)
 				broadcastContext(b, tc.context)

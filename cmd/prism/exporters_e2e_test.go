@@ -30,14 +30,18 @@ import (
 // declares int32, a model exported with a fixed batch that partition
 // rewrites to a symbolic one (served at 96 candidates, exported at 8),
 // and one whose fixed batch stays (served at exactly its 4; a request
-// of another size is refused naming the node that keeps it).
+// of another size is refused naming the node that keeps it), and ids
+// made by integer work the native pre-lookup ops do not cover (hashing,
+// floor division, shifts and masks), which the embedding tier runs as
+// pre.onnx through ONNX Runtime.
 func TestExporterPatternsEndToEnd(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	names := []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
-		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias"}
+		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias",
+		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift"}
 	args := []string{"up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db")}
 	parts := map[string]string{}
 	for _, name := range names {

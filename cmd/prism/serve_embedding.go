@@ -12,6 +12,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
@@ -23,6 +24,7 @@ func init() { serveSubcommands = append(serveSubcommands, newServeEmbeddingCmd) 
 func newServeEmbeddingCmd() *cobra.Command {
 	var (
 		db, hotBytes, preload, addr, metricsAddr, router, advertise, logFormat, logLevel string
+		cacheBytes                                                                       string
 		plans                                                                            []string
 		maxSamples, threads                                                              int
 		tlsFlags                                                                         authflag.Flags
@@ -75,6 +77,11 @@ at --advertise-addr.`,
 			if err := so.SetHotBytes(hotBytes, store.PhysicalMemory()); err != nil {
 				return fmt.Errorf("--hot-bytes: %w", err)
 			}
+			if cacheBytes != "" {
+				if so.CacheBytes, err = flagval.Bytes(cacheBytes); err != nil {
+					return fmt.Errorf("--cache-bytes: %w", err)
+				}
+			}
 			ctx, stop := signalContext()
 			defer stop()
 			st, err := store.Open(db, &so)
@@ -112,7 +119,7 @@ at --advertise-addr.`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
 					pr.Rows, float64(pr.Bytes)/(1<<20), pr.Tables, pr.Elapsed.Round(time.Millisecond))
 			}
-			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, TLS: tlsConf, Logger: log})
+			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, TLS: tlsConf, MetricsRequireClientCert: tlsFlags.MetricsClientCert, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -133,6 +140,7 @@ at --advertise-addr.`,
 	f.StringVar(&db, "db", "", "embedding store directory (created if missing)")
 	f.StringArrayVar(&plans, "plan", nil, "partition folder of a model to serve (repeatable); ingested at startup if the store lacks it")
 	f.StringVar(&hotBytes, "hot-bytes", store.HotBytesAuto, `hot tier size, e.g. 512MiB; "auto": enough to hold every row of the served models' tables when that is at most half of physical memory, else the store's recorded size (256MiB unless ingest recorded one); negative disables`)
+	f.StringVar(&cacheBytes, "cache-bytes", "", "Pebble block cache size below the hot tier, e.g. 32MiB (default: the store's, 256MiB); in a memory limit, size it to the store's index blocks with room to spare")
 	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
@@ -143,6 +151,7 @@ at --advertise-addr.`,
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	tlsFlags.Register(cmd, auth.Embedding)
+	tlsFlags.RegisterMetrics(cmd)
 	// Trust and admission (router-side trust work).
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
 	return cmd

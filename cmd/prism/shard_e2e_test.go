@@ -134,10 +134,19 @@ func TestShardedTableWise(t *testing.T) {
 		}
 		return req
 	}
+	// Half the sparse features in the context: every shard's part
+	// carries context columns (one row for all samples), some parts
+	// nothing else.
+	half := map[string]bool{}
+	for k, in := range sig.Inputs {
+		if in.Kind == models.SparseKind && k%2 == 1 {
+			half[in.Name] = true
+		}
+	}
 	for _, tc := range []struct {
 		n   int
 		ctx map[string]bool
-	}{{1, nil}, {150, nil}, {97, map[string]bool{"dense": true, "cat_0": true}}} {
+	}{{1, nil}, {150, nil}, {97, map[string]bool{"dense": true, "cat_0": true}}, {270, half}} {
 		check(tc.n, tc.ctx)
 	}
 
@@ -203,6 +212,10 @@ func TestShardedTableWise(t *testing.T) {
 	}
 	if ur.GetWorkers() != 3 {
 		t.Errorf("update acknowledged by %d workers, want 3", ur.GetWorkers())
+	}
+	// The shard holding the table is named: its quorum acknowledged it.
+	if want := p.Sharding.Placement(table).Shards; len(ur.GetShards()) != 1 || int(ur.GetShards()[0]) != want[0] {
+		t.Errorf("update acknowledged with rows on shards %v, the table is on %v", ur.GetShards(), want)
 	}
 	waitShards([]int{0, 1, 2}, 1)
 	after, err := rec.Recommend(context.Background(), req)

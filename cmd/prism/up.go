@@ -25,7 +25,13 @@ func newUpCmd() *cobra.Command {
 core without a driver) and the embedding tier as child processes of this binary,
 on loopback ports, waits until every model has both tiers registered, and
 prints the Recommend address. Workers that die are restarted and register
-again. Ctrl-C stops everything gracefully.`,
+again. Ctrl-C stops everything gracefully.
+
+A model sharded with prism shard (plan.json sharding) is served by one
+embedding worker per shard (--replicas R: R per shard); --db is then the
+parent folder of the shards' stores (DB/shard-K, DB/shard-K-R for the
+other replicas), into which up ingests each shard (prism ingest --shard
+K) unless its store already holds it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configFile != "" {
@@ -50,10 +56,11 @@ again. Ctrl-C stops everything gracefully.`,
 	}
 	fl := cmd.Flags()
 	fl.StringArrayVar(&c.Plans, "model", nil, "partition folder (prism partition -o) to serve; repeatable")
-	fl.StringVar(&c.DB, "db", "", "embedding store folder (default: prism-db beside the first model)")
+	fl.StringVar(&c.DB, "db", "", "embedding store folder (default: prism-db beside the first model); for a sharded model the parent folder of its shards' stores (DB/shard-K)")
 	fl.StringVar(&c.Addr, "addr", "127.0.0.1:8500", "router address (Recommend)")
 	fl.IntVar(&c.DenseWorkers, "dense-workers", 0, "dense workers (0: one per GPU or MIG slice; without a driver, one per CPU core)")
-	fl.IntVar(&c.EmbeddingWorkers, "embedding-workers", 1, "embedding workers")
+	fl.IntVar(&c.EmbeddingWorkers, "embedding-workers", 1, "embedding workers (a sharded model: shards x --replicas)")
+	fl.IntVar(&c.Replicas, "replicas", 1, "embedding workers per shard of a sharded model (prism shard)")
 	// The tiers' former names, kept so existing scripts run.
 	fl.IntVar(&c.DenseWorkers, "gpu-workers", 0, "")
 	fl.IntVar(&c.EmbeddingWorkers, "cpu-workers", 1, "")

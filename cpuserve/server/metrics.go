@@ -13,6 +13,10 @@ type metrics struct {
 	decode, lookup, cpu, encode, xfer, dense prometheus.Observer
 	samples                                  prometheus.Histogram
 	outstanding                              prometheus.GaugeFunc
+	// frameBytes and frameSamples count the cut-tensor frames sent to
+	// dense workers (ScoreRequest.tensors) and their samples: bytes per
+	// sample on the wire, which context columns cut.
+	frameBytes, frameSamples prometheus.Counter
 }
 
 func newMetrics(s *Server) *metrics {
@@ -37,11 +41,25 @@ func newMetrics(s *Server) *metrics {
 		Namespace: "prism", Subsystem: "embedding", Name: "outstanding_samples",
 		Help: "Samples in flight in this embedding tier.",
 	}, func() float64 { return float64(s.Outstanding()) })
+	m.frameBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "prism", Subsystem: "embedding", Name: "frame_bytes_total",
+		Help: "Bytes of the cut-tensor frames (Arrow IPC) sent to dense workers in Score calls that succeeded.",
+	})
+	m.frameSamples = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "prism", Subsystem: "embedding", Name: "frame_samples_total",
+		Help: "Samples of the frames counted in prism_embedding_frame_bytes_total.",
+	})
 	return m
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.stage, m.samples, m.outstanding}
+	return []prometheus.Collector{m.stage, m.samples, m.outstanding, m.frameBytes, m.frameSamples}
+}
+
+// frame counts a frame of n samples sent in a successful Score call.
+func (m *metrics) frame(bytes, n int) {
+	m.frameBytes.Add(float64(bytes))
+	m.frameSamples.Add(float64(n))
 }
 
 func (m *metrics) observe(t *prismv1.StageTimes) {

@@ -24,9 +24,14 @@ type model struct {
 	order  []string // input names in plan order, for messages
 	// lookups in plan order: each table's uses, one TableLookup each.
 	lookups []lookupSpec
+	// pre runs the plan's pre.onnx (preonnx.go), nil without one.
+	pre     *preModel
 	cpu     *ort.Session
 	cpuIns  []string
 	cpuOuts []string
+	// cpuDeps: per cpu.onnx output, the inputs it is computed from
+	// (context.go: an output of context values alone is one).
+	cpuDeps map[string][]string
 	cut     []cutSpec
 	// cols is the frame layout of the cut (nil when a cut shape is not
 	// fully known): lookups write straight into a frame of this layout.
@@ -136,7 +141,7 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 				if pre, err = prelookup.Compile(infos[l.Input], l.Pre); err != nil {
 					return nil, fmt.Errorf("model %q: table %q: %w", m.name, t.Name, err)
 				}
-			} else if in == nil || !in.ids {
+			} else if l.PreOutput == "" && (in == nil || !in.ids) {
 				return nil, fmt.Errorf("model %q: table %q looks up %q, which is not an int64 or int32 model input", m.name, t.Name, l.Input)
 			}
 			if l.Weights != "" {
@@ -165,6 +170,11 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 			break
 		}
 	}
+	pre, err := loadPre(dir, p, m.inputs, so)
+	if err != nil {
+		return nil, fmt.Errorf("model %q: %w", m.name, err)
+	}
+	m.pre = pre
 	if p.CPUModel != "" {
 		path, err := plan.Resolve(dir, p.CPUModel)
 		if err != nil {
@@ -175,11 +185,16 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 			return nil, fmt.Errorf("model %q: %w", m.name, err)
 		}
 		m.cpu, m.cpuIns, m.cpuOuts = s, s.InputNames(), s.OutputNames()
+		if m.cpuDeps, err = cpuDependencies(path); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("model %q: %w", m.name, err)
+		}
 	}
 	return m, nil
 }
 
 func (m *model) close() {
+	m.pre.close()
 	if m.cpu != nil {
 		m.cpu.Close()
 	}

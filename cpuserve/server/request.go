@@ -69,6 +69,9 @@ func (m *model) decode(req *prismv1.LookupRequest, n int) (map[string]*value, er
 	if len(missing) > 0 {
 		return nil, badInput("model %q: missing input(s) %s: every model input must come in the candidates or the context", m.name, strings.Join(missing, ", "))
 	}
+	if err := m.checkJagged(vals, n); err != nil { // jagged.go
+		return nil, err
+	}
 	return vals, nil
 }
 
@@ -88,6 +91,12 @@ func (m *model) decodeSide(vals map[string]*value, side string, f *prismv1.Featu
 			return badInput("model %q: %s: input %q given twice", m.name, side, name)
 		}
 		seen[name] = true
+		if ok, err := m.decodeJagged(vals, side, in, ctx); ok || err != nil { // jagged.go
+			if err != nil {
+				return err
+			}
+			continue
+		}
 		if ctx && vals[name] != nil {
 			continue // the candidates' values win over the context's
 		}

@@ -198,7 +198,7 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 		}
 		seqs[m] = seq
 	}
-	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs()}
+	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs(), Jagged: s.jaggedRefs()}
 }
 
 // Collectors are the tier's metrics: per-stage latency, samples in
@@ -316,14 +316,21 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	t1 := time.Now()
 	times.DecodeUs = t1.Sub(t0).Microseconds()
 
+	// pre.onnx first (preonnx.go): the frame's context columns depend on
+	// its outputs (context.go). Timed with the lookups.
+	if err := m.runPre(vals, n); err != nil {
+		return nil, err
+	}
 	// With a known layout the frame is laid out first and the lookups
 	// gather rows straight into it: no copy between lookup and wire.
 	fb := framePool.Get().(*[]byte)
 	var frame []byte
 	var into map[string][]float32
+	// Context-only cut tensors go as one row (context.go).
+	ctxCut, anyCtx := m.contextCut(vals)
 	if m.cols != nil {
 		var views [][]float32
-		if frame, views, err = arrowframe.AppendFrame(*fb, n, m.cols); err != nil {
+		if frame, views, err = arrowframe.AppendFrame(*fb, n, m.contextCols(ctxCut, anyCtx)); err != nil {
 			framePool.Put(fb)
 			return nil, status.Errorf(codes.Internal, "model %q: %v", m.name, err)
 		}
@@ -351,9 +358,9 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	times.CpuModelUs = t3.Sub(t2).Microseconds()
 
 	if into != nil {
-		err = fillCut(into, m, vals, n)
+		err = fillCut(into, m, vals, n, ctxCut)
 	} else {
-		frame, err = encodeCut(*fb, m, vals, n)
+		frame, err = encodeCut(*fb, m, vals, n, ctxCut)
 		*fb = frame[:0]
 	}
 	if err != nil {
@@ -384,6 +391,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	}
 	// A successful answer means the dense worker read the whole frame.
 	framePool.Put(fb)
+	s.met.frame(len(frame), n)
 	t5 := time.Now()
 	times.DenseUs = resp.GetDenseUs()
 	times.TransferUs = max(t5.Sub(t4).Microseconds()-times.DenseUs, 0)
@@ -457,20 +465,28 @@ func storeStatus(err error) error {
 
 // lookup runs every table lookup of the model in one store batch. A
 // lookup whose ids (and weights) come from the context runs for one
-// sample and its output is repeated for all n. A lookup whose output is
-// a cut tensor with a view in into writes there (the frame being built).
+// sample and its output stays one sample, a context value (repeated for
+// all n only where a stage needs every sample: cpu.onnx, a frame column
+// that is not a context column). A lookup whose output is a cut tensor
+// with a view in into writes there (the frame being built; a context
+// column's view is one row).
 //
 // On a shard holding part of a row-wise table, that table's lookups are
 // partial (shard.go): pooled over the shard's rows, written as the
 // output's partial column and, for the sum_count and max_count combines,
 // its counts column.
 func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string][]float32) error {
+	// pre.onnx (preonnx.go) has run: Lookup runs it before laying out the
+	// frame, whose context columns depend on its outputs (context.go).
 	sr := s.shards[m.name]
 	batch := make([]store.TableLookup, len(m.lookups))
 	once := make([]bool, len(m.lookups))
 	for i, ls := range m.lookups {
 		l := ls.l
 		ids := vals[l.Input]
+		if l.PreOutput != "" {
+			ids = preIDs(vals, l, n)
+		}
 		if ls.pre != nil {
 			// The pre-lookup ops make the ids from the input, natively.
 			samples := n
@@ -515,11 +531,14 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		if partial {
 			name = arrowframe.PartialName(l.Output)
 		}
-		out := into[name]
-		if once[i] || len(out) != size {
+		out := into[name] // one row for a context column
+		if len(out) != size {
 			out = make([]float32, size)
 		}
 		batch[i] = store.TableLookup{Table: ls.table, IDs: ids.i64, Bag: l.Bag, Weights: w, Pooling: l.Pooling, Out: out, Partial: partial}
+		if l.Offsets != "" { // a jagged bag (jagged.go): offsets n+1, checked at decode
+			batch[i].Offsets = vals[l.Offsets].i64
+		}
 		if partial && po.Combine != plan.CombineSum {
 			counts := into[arrowframe.CountName(l.Output)]
 			if once[i] || len(counts) != samples {
@@ -534,16 +553,21 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 	for i, ls := range m.lookups {
 		l := ls.l
 		out := batch[i].Out
-		if once[i] {
-			out = tile(out, n)
-		}
 		shape := []int64{int64(n), int64(ls.dim)}
 		if l.Pooling == plan.PoolNone && !l.Rank1 {
 			shape = []int64{int64(n), int64(l.Bag), int64(ls.dim)}
 		}
 		if !batch[i].Partial {
-			vals[l.Output] = &value{width: len(out) / n, shape: shape, f32: out}
+			// A lookup run once stays one sample (a context value):
+			// tiled only where a stage needs every sample.
+			vals[l.Output] = &value{width: len(out), shape: shape, f32: out, ctx: once[i]}
+			if !once[i] {
+				vals[l.Output].width = len(out) / n
+			}
 			continue
+		}
+		if once[i] {
+			out = tile(out, n)
 		}
 		vals[arrowframe.PartialName(l.Output)] = &value{width: len(out) / n, shape: shape, f32: out}
 		if counts := batch[i].Counts; counts != nil {
@@ -571,9 +595,16 @@ func runCPU(m *model, vals map[string]*value, n int) error {
 	if err != nil {
 		return err
 	}
+	isCtx := func(name string) bool { v := vals[name]; return v != nil && v.ctx }
 	for i, name := range m.cpuOuts {
 		shape := append([]int64{int64(n)}, m.cutShape(name)...)
-		vals[name] = &value{width: len(outs[i]) / n, shape: shape, f32: outs[i]}
+		w := len(outs[i]) / n
+		if m.cpuContext(name, isCtx) {
+			// Computed from context values alone: every row is the first.
+			vals[name] = &value{width: w, shape: shape, f32: outs[i][:w:w], ctx: true}
+			continue
+		}
+		vals[name] = &value{width: w, shape: shape, f32: outs[i]}
 	}
 	return nil
 }
@@ -585,9 +616,9 @@ var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<20); return 
 
 // fillCut copies into the frame's views the cut tensors that are not
 // already there (lookups wrote theirs in place): dense features, CPU
-// subgraph outputs, context lookups.
-func fillCut(into map[string][]float32, m *model, vals map[string]*value, n int) error {
-	for _, c := range m.cut {
+// subgraph outputs. A context column (ctx[i]) takes its value's one row.
+func fillCut(into map[string][]float32, m *model, vals map[string]*value, n int, ctx []bool) error {
+	for i, c := range m.cut {
 		v := vals[c.name]
 		if v == nil {
 			return fmt.Errorf("cut tensor %q was not produced", c.name)
@@ -596,9 +627,12 @@ func fillCut(into map[string][]float32, m *model, vals map[string]*value, n int)
 			return fmt.Errorf("cut tensor %q is int64; the dense tier takes float32 tensors", c.name)
 		}
 		dst := into[c.name]
-		v = v.full(n)
+		rows := 1
+		if !ctx[i] || !v.ctx {
+			v, rows = v.full(n), n
+		}
 		if len(v.f32) != len(dst) {
-			return fmt.Errorf("cut tensor %q: %d values for %d samples, the plan's shape %v holds %d", c.name, len(v.f32), n, c.shape, len(dst))
+			return fmt.Errorf("cut tensor %q: %d values for %d samples, the plan's shape %v holds %d", c.name, len(v.f32), rows, c.shape, len(dst))
 		}
 		if len(dst) > 0 && &v.f32[0] == &dst[0] {
 			continue // written in place
@@ -608,8 +642,9 @@ func fillCut(into map[string][]float32, m *model, vals map[string]*value, n int)
 	return nil
 }
 
-// encodeCut frames the cut tensors in plan order, into dst's storage.
-func encodeCut(dst []byte, m *model, vals map[string]*value, n int) ([]byte, error) {
+// encodeCut frames the cut tensors in plan order, into dst's storage; a
+// context-only one (ctx[i]) as a context column.
+func encodeCut(dst []byte, m *model, vals map[string]*value, n int, ctx []bool) ([]byte, error) {
 	ts := make([]arrowframe.Tensor, len(m.cut))
 	for i, c := range m.cut {
 		v := vals[c.name]
@@ -618,6 +653,10 @@ func encodeCut(dst []byte, m *model, vals map[string]*value, n int) ([]byte, err
 		}
 		if v.i64 != nil {
 			return nil, fmt.Errorf("cut tensor %q is int64; the dense tier takes float32 tensors", c.name)
+		}
+		if ctx[i] && v.ctx {
+			ts[i] = arrowframe.Tensor{Name: c.name, Width: len(v.f32), Data: v.f32, Context: true}
+			continue
 		}
 		v = v.full(n)
 		ts[i] = arrowframe.Tensor{Name: c.name, Width: len(v.f32) / n, Data: v.f32}

@@ -55,7 +55,8 @@ type fixture struct {
 // testExporterModels are exporter-corpus models the fixture serves too:
 // int32 ids, a fixed exported batch rewritten to a symbolic one, and a
 // fixed batch kept (plan.json fixed_batch).
-var testExporterModels = []string{"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias"}
+var testExporterModels = []string{"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias",
+	"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift"} // the last three run pre.onnx (preonnx_test.go)
 
 var (
 	fixOnce sync.Once
@@ -200,6 +201,11 @@ type denseDouble struct {
 	models map[string]*denseModel
 	mu     sync.Mutex
 	fail   error // returned by Score while set
+	// last is the last frame scored: its bytes and its context columns.
+	last struct {
+		bytes   int
+		context []string
+	}
 }
 
 type denseModel struct {
@@ -233,12 +239,22 @@ func (d *denseDouble) Score(ctx context.Context, req *prismv1.ScoreRequest) (*pr
 		return nil, status.Errorf(codes.InvalidArgument, "%d rows, %d tensors; want %d, %d", n, len(ts), req.GetNumSamples(), len(m.plan.Cut))
 	}
 	var ins []ort.Input
+	var ctxCols []string
 	for i, c := range m.plan.Cut {
 		if ts[i].Name != c.Name {
 			return nil, status.Errorf(codes.InvalidArgument, "tensor %d is %q, want %q", i, ts[i].Name, c.Name)
 		}
-		ins = append(ins, ort.Input{Name: c.Name, Shape: append([]int64{int64(n)}, c.Shape...), Float32: ts[i].Data})
+		data := ts[i].Data
+		if ts[i].Context {
+			data = make([]float32, n*ts[i].Width)
+			ts[i].Expand(data, n)
+			ctxCols = append(ctxCols, c.Name)
+		}
+		ins = append(ins, ort.Input{Name: c.Name, Shape: append([]int64{int64(n)}, c.Shape...), Float32: data})
 	}
+	d.mu.Lock()
+	d.last.bytes, d.last.context = len(req.GetTensors()), ctxCols
+	d.mu.Unlock()
 	out, err := m.sess.Run(ins)
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
@@ -362,6 +378,17 @@ func TestContext(t *testing.T) {
 			b := f.batch(t, name, 64, uint64(500+i))
 			shareContext(b, ctxInputs...)
 			f.checkScores(t, name, b, f.request(name, b, ctxInputs...))
+			plain, ctxCols := f.dense.lastFrame()
+			t.Logf("cpu model %q; context columns %v", f.dense.models[name].plan.CPUModel, ctxCols)
+			if len(ctxCols) == 0 {
+				t.Errorf("no context column in the frame: the context's lookups crossed once per sample")
+			}
+			// The same samples, every input per candidate: the frame
+			// carries every row of those columns.
+			f.checkScores(t, name, b, f.request(name, b))
+			if full, cols := f.dense.lastFrame(); len(cols) != 0 || full <= plain {
+				t.Errorf("every input per candidate: frame of %d bytes with context columns %v; with the context %d bytes", full, cols, plain)
+			}
 			// Everything in the context: n identical samples.
 			var all []string
 			for _, in := range b.Sig.Inputs {
@@ -370,7 +397,71 @@ func TestContext(t *testing.T) {
 			b = f.batch(t, name, 5, uint64(600+i))
 			shareContext(b, all...)
 			f.checkScores(t, name, b, f.request(name, b, all...))
+			// cpu.onnx's outputs too, read from context values alone.
+			p := f.dense.models[name].plan
+			if _, cols := f.dense.lastFrame(); len(cols) != len(p.Cut) {
+				t.Errorf("everything in the context: context columns %v, want all %d cut tensors (cpu model %q)", cols, len(p.Cut), p.CPUModel)
+			}
 		})
+	}
+}
+
+// lastFrame is the bytes and the context columns of the last frame the
+// double scored.
+func (d *denseDouble) lastFrame() (int, []string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.last.bytes, d.last.context
+}
+
+// TestContextFrame: for dlrm-tiny, the cut tensors made from the context
+// alone (the dense features, the context ids' pooled embeddings) cross as
+// context columns, and the frame is smaller by their other rows.
+func TestContextFrame(t *testing.T) {
+	f := setup(t)
+	const name, n = "dlrm-tiny", 64
+	p := f.dense.models[name].plan
+	ctxInputs := []string{models.DenseInput, models.SparseInput(0), models.SparseInput(2)}
+	want := map[string]bool{}
+	for _, tb := range p.Tables {
+		for _, l := range tb.Lookups {
+			if contains(ctxInputs, l.Input) {
+				want[l.Output] = true
+			}
+		}
+	}
+	saved := 0
+	for _, c := range p.Cut {
+		if c.Name == models.DenseInput {
+			want[c.Name] = true
+		}
+		if want[c.Name] {
+			w := 1
+			for _, d := range c.Shape {
+				w *= int(d)
+			}
+			saved += 4 * (n - 1) * w
+		}
+	}
+	if len(want) < 3 {
+		t.Fatalf("dlrm-tiny's cut %v: want the dense features and two lookups among it", p.Cut)
+	}
+	b := f.batch(t, name, n, 77)
+	shareContext(b, ctxInputs...)
+	f.checkScores(t, name, b, f.request(name, b, ctxInputs...))
+	ctxBytes, cols := f.dense.lastFrame()
+	if len(cols) != len(want) {
+		t.Errorf("context columns %v, want %v", cols, want)
+	}
+	for _, c := range cols {
+		if !want[c] {
+			t.Errorf("column %q sent as context", c)
+		}
+	}
+	f.checkScores(t, name, b, f.request(name, b))
+	fullBytes, _ := f.dense.lastFrame()
+	if d := fullBytes - ctxBytes; d < saved-384*len(want) || d > saved {
+		t.Errorf("frame %d bytes with the context, %d without: saves %d, want about %d", ctxBytes, fullBytes, d, saved)
 	}
 }
 
@@ -507,13 +598,14 @@ func TestMetrics(t *testing.T) {
 	for _, mf := range mfs {
 		got[mf.GetName()] = true
 	}
-	for _, name := range []string{"prism_embedding_stage_seconds", "prism_embedding_outstanding_samples", "prism_embedding_batch_samples", "prism_store_hot_hit_ratio", "prism_store_lookups_total"} {
+	for _, name := range []string{"prism_embedding_stage_seconds", "prism_embedding_outstanding_samples", "prism_embedding_batch_samples", "prism_store_hot_hit_ratio", "prism_store_lookups_total", "prism_embedding_frame_bytes_total", "prism_embedding_frame_samples_total"} {
 		if !got[name] {
 			t.Errorf("metric %s not exported", name)
 		}
 	}
 	w := f.srv.WorkerInfo("cpu/test", "127.0.0.1:1")
-	if w.Role != prismv1.Role_ROLE_EMBEDDING || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny", "torchrec-int32-ids", "ts-fixed-batch-row-bias", "ts-fixed-batch-view"}) || w.Outstanding != 0 {
+	if w.Role != prismv1.Role_ROLE_EMBEDDING || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny", "torchrec-int32-ids", "ts-bitmask-shift",
+		"ts-fixed-batch-row-bias", "ts-fixed-batch-view", "ts-floor-div-bucket", "ts-hash-mul-add-mod"}) || w.Outstanding != 0 {
 		t.Errorf("worker info %v", w)
 	}
 }

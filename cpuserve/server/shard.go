@@ -46,6 +46,35 @@ type shardRef struct {
 	// rows (id mod [0] == [1]) and the table's rows ([2]): an update
 	// writes only its own rows.
 	parts map[string][3]int64
+	// place: where every table of the plan lives (rowShards).
+	place map[string]*plan.TablePlacement
+}
+
+// rowShards are the shards of the model's sharding that hold the rows
+// of an update of table with ids (UpdateResponse.shards): every worker
+// of the model answers the same, so the router can hold each of them
+// to its quorum. nil: not a sharded model, or not a table of its plan.
+func (sr *shardRef) rowShards(table string, ids []int64) []int32 {
+	if sr == nil || sr.place[table] == nil {
+		return nil
+	}
+	tp := sr.place[table]
+	on := map[int]bool{}
+	for _, id := range ids {
+		if id >= 0 {
+			on[tp.ShardOf(id)] = true
+		}
+		if len(on) == len(tp.Shards) {
+			break
+		}
+	}
+	out := make([]int32, 0, len(on))
+	for k := range sr.shards {
+		if on[k] {
+			out = append(out, int32(k))
+		}
+	}
+	return out
 }
 
 // ownRows keeps of an update of table the ids (and their rows of width
@@ -160,8 +189,10 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	for _, po := range info.Partial {
 		sr.partial[po.Output] = po
 	}
+	sr.place = map[string]*plan.TablePlacement{}
 	for _, t := range p.Tables {
 		sr.tables[t.Name] = true
+		sr.place[t.Name] = p.Sharding.Placement(t.Name)
 		if mod, rem, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); holds {
 			sr.held[t.Name] = true
 			if mod > 1 {

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/plan"
 )
 
 // A lookup's fan-out fields must match the shard the worker holds; an
@@ -59,5 +60,34 @@ func TestOwnRows(t *testing.T) {
 	var none *shardRef
 	if ids, _, ok := none.ownRows("t", []int64{2}, []float32{2}); !ok || len(ids) != 1 {
 		t.Fatal("an unsharded model lost its rows")
+	}
+}
+
+// Every worker of a sharded model names the shards holding an update's
+// rows (the router holds each to its quorum): the table's shard, or the
+// shards of its ids' rows for a row-wise table.
+func TestRowShards(t *testing.T) {
+	sr := &shardRef{shards: 3, place: map[string]*plan.TablePlacement{
+		"whole": {Table: "whole", Placement: plan.TableWise, Shards: []int{2}},
+		"rows":  {Table: "rows", Placement: plan.RowWise, Shards: []int{0, 2}},
+	}}
+	for _, tc := range []struct {
+		table string
+		ids   []int64
+		want  []int32
+	}{
+		{"whole", []int64{5}, []int32{2}},
+		{"rows", []int64{4}, []int32{0}},
+		{"rows", []int64{3, 7}, []int32{2}},
+		{"rows", []int64{1, 2}, []int32{0, 2}},
+		{"nope", []int64{1}, nil},
+	} {
+		if got := sr.rowShards(tc.table, tc.ids); !slices.Equal(got, tc.want) {
+			t.Errorf("table %q ids %v: shards %v, want %v", tc.table, tc.ids, got, tc.want)
+		}
+	}
+	var none *shardRef
+	if got := none.rowShards("whole", []int64{1}); got != nil {
+		t.Errorf("an unsharded model names shards %v", got)
 	}
 }

@@ -50,8 +50,12 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
 		}
-		return &prismv1.UpdateResponse{Workers: 1}, nil
+		return &prismv1.UpdateResponse{Workers: 1, Shards: s.shards[req.GetModel()].rowShards(req.GetTable(), req.GetIds())}, nil
 	}
+	// Which shards hold the rows, named in every answer (the router
+	// holds each to its quorum): taken before ownRows keeps this
+	// shard's.
+	rowShards := s.shards[req.GetModel()].rowShards(req.GetTable(), req.GetIds())
 	ids, raw := req.GetIds(), req.GetRows()
 	var bad error
 	if len(ids) == 0 {
@@ -91,7 +95,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
 		}
-		return &prismv1.UpdateResponse{Workers: 1}, nil
+		return &prismv1.UpdateResponse{Workers: 1, Shards: rowShards}, nil
 	}
 	var err error
 	if seq := areq.GetSeq(); seq > 0 {
@@ -102,5 +106,5 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	if err != nil {
 		return nil, storeStatus(fmt.Errorf("update: %w", err))
 	}
-	return &prismv1.UpdateResponse{Workers: 1}, nil
+	return &prismv1.UpdateResponse{Workers: 1, Shards: rowShards}, nil
 }

@@ -28,6 +28,7 @@ type Config struct {
 	Model      string  // zoo preset, default dlrm-kaggle
 	Dim        int     // overrides the preset's embedding width when > 0
 	RowsScale  float64 // scales the preset's rows (0: 1)
+	MaxRows    int64   // caps every table (0: the preset's default cap)
 	Zipf       float64 // id exponent (default 1.05)
 	Batch      int     // samples per batch (default 256)
 	Batches    int     // measured batches (default 2000)
@@ -89,7 +90,7 @@ func Setup(cfg Config) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	mc, err := p.Resolve(models.ScaleOptions{RowsScale: cfg.RowsScale})
+	mc, err := p.Resolve(models.ScaleOptions{RowsScale: cfg.RowsScale, MaxRows: cfg.MaxRows})
 	if err != nil {
 		return nil, err
 	}

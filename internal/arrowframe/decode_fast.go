@@ -55,6 +55,7 @@ type cachedSchema struct {
 	msg    []byte // the framed message: continuation, length, metadata, body
 	names  []string
 	widths []int
+	ctx    []bool // per column: a context column (context.go)
 }
 
 // schemaCache holds the most recently learned schemas, newest first. Readers
@@ -151,15 +152,25 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 	}
 	rows := rb.GetInt64Slot(slotRBLength, 0)
 	bodyLen := int64(end - body)
-	// Every row of every column takes at least 4 bytes of body: this also
-	// keeps rows*width below overflow further down.
-	if rows <= 0 || rows > bodyLen/4 {
+	// Every row of a plain column takes at least 4 bytes of body (checked
+	// per column below, which keeps rows*width below overflow); a frame
+	// of context columns only may hold up to maxContextRows rows in any
+	// body (guard.go).
+	if rows <= 0 || rows > max(bodyLen/4, maxContextRows) {
 		return 0, nil, false
 	}
 	cols := len(s.widths)
+	wantNodes, wantBufs := 0, 0
+	for _, c := range s.ctx {
+		if c {
+			wantNodes, wantBufs = wantNodes+contextNodes, wantBufs+contextBuffers
+		} else {
+			wantNodes, wantBufs = wantNodes+plainNodes, wantBufs+plainBuffers
+		}
+	}
 	nodes, nNodes := vectorAt(&rb, slotRBNodes, 16)
 	bufs, nBufs := vectorAt(&rb, slotRBBuffers, 16)
-	if nNodes != 2*cols || nBufs != 3*cols {
+	if nNodes != wantNodes || nBufs != wantBufs {
 		return 0, nil, false
 	}
 	i64 := func(pos int) int64 { return int64(binary.LittleEndian.Uint64(meta[pos:])) }
@@ -168,32 +179,55 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 		off, length = i64(bufs+16*j), i64(bufs+16*j+8)
 		return off, length, off >= 0 && length >= 0 && off <= bodyLen && length <= bodyLen-off
 	}
+	// node returns field node j: its length and null count.
+	node := func(j int) (length, nulls int64) { return i64(nodes + 16*j), i64(nodes + 16*j + 8) }
 	ts = make([]Tensor, cols)
+	nj, bj := 0, 0 // the column's first field node and buffer
 	for i, w := range s.widths {
+		listRows := rows
+		if s.ctx[i] {
+			// The run-end encoded array's node (no buffer of its own),
+			// then its int32 run ends': validity, and values holding
+			// exactly [rows]; then one row of the list below.
+			reeLen, reeNulls := node(nj)
+			endsLen, endsNulls := node(nj + 1)
+			if reeLen != rows || reeNulls != 0 || endsLen != 1 || endsNulls != 0 {
+				return 0, nil, false
+			}
+			if _, _, ok := inBody(bj); !ok {
+				return 0, nil, false
+			}
+			off, length, ok := inBody(bj + 1)
+			if !ok || length < 4 || int64(int32(binary.LittleEndian.Uint32(b[body+int(off):]))) != rows {
+				return 0, nil, false
+			}
+			nj, bj = nj+2, bj+2
+			listRows = 1
+		}
 		// The list's node, then its float32 child's: arrow-go reads a
 		// validity buffer only for a non-zero null count, and Decode
 		// refuses a list with nulls.
-		listLen, listNulls := i64(nodes+32*i), i64(nodes+32*i+8)
-		valLen, valNulls := i64(nodes+32*i+16), i64(nodes+32*i+24)
-		if listLen != rows || listNulls != 0 || valNulls != 0 {
+		listLen, listNulls := node(nj)
+		valLen, valNulls := node(nj + 1)
+		if listLen != listRows || listNulls != 0 || valNulls != 0 {
 			return 0, nil, false
 		}
-		if int64(w) > bodyLen/4/rows { // more floats than the body holds
+		if int64(w) > bodyLen/4/listRows { // more floats than the body holds
 			return 0, nil, false
 		}
-		nw := rows * int64(w)
+		nw := listRows * int64(w)
 		if valLen != nw {
 			return 0, nil, false
 		}
 		// Buffers: the list's validity, the child's validity, the child's
 		// values.
-		if _, _, ok := inBody(3 * i); !ok {
+		if _, _, ok := inBody(bj); !ok {
 			return 0, nil, false
 		}
-		if _, _, ok := inBody(3*i + 1); !ok {
+		if _, _, ok := inBody(bj + 1); !ok {
 			return 0, nil, false
 		}
-		off, length, ok := inBody(3*i + 2)
+		off, length, ok := inBody(bj + 2)
 		if !ok || length < 4*nw {
 			return 0, nil, false
 		}
@@ -201,7 +235,8 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 		if !unalignedFloats && uintptr(p)%4 != 0 {
 			return 0, nil, false
 		}
-		ts[i] = Tensor{Name: s.names[i], Width: w, Data: unsafe.Slice((*float32)(p), int(nw))}
+		ts[i] = Tensor{Name: s.names[i], Width: w, Data: unsafe.Slice((*float32)(p), int(nw)), Context: s.ctx[i]}
+		nj, bj = nj+plainNodes, bj+plainBuffers
 	}
 	return int(rows), ts, true
 }
@@ -281,9 +316,9 @@ func rememberSchema(b []byte, n int, ts []Tensor) {
 	if !ok || end != r.off || !littleEndianSchema(meta) {
 		return
 	}
-	s := &cachedSchema{msg: bytes.Clone(b[:end]), names: make([]string, len(ts)), widths: make([]int, len(ts))}
+	s := &cachedSchema{msg: bytes.Clone(b[:end]), names: make([]string, len(ts)), widths: make([]int, len(ts)), ctx: make([]bool, len(ts))}
 	for i, t := range ts {
-		s.names[i], s.widths[i] = t.Name, t.Width
+		s.names[i], s.widths[i], s.ctx[i] = t.Name, t.Width, t.Context
 	}
 	if fn, fts, ok := s.decode(b); !ok || !sameDecode(fn, fts, n, ts) {
 		return
@@ -328,7 +363,7 @@ func sameDecode(n1 int, ts1 []Tensor, n2 int, ts2 []Tensor) bool {
 	}
 	for i := range ts1 {
 		a, b := ts1[i], ts2[i]
-		if a.Name != b.Name || a.Width != b.Width || len(a.Data) != len(b.Data) || cap(a.Data) != cap(b.Data) {
+		if a.Name != b.Name || a.Width != b.Width || a.Context != b.Context || len(a.Data) != len(b.Data) || cap(a.Data) != cap(b.Data) {
 			return false
 		}
 		if len(a.Data) > 0 && &a.Data[0] != &b.Data[0] {

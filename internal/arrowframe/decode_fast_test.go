@@ -64,6 +64,9 @@ func describe(ts []Tensor) string {
 	s.WriteByte('[')
 	for _, t := range ts {
 		fmt.Fprintf(&s, " %q/%d len %d cap %d", t.Name, t.Width, len(t.Data), cap(t.Data))
+		if t.Context {
+			s.WriteString(" context")
+		}
 		if len(t.Data) > 0 {
 			fmt.Fprintf(&s, " at %p", &t.Data[0])
 		}
@@ -216,6 +219,7 @@ func frameCases(t testing.TB) []frameCase {
 		t.Fatal(err)
 	}
 	add("dlrm 270", dlrm, 1)
+	cs = append(cs, contextFrameCases(t)...)
 
 	for _, dir := range []string{"FuzzDecode", "FuzzDecodeFast"} {
 		files, _ := filepath.Glob(filepath.Join("testdata", "fuzz", dir, "*"))
@@ -591,6 +595,21 @@ func FuzzDecodeFastFields(f *testing.F) {
 	var slots [][]int
 	for _, s := range shapes[:5] {
 		b, err := Encode(s.n, shapeTensors(r, s.n, s.widths))
+		if err != nil {
+			f.Fatal(err)
+		}
+		at := locateBatch(f, b)
+		sl := []int{at.rows, at.bodyLength}
+		for i := range at.nNodes {
+			sl = append(sl, at.nodes+16*i, at.nodes+16*i+8)
+		}
+		for i := range at.nBufs {
+			sl = append(sl, at.bufs+16*i, at.bufs+16*i+8)
+		}
+		frames, slots = append(frames, b), append(slots, sl)
+	}
+	for _, s := range contextShapes[1:5] {
+		b, err := Encode(s.n, contextTensors(r, s.n, s.widths, s.ctx))
 		if err != nil {
 			f.Fatal(err)
 		}

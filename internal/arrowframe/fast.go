@@ -23,10 +23,10 @@ import (
 func AppendEncode(dst []byte, n int, ts []Tensor) ([]byte, error) {
 	cols := make([]Column, len(ts))
 	for i, t := range ts {
-		if t.Width <= 0 || len(t.Data) != n*t.Width {
-			return nil, fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), n, t.Width)
+		if t.Width <= 0 || len(t.Data) != t.rows(n)*t.Width {
+			return nil, fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), t.rows(n), t.Width)
 		}
-		cols[i] = Column{Name: t.Name, Width: t.Width}
+		cols[i] = Column{Name: t.Name, Width: t.Width, Context: t.Context}
 	}
 	out, views, err := AppendFrame(dst, n, cols)
 	if err != nil {
@@ -43,12 +43,16 @@ func AppendEncode(dst []byte, n int, ts []Tensor) ([]byte, error) {
 type Column struct {
 	Name  string
 	Width int
+	// Context: the column holds one row shared by every sample, its view
+	// Width floats (context.go).
+	Context bool
 }
 
 // AppendFrame lays out a frame of n samples of the columns in dst[:0]'s
 // storage (grown if needed) and returns it with one view per column: the
 // column's n*Width floats inside the frame, for the caller to fill before
-// sending (their contents are undefined until then). Filling the views in
+// sending (their contents are undefined until then; a Context column's
+// view is its one row). Filling the views in
 // place is what lets the embedding tier gather rows straight into the
 // frame it sends, with no copy between its lookup and the wire.
 func AppendFrame(dst []byte, n int, cols []Column) (frame []byte, views [][]float32, err error) {
@@ -65,17 +69,32 @@ func AppendFrame(dst []byte, n int, cols []Column) (frame []byte, views [][]floa
 		return nil, nil, err
 	}
 	// Body layout: per column, the list's validity (empty), the child's
-	// validity (empty), the child's values padded to 64 bytes.
+	// validity (empty), the child's values padded to 64 bytes; a context
+	// column has its run ends' validity (empty) and values (one int32,
+	// padded) first, and one row of values.
 	const align = 64
 	type buf struct{ off, len int64 }
-	bufs := make([]buf, 0, 3*len(cols))
+	bufs := make([]buf, 0, contextBuffers*len(cols))
+	nodes := make([]int64, 0, contextNodes*len(cols)) // field node lengths, in order
+	vals := make([]int, len(cols))                    // per column, its values' buffer
+	runEnds := make([]int, len(cols))                 // per context column, its run ends' buffer
 	var body int64
-	for _, c := range cols {
-		l := int64(4 * n * c.Width)
+	for i, c := range cols {
+		rows := int64(n)
+		if c.Context {
+			rows = 1
+			nodes = append(nodes, int64(n), 1)
+			runEnds[i] = len(bufs) + 1
+			bufs = append(bufs, buf{body, 0}, buf{body, 4})
+			body += align
+		}
+		l := 4 * rows * int64(c.Width)
+		nodes = append(nodes, rows, rows*int64(c.Width))
+		vals[i] = len(bufs) + 2
 		bufs = append(bufs, buf{body, 0}, buf{body, 0}, buf{body, l})
 		body += (l + align - 1) / align * align
 	}
-	b := flatbuffers.NewBuilder(128 + 48*len(cols))
+	b := flatbuffers.NewBuilder(128 + 16*len(bufs) + 16*len(nodes))
 	b.StartVector(16, len(bufs), 8)
 	for i := len(bufs) - 1; i >= 0; i-- {
 		b.Prep(8, 16)
@@ -83,18 +102,16 @@ func AppendFrame(dst []byte, n int, cols []Column) (frame []byte, views [][]floa
 		b.PrependInt64(bufs[i].off)
 	}
 	buffers := b.EndVector(len(bufs))
-	b.StartVector(16, 2*len(cols), 8)
-	for i := len(cols) - 1; i >= 0; i-- {
-		for _, length := range []int64{int64(n * cols[i].Width), int64(n)} { // child, then list (built backwards)
-			b.Prep(8, 16)
-			b.PrependInt64(0) // null_count
-			b.PrependInt64(length)
-		}
+	b.StartVector(16, len(nodes), 8)
+	for i := len(nodes) - 1; i >= 0; i-- { // built backwards
+		b.Prep(8, 16)
+		b.PrependInt64(0) // null_count
+		b.PrependInt64(nodes[i])
 	}
-	nodes := b.EndVector(2 * len(cols))
+	nodeVec := b.EndVector(len(nodes))
 	b.StartObject(5) // RecordBatch
 	b.PrependInt64Slot(0, int64(n), 0)
-	b.PrependUOffsetTSlot(1, nodes, 0)
+	b.PrependUOffsetTSlot(1, nodeVec, 0)
 	b.PrependUOffsetTSlot(2, buffers, 0)
 	rb := b.EndObject()
 	b.StartObject(5) // Message
@@ -121,9 +138,14 @@ func AppendFrame(dst []byte, n int, cols []Column) (frame []byte, views [][]floa
 	start := len(out)
 	out = out[:start+int(body)]
 	views = make([][]float32, len(cols))
-	for i := range cols {
-		off := start + int(bufs[3*i+2].off)
-		l := int(bufs[3*i+2].len)
+	for i, c := range cols {
+		if c.Context {
+			off := start + int(bufs[runEnds[i]].off)
+			binary.LittleEndian.PutUint32(out[off:], uint32(n))
+			clear(out[off+4 : off+align])
+		}
+		off := start + int(bufs[vals[i]].off)
+		l := int(bufs[vals[i]].len)
 		views[i] = bytesAsFloat32(out[off : off+l : off+l])
 		clear(out[off+l : off+l+pad(l, align)]) // padding bytes are zero, as Arrow asks
 	}
@@ -158,6 +180,9 @@ func schemaMessage(ts []Column) ([]byte, error) {
 		key.WriteString(t.Name)
 		key.WriteByte(0)
 		key.WriteString(strconv.Itoa(t.Width))
+		if t.Context {
+			key.WriteByte('c')
+		}
 		key.WriteByte(0)
 	}
 	if v, ok := schemas.Load(key.String()); ok {
@@ -167,7 +192,7 @@ func schemaMessage(ts []Column) ([]byte, error) {
 	// first message, the schema.
 	probe := make([]Tensor, len(ts))
 	for i, t := range ts {
-		probe[i] = Tensor{Name: t.Name, Width: t.Width, Data: make([]float32, t.Width)}
+		probe[i] = Tensor{Name: t.Name, Width: t.Width, Data: make([]float32, t.Width), Context: t.Context}
 	}
 	frame, err := encodeWithArrow(nil, 1, probe)
 	if err != nil {

@@ -75,7 +75,7 @@ func BenchmarkEncodeAppend270(b *testing.B) {
 func TestAppendFrameInPlace(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, n := range []int{1, 5, 270} {
-		cols := []Column{{"dense", 13}, {"emb/0", 16}, {"emb/1", 3}}
+		cols := []Column{{Name: "dense", Width: 13}, {Name: "emb/0", Width: 16}, {Name: "emb/1", Width: 3}}
 		ts := make([]Tensor, len(cols))
 		for i, c := range cols {
 			d := make([]float32, n*c.Width)
@@ -108,7 +108,7 @@ func TestAppendFrameInPlace(t *testing.T) {
 	for _, bad := range []struct {
 		n    int
 		cols []Column
-	}{{0, []Column{{"a", 1}}}, {3, []Column{{"a", 0}}}} {
+	}{{0, []Column{{Name: "a", Width: 1}}}, {3, []Column{{Name: "a", Width: 0}}}} {
 		if _, _, err := AppendFrame(nil, bad.n, bad.cols); err == nil {
 			t.Errorf("AppendFrame(%d, %v) accepted", bad.n, bad.cols)
 		}

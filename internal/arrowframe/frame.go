@@ -2,7 +2,9 @@
 // tier to the dense tier: one Arrow IPC stream holding one record batch,
 // one FixedSizeList<float32>[width] column per tensor, one row per
 // sample. The buffers are the tensors' raw little-endian floats; Encode
-// wraps them without copying element by element.
+// wraps them without copying element by element. A context tensor (the
+// same values for every sample: context.go) travels once, as a
+// run-end encoded column of one run.
 package arrowframe
 
 import (
@@ -23,7 +25,18 @@ import (
 type Tensor struct {
 	Name  string
 	Width int
-	Data  []float32 // n*Width, sample-major
+	Data  []float32 // n*Width, sample-major; Width when Context
+	// Context: every sample holds the same Width values, Data's only
+	// row; the frame carries that row once (context.go).
+	Context bool
+}
+
+// rows is how many rows of t's values the frame carries for n samples.
+func (t Tensor) rows(n int) int {
+	if t.Context {
+		return 1
+	}
+	return n
 }
 
 // Encode frames n samples of the tensors.
@@ -43,20 +56,31 @@ func encodeWithArrow(dst []byte, n int, ts []Tensor) ([]byte, error) {
 		}
 	}()
 	for i, t := range ts {
-		if t.Width <= 0 || len(t.Data) != n*t.Width {
-			return nil, fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), n, t.Width)
+		if t.Width <= 0 || len(t.Data) != t.rows(n)*t.Width {
+			return nil, fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), t.rows(n), t.Width)
 		}
 		lt := arrow.FixedSizeListOfNonNullable(int32(t.Width), arrow.PrimitiveTypes.Float32)
-		fields[i] = arrow.Field{Name: t.Name, Type: lt}
 		var raw []byte
 		if len(t.Data) > 0 {
 			raw = leview.Bytes(t.Data)
 		}
 		vals := array.NewData(arrow.PrimitiveTypes.Float32, len(t.Data), []*memory.Buffer{nil, memory.NewBufferBytes(raw)}, nil, 0, 0)
-		list := array.NewData(lt, n, []*memory.Buffer{nil}, []arrow.ArrayData{vals}, 0, 0)
-		cols[i] = array.NewFixedSizeListData(list)
+		list := array.NewData(lt, t.rows(n), []*memory.Buffer{nil}, []arrow.ArrayData{vals}, 0, 0)
 		vals.Release()
+		if !t.Context {
+			fields[i] = arrow.Field{Name: t.Name, Type: lt}
+			cols[i] = array.NewFixedSizeListData(list)
+			list.Release()
+			continue
+		}
+		rt := contextType(t.Width)
+		fields[i] = arrow.Field{Name: t.Name, Type: rt}
+		ends := array.NewData(arrow.PrimitiveTypes.Int32, 1, []*memory.Buffer{nil, memory.NewBufferBytes(binary.LittleEndian.AppendUint32(nil, uint32(n)))}, nil, 0, 0)
+		ree := array.NewData(rt, n, []*memory.Buffer{nil}, []arrow.ArrayData{ends, list}, 0, 0)
+		cols[i] = array.NewRunEndEncodedData(ree)
+		ends.Release()
 		list.Release()
+		ree.Release()
 	}
 	schema := arrow.NewSchema(fields, nil)
 	rec := array.NewRecordBatch(schema, cols, int64(n))
@@ -81,7 +105,9 @@ func encodeWithArrow(dst []byte, n int, ts []Tensor) ([]byte, error) {
 func rowBytes(ts []Tensor) int {
 	b := 0
 	for _, t := range ts {
-		b += 4 * t.Width
+		if !t.Context {
+			b += 4 * t.Width
+		}
 	}
 	return b
 }
@@ -139,9 +165,17 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 	rec := r.RecordBatch()
 	n = int(rec.NumRows())
 	for i, f := range rec.Schema().Fields() {
+		if rt, ok := f.Type.(*arrow.RunEndEncodedType); ok {
+			t, err := contextColumn(f.Name, rt, rec.Column(i), n)
+			if err != nil {
+				return 0, nil, err
+			}
+			ts = append(ts, t)
+			continue
+		}
 		lt, ok := f.Type.(*arrow.FixedSizeListType)
 		if !ok || lt.Elem().ID() != arrow.FLOAT32 {
-			return 0, nil, fmt.Errorf("%w: column %q is %s, want fixed_size_list<float32>", ErrMalformed, f.Name, f.Type)
+			return 0, nil, fmt.Errorf("%w: column %q is %s, want fixed_size_list<float32> (or, for a context column, run_end_encoded<int32, fixed_size_list<float32>>)", ErrMalformed, f.Name, f.Type)
 		}
 		list := rec.Column(i).(*array.FixedSizeList)
 		if list.NullN() > 0 {

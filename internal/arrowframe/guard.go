@@ -63,9 +63,11 @@ func checkMeta(meta []byte) (err error) {
 			return fmt.Errorf("%w: compressed frames are not accepted", ErrMalformed)
 		}
 		// Every row of a FixedSizeList<float32> column takes at least 4
-		// body bytes, so a batch cannot have more rows than that allows.
+		// body bytes, so a batch cannot have more rows than that allows;
+		// a frame of context columns only (one row of values each,
+		// context.go) may hold up to maxContextRows rows in any body.
 		body := msg.GetInt64Slot(msgBodyLength, 0)
-		if l := hdr.GetInt64Slot(rbLength, 0); l < 0 || l > body/4+1 {
+		if l := hdr.GetInt64Slot(rbLength, 0); l < 0 || l > max(body/4+1, maxContextRows) {
 			return fmt.Errorf("%w: record batch of %d rows in a body of %d bytes", ErrMalformed, l, body)
 		}
 		if _, err := vector(&hdr, rbNodes, 16); err != nil {

@@ -12,7 +12,7 @@ import (
 func Inputs(b *models.Batch) []ort.Input {
 	in := make([]ort.Input, len(b.Sig.Inputs))
 	for i, spec := range b.Sig.Inputs {
-		in[i] = ort.Input{Name: spec.Name, Shape: spec.Shape(b.N), Float32: b.Columns[i].F32, Int64: b.Columns[i].I64}
+		in[i] = ort.Input{Name: spec.Name, Shape: b.Shape(i), Float32: b.Columns[i].F32, Int64: b.Columns[i].I64}
 	}
 	return in
 }

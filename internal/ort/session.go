@@ -130,6 +130,58 @@ func (s *Session) OutputNames() []string {
 // outputs come back as float32 slices in OutputNames order. The returned
 // slices are owned by the caller.
 func (s *Session) Run(in []Input) ([][]float32, error) {
+	outs, err := s.run(in)
+	if err != nil {
+		return nil, err
+	}
+	defer destroy(outs)
+	res := make([][]float32, len(outs))
+	for i, o := range outs {
+		t, ok := o.(*ort.Tensor[float32])
+		if !ok {
+			return nil, fmt.Errorf("run %q: output %q is not float32", s.path, s.outputs[i].Name)
+		}
+		res[i] = append([]float32(nil), t.GetData()...)
+	}
+	return res, nil
+}
+
+// RunInt64 is Run for a model whose outputs are integers (int64, or
+// int32 widened): a pre-lookup subgraph's ids.
+func (s *Session) RunInt64(in []Input) ([][]int64, error) {
+	outs, err := s.run(in)
+	if err != nil {
+		return nil, err
+	}
+	defer destroy(outs)
+	res := make([][]int64, len(outs))
+	for i, o := range outs {
+		switch t := o.(type) {
+		case *ort.Tensor[int64]:
+			res[i] = append([]int64(nil), t.GetData()...)
+		case *ort.Tensor[int32]:
+			res[i] = make([]int64, len(t.GetData()))
+			for k, v := range t.GetData() {
+				res[i][k] = int64(v)
+			}
+		default:
+			return nil, fmt.Errorf("run %q: output %q is not int64 or int32", s.path, s.outputs[i].Name)
+		}
+	}
+	return res, nil
+}
+
+func destroy(vs []ort.Value) {
+	for _, v := range vs {
+		if v != nil {
+			v.Destroy()
+		}
+	}
+}
+
+// run feeds in to the session and returns its outputs, which the
+// caller destroys.
+func (s *Session) run(in []Input) ([]ort.Value, error) {
 	byName := make(map[string]*Input, len(in))
 	for i := range in {
 		byName[in[i].Name] = &in[i]
@@ -183,21 +235,7 @@ func (s *Session) Run(in []Input) ([][]float32, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run %q: %w", s.path, err)
 	}
-	res := make([][]float32, len(outs))
-	for i, o := range outs {
-		t, ok := o.(*ort.Tensor[float32])
-		if !ok {
-			for _, o := range outs {
-				o.Destroy()
-			}
-			return nil, fmt.Errorf("run %q: output %q is not float32", s.path, s.outputs[i].Name)
-		}
-		res[i] = append([]float32(nil), t.GetData()...)
-	}
-	for _, o := range outs {
-		o.Destroy()
-	}
-	return res, nil
+	return outs, nil
 }
 
 // Close frees the session. It is safe to call more than once.

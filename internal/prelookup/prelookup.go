@@ -25,6 +25,9 @@ type step struct {
 	op    plan.PreOp
 	width int // values per sample before the op
 	inner int // values per index of axis 0 (column, slice)
+	// i32: the values are int32 before the op (an int32 input, or a cast
+	// to int32), so add and sub wrap at 32 bits as ONNX int32 does.
+	i32 bool
 }
 
 // Compile checks ops against the input in (per-sample shape fully
@@ -57,7 +60,10 @@ func Compile(in plan.TensorInfo, ops []plan.PreOp) (*Program, error) {
 	}
 	p.InWidth = width(shape)
 	for _, op := range ops {
-		st := step{op: op, width: width(shape)}
+		st := step{op: op, width: width(shape), i32: dtype == "int32"}
+		if op.Op == plan.PreCast {
+			dtype = op.To
+		}
 		// Every copy stays inside its sample (PreShape bounded the
 		// shapes; this keeps Run from slicing out of range whatever
 		// reached it).
@@ -157,8 +163,14 @@ func (p *Program) Run(n int, f32 []float32, i64 []int64) ([]int64, error) {
 				switch op.Op {
 				case plan.PreAdd:
 					iv[i] += b
+					if st.i32 {
+						iv[i] = int64(int32(iv[i]))
+					}
 				case plan.PreSub:
 					iv[i] -= b
+					if st.i32 {
+						iv[i] = int64(int32(iv[i]))
+					}
 				default:
 					r := iv[i] % b
 					if r != 0 && (r < 0) != (b < 0) {

@@ -1,6 +1,7 @@
 package prelookup
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -34,6 +35,23 @@ func TestRun(t *testing.T) {
 			ops: []plan.PreOp{{Op: plan.PreCast, To: "int64"}}, n: 1, f32: []float32{float32(nan())}, err: "not an integer in range"},
 		{name: "cast int32 wraps", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{1}},
 			ops: []plan.PreOp{{Op: plan.PreCast, To: "int32"}}, n: 2, i64: []int64{1 << 32, 1<<32 + 5}, want: []int64{0, 5}},
+		// ONNX int32 Add and Sub wrap at 32 bits (review finding: the
+		// native ops computed in int64 after a cast to int32).
+		{name: "add after cast to int32 wraps", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2}},
+			ops: []plan.PreOp{{Op: plan.PreCast, To: "int32"}, {Op: plan.PreAdd, Values: []int64{10}}}, n: 1,
+			i64: []int64{math.MaxInt32 - 5, 7}, want: []int64{math.MinInt32 + 4, 17}},
+		{name: "sub after cast to int32 wraps", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{1}},
+			ops: []plan.PreOp{{Op: plan.PreCast, To: "int32"}, {Op: plan.PreSub, Values: []int64{1}}}, n: 1,
+			i64: []int64{math.MinInt32}, want: []int64{math.MaxInt32}},
+		{name: "int32 input offsets wrap", in: plan.TensorInfo{Name: "x", DType: "int32", Shape: []int64{2}},
+			ops: []plan.PreOp{{Op: plan.PreAdd, Values: []int64{0, 100}}}, n: 1,
+			i64: []int64{5, math.MaxInt32}, want: []int64{5, math.MinInt32 + 99}},
+		{name: "cast back to int64 stops wrapping", in: plan.TensorInfo{Name: "x", DType: "int32", Shape: []int64{1}},
+			ops: []plan.PreOp{{Op: plan.PreCast, To: "int64"}, {Op: plan.PreAdd, Values: []int64{100}}}, n: 1,
+			i64: []int64{math.MaxInt32}, want: []int64{math.MaxInt32 + 100}},
+		{name: "float cast to int32 then add wraps", in: plan.TensorInfo{Name: "x", DType: "float32", Shape: []int64{1}},
+			ops: []plan.PreOp{{Op: plan.PreCast, To: "int32"}, {Op: plan.PreAdd, Values: []int64{1 << 30}}}, n: 1,
+			f32: []float32{1 << 31}, want: []int64{math.MinInt32 + 1<<30}},
 		{name: "offsets", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{3}},
 			ops: []plan.PreOp{{Op: plan.PreAdd, Values: []int64{0, 10, 30}}}, n: 2, i64: []int64{1, 2, 3, 4, 5, 6}, want: []int64{1, 12, 33, 4, 15, 36}},
 		{name: "sub one", in: plan.TensorInfo{Name: "x", DType: "int64", Shape: []int64{2}},

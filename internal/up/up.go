@@ -37,15 +37,25 @@ type Config struct {
 	Plans []string
 	// DB is the embedding store folder (default: prism-db beside the
 	// first plan); embedding worker i > 0 gets DB-i, since Pebble locks
-	// its folder.
+	// its folder. With a sharded plan (prism shard) it is the parent
+	// folder of the shards' stores (ShardDB: DB/shard-K, DB/shard-K-R),
+	// which up ingests (shard.go).
 	DB string
 	// Addr is the router's address.
 	Addr string
 	// DenseWorkers: 0 is one per GPU or MIG slice, or without a driver
 	// one per CPU this process may use (GOMAXPROCS); more than the
 	// devices share them round-robin.
-	DenseWorkers     int
+	DenseWorkers int
+	// EmbeddingWorkers is how many embedding workers serve the models;
+	// with a sharded plan Run sets it to shards x Replicas.
 	EmbeddingWorkers int
+	// Replicas is how many embedding workers serve each shard of a
+	// sharded plan (0: 1); unused without sharding.
+	Replicas int
+	// shards is the sharded plans' shard count (Run sets it; 0: none
+	// is sharded).
+	shards int
 	// Threads are ONNX Runtime's threads per dense worker.
 	Threads    int
 	MicroBatch int
@@ -121,15 +131,29 @@ func Run(ctx context.Context, c Config) error {
 		c.NVML = nvml.New()
 	}
 	var models []string
+	var plans []*plan.Plan
 	for _, p := range c.Plans {
 		pl, err := plan.Read(p)
 		if err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
 		models = append(models, pl.Model.Name)
+		plans = append(plans, pl)
 	}
 	if c.DB == "" {
 		c.DB = filepath.Join(filepath.Dir(filepath.Clean(c.Plans[0])), "prism-db")
+	}
+	shardedList, shards, err := shardedPlans(c.Plans, plans)
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	if shards > 0 {
+		c.shards = shards
+		c.Replicas = max(c.Replicas, 1)
+		if c.EmbeddingWorkers != 1 && c.EmbeddingWorkers != shards*c.Replicas {
+			fmt.Fprintf(c.Stderr, "up: the models are sharded into %d shards: %d embedding workers (%d per shard, --replicas), not %d\n", shards, shards*c.Replicas, c.Replicas, c.EmbeddingWorkers)
+		}
+		c.EmbeddingWorkers = shards * c.Replicas
 	}
 	var dialCreds grpc.DialOption
 	if c.Insecure {
@@ -138,7 +162,7 @@ func Run(ctx context.Context, c Config) error {
 		if c.Certs == "" {
 			c.Certs = filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "certs")
 		}
-		made, layout, err := EnsureCerts(c.Certs, c.Addr)
+		made, layout, err := ensureCerts(c.Certs, c.Addr, certInstances(c))
 		if err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
@@ -146,6 +170,9 @@ func Run(ctx context.Context, c Config) error {
 			fmt.Fprintf(c.Stderr, "up: made a development CA and certificates in %s\n", c.Certs)
 		}
 		c.flatCerts = layout == auth.Flat
+		if _, err := os.Stat(auth.InstanceDir(c.Certs, auth.Embedding, 0)); err != nil {
+			fmt.Fprintf(c.Stderr, "prism: warning: %s has no per-worker certificates: the workers of a role share one identity, and one could take over another's id at the router (make a folder with prism certs init --instances N)\n", c.Certs)
+		}
 		// up lists the registry as admin.
 		admin, err := auth.ResolveCerts(c.Certs, auth.Admin)
 		if err != nil {
@@ -166,6 +193,17 @@ func Run(ctx context.Context, c Config) error {
 			return fmt.Errorf("up: %w", err)
 		}
 		c.Exe = exe
+	}
+	if len(shardedList) > 0 {
+		// Before any child: each shard's store must hold its shard when
+		// its worker starts (a worker ingests a missing plan whole).
+		if err := ingestShards(ctx, c, shardedList); err != nil {
+			if ctx.Err() != nil {
+				fmt.Fprintln(c.Stderr, "up: stopping")
+				return nil
+			}
+			return fmt.Errorf("up: %w", err)
+		}
 	}
 	var spec loan.Spec
 	metrics := &routerMetricsWatch{w: c.Stdout}
@@ -269,7 +307,8 @@ func DenseWorkers(disc devices.Discovery, n, cpus int) []devices.Worker {
 
 // Children are the worker processes up starts after the router: the
 // dense workers (pinned to their devices by env), then the embedding
-// workers, each with its own store folder.
+// workers, each with its own store folder (with sharding, shard by
+// shard: worker i is replica i mod Replicas of shard i / Replicas).
 func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.Child {
 	var planArgs []string
 	for _, p := range c.Plans {
@@ -277,7 +316,7 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 	}
 	var out []*supervise.Child
 	for i, w := range dense {
-		args := append([]string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch), "--max-delay", c.MaxDelay.String()}, tlsArgs(c, auth.Dense)...)
+		args := append([]string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch), "--max-delay", c.MaxDelay.String()}, workerTLSArgs(c, auth.Dense, i)...)
 		if c.BatchOrder != "" {
 			args = append(args, "--batch-order", c.BatchOrder)
 		}
@@ -285,11 +324,8 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: args, Env: w.Env})
 	}
 	for i := range c.EmbeddingWorkers {
-		db := c.DB
-		if i > 0 {
-			db = fmt.Sprintf("%s-%d", c.DB, i)
-		}
-		args := append([]string{"serve", "embedding", "--router", routerAddr, "--db", db}, tlsArgs(c, auth.Embedding)...)
+		db := embeddingDB(c, i)
+		args := append([]string{"serve", "embedding", "--router", routerAddr, "--db", db}, workerTLSArgs(c, auth.Embedding, i)...)
 		args = append(args, planArgs...)
 		if c.HotBytes != "" {
 			args = append(args, "--hot-bytes", c.HotBytes)
@@ -311,12 +347,41 @@ func tlsArgs(c Config, r auth.Role) []string {
 	return []string{"--certs", auth.RoleDir(c.Certs, r)}
 }
 
+// workerTLSArgs are the TLS flags of worker i of role r: its own
+// certificate's folder (Certs/ROLE-I, certs init --instances) when
+// there is one, so that the router binds its id to it alone; else the
+// role's folder, which every worker of the role shares.
+func workerTLSArgs(c Config, r auth.Role, i int) []string {
+	args := tlsArgs(c, r)
+	if !c.Insecure && !c.flatCerts {
+		d := auth.InstanceDir(c.Certs, r, i)
+		if _, err := os.Stat(auth.FolderFiles(d).Cert); err == nil {
+			args = []string{"--certs", d}
+		}
+	}
+	return args
+}
+
+// certInstances is how many certificates per worker role up makes
+// when it makes the certificate folder: enough for every worker it
+// starts (one dense worker per CPU without a driver); a worker beyond
+// them (more GPUs than that) gets its role's shared certificate.
+func certInstances(c Config) int {
+	return max(c.EmbeddingWorkers, c.DenseWorkers, runtime.GOMAXPROCS(0), 8)
+}
+
 // EnsureCerts makes a development CA and certificates in dir when it is
 // absent or empty (valid for loopback and addr's host), and checks that
 // a folder it did not make holds every role's files: a prism certs init
 // folder (auth.InitRoot), or one of the old flat layout (auth.Flat), not
 // one role's folder. made says whether it made them.
 func EnsureCerts(dir, addr string) (made bool, layout auth.Layout, err error) {
+	return ensureCerts(dir, addr, 0)
+}
+
+// ensureCerts is EnsureCerts making instances certificates of their own
+// per worker role (auth.CertOptions.Instances) when it makes them.
+func ensureCerts(dir, addr string, instances int) (made bool, layout auth.Layout, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, 0, fmt.Errorf("certificates: %w", err)
@@ -330,7 +395,7 @@ func EnsureCerts(dir, addr string) (made bool, layout auth.Layout, err error) {
 				}
 			}
 		}
-		if err := auth.InitCerts(dir, auth.CertOptions{Hosts: hosts}); err != nil {
+		if err := auth.InitCerts(dir, auth.CertOptions{Hosts: hosts, Instances: instances}); err != nil {
 			return false, 0, err
 		}
 		return true, auth.InitRoot, nil

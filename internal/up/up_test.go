@@ -1,6 +1,7 @@
 package up
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/plan"
 )
 
 func TestDenseWorkers(t *testing.T) {
@@ -138,5 +140,38 @@ func TestEnsureCerts(t *testing.T) {
 				t.Fatalf("made %v, layout %v, err %v", made, layout, err)
 			}
 		})
+	}
+}
+
+// With sharding, embedding worker i is replica i mod Replicas of shard
+// i / Replicas, each on its own store under DB.
+func TestChildrenSharded(t *testing.T) {
+	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 4, Replicas: 2, shards: 2, Insecure: true}
+	var dbs []string
+	for _, k := range Children(c, "127.0.0.1:9", nil) {
+		i := slices.Index(k.Args, "--db")
+		dbs = append(dbs, k.Name+" "+k.Args[i+1])
+	}
+	want := []string{"embedding0 db/shard-0", "embedding1 db/shard-0-1", "embedding2 db/shard-1", "embedding3 db/shard-1-1"}
+	if !slices.Equal(dbs, want) {
+		t.Fatalf("embedding workers %v, want %v", dbs, want)
+	}
+}
+
+// Sharded plans must agree on their shard count; unsharded ones beside
+// them are served whole.
+func TestShardedPlans(t *testing.T) {
+	sh := func(n int) *plan.Plan {
+		return &plan.Plan{Model: plan.ModelInfo{Name: fmt.Sprint("m", n)}, Sharding: &plan.Sharding{Shards: n}}
+	}
+	got, n, err := shardedPlans([]string{"a", "b", "c"}, []*plan.Plan{sh(3), {}, sh(3)})
+	if err != nil || n != 3 || len(got) != 2 || got[1].dir != "c" {
+		t.Fatalf("%v %d %v", got, n, err)
+	}
+	if _, _, err := shardedPlans([]string{"a", "b"}, []*plan.Plan{sh(3), sh(2)}); err == nil {
+		t.Fatal("plans of 3 and 2 shards taken together")
+	}
+	if _, n, err := shardedPlans([]string{"a"}, []*plan.Plan{{}}); n != 0 || err != nil {
+		t.Fatalf("an unsharded plan: %d shards, %v", n, err)
 	}
 }

@@ -33,6 +33,7 @@ type flags struct {
 	watchBorrowed                        string
 	target, model, preset, planDir, onnx string
 	context                              []string
+	expandContext                        bool
 	fake                                 bool
 	pool                                 int
 
@@ -93,6 +94,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.StringVar(&f.planDir, "plan", "", "take the model's inputs from this plan folder")
 	fl.StringVar(&f.onnx, "onnx", "", "take the model's inputs from this ONNX file")
 	fl.StringSliceVar(&f.context, "context-inputs", nil, "inputs sent once per request as the user context (default: all per candidate)")
+	fl.BoolVar(&f.expandContext, "expand-context", false, "send the --context-inputs per candidate, each candidate repeating the request's context values: the same requests without the user context")
 	fl.IntVar(&f.pool, "pool", 0, "build this many requests before the run and cycle through them (0: draw every request during the run)")
 	fl.BoolVar(&f.fake, "fake", false, "benchmark the generator itself: target an in-process Recommender that answers at once with zero scores (not a model)")
 	fl.StringVar(&f.arrival, "arrival", "poisson", "arrival process: constant, poisson, promotion or trace")
@@ -148,7 +150,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		return fmt.Errorf("loadgen: %w", err)
 	}
 	newRequests := func() (*loadgen.Requests, error) {
-		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Pool: f.pool}
+		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, ExpandContext: f.expandContext, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Pool: f.pool}
 		if f.criteo != "" {
 			file, err := os.Open(f.criteo)
 			if err != nil {

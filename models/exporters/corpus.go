@@ -9,11 +9,11 @@ const dim = 4
 
 // Corpus returns every pattern's model, built from seed.
 func Corpus(seed uint64) []*Model {
-	return []*Model{
+	return append([]*Model{
 		selectEmbedding(seed), unbindSplit(seed), splitOpset11(seed), sliceNarrow(seed),
 		torchrecFused(seed), singleFloatInput(seed), idArithmetic(seed), foldedTables(seed),
 		int32IDs(seed),
-	}
+	}, append(append(Fallback(seed), LoopBags(seed)...), DynamoBags(seed)...)...) // fallback.go: id work for pre.onnx; loopbag.go: EmbeddingBag with offsets
 }
 
 // ByName returns the corpus or broken-twin model called name, or nil.

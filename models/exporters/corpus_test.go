@@ -66,9 +66,10 @@ func TestCorpusMatchesReference(t *testing.T) {
 	}
 }
 
-// TestEmbeddingBagLoopRuns: the exporters' Loop form of EmbeddingBag is
-// a valid model ONNX Runtime runs (one score per bag), so the error the
-// partitioner gives for it is about Prism's inputs, not a bad fixture.
+// TestEmbeddingBagLoopRuns: the TorchScript Loop form of EmbeddingBag
+// and its broken twin are valid models ONNX Runtime runs (one score per
+// bag), so the error the partitioner gives the twin is about the
+// pattern, not a bad fixture.
 func TestEmbeddingBagLoopRuns(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 type Chain struct {
 	Plan   *plan.Plan
 	cpu    *ort.Session
+	pre    *ort.Session // pre.onnx, run as the embedding tier runs it (pre.go)
 	dense  *ort.Session
 	tables map[string][]float32
 	inputs map[string]planpkg.TensorInfo
@@ -44,6 +45,16 @@ func Open(dir string, so ort.SessionOptions) (*Chain, error) {
 			return nil, err
 		}
 		if c.cpu, err = ort.NewSession(path, so); err != nil {
+			return nil, err
+		}
+	}
+	if plan.PreModel != "" {
+		path, err := planFile(dir, plan.PreModel)
+		if err == nil {
+			c.pre, err = ort.NewSession(path, so)
+		}
+		if err != nil {
+			c.Close()
 			return nil, err
 		}
 	}
@@ -91,6 +102,9 @@ func (c *Chain) Close() {
 	if c.dense != nil {
 		c.dense.Close()
 	}
+	if c.pre != nil {
+		c.pre.Close()
+	}
 }
 
 // tensor is a named value in flight between the stages.
@@ -105,11 +119,25 @@ type tensor struct {
 func (c *Chain) Run(b *models.Batch) ([][]float32, error) {
 	vals := map[string]tensor{}
 	for i, in := range b.Sig.Inputs {
-		vals[in.Name] = tensor{shape: in.Shape(b.N), f32: b.Columns[i].F32, i64: b.Columns[i].I64}
+		vals[in.Name] = tensor{shape: b.Shape(i), f32: b.Columns[i].F32, i64: b.Columns[i].I64}
+	}
+	if err := c.runPre(vals, b.N); err != nil {
+		return nil, err
 	}
 	for _, t := range c.Plan.Tables {
 		for _, l := range t.Lookups {
 			ids := vals[l.Input].i64
+			if l.Offsets != "" {
+				out, err := JaggedLookup(c.tables[t.Name], t, l, b.N, ids, vals[l.Offsets].i64, vals[l.Weights].f32)
+				if err != nil {
+					return nil, err
+				}
+				vals[l.Output] = out
+				continue
+			}
+			if l.PreOutput != "" {
+				ids = vals[l.PreOutput].i64
+			}
 			if len(l.Pre) > 0 {
 				prog, err := prelookup.Compile(c.inputs[l.Input], l.Pre)
 				if err != nil {

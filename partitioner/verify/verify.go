@@ -59,7 +59,7 @@ func signature(meta *pb.ModelProto, dir string) (models.Signature, error) {
 	if perr == nil {
 		for _, t := range p.Tables {
 			for _, l := range t.Lookups {
-				pre = pre || len(l.Pre) > 0
+				pre = pre || len(l.Pre) > 0 || l.Offsets != "" || l.PreOutput != ""
 			}
 		}
 	}

@@ -1,0 +1,137 @@
+package up
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/plan"
+)
+
+// A plan with a sharding section (prism shard) is served by
+// shards x Config.Replicas embedding workers: replica r of shard k has
+// a store of its own (Pebble locks its folder), ShardDB(DB, k, r), into
+// which up ingests shard k of every sharded plan (prism ingest --shard
+// K as a child process) unless the store already holds it. DB is then
+// the parent folder of the shards' stores, not a store itself. A plan
+// without sharding served beside a sharded one is ingested whole by
+// each of these workers at its start, as up's workers always do.
+
+// sharded is a sharded plan up serves.
+type sharded struct {
+	dir, model string
+	shards     int
+}
+
+// shardedPlans are the sharded plans among plans (read from dirs), and
+// their common shard count (0: none is sharded). Sharded plans with
+// different shard counts cannot share embedding workers: an error.
+func shardedPlans(dirs []string, plans []*plan.Plan) (out []sharded, shards int, err error) {
+	for i, p := range plans {
+		if p.Sharding == nil || p.Sharding.Shards < 1 {
+			continue
+		}
+		name := p.Model.Name
+		if name == "" {
+			name = filepath.Base(filepath.Clean(dirs[i]))
+		}
+		if shards != 0 && p.Sharding.Shards != shards {
+			return nil, 0, fmt.Errorf("model %q is sharded into %d shards, %q into %d: one prism up runs one sharding (serve them with two)", out[0].model, shards, name, p.Sharding.Shards)
+		}
+		shards = p.Sharding.Shards
+		out = append(out, sharded{dir: dirs[i], model: name, shards: shards})
+	}
+	return out, shards, nil
+}
+
+// ShardDB is the store folder of replica r of shard k under the parent
+// folder db: db/shard-K for the first replica, db/shard-K-R for the
+// others.
+func ShardDB(db string, k, r int) string {
+	if r == 0 {
+		return filepath.Join(db, fmt.Sprintf("shard-%d", k))
+	}
+	return filepath.Join(db, fmt.Sprintf("shard-%d-%d", k, r))
+}
+
+// embeddingDB is the store folder of embedding worker i: with sharding
+// replica i mod Replicas of shard i / Replicas, else DB for the first
+// and DB-i for the others.
+func embeddingDB(c Config, i int) string {
+	if c.shards > 0 {
+		r := max(c.Replicas, 1)
+		return ShardDB(c.DB, i/r, i%r)
+	}
+	if i == 0 {
+		return c.DB
+	}
+	return fmt.Sprintf("%s-%d", c.DB, i)
+}
+
+// checkShardParent refuses a DB that is itself a store (an unsharded
+// prism up used it): the shards' stores go in folders below it.
+func checkShardParent(db string) error {
+	if _, err := os.Stat(db); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if isStore(db) {
+		return fmt.Errorf("%s is an embedding store (of an unsharded model?); a sharded model needs a folder for its shards' stores (db/shard-K): give another --db", db)
+	}
+	return nil
+}
+
+// isStore says whether dir holds a Pebble store (its OPTIONS file, or
+// the CURRENT of older formats).
+func isStore(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, "CURRENT")); err == nil {
+		return true
+	}
+	m, _ := filepath.Glob(filepath.Join(dir, "OPTIONS-*"))
+	return len(m) > 0
+}
+
+// holdsShard says whether the store in dir holds shard k of shards of
+// model as its active version.
+func holdsShard(dir, model string, k, shards int) bool {
+	if !isStore(dir) {
+		return false
+	}
+	st, err := store.Open(dir, &store.Options{HotBytes: -1, ReadOnly: true})
+	if err != nil {
+		return false
+	}
+	defer st.Close()
+	ref, ok, err := st.Shard(model)
+	return err == nil && ok && ref.Shard == k && ref.Shards == shards
+}
+
+// ingestShards ingests, for every replica of every shard, the shard of
+// each sharded plan its store does not hold yet, one prism ingest
+// --shard K child at a time (their progress and reports on Stderr).
+func ingestShards(ctx context.Context, c Config, plans []sharded) error {
+	if err := checkShardParent(c.DB); err != nil {
+		return err
+	}
+	for i := range c.EmbeddingWorkers {
+		r := max(c.Replicas, 1)
+		k := i / r
+		db := embeddingDB(c, i)
+		for _, p := range plans {
+			if holdsShard(db, p.model, k, p.shards) {
+				continue
+			}
+			fmt.Fprintf(c.Stderr, "up: ingesting shard %d of %d of model %q into %s\n", k, p.shards, p.model, db)
+			cmd := exec.CommandContext(ctx, c.Exe, "ingest", p.dir, "--db", db, "--shard", fmt.Sprint(k))
+			cmd.Stdout, cmd.Stderr = c.Stderr, c.Stderr
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("ingest shard %d of model %q into %s: %w", k, p.model, db, err)
+			}
+		}
+	}
+	return nil
+}

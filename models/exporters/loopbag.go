@@ -1,0 +1,257 @@
+package exporters
+
+import (
+	"math"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+	"github.com/prism-serve/prism/models"
+)
+
+// LoopBags are nn.EmbeddingBag called with 1-D indices and offsets, as
+// the TorchScript exporter writes it (torch/onnx/symbolic_helper.py
+// _embedding_bag_helper): a Loop over the bags whose body slices the
+// bag's ids out of the indices by offsets[i]:offsets[i+1], gathers
+// their rows from the table, scales them by the bag's per-sample
+// weights when given, and reduces them over axis 0. Each model pools
+// by sum, mean or max, with include_last_offset False (offsets
+// completed with len(indices) by a Concat) or True, and concatenates
+// the bags with two dense features before the score.
+func LoopBags(seed uint64) []*Model {
+	return []*Model{
+		loopBag(seed, "ts-embedding-bag-sum", "sum", 13, false, false),
+		loopBag(seed, "ts-embedding-bag-mean-last-offset", "mean", 13, true, false),
+		loopBag(seed, "ts-embedding-bag-max-opset18", "max", 18, false, false),
+		loopBag(seed, "ts-embedding-bag-weighted-last-offset", "sum", 13, true, true),
+	}
+}
+
+// loopBag builds one EmbeddingBag Loop model (opset 11 to 18: the axes
+// of ReduceSum an input from 13, of ReduceMean and ReduceMax from 18).
+func loopBag(seed uint64, name, mode string, opset int64, last, weighted bool) *Model {
+	m := &Model{Name: name, Source: "torch/onnx/symbolic_helper.py: _embedding_bag_helper (opset 11 to 18)"}
+	b := newBuilder("main_graph", opset, seed)
+	indices := b.input("indices", pb.TensorProto_INT64)
+	offsets := b.input("offsets", pb.TensorProto_INT64)
+	// indices (and the weights) hold every bag's ids: their dimension is
+	// not the batch, the offsets' is.
+	b.g.Input[0].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "indices_dynamic_axes_1"}
+	var psw string
+	if weighted {
+		psw = b.input("per_sample_weights", pb.TensorProto_FLOAT)
+		b.g.Input[2].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "indices_dynamic_axes_1"}
+	}
+	dense := b.input("dense", pb.TensorProto_FLOAT, 2)
+	const rows = 40
+	tab := b.table("embedding_bag.weight", rows, dim)
+	one := []int64{1}
+
+	cond := b.node("Cast", []string{b.constI(nil, 1)}, ai("to", int64(pb.TensorProto_BOOL)))
+	zero := b.constI(one, 0)
+	full := offsets
+	if !last {
+		n := b.node("Unsqueeze", []string{b.node("Gather", []string{b.node("Shape", []string{indices}), b.constI(nil, 0)}, ai("axis", 0)), b.constI(one, 0)})
+		full = b.node("Concat", []string{offsets, n}, ai("axis", 0))
+	}
+	starts := b.node("Slice", []string{full, b.constI(one, 0), b.constI(one, math.MaxInt64), b.constI(one, 0), b.constI(one, 1)})
+	ends := b.node("Slice", []string{full, b.constI(one, 1), b.constI(one, math.MaxInt64), b.constI(one, 0), b.constI(one, 1)})
+	count := b.node("Gather", []string{b.node("Shape", []string{ends}), b.constI(nil, 0)}, ai("axis", 0))
+
+	body := &builder{g: &pb.GraphProto{Name: "loop_body"}, r: b.r, opset: opset, n: 1000}
+	scalar := func(name string, elem pb.TensorProto_DataType) *pb.ValueInfoProto {
+		return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(elem), Shape: &pb.TensorShapeProto{}}}}}
+	}
+	body.g.Input = []*pb.ValueInfoProto{scalar("iter", pb.TensorProto_INT64), scalar("cond_in", pb.TensorProto_BOOL)}
+	s := body.node("Unsqueeze", []string{body.node("Gather", []string{starts, "iter"}, ai("axis", 0)), body.constI(one, 0)})
+	e := body.node("Unsqueeze", []string{body.node("Gather", []string{ends, "iter"}, ai("axis", 0)), body.constI(one, 0)})
+	emb := body.node("Gather", []string{"embedding_bag.weight", body.node("Slice", []string{indices, s, e, zero})}, ai("axis", 0))
+	if weighted {
+		w := body.node("Unsqueeze", []string{body.node("Slice", []string{psw, s, e, zero}), body.constI(one, 1)})
+		emb = body.node("Mul", []string{emb, w})
+	}
+	op := map[string]string{"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax"}[mode]
+	if op == "ReduceSum" && opset >= 13 || opset >= 18 {
+		emb = body.node(op, []string{emb, body.constI(one, 0)}, ai("keepdims", 0))
+	} else {
+		emb = body.node(op, []string{emb}, ais("axes", 0), ai("keepdims", 0))
+	}
+	condOut := body.node("Cast", []string{cond}, ai("to", int64(pb.TensorProto_BOOL)))
+	body.g.Output = []*pb.ValueInfoProto{
+		scalar(condOut, pb.TensorProto_BOOL),
+		{Name: emb, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(pb.TensorProto_FLOAT), Shape: &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: dim}}}}}}}},
+	}
+	bags := b.node("Loop", []string{count, cond}, &pb.AttributeProto{Name: "body", Type: pb.AttributeProto_GRAPH, G: body.g})
+
+	m.Sig = models.Signature{Inputs: []models.InputSpec{
+		{Name: "indices", Kind: models.SparseKind, Width: 6, Rows: rows, Offsets: "offsets"},
+		{Name: "offsets", Kind: models.OffsetsKind, Width: 1, Rank1: true, LastOffset: last},
+	}}
+	if weighted {
+		m.Sig.Inputs = append(m.Sig.Inputs, models.InputSpec{Name: "per_sample_weights", Kind: models.DenseKind, Width: 6, Offsets: "offsets"})
+	}
+	m.Sig.Inputs = append(m.Sig.Inputs, models.InputSpec{Name: "dense", Kind: models.DenseKind, Width: 2})
+	m.feats = bagFeats(tab, mode, weighted, len(m.Sig.Inputs)-1)
+	b.finish(m, []string{bags, dense}, dim+2)
+	return m
+}
+
+// DynamoBags are nn.EmbeddingBag with offsets as the dynamo exporter
+// decomposes it (torchlib aten_embedding_bag, _aten_embedding_bag_onnx;
+// opset 18): the rows of every id gathered at once by Reshape(indices,
+// [-1]), multiplied by Unsqueeze(per_sample_weights or ones, [1]) and
+// cast to float, then a Loop carrying an index and a sequence: each
+// iteration slices the bag's rows by offsets[i]:offsets[i+1], an If
+// gives an empty bag zeros and otherwise pools (ReduceSum, ReduceMean;
+// for max a nested If slices the last bag to the end of the rows), and
+// SequenceInsert appends it; ConcatFromSequence joins the bags and
+// CastLike casts them to the table's type.
+func DynamoBags(seed uint64) []*Model {
+	return []*Model{
+		dynamoBag(seed, "dynamo-embedding-bag-sum", "sum", false, false),
+		dynamoBag(seed, "dynamo-embedding-bag-max-last-offset", "max", true, false),
+		dynamoBag(seed, "dynamo-embedding-bag-weighted", "sum", false, true),
+		dynamoBag(seed, "dynamo-embedding-bag-mean", "mean", false, false),
+	}
+}
+
+func dynamoBag(seed uint64, name, mode string, last, weighted bool) *Model {
+	m := &Model{Name: name, Source: "torch/onnx/_internal/exporter/_torchlib/ops/core.py: aten_embedding_bag, _aten_embedding_bag_onnx (opset 18)"}
+	b := newBuilder("main_graph", 18, seed)
+	indices := b.input("indices", pb.TensorProto_INT64)
+	offsets := b.input("offsets", pb.TensorProto_INT64)
+	b.g.Input[0].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "s0"}
+	var psw string
+	if weighted {
+		psw = b.input("per_sample_weights", pb.TensorProto_FLOAT)
+		b.g.Input[2].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "s0"}
+	}
+	dense := b.input("dense", pb.TensorProto_FLOAT, 2)
+	const rows = 40
+	tab := b.table("embedding_bag.weight", rows, dim)
+	one := []int64{1}
+	constF := func(b *builder, dims []int64, v ...float32) string {
+		t := &pb.TensorProto{DataType: int32(pb.TensorProto_FLOAT), Dims: dims, FloatData: v}
+		return b.node("Constant", nil, &pb.AttributeProto{Name: "value", Type: pb.AttributeProto_TENSOR, T: t})
+	}
+	neg1 := b.constI(one, -1)
+	i1d := b.node("Reshape", []string{indices, neg1})
+	w := psw
+	if !weighted {
+		ones := b.node("Expand", []string{constF(b, nil, 1), b.node("Shape", []string{i1d})})
+		w = b.node("CastLike", []string{ones, "embedding_bag.weight"})
+	}
+	scaled := b.node("Mul", []string{b.node("Gather", []string{"embedding_bag.weight", i1d}), b.node("Unsqueeze", []string{w, b.constI(one, 1)})})
+	allRows := b.node("Cast", []string{scaled}, ai("to", int64(pb.TensorProto_FLOAT)))
+	isize := b.node("Shape", []string{i1d})
+	off, numBag := offsets, b.node("Size", []string{offsets})
+	if last {
+		numBag = b.node("Sub", []string{numBag, b.constI(nil, 1)})
+	} else {
+		off = b.node("Concat", []string{offsets, isize}, ai("axis", 0))
+	}
+	seq0 := b.node("SequenceEmpty", nil, ai("dtype", int64(pb.TensorProto_FLOAT)))
+	idx0 := b.constI(nil, 0)
+	cond0 := b.node("Less", []string{idx0, numBag})
+
+	tensorOut := func(name string, elem pb.TensorProto_DataType) *pb.ValueInfoProto {
+		return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(elem)}}}}
+	}
+	sub := func(name string) *builder {
+		return &builder{g: &pb.GraphProto{Name: name}, r: b.r, opset: 18, n: 1000 + len(b.g.Node)*10}
+	}
+	body := sub("loop_body")
+	body.n = 2000
+	scalar := func(name string, elem pb.TensorProto_DataType) *pb.ValueInfoProto {
+		v := tensorOut(name, elem)
+		v.Type.GetTensorType().Shape = &pb.TensorShapeProto{}
+		return v
+	}
+	body.g.Input = []*pb.ValueInfoProto{scalar("iter_num", pb.TensorProto_INT64), scalar("cond_in", pb.TensorProto_BOOL), scalar("index", pb.TensorProto_INT64), {Name: "seq"}}
+	si := body.node("Reshape", []string{"index", neg1})
+	si1 := body.node("Add", []string{si, body.constI(one, 1)})
+	si2 := body.node("Add", []string{si, body.constI(one, 2)})
+	start := body.node("Slice", []string{off, si, si1})
+	end := body.node("Slice", []string{off, si1, si2})
+	// then: an empty bag is zeros [1, dim].
+	thenB := sub("empty_bag")
+	thenB.n = 3000
+	zeros := thenB.node("Expand", []string{constF(thenB, one, 0), thenB.constI([]int64{2}, 1, dim)})
+	thenB.g.Output = []*pb.ValueInfoProto{tensorOut(zeros, pb.TensorProto_FLOAT)}
+	elseB := sub("bag")
+	elseB.n = 4000
+	var pooled string
+	axes0 := func(b *builder) string { return b.constI(one, 0) }
+	switch mode {
+	case "sum":
+		pooled = elseB.node("ReduceSum", []string{elseB.node("Slice", []string{allRows, start, end}), axes0(elseB)})
+	case "mean":
+		pooled = elseB.node("ReduceMean", []string{elseB.node("Slice", []string{allRows, start, end}), axes0(elseB)})
+	case "max":
+		// The last bag runs to the end of the rows.
+		isLast := elseB.node("Equal", []string{"index", elseB.node("Sub", []string{numBag, elseB.constI(nil, 1)})})
+		lastB, midB := sub("last_bag"), sub("mid_bag")
+		lastB.n, midB.n = 5000, 6000
+		l := lastB.node("Slice", []string{allRows, start, isize})
+		mid := midB.node("Slice", []string{allRows, start, end})
+		lastB.g.Output = []*pb.ValueInfoProto{tensorOut(l, pb.TensorProto_FLOAT)}
+		midB.g.Output = []*pb.ValueInfoProto{tensorOut(mid, pb.TensorProto_FLOAT)}
+		sl := elseB.node("If", []string{isLast},
+			&pb.AttributeProto{Name: "then_branch", Type: pb.AttributeProto_GRAPH, G: lastB.g},
+			&pb.AttributeProto{Name: "else_branch", Type: pb.AttributeProto_GRAPH, G: midB.g})
+		pooled = elseB.node("ReduceMax", []string{sl, axes0(elseB)})
+	}
+	elseB.g.Output = []*pb.ValueInfoProto{tensorOut(pooled, pb.TensorProto_FLOAT)}
+	row := body.node("If", []string{body.node("Equal", []string{start, end})},
+		&pb.AttributeProto{Name: "then_branch", Type: pb.AttributeProto_GRAPH, G: thenB.g},
+		&pb.AttributeProto{Name: "else_branch", Type: pb.AttributeProto_GRAPH, G: elseB.g})
+	seq1 := body.node("SequenceInsert", []string{"seq", row})
+	idx1 := body.node("Add", []string{"index", body.constI(nil, 1)})
+	cond1 := body.node("Less", []string{idx1, numBag})
+	body.g.Output = []*pb.ValueInfoProto{tensorOut(cond1, pb.TensorProto_BOOL), tensorOut(idx1, pb.TensorProto_INT64), {Name: seq1}}
+	outs := b.nodeN("Loop", []string{"", cond0, idx0, seq0}, 2, &pb.AttributeProto{Name: "body", Type: pb.AttributeProto_GRAPH, G: body.g})
+	bags := b.node("CastLike", []string{b.node("ConcatFromSequence", []string{outs[1]}, ai("axis", 0)), "embedding_bag.weight"})
+
+	m.Sig = models.Signature{Inputs: []models.InputSpec{
+		{Name: "indices", Kind: models.SparseKind, Width: 6, Rows: rows, Offsets: "offsets"},
+		{Name: "offsets", Kind: models.OffsetsKind, Width: 1, Rank1: true, LastOffset: last},
+	}}
+	if weighted {
+		m.Sig.Inputs = append(m.Sig.Inputs, models.InputSpec{Name: "per_sample_weights", Kind: models.DenseKind, Width: 6, Offsets: "offsets"})
+	}
+	m.Sig.Inputs = append(m.Sig.Inputs, models.InputSpec{Name: "dense", Kind: models.DenseKind, Width: 2})
+	m.feats = bagFeats(tab, mode, weighted, len(m.Sig.Inputs)-1)
+	b.finish(m, []string{bags, dense}, dim+2)
+	return m
+}
+
+// bagFeats is the float64 reference of an EmbeddingBag model: the bag
+// pooled as torch.nn.EmbeddingBag defines it (an empty bag zeros), then
+// the dense input's two values (input di).
+func bagFeats(tab [][]float32, mode string, weighted bool, di int) func(sample) []float64 {
+	return func(smp sample) []float64 {
+		lo, hi := smp.b.Bag(0, smp.s)
+		x := make([]float64, dim)
+		for j := lo; j < hi; j++ {
+			r := row64(tab, smp.b.Columns[0].I64[j])
+			w := 1.0
+			if weighted {
+				w = float64(smp.b.Columns[2].F32[j])
+			}
+			for i, v := range r {
+				switch {
+				case mode == "max" && j == lo:
+					x[i] = v
+				case mode == "max":
+					x[i] = max(x[i], v)
+				default:
+					x[i] += w * v
+				}
+			}
+		}
+		if mode == "mean" && hi > lo {
+			for i := range x {
+				x[i] /= float64(hi - lo)
+			}
+		}
+		return append(x, smp.f(di, 0), smp.f(di, 1))
+	}
+}

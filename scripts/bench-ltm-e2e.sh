@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Larger than memory, end to end (issue 16): a model whose tables are
+# RATIO x (default 4x) the embedding worker's memory cgroup, served by a
+# router, DENSE dense workers and one embedding worker whose process runs
+# inside a cgroup v1 memory group of LIMIT bytes, under Criteo-like skew
+# (the load generator's Zipf ids), at 270 candidates per request.
+#
+# The model is dlrm-terabyte (Criteo Terabyte table sizes, dim 64, one id
+# per table) with every table capped at MAX_ROWS, chosen so the tables
+# hold at least RATIO x LIMIT bytes: its dense part is a small MLP, so on
+# CPU dense workers the end-to-end rate is set by the embedding tier's
+# miss path, which is what this measures (dcnv2-mlperf's dim-128
+# multi-hot bags and rank-512 cross layers would make the dense tier the
+# bound on this machine, and its row scale cannot be sized as finely).
+#
+#  1. build the model (prism models build --max-rows), partition it (the
+#     model itself is then deleted: the partition holds the tables), and
+#     ingest it into WORK/db, all outside the cgroup;
+#  2. all in memory: the embedding worker outside the cgroup with every
+#     row preloaded in its hot tier; CLIENTS closed-loop clients for
+#     DURATION give the all-in-memory throughput;
+#  3. larger than memory: the store files' page cache dropped (fadvise),
+#     the embedding worker started inside the cgroup (hot tier HOT, block
+#     cache CACHE, no preload); Poisson arrivals at half the all-in-memory
+#     throughput, WARM of warm-up, then DURATION measured (GOMEMLIMIT at
+#     3/4 of LIMIT, so the Go heap collects before the group's limit
+#     kills it): samples/s, p99
+#     (goal: under 60 ms), the hot tier's hit ratio and the rows/s read
+#     from Pebble (prism_store_* on the worker's /metrics), and the
+#     cgroup's peak and limit hits;
+#  4. Redis (REDIS=1, when redis-server is installed): the embedding tier
+#     cannot serve from Redis, so the comparison is the store benchmark's
+#     Redis path (prism store bench --scenario redis: the store against
+#     redis-server on loopback, one pipelined MGET per table and batch)
+#     on the same table shapes at 270 samples a batch. It runs outside
+#     the cgroup: it keeps the flat tables in memory to load Redis, and
+#     Redis itself must hold every row in memory to serve the tables,
+#     RATIO x the cgroup.
+#
+# Needs root and cgroup v1 (/sys/fs/cgroup/memory); removes its group.
+# Disk: about 2 x the table bytes under WORK (partition tables + store;
+# the model's bytes too while partitioning), and as much again under
+# WORK/storebench for step 4. Defaults: LIMIT 768M, 3 GiB of tables,
+# about 6.5 GB (13 GB with step 4).
+#
+#   scripts/bench-ltm-e2e.sh [WORK]
+#   env: LIMIT RATIO MAX_ROWS HOT CACHE DENSE CLIENTS DURATION WARM RATE
+#        MICRO REDIS REDIS_BATCHES PRISM KEEP_MODEL
+#   smoke: LIMIT=128M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:-/tmp/prism-ltm-e2e}
+LIMIT=${LIMIT:-768M}
+RATIO=${RATIO:-4}
+HOT=${HOT:-320MiB}
+CACHE=${CACHE:-32MiB}
+DENSE=${DENSE:-1}
+CLIENTS=${CLIENTS:-16}
+DURATION=${DURATION:-30s}
+WARM=${WARM:-30s}
+MICRO=${MICRO:-512}
+REDIS=${REDIS:-1}
+REDIS_BATCHES=${REDIS_BATCHES:-1000}
+CANDIDATES=270
+MODEL=dlrm-terabyte
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+PRISM=${PRISM:-$WORK/prism}
+[ -x "$PRISM" ] || go build -o "$PRISM" ./cmd/prism
+[ -d /sys/fs/cgroup/memory ] || { echo "bench-ltm-e2e: needs cgroup v1 memory (/sys/fs/cgroup/memory)" >&2; exit 1; }
+
+bytes() { python3 -c 'import sys,re
+s=sys.argv[1]; m=re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?",s,re.I)
+print(int(float(m.group(1))*1024**"_KMGT".index((m.group(2) or "_").upper())))' "$1"; }
+limit_bytes=$(bytes "$LIMIT")
+
+# MAX_ROWS: the smallest cap whose tables hold RATIO x LIMIT (dim 64).
+if [ -z "${MAX_ROWS:-}" ]; then
+	MAX_ROWS=$(python3 - "$limit_bytes" "$RATIO" <<'EOF'
+import sys
+rows = [227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956, 405282, 10, 2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510, 590152, 12973, 108, 36]
+want = float(sys.argv[2]) * int(sys.argv[1]) / (64 * 4)
+lo, hi = 1, max(rows)
+while lo < hi:
+    mid = (lo + hi) // 2
+    if sum(min(r, mid) for r in rows) >= want:
+        hi = mid
+    else:
+        lo = mid + 1
+print(lo)
+EOF
+)
+fi
+part="$WORK/part-$MAX_ROWS"
+db="$WORK/db-$MAX_ROWS"
+
+echo "== model: $MODEL, tables capped at $MAX_ROWS rows (outside the cgroup)"
+if [ ! -f "$part/plan.json" ]; then
+	"$PRISM" models build "$MODEL" -o "$WORK/model-$MAX_ROWS" --max-rows "$MAX_ROWS" --seed 1
+	"$PRISM" partition "$WORK/model-$MAX_ROWS/model.onnx" -o "$part"
+	[ -n "${KEEP_MODEL:-}" ] || rm -rf "$WORK/model-$MAX_ROWS"
+fi
+if ! ls "$db"/OPTIONS-* >/dev/null 2>&1; then
+	"$PRISM" ingest "$part" --db "$db"
+fi
+table_bytes=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(sum(t["rows"]*t["dim"]*4 for t in p["tables"]))' "$part/plan.json")
+table_rows=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(sum(t["rows"] for t in p["tables"]))' "$part/plan.json")
+echo "tables: $table_rows rows, $((table_bytes >> 20)) MiB of float32 = $(python3 -c "print(round($table_bytes/$limit_bytes,2))")x the cgroup's $LIMIT; store $(du -sm "$db" | cut -f1) MiB on disk"
+
+tmp=$(mktemp -d "$WORK/run.XXXX")
+pids=()
+CG=/sys/fs/cgroup/memory/prism-ltm-e2e-$$
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	if [ -d "$CG" ]; then
+		for _ in 1 2 3 4 5; do rmdir "$CG" 2>/dev/null && break; sleep 1; done
+	fi
+}
+trap cleanup EXIT
+
+# wait_ready LOG PATTERN PID: the address a child printed in its ready line.
+wait_ready() {
+	local log=$1 pat=$2 pid=$3 a=""
+	for _ in $(seq 1 2400); do
+		a=$(sed -n "s/.*$pat \([^ ]*\).*/\1/p" "$log" 2>/dev/null | head -1 || true)
+		[ -n "$a" ] && { echo "$a"; return; }
+		kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
+		sleep 0.5
+	done
+	cat "$log" >&2; exit 1
+}
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+"$PRISM" serve router --insecure --addr 127.0.0.1:0 --micro-batch "$MICRO" >"$tmp/router.log" 2>&1 &
+pids+=($!)
+router=$(wait_ready "$tmp/router.log" "router listening on" "${pids[-1]}")
+for d in $(seq 1 "$DENSE"); do
+	"$PRISM" serve dense --insecure --plan "$part" --router "$router" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
+	pids+=($!)
+	wait_ready "$tmp/dense-$d.log" "dense tier listening on" "${pids[-1]}" >/dev/null
+done
+
+name=$(python3 -c 'import json,sys,os; p=json.load(open(sys.argv[1])); print(p.get("model",{}).get("name") or os.path.basename(sys.argv[2]))' "$part/plan.json" "$part")
+lg() { "$PRISM" loadgen --insecure --target "$router" --model "$name" --plan "$part" --candidates "$CANDIDATES" --pool 256 --quiet "$@"; }
+samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
+p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
+errors() { sed -n 's/^requests .* errors \([0-9]*\).*/\1/p'; }
+metric() { awk -v m="$1" '$1 == m {print $2}' "$2"; }
+scrape() { curl -s "http://$1/metrics" >"$2"; }
+# until_served: requests succeed (the worker has registered).
+until_served() {
+	for _ in $(seq 1 240); do
+		[ "$(lg --rate 5 --duration 1s 2>/dev/null | errors)" = "0" ] && return
+		sleep 1
+	done
+	echo "bench-ltm-e2e: the stack never served a request" >&2; exit 1
+}
+# embedding LOG METRICS_PORT CGROUP FLAGS...: an embedding worker (inside
+# CGROUP when not empty: its pid is written to cgroup.procs before it
+# execs); its pid in emb_pid.
+embedding() {
+	local log=$1 mport=$2 cg=$3
+	shift 3
+	local cmd=("$PRISM" serve embedding --insecure --plan "$part" --db "$db" --router "$router" --addr 127.0.0.1:0 --metrics-addr "127.0.0.1:$mport" "$@")
+	if [ -n "$cg" ]; then
+		# GOMEMLIMIT: the Go heap (the hot tier is most of it) collects
+		# before the group's limit instead of being killed at it.
+		sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" env GOMEMLIMIT="$((limit_bytes * 3 / 4))" "${cmd[@]}" >"$log" 2>&1 &
+	else
+		"${cmd[@]}" >"$log" 2>&1 &
+	fi
+	emb_pid=$!
+	pids+=($emb_pid)
+	wait_ready "$log" "embedding tier listening on" "$emb_pid" >/dev/null
+}
+stop_embedding() {
+	kill -TERM "$emb_pid"
+	wait "$emb_pid" 2>/dev/null || true
+}
+
+echo "== all in memory: every row preloaded, outside the cgroup; $CLIENTS closed-loop clients x $CANDIDATES candidates"
+mport=$(freeport)
+embedding "$tmp/embedding-mem.log" "$mport" "" --hot-bytes auto --preload on
+sed -n 's/^preloaded/  preloaded/p' "$tmp/embedding-mem.log"
+until_served
+lg --clients "$CLIENTS" --duration 10s >/dev/null
+mem=$(lg --clients "$CLIENTS" --duration "$DURATION")
+mem_samples=$(samples <<<"$mem")
+echo "  $mem_samples samples/s, p99 $(p99 <<<"$mem") (errors $(errors <<<"$mem"))"
+stop_embedding
+
+rate=${RATE:-$(python3 -c "print(round($mem_samples/2/$CANDIDATES, 2))")}
+echo "== larger than memory: the embedding worker in a $LIMIT memory cgroup (hot tier $HOT, block cache $CACHE), Poisson at $rate req/s (half the all-in-memory throughput)"
+# The store's files leave the page cache: the cgroup cannot claim pages
+# charged to another group, which would serve its misses from memory.
+python3 - "$db" <<'EOF'
+import os, sys
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        fd = os.open(os.path.join(root, f), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+EOF
+mkdir "$CG"
+echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
+mport=$(freeport)
+embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off
+until_served
+lg --rate "$rate" --duration "$WARM" >/dev/null
+scrape "127.0.0.1:$mport" "$tmp/m0"
+t0=$(date +%s.%N)
+ltm=$(lg --rate "$rate" --duration "$DURATION" --slo 60ms)
+t1=$(date +%s.%N)
+scrape "127.0.0.1:$mport" "$tmp/m1"
+echo "$ltm" | sed 's/^/  /'
+closed=$(lg --clients "$CLIENTS" --duration "$DURATION")
+peak=$(cat "$CG/memory.max_usage_in_bytes")
+failcnt=$(cat "$CG/memory.failcnt")
+stop_embedding
+read -r hit miss_rows_s miss_path_rows_s pebble_mb_s <<<"$(python3 - "$tmp/m0" "$tmp/m1" "$t0" "$t1" <<'EOF'
+import sys
+def load(p):
+    out = {}
+    for line in open(p):
+        if line.startswith("prism_store_"):
+            k, v = line.split()[:2]
+            out[k] = float(v)
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+d = lambda k: b.get(k, 0) - a.get(k, 0)
+secs = float(sys.argv[4]) - float(sys.argv[3])
+hits, misses = d("prism_store_hot_hits_total"), d("prism_store_hot_misses_total")
+reads, rsecs = d("prism_store_pebble_reads_total"), d("prism_store_miss_read_seconds_total")
+print("%.4f %.0f %.0f %.1f" % (hits / max(hits + misses, 1), reads / secs, reads / rsecs if rsecs > 0 else 0, d("prism_store_pebble_read_bytes_total") / secs / 1e6))
+EOF
+)"
+
+if [ "$REDIS" = 1 ] && command -v redis-server >/dev/null; then
+	echo "== Redis: the store benchmark's Redis path on the same table shapes, $CANDIDATES samples a batch (outside the cgroup)"
+	"$PRISM" store bench --work "$WORK/storebench-$MAX_ROWS" --model "$MODEL" --max-rows "$MAX_ROWS" --scenario redis \
+		--batch "$CANDIDATES" --batches "$REDIS_BATCHES" --warmup "$REDIS_BATCHES" --hot-bytes "$HOT" --cache-bytes "$CACHE" | tee "$tmp/redis.txt"
+elif [ "$REDIS" = 1 ]; then
+	echo "== Redis: redis-server is not installed (apt-get install redis-server); skipped"
+fi
+
+ltm_samples=$(samples <<<"$ltm")
+echo
+echo "| measure | value |"
+echo "|---|---:|"
+echo "| model | $MODEL, --max-rows $MAX_ROWS: $table_rows rows, $((table_bytes >> 20)) MiB of float32 |"
+echo "| embedding worker's memory cgroup (tables / limit) | $LIMIT ($(python3 -c "print(round($table_bytes/$limit_bytes,2))")x); hot tier $HOT, block cache $CACHE |"
+echo "| all in memory, $CLIENTS clients x $CANDIDATES candidates (samples/s, p99) | $mem_samples, $(p99 <<<"$mem") |"
+echo "| larger than memory at $rate req/s (samples/s, p99) | $ltm_samples, $(p99 <<<"$ltm") |"
+echo "| larger than memory / all in memory (samples/s) | $(python3 -c "print(round(${ltm_samples:-0}/$mem_samples, 2))") |"
+echo "| hot tier hit ratio (measured window) | $hit |"
+echo "| rows read from Pebble (miss path), rows/s of wall time | $miss_rows_s ($pebble_mb_s MB/s) |"
+echo "| rows/s within the miss path (rows / miss-read seconds) | $miss_path_rows_s |"
+echo "| larger than memory, $CLIENTS closed-loop clients (samples/s, p99) | $(samples <<<"$closed"), $(p99 <<<"$closed") |"
+echo "| cgroup peak / limit hits | $((peak >> 20)) MiB / $failcnt |"
