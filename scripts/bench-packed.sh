@@ -8,7 +8,7 @@
 # candidates per request alternating between them (the order swapped
 # every round). Then, during one more packed run, takes a CPU profile of
 # the packed stack's embedding worker and reports the share of its CPU
-# spent in the pre-lookup ops (internal/prelookup).
+# spent in the pre-lookup ops (any frame of internal/prelookup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
@@ -93,8 +93,11 @@ if [ -n "$emb_metrics" ]; then
 	lgpid=$!
 	sleep 2
 	if scrape "$emb_metrics/debug/pprof/profile?seconds=10" -f -o "$tmp/emb.prof"; then
-		cum=$(go tool pprof -top -cum "$tmp/emb.prof" 2>/dev/null | awk '/prelookup\.\(\*Program\)\.Run$/ {print $5; exit}')
-		share="${cum:-0%} of the embedding worker's CPU samples (go tool pprof -top -cum: internal/prelookup.(*Program).Run)"
+		# Every sample with a frame of package internal/prelookup on its
+		# stack (Program.Run, Columns, RunColumn ...).
+		cum=$(go tool pprof -top -focus 'internal/prelookup\.' "$tmp/emb.prof" 2>/dev/null | sed -n 's/^Showing nodes accounting for [^,]*, \([0-9.]*%\) of .*/\1/p')
+		cp "$tmp/emb.prof" "$pdir/embedding-worker.prof"
+		share="${cum:-0%} of the embedding worker's CPU samples (go tool pprof -top -focus 'internal/prelookup\.'; profile kept in $pdir/embedding-worker.prof)"
 	fi
 	wait $lgpid || true
 fi

@@ -56,6 +56,11 @@ type lookupSpec struct {
 	l     plan.Lookup
 	// pre runs the lookup's pre-lookup ops (nil when Input holds the ids).
 	pre *prelookup.Program
+	// split: pre starts with a column pick of an integer input that
+	// other lookups pick columns of too, so the input is split into its
+	// columns once per micro-batch (prelookup.Columns) and pre runs on
+	// its column.
+	split bool
 }
 
 type cutSpec struct {
@@ -154,6 +159,17 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 				}
 			}
 			m.lookups = append(m.lookups, lookupSpec{table: t.Name, dim: t.Dim, l: l, pre: pre})
+		}
+	}
+	picks := map[string]int{} // lookups picking a column of each input
+	for _, ls := range m.lookups {
+		if _, ok := ls.pre.FirstColumnOK(); ok && ls.l.PreOutput == "" {
+			picks[ls.l.Input]++
+		}
+	}
+	for i, ls := range m.lookups {
+		if _, ok := ls.pre.FirstColumnOK(); ok && ls.l.PreOutput == "" && picks[ls.l.Input] > 1 {
+			m.lookups[i].split = true
 		}
 	}
 	for _, c := range p.Cut {

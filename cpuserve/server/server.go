@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/internal/prelookup"
 	"github.com/prism-serve/prism/plan"
 	"log/slog"
 	"slices"
@@ -463,6 +464,10 @@ func storeStatus(err error) error {
 	return status.Errorf(codes.Internal, "embedding store: %v", err)
 }
 
+// columnBufs are the buffers packed inputs are split into
+// (prelookup.Columns), reused across micro-batches.
+var columnBufs sync.Pool
+
 // lookup runs every table lookup of the model in one store batch. A
 // lookup whose ids (and weights) come from the context runs for one
 // sample and its output stays one sample, a context value (repeated for
@@ -481,6 +486,13 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 	sr := s.shards[m.name]
 	batch := make([]store.TableLookup, len(m.lookups))
 	once := make([]bool, len(m.lookups))
+	var split map[string][]int64 // an input's columns (lookupSpec.split), made once
+	defer func() {
+		// The store lookups are done with the ids: the buffers go back.
+		for _, cols := range split {
+			columnBufs.Put(&cols)
+		}
+	}()
 	for i, ls := range m.lookups {
 		l := ls.l
 		ids := vals[l.Input]
@@ -493,7 +505,27 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 			if ids.ctx {
 				samples = 1
 			}
-			made, err := ls.pre.Run(samples, ids.f32, ids.i64)
+			var made []int64
+			var err error
+			if k, ok := ls.pre.FirstColumn(); ok && ls.split && ids.i64 != nil {
+				cols, done := split[l.Input]
+				if !done {
+					var buf []int64
+					if b, ok := columnBufs.Get().(*[]int64); ok {
+						buf = *b
+					}
+					if cols, err = prelookup.Columns(samples, ls.pre.InWidth, ids.i64, buf); err != nil {
+						return badInput("model %q: input %q: %v", m.name, l.Input, err)
+					}
+					if split == nil {
+						split = map[string][]int64{}
+					}
+					split[l.Input] = cols
+				}
+				made, err = ls.pre.RunColumn(samples, cols[k*samples:(k+1)*samples])
+			} else {
+				made, err = ls.pre.Run(samples, ids.f32, ids.i64)
+			}
 			if err != nil {
 				return badInput("model %q: lookup of table %q: input %q: %v", m.name, ls.table, l.Input, err)
 			}

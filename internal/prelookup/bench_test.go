@@ -26,12 +26,33 @@ func BenchmarkPackedColumns(b *testing.B) {
 		ids[i] = int64(i)
 	}
 	b.SetBytes(int64(8 * len(ids)))
-	for b.Loop() {
-		for _, p := range progs {
-			out, err := p.Run(n, nil, ids)
-			if err != nil || len(out) != n {
-				b.Fatal(fmt.Sprint(err, len(out)))
+	// pick: each program picks its column from the packed input (26
+	// strided passes); split: the input split into its columns once
+	// (Columns), each program run on its column (what the embedding
+	// tier does when several lookups pick from one input).
+	b.Run("pick", func(b *testing.B) {
+		for b.Loop() {
+			for _, p := range progs {
+				out, err := p.Run(n, nil, ids)
+				if err != nil || len(out) != n {
+					b.Fatal(fmt.Sprint(err, len(out)))
+				}
 			}
 		}
-	}
+	})
+	b.Run("split", func(b *testing.B) {
+		buf := make([]int64, n*f) // the embedding tier reuses its buffer
+		for b.Loop() {
+			cols, err := Columns(n, f, ids, buf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for k, p := range progs {
+				out, err := p.RunColumn(n, cols[k*n:(k+1)*n])
+				if err != nil || len(out) != n {
+					b.Fatal(fmt.Sprint(err, len(out)))
+				}
+			}
+		}
+	})
 }

@@ -117,8 +117,83 @@ func (p *Program) Run(n int, f32 []float32, i64 []int64) ([]int64, error) {
 		}
 		iv = i64
 	}
+	return p.run(n, fv, iv, p.ops)
+}
+
+// FirstColumn says whether the program starts by picking one value per
+// sample (x[:, k] of a [batch, F] integer input), and which: its input
+// can then be split into columns once for every lookup that picks from
+// it (Columns, RunColumn) instead of once per lookup.
+func (p *Program) FirstColumn() (int, bool) {
+	if p.float || len(p.ops) == 0 || p.ops[0].op.Op != plan.PreColumn || p.ops[0].inner != 1 {
+		return 0, false
+	}
+	return int(p.ops[0].op.Index), true
+}
+
+// FirstColumnOK is FirstColumn of a program that may be nil (a lookup
+// without pre-lookup ops): false for nil.
+func (p *Program) FirstColumnOK() (int, bool) {
+	if p == nil {
+		return 0, false
+	}
+	return p.FirstColumn()
+}
+
+// RunColumn runs a program that starts with a column pick (FirstColumn)
+// on that column, already split from the input by Columns: n ids, shared
+// (an op that changes them copies them first).
+func (p *Program) RunColumn(n int, col []int64) ([]int64, error) {
+	if _, ok := p.FirstColumn(); !ok {
+		return nil, fmt.Errorf("RunColumn of a program that does not start with a column pick")
+	}
+	if len(col) != n {
+		return nil, fmt.Errorf("a column of %d ids for %d samples", len(col), n)
+	}
+	return p.run(n, nil, col, p.ops[1:])
+}
+
+// Columns splits n samples of a [batch, w] integer input into its w
+// columns, column-major (column k is out[k*n:(k+1)*n]), in one pass
+// over the input: what every lookup picking a column of the same input
+// reads, where w strided passes (one per lookup) each touched every
+// cache line of it (BenchmarkPackedColumns).
+//
+// The columns are written into buf when it has room for them (the
+// caller's reused buffer: fresh memory for every micro-batch costs more
+// in page faults than the split itself), else into a new slice.
+func Columns(n, w int, in, buf []int64) ([]int64, error) {
+	if n < 0 || w <= 0 || len(in) != n*w {
+		return nil, fmt.Errorf("%d ids for %d samples of %d", len(in), n, w)
+	}
+	out := buf[:0]
+	if cap(out) < n*w {
+		out = make([]int64, n*w)
+	}
+	out = out[:n*w]
+	// In blocks of 8 samples: the block's rows stay in the L1 cache while
+	// each column gets one cache line of them (writing a whole row at a
+	// time would touch w lines n*8 bytes apart, which alias in the
+	// cache when n*8 is a multiple of 4 KiB).
+	const block = 8
+	for s0 := 0; s0 < n; s0 += block {
+		rows := in[s0*w : min(s0+block, n)*w]
+		m := len(rows) / w
+		for k := range w {
+			col := out[k*n+s0 : k*n+s0+m]
+			for j := range col {
+				col[j] = rows[j*w+k]
+			}
+		}
+	}
+	return out, nil
+}
+
+// run applies ops to the values of n samples, fv (float32) or iv (ids,
+// shared: copied before an op changes them).
+func (p *Program) run(n int, fv []float32, iv []int64, ops []step) ([]int64, error) {
 	owned := false // iv is ours to change in place
-	for _, st := range p.ops {
+	for _, st := range ops {
 		op := st.op
 		switch op.Op {
 		case plan.PreColumn:

@@ -107,3 +107,70 @@ func TestCompileErrors(t *testing.T) {
 }
 
 func nan() float64 { z := 0.0; return z / z }
+
+// TestColumnsMatchRun: a program starting with a column pick gives the
+// same ids run on its column of the input split once (Columns,
+// RunColumn) as run on the packed input, for sample counts around the
+// split's block of 8, and leaves the split columns unchanged when a
+// later op changes the ids.
+func TestColumnsMatchRun(t *testing.T) {
+	const w = 5
+	in := plan.TensorInfo{Name: "sparse", DType: "int64", Shape: []int64{w}}
+	i32 := plan.TensorInfo{Name: "sparse", DType: "int32", Shape: []int64{w}}
+	lo, hi := int64(0), int64(40)
+	cases := []struct {
+		name string
+		in   plan.TensorInfo
+		ops  []plan.PreOp
+	}{
+		{"column", in, []plan.PreOp{{Op: plan.PreColumn, Index: 3}}},
+		{"column-add-mod", in, []plan.PreOp{{Op: plan.PreColumn, Index: 0}, {Op: plan.PreAdd, Values: []int64{7}}, {Op: plan.PreMod, Values: []int64{11}}}},
+		{"column-clip", in, []plan.PreOp{{Op: plan.PreColumn, Index: 4}, {Op: plan.PreClip, Min: &lo, Max: &hi}}},
+		{"int32-column-add", i32, []plan.PreOp{{Op: plan.PreColumn, Index: 2}, {Op: plan.PreAdd, Values: []int64{1 << 31}}}},
+	}
+	for _, c := range cases {
+		p, err := Compile(c.in, c.ops)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		k, ok := p.FirstColumn()
+		if !ok {
+			t.Fatalf("%s: FirstColumn false", c.name)
+		}
+		for _, n := range []int{0, 1, 7, 8, 9, 17} {
+			ids := make([]int64, n*w)
+			for i := range ids {
+				ids[i] = int64(i*37%101) - 20
+			}
+			want, err := p.Run(n, nil, ids)
+			if err != nil {
+				t.Fatalf("%s n=%d: Run: %v", c.name, n, err)
+			}
+			cols, err := Columns(n, w, ids, nil)
+			if err != nil {
+				t.Fatalf("%s n=%d: Columns: %v", c.name, n, err)
+			}
+			keep := append([]int64(nil), cols...)
+			got, err := p.RunColumn(n, cols[k*n:(k+1)*n])
+			if err != nil {
+				t.Fatalf("%s n=%d: RunColumn: %v", c.name, n, err)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s n=%d: RunColumn %v, Run %v", c.name, n, got, want)
+			}
+			if !slices.Equal(cols, keep) {
+				t.Errorf("%s n=%d: RunColumn changed the split columns", c.name, n)
+			}
+		}
+	}
+	if _, err := Columns(3, w, make([]int64, 14), nil); err == nil {
+		t.Error("Columns took 14 ids for 3 samples of 5")
+	}
+	slice, _ := Compile(in, []plan.PreOp{{Op: plan.PreSlice, Start: 1, End: 3}})
+	if _, ok := slice.FirstColumn(); ok {
+		t.Error("a slice of two columns taken as a column pick")
+	}
+	if _, err := slice.RunColumn(1, []int64{1}); err == nil {
+		t.Error("RunColumn ran a program that does not start with a column pick")
+	}
+}
