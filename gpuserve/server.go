@@ -95,6 +95,10 @@ type model struct {
 	batcher *Batcher
 	// assembly joins the parts of sharded fan-outs (assemble.go).
 	assembly *assembler
+	// fixed, when not 0, is the only batch dense.onnx runs at
+	// (plan.DenseFixedBatch): requests of exactly that many samples,
+	// run one at a time.
+	fixed int
 }
 
 // New discovers devices, loads every plan's dense.onnx and starts the
@@ -215,11 +219,17 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 		m.session.Close()
 		return nil, fmt.Errorf("load %s: dense model inputs %v differ from the plan's cut", dir, got)
 	}
-	if err := warmUp(m.session, m.spec, o.Batch.MaxBatch); err != nil {
+	bo := o.Batch
+	if fb := plan.DenseFixedBatch(); fb > 0 {
+		// Batches of one request each: the router sends micro-batches of
+		// exactly fb (router/fixedbatch.go).
+		m.fixed, bo.MaxBatch = int(fb), int(fb)
+	}
+	if err := warmUp(m.session, m.spec, bo.MaxBatch, m.fixed); err != nil {
 		m.session.Close()
 		return nil, fmt.Errorf("load %s: warm-up run: %w", dir, err)
 	}
-	m.batcher = NewBatcher(m.spec, []Runner{m.session}, o.Batch)
+	m.batcher = NewBatcher(m.spec, []Runner{m.session}, bo)
 	m.assembly = newAssembler(o.Batch.MaxQueue)
 	if m.assembly.partials, err = partialSpecs(m); err != nil {
 		m.session.Close()
@@ -343,6 +353,8 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: num_samples is %d; want at least 1", m.name, n)
 	case n > s.opts.MaxSamples:
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: %d samples in one request; this dense worker takes at most %d (split the request)", m.name, n, s.opts.MaxSamples)
+	case m.fixed > 0 && n != m.fixed:
+		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: %d samples: dense.onnx was exported with a fixed batch of %d (plan.json fixed_batch), so it runs batches of exactly %d", m.name, n, m.fixed, m.fixed)
 	}
 	got, ts, err := arrowframe.Decode(req.GetTensors())
 	if err != nil {
@@ -416,9 +428,15 @@ func (s *Server) submitError(m *model, err error) error {
 // worker takes traffic, so the first requests do not pay for ONNX
 // Runtime's first runs (kernel selection, arena growth): measured at 300
 // ms of p99 in the first seconds of the demo without it.
-func warmUp(r Runner, spec []InputSpec, maxBatch int) error {
+//
+// A model fixed at a batch (fixed > 0) is warmed up at that batch only.
+func warmUp(r Runner, spec []InputSpec, maxBatch, fixed int) error {
 	seen := map[int]bool{}
-	for _, n := range []int{1, 16, 64, 256, maxBatch} {
+	sizes := []int{1, 16, 64, 256, maxBatch}
+	if fixed > 0 {
+		sizes = []int{fixed}
+	}
+	for _, n := range sizes {
 		if n > maxBatch || seen[n] {
 			continue
 		}

@@ -459,14 +459,14 @@ func (r *Result) Report() string {
 	}
 	if bi := p.Batch; bi != nil {
 		if p.FixedBatch > 0 {
-			fmt.Fprintf(&b, "batch: FIXED at %d (exported without a dynamic batch; the tiers serve batches of exactly %d candidates only), kept there by:\n", p.FixedBatch, p.FixedBatch)
+			fmt.Fprintf(&b, "batch: FIXED at %d (exported without a dynamic batch; the parts run batches of exactly %d candidates only, and the router cuts every request into micro-batches of %d, padding the last), kept there by:\n", p.FixedBatch, p.FixedBatch, p.FixedBatch)
 			dense := false
 			for _, x := range bi.Blockers {
 				fmt.Fprintf(&b, "  node %q (%s, %s side): %s\n", x.Node, x.Op, orNone(string(x.Side), "no"), x.Reason)
 				dense = dense || x.Side == plan.GPU
 			}
 			if dense {
-				fmt.Fprintf(&b, "  dense.onnx keeps the fixed batch: the dense tier does not honour fixed_batch yet (it warms up at batch 1 and batches requests together); --force-cpu the node(s) above to serve it\n")
+				fmt.Fprintf(&b, "  dense.onnx keeps the fixed batch: the dense tier runs this model's micro-batches one at a time, each of exactly %d (--force-cpu the node(s) above to let it batch requests together)\n", p.FixedBatch)
 			}
 		} else {
 			fmt.Fprintf(&b, "batch: exported fixed at %d, rewritten to a symbolic batch", bi.Exported)

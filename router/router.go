@@ -451,6 +451,23 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if err != nil {
 		return nil, err
 	}
+	// k micro-batches of near-equal size: 270 candidates at 256 per
+	// micro-batch are two of 135, not 256 and a 14-sample straggler. A
+	// model fixed at batch B gets runs of exactly B, the last padded
+	// (fixedbatch.go).
+	var parts [][2]int
+	fb := r.Reg.FixedBatch(req.GetModel())
+	if fb > 0 {
+		if jc != nil {
+			return nil, status.Errorf(codes.Unimplemented, "model %q: a model with jagged inputs exported with a fixed batch (%d) is not served: re-export it with a dynamic batch axis", req.GetModel(), fb)
+		}
+		parts = fixedBatches(n, fb)
+	} else {
+		k := (n + r.opts.MicroBatch - 1) / r.opts.MicroBatch
+		for i := range k {
+			parts = append(parts, [2]int{i * n / k, (i + 1) * n / k})
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, status.FromContextError(err).Err()
 	}
@@ -473,31 +490,38 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	// k micro-batches of near-equal size: 270 candidates at 256 per
-	// micro-batch are two of 135, not 256 and a 14-sample straggler.
-	k := (n + r.opts.MicroBatch - 1) / r.opts.MicroBatch
 	scores := make([]float32, n)
 	var version atomic.Int64
 	var wg sync.WaitGroup
-	errs := make([]error, k)
-	for i := range k {
-		lo, hi := i*n/k, (i+1)*n/k
+	errs := make([]error, len(parts))
+	for i, part := range parts {
+		lo, hi := part[0], part[1]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			sub, err := jc.sliceFeatures(req.GetCandidates(), n, lo, hi)
+			if err == nil && fb > 0 {
+				sub, err = padFeatures(sub, hi-lo, fb)
+			}
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			out, v, err := r.microBatch(ctx, req, sub, hi-lo, i)
+			size := hi - lo
+			if fb > 0 {
+				size = fb
+			}
+			out, v, err := r.microBatch(ctx, req, sub, size, i)
+			if err == nil && len(out) < hi-lo {
+				err = status.Errorf(codes.Internal, "model %q: %d scores for a micro-batch of %d", req.GetModel(), len(out), size)
+			}
 			if err != nil {
 				errs[i] = err
 				cancel()
 				return
 			}
 			version.Store(v)
-			copy(scores[lo:hi], out)
+			copy(scores[lo:hi], out[:hi-lo])
 		}()
 	}
 	wg.Wait()

@@ -590,7 +590,12 @@ type WorkerInfo struct {
 	// an EmbeddingBag's ids and per-id weights, each sample's bag starting
 	// at its offset), those inputs: the router cuts them per micro-batch
 	// by the offsets, not evenly (router/jagged.go).
-	Jagged        map[string]*JaggedInputs `protobuf:"bytes,10,rep,name=jagged,proto3" json:"jagged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Jagged map[string]*JaggedInputs `protobuf:"bytes,10,rep,name=jagged,proto3" json:"jagged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// fixed_batch is, per model exported with a fixed batch that the
+	// partitioner could not rewrite (plan.json fixed_batch), that batch:
+	// the router sends such a model's micro-batches of exactly that many
+	// candidates, the last padded (router/fixedbatch.go).
+	FixedBatch    map[string]int64 `protobuf:"bytes,11,rep,name=fixed_batch,json=fixedBatch,proto3" json:"fixed_batch,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -691,6 +696,13 @@ func (x *WorkerInfo) GetShards() map[string]*ShardRef {
 func (x *WorkerInfo) GetJagged() map[string]*JaggedInputs {
 	if x != nil {
 		return x.Jagged
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetFixedBatch() map[string]int64 {
+	if x != nil {
+		return x.FixedBatch
 	}
 	return nil
 }
@@ -1215,7 +1227,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06shards\x18\a \x01(\x05R\x06shards\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xd8\x04\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xde\x05\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
@@ -1229,7 +1241,9 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"update_seq\x18\b \x03(\v2#.prism.v1.WorkerInfo.UpdateSeqEntryR\tupdateSeq\x128\n" +
 	"\x06shards\x18\t \x03(\v2 .prism.v1.WorkerInfo.ShardsEntryR\x06shards\x128\n" +
 	"\x06jagged\x18\n" +
-	" \x03(\v2 .prism.v1.WorkerInfo.JaggedEntryR\x06jagged\x1a<\n" +
+	" \x03(\v2 .prism.v1.WorkerInfo.JaggedEntryR\x06jagged\x12E\n" +
+	"\vfixed_batch\x18\v \x03(\v2$.prism.v1.WorkerInfo.FixedBatchEntryR\n" +
+	"fixedBatch\x1a<\n" +
 	"\x0eUpdateSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +
@@ -1238,7 +1252,10 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ShardRefR\x05value:\x028\x01\x1aQ\n" +
 	"\vJaggedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
-	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.JaggedInputsR\x05value:\x028\x01\"@\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.JaggedInputsR\x05value:\x028\x01\x1a=\n" +
+	"\x0fFixedBatchEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
 	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"8\n" +
@@ -1295,7 +1312,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1317,43 +1334,45 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	nil,                        // 17: prism.v1.WorkerInfo.UpdateSeqEntry
 	nil,                        // 18: prism.v1.WorkerInfo.ShardsEntry
 	nil,                        // 19: prism.v1.WorkerInfo.JaggedEntry
-	nil,                        // 20: prism.v1.ListResponse.UpdatesEntry
-	(*UpdateRequest)(nil),      // 21: prism.v1.UpdateRequest
-	(*Features)(nil),           // 22: prism.v1.Features
-	(*UpdateResponse)(nil),     // 23: prism.v1.UpdateResponse
+	nil,                        // 20: prism.v1.WorkerInfo.FixedBatchEntry
+	nil,                        // 21: prism.v1.ListResponse.UpdatesEntry
+	(*UpdateRequest)(nil),      // 22: prism.v1.UpdateRequest
+	(*Features)(nil),           // 23: prism.v1.Features
+	(*UpdateResponse)(nil),     // 24: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	21, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	22, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	22, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	22, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	23, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	23, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
 	17, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
 	18, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
 	19, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
-	7,  // 8: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	7,  // 9: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	20, // 10: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	9,  // 11: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 12: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	16, // 13: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	2,  // 14: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 15: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 16: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	10, // 17: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	12, // 18: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	14, // 19: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	3,  // 20: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	23, // 21: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 22: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	11, // 23: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	13, // 24: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	15, // 25: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	20, // [20:26] is the sub-list for method output_type
-	14, // [14:20] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	20, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
+	7,  // 9: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	7,  // 10: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	21, // 11: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	9,  // 12: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 13: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	16, // 14: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	2,  // 15: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 16: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 17: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	10, // 18: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	12, // 19: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	14, // 20: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	3,  // 21: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	24, // 22: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 23: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	11, // 24: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	13, // 25: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	15, // 26: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	21, // [21:27] is the sub-list for method output_type
+	15, // [15:21] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1368,7 +1387,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,8 +30,11 @@ import (
 // 1e-5, and take prism loadgen --plan. Among them: ids the model
 // declares int32, a model exported with a fixed batch that partition
 // rewrites to a symbolic one (served at 96 candidates, exported at 8),
-// and one whose fixed batch stays (served at exactly its 4; a request
-// of another size is refused naming the node that keeps it), and ids
+// and one whose fixed batch stays, on the embedding side and (the same
+// model partitioned with the blocking node forced to dense.onnx, as
+// ts-fixed-batch-row-bias-dense) on the dense side: served in
+// micro-batches of exactly its 4, the last padded by the router, so a
+// request of 13 candidates scores as the first 13 of prism score's; and ids
 // made by integer work the native pre-lookup ops do not cover (hashing,
 // floor division, shifts and masks), which the embedding tier runs as
 // pre.onnx through ONNX Runtime.
@@ -40,12 +44,33 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 	}
 	dir := t.TempDir()
 	names := []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
-		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias",
+		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias", "ts-fixed-batch-row-bias-dense",
 		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift"}
+	// NAME-dense: the model NAME under that name, its blocking node
+	// forced to the dense side.
+	corpus := func(name string) (*exporters.Model, []string) {
+		base, dense := strings.CutSuffix(name, "-dense")
+		m := exporters.ByName(base, 11)
+		if !dense {
+			return m, nil
+		}
+		m.Proto.Graph.Name = name
+		for _, kv := range m.Proto.MetadataProps {
+			if kv.GetKey() == "prism.model" {
+				kv.Value = name
+			}
+		}
+		for _, nd := range m.Proto.Graph.Node {
+			if slices.Contains(nd.Output, m.BlockedBy) {
+				return m, []string{"--force-gpu", nd.GetName()}
+			}
+		}
+		panic("no node makes " + m.BlockedBy)
+	}
 	args := []string{"up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db")}
 	parts := map[string]string{}
 	for _, name := range names {
-		m := exporters.ByName(name, 11)
+		m, force := corpus(name)
 		model := filepath.Join(dir, name, "model.onnx")
 		if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {
 			t.Fatal(err)
@@ -54,7 +79,7 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		part := filepath.Join(dir, name+"-part")
-		out, err := run(t, nil, "partition", model, "-o", part, "--verify", "296")
+		out, err := run(t, nil, append([]string{"partition", model, "-o", part, "--verify", "296"}, force...)...)
 		if err != nil || !strings.Contains(out, "verified on 296 samples") {
 			t.Fatalf("partition %s: %v\n%s", name, err, out)
 		}
@@ -73,13 +98,15 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			model, part := filepath.Join(dir, name, "model.onnx"), parts[name]
 			n, batch, candidates := 97, 97, "8"
-			if m := exporters.ByName(name, 11); m.Batch > 0 {
+			m, _ := corpus(name)
+			if m.Batch > 0 {
 				// prism score runs the whole model at its exported batch.
 				batch = int(m.Batch)
 				n = 12 * batch
 				if m.BlockedBy != "" {
-					// Kept at its batch: every request is that size.
-					n, candidates = batch, strconv.Itoa(batch)
+					// Kept at its batch: the router cuts any request into
+					// micro-batches of exactly that size.
+					n, candidates = 4*batch, "7"
 				}
 			}
 			scores := filepath.Join(dir, name+"-scores.txt")
@@ -126,9 +153,22 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 				t.Fatalf("served scores differ from prism score by %g", worst)
 			}
 			if p.FixedBatch > 0 {
-				_, err := rec.Recommend(ctx, toRequest(name, b.Slice(0, n-1), nil))
-				if err == nil || !strings.Contains(err.Error(), "serves batches of exactly") {
-					t.Fatalf("a request of %d candidates for a model fixed at %d: %v", n-1, p.FixedBatch, err)
+				if wantDense := strings.HasSuffix(name, "-dense"); (p.DenseFixedBatch() > 0) != wantDense {
+					t.Fatalf("dense.onnx fixed at %d, want it fixed: %v", p.DenseFixedBatch(), wantDense)
+				}
+				// Not a multiple of the batch: the last micro-batch padded.
+				k := 3*int(p.FixedBatch) + 1
+				resp, err := rec.Recommend(ctx, toRequest(name, b.Slice(0, k), nil))
+				if err != nil {
+					t.Fatalf("a request of %d candidates for a model fixed at %d: %v", k, p.FixedBatch, err)
+				}
+				if len(resp.GetScores()) != k {
+					t.Fatalf("%d scores for %d candidates", len(resp.GetScores()), k)
+				}
+				for i, v := range resp.GetScores() {
+					if d := math.Abs(float64(v) - want[i]); d > 1e-5 {
+						t.Fatalf("padded request: score %d differs from prism score by %g", i, d)
+					}
 				}
 			}
 			out, err := run(t, nil, "loadgen", "--target", up.addr, "--model", name, "--plan", part, "--candidates", candidates,

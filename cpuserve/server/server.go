@@ -199,7 +199,7 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 		}
 		seqs[m] = seq
 	}
-	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs(), Jagged: s.jaggedRefs()}
+	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs(), Jagged: s.jaggedRefs(), FixedBatch: s.fixedBatches()}
 }
 
 // Collectors are the tier's metrics: per-stage latency, samples in
