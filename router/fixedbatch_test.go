@@ -81,3 +81,24 @@ func TestRegistryFixedBatch(t *testing.T) {
 		}
 	}
 }
+
+// onlyInputs keeps the inputs a shard reads, in the request's order,
+// and passes everything when the shard names none.
+func TestOnlyInputs(t *testing.T) {
+	f := &prismv1.Features{Inputs: []*prismv1.Input{{Name: "a"}, {Name: "b"}, {Name: "c"}}}
+	names := func(f *prismv1.Features) (out []string) {
+		for _, in := range f.GetInputs() {
+			out = append(out, in.GetName())
+		}
+		return out
+	}
+	if got := names(onlyInputs(f, []string{"c", "a", "x"})); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("onlyInputs: %v", got)
+	}
+	if onlyInputs(f, nil) != f {
+		t.Error("no inputs named: the features were copied")
+	}
+	if onlyInputs(nil, []string{"a"}) != nil {
+		t.Error("nil features (no context) became some")
+	}
+}

@@ -167,6 +167,9 @@ func (r *Registry) notify() {
 	r.changed = make(chan struct{})
 }
 
+// maxShardInputs bounds the inputs a shard says it reads.
+const maxShardInputs = 1 << 12
+
 // check refuses an announcement the registry cannot take as given.
 func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 	if w.GetId() == "" || w.GetAddr() == "" || (w.GetRole() != prismv1.Role_ROLE_EMBEDDING && w.GetRole() != prismv1.Role_ROLE_DENSE) {
@@ -196,6 +199,14 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 		}
 		if n, k := ref.GetShards(), ref.GetShard(); n < 1 || n > maxShards || k < 0 || k >= n {
 			return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard %d of %d", m, k, n)
+		}
+		if len(ref.GetInputs()) > maxShardInputs {
+			return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard %d reads %d inputs, the limit is %d", m, ref.GetShard(), len(ref.GetInputs()), maxShardInputs)
+		}
+		for _, in := range ref.GetInputs() {
+			if in == "" || len(in) > l.MaxNameBytes {
+				return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard input name of %d bytes, want 1 to %d", m, len(in), l.MaxNameBytes)
+			}
 		}
 	}
 	return nil

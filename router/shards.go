@@ -186,9 +186,11 @@ func (r *Router) fanOut(ctx context.Context, req *prismv1.RecommendRequest, cand
 	var wg sync.WaitGroup
 	for i, cn := range cns {
 		wg.Go(func() {
+			// Each shard gets only the inputs it reads (ShardRef.inputs).
+			need := cn.GetShards()[req.GetModel()].GetInputs()
 			resps[i], errs[i] = r.call(ctx, cn.GetAddr(), &prismv1.LookupRequest{
 				Model: req.GetModel(), Version: req.GetVersion(), NumSamples: int32(n),
-				Context: req.GetContext(), Candidates: cands, DenseAddr: dense, RequestId: req.GetRequestId(),
+				Context: onlyInputs(req.GetContext(), need), Candidates: onlyInputs(cands, need), DenseAddr: dense, RequestId: req.GetRequestId(),
 				FanoutKey: key, Shard: int32(i), Shards: int32(shards),
 			})
 			if errs[i] != nil {
@@ -214,4 +216,21 @@ func (r *Router) fanOut(ctx context.Context, req *prismv1.RecommendRequest, cand
 		}
 	}
 	return resps, "", nil
+}
+
+// onlyInputs is f with only the inputs named in need (f itself when
+// need is empty: the worker reads every input). A shard of a model
+// sharded table-wise reads a third of the ids; sending it the rest
+// cost it their decoding and everyone the bytes (BENCHMARKS.md).
+func onlyInputs(f *prismv1.Features, need []string) *prismv1.Features {
+	if len(need) == 0 || f == nil {
+		return f
+	}
+	out := &prismv1.Features{Inputs: make([]*prismv1.Input, 0, len(need))}
+	for _, in := range f.GetInputs() {
+		if slices.Contains(need, in.GetName()) {
+			out.Inputs = append(out.Inputs, in)
+		}
+	}
+	return out
 }

@@ -764,9 +764,15 @@ func (x *JaggedInputs) GetOffsets() []string {
 
 // ShardRef is shard `shard` of a sharding into `shards` shards.
 type ShardRef struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shard         int32                  `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
-	Shards        int32                  `protobuf:"varint,2,opt,name=shards,proto3" json:"shards,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Shard  int32                  `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shards int32                  `protobuf:"varint,2,opt,name=shards,proto3" json:"shards,omitempty"`
+	// inputs are the model inputs this shard's worker reads (its lookups'
+	// ids, weights and offsets, pre.onnx's inputs): the router sends it
+	// only those, in the candidates and the context. Empty: every input
+	// (shard 0, which also passes the dense features on and runs
+	// cpu.onnx).
+	Inputs        []string `protobuf:"bytes,3,rep,name=inputs,proto3" json:"inputs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -813,6 +819,13 @@ func (x *ShardRef) GetShards() int32 {
 		return x.Shards
 	}
 	return 0
+}
+
+func (x *ShardRef) GetInputs() []string {
+	if x != nil {
+		return x.Inputs
+	}
+	return nil
 }
 
 type AnnounceRequest struct {
@@ -1258,10 +1271,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"8\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"P\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
-	"\x06shards\x18\x02 \x01(\x05R\x06shards\"?\n" +
+	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12\x16\n" +
+	"\x06inputs\x18\x03 \x03(\tR\x06inputs\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
 	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"V\n" +
 	"\x10AnnounceResponse\x12!\n" +

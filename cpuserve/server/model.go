@@ -25,7 +25,10 @@ type model struct {
 	// lookups in plan order: each table's uses, one TableLookup each.
 	lookups []lookupSpec
 	// pre runs the plan's pre.onnx (preonnx.go), nil without one.
-	pre     *preModel
+	pre *preModel
+	// needs, on a shard other than 0 of a sharded model (shard.go), are
+	// the inputs it reads: a request need not carry the others.
+	needs   map[string]bool
 	cpu     *ort.Session
 	cpuIns  []string
 	cpuOuts []string

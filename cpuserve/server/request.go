@@ -62,7 +62,7 @@ func (m *model) decode(req *prismv1.LookupRequest, n int) (map[string]*value, er
 	}
 	var missing []string
 	for _, name := range m.order {
-		if vals[name] == nil {
+		if vals[name] == nil && (m.needs == nil || m.needs[name]) {
 			missing = append(missing, name)
 		}
 	}

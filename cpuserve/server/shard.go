@@ -48,6 +48,10 @@ type shardRef struct {
 	parts map[string][3]int64
 	// place: where every table of the plan lives (rowShards).
 	place map[string]*plan.TablePlacement
+	// inputs: the model inputs this shard reads, sorted (announced in
+	// ShardRef.inputs; the router sends only these); nil for shard 0,
+	// which reads every input.
+	inputs []string
 }
 
 // rowShards are the shards of the model's sharding that hold the rows
@@ -246,6 +250,13 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 		}
 	}
 	m.cut = cut
+	if ref.Shard != 0 {
+		sr.inputs = shardInputs(m)
+		m.needs = map[string]bool{}
+		for _, in := range sr.inputs {
+			m.needs[in] = true
+		}
+	}
 	if m.cols != nil {
 		m.cols = m.cols[:0:0]
 		for _, c := range m.cut {
@@ -257,6 +268,44 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 		}
 	}
 	return sr, nil
+}
+
+// shardInputs are the model inputs a shard other than 0 reads: its
+// lookups' ids (or the inputs their pre-lookup ops start from), per-id
+// weights and offsets, and every input of pre.onnx (which runs whole).
+func shardInputs(m *model) []string {
+	set := map[string]bool{}
+	add := func(name string) {
+		if name != "" && m.inputs[name] != nil {
+			set[name] = true
+		}
+	}
+	for _, ls := range m.lookups {
+		l := ls.l
+		add(l.Input)
+		add(l.Weights)
+		add(l.Offsets)
+		for _, in := range l.PreInputs {
+			add(in)
+		}
+	}
+	if m.pre != nil {
+		for _, in := range m.pre.ins {
+			add(in)
+		}
+	}
+	// A jagged input's offsets come with it.
+	for _, j := range m.plan.Jagged() {
+		if set[j.Name] {
+			add(j.Offsets)
+		}
+	}
+	out := make([]string, 0, len(set))
+	for name := range set {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // checkShard checks a Lookup's fan-out fields against the shard this
@@ -291,7 +340,7 @@ func (s *Server) shardRefs() map[string]*prismv1.ShardRef {
 	}
 	out := make(map[string]*prismv1.ShardRef, len(s.shards))
 	for name, sr := range s.shards {
-		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards)}
+		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs}
 	}
 	return out
 }
