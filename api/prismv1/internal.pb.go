@@ -768,10 +768,10 @@ type ShardRef struct {
 	Shard  int32                  `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
 	Shards int32                  `protobuf:"varint,2,opt,name=shards,proto3" json:"shards,omitempty"`
 	// inputs are the model inputs this shard's worker reads (its lookups'
-	// ids, weights and offsets, pre.onnx's inputs): the router sends it
-	// only those, in the candidates and the context. Empty: every input
-	// (shard 0, which also passes the dense features on and runs
-	// cpu.onnx).
+	// ids, weights and offsets, pre.onnx's inputs; on shard 0 also the
+	// inputs it passes to the dense side and cpu.onnx's): the router sends
+	// it only those, in the candidates and the context. Empty: every
+	// input.
 	Inputs        []string `protobuf:"bytes,3,rep,name=inputs,proto3" json:"inputs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

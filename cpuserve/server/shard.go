@@ -49,8 +49,7 @@ type shardRef struct {
 	// place: where every table of the plan lives (rowShards).
 	place map[string]*plan.TablePlacement
 	// inputs: the model inputs this shard reads, sorted (announced in
-	// ShardRef.inputs; the router sends only these); nil for shard 0,
-	// which reads every input.
+	// ShardRef.inputs; the router sends only these).
 	inputs []string
 }
 
@@ -250,12 +249,10 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 		}
 	}
 	m.cut = cut
-	if ref.Shard != 0 {
-		sr.inputs = shardInputs(m)
-		m.needs = map[string]bool{}
-		for _, in := range sr.inputs {
-			m.needs[in] = true
-		}
+	sr.inputs = shardInputs(m)
+	m.needs = map[string]bool{}
+	for _, in := range sr.inputs {
+		m.needs[in] = true
 	}
 	if m.cols != nil {
 		m.cols = m.cols[:0:0]
@@ -270,9 +267,11 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	return sr, nil
 }
 
-// shardInputs are the model inputs a shard other than 0 reads: its
-// lookups' ids (or the inputs their pre-lookup ops start from), per-id
-// weights and offsets, and every input of pre.onnx (which runs whole).
+// shardInputs are the model inputs a shard reads (m already cut down
+// to the shard's lookups and cut tensors): its lookups' ids (or the
+// inputs their pre-lookup ops start from), per-id weights and offsets,
+// every input of pre.onnx (which runs whole), and on shard 0 the inputs
+// it passes to the dense side as they are and cpu.onnx's.
 func shardInputs(m *model) []string {
 	set := map[string]bool{}
 	add := func(name string) {
@@ -293,6 +292,12 @@ func shardInputs(m *model) []string {
 		for _, in := range m.pre.ins {
 			add(in)
 		}
+	}
+	for _, c := range m.cut { // a model input crossing the cut as it is
+		add(c.name)
+	}
+	for _, in := range m.cpuIns { // nil but on shard 0
+		add(in)
 	}
 	// A jagged input's offsets come with it.
 	for _, j := range m.plan.Jagged() {
