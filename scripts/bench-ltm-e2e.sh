@@ -221,6 +221,8 @@ echo "$ltm" | sed 's/^/  /'
 closed=$(lg --clients "$CLIENTS" --duration "$DURATION")
 peak=$(cat "$CG/memory.max_usage_in_bytes")
 failcnt=$(cat "$CG/memory.failcnt")
+usage=$(cat "$CG/memory.usage_in_bytes")
+kmem=$(cat "$CG/memory.kmem.usage_in_bytes" 2>/dev/null || echo 0)
 # What the group's memory is at the end of the window: page cache
 # (cache, of which mapped_file) against the process's anonymous memory
 # (rss, and rss_huge: the hot tier's transparent huge pages), and the
@@ -268,3 +270,4 @@ echo "| rows/s within the miss path (rows / miss-read seconds) | $miss_path_rows
 echo "| larger than memory, $CLIENTS closed-loop clients (samples/s, p99) | $(samples <<<"$closed"), $(p99 <<<"$closed") |"
 echo "| cgroup peak / limit hits | $((peak >> 20)) MiB / $failcnt |"
 echo "| cgroup memory at the end (memory.stat) | $memstat |"
+echo "| cgroup charge at the end: usage / kernel memory (memory.usage_in_bytes, memory.kmem.usage_in_bytes) | $((usage >> 20)) MiB / $((kmem >> 20)) MiB |"
