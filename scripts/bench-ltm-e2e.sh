@@ -45,7 +45,7 @@
 #
 #   scripts/bench-ltm-e2e.sh [WORK]
 #   env: LIMIT RATIO MAX_ROWS HOT CACHE DENSE CLIENTS DURATION WARM RATE
-#        MICRO REDIS REDIS_BATCHES PRISM KEEP_MODEL MEMLIMIT_PCT
+#        MICRO REDIS REDIS_BATCHES PRISM KEEP_MODEL MEMLIMIT_PCT GCTRACE PROFILE
 #   smoke: LIMIT=128M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -168,7 +168,9 @@ embedding() {
 		# Go heap collects before the group's limit instead of being
 		# killed at it. The heap grows to it whatever the hot tier's size
 		# (request garbage), so what it leaves is the page cache's room.
-		sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" env GOMEMLIMIT="$((limit_bytes * ${MEMLIMIT_PCT:-75} / 100))" "${cmd[@]}" >"$log" 2>&1 &
+		# GCTRACE=1 logs each collection (GODEBUG=gctrace=1) to the
+		# worker's log, WORK/run.*/embedding-ltm.log.
+		sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" env GOMEMLIMIT="$((limit_bytes * ${MEMLIMIT_PCT:-75} / 100))" ${GCTRACE:+GODEBUG=gctrace=1} "${cmd[@]}" >"$log" 2>&1 &
 	else
 		"${cmd[@]}" >"$log" 2>&1 &
 	fi
@@ -213,10 +215,15 @@ embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-byt
 until_served
 lg --rate "$rate" --duration "$WARM" >/dev/null
 scrape "127.0.0.1:$mport" "$tmp/m0"
+# PROFILE=1 (with PRISM_PPROF=1 in the environment): the worker's heap
+# profile before and after the window, in WORK/run.*/heap{0,1}.pb.gz
+# (go tool pprof -sample_index alloc_space -diff_base heap0 heap1).
+[ -z "${PROFILE:-}" ] || curl -s "http://127.0.0.1:$mport/debug/pprof/heap" -o "$tmp/heap0.pb.gz"
 t0=$(date +%s.%N)
 ltm=$(lg --rate "$rate" --duration "$DURATION" --slo 60ms)
 t1=$(date +%s.%N)
 scrape "127.0.0.1:$mport" "$tmp/m1"
+[ -z "${PROFILE:-}" ] || curl -s "http://127.0.0.1:$mport/debug/pprof/heap" -o "$tmp/heap1.pb.gz"
 echo "$ltm" | sed 's/^/  /'
 closed=$(lg --clients "$CLIENTS" --duration "$DURATION")
 peak=$(cat "$CG/memory.max_usage_in_bytes")
