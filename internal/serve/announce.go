@@ -68,11 +68,18 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 		fails := 0 // attempts failed in a row
 		for {
 			w := info()
-			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			// Not cancelled with ctx: an Announce cancelled at shutdown
+			// may still be handled by the router after the Leave below,
+			// registering the worker again once it has gone (a drained
+			// worker then listed until its heartbeats expire). Its answer
+			// comes first, within the 2 s, and the Leave after it.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			resp, err := reg.Announce(actx, &prismv1.AnnounceRequest{Worker: w})
 			cancel()
 			switch {
-			case err != nil && ctx.Err() == nil:
+			case ctx.Err() != nil:
+				// Shutting down: the answer is not heard; Leave below.
+			case err != nil:
 				if !failing {
 					log.Warn("registry: announce failed; retrying", "router", routerAddr, "err", err)
 				}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +29,7 @@ type slowRegistry struct {
 	mu      sync.Mutex
 	seen    []string
 	left    []string
+	order   []string // "announce ID" and "leave ID", as handled
 }
 
 func (r *slowRegistry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
@@ -39,6 +41,7 @@ func (r *slowRegistry) Announce(ctx context.Context, req *prismv1.AnnounceReques
 	}
 	r.mu.Lock()
 	r.seen = append(r.seen, req.GetWorker().GetId())
+	r.order = append(r.order, "announce "+req.GetWorker().GetId())
 	r.mu.Unlock()
 	return &prismv1.AnnounceResponse{HeartbeatMs: 20}, nil
 }
@@ -46,6 +49,7 @@ func (r *slowRegistry) Announce(ctx context.Context, req *prismv1.AnnounceReques
 func (r *slowRegistry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
 	r.mu.Lock()
 	r.left = append(r.left, req.GetId())
+	r.order = append(r.order, "leave "+req.GetId())
 	r.mu.Unlock()
 	return &prismv1.LeaveResponse{}, nil
 }
@@ -206,6 +210,38 @@ func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
 	defer reg.mu.Unlock()
 	if len(reg.left) != 1 || reg.left[0] != "gpu/1" {
 		t.Fatalf("left %v", reg.left)
+	}
+}
+
+// A worker shut down while an Announce is in flight leaves after the
+// router has handled that Announce, never before: a cancelled Announce
+// handled after the Leave would register the drained worker again
+// (what TestDenseDrainDropsNothing caught now and then).
+func TestLeaveAfterInflightAnnounce(t *testing.T) {
+	var bn grpctest.Net
+	s, err := New("registry", Options{Listener: bn.MustListen(t, "router"), Logger: quiet(), MetricsAddr: "off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := &slowRegistry{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	sctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go s.Serve(sctx)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := Announce(ctx, s.Addr(), func() *prismv1.WorkerInfo {
+		return &prismv1.WorkerInfo{Id: "gpu/1", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1"}
+	}, quiet(), bn.DialOption())
+	<-reg.entered // the first Announce is in the handler, held there
+	cancel()
+	time.Sleep(100 * time.Millisecond) // time for a Leave to overtake it
+	close(reg.release)
+	<-done
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	if want := []string{"announce gpu/1", "leave gpu/1"}; !slices.Equal(reg.order, want) {
+		t.Fatalf("handled %v, want %v", reg.order, want)
 	}
 }
 
