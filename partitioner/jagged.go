@@ -50,20 +50,7 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 	if body == nil {
 		return nil, ""
 	}
-	local := map[string]bool{}
-	producer := map[string]*pb.NodeProto{}
-	for _, in := range body.GetInput() {
-		local[in.GetName()] = true
-	}
-	for _, t := range body.GetInitializer() {
-		local[t.GetName()] = true
-	}
-	for _, bn := range body.GetNode() {
-		for _, o := range bn.GetOutput() {
-			local[o] = true
-			producer[o] = bn
-		}
-	}
+	local, producer := bodyIndex(body)
 	// The table: an outer table read by a Gather of the body.
 	var gather *pb.NodeProto
 	var src *tableSource

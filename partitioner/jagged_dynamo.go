@@ -2,6 +2,7 @@ package partitioner
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
@@ -28,13 +29,16 @@ import (
 // them, and everything else it reads is integer work on the ids and one
 // offsets input.
 
-// dynamoOps are the ops of the integer work around a dynamo bag loop.
-var dynamoOps = map[string]bool{
-	"Shape": true, "Size": true, "Gather": true, "Unsqueeze": true, "Squeeze": true,
-	"Reshape": true, "Concat": true, "Slice": true, "Cast": true, "Identity": true,
-	"Sub": true, "Add": true, "Constant": true, "Equal": true, "Less": true, "Greater": true,
-	"SequenceEmpty": true, "ScatterElements": true, "Expand": true, "CastLike": true,
-}
+// dynamoOps are the ops of the integer work around a dynamo bag loop:
+// the TorchScript form's (jaggedOps) and the comparisons, sequence and
+// scatter ops of torchlib's decomposition.
+var dynamoOps = func() map[string]bool {
+	m := maps.Clone(jaggedOps)
+	for _, op := range []string{"Equal", "Less", "Greater", "SequenceEmpty", "ScatterElements", "Expand", "CastLike"} {
+		m[op] = true
+	}
+	return m
+}()
 
 // dynamoBags recognises the dynamo exporter's EmbeddingBag loops of g:
 // the lookups, and per Gather of the rows of a loop that is not one,

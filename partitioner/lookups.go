@@ -478,20 +478,7 @@ func bodyCandidates(g *Graph, n *pb.NodeProto) []TableCandidate {
 			bodies = append(bodies, a.GetG())
 		}
 		for _, body := range bodies {
-			local := map[string]bool{}
-			producer := map[string]*pb.NodeProto{}
-			for _, in := range body.GetInput() {
-				local[in.GetName()] = true
-			}
-			for _, t := range body.GetInitializer() {
-				local[t.GetName()] = true
-			}
-			for _, bn := range body.GetNode() {
-				for _, o := range bn.GetOutput() {
-					local[o] = true
-					producer[o] = bn
-				}
-			}
+			local, producer := bodyIndex(body)
 			pooled := map[string]bool{}
 			for _, bn := range body.GetNode() {
 				switch bn.GetOpType() {
@@ -529,4 +516,24 @@ func bodyCandidates(g *Graph, n *pb.NodeProto) []TableCandidate {
 		}
 	}
 	return out
+}
+
+// bodyIndex indexes a Loop's body: the names defined in it (its inputs,
+// initializers and node outputs; any other name is read from the outer
+// graph) and the node that makes each output.
+func bodyIndex(body *pb.GraphProto) (local map[string]bool, producer map[string]*pb.NodeProto) {
+	local, producer = map[string]bool{}, map[string]*pb.NodeProto{}
+	for _, in := range body.GetInput() {
+		local[in.GetName()] = true
+	}
+	for _, t := range body.GetInitializer() {
+		local[t.GetName()] = true
+	}
+	for _, bn := range body.GetNode() {
+		for _, o := range bn.GetOutput() {
+			local[o] = true
+			producer[o] = bn
+		}
+	}
+	return local, producer
 }
