@@ -30,19 +30,8 @@ func LoopBags(seed uint64) []*Model {
 func loopBag(seed uint64, name, mode string, opset int64, last, weighted bool) *Model {
 	m := &Model{Name: name, Source: "torch/onnx/symbolic_helper.py: _embedding_bag_helper (opset 11 to 18)"}
 	b := newBuilder("main_graph", opset, seed)
-	indices := b.input("indices", pb.TensorProto_INT64)
-	offsets := b.input("offsets", pb.TensorProto_INT64)
-	// indices (and the weights) hold every bag's ids: their dimension is
-	// not the batch, the offsets' is.
-	b.g.Input[0].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "indices_dynamic_axes_1"}
-	var psw string
-	if weighted {
-		psw = b.input("per_sample_weights", pb.TensorProto_FLOAT)
-		b.g.Input[2].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "indices_dynamic_axes_1"}
-	}
-	dense := b.input("dense", pb.TensorProto_FLOAT, 2)
-	const rows = 40
-	tab := b.table("embedding_bag.weight", rows, dim)
+	// The TorchScript exporter names the ids' own dimension so.
+	indices, offsets, psw, dense, tab := bagInputs(b, "indices_dynamic_axes_1", weighted)
 	one := []int64{1}
 
 	cond := b.node("Cast", []string{b.constI(nil, 1)}, ai("to", int64(pb.TensorProto_BOOL)))
@@ -82,7 +71,7 @@ func loopBag(seed uint64, name, mode string, opset int64, last, weighted bool) *
 	bags := b.node("Loop", []string{count, cond}, &pb.AttributeProto{Name: "body", Type: pb.AttributeProto_GRAPH, G: body.g})
 
 	m.Sig = models.Signature{Inputs: []models.InputSpec{
-		{Name: "indices", Kind: models.SparseKind, Width: 6, Rows: rows, Offsets: "offsets"},
+		{Name: "indices", Kind: models.SparseKind, Width: 6, Rows: bagRows, Offsets: "offsets"},
 		{Name: "offsets", Kind: models.OffsetsKind, Width: 1, Rank1: true, LastOffset: last},
 	}}
 	if weighted {
@@ -116,17 +105,7 @@ func DynamoBags(seed uint64) []*Model {
 func dynamoBag(seed uint64, name, mode string, last, weighted bool) *Model {
 	m := &Model{Name: name, Source: "torch/onnx/_internal/exporter/_torchlib/ops/core.py: aten_embedding_bag, _aten_embedding_bag_onnx (opset 18)"}
 	b := newBuilder("main_graph", 18, seed)
-	indices := b.input("indices", pb.TensorProto_INT64)
-	offsets := b.input("offsets", pb.TensorProto_INT64)
-	b.g.Input[0].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "s0"}
-	var psw string
-	if weighted {
-		psw = b.input("per_sample_weights", pb.TensorProto_FLOAT)
-		b.g.Input[2].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: "s0"}
-	}
-	dense := b.input("dense", pb.TensorProto_FLOAT, 2)
-	const rows = 40
-	tab := b.table("embedding_bag.weight", rows, dim)
+	indices, offsets, psw, dense, tab := bagInputs(b, "s0", weighted)
 	one := []int64{1}
 	constF := func(b *builder, dims []int64, v ...float32) string {
 		t := &pb.TensorProto{DataType: int32(pb.TensorProto_FLOAT), Dims: dims, FloatData: v}
@@ -211,7 +190,7 @@ func dynamoBag(seed uint64, name, mode string, last, weighted bool) *Model {
 	bags := b.node("CastLike", []string{b.node("ConcatFromSequence", []string{outs[1]}, ai("axis", 0)), "embedding_bag.weight"})
 
 	m.Sig = models.Signature{Inputs: []models.InputSpec{
-		{Name: "indices", Kind: models.SparseKind, Width: 6, Rows: rows, Offsets: "offsets"},
+		{Name: "indices", Kind: models.SparseKind, Width: 6, Rows: bagRows, Offsets: "offsets"},
 		{Name: "offsets", Kind: models.OffsetsKind, Width: 1, Rank1: true, LastOffset: last},
 	}}
 	if weighted {
@@ -254,4 +233,24 @@ func bagFeats(tab [][]float32, mode string, weighted bool, di int) func(sample) 
 		}
 		return append(x, smp.f(di, 0), smp.f(di, 1))
 	}
+}
+
+// bagRows is the EmbeddingBag table's rows in the corpus.
+const bagRows = 40
+
+// bagInputs declares an EmbeddingBag model's inputs as both exporters
+// write them: 1-D indices (and per-sample weights when weighted) whose
+// dimension, named idsDim, is every bag's ids and not the batch; the
+// offsets, one per bag; a dense input of 2; and the table.
+func bagInputs(b *builder, idsDim string, weighted bool) (indices, offsets, psw, dense string, tab [][]float32) {
+	indices = b.input("indices", pb.TensorProto_INT64)
+	offsets = b.input("offsets", pb.TensorProto_INT64)
+	b.g.Input[0].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: idsDim}
+	if weighted {
+		psw = b.input("per_sample_weights", pb.TensorProto_FLOAT)
+		b.g.Input[2].Type.GetTensorType().Shape.Dim[0].Value = &pb.TensorShapeProto_Dimension_DimParam{DimParam: idsDim}
+	}
+	dense = b.input("dense", pb.TensorProto_FLOAT, 2)
+	tab = b.table("embedding_bag.weight", bagRows, dim)
+	return indices, offsets, psw, dense, tab
 }
