@@ -22,16 +22,7 @@ func TestExporterCorpusPartitionsAndVerifies(t *testing.T) {
 	requireORT(t)
 	for _, m := range exporters.Corpus(5) {
 		t.Run(m.Name, func(t *testing.T) {
-			dir := t.TempDir()
-			model := filepath.Join(dir, "model.onnx")
-			if err := m.Write(model); err != nil {
-				t.Fatal(err)
-			}
-			out := filepath.Join(dir, "part")
-			res, err := partitioner.Partition(model, out, partitioner.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			model, out, res := partitionCorpus(t, m)
 			if len(res.Plan.Tables) == 0 {
 				t.Fatalf("no lookups:\n%s", res.Report())
 			}
@@ -81,16 +72,7 @@ func TestExporterFixedBatch(t *testing.T) {
 	requireORT(t)
 	for _, m := range exporters.FixedBatch(5) {
 		t.Run(m.Name, func(t *testing.T) {
-			dir := t.TempDir()
-			model := filepath.Join(dir, "model.onnx")
-			if err := m.Write(model); err != nil {
-				t.Fatal(err)
-			}
-			out := filepath.Join(dir, "part")
-			res, err := partitioner.Partition(model, out, partitioner.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			model, out, res := partitionCorpus(t, m)
 			p := res.Plan
 			if p.Batch == nil || p.Batch.Exported != m.Batch || len(p.Tables) == 0 {
 				t.Fatalf("batch %+v, %d tables; want exported %d\n%s", p.Batch, len(p.Tables), m.Batch, res.Report())
@@ -135,4 +117,22 @@ func TestExporterFixedBatch(t *testing.T) {
 			t.Logf("batch sizes %v, max abs error %.2g\n%s", rep.BatchSizes, rep.MaxAbsErr, res.Report())
 		})
 	}
+}
+
+// partitionCorpus writes the corpus model m into a test folder and
+// partitions it with the default options: the model's path, the
+// partition folder and the result.
+func partitionCorpus(t *testing.T, m *exporters.Model) (model, out string, res *partitioner.Result) {
+	t.Helper()
+	dir := t.TempDir()
+	model = filepath.Join(dir, "model.onnx")
+	if err := m.Write(model); err != nil {
+		t.Fatal(err)
+	}
+	out = filepath.Join(dir, "part")
+	res, err := partitioner.Partition(model, out, partitioner.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model, out, res
 }

@@ -28,16 +28,7 @@ func TestPreONNXFallback(t *testing.T) {
 	}
 	for _, m := range exporters.Corpus(7) {
 		t.Run(m.Name, func(t *testing.T) {
-			dir := t.TempDir()
-			model := filepath.Join(dir, "model.onnx")
-			if err := m.Write(model); err != nil {
-				t.Fatal(err)
-			}
-			out := filepath.Join(dir, "part")
-			res, err := partitioner.Partition(model, out, partitioner.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			model, out, res := partitionCorpus(t, m)
 			p := res.Plan
 			_, statErr := os.Stat(filepath.Join(out, partitioner.PreFile))
 			if !fallback[m.Name] {
