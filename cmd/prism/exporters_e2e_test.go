@@ -120,20 +120,7 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sig, err := models.PlanSignature(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: 7, ZipfS: 1.05})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// prism score draws a batch of --batch at a time.
-			b, _ := src.Next(batch)
-			for b.N < n {
-				more, _ := src.Next(batch)
-				b = joinBatches(b, more)
-			}
+			b := scoredSamples(t, p, n, batch)
 			req := toRequest(name, b, nil)
 			if len(req.Candidates.Inputs) != len(p.Inputs) {
 				t.Fatalf("%d request inputs for the plan's %d", len(req.Candidates.Inputs), len(p.Inputs))
@@ -195,6 +182,27 @@ func readScores(t *testing.T, path string) []float64 {
 		out = append(out, v)
 	}
 	return out
+}
+
+// scoredSamples are the n samples prism score --plan --seed 7 --batch
+// batch draws for plan p (a batch of --batch at a time), to send as
+// the plan says and compare with its scores.
+func scoredSamples(t *testing.T, p *plan.Plan, n, batch int) *models.Batch {
+	t.Helper()
+	sig, err := models.PlanSignature(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: 7, ZipfS: 1.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := src.Next(batch)
+	for b.N < n {
+		more, _ := src.Next(batch)
+		b = joinBatches(b, more)
+	}
+	return b
 }
 
 // joinBatches is a's samples followed by b's.

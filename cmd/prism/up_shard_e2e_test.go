@@ -14,7 +14,6 @@ import (
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/up"
-	"github.com/prism-serve/prism/models"
 	"github.com/prism-serve/prism/plan"
 )
 
@@ -104,19 +103,7 @@ func upSharded(t *testing.T, dir, model, part string, shardArgs []string, shards
 		t.Fatalf("score: %v\n%s", err, out)
 	}
 	want := readScores(t, scores)
-	sig, err := models.PlanSignature(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: 7, ZipfS: 1.05})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := src.Next(batch)
-	for b.N < n {
-		more, _ := src.Next(batch)
-		b = joinBatches(b, more)
-	}
+	b := scoredSamples(t, p, n, batch)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := prismv1.NewRecommenderClient(conn).Recommend(ctx, toRequest(name, b, nil))
