@@ -39,6 +39,8 @@ type Trial struct {
 type FindMaxResult struct {
 	MaxRate float64 `json:"max_rate_rps"`
 	Trials  []Trial `json:"trials"`
+	// WarmUp is the unjudged run before the first trial, if any.
+	WarmUp *Summary `json:"warm_up,omitempty"`
 }
 
 // Judge says whether a trial at rate met the SLO, and if not why.

@@ -58,6 +58,7 @@ type flags struct {
 	findMaxTrial             time.Duration
 	findMaxTolerance         float64
 	findMaxTrials            int
+	findMaxWarmUp            time.Duration
 	out                      string
 	quiet                    bool
 	tls                      authflag.Flags
@@ -126,6 +127,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.DurationVar(&f.findMaxTrial, "find-max-trial", 10*time.Second, "duration of each find-max trial")
 	fl.Float64Var(&f.findMaxTolerance, "find-max-tolerance", 0.05, "stop the search when pass and fail rates are this close (relative)")
 	fl.IntVar(&f.findMaxTrials, "find-max-trials", 12, "at most this many find-max trials")
+	fl.DurationVar(&f.findMaxWarmUp, "find-max-warmup", 2*time.Second, "before the first find-max trial, send at half of --rate for this long, not judged (a fresh server's first requests pay for connections, ONNX Runtime's first runs and the router's admission estimate); 0: none")
 	fl.StringVar(&f.watchBorrowed, "watch-borrowed", "", "sample the borrowed dense workers every second from this /metrics URL (prism up --loan's controller) into the report")
 	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
@@ -314,10 +316,25 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 		o.Profile, o.Poisson = loadgen.Constant(rate), true
 		return loadgen.Run(ctx, o, reqs, s)
 	}
+	var warm *loadgen.Summary
+	if f.findMaxWarmUp > 0 {
+		reqs, err := newRequests()
+		if err != nil {
+			return err
+		}
+		o := opts
+		o.Duration = f.findMaxWarmUp
+		o.Profile, o.Poisson = loadgen.Constant(f.rate/2), true
+		if warm, err = loadgen.Run(ctx, o, reqs, s); err != nil {
+			return fmt.Errorf("loadgen: find-max warm-up: %w", err)
+		}
+		fmt.Fprintf(stderr, "find-max: warm-up %v at %.1f req/s  sent %d  ok %d  p99 %.2fms  (not judged)\n", f.findMaxWarmUp, f.rate/2, warm.Sent, warm.OK, warm.P99)
+	}
 	res, err := loadgen.FindMax(ctx, loadgen.FindMaxOptions{Start: f.rate, SLO: f.slo, Tolerance: f.findMaxTolerance, MaxTrials: f.findMaxTrials}, trial, stderr)
 	if err != nil {
 		return err
 	}
+	res.WarmUp = warm
 	fmt.Fprintf(stdout, "find-max: %.1f req/s is the highest rate with p99 under %v (%d trials of %v)\n", res.MaxRate, f.slo, len(res.Trials), f.findMaxTrial)
 	var best *loadgen.Summary
 	for _, t := range res.Trials {
