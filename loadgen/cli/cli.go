@@ -127,7 +127,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.DurationVar(&f.findMaxTrial, "find-max-trial", 10*time.Second, "duration of each find-max trial")
 	fl.Float64Var(&f.findMaxTolerance, "find-max-tolerance", 0.05, "stop the search when pass and fail rates are this close (relative)")
 	fl.IntVar(&f.findMaxTrials, "find-max-trials", 12, "at most this many find-max trials")
-	fl.DurationVar(&f.findMaxWarmUp, "find-max-warmup", 2*time.Second, "before the first find-max trial, send at half of --rate for this long, not judged (a fresh server's first requests pay for connections, ONNX Runtime's first runs and the router's admission estimate); 0: none")
+	fl.DurationVar(&f.findMaxWarmUp, "find-max-warmup", 3*time.Second, "before the first find-max trial, send at --rate for this long, not judged (a fresh server's first requests pay for connections, ONNX Runtime's first runs and the router's admission estimate); 0: none")
 	fl.StringVar(&f.watchBorrowed, "watch-borrowed", "", "sample the borrowed dense workers every second from this /metrics URL (prism up --loan's controller) into the report")
 	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
@@ -324,11 +324,11 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 		}
 		o := opts
 		o.Duration = f.findMaxWarmUp
-		o.Profile, o.Poisson = loadgen.Constant(f.rate/2), true
+		o.Profile, o.Poisson = loadgen.Constant(f.rate), true
 		if warm, err = loadgen.Run(ctx, o, reqs, s); err != nil {
 			return fmt.Errorf("loadgen: find-max warm-up: %w", err)
 		}
-		fmt.Fprintf(stderr, "find-max: warm-up %v at %.1f req/s  sent %d  ok %d  p99 %.2fms  (not judged)\n", f.findMaxWarmUp, f.rate/2, warm.Sent, warm.OK, warm.P99)
+		fmt.Fprintf(stderr, "find-max: warm-up %v at %.1f req/s  sent %d  ok %d  p99 %.2fms  (not judged)\n", f.findMaxWarmUp, f.rate, warm.Sent, warm.OK, warm.P99)
 	}
 	res, err := loadgen.FindMax(ctx, loadgen.FindMaxOptions{Start: f.rate, SLO: f.slo, Tolerance: f.findMaxTolerance, MaxTrials: f.findMaxTrials}, trial, stderr)
 	if err != nil {
