@@ -7,6 +7,7 @@
 # (one embedding worker, two dense workers), both up at once on the same
 # cores; closed loops of 270 candidates alternate between them (order
 # swapped every round). Prints each round, the medians and their ratio.
+# SHARD_GOMAXPROCS=N runs each shard's embedding worker with GOMAXPROCS=N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
@@ -63,7 +64,7 @@ for d in 0 1; do
 	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
 done
 for k in $(seq 0 $((shards - 1))); do
-	$prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
+	env ${SHARD_GOMAXPROCS:+GOMAXPROCS=$SHARD_GOMAXPROCS} $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
 done

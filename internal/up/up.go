@@ -330,9 +330,26 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		if c.HotBytes != "" {
 			args = append(args, "--hot-bytes", c.HotBytes)
 		}
-		out = append(out, &supervise.Child{Name: fmt.Sprintf("embedding%d", i), Ready: readyline.Embedding, Stage: stageEmbedding, Args: args})
+		out = append(out, &supervise.Child{Name: fmt.Sprintf("embedding%d", i), Ready: readyline.Embedding, Stage: stageEmbedding, Args: args,
+			Env: embeddingEnv(runtime.GOMAXPROCS(0), c.EmbeddingWorkers, os.Getenv("GOMAXPROCS") != "")})
 	}
 	return out
+}
+
+// embeddingEnv is the environment of each of workers embedding workers
+// sharing cpus cores (a sharded model's shards and replicas on one
+// host): GOMAXPROCS=cpus/workers (at least 1), so that the workers
+// together run no more Go threads than there are cores. With a Go
+// scheduler per process sized to the whole host, three shard workers
+// on two cores spent their CPU spinning for work and switching threads:
+// scripts/bench-shard.sh read sharded/unsharded 0.73 with each at
+// GOMAXPROCS=2 and 0.78 at 1 (BENCHMARKS.md). One worker, or a
+// GOMAXPROCS the user set for prism up (inherited), gets nothing.
+func embeddingEnv(cpus, workers int, userSet bool) []string {
+	if workers <= 1 || userSet || cpus <= 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("GOMAXPROCS=%d", max(1, cpus/workers))}
 }
 
 // tlsArgs are the TLS flags of a child of role r: only its role's

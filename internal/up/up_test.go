@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -140,6 +141,36 @@ func TestEnsureCerts(t *testing.T) {
 				t.Fatalf("made %v, layout %v, err %v", made, layout, err)
 			}
 		})
+	}
+}
+
+// Embedding workers sharing the host's cores split them: GOMAXPROCS
+// per worker is cores/workers, at least 1; one worker, or a GOMAXPROCS
+// set for prism up itself, leaves the Go default.
+func TestEmbeddingEnv(t *testing.T) {
+	for _, tc := range []struct {
+		cpus, workers int
+		userSet       bool
+		want          []string
+	}{
+		{2, 1, false, nil},
+		{2, 3, false, []string{"GOMAXPROCS=1"}},
+		{2, 2, false, []string{"GOMAXPROCS=1"}},
+		{16, 3, false, []string{"GOMAXPROCS=5"}},
+		{16, 4, false, []string{"GOMAXPROCS=4"}},
+		{1, 6, false, []string{"GOMAXPROCS=1"}},
+		{16, 3, true, nil},
+	} {
+		if got := embeddingEnv(tc.cpus, tc.workers, tc.userSet); !slices.Equal(got, tc.want) {
+			t.Errorf("embeddingEnv(%d cpus, %d workers, user set %v) = %v, want %v", tc.cpus, tc.workers, tc.userSet, got, tc.want)
+		}
+	}
+	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 3, shards: 3, Replicas: 1, Insecure: true}
+	want := embeddingEnv(runtime.GOMAXPROCS(0), 3, os.Getenv("GOMAXPROCS") != "")
+	for _, k := range Children(c, "127.0.0.1:9", nil) {
+		if !slices.Equal(k.Env, want) {
+			t.Errorf("%s env %v, want %v", k.Name, k.Env, want)
+		}
 	}
 }
 
