@@ -80,6 +80,7 @@ func TestBatcherExpandsContext(t *testing.T) {
 	// Five requests, 64 samples in all: one batch (MaxBatch).
 	reqs := []sent{mk(10, 1000, true, false), mk(20, 2000, false, false), mk(7, 3000, true, true), mk(26, 4000, false, true), mk(1, 5000, true, true)}
 	var wg sync.WaitGroup
+	queued := 0
 	for i, s := range reqs {
 		wg.Go(func() {
 			out, err := b.Submit(context.Background(), s.req)
@@ -94,7 +95,20 @@ func TestBatcherExpandsContext(t *testing.T) {
 				}
 			}
 		})
-		time.Sleep(time.Millisecond) // arrival order: the batch's order
+		// Arrival order is the batch's order: the next request is sent
+		// once this one is queued (a sleep between goroutines was not
+		// enough on a loaded machine).
+		// (The last completes the batch, which then runs and leaves.)
+		queued += s.req.N
+		if i == len(reqs)-1 {
+			break
+		}
+		for deadline := time.Now().Add(10 * time.Second); b.QueueDepth() < queued; {
+			if time.Now().After(deadline) {
+				t.Fatalf("request %d: queue depth %d after 10 s, want %d", i, b.QueueDepth(), queued)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
 	}
 	wg.Wait()
 	if len(r.batches) != 1 {
