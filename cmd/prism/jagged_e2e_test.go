@@ -85,15 +85,7 @@ func TestEmbeddingBagLoopEndToEnd(t *testing.T) {
 			if len(p.Jagged()) == 0 {
 				t.Fatalf("plan has no jagged inputs: %+v", p.Inputs)
 			}
-			sig, err := models.PlanSignature(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: 7, ZipfS: 1.05})
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, _ := src.Next(n)
+			b := scoredSamples(t, p, n, n)
 			req := toRequest(name, b, nil)
 			resp, err := rec.Recommend(ctx, req)
 			if err != nil {

@@ -172,24 +172,32 @@ func TestServeTCP(t *testing.T) {
 	}
 }
 
-// TestAnnounceHeartbeatsAndLeaves: a worker announces at the interval the
-// registry asks for, and leaves when its context ends.
-func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
+// announceTo serves reg as a router's registry and starts a dense
+// worker's Announce loop against it; cancel ends the loop (the worker
+// leaves) and done closes when it has.
+func announceTo(t *testing.T, reg prismv1.RegistryServer) (cancel context.CancelFunc, done <-chan struct{}) {
+	t.Helper()
 	var bn grpctest.Net
 	s, err := New("registry", Options{Listener: bn.MustListen(t, "router"), Logger: quiet(), MetricsAddr: "off"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := &slowRegistry{}
 	prismv1.RegisterRegistryServer(s.GRPC, reg)
 	sctx, stop := context.WithCancel(context.Background())
-	defer stop()
+	t.Cleanup(stop)
 	go s.Serve(sctx)
-
 	ctx, cancel := context.WithCancel(context.Background())
-	done := Announce(ctx, s.Addr(), func() *prismv1.WorkerInfo {
+	done = Announce(ctx, s.Addr(), func() *prismv1.WorkerInfo {
 		return &prismv1.WorkerInfo{Id: "gpu/1", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1"}
 	}, quiet(), bn.DialOption())
+	return cancel, done
+}
+
+// TestAnnounceHeartbeatsAndLeaves: a worker announces at the interval the
+// registry asks for, and leaves when its context ends.
+func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
+	reg := &slowRegistry{}
+	cancel, done := announceTo(t, reg)
 	// Heartbeats are timed by the registry's interval: wait for them.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -218,21 +226,8 @@ func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
 // handled after the Leave would register the drained worker again
 // (what TestDenseDrainDropsNothing caught now and then).
 func TestLeaveAfterInflightAnnounce(t *testing.T) {
-	var bn grpctest.Net
-	s, err := New("registry", Options{Listener: bn.MustListen(t, "router"), Logger: quiet(), MetricsAddr: "off"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := &slowRegistry{entered: make(chan struct{}, 1), release: make(chan struct{})}
-	prismv1.RegisterRegistryServer(s.GRPC, reg)
-	sctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go s.Serve(sctx)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := Announce(ctx, s.Addr(), func() *prismv1.WorkerInfo {
-		return &prismv1.WorkerInfo{Id: "gpu/1", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1"}
-	}, quiet(), bn.DialOption())
+	cancel, done := announceTo(t, reg)
 	<-reg.entered // the first Announce is in the handler, held there
 	cancel()
 	time.Sleep(100 * time.Millisecond) // time for a Leave to overtake it

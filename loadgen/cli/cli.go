@@ -316,6 +316,9 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 		o.Profile, o.Poisson = loadgen.Constant(rate), true
 		return loadgen.Run(ctx, o, reqs, s)
 	}
+	if f.findMaxWarmUp < 0 {
+		return fmt.Errorf("loadgen: --find-max-warmup %v: want 0 (none) or a positive duration", f.findMaxWarmUp)
+	}
 	var warm *loadgen.Summary
 	if f.findMaxWarmUp > 0 {
 		reqs, err := newRequests()

@@ -124,6 +124,7 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"--fake"}, "--model is required"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--find-max", "--find-max-warmup", "-1s"}, "--find-max-warmup -1s: want 0 (none) or a positive duration"},
 		{[]string{"--model", "dlrm-tiny"}, "one of --target ADDR or --fake"},
 		{[]string{"--fake", "--model", "nope"}, "give --model-preset, --plan or --onnx"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad}, "bad.csv:3: time 0 goes back"},
