@@ -22,9 +22,9 @@
 #  3. larger than memory: the store files' page cache dropped (fadvise),
 #     the embedding worker started inside the cgroup (hot tier HOT, block
 #     cache CACHE, no preload); Poisson arrivals at half the all-in-memory
-#     throughput, WARM of warm-up, then DURATION measured (GOMEMLIMIT at
-#     3/4 of LIMIT, so the Go heap collects before the group's limit
-#     kills it): samples/s, p99
+#     throughput, WARM of warm-up, then DURATION measured (the worker
+#     sizes Go's memory limit and its lookups in flight to the group's
+#     limit, its "memory budget" line): samples/s, p99
 #     (goal: under 60 ms), the hot tier's hit ratio and the rows/s read
 #     from Pebble (prism_store_* on the worker's /metrics), and the
 #     cgroup's peak and limit hits;
@@ -164,13 +164,13 @@ embedding() {
 	shift 3
 	local cmd=("$PRISM" serve embedding --insecure --plan "$part" --db "$db" --router "$router" --addr 127.0.0.1:0 --metrics-addr "127.0.0.1:$mport" "$@")
 	if [ -n "$cg" ]; then
-		# GOMEMLIMIT (MEMLIMIT_PCT of the group's limit, default 75): the
-		# Go heap collects before the group's limit instead of being
-		# killed at it. The heap grows to it whatever the hot tier's size
-		# (request garbage), so what it leaves is the page cache's room.
-		# GCTRACE=1 logs each collection (GODEBUG=gctrace=1) to the
-		# worker's log, WORK/run.*/embedding-ltm.log.
-		sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" env GOMEMLIMIT="$((limit_bytes * ${MEMLIMIT_PCT:-75} / 100))" ${GCTRACE:+GODEBUG=gctrace=1} "${cmd[@]}" >"$log" 2>&1 &
+		# The worker reads the group's limit and sizes itself to it
+		# (its "memory budget" line: Go's memory limit, the hot tier's
+		# cap, the bytes of lookups in flight). MEMLIMIT_PCT=N sets
+		# GOMEMLIMIT to N% of the limit by hand instead (the worker then
+		# keeps it). GCTRACE=1 logs each collection (GODEBUG=gctrace=1)
+		# to the worker's log, WORK/run.*/embedding-ltm.log.
+		sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" env ${MEMLIMIT_PCT:+GOMEMLIMIT=$((limit_bytes * ${MEMLIMIT_PCT:-75} / 100))} ${GCTRACE:+GODEBUG=gctrace=1} "${cmd[@]}" >"$log" 2>&1 &
 	else
 		"${cmd[@]}" >"$log" 2>&1 &
 	fi
@@ -212,6 +212,7 @@ mkdir "$CG"
 echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
 mport=$(freeport)
 embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off
+sed -n 's/^memory budget/  memory budget/p' "$tmp/embedding-ltm.log"
 until_served
 lg --rate "$rate" --duration "$WARM" >/dev/null
 scrape "127.0.0.1:$mport" "$tmp/m0"

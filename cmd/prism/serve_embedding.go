@@ -24,7 +24,7 @@ func init() { serveSubcommands = append(serveSubcommands, newServeEmbeddingCmd) 
 func newServeEmbeddingCmd() *cobra.Command {
 	var (
 		db, hotBytes, preload, addr, metricsAddr, router, advertise, logFormat, logLevel string
-		cacheBytes                                                                       string
+		cacheBytes, memLimit                                                             string
 		plans                                                                            []string
 		maxSamples, threads                                                              int
 		tlsFlags                                                                         authflag.Flags
@@ -74,13 +74,23 @@ at --advertise-addr.`,
 				return err
 			}
 			so := store.Options{Preload: store.PreloadMode(preload)}
-			if err := so.SetHotBytes(hotBytes, store.PhysicalMemory()); err != nil {
+			mem, err := memoryLimit(memLimit)
+			if err != nil {
+				return fmt.Errorf("--memory-limit: %w", err)
+			}
+			if err := so.SetHotBytes(hotBytes, mem.Effective()); err != nil {
 				return fmt.Errorf("--hot-bytes: %w", err)
 			}
 			if cacheBytes != "" {
 				if so.CacheBytes, err = flagval.Bytes(cacheBytes); err != nil {
 					return fmt.Errorf("--cache-bytes: %w", err)
 				}
+			} else if mem.Cgroup > 0 {
+				so.CacheBytes = store.CacheBytesFor(mem.Cgroup)
+			}
+			budget, err := applyBudget(&so, mem.Cgroup)
+			if err != nil {
+				return err
 			}
 			ctx, stop := signalContext()
 			defer stop()
@@ -95,7 +105,7 @@ at --advertise-addr.`,
 				Plans: plans, MaxSamples: maxSamples, Threads: threads, Logger: log.With("tier", "embedding"),
 				// Trust and admission: cut tensors go only to the dense
 				// workers the router announces (any, without a router).
-				MaxInflightSamples: maxInflightSamples, AnyDenseAddr: router == "",
+				MaxInflightSamples: maxInflightSamples, MaxInflightBytes: budget.inflight(st), AnyDenseAddr: router == "",
 				DialOptions: []grpc.DialOption{toDense},
 				IngestProgress: func(model string, done, total int64) {
 					if bar == nil || barModel != model {
@@ -114,6 +124,7 @@ at --advertise-addr.`,
 				return err
 			}
 			defer srv.Close()
+			budget.report(cmd.ErrOrStderr(), log, st)
 			if pr := st.Preloaded(); pr.Rows > 0 {
 				log.Info("hot tier preloaded", "tables", pr.Tables, "rows", pr.Rows, "bytes", pr.Bytes, "elapsed", pr.Elapsed.Round(time.Millisecond), "complete", pr.Complete)
 				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
@@ -141,6 +152,7 @@ at --advertise-addr.`,
 	f.StringArrayVar(&plans, "plan", nil, "partition folder of a model to serve (repeatable); ingested at startup if the store lacks it")
 	f.StringVar(&hotBytes, "hot-bytes", store.HotBytesAuto, `hot tier size, e.g. 512MiB; "auto": enough to hold every row of the served models' tables when that is at most half of physical memory, else the store's recorded size (256MiB unless ingest recorded one); negative disables`)
 	f.StringVar(&cacheBytes, "cache-bytes", "", "Pebble block cache size below the hot tier, e.g. 32MiB (default: the store's, 256MiB); in a memory limit, size it to the store's index blocks with room to spare")
+	f.StringVar(&memLimit, "memory-limit", "auto", `memory this worker may use, e.g. 8GiB: the hot tier, block cache, Go's heap limit and the bytes of lookups in flight are sized to fit it with a quarter left for the page cache; "auto": the memory cgroup's limit (a container's) when there is one; "off": no budget`)
 	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)

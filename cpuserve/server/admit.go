@@ -40,12 +40,29 @@ func (s *Server) checkDense(addr string) error {
 	return nil
 }
 
-// admit charges n samples against Options.MaxInflightSamples; the
-// caller gives them back with s.outstanding.Add(-n) once answered.
-func (s *Server) admit(n int64) error {
+// admit charges a Lookup of n samples, whose cut tensors take bytes,
+// against Options.MaxInflightSamples and MaxInflightBytes; release gives
+// them back once it is answered. A Lookup alone in flight is admitted
+// whatever its bytes (it passed MaxSamples), so a small budget slows the
+// worker instead of refusing every large request.
+func (s *Server) admit(n, bytes int64) (release func(), err error) {
 	if cur := s.outstanding.Add(n); cur > s.opts.MaxInflightSamples {
 		s.outstanding.Add(-n)
-		return status.Errorf(codes.ResourceExhausted, "embedding worker overloaded: %d samples in flight, limit %d; retry later", cur-n, s.opts.MaxInflightSamples)
+		return nil, status.Errorf(codes.ResourceExhausted, "embedding worker overloaded: %d samples in flight, limit %d; retry later", cur-n, s.opts.MaxInflightSamples)
 	}
-	return nil
+	if max := s.opts.MaxInflightBytes; max > 0 {
+		if cur := s.inflightBytes.Add(bytes); cur > max && cur != bytes {
+			s.inflightBytes.Add(-bytes)
+			s.outstanding.Add(-n)
+			return nil, status.Errorf(codes.ResourceExhausted, "embedding worker overloaded: %d bytes of cut tensors in flight, limit %d (its memory budget); retry later", cur-bytes, max)
+		}
+	} else {
+		bytes = 0
+	}
+	return func() {
+		s.outstanding.Add(-n)
+		if bytes != 0 {
+			s.inflightBytes.Add(-bytes)
+		}
+	}, nil
 }

@@ -30,19 +30,42 @@ func TestDenseAddrsFromRouter(t *testing.T) {
 }
 
 func TestLookupAdmission(t *testing.T) {
-	s := &Server{opts: Options{MaxInflightSamples: 100}}
-	if err := s.admit(60); err != nil {
-		t.Fatal(err)
+	type step struct {
+		n, bytes int64
+		refused  bool
 	}
-	if err := s.admit(60); status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("over the bound: %v, want ResourceExhausted", err)
-	}
-	if got := s.Outstanding(); got != 60 {
-		t.Fatalf("a refused lookup stays charged: %d", got)
-	}
-	s.outstanding.Add(-60)
-	if err := s.admit(100); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name  string
+		opts  Options
+		steps []step
+	}{
+		{"samples", Options{MaxInflightSamples: 100}, []step{{60, 0, false}, {60, 0, true}, {40, 0, false}, {1, 0, true}}},
+		{"bytes", Options{MaxInflightSamples: 1000, MaxInflightBytes: 1000}, []step{{10, 600, false}, {10, 600, true}, {10, 400, false}, {1, 1, true}}},
+		// One lookup alone is admitted whatever its bytes.
+		{"one lookup over the byte budget", Options{MaxInflightSamples: 1000, MaxInflightBytes: 100}, []step{{10, 5000, false}, {1, 1, true}}},
+		{"no byte budget", Options{MaxInflightSamples: 1000}, []step{{10, 1 << 40, false}, {10, 1 << 40, false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &Server{opts: tc.opts}
+			var releases []func()
+			for i, st := range tc.steps {
+				release, err := s.admit(st.n, st.bytes)
+				if st.refused != (status.Code(err) == codes.ResourceExhausted) || (!st.refused && err != nil) {
+					t.Fatalf("step %d (%d samples, %d bytes): %v, want refused %v", i, st.n, st.bytes, err, st.refused)
+				}
+				if err == nil {
+					releases = append(releases, release)
+				}
+			}
+			for _, r := range releases {
+				r()
+			}
+			// A refused lookup leaves nothing charged; released ones give
+			// everything back.
+			if s.Outstanding() != 0 || s.inflightBytes.Load() != 0 {
+				t.Fatalf("after release: %d samples, %d bytes in flight", s.Outstanding(), s.inflightBytes.Load())
+			}
+		})
 	}
 }
 

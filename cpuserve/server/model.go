@@ -39,6 +39,9 @@ type model struct {
 	// cols is the frame layout of the cut (nil when a cut shape is not
 	// fully known): lookups write straight into a frame of this layout.
 	cols []arrowframe.Column
+	// sampleBytes is the cut's float32 bytes per sample (a dimension the
+	// plan leaves unknown counts as 1): what admission charges.
+	sampleBytes int64
 }
 
 // inputSpec is one model input as the requests carry it.
@@ -182,6 +185,7 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 			w *= int(max(d, 0))
 		}
 		m.cols = append(m.cols, arrowframe.Column{Name: c.Name, Width: w})
+		m.sampleBytes += 4 * int64(max(w, 1))
 	}
 	for _, c := range m.cols {
 		if c.Width <= 0 {

@@ -48,6 +48,13 @@ type Options struct {
 	// (default DefaultMaxInflightSamples); beyond it a Lookup is
 	// ResourceExhausted at once (the router retries another replica).
 	MaxInflightSamples int64
+	// MaxInflightBytes, when > 0, bounds the cut-tensor bytes the
+	// Lookups in flight fill and send (samples x the model's frame bytes
+	// per sample): a memory budget's share (store.Budget.InflightBytes),
+	// so a backlog (cold misses, a slow dense worker) is refused with
+	// ResourceExhausted instead of growing the worker into its memory
+	// limit.
+	MaxInflightBytes int64
 	// AnyDenseAddr lets a Lookup name any dense_addr. Off (the default),
 	// only the dense workers the router last announced (SetDenseAddrs)
 	// are dialled: set it only for a worker without a router (tools,
@@ -102,7 +109,10 @@ type Server struct {
 	used     map[string]time.Time // last use of each conn, to evict the oldest
 
 	outstanding atomic.Int64
-	met         *metrics
+	// inflightBytes is the cut-tensor bytes of the Lookups in flight
+	// (charged only under Options.MaxInflightBytes).
+	inflightBytes atomic.Int64
+	met           *metrics
 	// denseAddrs is the router's latest list of dense workers (nil until
 	// it has answered an announcement).
 	denseAddrs atomic.Pointer[denseSet]
@@ -303,10 +313,11 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 			return nil, err
 		}
 	}
-	if err := s.admit(int64(n)); err != nil {
+	release, err := s.admit(int64(n), int64(n)*m.sampleBytes)
+	if err != nil {
 		return nil, err
 	}
-	defer s.outstanding.Add(-int64(n))
+	defer release()
 	s.met.samples.Observe(float64(n))
 
 	times := &prismv1.StageTimes{}

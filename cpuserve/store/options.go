@@ -22,6 +22,10 @@ type Options struct {
 	// hold every row of the active tables (hot.FullBytes) if that needs at
 	// most HotBytesAutoMax bytes; otherwise the recorded or default size.
 	HotBytesAutoMax int64
+	// HotBytesMax, when > 0, caps the hot tier whatever sized it (a
+	// memory budget's share, Budget.HotMax): the recorded or default
+	// size a store falls back to must not outgrow a small container.
+	HotBytesMax int64
 	// Preload fills the hot tier with every row of the active tables at
 	// Open and after Ingest, Activate and DropVersion, by one sequential
 	// scan per table, bypassing admission: PreloadAuto (the default) when
@@ -49,6 +53,12 @@ type Options struct {
 	NoSync bool
 	// Logger receives Pebble's log; nil discards informational lines.
 	Logger pebble.Logger
+	// DropBehind drops the table files' pages from the kernel's page
+	// cache as they are read (dropbehind.go): for a store under a memory
+	// budget, where the hot tier and the block cache are the caches and
+	// the page cache's copy only takes the budget's room. Off, the page
+	// cache is a free cache below the block cache.
+	DropBehind bool
 	// ReadOnly opens the store for lookups only.
 	ReadOnly bool
 }
@@ -103,6 +113,9 @@ func (o *Options) Validate() error {
 	}
 	if err := o.validateMiss(); err != nil {
 		errs = append(errs, err)
+	}
+	if o.HotBytesMax < 0 {
+		errs = append(errs, fmt.Errorf("hot bytes max %d < 0", o.HotBytesMax))
 	}
 	if o.HotBytesAutoMax < 0 {
 		errs = append(errs, fmt.Errorf("hot bytes auto max %d < 0", o.HotBytesAutoMax))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/sstable"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
@@ -122,6 +123,14 @@ func Open(dir string, o *Options) (*Store, error) {
 		ReadOnly:           opts.ReadOnly,
 		FormatMajorVersion: pebble.FormatNewest,
 	}
+	if opts.DropBehind {
+		po.FS = dropBehindFS{FS: opts.FS}
+		// Speculative readahead (Pebble's, when an iterator reads
+		// consecutive blocks, as a sorted miss pass can) would bring in
+		// pages no lookup asked for, which drop-behind never sees.
+		po.Local.ReadaheadConfig = objstorageprovider.NewReadaheadConfig()
+		po.Local.ReadaheadConfig.Set(objstorageprovider.FadviseSequential, objstorageprovider.NoReadahead)
+	}
 	po.EnsureDefaults()
 	for i := range po.Levels {
 		// Embedding values are dense floats: compression costs CPU and
@@ -210,6 +219,14 @@ func (s *Store) closedErr(err error) error {
 // hotBudget is the hot tier's bytes under the options and catalog for
 // active tables of weight (float32 bytes per row width).
 func (s *Store) hotBudget(cat *catalog, weight map[int]int64) int64 {
+	b := s.hotBudgetUncapped(cat, weight)
+	if m := s.opts.HotBytesMax; m > 0 && b > m {
+		return m
+	}
+	return b
+}
+
+func (s *Store) hotBudgetUncapped(cat *catalog, weight map[int]int64) int64 {
 	if s.opts.HotBytes == 0 && s.opts.HotBytesAutoMax > 0 && len(weight) > 0 {
 		if full := hot.FullBytes(weight); full <= s.opts.HotBytesAutoMax {
 			return full

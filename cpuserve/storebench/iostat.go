@@ -107,35 +107,3 @@ func EvictPageCache(dir string) (files int, err error) {
 	return files, err
 }
 
-// cgroupLimit is the memory limit of this process's cgroup (v1 or v2),
-// 0 when none is set or it cannot be read.
-func cgroupLimit() int64 {
-	b, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		var file string
-		switch {
-		case parts[1] == "memory":
-			file = filepath.Join("/sys/fs/cgroup/memory", parts[2], "memory.limit_in_bytes")
-		case parts[0] == "0" && parts[1] == "":
-			file = filepath.Join("/sys/fs/cgroup", parts[2], "memory.max")
-		default:
-			continue
-		}
-		v, err := os.ReadFile(file)
-		if err != nil {
-			continue
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
-		if err == nil && n > 0 && n < 1<<50 {
-			return n
-		}
-	}
-	return 0
-}

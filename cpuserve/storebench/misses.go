@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/memlimit"
 )
 
 // missMode is one way of reading the hot tier's misses.
@@ -42,7 +43,7 @@ func runMisses(w io.Writer, e *Env, zipfs []float64) error {
 	m := e.Store.Metrics()
 	fmt.Fprintf(w, "tables %d MiB (float32), SST index blocks %.1f MiB, filter blocks %.1f MiB; hot tier %d MiB, block cache %d MiB\n",
 		tableBytes>>20, float64(idx)/(1<<20), float64(filter)/(1<<20), m.HotBytes>>20, e.Cfg.CacheBytes>>20)
-	if lim := cgroupLimit(); lim > 0 {
+	if lim := memlimit.Read().Cgroup; lim > 0 {
 		fmt.Fprintf(w, "memory cgroup limit %d MiB: tables are %.1fx the limit\n", lim>>20, float64(tableBytes)/float64(lim))
 	}
 	n, err := EvictPageCache(filepath.Join(e.Cfg.Dir, "db"))

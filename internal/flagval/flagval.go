@@ -42,3 +42,25 @@ func Bytes(s string) (int64, error) {
 	}
 	return int64(n * float64(mult)), nil
 }
+
+// FormatBytes writes n the way Bytes reads it: in the largest binary
+// unit that keeps it readable ("768MiB", "1.5GiB", "4096B").
+func FormatBytes(n int64) string {
+	neg := ""
+	if n < 0 {
+		neg, n = "-", -n
+	}
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.mult {
+			v := float64(n) / float64(u.mult)
+			if n%u.mult == 0 {
+				return fmt.Sprintf("%s%d%s", neg, n/u.mult, u.suffix)
+			}
+			return neg + strconv.FormatFloat(v, 'f', 1, 64) + u.suffix
+		}
+	}
+	return fmt.Sprintf("%s%dB", neg, n)
+}

@@ -33,3 +33,24 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   int64
+		want string
+	}{
+		{0, "0B"}, {1023, "1023B"}, {1 << 10, "1KiB"}, {768 << 20, "768MiB"},
+		{3 << 29, "1.5GiB"}, {2 << 30, "2GiB"}, {-(64 << 20), "-64MiB"}, {1536 << 10, "1.5MiB"},
+	} {
+		got := FormatBytes(tc.in)
+		if got != tc.want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", tc.in, got, tc.want)
+		}
+		// What it writes, Bytes reads back (to the printed precision).
+		if tc.in >= 0 {
+			if n, err := Bytes(got); err != nil || n != tc.in {
+				t.Errorf("Bytes(FormatBytes(%d) = %q) = %d, %v", tc.in, got, n, err)
+			}
+		}
+	}
+}

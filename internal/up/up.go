@@ -26,6 +26,7 @@ import (
 	"github.com/prism-serve/prism/capacity/loan"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
@@ -79,6 +80,9 @@ type Config struct {
 	// Insecure runs every tier on plaintext without authentication
 	// (Certs is then unused).
 	Insecure bool
+	// memLimit is the memory cgroup's limit up runs under (Run reads
+	// it; 0: none), shared out among the embedding workers.
+	memLimit int64
 	// flatCerts says Certs has the old flat layout (Run sets it), which
 	// has no role folders to pass.
 	flatCerts bool
@@ -155,6 +159,7 @@ func Run(ctx context.Context, c Config) error {
 		}
 		c.EmbeddingWorkers = shards * c.Replicas
 	}
+	c.memLimit = memlimit.Read().Cgroup
 	var dialCreds grpc.DialOption
 	if c.Insecure {
 		dialCreds = grpc.WithTransportCredentials(insecure.NewCredentials())
@@ -330,6 +335,7 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		if c.HotBytes != "" {
 			args = append(args, "--hot-bytes", c.HotBytes)
 		}
+		args = append(args, embeddingMemArgs(c.memLimit, c.EmbeddingWorkers)...)
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("embedding%d", i), Ready: readyline.Embedding, Stage: stageEmbedding, Args: args,
 			Env: embeddingEnv(runtime.GOMAXPROCS(0), c.EmbeddingWorkers, os.Getenv("GOMAXPROCS") != "")})
 	}
@@ -350,6 +356,20 @@ func embeddingEnv(cpus, workers int, userSet bool) []string {
 		return nil
 	}
 	return []string{fmt.Sprintf("GOMAXPROCS=%d", max(1, cpus/workers))}
+}
+
+// embeddingMemArgs is the --memory-limit of each of workers embedding
+// workers under a memory limit of limit bytes (0: none; each worker then
+// reads its own cgroup, which is up's): together half of it, in equal
+// shares. The other half is the router's, the dense workers' (ONNX
+// Runtime's weights and arenas, outside any Go budget) and the page
+// cache's beyond the workers' own quarter. Without it every embedding
+// worker would size itself to the whole container.
+func embeddingMemArgs(limit int64, workers int) []string {
+	if limit <= 0 || workers <= 0 {
+		return nil
+	}
+	return []string{"--memory-limit", fmt.Sprint(limit / 2 / int64(workers))}
 }
 
 // tlsArgs are the TLS flags of a child of role r: only its role's

@@ -174,6 +174,29 @@ func TestEmbeddingEnv(t *testing.T) {
 	}
 }
 
+// Under a memory limit the embedding workers share half of it.
+func TestEmbeddingMemArgs(t *testing.T) {
+	for _, tc := range []struct {
+		limit   int64
+		workers int
+		want    []string
+	}{
+		{0, 1, nil},
+		{8 << 30, 1, []string{"--memory-limit", "4294967296"}},
+		{6 << 30, 3, []string{"--memory-limit", "1073741824"}},
+	} {
+		if got := embeddingMemArgs(tc.limit, tc.workers); !slices.Equal(got, tc.want) {
+			t.Errorf("embeddingMemArgs(%d, %d) = %v, want %v", tc.limit, tc.workers, got, tc.want)
+		}
+	}
+	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 2, Insecure: true, memLimit: 4 << 30}
+	for _, k := range Children(c, "127.0.0.1:9", nil) {
+		if strings.HasPrefix(k.Name, "embedding") && !slices.Contains(k.Args, "1073741824") {
+			t.Errorf("%s args %v: want --memory-limit 1073741824", k.Name, k.Args)
+		}
+	}
+}
+
 // With sharding, embedding worker i is replica i mod Replicas of shard
 // i / Replicas, each on its own store under DB.
 func TestChildrenSharded(t *testing.T) {

@@ -89,8 +89,8 @@ prometheus.io/scheme: {{ $scheme }}
 {{- end }}
 {{- end -}}
 
-{{/* Environment every tier gets: its pod's IP and name (for addresses), GOMEMLIMIT at the container's memory limit. */}}
-{{- define "prism.env" -}}
+{{/* Environment every tier gets: its pod's IP and name (for addresses). */}}
+{{- define "prism.podEnv" -}}
 - name: POD_IP
   valueFrom:
     fieldRef:
@@ -99,6 +99,11 @@ prometheus.io/scheme: {{ $scheme }}
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- end -}}
+
+{{/* The router's and dense workers' environment: prism.podEnv and GOMEMLIMIT at the container's memory limit. The embedding workers size themselves to the limit instead (serve embedding --memory-limit auto: Go's limit at three quarters, the rest the page cache's). */}}
+{{- define "prism.env" -}}
+{{ include "prism.podEnv" . }}
 - name: GOMEMLIMIT
   valueFrom:
     resourceFieldRef:

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/memlimit"
+)
+
+// memoryLimit reads `serve embedding --memory-limit`: "auto" is this
+// process's limits (the memory cgroup's, if any, as Cgroup); a size is
+// that limit, as if a cgroup set it; "off" keeps the machine's memory
+// only (no budget).
+func memoryLimit(spec string) (memlimit.Limits, error) {
+	l := memlimit.Read()
+	switch s := strings.TrimSpace(spec); s {
+	case "", "auto":
+		return l, nil
+	case "off":
+		l.Cgroup = 0
+		return l, nil
+	default:
+		n, err := flagval.Bytes(s)
+		if err != nil {
+			return l, err
+		}
+		if n <= 0 {
+			return l, fmt.Errorf("%q: want a size, auto or off", spec)
+		}
+		l.Cgroup = n
+		return l, nil
+	}
+}
+
+// memBudget is an embedding worker's memory budget, nil without a limit.
+type memBudget struct {
+	b store.Budget
+	// setGo: the worker set Go's memory limit (GOMEMLIMIT was not set);
+	// otherwise b.Go is GOMEMLIMIT's.
+	setGo bool
+}
+
+// applyBudget sizes the store's options to a memory limit (0: none, the
+// options stay as they are): a hot tier set by hand must fit it, an
+// automatic one is capped by it, and Go's soft memory limit is set to its
+// share unless GOMEMLIMIT says otherwise.
+func applyBudget(so *store.Options, limit int64) (*memBudget, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	b, err := store.NewBudget(limit, *so)
+	if err != nil {
+		return nil, fmt.Errorf("memory budget: %w", err)
+	}
+	mb := &memBudget{b: b, setGo: os.Getenv("GOMEMLIMIT") == ""}
+	if !mb.setGo {
+		// Go's limit as GOMEMLIMIT set it (SetMemoryLimit(-1) reads it);
+		// the hot tier's cap follows from it.
+		mb.b.Go = debug.SetMemoryLimit(-1)
+		mb.b.HotMax = mb.b.Go - mb.b.Cache - mb.b.MemTable - store.MinRequestBytes
+		if mb.b.HotMax <= 0 {
+			return nil, fmt.Errorf("memory budget: GOMEMLIMIT (%s) does not hold the block cache (%s), the memtable (%s) and %s for requests",
+				flagval.FormatBytes(mb.b.Go), flagval.FormatBytes(mb.b.Cache), flagval.FormatBytes(mb.b.MemTable), flagval.FormatBytes(store.MinRequestBytes))
+		}
+	}
+	if so.HotBytes > 0 {
+		if err := mb.b.CheckHot(so.HotBytes); err != nil {
+			return nil, fmt.Errorf("--hot-bytes: %w (or raise --memory-limit)", err)
+		}
+	}
+	so.HotBytesMax = mb.b.HotMax
+	so.DropBehind = true
+	if so.HotBytesAutoMax > mb.b.HotMax {
+		so.HotBytesAutoMax = mb.b.HotMax
+	}
+	if mb.setGo {
+		debug.SetMemoryLimit(mb.b.Go)
+	}
+	return mb, nil
+}
+
+// inflight is the cut-tensor bytes the Lookups in flight may hold (0:
+// no bound), with the hot tier st opened with.
+func (mb *memBudget) inflight(st *store.Store) int64 {
+	if mb == nil {
+		return 0
+	}
+	return mb.b.InflightBytes(st.Metrics().HotBytes)
+}
+
+// report says how the budget was split, on stderr and in the log.
+func (mb *memBudget) report(w io.Writer, log *slog.Logger, st *store.Store) {
+	if mb == nil {
+		return
+	}
+	b, hot := mb.b, st.Metrics().HotBytes
+	goFrom := "set by the worker"
+	if !mb.setGo {
+		goFrom = "GOMEMLIMIT"
+	}
+	fmt.Fprintf(w, "memory budget %s: page cache %s, Go %s (%s): hot tier %s, block cache %s, memtable %s, requests %s (%s of lookups' cut tensors in flight)\n",
+		flagval.FormatBytes(b.Limit), flagval.FormatBytes(b.PageCache), flagval.FormatBytes(b.Go), goFrom,
+		flagval.FormatBytes(hot), flagval.FormatBytes(b.Cache), flagval.FormatBytes(b.MemTable),
+		flagval.FormatBytes(b.Requests(hot)), flagval.FormatBytes(b.InflightBytes(hot)))
+	log.Info("memory budget", "limit", b.Limit, "page_cache", b.PageCache, "go", b.Go, "go_from", goFrom,
+		"hot", hot, "block_cache", b.Cache, "memtable", b.MemTable, "requests", b.Requests(hot), "inflight_bytes", b.InflightBytes(hot))
+}

@@ -1,0 +1,113 @@
+package store
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"golang.org/x/sys/unix"
+)
+
+// residentSST is the bytes of dir's table files in the page cache
+// (mincore over a read-only mapping of each).
+func residentSST(t *testing.T, dir string) int64 {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+	var total int64
+	page := int64(os.Getpagesize())
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, _ := f.Stat()
+		if st.Size() == 0 {
+			f.Close()
+			continue
+		}
+		b, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		vec := make([]byte, (st.Size()+page-1)/page)
+		if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+			t.Fatal(errno)
+		}
+		unix.Munmap(b)
+		for _, v := range vec {
+			if v&1 != 0 {
+				total += page
+			}
+		}
+	}
+	return total
+}
+
+// dropAll evicts dir's table files from the page cache.
+func dropAll(t *testing.T, dir string) {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Fdatasync(int(f.Fd()))
+		unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		f.Close()
+	}
+}
+
+// TestDropBehind reads every row of a table through the miss path (no hot
+// tier) from a store on disk whose table pages were dropped first: with
+// DropBehind the rows come back right and the pages leave the page cache
+// again; without it they stay (the test's own control, so it can fail).
+func TestDropBehind(t *testing.T) {
+	tabs := []*testTable{{name: "t", rows: 20000, dim: 16, seed: 5}}
+	plan := writePlan(t, "m", tabs)
+	for _, drop := range []bool{false, true} {
+		dir := filepath.Join(t.TempDir(), "db")
+		s, err := Open(dir, &Options{FS: vfs.Default, HotBytes: -1, CacheBytes: 1 << 20, Preload: PreloadOff, DropBehind: drop})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Ingest(context.Background(), plan, IngestOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		dropAll(t, dir)
+		if r := residentSST(t, dir); r > 64<<10 {
+			s.Close()
+			t.Skipf("this file system keeps %d bytes of the dropped table files resident (tmpfs?): nothing to measure", r)
+		}
+		ids := make([]int64, tabs[0].rows)
+		for i := range ids {
+			ids[i] = int64(i)
+		}
+		for start := 0; start < len(ids); start += 2000 {
+			l := TableLookup{Table: "t", IDs: ids[start : start+2000], Bag: 1, Pooling: PoolNone, Out: make([]float32, 2000*16)}
+			if err := s.Lookup("m", []TableLookup{l}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2000 {
+				row := tabs[0].data[(start+i)*16 : (start+i+1)*16]
+				for k, v := range row {
+					if l.Out[i*16+k] != v {
+						t.Fatalf("drop %v: row %d col %d = %v, want %v", drop, start+i, k, l.Out[i*16+k], v)
+					}
+				}
+			}
+		}
+		r := residentSST(t, dir)
+		s.Close()
+		t.Logf("drop-behind %v: %d KiB of table files resident after reading %d rows", drop, r>>10, len(ids))
+		switch {
+		case drop && r > 256<<10:
+			t.Errorf("drop-behind: %d KiB of table files stayed in the page cache", r>>10)
+		case !drop && r < 1<<20:
+			t.Errorf("without drop-behind only %d KiB stayed resident: the control reads nothing into the page cache", r>>10)
+		}
+	}
+}
