@@ -46,6 +46,7 @@
 #   scripts/bench-ltm-e2e.sh [WORK]
 #   env: LIMIT RATIO MAX_ROWS HOT CACHE DENSE CLIENTS DURATION WARM RATE
 #        MICRO REDIS REDIS_BATCHES PRISM KEEP_MODEL MEMLIMIT_PCT GCTRACE PROFILE
+#        POOL (loadgen --pool; default 0: fresh requests) MISS_PAR (--miss-parallel)
 #   smoke: LIMIT=128M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -142,7 +143,7 @@ for d in $(seq 1 "$DENSE"); do
 done
 
 name=$(python3 -c 'import json,sys,os; p=json.load(open(sys.argv[1])); print(p.get("model",{}).get("name") or os.path.basename(sys.argv[2]))' "$part/plan.json" "$part")
-lg() { "$PRISM" loadgen --insecure --target "$router" --model "$name" --plan "$part" --candidates "$CANDIDATES" --pool 256 --quiet "$@"; }
+lg() { "$PRISM" loadgen --insecure --target "$router" --model "$name" --plan "$part" --candidates "$CANDIDATES" --pool "${POOL:-0}" --quiet "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
 p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
 errors() { sed -n 's/^requests .* errors \([0-9]*\).*/\1/p'; }
@@ -211,7 +212,7 @@ EOF
 mkdir "$CG"
 echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
 mport=$(freeport)
-embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off
+embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"}
 sed -n 's/^memory budget/  memory budget/p' "$tmp/embedding-ltm.log"
 until_served
 lg --rate "$rate" --duration "$WARM" >/dev/null

@@ -26,7 +26,7 @@ func newServeEmbeddingCmd() *cobra.Command {
 		db, hotBytes, preload, addr, metricsAddr, router, advertise, logFormat, logLevel string
 		cacheBytes, memLimit                                                             string
 		plans                                                                            []string
-		maxSamples, threads                                                              int
+		maxSamples, threads, missParallel                                                int
 		tlsFlags                                                                         authflag.Flags
 	)
 	// Trust and admission (router-side trust work).
@@ -73,7 +73,7 @@ at --advertise-addr.`,
 			if err != nil {
 				return err
 			}
-			so := store.Options{Preload: store.PreloadMode(preload)}
+			so := store.Options{Preload: store.PreloadMode(preload), MissParallel: missParallel}
 			mem, err := memoryLimit(memLimit)
 			if err != nil {
 				return fmt.Errorf("--memory-limit: %w", err)
@@ -153,6 +153,7 @@ at --advertise-addr.`,
 	f.StringVar(&hotBytes, "hot-bytes", store.HotBytesAuto, `hot tier size, e.g. 512MiB; "auto": enough to hold every row of the served models' tables when that is at most half of physical memory, else the store's recorded size (256MiB unless ingest recorded one); negative disables`)
 	f.StringVar(&cacheBytes, "cache-bytes", "", "Pebble block cache size below the hot tier, e.g. 32MiB (default: the store's, 256MiB); in a memory limit, size it to the store's index blocks with room to spare")
 	f.StringVar(&memLimit, "memory-limit", "auto", `memory this worker may use, e.g. 8GiB: the hot tier, block cache, Go's heap limit and the bytes of lookups in flight are sized to fit it with a quarter left for the page cache; "auto": the memory cgroup's limit (a container's) when there is one; "off": no budget`)
+	f.IntVar(&missParallel, "miss-parallel", 0, fmt.Sprintf("reads in flight per lookup for the rows the hot tier misses (1 to 64; 0: %d): a larger-than-memory store on a device that serves many reads at once wants more", store.DefaultMissParallel))
 	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
