@@ -62,11 +62,9 @@ func applyBudget(so *store.Options, limit int64) (*memBudget, error) {
 	if !mb.setGo {
 		// Go's limit as GOMEMLIMIT set it (SetMemoryLimit(-1) reads it);
 		// the hot tier's cap follows from it.
-		mb.b.Go = debug.SetMemoryLimit(-1)
-		mb.b.HotMax = mb.b.Go - mb.b.Cache - mb.b.MemTable - store.MinRequestBytes
+		mb.b = mb.b.WithGo(debug.SetMemoryLimit(-1))
 		if mb.b.HotMax <= 0 {
-			return nil, fmt.Errorf("memory budget: GOMEMLIMIT (%s) does not hold the block cache (%s), the memtable (%s) and %s for requests",
-				flagval.FormatBytes(mb.b.Go), flagval.FormatBytes(mb.b.Cache), flagval.FormatBytes(mb.b.MemTable), flagval.FormatBytes(store.MinRequestBytes))
+			return nil, fmt.Errorf("memory budget: GOMEMLIMIT (%s) leaves no room for a hot tier beside %s for requests", flagval.FormatBytes(mb.b.Go), flagval.FormatBytes(store.MinRequestBytes))
 		}
 	}
 	if so.HotBytes > 0 {
@@ -104,9 +102,13 @@ func (mb *memBudget) report(w io.Writer, log *slog.Logger, st *store.Store) {
 	if !mb.setGo {
 		goFrom = "GOMEMLIMIT"
 	}
-	fmt.Fprintf(w, "memory budget %s: page cache %s, Go %s (%s): hot tier %s, block cache %s, memtable %s, requests %s (%s of lookups' cut tensors in flight)\n",
-		flagval.FormatBytes(b.Limit), flagval.FormatBytes(b.PageCache), flagval.FormatBytes(b.Go), goFrom,
-		flagval.FormatBytes(hot), flagval.FormatBytes(b.Cache), flagval.FormatBytes(b.MemTable),
+	where := "in Go's"
+	if b.OffHeap {
+		where = "beside Go's"
+	}
+	fmt.Fprintf(w, "memory budget %s: page cache %s, block cache %s and memtable %s (%s), Go %s (%s): hot tier %s, requests %s (%s of lookups' cut tensors in flight)\n",
+		flagval.FormatBytes(b.Limit), flagval.FormatBytes(b.PageCache), flagval.FormatBytes(b.Cache), flagval.FormatBytes(b.MemTable), where,
+		flagval.FormatBytes(b.Go), goFrom, flagval.FormatBytes(hot),
 		flagval.FormatBytes(b.Requests(hot)), flagval.FormatBytes(b.InflightBytes(hot)))
 	log.Info("memory budget", "limit", b.Limit, "page_cache", b.PageCache, "go", b.Go, "go_from", goFrom,
 		"hot", hot, "block_cache", b.Cache, "memtable", b.MemTable, "requests", b.Requests(hot), "inflight_bytes", b.InflightBytes(hot))

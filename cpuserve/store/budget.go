@@ -12,21 +12,23 @@ import (
 // on the kernel reclaiming the worker's own page cache, including the
 // pages of its executable's code):
 //
-//	Limit = PageCache + Go
-//	Go    = HotMax (at most) + Cache + MemTable + the requests' share
+//	Limit = PageCache + Go + Pebble's caches when they are off the Go heap
+//	Go    = HotMax (at most) + Pebble's caches when they are on it + the requests' share
 //
-// The page cache keeps a quarter (at least MinPageCache): the store's
-// index and data blocks that misses read and the code the process runs
-// are file pages, charged to the same cgroup. Go's soft memory limit
-// (runtime/debug.SetMemoryLimit) is the rest; the hot tier, the block
-// cache and the memtable live in the Go heap (this build allocates
-// Pebble's cache without cgo) for the process's life; what is left is
-// the requests': the frames being filled and sent, decoded ids, and the
-// garbage between collections. Half of that is what InflightBytes lets
-// the Lookups in flight hold in cut-tensor frames.
+// The page cache keeps a quarter (at least MinPageCache): the code the
+// process runs and the files it writes are file pages charged to the
+// same cgroup. Pebble's block cache and memtable are C memory in a cgo
+// build (OffHeap; Go's limit does not see them) and Go slices without
+// cgo. Go's soft memory limit (runtime/debug.SetMemoryLimit) is what is
+// left for the Go heap: the hot tier for the process's life, and the
+// requests: the frames being filled and sent, decoded ids, and the
+// garbage between collections. Half of the requests' share is what
+// InflightBytes lets the Lookups in flight hold in cut-tensor frames.
 type Budget struct {
 	Limit, PageCache, Go int64
 	Cache, MemTable      int64
+	// OffHeap: the block cache and memtable are outside the Go heap.
+	OffHeap bool
 	// HotMax is the largest hot tier that leaves the requests
 	// MinRequestBytes.
 	HotMax int64
@@ -52,20 +54,43 @@ func CacheBytesFor(limit int64) int64 {
 // MemTableBytes as set, their defaults when 0). An error says the limit
 // cannot hold the store's fixed parts with MinRequestBytes to spare.
 func NewBudget(limit int64, o Options) (Budget, error) {
+	return newBudget(limit, o, pebbleOffHeap)
+}
+
+func newBudget(limit int64, o Options, offHeap bool) (Budget, error) {
 	o.EnsureDefaults()
-	b := Budget{Limit: limit, PageCache: max(limit/4, MinPageCache), Cache: o.CacheBytes, MemTable: int64(o.MemTableBytes)}
+	b := Budget{Limit: limit, PageCache: max(limit/4, MinPageCache), Cache: o.CacheBytes, MemTable: int64(o.MemTableBytes), OffHeap: offHeap}
 	b.Go = limit - b.PageCache
-	b.HotMax = b.Go - b.Cache - b.MemTable - MinRequestBytes
+	if offHeap {
+		b.Go -= b.Cache + b.MemTable
+	}
+	b.HotMax = b.Go - b.onHeap() - MinRequestBytes
 	if b.HotMax <= 0 {
-		return b, fmt.Errorf("a memory limit of %s leaves Go %s after %s for the page cache: not enough for the block cache (%s), the memtable (%s) and %s for requests; raise the limit or lower --cache-bytes",
-			flagval.FormatBytes(limit), flagval.FormatBytes(b.Go), flagval.FormatBytes(b.PageCache), flagval.FormatBytes(b.Cache), flagval.FormatBytes(b.MemTable), flagval.FormatBytes(MinRequestBytes))
+		return b, fmt.Errorf("a memory limit of %s, less %s for the page cache, does not hold the block cache (%s), the memtable (%s) and %s for requests; raise the limit or lower --cache-bytes",
+			flagval.FormatBytes(limit), flagval.FormatBytes(b.PageCache), flagval.FormatBytes(b.Cache), flagval.FormatBytes(b.MemTable), flagval.FormatBytes(MinRequestBytes))
 	}
 	return b, nil
 }
 
-// Requests is what the budget leaves the requests once the hot tier
-// holds hot bytes.
-func (b Budget) Requests(hot int64) int64 { return b.Go - max(hot, 0) - b.Cache - b.MemTable }
+// onHeap is the bytes of Pebble's caches inside the Go heap.
+func (b Budget) onHeap() int64 {
+	if b.OffHeap {
+		return 0
+	}
+	return b.Cache + b.MemTable
+}
+
+// WithGo is the budget with Go's limit set to g (GOMEMLIMIT set by hand)
+// and the hot tier's cap following from it.
+func (b Budget) WithGo(g int64) Budget {
+	b.Go = g
+	b.HotMax = g - b.onHeap() - MinRequestBytes
+	return b
+}
+
+// Requests is what the budget leaves the requests in the Go heap once
+// the hot tier holds hot bytes.
+func (b Budget) Requests(hot int64) int64 { return b.Go - max(hot, 0) - b.onHeap() }
 
 // InflightBytes is the cut-tensor bytes the Lookups in flight may hold
 // with a hot tier of hot bytes: half the requests' share.

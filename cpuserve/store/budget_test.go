@@ -11,33 +11,45 @@ func TestBudget(t *testing.T) {
 		name        string
 		limit       int64
 		o           Options
+		offHeap     bool
 		pageCache   int64
+		goLimit     int64
 		hotMax      int64
 		hot         int64
 		inflight    int64
 		err, hotErr string
 	}{
 		// The LTM benchmark's worker: 768 MiB, 32 MiB of block cache.
-		{name: "768MiB", limit: 768 * mib, o: Options{CacheBytes: 32 * mib}, pageCache: 192 * mib, hotMax: 416 * mib, hot: 320 * mib, inflight: 80 * mib},
-		{name: "hot tier over its share", limit: 768 * mib, o: Options{CacheBytes: 32 * mib}, pageCache: 192 * mib, hotMax: 416 * mib, hot: 417 * mib, hotErr: "at most 416MiB"},
+		{name: "768MiB, caches in the Go heap", limit: 768 * mib, o: Options{CacheBytes: 32 * mib}, pageCache: 192 * mib, goLimit: 576 * mib, hotMax: 416 * mib, hot: 320 * mib, inflight: 80 * mib},
+		{name: "768MiB, caches in C memory", limit: 768 * mib, o: Options{CacheBytes: 32 * mib}, offHeap: true, pageCache: 192 * mib, goLimit: 480 * mib, hotMax: 416 * mib, hot: 320 * mib, inflight: 80 * mib},
+		{name: "hot tier over its share", limit: 768 * mib, o: Options{CacheBytes: 32 * mib}, pageCache: 192 * mib, goLimit: 576 * mib, hotMax: 416 * mib, hot: 417 * mib, hotErr: "at most 416MiB"},
 		// Small limits keep MinPageCache.
-		{name: "256MiB", limit: 256 * mib, o: Options{CacheBytes: CacheBytesFor(256 * mib), MemTableBytes: 16 * mib}, pageCache: 64 * mib, hotMax: 256*mib - 64*mib - 16*mib - 16*mib - 64*mib, hot: 0, inflight: (192*mib - 32*mib) / 2},
-		{name: "too small", limit: 128 * mib, o: Options{}, err: "not enough for the block cache"},
-		{name: "large", limit: 64 << 30, o: Options{CacheBytes: CacheBytesFor(64 << 30)}, pageCache: 16 << 30, hotMax: 48<<30 - 256*mib - 64*mib - 64*mib, hot: 40 << 30, inflight: (48<<30 - 40<<30 - 256*mib - 64*mib) / 2},
+		{name: "256MiB", limit: 256 * mib, o: Options{CacheBytes: CacheBytesFor(256 * mib), MemTableBytes: 16 * mib}, pageCache: 64 * mib, goLimit: 192 * mib, hotMax: 192*mib - 16*mib - 16*mib - 64*mib, hot: 0, inflight: (192*mib - 32*mib) / 2},
+		{name: "too small", limit: 128 * mib, o: Options{}, err: "does not hold the block cache"},
+		{name: "too small, off heap", limit: 128 * mib, o: Options{}, offHeap: true, err: "does not hold the block cache"},
+		{name: "large", limit: 64 << 30, o: Options{CacheBytes: CacheBytesFor(64 << 30)}, offHeap: true, pageCache: 16 << 30, goLimit: 48<<30 - 256*mib - 64*mib, hotMax: 48<<30 - 256*mib - 64*mib - 64*mib, hot: 40 << 30, inflight: (48<<30 - 40<<30 - 256*mib - 64*mib) / 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := NewBudget(tc.limit, tc.o)
+			b, err := newBudget(tc.limit, tc.o, tc.offHeap)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("NewBudget: %v, want an error containing %q", err, tc.err)
+					t.Fatalf("newBudget: %v, want an error containing %q", err, tc.err)
 				}
 				return
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b.PageCache+b.Go != tc.limit || b.PageCache != tc.pageCache || b.HotMax != tc.hotMax {
-				t.Fatalf("budget %+v: want page cache %d, hot max %d, page cache + Go = limit", b, tc.pageCache, tc.hotMax)
+			if b.PageCache != tc.pageCache || b.Go != tc.goLimit || b.HotMax != tc.hotMax {
+				t.Fatalf("budget %+v: want page cache %d, Go %d, hot max %d", b, tc.pageCache, tc.goLimit, tc.hotMax)
+			}
+			// The parts add up to the limit, with the hot tier at its most.
+			off := int64(0)
+			if b.OffHeap {
+				off = b.Cache + b.MemTable
+			}
+			if b.PageCache+b.Go+off != tc.limit || b.Requests(b.HotMax) != MinRequestBytes {
+				t.Fatalf("budget %+v: page cache + Go + off-heap caches != limit %d, or requests at the hot tier's cap %d", b, tc.limit, b.Requests(b.HotMax))
 			}
 			err = b.CheckHot(tc.hot)
 			if tc.hotErr != "" {
@@ -52,9 +64,9 @@ func TestBudget(t *testing.T) {
 			if got := b.InflightBytes(tc.hot); got != tc.inflight {
 				t.Fatalf("InflightBytes(%d) = %d, want %d", tc.hot, got, tc.inflight)
 			}
-			// Hot tier, cache, memtable and requests add up to Go's share.
-			if b.Requests(tc.hot)+tc.hot+b.Cache+b.MemTable != b.Go {
-				t.Fatalf("parts do not add up to Go's %d", b.Go)
+			// GOMEMLIMIT set by hand: the cap follows it.
+			if w := b.WithGo(b.Go + 100*mib); w.HotMax != b.HotMax+100*mib {
+				t.Fatalf("WithGo: hot max %d, want %d", w.HotMax, b.HotMax+100*mib)
 			}
 		})
 	}

@@ -101,7 +101,7 @@ prometheus.io/scheme: {{ $scheme }}
       fieldPath: metadata.name
 {{- end -}}
 
-{{/* The router's and dense workers' environment: prism.podEnv and GOMEMLIMIT at the container's memory limit. The embedding workers size themselves to the limit instead (serve embedding --memory-limit auto: Go's limit at three quarters, the rest the page cache's). */}}
+{{/* The router's and dense workers' environment: prism.podEnv and GOMEMLIMIT at the container's memory limit. The embedding workers size themselves to the limit instead (serve embedding --memory-limit auto: a quarter for the page cache, Go's limit at the rest less Pebble's C-allocated caches). */}}
 {{- define "prism.env" -}}
 {{ include "prism.podEnv" . }}
 - name: GOMEMLIMIT
