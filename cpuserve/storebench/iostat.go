@@ -106,4 +106,3 @@ func EvictPageCache(dir string) (files int, err error) {
 	})
 	return files, err
 }
-
