@@ -95,6 +95,11 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"bad scale", nil, []string{"models", "build", "dlrm-tiny", "-o", dir, "--rows-scale", "-2"}, "rows-scale"},
 		{"no -o", nil, []string{"models", "build", "dlrm-tiny"}, "-o DIR is required"},
 		{"criteo missing", nil, []string{"score", filepath.Join(good, "model.onnx"), "--criteo", filepath.Join(dir, "c.txt")}, "c.txt"},
+		// The memory budget (membudget.go).
+		{"hot tier over the memory limit", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--memory-limit", "512MiB", "--hot-bytes", "1GiB"}, "at most 224MiB"},
+		{"memory limit too small", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--memory-limit", "100MiB"}, "raise the limit"},
+		{"bad memory limit", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--memory-limit", "lots"}, `--memory-limit: "lots" is not a size`},
+		{"bad up memory limit", nil, []string{"up", "--model", good, "--memory-limit", "-1"}, "--memory-limit"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

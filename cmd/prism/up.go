@@ -17,7 +17,7 @@ func init() { subcommands = append(subcommands, newUpCmd) }
 
 func newUpCmd() *cobra.Command {
 	var c up.Config
-	var configFile string
+	var configFile, memLimit string
 	cmd := &cobra.Command{
 		Use:   "up --model PLAN_DIR...",
 		Short: "Start all three tiers on this machine (real gRPC on loopback) and print the address to call",
@@ -42,6 +42,11 @@ K) unless its store already holds it.`,
 			if len(c.Plans) == 0 {
 				return errors.New("up: at least one --model PLAN_DIR is needed (make one with prism partition)")
 			}
+			mem, err := memoryLimit(memLimit)
+			if err != nil {
+				return fmt.Errorf("up: --memory-limit: %w", err)
+			}
+			c.MemoryLimit = mem.Cgroup
 			ctx, stop := signalContext()
 			defer stop()
 			c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -74,6 +79,7 @@ K) unless its store already holds it.`,
 	fl.Float64Var(&c.AdmitShare, "admit-share", 0, "router admits a request predicted to take at most this share of the time to its deadline (0: the router's default, 1)")
 	fl.BoolVar(&c.FixedAdmission, "fixed-admission", false, "router admits by count and bytes only, not by predicted finish against the deadline")
 	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
+	fl.StringVar(&memLimit, "memory-limit", "auto", `memory Prism may use on this host, e.g. 16GiB: the embedding workers share half of it (each budgets its share: serve embedding --memory-limit); "auto": the memory cgroup's limit when there is one; "off": none`)
 	fl.StringVar(&c.Certs, "certs", "", "certificate folder for mutual TLS between the tiers (prism certs init); made when absent or empty (default: certs beside --db)")
 	fl.BoolVar(&c.Insecure, "insecure", false, "run every tier on plaintext gRPC without authentication")
 	fl.DurationVar(&c.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the tiers (ingest included)")

@@ -26,7 +26,6 @@ import (
 	"github.com/prism-serve/prism/capacity/loan"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
-	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
@@ -80,9 +79,10 @@ type Config struct {
 	// Insecure runs every tier on plaintext without authentication
 	// (Certs is then unused).
 	Insecure bool
-	// memLimit is the memory cgroup's limit up runs under (Run reads
-	// it; 0: none), shared out among the embedding workers.
-	memLimit int64
+	// MemoryLimit is the memory up's processes may use together (prism
+	// up --memory-limit: the memory cgroup's limit by default; 0: none),
+	// half of it shared out among the embedding workers.
+	MemoryLimit int64
 	// flatCerts says Certs has the old flat layout (Run sets it), which
 	// has no role folders to pass.
 	flatCerts bool
@@ -159,7 +159,6 @@ func Run(ctx context.Context, c Config) error {
 		}
 		c.EmbeddingWorkers = shards * c.Replicas
 	}
-	c.memLimit = memlimit.Read().Cgroup
 	var dialCreds grpc.DialOption
 	if c.Insecure {
 		dialCreds = grpc.WithTransportCredentials(insecure.NewCredentials())
@@ -335,7 +334,7 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		if c.HotBytes != "" {
 			args = append(args, "--hot-bytes", c.HotBytes)
 		}
-		args = append(args, embeddingMemArgs(c.memLimit, c.EmbeddingWorkers)...)
+		args = append(args, embeddingMemArgs(c.MemoryLimit, c.EmbeddingWorkers)...)
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("embedding%d", i), Ready: readyline.Embedding, Stage: stageEmbedding, Args: args,
 			Env: embeddingEnv(runtime.GOMAXPROCS(0), c.EmbeddingWorkers, os.Getenv("GOMAXPROCS") != "")})
 	}

@@ -189,7 +189,7 @@ func TestEmbeddingMemArgs(t *testing.T) {
 			t.Errorf("embeddingMemArgs(%d, %d) = %v, want %v", tc.limit, tc.workers, got, tc.want)
 		}
 	}
-	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 2, Insecure: true, memLimit: 4 << 30}
+	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 2, Insecure: true, MemoryLimit: 4 << 30}
 	for _, k := range Children(c, "127.0.0.1:9", nil) {
 		if strings.HasPrefix(k.Name, "embedding") && !slices.Contains(k.Args, "1073741824") {
 			t.Errorf("%s args %v: want --memory-limit 1073741824", k.Name, k.Args)
