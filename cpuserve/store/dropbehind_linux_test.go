@@ -7,6 +7,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sys/unix"
 )
@@ -108,6 +109,47 @@ func TestDropBehind(t *testing.T) {
 			t.Errorf("drop-behind: %d KiB of table files stayed in the page cache", r>>10)
 		case !drop && r < 1<<20:
 			t.Errorf("without drop-behind only %d KiB stayed resident: the control reads nothing into the page cache", r>>10)
+		}
+	}
+}
+
+// TestDropBehindPreload: a preload under DropBehind scans with Pebble's
+// readahead on and leaves it off for the lookups after it; the rows it
+// loads are right and their pages leave the page cache.
+func TestDropBehindPreload(t *testing.T) {
+	tabs := []*testTable{{name: "t", rows: 20000, dim: 16, seed: 6}}
+	plan := writePlan(t, "m", tabs)
+	dir := filepath.Join(t.TempDir(), "db")
+	s, err := Open(dir, &Options{FS: vfs.Default, HotBytesAutoMax: 64 << 20, CacheBytes: 1 << 20, Preload: PreloadAuto, DropBehind: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rc := s.popts.Local.ReadaheadConfig
+	if rc.Speculative() != objstorageprovider.NoReadahead {
+		t.Fatalf("after Open: speculative readahead %v, want off", rc.Speculative())
+	}
+	if _, err := s.Ingest(context.Background(), plan, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if pr := s.Preloaded(); pr.Rows != tabs[0].rows {
+		t.Fatalf("preloaded %d rows, want %d", pr.Rows, tabs[0].rows)
+	}
+	if rc.Speculative() != objstorageprovider.NoReadahead {
+		t.Fatalf("after the preload: speculative readahead %v, want off again", rc.Speculative())
+	}
+	if r := residentSST(t, dir); r > 256<<10 {
+		t.Errorf("%d KiB of table files resident after the preload", r>>10)
+	}
+	l := TableLookup{Table: "t", IDs: []int64{0, 19999, 777}, Bag: 1, Pooling: PoolNone, Out: make([]float32, 3*16)}
+	if err := s.Lookup("m", []TableLookup{l}); err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range l.IDs {
+		for k := range 16 {
+			if got, want := l.Out[i*16+k], tabs[0].data[int(id)*16+k]; got != want {
+				t.Fatalf("row %d col %d = %v, want %v", id, k, got, want)
+			}
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
@@ -54,6 +55,7 @@ func (s *Store) Preload(ctx context.Context) error {
 	}
 	s.preMu.Lock() // one preload at a time; later ones find the work done
 	defer s.preMu.Unlock()
+	defer s.scanReadahead()()
 	start := time.Now()
 	var jobs []*tableView
 	seen := map[uint32]bool{}
@@ -237,4 +239,17 @@ func (s *Store) preloadChunk(tier *hot.Tier, tv *tableView, from int64, buf []fl
 		}
 		return n, last, full, nil
 	}
+}
+
+// scanReadahead turns Pebble's speculative readahead on for a preload's
+// sequential scans where DropBehind turned it off (lookups read at
+// random), and returns what turns it off again. Without it a preload
+// reads each 4 KiB block with its own request to the device.
+func (s *Store) scanReadahead() (restore func()) {
+	rc := s.popts.Local.ReadaheadConfig
+	if !s.opts.DropBehind || rc == nil {
+		return func() {}
+	}
+	rc.Set(objstorageprovider.FadviseSequential, objstorageprovider.FadviseSequential)
+	return func() { rc.Set(objstorageprovider.FadviseSequential, objstorageprovider.NoReadahead) }
 }

@@ -128,6 +128,8 @@ func Open(dir string, o *Options) (*Store, error) {
 		// Speculative readahead (Pebble's, when an iterator reads
 		// consecutive blocks, as a sorted miss pass can) would bring in
 		// pages no lookup asked for, which drop-behind never sees.
+		// Preload's sequential scans turn it back on while they run
+		// (scanReadahead).
 		po.Local.ReadaheadConfig = objstorageprovider.NewReadaheadConfig()
 		po.Local.ReadaheadConfig.Set(objstorageprovider.FadviseSequential, objstorageprovider.NoReadahead)
 	}
