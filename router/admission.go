@@ -45,16 +45,22 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(),
 	if !r.opts.FixedAdmission {
 		// ahead: the samples admitted before this request, still in flight.
 		budget := time.Duration(float64(remaining) * r.opts.AdmitShare)
-		if predicted, ok := predictFinish(r.pred.serviceRate(), cur-n, n, budget); !ok {
+		if predicted, ok := predictFinish(r.pred.serviceRate(), r.pred.floorTime(), cur-n, n, budget); !ok {
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("deadline").Inc()
 			return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining))
 		}
 	}
-	r.pred.begin(time.Now())
+	start := time.Now()
+	r.pred.begin(start)
+	alone := cur == n
 	return func() {
-		r.pred.end(time.Now())
+		now := time.Now()
+		r.pred.end(now)
+		if alone {
+			r.pred.alone(now.Sub(start), n)
+		}
 		r.inflight.Add(-n)
 		r.inflightBytes.Add(-bytes)
 	}, nil

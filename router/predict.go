@@ -36,11 +36,22 @@ type predictor struct {
 	// periods) and answered samples.
 	busy time.Duration
 	done int64
+	// floor is the smoothed latency, in seconds, a request admitted with
+	// nothing ahead of it took beyond its n/rate: the part of a request's
+	// time that pipelining does not hide (its micro-batches' embedding
+	// lookup and dense scoring one after the other, the hops between).
+	// (ahead+n)/rate alone leaves it out and admitted requests that
+	// finished a few milliseconds past their deadline, after both tiers
+	// had done their work.
+	floor float64
 }
 
 const (
 	predictWindow = 50 * time.Millisecond
 	predictAlpha  = 0.3
+	// floorAlpha is the EWMA weight of each lone request's latency in
+	// floor.
+	floorAlpha = 0.2
 )
 
 // begin notes a request admitted at now.
@@ -88,6 +99,25 @@ func (p *predictor) answered(now time.Time, n int64) {
 	}
 }
 
+// alone notes the latency of a request of n samples that was admitted
+// with nothing ahead of it: what it took beyond n/rate moves floor.
+func (p *predictor) alone(latency time.Duration, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rate <= 0 {
+		return
+	}
+	x := max(latency.Seconds()-float64(n)/p.rate, 0)
+	p.floor = floorAlpha*x + (1-floorAlpha)*p.floor
+}
+
+// floorTime is the smoothed floor (0: none measured yet).
+func (p *predictor) floorTime() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return time.Duration(p.floor * float64(time.Second))
+}
+
 // serviceRate is the smoothed rate in samples/s (0: no data yet).
 func (p *predictor) serviceRate() float64 {
 	p.mu.Lock()
@@ -97,18 +127,18 @@ func (p *predictor) serviceRate() float64 {
 
 // predictFinish is the pure admission rule: at rate samples/s, a
 // request of n samples behind ahead samples in flight is predicted to
-// take (ahead+n)/rate; it is admitted when that is within remaining
+// take floor + (ahead+n)/rate; it is admitted when that is within remaining
 // (the time to its deadline). With no rate yet (cold start) it is
 // admitted and predicted is 0. With nothing ahead it is admitted too
 // (predicted still says when it should finish): refusing it would free
 // nothing, and the rate moves only when requests are answered, so a
 // rate measured low once (a slow first window, a stall) would otherwise
 // refuse every later request and never be measured again.
-func predictFinish(rate float64, ahead, n int64, remaining time.Duration) (predicted time.Duration, ok bool) {
+func predictFinish(rate float64, floor time.Duration, ahead, n int64, remaining time.Duration) (predicted time.Duration, ok bool) {
 	if rate <= 0 {
 		return 0, true
 	}
-	predicted = time.Duration(float64(ahead+n) / rate * float64(time.Second))
+	predicted = floor + time.Duration(float64(ahead+n)/rate*float64(time.Second))
 	return predicted, predicted <= remaining || (ahead <= 0 && remaining > 0)
 }
 

@@ -11,32 +11,40 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// The rule: (ahead+n)/rate against the time left; no rate, no refusal.
+// The rule: floor + (ahead+n)/rate against the time left; no rate, no
+// refusal.
 func TestPredictFinish(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		rate      float64
+		floor     time.Duration
 		ahead, n  int64
 		remaining time.Duration
 		predicted time.Duration
 		ok        bool
 	}{
-		{"cold start admits anything", 0, 1 << 20, 270, time.Millisecond, 0, true},
-		{"idle system, loose deadline", 10000, 0, 100, 60 * time.Millisecond, 10 * time.Millisecond, true},
-		{"backlog within the deadline", 10000, 400, 100, 60 * time.Millisecond, 50 * time.Millisecond, true},
-		{"exactly at the deadline", 10000, 500, 100, 60 * time.Millisecond, 60 * time.Millisecond, true},
-		{"backlog past the deadline", 10000, 600, 100, 60 * time.Millisecond, 70 * time.Millisecond, false},
-		{"same backlog, loose deadline", 10000, 600, 100, 30 * time.Second, 70 * time.Millisecond, true},
-		{"deadline already passed", 10000, 0, 1, -time.Millisecond, 100 * time.Microsecond, false},
+		{"cold start admits anything", 0, 0, 1 << 20, 270, time.Millisecond, 0, true},
+		{"idle system, loose deadline", 10000, 0, 0, 100, 60 * time.Millisecond, 10 * time.Millisecond, true},
+		{"backlog within the deadline", 10000, 0, 400, 100, 60 * time.Millisecond, 50 * time.Millisecond, true},
+		{"exactly at the deadline", 10000, 0, 500, 100, 60 * time.Millisecond, 60 * time.Millisecond, true},
+		{"backlog past the deadline", 10000, 0, 600, 100, 60 * time.Millisecond, 70 * time.Millisecond, false},
+		{"same backlog, loose deadline", 10000, 0, 600, 100, 30 * time.Second, 70 * time.Millisecond, true},
+		{"deadline already passed", 10000, 0, 0, 1, -time.Millisecond, 100 * time.Microsecond, false},
 		// A rate measured low once (a slow first window, a stall) must
 		// not refuse a request with nothing ahead: it frees nothing, and
 		// only answered requests move the rate again.
-		{"nothing ahead, rate measured low", 500, 0, 100, 100 * time.Millisecond, 200 * time.Millisecond, true},
+		{"nothing ahead, rate measured low", 500, 0, 0, 100, 100 * time.Millisecond, 200 * time.Millisecond, true},
+		// The pipeline's floor: a request alone still takes its lookups
+		// and scoring one after the other.
+		{"floor pushes a backlog past the deadline", 10000, 15 * time.Millisecond, 400, 100, 60 * time.Millisecond, 65 * time.Millisecond, false},
+		{"floor within a loose deadline", 10000, 15 * time.Millisecond, 400, 100, 100 * time.Millisecond, 65 * time.Millisecond, true},
+		{"floor past the deadline, nothing ahead", 10000, 80 * time.Millisecond, 0, 100, 60 * time.Millisecond, 90 * time.Millisecond, true},
+		{"floor without a rate", 0, 15 * time.Millisecond, 1 << 20, 270, time.Millisecond, 0, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, ok := predictFinish(c.rate, c.ahead, c.n, c.remaining)
+			got, ok := predictFinish(c.rate, c.floor, c.ahead, c.n, c.remaining)
 			if ok != c.ok || (got-c.predicted).Abs() > time.Microsecond {
-				t.Fatalf("predictFinish(%v, %d, %d, %v) = %v, %v; want %v, %v", c.rate, c.ahead, c.n, c.remaining, got, ok, c.predicted, c.ok)
+				t.Fatalf("predictFinish(%v, %v, %d, %d, %v) = %v, %v; want %v, %v", c.rate, c.floor, c.ahead, c.n, c.remaining, got, ok, c.predicted, c.ok)
 			}
 		})
 	}
@@ -92,6 +100,33 @@ func TestPredictorRate(t *testing.T) {
 				t.Fatalf("rate %v, want %v", got, c.rate)
 			}
 		})
+	}
+}
+
+// The floor: what lone requests took beyond n/rate, smoothed; nothing
+// before there is a rate; never below zero.
+func TestPredictorFloor(t *testing.T) {
+	var p predictor
+	p.alone(50*time.Millisecond, 100)
+	if p.floorTime() != 0 {
+		t.Fatalf("floor %v before any rate, want 0", p.floorTime())
+	}
+	p.rate = 10000 // 100 samples: 10 ms of the system's time
+	p.alone(20*time.Millisecond, 100)
+	if got, want := p.floorTime(), 2*time.Millisecond; (got - want).Abs() > time.Microsecond {
+		t.Fatalf("floor %v after one lone request 10 ms over n/rate, want %v (0.2 of it)", got, want)
+	}
+	for range 100 {
+		p.alone(20*time.Millisecond, 100)
+	}
+	if got, want := p.floorTime(), 10*time.Millisecond; (got - want).Abs() > 10*time.Microsecond {
+		t.Fatalf("floor %v after many, want %v", got, want)
+	}
+	for range 100 {
+		p.alone(time.Millisecond, 100) // faster than n/rate: counts as 0
+	}
+	if got := p.floorTime(); got > 10*time.Microsecond {
+		t.Fatalf("floor %v after requests faster than n/rate, want about 0", got)
 	}
 }
 
