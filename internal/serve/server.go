@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,6 +153,10 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+			// Contention too (/debug/pprof/mutex, /debug/pprof/block):
+			// one mutex event in 10 and blocking of 10 us or more.
+			runtime.SetMutexProfileFraction(10)
+			runtime.SetBlockProfileRate(10_000)
 		}
 		// The server's own complaints (a scraper speaking plain HTTP to
 		// the HTTPS port, a failed handshake) at debug level.
