@@ -213,7 +213,7 @@ mkdir "$CG"
 echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
 mport=$(freeport)
 embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"}
-sed -n 's/^memory budget/  memory budget/p' "$tmp/embedding-ltm.log"
+sed -n 's/^memory budget/  memory budget/p; s/^misses are read/  misses are read/p' "$tmp/embedding-ltm.log"
 until_served
 lg --rate "$rate" --duration "$WARM" >/dev/null
 scrape "127.0.0.1:$mport" "$tmp/m0"

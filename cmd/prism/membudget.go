@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strings"
 
@@ -112,4 +113,30 @@ func (mb *memBudget) report(w io.Writer, log *slog.Logger, st *store.Store) {
 		flagval.FormatBytes(b.Requests(hot)), flagval.FormatBytes(b.InflightBytes(hot)))
 	log.Info("memory budget", "limit", b.Limit, "page_cache", b.PageCache, "go", b.Go, "go_from", goFrom,
 		"hot", hot, "block_cache", b.Cache, "memtable", b.MemTable, "requests", b.Requests(hot), "inflight_bytes", b.InflightBytes(hot))
+}
+
+// raiseProcs gives Go more Ps than cores when, under a budget, lookups
+// read their misses from the device (the hot tier does not hold every
+// row, and drop-behind keeps the page cache from answering): Go reads a
+// regular file with a blocking pread that holds its P until the
+// runtime's monitor takes the P back, which it does only after it has
+// slept (up to 10 ms when the process was idle), so with as many Ps as
+// cores the other lookups' goroutines wait runnable while the cores
+// idle. bench-ltm-e2e at 25 req/s read p99 685 ms at GOMAXPROCS 2 and
+// 98 ms at 8 (BENCHMARKS.md). At least two Ps per miss reader of a
+// lookup; a GOMAXPROCS set by hand is kept. It returns the old and new
+// counts (equal when nothing changed).
+func (mb *memBudget) raiseProcs(st *store.Store, missParallel int) (from, to int) {
+	from = runtime.GOMAXPROCS(0)
+	if mb == nil || os.Getenv("GOMAXPROCS") != "" || st.Preloaded().Complete {
+		return from, from
+	}
+	if missParallel <= 0 {
+		missParallel = store.DefaultMissParallel
+	}
+	if want := 2 * missParallel; want > from {
+		runtime.GOMAXPROCS(want)
+		return from, want
+	}
+	return from, from
 }

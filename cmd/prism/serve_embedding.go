@@ -125,6 +125,10 @@ at --advertise-addr.`,
 			}
 			defer srv.Close()
 			budget.report(cmd.ErrOrStderr(), log, st)
+			if from, to := budget.raiseProcs(st, missParallel); to != from {
+				fmt.Fprintf(cmd.ErrOrStderr(), "misses are read from the device: GOMAXPROCS %d -> %d (a blocking read holds its P)\n", from, to)
+				log.Info("GOMAXPROCS raised for device reads", "from", from, "to", to)
+			}
 			if pr := st.Preloaded(); pr.Rows > 0 {
 				log.Info("hot tier preloaded", "tables", pr.Tables, "rows", pr.Rows, "bytes", pr.Bytes, "elapsed", pr.Elapsed.Round(time.Millisecond), "complete", pr.Complete)
 				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
