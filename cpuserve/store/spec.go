@@ -1,11 +1,8 @@
 package store
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"os"
-	"strconv"
 	"strings"
 
 	"github.com/prism-serve/prism/internal/flagval"
@@ -40,33 +37,6 @@ func (o *Options) SetHotBytes(spec string, physicalMemory int64) error {
 		o.HotBytes = n
 	}
 	return nil
-}
-
-// PhysicalMemory is the machine's memory in bytes (MemTotal of
-// /proc/meminfo), 0 when unknown.
-func PhysicalMemory() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	return memTotal(f)
-}
-
-// memTotal reads MemTotal (in kB) from meminfo's text; 0 when absent.
-func memTotal(r io.Reader) int64 {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
 }
 
 // ParseDTypes reads a stored-dtype spec: one dtype for every table

@@ -34,19 +34,6 @@ func TestSetHotBytes(t *testing.T) {
 	}
 }
 
-func TestMemTotal(t *testing.T) {
-	meminfo := "MemTotal:       16303460 kB\nMemFree:         1234 kB\n"
-	if got := memTotal(strings.NewReader(meminfo)); got != 16303460<<10 {
-		t.Errorf("memTotal = %d", got)
-	}
-	if got := memTotal(strings.NewReader("MemFree: 3 kB\n")); got != 0 {
-		t.Errorf("memTotal without MemTotal = %d", got)
-	}
-	if PhysicalMemory() < 0 {
-		t.Error("negative physical memory")
-	}
-}
-
 func TestParseDTypes(t *testing.T) {
 	for _, tc := range []struct {
 		spec string

@@ -83,6 +83,11 @@ func TestRead(t *testing.T) {
 			want: Limits{},
 		},
 		{
+			name:  "meminfo without MemTotal",
+			files: map[string]string{"proc/meminfo": "MemFree: 3 kB\n"},
+			want:  Limits{},
+		},
+		{
 			name: "unparsable values are no limit",
 			files: map[string]string{
 				"proc/meminfo":     "MemTotal: lots kB\n",
