@@ -85,7 +85,11 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 			return nil, fmt.Errorf("load model %q on CUDA: %w", path, err)
 		}
 		defer po.Destroy()
-		if err := po.Update(map[string]string{"device_id": fmt.Sprint(opts.CUDADevice)}); err != nil {
+		// use_tf32 0: ONNX Runtime's CUDA provider otherwise lets cuBLAS
+		// run float32 matrix products in TF32 (10-bit mantissas) on
+		// Ampere and later, and scores would drift from the monolith's
+		// by more than Prism's 1e-5.
+		if err := po.Update(map[string]string{"device_id": fmt.Sprint(opts.CUDADevice), "use_tf32": "0"}); err != nil {
 			return nil, fmt.Errorf("load model %q on CUDA: %w", path, err)
 		}
 		if err := so.AppendExecutionProviderCUDA(po); err != nil {
