@@ -7,10 +7,15 @@ ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
 export ORT_LIB ?= $(ORT_CACHE_LIB)
 BIN := bin/prism
 
-.PHONY: setup build test demo proto bench bench-score bench-serve bench-tls bench-context vet fmt clean kube-apiserver manifests image
+.PHONY: setup setup-cuda build test demo proto bench bench-score bench-serve bench-tls bench-context vet fmt clean kube-apiserver manifests image
 
 setup:
 	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
+
+# A CUDA build of ONNX Runtime for GPU hosts (the prism binary prefers it
+# when present): scripts/setup-ort-cuda.sh.
+setup-cuda:
+	./scripts/setup-ort-cuda.sh
 
 build:
 	$(GO) build -o $(BIN) ./cmd/prism

@@ -54,6 +54,18 @@ func (o *Options) EnsureDefaults() {
 	}
 }
 
+// DefaultMaxBatch is the dense tier's batch size when none is given: 512
+// samples on the CPU, where larger batches add latency and no throughput;
+// 4096 on CUDA, where a batch of one 270-candidate request leaves the GPU
+// waiting on each run's launches and copies (dlrm-kaggle on an H200, two
+// dense workers: 1.1M samples/s at 4096 against 0.56M at 512; BENCHMARKS.md).
+func DefaultMaxBatch(cuda bool) int {
+	if cuda {
+		return 4096
+	}
+	return 512
+}
+
 // Validate reports options that cannot work.
 func (o *Options) Validate() error {
 	if len(o.Plans) == 0 {
@@ -104,15 +116,23 @@ type model struct {
 // New discovers devices, loads every plan's dense.onnx and starts the
 // batchers.
 func New(o Options) (*Server, error) {
-	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
 		return nil, err
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
 	s := &Server{opts: o, log: o.Logger, models: map[string]*model{}, device: "cpu"}
 	if err := ort.Init(); err != nil {
 		return nil, err
 	}
 	s.device = s.chooseDevice()
+	// The batch size follows the device found (a zero MaxBatch).
+	if o.Batch.MaxBatch <= 0 {
+		o.Batch.MaxBatch = DefaultMaxBatch(s.cuda)
+	}
+	o.EnsureDefaults()
+	s.opts = o
 	for _, dir := range o.Plans {
 		m, err := loadModel(dir, o, s.cuda)
 		if err != nil {

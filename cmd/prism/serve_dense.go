@@ -110,7 +110,7 @@ at --advertise-addr.`,
 	f.StringArrayVar(&plans, "plan", nil, "partition folder (plan.json, dense.onnx) of a model to serve; repeatable")
 	f.StringVar(&router, "router", "", "routers to announce this worker to: HOST:PORT, comma-separated; a name stands for every address it resolves to (resolved again every 30s)")
 	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
-	f.IntVar(&maxBatch, "max-batch", 256, "most samples in one ONNX Runtime run")
+	f.IntVar(&maxBatch, "max-batch", 0, "most samples in one ONNX Runtime run (0: by device, 512 on the CPU, 4096 on CUDA)")
 	f.StringVar(&batchOrder, "batch-order", "edf", "how a batch is filled: edf (earliest deadline first, work that would miss its deadline refused) or fifo (arrival order)")
 	f.DurationVar(&maxDelay, "max-delay", 2*time.Millisecond, "how long a batch's first request waits for others")
 	f.IntVar(&maxQueue, "max-queue", 0, "most samples queued or running per model before ResourceExhausted (0: 64 batches)")

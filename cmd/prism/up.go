@@ -73,7 +73,7 @@ K) unless its store already holds it.`,
 	fl.MarkDeprecated("cpu-workers", "use --embedding-workers")
 	fl.IntVar(&c.Threads, "threads", 1, "ONNX Runtime threads per dense worker on the CPU")
 	fl.IntVar(&c.MicroBatch, "micro-batch", 512, "router micro-batch size")
-	fl.IntVar(&c.MaxBatch, "max-batch", 512, "dense tier max batch size")
+	fl.IntVar(&c.MaxBatch, "max-batch", 0, "dense tier max batch size (0: the dense tier's by device, 512 on the CPU, 4096 on CUDA)")
 	fl.DurationVar(&c.MaxDelay, "max-delay", 2*time.Millisecond, "dense tier max queue delay")
 	fl.StringVar(&c.BatchOrder, "batch-order", "", "dense tier batch order: edf or fifo (default: the dense tier's, edf)")
 	fl.Float64Var(&c.AdmitShare, "admit-share", 0, "router admits a request predicted to take at most this share of the time to its deadline (0: the router's default, 1)")

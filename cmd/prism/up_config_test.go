@@ -26,7 +26,7 @@ func TestUpConfig(t *testing.T) {
 	if err := applyConfig(cmd.Flags(), tuned); err != nil {
 		t.Fatal(err)
 	}
-	for flag, want := range map[string]string{"micro-batch": "256", "threads": "1", "max-delay": "4ms", "max-batch": "512"} {
+	for flag, want := range map[string]string{"micro-batch": "256", "threads": "1", "max-delay": "4ms", "max-batch": "0"} {
 		if got := cmd.Flags().Lookup(flag).Value.String(); got != want {
 			t.Errorf("--%s = %s, want %s", flag, got, want)
 		}

@@ -20,6 +20,11 @@ import (
 // Version is the ONNX Runtime release `make setup` installs.
 const Version = "1.30.0"
 
+// CUDADir is the cache folder of the CUDA build `make setup-cuda`
+// installs (ONNX Runtime 1.29.0 with its CUDA 13 execution provider),
+// which the library search prefers where both are present.
+const CUDADir = "1.29.0-cuda13"
+
 // ErrNoLibrary is returned (wrapped) when the ONNX Runtime shared library
 // cannot be found or loaded.
 var ErrNoLibrary = errors.New("ONNX Runtime library not found")
@@ -61,6 +66,7 @@ func FindLibrary() (string, error) {
 		return p, nil
 	}
 	rel := filepath.Join(".cache", "ort", Version, "libonnxruntime.so")
+	cuda := filepath.Join(".cache", "ort", CUDADir, "libonnxruntime.so")
 	var starts []string
 	if wd, err := os.Getwd(); err == nil {
 		starts = append(starts, wd)
@@ -72,9 +78,11 @@ func FindLibrary() (string, error) {
 	}
 	for _, dir := range starts {
 		for {
-			p := filepath.Join(dir, rel)
-			if _, err := os.Stat(p); err == nil {
-				return p, nil
+			for _, r := range []string{cuda, rel} {
+				p := filepath.Join(dir, r)
+				if _, err := os.Stat(p); err == nil {
+					return p, nil
+				}
 			}
 			parent := filepath.Dir(dir)
 			if parent == dir {

@@ -45,6 +45,21 @@ func TestFindLibrary(t *testing.T) {
 			t.Fatalf("got %q, %v", p, err)
 		}
 	})
+	t.Run("CUDA build preferred", func(t *testing.T) {
+		t.Setenv("ORT_LIB", "")
+		root := t.TempDir()
+		var libs []string
+		for _, v := range []string{Version, CUDADir} {
+			p := filepath.Join(root, ".cache", "ort", v, "libonnxruntime.so")
+			os.MkdirAll(filepath.Dir(p), 0o755)
+			os.WriteFile(p, []byte("x"), 0o644)
+			libs = append(libs, p)
+		}
+		t.Chdir(root)
+		if p, err := FindLibrary(); err != nil || p != libs[1] {
+			t.Fatalf("got %q, %v; want the CUDA build %s", p, err, libs[1])
+		}
+	})
 	t.Run("nothing", func(t *testing.T) {
 		t.Setenv("ORT_LIB", "")
 		t.Chdir(t.TempDir())

@@ -22,6 +22,10 @@ type SessionOptions struct {
 	// installs refuses it with an error.
 	CUDA       bool
 	CUDADevice int
+	// TF32 lets cuBLAS run the CUDA session's float32 matrix products in
+	// TF32 (Ampere and later): faster, but about 1e-3 off float32, so
+	// scores no longer match the monolith's within 1e-5. Off by default.
+	TF32 bool
 	// Spin lets idle intra-op threads spin-wait for work (ONNX Runtime's
 	// default). Off, they sleep: slower to wake, but they leave the cores to
 	// the other tiers when Prism shares a machine.
@@ -89,7 +93,11 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 		// run float32 matrix products in TF32 (10-bit mantissas) on
 		// Ampere and later, and scores would drift from the monolith's
 		// by more than Prism's 1e-5.
-		if err := po.Update(map[string]string{"device_id": fmt.Sprint(opts.CUDADevice), "use_tf32": "0"}); err != nil {
+		tf32 := "0"
+		if opts.TF32 {
+			tf32 = "1"
+		}
+		if err := po.Update(map[string]string{"device_id": fmt.Sprint(opts.CUDADevice), "use_tf32": tf32}); err != nil {
 			return nil, fmt.Errorf("load model %q on CUDA: %w", path, err)
 		}
 		if err := so.AppendExecutionProviderCUDA(po); err != nil {

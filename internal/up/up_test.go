@@ -27,7 +27,7 @@ func TestDenseWorkers(t *testing.T) {
 	}{
 		{"no driver: one per cpu", cpu, 0, 4},
 		{"no driver, asked for 2", cpu, 2, 2},
-		{"one per gpu", gpus, 0, 2},
+		{"two per gpu", gpus, 0, 4},
 		{"more than the gpus", gpus, 5, 5},
 		{"fewer than the gpus", gpus, 1, 1},
 	} {
@@ -227,5 +227,28 @@ func TestShardedPlans(t *testing.T) {
 	}
 	if _, n, err := shardedPlans([]string{"a"}, []*plan.Plan{{}}); n != 0 || err != nil {
 		t.Fatalf("an unsharded plan: %d shards, %v", n, err)
+	}
+}
+
+// TestDenseWorkersMIG: one worker per MIG slice (a slice is a small
+// GPU), two per whole GPU beside them.
+func TestDenseWorkersMIG(t *testing.T) {
+	disc := devices.Discovery{Devices: []devices.Device{
+		{Kind: devices.KindMIG, Name: "1g", UUID: "MIG-1"},
+		{Kind: devices.KindMIG, Name: "2g", UUID: "MIG-2"},
+		{Kind: devices.KindGPU, Name: "whole", UUID: "GPU-w"},
+	}}
+	var got []string
+	for _, w := range DenseWorkers(disc, 0, 4) {
+		got = append(got, w.Device.UUID+" "+strings.Join(w.Env, ","))
+	}
+	want := []string{
+		"MIG-1 CUDA_VISIBLE_DEVICES=MIG-1",
+		"MIG-2 CUDA_VISIBLE_DEVICES=MIG-2",
+		"GPU-w CUDA_VISIBLE_DEVICES=GPU-w",
+		"GPU-w CUDA_VISIBLE_DEVICES=GPU-w",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("workers\n%v\nwant\n%v", got, want)
 	}
 }
