@@ -4,13 +4,15 @@ SHELL := /bin/bash
 GO ?= go
 ORT_NPM_VERSION := 1.30.0
 ORT_CACHE_LIB := $(CURDIR)/.cache/ort/$(ORT_NPM_VERSION)/libonnxruntime.so
-export ORT_LIB ?= $(ORT_CACHE_LIB)
+# The CUDA build (make setup-cuda), where installed, as the binary prefers it.
+ORT_CUDA_LIB := $(CURDIR)/.cache/ort/1.29.0-cuda13/libonnxruntime.so
+export ORT_LIB ?= $(if $(wildcard $(ORT_CUDA_LIB)),$(ORT_CUDA_LIB),$(ORT_CACHE_LIB))
 BIN := bin/prism
 
 .PHONY: setup setup-cuda build test demo proto bench bench-score bench-serve bench-tls bench-context vet fmt clean kube-apiserver manifests image
 
 setup:
-	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
+	@ORT_LIB=$(filter-out $(ORT_CACHE_LIB) $(ORT_CUDA_LIB),$(ORT_LIB)) ./scripts/setup-ort.sh
 
 # A CUDA build of ONNX Runtime for GPU hosts (the prism binary prefers it
 # when present): scripts/setup-ort-cuda.sh.
