@@ -1,8 +1,32 @@
 package gpuserve
 
 import (
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	onnxruntime "github.com/yalue/onnxruntime_go"
+
+	"github.com/prism-serve/prism/gpuserve/devices"
+	"github.com/prism-serve/prism/internal/ort"
 )
+
+// CUDAUsable says whether the dense tier would serve on CUDA on this
+// host: NVML finds a GPU or MIG slice and the ONNX Runtime ORT_LIB (or
+// the cache) names has the CUDA execution provider. reason says why not.
+func CUDAUsable(lib nvml.Interface) (gpus int, reason string) {
+	d, err := devices.Discover(lib)
+	switch {
+	case err != nil:
+		return 0, err.Error()
+	case d.NoDriver != "":
+		return 0, d.NoDriver
+	}
+	if err := ort.Init(); err != nil {
+		return 0, err.Error()
+	}
+	if r := cudaUnavailable(); r != "" {
+		return 0, r
+	}
+	return len(d.Devices), ""
+}
 
 // cudaUnavailable asks the loaded ONNX Runtime for its CUDA execution
 // provider and returns why it cannot have one ("" when it can). The CPU
