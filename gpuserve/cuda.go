@@ -19,13 +19,19 @@ func CUDAUsable(lib nvml.Interface) (gpus int, reason string) {
 	case d.NoDriver != "":
 		return 0, d.NoDriver
 	}
-	if err := ort.Init(); err != nil {
-		return 0, err.Error()
-	}
-	if r := cudaUnavailable(); r != "" {
+	if r := CUDAUnavailable(); r != "" {
 		return 0, r
 	}
 	return len(d.Devices), ""
+}
+
+// CUDAUnavailable loads ONNX Runtime (ort.Init) and says why it cannot
+// run sessions on the CUDA execution provider, "" when it can.
+func CUDAUnavailable() string {
+	if err := ort.Init(); err != nil {
+		return err.Error()
+	}
+	return cudaUnavailable()
 }
 
 // cudaUnavailable asks the loaded ONNX Runtime for its CUDA execution

@@ -24,6 +24,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/capacity/loan"
+	"github.com/prism-serve/prism/gpuserve"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/readyline"
@@ -93,6 +94,10 @@ type Config struct {
 	Exe string
 	// NVML finds the devices (default nvml.New()).
 	NVML nvml.Interface
+	// CUDAUnavailable says why the dense workers could not serve on the
+	// GPUs NVML found ("" when they can; default
+	// gpuserve.CUDAUnavailable, which loads ONNX Runtime).
+	CUDAUnavailable func() string
 	// Loan, when set, runs capacity loaning beside the router
 	// (capacity/loan.ParseSpec: local:max=N,...).
 	Loan string
@@ -133,6 +138,9 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if c.NVML == nil {
 		c.NVML = nvml.New()
+	}
+	if c.CUDAUnavailable == nil {
+		c.CUDAUnavailable = gpuserve.CUDAUnavailable
 	}
 	var models []string
 	var plans []*plan.Plan
@@ -256,9 +264,7 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return fmt.Errorf("up: device discovery: %w", err)
 	}
-	if disc.NoDriver != "" {
-		fmt.Fprintf(c.Stderr, "up: no NVIDIA driver (%s): dense workers run on the CPU\n", disc.NoDriver)
-	}
+	disc = denseDevices(disc, c.CUDAUnavailable, c.Stderr)
 	dense := DenseWorkers(disc, c.DenseWorkers, runtime.GOMAXPROCS(0))
 	workers := Children(c, routerAddr, dense)
 	for _, w := range workers {
@@ -287,6 +293,23 @@ func Run(ctx context.Context, c Config) error {
 	<-ctx.Done()
 	fmt.Fprintln(c.Stderr, "up: stopping")
 	return nil
+}
+
+// denseDevices is what the dense workers will run on: disc, or the CPU
+// when there is no driver or when ONNX Runtime cannot use the GPUs found
+// (a CPU build: then one worker per core, as without a driver, rather
+// than two CPU workers per GPU). It says which on w.
+func denseDevices(disc devices.Discovery, cudaUnavailable func() string, w io.Writer) devices.Discovery {
+	if disc.NoDriver != "" {
+		fmt.Fprintf(w, "up: no NVIDIA driver (%s): dense workers run on the CPU\n", disc.NoDriver)
+		return disc
+	}
+	why := cudaUnavailable()
+	if why == "" {
+		return disc
+	}
+	fmt.Fprintf(w, "up: %d NVIDIA device(s) found, but ONNX Runtime cannot use them (%s): dense workers run on the CPU, one per core; make setup-cuda installs a CUDA build\n", len(disc.Devices), why)
+	return devices.Discovery{Devices: []devices.Device{{Kind: devices.KindCPU, Name: "cpu"}}, NoDriver: why, DriverVersion: disc.DriverVersion}
 }
 
 // DenseWorkers is two workers per whole GPU of disc and one per MIG

@@ -252,3 +252,35 @@ func TestDenseWorkersMIG(t *testing.T) {
 		t.Fatalf("workers\n%v\nwant\n%v", got, want)
 	}
 }
+
+// TestDenseDevices: GPUs the ONNX Runtime cannot use (a CPU build) get
+// the CPU plan, one dense worker per core, and up says why; usable GPUs
+// and no driver keep their discovery.
+func TestDenseDevices(t *testing.T) {
+	gpus := devices.Discovery{Devices: []devices.Device{{Kind: devices.KindGPU, Name: "a", UUID: "GPU-a"}}}
+	cpu := devices.Discovery{Devices: []devices.Device{{Kind: devices.KindCPU, Name: "cpu"}}, NoDriver: "NVML init: driver not loaded"}
+	usable := func() string { return "" }
+	cpuBuild := func() string { return "CPU-only ONNX Runtime build: no CUDA" }
+	for _, tc := range []struct {
+		name    string
+		disc    devices.Discovery
+		cuda    func() string
+		workers int
+		say     string
+	}{
+		{"usable GPU", gpus, usable, 2, ""},
+		{"CPU build on a GPU host", gpus, cpuBuild, 4, "1 NVIDIA device(s) found, but ONNX Runtime cannot use them (CPU-only ONNX Runtime build: no CUDA): dense workers run on the CPU, one per core"},
+		{"no driver", cpu, cpuBuild, 4, "no NVIDIA driver (NVML init: driver not loaded)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out strings.Builder
+			d := denseDevices(tc.disc, tc.cuda, &out)
+			if n := len(DenseWorkers(d, 0, 4)); n != tc.workers {
+				t.Errorf("%d dense workers, want %d", n, tc.workers)
+			}
+			if tc.say == "" && out.Len() > 0 || !strings.Contains(out.String(), tc.say) {
+				t.Errorf("said %q, want %q", out.String(), tc.say)
+			}
+		})
+	}
+}
