@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -181,5 +182,35 @@ func TestRecommendAdmitsByPredictedTime(t *testing.T) {
 	defer cancel3()
 	if _, err := r2.Recommend(tight2, request(10)); err != nil {
 		t.Fatalf("FixedAdmission: %v", err)
+	}
+}
+
+// TestPredictorGauges: the router exports admission's rate and floor.
+func TestPredictorGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := New(Options{}, reg)
+	now := time.Unix(0, 0)
+	r.pred.begin(now)
+	now = now.Add(100 * time.Millisecond)
+	r.pred.answered(now, 5000)
+	r.pred.end(now)
+	r.pred.alone(30*time.Millisecond, 500)
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if len(mf.GetMetric()) == 1 && mf.GetMetric()[0].GetGauge() != nil {
+			got[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	// 5000 samples in 100 ms busy: 50,000/s; the lone 500 took 30 ms
+	// against 10 ms at that rate: floor 0.2 x 20 ms.
+	if v := got["prism_router_predicted_rate_samples_per_second"]; math.Abs(v-50000) > 1 {
+		t.Errorf("rate gauge %v, want 50000", v)
+	}
+	if v := got["prism_router_predicted_floor_seconds"]; math.Abs(v-0.004) > 1e-6 {
+		t.Errorf("floor gauge %v, want 0.004", v)
 	}
 }

@@ -244,11 +244,13 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.m.rejected.WithLabelValues(reason)
 	}
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
+	predRate := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "predicted_rate_samples_per_second", Help: "Admission's smoothed service rate (samples per busy second; 0 before the first window)."}, func() float64 { return r.pred.serviceRate() })
+	predFloor := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "predicted_floor_seconds", Help: "Admission's smoothed floor: what a request admitted with nothing ahead took beyond its samples over the rate."}, func() float64 { return r.pred.floorTime().Seconds() })
 	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
-		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, r.m.stages, r.m.workers, r.m.behind)
+		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, predRate, predFloor, r.m.stages, r.m.workers, r.m.behind)
 	}
 	if o.Sequencer != "" && o.UpdateLogDir != "" {
 		return nil, fmt.Errorf("router: an update log (%q) is kept by the router that sequences updates, and this one follows %s", o.UpdateLogDir, o.Sequencer)
