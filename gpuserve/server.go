@@ -57,8 +57,9 @@ func (o *Options) EnsureDefaults() {
 // DefaultMaxBatch is the dense tier's batch size when none is given: 512
 // samples on the CPU, where larger batches add latency and no throughput;
 // 4096 on CUDA, where a batch of one 270-candidate request leaves the GPU
-// waiting on each run's launches and copies (dlrm-kaggle on an H200, two
-// dense workers: 1.1M samples/s at 4096 against 0.56M at 512; BENCHMARKS.md).
+// waiting on each run's launches and copies (dlrm-kaggle on an H200, four
+// dense workers: 1.08M samples/s at 4096 against 0.56M at 512;
+// BENCHMARKS.md).
 func DefaultMaxBatch(cuda bool) int {
 	if cuda {
 		return 4096

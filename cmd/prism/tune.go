@@ -174,8 +174,8 @@ OUT/tune.json serves with the best configuration.`,
 // workerCounts are half, one and two dense workers per core.
 // gpuSpace is tune's default search on a host with gpus devices (GPUs or
 // MIG slices) the dense tier serves on: max batches from a quarter of to
-// twice the dense tier's CUDA default (4096 measured 2x the throughput of
-// 512 on an H200), one, two and four workers per device (two measured
+// twice the dense tier's CUDA default (4096 measured 1.9x the throughput
+// of 512 on an H200), one, two and four workers per device (two measured
 // 1.7x one), and one ONNX Runtime thread (the GPU does the work).
 func gpuSpace(gpus int) (maxBatch, denseWorkers, threads []string) {
 	d := gpuserve.DefaultMaxBatch(true)
