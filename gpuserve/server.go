@@ -32,6 +32,11 @@ type Options struct {
 	Threads int
 	// Spin lets ONNX Runtime's idle threads spin (see ort.SessionOptions).
 	Spin bool
+	// Sessions is how many ONNX Runtime sessions each model gets on the
+	// worker's device, each run by a batching loop of its own, so one
+	// session's host work (assembling a batch, copies, launches) overlaps
+	// another's run (default 1).
+	Sessions int
 	// MaxSamples bounds one Score request (default 4096, at most
 	// Batch.MaxQueue: a request the queue could never hold is refused as
 	// too large rather than as overload).
@@ -49,6 +54,9 @@ func (o *Options) EnsureDefaults() {
 		o.MaxSamples = 4096
 	}
 	o.MaxSamples = min(o.MaxSamples, o.Batch.MaxQueue)
+	if o.Sessions <= 0 {
+		o.Sessions = 1
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -75,6 +83,9 @@ func (o *Options) Validate() error {
 	if o.Threads < 0 {
 		return fmt.Errorf("threads %d: want 0 (one per core) or more", o.Threads)
 	}
+	if o.Sessions < 0 || o.Sessions > 64 {
+		return fmt.Errorf("sessions %d: want 1 to 64 per model (0: one)", o.Sessions)
+	}
 	return nil
 }
 
@@ -100,12 +111,14 @@ var _ prismv1.DenseTierServer = (*Server)(nil)
 
 // model is one served dense.onnx.
 type model struct {
-	name    string
-	plan    *plan.Plan
-	spec    []InputSpec
-	index   map[string]int // cut tensor name -> spec position
-	session *ort.Session
-	batcher *Batcher
+	name  string
+	plan  *plan.Plan
+	spec  []InputSpec
+	index map[string]int // cut tensor name -> spec position
+	// sessions are the model's ONNX Runtime sessions
+	// (Options.Sessions), one batching loop each.
+	sessions []*ort.Session
+	batcher  *Batcher
 	// assembly joins the parts of sharded fan-outs (assemble.go).
 	assembly *assembler
 	// fixed, when not 0, is the only batch dense.onnx runs at
@@ -142,7 +155,7 @@ func New(o Options) (*Server, error) {
 		}
 		if _, dup := s.models[m.name]; dup {
 			m.batcher.Close()
-			m.session.Close()
+			m.closeSessions()
 			s.Close()
 			return nil, fmt.Errorf("load %s: model %q is served twice", dir, m.name)
 		}
@@ -233,11 +246,16 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
-	if m.session, err = ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, CUDA: cuda, Spin: o.Spin}); err != nil {
-		return nil, fmt.Errorf("load %s: %w", dir, err)
+	for range max(o.Sessions, 1) {
+		sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, CUDA: cuda, Spin: o.Spin})
+		if err != nil {
+			m.closeSessions()
+			return nil, fmt.Errorf("load %s: %w", dir, err)
+		}
+		m.sessions = append(m.sessions, sess)
 	}
-	if got := m.session.InputNames(); !sameNames(got, plan.Cut) {
-		m.session.Close()
+	if got := m.sessions[0].InputNames(); !sameNames(got, plan.Cut) {
+		m.closeSessions()
 		return nil, fmt.Errorf("load %s: dense model inputs %v differ from the plan's cut", dir, got)
 	}
 	bo := o.Batch
@@ -246,17 +264,29 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 		// exactly fb (router/fixedbatch.go).
 		m.fixed, bo.MaxBatch = int(fb), int(fb)
 	}
-	if err := warmUp(m.session, m.spec, bo.MaxBatch, m.fixed); err != nil {
-		m.session.Close()
-		return nil, fmt.Errorf("load %s: warm-up run: %w", dir, err)
+	var runners []Runner
+	for _, sess := range m.sessions {
+		if err := warmUp(sess, m.spec, bo.MaxBatch, m.fixed); err != nil {
+			m.closeSessions()
+			return nil, fmt.Errorf("load %s: warm-up run: %w", dir, err)
+		}
+		runners = append(runners, sess)
 	}
-	m.batcher = NewBatcher(m.spec, []Runner{m.session}, bo)
+	m.batcher = NewBatcher(m.spec, runners, bo)
 	m.assembly = newAssembler(o.Batch.MaxQueue)
 	if m.assembly.partials, err = partialSpecs(m); err != nil {
-		m.session.Close()
+		m.batcher.Close()
+		m.closeSessions()
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	return m, nil
+}
+
+// closeSessions closes every ONNX Runtime session of the model.
+func (m *model) closeSessions() {
+	for _, s := range m.sessions {
+		s.Close()
+	}
 }
 
 func sameNames(got []string, cut []plan.CutTensor) bool {
@@ -323,7 +353,7 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 	for _, m := range s.models {
 		m.batcher.Close()
-		m.session.Close()
+		m.closeSessions()
 	}
 }
 

@@ -175,7 +175,19 @@ func direct(t *testing.T, sess *ort.Session, plan *plan.Plan, n int, ts []arrowf
 // together by the server (and one larger than a batch, run alone), get
 // the scores dense.onnx gives each of them alone.
 func TestScoreMatchesDenseModel(t *testing.T) {
-	ts := startServer(t, Options{Threads: 1, Batch: BatchOptions{MaxBatch: 128, MaxDelay: 5 * time.Millisecond}})
+	for _, sessions := range []int{1, 3} {
+		t.Run(fmt.Sprintf("sessions=%d", sessions), func(t *testing.T) { scoreMatchesDenseModel(t, sessions) })
+	}
+}
+
+// scoreMatchesDenseModel: concurrent requests through a server whose
+// model has the given number of sessions (batching loops) score as the
+// dense model run directly.
+func scoreMatchesDenseModel(t *testing.T, sessions int) {
+	ts := startServer(t, Options{Threads: 1, Sessions: sessions, Batch: BatchOptions{MaxBatch: 128, MaxDelay: 5 * time.Millisecond}})
+	if n := len(ts.dense.models["dlrm-tiny"].sessions); n != sessions {
+		t.Fatalf("%d sessions, want %d", n, sessions)
+	}
 	dir := tinyPlan(t)
 	plan, err := plan.Read(dir)
 	if err != nil {
@@ -429,6 +441,9 @@ func TestNew(t *testing.T) {
 	if _, err := New(Options{Plans: []string{t.TempDir()}, Logger: quiet}); err == nil || !strings.Contains(err.Error(), "read plan") {
 		t.Errorf("empty folder: %v", err)
 	}
+	if _, err := New(Options{Plans: []string{dir}, Sessions: 65, Logger: quiet}); err == nil || !strings.Contains(err.Error(), "sessions 65") {
+		t.Errorf("65 sessions: %v", err)
+	}
 	var logs strings.Builder
 	s, err := New(Options{Plans: []string{dir}, NVML: noDriver{}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
@@ -437,6 +452,10 @@ func TestNew(t *testing.T) {
 	defer s.Close()
 	if s.Device() != "cpu" || !strings.Contains(logs.String(), "no NVIDIA driver (NVML init: ERROR_LIBRARY_NOT_FOUND): serving on the CPU execution provider") {
 		t.Errorf("device %q, logs:\n%s", s.Device(), logs.String())
+	}
+	// No driver: the CPU's batch size.
+	if s.opts.Batch.MaxBatch != DefaultMaxBatch(false) || s.opts.Sessions != 1 {
+		t.Errorf("max batch %d, sessions %d; want %d, 1", s.opts.Batch.MaxBatch, s.opts.Sessions, DefaultMaxBatch(false))
 	}
 	if got := s.Models(); len(got) != 1 || got[0] != "dlrm-tiny" {
 		t.Errorf("models %v", got)

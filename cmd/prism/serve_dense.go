@@ -27,7 +27,7 @@ func newServeDenseCmd() *cobra.Command {
 		maxDelay                             time.Duration
 		maxSamples, threads                  int
 		spin                                 bool
-		maxMessage                           int
+		maxMessage, sessions                 int
 		logFormat, logLevel                  string
 		batchOrder                           string
 		tlsFlags                             authflag.Flags
@@ -72,6 +72,7 @@ at --advertise-addr.`,
 				Plans:      plans,
 				Batch:      gpuserve.BatchOptions{MaxBatch: maxBatch, MaxDelay: maxDelay, MaxQueue: maxQueue, Order: order},
 				Threads:    threads,
+				Sessions:   sessions,
 				Spin:       spin,
 				MaxSamples: maxSamples,
 				NVML:       nvml.New(),
@@ -116,6 +117,7 @@ at --advertise-addr.`,
 	f.IntVar(&maxQueue, "max-queue", 0, "most samples queued or running per model before ResourceExhausted (0: 64 batches)")
 	f.IntVar(&maxSamples, "max-samples", 4096, "most samples in one Score request (more: InvalidArgument)")
 	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads per model (0: one per core)")
+	f.IntVar(&sessions, "sessions", 1, "ONNX Runtime sessions per model on this worker's device, each fed by its own batching loop (one's host work overlaps another's run)")
 	f.BoolVar(&spin, "spin", false, "let ONNX Runtime's idle threads spin-wait (faster wake-up; steals CPU from tiers sharing the machine)")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest Score request accepted")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

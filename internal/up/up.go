@@ -58,10 +58,13 @@ type Config struct {
 	// is sharded).
 	shards int
 	// Threads are ONNX Runtime's threads per dense worker.
-	Threads    int
-	MicroBatch int
-	MaxBatch   int
-	MaxDelay   time.Duration
+	Threads int
+	// DenseSessions are ONNX Runtime sessions per model in each dense
+	// worker (serve dense --sessions; 0 or 1: one).
+	DenseSessions int
+	MicroBatch    int
+	MaxBatch      int
+	MaxDelay      time.Duration
 	// BatchOrder is the dense workers' --batch-order ("": theirs, edf).
 	BatchOrder string
 	// FixedAdmission passes --fixed-admission to the router (admission
@@ -357,6 +360,9 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		args := append([]string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch), "--max-delay", c.MaxDelay.String()}, workerTLSArgs(c, auth.Dense, i)...)
 		if c.BatchOrder != "" {
 			args = append(args, "--batch-order", c.BatchOrder)
+		}
+		if c.DenseSessions > 1 {
+			args = append(args, "--sessions", fmt.Sprint(c.DenseSessions))
 		}
 		args = append(args, planArgs...)
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: args, Env: w.Env})

@@ -46,6 +46,15 @@ func TestDenseWorkers(t *testing.T) {
 	}
 }
 
+// TestChildrenDenseSessions: --dense-sessions reaches the dense workers.
+func TestChildrenDenseSessions(t *testing.T) {
+	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 1, Threads: 1, DenseSessions: 2, MaxDelay: 2 * time.Millisecond, Certs: "certs"}
+	kids := Children(c, "127.0.0.1:9", []devices.Worker{{}})
+	if got := strings.Join(kids[0].Args, " "); !strings.Contains(got, " --sessions 2 ") {
+		t.Fatalf("dense args %q lack --sessions 2", got)
+	}
+}
+
 func TestChildren(t *testing.T) {
 	c := Config{Plans: []string{"p1", "p2"}, DB: "db", EmbeddingWorkers: 2, Threads: 1, MaxBatch: 512, MaxDelay: 2 * time.Millisecond, HotBytes: "1GiB", Certs: "certs"}
 	dense := []devices.Worker{{Env: []string{"CUDA_VISIBLE_DEVICES=GPU-a"}}}
