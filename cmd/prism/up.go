@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prism-serve/prism/gpuserve"
 	"github.com/prism-serve/prism/internal/up"
 	"github.com/prism-serve/prism/tune"
 )
@@ -50,6 +51,7 @@ K) unless its store already holds it.`,
 			ctx, stop := signalContext()
 			defer stop()
 			c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			c.CUDAUnavailable = gpuserve.CUDAUnavailable
 			if c.Insecure {
 				if c.Certs != "" {
 					return errors.New("--insecure goes without --certs")

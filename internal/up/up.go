@@ -24,7 +24,6 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/capacity/loan"
-	"github.com/prism-serve/prism/gpuserve"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/readyline"
@@ -98,8 +97,9 @@ type Config struct {
 	// NVML finds the devices (default nvml.New()).
 	NVML nvml.Interface
 	// CUDAUnavailable says why the dense workers could not serve on the
-	// GPUs NVML found ("" when they can; default
-	// gpuserve.CUDAUnavailable, which loads ONNX Runtime).
+	// GPUs NVML found ("" when they can); the command passes
+	// gpuserve.CUDAUnavailable (a tier: internal packages do not import
+	// one). nil: the GPUs are taken as usable.
 	CUDAUnavailable func() string
 	// Loan, when set, runs capacity loaning beside the router
 	// (capacity/loan.ParseSpec: local:max=N,...).
@@ -143,7 +143,7 @@ func Run(ctx context.Context, c Config) error {
 		c.NVML = nvml.New()
 	}
 	if c.CUDAUnavailable == nil {
-		c.CUDAUnavailable = gpuserve.CUDAUnavailable
+		c.CUDAUnavailable = func() string { return "" }
 	}
 	var models []string
 	var plans []*plan.Plan
