@@ -215,6 +215,16 @@ func TestSpace(t *testing.T) {
 			}
 		}
 	}
+	// A dimension with a default places configurations measured before
+	// it existed.
+	s.Dims = append(s.Dims, Dim{Flag: "dense-sessions", Values: []string{"1", "2"}, Default: "1"})
+	if got, ok := s.CoordsOf(Config{"micro-batch": "128", "max-batch": "2048", "max-delay": "1ms", "threads": "2"}); !ok || got[4] != 0 {
+		t.Errorf("CoordsOf without dense-sessions: %v, %v", got, ok)
+	}
+	if got, ok := s.CoordsOf(Config{"micro-batch": "128", "max-batch": "2048", "max-delay": "1ms", "threads": "2", "dense-sessions": "2"}); !ok || got[4] != 1 {
+		t.Errorf("CoordsOf with dense-sessions 2: %v, %v", got, ok)
+	}
+	s.Dims = s.Dims[:4]
 	if got := StartConfig(s, Config{"micro-batch": "512", "max-delay": "3ms"}); got["micro-batch"] != "512" || got["max-delay"] != "2ms" || got["threads"] != "1" {
 		t.Errorf("StartConfig: %v", got)
 	}

@@ -39,6 +39,10 @@ func (c Config) flags(keys []string) string {
 type Dim struct {
 	Flag   string   `json:"flag"`
 	Values []string `json:"values"`
+	// Default is the value a configuration without this flag stands for
+	// (one measured before the dimension existed: a prior file's older
+	// points); "" means such a configuration cannot be placed.
+	Default string `json:"default,omitempty"`
 }
 
 // Space is the discrete space searched: every combination of its
@@ -150,6 +154,9 @@ func (s Space) CoordsOf(c Config) (coords []float64, ok bool) {
 	out := make([]float64, len(s.Dims))
 	for i, d := range s.Dims {
 		v, has := c[d.Flag]
+		if !has && d.Default != "" {
+			v, has = d.Default, true
+		}
 		if !has {
 			return nil, false
 		}

@@ -31,7 +31,7 @@ func newTuneCmd() *cobra.Command {
 		slo, step, timeout, readyTimeout           time.Duration
 		microBatch, maxBatch, maxDelay, threads    []string
 		denseWorkers, hotBytes                     []string
-		admitShare                                 []string
+		admitShare, denseSessions                  []string
 	)
 	home, _ := os.UserHomeDir()
 	defaultPrior := ""
@@ -94,13 +94,13 @@ OUT/tune.json serves with the best configuration.`,
 					flag string
 					v    *[]string
 					def  []string
-				}{{"max-batch", &maxBatch, mb}, {"dense-workers", &denseWorkers, dw}, {"threads", &threads, th}} {
+				}{{"max-batch", &maxBatch, mb}, {"dense-workers", &denseWorkers, dw}, {"threads", &threads, th}, {"dense-sessions", &denseSessions, []string{"1", "2"}}} {
 					if !cmd.Flags().Changed(d.flag) {
 						*d.v = d.def
 					}
 				}
 				startBatch, startWorkers = "4096", fmt.Sprint(2*gpus)
-				fmt.Fprintf(cmd.ErrOrStderr(), "tune: %d GPU(s) the dense tier serves on with CUDA: max batch %v, dense workers %v, threads %v\n", gpus, maxBatch, denseWorkers, threads)
+				fmt.Fprintf(cmd.ErrOrStderr(), "tune: %d GPU(s) the dense tier serves on with CUDA: max batch %v, dense workers %v, sessions %v, threads %v\n", gpus, maxBatch, denseWorkers, denseSessions, threads)
 			} else if why != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "tune: dense tier on the CPU (%s)\n", why)
 			}
@@ -112,13 +112,14 @@ OUT/tune.json serves with the best configuration.`,
 				{Flag: "dense-workers", Values: denseWorkers},
 				{Flag: "hot-bytes", Values: hotBytes},
 				{Flag: "admit-share", Values: admitShare},
+				{Flag: "dense-sessions", Values: denseSessions, Default: "1"},
 			}}
 			if err := space.Validate(); err != nil {
 				return fmt.Errorf("tune: %w", err)
 			}
 			// prism up's defaults, where the space lists them.
 			start := tune.StartConfig(space, tune.Config{"micro-batch": "512", "max-batch": startBatch, "max-delay": "2ms",
-				"threads": "1", "dense-workers": startWorkers, "hot-bytes": "auto", "admit-share": "1"})
+				"threads": "1", "dense-workers": startWorkers, "hot-bytes": "auto", "admit-share": "1", "dense-sessions": "1"})
 			ctx, stop := signalContext()
 			defer stop()
 			rep, err := tune.Run(ctx, tune.Options{
@@ -168,6 +169,7 @@ OUT/tune.json serves with the best configuration.`,
 	fl.StringSliceVar(&denseWorkers, "dense-workers", workerCounts(cpus), "dense worker counts to try (default: half, one and two per core; with GPUs: one, two and four per GPU)")
 	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto)")
 	fl.StringSliceVar(&admitShare, "admit-share", []string{"1", "0.7"}, "router admission shares of the deadline to try (prism up --admit-share)")
+	fl.StringSliceVar(&denseSessions, "dense-sessions", []string{"1"}, "ONNX Runtime sessions per model in each dense worker to try (prism up --dense-sessions; with GPUs: 1,2)")
 	return cmd
 }
 
