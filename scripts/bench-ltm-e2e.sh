@@ -66,8 +66,14 @@ CANDIDATES=270
 MODEL=dlrm-terabyte
 mkdir -p "$WORK"
 WORK=$(cd "$WORK" && pwd)
-PRISM=${PRISM:-$WORK/prism}
-[ -x "$PRISM" ] || go build -o "$PRISM" ./cmd/prism
+# Without PRISM, this checkout's binary, built into WORK on every run (go
+# build is incremental): a binary left in WORK by an earlier checkout
+# would otherwise be measured instead (it once lacked the memory budget
+# and was OOM-killed in the cgroup).
+if [ -z "${PRISM:-}" ]; then
+	PRISM=$WORK/prism
+	go build -o "$PRISM" ./cmd/prism
+fi
 [ -d /sys/fs/cgroup/memory ] || { echo "bench-ltm-e2e: needs cgroup v1 memory (/sys/fs/cgroup/memory)" >&2; exit 1; }
 
 bytes() { python3 -c 'import sys,re

@@ -22,8 +22,12 @@ WARMUP=${WARMUP:-1000}
 PAR=${PAR:-4}
 DIM=${DIM:-16}
 mkdir -p "$WORK"
-PRISM=${PRISM:-$WORK/prism}
-[ -x "$PRISM" ] || go build -o "$PRISM" ./cmd/prism
+# Without PRISM, this checkout's binary, built into WORK on every run (go
+# build is incremental), never one an earlier checkout left there.
+if [ -z "${PRISM:-}" ]; then
+	PRISM=$WORK/prism
+	go build -o "$PRISM" ./cmd/prism
+fi
 common=(--work "$WORK" --dim "$DIM" --hot-bytes "$HOT" --cache-bytes "$CACHE" --batches "$BATCHES" --warmup "$WARMUP")
 
 echo "== setup (outside the cgroup)"
