@@ -45,7 +45,8 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(),
 	if !r.opts.FixedAdmission {
 		// ahead: the samples admitted before this request, still in flight.
 		budget := time.Duration(float64(remaining) * r.opts.AdmitShare)
-		if predicted, ok := predictFinish(r.pred.serviceRate(), r.pred.floorTime(), cur-n, n, budget); !ok {
+		rate, floor := r.pred.estimate()
+		if predicted, ok := predictFinish(rate, floor, cur-n, n, budget); !ok {
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("deadline").Inc()

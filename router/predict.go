@@ -111,18 +111,13 @@ func (p *predictor) alone(latency time.Duration, n int64) {
 	p.floor = floorAlpha*x + (1-floorAlpha)*p.floor
 }
 
-// floorTime is the smoothed floor (0: none measured yet).
-func (p *predictor) floorTime() time.Duration {
+// estimate is the smoothed service rate in samples/s and the floor (0
+// and 0 before any data), read together under one lock: admission reads
+// both for every request.
+func (p *predictor) estimate() (rate float64, floor time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return time.Duration(p.floor * float64(time.Second))
-}
-
-// serviceRate is the smoothed rate in samples/s (0: no data yet).
-func (p *predictor) serviceRate() float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.rate
+	return p.rate, time.Duration(p.floor * float64(time.Second))
 }
 
 // predictFinish is the pure admission rule: at rate samples/s, a

@@ -97,7 +97,7 @@ func TestPredictorRate(t *testing.T) {
 					p.answered(at(e.ms), e.n)
 				}
 			}
-			if got := p.serviceRate(); math.Abs(got-c.rate) > 1e-6*c.rate+1e-9 {
+			if got := p.rateNow(); math.Abs(got-c.rate) > 1e-6*c.rate+1e-9 {
 				t.Fatalf("rate %v, want %v", got, c.rate)
 			}
 		})
@@ -109,24 +109,24 @@ func TestPredictorRate(t *testing.T) {
 func TestPredictorFloor(t *testing.T) {
 	var p predictor
 	p.alone(50*time.Millisecond, 100)
-	if p.floorTime() != 0 {
-		t.Fatalf("floor %v before any rate, want 0", p.floorTime())
+	if p.floorNow() != 0 {
+		t.Fatalf("floor %v before any rate, want 0", p.floorNow())
 	}
 	p.rate = 10000 // 100 samples: 10 ms of the system's time
 	p.alone(20*time.Millisecond, 100)
-	if got, want := p.floorTime(), 2*time.Millisecond; (got - want).Abs() > time.Microsecond {
+	if got, want := p.floorNow(), 2*time.Millisecond; (got - want).Abs() > time.Microsecond {
 		t.Fatalf("floor %v after one lone request 10 ms over n/rate, want %v (0.2 of it)", got, want)
 	}
 	for range 100 {
 		p.alone(20*time.Millisecond, 100)
 	}
-	if got, want := p.floorTime(), 10*time.Millisecond; (got - want).Abs() > 10*time.Microsecond {
+	if got, want := p.floorNow(), 10*time.Millisecond; (got - want).Abs() > 10*time.Microsecond {
 		t.Fatalf("floor %v after many, want %v", got, want)
 	}
 	for range 100 {
 		p.alone(time.Millisecond, 100) // faster than n/rate: counts as 0
 	}
-	if got := p.floorTime(); got > 10*time.Microsecond {
+	if got := p.floorNow(); got > 10*time.Microsecond {
 		t.Fatalf("floor %v after requests faster than n/rate, want about 0", got)
 	}
 }
@@ -214,3 +214,8 @@ func TestPredictorGauges(t *testing.T) {
 		t.Errorf("floor gauge %v, want 0.004", v)
 	}
 }
+
+// rateNow and floorNow read one half of estimate.
+func (p *predictor) rateNow() float64 { r, _ := p.estimate(); return r }
+
+func (p *predictor) floorNow() time.Duration { _, f := p.estimate(); return f }
