@@ -7,7 +7,8 @@
 # (one embedding worker, two dense workers), both up at once on the same
 # cores; closed loops of 270 candidates alternate between them (order
 # swapped every round). Prints each round, the medians and their ratio.
-# SHARD_GOMAXPROCS=N runs each shard's embedding worker with GOMAXPROCS=N.
+# SHARD_GOMAXPROCS=N runs each shard's embedding worker with GOMAXPROCS=N;
+# DENSE=N gives both stacks N dense workers (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
@@ -16,6 +17,7 @@ model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}
 db=${DB:-$out/db}
 shards=${SHARDS:-3}
+dense=${DENSE:-2}
 clients=${CLIENTS:-16}
 dur=${DURATION:-15s}
 rounds=${ROUNDS:-3}
@@ -58,7 +60,7 @@ wait_ready() {
 $prism serve router --certs "$certs" --addr 127.0.0.1:0 >"$tmp/router.log" 2>&1 &
 pids+=($!)
 sharded_addr=$(wait_ready "$tmp/router.log" "router listening on")
-for d in 0 1; do
+for d in $(seq 0 $((dense - 1))); do
 	$prism serve dense --certs "$certs" --plan "$sp" --router "$sharded_addr" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
@@ -69,7 +71,7 @@ for k in $(seq 0 $((shards - 1))); do
 	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
 done
 
-$prism up --model "$plan" --db "$db" --certs "$certs" --addr 127.0.0.1:0 >"$tmp/up.log" 2>&1 &
+$prism up --model "$plan" --db "$db" --certs "$certs" --addr 127.0.0.1:0 --dense-workers "$dense" >"$tmp/up.log" 2>&1 &
 pids+=($!)
 whole_addr=$(wait_ready "$tmp/up.log" "Prism is up: Recommend at")
 
@@ -97,6 +99,6 @@ sm=$(median <<<"${ss# }"); wm=$(median <<<"${ws# }")
 echo
 echo "| measure | value |"
 echo "|---|---:|"
-echo "| unsharded (prism up: 1 embedding, 2 dense workers), $clients clients x 270 candidates (samples/s; median of${ws}) | $wm |"
-echo "| sharded over $shards embedding workers (2 dense workers) (samples/s; median of${ss}) | $sm |"
+echo "| unsharded (prism up: 1 embedding, $dense dense workers), $clients clients x 270 candidates (samples/s; median of${ws}) | $wm |"
+echo "| sharded over $shards embedding workers ($dense dense workers) (samples/s; median of${ss}) | $sm |"
 echo "| sharded / unsharded | $(awk -v a="$sm" -v b="$wm" 'BEGIN{printf "%.2f", a/b}') |"

@@ -2,7 +2,7 @@
 # Goodput under overload with deadlines at the SLO (issue 18).
 # usage: scripts/goodput.sh BIN "80 120" [extra loadgen flags]
 # Needs make demo's artifacts in out/demo. Starts prism up, measures
-# the closed-loop maximum (16 clients), then offers each share of it
+# the closed-loop maximum (CLIENTS clients, default 16), then offers each share of it
 # (Poisson, 15 s, 60 ms deadlines) and prints goodput: requests answered
 # OK within 60 ms per second, and that over the maximum. UP_FLAGS go to
 # prism up (e.g. "--admit-share 0.7").
@@ -15,8 +15,8 @@ up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
 for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
 lg() { $bin loadgen --target "$addr" --certs out/demo/certs --model dlrm-kaggle --plan out/demo/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
-lg --clients 16 --duration 5s >/dev/null
-max=$(lg --clients 16 --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
+lg --clients "${CLIENTS:-16}" --duration 5s >/dev/null
+max=$(lg --clients "${CLIENTS:-16}" --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
 echo "$bin max $max req/s"
 for pct in $loads; do
   rate=$(awk -v r="$max" -v p="$pct" 'BEGIN{printf "%.1f", r*p/100}')
