@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Goodput under overload with deadlines at the SLO (issue 18).
 # usage: scripts/goodput.sh BIN "80 120" [extra loadgen flags]
-# Needs make demo's artifacts in out/demo. Starts prism up, measures
+# Needs make demo's artifacts in out/demo (or BENCH_DIR). Starts prism up, measures
 # the closed-loop maximum (CLIENTS clients, default 16), then offers each share of it
 # (Poisson, 15 s, 60 ms deadlines) and prints goodput: requests answered
 # OK within 60 ms per second, and that over the maximum. UP_FLAGS go to
@@ -9,12 +9,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1; loads=$2; shift 2
+out=${BENCH_DIR:-out/demo}
 log=$(mktemp)
-$bin up --model out/demo/dlrm-kaggle-part --db out/demo/db --addr 127.0.0.1:0 --certs out/demo/certs ${UP_FLAGS:-} >"$log" 2>&1 &
+$bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
 for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
-lg() { $bin loadgen --target "$addr" --certs out/demo/certs --model dlrm-kaggle --plan out/demo/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
+lg() { $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 lg --clients "${CLIENTS:-16}" --duration 5s >/dev/null
 max=$(lg --clients "${CLIENTS:-16}" --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
 echo "$bin max $max req/s"

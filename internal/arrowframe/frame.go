@@ -164,7 +164,16 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 	}
 	rec := r.RecordBatch()
 	n = int(rec.NumRows())
+	budget := dictBudget(len(b))
 	for i, f := range rec.Schema().Fields() {
+		if dt, ok := f.Type.(*arrow.DictionaryType); ok {
+			t, err := dictionaryColumn(f.Name, dt, rec.Column(i), n, &budget)
+			if err != nil {
+				return 0, nil, err
+			}
+			ts = append(ts, t)
+			continue
+		}
 		if rt, ok := f.Type.(*arrow.RunEndEncodedType); ok {
 			t, err := contextColumn(f.Name, rt, rec.Column(i), n)
 			if err != nil {
@@ -175,7 +184,7 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 		}
 		lt, ok := f.Type.(*arrow.FixedSizeListType)
 		if !ok || lt.Elem().ID() != arrow.FLOAT32 {
-			return 0, nil, fmt.Errorf("%w: column %q is %s, want fixed_size_list<float32> (or, for a context column, run_end_encoded<int32, fixed_size_list<float32>>)", ErrMalformed, f.Name, f.Type)
+			return 0, nil, fmt.Errorf("%w: column %q is %s, want fixed_size_list<float32> (or, for a context column, run_end_encoded<int32, fixed_size_list<float32>>; for repeated rows, dictionary<integer, fixed_size_list<float32>>)", ErrMalformed, f.Name, f.Type)
 		}
 		list := rec.Column(i).(*array.FixedSizeList)
 		if list.NullN() > 0 {

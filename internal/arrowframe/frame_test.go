@@ -2,6 +2,8 @@ package arrowframe
 
 import (
 	"errors"
+
+	"github.com/apache/arrow-go/v18/arrow"
 	"strings"
 	"testing"
 )
@@ -49,6 +51,7 @@ func TestCompressedRefused(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	buf, _ := Encode(2, []Tensor{{Name: "a", Width: 2, Data: []float32{1, 2, 3, 4}}})
 	f.Add(buf)
+	f.Add(dictFrame(f, arrow.PrimitiveTypes.Int16, 2, []float32{1, 2, 3, 4}, []int64{1, 0, 1}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		Decode(b) // must not panic
 	})

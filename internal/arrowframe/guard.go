@@ -27,10 +27,6 @@ func checkMeta(meta []byte) (err error) {
 		msgBodyLength = 10 // Message.bodyLength
 		schemaFields  = 6  // Schema.fields
 		schemaMeta    = 8  // Schema.custom_metadata
-		rbLength      = 4  // RecordBatch.length
-		rbNodes       = 6  // RecordBatch.nodes (struct FieldNode, 16 bytes)
-		rbBuffers     = 8  // RecordBatch.buffers (struct Buffer, 16 bytes)
-		rbCompression = 10 // RecordBatch.compression
 	)
 	const msgMeta = 12 // Message.custom_metadata
 	if _, err := vector(msg, msgMeta, 4); err != nil {
@@ -55,27 +51,46 @@ func checkMeta(meta []byte) (err error) {
 				return err
 			}
 		}
+	case 2: // DictionaryBatch: its rows are a record batch's
+		const dictData = 6 // DictionaryBatch.data
+		var rb flatbuffers.Table
+		if !union(&hdr, dictData, &rb) {
+			return nil // no data: arrow-go rejects it itself
+		}
+		return checkRecordBatch(&rb, msg.GetInt64Slot(msgBodyLength, 0))
 	case 3: // RecordBatch
-		// A compressed body states its uncompressed size in its first
-		// bytes and arrow-go allocates that much unchecked: Prism never
-		// compresses frames, so none are accepted.
-		if hdr.Offset(rbCompression) != 0 {
-			return fmt.Errorf("%w: compressed frames are not accepted", ErrMalformed)
-		}
-		// Every row of a FixedSizeList<float32> column takes at least 4
-		// body bytes, so a batch cannot have more rows than that allows;
-		// a frame of context columns only (one row of values each,
-		// context.go) may hold up to maxContextRows rows in any body.
-		body := msg.GetInt64Slot(msgBodyLength, 0)
-		if l := hdr.GetInt64Slot(rbLength, 0); l < 0 || l > max(body/4+1, maxContextRows) {
-			return fmt.Errorf("%w: record batch of %d rows in a body of %d bytes", ErrMalformed, l, body)
-		}
-		if _, err := vector(&hdr, rbNodes, 16); err != nil {
-			return err
-		}
-		if _, err := vector(&hdr, rbBuffers, 16); err != nil {
-			return err
-		}
+		return checkRecordBatch(&hdr, msg.GetInt64Slot(msgBodyLength, 0))
+	}
+	return nil
+}
+
+// checkRecordBatch bounds a RecordBatch (a message's, or a
+// DictionaryBatch's rows) in a body of the given bytes.
+func checkRecordBatch(rb *flatbuffers.Table, body int64) error {
+	const (
+		rbLength      = 4  // RecordBatch.length
+		rbNodes       = 6  // RecordBatch.nodes (struct FieldNode, 16 bytes)
+		rbBuffers     = 8  // RecordBatch.buffers (struct Buffer, 16 bytes)
+		rbCompression = 10 // RecordBatch.compression
+	)
+	// A compressed body states its uncompressed size in its first bytes
+	// and arrow-go allocates that much unchecked: Prism never compresses
+	// frames, so none are accepted.
+	if rb.Offset(rbCompression) != 0 {
+		return fmt.Errorf("%w: compressed frames are not accepted", ErrMalformed)
+	}
+	// Every row of a FixedSizeList<float32> column takes at least 4 body
+	// bytes, so a batch cannot have more rows than that allows; a frame
+	// of context (or dictionary-encoded) columns only may hold up to
+	// maxContextRows rows in any body.
+	if l := rb.GetInt64Slot(rbLength, 0); l < 0 || l > max(body/4+1, maxContextRows) {
+		return fmt.Errorf("%w: record batch of %d rows in a body of %d bytes", ErrMalformed, l, body)
+	}
+	if _, err := vector(rb, rbNodes, 16); err != nil {
+		return err
+	}
+	if _, err := vector(rb, rbBuffers, 16); err != nil {
+		return err
 	}
 	return nil
 }

@@ -1,0 +1,83 @@
+package arrowframe
+
+import (
+	"fmt"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+)
+
+// A dictionary-encoded column carries each distinct row once (the
+// dictionary, a DictionaryBatch message before the record batch) and an
+// integer index per sample:
+//
+//	dictionary<indices: int8..int64 or uint8..uint64, values: fixed_size_list<float32>[width]>
+//
+// It is Arrow's standard form for repeated values, which any Arrow
+// writer may produce (pyarrow's dictionary_encode, arrow-go's
+// NewDictionaryArray), and the one that fits a cut tensor whose rows
+// repeat within a micro-batch: a pooled embedding of one id per sample
+// repeats wherever the id does, and within a 270-candidate request about
+// 57% of the (sample, table) ids do (BENCHMARKS.md). Decode reads such a
+// column (through arrow-go's reader) and expands it into n rows, so the
+// dense tier's consumers see the same tensor as from a plain column.
+//
+// Expanding multiplies bytes: a dictionary of one row and n one-byte
+// indices become n rows. A frame's expanded dictionary columns may take
+// at most maxDictExpansion times the frame's own bytes, or
+// minDictExpansionBudget if that is larger, so a small hostile frame
+// cannot ask for gigabytes.
+const (
+	maxDictExpansion       = 64
+	minDictExpansionBudget = 64 << 20
+)
+
+// dictBudget is the bytes a frame of frameBytes may expand its
+// dictionary columns into.
+func dictBudget(frameBytes int) int64 {
+	return max(int64(frameBytes)*maxDictExpansion, minDictExpansionBudget)
+}
+
+// dictionaryColumn reads a dictionary-encoded column of a frame of n
+// rows, as arrow-go's reader decoded it, into a plain tensor of n rows;
+// budget is what the frame may still expand into (bytes), reduced by
+// this column's.
+func dictionaryColumn(name string, dt *arrow.DictionaryType, col arrow.Array, n int, budget *int64) (Tensor, error) {
+	lt, ok := dt.ValueType.(*arrow.FixedSizeListType)
+	if !ok || lt.Elem().ID() != arrow.FLOAT32 || !arrow.IsInteger(dt.IndexType.ID()) {
+		return Tensor{}, fmt.Errorf("%w: column %q is %s, want dictionary<integer, fixed_size_list<float32>>", ErrMalformed, name, dt)
+	}
+	d, ok := col.(*array.Dictionary)
+	if !ok || d.Len() != n {
+		return Tensor{}, fmt.Errorf("%w: dictionary column %q is not %d rows", ErrMalformed, name, n)
+	}
+	if d.NullN() > 0 {
+		return Tensor{}, fmt.Errorf("%w: column %q has nulls", ErrMalformed, name)
+	}
+	list, ok := d.Dictionary().(*array.FixedSizeList)
+	if !ok || list.NullN() > 0 {
+		return Tensor{}, fmt.Errorf("%w: dictionary of column %q: want fixed_size_list<float32> rows without nulls", ErrMalformed, name)
+	}
+	w := int(lt.Len())
+	rows := list.Len()
+	vals := list.ListValues().(*array.Float32).Float32Values()
+	off := list.Data().Offset() * w
+	if w <= 0 || rows < 0 || off+rows*w > len(vals) {
+		return Tensor{}, fmt.Errorf("%w: dictionary of column %q is short", ErrMalformed, name)
+	}
+	dict := vals[off : off+rows*w]
+	need := int64(n) * int64(w) * 4
+	if need > *budget {
+		return Tensor{}, fmt.Errorf("%w: dictionary column %q expands to %d bytes, past what a frame of its size may (%d left)", ErrMalformed, name, need, *budget)
+	}
+	*budget -= need
+	out := make([]float32, n*w)
+	for s := range n {
+		k := d.GetValueIndex(s)
+		if k < 0 || k >= rows {
+			return Tensor{}, fmt.Errorf("%w: dictionary column %q: sample %d indexes row %d of %d", ErrMalformed, name, s, k, rows)
+		}
+		copy(out[s*w:(s+1)*w], dict[k*w:(k+1)*w])
+	}
+	return Tensor{Name: name, Width: w, Data: out}, nil
+}

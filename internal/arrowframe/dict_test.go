@@ -1,0 +1,177 @@
+package arrowframe
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/prism-serve/prism/internal/leview"
+)
+
+// dictFrame writes, with arrow-go's IPC writer (as another Arrow producer
+// would), a frame of len(idx) samples: column "d" dictionary-encoded
+// (indices of type it into the rows of dict, width w; a negative index is
+// a null), column "p" plain (width 1, the sample's number).
+func dictFrame(t testing.TB, it arrow.DataType, w int, dict []float32, idx []int64, opts ...ipc.Option) []byte {
+	t.Helper()
+	mem := memory.NewGoAllocator()
+	lt := arrow.FixedSizeListOfNonNullable(int32(w), arrow.PrimitiveTypes.Float32)
+	dt := &arrow.DictionaryType{IndexType: it, ValueType: lt}
+	pt := arrow.FixedSizeListOfNonNullable(1, arrow.PrimitiveTypes.Float32)
+	schema := arrow.NewSchema([]arrow.Field{{Name: "d", Type: dt}, {Name: "p", Type: pt}}, nil)
+
+	lb := array.NewBuilder(mem, lt).(*array.FixedSizeListBuilder)
+	vb := lb.ValueBuilder().(*array.Float32Builder)
+	for r := range len(dict) / w {
+		lb.Append(true)
+		vb.AppendValues(dict[r*w:(r+1)*w], nil)
+	}
+	dictArr := lb.NewArray()
+	ib := array.NewBuilder(mem, it)
+	for _, k := range idx {
+		if k < 0 {
+			ib.AppendNull()
+			continue
+		}
+		switch b := ib.(type) {
+		case *array.Int8Builder:
+			b.Append(int8(k))
+		case *array.Int16Builder:
+			b.Append(int16(k))
+		case *array.Int32Builder:
+			b.Append(int32(k))
+		case *array.Uint16Builder:
+			b.Append(uint16(k))
+		default:
+			t.Fatalf("index type %s", it)
+		}
+	}
+	indices := ib.NewArray()
+	col := array.NewDictionaryArray(dt, indices, dictArr)
+
+	pb := array.NewBuilder(mem, pt).(*array.FixedSizeListBuilder)
+	pvb := pb.ValueBuilder().(*array.Float32Builder)
+	for s := range idx {
+		pb.Append(true)
+		pvb.Append(float32(s))
+	}
+	plain := pb.NewArray()
+	rec := array.NewRecordBatch(schema, []arrow.Array{col, plain}, int64(len(idx)))
+	var buf bytes.Buffer
+	wr := ipc.NewWriter(&buf, append([]ipc.Option{ipc.WithSchema(schema), ipc.WithAllocator(mem)}, opts...)...)
+	if err := wr.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := wr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// TestDictionaryColumn: a dictionary-encoded column, as other Arrow
+// writers produce it, decodes to the rows its indices pick, for each
+// index type; decoding it again (the fast path's schema cache consulted)
+// gives the same.
+func TestDictionaryColumn(t *testing.T) {
+	dict := []float32{1, 2, 3, 10, 20, 30, -1, -2, -3}
+	idx := []int64{2, 0, 0, 1, 2, 2, 0}
+	var want []float32
+	for _, k := range idx {
+		want = append(want, dict[3*k:3*k+3]...)
+	}
+	for _, it := range []arrow.DataType{arrow.PrimitiveTypes.Int8, arrow.PrimitiveTypes.Int32, arrow.PrimitiveTypes.Uint16} {
+		frame := dictFrame(t, it, 3, dict, idx)
+		for round := range 2 {
+			n, ts, err := Decode(frame)
+			if err != nil {
+				t.Fatalf("%s, round %d: %v", it, round, err)
+			}
+			if n != len(idx) || len(ts) != 2 {
+				t.Fatalf("%s: %d samples, %d tensors", it, n, len(ts))
+			}
+			if d := ts[0]; d.Name != "d" || d.Width != 3 || d.Context || !slices.Equal(d.Data, want) {
+				t.Fatalf("%s: dictionary column decoded to %+v, want the rows %v", it, d, want)
+			}
+			if p := ts[1]; p.Width != 1 || p.Data[6] != 6 {
+				t.Fatalf("%s: plain column %+v", it, p)
+			}
+		}
+	}
+}
+
+func TestDictionaryColumnRefused(t *testing.T) {
+	dict := []float32{1, 2, 3, 4}
+	for _, c := range []struct {
+		name  string
+		frame []byte
+		want  string
+	}{
+		{"index past the dictionary", dictFrame(t, arrow.PrimitiveTypes.Int32, 2, dict, []int64{0, 2, 1}), "indexes row 2 of 2"},
+		{"null index", dictFrame(t, arrow.PrimitiveTypes.Int32, 2, dict, []int64{0, -1, 1}), "has nulls"},
+		{"compressed", dictFrame(t, arrow.PrimitiveTypes.Int32, 2, dict, []int64{0, 1}, ipc.WithZstd()), "compressed"},
+	} {
+		_, _, err := Decode(c.frame)
+		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrMalformed saying %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestDictionaryExpansionBounded: a small frame whose one-row
+// dictionary is wide and indexed by many one-byte indices would expand
+// to far more than the frame: refused past the budget.
+func TestDictionaryExpansionBounded(t *testing.T) {
+	const w, n = 1 << 16, 2048 // one 256 KiB row, 2,048 samples: 512 MiB expanded
+	idx := make([]int64, n)
+	frame := dictFrame(t, arrow.PrimitiveTypes.Int8, w, make([]float32, w), idx)
+	if int64(n)*w*4 <= dictBudget(len(frame)) {
+		t.Fatalf("test frame of %d bytes expands to %d, within its budget %d", len(frame), int64(n)*w*4, dictBudget(len(frame)))
+	}
+	if _, _, err := Decode(frame); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "expands to") {
+		t.Fatalf("Decode: %v, want ErrMalformed for the expansion", err)
+	}
+	// The same at a size within the budget decodes.
+	small := dictFrame(t, arrow.PrimitiveTypes.Int8, 16, make([]float32, 16), idx)
+	if _, ts, err := Decode(small); err != nil || len(ts[0].Data) != n*16 {
+		t.Fatalf("within the budget: %v", err)
+	}
+}
+
+// expanded reports whether some tensor's data lies outside the frame b:
+// a dictionary column, which each decode expands into memory of its own.
+func expanded(b []byte, ts []Tensor) bool {
+	lo, hi := uintptrOf(b), uintptrOf(b)+uintptr(len(b))
+	for _, t := range ts {
+		if len(t.Data) == 0 {
+			continue
+		}
+		if p := uintptrOf(leviewBytes(t.Data)); p < lo || p >= hi {
+			return true
+		}
+	}
+	return false
+}
+
+// sameValues reports whether two decodes hold the same samples, names,
+// widths and values (wherever they lie).
+func sameValues(n1 int, ts1 []Tensor, n2 int, ts2 []Tensor) bool {
+	if n1 != n2 || len(ts1) != len(ts2) {
+		return false
+	}
+	for i := range ts1 {
+		a, b := ts1[i], ts2[i]
+		if a.Name != b.Name || a.Width != b.Width || a.Context != b.Context || !slices.Equal(a.Data, b.Data) {
+			return false
+		}
+	}
+	return true
+}
+
+func leviewBytes(f []float32) []byte { return leview.Bytes(f) }
