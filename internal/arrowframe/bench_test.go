@@ -34,3 +34,40 @@ func BenchmarkDecode270(b *testing.B) {
 		}
 	}
 }
+
+// dlrmCutDict is dlrmCut with every embedding dictionary-encoded over
+// 43% distinct rows (what 270-candidate requests hold; BENCHMARKS.md).
+func dlrmCutDict(n int) []Tensor {
+	ts := dlrmCut(n)
+	rows := n * 43 / 100
+	for k := 1; k < len(ts); k++ {
+		idx := make([]int32, n)
+		for s := range idx {
+			idx[s] = int32(s % rows)
+		}
+		ts[k].Data, ts[k].Index = ts[k].Data[:rows*16], idx
+	}
+	return ts
+}
+
+func BenchmarkEncodeDict270(b *testing.B) {
+	ts := dlrmCutDict(270)
+	var dst []byte
+	for b.Loop() {
+		out, err := AppendEncode(dst, 270, ts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst = out[:0]
+	}
+}
+
+func BenchmarkDecodeDict270(b *testing.B) {
+	buf, _ := Encode(270, dlrmCutDict(270))
+	b.SetBytes(int64(len(buf)))
+	for b.Loop() {
+		if _, _, err := Decode(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

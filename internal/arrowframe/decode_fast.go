@@ -3,6 +3,7 @@ package arrowframe
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,7 @@ type cachedSchema struct {
 	names  []string
 	widths []int
 	ctx    []bool // per column: a context column (context.go)
+	dict   []bool // per column: dictionary-encoded with int32 indices (dict.go)
 }
 
 // schemaCache holds the most recently learned schemas, newest first. Readers
@@ -108,9 +110,14 @@ const (
 
 	slotSchemaEndianness = 4
 
-	fbMetadataV5        = 4 // MetadataVersion.V5
-	fbHeaderSchema      = 1 // MessageHeader.Schema
-	fbHeaderRecordBatch = 3 // MessageHeader.RecordBatch
+	slotDictID      = 4
+	slotDictData    = 6
+	slotDictIsDelta = 8
+
+	fbMetadataV5            = 4 // MetadataVersion.V5
+	fbHeaderSchema          = 1 // MessageHeader.Schema
+	fbHeaderDictionaryBatch = 2 // MessageHeader.DictionaryBatch
+	fbHeaderRecordBatch     = 3 // MessageHeader.RecordBatch
 )
 
 // decode reads the record batch after the schema message s.msg at the
@@ -122,7 +129,21 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 			n, ts, ok = 0, nil, false
 		}
 	}()
-	meta, body, end, ok := messageAt(b, len(s.msg))
+	// The dictionaries first, one DictionaryBatch per dictionary column
+	// in column order (ids 0, 1, ...), each one record batch of rows.
+	off := len(s.msg)
+	var dicts [][]float32
+	for i, w := range s.widths {
+		if !s.dict[i] {
+			continue
+		}
+		d, end, ok := s.dictionary(b, off, len(dicts), w)
+		if !ok {
+			return 0, nil, false
+		}
+		dicts, off = append(dicts, d), end
+	}
+	meta, body, end, ok := messageAt(b, off)
 	if !ok {
 		return 0, nil, false
 	}
@@ -161,10 +182,13 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 	}
 	cols := len(s.widths)
 	wantNodes, wantBufs := 0, 0
-	for _, c := range s.ctx {
-		if c {
+	for i, c := range s.ctx {
+		switch {
+		case s.dict[i]:
+			wantNodes, wantBufs = wantNodes+dictNodes, wantBufs+dictBuffers
+		case c:
 			wantNodes, wantBufs = wantNodes+contextNodes, wantBufs+contextBuffers
-		} else {
+		default:
 			wantNodes, wantBufs = wantNodes+plainNodes, wantBufs+plainBuffers
 		}
 	}
@@ -183,7 +207,38 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 	node := func(j int) (length, nulls int64) { return i64(nodes + 16*j), i64(nodes + 16*j + 8) }
 	ts = make([]Tensor, cols)
 	nj, bj := 0, 0 // the column's first field node and buffer
+	budget := dictBudget(len(b))
 	for i, w := range s.widths {
+		if s.dict[i] {
+			// The indices' node, then their validity (arrow-go reads it
+			// only for a non-zero null count) and int32 values; every
+			// index is checked as the rows are gathered.
+			d := dicts[0]
+			dicts = dicts[1:]
+			idxLen, idxNulls := node(nj)
+			if idxLen != rows || idxNulls != 0 {
+				return 0, nil, false
+			}
+			if _, _, ok := inBody(bj); !ok {
+				return 0, nil, false
+			}
+			off, length, ok := inBody(bj + 1)
+			if !ok || length < 4*rows {
+				return 0, nil, false
+			}
+			need := rows * int64(w) * 4
+			if need > budget {
+				return 0, nil, false
+			}
+			budget -= need
+			out, ok := gather(b[body+int(off):body+int(off)+4*int(rows)], d, w)
+			if !ok {
+				return 0, nil, false
+			}
+			ts[i] = Tensor{Name: s.names[i], Width: w, Data: out, dict: dictInt32}
+			nj, bj = nj+dictNodes, bj+dictBuffers
+			continue
+		}
 		listRows := rows
 		if s.ctx[i] {
 			// The run-end encoded array's node (no buffer of its own),
@@ -239,6 +294,88 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 		nj, bj = nj+plainNodes, bj+plainBuffers
 	}
 	return int(rows), ts, true
+}
+
+// dictionary reads the DictionaryBatch message at b[off:] as the
+// dictionary of id (its rows of width w floats), as arrow-go's reader
+// would: a V5 message, not a delta, one uncompressed record batch of at
+// least one row without nulls, every buffer inside the body. ok is false
+// on anything else.
+func (s *cachedSchema) dictionary(b []byte, off, id, w int) (rows []float32, end int, ok bool) {
+	meta, body, end, ok := messageAt(b, off)
+	if !ok {
+		return nil, 0, false
+	}
+	msg := root(meta)
+	if msg.GetInt16Slot(slotMsgVersion, 0) != fbMetadataV5 ||
+		msg.GetUint8Slot(slotMsgHeaderType, 0) != fbHeaderDictionaryBatch ||
+		msg.Offset(slotMsgMeta) != 0 {
+		return nil, 0, false
+	}
+	var db, rb flatbuffers.Table
+	if !union(msg, slotMsgHeader, &db) || db.GetInt64Slot(slotDictID, 0) != int64(id) ||
+		db.GetBoolSlot(slotDictIsDelta, false) || !union(&db, slotDictData, &rb) {
+		return nil, 0, false
+	}
+	if rb.Offset(slotRBCompression) != 0 || rb.Offset(slotRBVariadic) != 0 {
+		return nil, 0, false
+	}
+	bodyLen := int64(end - body)
+	n := rb.GetInt64Slot(slotRBLength, 0)
+	if n <= 0 || int64(w) > bodyLen/4/n { // more floats than the body holds
+		return nil, 0, false
+	}
+	nodes, nNodes := vectorAt(&rb, slotRBNodes, 16)
+	bufs, nBufs := vectorAt(&rb, slotRBBuffers, 16)
+	if nNodes != plainNodes || nBufs != plainBuffers {
+		return nil, 0, false
+	}
+	i64 := func(pos int) int64 { return int64(binary.LittleEndian.Uint64(meta[pos:])) }
+	nw := n * int64(w)
+	if i64(nodes) != n || i64(nodes+8) != 0 || i64(nodes+16) != nw || i64(nodes+24) != 0 {
+		return nil, 0, false
+	}
+	for j := range plainBuffers {
+		o, l := i64(bufs+16*j), i64(bufs+16*j+8)
+		if o < 0 || l < 0 || o > bodyLen || l > bodyLen-o || (j == 2 && l < 4*nw) {
+			return nil, 0, false
+		}
+	}
+	p := unsafe.Pointer(&b[body+int(i64(bufs+32))])
+	if !unalignedFloats && uintptr(p)%4 != 0 {
+		return nil, 0, false
+	}
+	return unsafe.Slice((*float32)(p), int(nw)), end, true
+}
+
+// gather expands a dictionary column: for each little-endian int32 index
+// in idx, the row of w floats it picks from dict. ok is false if an
+// index is outside dict.
+func gather(idx []byte, dict []float32, w int) (out []float32, ok bool) {
+	rows := len(dict) / w
+	n := len(idx) / 4
+	out = make([]float32, n*w)
+	for s := range n {
+		k := int(int32(binary.LittleEndian.Uint32(idx[4*s:])))
+		if k < 0 || k >= rows {
+			return nil, false
+		}
+		// Rows of the usual embedding widths move as one array value
+		// (inline moves); copy's call costs more than a 64-byte row.
+		switch w {
+		case 16:
+			*(*[16]float32)(out[s*16:]) = *(*[16]float32)(dict[k*16:])
+		case 32:
+			*(*[32]float32)(out[s*32:]) = *(*[32]float32)(dict[k*32:])
+		case 64:
+			*(*[64]float32)(out[s*64:]) = *(*[64]float32)(dict[k*64:])
+		case 128:
+			*(*[128]float32)(out[s*128:]) = *(*[128]float32)(dict[k*128:])
+		default:
+			copy(out[s*w:(s+1)*w], dict[k*w:(k+1)*w])
+		}
+	}
+	return out, true
 }
 
 // messageAt frames the message at b[off:] as bytesMessages.Message does,
@@ -300,7 +437,7 @@ func rememberSchema(b []byte, n int, ts []Tensor) {
 		return
 	}
 	for _, t := range ts {
-		if t.Width <= 0 {
+		if t.Width <= 0 || t.dict == dictOther {
 			return
 		}
 	}
@@ -316,9 +453,9 @@ func rememberSchema(b []byte, n int, ts []Tensor) {
 	if !ok || end != r.off || !littleEndianSchema(meta) {
 		return
 	}
-	s := &cachedSchema{msg: bytes.Clone(b[:end]), names: make([]string, len(ts)), widths: make([]int, len(ts)), ctx: make([]bool, len(ts))}
+	s := &cachedSchema{msg: bytes.Clone(b[:end]), names: make([]string, len(ts)), widths: make([]int, len(ts)), ctx: make([]bool, len(ts)), dict: make([]bool, len(ts))}
 	for i, t := range ts {
-		s.names[i], s.widths[i], s.ctx[i] = t.Name, t.Width, t.Context
+		s.names[i], s.widths[i], s.ctx[i], s.dict[i] = t.Name, t.Width, t.Context, t.dict == dictInt32
 	}
 	if fn, fts, ok := s.decode(b); !ok || !sameDecode(fn, fts, n, ts) {
 		return
@@ -363,8 +500,18 @@ func sameDecode(n1 int, ts1 []Tensor, n2 int, ts2 []Tensor) bool {
 	}
 	for i := range ts1 {
 		a, b := ts1[i], ts2[i]
-		if a.Name != b.Name || a.Width != b.Width || a.Context != b.Context || len(a.Data) != len(b.Data) || cap(a.Data) != cap(b.Data) {
+		if a.Name != b.Name || a.Width != b.Width || a.Context != b.Context || a.dict != b.dict || len(a.Data) != len(b.Data) || cap(a.Data) != cap(b.Data) {
 			return false
+		}
+		if a.dict != dictNone {
+			// Expanded by each decode into memory of its own: the
+			// same values (bit for bit) are the same decode.
+			for j := range a.Data {
+				if math.Float32bits(a.Data[j]) != math.Float32bits(b.Data[j]) {
+					return false
+				}
+			}
+			continue
 		}
 		if len(a.Data) > 0 && &a.Data[0] != &b.Data[0] {
 			return false

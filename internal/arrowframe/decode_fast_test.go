@@ -188,8 +188,23 @@ func frameCases(t testing.TB) []frameCase {
 	add("arrow-go value null", builtFrame(t, builtValueNull), 0)
 	add("arrow-go batch metadata", builtFrame(t, builtBatchMeta), 0)
 	add("arrow-go sliced batch", builtFrame(t, builtSliced), -1)
-	add("arrow-go dictionary column", dictFrame(t, arrow.PrimitiveTypes.Int32, 2, []float32{1, 2, 3, 4}, []int64{1, 0, 1}), 0)
-	add("arrow-go dictionary, index past it", dictFrame(t, arrow.PrimitiveTypes.Int8, 2, []float32{1, 2, 3, 4}, []int64{1, 2}), 0)
+	add("arrow-go dictionary column", dictFrame(t, arrow.PrimitiveTypes.Int32, 2, []float32{1, 2, 3, 4}, []int64{1, 0, 1}), 1)
+	add("arrow-go dictionary, int8 indices", dictFrame(t, arrow.PrimitiveTypes.Int8, 2, []float32{1, 2, 3, 4}, []int64{1, 0}), 0)
+	add("arrow-go dictionary, index past it", dictFrame(t, arrow.PrimitiveTypes.Int32, 2, []float32{1, 2, 3, 4}, []int64{1, 2}), 0)
+	dictTs := dlrmCutDict(40)
+	dictFast, err := AppendEncode(nil, 40, dictTs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("AppendEncode dictionary columns", dictFast, 1)
+	dictRef, err := encodeWithArrow(nil, 40, dictTs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add("arrow-go dictionary columns", dictRef, -1)
+	bad := bytes.Clone(dictFast)
+	binary.LittleEndian.PutUint32(bad[len(bad)-8-4*40+4*7:], 1<<20) // an index far past its dictionary
+	add("AppendEncode dictionary, index corrupted", bad, 0)
 	if be := bigEndianFrame(t); be != nil {
 		add("big-endian schema", be, 0)
 	}

@@ -32,6 +32,27 @@ const (
 	minDictExpansionBudget = 64 << 20
 )
 
+// A dictionary column in a record batch message takes one field node
+// (its indices: n rows) and two buffers (their validity and values); its
+// rows are in its DictionaryBatch message.
+const (
+	dictNodes   = 1
+	dictBuffers = 2
+)
+
+// Tensor.dict: how Decode read a column.
+const (
+	dictNone  = iota // a plain or context column
+	dictInt32        // dictionary-encoded with int32 indices (the fast path takes these)
+	dictOther        // dictionary-encoded with other indices (arrow-go's path only)
+)
+
+// dictType is the Arrow type of the dictionary-encoded columns Prism
+// writes: int32 indices into fixed_size_list<float32>[width] rows.
+func dictType(width int) *arrow.DictionaryType {
+	return &arrow.DictionaryType{IndexType: arrow.PrimitiveTypes.Int32, ValueType: arrow.FixedSizeListOfNonNullable(int32(width), arrow.PrimitiveTypes.Float32)}
+}
+
 // dictBudget is the bytes a frame of frameBytes may expand its
 // dictionary columns into.
 func dictBudget(frameBytes int) int64 {
@@ -79,5 +100,9 @@ func dictionaryColumn(name string, dt *arrow.DictionaryType, col arrow.Array, n 
 		}
 		copy(out[s*w:(s+1)*w], dict[k*w:(k+1)*w])
 	}
-	return Tensor{Name: name, Width: w, Data: out}, nil
+	how := dictOther
+	if dt.IndexType.ID() == arrow.INT32 {
+		how = dictInt32
+	}
+	return Tensor{Name: name, Width: w, Data: out, dict: how}, nil
 }

@@ -3,6 +3,7 @@ package arrowframe
 import (
 	"bytes"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -175,3 +176,81 @@ func sameValues(n1 int, ts1 []Tensor, n2 int, ts2 []Tensor) bool {
 }
 
 func leviewBytes(f []float32) []byte { return leview.Bytes(f) }
+
+// TestEncodeDictionary: tensors given with an Index are written
+// dictionary-encoded by both encoders (the fast one and arrow-go's, the
+// reference), every Arrow reader's view of them is the expanded rows,
+// and the frame is smaller than the plain one by the repeated rows.
+func TestEncodeDictionary(t *testing.T) {
+	const n, w = 270, 16
+	r := rand.New(rand.NewPCG(5, 6))
+	rows := 100
+	dict := make([]float32, rows*w)
+	for i := range dict {
+		dict[i] = r.Float32()
+	}
+	idx := make([]int32, n)
+	var want []float32
+	for s := range idx {
+		idx[s] = int32(r.IntN(rows))
+		want = append(want, dict[int(idx[s])*w:int(idx[s]+1)*w]...)
+	}
+	dense := make([]float32, n*13)
+	for i := range dense {
+		dense[i] = float32(i)
+	}
+	ctx := []float32{7, 8, 9}
+	ts := []Tensor{{Name: "d", Width: w, Data: dict, Index: idx}, {Name: "x", Width: 13, Data: dense}, {Name: "c", Width: 3, Data: ctx, Context: true}}
+	plainTs := []Tensor{{Name: "d", Width: w, Data: want}, ts[1], ts[2]}
+	fast, err := AppendEncode(nil, n, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := encodeWithArrow(nil, n, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := AppendEncode(nil, n, plainTs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Saved: the repeated rows; spent: the indices and the dictionary's
+	// message (metadata and padding, a few hundred bytes).
+	if len(fast) > len(plain)-(n-rows)*w*4+n*4+512 {
+		t.Errorf("dictionary frame %d bytes, plain %d: want the %d repeated rows' bytes less the indices' and a message's saved", len(fast), len(plain), n-rows)
+	}
+	for name, frame := range map[string][]byte{"fast": fast, "arrow-go": ref} {
+		for _, dec := range []struct {
+			name string
+			f    func([]byte) (int, []Tensor, error)
+		}{{"Decode", Decode}, {"arrow-go", decodeWithArrow}} {
+			gn, got, err := dec.f(frame)
+			if err != nil {
+				t.Fatalf("%s frame, %s: %v", name, dec.name, err)
+			}
+			if gn != n || len(got) != 3 || !slices.Equal(got[0].Data, want) || !slices.Equal(got[1].Data, dense) || !got[2].Context || !slices.Equal(got[2].Data, ctx) {
+				t.Fatalf("%s frame, %s: decoded to n=%d %s", name, dec.name, gn, describe(got))
+			}
+		}
+	}
+}
+
+func TestEncodeDictionaryRefused(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		t    Tensor
+	}{
+		{"index past the rows", Tensor{Name: "d", Width: 2, Data: []float32{1, 2}, Index: []int32{0, 1}}},
+		{"negative index", Tensor{Name: "d", Width: 2, Data: []float32{1, 2}, Index: []int32{0, -1}}},
+		{"indices for other samples", Tensor{Name: "d", Width: 2, Data: []float32{1, 2}, Index: []int32{0}}},
+		{"context and dictionary", Tensor{Name: "d", Width: 2, Data: []float32{1, 2}, Index: []int32{0, 0}, Context: true}},
+		{"empty dictionary", Tensor{Name: "d", Width: 2, Data: []float32{}, Index: []int32{0, 0}}},
+	} {
+		if _, err := AppendEncode(nil, 2, []Tensor{c.t}); err == nil {
+			t.Errorf("%s: encoded", c.name)
+		}
+	}
+	if _, _, _, err := AppendFrameIndexed(nil, 2, []Column{{Name: "d", Width: 2, Rows: 3}}); err == nil {
+		t.Error("a dictionary of more rows than samples laid out")
+	}
+}

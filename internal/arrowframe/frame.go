@@ -29,14 +29,43 @@ type Tensor struct {
 	// Context: every sample holds the same Width values, Data's only
 	// row; the frame carries that row once (context.go).
 	Context bool
+	// Index, when set, dictionary-encodes the tensor for Encode (dict.go):
+	// Data holds its distinct rows, and Index (n entries) each sample's
+	// row among them. Decode never returns it: it expands such a column.
+	Index []int32
+	// dict is how Decode read the column (dict.go): a dictionary
+	// column's Data is an expansion of its own, not a view of the frame.
+	dict int
 }
 
 // rows is how many rows of t's values the frame carries for n samples.
 func (t Tensor) rows(n int) int {
-	if t.Context {
+	switch {
+	case t.Context:
 		return 1
+	case t.Index != nil && t.Width > 0:
+		return len(t.Data) / t.Width
 	}
 	return n
+}
+
+// check is Encode's check of a tensor of n samples.
+func (t Tensor) check(n int) error {
+	if t.Width <= 0 || len(t.Data) != t.rows(n)*t.Width {
+		return fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), t.rows(n), t.Width)
+	}
+	if t.Index == nil {
+		return nil
+	}
+	if t.Context || len(t.Index) != n || len(t.Data) == 0 {
+		return fmt.Errorf("tensor %q: a dictionary of %d rows with %d indices for %d samples", t.Name, t.rows(n), len(t.Index), n)
+	}
+	for s, k := range t.Index {
+		if k < 0 || int(k) >= t.rows(n) {
+			return fmt.Errorf("tensor %q: sample %d indexes row %d of %d", t.Name, s, k, t.rows(n))
+		}
+	}
+	return nil
 }
 
 // Encode frames n samples of the tensors.
@@ -56,8 +85,8 @@ func encodeWithArrow(dst []byte, n int, ts []Tensor) ([]byte, error) {
 		}
 	}()
 	for i, t := range ts {
-		if t.Width <= 0 || len(t.Data) != t.rows(n)*t.Width {
-			return nil, fmt.Errorf("tensor %q: %d values for %d samples of width %d", t.Name, len(t.Data), t.rows(n), t.Width)
+		if err := t.check(n); err != nil {
+			return nil, err
 		}
 		lt := arrow.FixedSizeListOfNonNullable(int32(t.Width), arrow.PrimitiveTypes.Float32)
 		var raw []byte
@@ -67,6 +96,19 @@ func encodeWithArrow(dst []byte, n int, ts []Tensor) ([]byte, error) {
 		vals := array.NewData(arrow.PrimitiveTypes.Float32, len(t.Data), []*memory.Buffer{nil, memory.NewBufferBytes(raw)}, nil, 0, 0)
 		list := array.NewData(lt, t.rows(n), []*memory.Buffer{nil}, []arrow.ArrayData{vals}, 0, 0)
 		vals.Release()
+		if t.Index != nil {
+			dt := dictType(t.Width)
+			fields[i] = arrow.Field{Name: t.Name, Type: dt}
+			idx := array.NewData(arrow.PrimitiveTypes.Int32, n, []*memory.Buffer{nil, memory.NewBufferBytes(arrow.Int32Traits.CastToBytes(t.Index))}, nil, 0, 0)
+			dict := array.NewFixedSizeListData(list)
+			ind := array.MakeFromData(idx)
+			cols[i] = array.NewDictionaryArray(dt, ind, dict)
+			ind.Release()
+			dict.Release()
+			idx.Release()
+			list.Release()
+			continue
+		}
 		if !t.Context {
 			fields[i] = arrow.Field{Name: t.Name, Type: lt}
 			cols[i] = array.NewFixedSizeListData(list)
