@@ -5,7 +5,8 @@
 # --insecure on a copy of the store, both up at once, and closed-loop
 # runs at 270 candidates per request alternating between them (the
 # order rotated every round), so the machine's drift falls on both alike.
-# Prints each round, the medians and their ratios.
+# Prints each round, the medians and their ratios. UP_FLAGS go to both
+# stacks' prism up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
@@ -37,7 +38,7 @@ up() {
 	local name=$1 log="$tmp/$1.log"
 	addr=""
 	shift
-	$prism up --model "$plan" --addr 127.0.0.1:0 "$@" >"$log" 2>&1 &
+	$prism up --model "$plan" --addr 127.0.0.1:0 "$@" ${UP_FLAGS:-} >"$log" 2>&1 &
 	pids+=($!)
 	for _ in $(seq 1 1200); do
 		addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)

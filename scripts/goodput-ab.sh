@@ -9,6 +9,8 @@
 # each prints goodput: requests answered OK within 60 ms per second.
 # Comparing two stacks within one run, side by side, is what makes the
 # figure readable on a shared machine whose speed drifts between runs.
+# CLOSED=1 runs closed loops of CLIENTS (default 16) instead and prints
+# each stack's samples/s: an A/B of throughput.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${BENCH_DIR:-out/demo}
@@ -34,6 +36,10 @@ addr() {
 A=$(addr "$la"); B=$(addr "$lb")
 lg() { "${A_BIN:-bin/prism}" loadgen --target "$1" --certs "$certs" --model dlrm-kaggle --plan "$out/dlrm-kaggle-part" --candidates 270 --pool 512 --quiet "${@:2}" 2>/dev/null; }
 one() {
+	if [ "${CLOSED:-0}" = 1 ]; then
+		echo "$1 $(lg "$2" --clients "${CLIENTS:-16}" --duration "${dur}s" | grep -E '^throughput|^latency' | tr -s ' ' | tr '\n' ' ')"
+		return
+	fi
 	res=$(lg "$2" --rate "$rate" --duration "${dur}s" --timeout 60ms)
 	sent=$(sed -n 's/^requests *sent \([0-9]*\).*/\1/p' <<<"$res")
 	slo=$(sed -n 's/^SLO *\([0-9.]*\)%.*/\1/p' <<<"$res")

@@ -31,6 +31,7 @@ func newServeEmbeddingCmd() *cobra.Command {
 	)
 	// Trust and admission (router-side trust work).
 	var maxInflightSamples int64
+	var dictFrames bool
 	cmd := &cobra.Command{
 		Use:     "embedding --db DIR --plan DIR [--plan DIR ...]",
 		Aliases: []string{"cpu"},
@@ -106,7 +107,8 @@ at --advertise-addr.`,
 				// Trust and admission: cut tensors go only to the dense
 				// workers the router announces (any, without a router).
 				MaxInflightSamples: maxInflightSamples, MaxInflightBytes: budget.inflight(st), AnyDenseAddr: router == "",
-				DialOptions: []grpc.DialOption{toDense},
+				DictionaryFrames: dictFrames,
+				DialOptions:      []grpc.DialOption{toDense},
 				IngestProgress: func(model string, done, total int64) {
 					if bar == nil || barModel != model {
 						if bar != nil {
@@ -170,6 +172,7 @@ at --advertise-addr.`,
 	tlsFlags.Register(cmd, auth.Embedding)
 	tlsFlags.RegisterMetrics(cmd)
 	// Trust and admission (router-side trust work).
+	f.BoolVar(&dictFrames, "dictionary-frames", false, "send a cut tensor that is one id's row per sample dictionary-encoded when ids repeat within a micro-batch (each distinct row looked up and sent once)")
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
 	return cmd
 }

@@ -39,6 +39,9 @@ type model struct {
 	// cols is the frame layout of the cut (nil when a cut shape is not
 	// fully known): lookups write straight into a frame of this layout.
 	cols []arrowframe.Column
+	// dedup marks the columns that may go dictionary-encoded
+	// (dedup.go; nil: none, or Options.DictionaryFrames off).
+	dedup []int
 	// sampleBytes is the cut's float32 bytes per sample (a dimension the
 	// plan leaves unknown counts as 1): what admission charges.
 	sampleBytes int64

@@ -60,7 +60,11 @@ type Options struct {
 	// are dialled: set it only for a worker without a router (tools,
 	// tests).
 	AnyDenseAddr bool
-	Logger       *slog.Logger
+	// DictionaryFrames sends a cut column that is one id's row per
+	// sample dictionary-encoded when its ids repeat within the
+	// micro-batch: each distinct row once, looked up once (dedup.go).
+	DictionaryFrames bool
+	Logger           *slog.Logger
 }
 
 // DefaultMaxSamples is Options.MaxSamples' default.
@@ -154,6 +158,9 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 		if err != nil {
 			s.Close()
 			return nil, err
+		}
+		if o.DictionaryFrames {
+			m.dedup = dedupColumns(m)
 		}
 		s.models[name] = m
 		sr, err := shardModel(st, m)
@@ -338,11 +345,18 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	fb := framePool.Get().(*[]byte)
 	var frame []byte
 	var into map[string][]float32
+	var dd *dedup
 	// Context-only cut tensors go as one row (context.go).
 	ctxCut, anyCtx := m.contextCut(vals)
 	if m.cols != nil {
+		cols := m.contextCols(ctxCut, anyCtx)
+		if m.dedup != nil && s.shards[m.name] == nil {
+			cols = append([]arrowframe.Column(nil), cols...)
+			dd = dedupFor(m, vals, n, cols, ctxCut)
+		}
 		var views [][]float32
-		if frame, views, err = arrowframe.AppendFrame(*fb, n, m.contextCols(ctxCut, anyCtx)); err != nil {
+		var index [][]int32
+		if frame, views, index, err = arrowframe.AppendFrameIndexed(*fb, n, cols); err != nil {
 			framePool.Put(fb)
 			return nil, status.Errorf(codes.Internal, "model %q: %v", m.name, err)
 		}
@@ -350,9 +364,12 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		into = make(map[string][]float32, len(views))
 		for i, c := range m.cols {
 			into[c.Name] = views[i]
+			if dd != nil && dd.ids[i] != nil {
+				copy(index[i], dd.index[i])
+			}
 		}
 	}
-	if err := s.lookup(m, vals, n, into); err != nil {
+	if err := s.lookup(m, vals, n, into, dd); err != nil {
 		framePool.Put(fb)
 		return nil, err
 	}
@@ -491,7 +508,19 @@ var columnBufs sync.Pool
 // partial (shard.go): pooled over the shard's rows, written as the
 // output's partial column and, for the sum_count and max_count combines,
 // its counts column.
-func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string][]float32) error {
+// dd, when set, names the frame columns going dictionary-encoded
+// (dedup.go): their lookups take the distinct ids, one row each, into
+// the dictionary.
+func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string][]float32, dd *dedup) error {
+	var distinct map[int][]int64 // lookup index -> its distinct ids
+	if dd != nil {
+		distinct = map[int][]int64{}
+		for i, j := range m.dedup {
+			if j >= 0 && dd.ids[i] != nil {
+				distinct[j] = dd.ids[i]
+			}
+		}
+	}
 	// pre.onnx (preonnx.go) has run: Lookup runs it before laying out the
 	// frame, whose context columns depend on its outputs (context.go).
 	sr := s.shards[m.name]
@@ -565,6 +594,9 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		if once[i] {
 			samples = 1
 		}
+		if u, ok := distinct[i]; ok {
+			ids, samples = &value{width: 1, i64: u}, len(u)
+		}
 		size := samples * ls.dim
 		if l.Pooling == plan.PoolNone {
 			size = len(ids.i64) * ls.dim
@@ -601,6 +633,12 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 			shape = []int64{int64(n), int64(l.Bag), int64(ls.dim)}
 		}
 		if !batch[i].Partial {
+			if u, ok := distinct[i]; ok {
+				// A dictionary's rows, in the frame already: only its
+				// column reads them (dedupColumns).
+				vals[l.Output] = &value{width: ls.dim, shape: []int64{int64(len(u)), int64(ls.dim)}, f32: out}
+				continue
+			}
 			// A lookup run once stays one sample (a context value):
 			// tiled only where a stage needs every sample.
 			vals[l.Output] = &value{width: len(out), shape: shape, f32: out, ctx: once[i]}

@@ -43,10 +43,13 @@ const maxSamples = 512
 type fixture struct {
 	srv    *server.Server
 	client prismv1.EmbeddingTierClient
-	dense  *denseDouble
-	addr   string // the dense double's (a bufconn target)
-	mono   map[string]*ort.Session
-	sigs   map[string]models.Signature
+	// dictClient reaches a second server on the same store with
+	// Options.DictionaryFrames (dedup_test.go).
+	dictClient prismv1.EmbeddingTierClient
+	dense      *denseDouble
+	addr       string // the dense double's (a bufconn target)
+	mono       map[string]*ort.Session
+	sigs       map[string]models.Signature
 	// corpus holds the exporter-corpus models served besides the zoo's
 	// (testExporterModels), for their float64 references.
 	corpus map[string]*exporters.Model
@@ -191,6 +194,23 @@ func newFixture() (*fixture, error) {
 	}
 	cleanup = append(cleanup, func() { conn.Close() })
 	f.client = prismv1.NewEmbeddingTierClient(conn)
+
+	dictSrv, err := server.New(ctx, st, server.Options{Plans: plans, MaxSamples: maxSamples, Threads: 1, DialOptions: []grpc.DialOption{bn.DialOption()}, DictionaryFrames: true})
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, dictSrv.Close)
+	dictSrv.SetDenseAddrs([]string{f.addr})
+	dictAddr, err := start("cpu-dict", func(g *grpc.Server) { prismv1.RegisterEmbeddingTierServer(g, dictSrv) })
+	if err != nil {
+		return nil, err
+	}
+	dconn, err := grpc.NewClient(dictAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), bn.DialOption())
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, func() { dconn.Close() })
+	f.dictClient = prismv1.NewEmbeddingTierClient(dconn)
 	return f, nil
 }
 
@@ -324,13 +344,18 @@ func (f *fixture) batch(t *testing.T, model string, n int, seed uint64) *models.
 
 func (f *fixture) checkScores(t *testing.T, model string, b *models.Batch, req *prismv1.LookupRequest) *prismv1.LookupResponse {
 	t.Helper()
+	return f.checkScoresVia(t, f.client, model, b, req)
+}
+
+func (f *fixture) checkScoresVia(t *testing.T, client prismv1.EmbeddingTierClient, model string, b *models.Batch, req *prismv1.LookupRequest) *prismv1.LookupResponse {
+	t.Helper()
 	want, err := f.mono[model].Run(modelrun.Inputs(b))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := f.client.Lookup(ctx, req)
+	resp, err := client.Lookup(ctx, req)
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}

@@ -71,6 +71,9 @@ type Config struct {
 	FixedAdmission bool
 	// AdmitShare passes --admit-share to the router (0: its default).
 	AdmitShare float64
+	// DictionaryFrames passes --dictionary-frames to the embedding
+	// workers.
+	DictionaryFrames bool
 	// HotBytes is passed to the embedding workers as written ("" : theirs).
 	HotBytes string
 	// Certs is the certificate folder (auth.InitCerts) the tiers serve
@@ -373,6 +376,9 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		args = append(args, planArgs...)
 		if c.HotBytes != "" {
 			args = append(args, "--hot-bytes", c.HotBytes)
+		}
+		if c.DictionaryFrames {
+			args = append(args, "--dictionary-frames")
 		}
 		args = append(args, embeddingMemArgs(c.MemoryLimit, c.EmbeddingWorkers)...)
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("embedding%d", i), Ready: readyline.Embedding, Stage: stageEmbedding, Args: args,

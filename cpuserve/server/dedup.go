@@ -1,0 +1,162 @@
+package server
+
+import (
+	"sync"
+
+	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/plan"
+)
+
+// Dictionary-encoded frames (Options.DictionaryFrames). A cut column
+// that is the pooled row of one id per sample repeats wherever the id
+// does, and within a micro-batch of a recommendation request it does
+// often: of 270 candidates' ids, about 43% are distinct per table, from
+// 1% for the small tables to 74% for the largest (BENCHMARKS.md). Such a
+// column goes into the frame dictionary-encoded (arrowframe's dict.go):
+// each distinct id's row once, looked up once, and an int32 index per
+// sample, so the frame, its TLS sealing and opening and its trip to the
+// dense worker shrink with the repeats.
+
+// maxDistinctShare: a column whose ids are more distinct than this goes
+// plain (the index would cost about as much as the rows it saves).
+const maxDistinctShare = 0.75
+
+// dedupColumns marks, per frame column, the lookup (its index in
+// m.lookups) whose output the column is and which could go
+// dictionary-encoded: one id per sample straight from a model input (no
+// pre-lookup ops, weights or offsets), the row itself as the output, and
+// no CPU subgraph after the lookups (it would read every sample's row).
+// -1 for the other columns. Nil when no column qualifies.
+func dedupColumns(m *model) []int {
+	if m.cols == nil || m.cpu != nil {
+		return nil
+	}
+	byOutput := map[string]int{}
+	for j, ls := range m.lookups {
+		l := ls.l
+		if ls.pre != nil || l.PreOutput != "" || l.Weights != "" || l.Offsets != "" || l.Bag != 1 {
+			continue
+		}
+		switch l.Pooling {
+		case plan.PoolNone, plan.PoolSum, plan.PoolMean, plan.PoolMax:
+		default:
+			continue
+		}
+		byOutput[l.Output] = j
+	}
+	out := make([]int, len(m.cols))
+	any := false
+	for i, c := range m.cols {
+		out[i] = -1
+		if j, ok := byOutput[c.Name]; ok && m.lookups[j].dim == c.Width {
+			out[i], any = j, true
+		}
+	}
+	if !any {
+		return nil
+	}
+	return out
+}
+
+// dedup is one micro-batch's dictionary-encoded columns: per frame
+// column, its distinct ids (nil: the column goes plain) and each
+// sample's index among them.
+type dedup struct {
+	ids   [][]int64
+	index [][]int32
+}
+
+// dedupFor decides, for the request's values, which eligible columns go
+// dictionary-encoded and sets their Rows in cols (a copy of the layout).
+// ctx marks the columns going as context columns (never encoded).
+func dedupFor(m *model, vals map[string]*value, n int, cols []arrowframe.Column, ctx []bool) *dedup {
+	if m.dedup == nil || n < 2 {
+		return nil
+	}
+	var d *dedup
+	t := tables.Get().(*idTable)
+	defer tables.Put(t)
+	// One buffer each for every column's distinct ids and indices.
+	var idsBuf []int64
+	var indexBuf []int32
+	for i, j := range m.dedup {
+		if j < 0 || (ctx != nil && ctx[i]) {
+			continue
+		}
+		v := vals[m.lookups[j].l.Input]
+		if v == nil || v.ctx || len(v.i64) != n {
+			continue
+		}
+		if idsBuf == nil {
+			idsBuf, indexBuf = make([]int64, 0, n*len(m.dedup)), make([]int32, 0, n*len(m.dedup))
+		}
+		index := indexBuf[len(indexBuf) : len(indexBuf)+n]
+		ids := t.distinct(v.i64, idsBuf[len(idsBuf):len(idsBuf):len(idsBuf)+n], index)
+		if float64(len(ids)) > maxDistinctShare*float64(n) {
+			continue
+		}
+		idsBuf, indexBuf = idsBuf[:len(idsBuf)+len(ids)], indexBuf[:len(indexBuf)+n]
+		if d == nil {
+			d = &dedup{ids: make([][]int64, len(cols)), index: make([][]int32, len(cols))}
+		}
+		d.ids[i], d.index[i] = ids, index
+		cols[i].Rows = len(ids)
+	}
+	return d
+}
+
+// idTable finds distinct ids: open addressing over a power-of-two table
+// at least twice the ids, each slot stamped with the pass that wrote it,
+// so a pass clears nothing.
+type idTable struct {
+	slots []idSlot
+	pass  uint32
+}
+
+type idSlot struct {
+	key   int64
+	pos   int32
+	stamp uint32
+}
+
+var tables = sync.Pool{New: func() any { return new(idTable) }}
+
+// distinct appends ids' distinct values in first-seen order to uniq
+// (which must have room for len(ids) more) and writes, per id, its
+// position among them to index (len(ids) long).
+func (t *idTable) distinct(ids []int64, uniq []int64, index []int32) []int64 {
+	size, bits := 16, 4
+	for size < 2*len(ids) {
+		size, bits = size*2, bits+1
+	}
+	if len(t.slots) < size {
+		t.slots, t.pass = make([]idSlot, size), 0
+	}
+	t.pass++
+	if t.pass == 0 { // wrapped: every stamp is stale again
+		clear(t.slots)
+		t.pass = 1
+	}
+	slots := t.slots[:size]
+	mask := uint64(size - 1)
+	shift := 64 - bits
+	base := len(uniq)
+	for s, id := range ids {
+		h := (uint64(id) * 0x9E3779B97F4A7C15) >> shift
+		for {
+			e := &slots[h&mask]
+			if e.stamp != t.pass {
+				*e = idSlot{key: id, pos: int32(len(uniq) - base), stamp: t.pass}
+				index[s] = e.pos
+				uniq = append(uniq, id)
+				break
+			}
+			if e.key == id {
+				index[s] = e.pos
+				break
+			}
+			h++
+		}
+	}
+	return uniq[base:]
+}
