@@ -76,6 +76,18 @@ type Request struct {
 	// (arrowframe's context columns). The batcher expands it into the
 	// batch as it copies the samples into the runner's input.
 	Context []bool
+	// expanded are the Inputs a dictionary-encoded column was expanded
+	// into (Server.decode), for recycle.
+	expanded [][]float32
+}
+
+// recycle returns the request's expansions to their pool: call it once
+// nothing reads the request's inputs any more.
+func (r *Request) recycle() {
+	for _, e := range r.expanded {
+		expansions.put(e)
+	}
+	r.expanded = nil
 }
 
 // context says whether input i holds one row shared by every sample.

@@ -378,6 +378,10 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 		s.metrics.reject(m.name, "invalid")
 		return nil, err
 	}
+	// Dictionary columns' expansions go back to their pool once the
+	// batcher has answered: by then no batch reads them (a batch of
+	// several requests copied them; a batch of this one alone has run).
+	defer in.recycle()
 	s.mu.RLock()
 	closed := s.closed
 	s.mu.RUnlock()
@@ -408,9 +412,15 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	case m.fixed > 0 && n != m.fixed:
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: %d samples: dense.onnx was exported with a fixed batch of %d (plan.json fixed_batch), so it runs batches of exactly %d", m.name, n, m.fixed, m.fixed)
 	}
-	got, ts, err := arrowframe.Decode(req.GetTensors())
+	got, ts, err := arrowframe.DecodeWith(req.GetTensors(), expansions.get)
 	if err != nil {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
+	}
+	var expanded [][]float32
+	for _, t := range ts {
+		if t.Expanded() {
+			expanded = append(expanded, t.Data)
+		}
 	}
 	if got != n {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, got, n)
@@ -445,7 +455,7 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	if len(missing) > 0 {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: missing tensors %s", m.name, strings.Join(missing, ", "))
 	}
-	return Request{N: n, Inputs: inputs, Context: ctx}, nil
+	return Request{N: n, Inputs: inputs, Context: ctx, expanded: expanded}, nil
 }
 
 func (m *model) cutNames() string {

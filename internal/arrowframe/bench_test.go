@@ -71,3 +71,33 @@ func BenchmarkDecodeDict270(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDecodeDict270Reused: the same with the expansions' memory
+// reused from frame to frame (DecodeWith's alloc; the dense worker pools
+// them), against BenchmarkDecodeDict270's fresh allocations.
+func BenchmarkDecodeDict270Reused(b *testing.B) {
+	buf, _ := Encode(270, dlrmCutDict(270))
+	b.SetBytes(int64(len(buf)))
+	var free [][]float32
+	alloc := func(n int) []float32 {
+		if len(free) > 0 {
+			f := free[len(free)-1]
+			free = free[:len(free)-1]
+			if cap(f) >= n {
+				return f[:n]
+			}
+		}
+		return make([]float32, n)
+	}
+	for b.Loop() {
+		_, ts, err := DecodeWith(buf, alloc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, t := range ts {
+			if t.Expanded() {
+				free = append(free, t.Data)
+			}
+		}
+	}
+}

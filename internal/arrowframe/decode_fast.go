@@ -83,7 +83,11 @@ func lookupSchema(b []byte) *cachedSchema {
 
 // decodeCached is the fast path: ok is false where it declines, and Decode
 // must then use arrow-go's reader.
-func decodeCached(b []byte) (n int, ts []Tensor, ok bool) {
+func decodeCached(b []byte) (n int, ts []Tensor, ok bool) { return decodeCachedWith(b, nil) }
+
+// decodeCachedWith is decodeCached with alloc for dictionary columns'
+// expansions (nil: make).
+func decodeCachedWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, ok bool) {
 	if endian.IsBigEndian {
 		return 0, nil, false // arrow-go would swap the little-endian frames
 	}
@@ -91,7 +95,7 @@ func decodeCached(b []byte) (n int, ts []Tensor, ok bool) {
 	if s == nil {
 		return 0, nil, false
 	}
-	return s.decode(b)
+	return s.decodeWith(b, alloc)
 }
 
 // Slots of Arrow's Message.fbs tables (vtable offsets).
@@ -123,7 +127,11 @@ const (
 // decode reads the record batch after the schema message s.msg at the
 // start of b. It never fails: where the frame is not the plain one it
 // declines (ok false), even on a panic.
-func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
+func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) { return s.decodeWith(b, nil) }
+
+// decodeWith is decode with alloc for dictionary columns' expansions
+// (nil: make).
+func (s *cachedSchema) decodeWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, ok bool) {
 	defer func() {
 		if recover() != nil {
 			n, ts, ok = 0, nil, false
@@ -231,7 +239,7 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) {
 				return 0, nil, false
 			}
 			budget -= need
-			out, ok := gather(b[body+int(off):body+int(off)+4*int(rows)], d, w)
+			out, ok := gather(b[body+int(off):body+int(off)+4*int(rows)], d, w, alloc)
 			if !ok {
 				return 0, nil, false
 			}
@@ -351,10 +359,14 @@ func (s *cachedSchema) dictionary(b []byte, off, id, w int) (rows []float32, end
 // gather expands a dictionary column: for each little-endian int32 index
 // in idx, the row of w floats it picks from dict. ok is false if an
 // index is outside dict.
-func gather(idx []byte, dict []float32, w int) (out []float32, ok bool) {
+func gather(idx []byte, dict []float32, w int, alloc func(int) []float32) (out []float32, ok bool) {
 	rows := len(dict) / w
 	n := len(idx) / 4
-	out = make([]float32, n*w)
+	if alloc != nil {
+		out = alloc(n * w)[:n*w]
+	} else {
+		out = make([]float32, n*w)
+	}
 	for s := range n {
 		k := int(int32(binary.LittleEndian.Uint32(idx[4*s:])))
 		if k < 0 || k >= rows {
