@@ -259,10 +259,7 @@ func TestEndToEnd(t *testing.T) {
 				if resp.GetVersion() != 1 {
 					t.Errorf("response names version %d; the store serves version 1", resp.GetVersion())
 				}
-				var worst float64
-				for i, v := range resp.GetScores() {
-					worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))
-				}
+				worst := maxAbsError(resp.GetScores(), want[0])
 				if worst > 1e-5 {
 					t.Fatalf("n=%d: max abs error %g against the monolith", tc.n, worst)
 				}
@@ -683,12 +680,18 @@ func TestEndToEndDictionaryFrames(t *testing.T) {
 		if err != nil {
 			t.Fatalf("n=%d: %v", tc.n, err)
 		}
-		var worst float64
-		for i, v := range resp.GetScores() {
-			worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))
-		}
+		worst := maxAbsError(resp.GetScores(), want[0])
 		if len(resp.GetScores()) != tc.n || worst > 1e-5 {
 			t.Fatalf("n=%d: %d scores, max abs error %g against the monolith", tc.n, len(resp.GetScores()), worst)
 		}
 	}
+}
+
+// maxAbsError is the largest |got[i] - want[i]| over got.
+func maxAbsError(got, want []float32) float64 {
+	var worst float64
+	for i, v := range got {
+		worst = max(worst, math.Abs(float64(v)-float64(want[i])))
+	}
+	return worst
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"math"
 	"net"
 	"path/filepath"
 	"slices"
@@ -164,10 +163,7 @@ func TestMultiHost(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: n=%d: %v", what, n, err)
 		}
-		var worst float64
-		for i, v := range resp.GetScores() {
-			worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))
-		}
+		worst := maxAbsError(resp.GetScores(), want[0])
 		if len(resp.GetScores()) != n || worst > 1e-5 {
 			t.Fatalf("%s: n=%d: %d scores, max abs error %g against the monolith", what, n, len(resp.GetScores()), worst)
 		}

@@ -141,10 +141,7 @@ func TestShardedTableWise(t *testing.T) {
 		if err != nil {
 			t.Fatalf("n=%d: %v", n, err)
 		}
-		var worst float64
-		for i, v := range resp.GetScores() {
-			worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))
-		}
+		worst := maxAbsError(resp.GetScores(), want[0])
 		if len(resp.GetScores()) != n || worst > 1e-5 {
 			t.Fatalf("n=%d: %d scores, max abs error %g against the monolith", n, len(resp.GetScores()), worst)
 		}
@@ -451,10 +448,7 @@ func TestShardedRowWise(t *testing.T) {
 		if err != nil {
 			t.Fatalf("n=%d: %v", tc.n, err)
 		}
-		var worst float64
-		for i, v := range resp.GetScores() {
-			worst = max(worst, math.Abs(float64(v)-float64(want[0][i])))
-		}
+		worst := maxAbsError(resp.GetScores(), want[0])
 		if len(resp.GetScores()) != tc.n || worst > 1e-5 {
 			t.Fatalf("n=%d uniform=%v context %v: %d scores, max abs error %g against the monolith", tc.n, tc.uniform, tc.ctx, len(resp.GetScores()), worst)
 		}
