@@ -13,9 +13,9 @@ import (
 //
 //	dictionary<indices: int8..int64 or uint8..uint64, values: fixed_size_list<float32>[width]>
 //
-// It is Arrow's standard form for repeated values, which any Arrow
-// writer may produce (pyarrow's dictionary_encode, arrow-go's
-// NewDictionaryArray), and the one that fits a cut tensor whose rows
+// It is Arrow's standard form for repeated values, which other Arrow
+// writers produce too (tested with arrow-go's NewDictionaryArray and IPC
+// writer), and the one that fits a cut tensor whose rows
 // repeat within a micro-batch: a pooled embedding of one id per sample
 // repeats wherever the id does, and within a 270-candidate request about
 // 57% of the (sample, table) ids do (BENCHMARKS.md). Decode reads such a
