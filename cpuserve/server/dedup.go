@@ -17,9 +17,10 @@ import (
 // sample, so the frame, its TLS sealing and opening and its trip to the
 // dense worker shrink with the repeats.
 
-// maxDistinctShare: a column whose ids are more distinct than this goes
-// plain (the index would cost about as much as the rows it saves).
-const maxDistinctShare = 0.75
+// minDictSamples: a micro-batch of fewer samples goes plain. Each
+// dictionary costs a message of its own (about 250 bytes of metadata and
+// padding), more than a few samples' repeats save.
+const minDictSamples = 32
 
 // dedupColumns marks, per frame column, the lookup (its index in
 // m.lookups) whose output the column is and which could go
@@ -70,7 +71,7 @@ type dedup struct {
 // dictionary-encoded and sets their Rows in cols (a copy of the layout).
 // ctx marks the columns going as context columns (never encoded).
 func dedupFor(m *model, vals map[string]*value, n int, cols []arrowframe.Column, ctx []bool) *dedup {
-	if m.dedup == nil || n < 2 {
+	if m.dedup == nil || n < minDictSamples {
 		return nil
 	}
 	var d *dedup
@@ -90,11 +91,14 @@ func dedupFor(m *model, vals map[string]*value, n int, cols []arrowframe.Column,
 		if idsBuf == nil {
 			idsBuf, indexBuf = make([]int64, 0, n*len(m.dedup)), make([]int32, 0, n*len(m.dedup))
 		}
+		// Every eligible column goes dictionary-encoded, however distinct
+		// its ids: deciding per micro-batch would vary the frame's layout
+		// from one to the next, and each layout is a schema the encoder
+		// builds and the dense worker's cache of eight must learn (a miss
+		// is arrow-go's reader, 0.2 ms). An index costs 4 bytes a sample
+		// against a row's 64 (dim 16).
 		index := indexBuf[len(indexBuf) : len(indexBuf)+n]
 		ids := t.distinct(v.i64, idsBuf[len(idsBuf):len(idsBuf):len(idsBuf)+n], index)
-		if float64(len(ids)) > maxDistinctShare*float64(n) {
-			continue
-		}
 		idsBuf, indexBuf = idsBuf[:len(idsBuf)+len(ids)], indexBuf[:len(indexBuf)+n]
 		if d == nil {
 			d = &dedup{ids: make([][]int64, len(cols)), index: make([][]int32, len(cols))}
