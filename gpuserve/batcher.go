@@ -10,6 +10,7 @@ import (
 
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/serve"
 )
 
 // Runner scores one batch: ONNX Runtime's session in production.
@@ -76,18 +77,18 @@ type Request struct {
 	// (arrowframe's context columns). The batcher expands it into the
 	// batch as it copies the samples into the runner's input.
 	Context []bool
-	// expanded are the Inputs a dictionary-encoded column was expanded
-	// into (Server.decode), for recycle.
-	expanded [][]float32
+	// pooled are the serve.Pool buffers dictionary-encoded columns were
+	// expanded into (Server.decode), for recycle.
+	pooled []*[]byte
 }
 
-// recycle returns the request's expansions to their pool: call it once
-// nothing reads the request's inputs any more.
+// recycle returns the request's expansion buffers to serve.Pool: call it
+// once nothing reads the request's inputs any more.
 func (r *Request) recycle() {
-	for _, e := range r.expanded {
-		expansions.put(e)
+	for _, b := range r.pooled {
+		serve.Pool.Put(b)
 	}
-	r.expanded = nil
+	r.pooled = nil
 }
 
 // context says whether input i holds one row shared by every sample.

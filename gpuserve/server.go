@@ -20,7 +20,9 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/serve"
 )
 
 // Options configure a dense tier Server.
@@ -412,15 +414,19 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	case m.fixed > 0 && n != m.fixed:
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: %d samples: dense.onnx was exported with a fixed batch of %d (plan.json fixed_batch), so it runs batches of exactly %d", m.name, n, m.fixed, m.fixed)
 	}
-	got, ts, err := arrowframe.DecodeWith(req.GetTensors(), expansions.get)
+	// Dictionary columns expand into buffers of the servers' pool
+	// (unzeroed; every float is written): a fresh 449 KB per 270-sample
+	// dlrm-kaggle frame cost more in page faults than the expansion's
+	// copy (BENCHMARKS.md). Request.recycle returns them.
+	var pooled []*[]byte
+	alloc := func(k int) []float32 {
+		b := serve.Pool.Get(4 * k)
+		pooled = append(pooled, b)
+		return leview.Float32s(*b)
+	}
+	got, ts, err := arrowframe.DecodeWith(req.GetTensors(), alloc)
 	if err != nil {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
-	}
-	var expanded [][]float32
-	for _, t := range ts {
-		if t.Expanded() {
-			expanded = append(expanded, t.Data)
-		}
 	}
 	if got != n {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, got, n)
@@ -455,7 +461,7 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	if len(missing) > 0 {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: missing tensors %s", m.name, strings.Join(missing, ", "))
 	}
-	return Request{N: n, Inputs: inputs, Context: ctx, expanded: expanded}, nil
+	return Request{N: n, Inputs: inputs, Context: ctx, pooled: pooled}, nil
 }
 
 func (m *model) cutNames() string {

@@ -61,10 +61,12 @@ func dedupColumns(m *model) []int {
 
 // dedup is one micro-batch's dictionary-encoded columns: per frame
 // column, its distinct ids (nil: the column goes plain) and each
-// sample's index among them.
+// sample's index among them; byLookup holds the same ids per lookup
+// (m.lookups' order), for Server.lookup.
 type dedup struct {
-	ids   [][]int64
-	index [][]int32
+	ids      [][]int64
+	index    [][]int32
+	byLookup [][]int64
 }
 
 // dedupFor decides, for the request's values, which eligible columns go
@@ -101,9 +103,9 @@ func dedupFor(m *model, vals map[string]*value, n int, cols []arrowframe.Column,
 		ids := t.distinct(v.i64, idsBuf[len(idsBuf):len(idsBuf):len(idsBuf)+n], index)
 		idsBuf, indexBuf = idsBuf[:len(idsBuf)+len(ids)], indexBuf[:len(indexBuf)+n]
 		if d == nil {
-			d = &dedup{ids: make([][]int64, len(cols)), index: make([][]int32, len(cols))}
+			d = &dedup{ids: make([][]int64, len(cols)), index: make([][]int32, len(cols)), byLookup: make([][]int64, len(m.lookups))}
 		}
-		d.ids[i], d.index[i] = ids, index
+		d.ids[i], d.index[i], d.byLookup[j] = ids, index, ids
 		cols[i].Rows = len(ids)
 	}
 	return d

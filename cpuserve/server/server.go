@@ -512,14 +512,11 @@ var columnBufs sync.Pool
 // (dedup.go): their lookups take the distinct ids, one row each, into
 // the dictionary.
 func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string][]float32, dd *dedup) error {
-	var distinct map[int][]int64 // lookup index -> its distinct ids
-	if dd != nil {
-		distinct = map[int][]int64{}
-		for i, j := range m.dedup {
-			if j >= 0 && dd.ids[i] != nil {
-				distinct[j] = dd.ids[i]
-			}
+	distinct := func(i int) ([]int64, bool) {
+		if dd == nil || dd.byLookup[i] == nil {
+			return nil, false
 		}
+		return dd.byLookup[i], true
 	}
 	// pre.onnx (preonnx.go) has run: Lookup runs it before laying out the
 	// frame, whose context columns depend on its outputs (context.go).
@@ -594,7 +591,7 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		if once[i] {
 			samples = 1
 		}
-		if u, ok := distinct[i]; ok {
+		if u, ok := distinct(i); ok {
 			ids, samples = &value{width: 1, i64: u}, len(u)
 		}
 		size := samples * ls.dim
@@ -633,7 +630,7 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 			shape = []int64{int64(n), int64(l.Bag), int64(ls.dim)}
 		}
 		if !batch[i].Partial {
-			if u, ok := distinct[i]; ok {
+			if u, ok := distinct(i); ok {
 				// A dictionary's rows, in the frame already: only its
 				// column reads them (dedupColumns).
 				vals[l.Output] = &value{width: ls.dim, shape: []int64{int64(len(u)), int64(ls.dim)}, f32: out}

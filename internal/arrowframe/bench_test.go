@@ -78,26 +78,21 @@ func BenchmarkDecodeDict270(b *testing.B) {
 func BenchmarkDecodeDict270Reused(b *testing.B) {
 	buf, _ := Encode(270, dlrmCutDict(270))
 	b.SetBytes(int64(len(buf)))
-	var free [][]float32
+	var free, used [][]float32
 	alloc := func(n int) []float32 {
-		if len(free) > 0 {
-			f := free[len(free)-1]
-			free = free[:len(free)-1]
-			if cap(f) >= n {
-				return f[:n]
-			}
+		var f []float32
+		if len(free) > 0 && cap(free[len(free)-1]) >= n {
+			f, free = free[len(free)-1][:n], free[:len(free)-1]
+		} else {
+			f = make([]float32, n)
 		}
-		return make([]float32, n)
+		used = append(used, f)
+		return f
 	}
 	for b.Loop() {
-		_, ts, err := DecodeWith(buf, alloc)
-		if err != nil {
+		if _, _, err := DecodeWith(buf, alloc); err != nil {
 			b.Fatal(err)
 		}
-		for _, t := range ts {
-			if t.Expanded() {
-				free = append(free, t.Data)
-			}
-		}
+		free, used = append(free, used...), used[:0]
 	}
 }

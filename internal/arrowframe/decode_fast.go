@@ -372,20 +372,7 @@ func gather(idx []byte, dict []float32, w int, alloc func(int) []float32) (out [
 		if k < 0 || k >= rows {
 			return nil, false
 		}
-		// Rows of the usual embedding widths move as one array value
-		// (inline moves); copy's call costs more than a 64-byte row.
-		switch w {
-		case 16:
-			*(*[16]float32)(out[s*16:]) = *(*[16]float32)(dict[k*16:])
-		case 32:
-			*(*[32]float32)(out[s*32:]) = *(*[32]float32)(dict[k*32:])
-		case 64:
-			*(*[64]float32)(out[s*64:]) = *(*[64]float32)(dict[k*64:])
-		case 128:
-			*(*[128]float32)(out[s*128:]) = *(*[128]float32)(dict[k*128:])
-		default:
-			copy(out[s*w:(s+1)*w], dict[k*w:(k+1)*w])
-		}
+		copy(out[s*w:(s+1)*w], dict[k*w:(k+1)*w])
 	}
 	return out, true
 }

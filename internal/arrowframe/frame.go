@@ -38,11 +38,6 @@ type Tensor struct {
 	dict int
 }
 
-// Expanded says whether Decode expanded t from a dictionary-encoded
-// column: its Data is memory of its own (DecodeWith's alloc where the fast
-// path read it), not a view of the frame.
-func (t Tensor) Expanded() bool { return t.dict != dictNone }
-
 // rows is how many rows of t's values the frame carries for n samples.
 func (t Tensor) rows(n int) int {
 	switch {
@@ -182,8 +177,8 @@ func Decode(b []byte) (n int, ts []Tensor, err error) { return DecodeWith(b, nil
 // DecodeWith is Decode with alloc (nil: make) giving the memory that
 // dictionary-encoded columns expand into on the fast path: alloc(k)
 // returns at least k floats, whose contents may be anything (every one
-// of the first k is written). Each tensor whose Expanded is true holds
-// such memory, the caller's to recycle once it is done with the tensor.
+// of the first k is written); the caller may recycle what it handed out
+// once it is done with the tensors.
 func DecodeWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, err error) {
 	if n, ts, ok := decodeCachedWith(b, alloc); ok {
 		return n, ts, nil
