@@ -1,6 +1,8 @@
 package router
 
 import (
+	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -24,12 +26,15 @@ func (r *Router) cost(req *prismv1.RecommendRequest, n int) (int64, error) {
 }
 
 // admit charges a request's samples and bytes, or refuses it with
-// ResourceExhausted; release gives them back. remaining is the time to
-// the request's deadline: unless Options.FixedAdmission is set, a
-// request predicted (predict.go) to finish past it is refused too, so
-// the system spends its time on work that can still succeed. The fixed
-// MaxInflight stays the upper bound.
-func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(), err error) {
+// ResourceExhausted; release gives them back, told how the request
+// ended. remaining is the time to the request's deadline: unless
+// Options.FixedAdmission is set, a request predicted to finish past it
+// is refused too, so the system spends its time on work that can still
+// succeed: predicted by the busy-time rate (predict.go), or with
+// Options.AdmitLimit, refused when over the adaptive limit on samples
+// in flight (limit.go). The fixed MaxInflight stays the upper
+// bound.
+func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(error), err error) {
 	cur := r.inflight.Add(n)
 	if cur > r.opts.MaxInflight {
 		r.inflight.Add(-n)
@@ -42,25 +47,41 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(),
 		r.m.rejected.WithLabelValues("bytes").Inc()
 		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d request bytes in flight, this request's %d exceed the limit of %d; retry later", cur-bytes, bytes, r.opts.MaxInflightBytes)
 	}
+	start := time.Now()
 	if !r.opts.FixedAdmission {
 		// ahead: the samples admitted before this request, still in flight.
 		budget := time.Duration(float64(remaining) * r.opts.AdmitShare)
 		rate, floor := r.pred.estimate()
-		if predicted, ok := predictFinish(rate, floor, cur-n, n, budget); !ok {
+		predicted, ok := predictFinish(rate, floor, cur-n, n, budget)
+		if r.lim != nil {
+			fits, known := r.lim.allow(cur, n)
+			if known {
+				ok = fits
+			}
+		}
+		if !ok {
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("deadline").Inc()
 			return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining))
 		}
 	}
-	start := time.Now()
 	r.pred.begin(start)
 	alone := cur == n
-	return func() {
+	return func(result error) {
 		now := time.Now()
 		r.pred.end(now)
 		if alone {
 			r.pred.alone(now.Sub(start), n)
+		}
+		if r.lim != nil {
+			// Learn from answers and from misses of the deadline; a
+			// request that failed otherwise (a worker lost, the client
+			// gone) says nothing about its latency.
+			missed := status.Code(result) == codes.DeadlineExceeded || errors.Is(result, context.DeadlineExceeded)
+			if result == nil || missed {
+				r.lim.record(now, now.Sub(start), remaining, missed)
+			}
 		}
 		r.inflight.Add(-n)
 		r.inflightBytes.Add(-bytes)

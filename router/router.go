@@ -119,6 +119,11 @@ type Options struct {
 	// the queue's variance: fewer requests in flight, each further from
 	// its deadline.
 	AdmitShare float64
+	// AdmitLimit admits by an adaptive limit on the samples in flight
+	// (limit.go) instead of by each request's predicted finish; the
+	// busy-time rate (predict.go) still rules until the limit's first
+	// window closes.
+	AdmitLimit bool
 
 	// now is the router's clock (tests set it; default time.Now): the
 	// registry's expiry and the update sequencer's start-up wait read it.
@@ -190,6 +195,9 @@ type Router struct {
 	streams       atomic.Int64
 	// pred measures the service rate for admission by predicted time.
 	pred predictor
+	// lim is the adaptive limit on samples in flight (limit.go); nil
+	// unless Options.AdmitLimit is set.
+	lim *limiter
 	// started is when the router started: for three heartbeats after,
 	// its workers are still announcing.
 	started time.Time
@@ -236,6 +244,9 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	o.EnsureDefaults()
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
 	r.started = r.Reg.now()
+	if o.AdmitLimit {
+		r.lim = &limiter{}
+	}
 	r.Reg.Limits, r.Reg.Peer = o.Limits, o.Peer
 	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
@@ -251,6 +262,9 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
 		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, predRate, predFloor, r.m.stages, r.m.workers, r.m.behind)
+		if r.lim != nil {
+			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
+		}
 	}
 	if o.Sequencer != "" && o.UpdateLogDir != "" {
 		return nil, fmt.Errorf("router: an update log (%q) is kept by the router that sequences updates, and this one follows %s", o.UpdateLogDir, o.Sequencer)
@@ -440,7 +454,7 @@ func (r *Router) applyUpdate(ctx context.Context, addr string, req *prismv1.Appl
 }
 
 // Recommend scores the candidates of one request.
-func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (*prismv1.RecommendResponse, error) {
+func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (_ *prismv1.RecommendResponse, err error) {
 	n := int(req.GetNumCandidates())
 	if err := r.validate(req); err != nil {
 		return nil, err
@@ -481,7 +495,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if err != nil {
 		return nil, err
 	}
-	defer release()
+	defer func() { release(err) }()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)

@@ -81,6 +81,7 @@ K) unless its store already holds it.`,
 	fl.StringVar(&c.BatchOrder, "batch-order", "", "dense tier batch order: edf or fifo (default: the dense tier's, edf)")
 	fl.Float64Var(&c.AdmitShare, "admit-share", 0, "router admits a request predicted to take at most this share of the time to its deadline (0: the router's default, 1)")
 	fl.BoolVar(&c.DictionaryFrames, "dictionary-frames", false, "embedding workers send a cut tensor that is one id's row per sample dictionary-encoded when ids repeat within a micro-batch")
+	fl.BoolVar(&c.AdmitLimit, "admit-limit", false, "router admits by an adaptive limit on samples in flight instead of by each request's predicted finish")
 	fl.BoolVar(&c.FixedAdmission, "fixed-admission", false, "router admits by count and bytes only, not by predicted finish against the deadline")
 	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
 	fl.StringVar(&memLimit, "memory-limit", "auto", `memory Prism may use on this host, e.g. 16GiB: the embedding workers share half of it (each budgets its share: serve embedding --memory-limit); "auto": the memory cgroup's limit when there is one; "off": none`)

@@ -71,6 +71,8 @@ type Config struct {
 	FixedAdmission bool
 	// AdmitShare passes --admit-share to the router (0: its default).
 	AdmitShare float64
+	// AdmitLimit passes --admit-limit to the router.
+	AdmitLimit bool
 	// DictionaryFrames passes --dictionary-frames to the embedding
 	// workers.
 	DictionaryFrames bool
@@ -249,6 +251,9 @@ func Run(ctx context.Context, c Config) error {
 		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
 	if c.AdmitShare > 0 {
 		rt.Args = append(rt.Args, "--admit-share", fmt.Sprint(c.AdmitShare))
+	}
+	if c.AdmitLimit {
+		rt.Args = append(rt.Args, "--admit-limit")
 	}
 	if c.FixedAdmission {
 		rt.Args = append(rt.Args, "--fixed-admission")

@@ -1,0 +1,183 @@
+package router
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestLimiter drives the adaptive limit with a logical clock, one
+// window at a time: each step admits requests up to a peak in flight
+// (marking the limit bound if one was refused) and then answers a
+// window of requests whose latencies are the given shares of a 60 ms
+// budget (-1: a miss).
+func TestLimiter(t *testing.T) {
+	type step struct {
+		peak   int64     // samples in flight seen by allow
+		refuse bool      // one request refused by the limit in the window
+		shares []float64 // latency / budget per answer; -1 a miss
+		want   float64   // the limit after the window
+	}
+	const budget = 60 * time.Millisecond
+	fill := func(n int, share float64) []float64 {
+		s := make([]float64, n)
+		for i := range s {
+			s[i] = share
+		}
+		return s
+	}
+	mixed := func(n, misses int, share float64) []float64 {
+		s := fill(n, share)
+		for i := range misses {
+			s[i] = -1
+		}
+		return s
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"first window: the most in flight", []step{{peak: 2700, shares: fill(16, 0.3), want: 2700}}},
+		{"first window: never below one micro-batch", []step{{peak: 10, shares: fill(16, 0.3), want: limitMin}}},
+		{"grows while it binds and latencies are low", []step{
+			{peak: 1000, shares: fill(16, 0.3), want: 1000},
+			{peak: 1000, refuse: true, shares: fill(16, 0.3), want: 1060},
+			{peak: 1060, refuse: true, shares: fill(16, 0.3), want: 1060 * 1.06},
+		}},
+		{"does not grow when it does not bind", []step{
+			{peak: 1000, shares: fill(16, 0.3), want: 1000},
+			{peak: 500, shares: fill(16, 0.1), want: 1000},
+		}},
+		{"holds between the thresholds", []step{
+			{peak: 1000, shares: fill(16, 0.3), want: 1000},
+			{peak: 1000, refuse: true, shares: fill(16, 0.6), want: 1000},
+		}},
+		{"shrinks from the peak when latencies near the deadline", []step{
+			{peak: 4000, shares: fill(16, 0.3), want: 4000},
+			{peak: 2000, shares: fill(16, 0.8), want: 2000 * limitShrink},
+		}},
+		{"the quantile, not the mean: two slow answers in sixteen", []step{
+			{peak: 1000, shares: fill(16, 0.3), want: 1000},
+			{peak: 1000, refuse: true, shares: append(fill(14, 0.1), 0.95, 0.95), want: 900},
+		}},
+		{"collapses when a tenth misses", []step{
+			{peak: 4320, shares: fill(16, 0.001), want: 4320},
+			{peak: 4320, shares: mixed(16, 2, 0.5), want: 4320 * limitCollapse},
+		}},
+		{"one miss in sixteen is a slow answer, not a collapse", []step{
+			{peak: 1000, shares: fill(16, 0.3), want: 1000},
+			{peak: 1000, shares: mixed(16, 1, 0.3), want: 1000},
+		}},
+		{"never below one micro-batch", []step{
+			{peak: 100, shares: fill(16, 0.3), want: 100},
+			{peak: 100, shares: mixed(16, 16, 0), want: limitMin},
+			{peak: 100, shares: mixed(16, 16, 0), want: limitMin},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var l limiter
+			now := time.Unix(0, 0)
+			for i, s := range tc.steps {
+				// Requests of 10 samples: one at the peak (allowed as
+				// long as the limit is at least the peak), and, with
+				// refuse, one over it.
+				l.allow(s.peak, 10)
+				if s.refuse {
+					if ok, known := l.allow(int64(l.limitNow())+10, 10); ok || !known {
+						t.Fatalf("step %d: a request over the limit %.0f was allowed (known %v)", i, l.limitNow(), known)
+					}
+				}
+				for _, share := range s.shares {
+					now = now.Add(limitWindowT/time.Duration(len(s.shares)-1) + time.Microsecond)
+					lat := time.Duration(share * float64(budget))
+					l.record(now, lat, budget, share < 0)
+				}
+				if got := l.limitNow(); got < s.want-1e-6 || got > s.want+1e-6 {
+					t.Fatalf("step %d: limit %.2f, want %.2f", i, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// A window closes on both counts: limitWindowN answers and
+// limitWindowT of time.
+func TestLimiterWindow(t *testing.T) {
+	var l limiter
+	now := time.Unix(0, 0)
+	l.allow(1000, 10)
+	for range 4 * limitWindowN {
+		l.record(now, time.Millisecond, time.Second, false) // all at one instant
+	}
+	if l.limitNow() != 0 {
+		t.Fatalf("a window closed within no time: limit %.0f", l.limitNow())
+	}
+	l.record(now.Add(limitWindowT), time.Millisecond, time.Second, false)
+	if l.limitNow() != 1000 {
+		t.Fatalf("limit %.0f after %d answers over %s, want the peak 1000", l.limitNow(), 4*limitWindowN+1, limitWindowT)
+	}
+}
+
+// A request with nothing ahead of it is allowed whatever the limit;
+// before the first window there is no limit (known false).
+func TestLimiterAllow(t *testing.T) {
+	var l limiter
+	if ok, known := l.allow(1_000_000, 10); !ok || known {
+		t.Fatalf("before any window: ok %v known %v, want allowed and unknown", ok, known)
+	}
+	l.limit = 100
+	for _, c := range []struct {
+		cur, n int64
+		ok     bool
+	}{{100, 10, true}, {101, 10, false}, {500, 500, true}, {501, 500, false}} {
+		if ok, known := l.allow(c.cur, c.n); ok != c.ok || !known {
+			t.Errorf("allow(%d, %d) = %v, %v; want %v", c.cur, c.n, ok, known, c.ok)
+		}
+	}
+}
+
+// With Options.AdmitLimit the router refuses a request over the limit
+// at once with ResourceExhausted, admits one under it, and learns from
+// answers and deadline misses (not from other failures).
+func TestRecommendAdmitsByLimit(t *testing.T) {
+	cn := &fakeCN{gate: make(chan struct{})}
+	r := newRouter(t, Options{AdmitLimit: true}, cn)
+	r.lim.limit = 150
+	backlog := make(chan error, 1)
+	go func() { _, err := r.Recommend(context.Background(), request(100)); backlog <- err }()
+	for cn.running.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// 100 in flight + 100 is over 150: refused at once, deadline or not.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.Recommend(ctx, request(100)); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "back off") {
+		t.Fatalf("over the limit: %v, want ResourceExhausted", err)
+	}
+	if !r.lim.bound {
+		t.Fatal("the refusal did not mark the limit bound")
+	}
+	// 100 + 50 fits.
+	fits := make(chan error, 1)
+	go func() { _, err := r.Recommend(ctx, request(50)); fits <- err }()
+	for cn.calls.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	close(cn.gate)
+	for _, ch := range []chan error{backlog, fits} {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := len(r.lim.shares); got != 2 {
+		t.Fatalf("%d answers recorded, want 2", got)
+	}
+	if r.inflight.Load() != 0 {
+		t.Fatalf("%d samples still in flight", r.inflight.Load())
+	}
+}
