@@ -5,17 +5,24 @@
 # the closed-loop maximum (CLIENTS clients, default 16), then offers each share of it
 # (Poisson, 15 s, 60 ms deadlines) and prints goodput: requests answered
 # OK within 60 ms per second, and that over the maximum. UP_FLAGS go to
-# prism up (e.g. "--admit-share 0.7").
+# prism up (e.g. "--admit-share 0.7"). SERVER_CPUS and CLIENT_CPUS
+# (taskset lists, e.g. 0 and 1) pin the serving processes and the load
+# generator to cores of their own, so the client's work (and the cost of
+# the requests refused) does not take the servers' cores: on one host,
+# the closest to a load generator on another machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1; loads=$2; shift 2
 out=${BENCH_DIR:-out/demo}
 log=$(mktemp)
-$bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
+srv=(); cli=()
+[ -n "${SERVER_CPUS:-}" ] && srv=(taskset -c "$SERVER_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && cli=(taskset -c "$CLIENT_CPUS")
+"${srv[@]}" $bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
 for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
-lg() { $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
+lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 lg --clients "${CLIENTS:-16}" --duration 5s >/dev/null
 max=$(lg --clients "${CLIENTS:-16}" --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
 echo "$bin max $max req/s"
