@@ -2,7 +2,8 @@
 # The open issues' benchmark goals measured in one go on this host, sized
 # to its cores (written for a larger machine than the 2-core sandbox,
 # where each script also runs alone): goodput at 120% offered (issue 18,
-# goal 0.9 of the closed-loop maximum within 60 ms), mutual TLS against
+# goal 0.9 of the closed-loop maximum within 60 ms; also with the load
+# generator on cores of its own, with either admission rule), mutual TLS against
 # plaintext (issue 14, goal 0.95), sharded against unsharded (issue 16,
 # goal 0.8). Builds dlrm-kaggle's partition and store into BENCH_DIR
 # (default out/demo) when absent, as make demo does, without its load
@@ -31,6 +32,16 @@ fi
 
 echo "== goodput at 120% offered (issue 18)"
 BENCH_DIR=$out CLIENTS=$clients scripts/goodput.sh "$prism" "120" 2>&1 | tee "$logs/goodput.txt" | grep -E 'max|offered'
+# The same with the load generator on cores of its own (the last
+# quarter, at least one), the default admission and --admit-limit.
+ccores=$(( cores / 4 > 0 ? cores / 4 : 1 ))
+if [ "$cores" -gt 1 ]; then
+	srv="0-$(( cores - ccores - 1 ))"; cli="$(( cores - ccores ))-$(( cores - 1 ))"
+	for flags in "" "--admit-limit"; do
+		echo "-- servers on cores $srv, load generator on $cli, UP_FLAGS='$flags'"
+		BENCH_DIR=$out CLIENTS=$clients SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="$flags" scripts/goodput.sh "$prism" "120" 2>&1 | tee -a "$logs/goodput-pinned.txt" | grep -E 'max|offered'
+	done
+fi
 echo "== mutual TLS against plaintext (issue 14)"
 BENCH_DIR=$out CLIENTS=$clients ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-10s} PRISM=$prism scripts/bench-tls.sh >"$logs/tls.txt" 2>&1
 grep -E '^\|' "$logs/tls.txt" || tail -5 "$logs/tls.txt"
