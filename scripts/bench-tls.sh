@@ -10,6 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
+# SERVER_CPUS and CLIENT_CPUS (taskset lists) pin both stacks and the load
+# generator to cores of their own: the generator's own TLS (a client's
+# cost) then stays off the serving cores.
+srv=(); cli=()
+[ -n "${SERVER_CPUS:-}" ] && srv=(taskset -c "$SERVER_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && cli=(taskset -c "$CLIENT_CPUS")
 out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}
@@ -38,7 +44,7 @@ up() {
 	local name=$1 log="$tmp/$1.log"
 	addr=""
 	shift
-	$prism up --model "$plan" --addr 127.0.0.1:0 "$@" ${UP_FLAGS:-} >"$log" 2>&1 &
+	"${srv[@]}" $prism up --model "$plan" --addr 127.0.0.1:0 "$@" ${UP_FLAGS:-} >"$log" 2>&1 &
 	pids+=($!)
 	for _ in $(seq 1 1200); do
 		addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
@@ -53,7 +59,7 @@ tls_addr=$addr
 up plain --db "$tmp/db-plain" --insecure
 plain_addr=$addr
 
-lg() { $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" "$@"; }
+lg() { "${cli[@]}" $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" "$@"; }
 tls() { lg --target "$tls_addr" --certs "$certs" "$@"; }
 plain() { lg --target "$plain_addr" --insecure "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
