@@ -54,9 +54,13 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 		rate, floor := r.pred.estimate()
 		predicted, ok := predictFinish(rate, floor, cur-n, n, budget)
 		if r.lim != nil {
-			fits, known := r.lim.allow(cur, n)
-			if known {
-				ok = fits
+			if fits, known := r.lim.allow(cur, n); known && !fits {
+				r.inflightBytes.Add(-bytes)
+				r.inflight.Add(-n)
+				r.m.rejected.WithLabelValues("limit").Inc()
+				return nil, status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, r.lim.limitNow())
+			} else if known {
+				ok = true
 			}
 		}
 		if !ok {

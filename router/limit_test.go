@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -156,11 +157,15 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 	// 100 in flight + 100 is over 150: refused at once, deadline or not.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := r.Recommend(ctx, request(100)); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "back off") {
+	if _, err := r.Recommend(ctx, request(100)); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "admission limit: 100 samples in flight, 200 with this request's, limit 150") {
 		t.Fatalf("over the limit: %v, want ResourceExhausted", err)
 	}
 	if !r.lim.bound {
 		t.Fatal("the refusal did not mark the limit bound")
+	}
+	var m dto.Metric
+	if err := r.m.rejected.WithLabelValues("limit").Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+		t.Fatalf("rejected_total{reason=\"limit\"} = %v (%v), want 1", m.GetCounter().GetValue(), err)
 	}
 	// 100 + 50 fits.
 	fits := make(chan error, 1)

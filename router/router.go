@@ -250,8 +250,8 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.Reg.Limits, r.Reg.Peer = o.Limits, o.Peer
 	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
-	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it)."}, []string{"reason"})
-	for _, reason := range []string{"inflight", "bytes", "streams", "deadline"} {
+	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it), limit (over the adaptive limit of --admit-limit)."}, []string{"reason"})
+	for _, reason := range []string{"inflight", "bytes", "streams", "deadline", "limit"} {
 		r.m.rejected.WithLabelValues(reason)
 	}
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
