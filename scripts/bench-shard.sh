@@ -12,6 +12,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
+# SERVER_CPUS and CLIENT_CPUS (taskset lists) pin both stacks and the load
+# generator to cores of their own.
+srv=(); cli=()
+[ -n "${SERVER_CPUS:-}" ] && srv=(taskset -c "$SERVER_CPUS")
+[ -n "${CLIENT_CPUS:-}" ] && cli=(taskset -c "$CLIENT_CPUS")
 out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}
@@ -57,25 +62,25 @@ wait_ready() {
 	done
 	cat "$log" >&2; exit 1
 }
-$prism serve router --certs "$certs" --addr 127.0.0.1:0 >"$tmp/router.log" 2>&1 &
+"${srv[@]}" $prism serve router --certs "$certs" --addr 127.0.0.1:0 >"$tmp/router.log" 2>&1 &
 pids+=($!)
 sharded_addr=$(wait_ready "$tmp/router.log" "router listening on")
 for d in $(seq 0 $((dense - 1))); do
-	$prism serve dense --certs "$certs" --plan "$sp" --router "$sharded_addr" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
+	"${srv[@]}" $prism serve dense --certs "$certs" --plan "$sp" --router "$sharded_addr" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
 done
 for k in $(seq 0 $((shards - 1))); do
-	env ${SHARD_GOMAXPROCS:+GOMAXPROCS=$SHARD_GOMAXPROCS} $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
+	env ${SHARD_GOMAXPROCS:+GOMAXPROCS=$SHARD_GOMAXPROCS} "${srv[@]}" $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
 done
 
-$prism up --model "$plan" --db "$db" --certs "$certs" --addr 127.0.0.1:0 --dense-workers "$dense" >"$tmp/up.log" 2>&1 &
+"${srv[@]}" $prism up --model "$plan" --db "$db" --certs "$certs" --addr 127.0.0.1:0 --dense-workers "$dense" >"$tmp/up.log" 2>&1 &
 pids+=($!)
 whole_addr=$(wait_ready "$tmp/up.log" "Prism is up: Recommend at")
 
-lg() { $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" --certs "$certs" "$@"; }
+lg() { "${cli[@]}" $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" --certs "$certs" "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
 p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
 median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
