@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -184,5 +185,33 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 	}
 	if r.inflight.Load() != 0 {
 		t.Fatalf("%d samples still in flight", r.inflight.Load())
+	}
+}
+
+// The limit is exported as a gauge when AdmitLimit is set, and not
+// otherwise.
+func TestLimiterGauge(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		r := New(Options{AdmitLimit: on}, reg)
+		if on {
+			r.lim.limit = 1234
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found bool
+		for _, mf := range mfs {
+			if mf.GetName() == "prism_router_admission_limit_samples" {
+				found = true
+				if v := mf.GetMetric()[0].GetGauge().GetValue(); v != 1234 {
+					t.Errorf("limit gauge %v, want 1234", v)
+				}
+			}
+		}
+		if found != on {
+			t.Errorf("AdmitLimit %v: gauge exported %v", on, found)
+		}
 	}
 }
