@@ -27,7 +27,7 @@ import (
 // closed loop of that many samples; the limit finds the largest such
 // loop whose latencies meet the deadlines.
 //
-// Its clock is the caller's (every method takes now) and it holds no
+// Its clock is the caller's (record takes now) and it holds no
 // goroutine: tests drive it with a logical clock.
 type limiter struct {
 	mu sync.Mutex
@@ -63,7 +63,8 @@ const (
 	limitShrink      = 0.9
 	limitCollapse    = 0.6
 	limitMissShare   = 0.1
-	// limitMin samples: the limit never falls below one micro-batch.
+	// limitMin samples: the limit's floor (a request with nothing ahead
+	// of it is admitted whatever the limit, so the system never stops).
 	limitMin = 64
 )
 
