@@ -57,8 +57,8 @@ const (
 	// such as one learned under a closed loop with long deadlines, must
 	// come down within a few windows, not a few seconds).
 	limitQuantile    = 0.9
-	limitGrowBelow   = 0.5
-	limitShrinkAbove = 0.7
+	limitGrowBelow   = 0.65
+	limitShrinkAbove = 0.75
 	limitGrow        = 1.06
 	limitShrink      = 0.9
 	limitCollapse    = 0.6

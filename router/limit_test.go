@@ -56,7 +56,7 @@ func TestLimiter(t *testing.T) {
 		}},
 		{"holds between the thresholds", []step{
 			{peak: 1000, shares: fill(16, 0.3), want: 1000},
-			{peak: 1000, refuse: true, shares: fill(16, 0.6), want: 1000},
+			{peak: 1000, refuse: true, shares: fill(16, 0.7), want: 1000},
 		}},
 		{"shrinks from the peak when latencies near the deadline", []step{
 			{peak: 4000, shares: fill(16, 0.3), want: 4000},
