@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -183,6 +184,27 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 	if got := len(r.lim.shares); got != 2 {
 		t.Fatalf("%d answers recorded, want 2", got)
 	}
+	// A miss of the deadline is learned, as infinitely late.
+	cn2 := &fakeCN{gate: make(chan struct{})}
+	r2 := newRouter(t, Options{AdmitLimit: true}, cn2)
+	short, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	if _, err := r2.Recommend(short, request(10)); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("held past its deadline: %v, want DeadlineExceeded", err)
+	}
+	if got := r2.lim.shares; len(got) != 1 || !math.IsInf(got[0], 1) {
+		t.Fatalf("recorded %v after a miss, want one infinite share", got)
+	}
+	// A request that failed otherwise (the client gone) is not.
+	gone, cancel3 := context.WithCancel(context.Background())
+	go func() { time.Sleep(20 * time.Millisecond); cancel3() }()
+	if _, err := r2.Recommend(gone, request(10)); status.Code(err) != codes.Canceled {
+		t.Fatalf("cancelled by its client: %v, want Canceled", err)
+	}
+	if got := len(r2.lim.shares); got != 1 {
+		t.Fatalf("%d entries after a cancelled request, want still 1", got)
+	}
+	close(cn2.gate)
 	if r.inflight.Load() != 0 {
 		t.Fatalf("%d samples still in flight", r.inflight.Load())
 	}

@@ -12,11 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
-# SERVER_CPUS and CLIENT_CPUS (taskset lists) pin both stacks and the load
-# generator to cores of their own.
-srv=(); cli=()
-[ -n "${SERVER_CPUS:-}" ] && srv=(taskset -c "$SERVER_CPUS")
-[ -n "${CLIENT_CPUS:-}" ] && cli=(taskset -c "$CLIENT_CPUS")
+# SERVER_CPUS and CLIENT_CPUS pin the stacks and the load generator apart (scripts/pin.sh).
+. scripts/pin.sh
 out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
 plan=${PLAN:-$out/$model-part}

@@ -15,9 +15,8 @@ cd "$(dirname "$0")/.."
 bin=$1; loads=$2; shift 2
 out=${BENCH_DIR:-out/demo}
 log=$(mktemp)
-srv=(); cli=()
-[ -n "${SERVER_CPUS:-}" ] && srv=(taskset -c "$SERVER_CPUS")
-[ -n "${CLIENT_CPUS:-}" ] && cli=(taskset -c "$CLIENT_CPUS")
+# SERVER_CPUS and CLIENT_CPUS pin the stacks and the load generator apart (scripts/pin.sh).
+. scripts/pin.sh
 "${srv[@]}" $bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
