@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Refusals below saturation (issue 18): what an admission rule refuses
+# when the load is light. Starts prism up (BIN, default bin/prism, with
+# UP_FLAGS) on make demo's artifacts, then, with 60 ms deadlines, a
+# closed loop of CLIENTS (default 3; a refused client retries at once)
+# and Poisson arrivals at RATE req/s (default 200), DUR seconds each
+# (default 15), and prints each load's answers and errors as the load
+# generator counted them. SERVER_CPUS and CLIENT_CPUS pin the stack and
+# the load generator apart (scripts/pin.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=${BIN:-bin/prism}
+out=${BENCH_DIR:-out/demo}
+. scripts/pin.sh
+log=$(mktemp)
+"${srv[@]}" $bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
+up=$!
+trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
+for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
+[ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet --timeout 60ms "$@" 2>/dev/null; }
+lg --clients 16 --duration 5s >/dev/null
+for load in "--clients ${CLIENTS:-3}" "--rate ${RATE:-200}"; do
+	res=$(lg $load --duration "${DUR:-15}s")
+	echo "$bin ${UP_FLAGS:-(default)} $load: $(grep -E '^requests|^errors|^SLO' <<<"$res" | tr -s ' ' | tr '\n' ' ')"
+done
