@@ -5,10 +5,11 @@
 # (issue 14, goal 0.95), goodput at 120% offered (issue 18, goal 0.9 of
 # the closed-loop maximum within 60 ms: with the load generator on cores
 # of its own, with either admission rule, then unpinned), sharded against
-# unsharded (issue 16, goal 0.8). Builds dlrm-kaggle's partition and
+# unsharded (issue 16, goal 0.8); between the last two, what each
+# admission rule refuses under light load. Builds dlrm-kaggle's partition and
 # store into BENCH_DIR (default out/demo) when absent, as make demo does,
 # without its load run. GOALS picks and orders them (default "tls
-# goodput shard"); SECTION_TIMEOUT (seconds, default none) bounds each
+# goodput light shard"); SECTION_TIMEOUT (seconds, default none) bounds each
 # benchmark, so one that overruns cannot take the others' time on a
 # machine lent for minutes. Each script's full output goes to OUT_DIR
 # (default a temporary folder); the summary to stdout. ROUNDS and
@@ -60,16 +61,28 @@ goodput() {
 	echo "-- unpinned, default admission"
 	BENCH_DIR=$out CLIENTS=$clients "${bound[@]}" scripts/goodput.sh "$prism" "120" 2>&1 | tee -a "$logs/goodput.txt" | grep -E 'max|offered'
 }
+light() {
+	echo "== refusals under light load (issue 18): both admission rules, pinned as above"
+	# What decides whether --admit-limit can be the default: what it
+	# refuses below saturation (a closed loop of a quarter of the
+	# maximum's clients, Poisson at half the maximum).
+	local ccores=$(( cores / 4 > 0 ? cores / 4 : 1 )) flags
+	local srv="0-$(( cores - ccores - 1 ))" cli="$(( cores - ccores ))-$(( cores - 1 ))"
+	[ "$cores" -gt 1 ] || { srv=""; cli=""; }
+	for flags in "" "--admit-limit"; do
+		BENCH_DIR=$out MAX_CLIENTS=$clients CLIENTS=$(( clients / 4 > 0 ? clients / 4 : 1 )) RATE=50% BIN=$prism SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="$flags" "${bound[@]}" scripts/refusals.sh 2>&1 | tee -a "$logs/light.txt"
+	done
+}
 shard() {
 	echo "== sharded against unsharded (issue 16), $dense dense workers each"
 	BENCH_DIR=$out CLIENTS=$clients DENSE=$dense ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-10s} PRISM=$prism "${bound[@]}" scripts/bench-shard.sh >"$logs/shard.txt" 2>&1
 	grep -E '^(round|\|)' "$logs/shard.txt" || tail -5 "$logs/shard.txt"
 }
-for g in ${GOALS:-tls goodput shard}; do
+for g in ${GOALS:-tls goodput light shard}; do
 	t0=$(date +%s)
 	case $g in
-	tls | goodput | shard) $g ;;
-	*) echo "bench-goals: unknown goal $g (tls, goodput, shard)"; exit 2 ;;
+	tls | goodput | light | shard) $g ;;
+	*) echo "bench-goals: unknown goal $g (tls, goodput, light, shard)"; exit 2 ;;
 	esac
 	echo "-- $g took $(( $(date +%s) - t0 )) s"
 done
