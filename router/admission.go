@@ -49,25 +49,28 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 	}
 	start := time.Now()
 	if !r.opts.FixedAdmission {
-		// ahead: the samples admitted before this request, still in flight.
-		budget := time.Duration(float64(remaining) * r.opts.AdmitShare)
-		rate, floor := r.pred.estimate()
-		predicted, ok := predictFinish(rate, floor, cur-n, n, budget)
+		// The adaptive limit decides once its first window has set one;
+		// until then, and without it, the busy-time rate does.
+		fits, known := true, false
 		if r.lim != nil {
-			if fits, known := r.lim.allow(cur, n); known && !fits {
-				r.inflightBytes.Add(-bytes)
-				r.inflight.Add(-n)
-				r.m.rejected.WithLabelValues("limit").Inc()
-				return nil, status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, r.lim.limitNow())
-			} else if known {
-				ok = true
-			}
+			fits, known = r.lim.allow(cur, n)
 		}
-		if !ok {
+		if known && !fits {
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
-			r.m.rejected.WithLabelValues("deadline").Inc()
-			return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining))
+			r.m.rejected.WithLabelValues("limit").Inc()
+			return nil, status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, r.lim.limitNow())
+		}
+		if !known {
+			// ahead: the samples admitted before this request, still in flight.
+			budget := time.Duration(float64(remaining) * r.opts.AdmitShare)
+			rate, floor := r.pred.estimate()
+			if predicted, ok := predictFinish(rate, floor, cur-n, n, budget); !ok {
+				r.inflightBytes.Add(-bytes)
+				r.inflight.Add(-n)
+				r.m.rejected.WithLabelValues("deadline").Inc()
+				return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining))
+			}
 		}
 	}
 	r.pred.begin(start)

@@ -151,11 +151,7 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 	cn := &fakeCN{gate: make(chan struct{})}
 	r := newRouter(t, Options{AdmitLimit: true}, cn)
 	r.lim.limit = 150
-	backlog := make(chan error, 1)
-	go func() { _, err := r.Recommend(context.Background(), request(100)); backlog <- err }()
-	for cn.running.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	held := backlog(r, cn, 100)
 	// 100 in flight + 100 is over 150: refused at once, deadline or not.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -176,7 +172,7 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	close(cn.gate)
-	for _, ch := range []chan error{backlog, fits} {
+	for _, ch := range []<-chan error{held, fits} {
 		if err := <-ch; err != nil {
 			t.Fatal(err)
 		}

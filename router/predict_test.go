@@ -139,11 +139,7 @@ func TestRecommendAdmitsByPredictedTime(t *testing.T) {
 	r := newRouter(t, Options{}, cn)
 	// Measured: 1000 samples/s (as if from earlier answered micro-batches).
 	r.pred.rate = 1000
-	backlog := make(chan error, 1)
-	go func() { _, err := r.Recommend(context.Background(), request(100)); backlog <- err }()
-	for cn.running.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	held := backlog(r, cn, 100)
 	// 100 samples ahead + 10 at 1000/s: 110 ms, past a 50 ms deadline.
 	tight, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -172,7 +168,7 @@ func TestRecommendAdmitsByPredictedTime(t *testing.T) {
 	if err := <-answered; err != nil {
 		t.Fatalf("loose deadline: %v", err)
 	}
-	if err := <-backlog; err != nil {
+	if err := <-held; err != nil {
 		t.Fatal(err)
 	}
 	// With FixedAdmission the tight request is admitted as before.

@@ -205,6 +205,19 @@ func request(n int) *prismv1.RecommendRequest {
 	return &prismv1.RecommendRequest{Model: "m", NumCandidates: int32(n), Candidates: &prismv1.Features{Inputs: []*prismv1.Input{{Name: "cat_0", Ids: ids}}}}
 }
 
+// backlog starts a request of n samples on r and returns once cn (a
+// gated fake worker) holds it, so later requests find n samples in
+// flight ahead of them; the request's outcome arrives on the channel
+// when the gate opens.
+func backlog(r *Router, cn *fakeCN, n int) <-chan error {
+	done := make(chan error, 1)
+	go func() { _, err := r.Recommend(context.Background(), request(n)); done <- err }()
+	for cn.running.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	return done
+}
+
 func newRouter(t *testing.T, o Options, cns ...*fakeCN) *Router {
 	r := testRouter(o)
 	for i, f := range cns {

@@ -27,6 +27,11 @@ clients=${CLIENTS:-$(( cores <= 4 ? 16 : 4 * cores ))}
 dense=${DENSE:-$(( cores <= 4 ? 2 : cores / 2 ))}
 bound=()
 [ -n "${SECTION_TIMEOUT:-}" ] && bound=(timeout "$SECTION_TIMEOUT")
+# Pinned runs: the load generator on the last quarter of the cores (at
+# least one), the serving processes on the rest; one core: no pinning.
+ccores=$(( cores / 4 > 0 ? cores / 4 : 1 ))
+srv="0-$(( cores - ccores - 1 ))"; cli="$(( cores - ccores ))-$(( cores - 1 ))"
+[ "$cores" -gt 1 ] || { srv=""; cli=""; }
 echo "bench-goals: $cores cores, $clients clients, logs in $logs"
 if [ ! -f "$out/dlrm-kaggle-part/plan.json" ] || [ ! -d "$out/db" ]; then
 	t0=$(date +%s)
@@ -48,11 +53,9 @@ tls() {
 }
 goodput() {
 	echo "== goodput at 120% offered (issue 18)"
-	# The load generator on cores of its own (the last quarter, at least
-	# one), the default admission and --admit-limit; then unpinned.
-	local ccores=$(( cores / 4 > 0 ? cores / 4 : 1 )) flags srv cli
-	if [ "$cores" -gt 1 ]; then
-		srv="0-$(( cores - ccores - 1 ))"; cli="$(( cores - ccores ))-$(( cores - 1 ))"
+	# Pinned, the default admission and --admit-limit; then unpinned.
+	local flags
+	if [ -n "$srv" ]; then
 		for flags in "" "--admit-limit"; do
 			echo "-- servers on cores $srv, load generator on $cli, UP_FLAGS='$flags'"
 			BENCH_DIR=$out CLIENTS=$clients SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="$flags" "${bound[@]}" scripts/goodput.sh "$prism" "120" 2>&1 | tee -a "$logs/goodput.txt" | grep -E 'max|offered'
@@ -66,9 +69,7 @@ light() {
 	# What decides whether --admit-limit can be the default: what it
 	# refuses below saturation (a closed loop of a quarter of the
 	# maximum's clients, Poisson at half the maximum).
-	local ccores=$(( cores / 4 > 0 ? cores / 4 : 1 )) flags
-	local srv="0-$(( cores - ccores - 1 ))" cli="$(( cores - ccores ))-$(( cores - 1 ))"
-	[ "$cores" -gt 1 ] || { srv=""; cli=""; }
+	local flags
 	for flags in "" "--admit-limit"; do
 		BENCH_DIR=$out MAX_CLIENTS=$clients CLIENTS=$(( clients / 4 > 0 ? clients / 4 : 1 )) RATE=50% BIN=$prism SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="$flags" "${bound[@]}" scripts/refusals.sh 2>&1 | tee -a "$logs/light.txt"
 	done

@@ -20,15 +20,15 @@ up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
 for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
 [ -n "$addr" ] || { cat "$log" >&2; exit 1; }
-lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet --timeout 60ms "$@" 2>/dev/null; }
-lg --clients "${MAX_CLIENTS:-16}" --duration 5s >/dev/null
+lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
+lg --clients "${MAX_CLIENTS:-16}" --duration 5s --timeout 60ms >/dev/null
 rate=${RATE:-200}
 if [[ $rate == *% ]]; then
-	max=$("${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet --clients "${MAX_CLIENTS:-16}" --duration 10s 2>/dev/null | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
+	max=$(lg --clients "${MAX_CLIENTS:-16}" --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
 	rate=$(awk -v m="$max" -v p="${rate%\%}" 'BEGIN{printf "%.1f", m*p/100}')
 	echo "$bin ${UP_FLAGS:-(default)}: closed-loop maximum $max req/s, ${RATE} is $rate req/s"
 fi
 for load in "--clients ${CLIENTS:-3}" "--rate $rate"; do
-	res=$(lg $load --duration "${DUR:-15}s")
+	res=$(lg $load --timeout 60ms --duration "${DUR:-15}s")
 	echo "$bin ${UP_FLAGS:-(default)} $load: $(grep -E '^requests|^errors|^SLO' <<<"$res" | tr -s ' ' | tr '\n' ' ')"
 done
