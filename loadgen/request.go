@@ -129,6 +129,11 @@ type RequestOptions struct {
 	Seed uint64
 	// ZipfS is the exponent of the per-table id popularity (default 1.05).
 	ZipfS float64
+	// Stream picks the sequence of synthetic requests among those of
+	// Seed's id popularity (models.SyntheticOptions.Stream; 0: Seed's
+	// one sequence). Two runs against one store want different streams:
+	// a run that replays another's requests finds their rows cached.
+	Stream uint64
 	// Criteo, if set, replays rows of a Criteo-format file instead of
 	// drawing synthetic ones; the rows are read once and cycled.
 	Criteo io.Reader
@@ -198,7 +203,7 @@ func NewRequests(o RequestOptions) (*Requests, error) {
 		q.rows = rows
 		return q, nil
 	}
-	s, err := models.NewSynthetic(o.Sig, models.SyntheticOptions{Seed: o.Seed, ZipfS: o.ZipfS})
+	s, err := models.NewSynthetic(o.Sig, models.SyntheticOptions{Seed: o.Seed, ZipfS: o.ZipfS, Stream: o.Stream})
 	if err != nil {
 		return nil, fmt.Errorf("requests: %w", err)
 	}

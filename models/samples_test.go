@@ -1,11 +1,13 @@
 package models_test
 
 import (
+	"cmp"
 	"errors"
 	"io"
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -220,5 +222,70 @@ func TestCriteoErrors(t *testing.T) {
 	wrong := models.Signature{Inputs: sig.Inputs[:5]}
 	if _, err := models.NewCriteo(strings.NewReader(good), "in.txt", wrong); err == nil {
 		t.Error("a model with 4 sparse inputs accepted Criteo rows")
+	}
+}
+
+// TestSyntheticStreams: two streams of one seed draw different samples
+// over the same popular ids (the hottest ids of a table agree), and
+// another seed makes other ids popular.
+func TestSyntheticStreams(t *testing.T) {
+	sig := tinySig(t, "dcnv2-tiny")
+	last := len(sig.Inputs) - 1
+	ids := func(seed, stream uint64) []int64 {
+		s, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: seed, Stream: stream})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := s.Next(20000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.Columns[last].I64
+	}
+	// top is the table's k most drawn ids.
+	top := func(v []int64, k int) map[int64]bool {
+		freq := map[int64]int{}
+		for _, id := range v {
+			freq[id]++
+		}
+		keys := make([]int64, 0, len(freq))
+		for id := range freq {
+			keys = append(keys, id)
+		}
+		slices.SortFunc(keys, func(a, b int64) int { return cmp.Or(freq[b]-freq[a], cmp.Compare(a, b)) })
+		out := map[int64]bool{}
+		for _, id := range keys[:min(k, len(keys))] {
+			out[id] = true
+		}
+		return out
+	}
+	overlap := func(a, b map[int64]bool) int {
+		n := 0
+		for id := range a {
+			if b[id] {
+				n++
+			}
+		}
+		return n
+	}
+	a, b, c := ids(9, 1), ids(9, 2), ids(10, 1)
+	same := 0
+	for i := range a {
+		if a[i] == b[i] {
+			same++
+		}
+	}
+	if same > len(a)/5 {
+		t.Errorf("streams 1 and 2 drew the same id at %d of %d positions", same, len(a))
+	}
+	if got := overlap(top(a, 5), top(b, 5)); got < 4 {
+		t.Errorf("streams 1 and 2 share %d of their 5 hottest ids, want the same popular ids", got)
+	}
+	if got := overlap(top(a, 5), top(c, 5)); got > 1 {
+		t.Errorf("seeds 9 and 10 share %d of their 5 hottest ids, want other popular ids", got)
+	}
+	// Stream 0 is the seed's one sequence, as before streams.
+	if z, old := ids(9, 0), ids(9, 0); !slices.Equal(z, old) {
+		t.Error("stream 0 is not deterministic")
 	}
 }

@@ -20,6 +20,12 @@ type SyntheticOptions struct {
 	ZipfS float64
 	// Uniform draws ids uniformly instead (no skew).
 	Uniform bool
+	// Stream, when not 0, draws the samples from a sequence of their own:
+	// the same ids are popular (each table's popularity order comes from
+	// Seed) but the samples differ from stream to stream, as one day's
+	// traffic differs from the next over the same catalogue. 0: the
+	// seed's one sequence.
+	Stream uint64
 }
 
 // Synthetic draws samples for a signature: sparse ids Zipf-distributed
@@ -44,7 +50,13 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 	if o.ZipfS == 0 {
 		o.ZipfS = 1.05
 	}
-	s := &Synthetic{sig: &sig, r: rand.New(rand.NewPCG(o.Seed, 0x5eed)), opts: o}
+	// pr orders each table's ids by popularity; s.r draws the samples
+	// (the same generator unless a Stream is given).
+	pr := rand.New(rand.NewPCG(o.Seed, 0x5eed))
+	s := &Synthetic{sig: &sig, r: pr, opts: o}
+	if o.Stream != 0 {
+		s.r = rand.New(rand.NewPCG(o.Seed^0x9E3779B97F4A7C15, o.Stream))
+	}
 	s.zipfs = make([]*Zipf, len(sig.Inputs))
 	s.perms = make([]idPermutation, len(sig.Inputs))
 	s.vzipfs = make([][]*Zipf, len(sig.Inputs))
@@ -68,7 +80,7 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 					return nil, err
 				}
 				s.vzipfs[i][j] = z
-				s.vperms[i][j] = newIDPermutation(s.r, r.Hi-r.Lo)
+				s.vperms[i][j] = newIDPermutation(pr, r.Hi-r.Lo)
 			}
 			continue
 		}
@@ -83,7 +95,7 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 			return nil, err
 		}
 		s.zipfs[i] = z
-		s.perms[i] = newIDPermutation(s.r, in.Rows)
+		s.perms[i] = newIDPermutation(pr, in.Rows)
 	}
 	return s, nil
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"github.com/prism-serve/prism/plan"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -51,7 +52,7 @@ type flags struct {
 	maxRequests              int64
 	candidates, criteo       string
 	zipf                     float64
-	seed                     uint64
+	seed, stream             uint64
 	slo, timeout             time.Duration
 	maxInFlight              int
 	findMax                  bool
@@ -119,7 +120,8 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.StringVar(&f.candidates, "candidates", "dlrmv2", "candidates per request: N, uniform:MIN-MAX or dlrmv2 (100-700, mean 270)")
 	fl.StringVar(&f.criteo, "criteo", "", "replay rows of this Criteo file instead of synthetic samples")
 	fl.Float64Var(&f.zipf, "zipf", 1.05, "Zipf exponent of synthetic ids per table")
-	fl.Uint64Var(&f.seed, "seed", 1, "seed of the schedule and the requests")
+	fl.Uint64Var(&f.seed, "seed", 1, "seed of the schedule and of which ids are popular")
+	fl.Uint64Var(&f.stream, "stream", 0, "sequence of synthetic requests to send, among those of --seed's popular ids (0: a new one each run, printed; give it to send a run's requests again)")
 	fl.DurationVar(&f.slo, "slo", 60*time.Millisecond, "latency SLO (p99 bound for --find-max; attainment in the summary)")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline of each request")
 	fl.IntVar(&f.maxInFlight, "max-inflight", 10000, "requests awaiting an answer at most (open loop)")
@@ -151,8 +153,14 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if err != nil {
 		return fmt.Errorf("loadgen: %w", err)
 	}
+	if f.stream == 0 {
+		// A new sequence each run: one that replayed the previous run's
+		// requests would find their rows in the embedding tier's hot tier
+		// (a warm-up and the run measured after it, above all).
+		f.stream = rand.Uint64() | 1
+	}
 	newRequests := func() (*loadgen.Requests, error) {
-		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, ExpandContext: f.expandContext, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Pool: f.pool}
+		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, ExpandContext: f.expandContext, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Stream: f.stream, Pool: f.pool}
 		if f.criteo != "" {
 			file, err := os.Open(f.criteo)
 			if err != nil {
@@ -235,8 +243,12 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "loadgen: %s, %s arrivals, %d inputs (%d in the context), candidates %s, for %v or %d requests\n",
-		target, arrivalName(f), len(sig.Inputs), len(f.context), cand, f.duration, f.maxRequests)
+	drawn := ""
+	if f.criteo == "" {
+		drawn = fmt.Sprintf(", request stream %d", f.stream)
+	}
+	fmt.Fprintf(stderr, "loadgen: %s, %s arrivals, %d inputs (%d in the context), candidates %s%s, for %v or %d requests\n",
+		target, arrivalName(f), len(sig.Inputs), len(f.context), cand, drawn, f.duration, f.maxRequests)
 	sum, err := loadgen.Run(ctx, opts, reqs, sender)
 	if err != nil {
 		return err
