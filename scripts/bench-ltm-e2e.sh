@@ -47,6 +47,8 @@
 #   env: LIMIT RATIO MAX_ROWS HOT CACHE DENSE CLIENTS DURATION WARM RATE
 #        MICRO REDIS REDIS_BATCHES PRISM KEEP_MODEL MEMLIMIT_PCT GCTRACE PROFILE
 #        POOL (loadgen --pool; default 0: fresh requests) MISS_PAR (--miss-parallel)
+#        DIRECT (default 1; 0: serve embedding --direct-reads=false, buffered
+#        reads whose pages drop behind)
 #   smoke: LIMIT=128M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -218,7 +220,7 @@ EOF
 mkdir "$CG"
 echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
 mport=$(freeport)
-embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"}
+embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"} --direct-reads="$([ "${DIRECT:-1}" = 0 ] && echo false || echo true)"
 sed -n 's/^memory budget/  memory budget/p; s/^misses are read/  misses are read/p' "$tmp/embedding-ltm.log"
 until_served
 lg --rate "$rate" --duration "$WARM" >/dev/null
@@ -227,9 +229,13 @@ scrape "127.0.0.1:$mport" "$tmp/m0"
 # profile before and after the window, in WORK/run.*/heap{0,1}.pb.gz
 # (go tool pprof -sample_index alloc_space -diff_base heap0 heap1).
 [ -z "${PROFILE:-}" ] || curl -s "http://127.0.0.1:$mport/debug/pprof/heap" -o "$tmp/heap0.pb.gz"
+# cpu_ticks PID: the process's user + system CPU in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+c0=$(cpu_ticks "$emb_pid")
 t0=$(date +%s.%N)
 ltm=$(lg --rate "$rate" --duration "$DURATION" --slo 60ms)
 t1=$(date +%s.%N)
+c1=$(cpu_ticks "$emb_pid")
 scrape "127.0.0.1:$mport" "$tmp/m1"
 [ -z "${PROFILE:-}" ] || curl -s "http://127.0.0.1:$mport/debug/pprof/heap" -o "$tmp/heap1.pb.gz"
 echo "$ltm" | sed 's/^/  /'
@@ -244,7 +250,7 @@ kmem=$(cat "$CG/memory.kmem.usage_in_bytes" 2>/dev/null || echo 0)
 # major faults taken.
 memstat=$(awk '$1 ~ /^(cache|rss|rss_huge|mapped_file|pgmajfault)$/ {v=$2; if ($1 != "pgmajfault") v=int(v/1048576)" MiB"; printf "%s%s %s", sep, $1, v; sep=", "}' "$CG/memory.stat")
 stop_embedding
-read -r hit miss_rows_s miss_path_rows_s pebble_mb_s <<<"$(python3 - "$tmp/m0" "$tmp/m1" "$t0" "$t1" <<'EOF'
+read -r hit miss_rows_s miss_path_rows_s pebble_mb_s direct_s <<<"$(python3 - "$tmp/m0" "$tmp/m1" "$t0" "$t1" <<'EOF'
 import sys
 def load(p):
     out = {}
@@ -258,7 +264,7 @@ d = lambda k: b.get(k, 0) - a.get(k, 0)
 secs = float(sys.argv[4]) - float(sys.argv[3])
 hits, misses = d("prism_store_hot_hits_total"), d("prism_store_hot_misses_total")
 reads, rsecs = d("prism_store_pebble_reads_total"), d("prism_store_miss_read_seconds_total")
-print("%.4f %.0f %.0f %.1f" % (hits / max(hits + misses, 1), reads / secs, reads / rsecs if rsecs > 0 else 0, d("prism_store_pebble_read_bytes_total") / secs / 1e6))
+print("%.4f %.0f %.0f %.1f %.0f" % (hits / max(hits + misses, 1), reads / secs, reads / rsecs if rsecs > 0 else 0, d("prism_store_pebble_read_bytes_total") / secs / 1e6, d("prism_store_direct_reads_total") / secs))
 EOF
 )"
 
@@ -282,6 +288,9 @@ echo "| larger than memory / all in memory (samples/s) | $(python3 -c "print(rou
 echo "| hot tier hit ratio (measured window) | $hit |"
 echo "| rows read from Pebble (miss path), rows/s of wall time | $miss_rows_s ($pebble_mb_s MB/s) |"
 echo "| rows/s within the miss path (rows / miss-read seconds) | $miss_path_rows_s |"
+echo "| file reads past the page cache (O_DIRECT), per second | $direct_s |"
+ltm_cpu=$(python3 -c "print(round(($c1 - $c0) / $(getconf CLK_TCK) / ($t1 - $t0), 3))")
+echo "| embedding worker CPU in the window (cores; ms per request answered) | $ltm_cpu; $(python3 -c "r=${ltm_samples:-0}/$CANDIDATES; print(round($ltm_cpu*1000/r, 2) if r else '-')") |"
 echo "| larger than memory, $CLIENTS closed-loop clients (samples/s, p99) | $(samples <<<"$closed"), $(p99 <<<"$closed") |"
 echo "| cgroup peak / limit hits | $((peak >> 20)) MiB / $failcnt |"
 echo "| cgroup memory at the end (memory.stat) | $memstat |"

@@ -63,15 +63,21 @@ func dropAll(t *testing.T, dir string) {
 }
 
 // TestDropBehind reads every row of a table through the miss path (no hot
-// tier) from a store on disk whose table pages were dropped first: with
-// DropBehind the rows come back right and the pages leave the page cache
-// again; without it they stay (the test's own control, so it can fail).
+// tier) from a store on disk whose table pages were dropped first, in
+// three modes: buffered (the control: the pages stay in the page cache,
+// so the test can fail), drop-behind (buffered reads, pages dropped
+// after each) and direct (O_DIRECT). In each the rows come back right;
+// with drop-behind and direct reads the pages do not stay, and only
+// direct reads count as such.
 func TestDropBehind(t *testing.T) {
 	tabs := []*testTable{{name: "t", rows: 20000, dim: 16, seed: 5}}
 	plan := writePlan(t, "m", tabs)
-	for _, drop := range []bool{false, true} {
+	for _, mode := range []struct {
+		name         string
+		drop, direct bool
+	}{{"buffered", false, false}, {"drop-behind", true, false}, {"direct", true, true}} {
 		dir := filepath.Join(t.TempDir(), "db")
-		s, err := Open(dir, &Options{FS: vfs.Default, HotBytes: -1, CacheBytes: 1 << 20, Preload: PreloadOff, DropBehind: drop})
+		s, err := Open(dir, &Options{FS: vfs.Default, HotBytes: -1, CacheBytes: 1 << 20, Preload: PreloadOff, DropBehind: mode.drop, DirectReads: mode.direct})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,31 +102,37 @@ func TestDropBehind(t *testing.T) {
 				row := tabs[0].data[(start+i)*16 : (start+i+1)*16]
 				for k, v := range row {
 					if l.Out[i*16+k] != v {
-						t.Fatalf("drop %v: row %d col %d = %v, want %v", drop, start+i, k, l.Out[i*16+k], v)
+						t.Fatalf("%s: row %d col %d = %v, want %v", mode.name, start+i, k, l.Out[i*16+k], v)
 					}
 				}
 			}
 		}
 		r := residentSST(t, dir)
+		direct := s.Metrics().DirectReads
 		s.Close()
-		t.Logf("drop-behind %v: %d KiB of table files resident after reading %d rows", drop, r>>10, len(ids))
+		t.Logf("%s: %d KiB of table files resident after reading %d rows, %d direct reads", mode.name, r>>10, len(ids), direct)
 		switch {
-		case drop && r > 256<<10:
-			t.Errorf("drop-behind: %d KiB of table files stayed in the page cache", r>>10)
-		case !drop && r < 1<<20:
+		case mode.drop && r > 256<<10:
+			t.Errorf("%s: %d KiB of table files stayed in the page cache", mode.name, r>>10)
+		case !mode.drop && r < 1<<20:
 			t.Errorf("without drop-behind only %d KiB stayed resident: the control reads nothing into the page cache", r>>10)
+		case mode.direct && direct == 0:
+			t.Errorf("direct: no read went past the page cache")
+		case !mode.direct && direct != 0:
+			t.Errorf("%s: %d direct reads without DirectReads", mode.name, direct)
 		}
 	}
 }
 
-// TestDropBehindPreload: a preload under DropBehind scans with Pebble's
+// TestDropBehindPreload: a preload under DropBehind (and DirectReads, as
+// an embedding worker under a memory budget opens its store) scans with Pebble's
 // readahead on and leaves it off for the lookups after it; the rows it
 // loads are right and their pages leave the page cache.
 func TestDropBehindPreload(t *testing.T) {
 	tabs := []*testTable{{name: "t", rows: 20000, dim: 16, seed: 6}}
 	plan := writePlan(t, "m", tabs)
 	dir := filepath.Join(t.TempDir(), "db")
-	s, err := Open(dir, &Options{FS: vfs.Default, HotBytesAutoMax: 64 << 20, CacheBytes: 1 << 20, Preload: PreloadAuto, DropBehind: true})
+	s, err := Open(dir, &Options{FS: vfs.Default, HotBytesAutoMax: 64 << 20, CacheBytes: 1 << 20, Preload: PreloadAuto, DropBehind: true, DirectReads: true})
 	if err != nil {
 		t.Fatal(err)
 	}

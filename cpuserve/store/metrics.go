@@ -18,6 +18,8 @@ type counters struct {
 	carriedRows                  atomic.Int64
 	missNanos, blockReadNanos    atomic.Int64
 	blockReadBytes               atomic.Int64
+	// directReads is shared with the table files (dropBehindFS).
+	directReads *atomic.Int64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -36,6 +38,9 @@ type Metrics struct {
 	// readers, so it may exceed MissReadNanos), and BlockReadBytes those
 	// blocks' bytes. Point reads (MissPoint) add to MissReadNanos only.
 	MissReadNanos, BlockReadNanos, BlockReadBytes int64
+	// DirectReads is the table file reads served with O_DIRECT
+	// (Options.DirectReads), past the page cache.
+	DirectReads int64
 	// Upserts is acknowledged Upsert calls; UpsertRows their rows.
 	Upserts, UpsertRows int64
 	// UpsertLagNanos is the summed time from an Upsert call to its ack
@@ -70,7 +75,8 @@ func (s *Store) Metrics() Metrics {
 		HotHits: s.m.hotHits.Load(), HotMisses: s.m.hotMisses.Load(),
 		PebbleReads: s.m.pebbleReads.Load(), PebbleBytes: s.m.pebbleBytes.Load(),
 		MissReadNanos: s.m.missNanos.Load(), BlockReadNanos: s.m.blockReadNanos.Load(), BlockReadBytes: s.m.blockReadBytes.Load(),
-		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
+		DirectReads: s.m.directReads.Load(),
+		Upserts:     s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
 		TableCopies: s.m.copies.Load(), CopiedRows: s.m.copiedRows.Load(), CarriedRows: s.m.carriedRows.Load(),
 		HotBytes: v.tier.Budget(), HotSlots: hs.Slots, HotUsed: hs.Used,
@@ -121,6 +127,7 @@ func NewCollector(s *Store) *Collector {
 	add("miss_read_seconds_total", "Wall time lookups spent reading hot-tier misses from Pebble.", ctr, func(m Metrics) float64 { return float64(m.MissReadNanos) / 1e9 })
 	add("block_read_seconds_total", "Time Pebble iterators of lookups spent reading blocks not in the block cache (summed over concurrent readers).", ctr, func(m Metrics) float64 { return float64(m.BlockReadNanos) / 1e9 })
 	add("block_read_bytes_total", "Bytes of the blocks lookups read from files.", ctr, func(m Metrics) float64 { return float64(m.BlockReadBytes) })
+	add("direct_reads_total", "Table file reads served with O_DIRECT, past the page cache.", ctr, func(m Metrics) float64 { return float64(m.DirectReads) })
 	add("block_cache_hits_total", "Pebble block cache hits.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheHits) })
 	add("block_cache_misses_total", "Pebble block cache misses.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheMisses) })
 	add("upserts_total", "Upserts acknowledged.", ctr, func(m Metrics) float64 { return float64(m.Upserts) })

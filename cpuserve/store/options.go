@@ -59,6 +59,12 @@ type Options struct {
 	// the page cache's copy only takes the budget's room. Off, the page
 	// cache is a free cache below the block cache.
 	DropBehind bool
+	// DirectReads, with DropBehind, reads the table files' blocks for
+	// lookups with O_DIRECT (Linux; dropbehind.go): no page is
+	// allocated, charged to the cgroup and dropped again per missed
+	// row. Sequential reads (compactions, preload scans) stay buffered.
+	// A file system that refuses O_DIRECT keeps buffered reads.
+	DirectReads bool
 	// ReadOnly opens the store for lookups only.
 	ReadOnly bool
 }

@@ -123,8 +123,9 @@ func Open(dir string, o *Options) (*Store, error) {
 		ReadOnly:           opts.ReadOnly,
 		FormatMajorVersion: pebble.FormatNewest,
 	}
+	directReads := new(atomic.Int64)
 	if opts.DropBehind {
-		po.FS = dropBehindFS{FS: opts.FS}
+		po.FS = dropBehindFS{FS: opts.FS, direct: opts.DirectReads, reads: directReads}
 		// Speculative readahead (Pebble's, when an iterator reads
 		// consecutive blocks, as a sorted miss pass can) would bring in
 		// pages no lookup asked for, which drop-behind never sees.
@@ -150,6 +151,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		return nil, fmt.Errorf("open store %q: %w", dir, err)
 	}
 	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat, carryBatchBytes: carryBatchBytes}
+	s.m.directReads = directReads
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
 	s.missPoint.Store(opts.MissReads == MissPoint)

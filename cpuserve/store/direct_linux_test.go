@@ -1,0 +1,128 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// directFile writes n bytes of a pattern to a file on disk and opens it
+// with O_DIRECT; the test is skipped where the file system refuses it.
+func directFile(t *testing.T, n int) (name string, data []byte, fd int) {
+	t.Helper()
+	data = make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*7 + i>>8)
+	}
+	name = filepath.Join(t.TempDir(), "000001.sst")
+	if err := os.WriteFile(name, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd = openDirect(name)
+	if fd < 0 {
+		t.Skipf("%s: the file system refuses O_DIRECT", filepath.Dir(name))
+	}
+	t.Cleanup(func() { closeDirect(fd) })
+	return name, data, fd
+}
+
+// TestReadDirect: reads at every alignment that matters, up to and past
+// the end of the file, return what os.File.ReadAt returns.
+func TestReadDirect(t *testing.T) {
+	const size = 3*directAlign + 1000 // the last page is partial
+	name, data, fd := directFile(t, size)
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, c := range []struct {
+		name string
+		off  int64
+		n    int
+	}{
+		{"aligned page", 0, directAlign},
+		{"a block and trailer across two pages", 100, directAlign + 5},
+		{"inside one page", 4100, 50},
+		{"ends on a page", directAlign - 10, 10},
+		{"three pages", 1, 2*directAlign + 2},
+		{"to the end", 2 * directAlign, directAlign + 1000},
+		{"past the end", 3*directAlign + 900, 200},
+		{"starts at the end", size, 10},
+		{"starts past the end", size + directAlign, 10},
+		{"empty", 10, 0},
+		{"the largest direct read", 7, maxDirectRead},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := make([]byte, c.n)
+			wn, werr := f.ReadAt(want, c.off)
+			got := make([]byte, c.n)
+			gn, gerr := readDirect(fd, got, c.off)
+			if gn != wn || !errors.Is(gerr, werr) && gerr != werr {
+				t.Fatalf("readDirect = %d, %v; os.File.ReadAt = %d, %v", gn, gerr, wn, werr)
+			}
+			if !bytes.Equal(got[:gn], want[:wn]) {
+				t.Fatalf("bytes differ")
+			}
+			if wn > 0 && !bytes.Equal(got[:gn], data[c.off:c.off+int64(gn)]) {
+				t.Fatalf("bytes differ from the file's")
+			}
+		})
+	}
+}
+
+// TestDirectFileModes: a table file opened for random reads reads past
+// the page cache; one opened for sequential reads (compactions, scans),
+// a range read ahead (Prefetch) and a read larger than maxDirectRead go
+// buffered; every read returns the file's bytes.
+func TestDirectFileModes(t *testing.T) {
+	name, data, _ := directFile(t, maxDirectRead+4*directAlign)
+	var reads atomic.Int64
+	fs := dropBehindFS{FS: vfs.Default, direct: true, reads: &reads}
+	read := func(f vfs.File, off int64, n int) {
+		t.Helper()
+		p := make([]byte, n)
+		if _, err := f.ReadAt(p, off); err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(p, data[off:off+int64(n)]) {
+			t.Fatalf("read at %d: bytes differ", off)
+		}
+	}
+	f, err := fs.Open(name, vfs.RandomReadsOption)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	read(f, 123, 4101)
+	if reads.Load() != 1 {
+		t.Fatalf("a random read: %d direct reads, want 1", reads.Load())
+	}
+	read(f, 0, maxDirectRead+1)
+	// Pebble ignores Prefetch's error (its Linux file returns errno 0 as
+	// one), and so does this test.
+	_ = f.Prefetch(8192, 65536)
+	read(f, 8192+100, 4101)
+	if reads.Load() != 1 {
+		t.Fatalf("a large read and a read ahead: %d direct reads, want still 1", reads.Load())
+	}
+	read(f, 65536+8192+10, 4101) // past the range read ahead
+	if reads.Load() != 2 {
+		t.Fatalf("a read past the range read ahead: %d direct reads, want 2", reads.Load())
+	}
+	g, err := fs.Open(name, vfs.SequentialReadsOption)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	read(g, 5000, 4101)
+	if reads.Load() != 2 {
+		t.Fatalf("a sequential file: %d direct reads, want still 2", reads.Load())
+	}
+}
