@@ -210,11 +210,30 @@ func checkShape(tv *tableView, r *TableLookup) (samples int, direct bool, err er
 }
 
 // lookupRecordEvery is the lookup path's sampling of the frequency
-// sketch: one id in lookupRecordEvery is counted (every id alike, so the
-// estimates' ratios, which admission compares, hold). Counting is a
-// random cache miss into the sketch per counted id; at 1 in 4 it cost
-// about a sixth of an all-hit batch.
+// sketch in a table's batch that the hot tier answered in full: one id
+// in lookupRecordEvery is counted (every id alike, so the estimates'
+// ratios, which admission compares, hold). Counting is a random cache
+// miss into the sketch per counted id; at 1 in 4 it cost about a sixth
+// of an all-hit batch. A batch with misses counts every id: its misses
+// cost a device read each, far more than the counting, and the rows at
+// the edge of what the tier can hold are seen too rarely for a sample to
+// tell them apart. Sampled 1 in 16 everywhere, a 320 MiB tier over
+// dlrm-terabyte's tables capped at 1.9M rows (Zipf 1.05) stayed at a hit
+// ratio of 0.945 for 15,000 requests; counting batches with misses in
+// full, it climbed to 0.957 (the bound for its 1.03M rows is 0.963;
+// BenchmarkAdmissionZipf, scripts/hit-bound.py).
 const lookupRecordEvery = 16
+
+// recordStride is which ids of a table's batch are counted in the
+// frequency sketch: from the from-th, every every-th (all of them when
+// the batch missed); phase turns the sampled start from batch to batch.
+func recordStride(phase *int, missed bool) (from, every int) {
+	*phase = (*phase + 1) % lookupRecordEvery
+	if missed {
+		return 0, 1
+	}
+	return *phase, lookupRecordEvery
+}
 
 // resolveIDs applies the table's unknown-id rule to a batch with ids
 // outside the table: into sc.ids, hashed ids folded, zero-vector ids as
@@ -343,8 +362,8 @@ func (s *Store) gatherHot(tv *tableView, r *TableLookup, j *tableJob, sc *scratc
 			}
 		}
 		hits = int64(valid - len(j.miss))
-		sc.phase = (sc.phase + 1) % lookupRecordEvery
-		for i := sc.phase; i < n; i += lookupRecordEvery {
+		from, every := recordStride(&sc.phase, len(j.miss) > 0)
+		for i := from; i < n; i += every {
 			if id := ids[i]; id >= 0 {
 				j.hashes = append(j.hashes, hot.Hash(hot.Key(tv.id, id)))
 			}
