@@ -30,7 +30,8 @@ func (r *Router) cost(req *prismv1.RecommendRequest, n int) (int64, error) {
 // ended. remaining is the time to the request's deadline: unless
 // Options.FixedAdmission is set, a request predicted to finish past it
 // is refused too, so the system spends its time on work that can still
-// succeed: predicted by the busy-time rate (predict.go), or with
+// succeed: predicted by the busy-time rate (predict.go) to take more than
+// the adaptive share of that time (share.go), or with
 // Options.AdmitLimit, refused when over the adaptive limit on samples
 // in flight (limit.go). The fixed MaxInflight stays the upper
 // bound.
@@ -63,7 +64,7 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 		}
 		if !known {
 			// ahead: the samples admitted before this request, still in flight.
-			budget := time.Duration(float64(remaining) * r.opts.AdmitShare)
+			budget := time.Duration(float64(remaining) * r.share.get())
 			rate, floor := r.pred.estimate()
 			if predicted, ok := predictFinish(rate, floor, cur-n, n, budget); !ok {
 				r.inflightBytes.Add(-bytes)
@@ -81,13 +82,16 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 		if alone {
 			r.pred.alone(now.Sub(start), n)
 		}
-		if r.lim != nil {
-			// Learn from answers and from misses of the deadline; a
-			// request that failed otherwise (a worker lost, the client
-			// gone) says nothing about its latency.
-			missed := status.Code(result) == codes.DeadlineExceeded || errors.Is(result, context.DeadlineExceeded)
-			if result == nil || missed {
+		// Learn from answers and from misses of the deadline; a request
+		// that failed otherwise (a worker lost, the client gone) says
+		// nothing about its latency.
+		missed := status.Code(result) == codes.DeadlineExceeded || errors.Is(result, context.DeadlineExceeded)
+		if result == nil || missed {
+			if r.lim != nil {
 				r.lim.record(now, now.Sub(start), remaining, missed)
+			}
+			if !r.opts.FixedAdmission {
+				r.share.record(now, now.Sub(start), remaining, missed)
 			}
 		}
 		r.inflight.Add(-n)

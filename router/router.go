@@ -195,6 +195,9 @@ type Router struct {
 	streams       atomic.Int64
 	// pred measures the service rate for admission by predicted time.
 	pred predictor
+	// share adapts the share of the time to its deadline a request may
+	// be predicted to take (share.go).
+	share *shareCtl
 	// lim is the adaptive limit on samples in flight (limit.go); nil
 	// unless Options.AdmitLimit is set.
 	lim *limiter
@@ -244,6 +247,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	o.EnsureDefaults()
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
 	r.started = r.Reg.now()
+	r.share = newShareCtl(o.AdmitShare)
 	if o.AdmitLimit {
 		r.lim = &limiter{}
 	}
@@ -261,7 +265,8 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
-		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, predRate, predFloor, r.m.stages, r.m.workers, r.m.behind)
+		admitShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admit_share", Help: "The share of the time to its deadline a request may be predicted to take and be admitted (--admit-share is its ceiling; it shrinks while admitted requests miss their deadlines)."}, r.share.get)
+		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, predRate, predFloor, admitShare, r.m.stages, r.m.workers, r.m.behind)
 		if r.lim != nil {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}
