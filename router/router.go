@@ -113,11 +113,12 @@ type Options struct {
 	// (the behaviour before issue 18): no request is refused for being
 	// predicted to finish past its deadline.
 	FixedAdmission bool
-	// AdmitShare is the share of the time to its deadline a request may
+	// AdmitShare is the most of the time to its deadline a request may
 	// be predicted to take and still be admitted (default 1: the whole
-	// of it). Below 1 it keeps headroom for the prediction's error and
-	// the queue's variance: fewer requests in flight, each further from
-	// its deadline.
+	// of it): the ceiling of the share admission uses, which shrinks
+	// while admitted requests miss their deadlines (share.go). Below 1
+	// it keeps headroom for the prediction's error and the queue's
+	// variance always, light load included.
 	AdmitShare float64
 	// AdmitLimit admits by an adaptive limit on the samples in flight
 	// (limit.go) instead of by each request's predicted finish; the

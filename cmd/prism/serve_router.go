@@ -168,7 +168,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.IntVar(&ro.MicroBatch, "micro-batch", 512, "most candidates per micro-batch (a request is cut into equal micro-batches of at most this many)")
 	f.IntVar(&ro.MaxCandidates, "max-candidates", 4096, "most candidates in one request")
 	f.Int64Var(&ro.MaxInflight, "max-inflight", 65536, "samples admitted at once; beyond it requests get ResourceExhausted")
-	f.Float64Var(&ro.AdmitShare, "admit-share", 1, "admit a request predicted to take at most this share of the time to its deadline (0 < share <= 1; below 1 keeps headroom for the prediction's error)")
+	f.Float64Var(&ro.AdmitShare, "admit-share", 1, "admit a request predicted to take at most this share of the time to its deadline (0 < share <= 1): the ceiling of a share that shrinks while admitted requests miss their deadlines and returns here when they no longer do (prism_router_admit_share)")
 	f.BoolVar(&ro.AdmitLimit, "admit-limit", false, "admit by an adaptive limit on samples in flight, grown while latencies stay well inside their deadlines and shrunk as they near them, instead of by each request's predicted finish")
 	f.BoolVar(&ro.FixedAdmission, "fixed-admission", false, "admit by --max-inflight and --max-inflight-bytes only, not also by predicted finish time against the deadline")
 	f.DurationVar(&ro.Heartbeat, "heartbeat", time.Second, "worker heartbeat interval; silent for 3 intervals means removed")
