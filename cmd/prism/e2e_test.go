@@ -695,3 +695,49 @@ func maxAbsError(got, want []float32) float64 {
 	}
 	return worst
 }
+
+// TestEndToEndLargerThanMemory serves through an embedding worker under a
+// memory budget whose hot tier holds a sliver of the tables (64 KiB of
+// dlrm-tiny's rows), so most lookups read rows from the store's files
+// (with O_DIRECT where the file system allows it, as such a worker does
+// by default), on real processes: scores equal the monolith's, first
+// read cold, then again with the tier warm.
+func TestEndToEndLargerThanMemory(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	up := startProc(t, readyline.Up, "up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--model", part,
+		"--memory-limit", "2GiB", "--hot-bytes", "64KiB")
+	conn := dial(t, up.addr, filepath.Join(dir, "certs"), auth.Admin)
+	rec := prismv1.NewRecommenderClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mono.Close()
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 77, Uniform: true})
+	var batches []*models.Batch
+	for range 3 {
+		b, _ := src.Next(270)
+		batches = append(batches, b)
+	}
+	for round := range 2 {
+		for i, b := range batches {
+			want, err := mono.Run(modelrun.Inputs(b))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := rec.Recommend(ctx, toRequest(cfg.Name, b, nil))
+			if err != nil {
+				t.Fatalf("round %d, request %d: %v", round, i, err)
+			}
+			if worst := maxAbsError(resp.GetScores(), want[0]); len(resp.GetScores()) != b.N || worst > 1e-5 {
+				t.Fatalf("round %d, request %d: %d scores, max abs error %g against the monolith", round, i, len(resp.GetScores()), worst)
+			}
+		}
+	}
+}
