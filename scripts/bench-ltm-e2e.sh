@@ -49,7 +49,8 @@
 #        POOL (loadgen --pool; default 0: fresh requests) MISS_PAR (--miss-parallel)
 #        DIRECT (default 1; 0: serve embedding --direct-reads=false, buffered
 #        reads whose pages drop behind)
-#   smoke: LIMIT=128M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
+#   smoke: LIMIT=256M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
+#   (256M is about the least limit the memory budget takes with a 64 MiB memtable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:-/tmp/prism-ltm-e2e}
@@ -285,7 +286,9 @@ echo "| embedding worker's memory cgroup (tables / limit) | $LIMIT ($(python3 -c
 echo "| all in memory, $CLIENTS clients x $CANDIDATES candidates (samples/s, p99) | $mem_samples, $(p99 <<<"$mem") |"
 echo "| larger than memory at $rate req/s (samples/s, p99) | $ltm_samples, $(p99 <<<"$ltm") |"
 echo "| larger than memory / all in memory (samples/s) | $(python3 -c "print(round(${ltm_samples:-0}/$mem_samples, 2))") |"
-echo "| hot tier hit ratio (measured window) | $hit |"
+hot_rows=$(metric prism_store_hot_rows "$tmp/m1" | awk '{printf "%d", $1}')
+bound=$(python3 scripts/hit-bound.py "$part" --zipf 1.05 --slots "${hot_rows:-0}" 2>/dev/null | awk '/at most/ {print $NF}')
+echo "| hot tier hit ratio (measured window); the most a tier of its $hot_rows rows can reach (scripts/hit-bound.py) | $hit; ${bound:-n/a} |"
 echo "| rows read from Pebble (miss path), rows/s of wall time | $miss_rows_s ($pebble_mb_s MB/s) |"
 echo "| rows/s within the miss path (rows / miss-read seconds) | $miss_path_rows_s |"
 echo "| file reads past the page cache (O_DIRECT), per second | $direct_s |"
