@@ -1,9 +1,6 @@
 package router
 
 import (
-	"math"
-	"slices"
-	"sort"
 	"sync"
 	"time"
 )
@@ -35,13 +32,11 @@ type limiter struct {
 	// admits by the rate rule until then, and the first limit is the
 	// most that rule had in flight).
 	limit float64
-	// The current window: its latency shares (latency over the time to
-	// the deadline at admission; +Inf for a miss), the most samples in
-	// flight seen, whether the limit refused a request, when it opened.
-	shares   []float64
-	peak     int64
-	bound    bool
-	openedAt time.Time
+	// The current window (its answers' latency shares), the most
+	// samples in flight seen in it, whether the limit refused a request.
+	win   latencyWindow
+	peak  int64
+	bound bool
 }
 
 const (
@@ -97,32 +92,23 @@ func (l *limiter) limitNow() float64 {
 // having taken latency of budget (its time to the deadline at
 // admission), and closes the window when it is full.
 func (l *limiter) record(now time.Time, latency, budget time.Duration, missed bool) {
-	share := math.Inf(1)
-	if !missed && budget > 0 {
-		share = float64(latency) / float64(budget)
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.openedAt.IsZero() {
-		l.openedAt = now
-	}
-	l.shares = append(l.shares, share)
-	if len(l.shares) < limitWindowN || now.Sub(l.openedAt) < limitWindowT {
+	if !l.win.add(now, latency, budget, missed, limitWindowN, limitWindowT) {
 		return
 	}
-	slices.Sort(l.shares)
-	q := l.shares[int(math.Ceil(limitQuantile*float64(len(l.shares))))-1]
-	misses := len(l.shares) - sort.SearchFloat64s(l.shares, math.Inf(1))
+	q, misses, n := l.win.summary(limitQuantile)
 	base := min(l.limit, float64(l.peak))
 	switch {
 	case l.limit == 0:
 		l.limit = max(float64(l.peak), limitMin)
-	case float64(misses) > limitMissShare*float64(len(l.shares)):
+	case float64(misses) > limitMissShare*float64(n):
 		l.limit = max(base*limitCollapse, limitMin)
 	case q > limitShrinkAbove:
 		l.limit = max(base*limitShrink, limitMin)
 	case q < limitGrowBelow && l.bound:
 		l.limit *= limitGrow
 	}
-	l.shares, l.peak, l.bound, l.openedAt = l.shares[:0], 0, false, now
+	l.win.reset(now)
+	l.peak, l.bound = 0, false
 }

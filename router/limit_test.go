@@ -177,7 +177,7 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := len(r.lim.shares); got != 2 {
+	if got := len(r.lim.win.shares); got != 2 {
 		t.Fatalf("%d answers recorded, want 2", got)
 	}
 	// A miss of the deadline is learned, as infinitely late.
@@ -188,7 +188,7 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 	if _, err := r2.Recommend(short, request(10)); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("held past its deadline: %v, want DeadlineExceeded", err)
 	}
-	if got := r2.lim.shares; len(got) != 1 || !math.IsInf(got[0], 1) {
+	if got := r2.lim.win.shares; len(got) != 1 || !math.IsInf(got[0], 1) {
 		t.Fatalf("recorded %v after a miss, want one infinite share", got)
 	}
 	// A request that failed otherwise (the client gone) is not.
@@ -197,7 +197,7 @@ func TestRecommendAdmitsByLimit(t *testing.T) {
 	if _, err := r2.Recommend(gone, request(10)); status.Code(err) != codes.Canceled {
 		t.Fatalf("cancelled by its client: %v, want Canceled", err)
 	}
-	if got := len(r2.lim.shares); got != 1 {
+	if got := len(r2.lim.win.shares); got != 1 {
 		t.Fatalf("%d entries after a cancelled request, want still 1", got)
 	}
 	close(cn2.gate)

@@ -1,8 +1,6 @@
 package router
 
 import (
-	"math"
-	"slices"
 	"sync"
 	"time"
 )
@@ -21,11 +19,10 @@ import (
 // with headroom; each window without a miss grows it back by shareUp,
 // and one in which nine answers in ten took less than shareSlack of
 // their time to the deadline puts it back at the ceiling at once: load
-// has fallen, and
-// a share learned under overload would otherwise refuse a light load
-// until enough answers had grown it back (seen: a 2-client closed loop
-// after a 16-client warm-up had 1,500-2,900 of 3,700-4,600 requests
-// refused). Under light load nothing misses and the share stays at its
+// has fallen, and a share learned under overload would otherwise refuse
+// a light load until enough answers had grown it back (seen: a 2-client
+// closed loop after a 16-client warm-up had 1,500-2,900 of 3,700-4,600
+// requests refused). Windows are latencyWindow's, as the limiter's. Under light load nothing misses and the share stays at its
 // ceiling: admission refuses no more than the prediction alone does.
 //
 // Its clock is the caller's (record takes now): tests drive it with a
@@ -34,11 +31,7 @@ type shareCtl struct {
 	mu      sync.Mutex
 	share   float64
 	ceiling float64
-	// The current window: its answers' shares of their time to the
-	// deadline (+Inf for a miss), how many missed, when it opened.
-	took     []float64
-	miss     int
-	openedAt time.Time
+	win     latencyWindow
 }
 
 const (
@@ -72,35 +65,21 @@ func (c *shareCtl) get() float64 {
 
 // record notes an admitted request answered (missed false) or past its
 // deadline (missed true) at now, having taken latency of budget (its
-// time to the deadline at admission; 0: none), and closes the window
-// when it is full.
+// time to the deadline at admission), and acts when the window is full.
 func (c *shareCtl) record(now time.Time, latency, budget time.Duration, missed bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.openedAt.IsZero() {
-		c.openedAt = now
-	}
-	took := 0.0
-	switch {
-	case missed:
-		c.miss++
-		took = math.Inf(1)
-	case budget > 0:
-		took = float64(latency) / float64(budget)
-	}
-	c.took = append(c.took, took)
-	n := len(c.took)
-	if n < shareWindowN || now.Sub(c.openedAt) < shareWindowT {
+	if !c.win.add(now, latency, budget, missed, shareWindowN, shareWindowT) {
 		return
 	}
-	slices.Sort(c.took)
+	q, misses, n := c.win.summary(0.9)
 	switch {
-	case float64(c.miss) > shareMissHigh*float64(n):
+	case float64(misses) > shareMissHigh*float64(n):
 		c.share = max(c.share*shareDown, min(shareMin, c.ceiling))
-	case c.took[int(math.Ceil(0.9*float64(n)))-1] < shareSlack:
+	case q < shareSlack:
 		c.share = c.ceiling
-	case c.miss == 0:
+	case misses == 0:
 		c.share = min(c.share*shareUp, c.ceiling)
 	}
-	c.took, c.miss, c.openedAt = c.took[:0], 0, now
+	c.win.reset(now)
 }

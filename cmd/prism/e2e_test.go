@@ -649,21 +649,9 @@ func TestServeAliases(t *testing.T) {
 // encoded columns) and the dense worker expands them: scores stay the
 // monolith's within 1e-5, with and without a user context.
 func TestEndToEndDictionaryFrames(t *testing.T) {
-	if err := ort.Init(); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	model, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	up := startProc(t, readyline.Up, "up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--model", part, "--dictionary-frames")
-	conn := dial(t, up.addr, filepath.Join(dir, "certs"), auth.Admin)
-	rec := prismv1.NewRecommenderClient(conn)
+	rec, mono, cfg := tinyUp(t, "--dictionary-frames")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mono.Close()
 	sig := cfg.Signature()
 	for _, tc := range []struct {
 		n       int
@@ -672,18 +660,43 @@ func TestEndToEndDictionaryFrames(t *testing.T) {
 		src, _ := models.NewSynthetic(sig, models.SyntheticOptions{Seed: uint64(40 + tc.n)})
 		b, _ := src.Next(tc.n)
 		broadcastContext(b, tc.context)
-		want, err := mono.Run(modelrun.Inputs(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp, err := rec.Recommend(ctx, toRequest(cfg.Name, b, tc.context))
-		if err != nil {
-			t.Fatalf("n=%d: %v", tc.n, err)
-		}
-		worst := maxAbsError(resp.GetScores(), want[0])
-		if len(resp.GetScores()) != tc.n || worst > 1e-5 {
-			t.Fatalf("n=%d: %d scores, max abs error %g against the monolith", tc.n, len(resp.GetScores()), worst)
-		}
+		matchMonolith(t, ctx, rec, mono, cfg, b, tc.context, fmt.Sprintf("n=%d", tc.n))
+	}
+}
+
+// tinyUp partitions dlrm-tiny, serves it with prism up and flags, and
+// returns a client of the stack and the monolith's session.
+func tinyUp(t *testing.T, flags ...string) (prismv1.RecommenderClient, *ort.Session, models.Config) {
+	t.Helper()
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	up := startProc(t, readyline.Up, append([]string{"up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--model", part}, flags...)...)
+	conn := dial(t, up.addr, filepath.Join(dir, "certs"), auth.Admin)
+	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mono.Close() })
+	return prismv1.NewRecommenderClient(conn), mono, cfg
+}
+
+// matchMonolith sends b (its context inputs once) and fails the test
+// unless the scores equal the monolith's within 1e-5.
+func matchMonolith(t *testing.T, ctx context.Context, rec prismv1.RecommenderClient, mono *ort.Session, cfg models.Config, b *models.Batch, inContext map[string]bool, what string) {
+	t.Helper()
+	want, err := mono.Run(modelrun.Inputs(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rec.Recommend(ctx, toRequest(cfg.Name, b, inContext))
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if worst := maxAbsError(resp.GetScores(), want[0]); len(resp.GetScores()) != b.N || worst > 1e-5 {
+		t.Fatalf("%s: %d scores for %d candidates, max abs error %g against the monolith", what, len(resp.GetScores()), b.N, worst)
 	}
 }
 
@@ -703,22 +716,9 @@ func maxAbsError(got, want []float32) float64 {
 // by default), on real processes: scores equal the monolith's, first
 // read cold, then again with the tier warm.
 func TestEndToEndLargerThanMemory(t *testing.T) {
-	if err := ort.Init(); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	model, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	up := startProc(t, readyline.Up, "up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--model", part,
-		"--memory-limit", "2GiB", "--hot-bytes", "64KiB")
-	conn := dial(t, up.addr, filepath.Join(dir, "certs"), auth.Admin)
-	rec := prismv1.NewRecommenderClient(conn)
+	rec, mono, cfg := tinyUp(t, "--memory-limit", "2GiB", "--hot-bytes", "64KiB")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mono.Close()
 	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 77, Uniform: true})
 	var batches []*models.Batch
 	for range 3 {
@@ -727,17 +727,7 @@ func TestEndToEndLargerThanMemory(t *testing.T) {
 	}
 	for round := range 2 {
 		for i, b := range batches {
-			want, err := mono.Run(modelrun.Inputs(b))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := rec.Recommend(ctx, toRequest(cfg.Name, b, nil))
-			if err != nil {
-				t.Fatalf("round %d, request %d: %v", round, i, err)
-			}
-			if worst := maxAbsError(resp.GetScores(), want[0]); len(resp.GetScores()) != b.N || worst > 1e-5 {
-				t.Fatalf("round %d, request %d: %d scores, max abs error %g against the monolith", round, i, len(resp.GetScores()), worst)
-			}
+			matchMonolith(t, ctx, rec, mono, cfg, b, nil, fmt.Sprintf("round %d, request %d", round, i))
 		}
 	}
 }

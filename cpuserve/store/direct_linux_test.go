@@ -85,14 +85,19 @@ func TestDirectFileModes(t *testing.T) {
 	name, data, _ := directFile(t, maxDirectRead+4*directAlign)
 	var reads atomic.Int64
 	fs := dropBehindFS{FS: vfs.Default, direct: true, reads: &reads}
-	read := func(f vfs.File, off int64, n int) {
+	// read reads n bytes at off through f, checks them against the
+	// file's, and checks that direct reads now number direct.
+	read := func(what string, f vfs.File, off int64, n int, direct int64) {
 		t.Helper()
 		p := make([]byte, n)
 		if _, err := f.ReadAt(p, off); err != nil && err != io.EOF {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(p, data[off:off+int64(n)]) {
-			t.Fatalf("read at %d: bytes differ", off)
+			t.Fatalf("%s: bytes differ", what)
+		}
+		if got := reads.Load(); got != direct {
+			t.Fatalf("%s: %d direct reads in all, want %d", what, got, direct)
 		}
 	}
 	f, err := fs.Open(name, vfs.RandomReadsOption)
@@ -100,29 +105,17 @@ func TestDirectFileModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	read(f, 123, 4101)
-	if reads.Load() != 1 {
-		t.Fatalf("a random read: %d direct reads, want 1", reads.Load())
-	}
-	read(f, 0, maxDirectRead+1)
+	read("a random read", f, 123, 4101, 1)
+	read("a read larger than maxDirectRead", f, 0, maxDirectRead+1, 1)
 	// Pebble ignores Prefetch's error (its Linux file returns errno 0 as
 	// one), and so does this test.
 	_ = f.Prefetch(8192, 65536)
-	read(f, 8192+100, 4101)
-	if reads.Load() != 1 {
-		t.Fatalf("a large read and a read ahead: %d direct reads, want still 1", reads.Load())
-	}
-	read(f, 65536+8192+10, 4101) // past the range read ahead
-	if reads.Load() != 2 {
-		t.Fatalf("a read past the range read ahead: %d direct reads, want 2", reads.Load())
-	}
+	read("a read in the range read ahead", f, 8192+100, 4101, 1)
+	read("a read past the range read ahead", f, 65536+8192+10, 4101, 2)
 	g, err := fs.Open(name, vfs.SequentialReadsOption)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	read(g, 5000, 4101)
-	if reads.Load() != 2 {
-		t.Fatalf("a sequential file: %d direct reads, want still 2", reads.Load())
-	}
+	read("a file opened for sequential reads", g, 5000, 4101, 2)
 }
