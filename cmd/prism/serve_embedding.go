@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -31,7 +33,7 @@ func newServeEmbeddingCmd() *cobra.Command {
 	)
 	// Trust and admission (router-side trust work).
 	var maxInflightSamples int64
-	var dictFrames, directReads bool
+	var dictFrames, directReads, warmRestart bool
 	cmd := &cobra.Command{
 		Use:     "embedding --db DIR --plan DIR [--plan DIR ...]",
 		Aliases: []string{"cpu"},
@@ -74,7 +76,7 @@ at --advertise-addr.`,
 			if err != nil {
 				return err
 			}
-			so := store.Options{Preload: store.PreloadMode(preload), MissParallel: missParallel, DirectReads: directReads}
+			so := store.Options{Preload: store.PreloadMode(preload), MissParallel: missParallel, DirectReads: directReads, WarmRestart: warmRestart}
 			mem, err := memoryLimit(memLimit)
 			if err != nil {
 				return fmt.Errorf("--memory-limit: %w", err)
@@ -136,6 +138,21 @@ at --advertise-addr.`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
 					pr.Rows, float64(pr.Bytes)/(1<<20), pr.Tables, pr.Elapsed.Round(time.Millisecond))
 			}
+			if rep, done := st.Warmed(); !rep.Done {
+				go func() {
+					<-done
+					rep, _ := st.Warmed()
+					if errors.Is(rep.Err, context.Canceled) {
+						return // shut down while restoring
+					}
+					if rep.Err != nil {
+						log.Warn("hot tier warm restart stopped early", "keys", rep.Keys, "rows", rep.Rows, "elapsed", rep.Elapsed.Round(time.Millisecond), "err", rep.Err)
+					} else if rep.Keys > 0 {
+						log.Info("hot tier restored from its snapshot", "keys", rep.Keys, "rows", rep.Rows, "sketches", rep.Sketches, "elapsed", rep.Elapsed.Round(time.Millisecond))
+						fmt.Fprintf(cmd.ErrOrStderr(), "warm restart: read %d rows of the hot tier's snapshot back in %s\n", rep.Rows, rep.Elapsed.Round(time.Millisecond))
+					}
+				}()
+			}
 			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, TLS: tlsConf, MetricsRequireClientCert: tlsFlags.MetricsClientCert, Logger: log})
 			if err != nil {
 				return err
@@ -160,6 +177,7 @@ at --advertise-addr.`,
 	f.StringVar(&cacheBytes, "cache-bytes", "", "Pebble block cache size below the hot tier, e.g. 32MiB (default: 256MiB, or a sixteenth of --memory-limit when that is less); in a memory limit, size it to the store's index blocks with room to spare")
 	f.StringVar(&memLimit, "memory-limit", "auto", `memory this worker may use, e.g. 8GiB: the hot tier, block cache, Go's heap limit and the bytes of lookups in flight are sized to fit it with a quarter left for the page cache; "auto": the memory cgroup's limit (a container's) when there is one; "off": no budget`)
 	f.BoolVar(&directReads, "direct-reads", true, "under a memory budget, read the blocks of the rows the hot tier misses with O_DIRECT (Linux), past the page cache; false: buffered reads, their pages dropped after each read")
+	f.BoolVar(&warmRestart, "warm-restart", true, "when the hot tier does not hold every row: save its keys and access frequencies on shutdown, and at startup read those rows back from the store, hottest first, in the background while serving")
 	f.IntVar(&missParallel, "miss-parallel", 0, fmt.Sprintf("reads in flight per lookup for the rows the hot tier misses (1 to 64; 0: %d): a larger-than-memory store on a device that serves many reads at once wants more", store.DefaultMissParallel))
 	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")

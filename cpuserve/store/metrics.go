@@ -41,6 +41,9 @@ type Metrics struct {
 	// DirectReads is the table file reads served with O_DIRECT
 	// (Options.DirectReads), past the page cache.
 	DirectReads int64
+	// HotRestoredRows is the rows a warm restart read back into the hot
+	// tier (Options.WarmRestart).
+	HotRestoredRows int64
 	// Upserts is acknowledged Upsert calls; UpsertRows their rows.
 	Upserts, UpsertRows int64
 	// UpsertLagNanos is the summed time from an Upsert call to its ack
@@ -75,8 +78,8 @@ func (s *Store) Metrics() Metrics {
 		HotHits: s.m.hotHits.Load(), HotMisses: s.m.hotMisses.Load(),
 		PebbleReads: s.m.pebbleReads.Load(), PebbleBytes: s.m.pebbleBytes.Load(),
 		MissReadNanos: s.m.missNanos.Load(), BlockReadNanos: s.m.blockReadNanos.Load(), BlockReadBytes: s.m.blockReadBytes.Load(),
-		DirectReads: s.m.directReads.Load(),
-		Upserts:     s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
+		DirectReads: s.m.directReads.Load(), HotRestoredRows: s.warm.rows.Load(),
+		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
 		TableCopies: s.m.copies.Load(), CopiedRows: s.m.copiedRows.Load(), CarriedRows: s.m.carriedRows.Load(),
 		HotBytes: v.tier.Budget(), HotSlots: hs.Slots, HotUsed: hs.Used,
@@ -128,6 +131,7 @@ func NewCollector(s *Store) *Collector {
 	add("block_read_seconds_total", "Time Pebble iterators of lookups spent reading blocks not in the block cache (summed over concurrent readers).", ctr, func(m Metrics) float64 { return float64(m.BlockReadNanos) / 1e9 })
 	add("block_read_bytes_total", "Bytes of the blocks lookups read from files.", ctr, func(m Metrics) float64 { return float64(m.BlockReadBytes) })
 	add("direct_reads_total", "Table file reads served with O_DIRECT, past the page cache.", ctr, func(m Metrics) float64 { return float64(m.DirectReads) })
+	add("hot_restored_rows_total", "Rows a warm restart read back into the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotRestoredRows) })
 	add("block_cache_hits_total", "Pebble block cache hits.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheHits) })
 	add("block_cache_misses_total", "Pebble block cache misses.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheMisses) })
 	add("upserts_total", "Upserts acknowledged.", ctr, func(m Metrics) float64 { return float64(m.Upserts) })

@@ -67,6 +67,12 @@ type Options struct {
 	DirectReads bool
 	// ReadOnly opens the store for lookups only.
 	ReadOnly bool
+	// WarmRestart saves the hot tier's keys and frequency sketch at Close
+	// and, at the next Open, reads those rows back into the tier in the
+	// background, hottest first, while lookups are served (warm.go;
+	// Store.Warmed reports it). For a tier that does not hold every row:
+	// a complete tier is preloaded instead.
+	WarmRestart bool
 }
 
 // PreloadMode says when the hot tier is filled from Pebble (Options.Preload).

@@ -72,6 +72,7 @@ type Store struct {
 	// preMu serialises preloads and guards pre, their summed report.
 	preMu  sync.Mutex
 	pre    PreloadReport
+	warm   warmState
 	closed atomic.Bool
 }
 
@@ -168,6 +169,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		s.Close()
 		return nil, fmt.Errorf("open store %q: %w", dir, err)
 	}
+	s.startWarm()
 	return s, nil
 }
 
@@ -186,6 +188,10 @@ func (s *Store) Close() error {
 	s.ops.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.saveHot(); err != nil {
+		// Only the next start's warmth is lost; the rows are all in Pebble.
+		s.opts.Logger.Errorf("close store %q: saving the hot tier's snapshot: %v", s.dir, err)
+	}
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close store %q: %w", s.dir, err)
 	}

@@ -1,0 +1,100 @@
+package hot
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	c := NewClass(4, 64<<10)
+	row := []float32{1, 2, 3, 4}
+	c.Lock()
+	for i := range int64(300) {
+		k := Key(uint32(1+i%3), i*7)
+		c.Admit(k, Hash(k), row)
+	}
+	// Key(2, 7) is read far more often than the rest.
+	hot := Key(2, 7)
+	for range 12 {
+		c.Count([]uint64{Hash(hot)})
+	}
+	snap := c.Snapshot()
+	c.Unlock()
+	if len(snap.Keys) != 300 || !slices.IsSorted(snap.Keys) || snap.Dim != 4 || len(snap.Sketch) == 0 {
+		t.Fatalf("snapshot: %d keys, sorted %v, dim %d, %d sketch words", len(snap.Keys), slices.IsSorted(snap.Keys), snap.Dim, len(snap.Sketch))
+	}
+	b, err := snap.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Snapshot
+	if err := got.UnmarshalBinary(b); err != nil {
+		t.Fatal(err)
+	}
+	if got.Dim != snap.Dim || got.Slots != snap.Slots || got.Additions != snap.Additions ||
+		!slices.Equal(got.Keys, snap.Keys) || !slices.Equal(got.Sketch, snap.Sketch) {
+		t.Fatal("decoded snapshot differs")
+	}
+	if h := got.Hottest(); h[0] != hot || len(h) != 300 {
+		t.Fatalf("hottest first: %x, want %x", h[0], hot)
+	}
+	// The sketch goes to a class of the same size only.
+	same, other := NewClass(4, 64<<10), NewClass(4, 16<<10)
+	same.Lock()
+	if !same.RestoreSketch(&got) || same.sk.estimate(Hash(hot)) != c.sk.estimate(Hash(hot)) {
+		t.Fatal("sketch not restored into a class of the same size")
+	}
+	same.Unlock()
+	if other.RestoreSketch(&got) {
+		t.Fatal("sketch restored into a class of another size")
+	}
+	// Every truncation and every flipped byte is refused.
+	for n := range len(b) {
+		if err := new(Snapshot).UnmarshalBinary(b[:n]); !errors.Is(err, ErrSnapshot) {
+			t.Fatalf("truncated to %d bytes: %v", n, err)
+		}
+	}
+	for i := range b {
+		bad := slices.Clone(b)
+		bad[i] ^= 0x40
+		if err := new(Snapshot).UnmarshalBinary(bad); !errors.Is(err, ErrSnapshot) {
+			t.Fatalf("byte %d flipped: %v", i, err)
+		}
+	}
+}
+
+// FuzzSnapshot: no input panics the decoder or makes it allocate past
+// its bytes, and what it accepts encodes to bytes that decode the same.
+func FuzzSnapshot(f *testing.F) {
+	c := NewClass(8, 16<<10)
+	c.Lock()
+	for i := range int64(20) {
+		k := Key(1, i*i)
+		c.Admit(k, Hash(k), make([]float32, 8))
+	}
+	s := c.Snapshot()
+	c.Unlock()
+	b, _ := s.MarshalBinary()
+	f.Add(b)
+	empty, _ := (&Snapshot{Dim: 1}).MarshalBinary()
+	f.Add(empty)
+	f.Add([]byte("PHS1"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var s Snapshot
+		if err := s.UnmarshalBinary(b); err != nil {
+			if !errors.Is(err, ErrSnapshot) {
+				t.Fatalf("error %v does not wrap ErrSnapshot", err)
+			}
+			return
+		}
+		out, err := s.MarshalBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again Snapshot
+		if err := again.UnmarshalBinary(out); err != nil || !slices.Equal(again.Keys, s.Keys) || !slices.Equal(again.Sketch, s.Sketch) {
+			t.Fatalf("re-encoded snapshot does not decode the same: %v", err)
+		}
+	})
+}

@@ -1,0 +1,362 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/prism-serve/prism/cpuserve/store/hot"
+)
+
+// A warm restart (Options.WarmRestart): Close saves each hot tier class's
+// resident keys and frequency sketch (hot.Snapshot) under the metadata
+// table, and Open reads the rows of those keys back from Pebble into the
+// tier, hottest first, in the background while lookups are served. A
+// worker restarted in a rolling upgrade then misses what it missed before
+// it stopped, instead of every row of a cold tier: its first minutes
+// of lookups otherwise read most rows from the device. Only keys are
+// saved, never rows, so a row updated since is read as it is now; keys
+// of tables no longer active are skipped.
+
+// hotSnapPrefix starts the keys of the hot tier's snapshots, one per row
+// width, under the metadata table id 0.
+const hotSnapPrefix = "\x00\x00\x00\x00hot/"
+
+func hotSnapKey(dim int) []byte {
+	return binary.BigEndian.AppendUint32([]byte(hotSnapPrefix), uint32(dim))
+}
+
+// warmChunk is how many keys a restore reads per iterator and loads per
+// class lock; warmReaders how many chunks are read at once (a device
+// serves several random reads at a time).
+const (
+	warmChunk   = 1024
+	warmReaders = 4
+)
+
+// WarmReport says what a warm restart restored (Store.Warmed).
+type WarmReport struct {
+	// Keys is the keys the saved snapshots held for active tables; Rows
+	// the rows read back into the tier (fewer when the tier filled first,
+	// or a table's rows are gone).
+	Keys, Rows int64
+	// Sketches is the classes whose frequency sketch was restored (a tier
+	// resized across the restart starts counting afresh).
+	Sketches int
+	Elapsed  time.Duration
+	// Done: the restore finished (or there was nothing to restore); Err
+	// is why it stopped early, if it did (a snapshot that does not decode
+	// only costs the restart its warmth).
+	Done bool
+	Err  error
+}
+
+// warmState is the restore's progress, read by Warmed and Close.
+type warmState struct {
+	mu   sync.Mutex
+	rep  WarmReport
+	done chan struct{}
+	rows atomic.Int64
+}
+
+// Warmed returns the warm restart's report so far, and a channel closed
+// when it is done (closed at once when no restore runs).
+func (s *Store) Warmed() (WarmReport, <-chan struct{}) {
+	w := &s.warm
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r := w.rep
+	r.Rows = w.rows.Load()
+	if w.done == nil {
+		c := make(chan struct{})
+		close(c)
+		return WarmReport{Done: true}, c
+	}
+	return r, w.done
+}
+
+// startWarm begins the background restore of the saved snapshots (Open
+// calls it after Preload). Close cancels it and waits.
+func (s *Store) startWarm() {
+	w := &s.warm
+	w.mu.Lock()
+	w.done = make(chan struct{})
+	w.mu.Unlock()
+	if !s.opts.WarmRestart || s.enter() != nil {
+		s.finishWarm(nil)
+		return
+	}
+	w.mu.Lock()
+	w.mu.Unlock()
+	go func() {
+		defer s.ops.Done()
+		s.finishWarm(s.restoreHot(s.closeCtx))
+	}()
+}
+
+func (s *Store) finishWarm(err error) {
+	w := &s.warm
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// Done unless Close cancelled it: a restore stopped by an error has
+	// done what it will (and Close may save the tier over a bad snapshot).
+	w.rep.Done = !errors.Is(err, context.Canceled)
+	w.rep.Err = err
+	w.rep.Rows = w.rows.Load()
+	close(w.done)
+}
+
+// restoreHot reads every saved snapshot of the current tier's widths and
+// loads its rows, hottest first.
+func (s *Store) restoreHot(ctx context.Context) error {
+	start := time.Now()
+	defer func() {
+		s.warm.mu.Lock()
+		s.warm.rep.Elapsed = time.Since(start)
+		s.warm.mu.Unlock()
+	}()
+	v := s.view.Load()
+	if v.tier.Complete() {
+		return nil // a complete tier is preloaded
+	}
+	var errs []error
+	for _, dim := range v.dims {
+		cls := v.tier.Class(dim)
+		if cls == nil {
+			continue
+		}
+		snap, ok, err := s.readHotSnapshot(dim)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if err := s.restoreClass(ctx, v, cls, &snap); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readHotSnapshot reads the saved snapshot of width dim; ok is false when
+// there is none.
+func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error) {
+	val, closer, err := s.db.Get(hotSnapKey(dim))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return snap, false, nil
+	}
+	if err != nil {
+		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+	}
+	defer closer.Close()
+	if err := snap.UnmarshalBinary(val); err != nil {
+		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+	}
+	if snap.Dim != dim {
+		return snap, false, fmt.Errorf("hot tier snapshot of width %d holds width %d: %w", dim, snap.Dim, hot.ErrSnapshot)
+	}
+	return snap, true, nil
+}
+
+// restoreClass restores one class: its sketch, then its keys' rows in
+// chunks, hottest chunk first, warmReaders chunks at a time.
+func (s *Store) restoreClass(ctx context.Context, v *view, cls *hot.Class, snap *hot.Snapshot) error {
+	tables := map[uint32]*tableView{}
+	for _, mv := range v.models {
+		for _, tv := range mv.tables {
+			if tv.hot == cls {
+				tables[tv.id] = tv
+			}
+		}
+	}
+	cls.Lock()
+	sketched := cls.RestoreSketch(snap)
+	cls.Unlock()
+	keys := snap.Hottest()
+	keys = slices.DeleteFunc(keys, func(k uint64) bool {
+		tv := tables[uint32(k>>40)]
+		return tv == nil || int64(k&(hot.MaxRows-1)) >= tv.rows
+	})
+	s.warm.mu.Lock()
+	s.warm.rep.Keys += int64(len(keys))
+	if sketched {
+		s.warm.rep.Sketches++
+	}
+	s.warm.mu.Unlock()
+	var (
+		next     atomic.Int64
+		stop     atomic.Bool
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	chunks := (len(keys) + warmChunk - 1) / warmChunk
+	for range min(warmReaders, chunks) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]float32, warmChunk*cls.Dim())
+			var chunk []uint64
+			for !stop.Load() {
+				c := int(next.Add(1)) - 1
+				if c >= chunks {
+					return
+				}
+				if err := ctx.Err(); err != nil {
+					stop.Store(true)
+					mu.Lock()
+					firstErr = cmpErr(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				chunk = append(chunk[:0], keys[c*warmChunk:min(len(keys), (c+1)*warmChunk)]...)
+				slices.Sort(chunk) // key order is Pebble's order: one iterator, forward seeks
+				full, err := s.warmChunk(v.tier, tables, cls, chunk, buf)
+				if err != nil || full {
+					stop.Store(true)
+				}
+				if err != nil {
+					mu.Lock()
+					firstErr = cmpErr(firstErr, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+func cmpErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// warmChunk reads the rows of keys (ascending) and loads them into cls,
+// as preloadChunk does: rows read while an upsert was acknowledged are
+// read again (a few times, then under updMu). full: the class has no
+// free slot left (or the tier was replaced), so the restore stops.
+func (s *Store) warmChunk(tier *hot.Tier, tables map[uint32]*tableView, cls *hot.Class, keys []uint64, buf []float32) (full bool, err error) {
+	dim := cls.Dim()
+	var kb [keyLen]byte
+	found := make([]uint64, 0, len(keys))
+	for attempt := 0; ; attempt++ {
+		locked := attempt >= 3
+		if locked {
+			s.updMu.Lock()
+		}
+		unlock := func() {
+			s.mu.RUnlock()
+			if locked {
+				s.updMu.Unlock()
+			}
+		}
+		s.mu.RLock()
+		if s.closed.Load() || s.view.Load().tier != tier {
+			unlock()
+			return true, nil
+		}
+		seq := s.updSeq.Load()
+		found = found[:0]
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: rowKey(kb[:], uint32(keys[0]>>40), 0)})
+		if err != nil {
+			unlock()
+			return false, err
+		}
+		for _, k := range keys {
+			tv := tables[uint32(k>>40)]
+			id := int64(k & (hot.MaxRows - 1))
+			if !it.SeekGE(rowKey(kb[:], tv.id, id)) || len(it.Key()) != keyLen || keyRow(it.Key()) != id ||
+				binary.BigEndian.Uint32(it.Key()) != tv.id {
+				continue // the row is gone (a shard's part, a dropped table)
+			}
+			val, verr := it.ValueAndErr()
+			if verr == nil && !tv.dtype.decode(buf[len(found)*dim:(len(found)+1)*dim], val) {
+				verr = fmt.Errorf("table %q: row %d holds %d bytes, want %d: %w", tv.name, id, len(val), tv.dtype.RowBytes(dim), ErrCorrupt)
+			}
+			if verr != nil {
+				err = verr
+				break
+			}
+			found = append(found, k)
+		}
+		if cerr := it.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			unlock()
+			return false, err
+		}
+		cls.Lock()
+		if s.updSeq.Load() != seq {
+			cls.Unlock()
+			unlock()
+			continue
+		}
+		loaded := 0
+		for i, k := range found {
+			if !cls.Load(k, hot.Hash(k), buf[i*dim:(i+1)*dim]) {
+				full = true
+				break
+			}
+			loaded++
+		}
+		cls.Unlock()
+		unlock()
+		s.warm.rows.Add(int64(loaded))
+		return full, nil
+	}
+}
+
+// saveHot writes the hot tier's snapshots for the next Open, and deletes
+// those of widths the tier no longer caches. Close calls it with mu held
+// exclusively (no lookup runs). A restore that had not finished keeps the
+// snapshots it was restoring: the tier holds less than they do.
+func (s *Store) saveHot() error {
+	if !s.opts.WarmRestart || s.opts.ReadOnly {
+		return nil
+	}
+	if rep, _ := s.Warmed(); !rep.Done {
+		return nil
+	}
+	v := s.view.Load()
+	b := s.db.NewBatch()
+	defer b.Close()
+	prefix := []byte(hotSnapPrefix)
+	if err := b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
+		return err
+	}
+	if !v.tier.Complete() {
+		for _, dim := range v.dims {
+			cls := v.tier.Class(dim)
+			if cls == nil {
+				continue
+			}
+			cls.RLock()
+			snap := cls.Snapshot()
+			cls.RUnlock()
+			if len(snap.Keys) == 0 {
+				continue
+			}
+			val, err := snap.MarshalBinary()
+			if err != nil {
+				return err
+			}
+			if err := b.Set(hotSnapKey(dim), val, nil); err != nil {
+				return err
+			}
+		}
+	}
+	return b.Commit(pebble.Sync)
+}

@@ -1,0 +1,178 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/prism-serve/prism/cpuserve/store/hot"
+)
+
+// skewedLookups looks up batches of n skewed ids (u^4 of the rows: a
+// head read often, a long tail) in every table, checks each row against
+// the tables' data, and returns the share of rows the hot tier served.
+func skewedLookups(t *testing.T, s *Store, tabs []*testTable, r *rand.Rand, batches, n int) float64 {
+	t.Helper()
+	before := s.Metrics()
+	for range batches {
+		var reqs []TableLookup
+		for _, tt := range tabs {
+			ids := make([]int64, n)
+			for i := range ids {
+				ids[i] = int64(math.Pow(r.Float64(), 4) * float64(tt.rows))
+			}
+			reqs = append(reqs, TableLookup{Table: tt.name, IDs: ids, Pooling: PoolNone, Out: make([]float32, n*tt.dim)})
+		}
+		if err := s.Lookup("m", reqs); err != nil {
+			t.Fatal(err)
+		}
+		for ti, tt := range tabs {
+			for i, id := range reqs[ti].IDs {
+				got := reqs[ti].Out[i*tt.dim : (i+1)*tt.dim]
+				if want := tt.data[id*int64(tt.dim) : (id+1)*int64(tt.dim)]; !slices.Equal(got, want) {
+					t.Fatalf("table %s row %d = %v, want %v", tt.name, id, got, want)
+				}
+			}
+		}
+	}
+	m := s.Metrics()
+	hits, misses := m.HotHits-before.HotHits, m.HotMisses-before.HotMisses
+	return float64(hits) / float64(hits+misses)
+}
+
+// resident is the hot tier's resident keys of width dim, ascending.
+func resident(s *Store, dim int) []uint64 {
+	c := s.view.Load().tier.Class(dim)
+	c.RLock()
+	defer c.RUnlock()
+	return c.Snapshot().Keys
+}
+
+func waitWarm(t *testing.T, s *Store) WarmReport {
+	t.Helper()
+	_, done := s.Warmed()
+	<-done
+	rep, _ := s.Warmed()
+	return rep
+}
+
+// TestWarmRestart: a store closed with a partly filled hot tier reopens
+// with the same rows resident (read back from Pebble, so an update made
+// before the restart is what the tier holds), its sketch restored, and a
+// hit ratio near the one it had, where a cold reopen starts from none.
+func TestWarmRestart(t *testing.T) {
+	ctx := context.Background()
+	tabs := []*testTable{{name: "a", rows: 30000, dim: 8, seed: 1}, {name: "b", rows: 20000, dim: 8, seed: 2}, {name: "c", rows: 10000, dim: 16, seed: 3}}
+	plan := writePlan(t, "m", tabs)
+	opts := func(hotBytes int64, warm bool) *Options {
+		return &Options{HotBytes: hotBytes, Preload: PreloadOff, WarmRestart: warm}
+	}
+	s, fs := openMem(t, opts(512<<10, true))
+	if _, err := s.Ingest(ctx, plan, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	skewedLookups(t, s, tabs, r, 60, 256)
+	warmHit := skewedLookups(t, s, tabs, r, 20, 256)
+	want8, want16 := resident(s, 8), resident(s, 16)
+	if len(want8) == 0 || len(want16) == 0 {
+		t.Fatal("nothing resident before the restart")
+	}
+	// An update to a resident row after the tier read it: the restart
+	// must read the row as it is now.
+	upd := want8[len(want8)/2]
+	tn, id := "", int64(upd&(hot.MaxRows-1))
+	for name, tv := range s.view.Load().models["m"].tables {
+		if tv.id == uint32(upd>>40) {
+			tn = name
+		}
+	}
+	row := []float32{1, 2, 3, 4, 5, 6, 7, 8}
+	if err := s.Upsert("m", tn, []int64{id}, row); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tabs {
+		if tt.name == tn {
+			copy(tt.data[id*8:], row)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	reopen := func(o *Options) *Store {
+		o.FS = fs
+		s, err := Open("db", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s2 := reopen(opts(512<<10, true))
+	rep := waitWarm(t, s2)
+	if !rep.Done || rep.Err != nil || rep.Keys != int64(len(want8)+len(want16)) || rep.Rows != rep.Keys || rep.Sketches != 2 {
+		t.Fatalf("warm report %+v, want %d keys restored, 2 sketches", rep, len(want8)+len(want16))
+	}
+	if got := resident(s2, 8); !slices.Equal(got, want8) {
+		t.Fatalf("width 8: %d keys resident after the restart, want the %d before", len(got), len(want8))
+	}
+	if got := resident(s2, 16); !slices.Equal(got, want16) {
+		t.Fatalf("width 16: %d keys resident after the restart, want the %d before", len(got), len(want16))
+	}
+	if got := lookupRow(t, s2, "m", tn, id, 8); !slices.Equal(got, row) {
+		t.Fatalf("updated row %s/%d restored as %v, want %v", tn, id, got, row)
+	}
+	hitWarm := skewedLookups(t, s2, tabs, r, 5, 256)
+	s2.Close()
+
+	s3 := reopen(opts(512<<10, false)) // cold: the snapshot is left alone
+	hitCold := skewedLookups(t, s3, tabs, r, 5, 256)
+	if rep, _ := s3.Warmed(); rep.Keys != 0 || !rep.Done {
+		t.Fatalf("cold open restored %+v", rep)
+	}
+	s3.Close()
+	t.Logf("hit ratio: %.3f before the restart, %.3f after a warm one, %.3f after a cold one", warmHit, hitWarm, hitCold)
+	if hitWarm < warmHit-0.05 || hitCold > hitWarm-0.2 {
+		t.Fatalf("hit ratio after a warm restart %.3f (before %.3f), after a cold one %.3f", hitWarm, warmHit, hitCold)
+	}
+
+	// A smaller tier: no sketch restored (its size changed), and it fills
+	// with the hottest keys the snapshot held.
+	s4 := reopen(opts(128<<10, true))
+	rep = waitWarm(t, s4)
+	st := s4.Metrics()
+	if !rep.Done || rep.Err != nil || rep.Sketches != 0 || rep.Rows != st.HotSlots || rep.Rows >= rep.Keys {
+		t.Fatalf("smaller tier: report %+v, %d slots", rep, st.HotSlots)
+	}
+	skewedLookups(t, s4, tabs, r, 2, 256)
+	s4.Close()
+
+	// A corrupt snapshot (width 8's) costs the restart that width's
+	// warmth, nothing else (width 16's, s4's, is restored), and
+	// the next Close writes a good one.
+	db, err := pebble.Open("db", &pebble.Options{FS: fs, Logger: quietLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Set(hotSnapKey(8), []byte("PHS1 not a snapshot"), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s5 := reopen(opts(512<<10, true))
+	rep = waitWarm(t, s5)
+	if !errors.Is(rep.Err, hot.ErrSnapshot) || !rep.Done || rep.Keys == 0 || rep.Rows != rep.Keys {
+		t.Fatalf("corrupt snapshot: report %+v", rep)
+	}
+	skewedLookups(t, s5, tabs, r, 5, 256)
+	s5.Close()
+	s6 := reopen(opts(512<<10, true))
+	defer s6.Close()
+	if rep := waitWarm(t, s6); rep.Err != nil || rep.Rows == 0 {
+		t.Fatalf("after a corrupt snapshot was replaced: %+v", rep)
+	}
+}
