@@ -49,6 +49,9 @@
 #        POOL (loadgen --pool; default 0: fresh requests) MISS_PAR (--miss-parallel)
 #        DIRECT (default 1; 0: serve embedding --direct-reads=false, buffered
 #        reads whose pages drop behind)
+#        RESTART (1: restart the worker after the window and measure its
+#        first RESTART_WINDOW, default 60s, in RESTART_STEPS windows)
+#        WARM_RESTART (with RESTART; default 1, 0: --warm-restart=false)
 #   smoke: LIMIT=256M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
 #   (256M is about the least limit the memory budget takes with a 64 MiB memtable)
 set -euo pipefail
@@ -221,7 +224,8 @@ EOF
 mkdir "$CG"
 echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
 mport=$(freeport)
-embedding "$tmp/embedding-ltm.log" "$mport" "$CG" --hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"} --direct-reads="$([ "${DIRECT:-1}" = 0 ] && echo false || echo true)"
+ltm_flags=(--hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"} --direct-reads="$([ "${DIRECT:-1}" = 0 ] && echo false || echo true)")
+embedding "$tmp/embedding-ltm.log" "$mport" "$CG" "${ltm_flags[@]}"
 sed -n 's/^memory budget/  memory budget/p; s/^misses are read/  misses are read/p' "$tmp/embedding-ltm.log"
 until_served
 lg --rate "$rate" --duration "$WARM" >/dev/null
@@ -251,6 +255,42 @@ kmem=$(cat "$CG/memory.kmem.usage_in_bytes" 2>/dev/null || echo 0)
 # major faults taken.
 memstat=$(awk '$1 ~ /^(cache|rss|rss_huge|mapped_file|pgmajfault)$/ {v=$2; if ($1 != "pgmajfault") v=int(v/1048576)" MiB"; printf "%s%s %s", sep, $1, v; sep=", "}' "$CG/memory.stat")
 stop_embedding
+# hit_ratio M0 M1: the hot tier's hit ratio between two scrapes.
+hit_ratio() { python3 - "$1" "$2" <<'EOF'
+import sys
+def load(p):
+    return {l.split()[0]: float(l.split()[1]) for l in open(p) if l.startswith("prism_store_hot_")}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+h = b.get("prism_store_hot_hits_total", 0) - a.get("prism_store_hot_hits_total", 0)
+m = b.get("prism_store_hot_misses_total", 0) - a.get("prism_store_hot_misses_total", 0)
+print("%.4f" % (h / max(h + m, 1)))
+EOF
+}
+# RESTART=1: the worker just stopped (SIGTERM, so its store closed and,
+# with --warm-restart, saved the hot tier's keys and sketch) starts again
+# in the same cgroup with the same flags plus WARM_RESTART (default 1:
+# --warm-restart=true; 0: false, a cold tier), and the same Poisson rate
+# is offered from its first answer for RESTART_WINDOW (default 60s), in
+# RESTART_STEPS (default 4) windows: each one's hit ratio and p99.
+restart_rows=()
+if [ "${RESTART:-0}" = 1 ]; then
+	wr=$([ "${WARM_RESTART:-1}" = 0 ] && echo false || echo true)
+	echo "== restart: the embedding worker stopped (SIGTERM) and started again in the cgroup, --warm-restart=$wr; Poisson at $rate req/s from its first answer"
+	mport=$(freeport)
+	embedding "$tmp/embedding-restart.log" "$mport" "$CG" "${ltm_flags[@]}" --warm-restart="$wr"
+	until_served # the router has its announcement
+	steps=${RESTART_STEPS:-4}
+	win=$(python3 -c "import re; w='${RESTART_WINDOW:-60s}'; print(round(float(re.sub('s$','',w))/$steps, 3))")
+	scrape "127.0.0.1:$mport" "$tmp/r0"
+	for k in $(seq 1 "$steps"); do
+		out=$(lg --rate "$rate" --duration "${win}s" --slo 60ms)
+		scrape "127.0.0.1:$mport" "$tmp/r$k"
+		slo=$(sed -n 's/^SLO *\([0-9.]*%\).*/\1/p' <<<"$out")
+		restart_rows+=("| restart ($wr), seconds $(python3 -c "print(f'{($k-1)*$win:g}-{$k*$win:g}')") after its first answer: hit ratio, p99, within 60 ms, errors | $(hit_ratio "$tmp/r$((k-1))" "$tmp/r$k"), $(p99 <<<"$out"), ${slo:-?}, $(errors <<<"$out") |")
+	done
+	sed -n 's/^warm restart:/  warm restart:/p' "$tmp/embedding-restart.log"
+	stop_embedding
+fi
 read -r hit miss_rows_s miss_path_rows_s pebble_mb_s direct_s <<<"$(python3 - "$tmp/m0" "$tmp/m1" "$t0" "$t1" <<'EOF'
 import sys
 def load(p):
@@ -297,4 +337,5 @@ echo "| embedding worker CPU in the window (cores; ms per request answered) | $l
 echo "| larger than memory, $CLIENTS closed-loop clients (samples/s, p99) | $(samples <<<"$closed"), $(p99 <<<"$closed") |"
 echo "| cgroup peak / limit hits | $((peak >> 20)) MiB / $failcnt |"
 echo "| cgroup memory at the end (memory.stat) | $memstat |"
+for r in "${restart_rows[@]}"; do echo "$r"; done
 echo "| cgroup charge at the end: usage / kernel memory (memory.usage_in_bytes, memory.kmem.usage_in_bytes) | $((usage >> 20)) MiB / $((kmem >> 20)) MiB |"

@@ -69,7 +69,7 @@ type Options struct {
 	ReadOnly bool
 	// WarmRestart saves the hot tier's keys and frequency sketch at Close
 	// and, at the next Open, reads those rows back into the tier in the
-	// background, hottest first, while lookups are served (warm.go;
+	// background, in key order, while lookups are served (warm.go;
 	// Store.Warmed reports it). For a tier that does not hold every row:
 	// a complete tier is preloaded instead.
 	WarmRestart bool

@@ -18,7 +18,7 @@ import (
 // A warm restart (Options.WarmRestart): Close saves each hot tier class's
 // resident keys and frequency sketch (hot.Snapshot) under the metadata
 // table, and Open reads the rows of those keys back from Pebble into the
-// tier, hottest first, in the background while lookups are served. A
+// tier in the background while lookups are served (restoreClass). A
 // worker restarted in a rolling upgrade then misses what it missed before
 // it stopped, instead of every row of a cold tier: its first minutes
 // of lookups otherwise read most rows from the device. Only keys are
@@ -33,11 +33,11 @@ func hotSnapKey(dim int) []byte {
 	return binary.BigEndian.AppendUint32([]byte(hotSnapPrefix), uint32(dim))
 }
 
-// warmChunk is how many keys a restore reads per iterator and loads per
-// class lock; warmReaders how many chunks are read at once (a device
-// serves several random reads at a time).
+// warmChunk is how many keys (of one table) a restore reads per iterator
+// and loads per class lock; warmReaders how many chunks are read at once
+// (a device serves several reads at a time).
 const (
-	warmChunk   = 1024
+	warmChunk   = 4096
 	warmReaders = 4
 )
 
@@ -167,8 +167,14 @@ func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error)
 	return snap, true, nil
 }
 
-// restoreClass restores one class: its sketch, then its keys' rows in
-// chunks, hottest chunk first, warmReaders chunks at a time.
+// restoreClass restores one class: its sketch, then its keys' rows. When
+// the class has fewer free slots than the snapshot has keys (a smaller
+// tier, or lookups filled it meanwhile) the hottest keys are the ones
+// read. They are read in key order, table by table, in chunks of
+// warmChunk keys spread over warmReaders readers, with Pebble's
+// readahead on (as a preload's scan): a tier's keys cover much of a
+// table's blocks, and reading those in order is a sequential read of the
+// device, many times faster than the same blocks read at random.
 func (s *Store) restoreClass(ctx context.Context, v *view, cls *hot.Class, snap *hot.Snapshot) error {
 	tables := map[uint32]*tableView{}
 	for _, mv := range v.models {
@@ -180,18 +186,37 @@ func (s *Store) restoreClass(ctx context.Context, v *view, cls *hot.Class, snap 
 	}
 	cls.Lock()
 	sketched := cls.RestoreSketch(snap)
+	free := cls.Slots() - cls.Used()
 	cls.Unlock()
-	keys := snap.Hottest()
-	keys = slices.DeleteFunc(keys, func(k uint64) bool {
+	keep := func(k uint64) bool {
 		tv := tables[uint32(k>>40)]
-		return tv == nil || int64(k&(hot.MaxRows-1)) >= tv.rows
-	})
+		return tv != nil && int64(k&(hot.MaxRows-1)) < tv.rows
+	}
+	keys := slices.DeleteFunc(slices.Clone(snap.Keys), func(k uint64) bool { return !keep(k) })
+	if len(keys) > free {
+		keys = slices.DeleteFunc(snap.Hottest(), func(k uint64) bool { return !keep(k) })
+		keys = keys[:free]
+		slices.Sort(keys)
+	}
 	s.warm.mu.Lock()
 	s.warm.rep.Keys += int64(len(keys))
 	if sketched {
 		s.warm.rep.Sketches++
 	}
 	s.warm.mu.Unlock()
+	// Chunks never span two tables: each is one iterator's range.
+	var chunks [][]uint64
+	for i := 0; i < len(keys); {
+		j := i + 1
+		for j < len(keys) && j-i < warmChunk && keys[j]>>40 == keys[i]>>40 {
+			j++
+		}
+		chunks = append(chunks, keys[i:j])
+		i = j
+	}
+	s.preMu.Lock() // the readahead toggle is shared with preloads
+	defer s.preMu.Unlock()
+	defer s.scanReadahead()()
 	var (
 		next     atomic.Int64
 		stop     atomic.Bool
@@ -199,28 +224,21 @@ func (s *Store) restoreClass(ctx context.Context, v *view, cls *hot.Class, snap 
 		firstErr error
 		wg       sync.WaitGroup
 	)
-	chunks := (len(keys) + warmChunk - 1) / warmChunk
-	for range min(warmReaders, chunks) {
+	for range min(warmReaders, len(chunks)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			buf := make([]float32, warmChunk*cls.Dim())
-			var chunk []uint64
 			for !stop.Load() {
 				c := int(next.Add(1)) - 1
-				if c >= chunks {
+				if c >= len(chunks) {
 					return
 				}
-				if err := ctx.Err(); err != nil {
-					stop.Store(true)
-					mu.Lock()
-					firstErr = cmpErr(firstErr, err)
-					mu.Unlock()
-					return
+				err := ctx.Err()
+				full := false
+				if err == nil {
+					full, err = s.warmChunk(v.tier, tables[uint32(chunks[c][0]>>40)], cls, chunks[c], buf)
 				}
-				chunk = append(chunk[:0], keys[c*warmChunk:min(len(keys), (c+1)*warmChunk)]...)
-				slices.Sort(chunk) // key order is Pebble's order: one iterator, forward seeks
-				full, err := s.warmChunk(v.tier, tables, cls, chunk, buf)
 				if err != nil || full {
 					stop.Store(true)
 				}
@@ -243,11 +261,12 @@ func cmpErr(first, err error) error {
 	return err
 }
 
-// warmChunk reads the rows of keys (ascending) and loads them into cls,
+// warmChunk reads the rows of keys (ascending, all of table tv) and loads
+// them into cls,
 // as preloadChunk does: rows read while an upsert was acknowledged are
 // read again (a few times, then under updMu). full: the class has no
 // free slot left (or the tier was replaced), so the restore stops.
-func (s *Store) warmChunk(tier *hot.Tier, tables map[uint32]*tableView, cls *hot.Class, keys []uint64, buf []float32) (full bool, err error) {
+func (s *Store) warmChunk(tier *hot.Tier, tv *tableView, cls *hot.Class, keys []uint64, buf []float32) (full bool, err error) {
 	dim := cls.Dim()
 	var kb [keyLen]byte
 	found := make([]uint64, 0, len(keys))
@@ -269,17 +288,15 @@ func (s *Store) warmChunk(tier *hot.Tier, tables map[uint32]*tableView, cls *hot
 		}
 		seq := s.updSeq.Load()
 		found = found[:0]
-		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: rowKey(kb[:], uint32(keys[0]>>40), 0)})
+		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: rowKey(kb[:], tv.id, int64(keys[0]&(hot.MaxRows-1))), UpperBound: tv.hi})
 		if err != nil {
 			unlock()
 			return false, err
 		}
 		for _, k := range keys {
-			tv := tables[uint32(k>>40)]
 			id := int64(k & (hot.MaxRows - 1))
-			if !it.SeekGE(rowKey(kb[:], tv.id, id)) || len(it.Key()) != keyLen || keyRow(it.Key()) != id ||
-				binary.BigEndian.Uint32(it.Key()) != tv.id {
-				continue // the row is gone (a shard's part, a dropped table)
+			if !it.SeekGE(rowKey(kb[:], tv.id, id)) || len(it.Key()) != keyLen || keyRow(it.Key()) != id {
+				continue // the row is not held (a row-wise shard's part)
 			}
 			val, verr := it.ValueAndErr()
 			if verr == nil && !tv.dtype.decode(buf[len(found)*dim:(len(found)+1)*dim], val) {

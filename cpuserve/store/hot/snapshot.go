@@ -179,3 +179,8 @@ func (s *Snapshot) UnmarshalBinary(b []byte) error {
 	*s = Snapshot{Dim: int(dim), Slots: int(slots), Keys: keys, Sketch: words, Additions: int(adds)}
 	return nil
 }
+
+// Slots is how many rows the class can hold; Used how many it holds.
+// Caller holds RLock or Lock.
+func (c *Class) Slots() int { return c.slots }
+func (c *Class) Used() int  { return c.used }
