@@ -12,10 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// directAlign is the alignment O_DIRECT asks of a read's offset, length
-// and buffer: 4096 covers devices of 512-byte and 4 KiB logical blocks.
-const directAlign = 4096
-
 // openDirect opens name for reading with O_DIRECT; -1 where the file
 // system refuses it.
 func openDirect(name string) int {
@@ -60,22 +56,9 @@ func readDirect(fd int, p []byte, off int64) (n int, err error) {
 	buf, class := alignedBuf(int(end - start))
 	defer directBufs[class].Put(&buf)
 	want := buf[:end-start]
-	got := 0
-	for got < len(want) {
-		m, err := unix.Pread(fd, want[got:], start+int64(got))
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if errors.Is(err, unix.EINVAL) {
-			return 0, errDirectRefused
-		}
-		if err != nil {
-			return 0, err
-		}
-		if m == 0 {
-			break // end of file
-		}
-		got += m
+	got, err := preadFull(fd, want, start)
+	if err != nil {
+		return 0, err
 	}
 	skip := int(off - start)
 	if got <= skip {
@@ -86,4 +69,28 @@ func readDirect(fd int, p []byte, off int64) (n int, err error) {
 		return n, io.EOF
 	}
 	return n, nil
+}
+
+// preadFull reads len(buf) bytes at off (both aligned for O_DIRECT) from
+// fd, fewer only at the end of the file. errDirectRefused: the file
+// system refused the read (EINVAL).
+func preadFull(fd int, buf []byte, off int64) (int, error) {
+	got := 0
+	for got < len(buf) {
+		m, err := unix.Pread(fd, buf[got:], off+int64(got))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if errors.Is(err, unix.EINVAL) {
+			return got, errDirectRefused
+		}
+		if err != nil {
+			return got, err
+		}
+		if m == 0 {
+			break // end of file
+		}
+		got += m
+	}
+	return got, nil
 }

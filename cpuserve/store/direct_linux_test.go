@@ -117,5 +117,36 @@ func TestDirectFileModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer g.Close()
-	read("a file opened for sequential reads", g, 5000, 4101, 2)
+	// A file opened for sequential reads reads a window ahead: one read
+	// for many blocks, doubling while the reads go on in order.
+	read("a sequential file's first read", g, 5000, 4101, 3)
+	read("the next block, in its window", g, 9101, 4101, 3)
+	read("a read past the window (64 KiB)", g, 70000, 4101, 4)
+	read("after it, in the doubled window", g, 70000+100000, 4101, 4)
+	read("a jump back", g, 0, 100, 5)
+	read("a read past the end of the file", g, int64(len(data))-10, 10, 6)
+	// Every byte, in pieces of a block and a bit, from a fresh file: what
+	// the windows give is the file, across their edges and its end.
+	h, err := fs.Open(name, vfs.SequentialReadsOption)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	before := reads.Load()
+	for off := 0; off < len(data); off += 4101 {
+		p := make([]byte, min(4101, len(data)-off))
+		if n, err := h.ReadAt(p, int64(off)); n != len(p) || (err != nil && err != io.EOF) {
+			t.Fatalf("sequential read at %d: %d bytes, %v", off, n, err)
+		}
+		if !bytes.Equal(p, data[off:off+len(p)]) {
+			t.Fatalf("sequential read at %d: bytes differ", off)
+		}
+	}
+	if n := reads.Load() - before; n > 4 {
+		t.Fatalf("%d KiB read sequentially in %d reads, want at most 4 (windows of 64, 128, 256, 512 KiB)", len(data)>>10, n)
+	}
+	p := make([]byte, 100)
+	if n, err := h.ReadAt(p, int64(len(data))+5); n != 0 || err != io.EOF {
+		t.Fatalf("a read past the end: %d bytes, %v; want 0, EOF", n, err)
+	}
 }
