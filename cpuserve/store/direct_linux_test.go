@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -149,4 +151,56 @@ func TestDirectFileModes(t *testing.T) {
 	if n, err := h.ReadAt(p, int64(len(data))+5); n != 0 || err != io.EOF {
 		t.Fatalf("a read past the end: %d bytes, %v; want 0, EOF", n, err)
 	}
+}
+
+// TestWindowScan: a file read in order through its window, past the size
+// at which the next window is read in the background, and read at random
+// from several goroutines at once, gives the file's bytes.
+func TestWindowScan(t *testing.T) {
+	name, data, _ := directFile(t, 3<<20+12345)
+	var reads atomic.Int64
+	fs := dropBehindFS{FS: vfs.Default, direct: true, reads: &reads}
+	f, err := fs.Open(name, vfs.SequentialReadsOption)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for off := 0; off < len(data); off += 4101 {
+		p := make([]byte, min(4101, len(data)-off))
+		if n, err := f.ReadAt(p, int64(off)); n != len(p) || (err != nil && err != io.EOF) {
+			t.Fatalf("read at %d: %d bytes, %v", off, n, err)
+		}
+		if !bytes.Equal(p, data[off:off+len(p)]) {
+			t.Fatalf("read at %d: bytes differ", off)
+		}
+	}
+	// 64 + 128 + 256 KiB, then 512 KiB windows: 9 reads for 3 MiB and a bit.
+	if n := reads.Load(); n > 10 {
+		t.Fatalf("%d reads for %d KiB in order", n, len(data)>>10)
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 300 {
+				off := r.IntN(len(data))
+				n := min(1+r.IntN(8192), len(data)-off)
+				if r.IntN(4) == 0 {
+					n = min(4096, len(data)-off) // runs of blocks in order too
+				}
+				p := make([]byte, n)
+				if m, err := f.ReadAt(p, int64(off)); m != n || (err != nil && err != io.EOF) {
+					t.Errorf("read at %d: %d of %d bytes, %v", off, m, n, err)
+					return
+				}
+				if !bytes.Equal(p, data[off:off+n]) {
+					t.Errorf("read of %d at %d: bytes differ", n, off)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

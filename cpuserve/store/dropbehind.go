@@ -2,10 +2,8 @@ package store
 
 import (
 	"errors"
-	"io"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -87,88 +85,6 @@ type dropBehindFile struct {
 	win *window
 }
 
-// directAlign is the alignment O_DIRECT asks of a read's offset, length
-// and buffer: 4096 covers devices of 512-byte and 4 KiB logical blocks.
-const directAlign = 4096
-
-// window is a range of a file read ahead with O_DIRECT, one read of up to
-// maxWindow bytes, from which the sequential reads of a scan (a preload,
-// a warm restart, a compaction, an iterator Pebble switched to its
-// sequential file) are copied. Through the page cache each 4 KiB block
-// was a read call of its own plus the advice that drops its pages
-// behind: most of a scan's CPU in a profile of a warm restart, 10 us a
-// block. Reads that continue the window double the next one (from
-// minWindow); a jump elsewhere starts again from minWindow, so a file
-// read sparsely does not read a megabyte per block.
-type window struct {
-	mu    sync.Mutex
-	buf   []byte
-	class int
-	off   int64 // file offset of buf[0]
-	n     int   // bytes of buf read
-	size  int   // bytes of the next read
-}
-
-const (
-	minWindow = 64 << 10
-	maxWindow = 512 << 10
-)
-
-// readWindow serves a read from the window, reading the window ahead
-// first when the range is not in it. ok is false when the window cannot
-// serve it (a read larger than the window, O_DIRECT refused): the caller
-// reads as without one.
-func (f *dropBehindFile) readWindow(p []byte, off int64) (n int, err error, ok bool) {
-	w := f.win
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	end := off + int64(len(p))
-	if off >= w.off && end <= w.off+int64(w.n) {
-		return copy(p, w.buf[off-w.off:]), nil, true
-	}
-	if w.buf == nil {
-		if f.directOff.Load() {
-			return 0, nil, false
-		}
-		w.buf, w.class = alignedBuf(maxWindow)
-		w.buf = w.buf[:maxWindow]
-	}
-	if w.n > 0 && off >= w.off && off <= w.off+int64(w.n)+minWindow {
-		w.size = min(2*max(w.size, minWindow), maxWindow)
-	} else {
-		w.size = minWindow
-	}
-	start := off &^ (directAlign - 1)
-	size := max(w.size, int((end+directAlign-1)&^(directAlign-1)-start))
-	if size > maxWindow {
-		return 0, nil, false
-	}
-	got, err := preadFull(f.direct, w.buf[:size], start)
-	if err == errDirectRefused {
-		f.directOff.Store(true)
-		w.n = 0
-		return 0, nil, false
-	}
-	f.reads.Add(1)
-	w.off, w.n = start, got
-	// Pages of the range a Prefetch on the file's random-read descriptor
-	// brought in before Pebble switched to this one leave too.
-	dropPages(f.fd, start, int64(got))
-	if err != nil {
-		w.n = 0
-		return 0, err, true
-	}
-	skip := int(off - start)
-	if got <= skip {
-		return 0, io.EOF, true
-	}
-	n = copy(p, w.buf[skip:got])
-	if n < len(p) {
-		return n, io.EOF, true
-	}
-	return n, nil, true
-}
-
 // errDirectRefused: the file system refused a direct read.
 var errDirectRefused = errors.New("store: direct read refused")
 
@@ -221,14 +137,8 @@ func (f *dropBehindFile) Prefetch(off, n int64) error {
 }
 
 func (f *dropBehindFile) Close() error {
-	if w := f.win; w != nil {
-		w.mu.Lock()
-		if w.buf != nil {
-			buf := w.buf[:cap(w.buf)]
-			directBufs[w.class].Put(&buf)
-			w.buf, w.n = nil, 0
-		}
-		w.mu.Unlock()
+	if f.win != nil {
+		f.win.close()
 	}
 	if f.direct >= 0 {
 		closeDirect(f.direct)
