@@ -337,14 +337,16 @@ func (s *Store) warmChunk(tier *hot.Tier, tv *tableView, cls *hot.Class, keys []
 }
 
 // saveHot writes the hot tier's snapshots for the next Open, and deletes
-// those of widths the tier no longer caches. Close calls it with mu held
-// exclusively (no lookup runs). A restore that had not finished keeps the
-// snapshots it was restoring: the tier holds less than they do.
+// those of widths the tier no longer caches; without WarmRestart it
+// deletes them all (a snapshot kept would be stale when a later Open
+// restores it). Close calls it with mu held exclusively (no lookup runs).
+// A restore that had not finished keeps the snapshots it was restoring:
+// the tier holds less than they do.
 func (s *Store) saveHot() error {
-	if !s.opts.WarmRestart || s.opts.ReadOnly {
+	if s.opts.ReadOnly {
 		return nil
 	}
-	if rep, _ := s.Warmed(); !rep.Done {
+	if rep, _ := s.Warmed(); s.opts.WarmRestart && !rep.Done {
 		return nil
 	}
 	v := s.view.Load()
@@ -354,7 +356,7 @@ func (s *Store) saveHot() error {
 	if err := b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
 		return err
 	}
-	if !v.tier.Complete() {
+	if s.opts.WarmRestart && !v.tier.Complete() {
 		for _, dim := range v.dims {
 			cls := v.tier.Class(dim)
 			if cls == nil {

@@ -130,11 +130,17 @@ func TestWarmRestart(t *testing.T) {
 	hitWarm := skewedLookups(t, s2, tabs, r, 5, 256)
 	s2.Close()
 
-	s3 := reopen(opts(512<<10, false)) // cold: the snapshot is left alone
+	s3 := reopen(opts(512<<10, false)) // cold, and its Close drops the snapshots
 	hitCold := skewedLookups(t, s3, tabs, r, 5, 256)
 	if rep, _ := s3.Warmed(); rep.Keys != 0 || !rep.Done {
 		t.Fatalf("cold open restored %+v", rep)
 	}
+	s3.Close()
+	s3 = reopen(opts(512<<10, true))
+	if rep := waitWarm(t, s3); rep.Keys != 0 || rep.Err != nil {
+		t.Fatalf("a snapshot outlived a Close without WarmRestart: %+v", rep)
+	}
+	skewedLookups(t, s3, tabs, r, 60, 256) // warm it again for s4's snapshot
 	s3.Close()
 	t.Logf("hit ratio: %.3f before the restart, %.3f after a warm one, %.3f after a cold one", warmHit, hitWarm, hitCold)
 	if hitWarm < warmHit-0.05 || hitCold > hitWarm-0.2 {
