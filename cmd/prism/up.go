@@ -22,8 +22,8 @@ func newUpCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "up --model PLAN_DIR...",
 		Short: "Start all three tiers on this machine (real gRPC on loopback) and print the address to call",
-		Long: `up starts the router, one dense worker per GPU or MIG slice (one per CPU
-core without a driver) and the embedding tier as child processes of this binary,
+		Long: `up starts the router, two dense workers per GPU and one per MIG slice (one
+per CPU core without a driver) and the embedding tier as child processes of this binary,
 on loopback ports, waits until every model has both tiers registered, and
 prints the Recommend address. Workers that die are restarted and register
 again. Ctrl-C stops everything gracefully.
@@ -65,7 +65,7 @@ K) unless its store already holds it.`,
 	fl.StringArrayVar(&c.Plans, "model", nil, "partition folder (prism partition -o) to serve; repeatable")
 	fl.StringVar(&c.DB, "db", "", "embedding store folder (default: prism-db beside the first model); for a sharded model the parent folder of its shards' stores (DB/shard-K)")
 	fl.StringVar(&c.Addr, "addr", "127.0.0.1:8500", "router address (Recommend)")
-	fl.IntVar(&c.DenseWorkers, "dense-workers", 0, "dense workers (0: one per GPU or MIG slice; without a driver, one per CPU core)")
+	fl.IntVar(&c.DenseWorkers, "dense-workers", 0, "dense workers (0: two per GPU, one per MIG slice; without a driver, one per CPU core)")
 	fl.IntVar(&c.EmbeddingWorkers, "embedding-workers", 1, "embedding workers (a sharded model: shards x --replicas)")
 	fl.IntVar(&c.Replicas, "replicas", 1, "embedding workers per shard of a sharded model (prism shard)")
 	// The tiers' former names, kept so existing scripts run.

@@ -43,7 +43,7 @@ type Config struct {
 	DB string
 	// Addr is the router's address.
 	Addr string
-	// DenseWorkers: 0 is one per GPU or MIG slice, or without a driver
+	// DenseWorkers: 0 is two per GPU and one per MIG slice, or without a driver
 	// one per CPU this process may use (GOMAXPROCS); more than the
 	// devices share them round-robin.
 	DenseWorkers int
