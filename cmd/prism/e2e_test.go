@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,6 +37,7 @@ import (
 type proc struct {
 	cmd  *exec.Cmd
 	addr string
+	log  *testLog
 }
 
 // startProc runs prism with args and waits for its ready line; the
@@ -51,7 +54,8 @@ func startProc(t *testing.T, ready readyline.Line, args ...string) *proc {
 // test ends.
 func startCmd(t *testing.T, cmd *exec.Cmd, prefix string, ready readyline.Line, anywhere bool, within time.Duration) *proc {
 	t.Helper()
-	cmd.Stderr = &testLog{t: t, prefix: prefix}
+	log := &testLog{t: t, prefix: prefix}
+	cmd.Stderr = log
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +63,7 @@ func startCmd(t *testing.T, cmd *exec.Cmd, prefix string, ready readyline.Line, 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd}
+	p := &proc{cmd: cmd, log: log}
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
@@ -82,6 +86,8 @@ type testLog struct {
 	t      *testing.T
 	prefix string
 	mu     sync.Mutex
+	// tail keeps the last 64 KiB written, for tests that read it.
+	tail []byte
 }
 
 func (l *testLog) Write(b []byte) (int, error) {
@@ -90,7 +96,18 @@ func (l *testLog) Write(b []byte) (int, error) {
 	if testing.Verbose() {
 		fmt.Fprintf(os.Stderr, "[%s] %s", l.prefix, b)
 	}
+	l.tail = append(l.tail, b...)
+	if over := len(l.tail) - 64<<10; over > 0 {
+		l.tail = append(l.tail[:0], l.tail[over:]...)
+	}
 	return len(b), nil
+}
+
+// String is the last 64 KiB the process wrote to stderr.
+func (l *testLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.tail)
 }
 
 // partitioned builds a zoo preset and partitions it; returns the model
@@ -715,6 +732,129 @@ func maxAbsError(got, want []float32) float64 {
 // (with O_DIRECT where the file system allows it, as such a worker does
 // by default), on real processes: scores equal the monolith's, first
 // read cold, then again with the tier warm.
+// TestEmbeddingWorkerRestartsWarm: an embedding worker whose hot tier
+// holds a fraction of the rows, stopped with SIGTERM and started again on
+// its store, reads the rows its tier held back (its "warm restart" line),
+// an update acknowledged before the restart included, and scores as the
+// monolith does; started with --warm-restart=false it reads none back.
+func TestEmbeddingWorkerRestartsWarm(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	certs := newCerts(t)
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
+	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	embedding := func(flags ...string) *proc {
+		return startProc(t, readyline.Embedding, append([]string{"serve", "embedding", "--certs", certs, "--plan", part,
+			"--db", filepath.Join(dir, "db"), "--router", router.addr, "--memory-limit", "2GiB", "--hot-bytes", "64KiB"}, flags...)...)
+	}
+	conn := dial(t, router.addr, certs, auth.Admin)
+	rec := prismv1.NewRecommenderClient(conn)
+	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mono.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 5})
+	var batches []*models.Batch
+	for range 4 {
+		b, _ := src.Next(270)
+		batches = append(batches, b)
+	}
+	// score retries while the restarted worker registers.
+	score := func(what string) {
+		t.Helper()
+		for i, b := range batches {
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				_, err := rec.Recommend(ctx, toRequest(cfg.Name, b, nil))
+				if err == nil {
+					break
+				}
+				if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+					t.Fatalf("%s, request %d: %v", what, i, err)
+				}
+			}
+			matchMonolith(t, ctx, rec, mono, cfg, b, nil, fmt.Sprintf("%s, request %d", what, i))
+		}
+	}
+	stop := func(p *proc) {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		p.cmd.Wait()
+	}
+	restored := regexp.MustCompile(`warm restart: read (\d+) rows`)
+	// waitRestored is the rows the worker says it read back.
+	waitRestored := func(p *proc) int {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if m := restored.FindStringSubmatch(p.log.String()); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				return n
+			}
+		}
+		t.Fatal("the restarted worker never logged its warm restart")
+		return 0
+	}
+
+	e := embedding()
+	score("before the restart")
+	// An update to a row the requests read, acknowledged before the
+	// restart: the restored tier must hold it, not the ingested row.
+	req := toRequest(cfg.Name, batches[0], nil)
+	id := req.Candidates.Inputs[1].Ids[0]
+	row := make([]float32, 16)
+	for i := range row {
+		row[i] = 0.25
+	}
+	upd := prismv1.NewEmbeddingsClient(conn)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := upd.Update(ctx, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{id}, Rows: leview.Bytes(row)})
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("update: %v", err)
+		}
+	}
+	before, err := rec.Recommend(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop(e)
+	e = embedding()
+	if n := waitRestored(e); n == 0 {
+		t.Fatal("the warm restart read no rows back")
+	}
+	// sameAsBefore: req scores as it did before the restart (the update
+	// held), once the restarted worker has registered.
+	sameAsBefore := func(what string) {
+		t.Helper()
+		after, err := rec.Recommend(ctx, req)
+		for deadline := time.Now().Add(30 * time.Second); status.Code(err) == codes.Unavailable && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			after, err = rec.Recommend(ctx, req)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		for i := range before.GetScores() {
+			if after.GetScores()[i] != before.GetScores()[i] {
+				t.Fatalf("%s: candidate %d scores %v, %v before the restart (the updated row)", what, i, after.GetScores()[i], before.GetScores()[i])
+			}
+		}
+	}
+	sameAsBefore("after a warm restart")
+	stop(e)
+	e = embedding("--warm-restart=false")
+	sameAsBefore("after a cold restart")
+	if restored.MatchString(e.log.String()) {
+		t.Fatal("--warm-restart=false read rows back")
+	}
+}
+
 func TestEndToEndLargerThanMemory(t *testing.T) {
 	rec, mono, cfg := tinyUp(t, "--memory-limit", "2GiB", "--hot-bytes", "64KiB")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -138,7 +138,7 @@ at --advertise-addr.`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "preloaded %d rows (%.1f MiB) of %d tables into the hot tier in %s\n",
 					pr.Rows, float64(pr.Bytes)/(1<<20), pr.Tables, pr.Elapsed.Round(time.Millisecond))
 			}
-			if rep, done := st.Warmed(); !rep.Done {
+			if _, done := st.Warmed(); warmRestart {
 				go func() {
 					<-done
 					rep, _ := st.Warmed()
