@@ -353,8 +353,14 @@ func (s *Store) saveHot() error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	prefix := []byte(hotSnapPrefix)
-	if err := b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
+	saved, err := s.hasHotSnapshots()
+	if err != nil {
 		return err
+	}
+	if saved { // else no write: most Closes (ingests, tools) have nothing to drop
+		if err := b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
+			return err
+		}
 	}
 	if s.opts.WarmRestart && !v.tier.Complete() {
 		for _, dim := range v.dims {
@@ -377,5 +383,19 @@ func (s *Store) saveHot() error {
 			}
 		}
 	}
+	if b.Empty() {
+		return nil
+	}
 	return b.Commit(pebble.Sync)
+}
+
+// hasHotSnapshots reports whether the store holds any hot tier snapshot.
+func (s *Store) hasHotSnapshots() (bool, error) {
+	prefix := []byte(hotSnapPrefix)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return false, err
+	}
+	found := it.First()
+	return found, it.Close()
 }
