@@ -34,6 +34,7 @@ func newServeEmbeddingCmd() *cobra.Command {
 	// Trust and admission (router-side trust work).
 	var maxInflightSamples int64
 	var dictFrames, directReads, warmRestart bool
+	var warmEvery time.Duration
 	cmd := &cobra.Command{
 		Use:     "embedding --db DIR --plan DIR [--plan DIR ...]",
 		Aliases: []string{"cpu"},
@@ -76,7 +77,7 @@ at --advertise-addr.`,
 			if err != nil {
 				return err
 			}
-			so := store.Options{Preload: store.PreloadMode(preload), MissParallel: missParallel, DirectReads: directReads, WarmRestart: warmRestart}
+			so := store.Options{Preload: store.PreloadMode(preload), MissParallel: missParallel, DirectReads: directReads, WarmRestart: warmRestart, WarmSnapshotEvery: warmEvery}
 			mem, err := memoryLimit(memLimit)
 			if err != nil {
 				return fmt.Errorf("--memory-limit: %w", err)
@@ -177,6 +178,7 @@ at --advertise-addr.`,
 	f.StringVar(&cacheBytes, "cache-bytes", "", "Pebble block cache size below the hot tier, e.g. 32MiB (default: 256MiB, or a sixteenth of --memory-limit when that is less); in a memory limit, size it to the store's index blocks with room to spare")
 	f.StringVar(&memLimit, "memory-limit", "auto", `memory this worker may use, e.g. 8GiB: the hot tier, block cache, Go's heap limit and the bytes of lookups in flight are sized to fit it with a quarter left for the page cache; "auto": the memory cgroup's limit (a container's) when there is one; "off": no budget`)
 	f.BoolVar(&directReads, "direct-reads", true, "under a memory budget, read the blocks of the rows the hot tier misses with O_DIRECT (Linux), past the page cache; false: buffered reads, their pages dropped after each read")
+	f.DurationVar(&warmEvery, "warm-snapshot-every", 5*time.Minute, "with --warm-restart, also save the hot tier's keys and frequencies this often while serving, so a worker killed without a shutdown restarts warm too (0: at shutdown only)")
 	f.BoolVar(&warmRestart, "warm-restart", true, "when the hot tier does not hold every row: save its keys and access frequencies on shutdown, and at startup read those rows back from the store in the background while serving")
 	f.IntVar(&missParallel, "miss-parallel", 0, fmt.Sprintf("reads in flight per lookup for the rows the hot tier misses (1 to 64; 0: %d): a larger-than-memory store on a device that serves many reads at once wants more", store.DefaultMissParallel))
 	f.StringVar(&preload, "preload", "auto", `fill the hot tier from the store at startup and after ingest, one sequential scan per table: "auto" when the hot tier holds every row, "on" until it is full, "off" never (rows then enter on their misses)`)

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -73,6 +74,10 @@ type Options struct {
 	// Store.Warmed reports it). For a tier that does not hold every row:
 	// a complete tier is preloaded instead.
 	WarmRestart bool
+	// WarmSnapshotEvery, with WarmRestart, also saves the snapshot every
+	// so often while serving, so that a worker that dies without a Close
+	// restarts warm too (0: at Close only).
+	WarmSnapshotEvery time.Duration
 }
 
 // PreloadMode says when the hot tier is filled from Pebble (Options.Preload).

@@ -64,6 +64,8 @@ type warmState struct {
 	rep  WarmReport
 	done chan struct{}
 	rows atomic.Int64
+	// saves counts the snapshots snapshotEvery wrote.
+	saves atomic.Int64
 }
 
 // Warmed returns the warm restart's report so far, and a channel closed
@@ -99,6 +101,12 @@ func (s *Store) startWarm() {
 		defer s.ops.Done()
 		s.finishWarm(s.restoreHot(s.closeCtx))
 	}()
+	if d := s.opts.WarmSnapshotEvery; d > 0 && !s.opts.ReadOnly && s.enter() == nil {
+		go func() {
+			defer s.ops.Done()
+			s.snapshotEvery(d)
+		}()
+	}
 }
 
 func (s *Store) finishWarm(err error) {
@@ -349,6 +357,14 @@ func (s *Store) saveHot() error {
 	if rep, _ := s.Warmed(); s.opts.WarmRestart && !rep.Done {
 		return nil
 	}
+	return s.writeHotSnapshots(s.opts.WarmRestart)
+}
+
+// writeHotSnapshots replaces the saved snapshots with the tier's (none
+// when save is false or the tier is complete), in one synced batch; it
+// writes nothing when there is nothing to drop or save. Safe beside
+// lookups: each class is copied under its read lock.
+func (s *Store) writeHotSnapshots(save bool) error {
 	v := s.view.Load()
 	b := s.db.NewBatch()
 	defer b.Close()
@@ -362,7 +378,7 @@ func (s *Store) saveHot() error {
 			return err
 		}
 	}
-	if s.opts.WarmRestart && !v.tier.Complete() {
+	if save && !v.tier.Complete() {
 		for _, dim := range v.dims {
 			cls := v.tier.Class(dim)
 			if cls == nil {
@@ -371,6 +387,7 @@ func (s *Store) saveHot() error {
 			cls.RLock()
 			snap := cls.Snapshot()
 			cls.RUnlock()
+			snap.SortKeys()
 			if len(snap.Keys) == 0 {
 				continue
 			}
@@ -387,6 +404,36 @@ func (s *Store) saveHot() error {
 		return nil
 	}
 	return b.Commit(pebble.Sync)
+}
+
+// snapshotEvery saves the hot tier's snapshots every d once the restore
+// is done (Options.WarmSnapshotEvery), so a worker that dies without a
+// Close (killed, out of memory) also restarts warm, from at most d ago.
+// Close stops it.
+func (s *Store) snapshotEvery(d time.Duration) {
+	_, restored := s.Warmed()
+	select {
+	case <-restored:
+	case <-s.closeCtx.Done():
+		return
+	}
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closeCtx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.RLock() // no tier swap or table drop while copying
+		err := s.writeHotSnapshots(true)
+		s.mu.RUnlock()
+		if err != nil {
+			s.opts.Logger.Errorf("store %q: saving the hot tier's snapshot: %v", s.dir, err)
+		} else {
+			s.warm.saves.Add(1)
+		}
+	}
 }
 
 // hasHotSnapshots reports whether the store holds any hot tier snapshot.

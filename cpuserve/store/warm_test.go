@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
@@ -49,8 +51,10 @@ func skewedLookups(t *testing.T, s *Store, tabs []*testTable, r *rand.Rand, batc
 func resident(s *Store, dim int) []uint64 {
 	c := s.view.Load().tier.Class(dim)
 	c.RLock()
-	defer c.RUnlock()
-	return c.Snapshot().Keys
+	snap := c.Snapshot()
+	c.RUnlock()
+	snap.SortKeys()
+	return snap.Keys
 }
 
 func waitWarm(t *testing.T, s *Store) WarmReport {
@@ -190,5 +194,36 @@ func TestWarmRestart(t *testing.T) {
 	defer s6.Close()
 	if rep := waitWarm(t, s6); rep.Err != nil || rep.Rows == 0 {
 		t.Fatalf("after a corrupt snapshot was replaced: %+v", rep)
+	}
+}
+
+// TestWarmSnapshotEvery: with WarmSnapshotEvery the snapshot is saved
+// while serving, so a store that crashes (its file system cloned with
+// only what was synced, no Close) restarts warm with the keys its tier
+// held at the last save.
+func TestWarmSnapshotEvery(t *testing.T) {
+	ctx := context.Background()
+	tabs := []*testTable{{name: "a", rows: 30000, dim: 8, seed: 1}}
+	fs := vfs.NewCrashableMem()
+	o := &Options{FS: fs, HotBytes: 256 << 10, Preload: PreloadOff, WarmRestart: true, WarmSnapshotEvery: 20 * time.Millisecond}
+	s, _ := openMem(t, o)
+	if _, err := s.Ingest(ctx, writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	skewedLookups(t, s, tabs, rand.New(rand.NewPCG(3, 4)), 40, 256)
+	want := resident(s, 8)
+	// Two saves after the lookups: the later one began after them.
+	for n := s.warm.saves.Load() + 2; s.warm.saves.Load() < n; {
+		time.Sleep(5 * time.Millisecond)
+	}
+	crashed := fs.CrashClone(vfs.CrashCloneCfg{})
+	s2, err := Open("db", &Options{FS: crashed, HotBytes: 256 << 10, Preload: PreloadOff, WarmRestart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	rep := waitWarm(t, s2)
+	if rep.Err != nil || rep.Rows != int64(len(want)) || !slices.Equal(resident(s2, 8), want) {
+		t.Fatalf("after a crash: %+v, %d keys resident, want the %d held at the last save", rep, len(resident(s2, 8)), len(want))
 	}
 }

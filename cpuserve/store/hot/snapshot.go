@@ -15,7 +15,8 @@ import (
 type Snapshot struct {
 	Dim   int
 	Slots int
-	// Keys are the resident keys, ascending.
+	// Keys are the resident keys, ascending once SortKeys has run (and
+	// as UnmarshalBinary returns them).
 	Keys []uint64
 	// Sketch is the frequency sketch's words and additions since its last
 	// halving; nil for a class without a sketch (a complete one).
@@ -23,17 +24,21 @@ type Snapshot struct {
 	Additions int
 }
 
-// Snapshot copies the class's resident keys and sketch. Caller holds
-// RLock or Lock.
+// Snapshot copies the class's resident keys (in slot order: SortKeys
+// sorts them, after the caller has let go of the lock) and sketch.
+// Caller holds RLock or Lock.
 func (c *Class) Snapshot() Snapshot {
 	s := Snapshot{Dim: c.dim, Slots: c.slots, Keys: slices.Clone(c.slotKey[:c.used])}
-	slices.Sort(s.Keys)
 	if c.sk != nil {
 		s.Sketch = slices.Clone(c.sk.words)
 		s.Additions = c.sk.additions
 	}
 	return s
 }
+
+// SortKeys puts the keys in ascending order, as MarshalBinary wants them
+// (a million keys take about 0.2 s: not under the class's lock).
+func (s *Snapshot) SortKeys() { slices.Sort(s.Keys) }
 
 // RestoreSketch adopts the snapshot's sketch, so admission compares
 // candidates with the residents as it did before the restart. False (and
