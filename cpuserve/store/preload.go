@@ -248,14 +248,25 @@ func (s *Store) preloadChunk(tier *hot.Tier, tv *tableView, from int64, buf []fl
 }
 
 // scanReadahead turns Pebble's speculative readahead on for a preload's
-// sequential scans where DropBehind turned it off (lookups read at
-// random), and returns what turns it off again. Without it a preload
-// reads each 4 KiB block with its own request to the device.
+// or a warm restart's sequential scans where DropBehind turned it off
+// (lookups read at random), and returns what turns it off again once no
+// scan needs it (the scans count themselves in raScans). Without it a
+// scan reads each 4 KiB block with its own request to the device.
 func (s *Store) scanReadahead() (restore func()) {
 	rc := s.popts.Local.ReadaheadConfig
 	if !s.opts.DropBehind || rc == nil {
 		return func() {}
 	}
-	rc.Set(objstorageprovider.FadviseSequential, objstorageprovider.FadviseSequential)
-	return func() { rc.Set(objstorageprovider.FadviseSequential, objstorageprovider.NoReadahead) }
+	s.raMu.Lock()
+	if s.raScans++; s.raScans == 1 {
+		rc.Set(objstorageprovider.FadviseSequential, objstorageprovider.FadviseSequential)
+	}
+	s.raMu.Unlock()
+	return func() {
+		s.raMu.Lock()
+		if s.raScans--; s.raScans == 0 {
+			rc.Set(objstorageprovider.FadviseSequential, objstorageprovider.NoReadahead)
+		}
+		s.raMu.Unlock()
+	}
 }

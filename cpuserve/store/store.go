@@ -70,10 +70,14 @@ type Store struct {
 	m            counters
 	scratch      sync.Pool
 	// preMu serialises preloads and guards pre, their summed report.
-	preMu  sync.Mutex
-	pre    PreloadReport
-	warm   warmState
-	closed atomic.Bool
+	// raMu guards raScans, the scans that want readahead on
+	// (scanReadahead).
+	preMu   sync.Mutex
+	raMu    sync.Mutex
+	raScans int
+	pre     PreloadReport
+	warm    warmState
+	closed  atomic.Bool
 }
 
 // view is what readers see: an immutable snapshot of the active versions.

@@ -41,6 +41,9 @@ const (
 	warmReaders = 4
 )
 
+// warmChunkHook, when set (tests), runs before each chunk a restore reads.
+var warmChunkHook func()
+
 // WarmReport says what a warm restart restored (Store.Warmed).
 type WarmReport struct {
 	// Keys is the keys the saved snapshots held for active tables; Rows
@@ -136,6 +139,12 @@ func (s *Store) restoreHot(ctx context.Context) error {
 	}
 	var errs []error
 	for _, dim := range v.dims {
+		if err := ctx.Err(); err != nil {
+			return errors.Join(append(errs, err)...)
+		}
+		if s.view.Load().tier != v.tier {
+			break // replaced: the new tier starts cold
+		}
 		cls := v.tier.Class(dim)
 		if cls == nil {
 			continue
@@ -222,8 +231,6 @@ func (s *Store) restoreClass(ctx context.Context, v *view, cls *hot.Class, snap 
 		chunks = append(chunks, keys[i:j])
 		i = j
 	}
-	s.preMu.Lock() // the readahead toggle is shared with preloads
-	defer s.preMu.Unlock()
 	defer s.scanReadahead()()
 	var (
 		next     atomic.Int64
@@ -259,6 +266,9 @@ func (s *Store) restoreClass(ctx context.Context, v *view, cls *hot.Class, snap 
 		}()
 	}
 	wg.Wait()
+	if err := ctx.Err(); err != nil && firstErr == nil {
+		firstErr = err // stopped by Close, whatever stopped the readers first
+	}
 	return firstErr
 }
 
@@ -275,6 +285,9 @@ func cmpErr(first, err error) error {
 // read again (a few times, then under updMu). full: the class has no
 // free slot left (or the tier was replaced), so the restore stops.
 func (s *Store) warmChunk(tier *hot.Tier, tv *tableView, cls *hot.Class, keys []uint64, buf []float32) (full bool, err error) {
+	if warmChunkHook != nil {
+		warmChunkHook()
+	}
 	dim := cls.Dim()
 	var kb [keyLen]byte
 	found := make([]uint64, 0, len(keys))
@@ -290,9 +303,13 @@ func (s *Store) warmChunk(tier *hot.Tier, tv *tableView, cls *hot.Class, keys []
 			}
 		}
 		s.mu.RLock()
-		if s.closed.Load() || s.view.Load().tier != tier {
+		if s.closed.Load() {
 			unlock()
-			return true, nil
+			return false, context.Canceled // Close keeps the snapshot
+		}
+		if s.view.Load().tier != tier {
+			unlock()
+			return true, nil // the tier was replaced: nothing to restore into
 		}
 		seq := s.updSeq.Load()
 		found = found[:0]
@@ -354,18 +371,43 @@ func (s *Store) saveHot() error {
 	if s.opts.ReadOnly {
 		return nil
 	}
+	s.warm.mu.Lock()
+	started := s.warm.done != nil
+	s.warm.mu.Unlock()
+	if !started {
+		return nil // an Open that failed: leave the snapshots as they were
+	}
 	if rep, _ := s.Warmed(); s.opts.WarmRestart && !rep.Done {
 		return nil
 	}
-	return s.writeHotSnapshots(s.opts.WarmRestart)
+	return s.commitHotSnapshots(s.collectHotSnapshots(s.opts.WarmRestart))
 }
 
-// writeHotSnapshots replaces the saved snapshots with the tier's (none
-// when save is false or the tier is complete), in one synced batch; it
-// writes nothing when there is nothing to drop or save. Safe beside
-// lookups: each class is copied under its read lock.
-func (s *Store) writeHotSnapshots(save bool) error {
+// collectHotSnapshots copies the tier's classes (none when save is false
+// or the tier is complete), each under its read lock. The caller holds
+// mu (shared or exclusive), so the tier is not replaced meanwhile.
+func (s *Store) collectHotSnapshots(save bool) []hot.Snapshot {
 	v := s.view.Load()
+	if !save || v.tier.Complete() {
+		return nil
+	}
+	var snaps []hot.Snapshot
+	for _, dim := range v.dims {
+		if cls := v.tier.Class(dim); cls != nil {
+			cls.RLock()
+			snap := cls.Snapshot()
+			cls.RUnlock()
+			if len(snap.Keys) > 0 {
+				snaps = append(snaps, snap)
+			}
+		}
+	}
+	return snaps
+}
+
+// commitHotSnapshots replaces the saved snapshots with snaps in one synced
+// batch; it writes nothing when there is nothing to drop or save.
+func (s *Store) commitHotSnapshots(snaps []hot.Snapshot) error {
 	b := s.db.NewBatch()
 	defer b.Close()
 	prefix := []byte(hotSnapPrefix)
@@ -378,26 +420,14 @@ func (s *Store) writeHotSnapshots(save bool) error {
 			return err
 		}
 	}
-	if save && !v.tier.Complete() {
-		for _, dim := range v.dims {
-			cls := v.tier.Class(dim)
-			if cls == nil {
-				continue
-			}
-			cls.RLock()
-			snap := cls.Snapshot()
-			cls.RUnlock()
-			snap.SortKeys()
-			if len(snap.Keys) == 0 {
-				continue
-			}
-			val, err := snap.MarshalBinary()
-			if err != nil {
-				return err
-			}
-			if err := b.Set(hotSnapKey(dim), val, nil); err != nil {
-				return err
-			}
+	for i := range snaps {
+		snaps[i].SortKeys()
+		val, err := snaps[i].MarshalBinary()
+		if err != nil {
+			return err
+		}
+		if err := b.Set(hotSnapKey(snaps[i].Dim), val, nil); err != nil {
+			return err
 		}
 	}
 	if b.Empty() {
@@ -425,9 +455,10 @@ func (s *Store) snapshotEvery(d time.Duration) {
 			return
 		case <-t.C:
 		}
-		s.mu.RLock() // no tier swap or table drop while copying
-		err := s.writeHotSnapshots(true)
+		s.mu.RLock() // no tier swap while copying; sorted and written after
+		snaps := s.collectHotSnapshots(true)
 		s.mu.RUnlock()
+		err := s.commitHotSnapshots(snaps)
 		if err != nil {
 			s.opts.Logger.Errorf("store %q: saving the hot tier's snapshot: %v", s.dir, err)
 		} else {

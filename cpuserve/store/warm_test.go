@@ -227,3 +227,63 @@ func TestWarmSnapshotEvery(t *testing.T) {
 		t.Fatalf("after a crash: %+v, %d keys resident, want the %d held at the last save", rep, len(resident(s2, 8)), len(want))
 	}
 }
+
+// TestWarmRestartClosedMidway: a store closed while its restore runs
+// keeps the snapshot it was restoring (its tier holds less), so the next
+// Open restores all of it; and the worker serves while it restores.
+func TestWarmRestartClosedMidway(t *testing.T) {
+	ctx := context.Background()
+	tabs := []*testTable{{name: "a", rows: 60000, dim: 8, seed: 1}}
+	o := func(fs vfs.FS) *Options {
+		return &Options{FS: fs, HotBytes: 1 << 20, Preload: PreloadOff, WarmRestart: true}
+	}
+	s, fs := openMem(t, o(nil))
+	if _, err := s.Ingest(ctx, writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	skewedLookups(t, s, tabs, rand.New(rand.NewPCG(5, 6)), 60, 512)
+	want := resident(s, 8)
+	if len(want) <= warmChunk {
+		t.Fatalf("%d keys resident: the restore needs more than one chunk", len(want))
+	}
+	s.Close()
+
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	warmChunkHook = func() {
+		select {
+		case entered <- struct{}{}:
+			<-release // the first chunk waits for the test
+		default:
+		}
+	}
+	defer func() { warmChunkHook = nil }()
+	s2, err := Open("db", o(fs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	// Lookups and the preload report do not wait for the restore.
+	skewedLookups(t, s2, tabs, rand.New(rand.NewPCG(7, 8)), 1, 64)
+	s2.Preloaded()
+	closed := make(chan error)
+	go func() { closed <- s2.Close() }()
+	for !s2.closed.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if rep, _ := s2.Warmed(); rep.Done || !errors.Is(rep.Err, context.Canceled) {
+		t.Fatalf("restore stopped by Close: %+v", rep)
+	}
+	warmChunkHook = nil
+	s3, err := Open("db", o(fs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s3.Close()
+	if rep := waitWarm(t, s3); rep.Err != nil || rep.Keys != int64(len(want)) {
+		t.Fatalf("after a restore cut short by Close: %+v, want the %d keys saved before", rep, len(want))
+	}
+}

@@ -149,7 +149,9 @@ func (f *dropBehindFile) fill(b *winBuf, start int64, size int) (int, error) {
 	b.off, b.n = start, got
 	// Pages of the range a Prefetch on the file's random-read descriptor
 	// brought in before Pebble switched to this one leave too.
-	dropPages(f.fd, start, int64(got))
+	if got > 0 {
+		dropPages(f.fd, start, int64(got))
+	}
 	if err != nil {
 		b.n = 0
 	}
