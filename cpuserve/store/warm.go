@@ -349,7 +349,9 @@ func (s *Store) warmChunk(tier *hot.Tier, tv *tableView, cls *hot.Class, keys []
 		loaded := 0
 		for i, k := range found {
 			if !cls.Load(k, hot.Hash(k), buf[i*dim:(i+1)*dim]) {
-				full = true
+				// Full, or (a direct class) the table was dropped since
+				// the restore began: then only this chunk is done.
+				full = cls.Full()
 				break
 			}
 			loaded++

@@ -41,16 +41,24 @@ func (c *Class) Snapshot() Snapshot {
 func (s *Snapshot) SortKeys() { slices.Sort(s.Keys) }
 
 // RestoreSketch adopts the snapshot's sketch, so admission compares
-// candidates with the residents as it did before the restart. False (and
-// nothing changed) when the class has no sketch or one of another size:
-// a tier resized across the restart starts counting afresh. Caller holds
-// Lock.
+// candidates with the residents as it did before the restart; each
+// counter keeps the larger of its saved value and what lookups have
+// counted since Open. False (and nothing changed) when the class has no
+// sketch or one of another size: a tier resized across the restart
+// starts counting afresh. Caller holds Lock.
 func (c *Class) RestoreSketch(s *Snapshot) bool {
 	if c.sk == nil || len(s.Sketch) != len(c.sk.words) || s.Dim != c.dim {
 		return false
 	}
-	copy(c.sk.words, s.Sketch)
-	c.sk.additions = min(s.Additions, c.sk.sampleSize-1)
+	for i, saved := range s.Sketch {
+		now := c.sk.words[i]
+		var w uint64
+		for n := uint(0); n < 64; n += 4 {
+			w |= max(saved>>n&15, now>>n&15) << n
+		}
+		c.sk.words[i] = w
+	}
+	c.sk.additions = min(max(s.Additions, c.sk.additions), c.sk.sampleSize-1)
 	return true
 }
 

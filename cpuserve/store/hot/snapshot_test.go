@@ -43,8 +43,16 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	// The sketch goes to a class of the same size only.
 	same, other := NewClass(4, 64<<10), NewClass(4, 16<<10)
 	same.Lock()
+	// A key counted since the (new) class opened keeps its count.
+	fresh := Key(3, 999999)
+	for range 3 {
+		same.Count([]uint64{Hash(fresh)})
+	}
 	if !same.RestoreSketch(&got) || same.sk.estimate(Hash(hot)) != c.sk.estimate(Hash(hot)) {
 		t.Fatal("sketch not restored into a class of the same size")
+	}
+	if e := same.sk.estimate(Hash(fresh)); e < 3 {
+		t.Fatalf("a count made before the restore: %d after it, want at least 3", e)
 	}
 	same.Unlock()
 	if other.RestoreSketch(&got) {
