@@ -98,8 +98,6 @@ func (s *Store) startWarm() {
 		s.finishWarm(nil)
 		return
 	}
-	w.mu.Lock()
-	w.mu.Unlock()
 	go func() {
 		defer s.ops.Done()
 		s.finishWarm(s.restoreHot(s.closeCtx))
@@ -124,8 +122,8 @@ func (s *Store) finishWarm(err error) {
 	close(w.done)
 }
 
-// restoreHot reads every saved snapshot of the current tier's widths and
-// loads its rows, hottest first.
+// restoreHot reads the saved snapshot of each of the current tier's
+// widths and loads its rows (restoreClass).
 func (s *Store) restoreHot(ctx context.Context) error {
 	start := time.Now()
 	defer func() {
