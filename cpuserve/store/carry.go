@@ -74,10 +74,11 @@ type sharedTable struct {
 }
 
 type carried struct {
-	phys uint32
-	dim  int
-	ids  []int64
-	rows []float32 // as stored (after the table's dtype)
+	phys  uint32
+	dim   int
+	width int // the hot tier's width code of the table (physTable.width)
+	ids   []int64
+	rows  []float32 // as stored (after the table's dtype)
 }
 
 func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
@@ -202,7 +203,8 @@ func (w *carryWriter) table(model, tn string, t *physTable) (wrote bool, err err
 		return false, err
 	}
 	defer it.Close()
-	c := carried{phys: t.ID, dim: t.Dim}
+	width := t.width(s.view.Load().half)
+	c := carried{phys: t.ID, dim: t.Dim, width: width}
 	src := make([]float32, t.Dim)
 	var key [keyLen]byte
 	var val []byte
@@ -230,7 +232,7 @@ func (w *carryWriter) table(model, tn string, t *physTable) (wrote bool, err err
 		t.DType.decode(c.rows[len(c.rows)-t.Dim:], val)
 		if w.b.Len() >= s.carryBatchBytes {
 			w.pending = append(w.pending, c)
-			c = carried{phys: t.ID, dim: t.Dim}
+			c = carried{phys: t.ID, dim: t.Dim, width: width}
 			if err := w.flush(); err != nil {
 				return wrote, err
 			}
@@ -278,7 +280,7 @@ func (w *carryWriter) apply(wo *pebble.WriteOptions) error {
 	tier := s.view.Load().tier
 	for _, c := range w.pending {
 		w.rows += int64(len(c.ids))
-		cls := tier.Class(c.dim)
+		cls := tier.Class(c.width)
 		if cls == nil {
 			continue
 		}

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
 
 // DType is how a table's rows are stored in Pebble. The hot tier and
@@ -50,7 +52,7 @@ func (t DType) encode(dst []byte, row []float32) []byte {
 	switch t {
 	case Float16:
 		for _, x := range row {
-			dst = binary.LittleEndian.AppendUint16(dst, f32ToF16(x))
+			dst = binary.LittleEndian.AppendUint16(dst, hot.F32ToF16(x))
 		}
 	case Int8:
 		var m float32
@@ -83,7 +85,7 @@ func (t DType) decode(dst []float32, src []byte) bool {
 	switch t {
 	case Float16:
 		for i := range dst {
-			dst[i] = f16Table[binary.LittleEndian.Uint16(src[2*i:])]
+			dst[i] = hot.F16Table[binary.LittleEndian.Uint16(src[2*i:])]
 		}
 	case Int8:
 		scale := math.Float32frombits(binary.LittleEndian.Uint32(src))
@@ -134,68 +136,4 @@ func (l *Loss) add(orig, got []float32, dim int) {
 
 func (l Loss) String() string {
 	return fmt.Sprintf("%s: max abs err %.3g, rms %.3g, max err/row max %.3g over %d values", l.DType, l.MaxAbs, l.RMS, l.MaxRel, l.Values)
-}
-
-// f16Table decodes every half-precision bit pattern.
-var f16Table = func() []float32 {
-	t := make([]float32, 1<<16)
-	for i := range t {
-		t[i] = f16ToF32(uint16(i))
-	}
-	return t
-}()
-
-func f16ToF32(h uint16) float32 {
-	sign := uint32(h&0x8000) << 16
-	exp := uint32(h>>10) & 0x1f
-	mant := uint32(h & 0x3ff)
-	switch exp {
-	case 0:
-		f := float32(mant) * (1.0 / (1 << 24))
-		if sign != 0 {
-			f = -f
-		}
-		return f
-	case 31:
-		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
-	}
-	return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
-}
-
-// f32ToF16 rounds to the nearest half, ties to even.
-func f32ToF16(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	e := int((b >> 23) & 0xff)
-	mant := b & 0x7fffff
-	if e == 0xff {
-		if mant != 0 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	}
-	exp := e - 127 + 15
-	if exp >= 31 {
-		return sign | 0x7c00
-	}
-	if exp <= 0 {
-		if exp < -10 {
-			return sign
-		}
-		mant |= 0x800000
-		shift := uint(14 - exp)
-		half := mant >> shift
-		rem := mant & (1<<shift - 1)
-		halfway := uint32(1) << (shift - 1)
-		if rem > halfway || (rem == halfway && half&1 == 1) {
-			half++
-		}
-		return sign | uint16(half)
-	}
-	half := uint32(exp)<<10 | mant>>13
-	rem := mant & 0x1fff
-	if rem > 0x1000 || (rem == 0x1000 && half&1 == 1) {
-		half++ // a carry into the exponent is the correct rounding
-	}
-	return sign | uint16(half)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prism-serve/prism/plan"
+
+	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
 
 // RowPart is the part of a table's rows a physical table holds when its
@@ -86,4 +88,13 @@ func shardTables(p *plan.Plan, k int) ([]plan.Table, []*RowPart, error) {
 		}
 	}
 	return tables, parts, nil
+}
+
+// width is the hot tier width code of the table's rows: hot.HalfWidth of
+// its dim for a float16 table when the tier holds halves, else its dim.
+func (t *physTable) width(half bool) int {
+	if half && t.DType == Float16 {
+		return hot.HalfWidth(t.Dim)
+	}
+	return t.Dim
 }

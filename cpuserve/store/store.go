@@ -84,7 +84,10 @@ type Store struct {
 type view struct {
 	models map[string]*modelView
 	tier   *hot.Tier
-	dims   []int
+	// dims is the tier's width codes (hot.Class.Width), ascending; half:
+	// float16 tables' rows are held as halves (hot.HalfWidth).
+	dims []int
+	half bool
 	// active is the physical tables of the active versions.
 	active map[uint32]bool
 }
@@ -262,22 +265,35 @@ func (s *Store) hotBudgetUncapped(cat *catalog, weight map[int]int64) int64 {
 // otherwise. Caller holds catMu, or is Open.
 func (s *Store) publish(cat *catalog) {
 	s.cat = cat
-	weight := map[int]int64{}
-	active := map[uint32]bool{}
-	for _, m := range cat.Models {
-		v := m.Versions[m.Active]
-		if v == nil {
-			continue
-		}
-		for _, vt := range v.Tables {
-			if t := cat.Tables[vt.Phys]; t != nil && !active[t.ID] {
-				active[t.ID] = true // a shared table weighs once
-				weight[t.Dim] += t.held() * int64(t.Dim) * 4
+	// Rows of float16 tables are held as halves when the tier cannot hold
+	// every row as float32 (twice the rows in the same bytes, the same
+	// floats a read from the store gives); when it can, as float32 (a hit
+	// is then a copy, not a conversion).
+	weightOf := func(half bool) (map[int]int64, map[uint32]bool) {
+		weight := map[int]int64{}
+		active := map[uint32]bool{}
+		for _, m := range cat.Models {
+			v := m.Versions[m.Active]
+			if v == nil {
+				continue
+			}
+			for _, vt := range v.Tables {
+				if t := cat.Tables[vt.Phys]; t != nil && !active[t.ID] {
+					active[t.ID] = true // a shared table weighs once
+					weight[t.width(half)] += t.held() * int64(t.Dim) * 4
+				}
 			}
 		}
+		return weight, active
+	}
+	weight, active := weightOf(false)
+	budget := s.hotBudget(cat, weight)
+	half := false
+	if halves, _ := weightOf(true); budget < hot.FullBytes(weight) && !maps.Equal(halves, weight) {
+		half, weight = true, halves
+		budget = s.hotBudget(cat, weight)
 	}
 	dims := slices.Sorted(maps.Keys(weight))
-	budget := s.hotBudget(cat, weight)
 	old := s.view.Load()
 	var tier *hot.Tier
 	// A complete tier is rebuilt when the active tables change (it holds
@@ -289,7 +305,7 @@ func (s *Store) publish(cat *catalog) {
 	} else {
 		tier = hot.NewTier(budget, weight)
 	}
-	nv := &view{models: map[string]*modelView{}, tier: tier, dims: dims, active: active}
+	nv := &view{models: map[string]*modelView{}, tier: tier, dims: dims, active: active, half: half}
 	for name, m := range cat.Models {
 		v := m.Versions[m.Active]
 		if v == nil {
@@ -302,12 +318,12 @@ func (s *Store) publish(cat *catalog) {
 				continue // never serve a table that is not fully ingested
 			}
 			lo, hi := tableBounds(t.ID)
-			if c := tier.Class(t.Dim); c != nil {
+			if c := tier.Class(t.width(half)); c != nil {
 				c.Lock()
 				c.Attach(t.ID, t.Rows)
 				c.Unlock()
 			}
-			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.Dim), lo: lo, hi: hi, part: t.Part}
+			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.width(half)), lo: lo, hi: hi, part: t.Part}
 		}
 		nv.models[name] = mv
 	}

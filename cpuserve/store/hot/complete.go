@@ -22,26 +22,30 @@ const completeSlack = 64 << 10
 // slot keys and direct maps, no sketch.
 func FullBytes(weight map[int]int64) int64 {
 	var n int64
-	for dim, w := range weight {
+	for width, w := range weight {
+		dim, words, _ := splitWidth(width)
 		if dim < 1 || w <= 0 {
 			continue
 		}
 		rows := w / int64(4*dim)
-		n += rows*int64(4*dim+completeRowBytes) + completeSlack
+		n += rows*int64(4*words+completeRowBytes) + completeSlack
 	}
 	return n
 }
 
 // newCompleteClass returns a direct class of one slot per row of rows
 // rows of width dim, without a sketch; nil if it cannot index that many.
-func newCompleteClass(dim int, rows int64) *Class {
+func newCompleteClass(width int, rows int64) *Class {
+	dim, words, half := splitWidth(width)
 	if dim < 1 || rows < 1 || rows > 1<<31-2 {
 		return nil
 	}
 	c := &Class{
 		dim:      dim,
+		words:    words,
+		half:     half,
 		slots:    int(rows),
-		arena:    make([]float32, int(rows)*dim),
+		arena:    make([]float32, int(rows)*words),
 		slotKey:  make([]uint64, rows),
 		direct:   map[uint32][]int32{},
 		rng:      0x9E3779B97F4A7C15,
@@ -64,8 +68,8 @@ func (t *Tier) Complete() bool { return t.complete }
 // an update already applied with Put (the store reads rows under its
 // update sequence check).
 func (c *Class) Load(key, h uint64, row []float32) bool {
-	if r, ok := c.Get(key, h); ok {
-		copy(r, row)
+	if slot, ok := c.lookup(key, h); ok {
+		c.put(slot, row)
 		return true
 	}
 	if c.used >= c.slots || (c.direct != nil && c.direct[uint32(key>>40)] == nil) {
@@ -73,7 +77,7 @@ func (c *Class) Load(key, h uint64, row []float32) bool {
 	}
 	slot := c.used
 	c.used++
-	copy(c.arena[slot*c.dim:(slot+1)*c.dim], row)
+	c.put(slot, row)
 	c.slotKey[slot] = key
 	c.insert(key, h, int32(slot))
 	return true

@@ -36,6 +36,7 @@
 package hot
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -83,6 +84,10 @@ type Class struct {
 	dim   int
 	slots int
 	used  int
+	// words is the arena's float32 words per row: dim, or (a half class,
+	// HalfWidth) the row's IEEE halves packed two to a word.
+	words int
+	half  bool
 
 	arena   []float32
 	slotKey []uint64
@@ -104,23 +109,27 @@ type Class struct {
 	admissions, rejections, evictions, updates atomic.Int64
 }
 
-// NewClass returns a class of rows of width dim within about budget bytes
-// (rows, index and sketch together); nil if the budget holds no row.
-func NewClass(dim int, budget int64) *Class {
+// NewClass returns a class of rows of width (a dim, or HalfWidth(dim))
+// within about budget bytes (rows, index and sketch together); nil if the
+// budget holds no row.
+func NewClass(width int, budget int64) *Class {
+	dim, words, half := splitWidth(width)
 	if dim < 1 {
 		return nil
 	}
 	// The index and sketch round up to powers of two; hashedSlots shrinks
 	// the slots until the rounded structures fit the budget too.
-	slots := hashedSlots(dim, budget)
+	slots := hashedSlots(words, budget)
 	if slots < 1 {
 		return nil
 	}
 	n := nextPow2(int(2 * slots))
 	return &Class{
 		dim:     dim,
+		words:   words,
+		half:    half,
 		slots:   int(slots),
-		arena:   make([]float32, int(slots)*dim),
+		arena:   make([]float32, int(slots)*words),
 		slotKey: make([]uint64, slots),
 		idx:     make([]entry, n),
 		mask:    uint64(n - 1),
@@ -133,21 +142,25 @@ func NewClass(dim int, budget int64) *Class {
 // its key and a sketch word (the per-table maps are charged apart).
 const directSlotBytes = 8 + 8
 
-// NewDirectClass returns a class of rows of width dim whose index is a
-// direct slot map per table, for tables of rows rows in all; the maps
-// (4 bytes a row) come out of budget. Nil if the budget holds no row.
-func NewDirectClass(dim int, budget, rows int64) *Class {
+// NewDirectClass returns a class of rows of width (as NewClass's) whose
+// index is a direct slot map per table, for tables of rows rows in all;
+// the maps (4 bytes a row) come out of budget. Nil if the budget holds no
+// row.
+func NewDirectClass(width int, budget, rows int64) *Class {
+	dim, words, half := splitWidth(width)
 	if dim < 1 {
 		return nil
 	}
-	slots := directSlots(dim, budget, rows)
+	slots := directSlots(words, budget, rows)
 	if slots < 1 {
 		return nil
 	}
 	return &Class{
 		dim:     dim,
+		words:   words,
+		half:    half,
 		slots:   int(slots),
-		arena:   make([]float32, int(slots)*dim),
+		arena:   make([]float32, int(slots)*words),
 		slotKey: make([]uint64, slots),
 		direct:  map[uint32][]int32{},
 		sk:      newSketch(int(slots)),
@@ -155,19 +168,21 @@ func NewDirectClass(dim int, budget, rows int64) *Class {
 	}
 }
 
-// directSlots is how many rows a direct class within budget holds.
-func directSlots(dim int, budget, rows int64) int64 {
-	slots := min((budget-4*rows)/int64(dim*4+directSlotBytes), rows, 1<<31-2)
-	for slots > 0 && slots*int64(dim*4+8)+int64(nextPow2(max(int(slots), 64)))*8+4*rows > budget {
+// directSlots is how many rows of words arena words a direct class
+// within budget holds.
+func directSlots(words int, budget, rows int64) int64 {
+	slots := min((budget-4*rows)/int64(words*4+directSlotBytes), rows, 1<<31-2)
+	for slots > 0 && slots*int64(words*4+8)+int64(nextPow2(max(int(slots), 64)))*8+4*rows > budget {
 		slots = slots * 15 / 16
 	}
 	return slots
 }
 
-// hashedSlots is how many rows a hashed class within budget holds.
-func hashedSlots(dim int, budget int64) int64 {
-	slots := budget / int64(dim*4+slotOverhead)
-	for slots > 0 && classBytes(dim, slots) > budget {
+// hashedSlots is how many rows of words arena words a hashed class
+// within budget holds.
+func hashedSlots(words int, budget int64) int64 {
+	slots := budget / int64(words*4+slotOverhead)
+	for slots > 0 && classBytes(words, slots) > budget {
 		slots = slots * 15 / 16
 	}
 	return slots
@@ -188,13 +203,74 @@ func (c *Class) Attach(table uint32, rows int64) {
 // Direct reports whether the class indexes by per-table slot maps.
 func (c *Class) Direct() bool { return c.direct != nil }
 
-// classBytes is the memory of a class of slots rows of width dim.
-func classBytes(dim int, slots int64) int64 {
-	return slots*int64(dim*4+8) + int64(nextPow2(int(2*slots)))*16 + int64(nextPow2(max(int(slots), 64)))*8
+// classBytes is the memory of a class of slots rows of words arena words.
+func classBytes(words int, slots int64) int64 {
+	return slots*int64(words*4+8) + int64(nextPow2(int(2*slots)))*16 + int64(nextPow2(max(int(slots), 64)))*8
 }
 
 // Dim is the row width.
 func (c *Class) Dim() int { return c.dim }
+
+// Width is the class's width code: Dim, or HalfWidth(Dim) for a class
+// holding rows as IEEE halves.
+func (c *Class) Width() int {
+	if c.half {
+		return HalfWidth(c.dim)
+	}
+	return c.dim
+}
+
+// halfBit marks a width code whose rows are held as IEEE halves.
+const halfBit = 1 << 24
+
+// HalfWidth is the width code of a class holding rows of width dim as
+// IEEE halves, two to an arena word: for tables stored as float16, whose
+// rows are halves exactly, so the class holds twice the rows in the same
+// bytes and gives back the very floats a read from the store would.
+func HalfWidth(dim int) int { return dim | halfBit }
+
+// splitWidth decodes a width code.
+func splitWidth(width int) (dim, words int, half bool) {
+	if width&halfBit != 0 {
+		dim = width &^ halfBit
+		return dim, (dim + 1) / 2, true
+	}
+	return width, width, false
+}
+
+// put writes row into slot's words. Caller holds Lock.
+func (c *Class) put(slot int, row []float32) {
+	dst := c.arena[slot*c.words : (slot+1)*c.words]
+	if !c.half {
+		copy(dst, row)
+		return
+	}
+	for i := range dst {
+		lo := uint32(F32ToF16(row[2*i]))
+		var hi uint32
+		if 2*i+1 < len(row) {
+			hi = uint32(F32ToF16(row[2*i+1]))
+		}
+		dst[i] = math.Float32frombits(lo | hi<<16)
+	}
+}
+
+// get reads slot's row into out (len dim).
+func (c *Class) get(slot int, out []float32) {
+	src := c.arena[slot*c.words : (slot+1)*c.words]
+	if !c.half {
+		copy(out, src)
+		return
+	}
+	n := len(out)
+	for i, w := range src {
+		b := math.Float32bits(w)
+		out[2*i] = F16Table[b&0xffff]
+		if 2*i+1 < n {
+			out[2*i+1] = F16Table[b>>16]
+		}
+	}
+}
 
 // RLock and RUnlock bracket reads with Get.
 func (c *Class) RLock()   { c.mu.RLock() }
@@ -206,14 +282,15 @@ func (c *Class) TryLock() bool { return c.mu.TryLock() }
 func (c *Class) Unlock()       { c.mu.Unlock() }
 
 // Get returns the cached row of key (hash h), aliasing the arena: the
-// caller holds RLock (or Lock) while it reads the row.
+// caller holds RLock (or Lock) while it reads the row. A half class's
+// row is its packed words (Gather reads rows of any class).
 func (c *Class) Get(key, h uint64) ([]float32, bool) {
 	slot, ok := c.lookup(key, h)
 	if !ok {
 		return nil, false
 	}
-	s := slot * c.dim
-	return c.arena[s : s+c.dim : s+c.dim], true
+	s := slot * c.words
+	return c.arena[s : s+c.words : s+c.words], true
 }
 
 // lookup is key's slot.
@@ -291,6 +368,10 @@ func (c *Class) Gather(table uint32, ids []int64, out []float32, slots []int32, 
 			}
 			continue
 		}
+		if c.half {
+			c.get(int(s-1), out[i*dim:(i+1)*dim])
+			continue
+		}
 		src := int(s-1) * dim
 		copy(out[i*dim:(i+1)*dim], arena[src:src+dim])
 	}
@@ -357,7 +438,7 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 		c.evictions.Add(1)
 		slot = victim
 	}
-	copy(c.arena[slot*c.dim:(slot+1)*c.dim], row)
+	c.put(slot, row)
 	c.slotKey[slot] = key
 	c.insert(key, h, int32(slot))
 	c.admissions.Add(1)
@@ -367,8 +448,8 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 // Put overwrites key's row if it is resident (an acknowledged update must
 // never be shadowed by the old row). Caller holds Lock.
 func (c *Class) Put(key, h uint64, row []float32) {
-	if r, ok := c.Get(key, h); ok {
-		copy(r, row)
+	if slot, ok := c.lookup(key, h); ok {
+		c.put(slot, row)
 		c.updates.Add(1)
 	}
 }
@@ -398,7 +479,7 @@ func (c *Class) freeSlot(s int) {
 	last := c.used - 1
 	if s != last {
 		lk := c.slotKey[last]
-		copy(c.arena[s*c.dim:(s+1)*c.dim], c.arena[last*c.dim:(last+1)*c.dim])
+		copy(c.arena[s*c.words:(s+1)*c.words], c.arena[last*c.words:(last+1)*c.words])
 		c.slotKey[s] = lk
 		c.setSlot(lk, Hash(lk), int32(s))
 	}
@@ -516,29 +597,31 @@ func NewTier(budget int64, weight map[int]int64) *Tier {
 	}
 	if budget >= FullBytes(weight) {
 		// Everything fits: every class holds all its rows, no sketch.
-		for dim, w := range weight {
-			if c := newCompleteClass(dim, w/int64(4*dim)); c != nil {
-				t.classes[dim] = c
+		for width, w := range weight {
+			dim, _, _ := splitWidth(width)
+			if c := newCompleteClass(width, w/int64(4*dim)); c != nil {
+				t.classes[width] = c
 			}
 		}
 		t.complete = len(t.classes) == len(weight)
 		return t
 	}
-	for dim, w := range weight {
+	for width, w := range weight {
+		dim, words, _ := splitWidth(width)
 		share := int64(float64(budget) * float64(w) / float64(total))
 		rows := w / int64(4*dim)
 		// The index form that caches more rows in the share wins; ties go
 		// to direct (no hashing or probing on a hit).
-		if ds := directSlots(dim, share, rows); ds > 0 && ds >= min(hashedSlots(dim, share), rows) {
-			share = min(share, rows*int64(4*dim+8+4)+int64(nextPow2(max(int(rows), 64)))*8)
-			if c := NewDirectClass(dim, share, rows); c != nil {
-				t.classes[dim] = c
+		if ds := directSlots(words, share, rows); ds > 0 && ds >= min(hashedSlots(words, share), rows) {
+			share = min(share, rows*int64(4*words+8+4)+int64(nextPow2(max(int(rows), 64)))*8)
+			if c := NewDirectClass(width, share, rows); c != nil {
+				t.classes[width] = c
 			}
 			continue
 		}
-		share = min(share, rows*int64(4*dim+slotOverhead))
-		if c := NewClass(dim, share); c != nil {
-			t.classes[dim] = c
+		share = min(share, rows*int64(4*words+slotOverhead))
+		if c := NewClass(width, share); c != nil {
+			t.classes[width] = c
 		}
 	}
 	return t
@@ -546,7 +629,7 @@ func NewTier(budget int64, weight map[int]int64) *Tier {
 
 // Class returns the class of width dim, nil when rows of that width are
 // not cached.
-func (t *Tier) Class(dim int) *Class { return t.classes[dim] }
+func (t *Tier) Class(width int) *Class { return t.classes[width] }
 
 // Budget is the tier's byte budget.
 func (t *Tier) Budget() int64 { return t.budget }

@@ -13,6 +13,7 @@ import (
 // its frequency sketch. Rows are not part of it; the store reads them
 // back from Pebble (they may have been updated since), hottest first.
 type Snapshot struct {
+	// Dim is the class's width code (Class.Width).
 	Dim   int
 	Slots int
 	// Keys are the resident keys, ascending once SortKeys has run (and
@@ -28,7 +29,7 @@ type Snapshot struct {
 // sorts them, after the caller has let go of the lock) and sketch.
 // Caller holds RLock or Lock.
 func (c *Class) Snapshot() Snapshot {
-	s := Snapshot{Dim: c.dim, Slots: c.slots, Keys: slices.Clone(c.slotKey[:c.used])}
+	s := Snapshot{Dim: c.Width(), Slots: c.slots, Keys: slices.Clone(c.slotKey[:c.used])}
 	if c.sk != nil {
 		s.Sketch = slices.Clone(c.sk.words)
 		s.Additions = c.sk.additions
@@ -47,7 +48,7 @@ func (s *Snapshot) SortKeys() { slices.Sort(s.Keys) }
 // sketch or one of another size: a tier resized across the restart
 // starts counting afresh. Caller holds Lock.
 func (c *Class) RestoreSketch(s *Snapshot) bool {
-	if c.sk == nil || len(s.Sketch) != len(c.sk.words) || s.Dim != c.dim {
+	if c.sk == nil || len(s.Sketch) != len(c.sk.words) || s.Dim != c.Width() {
 		return false
 	}
 	for i, saved := range s.Sketch {
@@ -155,7 +156,7 @@ func (s *Snapshot) UnmarshalBinary(b []byte) error {
 	if err != nil {
 		return err
 	}
-	if dim < 1 || dim > 1<<20 || slots > MaxSnapshotKeys || nkeys > slots || nkeys > uint64(len(r)) {
+	if dim < 1 || dim >= 2*halfBit || slots > MaxSnapshotKeys || nkeys > slots || nkeys > uint64(len(r)) {
 		return fmt.Errorf("%w: dim %d, slots %d, %d keys in %d bytes", ErrSnapshot, dim, slots, nkeys, len(r))
 	}
 	keys := make([]uint64, nkeys)
