@@ -52,6 +52,7 @@
 #        RESTART (1: restart the worker after the window and measure its
 #        first RESTART_WINDOW, default 60s, in RESTART_STEPS windows)
 #        WARM_RESTART (with RESTART; default 1, 0: --warm-restart=false)
+#        DTYPE (float16 or int8: the tables stored so, in WORK/db-MAX_ROWS-DTYPE)
 #   smoke: LIMIT=256M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
 #   (256M is about the least limit the memory budget takes with a 64 MiB memtable)
 set -euo pipefail
@@ -105,7 +106,9 @@ EOF
 )
 fi
 part="$WORK/part-$MAX_ROWS"
-db="$WORK/db-$MAX_ROWS"
+# DTYPE (float16, int8): the tables' stored dtype (prism ingest --dtype),
+# in a store of its own; the partition is the same.
+db="$WORK/db-$MAX_ROWS${DTYPE:+-$DTYPE}"
 
 echo "== model: $MODEL, tables capped at $MAX_ROWS rows (outside the cgroup)"
 if [ ! -f "$part/plan.json" ]; then
@@ -114,7 +117,7 @@ if [ ! -f "$part/plan.json" ]; then
 	[ -n "${KEEP_MODEL:-}" ] || rm -rf "$WORK/model-$MAX_ROWS"
 fi
 if ! ls "$db"/OPTIONS-* >/dev/null 2>&1; then
-	"$PRISM" ingest "$part" --db "$db"
+	"$PRISM" ingest "$part" --db "$db" ${DTYPE:+--dtype "$DTYPE"}
 fi
 table_bytes=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(sum(t["rows"]*t["dim"]*4 for t in p["tables"]))' "$part/plan.json")
 table_rows=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(sum(t["rows"] for t in p["tables"]))' "$part/plan.json")

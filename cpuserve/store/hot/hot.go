@@ -265,11 +265,21 @@ func (c *Class) get(slot int, out []float32) {
 	n := len(out)
 	for i, w := range src {
 		b := math.Float32bits(w)
-		out[2*i] = F16Table[b&0xffff]
+		out[2*i] = widen(b & 0xffff)
 		if 2*i+1 < n {
-			out[2*i+1] = F16Table[b>>16]
+			out[2*i+1] = widen(b >> 16)
 		}
 	}
+}
+
+// widen is F16ToF32 of h: arithmetic for normal halves (the exponent
+// rebiased by 127 - 15), F16Table for zeros, subnormals, infinities and
+// NaNs. A table load for every value measured 3.3x a float32 row's copy.
+func widen(h uint32) float32 {
+	if e := h & 0x7c00; e != 0 && e != 0x7c00 {
+		return math.Float32frombits((h&0x8000)<<16 | ((h&0x7fff)<<13 + 112<<23))
+	}
+	return F16Table[h]
 }
 
 // RLock and RUnlock bracket reads with Get.
@@ -369,13 +379,42 @@ func (c *Class) Gather(table uint32, ids []int64, out []float32, slots []int32, 
 			continue
 		}
 		if c.half {
-			c.get(int(s-1), out[i*dim:(i+1)*dim])
+			// The packed words go to the row's tail first, one copy per
+			// row as for float32 rows, so the rows' cache misses overlap;
+			// they are widened in place below, from L1.
+			w := c.words
+			src := int(s-1) * w
+			copy(out[(i+1)*dim-w:(i+1)*dim], arena[src:src+w])
 			continue
 		}
 		src := int(s-1) * dim
 		copy(out[i*dim:(i+1)*dim], arena[src:src+dim])
 	}
+	if c.half {
+		for i, s := range slots {
+			if s > 0 {
+				widenInPlace(out[i*dim:(i+1)*dim], c.words)
+			}
+		}
+	}
 	return miss
+}
+
+// widenInPlace widens the words packed halves held in row's last words
+// floats into the whole row. Word j is read before its two floats (2j,
+// 2j+1) are written, and those never reach a word not yet read (2j+1 <
+// len(row)-words+j+1 for j < words, as words >= len(row)/2).
+func widenInPlace(row []float32, words int) {
+	n := len(row)
+	base := n - words
+	for j := range words {
+		b := math.Float32bits(row[base+j])
+		lo, hi := widen(b&0xffff), widen(b>>16)
+		row[2*j] = lo
+		if 2*j+1 < n {
+			row[2*j+1] = hi
+		}
+	}
 }
 
 // RecordEvery is the sampling of Record: one access in RecordEvery is
