@@ -53,6 +53,7 @@
 #        first RESTART_WINDOW, default 60s, in RESTART_STEPS windows)
 #        WARM_RESTART (with RESTART; default 1, 0: --warm-restart=false)
 #        DTYPE (float16 or int8: the tables stored so, in WORK/db-MAX_ROWS-DTYPE)
+#        EMB_FLAGS (more flags for the larger-than-memory embedding worker)
 #   smoke: LIMIT=256M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
 #   (256M is about the least limit the memory budget takes with a 64 MiB memtable)
 set -euo pipefail
@@ -227,7 +228,7 @@ EOF
 mkdir "$CG"
 echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
 mport=$(freeport)
-ltm_flags=(--hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"} --direct-reads="$([ "${DIRECT:-1}" = 0 ] && echo false || echo true)")
+ltm_flags=(--hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"} --direct-reads="$([ "${DIRECT:-1}" = 0 ] && echo false || echo true)" ${EMB_FLAGS:-})
 embedding "$tmp/embedding-ltm.log" "$mport" "$CG" "${ltm_flags[@]}"
 sed -n 's/^memory budget/  memory budget/p; s/^misses are read/  misses are read/p' "$tmp/embedding-ltm.log"
 until_served
