@@ -55,6 +55,11 @@ func applyBudget(so *store.Options, limit int64) (*memBudget, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
+	if so.MemTableBytes == 0 {
+		// Two memtables are budgeted (the active one and Pebble's spare):
+		// at half the default they take what one default memtable did.
+		so.MemTableBytes = store.BudgetMemTable
+	}
 	b, err := store.NewBudget(limit, *so)
 	if err != nil {
 		return nil, fmt.Errorf("memory budget: %w", err)
@@ -107,7 +112,7 @@ func (mb *memBudget) report(w io.Writer, log *slog.Logger, st *store.Store) {
 	if b.OffHeap {
 		where = "beside Go's"
 	}
-	fmt.Fprintf(w, "memory budget %s: page cache %s, block cache %s and memtable %s (%s), Go %s (%s): hot tier %s, requests %s (%s of lookups' cut tensors in flight)\n",
+	fmt.Fprintf(w, "memory budget %s: page cache %s, block cache %s and memtables %s (%s), Go %s (%s): hot tier %s, requests %s (%s of lookups' cut tensors in flight)\n",
 		flagval.FormatBytes(b.Limit), flagval.FormatBytes(b.PageCache), flagval.FormatBytes(b.Cache), flagval.FormatBytes(b.MemTable), where,
 		flagval.FormatBytes(b.Go), goFrom, flagval.FormatBytes(hot),
 		flagval.FormatBytes(b.Requests(hot)), flagval.FormatBytes(b.InflightBytes(hot)))

@@ -17,7 +17,7 @@ import (
 //
 // The page cache keeps a quarter (at least MinPageCache): the code the
 // process runs and the files it writes are file pages charged to the
-// same cgroup. Pebble's block cache and memtable are C memory in a cgo
+// same cgroup. Pebble's block cache and memtables are C memory in a cgo
 // build (OffHeap; Go's limit does not see them) and Go slices without
 // cgo. Go's soft memory limit (runtime/debug.SetMemoryLimit) is what is
 // left for the Go heap: the hot tier for the process's life, and the
@@ -26,13 +26,19 @@ import (
 // InflightBytes lets the Lookups in flight hold in cut-tensor frames.
 type Budget struct {
 	Limit, PageCache, Go int64
-	Cache, MemTable      int64
-	// OffHeap: the block cache and memtable are outside the Go heap.
+	// MemTable is two memtables' bytes: Pebble keeps one to recycle
+	// beside the active one (and reserves both against the cache).
+	Cache, MemTable int64
+	// OffHeap: the block cache and memtables are outside the Go heap.
 	OffHeap bool
 	// HotMax is the largest hot tier that leaves the requests
 	// MinRequestBytes.
 	HotMax int64
 }
+
+// BudgetMemTable is the memtable a store under a budget gets by default:
+// half of DefaultMemTable, as two are budgeted (Budget.MemTable).
+const BudgetMemTable = DefaultMemTable / 2
 
 // Budget's floors.
 const (
@@ -58,8 +64,11 @@ func NewBudget(limit int64, o Options) (Budget, error) {
 }
 
 func newBudget(limit int64, o Options, offHeap bool) (Budget, error) {
+	if o.MemTableBytes == 0 {
+		o.MemTableBytes = BudgetMemTable
+	}
 	o.EnsureDefaults()
-	b := Budget{Limit: limit, PageCache: max(limit/4, MinPageCache), Cache: o.CacheBytes, MemTable: int64(o.MemTableBytes), OffHeap: offHeap}
+	b := Budget{Limit: limit, PageCache: max(limit/4, MinPageCache), Cache: o.CacheBytes, MemTable: 2 * int64(o.MemTableBytes), OffHeap: offHeap}
 	b.Go = limit - b.PageCache
 	if offHeap {
 		b.Go -= b.Cache + b.MemTable

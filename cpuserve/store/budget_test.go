@@ -24,7 +24,7 @@ func TestBudget(t *testing.T) {
 		{name: "768MiB, caches in C memory", limit: 768 * mib, o: Options{CacheBytes: 32 * mib}, offHeap: true, pageCache: 192 * mib, goLimit: 480 * mib, hotMax: 416 * mib, hot: 320 * mib, inflight: 80 * mib},
 		{name: "hot tier over its share", limit: 768 * mib, o: Options{CacheBytes: 32 * mib}, pageCache: 192 * mib, goLimit: 576 * mib, hotMax: 416 * mib, hot: 417 * mib, hotErr: "at most 416MiB"},
 		// Small limits keep MinPageCache.
-		{name: "256MiB", limit: 256 * mib, o: Options{CacheBytes: CacheBytesFor(256 * mib), MemTableBytes: 16 * mib}, pageCache: 64 * mib, goLimit: 192 * mib, hotMax: 192*mib - 16*mib - 16*mib - 64*mib, hot: 0, inflight: (192*mib - 32*mib) / 2},
+		{name: "256MiB", limit: 256 * mib, o: Options{CacheBytes: CacheBytesFor(256 * mib), MemTableBytes: 16 * mib}, pageCache: 64 * mib, goLimit: 192 * mib, hotMax: 192*mib - 16*mib - 2*16*mib - 64*mib, hot: 0, inflight: (192*mib - 48*mib) / 2},
 		{name: "too small", limit: 128 * mib, o: Options{}, err: "does not hold the block cache"},
 		{name: "too small, off heap", limit: 128 * mib, o: Options{}, offHeap: true, err: "does not hold the block cache"},
 		{name: "large", limit: 64 << 30, o: Options{CacheBytes: CacheBytesFor(64 << 30)}, offHeap: true, pageCache: 16 << 30, goLimit: 48<<30 - 256*mib - 64*mib, hotMax: 48<<30 - 256*mib - 64*mib - 64*mib, hot: 40 << 30, inflight: (48<<30 - 40<<30 - 256*mib - 64*mib) / 2},

@@ -121,7 +121,15 @@ func Open(dir string, o *Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("open store %q: %w", dir, err)
 	}
-	cache := pebble.NewCache(opts.CacheBytes)
+	// Pebble reserves its memtables' size against the block cache's (the
+	// active one and the one it keeps to recycle): with a 64 MiB memtable
+	// grown full (a burst of upserts, a warm restart's snapshot) a 32 MiB
+	// cache caches nothing, and every seek reads its SST's index block
+	// from the device again (BENCHMARKS: a larger-than-memory worker read
+	// two blocks per missed row). Sized CacheBytes + 2 x MemTableBytes,
+	// the cache keeps CacheBytes for blocks with both reserved; the
+	// memory budget counts both memtables (Budget.MemTable).
+	cache := pebble.NewCache(opts.CacheBytes + 2*int64(opts.MemTableBytes))
 	defer cache.Unref()
 	po := &pebble.Options{
 		FS:                 opts.FS,
