@@ -255,23 +255,6 @@ func (c *Class) put(slot int, row []float32) {
 	}
 }
 
-// get reads slot's row into out (len dim).
-func (c *Class) get(slot int, out []float32) {
-	src := c.arena[slot*c.words : (slot+1)*c.words]
-	if !c.half {
-		copy(out, src)
-		return
-	}
-	n := len(out)
-	for i, w := range src {
-		b := math.Float32bits(w)
-		out[2*i] = widen(b & 0xffff)
-		if 2*i+1 < n {
-			out[2*i+1] = widen(b >> 16)
-		}
-	}
-}
-
 // widen is F16ToF32 of h: arithmetic for normal halves (the exponent
 // rebiased by 127 - 15), F16Table for zeros, subnormals, infinities and
 // NaNs. A table load for every value measured 3.3x a float32 row's copy.
