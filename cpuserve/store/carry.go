@@ -203,7 +203,7 @@ func (w *carryWriter) table(model, tn string, t *physTable) (wrote bool, err err
 		return false, err
 	}
 	defer it.Close()
-	width := t.width(s.view.Load().half)
+	width := t.width(s.view.Load().packed)
 	c := carried{phys: t.ID, dim: t.Dim, width: width}
 	src := make([]float32, t.Dim)
 	var key [keyLen]byte

@@ -90,11 +90,15 @@ func shardTables(p *plan.Plan, k int) ([]plan.Table, []*RowPart, error) {
 	return tables, parts, nil
 }
 
-// width is the hot tier width code of the table's rows: hot.HalfWidth of
-// its dim for a float16 table when the tier holds halves, else its dim.
-func (t *physTable) width(half bool) int {
-	if half && t.DType == Float16 {
+// width is the hot tier width code of the table's rows: when the tier
+// holds rows packed, hot.HalfWidth of its dim for a float16 table and
+// hot.Int8Width for an int8 one, else its dim.
+func (t *physTable) width(packed bool) int {
+	switch {
+	case packed && t.DType == Float16:
 		return hot.HalfWidth(t.Dim)
+	case packed && t.DType == Int8:
+		return hot.Int8Width(t.Dim)
 	}
 	return t.Dim
 }

@@ -84,10 +84,11 @@ type Store struct {
 type view struct {
 	models map[string]*modelView
 	tier   *hot.Tier
-	// dims is the tier's width codes (hot.Class.Width), ascending; half:
-	// float16 tables' rows are held as halves (hot.HalfWidth).
+	// dims is the tier's width codes (hot.Class.Width), ascending;
+	// packed: float16 and int8 tables' rows are held in their stored
+	// form (hot.HalfWidth, hot.Int8Width).
 	dims []int
-	half bool
+	packed bool
 	// active is the physical tables of the active versions.
 	active map[uint32]bool
 }
@@ -273,11 +274,12 @@ func (s *Store) hotBudgetUncapped(cat *catalog, weight map[int]int64) int64 {
 // otherwise. Caller holds catMu, or is Open.
 func (s *Store) publish(cat *catalog) {
 	s.cat = cat
-	// Rows of float16 tables are held as halves when the tier cannot hold
-	// every row as float32 (twice the rows in the same bytes, the same
-	// floats a read from the store gives); when it can, as float32 (a hit
+	// Rows of float16 and int8 tables are held in their stored form
+	// (halves; a scale and int8s) when the tier cannot hold every row as
+	// float32: 1.6x and 2.5x the dim-64 rows of a hashed class in the
+	// same bytes, the same floats a read from the store gives. When it can, as float32 (a hit
 	// is then a copy, not a conversion).
-	weightOf := func(half bool) (map[int]int64, map[uint32]bool) {
+	weightOf := func(packed bool) (map[int]int64, map[uint32]bool) {
 		weight := map[int]int64{}
 		active := map[uint32]bool{}
 		for _, m := range cat.Models {
@@ -288,7 +290,7 @@ func (s *Store) publish(cat *catalog) {
 			for _, vt := range v.Tables {
 				if t := cat.Tables[vt.Phys]; t != nil && !active[t.ID] {
 					active[t.ID] = true // a shared table weighs once
-					weight[t.width(half)] += t.held() * int64(t.Dim) * 4
+					weight[t.width(packed)] += t.held() * int64(t.Dim) * 4
 				}
 			}
 		}
@@ -296,9 +298,9 @@ func (s *Store) publish(cat *catalog) {
 	}
 	weight, active := weightOf(false)
 	budget := s.hotBudget(cat, weight)
-	half := false
-	if halves, _ := weightOf(true); budget < hot.FullBytes(weight) && !maps.Equal(halves, weight) {
-		half, weight = true, halves
+	packed := false
+	if pw, _ := weightOf(true); budget < hot.FullBytes(weight) && !maps.Equal(pw, weight) {
+		packed, weight = true, pw
 		budget = s.hotBudget(cat, weight)
 	}
 	dims := slices.Sorted(maps.Keys(weight))
@@ -313,7 +315,7 @@ func (s *Store) publish(cat *catalog) {
 	} else {
 		tier = hot.NewTier(budget, weight)
 	}
-	nv := &view{models: map[string]*modelView{}, tier: tier, dims: dims, active: active, half: half}
+	nv := &view{models: map[string]*modelView{}, tier: tier, dims: dims, active: active, packed: packed}
 	for name, m := range cat.Models {
 		v := m.Versions[m.Active]
 		if v == nil {
@@ -326,12 +328,12 @@ func (s *Store) publish(cat *catalog) {
 				continue // never serve a table that is not fully ingested
 			}
 			lo, hi := tableBounds(t.ID)
-			if c := tier.Class(t.width(half)); c != nil {
+			if c := tier.Class(t.width(packed)); c != nil {
 				c.Lock()
 				c.Attach(t.ID, t.Rows)
 				c.Unlock()
 			}
-			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.width(half)), lo: lo, hi: hi, part: t.Part}
+			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.width(packed)), lo: lo, hi: hi, part: t.Part}
 		}
 		nv.models[name] = mv
 	}

@@ -36,14 +36,14 @@ func FullBytes(weight map[int]int64) int64 {
 // newCompleteClass returns a direct class of one slot per row of rows
 // rows of width dim, without a sketch; nil if it cannot index that many.
 func newCompleteClass(width int, rows int64) *Class {
-	dim, words, half := splitWidth(width)
+	dim, words, f := splitWidth(width)
 	if dim < 1 || rows < 1 || rows > 1<<31-2 {
 		return nil
 	}
 	c := &Class{
 		dim:      dim,
 		words:    words,
-		half:     half,
+		form:     f,
 		slots:    int(rows),
 		arena:    make([]float32, int(rows)*words),
 		slotKey:  make([]uint64, rows),
@@ -63,21 +63,26 @@ func (t *Tier) Complete() bool { return t.complete }
 
 // Load puts row (key's, hash h) in the class bypassing admission: it
 // overwrites the resident row or takes a free slot, and never evicts.
-// False when the class is full or key's table is not attached to a
-// direct class. Caller holds Lock, and guarantees row is not older than
+// False when the class is full, key's table is not attached to a direct
+// class, or the class's form cannot hold row exactly (a resident row of
+// key is dropped then). Caller holds Lock, and guarantees row is not older than
 // an update already applied with Put (the store reads rows under its
 // update sequence check).
 func (c *Class) Load(key, h uint64, row []float32) bool {
 	if slot, ok := c.lookup(key, h); ok {
-		c.put(slot, row)
+		if !c.put(slot, row) {
+			c.remove(key, h)
+			c.freeSlot(slot)
+			return false
+		}
 		return true
 	}
-	if c.used >= c.slots || (c.direct != nil && c.direct[uint32(key>>40)] == nil) {
+	if c.used >= c.slots || (c.direct != nil && c.direct[uint32(key>>40)] == nil) || !c.fits(row) {
 		return false
 	}
 	slot := c.used
 	c.used++
-	c.put(slot, row)
+	c.put(slot, row) // fits checked above
 	c.slotKey[slot] = key
 	c.insert(key, h, int32(slot))
 	return true

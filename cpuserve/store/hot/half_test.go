@@ -111,13 +111,13 @@ func TestHalfClassHoldsMore(t *testing.T) {
 }
 
 // BenchmarkGather64: a hit's cost, float32 rows (a copy) against halves
-// (a widening through F16Table), dim 64, 270 random resident ids a batch
-// from a class of 256 MiB.
+// and int8 rows (widened in place), dim 64, 270 random resident ids a
+// batch from a class of 256 MiB.
 func BenchmarkGather64(b *testing.B) {
 	for _, c := range []struct {
 		name  string
 		width int
-	}{{"float32", 64}, {"half", HalfWidth(64)}} {
+	}{{"float32", 64}, {"half", HalfWidth(64)}, {"int8", Int8Width(64)}} {
 		b.Run(c.name, func(b *testing.B) {
 			cls := NewClass(c.width, 256<<20)
 			row := make([]float32, 64) // an embedding's values: halves, normal
@@ -125,6 +125,9 @@ func BenchmarkGather64(b *testing.B) {
 				row[i] = F16ToF32(F32ToF16(0.01 * float32(i-32)))
 			}
 			row[32] = 0.003
+			if c.width == Int8Width(64) {
+				row = int8Row(row)
+			}
 			cls.Lock()
 			n := int64(0)
 			for ; !cls.Full(); n++ {

@@ -1,7 +1,9 @@
 // Package hot is the embedding store's in-memory hot tier: a byte-bounded
-// cache of decoded float32 rows in front of Pebble.
+// cache of rows in front of Pebble, served as float32.
 //
-// Layout: one Class per row width (dim). A class is a row arena (one
+// Layout: one Class per row width code: a dim (rows held as float32), or
+// a dim with a packed form (HalfWidth, Int8Width: rows held as the table
+// stores them and widened on each hit). A class is a row arena (one
 // []float32, fixed-size slots) with an index from a packed (table, row)
 // key to a slot, in one of two forms, whichever leaves more of the budget
 // to rows (see NewTier):
@@ -84,10 +86,12 @@ type Class struct {
 	dim   int
 	slots int
 	used  int
-	// words is the arena's float32 words per row: dim, or (a half class,
-	// HalfWidth) the row's IEEE halves packed two to a word.
+	// words is the arena's float32 words per row: dim, or the row packed
+	// in form's stored layout (HalfWidth, Int8Width).
 	words int
-	half  bool
+	form  form
+	// pack is scratch for one packed row (Lock held).
+	pack []float32
 
 	arena   []float32
 	slotKey []uint64
@@ -113,7 +117,7 @@ type Class struct {
 // within about budget bytes (rows, index and sketch together); nil if the
 // budget holds no row.
 func NewClass(width int, budget int64) *Class {
-	dim, words, half := splitWidth(width)
+	dim, words, f := splitWidth(width)
 	if dim < 1 {
 		return nil
 	}
@@ -127,7 +131,7 @@ func NewClass(width int, budget int64) *Class {
 	return &Class{
 		dim:     dim,
 		words:   words,
-		half:    half,
+		form:    f,
 		slots:   int(slots),
 		arena:   make([]float32, int(slots)*words),
 		slotKey: make([]uint64, slots),
@@ -147,7 +151,7 @@ const directSlotBytes = 8 + 8
 // the maps (4 bytes a row) come out of budget. Nil if the budget holds no
 // row.
 func NewDirectClass(width int, budget, rows int64) *Class {
-	dim, words, half := splitWidth(width)
+	dim, words, f := splitWidth(width)
 	if dim < 1 {
 		return nil
 	}
@@ -158,7 +162,7 @@ func NewDirectClass(width int, budget, rows int64) *Class {
 	return &Class{
 		dim:     dim,
 		words:   words,
-		half:    half,
+		form:    f,
 		slots:   int(slots),
 		arena:   make([]float32, int(slots)*words),
 		slotKey: make([]uint64, slots),
@@ -211,17 +215,33 @@ func classBytes(words int, slots int64) int64 {
 // Dim is the row width.
 func (c *Class) Dim() int { return c.dim }
 
-// Width is the class's width code: Dim, or HalfWidth(Dim) for a class
-// holding rows as IEEE halves.
+// Width is the class's width code: Dim, or HalfWidth(Dim) or
+// Int8Width(Dim) for a class holding rows in that packed form.
 func (c *Class) Width() int {
-	if c.half {
+	switch c.form {
+	case formHalf:
 		return HalfWidth(c.dim)
+	case formInt8:
+		return Int8Width(c.dim)
 	}
 	return c.dim
 }
 
-// halfBit marks a width code whose rows are held as IEEE halves.
-const halfBit = 1 << 24
+// form is how a class's arena holds a row.
+type form uint8
+
+const (
+	formFloat32 form = iota // dim float32 words, as served
+	formHalf                // IEEE halves, two to a word
+	formInt8                // a float32 scale word, then int8s four to a word
+)
+
+// Width codes above the dim mark a packed form.
+const (
+	halfBit  = 1 << 24
+	int8Bit  = 1 << 25
+	dimLimit = halfBit // a dim is below it
+)
 
 // HalfWidth is the width code of a class holding rows of width dim as
 // IEEE halves, two to an arena word: for tables stored as float16, whose
@@ -229,30 +249,88 @@ const halfBit = 1 << 24
 // bytes and gives back the very floats a read from the store would.
 func HalfWidth(dim int) int { return dim | halfBit }
 
-// splitWidth decodes a width code.
-func splitWidth(width int) (dim, words int, half bool) {
-	if width&halfBit != 0 {
-		dim = width &^ halfBit
-		return dim, (dim + 1) / 2, true
+// minInt8Dim is the narrowest row held as int8: a narrower one packs to
+// too few bytes fewer than its float32 words to be worth the widening
+// (and Gather widens in place, which needs dim-words of headroom).
+const minInt8Dim = 8
+
+// Int8Width is the width code of a class holding rows of width dim as a
+// table stored as int8 holds them (a float32 scale, then one int8 per
+// value, the value being float32(q) * scale): 1 + dim/4 arena words a
+// row instead of dim (68 bytes for dim 64 against 256; with the index
+// and sketch, 2.5x the rows of a hashed class in the same bytes), and the
+// very floats a read from the store decodes to. Rows narrower than
+// minInt8Dim stay float32 (Int8Width returns dim).
+func Int8Width(dim int) int {
+	if dim < minInt8Dim {
+		return dim
 	}
-	return width, width, false
+	return dim | int8Bit
 }
 
-// put writes row into slot's words. Caller holds Lock.
-func (c *Class) put(slot int, row []float32) {
+// ValidWidth reports whether width is a width code some class may have.
+func ValidWidth(width int) bool {
+	dim := width & (dimLimit - 1)
+	switch width &^ (dimLimit - 1) {
+	case 0, halfBit:
+		return dim >= 1
+	case int8Bit:
+		return dim >= minInt8Dim
+	}
+	return false
+}
+
+// splitWidth decodes a width code.
+func splitWidth(width int) (dim, words int, f form) {
+	switch {
+	case width&halfBit != 0:
+		dim = width &^ halfBit
+		return dim, (dim + 1) / 2, formHalf
+	case width&int8Bit != 0:
+		dim = width &^ int8Bit
+		return dim, 1 + (dim+3)/4, formInt8
+	}
+	return width, width, formFloat32
+}
+
+// put writes row into slot's words; false (nothing written) when the
+// class's form cannot hold row exactly (an int8 class given a row that
+// is not a scale times int8s). Caller holds Lock.
+func (c *Class) put(slot int, row []float32) bool {
 	dst := c.arena[slot*c.words : (slot+1)*c.words]
-	if !c.half {
-		copy(dst, row)
-		return
-	}
-	for i := range dst {
-		lo := uint32(F32ToF16(row[2*i]))
-		var hi uint32
-		if 2*i+1 < len(row) {
-			hi = uint32(F32ToF16(row[2*i+1]))
+	switch c.form {
+	case formHalf:
+		for i := range dst {
+			lo := uint32(F32ToF16(row[2*i]))
+			var hi uint32
+			if 2*i+1 < len(row) {
+				hi = uint32(F32ToF16(row[2*i+1]))
+			}
+			dst[i] = math.Float32frombits(lo | hi<<16)
 		}
-		dst[i] = math.Float32frombits(lo | hi<<16)
+	case formInt8:
+		if len(c.pack) < c.words {
+			c.pack = make([]float32, c.words)
+		}
+		if !packInt8(c.pack[:c.words], row) {
+			return false
+		}
+		copy(dst, c.pack)
+	default:
+		copy(dst, row)
 	}
+	return true
+}
+
+// fits reports whether put would hold row. Caller holds Lock.
+func (c *Class) fits(row []float32) bool {
+	if c.form != formInt8 {
+		return true
+	}
+	if len(c.pack) < c.words {
+		c.pack = make([]float32, c.words)
+	}
+	return packInt8(c.pack[:c.words], row)
 }
 
 // widen is F16ToF32 of h: arithmetic for normal halves (the exponent
@@ -361,7 +439,7 @@ func (c *Class) Gather(table uint32, ids []int64, out []float32, slots []int32, 
 			}
 			continue
 		}
-		if c.half {
+		if c.form != formFloat32 {
 			// The packed words go to the row's tail first, one copy per
 			// row as for float32 rows, so the rows' cache misses overlap;
 			// they are widened in place below, from L1.
@@ -373,10 +451,17 @@ func (c *Class) Gather(table uint32, ids []int64, out []float32, slots []int32, 
 		src := int(s-1) * dim
 		copy(out[i*dim:(i+1)*dim], arena[src:src+dim])
 	}
-	if c.half {
+	switch c.form {
+	case formHalf:
 		for i, s := range slots {
 			if s > 0 {
 				widenInPlace(out[i*dim:(i+1)*dim], c.words)
+			}
+		}
+	case formInt8:
+		for i, s := range slots {
+			if s > 0 {
+				widenInt8InPlace(out[i*dim:(i+1)*dim], c.words)
 			}
 		}
 	}
@@ -436,7 +521,7 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 	if _, ok := c.lookup(key, h); ok {
 		return true
 	}
-	if c.direct != nil && c.direct[uint32(key>>40)] == nil {
+	if c.direct != nil && c.direct[uint32(key>>40)] == nil || !c.fits(row) {
 		c.rejections.Add(1)
 		return false
 	}
@@ -460,7 +545,7 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 		c.evictions.Add(1)
 		slot = victim
 	}
-	c.put(slot, row)
+	c.put(slot, row) // fits checked above
 	c.slotKey[slot] = key
 	c.insert(key, h, int32(slot))
 	c.admissions.Add(1)
@@ -468,10 +553,15 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 }
 
 // Put overwrites key's row if it is resident (an acknowledged update must
-// never be shadowed by the old row). Caller holds Lock.
+// never be shadowed by the old row); a row the class's form cannot hold
+// drops the resident one instead. Caller holds Lock.
 func (c *Class) Put(key, h uint64, row []float32) {
 	if slot, ok := c.lookup(key, h); ok {
-		c.put(slot, row)
+		if !c.put(slot, row) {
+			c.remove(key, h)
+			c.freeSlot(slot)
+			return
+		}
 		c.updates.Add(1)
 	}
 }

@@ -156,7 +156,7 @@ func (s *Snapshot) UnmarshalBinary(b []byte) error {
 	if err != nil {
 		return err
 	}
-	if dim < 1 || dim >= 2*halfBit || slots > MaxSnapshotKeys || nkeys > slots || nkeys > uint64(len(r)) {
+	if dim > 1<<30 || !ValidWidth(int(dim)) || slots > MaxSnapshotKeys || nkeys > slots || nkeys > uint64(len(r)) {
 		return fmt.Errorf("%w: dim %d, slots %d, %d keys in %d bytes", ErrSnapshot, dim, slots, nkeys, len(r))
 	}
 	keys := make([]uint64, nkeys)

@@ -5,24 +5,34 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
-
-	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
 
-// TestHalfTier: a float16 table whose rows do not all fit the hot tier as
-// float32 is held as halves (hot.HalfWidth): lookups answered by the tier
-// give exactly what the store's rows decode to, before and after an
-// update, the tier holds more rows than a float32 table's in the same
-// bytes, and a warm restart restores it. A tier that holds every row as
-// float32 keeps float32 (a hit is a copy).
-func TestHalfTier(t *testing.T) {
+// TestPackedTier: a float16 or int8 table whose rows do not all fit the
+// hot tier as float32 is held in its stored form (hot.HalfWidth,
+// hot.Int8Width): lookups answered by the tier give exactly what the
+// store's rows decode to, before and after an update, the tier holds more
+// rows than a float32 table's in the same bytes, and a warm restart
+// restores it. A tier that holds every row as float32 keeps float32 (a
+// hit is a copy).
+func TestPackedTier(t *testing.T) {
+	for _, dt := range []DType{Float16, Int8} {
+		t.Run(string(dt), func(t *testing.T) { testPackedTier(t, dt) })
+	}
+}
+
+func testPackedTier(t *testing.T, packed DType) {
 	ctx := context.Background()
 	tabs := []*testTable{{name: "a", rows: 20000, dim: 64, seed: 9}}
 	plan := writePlan(t, "m", tabs)
-	// What the store's rows decode to: each value rounded to a half.
+	// What the store's rows decode to.
+	stored := func(dst, x []float32) {
+		if !packed.decode(dst, packed.encode(nil, x)) {
+			t.Fatal("decode")
+		}
+	}
 	want := make([]float32, len(tabs[0].data))
-	for i, x := range tabs[0].data {
-		want[i] = hot.F16ToF32(hot.F32ToF16(x))
+	for i := 0; i < len(want); i += 64 {
+		stored(want[i:i+64], tabs[0].data[i:i+64])
 	}
 	lookup := func(s *Store, ids []int64) []float32 {
 		t.Helper()
@@ -49,19 +59,19 @@ func TestHalfTier(t *testing.T) {
 		}
 	}
 	slots := map[DType]int64{}
-	for _, dt := range []DType{Float32, Float16} {
+	for _, dt := range []DType{Float32, packed} {
 		s, _ := openMem(t, &Options{HotBytes: 1 << 20, Preload: PreloadOff})
 		if _, err := s.Ingest(ctx, plan, IngestOptions{DType: dt}); err != nil {
 			t.Fatal(err)
 		}
-		if got := s.view.Load().half; got != (dt == Float16) {
-			t.Fatalf("%s table in a tier that does not hold it: halves %v", dt, got)
+		if got := s.view.Load().packed; got != (dt == packed) {
+			t.Fatalf("%s table in a tier that does not hold it: packed %v", dt, got)
 		}
 		slots[dt] = s.Metrics().HotSlots
 		if dt == Float32 {
 			continue
 		}
-		check(s, "float16 table")
+		check(s, string(packed)+" table")
 		if m := s.Metrics(); m.HotHits == 0 {
 			t.Fatal("no lookup hit the tier")
 		}
@@ -73,9 +83,7 @@ func TestHalfTier(t *testing.T) {
 		if err := s.Upsert("m", "a", []int64{5}, row); err != nil {
 			t.Fatal(err)
 		}
-		for i, x := range row {
-			want[5*64+i] = hot.F16ToF32(hot.F32ToF16(x))
-		}
+		stored(want[5*64:6*64], row)
 		check(s, "after an update")
 		o := s.opts
 		s.Close()
@@ -91,26 +99,24 @@ func TestHalfTier(t *testing.T) {
 			t.Fatal(err)
 		}
 		if rep := waitWarm(t, s3); rep.Rows == 0 || rep.Err != nil || rep.Sketches != 1 {
-			t.Fatalf("warm restart of a half tier: %+v", rep)
+			t.Fatalf("warm restart of a %s tier: %+v", packed, rep)
 		}
 		check(s3, "restarted warm")
 		s3.Close()
 	}
-	if float64(slots[Float16]) < 1.5*float64(slots[Float32]) {
-		t.Fatalf("1 MiB tier: %d rows of a float16 table, %d of a float32 one", slots[Float16], slots[Float32])
+	if float64(slots[packed]) < 1.5*float64(slots[Float32]) {
+		t.Fatalf("1 MiB tier: %d rows of the %s table, %d of a float32 one", slots[packed], packed, slots[Float32])
 	}
-	t.Logf("1 MiB tier: %d rows of a float16 table, %d of a float32 one", slots[Float16], slots[Float32])
-	// Room for every row as float32: no halves (a fresh store: row 5 as
+	t.Logf("1 MiB tier: %d rows of the %s table, %d of a float32 one", slots[packed], packed, slots[Float32])
+	// Room for every row as float32: not packed (a fresh store: row 5 as
 	// ingested).
-	for i := range 64 {
-		want[5*64+i] = hot.F16ToF32(hot.F32ToF16(tabs[0].data[5*64+i]))
-	}
+	stored(want[5*64:6*64], tabs[0].data[5*64:6*64])
 	s, _ := openMem(t, &Options{HotBytes: 64 << 20})
-	if _, err := s.Ingest(ctx, plan, IngestOptions{DType: Float16}); err != nil {
+	if _, err := s.Ingest(ctx, plan, IngestOptions{DType: packed}); err != nil {
 		t.Fatal(err)
 	}
-	if v := s.view.Load(); v.half || !v.tier.Complete() {
-		t.Fatalf("a tier with room for every row as float32: halves %v, complete %v", v.half, v.tier.Complete())
+	if v := s.view.Load(); v.packed || !v.tier.Complete() {
+		t.Fatalf("a tier with room for every row as float32: packed %v, complete %v", v.packed, v.tier.Complete())
 	}
 	check(s, "complete float32 tier")
 }

@@ -1,0 +1,198 @@
+package hot
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// int8Row is what a row stored as int8 decodes to (store.Int8: scale =
+// max|x| / 127, q = round(x / scale) clamped to ±127, value q * scale).
+func int8Row(x []float32) []float32 {
+	var m float32
+	for _, v := range x {
+		m = max(m, float32(math.Abs(float64(v))))
+	}
+	scale := m / 127
+	out := make([]float32, len(x))
+	for i, v := range x {
+		q := 0.0
+		if scale > 0 {
+			q = math.Round(float64(v / scale))
+		}
+		out[i] = float32(int8(max(-127, min(127, q)))) * scale
+	}
+	return out
+}
+
+// TestInt8Pack: every row an int8 table's rows decode to packs and widens
+// back to the same bits, over widths, magnitudes from subnormal to huge,
+// zero rows and rows of one sign; rows that are not a scale times int8s
+// do not pack.
+func TestInt8Pack(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	for dim := minInt8Dim; dim <= 200; dim++ {
+		words := 1 + (dim+3)/4
+		for trial := range 200 {
+			x := make([]float32, dim)
+			mag := math.Pow(10, float64(r.IntN(80)-44))
+			for i := range x {
+				switch trial % 4 {
+				case 0:
+					x[i] = float32(r.NormFloat64() * mag)
+				case 1:
+					x[i] = float32(r.Float64() * mag) // one sign
+				case 2:
+					x[i] = float32(r.NormFloat64() * 1e-39) // subnormal scale
+				case 3:
+					x[i] = 0
+				}
+			}
+			row := int8Row(x)
+			packed := make([]float32, words)
+			if !packInt8(packed, row) {
+				t.Fatalf("dim %d: %v (from %v) does not pack", dim, row, x)
+			}
+			got := make([]float32, dim)
+			copy(got[dim-words:], packed)
+			widenInt8InPlace(got, words)
+			for i := range row {
+				if math.Float32bits(got[i]) != math.Float32bits(row[i]) {
+					t.Fatalf("dim %d: value %d widens to %v, want %v", dim, i, got[i], row[i])
+				}
+			}
+		}
+	}
+	for _, row := range [][]float32{
+		{1, 0.3, 0, 0, 0, 0, 0, 0},                           // 0.3 is no q * 1/127
+		{float32(math.NaN()), 1, 0, 0, 0, 0, 0, 0},           // NaN
+		{float32(math.Inf(1)), 1, 0, 0, 0, 0, 0, 0},          // infinite scale
+		{float32(math.Copysign(0, -1)), 0, 0, 0, 0, 0, 0, 0}, // -0 decodes from no int8
+		{1, 2, 3, 4, 5, 6, 7, 1000},                          // 1000/127 * q misses 1..7
+	} {
+		if packInt8(make([]float32, 3), row) {
+			t.Fatalf("%v packs as int8", row)
+		}
+	}
+}
+
+// TestInt8Class: an int8 class (hashed, direct and complete) gives back
+// through Gather the floats admitted, updated and moved, as TestHalfClass;
+// a row that is not an int8 table's is refused (Admit, Load) and an
+// update to one drops the resident row rather than serve the old one.
+func TestInt8Class(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 3))
+	for _, dim := range []int{8, 13, 64} {
+		const rows = 500
+		data := make([]float32, 0, rows*dim)
+		for range rows {
+			x := make([]float32, dim)
+			for i := range x {
+				x[i] = float32(r.NormFloat64() * 0.05)
+			}
+			data = append(data, int8Row(x)...)
+		}
+		row := func(id int64) []float32 { return data[id*int64(dim) : (id+1)*int64(dim)] }
+		budget := int64(300 * (dim*4 + slotOverhead))
+		for name, c := range map[string]*Class{
+			"hashed":   NewClass(Int8Width(dim), budget),
+			"direct":   NewDirectClass(Int8Width(dim), budget+4*rows, rows),
+			"complete": newCompleteClass(Int8Width(dim), rows),
+		} {
+			if c.Dim() != dim || c.Width() != Int8Width(dim) {
+				t.Fatalf("%s dim %d: Dim %d, Width %#x", name, dim, c.Dim(), c.Width())
+			}
+			bad := make([]float32, dim)
+			bad[0], bad[1] = 1, 0.3
+			c.Lock()
+			c.Attach(1, rows)
+			for id := range int64(rows) {
+				k := Key(1, id)
+				if name == "complete" {
+					c.Load(k, Hash(k), row(id))
+				} else {
+					c.Admit(k, Hash(k), row(id))
+				}
+			}
+			upd := int8Row(slices.Repeat([]float32{0.5, -0.25}, (dim+1)/2)[:dim])
+			k3, k0, k7 := Key(1, 3), Key(1, 0), Key(1, 7)
+			c.Put(k3, Hash(k3), upd)
+			copy(data[3*dim:], upd)
+			c.Delete(k0, Hash(k0))
+			if _, held := c.lookup(k7, Hash(k7)); !held {
+				t.Fatalf("%s dim %d: row 7 not held", name, dim)
+			}
+			c.Put(k7, Hash(k7), bad) // not an int8 row: row 7 must go
+			kb := Key(1, rows-1)
+			c.Delete(kb, Hash(kb))
+			if name == "complete" {
+				if c.Load(kb, Hash(kb), bad) {
+					t.Fatalf("%s dim %d: Load took a row that is no int8 table's", name, dim)
+				}
+			} else if c.Admit(kb, Hash(kb), bad) {
+				t.Fatalf("%s dim %d: Admit took a row that is no int8 table's", name, dim)
+			}
+			c.Unlock()
+			ids := make([]int64, rows)
+			for i := range ids {
+				ids[i] = int64(i)
+			}
+			out := make([]float32, rows*dim)
+			c.RLock()
+			miss := c.Gather(1, ids, out, make([]int32, rows), nil)
+			c.RUnlock()
+			held := 0
+			for i := range ids {
+				if slices.Contains(miss, int32(i)) {
+					continue
+				}
+				held++
+				if got := out[i*dim : (i+1)*dim]; !slices.Equal(got, row(int64(i))) {
+					t.Fatalf("%s dim %d: row %d = %v, want %v", name, dim, i, got, row(int64(i)))
+				}
+			}
+			for _, gone := range []int32{0, 7, rows - 1} {
+				if !slices.Contains(miss, gone) {
+					t.Fatalf("%s dim %d: row %d is still held", name, dim, gone)
+				}
+			}
+			if held == 0 {
+				t.Fatalf("%s dim %d: nothing held", name, dim)
+			}
+		}
+	}
+}
+
+// TestInt8ClassHoldsMore: in a budget, an int8 class of dim-64 rows holds
+// over 2.4x the rows of a float32 class (68 bytes a row against 256, its
+// index and sketch 48 either way).
+func TestInt8ClassHoldsMore(t *testing.T) {
+	const budget = 64 << 20
+	i8, full := NewClass(Int8Width(64), budget).Stats().Slots, NewClass(64, budget).Stats().Slots
+	if float64(i8) < 2.4*float64(full) {
+		t.Fatalf("%d rows as int8, %d as float32 in %d MiB", i8, full, budget>>20)
+	}
+	t.Logf("%d MiB: %d rows as int8, %d as float32 (%.2fx)", budget>>20, i8, full, float64(i8)/float64(full))
+}
+
+// TestWidthCodes: the width codes a class may have, and Int8Width's
+// floor.
+func TestWidthCodes(t *testing.T) {
+	for _, c := range []struct {
+		width int
+		valid bool
+	}{
+		{1, true}, {64, true}, {dimLimit - 1, true}, {0, false}, {dimLimit, false},
+		{HalfWidth(1), true}, {HalfWidth(64), true}, {halfBit, false},
+		{Int8Width(64), true}, {Int8Width(minInt8Dim), true}, {int8Bit | 7, false},
+		{halfBit | int8Bit | 64, false}, {1 << 26, false}, {-1, false},
+	} {
+		if got := ValidWidth(c.width); got != c.valid {
+			t.Errorf("ValidWidth(%#x) = %v, want %v", c.width, got, c.valid)
+		}
+	}
+	if Int8Width(minInt8Dim-1) != minInt8Dim-1 {
+		t.Errorf("Int8Width(%d) = %#x: a narrow row stays float32", minInt8Dim-1, Int8Width(minInt8Dim-1))
+	}
+}
