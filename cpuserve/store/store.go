@@ -87,7 +87,7 @@ type view struct {
 	// dims is the tier's width codes (hot.Class.Width), ascending;
 	// packed: float16 and int8 tables' rows are held in their stored
 	// form (hot.HalfWidth, hot.Int8Width).
-	dims []int
+	dims   []int
 	packed bool
 	// active is the physical tables of the active versions.
 	active map[uint32]bool
