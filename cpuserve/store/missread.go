@@ -249,7 +249,11 @@ func (s *Store) readRange(t readTask, st *readStats) error {
 			valid = it.SeekGE(rowKey(key[:], tv.id, id))
 		}
 		if !valid || len(it.Key()) != keyLen || keyRow(it.Key()) != id {
+			err := it.Error() // a failed read, not a missing row
 			it.Close()
+			if err != nil {
+				return fmt.Errorf("table %q: row %d: %w", tv.name, id, err)
+			}
 			return fmt.Errorf("table %q: row %d missing from the store: %w", tv.name, id, ErrCorrupt)
 		}
 		v, err := it.ValueAndErr()

@@ -320,7 +320,15 @@ func (s *Store) warmChunk(tier *hot.Tier, tv *tableView, cls *hot.Class, keys []
 		}
 		for _, k := range keys {
 			id := int64(k & (hot.MaxRows - 1))
-			if !it.SeekGE(rowKey(kb[:], tv.id, id)) || len(it.Key()) != keyLen || keyRow(it.Key()) != id {
+			if !it.SeekGE(rowKey(kb[:], tv.id, id)) {
+				// Past the table's last row, or a failed read: the next
+				// seek would clear the error, so it is taken now.
+				if err = it.Error(); err != nil {
+					break
+				}
+				continue
+			}
+			if len(it.Key()) != keyLen || keyRow(it.Key()) != id {
 				continue // the row is not held (a row-wise shard's part)
 			}
 			val, verr := it.ValueAndErr()
@@ -350,9 +358,12 @@ func (s *Store) warmChunk(tier *hot.Tier, tv *tableView, cls *hot.Class, keys []
 		for i, k := range found {
 			if !cls.Load(k, hot.Hash(k), buf[i*dim:(i+1)*dim]) {
 				// Full, or (a direct class) the table was dropped since
-				// the restore began: then only this chunk is done.
-				full = cls.Full()
-				break
+				// the restore began, or a row the class's packed form
+				// does not hold: only fullness ends the chunk.
+				if full = cls.Full(); full {
+					break
+				}
+				continue
 			}
 			loaded++
 		}

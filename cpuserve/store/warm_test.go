@@ -6,11 +6,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
@@ -285,5 +288,58 @@ func TestWarmRestartClosedMidway(t *testing.T) {
 	defer s3.Close()
 	if rep := waitWarm(t, s3); rep.Err != nil || rep.Keys != int64(len(want)) {
 		t.Fatalf("after a restore cut short by Close: %+v, want the %d keys saved before", rep, len(want))
+	}
+}
+
+// TestWarmRestoreReadError: a block read that fails during a restore ends
+// it with that error (reported by Warmed), instead of counting the row as
+// one the store does not hold: Pebble clears an iterator's error at its
+// next seek, so a restore that went on would report success. A lookup
+// whose miss read fails gets the read's error, not ErrCorrupt.
+func TestWarmRestoreReadError(t *testing.T) {
+	ctx := context.Background()
+	tabs := []*testTable{{name: "a", rows: 60000, dim: 8, seed: 1}}
+	mem := vfs.NewMem()
+	s, _ := openMem(t, &Options{FS: mem, HotBytes: 1 << 20, Preload: PreloadOff, WarmRestart: true})
+	if _, err := s.Ingest(ctx, writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	skewedLookups(t, s, tabs, rand.New(rand.NewPCG(5, 6)), 60, 512)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var armed, injected atomic.Int32
+	inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind == errorfs.OpFileReadAt && strings.HasSuffix(op.Path, ".sst") && armed.CompareAndSwap(1, 0) {
+			injected.Add(1)
+			return errorfs.ErrInjected
+		}
+		return nil
+	})
+	var first atomic.Bool
+	warmChunkHook = func() {
+		if first.CompareAndSwap(false, true) {
+			armed.Store(1) // one failed read in the first chunk
+		}
+	}
+	defer func() { warmChunkHook = nil }()
+	s2, err := Open("db", &Options{FS: errorfs.Wrap(mem, inj), HotBytes: 1 << 20, Preload: PreloadOff, WarmRestart: true, CacheBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	rep := waitWarm(t, s2)
+	if injected.Load() != 1 {
+		t.Fatalf("%d reads failed, want 1", injected.Load())
+	}
+	if !errors.Is(rep.Err, errorfs.ErrInjected) || rep.Rows >= rep.Keys {
+		t.Fatalf("a restore with a failed read: %+v", rep)
+	}
+	// The lookup path: a miss read that fails.
+	armed.Store(1)
+	req := TableLookup{Table: "a", IDs: []int64{59999}, Pooling: PoolNone, Out: make([]float32, 8)}
+	err = s2.Lookup("m", []TableLookup{req})
+	if !errors.Is(err, errorfs.ErrInjected) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a lookup whose read fails: %v", err)
 	}
 }
