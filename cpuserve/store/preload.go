@@ -37,6 +37,15 @@ type PreloadReport struct {
 // without; with 65,536, 12-20 s against 14-18 s.
 const preloadChunk = 1 << 16
 
+// preloadChunkBytes bounds a chunk's scratch (every table loading at
+// once holds one): wider rows read fewer per chunk.
+const preloadChunkBytes = 16 << 20
+
+// chunkRows is how many rows of tv a preload or restore chunk reads.
+func chunkRows(tv *tableView) int {
+	return int(max(1, min(preloadChunk, int64(preloadChunkBytes/(4*tv.dim)), tv.rows)))
+}
+
 // Preloaded returns the summed preload report.
 func (s *Store) Preloaded() PreloadReport {
 	s.preMu.Lock()
@@ -137,8 +146,9 @@ func (s *Store) Preload(ctx context.Context) error {
 // caller that replaced it preloads the new one) or the class is full.
 func (s *Store) preloadTable(ctx context.Context, tier *hot.Tier, tv *tableView) (int64, error) {
 	cls, dim := tv.hot, tv.dim
-	buf := make([]float32, preloadChunk*dim)
-	ids := make([]int64, preloadChunk)
+	chunk := chunkRows(tv)
+	buf := make([]float32, chunk*dim)
+	ids := make([]int64, chunk)
 	var key [keyLen]byte
 	var loaded int64
 	from := int64(0)
@@ -165,10 +175,10 @@ func (s *Store) preloadTable(ctx context.Context, tier *hot.Tier, tv *tableView)
 	return loaded, nil
 }
 
-// preloadChunk loads up to preloadChunk rows of tv from row from on; n is
+// preloadChunk loads up to cap(ids) rows of tv from row from on; n is
 // -1 when the tier was replaced, last the last row id loaded. Rows read
 // while an upsert was acknowledged are read again (up to a few times,
-// then under updMu). buf and ids are scratch of preloadChunk rows.
+// then under updMu). buf and ids are scratch of chunkRows(tv) rows.
 func (s *Store) preloadChunk(tier *hot.Tier, tv *tableView, from int64, buf []float32, ids []int64, key []byte) (n int, last int64, full bool, err error) {
 	dim, cls := tv.dim, tv.hot
 	for attempt := 0; ; attempt++ {
@@ -188,7 +198,7 @@ func (s *Store) preloadChunk(tier *hot.Tier, tv *tableView, from int64, buf []fl
 		ids = ids[:0]
 		it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: rowKey(key, tv.id, from), UpperBound: tv.hi})
 		if err == nil {
-			for ok := it.First(); ok && len(ids) < preloadChunk; ok = it.Next() {
+			for ok := it.First(); ok && len(ids) < cap(ids); ok = it.Next() {
 				k := it.Key()
 				if len(k) != keyLen {
 					continue

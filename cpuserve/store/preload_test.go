@@ -164,3 +164,20 @@ func TestPreloadRacesUpserts(t *testing.T) {
 		t.Fatalf("%d misses after preload", m.HotMisses-before.HotMisses)
 	}
 }
+
+// TestChunkRows: a preload chunk reads 65,536 rows of dim 64 (16 MiB),
+// fewer of wider rows, and never more than the table has.
+func TestChunkRows(t *testing.T) {
+	for _, c := range []struct {
+		dim  int
+		rows int64
+		want int
+	}{
+		{64, 1 << 30, 1 << 16}, {16, 1 << 30, 1 << 16}, {128, 1 << 30, 1 << 15},
+		{1 << 20, 1 << 30, 4}, {1 << 23, 10, 1}, {64, 10, 10},
+	} {
+		if got := chunkRows(&tableView{dim: c.dim, rows: c.rows}); got != c.want {
+			t.Errorf("dim %d, %d rows: %d rows a chunk, want %d", c.dim, c.rows, got, c.want)
+		}
+	}
+}
