@@ -55,12 +55,10 @@ func applyBudget(so *store.Options, limit int64) (*memBudget, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	if so.MemTableBytes == 0 {
-		// Two memtables are budgeted (the active one and Pebble's spare):
-		// at half the default they take what one default memtable did.
-		so.MemTableBytes = store.BudgetMemTable
-	}
-	b, err := store.NewBudget(limit, *so)
+	// Two memtables are budgeted (the active one and Pebble's spare): a
+	// memtable not set by hand is half the default (NewBudget sets it),
+	// so the two take what one default memtable did.
+	b, err := store.NewBudget(limit, so)
 	if err != nil {
 		return nil, fmt.Errorf("memory budget: %w", err)
 	}

@@ -56,11 +56,16 @@ func CacheBytesFor(limit int64) int64 {
 	return max(min(DefaultCacheBytes, limit/16), 8<<20)
 }
 
-// NewBudget splits limit for a store of options o (CacheBytes and
-// MemTableBytes as set, their defaults when 0). An error says the limit
-// cannot hold the store's fixed parts with MinRequestBytes to spare.
-func NewBudget(limit int64, o Options) (Budget, error) {
-	return newBudget(limit, o, pebbleOffHeap)
+// NewBudget splits limit for a store of options o (CacheBytes as set or
+// its default when 0) and sets o.MemTableBytes to BudgetMemTable when it
+// is 0, so the store opened with o has the memtables the budget counts.
+// An error says the limit cannot hold the store's fixed parts with
+// MinRequestBytes to spare.
+func NewBudget(limit int64, o *Options) (Budget, error) {
+	if o.MemTableBytes == 0 {
+		o.MemTableBytes = BudgetMemTable
+	}
+	return newBudget(limit, *o, pebbleOffHeap)
 }
 
 func newBudget(limit int64, o Options, offHeap bool) (Budget, error) {

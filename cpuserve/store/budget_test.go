@@ -94,3 +94,21 @@ func TestHotBytesMaxCaps(t *testing.T) {
 		t.Fatalf("no cap: %d", got)
 	}
 }
+
+// TestNewBudgetSetsMemTable: a memtable not set by hand is set to
+// BudgetMemTable in the options the store will be opened with, so the
+// store has the two memtables the budget counts.
+func TestNewBudgetSetsMemTable(t *testing.T) {
+	o := Options{}
+	b, err := NewBudget(1<<30, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.MemTableBytes != BudgetMemTable || b.MemTable != 2*BudgetMemTable {
+		t.Fatalf("memtable %d, budgeted %d; want %d and twice that", o.MemTableBytes, b.MemTable, BudgetMemTable)
+	}
+	o = Options{MemTableBytes: 8 << 20}
+	if b, _ := NewBudget(1<<30, &o); o.MemTableBytes != 8<<20 || b.MemTable != 16<<20 {
+		t.Fatalf("a memtable set by hand: %d, budgeted %d", o.MemTableBytes, b.MemTable)
+	}
+}
