@@ -295,12 +295,12 @@ if [ "${RESTART:-0}" = 1 ]; then
 	sed -n 's/^warm restart:/  warm restart:/p' "$tmp/embedding-restart.log"
 	stop_embedding
 fi
-read -r hit miss_rows_s miss_path_rows_s pebble_mb_s direct_s <<<"$(python3 - "$tmp/m0" "$tmp/m1" "$t0" "$t1" <<'EOF'
+read -r hit miss_rows_s miss_path_rows_s pebble_mb_s direct_s phases stages <<<"$(python3 - "$tmp/m0" "$tmp/m1" "$t0" "$t1" <<'EOF'
 import sys
 def load(p):
     out = {}
     for line in open(p):
-        if line.startswith("prism_store_"):
+        if line.startswith(("prism_store_", "prism_embedding_stage_seconds_")):
             k, v = line.split()[:2]
             out[k] = float(v)
     return out
@@ -309,7 +309,13 @@ d = lambda k: b.get(k, 0) - a.get(k, 0)
 secs = float(sys.argv[4]) - float(sys.argv[3])
 hits, misses = d("prism_store_hot_hits_total"), d("prism_store_hot_misses_total")
 reads, rsecs = d("prism_store_pebble_reads_total"), d("prism_store_miss_read_seconds_total")
-print("%.4f %.0f %.0f %.1f %.0f" % (hits / max(hits + misses, 1), reads / secs, reads / rsecs if rsecs > 0 else 0, d("prism_store_pebble_read_bytes_total") / secs / 1e6, d("prism_store_direct_reads_total") / secs))
+# A lookup's wall time by phase (ms): hot rows gathered, misses read, finished.
+n = max(d("prism_store_lookups_total"), 1)
+ph = "/".join("%.1f" % (1000 * d("prism_store_%s_seconds_total" % k) / n) for k in ("lookup", "lookup_gather", "miss_read", "lookup_finish"))
+# The worker's stages per micro-batch, mean ms (prism_embedding_stage_seconds).
+st = lambda k: 1000 * d('prism_embedding_stage_seconds_sum{stage="%s"}' % k) / max(d('prism_embedding_stage_seconds_count{stage="%s"}' % k), 1)
+ph += " %s" % "/".join("%.1f" % st(k) for k in ("lookup", "transfer", "dense"))
+print("%.4f %.0f %.0f %.1f %.0f %s" % (hits / max(hits + misses, 1), reads / secs, reads / rsecs if rsecs > 0 else 0, d("prism_store_pebble_read_bytes_total") / secs / 1e6, d("prism_store_direct_reads_total") / secs, ph))
 EOF
 )"
 
@@ -336,6 +342,8 @@ echo "| hot tier hit ratio (measured window); the most a tier of its $hot_rows r
 echo "| rows read from Pebble (miss path), rows/s of wall time | $miss_rows_s ($pebble_mb_s MB/s) |"
 echo "| rows/s within the miss path (rows / miss-read seconds) | $miss_path_rows_s |"
 echo "| file reads past the page cache (O_DIRECT), per second | $direct_s |"
+echo "| a store lookup's wall time, ms: all / hot rows gathered / misses read / admitted and pooled | $phases |"
+echo "| the embedding worker's stages per micro-batch, mean ms: lookup / transfer / dense (prism_embedding_stage_seconds) | $stages |"
 ltm_cpu=$(python3 -c "print(round(($c1 - $c0) / $(getconf CLK_TCK) / ($t1 - $t0), 3))")
 echo "| embedding worker CPU in the window (cores; ms per request answered) | $ltm_cpu; $(python3 -c "r=${ltm_samples:-0}/$CANDIDATES; print(round($ltm_cpu*1000/r, 2) if r else '-')") |"
 echo "| larger than memory, $CLIENTS closed-loop clients (samples/s, p99) | $(samples <<<"$closed"), $(p99 <<<"$closed") |"

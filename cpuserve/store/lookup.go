@@ -3,10 +3,11 @@ package store
 import (
 	"cmp"
 	"fmt"
-	"github.com/prism-serve/prism/plan"
 	"slices"
+	"time"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
+	"github.com/prism-serve/prism/plan"
 )
 
 // Pooling is how a lookup reduces the rows of a bag (partitioner's type:
@@ -85,6 +86,7 @@ func (s *Store) Lookup(model string, batch []TableLookup) error {
 		}
 		s.scratch.Put(sc)
 	}()
+	t0 := time.Now()
 	nMiss := 0
 	for i := range batch {
 		tv := mv.tables[batch[i].Table]
@@ -101,15 +103,21 @@ func (s *Store) Lookup(model string, batch []TableLookup) error {
 	// Rows read from Pebble are admitted only if no upsert was
 	// acknowledged since the reads began.
 	seq := s.updSeq.Load()
+	t1 := time.Now()
 	if nMiss > 0 {
 		if err := s.readMisses(jobs, sc); err != nil {
 			s.m.errors.Add(1)
 			return fmt.Errorf("model %q: %w", model, err)
 		}
 	}
+	t2 := time.Now()
 	for i := range jobs {
 		s.finish(&jobs[i], sc, seq)
 	}
+	t3 := time.Now()
+	s.m.gatherNanos.Add(int64(t1.Sub(t0)))
+	s.m.finishNanos.Add(int64(t3.Sub(t2)))
+	s.m.lookupNanos.Add(int64(t3.Sub(t0)))
 	s.m.lookups.Add(1)
 	return nil
 }

@@ -17,6 +17,8 @@ type counters struct {
 	copies, copiedRows           atomic.Int64
 	carriedRows                  atomic.Int64
 	missNanos, blockReadNanos    atomic.Int64
+	lookupNanos, gatherNanos     atomic.Int64
+	finishNanos                  atomic.Int64
 	blockReadBytes               atomic.Int64
 	// directReads is shared with the table files (dropBehindFS).
 	directReads *atomic.Int64
@@ -38,6 +40,11 @@ type Metrics struct {
 	// readers, so it may exceed MissReadNanos), and BlockReadBytes those
 	// blocks' bytes. Point reads (MissPoint) add to MissReadNanos only.
 	MissReadNanos, BlockReadNanos, BlockReadBytes int64
+	// LookupNanos is the wall time of successful Lookup calls, in three
+	// phases: GatherNanos copying hot rows and sorting the misses,
+	// MissReadNanos (above) reading them, FinishNanos offering them to
+	// the hot tier and pooling.
+	LookupNanos, GatherNanos, FinishNanos int64
 	// DirectReads is the table file reads served with O_DIRECT
 	// (Options.DirectReads), past the page cache.
 	DirectReads int64
@@ -78,6 +85,7 @@ func (s *Store) Metrics() Metrics {
 		HotHits: s.m.hotHits.Load(), HotMisses: s.m.hotMisses.Load(),
 		PebbleReads: s.m.pebbleReads.Load(), PebbleBytes: s.m.pebbleBytes.Load(),
 		MissReadNanos: s.m.missNanos.Load(), BlockReadNanos: s.m.blockReadNanos.Load(), BlockReadBytes: s.m.blockReadBytes.Load(),
+		LookupNanos: s.m.lookupNanos.Load(), GatherNanos: s.m.gatherNanos.Load(), FinishNanos: s.m.finishNanos.Load(),
 		DirectReads: s.m.directReads.Load(), HotRestoredRows: s.warm.rows.Load(),
 		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
@@ -127,6 +135,9 @@ func NewCollector(s *Store) *Collector {
 	add("hot_evictions_total", "Rows evicted from the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotEvictions) })
 	add("pebble_reads_total", "Rows read from Pebble.", ctr, func(m Metrics) float64 { return float64(m.PebbleReads) })
 	add("pebble_read_bytes_total", "Bytes of rows read from Pebble.", ctr, func(m Metrics) float64 { return float64(m.PebbleBytes) })
+	add("lookup_seconds_total", "Wall time of successful lookups (gather, miss read and finish phases).", ctr, func(m Metrics) float64 { return float64(m.LookupNanos) / 1e9 })
+	add("lookup_gather_seconds_total", "Wall time lookups spent copying hot-tier rows and sorting the misses.", ctr, func(m Metrics) float64 { return float64(m.GatherNanos) / 1e9 })
+	add("lookup_finish_seconds_total", "Wall time lookups spent offering read rows to the hot tier and pooling.", ctr, func(m Metrics) float64 { return float64(m.FinishNanos) / 1e9 })
 	add("miss_read_seconds_total", "Wall time lookups spent reading hot-tier misses from Pebble.", ctr, func(m Metrics) float64 { return float64(m.MissReadNanos) / 1e9 })
 	add("block_read_seconds_total", "Time Pebble iterators of lookups spent reading blocks not in the block cache (summed over concurrent readers).", ctr, func(m Metrics) float64 { return float64(m.BlockReadNanos) / 1e9 })
 	add("block_read_bytes_total", "Bytes of the blocks lookups read from files.", ctr, func(m Metrics) float64 { return float64(m.BlockReadBytes) })

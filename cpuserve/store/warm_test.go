@@ -343,3 +343,19 @@ func TestWarmRestoreReadError(t *testing.T) {
 		t.Fatalf("a lookup whose read fails: %v", err)
 	}
 }
+
+// TestLookupPhaseTimes: a lookup's wall time is counted whole and by
+// phase (hot rows gathered, misses read, finished), and the phases fit
+// in the whole.
+func TestLookupPhaseTimes(t *testing.T) {
+	tabs := []*testTable{{name: "a", rows: 5000, dim: 8, seed: 1}}
+	s, _ := openMem(t, &Options{HotBytes: 64 << 10, Preload: PreloadOff})
+	if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	skewedLookups(t, s, tabs, rand.New(rand.NewPCG(1, 1)), 20, 256)
+	m := s.Metrics()
+	if m.GatherNanos <= 0 || m.MissReadNanos <= 0 || m.FinishNanos <= 0 || m.GatherNanos+m.MissReadNanos+m.FinishNanos > m.LookupNanos {
+		t.Fatalf("lookup %d ns: gather %d, miss read %d, finish %d", m.LookupNanos, m.GatherNanos, m.MissReadNanos, m.FinishNanos)
+	}
+}

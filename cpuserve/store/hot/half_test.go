@@ -3,7 +3,6 @@ package hot
 import (
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 )
 
@@ -21,78 +20,6 @@ func TestHalfRoundTrip(t *testing.T) {
 		}
 		if F16Table[h] != f || widen(uint32(h)) != f {
 			t.Fatalf("half %#04x: F16Table %v, widen %v, want %v", h, F16Table[h], widen(uint32(h)), f)
-		}
-	}
-}
-
-// TestHalfClass: a half class (odd and even widths, hashed, direct and
-// complete) gives back through Gather the floats admitted, updated and
-// moved (a delete moves the last slot into the hole), and holds about
-// twice the rows of a float32 class in the same budget.
-func TestHalfClass(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	for _, dim := range []int{1, 7, 16} {
-		const rows = 500
-		// Rows of halves, as a float16 table's rows read from the store.
-		data := make([]float32, rows*dim)
-		for i := range data {
-			data[i] = F16ToF32(F32ToF16(float32(r.NormFloat64())))
-		}
-		row := func(id int64) []float32 { return data[id*int64(dim) : (id+1)*int64(dim)] }
-		budget := int64(300 * (dim*4 + slotOverhead))
-		for name, c := range map[string]*Class{
-			"hashed":   NewClass(HalfWidth(dim), budget),
-			"direct":   NewDirectClass(HalfWidth(dim), budget+4*rows, rows),
-			"complete": newCompleteClass(HalfWidth(dim), rows),
-		} {
-			if c.Dim() != dim || c.Width() != HalfWidth(dim) {
-				t.Fatalf("%s dim %d: Dim %d, Width %#x", name, dim, c.Dim(), c.Width())
-			}
-			c.Lock()
-			c.Attach(1, rows)
-			for id := range int64(rows) {
-				k := Key(1, id)
-				if name == "complete" {
-					c.Load(k, Hash(k), row(id))
-				} else {
-					c.Admit(k, Hash(k), row(id))
-				}
-			}
-			// An update, and a delete that moves the last slot.
-			upd := make([]float32, dim)
-			for i := range upd {
-				upd[i] = float32(i) - 0.5
-			}
-			k3 := Key(1, 3)
-			c.Put(k3, Hash(k3), upd)
-			copy(data[3*dim:], upd)
-			k0 := Key(1, 0)
-			c.Delete(k0, Hash(k0))
-			c.Unlock()
-			ids := make([]int64, rows)
-			for i := range ids {
-				ids[i] = int64(i)
-			}
-			out := make([]float32, rows*dim)
-			c.RLock()
-			miss := c.Gather(1, ids, out, make([]int32, rows), nil)
-			c.RUnlock()
-			held := 0
-			for i := range ids {
-				if slices.Contains(miss, int32(i)) {
-					continue
-				}
-				held++
-				if got := out[i*dim : (i+1)*dim]; !slices.Equal(got, row(int64(i))) {
-					t.Fatalf("%s dim %d: row %d = %v, want %v", name, dim, i, got, row(int64(i)))
-				}
-			}
-			if !slices.Contains(miss, 0) {
-				t.Fatalf("%s dim %d: the deleted row is still held", name, dim)
-			}
-			if held == 0 {
-				t.Fatalf("%s dim %d: nothing held", name, dim)
-			}
 		}
 	}
 }

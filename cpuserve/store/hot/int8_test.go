@@ -3,7 +3,6 @@ package hot
 import (
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 )
 
@@ -73,93 +72,6 @@ func TestInt8Pack(t *testing.T) {
 	} {
 		if packInt8(make([]float32, 3), row) {
 			t.Fatalf("%v packs as int8", row)
-		}
-	}
-}
-
-// TestInt8Class: an int8 class (hashed, direct and complete) gives back
-// through Gather the floats admitted, updated and moved, as TestHalfClass;
-// a row that is not an int8 table's is refused (Admit, Load) and an
-// update to one drops the resident row rather than serve the old one.
-func TestInt8Class(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 3))
-	for _, dim := range []int{8, 13, 64} {
-		const rows = 500
-		data := make([]float32, 0, rows*dim)
-		for range rows {
-			x := make([]float32, dim)
-			for i := range x {
-				x[i] = float32(r.NormFloat64() * 0.05)
-			}
-			data = append(data, int8Row(x)...)
-		}
-		row := func(id int64) []float32 { return data[id*int64(dim) : (id+1)*int64(dim)] }
-		budget := int64(300 * (dim*4 + slotOverhead))
-		for name, c := range map[string]*Class{
-			"hashed":   NewClass(Int8Width(dim), budget),
-			"direct":   NewDirectClass(Int8Width(dim), budget+4*rows, rows),
-			"complete": newCompleteClass(Int8Width(dim), rows),
-		} {
-			if c.Dim() != dim || c.Width() != Int8Width(dim) {
-				t.Fatalf("%s dim %d: Dim %d, Width %#x", name, dim, c.Dim(), c.Width())
-			}
-			bad := make([]float32, dim)
-			bad[0], bad[1] = 1, 0.3
-			c.Lock()
-			c.Attach(1, rows)
-			for id := range int64(rows) {
-				k := Key(1, id)
-				if name == "complete" {
-					c.Load(k, Hash(k), row(id))
-				} else {
-					c.Admit(k, Hash(k), row(id))
-				}
-			}
-			upd := int8Row(slices.Repeat([]float32{0.5, -0.25}, (dim+1)/2)[:dim])
-			k3, k0, k7 := Key(1, 3), Key(1, 0), Key(1, 7)
-			c.Put(k3, Hash(k3), upd)
-			copy(data[3*dim:], upd)
-			c.Delete(k0, Hash(k0))
-			if _, held := c.lookup(k7, Hash(k7)); !held {
-				t.Fatalf("%s dim %d: row 7 not held", name, dim)
-			}
-			c.Put(k7, Hash(k7), bad) // not an int8 row: row 7 must go
-			kb := Key(1, rows-1)
-			c.Delete(kb, Hash(kb))
-			if name == "complete" {
-				if c.Load(kb, Hash(kb), bad) {
-					t.Fatalf("%s dim %d: Load took a row that is no int8 table's", name, dim)
-				}
-			} else if c.Admit(kb, Hash(kb), bad) {
-				t.Fatalf("%s dim %d: Admit took a row that is no int8 table's", name, dim)
-			}
-			c.Unlock()
-			ids := make([]int64, rows)
-			for i := range ids {
-				ids[i] = int64(i)
-			}
-			out := make([]float32, rows*dim)
-			c.RLock()
-			miss := c.Gather(1, ids, out, make([]int32, rows), nil)
-			c.RUnlock()
-			held := 0
-			for i := range ids {
-				if slices.Contains(miss, int32(i)) {
-					continue
-				}
-				held++
-				if got := out[i*dim : (i+1)*dim]; !slices.Equal(got, row(int64(i))) {
-					t.Fatalf("%s dim %d: row %d = %v, want %v", name, dim, i, got, row(int64(i)))
-				}
-			}
-			for _, gone := range []int32{0, 7, rows - 1} {
-				if !slices.Contains(miss, gone) {
-					t.Fatalf("%s dim %d: row %d is still held", name, dim, gone)
-				}
-			}
-			if held == 0 {
-				t.Fatalf("%s dim %d: nothing held", name, dim)
-			}
 		}
 	}
 }
