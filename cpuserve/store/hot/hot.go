@@ -249,9 +249,9 @@ const (
 // bytes and gives back the very floats a read from the store would.
 func HalfWidth(dim int) int { return dim | halfBit }
 
-// minInt8Dim is the narrowest row held as int8: a narrower one packs to
-// too few bytes fewer than its float32 words to be worth the widening
-// (and Gather widens in place, which needs dim-words of headroom).
+// minInt8Dim is the narrowest row held as int8: narrower rows save too
+// few bytes to be worth the widening (and Gather widens in place, which
+// needs room for the packed words in the row's tail).
 const minInt8Dim = 8
 
 // Int8Width is the width code of a class holding rows of width dim as a
@@ -353,7 +353,7 @@ func (c *Class) TryLock() bool { return c.mu.TryLock() }
 func (c *Class) Unlock()       { c.mu.Unlock() }
 
 // Get returns the cached row of key (hash h), aliasing the arena: the
-// caller holds RLock (or Lock) while it reads the row. A half class's
+// caller holds RLock (or Lock) while it reads the row. A packed class's
 // row is its packed words (Gather reads rows of any class).
 func (c *Class) Get(key, h uint64) ([]float32, bool) {
 	slot, ok := c.lookup(key, h)
