@@ -26,12 +26,25 @@ import (
 // of tables no longer active are skipped.
 
 // hotSnapPrefix starts the keys of the hot tier's snapshots, one per row
-// width, under the metadata table id 0.
+// width, under the metadata table id 0. A width's snapshot is written in
+// parts of at most snapPartBytes, keyed hotSnapKey(width) + the part's
+// number, each part in a batch of its own: a large tier's snapshot (a
+// 256 MiB sketch for 30M slots) never becomes one Pebble value and one
+// batch the size of the memtable. The parts read back in key order are
+// the encoding, whose magic and CRC reject a save cut short.
 const hotSnapPrefix = "\x00\x00\x00\x00hot/"
 
 func hotSnapKey(dim int) []byte {
 	return binary.BigEndian.AppendUint32([]byte(hotSnapPrefix), uint32(dim))
 }
+
+func hotSnapPartKey(dim, part int) []byte {
+	return binary.BigEndian.AppendUint32(hotSnapKey(dim), uint32(part))
+}
+
+// snapPartBytes is the most bytes of a snapshot in one part (a var for
+// tests).
+var snapPartBytes = 4 << 20
 
 // warmChunk is how many keys (of one table) a restore reads per iterator
 // and loads per class lock; warmReaders how many chunks are read at once.
@@ -167,14 +180,28 @@ func (s *Store) restoreHot(ctx context.Context) error {
 // readHotSnapshot reads the saved snapshot of width dim; ok is false when
 // there is none.
 func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error) {
-	val, closer, err := s.db.Get(hotSnapKey(dim))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return snap, false, nil
-	}
+	key := hotSnapKey(dim)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: key, UpperBound: prefixEnd(key)})
 	if err != nil {
 		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}
-	defer closer.Close()
+	var val []byte
+	for valid := it.First(); valid; valid = it.Next() {
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+		}
+		val = append(val, v...)
+		ok = true
+	}
+	if err := it.Close(); err != nil {
+		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+	}
+	if !ok {
+		return snap, false, nil
+	}
+	ok = false
 	if err := snap.UnmarshalBinary(val); err != nil {
 		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}
@@ -418,11 +445,14 @@ func (s *Store) collectHotSnapshots(save bool) []hot.Snapshot {
 	return snaps
 }
 
-// commitHotSnapshots replaces the saved snapshots with snaps in one synced
-// batch; it writes nothing when there is nothing to drop or save.
+// commitHotSnapshots replaces the saved snapshots with snaps: the old ones
+// dropped in the first batch, then each snapshot's parts in batches of
+// one part, the last synced. It writes nothing when there is nothing to
+// drop or save. A save cut short leaves parts that do not decode, which
+// costs the next Open its warmth, never its rows.
 func (s *Store) commitHotSnapshots(snaps []hot.Snapshot) error {
 	b := s.db.NewBatch()
-	defer b.Close()
+	defer func() { b.Close() }()
 	prefix := []byte(hotSnapPrefix)
 	saved, err := s.hasHotSnapshots()
 	if err != nil {
@@ -439,8 +469,19 @@ func (s *Store) commitHotSnapshots(snaps []hot.Snapshot) error {
 		if err != nil {
 			return err
 		}
-		if err := b.Set(hotSnapKey(snaps[i].Dim), val, nil); err != nil {
-			return err
+		for part := 0; len(val) > 0; part++ {
+			n := min(len(val), snapPartBytes)
+			if !b.Empty() && int(b.Len())+n > snapPartBytes {
+				if err := b.Commit(pebble.NoSync); err != nil {
+					return err
+				}
+				b.Close()
+				b = s.db.NewBatch()
+			}
+			if err := b.Set(hotSnapPartKey(snaps[i].Dim, part), val[:n], nil); err != nil {
+				return err
+			}
+			val = val[n:]
 		}
 	}
 	if b.Empty() {

@@ -359,3 +359,82 @@ func TestLookupPhaseTimes(t *testing.T) {
 		t.Fatalf("lookup %d ns: gather %d, miss read %d, finish %d", m.LookupNanos, m.GatherNanos, m.MissReadNanos, m.FinishNanos)
 	}
 }
+
+// TestWarmRestartInParts: a snapshot larger than a part is saved in
+// several parts (each its own batch) and restored whole; a save cut
+// short (its last part missing) costs the restart its warmth and
+// nothing else, and the next Close saves a whole one again.
+func TestWarmRestartInParts(t *testing.T) {
+	defer func(n int) { snapPartBytes = n }(snapPartBytes)
+	snapPartBytes = 4 << 10
+	ctx := context.Background()
+	tabs := []*testTable{{name: "a", rows: 30000, dim: 8, seed: 1}}
+	o := &Options{HotBytes: 512 << 10, Preload: PreloadOff, WarmRestart: true}
+	s, fs := openMem(t, o)
+	if _, err := s.Ingest(ctx, writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	skewedLookups(t, s, tabs, r, 60, 256)
+	want := resident(s, 8)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The parts as saved.
+	db, err := pebble.Open("db", &pebble.Options{FS: fs, Logger: quietLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts [][]byte
+	it, _ := db.NewIter(&pebble.IterOptions{LowerBound: hotSnapKey(8), UpperBound: prefixEnd(hotSnapKey(8))})
+	for ok := it.First(); ok; ok = it.Next() {
+		if len(it.Value()) > snapPartBytes {
+			t.Fatalf("a part of %d bytes", len(it.Value()))
+		}
+		parts = append(parts, slices.Clone(it.Key()))
+	}
+	it.Close()
+	db.Close()
+	if len(parts) < 3 {
+		t.Fatalf("%d parts for %d keys in parts of %d bytes", len(parts), len(want), snapPartBytes)
+	}
+	o.FS = fs
+	s2, err := Open("db", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := waitWarm(t, s2); rep.Err != nil || rep.Rows != int64(len(want)) || rep.Sketches != 1 {
+		t.Fatalf("restored from %d parts: %+v, want %d rows", len(parts), rep, len(want))
+	}
+	if got := resident(s2, 8); !slices.Equal(got, want) {
+		t.Fatalf("%d keys resident after the restart, want the %d before", len(got), len(want))
+	}
+	s2.Close()
+
+	// Cut short: the last part lost.
+	db, err = pebble.Open("db", &pebble.Options{FS: fs, Logger: quietLogger{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Delete(parts[len(parts)-1], pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s3, err := Open("db", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := waitWarm(t, s3); !errors.Is(rep.Err, hot.ErrSnapshot) || rep.Rows != 0 {
+		t.Fatalf("a snapshot missing its last part: %+v", rep)
+	}
+	skewedLookups(t, s3, tabs, r, 60, 256) // serves, and warms again
+	s3.Close()
+	s4, err := Open("db", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s4.Close()
+	if rep := waitWarm(t, s4); rep.Err != nil || rep.Rows == 0 {
+		t.Fatalf("after a save cut short was replaced: %+v", rep)
+	}
+}
