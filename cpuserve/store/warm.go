@@ -186,6 +186,7 @@ func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error)
 		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}
 	var val []byte
+	found := false
 	for valid := it.First(); valid; valid = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
@@ -193,15 +194,14 @@ func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error)
 			return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 		}
 		val = append(val, v...)
-		ok = true
+		found = true
 	}
 	if err := it.Close(); err != nil {
 		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}
-	if !ok {
+	if !found {
 		return snap, false, nil
 	}
-	ok = false
 	if err := snap.UnmarshalBinary(val); err != nil {
 		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}

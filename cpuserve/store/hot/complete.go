@@ -70,19 +70,20 @@ func (t *Tier) Complete() bool { return t.complete }
 // update sequence check).
 func (c *Class) Load(key, h uint64, row []float32) bool {
 	if slot, ok := c.lookup(key, h); ok {
-		if !c.put(slot, row) {
+		if !c.prepare(row) {
 			c.remove(key, h)
 			c.freeSlot(slot)
 			return false
 		}
+		c.put(slot, row)
 		return true
 	}
-	if c.used >= c.slots || (c.direct != nil && c.direct[uint32(key>>40)] == nil) || !c.fits(row) {
+	if c.used >= c.slots || (c.direct != nil && c.direct[uint32(key>>40)] == nil) || !c.prepare(row) {
 		return false
 	}
 	slot := c.used
 	c.used++
-	c.put(slot, row) // fits checked above
+	c.put(slot, row)
 	c.slotKey[slot] = key
 	c.insert(key, h, int32(slot))
 	return true

@@ -24,19 +24,6 @@ func TestHalfRoundTrip(t *testing.T) {
 	}
 }
 
-// TestHalfClassHoldsMore: in a budget, a half class of dim-64 rows (the
-// larger-than-memory benchmark's) holds over 1.6x the rows of a float32
-// class: each row takes 128 bytes instead of 256, its index and sketch
-// 48 either way.
-func TestHalfClassHoldsMore(t *testing.T) {
-	const budget = 64 << 20
-	half, full := NewClass(HalfWidth(64), budget).Stats().Slots, NewClass(64, budget).Stats().Slots
-	if float64(half) < 1.6*float64(full) {
-		t.Fatalf("%d rows as halves, %d as float32 in %d MiB", half, full, budget>>20)
-	}
-	t.Logf("%d MiB: %d rows as halves, %d as float32 (%.2fx)", budget>>20, half, full, float64(half)/float64(full))
-}
-
 // BenchmarkGather64: a hit's cost, float32 rows (a copy) against halves
 // and int8 rows (widened in place), dim 64, 270 random resident ids a
 // batch from a class of 256 MiB.

@@ -293,10 +293,22 @@ func splitWidth(width int) (dim, words int, f form) {
 	return width, width, formFloat32
 }
 
-// put writes row into slot's words; false (nothing written) when the
-// class's form cannot hold row exactly (an int8 class given a row that
-// is not a scale times int8s). Caller holds Lock.
-func (c *Class) put(slot int, row []float32) bool {
+// prepare readies row for put: an int8 class packs it into c.pack,
+// false when it is not a scale times int8s (the form cannot hold it
+// exactly); other forms hold every row. Caller holds Lock.
+func (c *Class) prepare(row []float32) bool {
+	if c.form != formInt8 {
+		return true
+	}
+	if len(c.pack) < c.words {
+		c.pack = make([]float32, c.words)
+	}
+	return packInt8(c.pack[:c.words], row)
+}
+
+// put writes row, readied by prepare, into slot's words. Caller holds
+// Lock.
+func (c *Class) put(slot int, row []float32) {
 	dst := c.arena[slot*c.words : (slot+1)*c.words]
 	switch c.form {
 	case formHalf:
@@ -309,28 +321,10 @@ func (c *Class) put(slot int, row []float32) bool {
 			dst[i] = math.Float32frombits(lo | hi<<16)
 		}
 	case formInt8:
-		if len(c.pack) < c.words {
-			c.pack = make([]float32, c.words)
-		}
-		if !packInt8(c.pack[:c.words], row) {
-			return false
-		}
-		copy(dst, c.pack)
+		copy(dst, c.pack[:c.words])
 	default:
 		copy(dst, row)
 	}
-	return true
-}
-
-// fits reports whether put would hold row. Caller holds Lock.
-func (c *Class) fits(row []float32) bool {
-	if c.form != formInt8 {
-		return true
-	}
-	if len(c.pack) < c.words {
-		c.pack = make([]float32, c.words)
-	}
-	return packInt8(c.pack[:c.words], row)
 }
 
 // widen is F16ToF32 of h: arithmetic for normal halves (the exponent
@@ -521,7 +515,7 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 	if _, ok := c.lookup(key, h); ok {
 		return true
 	}
-	if c.direct != nil && c.direct[uint32(key>>40)] == nil || !c.fits(row) {
+	if c.direct != nil && c.direct[uint32(key>>40)] == nil || !c.prepare(row) {
 		c.rejections.Add(1)
 		return false
 	}
@@ -545,7 +539,7 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 		c.evictions.Add(1)
 		slot = victim
 	}
-	c.put(slot, row) // fits checked above
+	c.put(slot, row)
 	c.slotKey[slot] = key
 	c.insert(key, h, int32(slot))
 	c.admissions.Add(1)
@@ -557,11 +551,12 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 // drops the resident one instead. Caller holds Lock.
 func (c *Class) Put(key, h uint64, row []float32) {
 	if slot, ok := c.lookup(key, h); ok {
-		if !c.put(slot, row) {
+		if !c.prepare(row) {
 			c.remove(key, h)
 			c.freeSlot(slot)
 			return
 		}
+		c.put(slot, row)
 		c.updates.Add(1)
 	}
 }

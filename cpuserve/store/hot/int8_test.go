@@ -76,18 +76,6 @@ func TestInt8Pack(t *testing.T) {
 	}
 }
 
-// TestInt8ClassHoldsMore: in a budget, an int8 class of dim-64 rows holds
-// over 2.4x the rows of a float32 class (68 bytes a row against 256, its
-// index and sketch 48 either way).
-func TestInt8ClassHoldsMore(t *testing.T) {
-	const budget = 64 << 20
-	i8, full := NewClass(Int8Width(64), budget).Stats().Slots, NewClass(64, budget).Stats().Slots
-	if float64(i8) < 2.4*float64(full) {
-		t.Fatalf("%d rows as int8, %d as float32 in %d MiB", i8, full, budget>>20)
-	}
-	t.Logf("%d MiB: %d rows as int8, %d as float32 (%.2fx)", budget>>20, i8, full, float64(i8)/float64(full))
-}
-
 // TestWidthCodes: the width codes a class may have, and Int8Width's
 // floor.
 func TestWidthCodes(t *testing.T) {

@@ -115,3 +115,23 @@ func TestPackedClass(t *testing.T) {
 		}
 	}
 }
+
+// TestPackedClassHoldsMore: in a budget, a packed class of dim-64 rows
+// (the larger-than-memory benchmark's) holds more rows than a float32
+// class: 128 bytes a row as halves and 68 as int8 against 256, the index
+// and sketch's 48 the same for all.
+func TestPackedClassHoldsMore(t *testing.T) {
+	const budget = 64 << 20
+	full := NewClass(64, budget).Stats().Slots
+	for _, c := range []struct {
+		name  string
+		width int
+		least float64
+	}{{"halves", HalfWidth(64), 1.6}, {"int8", Int8Width(64), 2.4}} {
+		n := NewClass(c.width, budget).Stats().Slots
+		if float64(n) < c.least*float64(full) {
+			t.Fatalf("%d rows as %s, %d as float32 in %d MiB", n, c.name, full, budget>>20)
+		}
+		t.Logf("%d MiB: %d rows as %s, %d as float32 (%.2fx)", budget>>20, n, c.name, full, float64(n)/float64(full))
+	}
+}
