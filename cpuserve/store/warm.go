@@ -420,37 +420,36 @@ func (s *Store) saveHot() error {
 	if rep, _ := s.Warmed(); s.opts.WarmRestart && !rep.Done {
 		return nil
 	}
-	return s.commitHotSnapshots(s.collectHotSnapshots(s.opts.WarmRestart))
+	return s.commitHotSnapshots(context.Background(), s.hotClasses(s.opts.WarmRestart))
 }
 
-// collectHotSnapshots copies the tier's classes (none when save is false
-// or the tier is complete), each under its read lock. The caller holds
-// mu (shared or exclusive), so the tier is not replaced meanwhile.
-func (s *Store) collectHotSnapshots(save bool) []hot.Snapshot {
+// hotClasses lists the tier's classes whose snapshots a save writes:
+// none when save is false or the tier is complete. The caller holds mu
+// (shared or exclusive), so the tier is not replaced meanwhile.
+func (s *Store) hotClasses(save bool) []*hot.Class {
 	v := s.view.Load()
 	if !save || v.tier.Complete() {
 		return nil
 	}
-	var snaps []hot.Snapshot
+	var classes []*hot.Class
 	for _, dim := range v.dims {
 		if cls := v.tier.Class(dim); cls != nil {
-			cls.RLock()
-			snap := cls.Snapshot()
-			cls.RUnlock()
-			if len(snap.Keys) > 0 {
-				snaps = append(snaps, snap)
-			}
+			classes = append(classes, cls)
 		}
 	}
-	return snaps
+	return classes
 }
 
-// commitHotSnapshots replaces the saved snapshots with snaps: the old ones
-// dropped in the first batch, then each snapshot's parts in batches of
-// one part, the last synced. It writes nothing when there is nothing to
-// drop or save. A save cut short leaves parts that do not decode, which
-// costs the next Open its warmth, never its rows.
-func (s *Store) commitHotSnapshots(snaps []hot.Snapshot) error {
+// commitHotSnapshots replaces the saved snapshots with those of classes:
+// the old ones dropped in the first batch, then each class's snapshot
+// (hot.Class.WriteSnapshot) in parts of at most snapPartBytes, a batch
+// of one part each (parts small enough share one), the last synced. A
+// class holding no row is not saved. It writes nothing when there is
+// nothing to drop or save. A save cut short (an error, ctx done between
+// parts) leaves parts that do not decode, which costs the next Open its
+// warmth, never its rows. Besides Pebble's own, it holds the keys of
+// one class (8 bytes a row) and a part at a time.
+func (s *Store) commitHotSnapshots(ctx context.Context, classes []*hot.Class) error {
 	b := s.db.NewBatch()
 	defer func() { b.Close() }()
 	prefix := []byte(hotSnapPrefix)
@@ -463,25 +462,24 @@ func (s *Store) commitHotSnapshots(snaps []hot.Snapshot) error {
 			return err
 		}
 	}
-	for i := range snaps {
-		snaps[i].SortKeys()
-		val, err := snaps[i].MarshalBinary()
-		if err != nil {
-			return err
-		}
-		for part := 0; len(val) > 0; part++ {
-			n := min(len(val), snapPartBytes)
-			if !b.Empty() && int(b.Len())+n > snapPartBytes {
+	for _, cls := range classes {
+		part := 0
+		_, err := cls.WriteSnapshot(snapPartBytes, func(p []byte) error {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if !b.Empty() && int(b.Len())+len(p) > snapPartBytes {
 				if err := b.Commit(pebble.NoSync); err != nil {
 					return err
 				}
 				b.Close()
 				b = s.db.NewBatch()
 			}
-			if err := b.Set(hotSnapPartKey(snaps[i].Dim, part), val[:n], nil); err != nil {
-				return err
-			}
-			val = val[n:]
+			part++
+			return b.Set(hotSnapPartKey(cls.Width(), part-1), p, nil) // Set copies p
+		})
+		if err != nil {
+			return err
 		}
 	}
 	if b.Empty() {
@@ -509,10 +507,13 @@ func (s *Store) snapshotEvery(d time.Duration) {
 			return
 		case <-t.C:
 		}
-		s.mu.RLock() // no tier swap while copying; sorted and written after
-		snaps := s.collectHotSnapshots(true)
+		s.mu.RLock() // no tier swap while listing; a class swapped out meanwhile saves its last keys, and the next save the new tier's
+		classes := s.hotClasses(true)
 		s.mu.RUnlock()
-		err := s.commitHotSnapshots(snaps)
+		err := s.commitHotSnapshots(s.closeCtx, classes)
+		if errors.Is(err, context.Canceled) {
+			return // Close began: it saves the tier itself
+		}
 		if err != nil {
 			s.opts.Logger.Errorf("store %q: saving the hot tier's snapshot: %v", s.dir, err)
 		} else {

@@ -438,3 +438,58 @@ func TestWarmRestartInParts(t *testing.T) {
 		t.Fatalf("after a save cut short was replaced: %+v", rep)
 	}
 }
+
+// partsCtx is a context whose Err turns Canceled after n calls: a save
+// that checks it before each part stops after n parts.
+type partsCtx struct {
+	context.Context
+	n int
+}
+
+func (c *partsCtx) Err() error {
+	if c.n--; c.n < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestSnapshotSaveStopped: a save stopped between parts (a periodic save
+// when Close begins) returns Canceled and leaves what does not decode,
+// so nothing stale is restored; the Close after it saves the tier whole.
+func TestSnapshotSaveStopped(t *testing.T) {
+	defer func(n int) { snapPartBytes = n }(snapPartBytes)
+	snapPartBytes = 4 << 10
+	tabs := []*testTable{{name: "a", rows: 30000, dim: 8, seed: 1}}
+	o := &Options{HotBytes: 512 << 10, Preload: PreloadOff, WarmRestart: true}
+	s, fs := openMem(t, o)
+	if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	skewedLookups(t, s, tabs, rand.New(rand.NewPCG(3, 4)), 60, 256)
+	if err := s.commitHotSnapshots(context.Background(), s.hotClasses(true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.readHotSnapshot(8); !ok || err != nil {
+		t.Fatalf("a whole save: found %v, %v", ok, err)
+	}
+	if err := s.commitHotSnapshots(&partsCtx{context.Background(), 2}, s.hotClasses(true)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a save stopped after two parts: %v", err)
+	}
+	if _, ok, err := s.readHotSnapshot(8); ok || !errors.Is(err, hot.ErrSnapshot) {
+		t.Fatalf("after a save stopped after two parts: found %v, %v; want a snapshot that does not decode", ok, err)
+	}
+	skewedLookups(t, s, tabs, rand.New(rand.NewPCG(5, 6)), 20, 256)
+	want := resident(s, 8)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o.FS = fs
+	s2, err := Open("db", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if rep := waitWarm(t, s2); rep.Err != nil || rep.Rows != int64(len(want)) {
+		t.Fatalf("restored after Close saved over a stopped save: %+v, want %d rows", rep, len(want))
+	}
+}

@@ -102,22 +102,137 @@ func (s *Snapshot) MarshalBinary() ([]byte, error) {
 	if !slices.IsSorted(s.Keys) {
 		return nil, errors.New("hot snapshot: keys not ascending")
 	}
-	b := make([]byte, 0, len(snapshotMagic)+4*binary.MaxVarintLen64+2*len(s.Keys)+8*len(s.Sketch)+4)
-	b = append(b, snapshotMagic...)
-	b = binary.AppendUvarint(b, uint64(s.Dim))
-	b = binary.AppendUvarint(b, uint64(s.Slots))
-	b = binary.AppendUvarint(b, uint64(len(s.Keys)))
+	out := make([]byte, 0, len(snapshotMagic)+4*binary.MaxVarintLen64+2*len(s.Keys)+8*len(s.Sketch)+4)
+	w := &partWriter{size: 64 << 10, emit: func(p []byte) error { out = append(out, p...); return nil }}
+	err := encodeSnapshot(w, s.Dim, s.Slots, s.Keys, s.Additions, len(s.Sketch), func(off int, dst []uint64) {
+		copy(dst, s.Sketch[off:])
+	})
+	return out, err
+}
+
+// WriteSnapshot encodes the class's snapshot as MarshalBinary encodes it,
+// handing emit the encoding in order, in parts of partBytes (the last
+// shorter); emit may not keep a part past its return. It holds the
+// class's read lock to copy the resident keys, and again for each chunk
+// of the sketch it copies, never while emit runs, so a save costs a copy
+// of the keys (8 bytes a resident row) and partBytes, not a copy of the
+// sketch and the whole encoding. The sketch is read as lookups count,
+// which a frequency estimate can afford. It returns how many keys it
+// wrote; with none it emits nothing. An error from emit ends it.
+func (c *Class) WriteSnapshot(partBytes int, emit func(part []byte) error) (keys int, err error) {
+	c.RLock()
+	dim, slots, additions := c.Width(), c.slots, 0
+	ks := slices.Clone(c.slotKey[:c.used])
+	sk := c.sk
+	if sk != nil {
+		additions = sk.additions
+	}
+	c.RUnlock()
+	if len(ks) == 0 {
+		return 0, nil
+	}
+	slices.Sort(ks)
+	nwords := 0
+	if sk != nil {
+		nwords = len(sk.words)
+	}
+	w := &partWriter{size: max(partBytes, 1), emit: emit}
+	return len(ks), encodeSnapshot(w, dim, slots, ks, additions, nwords, func(off int, dst []uint64) {
+		c.RLock()
+		copy(dst, sk.words[off:]) // a class's sketch is never replaced nor resized once made
+		c.RUnlock()
+	})
+}
+
+// snapshotSketchChunk is how many sketch words an encoding copies at a
+// time (under the class's read lock, for WriteSnapshot).
+const snapshotSketchChunk = 16 << 10
+
+// encodeSnapshot writes MarshalBinary's encoding to w; words copies the
+// sketch's words from off into dst.
+func encodeSnapshot(w *partWriter, dim, slots int, keys []uint64, additions, nwords int, words func(off int, dst []uint64)) error {
+	w.write([]byte(snapshotMagic))
+	w.uvarint(uint64(dim))
+	w.uvarint(uint64(slots))
+	w.uvarint(uint64(len(keys)))
 	prev := uint64(0)
-	for _, k := range s.Keys {
-		b = binary.AppendUvarint(b, k-prev)
+	for _, k := range keys {
+		w.uvarint(k - prev)
 		prev = k
 	}
-	b = binary.AppendUvarint(b, uint64(s.Additions))
-	b = binary.AppendUvarint(b, uint64(len(s.Sketch)))
-	for _, w := range s.Sketch {
-		b = binary.LittleEndian.AppendUint64(b, w)
+	w.uvarint(uint64(additions))
+	w.uvarint(uint64(nwords))
+	if nwords > 0 {
+		chunk := make([]uint64, min(nwords, snapshotSketchChunk))
+		raw := make([]byte, 8*len(chunk))
+		for off := 0; off < nwords && w.err == nil; off += len(chunk) {
+			n := min(len(chunk), nwords-off)
+			words(off, chunk[:n])
+			for i, x := range chunk[:n] {
+				binary.LittleEndian.PutUint64(raw[8*i:], x)
+			}
+			w.write(raw[:8*n])
+		}
 	}
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli)), nil
+	w.sum()
+	w.summed = true
+	var sum [4]byte
+	binary.LittleEndian.PutUint32(sum[:], w.crc)
+	w.write(sum[:])
+	w.flush()
+	return w.err
+}
+
+// partWriter cuts what is written to it into parts of size bytes for
+// emit, keeping the CRC-32C of everything written before summed is set.
+type partWriter struct {
+	buf    []byte
+	size   int
+	crc    uint32
+	crcd   int // bytes at the head of buf already in crc
+	summed bool
+	emit   func([]byte) error
+	err    error
+}
+
+func (w *partWriter) write(p []byte) {
+	for len(p) > 0 && w.err == nil {
+		if w.buf == nil {
+			w.buf = make([]byte, 0, w.size)
+		}
+		n := min(len(p), w.size-len(w.buf))
+		w.buf = append(w.buf, p[:n]...)
+		p = p[n:]
+		if len(w.buf) == w.size {
+			w.flush()
+		}
+	}
+}
+
+func (w *partWriter) uvarint(v uint64) {
+	if w.buf != nil && w.size-len(w.buf) > binary.MaxVarintLen64 {
+		w.buf = binary.AppendUvarint(w.buf, v) // the common case: no copy
+		return
+	}
+	var b [binary.MaxVarintLen64]byte
+	w.write(b[:binary.PutUvarint(b[:], v)])
+}
+
+// sum adds the bytes of buf not yet summed to crc, unless the checksum
+// has been written.
+func (w *partWriter) sum() {
+	if !w.summed {
+		w.crc = crc32.Update(w.crc, castagnoli, w.buf[w.crcd:])
+		w.crcd = len(w.buf)
+	}
+}
+
+func (w *partWriter) flush() {
+	if len(w.buf) > 0 && w.err == nil {
+		w.sum()
+		w.err = w.emit(w.buf)
+		w.buf, w.crcd = w.buf[:0], 0
+	}
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
