@@ -188,7 +188,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 				// second router) or a lie: adopting it would renumber
 				// the model and leave every real worker behind.
 				if m.foreign[w.GetId()] != seq {
-					s.logf(slog.LevelError, "embedding worker claims updates this router never numbered; it is left out of the model (no updates, no lookups) and the sequence goes on: give it a copy of an up-to-date worker's store (do two routers take updates for this model?)",
+					s.logf(slog.LevelError, "embedding worker claims updates this router never numbered; it is left out of the model (no updates, no lookups) and the sequence goes on: give it a copy of an up-to-date worker's store (do two routers take updates for this model? was the router's update log folder restored from a copy older than the workers' stores? then remove that folder and restart the router)",
 						"model", model, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
 				}
 				m.foreign[w.GetId()] = seq

@@ -15,10 +15,16 @@ import (
 // at next, committed, with log holding floor+1 .. next"; it comes before
 // any other. The model then continues from next and its workers serve
 // only holding committed, and a worker behind is caught up from log.
-// The startup window still applies: inside it a worker announcing a
-// later seq is adopted as with no log (the log is older than the
-// workers' stores: a write of it failed, or it was copied back from
-// elsewhere), since this router has numbered nothing yet.
+// Updates the log numbered count as numbered by this router: a worker
+// announcing a later seq, even inside the startup window, is foreign
+// and never clears the log. The router writes an update to its log
+// before it sends it, so no worker of this history can hold one the log
+// lacks; a worker that does holds another history (a store copied from
+// elsewhere, a second router) or lies, and adopting its number would
+// leave every real worker behind and drop the log they catch up from.
+// (A log folder restored from an older copy than the workers' stores is
+// the operator's to remove: with no log the workers' numbering is
+// adopted in the startup window, as at a first start.)
 func (s *sequencer) restore(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest) {
 	m := s.model(model)
 	m.next, m.committed, m.floor, m.log, m.bytes = next, committed, floor, log, 0
@@ -27,6 +33,7 @@ func (s *sequencer) restore(model string, next, committed, floor int64, log []*p
 	}
 	if next > 0 {
 		s.any = true
+		m.handedOut = true
 	}
 }
 
