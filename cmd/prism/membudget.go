@@ -143,3 +143,23 @@ func (mb *memBudget) raiseProcs(st *store.Store, missParallel int) (from, to int
 	}
 	return from, from
 }
+
+// indexCacheAdvice is what to tell an operator whose block cache of
+// cache bytes cannot keep the SSTs' index and filter blocks (index +
+// filter bytes, Store.IndexBytes) with a quarter to spare for data
+// blocks, when lookups read misses from Pebble (the hot tier does not
+// hold every row: complete false). Every missed row then reads its SST's
+// index block from the device too, two reads instead of one
+// (BENCHMARKS: a larger-than-memory worker whose cache held no index
+// block). The index is about half a percent of the tables' bytes (one
+// entry per 4 KiB block: 16.3 MB for bench-ltm-e2e's 3.4 GB store), so
+// the 256 MiB default keeps the index of about 50 GB of tables. "" when
+// nothing is to be said.
+func indexCacheAdvice(index, filter, cache int64, complete bool) string {
+	need := (index + filter) * 4 / 3
+	if complete || need <= cache {
+		return ""
+	}
+	return fmt.Sprintf("the block cache (%s) cannot keep the store's index blocks (%s) with room for data blocks: a row missed by the hot tier will also read its index block from the device; give --cache-bytes %s or more",
+		flagval.FormatBytes(cache), flagval.FormatBytes(index+filter), flagval.FormatBytes(need))
+}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/flagval"
 )
 
 // raiseProcs leaves GOMAXPROCS alone without a budget and when it was set
@@ -37,5 +39,29 @@ func TestRaiseProcs(t *testing.T) {
 	}
 	if from, to := mb.raiseProcs(st, 1); to != from {
 		t.Fatalf("already above 2 per reader: %d -> %d", from, to)
+	}
+}
+
+func TestIndexCacheAdvice(t *testing.T) {
+	for _, tc := range []struct {
+		name                 string
+		index, filter, cache int64
+		complete, warn       bool
+	}{
+		{"fits with a quarter to spare", 24 << 20, 0, 32 << 20, false, false},
+		{"index and filter past three quarters", 20 << 20, 5 << 20, 32 << 20, false, true},
+		{"larger than the cache", 400 << 20, 0, 256 << 20, false, true},
+		{"every row in the hot tier: no miss reads", 400 << 20, 0, 256 << 20, true, false},
+		{"empty store", 0, 0, 8 << 20, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := indexCacheAdvice(tc.index, tc.filter, tc.cache, tc.complete)
+			if (msg != "") != tc.warn {
+				t.Fatalf("advice %q, want a warning: %v", msg, tc.warn)
+			}
+			if tc.warn && !strings.Contains(msg, "--cache-bytes "+flagval.FormatBytes((tc.index+tc.filter)*4/3)) {
+				t.Fatalf("advice %q does not name the cache to give", msg)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -130,6 +131,13 @@ at --advertise-addr.`,
 			}
 			defer srv.Close()
 			budget.report(cmd.ErrOrStderr(), log, st)
+			if index, filter, err := st.IndexBytes(); err == nil {
+				cache := cmp.Or(so.CacheBytes, store.DefaultCacheBytes)
+				if msg := indexCacheAdvice(index, filter, cache, st.Preloaded().Complete); msg != "" {
+					fmt.Fprintln(cmd.ErrOrStderr(), "warning: "+msg)
+					log.Warn("block cache smaller than the index", "cache_bytes", cache, "index_bytes", index, "filter_bytes", filter)
+				}
+			}
 			if from, to := budget.raiseProcs(st, missParallel); to != from {
 				fmt.Fprintf(cmd.ErrOrStderr(), "misses are read from the device: GOMAXPROCS %d -> %d (a blocking read holds its P)\n", from, to)
 				log.Info("GOMAXPROCS raised for device reads", "from", from, "to", to)
