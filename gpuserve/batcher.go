@@ -46,6 +46,10 @@ type BatchOptions struct {
 	// (the zero value: earliest deadline first, work predicted to miss
 	// its deadline refused) or OrderFIFO (arrival order). See schedule.go.
 	Order Order
+	// Gate, when set, is shared by the batchers of one worker's models:
+	// a formed batch waits there for a run slot, granted by deadline
+	// across the models (gate.go). Nil: each batch runs as formed.
+	Gate *RunGate
 }
 
 // EnsureDefaults fills zero fields.
@@ -350,6 +354,12 @@ func (b *Batcher) loop(r Runner) {
 		if len(d.batch) > 0 {
 			if more {
 				b.signal() // another runner may take the rest
+			}
+			if g := b.opts.Gate; g != nil {
+				release := g.Acquire(due(d.batch))
+				b.run(r, d.batch)
+				release()
+				continue
 			}
 			b.run(r, d.batch)
 			continue

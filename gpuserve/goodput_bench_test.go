@@ -165,3 +165,107 @@ func BenchmarkGoodputOverload(b *testing.B) {
 		b.ReportMetric(edf.goodput()/max, "edf_goodput/max")
 	}
 }
+
+// deviceRunner is a model's session on a device shared with other
+// models' sessions: a run holds the device (one at a time, in the order
+// the mutex grants it) for the simulated run's time.
+type deviceRunner struct {
+	device *sync.Mutex
+	simRunner
+}
+
+func (r deviceRunner) Run(in []ort.Input) ([][]float32, error) {
+	r.device.Lock()
+	defer r.device.Unlock()
+	return r.simRunner.Run(in)
+}
+
+// twoModels offers rate requests per second in all, Poisson, half to
+// each of two models served by one worker on one device, with a shared
+// RunGate of one slot or none, for warm+d; good counts, per model, the
+// answers within their deadlines.
+func twoModels(loads [2]goodputLoad, gate bool, rate float64, warm, d time.Duration) (good [2]int64, offered [2]int64) {
+	device := new(sync.Mutex)
+	opts := benchBatch
+	if gate {
+		opts.Gate = NewRunGate(1)
+	}
+	var bs [2]*Batcher
+	var reqs [2]map[int]Request
+	for i := range bs {
+		bs[i] = NewBatcher(spec, []Runner{deviceRunner{device, benchRunner}}, opts)
+		defer bs[i].Close()
+		reqs[i] = loads[i].requests()
+	}
+	rng := rand.New(rand.NewPCG(42, 7))
+	var goodN, offeredN [2]atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	countFrom, end := start.Add(warm), start.Add(warm+d)
+	next := start
+	for {
+		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+		if !next.Before(end) {
+			break
+		}
+		time.Sleep(time.Until(next))
+		m := rng.IntN(2)
+		l := loads[m]
+		n := l.sizes[rng.IntN(len(l.sizes))]
+		due := l.minDue + time.Duration(rng.Int64N(int64(l.maxDue-l.minDue)))
+		counted := !next.Before(countFrom)
+		wg.Go(func() {
+			sent := time.Now()
+			ctx, cancel := context.WithDeadline(context.Background(), sent.Add(due))
+			defer cancel()
+			_, err := bs[m].Submit(ctx, reqs[m][n])
+			if !counted {
+				return
+			}
+			offeredN[m].Add(1)
+			if err == nil && time.Since(sent) <= due {
+				goodN[m].Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range good {
+		good[i], offered[i] = goodN[i].Load(), offeredN[i].Load()
+	}
+	return good, offered
+}
+
+// BenchmarkGoodputTwoModels: two models on one worker's device, one due
+// 10 to 30 ms after its requests arrive and one 100 to 300 ms, offered
+// together at the rate one model's batcher sustains on the device alone:
+// each model's share answered within its deadline, with the worker's
+// run gate (batches granted the device by deadline across the models)
+// against none (each model's batches take the device as formed). One
+// iteration is about 8 s.
+//
+//	go test -run '^$' -bench GoodputTwoModels -benchtime 1x ./gpuserve/
+var twoModelsLoad = 0.7
+
+func BenchmarkGoodputTwoModels(b *testing.B) {
+	loads := [2]goodputLoad{
+		{sizes: benchLoad.sizes, minDue: 6 * time.Millisecond, maxDue: 15 * time.Millisecond},
+		{sizes: benchLoad.sizes, minDue: 100 * time.Millisecond, maxDue: 300 * time.Millisecond},
+	}
+	warm, d := 500*time.Millisecond, 3*time.Second
+	for b.Loop() {
+		rate := twoModelsLoad * capacity(benchRunner, benchLoad, time.Second)
+		var share [2][2]float64 // [gate][model]
+		for g, gate := range []bool{false, true} {
+			good, offered := twoModels(loads, gate, rate, warm, d)
+			for m := range good {
+				share[g][m] = float64(good[m]) / float64(max(offered[m], 1))
+			}
+			b.Logf("gate %v: offered %.0f req/s; within deadline: tight model %d of %d (%.1f%%), loose model %d of %d (%.1f%%)",
+				gate, rate, good[0], offered[0], 100*share[g][0], good[1], offered[1], 100*share[g][1])
+		}
+		b.ReportMetric(100*share[0][0], "tight_%_nogate")
+		b.ReportMetric(100*share[1][0], "tight_%_gate")
+		b.ReportMetric(100*share[0][1], "loose_%_nogate")
+		b.ReportMetric(100*share[1][1], "loose_%_gate")
+	}
+}

@@ -149,6 +149,12 @@ func New(o Options) (*Server, error) {
 		o.Batch.MaxBatch = DefaultMaxBatch(s.cuda)
 	}
 	o.EnsureDefaults()
+	if len(o.Plans) > 1 && o.Batch.Gate == nil {
+		// The models share the worker's device: their batches run by
+		// deadline across models, as many at once as one model's
+		// sessions (gate.go).
+		o.Batch.Gate = NewRunGate(o.Sessions)
+	}
 	s.opts = o
 	for _, dir := range o.Plans {
 		m, err := loadModel(dir, o, s.cuda)
