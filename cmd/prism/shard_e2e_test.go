@@ -3,10 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -253,6 +257,7 @@ func TestShardedTableWise(t *testing.T) {
 //	sparse_2 [s0,3]    ReduceMean bag on "emb_m"
 //	sparse_3 [s0]      one-hot Gather on "emb_m" again (unpooled)
 //	sparse_4 [s0,4]    ReduceMax bag on "emb_x"
+//	sparse_5 [s0,3]    weighted mean bag: Mul(Gather, Unsqueeze(sparse_5_w)) + ReduceMean on "emb_m"
 //
 // with dense features through a Gemm, everything concatenated into a
 // two-layer MLP and a sigmoid.
@@ -302,6 +307,7 @@ func rowWiseModel(seed uint64) *pb.ModelProto {
 		input("sparse_2", i64, 3),
 		input("sparse_3", i64),
 		input("sparse_4", i64, 4),
+		input("sparse_5", i64, 3), input("sparse_5_w", f32, 3),
 	}
 	x := node("Gemm", "/dense_arch/Gemm", []string{"dense_features", initF("dense_arch.weight", d, 13), initF("dense_arch.bias", d)}, intA("transB", 1))
 	parts := []string{node("Relu", "/dense_arch/Relu", []string{x})}
@@ -316,6 +322,9 @@ func rowWiseModel(seed uint64) *pb.ModelProto {
 	parts = append(parts, node("ReduceMean", "/embeddings.2/ReduceMean", []string{gather(2, tm, "sparse_2"), ints(1)}, intA("keepdims", 0)))
 	parts = append(parts, gather(3, tm, "sparse_3"))
 	parts = append(parts, node("ReduceMax", "/embeddings.4/ReduceMax", []string{gather(4, initF("emb_x", 300, d), "sparse_4"), ints(-2)}, intA("keepdims", 0)))
+	w5 := node("Unsqueeze", "/embeddings.5/Unsqueeze", []string{"sparse_5_w", ints(2)})
+	g5 := node("Mul", "/embeddings.5/Mul", []string{gather(5, tm, "sparse_5"), w5})
+	parts = append(parts, node("ReduceMean", "/embeddings.5/ReduceMean", []string{g5, ints(1)}, intA("keepdims", 0)))
 	z := node("Concat", "/Concat", parts, intA("axis", 1))
 	z = node("Gemm", "/over_arch/Gemm", []string{z, initF("over_arch.0.weight", 16, int64(len(parts)*d)), initF("over_arch.0.bias", 16)}, intA("transB", 1))
 	z = node("Relu", "/over_arch/Relu", []string{z})
@@ -326,13 +335,14 @@ func rowWiseModel(seed uint64) *pb.ModelProto {
 }
 
 // TestShardedRowWise: a model sharded over three embedding workers with
-// row-wise tables (a weighted sum bag, a mean bag and an unpooled lookup
-// of one table, a max bag on two of the three shards; forced row-wise
-// by a small --shard-bytes, and prism shard says so) and a table-wise
-// one scores as the monolith within 1e-5: each shard
-// pools its rows' part of every bag, sends partial sums, maxima and
-// counts, and the dense worker combines them; lookups from the user
-// context and candidates alike.
+// row-wise tables (a weighted sum bag; a mean bag, a weighted mean bag
+// and an unpooled lookup of one table; a max bag; forced row-wise by a
+// small --shard-bytes, and prism shard says so) and a table-wise one
+// scores as the monolith within 1e-5: each shard pools its rows' part
+// of every bag, sends partial sums, maxima and counts, and the dense
+// worker combines them; lookups from the user context and candidates
+// alike. One shard's hot tier holds a few rows, so its part is read
+// from Pebble.
 func TestShardedRowWise(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
@@ -351,7 +361,7 @@ func TestShardedRowWise(t *testing.T) {
 	}
 	// 50 KB a shard: emb_w (54 KB) and emb_m (58 KB) must go row-wise;
 	// the planner makes the hot emb_x row-wise too, and keeps emb_a whole.
-	out, err := run(t, nil, "shard", part, "--shards", "3", "--shard-bytes", "50000", "--zipf", "1.05")
+	out, err := run(t, nil, "shard", part, "--shards", "3", "--shard-bytes", "45000", "--zipf", "1.05")
 	if err != nil {
 		t.Fatalf("shard: %v\n%s", err, out)
 	}
@@ -359,6 +369,15 @@ func TestShardedRowWise(t *testing.T) {
 	p, err := plan.Read(part)
 	if err != nil {
 		t.Fatal(err)
+	}
+	weightedMean := false
+	for _, tb := range p.Tables {
+		for _, l := range tb.Lookups {
+			weightedMean = weightedMean || tb.Name == "emb_m" && l.Input == "sparse_5" && l.Pooling == plan.PoolMean && l.Weights == "sparse_5_w"
+		}
+	}
+	if !weightedMean {
+		t.Fatal("the weighted mean bag on sparse_5 is not a lookup of the plan: the test wants it pooled in part by the row-wise shards")
 	}
 	for _, table := range []string{"emb_w", "emb_m"} {
 		if pl := p.Sharding.Placement(table); pl == nil || pl.Placement != plan.RowWise {
@@ -392,8 +411,20 @@ func TestShardedRowWise(t *testing.T) {
 	certs := newCerts(t)
 	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "64")
 	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	missMetrics := lis.Addr().String()
+	lis.Close()
 	for k := range 3 {
-		startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, fmt.Sprintf("db%d", k)), "--router", router.addr)
+		args := []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, fmt.Sprintf("db%d", k)), "--router", router.addr}
+		if k == 1 {
+			// Shard 1's hot tier holds a few rows: most of its lookups'
+			// rows, partial pools included, are read from Pebble.
+			args = append(args, "--hot-bytes", "8KiB", "--preload", "off", "--metrics-addr", missMetrics)
+		}
+		startProc(t, readyline.Embedding, args...)
 	}
 	conn := dial(t, router.addr, certs, auth.Admin)
 	reg := prismv1.NewRegistryClient(conn)
@@ -454,6 +485,28 @@ func TestShardedRowWise(t *testing.T) {
 		}
 		t.Logf("n=%d uniform=%v context %v: max abs error %g", tc.n, tc.uniform, tc.ctx, worst)
 	}
+	// Shard 1 read its rows from Pebble: its lookups went past its hot tier.
+	c, err := auth.ClientTLS(auth.FilesFor(certs, auth.Admin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: c}}
+	resp, err := hc.Get("https://" + missMetrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var reads float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "prism_store_pebble_reads_total "); ok {
+			reads, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if reads == 0 {
+		t.Fatalf("shard 1 (an 8 KiB hot tier) read no row from Pebble:\n%.600s", body)
+	}
+	t.Logf("shard 1 read %.0f rows from Pebble", reads)
 }
 
 // TestShardReplicaKilledUnderLoad: two replicas of each of three
