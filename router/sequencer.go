@@ -74,6 +74,13 @@ type modelSeq struct {
 	// and a replay cannot mend it (the refusal took the seq), so they
 	// serve no lookups of the model and get no updates.
 	diverged map[string]int64
+	// outcome is what became of each update the log holds, as far as
+	// this router saw: +1 some worker applied it, -1 its workers refused
+	// it as bad input (it took its number everywhere), absent not known
+	// (no worker answered yet, or it was numbered before a restart). A
+	// replay answered otherwise makes its worker diverged, as a
+	// divergent fan-out does.
+	outcome map[int64]int8
 	// opened is when a worker first announced the model's seq.
 	opened   time.Time
 	catching map[string]bool // a replay to the worker is under way
@@ -130,7 +137,7 @@ func (s *sequencer) advance(now time.Time) {
 func (s *sequencer) model(model string) *modelSeq {
 	m := s.models[model]
 	if m == nil {
-		m = &modelSeq{known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		m = &modelSeq{known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
 		s.models[model] = m
 	}
 	return m
@@ -197,6 +204,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			}
 			dropFrom := m.floor
 			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
+			clear(m.outcome)
 			s.persist(model, m, nil, dropFrom)
 		}
 		if seq > 0 {

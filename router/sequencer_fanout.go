@@ -264,6 +264,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	m.inflight = nil
 	switch {
 	case f.inputErr != nil && f.applied == 0:
+		m.outcome[f.seq] = -1
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
 		s.answer(f.client, nil, f.inputErr)
@@ -278,6 +279,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// rows again, which upserts make harmless.
 		s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
 	default:
+		m.outcome[f.seq] = 1
 		// Divergent answers: some applied it, some refused it as bad
 		// input. The refusers' copies now lack the rows and a replay
 		// cannot add them (the refusal took the seq): out of serving.

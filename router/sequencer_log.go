@@ -49,6 +49,7 @@ func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64
 		m.log[0] = nil
 		m.log = m.log[1:]
 		m.floor++
+		delete(m.outcome, m.floor)
 	}
 }
 
@@ -56,6 +57,27 @@ func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64
 func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64, err error) {
 	switch code := status.Code(err); {
 	case err == nil || code == codes.InvalidArgument:
+		// Either way the worker took the number. An answer other than
+		// the one the update got before (applied where it was refused as
+		// bad input, or refused where another worker applied it) leaves
+		// this worker's copy different from the others', and no replay
+		// can mend it: out of serving, as after a divergent fan-out.
+		got := int8(1)
+		if err != nil {
+			got = -1
+		}
+		if was, known := m.outcome[seq]; !known {
+			m.outcome[seq] = got
+		} else if was != got {
+			if _, already := m.diverged[worker]; !already {
+				m.diverged[worker] = seq
+				args := []any{"model", model, "worker", worker, "seq", seq, "applied", err == nil, "applied_before", was > 0}
+				if err != nil {
+					args = append(args, "refusal", err)
+				}
+				s.logf(slog.LevelError, "embedding worker answered a replayed update otherwise than the workers before it; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store", args...)
+			}
+		}
 		s.ack(m, worker, seq)
 		s.replayNext(model, m, worker)
 	case errors.Is(err, errRouterStopping), errors.Is(err, errNotLogged):
