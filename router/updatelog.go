@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/inuse"
 )
 
 // updateLog keeps the sequencer's update logs in a Pebble folder
@@ -47,7 +48,7 @@ func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
 	}
 	db, err := pebble.Open(dir, &pebble.Options{FS: fs, Logger: quietPebble{}, FormatMajorVersion: pebble.FormatNewest})
 	if err != nil {
-		return nil, fmt.Errorf("open update log %q: %w", dir, err)
+		return nil, fmt.Errorf("open update log %q: %w", dir, inuse.Explain(err))
 	}
 	return &updateLog{db: db}, nil
 }

@@ -37,7 +37,7 @@ if [ ! -f "$out/dlrm-kaggle-part/plan.json" ] || [ ! -d "$out/db" ]; then
 	t0=$(date +%s)
 	$prism models build dlrm-kaggle -o "$out/dlrm-kaggle" >>"$logs/setup.log" 2>&1 || { tail "$logs/setup.log"; exit 1; }
 	$prism partition "$out/dlrm-kaggle/model.onnx" -o "$out/dlrm-kaggle-part" --overwrite >>"$logs/setup.log" 2>&1 || { tail "$logs/setup.log"; exit 1; }
-	rm -rf "$out/db"
+	rm -rf "$out/db" "$out/db-router-log"
 	$prism ingest "$out/dlrm-kaggle-part" --db "$out/db" >>"$logs/setup.log" 2>&1 || { tail "$logs/setup.log"; exit 1; }
 	echo "bench-goals: model, partition and store built in $(( $(date +%s) - t0 )) s"
 fi

@@ -28,7 +28,7 @@ if [ ! -f "$pdir/dlrm-kaggle-packed-part/plan.json" ] || [ ! -d "$pdir/db" ]; th
 	echo "bench-packed: building, partitioning and ingesting dlrm-kaggle-packed into $pdir" >&2
 	$prism models build dlrm-kaggle-packed -o "$pdir/dlrm-kaggle-packed" >&2
 	$prism partition "$pdir/dlrm-kaggle-packed/model.onnx" -o "$pdir/dlrm-kaggle-packed-part" --overwrite --verify 512 >&2
-	rm -rf "$pdir/db"
+	rm -rf "$pdir/db" "$pdir/db-router-log"
 	$prism ingest "$pdir/dlrm-kaggle-packed-part" --db "$pdir/db" >&2
 fi
 pplan=$pdir/dlrm-kaggle-packed-part

@@ -27,7 +27,9 @@ echo "== 3. partition: embedding side and dense side, by an exact min-cut"
 $prism partition "$out/$model/model.onnx" -o "$out/$model-part" --overwrite --verify 512
 echo
 echo "== 4. ingest the tables into the embedding store"
-rm -rf "$out/db"
+# A fresh store, and no update log from an earlier run (prism up keeps
+# it beside the store: its updates would be replayed onto the new one).
+rm -rf "$out/db" "$out/db-router-log"
 $prism ingest "$out/$model-part" --db "$out/db"
 echo
 echo "== 5. prism up: router, dense tier and embedding tier on loopback ($wire)"

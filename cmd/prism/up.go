@@ -24,8 +24,10 @@ func newUpCmd() *cobra.Command {
 		Short: "Start all three tiers on this machine (real gRPC on loopback) and print the address to call",
 		Long: `up starts the router, two dense workers per GPU and one per MIG slice (one
 per CPU core without a driver) and the embedding tier as child processes of this binary,
-on loopback ports, waits until every model has both tiers registered, and
-prints the Recommend address. Workers that die are restarted and register
+on loopback ports, waits until every model has both tiers registered (and,
+for a model that has had embedding updates, a worker holding every
+acknowledged one), and prints the Recommend address. The router's update
+log is kept beside the store, DB-router-log. Workers that die are restarted and register
 again. Ctrl-C stops everything gracefully.
 
 A model sharded with prism shard (plan.json sharding) is served by one

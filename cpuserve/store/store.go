@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/prism-serve/prism/plan"
 	"maps"
 	"slices"
 	"sort"
@@ -18,6 +17,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/sstable"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
+	"github.com/prism-serve/prism/internal/inuse"
+	"github.com/prism-serve/prism/plan"
 )
 
 // Store is an open embedding store. Lookups, upserts and version changes
@@ -160,7 +161,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	db, err := pebble.Open(dir, po)
 	if err != nil {
-		return nil, fmt.Errorf("open store %q: %w", dir, err)
+		return nil, fmt.Errorf("open store %q: %w", dir, inuse.Explain(err))
 	}
 	cat, err := loadCatalog(db)
 	if err != nil {

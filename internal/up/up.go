@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -125,6 +126,31 @@ const (
 	stageDense
 )
 
+// UpdateLogDir is where prism up's router keeps its update log for the
+// store (or parent folder of a sharded model's stores) db: beside it,
+// db's name and "-router-log". It holds the updates acknowledged on that
+// store's history: removing a store to start afresh means removing its
+// log too, or the router catches the new store up with the old updates.
+func UpdateLogDir(db string) string { return filepath.Clean(db) + "-router-log" }
+
+// validateCounts refuses worker and session counts no stack can run
+// with, before anything starts (a negative --dense-workers cut the
+// worker list out of range; --embedding-workers 0 reported a stack up
+// that could answer no request).
+func (c *Config) validateCounts() error {
+	switch {
+	case c.DenseWorkers < 0:
+		return fmt.Errorf("--dense-workers %d: want 0 (two per GPU, one per MIG slice, else one per CPU core) or more", c.DenseWorkers)
+	case c.EmbeddingWorkers < 1:
+		return fmt.Errorf("--embedding-workers %d: want 1 or more", c.EmbeddingWorkers)
+	case c.Replicas < 0:
+		return fmt.Errorf("--replicas %d: want 1 or more", c.Replicas)
+	case c.DenseSessions < 0 || c.DenseSessions > 64:
+		return fmt.Errorf("--dense-sessions %d: want 1 to 64", c.DenseSessions)
+	}
+	return nil
+}
+
 // The router has this long to print its address.
 const routerReadyTimeout = 30 * time.Second
 
@@ -137,6 +163,9 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if c.ReadyTimeout <= 0 {
 		return fmt.Errorf("up: ready timeout %s, want > 0", c.ReadyTimeout)
+	}
+	if err := c.validateCounts(); err != nil {
+		return fmt.Errorf("up: %w", err)
 	}
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout
@@ -244,9 +273,10 @@ func Run(ctx context.Context, c Config) error {
 	})
 	defer sup.Shutdown()
 
-	// The router keeps its update log beside the store (router-log), so
-	// a restarted router still catches lagging workers up.
-	updateLog := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log")
+	// The router keeps its update log beside the store, named after it
+	// (DB-router-log), so a restarted router still catches lagging
+	// workers up, and stacks on stores in one folder keep logs apart.
+	updateLog := UpdateLogDir(c.DB)
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
 		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
 	if c.AdmitShare > 0 {
@@ -515,10 +545,13 @@ func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, mod
 	deadline := time.Now().Add(timeout)
 	for {
 		resp, err := reg.List(ctx, &prismv1.ListRequest{})
-		if err == nil && Registered(resp.GetWorkers(), models, dense, embedding) {
+		if err == nil && Registered(resp.GetWorkers(), models, dense, embedding) && Servable(resp, models) == "" {
 			return nil
 		}
 		if time.Now().After(deadline) {
+			if err == nil && Registered(resp.GetWorkers(), models, dense, embedding) {
+				return fmt.Errorf("up: the workers registered, but %s within %s", Servable(resp, models), timeout)
+			}
 			return fmt.Errorf("up: workers did not all register within %s", timeout)
 		}
 		select {
@@ -527,6 +560,41 @@ func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, mod
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// Servable says why the router would not yet send a model's lookups
+// to its embedding workers ("" when it would, for every model): a model
+// that has had embedding updates is served once its start-up window has
+// closed and, for each shard of it (one when unsharded), a worker holds
+// every acknowledged update; until then Recommend answers Unavailable
+// (a store re-ingested beside a kept update log is caught up first).
+func Servable(resp *prismv1.ListResponse, models []string) string {
+	for _, m := range models {
+		u := resp.GetUpdates()[m]
+		if u == nil {
+			continue // never updated: no worker lacks anything
+		}
+		if u.GetSettling() {
+			return fmt.Sprintf("model %q is still in its start-up window (its workers announcing the updates they hold)", m)
+		}
+		want, have := map[int32]bool{}, map[int32]bool{}
+		for _, w := range resp.GetWorkers() {
+			if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !slices.Contains(w.GetModels(), m) {
+				continue
+			}
+			shard := w.GetShards()[m].GetShard()
+			want[shard] = true
+			if slices.Contains(u.GetInSync(), w.GetId()) {
+				have[shard] = true
+			}
+		}
+		for shard := range want {
+			if !have[shard] {
+				return fmt.Sprintf("no embedding worker of model %q (shard %d) holds every acknowledged update yet (catching up from the router's update log)", m, shard)
+			}
+		}
+	}
+	return ""
 }
 
 // Registered reports whether every model has at least dense dense and

@@ -1,6 +1,7 @@
 package up
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -291,5 +292,67 @@ func TestDenseDevices(t *testing.T) {
 				t.Errorf("said %q, want %q", out.String(), tc.say)
 			}
 		})
+	}
+}
+
+// TestRunRefusesCounts: counts no stack can run with are refused before
+// anything starts, in one line naming the flag.
+func TestRunRefusesCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*Config)
+		flag string
+	}{
+		{"negative dense workers", func(c *Config) { c.DenseWorkers = -3 }, "--dense-workers -3"},
+		{"no embedding worker", func(c *Config) { c.EmbeddingWorkers = 0 }, "--embedding-workers 0"},
+		{"negative embedding workers", func(c *Config) { c.EmbeddingWorkers = -1 }, "--embedding-workers -1"},
+		{"negative replicas", func(c *Config) { c.Replicas = -1 }, "--replicas -1"},
+		{"negative sessions", func(c *Config) { c.DenseSessions = -2 }, "--dense-sessions -2"},
+		{"too many sessions", func(c *Config) { c.DenseSessions = 65 }, "--dense-sessions 65"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Config{Plans: []string{t.TempDir()}, DB: "db", EmbeddingWorkers: 1, ReadyTimeout: time.Second, Insecure: true}
+			tc.set(&c)
+			err := Run(context.Background(), c)
+			if err == nil || !strings.Contains(err.Error(), tc.flag) {
+				t.Fatalf("Run: %v, want an error naming %s", err, tc.flag)
+			}
+		})
+	}
+}
+
+// TestServable: up's ready line waits, for a model that has had updates,
+// for its start-up window to close and for a worker of each shard to
+// hold every acknowledged update.
+func TestServable(t *testing.T) {
+	emb := func(id string, shard int32, sharded bool) *prismv1.WorkerInfo {
+		w := &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}}
+		if sharded {
+			w.Shards = map[string]*prismv1.ShardRef{"m": {Shard: shard, Shards: 2}}
+		}
+		return w
+	}
+	one := []*prismv1.WorkerInfo{emb("e0", 0, false), emb("e1", 0, false), {Id: "d0", Role: prismv1.Role_ROLE_DENSE, Models: []string{"m"}}}
+	two := []*prismv1.WorkerInfo{emb("a", 0, true), emb("b", 1, true)}
+	for _, tc := range []struct {
+		name    string
+		workers []*prismv1.WorkerInfo
+		updates *prismv1.ModelUpdates
+		ready   bool
+	}{
+		{"never updated", one, nil, true},
+		{"settling", one, &prismv1.ModelUpdates{Settling: true, InSync: []string{"e0", "e1"}}, false},
+		{"catching up", one, &prismv1.ModelUpdates{Acknowledged: 3}, false},
+		{"one of two in sync", one, &prismv1.ModelUpdates{Acknowledged: 3, InSync: []string{"e1"}}, true},
+		{"sharded: one shard in sync", two, &prismv1.ModelUpdates{InSync: []string{"a"}}, false},
+		{"sharded: both", two, &prismv1.ModelUpdates{InSync: []string{"a", "b"}}, true},
+	} {
+		resp := &prismv1.ListResponse{Workers: tc.workers}
+		if tc.updates != nil {
+			resp.Updates = map[string]*prismv1.ModelUpdates{"m": tc.updates}
+		}
+		if why := Servable(resp, []string{"m"}); (why == "") != tc.ready {
+			t.Errorf("%s: %q, want ready %v", tc.name, why, tc.ready)
+		}
 	}
 }
