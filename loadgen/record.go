@@ -6,6 +6,7 @@ import (
 
 	hdr "github.com/HdrHistogram/hdrhistogram-go"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Latencies are recorded in microseconds, from 1µs to 1h, 3 significant
@@ -40,6 +41,9 @@ type Recorder struct {
 	ok       int64
 	samples  int64
 	errs     map[codes.Code]int64
+	// firstErr is the first error message seen per code: a count says
+	// that requests failed, the message why.
+	firstErr map[codes.Code]string
 	slo      time.Duration
 	inSLO    int64
 	lastDone time.Duration
@@ -47,7 +51,7 @@ type Recorder struct {
 
 // NewRecorder returns a recorder counting answers within slo as attained.
 func NewRecorder(slo time.Duration) *Recorder {
-	return &Recorder{total: newHist(3), interval: newHist(2), lag: newHist(2), errs: map[codes.Code]int64{}, slo: slo}
+	return &Recorder{total: newHist(3), interval: newHist(2), lag: newHist(2), errs: map[codes.Code]int64{}, firstErr: map[codes.Code]string{}, slo: slo}
 }
 
 func (r *Recorder) sec(t time.Duration) *second {
@@ -69,6 +73,24 @@ func (r *Recorder) Sent(intended, actual time.Duration) {
 	r.sent++
 	r.sec(intended).offered++
 	_ = r.lag.RecordValue(clampUs(actual - intended))
+}
+
+// Failed keeps err's message if it is the first of its code; Done counts
+// the request.
+func (r *Recorder) Failed(err error) {
+	if err == nil {
+		return
+	}
+	code := status.Code(err)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, seen := r.firstErr[code]; !seen {
+		msg := err.Error()
+		if st, ok := status.FromError(err); ok {
+			msg = st.Message()
+		}
+		r.firstErr[code] = msg
+	}
 }
 
 // Done records the answer to a request intended for offset intended, come

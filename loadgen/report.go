@@ -23,10 +23,12 @@ type Summary struct {
 	OK           int64            `json:"ok"`
 	Errors       int64            `json:"errors"`
 	ErrorsByCode map[string]int64 `json:"errors_by_code"`
-	OfferedRPS   float64          `json:"offered_rps"`
-	RPS          float64          `json:"throughput_rps"` // answered OK per second
-	SamplesPS    float64          `json:"throughput_samples_per_s"`
-	MeanCand     float64          `json:"mean_candidates"`
+	// FirstErrors is the first error message of each code.
+	FirstErrors map[string]string `json:"first_errors,omitempty"`
+	OfferedRPS  float64           `json:"offered_rps"`
+	RPS         float64           `json:"throughput_rps"` // answered OK per second
+	SamplesPS   float64           `json:"throughput_samples_per_s"`
+	MeanCand    float64           `json:"mean_candidates"`
 	// Latencies in milliseconds, from the intended send time.
 	P50, P90, P99, P999, Max float64            `json:"-"`
 	Latency                  map[string]float64 `json:"latency_ms"`
@@ -88,6 +90,12 @@ func (r *Recorder) summary(o Options, elapsed time.Duration) *Summary {
 	for c, n := range r.errs {
 		s.ErrorsByCode[c.String()] = n
 		s.Errors += n
+		if msg, ok := r.firstErr[c]; ok {
+			if s.FirstErrors == nil {
+				s.FirstErrors = map[string]string{}
+			}
+			s.FirstErrors[c.String()] = msg
+		}
 	}
 	if el := elapsed.Seconds(); el > 0 {
 		s.RPS = float64(r.ok) / el
@@ -135,6 +143,11 @@ func (s *Summary) WriteText(w io.Writer) {
 			fmt.Fprintf(w, " %s %d", c, s.ErrorsByCode[c])
 		}
 		fmt.Fprintln(w)
+		for _, c := range codes {
+			if msg, ok := s.FirstErrors[c]; ok {
+				fmt.Fprintf(w, "            %s: %s\n", c, msg)
+			}
+		}
 	}
 	fmt.Fprintf(w, "throughput  %.1f req/s  %.0f samples/s  (offered %.1f req/s, %.1f candidates/request)\n", s.RPS, s.SamplesPS, s.OfferedRPS, s.MeanCand)
 	fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)

@@ -224,6 +224,7 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 			err = s.Send(rctx, j.req)
 		}
 		rcancel()
+		rec.Failed(err)
 		rec.Done(j.intended, since(), int(j.req.NumCandidates), status.Code(err))
 	}
 	if o.Clients == 0 {

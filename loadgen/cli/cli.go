@@ -9,12 +9,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/prism-serve/prism/plan"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,6 +29,7 @@ import (
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/loadgen"
 	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/plan"
 )
 
 type flags struct {
@@ -260,7 +262,22 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(f.out, "{summary.json,timeseries.csv,plot.png}"))
 	}
-	return nil
+	return noneOK(sum)
+}
+
+// noneOK is an error when requests were sent and none was answered OK
+// (a wrong address, TLS against plaintext, a model the router does not
+// serve): the run measured nothing, and a script must not read it as a
+// measurement.
+func noneOK(s *loadgen.Summary) error {
+	if s.Sent == 0 || s.OK > 0 {
+		return nil
+	}
+	codes := slices.Sorted(maps.Keys(s.FirstErrors))
+	if len(codes) == 0 {
+		return fmt.Errorf("none of %d requests was answered OK", s.Sent)
+	}
+	return fmt.Errorf("none of %d requests was answered OK; the first %s: %s", s.Sent, codes[0], s.FirstErrors[codes[0]])
 }
 
 func arrivalName(f flags) string {

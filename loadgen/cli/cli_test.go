@@ -135,10 +135,16 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--certs", "x"}, "--insecure goes with neither"},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--certs", bad}, "is not a folder"},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--auth-token-file", bad}, "needs TLS"},
+		// Nothing listens there: the run ends in an error saying why, not
+		// in a summary of zero answers and exit status 0.
+		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--duration", "500ms", "--rate", "20", "--timeout", "200ms"}, "none of"},
 	} {
 		out, err := runCLI(t, append(c.args, "--quiet")...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+		if c.want == "none of" && (!strings.Contains(err.Error(), "the first Unavailable: ") || !strings.Contains(out, "Unavailable: ")) {
+			t.Fatalf("a run that reached nothing: error %v and output\n%s\nwant the first error's message in both", err, out)
 		}
 	}
 }
