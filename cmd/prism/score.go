@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/score"
 )
 
@@ -21,6 +22,9 @@ a throughput summary. Every later correctness check compares against it and
 every performance figure is a ratio against it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := flagval.Positive(cmd.Flags(), "zipf"); err != nil {
+				return err
+			}
 			switch {
 			case o.Batch <= 0:
 				return errors.New("score: --batch must be positive")

@@ -12,6 +12,7 @@ import (
 	"github.com/prism-serve/prism/gpuserve"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 )
@@ -47,6 +48,15 @@ With --router it announces itself to every router's registry (role "dense")
 at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := flagval.Positive(cmd.Flags(), "max-delay", "max-samples", "sessions"); err != nil {
+				return err
+			}
+			if maxBatch < 0 {
+				return fmt.Errorf("--max-batch %d: want 0 (by device) or more", maxBatch)
+			}
+			if threads < 0 {
+				return fmt.Errorf("--threads %d: want 0 (one per core) or more", threads)
+			}
 			serve.LightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {

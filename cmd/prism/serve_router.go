@@ -11,6 +11,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/kubelease"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
@@ -38,6 +39,13 @@ func newServeRouterCmd() *cobra.Command {
 		Short: "Run the router: Recommend API, micro-batch pipelining, worker registry",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := flagval.Positive(cmd.Flags(), "micro-batch", "max-candidates", "max-inflight", "heartbeat", "default-timeout", "stream-window",
+				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers"); err != nil {
+				return err
+			}
+			if ro.AdmitShare <= 0 || ro.AdmitShare > 1 {
+				return fmt.Errorf("--admit-share %g: want 0 < share <= 1", ro.AdmitShare)
+			}
 			serve.LightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
 )
 
 // byteUnits are tried in order: longer suffixes first, so "mib" is not
@@ -63,4 +66,31 @@ func FormatBytes(n int64) string {
 		}
 	}
 	return fmt.Sprintf("%s%dB", neg, n)
+}
+
+// Positive refuses, among the flags of fs named, any set on the command
+// line to zero or less (an int, a float or a duration): a count, a size
+// or an interval that would otherwise be taken silently as "use the
+// default" or mean nothing. Flags left unset keep their defaults.
+func Positive(fs *pflag.FlagSet, names ...string) error {
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil || !f.Changed {
+			continue
+		}
+		v := f.Value.String()
+		var bad bool
+		switch f.Value.Type() {
+		case "duration":
+			d, err := time.ParseDuration(v)
+			bad = err != nil || d <= 0
+		default:
+			x, err := strconv.ParseFloat(v, 64)
+			bad = err != nil || x <= 0
+		}
+		if bad {
+			return fmt.Errorf("--%s %s: want a positive value", name, v)
+		}
+	}
+	return nil
 }

@@ -1,6 +1,13 @@
 package flagval
 
-import "testing"
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
 
 func TestBytes(t *testing.T) {
 	for _, tc := range []struct {
@@ -51,6 +58,35 @@ func TestFormatBytes(t *testing.T) {
 			if n, err := Bytes(got); err != nil || n != tc.in {
 				t.Errorf("Bytes(FormatBytes(%d) = %q) = %d, %v", tc.in, got, n, err)
 			}
+		}
+	}
+}
+
+func TestPositive(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		bad  string
+	}{
+		{nil, ""},
+		{[]string{"--n", "3", "--d", "1ms", "--f", "0.5"}, ""},
+		{[]string{"--n", "0"}, "--n 0: want a positive value"},
+		{[]string{"--n", "-1"}, "--n -1: want a positive value"},
+		{[]string{"--d", "0s"}, "--d 0s: want a positive value"},
+		{[]string{"--d", "-1s"}, "--d -1s: want a positive value"},
+		{[]string{"--f", "0"}, "--f 0: want a positive value"},
+		{[]string{"--free", "-5"}, ""}, // not checked
+	} {
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		fs.Int("n", 7, "")
+		fs.Duration("d", time.Second, "")
+		fs.Float64("f", 1.05, "")
+		fs.Int("free", 0, "")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := Positive(fs, "n", "d", "f", "absent")
+		if got := fmt.Sprint(err); tc.bad == "" && err != nil || tc.bad != "" && !strings.Contains(got, tc.bad) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.bad)
 		}
 	}
 }

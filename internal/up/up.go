@@ -147,6 +147,14 @@ func (c *Config) validateCounts() error {
 		return fmt.Errorf("--replicas %d: want 1 or more", c.Replicas)
 	case c.DenseSessions < 0 || c.DenseSessions > 64:
 		return fmt.Errorf("--dense-sessions %d: want 1 to 64", c.DenseSessions)
+	case c.MicroBatch < 0:
+		return fmt.Errorf("--micro-batch %d: want a positive count", c.MicroBatch)
+	case c.MaxBatch < 0:
+		return fmt.Errorf("--max-batch %d: want 0 (by device) or more", c.MaxBatch)
+	case c.MaxDelay < 0:
+		return fmt.Errorf("--max-delay %s: want a positive duration", c.MaxDelay)
+	case c.Threads < 0:
+		return fmt.Errorf("--threads %d: want 0 (one per core) or more", c.Threads)
 	}
 	return nil
 }
@@ -278,7 +286,10 @@ func Run(ctx context.Context, c Config) error {
 	// workers up, and stacks on stores in one folder keep logs apart.
 	updateLog := UpdateLogDir(c.DB)
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
-		Args: append([]string{"serve", "router", "--addr", c.Addr, "--micro-batch", fmt.Sprint(c.MicroBatch), "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
+		Args: append([]string{"serve", "router", "--addr", c.Addr, "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
+	if c.MicroBatch > 0 { // else serve router's default
+		rt.Args = append(rt.Args, "--micro-batch", fmt.Sprint(c.MicroBatch))
+	}
 	if c.AdmitShare > 0 {
 		rt.Args = append(rt.Args, "--admit-share", fmt.Sprint(c.AdmitShare))
 	}
@@ -395,7 +406,11 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 	}
 	var out []*supervise.Child
 	for i, w := range dense {
-		args := append([]string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch), "--max-delay", c.MaxDelay.String()}, workerTLSArgs(c, auth.Dense, i)...)
+		args := []string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch)}
+		if c.MaxDelay > 0 { // else serve dense's default
+			args = append(args, "--max-delay", c.MaxDelay.String())
+		}
+		args = append(args, workerTLSArgs(c, auth.Dense, i)...)
 		if c.BatchOrder != "" {
 			args = append(args, "--batch-order", c.BatchOrder)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
+	"github.com/prism-serve/prism/internal/flagval"
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/loadgen"
@@ -86,6 +87,12 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 --onnx (default: the preset named by --model).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := flagval.Positive(cmd.Flags(), "timeout", "zipf", "rate"); err != nil {
+				return err
+			}
+			if f.pool < 0 {
+				return fmt.Errorf("--pool %d: want 0 (draw every request during the run) or more", f.pool)
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			return run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
