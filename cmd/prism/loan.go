@@ -54,7 +54,7 @@ the lent Pods with their grace (they drain) and exits.`,
 			if routerAddr == "" || routerMetrics == "" {
 				return errors.New("--router (a router's gRPC address, for its registry) and --router-metrics (the routers' /metrics URL) are needed")
 			}
-			tlsFlags.Warn(cmd.ErrOrStderr(), "prism loan")
+			tlsFlags.WarnClient(cmd.ErrOrStderr(), "prism loan")
 			creds, err := tlsFlags.Dial(auth.Dense, auth.Router)
 			if err != nil {
 				return err

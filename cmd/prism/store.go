@@ -119,7 +119,7 @@ func newStoreVersionsCmd() *cobra.Command {
 		Short: "List, switch, roll back or drop a model's versions",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, err := store.Open(db, &store.Options{HotBytes: -1})
+			s, err := store.Open(db, &store.Options{HotBytes: -1, MustExist: true})
 			if err != nil {
 				return err
 			}

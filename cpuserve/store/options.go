@@ -68,6 +68,9 @@ type Options struct {
 	DirectReads bool
 	// ReadOnly opens the store for lookups only.
 	ReadOnly bool
+	// MustExist refuses a folder that holds no store rather than making
+	// an empty one there (tools that list or change what a store holds).
+	MustExist bool
 	// WarmRestart saves the hot tier's keys and frequency sketch at Close
 	// and, at the next Open, reads those rows back into the tier in the
 	// background, in key order, while lookups are served (warm.go;

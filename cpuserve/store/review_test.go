@@ -3,10 +3,12 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // overlayKeys counts the overlay keys under prefix.
@@ -352,4 +354,26 @@ func TestBoundedCarry(t *testing.T) {
 			check(s2, 2, "after reopen and activate")
 		})
 	}
+}
+
+// TestOpenMustExist: with MustExist a folder holding no store is refused
+// and left as it was (not made, no LOCK file); a store opens.
+func TestOpenMustExist(t *testing.T) {
+	fs := vfs.NewMem()
+	if _, err := Open("nothing", &Options{FS: fs, MustExist: true}); err == nil || !strings.Contains(err.Error(), "no store there") {
+		t.Fatalf("a missing folder: %v", err)
+	}
+	if _, err := fs.Stat("nothing"); err == nil {
+		t.Fatal("MustExist made the folder")
+	}
+	s, err := Open("db", &Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open("db", &Options{FS: fs, MustExist: true})
+	if err != nil {
+		t.Fatalf("an existing store: %v", err)
+	}
+	s.Close()
 }

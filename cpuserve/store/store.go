@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"slices"
 	"sort"
@@ -158,6 +159,17 @@ func Open(dir string, o *Options) (*Store, error) {
 		// saves next to nothing.
 		po.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
 		po.Levels[i].BlockSize = 4 << 10
+	}
+	if opts.MustExist {
+		// Before Open, which would make the folder and its LOCK file
+		// whatever it then finds.
+		desc, err := pebble.Peek(dir, po.FS)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("open store %q: %w", dir, err)
+		}
+		if err != nil || !desc.Exists {
+			return nil, fmt.Errorf("open store %q: no store there (prism ingest makes one)", dir)
+		}
 	}
 	db, err := pebble.Open(dir, po)
 	if err != nil {

@@ -205,7 +205,6 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		if err != nil {
 			return fmt.Errorf("loadgen: %w", err)
 		}
-		f.tls.Warn(stderr, "loadgen")
 		dialOpts = append(dialOpts, grpc.WithTransportCredentials(creds))
 		if f.tokenFile != "" {
 			if f.tls.Insecure {
@@ -221,6 +220,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 			}
 			dialOpts = append(dialOpts, bearer)
 		}
+		f.tls.WarnClient(stderr, "loadgen")
 	}
 	cc, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {

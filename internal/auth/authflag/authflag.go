@@ -155,8 +155,18 @@ func (f *Flags) Dial(role auth.Role, serverRoles ...auth.Role) (grpc.DialOption,
 // layout of --certs, a key readable by others). Errors are left to
 // Server, Dial and Credentials.
 func (f *Flags) Warn(w io.Writer, what string) {
+	f.warn(w, what, "runs plaintext gRPC without authentication; anyone who reaches its port may call every RPC")
+}
+
+// WarnClient is Warn for a process that only dials (a client, a
+// controller): its plaintext warning is about what it sends and whom.
+func (f *Flags) WarnClient(w io.Writer, what string) {
+	f.warn(w, what, "dials plaintext gRPC: what it sends and receives crosses the network unencrypted, to a server it does not authenticate")
+}
+
+func (f *Flags) warn(w io.Writer, what, plaintext string) {
 	if f.Insecure {
-		fmt.Fprintf(w, "prism: warning: --insecure: %s runs plaintext gRPC without authentication; anyone who reaches its port may call every RPC\n", what)
+		fmt.Fprintf(w, "prism: warning: --insecure: %s %s\n", what, plaintext)
 		return
 	}
 	if f.warned || f.role == "" || (f.Certs == "" && f.Key == "") {
