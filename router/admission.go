@@ -35,7 +35,7 @@ func (r *Router) cost(req *prismv1.RecommendRequest, n int) (int64, error) {
 // Options.AdmitLimit, refused when over the adaptive limit on samples
 // in flight (limit.go). The fixed MaxInflight stays the upper
 // bound.
-func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(error), err error) {
+func (r *Router) admit(model string, n, bytes int64, remaining time.Duration) (release func(error), err error) {
 	cur := r.inflight.Add(n)
 	if cur > r.opts.MaxInflight {
 		r.inflight.Add(-n)
@@ -49,6 +49,8 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d request bytes in flight, this request's %d exceed the limit of %d; retry later", cur-bytes, bytes, r.opts.MaxInflightBytes)
 	}
 	start := time.Now()
+	mp := r.preds.get(model)
+	ahead := mp.inflight.Add(n) - n // this model's samples admitted before this request, still in flight
 	if !r.opts.FixedAdmission {
 		// The adaptive limit decides once its first window has set one;
 		// until then, and without it, the busy-time rate does.
@@ -57,16 +59,17 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 			fits, known = r.lim.allow(cur, n)
 		}
 		if known && !fits {
+			mp.inflight.Add(-n)
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("limit").Inc()
 			return nil, status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, r.lim.limitNow())
 		}
 		if !known {
-			// ahead: the samples admitted before this request, still in flight.
 			budget := time.Duration(float64(remaining) * r.share.get())
-			rate, floor := r.pred.estimate()
-			if predicted, ok := predictFinish(rate, floor, cur-n, n, budget); !ok {
+			rate, floor := mp.estimate()
+			if predicted, ok := predictFinish(rate, floor, ahead, n, budget); !ok {
+				mp.inflight.Add(-n)
 				r.inflightBytes.Add(-bytes)
 				r.inflight.Add(-n)
 				r.m.rejected.WithLabelValues("deadline").Inc()
@@ -74,13 +77,13 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 			}
 		}
 	}
-	r.pred.begin(start)
-	alone := cur == n
+	mp.begin(start)
+	alone := ahead == 0
 	return func(result error) {
 		now := time.Now()
-		r.pred.end(now)
+		mp.end(now)
 		if alone {
-			r.pred.alone(now.Sub(start), n)
+			mp.alone(now.Sub(start), n)
 		}
 		// Learn from answers and from misses of the deadline; a request
 		// that failed otherwise (a worker lost, the client gone) says
@@ -94,6 +97,7 @@ func (r *Router) admit(n, bytes int64, remaining time.Duration) (release func(er
 				r.share.record(now, now.Sub(start), remaining, missed)
 			}
 		}
+		mp.inflight.Add(-n)
 		r.inflight.Add(-n)
 		r.inflightBytes.Add(-bytes)
 	}, nil

@@ -2,8 +2,12 @@ package router
 
 import (
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // predictor estimates when a newly admitted request would finish, so
@@ -145,4 +149,60 @@ func lateMessage(predicted, remaining time.Duration) string {
 
 func ms(d time.Duration) string {
 	return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+}
+
+// predictors are admission's predictors, one per model: a request is
+// predicted from its model's service rate and the samples of its model
+// in flight ahead of it. One predictor for all models mixed them: a
+// model a tenth as costly per sample was predicted at the rate of the
+// mix, and a request of it behind another model's backlog was predicted
+// to wait for samples that do not share its cost. Models come from
+// validated requests (served models only).
+type predictors struct {
+	mu sync.Mutex
+	m  map[string]*modelPredictor
+}
+
+// modelPredictor is one model's predictor and its samples in flight.
+type modelPredictor struct {
+	predictor
+	inflight atomic.Int64
+}
+
+// get returns model's predictor, made on first use.
+func (ps *predictors) get(model string) *modelPredictor {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p := ps.m[model]
+	if p == nil {
+		if ps.m == nil {
+			ps.m = map[string]*modelPredictor{}
+		}
+		p = &modelPredictor{}
+		ps.m[model] = p
+	}
+	return p
+}
+
+var (
+	predRateDesc  = prometheus.NewDesc("prism_router_predicted_rate_samples_per_second", "Admission's smoothed service rate of each model (samples per busy second; 0 before the first window).", []string{"model"}, nil)
+	predFloorDesc = prometheus.NewDesc("prism_router_predicted_floor_seconds", "Admission's smoothed floor of each model: what a request admitted with nothing of its model ahead took beyond its samples over the rate.", []string{"model"}, nil)
+)
+
+// Describe and Collect export each model's rate and floor.
+func (ps *predictors) Describe(ch chan<- *prometheus.Desc) {
+	ch <- predRateDesc
+	ch <- predFloorDesc
+}
+
+func (ps *predictors) Collect(ch chan<- prometheus.Metric) {
+	ps.mu.Lock()
+	models := make(map[string]*modelPredictor, len(ps.m))
+	maps.Copy(models, ps.m)
+	ps.mu.Unlock()
+	for name, p := range models {
+		rate, floor := p.estimate()
+		ch <- prometheus.MustNewConstMetric(predRateDesc, prometheus.GaugeValue, rate, name)
+		ch <- prometheus.MustNewConstMetric(predFloorDesc, prometheus.GaugeValue, floor.Seconds(), name)
+	}
 }

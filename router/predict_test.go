@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
 )
 
 // The rule: floor + (ahead+n)/rate against the time left; no rate, no
@@ -138,7 +140,7 @@ func TestRecommendAdmitsByPredictedTime(t *testing.T) {
 	cn := &fakeCN{gate: make(chan struct{})}
 	r := newRouter(t, Options{}, cn)
 	// Measured: 1000 samples/s (as if from earlier answered micro-batches).
-	r.pred.rate = 1000
+	r.preds.get("m").rate = 1000
 	held := backlog(r, cn, 100)
 	// 100 samples ahead + 10 at 1000/s: 110 ms, past a 50 ms deadline.
 	tight, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -173,7 +175,7 @@ func TestRecommendAdmitsByPredictedTime(t *testing.T) {
 	}
 	// With FixedAdmission the tight request is admitted as before.
 	r2 := newRouter(t, Options{FixedAdmission: true}, &fakeCN{})
-	r2.pred.rate = 1
+	r2.preds.get("m").rate = 1
 	tight2, cancel3 := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel3()
 	if _, err := r2.Recommend(tight2, request(10)); err != nil {
@@ -186,11 +188,11 @@ func TestPredictorGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := New(Options{}, reg)
 	now := time.Unix(0, 0)
-	r.pred.begin(now)
+	r.preds.get("m").begin(now)
 	now = now.Add(100 * time.Millisecond)
-	r.pred.answered(now, 5000)
-	r.pred.end(now)
-	r.pred.alone(30*time.Millisecond, 500)
+	r.preds.get("m").answered(now, 5000)
+	r.preds.get("m").end(now)
+	r.preds.get("m").alone(30*time.Millisecond, 500)
 	got := map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -215,3 +217,42 @@ func TestPredictorGauges(t *testing.T) {
 func (p *predictor) rateNow() float64 { r, _ := p.estimate(); return r }
 
 func (p *predictor) floorNow() time.Duration { _, f := p.estimate(); return f }
+
+// TestAdmissionPerModel: each model is predicted from its own rate and
+// its own samples in flight. A backlog of model m does not make a tight
+// request of model b, served by its own workers, be refused (with one
+// predictor for all models it was: 100 samples of m counted ahead of it
+// at the mix's rate), while a tight request of m behind that backlog is.
+func TestAdmissionPerModel(t *testing.T) {
+	cn := &fakeCN{gate: make(chan struct{})}
+	r := newRouter(t, Options{}, cn)
+	other := &fakeCN{}
+	addr := startCN(t, other)
+	r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu-b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"b"}, Healthy: true}})
+	r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu-b", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:b", Models: []string{"b"}, Healthy: true}})
+	r.preds.get("m").rate = 1000
+	r.preds.get("b").rate = 1000
+	held := backlog(r, cn, 100)
+	tight := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 50*time.Millisecond)
+	}
+	ctx, cancel := tight()
+	defer cancel()
+	reqB := request(10)
+	reqB.Model = "b"
+	if _, err := r.Recommend(ctx, reqB); err != nil {
+		t.Fatalf("model b, nothing of it in flight, behind model m's backlog: %v", err)
+	}
+	ctx2, cancel2 := tight()
+	defer cancel2()
+	if _, err := r.Recommend(ctx2, request(10)); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("model m behind its own backlog: %v, want ResourceExhausted", err)
+	}
+	close(cn.gate)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if a, b := r.preds.get("m").inflight.Load(), r.preds.get("b").inflight.Load(); a != 0 || b != 0 {
+		t.Fatalf("samples in flight after every answer: m %d, b %d", a, b)
+	}
+}

@@ -194,8 +194,9 @@ type Router struct {
 	// streams the RecommendStream streams open.
 	inflightBytes atomic.Int64
 	streams       atomic.Int64
-	// pred measures the service rate for admission by predicted time.
-	pred predictor
+	// preds measure each model's service rate for admission by
+	// predicted time.
+	preds predictors
 	// share adapts the share of the time to its deadline a request may
 	// be predicted to take (share.go).
 	share *shareCtl
@@ -260,14 +261,12 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.m.rejected.WithLabelValues(reason)
 	}
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
-	predRate := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "predicted_rate_samples_per_second", Help: "Admission's smoothed service rate (samples per busy second; 0 before the first window)."}, func() float64 { rate, _ := r.pred.estimate(); return rate })
-	predFloor := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "predicted_floor_seconds", Help: "Admission's smoothed floor: what a request admitted with nothing ahead took beyond its samples over the rate."}, func() float64 { _, floor := r.pred.estimate(); return floor.Seconds() })
 	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
 		admitShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admit_share", Help: "The share of the time to its deadline a request may be predicted to take and be admitted (--admit-share is its ceiling; it shrinks while admitted requests miss their deadlines)."}, r.share.get)
-		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, predRate, predFloor, admitShare, r.m.stages, r.m.workers, r.m.behind)
+		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind)
 		if r.lim != nil {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}
@@ -497,7 +496,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if dl, ok := ctx.Deadline(); ok {
 		remaining = time.Until(dl)
 	}
-	release, err := r.admit(int64(n), bytes, remaining)
+	release, err := r.admit(req.GetModel(), int64(n), bytes, remaining)
 	if err != nil {
 		return nil, err
 	}
@@ -748,7 +747,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		releaseHN()
 		if err == nil {
 			r.m.microBatches.WithLabelValues("ok").Inc()
-			r.pred.answered(time.Now(), int64(n))
+			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resp.GetTimes())
 			return resp.GetScores(), resp.GetVersion(), nil
 		}

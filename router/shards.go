@@ -155,7 +155,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		releaseHN()
 		if err == nil {
 			r.m.microBatches.WithLabelValues("ok").Inc()
-			r.pred.answered(time.Now(), int64(n))
+			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resps[0].GetTimes())
 			return resps[0].GetScores(), resps[0].GetVersion(), nil
 		}

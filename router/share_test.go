@@ -94,7 +94,7 @@ func TestShareCtl(t *testing.T) {
 func TestRecommendAdmitsWithHeadroomAfterMisses(t *testing.T) {
 	cn := &fakeCN{gate: make(chan struct{})}
 	r := newRouter(t, Options{}, cn)
-	r.pred.rate = 1000
+	r.preds.get("m").rate = 1000
 	held := backlog(r, cn, 100)
 	// 100 ahead + 10 at 1000/s: 110 ms, inside a 125 ms deadline.
 	try := func() error {
