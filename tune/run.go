@@ -190,7 +190,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		t0 := o.Now()
 		res, err := o.Trialer.Trial(ctx, n, cfg, start)
 		if err != nil {
-			return rep, fmt.Errorf("tune: trial %d: %w", n, err)
+			// Stopped (Ctrl-C) or failed: what was measured still
+			// goes to the prior, as the trials in the report.
+			err = fmt.Errorf("tune: trial %d: %w", n, err)
+			if perr := savePrior(o, rep); perr != nil {
+				err = errors.Join(err, perr)
+			}
+			return rep, err
 		}
 		tr := TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()}
 		if !o.Grid {
@@ -211,12 +217,20 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := writeReport(o.Out, rep); err != nil {
 		return rep, err
 	}
-	if o.Prior != "" && rep.Best != nil {
-		if err := AppendPrior(o.Prior, priorRecords(rep, o.Now())); err != nil {
-			return rep, fmt.Errorf("tune: %w", err)
-		}
+	return rep, savePrior(o, rep)
+}
+
+// savePrior appends the run's measured trials to the prior file (none
+// without one, or before any trial measured a rate), scored against the
+// best so far: a run stopped early still teaches the next one.
+func savePrior(o Options, rep *Report) error {
+	if o.Prior == "" || rep.Best == nil {
+		return nil
 	}
-	return rep, nil
+	if err := AppendPrior(o.Prior, priorRecords(rep, o.Now())); err != nil {
+		return fmt.Errorf("tune: %w", err)
+	}
+	return nil
 }
 
 func finite(f float64) float64 {

@@ -2,6 +2,7 @@ package tune
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -145,5 +146,40 @@ func TestSimilarity(t *testing.T) {
 	c.TableBytes = 2e8
 	if !(Similarity(a, b) < Similarity(a, c) && Similarity(a, c) < 1) {
 		t.Errorf("similarity not decreasing with distance: %v %v", Similarity(a, b), Similarity(a, c))
+	}
+}
+
+// stoppingTrialer is fakeTrialer until its stop-th trial, which fails as
+// a Ctrl-C does.
+type stoppingTrialer struct {
+	fakeTrialer
+	stop int
+}
+
+func (t *stoppingTrialer) Trial(ctx context.Context, n int, c Config, start float64) (Result, error) {
+	if n == t.stop {
+		return Result{}, context.Canceled
+	}
+	return t.fakeTrialer.Trial(ctx, n, c, start)
+}
+
+// TestRunStoppedKeepsPrior: a run stopped at its third trial returns the
+// stop and still appends its two measured trials to the prior, scored
+// against the best of them.
+func TestRunStoppedKeepsPrior(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	priorFile := filepath.Join(dir, "prior.jsonl")
+	tr := &stoppingTrialer{fakeTrialer: fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}, stop: 3}
+	rep, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, Prior: priorFile, Out: filepath.Join(dir, "a"), Trialer: tr})
+	if !errors.Is(err, context.Canceled) || len(rep.Trials) != 2 {
+		t.Fatalf("stopped at trial 3: %v, %d trials", err, len(rep.Trials))
+	}
+	recs, err := ReadPrior(priorFile)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("prior after a stopped run: %d records, %v; want the 2 measured", len(recs), err)
+	}
+	if best := max(recs[0].Score, recs[1].Score); best != 1 {
+		t.Fatalf("prior scores %v and %v: want the best of the run at 1", recs[0].Score, recs[1].Score)
 	}
 }
