@@ -173,9 +173,26 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		m.inflight = f
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
-			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: areq})
+			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: routed(w, model, areq)})
 		}
 	}
+}
+
+// routed is the apply to send worker w of model: areq itself, or, when
+// w's shard does not hold the update's table (ShardRef.tables; a
+// table-wise table lives on one shard), the number and the ids without
+// the rows, so an update's rows cross the network to the shards that
+// write them only.
+// A worker announcing no tables (unsharded, or older) gets it whole.
+func routed(w *prismv1.WorkerInfo, model string, areq *prismv1.ApplyUpdateRequest) *prismv1.ApplyUpdateRequest {
+	ref := w.GetShards()[model]
+	table := areq.GetUpdate().GetTable()
+	if ref.GetShards() == 0 || len(ref.GetTables()) == 0 || slices.Contains(ref.GetTables(), table) {
+		return areq
+	}
+	// The ids stay: the worker names the shards holding their rows, and
+	// the router holds those shards to the quorum.
+	return &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: model, Table: table, Ids: areq.GetUpdate().GetIds()}, Seq: areq.GetSeq(), NumberOnly: true}
 }
 
 // ack records that a live worker holds seq. A worker gone meanwhile is
@@ -262,8 +279,25 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		return
 	}
 	m.inflight = nil
+	// For a sharded model only the answers of the shards holding the
+	// rows tell applied from refused: the other shards' workers take the
+	// number without the rows (number only, or skipping the table), and
+	// their OK says nothing of the rows. Bad rows that every holder
+	// refused are bad input, not a divergence of the holders.
+	applied, refusers := f.applied, f.refusers
+	if f.shardOf != nil && len(f.rows) > 0 {
+		holds := func(id string) bool { sh, ok := f.shardOf[id]; return !ok || sh == -1 || f.rows[sh] }
+		applied = 0
+		for id := range f.held {
+			if holds(id) {
+				applied++
+			}
+		}
+		refusers = maps.Clone(refusers)
+		maps.DeleteFunc(refusers, func(id, _ string) bool { return !holds(id) })
+	}
 	switch {
-	case f.inputErr != nil && f.applied == 0:
+	case f.inputErr != nil && applied == 0:
 		m.outcome[f.seq] = -1
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
@@ -284,12 +318,12 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// input. The refusers' copies now lack the rows and a replay
 		// cannot add them (the refusal took the seq): out of serving.
 		var refused []string
-		for _, id := range slices.Sorted(maps.Keys(f.refusers)) {
-			refused = append(refused, f.refusers[id])
+		for _, id := range slices.Sorted(maps.Keys(refusers)) {
+			refused = append(refused, refusers[id])
 			if _, live := s.workers[id]; live {
 				m.diverged[id] = f.seq
 				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
-					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
+					"model", model, "worker", id, "seq", f.seq, "refusal", refusers[id])
 			}
 		}
 		if on := slices.Sorted(maps.Keys(f.rows)); len(on) > 0 {

@@ -84,6 +84,9 @@ func (m message) String() string {
 		if m.Client != 0 {
 			to = fmt.Sprintf("c%d", m.Client)
 		}
+		if m.Apply.GetNumberOnly() {
+			to += ", number only"
+		}
 		return fmt.Sprintf("apply %s#%d -> %s (%s)", m.Model, m.Apply.GetSeq(), m.Worker, to)
 	case msgAnswer:
 		if m.Err != nil {

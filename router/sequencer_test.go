@@ -271,8 +271,12 @@ func (h *seqScript) do(line string) []string {
 		if s := arg("shard", ""); s != "" {
 			k, n, _ := strings.Cut(s, "/")
 			w.Shards = map[string]*prismv1.ShardRef{}
+			var tables []string
+			if t := arg("tables", ""); t != "" {
+				tables = strings.Split(t, ",")
+			}
 			for _, m := range w.Models {
-				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n))}
+				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n)), Tables: tables}
 			}
 		}
 		h.s.announced(h.now, w)

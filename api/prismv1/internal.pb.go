@@ -89,7 +89,17 @@ type ApplyUpdateRequest struct {
 	// applying it again, a newer one fails with FAILED_PRECONDITION naming
 	// the seq it needs, and the router replays what the worker missed.
 	// 0 applies unsequenced (tools and tests).
-	Seq           int64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Seq int64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// number_only: the update's rows are on other shards of a sharded
+	// model (the router sends them only to the workers whose shard holds
+	// the table, ShardRef.tables); this worker takes seq in the model's
+	// one sequence and writes nothing. update names the model and table
+	// and carries the ids (so the worker names the shards holding their
+	// rows, UpdateResponse.shards, which the router holds to its quorum)
+	// but no rows. A worker whose shard holds the table
+	// refuses it (FAILED_PRECONDITION) rather than skip rows it must
+	// write. Sequenced updates only.
+	NumberOnly    bool `protobuf:"varint,3,opt,name=number_only,json=numberOnly,proto3" json:"number_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -136,6 +146,13 @@ func (x *ApplyUpdateRequest) GetSeq() int64 {
 		return x.Seq
 	}
 	return 0
+}
+
+func (x *ApplyUpdateRequest) GetNumberOnly() bool {
+	if x != nil {
+		return x.NumberOnly
+	}
+	return false
 }
 
 type LookupRequest struct {
@@ -772,7 +789,13 @@ type ShardRef struct {
 	// inputs it passes to the dense side and cpu.onnx's): the router sends
 	// it only those, in the candidates and the context. Empty: every
 	// input.
-	Inputs        []string `protobuf:"bytes,3,rep,name=inputs,proto3" json:"inputs,omitempty"`
+	Inputs []string `protobuf:"bytes,3,rep,name=inputs,proto3" json:"inputs,omitempty"`
+	// tables are the model's tables whose rows this shard holds, all of
+	// a table-wise one, its share of a row-wise one: the router sends an
+	// update of a table with its rows only to these shards' workers, and
+	// the number alone to the others (ApplyUpdateRequest.number_only).
+	// Empty (an older worker): every update is sent whole.
+	Tables        []string `protobuf:"bytes,4,rep,name=tables,proto3" json:"tables,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -824,6 +847,13 @@ func (x *ShardRef) GetShards() int32 {
 func (x *ShardRef) GetInputs() []string {
 	if x != nil {
 		return x.Inputs
+	}
+	return nil
+}
+
+func (x *ShardRef) GetTables() []string {
+	if x != nil {
+		return x.Tables
 	}
 	return nil
 }
@@ -1192,10 +1222,12 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"W\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"x\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x03R\x03seq\"\xcd\x02\n" +
+	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1f\n" +
+	"\vnumber_only\x18\x03 \x01(\bR\n" +
+	"numberOnly\"\xcd\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
@@ -1271,11 +1303,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"P\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"h\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12\x16\n" +
-	"\x06inputs\x18\x03 \x03(\tR\x06inputs\"?\n" +
+	"\x06inputs\x18\x03 \x03(\tR\x06inputs\x12\x16\n" +
+	"\x06tables\x18\x04 \x03(\tR\x06tables\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
 	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"V\n" +
 	"\x10AnnounceResponse\x12!\n" +

@@ -698,6 +698,22 @@ func TestSequencedUpdates(t *testing.T) {
 			t.Fatalf("step %d: worker announces update %d, want %d", i, got, base+st.after)
 		}
 	}
+	// The number alone (number_only) is for a shard not holding the
+	// table: this unsharded worker holds every table, so it refuses it
+	// without taking the number; unsequenced, it is bad input.
+	for _, seq := range []int64{base + 4, 0} {
+		want := codes.FailedPrecondition
+		if seq == 0 {
+			want = codes.InvalidArgument
+		}
+		_, err := f.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: seq, NumberOnly: true, Update: &prismv1.UpdateRequest{Model: model, Table: "emb_l.0.weight", Ids: []int64{0}}})
+		if status.Code(err) != want {
+			t.Fatalf("number only, seq %d: %v, want %v", seq, err, want)
+		}
+		if got := f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; got != base+3 {
+			t.Fatalf("number only, seq %d: worker announces update %d, want %d (not taken)", seq, got, base+3)
+		}
+	}
 }
 
 // TestExporterModels: an exporter-corpus model whose ids the model

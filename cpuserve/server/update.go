@@ -3,13 +3,13 @@ package server
 import (
 	"context"
 	"fmt"
-	"github.com/prism-serve/prism/internal/leview"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/leview"
 )
 
 // Update upserts rows of one table into this worker's store. It answers
@@ -41,6 +41,19 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	}
 	if s.models[req.GetModel()] == nil {
 		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %v)", req.GetModel(), s.Models())
+	}
+	if areq.GetNumberOnly() {
+		// The router sent the rows to the shards holding the table only.
+		switch {
+		case areq.GetSeq() <= 0:
+			return nil, status.Error(codes.InvalidArgument, "update: number_only goes with a sequenced update (seq > 0)")
+		case !s.skipsUpdate(req.GetModel(), req.GetTable()):
+			return nil, status.Errorf(codes.FailedPrecondition, "update %d of table %q sent without its rows, but this worker's shard holds the table: send it the rows", areq.GetSeq(), req.GetTable())
+		}
+		if err := s.st.SkipSeq(req.GetModel(), areq.GetSeq()); err != nil {
+			return nil, storeStatus(fmt.Errorf("update: %w", err))
+		}
+		return &prismv1.UpdateResponse{Workers: 1, Shards: s.shards[req.GetModel()].rowShards(req.GetTable(), req.GetIds())}, nil
 	}
 	if s.skipsUpdate(req.GetModel(), req.GetTable()) {
 		// Another shard's table: this worker takes the update's place in
