@@ -553,7 +553,7 @@ func TestFaultCampaign(t *testing.T) {
 	}
 	t.Logf("the Recommend check tells %d of %d rows apart from every other value they had (the store check: all)", sharp, len(keys))
 	stale := map[rowKey]string{} // rows some Recommend served without their last acknowledged update
-	recommendCheck := func(label string) {
+	recommendCheck := func(label string) (answered bool) {
 		var resp *prismv1.RecommendResponse
 		var err error
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
@@ -566,7 +566,7 @@ func TestFaultCampaign(t *testing.T) {
 		}
 		if err != nil {
 			t.Logf("check %s: no answer (%v): no worker serves the model", label, err)
-			return
+			return false
 		}
 		bad := 0
 		for c, key := range keys {
@@ -591,9 +591,18 @@ func TestFaultCampaign(t *testing.T) {
 			stale[key] = fmt.Sprintf("%s: table %d row %d scored %.6f, as if it held %s; its last acknowledged update is %d (want %.6f)", label, key.table, key.id, got, what, lastAcked[key], want[c][0])
 		}
 		t.Logf("check %s: %d rows through Recommend, %d stale", label, len(keys), bad)
+		return true
 	}
+	// With both workers up and caught up, the model is served: a check
+	// that never got an answer would have checked nothing.
+	answered := 0
 	for i := range 3 {
-		recommendCheck(fmt.Sprintf("both workers #%d", i+1))
+		if recommendCheck(fmt.Sprintf("both workers #%d", i+1)) {
+			answered++
+		}
+	}
+	if answered == 0 {
+		t.Error("no Recommend was answered with both embedding workers up: the Recommend check checked nothing")
 	}
 	// Each embedding worker alone: the other leaves (SIGTERM), comes back.
 	for i := range emb {
