@@ -176,3 +176,45 @@ func TestMetricsOverTLS(t *testing.T) {
 		<-served
 	}
 }
+
+// TestMaxConcurrentStreams: one client connection runs at most
+// MaxConcurrentStreams RPCs at once; the next waits for one to end.
+func TestMaxConcurrentStreams(t *testing.T) {
+	bn := &grpctest.Net{}
+	s, err := New("dense", Options{Listener: bn.MustListen(t, "dense"), MetricsAddr: "off", MaxConcurrentStreams: 2, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+	hc := healthpb.NewHealthClient(bn.Dial(t, s.Addr()))
+	// Two Watch streams stay open: the connection's whole allowance.
+	var stops []context.CancelFunc
+	for range 2 {
+		wctx, stop := context.WithCancel(context.Background())
+		stops = append(stops, stop)
+		w, err := hc.Watch(wctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil { // the stream is open on the server
+			t.Fatal(err)
+		}
+	}
+	check := func(d time.Duration) error {
+		cctx, c := context.WithTimeout(context.Background(), d)
+		defer c()
+		_, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
+		return err
+	}
+	if err := check(300 * time.Millisecond); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a third RPC beside two open streams, limit 2: %v, want it held until its deadline", err)
+	}
+	stops[0]()
+	if err := check(5 * time.Second); err != nil {
+		t.Fatalf("after one stream ended: %v", err)
+	}
+	stops[1]()
+}
