@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -492,4 +493,38 @@ func TestSnapshotSaveStopped(t *testing.T) {
 	if rep := waitWarm(t, s2); rep.Err != nil || rep.Rows != int64(len(want)) {
 		t.Fatalf("restored after Close saved over a stopped save: %+v, want %d rows", rep, len(want))
 	}
+}
+
+// BenchmarkSnapshotSave: one save of a full 320 MiB class of dim-64 rows
+// (bench-ltm-e2e's tier, 1,034,778 keys) into a store on disk, as a
+// periodic save makes it: encoding in 4 MiB parts, each its own batch,
+// the last synced. Its time is what --warm-snapshot-every costs a
+// worker per save.
+func BenchmarkSnapshotSave(b *testing.B) {
+	s, err := Open(b.TempDir(), &Options{HotBytes: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	c := hot.NewClass(64, 320<<20)
+	row := make([]float32, 64)
+	c.Lock()
+	for i := int64(0); !c.Full(); i++ {
+		k := hot.Key(uint32(1+i%26), (i*2654435761)%1911047)
+		c.Admit(k, hot.Hash(k), row)
+	}
+	c.Unlock()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	before := ms.TotalAlloc
+	b.ResetTimer()
+	for b.Loop() {
+		if err := s.commitHotSnapshots(context.Background(), []*hot.Class{c}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.TotalAlloc-before)/float64(b.N)/(1<<20), "MiB-alloc/save")
+	b.ReportMetric(float64(c.Used()), "keys")
 }
