@@ -12,9 +12,11 @@ import (
 // which model's formed batch runs when they compete for the device. At
 // most Slots batches run at once, whichever models they are of; a slot
 // that frees goes to the waiting batch due first (its earliest request's
-// deadline), arrival order among equals. A request without a deadline
-// counts as due gateHorizon after it arrived, so such work neither goes
-// ahead of urgent work nor waits behind it without bound.
+// deadline), arrival order among equals. A request counts as due at most
+// gateHorizon after it arrived, its deadline or not: work with a far
+// deadline (or none) does not go ahead of urgent work, and does not wait
+// behind it without bound either (a batch arriving later is due later
+// than that, so it waits at most about gateHorizon and a run).
 //
 // Without a gate (one model), a model's batching loops run their batches
 // as soon as they form them, as many at once as it has sessions; with
@@ -29,8 +31,8 @@ type RunGate struct {
 	waiting gateQueue
 }
 
-// gateHorizon is when a request without a deadline is due at the gate,
-// from its arrival.
+// gateHorizon is the latest a request is due at the gate, from its
+// arrival.
 const gateHorizon = time.Second
 
 // NewRunGate returns a gate letting slots batches (at least one) run at
@@ -74,13 +76,13 @@ func (g *RunGate) Waiting() int {
 }
 
 // due is when a formed batch is due at the gate: its earliest deadline,
-// a request without one counting as due gateHorizon after its arrival.
+// a request counting as due at most gateHorizon after its arrival.
 func due(batch []*pending) time.Time {
 	var d time.Time
 	for _, p := range batch {
 		t := p.deadline
-		if t.IsZero() {
-			t = p.arrived.Add(gateHorizon)
+		if h := p.arrived.Add(gateHorizon); t.IsZero() || t.After(h) {
+			t = h
 		}
 		if d.IsZero() || t.Before(d) {
 			d = t

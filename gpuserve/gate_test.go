@@ -66,8 +66,8 @@ func TestRunGateOrder(t *testing.T) {
 }
 
 // TestRunGateAcrossModels: two models' batchers sharing one run slot run
-// their formed batches by deadline across the models: model a's
-// 10-second batch, formed after model b's 30-second one, runs before it.
+// their formed batches by deadline across the models: model a's batch
+// due in 300 ms, formed after model b's due in 900 ms, runs before it.
 // Without the gate both would start as soon as formed.
 func TestRunGateAcrossModels(t *testing.T) {
 	r := &tagRunner{gate: make(chan struct{})}
@@ -99,9 +99,9 @@ func TestRunGateAcrossModels(t *testing.T) {
 			t.Fatal("the first batch never took the slot")
 		}
 	}
-	submit(b, 30, 30*time.Second)
+	submit(b, 30, 900*time.Millisecond)
 	waitGate(t, g, 1)
-	submit(a, 10, 10*time.Second)
+	submit(a, 10, 300*time.Millisecond)
 	waitGate(t, g, 2)
 	close(r.gate)
 	wg.Wait()
@@ -111,7 +111,7 @@ func TestRunGateAcrossModels(t *testing.T) {
 }
 
 // TestDueAtGate: a batch is due at its earliest deadline; a request
-// without one counts as due gateHorizon after it arrived.
+// counts as due at most gateHorizon after it arrived.
 func TestDueAtGate(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	p := func(arrived, deadline time.Time) *pending {
@@ -122,9 +122,10 @@ func TestDueAtGate(t *testing.T) {
 		batch []*pending
 		want  time.Time
 	}{
-		{"earliest deadline", []*pending{p(t0, t0.Add(3*time.Second)), p(t0, t0.Add(2*time.Second))}, t0.Add(2 * time.Second)},
+		{"earliest deadline", []*pending{p(t0, t0.Add(300*time.Millisecond)), p(t0, t0.Add(200*time.Millisecond))}, t0.Add(200 * time.Millisecond)},
 		{"no deadline: horizon", []*pending{p(t0, time.Time{})}, t0.Add(gateHorizon)},
-		{"a far deadline after the horizon", []*pending{p(t0, t0.Add(time.Hour)), p(t0.Add(time.Second), time.Time{})}, t0.Add(time.Second + gateHorizon)},
+		{"a far deadline: the horizon", []*pending{p(t0, t0.Add(time.Hour))}, t0.Add(gateHorizon)},
+		{"the earliest of capped deadlines", []*pending{p(t0, t0.Add(time.Hour)), p(t0.Add(-time.Second), time.Time{})}, t0.Add(gateHorizon - time.Second)},
 	} {
 		if got := due(tc.batch); !got.Equal(tc.want) {
 			t.Errorf("%s: due %v, want %v", tc.name, got, tc.want)

@@ -171,9 +171,19 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			}
 		}
 		m.inflight = f
+		// A table no live worker announces holding (misspelt, or no
+		// worker says which tables it holds) goes whole to every worker,
+		// which refuses it or writes it as its plan says.
+		route := slices.ContainsFunc(targets, func(w *prismv1.WorkerInfo) bool {
+			return slices.Contains(w.GetShards()[model].GetTables(), p.req.GetTable())
+		})
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
-			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: routed(w, model, areq)})
+			apply := areq
+			if route {
+				apply = routed(w, model, areq)
+			}
+			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: apply})
 		}
 	}
 }
@@ -217,7 +227,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		return
 	}
 	if client == 0 {
-		s.replayed(model, m, worker, seq, err)
+		s.replayed(model, m, worker, seq, rows, err)
 		return
 	}
 	f := m.inflight
@@ -313,7 +323,9 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// rows again, which upserts make harmless.
 		s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
 	default:
-		m.outcome[f.seq] = 1
+		if applied > 0 { // a worker holding the rows applied them
+			m.outcome[f.seq] = 1
+		}
 		// Divergent answers: some applied it, some refused it as bad
 		// input. The refusers' copies now lack the rows and a replay
 		// cannot add them (the refusal took the seq): out of serving.

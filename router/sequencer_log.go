@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"log/slog"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -54,7 +55,7 @@ func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64
 }
 
 // replayed goes on with a replay after one of its updates was answered.
-func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64, err error) {
+func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64, rows []int32, err error) {
 	switch code := status.Code(err); {
 	case err == nil || code == codes.InvalidArgument:
 		// Either way the worker took the number. An answer other than
@@ -66,8 +67,10 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 		if err != nil {
 			got = -1
 		}
-		if w := s.workers[worker]; w != nil && seq > m.floor && seq <= m.next && routed(w, model, m.log[seq-m.floor-1]).GetNumberOnly() {
-			// Sent without the rows: its answer says nothing of them.
+		if !holdsRows(s.workers[worker], model, rows, err) {
+			// Not a worker of the shards holding the rows (sent the
+			// number alone, or holding none of the ids): its OK says
+			// nothing of them.
 		} else if was, known := m.outcome[seq]; !known {
 			m.outcome[seq] = got
 		} else if was != got {
@@ -91,6 +94,15 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 		s.logf(slog.LevelWarn, "replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", worker, "seq", seq, "err", err)
 		delete(m.catching, worker)
 	}
+}
+
+// holdsRows says whether worker w's answer to an update speaks for its
+// rows: a refusal does (only a worker checking the rows refuses them),
+// and so does an OK from an unsharded worker or one whose shard is among
+// rows, the shards the answer named as holding the update's rows.
+func holdsRows(w *prismv1.WorkerInfo, model string, rows []int32, err error) bool {
+	ref := w.GetShards()[model]
+	return err != nil || ref.GetShards() == 0 || slices.Contains(rows, ref.GetShard())
 }
 
 // replayNext sends worker the next update of model it lacks, or ends its

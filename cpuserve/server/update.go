@@ -44,9 +44,17 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	}
 	if areq.GetNumberOnly() {
 		// The router sent the rows to the shards holding the table only.
+		sr := s.shards[req.GetModel()]
 		switch {
 		case areq.GetSeq() <= 0:
 			return nil, status.Error(codes.InvalidArgument, "update: number_only goes with a sequenced update (seq > 0)")
+		case sr != nil && !sr.tables[req.GetTable()]:
+			// No shard holds such a table: bad input, refused here as
+			// on every worker, and the number taken.
+			if err := s.st.SkipSeq(req.GetModel(), areq.GetSeq()); err != nil {
+				return nil, storeStatus(fmt.Errorf("update: %w", err))
+			}
+			return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q", req.GetModel(), req.GetTable())
 		case !s.skipsUpdate(req.GetModel(), req.GetTable()):
 			return nil, status.Errorf(codes.FailedPrecondition, "update %d of table %q sent without its rows, but this worker's shard holds the table: send it the rows", areq.GetSeq(), req.GetTable())
 		}

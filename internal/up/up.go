@@ -133,6 +133,11 @@ const (
 // log too, or the router catches the new store up with the old updates.
 func UpdateLogDir(db string) string { return filepath.Clean(db) + "-router-log" }
 
+func dirExists(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}
+
 // validateCounts refuses worker and session counts no stack can run
 // with, before anything starts (a negative --dense-workers cut the
 // worker list out of range; --embedding-workers 0 reported a stack up
@@ -285,6 +290,10 @@ func Run(ctx context.Context, c Config) error {
 	// (DB-router-log), so a restarted router still catches lagging
 	// workers up, and stacks on stores in one folder keep logs apart.
 	updateLog := UpdateLogDir(c.DB)
+	if legacy := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log"); dirExists(legacy) && !dirExists(updateLog) {
+		fmt.Fprintf(c.Stderr, "up: warning: %s is the update log an earlier prism up kept beside its store; this one keeps %s's at %s and starts without it: to keep its updates, stop, move it there (mv %s %s) and start again; else remove it\n",
+			legacy, c.DB, updateLog, legacy, updateLog)
+	}
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
 		Args: append([]string{"serve", "router", "--addr", c.Addr, "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}
 	if c.MicroBatch > 0 { // else serve router's default
@@ -605,7 +614,7 @@ func Servable(resp *prismv1.ListResponse, models []string) string {
 		}
 		for shard := range want {
 			if !have[shard] {
-				return fmt.Sprintf("no embedding worker of model %q (shard %d) holds every acknowledged update yet (catching up from the router's update log)", m, shard)
+				return fmt.Sprintf("no embedding worker of model %q (shard %d) holds every acknowledged update yet (catching up from the router's update log, or too far behind it to catch up: the router's log says which)", m, shard)
 			}
 		}
 	}
