@@ -1,10 +1,12 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,20 +29,37 @@ import (
 
 // hotSnapPrefix starts the keys of the hot tier's snapshots, one per row
 // width, under the metadata table id 0. A width's snapshot is written in
-// parts of at most snapPartBytes, keyed hotSnapKey(width) + the part's
-// number, each part in a batch of its own: a large tier's snapshot (a
-// 256 MiB sketch for 30M slots) never becomes one Pebble value and one
-// batch the size of the memtable. The parts read back in key order are
-// the encoding, whose magic and CRC reject a save cut short.
+// parts of at most snapPartBytes, keyed hotSnapKey(width) + the save's
+// generation + the part's number, each part in a batch of its own: a
+// large tier's snapshot (a 256 MiB sketch for 30M slots) never becomes
+// one Pebble value and one batch the size of the memtable. A generation's
+// parts read back in key order are the encoding, whose magic and CRC
+// reject a save cut short; the older generation it was to replace is
+// deleted only by the save's last batch, so it is read instead.
 const hotSnapPrefix = "\x00\x00\x00\x00hot/"
 
 func hotSnapKey(dim int) []byte {
 	return binary.BigEndian.AppendUint32([]byte(hotSnapPrefix), uint32(dim))
 }
 
-func hotSnapPartKey(dim, part int) []byte {
-	return binary.BigEndian.AppendUint32(hotSnapKey(dim), uint32(part))
+// hotSnapGenKey starts the keys of generation gen of width dim's
+// snapshot; hotSnapPartKey is the key of its part.
+func hotSnapGenKey(dim int, gen uint64) []byte {
+	return binary.BigEndian.AppendUint64(hotSnapKey(dim), gen)
 }
+
+func hotSnapPartKey(dim int, gen uint64, part int) []byte {
+	return binary.BigEndian.AppendUint32(hotSnapGenKey(dim, gen), uint32(part))
+}
+
+// Key lengths past hotSnapKey(dim): a generation's part (8-byte
+// generation, 4-byte part); a part saved before generations (4-byte
+// part), and a snapshot saved as one value (nothing), both read as
+// generation 0.
+const (
+	snapGenPartLen = 12
+	snapOldPartLen = 4
+)
 
 // snapPartBytes is the most bytes of a snapshot in one part (a var for
 // tests).
@@ -84,6 +103,8 @@ type warmState struct {
 	rows atomic.Int64
 	// saves counts the snapshots snapshotEvery wrote.
 	saves atomic.Int64
+	// gen is the generation of the last save (commitHotSnapshots).
+	gen atomic.Uint64
 }
 
 // Warmed returns the warm restart's report so far, and a channel closed
@@ -178,37 +199,52 @@ func (s *Store) restoreHot(ctx context.Context) error {
 }
 
 // readHotSnapshot reads the saved snapshot of width dim; ok is false when
-// there is none.
+// there is none. A save writes a new generation of parts and deletes the
+// older ones only in its last batch, so after a save cut short (the
+// process killed mid-way) the newest generation does not decode and the
+// one before it, whole, is read instead; the error is the newest's when
+// none decodes.
 func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error) {
 	key := hotSnapKey(dim)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: key, UpperBound: prefixEnd(key)})
 	if err != nil {
 		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}
-	var val []byte
-	found := false
+	gens := map[uint64][]byte{} // generation -> its parts joined, in key order
 	for valid := it.First(); valid; valid = it.Next() {
 		v, err := it.ValueAndErr()
 		if err != nil {
 			it.Close()
 			return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 		}
-		val = append(val, v...)
-		found = true
+		var gen uint64
+		if rest := it.Key()[len(key):]; len(rest) == snapGenPartLen {
+			gen = binary.BigEndian.Uint64(rest)
+		} else if len(rest) != 0 && len(rest) != snapOldPartLen {
+			continue // not a key this reader knows
+		}
+		gens[gen] = append(gens[gen], v...)
 	}
 	if err := it.Close(); err != nil {
 		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}
-	if !found {
+	if len(gens) == 0 {
 		return snap, false, nil
 	}
-	if err := snap.UnmarshalBinary(val); err != nil {
-		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+	var first error
+	for _, gen := range slices.Backward(slices.Sorted(maps.Keys(gens))) {
+		err := snap.UnmarshalBinary(gens[gen])
+		if err == nil && snap.Dim != dim {
+			err = fmt.Errorf("holds width %d: %w", snap.Dim, hot.ErrSnapshot)
+		}
+		if err == nil {
+			return snap, true, nil
+		}
+		if first == nil {
+			first = fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+		}
 	}
-	if snap.Dim != dim {
-		return snap, false, fmt.Errorf("hot tier snapshot of width %d holds width %d: %w", dim, snap.Dim, hot.ErrSnapshot)
-	}
-	return snap, true, nil
+	return hot.Snapshot{}, false, first
 }
 
 // restoreClass restores one class: its sketch, then its keys' rows. When
@@ -441,30 +477,33 @@ func (s *Store) hotClasses(save bool) []*hot.Class {
 }
 
 // commitHotSnapshots replaces the saved snapshots with those of classes:
-// the old ones dropped in the first batch, then each class's snapshot
-// (hot.Class.WriteSnapshot) in parts of at most snapPartBytes, a batch
-// of one part each (parts small enough share one), the last synced. A
-// class holding no row is not saved. It writes nothing when there is
+// each class's snapshot (hot.Class.WriteSnapshot) as a new generation of
+// parts of at most snapPartBytes, a batch of one part each (parts small
+// enough share one), and in the last batch, synced, the deletion of
+// every other snapshot key (older generations, widths no longer saved).
+// A class holding no row is not saved. It writes nothing when there is
 // nothing to drop or save. A save cut short (an error, ctx done between
-// parts) leaves parts that do not decode, which costs the next Open its
-// warmth, never its rows. Besides Pebble's own, it holds the keys of
-// one class (8 bytes a row) and a part at a time.
+// parts, the process killed) leaves the snapshots saved before it whole
+// beside the new generation's parts, which do not decode: the next Open
+// restores the older ones (readHotSnapshot). Besides Pebble's own, it
+// holds the keys of one class (8 bytes a row) and a part at a time.
 func (s *Store) commitHotSnapshots(ctx context.Context, classes []*hot.Class) error {
-	b := s.db.NewBatch()
-	defer func() { b.Close() }()
-	prefix := []byte(hotSnapPrefix)
 	saved, err := s.hasHotSnapshots()
 	if err != nil {
 		return err
 	}
-	if saved { // else no write: most Closes (ingests, tools) have nothing to drop
-		if err := b.DeleteRange(prefix, prefixEnd(prefix), nil); err != nil {
-			return err
-		}
-	}
+	// The generation: any number unlike the saved ones' (they are all
+	// deleted by the end); the clock's orders a newer save last, which
+	// only decides which whole snapshot a cut-short save leaves read.
+	gen := max(uint64(time.Now().UnixNano()), s.warm.gen.Load()+1)
+	s.warm.gen.Store(gen)
+	b := s.db.NewBatch()
+	defer func() { b.Close() }()
+	var kept [][2][]byte // the new generation's key ranges
 	for _, cls := range classes {
 		part := 0
-		_, err := cls.WriteSnapshot(snapPartBytes, func(p []byte) error {
+		dim := cls.Width()
+		n, err := cls.WriteSnapshot(snapPartBytes, func(p []byte) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -476,14 +515,29 @@ func (s *Store) commitHotSnapshots(ctx context.Context, classes []*hot.Class) er
 				b = s.db.NewBatch()
 			}
 			part++
-			return b.Set(hotSnapPartKey(cls.Width(), part-1), p, nil) // Set copies p
+			return b.Set(hotSnapPartKey(dim, gen, part-1), p, nil) // Set copies p
 		})
 		if err != nil {
 			return err
 		}
+		if n > 0 {
+			k := hotSnapGenKey(dim, gen)
+			kept = append(kept, [2][]byte{k, prefixEnd(k)})
+		}
 	}
-	if b.Empty() {
-		return nil
+	if !saved && b.Empty() {
+		return nil // most Closes (ingests, tools) have nothing to drop or save
+	}
+	// Everything under the prefix but the new generation's ranges.
+	slices.SortFunc(kept, func(x, y [2][]byte) int { return bytes.Compare(x[0], y[0]) })
+	from := []byte(hotSnapPrefix)
+	for _, r := range append(kept, [2][]byte{prefixEnd([]byte(hotSnapPrefix)), nil}) {
+		if bytes.Compare(from, r[0]) < 0 {
+			if err := b.DeleteRange(from, r[0], nil); err != nil {
+				return err
+			}
+		}
+		from = r[1]
 	}
 	return b.Commit(pebble.Sync)
 }
