@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -560,4 +561,41 @@ func BenchmarkSnapshotSave(b *testing.B) {
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(ms.TotalAlloc-before)/float64(b.N)/(1<<20), "MiB-alloc/save")
 	b.ReportMetric(float64(c.Used()), "keys")
+}
+
+// TestOldSnapshotLayouts: snapshots saved before generations still read:
+// one value under hotSnapKey, or parts numbered right after it.
+func TestOldSnapshotLayouts(t *testing.T) {
+	c := hot.NewClass(8, 64<<10)
+	c.Lock()
+	for i := range int64(300) {
+		k := hot.Key(1, i*7)
+		c.Admit(k, hot.Hash(k), make([]float32, 8))
+	}
+	snap := c.Snapshot()
+	c.Unlock()
+	snap.SortKeys()
+	enc, err := snap.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, layout := range []string{"one value", "parts"} {
+		s, _ := openMem(t, &Options{HotBytes: 64 << 10, Preload: PreloadOff})
+		b := s.db.NewBatch()
+		if layout == "one value" {
+			b.Set(hotSnapKey(8), enc, nil)
+		} else {
+			half := len(enc) / 2
+			b.Set(binary.BigEndian.AppendUint32(hotSnapKey(8), 0), enc[:half], nil)
+			b.Set(binary.BigEndian.AppendUint32(hotSnapKey(8), 1), enc[half:], nil)
+		}
+		if err := b.Commit(pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+		got, ok, err := s.readHotSnapshot(8)
+		if !ok || err != nil || !slices.Equal(got.Keys, snap.Keys) {
+			t.Fatalf("%s: found %v, %v, %d keys; want %d", layout, ok, err, len(got.Keys), len(snap.Keys))
+		}
+		s.Close()
+	}
 }
