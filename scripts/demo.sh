@@ -28,8 +28,9 @@ $prism partition "$out/$model/model.onnx" -o "$out/$model-part" --overwrite --ve
 echo
 echo "== 4. ingest the tables into the embedding store"
 # A fresh store, and no update log from an earlier run (prism up keeps
-# it beside the store: its updates would be replayed onto the new one).
-rm -rf "$out/db" "$out/db-router-log"
+# it beside the store: its updates would be replayed onto the new one;
+# router-log is where earlier versions kept it).
+rm -rf "$out/db" "$out/db-router-log" "$out/router-log"
 $prism ingest "$out/$model-part" --db "$out/db"
 echo
 echo "== 5. prism up: router, dense tier and embedding tier on loopback ($wire)"
