@@ -83,6 +83,8 @@ func (s *Server) serveWorker(ctx context.Context, o WorkerOptions, routers []str
 			Routers: routers, Info: func() *prismv1.WorkerInfo { return o.Info(addr) }, Answered: o.Announced,
 			ResolveEvery: o.ResolveEvery, DialOptions: o.DialOptions, Log: s.Log,
 		})
+	} else {
+		s.Log.Warn("no --router: this worker registers with no router, so only a caller given its address uses it", "addr", addr)
 	}
 	if o.Ready != nil {
 		o.Ready(addr)
