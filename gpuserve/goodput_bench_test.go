@@ -46,6 +46,34 @@ func (l goodputLoad) requests() map[int]Request {
 	return out
 }
 
+// due draws a request's time to its deadline.
+func (l goodputLoad) due(rng *rand.Rand) time.Duration {
+	return l.minDue + time.Duration(rng.Int64N(int64(l.maxDue-l.minDue)))
+}
+
+// poisson offers rate requests per second, Poisson arrivals from a
+// seeded source, for warm+d: at each arrival next draws the request (on
+// the caller's goroutine, so the draws repeat) and the send it returns
+// runs in a goroutine of its own, told whether it falls in the counted
+// window (from warm on). It returns once every send has.
+func poisson(rate float64, warm, d time.Duration, next func(rng *rand.Rand) (send func(counted bool))) {
+	rng := rand.New(rand.NewPCG(42, 7))
+	var wg sync.WaitGroup
+	start := time.Now()
+	countFrom, end := start.Add(warm), start.Add(warm+d)
+	at := start
+	for {
+		at = at.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+		if !at.Before(end) {
+			break
+		}
+		time.Sleep(time.Until(at)) // behind: at once, keeping the mean rate
+		send, counted := next(rng), !at.Before(countFrom)
+		wg.Go(func() { send(counted) })
+	}
+	wg.Wait()
+}
+
 // capacity is the requests per second the batcher sustains on r with this
 // mix: closed-loop clients with no deadline, arrival order, for d.
 func capacity(r Runner, l goodputLoad, d time.Duration) float64 {
@@ -90,23 +118,12 @@ func openLoop(r Runner, l goodputLoad, o Order, rate float64, warm, d time.Durat
 	b := NewBatcher(spec, []Runner{r}, opts)
 	defer b.Close()
 	reqs := l.requests()
-	rng := rand.New(rand.NewPCG(42, 7))
 	var run goodputRun
 	var good, refused, missed, overloaded, offered atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	countFrom, end := start.Add(warm), start.Add(warm+d)
-	next := start
-	for {
-		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
-		if !next.Before(end) {
-			break
-		}
-		time.Sleep(time.Until(next)) // behind: at once, keeping the mean rate
+	poisson(rate, warm, d, func(rng *rand.Rand) func(bool) {
 		n := l.sizes[rng.IntN(len(l.sizes))]
-		due := l.minDue + time.Duration(rng.Int64N(int64(l.maxDue-l.minDue)))
-		counted := !next.Before(countFrom)
-		wg.Go(func() {
+		due := l.due(rng)
+		return func(counted bool) {
 			sent := time.Now()
 			ctx, cancel := context.WithDeadline(context.Background(), sent.Add(due))
 			defer cancel()
@@ -127,9 +144,8 @@ func openLoop(r Runner, l goodputLoad, o Order, rate float64, warm, d time.Durat
 			default:
 				missed.Add(1)
 			}
-		})
-	}
-	wg.Wait()
+		}
+	})
 	run.batches, run.samples, _, _ = b.Snapshot()
 	run.offered, run.good, run.refused, run.missed, run.overloaded = offered.Load(), good.Load(), refused.Load(), missed.Load(), overloaded.Load()
 	run.seconds = d.Seconds()
@@ -197,24 +213,13 @@ func twoModels(loads [2]goodputLoad, gate bool, rate float64, warm, d time.Durat
 		defer bs[i].Close()
 		reqs[i] = loads[i].requests()
 	}
-	rng := rand.New(rand.NewPCG(42, 7))
 	var goodN, offeredN [2]atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	countFrom, end := start.Add(warm), start.Add(warm+d)
-	next := start
-	for {
-		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
-		if !next.Before(end) {
-			break
-		}
-		time.Sleep(time.Until(next))
+	poisson(rate, warm, d, func(rng *rand.Rand) func(bool) {
 		m := rng.IntN(2)
 		l := loads[m]
 		n := l.sizes[rng.IntN(len(l.sizes))]
-		due := l.minDue + time.Duration(rng.Int64N(int64(l.maxDue-l.minDue)))
-		counted := !next.Before(countFrom)
-		wg.Go(func() {
+		due := l.due(rng)
+		return func(counted bool) {
 			sent := time.Now()
 			ctx, cancel := context.WithDeadline(context.Background(), sent.Add(due))
 			defer cancel()
@@ -226,9 +231,8 @@ func twoModels(loads [2]goodputLoad, gate bool, rate float64, warm, d time.Durat
 			if err == nil && time.Since(sent) <= due {
 				goodN[m].Add(1)
 			}
-		})
-	}
-	wg.Wait()
+		}
+	})
 	for i := range good {
 		good[i], offered[i] = goodN[i].Load(), offeredN[i].Load()
 	}
