@@ -21,6 +21,14 @@ import (
 func FuzzAnnounce(f *testing.F) {
 	r := router.New(router.Options{Logger: slog.New(slog.DiscardHandler)}, nil)
 	f.Cleanup(r.Close)
+	// Callers with certificate identities, so the binding of worker ids
+	// to identities is fuzzed too: the input's length picks who calls
+	// (the first: no identity, as over plaintext).
+	callers := [][2]string{{}, {"embedding", "emb-a"}, {"embedding", "emb-b"}, {"dense", "dense-a"}, {"router", "r"}}
+	r.Reg.Peer = func(ctx context.Context) (string, string, bool) {
+		c, ok := ctx.Value(fuzzCaller{}).([2]string)
+		return c[0], c[1], ok && c[0] != ""
+	}
 	for _, w := range []*prismv1.WorkerInfo{
 		{Id: "e1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "127.0.0.1:1", Models: []string{"m"}, Healthy: true, UpdateSeq: map[string]int64{"m": 3}},
 		{Id: "d1", Role: prismv1.Role_ROLE_DENSE, Addr: "127.0.0.1:2", Models: []string{"m", "n"}, Healthy: true, Outstanding: -1 << 62},
@@ -42,6 +50,7 @@ func FuzzAnnounce(f *testing.F) {
 		if err := proto.Unmarshal(b, &req); err != nil {
 			t.Skip()
 		}
+		ctx := context.WithValue(ctx, fuzzCaller{}, callers[len(b)%len(callers)])
 		_, err := r.Reg.Announce(ctx, &req)
 		switch status.Code(err) {
 		case codes.OK, codes.InvalidArgument, codes.ResourceExhausted, codes.PermissionDenied, codes.FailedPrecondition:
@@ -58,3 +67,5 @@ func FuzzAnnounce(f *testing.F) {
 		}
 	})
 }
+
+type fuzzCaller struct{}
