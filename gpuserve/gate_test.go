@@ -134,7 +134,8 @@ func TestDueAtGate(t *testing.T) {
 }
 
 // TestServerSharesRunGate: a dense worker serving two models gives their
-// batchers one gate of Sessions slots; one serving one model, none.
+// batchers one gate of Sessions slots; asked not to (AcrossModels
+// "off"), or serving one model, none.
 func TestServerSharesRunGate(t *testing.T) {
 	dir := tinyPlan(t)
 	other := t.TempDir()
@@ -150,6 +151,16 @@ func TestServerSharesRunGate(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.DiscardHandler)
+	off, err := New(Options{Plans: []string{dir, other}, AcrossModels: "off", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range off.models {
+		if m.batcher.opts.Gate != nil {
+			t.Fatal("two models, across models off: a gate")
+		}
+	}
+	off.Close()
 	two, err := New(Options{Plans: []string{dir, other}, Sessions: 2, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,13 @@ type Options struct {
 	Threads int
 	// Spin lets ONNX Runtime's idle threads spin (see ort.SessionOptions).
 	Spin bool
+	// AcrossModels says whether a worker serving several models runs
+	// their formed batches by deadline across the models through one
+	// RunGate (gate.go): "on" (or "", the default) or "off", each model
+	// running its batches as formed. On the 2-core sandbox the two
+	// measured alike within a wide spread (BENCHMARKS), the gate with
+	// the better worst runs.
+	AcrossModels string
 	// Sessions is how many ONNX Runtime sessions each model gets on the
 	// worker's device, each run by a batching loop of its own, so one
 	// session's host work (assembling a batch, copies, launches) overlaps
@@ -88,6 +95,11 @@ func (o *Options) Validate() error {
 	}
 	if o.Sessions < 0 || o.Sessions > 64 {
 		return fmt.Errorf("sessions %d: want 1 to 64 per model (0: one)", o.Sessions)
+	}
+	switch o.AcrossModels {
+	case "", "on", "off":
+	default:
+		return fmt.Errorf("across models %q: want on or off", o.AcrossModels)
 	}
 	return nil
 }
@@ -149,7 +161,7 @@ func New(o Options) (*Server, error) {
 		o.Batch.MaxBatch = DefaultMaxBatch(s.cuda)
 	}
 	o.EnsureDefaults()
-	if len(o.Plans) > 1 && o.Batch.Gate == nil {
+	if len(o.Plans) > 1 && o.Batch.Gate == nil && o.AcrossModels != "off" {
 		// The models share the worker's device: their batches run by
 		// deadline across models, as many at once as one model's
 		// sessions (gate.go).

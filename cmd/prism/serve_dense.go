@@ -30,7 +30,7 @@ func newServeDenseCmd() *cobra.Command {
 		spin                                 bool
 		maxMessage, sessions                 int
 		logFormat, logLevel                  string
-		batchOrder                           string
+		batchOrder, acrossModels             string
 		tlsFlags                             authflag.Flags
 	)
 	cmd := &cobra.Command{
@@ -79,14 +79,15 @@ at --advertise-addr.`,
 				return fmt.Errorf("--max-delay %v: want a positive duration", maxDelay)
 			}
 			dense, err := gpuserve.New(gpuserve.Options{
-				Plans:      plans,
-				Batch:      gpuserve.BatchOptions{MaxBatch: maxBatch, MaxDelay: maxDelay, MaxQueue: maxQueue, Order: order},
-				Threads:    threads,
-				Sessions:   sessions,
-				Spin:       spin,
-				MaxSamples: maxSamples,
-				NVML:       nvml.New(),
-				Logger:     log.With("tier", "dense"),
+				Plans:        plans,
+				Batch:        gpuserve.BatchOptions{MaxBatch: maxBatch, MaxDelay: maxDelay, MaxQueue: maxQueue, Order: order},
+				Threads:      threads,
+				Sessions:     sessions,
+				AcrossModels: acrossModels,
+				Spin:         spin,
+				MaxSamples:   maxSamples,
+				NVML:         nvml.New(),
+				Logger:       log.With("tier", "dense"),
 			})
 			if err != nil {
 				return err
@@ -122,6 +123,7 @@ at --advertise-addr.`,
 	f.StringVar(&router, "router", "", "routers to announce this worker to: HOST:PORT, comma-separated; a name stands for every address it resolves to (resolved again every 30s)")
 	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
 	f.IntVar(&maxBatch, "max-batch", 0, "most samples in one ONNX Runtime run (0: by device, 512 on the CPU, 4096 on CUDA)")
+	f.StringVar(&acrossModels, "across-models", "on", "with several --plan: run the models' formed batches by deadline across them, at most --sessions at once in all (on), or each model's as formed (off)")
 	f.StringVar(&batchOrder, "batch-order", "edf", "how a batch is filled: edf (earliest deadline first, work that would miss its deadline refused) or fifo (arrival order)")
 	f.DurationVar(&maxDelay, "max-delay", 2*time.Millisecond, "how long a batch's first request waits for others")
 	f.IntVar(&maxQueue, "max-queue", 0, "most samples queued or running per model before ResourceExhausted (0: 64 batches)")

@@ -76,6 +76,7 @@ K) unless its store already holds it.`,
 	fl.MarkDeprecated("gpu-workers", "use --dense-workers")
 	fl.MarkDeprecated("cpu-workers", "use --embedding-workers")
 	fl.IntVar(&c.Threads, "threads", 1, "ONNX Runtime threads per dense worker on the CPU")
+	fl.StringVar(&c.DenseAcrossModels, "dense-across-models", "", "with several --model: serve dense --across-models (on, the default, or off)")
 	fl.IntVar(&c.DenseSessions, "dense-sessions", 1, "ONNX Runtime sessions per model in each dense worker (serve dense --sessions)")
 	fl.IntVar(&c.MicroBatch, "micro-batch", 512, "router micro-batch size")
 	fl.IntVar(&c.MaxBatch, "max-batch", 0, "dense tier max batch size (0: the dense tier's by device, 512 on the CPU, 4096 on CUDA)")

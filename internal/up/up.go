@@ -59,6 +59,8 @@ type Config struct {
 	shards int
 	// Threads are ONNX Runtime's threads per dense worker.
 	Threads int
+	// DenseAcrossModels is serve dense --across-models ("": its default).
+	DenseAcrossModels string
 	// DenseSessions are ONNX Runtime sessions per model in each dense
 	// worker (serve dense --sessions; 0 or 1: one).
 	DenseSessions int
@@ -422,6 +424,9 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		args = append(args, workerTLSArgs(c, auth.Dense, i)...)
 		if c.BatchOrder != "" {
 			args = append(args, "--batch-order", c.BatchOrder)
+		}
+		if c.DenseAcrossModels != "" {
+			args = append(args, "--across-models", c.DenseAcrossModels)
 		}
 		if c.DenseSessions > 1 {
 			args = append(args, "--sessions", fmt.Sprint(c.DenseSessions))
