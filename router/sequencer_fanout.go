@@ -295,7 +295,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	// their OK says nothing of the rows. Bad rows that every holder
 	// refused are bad input, not a divergence of the holders.
 	applied, refusers := f.applied, f.refusers
-	if f.shardOf != nil && len(f.rows) > 0 {
+	if f.shardOf != nil && len(f.rows) > 0 { // no shard named: workers of an older build, the model's quorum
 		holds := func(id string) bool { sh, ok := f.shardOf[id]; return !ok || sh == -1 || f.rows[sh] }
 		applied = 0
 		for id := range f.held {

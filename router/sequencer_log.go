@@ -101,6 +101,9 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 // and so does an OK from an unsharded worker or one whose shard is among
 // rows, the shards the answer named as holding the update's rows.
 func holdsRows(w *prismv1.WorkerInfo, model string, rows []int32, err error) bool {
+	if w == nil {
+		return err != nil // gone: which shard it served is not known
+	}
 	ref := w.GetShards()[model]
 	return err != nil || ref.GetShards() == 0 || slices.Contains(rows, ref.GetShard())
 }

@@ -96,8 +96,11 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	if req.GetModel() == "" || req.GetTable() == "" || len(req.GetIds()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "update needs a model, a table and ids")
 	}
-	if n := len(req.GetRows()); n%4 != 0 || n%len(req.GetIds()) != 0 || n == 0 {
+	if n := len(req.GetRows()); n == 0 || n%len(req.GetIds()) != 0 || n/len(req.GetIds())%4 != 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "update: %d row bytes are not whole float32 rows for %d ids", n, len(req.GetIds()))
+	}
+	if i := slices.IndexFunc(req.GetIds(), func(id int64) bool { return id < 0 }); i >= 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "update: id %d (at %d) is negative", req.GetIds()[i], i)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

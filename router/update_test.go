@@ -517,3 +517,25 @@ func TestCancelledWhileQueuedTakesNoNumber(t *testing.T) {
 		t.Fatalf("seqs sent %v, want %v (the cancelled update took no number)", sent, want)
 	}
 }
+
+// TestUpdateRequestChecks: an update the router can tell is bad never
+// reaches a worker or takes a number: no model, table or ids, rows that
+// are not whole float32 rows per id, a negative id (a shard would name
+// no shard for it, and the other shards' number-only answers would make
+// up the quorum).
+func TestUpdateRequestChecks(t *testing.T) {
+	r := New(Options{}, nil)
+	t.Cleanup(r.Close)
+	u := r.Updater()
+	for _, req := range []*prismv1.UpdateRequest{
+		{Table: "t", Ids: []int64{1}, Rows: make([]byte, 4)},
+		{Model: "m", Ids: []int64{1}, Rows: make([]byte, 4)},
+		{Model: "m", Table: "t", Rows: make([]byte, 4)},
+		{Model: "m", Table: "t", Ids: []int64{1, 2}, Rows: make([]byte, 12)},
+		{Model: "m", Table: "t", Ids: []int64{1, -2}, Rows: make([]byte, 8)},
+	} {
+		if _, err := u.Update(context.Background(), req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v: %v, want InvalidArgument", req, err)
+		}
+	}
+}

@@ -81,7 +81,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	var bad error
 	if len(ids) == 0 {
 		bad = status.Error(codes.InvalidArgument, "update: no ids")
-	} else if len(raw)%4 != 0 || len(raw)%len(ids) != 0 {
+	} else if len(raw)%len(ids) != 0 || len(raw)/len(ids)%4 != 0 {
 		bad = status.Errorf(codes.InvalidArgument, "update: %d row bytes are not whole float32 rows for %d ids", len(raw), len(ids))
 	}
 	if bad != nil {
