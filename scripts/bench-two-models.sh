@@ -36,18 +36,24 @@ nameB=$nameA-b
 log=$(mktemp)
 "$prism" up --model "$partA" --model "$WORK/part-b" --db "$WORK/db" --insecure --fixed-admission --addr 127.0.0.1:0 ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
-trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 1 180); do grep -q "Prism is up" "$log" && break; sleep 1; done
-addr=$(grep -o "Recommend at [0-9.:]*" "$log" | awk '{print $3}')
+a=
+trap 'kill $a 2>/dev/null; kill -INT $up 2>/dev/null; wait $up 2>/dev/null; rm -f "$log"' EXIT
+for _ in $(seq 1 180); do
+	grep -q "Prism is up" "$log" && break
+	kill -0 $up 2>/dev/null || break
+	sleep 1
+done
+addr=$(grep -o "Recommend at [0-9.:]*" "$log" | awk '{print $3}' || true)
 [ -n "$addr" ] || { echo "bench-two-models: prism up did not start"; tail "$log"; exit 1; }
 lg() { "$prism" loadgen --target "$addr" --insecure --quiet "$@"; }
 lg --model "$nameA" --plan "$partA" --rate 20 --duration 3s >/dev/null 2>&1 &
-lg --model "$nameB" --plan "$WORK/part-b" --rate 20 --duration 3s >/dev/null 2>&1
-wait %2 2>/dev/null || true
+w=$!
+lg --model "$nameB" --plan "$WORK/part-b" --rate 20 --duration 3s >/dev/null 2>&1 || true
+wait $w || true
 lg --model "$nameA" --plan "$partA" --rate "$rate" --duration "$duration" --timeout "$tight" --slo "$tight" >"$WORK/a.txt" 2>&1 &
 a=$!
 lg --model "$nameB" --plan "$WORK/part-b" --rate "$rate" --duration "$duration" --timeout "$loose" --slo "$loose" >"$WORK/b.txt" 2>&1 || true
 wait $a || true
 echo "bench-two-models: $prism ${UP_FLAGS:-}, $rate req/s each"
-echo "model A, deadlines $tight:"; grep -E "^(requests|latency|SLO)" "$WORK/a.txt"
-echo "model B, deadlines $loose:"; grep -E "^(requests|latency|SLO)" "$WORK/b.txt"
+echo "model A, deadlines $tight:"; grep -E "^(requests|latency|SLO)" "$WORK/a.txt" || tail -3 "$WORK/a.txt"
+echo "model B, deadlines $loose:"; grep -E "^(requests|latency|SLO)" "$WORK/b.txt" || tail -3 "$WORK/b.txt"

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -202,42 +201,27 @@ func (s *Store) restoreHot(ctx context.Context) error {
 // there is none. A save writes a new generation of parts and deletes the
 // older ones only in its last batch, so after a save cut short (the
 // process killed mid-way) the newest generation does not decode and the
-// one before it, whole, is read instead; the error is the newest's when
-// none decodes.
+// one before it, whole, is read instead (and the store's log says so);
+// the error is the newest's when none decodes. One generation's bytes
+// are held at a time.
 func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error) {
-	key := hotSnapKey(dim)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: key, UpperBound: prefixEnd(key)})
-	if err != nil {
-		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
-	}
-	gens := map[uint64][]byte{} // generation -> its parts joined, in key order
-	for valid := it.First(); valid; valid = it.Next() {
-		v, err := it.ValueAndErr()
-		if err != nil {
-			it.Close()
-			return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
-		}
-		var gen uint64
-		if rest := it.Key()[len(key):]; len(rest) == snapGenPartLen {
-			gen = binary.BigEndian.Uint64(rest)
-		} else if len(rest) != 0 && len(rest) != snapOldPartLen {
-			continue // not a key this reader knows
-		}
-		gens[gen] = append(gens[gen], v...)
-	}
-	if err := it.Close(); err != nil {
-		return snap, false, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
-	}
-	if len(gens) == 0 {
-		return snap, false, nil
+	gens, err := s.hotSnapGens(dim)
+	if err != nil || len(gens) == 0 {
+		return snap, false, err
 	}
 	var first error
-	for _, gen := range slices.Backward(slices.Sorted(maps.Keys(gens))) {
-		err := snap.UnmarshalBinary(gens[gen])
+	for i, gen := range slices.Backward(gens) {
+		val, err := s.hotSnapGen(dim, gen)
+		if err == nil {
+			err = snap.UnmarshalBinary(val)
+		}
 		if err == nil && snap.Dim != dim {
 			err = fmt.Errorf("holds width %d: %w", snap.Dim, hot.ErrSnapshot)
 		}
 		if err == nil {
+			if first != nil {
+				s.opts.Logger.Infof("store %q: %v; restoring the snapshot saved before it (%d older)", s.dir, first, len(gens)-1-i)
+			}
 			return snap, true, nil
 		}
 		if first == nil {
@@ -245,6 +229,68 @@ func (s *Store) readHotSnapshot(dim int) (snap hot.Snapshot, ok bool, err error)
 		}
 	}
 	return hot.Snapshot{}, false, first
+}
+
+// snapGen is the generation of a snapshot key's suffix past
+// hotSnapKey(dim) (a part saved before generations, or one value: 0);
+// ok is false for a key this reader does not know.
+func snapGen(rest []byte) (gen uint64, ok bool) {
+	switch len(rest) {
+	case snapGenPartLen:
+		return binary.BigEndian.Uint64(rest), true
+	case 0, snapOldPartLen:
+		return 0, true
+	}
+	return 0, false
+}
+
+// hotSnapGens are the generations of width dim's snapshot in the store,
+// ascending, read from the keys.
+func (s *Store) hotSnapGens(dim int) ([]uint64, error) {
+	key := hotSnapKey(dim)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: key, UpperBound: prefixEnd(key)})
+	if err != nil {
+		return nil, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+	}
+	var gens []uint64
+	for valid := it.First(); valid; valid = it.Next() {
+		if gen, ok := snapGen(it.Key()[len(key):]); ok && !slices.Contains(gens, gen) {
+			gens = append(gens, gen)
+		}
+	}
+	if err := it.Close(); err != nil {
+		return nil, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
+	}
+	slices.Sort(gens)
+	return gens, nil
+}
+
+// hotSnapGen is generation gen of width dim's snapshot: its parts
+// joined in key order.
+func (s *Store) hotSnapGen(dim int, gen uint64) ([]byte, error) {
+	key := hotSnapKey(dim)
+	lower, upper := key, prefixEnd(key)
+	if gen != 0 {
+		lower = hotSnapGenKey(dim, gen)
+		upper = prefixEnd(lower)
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, err
+	}
+	var val []byte
+	for valid := it.First(); valid; valid = it.Next() {
+		if g, ok := snapGen(it.Key()[len(key):]); !ok || g != gen {
+			continue
+		}
+		v, err := it.ValueAndErr()
+		if err != nil {
+			it.Close()
+			return nil, err
+		}
+		val = append(val, v...)
+	}
+	return val, it.Close()
 }
 
 // restoreClass restores one class: its sketch, then its keys' rows. When
@@ -488,14 +534,14 @@ func (s *Store) hotClasses(save bool) []*hot.Class {
 // restores the older ones (readHotSnapshot). Besides Pebble's own, it
 // holds the keys of one class (8 bytes a row) and a part at a time.
 func (s *Store) commitHotSnapshots(ctx context.Context, classes []*hot.Class) error {
-	saved, err := s.hasHotSnapshots()
+	saved, last, err := s.savedHotSnapshots()
 	if err != nil {
 		return err
 	}
-	// The generation: any number unlike the saved ones' (they are all
-	// deleted by the end); the clock's orders a newer save last, which
-	// only decides which whole snapshot a cut-short save leaves read.
-	gen := max(uint64(time.Now().UnixNano()), s.warm.gen.Load()+1)
+	// The generation: above every saved one (they are all deleted by the
+	// end), and the clock's where that is higher, so a newer save is read
+	// first even across stores copied from one another.
+	gen := max(uint64(time.Now().UnixNano()), last+1, s.warm.gen.Load()+1)
 	s.warm.gen.Store(gen)
 	b := s.db.NewBatch()
 	defer func() { b.Close() }()
@@ -576,13 +622,30 @@ func (s *Store) snapshotEvery(d time.Duration) {
 	}
 }
 
-// hasHotSnapshots reports whether the store holds any hot tier snapshot.
-func (s *Store) hasHotSnapshots() (bool, error) {
+// savedHotSnapshots reports whether the store holds any hot tier
+// snapshot key, and the highest generation among them.
+func (s *Store) savedHotSnapshots() (saved bool, last uint64, err error) {
 	prefix := []byte(hotSnapPrefix)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
-	found := it.First()
-	return found, it.Close()
+	// Width by width, only the last key of each (its highest
+	// generation's last part): the parts, megabytes each, are not read.
+	for valid := it.First(); valid; {
+		saved = true
+		k := it.Key()
+		if len(k) < len(prefix)+4 {
+			valid = it.Next()
+			continue
+		}
+		end := prefixEnd(slices.Clone(k[:len(prefix)+4]))
+		if it.SeekLT(end) {
+			if k := it.Key(); len(k) == len(prefix)+4+snapGenPartLen {
+				last = max(last, binary.BigEndian.Uint64(k[len(prefix)+4:]))
+			}
+		}
+		valid = it.SeekGE(end)
+	}
+	return saved, last, it.Close()
 }
