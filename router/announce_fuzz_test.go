@@ -4,27 +4,34 @@ import (
 	"context"
 	"log/slog"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/router"
 )
 
+// fuzzCallers are the callers of FuzzAnnounce: the input's length picks
+// one (the first: no identity, as over plaintext).
+var fuzzCallers = [][2]string{{}, {"embedding", "emb-a"}, {"embedding", "emb-b"}, {"dense", "dense-a"}, {"router", "r"}}
+
+type fuzzCaller struct{}
+
 // FuzzAnnounce sends Registry.Announce requests built from arbitrary
 // bytes to a router's registry (with its update sequencer attached, as
-// in prism serve router), each followed by List and, for every other
-// one, Leave: a documented status, never a panic, and the registry still
-// answers.
+// in prism serve router), as certificate identities too, each followed
+// by List and, for every other one, Leave: a documented status, never a
+// panic, the registry still answers, and a worker id announced by one
+// identity is never taken over by another while it is registered.
 func FuzzAnnounce(f *testing.F) {
-	r := router.New(router.Options{Logger: slog.New(slog.DiscardHandler)}, nil)
+	// A heartbeat no fuzz run outlasts: no worker expires, so a binding
+	// ends only with a Leave.
+	r := router.New(router.Options{Logger: slog.New(slog.DiscardHandler), Heartbeat: time.Hour}, nil)
 	f.Cleanup(r.Close)
-	// Callers with certificate identities, so the binding of worker ids
-	// to identities is fuzzed too: the input's length picks who calls
-	// (the first: no identity, as over plaintext).
-	callers := [][2]string{{}, {"embedding", "emb-a"}, {"embedding", "emb-b"}, {"dense", "dense-a"}, {"router", "r"}}
 	r.Reg.Peer = func(ctx context.Context) (string, string, bool) {
 		c, ok := ctx.Value(fuzzCaller{}).([2]string)
 		return c[0], c[1], ok && c[0] != ""
@@ -40,20 +47,38 @@ func FuzzAnnounce(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		f.Add(b)
+		// The same request from every caller: an unknown field of three
+		// bytes appended k times moves the length through every residue.
+		for k := range len(fuzzCallers) {
+			seed := b
+			for range k {
+				seed = protowire.AppendVarint(protowire.AppendTag(seed, 100, protowire.VarintType), 0)
+			}
+			f.Add(seed)
+		}
 	}
 	f.Add([]byte{})
 	ctx := context.Background()
 	n := 0
+	bound := map[string]string{} // worker id -> the identity that announced it, while registered
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var req prismv1.AnnounceRequest
 		if err := proto.Unmarshal(b, &req); err != nil {
 			t.Skip()
 		}
-		ctx := context.WithValue(ctx, fuzzCaller{}, callers[len(b)%len(callers)])
+		caller := fuzzCallers[len(b)%len(fuzzCallers)]
+		ctx := context.WithValue(ctx, fuzzCaller{}, caller)
+		id := req.GetWorker().GetId()
 		_, err := r.Reg.Announce(ctx, &req)
 		switch status.Code(err) {
-		case codes.OK, codes.InvalidArgument, codes.ResourceExhausted, codes.PermissionDenied, codes.FailedPrecondition:
+		case codes.OK:
+			if owner, ok := bound[id]; ok && owner != caller[1] {
+				t.Fatalf("worker id %q, announced by %q, taken over by %q", id, owner, caller[1])
+			}
+			if _, ok := bound[id]; !ok && caller[1] != "" {
+				bound[id] = caller[1]
+			}
+		case codes.InvalidArgument, codes.ResourceExhausted, codes.PermissionDenied, codes.FailedPrecondition:
 		default:
 			t.Fatalf("announce %v: status %v: %v", &req, status.Code(err), err)
 		}
@@ -61,11 +86,14 @@ func FuzzAnnounce(f *testing.F) {
 			t.Fatalf("list after announce: %v", err)
 		}
 		if n++; n%2 == 0 {
-			if _, err := r.Reg.Leave(ctx, &prismv1.LeaveRequest{Id: req.GetWorker().GetId()}); status.Code(err) != codes.OK && status.Code(err) != codes.PermissionDenied && status.Code(err) != codes.InvalidArgument {
+			_, err := r.Reg.Leave(ctx, &prismv1.LeaveRequest{Id: id})
+			switch status.Code(err) {
+			case codes.OK:
+				delete(bound, id)
+			case codes.PermissionDenied, codes.InvalidArgument:
+			default:
 				t.Fatalf("leave: %v", err)
 			}
 		}
 	})
 }
-
-type fuzzCaller struct{}

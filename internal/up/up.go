@@ -162,6 +162,8 @@ func (c *Config) validateCounts() error {
 		return fmt.Errorf("--max-delay %s: want a positive duration", c.MaxDelay)
 	case c.Threads < 0:
 		return fmt.Errorf("--threads %d: want 0 (one per core) or more", c.Threads)
+	case c.DenseAcrossModels != "" && c.DenseAcrossModels != "on" && c.DenseAcrossModels != "off":
+		return fmt.Errorf("--dense-across-models %q: want on or off", c.DenseAcrossModels)
 	}
 	return nil
 }
@@ -292,9 +294,13 @@ func Run(ctx context.Context, c Config) error {
 	// (DB-router-log), so a restarted router still catches lagging
 	// workers up, and stacks on stores in one folder keep logs apart.
 	updateLog := UpdateLogDir(c.DB)
-	if legacy := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log"); dirExists(legacy) && !dirExists(updateLog) {
-		fmt.Fprintf(c.Stderr, "up: warning: %s is the update log an earlier prism up kept beside its store; this one keeps %s's at %s and starts without it: to keep its updates, stop, move it there (mv %s %s) and start again; else remove it\n",
-			legacy, c.DB, updateLog, legacy, updateLog)
+	if legacy := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log"); dirExists(legacy) {
+		how := "remove it"
+		if !dirExists(updateLog) {
+			how = fmt.Sprintf("to keep its updates, stop, move it there (mv %s %s) and start again; else remove it", legacy, updateLog)
+		}
+		fmt.Fprintf(c.Stderr, "up: warning: %s is an update log an earlier prism up kept beside its store; this one keeps %s's at %s and does not read it: %s\n",
+			legacy, c.DB, updateLog, how)
 	}
 	rt := &supervise.Child{Name: "router", Ready: readyline.Router, Stage: stageRouter,
 		Args: append([]string{"serve", "router", "--addr", c.Addr, "--update-log-dir", updateLog}, tlsArgs(c, auth.Router)...)}

@@ -309,6 +309,7 @@ func TestRunRefusesCounts(t *testing.T) {
 		{"negative replicas", func(c *Config) { c.Replicas = -1 }, "--replicas -1"},
 		{"negative sessions", func(c *Config) { c.DenseSessions = -2 }, "--dense-sessions -2"},
 		{"too many sessions", func(c *Config) { c.DenseSessions = 65 }, "--dense-sessions 65"},
+		{"across models", func(c *Config) { c.DenseAcrossModels = "auto" }, `--dense-across-models "auto"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{Plans: []string{t.TempDir()}, DB: "db", EmbeddingWorkers: 1, ReadyTimeout: time.Second, Insecure: true}
