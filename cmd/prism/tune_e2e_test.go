@@ -38,10 +38,15 @@ func TestTuneEndToEnd(t *testing.T) {
 	if len(rep.Trials) != 2 || rep.Best == nil {
 		t.Fatalf("tune.json: %d trials, best %v\n%s", len(rep.Trials), rep.Best, text)
 	}
+	tried := map[string]bool{}
 	for _, tr := range rep.Trials {
 		if tr.Result.SamplesPerS <= 0 || tr.Result.Steps == 0 {
 			t.Fatalf("trial %d (%v) measured nothing: %+v\n%s", tr.N, tr.Config, tr.Result, text)
 		}
+		tried[tr.Config["micro-batch"]] = true
+	}
+	if !tried["8"] || !tried["16"] {
+		t.Fatalf("the grid's two micro-batches were not both tried: %v", tried)
 	}
 	recs, err := tune.ReadPrior(prior)
 	if err != nil || len(recs) != 2 {
