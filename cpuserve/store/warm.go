@@ -252,10 +252,18 @@ func (s *Store) hotSnapGens(dim int) ([]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hot tier snapshot of width %d: %w", dim, err)
 	}
+	// A generation's first key, then a seek past its parts: the parts,
+	// megabytes each, are not read here.
 	var gens []uint64
-	for valid := it.First(); valid; valid = it.Next() {
-		if gen, ok := snapGen(it.Key()[len(key):]); ok && !slices.Contains(gens, gen) {
+	for valid := it.First(); valid; {
+		gen, ok := snapGen(it.Key()[len(key):])
+		if ok && !slices.Contains(gens, gen) {
 			gens = append(gens, gen)
+		}
+		if ok && gen != 0 {
+			valid = it.SeekGE(prefixEnd(hotSnapGenKey(dim, gen)))
+		} else {
+			valid = it.Next()
 		}
 	}
 	if err := it.Close(); err != nil {
