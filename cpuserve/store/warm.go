@@ -647,7 +647,7 @@ func (s *Store) savedHotSnapshots() (saved bool, last uint64, err error) {
 			valid = it.Next()
 			continue
 		}
-		end := prefixEnd(slices.Clone(k[:len(prefix)+4]))
+		end := prefixEnd(k[:len(prefix)+4]) // a copy
 		if it.SeekLT(end) {
 			if k := it.Key(); len(k) == len(prefix)+4+snapGenPartLen {
 				last = max(last, binary.BigEndian.Uint64(k[len(prefix)+4:]))
