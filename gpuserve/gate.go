@@ -68,13 +68,6 @@ func (g *RunGate) release() {
 	g.free++
 }
 
-// Waiting is how many batches wait for a slot.
-func (g *RunGate) Waiting() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.waiting)
-}
-
 // due is when a formed batch is due at the gate: its earliest deadline,
 // a request counting as due at most gateHorizon after its arrival.
 func due(batch []*pending) time.Time {

@@ -11,11 +11,18 @@ import (
 	"github.com/prism-serve/prism/plan"
 )
 
+// waitingNow is how many batches wait at g for a slot.
+func (g *RunGate) waitingNow() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.waiting)
+}
+
 func waitGate(t *testing.T, g *RunGate, want int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); g.Waiting() != want; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); g.waitingNow() != want; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d batches wait at the gate, want %d", g.Waiting(), want)
+			t.Fatalf("%d batches wait at the gate, want %d", g.waitingNow(), want)
 		}
 	}
 }

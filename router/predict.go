@@ -2,7 +2,6 @@ package router
 
 import (
 	"fmt"
-	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,8 +158,10 @@ func ms(d time.Duration) string {
 // to wait for samples that do not share its cost. Models come from
 // validated requests (served models only).
 type predictors struct {
-	mu sync.Mutex
-	m  map[string]*modelPredictor
+	// m is model name -> *modelPredictor: read on every request and
+	// answered micro-batch, written once per model (a sync.Map, no lock
+	// shared by the requests).
+	m sync.Map
 }
 
 // modelPredictor is one model's predictor and its samples in flight.
@@ -171,17 +172,11 @@ type modelPredictor struct {
 
 // get returns model's predictor, made on first use.
 func (ps *predictors) get(model string) *modelPredictor {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	p := ps.m[model]
-	if p == nil {
-		if ps.m == nil {
-			ps.m = map[string]*modelPredictor{}
-		}
-		p = &modelPredictor{}
-		ps.m[model] = p
+	if p, ok := ps.m.Load(model); ok {
+		return p.(*modelPredictor)
 	}
-	return p
+	p, _ := ps.m.LoadOrStore(model, &modelPredictor{})
+	return p.(*modelPredictor)
 }
 
 var (
@@ -196,13 +191,10 @@ func (ps *predictors) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (ps *predictors) Collect(ch chan<- prometheus.Metric) {
-	ps.mu.Lock()
-	models := make(map[string]*modelPredictor, len(ps.m))
-	maps.Copy(models, ps.m)
-	ps.mu.Unlock()
-	for name, p := range models {
-		rate, floor := p.estimate()
-		ch <- prometheus.MustNewConstMetric(predRateDesc, prometheus.GaugeValue, rate, name)
-		ch <- prometheus.MustNewConstMetric(predFloorDesc, prometheus.GaugeValue, floor.Seconds(), name)
-	}
+	ps.m.Range(func(name, p any) bool {
+		rate, floor := p.(*modelPredictor).estimate()
+		ch <- prometheus.MustNewConstMetric(predRateDesc, prometheus.GaugeValue, rate, name.(string))
+		ch <- prometheus.MustNewConstMetric(predFloorDesc, prometheus.GaugeValue, floor.Seconds(), name.(string))
+		return true
+	})
 }
