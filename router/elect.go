@@ -51,12 +51,14 @@ type Election interface {
 //   - The follower hears every announcement in every role, so lookups
 //     are judged the moment the router stops leading.
 //
-// Known limits: each term's update log is its own and in memory, so a
-// worker that lacks updates an earlier holder numbered when the
-// election moves cannot be caught up by the new holder: it stays out
-// of serving the model, logged, until it gets a copy of an up-to-date
-// worker's store (as a worker behind an in-memory log's reach after a
-// router restart). And an update the old holder sent just before it lost the
+// Each term's update log is in memory, and the routers that follow keep
+// a copy of it, pulled each heartbeat (replica.go): the new holder starts
+// its sequencer from its copy and catches up a worker that lacks updates
+// the old holder numbered. Known limits: updates numbered after the
+// last pull are not in the copy; a worker holding them is followed in
+// the new holder's window and the copy's entries dropped, so a worker
+// lacking them stays out of serving the model, logged, until it gets a
+// copy of an up-to-date worker's store. And an update the old holder sent just before it lost the
 // election may reach a worker after the new holder's window ended (a
 // worker slower than three heartbeats); the new holder then finds the
 // worker claiming an update it did not number and leaves it out of the
@@ -71,6 +73,9 @@ type elected struct {
 	// registry's hooks see one term for a whole announcement.
 	term atomic.Pointer[term]
 	mu   sync.Mutex
+	// copy is this router's copy of the holder's update log, pulled each
+	// heartbeat while another router holds the election.
+	copy replica
 }
 
 // term is one stretch of one role: leading (d set) or following leader
@@ -112,6 +117,12 @@ func (e *elected) setLeader(addr string) {
 		next.settled = now.Add(3 * o.Heartbeat)
 		next.ctx, next.cancel = context.WithCancel(context.Background())
 		next.d.runCtx = next.ctx
+		switch models, updates, stale := e.copy.restoreTo(next.d.seq); {
+		case models > 0:
+			e.r.log.Info("this router's sequencer starts from its copy of the previous holder's update log", "models", models, "updates", updates)
+		case stale:
+			e.r.log.Warn("this router's copy of the update log was not taken from the last holder of the election; it starts without one (a worker that missed updates stays out of serving until it gets an up-to-date store)", "copied_from", e.copy.from())
+		}
 		// What the workers announced so far, as if announced now; later
 		// announcements come through the hooks (the registry's lock is
 		// held: none comes in between).
@@ -121,8 +132,14 @@ func (e *elected) setLeader(addr string) {
 	}
 	e.term.Store(next)
 	if old.d != nil {
-		old.d.step(func(now time.Time) { old.d.seq.resign(now) })
+		old.d.step(func(now time.Time) {
+			e.copy.keep(e.self, old.d.seq, old.d.term)
+			old.d.seq.resign(now)
+		})
 		old.cancel()
+	}
+	if addr != e.self && addr != "" {
+		e.copy.follow(addr) // after keep: the copy comes from addr now
 	}
 	switch {
 	case next.d != nil:

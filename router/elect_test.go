@@ -58,6 +58,7 @@ func newElectRig(t *testing.T, workers int) *electRig {
 		r.opts.SequencerDialOptions = []grpc.DialOption{grpc.WithContextDialer(dialInproc)}
 		s := grpc.NewServer()
 		prismv1.RegisterEmbeddingsServer(s, r.Updater())
+		prismv1.RegisterRegistryServer(s, r.Reg)
 		go s.Serve(lis)
 		t.Cleanup(s.Stop)
 		t.Cleanup(r.Close)
@@ -223,61 +224,77 @@ func TestElectedForwardedToNonHolder(t *testing.T) {
 // Lookups: a worker lacking an acknowledged update serves on no router,
 // the new holder's included while its window lasts (it judges by the
 // follower's rule) and after it (by its sequencer's). The new holder
-// cannot replay what the old one numbered: the worker stays out until
-// it gets an up-to-date store, as one behind an in-memory log's reach.
+// copied the old one's update log while it followed (replica.go), so
+// its heartbeat replays what the worker missed and it serves again.
+// Without a copy (B never reached A) it stays out, as before.
 func TestElectedLookups(t *testing.T) {
-	rig := newElectRig(t, 3)
-	rig.lead(0)
-	rig.advance()
-	rig.cns[2].setDown(true)
-	if err := rig.update(0, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	rig.cns[2].setDown(false)
-	rig.announce()
-	serves := func(r *Router) []bool {
-		var out []bool
-		for i := range rig.cns {
-			var others []string
-			for j := range rig.cns {
-				if j != i {
-					others = append(others, "cpu"+rig.cnAt[j])
+	for _, copied := range []bool{true, false} {
+		t.Run(map[bool]string{true: "copied", false: "no copy"}[copied], func(t *testing.T) {
+			rig := newElectRig(t, 3)
+			rig.lead(0)
+			rig.advance()
+			rig.cns[2].setDown(true)
+			if err := rig.update(0, 1, 1); err != nil {
+				t.Fatal(err)
+			}
+			rig.cns[2].setDown(false)
+			rig.announce()
+			if copied {
+				rig.rs[1].pollSequencer(context.Background())
+				if got, want := rig.rs[1].el.copy.models["m"].end(), int64(1); got != want {
+					t.Fatalf("B's copy ends at %d, want %d", got, want)
 				}
 			}
-			_, release, err := r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others)
-			if err == nil {
-				release()
+			serves := func(r *Router) []bool {
+				var out []bool
+				for i := range rig.cns {
+					var others []string
+					for j := range rig.cns {
+						if j != i {
+							others = append(others, "cpu"+rig.cnAt[j])
+						}
+					}
+					_, release, err := r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others)
+					if err == nil {
+						release()
+					}
+					out = append(out, err == nil)
+				}
+				return out
 			}
-			out = append(out, err == nil)
-		}
-		return out
-	}
-	want := []bool{true, true, false}
-	for i, r := range rig.rs {
-		if got := serves(r); !slices.Equal(got, want) {
-			t.Fatalf("router %d serves from %v, want %v", i, got, want)
-		}
-	}
-	rig.lead(1)
-	if got := serves(rig.rs[1]); !slices.Equal(got, want) {
-		t.Fatalf("B in its window serves from %v, want %v", got, want)
-	}
-	rig.advance()
-	if got := serves(rig.rs[1]); !slices.Equal(got, want) {
-		t.Fatalf("B after its window serves from %v, want %v", got, want)
-	}
-	// B never held update 1 (A numbered it, and each term's log is its
-	// own): it cannot catch worker 2 up, says so, and keeps it out.
-	rig.rs[1].el.tick()
-	rig.rs[1].el.term.Load().d.wait()
-	rig.announce()
-	for i, r := range rig.rs {
-		if got := serves(r); !slices.Equal(got, want) {
-			t.Fatalf("after B's heartbeat router %d serves from %v, want %v", i, got, want)
-		}
-	}
-	if !strings.Contains(rig.logs.String(), "misses updates the router no longer holds") {
-		t.Fatalf("B did not report the worker it cannot catch up:\n%s", rig.logs.String())
+			want := []bool{true, true, false}
+			for i, r := range rig.rs {
+				if got := serves(r); !slices.Equal(got, want) {
+					t.Fatalf("router %d serves from %v, want %v", i, got, want)
+				}
+			}
+			rig.lead(1)
+			if got := serves(rig.rs[1]); !slices.Equal(got, want) {
+				t.Fatalf("B in its window serves from %v, want %v", got, want)
+			}
+			rig.advance()
+			if got := serves(rig.rs[1]); !slices.Equal(got, want) {
+				t.Fatalf("B after its window serves from %v, want %v", got, want)
+			}
+			rig.rs[1].el.tick()
+			rig.rs[1].el.term.Load().d.wait()
+			rig.announce()
+			if copied {
+				// B replayed update 1 to worker 2 from its copy.
+				want = []bool{true, true, true}
+				if got := rig.cns[2].row(1); got != 1 {
+					t.Fatalf("worker 2's row 1 = %v after the replay, want 1", got)
+				}
+			}
+			for i, r := range rig.rs {
+				if got := serves(r); !slices.Equal(got, want) {
+					t.Fatalf("after B's heartbeat router %d serves from %v, want %v", i, got, want)
+				}
+			}
+			if says := strings.Contains(rig.logs.String(), "misses updates the router no longer holds"); says == copied {
+				t.Fatalf("B reported a worker it cannot catch up: %v, want %v:\n%s", says, !copied, rig.logs.String())
+			}
+		})
 	}
 }
 
@@ -334,4 +351,30 @@ func waitQueued(t *testing.T, r *Router, n int) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	t.Fatalf("no %d updates queued", n)
+}
+
+// A holder that loses the election and wins it back with no other
+// holder reported between keeps its own log as its copy: it catches up
+// a worker that missed an update of its first term.
+func TestElectedRegainsItsOwnLog(t *testing.T) {
+	rig := newElectRig(t, 3)
+	rig.lead(0)
+	rig.advance()
+	rig.cns[1].setDown(true)
+	if err := rig.update(0, 3, 3); err != nil {
+		t.Fatal(err)
+	}
+	rig.cns[1].setDown(false)
+	rig.announce()
+	rig.lead(-1)
+	rig.lead(0)
+	rig.advance()
+	rig.rs[0].el.tick()
+	rig.rs[0].el.term.Load().d.wait()
+	if got := rig.cns[1].row(3); got != 3 {
+		t.Fatalf("worker 1's row 3 = %v after A won back, want 3 (replayed from A's own log)", got)
+	}
+	if !strings.Contains(rig.logs.String(), "starts from its copy") {
+		t.Fatalf("A did not say it starts from its copy:\n%s", rig.logs.String())
+	}
 }

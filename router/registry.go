@@ -100,6 +100,8 @@ type Registry struct {
 	// describe, when set, fills List's updates (describe.go); called
 	// without mu.
 	describe func() map[string]*prismv1.ModelUpdates
+	// readLog, when set, serves UpdateLog (replica.go).
+	readLog func(*prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error)
 }
 
 type roleModel struct {
@@ -373,6 +375,15 @@ func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListRes
 		r.mu.Lock() // the deferred Unlock
 	}
 	return resp, nil
+}
+
+// UpdateLog serves the update log of the router that sequences
+// embedding updates to the routers keeping a copy (replica.go).
+func (r *Registry) UpdateLog(_ context.Context, req *prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error) {
+	if r.readLog == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this router keeps no embedding update log")
+	}
+	return r.readLog(req)
 }
 
 // Expire removes workers not heard from for three heartbeats and returns

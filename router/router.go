@@ -285,6 +285,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		}
 		r.el = newElected(r, o.Election.Identity())
 		r.Reg.describe = r.describeUpdates
+		r.Reg.readLog = r.readUpdateLog
 		r.Reg.observe = r.el.announced
 		r.Reg.gone = r.el.gone
 		r.Reg.eligible = r.el.inSync
@@ -305,6 +306,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.log.Info("update log opened", "dir", o.UpdateLogDir, "models", models, "updates", updates)
 	}
 	r.Reg.describe = r.describeUpdates
+	r.Reg.readLog = r.readUpdateLog
 	r.Reg.observe = r.upd.announced
 	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync

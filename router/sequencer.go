@@ -104,6 +104,9 @@ type modelSeq struct {
 	// overBudget: the log is over its byte budget because a live worker
 	// still lacks its oldest updates (reported once).
 	overBudget bool
+	// copied: the log came from a copy of the previous sequencing
+	// router's (restoreCopy, replica.go).
+	copied bool
 }
 
 // newSequencer starts a sequencer at the router's start time.
@@ -206,6 +209,12 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
 			clear(m.outcome)
 			s.persist(model, m, nil, dropFrom)
+		}
+		if m.copied && seq > m.committed && s.now.Before(s.settles(m)) {
+			// The previous holder may have acknowledged it after this
+			// router's copy of its log was taken: a worker lacking it
+			// serves only once caught up.
+			m.committed = seq
 		}
 		if seq > 0 {
 			s.any = true

@@ -201,6 +201,10 @@ type updateDriver struct {
 	// is not sent.
 	durable map[string]int64
 
+	// term names this sequencer's term for the copies of its log other
+	// routers keep (replica.go).
+	term uint64
+
 	mu  sync.Mutex
 	seq *sequencer
 	// runCtx is Run's context: replays stop when it ends.
@@ -462,7 +466,7 @@ func (d *updateDriver) tick(ctx context.Context) {
 
 func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout, workerTimeout time.Duration,
 	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)) *updateDriver {
-	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
+	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, term: newTerm(), runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
 	d.wcond = sync.NewCond(&d.wmu)
 	return d
 }

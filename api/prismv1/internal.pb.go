@@ -1218,6 +1218,211 @@ func (x *ModelUpdates) GetInSync() []string {
 	return nil
 }
 
+type UpdateLogRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// term is the sequencing term the caller's copy comes from (0: none).
+	// The log is read from after only within the same term; across terms
+	// the numbers may name other updates, and the answer starts at each
+	// model's oldest entry.
+	Term uint64 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
+	// after is, per model, the last update the caller's copy holds.
+	After map[string]int64 `protobuf:"bytes,2,rep,name=after,proto3" json:"after,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// max_bytes bounds the entries of one answer (at least one entry is
+	// sent when any is due; 0: the server's bound).
+	MaxBytes      int64 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateLogRequest) Reset() {
+	*x = UpdateLogRequest{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateLogRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateLogRequest) ProtoMessage() {}
+
+func (x *UpdateLogRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateLogRequest.ProtoReflect.Descriptor instead.
+func (*UpdateLogRequest) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *UpdateLogRequest) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *UpdateLogRequest) GetAfter() map[string]int64 {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *UpdateLogRequest) GetMaxBytes() int64 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type UpdateLogResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// term names this sequencing term: a new one each time a router
+	// starts sequencing.
+	Term uint64 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
+	// models is every model whose updates were numbered, with the entries
+	// due to the caller.
+	Models map[string]*ModelLog `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// more: max_bytes cut the entries short; ask again.
+	More          bool `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateLogResponse) Reset() {
+	*x = UpdateLogResponse{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateLogResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateLogResponse) ProtoMessage() {}
+
+func (x *UpdateLogResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateLogResponse.ProtoReflect.Descriptor instead.
+func (*UpdateLogResponse) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *UpdateLogResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *UpdateLogResponse) GetModels() map[string]*ModelLog {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *UpdateLogResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+// ModelLog is one model's update log.
+type ModelLog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// next is the last update numbered, committed the last acknowledged;
+	// the log holds floor+1 .. next.
+	Next      int64 `protobuf:"varint,1,opt,name=next,proto3" json:"next,omitempty"`
+	Committed int64 `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
+	Floor     int64 `protobuf:"varint,3,opt,name=floor,proto3" json:"floor,omitempty"`
+	// entries are consecutive updates, from the one after the caller's
+	// (or floor+1).
+	Entries       []*ApplyUpdateRequest `protobuf:"bytes,4,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelLog) Reset() {
+	*x = ModelLog{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelLog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelLog) ProtoMessage() {}
+
+func (x *ModelLog) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelLog.ProtoReflect.Descriptor instead.
+func (*ModelLog) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ModelLog) GetNext() int64 {
+	if x != nil {
+		return x.Next
+	}
+	return 0
+}
+
+func (x *ModelLog) GetCommitted() int64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+func (x *ModelLog) GetFloor() int64 {
+	if x != nil {
+		return x.Floor
+	}
+	return 0
+}
+
+func (x *ModelLog) GetEntries() []*ApplyUpdateRequest {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
 var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
@@ -1330,7 +1535,27 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\bnumbered\x18\x02 \x01(\x03R\bnumbered\x12\x19\n" +
 	"\bleft_out\x18\x03 \x03(\tR\aleftOut\x12\x1a\n" +
 	"\bsettling\x18\x04 \x01(\bR\bsettling\x12\x17\n" +
-	"\ain_sync\x18\x05 \x03(\tR\x06inSync*@\n" +
+	"\ain_sync\x18\x05 \x03(\tR\x06inSync\"\xba\x01\n" +
+	"\x10UpdateLogRequest\x12\x12\n" +
+	"\x04term\x18\x01 \x01(\x04R\x04term\x12;\n" +
+	"\x05after\x18\x02 \x03(\v2%.prism.v1.UpdateLogRequest.AfterEntryR\x05after\x12\x1b\n" +
+	"\tmax_bytes\x18\x03 \x01(\x03R\bmaxBytes\x1a8\n" +
+	"\n" +
+	"AfterEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xcb\x01\n" +
+	"\x11UpdateLogResponse\x12\x12\n" +
+	"\x04term\x18\x01 \x01(\x04R\x04term\x12?\n" +
+	"\x06models\x18\x02 \x03(\v2'.prism.v1.UpdateLogResponse.ModelsEntryR\x06models\x12\x12\n" +
+	"\x04more\x18\x03 \x01(\bR\x04more\x1aM\n" +
+	"\vModelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
+	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ModelLogR\x05value:\x028\x01\"\x8a\x01\n" +
+	"\bModelLog\x12\x12\n" +
+	"\x04next\x18\x01 \x01(\x03R\x04next\x12\x1c\n" +
+	"\tcommitted\x18\x02 \x01(\x03R\tcommitted\x12\x14\n" +
+	"\x05floor\x18\x03 \x01(\x03R\x05floor\x126\n" +
+	"\aentries\x18\x04 \x03(\v2\x1c.prism.v1.ApplyUpdateRequestR\aentries*@\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eROLE_EMBEDDING\x10\x01\x12\x0e\n" +
@@ -1340,11 +1565,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06Lookup\x12\x17.prism.v1.LookupRequest\x1a\x18.prism.v1.LookupResponse\x12@\n" +
 	"\x06Update\x12\x1c.prism.v1.ApplyUpdateRequest\x1a\x18.prism.v1.UpdateResponse2E\n" +
 	"\tDenseTier\x128\n" +
-	"\x05Score\x12\x16.prism.v1.ScoreRequest\x1a\x17.prism.v1.ScoreResponse2\xbe\x01\n" +
+	"\x05Score\x12\x16.prism.v1.ScoreRequest\x1a\x17.prism.v1.ScoreResponse2\x84\x02\n" +
 	"\bRegistry\x12A\n" +
 	"\bAnnounce\x12\x19.prism.v1.AnnounceRequest\x1a\x1a.prism.v1.AnnounceResponse\x128\n" +
 	"\x05Leave\x12\x16.prism.v1.LeaveRequest\x1a\x17.prism.v1.LeaveResponse\x125\n" +
-	"\x04List\x12\x15.prism.v1.ListRequest\x1a\x16.prism.v1.ListResponseB*Z(github.com/prism-serve/prism/api/prismv1b\x06proto3"
+	"\x04List\x12\x15.prism.v1.ListRequest\x1a\x16.prism.v1.ListResponse\x12D\n" +
+	"\tUpdateLog\x12\x1a.prism.v1.UpdateLogRequest\x1a\x1b.prism.v1.UpdateLogResponseB*Z(github.com/prism-serve/prism/api/prismv1b\x06proto3"
 
 var (
 	file_api_prismv1_internal_proto_rawDescOnce sync.Once
@@ -1359,7 +1585,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1378,48 +1604,59 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*ListRequest)(nil),        // 14: prism.v1.ListRequest
 	(*ListResponse)(nil),       // 15: prism.v1.ListResponse
 	(*ModelUpdates)(nil),       // 16: prism.v1.ModelUpdates
-	nil,                        // 17: prism.v1.WorkerInfo.UpdateSeqEntry
-	nil,                        // 18: prism.v1.WorkerInfo.ShardsEntry
-	nil,                        // 19: prism.v1.WorkerInfo.JaggedEntry
-	nil,                        // 20: prism.v1.WorkerInfo.FixedBatchEntry
-	nil,                        // 21: prism.v1.ListResponse.UpdatesEntry
-	(*UpdateRequest)(nil),      // 22: prism.v1.UpdateRequest
-	(*Features)(nil),           // 23: prism.v1.Features
-	(*UpdateResponse)(nil),     // 24: prism.v1.UpdateResponse
+	(*UpdateLogRequest)(nil),   // 17: prism.v1.UpdateLogRequest
+	(*UpdateLogResponse)(nil),  // 18: prism.v1.UpdateLogResponse
+	(*ModelLog)(nil),           // 19: prism.v1.ModelLog
+	nil,                        // 20: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 21: prism.v1.WorkerInfo.ShardsEntry
+	nil,                        // 22: prism.v1.WorkerInfo.JaggedEntry
+	nil,                        // 23: prism.v1.WorkerInfo.FixedBatchEntry
+	nil,                        // 24: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 25: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 26: prism.v1.UpdateLogResponse.ModelsEntry
+	(*UpdateRequest)(nil),      // 27: prism.v1.UpdateRequest
+	(*Features)(nil),           // 28: prism.v1.Features
+	(*UpdateResponse)(nil),     // 29: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	22, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	23, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	23, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	27, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	28, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	28, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	17, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	18, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
-	19, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
-	20, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
+	20, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	21, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	22, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
+	23, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
 	7,  // 9: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
 	7,  // 10: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	21, // 11: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	9,  // 12: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 13: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	16, // 14: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	2,  // 15: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 16: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 17: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	10, // 18: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	12, // 19: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	14, // 20: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	3,  // 21: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	24, // 22: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 23: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	11, // 24: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	13, // 25: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	15, // 26: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	21, // [21:27] is the sub-list for method output_type
-	15, // [15:21] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	24, // 11: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	25, // 12: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	26, // 13: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	1,  // 14: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	9,  // 15: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 16: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	16, // 17: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	19, // 18: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 19: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 20: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 21: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	10, // 22: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	12, // 23: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	14, // 24: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	17, // 25: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 26: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	29, // 27: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 28: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	11, // 29: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	13, // 30: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	15, // 31: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	18, // 32: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1434,7 +1671,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

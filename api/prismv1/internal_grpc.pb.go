@@ -283,9 +283,10 @@ var DenseTier_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Registry_Announce_FullMethodName = "/prism.v1.Registry/Announce"
-	Registry_Leave_FullMethodName    = "/prism.v1.Registry/Leave"
-	Registry_List_FullMethodName     = "/prism.v1.Registry/List"
+	Registry_Announce_FullMethodName  = "/prism.v1.Registry/Announce"
+	Registry_Leave_FullMethodName     = "/prism.v1.Registry/Leave"
+	Registry_List_FullMethodName      = "/prism.v1.Registry/List"
+	Registry_UpdateLog_FullMethodName = "/prism.v1.Registry/UpdateLog"
 )
 
 // RegistryClient is the client API for Registry service.
@@ -301,6 +302,12 @@ type RegistryClient interface {
 	// Leave removes a worker at once (graceful shutdown).
 	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
+	// UpdateLog is the update log of the router that sequences embedding
+	// updates, read by the routers that follow it when the sequencing
+	// router is elected: each keeps a copy, so the one elected next
+	// catches up a worker that missed updates the old holder numbered
+	// (router/replica.go). Routers only.
+	UpdateLog(ctx context.Context, in *UpdateLogRequest, opts ...grpc.CallOption) (*UpdateLogResponse, error)
 }
 
 type registryClient struct {
@@ -341,6 +348,16 @@ func (c *registryClient) List(ctx context.Context, in *ListRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *registryClient) UpdateLog(ctx context.Context, in *UpdateLogRequest, opts ...grpc.CallOption) (*UpdateLogResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateLogResponse)
+	err := c.cc.Invoke(ctx, Registry_UpdateLog_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServer is the server API for Registry service.
 // All implementations must embed UnimplementedRegistryServer
 // for forward compatibility.
@@ -354,6 +371,12 @@ type RegistryServer interface {
 	// Leave removes a worker at once (graceful shutdown).
 	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
 	List(context.Context, *ListRequest) (*ListResponse, error)
+	// UpdateLog is the update log of the router that sequences embedding
+	// updates, read by the routers that follow it when the sequencing
+	// router is elected: each keeps a copy, so the one elected next
+	// catches up a worker that missed updates the old holder numbered
+	// (router/replica.go). Routers only.
+	UpdateLog(context.Context, *UpdateLogRequest) (*UpdateLogResponse, error)
 	mustEmbedUnimplementedRegistryServer()
 }
 
@@ -372,6 +395,9 @@ func (UnimplementedRegistryServer) Leave(context.Context, *LeaveRequest) (*Leave
 }
 func (UnimplementedRegistryServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedRegistryServer) UpdateLog(context.Context, *UpdateLogRequest) (*UpdateLogResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateLog not implemented")
 }
 func (UnimplementedRegistryServer) mustEmbedUnimplementedRegistryServer() {}
 func (UnimplementedRegistryServer) testEmbeddedByValue()                  {}
@@ -448,6 +474,24 @@ func _Registry_List_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Registry_UpdateLog_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateLogRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServer).UpdateLog(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registry_UpdateLog_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServer).UpdateLog(ctx, req.(*UpdateLogRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Registry_ServiceDesc is the grpc.ServiceDesc for Registry service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -466,6 +510,10 @@ var Registry_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _Registry_List_Handler,
+		},
+		{
+			MethodName: "UpdateLog",
+			Handler:    _Registry_UpdateLog_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

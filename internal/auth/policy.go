@@ -39,6 +39,9 @@ var Table = map[string]Rule{
 	"/prism.v1.Registry/Announce": {Roles: []Role{Embedding, Dense}},
 	"/prism.v1.Registry/Leave":    {Roles: []Role{Embedding, Dense}},
 	"/prism.v1.Registry/List":     {Roles: []Role{Admin, Router, Embedding, Dense}},
+	// The update log's rows are the embeddings themselves: only the
+	// routers that may take the sequencing over read it.
+	"/prism.v1.Registry/UpdateLog": {Roles: []Role{Router}},
 	// The tiers' internal calls.
 	"/prism.v1.EmbeddingTier/Lookup": {Roles: []Role{Router}},
 	// Admin may write too, but only unsequenced updates, which the

@@ -48,6 +48,7 @@ func TestAuthorizeTable(t *testing.T) {
 		announce  = "/prism.v1.Registry/Announce"
 		leave     = "/prism.v1.Registry/Leave"
 		list      = "/prism.v1.Registry/List"
+		updateLog = "/prism.v1.Registry/UpdateLog"
 		lookup    = "/prism.v1.EmbeddingTier/Lookup"
 		apply     = "/prism.v1.EmbeddingTier/Update"
 		score     = "/prism.v1.DenseTier/Score"
@@ -64,6 +65,7 @@ func TestAuthorizeTable(t *testing.T) {
 		announce:  {denied, ok, ok, denied},
 		leave:     {denied, ok, ok, denied},
 		list:      {ok, ok, ok, ok},
+		updateLog: {ok, denied, denied, denied},
 		lookup:    {ok, denied, denied, denied},
 		apply:     {ok, denied, denied, ok},
 		score:     {denied, ok, denied, denied},

@@ -1,0 +1,347 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// When the routers elect the one that sequences embedding updates
+// (elect.go), each term's sequencer keeps its update log in memory, and
+// the routers that follow it keep a copy (replica), pulled each
+// heartbeat with Registry.UpdateLog. The router elected next starts its
+// sequencer from its copy: a worker that missed updates the old holder
+// numbered is caught up by replay, as after a restart of a router with
+// an update log folder, instead of staying out of serving until an
+// operator copies a store.
+//
+//   - The copy mirrors the holder's log: the same numbers (next,
+//     committed, floor) and the entries floor+1 .. the copy's end,
+//     consecutive. Each answer carries the entries after the copy's end,
+//     at most maxLogPage bytes of them (more pages in the same heartbeat,
+//     up to the log's own size); entries the holder trimmed leave the
+//     copy too.
+//   - Each term has its own identity (a random number): across terms the
+//     same number may name another update (an update the old holder
+//     numbered that no worker announced in the new holder's window is
+//     numbered again), so a copy of another term is replaced whole.
+//   - The copy lags the holder by up to a heartbeat. Updates numbered
+//     after the last pull are not in it: a worker holding them announces
+//     them in the new holder's start-up window, and the sequence is
+//     adopted from there, as on a first start (the copy's entries are
+//     then dropped: a worker lacking the adopted ones cannot be caught up
+//     from them). So the copy's updates do not count as numbered by the
+//     new holder (restore's rule for a log folder), and while the window
+//     lasts a worker announcing an update the copy holds but not as
+//     acknowledged raises the acknowledged number to it (the old holder
+//     may have acknowledged it after the last pull): workers lacking it
+//     serve only once caught up.
+//   - All routers stopping together loses the log, as an in-memory one
+//     does.
+
+// maxLogPage bounds the entries of one Registry.UpdateLog answer (one
+// entry may exceed it: an update is up to maxUpdateBytes).
+const maxLogPage = 16 << 20
+
+// newTerm names a sequencing term.
+func newTerm() uint64 {
+	for {
+		if t := rand.Uint64(); t != 0 {
+			return t
+		}
+	}
+}
+
+// readLog is what a copy of the log lacks: per model whose updates were
+// numbered, the numbers and the entries after after[model] (from the
+// oldest when the copy is of another term, fresh, or ends outside the
+// log), at most maxBytes in all but at least one. more: cut short.
+func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) (out map[string]*prismv1.ModelLog, more bool) {
+	out = map[string]*prismv1.ModelLog{}
+	var bytes int64
+	for _, name := range slices.Sorted(maps.Keys(s.models)) {
+		m := s.models[name]
+		if m.next == 0 {
+			continue
+		}
+		ml := &prismv1.ModelLog{Next: m.next, Committed: m.committed, Floor: m.floor}
+		out[name] = ml
+		from := m.floor + 1
+		if a, ok := after[name]; ok && !fresh && a >= m.floor && a <= m.next {
+			from = a + 1
+		}
+		for seq := from; seq <= m.next && !more; seq++ {
+			e := m.log[seq-m.floor-1]
+			size := int64(proto.Size(e))
+			if bytes > 0 && bytes+size > maxBytes {
+				more = true
+				break
+			}
+			ml.Entries = append(ml.Entries, e)
+			bytes += size
+		}
+	}
+	return out, more
+}
+
+// readLog serves Registry.UpdateLog from the driver's sequencer.
+func (d *updateDriver) readLog(req *prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error) {
+	limit := req.GetMaxBytes()
+	if limit <= 0 || limit > maxLogPage {
+		limit = maxLogPage
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.seq.resigned {
+		return nil, status.Error(codes.Unavailable, "this router stopped sequencing embedding updates (another router holds the election now); read the update log there")
+	}
+	models, more := d.seq.readLog(req.GetAfter(), req.GetTerm() != d.term, limit)
+	return &prismv1.UpdateLogResponse{Term: d.term, Models: models, More: more}, nil
+}
+
+// readUpdateLog serves Registry.UpdateLog: the log of this router's
+// sequencer, when it sequences.
+func (r *Router) readUpdateLog(req *prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error) {
+	switch {
+	case r.el != nil:
+		if t := r.el.term.Load(); t.d != nil {
+			return t.d.readLog(req)
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "this router does not sequence embedding updates now (the election is held by %q); read the update log there", r.el.leader())
+	case r.fol != nil:
+		return nil, status.Errorf(codes.FailedPrecondition, "this router does not sequence embedding updates (%s sequences them); read the update log there", r.opts.Sequencer)
+	}
+	return r.upd.readLog(req)
+}
+
+// replica is a following router's copy of the sequencing router's
+// update log.
+type replica struct {
+	mu     sync.Mutex
+	term   uint64
+	models map[string]*replicaModel
+	// source is the router the copy is taken from: the holder last
+	// reported (follow), or this router when its own term ended (keep).
+	// fresh: the copy was taken from source since it became the holder.
+	// Only a fresh copy starts a sequencer: one taken from an earlier
+	// holder may hold updates under numbers a later holder gave others.
+	source string
+	fresh  bool
+	// failures counts the pulls failed in a row.
+	failures int
+}
+
+// failed counts a failed pull and says whether it is worth a log line:
+// the first of a run, then one a minute at the default heartbeat.
+func (c *replica) failed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failures++
+	return c.failures == 1 || c.failures%60 == 0
+}
+
+// pulled ends a run of failed pulls.
+func (c *replica) pulled() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failures = 0
+}
+
+// replicaModel is one model's copy: the holder's numbers as last heard,
+// and the entries floor+1 .. end(), consecutive.
+type replicaModel struct {
+	next, committed, floor int64
+	log                    []*prismv1.ApplyUpdateRequest
+}
+
+func (rm *replicaModel) end() int64 { return rm.floor + int64(len(rm.log)) }
+
+// after is, per model, the last update the copy holds.
+func (c *replica) after() (uint64, map[string]int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int64{}
+	for name, rm := range c.models {
+		out[name] = rm.end()
+	}
+	return c.term, out
+}
+
+// follow is the report "the router at addr holds the election": the
+// copy is taken from it from now on.
+func (c *replica) follow(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if addr != c.source {
+		c.source, c.fresh = addr, false
+	}
+}
+
+// keep is the report "this router's term (its sequencer s, term) ends":
+// its own log becomes the copy, fresh until another holder is
+// reported. Called under the driver's lock.
+func (c *replica) keep(self string, s *sequencer, term uint64) {
+	models, _ := s.readLog(nil, true, math.MaxInt64)
+	c.mu.Lock()
+	c.source, c.fresh, c.models = self, false, nil
+	c.mu.Unlock()
+	c.merge(self, &prismv1.UpdateLogResponse{Term: term, Models: models})
+}
+
+// merge takes an answer of the router at from in; one from a router
+// that is not the copy's source (the holder moved while the call was
+// under way) is dropped. An answer that does not fit the copy (entries
+// not consecutive, or not within the holder's log) is an error and
+// replaces nothing but that model's entries.
+func (c *replica) merge(from string, resp *prismv1.UpdateLogResponse) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if from != c.source {
+		return nil
+	}
+	c.fresh = true
+	if resp.GetTerm() != c.term || c.models == nil {
+		c.term, c.models = resp.GetTerm(), map[string]*replicaModel{}
+	}
+	for name := range c.models {
+		if _, ok := resp.GetModels()[name]; !ok {
+			delete(c.models, name) // the holder keeps no log of it now
+		}
+	}
+	var bad error
+	for _, name := range slices.Sorted(maps.Keys(resp.GetModels())) {
+		ml := resp.GetModels()[name]
+		rm := c.models[name]
+		if rm == nil {
+			rm = &replicaModel{floor: ml.GetFloor()}
+			c.models[name] = rm
+		}
+		if err := rm.merge(ml); err != nil {
+			rm.log, rm.floor = nil, ml.GetFloor()
+			if bad == nil {
+				bad = fmt.Errorf("update log of model %q: %w", name, err)
+			}
+		}
+	}
+	return bad
+}
+
+func (rm *replicaModel) merge(ml *prismv1.ModelLog) error {
+	if ml.GetFloor() < 0 || ml.GetFloor() > ml.GetNext() || ml.GetCommitted() > ml.GetNext() {
+		return fmt.Errorf("numbers out of order (floor %d, acknowledged %d, next %d)", ml.GetFloor(), ml.GetCommitted(), ml.GetNext())
+	}
+	if es := ml.GetEntries(); len(es) > 0 {
+		first := es[0].GetSeq()
+		for i, e := range es {
+			if e.GetSeq() != first+int64(i) || e.GetSeq() <= ml.GetFloor() || e.GetSeq() > ml.GetNext() || e.GetUpdate() == nil {
+				return fmt.Errorf("entry %d of the answer (seq %d) is not the next of the log %d .. %d", i, e.GetSeq(), ml.GetFloor()+1, ml.GetNext())
+			}
+		}
+		if first != rm.end()+1 {
+			// Not where the copy ends: the holder's log moved past it
+			// (trimmed), or the copy restarts.
+			rm.log, rm.floor = nil, first-1
+		}
+		rm.log = append(rm.log, es...)
+	}
+	if drop := ml.GetFloor() - rm.floor; drop > 0 {
+		// Trimmed by the holder: the copy drops the same.
+		if drop >= int64(len(rm.log)) {
+			rm.log = nil
+		} else {
+			rm.log = slices.Clone(rm.log[drop:])
+		}
+		rm.floor = ml.GetFloor()
+	}
+	if rm.end() > ml.GetNext() {
+		rm.log, rm.floor = nil, ml.GetFloor()
+		return fmt.Errorf("the copy holds %d updates past the holder's latest %d", rm.end()-ml.GetNext(), ml.GetNext())
+	}
+	rm.next, rm.committed = ml.GetNext(), ml.GetCommitted()
+	return nil
+}
+
+// pull brings the copy up to the log of the sequencing router on conn:
+// pages until the answer is complete, or maxPages of them (the rest
+// comes at the next heartbeat).
+func (c *replica) pull(ctx context.Context, addr string, conn *grpc.ClientConn, timeout time.Duration, maxPages int) error {
+	client := prismv1.NewRegistryClient(conn)
+	for range maxPages {
+		term, after := c.after()
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		resp, err := client.UpdateLog(cctx, &prismv1.UpdateLogRequest{Term: term, After: after, MaxBytes: maxLogPage},
+			grpc.MaxCallRecvMsgSize(maxLogPage+2*maxUpdateBytes))
+		cancel()
+		if err != nil {
+			return err
+		}
+		if err := c.merge(addr, resp); err != nil {
+			return err
+		}
+		if !resp.GetMore() {
+			return nil
+		}
+	}
+	return nil
+}
+
+// restoreTo starts s, a new term's sequencer, from the copy, if it is
+// fresh (stale: it was not, and is dropped).
+func (c *replica) restoreTo(s *sequencer) (models, updates int, stale bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.fresh {
+		stale = len(c.models) > 0
+		c.models = nil
+		return 0, 0, stale
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.models)) {
+		rm := c.models[name]
+		end := rm.end()
+		if end == 0 {
+			continue
+		}
+		s.restoreCopy(name, end, min(rm.committed, end), rm.floor, slices.Clone(rm.log))
+		models++
+		updates += len(rm.log)
+	}
+	return models, updates, false
+}
+
+// restoreCopy is the event "this router starts sequencing from its copy
+// of the previous holder's log: model at next, committed, with log
+// holding floor+1 .. next"; it comes before any other. Unlike restore
+// (a log folder this router wrote), the numbers do not count as numbered
+// by this router: the previous holder may have numbered later updates
+// after the copy was taken, and a worker announcing them in the startup
+// window is followed (announced), the copy's entries then dropped.
+func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest) {
+	m := s.model(model)
+	m.next, m.committed, m.floor, m.log, m.bytes = next, committed, floor, log, 0
+	for _, e := range log {
+		m.bytes += int64(proto.Size(e))
+	}
+	m.copied = true
+	if next > 0 {
+		s.any = true
+	}
+}
+
+// from is the copy's source.
+func (c *replica) from() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.source
+}

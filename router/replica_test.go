@@ -1,0 +1,171 @@
+package router
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+func entries(from, to int64) []*prismv1.ApplyUpdateRequest {
+	var out []*prismv1.ApplyUpdateRequest
+	for seq := from; seq <= to; seq++ {
+		out = append(out, &prismv1.ApplyUpdateRequest{Seq: seq, Update: &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{seq}, Rows: make([]byte, 4)}})
+	}
+	return out
+}
+
+// A copy takes in what the holder answers, and refuses answers that do
+// not fit it (a holder's bug, or a peer that is not one) without
+// keeping a wrong entry: it starts that model over at the holder's
+// floor.
+func TestReplicaMerge(t *testing.T) {
+	type step struct {
+		ml      *prismv1.ModelLog // model "m"; nil: the answer has no model
+		term    uint64
+		wantErr string
+		// the copy after: floor+1 .. end, next and committed
+		floor, end, next, committed int64
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"pages then more", []step{
+			{ml: &prismv1.ModelLog{Next: 5, Committed: 4, Entries: entries(1, 2)}, term: 7, end: 2, next: 5, committed: 4},
+			{ml: &prismv1.ModelLog{Next: 5, Committed: 5, Entries: entries(3, 5)}, term: 7, end: 5, next: 5, committed: 5},
+			{ml: &prismv1.ModelLog{Next: 5, Committed: 5}, term: 7, end: 5, next: 5, committed: 5},
+		}},
+		{"trimmed by the holder", []step{
+			{ml: &prismv1.ModelLog{Next: 3, Committed: 3, Entries: entries(1, 3)}, term: 7, end: 3, next: 3, committed: 3},
+			{ml: &prismv1.ModelLog{Next: 4, Committed: 4, Floor: 2, Entries: entries(4, 4)}, term: 7, floor: 2, end: 4, next: 4, committed: 4},
+			// The holder trimmed past the copy's end: it starts over.
+			{ml: &prismv1.ModelLog{Next: 9, Committed: 9, Floor: 6, Entries: entries(7, 9)}, term: 7, floor: 6, end: 9, next: 9, committed: 9},
+		}},
+		{"another term starts over", []step{
+			{ml: &prismv1.ModelLog{Next: 3, Committed: 3, Entries: entries(1, 3)}, term: 7, end: 3, next: 3, committed: 3},
+			{ml: &prismv1.ModelLog{Next: 2, Committed: 2, Entries: entries(1, 2)}, term: 8, end: 2, next: 2, committed: 2},
+		}},
+		{"a model the holder no longer keeps", []step{
+			{ml: &prismv1.ModelLog{Next: 3, Committed: 3, Entries: entries(1, 3)}, term: 7, end: 3, next: 3, committed: 3},
+			{ml: nil, term: 7},
+		}},
+		{"entries with a gap", []step{
+			{ml: &prismv1.ModelLog{Next: 5, Committed: 5, Entries: append(entries(1, 2), entries(4, 5)...)}, term: 7, wantErr: "not the next of the log", next: 0},
+		}},
+		{"entries past the holder's latest", []step{
+			{ml: &prismv1.ModelLog{Next: 2, Committed: 2, Entries: entries(1, 3)}, term: 7, wantErr: "not the next of the log"},
+		}},
+		{"entries below the holder's floor", []step{
+			{ml: &prismv1.ModelLog{Next: 5, Committed: 5, Floor: 3, Entries: entries(3, 5)}, term: 7, wantErr: "not the next of the log", floor: 3, end: 3},
+		}},
+		{"numbers out of order", []step{
+			{ml: &prismv1.ModelLog{Next: 2, Committed: 3}, term: 7, wantErr: "numbers out of order"},
+		}},
+		{"a copy past the holder's latest", []step{
+			{ml: &prismv1.ModelLog{Next: 3, Committed: 3, Entries: entries(1, 3)}, term: 7, end: 3, next: 3, committed: 3},
+			{ml: &prismv1.ModelLog{Next: 2, Committed: 2}, term: 7, wantErr: "past the holder's latest", end: 0},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c replica
+			c.follow("holder")
+			for i, st := range tc.steps {
+				resp := &prismv1.UpdateLogResponse{Term: st.term, Models: map[string]*prismv1.ModelLog{}}
+				if st.ml != nil {
+					resp.Models["m"] = st.ml
+				}
+				err := c.merge("holder", resp)
+				if (err == nil) != (st.wantErr == "") || (err != nil && !strings.Contains(err.Error(), st.wantErr)) {
+					t.Fatalf("step %d: %v, want error %q", i, err, st.wantErr)
+				}
+				rm := c.models["m"]
+				if st.ml == nil {
+					if rm != nil {
+						t.Fatalf("step %d: the copy keeps model m", i)
+					}
+					continue
+				}
+				if rm.floor != st.floor || rm.end() != st.end || (err == nil && (rm.next != st.next || rm.committed != st.committed)) {
+					t.Fatalf("step %d: copy floor=%d end=%d next=%d committed=%d, want %d %d %d %d", i, rm.floor, rm.end(), rm.next, rm.committed, st.floor, st.end, st.next, st.committed)
+				}
+				for j, e := range rm.log {
+					if e.GetSeq() != rm.floor+1+int64(j) {
+						t.Fatalf("step %d: entry %d has seq %d", i, j, e.GetSeq())
+					}
+				}
+			}
+		})
+	}
+}
+
+// Registry.UpdateLog is served by the router that sequences, and
+// refused by one that follows a named sequencer (it keeps no log).
+func TestUpdateLogServedBySequencerOnly(t *testing.T) {
+	seq := testRouter(Options{})
+	if _, err := seq.Reg.UpdateLog(t.Context(), &prismv1.UpdateLogRequest{}); err != nil {
+		t.Fatalf("sequencer: %v", err)
+	}
+	fol := testRouter(Options{Sequencer: "10.0.0.9:8500"})
+	_, err := fol.Reg.UpdateLog(t.Context(), &prismv1.UpdateLogRequest{})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "10.0.0.9:8500") {
+		t.Fatalf("follower: %v, want FailedPrecondition naming the sequencer", err)
+	}
+	el := testRouter(Options{Election: &handElection{self: "10.0.0.1:8500"}})
+	el.el.setLeader("10.0.0.2:8500")
+	_, err = el.Reg.UpdateLog(t.Context(), &prismv1.UpdateLogRequest{})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "10.0.0.2:8500") {
+		t.Fatalf("elected follower: %v, want FailedPrecondition naming the holder", err)
+	}
+}
+
+// FuzzUpdateLog decodes any bytes as a Registry.UpdateLog request and
+// serves it from a sequencer holding logs: the answer never panics, its
+// entries are consecutive within each log, and a copy takes it in
+// without error.
+func FuzzUpdateLog(f *testing.F) {
+	for _, req := range []*prismv1.UpdateLogRequest{
+		{},
+		{Term: 1, After: map[string]int64{"m": 3}},
+		{Term: 2, After: map[string]int64{"m": -5, "other": 1 << 62}, MaxBytes: 1},
+		{Term: 1, After: map[string]int64{"m": 9, "n": 4}, MaxBytes: -1},
+	} {
+		b, err := proto.Marshal(req)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req := &prismv1.UpdateLogRequest{}
+		if proto.Unmarshal(b, req) != nil {
+			return
+		}
+		s := newSequencer(time.Unix(0, 0), time.Second, 1<<20, QuorumOne)
+		s.restore("m", 9, 8, 2, entries(3, 9))
+		s.restore("n", 4, 4, 4, nil)
+		d := newUpdateDriver(s, time.Now, nil, nil, time.Second, 0, nil)
+		d.term = 1
+		resp, err := d.readLog(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, ml := range resp.GetModels() {
+			for i, e := range ml.GetEntries() {
+				if i > 0 && e.GetSeq() != ml.GetEntries()[i-1].GetSeq()+1 || e.GetSeq() <= ml.GetFloor() || e.GetSeq() > ml.GetNext() {
+					t.Fatalf("model %s: entry %d has seq %d (floor %d, next %d)", name, i, e.GetSeq(), ml.GetFloor(), ml.GetNext())
+				}
+			}
+		}
+		var c replica
+		c.follow("holder")
+		if err := c.merge("holder", resp); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
