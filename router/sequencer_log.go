@@ -117,5 +117,31 @@ func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 		delete(m.catching, id)
 		return
 	}
-	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: routed(w, model, m.log[k-m.floor])})
+	apply := routed(w, model, m.log[k-m.floor])
+	if apply.GetNumberOnly() && w.GetShards()[model].GetNumberRanges() {
+		apply = skipRun(w, model, m, k+1)
+	}
+	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: apply})
+}
+
+// skipRun is the catch-up of sharded worker w from update from on, when
+// the updates from there are of tables its shard does not hold: their
+// numbers in one call (ApplyUpdateRequest.number_from), up to the next
+// update w must get with its rows. A shard down while the others took
+// many updates is caught up in one write, not one synced write each.
+func skipRun(w *prismv1.WorkerInfo, model string, m *modelSeq, from int64) *prismv1.ApplyUpdateRequest {
+	to := from
+	var tables []string
+	for seq := from; seq <= m.next; seq++ {
+		e := m.log[seq-m.floor-1]
+		if !routed(w, model, e).GetNumberOnly() {
+			break
+		}
+		if t := e.GetUpdate().GetTable(); !slices.Contains(tables, t) {
+			tables = append(tables, t)
+		}
+		to = seq
+	}
+	slices.Sort(tables)
+	return &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: model}, Seq: to, NumberOnly: true, NumberFrom: from, SkippedTables: tables}
 }

@@ -87,6 +87,9 @@ func (m message) String() string {
 		if m.Apply.GetNumberOnly() {
 			to += ", number only"
 		}
+		if from := m.Apply.GetNumberFrom(); from != 0 {
+			return fmt.Sprintf("apply %s#%d..%d -> %s (%s, tables %s)", m.Model, from, m.Apply.GetSeq(), m.Worker, to, strings.Join(m.Apply.GetSkippedTables(), ","))
+		}
 		return fmt.Sprintf("apply %s#%d -> %s (%s)", m.Model, m.Apply.GetSeq(), m.Worker, to)
 	case msgAnswer:
 		if m.Err != nil {

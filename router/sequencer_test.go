@@ -281,7 +281,7 @@ func (h *seqScript) do(line string) []string {
 				tables = strings.Split(t, ",")
 			}
 			for _, m := range w.Models {
-				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n)), Tables: tables}
+				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n)), Tables: tables, NumberRanges: arg("ranges", "") == "yes"}
 			}
 		}
 		h.s.announced(h.now, w)

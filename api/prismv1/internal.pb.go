@@ -99,7 +99,16 @@ type ApplyUpdateRequest struct {
 	// but no rows. A worker whose shard holds the table
 	// refuses it (FAILED_PRECONDITION) rather than skip rows it must
 	// write. Sequenced updates only.
-	NumberOnly    bool `protobuf:"varint,3,opt,name=number_only,json=numberOnly,proto3" json:"number_only,omitempty"`
+	NumberOnly bool `protobuf:"varint,3,opt,name=number_only,json=numberOnly,proto3" json:"number_only,omitempty"`
+	// number_from, with number_only, in a catch-up: the worker takes every
+	// number from number_from to seq in one write, updates of the tables
+	// in skipped_tables, none of which its shard holds (it refuses the
+	// range, FAILED_PRECONDITION, if it holds one). update names the model
+	// alone. Numbers the worker holds already are acknowledged again; the
+	// range must start at most one past the last it holds. 0: seq alone.
+	// Sent only to workers announcing ShardRef.number_ranges.
+	NumberFrom    int64    `protobuf:"varint,4,opt,name=number_from,json=numberFrom,proto3" json:"number_from,omitempty"`
+	SkippedTables []string `protobuf:"bytes,5,rep,name=skipped_tables,json=skippedTables,proto3" json:"skipped_tables,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -153,6 +162,20 @@ func (x *ApplyUpdateRequest) GetNumberOnly() bool {
 		return x.NumberOnly
 	}
 	return false
+}
+
+func (x *ApplyUpdateRequest) GetNumberFrom() int64 {
+	if x != nil {
+		return x.NumberFrom
+	}
+	return 0
+}
+
+func (x *ApplyUpdateRequest) GetSkippedTables() []string {
+	if x != nil {
+		return x.SkippedTables
+	}
+	return nil
 }
 
 type LookupRequest struct {
@@ -795,7 +818,10 @@ type ShardRef struct {
 	// update of a table with its rows only to these shards' workers, and
 	// the number alone to the others (ApplyUpdateRequest.number_only).
 	// Empty (an older worker): every update is sent whole.
-	Tables        []string `protobuf:"bytes,4,rep,name=tables,proto3" json:"tables,omitempty"`
+	Tables []string `protobuf:"bytes,4,rep,name=tables,proto3" json:"tables,omitempty"`
+	// number_ranges: the worker takes a run of other shards' updates in
+	// one catch-up call (ApplyUpdateRequest.number_from).
+	NumberRanges  bool `protobuf:"varint,5,opt,name=number_ranges,json=numberRanges,proto3" json:"number_ranges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -856,6 +882,13 @@ func (x *ShardRef) GetTables() []string {
 		return x.Tables
 	}
 	return nil
+}
+
+func (x *ShardRef) GetNumberRanges() bool {
+	if x != nil {
+		return x.NumberRanges
+	}
+	return false
 }
 
 type AnnounceRequest struct {
@@ -1427,12 +1460,15 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"x\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\xc0\x01\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1f\n" +
 	"\vnumber_only\x18\x03 \x01(\bR\n" +
-	"numberOnly\"\xcd\x02\n" +
+	"numberOnly\x12\x1f\n" +
+	"\vnumber_from\x18\x04 \x01(\x03R\n" +
+	"numberFrom\x12%\n" +
+	"\x0eskipped_tables\x18\x05 \x03(\tR\rskippedTables\"\xcd\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
@@ -1508,12 +1544,13 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"h\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\x8d\x01\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12\x16\n" +
 	"\x06inputs\x18\x03 \x03(\tR\x06inputs\x12\x16\n" +
-	"\x06tables\x18\x04 \x03(\tR\x06tables\"?\n" +
+	"\x06tables\x18\x04 \x03(\tR\x06tables\x12#\n" +
+	"\rnumber_ranges\x18\x05 \x01(\bR\fnumberRanges\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
 	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"V\n" +
 	"\x10AnnounceResponse\x12!\n" +

@@ -197,7 +197,7 @@ func TestShardedTableWise(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	// It comes back on its store: serving resumes.
-	embedding(1)
+	shards[1] = embedding(1)
 	waitShards([]int{0, 1, 2}, 0)
 	check(150, nil)
 
@@ -246,6 +246,38 @@ func TestShardedTableWise(t *testing.T) {
 		if after.Scores[i] != before.Scores[i] && req.Candidates.Inputs[1].Ids[i] != 1 {
 			t.Fatalf("candidate %d changed with an update of a row it does not read", i)
 		}
+	}
+
+	// A shard not holding the table misses three updates of it (killed;
+	// its store holds update 1). Back on its store, it takes their
+	// numbers in one catch-up call (ApplyUpdateRequest.number_from, the
+	// router's sequencer tests show the call) and serves again.
+	other := (p.Sharding.Placement(table).Shards[0] + 1) % 3
+	var rest []int
+	for k := range 3 {
+		if k != other {
+			rest = append(rest, k)
+		}
+	}
+	shards[other].cmd.Process.Kill()
+	shards[other].cmd.Wait()
+	waitShards(rest, 1)
+	for i := range 3 {
+		row[0] = float32(i)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if _, err = upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: table, Ids: []int64{1}, Rows: leview.Bytes(row)}); err == nil {
+				break
+			}
+			if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+				t.Fatalf("update %d with shard %d down: %v", 2+i, other, err)
+			}
+		}
+	}
+	waitShards(rest, 4)
+	shards[other] = embedding(other)
+	waitShards([]int{0, 1, 2}, 4)
+	if _, err := rec.Recommend(context.Background(), req); err != nil {
+		t.Fatalf("after shard %d caught up: %v", other, err)
 	}
 }
 

@@ -714,6 +714,21 @@ func TestSequencedUpdates(t *testing.T) {
 			t.Fatalf("number only, seq %d: worker announces update %d, want %d (not taken)", seq, got, base+3)
 		}
 	}
+	// A catch-up's run of numbers (number_from .. seq): refused by a
+	// worker holding the whole model, and bad input when it runs
+	// backwards; no number taken either way.
+	for _, tc := range []struct {
+		from, seq int64
+		want      codes.Code
+	}{{base + 4, base + 6, codes.FailedPrecondition}, {base + 6, base + 4, codes.InvalidArgument}, {-1, base + 4, codes.InvalidArgument}} {
+		_, err := f.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: tc.seq, NumberOnly: true, NumberFrom: tc.from, SkippedTables: []string{"emb_l.0.weight"}, Update: &prismv1.UpdateRequest{Model: model}})
+		if status.Code(err) != tc.want {
+			t.Fatalf("numbers %d .. %d: %v, want %v", tc.from, tc.seq, err, tc.want)
+		}
+		if got := f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; got != base+3 {
+			t.Fatalf("numbers %d .. %d: worker announces update %d, want %d (not taken)", tc.from, tc.seq, got, base+3)
+		}
+	}
 }
 
 // TestExporterModels: an exporter-corpus model whose ids the model

@@ -42,6 +42,9 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	if s.models[req.GetModel()] == nil {
 		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %v)", req.GetModel(), s.Models())
 	}
+	if areq.GetNumberOnly() && areq.GetNumberFrom() != 0 {
+		return s.skipRange(areq)
+	}
 	if areq.GetNumberOnly() {
 		// The router sent the rows to the shards holding the table only.
 		sr := s.shards[req.GetModel()]
@@ -128,4 +131,26 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 		return nil, storeStatus(fmt.Errorf("update: %w", err))
 	}
 	return &prismv1.UpdateResponse{Workers: 1, Shards: rowShards}, nil
+}
+
+// skipRange takes a catch-up's run of other shards' updates
+// (ApplyUpdateRequest.number_from .. seq) in one write.
+func (s *Server) skipRange(areq *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
+	model, from, seq := areq.GetUpdate().GetModel(), areq.GetNumberFrom(), areq.GetSeq()
+	if from < 1 || from > seq {
+		return nil, status.Errorf(codes.InvalidArgument, "update: number_from %d with seq %d: want 1 <= number_from <= seq", from, seq)
+	}
+	sr := s.shards[model]
+	if sr == nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "updates %d .. %d sent without their rows, but this worker holds the whole model %q: send it the rows", from, seq, model)
+	}
+	for _, table := range areq.GetSkippedTables() {
+		if sr.tables[table] && !s.skipsUpdate(model, table) {
+			return nil, status.Errorf(codes.FailedPrecondition, "updates %d .. %d sent without their rows, but this worker's shard holds table %q: send it the rows", from, seq, table)
+		}
+	}
+	if err := s.st.SkipSeqs(model, from, seq); err != nil {
+		return nil, storeStatus(fmt.Errorf("update: %w", err))
+	}
+	return &prismv1.UpdateResponse{Workers: 1}, nil
 }

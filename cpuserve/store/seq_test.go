@@ -86,3 +86,45 @@ func TestUpsertSeq(t *testing.T) {
 		t.Fatalf("a model without updates: %d", got)
 	}
 }
+
+// TestSkipSeqs: a run of numbers taken in one write, from at most one
+// past the last held; numbers held already are no-ops, and a run
+// starting inside what the store holds takes the rest.
+func TestSkipSeqs(t *testing.T) {
+	tabs := []*testTable{{name: "a", rows: 10, dim: 2, seed: 1}}
+	s, _ := openMem(t, &Options{})
+	if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i, st := range []struct {
+		from, to int64
+		gap, bad bool
+		after    int64
+	}{
+		{from: 1, to: 4, after: 4},
+		{from: 2, to: 3, after: 4},             // held already
+		{from: 3, to: 7, after: 7},             // starts inside: takes 5 .. 7
+		{from: 9, to: 12, gap: true, after: 7}, // 8 missing
+		{from: 8, to: 8, after: 8},
+		{from: 5, to: 4, bad: true, after: 8},
+		{from: 0, to: 9, bad: true, after: 8},
+	} {
+		err := s.SkipSeqs("m", st.from, st.to)
+		var gapErr *SeqGapError
+		switch {
+		case st.gap:
+			if !errors.As(err, &gapErr) || gapErr.Applied != st.after || gapErr.Got != st.from {
+				t.Fatalf("step %d: %v, want a gap after %d", i, err, st.after)
+			}
+		case st.bad:
+			if !errors.Is(err, ErrBadRequest) {
+				t.Fatalf("step %d: %v, want ErrBadRequest", i, err)
+			}
+		case err != nil:
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if got, err := s.AppliedSeq("m"); err != nil || got != st.after {
+			t.Fatalf("step %d: AppliedSeq %d, %v; want %d", i, got, err, st.after)
+		}
+	}
+}

@@ -64,6 +64,17 @@ func (s *Store) UpsertSeq(model, table string, ids []int64, rows []float32, seq 
 // UpsertSeq it is a no-op for a seq the store holds and a *SeqGapError
 // for one that comes too early.
 func (s *Store) SkipSeq(model string, seq int64) error {
+	return s.SkipSeqs(model, seq, seq)
+}
+
+// SkipSeqs records updates from .. to of model as taken without rows,
+// in one write: the updates of other shards' tables a lagging worker
+// is caught up on. Numbers the store holds already are no-ops; from
+// must be at most one past the last it holds (else a *SeqGapError).
+func (s *Store) SkipSeqs(model string, from, seq int64) error {
+	if from < 1 || from > seq {
+		return fmt.Errorf("model %q: skip updates %d .. %d: %w", model, from, seq, ErrBadRequest)
+	}
 	s.updMu.Lock()
 	defer s.updMu.Unlock()
 	s.mu.RLock()
@@ -78,8 +89,8 @@ func (s *Store) SkipSeq(model string, seq int64) error {
 	if seq <= cur {
 		return nil
 	}
-	if seq > cur+1 {
-		return &SeqGapError{Model: model, Applied: cur, Got: seq}
+	if from > cur+1 {
+		return &SeqGapError{Model: model, Applied: cur, Got: from}
 	}
 	wo := pebble.Sync
 	if s.opts.NoSync {
