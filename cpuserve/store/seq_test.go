@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // TestUpsertSeq: sequenced upserts apply in order, replays are
@@ -126,5 +128,42 @@ func TestSkipSeqs(t *testing.T) {
 		if got, err := s.AppliedSeq("m"); err != nil || got != st.after {
 			t.Fatalf("step %d: AppliedSeq %d, %v; want %d", i, got, err, st.after)
 		}
+	}
+}
+
+// BenchmarkCatchUpSkips: a sharded worker back after its model took 1000
+// updates of other shards' tables takes their numbers, one synced write
+// each (SkipSeq, as before ranges) or in one (SkipSeqs), on disk. Run:
+//
+//	go test -run '^$' -bench CatchUpSkips -benchtime 3x ./cpuserve/store/
+func BenchmarkCatchUpSkips(b *testing.B) {
+	const behind = 1000
+	for _, mode := range []string{"one-by-one", "range"} {
+		b.Run(mode, func(b *testing.B) {
+			s, err := Open(b.TempDir(), &Options{FS: vfs.Default})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			if _, err := s.Ingest(context.Background(), writePlan(b, "m", []*testTable{{name: "a", rows: 10, dim: 2, seed: 1}}), IngestOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			var next int64 = 1
+			b.ResetTimer()
+			for range b.N {
+				if mode == "range" {
+					err = s.SkipSeqs("m", next, next+behind-1)
+				} else {
+					for seq := next; seq < next+behind && err == nil; seq++ {
+						err = s.SkipSeq("m", seq)
+					}
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				next += behind
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/catch-up")
+		})
 	}
 }
