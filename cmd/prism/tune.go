@@ -12,7 +12,10 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/spf13/cobra"
 
+	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/loadgen"
 	"github.com/prism-serve/prism/plan"
 	"github.com/prism-serve/prism/tune"
@@ -104,6 +107,13 @@ OUT/tune.json serves with the best configuration.`,
 			} else if why != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "tune: dense tier on the CPU (%s)\n", why)
 			}
+			if !cmd.Flags().Changed("hot-bytes") {
+				mem := memlimit.Read().Effective()
+				hotBytes = hotSpace(pl.Cost.TableBytes, mem)
+				if len(hotBytes) > 1 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "tune: the tables (%s) exceed half of this machine's memory (%s): hot-tier sizes %v\n", flagval.FormatBytes(pl.Cost.TableBytes), flagval.FormatBytes(mem), hotBytes)
+				}
+			}
 			space := tune.Space{Dims: []tune.Dim{
 				{Flag: "micro-batch", Values: microBatch},
 				{Flag: "max-batch", Values: maxBatch},
@@ -167,7 +177,7 @@ OUT/tune.json serves with the best configuration.`,
 	fl.StringSliceVar(&maxDelay, "max-delay", []string{"1ms", "2ms", "4ms"}, "dense max queue delays to try")
 	fl.StringSliceVar(&threads, "threads", []string{"1", "2"}, "ONNX Runtime threads per dense worker to try (with GPUs: 1)")
 	fl.StringSliceVar(&denseWorkers, "dense-workers", workerCounts(cpus), "dense worker counts to try (default: half, one and two per core; with GPUs: one, two and four per GPU)")
-	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto)")
+	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto; default: auto when the tables fit in half of the memory, else auto and an eighth, a quarter and half of it)")
 	fl.StringSliceVar(&admitShare, "admit-share", []string{"1", "0.7"}, "router admission shares of the deadline to try (prism up --admit-share)")
 	fl.StringSliceVar(&denseSessions, "dense-sessions", []string{"1"}, "ONNX Runtime sessions per model in each dense worker to try (prism up --dense-sessions; with GPUs: 1,2)")
 	return cmd
@@ -184,6 +194,25 @@ func gpuSpace(gpus int) (maxBatch, denseWorkers, threads []string) {
 	return []string{strconv.Itoa(d / 4), strconv.Itoa(d), strconv.Itoa(2 * d)},
 		[]string{strconv.Itoa(gpus), strconv.Itoa(2 * gpus), strconv.Itoa(4 * gpus)},
 		[]string{"1"}
+}
+
+// hotSpace is the default search of embedding hot-tier sizes for tables
+// of tableBytes on a machine whose processes may use mem bytes (0:
+// unknown): "auto" alone when the tables fit in half of it (auto holds
+// every row then, and a smaller tier only adds misses), else auto (the
+// store's recorded size) and an eighth, a quarter and half of the
+// memory, those below the tables' size.
+func hotSpace(tableBytes, mem int64) []string {
+	out := []string{store.HotBytesAuto}
+	if mem <= 0 || tableBytes <= mem/2 {
+		return out
+	}
+	for _, d := range []int64{8, 4, 2} {
+		if n := mem / d >> 20 << 20; n > 0 && n < tableBytes {
+			out = append(out, flagval.FormatBytes(n))
+		}
+	}
+	return out
 }
 
 func workerCounts(cpus int) []string {

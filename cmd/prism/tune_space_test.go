@@ -29,3 +29,26 @@ func TestTuneSpaces(t *testing.T) {
 		}
 	}
 }
+
+// TestTuneHotSpace: the hot tier is searched only when the tables do
+// not fit in half of the memory (auto holds every row then), and then
+// at sizes below the tables'.
+func TestTuneHotSpace(t *testing.T) {
+	const GiB = 1 << 30
+	for _, tc := range []struct {
+		tables, mem int64
+		want        []string
+	}{
+		{2 * GiB, 24 * GiB, []string{"auto"}},
+		{12 * GiB, 24 * GiB, []string{"auto"}},
+		{2 * GiB, 0, []string{"auto"}},
+		{13 * GiB, 24 * GiB, []string{"auto", "3GiB", "6GiB", "12GiB"}},
+		{5 * GiB, 8 * GiB, []string{"auto", "1GiB", "2GiB", "4GiB"}},
+		{97 * GiB, 16 * GiB, []string{"auto", "2GiB", "4GiB", "8GiB"}},
+		{4*GiB + 1, 8 * GiB, []string{"auto", "1GiB", "2GiB", "4GiB"}},
+	} {
+		if got := hotSpace(tc.tables, tc.mem); !slices.Equal(got, tc.want) {
+			t.Errorf("hotSpace(%d, %d) = %v, want %v", tc.tables, tc.mem, got, tc.want)
+		}
+	}
+}
