@@ -92,13 +92,23 @@ func (r *Router) pollSequencer(ctx context.Context) {
 	if err := f.poll(ctx, addr, r.opts.Heartbeat); err != nil && f.noteFailure() {
 		r.log.Warn("cannot ask the update sequencer which embedding workers hold the acknowledged updates; judging by the last answer and the workers' own announcements", "sequencer", addr, "err", err)
 	}
+}
+
+// copySequencerLog brings this router's copy of the elected sequencer's
+// update log up to date (replica.go): a heartbeat's pull, beside the
+// poll of its view, so a long copy does not hold the view back.
+func (r *Router) copySequencerLog(ctx context.Context) {
 	if r.el == nil {
 		return // a named sequencer is never taken over: no copy of its log
 	}
+	addr := r.el.leader()
+	if addr == "" || addr == r.el.self {
+		return
+	}
 	conn, err := r.sequencerConn(addr)
 	if err == nil {
-		// 16 pages (256 MiB, the default log budget) a heartbeat.
-		err = r.el.copy.pull(ctx, addr, conn, r.opts.DefaultTimeout, 16)
+		// Up to 16 pages (256 MiB) a heartbeat; the rest at the next.
+		err = r.el.copy.pull(ctx, conn, r.opts.DefaultTimeout, 16)
 	}
 	if err != nil && r.el.copy.failed() {
 		r.log.Warn("cannot copy the update sequencer's log; if this router is elected next it catches up lagging embedding workers only from what it copied", "sequencer", addr, "err", err)

@@ -26,7 +26,12 @@ type Election interface {
 	// router holds it). It calls leader, one call at a time, whenever
 	// the holder changes: Identity() while this router holds it, the
 	// holder's address while another does, "" while none is known.
-	Run(ctx context.Context, leader func(addr string))
+	// While this router holds it, epoch numbers its hold: one more than
+	// the hold right before, or the same when this router takes its own
+	// hold back with no other between (a Lease's leaseTransitions plus
+	// one); 0 when not known (a copy of the update log is then not
+	// started from, replica.go).
+	Run(ctx context.Context, leader func(addr string, epoch uint64))
 }
 
 // elected runs a router whose role in update sequencing follows an
@@ -98,12 +103,13 @@ func newElected(r *Router, self string) *elected {
 	return e
 }
 
-// setLeader is the Election's report: addr holds it now.
-func (e *elected) setLeader(addr string) {
+// setLeader is the Election's report: addr holds it now (in epoch,
+// when addr is this router).
+func (e *elected) setLeader(addr string, epoch uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	old := e.term.Load()
-	if old.leader == addr {
+	if old.leader == addr && (old.d == nil || old.d.epoch == epoch) {
 		return
 	}
 	reg := e.r.Reg
@@ -117,11 +123,13 @@ func (e *elected) setLeader(addr string) {
 		next.settled = now.Add(3 * o.Heartbeat)
 		next.ctx, next.cancel = context.WithCancel(context.Background())
 		next.d.runCtx = next.ctx
-		switch models, updates, stale := e.copy.restoreTo(next.d.seq); {
+		next.d.epoch = epoch
+		next.d.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
+		switch models, updates, stale := e.copy.restoreTo(next.d.seq, epoch); {
 		case models > 0:
 			e.r.log.Info("this router's sequencer starts from its copy of the previous holder's update log", "models", models, "updates", updates)
 		case stale:
-			e.r.log.Warn("this router's copy of the update log was not taken from the last holder of the election; it starts without one (a worker that missed updates stays out of serving until it gets an up-to-date store)", "copied_from", e.copy.from())
+			e.r.log.Warn("this router's copy of the update log does not come from the hold right before its own; it starts without one (a worker that missed updates stays out of serving until it gets an up-to-date store)", "copy_epoch", e.copy.from(), "epoch", epoch)
 		}
 		// What the workers announced so far, as if announced now; later
 		// announcements come through the hooks (the registry's lock is
@@ -133,13 +141,10 @@ func (e *elected) setLeader(addr string) {
 	e.term.Store(next)
 	if old.d != nil {
 		old.d.step(func(now time.Time) {
-			e.copy.keep(e.self, old.d.seq, old.d.term)
+			e.copy.keep(old.d.seq, old.d.term, old.d.epoch)
 			old.d.seq.resign(now)
 		})
 		old.cancel()
-	}
-	if addr != e.self && addr != "" {
-		e.copy.follow(addr) // after keep: the copy comes from addr now
 	}
 	switch {
 	case next.d != nil:

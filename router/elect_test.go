@@ -28,11 +28,11 @@ type handElection struct {
 
 func (h *handElection) Identity() string { return h.self }
 
-func (h *handElection) Run(ctx context.Context, leader func(string)) {
+func (h *handElection) Run(ctx context.Context, leader func(string, uint64)) {
 	h.ran.Store(true)
-	leader(h.self)
+	leader(h.self, 1)
 	<-ctx.Done()
-	leader("")
+	leader("", 0)
 }
 
 // electRig: two routers electing their sequencer, each serving its
@@ -40,13 +40,16 @@ func (h *handElection) Run(ctx context.Context, leader func(string)) {
 // embedding workers announcing to both. Both routers' clocks run skew
 // ahead of the wall clock.
 type electRig struct {
-	t     *testing.T
-	rs    []*Router
-	addrs []string
-	cns   []*seqCN
-	cnAt  []string
-	skew  atomic.Int64
-	logs  lockedBuffer
+	t *testing.T
+	// epoch counts the holds as a Lease does (lead): one more for each
+	// holder other than the last.
+	epoch, last int
+	rs          []*Router
+	addrs       []string
+	cns         []*seqCN
+	cnAt        []string
+	skew        atomic.Int64
+	logs        lockedBuffer
 }
 
 func newElectRig(t *testing.T, workers int) *electRig {
@@ -93,13 +96,21 @@ func (rig *electRig) advance() {
 	rig.announce()
 }
 
-// lead reports holder (an index into rs, -1: none) to both routers.
+// lead reports holder (an index into rs, -1: none) to both routers,
+// with the epoch a Lease would give its hold.
 func (rig *electRig) lead(holder int) {
-	for _, r := range rig.rs {
-		if holder < 0 {
-			r.el.setLeader("")
-		} else {
-			r.el.setLeader(rig.addrs[holder])
+	if holder >= 0 && (rig.epoch == 0 || holder != rig.last) {
+		rig.epoch++
+		rig.last = holder
+	}
+	for i, r := range rig.rs {
+		switch {
+		case holder < 0:
+			r.el.setLeader("", 0)
+		case holder == i:
+			r.el.setLeader(rig.addrs[holder], uint64(rig.epoch))
+		default:
+			r.el.setLeader(rig.addrs[holder], 0)
 		}
 	}
 }
@@ -215,8 +226,8 @@ func TestElectedSequencerMoves(t *testing.T) {
 // the election is Unavailable (retry), never passed on nor applied.
 func TestElectedForwardedToNonHolder(t *testing.T) {
 	rig := newElectRig(t, 1)
-	rig.rs[0].el.setLeader(rig.addrs[1])
-	rig.rs[1].el.setLeader(rig.addrs[0])
+	rig.rs[0].el.setLeader(rig.addrs[1], 0)
+	rig.rs[1].el.setLeader(rig.addrs[0], 0)
 	wantUnavailable(t, rig.update(0, 1, 1), "A and B name each other", "does not sequence")
 	rig.orders()
 }
@@ -240,7 +251,7 @@ func TestElectedLookups(t *testing.T) {
 			rig.cns[2].setDown(false)
 			rig.announce()
 			if copied {
-				rig.rs[1].pollSequencer(context.Background())
+				rig.rs[1].copySequencerLog(context.Background())
 				if got, want := rig.rs[1].el.copy.models["m"].end(), int64(1); got != want {
 					t.Fatalf("B's copy ends at %d, want %d", got, want)
 				}
@@ -376,5 +387,65 @@ func TestElectedRegainsItsOwnLog(t *testing.T) {
 	}
 	if !strings.Contains(rig.logs.String(), "starts from its copy") {
 		t.Fatalf("A did not say it starts from its copy:\n%s", rig.logs.String())
+	}
+}
+
+// A holds the election (epoch 1) and numbers update 2 (X) after B's last
+// pull; no worker applies it. A's hold ends, and A never hears of B's
+// (cut off from the API server, it sees no holder). B (epoch 2) starts
+// from its copy, which ends at 1, and numbers 2 again (Y), acknowledged
+// on workers 1 and 2. B's hold ends and A takes the Lease (epoch 3).
+// A's own log is of epoch 1, not the hold right before: it is not
+// started from, so X is never replayed under number 2; worker 0 stays
+// out of serving (before the fix A replayed X to it, and it served X's
+// row where Y was acknowledged). Found by review.
+func TestElectedUnseenHolder(t *testing.T) {
+	rig := newElectRig(t, 3)
+	a, b := 0, 1
+	rig.rs[a].el.setLeader(rig.addrs[a], 1)
+	rig.rs[b].el.setLeader(rig.addrs[a], 0)
+	rig.advance()
+	if err := rig.update(a, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rig.rs[b].copySequencerLog(context.Background()) // B's copy: 1
+	if rm := rig.rs[b].el.copy.models["m"]; rm == nil || rm.end() != 1 {
+		t.Fatalf("B's copy: %+v, want one ending at 1", rm)
+	}
+	for _, f := range rig.cns {
+		f.setDown(true)
+	}
+	if err := rig.update(a, 2, 2); err == nil { // numbered 2 (X) by A, applied nowhere
+		t.Fatal("update X acknowledged with every worker down")
+	}
+	for _, f := range rig.cns {
+		f.setDown(false)
+	}
+	rig.rs[a].el.setLeader("", 0) // A's hold ends; it keeps its own log
+	rig.rs[b].el.setLeader(rig.addrs[b], 2)
+	rig.announce()
+	rig.advance()
+	rig.cns[0].setDown(true)
+	if err := rig.update(b, 2, 20); err != nil { // numbered 2 (Y) by B, acknowledged
+		t.Fatal(err)
+	}
+	rig.cns[0].setDown(false)
+	rig.rs[b].el.setLeader("", 0)
+	rig.rs[a].el.setLeader(rig.addrs[a], 3) // A never heard of B's hold
+	rig.announce()
+	rig.advance()
+	rig.rs[a].el.tick()
+	rig.rs[a].el.term.Load().d.wait()
+	rig.announce()
+	for i, f := range rig.cns {
+		if f.held() >= 2 && f.row(2) != 20 {
+			t.Errorf("worker %d holds update 2 as row 2 = %v; the acknowledged update 2 wrote 20", i, f.row(2))
+		}
+	}
+	if got := rig.cns[0].held(); got != 1 {
+		t.Errorf("worker 0 holds %d, want 1 (out of serving until it gets a store)", got)
+	}
+	if !strings.Contains(rig.logs.String(), "does not come from the hold right before") {
+		t.Errorf("A did not say it drops its copy:\n%s", rig.logs.String())
 	}
 }

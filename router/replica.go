@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -29,14 +30,26 @@ import (
 //
 //   - The copy mirrors the holder's log: the same numbers (next,
 //     committed, floor) and the entries floor+1 .. the copy's end,
-//     consecutive. Each answer carries the entries after the copy's end,
-//     at most maxLogPage bytes of them (more pages in the same heartbeat,
-//     up to the log's own size); entries the holder trimmed leave the
-//     copy too.
+//     consecutive. Each answer is a page of the entries after the
+//     copy's end, cut to fit maxLogPage and the holder's message limit
+//     (up to 16 pages a heartbeat, the rest at the next); entries the
+//     holder trimmed leave the copy too. A follower's copy takes as much
+//     memory as the holder's log (Options.UpdateLogBytes per model).
 //   - Each term has its own identity (a random number): across terms the
 //     same number may name another update (an update the old holder
 //     numbered that no worker announced in the new holder's window is
 //     numbered again), so a copy of another term is replaced whole.
+//   - A copy is started from only when it comes from the hold right
+//     before this router's: the election's epoch (the Lease's count of
+//     holder changes, Election) of the new hold is the copy's plus one,
+//     or the same for this router's own log when it takes its own Lease
+//     back with no other holder between. A router does not see every
+//     holder (one cut off from the API server through another's whole
+//     hold, or one whose Lease had expired when it took it), and a copy
+//     from an earlier hold may hold updates under numbers a later holder
+//     gave others: replaying those would give workers different rows
+//     under one number. An answer of an older epoch than the copy's (a
+//     call under way while the holder changed) is dropped.
 //   - The copy lags the holder by up to a heartbeat. Updates numbered
 //     after the last pull are not in it: a worker holding them announces
 //     them in the new holder's start-up window, and the sequence is
@@ -51,9 +64,14 @@ import (
 //   - All routers stopping together loses the log, as an in-memory one
 //     does.
 
-// maxLogPage bounds the entries of one Registry.UpdateLog answer (one
-// entry may exceed it: an update is up to maxUpdateBytes).
-const maxLogPage = 16 << 20
+// maxLogPage bounds one Registry.UpdateLog answer, and so does the
+// router's message limit less logPageMargin (Options.MaxMessageBytes;
+// an update is at most that, Updater, so one fits a page with its
+// model's numbers).
+const (
+	maxLogPage    = 16 << 20
+	logPageMargin = 4 << 10
+)
 
 // newTerm names a sequencing term.
 func newTerm() uint64 {
@@ -67,7 +85,9 @@ func newTerm() uint64 {
 // readLog is what a copy of the log lacks: per model whose updates were
 // numbered, the numbers and the entries after after[model] (from the
 // oldest when the copy is of another term, fresh, or ends outside the
-// log), at most maxBytes in all but at least one. more: cut short.
+// log), in a page of at most maxBytes (headers counted), which holds at
+// least one entry when one is due. more: cut short; the models after
+// the cut are not in the page.
 func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) (out map[string]*prismv1.ModelLog, more bool) {
 	out = map[string]*prismv1.ModelLog{}
 	var bytes int64
@@ -77,30 +97,37 @@ func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) 
 			continue
 		}
 		ml := &prismv1.ModelLog{Next: m.next, Committed: m.committed, Floor: m.floor}
+		// The map entry: its key, the numbers, the framing.
+		head := int64(len(name)+proto.Size(ml)) + 16
+		if bytes > 0 && bytes+head > maxBytes {
+			return out, true
+		}
 		out[name] = ml
+		bytes += head
 		from := m.floor + 1
 		if a, ok := after[name]; ok && !fresh && a >= m.floor && a <= m.next {
 			from = a + 1
 		}
-		for seq := from; seq <= m.next && !more; seq++ {
+		for seq := from; seq <= m.next; seq++ {
 			e := m.log[seq-m.floor-1]
-			size := int64(proto.Size(e))
-			if bytes > 0 && bytes+size > maxBytes {
-				more = true
-				break
+			size := int64(proto.Size(e)) + 8
+			if bytes+size > maxBytes && (len(out) > 1 || len(ml.Entries) > 0) {
+				// Only an entry alone with its model's numbers may pass
+				// the bound (it fits the message limit, Updater).
+				return out, true
 			}
 			ml.Entries = append(ml.Entries, e)
 			bytes += size
 		}
 	}
-	return out, more
+	return out, false
 }
 
 // readLog serves Registry.UpdateLog from the driver's sequencer.
 func (d *updateDriver) readLog(req *prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error) {
 	limit := req.GetMaxBytes()
-	if limit <= 0 || limit > maxLogPage {
-		limit = maxLogPage
+	if limit <= 0 || limit > d.pageBytes {
+		limit = d.pageBytes
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -108,7 +135,7 @@ func (d *updateDriver) readLog(req *prismv1.UpdateLogRequest) (*prismv1.UpdateLo
 		return nil, status.Error(codes.Unavailable, "this router stopped sequencing embedding updates (another router holds the election now); read the update log there")
 	}
 	models, more := d.seq.readLog(req.GetAfter(), req.GetTerm() != d.term, limit)
-	return &prismv1.UpdateLogResponse{Term: d.term, Models: models, More: more}, nil
+	return &prismv1.UpdateLogResponse{Term: d.term, Epoch: d.epoch, Models: models, More: more}, nil
 }
 
 // readUpdateLog serves Registry.UpdateLog: the log of this router's
@@ -132,13 +159,11 @@ type replica struct {
 	mu     sync.Mutex
 	term   uint64
 	models map[string]*replicaModel
-	// source is the router the copy is taken from: the holder last
-	// reported (follow), or this router when its own term ended (keep).
-	// fresh: the copy was taken from source since it became the holder.
-	// Only a fresh copy starts a sequencer: one taken from an earlier
-	// holder may hold updates under numbers a later holder gave others.
-	source string
-	fresh  bool
+	// epoch is the election epoch of the hold the copy comes from (0:
+	// not known: never started from); own: it is this router's own log,
+	// kept when its hold ended (keep).
+	epoch uint64
+	own   bool
 	// failures counts the pulls failed in a row.
 	failures int
 }
@@ -179,45 +204,40 @@ func (c *replica) after() (uint64, map[string]int64) {
 	return c.term, out
 }
 
-// follow is the report "the router at addr holds the election": the
-// copy is taken from it from now on.
-func (c *replica) follow(addr string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if addr != c.source {
-		c.source, c.fresh = addr, false
-	}
-}
-
-// keep is the report "this router's term (its sequencer s, term) ends":
-// its own log becomes the copy, fresh until another holder is
-// reported. Called under the driver's lock.
-func (c *replica) keep(self string, s *sequencer, term uint64) {
+// keep is the report "this router's hold (its sequencer s, term, of
+// epoch) ends": its own log becomes the copy. Called under the driver's
+// lock.
+func (c *replica) keep(s *sequencer, term, epoch uint64) {
 	models, _ := s.readLog(nil, true, math.MaxInt64)
 	c.mu.Lock()
-	c.source, c.fresh, c.models = self, false, nil
+	c.models, c.epoch = nil, epoch
 	c.mu.Unlock()
-	c.merge(self, &prismv1.UpdateLogResponse{Term: term, Models: models})
+	c.merge(&prismv1.UpdateLogResponse{Term: term, Epoch: epoch, Models: models})
+	c.mu.Lock()
+	c.own = true
+	c.mu.Unlock()
 }
 
-// merge takes an answer of the router at from in; one from a router
-// that is not the copy's source (the holder moved while the call was
-// under way) is dropped. An answer that does not fit the copy (entries
-// not consecutive, or not within the holder's log) is an error and
-// replaces nothing but that model's entries.
-func (c *replica) merge(from string, resp *prismv1.UpdateLogResponse) error {
+// merge takes an answer of the holder in; one of an older epoch than
+// the copy's (the holder changed while the call was under way) is
+// dropped. An answer that does not fit the copy (entries not
+// consecutive, or not within the holder's log) is an error and replaces
+// nothing but that model's entries. A page cut short (more) leaves the
+// models it does not name as they are.
+func (c *replica) merge(resp *prismv1.UpdateLogResponse) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if from != c.source {
+	if resp.GetEpoch() < c.epoch {
 		return nil
 	}
-	c.fresh = true
-	if resp.GetTerm() != c.term || c.models == nil {
-		c.term, c.models = resp.GetTerm(), map[string]*replicaModel{}
+	if resp.GetTerm() != c.term || resp.GetEpoch() != c.epoch || c.models == nil {
+		c.term, c.epoch, c.own, c.models = resp.GetTerm(), resp.GetEpoch(), false, map[string]*replicaModel{}
 	}
-	for name := range c.models {
-		if _, ok := resp.GetModels()[name]; !ok {
-			delete(c.models, name) // the holder keeps no log of it now
+	if !resp.GetMore() {
+		for name := range c.models {
+			if _, ok := resp.GetModels()[name]; !ok {
+				delete(c.models, name) // the holder keeps no log of it now
+			}
 		}
 	}
 	var bad error
@@ -276,7 +296,7 @@ func (rm *replicaModel) merge(ml *prismv1.ModelLog) error {
 // pull brings the copy up to the log of the sequencing router on conn:
 // pages until the answer is complete, or maxPages of them (the rest
 // comes at the next heartbeat).
-func (c *replica) pull(ctx context.Context, addr string, conn *grpc.ClientConn, timeout time.Duration, maxPages int) error {
+func (c *replica) pull(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration, maxPages int) error {
 	client := prismv1.NewRegistryClient(conn)
 	for range maxPages {
 		term, after := c.after()
@@ -287,7 +307,7 @@ func (c *replica) pull(ctx context.Context, addr string, conn *grpc.ClientConn, 
 		if err != nil {
 			return err
 		}
-		if err := c.merge(addr, resp); err != nil {
+		if err := c.merge(resp); err != nil {
 			return err
 		}
 		if !resp.GetMore() {
@@ -297,12 +317,13 @@ func (c *replica) pull(ctx context.Context, addr string, conn *grpc.ClientConn, 
 	return nil
 }
 
-// restoreTo starts s, a new term's sequencer, from the copy, if it is
-// fresh (stale: it was not, and is dropped).
-func (c *replica) restoreTo(s *sequencer) (models, updates int, stale bool) {
+// restoreTo starts s, the sequencer of this router's new hold of
+// epoch, from the copy, if it comes from the hold right before (stale:
+// it does not, and is dropped).
+func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, stale bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.fresh {
+	if epoch == 0 || c.epoch == 0 || (epoch != c.epoch+1 && !(epoch == c.epoch && c.own)) {
 		stale = len(c.models) > 0
 		c.models = nil
 		return 0, 0, stale
@@ -312,6 +333,10 @@ func (c *replica) restoreTo(s *sequencer) (models, updates int, stale bool) {
 		end := rm.end()
 		if end == 0 {
 			continue
+		}
+		if end < rm.next {
+			s.logf(slog.LevelWarn, "this router's copy of the update log ends before the previous holder's latest update as last heard; a worker holding the later ones is followed in the start-up window, and one lacking them is caught up only if the copy reaches them",
+				"model", name, "copy_ends", end, "holder_latest", rm.next, "holder_acknowledged", rm.committed)
 		}
 		s.restoreCopy(name, end, min(rm.committed, end), rm.floor, slices.Clone(rm.log))
 		models++
@@ -339,9 +364,9 @@ func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log 
 	}
 }
 
-// from is the copy's source.
-func (c *replica) from() string {
+// from is the epoch of the hold the copy comes from.
+func (c *replica) from() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.source
+	return c.epoch
 }

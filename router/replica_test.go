@@ -1,11 +1,15 @@
 package router
 
 import (
+	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -74,13 +78,12 @@ func TestReplicaMerge(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var c replica
-			c.follow("holder")
 			for i, st := range tc.steps {
-				resp := &prismv1.UpdateLogResponse{Term: st.term, Models: map[string]*prismv1.ModelLog{}}
+				resp := &prismv1.UpdateLogResponse{Term: st.term, Epoch: 3, Models: map[string]*prismv1.ModelLog{}}
 				if st.ml != nil {
 					resp.Models["m"] = st.ml
 				}
-				err := c.merge("holder", resp)
+				err := c.merge(resp)
 				if (err == nil) != (st.wantErr == "") || (err != nil && !strings.Contains(err.Error(), st.wantErr)) {
 					t.Fatalf("step %d: %v, want error %q", i, err, st.wantErr)
 				}
@@ -117,7 +120,7 @@ func TestUpdateLogServedBySequencerOnly(t *testing.T) {
 		t.Fatalf("follower: %v, want FailedPrecondition naming the sequencer", err)
 	}
 	el := testRouter(Options{Election: &handElection{self: "10.0.0.1:8500"}})
-	el.el.setLeader("10.0.0.2:8500")
+	el.el.setLeader("10.0.0.2:8500", 0)
 	_, err = el.Reg.UpdateLog(t.Context(), &prismv1.UpdateLogRequest{})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "10.0.0.2:8500") {
 		t.Fatalf("elected follower: %v, want FailedPrecondition naming the holder", err)
@@ -163,9 +166,83 @@ func FuzzUpdateLog(f *testing.F) {
 			}
 		}
 		var c replica
-		c.follow("holder")
-		if err := c.merge("holder", resp); err != nil {
+		if err := c.merge(resp); err != nil {
 			t.Fatal(err)
 		}
 	})
+}
+
+// bigEntry is an update of model of at most bytes as Updater measures
+// it.
+func bigEntry(model string, seq int64, bytes int) *prismv1.ApplyUpdateRequest {
+	req := &prismv1.UpdateRequest{Model: model, Table: "t", Ids: []int64{1}}
+	n := bytes - proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64}) - 5
+	n -= n % 4
+	for {
+		req.Rows = make([]byte, n)
+		if proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64}) <= bytes {
+			return &prismv1.ApplyUpdateRequest{Update: req, Seq: seq}
+		}
+		n -= 4
+	}
+}
+
+// Pages of the update log fit the holder's message limit (its
+// --max-message-bytes), headers of many models and the largest update
+// it accepts included: the copy gets everything over a few pulls.
+// Before, a page of the largest update beside 60 models' numbers, or of
+// three 4 MiB updates under an 8 MiB limit, was over the limit: every
+// pull failed and the copy never moved (found by review).
+func TestUpdateLogPagesFitTheLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		maxSend int
+		fill    func(s *sequencer, largest int)
+		want    map[string]int64
+	}{
+		{"default limit, largest update, 60 models", 64 << 20, func(s *sequencer, largest int) {
+			s.restore("big", 1, 1, 0, []*prismv1.ApplyUpdateRequest{bigEntry("big", 1, largest)})
+			for i := range 60 {
+				s.restore(fmt.Sprintf("model-with-a-longer-name-%02d", i), 2, 2, 1, entries(2, 2))
+			}
+		}, map[string]int64{"big": 1, "model-with-a-longer-name-00": 2, "model-with-a-longer-name-59": 2}},
+		{"8 MiB limit, updates of 4 MiB", 8 << 20, func(s *sequencer, largest int) {
+			var log []*prismv1.ApplyUpdateRequest
+			for seq := int64(1); seq <= 3; seq++ {
+				log = append(log, bigEntry("m", seq, 4<<20))
+			}
+			log = append(log, bigEntry("m", 4, largest))
+			s.restore("m", 4, 4, 0, log)
+		}, map[string]int64{"m": 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testRouter(Options{MaxMessageBytes: tc.maxSend})
+			tc.fill(r.upd.seq, r.Updater().maxBytes)
+			addr, lis := listen(t)
+			s := grpc.NewServer(grpc.MaxRecvMsgSize(tc.maxSend), grpc.MaxSendMsgSize(tc.maxSend)) // as internal/serve does
+			prismv1.RegisterRegistryServer(s, r.Reg)
+			go s.Serve(lis)
+			t.Cleanup(s.Stop)
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialInproc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			var c replica
+			for hb := range 3 {
+				if err := c.pull(t.Context(), conn, time.Minute, 16); err != nil {
+					t.Fatalf("heartbeat %d: %v", hb, err)
+				}
+			}
+			_, after := c.after()
+			for model, end := range tc.want {
+				if after[model] != end {
+					t.Errorf("the copy of %s ends at %d, want %d", model, after[model], end)
+				}
+			}
+			if len(after) != len(r.upd.seq.models) {
+				t.Errorf("the copy holds %d models, the holder %d", len(after), len(r.upd.seq.models))
+			}
+		})
+	}
 }

@@ -66,6 +66,11 @@ type Options struct {
 	MaxInflightBytes int64
 	// MaxContextBytes bounds one request's shared context (default 4 MiB).
 	MaxContextBytes int
+	// MaxMessageBytes is the gRPC message limit of the router's server
+	// (default 64 MiB, serve's): an update must fit it with room to
+	// spare, and a page of the update log (Registry.UpdateLog) is cut
+	// to fit it.
+	MaxMessageBytes int
 	// MaxStreams bounds the RecommendStream streams open at once
 	// (default 1024); one more is ResourceExhausted.
 	MaxStreams int
@@ -164,6 +169,9 @@ func (o *Options) EnsureDefaults() {
 	if o.MaxContextBytes <= 0 {
 		o.MaxContextBytes = DefaultMaxContextBytes
 	}
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = 64 << 20
+	}
 	if o.MaxStreams <= 0 {
 		o.MaxStreams = DefaultMaxStreams
 	}
@@ -214,8 +222,10 @@ type Router struct {
 	fol     *follower
 	seqConn *grpc.ClientConn
 	seqAddr string
-	// polling: a poll of the sequencer's view is under way (describe.go).
+	// polling: a poll of the sequencer's view is under way (describe.go);
+	// copying: a pull of its update log (replica.go).
 	polling atomic.Bool
+	copying atomic.Bool
 	// el is set when the routers elect the one that sequences updates
 	// (Options.Election, elect.go); upd and fol are then its own.
 	el *elected
@@ -293,6 +303,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		return r, nil
 	}
 	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
+	r.upd.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
 	if o.UpdateLogDir != "" {
 		l, err := openUpdateLog(o.UpdateLogDir, o.UpdateLogFS)
 		if err != nil {
@@ -361,6 +372,12 @@ func (r *Router) Run(ctx context.Context) {
 				go func() {
 					defer r.polling.Store(false)
 					r.pollSequencer(ctx)
+				}()
+			}
+			if r.el != nil && r.copying.CompareAndSwap(false, true) {
+				go func() {
+					defer r.copying.Store(false)
+					r.copySequencerLog(ctx)
 				}()
 			}
 		}

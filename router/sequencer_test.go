@@ -85,9 +85,10 @@ type seqScript struct {
 	failWrites bool
 	// copy is a following router's copy of this sequencer's log
 	// (replica.go), taken by copy, started from by take-over; term
-	// names the sequencer's term.
-	copy replica
-	term uint64
+	// names the sequencer's term, epoch its hold's election epoch.
+	copy  replica
+	term  uint64
+	epoch uint64
 }
 
 // diskModel is one model's update log as written.
@@ -324,22 +325,17 @@ func (h *seqScript) do(line string) []string {
 		return out
 	case "copy":
 		// A follower pulls the log, in answers of at most page-bytes, as
-		// many as it takes; from=other: the answers come from a router
-		// that is not the copy's source (the holder moved meanwhile).
+		// many as it takes; the answers carry the holder's epoch (epoch=N:
+		// another, an answer from an earlier hold arriving late).
 		if h.term == 0 {
-			h.term = 1
+			h.term, h.epoch = 1, 1
 		}
-		if arg("term", "") == "new" {
-			h.term++
-		}
-		if h.copy.source == "" {
-			h.copy.follow("holder")
-		}
+		epoch := uint64(num(arg("epoch", fmt.Sprint(h.epoch))))
 		var out []string
 		for page := 1; ; page++ {
 			term, after := h.copy.after()
 			models, more := h.s.readLog(after, term != h.term, num(arg("page-bytes", "16777216")))
-			if err := h.copy.merge(arg("from", "holder"), &prismv1.UpdateLogResponse{Term: h.term, Models: models, More: more}); err != nil {
+			if err := h.copy.merge(&prismv1.UpdateLogResponse{Term: h.term, Epoch: epoch, Models: models, More: more}); err != nil {
 				out = append(out, "error: "+err.Error())
 			}
 			if !more {
@@ -349,22 +345,22 @@ func (h *seqScript) do(line string) []string {
 		}
 		for _, name := range slices.Sorted(maps.Keys(h.copy.models)) {
 			rm := h.copy.models[name]
-			out = append(out, fmt.Sprintf("copy %s next=%d committed=%d floor=%d holds=%d..%d fresh=%v", name, rm.next, rm.committed, rm.floor, rm.floor+1, rm.end(), h.copy.fresh))
+			out = append(out, fmt.Sprintf("copy %s next=%d committed=%d floor=%d holds=%d..%d epoch=%d", name, rm.next, rm.committed, rm.floor, rm.floor+1, rm.end(), h.copy.epoch))
 		}
 		return out
-	case "holder":
-		// Another router is reported holding the election: the copy is
-		// taken from it from now on.
-		need(1)
-		h.copy.follow(pos[0])
 	case "take-over":
-		// The copy's router is elected: a new term's sequencer, started
-		// from the copy (no disk).
+		// The copy's router is elected (epoch=N: its hold's epoch, by
+		// default the next): a new term's sequencer, started from the
+		// copy (no disk).
 		h.now = h.now.Add(dur(arg("after", "0s")))
+		if h.term == 0 {
+			h.term, h.epoch = 1, 1
+		}
+		h.epoch = uint64(num(arg("epoch", fmt.Sprint(h.epoch+1))))
 		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
 		h.term++
 		h.disk, h.durable = map[string]*diskModel{}, map[string]int64{}
-		models, updates, stale := h.copy.restoreTo(h.s)
+		models, updates, stale := h.copy.restoreTo(h.s, h.epoch)
 		for name, m := range h.s.models {
 			h.durable[name] = m.next // an in-memory log holds what it holds
 		}

@@ -78,13 +78,17 @@ type Updater struct {
 	fol     *follower // nil: this router sequences
 	el      *elected  // set: the sequencing router is elected (elect.go)
 	timeout time.Duration
+	// maxBytes is the largest update taken: under the workers' limit and
+	// the router's own (Options.MaxMessageBytes), whose pages of the
+	// update log must carry it (replica.go).
+	maxBytes int
 }
 
 var _ prismv1.EmbeddingsServer = (*Updater)(nil)
 
 // Updater returns the Embeddings service of r.
 func (r *Router) Updater() *Updater {
-	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, el: r.el, timeout: r.opts.DefaultTimeout}
+	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, el: r.el, timeout: r.opts.DefaultTimeout, maxBytes: min(maxUpdateBytes, r.opts.MaxMessageBytes-logPageMargin)}
 }
 
 // maxUpdateBytes is the largest ApplyUpdateRequest sent to a worker:
@@ -126,8 +130,8 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	// Wrapped for the workers, the update must still fit their message
 	// limit; a seq whose update cannot be sent would hold up every later
 	// one.
-	if size := proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64}); size > maxUpdateBytes {
-		return nil, status.Errorf(codes.InvalidArgument, "update of %d bytes: the limit is %d; split it", size, maxUpdateBytes)
+	if size := proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64}); size > u.maxBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "update of %d bytes: the limit is %d; split it", size, u.maxBytes)
 	}
 	return d.update(ctx, req)
 }
@@ -204,6 +208,12 @@ type updateDriver struct {
 	// term names this sequencer's term for the copies of its log other
 	// routers keep (replica.go).
 	term uint64
+	// epoch is the election's epoch of the hold this sequencer serves
+	// (0: not elected, or not known).
+	epoch uint64
+	// pageBytes bounds a page of the update log served to other routers
+	// (replica.go).
+	pageBytes int64
 
 	mu  sync.Mutex
 	seq *sequencer
@@ -466,7 +476,7 @@ func (d *updateDriver) tick(ctx context.Context) {
 
 func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout, workerTimeout time.Duration,
 	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)) *updateDriver {
-	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, term: newTerm(), runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
+	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, term: newTerm(), pageBytes: maxLogPage, runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
 	d.wcond = sync.NewCond(&d.wmu)
 	return d
 }

@@ -1326,8 +1326,13 @@ type UpdateLogResponse struct {
 	// models is every model whose updates were numbered, with the entries
 	// due to the caller.
 	Models map[string]*ModelLog `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// more: max_bytes cut the entries short; ask again.
-	More          bool `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
+	// more: max_bytes cut the entries short (and models may lack models
+	// the log holds); ask again.
+	More bool `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
+	// epoch is the election's epoch of this router's hold (the Lease's
+	// holder changes plus one; 0: not known or not elected): a copy is
+	// started from only by the holder of the next epoch.
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1381,6 +1386,13 @@ func (x *UpdateLogResponse) GetMore() bool {
 		return x.More
 	}
 	return false
+}
+
+func (x *UpdateLogResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 // ModelLog is one model's update log.
@@ -1580,11 +1592,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
 	"AfterEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xcb\x01\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xe1\x01\n" +
 	"\x11UpdateLogResponse\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12?\n" +
 	"\x06models\x18\x02 \x03(\v2'.prism.v1.UpdateLogResponse.ModelsEntryR\x06models\x12\x12\n" +
-	"\x04more\x18\x03 \x01(\bR\x04more\x1aM\n" +
+	"\x04more\x18\x03 \x01(\bR\x04more\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x1aM\n" +
 	"\vModelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
 	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ModelLogR\x05value:\x028\x01\"\x8a\x01\n" +

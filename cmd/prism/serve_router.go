@@ -53,6 +53,7 @@ func newServeRouterCmd() *cobra.Command {
 			}
 			so.Logger, ro.Logger = log, log
 			so.MaxMessageBytes = maxMessage
+			ro.MaxMessageBytes = maxMessage
 			tlsFlags.Warn(cmd.ErrOrStderr(), "the router")
 			so.MetricsRequireClientCert = tlsFlags.MetricsClientCert
 			if so.TLS, err = tlsFlags.Server(auth.Router, auth.ServerTLSOptions{AllowNoClientCert: tokenFile != ""}); err != nil {

@@ -42,7 +42,7 @@ func TestElectionOnAPIServer(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			e.Run(ctx, func(addr string) {
+			e.Run(ctx, func(addr string, _ uint64) {
 				v.mu.Lock()
 				v.view, v.at = addr, time.Now()
 				v.mu.Unlock()

@@ -98,7 +98,10 @@ type Elector struct {
 	// the holder last seen in the Lease.
 	leading  bool
 	observed string
-	changed  chan struct{}
+	// epoch is the Lease's count of holder changes (leaseTransitions)
+	// plus one, read when this elector's hold began; 0: not known.
+	epoch   uint64
+	changed chan struct{}
 }
 
 // New makes an Elector; it reaches the API server only in Run.
@@ -153,24 +156,28 @@ func (e *Elector) Identity() string { return e.o.Identity }
 // view changes: Identity() while this elector holds the Lease, the
 // holder's identity while another does, "" while none is known (no
 // holder yet, or this elector's hold just ended: the Lease may still
-// name it until another takes it).
-func (e *Elector) Run(ctx context.Context, leader func(addr string)) {
+// name it until another takes it). While this elector holds the Lease,
+// epoch is the Lease's leaseTransitions plus one as its hold began:
+// client-go adds one each time a different identity takes the Lease, so
+// the hold follows the one of epoch-1 directly, or is this elector's
+// own of the same epoch taken back with no other between (0: not known).
+func (e *Elector) Run(ctx context.Context, leader func(addr string, epoch uint64)) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		reported := ""
+		reported, reportedEpoch := "", uint64(0)
 		for {
 			select {
 			case <-e.changed:
 			case <-ctx.Done():
 				if reported != "" {
-					leader("")
+					leader("", 0)
 				}
 				return
 			}
-			if v := e.view(); v != reported {
-				reported = v
-				leader(v)
+			if v, ep := e.view(); v != reported || ep != reportedEpoch {
+				reported, reportedEpoch = v, ep
+				leader(v, ep)
 			}
 		}
 	}()
@@ -189,9 +196,10 @@ func (e *Elector) Run(ctx context.Context, leader func(addr string)) {
 				// taken only while its context lives (client-go cancels
 				// it before it calls OnStoppedLeading).
 				OnStartedLeading: func(rctx context.Context) {
+					epoch := e.readEpoch(rctx)
 					e.set(func() {
 						if rctx.Err() == nil {
-							e.leading = true
+							e.leading, e.epoch = true, epoch
 						}
 					})
 				},
@@ -221,17 +229,35 @@ func (e *Elector) set(f func()) {
 	}
 }
 
-// view is the holder as Run reports it.
-func (e *Elector) view() string {
+// view is the holder as Run reports it, and the epoch of this
+// elector's hold.
+func (e *Elector) view() (string, uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch {
 	case e.leading:
-		return e.o.Identity
+		return e.o.Identity, e.epoch
 	case e.observed == e.o.Identity:
 		// The Lease still names this elector, which does not hold it
 		// (its hold ended, or it is about to take it back).
-		return ""
+		return "", 0
 	}
-	return e.observed
+	return e.observed, 0
+}
+
+// readEpoch reads the Lease this elector has just taken: its
+// leaseTransitions plus one, or 0 when it cannot be read or names
+// another holder already.
+func (e *Elector) readEpoch(ctx context.Context) uint64 {
+	// Read with a client call of its own: the LeaseLock is client-go's
+	// elector's, and not safe beside it.
+	l, err := e.o.Leases.Leases(e.o.Namespace).Get(ctx, e.o.Name, metav1.GetOptions{})
+	switch {
+	case err != nil:
+		e.o.Logger.Warn("cannot read the update sequencing lease's transitions; this router starts sequencing without the previous holder's update log", "lease", e.o.Namespace+"/"+e.o.Name, "err", err)
+		return 0
+	case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.o.Identity || l.Spec.LeaseTransitions == nil || *l.Spec.LeaseTransitions < 0:
+		return 0
+	}
+	return uint64(*l.Spec.LeaseTransitions) + 1
 }

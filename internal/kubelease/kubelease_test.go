@@ -51,6 +51,7 @@ type candidate struct {
 
 type view struct {
 	leader string
+	epoch  uint64
 	at     time.Time
 }
 
@@ -83,9 +84,9 @@ func (cl *cluster) start(t *testing.T, name string) *candidate {
 	c.cancel = cancel
 	go func() {
 		defer close(c.done)
-		e.Run(ctx, func(leader string) {
+		e.Run(ctx, func(leader string, epoch uint64) {
 			c.mu.Lock()
-			c.views = append(c.views, view{leader, time.Now()})
+			c.views = append(c.views, view{leader, epoch, time.Now()})
 			c.mu.Unlock()
 		})
 	}()
@@ -141,6 +142,15 @@ func TestFailover(t *testing.T) {
 				<-a.done
 			}
 			took := waitFor(t, b, "10.0.0.2:8500", leaseDuration+5*retryPeriod).Sub(stopped)
+			// Each hold's epoch: the Lease's holder changes plus one, so
+			// b's follows a's directly (a router's copy of the update log
+			// is used only then, router/replica.go).
+			a.mu.Lock()
+			ea := a.views[0].epoch
+			a.mu.Unlock()
+			if eb := b.last().epoch; ea != 1 || eb != 2 {
+				t.Errorf("epochs: a's hold %d, b's %d; want 1 and 2", ea, eb)
+			}
 			t.Logf("leader failover (%s): %v (lease %v, renew deadline %v, retry %v; fake API server)", c.name, took.Round(time.Millisecond), leaseDuration, renewDeadline, retryPeriod)
 			if took > c.within {
 				t.Errorf("failover took %v, want at most %v", took, c.within)
