@@ -86,11 +86,14 @@ func newTerm() uint64 {
 // numbered, the numbers and the entries after after[model] (from the
 // oldest when the copy is of another term, fresh, or ends outside the
 // log), in a page of at most maxBytes (headers counted), which holds at
-// least one entry when one is due. more: cut short; the models after
-// the cut are not in the page.
+// least one entry when one is due: one entry larger than the bound has
+// a page of its own, with its model's numbers only. more: cut short;
+// the models after the cut (or beside the large entry) are not in the
+// page.
 func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) (out map[string]*prismv1.ModelLog, more bool) {
 	out = map[string]*prismv1.ModelLog{}
 	var bytes int64
+	entries := 0
 	for _, name := range slices.Sorted(maps.Keys(s.models)) {
 		m := s.models[name]
 		if m.next == 0 {
@@ -111,13 +114,19 @@ func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) 
 		for seq := from; seq <= m.next; seq++ {
 			e := m.log[seq-m.floor-1]
 			size := int64(proto.Size(e)) + 8
-			if bytes+size > maxBytes && (len(out) > 1 || len(ml.Entries) > 0) {
-				// Only an entry alone with its model's numbers may pass
-				// the bound (it fits the message limit, Updater).
+			if bytes+size > maxBytes {
+				if entries == 0 {
+					// An entry over the bound goes in a page of its own,
+					// with its model's numbers alone (it fits the message
+					// limit, Updater).
+					ml.Entries = append(ml.Entries, e)
+					return map[string]*prismv1.ModelLog{name: ml}, true
+				}
 				return out, true
 			}
 			ml.Entries = append(ml.Entries, e)
 			bytes += size
+			entries++
 		}
 	}
 	return out, false
@@ -227,7 +236,7 @@ func (c *replica) keep(s *sequencer, term, epoch uint64) {
 func (c *replica) merge(resp *prismv1.UpdateLogResponse) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if resp.GetEpoch() < c.epoch {
+	if sameLease(resp.GetEpoch(), c.epoch) && resp.GetEpoch() < c.epoch {
 		return nil
 	}
 	if resp.GetTerm() != c.term || resp.GetEpoch() != c.epoch || c.models == nil {
@@ -363,6 +372,10 @@ func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log 
 		s.any = true
 	}
 }
+
+// sameLease says whether two epochs count the holds of one Lease (its
+// uid's hash in the high 32 bits, kubelease.Epoch): only those compare.
+func sameLease(a, b uint64) bool { return a>>32 == b>>32 }
 
 // from is the epoch of the hold the copy comes from.
 func (c *replica) from() uint64 {

@@ -246,3 +246,42 @@ func TestUpdateLogPagesFitTheLimit(t *testing.T) {
 		})
 	}
 }
+
+// An update larger than a page in a model that is not the first by
+// name is copied in a page of its own, and the models after it too.
+// Before, every page began with the models before it and the large
+// entry never fit: the copy stopped there (found by review).
+func TestUpdateLogLargeEntryOfALaterModel(t *testing.T) {
+	r := testRouter(Options{})
+	largest := r.Updater().maxBytes
+	s := r.upd.seq
+	s.restore("a-small", 1, 1, 0, entries(1, 1))
+	s.restore("m-big", 2, 2, 0, []*prismv1.ApplyUpdateRequest{bigEntry("m-big", 1, 1<<10), bigEntry("m-big", 2, largest)})
+	s.restore("z-small", 1, 1, 0, entries(1, 1))
+	var c replica
+	for page := 0; ; page++ {
+		if page > 8 {
+			t.Fatal("the copy is not complete after 8 pages")
+		}
+		term, after := c.after()
+		resp, err := r.upd.readLog(&prismv1.UpdateLogRequest{Term: term, After: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if size := proto.Size(resp); size > r.opts.MaxMessageBytes {
+			t.Fatalf("page %d: %d bytes, over the limit %d", page, size, r.opts.MaxMessageBytes)
+		}
+		if err := c.merge(resp); err != nil {
+			t.Fatal(err)
+		}
+		if !resp.GetMore() {
+			break
+		}
+	}
+	_, after := c.after()
+	for model, want := range map[string]int64{"a-small": 1, "m-big": 2, "z-small": 1} {
+		if after[model] != want {
+			t.Errorf("the copy of %s ends at %d, want %d", model, after[model], want)
+		}
+	}
+}

@@ -281,6 +281,9 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}
 	}
+	if o.MaxMessageBytes < 1<<20 {
+		return nil, fmt.Errorf("router: a message limit of %d bytes: want at least 1 MiB (updates and pages of the update log must fit it)", o.MaxMessageBytes)
+	}
 	if o.Sequencer != "" && o.UpdateLogDir != "" {
 		return nil, fmt.Errorf("router: an update log (%q) is kept by the router that sequences updates, and this one follows %s", o.UpdateLogDir, o.Sequencer)
 	}

@@ -10,7 +10,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -124,9 +127,14 @@ func New(o Options) (*Elector, error) {
 	return &Elector{
 		o: o,
 		lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name},
-			Client:     o.Leases,
-			LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity},
+			LeaseMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name},
+			Client:    o.Leases,
+			// The Lease names this process, not only its address: a
+			// router restarted under the same address (a Pod's container
+			// restart) is another holder to client-go, which then counts
+			// the change (leaseTransitions, the epoch), instead of taking
+			// the crashed process's hold back as its own.
+			LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity + processMark + strconv.FormatUint(rand.Uint64(), 36)},
 			Labels:     map[string]string{"app.kubernetes.io/part-of": "prism"},
 		},
 		changed: make(chan struct{}, 1),
@@ -204,7 +212,10 @@ func (e *Elector) Run(ctx context.Context, leader func(addr string, epoch uint64
 					})
 				},
 				OnStoppedLeading: func() { e.set(func() { e.leading = false }) },
-				OnNewLeader:      func(id string) { e.set(func() { e.observed = id }) },
+				OnNewLeader: func(id string) {
+					addr, _, _ := strings.Cut(id, processMark)
+					e.set(func() { e.observed = addr })
+				},
 			},
 		})
 		if err != nil {
@@ -256,8 +267,22 @@ func (e *Elector) readEpoch(ctx context.Context) uint64 {
 	case err != nil:
 		e.o.Logger.Warn("cannot read the update sequencing lease's transitions; this router starts sequencing without the previous holder's update log", "lease", e.o.Namespace+"/"+e.o.Name, "err", err)
 		return 0
-	case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.o.Identity || l.Spec.LeaseTransitions == nil || *l.Spec.LeaseTransitions < 0:
+	case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.lock.Identity() || l.Spec.LeaseTransitions == nil || *l.Spec.LeaseTransitions < 0:
 		return 0
 	}
-	return uint64(*l.Spec.LeaseTransitions) + 1
+	return Epoch(string(l.UID), *l.Spec.LeaseTransitions)
+}
+
+// processMark separates a router's address from its process's mark in
+// the Lease's holder identity.
+const processMark = "#"
+
+// Epoch is the epoch of a hold of the Lease whose uid is uid, taken at
+// leaseTransitions transitions: a hash of the uid in the high 32 bits
+// (a Lease deleted and made again starts its count over under another
+// uid), the transitions plus one in the low 32.
+func Epoch(uid string, transitions int32) uint64 {
+	h := fnv.New32a()
+	h.Write([]byte(uid))
+	return uint64(h.Sum32())<<32 | uint64(uint32(transitions)+1)
 }
