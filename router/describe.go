@@ -62,18 +62,21 @@ func (d *updateDriver) describe() map[string]*prismv1.ModelUpdates {
 }
 
 // describeUpdates fills Registry.List's updates: this router's
-// sequencer's view, when this router sequences (nil when it follows).
-func (r *Router) describeUpdates() map[string]*prismv1.ModelUpdates {
+// sequencer's view, and whether it sequences now (a router that follows
+// answers nil, false).
+func (r *Router) describeUpdates() (map[string]*prismv1.ModelUpdates, bool) {
+	var d *updateDriver
 	switch {
 	case r.el != nil:
-		if t := r.el.term.Load(); t.d != nil {
-			return t.d.describe()
-		}
-		return nil
-	case r.fol != nil:
-		return nil
+		d = r.el.term.Load().d
+	case r.fol == nil:
+		d = r.upd
 	}
-	return r.upd.describe()
+	if d == nil {
+		return nil, false
+	}
+	u := d.describe()
+	return u, u != nil // nil once it resigned
 }
 
 // pollSequencer fetches the sequencer's view for the follower (one

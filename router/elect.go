@@ -28,8 +28,9 @@ type Election interface {
 	// holder's address while another does, "" while none is known.
 	// While this router holds it, epoch numbers its hold: one more than
 	// the hold right before, or the same when this router takes its own
-	// hold back with no other between (a Lease's leaseTransitions plus
-	// one); 0 when not known (a copy of the update log is then not
+	// hold back with no other between (kubelease.Epoch: a Lease's
+	// leaseTransitions plus one, a hash of its uid in the high 32 bits);
+	// 0 when not known (a copy of the update log is then not
 	// started from, replica.go).
 	Run(ctx context.Context, leader func(addr string, epoch uint64))
 }

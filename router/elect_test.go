@@ -449,3 +449,34 @@ func TestElectedUnseenHolder(t *testing.T) {
 		t.Errorf("A did not say it drops its copy:\n%s", rig.logs.String())
 	}
 }
+
+// While a holder's restarted process waits for the crashed one's Lease
+// to expire it answers at the holder's address without sequencing. A
+// follower polling it keeps its last view of the sequencer's instead of
+// taking the empty answer for it, so a worker lacking an acknowledged
+// update stays out of its lookups; before, its floor dropped to 0 and
+// the worker served (found by review).
+func TestElectedRestartedHolderEmptyView(t *testing.T) {
+	rig := newElectRig(t, 3)
+	rig.lead(0)
+	rig.advance()
+	rig.cns[2].setDown(true)
+	if err := rig.update(0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rig.cns[2].setDown(false)
+	rig.announce()
+	rig.rs[1].pollSequencer(context.Background())
+	// Worker 1 lost its store: the up-to-date workers are fewer than the
+	// quorum, so announcements alone cannot hold the bar.
+	rig.rs[1].Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+		Id: "cpu" + rig.cnAt[1], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.cnAt[1], Models: []string{"m"}, Healthy: true,
+		UpdateSeq: map[string]int64{"m": 0}}})
+	rig.rs[0].el.setLeader("", 0) // the restarted process's view while the Lease names the crashed one
+	rig.rs[1].pollSequencer(context.Background())
+	others := []string{"cpu" + rig.cnAt[0], "cpu" + rig.cnAt[1]}
+	if _, release, err := rig.rs[1].Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others); err == nil {
+		release()
+		t.Fatal("router 1 sends lookups to worker 2, which lacks acknowledged update 1")
+	}
+}

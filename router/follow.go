@@ -241,6 +241,12 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 		resp, err = prismv1.NewRegistryClient(conn).List(cctx, &prismv1.ListRequest{})
 		cancel()
 	}
+	if err == nil && !resp.GetSequencing() {
+		// The router there does not sequence now (the holder's restarted
+		// process, say, while the Lease still names the crashed one): its
+		// empty view is not the sequencer's.
+		err = fmt.Errorf("%s does not sequence embedding updates now", addr)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {

@@ -99,7 +99,7 @@ type Registry struct {
 	podsGone map[string]PodName
 	// describe, when set, fills List's updates (describe.go); called
 	// without mu.
-	describe func() map[string]*prismv1.ModelUpdates
+	describe func() (map[string]*prismv1.ModelUpdates, bool)
 	// readLog, when set, serves UpdateLog (replica.go).
 	readLog func(*prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error)
 }
@@ -371,7 +371,7 @@ func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListRes
 	resp := &prismv1.ListResponse{Workers: out}
 	if r.describe != nil {
 		r.mu.Unlock()
-		resp.Updates = r.describe()
+		resp.Updates, resp.Sequencing = r.describe()
 		r.mu.Lock() // the deferred Unlock
 	}
 	return resp, nil

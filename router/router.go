@@ -243,8 +243,8 @@ type routerMetrics struct {
 }
 
 // New makes a router; register its metrics with reg (may be nil). It
-// panics where Open would fail (only with Options.UpdateLogDir set):
-// use Open then.
+// panics where Open would fail (Options.UpdateLogDir that cannot be
+// opened, options that do not go together): use Open then.
 func New(o Options, reg prometheus.Registerer) *Router {
 	r, err := Open(o, reg)
 	if err != nil {
@@ -257,6 +257,9 @@ func New(o Options, reg prometheus.Registerer) *Router {
 // opens the update log there and starts from what it holds.
 func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	o.EnsureDefaults()
+	if o.MaxMessageBytes < 1<<20 {
+		return nil, fmt.Errorf("router: a message limit of %d bytes: want at least 1 MiB (updates and pages of the update log must fit it)", o.MaxMessageBytes)
+	}
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
 	r.started = r.Reg.now()
 	r.share = newShareCtl(o.AdmitShare)
@@ -280,9 +283,6 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		if r.lim != nil {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}
-	}
-	if o.MaxMessageBytes < 1<<20 {
-		return nil, fmt.Errorf("router: a message limit of %d bytes: want at least 1 MiB (updates and pages of the update log must fit it)", o.MaxMessageBytes)
 	}
 	if o.Sequencer != "" && o.UpdateLogDir != "" {
 		return nil, fmt.Errorf("router: an update log (%q) is kept by the router that sequences updates, and this one follows %s", o.UpdateLogDir, o.Sequencer)

@@ -1113,7 +1113,14 @@ type ListResponse struct {
 	// updates is filled by a router that sequences embedding updates, per
 	// model that has had updates: what a router that follows it needs to
 	// choose embedding workers for lookups (router/follow.go).
-	Updates       map[string]*ModelUpdates `protobuf:"bytes,2,rep,name=updates,proto3" json:"updates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Updates map[string]*ModelUpdates `protobuf:"bytes,2,rep,name=updates,proto3" json:"updates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// sequencing: the answering router sequences embedding updates now, so
+	// updates is its view (empty: no model has had updates). A router that
+	// does not (it follows another, or an elected one does not hold the
+	// election, say a holder's restarted process while the Lease still
+	// names the crashed one) answers false, and a follower keeps its last
+	// view rather than taking the empty one for the sequencer's.
+	Sequencing    bool `protobuf:"varint,3,opt,name=sequencing,proto3" json:"sequencing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1160,6 +1167,13 @@ func (x *ListResponse) GetUpdates() map[string]*ModelUpdates {
 		return x.Updates
 	}
 	return nil
+}
+
+func (x *ListResponse) GetSequencing() bool {
+	if x != nil {
+		return x.Sequencing
+	}
+	return false
 }
 
 // ModelUpdates is the sequencing router's view of one model's updates.
@@ -1572,10 +1586,13 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\fLeaveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rLeaveResponse\"\r\n" +
-	"\vListRequest\"\xd1\x01\n" +
+	"\vListRequest\"\xf1\x01\n" +
 	"\fListResponse\x12.\n" +
 	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers\x12=\n" +
-	"\aupdates\x18\x02 \x03(\v2#.prism.v1.ListResponse.UpdatesEntryR\aupdates\x1aR\n" +
+	"\aupdates\x18\x02 \x03(\v2#.prism.v1.ListResponse.UpdatesEntryR\aupdates\x12\x1e\n" +
+	"\n" +
+	"sequencing\x18\x03 \x01(\bR\n" +
+	"sequencing\x1aR\n" +
 	"\fUpdatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\x9e\x01\n" +

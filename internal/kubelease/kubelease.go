@@ -70,6 +70,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("lease %q/%q: a namespace and a name are needed", o.Namespace, o.Name)
 	case o.Identity == "":
 		return errors.New("no identity: the address the other routers dial this one at is needed")
+	case strings.Contains(o.Identity, processMark):
+		return fmt.Errorf("identity %q: an address without %q (it marks the process in the Lease)", o.Identity, processMark)
 	case o.LeaseDuration < time.Second:
 		// The Lease records whole seconds.
 		return fmt.Errorf("lease duration %v: at least 1s", o.LeaseDuration)
@@ -101,8 +103,9 @@ type Elector struct {
 	// the holder last seen in the Lease.
 	leading  bool
 	observed string
-	// epoch is the Lease's count of holder changes (leaseTransitions)
-	// plus one, read when this elector's hold began; 0: not known.
+	// epoch is the epoch of this elector's hold (Epoch: the Lease's uid
+	// and its count of holder changes), read when the hold began; 0: not
+	// known.
 	epoch   uint64
 	changed chan struct{}
 }
@@ -165,7 +168,8 @@ func (e *Elector) Identity() string { return e.o.Identity }
 // holder's identity while another does, "" while none is known (no
 // holder yet, or this elector's hold just ended: the Lease may still
 // name it until another takes it). While this elector holds the Lease,
-// epoch is the Lease's leaseTransitions plus one as its hold began:
+// epoch is Epoch of the Lease as its hold began (its uid's hash, and
+// leaseTransitions plus one):
 // client-go adds one each time a different identity takes the Lease, so
 // the hold follows the one of epoch-1 directly, or is this elector's
 // own of the same epoch taken back with no other between (0: not known).
@@ -257,7 +261,7 @@ func (e *Elector) view() (string, uint64) {
 }
 
 // readEpoch reads the Lease this elector has just taken: its
-// leaseTransitions plus one, or 0 when it cannot be read or names
+// Epoch, or 0 when it cannot be read or names
 // another holder already.
 func (e *Elector) readEpoch(ctx context.Context) uint64 {
 	// Read with a client call of its own: the LeaseLock is client-go's
