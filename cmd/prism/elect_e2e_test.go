@@ -157,6 +157,7 @@ func TestElectedFailoverCatchUp(t *testing.T) {
 	workers[2].cmd.Wait()
 	update(a, 2)
 	time.Sleep(time.Second) // five heartbeats: the copy is pulled
+	killed := time.Now()
 	routers[a].cmd.Process.Kill()
 	routers[a].cmd.Wait()
 	back := embedding(2) // on its store: holds update 1
@@ -165,7 +166,9 @@ func TestElectedFailoverCatchUp(t *testing.T) {
 			t.Fatalf("router %d never took the Lease over (holder %d)", b, holder())
 		}
 	}
+	tookOver := time.Since(killed)
 	holds(b, back.addr, 2, 20*time.Second)
+	t.Logf("holder killed: the other router held the Lease after %v, and worker 3 held update 2 after %v (lease 2 s, heartbeat 200 ms)", tookOver.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
 	if !strings.Contains(routers[b].log.String(), "starts from its copy") {
 		t.Errorf("router %d did not say it started from its copy:\n%s", b, routers[b].log.String())
 	}
