@@ -87,18 +87,32 @@ func newTerm() uint64 {
 // oldest when the copy is of another term, fresh, or ends outside the
 // log), in a page of at most maxBytes (headers counted), which holds at
 // least one entry when one is due: one entry larger than the bound has
-// a page of its own, with its model's numbers only. more: cut short;
-// the models after the cut (or beside the large entry) are not in the
-// page.
+// a page of its own, with its model's numbers only. The models with
+// entries due come first, so the numbers of many models cannot crowd
+// the entries out of every page. more: cut short; the models after the
+// cut (or beside the large entry) are not in the page.
 func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) (out map[string]*prismv1.ModelLog, more bool) {
+	from := func(name string, m *modelSeq) int64 {
+		if a, ok := after[name]; ok && !fresh && a >= m.floor && a <= m.next {
+			return a + 1
+		}
+		return m.floor + 1
+	}
+	var due, rest []string
+	for _, name := range slices.Sorted(maps.Keys(s.models)) {
+		switch m := s.models[name]; {
+		case m.next == 0:
+		case from(name, m) <= m.next:
+			due = append(due, name)
+		default:
+			rest = append(rest, name)
+		}
+	}
 	out = map[string]*prismv1.ModelLog{}
 	var bytes int64
 	entries := 0
-	for _, name := range slices.Sorted(maps.Keys(s.models)) {
+	for _, name := range append(due, rest...) {
 		m := s.models[name]
-		if m.next == 0 {
-			continue
-		}
 		ml := &prismv1.ModelLog{Next: m.next, Committed: m.committed, Floor: m.floor}
 		// The map entry: its key, the numbers, the framing.
 		head := int64(len(name)+proto.Size(ml)) + 16
@@ -107,11 +121,7 @@ func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) 
 		}
 		out[name] = ml
 		bytes += head
-		from := m.floor + 1
-		if a, ok := after[name]; ok && !fresh && a >= m.floor && a <= m.next {
-			from = a + 1
-		}
-		for seq := from; seq <= m.next; seq++ {
+		for seq := from(name, m); seq <= m.next; seq++ {
 			e := m.log[seq-m.floor-1]
 			size := int64(proto.Size(e)) + 8
 			if bytes+size > maxBytes {

@@ -2,7 +2,10 @@ package router
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -283,5 +286,113 @@ func TestUpdateLogLargeEntryOfALaterModel(t *testing.T) {
 		if after[model] != want {
 			t.Errorf("the copy of %s ends at %d, want %d", model, after[model], want)
 		}
+	}
+}
+
+// A copy converges on the holder's log from any start, whatever the
+// page bound: random logs of up to five models (small entries, entries
+// over the bound, logs trimmed from below), copies empty, partial, of
+// this term or another, and bounds from below one entry to several.
+// Each case ends with a page that is not cut short within a bounded
+// number of pages, and the copy holds every model's numbers and its
+// log's entries.
+func TestUpdateLogCopyConverges(t *testing.T) {
+	r := rand.New(rand.NewPCG(18, 14))
+	for tc := range 2000 {
+		s := newSequencer(time.Unix(0, 0), time.Second, 1<<30, QuorumOne)
+		names := []string{"a", "model-b", "m", "zz", "long-model-name-e"}[:1+r.IntN(5)]
+		for _, name := range names {
+			next := int64(r.IntN(8))
+			floor := int64(0)
+			if next > 0 {
+				floor = int64(r.IntN(int(next) + 1))
+			}
+			var log []*prismv1.ApplyUpdateRequest
+			for seq := floor + 1; seq <= next; seq++ {
+				size := 8 + r.IntN(64)
+				if r.IntN(4) == 0 {
+					size = 400 + r.IntN(800) // over most bounds below
+				}
+				log = append(log, &prismv1.ApplyUpdateRequest{Seq: seq, Update: &prismv1.UpdateRequest{Model: name, Table: "t", Ids: []int64{seq}, Rows: make([]byte, size/4*4)}})
+			}
+			s.restore(name, next, next-int64(r.IntN(2))*min(next, 1), floor, log)
+		}
+		d := newUpdateDriver(s, time.Now, nil, nil, time.Second, 0, nil)
+		d.term, d.epoch, d.pageBytes = 7, 3, int64(150+r.IntN(2000))
+		var c replica
+		switch r.IntN(3) {
+		case 1: // a copy of this term, part way
+			resp, _ := d.readLog(&prismv1.UpdateLogRequest{})
+			for _, ml := range resp.GetModels() {
+				if n := len(ml.Entries); n > 0 {
+					ml.Entries = ml.Entries[:r.IntN(n)]
+				}
+			}
+			resp.More = true
+			if err := c.merge(resp); err != nil {
+				t.Fatalf("case %d: %v", tc, err)
+			}
+		case 2: // a copy of another term
+			c.merge(&prismv1.UpdateLogResponse{Term: 5, Epoch: 3, Models: map[string]*prismv1.ModelLog{"a": {Next: 9, Committed: 9, Floor: 8, Entries: entries(9, 9)}}})
+		}
+		done := false
+		for page := 0; page < 64 && !done; page++ {
+			term, after := c.after()
+			resp, err := d.readLog(&prismv1.UpdateLogRequest{Term: term, After: after})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.merge(resp); err != nil {
+				t.Fatalf("case %d page %d: %v", tc, page, err)
+			}
+			done = !resp.GetMore()
+		}
+		if !done {
+			t.Fatalf("case %d (bound %d): still cut short after 64 pages", tc, d.pageBytes)
+		}
+		for name, m := range s.models {
+			if m.next == 0 {
+				continue
+			}
+			rm := c.models[name]
+			if rm == nil || rm.next != m.next || rm.committed != m.committed || rm.floor != m.floor || rm.end() != m.next {
+				t.Fatalf("case %d: the copy of %s is %+v, the holder's next=%d committed=%d floor=%d", tc, name, rm, m.next, m.committed, m.floor)
+			}
+			for i, e := range rm.log {
+				if e != m.log[i] {
+					t.Fatalf("case %d: entry %d of %s is not the holder's", tc, i, name)
+				}
+			}
+		}
+		if len(c.models) != len(slices.DeleteFunc(slices.Collect(maps.Values(s.models)), func(m *modelSeq) bool { return m.next == 0 })) {
+			t.Fatalf("case %d: the copy holds %d models", tc, len(c.models))
+		}
+	}
+}
+
+// Pages whose bound the models' numbers alone exceed still carry every
+// entry: the models with entries due come first. (The numbers of the
+// models beyond the bound then wait; a page never ends uncut.)
+func TestUpdateLogEntriesBeforeNumbers(t *testing.T) {
+	s := newSequencer(time.Unix(0, 0), time.Second, 1<<30, QuorumOne)
+	for i := range 20 {
+		s.restore(fmt.Sprintf("a-model-without-updates-due-%02d", i), 1, 1, 1, nil)
+	}
+	s.restore("z-model", 3, 3, 0, entries(1, 3))
+	d := newUpdateDriver(s, time.Now, nil, nil, time.Second, 0, nil)
+	d.pageBytes = 300 // below the twenty models' numbers
+	var c replica
+	for range 16 {
+		term, after := c.after()
+		resp, err := d.readLog(&prismv1.UpdateLogRequest{Term: term, After: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.merge(resp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rm := c.models["z-model"]; rm == nil || rm.end() != 3 {
+		t.Fatalf("the copy of z-model: %+v, want it to end at 3", rm)
 	}
 }
