@@ -255,6 +255,9 @@ func TestElectedLookups(t *testing.T) {
 				if got, want := rig.rs[1].el.copy.models["m"].end(), int64(1); got != want {
 					t.Fatalf("B's copy ends at %d, want %d", got, want)
 				}
+				if lag := rig.rs[1].el.copy.lag()["m"]; lag != 0 {
+					t.Fatalf("B's copy lags %d updates, want 0", lag)
+				}
 			}
 			serves := func(r *Router) []bool {
 				var out []bool

@@ -196,6 +196,18 @@ func (c *replica) failed() bool {
 	return c.failures == 1 || c.failures%60 == 0
 }
 
+// lag is, per model, the updates the holder numbered (as last heard)
+// that the copy lacks.
+func (c *replica) lag() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int64, len(c.models))
+	for name, rm := range c.models {
+		out[name] = rm.next - rm.end()
+	}
+	return out
+}
+
 // pulled ends a run of failed pulls.
 func (c *replica) pulled() {
 	c.mu.Lock()
