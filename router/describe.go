@@ -118,8 +118,4 @@ func (r *Router) copySequencerLog(ctx context.Context) {
 	} else if err == nil {
 		r.el.copy.pulled()
 	}
-	r.m.copyLag.Reset()
-	for model, lag := range r.el.copy.lag() {
-		r.m.copyLag.WithLabelValues(model).Set(float64(lag))
-	}
 }

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"log/slog"
 	"math"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -258,6 +260,9 @@ func TestElectedLookups(t *testing.T) {
 				if lag := rig.rs[1].el.copy.lag()["m"]; lag != 0 {
 					t.Fatalf("B's copy lags %d updates, want 0", lag)
 				}
+				if got := copyLagMetric(t, rig.rs[1]); got != "m=0" {
+					t.Fatalf("B following: prism_router_update_log_copy_lag %q, want m=0", got)
+				}
 			}
 			serves := func(r *Router) []bool {
 				var out []bool
@@ -283,6 +288,9 @@ func TestElectedLookups(t *testing.T) {
 				}
 			}
 			rig.lead(1)
+			if got := copyLagMetric(t, rig.rs[1]); got != "" {
+				t.Fatalf("B holding the election: prism_router_update_log_copy_lag %q, want none", got)
+			}
 			if got := serves(rig.rs[1]); !slices.Equal(got, want) {
 				t.Fatalf("B in its window serves from %v, want %v", got, want)
 			}
@@ -482,4 +490,55 @@ func TestElectedRestartedHolderEmptyView(t *testing.T) {
 		release()
 		t.Fatal("router 1 sends lookups to worker 2, which lacks acknowledged update 1")
 	}
+}
+
+// The election moves to a router that does not sequence yet (its
+// Elector has not reported its own hold): the follower drops the old
+// holder's view, but keeps its acknowledged number as the floor, so a
+// worker lacking that update stays out of its lookups. Before, the
+// floor fell to what announcements alone said and the worker served
+// (found by review).
+func TestElectedNewHolderNotYetSequencing(t *testing.T) {
+	rig := newElectRig(t, 3)
+	rig.lead(0)
+	rig.advance()
+	rig.cns[2].setDown(true)
+	if err := rig.update(0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rig.cns[2].setDown(false)
+	rig.announce()
+	rig.rs[1].pollSequencer(context.Background())
+	rig.rs[1].Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+		Id: "cpu" + rig.cnAt[1], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.cnAt[1], Models: []string{"m"}, Healthy: true,
+		UpdateSeq: map[string]int64{"m": 0}}})
+	// Router 1 itself stands for the new holder at another address: it
+	// answers List without sequencing.
+	if err := rig.rs[1].el.fol.poll(context.Background(), rig.addrs[1], time.Second); err == nil {
+		t.Fatal("a poll of a router that does not sequence succeeded")
+	}
+	others := []string{"cpu" + rig.cnAt[0], "cpu" + rig.cnAt[1]}
+	if _, release, err := rig.rs[1].Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others); err == nil {
+		release()
+		t.Fatal("router 1 sends lookups to worker 2, which lacks acknowledged update 1")
+	}
+}
+
+// copyLagMetric is what r's prism_router_update_log_copy_lag says, as
+// "model=lag" joined by commas ("": absent).
+func copyLagMetric(t *testing.T, r *Router) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(copyLagCollector{r})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			out = append(out, fmt.Sprintf("%s=%v", m.GetLabel()[0].GetValue(), m.GetGauge().GetValue()))
+		}
+	}
+	return strings.Join(out, ",")
 }

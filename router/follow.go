@@ -241,7 +241,7 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 		resp, err = prismv1.NewRegistryClient(conn).List(cctx, &prismv1.ListRequest{})
 		cancel()
 	}
-	if err == nil && !resp.GetSequencing() {
+	if err == nil && resp.GetNotSequencing() {
 		// The router there does not sequence now (the holder's restarted
 		// process, say, while the Lease still names the crashed one): its
 		// empty view is not the sequencer's.
@@ -252,6 +252,14 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 	if err != nil {
 		f.failures++
 		if f.viewFrom != addr && f.view != nil {
+			// The view came from another router (the election moved).
+			// Its acknowledged numbers stay as the floor, which the
+			// announcements never lower while a worker holds it: a
+			// worker lacking an acknowledged update must not serve
+			// because the new holder has not answered yet.
+			for m, u := range f.view {
+				f.floor[m] = max(f.floor[m], u.GetAcknowledged())
+			}
 			f.view, f.viewWorkers, f.viewFrom = nil, nil, ""
 			f.rejudge()
 		}

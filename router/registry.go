@@ -371,7 +371,9 @@ func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListRes
 	resp := &prismv1.ListResponse{Workers: out}
 	if r.describe != nil {
 		r.mu.Unlock()
-		resp.Updates, resp.Sequencing = r.describe()
+		var sequencing bool
+		resp.Updates, sequencing = r.describe()
+		resp.NotSequencing = !sequencing
 		r.mu.Lock() // the deferred Unlock
 	}
 	return resp, nil

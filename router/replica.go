@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -404,4 +405,27 @@ func (c *replica) from() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.epoch
+}
+
+var copyLagDesc = prometheus.NewDesc("prism_router_update_log_copy_lag",
+	"Updates the elected sequencer numbered that this router's copy of its update log lacks, per model, as of the last pull (a following router elected next catches lagging embedding workers up only from its copy); absent while this router holds the election or none is known.",
+	[]string{"model"}, nil)
+
+// copyLagCollector reports the copy's lag at each scrape, while this
+// router follows an elected holder.
+type copyLagCollector struct{ r *Router }
+
+func (copyLagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- copyLagDesc }
+
+func (c copyLagCollector) Collect(ch chan<- prometheus.Metric) {
+	el := c.r.el
+	if el == nil {
+		return
+	}
+	if leader := el.leader(); leader == "" || leader == el.self {
+		return
+	}
+	for model, lag := range el.copy.lag() {
+		ch <- prometheus.MustNewConstMetric(copyLagDesc, prometheus.GaugeValue, float64(lag), model)
+	}
 }

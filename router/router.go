@@ -240,9 +240,6 @@ type routerMetrics struct {
 	stages       *prometheus.HistogramVec
 	workers      *prometheus.GaugeVec
 	behind       *prometheus.GaugeVec
-	// copyLag is, per model, the updates this router's copy of the
-	// elected sequencer's log lacks (replica.go), as of its last pull.
-	copyLag *prometheus.GaugeVec
 }
 
 // New makes a router; register its metrics with reg (may be nil). It
@@ -280,10 +277,9 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
-	r.m.copyLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "update_log_copy_lag", Help: "Updates the elected sequencer numbered that this router's copy of its update log lacks, per model, as of the last pull (a following router elected next catches lagging embedding workers up only from its copy)."}, []string{"model"})
 	if reg != nil {
 		admitShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admit_share", Help: "The share of the time to its deadline a request may be predicted to take and be admitted (--admit-share is its ceiling; it shrinks while admitted requests miss their deadlines)."}, r.share.get)
-		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind, r.m.copyLag)
+		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind, copyLagCollector{r})
 		if r.lim != nil {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}

@@ -1114,13 +1114,14 @@ type ListResponse struct {
 	// model that has had updates: what a router that follows it needs to
 	// choose embedding workers for lookups (router/follow.go).
 	Updates map[string]*ModelUpdates `protobuf:"bytes,2,rep,name=updates,proto3" json:"updates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// sequencing: the answering router sequences embedding updates now, so
-	// updates is its view (empty: no model has had updates). A router that
-	// does not (it follows another, or an elected one does not hold the
-	// election, say a holder's restarted process while the Lease still
-	// names the crashed one) answers false, and a follower keeps its last
-	// view rather than taking the empty one for the sequencer's.
-	Sequencing    bool `protobuf:"varint,3,opt,name=sequencing,proto3" json:"sequencing,omitempty"`
+	// not_sequencing: the answering router does not sequence embedding
+	// updates now (it follows another, or an elected one does not hold the
+	// election: a holder's restarted process while the Lease still names
+	// the crashed one, or a new holder not started yet), so updates is
+	// not a sequencer's view, and a follower keeps its last view rather
+	// than taking the empty one. Unset by routers of earlier releases,
+	// whose answers are taken as before.
+	NotSequencing bool `protobuf:"varint,3,opt,name=not_sequencing,json=notSequencing,proto3" json:"not_sequencing,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1169,9 +1170,9 @@ func (x *ListResponse) GetUpdates() map[string]*ModelUpdates {
 	return nil
 }
 
-func (x *ListResponse) GetSequencing() bool {
+func (x *ListResponse) GetNotSequencing() bool {
 	if x != nil {
-		return x.Sequencing
+		return x.NotSequencing
 	}
 	return false
 }
@@ -1586,13 +1587,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\fLeaveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rLeaveResponse\"\r\n" +
-	"\vListRequest\"\xf1\x01\n" +
+	"\vListRequest\"\xf8\x01\n" +
 	"\fListResponse\x12.\n" +
 	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers\x12=\n" +
-	"\aupdates\x18\x02 \x03(\v2#.prism.v1.ListResponse.UpdatesEntryR\aupdates\x12\x1e\n" +
-	"\n" +
-	"sequencing\x18\x03 \x01(\bR\n" +
-	"sequencing\x1aR\n" +
+	"\aupdates\x18\x02 \x03(\v2#.prism.v1.ListResponse.UpdatesEntryR\aupdates\x12%\n" +
+	"\x0enot_sequencing\x18\x03 \x01(\bR\rnotSequencing\x1aR\n" +
 	"\fUpdatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\x9e\x01\n" +
