@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"time"
 
@@ -108,10 +109,10 @@ OUT/tune.json serves with the best configuration.`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "tune: dense tier on the CPU (%s)\n", why)
 			}
 			if !cmd.Flags().Changed("hot-bytes") {
-				mem := memlimit.Read().Effective()
-				hotBytes = hotSpace(pl.Cost.TableBytes, mem)
+				share, hotMax := workerMemory(memlimit.Read())
+				hotBytes = hotSpace(pl.Cost.TableBytes, share, hotMax)
 				if len(hotBytes) > 1 {
-					fmt.Fprintf(cmd.ErrOrStderr(), "tune: the tables (%s) exceed half of this machine's memory (%s): hot-tier sizes %v\n", flagval.FormatBytes(pl.Cost.TableBytes), flagval.FormatBytes(mem), hotBytes)
+					fmt.Fprintf(cmd.ErrOrStderr(), "tune: the tables (%s) exceed half of the embedding worker's memory (%s): hot-tier sizes %v\n", flagval.FormatBytes(pl.Cost.TableBytes), flagval.FormatBytes(share), hotBytes)
 				}
 			}
 			space := tune.Space{Dims: []tune.Dim{
@@ -177,7 +178,7 @@ OUT/tune.json serves with the best configuration.`,
 	fl.StringSliceVar(&maxDelay, "max-delay", []string{"1ms", "2ms", "4ms"}, "dense max queue delays to try")
 	fl.StringSliceVar(&threads, "threads", []string{"1", "2"}, "ONNX Runtime threads per dense worker to try (with GPUs: 1)")
 	fl.StringSliceVar(&denseWorkers, "dense-workers", workerCounts(cpus), "dense worker counts to try (default: half, one and two per core; with GPUs: one, two and four per GPU)")
-	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto; default: auto when the tables fit in half of the memory, else auto and an eighth, a quarter and half of it)")
+	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto; default: auto when the tables fit in half of the embedding worker's memory, else auto and an eighth, a quarter and half of that memory)")
 	fl.StringSliceVar(&admitShare, "admit-share", []string{"1", "0.7"}, "router admission shares of the deadline to try (prism up --admit-share)")
 	fl.StringSliceVar(&denseSessions, "dense-sessions", []string{"1"}, "ONNX Runtime sessions per model in each dense worker to try (prism up --dense-sessions; with GPUs: 1,2)")
 	return cmd
@@ -196,20 +197,43 @@ func gpuSpace(gpus int) (maxBatch, denseWorkers, threads []string) {
 		[]string{"1"}
 }
 
+// workerMemory is the memory prism up's embedding worker may use on a
+// machine of limits mem (0: unknown), and the largest hot tier its
+// budget takes (0: no budget): under a memory cgroup up gives its one
+// embedding worker half of the limit (internal/up embeddingMemArgs),
+// which budgets it (store.NewBudget); without one the worker sizes
+// "auto" from the machine's memory and has no budget.
+func workerMemory(mem memlimit.Limits) (share, hotMax int64) {
+	if mem.Cgroup <= 0 {
+		return mem.Physical, 0
+	}
+	share = mem.Effective() / 2
+	if b, err := store.NewBudget(share, &store.Options{}); err == nil {
+		hotMax = b.HotMax
+	}
+	return share, hotMax
+}
+
 // hotSpace is the default search of embedding hot-tier sizes for tables
-// of tableBytes on a machine whose processes may use mem bytes (0:
-// unknown): "auto" alone when the tables fit in half of it (auto holds
-// every row then, and a smaller tier only adds misses), else auto (the
-// store's recorded size) and an eighth, a quarter and half of the
-// memory, those below the tables' size.
-func hotSpace(tableBytes, mem int64) []string {
+// of tableBytes served by a worker that may use share bytes (0:
+// unknown), whose budget takes a hot tier of at most hotMax (0: none):
+// "auto" alone when the tables fit in half of share (the worker's
+// "auto" holds every row then, and a smaller tier only adds misses),
+// else auto (the store's recorded size) and an eighth, a quarter and
+// half of share, those below the tables' size and within hotMax, in
+// whole MiB.
+func hotSpace(tableBytes, share, hotMax int64) []string {
 	out := []string{store.HotBytesAuto}
-	if mem <= 0 || tableBytes <= mem/2 {
+	if share <= 0 || tableBytes <= share/2 {
 		return out
 	}
 	for _, d := range []int64{8, 4, 2} {
-		if n := mem / d >> 20 << 20; n > 0 && n < tableBytes {
-			out = append(out, flagval.FormatBytes(n))
+		n := share / d >> 20 << 20
+		if hotMax > 0 {
+			n = min(n, hotMax>>20<<20)
+		}
+		if s := fmt.Sprintf("%dMiB", n>>20); n > 0 && n < tableBytes && !slices.Contains(out, s) {
+			out = append(out, s)
 		}
 	}
 	return out
