@@ -156,7 +156,7 @@ func TestElectedFailoverCatchUp(t *testing.T) {
 	workers[2].cmd.Process.Kill()
 	workers[2].cmd.Wait()
 	update(a, 2)
-	time.Sleep(time.Second) // five heartbeats: the copy is pulled
+	time.Sleep(2 * time.Second) // ten heartbeats: the copy is pulled
 	killed := time.Now()
 	routers[a].cmd.Process.Kill()
 	routers[a].cmd.Wait()
