@@ -109,10 +109,11 @@ OUT/tune.json serves with the best configuration.`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "tune: dense tier on the CPU (%s)\n", why)
 			}
 			if !cmd.Flags().Changed("hot-bytes") {
-				share, hotMax := workerMemory(memlimit.Read())
-				hotBytes = hotSpace(pl.Cost.TableBytes, share, hotMax)
+				workers, tables := embeddingShare(pl)
+				share, hotMax := workerMemory(memlimit.Read(), workers)
+				hotBytes = hotSpace(tables, share, hotMax)
 				if len(hotBytes) > 1 {
-					fmt.Fprintf(cmd.ErrOrStderr(), "tune: the tables (%s) exceed half of the embedding worker's memory (%s): hot-tier sizes %v\n", flagval.FormatBytes(pl.Cost.TableBytes), flagval.FormatBytes(share), hotBytes)
+					fmt.Fprintf(cmd.ErrOrStderr(), "tune: the tables an embedding worker holds (%s) exceed half of its memory (%s): hot-tier sizes %v\n", flagval.FormatBytes(tables), flagval.FormatBytes(share), hotBytes)
 				}
 			}
 			space := tune.Space{Dims: []tune.Dim{
@@ -197,26 +198,44 @@ func gpuSpace(gpus int) (maxBatch, denseWorkers, threads []string) {
 		[]string{"1"}
 }
 
-// workerMemory is the memory prism up's embedding worker may use on a
-// machine of limits mem (0: unknown), and the largest hot tier its
-// budget takes (0: no budget): under a memory cgroup up gives its one
-// embedding worker half of the limit (internal/up embeddingMemArgs),
-// which budgets it (store.NewBudget); without one the worker sizes
-// "auto" from the machine's memory and has no budget.
-func workerMemory(mem memlimit.Limits) (share, hotMax int64) {
+// embeddingShare is how many embedding workers prism up starts for pl
+// (one per shard of a sharded plan, one otherwise; tune leaves
+// --embedding-workers and --replicas at their defaults) and the table
+// bytes the largest of them holds.
+func embeddingShare(pl *plan.Plan) (workers int, tables int64) {
+	if sh := pl.Sharding; sh != nil && sh.Shards > 1 {
+		for _, k := range sh.Shard {
+			tables = max(tables, k.Bytes)
+		}
+		return sh.Shards, tables
+	}
+	return 1, pl.Cost.TableBytes
+}
+
+// workerMemory is the memory each of prism up's workers embedding
+// workers may use on a machine of limits mem (0: unknown), and the
+// largest hot tier its budget takes (0: no budget; -1: none fits).
+// Under a memory cgroup up gives its embedding workers half of the limit
+// in equal shares (internal/up embeddingMemArgs), which budgets each as
+// the worker does (store.NewBudget with the block cache of
+// store.CacheBytesFor); without one a worker sizes "auto" from the
+// machine's memory and has no budget.
+func workerMemory(mem memlimit.Limits, workers int) (share, hotMax int64) {
 	if mem.Cgroup <= 0 {
 		return mem.Physical, 0
 	}
-	share = mem.Effective() / 2
-	if b, err := store.NewBudget(share, &store.Options{}); err == nil {
-		hotMax = b.HotMax
+	share = mem.Cgroup / 2 / int64(max(workers, 1))
+	b, err := store.NewBudget(share, &store.Options{CacheBytes: store.CacheBytesFor(share)})
+	if err != nil {
+		return share, -1
 	}
-	return share, hotMax
+	return share, b.HotMax
 }
 
 // hotSpace is the default search of embedding hot-tier sizes for tables
 // of tableBytes served by a worker that may use share bytes (0:
-// unknown), whose budget takes a hot tier of at most hotMax (0: none):
+// unknown), whose budget takes a hot tier of at most hotMax (0: no
+// budget; negative: none fits, and only auto is tried):
 // "auto" alone when the tables fit in half of share (the worker's
 // "auto" holds every row then, and a smaller tier only adds misses),
 // else auto (the store's recorded size) and an eighth, a quarter and
@@ -224,7 +243,7 @@ func workerMemory(mem memlimit.Limits) (share, hotMax int64) {
 // whole MiB.
 func hotSpace(tableBytes, share, hotMax int64) []string {
 	out := []string{store.HotBytesAuto}
-	if share <= 0 || tableBytes <= share/2 {
+	if share <= 0 || tableBytes <= share/2 || hotMax < 0 {
 		return out
 	}
 	for _, d := range []int64{8, 4, 2} {

@@ -7,6 +7,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/memlimit"
+	"github.com/prism-serve/prism/plan"
 )
 
 // TestTuneSpaces: the default dense worker counts per core on the CPU,
@@ -59,23 +60,47 @@ func TestTuneHotSpace(t *testing.T) {
 			t.Errorf("hotSpace(%d, %d, %d) = %v, want %v", tc.tables, tc.share, tc.hotMax, got, tc.want)
 		}
 	}
-	// prism up under a memory cgroup gives its embedding worker half of
-	// it, budgeted; without one, the machine's memory and no budget.
-	if share, hotMax := workerMemory(memlimit.Limits{Physical: 64 * GiB}); share != 64*GiB || hotMax != 0 {
+	// prism up under a memory cgroup gives its embedding workers half of
+	// it, each budgeted as the worker budgets itself; without one, the
+	// machine's memory and no budget. Every default size must be one
+	// the worker takes, small cgroups and several workers included.
+	if share, hotMax := workerMemory(memlimit.Limits{Physical: 64 * GiB}, 1); share != 64*GiB || hotMax != 0 {
 		t.Errorf("no cgroup: share %d, hot max %d", share, hotMax)
 	}
-	share, hotMax := workerMemory(memlimit.Limits{Physical: 64 * GiB, Cgroup: 24 * GiB})
-	if share != 12*GiB || hotMax <= 0 || hotMax >= share {
-		t.Errorf("24 GiB cgroup: share %d, hot max %d", share, hotMax)
-	}
-	b, err := store.NewBudget(share, &store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range hotSpace(97*GiB, share, hotMax)[1:] {
-		n, err := flagval.Bytes(v)
-		if err != nil || b.CheckHot(n) != nil {
-			t.Errorf("%s: %v, %v: the worker would refuse it", v, err, b.CheckHot(n))
+	for _, tc := range []struct {
+		cgroup  int64
+		workers int
+	}{{24 * GiB, 1}, {8 * GiB, 2}, {2 * GiB, 1}, {1 * GiB, 1}, {800 << 20, 1}, {8 * GiB, 4}, {128 << 20, 1}} {
+		share, hotMax := workerMemory(memlimit.Limits{Physical: 64 * GiB, Cgroup: tc.cgroup}, tc.workers)
+		if share != tc.cgroup/2/int64(tc.workers) {
+			t.Errorf("cgroup %d, %d workers: share %d", tc.cgroup, tc.workers, share)
 		}
+		o := store.Options{CacheBytes: store.CacheBytesFor(share)}
+		b, err := store.NewBudget(share, &o)
+		sizes := hotSpace(97*GiB, share, hotMax)
+		if err != nil {
+			if len(sizes) != 1 {
+				t.Errorf("cgroup %d: no budget fits, yet tune tries %v", tc.cgroup, sizes)
+			}
+			continue
+		}
+		if len(sizes) < 2 {
+			t.Errorf("cgroup %d, %d workers: tune tries only %v", tc.cgroup, tc.workers, sizes)
+		}
+		for _, v := range sizes[1:] {
+			n, err := flagval.Bytes(v)
+			if err != nil || b.CheckHot(n) != nil {
+				t.Errorf("cgroup %d, %d workers: %s: %v, %v: the worker would refuse it", tc.cgroup, tc.workers, v, err, b.CheckHot(n))
+			}
+		}
+	}
+	// A sharded plan: one worker per shard, each holding its shard's
+	// tables.
+	p := &plan.Plan{Cost: plan.CostReport{TableBytes: 30 * GiB}, Sharding: &plan.Sharding{Shards: 3, Shard: []plan.ShardInfo{{Bytes: 9 * GiB}, {Bytes: 11 * GiB}, {Bytes: 10 * GiB}}}}
+	if w, tables := embeddingShare(p); w != 3 || tables != 11*GiB {
+		t.Errorf("sharded: %d workers, %d bytes", w, tables)
+	}
+	if w, tables := embeddingShare(&plan.Plan{Cost: plan.CostReport{TableBytes: 30 * GiB}}); w != 1 || tables != 30*GiB {
+		t.Errorf("unsharded: %d workers, %d bytes", w, tables)
 	}
 }
