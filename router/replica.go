@@ -385,15 +385,9 @@ func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, st
 // after the copy was taken, and a worker announcing them in the startup
 // window is followed (announced), the copy's entries then dropped.
 func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest) {
-	m := s.model(model)
-	m.next, m.committed, m.floor, m.log, m.bytes = next, committed, floor, log, 0
-	for _, e := range log {
-		m.bytes += int64(proto.Size(e))
-	}
-	m.copied = true
-	if next > 0 {
-		s.any = true
-	}
+	s.restore(model, next, committed, floor, log)
+	m := s.models[model]
+	m.handedOut, m.copied = false, true
 }
 
 // sameLease says whether two epochs count the holds of one Lease (its

@@ -39,7 +39,9 @@ func BenchmarkContextExpand(b *testing.B) {
 		}
 		return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(elem), Shape: &pb.TensorShapeProto{Dim: shape}}}}}
 	}
-	axis := func(v int64) *pb.AttributeProto { return &pb.AttributeProto{Name: "axis", Type: pb.AttributeProto_INT, I: v} }
+	axis := func(v int64) *pb.AttributeProto {
+		return &pb.AttributeProto{Name: "axis", Type: pb.AttributeProto_INT, I: v}
+	}
 	goG := &pb.GraphProto{Name: "go", Output: []*pb.ValueInfoProto{dyn("y", pb.TensorProto_FLOAT, "n", cols*w)}}
 	graphG := &pb.GraphProto{Name: "graph", Input: []*pb.ValueInfoProto{dyn("idx", pb.TensorProto_INT64, "n")}, Output: []*pb.ValueInfoProto{dyn("y", pb.TensorProto_FLOAT, "n", cols*w)}}
 	var goCat, graphCat []string
