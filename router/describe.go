@@ -41,7 +41,7 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 		slices.Sort(left)
 		var inSync []string
 		for id, w := range s.workers {
-			if slices.Contains(w.GetModels(), name) && s.inSync(w, name, now) {
+			if slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == name && s.inSync(w, m.name, now) {
 				inSync = append(inSync, id)
 			}
 		}

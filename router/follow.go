@@ -3,7 +3,6 @@ package router
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -42,11 +41,12 @@ import (
 //     the sequencer acknowledged is held by its quorum of the model's
 //     workers, so the quorum-th highest number the workers not left out
 //     announce (claims beyond any sequence ignored) is the latest
-//     acknowledged one or later. For a sharded model the sequencer
-//     counts each shard's workers on their own (quorum.go), so the
-//     follower does too: the highest of the shards' quorum-th highest
-//     claims (a worker of the whole model counts in every shard). The follower learns of a new update at
-//     the workers' next heartbeat: until then it may serve rows one
+//     acknowledged one or later. A sharded model has a sequence per
+//     shard (sequencer_split.go), and the follower judges each on its
+//     own, from the claims of that shard's workers. A worker holding
+//     the whole of a model whose shards have had updates does not
+//     serve, as on the sequencer. The follower learns of a new update
+//     at the workers' next heartbeat: until then it may serve rows one
 //     update older than the sequencer would.
 //   - Without an answer from the sequencer yet (or from the current one,
 //     after the election moved) the follower judges by announcements
@@ -72,11 +72,13 @@ type follower struct {
 	any atomic.Bool
 	mu  sync.Mutex
 	// workers is per live embedding worker the models it serves and the
-	// numbers it holds; floor is per model the acknowledged number
-	// judged so far.
-	workers map[string]followed
-	floor   map[string]int64
-	// view is the sequencer's last answer per model (nil: none yet);
+	// numbers it holds; floor is per sequence (seqKey: a model's, or a
+	// shard's) the acknowledged number judged so far, and shardKeys
+	// per sharded model the keys of its shards' sequences judged.
+	workers   map[string]followed
+	floor     map[string]int64
+	shardKeys map[string]map[string]bool
+	// view is the sequencer's last answer per sequence (nil: none yet);
 	// viewWorkers the embedding workers it knew then; viewFrom the
 	// address it came from; failures the polls failed in a row.
 	view        map[string]*prismv1.ModelUpdates
@@ -92,10 +94,18 @@ type followed struct {
 	shard map[string]int32
 }
 
+// key is the sequence numbering w's updates of model (keyOf).
+func (w followed) key(model string) string {
+	if k, ok := w.shard[model]; ok {
+		return seqKey(model, k)
+	}
+	return model
+}
+
 func newFollower(sequencer string, conn func(string) (*grpc.ClientConn, error), q Quorum, now func() time.Time, heartbeat time.Duration) *follower {
 	return &follower{
 		sequencer: sequencer, conn: conn, quorum: q, now: now, started: now(), heartbeat: heartbeat,
-		workers: map[string]followed{}, floor: map[string]int64{},
+		workers: map[string]followed{}, floor: map[string]int64{}, shardKeys: map[string]map[string]bool{},
 	}
 }
 
@@ -153,16 +163,17 @@ func (f *follower) announced(w *prismv1.WorkerInfo) {
 	defer f.mu.Unlock()
 	var shard map[string]int32
 	for m, ref := range w.GetShards() {
-		if ref.GetShards() > 0 {
+		if ref.GetShards() > 0 && ref.GetShard() >= 0 {
 			if shard == nil {
 				shard = map[string]int32{}
 			}
 			shard[m] = ref.GetShard()
 		}
 	}
-	f.workers[w.GetId()] = followed{models: slices.Clone(w.GetModels()), held: held, shard: shard}
+	fw := followed{models: slices.Clone(w.GetModels()), held: held, shard: shard}
+	f.workers[w.GetId()] = fw
 	for _, m := range w.GetModels() {
-		f.judge(m)
+		f.judge(fw.key(m))
 	}
 }
 
@@ -176,57 +187,42 @@ func (f *follower) gone(id string) {
 	}
 	delete(f.workers, id)
 	for _, m := range w.models {
-		f.judge(m)
+		f.judge(w.key(m))
 	}
 }
 
-// judge recomputes model's floor from the live workers; f.mu is held.
-func (f *follower) judge(model string) {
+// judge recomputes the floor of the sequence named key (a model's, or a
+// shard's) from the live workers it numbers; f.mu is held.
+func (f *follower) judge(key string) {
+	model, shard := parseSeqKey(key)
+	if shard >= 0 {
+		if f.shardKeys[model] == nil {
+			f.shardKeys[model] = map[string]bool{}
+		}
+		f.shardKeys[model][key] = true
+	}
 	var u *prismv1.ModelUpdates
 	if f.view != nil {
-		u = f.view[model]
+		u = f.view[key]
 	}
-	// held by shard (-1: workers of the whole model).
-	held := map[int32][]int64{}
+	var held []int64
 	for id, w := range f.workers {
-		if !slices.Contains(w.models, model) || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
+		if !slices.Contains(w.models, model) || w.key(model) != key || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
 			continue
 		}
 		h := w.held[model]
 		if h > maxAnnouncedSeq || (u != nil && !f.viewWorkers[id] && h > u.GetNumbered()) {
 			continue // past any sequence, or past this one and not judged yet
 		}
-		k, ok := w.shard[model]
-		if !ok {
-			k = -1
-		}
-		held[k] = append(held[k], h)
+		held = append(held, h)
 	}
-	groups := shardGroups(held)
 	if f.view != nil {
 		// The sequencer's acknowledged number is the lower bound
 		// (inSync): the claims only raise it between two answers.
-		f.floor[model] = nextFloorShards(0, groups, f.quorum)
+		f.floor[key] = nextFloor(0, held, f.quorum)
 		return
 	}
-	f.floor[model] = nextFloorShards(f.floor[model], groups, f.quorum)
-}
-
-// shardGroups are the claims the quorum counts, one group per shard
-// (held by shard, -1 the workers of the whole model, who count in
-// every shard); one group when no worker holds a shard.
-func shardGroups(held map[int32][]int64) [][]int64 {
-	whole := held[-1]
-	if len(held) == 0 || (len(held) == 1 && whole != nil) {
-		return [][]int64{whole}
-	}
-	var out [][]int64
-	for _, k := range slices.Sorted(maps.Keys(held)) {
-		if k != -1 {
-			out = append(out, append(slices.Clone(held[k]), whole...))
-		}
-	}
-	return out
+	f.floor[key] = nextFloor(f.floor[key], held, f.quorum)
 }
 
 // poll asks the sequencer at addr for its view of the models' updates
@@ -310,37 +306,14 @@ func (f *follower) noteFailure() bool {
 // workers hold, never below the floor so far while some worker still
 // holds that; when none does, the quorum-th highest.
 func nextFloor(floor int64, held []int64, q Quorum) int64 {
-	return nextFloorShards(floor, [][]int64{held}, q)
-}
-
-// nextFloorShards is nextFloor over the shards of a sharded model
-// (groups: each shard's claims): the highest of the shards' quorum-th
-// highest claims, since an acknowledged update is held by the quorum of
-// some shard (each holding its rows); never below the floor so far
-// while some worker still holds that.
-func nextFloorShards(floor int64, groups [][]int64, q Quorum) int64 {
-	var kth, top int64
-	seen := false
-	for _, held := range groups {
-		if len(held) == 0 {
-			continue
-		}
-		sorted := slices.Clone(held)
-		slices.Sort(sorted)
-		slices.Reverse(sorted)
-		k := max(q.need(len(sorted)), 1)
-		if !seen || sorted[k-1] > kth {
-			kth = sorted[k-1]
-		}
-		if !seen || sorted[0] > top {
-			top = sorted[0]
-		}
-		seen = true
-	}
-	if !seen {
+	if len(held) == 0 {
 		return floor
 	}
-	if top >= floor {
+	sorted := slices.Clone(held)
+	slices.Sort(sorted)
+	slices.Reverse(sorted)
+	kth := sorted[max(q.need(len(sorted)), 1)-1]
+	if sorted[0] >= floor {
 		return max(floor, kth)
 	}
 	return kth
@@ -354,10 +327,19 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	floor := f.floor[model]
+	key := keyOf(w, model)
+	if key == model {
+		// The whole model: it lacks every update of its shards.
+		for k := range f.shardKeys[model] {
+			if f.floor[k] > 0 || f.view[k].GetNumbered() > 0 || f.view[k].GetAcknowledged() > 0 {
+				return false
+			}
+		}
+	}
+	floor := f.floor[key]
 	held := w.GetUpdateSeq()[model]
 	if f.view != nil {
-		if u := f.view[model]; u != nil {
+		if u := f.view[key]; u != nil {
 			switch {
 			case u.GetSettling():
 				return false // the sequencer is learning what the workers hold

@@ -48,28 +48,41 @@ func TestNextFloor(t *testing.T) {
 	}
 }
 
-// The follower's floor for a sharded model: the highest of the shards'
-// quorum-th highest claims. An update acknowledged by shard 1's quorum
-// alone (the other shards' workers took or lacked its number) still
-// keeps shard 1's replica lacking it out.
-func TestNextFloorShards(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		held map[int32][]int64
-		q    Quorum
-		want int64
-	}{
-		{"unsharded as before", map[int32][]int64{-1: {4, 4, 1}}, QuorumMajority, 4},
-		{"shard 1's quorum holds 5, the rest of the model lacks it", map[int32][]int64{0: {4}, 1: {5, 5, 4}, 2: {4}}, QuorumMajority, 5},
-		{"a model-wide majority would have said 4", map[int32][]int64{0: {4, 4, 4}, 1: {5, 5, 4}}, QuorumMajority, 5},
-		{"one liar in a shard cannot raise it", map[int32][]int64{0: {4, 4, 4}, 1: {1 << 40, 4, 4}}, QuorumMajority, 4},
-		{"a whole-model worker counts in every shard", map[int32][]int64{-1: {6}, 0: {6, 2}, 1: {2, 2}}, QuorumMajority, 6},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			if got := nextFloorShards(0, shardGroups(c.held), c.q); got != c.want {
-				t.Fatalf("nextFloorShards(%v, %v) = %d, want %d", c.held, c.q, got, c.want)
-			}
-		})
+// A follower judges each shard's sequence from that shard's workers
+// alone: shard 1's quorum holding its update 5 keeps shard 1's replica
+// lacking it out, whatever the numbers of shard 0's sequence; a worker
+// holding the whole model is out once the shards have had updates.
+func TestFollowerShardSequences(t *testing.T) {
+	now := time.Now()
+	f := newFollower("seq:1", nil, QuorumMajority, func() time.Time { return now }, time.Second)
+	f.started = now.Add(-time.Hour)
+	shard := func(id string, k int32, held int64) *prismv1.WorkerInfo {
+		w := &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, UpdateSeq: map[string]int64{"m": held}}
+		if k >= 0 {
+			w.Shards = map[string]*prismv1.ShardRef{"m": {Shard: k, Shards: 2}}
+		}
+		return w
+	}
+	ws := []*prismv1.WorkerInfo{shard("a1", 0, 2), shard("b1", 1, 5), shard("b2", 1, 5), shard("b3", 1, 3), shard("whole", -1, 0)}
+	for _, w := range ws {
+		f.announced(w)
+	}
+	want := map[string]bool{"a1": true, "b1": true, "b2": true, "b3": false, "whole": false}
+	for _, w := range ws {
+		if got := f.inSync(w, "m"); got != want[w.GetId()] {
+			t.Errorf("inSync(%s) = %v, want %v (floors %v)", w.GetId(), got, want[w.GetId()], f.floor)
+		}
+	}
+	// The sequencer's view, by sequence, sets each shard's bar.
+	f.view = map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 3, Numbered: 3}, "m#shard1": {Acknowledged: 3, Numbered: 5}}
+	f.viewWorkers = map[string]bool{"a1": true, "b1": true, "b2": true, "b3": true, "whole": true}
+	f.viewFrom = "seq:1"
+	f.rejudge()
+	want = map[string]bool{"a1": false, "b1": true, "b2": true, "b3": false, "whole": false}
+	for _, w := range ws {
+		if got := f.inSync(w, "m"); got != want[w.GetId()] {
+			t.Errorf("with the view: inSync(%s) = %v, want %v (floors %v)", w.GetId(), got, want[w.GetId()], f.floor)
+		}
 	}
 }
 

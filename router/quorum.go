@@ -10,12 +10,10 @@ import "fmt"
 // same rows again (harmless: an upsert).
 //
 // A model sharded over its embedding workers (prism shard; each worker
-// announces its shard) counts per shard: an update is acknowledged once,
-// for every shard holding its rows (UpdateResponse.shards, which its
-// workers name), the quorum of that shard's workers holds it. The
-// workers of the other shards take its number without rows and count
-// for nothing: a shard holding the rows is never outvoted by them.
-// A worker holding the whole model counts in every shard.
+// announces its shard) counts per shard: each shard numbers its own
+// updates (sequencer_split.go), so an update is acknowledged once, for
+// every shard holding its rows, the quorum of that shard's workers
+// holds it; the other shards' workers are not sent it at all.
 //
 // The workers counted are the live embedding workers serving the model
 // when the update is numbered, but those out of the model until an
@@ -46,37 +44,6 @@ func (q Quorum) need(members int) int {
 		return members
 	}
 	return members/2 + 1
-}
-
-// shardShort is a shard holding an update's rows whose workers hold it
-// below the quorum.
-type shardShort struct {
-	shard                int32
-	held, members, needs int
-}
-
-// shortShards says which of the shards holding an update's rows (rows)
-// lack their quorum: shardOf is each member's shard (-1: the whole
-// model, a member of every shard), held whether it holds the update. A
-// shard with no member lacks it too (it needs at least one).
-func (q Quorum) shortShards(rows []int32, shardOf map[string]int32, held map[string]bool) []shardShort {
-	var out []shardShort
-	for _, k := range rows {
-		var members, holds int
-		for id, sh := range shardOf {
-			if sh != k && sh != -1 {
-				continue
-			}
-			members++
-			if held[id] {
-				holds++
-			}
-		}
-		if need := max(q.need(members), 1); holds < need {
-			out = append(out, shardShort{shard: k, held: holds, members: members, needs: need})
-		}
-	}
-	return out
 }
 
 func (q Quorum) String() string {

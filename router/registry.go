@@ -169,7 +169,8 @@ func (r *Registry) notify() {
 	r.changed = make(chan struct{})
 }
 
-// maxShardInputs bounds the inputs a shard says it reads.
+// maxShardInputs bounds the inputs a shard says it reads, and the
+// tables and row splits it names.
 const maxShardInputs = 1 << 12
 
 // check refuses an announcement the registry cannot take as given.
@@ -188,6 +189,10 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 	for _, m := range w.GetModels() {
 		if m == "" || len(m) > l.MaxNameBytes {
 			return status.Errorf(codes.InvalidArgument, "announce: model name of %d bytes, want 1 to %d", len(m), l.MaxNameBytes)
+		}
+		if _, shard := parseSeqKey(m); shard >= 0 {
+			// It would name a shard's update sequence (seqKey).
+			return status.Errorf(codes.InvalidArgument, "announce: model name %.64q: a name ending in %q and a number is reserved for a shard's update sequence; rename the model", m, shardSep)
 		}
 	}
 	for m := range w.GetUpdateSeq() {
@@ -208,6 +213,22 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 		for _, in := range ref.GetInputs() {
 			if in == "" || len(in) > l.MaxNameBytes {
 				return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard input name of %d bytes, want 1 to %d", m, len(in), l.MaxNameBytes)
+			}
+		}
+		if n := max(len(ref.GetTables()), len(ref.GetRowSplits())); n > maxShardInputs {
+			return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard %d names %d tables, the limit is %d", m, ref.GetShard(), n, maxShardInputs)
+		}
+		for _, t := range ref.GetTables() {
+			if t == "" || len(t) > l.MaxNameBytes {
+				return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard table name of %d bytes, want 1 to %d", m, len(t), l.MaxNameBytes)
+			}
+		}
+		for _, rs := range ref.GetRowSplits() {
+			if t := rs.GetTable(); t == "" || len(t) > l.MaxNameBytes {
+				return status.Errorf(codes.InvalidArgument, "announce: model %.64q: row split table name of %d bytes, want 1 to %d", m, len(t), l.MaxNameBytes)
+			}
+			if !validSplit(rs, ref.GetShards()) || len(rs.GetShards()) > maxShards {
+				return status.Errorf(codes.InvalidArgument, "announce: model %.64q: row split of table %.64q: %d rows over shards %v, want rows and shards below %d", m, rs.GetTable(), rs.GetRows(), rs.GetShards(), ref.GetShards())
 			}
 		}
 	}

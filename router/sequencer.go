@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -40,7 +42,15 @@ type sequencer struct {
 	now time.Time
 	// workers are the live embedding workers by id, as last announced.
 	workers map[string]*prismv1.WorkerInfo
-	models  map[string]*modelSeq
+	// models are the sequences by key (seqKey): a model's, or one per
+	// shard of a sharded model. shardSeqs indexes a sharded model's
+	// shard sequences by model name (inSync asks of a worker holding
+	// the whole model whether its shards have had updates).
+	models    map[string]*modelSeq
+	shardSeqs map[string]map[string]*modelSeq
+	// joins are the clients whose update was split over shards (split),
+	// answered once every part is (answer).
+	joins map[uint64]*join
 	// any is set once some model has had an update: until then lookups
 	// need not ask the sequencer at all.
 	any bool
@@ -50,8 +60,14 @@ type sequencer struct {
 	out      []message
 }
 
-// modelSeq is one model's sequence.
+// modelSeq is one sequence: a model's, or a shard's of a sharded model
+// (each shard numbers its own updates, so a shard's workers get only
+// the updates of its rows, and one shard slow or down holds up no
+// other's).
 type modelSeq struct {
+	// name is the model, shard the shard (-1: the whole model).
+	name  string
+	shard int32
 	// handedOut: this router has numbered updates of the model.
 	handedOut bool
 	next      int64 // the last seq handed out
@@ -112,13 +128,15 @@ type modelSeq struct {
 // newSequencer starts a sequencer at the router's start time.
 func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64, quorum Quorum) *sequencer {
 	return &sequencer{
-		logBytes: logBytes,
-		quorum:   quorum,
-		settled:  start.Add(3 * heartbeat),
-		window:   3 * heartbeat,
-		now:      start,
-		workers:  map[string]*prismv1.WorkerInfo{},
-		models:   map[string]*modelSeq{},
+		logBytes:  logBytes,
+		quorum:    quorum,
+		settled:   start.Add(3 * heartbeat),
+		window:    3 * heartbeat,
+		now:       start,
+		workers:   map[string]*prismv1.WorkerInfo{},
+		models:    map[string]*modelSeq{},
+		shardSeqs: map[string]map[string]*modelSeq{},
+		joins:     map[uint64]*join{},
 	}
 }
 
@@ -136,14 +154,69 @@ func (s *sequencer) advance(now time.Time) {
 	}
 }
 
-// model is model's state, created on first use.
-func (s *sequencer) model(model string) *modelSeq {
-	m := s.models[model]
+// model is the state of the sequence named key (seqKey), created on
+// first use.
+func (s *sequencer) model(key string) *modelSeq {
+	m := s.models[key]
 	if m == nil {
-		m = &modelSeq{known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
-		s.models[model] = m
+		name, shard := parseSeqKey(key)
+		m = &modelSeq{name: name, shard: shard, known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		s.models[key] = m
+		if shard >= 0 {
+			if s.shardSeqs[name] == nil {
+				s.shardSeqs[name] = map[string]*modelSeq{}
+			}
+			s.shardSeqs[name][key] = m
+		}
 	}
 	return m
+}
+
+// drop forgets the sequence named key.
+func (s *sequencer) drop(key string) {
+	m := s.models[key]
+	if m == nil {
+		return
+	}
+	delete(s.models, key)
+	if m.shard >= 0 {
+		delete(s.shardSeqs[m.name], key)
+		if len(s.shardSeqs[m.name]) == 0 {
+			delete(s.shardSeqs, m.name)
+		}
+	}
+}
+
+// shardSep joins a model's name and a shard in the key of the shard's
+// sequence: "dlrm#shard2". The registry refuses '#' in model names, so
+// no model's own key reads as another's shard.
+const shardSep = "#shard"
+
+// seqKey names the sequence of model's shard (shard -1: the model's own).
+func seqKey(model string, shard int32) string {
+	if shard < 0 {
+		return model
+	}
+	return model + shardSep + strconv.Itoa(int(shard))
+}
+
+// parseSeqKey is seqKey's inverse.
+func parseSeqKey(key string) (model string, shard int32) {
+	if i := strings.LastIndex(key, shardSep); i >= 0 {
+		if k, err := strconv.ParseInt(key[i+len(shardSep):], 10, 32); err == nil && k >= 0 && key[i+len(shardSep):] == strconv.FormatInt(k, 10) {
+			return key[:i], int32(k)
+		}
+	}
+	return key, -1
+}
+
+// keyOf is the sequence that numbers w's updates of model: its shard's
+// when it announces one, else the model's.
+func keyOf(w *prismv1.WorkerInfo, model string) string {
+	if ref := w.GetShards()[model]; ref.GetShards() > 0 && ref.GetShard() >= 0 {
+		return seqKey(model, ref.GetShard())
+	}
+	return model
 }
 
 // settles is when the startup window of m ends: three heartbeats after
@@ -188,7 +261,8 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 				"model", model, "worker", w.GetId(), "seq", seq, "serves_model", slices.Contains(w.GetModels(), model))
 			continue
 		}
-		m := s.model(model)
+		key := keyOf(w, model)
+		m := s.model(key)
 		if m.opened.IsZero() {
 			m.opened = s.now
 		}
@@ -199,7 +273,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 				// the model and leave every real worker behind.
 				if m.foreign[w.GetId()] != seq {
 					s.logf(slog.LevelError, "embedding worker claims updates this router never numbered; it is left out of the model (no updates, no lookups) and the sequence goes on: give it a copy of an up-to-date worker's store (do two routers take updates for this model? was the router's update log folder restored from a copy older than the workers' stores? then remove that folder and restart the router)",
-						"model", model, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
+						"model", key, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
 				}
 				m.foreign[w.GetId()] = seq
 				delete(m.known, w.GetId())
@@ -208,7 +282,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			dropFrom := m.floor
 			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
 			clear(m.outcome)
-			s.persist(model, m, nil, dropFrom)
+			s.persist(key, m, nil, dropFrom)
 		}
 		if m.copied && seq > m.committed && s.now.Before(s.settles(m)) {
 			// The previous holder may have acknowledged it after this
@@ -251,7 +325,7 @@ func (s *sequencer) forget(id string) {
 			// A model no live worker serves and that never had an update
 			// leaves no state to keep: the map stays bounded by the models
 			// served, not every name ever announced.
-			delete(s.models, name)
+			s.drop(name)
 		}
 	}
 }
@@ -265,33 +339,49 @@ func (m *modelSeq) idle() bool {
 
 // propose is the event "client asks for req to be applied, before
 // deadline". Its answer comes as a msgAnswer, at once or after the
-// update's turn and fan-out.
+// update's turn and fan-out. An update of a sharded model is split over
+// the shards holding its rows (split), each part numbered in its
+// shard's sequence, and answered once every part is (join).
 func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateRequest, deadline time.Time) {
 	s.advance(now)
 	if wait := s.settled.Sub(s.now); wait > 0 {
-		s.answer(client, nil, status.Errorf(codes.Unavailable, "router started moments ago and is still learning which updates the embedding workers hold; retry in %v", wait.Round(time.Millisecond)))
+		s.answer(client, "", nil, status.Errorf(codes.Unavailable, "router started moments ago and is still learning which updates the embedding workers hold; retry in %v", wait.Round(time.Millisecond)))
 		return
 	}
-	m := s.model(req.GetModel())
-	if wait := s.settles(m).Sub(s.now); wait > 0 {
-		s.answer(client, nil, status.Errorf(codes.Unavailable, "router first heard of model %q moments ago and is still learning which updates its embedding workers hold; retry in %v", req.GetModel(), wait.Round(time.Millisecond)))
+	parts, err := s.split(req)
+	if err != nil {
+		s.answer(client, "", nil, err)
 		return
 	}
-	m.queue = append(m.queue, &proposal{client: client, req: req, deadline: deadline})
-	s.startNext(req.GetModel(), m)
+	for _, p := range parts {
+		if wait := s.settles(s.model(p.key)).Sub(s.now); wait > 0 {
+			s.answer(client, "", nil, status.Errorf(codes.Unavailable, "router first heard of model %q moments ago and is still learning which updates its embedding workers hold; retry in %v", p.key, wait.Round(time.Millisecond)))
+			return
+		}
+	}
+	if len(parts) > 1 {
+		s.joins[client] = &join{left: len(parts)}
+	}
+	for _, p := range parts {
+		m := s.model(p.key)
+		m.queue = append(m.queue, &proposal{client: client, req: p.req, deadline: deadline})
+		s.startNext(p.key, m)
+	}
 }
 
 // cancel is the event "client's context ended" (err is its status): an
-// update still waiting its turn is dropped and answered err. One already
-// numbered is answered when its workers have.
+// update still waiting its turn is dropped and answered err (each part
+// of a split one still waiting). One already numbered is answered when
+// its workers have.
 func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 	s.advance(now)
-	for _, m := range s.models {
+	for _, key := range slices.Sorted(maps.Keys(s.models)) {
+		m := s.models[key]
 		for i, p := range m.queue {
 			if p.client == client {
 				m.queue = slices.Delete(m.queue, i, i+1)
-				s.answer(client, nil, err)
-				return
+				s.answer(client, key, nil, err)
+				break
 			}
 		}
 	}
@@ -309,7 +399,7 @@ func (s *sequencer) tick(now time.Time) {
 			if s.now.Before(p.deadline) {
 				return false
 			}
-			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
+			s.answer(p.client, model, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			return true
 		})
 		if m.unwritten {
@@ -351,15 +441,25 @@ func (s *sequencer) tick(now time.Time) {
 }
 
 // inSync says whether w may serve model's lookups at now: only a worker
-// holding every acknowledged update does, and, while the router is
-// still hearing from its workers, none of a model that has had updates
-// (a worker holding later ones may not have announced yet). It changes
-// nothing.
+// holding every acknowledged update of its sequence (its shard's, or
+// the model's) does, and, while the router is still hearing from its
+// workers, none of a sequence that has had updates (a worker holding
+// later ones may not have announced yet). A worker holding the whole of
+// a model whose shards have had updates lacks them: it does not serve.
+// It changes nothing.
 func (s *sequencer) inSync(w *prismv1.WorkerInfo, model string, now time.Time) bool {
 	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !s.any {
 		return true
 	}
-	m := s.models[model]
+	key := keyOf(w, model)
+	if key == model {
+		for _, sm := range s.shardSeqs[model] {
+			if sm.next > 0 || sm.committed > 0 {
+				return false
+			}
+		}
+	}
+	m := s.models[key]
 	if m == nil {
 		return true
 	}

@@ -37,17 +37,10 @@ type fanout struct {
 	// refusers are the workers that answered InvalidArgument, "id
 	// addr: message" by id.
 	refusers map[string]string
-	// A sharded model (some member announced a shard): shardOf is each
-	// member's shard (-1: the whole model), shards the shard count,
-	// held the members that applied it, rows the shards holding the
-	// update's rows as the answers named them (quorum.go).
-	shardOf map[string]int32
-	shards  int32
-	held    map[string]bool
-	rows    map[int32]bool
 }
 
-// targets are the live embedding workers serving model, by id, but
+// targets are the live embedding workers of sequence model (a model's,
+// or a shard's: keyOf), by id, but
 // the foreign, diverged and slow ones; members counts the workers the
 // quorum counts: the targets and the slow ones, but not the stale ones
 // (already behind what the log holds when the update is numbered: out
@@ -70,7 +63,7 @@ func (s *sequencer) targetsOf(model string) (out []*prismv1.WorkerInfo, members 
 			continue
 		}
 		w := s.workers[id]
-		if !slices.Contains(w.GetModels(), model) {
+		if !slices.Contains(w.GetModels(), m.name) || keyOf(w, m.name) != model {
 			continue
 		}
 		if k, ok := m.known[id]; !ok || k >= m.floor {
@@ -90,27 +83,27 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		p := m.queue[0]
 		m.queue = m.queue[1:]
 		if s.resigned {
-			s.answer(p.client, nil, errResigned)
+			s.answer(p.client, model, nil, errResigned)
 			continue
 		}
 		if !s.now.Before(p.deadline) {
 			// Its turn came too late: a number handed out now could be
 			// left with no worker to apply it.
-			s.answer(p.client, nil, status.FromContextError(context.DeadlineExceeded).Err())
+			s.answer(p.client, model, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			continue
 		}
 		if m.unwritten {
-			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "the router could not write the update log of model %q; it takes no updates until it has written it again; retry", model))
+			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "the router could not write the update log of model %q; it takes no updates until it has written it again; retry", model))
 			continue
 		}
 		targets, memberIDs := s.targetsOf(model)
 		members := len(memberIDs)
 		if len(targets) == 0 {
 			if n := len(m.slow) + len(m.diverged) + len(m.foreign); n > 0 {
-				s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no embedding worker taking updates right now (%d slow and being caught up, or out of serving; see the router's log); retry", model, n))
+				s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "model %q has no embedding worker taking updates right now (%d slow and being caught up, or out of serving; see the router's log); retry", model, n))
 				continue
 			}
-			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "model %q has no live embedding worker right now; retry", model))
+			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "model %q has no live embedding worker right now; retry", model))
 			continue
 		}
 		// Number it only if some live worker holds every update before
@@ -121,7 +114,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			held = max(held, m.known[w.GetId()])
 		}
 		if held < m.next {
-			s.answer(p.client, nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", model, m.next))
+			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", model, m.next))
 			continue
 		}
 		m.next++
@@ -154,55 +147,12 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			m.overBudget = false
 		}
 		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
-		for _, id := range memberIDs {
-			if ref := s.workers[id].GetShards()[model]; ref != nil && ref.GetShards() > 0 {
-				if f.shardOf == nil {
-					f.shardOf, f.held, f.rows = map[string]int32{}, map[string]bool{}, map[int32]bool{}
-				}
-				f.shards = max(f.shards, ref.GetShards())
-			}
-		}
-		if f.shardOf != nil {
-			for _, id := range memberIDs {
-				f.shardOf[id] = -1
-				if ref := s.workers[id].GetShards()[model]; ref != nil && ref.GetShards() > 0 {
-					f.shardOf[id] = ref.GetShard()
-				}
-			}
-		}
 		m.inflight = f
-		// A table no live worker announces holding (misspelt, or no
-		// worker says which tables it holds) goes whole to every worker,
-		// which refuses it or writes it as its plan says.
-		route := slices.ContainsFunc(targets, func(w *prismv1.WorkerInfo) bool {
-			return slices.Contains(w.GetShards()[model].GetTables(), p.req.GetTable())
-		})
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
-			apply := areq
-			if route {
-				apply = routed(w, model, areq)
-			}
-			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: apply})
+			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: areq})
 		}
 	}
-}
-
-// routed is the apply to send worker w of model: areq itself, or, when
-// w's shard does not hold the update's table (ShardRef.tables; a
-// table-wise table lives on one shard), the number and the ids without
-// the rows, so an update's rows cross the network to the shards that
-// write them only.
-// A worker announcing no tables (unsharded, or older) gets it whole.
-func routed(w *prismv1.WorkerInfo, model string, areq *prismv1.ApplyUpdateRequest) *prismv1.ApplyUpdateRequest {
-	ref := w.GetShards()[model]
-	table := areq.GetUpdate().GetTable()
-	if ref.GetShards() == 0 || len(ref.GetTables()) == 0 || slices.Contains(ref.GetTables(), table) {
-		return areq
-	}
-	// The ids stay: the worker names the shards holding their rows, and
-	// the router holds those shards to the quorum.
-	return &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: model, Table: table, Ids: areq.GetUpdate().GetIds()}, Seq: areq.GetSeq(), NumberOnly: true}
 }
 
 // ack records that a live worker holds seq. A worker gone meanwhile is
@@ -216,18 +166,17 @@ func (s *sequencer) ack(m *modelSeq, id string, seq int64) {
 	}
 }
 
-// applied is the event "worker answered the apply of model's update seq
-// that a msgApply for client asked for" (err nil: applied; client 0: a
-// replay); rows are the shards holding the update's rows that a worker
-// of a sharded model named (UpdateResponse.shards).
-func (s *sequencer) applied(now time.Time, client uint64, model, worker string, seq int64, rows []int32, err error) {
+// applied is the event "worker answered the apply of update seq of
+// sequence model (keyOf) that a msgApply for client asked for" (err
+// nil: applied; client 0: a replay).
+func (s *sequencer) applied(now time.Time, client uint64, model, worker string, seq int64, err error) {
 	s.advance(now)
 	m := s.models[model]
 	if m == nil {
 		return
 	}
 	if client == 0 {
-		s.replayed(model, m, worker, seq, rows, err)
+		s.replayed(model, m, worker, seq, err)
 		return
 	}
 	f := m.inflight
@@ -243,14 +192,6 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	case codes.OK:
 		f.applied++
 		s.ack(m, worker, seq)
-		if f.shardOf != nil {
-			f.held[worker] = true
-			for _, k := range rows {
-				if k >= 0 && k < f.shards {
-					f.rows[k] = true
-				}
-			}
-		}
 	case codes.InvalidArgument:
 		// Bad input: every replica refuses it alike and takes the seq.
 		if f.inputErr == nil {
@@ -289,29 +230,12 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		return
 	}
 	m.inflight = nil
-	// For a sharded model only the answers of the shards holding the
-	// rows tell applied from refused: the other shards' workers take the
-	// number without the rows (number only, or skipping the table), and
-	// their OK says nothing of the rows. Bad rows that every holder
-	// refused are bad input, not a divergence of the holders.
-	applied, refusers := f.applied, f.refusers
-	if f.shardOf != nil && len(f.rows) > 0 { // no shard named: workers of an older build, the model's quorum
-		holds := func(id string) bool { sh, ok := f.shardOf[id]; return !ok || sh == -1 || f.rows[sh] }
-		applied = 0
-		for id := range f.held {
-			if holds(id) {
-				applied++
-			}
-		}
-		refusers = maps.Clone(refusers)
-		maps.DeleteFunc(refusers, func(id, _ string) bool { return !holds(id) })
-	}
 	switch {
-	case f.inputErr != nil && applied == 0:
+	case f.inputErr != nil && f.applied == 0:
 		m.outcome[f.seq] = -1
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
-		s.answer(f.client, nil, f.inputErr)
+		s.answer(f.client, model, nil, f.inputErr)
 	case f.applied == 0:
 		failed := f.failed
 		if failed == nil {
@@ -321,49 +245,20 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// lost the answer, so the number cannot be given to another. The
 		// catch-up applies it everywhere later; a retry applies the same
 		// rows again, which upserts make harmless.
-		s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
+		s.answer(f.client, model, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
 	default:
-		if applied > 0 { // a worker holding the rows applied them
-			m.outcome[f.seq] = 1
-		}
+		m.outcome[f.seq] = 1
 		// Divergent answers: some applied it, some refused it as bad
 		// input. The refusers' copies now lack the rows and a replay
 		// cannot add them (the refusal took the seq): out of serving.
 		var refused []string
-		for _, id := range slices.Sorted(maps.Keys(refusers)) {
-			refused = append(refused, refusers[id])
+		for _, id := range slices.Sorted(maps.Keys(f.refusers)) {
+			refused = append(refused, f.refusers[id])
 			if _, live := s.workers[id]; live {
 				m.diverged[id] = f.seq
 				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
-					"model", model, "worker", id, "seq", f.seq, "refusal", refusers[id])
+					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
 			}
-		}
-		if on := slices.Sorted(maps.Keys(f.rows)); len(on) > 0 {
-			// A sharded model: each shard holding the rows by its own
-			// quorum; the others' workers took the number only.
-			if short := s.quorum.shortShards(on, f.shardOf, f.held); len(short) > 0 {
-				var lack []string
-				for _, sh := range short {
-					if sh.members == 0 {
-						lack = append(lack, fmt.Sprintf("shard %d: no live worker", sh.shard))
-						continue
-					}
-					lack = append(lack, fmt.Sprintf("shard %d: %d of %d, need %d", sh.shard, sh.held, sh.members, sh.needs))
-				}
-				why := ""
-				if f.failed != nil {
-					why = fmt.Sprintf("; %v", f.failed)
-				}
-				if len(refused) > 0 {
-					why += "; refused by " + strings.Join(refused, "; ")
-				}
-				s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d of rows on shards %v (of %d) held below the update quorum (%s) by the embedding workers of %s%s; it may still reach the others as they catch up; retrying is safe", f.seq, on, f.shards, s.quorum, strings.Join(lack, ", "), why))
-				break
-			}
-			m.committed = max(m.committed, f.seq)
-			s.persist(model, m, nil, m.floor)
-			s.answer(f.client, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused, Shards: on}, nil)
-			break
 		}
 		if f.applied < f.need {
 			// Below the quorum: as with none above, the update keeps its
@@ -377,12 +272,12 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 			if len(refused) > 0 {
 				why += "; refused by " + strings.Join(refused, "; ")
 			}
-			s.answer(f.client, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, below the update quorum (%s: %d)%s; it may still reach the others as they catch up; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need, why))
+			s.answer(f.client, model, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, below the update quorum (%s: %d)%s; it may still reach the others as they catch up; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need, why))
 			break
 		}
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
-		s.answer(f.client, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused}, nil)
+		s.answer(f.client, model, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused}, nil)
 	}
 	s.startNext(model, m)
 }

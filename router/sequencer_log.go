@@ -3,7 +3,6 @@ package router
 import (
 	"errors"
 	"log/slog"
-	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -55,7 +54,7 @@ func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64
 }
 
 // replayed goes on with a replay after one of its updates was answered.
-func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64, rows []int32, err error) {
+func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64, err error) {
 	switch code := status.Code(err); {
 	case err == nil || code == codes.InvalidArgument:
 		// Either way the worker took the number. An answer other than
@@ -67,11 +66,7 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 		if err != nil {
 			got = -1
 		}
-		if !holdsRows(s.workers[worker], model, rows, err) {
-			// Not a worker of the shards holding the rows (sent the
-			// number alone, or holding none of the ids): its OK says
-			// nothing of them.
-		} else if was, known := m.outcome[seq]; !known {
+		if was, known := m.outcome[seq]; !known {
 			m.outcome[seq] = got
 		} else if was != got {
 			if _, already := m.diverged[worker]; !already {
@@ -96,18 +91,6 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 	}
 }
 
-// holdsRows says whether worker w's answer to an update speaks for its
-// rows: a refusal does (only a worker checking the rows refuses them),
-// and so does an OK from an unsharded worker or one whose shard is among
-// rows, the shards the answer named as holding the update's rows.
-func holdsRows(w *prismv1.WorkerInfo, model string, rows []int32, err error) bool {
-	if w == nil {
-		return err != nil // gone: which shard it served is not known
-	}
-	ref := w.GetShards()[model]
-	return err != nil || ref.GetShards() == 0 || slices.Contains(rows, ref.GetShard())
-}
-
 // replayNext sends worker the next update of model it lacks, or ends its
 // replay when it holds the latest, is gone, or the log no longer reaches.
 func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
@@ -117,31 +100,5 @@ func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 		delete(m.catching, id)
 		return
 	}
-	apply := routed(w, model, m.log[k-m.floor])
-	if apply.GetNumberOnly() && w.GetShards()[model].GetNumberRanges() {
-		apply = skipRun(w, model, m, k+1)
-	}
-	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: apply})
-}
-
-// skipRun is the catch-up of sharded worker w from update from on, when
-// the updates from there are of tables its shard does not hold: their
-// numbers in one call (ApplyUpdateRequest.number_from), up to the next
-// update w must get with its rows. A shard down while the others took
-// many updates is caught up in one write, not one synced write each.
-func skipRun(w *prismv1.WorkerInfo, model string, m *modelSeq, from int64) *prismv1.ApplyUpdateRequest {
-	to := from
-	var tables []string
-	for seq := from; seq <= m.next; seq++ {
-		e := m.log[seq-m.floor-1]
-		if !routed(w, model, e).GetNumberOnly() {
-			break
-		}
-		if t := e.GetUpdate().GetTable(); !slices.Contains(tables, t) {
-			tables = append(tables, t)
-		}
-		to = seq
-	}
-	slices.Sort(tables)
-	return &prismv1.ApplyUpdateRequest{Update: &prismv1.UpdateRequest{Model: model}, Seq: to, NumberOnly: true, NumberFrom: from, SkippedTables: tables}
+	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: m.log[k-m.floor]})
 }

@@ -72,10 +72,6 @@ func (s *sequencer) logf(level slog.Level, text string, attrs ...any) {
 	s.send(message{Type: msgLog, Level: level, Text: text, Attrs: attrs})
 }
 
-func (s *sequencer) answer(client uint64, resp *prismv1.UpdateResponse, err error) {
-	s.send(message{Type: msgAnswer, Client: client, Resp: resp, Err: err})
-}
-
 // String is the message in one line, for tests and debugging.
 func (m message) String() string {
 	switch m.Type {
@@ -84,11 +80,8 @@ func (m message) String() string {
 		if m.Client != 0 {
 			to = fmt.Sprintf("c%d", m.Client)
 		}
-		if m.Apply.GetNumberOnly() {
-			to += ", number only"
-		}
-		if from := m.Apply.GetNumberFrom(); from != 0 {
-			return fmt.Sprintf("apply %s#%d..%d -> %s (%s, tables %s)", m.Model, from, m.Apply.GetSeq(), m.Worker, to, strings.Join(m.Apply.GetSkippedTables(), ","))
+		if u := m.Apply.GetUpdate(); len(u.GetIds()) > 0 && len(u.GetIds()) <= 8 && m.Model != u.GetModel() {
+			to += fmt.Sprintf(", ids %v", u.GetIds()) // a shard's part
 		}
 		return fmt.Sprintf("apply %s#%d -> %s (%s)", m.Model, m.Apply.GetSeq(), m.Worker, to)
 	case msgAnswer:

@@ -67,7 +67,7 @@ func (s *sequencer) writeFailed(now time.Time, msgs []message) {
 	}
 	for _, msg := range msgs {
 		if msg.Type == msgApply {
-			s.applied(s.now, msg.Client, msg.Model, msg.Worker, msg.Apply.GetSeq(), nil, errNotLogged)
+			s.applied(s.now, msg.Client, msg.Model, msg.Worker, msg.Apply.GetSeq(), errNotLogged)
 		}
 	}
 }

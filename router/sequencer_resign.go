@@ -30,7 +30,7 @@ func (s *sequencer) resign(now time.Time) {
 	for _, model := range slices.Sorted(maps.Keys(s.models)) {
 		m := s.models[model]
 		for _, p := range m.queue {
-			s.answer(p.client, nil, errResigned)
+			s.answer(p.client, model, nil, errResigned)
 		}
 		m.queue = nil
 	}

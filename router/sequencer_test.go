@@ -35,16 +35,20 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	restart [after=0s]                         the router restarts from what
 //	                                           its update log holds
 //	advance <duration>                         the clock moves on
-//	announce <worker> [models=m] [seq=m:N,...] [role=dense] [shard=K/N]
+//	announce <worker> [models=m] [seq=m:N,...] [role=dense] [shard=K/N] [tables=t,...] [split=t:K.K.K:rows,...]
 //	                                           shard: it holds shard K of N
-//	                                           of each of its models
+//	                                           of each of its models, tables
+//	                                           those of them it holds, split
+//	                                           the row-wise tables' rows (row
+//	                                           r on the (r mod n)-th K listed)
 //	gone <worker>                              left, expired or removed
-//	propose <client> [model=m] [table=t] [ids=1] [deadline=10s]
+//	propose <client> [model=m] [table=t] [ids=1|ids=3.9.12] [deadline=10s]
+//	                                           ids: how many (each 0), or the
+//	                                           ids, dot-separated
 //	cancel <client> [code=Canceled]            the client's context ended
-//	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout] [shards=K,...]
-//	                                           shards: the shards holding the
-//	                                           update's rows, as a worker of a
-//	                                           sharded model names them
+//	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout]
+//	                                           model: the sequence, m#shardK
+//	                                           for a shard's
 //	tick [after=0s]                            a heartbeat
 //	resign                                     another router sequences now
 //	serving [model=m]                          which live workers may serve
@@ -281,8 +285,22 @@ func (h *seqScript) do(line string) []string {
 			if t := arg("tables", ""); t != "" {
 				tables = strings.Split(t, ",")
 			}
+			var splits []*prismv1.RowSplit
+			if sp := arg("split", ""); sp != "" {
+				for _, one := range strings.Split(sp, ",") {
+					f := strings.Split(one, ":")
+					if len(f) != 3 {
+						h.t.Fatalf("%s: split %q: want table:K.K:rows", line, one)
+					}
+					r := &prismv1.RowSplit{Table: f[0], Rows: num(f[2])}
+					for _, k := range strings.Split(f[1], ".") {
+						r.Shards = append(r.Shards, int32(num(k)))
+					}
+					splits = append(splits, r)
+				}
+			}
 			for _, m := range w.Models {
-				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n)), Tables: tables, NumberRanges: arg("ranges", "") == "yes"}
+				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n)), Tables: tables, RowSplits: splits}
 			}
 		}
 		h.s.announced(h.now, w)
@@ -291,8 +309,15 @@ func (h *seqScript) do(line string) []string {
 		h.s.gone(h.now, pos[0])
 	case "propose":
 		need(1)
-		n := num(arg("ids", "1"))
-		req := &prismv1.UpdateRequest{Model: model, Table: arg("table", "t"), Ids: make([]int64, n), Rows: make([]byte, 4*n)}
+		var ids []int64
+		if list := arg("ids", "1"); strings.Contains(list, ".") {
+			for _, id := range strings.Split(list, ".") {
+				ids = append(ids, num(id))
+			}
+		} else {
+			ids = make([]int64, num(list))
+		}
+		req := &prismv1.UpdateRequest{Model: model, Table: arg("table", "t"), Ids: ids, Rows: make([]byte, 4*len(ids))}
 		h.s.propose(h.now, client(pos[0]), req, h.now.Add(dur(arg("deadline", "10s"))))
 	case "cancel":
 		need(1)
@@ -305,13 +330,7 @@ func (h *seqScript) do(line string) []string {
 		} else if c := codeNamed(h.t, arg("code", "OK")); c != codes.OK {
 			err = status.Error(c, "worker says "+c.String())
 		}
-		var rows []int32
-		if s := arg("shards", ""); s != "" {
-			for _, k := range strings.Split(s, ",") {
-				rows = append(rows, int32(num(k)))
-			}
-		}
-		h.s.applied(h.now, client(pos[0]), model, pos[1], num(pos[2]), rows, err)
+		h.s.applied(h.now, client(pos[0]), model, pos[1], num(pos[2]), err)
 	case "tick":
 		h.now = h.now.Add(dur(arg("after", "0s")))
 		h.s.tick(h.now)
@@ -415,7 +434,7 @@ func (h *seqScript) carry(msgs []message) []string {
 		}
 	}
 	for _, m := range notSent {
-		h.s.applied(h.now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), nil, errNotLogged)
+		h.s.applied(h.now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), errNotLogged)
 	}
 	if rewrote {
 		for _, m := range msgs {

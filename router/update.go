@@ -175,8 +175,7 @@ func (u *Updater) served(model string) bool {
 // (rewritten).
 type updateDriver struct {
 	now func() time.Time
-	// call applies req on the worker at addr; a worker of a sharded
-	// model names in its answer the shards holding the rows.
+	// call applies req on the worker at addr.
 	call   func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)
 	log    *slog.Logger
 	behind *prometheus.GaugeVec
@@ -371,7 +370,7 @@ func (d *updateDriver) unlogged(werr error, msgs, notSent []message) {
 			return
 		}
 		for _, m := range notSent {
-			d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), nil, errNotLogged)
+			d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), errNotLogged)
 		}
 	})
 }
@@ -392,7 +391,6 @@ func (d *updateDriver) rewrote(msgs []message) {
 func (d *updateDriver) apply(ctx context.Context, m message) {
 	defer d.calls.Done()
 	var err error
-	var resp *prismv1.UpdateResponse
 	switch {
 	case m.Client != 0:
 		// The caller's deadline bounds its update's fan-out, and the
@@ -403,7 +401,7 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 		if d.workerTimeout > 0 {
 			cctx, cancel = context.WithTimeout(ctx, d.workerTimeout)
 		}
-		resp, err = d.call(cctx, m.Addr, m.Apply)
+		_, err = d.call(cctx, m.Addr, m.Apply)
 		// gRPC's own deadline timer may end the call (DeadlineExceeded)
 		// a moment before cctx reports its end: that is the per-worker
 		// timeout too, not a failure.
@@ -415,11 +413,11 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 		err = errRouterStopping
 	default:
 		cctx, cancel := context.WithTimeout(ctx, d.timeout)
-		resp, err = d.call(cctx, m.Addr, m.Apply)
+		_, err = d.call(cctx, m.Addr, m.Apply)
 		cancel()
 	}
 	d.step(func(now time.Time) {
-		d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), resp.GetShards(), err)
+		d.seq.applied(now, m.Client, m.Model, m.Worker, m.Apply.GetSeq(), err)
 	})
 }
 

@@ -90,8 +90,9 @@ type ApplyUpdateRequest struct {
 	// the seq it needs, and the router replays what the worker missed.
 	// 0 applies unsequenced (tools and tests).
 	Seq int64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
-	// number_only: the update's rows are on other shards of a sharded
-	// model (the router sends them only to the workers whose shard holds
+	// number_only (sent by routers of earlier releases, which numbered a
+	// sharded model's updates in one sequence): the update's rows are on
+	// other shards of a sharded model (the router sends them only to the workers whose shard holds
 	// the table, ShardRef.tables); this worker takes seq in the model's
 	// one sequence and writes nothing. update names the model and table
 	// and carries the ids (so the worker names the shards holding their
@@ -815,13 +816,22 @@ type ShardRef struct {
 	Inputs []string `protobuf:"bytes,3,rep,name=inputs,proto3" json:"inputs,omitempty"`
 	// tables are the model's tables whose rows this shard holds, all of
 	// a table-wise one, its share of a row-wise one: the router sends an
-	// update of a table with its rows only to these shards' workers, and
-	// the number alone to the others (ApplyUpdateRequest.number_only).
-	// Empty (an older worker): every update is sent whole.
+	// update of a table only to these shards' update sequences (each
+	// shard of a model has its own; WorkerInfo.update_seq counts the
+	// worker's shard's), split by row_splits where it names the table.
 	Tables []string `protobuf:"bytes,4,rep,name=tables,proto3" json:"tables,omitempty"`
 	// number_ranges: the worker takes a run of other shards' updates in
-	// one catch-up call (ApplyUpdateRequest.number_from).
-	NumberRanges  bool `protobuf:"varint,5,opt,name=number_ranges,json=numberRanges,proto3" json:"number_ranges,omitempty"`
+	// one catch-up call (ApplyUpdateRequest.number_from); routers of
+	// earlier releases, which numbered a sharded model's updates in one
+	// sequence, read it.
+	NumberRanges bool `protobuf:"varint,5,opt,name=number_ranges,json=numberRanges,proto3" json:"number_ranges,omitempty"`
+	// row_splits are the model's row-wise tables (every one, not only
+	// those this shard holds part of): the router splits an update of
+	// such a table by shard, so each shard's sequence carries only its
+	// rows, and refuses one with an id outside the table before
+	// numbering it, so no shard writes its part of an update another
+	// shard refuses.
+	RowSplits     []*RowSplit `protobuf:"bytes,6,rep,name=row_splits,json=rowSplits,proto3" json:"row_splits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -891,6 +901,76 @@ func (x *ShardRef) GetNumberRanges() bool {
 	return false
 }
 
+func (x *ShardRef) GetRowSplits() []*RowSplit {
+	if x != nil {
+		return x.RowSplits
+	}
+	return nil
+}
+
+// RowSplit says where a row-wise table's rows live: row r on shard
+// shards[r mod len(shards)].
+type RowSplit struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Table  string                 `protobuf:"bytes,1,opt,name=table,proto3" json:"table,omitempty"`
+	Shards []int32                `protobuf:"varint,2,rep,packed,name=shards,proto3" json:"shards,omitempty"`
+	// rows is the table's row count.
+	Rows          int64 `protobuf:"varint,3,opt,name=rows,proto3" json:"rows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RowSplit) Reset() {
+	*x = RowSplit{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RowSplit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RowSplit) ProtoMessage() {}
+
+func (x *RowSplit) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RowSplit.ProtoReflect.Descriptor instead.
+func (*RowSplit) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RowSplit) GetTable() string {
+	if x != nil {
+		return x.Table
+	}
+	return ""
+}
+
+func (x *RowSplit) GetShards() []int32 {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *RowSplit) GetRows() int64 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
 type AnnounceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Worker        *WorkerInfo            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
@@ -900,7 +980,7 @@ type AnnounceRequest struct {
 
 func (x *AnnounceRequest) Reset() {
 	*x = AnnounceRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -912,7 +992,7 @@ func (x *AnnounceRequest) String() string {
 func (*AnnounceRequest) ProtoMessage() {}
 
 func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -925,7 +1005,7 @@ func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceRequest.ProtoReflect.Descriptor instead.
 func (*AnnounceRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AnnounceRequest) GetWorker() *WorkerInfo {
@@ -949,7 +1029,7 @@ type AnnounceResponse struct {
 
 func (x *AnnounceResponse) Reset() {
 	*x = AnnounceResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1041,7 @@ func (x *AnnounceResponse) String() string {
 func (*AnnounceResponse) ProtoMessage() {}
 
 func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1054,7 @@ func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceResponse.ProtoReflect.Descriptor instead.
 func (*AnnounceResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AnnounceResponse) GetHeartbeatMs() int64 {
@@ -1000,7 +1080,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1092,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1105,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LeaveRequest) GetId() string {
@@ -1043,7 +1123,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1135,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1148,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
 }
 
 type ListRequest struct {
@@ -1079,7 +1159,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1171,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,15 +1184,16 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
 }
 
 type ListResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Workers []*WorkerInfo          `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
 	// updates is filled by a router that sequences embedding updates, per
-	// model that has had updates: what a router that follows it needs to
-	// choose embedding workers for lookups (router/follow.go).
+	// sequence that has had updates (a model's, or a shard's of a sharded
+	// model, keyed "MODEL#shardK"): what a router that follows it needs
+	// to choose embedding workers for lookups (router/follow.go).
 	Updates map[string]*ModelUpdates `protobuf:"bytes,2,rep,name=updates,proto3" json:"updates,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// not_sequencing: the answering router does not sequence embedding
 	// updates now (it follows another, or an elected one does not hold the
@@ -1128,7 +1209,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1221,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1234,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListResponse) GetWorkers() []*WorkerInfo {
@@ -1203,7 +1284,7 @@ type ModelUpdates struct {
 
 func (x *ModelUpdates) Reset() {
 	*x = ModelUpdates{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[15]
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1296,7 @@ func (x *ModelUpdates) String() string {
 func (*ModelUpdates) ProtoMessage() {}
 
 func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[15]
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1309,7 @@ func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelUpdates.ProtoReflect.Descriptor instead.
 func (*ModelUpdates) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{15}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ModelUpdates) GetAcknowledged() int64 {
@@ -1284,7 +1365,7 @@ type UpdateLogRequest struct {
 
 func (x *UpdateLogRequest) Reset() {
 	*x = UpdateLogRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1296,7 +1377,7 @@ func (x *UpdateLogRequest) String() string {
 func (*UpdateLogRequest) ProtoMessage() {}
 
 func (x *UpdateLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1309,7 +1390,7 @@ func (x *UpdateLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLogRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLogRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{16}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UpdateLogRequest) GetTerm() uint64 {
@@ -1354,7 +1435,7 @@ type UpdateLogResponse struct {
 
 func (x *UpdateLogResponse) Reset() {
 	*x = UpdateLogResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1447,7 @@ func (x *UpdateLogResponse) String() string {
 func (*UpdateLogResponse) ProtoMessage() {}
 
 func (x *UpdateLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1460,7 @@ func (x *UpdateLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLogResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLogResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{17}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UpdateLogResponse) GetTerm() uint64 {
@@ -1427,7 +1508,7 @@ type ModelLog struct {
 
 func (x *ModelLog) Reset() {
 	*x = ModelLog{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	mi := &file_api_prismv1_internal_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1520,7 @@ func (x *ModelLog) String() string {
 func (*ModelLog) ProtoMessage() {}
 
 func (x *ModelLog) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	mi := &file_api_prismv1_internal_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1533,7 @@ func (x *ModelLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelLog.ProtoReflect.Descriptor instead.
 func (*ModelLog) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{18}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ModelLog) GetNext() int64 {
@@ -1571,13 +1652,19 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\x8d\x01\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\xc0\x01\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12\x16\n" +
 	"\x06inputs\x18\x03 \x03(\tR\x06inputs\x12\x16\n" +
 	"\x06tables\x18\x04 \x03(\tR\x06tables\x12#\n" +
-	"\rnumber_ranges\x18\x05 \x01(\bR\fnumberRanges\"?\n" +
+	"\rnumber_ranges\x18\x05 \x01(\bR\fnumberRanges\x121\n" +
+	"\n" +
+	"row_splits\x18\x06 \x03(\v2\x12.prism.v1.RowSplitR\trowSplits\"L\n" +
+	"\bRowSplit\x12\x14\n" +
+	"\x05table\x18\x01 \x01(\tR\x05table\x12\x16\n" +
+	"\x06shards\x18\x02 \x03(\x05R\x06shards\x12\x12\n" +
+	"\x04rows\x18\x03 \x01(\x03R\x04rows\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
 	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"V\n" +
 	"\x10AnnounceResponse\x12!\n" +
@@ -1651,7 +1738,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1663,66 +1750,68 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*WorkerInfo)(nil),         // 7: prism.v1.WorkerInfo
 	(*JaggedInputs)(nil),       // 8: prism.v1.JaggedInputs
 	(*ShardRef)(nil),           // 9: prism.v1.ShardRef
-	(*AnnounceRequest)(nil),    // 10: prism.v1.AnnounceRequest
-	(*AnnounceResponse)(nil),   // 11: prism.v1.AnnounceResponse
-	(*LeaveRequest)(nil),       // 12: prism.v1.LeaveRequest
-	(*LeaveResponse)(nil),      // 13: prism.v1.LeaveResponse
-	(*ListRequest)(nil),        // 14: prism.v1.ListRequest
-	(*ListResponse)(nil),       // 15: prism.v1.ListResponse
-	(*ModelUpdates)(nil),       // 16: prism.v1.ModelUpdates
-	(*UpdateLogRequest)(nil),   // 17: prism.v1.UpdateLogRequest
-	(*UpdateLogResponse)(nil),  // 18: prism.v1.UpdateLogResponse
-	(*ModelLog)(nil),           // 19: prism.v1.ModelLog
-	nil,                        // 20: prism.v1.WorkerInfo.UpdateSeqEntry
-	nil,                        // 21: prism.v1.WorkerInfo.ShardsEntry
-	nil,                        // 22: prism.v1.WorkerInfo.JaggedEntry
-	nil,                        // 23: prism.v1.WorkerInfo.FixedBatchEntry
-	nil,                        // 24: prism.v1.ListResponse.UpdatesEntry
-	nil,                        // 25: prism.v1.UpdateLogRequest.AfterEntry
-	nil,                        // 26: prism.v1.UpdateLogResponse.ModelsEntry
-	(*UpdateRequest)(nil),      // 27: prism.v1.UpdateRequest
-	(*Features)(nil),           // 28: prism.v1.Features
-	(*UpdateResponse)(nil),     // 29: prism.v1.UpdateResponse
+	(*RowSplit)(nil),           // 10: prism.v1.RowSplit
+	(*AnnounceRequest)(nil),    // 11: prism.v1.AnnounceRequest
+	(*AnnounceResponse)(nil),   // 12: prism.v1.AnnounceResponse
+	(*LeaveRequest)(nil),       // 13: prism.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 14: prism.v1.LeaveResponse
+	(*ListRequest)(nil),        // 15: prism.v1.ListRequest
+	(*ListResponse)(nil),       // 16: prism.v1.ListResponse
+	(*ModelUpdates)(nil),       // 17: prism.v1.ModelUpdates
+	(*UpdateLogRequest)(nil),   // 18: prism.v1.UpdateLogRequest
+	(*UpdateLogResponse)(nil),  // 19: prism.v1.UpdateLogResponse
+	(*ModelLog)(nil),           // 20: prism.v1.ModelLog
+	nil,                        // 21: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 22: prism.v1.WorkerInfo.ShardsEntry
+	nil,                        // 23: prism.v1.WorkerInfo.JaggedEntry
+	nil,                        // 24: prism.v1.WorkerInfo.FixedBatchEntry
+	nil,                        // 25: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 26: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 27: prism.v1.UpdateLogResponse.ModelsEntry
+	(*UpdateRequest)(nil),      // 28: prism.v1.UpdateRequest
+	(*Features)(nil),           // 29: prism.v1.Features
+	(*UpdateResponse)(nil),     // 30: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	27, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	28, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	28, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	28, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	29, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	29, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	20, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	21, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
-	22, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
-	23, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
-	7,  // 9: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	7,  // 10: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	24, // 11: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	25, // 12: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	26, // 13: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
-	1,  // 14: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	9,  // 15: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 16: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	16, // 17: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	19, // 18: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 19: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 20: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 21: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	10, // 22: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	12, // 23: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	14, // 24: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	17, // 25: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 26: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	29, // 27: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 28: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	11, // 29: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	13, // 30: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	15, // 31: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	18, // 32: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	26, // [26:33] is the sub-list for method output_type
-	19, // [19:26] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	21, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	22, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	23, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
+	24, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
+	10, // 9: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
+	7,  // 10: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	7,  // 11: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	25, // 12: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	26, // 13: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	27, // 14: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	1,  // 15: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	9,  // 16: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 17: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	17, // 18: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	20, // 19: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 20: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 21: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 22: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	11, // 23: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	13, // 24: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	15, // 25: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	18, // 26: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 27: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	30, // 28: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 29: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	12, // 30: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	14, // 31: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	16, // 32: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	19, // 33: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	27, // [27:34] is the sub-list for method output_type
+	20, // [20:27] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1737,7 +1826,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,7 +73,10 @@ func TestShardedTableWise(t *testing.T) {
 	reg := prismv1.NewRegistryClient(conn)
 	// waitShards waits until the registry lists exactly the shards in
 	// want, each holding update seq.
-	waitShards := func(want []int, seq int64) {
+	// waitShards waits until the live embedding workers are one per
+	// shard of want, each holding update want[shard] of its shard's
+	// sequence.
+	waitShards := func(want map[int]int64) {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
 		var last []string
@@ -87,25 +91,19 @@ func TestShardedTableWise(t *testing.T) {
 						continue
 					}
 					last = append(last, fmt.Sprintf("shard %d seq %d", ref.GetShard(), w.GetUpdateSeq()[cfg.Name]))
-					if w.GetUpdateSeq()[cfg.Name] == seq {
+					if seq, ok := want[int(ref.GetShard())]; ok && w.GetUpdateSeq()[cfg.Name] == seq {
 						got[int(ref.GetShard())] = true
 					}
 				}
 				if len(got) == len(want) && len(last) == len(want) {
-					ok := true
-					for _, k := range want {
-						ok = ok && got[k]
-					}
-					if ok {
-						return
-					}
+					return
 				}
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		t.Fatalf("never saw shards %v at update %d (last: %v)", want, seq, last)
+		t.Fatalf("never saw shards at updates %v (last: %v)", want, last)
 	}
-	waitShards([]int{0, 1, 2}, 0)
+	waitShards(map[int]int64{0: 0, 1: 0, 2: 0})
 	// Each shard reads only its lookups' inputs (shard 0 also the dense
 	// features it passes on), so the router sends it only those; the
 	// scores below are the monolith's all the same.
@@ -198,12 +196,11 @@ func TestShardedTableWise(t *testing.T) {
 	}
 	// It comes back on its store: serving resumes.
 	shards[1] = embedding(1)
-	waitShards([]int{0, 1, 2}, 0)
+	waitShards(map[int]int64{0: 0, 1: 0, 2: 0})
 	check(150, nil)
 
-	// An update of a table goes to every worker: the shard holding the
-	// table writes it, the other two take its number, rows unwritten
-	// (one sequence per model). Candidate 0 looks up the updated row.
+	// An update of a table goes to the shard holding it alone, numbered
+	// in that shard's sequence. Candidate 0 looks up the updated row.
 	table := p.Tables[0].Name
 	if in := req.Candidates.Inputs[1]; in.Name != p.Tables[0].Lookups[0].Input {
 		t.Fatalf("input 1 is %q, table 0 reads %q", in.Name, p.Tables[0].Lookups[0].Input)
@@ -218,23 +215,29 @@ func TestShardedTableWise(t *testing.T) {
 		row[i] = 0.5
 	}
 	upd := prismv1.NewEmbeddingsClient(conn)
-	var ur *prismv1.UpdateResponse
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if ur, err = upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: table, Ids: []int64{1}, Rows: leview.Bytes(row)}); err == nil {
-			break
+	update := func(table string, row []float32) (*prismv1.UpdateResponse, error) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			ur, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: table, Ids: []int64{1}, Rows: leview.Bytes(row)})
+			if err == nil || status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+				return ur, err
+			}
 		}
-		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
-			t.Fatalf("update: %v", err)
-		}
 	}
-	if ur.GetWorkers() != 3 {
-		t.Errorf("update acknowledged by %d workers, want 3", ur.GetWorkers())
+	ur, err := update(table, row)
+	if err != nil {
+		t.Fatalf("update: %v", err)
 	}
-	// The shard holding the table is named: its quorum acknowledged it.
-	if want := p.Sharding.Placement(table).Shards; len(ur.GetShards()) != 1 || int(ur.GetShards()[0]) != want[0] {
-		t.Errorf("update acknowledged with rows on shards %v, the table is on %v", ur.GetShards(), want)
+	holder := p.Sharding.Placement(table).Shards[0]
+	if ur.GetWorkers() != 1 {
+		t.Errorf("update acknowledged by %d workers, want 1 (the holding shard's)", ur.GetWorkers())
 	}
-	waitShards([]int{0, 1, 2}, 1)
+	if len(ur.GetShards()) != 1 || int(ur.GetShards()[0]) != holder {
+		t.Errorf("update acknowledged with rows on shards %v, the table is on shard %d", ur.GetShards(), holder)
+	}
+	at := map[int]int64{0: 0, 1: 0, 2: 0}
+	at[holder] = 1
+	waitShards(at)
 	after, err := rec.Recommend(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)
@@ -248,36 +251,41 @@ func TestShardedTableWise(t *testing.T) {
 		}
 	}
 
-	// A shard not holding the table misses three updates of it (killed;
-	// its store holds update 1). Back on its store, it takes their
-	// numbers in one catch-up call (ApplyUpdateRequest.number_from, the
-	// router's sequencer tests show the call) and serves again.
-	other := (p.Sharding.Placement(table).Shards[0] + 1) % 3
-	var rest []int
-	for k := range 3 {
-		if k != other {
-			rest = append(rest, k)
+	// The holder down: an update of its table is refused at once,
+	// naming the shard, and nothing is numbered; the other shards take
+	// updates of their tables meanwhile (one shard holds up no other).
+	var another string
+	for _, tb := range p.Tables {
+		if tp := p.Sharding.Placement(tb.Name); tp.Placement == plan.TableWise && tp.Shards[0] != holder {
+			another = tb.Name
+			break
 		}
 	}
-	shards[other].cmd.Process.Kill()
-	shards[other].cmd.Wait()
-	waitShards(rest, 1)
-	for i := range 3 {
-		row[0] = float32(i)
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			if _, err = upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: table, Ids: []int64{1}, Rows: leview.Bytes(row)}); err == nil {
-				break
-			}
-			if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
-				t.Fatalf("update %d with shard %d down: %v", 2+i, other, err)
-			}
-		}
+	if another == "" {
+		t.Fatalf("no table-wise table off shard %d in %v", holder, p.Sharding)
 	}
-	waitShards(rest, 4)
-	shards[other] = embedding(other)
-	waitShards([]int{0, 1, 2}, 4)
+	shards[holder].cmd.Process.Kill()
+	shards[holder].cmd.Wait()
+	delete(at, holder)
+	waitShards(at)
+	_, err = upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: table, Ids: []int64{1}, Rows: leview.Bytes(row)})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), fmt.Sprintf("shard %d of 3", holder)) {
+		t.Fatalf("update of table %q with its shard %d down: %v, want Unavailable naming the shard", table, holder, err)
+	}
+	arow := make([]float32, p.Tables[slices.IndexFunc(p.Tables, func(tb plan.Table) bool { return tb.Name == another })].Dim)
+	if ur, err := update(another, arow); err != nil {
+		t.Fatalf("update of table %q on shard %d while shard %d is down: %v", another, p.Sharding.Placement(another).Shards[0], holder, err)
+	} else if ur.GetWorkers() != 1 {
+		t.Errorf("update of table %q acknowledged by %d workers, want 1", another, ur.GetWorkers())
+	}
+	at[p.Sharding.Placement(another).Shards[0]] = 1
+	waitShards(at)
+	// Back on its store, the holder serves again at its update 1.
+	shards[holder] = embedding(holder)
+	at[holder] = 1
+	waitShards(at)
 	if _, err := rec.Recommend(context.Background(), req); err != nil {
-		t.Fatalf("after shard %d caught up: %v", other, err)
+		t.Fatalf("after shard %d came back: %v", holder, err)
 	}
 }
 
@@ -517,6 +525,107 @@ func TestShardedRowWise(t *testing.T) {
 		}
 		t.Logf("n=%d uniform=%v context %v: max abs error %g", tc.n, tc.uniform, tc.ctx, worst)
 	}
+	// An update of row-wise emb_w is split by shard: the rows sample 0
+	// reads (sparse_1's bag) go each to the shard holding it, numbered
+	// in that shard's sequence, and the scores are then the monolith's
+	// with the same rows.
+	b, err := func() (*models.Batch, error) {
+		src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: 7, Uniform: true})
+		if err != nil {
+			return nil, err
+		}
+		return src.Next(40)
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := slices.IndexFunc(sig.Inputs, func(in models.InputSpec) bool { return in.Name == "sparse_1" })
+	if in < 0 {
+		t.Fatalf("no input sparse_1 in %v", sig.Inputs)
+	}
+	var ids []int64
+	for _, id := range b.Columns[in].I64[:sig.Inputs[in].Width] {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	const dim = 8
+	rows := make([]float32, len(ids)*dim)
+	for i := range rows {
+		rows[i] = float32(i%7)*0.25 - 0.75
+	}
+	upd := prismv1.NewEmbeddingsClient(conn)
+	var ur *prismv1.UpdateResponse
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ur, err = upd.Update(context.Background(), &prismv1.UpdateRequest{Model: name, Table: "emb_w", Ids: ids, Rows: leview.Bytes(rows)})
+		if err == nil || status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("update of emb_w ids %v: %v", ids, err)
+	}
+	var on []int32
+	for _, id := range ids {
+		if k := int32(p.Sharding.Placement("emb_w").ShardOf(id)); !slices.Contains(on, k) {
+			on = append(on, k)
+		}
+	}
+	slices.Sort(on)
+	if !slices.Equal(ur.GetShards(), on) {
+		t.Errorf("update of emb_w ids %v acknowledged on shards %v, its rows are on %v", ids, ur.GetShards(), on)
+	}
+	t.Logf("update of emb_w ids %v: shards %v, %d workers", ids, ur.GetShards(), ur.GetWorkers())
+	updated := rowWiseModel(3)
+	for _, init := range updated.GetGraph().GetInitializer() {
+		if init.GetName() == "emb_w" {
+			data := slices.Clone(leview.Float32s(init.GetRawData()))
+			for i, id := range ids {
+				copy(data[id*dim:(id+1)*dim], rows[i*dim:(i+1)*dim])
+			}
+			init.RawData = leview.Bytes(data)
+		}
+	}
+	updatedPath := filepath.Join(dir, "updated", "model.onnx")
+	if err := os.MkdirAll(filepath.Dir(updatedPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := pb.WriteModel(updatedPath, updated, pb.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mono2, err := ort.NewSession(updatedPath, ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mono2.Close()
+	want, err := mono2.Run(modelrun.Inputs(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, err := mono.Run(modelrun.Inputs(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if maxAbsError(want[0][:1], stale[0][:1]) == 0 {
+		t.Fatal("the update changes no score of sample 0: the check below would prove nothing")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := rec.Recommend(ctx, toRequest(name, b, nil))
+		cancel()
+		worst := math.Inf(1)
+		if err == nil {
+			worst = maxAbsError(resp.GetScores(), want[0])
+		}
+		if err == nil && worst <= 1e-5 {
+			t.Logf("after the row-wise update: max abs error %g against the updated monolith", worst)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the row-wise update: %v, max abs error %g against the updated monolith", err, worst)
+		}
+	}
+
 	// Shard 1 read its rows from Pebble: its lookups went past its hot tier.
 	c, err := auth.ClientTLS(auth.FilesFor(certs, auth.Admin))
 	if err != nil {

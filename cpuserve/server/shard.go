@@ -52,6 +52,10 @@ type shardRef struct {
 	// inputs: the model inputs this shard reads, sorted (announced in
 	// ShardRef.inputs; the router sends only these).
 	inputs []string
+	// splits: every row-wise table of the plan and where its rows live
+	// (announced in ShardRef.row_splits: the router splits an update of
+	// one by shard).
+	splits []*prismv1.RowSplit
 }
 
 // rowShards are the shards of the model's sharding that hold the rows
@@ -197,6 +201,13 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	for _, t := range p.Tables {
 		sr.tables[t.Name] = true
 		sr.place[t.Name] = p.Sharding.Placement(t.Name)
+		if tp := sr.place[t.Name]; tp != nil && tp.Placement == plan.RowWise && len(tp.Shards) > 1 {
+			shards := make([]int32, len(tp.Shards))
+			for i, k := range tp.Shards {
+				shards[i] = int32(k)
+			}
+			sr.splits = append(sr.splits, &prismv1.RowSplit{Table: t.Name, Shards: shards, Rows: t.Rows})
+		}
 		if mod, rem, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); holds {
 			sr.held[t.Name] = true
 			if mod > 1 {
@@ -346,7 +357,7 @@ func (s *Server) shardRefs() map[string]*prismv1.ShardRef {
 	}
 	out := make(map[string]*prismv1.ShardRef, len(s.shards))
 	for name, sr := range s.shards {
-		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true}
+		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true, RowSplits: sr.splits}
 	}
 	return out
 }
