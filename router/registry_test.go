@@ -68,6 +68,10 @@ func TestRegistryBounds(t *testing.T) {
 		{w("b", ""), codes.InvalidArgument, "model name of 0 bytes"},
 		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_DENSE, Addr: strings.Repeat("h", 17)}, codes.InvalidArgument, "worker addr of 17 bytes"},
 		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "h:2", UpdateSeq: map[string]int64{"1": 1, "2": 1, "3": 1, "4": 1}}, codes.ResourceExhausted, "names 4 models"},
+		{w("b", "m#shard1"), codes.InvalidArgument, "reserved for a shard's update sequence"},
+		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "h:2", Models: []string{"m"}, Shards: map[string]*prismv1.ShardRef{"m": {Shard: 0, Shards: 2, RowSplits: []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 2}, Rows: 10}}}}}, codes.InvalidArgument, "row split of table"},
+		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "h:2", Models: []string{"m"}, Shards: map[string]*prismv1.ShardRef{"m": {Shard: 0, Shards: 2, RowSplits: []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 1}}}}}}, codes.InvalidArgument, "row split of table"},
+		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "h:2", Models: []string{"m"}, Shards: map[string]*prismv1.ShardRef{"m": {Shard: 0, Shards: 2, Tables: []string{strings.Repeat("t", 17)}}}}, codes.InvalidArgument, "shard table name of 17 bytes"},
 		{w("b", "m"), codes.OK, ""},
 		{w("c", "m"), codes.ResourceExhausted, "2 workers registered, the limit is 2"},
 		{w("a", "m2"), codes.OK, ""}, // a known worker still refreshes

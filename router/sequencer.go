@@ -5,8 +5,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -187,37 +185,15 @@ func (s *sequencer) drop(key string) {
 	}
 }
 
-// shardSep joins a model's name and a shard in the key of the shard's
-// sequence: "dlrm#shard2". The registry refuses '#' in model names, so
-// no model's own key reads as another's shard.
-const shardSep = "#shard"
+// shardSep, seqKey, parseSeqKey and keyOf name the sequences: a
+// model's, or a shard's of a sharded model (prismv1.UpdateSeqKey).
+const shardSep = prismv1.ShardSeqSep
 
-// seqKey names the sequence of model's shard (shard -1: the model's own).
-func seqKey(model string, shard int32) string {
-	if shard < 0 {
-		return model
-	}
-	return model + shardSep + strconv.Itoa(int(shard))
-}
+func seqKey(model string, shard int32) string { return prismv1.UpdateSeqKey(model, shard) }
 
-// parseSeqKey is seqKey's inverse.
-func parseSeqKey(key string) (model string, shard int32) {
-	if i := strings.LastIndex(key, shardSep); i >= 0 {
-		if k, err := strconv.ParseInt(key[i+len(shardSep):], 10, 32); err == nil && k >= 0 && key[i+len(shardSep):] == strconv.FormatInt(k, 10) {
-			return key[:i], int32(k)
-		}
-	}
-	return key, -1
-}
+func parseSeqKey(key string) (string, int32) { return prismv1.ParseUpdateSeqKey(key) }
 
-// keyOf is the sequence that numbers w's updates of model: its shard's
-// when it announces one, else the model's.
-func keyOf(w *prismv1.WorkerInfo, model string) string {
-	if ref := w.GetShards()[model]; ref.GetShards() > 0 && ref.GetShard() >= 0 {
-		return seqKey(model, ref.GetShard())
-	}
-	return model
-}
+func keyOf(w *prismv1.WorkerInfo, model string) string { return prismv1.UpdateSeqKeyOf(w, model) }
 
 // settles is when the startup window of m ends: three heartbeats after
 // the router started, or after the first announcement of m's seq when

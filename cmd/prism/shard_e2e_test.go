@@ -554,6 +554,28 @@ func TestShardedRowWise(t *testing.T) {
 	for i := range rows {
 		rows[i] = float32(i%7)*0.25 - 0.75
 	}
+	// Every shard's worker says where emb_w's rows live, so the router
+	// splits the update rather than send each shard all of it.
+	ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws.GetWorkers() {
+		ref := w.GetShards()[name]
+		if ref == nil {
+			continue
+		}
+		i := slices.IndexFunc(ref.GetRowSplits(), func(rs *prismv1.RowSplit) bool { return rs.GetTable() == "emb_w" })
+		pl := p.Sharding.Placement("emb_w")
+		if i < 0 || ref.GetRowSplits()[i].GetRows() != 1700 || len(ref.GetRowSplits()[i].GetShards()) != len(pl.Shards) {
+			t.Fatalf("shard %d announces row splits %v; emb_w is 1700 rows on shards %v", ref.GetShard(), ref.GetRowSplits(), pl.Shards)
+		}
+		for j, k := range pl.Shards {
+			if int(ref.GetRowSplits()[i].GetShards()[j]) != k {
+				t.Fatalf("shard %d announces emb_w's rows on %v, the plan on %v", ref.GetShard(), ref.GetRowSplits()[i].GetShards(), pl.Shards)
+			}
+		}
+	}
 	upd := prismv1.NewEmbeddingsClient(conn)
 	var ur *prismv1.UpdateResponse
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {

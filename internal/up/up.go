@@ -605,17 +605,20 @@ func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, mod
 // (a store re-ingested beside a kept update log is caught up first).
 func Servable(resp *prismv1.ListResponse, models []string) string {
 	for _, m := range models {
-		u := resp.GetUpdates()[m]
-		if u == nil {
-			continue // never updated: no worker lacks anything
-		}
-		if u.GetSettling() {
-			return fmt.Sprintf("model %q is still in its start-up window (its workers announcing the updates they hold)", m)
-		}
 		want, have := map[int32]bool{}, map[int32]bool{}
 		for _, w := range resp.GetWorkers() {
 			if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !slices.Contains(w.GetModels(), m) {
 				continue
+			}
+			// A sharded model's updates are numbered per shard
+			// (prismv1.UpdateSeqKey): each shard's sequence judged apart.
+			key := prismv1.UpdateSeqKeyOf(w, m)
+			u := resp.GetUpdates()[key]
+			if u == nil {
+				continue // never updated: no worker lacks anything
+			}
+			if u.GetSettling() {
+				return fmt.Sprintf("model %q is still in its start-up window (its workers announcing the updates they hold)", m)
 			}
 			shard := w.GetShards()[m].GetShard()
 			want[shard] = true

@@ -335,23 +335,25 @@ func TestServable(t *testing.T) {
 	}
 	one := []*prismv1.WorkerInfo{emb("e0", 0, false), emb("e1", 0, false), {Id: "d0", Role: prismv1.Role_ROLE_DENSE, Models: []string{"m"}}}
 	two := []*prismv1.WorkerInfo{emb("a", 0, true), emb("b", 1, true)}
+	whole := func(u *prismv1.ModelUpdates) map[string]*prismv1.ModelUpdates {
+		return map[string]*prismv1.ModelUpdates{"m": u}
+	}
 	for _, tc := range []struct {
 		name    string
 		workers []*prismv1.WorkerInfo
-		updates *prismv1.ModelUpdates
+		updates map[string]*prismv1.ModelUpdates // by sequence: a shard's is m#shardK
 		ready   bool
 	}{
 		{"never updated", one, nil, true},
-		{"settling", one, &prismv1.ModelUpdates{Settling: true, InSync: []string{"e0", "e1"}}, false},
-		{"catching up", one, &prismv1.ModelUpdates{Acknowledged: 3}, false},
-		{"one of two in sync", one, &prismv1.ModelUpdates{Acknowledged: 3, InSync: []string{"e1"}}, true},
-		{"sharded: one shard in sync", two, &prismv1.ModelUpdates{InSync: []string{"a"}}, false},
-		{"sharded: both", two, &prismv1.ModelUpdates{InSync: []string{"a", "b"}}, true},
+		{"settling", one, whole(&prismv1.ModelUpdates{Settling: true, InSync: []string{"e0", "e1"}}), false},
+		{"catching up", one, whole(&prismv1.ModelUpdates{Acknowledged: 3}), false},
+		{"one of two in sync", one, whole(&prismv1.ModelUpdates{Acknowledged: 3, InSync: []string{"e1"}}), true},
+		{"sharded: one shard in sync", two, map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 2, InSync: []string{"a"}}, "m#shard1": {Acknowledged: 5}}, false},
+		{"sharded: both", two, map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 2, InSync: []string{"a"}}, "m#shard1": {Acknowledged: 5, InSync: []string{"b"}}}, true},
+		{"sharded: one shard never updated", two, map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 2, InSync: []string{"a"}}}, true},
+		{"sharded: a shard settling", two, map[string]*prismv1.ModelUpdates{"m#shard1": {Settling: true, InSync: []string{"b"}}}, false},
 	} {
-		resp := &prismv1.ListResponse{Workers: tc.workers}
-		if tc.updates != nil {
-			resp.Updates = map[string]*prismv1.ModelUpdates{"m": tc.updates}
-		}
+		resp := &prismv1.ListResponse{Workers: tc.workers, Updates: tc.updates}
 		if why := Servable(resp, []string{"m"}); (why == "") != tc.ready {
 			t.Errorf("%s: %q, want ready %v", tc.name, why, tc.ready)
 		}
