@@ -89,6 +89,8 @@ K) unless its store already holds it.`,
 	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
 	fl.StringVar(&memLimit, "memory-limit", "auto", `memory Prism may use on this host, e.g. 16GiB: the embedding workers share half of it (each budgets its share: serve embedding --memory-limit); "auto": the memory cgroup's limit when there is one; "off": none`)
 	fl.StringVar(&c.Certs, "certs", "", "certificate folder for mutual TLS between the tiers (prism certs init); made when absent or empty (default: certs beside --db)")
+	fl.StringVar(&c.CACert, "tls-ca", "", "your CA's certificate (PEM): up signs the tiers' certificates with it (and --tls-ca-key) when it makes the --certs folder, instead of making a development CA")
+	fl.StringVar(&c.CAKey, "tls-ca-key", "", "your CA's key (PEM, unencrypted), with --tls-ca; read, never copied")
 	fl.BoolVar(&c.Insecure, "insecure", false, "run every tier on plaintext gRPC without authentication")
 	fl.DurationVar(&c.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the tiers (ingest included)")
 	fl.StringVar(&c.Loan, "loan", "", "borrow dense workers for peaks: local:max=N[,capacity=REQ/S,policy=reactive|predictive,high=,target=,low=,p99=,queue=,min-lease=,cool-down=,drain-timeout=,tick=,grace=,reclaim-after=,hold=,addr=] (README: Promotions and capacity loaning)")

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -42,6 +43,12 @@ type CertOptions struct {
 	// name), so that the router binds a worker id to one worker's
 	// certificate, not to a certificate every worker of the role holds.
 	Instances int
+	// CACert and CAKey, both or neither, are the PEM files of a CA to
+	// sign the certificates with (an organisation's, or an
+	// intermediate of it) instead of a development CA made here: its
+	// certificate is written as every folder's ca.pem; its key is read,
+	// never copied. The certificates expire with it at the latest.
+	CACert, CAKey string
 }
 
 // WorkerRoles are the roles whose processes announce themselves to the
@@ -74,7 +81,67 @@ func (o *CertOptions) Validate() error {
 			return fmt.Errorf("host %q: want a host name or an IP address", h)
 		}
 	}
+	if (o.CACert == "") != (o.CAKey == "") {
+		return errors.New("a CA's certificate and its key go together")
+	}
 	return nil
+}
+
+// loadCA reads a CA's certificate and key (PEM; the key PKCS #8, SEC 1
+// EC or PKCS #1 RSA), and checks that the certificate is a CA's that
+// may sign certificates, valid at now, and that the key is its own.
+func loadCA(certPath, keyPath string, now time.Time) (*x509.Certificate, crypto.Signer, error) {
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("CA certificate: %w", err)
+	}
+	block, _ := pem.Decode(certPEM)
+	if block == nil || block.Type != "CERTIFICATE" {
+		return nil, nil, fmt.Errorf("CA certificate %s: no PEM CERTIFICATE block", certPath)
+	}
+	ca, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("CA certificate %s: %w", certPath, err)
+	}
+	switch {
+	case !ca.BasicConstraintsValid || !ca.IsCA:
+		return nil, nil, fmt.Errorf("CA certificate %s (%s) is not a CA's (basic constraints CA:TRUE)", certPath, ca.Subject)
+	case ca.KeyUsage != 0 && ca.KeyUsage&x509.KeyUsageCertSign == 0:
+		return nil, nil, fmt.Errorf("CA certificate %s (%s) may not sign certificates (no keyCertSign usage)", certPath, ca.Subject)
+	case now.Before(ca.NotBefore) || !now.Before(ca.NotAfter):
+		return nil, nil, fmt.Errorf("CA certificate %s (%s) is valid from %s to %s, not now", certPath, ca.Subject, ca.NotBefore.Format(time.RFC3339), ca.NotAfter.Format(time.RFC3339))
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("CA key: %w", err)
+	}
+	kb, _ := pem.Decode(keyPEM)
+	if kb == nil {
+		return nil, nil, fmt.Errorf("CA key %s: no PEM block", keyPath)
+	}
+	var key any
+	switch kb.Type {
+	case "PRIVATE KEY":
+		key, err = x509.ParsePKCS8PrivateKey(kb.Bytes)
+	case "EC PRIVATE KEY":
+		key, err = x509.ParseECPrivateKey(kb.Bytes)
+	case "RSA PRIVATE KEY":
+		key, err = x509.ParsePKCS1PrivateKey(kb.Bytes)
+	default:
+		return nil, nil, fmt.Errorf("CA key %s: a PEM %q block, want PRIVATE KEY, EC PRIVATE KEY or RSA PRIVATE KEY (an encrypted key must be decrypted first)", keyPath, kb.Type)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("CA key %s: %w", keyPath, err)
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, nil, fmt.Errorf("CA key %s: a %T cannot sign", keyPath, key)
+	}
+	pub, ok := signer.Public().(interface{ Equal(crypto.PublicKey) bool })
+	if !ok || !pub.Equal(ca.PublicKey) {
+		return nil, nil, fmt.Errorf("CA key %s is not the key of CA certificate %s", keyPath, certPath)
+	}
+	return ca, signer, nil
 }
 
 // Files are the PEM files of one identity: its certificate and key, and
@@ -150,28 +217,42 @@ func InitCerts(dir string, o CertOptions) error {
 		return fmt.Errorf("certs %s: %w", dir, err)
 	}
 	now := o.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return fmt.Errorf("CA key: %w", err)
+	notAfter := now.Add(o.Validity)
+	var ca *x509.Certificate
+	var caKey crypto.Signer
+	if o.CACert != "" {
+		var err error
+		if ca, caKey, err = loadCA(o.CACert, o.CAKey, now); err != nil {
+			return err
+		}
+		if ca.NotAfter.Before(notAfter) {
+			notAfter = ca.NotAfter
+		}
+	} else {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return fmt.Errorf("CA key: %w", err)
+		}
+		caTmpl := &x509.Certificate{
+			SerialNumber:          serial(),
+			Subject:               pkix.Name{Organization: []string{"Prism"}, CommonName: "Prism development CA"},
+			NotBefore:             now.Add(-time.Minute),
+			NotAfter:              notAfter,
+			KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+			BasicConstraintsValid: true,
+			IsCA:                  true,
+			MaxPathLenZero:        true,
+		}
+		der, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &key.PublicKey, key)
+		if err != nil {
+			return fmt.Errorf("CA certificate: %w", err)
+		}
+		if ca, err = x509.ParseCertificate(der); err != nil {
+			return fmt.Errorf("CA certificate: %w", err)
+		}
+		caKey = key
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{Organization: []string{"Prism"}, CommonName: "Prism development CA"},
-		NotBefore:             now.Add(-time.Minute),
-		NotAfter:              now.Add(o.Validity),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return fmt.Errorf("CA certificate: %w", err)
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return fmt.Errorf("CA certificate: %w", err)
-	}
+	caDER := ca.Raw
 	dns, ips := []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	for _, h := range o.Hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -219,7 +300,7 @@ func InitCerts(dir string, o CertOptions) error {
 			SerialNumber: serial(),
 			Subject:      pkix.Name{Organization: []string{"Prism"}, OrganizationalUnit: []string{string(r)}, CommonName: cn},
 			NotBefore:    now.Add(-time.Minute),
-			NotAfter:     now.Add(o.Validity),
+			NotAfter:     notAfter,
 			KeyUsage:     x509.KeyUsageDigitalSignature,
 			// Every role both serves and dials (an admin only dials).
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -225,5 +226,77 @@ func TestInitCertsInstances(t *testing.T) {
 		if err := InitCerts(filepath.Join(t.TempDir(), "x"), CertOptions{Instances: n}); err == nil {
 			t.Errorf("%d instances accepted", n)
 		}
+	}
+}
+
+// InitCerts signs the role certificates with an operator's own CA, as
+// OpenSSL writes one (testdata/orgca): RSA with a PKCS #1 key, EC with a
+// SEC 1 or PKCS #8 key. Each folder's ca.pem is that CA, each role's
+// certificate chains to it and carries its role, the CA's key is not
+// copied, and what is not a usable CA is refused.
+func TestInitCertsWithOrgCA(t *testing.T) {
+	ca := func(name string) string { return filepath.Join("testdata", "orgca", name) }
+	for _, tc := range []struct {
+		name, cert, key string
+		err             string
+	}{
+		{"rsa pkcs1", ca("rsa-ca.pem"), ca("rsa-ca-key.pem"), ""},
+		{"ec sec1", ca("ec-ca.pem"), ca("ec-ca-key.pem"), ""},
+		{"ec pkcs8", ca("ec-ca.pem"), ca("ec-ca-key-pkcs8.pem"), ""},
+		{"another CA's key", ca("rsa-ca.pem"), ca("ec-ca-key.pem"), "is not the key of CA certificate"},
+		{"not a CA", ca("leaf-not-ca.pem"), ca("ec-ca-key.pem"), "is not a CA's"},
+		{"a key for a certificate", ca("ec-ca-key.pem"), ca("ec-ca-key.pem"), "no PEM CERTIFICATE block"},
+		{"a certificate for a key", ca("ec-ca.pem"), ca("ec-ca.pem"), `a PEM "CERTIFICATE" block`},
+		{"the certificate alone", ca("ec-ca.pem"), "", "go together"},
+		{"missing", ca("nope.pem"), ca("ec-ca-key.pem"), "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "certs")
+			err := InitCerts(dir, CertOptions{CACert: tc.cert, CAKey: tc.key, Instances: 1})
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := readCert(t, tc.cert)
+			roots := x509.NewCertPool()
+			roots.AddCert(want)
+			for _, f := range []Files{FilesFor(dir, Router), FilesFor(dir, Embedding), FilesFor(dir, Dense), FilesFor(dir, Admin), FolderFiles(InstanceDir(dir, Embedding, 0))} {
+				if got := readCert(t, f.CA); !got.Equal(want) {
+					t.Fatalf("%s is %s, want the given CA %s", f.CA, got.Subject, want.Subject)
+				}
+				leaf := readCert(t, f.Cert)
+				if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+					t.Fatalf("%s does not chain to the given CA: %v", f.Cert, err)
+				}
+				if RoleOf(leaf) == "" {
+					t.Fatalf("%s carries no role", f.Cert)
+				}
+				if leaf.NotAfter.After(want.NotAfter) {
+					t.Fatalf("%s outlives its CA (%s > %s)", f.Cert, leaf.NotAfter, want.NotAfter)
+				}
+			}
+			err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return err
+				}
+				b, err := os.ReadFile(path)
+				if err != nil {
+					return err
+				}
+				key, _ := os.ReadFile(tc.key)
+				if strings.Contains(string(b), strings.TrimSpace(string(key))) {
+					t.Errorf("%s holds the CA's key", path)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

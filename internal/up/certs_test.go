@@ -15,7 +15,7 @@ import (
 // folder; a worker beyond them gets its role's shared one.
 func TestChildrenInstanceCerts(t *testing.T) {
 	certs := filepath.Join(t.TempDir(), "certs")
-	made, _, err := ensureCerts(certs, "127.0.0.1:0", 1)
+	made, _, err := ensureCerts(certs, "127.0.0.1:0", 1, "", "")
 	if err != nil || !made {
 		t.Fatalf("made %v: %v", made, err)
 	}
@@ -34,5 +34,27 @@ func TestChildrenInstanceCerts(t *testing.T) {
 	}
 	if n := certInstances(Config{EmbeddingWorkers: 3, DenseWorkers: 12}); n != 12 {
 		t.Errorf("certInstances: %d, want 12", n)
+	}
+}
+
+// With an operator's CA, up makes its folder's certificates with it; a
+// folder made before with that CA is used again, and one of another CA
+// is refused rather than silently served with.
+func TestEnsureCertsOrgCA(t *testing.T) {
+	caCert := filepath.Join("..", "auth", "testdata", "orgca", "ec-ca.pem")
+	caKey := filepath.Join("..", "auth", "testdata", "orgca", "ec-ca-key.pem")
+	certs := filepath.Join(t.TempDir(), "certs")
+	if made, _, err := ensureCerts(certs, "127.0.0.1:0", 1, caCert, caKey); err != nil || !made {
+		t.Fatalf("made %v: %v", made, err)
+	}
+	if made, _, err := ensureCerts(certs, "127.0.0.1:0", 1, caCert, caKey); err != nil || made {
+		t.Fatalf("again: made %v: %v", made, err)
+	}
+	dev := filepath.Join(t.TempDir(), "dev")
+	if _, _, err := ensureCerts(dev, "127.0.0.1:0", 1, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ensureCerts(dev, "127.0.0.1:0", 1, caCert, caKey); err == nil || !strings.Contains(err.Error(), "another CA") {
+		t.Fatalf("a development folder with --tls-ca: %v, want refused", err)
 	}
 }

@@ -6,7 +6,9 @@
 package up
 
 import (
+	"bytes"
 	"context"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -87,6 +89,11 @@ type Config struct {
 	// when absent or empty (default: certs beside DB). A folder of the
 	// old flat layout is still passed whole (with a warning).
 	Certs string
+	// CACert and CAKey (prism up --tls-ca, --tls-ca-key), both or
+	// neither, are an operator's CA that signs the certificates up makes
+	// in an empty Certs (auth.CertOptions); a Certs made already must
+	// hold that CA.
+	CACert, CAKey string
 	// Insecure runs every tier on plaintext without authentication
 	// (Certs is then unused).
 	Insecure bool
@@ -228,11 +235,14 @@ func Run(ctx context.Context, c Config) error {
 		if c.Certs == "" {
 			c.Certs = filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "certs")
 		}
-		made, layout, err := ensureCerts(c.Certs, c.Addr, certInstances(c))
+		made, layout, err := ensureCerts(c.Certs, c.Addr, certInstances(c), c.CACert, c.CAKey)
 		if err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
-		if made {
+		switch {
+		case made && c.CACert != "":
+			fmt.Fprintf(c.Stderr, "up: made certificates signed by %s in %s\n", c.CACert, c.Certs)
+		case made:
 			fmt.Fprintf(c.Stderr, "up: made a development CA and certificates in %s\n", c.Certs)
 		}
 		c.flatCerts = layout == auth.Flat
@@ -528,12 +538,12 @@ func certInstances(c Config) int {
 // folder (auth.InitRoot), or one of the old flat layout (auth.Flat), not
 // one role's folder. made says whether it made them.
 func EnsureCerts(dir, addr string) (made bool, layout auth.Layout, err error) {
-	return ensureCerts(dir, addr, 0)
+	return ensureCerts(dir, addr, 0, "", "")
 }
 
 // ensureCerts is EnsureCerts making instances certificates of their own
 // per worker role (auth.CertOptions.Instances) when it makes them.
-func ensureCerts(dir, addr string, instances int) (made bool, layout auth.Layout, err error) {
+func ensureCerts(dir, addr string, instances int, caCert, caKey string) (made bool, layout auth.Layout, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, 0, fmt.Errorf("certificates: %w", err)
@@ -547,10 +557,24 @@ func ensureCerts(dir, addr string, instances int) (made bool, layout auth.Layout
 				}
 			}
 		}
-		if err := auth.InitCerts(dir, auth.CertOptions{Hosts: hosts, Instances: instances}); err != nil {
+		if err := auth.InitCerts(dir, auth.CertOptions{Hosts: hosts, Instances: instances, CACert: caCert, CAKey: caKey}); err != nil {
 			return false, 0, err
 		}
 		return true, auth.InitRoot, nil
+	}
+	if caCert != "" {
+		// Made before: by this CA, or the flag would silently not hold.
+		want, err := os.ReadFile(caCert)
+		if err != nil {
+			return false, 0, fmt.Errorf("CA certificate: %w", err)
+		}
+		res, err := auth.ResolveCerts(dir, auth.Admin)
+		if err != nil {
+			return false, 0, fmt.Errorf("certificate folder %s is not empty but is not a complete one (make one with prism certs init): %w", dir, err)
+		}
+		if have, err := os.ReadFile(res.Files.CA); err != nil || !samePEMCert(have, want) {
+			return false, 0, fmt.Errorf("certificate folder %s holds certificates of another CA than %s: give --certs a new folder to make them with it, or leave out --tls-ca", dir, caCert)
+		}
 	}
 	if _, err := os.Stat(auth.FolderFiles(dir).Cert); err == nil {
 		return false, 0, fmt.Errorf("certificate folder %s is one role's folder: prism up runs every role and needs the folder prism certs init wrote (its parent, if that is one)", dir)
@@ -566,6 +590,13 @@ func ensureCerts(dir, addr string, instances int) (made bool, layout auth.Layout
 		layout = res.Layout
 	}
 	return false, layout, nil
+}
+
+// samePEMCert: a and b hold the same first certificate.
+func samePEMCert(a, b []byte) bool {
+	ba, _ := pem.Decode(a)
+	bb, _ := pem.Decode(b)
+	return ba != nil && bb != nil && ba.Type == "CERTIFICATE" && bb.Type == "CERTIFICATE" && bytes.Equal(ba.Bytes, bb.Bytes)
 }
 
 // waitRegistered polls the router's registry until every model has its
