@@ -1,6 +1,9 @@
 package store
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Bad input. Lookup and Upsert wrap these with what was wrong (table,
 // position, value); test with errors.Is. The store keeps serving after
@@ -13,7 +16,9 @@ var (
 	ErrNegativeID     = errors.New("negative id")
 	ErrBadOffsets     = errors.New("bag offsets not monotone")
 	ErrDimMismatch    = errors.New("dim mismatch")
-	ErrBadRequest     = errors.New("bad request")
+	// ErrBadRequest is any other bad input; such errors say what was
+	// wrong without this sentinel's text (badRequestf).
+	ErrBadRequest = errors.New("bad request")
 	// ErrClosed is returned after Close.
 	ErrClosed = errors.New("store closed")
 	// ErrCorrupt means a row the catalog promises is missing or malformed.
@@ -29,4 +34,18 @@ func IsInputError(err error) bool {
 		}
 	}
 	return false
+}
+
+// badRequest is a bad input's message that is ErrBadRequest (errors.Is)
+// without ending in its text: the caller reads what was wrong, not
+// "...: bad request".
+type badRequest struct{ err error }
+
+func (e *badRequest) Error() string   { return e.err.Error() }
+func (e *badRequest) Unwrap() []error { return []error{e.err, ErrBadRequest} }
+
+// badRequestf formats a bad input's error (fmt.Errorf's verbs, %w
+// included).
+func badRequestf(format string, a ...any) error {
+	return &badRequest{fmt.Errorf(format, a...)}
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/prism-serve/prism/plan"
 	"testing"
 )
@@ -89,5 +90,22 @@ func TestBadInput(t *testing.T) {
 	})
 	if m := s.Metrics(); m.Errors != int64(len(lookupCases)) {
 		t.Errorf("error counter %d, want %d", m.Errors, len(lookupCases))
+	}
+}
+
+// A bad input's error is ErrBadRequest, and an input error, without
+// saying "bad request"; one wrapping another error is that one too.
+func TestBadRequestf(t *testing.T) {
+	err := badRequestf("table %q: %d weights for %d ids", "t", 3, 4)
+	if !errors.Is(err, ErrBadRequest) || !IsInputError(err) {
+		t.Fatalf("%v is not ErrBadRequest", err)
+	}
+	if got, want := err.Error(), `table "t": 3 weights for 4 ids`; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
+	inner := errors.New("plan: bad sharding")
+	wrapped := fmt.Errorf("ingest: %w", badRequestf("%w", inner))
+	if !errors.Is(wrapped, inner) || !errors.Is(wrapped, ErrBadRequest) || wrapped.Error() != "ingest: plan: bad sharding" {
+		t.Fatalf("%q: is inner %v, is ErrBadRequest %v", wrapped, errors.Is(wrapped, inner), errors.Is(wrapped, ErrBadRequest))
 	}
 }

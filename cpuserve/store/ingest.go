@@ -156,12 +156,12 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 				pt.Name, tf.Rows, tf.Dim, tf.SHA256, pt.Rows, pt.Dim, pt.SHA256, ErrDimMismatch)
 		}
 		if tf.Rows >= 1<<40 {
-			return nil, fmt.Errorf("ingest table %q: %d rows is more than this store keys: %w", pt.Name, tf.Rows, ErrBadRequest)
+			return nil, badRequestf("ingest table %q: %d rows is more than this store keys", pt.Name, tf.Rows)
 		}
 		switch pt.UnknownIDs {
 		case "", plan.UnknownError, plan.UnknownHash, plan.UnknownZero:
 		default:
-			return nil, fmt.Errorf("ingest table %q: unknown_ids %q: %w", pt.Name, pt.UnknownIDs, ErrBadRequest)
+			return nil, badRequestf("ingest table %q: unknown_ids %q", pt.Name, pt.UnknownIDs)
 		}
 		total += parts[ti].count(tf.Rows) * int64(tf.Dim) * 4
 	}

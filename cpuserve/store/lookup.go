@@ -174,7 +174,7 @@ func checkShape(tv *tableView, r *TableLookup) (samples int, direct bool, err er
 	switch r.Pooling {
 	case "", PoolNone, PoolSum, PoolMean, PoolMax:
 	default:
-		return 0, false, fmt.Errorf("table %q: pooling %q: %w", tv.name, r.Pooling, ErrBadRequest)
+		return 0, false, badRequestf("table %q: pooling %q", tv.name, r.Pooling)
 	}
 	if r.Offsets != nil {
 		if len(r.Offsets) == 0 || r.Offsets[0] != 0 || r.Offsets[len(r.Offsets)-1] != int64(n) {
@@ -189,13 +189,13 @@ func checkShape(tv *tableView, r *TableLookup) (samples int, direct bool, err er
 	} else {
 		bag := max(r.Bag, 1)
 		if r.Bag < 0 || n%bag != 0 {
-			return 0, false, fmt.Errorf("table %q: %d ids do not make bags of %d: %w", tv.name, n, r.Bag, ErrBadRequest)
+			return 0, false, badRequestf("table %q: %d ids do not make bags of %d", tv.name, n, r.Bag)
 		}
 		samples = n / bag
 		direct = bag == 1
 	}
 	if r.Weights != nil && len(r.Weights) != n {
-		return 0, false, fmt.Errorf("table %q: %d weights for %d ids: %w", tv.name, len(r.Weights), n, ErrBadRequest)
+		return 0, false, badRequestf("table %q: %d weights for %d ids", tv.name, len(r.Weights), n)
 	}
 	want := samples * tv.dim
 	if r.Pooling == PoolNone {
@@ -207,11 +207,11 @@ func checkShape(tv *tableView, r *TableLookup) (samples int, direct bool, err er
 	if r.Counts != nil {
 		switch {
 		case !r.Partial:
-			return 0, false, fmt.Errorf("table %q: counts are for partial lookups: %w", tv.name, ErrBadRequest)
+			return 0, false, badRequestf("table %q: counts are for partial lookups", tv.name)
 		case r.Pooling == PoolNone || r.Pooling == "":
-			return 0, false, fmt.Errorf("table %q: counts for an unpooled lookup: %w", tv.name, ErrBadRequest)
+			return 0, false, badRequestf("table %q: counts for an unpooled lookup", tv.name)
 		case len(r.Counts) != samples:
-			return 0, false, fmt.Errorf("table %q: counts hold %d floats for %d samples: %w", tv.name, len(r.Counts), samples, ErrBadRequest)
+			return 0, false, badRequestf("table %q: counts hold %d floats for %d samples", tv.name, len(r.Counts), samples)
 		}
 	}
 	return samples, direct, nil

@@ -63,14 +63,14 @@ func (s *Store) Shard(model string) (ref ShardRef, ok bool, err error) {
 // part of its rows (nil: all of them).
 func shardTables(p *plan.Plan, k int) ([]plan.Table, []*RowPart, error) {
 	if err := p.ValidateSharding(); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", err, ErrBadRequest)
+		return nil, nil, badRequestf("%w", err)
 	}
 	sh := p.Sharding
 	if sh == nil {
-		return nil, nil, fmt.Errorf("shard %d: the plan has no sharding section (run prism shard first): %w", k, ErrBadRequest)
+		return nil, nil, badRequestf("shard %d: the plan has no sharding section (run prism shard first)", k)
 	}
 	if k < 0 || k >= sh.Shards {
-		return nil, nil, fmt.Errorf("shard %d: the plan has shards 0 to %d: %w", k, sh.Shards-1, ErrBadRequest)
+		return nil, nil, badRequestf("shard %d: the plan has shards 0 to %d", k, sh.Shards-1)
 	}
 	var tables []plan.Table
 	var parts []*RowPart

@@ -487,7 +487,7 @@ func (s *Store) dropVersion(ctx context.Context, model string, n int) error {
 		return fmt.Errorf("drop %q version %d: %w", model, n, ErrUnknownVersion)
 	}
 	if m.Active == n {
-		return fmt.Errorf("drop %q version %d: it is active (activate another first): %w", model, n, ErrBadRequest)
+		return badRequestf("drop %q version %d: it is active (activate another first)", model, n)
 	}
 	next := s.cat.clone()
 	nm := next.Models[model]

@@ -48,7 +48,7 @@ func (e *SeqGapError) Error() string {
 // held up.
 func (s *Store) UpsertSeq(model, table string, ids []int64, rows []float32, seq int64) (applied bool, err error) {
 	if seq <= 0 {
-		return false, fmt.Errorf("upsert model %q: update seq %d: want > 0: %w", model, seq, ErrBadRequest)
+		return false, badRequestf("upsert model %q: update seq %d: want > 0", model, seq)
 	}
 	applied, err = s.upsert(model, table, ids, rows, seq)
 	if err != nil && IsInputError(err) && !errors.Is(err, ErrUnknownModel) {
@@ -73,7 +73,7 @@ func (s *Store) SkipSeq(model string, seq int64) error {
 // must be at most one past the last it holds (else a *SeqGapError).
 func (s *Store) SkipSeqs(model string, from, seq int64) error {
 	if from < 1 || from > seq {
-		return fmt.Errorf("model %q: skip updates %d .. %d: %w", model, from, seq, ErrBadRequest)
+		return badRequestf("model %q: skip updates %d .. %d", model, from, seq)
 	}
 	s.updMu.Lock()
 	defer s.updMu.Unlock()
@@ -145,7 +145,7 @@ func (s *Store) appliedSeqLocked(model string) (int64, error) {
 func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int64) (bool, error) {
 	start := time.Now()
 	if s.opts.ReadOnly {
-		return false, fmt.Errorf("upsert: store opened read-only: %w", ErrBadRequest)
+		return false, badRequestf("upsert: store opened read-only")
 	}
 	if err := s.enter(); err != nil {
 		return false, err
