@@ -225,6 +225,17 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		s.forget(w.GetId())
 		return
 	}
+	if prev := s.workers[w.GetId()]; prev != nil {
+		// A model it no longer serves, or whose shard it changed: it
+		// holds nothing of the sequence it left.
+		for _, model := range prev.GetModels() {
+			if old := keyOf(prev, model); !slices.Contains(w.GetModels(), model) || old != keyOf(w, model) {
+				if m := s.models[old]; m != nil {
+					m.leave(w.GetId())
+				}
+			}
+		}
+	}
 	s.workers[w.GetId()] = w
 	for _, model := range slices.Sorted(maps.Keys(w.GetUpdateSeq())) {
 		seq := w.GetUpdateSeq()[model]
@@ -292,11 +303,7 @@ func (s *sequencer) gone(now time.Time, id string) {
 func (s *sequencer) forget(id string) {
 	delete(s.workers, id)
 	for name, m := range s.models {
-		delete(m.known, id)
-		delete(m.stale, id)
-		delete(m.foreign, id)
-		delete(m.slow, id)
-		delete(m.diverged, id)
+		m.leave(id)
 		if m.idle() {
 			// A model no live worker serves and that never had an update
 			// leaves no state to keep: the map stays bounded by the models
@@ -304,6 +311,15 @@ func (s *sequencer) forget(id string) {
 			s.drop(name)
 		}
 	}
+}
+
+// leave drops what the sequence knew of worker id.
+func (m *modelSeq) leave(id string) {
+	delete(m.known, id)
+	delete(m.stale, id)
+	delete(m.foreign, id)
+	delete(m.slow, id)
+	delete(m.diverged, id)
 }
 
 // idle: no live worker, no update ever numbered or held, nothing queued
@@ -336,7 +352,7 @@ func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateReq
 		}
 	}
 	if len(parts) > 1 {
-		s.joins[client] = &join{left: len(parts)}
+		s.joins[client] = &join{parts: len(parts), left: len(parts)}
 	}
 	for _, p := range parts {
 		m := s.model(p.key)
@@ -351,8 +367,7 @@ func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateReq
 // its workers have.
 func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 	s.advance(now)
-	for _, key := range slices.Sorted(maps.Keys(s.models)) {
-		m := s.models[key]
+	for key, m := range s.models { // the order is no matter: one answer, joined
 		for i, p := range m.queue {
 			if p.client == client {
 				m.queue = slices.Delete(m.queue, i, i+1)

@@ -131,7 +131,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			_, foreign := m.foreign[id]
 			_, diverged := m.diverged[id]
 			w := s.workers[id]
-			if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), model) && k >= m.floor && k < lowest {
+			if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == model && k >= m.floor && k < lowest {
 				lowest, lagging = k, id
 			}
 		}

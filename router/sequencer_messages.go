@@ -44,6 +44,11 @@ type message struct {
 	Resp   *prismv1.UpdateResponse
 	Err    error
 	Behind int
+	// Parts, on a msgAnswer, is how many parts the client's update was
+	// split into (0 or 1: not split): their acknowledgements came in
+	// earlier steps than this answer, so a write that failed since the
+	// proposal may have held one (updateDriver.step).
+	Parts int
 	// Persist is the change a msgPersist writes.
 	Persist *logChange
 	Level   slog.Level

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -20,46 +21,66 @@ type part struct {
 }
 
 // split cuts req into the parts the sequences of its model take. A
-// model no live worker announces a shard of has one sequence: req goes
-// whole to it. A sharded model's workers announce the tables their
-// shard holds (ShardRef.tables) and where each row-wise table's rows
-// live (ShardRef.row_splits): an update of a table-wise table goes
-// whole to the sequence of the shard holding it, one of a row-wise
-// table in one part per shard holding some of its ids, each with those
-// ids and their rows. Each shard then numbers only the updates of its
-// own rows: its workers are sent nothing of the other shards', and a
-// shard slow or down holds up no other's updates.
+// model that no live worker announces a shard of, and whose shards
+// never had a sequence here, has one sequence: req goes whole to it. A
+// sharded model's workers announce the tables their shard holds
+// (ShardRef.tables) and where each row-wise table's rows live
+// (ShardRef.row_splits): an update of a table-wise table goes whole to
+// the sequence of the shard holding it, one of a row-wise table in one
+// part per shard holding some of its ids, each with those ids and their
+// rows. Each shard then numbers only the updates of its own rows: its
+// workers are sent nothing of the other shards', and a shard slow or
+// down holds up no other's updates.
 //
 // What split refuses is refused before any number is taken: an id
 // outside a row-wise table (one shard would refuse its part while the
 // others applied theirs), a table no shard holds while every shard has
-// a live worker (InvalidArgument), and an update whose shard, or one of
-// whose shards, has no live worker (Unavailable: retry).
+// a live worker (InvalidArgument); and (Unavailable: retry) an update
+// with rows on a shard that has no live worker, one of a model whose
+// shards have no live worker at all, one whose table may have rows on
+// such a shard (workers of earlier releases, which do not say which
+// tables are row-wise), and one of a model whose workers disagree on
+// its sharding (a reshard under way).
 func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	model, table := req.GetModel(), req.GetTable()
 	var shards int32
 	live := map[int32]bool{}
 	holders := map[int32]bool{}
 	var rs *prismv1.RowSplit
-	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
-		w := s.workers[id]
+	complete := false
+	for _, w := range s.workers {
 		ref := w.GetShards()[model]
 		if !slices.Contains(w.GetModels(), model) || ref.GetShards() <= 0 || ref.GetShard() < 0 || ref.GetShard() >= ref.GetShards() {
 			continue
 		}
-		shards = max(shards, ref.GetShards())
+		if shards != 0 && ref.GetShards() != shards {
+			return nil, status.Errorf(codes.Unavailable, "update of model %q: its embedding workers hold shards of %d and of %d shards (a reshard under way?); the router takes its updates once they agree; retry", model, min(shards, ref.GetShards()), max(shards, ref.GetShards()))
+		}
+		shards = ref.GetShards()
 		live[ref.GetShard()] = true
+		complete = complete || ref.GetRowSplitsComplete()
 		if slices.Contains(ref.GetTables(), table) {
 			holders[ref.GetShard()] = true
 		}
 		for _, r := range ref.GetRowSplits() {
-			if r.GetTable() == table && rs == nil && validSplit(r, ref.GetShards()) {
-				rs = r
+			if r.GetTable() != table || !validSplit(r, ref.GetShards()) {
+				continue
 			}
+			if rs != nil && !proto.Equal(rs, r) {
+				return nil, status.Errorf(codes.Unavailable, "update of table %q of model %q: its embedding workers place the table's rows differently (%v and %v); the router takes its updates once they agree; retry", table, model, rs.GetShards(), r.GetShards())
+			}
+			rs = r
 		}
 	}
 	if shards == 0 {
+		if len(s.shardSeqs[model]) > 0 {
+			return nil, status.Errorf(codes.Unavailable, "update of model %q: the model is sharded and none of its shards has a live embedding worker right now; nothing applied; retry", model)
+		}
 		return []part{{key: model, req: req}}, nil
+	}
+	all := make([]int32, shards)
+	for k := range shards {
+		all[k] = k
 	}
 	lacking := func(want []int32) (lack []string) {
 		for _, k := range want {
@@ -68,12 +89,6 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 			}
 		}
 		return lack
-	}
-	down := func(want []int32) error {
-		if lack := lacking(want); len(lack) > 0 {
-			return status.Errorf(codes.Unavailable, "update of table %q of model %q: shard %s of %d has no live embedding worker right now; nothing applied; retry", table, model, strings.Join(lack, ", "), shards)
-		}
-		return nil
 	}
 	if rs != nil {
 		ids := req.GetIds()
@@ -93,8 +108,8 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 			p.Rows = append(p.Rows, req.GetRows()[i*width:(i+1)*width]...)
 		}
 		on := slices.Sorted(maps.Keys(byShard))
-		if err := down(on); err != nil {
-			return nil, err
+		if lack := lacking(on); len(lack) > 0 {
+			return nil, status.Errorf(codes.Unavailable, "update of table %q of model %q: shard %s of %d has no live embedding worker right now; nothing applied; retry", table, model, strings.Join(lack, ", "), shards)
 		}
 		out := make([]part, len(on))
 		for i, k := range on {
@@ -102,19 +117,17 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		return out, nil
 	}
+	if lack := lacking(all); len(lack) > 0 && (len(holders) == 0 || !complete) {
+		// No live worker holds the table, or none says which tables are
+		// row-wise: the table may have rows on the shards down.
+		return nil, status.Errorf(codes.Unavailable, "update of table %q of model %q: it may have rows on shard %s of %d, which has no live embedding worker right now; nothing applied; retry", table, model, strings.Join(lack, ", "), shards)
+	}
 	if len(holders) == 0 {
-		var all []int32
-		for k := range shards {
-			all = append(all, k)
-		}
-		if lack := lacking(all); len(lack) > 0 {
-			return nil, status.Errorf(codes.Unavailable, "update of table %q of model %q: no live embedding worker holds the table, and it may be on shard %s of %d, which has none right now; nothing applied; retry", table, model, strings.Join(lack, ", "), shards)
-		}
 		return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q (no shard of its %d holds it)", model, table, shards)
 	}
-	// A table-wise table's one shard; or, from workers announcing no
-	// row splits, every shard holding part of a row-wise table, each
-	// sent the whole update and writing its own rows.
+	// A table-wise table's one shard; or, from workers of earlier
+	// releases (no row splits), every shard holding part of a row-wise
+	// table, each sent the whole update and writing its own rows.
 	on := slices.Sorted(maps.Keys(holders))
 	out := make([]part, len(on))
 	for i, k := range on {
@@ -132,7 +145,9 @@ func validSplit(r *prismv1.RowSplit, shards int32) bool {
 // join is a client whose update was split over several shards: it is
 // answered once every part is. left counts the parts not answered yet.
 type join struct {
-	left int
+	// parts is how many parts the update was split into, left how many
+	// are not answered yet.
+	parts, left int
 	// ok are the answers of the parts applied, failed the refusals, by
 	// the part's sequence key.
 	ok     map[string]*prismv1.UpdateResponse
@@ -170,14 +185,15 @@ func (s *sequencer) answer(client uint64, key string, resp *prismv1.UpdateRespon
 	}
 	delete(s.joins, client)
 	resp, err = j.result()
-	s.send(message{Type: msgAnswer, Client: client, Resp: resp, Err: err})
+	s.send(message{Type: msgAnswer, Client: client, Resp: resp, Err: err, Parts: j.parts})
 }
 
 // result is a split update's answer: OK when every part was applied
 // (the workers summed, the shards listed); else the parts' refusals,
-// each named by its shard, under their code when they share one and
-// Unavailable otherwise. A part applied stays applied: the rows of an
-// upsert, so retrying the whole update is safe.
+// each named by its shard. A part applied stays applied (an upsert):
+// retrying the whole update is safe, so the code is Unavailable, but
+// InvalidArgument when a part was refused as bad input (a retry would
+// be refused again), and the parts' shared code when none was applied.
 func (j *join) result() (*prismv1.UpdateResponse, error) {
 	if len(j.failed) == 0 {
 		out := &prismv1.UpdateResponse{}
@@ -191,6 +207,7 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 		return out, nil
 	}
 	code := codes.OK
+	bad := false
 	var msgs []string
 	for _, key := range slices.Sorted(maps.Keys(j.failed)) {
 		st := status.Convert(j.failed[key])
@@ -199,8 +216,12 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 		} else if code != st.Code() {
 			code = codes.Unavailable
 		}
+		bad = bad || st.Code() == codes.InvalidArgument
 		_, shard := parseSeqKey(key)
 		msgs = append(msgs, fmt.Sprintf("shard %d: %s", shard, st.Message()))
+	}
+	if bad {
+		code = codes.InvalidArgument
 	}
 	var applied []int32
 	for key := range j.ok {
@@ -209,8 +230,10 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 	}
 	if len(applied) > 0 {
 		slices.Sort(applied)
-		code = codes.Unavailable
-		return nil, status.Errorf(code, "update applied on shards %v only (retrying it is safe); %s", applied, strings.Join(msgs, "; "))
+		if bad {
+			return nil, status.Errorf(code, "update applied on shards %v only; %s", applied, strings.Join(msgs, "; "))
+		}
+		return nil, status.Errorf(codes.Unavailable, "update applied on shards %v only (retrying it is safe); %s", applied, strings.Join(msgs, "; "))
 	}
 	return nil, status.Error(code, strings.Join(msgs, "; "))
 }

@@ -199,6 +199,13 @@ type updateDriver struct {
 	wcond   *sync.Cond
 	tickets uint64
 	written uint64
+	// wfailed counts the failed writes (under wmu): a client of a split
+	// update (message.Parts) answered OK after a write failed since its
+	// proposal is told Unavailable instead, since the failed write may
+	// have held a part's acknowledgement, made in an earlier step than
+	// the answer. (An update not split is acknowledged in the step that
+	// answers it: that step's own write decides.)
+	wfailed uint64
 	// durable is, per model, the latest seq the log on disk holds with
 	// every entry the log keeps up to it (under wmu): an apply above it
 	// is not sent.
@@ -226,6 +233,9 @@ type updateDriver struct {
 type updateClient struct {
 	ctx    context.Context
 	answer chan updateAnswer
+	// wfailed is the driver's count of failed writes when the update
+	// was proposed.
+	wfailed uint64
 }
 
 type updateAnswer struct {
@@ -263,6 +273,7 @@ func (d *updateDriver) step(event func(now time.Time)) {
 	}
 	ctxs := make([]context.Context, len(msgs))
 	answers := make([]chan updateAnswer, len(msgs))
+	since := make([]uint64, len(msgs))
 	for i, m := range msgs {
 		c := d.clients[m.Client] // the sequencer answers a client once, after its applies
 		switch {
@@ -272,6 +283,7 @@ func (d *updateDriver) step(event func(now time.Time)) {
 			ctxs[i] = d.runCtx
 		case m.Type == msgAnswer && c != nil:
 			answers[i] = c.answer
+			since[i] = c.wfailed
 			delete(d.clients, m.Client)
 		}
 	}
@@ -306,6 +318,8 @@ func (d *updateDriver) step(event func(now time.Time)) {
 		case msgAnswer:
 			if werr != nil && m.Err == nil {
 				m.Resp, m.Err = nil, status.Errorf(codes.Unavailable, "the update was applied but the router could not write its update log (%v), so it is not acknowledged; retrying is safe", werr)
+			} else if m.Err == nil && m.Parts > 1 && answers[i] != nil && d.writesFailed() != since[i] {
+				m.Resp, m.Err = nil, status.Error(codes.Unavailable, "the update was applied but a write of the router's update log failed meanwhile (see the router's log), so it is not acknowledged; retrying is safe")
 			}
 			if answers[i] != nil {
 				answers[i] <- updateAnswer{m.Resp, m.Err} // buffered: never blocks
@@ -339,6 +353,7 @@ func (d *updateDriver) write(ticket uint64, msgs []message) (map[string]int64, e
 	d.written = ticket
 	d.wcond.Broadcast()
 	if err != nil {
+		d.wfailed++
 		d.log.Error("cannot write the update log: the updates of this step are neither sent nor acknowledged", "err", err)
 		return nil, err
 	}
@@ -358,6 +373,13 @@ func (d *updateDriver) write(ticket uint64, msgs []message) (map[string]int64, e
 		}
 	}
 	return held, nil
+}
+
+// writesFailed is how many writes of the update log have failed.
+func (d *updateDriver) writesFailed() uint64 {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	return d.wfailed
 }
 
 // unlogged reports what a step could not do for want of its log: the
@@ -432,7 +454,7 @@ func (d *updateDriver) update(ctx context.Context, req *prismv1.UpdateRequest) (
 	d.step(func(now time.Time) {
 		d.last++
 		id = d.last
-		d.clients[id] = &updateClient{ctx: ctx, answer: ch}
+		d.clients[id] = &updateClient{ctx: ctx, answer: ch, wfailed: d.writesFailed()}
 		d.seq.propose(now, id, req, deadline)
 	})
 	var a updateAnswer

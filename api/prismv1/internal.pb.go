@@ -831,9 +831,16 @@ type ShardRef struct {
 	// rows, and refuses one with an id outside the table before
 	// numbering it, so no shard writes its part of an update another
 	// shard refuses.
-	RowSplits     []*RowSplit `protobuf:"bytes,6,rep,name=row_splits,json=rowSplits,proto3" json:"row_splits,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RowSplits []*RowSplit `protobuf:"bytes,6,rep,name=row_splits,json=rowSplits,proto3" json:"row_splits,omitempty"`
+	// row_splits_complete: row_splits names every row-wise table of the
+	// plan (workers of this release), so a table the shard holds that it
+	// does not name is table-wise, on this shard alone. Unset (workers of
+	// earlier releases): the router cannot tell a table-wise table from
+	// a row-wise one whose other shards are down, and takes such an
+	// update only while every shard has a live worker.
+	RowSplitsComplete bool `protobuf:"varint,7,opt,name=row_splits_complete,json=rowSplitsComplete,proto3" json:"row_splits_complete,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ShardRef) Reset() {
@@ -906,6 +913,13 @@ func (x *ShardRef) GetRowSplits() []*RowSplit {
 		return x.RowSplits
 	}
 	return nil
+}
+
+func (x *ShardRef) GetRowSplitsComplete() bool {
+	if x != nil {
+		return x.RowSplitsComplete
+	}
+	return false
 }
 
 // RowSplit says where a row-wise table's rows live: row r on shard
@@ -1652,7 +1666,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\xc0\x01\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\xf0\x01\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12\x16\n" +
@@ -1660,7 +1674,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06tables\x18\x04 \x03(\tR\x06tables\x12#\n" +
 	"\rnumber_ranges\x18\x05 \x01(\bR\fnumberRanges\x121\n" +
 	"\n" +
-	"row_splits\x18\x06 \x03(\v2\x12.prism.v1.RowSplitR\trowSplits\"L\n" +
+	"row_splits\x18\x06 \x03(\v2\x12.prism.v1.RowSplitR\trowSplits\x12.\n" +
+	"\x13row_splits_complete\x18\a \x01(\bR\x11rowSplitsComplete\"L\n" +
 	"\bRowSplit\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\x12\x12\n" +

@@ -357,7 +357,7 @@ func (s *Server) shardRefs() map[string]*prismv1.ShardRef {
 	}
 	out := make(map[string]*prismv1.ShardRef, len(s.shards))
 	for name, sr := range s.shards {
-		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true, RowSplits: sr.splits}
+		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true, RowSplits: sr.splits, RowSplitsComplete: true}
 	}
 	return out
 }
