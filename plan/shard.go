@@ -2,8 +2,10 @@ package plan
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math"
 	"slices"
+	"strings"
 )
 
 // Sharding is plan.json's optional "sharding" section, written by
@@ -104,6 +106,24 @@ type PartialOutput struct {
 	// Weighted: per-sample weights multiply each row before the shard
 	// sums or takes the max.
 	Weighted bool `json:"weighted,omitempty"`
+}
+
+// Fingerprint identifies the sharding's layout: its shard count and
+// every table's placement and shards, 16 hex digits (FNV-1a 64). The
+// planner's estimates and statistics do not count: two plans that put
+// every row in the same shard have the same fingerprint.
+func (s *Sharding) Fingerprint() string {
+	if s == nil {
+		return ""
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "shards=%d\n", s.Shards)
+	tables := slices.Clone(s.Tables)
+	slices.SortFunc(tables, func(a, b TablePlacement) int { return strings.Compare(a.Table, b.Table) })
+	for _, t := range tables {
+		fmt.Fprintf(h, "%q %s %v\n", t.Table, t.Placement, t.Shards)
+	}
+	return fmt.Sprintf("%016x", h.Sum64())
 }
 
 // ShardOf is the shard holding row of the table (row within the table,

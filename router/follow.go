@@ -90,14 +90,14 @@ type follower struct {
 type followed struct {
 	models []string
 	held   map[string]int64
-	// shard is per sharded model the shard the worker holds.
-	shard map[string]int32
+	// key is per sharded model the sequence of the worker's shard.
+	key map[string]string
 }
 
-// key is the sequence numbering w's updates of model (keyOf).
-func (w followed) key(model string) string {
-	if k, ok := w.shard[model]; ok {
-		return seqKey(model, k)
+// seqKey is the sequence numbering w's updates of model (keyOf).
+func (w followed) seqKey(model string) string {
+	if k, ok := w.key[model]; ok {
+		return k
 	}
 	return model
 }
@@ -161,19 +161,28 @@ func (f *follower) announced(w *prismv1.WorkerInfo) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var shard map[string]int32
-	for m, ref := range w.GetShards() {
-		if ref.GetShards() > 0 && ref.GetShard() >= 0 {
-			if shard == nil {
-				shard = map[string]int32{}
+	var key map[string]string
+	for m := range w.GetShards() {
+		if k := keyOf(w, m); k != m {
+			if key == nil {
+				key = map[string]string{}
 			}
-			shard[m] = ref.GetShard()
+			key[m] = k
 		}
 	}
-	fw := followed{models: slices.Clone(w.GetModels()), held: held, shard: shard}
+	prev, had := f.workers[w.GetId()]
+	fw := followed{models: slices.Clone(w.GetModels()), held: held, key: key}
 	f.workers[w.GetId()] = fw
+	if had {
+		// What it no longer serves, or a shard it left, loses its claim.
+		for _, m := range prev.models {
+			if k := prev.seqKey(m); !slices.Contains(fw.models, m) || k != fw.seqKey(m) {
+				f.judge(k)
+			}
+		}
+	}
 	for _, m := range w.GetModels() {
-		f.judge(fw.key(m))
+		f.judge(fw.seqKey(m))
 	}
 }
 
@@ -187,14 +196,14 @@ func (f *follower) gone(id string) {
 	}
 	delete(f.workers, id)
 	for _, m := range w.models {
-		f.judge(w.key(m))
+		f.judge(w.seqKey(m))
 	}
 }
 
 // judge recomputes the floor of the sequence named key (a model's, or a
 // shard's) from the live workers it numbers; f.mu is held.
 func (f *follower) judge(key string) {
-	model, shard := parseSeqKey(key)
+	model, shard, _ := parseSeqKey(key)
 	if shard >= 0 {
 		if f.shardKeys[model] == nil {
 			f.shardKeys[model] = map[string]bool{}
@@ -207,7 +216,7 @@ func (f *follower) judge(key string) {
 	}
 	var held []int64
 	for id, w := range f.workers {
-		if !slices.Contains(w.models, model) || w.key(model) != key || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
+		if !slices.Contains(w.models, model) || w.seqKey(model) != key || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
 			continue
 		}
 		h := w.held[model]
@@ -328,12 +337,12 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	key := keyOf(w, model)
-	if key == model {
-		// The whole model: it lacks every update of its shards.
-		for k := range f.shardKeys[model] {
-			if f.floor[k] > 0 || f.view[k].GetNumbered() > 0 || f.view[k].GetAcknowledged() > 0 {
-				return false
-			}
+	_, shard, sharding := parseSeqKey(key)
+	for k := range f.shardKeys[model] {
+		// A worker of the whole model, or of another sharding of it, lacks
+		// every update of these shards (sequencer.inSync).
+		if _, _, ks := parseSeqKey(k); (shard < 0 || !sameSharding(ks, sharding)) && (f.floor[k] > 0 || f.view[k].GetNumbered() > 0 || f.view[k].GetAcknowledged() > 0) {
+			return false
 		}
 	}
 	floor := f.floor[key]

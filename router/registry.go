@@ -190,7 +190,7 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 		if m == "" || len(m) > l.MaxNameBytes {
 			return status.Errorf(codes.InvalidArgument, "announce: model name of %d bytes, want 1 to %d", len(m), l.MaxNameBytes)
 		}
-		if _, shard := parseSeqKey(m); shard >= 0 {
+		if _, shard, _ := parseSeqKey(m); shard >= 0 {
 			// It would name a shard's update sequence (seqKey).
 			return status.Errorf(codes.InvalidArgument, "announce: model name %.64q: a name ending in %q and a number is reserved for a shard's update sequence; rename the model", m, shardSep)
 		}
@@ -214,6 +214,9 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 			if in == "" || len(in) > l.MaxNameBytes {
 				return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard input name of %d bytes, want 1 to %d", m, len(in), l.MaxNameBytes)
 			}
+		}
+		if fp := ref.GetSharding(); fp != "" && !prismv1.ValidSharding(fp) {
+			return status.Errorf(codes.InvalidArgument, "announce: model %.64q: sharding fingerprint %.40q: want 1 to 32 lower-case hex digits", m, fp)
 		}
 		if n := max(len(ref.GetTables()), len(ref.GetRowSplits())); n > maxShardInputs {
 			return status.Errorf(codes.InvalidArgument, "announce: model %.64q: shard %d names %d tables, the limit is %d", m, ref.GetShard(), n, maxShardInputs)

@@ -63,9 +63,13 @@ type sequencer struct {
 // the updates of its rows, and one shard slow or down holds up no
 // other's).
 type modelSeq struct {
-	// name is the model, shard the shard (-1: the whole model).
-	name  string
-	shard int32
+	// key names the sequence (seqKey); name is the model, shard the
+	// shard (-1: the whole model) and sharding the fingerprint of the
+	// sharding the shard is of ("" from workers of earlier releases).
+	key      string
+	name     string
+	shard    int32
+	sharding string
 	// handedOut: this router has numbered updates of the model.
 	handedOut bool
 	next      int64 // the last seq handed out
@@ -121,6 +125,9 @@ type modelSeq struct {
 	// copied: the log came from a copy of the previous sequencing
 	// router's (restoreCopy, replica.go).
 	copied bool
+	// layoutLogged: checkLayout reported that the sequence is of another
+	// layout of the model than updated ones.
+	layoutLogged bool
 }
 
 // newSequencer starts a sequencer at the router's start time.
@@ -157,8 +164,8 @@ func (s *sequencer) advance(now time.Time) {
 func (s *sequencer) model(key string) *modelSeq {
 	m := s.models[key]
 	if m == nil {
-		name, shard := parseSeqKey(key)
-		m = &modelSeq{name: name, shard: shard, known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		name, shard, sharding := parseSeqKey(key)
+		m = &modelSeq{key: key, name: name, shard: shard, sharding: sharding, known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
 		s.models[key] = m
 		if shard >= 0 {
 			if s.shardSeqs[name] == nil {
@@ -189,9 +196,11 @@ func (s *sequencer) drop(key string) {
 // model's, or a shard's of a sharded model (prismv1.UpdateSeqKey).
 const shardSep = prismv1.ShardSeqSep
 
-func seqKey(model string, shard int32) string { return prismv1.UpdateSeqKey(model, shard) }
+func seqKey(model string, shard int32, sharding string) string {
+	return prismv1.UpdateSeqKey(model, shard, sharding)
+}
 
-func parseSeqKey(key string) (string, int32) { return prismv1.ParseUpdateSeqKey(key) }
+func parseSeqKey(key string) (string, int32, string) { return prismv1.ParseUpdateSeqKey(key) }
 
 func keyOf(w *prismv1.WorkerInfo, model string) string { return prismv1.UpdateSeqKeyOf(w, model) }
 
@@ -250,6 +259,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		}
 		key := keyOf(w, model)
 		m := s.model(key)
+		s.checkLayout(m, w.GetId())
 		if m.opened.IsZero() {
 			m.opened = s.now
 		}
@@ -283,6 +293,29 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		delete(m.foreign, w.GetId())
 		m.known[w.GetId()] = max(m.known[w.GetId()], seq)
 	}
+}
+
+// checkLayout logs, once per sequence, that worker's sequence m is of
+// another layout of its model (the whole model, or another sharding)
+// than sequences that have had updates: its workers serve no lookups
+// and take no updates (inSync, split) until the operator switches.
+func (s *sequencer) checkLayout(m *modelSeq, worker string) {
+	if m.layoutLogged {
+		return
+	}
+	other := ""
+	for _, key := range slices.Sorted(maps.Keys(s.shardSeqs[m.name])) {
+		if sm := s.shardSeqs[m.name][key]; (m.shard < 0 || !sameSharding(sm.sharding, m.sharding)) && (sm.next > 0 || sm.committed > 0) {
+			other = sm.key
+			break
+		}
+	}
+	if other == "" {
+		return
+	}
+	m.layoutLogged = true
+	s.logf(slog.LevelError, "embedding worker holds another layout of the model (the whole model, or another sharding) than the one its updates were numbered in: it serves no lookups and takes no updates, since its store may lack them. To switch to its layout (its stores made after those updates, or the updates applied again), stop the routers, remove their update log folders (--update-log-dir; prism up: DB-router-log) and start them",
+		"model", m.name, "worker", worker, "sequence", m.key, "updated_sequence", other)
 }
 
 // maxAnnouncedSeq bounds the update numbers taken from announcements:
@@ -436,18 +469,20 @@ func (s *sequencer) tick(now time.Time) {
 // the model's) does, and, while the router is still hearing from its
 // workers, none of a sequence that has had updates (a worker holding
 // later ones may not have announced yet). A worker holding the whole of
-// a model whose shards have had updates lacks them: it does not serve.
+// a model whose shards have had updates lacks them, as does a worker of
+// another sharding of it (a reshard): it does not serve.
 // It changes nothing.
 func (s *sequencer) inSync(w *prismv1.WorkerInfo, model string, now time.Time) bool {
 	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !s.any {
 		return true
 	}
 	key := keyOf(w, model)
-	if key == model {
-		for _, sm := range s.shardSeqs[model] {
-			if sm.next > 0 || sm.committed > 0 {
-				return false
-			}
+	_, shard, sharding := parseSeqKey(key)
+	for _, sm := range s.shardSeqs[model] {
+		// A worker of the whole model, or of another sharding of it,
+		// lacks every update of these shards.
+		if (shard < 0 || !sameSharding(sm.sharding, sharding)) && (sm.next > 0 || sm.committed > 0) {
+			return false
 		}
 	}
 	m := s.models[key]

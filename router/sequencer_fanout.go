@@ -121,6 +121,9 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		m.handedOut = true
 		s.any = true
 		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
+		if m.shard >= 0 {
+			areq.Sequence = model // a worker of another shard refuses it
+		}
 		dropFrom := m.floor
 		// The trim stops at the lowest seq a live worker of the model
 		// holds (one not already stale, foreign or diverged), which is
@@ -155,10 +158,13 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 	}
 }
 
-// ack records that a live worker holds seq. A worker gone meanwhile is
-// not recorded: it announces what it holds when it is back.
+// ack records that a live worker of m holds seq. A worker gone
+// meanwhile is not recorded: it announces what it holds when it is
+// back.
 func (s *sequencer) ack(m *modelSeq, id string, seq int64) {
-	if _, live := s.workers[id]; live {
+	// Only a live worker of the sequence: one that moved to another
+	// shard meanwhile (announced) holds nothing of this one.
+	if w := s.workers[id]; w != nil && keyOf(w, m.name) == m.key {
 		m.known[id] = max(m.known[id], seq)
 		if m.known[id] >= m.next {
 			delete(m.slow, id) // caught up: back in the fan-out

@@ -96,7 +96,7 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 	k, ok := m.known[id]
 	w := s.workers[id]
-	if !ok || w == nil || k >= m.next || k < m.floor || m.unwritten || s.resigned {
+	if !ok || w == nil || keyOf(w, m.name) != model || k >= m.next || k < m.floor || m.unwritten || s.resigned {
 		delete(m.catching, id)
 		return
 	}

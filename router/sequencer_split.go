@@ -44,21 +44,24 @@ type part struct {
 func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	model, table := req.GetModel(), req.GetTable()
 	var shards int32
+	sharding, seen := "", false
 	live := map[int32]bool{}
 	holders := map[int32]bool{}
 	var rs *prismv1.RowSplit
-	complete := false
-	for _, w := range s.workers {
+	complete, anyTables := false, false
+	for _, id := range slices.Sorted(maps.Keys(s.workers)) { // sorted: the same refusal every time
+		w := s.workers[id]
 		ref := w.GetShards()[model]
 		if !slices.Contains(w.GetModels(), model) || ref.GetShards() <= 0 || ref.GetShard() < 0 || ref.GetShard() >= ref.GetShards() {
 			continue
 		}
-		if shards != 0 && ref.GetShards() != shards {
-			return nil, status.Errorf(codes.Unavailable, "update of model %q: its embedding workers hold shards of %d and of %d shards (a reshard under way?); the router takes its updates once they agree; retry", model, min(shards, ref.GetShards()), max(shards, ref.GetShards()))
+		if seen && (ref.GetShards() != shards || ref.GetSharding() != sharding) {
+			return nil, status.Errorf(codes.Unavailable, "update of model %q: its embedding workers hold shards of different shardings (%d shards %q, %d shards %q: a reshard under way?); the router takes its updates once they agree; retry", model, shards, sharding, ref.GetShards(), ref.GetSharding())
 		}
-		shards = ref.GetShards()
+		shards, sharding, seen = ref.GetShards(), ref.GetSharding(), true
 		live[ref.GetShard()] = true
 		complete = complete || ref.GetRowSplitsComplete()
+		anyTables = anyTables || len(ref.GetTables()) > 0
 		if slices.Contains(ref.GetTables(), table) {
 			holders[ref.GetShard()] = true
 		}
@@ -77,6 +80,17 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 			return nil, status.Errorf(codes.Unavailable, "update of model %q: the model is sharded and none of its shards has a live embedding worker right now; nothing applied; retry", model)
 		}
 		return []part{{key: model, req: req}}, nil
+	}
+	if other := s.otherSharding(model, sharding); other != "" {
+		return nil, status.Errorf(codes.Unavailable, "update of model %q: its embedding workers hold shards of sharding %q, but its updates so far were numbered in sharding %q, whose stores hold them: the router takes no update of another sharding (see its log)", model, sharding, other)
+	}
+	if !anyTables {
+		// Workers of a release before ShardRef.tables: every shard's
+		// sequence gets the whole update (each keeps its rows), as
+		// before.
+		for k := range shards {
+			holders[k] = true
+		}
 	}
 	all := make([]int32, shards)
 	for k := range shards {
@@ -113,7 +127,7 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		out := make([]part, len(on))
 		for i, k := range on {
-			out[i] = part{key: seqKey(model, k), req: byShard[k]}
+			out[i] = part{key: seqKey(model, k, sharding), req: byShard[k]}
 		}
 		return out, nil
 	}
@@ -131,10 +145,29 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	on := slices.Sorted(maps.Keys(holders))
 	out := make([]part, len(on))
 	for i, k := range on {
-		out[i] = part{key: seqKey(model, k), req: req}
+		out[i] = part{key: seqKey(model, k, sharding), req: req}
 	}
 	return out, nil
 }
+
+// otherSharding is the fingerprint of a sharding of model other than
+// sharding whose sequences have had updates ("" when none has): its
+// workers' stores hold updates the workers of sharding lack.
+func (s *sequencer) otherSharding(model, sharding string) string {
+	for _, key := range slices.Sorted(maps.Keys(s.shardSeqs[model])) {
+		if m := s.shardSeqs[model][key]; !sameSharding(m.sharding, sharding) && (m.next > 0 || m.committed > 0) {
+			return m.sharding
+		}
+	}
+	return ""
+}
+
+// sameSharding: fingerprints a and b may name one sharding. Workers of
+// earlier releases name none (""), which is taken for any: they are
+// upgraded in place, their stores keeping their numbers, and a worker's
+// sequence then continues under its fingerprint from the number its
+// store holds (adopted in the new sequence's start-up window).
+func sameSharding(a, b string) bool { return a == b || a == "" || b == "" }
 
 // validSplit: every shard r names is one of shards, and the table has
 // rows.
@@ -217,7 +250,7 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 			code = codes.Unavailable
 		}
 		bad = bad || st.Code() == codes.InvalidArgument
-		_, shard := parseSeqKey(key)
+		_, shard, _ := parseSeqKey(key)
 		msgs = append(msgs, fmt.Sprintf("shard %d: %s", shard, st.Message()))
 	}
 	if bad {
@@ -225,7 +258,7 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 	}
 	var applied []int32
 	for key := range j.ok {
-		_, shard := parseSeqKey(key)
+		_, shard, _ := parseSeqKey(key)
 		applied = append(applied, shard)
 	}
 	if len(applied) > 0 {

@@ -35,7 +35,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	restart [after=0s]                         the router restarts from what
 //	                                           its update log holds
 //	advance <duration>                         the clock moves on
-//	announce <worker> [models=m] [seq=m:N,...] [role=dense] [shard=K/N] [tables=t,...] [split=t:K.K.K:rows,...] [complete=yes|no]
+//	announce <worker> [models=m] [seq=m:N,...] [role=dense] [shard=K/N] [tables=t,...] [split=t:K.K.K:rows,...] [complete=yes|no] [sharding=FP]
 //	                                           shard: it holds shard K of N
 //	                                           of each of its models, tables
 //	                                           those of them it holds, split
@@ -43,7 +43,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	                                           r on the (r mod n)-th K listed);
 //	                                           complete=no: a worker of an
 //	                                           earlier release (row splits not
-//	                                           said to be complete)
+//	                                           said to be complete); sharding:
+//	                                           the sharding's fingerprint
 //	gone <worker>                              left, expired or removed
 //	propose <client> [model=m] [table=t] [ids=1|ids=3.9.12] [deadline=10s]
 //	                                           ids: how many (each 0), or the
@@ -303,7 +304,7 @@ func (h *seqScript) do(line string) []string {
 				}
 			}
 			for _, m := range w.Models {
-				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n)), Tables: tables, RowSplits: splits, RowSplitsComplete: arg("complete", "yes") == "yes"}
+				w.Shards[m] = &prismv1.ShardRef{Shard: int32(num(k)), Shards: int32(num(n)), Tables: tables, RowSplits: splits, RowSplitsComplete: arg("complete", "yes") == "yes", Sharding: arg("sharding", "")}
 			}
 		}
 		h.s.announced(h.now, w)

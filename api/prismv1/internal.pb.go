@@ -110,6 +110,13 @@ type ApplyUpdateRequest struct {
 	// Sent only to workers announcing ShardRef.number_ranges.
 	NumberFrom    int64    `protobuf:"varint,4,opt,name=number_from,json=numberFrom,proto3" json:"number_from,omitempty"`
 	SkippedTables []string `protobuf:"bytes,5,rep,name=skipped_tables,json=skippedTables,proto3" json:"skipped_tables,omitempty"`
+	// sequence names the update sequence seq is a number of: the model's,
+	// or a shard's of a sharded model ("MODEL#shardK@SHARDING",
+	// prismv1.UpdateSeqKey). A worker whose own sequence is another
+	// refuses it (FAILED_PRECONDITION) without taking the number: a
+	// number of one shard's sequence never stands in for another's.
+	// Empty (routers of earlier releases): not checked.
+	Sequence      string `protobuf:"bytes,6,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -177,6 +184,13 @@ func (x *ApplyUpdateRequest) GetSkippedTables() []string {
 		return x.SkippedTables
 	}
 	return nil
+}
+
+func (x *ApplyUpdateRequest) GetSequence() string {
+	if x != nil {
+		return x.Sequence
+	}
+	return ""
 }
 
 type LookupRequest struct {
@@ -839,8 +853,14 @@ type ShardRef struct {
 	// a row-wise one whose other shards are down, and takes such an
 	// update only while every shard has a live worker.
 	RowSplitsComplete bool `protobuf:"varint,7,opt,name=row_splits_complete,json=rowSplitsComplete,proto3" json:"row_splits_complete,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// sharding fingerprints the plan's sharding (plan.Sharding.Fingerprint:
+	// the shard count and every table's placement): workers of another
+	// sharding of the model (a reshard) number their updates in other
+	// sequences, and the router serves and updates one sharding's
+	// workers only once another's sequences have had updates.
+	Sharding      string `protobuf:"bytes,8,opt,name=sharding,proto3" json:"sharding,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardRef) Reset() {
@@ -920,6 +940,13 @@ func (x *ShardRef) GetRowSplitsComplete() bool {
 		return x.RowSplitsComplete
 	}
 	return false
+}
+
+func (x *ShardRef) GetSharding() string {
+	if x != nil {
+		return x.Sharding
+	}
+	return ""
 }
 
 // RowSplit says where a row-wise table's rows live: row r on shard
@@ -1582,7 +1609,7 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\xc0\x01\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\xdc\x01\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1f\n" +
@@ -1590,7 +1617,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"numberOnly\x12\x1f\n" +
 	"\vnumber_from\x18\x04 \x01(\x03R\n" +
 	"numberFrom\x12%\n" +
-	"\x0eskipped_tables\x18\x05 \x03(\tR\rskippedTables\"\xcd\x02\n" +
+	"\x0eskipped_tables\x18\x05 \x03(\tR\rskippedTables\x12\x1a\n" +
+	"\bsequence\x18\x06 \x01(\tR\bsequence\"\xcd\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
@@ -1666,7 +1694,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\xf0\x01\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\x8c\x02\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12\x16\n" +
@@ -1675,7 +1703,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\rnumber_ranges\x18\x05 \x01(\bR\fnumberRanges\x121\n" +
 	"\n" +
 	"row_splits\x18\x06 \x03(\v2\x12.prism.v1.RowSplitR\trowSplits\x12.\n" +
-	"\x13row_splits_complete\x18\a \x01(\bR\x11rowSplitsComplete\"L\n" +
+	"\x13row_splits_complete\x18\a \x01(\bR\x11rowSplitsComplete\x12\x1a\n" +
+	"\bsharding\x18\b \x01(\tR\bsharding\"L\n" +
 	"\bRowSplit\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\x12\x12\n" +

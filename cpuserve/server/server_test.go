@@ -698,6 +698,21 @@ func TestSequencedUpdates(t *testing.T) {
 			t.Fatalf("step %d: worker announces update %d, want %d", i, got, base+st.after)
 		}
 	}
+	// A number of another sequence (a shard's, this worker holding the
+	// whole model) is refused and not taken; the model's own is taken.
+	for _, tc := range []struct {
+		sequence string
+		want     codes.Code
+		after    int64
+	}{{model + "#shard1@00aa", codes.FailedPrecondition, 3}, {model + "#shard0", codes.FailedPrecondition, 3}} {
+		_, err := f.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: base + 4, Sequence: tc.sequence, Update: &prismv1.UpdateRequest{Model: model, Table: "emb_l.0.weight", Ids: []int64{0}, Rows: make([]byte, 64)}})
+		if status.Code(err) != tc.want {
+			t.Fatalf("sequence %q: %v, want %v", tc.sequence, err, tc.want)
+		}
+		if got := f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; got != base+tc.after {
+			t.Fatalf("sequence %q: worker announces update %d, want %d", tc.sequence, got, base+tc.after)
+		}
+	}
 	// The number alone (number_only) is for a shard not holding the
 	// table: this unsharded worker holds every table, so it refuses it
 	// without taking the number; unsequenced, it is bad input.

@@ -56,6 +56,17 @@ type shardRef struct {
 	// (announced in ShardRef.row_splits: the router splits an update of
 	// one by shard).
 	splits []*prismv1.RowSplit
+	// sharding fingerprints the plan's sharding (ShardRef.sharding).
+	sharding string
+}
+
+// sequence names the update sequence the worker's shard of model takes
+// the numbers of (ApplyUpdateRequest.sequence).
+func (sr *shardRef) sequence(model string) string {
+	if sr == nil {
+		return model
+	}
+	return prismv1.UpdateSeqKey(model, int32(sr.shard), sr.sharding)
 }
 
 // rowShards are the shards of the model's sharding that hold the rows
@@ -193,7 +204,7 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	for _, o := range info.Full {
 		full[o] = true
 	}
-	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}, partial: map[string]plan.PartialOutput{}, parts: map[string][3]int64{}}
+	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}, partial: map[string]plan.PartialOutput{}, parts: map[string][3]int64{}, sharding: p.Sharding.Fingerprint()}
 	for _, po := range info.Partial {
 		sr.partial[po.Output] = po
 	}
@@ -357,7 +368,7 @@ func (s *Server) shardRefs() map[string]*prismv1.ShardRef {
 	}
 	out := make(map[string]*prismv1.ShardRef, len(s.shards))
 	for name, sr := range s.shards {
-		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true, RowSplits: sr.splits, RowSplitsComplete: true}
+		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true, RowSplits: sr.splits, RowSplitsComplete: true, Sharding: sr.sharding}
 	}
 	return out
 }
