@@ -84,6 +84,21 @@ func TestFollowerShardSequences(t *testing.T) {
 			t.Errorf("with the view: inSync(%s) = %v, want %v (floors %v)", w.GetId(), got, want[w.GetId()], f.floor)
 		}
 	}
+	// Workers of two shardings (a reshard): those of the one whose
+	// sequences have had updates serve, the other's do not.
+	g := newFollower("seq:1", nil, QuorumMajority, func() time.Time { return now }, time.Second)
+	g.started = now.Add(-time.Hour)
+	of := func(id, sharding string, held int64) *prismv1.WorkerInfo {
+		w := shard(id, 0, held)
+		w.Shards["m"].Sharding = sharding
+		return w
+	}
+	old, fresh := of("old", "aa", 4), of("new", "bb", 0)
+	g.announced(old)
+	g.announced(fresh)
+	if !g.inSync(old, "m") || g.inSync(fresh, "m") {
+		t.Errorf("reshard: old serves %v (want true), new serves %v (want false)", g.inSync(old, "m"), g.inSync(fresh, "m"))
+	}
 }
 
 // followRig: a sequencing router (an updateRig with its workers) and a
