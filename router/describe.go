@@ -38,6 +38,12 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 				left = append(left, id)
 			}
 		}
+		for id, w := range s.workers {
+			// Of another layout than the sequence's (compatible).
+			if slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == name && !s.compatible(m.name, w) && !slices.Contains(left, id) {
+				left = append(left, id)
+			}
+		}
 		slices.Sort(left)
 		var inSync []string
 		for id, w := range s.workers {

@@ -203,7 +203,7 @@ func (f *follower) gone(id string) {
 // judge recomputes the floor of the sequence named key (a model's, or a
 // shard's) from the live workers it numbers; f.mu is held.
 func (f *follower) judge(key string) {
-	model, shard, _ := parseSeqKey(key)
+	model, shard := parseSeqKey(key)
 	if shard >= 0 {
 		if f.shardKeys[model] == nil {
 			f.shardKeys[model] = map[string]bool{}
@@ -337,12 +337,14 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	key := keyOf(w, model)
-	_, shard, sharding := parseSeqKey(key)
-	for k := range f.shardKeys[model] {
-		// A worker of the whole model, or of another sharding of it, lacks
-		// every update of these shards (sequencer.inSync).
-		if _, _, ks := parseSeqKey(k); (shard < 0 || !sameSharding(ks, sharding)) && (f.floor[k] > 0 || f.view[k].GetNumbered() > 0 || f.view[k].GetAcknowledged() > 0) {
-			return false
+	if key == model {
+		// The whole model: it lacks every update of its shards
+		// (sequencer.inSync). A worker of another layout than its shard's
+		// sequence is left out by the sequencer's view (LeftOut).
+		for k := range f.shardKeys[model] {
+			if f.floor[k] > 0 || f.view[k].GetNumbered() > 0 || f.view[k].GetAcknowledged() > 0 {
+				return false
+			}
 		}
 	}
 	floor := f.floor[key]

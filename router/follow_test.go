@@ -84,8 +84,9 @@ func TestFollowerShardSequences(t *testing.T) {
 			t.Errorf("with the view: inSync(%s) = %v, want %v (floors %v)", w.GetId(), got, want[w.GetId()], f.floor)
 		}
 	}
-	// Workers of two shardings (a reshard): those of the one whose
-	// sequences have had updates serve, the other's do not.
+	// Workers of two shardings (a reshard): the sequencer leaves the
+	// new sharding's out (its view's LeftOut, describe.go), and the
+	// follower does too, even once the old sharding's workers are gone.
 	g := newFollower("seq:1", nil, QuorumMajority, func() time.Time { return now }, time.Second)
 	g.started = now.Add(-time.Hour)
 	of := func(id, sharding string, held int64) *prismv1.WorkerInfo {
@@ -96,8 +97,16 @@ func TestFollowerShardSequences(t *testing.T) {
 	old, fresh := of("old", "aa", 4), of("new", "bb", 0)
 	g.announced(old)
 	g.announced(fresh)
+	g.view = map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 4, Numbered: 4, LeftOut: []string{"new"}, InSync: []string{"old"}}}
+	g.viewWorkers = map[string]bool{"old": true, "new": true}
+	g.viewFrom = "seq:1"
+	g.rejudge()
 	if !g.inSync(old, "m") || g.inSync(fresh, "m") {
 		t.Errorf("reshard: old serves %v (want true), new serves %v (want false)", g.inSync(old, "m"), g.inSync(fresh, "m"))
+	}
+	g.gone("old")
+	if g.inSync(fresh, "m") {
+		t.Error("reshard: the new sharding's worker serves once the old one is gone")
 	}
 }
 

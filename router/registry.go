@@ -190,7 +190,7 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 		if m == "" || len(m) > l.MaxNameBytes {
 			return status.Errorf(codes.InvalidArgument, "announce: model name of %d bytes, want 1 to %d", len(m), l.MaxNameBytes)
 		}
-		if _, shard, _ := parseSeqKey(m); shard >= 0 {
+		if _, shard := parseSeqKey(m); shard >= 0 {
 			// It would name a shard's update sequence (seqKey).
 			return status.Errorf(codes.InvalidArgument, "announce: model name %.64q: a name ending in %q and a number is reserved for a shard's update sequence; rename the model", m, shardSep)
 		}

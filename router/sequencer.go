@@ -46,6 +46,8 @@ type sequencer struct {
 	// the whole model whether its shards have had updates).
 	models    map[string]*modelSeq
 	shardSeqs map[string]map[string]*modelSeq
+	// layouts are the sharded models' layouts (bindLayout).
+	layouts map[string]*layout
 	// joins are the clients whose update was split over shards (split),
 	// answered once every part is (answer).
 	joins map[uint64]*join
@@ -63,13 +65,12 @@ type sequencer struct {
 // the updates of its rows, and one shard slow or down holds up no
 // other's).
 type modelSeq struct {
-	// key names the sequence (seqKey); name is the model, shard the
-	// shard (-1: the whole model) and sharding the fingerprint of the
-	// sharding the shard is of ("" from workers of earlier releases).
-	key      string
-	name     string
-	shard    int32
-	sharding string
+	// key names the sequence (seqKey); name is the model and shard the
+	// shard (-1: the whole model).
+	key   string
+	name  string
+	shard int32
+
 	// handedOut: this router has numbered updates of the model.
 	handedOut bool
 	next      int64 // the last seq handed out
@@ -125,8 +126,8 @@ type modelSeq struct {
 	// copied: the log came from a copy of the previous sequencing
 	// router's (restoreCopy, replica.go).
 	copied bool
-	// layoutLogged: checkLayout reported that the sequence is of another
-	// layout of the model than updated ones.
+	// layoutLogged: layoutConflict reported a worker of another layout
+	// of the model.
 	layoutLogged bool
 }
 
@@ -141,6 +142,7 @@ func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64, quor
 		workers:   map[string]*prismv1.WorkerInfo{},
 		models:    map[string]*modelSeq{},
 		shardSeqs: map[string]map[string]*modelSeq{},
+		layouts:   map[string]*layout{},
 		joins:     map[uint64]*join{},
 	}
 }
@@ -164,8 +166,8 @@ func (s *sequencer) advance(now time.Time) {
 func (s *sequencer) model(key string) *modelSeq {
 	m := s.models[key]
 	if m == nil {
-		name, shard, sharding := parseSeqKey(key)
-		m = &modelSeq{key: key, name: name, shard: shard, sharding: sharding, known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		name, shard := parseSeqKey(key)
+		m = &modelSeq{key: key, name: name, shard: shard, known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
 		s.models[key] = m
 		if shard >= 0 {
 			if s.shardSeqs[name] == nil {
@@ -188,6 +190,7 @@ func (s *sequencer) drop(key string) {
 		delete(s.shardSeqs[m.name], key)
 		if len(s.shardSeqs[m.name]) == 0 {
 			delete(s.shardSeqs, m.name)
+			delete(s.layouts, m.name)
 		}
 	}
 }
@@ -196,11 +199,9 @@ func (s *sequencer) drop(key string) {
 // model's, or a shard's of a sharded model (prismv1.UpdateSeqKey).
 const shardSep = prismv1.ShardSeqSep
 
-func seqKey(model string, shard int32, sharding string) string {
-	return prismv1.UpdateSeqKey(model, shard, sharding)
-}
+func seqKey(model string, shard int32) string { return prismv1.UpdateSeqKey(model, shard) }
 
-func parseSeqKey(key string) (string, int32, string) { return prismv1.ParseUpdateSeqKey(key) }
+func parseSeqKey(key string) (string, int32) { return prismv1.ParseUpdateSeqKey(key) }
 
 func keyOf(w *prismv1.WorkerInfo, model string) string { return prismv1.UpdateSeqKeyOf(w, model) }
 
@@ -259,7 +260,15 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		}
 		key := keyOf(w, model)
 		m := s.model(key)
-		s.checkLayout(m, w.GetId())
+		if m.shard < 0 && s.updated(model) {
+			s.layoutConflict(m, w.GetId()) // the whole model, its shards updated: out of serving (inSync)
+		}
+		s.bindLayout(model, w)
+		if !s.compatible(model, w) {
+			s.layoutConflict(m, w.GetId())
+			delete(m.known, w.GetId())
+			continue
+		}
 		if m.opened.IsZero() {
 			m.opened = s.now
 		}
@@ -295,27 +304,125 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 	}
 }
 
-// checkLayout logs, once per sequence, that worker's sequence m is of
-// another layout of its model (the whole model, or another sharding)
-// than sequences that have had updates: its workers serve no lookups
-// and take no updates (inSync, split) until the operator switches.
-func (s *sequencer) checkLayout(m *modelSeq, worker string) {
+// layout is the sharding a sharded model's shard sequences number
+// updates of: its shard count and fingerprint (ShardRef.sharding; ""
+// until a worker names one, as workers of earlier releases do not), set
+// by the workers announcing shards of the model (bindLayout) and read
+// back from the log's entries (ApplyUpdateRequest.sequence). Once any
+// shard's sequence has had updates it holds, and a worker of another
+// sharding is of none of them (compatible): its store, made for a
+// reshard, may lack those updates, whichever shard now holds their rows.
+type layout struct {
+	shards   int32
+	sharding string
+	// tables are, per shard, the tables its workers announce
+	// (ShardRef.tables, sorted): a worker naming no sharding (an
+	// earlier release) is of the layout only if its shard holds the
+	// same tables.
+	tables map[int32][]string
+}
+
+// holds records that shard k of the layout holds tables (when it says).
+func (l *layout) holds(k int32, tables []string) {
+	if len(tables) == 0 {
+		return
+	}
+	if l.tables == nil {
+		l.tables = map[int32][]string{}
+	}
+	if _, ok := l.tables[k]; !ok {
+		l.tables[k] = slices.Sorted(slices.Values(tables))
+	}
+}
+
+// shardingOf is model's sharding fingerprint ("": none known).
+func (s *sequencer) shardingOf(model string) string {
+	if l := s.layouts[model]; l != nil {
+		return l.sharding
+	}
+	return ""
+}
+
+// updated says whether a shard of model has had updates.
+func (s *sequencer) updated(model string) bool {
+	for _, m := range s.shardSeqs[model] {
+		if m.next > 0 || m.committed > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// bindLayout sets model's layout from worker w, which announces a shard
+// of it: while no shard has had updates, the last worker's (nothing of
+// another is held yet); then it keeps its own, and only takes the
+// fingerprint its workers of earlier releases left unnamed, or the
+// shard count a restored log does not say.
+func (s *sequencer) bindLayout(model string, w *prismv1.WorkerInfo) {
+	ref := w.GetShards()[model]
+	if ref.GetShards() <= 0 {
+		return
+	}
+	l := s.layouts[model]
+	if l == nil || (!s.updated(model) && (l.shards != ref.GetShards() || l.sharding != ref.GetSharding())) {
+		l = &layout{shards: ref.GetShards(), sharding: ref.GetSharding()}
+		s.layouts[model] = l
+	}
+	if s.compatible(model, w) {
+		if l.shards == 0 {
+			l.shards = ref.GetShards()
+		}
+		if l.sharding == "" {
+			l.sharding = ref.GetSharding()
+		}
+		l.holds(ref.GetShard(), ref.GetTables())
+	}
+}
+
+// compatible says whether worker w, announcing a shard of model, holds
+// its layout: the same shard count and sharding (prismv1.SameSharding:
+// unknown on either side is taken for the same), and a store that goes
+// on from the numbers the model's own sequence acknowledged before the
+// model was sharded here (the router of an earlier release numbered a
+// sharded model's updates in it; a worker below them holds another
+// history, a store made for a reshard). A worker of the whole model is
+// judged by inSync.
+func (s *sequencer) compatible(model string, w *prismv1.WorkerInfo) bool {
+	ref := w.GetShards()[model]
+	if ref.GetShards() <= 0 {
+		return true
+	}
+	if l := s.layouts[model]; l != nil {
+		if (l.shards != 0 && ref.GetShards() != l.shards) || !prismv1.SameSharding(l.sharding, ref.GetSharding()) {
+			return false
+		}
+		if t, ok := l.tables[ref.GetShard()]; ok && len(ref.GetTables()) > 0 && (l.sharding == "" || ref.GetSharding() == "") && !slices.Equal(t, slices.Sorted(slices.Values(ref.GetTables()))) {
+			return false // no fingerprint to tell: the tables do
+		}
+	}
+	if whole := s.models[model]; whole != nil && whole.committed > 0 {
+		if c := w.GetUpdateSeq()[model]; c < whole.committed {
+			return false
+		}
+	}
+	return true
+}
+
+// layoutConflict logs, once per sequence, that worker holds another
+// layout of m's model than m: it serves no lookups and takes no
+// updates until the operator switches.
+func (s *sequencer) layoutConflict(m *modelSeq, worker string) {
 	if m.layoutLogged {
 		return
 	}
-	other := ""
-	for _, key := range slices.Sorted(maps.Keys(s.shardSeqs[m.name])) {
-		if sm := s.shardSeqs[m.name][key]; (m.shard < 0 || !sameSharding(sm.sharding, m.sharding)) && (sm.next > 0 || sm.committed > 0) {
-			other = sm.key
-			break
-		}
-	}
-	if other == "" {
-		return
-	}
 	m.layoutLogged = true
-	s.logf(slog.LevelError, "embedding worker holds another layout of the model (the whole model, or another sharding) than the one its updates were numbered in: it serves no lookups and takes no updates, since its store may lack them. To switch to its layout (its stores made after those updates, or the updates applied again), stop the routers, remove their update log folders (--update-log-dir; prism up: DB-router-log) and start them",
-		"model", m.name, "worker", worker, "sequence", m.key, "updated_sequence", other)
+	var shards int32
+	var sharding string
+	if l := s.layouts[m.name]; l != nil {
+		shards, sharding = l.shards, l.sharding
+	}
+	s.logf(slog.LevelError, "embedding worker holds another layout of the model (the whole model, another sharding, or a store below what the model acknowledged before it was sharded) than the one its updates were numbered in: it serves no lookups and takes no updates, since its store may lack them. To switch to its layout (its stores made after those updates, or the updates applied again), stop the routers, remove their update log folders (--update-log-dir; prism up: DB-router-log) and start them",
+		"model", m.name, "worker", worker, "sequence", m.key, "shards", shards, "sharding", sharding)
 }
 
 // maxAnnouncedSeq bounds the update numbers taken from announcements:
@@ -470,20 +577,18 @@ func (s *sequencer) tick(now time.Time) {
 // workers, none of a sequence that has had updates (a worker holding
 // later ones may not have announced yet). A worker holding the whole of
 // a model whose shards have had updates lacks them, as does a worker of
-// another sharding of it (a reshard): it does not serve.
+// another layout than its shard's sequence (compatible): it does not
+// serve.
 // It changes nothing.
 func (s *sequencer) inSync(w *prismv1.WorkerInfo, model string, now time.Time) bool {
 	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !s.any {
 		return true
 	}
 	key := keyOf(w, model)
-	_, shard, sharding := parseSeqKey(key)
-	for _, sm := range s.shardSeqs[model] {
-		// A worker of the whole model, or of another sharding of it,
-		// lacks every update of these shards.
-		if (shard < 0 || !sameSharding(sm.sharding, sharding)) && (sm.next > 0 || sm.committed > 0) {
-			return false
-		}
+	if (key == model && s.updated(model)) || !s.compatible(model, w) {
+		// The whole model, lacking every update of its shards; or
+		// another layout than its shards'.
+		return false
 	}
 	m := s.models[key]
 	if m == nil {

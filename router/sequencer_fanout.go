@@ -63,7 +63,7 @@ func (s *sequencer) targetsOf(model string) (out []*prismv1.WorkerInfo, members 
 			continue
 		}
 		w := s.workers[id]
-		if !slices.Contains(w.GetModels(), m.name) || keyOf(w, m.name) != model {
+		if !slices.Contains(w.GetModels(), m.name) || keyOf(w, m.name) != model || !s.compatible(m.name, w) {
 			continue
 		}
 		if k, ok := m.known[id]; !ok || k >= m.floor {
@@ -122,7 +122,8 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		s.any = true
 		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
 		if m.shard >= 0 {
-			areq.Sequence = model // a worker of another shard refuses it
+			// A worker of another shard, or sharding, refuses it.
+			areq.Sequence = prismv1.SequenceName(model, s.shardingOf(m.name))
 		}
 		dropFrom := m.floor
 		// The trim stops at the lowest seq a live worker of the model

@@ -28,6 +28,12 @@ import (
 func (s *sequencer) restore(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest) {
 	m := s.model(model)
 	m.next, m.committed, m.floor, m.log, m.bytes = next, committed, floor, log, 0
+	if n := len(log); n > 0 && m.shard >= 0 {
+		// The sharding the shard's entries were numbered for.
+		if _, fp := prismv1.ParseSequenceName(log[n-1].GetSequence()); fp != "" {
+			s.layouts[m.name] = &layout{sharding: fp}
+		}
+	}
 	for _, e := range log {
 		m.bytes += int64(proto.Size(e))
 	}
@@ -96,7 +102,7 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 	k, ok := m.known[id]
 	w := s.workers[id]
-	if !ok || w == nil || keyOf(w, m.name) != model || k >= m.next || k < m.floor || m.unwritten || s.resigned {
+	if !ok || w == nil || keyOf(w, m.name) != model || !s.compatible(m.name, w) || k >= m.next || k < m.floor || m.unwritten || s.resigned {
 		delete(m.catching, id)
 		return
 	}

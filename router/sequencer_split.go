@@ -44,7 +44,8 @@ type part struct {
 func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	model, table := req.GetModel(), req.GetTable()
 	var shards int32
-	sharding, seen := "", false
+	var sharding string
+	seen := false
 	live := map[int32]bool{}
 	holders := map[int32]bool{}
 	var rs *prismv1.RowSplit
@@ -55,10 +56,16 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		if !slices.Contains(w.GetModels(), model) || ref.GetShards() <= 0 || ref.GetShard() < 0 || ref.GetShard() >= ref.GetShards() {
 			continue
 		}
-		if seen && (ref.GetShards() != shards || ref.GetSharding() != sharding) {
+		if !s.compatible(model, w) {
+			continue // another layout than its shard's sequence: takes nothing
+		}
+		if seen && (ref.GetShards() != shards || !prismv1.SameSharding(ref.GetSharding(), sharding)) {
 			return nil, status.Errorf(codes.Unavailable, "update of model %q: its embedding workers hold shards of different shardings (%d shards %q, %d shards %q: a reshard under way?); the router takes its updates once they agree; retry", model, shards, sharding, ref.GetShards(), ref.GetSharding())
 		}
-		shards, sharding, seen = ref.GetShards(), ref.GetSharding(), true
+		shards, seen = ref.GetShards(), true
+		if sharding == "" {
+			sharding = ref.GetSharding()
+		}
 		live[ref.GetShard()] = true
 		complete = complete || ref.GetRowSplitsComplete()
 		anyTables = anyTables || len(ref.GetTables()) > 0
@@ -77,12 +84,9 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	}
 	if shards == 0 {
 		if len(s.shardSeqs[model]) > 0 {
-			return nil, status.Errorf(codes.Unavailable, "update of model %q: the model is sharded and none of its shards has a live embedding worker right now; nothing applied; retry", model)
+			return nil, status.Errorf(codes.Unavailable, "update of model %q: the model is sharded and none of its shards has a live embedding worker of its layout right now (see the router's log); nothing applied; retry", model)
 		}
 		return []part{{key: model, req: req}}, nil
-	}
-	if other := s.otherSharding(model, sharding); other != "" {
-		return nil, status.Errorf(codes.Unavailable, "update of model %q: its embedding workers hold shards of sharding %q, but its updates so far were numbered in sharding %q, whose stores hold them: the router takes no update of another sharding (see its log)", model, sharding, other)
 	}
 	if !anyTables {
 		// Workers of a release before ShardRef.tables: every shard's
@@ -127,7 +131,7 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		out := make([]part, len(on))
 		for i, k := range on {
-			out[i] = part{key: seqKey(model, k, sharding), req: byShard[k]}
+			out[i] = part{key: seqKey(model, k), req: byShard[k]}
 		}
 		return out, nil
 	}
@@ -145,29 +149,10 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	on := slices.Sorted(maps.Keys(holders))
 	out := make([]part, len(on))
 	for i, k := range on {
-		out[i] = part{key: seqKey(model, k, sharding), req: req}
+		out[i] = part{key: seqKey(model, k), req: req}
 	}
 	return out, nil
 }
-
-// otherSharding is the fingerprint of a sharding of model other than
-// sharding whose sequences have had updates ("" when none has): its
-// workers' stores hold updates the workers of sharding lack.
-func (s *sequencer) otherSharding(model, sharding string) string {
-	for _, key := range slices.Sorted(maps.Keys(s.shardSeqs[model])) {
-		if m := s.shardSeqs[model][key]; !sameSharding(m.sharding, sharding) && (m.next > 0 || m.committed > 0) {
-			return m.sharding
-		}
-	}
-	return ""
-}
-
-// sameSharding: fingerprints a and b may name one sharding. Workers of
-// earlier releases name none (""), which is taken for any: they are
-// upgraded in place, their stores keeping their numbers, and a worker's
-// sequence then continues under its fingerprint from the number its
-// store holds (adopted in the new sequence's start-up window).
-func sameSharding(a, b string) bool { return a == b || a == "" || b == "" }
 
 // validSplit: every shard r names is one of shards, and the table has
 // rows.
@@ -250,7 +235,7 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 			code = codes.Unavailable
 		}
 		bad = bad || st.Code() == codes.InvalidArgument
-		_, shard, _ := parseSeqKey(key)
+		_, shard := parseSeqKey(key)
 		msgs = append(msgs, fmt.Sprintf("shard %d: %s", shard, st.Message()))
 	}
 	if bad {
@@ -258,7 +243,7 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 	}
 	var applied []int32
 	for key := range j.ok {
-		_, shard, _ := parseSeqKey(key)
+		_, shard := parseSeqKey(key)
 		applied = append(applied, shard)
 	}
 	if len(applied) > 0 {

@@ -110,12 +110,14 @@ type ApplyUpdateRequest struct {
 	// Sent only to workers announcing ShardRef.number_ranges.
 	NumberFrom    int64    `protobuf:"varint,4,opt,name=number_from,json=numberFrom,proto3" json:"number_from,omitempty"`
 	SkippedTables []string `protobuf:"bytes,5,rep,name=skipped_tables,json=skippedTables,proto3" json:"skipped_tables,omitempty"`
-	// sequence names the update sequence seq is a number of: the model's,
-	// or a shard's of a sharded model ("MODEL#shardK@SHARDING",
-	// prismv1.UpdateSeqKey). A worker whose own sequence is another
-	// refuses it (FAILED_PRECONDITION) without taking the number: a
-	// number of one shard's sequence never stands in for another's.
-	// Empty (routers of earlier releases): not checked.
+	// sequence names the update sequence seq is a number of, a shard's of
+	// a sharded model ("MODEL#shardK", prismv1.UpdateSeqKey), with the
+	// fingerprint of the sharding it numbers updates of when known
+	// ("MODEL#shardK@FP", prismv1.SequenceName). A worker of another
+	// shard or sharding refuses it (FAILED_PRECONDITION) without taking
+	// the number: a number of one shard's sequence never stands in for
+	// another's. Empty (a model's own sequence, or routers of earlier
+	// releases): not checked.
 	Sequence      string `protobuf:"bytes,6,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -854,10 +856,9 @@ type ShardRef struct {
 	// update only while every shard has a live worker.
 	RowSplitsComplete bool `protobuf:"varint,7,opt,name=row_splits_complete,json=rowSplitsComplete,proto3" json:"row_splits_complete,omitempty"`
 	// sharding fingerprints the plan's sharding (plan.Sharding.Fingerprint:
-	// the shard count and every table's placement): workers of another
-	// sharding of the model (a reshard) number their updates in other
-	// sequences, and the router serves and updates one sharding's
-	// workers only once another's sequences have had updates.
+	// the shard count and every table's placement). Once a model's shards
+	// have had updates, the router serves and updates only workers of
+	// their sharding: a reshard's stores may lack those updates.
 	Sharding      string `protobuf:"bytes,8,opt,name=sharding,proto3" json:"sharding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -60,13 +60,16 @@ type shardRef struct {
 	sharding string
 }
 
-// sequence names the update sequence the worker's shard of model takes
-// the numbers of (ApplyUpdateRequest.sequence).
-func (sr *shardRef) sequence(model string) string {
+// takes says whether the worker's shard of model takes the numbers of
+// the update sequence named name (ApplyUpdateRequest.sequence: its key,
+// and the sharding it numbers updates of when known), and names its own.
+func (sr *shardRef) takes(model, name string) (ok bool, own string) {
+	key, sharding := prismv1.ParseSequenceName(name)
 	if sr == nil {
-		return model
+		return key == model, model
 	}
-	return prismv1.UpdateSeqKey(model, int32(sr.shard), sr.sharding)
+	own = prismv1.SequenceName(prismv1.UpdateSeqKey(model, int32(sr.shard)), sr.sharding)
+	return key == prismv1.UpdateSeqKey(model, int32(sr.shard)) && prismv1.SameSharding(sharding, sr.sharding), own
 }
 
 // rowShards are the shards of the model's sharding that hold the rows

@@ -91,3 +91,28 @@ func TestRowShards(t *testing.T) {
 		t.Errorf("an unsharded model names shards %v", got)
 	}
 }
+
+// A worker of shard 1 of sharding aa takes the numbers of its shard's
+// sequence (named with its sharding, or with none: numbered before a
+// worker named one), and no other shard's or sharding's.
+func TestShardTakesSequence(t *testing.T) {
+	sr := &shardRef{shard: 1, shards: 2, sharding: "aa"}
+	for name, want := range map[string]bool{
+		"m#shard1@aa": true,
+		"m#shard1":    true,
+		"m#shard1@bb": false,
+		"m#shard0@aa": false,
+		"m":           false,
+	} {
+		if ok, own := sr.takes("m", name); ok != want || own != "m#shard1@aa" {
+			t.Errorf("takes(%q) = %v, %q; want %v", name, ok, own, want)
+		}
+	}
+	var whole *shardRef
+	if ok, _ := whole.takes("m", "m"); !ok {
+		t.Error("a whole-model worker refuses the model's sequence")
+	}
+	if ok, _ := whole.takes("m", "m#shard0"); ok {
+		t.Error("a whole-model worker takes a shard's sequence")
+	}
+}

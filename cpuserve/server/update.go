@@ -42,10 +42,12 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	if s.models[req.GetModel()] == nil {
 		return nil, status.Errorf(codes.NotFound, "model %q is not served here (serving %v)", req.GetModel(), s.Models())
 	}
-	if want, own := areq.GetSequence(), s.shards[req.GetModel()].sequence(req.GetModel()); want != "" && want != own {
-		// Another shard's (or sharding's) number: taking it would stand
-		// in for this shard's update of that number.
-		return nil, status.Errorf(codes.FailedPrecondition, "update %d of sequence %q: this worker's sequence is %q; nothing applied", areq.GetSeq(), want, own)
+	if want := areq.GetSequence(); want != "" {
+		if ok, own := s.shards[req.GetModel()].takes(req.GetModel(), want); !ok {
+			// Another shard's (or sharding's) number: taking it would stand
+			// in for this shard's update of that number.
+			return nil, status.Errorf(codes.FailedPrecondition, "update %d of sequence %q: this worker's sequence is %q; nothing applied", areq.GetSeq(), want, own)
+		}
 	}
 	if areq.GetNumberOnly() && areq.GetNumberFrom() != 0 {
 		return s.skipRange(areq)
