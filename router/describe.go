@@ -29,9 +29,6 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 		for _, k := range m.known {
 			updated = updated || k > 0
 		}
-		if !updated && len(m.foreign) == 0 {
-			continue
-		}
 		left := slices.Collect(maps.Keys(m.foreign))
 		for id := range m.diverged {
 			if !slices.Contains(left, id) {
@@ -43,6 +40,9 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 			if slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == name && !s.compatible(m.name, w) && !slices.Contains(left, id) {
 				left = append(left, id)
 			}
+		}
+		if !updated && len(left) == 0 {
+			continue // nothing a follower would judge otherwise
 		}
 		slices.Sort(left)
 		var inSync []string

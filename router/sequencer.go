@@ -46,7 +46,7 @@ type sequencer struct {
 	// the whole model whether its shards have had updates).
 	models    map[string]*modelSeq
 	shardSeqs map[string]map[string]*modelSeq
-	// layouts are the sharded models' layouts (bindLayout).
+	// layouts are the sharded models' layouts (layout).
 	layouts map[string]*layout
 	// joins are the clients whose update was split over shards (split),
 	// answered once every part is (answer).
@@ -263,7 +263,6 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		if m.shard < 0 && s.updated(model) {
 			s.layoutConflict(m, w.GetId()) // the whole model, its shards updated: out of serving (inSync)
 		}
-		s.bindLayout(model, w)
 		if !s.compatible(model, w) {
 			s.layoutConflict(m, w.GetId())
 			delete(m.known, w.GetId())
@@ -304,43 +303,16 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 	}
 }
 
-// layout is the sharding a sharded model's shard sequences number
-// updates of: its shard count and fingerprint (ShardRef.sharding; ""
-// until a worker names one, as workers of earlier releases do not), set
-// by the workers announcing shards of the model (bindLayout) and read
-// back from the log's entries (ApplyUpdateRequest.sequence). Once any
-// shard's sequence has had updates it holds, and a worker of another
-// sharding is of none of them (compatible): its store, made for a
-// reshard, may lack those updates, whichever shard now holds their rows.
+// layout is the sharding whose updates a sharded model's shard
+// sequences number: the fingerprint (ShardRef.sharding) the workers of
+// the first update numbered under one named, or read back from the
+// log's entries (ApplyUpdateRequest.sequence); "" until then (workers of
+// earlier releases name none). It is set when split numbers an update,
+// and holds while the model has shard sequences: a worker naming another
+// fingerprint is of another sharding (a reshard), whose store may lack
+// the updates, whichever shard now holds their rows (compatible).
 type layout struct {
-	shards   int32
 	sharding string
-	// tables are, per shard, the tables its workers announce
-	// (ShardRef.tables, sorted): a worker naming no sharding (an
-	// earlier release) is of the layout only if its shard holds the
-	// same tables.
-	tables map[int32][]string
-}
-
-// holds records that shard k of the layout holds tables (when it says).
-func (l *layout) holds(k int32, tables []string) {
-	if len(tables) == 0 {
-		return
-	}
-	if l.tables == nil {
-		l.tables = map[int32][]string{}
-	}
-	if _, ok := l.tables[k]; !ok {
-		l.tables[k] = slices.Sorted(slices.Values(tables))
-	}
-}
-
-// shardingOf is model's sharding fingerprint ("": none known).
-func (s *sequencer) shardingOf(model string) string {
-	if l := s.layouts[model]; l != nil {
-		return l.sharding
-	}
-	return ""
 }
 
 // updated says whether a shard of model has had updates.
@@ -353,59 +325,22 @@ func (s *sequencer) updated(model string) bool {
 	return false
 }
 
-// bindLayout sets model's layout from worker w, which announces a shard
-// of it: while no shard has had updates, the last worker's (nothing of
-// another is held yet); then it keeps its own, and only takes the
-// fingerprint its workers of earlier releases left unnamed, or the
-// shard count a restored log does not say.
-func (s *sequencer) bindLayout(model string, w *prismv1.WorkerInfo) {
-	ref := w.GetShards()[model]
-	if ref.GetShards() <= 0 {
-		return
+// shardingOf is model's layout's fingerprint ("": none known).
+func (s *sequencer) shardingOf(model string) string {
+	if l := s.layouts[model]; l != nil {
+		return l.sharding
 	}
-	l := s.layouts[model]
-	if l == nil || (!s.updated(model) && (l.shards != ref.GetShards() || l.sharding != ref.GetSharding())) {
-		l = &layout{shards: ref.GetShards(), sharding: ref.GetSharding()}
-		s.layouts[model] = l
-	}
-	if s.compatible(model, w) {
-		if l.shards == 0 {
-			l.shards = ref.GetShards()
-		}
-		if l.sharding == "" {
-			l.sharding = ref.GetSharding()
-		}
-		l.holds(ref.GetShard(), ref.GetTables())
-	}
+	return ""
 }
 
-// compatible says whether worker w, announcing a shard of model, holds
-// its layout: the same shard count and sharding (prismv1.SameSharding:
-// unknown on either side is taken for the same), and a store that goes
-// on from the numbers the model's own sequence acknowledged before the
-// model was sharded here (the router of an earlier release numbered a
-// sharded model's updates in it; a worker below them holds another
-// history, a store made for a reshard). A worker of the whole model is
-// judged by inSync.
+// compatible says whether worker w, announcing a shard of model, is of
+// its layout: a fingerprint unknown on either side is taken for the
+// same (prismv1.SameSharding; a reshard among workers of earlier
+// releases is the operator's to tell the routers, README). A worker of
+// the whole model is judged by inSync.
 func (s *sequencer) compatible(model string, w *prismv1.WorkerInfo) bool {
 	ref := w.GetShards()[model]
-	if ref.GetShards() <= 0 {
-		return true
-	}
-	if l := s.layouts[model]; l != nil {
-		if (l.shards != 0 && ref.GetShards() != l.shards) || !prismv1.SameSharding(l.sharding, ref.GetSharding()) {
-			return false
-		}
-		if t, ok := l.tables[ref.GetShard()]; ok && len(ref.GetTables()) > 0 && (l.sharding == "" || ref.GetSharding() == "") && !slices.Equal(t, slices.Sorted(slices.Values(ref.GetTables()))) {
-			return false // no fingerprint to tell: the tables do
-		}
-	}
-	if whole := s.models[model]; whole != nil && whole.committed > 0 {
-		if c := w.GetUpdateSeq()[model]; c < whole.committed {
-			return false
-		}
-	}
-	return true
+	return ref.GetShards() <= 0 || prismv1.SameSharding(s.shardingOf(model), ref.GetSharding())
 }
 
 // layoutConflict logs, once per sequence, that worker holds another
@@ -416,13 +351,8 @@ func (s *sequencer) layoutConflict(m *modelSeq, worker string) {
 		return
 	}
 	m.layoutLogged = true
-	var shards int32
-	var sharding string
-	if l := s.layouts[m.name]; l != nil {
-		shards, sharding = l.shards, l.sharding
-	}
-	s.logf(slog.LevelError, "embedding worker holds another layout of the model (the whole model, another sharding, or a store below what the model acknowledged before it was sharded) than the one its updates were numbered in: it serves no lookups and takes no updates, since its store may lack them. To switch to its layout (its stores made after those updates, or the updates applied again), stop the routers, remove their update log folders (--update-log-dir; prism up: DB-router-log) and start them",
-		"model", m.name, "worker", worker, "sequence", m.key, "shards", shards, "sharding", sharding)
+	s.logf(slog.LevelError, "embedding worker holds another layout of the model (the whole model, or another sharding) than the one its updates were numbered in: it serves no lookups and takes no updates, since its store may lack them. To switch to its layout (its stores made after those updates, or the updates applied again), stop the routers, remove their update log folders (--update-log-dir; prism up: DB-router-log) and start them",
+		"model", m.name, "worker", worker, "sequence", m.key, "sharding", s.shardingOf(m.name))
 }
 
 // maxAnnouncedSeq bounds the update numbers taken from announcements:

@@ -117,6 +117,16 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", model, m.next))
 			continue
 		}
+		if m.shard >= 0 && s.shardingOf(m.name) == "" {
+			// The model's first update numbered under a named sharding
+			// binds it (layout).
+			for _, w := range targets {
+				if fp := w.GetShards()[m.name].GetSharding(); fp != "" {
+					s.layouts[m.name] = &layout{sharding: fp}
+					break
+				}
+			}
+		}
 		m.next++
 		m.handedOut = true
 		s.any = true
