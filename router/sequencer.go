@@ -289,6 +289,12 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			clear(m.outcome)
 			s.persist(key, m, nil, dropFrom)
 		}
+		if ref := w.GetShards()[model]; ref.GetShards() > 0 && ref.GetSharding() != "" && s.shardingOf(model) == "" && seq > 0 && s.updated(model) {
+			// History this router did not number (adopted at a start, or
+			// a copied log that lost its entries) binds the layout to the
+			// sharding of the workers holding it.
+			s.layouts[model] = &layout{sharding: ref.GetSharding()}
+		}
 		if m.copied && seq > m.committed && s.now.Before(s.settles(m)) {
 			// The previous holder may have acknowledged it after this
 			// router's copy of its log was taken: a worker lacking it
@@ -372,14 +378,33 @@ func (s *sequencer) gone(now time.Time, id string) {
 // back meanwhile gets one replay, not two).
 func (s *sequencer) forget(id string) {
 	delete(s.workers, id)
+	var served map[string]bool // models some live worker serves, when asked
 	for name, m := range s.models {
 		m.leave(id)
-		if m.idle() {
-			// A model no live worker serves and that never had an update
-			// leaves no state to keep: the map stays bounded by the models
-			// served, not every name ever announced.
-			s.drop(name)
+		if !m.idle() {
+			continue
 		}
+		if m.shard >= 0 {
+			// A shard's sequence stays while a worker serves its model
+			// (of another sharding, or the whole model, or another shard):
+			// the model is known sharded (split refuses to send its updates
+			// whole), and the view followers get leaves the others out.
+			if served == nil {
+				served = map[string]bool{}
+				for _, w := range s.workers {
+					for _, mod := range w.GetModels() {
+						served[mod] = true
+					}
+				}
+			}
+			if served[m.name] {
+				continue
+			}
+		}
+		// A model no live worker serves and that never had an update
+		// leaves no state to keep: the map stays bounded by the models
+		// served, not every name ever announced.
+		s.drop(name)
 	}
 }
 

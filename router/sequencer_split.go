@@ -49,7 +49,7 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	live := map[int32]bool{}
 	holders := map[int32]bool{}
 	var rs *prismv1.RowSplit
-	complete, anyTables := false, false
+	complete, allTables := false, true
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) { // sorted: the same refusal every time
 		w := s.workers[id]
 		ref := w.GetShards()[model]
@@ -68,7 +68,7 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		live[ref.GetShard()] = true
 		complete = complete || ref.GetRowSplitsComplete()
-		anyTables = anyTables || len(ref.GetTables()) > 0
+		allTables = allTables && len(ref.GetTables()) > 0
 		if slices.Contains(ref.GetTables(), table) {
 			holders[ref.GetShard()] = true
 		}
@@ -88,10 +88,10 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		return []part{{key: model, req: req}}, nil
 	}
-	if !anyTables {
-		// Workers of a release before ShardRef.tables: every shard's
-		// sequence gets the whole update (each keeps its rows), as
-		// before.
+	if !allTables {
+		// Workers of a release before ShardRef.tables (some shard's, at
+		// least): every shard's sequence gets the whole update (each
+		// keeps its rows, or skips a table it does not hold), as before.
 		for k := range shards {
 			holders[k] = true
 		}
