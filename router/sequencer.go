@@ -48,6 +48,13 @@ type sequencer struct {
 	shardSeqs map[string]map[string]*modelSeq
 	// layouts are the sharded models' layouts (layout).
 	layouts map[string]*layout
+	// shardSeen is when a worker last announced a shard of each sharded
+	// model: a shard's sequence that never had an update is kept
+	// shardGrace after that (forget, tick), so an update of a model
+	// whose shard workers are restarting is not sent whole to a
+	// worker of the whole model (the shards would come back lacking it).
+	shardSeen  map[string]time.Time
+	shardGrace time.Duration
 	// joins are the clients whose update was split over shards (split),
 	// answered once every part is (answer).
 	joins map[uint64]*join
@@ -143,7 +150,10 @@ func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64, quor
 		models:    map[string]*modelSeq{},
 		shardSeqs: map[string]map[string]*modelSeq{},
 		layouts:   map[string]*layout{},
-		joins:     map[uint64]*join{},
+		shardSeen: map[string]time.Time{},
+		// Ten heartbeats: a worker restarting comes back well within it.
+		shardGrace: 10 * heartbeat,
+		joins:      map[uint64]*join{},
 	}
 }
 
@@ -191,6 +201,7 @@ func (s *sequencer) drop(key string) {
 		if len(s.shardSeqs[m.name]) == 0 {
 			delete(s.shardSeqs, m.name)
 			delete(s.layouts, m.name)
+			delete(s.shardSeen, m.name)
 		}
 	}
 }
@@ -260,6 +271,9 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		}
 		key := keyOf(w, model)
 		m := s.model(key)
+		if m.shard >= 0 {
+			s.shardSeen[model] = s.now
+		}
 		if m.shard < 0 && s.updated(model) {
 			s.layoutConflict(m, w.GetId()) // the whole model, its shards updated: out of serving (inSync)
 		}
@@ -378,34 +392,35 @@ func (s *sequencer) gone(now time.Time, id string) {
 // back meanwhile gets one replay, not two).
 func (s *sequencer) forget(id string) {
 	delete(s.workers, id)
-	var served map[string]bool // models some live worker serves, when asked
 	for name, m := range s.models {
 		m.leave(id)
-		if !m.idle() {
-			continue
+		if m.idle() && !s.keepShard(m) {
+			// A model no live worker serves and that never had an update
+			// leaves no state to keep: the map stays bounded by the models
+			// served, not every name ever announced.
+			s.drop(name)
 		}
-		if m.shard >= 0 {
-			// A shard's sequence stays while a worker serves its model
-			// (of another sharding, or the whole model, or another shard):
-			// the model is known sharded (split refuses to send its updates
-			// whole), and the view followers get leaves the others out.
-			if served == nil {
-				served = map[string]bool{}
-				for _, w := range s.workers {
-					for _, mod := range w.GetModels() {
-						served[mod] = true
-					}
-				}
-			}
-			if served[m.name] {
-				continue
-			}
-		}
-		// A model no live worker serves and that never had an update
-		// leaves no state to keep: the map stays bounded by the models
-		// served, not every name ever announced.
-		s.drop(name)
 	}
+}
+
+// keepShard says whether m, a shard's sequence that is idle, stays: while
+// a worker announces a shard of its model, and shardGrace after the last
+// did. The model is then still known sharded (split does not send its
+// updates whole to a worker of the whole model), and the view followers
+// get still leaves out the workers of another sharding.
+func (s *sequencer) keepShard(m *modelSeq) bool {
+	if m.shard < 0 {
+		return false
+	}
+	if s.now.Before(s.shardSeen[m.name].Add(s.shardGrace)) {
+		return true
+	}
+	for _, w := range s.workers {
+		if w.GetShards()[m.name].GetShards() > 0 && slices.Contains(w.GetModels(), m.name) {
+			return true
+		}
+	}
+	return false
 }
 
 // leave drops what the sequence knew of worker id.
@@ -479,6 +494,11 @@ func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 // reported (once), and each model's behind gauge is set.
 func (s *sequencer) tick(now time.Time) {
 	s.advance(now)
+	for _, model := range slices.Sorted(maps.Keys(s.models)) {
+		if m := s.models[model]; m.idle() && m.shard >= 0 && !s.keepShard(m) {
+			s.drop(model) // its model's shard workers gone for shardGrace
+		}
+	}
 	for _, model := range slices.Sorted(maps.Keys(s.models)) {
 		m := s.models[model]
 		m.queue = slices.DeleteFunc(m.queue, func(p *proposal) bool {

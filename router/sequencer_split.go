@@ -49,7 +49,8 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	live := map[int32]bool{}
 	holders := map[int32]bool{}
 	var rs *prismv1.RowSplit
-	complete, allTables := false, true
+	complete := false
+	silent := map[int32]bool{}                               // shards whose live workers name no tables
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) { // sorted: the same refusal every time
 		w := s.workers[id]
 		ref := w.GetShards()[model]
@@ -68,7 +69,9 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		live[ref.GetShard()] = true
 		complete = complete || ref.GetRowSplitsComplete()
-		allTables = allTables && len(ref.GetTables()) > 0
+		if len(ref.GetTables()) == 0 {
+			silent[ref.GetShard()] = true
+		}
 		if slices.Contains(ref.GetTables(), table) {
 			holders[ref.GetShard()] = true
 		}
@@ -83,18 +86,13 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 	}
 	if shards == 0 {
-		if len(s.shardSeqs[model]) > 0 {
+		if s.updated(model) {
 			return nil, status.Errorf(codes.Unavailable, "update of model %q: the model is sharded and none of its shards has a live embedding worker of its layout right now (see the router's log); nothing applied; retry", model)
 		}
-		return []part{{key: model, req: req}}, nil
-	}
-	if !allTables {
-		// Workers of a release before ShardRef.tables (some shard's, at
-		// least): every shard's sequence gets the whole update (each
-		// keeps its rows, or skips a table it does not hold), as before.
-		for k := range shards {
-			holders[k] = true
+		if len(s.shardSeqs[model]) > 0 {
+			return nil, status.Errorf(codes.Unavailable, "update of model %q: its shards' embedding workers left moments ago; its updates wait for them, or go to workers of the whole model once none has been back for %v; nothing applied; retry", model, s.shardGrace)
 		}
+		return []part{{key: model, req: req}}, nil
 	}
 	all := make([]int32, shards)
 	for k := range shards {
@@ -135,10 +133,17 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		return out, nil
 	}
-	if lack := lacking(all); len(lack) > 0 && (len(holders) == 0 || !complete) {
-		// No live worker holds the table, or none says which tables are
-		// row-wise: the table may have rows on the shards down.
+	if lack := lacking(all); len(lack) > 0 && (len(holders) == 0 || !complete || len(silent) > 0) {
+		// No live worker holds the table, or not every one says which
+		// tables it holds and which are row-wise: the table may have
+		// rows on the shards down.
 		return nil, status.Errorf(codes.Unavailable, "update of table %q of model %q: it may have rows on shard %s of %d, which has no live embedding worker right now; nothing applied; retry", table, model, strings.Join(lack, ", "), shards)
+	}
+	for k := range silent {
+		// Its workers are of a release before ShardRef.tables: its
+		// sequence gets the whole update (each keeps its rows, or skips
+		// a table it does not hold), as before.
+		holders[k] = true
 	}
 	if len(holders) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q (no shard of its %d holds it)", model, table, shards)
