@@ -273,6 +273,13 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		m := s.model(key)
 		if m.shard >= 0 {
 			s.shardSeen[model] = s.now
+			if whole := s.models[model]; whole != nil && whole.committed > seq && !m.layoutLogged {
+				// Served whole meanwhile: its store may lack what the
+				// whole model's workers acknowledged.
+				m.layoutLogged = true
+				s.logf(slog.LevelWarn, "embedding worker of a shard of a model whose updates were acknowledged while it was served whole holds an earlier number: its store may lack those updates (its shard numbers its own from now on)",
+					"model", model, "worker", w.GetId(), "holds", seq, "acknowledged_whole", whole.committed)
+			}
 		}
 		if m.shard < 0 && s.updated(model) {
 			s.layoutConflict(m, w.GetId()) // the whole model, its shards updated: out of serving (inSync)

@@ -69,7 +69,9 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		}
 		live[ref.GetShard()] = true
 		complete = complete || ref.GetRowSplitsComplete()
-		if len(ref.GetTables()) == 0 {
+		if len(ref.GetTables()) == 0 && !ref.GetRowSplitsComplete() {
+			// A worker of a release before ShardRef.tables (this one's say
+			// row_splits_complete, also for a shard holding no table).
 			silent[ref.GetShard()] = true
 		}
 		if slices.Contains(ref.GetTables(), table) {
@@ -89,7 +91,7 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		if s.updated(model) {
 			return nil, status.Errorf(codes.Unavailable, "update of model %q: the model is sharded and none of its shards has a live embedding worker of its layout right now (see the router's log); nothing applied; retry", model)
 		}
-		if len(s.shardSeqs[model]) > 0 {
+		if len(s.shardSeqs[model]) > 0 && s.now.Before(s.shardSeen[model].Add(s.shardGrace)) {
 			return nil, status.Errorf(codes.Unavailable, "update of model %q: its shards' embedding workers left moments ago; its updates wait for them, or go to workers of the whole model once none has been back for %v; nothing applied; retry", model, s.shardGrace)
 		}
 		return []part{{key: model, req: req}}, nil
