@@ -39,20 +39,14 @@ type fanout struct {
 	refusers map[string]string
 }
 
-// targets are the live embedding workers of sequence model (a model's,
-// or a shard's: keyOf), by id, but
-// the foreign, diverged and slow ones; members counts the workers the
-// quorum counts: the targets and the slow ones, but not the stale ones
-// (already behind what the log holds when the update is numbered: out
-// of the model until an operator gives them a store, like the foreign
-// and diverged ones). startNext counts them before its trim, which
-// never leaves a live worker stale anyway.
-func (s *sequencer) targets(model string) (out []*prismv1.WorkerInfo, members int) {
-	out, ids := s.targetsOf(model)
-	return out, len(ids)
-}
-
-// targetsOf is targets with the members' ids.
+// targetsOf returns the targets of an update of sequence model (a
+// model's, or a shard's: keyOf): its live embedding workers of its
+// layout, by id, but the foreign, diverged and slow ones; and members,
+// the ids of the workers the quorum counts: the targets and the slow
+// ones, but not the stale ones (already behind what the log holds when
+// the update is numbered: out of the model until an operator gives them
+// a store, like the foreign and diverged ones). startNext counts them
+// before its trim, which never leaves a live worker stale anyway.
 func (s *sequencer) targetsOf(model string) (out []*prismv1.WorkerInfo, members []string) {
 	m := s.models[model]
 	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
