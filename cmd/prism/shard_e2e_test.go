@@ -287,6 +287,68 @@ func TestShardedTableWise(t *testing.T) {
 	if _, err := rec.Recommend(context.Background(), req); err != nil {
 		t.Fatalf("after shard %d came back: %v", holder, err)
 	}
+
+	// A reshard under the same router: the model sharded in two, its
+	// workers on stores ingested for it, replace the three. Their stores
+	// lack the updates the old shards acknowledged, so they serve no
+	// lookups and take no updates (README: switching means starting the
+	// routers afresh).
+	part2 := filepath.Join(dir, "part-2shards")
+	if err := os.CopyFS(part2, os.DirFS(part)); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(t, nil, "shard", part2, "--shards", "2", "--shard-bytes", "1MiB", "--zipf", "1.05"); err != nil {
+		t.Fatalf("shard in two: %v\n%s", err, out)
+	}
+	p2, err := plan.Read(part2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p2.Sharding.Fingerprint() == p.Sharding.Fingerprint() {
+		t.Fatal("two shardings with one fingerprint")
+	}
+	for k := range 2 {
+		if out, err := run(t, nil, "ingest", part2, "--db", filepath.Join(dir, fmt.Sprintf("db2-%d", k)), "--shard", fmt.Sprint(k)); err != nil {
+			t.Fatalf("ingest --shard %d of two: %v\n%s", k, err, out)
+		}
+	}
+	for _, sh := range shards {
+		sh.cmd.Process.Kill()
+		sh.cmd.Wait()
+	}
+	for k := range 2 {
+		startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part2, "--db", filepath.Join(dir, fmt.Sprintf("db2-%d", k)), "--router", router.addr)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+		var twos int
+		old := false
+		for _, w := range ws.GetWorkers() {
+			switch ref := w.GetShards()[cfg.Name]; {
+			case ref.GetShards() == 2 && ref.GetSharding() == p2.Sharding.Fingerprint():
+				twos++
+			case ref.GetShards() == 3:
+				old = true
+			}
+		}
+		if err == nil && twos == 2 && !old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never saw the two new shards alone: %v %v", ws.GetWorkers(), err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, lerr := rec.Recommend(ctx, req)
+	cancel()
+	if status.Code(lerr) != codes.Unavailable {
+		t.Fatalf("a lookup served by the reshard's workers, whose stores lack the acknowledged updates: %v, want Unavailable", lerr)
+	}
+	_, uerr := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: another, Ids: []int64{1}, Rows: leview.Bytes(arow)})
+	if status.Code(uerr) != codes.Unavailable || !strings.Contains(uerr.Error(), "of its layout") {
+		t.Fatalf("an update numbered for the reshard's workers: %v, want Unavailable: no worker of the model's layout", uerr)
+	}
+	t.Logf("after the reshard: lookup %q; update %q", status.Convert(lerr).Message(), status.Convert(uerr).Message())
 }
 
 // rowWiseModel builds a small model in the style of a PyTorch export
