@@ -192,7 +192,7 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 		}
 		if _, shard := parseSeqKey(m); shard >= 0 {
 			// It would name a shard's update sequence (seqKey).
-			return status.Errorf(codes.InvalidArgument, "announce: model name %.64q: a name ending in %q and a number is reserved for a shard's update sequence; rename the model", m, shardSep)
+			return status.Errorf(codes.InvalidArgument, "announce: model name %.64q: a name ending in %q and a number is reserved for a shard's update sequence; rename the model", m, prismv1.ShardSeqSep)
 		}
 	}
 	for m := range w.GetUpdateSeq() {

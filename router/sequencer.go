@@ -46,8 +46,17 @@ type sequencer struct {
 	// the whole model whether its shards have had updates).
 	models    map[string]*modelSeq
 	shardSeqs map[string]map[string]*modelSeq
-	// layouts are the sharded models' layouts (layout).
-	layouts map[string]*layout
+	// layouts are the sharded models' layouts: per model, the
+	// fingerprint (ShardRef.sharding) of the sharding whose updates its
+	// shard sequences number, bound by the first update numbered under a
+	// named one (startNext), by history adopted from workers naming one
+	// (announced), or read back from the log's entries
+	// (ApplyUpdateRequest.sequence; restore). Unbound ("") until then:
+	// workers of earlier releases name none. A worker naming another
+	// fingerprint is of another sharding (a reshard), whose store may
+	// lack the updates, whichever shard now holds their rows
+	// (compatible).
+	layouts map[string]string
 	// shardSeen is when a worker last announced a shard of each sharded
 	// model: a shard's sequence that never had an update is kept
 	// shardGrace after that (forget, tick), so an update of a model
@@ -134,8 +143,9 @@ type modelSeq struct {
 	// router's (restoreCopy, replica.go).
 	copied bool
 	// layoutLogged: layoutConflict reported a worker of another layout
-	// of the model.
-	layoutLogged bool
+	// of the model; wholeLogged: a worker of the shard came back below
+	// what the model acknowledged while served whole (announced).
+	layoutLogged, wholeLogged bool
 }
 
 // newSequencer starts a sequencer at the router's start time.
@@ -149,7 +159,7 @@ func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64, quor
 		workers:   map[string]*prismv1.WorkerInfo{},
 		models:    map[string]*modelSeq{},
 		shardSeqs: map[string]map[string]*modelSeq{},
-		layouts:   map[string]*layout{},
+		layouts:   map[string]string{},
 		shardSeen: map[string]time.Time{},
 		// Ten heartbeats: a worker restarting comes back well within it.
 		shardGrace: 10 * heartbeat,
@@ -206,10 +216,8 @@ func (s *sequencer) drop(key string) {
 	}
 }
 
-// shardSep, seqKey, parseSeqKey and keyOf name the sequences: a
-// model's, or a shard's of a sharded model (prismv1.UpdateSeqKey).
-const shardSep = prismv1.ShardSeqSep
-
+// seqKey, parseSeqKey and keyOf name the sequences: a model's, or a
+// shard's of a sharded model (prismv1.UpdateSeqKey).
 func seqKey(model string, shard int32) string { return prismv1.UpdateSeqKey(model, shard) }
 
 func parseSeqKey(key string) (string, int32) { return prismv1.ParseUpdateSeqKey(key) }
@@ -273,10 +281,10 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		m := s.model(key)
 		if m.shard >= 0 {
 			s.shardSeen[model] = s.now
-			if whole := s.models[model]; whole != nil && whole.committed > seq && !m.layoutLogged {
+			if whole := s.models[model]; whole != nil && whole.committed > seq && !m.wholeLogged {
 				// Served whole meanwhile: its store may lack what the
 				// whole model's workers acknowledged.
-				m.layoutLogged = true
+				m.wholeLogged = true
 				s.logf(slog.LevelWarn, "embedding worker of a shard of a model whose updates were acknowledged while it was served whole holds an earlier number: its store may lack those updates (its shard numbers its own from now on)",
 					"model", model, "worker", w.GetId(), "holds", seq, "acknowledged_whole", whole.committed)
 			}
@@ -310,11 +318,11 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			clear(m.outcome)
 			s.persist(key, m, nil, dropFrom)
 		}
-		if ref := w.GetShards()[model]; ref.GetShards() > 0 && ref.GetSharding() != "" && s.shardingOf(model) == "" && seq > 0 && s.updated(model) {
+		if ref := w.GetShards()[model]; ref.GetShards() > 0 && ref.GetSharding() != "" && s.layouts[model] == "" && seq > 0 && s.updated(model) {
 			// History this router did not number (adopted at a start, or
 			// a copied log that lost its entries) binds the layout to the
 			// sharding of the workers holding it.
-			s.layouts[model] = &layout{sharding: ref.GetSharding()}
+			s.layouts[model] = ref.GetSharding()
 		}
 		if m.copied && seq > m.committed && s.now.Before(s.settles(m)) {
 			// The previous holder may have acknowledged it after this
@@ -330,18 +338,6 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 	}
 }
 
-// layout is the sharding whose updates a sharded model's shard
-// sequences number: the fingerprint (ShardRef.sharding) the workers of
-// the first update numbered under one named, or read back from the
-// log's entries (ApplyUpdateRequest.sequence); "" until then (workers of
-// earlier releases name none). It is set when split numbers an update,
-// and holds while the model has shard sequences: a worker naming another
-// fingerprint is of another sharding (a reshard), whose store may lack
-// the updates, whichever shard now holds their rows (compatible).
-type layout struct {
-	sharding string
-}
-
 // updated says whether a shard of model has had updates.
 func (s *sequencer) updated(model string) bool {
 	for _, m := range s.shardSeqs[model] {
@@ -352,14 +348,6 @@ func (s *sequencer) updated(model string) bool {
 	return false
 }
 
-// shardingOf is model's layout's fingerprint ("": none known).
-func (s *sequencer) shardingOf(model string) string {
-	if l := s.layouts[model]; l != nil {
-		return l.sharding
-	}
-	return ""
-}
-
 // compatible says whether worker w, announcing a shard of model, is of
 // its layout: a fingerprint unknown on either side is taken for the
 // same (prismv1.SameSharding; a reshard among workers of earlier
@@ -367,7 +355,7 @@ func (s *sequencer) shardingOf(model string) string {
 // the whole model is judged by inSync.
 func (s *sequencer) compatible(model string, w *prismv1.WorkerInfo) bool {
 	ref := w.GetShards()[model]
-	return ref.GetShards() <= 0 || prismv1.SameSharding(s.shardingOf(model), ref.GetSharding())
+	return ref.GetShards() <= 0 || prismv1.SameSharding(s.layouts[model], ref.GetSharding())
 }
 
 // layoutConflict logs, once per sequence, that worker holds another
@@ -379,7 +367,7 @@ func (s *sequencer) layoutConflict(m *modelSeq, worker string) {
 	}
 	m.layoutLogged = true
 	s.logf(slog.LevelError, "embedding worker holds another layout of the model (the whole model, or another sharding) than the one its updates were numbered in: it serves no lookups and takes no updates, since its store may lack them. To switch to its layout (its stores made after those updates, or the updates applied again), stop the routers, remove their update log folders (--update-log-dir; prism up: DB-router-log) and start them",
-		"model", m.name, "worker", worker, "sequence", m.key, "sharding", s.shardingOf(m.name))
+		"model", m.name, "worker", worker, "sequence", m.key, "sharding", s.layouts[m.name])
 }
 
 // maxAnnouncedSeq bounds the update numbers taken from announcements:

@@ -111,12 +111,12 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", model, m.next))
 			continue
 		}
-		if m.shard >= 0 && s.shardingOf(m.name) == "" {
+		if m.shard >= 0 && s.layouts[m.name] == "" {
 			// The model's first update numbered under a named sharding
 			// binds it (layout).
 			for _, w := range targets {
 				if fp := w.GetShards()[m.name].GetSharding(); fp != "" {
-					s.layouts[m.name] = &layout{sharding: fp}
+					s.layouts[m.name] = fp
 					break
 				}
 			}
@@ -127,7 +127,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
 		if m.shard >= 0 {
 			// A worker of another shard, or sharding, refuses it.
-			areq.Sequence = prismv1.SequenceName(model, s.shardingOf(m.name))
+			areq.Sequence = prismv1.SequenceName(model, s.layouts[m.name])
 		}
 		dropFrom := m.floor
 		// The trim stops at the lowest seq a live worker of the model

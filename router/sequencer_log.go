@@ -31,7 +31,7 @@ func (s *sequencer) restore(model string, next, committed, floor int64, log []*p
 	if n := len(log); n > 0 && m.shard >= 0 {
 		// The sharding the shard's entries were numbered for.
 		if _, fp := prismv1.ParseSequenceName(log[n-1].GetSequence()); fp != "" {
-			s.layouts[m.name] = &layout{sharding: fp}
+			s.layouts[m.name] = fp
 		}
 	}
 	for _, e := range log {

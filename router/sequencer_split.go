@@ -45,7 +45,6 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	model, table := req.GetModel(), req.GetTable()
 	var shards int32
 	var sharding string
-	seen := false
 	live := map[int32]bool{}
 	holders := map[int32]bool{}
 	var rs *prismv1.RowSplit
@@ -60,10 +59,10 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		if !s.compatible(model, w) {
 			continue // another layout than its shard's sequence: takes nothing
 		}
-		if seen && (ref.GetShards() != shards || !prismv1.SameSharding(ref.GetSharding(), sharding)) {
+		if shards != 0 && (ref.GetShards() != shards || !prismv1.SameSharding(ref.GetSharding(), sharding)) {
 			return nil, status.Errorf(codes.Unavailable, "update of model %q: its embedding workers hold shards of different shardings (%d shards %q, %d shards %q: a reshard under way?); the router takes its updates once they agree; retry", model, shards, sharding, ref.GetShards(), ref.GetSharding())
 		}
-		shards, seen = ref.GetShards(), true
+		shards = ref.GetShards()
 		if sharding == "" {
 			sharding = ref.GetSharding()
 		}

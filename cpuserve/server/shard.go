@@ -68,8 +68,8 @@ func (sr *shardRef) takes(model, name string) (ok bool, own string) {
 	if sr == nil {
 		return key == model, model
 	}
-	own = prismv1.SequenceName(prismv1.UpdateSeqKey(model, int32(sr.shard)), sr.sharding)
-	return key == prismv1.UpdateSeqKey(model, int32(sr.shard)) && prismv1.SameSharding(sharding, sr.sharding), own
+	ownKey := prismv1.UpdateSeqKey(model, int32(sr.shard))
+	return key == ownKey && prismv1.SameSharding(sharding, sr.sharding), prismv1.SequenceName(ownKey, sr.sharding)
 }
 
 // rowShards are the shards of the model's sharding that hold the rows
