@@ -199,6 +199,14 @@ func FuzzUpdate(f *testing.F) {
 		{Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name, Table: "nope", Ids: []int64{1}, Rows: row}},
 		{Seq: 1, Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name, Table: tab.Name, Ids: []int64{1}, Rows: row}},
 		{Seq: 1 << 40, Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name, Table: tab.Name, Ids: []int64{1}, Rows: row[:3]}},
+		// The sequence an apply names (a shard's, with its sharding's
+		// fingerprint; malformed ones), number-only and range calls.
+		{Seq: 2, Sequence: fx.plan.Model.Name, Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name, Table: tab.Name, Ids: []int64{1}, Rows: row}},
+		{Seq: 3, Sequence: fx.plan.Model.Name + "#shard0@0123abcd", Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name, Table: tab.Name, Ids: []int64{1}, Rows: row}},
+		{Seq: 3, Sequence: "#shard-1@", Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name, Table: tab.Name, Ids: []int64{1}, Rows: row}},
+		{Seq: 4, NumberOnly: true, Sequence: fx.plan.Model.Name, Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name}},
+		{Seq: 9, NumberFrom: 5, SkippedTables: []string{tab.Name, "nope"}, Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name, Table: tab.Name, Ids: []int64{1}, Rows: row}},
+		{Seq: 1, NumberFrom: 9, Update: &prismv1.UpdateRequest{Model: fx.plan.Model.Name}},
 		{},
 	} {
 		b, err := proto.Marshal(r)
