@@ -64,7 +64,6 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 		defer conn.Close()
 		reg := prismv1.NewRegistryClient(conn)
 		interval := time.Second
-		failing := false
 		fails := 0 // attempts failed in a row
 		for {
 			w := info()
@@ -80,19 +79,23 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 			case ctx.Err() != nil:
 				// Shutting down: the answer is not heard; Leave below.
 			case err != nil:
-				if !failing {
-					log.Warn("registry: announce failed; retrying", "router", routerAddr, "err", err)
+				// Said once staleAfter have failed in a row, not at the
+				// first: one missed heartbeat is a router restarting or
+				// stopping before its workers (prism up stops the router
+				// first, and every worker's next heartbeat failed then).
+				if fails++; fails == staleAfter {
+					log.Warn("registry: announce failed; retrying", "router", routerAddr, "failed_in_a_row", fails, "err", err)
+				} else if fails < staleAfter {
+					log.Debug("registry: announce failed; retrying", "router", routerAddr, "err", err)
 				}
-				failing = true
 				heard(nil, err)
-				if fails++; fails >= staleAfter && stale != nil {
+				if fails >= staleAfter && stale != nil {
 					stale()
 				}
 			case err == nil:
-				if failing {
+				if fails >= staleAfter {
 					log.Info("registry: announced again", "router", routerAddr)
 				}
-				failing = false
 				fails = 0
 				heard(resp, nil)
 				if resp.GetHeartbeatMs() > 0 {

@@ -1,15 +1,20 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/grpctest"
@@ -259,5 +264,76 @@ func TestAnnounceRoutersRollout(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("AnnounceRouters did not end after its context")
+	}
+}
+
+// flakyRouter answers Announce with Unavailable on the calls (counted
+// from 1) in fail.
+type flakyRouter struct {
+	fakeRouter
+	fail map[int]bool
+}
+
+func (r *flakyRouter) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
+	resp, _ := r.fakeRouter.Announce(ctx, req)
+	n, _, _ := r.counts()
+	if r.fail[n] {
+		return nil, status.Error(codes.Unavailable, "router stopping")
+	}
+	return resp, nil
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutine and the
+// test's.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestAnnounceWarnsWhenFailingInARow: one failed heartbeat (a router
+// restarting, or stopped before its workers as prism up does) is not
+// warned of; staleAfter failures in a row are, once, and the next
+// answer says the worker announced again.
+func TestAnnounceWarnsWhenFailingInARow(t *testing.T) {
+	var bn grpctest.Net
+	r := &flakyRouter{fail: map[int]bool{2: true, 4: true, 5: true, 6: true}}
+	s, err := New("router", Options{Listener: bn.MustListen(t, "10.0.0.1:7000"), MetricsAddr: "off", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prismv1.RegisterRegistryServer(s.GRPC, r)
+	sctx, stop := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { s.Serve(sctx); close(served) }()
+	t.Cleanup(func() { stop(); <-served })
+
+	var out syncBuffer
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := AnnounceWith(ctx, "10.0.0.1:7000", func() *prismv1.WorkerInfo { return workerInfo("w:1") }, nil, log, bn.DialOption())
+	eventually(t, "eight heartbeats", func() bool { n, _, _ := r.counts(); return n >= 8 })
+	cancel()
+	<-done
+	got := out.String()
+	if n := strings.Count(got, "announce failed"); n != 1 {
+		t.Errorf("%d warnings of failed announcements, want 1 (for calls 4-6, not for call 2 alone):\n%s", n, got)
+	}
+	if !strings.Contains(got, "failed_in_a_row=2") {
+		t.Errorf("the warning does not come at the second failure in a row:\n%s", got)
+	}
+	if n := strings.Count(got, "announced again"); n != 1 {
+		t.Errorf("%d lines of announcing again, want 1:\n%s", n, got)
 	}
 }
