@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -38,9 +39,23 @@ var fanoutSeq atomic.Uint64
 
 // fanoutKey names micro-batch mb of a request, one attempt of it: a
 // retry is a new fan-out.
+// It keeps at most the first 64 bytes of the request id, cut at a
+// character's start (a proto string is UTF-8): a key stays well inside
+// the dense worker's bound (gpuserve maxFanoutKey, 256 bytes) whatever
+// the id's characters.
 func fanoutKey(requestID string, mb int) string {
-	return fmt.Sprintf("%.64s/%d/%x.%d", requestID, mb, fanoutNonce, fanoutSeq.Add(1))
+	if len(requestID) > maxKeyID {
+		cut := maxKeyID
+		for cut > 0 && !utf8.RuneStart(requestID[cut]) {
+			cut--
+		}
+		requestID = requestID[:cut]
+	}
+	return fmt.Sprintf("%s/%d/%x.%d", requestID, mb, fanoutNonce, fanoutSeq.Add(1))
 }
+
+// maxKeyID is the most bytes of a request id a fan-out key keeps.
+const maxKeyID = 64
 
 // ShardMissingError says which shards of a model have no live worker.
 type ShardMissingError struct {
@@ -64,6 +79,14 @@ func (e *ShardMissingError) Error() string {
 // eligible embedding worker holding it with the least outstanding work
 // (preferring those not in avoid), and charges each n samples; release
 // undoes the charges. A shard without one is a *ShardMissingError.
+//
+// The workers of one fan-out hold one sharding: replicas of two
+// shardings with the same shard count (a reshard rolling out, before
+// the model's first update binds its layout) would have the dense
+// worker combine one layout's rows with another's, wrong scores with
+// no error. While the live workers announce more than one sharding,
+// each is tried (with the workers that name none, of earlier releases)
+// and the one that has every shard at the least load is taken.
 func (r *Registry) PickShards(model string, shards int, n int64, avoid []string) ([]*prismv1.WorkerInfo, func(), error) {
 	if shards < 1 || shards > maxShards {
 		return nil, nil, fmt.Errorf("model %q: %d shards", model, shards)
@@ -78,36 +101,89 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 	loads := make([]int64, shards)
 	avoided := make([]bool, shards) // best[i] is in avoid
 	lagging := make([]int, shards)
-	for _, e := range set {
-		ref := e.info.GetShards()[model]
-		if ref == nil || int(ref.GetShards()) != shards || ref.GetShard() < 0 || int(ref.GetShard()) >= shards || !e.info.GetHealthy() {
-			continue
-		}
-		i := int(ref.GetShard())
-		if r.eligible != nil && !r.eligible(e.info, model) {
-			lagging[i]++
-			continue
-		}
-		av := slices.Contains(avoid, e.info.GetId())
-		load := e.info.GetOutstanding() + e.inflight
-		switch {
-		case best[i] == nil,
-			avoided[i] && !av,
-			av == avoided[i] && (load < loads[i] || (load == loads[i] && e.info.GetAddr() < best[i].info.GetAddr())):
-			best[i], loads[i], avoided[i] = e, load, av
-		}
-	}
-	var miss *ShardMissingError
-	for i, e := range best {
-		if e == nil {
-			if miss == nil {
-				miss = &ShardMissingError{Model: model, Shards: shards}
+	// pick fills best with each shard's choice among the workers of
+	// sharding fp and those that name none ("": any sharding), and
+	// returns how many shards it left without a worker; with fp "" it
+	// says whether the workers named more than one sharding.
+	pick := func(fp string) (missing int, mixed bool) {
+		clear(best)
+		var first string
+		for _, e := range set {
+			ref := e.info.GetShards()[model]
+			if ref == nil || int(ref.GetShards()) != shards || ref.GetShard() < 0 || int(ref.GetShard()) >= shards || !e.info.GetHealthy() {
+				continue
 			}
-			miss.Missing = append(miss.Missing, i)
-			miss.Lagging += lagging[i]
+			i := int(ref.GetShard())
+			if r.eligible != nil && !r.eligible(e.info, model) {
+				if fp == "" {
+					lagging[i]++
+				}
+				continue
+			}
+			if wfp := ref.GetSharding(); wfp != "" {
+				switch {
+				case fp != "" && wfp != fp:
+					continue
+				case first == "":
+					first = wfp
+				case wfp != first:
+					mixed = true
+				}
+			}
+			av := slices.Contains(avoid, e.info.GetId())
+			load := e.info.GetOutstanding() + e.inflight
+			switch {
+			case best[i] == nil,
+				avoided[i] && !av,
+				av == avoided[i] && (load < loads[i] || (load == loads[i] && e.info.GetAddr() < best[i].info.GetAddr())):
+				best[i], loads[i], avoided[i] = e, load, av
+			}
 		}
+		for _, e := range best {
+			if e == nil {
+				missing++
+			}
+		}
+		return missing, mixed
 	}
-	if miss != nil {
+	missing, mixed := pick("")
+	if mixed {
+		// Workers of several shardings (rare: a reshard rolling out):
+		// the complete one at the least load, then the least
+		// fingerprint so that picks do not flap; or, for the error, the
+		// one missing the fewest shards.
+		var fps []string
+		for _, e := range set {
+			if ref := e.info.GetShards()[model]; int(ref.GetShards()) == shards && ref.GetSharding() != "" && !slices.Contains(fps, ref.GetSharding()) {
+				fps = append(fps, ref.GetSharding())
+			}
+		}
+		slices.Sort(fps)
+		var chosen string
+		var chosenLoad int64
+		chosenMissing := shards + 1
+		for _, fp := range fps {
+			miss, _ := pick(fp)
+			var load int64
+			for i, e := range best {
+				if e != nil {
+					load += loads[i]
+				}
+			}
+			if miss < chosenMissing || miss == chosenMissing && load < chosenLoad {
+				chosen, chosenLoad, chosenMissing = fp, load, miss
+			}
+		}
+		missing, _ = pick(chosen)
+	}
+	if missing > 0 {
+		miss := &ShardMissingError{Model: model, Shards: shards}
+		for i, e := range best {
+			if e == nil {
+				miss.Missing = append(miss.Missing, i)
+				miss.Lagging += lagging[i]
+			}
+		}
 		return nil, nil, miss
 	}
 	out := make([]*prismv1.WorkerInfo, shards)

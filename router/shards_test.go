@@ -2,9 +2,12 @@ package router
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -131,6 +134,83 @@ func TestAnnounceBadShard(t *testing.T) {
 		}})
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("shard %d of %d: %v", ref.Shard, ref.Shards, err)
+		}
+	}
+}
+
+// TestPickShardsOneSharding: a fan-out's workers hold one sharding.
+// While workers of two shardings with one shard count are live (a
+// reshard rolling out before the model's first update binds its
+// layout), the complete sharding at the least load is taken, never a
+// mix: its parts would combine one layout's rows with another's. A
+// worker that names no sharding (an earlier release) joins any.
+func TestPickShardsOneSharding(t *testing.T) {
+	type w struct {
+		id    string
+		shard int
+		fp    string
+		load  int64
+	}
+	for _, tc := range []struct {
+		name    string
+		workers []w
+		want    []string // the ids picked, by shard; nil: ShardMissingError
+		missing []int
+	}{
+		{name: "one sharding", workers: []w{{"a0", 0, "aa", 3}, {"a0b", 0, "aa", 1}, {"a1", 1, "aa", 0}}, want: []string{"a0b", "a1"}},
+		{name: "least loaded of two complete", workers: []w{{"a0", 0, "aa", 0}, {"a1", 1, "aa", 9}, {"b0", 0, "bb", 5}, {"b1", 1, "bb", 0}}, want: []string{"b0", "b1"}},
+		{name: "a tie goes to the least fingerprint", workers: []w{{"a0", 0, "aa", 0}, {"a1", 1, "aa", 9}, {"b0", 0, "bb", 9}, {"b1", 1, "bb", 0}}, want: []string{"a0", "a1"}},
+		{name: "the complete one over a lighter incomplete one", workers: []w{{"a0", 0, "aa", 7}, {"a1", 1, "aa", 7}, {"b0", 0, "bb", 0}}, want: []string{"a0", "a1"}},
+		{name: "no sharding complete", workers: []w{{"a0", 0, "aa", 0}, {"b1", 1, "bb", 0}}, missing: []int{1}},
+		{name: "an earlier release's worker joins", workers: []w{{"old0", 0, "", 0}, {"a1", 1, "aa", 0}}, want: []string{"old0", "a1"}},
+		{name: "an earlier release's worker joins either", workers: []w{{"old0", 0, "", 0}, {"a1", 1, "aa", 4}, {"b1", 1, "bb", 2}}, want: []string{"old0", "b1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testRouter(Options{MicroBatch: 10})
+			for _, x := range tc.workers {
+				_, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+					Id: x.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: x.id + ":1", Models: []string{"m"}, Healthy: true, Outstanding: x.load,
+					Shards: map[string]*prismv1.ShardRef{"m": {Shard: int32(x.shard), Shards: 2, Sharding: x.fp}}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			ws, release, err := r.Reg.PickShards("m", 2, 1, nil)
+			if tc.want == nil {
+				var miss *ShardMissingError
+				if !errors.As(err, &miss) || !slices.Equal(miss.Missing, tc.missing) {
+					t.Fatalf("picked %v (%v), want shards %v missing", ws, err, tc.missing)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			var got []string
+			for _, x := range ws {
+				got = append(got, x.GetId())
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("picked %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestFanoutKeyBytes: a fan-out key keeps at most 64 bytes of the
+// request id, cut at a character's start, so it stays valid UTF-8 and
+// within the dense worker's 256 bytes whatever the id's characters
+// (64 four-byte characters made a 277-byte key, refused).
+func TestFanoutKeyBytes(t *testing.T) {
+	for _, id := range []string{"", "req-1", strings.Repeat("x", 300), strings.Repeat("😀", 64), "a" + strings.Repeat("😀", 64), strings.Repeat("ü", 100)} {
+		k := fanoutKey(id, 1<<30)
+		if len(k) > 256 || !utf8.ValidString(k) {
+			t.Errorf("id of %d bytes: key of %d bytes, valid UTF-8 %v", len(id), len(k), utf8.ValidString(k))
+		}
+		kept, _, _ := strings.Cut(k, "/")
+		if !strings.HasPrefix(id, kept) || len(kept) > 64 || len(id) > 64 && len(kept) < 61 {
+			t.Errorf("id %q kept as %q", id, kept)
 		}
 	}
 }
