@@ -48,6 +48,9 @@ type assembler struct {
 	// partials: the plan's lookup outputs that arrive in parts, by
 	// output name (partialSpecs); set at load, read-only after.
 	partials map[string]*partialSpec
+	// sharding is the fingerprint of the plan's sharding ("" for none),
+	// set at load: partial parts of another sharding are refused.
+	sharding string
 }
 
 // partialSpec is a cut tensor that row-wise shards send in parts.
@@ -257,6 +260,18 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	}
 	if f.shards != shards || f.n != n {
 		err := status.Errorf(codes.InvalidArgument, "model %q: fan-out %q: parts disagree: shard %d says %d shards and %d samples, an earlier part %d shards and %d samples", m.name, key, shard, shards, n, f.shards, f.n)
+		a.finish(f, nil, err)
+		a.mu.Unlock()
+		s.metrics.reject(m.name, "invalid")
+		return nil, err
+	}
+	if fp := req.GetSharding(); fp != "" && a.sharding != "" && fp != a.sharding && slices.ContainsFunc(parts, func(p partTensor) bool { return p.partial }) {
+		// Parts of a row-wise table's rows are combined by this worker's
+		// plan: from a store of another sharding they may hold other rows
+		// (wrong scores, no error). Whole tensors are the same in every
+		// sharding, and a part naming none comes from a worker of an
+		// earlier release.
+		err := status.Errorf(codes.FailedPrecondition, "model %q: fan-out %q: shard %d's embedding worker holds sharding %s, this dense worker's plan sharding %s: the parts of row-wise tables cannot be combined; serve both from one plan (prism shard)", m.name, key, shard, fp, a.sharding)
 		a.finish(f, nil, err)
 		a.mu.Unlock()
 		s.metrics.reject(m.name, "invalid")

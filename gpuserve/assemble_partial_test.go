@@ -2,15 +2,18 @@ package gpuserve
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/plan"
@@ -160,6 +163,59 @@ func TestAssemblePartial(t *testing.T) {
 	for _, r := range sendParts(t, ts, context.Background(), p.Model.Name, "stranger", n, shards, bad, []int{0, 2, 1}) {
 		if status.Code(r.err) != codes.InvalidArgument {
 			t.Fatalf("a part from a shard not the output's: shard %d: %v, want InvalidArgument", r.shard, r.err)
+		}
+	}
+	// Parts from embedding workers naming a sharding: this plan's is
+	// combined; another's, where a part carries partial pools, is
+	// refused with FailedPrecondition (and the fan-out with it): its
+	// rows may be placed otherwise. A part naming none is taken.
+	m.assembly.sharding = "aaaa"
+	t.Cleanup(func() { m.assembly.sharding = "" })
+	// got waits until the fan-out key holds shard sh's part.
+	got := func(key string, sh int) {
+		t.Helper()
+		for range 1000 {
+			m.assembly.mu.Lock()
+			f := m.assembly.pending[key]
+			ok := f != nil && f.got[sh]
+			m.assembly.mu.Unlock()
+			if ok {
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		t.Fatalf("fan-out %q: shard %d's part never held", key, sh)
+	}
+	for _, tc := range []struct {
+		fps     [shards]string
+		order   [shards]int // the refused part last: one refused first fails the fan-out, and the later parts would wait for it anew
+		refused bool
+	}{
+		{fps: [shards]string{"aaaa", "aaaa", "aaaa"}, order: [shards]int{0, 1, 2}},
+		{fps: [shards]string{"", "aaaa", ""}, order: [shards]int{2, 0, 1}},
+		{fps: [shards]string{"bbbb", "aaaa", "aaaa"}, order: [shards]int{1, 2, 0}, refused: true}, // shard 0 sends a part of the max
+		{fps: [shards]string{"aaaa", "aaaa", "bbbb"}, order: [shards]int{0, 1, 2}, refused: true},
+	} {
+		key := fmt.Sprintf("named-%v", tc.fps)
+		results := make(chan partResult, shards)
+		for i, sh := range tc.order {
+			frame := encode(t, n, parts[sh])
+			go func() {
+				resp, err := ts.client.Score(context.Background(), &prismv1.ScoreRequest{Model: p.Model.Name, Tensors: frame, NumSamples: n, FanoutKey: key, Shard: int32(sh), Shards: shards, Sharding: tc.fps[sh]})
+				results <- partResult{shard: sh, scores: resp.GetScores(), err: err}
+			}()
+			if i < shards-1 {
+				got(key, sh)
+			}
+		}
+		for range shards {
+			r := <-results
+			switch {
+			case tc.refused && status.Code(r.err) != codes.FailedPrecondition:
+				t.Fatalf("shardings %q: shard %d: %v, want FailedPrecondition", tc.fps, r.shard, r.err)
+			case !tc.refused && (r.err != nil || math.Abs(float64(r.scores[0]-want[0])) > 1e-5):
+				t.Fatalf("shardings %q: shard %d: %v %v, want %v", tc.fps, r.shard, r.err, r.scores, want)
+			}
 		}
 	}
 	if got := len(m.assembly.pending); got != 0 {

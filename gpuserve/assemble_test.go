@@ -262,3 +262,32 @@ func TestAssembleBadParts(t *testing.T) {
 		t.Errorf("left pending: %d fan-outs, %d samples", len(as.pending), as.samples)
 	}
 }
+
+// TestAssembleWholeAnySharding: parts holding whole tensors only are
+// the same in every sharding: taken whatever sharding their embedding
+// workers name (ScoreRequest.sharding) and this worker's plan has (a
+// table-wise reshard rolling out keeps serving).
+func TestAssembleWholeAnySharding(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	p, _ := plan.Read(tinyPlan(t))
+	parts := splitParts(cutTensors(p, 3, rand.New(rand.NewPCG(7, 9))), 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	model := p.Model.Name
+	a := ts.dense.models[model].assembly
+	a.sharding = "aaaa"
+	defer func() { a.sharding = "" }()
+	results := make(chan partResult, 2)
+	for sh, fp := range []string{"bbbb", "cccc"} {
+		frame := encode(t, 3, parts[sh])
+		go func() {
+			resp, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: model, Tensors: frame, NumSamples: 3, FanoutKey: "whole", Shard: int32(sh), Shards: 2, Sharding: fp})
+			results <- partResult{shard: sh, scores: resp.GetScores(), err: err}
+		}()
+	}
+	for range 2 {
+		if r := <-results; r.err != nil || len(r.scores) != 3 {
+			t.Fatalf("shard %d: %v (%d scores)", r.shard, r.err, len(r.scores))
+		}
+	}
+}

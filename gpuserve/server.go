@@ -295,6 +295,7 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	}
 	m.batcher = NewBatcher(m.spec, runners, bo)
 	m.assembly = newAssembler(o.Batch.MaxQueue)
+	m.assembly.sharding = m.plan.Sharding.Fingerprint()
 	if m.assembly.partials, err = partialSpecs(m); err != nil {
 		m.batcher.Close()
 		m.closeSessions()

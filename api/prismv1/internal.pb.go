@@ -485,9 +485,17 @@ type ScoreRequest struct {
 	// hold this shard's columns only; the dense worker waits for all
 	// shards parts of fanout_key, scores the assembled frame once and
 	// answers every part with the scores. shards 0: a whole frame.
-	FanoutKey     string `protobuf:"bytes,5,opt,name=fanout_key,json=fanoutKey,proto3" json:"fanout_key,omitempty"`
-	Shard         int32  `protobuf:"varint,6,opt,name=shard,proto3" json:"shard,omitempty"`
-	Shards        int32  `protobuf:"varint,7,opt,name=shards,proto3" json:"shards,omitempty"`
+	FanoutKey string `protobuf:"bytes,5,opt,name=fanout_key,json=fanoutKey,proto3" json:"fanout_key,omitempty"`
+	Shard     int32  `protobuf:"varint,6,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shards    int32  `protobuf:"varint,7,opt,name=shards,proto3" json:"shards,omitempty"`
+	// sharding is the fingerprint of the sharding the sending embedding
+	// worker's store was made for (plan.Sharding.Fingerprint; empty from
+	// workers of earlier releases). A dense worker whose plan has another
+	// sharding refuses, with FailedPrecondition, a part carrying partial
+	// pools of a row-wise table: it combines them by its own plan, and
+	// rows placed by another would give wrong scores with no error.
+	// Whole tensors are the same in every sharding and are taken.
+	Sharding      string `protobuf:"bytes,8,opt,name=sharding,proto3" json:"sharding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -569,6 +577,13 @@ func (x *ScoreRequest) GetShards() int32 {
 		return x.Shards
 	}
 	return 0
+}
+
+func (x *ScoreRequest) GetSharding() string {
+	if x != nil {
+		return x.Sharding
+	}
+	return ""
 }
 
 type ScoreResponse struct {
@@ -1651,7 +1666,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\tencode_us\x18\x04 \x01(\x03R\bencodeUs\x12\x1f\n" +
 	"\vtransfer_us\x18\x05 \x01(\x03R\n" +
 	"transferUs\x12\x19\n" +
-	"\bdense_us\x18\x06 \x01(\x03R\adenseUs\"\xc6\x01\n" +
+	"\bdense_us\x18\x06 \x01(\x03R\adenseUs\"\xe2\x01\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x18\n" +
@@ -1661,7 +1676,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
 	"fanout_key\x18\x05 \x01(\tR\tfanoutKey\x12\x14\n" +
 	"\x05shard\x18\x06 \x01(\x05R\x05shard\x12\x16\n" +
-	"\x06shards\x18\a \x01(\x05R\x06shards\"B\n" +
+	"\x06shards\x18\a \x01(\x05R\x06shards\x12\x1a\n" +
+	"\bsharding\x18\b \x01(\tR\bsharding\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
 	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xde\x05\n" +

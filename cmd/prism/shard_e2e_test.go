@@ -64,7 +64,7 @@ func TestShardedTableWise(t *testing.T) {
 	}
 	certs := newCerts(t)
 	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "64", "--update-quorum", "all")
-	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	dense := startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
 	embedding := func(k int) *proc {
 		return startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, fmt.Sprintf("db%d", k)), "--router", router.addr)
 	}
@@ -306,6 +306,37 @@ func TestShardedTableWise(t *testing.T) {
 	}
 	if p2.Sharding.Fingerprint() == p.Sharding.Fingerprint() {
 		t.Fatal("two shardings with one fingerprint")
+	}
+	// The dense worker replaced by one on the plan sharded in two (a
+	// reshard rolling out): the three shards' parts name their sharding,
+	// but are whole tables (table-wise), the same in every sharding, so
+	// it scores them as the other did. (Parts of row-wise tables it
+	// would refuse: gpuserve TestAssemblePartial.)
+	base, err := rec.Recommend(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part2, "--router", router.addr)
+	dense.cmd.Process.Kill()
+	dense.cmd.Wait()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ws, err := reg.List(context.Background(), &prismv1.ListRequest{})
+		if err == nil && slices.ContainsFunc(ws.GetWorkers(), func(w *prismv1.WorkerInfo) bool { return w.GetAddr() == other.addr }) &&
+			!slices.ContainsFunc(ws.GetWorkers(), func(w *prismv1.WorkerInfo) bool { return w.GetAddr() == dense.addr }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never saw the dense worker of two shards alone: %v", err)
+		}
+	}
+	for range 5 {
+		resp, err := rec.Recommend(context.Background(), req)
+		if err != nil {
+			t.Fatalf("with a dense worker of another table-wise sharding: %v", err)
+		}
+		if worst := maxAbsError(resp.Scores, base.Scores); worst > 1e-6 {
+			t.Fatalf("with a dense worker of another table-wise sharding: scores differ by %g", worst)
+		}
 	}
 	for k := range 2 {
 		if out, err := run(t, nil, "ingest", part2, "--db", filepath.Join(dir, fmt.Sprintf("db2-%d", k)), "--shard", fmt.Sprint(k)); err != nil {

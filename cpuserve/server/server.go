@@ -408,8 +408,12 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		framePool.Put(fb)
 		return nil, err
 	}
-	resp, err := dc.Score(ctx, &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n),
-		FanoutKey: req.GetFanoutKey(), Shard: req.GetShard(), Shards: req.GetShards()})
+	sreq := &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n),
+		FanoutKey: req.GetFanoutKey(), Shard: req.GetShard(), Shards: req.GetShards()}
+	if sr := s.shards[m.name]; sr != nil && req.GetShards() != 0 {
+		sreq.Sharding = sr.sharding // the dense worker refuses a part of another sharding
+	}
+	resp, err := dc.Score(ctx, sreq)
 	if err != nil {
 		// The frame is not reused: serve.Codec hands it to the transport
 		// without a copy, and a failed call (cancelled, reset) may not

@@ -101,6 +101,7 @@ const (
 	scoreFanoutKey  = 5
 	scoreShard      = 6
 	scoreShards     = 7
+	scoreSharding   = 8
 )
 
 // marshalScore writes r's small fields and the tensors field's tag and
@@ -110,7 +111,7 @@ const (
 // Fields follow protobuf's encoding (proto3: zero values omitted), with
 // the tensors last; unknown fields are kept.
 func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
-	h := make([]byte, 0, 32+len(r.Model)+len(r.FanoutKey))
+	h := make([]byte, 0, 40+len(r.Model)+len(r.FanoutKey)+len(r.Sharding))
 	if r.Model != "" {
 		h = protowire.AppendTag(h, scoreModel, protowire.BytesType)
 		h = protowire.AppendString(h, r.Model)
@@ -135,6 +136,10 @@ func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
 		h = protowire.AppendTag(h, scoreShards, protowire.VarintType)
 		h = protowire.AppendVarint(h, uint64(int64(r.Shards)))
 	}
+	if r.Sharding != "" {
+		h = protowire.AppendTag(h, scoreSharding, protowire.BytesType)
+		h = protowire.AppendString(h, r.Sharding)
+	}
 	h = append(h, r.ProtoReflect().GetUnknown()...)
 	if len(r.Tensors) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(h)}
@@ -147,6 +152,7 @@ func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
 var (
 	errInvalidUTF8 = errors.New("ScoreRequest.model: invalid UTF-8")
 	errInvalidKey  = errors.New("ScoreRequest.fanout_key: invalid UTF-8")
+	errInvalidFP   = errors.New("ScoreRequest.sharding: invalid UTF-8")
 	errFieldNumber = errors.New("ScoreRequest: invalid field number")
 )
 
@@ -220,6 +226,16 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 				return protowire.ParseError(m)
 			}
 			r.Shards = int32(v)
+			n = m
+		case num == scoreSharding && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return protowire.ParseError(m)
+			}
+			if !utf8.Valid(v) {
+				return errInvalidFP
+			}
+			r.Sharding = string(v)
 			n = m
 		default:
 			m := protowire.ConsumeFieldValue(num, typ, b)
