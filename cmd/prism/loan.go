@@ -92,6 +92,7 @@ the lent Pods with their grace (they drain) and exits.`,
 	fl.StringVar(&addr, "metrics-addr", "0.0.0.0:9470", "where to serve GET /metrics (the prism_capacity_* counters) and GET /loan (lent workers, the timeline)")
 	fl.StringVar(&model, "model", "dense", "the name of the dense pool in the metrics and the timeline (every dense worker serves every model)")
 	tlsFlags.Register(cmd, auth.Dense)
+	_ = cmd.MarkFlagRequired("lender")
 	return cmd
 }
 

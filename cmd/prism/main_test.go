@@ -161,3 +161,27 @@ func TestPartitionCommand(t *testing.T) {
 		t.Errorf("no -o: %v\n%s", err, out)
 	}
 }
+
+// TestBadInputFailsFast: input a command can judge at once is refused
+// at once, with a message that names what is wrong, before any work
+// (store bench built and ingested gigabytes of tables before it read
+// its --scenario: its --work folder is not even made).
+func TestBadInputFailsFast(t *testing.T) {
+	work := filepath.Join(t.TempDir(), "work")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"store", "bench", "--work", work, "--scenario", "foo"}, `scenario "foo": want gather, redis, ltm, preload, misses or setup`},
+		{[]string{"shard", t.TempDir()}, `required flag(s) "shards" not set`},
+		{[]string{"loan"}, `required flag(s) "lender" not set`},
+	} {
+		out, err := run(t, nil, tc.args...)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("prism %s: %v\n%s\nwant an error with %q", strings.Join(tc.args, " "), err, out, tc.want)
+		}
+	}
+	if _, err := os.Stat(work); !os.IsNotExist(err) {
+		t.Errorf("store bench with an unknown scenario made its --work folder: %v", err)
+	}
+}

@@ -27,7 +27,7 @@ table-wise on one shard, or row-wise (row r on the (r mod m)-th of its m
 shards) when it is larger than a shard's budget or hotter than a shard's
 share of the lookups; shards balanced by bytes and by expected lookups.
 Expected lookups come from --criteo (row frequencies counted on a Criteo
-sample, by default ../shared/data/criteo/criteo_sample.txt when present
+sample, by default the sample the project's tests read when it is there
 and the model reads Criteo rows) or --zipf S (row r looked up with weight
 1/(r+1)^S). Then ingest each shard into its worker's store with
 prism ingest PLAN_DIR --db DIR --shard K.`,
@@ -48,8 +48,9 @@ prism ingest PLAN_DIR --db DIR --shard K.`,
 	f := cmd.Flags()
 	f.IntVar(&o.Shards, "shards", 0, "number of shards (embedding workers holding a part of the tables)")
 	f.StringVar(&shardBytes, "shard-bytes", "", "budget of float32 table bytes per shard, e.g. 8GiB (default: the fair share plus 25%)")
-	f.StringVar(&o.Criteo, "criteo", "", "Criteo sample to count row frequencies on (default: ../shared/data/criteo/criteo_sample.txt if present)")
+	f.StringVar(&o.Criteo, "criteo", "", "Criteo sample to count row frequencies on (default: the sample the tests read, when present)")
 	f.Float64Var(&o.Zipf, "zipf", 0, "assume Zipf row frequencies with this exponent instead of a Criteo sample (e.g. 1.05)")
 	f.Float64Var(&o.Tolerance, "tolerance", sharding.DefaultTolerance, "aim at every shard's expected lookups within this fraction of the mean")
+	_ = cmd.MarkFlagRequired("shards")
 	return cmd
 }

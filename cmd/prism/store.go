@@ -59,6 +59,9 @@ func newStoreBenchCmd() *cobra.Command {
 			if cfg.DType, err = store.ParseDType(dtype); err != nil {
 				return err
 			}
+			if err := storebench.CheckScenario(scenario); err != nil {
+				return err // before Setup builds and ingests the tables
+			}
 			cfg.NoTables = scenario == "misses" || scenario == "ltm" || scenario == "setup"
 			cfg.Log = func(f string, a ...any) { fmt.Fprintf(cmd.ErrOrStderr(), f+"\n", a...) }
 			t0 := time.Now()

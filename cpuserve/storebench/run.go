@@ -3,7 +3,20 @@ package storebench
 import (
 	"fmt"
 	"io"
+	"slices"
 )
+
+// Scenarios are the scenarios Run knows.
+var Scenarios = []string{"gather", "redis", "ltm", "preload", "misses", "setup"}
+
+// CheckScenario says whether Run knows scenario: callers check before
+// Setup, which builds and ingests the tables (minutes, gigabytes).
+func CheckScenario(scenario string) error {
+	if !slices.Contains(Scenarios, scenario) {
+		return fmt.Errorf("scenario %q: want gather, redis, ltm, preload, misses or setup", scenario)
+	}
+	return nil
+}
 
 // Run runs a scenario and writes its report to w.
 func Run(w io.Writer, e *Env, scenario string, zipfs []float64) error {
@@ -21,7 +34,7 @@ func Run(w io.Writer, e *Env, scenario string, zipfs []float64) error {
 	case "setup":
 		return nil
 	}
-	return fmt.Errorf("scenario %q: want gather, redis, ltm, preload, misses or setup", scenario)
+	return CheckScenario(scenario)
 }
 
 func runGather(w io.Writer, e *Env) error {
