@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/prism-serve/prism/plan"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prism-serve/prism/internal/tablefile"
+	"github.com/prism-serve/prism/plan"
 )
 
 // stagingDir holds SSTs between their writing and their ingestion.
@@ -117,6 +119,13 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 	}
 	if o.SSTBytes <= 0 {
 		o.SSTBytes = 64 << 20
+	}
+	for name := range o.TableDTypes {
+		// A mistyped name would leave its table at the default dtype
+		// without a word.
+		if !slices.ContainsFunc(p.Tables, func(t plan.Table) bool { return t.Name == name }) {
+			return nil, badRequestf("ingest %q: a dtype is given for table %q, which the plan has not (its tables: %s)", planDir, name, tableNames(p.Tables))
+		}
 	}
 	rep := &IngestReport{Model: model}
 	tables, parts := p.Tables, make([]*RowPart, len(p.Tables))
@@ -375,4 +384,18 @@ func (s *Store) recordProgress(id uint32, nextRow int64, loss *Loss) error {
 		t.Loss = &l
 	}
 	return s.commit(next)
+}
+
+// tableNames lists the tables' names for a message, the first ten and
+// a count of the rest.
+func tableNames(ts []plan.Table) string {
+	var names []string
+	for i, t := range ts {
+		if i == 10 {
+			names = append(names, fmt.Sprintf("and %d more", len(ts)-10))
+			break
+		}
+		names = append(names, t.Name)
+	}
+	return strings.Join(names, ", ")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -184,5 +185,30 @@ func TestIngestShardErrors(t *testing.T) {
 		if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("shard %d of 2: %v", k, err)
 		}
+	}
+}
+
+// TestIngestTableDTypes: a dtype per table applies to the table it
+// names; a name the plan has not is refused (ErrBadRequest) before
+// anything is ingested, not left at the default dtype without a word.
+func TestIngestTableDTypes(t *testing.T) {
+	dir := writePlan(t, "m", []*testTable{{name: "a", rows: 10, dim: 4, seed: 1}, {name: "b", rows: 10, dim: 4, seed: 2}})
+	s, _ := openMem(t, nil)
+	if _, err := s.Ingest(context.Background(), dir, IngestOptions{TableDTypes: map[string]DType{"a": Int8, "nope": Float16}}); !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), `"nope"`) {
+		t.Fatalf("a dtype for a table the plan has not: %v", err)
+	}
+	if vs, _ := s.Versions("m"); len(vs) != 0 {
+		t.Fatalf("the refused ingest left versions %v", vs)
+	}
+	rep, err := s.Ingest(context.Background(), dir, IngestOptions{TableDTypes: map[string]DType{"a": Int8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]DType{}
+	for _, tr := range rep.Tables {
+		got[tr.Name] = tr.DType
+	}
+	if got["a"] != Int8 || got["b"] != Float32 {
+		t.Fatalf("stored dtypes %v, want a int8 and b float32", got)
 	}
 }

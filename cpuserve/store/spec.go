@@ -89,8 +89,22 @@ func (r *IngestReport) WriteText(w io.Writer) {
 	if r.Shard != nil {
 		fmt.Fprintf(w, "shard %d of %d\n", r.Shard.Shard, r.Shard.Shards)
 	}
-	fmt.Fprintf(w, "model %q version %d (active: %v): %d rows, %s in %.1fs: %.0f rows/s, %.1f MB/s\n",
+	fmt.Fprintf(w, "model %q version %d (active: %v): %d rows written, %s in %.1fs: %.0f rows/s, %.1f MB/s",
 		r.Model, r.Version, r.Activated, r.Rows, progress.Bytes(r.Bytes), sec, float64(r.Rows)/sec, float64(r.Bytes)/sec/1e6)
+	// Tables whose content was already stored are shared, not written:
+	// say so, or an ingest run again after it finished reads as a
+	// version of 0 rows.
+	var shared, sharedRows int64
+	for _, t := range r.Tables {
+		if t.Shared {
+			shared++
+			sharedRows += t.Rows
+		}
+	}
+	if shared > 0 {
+		fmt.Fprintf(w, "; %d rows of %d of its %d tables shared with content already stored", sharedRows, shared, len(r.Tables))
+	}
+	fmt.Fprintln(w)
 }
 
 // WriteVersions prints a model's versions, one a line: "*" marks the

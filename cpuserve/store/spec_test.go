@@ -60,7 +60,7 @@ func TestReportText(t *testing.T) {
 	r := &IngestReport{Model: "m", Version: 2, Activated: true, Rows: 1000, Bytes: 64000, Elapsed: time.Second,
 		Tables: []TableReport{{Name: "a", Rows: 1000, Dim: 16, DType: Float32, Phys: 1}, {Name: "b", Rows: 10, Dim: 4, DType: Int8, Phys: 2, Shared: true}}}
 	r.WriteText(&b)
-	for _, want := range []string{"table a ", "shared (same content already stored)", `model "m" version 2 (active: true): 1000 rows`} {
+	for _, want := range []string{"table a ", "shared (same content already stored)", `model "m" version 2 (active: true): 1000 rows written`, "; 10 rows of 1 of its 2 tables shared with content already stored\n"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
