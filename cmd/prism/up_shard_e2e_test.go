@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,7 +44,20 @@ func TestUpSharded(t *testing.T) {
 			t.Fatalf("partition: %v\n%s", err, out)
 		}
 		// 50 KB a shard: emb_w and emb_m go row-wise (TestShardedRowWise).
-		upSharded(t, dir, model, part, []string{"--shards", "3", "--shard-bytes", "50000", "--zipf", "1.05"}, 3, 1, 2)
+		u, fp := upSharded(t, dir, model, part, []string{"--shards", "3", "--shard-bytes", "50000", "--zipf", "1.05"}, 3, 1, 2)
+		// Sharded again, as many shards placed otherwise: prism up on the
+		// same --db ingests each shard anew (the stores hold the other
+		// sharding's rows, which the workers would refuse, or serve as
+		// rows they are not) and scores as before.
+		u.cmd.Process.Signal(os.Interrupt)
+		u.cmd.Wait()
+		u2, fp2 := upSharded(t, dir, model, part, []string{"--shards", "3", "--shard-bytes", "45000", "--zipf", "1.05"}, 3, 1, 2)
+		if fp2 == fp {
+			t.Fatalf("sharded again with one fingerprint %s: the test wants another layout", fp)
+		}
+		if got := strings.Count(u2.log.String(), "up: ingesting shard"); got != 3 {
+			t.Fatalf("after the reshard prism up ingested %d shards, want 3:\n%s", got, u2.log.String())
+		}
 	})
 }
 
@@ -51,7 +65,8 @@ func TestUpSharded(t *testing.T) {
 // it with replicas per shard, checks that each of the shards has its
 // replicas registered (and at least rowWise tables are row-wise), and
 // compares the served scores of 270 candidates with prism score's.
-func upSharded(t *testing.T, dir, model, part string, shardArgs []string, shards, replicas, rowWise int) {
+// It returns the prism up process and the sharding's fingerprint.
+func upSharded(t *testing.T, dir, model, part string, shardArgs []string, shards, replicas, rowWise int) (*proc, string) {
 	if out, err := run(t, nil, append([]string{"shard", part}, shardArgs...)...); err != nil {
 		t.Fatalf("shard: %v\n%s", err, out)
 	}
@@ -121,4 +136,5 @@ func upSharded(t *testing.T, dir, model, part string, shardArgs []string, shards
 		t.Fatalf("sharded prism up scores differ from prism score by %g", worst)
 	}
 	t.Logf("%d candidates over %d shards x %d replicas (%d tables row-wise): max abs error %g against prism score", n, shards, replicas, rows, worst)
+	return u, p.Sharding.Fingerprint()
 }

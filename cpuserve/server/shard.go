@@ -150,23 +150,8 @@ func ensureServed(ctx context.Context, st *store.Store, dir string, p *plan.Plan
 	if err := checkShardPlan(name, dir, p, ref); err != nil {
 		return false, err
 	}
-	tabs, err := st.Tables(name)
-	if err != nil {
-		return false, fmt.Errorf("model %q: %w", name, err)
-	}
-	have := map[string]store.TableInfo{}
-	for _, t := range tabs {
-		have[t.Name] = t
-	}
-	for _, t := range p.Tables {
-		if _, _, holds := p.Sharding.Placement(t.Name).Part(ref.Shard); !holds {
-			continue
-		}
-		h, ok := have[t.Name]
-		if !ok || h.Rows != t.Rows || h.Dim != t.Dim {
-			return false, fmt.Errorf("model %q: the store's shard %d of %d does not match the plan in %s (table %q: store %d x %d, plan %d x %d): ingest the shard (prism ingest --shard %d) or serve the plan the store holds",
-				name, ref.Shard, ref.Shards, dir, t.Name, h.Rows, h.Dim, t.Rows, t.Dim, ref.Shard)
-		}
+	if err := st.MatchShard(name, p, ref.Shard); err != nil {
+		return false, fmt.Errorf("%w (plan in %s): ingest the shard (prism ingest --shard %d) or serve the plan the store holds", err, dir, ref.Shard)
 	}
 	return false, nil
 }

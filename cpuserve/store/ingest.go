@@ -133,7 +133,7 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		if tables, parts, err = shardTables(p, *o.Shard); err != nil {
 			return nil, fmt.Errorf("ingest %q: %w", planDir, err)
 		}
-		rep.Shard = &ShardRef{Shard: *o.Shard, Shards: p.Sharding.Shards}
+		rep.Shard = &ShardRef{Shard: *o.Shard, Shards: p.Sharding.Shards, Sharding: p.Sharding.Fingerprint()}
 	}
 
 	var jobs []*ingestJob

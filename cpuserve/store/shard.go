@@ -41,6 +41,11 @@ func (t *physTable) held() int64 { return t.Part.count(t.Rows) }
 type ShardRef struct {
 	Shard  int `json:"shard"`
 	Shards int `json:"shards"`
+	// Sharding is the fingerprint of the plan's sharding the shard was
+	// ingested for (plan.Sharding.Fingerprint; "" in stores of earlier
+	// releases): a plan sharded again with the same shard count may
+	// place other tables, or other rows, on this shard.
+	Sharding string `json:"sharding,omitempty"`
 }
 
 // Shard says which shard of model the active version holds, for the
@@ -101,4 +106,63 @@ func (t *physTable) width(packed bool) int {
 		return hot.Int8Width(t.Dim)
 	}
 	return t.Dim
+}
+
+// MatchShard says whether model's active version holds shard k of the
+// plan p's sharding as p places it: nil if so, else what differs (a
+// whole model, another shard or shard count, another sharding's
+// fingerprint, or a table of the shard missing, of another shape or
+// holding other rows). A store of an earlier release records no
+// fingerprint; its tables and rows are compared all the same.
+func (s *Store) MatchShard(model string, p *plan.Plan, k int) error {
+	ref, ok, err := s.Shard(model)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return fmt.Errorf("model %q: the store holds the whole model, not shard %d", model, k)
+	case p.Sharding == nil:
+		return fmt.Errorf("model %q: the store holds shard %d of %d, the plan has no sharding section", model, ref.Shard, ref.Shards)
+	case ref.Shard != k || ref.Shards != p.Sharding.Shards:
+		return fmt.Errorf("model %q: the store holds shard %d of %d, not shard %d of %d", model, ref.Shard, ref.Shards, k, p.Sharding.Shards)
+	case ref.Sharding != "" && ref.Sharding != p.Sharding.Fingerprint():
+		return fmt.Errorf("model %q: the store's shard %d of %d was ingested for another sharding (%s) than the plan's (%s)", model, ref.Shard, ref.Shards, ref.Sharding, p.Sharding.Fingerprint())
+	}
+	tabs, err := s.Tables(model)
+	if err != nil {
+		return err
+	}
+	have := map[string]TableInfo{}
+	for _, t := range tabs {
+		have[t.Name] = t
+	}
+	for _, t := range p.Tables {
+		mod, rem, holds := p.Sharding.Placement(t.Name).Part(k)
+		if !holds {
+			continue
+		}
+		h, ok := have[t.Name]
+		if !ok {
+			return fmt.Errorf("model %q: the store's shard %d of %d lacks table %q, which the plan places on it", model, k, ref.Shards, t.Name)
+		}
+		if h.Rows != t.Rows || h.Dim != t.Dim {
+			return fmt.Errorf("model %q: the store's shard %d of %d holds table %q as %d x %d, the plan as %d x %d", model, k, ref.Shards, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
+		}
+		var want *RowPart
+		if mod > 1 {
+			want = &RowPart{Mod: mod, Rem: rem}
+		}
+		if !want.equal(h.Part) {
+			return fmt.Errorf("model %q: the store's shard %d of %d holds rows %s of table %q, the plan places rows %s on it", model, k, ref.Shards, h.Part, t.Name, want)
+		}
+	}
+	return nil
+}
+
+// String is "r mod M = R", or "all" for a nil part.
+func (p *RowPart) String() string {
+	if p == nil {
+		return "all"
+	}
+	return fmt.Sprintf("r mod %d = %d", p.Mod, p.Rem)
 }

@@ -90,7 +90,7 @@ func TestIngestShards(t *testing.T) {
 		if err != nil {
 			t.Fatalf("shard %d: %v", k, err)
 		}
-		if ref, ok, err := s.Shard("m"); err != nil || !ok || ref != (ShardRef{Shard: k, Shards: shards}) {
+		if ref, ok, err := s.Shard("m"); err != nil || !ok || ref != (ShardRef{Shard: k, Shards: shards, Sharding: p.Sharding.Fingerprint()}) {
 			t.Fatalf("shard %d: Shard says %+v %v %v", k, ref, ok, err)
 		}
 		if rep.Rows != p.Sharding.Shard[k].Rows {
@@ -210,5 +210,97 @@ func TestIngestTableDTypes(t *testing.T) {
 	}
 	if got["a"] != Int8 || got["b"] != Float32 {
 		t.Fatalf("stored dtypes %v, want a int8 and b float32", got)
+	}
+}
+
+// TestMatchShard: a store's shard matches a plan when it is that shard
+// of that sharding: another shard, another shard count, the whole model
+// or a sharding of the same count that places rows otherwise (the
+// fingerprint recorded at ingest) do not.
+func TestMatchShard(t *testing.T) {
+	dir := writePlan(t, "m", []*testTable{{name: "x", rows: 10, dim: 2, seed: 3}, {name: "y", rows: 2, dim: 2, seed: 4}})
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Layout a from the planner (x over budget: row-wise); b is a with
+	// shards 0 and 1 swapped, another layout of the same count.
+	r, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: 2, ShardBytes: 70})
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := func(r *sharding.Result) *plan.Plan {
+		q := *p
+		if q.Sharding, err = sharding.Section(p, r, "uniform"); err != nil {
+			t.Fatal(err)
+		}
+		return &q
+	}
+	a := layout(r)
+	if pl := a.Sharding.Placement("x"); pl.Placement != plan.RowWise {
+		t.Fatalf("x placed %+v, the test wants it row-wise", pl)
+	}
+	swapped := *r
+	swapped.Placements = nil
+	for _, pl := range r.Placements {
+		pl.Shards = slices.Clone(pl.Shards)
+		for i := range pl.Shards {
+			pl.Shards[i] = 1 - pl.Shards[i]
+		}
+		swapped.Placements = append(swapped.Placements, pl)
+	}
+	swapped.Bytes = []int64{r.Bytes[1], r.Bytes[0]}
+	swapped.Rows = []int64{r.Rows[1], r.Rows[0]}
+	swapped.Lookups = []float64{r.Lookups[1], r.Lookups[0]}
+	b := layout(&swapped)
+	if a.Sharding.Fingerprint() == b.Sharding.Fingerprint() {
+		t.Fatal("two layouts, one fingerprint")
+	}
+	if err := plan.Write(dir, a); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := openMem(t, nil)
+	k := 0
+	if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); err != nil {
+		t.Fatal(err)
+	}
+	whole := *p
+	r3, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: 3, ShardBytes: 70})
+	if err != nil {
+		t.Fatal(err)
+	}
+	three := layout(r3)
+	for _, tc := range []struct {
+		name string
+		p    *plan.Plan
+		k    int
+		want string // "" matches
+	}{
+		{"the shard it was ingested as", a, 0, ""},
+		{"another shard", a, 1, "not shard 1 of 2"},
+		{"another shard count", three, 0, "not shard 0 of 3"},
+		{"no sharding", &whole, 0, "no sharding section"},
+		{"another sharding of the same count", b, 0, "ingested for another sharding"},
+	} {
+		err := s.MatchShard("m", tc.p, tc.k)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	// A store of an earlier release, with no fingerprint: its tables'
+	// rows are compared.
+	s2, _ := openMem(t, nil)
+	if _, err := s2.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); err != nil {
+		t.Fatal(err)
+	}
+	s2.catMu.Lock()
+	m := s2.cat.Models["m"]
+	m.Versions[m.Active].Shard.Sharding = ""
+	s2.catMu.Unlock()
+	if err := s2.MatchShard("m", a, 0); err != nil {
+		t.Errorf("a store without a fingerprint, the same layout: %v", err)
+	}
+	if err := s2.MatchShard("m", b, 0); err == nil || !strings.Contains(err.Error(), "holds rows r mod 2 = ") {
+		t.Errorf("a store without a fingerprint, rows placed otherwise: %v", err)
 	}
 }

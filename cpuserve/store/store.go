@@ -377,8 +377,10 @@ type TableInfo struct {
 	DType      DType
 	UnknownIDs plan.UnknownIDs
 	// Phys is the physical table id; tables of two models with equal
-	// Phys share one copy.
+	// share one copy.
 	Phys uint32
+	// Part is the rows held of a row-wise sharded table (nil: all).
+	Part *RowPart
 }
 
 // Tables lists the tables of model's active version, by name.
@@ -389,7 +391,7 @@ func (s *Store) Tables(model string) ([]TableInfo, error) {
 	}
 	out := make([]TableInfo, 0, len(mv.tables))
 	for _, t := range mv.tables {
-		out = append(out, TableInfo{Name: t.name, Rows: t.rows, Dim: t.dim, DType: t.dtype, UnknownIDs: t.unknown, Phys: t.id})
+		out = append(out, TableInfo{Name: t.name, Rows: t.rows, Dim: t.dim, DType: t.dtype, UnknownIDs: t.unknown, Phys: t.id, Part: t.part})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil

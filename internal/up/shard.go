@@ -26,6 +26,7 @@ import (
 type sharded struct {
 	dir, model string
 	shards     int
+	plan       *plan.Plan
 }
 
 // shardedPlans are the sharded plans among plans (read from dirs), and
@@ -44,7 +45,7 @@ func shardedPlans(dirs []string, plans []*plan.Plan) (out []sharded, shards int,
 			return nil, 0, fmt.Errorf("model %q is sharded into %d shards, %q into %d: one prism up runs one sharding (serve them with two)", out[0].model, shards, name, p.Sharding.Shards)
 		}
 		shards = p.Sharding.Shards
-		out = append(out, sharded{dir: dirs[i], model: name, shards: shards})
+		out = append(out, sharded{dir: dirs[i], model: name, shards: shards, plan: p})
 	}
 	return out, shards, nil
 }
@@ -95,9 +96,11 @@ func isStore(dir string) bool {
 	return len(m) > 0
 }
 
-// holdsShard says whether the store in dir holds shard k of shards of
-// model as its active version.
-func holdsShard(dir, model string, k, shards int) bool {
+// holdsShard says whether the store in dir holds, as its active
+// version, shard k of p's model as p's sharding places it (a store
+// ingested for another sharding of the same shard count is ingested
+// again: its embedding worker would refuse it).
+func holdsShard(dir string, p sharded, k int) bool {
 	if !isStore(dir) {
 		return false
 	}
@@ -106,8 +109,7 @@ func holdsShard(dir, model string, k, shards int) bool {
 		return false
 	}
 	defer st.Close()
-	ref, ok, err := st.Shard(model)
-	return err == nil && ok && ref.Shard == k && ref.Shards == shards
+	return st.MatchShard(p.model, p.plan, k) == nil
 }
 
 // ingestShards ingests, for every replica of every shard, the shard of
@@ -122,7 +124,7 @@ func ingestShards(ctx context.Context, c Config, plans []sharded) error {
 		k := i / r
 		db := embeddingDB(c, i)
 		for _, p := range plans {
-			if holdsShard(db, p.model, k, p.shards) {
+			if holdsShard(db, p, k) {
 				continue
 			}
 			fmt.Fprintf(c.Stderr, "up: ingesting shard %d of %d of model %q into %s\n", k, p.shards, p.model, db)
