@@ -6,17 +6,22 @@ import (
 	"strings"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
 // NewClient reaches the API server through kubeconfig, or ("") the
 // in-cluster configuration of the Pod.
 func NewClient(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		if kubeconfig == "" {
-			return nil, fmt.Errorf("kubernetes lender: no in-cluster configuration (outside a cluster give kubeconfig=FILE): %w", err)
+	var cfg *rest.Config
+	var err error
+	if kubeconfig == "" {
+		// rest.InClusterConfig, not clientcmd with no file: that logs two
+		// client-go warnings and ends with a hint about KUBERNETES_MASTER.
+		if cfg, err = rest.InClusterConfig(); err != nil {
+			return nil, fmt.Errorf("kubernetes lender: not in a cluster (%w): outside one, give the lender kubeconfig=FILE", err)
 		}
+	} else if cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig); err != nil {
 		return nil, fmt.Errorf("kubernetes lender: kubeconfig %s: %w", kubeconfig, err)
 	}
 	cfg.UserAgent = "prism-loan"

@@ -171,14 +171,19 @@ func TestBadInputFailsFast(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
+		not  string // nor this in the output
 	}{
-		{[]string{"store", "bench", "--work", work, "--scenario", "foo"}, `scenario "foo": want gather, redis, ltm, preload, misses or setup`},
-		{[]string{"shard", t.TempDir()}, `required flag(s) "shards" not set`},
-		{[]string{"loan"}, `required flag(s) "lender" not set`},
+		{args: []string{"store", "bench", "--work", work, "--scenario", "foo"}, want: `scenario "foo": want gather, redis, ltm, preload, misses or setup`},
+		{args: []string{"shard", t.TempDir()}, want: `required flag(s) "shards" not set`},
+		{args: []string{"loan"}, want: `required flag(s) "lender" not set`},
+		// Outside a cluster without a kubeconfig: one line saying so, not
+		// client-go's warnings and its hint about KUBERNETES_MASTER.
+		{args: []string{"loan", "--lender", "kubernetes:max=2,template=d,pool=a=b,priority-class=p", "--router", "127.0.0.1:1", "--router-metrics", "http://127.0.0.1:1/metrics", "--insecure"},
+			want: "not in a cluster", not: "KUBERNETES_MASTER"},
 	} {
-		out, err := run(t, nil, tc.args...)
-		if err == nil || !strings.Contains(out, tc.want) {
-			t.Errorf("prism %s: %v\n%s\nwant an error with %q", strings.Join(tc.args, " "), err, out, tc.want)
+		out, err := run(t, []string{"KUBERNETES_SERVICE_HOST=", "KUBERNETES_SERVICE_PORT="}, tc.args...)
+		if err == nil || !strings.Contains(out, tc.want) || tc.not != "" && strings.Contains(out, tc.not) {
+			t.Errorf("prism %s: %v\n%s\nwant an error with %q (and without %q)", strings.Join(tc.args, " "), err, out, tc.want, tc.not)
 		}
 	}
 	if _, err := os.Stat(work); !os.IsNotExist(err) {
