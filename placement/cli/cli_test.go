@@ -90,6 +90,10 @@ func TestSimulateSmall(t *testing.T) {
 	if !strings.Contains(errw.String(), "[4/4] FGD seed 2:") || !strings.Contains(errw.String(), "wrote "+c.Out) {
 		t.Errorf("progress:\n%s", errw.String())
 	}
+	// Not a terminal: a line per run, no carriage returns.
+	if strings.Contains(errw.String(), "\r") || strings.Count(errw.String(), "\n[") < 3 {
+		t.Errorf("progress to a file is not a line per run:\n%q", errw.String())
+	}
 	for _, f := range []string{"curves.csv", "summary.csv", "alloc.png", "frag.png"} {
 		if st, err := os.Stat(filepath.Join(c.Out, f)); err != nil || st.Size() == 0 {
 			t.Errorf("%s: %v", f, err)

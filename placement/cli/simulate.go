@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/placement"
 	"github.com/prism-serve/prism/placement/plot"
 )
@@ -43,19 +44,27 @@ func Simulate(stdout, stderr io.Writer, c SimulateConfig) error {
 	reg := placement.NewRegistry()
 	var results []*placement.SimResult
 	total := len(c.Policies) * len(c.Seeds)
+	// In place on a terminal; otherwise (a log, CI) a line per run.
+	tty := progress.IsTerminal(stderr)
+	cr := ""
+	if tty {
+		cr = "\r"
+	}
 	for i, name := range c.Policies {
 		for j, seed := range c.Seeds {
 			run := i*len(c.Seeds) + j + 1
-			opts := placement.SimOptions{Seed: seed, Inflation: c.Inflation, Coverage: c.Coverage, TieBreak: c.TieBreak, ProgressEvery: 2000,
-				Progress: func(done, n int) {
+			opts := placement.SimOptions{Seed: seed, Inflation: c.Inflation, Coverage: c.Coverage, TieBreak: c.TieBreak, ProgressEvery: 2000}
+			if tty {
+				opts.Progress = func(done, n int) {
 					fmt.Fprintf(stderr, "\r[%d/%d] %s seed %d: %d/%d tasks", run, total, name, seed, done, n)
-				}}
+				}
+			}
 			r, err := placement.Simulate(nodes, tasks, name, reg, opts)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "\r[%d/%d] %s seed %d: %d tasks, %d failed, alloc %.2f%% at %d%% arrived\n",
-				run, total, r.Policy, seed, r.Tasks, r.Failed, r.AllocAt(c.At), c.At)
+			fmt.Fprintf(stderr, "%s[%d/%d] %s seed %d: %d tasks, %d failed, alloc %.2f%% at %d%% arrived\n",
+				cr, run, total, r.Policy, seed, r.Tasks, r.Failed, r.AllocAt(c.At), c.At)
 			results = append(results, r)
 		}
 	}
