@@ -99,7 +99,7 @@ func newStoreBenchCmd() *cobra.Command {
 	f.IntVar(&cfg.Dim, "dim", 0, "embedding width (default: the preset's)")
 	f.Float64Var(&cfg.RowsScale, "rows-scale", 0, "scale the preset's rows")
 	f.Int64Var(&cfg.MaxRows, "max-rows", 0, "cap every table at this many rows (0: the preset's default)")
-	f.Float64SliceVar(&zipfs, "zipf", nil, "Zipf exponents (default 1.05)")
+	f.Float64SliceVar(&zipfs, "zipf", []float64{1.05}, "Zipf exponents, comma-separated or repeated")
 	f.IntVar(&cfg.Batch, "batch", 256, "samples per batch")
 	f.IntVar(&cfg.Batches, "batches", 2000, "measured batches")
 	f.IntVar(&cfg.Warmup, "warmup", 2000, "warm-up batches")
