@@ -5,6 +5,8 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -29,6 +31,7 @@ func newStoreBenchCmd() *cobra.Command {
 		work, hot, cache         string
 		dtype, scenario, cpuprof string
 		zipfs                    []float64
+		zipfList                 string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench --work DIR [--scenario gather|redis|ltm|preload|misses|setup]",
@@ -58,6 +61,13 @@ func newStoreBenchCmd() *cobra.Command {
 			}
 			if cfg.DType, err = store.ParseDType(dtype); err != nil {
 				return err
+			}
+			for _, z := range strings.Split(zipfList, ",") {
+				v, err := strconv.ParseFloat(strings.TrimSpace(z), 64)
+				if err != nil || v <= 0 {
+					return fmt.Errorf("--zipf %q: want positive exponents, comma-separated (e.g. 0.9,1.05)", zipfList)
+				}
+				zipfs = append(zipfs, v)
 			}
 			if err := storebench.CheckScenario(scenario); err != nil {
 				return err // before Setup builds and ingests the tables
@@ -99,7 +109,7 @@ func newStoreBenchCmd() *cobra.Command {
 	f.IntVar(&cfg.Dim, "dim", 0, "embedding width (default: the preset's)")
 	f.Float64Var(&cfg.RowsScale, "rows-scale", 0, "scale the preset's rows")
 	f.Int64Var(&cfg.MaxRows, "max-rows", 0, "cap every table at this many rows (0: the preset's default)")
-	f.Float64SliceVar(&zipfs, "zipf", []float64{1.05}, "Zipf exponents, comma-separated or repeated")
+	f.StringVar(&zipfList, "zipf", "1.05", "Zipf exponents, comma-separated")
 	f.IntVar(&cfg.Batch, "batch", 256, "samples per batch")
 	f.IntVar(&cfg.Batches, "batches", 2000, "measured batches")
 	f.IntVar(&cfg.Warmup, "warmup", 2000, "warm-up batches")
