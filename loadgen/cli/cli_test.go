@@ -148,3 +148,20 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestNoneOKTLSHint: when no request was answered and the first error
+// is gRPC's for a client and server that disagree on TLS (the messages
+// as grpc-go and crypto/tls write them), the error says which flag to
+// change.
+func TestNoneOKTLSHint(t *testing.T) {
+	for _, tc := range []struct{ msg, want string }{
+		{`connection error: desc = "error reading server preface: EOF"`, "give --certs DIR instead"},
+		{`connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`, "give --insecure too"},
+		{`connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused"`, ""},
+	} {
+		err := noneOK(&loadgen.Summary{Sent: 3, FirstErrors: map[string]string{"Unavailable": tc.msg}})
+		if err == nil || !strings.Contains(err.Error(), tc.msg) || tc.want != "" && !strings.Contains(err.Error(), tc.want) || tc.want == "" && strings.Contains(err.Error(), "(a ") {
+			t.Errorf("%q: %v, want a hint %q", tc.msg, err, tc.want)
+		}
+	}
+}
