@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 
@@ -61,6 +63,8 @@ the shard it holds.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()
+			_, statErr := os.Stat(db)
+			made := errors.Is(statErr, fs.ErrNotExist)
 			s, err := store.Open(db, &store.Options{HotBytes: -1})
 			if err != nil {
 				return err
@@ -78,6 +82,12 @@ the shard it holds.`,
 				bar.Done()
 			}
 			if err != nil {
+				if made && errors.Is(err, store.ErrBadRequest) {
+					// Refused before anything was written: leave no empty
+					// store behind in the folder this run made.
+					s.Close()
+					os.RemoveAll(db)
+				}
 				return err
 			}
 			rep.WriteText(cmd.OutOrStdout())

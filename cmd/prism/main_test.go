@@ -189,4 +189,15 @@ func TestBadInputFailsFast(t *testing.T) {
 	if _, err := os.Stat(work); !os.IsNotExist(err) {
 		t.Errorf("store bench with an unknown scenario made its --work folder: %v", err)
 	}
+	// An ingest refused for its input leaves no empty store in the
+	// folder it made.
+	dir := t.TempDir()
+	_, part, _ := partitioned(t, dir, "dlrm-tiny")
+	db := filepath.Join(dir, "new-db")
+	if out, err := run(t, nil, "ingest", part, "--db", db, "--shard", "0"); err == nil || !strings.Contains(out, "no sharding section") {
+		t.Errorf("ingest --shard of an unsharded plan: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(db); !os.IsNotExist(err) {
+		t.Errorf("the refused ingest left its --db folder: %v", err)
+	}
 }
