@@ -100,7 +100,7 @@ the shard it holds.`,
 	f.StringVar(&model, "model", "", "model name (default: the plan's)")
 	f.StringVar(&hotBytes, "hot-bytes", "", "hot tier size to record as the store's default (e.g. 512MiB)")
 	f.StringVar(&sstBytes, "sst-bytes", "", "bytes per ingested SST (default 64MiB)")
-	f.BoolVar(&noActivate, "no-activate", false, "add the version without switching to it")
+	f.BoolVar(&noActivate, "no-activate", false, "add the version without switching to it (a model's first version is always activated)")
 	f.IntVar(&shard, "shard", 0, "ingest only this shard (0 to N-1) of the plan's sharding section (prism shard)")
 	return cmd
 }
