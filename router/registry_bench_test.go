@@ -34,3 +34,35 @@ func BenchmarkPick1000Workers(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickShards is one PickShards (a sharded micro-batch's
+// replicas) and its release: 3 shards of 2 replicas all of one
+// sharding (the path every micro-batch takes), and the same with a
+// second sharding's 3x2 workers live beside them (a reshard rolling
+// out: each sharding is tried, and the complete one at the least load
+// taken).
+func BenchmarkPickShards(b *testing.B) {
+	for _, shardings := range []int{1, 2} {
+		b.Run(fmt.Sprintf("shardings=%d", shardings), func(b *testing.B) {
+			reg := NewRegistry(time.Second, nil)
+			for f := range shardings {
+				for i := range 6 {
+					reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+						Id: fmt.Sprintf("w%d-%d", f, i), Addr: fmt.Sprintf("10.0.%d.%d:1", f, i), Role: prismv1.Role_ROLE_EMBEDDING,
+						Models: []string{"m"}, Healthy: true, Outstanding: int64(i % 3),
+						Shards: map[string]*prismv1.ShardRef{"m": {Shard: int32(i % 3), Shards: 3, Sharding: fmt.Sprintf("%016x", f+1)}},
+					}})
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				_, release, err := reg.PickShards("m", 3, 1, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release()
+			}
+		})
+	}
+}
