@@ -236,6 +236,12 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	parts, err := decodePart(m, req.GetTensors(), n)
 	if err != nil {
 		s.metrics.reject(m.name, "invalid")
+		if fp, own := req.GetSharding(), m.assembly.sharding; fp != "" && own != "" && fp != own {
+			// Most likely why: parts of the sender's sharding that this
+			// plan's does not send (a table row-wise in one, whole in the
+			// other).
+			return nil, status.Errorf(codes.FailedPrecondition, "model %q: fan-out %q: shard %d's embedding worker holds sharding %s, this dense worker's plan sharding %s: %s", m.name, key, shard, fp, own, status.Convert(err).Message())
+		}
 		return nil, err
 	}
 	s.mu.RLock()

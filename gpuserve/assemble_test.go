@@ -291,3 +291,32 @@ func TestAssembleWholeAnySharding(t *testing.T) {
 		}
 	}
 }
+
+// TestAssembleOtherShardingNamed: a part this plan's sharding does not
+// send in parts, from an embedding worker of another sharding, is
+// refused FailedPrecondition naming both shardings (not only the part's
+// InvalidArgument); and the worker announces its plan's sharding
+// (WorkerInfo.sharding), by which the router pairs fan-outs with it.
+func TestAssembleOtherShardingNamed(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	p, _ := plan.Read(tinyPlan(t))
+	x := cutTensors(p, 3, rand.New(rand.NewPCG(7, 9)))
+	x[0].Name = arrowframe.PartialName(x[0].Name)
+	a := ts.dense.models[p.Model.Name].assembly
+	a.sharding = "aaaa"
+	defer func() { a.sharding = "" }()
+	if got := ts.dense.WorkerInfo("id", "addr").GetSharding()[p.Model.Name]; got != "aaaa" {
+		t.Errorf("announces sharding %q for its model, want its plan's", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		fp   string
+		code codes.Code
+	}{{"bbbb", codes.FailedPrecondition}, {"aaaa", codes.InvalidArgument}, {"", codes.InvalidArgument}} {
+		_, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: p.Model.Name, Tensors: encode(t, 3, x[:1]), NumSamples: 3, FanoutKey: "k" + tc.fp, Shard: 0, Shards: 2, Sharding: tc.fp})
+		if status.Code(err) != tc.code || tc.code == codes.FailedPrecondition && !strings.Contains(err.Error(), "sharding bbbb, this dense worker's plan sharding aaaa") {
+			t.Errorf("a stray part from sharding %q: %v, want %v", tc.fp, err, tc.code)
+		}
+	}
+}

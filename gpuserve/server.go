@@ -350,10 +350,21 @@ func (s *Server) Outstanding() int64 {
 // WorkerInfo is what the worker announces to the router's registry: id
 // (unique per process) and addr are the caller's.
 func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
-	return &prismv1.WorkerInfo{
+	info := &prismv1.WorkerInfo{
 		Id: id, Role: prismv1.Role_ROLE_DENSE, Addr: addr, Models: s.Models(),
 		Device: s.Device(), Outstanding: s.Outstanding(), Healthy: s.Healthy(),
 	}
+	for name, m := range s.models {
+		// The sharding its plan combines row-wise parts by: the router
+		// pairs it with embedding workers of that sharding.
+		if fp := m.assembly.sharding; fp != "" {
+			if info.Sharding == nil {
+				info.Sharding = map[string]string{}
+			}
+			info.Sharding[name] = fp
+		}
+	}
+	return info
 }
 
 // Healthy is false once Close has begun.

@@ -183,7 +183,7 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 			return status.Errorf(codes.InvalidArgument, "announce: worker %s of %d bytes, the limit is %d", what, len(v), l.MaxNameBytes)
 		}
 	}
-	if n := max(len(w.GetModels()), len(w.GetUpdateSeq()), len(w.GetShards())); n > l.MaxModels {
+	if n := max(len(w.GetModels()), len(w.GetUpdateSeq()), len(w.GetShards()), len(w.GetSharding())); n > l.MaxModels {
 		return status.Errorf(codes.ResourceExhausted, "announce: worker %.64q names %d models, the limit is %d", w.GetId(), n, l.MaxModels)
 	}
 	for _, m := range w.GetModels() {
@@ -198,6 +198,11 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 	for m := range w.GetUpdateSeq() {
 		if len(m) > l.MaxNameBytes {
 			return status.Errorf(codes.InvalidArgument, "announce: update_seq model name of %d bytes, the limit is %d", len(m), l.MaxNameBytes)
+		}
+	}
+	for m, fp := range w.GetSharding() {
+		if len(m) > l.MaxNameBytes || !prismv1.ValidSharding(fp) {
+			return status.Errorf(codes.InvalidArgument, "announce: sharding of model %.64q: %.40q, want a model name of at most %d bytes and 1 to 32 lower-case hex digits", m, fp, l.MaxNameBytes)
 		}
 	}
 	for m, ref := range w.GetShards() {
@@ -475,15 +480,27 @@ func (r *Registry) Pick(role prismv1.Role, model string, n int64, exclude []stri
 // only ones it sends to), and falls back to the others only when there
 // are none (sender learns of them at its next heartbeat).
 func (r *Registry) PickFor(role prismv1.Role, model string, n int64, exclude []string, sender string) (w *prismv1.WorkerInfo, release func(), err error) {
+	return r.pickFor(role, model, n, exclude, sender, "")
+}
+
+// PickDense is PickFor of a dense worker for a sharded fan-out whose
+// embedding workers hold sharding (its fingerprint; "" any): only dense
+// workers of that sharding, or that name none (WorkerInfo.sharding),
+// are picked. Router.pickDense falls back to the others.
+func (r *Registry) PickDense(model string, n int64, exclude []string, sender, sharding string) (w *prismv1.WorkerInfo, release func(), err error) {
+	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, sharding)
+}
+
+func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender, sharding string) (w *prismv1.WorkerInfo, release func(), err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var told uint64
 	if e := r.workers[sender]; e != nil && role == prismv1.Role_ROLE_DENSE {
 		told = e.told
 	}
-	best, lagging, untold := r.best(role, model, exclude, told)
+	best, lagging, untold := r.best(role, model, exclude, told, sharding)
 	if best == nil && untold > 0 {
-		best, lagging, _ = r.best(role, model, exclude, 0)
+		best, lagging, _ = r.best(role, model, exclude, 0, sharding)
 	}
 	if best == nil {
 		if lagging > 0 {
@@ -503,9 +520,9 @@ func (r *Registry) PickFor(role prismv1.Role, model string, n int64, exclude []s
 }
 
 // best is the least-loaded eligible worker of role serving model, but
-// those in exclude and, when told is set, those that joined after it;
-// r.mu held.
-func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64) (best *worker, lagging, untold int) {
+// those in exclude, when told is set those that joined after it, and
+// when sharding is set those that name another for model; r.mu held.
+func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64, sharding string) (best *worker, lagging, untold int) {
 	var bestLoad int64
 	var set []*worker
 	if s := r.byModel[roleModel{role, model}]; s != nil {
@@ -514,6 +531,11 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 	for _, e := range set {
 		if slices.Contains(exclude, e.info.GetId()) {
 			continue
+		}
+		if sharding != "" {
+			if fp := e.info.GetSharding()[model]; fp != "" && fp != sharding {
+				continue // a dense worker of another sharding (PickDense)
+			}
 		}
 		if told != 0 && e.joined >= told {
 			untold++

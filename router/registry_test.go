@@ -72,6 +72,8 @@ func TestRegistryBounds(t *testing.T) {
 		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "h:2", Models: []string{"m"}, Shards: map[string]*prismv1.ShardRef{"m": {Shard: 0, Shards: 2, RowSplits: []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 2}, Rows: 10}}}}}, codes.InvalidArgument, "row split of table"},
 		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "h:2", Models: []string{"m"}, Shards: map[string]*prismv1.ShardRef{"m": {Shard: 0, Shards: 2, RowSplits: []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 1}}}}}}, codes.InvalidArgument, "row split of table"},
 		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "h:2", Models: []string{"m"}, Shards: map[string]*prismv1.ShardRef{"m": {Shard: 0, Shards: 2, Tables: []string{strings.Repeat("t", 17)}}}}, codes.InvalidArgument, "shard table name of 17 bytes"},
+		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_DENSE, Addr: "h:2", Models: []string{"m"}, Sharding: map[string]string{"m": "NOT-HEX"}}, codes.InvalidArgument, "sharding of model"},
+		{&prismv1.WorkerInfo{Id: "b", Role: prismv1.Role_ROLE_DENSE, Addr: "h:2", Models: []string{"m"}, Sharding: map[string]string{"1": "aa", "2": "aa", "3": "aa", "4": "aa"}}, codes.ResourceExhausted, "names 4 models"},
 		{w("b", "m"), codes.OK, ""},
 		{w("c", "m"), codes.ResourceExhausted, "2 workers registered, the limit is 2"},
 		{w("a", "m2"), codes.OK, ""}, // a known worker still refreshes

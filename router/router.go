@@ -807,6 +807,25 @@ func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string, se
 	return w, release, nil
 }
 
+// pickDense is pick of the dense worker for a sharded fan-out whose
+// embedding workers hold sharding: one of that sharding (or naming
+// none) first, avoided or not, since one of another refuses the
+// fan-out's row-wise parts; then any, whose whole-table parts it still
+// scores (the same in every sharding).
+func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding string) (*prismv1.WorkerInfo, func(), error) {
+	if sharding != "" {
+		for _, ex := range [][]string{avoid, nil} {
+			if w, release, err := r.Reg.PickDense(model, int64(n), ex, sender, sharding); err == nil {
+				return w, release, nil
+			}
+			if len(avoid) == 0 {
+				break
+			}
+		}
+	}
+	return r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, sender)
+}
+
 func firstErr(a, b error) error {
 	if a != nil {
 		return a

@@ -149,9 +149,10 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 	missing, mixed := pick("")
 	if mixed {
 		// Workers of several shardings (rare: a reshard rolling out):
-		// the complete one at the least load, then the least
-		// fingerprint so that picks do not flap; or, for the error, the
-		// one missing the fewest shards.
+		// the complete one with the fewest workers to avoid (a retry's),
+		// then at the least load, then the least fingerprint so that
+		// picks do not flap; or, for the error, the one missing the
+		// fewest shards.
 		var fps []string
 		for _, e := range set {
 			if ref := e.info.GetShards()[model]; int(ref.GetShards()) == shards && ref.GetSharding() != "" && !slices.Contains(fps, ref.GetSharding()) {
@@ -161,17 +162,21 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 		slices.Sort(fps)
 		var chosen string
 		var chosenLoad int64
-		chosenMissing := shards + 1
+		chosenMissing, chosenAvoided := shards+1, 0
 		for _, fp := range fps {
 			miss, _ := pick(fp)
 			var load int64
+			var av int
 			for i, e := range best {
 				if e != nil {
 					load += loads[i]
+					if avoided[i] {
+						av++ // a retry's failed workers: another sharding's first
+					}
 				}
 			}
-			if miss < chosenMissing || miss == chosenMissing && load < chosenLoad {
-				chosen, chosenLoad, chosenMissing = fp, load, miss
+			if miss < chosenMissing || miss == chosenMissing && (av < chosenAvoided || av == chosenAvoided && load < chosenLoad) {
+				chosen, chosenLoad, chosenMissing, chosenAvoided = fp, load, miss, av
 			}
 		}
 		missing, _ = pick(chosen)
@@ -221,7 +226,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
 			return nil, 0, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
 		}
-		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, cns[0].GetId())
+		hn, releaseHN, err := r.pickDense(model, n, avoid, cns[0].GetId(), shardingOf(cns, model))
 		if err != nil {
 			releaseCN()
 			return nil, 0, firstErr(last, err)
@@ -248,6 +253,17 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
 	}
 	return nil, 0, last
+}
+
+// shardingOf is the sharding the fan-out's workers hold ("": none of
+// them names one; PickShards takes them of one sharding).
+func shardingOf(cns []*prismv1.WorkerInfo, model string) string {
+	for _, cn := range cns {
+		if fp := cn.GetShards()[model].GetSharding(); fp != "" {
+			return fp
+		}
+	}
+	return ""
 }
 
 // fanOut sends one Lookup to each shard's worker at once. The first

@@ -154,6 +154,7 @@ func TestPickShardsOneSharding(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		workers []w
+		avoid   []string
 		want    []string // the ids picked, by shard; nil: ShardMissingError
 		missing []int
 	}{
@@ -164,6 +165,9 @@ func TestPickShardsOneSharding(t *testing.T) {
 		{name: "no sharding complete", workers: []w{{"a0", 0, "aa", 0}, {"b1", 1, "bb", 0}}, missing: []int{1}},
 		{name: "an earlier release's worker joins", workers: []w{{"old0", 0, "", 0}, {"a1", 1, "aa", 0}}, want: []string{"old0", "a1"}},
 		{name: "an earlier release's worker joins either", workers: []w{{"old0", 0, "", 0}, {"a1", 1, "aa", 4}, {"b1", 1, "bb", 2}}, want: []string{"old0", "b1"}},
+		// A retry avoids the worker that failed: the other sharding, not
+		// the lighter one that has only it for shard 0.
+		{name: "a retry goes to the sharding without the failed worker", workers: []w{{"a0", 0, "aa", 0}, {"a1", 1, "aa", 0}, {"b0", 0, "bb", 5}, {"b1", 1, "bb", 5}}, avoid: []string{"a0"}, want: []string{"b0", "b1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := testRouter(Options{MicroBatch: 10})
@@ -175,7 +179,7 @@ func TestPickShardsOneSharding(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			ws, release, err := r.Reg.PickShards("m", 2, 1, nil)
+			ws, release, err := r.Reg.PickShards("m", 2, 1, tc.avoid)
 			if tc.want == nil {
 				var miss *ShardMissingError
 				if !errors.As(err, &miss) || !slices.Equal(miss.Missing, tc.missing) {
@@ -211,6 +215,70 @@ func TestFanoutKeyBytes(t *testing.T) {
 		kept, _, _ := strings.Cut(k, "/")
 		if !strings.HasPrefix(id, kept) || len(kept) > 64 || len(id) > 64 && len(kept) < 61 {
 			t.Errorf("id %q kept as %q", id, kept)
+		}
+	}
+}
+
+// shardingCN is an embedding worker double of one sharding whose dense
+// workers (by address) hold shardings as in dense: it refuses a
+// fan-out paired with a dense worker of another, as a dense worker
+// refuses its row-wise parts (gpuserve scorePart).
+type shardingCN struct {
+	shardCN
+	fp    string
+	dense map[string]string
+}
+
+func (f *shardingCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	if d := f.dense[req.GetDenseAddr()]; d != "" && d != f.fp {
+		return nil, status.Errorf(codes.FailedPrecondition, "shard %d's embedding worker holds sharding %s, this dense worker's plan sharding %s", req.GetShard(), f.fp, d)
+	}
+	return f.shardCN.Lookup(ctx, req)
+}
+
+// TestShardedDenseOfItsSharding: while a reshard rolls out, a fan-out
+// goes to a dense worker of its embedding workers' sharding
+// (WorkerInfo.sharding), not the least loaded one of another, which
+// would refuse its row-wise parts; and a retry after a failed worker
+// goes to the other sharding when the failed one's has no other
+// replica. Found by review: both failed the request.
+func TestShardedDenseOfItsSharding(t *testing.T) {
+	for _, failA0 := range []bool{false, true} {
+		r := testRouter(Options{MicroBatch: 10})
+		dense := map[string]string{"dense:old": "aa", "dense:new": "bb"}
+		for _, d := range []struct {
+			id, addr string
+			load     int64
+		}{{"gpu-old", "dense:old", 50}, {"gpu-new", "dense:new", 0}} {
+			if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: d.id, Role: prismv1.Role_ROLE_DENSE, Addr: d.addr, Models: []string{"m"}, Healthy: true,
+				Outstanding: d.load, Sharding: map[string]string{"m": dense[d.addr]}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		workers := map[string]*shardingCN{}
+		ann := func(id string, k int, fp string, load int64) {
+			f := &shardingCN{fp: fp, dense: dense}
+			f.fail = failA0 && id == "a0"
+			workers[id] = f
+			addr := startCN(t, f)
+			if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true, Outstanding: load,
+				Shards: map[string]*prismv1.ShardRef{"m": {Shard: int32(k), Shards: 2, Sharding: fp}}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ann("a0", 0, "aa", 0)
+		ann("a1", 1, "aa", 0)
+		ann("b0", 0, "bb", 5)
+		ann("b1", 1, "bb", 5)
+		// aa's workers are the lighter; bb's dense worker too. With aa's
+		// shard 0 failing, the retry goes to bb's workers.
+		for range 4 {
+			if _, err := r.Recommend(context.Background(), request(4)); err != nil {
+				t.Fatalf("a0 failing %v: %v", failA0, err)
+			}
+		}
+		if got := len(workers["b0"].got()); failA0 && got == 0 {
+			t.Fatal("with a0 failing, no retry reached the other sharding")
 		}
 	}
 }

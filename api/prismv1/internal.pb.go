@@ -667,7 +667,14 @@ type WorkerInfo struct {
 	// partitioner could not rewrite (plan.json fixed_batch), that batch:
 	// the router sends such a model's micro-batches of exactly that many
 	// candidates, the last padded (router/fixedbatch.go).
-	FixedBatch    map[string]int64 `protobuf:"bytes,11,rep,name=fixed_batch,json=fixedBatch,proto3" json:"fixed_batch,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	FixedBatch map[string]int64 `protobuf:"bytes,11,rep,name=fixed_batch,json=fixedBatch,proto3" json:"fixed_batch,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// sharding is, per sharded model a dense worker serves, the
+	// fingerprint of its plan's sharding (plan.Sharding.Fingerprint): it
+	// combines row-wise tables' partial pools by that plan and refuses
+	// parts of another sharding (ScoreRequest.sharding). The router pairs
+	// a fan-out's embedding workers with a dense worker of their sharding
+	// when one is live (a reshard rolling out has both).
+	Sharding      map[string]string `protobuf:"bytes,12,rep,name=sharding,proto3" json:"sharding,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -775,6 +782,13 @@ func (x *WorkerInfo) GetJagged() map[string]*JaggedInputs {
 func (x *WorkerInfo) GetFixedBatch() map[string]int64 {
 	if x != nil {
 		return x.FixedBatch
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetSharding() map[string]string {
+	if x != nil {
+		return x.Sharding
 	}
 	return nil
 }
@@ -1680,7 +1694,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\bsharding\x18\b \x01(\tR\bsharding\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xde\x05\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xdb\x06\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
@@ -1696,7 +1710,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06jagged\x18\n" +
 	" \x03(\v2 .prism.v1.WorkerInfo.JaggedEntryR\x06jagged\x12E\n" +
 	"\vfixed_batch\x18\v \x03(\v2$.prism.v1.WorkerInfo.FixedBatchEntryR\n" +
-	"fixedBatch\x1a<\n" +
+	"fixedBatch\x12>\n" +
+	"\bsharding\x18\f \x03(\v2\".prism.v1.WorkerInfo.ShardingEntryR\bsharding\x1a<\n" +
 	"\x0eUpdateSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +
@@ -1708,7 +1723,10 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.JaggedInputsR\x05value:\x028\x01\x1a=\n" +
 	"\x0fFixedBatchEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a;\n" +
+	"\rShardingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
 	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\x8c\x02\n" +
@@ -1799,7 +1817,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1826,53 +1844,55 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	nil,                        // 22: prism.v1.WorkerInfo.ShardsEntry
 	nil,                        // 23: prism.v1.WorkerInfo.JaggedEntry
 	nil,                        // 24: prism.v1.WorkerInfo.FixedBatchEntry
-	nil,                        // 25: prism.v1.ListResponse.UpdatesEntry
-	nil,                        // 26: prism.v1.UpdateLogRequest.AfterEntry
-	nil,                        // 27: prism.v1.UpdateLogResponse.ModelsEntry
-	(*UpdateRequest)(nil),      // 28: prism.v1.UpdateRequest
-	(*Features)(nil),           // 29: prism.v1.Features
-	(*UpdateResponse)(nil),     // 30: prism.v1.UpdateResponse
+	nil,                        // 25: prism.v1.WorkerInfo.ShardingEntry
+	nil,                        // 26: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 27: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 28: prism.v1.UpdateLogResponse.ModelsEntry
+	(*UpdateRequest)(nil),      // 29: prism.v1.UpdateRequest
+	(*Features)(nil),           // 30: prism.v1.Features
+	(*UpdateResponse)(nil),     // 31: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	28, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	29, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	29, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	29, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	30, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	30, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
 	21, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
 	22, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
 	23, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
 	24, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
-	10, // 9: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
-	7,  // 10: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	7,  // 11: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	25, // 12: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	26, // 13: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	27, // 14: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
-	1,  // 15: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	9,  // 16: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 17: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	17, // 18: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	20, // 19: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 20: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 21: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 22: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	11, // 23: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	13, // 24: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	15, // 25: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	18, // 26: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 27: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	30, // 28: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 29: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	12, // 30: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	14, // 31: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	16, // 32: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	19, // 33: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	27, // [27:34] is the sub-list for method output_type
-	20, // [20:27] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	25, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
+	10, // 10: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
+	7,  // 11: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	7,  // 12: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	26, // 13: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	27, // 14: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	28, // 15: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	1,  // 16: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	9,  // 17: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 18: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	17, // 19: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	20, // 20: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 21: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 22: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 23: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	11, // 24: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	13, // 25: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	15, // 26: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	18, // 27: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 28: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	31, // 29: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 30: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	12, // 31: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	14, // 32: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	16, // 33: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	19, // 34: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	28, // [28:35] is the sub-list for method output_type
+	21, // [21:28] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1887,7 +1907,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -377,7 +377,7 @@ type TableInfo struct {
 	DType      DType
 	UnknownIDs plan.UnknownIDs
 	// Phys is the physical table id; tables of two models with equal
-	// share one copy.
+	// Phys share one copy.
 	Phys uint32
 	// Part is the rows held of a row-wise sharded table (nil: all).
 	Part *RowPart
