@@ -480,27 +480,40 @@ func (r *Registry) Pick(role prismv1.Role, model string, n int64, exclude []stri
 // only ones it sends to), and falls back to the others only when there
 // are none (sender learns of them at its next heartbeat).
 func (r *Registry) PickFor(role prismv1.Role, model string, n int64, exclude []string, sender string) (w *prismv1.WorkerInfo, release func(), err error) {
-	return r.pickFor(role, model, n, exclude, sender, "")
+	return r.pickFor(role, model, n, exclude, sender, "", false)
 }
 
 // PickDense is PickFor of a dense worker for a sharded fan-out whose
-// embedding workers hold sharding (its fingerprint; "" any): only dense
-// workers of that sharding, or that name none (WorkerInfo.sharding),
-// are picked. Router.pickDense falls back to the others.
-func (r *Registry) PickDense(model string, n int64, exclude []string, sender, sharding string) (w *prismv1.WorkerInfo, release func(), err error) {
-	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, sharding)
+// embedding workers hold sharding (its fingerprint): only dense workers
+// that name it for model (WorkerInfo.sharding), or, unless exact, that
+// name none (of earlier releases). Router.pickDense orders the tries.
+func (r *Registry) PickDense(model string, n int64, exclude []string, sender, sharding string, exact bool) (w *prismv1.WorkerInfo, release func(), err error) {
+	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, sharding, exact)
 }
 
-func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender, sharding string) (w *prismv1.WorkerInfo, release func(), err error) {
+// hasDense says whether a healthy dense worker serving model names
+// sharding for it, or none (an earlier release's); r.mu held.
+func (r *Registry) hasDense(model, sharding string) bool {
+	if s := r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}]; s != nil {
+		for _, e := range s.ws {
+			if fp := e.info.GetSharding()[model]; e.info.GetHealthy() && (fp == "" || fp == sharding) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender, sharding string, exact bool) (w *prismv1.WorkerInfo, release func(), err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var told uint64
 	if e := r.workers[sender]; e != nil && role == prismv1.Role_ROLE_DENSE {
 		told = e.told
 	}
-	best, lagging, untold := r.best(role, model, exclude, told, sharding)
+	best, lagging, untold := r.best(role, model, exclude, told, sharding, exact)
 	if best == nil && untold > 0 {
-		best, lagging, _ = r.best(role, model, exclude, 0, sharding)
+		best, lagging, _ = r.best(role, model, exclude, 0, sharding, exact)
 	}
 	if best == nil {
 		if lagging > 0 {
@@ -521,8 +534,9 @@ func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []s
 
 // best is the least-loaded eligible worker of role serving model, but
 // those in exclude, when told is set those that joined after it, and
-// when sharding is set those that name another for model; r.mu held.
-func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64, sharding string) (best *worker, lagging, untold int) {
+// when sharding is set those that name another for model (or, exact,
+// that do not name it); r.mu held.
+func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64, sharding string, exact bool) (best *worker, lagging, untold int) {
 	var bestLoad int64
 	var set []*worker
 	if s := r.byModel[roleModel{role, model}]; s != nil {
@@ -533,8 +547,10 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 			continue
 		}
 		if sharding != "" {
-			if fp := e.info.GetSharding()[model]; fp != "" && fp != sharding {
-				continue // a dense worker of another sharding (PickDense)
+			// PickDense: a dense worker of another sharding, or (exact)
+			// one that names none.
+			if fp := e.info.GetSharding()[model]; fp != sharding && (exact || fp != "") {
+				continue
 			}
 		}
 		if told != 0 && e.joined >= told {

@@ -808,18 +808,24 @@ func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string, se
 }
 
 // pickDense is pick of the dense worker for a sharded fan-out whose
-// embedding workers hold sharding: one of that sharding (or naming
-// none) first, avoided or not, since one of another refuses the
-// fan-out's row-wise parts; then any, whose whole-table parts it still
-// scores (the same in every sharding).
-func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding string) (*prismv1.WorkerInfo, func(), error) {
-	if sharding != "" {
-		for _, ex := range [][]string{avoid, nil} {
-			if w, release, err := r.Reg.PickDense(model, int64(n), ex, sender, sharding); err == nil {
+// embedding workers hold sharding: one that names it, then one that
+// names none (an earlier release's), then any other. A dense worker of
+// another sharding refuses a fan-out's row-wise parts (rowWise), so for
+// those a worker of the sharding comes first even if a retry avoids it;
+// whole tables are the same in every sharding, so for a fan-out of
+// those alone avoiding a failed worker comes first.
+func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding string, rowWise bool) (*prismv1.WorkerInfo, func(), error) {
+	if sharding == "" {
+		return r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, sender)
+	}
+	tries := [][]string{avoid}
+	if rowWise && len(avoid) > 0 {
+		tries = append(tries, nil)
+	}
+	for _, ex := range tries {
+		for _, exact := range []bool{true, false} {
+			if w, release, err := r.Reg.PickDense(model, int64(n), ex, sender, sharding, exact); err == nil {
 				return w, release, nil
-			}
-			if len(avoid) == 0 {
-				break
 			}
 		}
 	}

@@ -149,10 +149,11 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 	missing, mixed := pick("")
 	if mixed {
 		// Workers of several shardings (rare: a reshard rolling out):
-		// the complete one with the fewest workers to avoid (a retry's),
-		// then at the least load, then the least fingerprint so that
-		// picks do not flap; or, for the error, the one missing the
-		// fewest shards.
+		// the complete one, then one with a live dense worker of its own
+		// (a dense worker of another refuses its row-wise parts), then
+		// the one with the fewest workers to avoid (a retry's), then at
+		// the least load, then the least fingerprint so that picks do not
+		// flap; or, for the error, the one missing the fewest shards.
 		var fps []string
 		for _, e := range set {
 			if ref := e.info.GetShards()[model]; int(ref.GetShards()) == shards && ref.GetSharding() != "" && !slices.Contains(fps, ref.GetSharding()) {
@@ -160,23 +161,38 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 			}
 		}
 		slices.Sort(fps)
+		type rank struct {
+			missing int
+			noDense bool // no live dense worker of the sharding (or naming none)
+			avoided int  // a retry's failed workers
+			load    int64
+		}
+		less := func(a, b rank) bool {
+			switch {
+			case a.missing != b.missing:
+				return a.missing < b.missing
+			case a.noDense != b.noDense:
+				return !a.noDense
+			case a.avoided != b.avoided:
+				return a.avoided < b.avoided
+			}
+			return a.load < b.load
+		}
 		var chosen string
-		var chosenLoad int64
-		chosenMissing, chosenAvoided := shards+1, 0
-		for _, fp := range fps {
+		var chosenRank rank
+		for k, fp := range fps {
 			miss, _ := pick(fp)
-			var load int64
-			var av int
+			rk := rank{missing: miss, noDense: !r.hasDense(model, fp)}
 			for i, e := range best {
 				if e != nil {
-					load += loads[i]
+					rk.load += loads[i]
 					if avoided[i] {
-						av++ // a retry's failed workers: another sharding's first
+						rk.avoided++
 					}
 				}
 			}
-			if miss < chosenMissing || miss == chosenMissing && (av < chosenAvoided || av == chosenAvoided && load < chosenLoad) {
-				chosen, chosenLoad, chosenMissing, chosenAvoided = fp, load, miss, av
+			if k == 0 || less(rk, chosenRank) {
+				chosen, chosenRank = fp, rk
 			}
 		}
 		missing, _ = pick(chosen)
@@ -226,7 +242,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
 			return nil, 0, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
 		}
-		hn, releaseHN, err := r.pickDense(model, n, avoid, cns[0].GetId(), shardingOf(cns, model))
+		hn, releaseHN, err := r.pickDense(model, n, avoid, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model))
 		if err != nil {
 			releaseCN()
 			return nil, 0, firstErr(last, err)
@@ -264,6 +280,18 @@ func shardingOf(cns []*prismv1.WorkerInfo, model string) string {
 		}
 	}
 	return ""
+}
+
+// rowWise says whether a fan-out's parts may hold row-wise tables'
+// partial pools: a worker announces their row splits, or (of an earlier
+// release) may not announce them.
+func rowWise(cns []*prismv1.WorkerInfo, model string) bool {
+	for _, cn := range cns {
+		if ref := cn.GetShards()[model]; len(ref.GetRowSplits()) > 0 || !ref.GetRowSplitsComplete() {
+			return true
+		}
+	}
+	return false
 }
 
 // fanOut sends one Lookup to each shard's worker at once. The first

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"unicode/utf8"
 
@@ -280,5 +281,115 @@ func TestShardedDenseOfItsSharding(t *testing.T) {
 		if got := len(workers["b0"].got()); failA0 && got == 0 {
 			t.Fatal("with a0 failing, no retry reached the other sharding")
 		}
+	}
+}
+
+// reshardCN is an embedding worker double of sharding fp for a
+// reshard's tests: it refuses a dense worker of another sharding (as
+// gpuserve refuses row-wise parts) when rowWise, fails the first
+// failFirst Lookups with Unavailable, and fails any Lookup sent to a
+// dense worker in dead (down, not yet expired).
+type reshardCN struct {
+	shardCN
+	fp        string
+	dense     map[string]string // dense address -> its sharding
+	rowWise   bool
+	failFirst int64
+	n         atomic.Int64
+	dead      map[string]bool
+}
+
+func (f *reshardCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	switch {
+	case f.n.Add(1) <= f.failFirst:
+		return nil, status.Error(codes.Unavailable, "blip")
+	case f.dead[req.GetDenseAddr()]:
+		return nil, status.Errorf(codes.Unavailable, "dense worker %s down", req.GetDenseAddr())
+	case f.rowWise && f.dense[req.GetDenseAddr()] != "" && f.dense[req.GetDenseAddr()] != f.fp:
+		return nil, status.Errorf(codes.FailedPrecondition, "sharding %s, dense worker's %s", f.fp, f.dense[req.GetDenseAddr()])
+	}
+	return f.shardCN.Lookup(ctx, req)
+}
+
+// TestReshardPairing: while a reshard rolls out, a request is served by
+// a sharding that has a dense worker of its own, and its retries find
+// one (each case failed before, found by review).
+func TestReshardPairing(t *testing.T) {
+	type dense struct {
+		addr, fp string
+		load     int64
+	}
+	type emb struct {
+		id        string
+		shard     int
+		fp        string
+		load      int64
+		failFirst int64
+	}
+	for _, tc := range []struct {
+		name    string
+		dense   []dense
+		emb     []emb
+		rowWise bool
+		dead    map[string]bool
+	}{
+		{name: "the lighter sharding has no dense worker of its own", rowWise: true,
+			dense: []dense{{"dense:old", "aa", 0}},
+			emb:   []emb{{"a0", 0, "aa", 5, 0}, {"a1", 1, "aa", 5, 0}, {"b0", 0, "bb", 0, 0}, {"b1", 1, "bb", 0, 0}}},
+		{name: "a retry stays with the sharding of the only dense worker", rowWise: true,
+			dense: []dense{{"dense:old", "aa", 0}},
+			emb:   []emb{{"a0", 0, "aa", 0, 1}, {"a1", 1, "aa", 0, 0}, {"b0", 0, "bb", 5, 0}, {"b1", 1, "bb", 5, 0}}},
+		{name: "table-wise: a retry leaves a dead dense worker of the sharding for another", rowWise: false,
+			dense: []dense{{"dense:a", "aa", 0}, {"dense:dead", "bb", 0}}, dead: map[string]bool{"dense:dead": true},
+			emb: []emb{{"a0", 0, "aa", 5, 0}, {"a1", 1, "aa", 5, 0}, {"b0", 0, "bb", 0, 0}, {"b1", 1, "bb", 0, 0}, {"b0x", 0, "bb", 0, 0}, {"b1x", 1, "bb", 0, 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testRouter(Options{MicroBatch: 10})
+			fps := map[string]string{}
+			for _, d := range tc.dense {
+				fps[d.addr] = d.fp
+				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu-" + d.addr, Role: prismv1.Role_ROLE_DENSE, Addr: d.addr, Models: []string{"m"}, Healthy: true,
+					Outstanding: d.load, Sharding: map[string]string{"m": d.fp}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, e := range tc.emb {
+				f := &reshardCN{fp: e.fp, dense: fps, rowWise: tc.rowWise, failFirst: e.failFirst, dead: tc.dead}
+				ref := &prismv1.ShardRef{Shard: int32(e.shard), Shards: 2, Sharding: e.fp, RowSplitsComplete: true}
+				if tc.rowWise {
+					ref.RowSplits = []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 1}, Rows: 10}}
+				}
+				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: e.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: startCN(t, f), Models: []string{"m"}, Healthy: true,
+					Outstanding: e.load, Shards: map[string]*prismv1.ShardRef{"m": ref}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := r.Recommend(context.Background(), request(4)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	// A dense worker naming the fan-out's sharding before a lighter one
+	// naming none (an earlier release's, whose plan may be another's).
+	r := testRouter(Options{MicroBatch: 10})
+	for _, d := range []struct {
+		addr, fp string
+		load     int64
+	}{{"dense:new", "aa", 10}, {"dense:old", "", 0}} {
+		info := &prismv1.WorkerInfo{Id: "gpu-" + d.addr, Role: prismv1.Role_ROLE_DENSE, Addr: d.addr, Models: []string{"m"}, Healthy: true, Outstanding: d.load}
+		if d.fp != "" {
+			info.Sharding = map[string]string{"m": d.fp}
+		}
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: info}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hn, release, err := r.pickDense("m", 1, nil, "", "aa", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if hn.GetAddr() != "dense:new" {
+		t.Fatalf("a fan-out of sharding aa paired with %s, not dense:new of its sharding", hn.GetAddr())
 	}
 }
