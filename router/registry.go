@@ -492,16 +492,20 @@ func (r *Registry) PickDense(model string, n int64, exclude []string, sender, sh
 }
 
 // hasDense says whether a healthy dense worker serving model names
-// sharding for it, or none (an earlier release's); r.mu held.
-func (r *Registry) hasDense(model, sharding string) bool {
+// sharding for it, or none (an earlier release's): any such, and one
+// not in avoid; r.mu held.
+func (r *Registry) hasDense(model, sharding string, avoid []string) (has, unavoided bool) {
 	if s := r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}]; s != nil {
 		for _, e := range s.ws {
 			if fp := e.info.GetSharding()[model]; e.info.GetHealthy() && (fp == "" || fp == sharding) {
-				return true
+				has = true
+				if !slices.Contains(avoid, e.info.GetId()) {
+					return true, true
+				}
 			}
 		}
 	}
-	return false
+	return has, false
 }
 
 func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender, sharding string, exact bool) (w *prismv1.WorkerInfo, release func(), err error) {

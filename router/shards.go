@@ -149,11 +149,12 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 	missing, mixed := pick("")
 	if mixed {
 		// Workers of several shardings (rare: a reshard rolling out):
-		// the complete one, then one with a live dense worker of its own
-		// (a dense worker of another refuses its row-wise parts), then
-		// the one with the fewest workers to avoid (a retry's), then at
-		// the least load, then the least fingerprint so that picks do not
-		// flap; or, for the error, the one missing the fewest shards.
+		// the complete one; then, if its parts are row-wise, one with a
+		// live dense worker of its own (a dense worker of another
+		// refuses them), not avoided by a retry; then the one with the
+		// fewest workers to avoid, then at the least load, then the least
+		// fingerprint so that picks do not flap; or, for the error, the
+		// one missing the fewest shards.
 		var fps []string
 		for _, e := range set {
 			if ref := e.info.GetShards()[model]; int(ref.GetShards()) == shards && ref.GetSharding() != "" && !slices.Contains(fps, ref.GetSharding()) {
@@ -163,9 +164,12 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 		slices.Sort(fps)
 		type rank struct {
 			missing int
-			noDense bool // no live dense worker of the sharding (or naming none)
-			avoided int  // a retry's failed workers
-			load    int64
+			// For row-wise parts, which only a dense worker of the
+			// sharding (or naming none) takes: none is live, or each is
+			// a retry's avoided one.
+			noDense, denseAvoided bool
+			avoided               int // a retry's failed workers
+			load                  int64
 		}
 		less := func(a, b rank) bool {
 			switch {
@@ -173,6 +177,8 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 				return a.missing < b.missing
 			case a.noDense != b.noDense:
 				return !a.noDense
+			case a.denseAvoided != b.denseAvoided:
+				return !a.denseAvoided
 			case a.avoided != b.avoided:
 				return a.avoided < b.avoided
 			}
@@ -182,14 +188,20 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 		var chosenRank rank
 		for k, fp := range fps {
 			miss, _ := pick(fp)
-			rk := rank{missing: miss, noDense: !r.hasDense(model, fp)}
+			rk := rank{missing: miss}
+			rows := false
 			for i, e := range best {
 				if e != nil {
 					rk.load += loads[i]
 					if avoided[i] {
 						rk.avoided++
 					}
+					rows = rows || rowWiseRef(e.info.GetShards()[model])
 				}
+			}
+			if rows {
+				has, unavoided := r.hasDense(model, fp, avoid)
+				rk.noDense, rk.denseAvoided = !has, has && !unavoided
 			}
 			if k == 0 || less(rk, chosenRank) {
 				chosen, chosenRank = fp, rk
@@ -287,11 +299,16 @@ func shardingOf(cns []*prismv1.WorkerInfo, model string) string {
 // release) may not announce them.
 func rowWise(cns []*prismv1.WorkerInfo, model string) bool {
 	for _, cn := range cns {
-		if ref := cn.GetShards()[model]; len(ref.GetRowSplits()) > 0 || !ref.GetRowSplitsComplete() {
+		if rowWiseRef(cn.GetShards()[model]) {
 			return true
 		}
 	}
 	return false
+}
+
+// rowWiseRef is rowWise of one worker's shard.
+func rowWiseRef(ref *prismv1.ShardRef) bool {
+	return len(ref.GetRowSplits()) > 0 || !ref.GetRowSplitsComplete()
 }
 
 // fanOut sends one Lookup to each shard's worker at once. The first

@@ -342,6 +342,12 @@ func TestReshardPairing(t *testing.T) {
 		{name: "table-wise: a retry leaves a dead dense worker of the sharding for another", rowWise: false,
 			dense: []dense{{"dense:a", "aa", 0}, {"dense:dead", "bb", 0}}, dead: map[string]bool{"dense:dead": true},
 			emb: []emb{{"a0", 0, "aa", 5, 0}, {"a1", 1, "aa", 5, 0}, {"b0", 0, "bb", 0, 0}, {"b1", 1, "bb", 0, 0}, {"b0x", 0, "bb", 0, 0}, {"b1x", 1, "bb", 0, 0}}},
+		{name: "row-wise: a retry leaves a sharding whose own dense worker failed", rowWise: true,
+			dense: []dense{{"dense:a", "aa", 0}, {"dense:b", "bb", 0}}, dead: map[string]bool{"dense:a": true},
+			emb: []emb{{"a0", 0, "aa", 0, 0}, {"a0x", 0, "aa", 0, 0}, {"a1", 1, "aa", 0, 0}, {"a1x", 1, "aa", 0, 0}, {"b0", 0, "bb", 5, 0}, {"b1", 1, "bb", 5, 0}}},
+		{name: "table-wise: a sharding without a dense worker of its own serves while the other's shard is down", rowWise: false,
+			dense: []dense{{"dense:a", "aa", 0}},
+			emb:   []emb{{"a0", 0, "aa", 0, 100}, {"a1", 1, "aa", 0, 0}, {"b0", 0, "bb", 0, 0}, {"b1", 1, "bb", 0, 0}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := testRouter(Options{MicroBatch: 10})
