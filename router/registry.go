@@ -480,15 +480,22 @@ func (r *Registry) Pick(role prismv1.Role, model string, n int64, exclude []stri
 // only ones it sends to), and falls back to the others only when there
 // are none (sender learns of them at its next heartbeat).
 func (r *Registry) PickFor(role prismv1.Role, model string, n int64, exclude []string, sender string) (w *prismv1.WorkerInfo, release func(), err error) {
-	return r.pickFor(role, model, n, exclude, sender, "", false)
+	return r.pickFor(role, model, n, exclude, sender, DenseWant{})
 }
 
-// PickDense is PickFor of a dense worker for a sharded fan-out whose
-// embedding workers hold sharding (its fingerprint): only dense workers
-// that name it for model (WorkerInfo.sharding), or, unless exact, that
-// name none (of earlier releases). Router.pickDense orders the tries.
-func (r *Registry) PickDense(model string, n int64, exclude []string, sender, sharding string, exact bool) (w *prismv1.WorkerInfo, release func(), err error) {
-	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, sharding, exact)
+// DenseWant narrows PickDense: Sharding (a fingerprint; "" any) keeps
+// the dense workers that name it for the model, or, unless Exact, that
+// name none (of earlier releases); ToldOnly keeps those the sender has
+// been told of (PickFor falls back to the others when none is).
+type DenseWant struct {
+	Sharding        string
+	Exact, ToldOnly bool
+}
+
+// PickDense is PickFor of a dense worker for a sharded fan-out, narrowed
+// by want. Router.pickDense orders the tries.
+func (r *Registry) PickDense(model string, n int64, exclude []string, sender string, want DenseWant) (w *prismv1.WorkerInfo, release func(), err error) {
+	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, want)
 }
 
 // hasDense says whether a healthy dense worker serving model names
@@ -508,16 +515,16 @@ func (r *Registry) hasDense(model, sharding string, avoid []string) (has, unavoi
 	return has, false
 }
 
-func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender, sharding string, exact bool) (w *prismv1.WorkerInfo, release func(), err error) {
+func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender string, want DenseWant) (w *prismv1.WorkerInfo, release func(), err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var told uint64
 	if e := r.workers[sender]; e != nil && role == prismv1.Role_ROLE_DENSE {
 		told = e.told
 	}
-	best, lagging, untold := r.best(role, model, exclude, told, sharding, exact)
-	if best == nil && untold > 0 {
-		best, lagging, _ = r.best(role, model, exclude, 0, sharding, exact)
+	best, lagging, untold := r.best(role, model, exclude, told, want.Sharding, want.Exact)
+	if best == nil && untold > 0 && !want.ToldOnly {
+		best, lagging, _ = r.best(role, model, exclude, 0, want.Sharding, want.Exact)
 	}
 	if best == nil {
 		if lagging > 0 {

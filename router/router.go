@@ -809,11 +809,14 @@ func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string, se
 
 // pickDense is pick of the dense worker for a sharded fan-out whose
 // embedding workers hold sharding: one that names it, then one that
-// names none (an earlier release's), then any other. A dense worker of
-// another sharding refuses a fan-out's row-wise parts (rowWise), so for
-// those a worker of the sharding comes first even if a retry avoids it;
-// whole tables are the same in every sharding, so for a fan-out of
-// those alone avoiding a failed worker comes first.
+// names none (an earlier release's), then (whole tables only) any
+// other; each first among those the sender has been told of (it
+// refuses the others until its next heartbeat), then among all. A
+// dense worker of another sharding refuses a fan-out's row-wise parts
+// (rowWise), so for those a worker of the sharding comes first even if
+// a retry avoids it, and any other only last; whole tables are the same
+// in every sharding, so for a fan-out of those alone avoiding a failed
+// worker comes first.
 func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding string, rowWise bool) (*prismv1.WorkerInfo, func(), error) {
 	if sharding == "" {
 		return r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, sender)
@@ -822,10 +825,16 @@ func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding
 	if rowWise && len(avoid) > 0 {
 		tries = append(tries, nil)
 	}
-	for _, ex := range tries {
-		for _, exact := range []bool{true, false} {
-			if w, release, err := r.Reg.PickDense(model, int64(n), ex, sender, sharding, exact); err == nil {
-				return w, release, nil
+	for _, toldOnly := range []bool{true, false} {
+		for _, ex := range tries {
+			wants := []DenseWant{{Sharding: sharding, Exact: true, ToldOnly: toldOnly}, {Sharding: sharding, ToldOnly: toldOnly}}
+			if !rowWise {
+				wants = append(wants, DenseWant{ToldOnly: toldOnly})
+			}
+			for _, want := range wants {
+				if w, release, err := r.Reg.PickDense(model, int64(n), ex, sender, want); err == nil {
+					return w, release, nil
+				}
 			}
 		}
 	}

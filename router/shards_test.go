@@ -297,10 +297,16 @@ type reshardCN struct {
 	failFirst int64
 	n         atomic.Int64
 	dead      map[string]bool
+	// known, when set, are the dense workers it has been told of: it
+	// refuses the others (PermissionDenied), as a worker does until its
+	// next heartbeat.
+	known map[string]bool
 }
 
 func (f *reshardCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
 	switch {
+	case f.known != nil && !f.known[req.GetDenseAddr()]:
+		return nil, status.Errorf(codes.PermissionDenied, "dense worker %s not told", req.GetDenseAddr())
 	case f.n.Add(1) <= f.failFirst:
 		return nil, status.Error(codes.Unavailable, "blip")
 	case f.dead[req.GetDenseAddr()]:
@@ -318,6 +324,7 @@ func TestReshardPairing(t *testing.T) {
 	type dense struct {
 		addr, fp string
 		load     int64
+		late     bool // announced after the embedding workers: not told of yet
 	}
 	type emb struct {
 		id        string
@@ -334,33 +341,58 @@ func TestReshardPairing(t *testing.T) {
 		dead    map[string]bool
 	}{
 		{name: "the lighter sharding has no dense worker of its own", rowWise: true,
-			dense: []dense{{"dense:old", "aa", 0}},
+			dense: []dense{{"dense:old", "aa", 0, false}},
 			emb:   []emb{{"a0", 0, "aa", 5, 0}, {"a1", 1, "aa", 5, 0}, {"b0", 0, "bb", 0, 0}, {"b1", 1, "bb", 0, 0}}},
 		{name: "a retry stays with the sharding of the only dense worker", rowWise: true,
-			dense: []dense{{"dense:old", "aa", 0}},
+			dense: []dense{{"dense:old", "aa", 0, false}},
 			emb:   []emb{{"a0", 0, "aa", 0, 1}, {"a1", 1, "aa", 0, 0}, {"b0", 0, "bb", 5, 0}, {"b1", 1, "bb", 5, 0}}},
 		{name: "table-wise: a retry leaves a dead dense worker of the sharding for another", rowWise: false,
-			dense: []dense{{"dense:a", "aa", 0}, {"dense:dead", "bb", 0}}, dead: map[string]bool{"dense:dead": true},
+			dense: []dense{{"dense:a", "aa", 0, false}, {"dense:dead", "bb", 0, false}}, dead: map[string]bool{"dense:dead": true},
 			emb: []emb{{"a0", 0, "aa", 5, 0}, {"a1", 1, "aa", 5, 0}, {"b0", 0, "bb", 0, 0}, {"b1", 1, "bb", 0, 0}, {"b0x", 0, "bb", 0, 0}, {"b1x", 1, "bb", 0, 0}}},
 		{name: "row-wise: a retry leaves a sharding whose own dense worker failed", rowWise: true,
-			dense: []dense{{"dense:a", "aa", 0}, {"dense:b", "bb", 0}}, dead: map[string]bool{"dense:a": true},
+			dense: []dense{{"dense:a", "aa", 0, false}, {"dense:b", "bb", 0, false}}, dead: map[string]bool{"dense:a": true},
 			emb: []emb{{"a0", 0, "aa", 0, 0}, {"a0x", 0, "aa", 0, 0}, {"a1", 1, "aa", 0, 0}, {"a1x", 1, "aa", 0, 0}, {"b0", 0, "bb", 5, 0}, {"b1", 1, "bb", 5, 0}}},
 		{name: "table-wise: a sharding without a dense worker of its own serves while the other's shard is down", rowWise: false,
-			dense: []dense{{"dense:a", "aa", 0}},
+			dense: []dense{{"dense:a", "aa", 0, false}},
 			emb:   []emb{{"a0", 0, "aa", 0, 100}, {"a1", 1, "aa", 0, 0}, {"b0", 0, "bb", 0, 0}, {"b1", 1, "bb", 0, 0}}},
+		// A reshard's new dense workers join at once: the embedding
+		// workers refuse them until told; a told one serves first.
+		{name: "row-wise: untold dense workers of the sharding, a told one naming none", rowWise: true,
+			dense: []dense{{"dense:a1", "aa", 0, true}, {"dense:a2", "aa", 0, true}, {"dense:a3", "aa", 0, true}, {"dense:old", "", 9, false}},
+			emb:   []emb{{"a0", 0, "aa", 0, 0}, {"a1", 1, "aa", 0, 0}}},
+		{name: "table-wise: untold dense workers of the sharding, a told one of another", rowWise: false,
+			dense: []dense{{"dense:a1", "aa", 0, true}, {"dense:a2", "aa", 0, true}, {"dense:a3", "aa", 0, true}, {"dense:b", "bb", 9, false}},
+			emb:   []emb{{"a0", 0, "aa", 0, 0}, {"a1", 1, "aa", 0, 0}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := testRouter(Options{MicroBatch: 10})
 			fps := map[string]string{}
-			for _, d := range tc.dense {
+			var known map[string]bool
+			announce := func(d dense) {
 				fps[d.addr] = d.fp
-				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu-" + d.addr, Role: prismv1.Role_ROLE_DENSE, Addr: d.addr, Models: []string{"m"}, Healthy: true,
-					Outstanding: d.load, Sharding: map[string]string{"m": d.fp}}}); err != nil {
+				info := &prismv1.WorkerInfo{Id: "gpu-" + d.addr, Role: prismv1.Role_ROLE_DENSE, Addr: d.addr, Models: []string{"m"}, Healthy: true, Outstanding: d.load}
+				if d.fp != "" {
+					info.Sharding = map[string]string{"m": d.fp}
+				}
+				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: info}); err != nil {
 					t.Fatal(err)
 				}
 			}
+			for _, d := range tc.dense {
+				if d.late {
+					known = map[string]bool{}
+				}
+			}
+			for _, d := range tc.dense {
+				if !d.late {
+					announce(d)
+					if known != nil {
+						known[d.addr] = true
+					}
+				}
+			}
 			for _, e := range tc.emb {
-				f := &reshardCN{fp: e.fp, dense: fps, rowWise: tc.rowWise, failFirst: e.failFirst, dead: tc.dead}
+				f := &reshardCN{fp: e.fp, dense: fps, rowWise: tc.rowWise, failFirst: e.failFirst, dead: tc.dead, known: known}
 				ref := &prismv1.ShardRef{Shard: int32(e.shard), Shards: 2, Sharding: e.fp, RowSplitsComplete: true}
 				if tc.rowWise {
 					ref.RowSplits = []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 1}, Rows: 10}}
@@ -368,6 +400,11 @@ func TestReshardPairing(t *testing.T) {
 				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: e.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: startCN(t, f), Models: []string{"m"}, Healthy: true,
 					Outstanding: e.load, Shards: map[string]*prismv1.ShardRef{"m": ref}}}); err != nil {
 					t.Fatal(err)
+				}
+			}
+			for _, d := range tc.dense {
+				if d.late {
+					announce(d)
 				}
 			}
 			if _, err := r.Recommend(context.Background(), request(4)); err != nil {
