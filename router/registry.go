@@ -500,11 +500,13 @@ func (r *Registry) PickDense(model string, n int64, exclude []string, sender str
 
 // hasDense says whether a healthy dense worker serving model names
 // sharding for it, or none (an earlier release's): any such, and one
-// not in avoid; r.mu held.
-func (r *Registry) hasDense(model, sharding string, avoid []string) (has, unavoided bool) {
+// not in avoid. With told set, only those that joined before it count
+// (the embedding workers refuse the others until told of them); r.mu
+// held.
+func (r *Registry) hasDense(model, sharding string, avoid []string, told uint64) (has, unavoided bool) {
 	if s := r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}]; s != nil {
 		for _, e := range s.ws {
-			if fp := e.info.GetSharding()[model]; e.info.GetHealthy() && (fp == "" || fp == sharding) {
+			if fp := e.info.GetSharding()[model]; e.info.GetHealthy() && (fp == "" || fp == sharding) && (told == 0 || e.joined < told) {
 				has = true
 				if !slices.Contains(avoid, e.info.GetId()) {
 					return true, true

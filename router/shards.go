@@ -200,7 +200,13 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 				}
 			}
 			if rows {
-				has, unavoided := r.hasDense(model, fp, avoid)
+				// Told as shard 0's worker, the fan-out's sender
+				// (microBatchSharded).
+				var told uint64
+				if best[0] != nil {
+					told = best[0].told
+				}
+				has, unavoided := r.hasDense(model, fp, avoid, told)
 				rk.noDense, rk.denseAvoided = !has, has && !unavoided
 			}
 			if k == 0 || less(rk, chosenRank) {
