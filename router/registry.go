@@ -499,22 +499,26 @@ func (r *Registry) PickDense(model string, n int64, exclude []string, sender str
 }
 
 // hasDense says whether a healthy dense worker serving model names
-// sharding for it, or none (an earlier release's): any such, and one
-// not in avoid. With told set, only those that joined before it count
-// (the embedding workers refuse the others until told of them); r.mu
-// held.
-func (r *Registry) hasDense(model, sharding string, avoid []string, told uint64) (has, unavoided bool) {
+// sharding for it, or none (an earlier release's): any such; one that
+// joined before told (the embedding workers refuse the others until
+// told of them; told 0: all count); and one of those not in avoid;
+// r.mu held.
+func (r *Registry) hasDense(model, sharding string, avoid []string, told uint64) (has, hasTold, toldUnavoided bool) {
 	if s := r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}]; s != nil {
 		for _, e := range s.ws {
-			if fp := e.info.GetSharding()[model]; e.info.GetHealthy() && (fp == "" || fp == sharding) && (told == 0 || e.joined < told) {
-				has = true
+			if fp := e.info.GetSharding()[model]; !e.info.GetHealthy() || fp != "" && fp != sharding {
+				continue
+			}
+			has = true
+			if told == 0 || e.joined < told {
+				hasTold = true
 				if !slices.Contains(avoid, e.info.GetId()) {
-					return true, true
+					return true, true, true
 				}
 			}
 		}
 	}
-	return has, false
+	return has, hasTold, false
 }
 
 func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender string, want DenseWant) (w *prismv1.WorkerInfo, release func(), err error) {

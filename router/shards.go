@@ -165,11 +165,12 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 		type rank struct {
 			missing int
 			// For row-wise parts, which only a dense worker of the
-			// sharding (or naming none) takes: none is live, or each is
-			// a retry's avoided one.
-			noDense, denseAvoided bool
-			avoided               int // a retry's failed workers
-			load                  int64
+			// sharding (or naming none) takes: none is live; none the
+			// sender was told of yet (refused until its next heartbeat,
+			// retried); each told one a retry's avoided one.
+			noDense, denseUntold, denseAvoided bool
+			avoided                            int // a retry's failed workers
+			load                               int64
 		}
 		less := func(a, b rank) bool {
 			switch {
@@ -177,6 +178,8 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 				return a.missing < b.missing
 			case a.noDense != b.noDense:
 				return !a.noDense
+			case a.denseUntold != b.denseUntold:
+				return !a.denseUntold
 			case a.denseAvoided != b.denseAvoided:
 				return !a.denseAvoided
 			case a.avoided != b.avoided:
@@ -206,8 +209,8 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 				if best[0] != nil {
 					told = best[0].told
 				}
-				has, unavoided := r.hasDense(model, fp, avoid, told)
-				rk.noDense, rk.denseAvoided = !has, has && !unavoided
+				has, hasTold, toldUnavoided := r.hasDense(model, fp, avoid, told)
+				rk.noDense, rk.denseUntold, rk.denseAvoided = !has, has && !hasTold, hasTold && !toldUnavoided
 			}
 			if k == 0 || less(rk, chosenRank) {
 				chosen, chosenRank = fp, rk

@@ -439,3 +439,43 @@ func TestReshardPairing(t *testing.T) {
 		t.Fatalf("a fan-out of sharding aa paired with %s, not dense:new of its sharding", hn.GetAddr())
 	}
 }
+
+// TestReshardUntoldOverNone: a row-wise fan-out's sharding whose own
+// dense worker shard 0's worker was not told of yet ranks above one
+// with no dense worker of its own, whose parts the other's dense worker
+// refuses unretried: the untold one's refusal is retried, on a told
+// replica. (Ranked alike, the request failed; found by review.)
+func TestReshardUntoldOverNone(t *testing.T) {
+	r := testRouter(Options{MicroBatch: 10})
+	fps := map[string]string{"dense:a": "aa"}
+	all := map[string]bool{"dense:a": true}
+	heartbeat := map[string]func(){}
+	emb := func(id string, shard int, fp string, load int64, known map[string]bool) {
+		f := &reshardCN{fp: fp, dense: fps, rowWise: true, known: known}
+		ref := &prismv1.ShardRef{Shard: int32(shard), Shards: 2, Sharding: fp, RowSplitsComplete: true,
+			RowSplits: []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 1}, Rows: 10}}}
+		addr := startCN(t, f)
+		heartbeat[id] = func() {
+			if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true,
+				Outstanding: load, Shards: map[string]*prismv1.ShardRef{"m": ref}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		heartbeat[id]()
+	}
+	emb("a0", 0, "aa", 1, map[string]bool{}) // not told of dense:a yet
+	emb("a1", 1, "aa", 0, all)
+	emb("b0", 0, "bb", 0, all) // bb: lighter, no dense worker of its own
+	emb("b1", 1, "bb", 0, all)
+	if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu-dense:a", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true,
+		Sharding: map[string]string{"m": "aa"}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a1", "b0", "b1"} {
+		heartbeat[id]() // told of dense:a
+	}
+	emb("a0x", 0, "aa", 2, all) // aa's second replica of shard 0, told
+	if _, err := r.Recommend(context.Background(), request(4)); err != nil {
+		t.Fatal(err)
+	}
+}
