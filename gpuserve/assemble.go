@@ -206,6 +206,12 @@ func (f *fanout) missing() []int {
 	return out
 }
 
+// otherSharding refuses a part of a fan-out from an embedding worker
+// whose store holds sharding fp, this worker's plan own, saying why.
+func otherSharding(model, key string, shard int, fp, own, why string) error {
+	return status.Errorf(codes.FailedPrecondition, "model %q: fan-out %q: shard %d's embedding worker holds sharding %s, this dense worker's plan sharding %s: %s", model, key, shard, fp, own, why)
+}
+
 // partTensor is one decoded column of a part.
 type partTensor struct {
 	index int
@@ -240,7 +246,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 			// Most likely why: parts of the sender's sharding that this
 			// plan's does not send (a table row-wise in one, whole in the
 			// other).
-			return nil, status.Errorf(codes.FailedPrecondition, "model %q: fan-out %q: shard %d's embedding worker holds sharding %s, this dense worker's plan sharding %s: %s", m.name, key, shard, fp, own, status.Convert(err).Message())
+			return nil, otherSharding(m.name, key, shard, fp, own, status.Convert(err).Message())
 		}
 		return nil, err
 	}
@@ -277,7 +283,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		// (wrong scores, no error). Whole tensors are the same in every
 		// sharding, and a part naming none comes from a worker of an
 		// earlier release.
-		err := status.Errorf(codes.FailedPrecondition, "model %q: fan-out %q: shard %d's embedding worker holds sharding %s, this dense worker's plan sharding %s: the parts of row-wise tables cannot be combined; serve both from one plan (prism shard)", m.name, key, shard, fp, a.sharding)
+		err := otherSharding(m.name, key, shard, fp, a.sharding, "the parts of row-wise tables cannot be combined; serve both from one plan (prism shard)")
 		a.finish(f, nil, err)
 		a.mu.Unlock()
 		s.metrics.reject(m.name, "invalid")

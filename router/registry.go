@@ -498,27 +498,15 @@ func (r *Registry) PickDense(model string, n int64, exclude []string, sender str
 	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, want)
 }
 
-// hasDense says whether a healthy dense worker serving model names
-// sharding for it, or none (an earlier release's): any such; one that
-// joined before told (the embedding workers refuse the others until
-// told of them; told 0: all count); and one of those not in avoid;
-// r.mu held.
+// hasDense says whether best finds a dense worker of sharding for model
+// (naming it or none): at all; among those the sender, told at told,
+// was told of; and among those, one not in avoid; r.mu held.
 func (r *Registry) hasDense(model, sharding string, avoid []string, told uint64) (has, hasTold, toldUnavoided bool) {
-	if s := r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}]; s != nil {
-		for _, e := range s.ws {
-			if fp := e.info.GetSharding()[model]; !e.info.GetHealthy() || fp != "" && fp != sharding {
-				continue
-			}
-			has = true
-			if told == 0 || e.joined < told {
-				hasTold = true
-				if !slices.Contains(avoid, e.info.GetId()) {
-					return true, true, true
-				}
-			}
-		}
+	found := func(exclude []string, told uint64) bool {
+		w, _, _ := r.best(prismv1.Role_ROLE_DENSE, model, exclude, told, sharding, false)
+		return w != nil
 	}
-	return has, hasTold, false
+	return found(nil, 0), found(nil, told), found(avoid, told)
 }
 
 func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender string, want DenseWant) (w *prismv1.WorkerInfo, release func(), err error) {

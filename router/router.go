@@ -821,17 +821,19 @@ func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding
 	if sharding == "" {
 		return r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, sender)
 	}
-	tries := [][]string{avoid}
+	tries := [2][]string{avoid, nil}
+	nt := 1
 	if rowWise && len(avoid) > 0 {
-		tries = append(tries, nil)
+		nt = 2
 	}
 	for _, toldOnly := range []bool{true, false} {
-		for _, ex := range tries {
-			wants := []DenseWant{{Sharding: sharding, Exact: true, ToldOnly: toldOnly}, {Sharding: sharding, ToldOnly: toldOnly}}
-			if !rowWise {
-				wants = append(wants, DenseWant{ToldOnly: toldOnly})
+		for _, ex := range tries[:nt] {
+			wants := [3]DenseWant{{Sharding: sharding, Exact: true, ToldOnly: toldOnly}, {Sharding: sharding, ToldOnly: toldOnly}, {ToldOnly: toldOnly}}
+			k := len(wants)
+			if rowWise {
+				k-- // any other refuses row-wise parts: last, below
 			}
-			for _, want := range wants {
+			for _, want := range wants[:k] {
 				if w, release, err := r.Reg.PickDense(model, int64(n), ex, sender, want); err == nil {
 					return w, release, nil
 				}

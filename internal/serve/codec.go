@@ -171,24 +171,14 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 			return errFieldNumber
 		}
 		b = b[n:]
+		var err error
 		switch {
 		case num == scoreModel && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
-			if !utf8.Valid(v) {
-				return errInvalidUTF8
-			}
-			r.Model = string(v)
-			n = m
+			r.Model, n, err = consumeString(b, errInvalidUTF8)
 		case num == scoreVersion && typ == protowire.VarintType:
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
+			var v uint64
+			v, n, err = consumeVarint(b)
 			r.Version = int64(v)
-			n = m
 		case num == scoreTensors && typ == protowire.BytesType:
 			v, m := protowire.ConsumeBytes(b)
 			if m < 0 {
@@ -197,46 +187,21 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 			r.Tensors = v[:len(v):len(v)]
 			n = m
 		case num == scoreNumSamples && typ == protowire.VarintType:
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
+			var v uint64
+			v, n, err = consumeVarint(b)
 			r.NumSamples = int32(v)
-			n = m
 		case num == scoreFanoutKey && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
-			if !utf8.Valid(v) {
-				return errInvalidKey
-			}
-			r.FanoutKey = string(v)
-			n = m
+			r.FanoutKey, n, err = consumeString(b, errInvalidKey)
 		case num == scoreShard && typ == protowire.VarintType:
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
+			var v uint64
+			v, n, err = consumeVarint(b)
 			r.Shard = int32(v)
-			n = m
 		case num == scoreShards && typ == protowire.VarintType:
-			v, m := protowire.ConsumeVarint(b)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
+			var v uint64
+			v, n, err = consumeVarint(b)
 			r.Shards = int32(v)
-			n = m
 		case num == scoreSharding && typ == protowire.BytesType:
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return protowire.ParseError(m)
-			}
-			if !utf8.Valid(v) {
-				return errInvalidFP
-			}
-			r.Sharding = string(v)
-			n = m
+			r.Sharding, n, err = consumeString(b, errInvalidFP)
 		default:
 			m := protowire.ConsumeFieldValue(num, typ, b)
 			if m < 0 {
@@ -247,12 +212,37 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 			unknown = append(unknown, b[:m]...)
 			n = m
 		}
+		if err != nil {
+			return err
+		}
 		b = b[n:]
 	}
 	if unknown != nil {
 		r.ProtoReflect().SetUnknown(unknown)
 	}
 	return nil
+}
+
+// consumeString reads a string field's value: bad if not UTF-8, as
+// proto.Unmarshal refuses it.
+func consumeString(b []byte, bad error) (string, int, error) {
+	v, m := protowire.ConsumeBytes(b)
+	if m < 0 {
+		return "", 0, protowire.ParseError(m)
+	}
+	if !utf8.Valid(v) {
+		return "", 0, bad
+	}
+	return string(v), m, nil
+}
+
+// consumeVarint reads a varint field's value.
+func consumeVarint(b []byte) (uint64, int, error) {
+	v, m := protowire.ConsumeVarint(b)
+	if m < 0 {
+		return 0, 0, protowire.ParseError(m)
+	}
+	return v, m, nil
 }
 
 // DialOptions are the options of Prism's internal client connections:
