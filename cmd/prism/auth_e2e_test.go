@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
@@ -213,5 +216,66 @@ func TestTLSFlags(t *testing.T) {
 				t.Errorf("%d warnings:\n%s", n, out)
 			}
 		})
+	}
+}
+
+// TestUpBearerToken: prism up --auth-token-file (a path relative to up's
+// folder) admits a client without a certificate to Recommend, as the
+// README's grpcurl example calls it, with a request prism loadgen
+// --print-request wrote; the registry still wants a certificate.
+func TestUpBearerToken(t *testing.T) {
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	const token = "up-e2e-0123456789abcdef0123456789"
+	if err := os.WriteFile(filepath.Join(dir, "token.txt"), []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(prismBin, "up", "--addr", "127.0.0.1:0", "--db", "db", "--model", part, "--auth-token-file", "token.txt")
+	cmd.Dir = dir
+	up := startCmd(t, cmd, "up", readyline.Up, true, 3*time.Minute)
+	certs := filepath.Join(dir, "certs")
+
+	out, err := exec.Command(prismBin, "loadgen", "--model", cfg.Name, "--print-request", "1", "--candidates", "5").Output()
+	if err != nil {
+		t.Fatalf("loadgen --print-request: %v", err)
+	}
+	var req prismv1.RecommendRequest
+	if err := protojson.Unmarshal(out, &req); err != nil {
+		t.Fatalf("printed request %q: %v", out, err)
+	}
+	c, err := auth.ClientTLS(auth.Files{CA: auth.FilesFor(certs, auth.Admin).CA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bearer := func(tok string) *grpc.ClientConn {
+		o, err := auth.BearerToken(tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient(up.addr, grpc.WithTransportCredentials(credentials.NewTLS(c)), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	byToken, err := prismv1.NewRecommenderClient(bearer(token)).Recommend(ctx, &req)
+	if err != nil {
+		t.Fatalf("Recommend with the token: %v", err)
+	}
+	byCert, err := prismv1.NewRecommenderClient(dial(t, up.addr, certs, auth.Admin)).Recommend(ctx, &req)
+	if err != nil {
+		t.Fatalf("Recommend with the admin certificate: %v", err)
+	}
+	if len(byToken.GetScores()) != 5 || !slices.Equal(byToken.GetScores(), byCert.GetScores()) {
+		t.Fatalf("scores with the token %v, with a certificate %v", byToken.GetScores(), byCert.GetScores())
+	}
+	if _, err := prismv1.NewRecommenderClient(bearer(token+"x")).Recommend(ctx, &req); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Recommend with a wrong token: %v, want Unauthenticated", err)
+	}
+	if _, err := prismv1.NewRegistryClient(bearer(token)).List(ctx, &prismv1.ListRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Registry/List with the token: %v, want Unauthenticated", err)
 	}
 }

@@ -97,6 +97,10 @@ type Config struct {
 	// Insecure runs every tier on plaintext without authentication
 	// (Certs is then unused).
 	Insecure bool
+	// AuthTokenFile passes --auth-token-file to the router: clients
+	// without a certificate call Recommend with this bearer token (over
+	// TLS; Run refuses it with Insecure).
+	AuthTokenFile string
 	// MemoryLimit is the memory up's processes may use together (prism
 	// up --memory-limit: the memory cgroup's limit by default; 0: none),
 	// half of it shared out among the embedding workers.
@@ -190,6 +194,22 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if err := c.validateCounts(); err != nil {
 		return fmt.Errorf("up: %w", err)
+	}
+	if c.AuthTokenFile != "" {
+		if c.Insecure {
+			return errors.New("up: --auth-token-file needs TLS: over --insecure the token would travel in the clear")
+		}
+		// Read here so a bad file fails before any child starts; the
+		// router reads it again, from an absolute path (children may not
+		// share up's working folder).
+		if _, err := auth.ReadToken(c.AuthTokenFile); err != nil {
+			return fmt.Errorf("up: --auth-token-file: %w", err)
+		}
+		abs, err := filepath.Abs(c.AuthTokenFile)
+		if err != nil {
+			return fmt.Errorf("up: --auth-token-file: %w", err)
+		}
+		c.AuthTokenFile = abs
 	}
 	if c.Stdout == nil {
 		c.Stdout = os.Stdout
@@ -325,6 +345,9 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if c.FixedAdmission {
 		rt.Args = append(rt.Args, "--fixed-admission")
+	}
+	if c.AuthTokenFile != "" {
+		rt.Args = append(rt.Args, "--auth-token-file", c.AuthTokenFile)
 	}
 	// A signal during start-up (ctx ends) stops it as one after it would.
 	stopping := func(err error) error {

@@ -310,6 +310,12 @@ func TestRunRefusesCounts(t *testing.T) {
 		{"negative sessions", func(c *Config) { c.DenseSessions = -2 }, "--dense-sessions -2"},
 		{"too many sessions", func(c *Config) { c.DenseSessions = 65 }, "--dense-sessions 65"},
 		{"across models", func(c *Config) { c.DenseAcrossModels = "auto" }, `--dense-across-models "auto"`},
+		{"token over plaintext", func(c *Config) { c.AuthTokenFile = "token.txt" }, "--auth-token-file needs TLS"},
+		{"no token file", func(c *Config) { c.Insecure, c.AuthTokenFile = false, filepath.Join(t.TempDir(), "none") }, "--auth-token-file"},
+		{"short token", func(c *Config) {
+			c.Insecure, c.AuthTokenFile = false, filepath.Join(t.TempDir(), "short")
+			os.WriteFile(c.AuthTokenFile, []byte("abc\n"), 0o600)
+		}, "--auth-token-file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{Plans: []string{t.TempDir()}, DB: "db", EmbeddingWorkers: 1, ReadyTimeout: time.Second, Insecure: true}

@@ -5,6 +5,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
@@ -68,6 +70,7 @@ type flags struct {
 	quiet                    bool
 	tls                      authflag.Flags
 	tokenFile                string
+	printRequests            int
 }
 
 // New returns the loadgen command.
@@ -143,6 +146,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.StringVar(&f.watchBorrowed, "watch-borrowed", "", "sample the borrowed dense workers every second from this /metrics URL (prism up --loan's controller) into the report")
 	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
+	fl.IntVar(&f.printRequests, "print-request", 0, "write this many requests as JSON to stdout, one per line (the form grpcurl -d @ and ghz --data-file take), and exit without sending; --candidates, --seed, --stream and the input flags apply")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
 	f.tls.Register(cmd, auth.Admin)
 	return cmd
@@ -152,8 +156,11 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if f.model == "" {
 		return errors.New("loadgen: --model is required")
 	}
-	if (f.target == "") == !f.fake {
-		return errors.New("loadgen: give one of --target ADDR or --fake")
+	if f.printRequests < 0 {
+		return fmt.Errorf("loadgen: --print-request %d: want 1 or more requests to print", f.printRequests)
+	}
+	if f.printRequests == 0 && (f.target == "") == !f.fake {
+		return errors.New("loadgen: give one of --target ADDR or --fake (or --print-request N to print requests without sending)")
 	}
 	sig, err := signature(f)
 	if err != nil {
@@ -162,6 +169,11 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	cand, err := loadgen.ParseCandidates(f.candidates)
 	if err != nil {
 		return fmt.Errorf("loadgen: %w", err)
+	}
+	if f.stream == 0 && f.printRequests > 0 {
+		// Printed requests are for trying a server by hand: the same
+		// command prints the same requests unless --stream says otherwise.
+		f.stream = 1
 	}
 	if f.stream == 0 {
 		// A new sequence each run: one that replayed the previous run's
@@ -185,6 +197,13 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		}
 		// The pool is drawn here, before the clock starts.
 		return q, q.Prepare()
+	}
+	if f.printRequests > 0 {
+		reqs, err := newRequests()
+		if err != nil {
+			return err
+		}
+		return printRequests(stdout, reqs, f.printRequests)
 	}
 	target := f.target
 	if f.fake {
@@ -271,6 +290,27 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(f.out, "{summary.json,timeseries.csv,plot.png}"))
 	}
 	return noneOK(sum)
+}
+
+// printRequests writes n requests from reqs to w as protojson, one per
+// line, with the proto field names a person types (num_candidates):
+// grpcurl -d @ and ghz read them as they are.
+func printRequests(w io.Writer, reqs *loadgen.Requests, n int) error {
+	m := protojson.MarshalOptions{UseProtoNames: true}
+	bw := bufio.NewWriter(w)
+	for range n {
+		req, err := reqs.Next()
+		if err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		b, err := m.Marshal(req)
+		if err != nil {
+			return fmt.Errorf("loadgen: %w", err)
+		}
+		bw.Write(b)
+		bw.WriteByte('\n')
+	}
+	return bw.Flush()
 }
 
 // noneOK is an error when requests were sent and none was answered OK

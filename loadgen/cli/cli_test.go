@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/loadgen"
 )
@@ -126,6 +128,8 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--fake"}, "--model is required"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--find-max", "--find-max-warmup", "-1s"}, "--find-max-warmup -1s: want 0 (none) or a positive duration"},
 		{[]string{"--model", "dlrm-tiny"}, "one of --target ADDR or --fake"},
+		{[]string{"--model", "dlrm-tiny", "--print-request", "-1"}, "--print-request -1: want 1 or more"},
+		{[]string{"--model", "nope", "--print-request", "1"}, "give --model-preset, --plan or --onnx"},
 		{[]string{"--fake", "--model", "nope"}, "give --model-preset, --plan or --onnx"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad}, "bad.csv:3: time 0 goes back"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--candidates", "0"}, "want a positive count"},
@@ -163,5 +167,47 @@ func TestNoneOKTLSHint(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || tc.want != "" && !strings.Contains(err.Error(), tc.want) || tc.want == "" && strings.Contains(err.Error(), "(a ") {
 			t.Errorf("%q: %v, want a hint %q", tc.msg, err, tc.want)
 		}
+	}
+}
+
+// TestLoadgenPrintRequest: --print-request N writes N requests, one JSON
+// object a line, that protojson (grpcurl's reader) takes back whole,
+// with the context inputs once; the same command prints the same
+// requests, and --stream picks others.
+func TestLoadgenPrintRequest(t *testing.T) {
+	args := []string{"--model", "dlrm-tiny", "--print-request", "3", "--candidates", "7", "--context-inputs", "dense,cat_0"}
+	out, err := runCLI(t, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3:\n%s", len(lines), out)
+	}
+	for i, line := range lines {
+		var req prismv1.RecommendRequest
+		if err := protojson.Unmarshal([]byte(line), &req); err != nil {
+			t.Fatalf("line %d: %v\n%s", i, err, line)
+		}
+		if req.GetModel() != "dlrm-tiny" || req.GetNumCandidates() != 7 || len(req.GetCandidates().GetInputs()) != 25 || len(req.GetContext().GetInputs()) != 2 {
+			t.Fatalf("line %d: model %q, %d candidates, %d candidate inputs, %d context inputs; want dlrm-tiny, 7, 25, 2",
+				i, req.GetModel(), req.GetNumCandidates(), len(req.GetCandidates().GetInputs()), len(req.GetContext().GetInputs()))
+		}
+		for _, in := range req.GetCandidates().GetInputs() {
+			if in.GetName() != "dense" && len(in.GetIds()) != 7 {
+				t.Fatalf("line %d: input %s has %d ids, want 7", i, in.GetName(), len(in.GetIds()))
+			}
+		}
+	}
+	if lines[0] == lines[1] {
+		t.Fatalf("two printed requests are the same:\n%s", lines[0])
+	}
+	again, err := runCLI(t, args...)
+	if err != nil || again != out {
+		t.Fatalf("the same command printed other requests (%v)", err)
+	}
+	other, err := runCLI(t, append(args, "--stream", "7")...)
+	if err != nil || other == out {
+		t.Fatalf("--stream 7 printed the same requests (%v)", err)
 	}
 }
