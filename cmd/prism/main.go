@@ -2,10 +2,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // subcommands is filled by the init functions of this package's files, one
@@ -19,10 +22,39 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetFlagErrorFunc(flagError) // the subcommands inherit it
 	for _, mk := range subcommands {
 		root.AddCommand(mk())
 	}
 	return root
+}
+
+// numberWanted is what a numeric flag of each pflag type takes.
+var numberWanted = map[string]string{
+	"int": "a whole number", "int32": "a whole number", "int64": "a whole number",
+	"uint": "a whole number, 0 or more", "uint32": "a whole number, 0 or more", "uint64": "a whole number, 0 or more",
+	"float32": "a number", "float64": "a number", "bool": "true or false",
+}
+
+// flagError says what a numeric flag wants where pflag would pass on
+// strconv's message (`invalid argument "abc" for "--seed" flag:
+// strconv.ParseUint: parsing "abc": invalid syntax`); other flag errors
+// are returned as they are.
+func flagError(_ *cobra.Command, err error) error {
+	var iv *pflag.InvalidValueError
+	var ne *strconv.NumError
+	if !errors.As(err, &iv) || !errors.As(err, &ne) || iv.GetFlag() == nil {
+		return err
+	}
+	want, ok := numberWanted[iv.GetFlag().Value.Type()]
+	if !ok {
+		return err
+	}
+	name := "--" + iv.GetFlag().Name
+	if errors.Is(ne.Err, strconv.ErrRange) {
+		return fmt.Errorf("%s %q: out of range for a flag of type %s", name, iv.GetValue(), iv.GetFlag().Value.Type())
+	}
+	return fmt.Errorf("%s %q: want %s", name, iv.GetValue(), want)
 }
 
 func main() {

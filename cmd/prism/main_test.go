@@ -104,6 +104,12 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"memory limit too small", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--memory-limit", "100MiB"}, "raise the limit"},
 		{"bad memory limit", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--memory-limit", "lots"}, `--memory-limit: "lots" is not a size`},
 		{"bad up memory limit", nil, []string{"up", "--model", good, "--memory-limit", "-1"}, "--memory-limit"},
+		// A numeric flag says what it wants, not strconv's message.
+		{"seed not a number", nil, []string{"models", "build", "dlrm-tiny", "-o", dir, "--seed", "abc"}, `--seed "abc": want a whole number, 0 or more`},
+		{"seed out of range", nil, []string{"models", "build", "dlrm-tiny", "-o", dir, "--seed", "99999999999999999999"}, `--seed "99999999999999999999": out of range for a flag of type uint64`},
+		{"workers not whole", nil, []string{"up", "--model", good, "--dense-workers", "1.5"}, `--dense-workers "1.5": want a whole number`},
+		{"rate not a number", nil, []string{"loadgen", "--model", "dlrm-tiny", "--rate", "fast"}, `--rate "fast": want a number`},
+		{"bool not a bool", nil, []string{"up", "--model", good, "--insecure=maybe"}, `--insecure "maybe": want true or false`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
