@@ -170,13 +170,21 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 		if l == nil {
 			model := workerModel[id]
 			l = &lease{worker: id, model: model, decidedAt: now}
-			if at, ok := c.takePending(model); ok {
-				l.decidedAt = at
+			if w.State == Draining {
+				// Drained and returned before, its return failed (the
+				// lender still lists it): return it again once it holds
+				// nothing. No borrow asked for it, nor is it a new one.
+				l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonDrained, now+c.o.DrainTimeout
+				c.stats.Events[EventKey{"adopt", "draining"}]++
 			} else {
-				c.stats.Events[EventKey{"adopt", "unrequested"}]++
+				if at, ok := c.takePending(model); ok {
+					l.decidedAt = at
+				} else {
+					c.stats.Events[EventKey{"adopt", "unrequested"}]++
+				}
+				c.stats.BorrowedWorkers++
 			}
 			c.leases[id] = l
-			c.stats.BorrowedWorkers++
 		}
 		if w.State == Serving && !l.serving {
 			l.serving, l.servingAt = true, now
@@ -214,6 +222,12 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 			l.missing++
 		}
 		switch {
+		case ok && !l.draining && !l.serving && now-l.decidedAt >= c.o.BorrowTimeout:
+			// Lent but never serving (a Pod left Pending, a worker that
+			// crash-loops): held, it would count as capacity and keep
+			// every other borrowed worker of its model from going back.
+			l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonNoStart, now+c.o.DrainTimeout
+			emit(Decision{Kind: Drain, Model: l.model, Worker: id, Reason: ReasonNoStart})
 		case !ok && !l.draining:
 			if l.missing >= c.o.LostAfter {
 				l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonLost, now+c.o.DrainTimeout

@@ -38,6 +38,8 @@ import (
 //	reclaim <worker> grace=<d>                   at the next tick
 //	fail <model> <n>                             a borrow failed, next tick
 //	vanish <worker>                              gone without notice
+//	return-fails <worker>...                     their next return fails: the
+//	                                             lender keeps them, draining
 //	miss <worker>...                             missing from the next
 //	                                             tick's observation only (a
 //	                                             failed scrape)
@@ -172,6 +174,15 @@ func TestController(t *testing.T) {
 			case "vanish":
 				delete(w.workers, d.CmdArgs[0].Key)
 				return ""
+			case "return-fails":
+				if w.returnFails == nil {
+					w.returnFails = map[string]bool{}
+				}
+				for _, a := range d.CmdArgs {
+					w.worker(t, d, a.Key)
+					w.returnFails[a.Key] = true
+				}
+				return ""
 			case "miss":
 				if w.missing == nil {
 					w.missing = map[string]bool{}
@@ -275,8 +286,11 @@ type world struct {
 	reclaims []pendingReclaim
 	failures []BorrowFailure
 	missing  map[string]bool // left out of the next observation
-	demand   *Seasonal
-	forecast bool
+	// returnFails are workers whose next return fails (the lender
+	// keeps them, draining).
+	returnFails map[string]bool
+	demand      *Seasonal
+	forecast    bool
 }
 
 type wmodel struct {
@@ -374,6 +388,11 @@ func (w *world) tick(now time.Duration, per map[string]tickObs) []string {
 				ww.State = Draining
 			}
 		case Return:
+			if w.returnFails[d.Worker] {
+				delete(w.returnFails, d.Worker)
+				lines[len(lines)-1] += " (fails: still lent)"
+				continue
+			}
 			if w.workers[d.Worker] != nil {
 				w.lender++
 			}

@@ -47,6 +47,7 @@ const (
 	ReasonTimeout   = "drain timeout"
 	ReasonGraceEnd  = "grace end"
 	ReasonLost      = "lost"
+	ReasonNoStart   = "did not start"
 	ReasonUncovered = "demand uncovered"
 	ReasonCovered   = "demand covered"
 )

@@ -62,7 +62,8 @@ type Options struct {
 	// serving, used until one has been measured (2m).
 	StartupEstimate time.Duration
 	// BorrowTimeout: a borrow whose worker has not appeared after it is
-	// given up (10m).
+	// given up, and a borrowed worker that has not served by then is
+	// drained and returned (10m).
 	BorrowTimeout time.Duration
 	// DrainTimeout: a worker drained for low demand is returned when its
 	// in-flight work is done or after this long (1m). A reclaim uses the

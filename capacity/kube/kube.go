@@ -207,8 +207,11 @@ type worker struct {
 	running   bool // the Pod exists and has not ended
 	draining  bool // Drain was called
 	deleting  bool // this lender deleted the Pod
-	reclaimed bool // reported as a reclaim
-	gone      bool // the Pod is deleted
+	// deleteFailed: a delete of this lender's failed (it may not have
+	// happened): Return and Close delete it again.
+	deleteFailed bool
+	reclaimed    bool // reported as a reclaim
+	gone         bool // the Pod is deleted
 }
 
 var _ capacity.Provider = (*Provider)(nil)
@@ -688,7 +691,15 @@ func (p *Provider) Drain(ctx context.Context, id string) error {
 	w.deleting = true
 	p.mu.Unlock()
 	p.o.Logf("draining %s: its Pod is deleted with its grace; the kubelet's SIGTERM makes the worker leave the registry", id)
-	return p.delete(ctx, id, p.grace)
+	if err := p.delete(ctx, id, p.grace); err != nil {
+		// Maybe not deleted: the Return after it, or Close, deletes it
+		// again.
+		p.mu.Lock()
+		w.deleteFailed = true
+		p.mu.Unlock()
+		return fmt.Errorf("kubernetes lender: drain %s: %w", id, err)
+	}
+	return nil
 }
 
 // returnGrace is the grace of a return's delete of a Pod still there:
@@ -696,7 +707,11 @@ func (p *Provider) Drain(ctx context.Context, id string) error {
 var returnGrace = int64(1)
 
 // Return deletes the worker's Pod if it is still there, with a short
-// grace (it drained, or its deadline passed), and forgets it.
+// grace (it drained, or its deadline passed), and forgets it once the
+// delete is accepted. A delete that fails (the API server unreachable, a
+// timeout) keeps the worker lent, draining: it stays in Workers, so the
+// controller returns it again, and Close deletes it; forgotten, its Pod
+// would hold the training pool's GPU until someone deleted it by hand.
 func (p *Provider) Return(ctx context.Context, id string) error {
 	p.mu.Lock()
 	w := p.workers[id]
@@ -704,16 +719,22 @@ func (p *Provider) Return(ctx context.Context, id string) error {
 		p.mu.Unlock()
 		return fmt.Errorf("kubernetes lender: return %s: not lent", id)
 	}
-	delete(p.workers, id)
-	gone := w.gone
-	w.deleting = true
-	p.mu.Unlock()
-	if gone {
+	if w.gone {
+		delete(p.workers, id)
+		p.mu.Unlock()
 		return nil
 	}
+	w.deleting, w.draining = true, true
+	p.mu.Unlock()
 	if err := p.delete(ctx, id, &returnGrace); err != nil {
-		return fmt.Errorf("kubernetes lender: return %s: %w", id, err)
+		p.mu.Lock()
+		w.deleteFailed = true
+		p.mu.Unlock()
+		return fmt.Errorf("kubernetes lender: return %s (still lent; it is deleted again on the next return or at close): %w", id, err)
 	}
+	p.mu.Lock()
+	delete(p.workers, id)
+	p.mu.Unlock()
 	p.o.Logf("returned %s: its Pod is deleted", id)
 	return nil
 }
@@ -749,7 +770,7 @@ func (p *Provider) Close() {
 	p.closed = true
 	var names []string
 	for _, w := range p.workers {
-		if !w.gone && !w.deleting {
+		if !w.gone && (!w.deleting || w.deleteFailed) {
 			w.deleting = true
 			names = append(names, w.id)
 		}

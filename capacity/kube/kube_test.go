@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -443,5 +444,66 @@ func TestParseTaint(t *testing.T) {
 		if _, err := ParseTaint(bad); err == nil {
 			t.Errorf("ParseTaint(%q): no error", bad)
 		}
+	}
+}
+
+// TestDeleteFailureKeepsWorker: a Return or Drain whose Pod delete fails
+// (an API server timeout) keeps the worker lent: listed as draining, so
+// the controller returns it again, and deleted at Close. Forgotten, its
+// Pod held a training GPU until someone deleted it by hand.
+func TestDeleteFailureKeepsWorker(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// steps: "drain" or "return" with the delete failing ("!") or
+		// going through; "close".
+		steps []string
+	}{
+		{"return fails, returned again", []string{"return!", "return"}},
+		{"return fails, closed", []string{"return!", "close"}},
+		{"drain and return fail, closed", []string{"drain!", "return!", "close"}},
+		{"drain fails, returned", []string{"drain!", "return"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientset(denseDeployment())
+			fail := false
+			c.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if fail {
+					return true, nil, errors.New("etcdserver: request timed out")
+				}
+				return false, nil, nil
+			})
+			p, _ := newLender(t, c, Options{})
+			ctx := context.Background()
+			ids, err := p.Borrow(ctx, "dlrm", 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := ids[0]
+			for _, step := range tc.steps {
+				fail = strings.HasSuffix(step, "!")
+				switch strings.TrimSuffix(step, "!") {
+				case "drain":
+					err = p.Drain(ctx, id)
+				case "return":
+					err = p.Return(ctx, id)
+				case "close":
+					p.Close()
+					err = nil
+				}
+				if (err != nil) != fail {
+					t.Fatalf("%s: error %v", step, err)
+				}
+				ws := p.Workers()
+				switch {
+				case fail && (len(ws) != 1 || ws[0].ID != id || !ws[0].Draining):
+					t.Fatalf("after %s: %+v, want %s lent and draining", step, ws, id)
+				case step == "return" && len(ws) != 0:
+					t.Fatalf("after a return that went through: %+v lent", ws)
+				}
+			}
+			if _, err := c.CoreV1().Pods(ns).Get(ctx, id, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Fatalf("Pod %s after %v: %v, want it deleted", id, tc.steps, err)
+			}
+		})
 	}
 }
