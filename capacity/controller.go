@@ -64,6 +64,10 @@ func New(o Options) (*Controller, error) {
 // Options returns the options in use, defaults filled.
 func (c *Controller) Options() Options { return c.o }
 
+// Holds says whether the controller holds a lease on worker: it has
+// seen it borrowed and not yet decided its return.
+func (c *Controller) Holds(worker string) bool { return c.leases[worker] != nil }
+
 func validate(obs *Observation) error {
 	var errs []error
 	if obs.LenderIdle < 0 {

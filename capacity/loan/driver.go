@@ -78,7 +78,10 @@ type Driver struct {
 	start time.Time
 	// samples are the router's metrics over the last Window, oldest first.
 	samples []timedSample
-	cap     float64 // measured capacity per worker
+	// lastDemand is the last demand measured: it stands at a tick that
+	// cannot measure one (a router restarted, no router to scrape).
+	lastDemand demand
+	cap        float64 // measured capacity per worker
 	// failures are borrowed workers the provider did not deliver, for
 	// the next observation; failed the ids already reported.
 	failures int
@@ -145,7 +148,9 @@ func (d *Driver) Step(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list the registry: %w", err)
 	}
-	var dem demand
+	d.mu.Lock()
+	dem := d.lastDemand // what stands when this tick does not measure it
+	d.mu.Unlock()
 	if urls := d.o.RouterMetrics(); urls != "" {
 		var lines []metricLine
 		for url := range strings.SplitSeq(urls, ",") {
@@ -161,9 +166,19 @@ func (d *Driver) Step(ctx context.Context) error {
 		for len(d.samples) > 1 && now.Sub(d.samples[1].at) >= d.o.Window {
 			d.samples = d.samples[1:]
 		}
+		dem.queue = int(s.inflight)
 		if len(d.samples) > 0 {
 			base := d.samples[0]
-			dem = between(base.s, s, now.Sub(base.at))
+			if got, ok := between(base.s, s, now.Sub(base.at)); ok {
+				dem, d.lastDemand = got, got
+			} else if s.requests < base.s.requests || s.shed < base.s.shed {
+				// A router restarted: its counters start again from this
+				// sample, and the last demand stands until the window has
+				// one after it. Read as no demand, it drained every
+				// borrowed worker in the middle of a peak.
+				d.o.Logf("loan: the router's request counters went back (a router restarted): the last demand measured, %.1f requests/s, stands until the next tick measures one", d.lastDemand.offered)
+				d.samples = d.samples[:0]
+			}
 		}
 		d.samples = append(d.samples, timedSample{now, s})
 		d.mu.Unlock()
@@ -210,8 +225,12 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 		reg := byAddr[lw.Addr]
 		w := capacity.Worker{ID: lw.ID, Borrowed: true}
 		switch {
-		case !lw.Running && lw.Addr == "" && !lw.Draining:
-			// Never served: a failed borrow.
+		case !lw.Running && lw.Addr == "" && !lw.Draining && !d.ctl.Holds(lw.ID):
+			// Never served, never seen by the controller: a failed
+			// borrow. (One the controller saw starting holds its lease:
+			// it died, and is returned as lost below; reported as a
+			// failed borrow, it was handed back under a lease that went
+			// on counting it, and cancelled another borrow.)
 			if !d.failed[lw.ID] {
 				d.failed[lw.ID] = true
 				d.failures++

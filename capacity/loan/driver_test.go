@@ -46,6 +46,10 @@ func (f *fakeLender) Drain(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w := f.workers[id]
+	if w == nil {
+		f.log = append(f.log, "drain "+id+": not lent")
+		return fmt.Errorf("drain %s: not lent", id)
+	}
 	w.Draining, w.Running = true, false // exits at once: it held nothing
 	f.log = append(f.log, "drain "+id)
 	return nil
@@ -53,6 +57,10 @@ func (f *fakeLender) Drain(_ context.Context, id string) error {
 func (f *fakeLender) Return(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.workers[id] == nil {
+		f.log = append(f.log, "return "+id+": not lent")
+		return fmt.Errorf("return %s: not lent", id)
+	}
 	delete(f.workers, id)
 	f.log = append(f.log, "return "+id)
 	return nil
@@ -144,5 +152,156 @@ func TestDriver(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(logs, "\n"), "loan: the fake lender reclaims w1") {
 		t.Errorf("log lacks the reclaim:\n%s", strings.Join(logs, "\n"))
+	}
+}
+
+// TestRouterRestartKeepsDemand: a router restarting mid-peak sets its
+// request counters back to zero; the tick that sees it does not read
+// that as no demand (which drained every borrowed worker, borrowed again
+// a tick later), and the window starts again from the new counters.
+func TestRouterRestartKeepsDemand(t *testing.T) {
+	var mu sync.Mutex
+	total := 0.0
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, total)
+	}))
+	defer metrics.Close()
+	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
+	now := time.Unix(1000, 0)
+	var logs []string
+	d, err := New(Options{
+		Provider: lender, Model: "m", CapacityPerWorker: 100,
+		Controller: capacity.Options{MinLease: 3 * time.Second, CoolDown: time.Second, MaxBorrowed: 2},
+		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
+			ws := []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}
+			for _, w := range lender.Workers() {
+				if w.Running && !w.Draining {
+					ws = append(ws, &prismv1.WorkerInfo{Id: "reg-" + w.ID, Role: prismv1.Role_ROLE_DENSE, Addr: w.Addr})
+				}
+			}
+			return ws, nil
+		},
+		RouterMetrics: func() string { return metrics.URL },
+		Now:           func() time.Time { return now },
+		Logf:          func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(add float64, restart bool) {
+		t.Helper()
+		now = now.Add(time.Second)
+		mu.Lock()
+		if restart {
+			total = 0
+		}
+		total += add
+		mu.Unlock()
+		if err := d.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(0, false)
+	for range 8 {
+		step(180, false)
+	}
+	if n := len(lender.Workers()); n != 2 {
+		t.Fatalf("%d borrowed at 180 requests/s, want 2; %v", n, lender.log)
+	}
+	before := len(lender.log)
+	step(180, true) // the router restarts; the demand goes on
+	for range 4 {
+		step(180, false)
+	}
+	if after := lender.log[before:]; len(after) > 0 {
+		t.Fatalf("a router restart at a steady 180 requests/s: %v", after)
+	}
+	if !strings.Contains(strings.Join(logs, "\n"), "counters went back") {
+		t.Errorf("the restart is not logged: %q", logs)
+	}
+	// The demand after the restart is measured from the new counters: it
+	// falls, and the borrowed workers go back.
+	for range 8 {
+		step(10, false)
+	}
+	if n := len(lender.Workers()); n != 0 {
+		t.Fatalf("%d still borrowed at 10 requests/s: %v", n, lender.log[before:])
+	}
+}
+
+// TestHeldWorkerFailsToStart: a borrowed worker the controller already
+// holds (seen starting) that exits before it serves is returned as lost
+// under its own lease. Taken for a failed borrow, it was handed back
+// while its lease went on counting it (then drained and returned again:
+// "not lent"), and another, unrelated pending borrow was cancelled.
+func TestHeldWorkerFailsToStart(t *testing.T) {
+	var mu sync.Mutex
+	total := 0.0
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, total)
+	}))
+	defer metrics.Close()
+	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
+	now := time.Unix(1000, 0)
+	d, err := New(Options{
+		Provider: lender, Model: "m", CapacityPerWorker: 100,
+		Controller: capacity.Options{MaxBorrowed: 2},
+		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
+			return []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}, nil
+		},
+		RouterMetrics: func() string { return metrics.URL },
+		Now:           func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(add float64) {
+		t.Helper()
+		now = now.Add(time.Second)
+		mu.Lock()
+		total += add
+		mu.Unlock()
+		if err := d.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step(0)
+	step(180)
+	step(180)
+	// Both borrowed workers start without an address yet; the
+	// controller takes them as starting.
+	lender.mu.Lock()
+	for _, w := range lender.workers {
+		w.Addr = ""
+	}
+	lender.mu.Unlock()
+	step(180)
+	if b := d.Stats().Borrowed["m"]; b != 2 {
+		t.Fatalf("controller holds %d, want 2 starting", b)
+	}
+	lender.mu.Lock()
+	lender.workers["w1"].Running = false // w1 exits before it serves
+	lender.mu.Unlock()
+	for range 6 {
+		step(180)
+	}
+	for _, l := range lender.log {
+		if strings.Contains(l, "not lent") {
+			t.Errorf("the driver acted on a worker already handed back: %v", lender.log)
+			break
+		}
+	}
+	if _, ok := lender.workers["w1"]; ok {
+		t.Errorf("w1 still lent after it died: %v", lender.log)
+	}
+	if b := d.Stats().Borrowed["m"]; b != 1 && b != 2 {
+		t.Errorf("controller holds %d", b)
+	}
+	if ev := d.Stats().Events[capacity.EventKey{Kind: "borrow failed", Reason: "provider"}]; ev != 0 {
+		t.Errorf("a held worker's death reported as %d failed borrows", ev)
 	}
 }

@@ -119,18 +119,20 @@ func routerSample(lines []metricLine) sample {
 	return s
 }
 
-// between is the demand from a to b, dt apart. A counter that went back
-// (the router restarted) makes it nothing but the queue.
-func between(a, b sample, dt time.Duration) demand {
-	d := demand{queue: int(b.inflight)}
+// between is the demand from a to b, dt apart; ok is false when it is
+// not known: a counter went back (a router restarted: what it counted
+// before is gone, so the difference says nothing of the demand) or no
+// time passed.
+func between(a, b sample, dt time.Duration) (d demand, ok bool) {
+	d = demand{queue: int(b.inflight)}
 	if dt <= 0 || b.requests < a.requests || b.shed < a.shed {
-		return d
+		return d, false
 	}
 	s := dt.Seconds()
 	d.offered = (b.requests - a.requests) / s
 	d.shed = (b.shed - a.shed) / s
 	d.p99 = quantile(a.buckets, b.buckets, 0.99)
-	return d
+	return d, true
 }
 
 // quantile of the histogram's growth from a to b: the upper bound of the

@@ -50,8 +50,8 @@ func TestRouterSampleFromClientLibrary(t *testing.T) {
 	lat.WithLabelValues("/prism.v1.Registry/List").Observe(5)
 	inflight.Set(32)
 	b := expose()
-	d := between(a, b, 2*time.Second)
-	if d.offered != 100 || d.shed != 5 || d.queue != 32 || d.p99 != 100*time.Millisecond {
+	d, ok := between(a, b, 2*time.Second)
+	if !ok || d.offered != 100 || d.shed != 5 || d.queue != 32 || d.p99 != 100*time.Millisecond {
 		t.Errorf("demand %+v, want 100 offered, 5 shed, queue 32, p99 100ms", d)
 	}
 }

@@ -2,6 +2,7 @@ package loan
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -94,7 +95,13 @@ func ParseSpec(s string) (Spec, error) {
 			}
 			var err error
 			dur := func(d *time.Duration) { *d, err = time.ParseDuration(v) }
-			num := func(f *float64) { *f, err = strconv.ParseFloat(v, 64) }
+			num := func(f *float64) {
+				// NaN and Inf parse, and pass every comparison a check
+				// makes: capacity=NaN loaned nothing, silently.
+				if *f, err = strconv.ParseFloat(v, 64); err == nil && (math.IsNaN(*f) || math.IsInf(*f, 0)) {
+					err = fmt.Errorf("%q is not a finite number", v)
+				}
+			}
 			switch k {
 			case "max":
 				sp.Max, err = strconv.Atoi(v)

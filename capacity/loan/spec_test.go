@@ -36,6 +36,9 @@ func TestParseSpec(t *testing.T) {
 		{"local:max=2,tick", "not KEY=VALUE"},
 		{"local:max=2,tick=soon", "tick"},
 		{"local:max=2,high=0.5", "thresholds"},
+		{"local:max=2,capacity=NaN", `capacity: "NaN" is not a finite number`},
+		{"local:max=2,capacity=+Inf", `"+Inf" is not a finite number`},
+		{"local:max=2,high=Inf", `"Inf" is not a finite number`},
 	} {
 		if _, err := ParseSpec(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%q) = %v, want an error with %q", tc.in, err, tc.want)
@@ -82,18 +85,18 @@ func TestRouterDemand(t *testing.T) {
 	}
 	a := parse(text(100, 0, 100, 0, 0))
 	b := parse(text(290, 10, 280, 20, 64))
-	d := between(a, b, 2*time.Second)
-	if d.offered != 100 || d.shed != 5 || d.queue != 64 || d.p99 != 100*time.Millisecond {
+	d, ok := between(a, b, 2*time.Second)
+	if !ok || d.offered != 100 || d.shed != 5 || d.queue != 64 || d.p99 != 100*time.Millisecond {
 		t.Errorf("demand %+v, want 100 offered, 5 shed, queue 64, p99 100ms", d)
 	}
 	// 99% fast: the p99 is the fast bucket's bound.
 	c := parse(text(1290, 10, 1270, 20, 0))
-	if d := between(b, c, time.Second); d.p99 != 10*time.Millisecond {
+	if d, _ := between(b, c, time.Second); d.p99 != 10*time.Millisecond {
 		t.Errorf("p99 %v, want 10ms", d.p99)
 	}
-	// A restarted router: counters back to zero, no demand.
-	if d := between(c, a, time.Second); d.offered != 0 {
-		t.Errorf("after a restart: %+v", d)
+	// A restarted router: counters back to zero, the demand unknown.
+	if d, ok := between(c, a, time.Second); ok {
+		t.Errorf("after a restart: %+v, known", d)
 	}
 }
 
