@@ -233,7 +233,13 @@ func (p *Provider) start(w *worker) {
 			if !w.draining {
 				p.o.Logf("lent worker %s did not start: %v", w.id, err)
 			}
-			w.exited = true
+			if w.proc == nil {
+				w.exited = true // no process was started
+			}
+			// Else its exit says so: a drain that gave up the wait (ctx)
+			// leaves the process running until Return kills it; taken
+			// for exited, it was listed as not running and Return sent no
+			// kill, then waited out the whole grace at Shutdown.
 			return
 		}
 		w.addr, w.ready = addr, p.o.Now()

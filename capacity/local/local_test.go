@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,9 +19,12 @@ import (
 // ("dense tier listening on ...") and, on SIGTERM, exits after hold
 // (finishing what it holds); a kill ends it at once.
 type fakeStarter struct {
-	mu     sync.Mutex
-	n      int
-	hold   time.Duration
+	mu   sync.Mutex
+	n    int
+	hold time.Duration
+	// stuck workers never print their ready line and ignore SIGTERM (a
+	// worker hung in its start-up): only a kill ends them.
+	stuck  bool
 	envs   [][]string
 	events []string
 }
@@ -41,7 +45,9 @@ func (f *fakeStarter) Start(c *supervise.Child) (supervise.Process, io.Reader, e
 	f.envs = append(f.envs, c.Env)
 	f.mu.Unlock()
 	p := &fakeProc{s: f, name: c.Name, out: pw, done: make(chan struct{})}
-	go c.Ready.Write(pw, fmt.Sprintf("127.0.0.1:%d", 2000+n))
+	if !f.stuck {
+		go c.Ready.Write(pw, fmt.Sprintf("127.0.0.1:%d", 2000+n))
+	}
 	return p, pr, nil
 }
 
@@ -62,7 +68,9 @@ func (p *fakeProc) Signal(sig os.Signal) error {
 	switch sig {
 	case syscall.SIGTERM:
 		p.s.record("term " + p.name)
-		time.AfterFunc(p.s.hold, p.exit)
+		if !p.s.stuck {
+			time.AfterFunc(p.s.hold, p.exit)
+		}
 	case os.Kill:
 		p.s.record("kill " + p.name)
 		p.exit()
@@ -181,5 +189,45 @@ func TestReclaim(t *testing.T) {
 	}
 	if r := <-p.Reclaims(); r.Grace != 2*time.Second {
 		t.Errorf("grace %v", r.Grace)
+	}
+}
+
+// TestDrainWhileStarting: a worker drained before its ready line (a
+// reclaim, or a borrow given up) whose process does not exit on SIGTERM
+// is listed as running until it exits, and Return kills it at once.
+// Taken for exited when the drain gave up the wait, it was listed as not
+// running and Return sent no kill, then waited out the whole grace.
+func TestDrainWhileStarting(t *testing.T) {
+	s := &fakeStarter{stuck: true}
+	const grace = 20 * time.Second
+	p := newLender(t, s, Options{Max: 1, Slots: []Slot{{Name: "cpu0"}}, Grace: grace})
+	ctx := context.Background()
+	ids, err := p.Borrow(ctx, "m", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the worker's process", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.n == 1
+	})
+	if err := p.Drain(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the start's wait ends (cancelled)
+	if ws := p.Workers(); len(ws) != 1 || !ws[0].Running || !ws[0].Draining {
+		t.Fatalf("after a drain while starting: %+v, want it running (its process has not exited) and draining", ws)
+	}
+	start := time.Now()
+	if err := p.Return(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > grace/2 {
+		t.Fatalf("Return took %v: the worker was not killed but waited out its grace", d)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.Contains(s.events, "kill loan1") {
+		t.Fatalf("events %v, want the worker killed at its return", s.events)
 	}
 }
