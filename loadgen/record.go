@@ -47,6 +47,12 @@ type Recorder struct {
 	slo      time.Duration
 	inSLO    int64
 	lastDone time.Duration
+	// cutoff (0: none) is the end of the run's window plus the SLO: the
+	// OK answers done by then, and their samples, are the run's
+	// throughput, so that a straggler answered long after (up to the
+	// request timeout) does not stretch the time it is divided by.
+	cutoff                    time.Duration
+	okByCutoff, samplesCutoff int64
 }
 
 // NewRecorder returns a recorder counting answers within slo as attained.
@@ -113,6 +119,10 @@ func (r *Recorder) Done(intended, done time.Duration, samples int, code codes.Co
 	}
 	r.ok++
 	r.samples += int64(samples)
+	if done <= r.cutoff {
+		r.okByCutoff++
+		r.samplesCutoff += int64(samples)
+	}
 	s.ok++
 	s.samples += int64(samples)
 	if s.hist == nil {

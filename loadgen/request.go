@@ -185,7 +185,11 @@ func NewRequests(o RequestOptions) (*Requests, error) {
 			}
 		}
 		if !found {
-			return nil, fmt.Errorf("requests: context input %q is not an input of the model", name)
+			names := make([]string, len(o.Sig.Inputs))
+			for i, in := range o.Sig.Inputs {
+				names[i] = in.Name
+			}
+			return nil, fmt.Errorf("requests: context input %q (--context-inputs) is not an input of the model; its inputs: %s", name, strings.Join(names, ","))
 		}
 	}
 	if o.Criteo != nil {

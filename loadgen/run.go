@@ -158,6 +158,7 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 		return nil, err
 	}
 	rec := NewRecorder(o.SLO)
+	rec.cutoff = o.Duration + o.SLO
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -206,10 +207,11 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 
 	stopLive := startLive(o, rec, since)
 	var watched []float64
+	var watchErr error
 	watchCtx, stopWatch := context.WithCancel(parent)
 	watchDone := make(chan struct{})
 	if o.Watch != nil {
-		go watchLoop(watchCtx, o.Watch, o.Clock, start, &watched, watchDone)
+		go watchLoop(watchCtx, o.Watch, o.Clock, start, &watched, &watchErr, watchDone)
 	} else {
 		close(watchDone)
 	}
@@ -268,7 +270,8 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	for range jobs {
 	}
 	elapsed := since()
-	if !capped && parent.Err() == nil {
+	windowed := !capped && parent.Err() == nil
+	if windowed {
 		// The run offered load over its whole duration, even when the last
 		// arrival came before its end.
 		elapsed = max(elapsed, o.Duration)
@@ -279,10 +282,10 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	if genErr != nil {
 		return nil, genErr
 	}
-	sum := rec.summary(o, elapsed)
+	sum := rec.summary(o, elapsed, windowed)
 	sum.GeneratorCPU = (cpuTime() - cpu0).Seconds()
 	if o.Watch != nil {
-		sum.addWatched(o.Watch.Name, watched)
+		sum.addWatched(o.Watch.Name, watched, watchErr)
 	}
 	return sum, nil
 }

@@ -3,10 +3,14 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image/png"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -199,3 +203,91 @@ func TestFindMax(t *testing.T) {
 		t.Fatalf("from above: max rate %.1f err %v", res.MaxRate, err)
 	}
 }
+
+// stepClock is a fake clock: Sleep advances it.
+type stepClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *stepClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *stepClock) Sleep(_ context.Context, d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// slowLast answers at once, except request lg-<last>, which takes slow.
+type slowLast struct {
+	clock *stepClock
+	last  string
+	slow  time.Duration
+}
+
+func (s *slowLast) Send(_ context.Context, req *prismv1.RecommendRequest) error {
+	if req.RequestId == s.last {
+		s.clock.Sleep(context.Background(), s.slow)
+	}
+	return nil
+}
+
+// TestStragglerKeepsThroughput: one straggler at the end of a find-max
+// trial (answered 1 s late, within the request timeout) does not halve
+// the throughput: divided by the time to the last answer, it did, and
+// Judge failed the trial as "answered 100.3 req/s of 200.0 offered"
+// although 199 of 200 requests were answered at once.
+func TestStragglerKeepsThroughput(t *testing.T) {
+	clk := &stepClock{now: time.Unix(1000, 0)}
+	s := &slowLast{clock: clk, last: "lg-200", slow: time.Second}
+	o := Options{Profile: Constant(200), Poisson: false, Duration: time.Second, MaxRequests: 1e6, MaxInFlight: 1, Clock: clk, SLO: 60 * time.Millisecond}
+	sum, err := Run(context.Background(), o, tinyRequests(t, Fixed(1)), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fm := FindMaxOptions{SLO: 60 * time.Millisecond, MaxErrors: 0.01, MinAchieved: 0.95}
+	ok, why := fm.Judge(200, sum)
+	t.Logf("sent %d ok %d duration %.3fs offered %.1f rps throughput %.1f rps p99 %.2fms", sum.Sent, sum.OK, sum.DurationS, sum.OfferedRPS, sum.RPS, sum.P99)
+	if sum.RPS < 0.95*200 || !ok {
+		t.Fatalf("throughput %.1f req/s for 200 answered within a 1s run; Judge: pass=%v %q", sum.RPS, ok, why)
+	}
+}
+
+// TestWatchReads: GaugeWatch sums a metric's samples; a page without it
+// and a URL nobody answers are errors (read as 0, a wrong URL looked like
+// nothing borrowed), and a run whose reads all failed says so and why
+// instead of "peak NaN".
+func TestWatchReads(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "# HELP prism_capacity_borrowed_workers x\nprism_capacity_borrowed_workers{model=\"a\"} 2\nprism_capacity_borrowed_workers{model=\"b\"} 1\nprism_capacity_borrowed_workers_total 9\n")
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	if v, err := GaugeWatch("borrowed", srv.URL, "prism_capacity_borrowed_workers").Read(ctx); err != nil || v != 3 {
+		t.Fatalf("read %v, %v; want 3", v, err)
+	}
+	if _, err := GaugeWatch("borrowed", srv.URL, "prism_other").Read(ctx); err == nil || !strings.Contains(err.Error(), "no prism_other in it") {
+		t.Fatalf("a page without the metric: %v", err)
+	}
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	w := GaugeWatch("borrowed workers", deadURL, "prism_capacity_borrowed_workers")
+	if _, err := w.Read(ctx); err == nil {
+		t.Fatal("a URL nobody answers read without an error")
+	}
+	o := Options{Profile: Constant(50), Duration: 1500 * time.Millisecond, MaxRequests: 1e6, SLO: 60 * time.Millisecond, Watch: w}
+	sum, err := Run(ctx, o, tinyRequests(t, Fixed(1)), nopSender{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	sum.WriteText(&b)
+	if sum.WatchFailed == 0 || !strings.Contains(b.String(), "watched     borrowed workers: no read of") || strings.Contains(b.String(), "NaN") {
+		t.Fatalf("WatchFailed %d, report:\n%s", sum.WatchFailed, b.String())
+	}
+}
+
+// nopSender answers every request at once.
+type nopSender struct{}
+
+func (nopSender) Send(context.Context, *prismv1.RecommendRequest) error { return nil }

@@ -107,14 +107,19 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 			win = 1
 		}
 	}
-	n := int((pts[len(pts)-1].t-pts[0].t)/win) + 1
+	// window is the index of the window a time is in. The quotient of
+	// decimal times is inexact (0.3/0.1 is 2.9999999999999996): a
+	// billionth of a window's slack keeps a row from falling into the
+	// window before its own.
+	window := func(t float64) int { return int(math.Floor((t-pts[0].t)/win + 1e-9)) }
+	n := window(pts[len(pts)-1].t) + 1
 	if n > 10_000_000 {
 		return nil, fmt.Errorf("trace %s: %d windows of %gs; give a wider window", name, n, win)
 	}
 	rates := make([]float64, n)
 	seen := make([]bool, n)
 	for _, p := range pts {
-		i := min(int((p.t-pts[0].t)/win), n-1)
+		i := min(window(p.t), n-1)
 		v := p.v
 		if o.Count {
 			v /= win

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +100,21 @@ func TestParseGatewayTrace(t *testing.T) {
 	}
 	if tr.Peak() < 9 || tr.Peak()/lo < 6 {
 		t.Fatalf("peak %.2f valley %.2f: want the gateway's swing (peak 9.6 req/s, ratio > 6)", tr.Peak(), lo)
+	}
+}
+
+// TestTraceDecimalTimestamps: with decimal timestamps and a missing row,
+// the row of t=0.3 goes in the window of 0.3, not of 0.2 (in floating
+// point 0.3/0.1 is 2.9999999999999996): the gap repeats the rate before
+// it, and the trace is not a window short.
+func TestTraceDecimalTimestamps(t *testing.T) {
+	csv := "timestamp,value\n0,10\n0.1,20\n0.3,40\n"
+	tr, err := ParseTrace(strings.NewReader(csv), "t.csv", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []float64{10, 20, 20, 40} // the 0.2 window repeats 0.1's rate
+	if !slices.Equal(tr.Rates, want) {
+		t.Fatalf("step %v rates %v, want %v", tr.Step, tr.Rates, want)
 	}
 }

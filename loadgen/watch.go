@@ -38,7 +38,7 @@ func GaugeWatch(name, url, metric string) *Watch {
 		if resp.StatusCode != http.StatusOK {
 			return 0, fmt.Errorf("watch %s: %s", url, resp.Status)
 		}
-		sum := 0.0
+		sum, found := 0.0, false
 		sc := bufio.NewScanner(resp.Body)
 		for sc.Scan() {
 			line := sc.Text()
@@ -49,17 +49,24 @@ func GaugeWatch(name, url, metric string) *Watch {
 			f := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
 			if len(f) > 0 {
 				if v, err := strconv.ParseFloat(f[0], 64); err == nil {
-					sum += v
+					sum, found = sum+v, true
 				}
 			}
 		}
-		return sum, sc.Err()
+		if err := sc.Err(); err != nil {
+			return 0, fmt.Errorf("watch %s: %w", url, err)
+		}
+		if !found {
+			// Read as 0, a wrong URL's page looked like nothing borrowed.
+			return 0, fmt.Errorf("watch %s: no %s in it", url, metric)
+		}
+		return sum, nil
 	}}
 }
 
 // watchLoop samples w at each second of the run into vals (NaN when a
-// read fails) until ctx ends.
-func watchLoop(ctx context.Context, w *Watch, clock Clock, start time.Time, vals *[]float64, done chan<- struct{}) {
+// read fails, the first failure's error in *firstErr) until ctx ends.
+func watchLoop(ctx context.Context, w *Watch, clock Clock, start time.Time, vals *[]float64, firstErr *error, done chan<- struct{}) {
 	defer close(done)
 	for i := 0; ; i++ {
 		if d := start.Add(time.Duration(i) * time.Second).Sub(clock.Now()); d > 0 {
@@ -73,6 +80,9 @@ func watchLoop(ctx context.Context, w *Watch, clock Clock, start time.Time, vals
 		cancel()
 		if err != nil {
 			v = nan
+			if *firstErr == nil && ctx.Err() == nil {
+				*firstErr = err
+			}
 		}
 		*vals = append(*vals, v)
 	}
