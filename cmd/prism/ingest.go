@@ -13,6 +13,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/progress"
+	"github.com/prism-serve/prism/plan"
 )
 
 func init() { subcommands = append(subcommands, newIngestCmd) }
@@ -60,6 +61,11 @@ the shard it holds.`,
 			}
 			if io.DType, io.TableDTypes, err = store.ParseDTypes(dtype); err != nil {
 				return fmt.Errorf("--dtype: %w", err)
+			}
+			// A plan that cannot be read fails before the store is made:
+			// no empty store is left in a folder this run created.
+			if _, err := plan.Read(args[0]); err != nil {
+				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()

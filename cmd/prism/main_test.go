@@ -110,6 +110,8 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"workers not whole", nil, []string{"up", "--model", good, "--dense-workers", "1.5"}, `--dense-workers "1.5": want a whole number`},
 		{"rate not a number", nil, []string{"loadgen", "--model", "dlrm-tiny", "--rate", "fast"}, `--rate "fast": want a number`},
 		{"bool not a bool", nil, []string{"up", "--model", good, "--insecure=maybe"}, `--insecure "maybe": want true or false`},
+		{"store bench negative batch", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--batch", "-5"}, "--batch -5: want a positive value"},
+		{"store bench negative warm-up", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--warmup", "-10"}, "--warmup -10: want 0 or more"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -205,5 +207,11 @@ func TestBadInputFailsFast(t *testing.T) {
 	}
 	if _, err := os.Stat(db); !os.IsNotExist(err) {
 		t.Errorf("the refused ingest left its --db folder: %v", err)
+	}
+	if out, err := run(t, nil, "ingest", filepath.Join(dir, "nope"), "--db", db); err == nil || !strings.Contains(out, "plan.json") {
+		t.Errorf("ingest of a missing plan folder: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(db); !os.IsNotExist(err) {
+		t.Errorf("the ingest of a missing plan left its --db folder: %v", err)
 	}
 }

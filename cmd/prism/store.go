@@ -51,6 +51,15 @@ func newStoreBenchCmd() *cobra.Command {
   setup   build and ingest the tables only`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			w := cmd.OutOrStdout()
+			if err := flagval.Positive(cmd.Flags(), "batch", "batches", "dim"); err != nil {
+				return err
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "warmup", "max-rows", "miss-parallel"); err != nil {
+				return err
+			}
+			if cfg.Warmup == 0 {
+				cfg.Warmup = -1 // none (the Config's 0 is its default)
+			}
 			var err error
 			cfg.Dir = work
 			if cfg.HotBytes, err = flagval.Bytes(hot); err != nil {
@@ -81,7 +90,7 @@ func newStoreBenchCmd() *cobra.Command {
 			}
 			defer e.Close()
 			fmt.Fprintf(w, "machine: %s/%s, %d cores; %s: %d tables, dim %d, batch %d, dtype %s; setup %.0fs\n",
-				runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), e.Name, len(e.Tables), e.Dim, e.Cfg.Batch, e.Cfg.DType, time.Since(t0).Seconds())
+				runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), e.Name, len(e.Rows), e.Dim, e.Cfg.Batch, e.Cfg.DType, time.Since(t0).Seconds())
 			if r := e.Ingest; r != nil {
 				sec := r.Elapsed.Seconds()
 				fmt.Fprintf(w, "ingest: %d rows in %.1fs: %.2f M rows/s, %.0f MB/s (float32 source bytes)\n", r.Rows, sec, float64(r.Rows)/sec/1e6, float64(r.Bytes)/sec/1e6)
@@ -112,7 +121,7 @@ func newStoreBenchCmd() *cobra.Command {
 	f.StringVar(&zipfList, "zipf", "1.05", "Zipf exponents, comma-separated")
 	f.IntVar(&cfg.Batch, "batch", 256, "samples per batch")
 	f.IntVar(&cfg.Batches, "batches", 2000, "measured batches")
-	f.IntVar(&cfg.Warmup, "warmup", 2000, "warm-up batches")
+	f.IntVar(&cfg.Warmup, "warmup", 2000, "warm-up batches (0: none)")
 	f.StringVar(&hot, "hot-bytes", "1GiB", "hot tier size")
 	f.StringVar(&cache, "cache-bytes", "256MiB", "Pebble block cache size")
 	f.StringVar(&dtype, "dtype", "float32", "stored dtype")

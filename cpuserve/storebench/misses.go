@@ -67,8 +67,8 @@ func runMisses(w io.Writer, e *Env, zipfs []float64) error {
 			return err
 		}
 		// Warm-up in slices, so the id arrays stay small in the cgroup.
-		for i := 0; i < e.Cfg.Warmup; i += per {
-			warm, err := e.Batches(min(per, e.Cfg.Warmup-i), s, uint64(1000+100*zi+i))
+		for i := 0; i < e.Cfg.warmup(); i += per {
+			warm, err := e.Batches(min(per, e.Cfg.warmup()-i), s, uint64(1000+100*zi+i))
 			if err != nil {
 				return err
 			}

@@ -27,7 +27,7 @@ func runPreload(w io.Writer, e *Env) error {
 		e.Store = s
 		return nil
 	}
-	warm, err := e.Batches(e.Cfg.Warmup, e.Cfg.Zipf, 21)
+	warm, err := e.Batches(e.Cfg.warmup(), e.Cfg.Zipf, 21)
 	if err != nil {
 		return err
 	}

@@ -174,7 +174,7 @@ func runRedis(w io.Writer, e *Env) error {
 		return err
 	}
 	defer r.Close()
-	warm, err := e.Batches(e.Cfg.Warmup, e.Cfg.Zipf, 1)
+	warm, err := e.Batches(e.Cfg.warmup(), e.Cfg.Zipf, 1)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func Run(w io.Writer, e *Env, scenario string, zipfs []float64) error {
 }
 
 func runGather(w io.Writer, e *Env) error {
-	warm, err := e.Batches(e.Cfg.Warmup, e.Cfg.Zipf, 1)
+	warm, err := e.Batches(e.Cfg.warmup(), e.Cfg.Zipf, 1)
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func runLTM(w io.Writer, e *Env, zipfs []float64) error {
 	fmt.Fprintf(w, "larger than memory: tables %d MiB, hot tier %d MiB + block cache %d MiB (tables are %.1fx)\n",
 		tableBytes>>20, m.HotBytes>>20, e.Cfg.CacheBytes>>20, float64(tableBytes)/float64(m.HotBytes+e.Cfg.CacheBytes))
 	for i, s := range zipfs {
-		warm, err := e.Batches(e.Cfg.Warmup, s, uint64(10+2*i))
+		warm, err := e.Batches(e.Cfg.warmup(), s, uint64(10+2*i))
 		if err != nil {
 			return err
 		}

@@ -32,7 +32,7 @@ type Config struct {
 	Zipf       float64 // id exponent (default 1.05)
 	Batch      int     // samples per batch (default 256)
 	Batches    int     // measured batches (default 2000)
-	Warmup     int     // batches before measuring (default 2000)
+	Warmup     int     // batches before measuring (default 2000; negative: none)
 	HotBytes   int64   // store hot tier (-1: none)
 	CacheBytes int64   // Pebble block cache
 	DType      store.DType
@@ -67,6 +67,9 @@ func (c *Config) defaults() {
 		c.Log = func(string, ...any) {}
 	}
 }
+
+// warmup is the warm-up batches to run: Warmup, none when negative.
+func (c Config) warmup() int { return max(c.Warmup, 0) }
 
 // Env is a built data set: the flat tables, the plan on disk, the store.
 type Env struct {

@@ -72,23 +72,33 @@ func FormatBytes(n int64) string {
 // line to zero or less (an int, a float or a duration): a count, a size
 // or an interval that would otherwise be taken silently as "use the
 // default" or mean nothing. Flags left unset keep their defaults.
-func Positive(fs *pflag.FlagSet, names ...string) error {
+func Positive(fs *pflag.FlagSet, names ...string) error { return atLeast(fs, false, names) }
+
+// NonNegative refuses, among the flags of fs named, any set on the
+// command line below zero (where 0 means none or the default).
+func NonNegative(fs *pflag.FlagSet, names ...string) error { return atLeast(fs, true, names) }
+
+func atLeast(fs *pflag.FlagSet, zero bool, names []string) error {
 	for _, name := range names {
 		f := fs.Lookup(name)
 		if f == nil || !f.Changed {
 			continue
 		}
 		v := f.Value.String()
-		var bad bool
+		var x float64
+		var err error
 		switch f.Value.Type() {
 		case "duration":
-			d, err := time.ParseDuration(v)
-			bad = err != nil || d <= 0
+			var d time.Duration
+			d, err = time.ParseDuration(v)
+			x = float64(d)
 		default:
-			x, err := strconv.ParseFloat(v, 64)
-			bad = err != nil || x <= 0
+			x, err = strconv.ParseFloat(v, 64)
 		}
-		if bad {
+		switch {
+		case zero && (err != nil || x < 0):
+			return fmt.Errorf("--%s %s: want 0 or more", name, v)
+		case !zero && (err != nil || x <= 0):
 			return fmt.Errorf("--%s %s: want a positive value", name, v)
 		}
 	}

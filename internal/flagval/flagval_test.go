@@ -64,17 +64,18 @@ func TestFormatBytes(t *testing.T) {
 
 func TestPositive(t *testing.T) {
 	for _, tc := range []struct {
-		args []string
-		bad  string
+		args      []string
+		bad, bad0 string // from Positive, NonNegative
 	}{
-		{nil, ""},
-		{[]string{"--n", "3", "--d", "1ms", "--f", "0.5"}, ""},
-		{[]string{"--n", "0"}, "--n 0: want a positive value"},
-		{[]string{"--n", "-1"}, "--n -1: want a positive value"},
-		{[]string{"--d", "0s"}, "--d 0s: want a positive value"},
-		{[]string{"--d", "-1s"}, "--d -1s: want a positive value"},
-		{[]string{"--f", "0"}, "--f 0: want a positive value"},
-		{[]string{"--free", "-5"}, ""}, // not checked
+		{nil, "", ""},
+		{[]string{"--n", "3", "--d", "1ms", "--f", "0.5"}, "", ""},
+		{[]string{"--n", "0"}, "--n 0: want a positive value", ""},
+		{[]string{"--n", "-1"}, "--n -1: want a positive value", "--n -1: want 0 or more"},
+		{[]string{"--d", "0s"}, "--d 0s: want a positive value", ""},
+		{[]string{"--d", "-1s"}, "--d -1s: want a positive value", "--d -1s: want 0 or more"},
+		{[]string{"--f", "0"}, "--f 0: want a positive value", ""},
+		{[]string{"--f", "-0.5"}, "--f -0.5: want a positive value", "--f -0.5: want 0 or more"},
+		{[]string{"--free", "-5"}, "", ""}, // not checked
 	} {
 		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
 		fs.Int("n", 7, "")
@@ -87,6 +88,10 @@ func TestPositive(t *testing.T) {
 		err := Positive(fs, "n", "d", "f", "absent")
 		if got := fmt.Sprint(err); tc.bad == "" && err != nil || tc.bad != "" && !strings.Contains(got, tc.bad) {
 			t.Errorf("%v: %v, want %q", tc.args, err, tc.bad)
+		}
+		err = NonNegative(fs, "n", "d", "f", "absent")
+		if got := fmt.Sprint(err); tc.bad0 == "" && err != nil || tc.bad0 != "" && !strings.Contains(got, tc.bad0) {
+			t.Errorf("NonNegative %v: %v, want %q", tc.args, err, tc.bad0)
 		}
 	}
 }
