@@ -198,6 +198,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			}
 			return rep, err
 		}
+		if res.NotStarted && len(rep.Trials) == 0 {
+			// The first configuration did not even start (its store in
+			// use by another prism up, a folder it cannot write): every
+			// other would fail alike, and the search would end in "no
+			// configuration met the SLO".
+			rep.Trials = append(rep.Trials, TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()})
+			if err := writeReport(o.Out, rep); err != nil {
+				return rep, err
+			}
+			return rep, fmt.Errorf("tune: trial %d did not start, so no trial can: %s", n, res.Error)
+		}
 		tr := TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()}
 		if !o.Grid {
 			tr.Predicted, tr.EI = prop.Predicted, finite(prop.EI)
@@ -243,7 +254,7 @@ func finite(f float64) float64 {
 func priorRecords(rep *Report, now time.Time) []PriorRecord {
 	var out []PriorRecord
 	for _, t := range rep.Trials {
-		if t.Result.Error != "" && t.Result.SamplesPerS == 0 && t.Result.MaxRPS == 0 && t.Result.Steps == 0 {
+		if t.Result.NotStarted || t.Result.Error != "" && t.Result.SamplesPerS == 0 && t.Result.MaxRPS == 0 && t.Result.Steps == 0 {
 			continue // never measured (prism up did not start)
 		}
 		out = append(out, PriorRecord{Time: now.UTC(), Model: rep.Model, Features: rep.Features, Config: t.Config,
@@ -254,6 +265,9 @@ func priorRecords(rep *Report, now time.Time) []PriorRecord {
 
 func progressLine(o Options, rep *Report, tr TrialRecord, limit int, elapsed time.Duration) {
 	res := fmt.Sprintf("%.0f samples/s (%.1f req/s, p99 %.1f ms)", tr.Result.SamplesPerS, tr.Result.MaxRPS, tr.Result.P99Ms)
+	if tr.Result.LowerBound {
+		res += " at least: no find-max step failed (raise --steps)"
+	}
 	if tr.Result.Error != "" {
 		res = "failed: " + tr.Result.Error
 	}

@@ -183,3 +183,31 @@ func TestRunStoppedKeepsPrior(t *testing.T) {
 		t.Fatalf("prior scores %v and %v: want the best of the run at 1", recs[0].Score, recs[1].Score)
 	}
 }
+
+// notStartingTrialer's prism up never starts, for the reason why.
+type notStartingTrialer struct{ why string }
+
+func (t notStartingTrialer) Trial(context.Context, int, Config, float64) (Result, error) {
+	return Result{NotStarted: true, Error: t.why}, nil
+}
+
+// TestRunStopsWhenFirstTrialDoesNotStart: a first configuration whose
+// prism up does not start (its store in use, say) ends the search at
+// once with the reason, not after every configuration failed alike as
+// "no configuration met the SLO"; nothing goes to the prior.
+func TestRunStopsWhenFirstTrialDoesNotStart(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	priorFile := filepath.Join(dir, "prior.jsonl")
+	why := `prism up: up exited before it was ready: [router] prism: open update log "db-router-log": in use by another process`
+	rep, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, Prior: priorFile, Out: dir, Trialer: notStartingTrialer{why}})
+	if err == nil || !strings.Contains(err.Error(), "trial 1 did not start") || !strings.Contains(err.Error(), "in use by another process") {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(rep.Trials) != 1 || !rep.Trials[0].Result.NotStarted {
+		t.Fatalf("trials %+v, want the one that did not start", rep.Trials)
+	}
+	if _, err := os.Stat(priorFile); !os.IsNotExist(err) {
+		t.Fatalf("prior written from a run that measured nothing: %v", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prism-serve/prism/internal/readyline"
@@ -26,6 +27,13 @@ type Result struct {
 	Steps int `json:"steps"`
 	// Error, when set, says why the trial has no result.
 	Error string `json:"error,omitempty"`
+	// NotStarted says prism up did not start (Error says why): nothing
+	// was measured.
+	NotStarted bool `json:"not_started,omitempty"`
+	// LowerBound says no find-max step failed within its step limit:
+	// MaxRPS is the highest rate tried, not the highest that meets the
+	// SLO (raise prism tune --steps).
+	LowerBound bool `json:"lower_bound,omitempty"`
 }
 
 // Trialer measures one configuration.
@@ -114,7 +122,8 @@ func (t *ProcessTrialer) Trial(ctx context.Context, n int, c Config, startRPS fl
 		if ctx.Err() != nil {
 			return Result{}, ctx.Err()
 		}
-		return Result{Error: fmt.Sprintf("prism up: %v (see %s)", err, logPath)}, nil
+		return Result{NotStarted: true, Error: fmt.Sprintf("prism up: %s%s (see %s)",
+			strings.TrimSuffix(err.Error(), " (see its log above)"), lastErrorLine(logPath), logPath)}, nil
 	}
 	fmDir := filepath.Join(t.LogDir, fmt.Sprintf("trial-%02d", n))
 	args := append([]string{"loadgen", "--target", addr, "--model", t.Model, "--plan", t.Plan,
@@ -146,8 +155,11 @@ func readFindMax(path string) (Result, error) {
 	if err := json.Unmarshal(buf, &fm); err != nil {
 		return Result{}, fmt.Errorf("read find-max result %q: %w", path, err)
 	}
-	r := Result{MaxRPS: fm.MaxRate, Steps: len(fm.Trials)}
+	r := Result{MaxRPS: fm.MaxRate, Steps: len(fm.Trials), LowerBound: len(fm.Trials) > 0}
 	for _, tr := range fm.Trials {
+		if !tr.Pass {
+			r.LowerBound = false
+		}
 		if tr.Pass && tr.Rate == fm.MaxRate && tr.Summary != nil {
 			r.SamplesPerS = tr.Summary.SamplesPS
 			r.P99Ms = tr.Summary.Latency["p99"]
@@ -157,4 +169,26 @@ func readFindMax(path string) (Result, error) {
 		r.Error = "no find-max step met the SLO"
 	}
 	return r, nil
+}
+
+// lastErrorLine is ": " and the last line of the log at path in which
+// a prism process said why it stopped ("prism: ...", a child's tagged
+// "[router] prism: ..."), or "" when there is none: the cause of a
+// prism up that did not start, which its own error leaves to the log.
+func lastErrorLine(path string) string {
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(buf), "\n"), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if _, msg, ok := strings.Cut(l, "prism: "); ok && !strings.Contains(msg, "exited before it was ready") {
+			if len(l) > 300 {
+				l = l[:300] + "..."
+			}
+			return ": " + l
+		}
+	}
+	return ""
 }

@@ -110,6 +110,8 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"workers not whole", nil, []string{"up", "--model", good, "--dense-workers", "1.5"}, `--dense-workers "1.5": want a whole number`},
 		{"rate not a number", nil, []string{"loadgen", "--model", "dlrm-tiny", "--rate", "fast"}, `--rate "fast": want a number`},
 		{"bool not a bool", nil, []string{"up", "--model", good, "--insecure=maybe"}, `--insecure "maybe": want true or false`},
+		{"tune negative threshold", nil, []string{"tune", "--model", good, "--threshold", "-1"}, "--threshold -1: want a positive value"},
+		{"tune negative max trials", nil, []string{"tune", "--model", good, "--max-trials", "-2"}, "--max-trials -2: want 0 or more"},
 		{"store bench negative batch", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--batch", "-5"}, "--batch -5: want a positive value"},
 		{"store bench negative warm-up", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--warmup", "-10"}, "--warmup -10: want 0 or more"},
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/prism-serve/prism/gpuserve"
 	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/memlimit"
+	"github.com/prism-serve/prism/internal/up"
 	"github.com/prism-serve/prism/loadgen"
 	"github.com/prism-serve/prism/plan"
 	"github.com/prism-serve/prism/tune"
@@ -46,10 +47,10 @@ func newTuneCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tune --model PLAN_DIR --db DB [flags]",
 		Short: "Search the serving configuration of a model on this machine by measured trials (prism up + loadgen find-max)",
-		Long: `tune searches prism up's serving configuration (router micro-batch, dense
-max batch and max delay, ONNX Runtime threads per dense worker, dense workers,
-embedding hot-tier bytes) for the highest samples/s whose p99 meets --slo. Each
-trial starts prism up with one configuration, runs prism loadgen --find-max
+		Long: `tune searches prism up's serving configuration (router micro-batch and
+admit share, dense max batch and max delay, ONNX Runtime threads and sessions
+per dense worker, dense workers, embedding hot-tier bytes) for the highest
+samples/s whose p99 meets --slo. Each trial starts prism up with one configuration, runs prism loadgen --find-max
 against it and stops it. The search starts from a prior learned from earlier
 tuning runs of other models (--prior, read at the start and appended to at the
 end), refines around the best measured configuration, and stops when the next
@@ -63,6 +64,12 @@ OUT/tune.json serves with the best configuration.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if planDir == "" {
 				return errors.New("tune: --model PLAN_DIR is needed (make one with prism partition)")
+			}
+			if err := flagval.Positive(cmd.Flags(), "threshold", "start-rate", "slo", "step", "timeout", "ready-timeout"); err != nil {
+				return fmt.Errorf("tune: %w", err)
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "max-trials", "steps", "pool"); err != nil {
+				return fmt.Errorf("tune: %w", err)
 			}
 			if insecure && certs != "" {
 				return errors.New("tune: --insecure goes without --certs")
@@ -127,6 +134,9 @@ OUT/tune.json serves with the best configuration.`,
 				{Flag: "dense-sessions", Values: denseSessions, Default: "1"},
 			}}
 			if err := space.Validate(); err != nil {
+				return fmt.Errorf("tune: %w", err)
+			}
+			if err := checkSpace(space); err != nil {
 				return fmt.Errorf("tune: %w", err)
 			}
 			// prism up's defaults, where the space lists them.
@@ -267,4 +277,32 @@ func workerCounts(cpus int) []string {
 		}
 	}
 	return out
+}
+
+// checkSpace parses each value of each dimension as prism up would and
+// checks it as up does before it starts anything, so a value no trial
+// could run is refused before the first trial (each trial's up exited
+// before it was ready, and the search ended in "no configuration met
+// the SLO").
+func checkSpace(space tune.Space) error {
+	for _, d := range space.Dims {
+		for _, v := range d.Values {
+			var c up.Config
+			fl := upCmd(&c).Flags()
+			f := fl.Lookup(d.Flag)
+			if f == nil {
+				return fmt.Errorf("--%s is not a prism up flag", d.Flag)
+			}
+			if err := fl.Set(d.Flag, v); err != nil {
+				if want, ok := numberWanted[f.Value.Type()]; ok {
+					return fmt.Errorf("--%s %q: want %s", d.Flag, v, want)
+				}
+				return fmt.Errorf("--%s %q: %w", d.Flag, v, errors.Unwrap(err))
+			}
+			if err := c.Validate(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

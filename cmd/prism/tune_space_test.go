@@ -2,12 +2,14 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/plan"
+	"github.com/prism-serve/prism/tune"
 )
 
 // TestTuneSpaces: the default dense worker counts per core on the CPU,
@@ -102,5 +104,35 @@ func TestTuneHotSpace(t *testing.T) {
 	}
 	if w, tables := embeddingShare(&plan.Plan{Cost: plan.CostReport{TableBytes: 30 * GiB}}); w != 1 || tables != 30*GiB {
 		t.Errorf("unsharded: %d workers, %d bytes", w, tables)
+	}
+}
+
+// TestTuneCheckSpace: a value prism up would refuse is refused before
+// any trial, naming the flag (each trial's up exited before it was
+// ready, and the search ended in "no configuration met the SLO").
+func TestTuneCheckSpace(t *testing.T) {
+	dim := func(flag string, vals ...string) tune.Space {
+		return tune.Space{Dims: []tune.Dim{{Flag: "threads", Values: []string{"1"}}, {Flag: flag, Values: vals}}}
+	}
+	for _, tc := range []struct {
+		space tune.Space
+		want  string // "" : accepted
+	}{
+		{dim("micro-batch", "256", "512"), ""},
+		{dim("hot-bytes", "auto", "512MiB", "-1"), ""},
+		{dim("max-delay", "0s", "1ms"), ""},
+		{dim("admit-share", "1", "0.7"), ""},
+		{dim("micro-batch", "256", "abc"), `--micro-batch "abc": want a whole number`},
+		{dim("max-delay", "5"), `--max-delay "5": time: missing unit in duration "5"`},
+		{dim("hot-bytes", "12XB"), `--hot-bytes: "12XB" is not a size`},
+		{dim("admit-share", "2"), "--admit-share 2: want 0 < share <= 1"},
+		{dim("threads", "-1"), "--threads -1"},
+		{dim("dense-sessions", "100"), "--dense-sessions 100: want 1 to 64"},
+		{dim("nosuch", "1"), "--nosuch is not a prism up flag"},
+	} {
+		err := checkSpace(tc.space)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%v: %v, want %q", tc.space.Dims[1], err, tc.want)
+		}
 	}
 }

@@ -16,8 +16,11 @@ import (
 
 func init() { subcommands = append(subcommands, newUpCmd) }
 
-func newUpCmd() *cobra.Command {
-	var c up.Config
+func newUpCmd() *cobra.Command { return upCmd(&up.Config{}) }
+
+// upCmd is the up command, its flags parsed into c (tune reads a
+// configuration's values through them).
+func upCmd(c *up.Config) *cobra.Command {
 	var configFile, memLimit string
 	cmd := &cobra.Command{
 		Use:   "up --model PLAN_DIR...",
@@ -60,7 +63,7 @@ K) unless its store already holds it.`,
 				}
 				fmt.Fprintln(c.Stderr, "prism: warning: --insecure: every tier runs plaintext gRPC without authentication; anyone who reaches their ports may call every RPC")
 			}
-			return up.Run(ctx, c)
+			return up.Run(ctx, *c)
 		},
 	}
 	fl := cmd.Flags()

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -29,6 +30,7 @@ import (
 	"github.com/prism-serve/prism/capacity/loan"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
@@ -155,6 +157,34 @@ func dirExists(path string) bool {
 // with, before anything starts (a negative --dense-workers cut the
 // worker list out of range; --embedding-workers 0 reported a stack up
 // that could answer no request).
+// Validate checks the configuration's counts and values, as far as they
+// can be judged before anything starts (a child refusing a value would
+// stop up only after the others started, its error among their logs).
+func (c *Config) Validate() error {
+	if err := c.validateCounts(); err != nil {
+		return err
+	}
+	switch hb := strings.TrimSpace(c.HotBytes); {
+	case hb == "", hb == "auto", strings.HasPrefix(hb, "-"):
+	default:
+		if _, err := flagval.Bytes(hb); err != nil {
+			return fmt.Errorf("--hot-bytes: %w", err)
+		}
+	}
+	switch {
+	case c.BatchOrder != "" && c.BatchOrder != "edf" && c.BatchOrder != "fifo":
+		return fmt.Errorf("--batch-order %q: want edf or fifo", c.BatchOrder)
+	case !(c.AdmitShare >= 0 && c.AdmitShare <= 1):
+		return fmt.Errorf("--admit-share %g: want 0 < share <= 1 (0: the router's default)", c.AdmitShare)
+	}
+	if c.Addr != "" {
+		if _, _, err := net.SplitHostPort(c.Addr); err != nil {
+			return fmt.Errorf("--addr %q: want HOST:PORT: %w", c.Addr, err)
+		}
+	}
+	return nil
+}
+
 func (c *Config) validateCounts() error {
 	switch {
 	case c.DenseWorkers < 0:
@@ -192,7 +222,7 @@ func Run(ctx context.Context, c Config) error {
 	if c.ReadyTimeout <= 0 {
 		return fmt.Errorf("up: ready timeout %s, want > 0", c.ReadyTimeout)
 	}
-	if err := c.validateCounts(); err != nil {
+	if err := c.Validate(); err != nil {
 		return fmt.Errorf("up: %w", err)
 	}
 	if c.AuthTokenFile != "" {
@@ -324,6 +354,11 @@ func Run(ctx context.Context, c Config) error {
 	// (DB-router-log), so a restarted router still catches lagging
 	// workers up, and stacks on stores in one folder keep logs apart.
 	updateLog := UpdateLogDir(c.DB)
+	if locked(updateLog) || locked(c.DB) {
+		// Said by the router child, it named its own flag
+		// (--update-log-dir) among the other children's logs.
+		return fmt.Errorf("up: --db %s is in use by another prism up (or a prism serve of it): stop that one or give this one another --db", c.DB)
+	}
 	if legacy := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log"); dirExists(legacy) {
 		how := "remove it"
 		if !dirExists(updateLog) {

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve/devices"
@@ -310,6 +313,10 @@ func TestRunRefusesCounts(t *testing.T) {
 		{"negative sessions", func(c *Config) { c.DenseSessions = -2 }, "--dense-sessions -2"},
 		{"too many sessions", func(c *Config) { c.DenseSessions = 65 }, "--dense-sessions 65"},
 		{"across models", func(c *Config) { c.DenseAcrossModels = "auto" }, `--dense-across-models "auto"`},
+		{"hot bytes not a size", func(c *Config) { c.HotBytes = "1XB" }, `--hot-bytes: "1XB" is not a size`},
+		{"batch order", func(c *Config) { c.BatchOrder = "x" }, `--batch-order "x": want edf or fifo`},
+		{"address", func(c *Config) { c.Addr = "foo" }, `--addr "foo": want HOST:PORT`},
+		{"admit share", func(c *Config) { c.AdmitShare = 1.5 }, "--admit-share 1.5"},
 		{"token over plaintext", func(c *Config) { c.AuthTokenFile = "token.txt" }, "--auth-token-file needs TLS"},
 		{"no token file", func(c *Config) { c.Insecure, c.AuthTokenFile = false, filepath.Join(t.TempDir(), "none") }, "--auth-token-file"},
 		{"short token", func(c *Config) {
@@ -364,4 +371,49 @@ func TestServable(t *testing.T) {
 			t.Errorf("%s: %q, want ready %v", tc.name, why, tc.ready)
 		}
 	}
+}
+
+// TestLocked: a folder whose Pebble LOCK another open holds is locked;
+// closed, or without a LOCK file, it is not.
+func TestLocked(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "db")
+	if locked(dir) {
+		t.Fatal("a folder that does not exist is locked")
+	}
+	db, err := pebble.Open(dir, &pebble.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pebble's lock is a POSIX record lock: another process's. In this
+	// one F_GETLK sees no conflict with its own lock, so the check is
+	// run in a child (the test binary, told by the environment).
+	if !lockedInChild(t, dir) {
+		t.Error("a folder an open store holds is not locked")
+	}
+	db.Close()
+	if lockedInChild(t, dir) || locked(dir) {
+		t.Error("a closed store's folder is locked")
+	}
+}
+
+// lockedInChild asks locked(dir) in a child process (this test binary
+// running TestLockedChild).
+func lockedInChild(t *testing.T, dir string) bool {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLockedChild$")
+	cmd.Env = append(os.Environ(), "PRISM_TEST_LOCKED_DIR="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	return strings.Contains(string(out), "locked=true")
+}
+
+// TestLockedChild is lockedInChild's child: it prints locked(dir).
+func TestLockedChild(t *testing.T) {
+	dir := os.Getenv("PRISM_TEST_LOCKED_DIR")
+	if dir == "" {
+		t.Skip("the child of TestLocked, run by it")
+	}
+	fmt.Printf("locked=%v\n", locked(dir))
 }
