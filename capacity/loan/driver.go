@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -81,6 +82,8 @@ type Driver struct {
 	// lastDemand is the last demand measured: it stands at a tick that
 	// cannot measure one (a router restarted, no router to scrape).
 	lastDemand demand
+	// shedLogged is the last shed advice logged.
+	shedLogged float64
 	cap        float64 // measured capacity per worker
 	// failures are borrowed workers the provider did not deliver, for
 	// the next observation; failed the ids already reported.
@@ -330,7 +333,18 @@ func (d *Driver) act(ctx context.Context, now time.Time, dec capacity.Decision) 
 		// The router has no hook to shed a fraction early: its admission
 		// already refuses, with ResourceExhausted, what it predicts would
 		// finish past the deadline. The advice is logged and counted.
-		d.o.Logf("loan: shed advice %.0f%% of %s (%s); not applied: the router's admission sheds on its own", 100*dec.Frac, dec.Model, dec.Reason)
+		// Logged when it moves by 5 points or more, or to or from none:
+		// the advice follows the offered rate, which moves every tick.
+		d.mu.Lock()
+		last := d.shedLogged
+		show := math.Abs(dec.Frac-last) >= 0.05 || (dec.Frac == 0) != (last == 0)
+		if show {
+			d.shedLogged = dec.Frac
+		}
+		d.mu.Unlock()
+		if show {
+			d.o.Logf("loan: shed advice %.0f%% of %s (%s); not applied: the router's admission sheds on its own", 100*dec.Frac, dec.Model, dec.Reason)
+		}
 	}
 	d.mu.Lock()
 	d.record(now, ev)

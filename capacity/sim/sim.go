@@ -89,9 +89,12 @@ func (c *Config) Validate() error {
 	if !(c.CapacityPerWorker > 0) || math.IsInf(c.CapacityPerWorker, 0) {
 		errs = append(errs, fmt.Errorf("capacity per worker must be a positive number, got %v", c.CapacityPerWorker))
 	}
+	end := c.Step * time.Duration(len(c.Rates)) // the trace's length
 	for _, p := range c.Promotions {
 		if err := p.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("promotion: %w", err))
+		} else if end > 0 && p.Start >= end {
+			errs = append(errs, fmt.Errorf("promotion at %v starts past the trace's end (%v): it would change nothing", p.Start, end))
 		}
 	}
 	for _, d := range []struct {
@@ -109,8 +112,11 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("owned %d and lender idle %d must not be negative", c.Owned, c.LenderIdle))
 	}
 	for _, r := range c.Reclaims {
-		if r < 0 {
+		switch {
+		case r < 0:
 			errs = append(errs, fmt.Errorf("reclaim at %v is negative", r))
+		case end > 0 && r >= end:
+			errs = append(errs, fmt.Errorf("reclaim at %v is past the trace's end (%v): it would never be injected", r, end))
 		}
 	}
 	return errors.Join(errs...)

@@ -141,6 +141,8 @@ func TestConfigErrors(t *testing.T) {
 		{func(c *Config) { c.Controller.Low = 0.9 }, "0 < low <= target < high <= 1"},
 		{func(c *Config) { c.Promotions[0].Factor = -1 }, "factor -1 must be a positive number"},
 		{func(c *Config) { c.Owned = -1 }, "owned -1"},
+		{func(c *Config) { c.Reclaims = []time.Duration{c.Step * time.Duration(len(c.Rates))} }, "past the trace's end"},
+		{func(c *Config) { c.Promotions[0].Start = c.Step * time.Duration(len(c.Rates)+1) }, "starts past the trace's end"},
 	} {
 		cfg := spike(capacity.Reactive)
 		c.mod(&cfg)
