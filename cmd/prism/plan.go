@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/placement"
 	"github.com/prism-serve/prism/placement/cli"
 	"github.com/prism-serve/prism/placement/cnhn"
@@ -70,6 +71,11 @@ It writes curves.csv, summary.csv, alloc.png and frag.png to --out.`,
 				return fmt.Errorf("--policy: %w", err)
 			}
 			c.Out = out
+			if top := 100 * c.Inflation; c.Inflation > 0 && float64(c.At) > top || c.At <= 0 {
+				// The summary would report the last point reached as if
+				// it were the load asked for.
+				return fmt.Errorf("--at %d: want a percent of GPU capacity the runs arrive at, 1 to %.0f (--inflation %g)", c.At, max(top, 100), c.Inflation)
+			}
 			return cli.Simulate(cmd.OutOrStdout(), cmd.ErrOrStderr(), c)
 		},
 	}
@@ -104,6 +110,12 @@ fragmentation (unallocated share of the nodes in use).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path, err := dataFlag("trace", trace, cli.PrismTrace)
 			if err != nil {
+				return err
+			}
+			if err := flagval.Positive(cmd.Flags(), "gpu-node-cores", "gpu-node-gpus", "gpu-node-mem", "cpu-node-cores", "cpu-node-mem"); err != nil {
+				return err
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "gpu-node-rnics", "cpu-node-rnics"); err != nil {
 				return err
 			}
 			return cli.CNHN(cmd.OutOrStdout(), cmd.ErrOrStderr(), path, cnhn.Options{GPUNode: gpu, CPUNode: cpu})

@@ -53,6 +53,10 @@ func TestPlanFlagErrors(t *testing.T) {
 		{[]string{"plan", "simulate", "--nodes", "n.csv", "--tasks", "t.csv", "--seeds", "5-1"}, `prism: --seeds: bad range "5-1", want like 42-51`},
 		{[]string{"plan", "simulate", "--nodes", "n.csv", "--tasks", "t.csv", "--policy", "nope"}, `prism: --policy: unknown policy "nope"`},
 		{[]string{"plan", "mig", "--demands", "a"}, `prism: --demands: "a", want name=demand`},
+		{[]string{"plan", "mig", "--demands", "a=1,a=2"}, `prism: --demands: "a=2": service a given twice`},
+		{[]string{"plan", "mig", "--demands", "a=-1"}, `prism: --demands: "a=-1": a demand is 0 or more full GPUs`},
+		{[]string{"plan", "simulate", "--nodes", "n.csv", "--tasks", "t.csv", "--at", "200"}, `prism: --at 200: want a percent of GPU capacity the runs arrive at, 1 to 130 (--inflation 1.3)`},
+		{[]string{"plan", "cnhn", "--trace", "p.csv", "--gpu-node-gpus", "0"}, `prism: --gpu-node-gpus 0: want a positive value`},
 	} {
 		out, err := run(t, nil, c.args...)
 		if err == nil || !strings.HasPrefix(out, c.want) {

@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -15,12 +16,19 @@ import (
 // demands and the default throughput table alike.
 func ParseDemands(s string, m mig.Model, full float64) ([]mig.Service, error) {
 	var svcs []mig.Service
+	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
 		name, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		d, perr := strconv.ParseFloat(v, 64)
-		if !ok || perr != nil || d < 0 {
+		switch {
+		case !ok || perr != nil || name == "":
 			return nil, fmt.Errorf("%q, want name=demand", kv)
+		case !(d >= 0) || math.IsInf(d, 0):
+			return nil, fmt.Errorf("%q: a demand is 0 or more full GPUs", kv)
+		case seen[name]:
+			return nil, fmt.Errorf("%q: service %s given twice", kv, name)
 		}
+		seen[name] = true
 		svcs = append(svcs, mig.Service{Name: name, Demand: d * full, Throughput: mig.DefaultThroughput(m, full)})
 	}
 	return svcs, nil
