@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/plan"
@@ -81,6 +82,9 @@ func checkShardParent(db string) error {
 		return err
 	}
 	if isStore(db) {
+		if parent := filepath.Dir(filepath.Clean(db)); strings.HasPrefix(filepath.Base(db), "shard-") {
+			return fmt.Errorf("%s is one shard's store; a sharded model's --db is the folder of its shards' stores: give --db %s", db, parent)
+		}
 		return fmt.Errorf("%s is an embedding store (of an unsharded model?); a sharded model needs a folder for its shards' stores (db/shard-K): give another --db", db)
 	}
 	return nil

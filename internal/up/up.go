@@ -277,6 +277,12 @@ func Run(ctx context.Context, c Config) error {
 			fmt.Fprintf(c.Stderr, "up: the models are sharded into %d shards: %d embedding workers (%d per shard, --replicas), not %d\n", shards, shards*c.Replicas, c.Replicas, c.EmbeddingWorkers)
 		}
 		c.EmbeddingWorkers = shards * c.Replicas
+		// Before the certificates are made beside it.
+		if err := checkShardParent(c.DB); err != nil {
+			return fmt.Errorf("up: %w", err)
+		}
+	} else if c.Replicas > 1 {
+		fmt.Fprintf(c.Stderr, "up: --replicas %d is for sharded models (prism shard), and these are not: %d embedding worker(s) of the whole model (--embedding-workers)\n", c.Replicas, c.EmbeddingWorkers)
 	}
 	var dialCreds grpc.DialOption
 	if c.Insecure {

@@ -417,3 +417,32 @@ func TestLockedChild(t *testing.T) {
 	}
 	fmt.Printf("locked=%v\n", locked(dir))
 }
+
+// TestCheckShardParent: a sharded model's --db is the folder of its
+// shards' stores; given one shard's store, the error names the folder to
+// give instead, and given an unsharded model's store, says so.
+func TestCheckShardParent(t *testing.T) {
+	root := t.TempDir()
+	mk := func(dir string) string {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "OPTIONS-000001"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	shard := mk(filepath.Join(root, "db", "shard-0"))
+	whole := mk(filepath.Join(root, "whole"))
+	for _, tc := range []struct{ db, want string }{
+		{filepath.Join(root, "db"), ""},
+		{filepath.Join(root, "new"), ""},
+		{shard, "is one shard's store; a sharded model's --db is the folder of its shards' stores: give --db " + filepath.Join(root, "db")},
+		{whole, "is an embedding store (of an unsharded model?)"},
+	} {
+		err := checkShardParent(tc.db)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("checkShardParent(%s): %v, want %q", tc.db, err, tc.want)
+		}
+	}
+}
