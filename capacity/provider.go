@@ -44,16 +44,18 @@ type ProviderReclaim struct {
 
 // LentWorker is one lent worker as the lender sees it.
 type LentWorker struct {
-	ID, Model string
+	ID    string `json:"id"`
+	Model string `json:"model"`
 	// Addr is the worker's serving address once it has printed it (""
 	// while it starts): the driver finds it in the router's registry by
 	// it.
-	Addr string
+	Addr string `json:"addr"`
 	// Running: its process (or Pod) has not exited.
-	Running bool
+	Running bool `json:"running"`
 	// Draining: Drain was called.
-	Draining bool
+	Draining bool `json:"draining"`
 	// Lent is when the lender started it; Ready when it printed its
 	// address (zero until then).
-	Lent, Ready time.Time
+	Lent  time.Time `json:"lent"`
+	Ready time.Time `json:"ready"`
 }

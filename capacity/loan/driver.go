@@ -63,9 +63,11 @@ type Event struct {
 	T      float64 `json:"t"`
 	Kind   string  `json:"kind"` // borrow, drain, return, shed, reclaim, borrow failed, serving
 	Worker string  `json:"worker,omitempty"`
-	N      int     `json:"n,omitempty"`
-	Frac   float64 `json:"frac,omitempty"`
-	Reason string  `json:"reason,omitempty"`
+	// Workers are a borrow's workers, as the lender named them.
+	Workers []string `json:"workers,omitempty"`
+	N       int      `json:"n,omitempty"`
+	Frac    float64  `json:"frac,omitempty"`
+	Reason  string   `json:"reason,omitempty"`
 	// Borrowed is the workers borrowed after it (asked for, starting,
 	// serving or draining).
 	Borrowed int `json:"borrowed"`
@@ -310,7 +312,7 @@ func (d *Driver) act(ctx context.Context, now time.Time, dec capacity.Decision) 
 	switch dec.Kind {
 	case capacity.Borrow:
 		ids, err := d.o.Provider.Borrow(ctx, dec.Model, dec.N)
-		ev.Worker = fmt.Sprint(ids)
+		ev.Workers = ids
 		d.o.Logf("loan: borrow %d dense worker(s) from %s (%s: %.1f requests/s offered, %.1f shed, p99 %s, capacity %.1f per worker): %v",
 			dec.N, d.o.Provider.Name(), dec.Reason, obs.Offered, obs.Shed, obs.P99, obs.CapacityPerWorker, ids)
 		if err != nil {
@@ -402,7 +404,8 @@ func (d *Driver) Status() Status {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.ctl.Stats()
-	st := Status{Provider: d.o.Provider.Name(), Workers: d.o.Provider.Workers(), Events: slices.Clone(d.events), Counts: map[string]int{},
+	// Empty lists are [], not null, for the readers of GET /loan.
+	st := Status{Provider: d.o.Provider.Name(), Workers: append([]capacity.LentWorker{}, d.o.Provider.Workers()...), Events: append([]Event{}, d.events...), Counts: map[string]int{},
 		GPUHours: s.BorrowedGPUSeconds / 3600, Capacity: d.lastObs.CapacityPerWorker, CutOff: s.ReleasedWithInFlight,
 		Last: map[string]any{"offered_rps": d.lastObs.Offered, "shed_rps": d.lastObs.Shed, "p99_s": d.lastObs.P99.Seconds(), "queue": d.lastObs.QueueDepth}}
 	for _, n := range s.Borrowed {

@@ -29,9 +29,9 @@ import (
 type loanStatus struct {
 	Borrowed int `json:"borrowed"`
 	Workers  []struct {
-		ID    string `json:"ID"`
-		Addr  string `json:"Addr"`
-		Ready time.Time
+		ID    string    `json:"id"`
+		Addr  string    `json:"addr"`
+		Ready time.Time `json:"ready"`
 	} `json:"workers"`
 	Events []struct {
 		T        float64 `json:"t"`
