@@ -310,6 +310,24 @@ func writeReport(dir string, rep *Report) error {
 	return nil
 }
 
+// TunedFor is the model a tune.json at path was tuned for ("" for a
+// plain JSON object of flags, or a file that cannot be read: ReadConfig
+// says why).
+func TunedFor(path string) string {
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var top struct {
+		Model string          `json:"model"`
+		Best  json.RawMessage `json:"best"`
+	}
+	if json.Unmarshal(buf, &top) != nil || top.Best == nil {
+		return ""
+	}
+	return top.Model
+}
+
 // ReadConfig reads the configuration prism up --config takes: the best
 // configuration of a tune.json, or a JSON object of prism up flags to
 // values (strings, numbers or booleans).

@@ -211,3 +211,26 @@ func TestRunStopsWhenFirstTrialDoesNotStart(t *testing.T) {
 		t.Fatalf("prior written from a run that measured nothing: %v", err)
 	}
 }
+
+// TestTunedFor: a tune.json names the model it was tuned for; a plain
+// object of flags, or a file that is not one, names none.
+func TestTunedFor(t *testing.T) {
+	dir := t.TempDir()
+	for body, want := range map[string]string{
+		`{"model": "dlrm-kaggle", "mode": "grid", "best": {"config": {"threads": "1"}}}`: "dlrm-kaggle",
+		`{"model": "x", "mode": "grid"}`:                                                 "",
+		`{"threads": "2"}`:                                                               "",
+		`not json`:                                                                       "",
+	} {
+		p := filepath.Join(dir, "c.json")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := TunedFor(p); got != want {
+			t.Errorf("TunedFor(%s) = %q, want %q", body, got, want)
+		}
+	}
+	if got := TunedFor(filepath.Join(dir, "none.json")); got != "" {
+		t.Errorf("a missing file: %q", got)
+	}
+}

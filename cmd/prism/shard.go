@@ -29,7 +29,8 @@ share of the lookups; shards balanced by bytes and by expected lookups.
 Expected lookups come from --criteo (row frequencies counted on a Criteo
 sample, by default the sample the project's tests read when it is there
 and the model reads Criteo rows) or --zipf S (row r looked up with weight
-1/(r+1)^S). Then ingest each shard into its worker's store with
+1/(r+1)^S); with neither and no sample at hand, --zipf 1.05 (it says so).
+Then ingest each shard into its worker's store with
 prism ingest PLAN_DIR --db DIR --shard K.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -48,6 +48,9 @@ func newStoreBenchCmd() *cobra.Command {
           --miss-parallel readers) per --zipf exponent, with the time in
           file reads and the device bytes; drops the store files' page
           cache first (run it in a memory cgroup: scripts/bench-ltm.sh)
+  preload fresh Zipf batches against a hot tier of --hot-bytes filled by
+          its misses (admission) and against a tier holding every row,
+          preloaded at open; the raw gather beside each
   setup   build and ingest the tables only`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			w := cmd.OutOrStdout()

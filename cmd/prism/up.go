@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/prism-serve/prism/gpuserve"
 	"github.com/prism-serve/prism/internal/up"
+	"github.com/prism-serve/prism/plan"
 	"github.com/prism-serve/prism/tune"
 )
 
@@ -43,6 +46,17 @@ K) unless its store already holds it.`,
 			if configFile != "" {
 				if err := applyConfig(cmd.Flags(), configFile); err != nil {
 					return fmt.Errorf("up: --config: %w", err)
+				}
+				if tuned := tune.TunedFor(configFile); tuned != "" {
+					var served []string
+					for _, dir := range c.Plans {
+						if pl, err := plan.Read(dir); err == nil {
+							served = append(served, pl.Model.Name)
+						}
+					}
+					if len(served) > 0 && !slices.Contains(served, tuned) {
+						fmt.Fprintf(cmd.ErrOrStderr(), "up: warning: --config %s was tuned for model %s, and this stack serves %s: its configuration may not suit them (prism tune --model PLAN_DIR tunes one)\n", configFile, tuned, strings.Join(served, ", "))
+					}
 				}
 			}
 			if len(c.Plans) == 0 {
