@@ -30,5 +30,12 @@ func CNHN(stdout, stderr io.Writer, tracePath string, o cnhn.Options) error {
 	for _, r := range []*cnhn.Result{d, m} {
 		fmt.Fprintf(stdout, "%-14s %9d %9d %8.1f%% %8.1f%% %11.1f%% %11.1f%% %9d %12.0f\n", r.Mode, r.PeakGPUNodes, r.PeakCPUNodes, r.CPUFragPct, r.GPUFragPct, r.GPUPoolCPUFragPct, r.CPUPoolCPUFragPct, r.Unplaced, r.CappedCores)
 	}
+	fmt.Fprintln(stdout, "peak nodes of each pool; cpu_frag, gpu_frag: unallocated share of the nodes in use, over time; gpupool_cpu, cpupool_cpu: cpu_frag of each pool alone")
+	if d.Unplaced > 0 || m.Unplaced > 0 {
+		fmt.Fprintf(stdout, "unplaced: instances larger than an empty node of their pool (%d of %d; larger --gpu-node-* / --cpu-node-* shapes place them)\n", max(d.Unplaced, m.Unplaced), d.Instances)
+	}
+	if m.CappedCores > 0 {
+		fmt.Fprintln(stdout, "capped_vcpu: vCPUs cut off monolithic instances whose HN and CN together exceed a GPU node (placed capped, not dropped)")
+	}
 	return nil
 }
