@@ -35,8 +35,11 @@ type lease struct {
 	draining      bool
 	drainedAt     time.Duration
 	drainReason   string // ReasonLowDemand, ReasonReclaim or ReasonLost
-	deadline      time.Duration
-	missing       int // observations in a row without it
+	// retry: adopted draining after a return the lender failed; it is
+	// returned again in the tick that adopts it.
+	retry    bool
+	deadline time.Duration
+	missing  int // observations in a row without it
 }
 
 type pending struct {
@@ -176,9 +179,9 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 			l = &lease{worker: id, model: model, decidedAt: now}
 			if w.State == Draining {
 				// Drained and returned before, its return failed (the
-				// lender still lists it): return it again once it holds
-				// nothing. No borrow asked for it, nor is it a new one.
-				l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonDrained, now+c.o.DrainTimeout
+				// lender still lists it): return it again. No borrow
+				// asked for it, nor is it a new one.
+				l.draining, l.drainedAt, l.drainReason, l.deadline, l.retry = true, now, ReasonDrained, now, true
 				c.stats.Events[EventKey{"adopt", "draining"}]++
 			} else {
 				if at, ok := c.takePending(model); ok {
@@ -237,6 +240,11 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 				l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonLost, now+c.o.DrainTimeout
 				emit(Decision{Kind: Drain, Model: l.model, Worker: id, Reason: ReasonLost})
 			}
+		case l.retry:
+			// A return the lender failed: again at once, its work in
+			// flight counted at the first release already.
+			delete(c.leases, id)
+			emit(Decision{Kind: Return, Model: l.model, Worker: id, Reason: ReasonRetry})
 		case !l.draining || l.drainedAt == now:
 		case !ok || w.InFlight == 0:
 			delete(c.leases, id)

@@ -424,3 +424,52 @@ func statsText(s Stats) string {
 	fmt.Fprintf(&b, "released with work in flight: %d", s.ReleasedWithInFlight)
 	return b.String()
 }
+
+// TestFailedReturnRetriedNextTick: a worker released at a reclaim's
+// deadline whose return the lender failed (it still lists the worker,
+// draining, with work in flight) is returned again at the next tick, and
+// the work it held is counted as cut off once. Adopted with a fresh drain
+// timeout, it went back a minute late and was counted again.
+func TestFailedReturnRetriedNextTick(t *testing.T) {
+	c, err := New(Options{MinLease: time.Second, CoolDown: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := func(st WorkerState, inflight int, rec ...Reclaim) Observation {
+		return Observation{LenderIdle: 4, Reclaims: rec, Models: []ModelObs{{Model: "m", Offered: 180, CapacityPerWorker: 100,
+			Workers: []Worker{{ID: "o1", State: Serving}, {ID: "b1", Borrowed: true, State: st, InFlight: inflight}}}}}
+	}
+	tick := func(at time.Duration, o Observation) []Decision {
+		t.Helper()
+		ds, err := c.Tick(at, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds
+	}
+	tick(0, obs(Serving, 0))
+	tick(10*time.Second, obs(Serving, 2, Reclaim{Worker: "b1", Deadline: 40 * time.Second}))
+	var ret []Decision
+	for _, d := range tick(40*time.Second, obs(Draining, 2)) {
+		if d.Kind == Return {
+			ret = append(ret, d)
+		}
+	}
+	if len(ret) != 1 {
+		t.Fatalf("no return at the grace's end: %v", ret)
+	}
+	cut := c.Stats().ReleasedWithInFlight
+	// The return failed: the lender still lists b1, draining, same work.
+	retried := time.Duration(-1)
+	for at := 50 * time.Second; at <= 3*time.Minute; at += 10 * time.Second {
+		for _, d := range tick(at, obs(Draining, 2)) {
+			if d.Kind == Return && d.Worker == "b1" && retried < 0 {
+				retried = at
+			}
+		}
+	}
+	if retried != 50*time.Second || c.Stats().ReleasedWithInFlight != cut {
+		t.Fatalf("a return that failed past the lender's deadline (40s) was retried at %v (want the next tick, 50s); work cut off counted %d then %d",
+			retried, cut, c.Stats().ReleasedWithInFlight)
+	}
+}

@@ -63,7 +63,8 @@ type Options struct {
 	StartupEstimate time.Duration
 	// BorrowTimeout: a borrow whose worker has not appeared after it is
 	// given up, and a borrowed worker that has not served by then is
-	// drained and returned (10m).
+	// drained and returned (10m, or twice StartupEstimate if longer; it
+	// must exceed StartupEstimate).
 	BorrowTimeout time.Duration
 	// DrainTimeout: a worker drained for low demand is returned when its
 	// in-flight work is done or after this long (1m). A reclaim uses the
@@ -99,7 +100,8 @@ func (o *Options) EnsureDefaults() {
 		o.StartupEstimate = 2 * time.Minute
 	}
 	if o.BorrowTimeout == 0 {
-		o.BorrowTimeout = 10 * time.Minute
+		// Past twice the expected start: a slow start is not given up.
+		o.BorrowTimeout = max(10*time.Minute, 2*o.StartupEstimate)
 	}
 	if o.DrainTimeout == 0 {
 		o.DrainTimeout = time.Minute
@@ -125,6 +127,9 @@ func (o *Options) Validate() error {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("capacity %s must not be negative, got %v", d.name, d.v))
 		}
+	}
+	if o.BorrowTimeout <= o.StartupEstimate {
+		errs = append(errs, fmt.Errorf("capacity borrow timeout %v must exceed the startup estimate %v: a worker starting as expected would be given up", o.BorrowTimeout, o.StartupEstimate))
 	}
 	if o.QueueLimit < 0 {
 		errs = append(errs, fmt.Errorf("capacity queue limit must not be negative, got %d", o.QueueLimit))

@@ -467,6 +467,15 @@ func advertised(pod *corev1.Pod) string {
 		}
 		return ""
 	}
+	port := ""
+	if _, pt, err := net.SplitHostPort(flag("--addr")); err == nil {
+		port = pt
+	}
+	for _, cp := range c.Ports {
+		if port == "" && cp.Name == "grpc" {
+			port = fmt.Sprint(cp.ContainerPort)
+		}
+	}
 	if a := flag("--advertise-addr"); a != "" {
 		env := map[string]string{}
 		for _, e := range c.Env {
@@ -489,16 +498,16 @@ func advertised(pod *corev1.Pod) string {
 		for k, v := range env {
 			a = strings.ReplaceAll(a, "$("+k+")", v)
 		}
-		return a
-	}
-	port := ""
-	if _, pt, err := net.SplitHostPort(flag("--addr")); err == nil {
-		port = pt
-	}
-	for _, cp := range c.Ports {
-		if port == "" && cp.Name == "grpc" {
-			port = fmt.Sprint(cp.ContainerPort)
+		// As the worker reads its flag (serve.Advertise): HOST alone,
+		// or a port of 0, takes the port it listens on.
+		host, pt, err := net.SplitHostPort(a)
+		if err != nil {
+			host, pt = strings.Trim(a, "[]"), ""
 		}
+		if pt == "" || pt == "0" {
+			pt = port
+		}
+		return net.JoinHostPort(host, pt)
 	}
 	return net.JoinHostPort(pod.Status.PodIP, port)
 }

@@ -19,6 +19,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/prism-serve/prism/capacity"
+	"github.com/prism-serve/prism/internal/serve"
 )
 
 const ns = "prism"
@@ -505,5 +506,33 @@ func TestDeleteFailureKeepsWorker(t *testing.T) {
 				t.Fatalf("Pod %s after %v: %v, want it deleted", id, tc.steps, err)
 			}
 		})
+	}
+}
+
+// TestAdvertisedMatchesWorker: the address the lender lists a lent Pod
+// at is the one its worker announces, for --advertise-addr HOST and
+// HOST:0 too (the worker adds the port it listens on). Without the port,
+// the driver never found the worker in the registry, and the controller
+// drained it, serving, as "did not start".
+func TestAdvertisedMatchesWorker(t *testing.T) {
+	for _, args := range [][]string{
+		{"serve", "dense", "--addr", "0.0.0.0:8502", "--advertise-addr", "$(POD_IP)"},
+		{"serve", "dense", "--addr", "0.0.0.0:8502", "--advertise-addr", "$(POD_IP):0"},
+	} {
+		pod := &corev1.Pod{
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{
+				Args: args,
+				Env:  []corev1.EnvVar{{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}},
+			}}},
+			Status: corev1.PodStatus{PodIP: "10.1.2.3"},
+		}
+		got := advertised(pod)
+		want, err := serve.Advertise{Flag: "10.1.2.3" + args[5][len("$(POD_IP)"):], Listen: "0.0.0.0:8502", Bound: "[::]:8502"}.Addr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("args %v: the lender lists the worker at %q, the worker registers at %q: never found serving", args, got, want)
+		}
 	}
 }

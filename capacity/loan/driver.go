@@ -374,7 +374,18 @@ func (d *Driver) Stats() capacity.Stats {
 }
 
 // Collector exports the controller's counters.
-func (d *Driver) Collector() *capacity.Collector { return capacity.NewCollector(d.Stats) }
+// Its borrowed workers' gauge has the driver's model at 0 when nothing
+// is borrowed: absent, a reader (prism loadgen --watch-borrowed) could
+// not tell none from a wrong URL.
+func (d *Driver) Collector() *capacity.Collector {
+	return capacity.NewCollector(func() capacity.Stats {
+		s := d.Stats()
+		if _, ok := s.Borrowed[d.o.Model]; !ok {
+			s.Borrowed[d.o.Model] = 0
+		}
+		return s
+	})
+}
 
 // Timeline is the events so far.
 func (d *Driver) Timeline() []Event {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/capacity"
+	"github.com/prism-serve/prism/loadgen"
 )
 
 // fakeLender lends workers that serve (register) at the next tick.
@@ -298,10 +299,41 @@ func TestHeldWorkerFailsToStart(t *testing.T) {
 	if _, ok := lender.workers["w1"]; ok {
 		t.Errorf("w1 still lent after it died: %v", lender.log)
 	}
-	if b := d.Stats().Borrowed["m"]; b != 1 && b != 2 {
-		t.Errorf("controller holds %d", b)
+	// The controller counts what the lender lends, no ghost lease.
+	st := d.Stats()
+	if held := st.Borrowed["m"] + st.Pending["m"]; held != len(lender.Workers()) {
+		t.Errorf("controller holds %d (and has %d asked for), the lender lends %d: %v", st.Borrowed["m"], st.Pending["m"], len(lender.Workers()), lender.log)
 	}
 	if ev := d.Stats().Events[capacity.EventKey{Kind: "borrow failed", Reason: "provider"}]; ev != 0 {
 		t.Errorf("a held worker's death reported as %d failed borrows", ev)
+	}
+}
+
+// TestWatchBorrowedNothingBorrowed: with nothing borrowed the driver's
+// /metrics still has its model's borrowed workers, at 0, so the load
+// generator's --watch-borrowed reads 0 and not "no such metric" (every
+// second of a promotion before its first borrow read as a failed read).
+func TestWatchBorrowedNothingBorrowed(t *testing.T) {
+	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
+	d, err := New(Options{
+		Provider: lender, Model: "m", CapacityPerWorker: 100,
+		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
+			return []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}, nil
+		},
+		RouterMetrics: func() string { return "" },
+		Now:           func() time.Time { return time.Unix(1000, 0) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Step(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(d.Handler())
+	defer srv.Close()
+	w := loadgen.GaugeWatch("borrowed workers", srv.URL+"/metrics", "prism_capacity_borrowed_workers")
+	v, err := w.Read(context.Background())
+	if err != nil || v != 0 {
+		t.Fatalf("nothing borrowed: read %v, %v; want 0 and no error", v, err)
 	}
 }

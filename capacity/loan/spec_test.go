@@ -36,6 +36,7 @@ func TestParseSpec(t *testing.T) {
 		{"local:max=2,tick", "not KEY=VALUE"},
 		{"local:max=2,tick=soon", "tick"},
 		{"local:max=2,high=0.5", "thresholds"},
+		{"local:max=2,startup=12m,borrow-timeout=10m", "must exceed the startup estimate"},
 		{"local:max=2,capacity=NaN", `capacity: "NaN" is not a finite number`},
 		{"local:max=2,capacity=+Inf", `"+Inf" is not a finite number`},
 		{"local:max=2,high=Inf", `"Inf" is not a finite number`},

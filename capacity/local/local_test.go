@@ -214,7 +214,10 @@ func TestDrainWhileStarting(t *testing.T) {
 	if err := p.Drain(ctx, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the start's wait ends (cancelled)
+	p.mu.Lock()
+	w := p.workers[ids[0]]
+	p.mu.Unlock()
+	<-w.started // the start's wait has ended (cancelled by the drain)
 	if ws := p.Workers(); len(ws) != 1 || !ws[0].Running || !ws[0].Draining {
 		t.Fatalf("after a drain while starting: %+v, want it running (its process has not exited) and draining", ws)
 	}

@@ -54,13 +54,19 @@ type Config struct {
 
 // EnsureDefaults fills zero fields.
 func (c *Config) EnsureDefaults() {
-	c.Controller.EnsureDefaults()
 	if c.Tick == 0 {
 		c.Tick = 10 * time.Second
 	}
 	if c.Startup == 0 {
 		c.Startup = 90 * time.Second
 	}
+	if c.Controller.BorrowTimeout == 0 {
+		// The simulated workers take Startup to serve: the controller
+		// must not give up on them first (nor do its default's 10m
+		// mean anything beside a longer start).
+		c.Controller.BorrowTimeout = max(10*time.Minute, 2*c.Startup, 2*c.Controller.StartupEstimate)
+	}
+	c.Controller.EnsureDefaults()
 	if c.Drain == 0 {
 		c.Drain = time.Second
 	}
