@@ -1,6 +1,7 @@
 package loadgen
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"slices"
@@ -116,5 +117,24 @@ func TestTraceDecimalTimestamps(t *testing.T) {
 	want := []float64{10, 20, 20, 40} // the 0.2 window repeats 0.1's rate
 	if !slices.Equal(tr.Rates, want) {
 		t.Fatalf("step %v rates %v, want %v", tr.Step, tr.Rates, want)
+	}
+}
+
+// TestTraceEpochDecimalTimestamps: Unix times with tenths of a second,
+// read in windows of 100 ms, each land in their own window.
+func TestTraceEpochDecimalTimestamps(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("timestamp,value\n")
+	var want []float64
+	for i := range 40 {
+		fmt.Fprintf(&b, "%d.%d,%d\n", 1700000000+i/10, i%10, 10+i) // 0.1 s apart
+		want = append(want, float64(10+i))
+	}
+	tr, err := ParseTrace(strings.NewReader(b.String()), "t.csv", TraceOptions{Window: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(tr.Rates, want) {
+		t.Fatalf("step %v rates\n%v\nwant\n%v", tr.Step, tr.Rates, want)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -198,16 +199,18 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			}
 			return rep, err
 		}
-		if res.NotStarted && len(rep.Trials) == 0 {
-			// The first configuration did not even start (its store in
-			// use by another prism up, a folder it cannot write): every
-			// other would fail alike, and the search would end in "no
-			// configuration met the SLO".
+		if res.NotStarted && environmental(res.Error) {
+			// prism up did not start for a reason no configuration
+			// changes (its store in use by another prism up, a folder it
+			// cannot write): every other trial would fail alike, and the
+			// search would end in "no configuration met the SLO". (One
+			// that fails for its configuration, out of memory say, is
+			// recorded and the search goes on.)
 			rep.Trials = append(rep.Trials, TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()})
 			if err := writeReport(o.Out, rep); err != nil {
 				return rep, err
 			}
-			return rep, fmt.Errorf("tune: trial %d did not start, so no trial can: %s", n, res.Error)
+			return rep, fmt.Errorf("tune: trial %d did not start, for a reason no configuration changes: %s", n, res.Error)
 		}
 		tr := TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()}
 		if !o.Grid {
@@ -229,6 +232,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return rep, err
 	}
 	return rep, savePrior(o, rep)
+}
+
+// environmentCauses are failures of prism up that no configuration
+// changes: the machine's, not the trial's.
+var environmentCauses = []string{"in use by another process", "address already in use", "permission denied", "read-only file system", "no space left on device"}
+
+// environmental says whether a trial's error is one of
+// environmentCauses.
+func environmental(err string) bool {
+	e := strings.ToLower(err)
+	for _, c := range environmentCauses {
+		if strings.Contains(e, c) {
+			return true
+		}
+	}
+	return false
 }
 
 // savePrior appends the run's measured trials to the prior file (none

@@ -191,17 +191,19 @@ func (t notStartingTrialer) Trial(context.Context, int, Config, float64) (Result
 	return Result{NotStarted: true, Error: t.why}, nil
 }
 
-// TestRunStopsWhenFirstTrialDoesNotStart: a first configuration whose
-// prism up does not start (its store in use, say) ends the search at
-// once with the reason, not after every configuration failed alike as
-// "no configuration met the SLO"; nothing goes to the prior.
+// TestRunStopsWhenFirstTrialDoesNotStart: a trial whose prism up does
+// not start for a reason no configuration changes (its store in use,
+// say) ends the search with the reason, not after every configuration
+// failed alike as "no configuration met the SLO"; nothing goes to the
+// prior. One that fails for its configuration (out of memory) is that
+// configuration's: the search goes on.
 func TestRunStopsWhenFirstTrialDoesNotStart(t *testing.T) {
 	dir := t.TempDir()
 	space := testSpace()
 	priorFile := filepath.Join(dir, "prior.jsonl")
 	why := `prism up: up exited before it was ready: [router] prism: open update log "db-router-log": in use by another process`
 	rep, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, Prior: priorFile, Out: dir, Trialer: notStartingTrialer{why}})
-	if err == nil || !strings.Contains(err.Error(), "trial 1 did not start") || !strings.Contains(err.Error(), "in use by another process") {
+	if err == nil || !strings.Contains(err.Error(), "trial 1 did not start, for a reason no configuration changes") || !strings.Contains(err.Error(), "in use by another process") {
 		t.Fatalf("Run: %v", err)
 	}
 	if len(rep.Trials) != 1 || !rep.Trials[0].Result.NotStarted {
@@ -232,5 +234,27 @@ func TestTunedFor(t *testing.T) {
 	}
 	if got := TunedFor(filepath.Join(dir, "none.json")); got != "" {
 		t.Errorf("a missing file: %q", got)
+	}
+}
+
+type oneBadConfig struct{}
+
+func (oneBadConfig) Trial(_ context.Context, _ int, c Config, _ float64) (Result, error) {
+	if c["micro-batch"] == "64" {
+		return Result{NotStarted: true, Error: "prism up: up exited before it was ready: [dense-0] prism: out of memory"}, nil
+	}
+	return Result{MaxRPS: 100, SamplesPerS: 1000, Steps: 3}, nil
+}
+
+// TestRunGoesOnPastOneConfigThatDoesNotStart: 96ae673 ends the whole search when
+// the first trial's prism up does not start, on the ground that "every
+// other would fail alike". ProcessTrialer marks every start failure
+// NotStarted, including ones that depend on the configuration; the
+// search then measures nothing although 95 of 96 configurations serve.
+func TestRunGoesOnPastOneConfigThatDoesNotStart(t *testing.T) {
+	dir := t.TempDir()
+	rep, err := Run(context.Background(), Options{Model: "a", Space: testSpace(), Grid: true, MaxTrials: 4, Out: dir, Prior: dir + "/prior.jsonl", Trialer: oneBadConfig{}})
+	if err != nil {
+		t.Fatalf("Run: %v (after %d trials)", err, len(rep.Trials))
 	}
 }

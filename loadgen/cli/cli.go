@@ -146,7 +146,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.StringVar(&f.watchBorrowed, "watch-borrowed", "", "sample the borrowed dense workers every second from this /metrics URL (prism up --loan's controller) into the report")
 	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
-	fl.IntVar(&f.printRequests, "print-request", 0, "write this many requests as JSON to stdout, one per line (the form grpcurl -d @ and ghz --data-file take), and exit without sending; --candidates, --seed, --stream and the input flags apply")
+	fl.IntVar(&f.printRequests, "print-request", 0, "write this many requests as JSON to stdout and exit without sending: one request as an object (grpcurl -d @ and ghz --data-file take it), more as an array (ghz --data-file sends them in turn); --candidates, --seed, --stream and the input flags apply")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
 	f.tls.Register(cmd, auth.Admin)
 	return cmd
@@ -292,13 +292,18 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	return noneOK(sum)
 }
 
-// printRequests writes n requests from reqs to w as protojson, one per
-// line, with the proto field names a person types (num_candidates):
-// grpcurl -d @ and ghz read them as they are.
+// printRequests writes n requests from reqs to w as protojson with the
+// proto field names a person types (num_candidates): one request as an
+// object, which grpcurl -d @ and ghz --data-file take, more as a JSON
+// array, one request a line, which ghz --data-file sends in turn
+// (grpcurl sends one message to a unary method).
 func printRequests(w io.Writer, reqs *loadgen.Requests, n int) error {
 	m := protojson.MarshalOptions{UseProtoNames: true}
 	bw := bufio.NewWriter(w)
-	for range n {
+	if n > 1 {
+		bw.WriteString("[\n")
+	}
+	for i := range n {
 		req, err := reqs.Next()
 		if err != nil {
 			return fmt.Errorf("loadgen: %w", err)
@@ -308,7 +313,13 @@ func printRequests(w io.Writer, reqs *loadgen.Requests, n int) error {
 			return fmt.Errorf("loadgen: %w", err)
 		}
 		bw.Write(b)
+		if n > 1 && i < n-1 {
+			bw.WriteByte(',')
+		}
 		bw.WriteByte('\n')
+	}
+	if n > 1 {
+		bw.WriteString("]\n")
 	}
 	return bw.Flush()
 }

@@ -170,37 +170,37 @@ func TestNoneOKTLSHint(t *testing.T) {
 	}
 }
 
-// TestLoadgenPrintRequest: --print-request N writes N requests, one JSON
-// object a line, that protojson (grpcurl's reader) takes back whole,
-// with the context inputs once; the same command prints the same
-// requests, and --stream picks others.
+// TestLoadgenPrintRequest: --print-request 1 writes one JSON object and
+// N > 1 a JSON array of N, which protojson (grpcurl's and ghz's reader)
+// takes back whole, with the context inputs once; the same command
+// prints the same requests, and --stream picks others.
 func TestLoadgenPrintRequest(t *testing.T) {
 	args := []string{"--model", "dlrm-tiny", "--print-request", "3", "--candidates", "7", "--context-inputs", "dense,cat_0"}
 	out, err := runCLI(t, args...)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("%d lines, want 3:\n%s", len(lines), out)
+	var raw []json.RawMessage
+	if err := json.Unmarshal([]byte(out), &raw); err != nil || len(raw) != 3 {
+		t.Fatalf("want a JSON array of 3: %v\n%s", err, out)
 	}
-	for i, line := range lines {
+	for i, line := range raw {
 		var req prismv1.RecommendRequest
-		if err := protojson.Unmarshal([]byte(line), &req); err != nil {
-			t.Fatalf("line %d: %v\n%s", i, err, line)
+		if err := protojson.Unmarshal(line, &req); err != nil {
+			t.Fatalf("request %d: %v\n%s", i, err, line)
 		}
 		if req.GetModel() != "dlrm-tiny" || req.GetNumCandidates() != 7 || len(req.GetCandidates().GetInputs()) != 25 || len(req.GetContext().GetInputs()) != 2 {
-			t.Fatalf("line %d: model %q, %d candidates, %d candidate inputs, %d context inputs; want dlrm-tiny, 7, 25, 2",
+			t.Fatalf("request %d: model %q, %d candidates, %d candidate inputs, %d context inputs; want dlrm-tiny, 7, 25, 2",
 				i, req.GetModel(), req.GetNumCandidates(), len(req.GetCandidates().GetInputs()), len(req.GetContext().GetInputs()))
 		}
 		for _, in := range req.GetCandidates().GetInputs() {
 			if in.GetName() != "dense" && len(in.GetIds()) != 7 {
-				t.Fatalf("line %d: input %s has %d ids, want 7", i, in.GetName(), len(in.GetIds()))
+				t.Fatalf("request %d: input %s has %d ids, want 7", i, in.GetName(), len(in.GetIds()))
 			}
 		}
 	}
-	if lines[0] == lines[1] {
-		t.Fatalf("two printed requests are the same:\n%s", lines[0])
+	if string(raw[0]) == string(raw[1]) {
+		t.Fatalf("two printed requests are the same:\n%s", raw[0])
 	}
 	again, err := runCLI(t, args...)
 	if err != nil || again != out {
@@ -209,5 +209,10 @@ func TestLoadgenPrintRequest(t *testing.T) {
 	other, err := runCLI(t, append(args, "--stream", "7")...)
 	if err != nil || other == out {
 		t.Fatalf("--stream 7 printed the same requests (%v)", err)
+	}
+	one, err := runCLI(t, "--model", "dlrm-tiny", "--print-request", "1", "--candidates", "2")
+	var req prismv1.RecommendRequest
+	if err != nil || protojson.Unmarshal([]byte(one), &req) != nil || req.GetNumCandidates() != 2 {
+		t.Fatalf("--print-request 1: want one object: %v\n%s", err, one)
 	}
 }
