@@ -80,6 +80,15 @@ func (o *CertOptions) Validate() error {
 		if h == "" || strings.ContainsAny(h, " \t/,") {
 			return fmt.Errorf("host %q: want a host name or an IP address", h)
 		}
+		// A port ("10.0.0.7:8500") would make the certificate valid
+		// for a DNS name no host has; a bare IPv6 address has colons too.
+		if strings.Contains(h, ":") && net.ParseIP(strings.Trim(h, "[]")) == nil {
+			host, _, err := net.SplitHostPort(h)
+			if err == nil {
+				return fmt.Errorf("host %q: want a host name or an IP address without a port (%s)", h, host)
+			}
+			return fmt.Errorf("host %q: want a host name or an IP address", h)
+		}
 	}
 	if (o.CACert == "") != (o.CAKey == "") {
 		return errors.New("a CA's certificate and its key go together")
@@ -255,7 +264,7 @@ func InitCerts(dir string, o CertOptions) error {
 	caDER := ca.Raw
 	dns, ips := []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	for _, h := range o.Hosts {
-		if ip := net.ParseIP(h); ip != nil {
+		if ip := net.ParseIP(strings.Trim(h, "[]")); ip != nil {
 			ips = append(ips, ip)
 		} else {
 			dns = append(dns, h)

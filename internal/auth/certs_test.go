@@ -124,6 +124,9 @@ func TestInitCertsOptions(t *testing.T) {
 		{"hosts", CertOptions{Hosts: []string{"a.example", "::2"}}, true},
 		{"empty host", CertOptions{Hosts: []string{""}}, false},
 		{"host with a space", CertOptions{Hosts: []string{"a b"}}, false},
+		{"host with a port", CertOptions{Hosts: []string{"10.0.0.1:8500"}}, false},
+		{"name with a port", CertOptions{Hosts: []string{"node7.example:8500"}}, false},
+		{"bracketed IPv6", CertOptions{Hosts: []string{"[fd00::7]"}}, true},
 		{"negative validity", CertOptions{Validity: -time.Hour}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -100,6 +100,24 @@ func ResolveCerts(dir string, r Role) (Resolved, error) {
 	return res, nil
 }
 
+// CheckCertRole refuses a certificate file (--tls-cert) that does not
+// carry role r: a process serving or announcing as r with another role's
+// certificate would start and then be refused by every peer.
+func CheckCertRole(path string, r Role) error {
+	got, err := certRole(path)
+	if err != nil {
+		return err
+	}
+	if got != r {
+		what := fmt.Sprintf("role %q", got)
+		if got == "" {
+			what = "no Prism role"
+		}
+		return fmt.Errorf("--tls-cert %s carries %s, but this process runs as %s: give it a %s certificate (URI SAN %s)", path, what, r, r, RoleURI(r))
+	}
+	return nil
+}
+
 // KeyModeWarning is a one-line warning when the key file at path is
 // readable by group or others, "" otherwise (or where file modes do not
 // say: Windows, or a file it cannot stat, which loading reports).

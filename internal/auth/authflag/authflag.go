@@ -98,6 +98,14 @@ func (f *Flags) resolve(role auth.Role) (auth.Files, error) {
 		if w := auth.KeyModeWarning(f.Key); f.Key != "" && w != "" {
 			f.warnings = append(f.warnings, w)
 		}
+		// A tier's own certificate must carry its role, as under --certs;
+		// an admin client's may be any the CA signed (Recommend takes it).
+		if f.Cert != "" && role != auth.Admin {
+			if err := auth.CheckCertRole(f.Cert, role); err != nil {
+				f.resolveErr = err
+				return f.files, err
+			}
+		}
 		return f.files, nil
 	}
 	res, err := auth.ResolveCerts(f.Certs, role)

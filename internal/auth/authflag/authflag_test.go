@@ -43,6 +43,17 @@ func TestFlags(t *testing.T) {
 	if _, err := flags("--certs", auth.RoleDir(dir, auth.Dense)).Server(auth.Embedding, auth.ServerTLSOptions{}); err == nil || !strings.Contains(err.Error(), `carries role "dense"`) {
 		t.Errorf("another role's folder: %v", err)
 	}
+	// The same mistake with explicit files is refused at start as well (it
+	// started, and every peer refused it); an admin client may hold any
+	// certificate the CA signed.
+	dense := auth.FilesFor(dir, auth.Dense)
+	explicit := flags("--tls-cert", dense.Cert, "--tls-key", dense.Key, "--tls-ca", dense.CA)
+	if _, err := explicit.Server(auth.Embedding, auth.ServerTLSOptions{}); err == nil || !strings.Contains(err.Error(), `--tls-cert `+dense.Cert+` carries role "dense", but this process runs as embedding`) {
+		t.Errorf("another role's --tls-cert: %v", err)
+	}
+	if _, err := explicit.Dial(auth.Admin, auth.Router); err != nil {
+		t.Errorf("an admin client with a dense certificate: %v", err)
+	}
 
 	// A key others may read warns once, however often the files are
 	// used.
