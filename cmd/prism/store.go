@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -142,8 +143,24 @@ func newStoreVersionsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "versions MODEL --db DIR [--activate N | --rollback | --drop N]",
 		Short: "List, switch, roll back or drop a model's versions",
-		Args:  cobra.ExactArgs(1),
+		Long: `versions lists a model's versions in the store (* the active one, < the one
+the last switch replaced, which --rollback returns to), after switching to
+version N (--activate), back (--rollback) or dropping version N (--drop),
+at most one of them.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			n := 0
+			for _, name := range []string{"activate", "rollback", "drop"} {
+				if cmd.Flags().Changed(name) {
+					n++
+				}
+			}
+			if n > 1 {
+				return errors.New("give at most one of --activate N, --rollback and --drop N")
+			}
+			if cmd.Flags().Changed("drop") && drop < 1 {
+				return fmt.Errorf("--drop %d: want a version number, 1 or more", drop)
+			}
 			s, err := store.Open(db, &store.Options{HotBytes: -1, MustExist: true})
 			if err != nil {
 				return err

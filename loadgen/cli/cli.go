@@ -219,6 +219,13 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		// The in-process fake serves plaintext on loopback.
 		dialOpts = append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	} else {
+		// The bearer token's two halves, each named with the other.
+		switch t := f.tls; {
+		case f.tokenFile == "" && t.CA != "" && t.Cert == "" && t.Key == "" && t.Certs == "" && !t.Insecure:
+			return errors.New("loadgen: --tls-ca alone needs --auth-token-file FILE (the router's bearer token), or --tls-cert and --tls-key (a certificate), or give --certs DIR")
+		case f.tokenFile != "" && t.CA == "" && t.Cert == "" && t.Certs == "" && !t.Insecure:
+			return errors.New("loadgen: --auth-token-file needs --tls-ca FILE (the CA the router's certificate chains to: the token travels over TLS)")
+		}
 		// The load goes to the router only: a worker's certificate
 		// answering on the path does not get the session (or the token).
 		creds, err := f.tls.Credentials(auth.Admin, f.tokenFile != "", auth.Router)
