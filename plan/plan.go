@@ -6,7 +6,9 @@ package plan
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 )
@@ -229,6 +231,10 @@ func Read(dir string) (*Plan, error) {
 	path := filepath.Join(dir, File)
 	buf, err := os.ReadFile(path)
 	if err != nil {
+		if _, serr := os.Stat(filepath.Join(dir, "model.onnx")); serr == nil && errors.Is(err, fs.ErrNotExist) {
+			// A prism models build folder where a partition folder goes.
+			return nil, fmt.Errorf("read plan: %s holds a model, not a partition: run prism partition %s -o OUT and give OUT", dir, filepath.Join(dir, "model.onnx"))
+		}
 		return nil, fmt.Errorf("read plan: %w", err)
 	}
 	var p Plan

@@ -176,6 +176,14 @@ func TestReadWrite(t *testing.T) {
 		t.Fatalf("round trip lost fields: %+v", p)
 	}
 
+	// A models build folder (model.onnx, no plan.json) given for a
+	// partition folder says what to run.
+	built := t.TempDir()
+	os.WriteFile(filepath.Join(built, "model.onnx"), nil, 0o644)
+	if _, err := Read(built); err == nil || !strings.Contains(err.Error(), "holds a model, not a partition: run prism partition "+filepath.Join(built, "model.onnx")+" -o OUT") {
+		t.Fatalf("Read of a model folder: %v", err)
+	}
+
 	bad := valid()
 	bad.Tables[0].File = "../t0.arrow"
 	if err := Write(t.TempDir(), bad); err == nil || !strings.Contains(err.Error(), "not a path inside the plan folder") {

@@ -3,9 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/spf13/cobra"
 
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/partitioner"
 	"github.com/prism-serve/prism/partitioner/verify"
@@ -36,6 +38,17 @@ and prints a report.`,
 			}
 			if verifyN < 0 {
 				return errors.New("partition: --verify must not be negative")
+			}
+			if err := flagval.Positive(cmd.Flags(), "net-gbps", "cpu-gflops", "gpu-gflops", "batch"); err != nil {
+				return fmt.Errorf("partition: %w", err)
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "gpu-launch-us"); err != nil {
+				return fmt.Errorf("partition: %w", err)
+			}
+			for _, n := range o.ForceCPU {
+				if slices.Contains(o.ForceGPU, n) {
+					return fmt.Errorf("partition: node %q is in both --force-cpu and --force-gpu", n)
+				}
 			}
 			var bar *progress.Bar
 			o.TableProgress = func(done, total int64) {
