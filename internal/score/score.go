@@ -45,6 +45,10 @@ type Options struct {
 	ScoresOut string
 	// Warmup batches run untimed first.
 	Warmup int
+
+	// fixed: the model takes batches of Batch samples only (Run sets
+	// it): a Criteo file's last, shorter batch is left out.
+	fixed bool
 }
 
 // Validate reports options that cannot work.
@@ -71,6 +75,19 @@ func Run(w io.Writer, path string, o Options) error {
 	meta, err := pb.ReadModel(path, pb.ReadOptions{SkipExternalData: true})
 	if err != nil {
 		return err
+	}
+	if fb := fixedBatch(meta); fb > 0 {
+		// An export with a fixed batch (torch.onnx.export without
+		// dynamic axes) takes batches of that size only: ONNX Runtime's
+		// own error says "invalid dimensions" over three lines.
+		if o.Criteo == "" && o.Samples%fb != 0 {
+			return fmt.Errorf("score %q: the model's inputs have a fixed batch of %d (exported so): give --samples a multiple of %d", path, fb, fb)
+		}
+		if o.Batch != fb {
+			fmt.Fprintf(w, "score: the model's inputs have a fixed batch of %d: batches of %d\n", fb, fb)
+			o.Batch = fb
+		}
+		o.fixed = true
 	}
 	sig, err := signature(meta, o.Plan)
 	if err != nil {
@@ -169,9 +186,15 @@ func draw(sig models.Signature, o Options) ([]*models.Batch, []float32, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		for left := o.Samples; left > 0; left -= o.Batch {
-			b, _ := src.Next(min(left, o.Batch))
-			batches = append(batches, b)
+		// Drawn at once, then cut into batches: the source draws a batch
+		// input by input, so drawn per batch the samples (and the scores
+		// a user compares) changed with --batch.
+		all, err := src.Next(o.Samples)
+		if err != nil {
+			return nil, nil, err
+		}
+		for i := 0; i < o.Samples; i += o.Batch {
+			batches = append(batches, all.Slice(i, min(i+o.Batch, o.Samples)))
 		}
 		return batches, nil, nil
 	}
@@ -193,9 +216,34 @@ func draw(sig models.Signature, o Options) ([]*models.Batch, []float32, error) {
 		if err != nil {
 			return nil, nil, err
 		}
+		if o.fixed && b.N < o.Batch {
+			// A model of a fixed batch scores whole batches only.
+			return batches, labels, nil
+		}
 		labels = append(labels, src.Labels()...)
 		batches = append(batches, b)
 	}
+}
+
+// fixedBatch is the batch size fixed in the model's first graph input
+// (not an initializer), 0 when it is symbolic or unknown.
+func fixedBatch(meta *pb.ModelProto) int {
+	g := meta.GetGraph()
+	inits := map[string]bool{}
+	for _, t := range g.GetInitializer() {
+		inits[t.GetName()] = true
+	}
+	for _, in := range g.GetInput() {
+		if inits[in.GetName()] {
+			continue
+		}
+		dims := in.GetType().GetTensorType().GetShape().GetDim()
+		if len(dims) == 0 {
+			return 0
+		}
+		return int(dims[0].GetDimValue())
+	}
+	return 0
 }
 
 // percentile of sorted latencies (nearest rank, rounding down).

@@ -1,11 +1,19 @@
 package score
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/models/exporters"
 )
 
 func TestValidate(t *testing.T) {
@@ -56,5 +64,80 @@ func TestWriteScores(t *testing.T) {
 	b, _ := os.ReadFile(path)
 	if string(b) != "0.25\n1\n" {
 		t.Errorf("wrote %q", b)
+	}
+}
+
+// TestDrawIndependentOfBatch: the synthetic samples scored, and so the
+// scores, are the same whatever --batch cuts them into (drawn per batch,
+// input by input, they were not: sample 0 scored 0.1827, 0.1773 and
+// 0.1752 at batches 64, 128 and 256).
+func TestDrawIndependentOfBatch(t *testing.T) {
+	p, err := models.Lookup("dlrm-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := p.Resolve(models.ScaleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig := cfg.Signature()
+	flat := func(batch int) [][]float64 {
+		bs, _, err := draw(sig, Options{Samples: 100, Batch: batch, Seed: 3, Zipf: 1.05})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols := make([][]float64, len(sig.Inputs))
+		n := 0
+		for _, b := range bs {
+			n += b.N
+			for c := range sig.Inputs {
+				for _, v := range b.Columns[c].F32 {
+					cols[c] = append(cols[c], float64(v))
+				}
+				for _, v := range b.Columns[c].I64 {
+					cols[c] = append(cols[c], float64(v))
+				}
+			}
+		}
+		if n != 100 {
+			t.Fatalf("batch %d: %d samples, want 100", batch, n)
+		}
+		return cols
+	}
+	want := flat(100)
+	for _, batch := range []int{1, 7, 64} {
+		got := flat(batch)
+		for c := range want {
+			if !slices.Equal(got[c], want[c]) {
+				t.Fatalf("batch %d: input %s differs from one batch of 100", batch, sig.Inputs[c].Name)
+			}
+		}
+	}
+}
+
+// TestFixedBatch: a model exported with a fixed batch (torch.onnx.export
+// without dynamic axes, as the exporter corpus writes it) is scored in
+// batches of that size, and --samples that are not a multiple of it are
+// refused with the fix before ONNX Runtime's three-line dimension error.
+func TestFixedBatch(t *testing.T) {
+	m := exporters.ByName("ts-fixed-batch-view", 11)
+	if got := fixedBatch(m.Proto); got != int(m.Batch) || got <= 0 {
+		t.Fatalf("fixedBatch = %d, want the export's %d", got, m.Batch)
+	}
+	if got := fixedBatch(exporters.ByName("ts-select-embedding", 11).Proto); got != 0 {
+		t.Fatalf("fixedBatch of a dynamic-batch export = %d, want 0", got)
+	}
+	path := filepath.Join(t.TempDir(), "model.onnx")
+	buf, err := proto.Marshal(m.Proto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, buf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	err = Run(&out, path, Options{Samples: int(m.Batch)*3 + 1, Batch: 256, Seed: 1, Show: 0})
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("fixed batch of %d (exported so): give --samples a multiple of %d", m.Batch, m.Batch)) {
+		t.Fatalf("Run with samples not a multiple of the fixed batch: %v", err)
 	}
 }
