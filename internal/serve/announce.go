@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
 )
 
 // Announce keeps a worker registered with the router at routerAddr until
@@ -84,7 +85,11 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 				// stopping before its workers (prism up stops the router
 				// first, and every worker's next heartbeat failed then).
 				if fails++; fails == staleAfter {
-					log.Warn("registry: announce failed; retrying", "router", routerAddr, "failed_in_a_row", fails, "err", err)
+					if hint := auth.MismatchHint(err.Error()); hint != "" {
+						log.Warn("registry: announce failed; retrying"+hint, "router", routerAddr, "failed_in_a_row", fails, "err", err)
+					} else {
+						log.Warn("registry: announce failed; retrying", "router", routerAddr, "failed_in_a_row", fails, "err", err)
+					}
 				} else if fails < staleAfter {
 					log.Debug("registry: announce failed; retrying", "router", routerAddr, "err", err)
 				}

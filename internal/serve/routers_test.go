@@ -272,13 +272,19 @@ func TestAnnounceRoutersRollout(t *testing.T) {
 type flakyRouter struct {
 	fakeRouter
 	fail map[int]bool
+	// why is the failures' message ("router stopping" when empty).
+	why string
 }
 
 func (r *flakyRouter) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
 	resp, _ := r.fakeRouter.Announce(ctx, req)
 	n, _, _ := r.counts()
 	if r.fail[n] {
-		return nil, status.Error(codes.Unavailable, "router stopping")
+		why := r.why
+		if why == "" {
+			why = "router stopping"
+		}
+		return nil, status.Error(codes.Unavailable, why)
 	}
 	return resp, nil
 }
@@ -335,5 +341,35 @@ func TestAnnounceWarnsWhenFailingInARow(t *testing.T) {
 	}
 	if n := strings.Count(got, "announced again"); n != 1 {
 		t.Errorf("%d lines of announcing again, want 1:\n%s", n, got)
+	}
+	if strings.Contains(got, "--insecure") {
+		t.Errorf("a hint about TLS for a router stopping:\n%s", got)
+	}
+}
+
+// TestAnnounceHintsTLSMismatch: a worker whose announcements fail as a
+// TLS client's do against a plaintext router says which flag to change
+// (it retried forever with gRPC's message alone).
+func TestAnnounceHintsTLSMismatch(t *testing.T) {
+	var bn grpctest.Net
+	r := &flakyRouter{fail: map[int]bool{1: true, 2: true, 3: true}, why: `connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`}
+	s, err := New("router", Options{Listener: bn.MustListen(t, "10.0.0.1:7000"), MetricsAddr: "off", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prismv1.RegisterRegistryServer(s.GRPC, r)
+	sctx, stop := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { s.Serve(sctx); close(served) }()
+	t.Cleanup(func() { stop(); <-served })
+	var out syncBuffer
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := AnnounceWith(ctx, "10.0.0.1:7000", func() *prismv1.WorkerInfo { return workerInfo("w:1") }, nil, log, bn.DialOption())
+	eventually(t, "three heartbeats", func() bool { n, _, _ := r.counts(); return n >= 3 })
+	cancel()
+	<-done
+	if got := out.String(); !strings.Contains(got, "announce failed; retrying (a TLS client against a server started with --insecure? give --insecure too)") {
+		t.Errorf("no hint in the warning:\n%s", got)
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -344,21 +343,7 @@ func noneOK(s *loadgen.Summary) error {
 		return fmt.Errorf("none of %d requests was answered OK", s.Sent)
 	}
 	msg := s.FirstErrors[codes[0]]
-	return fmt.Errorf("none of %d requests was answered OK; the first %s: %s%s", s.Sent, codes[0], msg, tlsHint(msg))
-}
-
-// tlsHint explains the connection errors of a client and a server that
-// disagree on TLS, which name neither: a plaintext client reads a TLS
-// server's first bytes as no HTTP/2 preface, a TLS client gets no
-// handshake from a plaintext server.
-func tlsHint(msg string) string {
-	switch {
-	case strings.Contains(msg, "server preface"):
-		return " (a plaintext client, --insecure, against a server that serves TLS? give --certs DIR instead)"
-	case strings.Contains(msg, "first record does not look like a TLS handshake"):
-		return " (a TLS client against a server started with --insecure? give --insecure too)"
-	}
-	return ""
+	return fmt.Errorf("none of %d requests was answered OK; the first %s: %s%s", s.Sent, codes[0], msg, auth.MismatchHint(msg))
 }
 
 func arrivalName(f flags) string {
