@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -40,7 +41,10 @@ var numberWanted = map[string]string{
 // strconv's message (`invalid argument "abc" for "--seed" flag:
 // strconv.ParseUint: parsing "abc": invalid syntax`); other flag errors
 // are returned as they are.
-func flagError(_ *cobra.Command, err error) error {
+func flagError(cmd *cobra.Command, err error) error {
+	if hint := unknownFlagHint(cmd, err); hint != "" {
+		return fmt.Errorf("%w (%s)", err, hint)
+	}
 	var iv *pflag.InvalidValueError
 	var ne *strconv.NumError
 	if !errors.As(err, &iv) || !errors.As(err, &ne) || iv.GetFlag() == nil {
@@ -62,4 +66,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "prism:", err)
 		os.Exit(1)
 	}
+}
+
+// unknownFlagHint points a flag a command does not take to the one it
+// does, where a sibling command takes it: prism up runs every role, so
+// it takes a certificate folder and not one certificate's files.
+func unknownFlagHint(cmd *cobra.Command, err error) string {
+	if cmd == nil || cmd.Name() != "up" {
+		return ""
+	}
+	for _, f := range []string{"--tls-cert", "--tls-key"} {
+		if strings.Contains(err.Error(), "unknown flag: "+f) {
+			return "prism up runs every role and takes a folder of their certificates: --certs DIR, made by prism certs init DIR; --tls-ca and --tls-ca-key sign it with your CA"
+		}
+	}
+	return ""
 }

@@ -109,6 +109,7 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"seed out of range", nil, []string{"models", "build", "dlrm-tiny", "-o", dir, "--seed", "99999999999999999999"}, `--seed "99999999999999999999": out of range for a flag of type uint64`},
 		{"workers not whole", nil, []string{"up", "--model", good, "--dense-workers", "1.5"}, `--dense-workers "1.5": want a whole number`},
 		{"rate not a number", nil, []string{"loadgen", "--model", "dlrm-tiny", "--rate", "fast"}, `--rate "fast": want a number`},
+		{"up with one certificate", nil, []string{"up", "--model", good, "--tls-cert", "a.pem"}, "unknown flag: --tls-cert (prism up runs every role and takes a folder of their certificates: --certs DIR"},
 		{"bool not a bool", nil, []string{"up", "--model", good, "--insecure=maybe"}, `--insecure "maybe": want true or false`},
 		{"tune negative threshold", nil, []string{"tune", "--model", good, "--threshold", "-1"}, "--threshold -1: want a positive value"},
 		{"tune negative max trials", nil, []string{"tune", "--model", good, "--max-trials", "-2"}, "--max-trials -2: want 0 or more"},

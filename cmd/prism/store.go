@@ -183,6 +183,9 @@ at most one of them.`,
 				return err
 			}
 			vs, err := s.Versions(model)
+			if errors.Is(err, store.ErrUnknownModel) {
+				return fmt.Errorf("%w; the store holds %s", err, strings.Join(s.Models(), ", "))
+			}
 			if err != nil {
 				return err
 			}

@@ -180,3 +180,13 @@ func TestExternalDataGoodExtents(t *testing.T) {
 		})
 	}
 }
+
+// TestReadModelFolder: a folder given for a model file says which file
+// to give (prism models build writes DIR/model.onnx).
+func TestReadModelFolder(t *testing.T) {
+	dir := t.TempDir()
+	_, err := pb.ReadModel(dir, pb.ReadOptions{})
+	if err == nil || !strings.Contains(err.Error(), "a folder, not an ONNX file (give "+filepath.Join(dir, "model.onnx")+")") {
+		t.Fatalf("ReadModel of a folder: %v", err)
+	}
+}

@@ -29,6 +29,9 @@ type ReadOptions struct {
 func ReadModel(path string, opts ReadOptions) (*ModelProto, error) {
 	buf, err := os.ReadFile(path)
 	if err != nil {
+		if st, serr := os.Stat(path); serr == nil && st.IsDir() {
+			return nil, fmt.Errorf("read model %q: a folder, not an ONNX file (give %s)", path, filepath.Join(path, "model.onnx"))
+		}
 		return nil, fmt.Errorf("read model %q: %w", path, err)
 	}
 	m, err := ParseModel(buf)
