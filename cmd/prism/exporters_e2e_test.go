@@ -120,7 +120,7 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b := scoredSamples(t, p, n, batch)
+			b := scoredSamples(t, p, n)
 			req := toRequest(name, b, nil)
 			if len(req.Candidates.Inputs) != len(p.Inputs) {
 				t.Fatalf("%d request inputs for the plan's %d", len(req.Candidates.Inputs), len(p.Inputs))
@@ -184,10 +184,10 @@ func readScores(t *testing.T, path string) []float64 {
 	return out
 }
 
-// scoredSamples are the n samples prism score --plan --seed 7 --batch
-// batch draws for plan p (a batch of --batch at a time), to send as
-// the plan says and compare with its scores.
-func scoredSamples(t *testing.T, p *plan.Plan, n, batch int) *models.Batch {
+// scoredSamples are the n samples prism score --plan --seed 7 draws for
+// plan p (all at once, whatever its --batch), to send as the plan says
+// and compare with its scores.
+func scoredSamples(t *testing.T, p *plan.Plan, n int) *models.Batch {
 	t.Helper()
 	sig, err := models.PlanSignature(p)
 	if err != nil {
@@ -197,24 +197,9 @@ func scoredSamples(t *testing.T, p *plan.Plan, n, batch int) *models.Batch {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := src.Next(batch)
-	for b.N < n {
-		more, _ := src.Next(batch)
-		b = joinBatches(b, more)
+	b, err := src.Next(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return b
-}
-
-// joinBatches is a's samples followed by b's.
-func joinBatches(a, b *models.Batch) *models.Batch {
-	out := &models.Batch{N: a.N + b.N, Sig: a.Sig, Columns: make([]models.Column, len(a.Columns))}
-	for i := range a.Columns {
-		if a.Columns[i].F32 != nil {
-			out.Columns[i].F32 = append(append([]float32(nil), a.Columns[i].F32...), b.Columns[i].F32...)
-		}
-		if a.Columns[i].I64 != nil {
-			out.Columns[i].I64 = append(append([]int64(nil), a.Columns[i].I64...), b.Columns[i].I64...)
-		}
-	}
-	return out
 }

@@ -85,7 +85,7 @@ func TestEmbeddingBagLoopEndToEnd(t *testing.T) {
 			if len(p.Jagged()) == 0 {
 				t.Fatalf("plan has no jagged inputs: %+v", p.Inputs)
 			}
-			b := scoredSamples(t, p, n, n)
+			b := scoredSamples(t, p, n)
 			req := toRequest(name, b, nil)
 			resp, err := rec.Recommend(ctx, req)
 			if err != nil {

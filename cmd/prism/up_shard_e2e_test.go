@@ -118,7 +118,7 @@ func upSharded(t *testing.T, dir, model, part string, shardArgs []string, shards
 		t.Fatalf("score: %v\n%s", err, out)
 	}
 	want := readScores(t, scores)
-	b := scoredSamples(t, p, n, batch)
+	b := scoredSamples(t, p, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	resp, err := prismv1.NewRecommenderClient(conn).Recommend(ctx, toRequest(name, b, nil))
