@@ -109,10 +109,15 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 	}
 	// window is the index of the window a time is in. Decimal times are
 	// inexact (0.3/0.1 is 2.9999999999999996, and a Unix time near 1.7e9
-	// is held to about 2e-7 s, 2e-6 of a 100 ms window): a ten-thousandth
-	// of a window's slack keeps a row from falling into the window before
-	// its own.
-	window := func(t float64) int { return int(math.Floor((t-pts[0].t)/win + 1e-4)) }
+	// is held to within 2.4e-7 s): a slack of a few units in the last
+	// place of the largest time, as a share of the window, keeps a row
+	// from falling into the window before its own, and no more.
+	maxT := 0.0
+	for _, p := range pts {
+		maxT = math.Max(maxT, math.Abs(p.t))
+	}
+	slack := 8*(math.Nextafter(maxT, math.Inf(1))-maxT)/win + 1e-9
+	window := func(t float64) int { return int(math.Floor((t-pts[0].t)/win + slack)) }
 	n := window(pts[len(pts)-1].t) + 1
 	if n > 10_000_000 {
 		return nil, fmt.Errorf("trace %s: %d windows of %gs; give a wider window", name, n, win)

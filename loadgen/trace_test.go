@@ -138,3 +138,25 @@ func TestTraceEpochDecimalTimestamps(t *testing.T) {
 		t.Fatalf("step %v rates\n%v\nwant\n%v", tr.Step, tr.Rates, want)
 	}
 }
+
+// TestTraceWideWindowEdges: a row just before a window's end stays in
+// it, however wide the window (a slack relative to the window moved a
+// row 1 ms before a 10 s window's end into the next).
+func TestTraceWideWindowEdges(t *testing.T) {
+	for _, tc := range []struct {
+		csv    string
+		window time.Duration
+		want   []float64
+	}{
+		{"timestamp,value\n0,1\n9.999,2\n10,4\n", 10 * time.Second, []float64{3, 4}},
+		{"timestamp,value\n1700000000.000,1\n1700000059.995,2\n1700000060.000,4\n", time.Minute, []float64{3, 4}},
+	} {
+		tr, err := ParseTrace(strings.NewReader(tc.csv), "t.csv", TraceOptions{Window: tc.window})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(tr.Rates, tc.want) {
+			t.Errorf("%q over %v: rates %v, want %v", tc.csv, tc.window, tr.Rates, tc.want)
+		}
+	}
+}

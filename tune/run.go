@@ -167,21 +167,40 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		o.Model, rep.Mode, o.Space.Size(), spaceString(o.Space), limit, rep.PriorPts)
 	began := o.Now()
 	bestRPS := 0.0
+	// probe, when set, is the next trial: a configuration sharing no
+	// setting with the first, after the first two did not start for
+	// one reason (see startFailures); probed says it has run.
+	var probe Point
+	probed := false
+	gridNext := 0
+	tried := map[string]bool{}
 	for {
 		var prop Proposal
-		if o.Grid {
-			if len(rep.Trials) >= len(grid) {
+		switch {
+		case probe != nil:
+			prop, probe, probed = Proposal{Point: probe}, nil, true
+		case o.Grid:
+			for gridNext < len(grid) && tried[fmt.Sprint(grid[gridNext])] {
+				gridNext++
+			}
+			if gridNext >= len(grid) || len(rep.Trials) >= limit {
 				rep.Stop = StopExhausted
-				break
+			} else {
+				prop = Proposal{Point: grid[gridNext]}
+				gridNext++
 			}
-			prop = Proposal{Point: grid[len(rep.Trials)]}
-		} else if prop = s.Next(); prop.Stop != "" {
-			rep.Stop = prop.Stop
-			if prop.Stop == StopThreshold {
-				fmt.Fprintf(o.Progress, "tune: stop: the next trial's expected improvement is %.1f%%, under --threshold %.1f%%\n", 100*prop.EI, 100*o.Threshold)
+		default:
+			if prop = s.Next(); prop.Stop != "" {
+				rep.Stop = prop.Stop
+				if prop.Stop == StopThreshold {
+					fmt.Fprintf(o.Progress, "tune: stop: the next trial's expected improvement is %.1f%%, under --threshold %.1f%%\n", 100*prop.EI, 100*o.Threshold)
+				}
 			}
+		}
+		if rep.Stop != "" {
 			break
 		}
+		tried[fmt.Sprint(prop.Point)] = true
 		n := len(rep.Trials) + 1
 		cfg := o.Space.Config(prop.Point)
 		start := o.StartRPS
@@ -199,18 +218,30 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			}
 			return rep, err
 		}
-		if res.NotStarted && environmental(res.Error) {
+		alike := res.NotStarted && startFailures(rep.Trials, res)
+		if res.NotStarted && (environmental(res.Error) || alike && probed) {
 			// prism up did not start for a reason no configuration
 			// changes (its store in use by another prism up, a folder it
-			// cannot write): every other trial would fail alike, and the
-			// search would end in "no configuration met the SLO". (One
-			// that fails for its configuration, out of memory say, is
-			// recorded and the search goes on.)
+			// cannot write, ONNX Runtime missing): every other trial
+			// would fail alike, and the search would end in "no
+			// configuration met the SLO". (One that fails for its
+			// configuration, out of memory say, is recorded and the
+			// search goes on.)
 			rep.Trials = append(rep.Trials, TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()})
 			if err := writeReport(o.Out, rep); err != nil {
 				return rep, err
 			}
-			return rep, fmt.Errorf("tune: trial %d did not start, for a reason no configuration changes: %s", n, res.Error)
+			why := "for a reason no configuration changes"
+			if !environmental(res.Error) {
+				why = "as none before it did, for the same reason, one of them sharing no setting with this one"
+			}
+			return rep, fmt.Errorf("tune: trial %d did not start, %s: %s", n, why, res.Error)
+		}
+		if alike && len(rep.Trials) == 1 && !probed {
+			// Two did not start for one reason: a configuration that
+			// shares none of the first's settings tells the machine's
+			// reason from one of the settings'.
+			probe = opposite(o.Space, rep.Trials[0].Config)
 		}
 		tr := TrialRecord{N: n, Config: cfg, Result: res, Secs: o.Now().Sub(t0).Seconds()}
 		if !o.Grid {
@@ -237,6 +268,41 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 // environmentCauses are failures of prism up that no configuration
 // changes: the machine's, not the trial's.
 var environmentCauses = []string{"in use by another process", "address already in use", "permission denied", "read-only file system", "no space left on device"}
+
+// startFailures says whether res and every trial before it (one at
+// least) did not start, for the same reason.
+func startFailures(trials []TrialRecord, res Result) bool {
+	if len(trials) == 0 {
+		return false
+	}
+	for _, t := range trials {
+		if !t.Result.NotStarted || cause(t.Result.Error) != cause(res.Error) {
+			return false
+		}
+	}
+	return true
+}
+
+// opposite is the point of space farthest from configuration c in every
+// dimension: each value at the other end of its dimension's list.
+func opposite(space Space, c Config) Point {
+	p, _ := space.Index(c)
+	out := make(Point, len(space.Dims))
+	for i, d := range space.Dims {
+		if i < len(p) && p[i] < len(d.Values)/2 {
+			out[i] = len(d.Values) - 1
+		}
+	}
+	return out
+}
+
+// cause is a trial's error without the log it points to.
+func cause(err string) string {
+	if i := strings.LastIndex(err, " (see "); i >= 0 {
+		return err[:i]
+	}
+	return err
+}
 
 // environmental says whether a trial's error is one of
 // environmentCauses.

@@ -258,3 +258,23 @@ func TestRunGoesOnPastOneConfigThatDoesNotStart(t *testing.T) {
 		t.Fatalf("Run: %v (after %d trials)", err, len(rep.Trials))
 	}
 }
+
+// TestRunStopsWhenEveryTrialFailsAlike: trials that all fail to start
+// for one reason environmentCauses does not list (ONNX Runtime not
+// found) end the search at the third: after two, a configuration that
+// shares no setting with the first is tried, and it fails alike.
+func TestRunStopsWhenEveryTrialFailsAlike(t *testing.T) {
+	dir := t.TempDir()
+	why := "prism up: up exited before it was ready: [dense0] prism: ONNX Runtime library not found at ORT_LIB=/nonexistent/libonnxruntime.so"
+	tr := notStartingTrialer{why}
+	rep, err := Run(context.Background(), Options{Model: "a", Space: testSpace(), Grid: true, Out: dir, Trialer: tr})
+	if err == nil || !strings.Contains(err.Error(), "trial 3 did not start, as none before it did, for the same reason") || len(rep.Trials) != 3 {
+		t.Fatalf("Run: %v after %d trials", err, len(rep.Trials))
+	}
+	first, third := rep.Trials[0].Config, rep.Trials[2].Config
+	for k, v := range first {
+		if third[k] == v {
+			t.Errorf("the third trial shares %s=%s with the first: %v, %v", k, v, first, third)
+		}
+	}
+}

@@ -39,10 +39,9 @@ and prints a report.`,
 			if verifyN < 0 {
 				return errors.New("partition: --verify must not be negative")
 			}
-			if err := flagval.Positive(cmd.Flags(), "net-gbps", "cpu-gflops", "gpu-gflops", "batch"); err != nil {
-				return fmt.Errorf("partition: %w", err)
-			}
-			if err := flagval.NonNegative(cmd.Flags(), "gpu-launch-us"); err != nil {
+			// Each is positive: 0 would stand for the default (the cost
+			// model's zero fields), silently.
+			if err := flagval.Positive(cmd.Flags(), "net-gbps", "cpu-gflops", "gpu-gflops", "gpu-launch-us", "batch"); err != nil {
 				return fmt.Errorf("partition: %w", err)
 			}
 			for _, n := range o.ForceCPU {

@@ -150,8 +150,8 @@ at most one of them.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n := 0
-			for _, name := range []string{"activate", "rollback", "drop"} {
-				if cmd.Flags().Changed(name) {
+			for _, set := range []bool{cmd.Flags().Changed("activate"), rollback, cmd.Flags().Changed("drop")} {
+				if set {
 					n++
 				}
 			}
@@ -179,18 +179,20 @@ at most one of them.`,
 			case drop > 0:
 				err = s.DropVersion(cmd.Context(), model, drop)
 			}
-			if err != nil {
-				return err
+			if err == nil {
+				var vs []store.VersionInfo
+				if vs, err = s.Versions(model); err == nil {
+					store.WriteVersions(cmd.OutOrStdout(), vs)
+					return nil
+				}
 			}
-			vs, err := s.Versions(model)
 			if errors.Is(err, store.ErrUnknownModel) {
-				return fmt.Errorf("%w; the store holds %s", err, strings.Join(s.Models(), ", "))
+				if held := s.Models(); len(held) > 0 {
+					return fmt.Errorf("%w; the store holds %s", err, strings.Join(held, ", "))
+				}
+				return fmt.Errorf("%w; the store holds no model (prism ingest adds one)", err)
 			}
-			if err != nil {
-				return err
-			}
-			store.WriteVersions(cmd.OutOrStdout(), vs)
-			return nil
+			return err
 		},
 	}
 	f := cmd.Flags()

@@ -140,8 +140,16 @@ func certRole(path string) (Role, error) {
 	if err != nil {
 		return "", fmt.Errorf("read certificate: %w", err)
 	}
-	blk, _ := pem.Decode(b)
-	if blk == nil || blk.Type != "CERTIFICATE" {
+	// The first CERTIFICATE block, as crypto/tls takes it: a file may
+	// hold the key before it.
+	var blk *pem.Block
+	for rest := b; ; {
+		blk, rest = pem.Decode(rest)
+		if blk == nil || blk.Type == "CERTIFICATE" {
+			break
+		}
+	}
+	if blk == nil {
 		return "", fmt.Errorf("certificate %s: no PEM certificate in it", path)
 	}
 	c, err := x509.ParseCertificate(blk.Bytes)
@@ -168,7 +176,9 @@ func isDir(path string) bool {
 // parenthesised hint with a leading space.
 func MismatchHint(msg string) string {
 	switch {
-	case strings.Contains(msg, "server preface"):
+	case strings.Contains(msg, "server preface") && !strings.Contains(msg, "tls:"):
+		// (With "tls:" it is a TLS alert read in the preface's place: a
+		// certificate refused, not a plaintext client.)
 		return " (a plaintext client, --insecure, against a server that serves TLS? give --certs DIR instead)"
 	case strings.Contains(msg, "first record does not look like a TLS handshake"):
 		return " (a TLS client against a server started with --insecure? give --insecure too)"

@@ -181,12 +181,21 @@ func TestExternalDataGoodExtents(t *testing.T) {
 	}
 }
 
-// TestReadModelFolder: a folder given for a model file says which file
-// to give (prism models build writes DIR/model.onnx).
+// TestReadModelFolder: a folder given for a model file says what to
+// give: its model.onnx (prism models build's folder), the source model
+// of a partition folder, or just that it is a folder.
 func TestReadModelFolder(t *testing.T) {
-	dir := t.TempDir()
-	_, err := pb.ReadModel(dir, pb.ReadOptions{})
-	if err == nil || !strings.Contains(err.Error(), "a folder, not an ONNX file (give "+filepath.Join(dir, "model.onnx")+")") {
-		t.Fatalf("ReadModel of a folder: %v", err)
+	built, part, other := t.TempDir(), t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(built, "model.onnx"), nil, 0o644)
+	os.WriteFile(filepath.Join(part, "plan.json"), nil, 0o644)
+	for dir, want := range map[string]string{
+		built: "a folder, not an ONNX file (give " + filepath.Join(built, "model.onnx") + ")",
+		part:  "a partition folder, not an ONNX file (give the model it was partitioned from; prism score takes the folder as --plan)",
+		other: "a folder, not an ONNX file",
+	} {
+		_, err := pb.ReadModel(dir, pb.ReadOptions{})
+		if err == nil || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("ReadModel(%s): %v, want it to end %q", dir, err, want)
+		}
 	}
 }

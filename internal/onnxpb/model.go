@@ -30,7 +30,7 @@ func ReadModel(path string, opts ReadOptions) (*ModelProto, error) {
 	buf, err := os.ReadFile(path)
 	if err != nil {
 		if st, serr := os.Stat(path); serr == nil && st.IsDir() {
-			return nil, fmt.Errorf("read model %q: a folder, not an ONNX file (give %s)", path, filepath.Join(path, "model.onnx"))
+			return nil, fmt.Errorf("read model %q: %s", path, folderHint(path))
 		}
 		return nil, fmt.Errorf("read model %q: %w", path, err)
 	}
@@ -304,4 +304,17 @@ func DataReader(t *TensorProto, dir string) (io.ReadCloser, int64, error) {
 		io.Reader
 		io.Closer
 	}{io.NewSectionReader(x.f, x.off, x.length), x.f}, x.length, nil
+}
+
+// folderHint says what to give instead of folder dir: the model a
+// prism models build folder holds, or for a partition folder (plan.json)
+// its source model with --plan.
+func folderHint(dir string) string {
+	if _, err := os.Stat(filepath.Join(dir, "model.onnx")); err == nil {
+		return fmt.Sprintf("a folder, not an ONNX file (give %s)", filepath.Join(dir, "model.onnx"))
+	}
+	if _, err := os.Stat(filepath.Join(dir, "plan.json")); err == nil {
+		return "a partition folder, not an ONNX file (give the model it was partitioned from; prism score takes the folder as --plan)"
+	}
+	return "a folder, not an ONNX file"
 }

@@ -74,3 +74,30 @@ func TestFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestCombinedPEM: one PEM file holding the key, then the certificate,
+// given as both --tls-key and --tls-cert (crypto/tls takes it), passes
+// the role check at start, which read only the file's first block.
+func TestCombinedPEM(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e := auth.FilesFor(dir, auth.Embedding)
+	key, _ := os.ReadFile(e.Key)
+	cert, _ := os.ReadFile(e.Cert)
+	both := filepath.Join(t.TempDir(), "embedding.pem")
+	os.WriteFile(both, append(key, cert...), 0o600)
+	var f Flags
+	cmd := &cobra.Command{}
+	f.Register(cmd, auth.Embedding)
+	if err := cmd.ParseFlags([]string{"--tls-cert", both, "--tls-key", both, "--tls-ca", e.CA}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := auth.ServerTLS(auth.Files{Cert: both, Key: both, CA: e.CA}, auth.ServerTLSOptions{}); err != nil {
+		t.Fatalf("ServerTLS itself refuses the combined file: %v", err)
+	}
+	if _, err := f.Server(auth.Embedding, auth.ServerTLSOptions{}); err != nil {
+		t.Fatalf("an embedding certificate in a combined PEM: %v", err)
+	}
+}
