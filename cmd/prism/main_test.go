@@ -174,8 +174,9 @@ func TestPartitionCommand(t *testing.T) {
 		t.Errorf("no -o: %v\n%s", err, out)
 	}
 	for args, want := range map[string]string{
-		"--net-gbps 0": "--net-gbps 0: want a positive value",
-		"--batch -1":   "--batch -1: want a positive value",
+		"--net-gbps 0":      "--net-gbps 0: want a positive value",
+		"--gpu-launch-us 0": "--gpu-launch-us 0: want a positive value",
+		"--batch -1":        "--batch -1: want a positive value",
 		"--force-cpu /Relu_1 --force-gpu /Relu_1": `node "/Relu_1" is in both --force-cpu and --force-gpu`,
 	} {
 		out, err := run(t, nil, append([]string{"partition", model, "--report-only"}, strings.Fields(args)...)...)
