@@ -35,7 +35,7 @@ func TestManifestsOnAPIServer(t *testing.T) {
 	got := strings.Fields(k("get", "-n", "prism", "deployments,statefulsets,services,horizontalpodautoscalers,poddisruptionbudgets,networkpolicies", "-o", "name"))
 	slices.Sort(got)
 	for _, want := range []string{
-		"deployment.apps/prism-router", "deployment.apps/prism-dense", "statefulset.apps/prism-embedding",
+		"statefulset.apps/prism-router", "statefulset.apps/prism-dense", "statefulset.apps/prism-embedding",
 		"service/prism-router", "horizontalpodautoscaler.autoscaling/prism-router",
 	} {
 		if !slices.Contains(got, want) {

@@ -34,7 +34,7 @@ var helmTemplate = []string{"template", "prism", chartDir, "--namespace", namesp
 
 // wantKinds are the objects the chart renders with its default values.
 var wantKinds = map[string]int{
-	"Deployment": 2, "StatefulSet": 1, "Service": 4, "HorizontalPodAutoscaler": 1,
+	"StatefulSet": 3, "Service": 4, "HorizontalPodAutoscaler": 1,
 	"PodDisruptionBudget": 3, "NetworkPolicy": 3,
 	// The routers' identity and its right to the sequencing Lease.
 	"ServiceAccount": 1, "Role": 1, "RoleBinding": 1,
@@ -321,17 +321,22 @@ func checkSequencerLease(t *testing.T, objs []object, router corev1.PodSpec) {
 	}
 }
 
-// checkRouterRollout checks how the router Deployment rolls out: a new
+// checkRouterRollout checks how the router StatefulSet rolls out: a new
 // router counts as available only after a few heartbeats (the default
 // --heartbeat, 1 s), time for the workers to register with it before
 // the old one goes; and a router with its own update log (no sequencer
-// Lease) is never run beside another, so two routers never number
-// updates at once.
+// Lease) is one router, never run beside another (a StatefulSet's
+// rolling update stops a pod before it starts its successor), so two
+// routers never number updates at once. Its pods' hostnames under the
+// headless Service are the names routers dial each other by.
 func checkRouterRollout(t *testing.T, objs []object) {
 	t.Helper()
-	d := find[*appsv1.Deployment](t, objs, "Deployment", "prism-router")
+	d := find[*appsv1.StatefulSet](t, objs, "StatefulSet", "prism-router")
 	if d == nil {
 		return
+	}
+	if d.Spec.ServiceName != "prism-router-headless" {
+		t.Errorf("router: serviceName %q, want the headless Service (pods' DNS names)", d.Spec.ServiceName)
 	}
 	const heartbeats = 3
 	if d.Spec.MinReadySeconds < heartbeats {
@@ -340,13 +345,13 @@ func checkRouterRollout(t *testing.T, objs []object) {
 	if slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--sequencer-lease") {
 		return
 	}
-	st := d.Spec.Strategy
-	if st.Type == appsv1.RecreateDeploymentStrategyType {
-		return
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 1 || d.Spec.UpdateStrategy.Type == appsv1.OnDeleteStatefulSetStrategyType {
+		t.Errorf("router without a sequencer Lease: replicas %v, update strategy %+v; want one router, replaced by a rolling update", d.Spec.Replicas, d.Spec.UpdateStrategy)
 	}
-	if st.Type != appsv1.RollingUpdateDeploymentStrategyType || st.RollingUpdate == nil || st.RollingUpdate.MaxSurge == nil ||
-		!slices.Contains([]string{"0", "0%"}, st.RollingUpdate.MaxSurge.String()) {
-		t.Errorf("router without a sequencer Lease: strategy %+v, want Recreate or a rolling update with maxSurge 0 (two routers would sequence updates at once)", st)
+	for _, o := range objs {
+		if o.Kind == "HorizontalPodAutoscaler" && o.Name == "prism-router" {
+			t.Errorf("router without a sequencer Lease: an HPA would run several, each numbering updates")
+		}
 	}
 }
 
@@ -537,7 +542,7 @@ func TestChartVariants(t *testing.T) {
 		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false},
 		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false},
 		{"loan", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.pool.taints={pool=training:NoSchedule}", "loan.options=capacity=300"}, false},
-		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.maxReplicas=1"}, true},
+		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.enabled=false", "router.replicas=1"}, true},
 		{"cpu-only-fixed-routers-open", []string{"dense.gpu.enabled=false", "router.autoscaling.enabled=false", "router.replicas=2",
 			"networkPolicy.enabled=false", "metrics.annotations=false", "embedding.ingest.enabled=false"}, true},
 	} {

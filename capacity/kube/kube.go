@@ -1,6 +1,6 @@
 // Package kube is the Kubernetes lender of capacity loaning: a borrowed
 // dense worker is a Pod placed on the training pool's nodes. Its spec is
-// the chart's dense worker's (the pod template of the dense Deployment:
+// the chart's dense worker's (the pod template of the dense StatefulSet:
 // same image, arguments, certificates Secret, GPU or MIG request), with
 // the pool's node selector, a toleration of the pool's taint and a
 // PriorityClass below training's, so that training preempts it. The
@@ -26,7 +26,6 @@ import (
 	"sync"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -53,12 +52,14 @@ const (
 type Options struct {
 	// Client reaches the API server (a fake clientset in tests).
 	Client kubernetes.Interface
-	// Namespace holds the dense Deployment and the lent Pods.
+	// Namespace holds the dense StatefulSet and the lent Pods.
 	Namespace string
-	// Template is the Deployment whose pod template a lent worker runs
-	// (the chart's dense Deployment, RELEASE-dense). It also owns the
-	// lent Pods as their controller: its ReplicaSets do not adopt them,
-	// and uninstalling the release deletes them.
+	// Template is the StatefulSet (the chart's dense workers,
+	// RELEASE-dense), or a Deployment, whose pod template a lent worker
+	// runs. It also owns the lent Pods, so uninstalling the release
+	// deletes them (a Deployment as their controller, so its ReplicaSets
+	// do not adopt them; a StatefulSet not, as it would release pods
+	// that are not its ordinals).
 	Template string
 	// Name is the lender's name, the value of the Pods' LabelLentBy
 	// (default: Template + "-loan").
@@ -110,7 +111,7 @@ func (o *Options) Validate() error {
 		errs = append(errs, errors.New("kubernetes lender: no API client"))
 	}
 	if o.Namespace == "" || o.Template == "" {
-		errs = append(errs, errors.New("kubernetes lender: the namespace and the dense Deployment (template=) are needed"))
+		errs = append(errs, errors.New("kubernetes lender: the namespace and the dense StatefulSet or Deployment (template=) are needed"))
 	}
 	if o.Max < 1 {
 		errs = append(errs, fmt.Errorf("kubernetes lender: max %d, want at least 1", o.Max))
@@ -216,7 +217,7 @@ type worker struct {
 
 var _ capacity.Provider = (*Provider)(nil)
 
-// New reads the dense Deployment's pod template, starts watching the
+// New reads the dense StatefulSet's (or Deployment's) pod template, starts watching the
 // lender's Pods, and deletes (with their grace) Pods a previous run of
 // this lender left. o is defaulted and validated.
 func New(ctx context.Context, o Options) (*Provider, error) {
@@ -224,12 +225,29 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	dep, err := o.Client.AppsV1().Deployments(o.Namespace).Get(ctx, o.Template, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes lender: the dense Deployment %s/%s: %w", o.Namespace, o.Template, err)
+	// The dense workers' StatefulSet (the chart's), or a Deployment.
+	var (
+		t         *corev1.PodTemplateSpec
+		owner     metav1.OwnerReference
+		subdomain string
+	)
+	sts, err := o.Client.AppsV1().StatefulSets(o.Namespace).Get(ctx, o.Template, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		t, subdomain = &sts.Spec.Template, sts.Spec.ServiceName
+		owner = metav1.OwnerReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: sts.Name, UID: sts.UID}
+	case apierrors.IsNotFound(err):
+		dep, derr := o.Client.AppsV1().Deployments(o.Namespace).Get(ctx, o.Template, metav1.GetOptions{})
+		if derr != nil {
+			return nil, fmt.Errorf("kubernetes lender: the dense workers' StatefulSet or Deployment %s/%s: %w", o.Namespace, o.Template, derr)
+		}
+		t, subdomain = &dep.Spec.Template, dep.Spec.Template.Spec.Subdomain
+		owner = metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: dep.Name, UID: dep.UID, Controller: new(true)}
+	default:
+		return nil, fmt.Errorf("kubernetes lender: the dense workers' StatefulSet %s/%s: %w", o.Namespace, o.Template, err)
 	}
 	p := &Provider{o: o, workers: map[string]*worker{}, reclaims: make(chan capacity.ProviderReclaim, 64), stop: make(chan struct{})}
-	if err := p.setTemplate(dep); err != nil {
+	if err := p.setTemplate(t, owner, subdomain); err != nil {
 		return nil, err
 	}
 	if err := p.watch(ctx); err != nil {
@@ -248,14 +266,19 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	return p, nil
 }
 
-// setTemplate takes the dense worker's pod template from dep and fits it
-// to the pool.
-func (p *Provider) setTemplate(dep *appsv1.Deployment) error {
-	t := *dep.Spec.Template.DeepCopy()
+// setTemplate takes the dense worker's pod template from tmpl, owned by
+// owner, and fits it to the pool; a lent pod's DNS name is POD.subdomain
+// ("": none).
+func (p *Provider) setTemplate(tmpl *corev1.PodTemplateSpec, owner metav1.OwnerReference, subdomain string) error {
+	t := *tmpl.DeepCopy()
 	if len(t.Spec.Containers) == 0 {
-		return fmt.Errorf("kubernetes lender: Deployment %s has no container", dep.Name)
+		return fmt.Errorf("kubernetes lender: %s %s has no container", owner.Kind, owner.Name)
 	}
-	p.owner = metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: dep.Name, UID: dep.UID, Controller: new(true)}
+	// A StatefulSet's owner reference is not its controller's: it would
+	// release pods that are not its ordinals (a Deployment controls its
+	// pods through ReplicaSets, so it takes the lent ones as its own).
+	p.owner = owner
+	t.Spec.Subdomain = subdomain
 	// The pool, not the serving pool: its nodes, its taint, a priority
 	// below training's.
 	t.Spec.NodeName = ""
@@ -334,8 +357,13 @@ func (p *Provider) PodFor(name, model string) *corev1.Pod {
 		pod.Annotations = map[string]string{}
 	}
 	pod.Annotations[AnnotationModel] = model
-	// The DNS name POD.SUBDOMAIN the worker may advertise is its hostname.
+	// The DNS name the worker may advertise, POD.SUBDOMAIN, exists
+	// only for a pod whose hostname is set: as a StatefulSet's pods'
+	// are, its own name.
 	pod.Spec.Hostname = ""
+	if pod.Spec.Subdomain != "" {
+		pod.Spec.Hostname = name
+	}
 	return pod
 }
 

@@ -536,3 +536,32 @@ func TestAdvertisedMatchesWorker(t *testing.T) {
 		}
 	}
 }
+
+// TestBorrowFromStatefulSet: the chart's dense workers are a StatefulSet
+// (its pods' hostnames make the DNS names they announce). A lent Pod
+// copies its template, is owned but not controlled by it (the
+// StatefulSet would release a pod that is not one of its ordinals), and
+// gets a hostname and the StatefulSet's Service as subdomain: without a
+// hostname, POD.prism-dense, the name its worker announces, had no DNS
+// record, and nothing could dial it.
+func TestBorrowFromStatefulSet(t *testing.T) {
+	dep := denseDeployment()
+	sts := &appsv1.StatefulSet{ObjectMeta: dep.ObjectMeta, Spec: appsv1.StatefulSetSpec{ServiceName: "prism-dense", Selector: dep.Spec.Selector, Template: dep.Spec.Template}}
+	sts.Spec.Template.Spec.Subdomain = ""
+	c := fake.NewClientset(sts)
+	p, _ := newLender(t, c, Options{})
+	ids, err := p.Borrow(context.Background(), "dlrm", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := c.CoreV1().Pods(ns).Get(context.Background(), ids[0], metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.Hostname != ids[0] || pod.Spec.Subdomain != "prism-dense" {
+		t.Errorf("hostname %q, subdomain %q: want %q under prism-dense", pod.Spec.Hostname, pod.Spec.Subdomain, ids[0])
+	}
+	if o := pod.OwnerReferences; len(o) != 1 || o[0].Kind != "StatefulSet" || o[0].Name != "prism-dense" || o[0].Controller != nil && *o[0].Controller {
+		t.Errorf("owners %+v, want the StatefulSet, not as controller", o)
+	}
+}

@@ -46,10 +46,10 @@ type Spec struct {
 // KubeSpec are the kubernetes lender's keys (capacity/kube.Options: the
 // command turns them into it, so that this package links no client-go).
 type KubeSpec struct {
-	// Namespace of the dense Deployment and the lent Pods (namespace=;
+	// Namespace of the dense StatefulSet and the lent Pods (namespace=;
 	// "": the command's own).
 	Namespace string
-	// Template is the dense Deployment whose pod template a lent worker
+	// Template is the dense StatefulSet (or Deployment) whose pod template a lent worker
 	// runs (template=).
 	Template string
 	// Pool are the training pool's node labels, KEY=VALUE (pool=,
@@ -178,7 +178,7 @@ func ParseSpec(s string) (Spec, error) {
 	if kube {
 		switch {
 		case sp.Kube.Template == "":
-			return sp, fmt.Errorf("loan %q: template=DEPLOYMENT (the dense Deployment whose Pods a lent worker copies) is needed", s)
+			return sp, fmt.Errorf("loan %q: template=NAME (the dense StatefulSet, or Deployment, whose Pods a lent worker copies) is needed", s)
 		case len(sp.Kube.Pool) == 0:
 			return sp, fmt.Errorf("loan %q: pool=KEY=VALUE (the training pool's node label) is needed", s)
 		case sp.Kube.PriorityClass == "":
