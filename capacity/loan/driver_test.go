@@ -77,49 +77,79 @@ func (f *fakeLender) Workers() []capacity.LentWorker {
 }
 func (f *fakeLender) Reclaims() <-chan capacity.ProviderReclaim { return f.reclaims }
 
-// TestDriver: demand over one owned worker's capacity borrows; the
-// borrowed worker registers and serves; a reclaim drains and returns it
-// and the controller replaces it; when the demand falls all go back.
-func TestDriver(t *testing.T) {
-	var mu sync.Mutex
-	total := 0.0
-	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, total)
+// rig is a driver over a fakeLender, a router's /metrics whose Recommend
+// count the test moves, and a logical clock: step advances one second,
+// counts add more requests (restart: the count starts again from zero,
+// as a restarted router's does) and runs one tick.
+type rig struct {
+	t      *testing.T
+	d      *Driver
+	lender *fakeLender
+	now    time.Time
+	logs   []string
+	mu     sync.Mutex
+	total  float64
+}
+
+// newRig starts a rig whose registry lists an owned dense worker and,
+// with registerLent, every running lent worker not draining.
+func newRig(t *testing.T, ctl capacity.Options, registerLent bool) *rig {
+	t.Helper()
+	r := &rig{t: t, now: time.Unix(1000, 0),
+		lender: &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}}
+	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, r.total)
 	}))
-	defer metrics.Close()
-	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
-	now := time.Unix(1000, 0)
-	var logs []string
+	t.Cleanup(metrics.Close)
 	d, err := New(Options{
-		Provider: lender, Model: "m", CapacityPerWorker: 100,
-		Controller: capacity.Options{MinLease: 3 * time.Second, CoolDown: time.Second, MaxBorrowed: 2},
+		Provider: r.lender, Model: "m", CapacityPerWorker: 100, Controller: ctl,
 		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
 			ws := []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}
-			for _, w := range lender.Workers() {
-				if w.Running && !w.Draining {
-					ws = append(ws, &prismv1.WorkerInfo{Id: "reg-" + w.ID, Role: prismv1.Role_ROLE_DENSE, Addr: w.Addr})
+			if registerLent {
+				for _, w := range r.lender.Workers() {
+					if w.Running && !w.Draining {
+						ws = append(ws, &prismv1.WorkerInfo{Id: "reg-" + w.ID, Role: prismv1.Role_ROLE_DENSE, Addr: w.Addr})
+					}
 				}
 			}
 			return ws, nil
 		},
 		RouterMetrics: func() string { return metrics.URL },
-		Now:           func() time.Time { return now },
-		Logf:          func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) },
+		Now:           func() time.Time { return r.now },
+		Logf:          func(f string, a ...any) { r.logs = append(r.logs, fmt.Sprintf(f, a...)) },
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.d = d
+	return r
+}
+
+func (r *rig) step(add float64, restart bool) {
+	r.t.Helper()
+	r.now = r.now.Add(time.Second)
+	r.mu.Lock()
+	if restart {
+		r.total = 0
+	}
+	r.total += add
+	r.mu.Unlock()
+	if err := r.d.Step(context.Background()); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// TestDriver: demand over one owned worker's capacity borrows; the
+// borrowed worker registers and serves; a reclaim drains and returns it
+// and the controller replaces it; when the demand falls all go back.
+func TestDriver(t *testing.T) {
+	r := newRig(t, capacity.Options{MinLease: 3 * time.Second, CoolDown: time.Second, MaxBorrowed: 2}, true)
+	lender, d := r.lender, r.d
 	step := func(rate float64) {
 		t.Helper()
-		now = now.Add(time.Second)
-		mu.Lock()
-		total += rate
-		mu.Unlock()
-		if err := d.Step(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		r.step(rate, false)
 	}
 	step(0)
 	for range 3 {
@@ -151,8 +181,8 @@ func TestDriver(t *testing.T) {
 	if s := d.Stats(); s.StartupCount != 3 || s.ReleasedWithInFlight != 0 {
 		t.Errorf("stats %+v", s)
 	}
-	if !strings.Contains(strings.Join(logs, "\n"), "loan: the fake lender reclaims w1") {
-		t.Errorf("log lacks the reclaim:\n%s", strings.Join(logs, "\n"))
+	if !strings.Contains(strings.Join(r.logs, "\n"), "loan: the fake lender reclaims w1") {
+		t.Errorf("log lacks the reclaim:\n%s", strings.Join(r.logs, "\n"))
 	}
 }
 
@@ -161,49 +191,8 @@ func TestDriver(t *testing.T) {
 // that as no demand (which drained every borrowed worker, borrowed again
 // a tick later), and the window starts again from the new counters.
 func TestRouterRestartKeepsDemand(t *testing.T) {
-	var mu sync.Mutex
-	total := 0.0
-	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, total)
-	}))
-	defer metrics.Close()
-	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
-	now := time.Unix(1000, 0)
-	var logs []string
-	d, err := New(Options{
-		Provider: lender, Model: "m", CapacityPerWorker: 100,
-		Controller: capacity.Options{MinLease: 3 * time.Second, CoolDown: time.Second, MaxBorrowed: 2},
-		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
-			ws := []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}
-			for _, w := range lender.Workers() {
-				if w.Running && !w.Draining {
-					ws = append(ws, &prismv1.WorkerInfo{Id: "reg-" + w.ID, Role: prismv1.Role_ROLE_DENSE, Addr: w.Addr})
-				}
-			}
-			return ws, nil
-		},
-		RouterMetrics: func() string { return metrics.URL },
-		Now:           func() time.Time { return now },
-		Logf:          func(f string, a ...any) { logs = append(logs, fmt.Sprintf(f, a...)) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	step := func(add float64, restart bool) {
-		t.Helper()
-		now = now.Add(time.Second)
-		mu.Lock()
-		if restart {
-			total = 0
-		}
-		total += add
-		mu.Unlock()
-		if err := d.Step(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	r := newRig(t, capacity.Options{MinLease: 3 * time.Second, CoolDown: time.Second, MaxBorrowed: 2}, true)
+	lender, step := r.lender, r.step
 	step(0, false)
 	for range 8 {
 		step(180, false)
@@ -219,8 +208,8 @@ func TestRouterRestartKeepsDemand(t *testing.T) {
 	if after := lender.log[before:]; len(after) > 0 {
 		t.Fatalf("a router restart at a steady 180 requests/s: %v", after)
 	}
-	if !strings.Contains(strings.Join(logs, "\n"), "counters went back") {
-		t.Errorf("the restart is not logged: %q", logs)
+	if !strings.Contains(strings.Join(r.logs, "\n"), "counters went back") {
+		t.Errorf("the restart is not logged: %q", r.logs)
 	}
 	// The demand after the restart is measured from the new counters: it
 	// falls, and the borrowed workers go back.
@@ -238,37 +227,11 @@ func TestRouterRestartKeepsDemand(t *testing.T) {
 // while its lease went on counting it (then drained and returned again:
 // "not lent"), and another, unrelated pending borrow was cancelled.
 func TestHeldWorkerFailsToStart(t *testing.T) {
-	var mu sync.Mutex
-	total := 0.0
-	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, total)
-	}))
-	defer metrics.Close()
-	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
-	now := time.Unix(1000, 0)
-	d, err := New(Options{
-		Provider: lender, Model: "m", CapacityPerWorker: 100,
-		Controller: capacity.Options{MaxBorrowed: 2},
-		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
-			return []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}, nil
-		},
-		RouterMetrics: func() string { return metrics.URL },
-		Now:           func() time.Time { return now },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := newRig(t, capacity.Options{MaxBorrowed: 2}, false)
+	lender, d := r.lender, r.d
 	step := func(add float64) {
 		t.Helper()
-		now = now.Add(time.Second)
-		mu.Lock()
-		total += add
-		mu.Unlock()
-		if err := d.Step(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+		r.step(add, false)
 	}
 	step(0)
 	step(180)
