@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -313,26 +314,8 @@ func (s *syncBuffer) String() string {
 // warned of; staleAfter failures in a row are, once, and the next
 // answer says the worker announced again.
 func TestAnnounceWarnsWhenFailingInARow(t *testing.T) {
-	var bn grpctest.Net
 	r := &flakyRouter{fail: map[int]bool{2: true, 4: true, 5: true, 6: true}}
-	s, err := New("router", Options{Listener: bn.MustListen(t, "10.0.0.1:7000"), MetricsAddr: "off", Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prismv1.RegisterRegistryServer(s.GRPC, r)
-	sctx, stop := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() { s.Serve(sctx); close(served) }()
-	t.Cleanup(func() { stop(); <-served })
-
-	var out syncBuffer
-	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := AnnounceWith(ctx, "10.0.0.1:7000", func() *prismv1.WorkerInfo { return workerInfo("w:1") }, nil, log, bn.DialOption())
-	eventually(t, "eight heartbeats", func() bool { n, _, _ := r.counts(); return n >= 8 })
-	cancel()
-	<-done
-	got := out.String()
+	got := announceLog(t, r, 8)
 	if n := strings.Count(got, "announce failed"); n != 1 {
 		t.Errorf("%d warnings of failed announcements, want 1 (for calls 4-6, not for call 2 alone):\n%s", n, got)
 	}
@@ -351,8 +334,18 @@ func TestAnnounceWarnsWhenFailingInARow(t *testing.T) {
 // TLS client's do against a plaintext router says which flag to change
 // (it retried forever with gRPC's message alone).
 func TestAnnounceHintsTLSMismatch(t *testing.T) {
-	var bn grpctest.Net
 	r := &flakyRouter{fail: map[int]bool{1: true, 2: true, 3: true}, why: `connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`}
+	if got := announceLog(t, r, 3); !strings.Contains(got, "announce failed; retrying (a TLS client against a server started with --insecure? give --insecure too)") {
+		t.Errorf("no hint in the warning:\n%s", got)
+	}
+}
+
+// announceLog serves r as a router on an in-memory network, announces
+// a worker to it until it has had n announcements, and returns what the
+// worker logged at info level and above.
+func announceLog(t *testing.T, r *flakyRouter, n int) string {
+	t.Helper()
+	var bn grpctest.Net
 	s, err := New("router", Options{Listener: bn.MustListen(t, "10.0.0.1:7000"), MetricsAddr: "off", Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -366,10 +359,8 @@ func TestAnnounceHintsTLSMismatch(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := AnnounceWith(ctx, "10.0.0.1:7000", func() *prismv1.WorkerInfo { return workerInfo("w:1") }, nil, log, bn.DialOption())
-	eventually(t, "three heartbeats", func() bool { n, _, _ := r.counts(); return n >= 3 })
+	eventually(t, fmt.Sprintf("%d announcements", n), func() bool { c, _, _ := r.counts(); return c >= n })
 	cancel()
 	<-done
-	if got := out.String(); !strings.Contains(got, "announce failed; retrying (a TLS client against a server started with --insecure? give --insecure too)") {
-		t.Errorf("no hint in the warning:\n%s", got)
-	}
+	return out.String()
 }
