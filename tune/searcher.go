@@ -154,9 +154,6 @@ func (s *Searcher) Best() (Point, float64, bool) {
 	return p, s.measured[key(p)], true
 }
 
-// Trials is how many points were measured.
-func (s *Searcher) Trials() int { return len(s.order) }
-
 // Why a search stops.
 const (
 	StopThreshold = "threshold"

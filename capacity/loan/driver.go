@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -385,13 +384,6 @@ func (d *Driver) Collector() *capacity.Collector {
 		}
 		return s
 	})
-}
-
-// Timeline is the events so far.
-func (d *Driver) Timeline() []Event {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return slices.Clone(d.events)
 }
 
 // Status is what GET /loan answers.

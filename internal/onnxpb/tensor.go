@@ -25,17 +25,6 @@ func ElemSize(dt TensorProto_DataType) int {
 	return 0
 }
 
-// NumElements is the product of t's dims (1 for a scalar). For dims
-// that are negative or whose product overflows it is -1: no tensor has
-// that many elements.
-func NumElements(t *TensorProto) int64 {
-	n, err := checkedNumElements(t)
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
 // checkedNumElements is the product of t's dims, an error for a negative
 // dim or a product beyond int64.
 func checkedNumElements(t *TensorProto) (int64, error) {
