@@ -172,7 +172,9 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 			s.shards[name] = sr
 			s.log.Info("serving a shard of the model", "model", name, "shard", sr.shard, "shards", sr.shards, "lookups", len(m.lookups), "cut_tensors", len(m.cut))
 		}
-		s.log.Info("serving model", "model", name, "plan", dir, "tables", len(p.Tables), "cpu_model", p.CPUModel != "", "cut_tensors", len(p.Cut))
+		// The plan's tables: a shard's worker holds some of them (the
+		// line before says how many lookups it serves).
+		s.log.Info("serving model", "model", name, "plan", dir, "plan_tables", len(p.Tables), "cpu_model", p.CPUModel != "", "cut_tensors", len(p.Cut))
 	}
 	return s, nil
 }
