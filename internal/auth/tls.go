@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 )
 
 // ServerTLSOptions configure ServerTLS.
@@ -126,4 +127,21 @@ func ScrapeTLS(f Files, serverRoles ...Role) (*tls.Config, error) {
 		return nil
 	}
 	return c, nil
+}
+
+// MismatchHint explains the connection errors of a client and a server
+// that disagree on TLS, which name neither: a plaintext client reads a
+// TLS server's first bytes as no HTTP/2 preface, a TLS client gets no
+// handshake from a plaintext server. "" for other errors; else a
+// parenthesised hint with a leading space.
+func MismatchHint(msg string) string {
+	switch {
+	case strings.Contains(msg, "server preface") && !strings.Contains(msg, "tls:"):
+		// (With "tls:" it is a TLS alert read in the preface's place: a
+		// certificate refused, not a plaintext client.)
+		return " (a plaintext client, --insecure, against a server that serves TLS? give --certs DIR instead)"
+	case strings.Contains(msg, "first record does not look like a TLS handshake"):
+		return " (a TLS client against a server started with --insecure? give --insecure too)"
+	}
+	return ""
 }

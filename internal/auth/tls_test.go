@@ -218,3 +218,22 @@ func TestMutualTLSOrgCA(t *testing.T) {
 	a.Close() // not the TLS conns: their close_notify would wait on an unread pipe
 	b.Close()
 }
+
+// TestMismatchHint: the hint for a client and server that disagree on
+// TLS, on the messages grpc-go and crypto/tls write; a TLS alert read
+// where the preface should be (a certificate refused) is no plaintext
+// client, and gets none.
+func TestMismatchHint(t *testing.T) {
+	for msg, want := range map[string]string{
+		`connection error: desc = "error reading server preface: connection reset by peer"`:                         "a plaintext client",
+		`connection error: desc = "error reading server preface: EOF"`:                                              "a plaintext client",
+		`connection error: desc = "error reading server preface: remote error: tls: unknown certificate authority"`: "",
+		`authentication handshake failed: tls: first record does not look like a TLS handshake`:                     "a TLS client against a server started with --insecure",
+		`router stopping`: "",
+	} {
+		got := MismatchHint(msg)
+		if want == "" && got != "" || want != "" && !strings.Contains(got, want) {
+			t.Errorf("MismatchHint(%q) = %q, want %q", msg, got, want)
+		}
+	}
+}

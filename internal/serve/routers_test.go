@@ -79,15 +79,7 @@ func TestAnnounceRouters(t *testing.T) {
 		"10.0.0.3:7000": {dense: []string{"d2:1", "d3:1"}},
 	}
 	for addr, r := range routers {
-		s, err := New("router", Options{Listener: bn.MustListen(t, addr), MetricsAddr: "off", Logger: quiet()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		prismv1.RegisterRegistryServer(s.GRPC, r)
-		ctx, stop := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { s.Serve(ctx); close(done) }()
-		t.Cleanup(func() { stop(); <-done })
+		serveRegistry(t, &bn, addr, r)
 	}
 	var dnsMu sync.Mutex
 	dns := []string{"10.0.0.1"}
@@ -219,20 +211,7 @@ func TestResolveRouter(t *testing.T) {
 func TestAnnounceRoutersRollout(t *testing.T) {
 	var bn grpctest.Net
 	old, repl := &fakeRouter{}, &fakeRouter{}
-	start := func(addr string, r *fakeRouter) (stop func()) {
-		s, err := New("router", Options{Listener: bn.MustListen(t, addr), MetricsAddr: "off", Logger: quiet()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		prismv1.RegisterRegistryServer(s.GRPC, r)
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { s.Serve(ctx); close(done) }()
-		var once sync.Once
-		stop = func() { once.Do(func() { cancel(); <-done }) }
-		t.Cleanup(stop)
-		return stop
-	}
+	start := func(addr string, r *fakeRouter) (stop func()) { return serveRegistry(t, &bn, addr, r) }
 	stopOld := start("10.0.0.1:7000", old)
 	start("10.0.0.2:7000", repl)
 
@@ -346,15 +325,7 @@ func TestAnnounceHintsTLSMismatch(t *testing.T) {
 func announceLog(t *testing.T, r *flakyRouter, n int) string {
 	t.Helper()
 	var bn grpctest.Net
-	s, err := New("router", Options{Listener: bn.MustListen(t, "10.0.0.1:7000"), MetricsAddr: "off", Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prismv1.RegisterRegistryServer(s.GRPC, r)
-	sctx, stop := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() { s.Serve(sctx); close(served) }()
-	t.Cleanup(func() { stop(); <-served })
+	serveRegistry(t, &bn, "10.0.0.1:7000", r)
 	var out syncBuffer
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -363,4 +334,22 @@ func announceLog(t *testing.T, r *flakyRouter, n int) string {
 	cancel()
 	<-done
 	return out.String()
+}
+
+// serveRegistry serves reg as a router's registry at addr on bn until
+// stop (or the test's end).
+func serveRegistry(t *testing.T, bn *grpctest.Net, addr string, reg prismv1.RegistryServer) (stop func()) {
+	t.Helper()
+	s, err := New("router", Options{Listener: bn.MustListen(t, addr), MetricsAddr: "off", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Serve(ctx); close(done) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }

@@ -396,12 +396,12 @@ func TestLocked(t *testing.T) {
 	}
 }
 
-// lockedInChild asks locked(dir) in a child process (this test binary
-// running TestLockedChild).
+// lockedInChild asks locked(dir) in a child process: this test binary,
+// which TestMain turns into the child when the environment names dir.
 func lockedInChild(t *testing.T, dir string) bool {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestLockedChild$")
-	cmd.Env = append(os.Environ(), "PRISM_TEST_LOCKED_DIR="+dir)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), lockedChildEnv+"="+dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
@@ -409,40 +409,14 @@ func lockedInChild(t *testing.T, dir string) bool {
 	return strings.Contains(string(out), "locked=true")
 }
 
-// TestLockedChild is lockedInChild's child: it prints locked(dir).
-func TestLockedChild(t *testing.T) {
-	dir := os.Getenv("PRISM_TEST_LOCKED_DIR")
-	if dir == "" {
-		t.Skip("the child of TestLocked, run by it")
-	}
-	fmt.Printf("locked=%v\n", locked(dir))
-}
+const lockedChildEnv = "PRISM_TEST_LOCKED_DIR"
 
-// TestCheckShardParent: a sharded model's --db is the folder of its
-// shards' stores; given one shard's store, the error names the folder to
-// give instead, and given an unsharded model's store, says so.
-func TestCheckShardParent(t *testing.T) {
-	root := t.TempDir()
-	mk := func(dir string) string {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "OPTIONS-000001"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return dir
+// TestMain runs the tests, or, as lockedInChild's child, prints
+// locked(dir) and exits.
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(lockedChildEnv); dir != "" {
+		fmt.Printf("locked=%v\n", locked(dir))
+		os.Exit(0)
 	}
-	shard := mk(filepath.Join(root, "db", "shard-0"))
-	whole := mk(filepath.Join(root, "whole"))
-	for _, tc := range []struct{ db, want string }{
-		{filepath.Join(root, "db"), ""},
-		{filepath.Join(root, "new"), ""},
-		{shard, "is one shard's store; a sharded model's --db is the folder of its shards' stores: give --db " + filepath.Join(root, "db")},
-		{whole, "is an embedding store (of an unsharded model?)"},
-	} {
-		err := checkShardParent(tc.db)
-		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
-			t.Errorf("checkShardParent(%s): %v, want %q", tc.db, err, tc.want)
-		}
-	}
+	os.Exit(m.Run())
 }
