@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -50,7 +51,42 @@ func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open update log %q: %w", dir, inuse.Explain(err))
 	}
+	if err := ownKeysOnly(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open update log %q: %w", dir, err)
+	}
 	return &updateLog{db: db}, nil
+}
+
+// storeKeyPrefix starts every key of an embedding store's metadata
+// (cpuserve/store keys.go: table id 0, 4 bytes).
+const storeKeyPrefix = "\x00\x00\x00\x00"
+
+// ownKeysOnly refuses a folder holding keys the update log does not
+// write: its keys are "e..." and "s..." only. Pointed at an embedding
+// store's folder (--update-log-dir given a worker's --db), the router
+// would otherwise add its log to the store's keys and start with an
+// empty log, silently.
+func ownKeysOnly(db *pebble.DB) error {
+	it, err := db.NewIter(nil)
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for _, from := range []string{"", "f", "t"} {
+		if !it.SeekGE([]byte(from)) {
+			continue
+		}
+		k := it.Key()
+		if k[0] == 'e' || k[0] == 's' {
+			continue
+		}
+		if strings.HasPrefix(string(k), storeKeyPrefix) {
+			return errors.New("the folder holds an embedding store (prism ingest, serve embedding --db), not an update log: give --update-log-dir a folder of its own")
+		}
+		return fmt.Errorf("the folder holds key %q, which no update log writes: give --update-log-dir a folder of its own", k)
+	}
+	return it.Error()
 }
 
 func stateKey(model string) []byte { return append([]byte("s"), model...) }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -241,5 +242,56 @@ func TestUpdateLogWriteFailureNeverSent(t *testing.T) {
 	}
 	if a.row(1) != 99 || b.row(1) != 99 {
 		t.Fatalf("after the catch-up: a row %v (seq %d), b row %v (seq %d)", a.row(1), a.held(), b.row(1), b.held())
+	}
+}
+
+// A folder holding keys the update log does not write is refused, an
+// embedding store's by name; one holding the log's own keys, whatever
+// the model names, opens.
+func TestUpdateLogOwnKeysOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		keys []string
+		want string // "": opens
+	}{
+		{"empty", nil, ""},
+		{"a log", []string{"s\x00model", "e\x05model\x00\x00\x00\x00\x00\x00\x00\x01", "szz"}, ""},
+		// cpuserve/store keys.go: the catalog, under table id 0.
+		{"an embedding store", []string{"\x00\x00\x00\x00catalog", "\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00"}, "holds an embedding store"},
+		{"a store's rows only", []string{"\x00\x00\x00\x00updseq/m"}, "holds an embedding store"},
+		{"something between", []string{"s1", "g"}, `holds key "g"`},
+		{"something after", []string{"e1", "u"}, `holds key "u"`},
+		{"something before", []string{"a", "e1"}, `holds key "a"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := vfs.NewMem()
+			db, err := pebble.Open("dir", &pebble.Options{FS: fs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range tc.keys {
+				if err := db.Set([]byte(k), []byte("v"), nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			l, err := openUpdateLog("dir", fs)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				l.Close()
+				return
+			}
+			if err == nil {
+				l.Close()
+				t.Fatalf("opened; want %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%v; want %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -708,5 +709,25 @@ func TestFaultCampaign(t *testing.T) {
 	}
 	if logDir != nil && unacked > 0 {
 		t.Errorf("%d updates were never acknowledged within %v of retries although the router persists its update log", unacked, faultUpdGiveUp)
+	}
+
+	// The two kinds of folder are told apart: a router given a worker's
+	// store as its update log, and a worker given the router's log as its
+	// store, refuse to start (both used to start, each with an empty log
+	// or store, writing beside the other's keys).
+	if logDir != nil {
+		router.stop()
+		refused := func(want string, args ...string) {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, prismBin, args...).CombinedOutput()
+			if err == nil || ctx.Err() != nil || !strings.Contains(string(out), want) {
+				t.Errorf("prism %s: %v, want it refused with %q:\n%s", strings.Join(args, " "), err, want, out)
+			}
+		}
+		storeDir := emb[0].args()[slices.Index(emb[0].args(), "--db")+1]
+		refused("holds an embedding store", "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--update-log-dir", storeDir)
+		refused("holds a router's update log", "serve", "embedding", "--certs", certs, "--plan", part, "--db", logDir[1], "--router", routerAddr)
 	}
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/prism-serve/prism/plan"
 	"sort"
@@ -107,6 +108,25 @@ func loadCatalog(db *pebble.DB) (*catalog, error) {
 		return nil, fmt.Errorf("read catalog: %w: %w", ErrCorrupt, err)
 	}
 	return c, nil
+}
+
+// notUpdateLog refuses a folder that holds a router's update log
+// (router/updatelog.go: keys "e..." and "s...", where every store key
+// starts with a 4-byte table id) and no catalog: given a router's
+// --update-log-dir as --db, a worker would otherwise start with an empty
+// store and write its tables beside the log.
+func notUpdateLog(db *pebble.DB) error {
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: []byte("e"), UpperBound: []byte("t")})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for _, prefix := range []byte("es") {
+		if it.SeekGE([]byte{prefix}) && it.Key()[0] == prefix {
+			return errors.New("the folder holds a router's update log (serve router --update-log-dir), not an embedding store: give the store a folder of its own")
+		}
+	}
+	return it.Error()
 }
 
 func (c *catalog) save(db *pebble.DB) error {

@@ -356,6 +356,51 @@ func TestBoundedCarry(t *testing.T) {
 	}
 }
 
+// TestOpenRefusesUpdateLog: a folder holding a router's update log
+// (router/updatelog.go: a model's state under "s"+model, its entries
+// under "e"+...) and no catalog is refused, not served as an empty
+// store; a store whose catalog is written opens whatever else it holds.
+func TestOpenRefusesUpdateLog(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		keys []string
+		want string
+	}{
+		{"state only", []string{"sdlrm-kaggle"}, "router's update log"},
+		{"entries only", []string{"e\x0bdlrm-kaggle\x00\x00\x00\x00\x00\x00\x00\x07"}, "router's update log"},
+		{"an empty folder", nil, ""},
+		{"a store's seq without a catalog", []string{"\x00\x00\x00\x00updseq/m"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := vfs.NewMem()
+			db, err := pebble.Open("dir", &pebble.Options{FS: fs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range tc.keys {
+				if err := db.Set([]byte(k), []byte{1, 1, 0}, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := Open("dir", &Options{FS: fs})
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatal(err)
+			case tc.want == "":
+				s.Close()
+			case err == nil:
+				s.Close()
+				t.Fatalf("opened; want %q", tc.want)
+			case !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("%v; want %q", err, tc.want)
+			}
+		})
+	}
+}
+
 // TestOpenMustExist: with MustExist a folder holding no store is refused
 // and left as it was (not made, no LOCK file); a store opens.
 func TestOpenMustExist(t *testing.T) {

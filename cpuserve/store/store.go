@@ -176,6 +176,9 @@ func Open(dir string, o *Options) (*Store, error) {
 		return nil, fmt.Errorf("open store %q: %w", dir, inuse.Explain(err))
 	}
 	cat, err := loadCatalog(db)
+	if err == nil && len(cat.Models) == 0 && len(cat.Tables) == 0 {
+		err = notUpdateLog(db)
+	}
 	if err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open store %q: %w", dir, err)
