@@ -3,6 +3,7 @@ package gpuserve
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -18,10 +19,16 @@ import (
 //     DeadlineExceeded ("expired in queue"). A request chosen for the
 //     batch that would finish after its deadline, finish predicted as now
 //     plus the EWMA run time of the batch's size bucket, is answered
-//     DeadlineExceeded ("predicted to miss by X ms") instead of running;
-//     the batch is then refilled from the queue (in the same order) and
-//     checked again, until it holds no predicted miss. Requests are
-//     refused only when a batch is formed, that is when a runner is free.
+//     DeadlineExceeded ("predicted to miss by X ms") instead of running:
+//     first those that would miss even in a batch of their own (they
+//     cannot be run in time; with them gone the others may make it),
+//     and only when there are none, every request that misses in this
+//     batch. The batch is then refilled from the queue (in the same
+//     order) and checked again, until it holds no predicted miss; a
+//     refill takes a request only if no request in the batch, it
+//     included, would then miss (one that would miss even alone is
+//     refused, another stays queued). Requests are refused only when a
+//     batch is formed, that is when a runner is free.
 //  2. When a batch goes: when the queued samples fill MaxBatch (as
 //     before: a full batch does not wait), when the oldest queued request
 //     has waited MaxDelay, or when the batcher is closing. Otherwise the
@@ -169,6 +176,7 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 		return h.pop()
 	}
 	n := 0
+	refill := false
 	for {
 		skipped := 0
 		for n < o.MaxBatch && skipped < maxSkips {
@@ -179,6 +187,23 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 			if len(d.batch) > 0 && n+p.n > o.MaxBatch {
 				skipped++
 				continue
+			}
+			if refill {
+				// A refill takes a request only if the batch, with it,
+				// holds no predicted miss: it must not make a request
+				// already kept miss (nor miss itself). One that would
+				// miss even alone is refused; otherwise it stays queued.
+				if run := est(n + p.n); run > 0 {
+					finish := now.Add(run)
+					if lateAt(p, finish) || slices.ContainsFunc(d.batch, func(q *pending) bool { return lateAt(q, finish) }) {
+						if alone := est(p.n); alone > 0 && lateAt(p, now.Add(alone)) {
+							d.late = append(d.late, late{p: p, miss: now.Add(alone).Sub(p.deadline), waited: now.Sub(p.arrived)})
+						} else {
+							skipped++
+						}
+						continue
+					}
+				}
 			}
 			skipped = 0
 			d.batch = append(d.batch, p)
@@ -192,10 +217,14 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 			break
 		}
 		finish := now.Add(run)
+		// Refused first, alone: the requests that miss even in a batch
+		// of their own. They cannot be run in time, and with them gone
+		// the others may make it: none is refused for the size of a
+		// batch that held them.
 		kept := d.batch[:0]
 		dropped := 0
 		for _, p := range d.batch {
-			if !p.deadline.IsZero() && finish.After(p.deadline) {
+			if alone := est(p.n); lateAt(p, finish) && alone > 0 && lateAt(p, now.Add(alone)) {
 				d.late = append(d.late, late{p: p, miss: finish.Sub(p.deadline), waited: now.Sub(p.arrived)})
 				n -= p.n
 				dropped++
@@ -204,14 +233,35 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 			kept = append(kept, p)
 		}
 		d.batch = kept
-		if dropped == 0 || (first == nil && len(h) == 0) {
+		if dropped == 0 {
+			// Then those that miss in this batch: refused, not run, so
+			// the batch is filled with what can still make it.
+			kept = d.batch[:0]
+			for _, p := range d.batch {
+				if lateAt(p, finish) {
+					d.late = append(d.late, late{p: p, miss: finish.Sub(p.deadline), waited: now.Sub(p.arrived)})
+					n -= p.n
+					dropped++
+					continue
+				}
+				kept = append(kept, p)
+			}
+			d.batch = kept
+		}
+		if dropped == 0 {
 			break
 		}
 		// Skipped requests that now fit are not reconsidered: they were
 		// passed over for larger, earlier ones; the refill goes on from
 		// where the walk stopped.
+		refill = true
 	}
 	return d
+}
+
+// lateAt says whether p, finishing at finish, misses its deadline.
+func lateAt(p *pending, finish time.Time) bool {
+	return !p.deadline.IsZero() && finish.After(p.deadline)
 }
 
 // maxSkips bounds the requests the walk passes over for not fitting in

@@ -99,6 +99,16 @@ func TestFormBatch(t *testing.T) {
 			queue: []q{{8, 0, 3}, {8, 0.1, 3.5}, {8, 0.2, 30}, {8, 0.3, 40}}, now: 2, est: linear(1, 0.25),
 			// Each batch of 8 takes 3 ms: 1 and 2 would miss by 2 and 1.5.
 			batch: []int{3}, late: []int{1, 2}, miss: []float64{2, 1.5}},
+		{name: "predicted: one that misses even alone is refused alone, and the refill keeps the rest on time",
+			queue: []q{{4, 0, 3}, {4, 0.1, 4.6}, {4, 0.2, 50}}, now: 2, est: linear(1, 0.25),
+			// 1 and 2 together take 3 ms: both would miss. 1 alone (2
+			// ms, done at 4) still misses, 2 alone does not: 1 is
+			// refused, 2 runs, and 3 (due at 50) stays queued, as with
+			// it 2 would miss again.
+			batch: []int{2}, late: []int{1}, miss: []float64{2}},
+		{name: "predicted: two that miss only together are both refused (no batch shrinks for them)",
+			queue: []q{{6, 0, 4.6}, {2, 0.1, 4}}, now: 2, est: linear(1, 0.25),
+			late: []int{1, 2}, miss: []float64{0.4, 1}, wake: -1},
 		{name: "predicted: the overdue oldest is refused too",
 			queue: []q{{2, 0, 2.5}, {2, 1, 50}}, now: 2, est: linear(1, 0), batch: []int{2}, late: []int{1}, miss: []float64{0.5}},
 		{name: "no estimate yet: nothing predicted",
