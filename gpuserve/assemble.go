@@ -238,6 +238,8 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		return nil, s.invalid(m, "model %q: num_samples is %d; want at least 1", m.name, n)
 	case n > s.opts.MaxSamples:
 		return nil, s.invalid(m, "model %q: %d samples in one request; this dense worker takes at most %d (split the request)", m.name, n, s.opts.MaxSamples)
+	case m.fixed > 0 && n != m.fixed:
+		return nil, s.invalid(m, "model %q: fan-out %q: %d samples: dense.onnx was exported with a fixed batch of %d (plan.json fixed_batch), so it runs batches of exactly %d", m.name, key, n, m.fixed, m.fixed)
 	}
 	parts, err := decodePart(m, req.GetTensors(), n)
 	if err != nil {
@@ -393,8 +395,12 @@ func (s *Server) awaitFanout(ctx context.Context, m *model, f *fanout, start tim
 			if errors.Is(ctx.Err(), context.Canceled) {
 				code = codes.Canceled
 			}
-			missing := f.missing()
-			a.finish(f, nil, status.Errorf(code, "model %q: fan-out %q: shard(s) %v of %d did not send their part in time", m.name, f.key, missing, f.shards))
+			err := status.Errorf(code, "model %q: fan-out %q: shard(s) %v of %d did not send their part in time", m.name, f.key, f.missing(), f.shards)
+			if f.count == f.shards {
+				// Every part came: the frame was being scored.
+				err = status.Errorf(code, "model %q: fan-out %q: all %d parts came, but the deadline passed while the frame was queued or scored", m.name, f.key, f.shards)
+			}
+			a.finish(f, nil, err)
 			s.metrics.reject(m.name, "deadline")
 		}
 		a.mu.Unlock()

@@ -434,17 +434,18 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		took = 0 // a failed run says nothing of run times
 	}
 	b.release(all, n, took)
-	b.stats.mu.Lock()
-	b.stats.Batches++
-	b.stats.Samples += int64(n)
-	b.stats.BatchSizes[bucketOf(n)]++
-	b.stats.mu.Unlock()
 	if err != nil {
+		// Nothing scored: the callers' errors count it (rejected_total).
 		for _, p := range live {
 			p.done <- result{err: err}
 		}
 		return
 	}
+	b.stats.mu.Lock()
+	b.stats.Batches++
+	b.stats.Samples += int64(n)
+	b.stats.BatchSizes[bucketOf(n)]++
+	b.stats.mu.Unlock()
 	off := 0
 	for _, p := range live {
 		res := make([][]float32, len(outs))

@@ -220,3 +220,18 @@ func TestDepthSettledOnAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestFailedRunsNotCountedScored: prism_dense_samples_total ("Samples
+// scored by dense.onnx") and the batch counters come from Snapshot; a run
+// that ONNX Runtime failed scored nothing and must not count.
+func TestFailedRunsNotCountedScored(t *testing.T) {
+	r := &sumRunner{fail: errors.New("boom")}
+	b := NewBatcher(spec, []Runner{r}, BatchOptions{})
+	defer b.Close()
+	if _, err := b.Submit(context.Background(), req(3, 0)); err == nil {
+		t.Fatal("failed run answered without error")
+	}
+	if batches, samples, _, _ := b.Snapshot(); batches != 0 || samples != 0 {
+		t.Errorf("after one failed run: %d batches, %d samples counted scored; want 0, 0", batches, samples)
+	}
+}
