@@ -218,8 +218,8 @@ func (w *carryWriter) table(model, tn string, t *physTable) (wrote bool, err err
 		if err != nil {
 			return wrote, err
 		}
-		if len(v) != 4*t.Dim || id < 0 || id >= t.Rows {
-			continue // does not fit this version's table
+		if len(v) != 4*t.Dim || id < 0 || id >= t.Rows || !t.Part.holds(id) {
+			continue // does not fit this version's table, or another shard holds the row
 		}
 		Float32.decode(src, v)
 		val = t.DType.encode(val[:0], src)

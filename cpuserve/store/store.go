@@ -346,7 +346,11 @@ func (s *Store) publish(cat *catalog) {
 			lo, hi := tableBounds(t.ID)
 			if c := tier.Class(t.width(packed)); c != nil {
 				c.Lock()
-				c.Attach(t.ID, t.Rows)
+				if p := t.Part; p != nil {
+					c.AttachPart(t.ID, t.Rows, p.Mod, p.Rem)
+				} else {
+					c.Attach(t.ID, t.Rows)
+				}
 				c.Unlock()
 			}
 			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.width(packed)), lo: lo, hi: hi, part: t.Part}

@@ -47,7 +47,7 @@ func newCompleteClass(width int, rows int64) *Class {
 		slots:    int(rows),
 		arena:    make([]float32, int(rows)*words),
 		slotKey:  make([]uint64, rows),
-		direct:   map[uint32][]int32{},
+		direct:   map[uint32]*dmap{},
 		rng:      0x9E3779B97F4A7C15,
 		complete: true,
 	}
@@ -78,7 +78,7 @@ func (c *Class) Load(key, h uint64, row []float32) bool {
 		c.put(slot, row)
 		return true
 	}
-	if c.used >= c.slots || (c.direct != nil && c.direct[uint32(key>>40)] == nil) || !c.prepare(row) {
+	if c.used >= c.slots || (c.direct != nil && !c.directHolds(key)) || !c.prepare(row) {
 		return false
 	}
 	slot := c.used

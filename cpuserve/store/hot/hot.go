@@ -97,9 +97,9 @@ type Class struct {
 	slotKey []uint64
 	idx     []entry
 	mask    uint64
-	// direct holds the per-table slot maps (slot+1 by row id) of a
-	// direct class; nil for a hashed class.
-	direct map[uint32][]int32
+	// direct holds the per-table slot maps of a direct class; nil for a
+	// hashed class.
+	direct map[uint32]*dmap
 	sk     *sketch
 	rng    uint64
 	// recordPhase carries Record's sampling across calls.
@@ -166,7 +166,7 @@ func NewDirectClass(width int, budget, rows int64) *Class {
 		slots:   int(slots),
 		arena:   make([]float32, int(slots)*words),
 		slotKey: make([]uint64, slots),
-		direct:  map[uint32][]int32{},
+		direct:  map[uint32]*dmap{},
 		sk:      newSketch(int(slots)),
 		rng:     0x9E3779B97F4A7C15,
 	}
@@ -192,16 +192,73 @@ func hashedSlots(words int, budget int64) int64 {
 	return slots
 }
 
+// dmap is a direct class's slot map of one table: slot+1 by row index
+// (0: not resident). A table of which the class holds the rows r with
+// r mod mod == rem (a row-wise shard's part) indexes row r at r / mod,
+// so the map costs 4 bytes a row held, not a row of the whole table.
+type dmap struct {
+	slots    []int32
+	mod, rem int64 // mod 1: every row, at its id
+}
+
+// index is row's index in the map; false for a row outside the part or
+// past the map.
+func (m *dmap) index(row int64) (int64, bool) {
+	if m.mod > 1 {
+		if row%m.mod != m.rem {
+			return 0, false
+		}
+		row /= m.mod
+	}
+	return row, row >= 0 && row < int64(len(m.slots))
+}
+
 // Attach gives table (of rows rows) its slot map in a direct class; a
 // no-op for a hashed class or a table already attached. Rows of a table
 // not attached are never admitted to a direct class. Caller holds Lock.
-func (c *Class) Attach(table uint32, rows int64) {
+func (c *Class) Attach(table uint32, rows int64) { c.AttachPart(table, rows, 1, 0) }
+
+// AttachPart is Attach for a table of rows rows of which the class may
+// hold only the rows r with r mod mod == rem (a row-wise shard's part):
+// its slot map holds one entry per such row. Rows outside the part are
+// never admitted. Caller holds Lock.
+func (c *Class) AttachPart(table uint32, rows, mod, rem int64) {
 	if c.direct == nil || c.direct[table] != nil {
 		return
 	}
-	m := make([]int32, rows)
+	n := rows
+	if mod > 1 {
+		n = 0
+		if rem < rows {
+			n = (rows - rem + mod - 1) / mod
+		}
+	} else {
+		mod, rem = 1, 0
+	}
+	m := make([]int32, n)
 	adviseHuge(unsafe.Pointer(unsafe.SliceData(m)), uintptr(len(m))*4)
-	c.direct[table] = m
+	c.direct[table] = &dmap{slots: m, mod: mod, rem: rem}
+}
+
+// directHolds says whether key's table is attached to the direct class
+// and its part holds key's row. Caller holds Lock.
+func (c *Class) directHolds(key uint64) bool {
+	m := c.direct[uint32(key>>40)]
+	if m == nil {
+		return false
+	}
+	_, ok := m.index(int64(key & (1<<40 - 1)))
+	return ok
+}
+
+// directSet sets key's slot map entry (slot+1, 0: not resident) in a
+// direct class.
+func (c *Class) directSet(key uint64, v int32) {
+	if m := c.direct[uint32(key>>40)]; m != nil {
+		if i, ok := m.index(int64(key & (1<<40 - 1))); ok {
+			m.slots[i] = v
+		}
+	}
 }
 
 // Direct reports whether the class indexes by per-table slot maps.
@@ -362,11 +419,14 @@ func (c *Class) Get(key, h uint64) ([]float32, bool) {
 func (c *Class) lookup(key, h uint64) (int, bool) {
 	if c.direct != nil {
 		m := c.direct[uint32(key>>40)]
-		row := int64(key & (1<<40 - 1))
-		if row >= int64(len(m)) || m[row] == 0 {
+		if m == nil {
 			return 0, false
 		}
-		return int(m[row]) - 1, true
+		i, ok := m.index(int64(key & (1<<40 - 1)))
+		if !ok || m.slots[i] == 0 {
+			return 0, false
+		}
+		return int(m.slots[i]) - 1, true
 	}
 	i := h & c.mask
 	for {
@@ -403,12 +463,25 @@ func (c *Class) Gather(table uint32, ids []int64, out []float32, slots []int32, 
 			}
 			return miss
 		}
-		for i, id := range ids {
-			if id < 0 {
-				slots[i] = -1
-				continue
+		if m.mod == 1 {
+			for i, id := range ids {
+				if id < 0 {
+					slots[i] = -1
+					continue
+				}
+				slots[i] = m.slots[id]
 			}
-			slots[i] = m[id]
+		} else {
+			for i, id := range ids {
+				if id < 0 {
+					slots[i] = -1
+					continue
+				}
+				slots[i] = 0 // a row outside the part: a miss
+				if x, ok := m.index(id); ok {
+					slots[i] = m.slots[x]
+				}
+			}
 		}
 	} else {
 		for i, id := range ids {
@@ -515,7 +588,7 @@ func (c *Class) Admit(key, h uint64, row []float32) bool {
 	if _, ok := c.lookup(key, h); ok {
 		return true
 	}
-	if c.direct != nil && c.direct[uint32(key>>40)] == nil || !c.prepare(row) {
+	if c.direct != nil && !c.directHolds(key) || !c.prepare(row) {
 		c.rejections.Add(1)
 		return false
 	}
@@ -596,7 +669,7 @@ func (c *Class) freeSlot(s int) {
 
 func (c *Class) setSlot(key, h uint64, slot int32) {
 	if c.direct != nil {
-		c.direct[uint32(key>>40)][key&(1<<40-1)] = slot + 1
+		c.directSet(key, slot+1)
 		return
 	}
 	i := h & c.mask
@@ -623,7 +696,7 @@ func (c *Class) sampleVictim() int {
 
 func (c *Class) insert(key, h uint64, slot int32) {
 	if c.direct != nil {
-		c.direct[uint32(key>>40)][key&(1<<40-1)] = slot + 1
+		c.directSet(key, slot+1)
 		return
 	}
 	i := h & c.mask
@@ -637,9 +710,7 @@ func (c *Class) insert(key, h uint64, slot int32) {
 // its probe run, so lookups never meet a tombstone.
 func (c *Class) remove(key, h uint64) {
 	if c.direct != nil {
-		if m := c.direct[uint32(key>>40)]; m != nil {
-			m[key&(1<<40-1)] = 0
-		}
+		c.directSet(key, 0)
 		return
 	}
 	i := h & c.mask

@@ -1,0 +1,156 @@
+package store
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/prism-serve/prism/cpuserve/store/hot"
+	"github.com/prism-serve/prism/plan"
+	"github.com/prism-serve/prism/sharding"
+)
+
+// shardPlan writes a plan of tables sharded over shards and returns its
+// folder; it fails unless table rowWise is placed row-wise.
+func shardPlan(t *testing.T, tables []*testTable, shards int, shardBytes int64, rowWise string) (string, *plan.Plan) {
+	t.Helper()
+	dir := writePlan(t, "m", tables)
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: shards, ShardBytes: shardBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Sharding, err = sharding.Section(p, r, "uniform"); err != nil {
+		t.Fatal(err)
+	}
+	if pl := p.Sharding.Placement(rowWise); pl.Placement != plan.RowWise {
+		t.Fatalf("%s placed %+v, want row-wise", rowWise, pl)
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	return dir, p
+}
+
+// A store holding one shard of a row-wise table builds a hot tier sized
+// for the rows it holds: its memory is what hot.FullBytes says for them,
+// not a slot map over every row of the whole table.
+func TestShardTierMemory(t *testing.T) {
+	const rows, dim = 1 << 20, 4
+	dir, p := shardPlan(t, []*testTable{{name: "big", rows: rows, dim: dim, seed: 1}}, 8, 3<<20, "big")
+	mod, _, _ := p.Sharding.Placement("big").Part(0)
+	k := 0
+	s, _ := openMem(t, &Options{Preload: PreloadOff})
+	if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); err != nil {
+		t.Fatal(err)
+	}
+	held := plan.PartRows(rows, mod, 0)
+	want := hot.FullBytes(map[int]int64{dim: held * dim * 4})
+
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	s.catMu.Lock()
+	s.opts.HotBytes = 512 << 20 // another budget: a new tier
+	s.publish(s.cat)
+	s.catMu.Unlock()
+	runtime.ReadMemStats(&m1)
+	if !s.view.Load().tier.Complete() {
+		t.Fatal("tier not complete")
+	}
+	got := int64(m1.TotalAlloc - m0.TotalAlloc)
+	t.Logf("mod %d: held %d rows; tier allocated %d bytes, FullBytes %d", mod, held, got, want)
+	if got > want*5/4 {
+		t.Fatalf("the hot tier of a shard holding %d of %d rows allocated %d bytes, its budget (FullBytes) is %d", held, rows, got, want)
+	}
+}
+
+// A shard's partial lookups read the rows it holds, right, from a
+// complete tier and from a direct tier smaller than its rows.
+func TestShardTierRows(t *testing.T) {
+	const rows, dim = 4096, 8
+	tt := &testTable{name: "big", rows: rows, dim: dim, seed: 2}
+	dir, p := shardPlan(t, []*testTable{tt}, 4, 40<<10, "big")
+	pl := p.Sharding.Placement("big")
+	for _, hotBytes := range []int64{0, 48 << 10} {
+		for k := range 4 {
+			s, _ := openMem(t, &Options{HotBytes: hotBytes, Preload: PreloadOn})
+			if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); err != nil {
+				t.Fatal(err)
+			}
+			for pass := range 2 {
+				ids := make([]int64, rows)
+				for i := range ids {
+					ids[i] = int64((i * 7919) % rows)
+				}
+				out := make([]float32, rows*dim)
+				if err := s.Lookup("m", []TableLookup{{Table: "big", IDs: ids, Bag: 1, Pooling: PoolSum, Out: out, Partial: true}}); err != nil {
+					t.Fatal(err)
+				}
+				for i, id := range ids {
+					got := out[i*dim : (i+1)*dim]
+					want := make([]float32, dim)
+					if pl.ShardOf(id) == k {
+						want = tt.data[id*dim : (id+1)*dim]
+					}
+					for x := range dim {
+						if got[x] != want[x] {
+							t.Fatalf("hot %d shard %d pass %d: row %d = %v, want %v", hotBytes, k, pass, id, got, want)
+						}
+					}
+				}
+			}
+			if m := s.Metrics(); m.HotHits == 0 {
+				t.Fatalf("hot %d shard %d: no hits (%+v)", hotBytes, k, m)
+			}
+		}
+	}
+}
+
+// A version switch carries an update only into a table that holds its
+// row: a shard re-ingested for another sharding does not get the rows
+// its new part leaves to other shards.
+func TestCarryKeepsPart(t *testing.T) {
+	const rows, dim = 4096, 8
+	mk := func(shards int) string {
+		dir, p := shardPlan(t, []*testTable{{name: "big", rows: rows, dim: dim, seed: 3}}, shards, 40<<10*4/int64(shards), "big")
+		if n := len(p.Sharding.Placement("big").Shards); n != shards {
+			t.Fatalf("big on %d shards, want %d", n, shards)
+		}
+		return dir
+	}
+	dir2, dir4 := mk(2), mk(4)
+	s, _ := openMem(t, nil)
+	k := 0
+	if _, err := s.Ingest(context.Background(), dir2, IngestOptions{Shard: &k}); err != nil {
+		t.Fatal(err)
+	}
+	tabs, _ := s.Tables("m")
+	part := tabs[0].Part
+	var ids []int64
+	for id := int64(0); id < 16; id++ {
+		if part.holds(id) {
+			ids = append(ids, id)
+		}
+	}
+	if _, err := s.UpsertSeq("m", "big", ids, make([]float32, len(ids)*dim), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Ingest(context.Background(), dir4, IngestOptions{Shard: &k}); err != nil {
+		t.Fatal(err)
+	}
+	tabs, _ = s.Tables("m")
+	part = tabs[0].Part
+	stored := storedRows(t, s, "m", "big")
+	for id := range stored {
+		if !part.holds(id) {
+			t.Fatalf("the new version's table (rows %s) holds row %d", part, id)
+		}
+	}
+	if int64(len(stored)) != part.count(rows) {
+		t.Fatalf("the new version's table holds %d rows, its part %d", len(stored), part.count(rows))
+	}
+}
