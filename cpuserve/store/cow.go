@@ -105,6 +105,7 @@ func (s *Store) copyRows(ctx context.Context, src, dst uint32, rows int64) error
 	if err != nil {
 		return err
 	}
+	defer sink.discard()
 	lo, hi := tableBounds(src)
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {

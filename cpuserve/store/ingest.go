@@ -293,6 +293,7 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 	if err != nil {
 		return 0, err
 	}
+	defer sink.discard()
 	h := tablefile.NewHasher(dim)
 	var (
 		key      [keyLen]byte

@@ -53,6 +53,18 @@ func (k *sstSink) set(key, val []byte) error {
 	return nil
 }
 
+// discard closes and removes the file being written, if any: a fill
+// that failed or was cancelled keeps no file open (the store's process
+// lives on, and each failed ingest held one more descriptor).
+func (k *sstSink) discard() {
+	if k.w == nil {
+		return
+	}
+	_ = k.w.Close()
+	k.w = nil
+	_ = k.s.opts.FS.Remove(k.path)
+}
+
 // flush closes the open file, if any, and ingests it.
 func (k *sstSink) flush(ctx context.Context) error {
 	if k.w == nil {

@@ -212,6 +212,32 @@ func TestIngestResumeAndFaults(t *testing.T) {
 		}
 	})
 
+	t.Run("a write failing mid-file closes the file", func(t *testing.T) {
+		// The store's process lives on after a failed ingest: the SST
+		// it was writing is closed and removed, not left open.
+		mem := vfs.NewMem()
+		var writes atomic.Int64
+		staged := errorfs.PathMatch("db/" + stagingDir + "/*")
+		inj := errorfs.InjectorFunc(func(op errorfs.Op) error {
+			if staged.Evaluate(op) && (op.Kind == errorfs.OpFileWrite || op.Kind == errorfs.OpFileWriteAt) && writes.Add(1) == 3 {
+				return errorfs.ErrInjected
+			}
+			return nil
+		})
+		cfs := &closeCountFS{FS: errorfs.Wrap(mem, inj), dir: "db/" + stagingDir}
+		s, _ := openMem(t, &Options{FS: cfs})
+		_, err := s.Ingest(ctx, plan, IngestOptions{SSTBytes: 1 << 20})
+		if err == nil || !strings.Contains(err.Error(), "injected") {
+			t.Fatalf("ingest with a failing write: %v", err)
+		}
+		if c, d := cfs.creates.Load(), cfs.closes.Load(); c == 0 || c != d {
+			t.Errorf("%d staging files made, %d closed", c, d)
+		}
+		if left, err := mem.List(mem.PathJoin("db", stagingDir)); err != nil || len(left) > 0 {
+			t.Errorf("staging files after the failed ingest: %v %v", left, err)
+		}
+	})
+
 	t.Run("io errors", func(t *testing.T) {
 		mem := vfs.NewMem()
 		var toggle errorfs.Toggle
@@ -240,4 +266,32 @@ func TestIngestResumeAndFaults(t *testing.T) {
 			t.Fatalf("after retry: %v", got)
 		}
 	})
+}
+
+// closeCountFS counts the files made by Create in folder dir and how
+// many of them were closed.
+type closeCountFS struct {
+	vfs.FS
+	dir             string
+	creates, closes atomic.Int64
+}
+
+func (fs *closeCountFS) Create(name string, category vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.Create(name, category)
+	if err != nil || fs.PathDir(name) != fs.dir {
+		return f, err
+	}
+	fs.creates.Add(1)
+	return &closeCountFile{File: f, closes: &fs.closes}, nil
+}
+
+type closeCountFile struct {
+	vfs.File
+	closes *atomic.Int64
+	once   sync.Once
+}
+
+func (f *closeCountFile) Close() error {
+	f.once.Do(func() { f.closes.Add(1) })
+	return f.File.Close()
 }
