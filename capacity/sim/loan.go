@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"github.com/prism-serve/prism/loadgen"
+
 	"fmt"
 	"io"
 
@@ -16,6 +18,9 @@ type LoanConfig struct {
 	// Trace is the QPS CSV; Scale multiplies its rates into samples/s.
 	Trace string
 	Scale float64
+	// TraceOptions say how to read it (columns, counts, the window rows
+	// are summed over: loadgen.TraceOptions).
+	TraceOptions loadgen.TraceOptions
 	// Policies to compare, each run on the same Base.
 	Policies []capacity.Policy
 	// Base is the simulation; its Step, Rates and Controller.Policy are
@@ -28,7 +33,7 @@ type LoanConfig struct {
 // Loan replays the trace once per policy, prints each report and writes
 // the outputs.
 func Loan(w io.Writer, c LoanConfig) error {
-	step, rates, err := ReadTrace(c.Trace, c.Scale)
+	step, rates, err := ReadTrace(c.Trace, c.Scale, c.TraceOptions)
 	if err != nil {
 		return err
 	}

@@ -50,32 +50,43 @@ type Config struct {
 	Grace    time.Duration
 	// LenderIdle is how many workers the lender can lend at most (1000).
 	LenderIdle int
+	// Exact: a zero Tick, Startup, Drain, Grace or LenderIdle means zero,
+	// not the default named beside it (prism plan loan sets every field
+	// from its flags, whose defaults are those: a user who types
+	// --lender-idle 0 asks what happens when the lender has nothing to
+	// lend, and --tick 0 is refused).
+	Exact bool
 }
 
-// EnsureDefaults fills zero fields.
+// EnsureDefaults fills zero fields (unless Exact, only the controller's
+// and the ones that have no meaning at zero).
 func (c *Config) EnsureDefaults() {
-	if c.Tick == 0 {
-		c.Tick = 10 * time.Second
-	}
-	if c.Startup == 0 {
-		c.Startup = 90 * time.Second
+	if !c.Exact {
+		if c.Tick == 0 {
+			c.Tick = 10 * time.Second
+		}
+		if c.Startup == 0 {
+			c.Startup = 90 * time.Second
+		}
+		if c.Drain == 0 {
+			c.Drain = time.Second
+		}
+		if c.Grace == 0 {
+			c.Grace = 30 * time.Second
+		}
+		if c.LenderIdle == 0 {
+			c.LenderIdle = 1000
+		}
 	}
 	if c.Controller.BorrowTimeout == 0 {
 		// The simulated workers take Startup to serve: the controller
 		// must not give up on them first (nor do its default's 10m
 		// mean anything beside a longer start).
-		c.Controller.BorrowTimeout = max(10*time.Minute, 2*c.Startup, 2*c.Controller.StartupEstimate)
+		// Nor before its next decision: a borrow is seen delivered a
+		// tick after it was asked for at the soonest.
+		c.Controller.BorrowTimeout = max(10*time.Minute, 2*c.Startup, 2*c.Controller.StartupEstimate, 2*c.Tick)
 	}
 	c.Controller.EnsureDefaults()
-	if c.Drain == 0 {
-		c.Drain = time.Second
-	}
-	if c.Grace == 0 {
-		c.Grace = 30 * time.Second
-	}
-	if c.LenderIdle == 0 {
-		c.LenderIdle = 1000
-	}
 	if c.Owned == 0 && c.CapacityPerWorker > 0 && len(c.Rates) > 0 {
 		s := slices.Clone(c.Rates)
 		slices.Sort(s)
@@ -113,6 +124,8 @@ func (c *Config) Validate() error {
 	}
 	if c.Tick <= 0 {
 		errs = append(errs, fmt.Errorf("tick %v must be positive", c.Tick))
+	} else if c.Controller.BorrowTimeout <= c.Tick {
+		errs = append(errs, fmt.Errorf("borrow timeout %v must exceed the tick (%v): a borrow is seen delivered a tick after it is asked for at the soonest", c.Controller.BorrowTimeout, c.Tick))
 	}
 	if c.Owned < 0 || c.LenderIdle < 0 {
 		errs = append(errs, fmt.Errorf("owned %d and lender idle %d must not be negative", c.Owned, c.LenderIdle))
@@ -198,9 +211,9 @@ func Run(c Config) (*Result, error) {
 	ticksOK, ticks := 0, 0
 	next := 0
 	duration := time.Duration(len(c.Rates)) * c.Step
-	for now := time.Duration(0); now < duration; now += c.Tick {
-		d := c.rate(now)
-		rep.PeakDemand = math.Max(rep.PeakDemand, d)
+	// tick is one decision of the controller at now: the lender's
+	// reclaims due, the observation, the decisions carried out.
+	tick := func(now time.Duration, d, capa float64, borrowed int) error {
 		// The lender's reclaims due by now: the newest borrowed worker.
 		var recl []capacity.Reclaim
 		for len(reclaims) > 0 && reclaims[0] <= now {
@@ -220,7 +233,6 @@ func Run(c Config) (*Result, error) {
 			recl = append(recl, capacity.Reclaim{Worker: newest.id, Deadline: now + c.Grace})
 		}
 		mo := capacity.ModelObs{Model: model, Offered: d, CapacityPerWorker: c.CapacityPerWorker, Forecast: forecast}
-		serving, borrowed := 0, 0
 		ids := make([]string, 0, len(workers))
 		for id := range workers {
 			ids = append(ids, id)
@@ -234,18 +246,13 @@ func Run(c Config) (*Result, error) {
 				st = capacity.Draining
 			case w.serving(now, c.Startup):
 				st = capacity.Serving
-				serving++
-			}
-			if w.borrowed {
-				borrowed++
 			}
 			mo.Workers = append(mo.Workers, capacity.Worker{ID: id, Borrowed: w.borrowed, State: st, InFlight: w.inFlight(now, c.Drain)})
 		}
-		capa := float64(serving) * c.CapacityPerWorker
 		mo.Shed = math.Max(0, d-capa)
 		ds, err := ctl.Tick(now, capacity.Observation{Models: []capacity.ModelObs{mo}, LenderIdle: max(0, c.LenderIdle-borrowed), Reclaims: recl})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		for _, dec := range ds {
 			switch dec.Kind {
@@ -272,10 +279,36 @@ func Run(c Config) (*Result, error) {
 				delete(workers, dec.Worker)
 			}
 		}
-		// What this tick served: the workers serving when it began.
-		dt := c.Tick.Seconds()
-		offered += d * dt
-		served += math.Min(d, capa) * dt
+		return nil
+	}
+	// Time advances by the controller's tick, or by the trace's step
+	// when that is shorter: a controller that decides every hour still
+	// faces the trace's minute-by-minute demand, which is what its
+	// workers serve (or shed) between its decisions.
+	dt := min(c.Tick, c.Step)
+	nextTick := time.Duration(0)
+	for now := time.Duration(0); now < duration; now += dt {
+		d := c.rate(now)
+		rep.PeakDemand = math.Max(rep.PeakDemand, d)
+		serving, borrowed := 0, 0
+		for _, w := range workers {
+			if !w.draining && w.serving(now, c.Startup) {
+				serving++
+			}
+			if w.borrowed {
+				borrowed++
+			}
+		}
+		capa := float64(serving) * c.CapacityPerWorker
+		if now >= nextTick {
+			nextTick += c.Tick
+			if err := tick(now, d, capa, borrowed); err != nil {
+				return nil, err
+			}
+		}
+		// What this step served: the workers serving when it began.
+		offered += d * dt.Seconds()
+		served += math.Min(d, capa) * dt.Seconds()
 		ticks++
 		if d <= capa {
 			ticksOK++
@@ -343,7 +376,8 @@ type Report struct {
 	GPUHoursSavedPct     float64 `json:"gpu_hours_saved_pct"`
 	PeakGPUHoursSavedPct float64 `json:"peak_gpu_hours_saved_pct"`
 	// SLOAttainmentPct is the share of offered samples the serving
-	// capacity covered; TicksInSLOPct the share of ticks with demand
+	// capacity covered; TicksInSLOPct the share of time steps (ticks, or
+	// the trace's steps when shorter) with demand
 	// within capacity.
 	SLOAttainmentPct float64 `json:"slo_attainment_pct"`
 	TicksInSLOPct    float64 `json:"ticks_in_slo_pct"`

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prism-serve/prism/capacity"
+	"github.com/prism-serve/prism/loadgen"
 )
 
 // spike is 2h of demand at 300 samples/s with a promotion tripling it
@@ -130,6 +131,65 @@ func TestLenderShort(t *testing.T) {
 	}
 }
 
+// Exact: zeros typed are zeros (prism plan loan): a lender with nothing
+// to lend borrows nothing and the peak goes unserved; a zero startup
+// serves at the next tick; a zero tick is refused. Without Exact a zero
+// is the default (the lender lends).
+func TestExactZeros(t *testing.T) {
+	c := spike(capacity.Reactive)
+	c.Exact, c.Tick, c.Startup, c.Drain, c.Grace, c.LenderIdle = true, 10*time.Second, 0, 0, 0, 0
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := r.Report; rep.PeakBorrowed != 0 || rep.SLOAttainmentPct > 90 {
+		t.Errorf("lender idle 0: peak borrowed %d, SLO %.1f%%; want 0 and the promotion unserved", rep.PeakBorrowed, rep.SLOAttainmentPct)
+	}
+	c.LenderIdle = 1000
+	if r, err = Run(c); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Report.DecisionToServingS; got != 10 {
+		t.Errorf("startup 0: decision to serving %vs, want one tick (10s)", got)
+	}
+	c.Tick = 0
+	if _, err := Run(c); err == nil || !strings.Contains(err.Error(), "tick 0s must be positive") {
+		t.Errorf("tick 0 with Exact: %v", err)
+	}
+	c = spike(capacity.Reactive)
+	if r, err = Run(c); err != nil || r.Report.PeakBorrowed == 0 {
+		t.Errorf("zeros without Exact (defaults): %v, peak borrowed %d", err, r.Report.PeakBorrowed)
+	}
+}
+
+// A tick longer than the trace's step: demand is still the trace's at
+// each step (the peak, the promotion), and the borrows are seen
+// delivered at the next tick, not given up as timed out.
+func TestTickLongerThanStep(t *testing.T) {
+	short, long := spike(capacity.Reactive), spike(capacity.Reactive)
+	long.Tick = 30 * time.Minute
+	rs, err := Run(short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, err := Run(long)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rl.Report.PeakDemand != rs.Report.PeakDemand {
+		t.Errorf("peak demand %v with a 30m tick, %v with 10s: the trace's own", rl.Report.PeakDemand, rs.Report.PeakDemand)
+	}
+	if n := rl.Report.Events["borrow failed: timeout"]; n > 0 {
+		t.Errorf("%d borrows timed out with a 30m tick: %v", n, rl.Report.Events)
+	}
+	if got := rl.Report.DecisionToServingS; got < 30*60 {
+		t.Errorf("decision to serving %vs with a 30m tick: seen at the next tick at the soonest", got)
+	}
+	if rl.Report.SLOAttainmentPct >= rs.Report.SLOAttainmentPct {
+		t.Errorf("SLO %.2f%% with a 30m tick, %.2f%% with 10s: a slower controller serves the promotion later", rl.Report.SLOAttainmentPct, rs.Report.SLOAttainmentPct)
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	for _, c := range []struct {
 		mod  func(*Config)
@@ -162,6 +222,39 @@ func TestOwnedAuto(t *testing.T) {
 	// The median 300/s at 70%: ceil(300/70) = 5.
 	if r.Report.OwnedGPUs != 5 {
 		t.Errorf("owned %d, want 5", r.Report.OwnedGPUs)
+	}
+}
+
+// A trace of two containers whose rows jitter by a second: the
+// inferred window (the smallest gap, 1 s) never sums them, and the peak
+// reads half the demand; TraceOptions.Window (plan loan --trace-window)
+// sums them.
+func TestLoanTraceWindow(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "qps.csv")
+	var b strings.Builder
+	b.WriteString("timestamp_anon,value,container_ip\n")
+	for i := range 60 {
+		b.WriteString(ftoa(float64(i*60)) + ",100,a\n")
+		b.WriteString(ftoa(float64(i*60+1)) + ",100,b\n")
+	}
+	if err := os.WriteFile(trace, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		window time.Duration
+		want   string
+	}{
+		{0, "peak demand 100 samples/s"},
+		{time.Minute, "peak demand 200 samples/s"},
+	} {
+		var w strings.Builder
+		err := Loan(&w, LoanConfig{Trace: trace, Scale: 1, TraceOptions: loadgen.TraceOptions{Window: c.window}, Policies: []capacity.Policy{capacity.Reactive}, Base: Config{CapacityPerWorker: 100, Owned: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(w.String(), c.want) {
+			t.Errorf("window %v: want %q in\n%s", c.window, c.want, w.String())
+		}
 	}
 }
 

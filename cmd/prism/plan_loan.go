@@ -61,12 +61,18 @@ survived, and writes report.json and loan.png to --out.`,
 			if !(c.Base.CapacityPerWorker > 0) {
 				return fmt.Errorf("--capacity-per-worker must be positive (samples/s one dense worker serves), got %v", c.Base.CapacityPerWorker)
 			}
+			if c.TraceOptions.Window < 0 {
+				return fmt.Errorf("--trace-window %v is negative", c.TraceOptions.Window)
+			}
+			c.Base.Exact = true // the flags carry the defaults; a 0 typed means 0
 			return sim.Loan(cmd.OutOrStdout(), c)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&trace, "qps", cli.DefaultData(sim.QPSTrace), "QPS trace CSV (timestamp_anon,value,...: values summed per time window)")
 	f.Float64Var(&c.Scale, "scale", 1, "multiply the trace's rates by this (requests/s to samples/s)")
+	f.DurationVar(&c.TraceOptions.Window, "trace-window", 0, "trace window to sum rows over, as prism loadgen's (default: the smallest time step; give it for a trace whose rows, one per container, jitter in time)")
+	f.BoolVar(&c.TraceOptions.Count, "trace-count", false, "the trace's values are counts per row, not rates")
 	f.Float64Var(&c.Base.CapacityPerWorker, "capacity-per-worker", 0, "samples/s one dense worker serves within the SLO (required)")
 	f.StringArrayVar(&promotions, "promotion", nil, "START,DURATION,FACTOR: demand times FACTOR from START for DURATION (as 5h,1h,3); repeatable")
 	f.StringVar(&policies, "policy", "reactive,predictive", "reactive, predictive, or both comma-separated")
