@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -71,6 +72,12 @@ It writes curves.csv, summary.csv, alloc.png and frag.png to --out.`,
 				return fmt.Errorf("--policy: %w", err)
 			}
 			c.Out = out
+			if c.Inflation == 0 {
+				c.Inflation = -1 // as the flag says: the trace as is (0 in SimOptions is its default)
+			}
+			if !(c.Coverage > 0 && c.Coverage <= 1) {
+				return fmt.Errorf("--coverage %v: a share of the tasks, in (0,1]", c.Coverage)
+			}
 			if top := 100 * c.Inflation; c.Inflation > 0 && float64(c.At) > top || c.At <= 0 {
 				// The summary would report the last point reached as if
 				// it were the load asked for.
@@ -145,8 +152,9 @@ func newPlanMIGCmd() *cobra.Command {
 		Use:   "mig",
 		Short: "Lay out MIG partitions so service demands are met with the fewest GPUs",
 		Long: `mig plans per-GPU MIG layouts legal for the GPU model and assigns instances to
-services. --demands lists each service's demand in full-GPU equivalents
-(name=demand, comma-separated); throughput per slice follows MLPerf v1.1's
+services. --demands lists each service's demand (name=demand,
+comma-separated) in full-GPU equivalents, or in requests/s with
+--full-throughput R (one full GPU serves R); throughput per slice follows MLPerf v1.1's
 1g share of 0.136 of a full GPU per compute slice. The heuristic plan is
 compared with whole-GPU allocation and, up to --max-exact GPUs, with the
 exact solver.`,
@@ -154,6 +162,12 @@ exact solver.`,
 			m, err := mig.ModelByName(model)
 			if err != nil {
 				return err
+			}
+			if !(full >= 0) || math.IsInf(full, 0) {
+				return fmt.Errorf("--full-throughput %v: requests/s one full GPU serves, or 0 for demands in full GPUs", full)
+			}
+			if maxExact < 0 || bench < 0 {
+				return fmt.Errorf("--max-exact %d and --bench %d must not be negative", maxExact, bench)
 			}
 			if bench > 0 {
 				return cli.MIGBench(cmd.OutOrStdout(), m, bench, maxExact)
@@ -167,8 +181,8 @@ exact solver.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&model, "model", "A100-80GB", "GPU model: A100-40GB, A100-80GB, H100-80GB")
-	f.StringVar(&demands, "demands", "resnet=0.4,bert=0.4,dlrm=1.3", "service demands in full-GPU equivalents, name=demand,...")
-	f.Float64Var(&full, "full-throughput", 1000, "requests/s of one full GPU (scales demands and throughputs alike)")
+	f.StringVar(&demands, "demands", "resnet=0.4,bert=0.4,dlrm=1.3", "service demands, name=demand,...: full-GPU equivalents, or requests/s with --full-throughput")
+	f.Float64Var(&full, "full-throughput", 0, "requests/s one full GPU serves: --demands are then in requests/s (0: demands in full GPUs)")
 	f.IntVar(&maxExact, "max-exact", 6, "run the exact solver when the heuristic plan has at most this many GPUs")
 	f.IntVar(&bench, "bench", 0, "instead of planning --demands: compare heuristic and exact on this many random small cases (seeds 1..N), then time the heuristic alone on large ones")
 	return cmd

@@ -91,6 +91,13 @@ func ParsePolicies(reg *placement.Registry, s string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, fmt.Errorf("no policy given")
 	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		if seen[n] {
+			return nil, fmt.Errorf("policy %s given twice (its runs would be counted as more seeds)", n)
+		}
+		seen[n] = true
+	}
 	return names, nil
 }
 

@@ -52,6 +52,9 @@ func TestParsePolicies(t *testing.T) {
 	if _, err := ParsePolicies(reg, ","); err == nil || err.Error() != "no policy given" {
 		t.Fatalf("empty: %v", err)
 	}
+	if _, err := ParsePolicies(reg, "FGD,BestFit,FGD"); err == nil || !strings.Contains(err.Error(), "FGD given twice") {
+		t.Fatalf("twice: %v", err)
+	}
 }
 
 func TestDataPath(t *testing.T) {
@@ -99,6 +102,24 @@ func TestSimulateSmall(t *testing.T) {
 			t.Errorf("%s: %v", f, err)
 		}
 	}
+	// The trace as is arrives at 1.5 of 4 GPUs (37%): the summary says
+	// so and reports there, not at --at 100 from its last point.
+	out.Reset()
+	errw.Reset()
+	c.Inflation, c.Bound, c.Out = -1, false, ""
+	if err := Simulate(&out, &errw, c); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errw.String(), "short of --at 100: the summary reports at 37%") || !strings.Contains(out.String(), "alloc@37%") {
+		t.Errorf("a run short of --at:\n%s\n%s", errw.String(), out.String())
+	}
+	// An --out that cannot be made fails before the runs.
+	errw.Reset()
+	c.Out = filepath.Join(nodes, "out") // under a file
+	if err := Simulate(&out, &errw, c); err == nil || !strings.Contains(err.Error(), "--out") || strings.Contains(errw.String(), "seed") {
+		t.Fatalf("an --out under a file: %v; progress %q", err, errw.String())
+	}
+	c.Out = ""
 	c.Tasks = filepath.Join(dir, "none.csv")
 	if err := Simulate(&out, &errw, c); err == nil || !strings.Contains(err.Error(), `open tasks "`) {
 		t.Fatalf("missing tasks: %v", err)
@@ -124,16 +145,30 @@ func TestMIG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ParseDemands("a=1,b", m, 1000); err == nil || err.Error() != `"b", want name=demand` {
+	if _, err := ParseDemands("a=1,b", m, 0); err == nil || err.Error() != `"b", want name=demand` {
 		t.Fatalf("bad demands: %v", err)
 	}
-	svcs, err := ParseDemands("resnet=0.4,bert=0.4,dlrm=1.3", m, 1000)
-	if err != nil {
-		t.Fatal(err)
+	if _, err := ParseDemands("a=1", m, -1); err == nil {
+		t.Fatal("a negative full-GPU throughput was taken")
 	}
-	var out bytes.Buffer
-	if err := MIG(&out, m, svcs, 6); err != nil {
-		t.Fatal(err)
+	// The same demands in full GPUs, and in requests/s of which a full
+	// GPU serves 1000, plan alike.
+	var outs [2]bytes.Buffer
+	for i, c := range []struct {
+		demands string
+		full    float64
+	}{{"resnet=0.4,bert=0.4,dlrm=1.3", 0}, {"resnet=400,bert=400,dlrm=1300", 1000}} {
+		svcs, err := ParseDemands(c.demands, m, c.full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := MIG(&outs[i], m, svcs, 6); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := outs[0]
+	if outs[1].String() != out.String() {
+		t.Errorf("requests/s at 1000 a GPU planned\n%s\nfull GPUs\n%s", outs[1].String(), out.String())
 	}
 	// The default demands of `prism plan mig`, as the command printed them
 	// before its logic moved here.

@@ -11,10 +11,17 @@ import (
 	"github.com/prism-serve/prism/placement/mig"
 )
 
-// ParseDemands reads "name=demand,..." with demands in full-GPU
-// equivalents; full is the requests/s of one full GPU, which scales
-// demands and the default throughput table alike.
+// ParseDemands reads "name=demand,...": with full 0, demands in full-GPU
+// equivalents; with full > 0, demands in requests/s, of which one full
+// GPU serves full (the default throughput table scaled to it).
 func ParseDemands(s string, m mig.Model, full float64) ([]mig.Service, error) {
+	if !(full >= 0) || math.IsInf(full, 0) {
+		return nil, fmt.Errorf("a full GPU's throughput is 0 (demands in full GPUs) or more requests/s, got %v", full)
+	}
+	unit, scale := "full GPUs", 1.0
+	if full > 0 {
+		unit, scale = "requests/s", full
+	}
 	var svcs []mig.Service
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(s, ",") {
@@ -24,12 +31,12 @@ func ParseDemands(s string, m mig.Model, full float64) ([]mig.Service, error) {
 		case !ok || perr != nil || name == "":
 			return nil, fmt.Errorf("%q, want name=demand", kv)
 		case !(d >= 0) || math.IsInf(d, 0):
-			return nil, fmt.Errorf("%q: a demand is 0 or more full GPUs", kv)
+			return nil, fmt.Errorf("%q: a demand is 0 or more %s", kv, unit)
 		case seen[name]:
 			return nil, fmt.Errorf("%q: service %s given twice", kv, name)
 		}
 		seen[name] = true
-		svcs = append(svcs, mig.Service{Name: name, Demand: d * full, Throughput: mig.DefaultThroughput(m, full)})
+		svcs = append(svcs, mig.Service{Name: name, Demand: d, Throughput: mig.DefaultThroughput(m, scale)})
 	}
 	return svcs, nil
 }

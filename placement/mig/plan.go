@@ -67,6 +67,9 @@ func (p *Plan) Validate(m Model, svcs []Service) error {
 	return nil
 }
 
+// maxGreedyGPUs bounds the GPUs Greedy lays out (one per step).
+const maxGreedyGPUs = 1_000_000
+
 // WholeGPUs is the baseline: every service on whole GPUs of its own.
 func WholeGPUs(m Model, svcs []Service) int {
 	full := slices.IndexFunc(m.Profiles, func(p Profile) bool { return p.Compute == m.ComputeSlices })
@@ -125,8 +128,8 @@ func Greedy(m Model, svcs []Service) (*Plan, error) {
 		if left <= 1e-9 {
 			break
 		}
-		if iter > 1_000_000 {
-			return nil, fmt.Errorf("greedy: no progress")
+		if iter >= maxGreedyGPUs {
+			return nil, fmt.Errorf("the demands need more than %d GPUs: check their unit (full-GPU equivalents, or requests/s with a full GPU's throughput)", maxGreedyGPUs)
 		}
 		var best GPU
 		bestGain := -1.0
