@@ -90,8 +90,19 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 --onnx (default: the preset named by --model).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := flagval.Positive(cmd.Flags(), "timeout", "zipf", "rate"); err != nil {
+			// Values whose zero the libraries read as "the default": typed
+			// as 0 on the command line they are refused, not replaced.
+			if err := flagval.Positive(cmd.Flags(), "timeout", "zipf", "rate", "slo", "duration", "trace-speedup", "promo-spike", "promo-peak-to-valley", "promo-day"); err != nil {
 				return err
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "trace-peak", "trace-scale", "trace-window"); err != nil {
+				return err
+			}
+			if f.trace != "" && f.arrival != "trace" {
+				if cmd.Flags().Changed("arrival") {
+					return fmt.Errorf("--trace is replayed only with --arrival trace, not --arrival %s", f.arrival)
+				}
+				f.arrival = "trace" // --trace alone: replay it
 			}
 			if f.pool < 0 {
 				return fmt.Errorf("--pool %d: want 0 (draw every request during the run) or more", f.pool)
@@ -295,6 +306,13 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(f.out, "{summary.json,timeseries.csv,plot.png}"))
 	}
+	if sum.Sent == 0 {
+		hint := ""
+		if f.arrival == "trace" {
+			hint = " (the trace's rates as scaled are below one request over the run: raise --trace-peak or --trace-scale, or --duration)"
+		}
+		return fmt.Errorf("loadgen: no request was sent in %v%s", f.duration, hint)
+	}
 	return noneOK(sum)
 }
 
@@ -366,6 +384,9 @@ func profile(f flags) (loadgen.Profile, error) {
 		p.EnsureDefaults(f.duration)
 		if err := p.Validate(); err != nil {
 			return nil, fmt.Errorf("loadgen: %w", err)
+		}
+		if p.At >= f.duration {
+			return nil, fmt.Errorf("loadgen: the promotion starts at %v, not before the run ends (--duration %v): the run would see none of it", p.At, f.duration)
 		}
 		return &p, nil
 	case "trace":

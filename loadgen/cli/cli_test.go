@@ -98,7 +98,14 @@ func TestLoadgenCLIPool(t *testing.T) {
 func TestLoadgenCLITraceAndFindMax(t *testing.T) {
 	trace := filepath.Join(t.TempDir(), "t.csv")
 	os.WriteFile(trace, []byte("timestamp,value,container\n0,1,a\n0,2,b\n60,6,a\n"), 0o644)
-	out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", trace, "--trace-peak", "300",
+	// At its own rate (3 requests/s at first) a replay of 50 ms sends
+	// nothing (the schedule is --seed's, the same every run): an error
+	// that says what to raise, not a summary of nothing and exit status 0.
+	out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--trace", trace, "--duration", "50ms", "--candidates", "5", "--quiet")
+	if err == nil || !strings.Contains(err.Error(), "no request was sent in 50ms") || !strings.Contains(err.Error(), "--trace-peak") {
+		t.Fatalf("a replay that sent nothing: %v\n%s", err, out)
+	}
+	out, err = runCLI(t, "--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", trace, "--trace-peak", "300",
 		"--duration", "1s", "--candidates", "5", "--quiet")
 	if err != nil || !strings.Contains(out, "errors 0") {
 		t.Fatalf("trace replay: %v\n%s", err, out)
@@ -133,7 +140,17 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--fake", "--model", "nope"}, "give --model-preset, --plan or --onnx"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad}, "bad.csv:3: time 0 goes back"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--candidates", "0"}, "want a positive count"},
-		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "0s"}, "positive duration"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "0s"}, "--duration 0s: want a positive value"},
+		// Zeros the libraries would read as their defaults, and a
+		// negative the code skipped: refused, not replaced.
+		{[]string{"--fake", "--model", "dlrm-tiny", "--slo", "0s"}, "--slo 0s: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "promotion", "--promo-spike", "0"}, "--promo-spike 0: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad, "--trace-peak", "-5"}, "--trace-peak -5: want 0 or more"},
+		// A promotion after the run's end, a trace with another arrival.
+		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "promotion", "--promo-at", "2h", "--duration", "1s"}, "the promotion starts at 2h0m0s, not before the run ends"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "poisson", "--trace", bad}, "--trace is replayed only with --arrival trace"},
+		// --trace alone replays it (this one's rows go back in time).
+		{[]string{"--fake", "--model", "dlrm-tiny", "--trace", bad}, "bad.csv:3: time 0 goes back"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--context-inputs", "x", "--duration", "1s"}, "context input \"x\""},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny"}, "TLS is on by default: give --certs DIR"},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--certs", "x"}, "--insecure goes with neither"},
