@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -234,6 +235,23 @@ func TestUpBearerToken(t *testing.T) {
 	cmd.Dir = dir
 	up := startCmd(t, cmd, "up", readyline.Up, true, 3*time.Minute)
 	certs := filepath.Join(dir, "certs")
+
+	// up says how a client reaches it; the command it prints runs as
+	// printed (from up's folder) and is answered.
+	var hint string
+	for deadline := time.Now().Add(5 * time.Second); hint == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if m := regexp.MustCompile(`up: clients connect with --certs certs, e\.g\. prism (loadgen [^\n]*)`).FindStringSubmatch(up.log.String()); m != nil {
+			hint = m[1]
+		}
+	}
+	if hint == "" {
+		t.Fatalf("up printed no client hint naming its certificates:\n%s", up.log.String())
+	}
+	lg := exec.Command(prismBin, append(strings.Fields(hint), "--duration", "1s", "--rate", "5", "--candidates", "5", "--quiet")...)
+	lg.Dir = dir
+	if out, err := lg.CombinedOutput(); err != nil || !strings.Contains(string(out), "errors 0") {
+		t.Fatalf("prism %s: %v\n%s", hint, err, out)
+	}
 
 	out, err := exec.Command(prismBin, "loadgen", "--model", cfg.Name, "--print-request", "1", "--candidates", "5").Output()
 	if err != nil {

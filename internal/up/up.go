@@ -428,6 +428,15 @@ func Run(ctx context.Context, c Config) error {
 		defer stopLoan()
 	}
 	readyline.WriteUp(c.Stdout, routerAddr, models, len(dense), c.EmbeddingWorkers)
+	// How a client reaches it: the certificates up made or found (a
+	// client without them is refused), or --insecure.
+	creds := "--insecure"
+	if !c.Insecure {
+		creds = "--certs " + c.Certs
+	}
+	if len(models) > 0 {
+		fmt.Fprintf(c.Stderr, "up: clients connect with %s, e.g. prism loadgen --target %s %s --model %s --duration 10s\n", creds, routerAddr, creds, models[0])
+	}
 
 	// A worker that dies is restarted and registers again.
 	for _, w := range workers {
