@@ -104,10 +104,7 @@ func ReadPrior(path string) ([]PriorRecord, error) {
 
 // AppendPrior adds records to a prior file, making its folder.
 func AppendPrior(path string, recs []PriorRecord) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("append prior: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	f, err := openPrior(path)
 	if err != nil {
 		return fmt.Errorf("append prior: %w", err)
 	}
@@ -142,4 +139,30 @@ func PriorPoints(recs []PriorRecord, space Space, f Features, skip string, minWe
 		out = append(out, PriorPoint{Coords: c, Score: r.Score, Weight: w})
 	}
 	return out
+}
+
+// openPrior opens the prior file for appending, making it and its folder.
+func openPrior(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+}
+
+// checkPriorWritable fails now, before the trials, when the prior file
+// could not be appended to after them (a folder that cannot be made, a
+// file not writable).
+// A file made for the check is removed: a run that measures nothing
+// leaves no prior.
+func checkPriorWritable(path string) error {
+	_, statErr := os.Stat(path)
+	f, err := openPrior(path)
+	if err != nil {
+		return fmt.Errorf("prior %q: appended to at the end, and it cannot be: %w", path, err)
+	}
+	f.Close()
+	if errors.Is(statErr, fs.ErrNotExist) {
+		os.Remove(path)
+	}
+	return nil
 }

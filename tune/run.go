@@ -139,6 +139,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		prior = PriorPoints(recs, o.Space, o.Features, "", 0.01)
 		rep.PriorPts = len(prior)
+		if err := checkPriorWritable(o.Prior); err != nil {
+			return nil, fmt.Errorf("tune: %w", err)
+		}
 	}
 	so := SearcherOptions{Space: o.Space, Prior: prior, Threshold: o.Threshold, MaxTrials: o.MaxTrials}
 	if o.Start != nil {

@@ -214,6 +214,22 @@ func TestRunStopsWhenFirstTrialDoesNotStart(t *testing.T) {
 	}
 }
 
+// TestRunPriorNotWritable: a prior that could not be appended to after
+// the trials fails the run before the first trial, not after them all.
+func TestRunPriorNotWritable(t *testing.T) {
+	// A folder nobody can make, root included: reading finds no prior
+	// there (a first run), writing fails.
+	const unmakeable = "/proc/prism-no-such/prior.jsonl"
+	if _, err := os.Stat("/proc/self"); err != nil {
+		t.Skip("no /proc here: no folder that cannot be made for the test")
+	}
+	dir := t.TempDir()
+	_, err := Run(context.Background(), Options{Model: "a", Space: testSpace(), Grid: true, Prior: unmakeable, Out: dir, Trialer: notStartingTrialer{"not reached"}})
+	if err == nil || !strings.Contains(err.Error(), "appended to at the end, and it cannot be") {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
 // TestTunedFor: a tune.json names the model it was tuned for; a plain
 // object of flags, or a file that is not one, names none.
 func TestTunedFor(t *testing.T) {

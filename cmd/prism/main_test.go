@@ -110,6 +110,8 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"workers not whole", nil, []string{"up", "--model", good, "--dense-workers", "1.5"}, `--dense-workers "1.5": want a whole number`},
 		{"rate not a number", nil, []string{"loadgen", "--model", "dlrm-tiny", "--rate", "fast"}, `--rate "fast": want a number`},
 		{"up with one certificate", nil, []string{"up", "--model", good, "--tls-cert", "a.pem"}, "unknown flag: --tls-cert (prism up runs every role and takes a folder of their certificates: --certs DIR"},
+		{"up micro-batch 0", nil, []string{"up", "--model", good, "--micro-batch", "0"}, "--micro-batch 0: want a positive value"},
+		{"tune steps 0", nil, []string{"tune", "--model", good, "--steps", "0"}, "--steps 0: want a positive value"},
 		{"bool not a bool", nil, []string{"up", "--model", good, "--insecure=maybe"}, `--insecure "maybe": want true or false`},
 		{"tune negative threshold", nil, []string{"tune", "--model", good, "--threshold", "-1"}, "--threshold -1: want a positive value"},
 		{"tune negative max trials", nil, []string{"tune", "--model", good, "--max-trials", "-2"}, "--max-trials -2: want 0 or more"},

@@ -68,7 +68,10 @@ OUT/tune.json serves with the best configuration.`,
 			if err := flagval.Positive(cmd.Flags(), "threshold", "start-rate", "slo", "step", "timeout", "ready-timeout"); err != nil {
 				return fmt.Errorf("tune: %w", err)
 			}
-			if err := flagval.NonNegative(cmd.Flags(), "max-trials", "steps", "pool"); err != nil {
+			if err := flagval.Positive(cmd.Flags(), "steps"); err != nil {
+				return err
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "max-trials", "pool"); err != nil {
 				return fmt.Errorf("tune: %w", err)
 			}
 			if insecure && certs != "" {
@@ -298,6 +301,9 @@ func checkSpace(space tune.Space) error {
 					return fmt.Errorf("--%s %q: want %s", d.Flag, v, want)
 				}
 				return fmt.Errorf("--%s %q: %w", d.Flag, v, errors.Unwrap(err))
+			}
+			if err := checkUpFlags(fl); err != nil {
+				return err
 			}
 			if err := c.Validate(); err != nil {
 				return err

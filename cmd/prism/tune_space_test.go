@@ -123,6 +123,7 @@ func TestTuneCheckSpace(t *testing.T) {
 		{dim("max-delay", "0s", "1ms"), ""},
 		{dim("admit-share", "1", "0.7"), ""},
 		{dim("micro-batch", "256", "abc"), `--micro-batch "abc": want a whole number`},
+		{dim("micro-batch", "256", "0"), "--micro-batch 0: want a positive value"},
 		{dim("max-delay", "5"), `--max-delay "5": time: missing unit in duration "5"`},
 		{dim("hot-bytes", "12XB"), `--hot-bytes: "12XB" is not a size`},
 		{dim("admit-share", "2"), "--admit-share 2: want 0 < share <= 1"},

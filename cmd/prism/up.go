@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/prism-serve/prism/internal/flagval"
 	"slices"
 	"sort"
 	"strings"
@@ -58,6 +59,9 @@ K) unless its store already holds it.`,
 						fmt.Fprintf(cmd.ErrOrStderr(), "up: warning: --config %s was tuned for model %s, and this stack serves %s: its configuration may not suit them (prism tune --model PLAN_DIR tunes one)\n", configFile, tuned, strings.Join(served, ", "))
 					}
 				}
+			}
+			if err := checkUpFlags(cmd.Flags()); err != nil {
+				return err
 			}
 			if len(c.Plans) == 0 {
 				return errors.New("up: at least one --model PLAN_DIR is needed (make one with prism partition)")
@@ -141,4 +145,11 @@ func applyConfig(fl *pflag.FlagSet, path string) error {
 		}
 	}
 	return nil
+}
+
+// checkUpFlags refuses a value typed on up's command line (or searched
+// by prism tune) whose zero up would pass on as "the default": a
+// micro-batch of 0 ran the router's 512.
+func checkUpFlags(fl *pflag.FlagSet) error {
+	return flagval.Positive(fl, "micro-batch")
 }
