@@ -15,14 +15,21 @@ import (
 // cost is what a valid request costs admission in bytes: its size, plus
 // its shared context once more for every micro-batch after the first
 // (each Lookup carries it). It refuses a context over
-// Options.MaxContextBytes.
-func (r *Router) cost(req *prismv1.RecommendRequest, n int) (int64, error) {
+// Options.MaxContextBytes. A model fixed at batch fb (fixedbatch.go)
+// runs micro-batches of fb, the last padded: its candidates cost what
+// the padding makes of them.
+func (r *Router) cost(req *prismv1.RecommendRequest, n, fb int) (int64, error) {
 	ctxBytes := proto.Size(req.GetContext())
 	if ctxBytes > r.opts.MaxContextBytes {
 		return 0, status.Errorf(codes.InvalidArgument, "request context of %d bytes, the limit is %d", ctxBytes, r.opts.MaxContextBytes)
 	}
+	size := int64(proto.Size(req))
 	k := (n + r.opts.MicroBatch - 1) / r.opts.MicroBatch
-	return int64(proto.Size(req)) + int64(k-1)*int64(ctxBytes), nil
+	if fb > 0 {
+		k = (n + fb - 1) / fb
+		size += int64(proto.Size(req.GetCandidates())) * int64(k*fb-n) / int64(n)
+	}
+	return size + int64(k-1)*int64(ctxBytes), nil
 }
 
 // admit charges a request's samples and bytes, or refuses it with

@@ -80,21 +80,33 @@ func newJaggedCut(jagged map[string]string, req *prismv1.RecommendRequest, n int
 	for _, in := range req.GetCandidates().GetInputs() {
 		byName[in.GetName()] = in
 	}
-	count := func(in *prismv1.Input) int {
-		return max(len(in.GetIds()), len(in.GetValues()), len(in.GetWeights()))
-	}
 	totals := map[string]int{}
 	first := map[string]string{}
-	for name, off := range jagged {
-		in := byName[name]
-		if in == nil {
-			continue // the embedding worker names what is missing
+	// Every jagged input (a name sent twice included) is cut by the same
+	// offsets: its ids, values and weights must each hold the total, or a
+	// micro-batch's cut runs past the short one.
+	for _, in := range req.GetCandidates().GetInputs() {
+		name := in.GetName()
+		off, ok := jagged[name]
+		if !ok {
+			continue // not jagged; a missing one the embedding worker names
 		}
-		if t, ok := totals[off]; ok && t != count(in) {
-			return nil, status.Errorf(codes.InvalidArgument, "candidate inputs %q (%d values) and %q (%d values) are jagged over the same offsets %q: one value per id in each", first[off], t, name, count(in), off)
+		count := -1
+		for _, l := range []int{len(in.GetIds()), len(in.GetValues()), len(in.GetWeights())} {
+			if l == 0 {
+				continue
+			}
+			if count >= 0 && l != count {
+				return nil, status.Errorf(codes.InvalidArgument, "candidate input %q is jagged: %d ids, %d values, %d weights: want one of each per id", name, len(in.GetIds()), len(in.GetValues()), len(in.GetWeights()))
+			}
+			count = l
 		}
-		if f, ok := first[off]; !ok || name < f { // name the same input whatever the map's order
-			totals[off], first[off] = count(in), name
+		count = max(count, 0)
+		if t, ok := totals[off]; ok && t != count {
+			return nil, status.Errorf(codes.InvalidArgument, "candidate inputs %q (%d values) and %q (%d values) are jagged over the same offsets %q: one value per id in each", first[off], t, name, count, off)
+		}
+		if f, ok := first[off]; !ok || name < f { // name the same input whatever the order
+			totals[off], first[off] = count, name
 		}
 	}
 	for off, total := range totals {

@@ -458,8 +458,11 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := r.conns[addr]; ok {
 		return c, nil
 	}
+	// A Lookup carries a request's micro-batch and context: what the
+	// router's own server accepts (MaxMessageBytes) must go on to them.
+	msg := max(64<<20, r.opts.MaxMessageBytes)
 	c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(msg), grpc.MaxCallSendMsgSize(msg)),
 		// Keepalive notices a worker that vanished without closing its
 		// connections (a lost node), so calls to it fail instead of hanging.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
@@ -486,7 +489,8 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if err := r.validate(req); err != nil {
 		return nil, err
 	}
-	bytes, err := r.cost(req, n)
+	fb := r.Reg.FixedBatch(req.GetModel())
+	bytes, err := r.cost(req, n, fb)
 	if err != nil {
 		return nil, err
 	}
@@ -499,7 +503,6 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	// model fixed at batch B gets runs of exactly B, the last padded
 	// (fixedbatch.go).
 	var parts [][2]int
-	fb := r.Reg.FixedBatch(req.GetModel())
 	if fb > 0 {
 		if jc != nil {
 			return nil, status.Errorf(codes.Unimplemented, "model %q: a model with jagged inputs exported with a fixed batch (%d) is not served: re-export it with a dynamic batch axis", req.GetModel(), fb)
@@ -534,52 +537,99 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	defer cancel()
 
 	scores := make([]float32, n)
-	var version atomic.Int64
-	var wg sync.WaitGroup
+	vers := make([]int64, len(parts))
 	errs := make([]error, len(parts))
-	for i, part := range parts {
-		lo, hi := part[0], part[1]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sub, err := jc.sliceFeatures(req.GetCandidates(), n, lo, hi)
-			if err == nil && fb > 0 {
-				sub, err = padFeatures(sub, hi-lo, fb)
+	// run scores the micro-batches numbered in which, at once.
+	run := func(req *prismv1.RecommendRequest, which []int) error {
+		var wg sync.WaitGroup
+		for _, i := range which {
+			lo, hi := parts[i][0], parts[i][1]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sub, err := jc.sliceFeatures(req.GetCandidates(), n, lo, hi)
+				if err == nil && fb > 0 {
+					sub, err = padFeatures(sub, hi-lo, fb)
+				}
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				size := hi - lo
+				if fb > 0 {
+					size = fb
+				}
+				out, v, err := r.microBatch(ctx, req, sub, size, i)
+				if err == nil && len(out) < hi-lo {
+					err = status.Errorf(codes.Internal, "model %q: %d scores for a micro-batch of %d", req.GetModel(), len(out), size)
+				}
+				if err != nil {
+					errs[i] = err
+					cancel()
+					return
+				}
+				if req.GetVersion() != 0 {
+					v = req.GetVersion() // a worker answers a pinned one only (its reported one may lag)
+				}
+				vers[i] = v
+				copy(scores[lo:hi], out[:hi-lo])
+			}()
+		}
+		wg.Wait()
+		// Siblings cancelled after the first failure report Canceled; the
+		// first other error is the cause.
+		var first error
+		for _, err := range errs {
+			if err != nil && (first == nil || status.Code(first) == codes.Canceled) {
+				first = err
 			}
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			size := hi - lo
-			if fb > 0 {
-				size = fb
-			}
-			out, v, err := r.microBatch(ctx, req, sub, size, i)
-			if err == nil && len(out) < hi-lo {
-				err = status.Errorf(codes.Internal, "model %q: %d scores for a micro-batch of %d", req.GetModel(), len(out), size)
-			}
-			if err != nil {
-				errs[i] = err
-				cancel()
-				return
-			}
-			version.Store(v)
-			copy(scores[lo:hi], out[:hi-lo])
-		}()
+		}
+		return first
 	}
-	wg.Wait()
-	// Siblings cancelled after the first failure report Canceled; the
-	// first other error is the cause.
-	var first error
-	for _, err := range errs {
-		if err != nil && (first == nil || status.Code(first) == codes.Canceled) {
-			first = err
+	all := make([]int, len(parts))
+	for i := range all {
+		all[i] = i
+	}
+	if err := run(req, all); err != nil {
+		return nil, err
+	}
+	// While a model's replicas switch versions, micro-batches of one
+	// request may be scored by two: its candidates would be ranked by
+	// two models under one version's name. Those of another version than
+	// the one that scored the most candidates are scored again, pinned
+	// to it (a replica not serving it is NotFound, retried elsewhere).
+	version, redo := splitVersions(parts, vers)
+	if len(redo) > 0 {
+		pinned := &prismv1.RecommendRequest{Model: req.GetModel(), Version: version, Context: req.GetContext(),
+			NumCandidates: req.GetNumCandidates(), Candidates: req.GetCandidates(), RequestId: req.GetRequestId()}
+		if err := run(pinned, redo); err != nil {
+			return nil, err
 		}
 	}
-	if first != nil {
-		return nil, first
+	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version, RequestId: req.GetRequestId()}, nil
+}
+
+// splitVersions is the version that answered the most candidates (the
+// higher on a tie; 0, a worker that cannot tell, counts for none) and
+// the micro-batches another answered.
+func splitVersions(parts [][2]int, vers []int64) (version int64, others []int) {
+	count := map[int64]int{}
+	for i, v := range vers {
+		if v != 0 {
+			count[v] += parts[i][1] - parts[i][0]
+		}
 	}
-	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version.Load(), RequestId: req.GetRequestId()}, nil
+	for v, c := range count {
+		if c > count[version] || c == count[version] && v > version {
+			version = v
+		}
+	}
+	for i, v := range vers {
+		if v != 0 && v != version {
+			others = append(others, i)
+		}
+	}
+	return version, others
 }
 
 // RecommendStream answers the requests of a stream in order, working on
@@ -867,6 +917,10 @@ func retryable(ctx context.Context, err error) bool {
 	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.ResourceExhausted, codes.Canceled:
+		return true
+	case codes.NotFound:
+		// The worker does not serve the model, or the version pinned
+		// (each serves its active one): a replica that does may.
 		return true
 	case codes.PermissionDenied:
 		// An embedding worker refusing a dense worker it has not been
