@@ -116,7 +116,7 @@ var inproc = struct {
 
 // listen opens an in-process listener and returns the address that
 // reaches it through dialInproc.
-func listen(t *testing.T) (string, *bufconn.Listener) {
+func listen(t testing.TB) (string, *bufconn.Listener) {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	inproc.Lock()
@@ -171,7 +171,7 @@ func TestUnknownModelJustAfterStart(t *testing.T) {
 
 // serveInproc serves what register registers on an in-process listener
 // until the test ends, and returns its address.
-func serveInproc(t *testing.T, register func(*grpc.Server)) string {
+func serveInproc(t testing.TB, register func(*grpc.Server)) string {
 	t.Helper()
 	addr, lis := listen(t)
 	s := grpc.NewServer()
