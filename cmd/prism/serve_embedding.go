@@ -53,6 +53,10 @@ announces itself to every router's registry (role "embedding")
 at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The server takes 0 or less for its defaults.
+			if err := flagval.Positive(cmd.Flags(), "max-samples", "max-inflight-samples"); err != nil {
+				return err
+			}
 			if db == "" {
 				return fmt.Errorf("--db is required")
 			}

@@ -40,7 +40,7 @@ func newServeRouterCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := flagval.Positive(cmd.Flags(), "micro-batch", "max-candidates", "max-inflight", "heartbeat", "default-timeout", "stream-window",
-				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers"); err != nil {
+				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers", "shutdown-grace"); err != nil {
 				return err
 			}
 			if ro.AdmitShare <= 0 || ro.AdmitShare > 1 {

@@ -120,7 +120,8 @@ func TestTuneCheckSpace(t *testing.T) {
 	}{
 		{dim("micro-batch", "256", "512"), ""},
 		{dim("hot-bytes", "auto", "512MiB", "-1"), ""},
-		{dim("max-delay", "0s", "1ms"), ""},
+		{dim("max-delay", "1ms", "2ms"), ""},
+		{dim("max-delay", "0s", "1ms"), "--max-delay 0s: want a positive value"},
 		{dim("admit-share", "1", "0.7"), ""},
 		{dim("micro-batch", "256", "abc"), `--micro-batch "abc": want a whole number`},
 		{dim("micro-batch", "256", "0"), "--micro-batch 0: want a positive value"},

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/prism-serve/prism/internal/flagval"
 	"slices"
 	"sort"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/up"
 	"github.com/prism-serve/prism/plan"
 	"github.com/prism-serve/prism/tune"
@@ -148,8 +148,9 @@ func applyConfig(fl *pflag.FlagSet, path string) error {
 }
 
 // checkUpFlags refuses a value typed on up's command line (or searched
-// by prism tune) whose zero up would pass on as "the default": a
-// micro-batch of 0 ran the router's 512.
+// by prism tune) whose zero up would leave out of its children's flags,
+// so that they ran at their defaults: a micro-batch of 0 ran the
+// router's 512, a max-delay of 0 the dense tier's 2 ms.
 func checkUpFlags(fl *pflag.FlagSet) error {
-	return flagval.Positive(fl, "micro-batch")
+	return flagval.Positive(fl, "micro-batch", "max-delay", "dense-sessions", "replicas")
 }

@@ -70,6 +70,11 @@ type Options struct {
 	// RestartDelay is the pause before a dead child is started again
 	// (default 1s), so a child that cannot start does not spin.
 	RestartDelay time.Duration
+	// MaxRestartDelay caps the pause (default 30s): it doubles from
+	// RestartDelay with each restart that fails or whose process dies
+	// within MaxRestartDelay of its start, and is RestartDelay again
+	// after a process that lived longer.
+	MaxRestartDelay time.Duration
 }
 
 // EnsureDefaults fills unset fields.
@@ -86,6 +91,10 @@ func (o *Options) EnsureDefaults() {
 	if o.RestartDelay <= 0 {
 		o.RestartDelay = time.Second
 	}
+	if o.MaxRestartDelay <= 0 {
+		o.MaxRestartDelay = 30 * time.Second
+	}
+	o.MaxRestartDelay = max(o.MaxRestartDelay, o.RestartDelay)
 }
 
 // Supervisor owns its children's processes from Start to Shutdown.
@@ -174,23 +183,35 @@ func (s *Supervisor) Start(ctx context.Context, c *Child, timeout time.Duration)
 
 // Supervise restarts c, once started, whenever its process exits, until
 // Shutdown begins or ctx ends; each restart waits up to timeout for the
-// ready line. It returns at once.
+// ready line, and a child that keeps dying is restarted ever less often
+// (Options.MaxRestartDelay). It returns at once.
 func (s *Supervisor) Supervise(ctx context.Context, c *Child, timeout time.Duration) {
 	go func() {
+		delay, started, failed := s.o.RestartDelay, time.Now(), false
 		for {
 			err := s.wait(c)
 			if s.halted() || ctx.Err() != nil {
 				return
 			}
-			s.o.Logf("%s exited (%v); restarting", c.Name, err)
+			if !failed && time.Since(started) >= s.o.MaxRestartDelay {
+				delay = s.o.RestartDelay
+			}
+			if failed {
+				s.o.Logf("restarting %s in %s", c.Name, delay)
+			} else {
+				s.o.Logf("%s exited (%v); restarting in %s", c.Name, err, delay)
+			}
 			select {
 			case <-ctx.Done():
 				return
 			case <-s.halt:
 				return
-			case <-time.After(s.o.RestartDelay):
+			case <-time.After(delay):
 			}
-			if _, err := s.Start(ctx, c, timeout); err != nil && !s.halted() && ctx.Err() == nil {
+			delay = min(2*delay, s.o.MaxRestartDelay)
+			_, err = s.Start(ctx, c, timeout)
+			started, failed = time.Now(), err != nil
+			if err != nil && !s.halted() && ctx.Err() == nil {
 				s.o.Logf("restarting %s: %v", c.Name, err)
 			}
 		}

@@ -44,7 +44,7 @@ func (f *fakes) Start(c *Child) (Process, io.Reader, error) {
 		<-gate
 	}
 	pr, pw := io.Pipe()
-	p := &fakeProc{f: f, name: c.Name, out: pw, exited: make(chan struct{})}
+	p := &fakeProc{f: f, name: c.Name, out: pw, exited: make(chan struct{}), at: time.Now()}
 	f.mu.Lock()
 	n := len(f.procs[c.Name])
 	f.procs[c.Name] = append(f.procs[c.Name], p)
@@ -92,6 +92,7 @@ func (f *fakes) proc(name string, i int) *fakeProc {
 }
 
 type fakeProc struct {
+	at       time.Time // started
 	f        *fakes
 	name     string
 	out      *io.PipeWriter
@@ -427,4 +428,30 @@ func TestReadyWithoutAddress(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	s.Shutdown()
+}
+
+// TestRestartBacksOff: a child that keeps failing is restarted ever less
+// often, the pause doubling (up to MaxRestartDelay), not every RestartDelay.
+func TestRestartBacksOff(t *testing.T) {
+	f := newFakes()
+	l := &logs{}
+	s := newSup(f, l) // RestartDelay 10ms
+	defer s.Shutdown()
+	c := &Child{Name: "dense0", Ready: readyline.Dense}
+	if _, err := s.Start(context.Background(), c, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	s.Supervise(context.Background(), c, time.Second)
+	f.mu.Lock()
+	f.behave["dense0"] = "die"
+	f.mu.Unlock()
+	f.proc("dense0", 0).exit(fmt.Errorf("exit status 1"))
+	eventually(t, "seven starts", func() bool { return f.started("dense0") >= 7 })
+	// Pauses 10, 20, 40, 80, 160 ms before starts 1 to 5 (0 is the first).
+	for i, want := range []time.Duration{10, 20, 40, 80, 160} {
+		gap := f.proc("dense0", i+1).at.Sub(f.proc("dense0", i).at)
+		if gap < want*time.Millisecond*9/10 {
+			t.Errorf("restart %d after %s, want at least %dms (backoff)\n%s", i+1, gap, want, l)
+		}
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/plan"
@@ -134,6 +135,10 @@ func ingestShards(ctx context.Context, c Config, plans []sharded) error {
 			fmt.Fprintf(c.Stderr, "up: ingesting shard %d of %d of model %q into %s\n", k, p.shards, p.model, db)
 			cmd := exec.CommandContext(ctx, c.Exe, "ingest", p.dir, "--db", db, "--shard", fmt.Sprint(k))
 			cmd.Stdout, cmd.Stderr = c.Stderr, c.Stderr
+			// As the tiers (supervise.Exec): an up killed outright
+			// takes its ingest along, which would otherwise hold the
+			// shard's store lock against the next up.
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 			if err := cmd.Run(); err != nil {
 				return fmt.Errorf("ingest shard %d of model %q into %s: %w", k, p.model, db, err)
 			}

@@ -326,6 +326,17 @@ func Run(ctx context.Context, c Config) error {
 		}
 		c.Exe = exe
 	}
+	// The router keeps its update log beside the store, named after it
+	// (DB-router-log), so a restarted router still catches lagging
+	// workers up, and stacks on stores in one folder keep logs apart.
+	updateLog := UpdateLogDir(c.DB)
+	if locked(updateLog) || locked(c.DB) {
+		// Said by the router child, it named its own flag
+		// (--update-log-dir) among the other children's logs; and
+		// before ingestShards, which took a locked shard store for one
+		// to ingest.
+		return fmt.Errorf("up: --db %s is in use by another prism up (or a prism serve of it): stop that one or give this one another --db", c.DB)
+	}
 	if len(shardedList) > 0 {
 		// Before any child: each shard's store must hold its shard when
 		// its worker starts (a worker ingests a missing plan whole).
@@ -356,15 +367,6 @@ func Run(ctx context.Context, c Config) error {
 	})
 	defer sup.Shutdown()
 
-	// The router keeps its update log beside the store, named after it
-	// (DB-router-log), so a restarted router still catches lagging
-	// workers up, and stacks on stores in one folder keep logs apart.
-	updateLog := UpdateLogDir(c.DB)
-	if locked(updateLog) || locked(c.DB) {
-		// Said by the router child, it named its own flag
-		// (--update-log-dir) among the other children's logs.
-		return fmt.Errorf("up: --db %s is in use by another prism up (or a prism serve of it): stop that one or give this one another --db", c.DB)
-	}
 	if legacy := filepath.Join(filepath.Dir(filepath.Clean(c.DB)), "router-log"); dirExists(legacy) {
 		how := "remove it"
 		if !dirExists(updateLog) {
@@ -402,6 +404,11 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return stopping(err)
 	}
+	// A router that dies is restarted like the workers (its update log
+	// is on disk for that), on the port the first one bound: the workers
+	// announce to that address, also when --addr asked for port 0.
+	pinRouterAddr(rt, c.Addr, routerAddr)
+	sup.Supervise(ctx, rt, routerReadyTimeout)
 
 	disc, err := devices.Discover(c.NVML)
 	if err != nil {
@@ -414,6 +421,9 @@ func Run(ctx context.Context, c Config) error {
 		if _, err := sup.Start(ctx, w, c.ReadyTimeout); err != nil {
 			return stopping(err)
 		}
+		// From its ready line on: one that dies before it has
+		// registered is restarted, not waited for until ReadyTimeout.
+		sup.Supervise(ctx, w, c.ReadyTimeout)
 	}
 	if err := waitRegistered(ctx, routerAddr, dialCreds, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout); err != nil {
 		return stopping(err)
@@ -438,13 +448,32 @@ func Run(ctx context.Context, c Config) error {
 		fmt.Fprintf(c.Stderr, "up: clients connect with %s, e.g. prism loadgen --target %s %s --model %s --duration 10s\n", creds, routerAddr, creds, models[0])
 	}
 
-	// A worker that dies is restarted and registers again.
-	for _, w := range workers {
-		sup.Supervise(ctx, w, c.ReadyTimeout)
-	}
+	// A child that dies is restarted (Supervise, above) and a worker
+	// registers again.
 	<-ctx.Done()
 	fmt.Fprintln(c.Stderr, "up: stopping")
 	return nil
+}
+
+// pinRouterAddr makes rt's --addr the address its first process bound
+// (bound, its ready line's), where addr (prism up --addr) let the OS
+// pick the port: a restarted router must listen where the workers
+// already announce. Called before rt is supervised.
+func pinRouterAddr(rt *supervise.Child, addr, bound string) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port != "0" {
+		return
+	}
+	_, bport, err := net.SplitHostPort(bound)
+	if err != nil {
+		return
+	}
+	for i := 0; i+1 < len(rt.Args); i++ {
+		if rt.Args[i] == "--addr" {
+			rt.Args[i+1] = net.JoinHostPort(host, bport)
+			return
+		}
+	}
 }
 
 // denseDevices is what the dense workers will run on: disc, or the CPU

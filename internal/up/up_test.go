@@ -414,6 +414,10 @@ const lockedChildEnv = "PRISM_TEST_LOCKED_DIR"
 // TestMain runs the tests, or, as lockedInChild's child, prints
 // locked(dir) and exits.
 func TestMain(m *testing.M) {
+	if exe := os.Getenv(ingestChildEnv); exe != "" {
+		ingestInChild(exe)
+		os.Exit(0)
+	}
 	if dir := os.Getenv(lockedChildEnv); dir != "" {
 		fmt.Printf("locked=%v\n", locked(dir))
 		os.Exit(0)
