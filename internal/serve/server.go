@@ -18,6 +18,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,6 +112,11 @@ type Server struct {
 	http     *http.Server
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
+	// methods are the full names of the methods registered on GRPC,
+	// set by Serve: a call refused before it reaches a handler is
+	// counted under its method only when it names one of them, so the
+	// caller cannot add label series of its choosing.
+	methods atomic.Pointer[map[string]bool]
 	// ReadyGate, when set before Serve, keeps gRPC health NOT_SERVING
 	// (load balancers and readiness probes send nothing yet) until it is
 	// closed; the server takes calls all the same.
@@ -185,7 +191,9 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		// (and decode) up to MaxMessageBytes per stream.
 		creds = append(creds, grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
 			if err := p.Authorize(metadata.NewIncomingContext(ctx, info.Header), info.FullMethodName); err != nil {
-				s.observe(info.FullMethodName, time.Now(), err) // counted by its code, as a handled call is
+				// Counted by its code, as a handled call is; the name is the
+				// caller's, so only a registered method is a label of its own.
+				s.observe(s.label(info.FullMethodName), time.Now(), err)
 				return nil, err
 			}
 			return ctx, nil
@@ -195,6 +203,10 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		grpc.MaxRecvMsgSize(o.MaxMessageBytes),
 		grpc.MaxSendMsgSize(o.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(o.MaxConcurrentStreams),
+		// Headers are read and decoded before the tap can refuse a
+		// caller: gRPC's default would take 16 MiB of them per request
+		// from anyone who completes a handshake.
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		// Stop (after the grace period) waits for handlers to return, so
@@ -209,6 +221,23 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 	healthpb.RegisterHealthServer(s.GRPC, s.Health)
 	reflection.Register(s.GRPC)
 	return s, nil
+}
+
+// maxHeaderListBytes bounds one request's headers (method, metadata,
+// the bearer token): Prism's callers send well under a kilobyte.
+const maxHeaderListBytes = 64 << 10
+
+// unknownMethod labels the refused calls to a method the server does
+// not serve.
+const unknownMethod = "unknown"
+
+// label is the method label of a call to method: method itself when it
+// is registered, else unknownMethod.
+func (s *Server) label(method string) string {
+	if m := s.methods.Load(); m != nil && (*m)[method] {
+		return method
+	}
+	return unknownMethod
 }
 
 // MetricsTLS is the configuration /metrics is served with next to a
@@ -248,6 +277,14 @@ func (s *Server) MetricsAddr() string {
 // Serve serves until ctx is cancelled, then stops taking new RPCs, marks
 // itself not serving, and lets in-flight ones finish for ShutdownGrace.
 func (s *Server) Serve(ctx context.Context) error {
+	// Services are registered by now (gRPC refuses them after Serve).
+	methods := map[string]bool{}
+	for svc, info := range s.GRPC.GetServiceInfo() {
+		for _, m := range info.Methods {
+			methods["/"+svc+"/"+m.Name] = true
+		}
+	}
+	s.methods.Store(&methods)
 	gate := s.ReadyGate
 	if gate == nil {
 		s.Health.Resume()
