@@ -43,10 +43,11 @@ func (s *Server) checkDense(addr string) error {
 // admit charges a Lookup of n samples, whose cut tensors take bytes,
 // against Options.MaxInflightSamples and MaxInflightBytes; release gives
 // them back once it is answered. A Lookup alone in flight is admitted
-// whatever its bytes (it passed MaxSamples), so a small budget slows the
-// worker instead of refusing every large request.
+// whatever its samples and bytes (it passed MaxSamples), so a small
+// budget slows the worker instead of refusing every large request (a
+// refusal on an idle worker would be "retry later" forever).
 func (s *Server) admit(n, bytes int64) (release func(), err error) {
-	if cur := s.outstanding.Add(n); cur > s.opts.MaxInflightSamples {
+	if cur := s.outstanding.Add(n); cur > s.opts.MaxInflightSamples && cur != n {
 		s.outstanding.Add(-n)
 		return nil, status.Errorf(codes.ResourceExhausted, "embedding worker overloaded: %d samples in flight, limit %d; retry later", cur-n, s.opts.MaxInflightSamples)
 	}

@@ -597,6 +597,11 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		if once[i] {
 			samples = 1
 		}
+		if bag := max(l.Bag, 1); l.Offsets == "" && len(ids.i64) != samples*bag {
+			// An input of a per-sample shape the plan leaves unknown:
+			// its ids must still make the lookup's bags.
+			return badInput("model %q: lookup of table %q: input %q has %d ids for %d samples, want %d per sample (bag %d)", m.name, ls.table, l.Input, len(ids.i64), samples, bag, bag)
+		}
 		if u, ok := distinct(i); ok {
 			ids, samples = &value{width: 1, i64: u}, len(u)
 		}
