@@ -29,12 +29,12 @@ func (pl *Placement) subModel(name string, cpuSide bool, inputs, outputs []strin
 	sub := &pb.GraphProto{Name: g.Model.GetGraph().GetName() + "_" + name}
 	needConst := map[int]bool{}
 	needInit := map[string]bool{}
-	for i, n := range g.Nodes {
+	for i := range g.Nodes {
 		on, placed := pl.OnCPU[i]
 		if !placed || on != cpuSide {
 			continue
 		}
-		for _, in := range n.GetInput() {
+		for _, in := range g.Reads(i) {
 			if j, ok := g.Producer[in]; ok && pl.Constants[j] {
 				needConst[j] = true
 			}
@@ -46,6 +46,9 @@ func (pl *Placement) subModel(name string, cpuSide bool, inputs, outputs []strin
 	for i, n := range g.Nodes {
 		on, placed := pl.OnCPU[i]
 		if needConst[i] || (placed && on == cpuSide) {
+			if err := loadNodeData(n, dir); err != nil {
+				return nil, err
+			}
 			sub.Node = append(sub.Node, n)
 		}
 	}
@@ -74,6 +77,42 @@ func (pl *Placement) subModel(name string, cpuSide bool, inputs, outputs []strin
 		ProducerVersion: fmt.Sprint(plan.Version),
 		Graph:           sub,
 	}, nil
+}
+
+// loadNodeData loads the external data of the tensors n holds: a
+// Constant's value, and the initializers and nodes of its subgraphs.
+// onnx.save with save_as_external_data (what torch.onnx.export does past
+// 2 GB) moves every tensor of 1 KB or more out, those included; the
+// partition folder must not point back at the model's data file.
+func loadNodeData(n *pb.NodeProto, dir string) error {
+	for _, a := range n.GetAttribute() {
+		ts := a.GetTensors()
+		if a.GetT() != nil {
+			ts = append(ts, a.GetT())
+		}
+		for _, t := range ts {
+			if err := pb.LoadData(t, dir); err != nil {
+				return fmt.Errorf("node %q: %w", n.GetName(), err)
+			}
+		}
+		bodies := a.GetGraphs()
+		if a.GetG() != nil {
+			bodies = append(bodies, a.GetG())
+		}
+		for _, b := range bodies {
+			for _, t := range b.GetInitializer() {
+				if err := pb.LoadData(t, dir); err != nil {
+					return fmt.Errorf("node %q: %w", n.GetName(), err)
+				}
+			}
+			for _, bn := range b.GetNode() {
+				if err := loadNodeData(bn, dir); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // valueInfo declares a tensor with the batch dimension as "batch".

@@ -2,6 +2,7 @@ package partitioner
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
@@ -29,7 +30,12 @@ type Graph struct {
 	// inference takes a dimension of that size meeting the batch in a
 	// broadcast as the batch.
 	FixedBatch int64
-	inputSet   map[string]bool
+	// Implicit are, per node index, the outer names its subgraphs (If
+	// branches, Loop and Scan bodies, nested too) read without declaring
+	// them: inputs of the node as much as its own, for the order, the
+	// consumers and the side that must provide them.
+	Implicit map[int][]string
+	inputSet map[string]bool
 }
 
 // NewGraph indexes m's graph and checks it: every node input must be a
@@ -74,8 +80,15 @@ func NewGraph(m *pb.ModelProto) (*Graph, error) {
 			producer[o] = i
 		}
 	}
+	implicit := make([][]string, len(nodes))
+	reads := func(i int) []string { return append(slices.Clone(nodes[i].GetInput()), implicit[i]...) }
 	for i, n := range nodes {
-		for _, in := range n.GetInput() {
+		for _, in := range outerReads(n) {
+			if !slices.Contains(n.GetInput(), in) {
+				implicit[i] = append(implicit[i], in)
+			}
+		}
+		for _, in := range reads(i) {
 			if in == "" {
 				continue // an omitted optional input
 			}
@@ -91,16 +104,16 @@ func NewGraph(m *pb.ModelProto) (*Graph, error) {
 	}
 	// Kahn's algorithm; a cycle leaves nodes unvisited.
 	indeg := make([]int, len(nodes))
-	for i, n := range nodes {
-		for _, in := range n.GetInput() {
+	for i := range nodes {
+		for _, in := range reads(i) {
 			if _, ok := producer[in]; ok {
 				indeg[i]++
 			}
 		}
 	}
 	readers := map[string][]int{}
-	for i, n := range nodes {
-		for _, in := range n.GetInput() {
+	for i := range nodes {
+		for _, in := range reads(i) {
 			readers[in] = append(readers[in], i)
 		}
 	}
@@ -135,8 +148,12 @@ func NewGraph(m *pb.ModelProto) (*Graph, error) {
 		}
 		return nil, fmt.Errorf("graph has a cycle through nodes %s", strings.Join(stuck, ", "))
 	}
-	for _, i := range order {
+	g.Implicit = map[int][]string{}
+	for k, i := range order {
 		g.Nodes = append(g.Nodes, nodes[i])
+		if len(implicit[i]) > 0 {
+			g.Implicit[k] = implicit[i]
+		}
 	}
 	for i, n := range g.Nodes {
 		if n.GetName() == "" {
@@ -147,13 +164,144 @@ func NewGraph(m *pb.ModelProto) (*Graph, error) {
 				g.Producer[o] = i
 			}
 		}
-		for _, in := range n.GetInput() {
+		for _, in := range g.Reads(i) {
 			if in != "" {
 				g.Consumers[in] = append(g.Consumers[in], i)
 			}
 		}
 	}
 	return g, nil
+}
+
+// Reads is every name node i reads: its inputs, then the outer names
+// its subgraphs read (Implicit).
+func (g *Graph) Reads(i int) []string {
+	if len(g.Implicit[i]) == 0 {
+		return g.Nodes[i].GetInput()
+	}
+	return append(slices.Clone(g.Nodes[i].GetInput()), g.Implicit[i]...)
+}
+
+// outerReads are the names n's subgraphs read from the scope around n,
+// in the order first read.
+func outerReads(n *pb.NodeProto) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, a := range n.GetAttribute() {
+		bodies := a.GetGraphs()
+		if a.GetG() != nil {
+			bodies = append(bodies, a.GetG())
+		}
+		for _, b := range bodies {
+			for _, name := range freeNames(b) {
+				if !seen[name] {
+					seen[name] = true
+					out = append(out, name)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// freeNames are the names read in body (by its nodes, their own
+// subgraphs, or as its outputs) that body does not define.
+func freeNames(body *pb.GraphProto) []string {
+	local := map[string]bool{"": true}
+	for _, in := range body.GetInput() {
+		local[in.GetName()] = true
+	}
+	for _, t := range body.GetInitializer() {
+		local[t.GetName()] = true
+	}
+	for _, bn := range body.GetNode() {
+		for _, o := range bn.GetOutput() {
+			local[o] = true
+		}
+	}
+	var out []string
+	seen := map[string]bool{}
+	add := func(name string) {
+		if !local[name] && !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	for _, bn := range body.GetNode() {
+		for _, in := range bn.GetInput() {
+			add(in)
+		}
+		for _, in := range outerReads(bn) {
+			add(in)
+		}
+	}
+	for _, o := range body.GetOutput() {
+		add(o.GetName())
+	}
+	return out
+}
+
+// minInputs is how many inputs (an omitted optional one counting, as
+// "") the ONNX spec requires of an op at every opset version the
+// partitioner reads; the recognisers index them without checking.
+// Ops not listed need one, but for those in noInputs.
+var minInputs = map[string]int{
+	"Add": 2, "Sub": 2, "Mul": 2, "Div": 2, "Mod": 2, "Pow": 2, "PRelu": 2,
+	"Equal": 2, "Greater": 2, "GreaterOrEqual": 2, "Less": 2, "LessOrEqual": 2,
+	"And": 2, "Or": 2, "Xor": 2, "BitShift": 2, "BitwiseAnd": 2, "BitwiseOr": 2, "BitwiseXor": 2,
+	"CastLike": 2, "Gather": 2, "GatherElements": 2, "GatherND": 2, "Expand": 2,
+	"MatMul": 2, "MatMulInteger": 2, "Gemm": 2, "SequenceInsert": 2,
+	"Where": 3, "Range": 3, "ScatterElements": 3, "ScatterND": 3,
+}
+
+// noInputs are the standard ops that may have no input at all.
+var noInputs = map[string]bool{
+	"Constant": true, "SequenceEmpty": true, "RandomNormal": true, "RandomUniform": true, "Optional": true, "Loop": true,
+}
+
+// modelOpset is the default-domain opset m imports (0 if none).
+func modelOpset(m *pb.ModelProto) int64 {
+	for _, o := range m.GetOpsetImport() {
+		if o.GetDomain() == "" || o.GetDomain() == "ai.onnx" {
+			return o.GetVersion()
+		}
+	}
+	return 0
+}
+
+// checkArity refuses a node, in gp or any subgraph of it, with fewer
+// inputs than its op requires or no output: every recogniser reads a
+// node's first output and its required inputs by position.
+func checkArity(gp *pb.GraphProto, opset int64, in string) error {
+	for i, n := range gp.GetNode() {
+		want, ok := minInputs[n.GetOpType()]
+		switch d := n.GetDomain(); {
+		case d != "" && d != "ai.onnx":
+			want = 0 // another domain's op: its arity is its own
+		case n.GetOpType() == "Reshape" && opset >= 5:
+			want = 2 // the shape is an input from opset 5 on
+		case !ok && !noInputs[n.GetOpType()]:
+			want = 1
+		}
+		if len(n.GetInput()) < want {
+			return fmt.Errorf("node %q%s: %s takes at least %d inputs, it has %d", nodeName(n, i), in, n.GetOpType(), want, len(n.GetInput()))
+		}
+		if len(n.GetOutput()) == 0 {
+			return fmt.Errorf("node %q%s: %s has no output", nodeName(n, i), in, n.GetOpType())
+		}
+		for _, a := range n.GetAttribute() {
+			bodies := a.GetGraphs()
+			if a.GetG() != nil {
+				bodies = append(bodies, a.GetG())
+			}
+			for _, b := range bodies {
+				if err := checkArity(b, opset, fmt.Sprintf(" in the %s of %s %q%s", a.GetName(), n.GetOpType(), nodeName(n, i), in)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func nodeName(n *pb.NodeProto, i int) string {

@@ -63,6 +63,9 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkArity(m.GetGraph(), modelOpset(m), ""); err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
 	batch, err := Debatch(m)
 	if err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
@@ -324,11 +327,11 @@ func (pl *Placement) write(dir, modelDir string, p *plan.Plan, o Options) error 
 		for _, l := range pl.Lookups {
 			lookupOut[l.output] = true
 		}
-		for i, n := range g.Nodes {
+		for i := range g.Nodes {
 			if on, placed := pl.OnCPU[i]; !placed || !on {
 				continue
 			}
-			for _, in := range n.GetInput() {
+			for _, in := range g.Reads(i) {
 				if (g.IsInput(in) || lookupOut[in]) && !have[in] {
 					have[in] = true
 					ins = append(ins, in)

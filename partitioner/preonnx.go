@@ -294,6 +294,9 @@ func (pl *Placement) preModel(dir string) (*pb.ModelProto, error) {
 	}
 	for i, n := range g.Nodes {
 		if nodes[i] {
+			if err := loadNodeData(n, dir); err != nil {
+				return nil, err
+			}
 			sub.Node = append(sub.Node, n)
 		}
 	}
