@@ -217,28 +217,12 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 			break
 		}
 		finish := now.Add(run)
-		// Refused first, alone: the requests that miss even in a batch
-		// of their own. They cannot be run in time, and with them gone
-		// the others may make it: none is refused for the size of a
-		// batch that held them.
-		kept := d.batch[:0]
-		dropped := 0
-		for _, p := range d.batch {
-			if alone := est(p.n); lateAt(p, finish) && alone > 0 && lateAt(p, now.Add(alone)) {
-				d.late = append(d.late, late{p: p, miss: finish.Sub(p.deadline), waited: now.Sub(p.arrived)})
-				n -= p.n
-				dropped++
-				continue
-			}
-			kept = append(kept, p)
-		}
-		d.batch = kept
-		if dropped == 0 {
-			// Then those that miss in this batch: refused, not run, so
-			// the batch is filled with what can still make it.
-			kept = d.batch[:0]
+		// refuse answers DeadlineExceeded the requests of the batch
+		// that miss (predicted to finish at finish) and are picked.
+		refuse := func(pick func(p *pending) bool) (dropped int) {
+			kept := d.batch[:0]
 			for _, p := range d.batch {
-				if lateAt(p, finish) {
+				if lateAt(p, finish) && pick(p) {
 					d.late = append(d.late, late{p: p, miss: finish.Sub(p.deadline), waited: now.Sub(p.arrived)})
 					n -= p.n
 					dropped++
@@ -247,6 +231,20 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 				kept = append(kept, p)
 			}
 			d.batch = kept
+			return dropped
+		}
+		// Refused first, alone: the requests that miss even in a batch
+		// of their own. They cannot be run in time, and with them gone
+		// the others may make it: none is refused for the size of a
+		// batch that held them.
+		dropped := refuse(func(p *pending) bool {
+			alone := est(p.n)
+			return alone > 0 && lateAt(p, now.Add(alone))
+		})
+		if dropped == 0 {
+			// Then those that miss in this batch: refused, not run, so
+			// the batch is filled with what can still make it.
+			dropped = refuse(func(*pending) bool { return true })
 		}
 		if dropped == 0 {
 			break

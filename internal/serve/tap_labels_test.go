@@ -25,33 +25,8 @@ import (
 // series of its own, or the router's memory (and /metrics) grows with
 // every name an attacker invents, as long as a header list allows.
 func TestRefusedMethodNamesBounded(t *testing.T) {
-	dir := t.TempDir()
-	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{AllowNoClientCert: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New("router", Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, BearerToken: "0123456789abcdef0123", Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	prismv1.RegisterRegistryServer(s.GRPC, &slowRegistry{})
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-
-	c, err := auth.ClientTLS(auth.Files{CA: auth.FilesFor(dir, auth.Admin).CA}, auth.Router)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(c)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	ctx := context.Background()
+	s, conn := tokenRouter(t, func(s *Server) { prismv1.RegisterRegistryServer(s.GRPC, &slowRegistry{}) })
 	const n = 300
 	for i := range n {
 		methods := []string{
@@ -96,6 +71,21 @@ func TestRefusedMethodNamesBounded(t *testing.T) {
 // MiB per request, held while a slow sender trickles it, on as many
 // connections as it opens) before the tap can refuse it.
 func TestHeaderListBounded(t *testing.T) {
+	ctx := context.Background()
+	_, conn := tokenRouter(t, nil)
+	hctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer 0123456789abcdef0123", "x-pad", strings.Repeat("p", 4<<20))
+	_, err := healthpb.NewHealthClient(conn).Check(hctx, &healthpb.HealthCheckRequest{})
+	if err == nil {
+		t.Fatal("a request with 4 MiB of headers was read and served: the server bounds no header list below gRPC's 16 MiB default")
+	}
+}
+
+// tokenRouter serves a router's server taking the bearer token
+// 0123456789abcdef0123 (so it admits callers without a certificate),
+// with register's services, and a client connection to it holding no
+// certificate and no token.
+func tokenRouter(t *testing.T, register func(*Server)) (*Server, *grpc.ClientConn) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
 		t.Fatal(err)
@@ -107,6 +97,9 @@ func TestHeaderListBounded(t *testing.T) {
 	s, err := New("router", Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, BearerToken: "0123456789abcdef0123", Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if register != nil {
+		register(s)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
@@ -120,10 +113,6 @@ func TestHeaderListBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	hctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer 0123456789abcdef0123", "x-pad", strings.Repeat("p", 4<<20))
-	_, err = healthpb.NewHealthClient(conn).Check(hctx, &healthpb.HealthCheckRequest{})
-	if err == nil {
-		t.Fatal("a request with 4 MiB of headers was read and served: the server bounds no header list below gRPC's 16 MiB default")
-	}
+	t.Cleanup(func() { conn.Close() })
+	return s, conn
 }

@@ -44,20 +44,13 @@ func TestDenseOnlyLoopTable(t *testing.T) {
 func TestIfReadsOuterNames(t *testing.T) {
 	requireORT(t)
 	f := pb.TensorProto_FLOAT
-	info := func(name string, elem pb.TensorProto_DataType, dims ...int64) *pb.ValueInfoProto {
-		d := []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "batch"}}}
-		for _, x := range dims {
-			d = append(d, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: x}})
-		}
-		return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(elem), Shape: &pb.TensorShapeProto{Dim: d}}}}}
-	}
 	table := make([]float32, 50*4)
 	for i := range table {
 		table[i] = float32(i%17) / 16
 	}
 	w := []float32{0.1, -0.2, 0.3, -0.4, 0.5, -0.6, 0.7, -0.8}
 	branch := func(name string, nodes ...*pb.NodeProto) *pb.GraphProto {
-		return &pb.GraphProto{Name: name, Node: nodes, Output: []*pb.ValueInfoProto{info(name+"_out", f, 1)}}
+		return &pb.GraphProto{Name: name, Node: nodes, Output: []*pb.ValueInfoProto{batchInfo(name+"_out", f, 1)}}
 	}
 	then := branch("then", &pb.NodeProto{Name: "then/add", OpType: "Add", Input: []string{"/mlp/MatMul:0", "bias"}, Output: []string{"then_out"}})
 	els := branch("else", &pb.NodeProto{Name: "else/id", OpType: "Identity", Input: []string{"/mlp/MatMul:0"}, Output: []string{"else_out"}})
@@ -78,8 +71,8 @@ func TestIfReadsOuterNames(t *testing.T) {
 			pb.NewFloatTensor("bias", []int64{1}, []float32{0.25}),
 			{Name: "use_bias", DataType: int32(pb.TensorProto_BOOL), Int32Data: []int32{1}},
 		},
-		Input:  []*pb.ValueInfoProto{info("ids", pb.TensorProto_INT64), info("x", f, 4)},
-		Output: []*pb.ValueInfoProto{info("score", f, 1)},
+		Input:  []*pb.ValueInfoProto{batchInfo("ids", pb.TensorProto_INT64), batchInfo("x", f, 4)},
+		Output: []*pb.ValueInfoProto{batchInfo("score", f, 1)},
 	}}
 	dir := t.TempDir()
 	model := filepath.Join(dir, "model.onnx")
@@ -106,13 +99,6 @@ func TestIfReadsOuterNames(t *testing.T) {
 func TestExternalConstant(t *testing.T) {
 	requireORT(t)
 	f := pb.TensorProto_FLOAT
-	info := func(name string, elem pb.TensorProto_DataType, dims ...int64) *pb.ValueInfoProto {
-		d := []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "batch"}}}
-		for _, x := range dims {
-			d = append(d, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: x}})
-		}
-		return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(elem), Shape: &pb.TensorShapeProto{Dim: d}}}}}
-	}
 	table := make([]float32, 500*4)
 	for i := range table {
 		table[i] = float32(i%17) / 16
@@ -132,8 +118,8 @@ func TestExternalConstant(t *testing.T) {
 			{Name: "/Sigmoid", OpType: "Sigmoid", Input: []string{"s"}, Output: []string{"score"}},
 		},
 		Initializer: []*pb.TensorProto{pb.NewFloatTensor("emb.weight", []int64{500, 4}, table)},
-		Input:       []*pb.ValueInfoProto{info("ids", pb.TensorProto_INT64), info("x", f, 4)},
-		Output:      []*pb.ValueInfoProto{info("score", f, 1)},
+		Input:       []*pb.ValueInfoProto{batchInfo("ids", pb.TensorProto_INT64), batchInfo("x", f, 4)},
+		Output:      []*pb.ValueInfoProto{batchInfo("score", f, 1)},
 	}}
 	dir := t.TempDir()
 	model := filepath.Join(dir, "model.onnx")
@@ -148,4 +134,14 @@ func TestExternalConstant(t *testing.T) {
 	if _, err := verify.Verify(model, out, 100, 1); err != nil {
 		t.Fatalf("verify: %v\n%s", err, res.Report())
 	}
+}
+
+// batchInfo is a value of elem type with a symbolic batch axis first,
+// then dims.
+func batchInfo(name string, elem pb.TensorProto_DataType, dims ...int64) *pb.ValueInfoProto {
+	d := []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "batch"}}}
+	for _, x := range dims {
+		d = append(d, &pb.TensorShapeProto_Dimension{Value: &pb.TensorShapeProto_Dimension_DimValue{DimValue: x}})
+	}
+	return &pb.ValueInfoProto{Name: name, Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{ElemType: int32(elem), Shape: &pb.TensorShapeProto{Dim: d}}}}}
 }
