@@ -65,16 +65,3 @@ func (m *Model) Write(dir string, o WriteOptions) (*Manifest, error) {
 	}
 	return man, nil
 }
-
-// ReadManifest reads dir/model.json.
-func ReadManifest(dir string) (*Manifest, error) {
-	buf, err := os.ReadFile(filepath.Join(dir, "model.json"))
-	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
-	}
-	var man Manifest
-	if err := json.Unmarshal(buf, &man); err != nil {
-		return nil, fmt.Errorf("read manifest %q: %w", filepath.Join(dir, "model.json"), err)
-	}
-	return &man, nil
-}

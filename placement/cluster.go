@@ -328,13 +328,6 @@ func (c *Cluster) Place(t *Task, n int, gpus []int) error {
 	return nil
 }
 
-// Remove undoes Place.
-func (c *Cluster) Remove(a Assignment) {
-	c.Nodes[a.Node].Release(a.Task, a.GPUs)
-	c.GPUMilliUsed -= a.Task.TotalGPUMilli()
-	c.CPUMilliUsed -= a.Task.CPUMilli
-}
-
 // GPUAllocRatio is the allocated share of the cluster's GPU capacity.
 func (c *Cluster) GPUAllocRatio() float64 {
 	if c.GPUMilliTotal == 0 {

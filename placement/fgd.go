@@ -243,12 +243,3 @@ func (f *FGDScore) ChooseGPUs(_ *CycleState, t *Task, n *NodeState) []int {
 	}
 	return nil
 }
-
-// ClusterFrag is the sum of NodeFrag over the cluster, in milli-GPU.
-func ClusterFrag(c *Cluster, w TargetWorkload) float64 {
-	var f float64
-	for _, n := range c.Nodes {
-		f += NodeFrag(n, w)
-	}
-	return f
-}

@@ -9,16 +9,6 @@ import (
 	"github.com/prism-serve/prism/internal/shareddata"
 )
 
-// Dir returns ../shared/data beside the repository root or skips the test.
-func Dir(tb testing.TB) string {
-	tb.Helper()
-	d, err := shareddata.Dir()
-	if err != nil {
-		tb.Skipf("shared data not present: %v", err)
-	}
-	return d
-}
-
 // Path returns the file rel (slash-separated, as "openb/x.csv") under
 // ../shared/data or skips the test, naming the data set and its source.
 func Path(tb testing.TB, rel string) string {
