@@ -115,6 +115,12 @@ func (r *Recorder) Done(intended, done time.Duration, samples int, code codes.Co
 	if code != codes.OK {
 		r.errs[code]++
 		s.errs++
+		if code == codes.DeadlineExceeded {
+			// A request that timed out took at least this long: left out
+			// of the latencies, the slowest requests vanished from the
+			// p99 (up to find-max's 1% error budget of them).
+			r.recordLatency(s, us)
+		}
 		return
 	}
 	r.ok++
@@ -125,15 +131,21 @@ func (r *Recorder) Done(intended, done time.Duration, samples int, code codes.Co
 	}
 	s.ok++
 	s.samples += int64(samples)
+	r.recordLatency(s, us)
+	if lat <= r.slo {
+		r.inSLO++
+	}
+}
+
+// recordLatency adds us to the run's, the live line's and second s's
+// histograms. r.mu is held.
+func (r *Recorder) recordLatency(s *second, us int64) {
 	if s.hist == nil {
 		s.hist = newHist(2)
 	}
 	_ = s.hist.RecordValue(us)
 	_ = r.total.RecordValue(us)
 	_ = r.interval.RecordValue(us)
-	if lat <= r.slo {
-		r.inSLO++
-	}
 }
 
 func clampUs(d time.Duration) int64 {

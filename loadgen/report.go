@@ -32,7 +32,8 @@ type Summary struct {
 	RPS       float64 `json:"throughput_rps"`
 	SamplesPS float64 `json:"throughput_samples_per_s"`
 	MeanCand  float64 `json:"mean_candidates"`
-	// Latencies in milliseconds, from the intended send time.
+	// Latencies in milliseconds, from the intended send time, of the
+	// requests answered OK and of those that timed out (DeadlineExceeded).
 	P50, P90, P99, P999, Max float64            `json:"-"`
 	Latency                  map[string]float64 `json:"latency_ms"`
 	SLOMs                    float64            `json:"slo_ms"`
@@ -60,7 +61,7 @@ type Point struct {
 	OK        int64   // of the requests intended in this second
 	Errors    int64   // likewise
 	Samples   int64   // OK samples of the requests intended in this second
-	P99Ms     float64 // of the requests intended in this second; NaN if none
+	P99Ms     float64 // of the requests intended in this second (OK or timed out); NaN if none
 	Watched   float64 // Options.Watch at the second's start; NaN if none
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -169,6 +170,10 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	jobs := make(chan job, 1024)
 	var genErr error
 	capped := false // the producer stopped at MaxRequests, not at Duration
+	// drained: a closed-loop client found the producer's requests all
+	// taken. The producer builds up to the channel's 1024 ahead, so it
+	// can reach MaxRequests in a run its clients end at Duration.
+	var drained atomic.Bool
 	// The producer builds requests ahead of their send time, so building
 	// never delays a send; it owns reqs and the schedule.
 	var sched *Schedule
@@ -181,15 +186,18 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	go func() {
 		defer close(jobs)
 		for n := int64(0); ; n++ {
-			if n == o.MaxRequests {
-				capped = true
-				return
-			}
 			var at time.Duration
 			if sched != nil {
 				if at = sched.Next(); at >= o.Duration {
 					return
 				}
+			}
+			// Capped only when the schedule had another arrival within
+			// the duration: a cap equal to the arrivals of the window
+			// stopped nothing.
+			if n == o.MaxRequests {
+				capped = true
+				return
 			}
 			req, wire, err := reqs.nextSend()
 			if err != nil {
@@ -253,6 +261,9 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 				for {
 					j, ok := <-jobs
 					now := since()
+					if !ok {
+						drained.Store(true)
+					}
 					if !ok || now >= o.Duration || ctx.Err() != nil {
 						return
 					}
@@ -270,6 +281,9 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 	for range jobs {
 	}
 	elapsed := since()
+	if o.Clients > 0 && !drained.Load() {
+		capped = false
+	}
 	windowed := !capped && parent.Err() == nil
 	if windowed {
 		// The run offered load over its whole duration, even when the last

@@ -423,26 +423,34 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 	}
 	opts.Duration = f.findMaxTrial
 	opts.Live = nil
-	trial := func(ctx context.Context, rate float64) (*loadgen.Summary, error) {
-		reqs, err := newRequests()
-		if err != nil {
-			return nil, err
-		}
-		o := opts
-		o.Profile, o.Poisson = loadgen.Constant(rate), true
-		return loadgen.Run(ctx, o, reqs, s)
-	}
 	if f.findMaxWarmUp < 0 {
 		return fmt.Errorf("loadgen: --find-max-warmup %v: want 0 (none) or a positive duration", f.findMaxWarmUp)
 	}
+	// One request stream for the whole search, each run going on where
+	// the last one stopped: rebuilt per run from the same --seed and
+	// --stream, every trial replayed the warm-up's requests (and the
+	// previous trials'), whose rows the embedding tier then had hot.
+	reqs, err := newRequests()
+	if err != nil {
+		return err
+	}
+	// Each run's arrivals from a seed of its own (from --seed): with one
+	// seed every trial was the same Poisson path rescaled, its count
+	// short of (or over) the rate by the same share in every trial.
+	runs := uint64(0)
+	seed := func() uint64 {
+		runs++
+		return opts.Seed + (runs-1)*0x9E3779B97F4A7C15
+	}
+	trial := func(ctx context.Context, rate float64) (*loadgen.Summary, error) {
+		o := opts
+		o.Profile, o.Poisson, o.Seed = loadgen.Constant(rate), true, seed()
+		return loadgen.Run(ctx, o, reqs, s)
+	}
 	var warm *loadgen.Summary
 	if f.findMaxWarmUp > 0 {
-		reqs, err := newRequests()
-		if err != nil {
-			return err
-		}
 		o := opts
-		o.Duration = f.findMaxWarmUp
+		o.Duration, o.Seed = f.findMaxWarmUp, seed()
 		o.Profile, o.Poisson = loadgen.Constant(f.rate), true
 		if warm, err = loadgen.Run(ctx, o, reqs, s); err != nil {
 			return fmt.Errorf("loadgen: find-max warm-up: %w", err)
