@@ -17,7 +17,7 @@ import (
 // The estimator is the whole system's service rate in samples per busy
 // second: answered micro-batches' samples divided by the time during
 // which at least one request was in flight, over windows of at least
-// predictWindow of busy time, smoothed by an EWMA (weight predictAlpha
+// predictWindow of busy time and minWindowSamples samples, smoothed by an EWMA (weight predictAlpha
 // per window). Counting only busy time keeps idle gaps from reading as
 // a slow system. A request with ahead samples already in flight and n
 // of its own is predicted to take (ahead+n)/rate: with nothing ahead
@@ -50,7 +50,13 @@ type predictor struct {
 }
 
 const (
-	predictWindow = 50 * time.Millisecond
+	// A window closes once it holds predictWindow of busy time and
+	// minWindowSamples answered samples: a window of one small request
+	// (the first after a start, whose connections and sessions are
+	// cold, at 4 candidates: 64 samples/s) set a rate that refused
+	// requests at a hundredth of the capacity until the EWMA forgot it.
+	predictWindow    = 50 * time.Millisecond
+	minWindowSamples = 256
 	predictAlpha  = 0.3
 	// floorAlpha is the EWMA weight of each lone request's latency in
 	// floor.
@@ -87,7 +93,7 @@ func (p *predictor) answered(now time.Time, n int64) {
 	if p.active > 0 {
 		busy += now.Sub(p.busySince)
 	}
-	if busy < predictWindow || p.done <= 0 {
+	if busy < predictWindow || p.done < minWindowSamples {
 		return
 	}
 	sample := float64(p.done) / busy.Seconds()

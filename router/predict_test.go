@@ -70,6 +70,13 @@ func TestPredictorRate(t *testing.T) {
 	}{
 		{"no data", nil, 0},
 		{"window not yet full", []ev{{"begin", 0, 0}, {"answered", 20, 100}}, 0},
+		// A cold first request of 4 candidates, 62 ms: no rate from it
+		// (it read 64 samples/s and refused requests at light load).
+		{"one small request sets no rate", []ev{{"begin", 0, 0}, {"answered", 62, 4}, {"end", 62, 0}}, 0},
+		{"a small window waits for more samples", []ev{
+			{"begin", 0, 0}, {"answered", 62, 4}, {"end", 62, 0},
+			{"begin", 1000, 0}, {"answered", 1038, 540}, {"end", 1038, 0},
+		}, 544 / 0.1},
 		{"one window: 500 samples in 50 ms", []ev{{"begin", 0, 0}, {"answered", 25, 250}, {"answered", 50, 250}}, 10000},
 		{"idle gaps are not busy time", []ev{
 			{"begin", 0, 0}, {"answered", 25, 250}, {"end", 25, 0},
