@@ -37,7 +37,9 @@ type Options struct {
 	// Shards is the number of shards (>= 1).
 	Shards int
 	// ShardBytes is a shard's budget of float32 table bytes; 0 takes
-	// the fair share (all the tables' bytes over Shards) plus 25%.
+	// the fair share (all the tables' bytes over Shards) plus 25%, or
+	// what every table split row-wise over all the shards needs (the
+	// sum of the tables' largest parts) when that is more.
 	ShardBytes int64
 	// Tolerance is the lookup balance to aim at: every shard's expected
 	// lookups at most (1+Tolerance) times the mean; 0 takes 0.1.
@@ -146,12 +148,19 @@ func Plan(tables []Table, o Options) (*Result, error) {
 	budget := o.ShardBytes
 	if budget == 0 {
 		budget = max(total+int64(n)-1, 0) / int64(n) * 5 / 4
-		// Room for one row more per table than the fair share.
+		// At least every table split over all the shards, the larger
+		// part of each on one shard: a placement always fits then (the
+		// user set no budget, so none may be unmet). Only tables of few
+		// rows per shard need more than the fair share plus 25%.
+		var parts int64
 		for i := range tables {
-			budget = max(budget, tables[i].rowBytes()*ceilDiv(tables[i].Rows, int64(n)))
+			parts += tables[i].rowBytes() * ceilDiv(tables[i].Rows, int64(n))
 		}
+		budget = max(budget, parts)
 	}
-	if total > budget*int64(n) {
+	// ceil(total/n) > budget, not total > budget*n: that overflows for
+	// a budget meant as "no limit".
+	if ceilDiv(total, int64(n)) > budget {
 		return nil, fmt.Errorf("%w: the tables hold %d bytes, %d shards of %d bytes only %d", ErrNoFit, total, n, budget, budget*int64(n))
 	}
 	// The biggest table's part when split over every shard.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/internal/shareddata"
 	"github.com/prism-serve/prism/plan"
@@ -83,6 +84,9 @@ func Run(dir string, o RunOptions, log io.Writer) (*plan.Plan, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shard %q: %w", dir, err)
 	}
+	if err := checkCPUReads(dir, p, s); err != nil {
+		return nil, fmt.Errorf("shard %q: %w", dir, err)
+	}
 	p.Sharding = s
 	if err := plan.Write(dir, p); err != nil {
 		return nil, err
@@ -108,4 +112,45 @@ func WriteText(w io.Writer, s *plan.Sharding) {
 			fmt.Fprintf(w, "row-wise %-24s rows r on shard [%s][r mod %d]\n", t.Table, strings.Join(parts, " "), len(t.Shards))
 		}
 	}
+}
+
+// checkCPUReads refuses a sharding under which cpu.onnx reads a lookup
+// output shard 0 does not answer whole: shard 0's embedding worker runs
+// cpu.onnx and refuses to serve such a plan (cpuserve/server/shard.go).
+func checkCPUReads(dir string, p *plan.Plan, s *plan.Sharding) error {
+	if p.CPUModel == "" {
+		return nil
+	}
+	path, err := plan.Resolve(dir, p.CPUModel)
+	if err != nil {
+		return err
+	}
+	mp, err := onnxpb.ReadModel(path, onnxpb.ReadOptions{SkipExternalData: true})
+	if err != nil {
+		return err
+	}
+	table := map[string]string{} // lookup output -> its table
+	for _, t := range p.Tables {
+		for _, l := range t.Lookups {
+			table[l.Output] = t.Name
+		}
+	}
+	full := map[string]bool{}
+	for _, o := range s.Shard[0].Full {
+		full[o] = true
+	}
+	for _, in := range mp.GetGraph().GetInput() {
+		name := in.GetName()
+		t, ok := table[name]
+		if !ok || full[name] {
+			continue
+		}
+		tp := s.Placement(t)
+		where := fmt.Sprintf("whole on shard %d", tp.Shards[0])
+		if tp.Placement == plan.RowWise {
+			where = fmt.Sprintf("row-wise over shards %v", tp.Shards)
+		}
+		return fmt.Errorf("cpu.onnx reads lookup output %q of table %q, which the sharding places %s: shard 0's embedding worker runs cpu.onnx and answers only its own tables' lookups, so a sharded model's cpu.onnx may read only lookups of tables whole on shard 0 (serve this model unsharded, or with --shards 1)", name, t, where)
+	}
+	return nil
 }

@@ -34,9 +34,17 @@ Then ingest each shard into its worker's store with
 prism ingest PLAN_DIR --db DIR --shard K.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// A 0 would be taken silently as the default (10%, the
+			// Criteo sample or Zipf 1.05, the fair share plus 25%).
+			if err := flagval.Positive(cmd.Flags(), "tolerance", "zipf"); err != nil {
+				return err
+			}
 			var err error
 			if o.ShardBytes, err = flagval.Bytes(shardBytes); err != nil {
 				return fmt.Errorf("--shard-bytes: %w", err)
+			}
+			if cmd.Flags().Changed("shard-bytes") && o.ShardBytes <= 0 {
+				return fmt.Errorf("--shard-bytes %s: want a positive value", shardBytes)
 			}
 			p, err := sharding.Run(args[0], o, cmd.ErrOrStderr())
 			if err != nil {
