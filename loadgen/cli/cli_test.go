@@ -99,9 +99,10 @@ func TestLoadgenCLITraceAndFindMax(t *testing.T) {
 	trace := filepath.Join(t.TempDir(), "t.csv")
 	os.WriteFile(trace, []byte("timestamp,value,container\n0,1,a\n0,2,b\n60,6,a\n"), 0o644)
 	// At its own rate (3 requests/s at first) a replay of 50 ms sends
-	// nothing (the schedule is --seed's, the same every run): an error
-	// that says what to raise, not a summary of nothing and exit status 0.
-	out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--trace", trace, "--duration", "50ms", "--candidates", "5", "--quiet")
+	// nothing (--stream 1 fixes the schedule: one that sends none): an
+	// error that says what to raise, not a summary of nothing and exit
+	// status 0.
+	out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--trace", trace, "--duration", "50ms", "--stream", "1", "--candidates", "5", "--quiet")
 	if err == nil || !strings.Contains(err.Error(), "no request was sent in 50ms") || !strings.Contains(err.Error(), "--trace-peak") {
 		t.Fatalf("a replay that sent nothing: %v\n%s", err, out)
 	}
