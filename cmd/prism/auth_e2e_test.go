@@ -236,6 +236,19 @@ func TestUpBearerToken(t *testing.T) {
 	up := startCmd(t, cmd, "up", readyline.Up, true, 3*time.Minute)
 	certs := filepath.Join(dir, "certs")
 
+	// Ready means ready for updates too: one sent on the ready line is
+	// applied (it was answered Unavailable, the router still in the
+	// model's start-up window).
+	{
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := prismv1.NewEmbeddingsClient(dial(t, up.addr, certs, auth.Admin)).Update(ctx, &prismv1.UpdateRequest{
+			Model: cfg.Name, Table: models.TableName(0), Ids: []int64{1}, Rows: leview.Bytes(make([]float32, cfg.EmbDim))})
+		cancel()
+		if err != nil || r.GetWorkers() != 1 {
+			t.Fatalf("an Update on the ready line: %v %v", r, err)
+		}
+	}
+
 	// up says how a client reaches it; the command it prints runs as
 	// printed (from up's folder) and is answered.
 	var hint string

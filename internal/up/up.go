@@ -711,9 +711,29 @@ func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, mod
 	defer conn.Close()
 	reg := prismv1.NewRegistryClient(conn)
 	deadline := time.Now().Add(timeout)
+	// firstSeen is when each model's first embedding worker was listed:
+	// the router takes the model's updates from three heartbeats after it
+	// first heard of the model (its start-up window, while the workers
+	// announce what they hold). Up is ready when they are taken too: an
+	// Update sent on the ready line was answered Unavailable.
+	firstSeen := map[string]time.Time{}
 	for {
 		resp, err := reg.List(ctx, &prismv1.ListRequest{})
-		if err == nil && Registered(resp.GetWorkers(), models, dense, embedding) && Servable(resp, models) == "" {
+		now := time.Now()
+		for _, w := range resp.GetWorkers() {
+			for _, m := range w.GetModels() {
+				if _, ok := firstSeen[m]; !ok && w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
+					firstSeen[m] = now
+				}
+			}
+		}
+		settled := true
+		for _, m := range models {
+			if t, ok := firstSeen[m]; !ok || now.Sub(t) < updateWindow {
+				settled = false
+			}
+		}
+		if err == nil && Registered(resp.GetWorkers(), models, dense, embedding) && Servable(resp, models) == "" && settled {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -729,6 +749,11 @@ func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, mod
 		}
 	}
 }
+
+// updateWindow is how long after first hearing of a model the router
+// (at serve router's default --heartbeat of 1 s, which up keeps) takes
+// its updates: three heartbeats, and a margin for the poll.
+const updateWindow = 3*time.Second + 200*time.Millisecond
 
 // Servable says why the router would not yet send a model's lookups
 // to its embedding workers ("" when it would, for every model): a model
