@@ -91,6 +91,10 @@ OUT/tune.json serves with the best configuration.`,
 			if db == "" {
 				db = filepath.Join(filepath.Dir(filepath.Clean(planDir)), "prism-db")
 			}
+			if up.InUse(db) {
+				// Every trial's prism up would fail alike on it.
+				return fmt.Errorf("tune: --db %s is in use by another prism up (or a prism serve of it): stop that one or give tune another --db", db)
+			}
 			if certs == "" && !insecure {
 				certs = filepath.Join(filepath.Dir(filepath.Clean(db)), "certs")
 			}

@@ -330,7 +330,7 @@ func Run(ctx context.Context, c Config) error {
 	// (DB-router-log), so a restarted router still catches lagging
 	// workers up, and stacks on stores in one folder keep logs apart.
 	updateLog := UpdateLogDir(c.DB)
-	if locked(updateLog) || locked(c.DB) {
+	if InUse(c.DB) {
 		// Said by the router child, it named its own flag
 		// (--update-log-dir) among the other children's logs; and
 		// before ingestShards, which took a locked shard store for one
@@ -749,6 +749,11 @@ func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, mod
 		}
 	}
 }
+
+// InUse says whether another process holds db (an embedding store up
+// would serve) or the update log up keeps beside it: another prism up,
+// or a prism serve of them.
+func InUse(db string) bool { return locked(UpdateLogDir(db)) || locked(db) }
 
 // updateWindow is how long after first hearing of a model the router
 // (at serve router's default --heartbeat of 1 s, which up keeps) takes
