@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -317,7 +318,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		}
 		return fmt.Errorf("loadgen: no request was sent in %v%s", f.duration, hint)
 	}
-	return noneOK(sum)
+	return noneOK(sum, f.tokenFile != "")
 }
 
 // printRequests writes n requests from reqs to w as protojson with the
@@ -356,7 +357,7 @@ func printRequests(w io.Writer, reqs *loadgen.Requests, n int) error {
 // (a wrong address, TLS against plaintext, a model the router does not
 // serve): the run measured nothing, and a script must not read it as a
 // measurement.
-func noneOK(s *loadgen.Summary) error {
+func noneOK(s *loadgen.Summary, token bool) error {
 	if s.Sent == 0 || s.OK > 0 {
 		return nil
 	}
@@ -365,7 +366,14 @@ func noneOK(s *loadgen.Summary) error {
 		return fmt.Errorf("none of %d requests was answered OK", s.Sent)
 	}
 	msg := s.FirstErrors[codes[0]]
-	return fmt.Errorf("none of %d requests was answered OK; the first %s: %s%s", s.Sent, codes[0], msg, auth.MismatchHint(msg))
+	hint := auth.MismatchHint(msg)
+	if token && hint == "" && (strings.Contains(msg, "certificate required") || strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset")) {
+		// A router without --auth-token-file asks every client for a
+		// certificate; TLS 1.3 sends its refusal after the handshake,
+		// so the client sees its connection dropped.
+		hint = " (a bearer token against a router that takes none? it asks every client for a certificate: give --certs DIR, or start the router with --auth-token-file)"
+	}
+	return fmt.Errorf("none of %d requests was answered OK; the first %s: %s%s", s.Sent, codes[0], msg, hint)
 }
 
 func arrivalName(f flags) string {

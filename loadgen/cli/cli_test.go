@@ -177,13 +177,27 @@ func TestLoadgenCLIErrors(t *testing.T) {
 // is gRPC's for a client and server that disagree on TLS (the messages
 // as grpc-go and crypto/tls write them), the error says which flag to
 // change.
+// TestNoneOKTokenHint: a client holding only a bearer token, refused by
+// a router that asks every client for a certificate (TLS 1.3 refuses
+// after the handshake, so the client sees its write fail), is told why.
+func TestNoneOKTokenHint(t *testing.T) {
+	msg := `connection error: desc = "transport: failed to write client preface: write tcp 127.0.0.1:40112->127.0.0.1:8510: write: broken pipe"`
+	err := noneOK(&loadgen.Summary{Sent: 3, FirstErrors: map[string]string{"Unavailable": msg}}, true)
+	if err == nil || !strings.Contains(err.Error(), "a bearer token against a router that takes none") {
+		t.Fatalf("%v", err)
+	}
+	if err := noneOK(&loadgen.Summary{Sent: 3, FirstErrors: map[string]string{"Unavailable": msg}}, false); strings.Contains(err.Error(), "bearer token") {
+		t.Fatalf("without a token: %v", err)
+	}
+}
+
 func TestNoneOKTLSHint(t *testing.T) {
 	for _, tc := range []struct{ msg, want string }{
 		{`connection error: desc = "error reading server preface: EOF"`, "give --certs DIR instead"},
 		{`connection error: desc = "transport: authentication handshake failed: tls: first record does not look like a TLS handshake"`, "give --insecure too"},
 		{`connection error: desc = "transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused"`, ""},
 	} {
-		err := noneOK(&loadgen.Summary{Sent: 3, FirstErrors: map[string]string{"Unavailable": tc.msg}})
+		err := noneOK(&loadgen.Summary{Sent: 3, FirstErrors: map[string]string{"Unavailable": tc.msg}}, false)
 		if err == nil || !strings.Contains(err.Error(), tc.msg) || tc.want != "" && !strings.Contains(err.Error(), tc.want) || tc.want == "" && strings.Contains(err.Error(), "(a ") {
 			t.Errorf("%q: %v, want a hint %q", tc.msg, err, tc.want)
 		}
