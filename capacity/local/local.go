@@ -40,8 +40,11 @@ type Options struct {
 	Slots []Slot
 	// Args are a lent worker's arguments to the prism binary (serve
 	// dense, its plans, router, certificates), as prism up gives its own
-	// dense workers.
-	Args []string
+	// dense workers; ArgsFor, when set, gives them per worker instead,
+	// told its index among the workers lent at once (0 to Max-1, the
+	// lowest one free), so each can have a certificate of its own.
+	Args    []string
+	ArgsFor func(index int) []string
 	// Starter starts the processes (supervise.Exec of the prism binary).
 	Starter supervise.Starter
 	// Stdout gets the workers' output lines, tagged "[loanN] ".
@@ -97,7 +100,7 @@ func (o *Options) Validate() error {
 	if len(o.Slots) == 0 {
 		errs = append(errs, errors.New("local lender: no device slots"))
 	}
-	if len(o.Args) == 0 {
+	if len(o.Args) == 0 && o.ArgsFor == nil {
 		errs = append(errs, errors.New("local lender: no worker command"))
 	}
 	if o.Starter == nil {
@@ -124,6 +127,8 @@ type Provider struct {
 type worker struct {
 	id, model string
 	slot      int
+	// index is the worker's among those lent at once (Options.ArgsFor).
+	index     int
 	sup       *supervise.Supervisor
 	cancel    context.CancelFunc // ends the start's wait
 	proc      *tracked           // nil until the process started
@@ -192,7 +197,7 @@ func (p *Provider) Borrow(_ context.Context, model string, n int) ([]string, err
 			return ids, fmt.Errorf("local lender: %d of %d workers: no free slot (max %d)", n-i, n, p.o.Max)
 		}
 		p.seq++
-		w := &worker{id: fmt.Sprintf("local/%d", p.seq), model: model, slot: free[i], lent: p.o.Now(), started: make(chan struct{})}
+		w := &worker{id: fmt.Sprintf("local/%d", p.seq), model: model, slot: free[i], index: p.freeIndex(), lent: p.o.Now(), started: make(chan struct{})}
 		p.workers[w.id] = w
 		ids = append(ids, w.id)
 		p.start(w)
@@ -200,11 +205,28 @@ func (p *Provider) Borrow(_ context.Context, model string, n int) ([]string, err
 	return ids, nil
 }
 
+// freeIndex is the lowest index no lent worker has. p.mu is held.
+func (p *Provider) freeIndex() int {
+	used := map[int]bool{}
+	for _, w := range p.workers {
+		used[w.index] = true
+	}
+	i := 0
+	for used[i] {
+		i++
+	}
+	return i
+}
+
 // start launches w's process and waits for its ready line in the
 // background. p.mu is held.
 func (p *Provider) start(w *worker) {
 	slot := p.slotOf(w.slot)
-	child := &supervise.Child{Name: fmt.Sprintf("loan%d", p.seq), Args: p.o.Args, Env: slot.Env, Ready: readyline.Dense}
+	args := p.o.Args
+	if p.o.ArgsFor != nil {
+		args = p.o.ArgsFor(w.index)
+	}
+	child := &supervise.Child{Name: fmt.Sprintf("loan%d", p.seq), Args: args, Env: slot.Env, Ready: readyline.Dense}
 	w.sup = supervise.New(supervise.Options{
 		Starter: &trackingStarter{inner: p.o.Starter, started: func(t *tracked) {
 			p.mu.Lock()

@@ -26,6 +26,7 @@ type fakeStarter struct {
 	// worker hung in its start-up): only a kill ends them.
 	stuck  bool
 	envs   [][]string
+	args   [][]string
 	events []string
 }
 
@@ -43,6 +44,7 @@ func (f *fakeStarter) Start(c *supervise.Child) (supervise.Process, io.Reader, e
 	f.n++
 	n := f.n
 	f.envs = append(f.envs, c.Env)
+	f.args = append(f.args, c.Args)
 	f.mu.Unlock()
 	p := &fakeProc{s: f, name: c.Name, out: pw, done: make(chan struct{})}
 	if !f.stuck {
@@ -232,5 +234,64 @@ func TestDrainWhileStarting(t *testing.T) {
 	defer s.mu.Unlock()
 	if !slices.Contains(s.events, "kill loan1") {
 		t.Fatalf("events %v, want the worker killed at its return", s.events)
+	}
+}
+
+// TestArgsForIndexes: with ArgsFor, each worker lent at once gets the
+// arguments of an index of its own (prism up: a certificate of its
+// own), the lowest free one, reused once its worker is returned.
+func TestArgsForIndexes(t *testing.T) {
+	s := &fakeStarter{}
+	p, err := New(Options{Max: 3, Slots: []Slot{{Name: "cpu"}}, Starter: s, Stdout: io.Discard,
+		ArgsFor: func(i int) []string { return []string{"serve", "dense", "--certs", fmt.Sprintf("dense-%d", 1+i)} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ctx := context.Background()
+	// certs are the certificate folders of the starts from the from-th
+	// on, once there are n in all, sorted (workers start concurrently).
+	certs := func(from, n int) string {
+		waitFor(t, fmt.Sprint(n, " starts"), func() bool {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return len(s.args) == n
+		})
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		var out []string
+		for _, a := range s.args[from:] {
+			out = append(out, a[len(a)-1])
+		}
+		slices.Sort(out)
+		return strings.Join(out, ",")
+	}
+	ids, err := p.Borrow(ctx, "m", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := certs(0, 2); got != "dense-1,dense-2" {
+		t.Fatalf("two lent at once: %s", got)
+	}
+	// The first (index 0, given as Borrow lends it) returned: the next
+	// two take index 0 again and index 2.
+	if err := p.Return(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Borrow(ctx, "m", 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := certs(2, 4); got != "dense-1,dense-3" {
+		t.Fatalf("after a return, two more: %s, want the returned one's and dense-3", got)
+	}
+	// Three lent at once hold three certificates.
+	seen := map[string]bool{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.args {
+		seen[a[len(a)-1]] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("certificates used: %v", seen)
 	}
 }

@@ -89,10 +89,13 @@ func LoanSlots(disc devices.Discovery, owned, max, cpus int) []local.Slot {
 // its metrics and reclaims. stop ends them, the lent workers first.
 func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, creds grpc.DialOption, metrics *routerMetricsWatch, disc devices.Discovery, owned []devices.Worker, models []string) (stop func(), err error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(c.Stderr, "up: "+format+"\n", args...) }
-	children := Children(c, routerAddr, []devices.Worker{{}})
 	slots := LoanSlots(disc, len(owned), sp.Max, runtime.GOMAXPROCS(0))
 	prov, err := local.New(local.Options{
-		Max: sp.Max, Slots: slots, Args: children[0].Args,
+		Max: sp.Max, Slots: slots,
+		// Lent worker k (of those lent at once) has the certificate of
+		// dense worker owned+k, so each id is bound to a certificate of
+		// its own (all shared dense-0's).
+		ArgsFor: func(k int) []string { return DenseArgs(c, routerAddr, len(owned)+k) },
 		Starter: &supervise.Exec{Path: c.Exe, Stderr: c.Stderr}, Stdout: c.Stdout,
 		Logf:         func(format string, args ...any) { logf("loan: "+format, args...) },
 		ReadyTimeout: c.ReadyTimeout, ReclaimAfter: sp.ReclaimAfter, ReclaimGrace: sp.Grace, Hold: sp.Hold,

@@ -528,6 +528,29 @@ func DenseWorkers(disc devices.Discovery, n, cpus int) []devices.Worker {
 // dense workers (pinned to their devices by env), then the embedding
 // workers, each with its own store folder (with sharding, shard by
 // shard: worker i is replica i mod Replicas of shard i / Replicas).
+// DenseArgs are dense worker i's arguments to the prism binary (serve
+// dense), its certificate instance i's where the folder has one.
+func DenseArgs(c Config, routerAddr string, i int) []string {
+	args := []string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch)}
+	if c.MaxDelay > 0 { // else serve dense's default
+		args = append(args, "--max-delay", c.MaxDelay.String())
+	}
+	args = append(args, workerTLSArgs(c, auth.Dense, i)...)
+	if c.BatchOrder != "" {
+		args = append(args, "--batch-order", c.BatchOrder)
+	}
+	if c.DenseAcrossModels != "" {
+		args = append(args, "--across-models", c.DenseAcrossModels)
+	}
+	if c.DenseSessions > 1 {
+		args = append(args, "--sessions", fmt.Sprint(c.DenseSessions))
+	}
+	for _, p := range c.Plans {
+		args = append(args, "--plan", p)
+	}
+	return args
+}
+
 func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.Child {
 	var planArgs []string
 	for _, p := range c.Plans {
@@ -535,22 +558,7 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 	}
 	var out []*supervise.Child
 	for i, w := range dense {
-		args := []string{"serve", "dense", "--router", routerAddr, "--threads", fmt.Sprint(c.Threads), "--max-batch", fmt.Sprint(c.MaxBatch)}
-		if c.MaxDelay > 0 { // else serve dense's default
-			args = append(args, "--max-delay", c.MaxDelay.String())
-		}
-		args = append(args, workerTLSArgs(c, auth.Dense, i)...)
-		if c.BatchOrder != "" {
-			args = append(args, "--batch-order", c.BatchOrder)
-		}
-		if c.DenseAcrossModels != "" {
-			args = append(args, "--across-models", c.DenseAcrossModels)
-		}
-		if c.DenseSessions > 1 {
-			args = append(args, "--sessions", fmt.Sprint(c.DenseSessions))
-		}
-		args = append(args, planArgs...)
-		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: args, Env: w.Env})
+		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: DenseArgs(c, routerAddr, i), Env: w.Env})
 	}
 	for i := range c.EmbeddingWorkers {
 		db := embeddingDB(c, i)
