@@ -142,7 +142,6 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 			j.tf.Close()
 		}
 	}()
-	var total int64
 	for ti, pt := range tables {
 		dt := o.DType
 		if d, ok := o.TableDTypes[pt.Name]; ok {
@@ -172,7 +171,6 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		default:
 			return nil, badRequestf("ingest table %q: unknown_ids %q", pt.Name, pt.UnknownIDs)
 		}
-		total += parts[ti].count(tf.Rows) * int64(tf.Dim) * 4
 	}
 
 	// Claim a physical table for each job: a ready copy to share, an
@@ -214,6 +212,14 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
 	}
 
+	// Progress counts the bytes to write: a table shared with a ready
+	// copy writes none (counted, it read as an ingest at 50 GiB/s).
+	var total int64
+	for _, j := range jobs {
+		if !j.rep.Shared {
+			total += j.part.count(j.tf.Rows) * int64(j.tf.Dim) * 4
+		}
+	}
 	var done int64
 	progress := func(n int64) {
 		done += n
@@ -223,7 +229,6 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 	}
 	for _, j := range jobs {
 		if j.rep.Shared {
-			progress(j.part.count(j.tf.Rows) * int64(j.tf.Dim) * 4)
 			continue
 		}
 		rows, err := s.ingestTable(ctx, j, o.SSTBytes, progress)

@@ -89,8 +89,16 @@ func (r *IngestReport) WriteText(w io.Writer) {
 	if r.Shard != nil {
 		fmt.Fprintf(w, "shard %d of %d\n", r.Shard.Shard, r.Shard.Shards)
 	}
-	fmt.Fprintf(w, "model %q version %d (active: %v): %d rows written, %s in %.1fs: %.0f rows/s, %.1f MB/s",
-		r.Model, r.Version, r.Activated, r.Rows, progress.Bytes(r.Bytes), sec, float64(r.Rows)/sec, float64(r.Bytes)/sec/1e6)
+	// Bytes count the float32 rows read from the table files (the
+	// stored rows are smaller in a narrower dtype): say so when they are.
+	src := ""
+	for _, t := range r.Tables {
+		if !t.Shared && t.DType != "" && t.DType != Float32 {
+			src = " (of float32 source rows)"
+		}
+	}
+	fmt.Fprintf(w, "model %q version %d (active: %v): %d rows written, %s%s in %.1fs: %.0f rows/s, %.1f MB/s",
+		r.Model, r.Version, r.Activated, r.Rows, progress.Bytes(r.Bytes), src, sec, float64(r.Rows)/sec, float64(r.Bytes)/sec/1e6)
 	// Tables whose content was already stored are shared, not written:
 	// say so, or an ingest run again after it finished reads as a
 	// version of 0 rows.

@@ -65,6 +65,16 @@ func TestReportText(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
 	}
+	if strings.Contains(b.String(), "float32 source") {
+		t.Errorf("a float32 ingest (its int8 table shared) says its bytes are of float32 source rows:\n%s", b.String())
+	}
+	// An int8 table written: the bytes are the float32 rows read.
+	b.Reset()
+	r.Tables[1].Shared = false
+	r.WriteText(&b)
+	if !strings.Contains(b.String(), "(of float32 source rows) in") {
+		t.Errorf("an int8 ingest's bytes not said to be of float32 rows:\n%s", b.String())
+	}
 	b.Reset()
 	WriteVersions(&b, []VersionInfo{{N: 1, Previous: true, Tables: 2}, {N: 2, Active: true, Tables: 2}})
 	if lines := strings.Split(strings.TrimSpace(b.String()), "\n"); len(lines) != 2 || lines[0][0] != '<' || lines[1][0] != '*' {
