@@ -32,8 +32,9 @@ test: setup
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m ./...
 
-# The main job end to end on embedded defaults: build a model, then score
-# synthetic samples and the Criteo sample through ONNX Runtime.
+# The main job end to end on embedded defaults (scripts/demo.sh): build
+# dlrm-kaggle, score it whole, partition it, ingest its tables, serve it
+# with prism up and send it load.
 demo: setup build
 	./scripts/demo.sh
 

@@ -178,7 +178,13 @@ func (s *Summary) WriteText(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "throughput  %.1f req/s  %.0f samples/s  (offered %.1f req/s, %.1f candidates/request)\n", s.RPS, s.SamplesPS, s.OfferedRPS, s.MeanCand)
-	fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)
+	if s.OK == 0 && s.Max == 0 {
+		// No latency was measured (every request refused or failed at
+		// once): zeros would read as instant answers.
+		fmt.Fprintln(w, "latency     n/a (no request answered OK or timed out)")
+	} else {
+		fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)
+	}
 	fmt.Fprintf(w, "SLO         %.1f%% of requests answered OK within %gms\n", 100*s.SLOAttained, s.SLOMs)
 	if s.Watched != "" {
 		peak := nan
