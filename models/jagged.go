@@ -165,10 +165,10 @@ func CheckOffsets(off []int64, want, n int, last bool) error {
 	return nil
 }
 
-// drawBags draws each offsets input's bag lengths for n samples: 1 to
-// the largest Width of the inputs jagged over it.
-func (s *Synthetic) drawBags(n int) map[string][]int {
-	out := map[string][]int{}
+// bagWidths is, per offsets input, the largest Width of the inputs
+// jagged over it: its bags hold 1 to that many values.
+func (s *Synthetic) bagWidths() map[string]int {
+	out := map[string]int{}
 	for _, in := range s.sig.Inputs {
 		if in.Kind != OffsetsKind {
 			continue
@@ -179,50 +179,22 @@ func (s *Synthetic) drawBags(n int) map[string][]int {
 				most = max(most, v.Width)
 			}
 		}
-		lens := make([]int, n)
-		for i := range lens {
-			lens[i] = 1 + s.r.IntN(most)
-		}
-		out[in.Name] = lens
+		out[in.Name] = most
 	}
 	return out
 }
 
-// nextJagged draws input i, jagged or offsets, for bags of lens.
-func (s *Synthetic) nextJagged(b *Batch, i int, in InputSpec, bags map[string][]int) {
-	if in.Kind == OffsetsKind {
-		lens := bags[in.Name]
-		off := make([]int64, 0, len(lens)+1)
-		var at int64
-		for _, l := range lens {
-			off = append(off, at)
-			at += int64(l)
+// drawJagged appends a bag of l values of jagged input i to c: ids, or
+// per-id weights.
+func (s *Synthetic) drawJagged(c *Column, i int, in InputSpec, l int) {
+	for range l {
+		switch {
+		case in.Kind != SparseKind:
+			c.F32 = append(c.F32, float32(0.25+1.5*s.r.Float64()))
+		case s.opts.Uniform:
+			c.I64 = append(c.I64, s.r.Int64N(in.Rows))
+		default:
+			c.I64 = append(c.I64, s.perms[i].id(s.zipfs[i].Rank()))
 		}
-		if in.LastOffset {
-			off = append(off, at)
-		}
-		b.Columns[i].I64 = off
-		return
 	}
-	total := 0
-	for _, l := range bags[in.Offsets] {
-		total += l
-	}
-	if in.Kind == SparseKind {
-		v := make([]int64, total)
-		for j := range v {
-			if s.opts.Uniform {
-				v[j] = s.r.Int64N(in.Rows)
-			} else {
-				v[j] = s.perms[i].id(s.zipfs[i].Rank())
-			}
-		}
-		b.Columns[i].I64 = v
-		return
-	}
-	v := make([]float32, total)
-	for j := range v {
-		v[j] = float32(0.25 + 1.5*s.r.Float64())
-	}
-	b.Columns[i].F32 = v
 }

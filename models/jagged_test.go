@@ -1,6 +1,7 @@
 package models
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -67,4 +68,54 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestSyntheticSampleIndependentOfN: sample k of a seed is the same
+// whatever the number of samples drawn with it (prism score --samples
+// N --show 1 showed another sample 0 for every N), for plain, packed
+// (per-value ranges) and jagged inputs; and n samples drawn at once are
+// n draws of one.
+func TestSyntheticSampleIndependentOfN(t *testing.T) {
+	jagged := Signature{Inputs: []InputSpec{
+		{Name: "indices", Kind: SparseKind, Width: 5, Rows: 40, Offsets: "offsets"},
+		{Name: "offsets", Kind: OffsetsKind, Width: 1, Rank1: true, LastOffset: true},
+		{Name: "psw", Kind: DenseKind, Width: 5, Offsets: "offsets"},
+		{Name: "dense", Kind: DenseKind, Width: 2},
+	}}
+	sigs := map[string]Signature{"jagged": jagged}
+	for _, name := range []string{"dlrm-tiny", "dlrm-tiny-packed"} {
+		p, err := Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sigs[name] = p.Config.Signature()
+	}
+	for name, sig := range sigs {
+		for _, uniform := range []bool{false, true} {
+			draw := func(sizes ...int) []*Batch {
+				src, err := NewSynthetic(sig, SyntheticOptions{Seed: 7, Uniform: uniform})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var parts []*Batch
+				for _, n := range sizes {
+					b, err := src.Next(n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					parts = append(parts, b)
+				}
+				return parts
+			}
+			three := draw(3)[0]
+			if !reflect.DeepEqual(three.Slice(0, 3), draw(300)[0].Slice(0, 3)) {
+				t.Errorf("%s uniform=%v: the first 3 samples differ between draws of 3 and of 300", name, uniform)
+			}
+			for k, one := range draw(1, 1, 1) {
+				if !reflect.DeepEqual(one.Slice(0, 1), three.Slice(k, k+1)) {
+					t.Errorf("%s uniform=%v: sample %d drawn alone differs from drawn with others", name, uniform, k)
+				}
+			}
+		}
+	}
 }

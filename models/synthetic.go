@@ -100,66 +100,100 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 	return s, nil
 }
 
-// Next draws n samples.
+// Next draws n samples, one after the other (each sample's values for
+// every input before the next sample's): sample k is the same whatever
+// n, and n samples drawn at once are the samples of n draws of one.
 func (s *Synthetic) Next(n int) (*Batch, error) {
-	b := &Batch{N: n, Sig: s.sig, Columns: make([]Column, len(s.sig.Inputs))}
-	bags := s.drawBags(n)
-	for i, in := range s.sig.Inputs {
-		if in.Offsets != "" || in.Kind == OffsetsKind {
-			s.nextJagged(b, i, in, bags)
-			continue
+	ins := s.sig.Inputs
+	b := &Batch{N: n, Sig: s.sig, Columns: make([]Column, len(ins))}
+	for i, in := range ins {
+		c := &b.Columns[i]
+		switch {
+		case in.Kind == OffsetsKind:
+			c.I64 = make([]int64, 0, n+1)
+		case in.Offsets != "" && in.Kind == SparseKind:
+			c.I64 = make([]int64, 0, n*max(in.Width, 1))
+		case in.Offsets != "":
+			c.F32 = make([]float32, 0, n*max(in.Width, 1))
+		case in.Kind == SparseKind:
+			c.I64 = make([]int64, 0, n*in.Width)
+		case in.Kind == DenseKind || in.Ranges != nil:
+			c.F32 = make([]float32, 0, n*in.Width)
 		}
-		if in.Ranges != nil {
-			s.nextRanged(b, i, in, n)
-			continue
+		if in.Ranges != nil && in.Kind == SparseKind {
+			c.F32, c.I64 = nil, make([]int64, 0, n*in.Width)
 		}
-		switch in.Kind {
-		case DenseKind:
-			v := make([]float32, n*in.Width)
-			for j := range v {
-				v[j] = float32(math.Log1p(math.Exp(1 + 1.5*s.r.NormFloat64())))
+	}
+	most := s.bagWidths()
+	bag := map[string]int{}  // offsets input -> this sample's bag length
+	at := map[string]int64{} // offsets input -> values so far
+	for range n {
+		// The sample's bags first, then its inputs in order.
+		for i, in := range ins {
+			if in.Kind != OffsetsKind {
+				continue
 			}
-			b.Columns[i].F32 = v
-		case SparseKind:
-			v := make([]int64, n*in.Width)
-			for j := range v {
-				if s.opts.Uniform {
-					v[j] = s.r.Int64N(in.Rows)
-				} else {
-					v[j] = s.perms[i].id(s.zipfs[i].Rank())
+			l := 1 + s.r.IntN(most[in.Name])
+			bag[in.Name] = l
+			b.Columns[i].I64 = append(b.Columns[i].I64, at[in.Name])
+			at[in.Name] += int64(l)
+		}
+		for i, in := range ins {
+			c := &b.Columns[i]
+			switch {
+			case in.Kind == OffsetsKind:
+			case in.Offsets != "":
+				s.drawJagged(c, i, in, bag[in.Offsets])
+			case in.Ranges != nil:
+				s.drawRanged(c, i, in)
+			case in.Kind == DenseKind:
+				for range in.Width {
+					c.F32 = append(c.F32, s.dense())
+				}
+			case in.Kind == SparseKind:
+				for range in.Width {
+					if s.opts.Uniform {
+						c.I64 = append(c.I64, s.r.Int64N(in.Rows))
+					} else {
+						c.I64 = append(c.I64, s.perms[i].id(s.zipfs[i].Rank()))
+					}
 				}
 			}
-			b.Columns[i].I64 = v
+		}
+	}
+	for i, in := range ins {
+		if in.Kind == OffsetsKind && in.LastOffset {
+			b.Columns[i].I64 = append(b.Columns[i].I64, at[in.Name])
 		}
 	}
 	return b, nil
 }
 
-// nextRanged draws an input with per-value ranges: each id value from its
-// own range (Zipf, or uniform), each dense value as Next does.
-func (s *Synthetic) nextRanged(b *Batch, i int, in InputSpec, n int) {
-	id := func(j int) int64 {
-		r := in.Ranges[j]
-		if s.opts.Uniform {
-			return r.Lo + s.r.Int64N(r.Hi-r.Lo)
+// dense draws a dense feature: log(1+X), X log-normal.
+func (s *Synthetic) dense() float32 {
+	return float32(math.Log1p(math.Exp(1 + 1.5*s.r.NormFloat64())))
+}
+
+// drawRanged appends one sample of an input with per-value ranges: each
+// id value from its own range (Zipf, or uniform), each dense value as a
+// dense feature.
+func (s *Synthetic) drawRanged(c *Column, i int, in InputSpec) {
+	for j, r := range in.Ranges {
+		var id int64
+		if r.IsID() {
+			if s.opts.Uniform {
+				id = r.Lo + s.r.Int64N(r.Hi-r.Lo)
+			} else {
+				id = r.Lo + s.vperms[i][j].id(s.vzipfs[i][j].Rank())
+			}
 		}
-		return r.Lo + s.vperms[i][j].id(s.vzipfs[i][j].Rank())
-	}
-	if in.Kind == SparseKind {
-		v := make([]int64, n*in.Width)
-		for k := range v {
-			v[k] = id(k % in.Width)
-		}
-		b.Columns[i].I64 = v
-		return
-	}
-	v := make([]float32, n*in.Width)
-	for k := range v {
-		if j := k % in.Width; in.Ranges[j].IsID() {
-			v[k] = float32(id(j))
-		} else {
-			v[k] = float32(math.Log1p(math.Exp(1 + 1.5*s.r.NormFloat64())))
+		switch {
+		case in.Kind == SparseKind:
+			c.I64 = append(c.I64, id)
+		case r.IsID():
+			c.F32 = append(c.F32, float32(id))
+		default:
+			c.F32 = append(c.F32, s.dense())
 		}
 	}
-	b.Columns[i].F32 = v
 }
