@@ -215,6 +215,13 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 			s.Close()
 			return nil, fmt.Errorf("model %q: %w", m.name, err)
 		}
+		if p.FixedBatch > 0 {
+			// A graph tied to its exported batch may read constants of
+			// that batch (a folded [B, 1] tensor, one row per sample):
+			// an output of context values alone then differs by row, so
+			// none is taken as a context value (context.go).
+			m.cpuDeps = nil
+		}
 	}
 	return m, nil
 }
