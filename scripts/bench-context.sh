@@ -68,7 +68,7 @@ fullrun() { lg --expand-context "$@"; }
 mono() { $prism score "$out/$model/model.onnx" --samples ${MONO_SAMPLES:-131072} --batch 256 --threads "$1" --show 0 | sed -E 's/.*: ([0-9]+) samples\/s.*/\1/'; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
 p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
-median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+median() { tr ' ' '\n' | sort -g | awk 'NF{a[++n]=$1} END{if (n % 2) print a[(n+1)/2]; else printf "%.10g\n", (a[n/2]+a[n/2+1])/2}'; }
 
 # snap prints the counters summed over the children, one "key value" a line.
 snap() {

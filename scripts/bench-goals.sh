@@ -10,10 +10,21 @@
 # store into BENCH_DIR (default out/demo) when absent, as make demo does,
 # without its load run. GOALS picks and orders them (default "tls
 # goodput light shard"); SECTION_TIMEOUT (seconds, default none) bounds each
-# benchmark, so one that overruns cannot take the others' time on a
-# machine lent for minutes. Each script's full output goes to OUT_DIR
+# goal, all of its runs together (goodput is three goodput.sh runs, light
+# two refusals.sh runs), and BUDGET (seconds, default none) the whole
+# script: a goal gets at most what is left of it and is skipped with
+# under 60 s left, so one that overruns cannot take the others' time on a
+# machine lent for minutes. A run cut by either says so on stdout. On 16
+# cores, ROUNDS=3 DURATION=10s, a goal takes about: tls 2 min, goodput
+# 2.5 min (3 x 30 s of load plus three stack starts), light 2 min
+# (2 x 45 s plus two starts), shard 2.5 min, plus 20 s to build the
+# model when absent: about 9 min in all, so BUDGET=540 keeps it under a
+# 10-minute command. Each script's full output goes to OUT_DIR
 # (default a temporary folder); the summary to stdout. ROUNDS and
-# DURATION pass through.
+# DURATION pass through to tls and shard only (goodput and light run
+# fixed 5+10+15 s and 5+10+15+15 s); CLIENTS and DENSE override the
+# per-core defaults below; UP_FLAGS goes to every prism up of tls,
+# goodput and light (after goodput's own) but not to shard's stacks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
@@ -25,8 +36,26 @@ cores=$(nproc)
 # up to 4 cores (the sandbox's setting), 4 per core above.
 clients=${CLIENTS:-$(( cores <= 4 ? 16 : 4 * cores ))}
 dense=${DENSE:-$(( cores <= 4 ? 2 : cores / 2 ))}
-bound=()
-[ -n "${SECTION_TIMEOUT:-}" ] && bound=(timeout "$SECTION_TIMEOUT")
+# bound CMD...: CMD under timeout, with what is left of the goal's
+# SECTION_TIMEOUT and of BUDGET (the lesser); a cut is said on fd 3.
+exec 3>&1
+start=$(date +%s)
+section_end=""
+bound() {
+	local left="" b now
+	now=$(date +%s)
+	[ -n "$section_end" ] && left=$(( section_end - now ))
+	if [ -n "${BUDGET:-}" ]; then
+		b=$(( start + BUDGET - now ))
+		{ [ -z "$left" ] || [ "$b" -lt "$left" ]; } && left=$b
+	fi
+	[ -n "$left" ] || { "$@"; return; }
+	[ "$left" -gt 0 ] || { echo "bench-goals: no time left for $1" >&3; return 124; }
+	timeout "$left" "$@"
+	local rc=$?
+	[ "$rc" = 124 ] && echo "bench-goals: $1 cut after ${left} s (SECTION_TIMEOUT/BUDGET)" >&3
+	return $rc
+}
 # Pinned runs: the load generator on the last quarter of the cores (at
 # least one), the serving processes on the rest; one core: no pinning.
 ccores=$(( cores / 4 > 0 ? cores / 4 : 1 ))
@@ -48,7 +77,7 @@ fi
 
 tls() {
 	echo "== mutual TLS against plaintext (issue 14)"
-	BENCH_DIR=$out CLIENTS=$clients ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-10s} PRISM=$prism "${bound[@]}" scripts/bench-tls.sh >"$logs/tls.txt" 2>&1
+	BENCH_DIR=$out CLIENTS=$clients ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-10s} PRISM=$prism bound scripts/bench-tls.sh >"$logs/tls.txt" 2>&1
 	grep -E '^(round|\|)' "$logs/tls.txt" || tail -5 "$logs/tls.txt"
 }
 goodput() {
@@ -57,12 +86,12 @@ goodput() {
 	local flags
 	if [ -n "$srv" ]; then
 		for flags in "" "--admit-limit"; do
-			echo "-- servers on cores $srv, load generator on $cli, UP_FLAGS='$flags'"
-			BENCH_DIR=$out CLIENTS=$clients SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="$flags" "${bound[@]}" scripts/goodput.sh "$prism" "120" 2>&1 | tee -a "$logs/goodput.txt" | grep -E 'max|offered'
+			echo "-- servers on cores $srv, load generator on $cli, UP_FLAGS='${UP_FLAGS:-} $flags'"
+			BENCH_DIR=$out CLIENTS=$clients SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="${UP_FLAGS:-} $flags" bound scripts/goodput.sh "$prism" "120" 2>&1 | tee -a "$logs/goodput.txt" | grep -E 'max|offered'
 		done
 	fi
 	echo "-- unpinned, default admission"
-	BENCH_DIR=$out CLIENTS=$clients "${bound[@]}" scripts/goodput.sh "$prism" "120" 2>&1 | tee -a "$logs/goodput.txt" | grep -E 'max|offered'
+	BENCH_DIR=$out CLIENTS=$clients bound scripts/goodput.sh "$prism" "120" 2>&1 | tee -a "$logs/goodput.txt" | grep -E 'max|offered'
 }
 light() {
 	echo "== refusals under light load (issue 18): both admission rules, pinned as above"
@@ -71,16 +100,21 @@ light() {
 	# maximum's clients, Poisson at half the maximum).
 	local flags
 	for flags in "" "--admit-limit"; do
-		BENCH_DIR=$out MAX_CLIENTS=$clients CLIENTS=$(( clients / 4 > 0 ? clients / 4 : 1 )) RATE=50% BIN=$prism SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="$flags" "${bound[@]}" scripts/refusals.sh 2>&1 | tee -a "$logs/light.txt"
+		BENCH_DIR=$out MAX_CLIENTS=$clients CLIENTS=$(( clients / 4 > 0 ? clients / 4 : 1 )) RATE=50% BIN=$prism SERVER_CPUS=$srv CLIENT_CPUS=$cli UP_FLAGS="${UP_FLAGS:-} $flags" bound scripts/refusals.sh 2>&1 | tee -a "$logs/light.txt"
 	done
 }
 shard() {
 	echo "== sharded against unsharded (issue 16), $dense dense workers each"
-	BENCH_DIR=$out CLIENTS=$clients DENSE=$dense ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-10s} PRISM=$prism "${bound[@]}" scripts/bench-shard.sh >"$logs/shard.txt" 2>&1
+	BENCH_DIR=$out CLIENTS=$clients DENSE=$dense ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-10s} PRISM=$prism bound scripts/bench-shard.sh >"$logs/shard.txt" 2>&1
 	grep -E '^(round|\|)' "$logs/shard.txt" || tail -5 "$logs/shard.txt"
 }
 for g in ${GOALS:-tls goodput light shard}; do
 	t0=$(date +%s)
+	if [ -n "${BUDGET:-}" ] && [ $(( start + BUDGET - t0 )) -lt 60 ]; then
+		echo "-- $g skipped: $(( start + BUDGET - t0 )) s of BUDGET left"; continue
+	fi
+	section_end=""
+	[ -n "${SECTION_TIMEOUT:-}" ] && section_end=$(( t0 + SECTION_TIMEOUT ))
 	case $g in
 	tls | goodput | light | shard) $g ;;
 	*) echo "bench-goals: unknown goal $g (tls, goodput, light, shard)"; exit 2 ;;

@@ -69,7 +69,7 @@ sep() { lg --target "$sep_addr" --model dlrm-kaggle --plan "$plan" "$@"; }
 packed() { lg --target "$packed_addr" --model dlrm-kaggle-packed --plan "$pplan" "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
 p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
-median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+median() { tr ' ' '\n' | sort -n | awk 'NF{a[++n]=$1} END{if (n % 2) print a[(n+1)/2]; else printf "%.10g\n", (a[n/2]+a[n/2+1])/2}'; }
 
 # Warm-up: hot tiers, ONNX Runtime arenas, TLS sessions.
 sep --duration 10s >/dev/null

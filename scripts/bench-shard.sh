@@ -7,8 +7,12 @@
 # (one embedding worker, two dense workers), both up at once on the same
 # cores; closed loops of 270 candidates alternate between them (order
 # swapped every round). Prints each round, the medians and their ratio.
-# SHARD_GOMAXPROCS=N runs each shard's embedding worker with GOMAXPROCS=N;
-# DENSE=N gives both stacks N dense workers (default 2).
+# SHARD_GOMAXPROCS=N runs each shard's embedding worker with GOMAXPROCS=N
+# (default: the serving cores / SHARDS, at least 1, as prism up starts a
+# sharded model's workers); DENSE=N gives both stacks N dense workers
+# (default 2). The shards are planned for the load generator's ids (Zipf
+# 1.05, SHARD_ZIPF), not ../shared's Criteo sample, which only some
+# machines have.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
@@ -24,6 +28,8 @@ clients=${CLIENTS:-16}
 dur=${DURATION:-15s}
 rounds=${ROUNDS:-3}
 certs=${CERTS:-$(dirname "$db")/certs}
+scores=$("${srv[@]}" nproc)
+gomaxprocs=${SHARD_GOMAXPROCS:-$(( scores / shards > 0 ? scores / shards : 1 ))}
 [ -f "$plan/plan.json" ] || { echo "bench-shard: no partition at $plan (run make demo first)"; exit 1; }
 
 tmp=${SHARD_DIR:-$(mktemp -d)}
@@ -42,7 +48,7 @@ if [ ! -f "$sp/plan.json" ] || ! grep -q '"sharding"' "$sp/plan.json"; then
 	rm -rf "$sp"; mkdir -p "$sp"
 	cp "$plan"/*.json "$sp"/; cp "$plan"/*.onnx "$sp"/ 2>/dev/null || true
 	cp -al "$plan/tables" "$sp/tables"
-	$prism shard "$sp" --shards "$shards" >&2
+	$prism shard "$sp" --shards "$shards" --zipf "${SHARD_ZIPF:-1.05}" >&2
 fi
 for k in $(seq 0 $((shards - 1))); do
 	[ -d "$tmp/db-$k" ] || $prism ingest "$sp" --db "$tmp/db-$k" --shard "$k" >&2
@@ -68,7 +74,7 @@ for d in $(seq 0 $((dense - 1))); do
 	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
 done
 for k in $(seq 0 $((shards - 1))); do
-	env ${SHARD_GOMAXPROCS:+GOMAXPROCS=$SHARD_GOMAXPROCS} "${srv[@]}" $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
+	env GOMAXPROCS="$gomaxprocs" "${srv[@]}" $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
 done
@@ -80,10 +86,12 @@ whole_addr=$(wait_ready "$tmp/up.log" "Prism is up: Recommend at")
 lg() { "${cli[@]}" $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" --certs "$certs" "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
 p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
-median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+median() { tr ' ' '\n' | sort -n | awk 'NF{a[++n]=$1} END{if (n % 2) print a[(n+1)/2]; else printf "%.10g\n", (a[n/2]+a[n/2+1])/2}'; }
 
 # Warm-up (the workers wait for every shard's registration too).
-for _ in $(seq 1 60); do lg --target "$sharded_addr" --duration 2s 2>/dev/null | grep -q "errors 0" && break; sleep 1; done
+served=""
+for _ in $(seq 1 30); do lg --target "$sharded_addr" --duration 2s 2>/dev/null | grep -q " ok [1-9][0-9]*  errors 0" && { served=1; break; }; sleep 1; done
+[ -n "$served" ] || { echo "bench-shard: the sharded stack answered no 2 s run without errors in 30 tries" >&2; tail -n 5 "$tmp"/*.log >&2; exit 1; }
 lg --target "$sharded_addr" --duration 10s >/dev/null
 lg --target "$whole_addr" --duration 10s >/dev/null
 ss=""; ws=""
@@ -102,5 +110,5 @@ echo
 echo "| measure | value |"
 echo "|---|---:|"
 echo "| unsharded (prism up: 1 embedding, $dense dense workers), $clients clients x 270 candidates (samples/s; median of${ws}) | $wm |"
-echo "| sharded over $shards embedding workers ($dense dense workers) (samples/s; median of${ss}) | $sm |"
+echo "| sharded over $shards embedding workers (GOMAXPROCS $gomaxprocs each; $dense dense workers) (samples/s; median of${ss}) | $sm |"
 echo "| sharded / unsharded | $(awk -v a="$sm" -v b="$wm" 'BEGIN{printf "%.2f", a/b}') |"

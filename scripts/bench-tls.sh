@@ -60,7 +60,7 @@ tls() { lg --target "$tls_addr" --certs "$certs" "$@"; }
 plain() { lg --target "$plain_addr" --insecure "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
 p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
-median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+median() { tr ' ' '\n' | sort -n | awk 'NF{a[++n]=$1} END{if (n % 2) print a[(n+1)/2]; else printf "%.10g\n", (a[n/2]+a[n/2+1])/2}'; }
 
 # Warm-up: hot tiers, ONNX Runtime arenas, TLS sessions.
 stacks=(tls plain)

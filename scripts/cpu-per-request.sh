@@ -20,6 +20,7 @@ for _ in $(seq 1 600); do
 	kill -0 $up 2>/dev/null || { cat "$log"; exit 1; }
 	sleep 0.5
 done
+[ -n "$addr" ] || { cat "$log"; exit 1; }
 lg() { $bin loadgen --target "$addr" --certs "$out/certs" --model dlrm-kaggle --plan "$out/dlrm-kaggle-part" --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 # The tiers' processes: prism up's children.
 snap() { for p in $(pgrep -P $up); do echo "$p $(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null) $(tr '\0' ' ' </proc/$p/cmdline | awk '{print $2,$3}')"; done | sort; }

@@ -7,6 +7,8 @@
 # ROUNDS rounds of DUR seconds of Poisson arrivals at RATE req/s with
 # 60 ms deadlines alternate between them (order swapped every round), and
 # each prints goodput: requests answered OK within 60 ms per second.
+# Both stacks get the same arrivals and requests in a round (loadgen
+# --stream ROUND), a new schedule each round.
 # Comparing two stacks within one run, side by side, is what makes the
 # figure readable on a shared machine whose speed drifts between runs.
 # CLOSED=1 runs closed loops of CLIENTS (default 16) instead and prints
@@ -18,7 +20,11 @@ rate=${RATE:-300}; rounds=${ROUNDS:-4}; dur=${DUR:-15}
 certs=$out/certs
 copy=${COPY_DIR:-/tmp/prism-goodput-ab}
 [ -f "$out/dlrm-kaggle-part/plan.json" ] || { echo "goodput-ab: no partition in $out (run make demo first)"; exit 1; }
-[ -d "$copy/db" ] || { mkdir -p "$copy" && cp -a "$out/db" "$copy/db"; }
+# The copy is of this BENCH_DIR's store: one left by another BENCH_DIR is replaced.
+src=$(cd "$out/db" && pwd)
+if [ ! -d "$copy/db" ] || [ "$(cat "$copy/source" 2>/dev/null)" != "$src" ]; then
+	rm -rf "$copy/db" "$copy/db-router-log"; mkdir -p "$copy" && cp -a "$out/db" "$copy/db" && echo "$src" >"$copy/source" || exit 1
+fi
 la=$(mktemp); lb=$(mktemp)
 env ${A_ENV:-} "${A_BIN:-bin/prism}" up --model "$out/dlrm-kaggle-part" --db "$out/db" --addr 127.0.0.1:0 --certs "$certs" ${A_FLAGS:-} >"$la" 2>&1 &
 pa=$!
@@ -29,18 +35,19 @@ addr() {
 	for _ in $(seq 1 600); do
 		a=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$1" | head -1)
 		[ -n "$a" ] && { echo "$a"; return; }
+		kill -0 "$2" 2>/dev/null || break
 		sleep 0.5
 	done
 	cat "$1" >&2; exit 1
 }
-A=$(addr "$la"); B=$(addr "$lb")
+A=$(addr "$la" $pa) && B=$(addr "$lb" $pb) || exit 1
 lg() { "${A_BIN:-bin/prism}" loadgen --target "$1" --certs "$certs" --model dlrm-kaggle --plan "$out/dlrm-kaggle-part" --candidates 270 --pool 512 --quiet "${@:2}" 2>/dev/null; }
 one() {
 	if [ "${CLOSED:-0}" = 1 ]; then
-		echo "$1 $(lg "$2" --clients "${CLIENTS:-16}" --duration "${dur}s" | grep -E '^throughput|^latency' | tr -s ' ' | tr '\n' ' ')"
+		echo "$1 $(lg "$2" --clients "${CLIENTS:-16}" --duration "${dur}s" --stream "$r" | grep -E '^throughput|^latency' | tr -s ' ' | tr '\n' ' ')"
 		return
 	fi
-	res=$(lg "$2" --rate "$rate" --duration "${dur}s" --timeout 60ms)
+	res=$(lg "$2" --rate "$rate" --duration "${dur}s" --timeout 60ms --stream "$r")
 	sent=$(sed -n 's/^requests *sent \([0-9]*\).*/\1/p' <<<"$res")
 	slo=$(sed -n 's/^SLO *\([0-9.]*\)%.*/\1/p' <<<"$res")
 	echo "$1 goodput $(awk -v s="$sent" -v slo="$slo" -v d="$dur" 'BEGIN{printf "%.1f", s*slo/100/d}') req/s (within 60 ms: $slo%) $(grep -E '^errors' <<<"$res" | tr -s ' ')"

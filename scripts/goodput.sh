@@ -20,10 +20,12 @@ log=$(mktemp)
 "${srv[@]}" $bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
-for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
+for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; kill -0 $up 2>/dev/null || break; sleep 0.5; done
+[ -n "$addr" ] || { echo "goodput: prism up did not come up:"; tail -20 "$log"; exit 1; }
 lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 lg --clients "${CLIENTS:-16}" --duration 5s >/dev/null
 max=$(lg --clients "${CLIENTS:-16}" --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
+[ -n "$max" ] || { echo "goodput: no closed-loop maximum (loadgen failed)"; exit 1; }
 echo "$bin max $max req/s"
 for pct in $loads; do
   rate=$(awk -v r="$max" -v p="$pct" 'BEGIN{printf "%.1f", r*p/100}')

@@ -18,13 +18,14 @@ log=$(mktemp)
 "${srv[@]}" $bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
-for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; sleep 0.5; done
+for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; kill -0 $up 2>/dev/null || break; sleep 0.5; done
 [ -n "$addr" ] || { cat "$log" >&2; exit 1; }
 lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 lg --clients "${MAX_CLIENTS:-16}" --duration 5s --timeout 60ms >/dev/null
 rate=${RATE:-200}
 if [[ $rate == *% ]]; then
 	max=$(lg --clients "${MAX_CLIENTS:-16}" --duration 10s | sed -n 's/^throughput *\([0-9.]*\) req\/s.*/\1/p')
+	[ -n "$max" ] || { echo "refusals: no closed-loop maximum (loadgen failed)"; exit 1; }
 	rate=$(awk -v m="$max" -v p="${rate%\%}" 'BEGIN{printf "%.1f", m*p/100}')
 	echo "$bin ${UP_FLAGS:-(default)}: closed-loop maximum $max req/s, ${RATE} is $rate req/s"
 fi
