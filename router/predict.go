@@ -57,7 +57,7 @@ const (
 	// requests at a hundredth of the capacity until the EWMA forgot it.
 	predictWindow    = 50 * time.Millisecond
 	minWindowSamples = 256
-	predictAlpha  = 0.3
+	predictAlpha     = 0.3
 	// floorAlpha is the EWMA weight of each lone request's latency in
 	// floor.
 	floorAlpha = 0.2
