@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prism-serve/prism/models"
-	"github.com/prism-serve/prism/partitioner"
 	"github.com/prism-serve/prism/plan"
 )
 
@@ -54,17 +52,7 @@ func TestHugeBudgetFits(t *testing.T) {
 // every table's lookups).
 func TestRunRefusesShardingCPUReads(t *testing.T) {
 	dir := t.TempDir()
-	m, err := models.New(mustPreset(t, "deepfm-tiny"), 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Write(filepath.Join(dir, "model"), models.WriteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	part := filepath.Join(dir, "part")
-	if _, err := partitioner.Partition(filepath.Join(dir, "model", models.ModelFile), part, partitioner.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	part := partitionedPreset(t, dir, "deepfm-tiny")
 	before, err := os.ReadFile(filepath.Join(part, "plan.json"))
 	if err != nil {
 		t.Fatal(err)

@@ -25,17 +25,7 @@ const criteoRows = `label,I1,I2,I3,I4,I5,I6,I7,I8,I9,I10,I11,I12,I13,C1,C2,C3,C4
 // two equal samples read counts twice.
 func TestCriteoCounts(t *testing.T) {
 	dir := t.TempDir()
-	m, err := models.New(mustPreset(t, "dlrm-tiny"), 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Write(filepath.Join(dir, "model"), models.WriteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	part := filepath.Join(dir, "part")
-	if _, err := partitioner.Partition(filepath.Join(dir, "model", models.ModelFile), part, partitioner.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	part := partitionedPreset(t, dir, "dlrm-tiny")
 	p, err := plan.Read(part)
 	if err != nil {
 		t.Fatal(err)
@@ -111,4 +101,22 @@ func mustPreset(t *testing.T, name string) models.Config {
 		t.Fatal(err)
 	}
 	return pr.Config
+}
+
+// partitionedPreset builds the zoo preset name (seed 5) in dir and
+// partitions it; it returns the partition folder.
+func partitionedPreset(t *testing.T, dir, name string) string {
+	t.Helper()
+	m, err := models.New(mustPreset(t, name), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Write(filepath.Join(dir, "model"), models.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	part := filepath.Join(dir, "part")
+	if _, err := partitioner.Partition(filepath.Join(dir, "model", models.ModelFile), part, partitioner.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	return part
 }
