@@ -95,11 +95,7 @@ func loadNodeData(n *pb.NodeProto, dir string) error {
 				return fmt.Errorf("node %q: %w", n.GetName(), err)
 			}
 		}
-		bodies := a.GetGraphs()
-		if a.GetG() != nil {
-			bodies = append(bodies, a.GetG())
-		}
-		for _, b := range bodies {
+		for _, b := range attrBodies(a) {
 			for _, t := range b.GetInitializer() {
 				if err := pb.LoadData(t, dir); err != nil {
 					return fmt.Errorf("node %q: %w", n.GetName(), err)

@@ -188,11 +188,7 @@ func outerReads(n *pb.NodeProto) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, a := range n.GetAttribute() {
-		bodies := a.GetGraphs()
-		if a.GetG() != nil {
-			bodies = append(bodies, a.GetG())
-		}
-		for _, b := range bodies {
+		for _, b := range attrBodies(a) {
 			for _, name := range freeNames(b) {
 				if !seen[name] {
 					seen[name] = true
@@ -204,21 +200,21 @@ func outerReads(n *pb.NodeProto) []string {
 	return out
 }
 
+// attrBodies are the subgraphs an attribute holds (an If branch, a
+// Loop or Scan body; GRAPHS lists), in a slice of their own.
+func attrBodies(a *pb.AttributeProto) []*pb.GraphProto {
+	bodies := slices.Clone(a.GetGraphs())
+	if a.GetG() != nil {
+		bodies = append(bodies, a.GetG())
+	}
+	return bodies
+}
+
 // freeNames are the names read in body (by its nodes, their own
 // subgraphs, or as its outputs) that body does not define.
 func freeNames(body *pb.GraphProto) []string {
-	local := map[string]bool{"": true}
-	for _, in := range body.GetInput() {
-		local[in.GetName()] = true
-	}
-	for _, t := range body.GetInitializer() {
-		local[t.GetName()] = true
-	}
-	for _, bn := range body.GetNode() {
-		for _, o := range bn.GetOutput() {
-			local[o] = true
-		}
-	}
+	local, _ := bodyIndex(body)
+	local[""] = true
 	var out []string
 	seen := map[string]bool{}
 	add := func(name string) {
@@ -290,11 +286,7 @@ func checkArity(gp *pb.GraphProto, opset int64, in string) error {
 			return fmt.Errorf("node %q%s: %s has no output", nodeName(n, i), in, n.GetOpType())
 		}
 		for _, a := range n.GetAttribute() {
-			bodies := a.GetGraphs()
-			if a.GetG() != nil {
-				bodies = append(bodies, a.GetG())
-			}
-			for _, b := range bodies {
+			for _, b := range attrBodies(a) {
 				if err := checkArity(b, opset, fmt.Sprintf(" in the %s of %s %q%s", a.GetName(), n.GetOpType(), nodeName(n, i), in)); err != nil {
 					return err
 				}

@@ -74,10 +74,7 @@ func subgraphNodes(body *pb.GraphProto, nodes *[]*pb.NodeProto, local map[string
 			local[o] = true
 		}
 		for _, a := range bn.GetAttribute() {
-			if a.GetG() != nil {
-				subgraphNodes(a.GetG(), nodes, local)
-			}
-			for _, sg := range a.GetGraphs() {
+			for _, sg := range attrBodies(a) {
 				subgraphNodes(sg, nodes, local)
 			}
 		}

@@ -473,11 +473,7 @@ func (g *Graph) nodeIndex(name string) int {
 func bodyCandidates(g *Graph, n *pb.NodeProto) []TableCandidate {
 	var out []TableCandidate
 	for _, a := range n.GetAttribute() {
-		bodies := a.GetGraphs()
-		if a.GetG() != nil {
-			bodies = append(bodies, a.GetG())
-		}
-		for _, body := range bodies {
+		for _, body := range attrBodies(a) {
 			local, producer := bodyIndex(body)
 			pooled := map[string]bool{}
 			for _, bn := range body.GetNode() {
