@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"google.golang.org/grpc"
-
 	"github.com/prism-serve/prism/api/prismv1"
 )
 
@@ -16,13 +14,7 @@ import (
 // for "back off and retry".
 func TestMessageLimitToWorkers(t *testing.T) {
 	r := testRouter(Options{MaxMessageBytes: 128 << 20})
-	addr, lis := listen(t)
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(128 << 20))
-	prismv1.RegisterEmbeddingTierServer(srv, echoCN{})
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "c", Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}})
-	r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "g", Role: prismv1.Role_ROLE_DENSE, Addr: "d", Models: []string{"m"}, Healthy: true}})
+	echoStack(t, r, 0)
 	req := &prismv1.RecommendRequest{Model: "m", NumCandidates: 4, Candidates: &prismv1.Features{Inputs: []*prismv1.Input{{Name: "dense", Values: make([]float32, 18<<20)}}}} // 72 MiB
 	if _, err := r.Recommend(context.Background(), req); err != nil {
 		t.Fatalf("a 72 MiB request under a 128 MiB message limit: %v", err)
