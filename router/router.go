@@ -613,6 +613,20 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 // higher on a tie; 0, a worker that cannot tell, counts for none) and
 // the micro-batches another answered.
 func splitVersions(parts [][2]int, vers []int64) (version int64, others []int) {
+	// Every request but those of a rollout: one version (0s aside), no
+	// map.
+	one := true
+	for _, v := range vers {
+		if v != 0 && version != 0 && v != version {
+			one = false
+			break
+		}
+		version = max(version, v)
+	}
+	if one {
+		return version, nil
+	}
+	version = 0
 	count := map[int64]int{}
 	for i, v := range vers {
 		if v != 0 {

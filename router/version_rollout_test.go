@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -68,4 +69,28 @@ func TestVersionRollout(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestSplitVersions: one version answers alone (no micro-batch to score
+// again, 0s aside); of two, the one that scored more candidates wins
+// (the higher on a tie), and the other's micro-batches are scored again.
+func TestSplitVersions(t *testing.T) {
+	parts := [][2]int{{0, 2}, {2, 4}, {4, 5}}
+	for _, c := range []struct {
+		vers   []int64
+		want   int64
+		others []int
+	}{
+		{[]int64{3, 3, 3}, 3, nil},
+		{[]int64{0, 3, 0}, 3, nil},
+		{[]int64{0, 0, 0}, 0, nil},
+		{[]int64{1, 2, 2}, 2, []int{0}},
+		{[]int64{1, 1, 2}, 1, []int{2}},
+		{[]int64{2, 1, 0}, 2, []int{1}},
+	} {
+		v, others := splitVersions(parts, c.vers)
+		if v != c.want || !slices.Equal(others, c.others) {
+			t.Errorf("splitVersions(%v) = %d, %v; want %d, %v", c.vers, v, others, c.want, c.others)
+		}
+	}
 }
