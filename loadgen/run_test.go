@@ -93,11 +93,17 @@ func TestStallShowsInP99(t *testing.T) {
 		if sum.P99 < 900 {
 			t.Fatalf("p99 %.1fms hides a 1s stall", sum.P99)
 		}
-		if sum.P50 > 50 {
+		// The checks above and the attainment's upper bound hold however
+		// loaded the machine is (load only adds latency). The lower bounds
+		// below are loose for the same reason: on a quiet machine p50 is
+		// under 5 ms and attainment about 0.7. With the tighter bounds it
+		// had (p50 under 50 ms, attainment over 0.55) this test failed
+		// once while three other test runs shared the machine's two cores.
+		if sum.P50 > 300 {
 			t.Fatalf("p50 %.1fms: two thirds of the run were not stalled", sum.P50)
 		}
 		// About a third of the requests hit the stall, most over the SLO.
-		if sum.SLOAttained > 0.75 || sum.SLOAttained < 0.55 {
+		if sum.SLOAttained > 0.75 || sum.SLOAttained < 0.3 {
 			t.Fatalf("SLO attainment %.3f, want about 0.7", sum.SLOAttained)
 		}
 	}
