@@ -243,9 +243,13 @@ func (s *NodeState) Assign(t *Task, gpus []int) error {
 	if len(gpus) != t.GPUs {
 		return fmt.Errorf("task %q: %d gpus chosen, %d requested", t.Name, len(gpus), t.GPUs)
 	}
-	for _, g := range gpus {
+	for i, g := range gpus {
 		if g < 0 || g >= s.Node.GPUs || s.GPULeft[g] < t.GPUMilli {
 			return fmt.Errorf("task %q: gpu %d of node %q cannot hold %d milli", t.Name, g, s.Node.Name, t.GPUMilli)
+		}
+		// A device named twice would be charged twice, below zero.
+		if slices.Contains(gpus[:i], g) {
+			return fmt.Errorf("task %q: gpu %d of node %q chosen twice", t.Name, g, s.Node.Name)
 		}
 	}
 	for _, g := range gpus {

@@ -150,3 +150,33 @@ func TestSimulateTraceSeesDiagnosis(t *testing.T) {
 		t.Fatalf("reasons %q, want two of %q", reasons, want)
 	}
 }
+
+// Assign checks the devices it is given, so that a broken GPU chooser is
+// an error and not a corrupt state.
+func TestAssignChecksDevices(t *testing.T) {
+	two := Task{Name: "two", CPUMilli: 1000, GPUs: 2, GPUMilli: 1000}
+	for _, c := range []struct {
+		name string
+		gpus []int
+		want string
+	}{
+		{"ok", []int{0, 1}, ""},
+		{"too few", []int{0}, "1 gpus chosen, 2 requested"},
+		{"out of range", []int{0, 2}, "gpu 2 of node"},
+		{"twice", []int{1, 1}, "gpu 1 of node \"n\" chosen twice"},
+	} {
+		n := NewNodeState(&Node{Name: "n", CPUMilli: 8000, GPUs: 2, Model: "T4"}, 0)
+		err := n.Assign(&two, c.gpus)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
+		}
+		for g, left := range n.GPUs() {
+			if left < 0 {
+				t.Errorf("%s: gpu %d has %d milli left", c.name, g, left)
+			}
+		}
+		if err != nil && (n.Tasks != 0 || n.GPULeftTotal() != 2000) {
+			t.Errorf("%s: refused, but the state changed: %+v", c.name, n)
+		}
+	}
+}

@@ -16,7 +16,9 @@ type Summary struct {
 	AllocMean float64
 	AllocStd  float64
 	FragMean  float64
-	FailedPct float64 // tasks that found no node, percent of tasks, mean
+	// FailedPct is the mean share of the tasks arrived by ArrivedAt that
+	// found no node, in percent.
+	FailedPct float64
 }
 
 // Summarize groups results by policy (in first-seen order) at arrived
@@ -30,7 +32,7 @@ func Summarize(results []*SimResult, pct int) []Summary {
 		for _, r := range rs {
 			s.AllocMean += r.AllocAt(pct)
 			s.FragMean += r.FragAt(pct)
-			s.FailedPct += 100 * float64(r.Failed) / float64(r.Tasks)
+			s.FailedPct += r.FailedAt(pct)
 		}
 		n := float64(len(rs))
 		s.AllocMean /= n

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 )
@@ -54,8 +55,13 @@ func (o *SimOptions) EnsureDefaults() {
 
 // Validate rejects options no run can use.
 func (o *SimOptions) Validate() error {
-	if o.Coverage <= 0 || o.Coverage > 1 {
+	if !(o.Coverage > 0 && o.Coverage <= 1) { // NaN too
 		return fmt.Errorf("coverage %v outside (0,1]", o.Coverage)
+	}
+	if math.IsNaN(o.Inflation) {
+		// Every comparison with NaN is false: the run would silently
+		// keep the trace as is, as for inflation <= 0.
+		return fmt.Errorf("inflation %v is not a number", o.Inflation)
 	}
 	if o.TieBreak != "first" && o.TieBreak != "random" {
 		return fmt.Errorf("tie break %q, want first or random", o.TieBreak)
@@ -73,6 +79,9 @@ type Point struct {
 	FragPct    float64 // FGD fragmentation, percent of capacity
 	// FragRatioPct is fragmentation over idle GPU capacity.
 	FragRatioPct float64
+	// Tasks and Failed count the tasks arrived so far and those of them
+	// that found no node.
+	Tasks, Failed int
 }
 
 // SimResult is the outcome of one run.
@@ -111,6 +120,22 @@ func (r *SimResult) FragAt(pct int) float64 {
 	return r.Curve[len(r.Curve)-1].FragPct
 }
 
+// FailedAt is AllocAt for the tasks that found no node, in percent of the
+// tasks arrived by then.
+func (r *SimResult) FailedAt(pct int) float64 {
+	if len(r.Curve) == 0 {
+		return 0
+	}
+	p := r.Curve[len(r.Curve)-1]
+	if pct < len(r.Curve) {
+		p = r.Curve[pct]
+	}
+	if p.Tasks == 0 {
+		return 0
+	}
+	return 100 * float64(p.Failed) / float64(p.Tasks)
+}
+
 // NewRand returns the run's random source for a seed.
 func NewRand(seed uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15^seed))
@@ -118,7 +143,8 @@ func NewRand(seed uint64) *rand.Rand {
 
 // Workload builds the task list of a run: the trace, plus tasks drawn
 // with replacement from it until the next draw would push GPU demand past
-// inflation x capacity, all shuffled with the same random source.
+// inflation x capacity, all shuffled with the same random source. A trace
+// with no GPU demand cannot grow GPU demand and is kept as is.
 func Workload(rng *rand.Rand, tasks []Task, capacityMilli int64, inflation float64, shuffle bool) []*Task {
 	out := make([]*Task, 0, len(tasks)*2)
 	var demand int64
@@ -126,7 +152,7 @@ func Workload(rng *rand.Rand, tasks []Task, capacityMilli int64, inflation float
 		out = append(out, &tasks[i])
 		demand += tasks[i].TotalGPUMilli()
 	}
-	if inflation > 0 {
+	if inflation > 0 && demand > 0 {
 		target := int64(inflation * float64(capacityMilli))
 		for demand < target {
 			t := &tasks[rng.IntN(len(tasks))]
@@ -179,6 +205,8 @@ func Simulate(nodes []Node, tasks []Task, policy string, reg *Registry, opts Sim
 			ArrivedPct: pct,
 			AllocPct:   100 * c.GPUAllocRatio(),
 			FragPct:    100 * frag / float64(c.GPUMilliTotal),
+			Tasks:      res.Placed + res.Failed,
+			Failed:     res.Failed,
 		}
 		if idle > 0 {
 			pt.FragRatioPct = 100 * frag / idle

@@ -1,8 +1,11 @@
 package placement
 
 import (
+	"math"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 )
 
 func smallCluster() ([]Node, []Task) {
@@ -139,6 +142,93 @@ func TestOpenbDeterministicPerSeed(t *testing.T) {
 		}
 		if reflect.DeepEqual(a.Curve, c.Curve) {
 			t.Fatalf("%s: seeds 42 and 43 give the same curve", p)
+		}
+	}
+}
+
+// A trace whose tasks ask for no GPU cannot be grown to a GPU demand:
+// inflating it used to draw CPU tasks forever.
+func TestWorkloadNoGPUDemand(t *testing.T) {
+	cpu := []Task{{Name: "c1", CPUMilli: 1000}, {Name: "c2", CPUMilli: 2000}}
+	cases := []struct {
+		name      string
+		inflation float64
+	}{
+		{"paper inflation", 1.3},
+		{"trace as is", -1},
+	}
+	for _, c := range cases {
+		done := make(chan []*Task, 1)
+		go func() { done <- Workload(NewRand(1), cpu, 8000, c.inflation, true) }()
+		select {
+		case list := <-done:
+			if len(list) != len(cpu) {
+				t.Errorf("%s: %d tasks, want the trace's %d", c.name, len(list), len(cpu))
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: Workload did not return on a trace without GPU demand", c.name)
+		}
+	}
+	r, err := Simulate([]Node{{Name: "n", CPUMilli: 32000, GPUs: 2, Model: "G"}}, cpu, "FGD", NewRegistry(), SimOptions{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Tasks != 2 || r.Placed != 2 || len(r.Curve) != 1 {
+		t.Fatalf("CPU-only run %+v", r)
+	}
+}
+
+// The summary's failed share is at its arrived load, as its other
+// columns are, not over the whole run: here the second whole-GPU task
+// arrives past 100% and fails.
+func TestSummaryFailedAtArrived(t *testing.T) {
+	nodes := []Node{{Name: "n", CPUMilli: 32000, GPUs: 1, Model: "G"}}
+	tasks := []Task{
+		{Name: "w1", CPUMilli: 1000, GPUs: 1, GPUMilli: 1000},
+		{Name: "w2", CPUMilli: 1000, GPUs: 1, GPUMilli: 1000},
+	}
+	r, err := Simulate(nodes, tasks, "BestFit", NewRegistry(), SimOptions{Seed: 1, Inflation: -1, NoShuffle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		at                  int
+		alloc, failed, frag float64
+	}{
+		{0, 0, 0, 0},
+		{100, 100, 0, 0},
+		{150, 100, 50, 0},
+		{200, 100, 50, 0},
+		{300, 100, 50, 0}, // past the run: its last point
+	}
+	for _, c := range cases {
+		s := Summarize([]*SimResult{r}, c.at)
+		if len(s) != 1 || s[0].AllocMean != c.alloc || s[0].FailedPct != c.failed || s[0].FragMean != c.frag {
+			t.Errorf("at %d%%: %+v, want alloc %v failed %v frag %v", c.at, s, c.alloc, c.failed, c.frag)
+		}
+	}
+}
+
+func TestSimOptionsValidate(t *testing.T) {
+	cases := []struct {
+		name string
+		o    SimOptions
+		want string // "" for valid
+	}{
+		{"defaults", SimOptions{}, ""},
+		{"trace as is", SimOptions{Inflation: -1}, ""},
+		{"NaN inflation", SimOptions{Inflation: math.NaN()}, "inflation NaN is not a number"},
+		{"inflation too large", SimOptions{Inflation: math.Inf(1)}, "above 10x capacity"},
+		{"NaN coverage", SimOptions{Coverage: math.NaN()}, "coverage NaN outside (0,1]"},
+		{"coverage above 1", SimOptions{Coverage: 1.5}, "coverage 1.5 outside (0,1]"},
+		{"tie break", SimOptions{TieBreak: "last"}, `tie break "last"`},
+	}
+	for _, c := range cases {
+		o := c.o
+		o.EnsureDefaults()
+		err := o.Validate()
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: %v, want %q", c.name, err, c.want)
 		}
 	}
 }

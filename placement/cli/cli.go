@@ -68,6 +68,15 @@ func ParseSeeds(s string) ([]uint64, error) {
 	if len(out) == 0 {
 		return nil, fmt.Errorf("no seeds in %q", s)
 	}
+	// A seed given twice would run twice and count as two seeds in the
+	// summary's mean and spread.
+	seen := make(map[uint64]bool, len(out))
+	for _, v := range out {
+		if seen[v] {
+			return nil, fmt.Errorf("seed %d given twice", v)
+		}
+		seen[v] = true
+	}
 	return out, nil
 }
 
@@ -91,12 +100,15 @@ func ParsePolicies(reg *placement.Registry, s string) ([]string, error) {
 	if len(names) == 0 {
 		return nil, fmt.Errorf("no policy given")
 	}
+	// Names match case-insensitively (Registry.New), so "FGD,fgd" and
+	// "all,bestfit" name one policy twice.
 	seen := map[string]bool{}
 	for _, n := range names {
-		if seen[n] {
+		k := strings.ToLower(n)
+		if seen[k] {
 			return nil, fmt.Errorf("policy %s given twice (its runs would be counted as more seeds)", n)
 		}
-		seen[n] = true
+		seen[k] = true
 	}
 	return names, nil
 }

@@ -57,6 +57,27 @@ func TestParsePolicies(t *testing.T) {
 	}
 }
 
+// A policy or seed given twice runs twice and counts as two seeds in the
+// summary, whatever the spelling: policy names match case-insensitively.
+func TestParseGivenTwice(t *testing.T) {
+	reg := placement.NewRegistry()
+	cases := []struct{ policies, seeds, want string }{
+		{"FGD,fgd", "42", "policy fgd given twice"},
+		{"all,bestfit", "42", "policy bestfit given twice"},
+		{"FGDPack,fgdpack", "42", "policy fgdpack given twice"},
+		{"FGD", "42-51,50", "seed 50 given twice"},
+		{"FGD", "7,7", "seed 7 given twice"},
+	}
+	for _, c := range cases {
+		_, perr := ParsePolicies(reg, c.policies)
+		_, serr := ParseSeeds(c.seeds)
+		err := errors.Join(perr, serr)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--policy %q --seeds %q: %v, want %q", c.policies, c.seeds, err, c.want)
+		}
+	}
+}
+
 func TestDataPath(t *testing.T) {
 	if p, err := DataPath("/given.csv", OpenbNodes); err != nil || p != "/given.csv" {
 		t.Fatalf("given path: %q %v", p, err)

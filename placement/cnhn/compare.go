@@ -120,14 +120,21 @@ func Monolithic(trace []Instance, o Options) (*Result, error) {
 	var items []item
 	var capped float64
 	for _, in := range trace {
+		// A CPU-only service, or one whose HN instances have no lifetime
+		// in the window (created and deleted at once, or at its end),
+		// keeps its CN instances on CPU nodes; its HN instances carry no
+		// CN work (dividing by their zero lifetime would give +Inf or NaN).
 		if in.Role == "CN" {
-			if hnLife[in.App] == 0 { // a CPU-only service stays on CPU nodes
+			if hnLife[in.App] == 0 {
 				items = append(items, item{task: toTask(in, in.CPU, in.MemGiB), start: in.Start, end: in.End})
 			}
 			continue
 		}
-		cpu := in.CPU + cnCPU[in.App]/hnLife[in.App]
-		mem := in.MemGiB + cnMem[in.App]/hnLife[in.App]
+		cpu, mem := in.CPU, in.MemGiB
+		if l := hnLife[in.App]; l > 0 {
+			cpu += cnCPU[in.App] / l
+			mem += cnMem[in.App] / l
+		}
 		if c := float64(o.GPUNode.Cores); cpu > c {
 			capped += cpu - c
 			cpu = c
@@ -238,7 +245,11 @@ func replay(mode string, items []item, o Options, capped float64) (*Result, erro
 	var evs []event
 	for i, it := range items {
 		evs = append(evs, event{t: it.start, i: i})
-		if !math.IsInf(it.end, 1) {
+		// An instance deleted as it is created (the trace has some) gets
+		// no leave event: departures sort first at equal times, so its
+		// leave would come before its arrival and it would never leave.
+		// It is placed and released at once below.
+		if !math.IsInf(it.end, 1) && it.end > it.start {
 			evs = append(evs, event{t: it.end, leave: true, i: i})
 		}
 	}
@@ -301,6 +312,10 @@ func replay(mode string, items []item, o Options, capped float64) (*Result, erro
 		s, gpus, ok := p.place(&it.task)
 		if !ok {
 			res.Unplaced++
+			continue
+		}
+		if it.end <= it.start {
+			p.release(s, &it.task, gpus)
 			continue
 		}
 		placed[e.i] = &where{p: p, s: s, gpus: gpus}

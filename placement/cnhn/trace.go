@@ -60,6 +60,11 @@ func ReadTrace(name string, r io.Reader) ([]Instance, error) {
 		if g, err = row.FloatOr("gpu_request", 0); err != nil {
 			return nil, err
 		}
+		if g != math.Trunc(g) {
+			// Instances take whole GPUs; truncating would drop the GPU
+			// of a 0.5 request without a word.
+			return nil, row.Errorf("column %q: %v is not a whole number of GPUs", "gpu_request", g)
+		}
 		in.GPU = int(g)
 		if in.RDMA, err = row.FloatOr("rdma_request", 0); err != nil {
 			return nil, err
@@ -71,6 +76,9 @@ func ReadTrace(name string, r io.Reader) ([]Instance, error) {
 			return nil, err
 		}
 		if mpn > 0 {
+			if mpn != math.Trunc(mpn) {
+				return nil, row.Errorf("column %q: %v is not a whole number of instances", "max_instance_per_node", mpn)
+			}
 			in.MaxPerNode = int(mpn)
 		}
 		if in.Start, err = row.FloatOr("creation_time", 0); err != nil {
