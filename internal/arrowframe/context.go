@@ -58,7 +58,7 @@ func contextColumn(name string, rt *arrow.RunEndEncodedType, col arrow.Array, n 
 		return Tensor{}, fmt.Errorf("%w: context column %q: want one run of %d rows", ErrMalformed, name, n)
 	}
 	list, ok := ree.Values().(*array.FixedSizeList)
-	if !ok || list.Len() != 1 || list.NullN() > 0 {
+	if !ok || list.Len() != 1 || hasNulls(list) {
 		return Tensor{}, fmt.Errorf("%w: context column %q: want one row of values without nulls", ErrMalformed, name)
 	}
 	vals := list.ListValues().(*array.Float32).Float32Values()

@@ -58,6 +58,11 @@ type cachedSchema struct {
 	widths []int
 	ctx    []bool // per column: a context column (context.go)
 	dict   []bool // per column: dictionary-encoded with int32 indices (dict.go)
+	// dictIDs are the dictionary columns' ids in column order, as the
+	// schema gives them: a writer may number dictionaries as it likes,
+	// and a DictionaryBatch belongs to the column of its id, not to the
+	// column at its position.
+	dictIDs []int64
 }
 
 // schemaCache holds the most recently learned schemas, newest first. Readers
@@ -145,7 +150,7 @@ func (s *cachedSchema) decodeWith(b []byte, alloc func(int) []float32) (n int, t
 		if !s.dict[i] {
 			continue
 		}
-		d, end, ok := s.dictionary(b, off, len(dicts), w)
+		d, end, ok := s.dictionary(b, off, s.dictIDs[len(dicts)], w)
 		if !ok {
 			return 0, nil, false
 		}
@@ -309,7 +314,7 @@ func (s *cachedSchema) decodeWith(b []byte, alloc func(int) []float32) (n int, t
 // would: a V5 message, not a delta, one uncompressed record batch of at
 // least one row without nulls, every buffer inside the body. ok is false
 // on anything else.
-func (s *cachedSchema) dictionary(b []byte, off, id, w int) (rows []float32, end int, ok bool) {
+func (s *cachedSchema) dictionary(b []byte, off int, id int64, w int) (rows []float32, end int, ok bool) {
 	meta, body, end, ok := messageAt(b, off)
 	if !ok {
 		return nil, 0, false
@@ -321,7 +326,7 @@ func (s *cachedSchema) dictionary(b []byte, off, id, w int) (rows []float32, end
 		return nil, 0, false
 	}
 	var db, rb flatbuffers.Table
-	if !union(msg, slotMsgHeader, &db) || db.GetInt64Slot(slotDictID, 0) != int64(id) ||
+	if !union(msg, slotMsgHeader, &db) || db.GetInt64Slot(slotDictID, 0) != id ||
 		db.GetBoolSlot(slotDictIsDelta, false) || !union(&db, slotDictData, &rb) {
 		return nil, 0, false
 	}
@@ -452,9 +457,19 @@ func rememberSchema(b []byte, n int, ts []Tensor) {
 	if !ok || end != r.off || !littleEndianSchema(meta) {
 		return
 	}
+	ids, ok := dictionaryIDs(meta, len(ts))
+	if !ok {
+		return
+	}
 	s := &cachedSchema{msg: bytes.Clone(b[:end]), names: make([]string, len(ts)), widths: make([]int, len(ts)), ctx: make([]bool, len(ts)), dict: make([]bool, len(ts))}
 	for i, t := range ts {
 		s.names[i], s.widths[i], s.ctx[i], s.dict[i] = t.Name, t.Width, t.Context, t.dict == dictInt32
+		if s.dict[i] {
+			if ids[i] < 0 {
+				return
+			}
+			s.dictIDs = append(s.dictIDs, ids[i])
+		}
 	}
 	if fn, fts, ok := s.decode(b); !ok || !sameDecode(fn, fts, n, ts) {
 		return
@@ -474,6 +489,42 @@ func rememberSchema(b []byte, n int, ts []Tensor) {
 	l = append(l, s)
 	l = append(l, old[:min(len(old), schemaCacheCap-1)]...)
 	schemaCache.list.Store(&l)
+}
+
+// dictionaryIDs returns, per field of the schema message's metadata
+// (cols of them), its dictionary id, or -1 for a field that is not
+// dictionary-encoded. ok is false where the schema is not so read.
+func dictionaryIDs(meta []byte, cols int) (ids []int64, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ids, ok = nil, false
+		}
+	}()
+	const (
+		slotSchemaFields = 6  // Schema.fields
+		slotFieldDict    = 12 // Field.dictionary
+		slotDictEncID    = 4  // DictionaryEncoding.id
+	)
+	var sc flatbuffers.Table
+	msg := root(meta)
+	if msg.GetUint8Slot(slotMsgHeaderType, 0) != fbHeaderSchema || !union(msg, slotMsgHeader, &sc) {
+		return nil, false
+	}
+	if n, err := vector(&sc, slotSchemaFields, 4); err != nil || n != cols {
+		return nil, false
+	}
+	ids = make([]int64, cols)
+	for i := range cols {
+		f := tableAt(&sc, slotSchemaFields, i)
+		o := flatbuffers.UOffsetT(f.Offset(slotFieldDict))
+		if o == 0 {
+			ids[i] = -1
+			continue
+		}
+		d := flatbuffers.Table{Bytes: f.Bytes, Pos: f.Indirect(f.Pos + o)}
+		ids[i] = d.GetInt64Slot(slotDictEncID, 0)
+	}
+	return ids, true
 }
 
 // littleEndianSchema reports whether the schema message's metadata says

@@ -76,7 +76,7 @@ func dictionaryColumn(name string, dt *arrow.DictionaryType, col arrow.Array, n 
 		return Tensor{}, fmt.Errorf("%w: column %q has nulls", ErrMalformed, name)
 	}
 	list, ok := d.Dictionary().(*array.FixedSizeList)
-	if !ok || list.NullN() > 0 {
+	if !ok || hasNulls(list) {
 		return Tensor{}, fmt.Errorf("%w: dictionary of column %q: want fixed_size_list<float32> rows without nulls", ErrMalformed, name)
 	}
 	w := int(lt.Len())

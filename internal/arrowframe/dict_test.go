@@ -2,6 +2,7 @@ package arrowframe
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
+	flatbuffers "github.com/google/flatbuffers/go"
 
 	"github.com/prism-serve/prism/internal/leview"
 )
@@ -253,4 +255,72 @@ func TestEncodeDictionaryRefused(t *testing.T) {
 	if _, _, _, err := AppendFrameIndexed(nil, 2, []Column{{Name: "d", Width: 2, Rows: 3}}); err == nil {
 		t.Error("a dictionary of more rows than samples laid out")
 	}
+}
+
+// renumberedDictFrame is a frame of 2 samples of three dictionary columns
+// "a", "b", "c" of width 1, each a dictionary of one row (rows[i]), whose
+// schema numbers the dictionaries of "b" and "c" 2 and 1 (a writer may
+// number them as it likes), while the DictionaryBatch messages come in the
+// order arrow-go wrote them: ids 0, 1, 2, that is rows 0, 1, 2. So per the
+// schema, "b" holds rows[2] and "c" rows[1].
+func renumberedDictFrame(t testing.TB, rows [3]float32) []byte {
+	t.Helper()
+	ts := make([]Tensor, 3)
+	for i := range ts {
+		ts[i] = Tensor{Name: string(rune('a' + i)), Width: 1, Data: []float32{rows[i]}, Index: []int32{0, 0}}
+	}
+	b, err := encodeWithArrow(nil, 2, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, _, _, ok := messageAt(b, 0)
+	if !ok {
+		t.Fatal("no schema message")
+	}
+	var schema flatbuffers.Table
+	if !union(root(meta), slotMsgHeader, &schema) {
+		t.Fatal("no schema")
+	}
+	idAt := func(i int) int { // where field i's dictionary id lies in b
+		f := tableAt(&schema, 6, i)             // Schema.fields
+		o := flatbuffers.UOffsetT(f.Offset(12)) // Field.dictionary
+		d := flatbuffers.Table{Bytes: f.Bytes, Pos: f.Indirect(f.Pos + o)}
+		p := d.Offset(4) // DictionaryEncoding.id
+		if o == 0 || p == 0 {
+			t.Fatalf("field %d: no dictionary id written", i)
+		}
+		return 8 + int(d.Pos) + int(p)
+	}
+	b1, b2 := idAt(1), idAt(2)
+	if binary.LittleEndian.Uint64(b[b1:]) != 1 || binary.LittleEndian.Uint64(b[b2:]) != 2 {
+		t.Fatal("arrow-go numbered the dictionaries otherwise")
+	}
+	binary.LittleEndian.PutUint64(b[b1:], 2)
+	binary.LittleEndian.PutUint64(b[b2:], 1)
+	return b
+}
+
+// TestDictionaryIDsFollowSchema: a column's dictionary is the
+// DictionaryBatch of the id its schema field gives, not the one at its
+// position, also on the fast path once it knows the schema (learnt here
+// from a frame whose two dictionaries happen to be the same, so that
+// reading them by position gives the same result).
+func TestDictionaryIDsFollowSchema(t *testing.T) {
+	if _, _, err := Decode(renumberedDictFrame(t, [3]float32{1, 5, 5})); err != nil {
+		t.Fatal(err)
+	}
+	b := renumberedDictFrame(t, [3]float32{1, 2, 3})
+	want := [][]float32{{1, 1}, {3, 3}, {2, 2}}
+	for round := range 2 {
+		n, ts, err := Decode(b)
+		if err != nil || n != 2 || len(ts) != 3 {
+			t.Fatalf("round %d: n=%d %s, %v", round, n, describe(ts), err)
+		}
+		for i, w := range want {
+			if !slices.Equal(ts[i].Data, w) {
+				t.Errorf("round %d: column %q decoded to %v, want %v (its dictionary by id)", round, ts[i].Name, ts[i].Data, w)
+			}
+		}
+	}
+	checkFastAgainstSlow(t, b)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/endian"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
@@ -200,11 +201,19 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 			n, ts, err = 0, nil, fmt.Errorf("%w: %v", ErrMalformed, r)
 		}
 	}()
-	r, err := ipc.NewReaderFromMessageReader(&bytesMessages{b: b}, ipc.WithAllocator(goAlloc))
+	// arrow-go would byte-swap a big-endian frame's buffers in place,
+	// that is inside b: the caller's bytes change under it, and a second
+	// decode of b swaps them back into wrong numbers. The tensors are
+	// views of little-endian floats, so such a frame is refused (Arrow's
+	// format lets a reader refuse a byte order not its own).
+	r, err := ipc.NewReaderFromMessageReader(&bytesMessages{b: b}, ipc.WithAllocator(goAlloc), ipc.WithEnsureNativeEndian(false))
 	if err != nil {
 		return 0, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
 	defer r.Release()
+	if r.Schema().Endianness() != endian.LittleEndian {
+		return 0, nil, fmt.Errorf("%w: big-endian frame (tensors travel little-endian)", ErrMalformed)
+	}
 	if !r.Next() {
 		if err := r.Err(); err != nil {
 			return 0, nil, fmt.Errorf("%w: %v", ErrMalformed, err)
@@ -236,7 +245,7 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 			return 0, nil, fmt.Errorf("%w: column %q is %s, want fixed_size_list<float32> (or, for a context column, run_end_encoded<int32, fixed_size_list<float32>>; for repeated rows, dictionary<integer, fixed_size_list<float32>>)", ErrMalformed, f.Name, f.Type)
 		}
 		list := rec.Column(i).(*array.FixedSizeList)
-		if list.NullN() > 0 {
+		if hasNulls(list) {
 			return 0, nil, fmt.Errorf("%w: column %q has nulls", ErrMalformed, f.Name)
 		}
 		vals := list.ListValues().(*array.Float32).Float32Values()
@@ -251,6 +260,13 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 		return 0, nil, fmt.Errorf("%w: more than one record batch", ErrMalformed)
 	}
 	return n, ts, nil
+}
+
+// hasNulls reports whether a fixed_size_list<float32> array has a null
+// list or a null float: the floats under a null are whatever bytes the
+// writer left there, never a value to score with.
+func hasNulls(list *array.FixedSizeList) bool {
+	return list.NullN() > 0 || list.ListValues().NullN() > 0
 }
 
 // bytesMessages reads IPC messages straight out of a byte slice: each

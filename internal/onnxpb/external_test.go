@@ -1,6 +1,7 @@
 package onnxpb_test
 
 import (
+	"bytes"
 	"io"
 	"math"
 	"os"
@@ -196,6 +197,59 @@ func TestReadModelFolder(t *testing.T) {
 		_, err := pb.ReadModel(dir, pb.ReadOptions{})
 		if err == nil || !strings.HasSuffix(err.Error(), want) {
 			t.Errorf("ReadModel(%s): %v, want it to end %q", dir, err, want)
+		}
+	}
+}
+
+// TestSubgraphExternalData: onnx.save with save_as_external_data (what
+// torch.onnx.export runs past 2 GB) moves the tensors of subgraphs out
+// too: an If branch's Constant and initializers, a Loop body's. ReadModel
+// checks and loads them as it does the main graph's, and WriteModel
+// refuses a model whose subgraph still points at a data file (it would
+// point at it from another folder). They used to be left external: a
+// missing data file passed ReadModel, and the "self-contained" model it
+// returned was written out referring to it.
+func TestSubgraphExternalData(t *testing.T) {
+	ext := func(name string) *pb.TensorProto {
+		return &pb.TensorProto{Name: name, Dims: []int64{64}, DataType: int32(pb.TensorProto_FLOAT), DataLocation: pb.TensorProto_EXTERNAL,
+			ExternalData: []*pb.StringStringEntryProto{{Key: "location", Value: "w.bin"}, {Key: "offset", Value: "0"}, {Key: "length", Value: "256"}}}
+	}
+	then := &pb.GraphProto{Name: "then", Node: []*pb.NodeProto{{OpType: "Constant", Output: []string{"c"}, Attribute: []*pb.AttributeProto{{Name: "value", Type: pb.AttributeProto_TENSOR, T: ext("c")}}}}, Output: []*pb.ValueInfoProto{{Name: "c"}}}
+	els := &pb.GraphProto{Name: "else", Initializer: []*pb.TensorProto{ext("e")}, Output: []*pb.ValueInfoProto{{Name: "e"}}}
+	m := &pb.ModelProto{IrVersion: 8, OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}}, Graph: &pb.GraphProto{
+		Name:   "g",
+		Node:   []*pb.NodeProto{{OpType: "If", Input: []string{"cond"}, Output: []string{"y"}, Attribute: []*pb.AttributeProto{{Name: "then_branch", Type: pb.AttributeProto_GRAPH, G: then}, {Name: "else_branch", Type: pb.AttributeProto_GRAPH, G: els}}}},
+		Input:  []*pb.ValueInfoProto{{Name: "cond"}},
+		Output: []*pb.ValueInfoProto{{Name: "y"}},
+	}}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.onnx")
+	writeRaw(t, path, m)
+	for _, opts := range []pb.ReadOptions{{}, {SkipExternalData: true}} {
+		if _, err := pb.ReadModel(path, opts); err == nil || !strings.Contains(err.Error(), `tensor "c"`) {
+			t.Errorf("ReadModel(%+v) without the data file: %v, want an error naming tensor \"c\"", opts, err)
+		}
+	}
+	data := make([]byte, 256)
+	data[4] = 0x3f
+	if err := os.WriteFile(filepath.Join(dir, "w.bin"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lazy, err := pb.ReadModel(path, pb.ReadOptions{SkipExternalData: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pb.WriteModel(filepath.Join(t.TempDir(), "out.onnx"), lazy, pb.WriteOptions{}); err == nil || !strings.Contains(err.Error(), "external data") {
+		t.Errorf("WriteModel of a subgraph still referring to external data: %v", err)
+	}
+	full, err := pb.ReadModel(path, pb.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ifNode := full.Graph.Node[0]
+	for _, x := range []*pb.TensorProto{ifNode.Attribute[0].G.Node[0].Attribute[0].T, ifNode.Attribute[1].G.Initializer[0]} {
+		if x.DataLocation != pb.TensorProto_DEFAULT || !bytes.Equal(x.RawData, data) {
+			t.Errorf("tensor %q: location %v, %d raw bytes; want its data loaded", x.Name, x.DataLocation, len(x.RawData))
 		}
 	}
 }

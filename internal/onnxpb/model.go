@@ -128,14 +128,25 @@ func External(t *TensorProto) (ExternalRef, bool, error) {
 }
 
 // Tensors returns every tensor stored in the model: graph initializers and
-// the values of Constant nodes (tensor attributes), in file order.
-func Tensors(m *ModelProto) []*TensorProto {
-	g := m.GetGraph()
-	out := append([]*TensorProto(nil), g.GetInitializer()...)
+// the values of Constant nodes (tensor attributes), in file order, and
+// those of every subgraph (If branches, Loop and Scan bodies) likewise,
+// as onnx.save with save_as_external_data walks them: their tensors go to
+// the external data file too.
+func Tensors(m *ModelProto) []*TensorProto { return graphTensors(nil, m.GetGraph()) }
+
+func graphTensors(out []*TensorProto, g *GraphProto) []*TensorProto {
+	out = append(out, g.GetInitializer()...)
 	for _, n := range g.GetNode() {
 		for _, a := range n.GetAttribute() {
 			if a.GetT() != nil {
 				out = append(out, a.GetT())
+			}
+			out = append(out, a.GetTensors()...)
+			if a.GetG() != nil {
+				out = graphTensors(out, a.GetG())
+			}
+			for _, sg := range a.GetGraphs() {
+				out = graphTensors(out, sg)
 			}
 		}
 	}

@@ -190,3 +190,57 @@ func TestFloatDataToRaw(t *testing.T) {
 		t.Fatalf("got %v, %v", got, err)
 	}
 }
+
+// TestTypedDataToRaw: every type onnx.proto keeps in int32_data (bool,
+// 8- and 16-bit integers, float16 and bfloat16 bit patterns) or
+// uint64_data (uint32, uint64), as onnx.helper.make_tensor writes them,
+// moves to raw_data at its own element size, so WriteModel can move such
+// a tensor to external data. They used to be "cannot convert".
+func TestTypedDataToRaw(t *testing.T) {
+	for _, c := range []struct {
+		dt   pb.TensorProto_DataType
+		i32  []int32
+		u64  []uint64
+		want []byte
+	}{
+		{dt: pb.TensorProto_BOOL, i32: []int32{1, 0, 1}, want: []byte{1, 0, 1}},
+		{dt: pb.TensorProto_INT8, i32: []int32{-1, 2, -128}, want: []byte{0xff, 2, 0x80}},
+		{dt: pb.TensorProto_UINT8, i32: []int32{255, 0, 7}, want: []byte{255, 0, 7}},
+		{dt: pb.TensorProto_INT16, i32: []int32{-2, 1, 0x1234}, want: []byte{0xfe, 0xff, 1, 0, 0x34, 0x12}},
+		{dt: pb.TensorProto_UINT16, i32: []int32{0xffff, 1, 2}, want: []byte{0xff, 0xff, 1, 0, 2, 0}},
+		{dt: pb.TensorProto_FLOAT16, i32: []int32{0x3c00, 0xc000, 0}, want: []byte{0, 0x3c, 0, 0xc0, 0, 0}}, // 1, -2, 0
+		{dt: pb.TensorProto_BFLOAT16, i32: []int32{0x3f80, 0, 0x4000}, want: []byte{0x80, 0x3f, 0, 0, 0, 0x40}},
+		{dt: pb.TensorProto_INT32, i32: []int32{-1, 1, 2}, want: []byte{0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 2, 0, 0, 0}},
+		{dt: pb.TensorProto_UINT32, u64: []uint64{0xffffffff, 1, 2}, want: []byte{0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 2, 0, 0, 0}},
+		{dt: pb.TensorProto_UINT64, u64: []uint64{1 << 63, 1, 2}, want: []byte{0, 0, 0, 0, 0, 0, 0, 0x80, 1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0}},
+	} {
+		tt := &pb.TensorProto{Name: "x", Dims: []int64{3}, DataType: int32(c.dt), Int32Data: c.i32, Uint64Data: c.u64}
+		if err := pb.ToRaw(tt); err != nil {
+			t.Errorf("%v: %v", c.dt, err)
+			continue
+		}
+		if !bytes.Equal(tt.RawData, c.want) || tt.Int32Data != nil || tt.Uint64Data != nil {
+			t.Errorf("%v: raw %x (typed fields %v %v), want %x", c.dt, tt.RawData, tt.Int32Data, tt.Uint64Data, c.want)
+		}
+		if n, ok := pb.ByteSize(tt); !ok || n != int64(len(tt.RawData)) {
+			t.Errorf("%v: %d raw bytes, its shape needs %d", c.dt, len(tt.RawData), n)
+		}
+	}
+	// The same tensors, large enough, go to external data and come back.
+	big := make([]int32, 600)
+	for i := range big {
+		big[i] = int32(i % 2)
+	}
+	m := smallModel()
+	m.Graph.Initializer = append(m.Graph.Initializer, &pb.TensorProto{Name: "mask", Dims: []int64{600}, DataType: int32(pb.TensorProto_BOOL), Int32Data: big})
+	path := filepath.Join(t.TempDir(), "model.onnx")
+	write(t, path, m, pb.WriteOptions{External: pb.ExternalAlways, MinExternalBytes: 512})
+	back, err := pb.ReadModel(path, pb.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mask := back.Graph.Initializer[2].RawData
+	if len(mask) != 600 || mask[0] != 0 || mask[1] != 1 || mask[599] != 1 {
+		t.Fatalf("bool mask read back as %d bytes", len(mask))
+	}
+}

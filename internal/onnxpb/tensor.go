@@ -88,13 +88,38 @@ func ToRaw(t *TensorProto) error {
 			}
 			t.RawData, t.Int64Data = b, nil
 		}
-	case TensorProto_INT32:
+	case TensorProto_INT32, TensorProto_BOOL, TensorProto_INT8, TensorProto_UINT8,
+		TensorProto_INT16, TensorProto_UINT16, TensorProto_FLOAT16, TensorProto_BFLOAT16:
+		// onnx.proto: these all travel in int32_data, one element per
+		// int32 (16-bit floats as their bit patterns); raw_data holds
+		// each in its own size.
 		if len(t.Int32Data) > 0 {
-			b := make([]byte, 4*len(t.Int32Data))
+			es := ElemSize(TensorProto_DataType(t.GetDataType()))
+			b := make([]byte, es*len(t.Int32Data))
 			for i, v := range t.Int32Data {
-				binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
+				switch es {
+				case 1:
+					b[i] = byte(v)
+				case 2:
+					binary.LittleEndian.PutUint16(b[2*i:], uint16(v))
+				default:
+					binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
+				}
 			}
 			t.RawData, t.Int32Data = b, nil
+		}
+	case TensorProto_UINT32, TensorProto_UINT64: // in uint64_data
+		if len(t.Uint64Data) > 0 {
+			es := ElemSize(TensorProto_DataType(t.GetDataType()))
+			b := make([]byte, es*len(t.Uint64Data))
+			for i, v := range t.Uint64Data {
+				if es == 4 {
+					binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
+				} else {
+					binary.LittleEndian.PutUint64(b[8*i:], v)
+				}
+			}
+			t.RawData, t.Uint64Data = b, nil
 		}
 	case TensorProto_DOUBLE:
 		if len(t.DoubleData) > 0 {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/endian"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
@@ -260,11 +261,18 @@ func (t *Table) init() (err error) {
 	if err := precheck(t.mapping); err != nil {
 		return fmt.Errorf("not a readable Arrow IPC file: %w", err)
 	}
-	t.fr, err = ipc.NewMappedFileReader(t.mapping)
+	// The mapping is read-only: arrow-go byte-swaps a big-endian file's
+	// buffers in place, a write that faults and ends the process (not a
+	// panic). The rows are little-endian floats, so such a file is
+	// refused instead (Arrow's format lets a reader refuse a byte order).
+	t.fr, err = ipc.NewMappedFileReader(t.mapping, ipc.WithEnsureNativeEndian(false))
 	if err != nil {
 		return fmt.Errorf("not an Arrow IPC file: %w", err)
 	}
 	s := t.fr.Schema()
+	if s.Endianness() != endian.LittleEndian {
+		return errors.New("big-endian table file, want little-endian float32 rows")
+	}
 	if s.NumFields() != 1 || s.Field(0).Name != Column {
 		return fmt.Errorf("want one column %q, schema is %s", Column, s)
 	}

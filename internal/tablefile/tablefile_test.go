@@ -1,10 +1,19 @@
 package tablefile_test
 
 import (
+	"encoding/binary"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/endian"
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/prism-serve/prism/internal/tablefile"
 )
@@ -149,5 +158,51 @@ func TestWriteStreamRechunks(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "c.arrow")); err == nil {
 		t.Fatal("a failed write left a file")
+	}
+}
+
+// TestBigEndianRefused: a table file whose schema says big-endian (as an
+// Arrow writer on a big-endian machine writes it) is an error. arrow-go's
+// reader used to byte-swap its rows in place, inside the read-only
+// mapping: a fault that ended the process.
+func TestBigEndianRefused(t *testing.T) {
+	const dim, rows = 2, 3
+	vals := table(rows, dim)
+	var raw []byte
+	for _, v := range vals {
+		raw = binary.BigEndian.AppendUint32(raw, math.Float32bits(v))
+	}
+	md := arrow.NewMetadata(
+		[]string{tablefile.KeyVersion, tablefile.KeyName, tablefile.KeyRows, tablefile.KeyDim, tablefile.KeyDType, tablefile.KeySHA256},
+		[]string{tablefile.Version, "t", strconv.Itoa(rows), strconv.Itoa(dim), "float32", tablefile.Hash(dim, vals)},
+	)
+	lt := arrow.FixedSizeListOfNonNullable(dim, arrow.PrimitiveTypes.Float32)
+	schema := arrow.NewSchemaWithEndian([]arrow.Field{{Name: tablefile.Column, Type: lt}}, &md, endian.BigEndian)
+	values := array.NewData(arrow.PrimitiveTypes.Float32, len(vals), []*memory.Buffer{nil, memory.NewBufferBytes(raw)}, nil, 0, 0)
+	list := array.NewData(lt, rows, []*memory.Buffer{nil}, []arrow.ArrayData{values}, 0, 0)
+	rec := array.NewRecordBatch(schema, []arrow.Array{array.NewFixedSizeListData(list)}, rows)
+	path := filepath.Join(t.TempDir(), "be.arrow")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := ipc.NewFileWriter(f, ipc.WithSchema(schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	tab, err := tablefile.Open(path)
+	if err == nil {
+		tab.Close()
+		t.Fatal("big-endian table file opened")
+	}
+	if !strings.Contains(err.Error(), "big-endian") {
+		t.Fatalf("err = %v, want one about the byte order", err)
 	}
 }
