@@ -196,6 +196,12 @@ type Provider struct {
 	idleAt   time.Time
 	idleFree int64 // devices free at idleAt, lent Pods not yet bound counted as taken
 	idleLent int   // workers lent at idleAt
+
+	// abandoned are Pods whose Create failed without saying the server
+	// refused them (a timeout, a lost connection, a cancelled request):
+	// they may exist, or appear later, lent to nobody. They are deleted
+	// when seen, and at Close.
+	abandoned map[string]bool
 }
 
 // worker is one lent Pod.
@@ -246,7 +252,7 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	default:
 		return nil, fmt.Errorf("kubernetes lender: the dense workers' StatefulSet %s/%s: %w", o.Namespace, o.Template, err)
 	}
-	p := &Provider{o: o, workers: map[string]*worker{}, reclaims: make(chan capacity.ProviderReclaim, 64), stop: make(chan struct{})}
+	p := &Provider{o: o, workers: map[string]*worker{}, abandoned: map[string]bool{}, reclaims: make(chan capacity.ProviderReclaim, 64), stop: make(chan struct{})}
 	if err := p.setTemplate(t, owner, subdomain); err != nil {
 		return nil, err
 	}
@@ -404,6 +410,22 @@ func (p *Provider) onPod(obj any, deleted bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	w := p.workers[pod.Name]
+	if w == nil && p.abandoned[pod.Name] {
+		switch {
+		case deleted:
+			delete(p.abandoned, pod.Name)
+		case pod.DeletionTimestamp == nil:
+			p.o.Logf("deleting %s: its create failed, but it was made", pod.Name)
+			go func(name string) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := p.delete(ctx, name, p.grace); err != nil {
+					p.o.Logf("delete %s: %v", name, err)
+				}
+			}(pod.Name)
+		}
+		return
+	}
 	if w == nil || w.gone {
 		return
 	}
@@ -675,13 +697,38 @@ func (p *Provider) Borrow(ctx context.Context, model string, n int) ([]string, e
 		if _, err := p.o.Client.CoreV1().Pods(p.o.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			p.mu.Lock()
 			delete(p.workers, name)
+			maybe := maybeCreated(err)
+			if maybe {
+				p.abandoned[name] = true
+			}
 			p.mu.Unlock()
+			if maybe {
+				// Deleted now, with a context of its own (ctx may be what
+				// was cancelled); a Pod made after this delete is deleted
+				// when the watch sees it, or at Close.
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				if derr := p.delete(dctx, name, p.grace); derr != nil {
+					p.o.Logf("delete %s, whose create failed: %v", name, derr)
+				}
+				cancel()
+			}
 			return ids, fmt.Errorf("kubernetes lender: %d of %d workers: create Pod %s: %w", n-i, n, name, err)
 		}
 		p.o.Logf("lending %s on the pool %s (priority class %s)", name, labels.SelectorFromSet(p.o.Pool), p.o.PriorityClass)
 		ids = append(ids, name)
 	}
 	return ids, nil
+}
+
+// maybeCreated says whether a Create that failed with err may have made
+// the object all the same: any error but the API server's refusal
+// (invalid, forbidden, already exists, ...), which says it did not.
+func maybeCreated(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return true
+	}
+	return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err)
 }
 
 // podName is TEMPLATE-loan-XXXXX, a DNS label.
@@ -811,6 +858,9 @@ func (p *Provider) Close() {
 			w.deleting = true
 			names = append(names, w.id)
 		}
+	}
+	for name := range p.abandoned {
+		names = append(names, name)
 	}
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

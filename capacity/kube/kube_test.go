@@ -565,3 +565,74 @@ func TestBorrowFromStatefulSet(t *testing.T) {
 		t.Errorf("owners %+v, want the StatefulSet, not as controller", o)
 	}
 }
+
+// TestCreateErrorLeavesNoPod: a Create whose answer is lost (the API
+// server's timeout, a connection cut, prism loan's SIGTERM cancelling the
+// request) may have made the Pod all the same. The borrow fails, so the
+// controller never returns that worker: the lender deletes the Pod
+// itself, at once and, should it appear later, when it does, and again
+// at Close. Forgotten, it held a training GPU until the next run of the
+// lender deleted it as a leftover, or for good without one.
+func TestCreateErrorLeavesNoPod(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		// late: the Pod appears only after the lender's first delete.
+		late, close bool
+	}{
+		{"timeout", apierrors.NewTimeoutError("request did not complete within requested timeout", 0), false, false},
+		{"interrupted", context.Canceled, false, true},
+		{"created after the delete", errors.New("http2: client connection lost"), true, false},
+		{"created after the delete, closed", errors.New("http2: client connection lost"), true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := fake.NewClientset(denseDeployment())
+			var late []runtime.Object
+			c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				obj := a.(k8stesting.CreateAction).GetObject()
+				if tc.late {
+					late = append(late, obj)
+				} else if err := c.Tracker().Create(corev1.SchemeGroupVersion.WithResource("pods"), obj, ns); err != nil {
+					t.Error(err)
+				}
+				return true, nil, tc.err
+			})
+			p, _ := newLender(t, c, Options{})
+			ctx := context.Background()
+			if ids, err := p.Borrow(ctx, "dlrm", 1); err == nil || len(ids) != 0 {
+				t.Fatalf("borrow: %v %v, want an error", ids, err)
+			}
+			for _, obj := range late {
+				if err := c.Tracker().Create(corev1.SchemeGroupVersion.WithResource("pods"), obj, ns); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.close {
+				p.Close()
+			}
+			eventually(t, "the Pod of the failed create deleted", func() bool {
+				l, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+				return err == nil && len(l.Items) == 0
+			})
+			if ws := p.Workers(); len(ws) != 0 {
+				t.Errorf("workers %+v after a failed borrow", ws)
+			}
+		})
+	}
+	// A create the server refused made nothing: nothing is deleted (an
+	// AlreadyExists names a Pod that is not this borrow's).
+	c := fake.NewClientset(denseDeployment())
+	c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewAlreadyExists(corev1.Resource("pods"), a.(k8stesting.CreateAction).GetObject().(*corev1.Pod).Name)
+	})
+	p, _ := newLender(t, c, Options{})
+	if _, err := p.Borrow(context.Background(), "dlrm", 1); err == nil {
+		t.Fatal("borrow: no error")
+	}
+	p.Close()
+	for _, a := range c.Actions() {
+		if a.GetVerb() == "delete" {
+			t.Errorf("a refused create was followed by %s %s", a.GetVerb(), a.(k8stesting.DeleteAction).GetName())
+		}
+	}
+}

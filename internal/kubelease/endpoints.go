@@ -88,13 +88,21 @@ func newPodTracker() *podTracker {
 	return &podTracker{slices: map[string]map[string]Pod{}, goneIDs: map[string]bool{}}
 }
 
-// ready is the set of ready Pods of an EndpointSlice. An endpoint whose
-// ready condition is unset counts as ready (the API's rule); a
+// ready is the set of ready Pods of an EndpointSlice: by their serving
+// condition, the Pod's readiness, where it is set, else by ready. The
+// workers' Services publish not-ready addresses, for which the
+// EndpointSlice controller marks every endpoint ready whatever its Pod's
+// readiness; serving is the Pod's Ready condition in every case. An
+// endpoint whose condition is unset counts as ready (the API's rule); a
 // terminating one is not.
 func ready(s *discoveryv1.EndpointSlice) map[string]Pod {
 	out := map[string]Pod{}
 	for _, e := range s.Endpoints {
-		if e.Conditions.Ready != nil && !*e.Conditions.Ready {
+		r := e.Conditions.Ready
+		if e.Conditions.Serving != nil {
+			r = e.Conditions.Serving
+		}
+		if r != nil && !*r {
 			continue
 		}
 		if e.Conditions.Terminating != nil && *e.Conditions.Terminating {

@@ -75,6 +75,39 @@ func TestPodTracker(t *testing.T) {
 	}
 }
 
+// TestPodTrackerPublishNotReady: the workers' Services (the chart's
+// prism-embedding and prism-dense) publish not-ready addresses, so that a
+// worker's DNS name resolves before it is ready. For such a Service the
+// EndpointSlice controller writes ready: true whatever the Pod's
+// readiness, and the Pod's readiness in serving (k8s.io/endpointslice
+// podToEndpoint: ready = publishNotReadyAddresses || (serving &&
+// !terminating)). A Pod failing its readiness probe is gone, then, by
+// serving, and back when serving again; reading ready alone, it never left.
+func TestPodTrackerPublishNotReady(t *testing.T) {
+	yes, no := true, false
+	ep := func(pod, addr string, serving bool) discoveryv1.Endpoint {
+		e := endpoint(pod, addr, &yes, false)
+		e.Conditions.Serving = &serving
+		e.Conditions.Terminating = &no
+		return e
+	}
+	tr := newPodTracker()
+	for i, st := range []struct {
+		s          *discoveryv1.EndpointSlice
+		gone, back []string
+	}{
+		{slice("v4", ep("a", "10.0.0.1", true), ep("b", "10.0.0.2", true)), nil, nil},
+		// b fails its readiness probe: still ready: true in the slice.
+		{slice("v4", ep("a", "10.0.0.1", true), ep("b", "10.0.0.2", false)), []string{"b"}, nil},
+		{slice("v4", ep("a", "10.0.0.1", true), ep("b", "10.0.0.2", true)), nil, []string{"b"}},
+	} {
+		gone, back := tr.set("v4", ready(st.s))
+		if !slices.Equal(names(gone), st.gone) || !slices.Equal(names(back), st.back) {
+			t.Fatalf("step %d: gone %v back %v, want %v %v", i, names(gone), names(back), st.gone, st.back)
+		}
+	}
+}
+
 func TestParseServices(t *testing.T) {
 	ns, svcs, err := ParseServices("prism/prism-embedding,prism-dense")
 	if err != nil || ns != "prism" || !slices.Equal(svcs, []string{"prism-embedding", "prism-dense"}) {
