@@ -2,6 +2,7 @@ package tune
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,47 +74,78 @@ type PriorRecord struct {
 }
 
 // ReadPrior reads a prior file (JSON lines); a missing file is an empty
-// prior.
+// prior. A record an append left cut short (a full disk, a crash) is
+// skipped: see readPrior.
 func ReadPrior(path string) ([]PriorRecord, error) {
+	recs, _, err := readPrior(path)
+	return recs, err
+}
+
+// readPrior reads a prior file and counts the records it skipped as cut
+// short: a line that ends inside its JSON value, which an append
+// stopped part way leaves (AppendPrior starts the next append on a new
+// line). Any other line that does not parse is an error: the file is
+// not a prior.
+func readPrior(path string) (recs []PriorRecord, torn int, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read prior: %w", err)
+		return nil, 0, fmt.Errorf("read prior: %w", err)
 	}
 	defer f.Close()
-	var out []PriorRecord
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for n := 1; sc.Scan(); n++ {
-		if len(sc.Bytes()) == 0 {
+		line := sc.Bytes()
+		if len(line) == 0 {
 			continue
 		}
 		var r PriorRecord
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return nil, fmt.Errorf("read prior %q line %d: %w", path, n, err)
+		if err := json.Unmarshal(line, &r); err != nil {
+			var se *json.SyntaxError
+			if errors.As(err, &se) && se.Offset == int64(len(line)) && line[0] == '{' {
+				torn++
+				continue
+			}
+			return nil, 0, fmt.Errorf("read prior %q line %d: %w", path, n, err)
 		}
-		out = append(out, r)
+		recs = append(recs, r)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read prior %q: %w", path, err)
+		return nil, 0, fmt.Errorf("read prior %q: %w", path, err)
 	}
-	return out, nil
+	return recs, torn, nil
 }
 
-// AppendPrior adds records to a prior file, making its folder.
+// AppendPrior adds records to a prior file, making its folder. The
+// records go in one write, on a line of their own: a file whose last
+// append was cut short (no newline at its end) gets one first, so the
+// cut record stays alone on its line (readPrior skips it) instead of
+// swallowing the first new one.
 func AppendPrior(path string, recs []PriorRecord) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for _, r := range recs {
+		if err := enc.Encode(r); err != nil {
+			return fmt.Errorf("append prior %q: %w", path, err)
+		}
+	}
 	f, err := openPrior(path)
 	if err != nil {
 		return fmt.Errorf("append prior: %w", err)
 	}
-	enc := json.NewEncoder(f)
-	for _, r := range recs {
-		if err := enc.Encode(r); err != nil {
-			f.Close()
-			return fmt.Errorf("append prior %q: %w", path, err)
+	out := buf.Bytes()
+	if st, err := f.Stat(); err == nil && st.Size() > 0 {
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, st.Size()-1); err == nil && last[0] != '\n' {
+			out = append([]byte{'\n'}, out...)
 		}
+	}
+	if _, err := f.Write(out); err != nil {
+		f.Close()
+		return fmt.Errorf("append prior %q: %w", path, err)
 	}
 	return f.Close()
 }
@@ -146,7 +178,7 @@ func openPrior(path string) (*os.File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
-	return os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	return os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_RDWR, 0o644)
 }
 
 // checkPriorWritable fails now, before the trials, when the prior file

@@ -133,9 +133,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Model: o.Model, Features: o.Features, Mode: "search", Space: o.Space, GridSize: o.Space.Size(), PriorFile: o.Prior}
 	var prior []PriorPoint
 	if o.Prior != "" {
-		recs, err := ReadPrior(o.Prior)
+		recs, torn, err := readPrior(o.Prior)
 		if err != nil {
 			return nil, fmt.Errorf("tune: %w", err)
+		}
+		if torn > 0 {
+			fmt.Fprintf(o.Progress, "tune: prior %s: skipped %d record(s) an earlier append left cut short\n", o.Prior, torn)
 		}
 		prior = PriorPoints(recs, o.Space, o.Features, "", 0.01)
 		rep.PriorPts = len(prior)

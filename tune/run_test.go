@@ -294,3 +294,48 @@ func TestRunStopsWhenEveryTrialFailsAlike(t *testing.T) {
 		}
 	}
 }
+
+// TestRunPriorCutShort: an append to the prior cut short (a full disk,
+// a crash mid-write) leaves a record without its end. The next run
+// reads the whole records, says it skipped the cut one, and appends its
+// own on a line of their own; it failed with "unexpected end of JSON
+// input", and so did every later run on the default prior.
+func TestRunPriorCutShort(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	priorFile := filepath.Join(dir, "prior.jsonl")
+	fa := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}
+	if _, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, MaxTrials: 3, Prior: priorFile, Out: filepath.Join(dir, "a"), Trialer: fa}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(priorFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(priorFile, st.Size()-20); err != nil { // the third record cut
+		t.Fatal(err)
+	}
+	var progress strings.Builder
+	fb := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 9e4)}
+	rep, err := Run(context.Background(), Options{Model: "b", Space: space, Grid: true, MaxTrials: 2, Prior: priorFile, Out: filepath.Join(dir, "b"), Trialer: fb, Progress: &progress})
+	if err != nil {
+		t.Fatalf("Run on a prior cut short: %v", err)
+	}
+	if !strings.Contains(progress.String(), "skipped 1 record(s)") {
+		t.Errorf("progress does not tell of the cut record:\n%s", progress.String())
+	}
+	recs, err := ReadPrior(priorFile)
+	if err != nil || len(recs) != 2+len(rep.Trials) {
+		t.Fatalf("prior after the next run: %d records, %v; want a's 2 whole and b's %d", len(recs), err, len(rep.Trials))
+	}
+	if recs[2].Model != "b" || recs[3].Model != "b" {
+		t.Errorf("records %v, %v after a's two: want b's", recs[2].Model, recs[3].Model)
+	}
+	// A file that is not a prior is still refused.
+	if err := os.WriteFile(priorFile, []byte("{\"model\": \"a\"}\nnot a record\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadPrior(priorFile); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("ReadPrior of a line that is no record: %v", err)
+	}
+}

@@ -26,7 +26,8 @@ type SearcherOptions struct {
 	// Prior points; may be empty.
 	Prior []PriorPoint
 	// Threshold: stop once the expected improvement of the next trial
-	// is below this fraction of the best (default 0.02).
+	// is below this fraction of the best (default 0.02). Before a trial
+	// succeeded, that is judged on the trials alone, without the prior.
 	Threshold float64
 	// MaxTrials bounds the trials (default: the space's size).
 	MaxTrials int
@@ -224,8 +225,20 @@ func (s *Searcher) Next() Proposal {
 			best = Proposal{Point: q, Predicted: mu, EI: ei}
 		}
 	}
-	if len(s.order) >= s.o.MinTrials && best.EI < s.o.Threshold {
-		return Proposal{Predicted: best.Predicted, EI: best.EI, Stop: StopThreshold}
+	stopEI := best.EI
+	if _, _, ok := s.Best(); !ok && len(s.o.Prior) > 0 {
+		// Nothing has succeeded: the prior's scores are fractions of
+		// best configurations that failed here, and say nothing of how
+		// the others compare to one that serves. They still order the
+		// trials; whether one is worth trying is the trials' own say.
+		stopEI = 0
+		for _, q := range cands {
+			mu, sigma := s.predictFrom(q, nil)
+			stopEI = math.Max(stopEI, expectedImprovement(mu, sigma, 1))
+		}
+	}
+	if len(s.order) >= s.o.MinTrials && stopEI < s.o.Threshold {
+		return Proposal{Predicted: best.Predicted, EI: stopEI, Stop: StopThreshold}
 	}
 	return best
 }
@@ -233,7 +246,10 @@ func (s *Searcher) Next() Proposal {
 // predict is the surrogate at p: kernel-weighted mean of the prior's
 // and the measured normalised scores, shrunk towards the best where the
 // weight is small, and its uncertainty.
-func (s *Searcher) predict(p Point) (mu, sigma float64) {
+func (s *Searcher) predict(p Point) (mu, sigma float64) { return s.predictFrom(p, s.o.Prior) }
+
+// predictFrom is predict with the prior points given.
+func (s *Searcher) predictFrom(p Point, prior []PriorPoint) (mu, sigma float64) {
 	x := s.o.Space.Coords(p)
 	_, bestScore, haveBest := s.Best()
 	var sumW, sumWY, sumWYY float64
@@ -243,7 +259,7 @@ func (s *Searcher) predict(p Point) (mu, sigma float64) {
 		sumWY += k * y
 		sumWYY += k * y * y
 	}
-	for _, pp := range s.o.Prior {
+	for _, pp := range prior {
 		add(pp.Coords, pp.Score, pp.Weight)
 	}
 	for _, q := range s.order {

@@ -239,3 +239,32 @@ func TestSpace(t *testing.T) {
 		}
 	}
 }
+
+// TestSearcherNoThresholdStopWithoutSuccess: a prior from a model whose
+// best was at large batches, on a machine where max-batch 1024 and 2048
+// miss the SLO. The threshold is a fraction of the best measured: with
+// no trial succeeded there is none, and the search goes on to the
+// configurations that serve (it stopped after three failures, and tune
+// reported that no configuration met the SLO). The prior still orders
+// the trials.
+func TestSearcherNoThresholdStopWithoutSuccess(t *testing.T) {
+	s := testSpace()
+	prior := priorFrom(s, bowl(s, Point{3, 3, 2, 1}, 5e4), 1)
+	g := bowl(s, Point{3, 3, 2, 1}, 1e5)
+	f := func(p Point) float64 {
+		if p[1] >= 2 {
+			return 0
+		}
+		return g(p)
+	}
+	tried, stop := search(t, SearcherOptions{Space: s, Prior: prior}, f)
+	if best, want := bestOf(tried, f), f(Point{3, 1, 2, 1}); best < want {
+		t.Errorf("stopped (%s) after %d trials %v with best %v, want the feasible optimum's %v", stop, len(tried), tried, best, want)
+	}
+	// Where nothing serves, the trials' own surrogate still ends the
+	// search before the space does.
+	tried, stop = search(t, SearcherOptions{Space: s, Prior: prior}, func(Point) float64 { return 0 })
+	if stop != StopThreshold || len(tried) >= s.Size()/2 {
+		t.Errorf("every trial failing: stopped by %s after %d trials of %d", stop, len(tried), s.Size())
+	}
+}

@@ -208,7 +208,6 @@ func Run(c Config) (*Result, error) {
 	rep := Report{Policy: string(c.Controller.Policy), CapacityPerWorker: c.CapacityPerWorker, OwnedGPUs: c.Owned}
 	var res Result
 	var offered, served float64
-	ticksOK, ticks := 0, 0
 	next := 0
 	duration := time.Duration(len(c.Rates)) * c.Step
 	// tick is one decision of the controller at now: the lender's
@@ -281,13 +280,15 @@ func Run(c Config) (*Result, error) {
 		}
 		return nil
 	}
-	// Time advances by the controller's tick, or by the trace's step
-	// when that is shorter: a controller that decides every hour still
-	// faces the trace's minute-by-minute demand, which is what its
-	// workers serve (or shed) between its decisions.
-	dt := min(c.Tick, c.Step)
-	nextTick := time.Duration(0)
-	for now := time.Duration(0); now < duration; now += dt {
+	// Time advances to the controller's next tick or the trace's next
+	// step, whichever is first: a controller that decides every hour
+	// still faces the trace's minute-by-minute demand, which is what its
+	// workers serve (or shed) between its decisions, and a tick that
+	// does not divide the step (10s against a 57s trace) neither carries
+	// a step's demand into the next one nor runs past the trace's end.
+	var inSLO time.Duration
+	nextTick, lastTick := time.Duration(0), time.Duration(0)
+	for now := time.Duration(0); now < duration; {
 		d := c.rate(now)
 		rep.PeakDemand = math.Max(rep.PeakDemand, d)
 		serving, borrowed := 0, 0
@@ -302,25 +303,36 @@ func Run(c Config) (*Result, error) {
 		capa := float64(serving) * c.CapacityPerWorker
 		if now >= nextTick {
 			nextTick += c.Tick
+			lastTick = now
 			if err := tick(now, d, capa, borrowed); err != nil {
 				return nil, err
 			}
 		}
+		end := min(nextTick, (now/c.Step+1)*c.Step, duration)
+		dt := end - now
 		// What this step served: the workers serving when it began.
 		offered += d * dt.Seconds()
 		served += math.Min(d, capa) * dt.Seconds()
-		ticks++
 		if d <= capa {
-			ticksOK++
+			inSLO += dt
 		}
 		rep.PeakBorrowed = max(rep.PeakBorrowed, borrowed)
 		res.Points = append(res.Points, Point{T: now, Demand: d, Capacity: capa, Serving: serving, Borrowed: borrowed})
+		now = end
+	}
+	// The controller counts a lease's time up to its last tick: the
+	// workers it still holds are held to the trace's end too.
+	held := 0
+	for id := range workers {
+		if ctl.Holds(id) {
+			held++
+		}
 	}
 	st := ctl.Stats()
 	hours := duration.Hours()
 	rep.TraceHours = hours
 	rep.StaticGPUs = int(math.Ceil(rep.PeakDemand / c.CapacityPerWorker))
-	rep.BorrowedGPUHours = st.BorrowedGPUSeconds / 3600
+	rep.BorrowedGPUHours = (st.BorrowedGPUSeconds + float64(held)*(duration-lastTick).Seconds()) / 3600
 	rep.StaticGPUHours = float64(rep.StaticGPUs) * hours
 	rep.LoanGPUHours = float64(c.Owned)*hours + rep.BorrowedGPUHours
 	if rep.StaticGPUHours > 0 {
@@ -334,7 +346,7 @@ func Run(c Config) (*Result, error) {
 	} else {
 		rep.SLOAttainmentPct = 100
 	}
-	rep.TicksInSLOPct = 100 * float64(ticksOK) / float64(max(ticks, 1))
+	rep.TicksInSLOPct = 100 * inSLO.Seconds() / duration.Seconds()
 	rep.ReleasedWithInFlight = st.ReleasedWithInFlight
 	if st.StartupCount > 0 {
 		rep.DecisionToServingS = (st.StartupSum / time.Duration(st.StartupCount)).Seconds()
@@ -376,9 +388,8 @@ type Report struct {
 	GPUHoursSavedPct     float64 `json:"gpu_hours_saved_pct"`
 	PeakGPUHoursSavedPct float64 `json:"peak_gpu_hours_saved_pct"`
 	// SLOAttainmentPct is the share of offered samples the serving
-	// capacity covered; TicksInSLOPct the share of time steps (ticks, or
-	// the trace's steps when shorter) with demand
-	// within capacity.
+	// capacity covered; TicksInSLOPct the share of the trace's time with
+	// demand within capacity.
 	SLOAttainmentPct float64 `json:"slo_attainment_pct"`
 	TicksInSLOPct    float64 `json:"ticks_in_slo_pct"`
 	// Reclaims were injected; ReclaimsSurvived released with no work in

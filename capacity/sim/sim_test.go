@@ -329,3 +329,58 @@ func TestSlowStartupServes(t *testing.T) {
 		t.Fatalf("no borrowed worker ever served in a 50m promotion with a 12m startup (peak borrowed %d, SLO attainment %.1f%%)", borrowedPeak, r.Report.SLOAttainmentPct)
 	}
 }
+
+// TestTickNotDividingStep: a 10s tick against a 15s trace step (the
+// gateway trace's is 57s). Demand is the trace's at every instant:
+// 100/s, 1000/s, 100/s for 15s each, against 5 owned workers of 100/s
+// and nothing to borrow: 10500 of 18000 samples served, in the SLO two
+// thirds of the time. Stepping by the tick, [10s,20s) was all 100/s,
+// [30s,40s) too, and the run went on to 50s, past the trace's end:
+// 9000 of 14000 samples (64.3%), 4 of 5 steps in the SLO.
+func TestTickNotDividingStep(t *testing.T) {
+	c := Config{
+		Step: 15 * time.Second, Rates: []float64{100, 1000, 100}, CapacityPerWorker: 100, Owned: 5,
+		Tick: 10 * time.Second, Startup: 90 * time.Second, Drain: time.Second, Grace: 30 * time.Second,
+		LenderIdle: 0, Exact: true, Controller: capacity.Options{Policy: capacity.Reactive},
+	}
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Report.SLOAttainmentPct, 100*10500.0/18000; math.Abs(got-want) > 1e-9 {
+		t.Errorf("SLO attainment %.3f%%, want %.3f%%", got, want)
+	}
+	if got, want := r.Report.TicksInSLOPct, 100*2.0/3; math.Abs(got-want) > 1e-9 {
+		t.Errorf("in the SLO %.3f%% of the time, want %.3f%%", got, want)
+	}
+}
+
+// TestBorrowedGPUHoursToTheEnd: demand 10x the one owned worker for
+// 3h, an hourly tick. The borrowed workers serve from the 1h tick (the
+// controller's lease starts when it sees them) to the trace's end: 2h
+// each. The controller counts a lease's time up to its last tick (2h):
+// half of it went unreported.
+func TestBorrowedGPUHoursToTheEnd(t *testing.T) {
+	c := Config{
+		Step: time.Hour, Rates: []float64{1000, 1000, 1000}, CapacityPerWorker: 100, Owned: 1,
+		Tick: time.Hour, Startup: 0, Drain: time.Second, Grace: 30 * time.Second,
+		LenderIdle: 1000, Exact: true, Controller: capacity.Options{Policy: capacity.Reactive},
+	}
+	r, err := Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The points' borrowed workers over their intervals.
+	var held float64
+	for i, p := range r.Points {
+		end := 3 * time.Hour
+		if i+1 < len(r.Points) {
+			end = r.Points[i+1].T
+		}
+		held += float64(p.Borrowed) * (end - p.T).Hours()
+	}
+	rep := r.Report
+	if rep.PeakBorrowed == 0 || math.Abs(rep.BorrowedGPUHours-held) > 1e-9 || math.Abs(rep.BorrowedGPUHours-2*float64(rep.PeakBorrowed)) > 1e-9 {
+		t.Errorf("borrowed %.2f GPU-hours, %d workers at the peak: want %.2f, 2h each", rep.BorrowedGPUHours, rep.PeakBorrowed, held)
+	}
+}

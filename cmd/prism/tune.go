@@ -81,13 +81,11 @@ OUT/tune.json serves with the best configuration.`,
 			if err != nil {
 				return fmt.Errorf("tune: %w", err)
 			}
-			if _, err := loadgen.ParseCandidates(candidates); err != nil {
+			cands, err := loadgen.ParseCandidates(candidates)
+			if err != nil {
 				return fmt.Errorf("tune: --candidates: %w", err)
 			}
-			meanCand, err := strconv.ParseFloat(candidates, 64)
-			if err != nil {
-				meanCand = 270 // a distribution: its mean is DLRMv2's
-			}
+			meanCand := meanCandidates(cands)
 			if db == "" {
 				db = filepath.Join(filepath.Dir(filepath.Clean(planDir)), "prism-db")
 			}
@@ -200,6 +198,18 @@ OUT/tune.json serves with the best configuration.`,
 	fl.StringSliceVar(&admitShare, "admit-share", []string{"1", "0.7"}, "router admission shares of the deadline to try (prism up --admit-share)")
 	fl.StringSliceVar(&denseSessions, "dense-sessions", []string{"1"}, "ONNX Runtime sessions per model in each dense worker to try (prism up --dense-sessions; with GPUs: 1,2)")
 	return cmd
+}
+
+// meanCandidates is the mean candidates per request of c: the prior's
+// model feature.
+func meanCandidates(c loadgen.Candidates) float64 {
+	switch c := c.(type) {
+	case loadgen.Fixed:
+		return float64(c)
+	case loadgen.Uniform:
+		return float64(c.Min+c.Max) / 2
+	}
+	return 270 // DLRMv2's
 }
 
 // workerCounts are half, one and two dense workers per core.
