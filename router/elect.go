@@ -69,7 +69,12 @@ type Election interface {
 // worker slower than three heartbeats); the new holder then finds the
 // worker claiming an update it did not number and leaves it out of the
 // model (foreign, see sequencer.announced) until an operator gives it a
-// store, as with any second history.
+// store, as with any second history; or, when the new holder has
+// numbered an update of its own under that number meanwhile, the
+// worker answers its fan-out (sent fresh) AlreadyExists instead of
+// acknowledging it as a replay, and is left out likewise (diverged),
+// never counted as holding the new update. The old holder acknowledges
+// such an update only if its quorum held it before it resigned.
 type elected struct {
 	r    *Router
 	self string

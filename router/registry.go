@@ -270,6 +270,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		return nil, err
 	}
 	e, ok := r.workers[w.GetId()]
+	if !ok {
+		r.replaced(w, peer)
+	}
 	switch {
 	case ok && e.peer != "" && peer != e.peer:
 		return nil, status.Errorf(codes.PermissionDenied, "announce: worker id %.64q belongs to %q, not %q", w.GetId(), e.peer, peer)
@@ -318,6 +321,27 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		resp.DenseAddrs = r.denseAddrs // replaced, never changed in place
 	}
 	return resp, nil
+}
+
+// replaced drops the embedding workers that w, an embedding worker
+// announced under an id new to the registry, replaces: those at its
+// address bound to the same identity. A worker process restarted in
+// place announces under a new id (serve.WorkerID) before its old entry
+// expires, and one address reaches one process: left in, the old entry
+// would count again towards an update's quorum (its calls reach the new
+// process) and serve lookups by what the old process held (a store
+// restored from an older copy holds less). r.mu held.
+func (r *Registry) replaced(w *prismv1.WorkerInfo, peer string) {
+	var old []string
+	for id, e := range r.workers {
+		if e.info.GetAddr() == w.GetAddr() && e.info.GetRole() == prismv1.Role_ROLE_EMBEDDING && w.GetRole() == prismv1.Role_ROLE_EMBEDDING && e.peer == peer {
+			old = append(old, id)
+		}
+	}
+	sort.Strings(old)
+	for _, id := range old {
+		r.drop(id)
+	}
 }
 
 // index and unindex add e to and remove it from byModel; r.mu held.

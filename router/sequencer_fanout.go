@@ -32,8 +32,12 @@ type fanout struct {
 	members, need int
 	waiting       map[string]string // worker id -> addr, not yet answered
 	applied       int
-	inputErr      error
-	failed        error
+	// early counts the workers that applied it before the sequencer
+	// resigned: only those are sure to be heard of by the router
+	// sequencing next, in its start-up window.
+	early    int
+	inputErr error
+	failed   error
 	// refusers are the workers that answered InvalidArgument, "id
 	// addr: message" by id.
 	refusers map[string]string
@@ -156,9 +160,13 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		}
 		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
 		m.inflight = f
+		// Sent marked fresh (the log keeps areq, replayed unmarked): a
+		// worker holding the number already holds another sequencer's
+		// update under it, and says so instead of acknowledging it.
+		fresh := &prismv1.ApplyUpdateRequest{Update: areq.Update, Seq: areq.Seq, Sequence: areq.Sequence, Fresh: true}
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
-			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: areq})
+			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: fresh})
 		}
 	}
 }
@@ -202,7 +210,28 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	switch status.Code(err) {
 	case codes.OK:
 		f.applied++
+		if !s.resigned {
+			f.early++
+		}
 		s.ack(m, worker, seq)
+	case codes.AlreadyExists:
+		// It held the number before this router first sent it: another
+		// sequencer's update under it (one that lost the election and
+		// whose update landed after this router's start-up window, a
+		// second router, an in-memory router before its restart). Its
+		// copy differs from what this router's log numbers so, and no
+		// replay can mend it: out of serving, as a diverged worker.
+		if f.failed == nil {
+			f.failed = fmt.Errorf("worker %s: %s", addr, status.Convert(err).Message())
+		}
+		if _, live := s.workers[worker]; live {
+			if _, already := m.diverged[worker]; !already {
+				m.diverged[worker] = seq
+				s.logf(slog.LevelError, "embedding worker holds another update under a number this router gave its own (numbered by another sequencer: a router that lost the election, a second router, or before an in-memory router restarted); its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
+					"model", model, "worker", worker, "seq", seq)
+			}
+		}
+		s.ack(m, worker, seq) // it holds the number (another update's): nothing to replay
 	case codes.InvalidArgument:
 		// Bad input: every replica refuses it alike and takes the seq.
 		if f.inputErr == nil {
@@ -270,6 +299,14 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
 					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
 			}
+		}
+		if s.resigned && f.applied >= f.need && f.early < f.need {
+			// The quorum came only after this router stopped sequencing:
+			// the router sequencing now may have ended its start-up
+			// window before the workers held it, and number another
+			// update over it. Not acknowledged, as below the quorum.
+			s.answer(f.client, model, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, but the update quorum (%s: %d) held it only after this router stopped sequencing updates (another router holds the sequencing lease now), which may not have heard of it: not acknowledged; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need))
+			break
 		}
 		if f.applied < f.need {
 			// Below the quorum: as with none above, the update keeps its

@@ -106,5 +106,14 @@ func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 		delete(m.catching, id)
 		return
 	}
+	if f := m.inflight; f != nil && f.seq == k+1 {
+		if _, sending := f.waiting[id]; sending {
+			// The fan-out is sending it this update now, marked fresh: a
+			// replay landing first would make the worker answer that it
+			// held it already. The next heartbeat goes on if that fails.
+			delete(m.catching, id)
+			return
+		}
+	}
 	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: m.log[k-m.floor]})
 }

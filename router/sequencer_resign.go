@@ -17,10 +17,16 @@ var errResigned = status.Error(codes.Unavailable, "this router stopped sequencin
 // lost the lease): from now on the sequencer hands out no number and
 // starts no replay. The updates waiting their turn are answered
 // Unavailable at once; the one being applied finishes (or fails) and
-// is answered as usual, and a replay under way ends with its current
-// update. Those in flight may still reach the workers after another
-// router started numbering: that router's startup window of three
-// heartbeats hears what they hold before it numbers anything.
+// is answered as usual, but OK only if its quorum held it before now,
+// and a replay under way ends with its current update. Those in flight
+// may still reach the workers after another router started numbering:
+// that router's startup window of three heartbeats hears what they
+// hold before it numbers anything, if they land within it. One landing
+// later is not acknowledged here (the other router may number another
+// update over it), and the other router finds the worker holding it
+// foreign (announced), or diverged once its own update of that number
+// reaches the worker (which answers AlreadyExists to an update sent
+// fresh).
 func (s *sequencer) resign(now time.Time) {
 	s.advance(now)
 	if s.resigned {

@@ -25,7 +25,8 @@ import (
 
 // seqCN is an embedding worker with a one-table store that applies
 // sequenced updates as cpuserve's store does: seq only after seq-1, older
-// ones acknowledged again, table "bad" refused but taking its seq.
+// ones acknowledged again (but AlreadyExists when sent fresh, as
+// cpuserve's server answers), table "bad" refused but taking its seq.
 type seqCN struct {
 	fakeCN
 	mu   sync.Mutex
@@ -56,6 +57,8 @@ func (f *seqCN) Update(_ context.Context, req *prismv1.ApplyUpdateRequest) (*pri
 	}
 	seq := req.GetSeq()
 	switch {
+	case seq <= f.seq && req.GetFresh():
+		return nil, status.Errorf(codes.AlreadyExists, "holds %d already", f.seq)
 	case seq <= f.seq:
 		return &prismv1.UpdateResponse{Workers: 1}, nil
 	case seq > f.seq+1:
@@ -538,4 +541,88 @@ func TestUpdateRequestChecks(t *testing.T) {
 			t.Errorf("%v: %v, want InvalidArgument", req, err)
 		}
 	}
+}
+
+// A worker killed and restarted in place (prism up's supervisor, a
+// container restart) announces under a new id (serve.WorkerID) at the
+// same address before its old entry expires. The old entry, still
+// claiming what the process held before, is the same process: it must
+// not count again towards an update's quorum (two answers from one
+// store; and the second, to an update sent fresh, says the number is
+// held already, which would leave the restarted worker out as holding
+// another history), nor serve lookups with the old claim when the store
+// came back from an older snapshot. Found by review.
+func TestRestartedWorkerAtSameAddress(t *testing.T) {
+	t.Run("quorum", func(t *testing.T) {
+		a, b := &seqCN{}, &seqCN{}
+		rig := newUpdateRig(t, Options{}, a, b) // majority of two: both
+		if _, err := rig.update("t", 1, 10); err != nil {
+			t.Fatal(err)
+		}
+		// The heartbeats from now on: the old process is gone.
+		ids := []string{"restarted" + rig.addr[0], "cpu" + rig.addr[1]}
+		announce := func() {
+			for i, f := range []*seqCN{a, b} {
+				rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+					Id: ids[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.addr[i], Models: []string{"m"}, Healthy: true,
+					UpdateSeq: map[string]int64{"m": f.held()},
+				}})
+			}
+		}
+		announce()
+		b.setDown(true)
+		if r, err := rig.update("t", 1, 20); err == nil {
+			t.Fatalf("update 2 acknowledged (%d workers) with worker b down: only a's store holds it, counted once per registry entry", r.GetWorkers())
+		}
+		// Nothing about the restarted worker is amiss: once b is back and
+		// caught up, both serve (the restarted one under its new id).
+		b.setDown(false)
+		announce()
+		rig.r.upd.tick(context.Background())
+		rig.r.upd.wait()
+		announce()
+		for _, id := range ids {
+			var others []string
+			for _, o := range []string{"cpu" + rig.addr[0], "restarted" + rig.addr[0], "cpu" + rig.addr[1]} {
+				if o != id {
+					others = append(others, o)
+				}
+			}
+			w, release, err := rig.r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others)
+			if err != nil {
+				t.Fatalf("%s does not serve after the catch-up: %v\n%s", id, err, rig.logs.String())
+			}
+			release()
+			if w.GetId() != id {
+				t.Fatalf("picked %s, want %s", w.GetId(), id)
+			}
+		}
+	})
+	t.Run("older snapshot", func(t *testing.T) {
+		a, b := &seqCN{}, &seqCN{}
+		rig := newUpdateRig(t, Options{}, a, b)
+		for v := range 2 {
+			if _, err := rig.update("t", 1, float32(10+v)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a comes back from a copy of its store taken before the updates.
+		a.mu.Lock()
+		a.seq, a.rows, a.order = 0, nil, nil
+		a.mu.Unlock()
+		rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: "restarted" + rig.addr[0], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.addr[0], Models: []string{"m"}, Healthy: true,
+			UpdateSeq: map[string]int64{"m": 0},
+		}})
+		for range 4 {
+			w, release, err := rig.r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, []string{"cpu" + rig.addr[1]})
+			if err != nil {
+				break
+			}
+			release()
+			if w.GetAddr() == rig.addr[0] {
+				t.Fatalf("lookup sent to %s (as %s, claiming update 2): the process there holds none of the updates", w.GetAddr(), w.GetId())
+			}
+		}
+	})
 }

@@ -118,7 +118,17 @@ type ApplyUpdateRequest struct {
 	// the number: a number of one shard's sequence never stands in for
 	// another's. Empty (a model's own sequence, or routers of earlier
 	// releases): not checked.
-	Sequence      string `protobuf:"bytes,6,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Sequence string `protobuf:"bytes,6,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// fresh: the router sends seq for the first time (its client's
+	// update, not a catch-up replay), so no worker can hold it from this
+	// router. A worker whose store holds seq already got another update
+	// under that number from another sequencer (a router that lost the
+	// election, or one started since without the log): it writes nothing
+	// and answers ALREADY_EXISTS rather than acknowledging it as a replay,
+	// so the router neither counts it towards the quorum nor takes its
+	// copy for this update's. false (replays, routers of earlier
+	// releases): a number the worker holds is acknowledged again.
+	Fresh         bool `protobuf:"varint,7,opt,name=fresh,proto3" json:"fresh,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +203,13 @@ func (x *ApplyUpdateRequest) GetSequence() string {
 		return x.Sequence
 	}
 	return ""
+}
+
+func (x *ApplyUpdateRequest) GetFresh() bool {
+	if x != nil {
+		return x.Fresh
+	}
+	return false
 }
 
 type LookupRequest struct {
@@ -1639,7 +1656,7 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\xdc\x01\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\xf2\x01\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1f\n" +
@@ -1648,7 +1665,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\vnumber_from\x18\x04 \x01(\x03R\n" +
 	"numberFrom\x12%\n" +
 	"\x0eskipped_tables\x18\x05 \x03(\tR\rskippedTables\x12\x1a\n" +
-	"\bsequence\x18\x06 \x01(\tR\bsequence\"\xcd\x02\n" +
+	"\bsequence\x18\x06 \x01(\tR\bsequence\x12\x14\n" +
+	"\x05fresh\x18\a \x01(\bR\x05fresh\"\xcd\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +

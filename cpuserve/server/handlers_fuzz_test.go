@@ -29,6 +29,7 @@ import (
 // a dense stub answering zeros, in process over bufconn.
 type fuzzFixture struct {
 	srv   *server.Server
+	st    *store.Store
 	dense string
 	plan  *plan.Plan
 }
@@ -103,7 +104,7 @@ func newFuzzFixture() (*fuzzFixture, error) {
 		return nil, err
 	}
 	cleanup = append(cleanup, srv.Close)
-	return &fuzzFixture{srv: srv, dense: lis.Addr().String(), plan: res.Plan}, nil
+	return &fuzzFixture{srv: srv, st: st, dense: lis.Addr().String(), plan: res.Plan}, nil
 }
 
 // validLookup is a Lookup of n samples, every id 1 and every value 0.5.
@@ -135,7 +136,7 @@ func (fx *fuzzFixture) validLookup(n int) *prismv1.LookupRequest {
 // and load with (README: Errors); Internal or Unknown means a bug.
 func documented(c codes.Code) bool {
 	switch c {
-	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.ResourceExhausted,
+	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted,
 		codes.DeadlineExceeded, codes.Canceled, codes.Unavailable, codes.PermissionDenied, codes.Unauthenticated:
 		return true
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/grpctest"
+	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/models"
@@ -744,6 +745,50 @@ func TestSequencedUpdates(t *testing.T) {
 			t.Fatalf("numbers %d .. %d: worker announces update %d, want %d (not taken)", tc.from, tc.seq, got, base+3)
 		}
 	}
+}
+
+// TestFreshUpdateHeldAlready: an update the router sends for the first
+// time (fresh) under a number the store holds already is another
+// sequencer's update under that number (a router that lost the
+// election): AlreadyExists, nothing written, where acknowledging it as
+// a replay would let the router count rows no store holds. The same
+// number replayed (not fresh) is acknowledged again, and the next one
+// sent fresh applies. The fuzz fixture's own store takes the rows.
+func TestFreshUpdateHeldAlready(t *testing.T) {
+	fx := fuzzSetup(t)
+	model, tab := fx.plan.Model.Name, fx.plan.Tables[0]
+	ctx := context.Background()
+	base := fx.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]
+	apply := func(seq int64, fresh bool, v float32) error {
+		row := make([]float32, tab.Dim)
+		for i := range row {
+			row[i] = v
+		}
+		_, err := fx.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: seq, Fresh: fresh, Update: &prismv1.UpdateRequest{Model: model, Table: tab.Name, Ids: []int64{3}, Rows: leview.Bytes(row)}})
+		return err
+	}
+	holds := func(want float32, what string) {
+		t.Helper()
+		l := store.TableLookup{Table: tab.Name, IDs: []int64{3}, Pooling: store.PoolNone, Out: make([]float32, tab.Dim)}
+		if err := fx.st.Lookup(model, []store.TableLookup{l}); err != nil {
+			t.Fatal(err)
+		}
+		if got := fx.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; l.Out[0] != want || got != base+1 {
+			t.Fatalf("%s: row 3 holds %v at update %d, want %v at %d", what, l.Out[0], got, want, base+1)
+		}
+	}
+	if err := apply(base+1, true, 0.25); err != nil {
+		t.Fatalf("update %d sent fresh: %v", base+1, err)
+	}
+	holds(0.25, "applied")
+	if err := apply(base+1, true, 0.75); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("another update %d sent fresh: %v, want AlreadyExists", base+1, err)
+	}
+	holds(0.25, "another update of a held number")
+	if err := apply(base+1, false, 0.25); err != nil {
+		t.Fatalf("update %d replayed: %v, want it acknowledged again", base+1, err)
+	}
+	holds(0.25, "replayed")
 }
 
 // TestExporterModels: an exporter-corpus model whose ids the model

@@ -17,7 +17,9 @@ import (
 // survives a crash, and every later lookup reads it. A sequenced update
 // (the router's) applies only after the one before it: an update the
 // store holds already is acknowledged again, one that comes too early
-// gets FailedPrecondition naming the update the worker needs. Over TLS an
+// gets FailedPrecondition naming the update the worker needs, and one
+// sent fresh (ApplyUpdateRequest.fresh) that it holds already
+// AlreadyExists. Over TLS an
 // unsequenced update (seq 0) is refused to every role but admin.
 func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
 	req := areq.GetUpdate()
@@ -130,7 +132,15 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	}
 	var err error
 	if seq := areq.GetSeq(); seq > 0 {
-		_, err = s.st.UpsertSeq(req.GetModel(), req.GetTable(), ids, rows, seq)
+		var applied bool
+		applied, err = s.st.UpsertSeq(req.GetModel(), req.GetTable(), ids, rows, seq)
+		if err == nil && !applied && areq.GetFresh() {
+			// The router sends this number for the first time, yet the
+			// store holds it: another sequencer's update under the same
+			// number. Acknowledged as a replay, it would count as this
+			// update held here while none of its rows is.
+			return nil, status.Errorf(codes.AlreadyExists, "update %d of model %q: this worker holds an update under that number already, which its router never sent it (another router numbered it); nothing applied", seq, req.GetModel())
+		}
 	} else {
 		err = s.st.Upsert(req.GetModel(), req.GetTable(), ids, rows)
 	}
