@@ -204,6 +204,9 @@ func (s *Server) chooseDevice() string {
 		s.log.Info(fmt.Sprintf("no NVIDIA driver (%s): serving on the CPU execution provider", d.NoDriver))
 		return "cpu"
 	}
+	for _, why := range d.Skipped {
+		s.log.Warn("GPU not used: " + why)
+	}
 	var found []string
 	for _, dev := range d.Devices {
 		found = append(found, string(dev.Kind)+" "+dev.UUID)

@@ -180,7 +180,7 @@ exact solver.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&model, "model", "A100-80GB", "GPU model: A100-40GB, A100-80GB, H100-80GB")
+	f.StringVar(&model, "model", "A100-80GB", "GPU model: A100-40GB, A100-80GB, H100-80GB, H100-94GB, H200-141GB")
 	f.StringVar(&demands, "demands", "resnet=0.4,bert=0.4,dlrm=1.3", "service demands, name=demand,...: full-GPU equivalents, or requests/s with --full-throughput")
 	f.Float64Var(&full, "full-throughput", 0, "requests/s one full GPU serves: --demands are then in requests/s (0: demands in full GPUs)")
 	f.IntVar(&maxExact, "max-exact", 6, "run the exact solver when the heuristic plan has at most this many GPUs")

@@ -58,6 +58,9 @@ type Discovery struct {
 	// dense tier then serves on the CPU execution provider.
 	NoDriver      string
 	DriverVersion string
+	// Skipped says, per GPU, why it has no device here: MIG enabled with
+	// no MIG devices created, where CUDA sees nothing of that GPU.
+	Skipped []string
 }
 
 // Discover lists the GPUs NVML reports and, on GPUs with MIG enabled, the
@@ -102,11 +105,17 @@ func Discover(lib nvml.Interface) (Discovery, error) {
 		if err != nil {
 			return d, err
 		}
+		if len(slices) == 0 {
+			d.Skipped = append(d.Skipped, fmt.Sprintf("GPU %d (%s) has MIG enabled and no MIG devices: create GPU and compute instances (nvidia-smi mig -i %d -cgi <profiles> -C) or disable MIG", i, gpu.UUID, i))
+		}
 		d.Devices = append(d.Devices, slices...)
 	}
 	if len(d.Devices) == 0 {
 		d.Devices = []Device{{Kind: KindCPU, Name: "cpu"}}
 		d.NoDriver = "NVML reports no GPUs"
+		if len(d.Skipped) > 0 {
+			d.NoDriver = strings.Join(d.Skipped, "; ")
+		}
 	}
 	return d, nil
 }

@@ -164,3 +164,49 @@ func TestDiscoverRealLibrary(t *testing.T) {
 	}
 	t.Logf("driver %q no-driver %q devices %+v", got.DriverVersion, got.NoDriver, got.Devices)
 }
+
+// TestDiscoverMIGWithoutInstances: a GPU with MIG enabled and no MIG
+// devices offers CUDA nothing; discovery says which GPU and why instead
+// of dropping it silently or blaming a missing GPU.
+func TestDiscoverMIGWithoutInstances(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		empty    []int // GPUs with MIG enabled and no instances
+		wantMIG  int
+		wantGPU  int
+		noDriver string // substring of NoDriver, "" for none
+	}{
+		{name: "one of eight", empty: []int{0}, wantGPU: 7},
+		{name: "all eight", empty: []int{0, 1, 2, 3, 4, 5, 6, 7}, noDriver: "GPU 7 (GPU-"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := dgxa100.New()
+			for _, i := range tc.empty {
+				enableMIG(t, s, i)
+			}
+			got, err := Discover(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			count := map[DeviceKind]int{}
+			for _, d := range got.Devices {
+				count[d.Kind]++
+			}
+			if count[KindMIG] != tc.wantMIG || count[KindGPU] != tc.wantGPU {
+				t.Errorf("kinds %v, want %d MIG and %d GPU", count, tc.wantMIG, tc.wantGPU)
+			}
+			if len(got.Skipped) != len(tc.empty) {
+				t.Fatalf("skipped %q, want one line per GPU %v", got.Skipped, tc.empty)
+			}
+			for k, i := range tc.empty {
+				uuid := s.Devices[i].(*dgxa100.Device).UUID
+				if !strings.Contains(got.Skipped[k], uuid) || !strings.Contains(got.Skipped[k], "MIG enabled and no MIG devices") {
+					t.Errorf("skipped[%d] = %q, want GPU %d's UUID %s and the reason", k, got.Skipped[k], i, uuid)
+				}
+			}
+			if (got.NoDriver != "") != (tc.noDriver != "") || !strings.Contains(got.NoDriver, tc.noDriver) {
+				t.Errorf("NoDriver %q, want %q", got.NoDriver, tc.noDriver)
+			}
+		})
+	}
+}

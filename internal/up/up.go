@@ -481,6 +481,13 @@ func pinRouterAddr(rt *supervise.Child, addr, bound string) {
 // (a CPU build: then one worker per core, as without a driver, rather
 // than two CPU workers per GPU). It says which on w.
 func denseDevices(disc devices.Discovery, cudaUnavailable func() string, w io.Writer) devices.Discovery {
+	if disc.NoDriver == "" {
+		// GPUs without a device to run on (MIG on, no instances): said
+		// here, where their dense workers would have started.
+		for _, why := range disc.Skipped {
+			fmt.Fprintf(w, "up: not used: %s\n", why)
+		}
+	}
 	if disc.NoDriver != "" {
 		fmt.Fprintf(w, "up: no NVIDIA driver (%s): dense workers run on the CPU\n", disc.NoDriver)
 		return disc

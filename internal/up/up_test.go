@@ -268,10 +268,13 @@ func TestDenseWorkersMIG(t *testing.T) {
 
 // TestDenseDevices: GPUs the ONNX Runtime cannot use (a CPU build) get
 // the CPU plan, one dense worker per core, and up says why; usable GPUs
-// and no driver keep their discovery.
+// and no driver keep their discovery; a GPU discovery skipped (MIG on,
+// no instances) is named.
 func TestDenseDevices(t *testing.T) {
 	gpus := devices.Discovery{Devices: []devices.Device{{Kind: devices.KindGPU, Name: "a", UUID: "GPU-a"}}}
 	cpu := devices.Discovery{Devices: []devices.Device{{Kind: devices.KindCPU, Name: "cpu"}}, NoDriver: "NVML init: driver not loaded"}
+	skipped := gpus
+	skipped.Skipped = []string{"GPU 1 (GPU-b) has MIG enabled and no MIG devices: create GPU and compute instances (nvidia-smi mig -i 1 -cgi <profiles> -C) or disable MIG"}
 	usable := func() string { return "" }
 	cpuBuild := func() string { return "CPU-only ONNX Runtime build: no CUDA" }
 	for _, tc := range []struct {
@@ -284,6 +287,7 @@ func TestDenseDevices(t *testing.T) {
 		{"usable GPU", gpus, usable, 2, ""},
 		{"CPU build on a GPU host", gpus, cpuBuild, 4, "1 NVIDIA device(s) found, but ONNX Runtime cannot use them (CPU-only ONNX Runtime build: no CUDA): dense workers run on the CPU, one per core"},
 		{"no driver", cpu, cpuBuild, 4, "no NVIDIA driver (NVML init: driver not loaded)"},
+		{"a MIG GPU without instances beside a usable GPU", skipped, usable, 2, "up: not used: GPU 1 (GPU-b) has MIG enabled and no MIG devices"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out strings.Builder

@@ -169,6 +169,30 @@ func coverable(m Model, svcs []Service, tot []int) [][]int {
 				return false
 			}
 		}
+		// Prune: all services together. An instance serves one service, so
+		// it covers at most the largest share min(1, t/rem) of any one
+		// service's unmet demand, and every unmet service needs a whole
+		// share. Without this, services alike (each coverable alone) make
+		// distribute try every split before a count that is short overall
+		// fails.
+		active, shares := 0, 0.0
+		for s := range svcs {
+			if rem[s] > 1e-9 {
+				active++
+			}
+		}
+		for q := p; q < len(tot); q++ {
+			best := 0.0
+			for s := range svcs {
+				if rem[s] > 1e-9 {
+					best = max(best, min(1, svcs[s].Throughput[q]/rem[s]))
+				}
+			}
+			shares += float64(tot[q]) * best
+		}
+		if shares < float64(active)-1e-9 {
+			return false
+		}
 		return distribute(svcs, p, tot[p], 0, split, rem, func() bool { return rec(p + 1) })
 	}
 	if rec(0) {

@@ -40,6 +40,44 @@ func TestA100PlacementsMatchNVMLMock(t *testing.T) {
 	}
 }
 
+// Profile names per model as NVIDIA's MIG user guide and mig-parted's
+// default config list them (the +me variants left out); every model
+// keeps the same placement rules.
+func TestModelProfileNames(t *testing.T) {
+	for _, tc := range []struct {
+		model string
+		want  []string
+	}{
+		{"A100-40GB", []string{"1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"}},
+		{"A100-80GB", []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}},
+		{"H100-80GB", []string{"1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"}},
+		{"H100-94GB", []string{"1g.12gb", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"}},
+		{"h200-141gb", []string{"1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"}},
+	} {
+		m, err := ModelByName(tc.model)
+		if err != nil {
+			t.Errorf("%s: %v", tc.model, err)
+			continue
+		}
+		var got []string
+		for i, p := range m.Profiles {
+			got = append(got, p.Name)
+			if a := A100_40GB.Profiles[i]; p.Size != a.Size || p.Compute != a.Compute || !slices.Equal(p.Starts, a.Starts) || p.NVMLID != a.NVMLID {
+				t.Errorf("%s %s: placement rules differ from A100-40GB's %s", tc.model, p.Name, a.Name)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: profiles %v, want %v", tc.model, got, tc.want)
+		}
+		if n := len(m.MaximalLayouts()); n != 38 {
+			t.Errorf("%s has %d maximal layouts, want 38", tc.model, n)
+		}
+	}
+	if _, err := ModelByName("A30-24GB"); err == nil {
+		t.Error("A30-24GB (4 memory slices) accepted with the 8-slice rules")
+	}
+}
+
 func TestLegal(t *testing.T) {
 	m := A100_40GB
 	ok := []Layout{
@@ -143,6 +181,47 @@ func TestByHand(t *testing.T) {
 	}
 	if _, err := Greedy(m, []Service{{Name: "x", Demand: 1, Throughput: make([]float64, len(m.Profiles))}}); err == nil {
 		t.Fatal("unservable demand accepted")
+	}
+}
+
+// Services alike, each coverable alone, that no fewer GPUs can serve
+// together: the exact solver must see the shortfall from the sum of
+// shares, not by trying every split (5 x 0.9 took 2m14s that way; the
+// default of prism plan mig --max-exact 6 runs it).
+func TestExactServicesAlikeIsFast(t *testing.T) {
+	for _, tc := range []struct {
+		n      int
+		demand float64
+		want   int
+	}{
+		{n: 5, demand: 0.9, want: 5},
+		{n: 6, demand: 0.9, want: 6},
+		{n: 6, demand: 0.4, want: 3},
+	} {
+		m := A100_80GB
+		var svcs []Service
+		for i := range tc.n {
+			svcs = append(svcs, Service{Name: fmt.Sprint(i), Demand: tc.demand, Throughput: DefaultThroughput(m, 1)})
+		}
+		done := make(chan *Plan, 1)
+		go func() {
+			p, err := Exact(m, svcs, 6)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- p
+		}()
+		select {
+		case p := <-done:
+			if p == nil {
+				continue
+			}
+			if err := p.Validate(m, svcs); err != nil || len(p.GPUs) != tc.want {
+				t.Errorf("%d x %v: %d GPUs (%v), want %d", tc.n, tc.demand, len(p.GPUs), err, tc.want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%d x %v: exact still searching after 20s", tc.n, tc.demand)
+		}
 	}
 }
 

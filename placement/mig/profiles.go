@@ -39,34 +39,46 @@ const (
 	nvml1SliceRev2 = 9
 )
 
-func profiles(mem1 int) []Profile {
+// profiles are the six GPU instance profiles every A100, H100 and H200
+// has, named by the memory of 1, 2, 4 and 8 memory slices in GB as
+// NVIDIA names them: rounded, so not always multiples of the 1-slice size
+// (1g.12gb, 1g.24gb, 3g.47gb, 7g.94gb on an H100-94GB).
+func profiles(gb1, gb2, gb4, gb8 int) []Profile {
 	gb := func(g, m int) string { return fmt.Sprintf("%dg.%dgb", g, m) }
 	return []Profile{
-		{Name: gb(1, mem1), Compute: 1, Size: 1, Starts: []int{0, 1, 2, 3, 4, 5, 6}, NVMLID: nvml1Slice},
-		{Name: gb(1, 2*mem1), Compute: 1, Size: 2, Starts: []int{0, 2, 4, 6}, NVMLID: nvml1SliceRev2},
-		{Name: gb(2, 2*mem1), Compute: 2, Size: 2, Starts: []int{0, 2, 4}, NVMLID: nvml2Slice},
-		{Name: gb(3, 4*mem1), Compute: 3, Size: 4, Starts: []int{0, 4}, NVMLID: nvml3Slice},
-		{Name: gb(4, 4*mem1), Compute: 4, Size: 4, Starts: []int{0}, NVMLID: nvml4Slice},
-		{Name: gb(7, 8*mem1), Compute: 7, Size: 8, Starts: []int{0}, NVMLID: nvml7Slice},
+		{Name: gb(1, gb1), Compute: 1, Size: 1, Starts: []int{0, 1, 2, 3, 4, 5, 6}, NVMLID: nvml1Slice},
+		{Name: gb(1, gb2), Compute: 1, Size: 2, Starts: []int{0, 2, 4, 6}, NVMLID: nvml1SliceRev2},
+		{Name: gb(2, gb2), Compute: 2, Size: 2, Starts: []int{0, 2, 4}, NVMLID: nvml2Slice},
+		{Name: gb(3, gb4), Compute: 3, Size: 4, Starts: []int{0, 4}, NVMLID: nvml3Slice},
+		{Name: gb(4, gb4), Compute: 4, Size: 4, Starts: []int{0}, NVMLID: nvml4Slice},
+		{Name: gb(7, gb8), Compute: 7, Size: 8, Starts: []int{0}, NVMLID: nvml7Slice},
 	}
 }
 
 // The placement rules of NVIDIA's MIG user guide: 8 memory slices and 7
-// compute slices; the 80 GB parts double every memory size.
+// compute slices on every model; only the memory sizes (and so the
+// profile names) differ.
 var (
-	A100_40GB = Model{Name: "A100-40GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(5)}
-	A100_80GB = Model{Name: "A100-80GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(10)}
-	H100_80GB = Model{Name: "H100-80GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(10)}
+	A100_40GB  = Model{Name: "A100-40GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(5, 10, 20, 40)}
+	A100_80GB  = Model{Name: "A100-80GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(10, 20, 40, 80)}
+	H100_80GB  = Model{Name: "H100-80GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(10, 20, 40, 80)}
+	H100_94GB  = Model{Name: "H100-94GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(12, 24, 47, 94)}
+	H200_141GB = Model{Name: "H200-141GB", MemSlices: 8, ComputeSlices: 7, Profiles: profiles(18, 35, 71, 141)}
 )
 
-// ModelByName finds a model ("A100-40GB", "a100-80gb", "H100-80GB").
+// Models are the GPU models ModelByName knows.
+var Models = []Model{A100_40GB, A100_80GB, H100_80GB, H100_94GB, H200_141GB}
+
+// ModelByName finds a model ("A100-40GB", "a100-80gb", "H200-141GB").
 func ModelByName(name string) (Model, error) {
-	for _, m := range []Model{A100_40GB, A100_80GB, H100_80GB} {
+	var names []string
+	for _, m := range Models {
 		if strings.EqualFold(m.Name, name) {
 			return m, nil
 		}
+		names = append(names, m.Name)
 	}
-	return Model{}, fmt.Errorf("unknown GPU model %q (known: A100-40GB, A100-80GB, H100-80GB)", name)
+	return Model{}, fmt.Errorf("unknown GPU model %q (known: %s)", name, strings.Join(names, ", "))
 }
 
 // Instance is one GPU instance of a layout.
