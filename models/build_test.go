@@ -30,6 +30,30 @@ func TestInferSignatureMatchesConfig(t *testing.T) {
 	}
 }
 
+// TestInferSignatureSharedIDs: ids that index two tables (the larger
+// one first) are drawn in the smaller one's rows, so every Gather takes
+// them.
+func TestInferSignatureSharedIDs(t *testing.T) {
+	ids := &pb.ValueInfoProto{Name: "ids", Type: &pb.TypeProto{Value: &pb.TypeProto_TensorType{TensorType: &pb.TypeProto_Tensor{
+		ElemType: int32(pb.TensorProto_INT64), Shape: &pb.TensorShapeProto{Dim: []*pb.TensorShapeProto_Dimension{{Value: &pb.TensorShapeProto_Dimension_DimParam{DimParam: "batch"}}}}}}}}
+	g := &pb.GraphProto{
+		Input:       []*pb.ValueInfoProto{ids},
+		Initializer: []*pb.TensorProto{pb.NewFloatTensor("big", []int64{100, 2}, make([]float32, 200)), pb.NewFloatTensor("small", []int64{10, 2}, make([]float32, 20))},
+		Node: []*pb.NodeProto{
+			{OpType: "Gather", Input: []string{"big", "ids"}, Output: []string{"a"}},
+			{OpType: "Cast", Input: []string{"ids"}, Output: []string{"ids32"}},
+			{OpType: "Gather", Input: []string{"small", "ids32"}, Output: []string{"b"}},
+		},
+	}
+	sig, err := models.InferSignature(&pb.ModelProto{Graph: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sig.Inputs[0].Rows; got != 10 {
+		t.Fatalf("ids drawn in [0, %d), want [0, 10): the smaller table's rows", got)
+	}
+}
+
 func TestScaled(t *testing.T) {
 	base := models.Config{TableRows: []int64{3, 1500, 40_000_000}}
 	cases := []struct {

@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -19,7 +20,7 @@ const (
 // Criteo reads rows of the Criteo data sets: label, I1..I13, C1..C26,
 // either tab-separated without a header (the original day_N and
 // train.txt files) or comma/tab-separated with a header line naming the
-// columns. As Meta's DLRM preprocessing does, a dense value x becomes
+// columns (in any order; columns it does not name are skipped). As Meta's DLRM preprocessing does, a dense value x becomes
 // log(1+max(x,0)) and an empty one 0; a categorical hex string is hashed to
 // an id modulo its table's rows. For a multi-hot input the bag holds the
 // id and Width-1 further ids derived from it deterministically.
@@ -100,7 +101,10 @@ func NewCriteo(r io.Reader, name string, sig Signature) (*Criteo, error) {
 		c.sep = ','
 	}
 	fields := strings.Split(first, string(c.sep))
-	if len(fields) > 0 && strings.EqualFold(strings.TrimSpace(fields[0]), "label") {
+	// A header names a column "label" wherever it stands (header maps
+	// every column by name); no data value can be "label" (not a
+	// number, not hex).
+	if slices.ContainsFunc(fields, func(f string) bool { return strings.EqualFold(strings.TrimSpace(f), "label") }) {
 		if err := c.header(fields); err != nil {
 			return nil, err
 		}
@@ -204,8 +208,9 @@ func (c *Criteo) parse(b *Batch, text string) error {
 		v := 0.0
 		if s != "" {
 			v, err = strconv.ParseFloat(s, 64)
-			if err != nil || math.IsNaN(v) {
-				return fmt.Errorf("criteo %s:%d: I%d value %q is not a number", c.name, c.line, i+1, s)
+			// "inf" parses without error; log1p(+Inf) would score NaN.
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("criteo %s:%d: I%d value %q is not a finite number", c.name, c.line, i+1, s)
 			}
 		}
 		row[sl.in].F32[sl.pos] = float32(math.Log1p(max(v, 0)))

@@ -12,7 +12,7 @@ import (
 // input [batch, k] is k dense features; an integer input [batch] or
 // [batch, bag] is a sparse feature whose id range is the row count of the
 // table it indexes (the data of the Gather it feeds, through Cast or
-// Identity); a [batch, n] integer input whose columns TorchScript's
+// Identity; the smallest table when it indexes several); a [batch, n] integer input whose columns TorchScript's
 // x[:, k] picks (Gather axis 1, scalar k) gets each column's range. m may be read with SkipExternalData: only dims are used.
 func InferSignature(m *pb.ModelProto) (Signature, error) {
 	g := m.GetGraph()
@@ -66,28 +66,32 @@ func InferSignature(m *pb.ModelProto) (Signature, error) {
 		}
 		return 0
 	}
-	// rowsFor finds the table an id tensor indexes, looking through
-	// Cast/Identity/Reshape/Flatten applied to the ids.
+	// rowsFor finds the tables an id tensor indexes, looking through
+	// Cast/Identity/Reshape/Flatten applied to the ids, and returns the
+	// smallest one's rows: ids shared by several tables must be valid
+	// in each (as PlanSignature takes them).
 	var rowsFor func(name string, depth int) int64
 	rowsFor = func(name string, depth int) int64 {
 		if depth > 4 {
 			return 0
 		}
+		var rows int64
+		smallest := func(r int64) {
+			if r > 0 && (rows == 0 || r < rows) {
+				rows = r
+			}
+		}
 		for _, n := range consumers[name] {
 			switch n.GetOpType() {
 			case "Gather":
-				if len(n.GetInput()) == 2 && n.GetInput()[1] == name {
-					if r := tableRows(n.GetInput()[0], 0); r > 0 && attrAxis(n) == 0 {
-						return r
-					}
+				if len(n.GetInput()) == 2 && n.GetInput()[1] == name && attrAxis(n) == 0 {
+					smallest(tableRows(n.GetInput()[0], 0))
 				}
 			case "Cast", "Identity", "Reshape", "Flatten", "Unsqueeze", "Squeeze":
-				if r := rowsFor(n.GetOutput()[0], depth+1); r > 0 {
-					return r
-				}
+				smallest(rowsFor(n.GetOutput()[0], depth+1))
 			}
 		}
-		return 0
+		return rows
 	}
 	// packedRanges: a [batch, width] id input whose every column k is
 	// picked by Gather(axis=1) with the scalar constant k (TorchScript's

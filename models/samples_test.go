@@ -3,10 +3,12 @@ package models_test
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -183,6 +185,42 @@ func TestCriteoFormats(t *testing.T) {
 	}
 }
 
+// TestCriteoHeaderAnyOrder: a header is recognised wherever its label
+// column stands (an Id column first, as Kaggle's CSV copies have, or the
+// label last), and every column is read by its name.
+func TestCriteoHeaderAnyOrder(t *testing.T) {
+	sig := tinySig(t, "dlrm-tiny")
+	names := []string{"label"}
+	vals := []string{"1"}
+	for i := 1; i <= 13; i++ {
+		names = append(names, "I"+itoa(i))
+		vals = append(vals, itoa(i))
+	}
+	for i := 1; i <= 26; i++ {
+		names = append(names, "C"+itoa(i))
+		vals = append(vals, fmt.Sprintf("%08x", 0x68fd1e64+i))
+	}
+	plain, err := mustCriteo(t, strings.Join(vals, "\t")+"\n", sig).Next(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, text string }{
+		{"id first", "Id," + strings.Join(names, ",") + "\n7," + strings.Join(vals, ",") + "\n"},
+		{"label last", strings.Join(append(names[1:], "Label"), "\t") + "\n" + strings.Join(append(vals[1:], vals[0]), "\t") + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := mustCriteo(t, tc.text, sig)
+			b, err := c.Next(10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.N != 1 || c.Labels()[0] != 1 || !reflect.DeepEqual(b.Columns, plain.Columns) {
+				t.Fatalf("read %d rows, labels %v, columns differ from the headerless row: %v", b.N, c.Labels(), !reflect.DeepEqual(b.Columns, plain.Columns))
+			}
+		})
+	}
+}
+
 func itoa(i int) string { return strconv.Itoa(i) }
 
 func mustCriteo(t *testing.T, text string, sig models.Signature) *models.Criteo {
@@ -203,6 +241,8 @@ func TestCriteoErrors(t *testing.T) {
 		{"short row", good + "\n0\t1\t2\n", "in.txt:2: 3 columns"},
 		{"bad label", good + "\nx" + good[1:] + "\n", "in.txt:2: label \"x\""},
 		{"bad dense", "0\tzz" + strings.Repeat("\t1", 12) + strings.Repeat("\tab", 26) + "\n", "in.txt:1: I1 value \"zz\""},
+		// ParseFloat takes "inf" without an error; log(1+inf) scores NaN.
+		{"infinite dense", "0\t1\tinf" + strings.Repeat("\t1", 11) + strings.Repeat("\tab", 26) + "\n", "in.txt:1: I2 value \"inf\""},
 		{"header missing column", "label,I1\n0,1\n", "in.txt:1: header has no column I2"},
 	}
 	for _, tc := range cases {
