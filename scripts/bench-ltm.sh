@@ -21,6 +21,12 @@ BATCHES=${BATCHES:-500}
 WARMUP=${WARMUP:-1000}
 PAR=${PAR:-4}
 DIM=${DIM:-16}
+# Before the setup (minutes, gigabytes), which a missing or read-only
+# cgroup v1 memory hierarchy would otherwise fail after.
+[ -d /sys/fs/cgroup/memory ] && [ -w /sys/fs/cgroup/memory ] || {
+	echo "bench-ltm: needs root and cgroup v1 memory (/sys/fs/cgroup/memory); on cgroup v2, run the misses scenario under systemd-run --scope -p MemoryMax=$LIMIT instead" >&2
+	exit 1
+}
 mkdir -p "$WORK"
 # Without PRISM, this checkout's binary, built into WORK on every run (go
 # build is incremental), never one an earlier checkout left there.

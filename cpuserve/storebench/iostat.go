@@ -2,6 +2,7 @@ package storebench
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -56,6 +57,40 @@ func procReadBytes() int64 {
 		}
 	}
 	return -1
+}
+
+// processCPU is the user and system CPU time of process pid, all its
+// threads: utime and stime of /proc/PID/stat, in USER_HZ ticks (100 a
+// second on Linux); false where /proc does not say.
+func processCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	return statCPU(string(b))
+}
+
+// statCPU reads utime and stime (fields 14 and 15) from a
+// /proc/PID/stat line; the command's name (field 2) is in parentheses
+// and may hold spaces and parentheses of its own.
+func statCPU(line string) (time.Duration, bool) {
+	i := strings.LastIndexByte(line, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(line[i+1:]) // from field 3
+	if len(f) < 13 {
+		return 0, false
+	}
+	u, err := strconv.ParseInt(f[11], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	s, err := strconv.ParseInt(f[12], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(u+s) * (time.Second / 100), true
 }
 
 // timedFS times the reads of the files it opens.

@@ -62,10 +62,7 @@ func runGather(w io.Writer, e *Env) error {
 func compare(w io.Writer, e *Env, name string, batches [][][]int64) error {
 	before := e.Store.Metrics()
 	var raw, st Result
-	const rounds = 5
-	per := len(batches) / rounds
-	for i := range rounds {
-		part := batches[i*per : (i+1)*per]
+	for _, part := range rounds(batches, 5) {
 		r := e.RawGather(part)
 		s, err := e.StoreLookup("store: "+name, part)
 		if err != nil {
@@ -81,6 +78,18 @@ func compare(w io.Writer, e *Env, name string, batches [][][]int64) error {
 	fmt.Fprintln(w, "  ", st)
 	fmt.Fprintf(w, "   ratio store/raw: %.2fx rows/s\n", st.RowsPerSec()/raw.RowsPerSec())
 	return nil
+}
+
+// rounds cuts batches into n parts of near-equal size, in order, that
+// hold every batch (fewer parts, of one batch each, when there are fewer
+// than n batches): a part per round of an interleaved comparison.
+func rounds(batches [][][]int64, n int) [][][][]int64 {
+	n = min(n, len(batches))
+	parts := make([][][][]int64, 0, n)
+	for i := range n {
+		parts = append(parts, batches[i*len(batches)/n:(i+1)*len(batches)/n])
+	}
+	return parts
 }
 
 func merge(a, b Result) Result {

@@ -1,7 +1,7 @@
 // Package storebench measures the embedding store against its limit (a
 // raw gather from flat in-memory tables) and its peer (Redis), on
-// zoo-shaped tables with Zipf ids. `prism store bench` runs it; nothing
-// here runs in unit tests.
+// zoo-shaped tables with Zipf ids. `prism store bench` runs it; the unit
+// tests run its scenarios on dlrm-tiny's tables only.
 package storebench
 
 import (

@@ -40,10 +40,13 @@ func Bytes(s string) (int64, error) {
 		}
 	}
 	n, err := strconv.ParseFloat(strings.TrimSpace(low), 64)
-	if err != nil || n < 0 {
+	// Also refused: NaN, infinities and sizes past int64, which the
+	// conversion would turn into a negative number.
+	v := n * float64(mult)
+	if err != nil || !(v >= 0 && v < 1<<63) {
 		return 0, fmt.Errorf("%q is not a size", s)
 	}
-	return int64(n * float64(mult)), nil
+	return int64(v), nil
 }
 
 // FormatBytes writes n the way Bytes reads it: in the largest binary
@@ -96,9 +99,10 @@ func atLeast(fs *pflag.FlagSet, zero bool, names []string) error {
 			x, err = strconv.ParseFloat(v, 64)
 		}
 		switch {
-		case zero && (err != nil || x < 0):
+		// Negated, so NaN (which pflag's float flags take) is refused.
+		case zero && (err != nil || !(x >= 0)):
 			return fmt.Errorf("--%s %s: want 0 or more", name, v)
-		case !zero && (err != nil || x <= 0):
+		case !zero && (err != nil || !(x > 0)):
 			return fmt.Errorf("--%s %s: want a positive value", name, v)
 		}
 	}

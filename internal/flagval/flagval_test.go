@@ -33,6 +33,13 @@ func TestBytes(t *testing.T) {
 		{"auto", 0, true},
 		{"12 parsecs", 0, true},
 		{"MiB", 0, true},
+		// NaN, infinities and sizes past int64 read as a negative size.
+		{"NaN", 0, true},
+		{"inf", 0, true},
+		{"+Infinity MiB", 0, true},
+		{"1e19", 0, true},
+		{"9e9GiB", 0, true},
+		{"8e18", 8e18, false},
 	} {
 		got, err := Bytes(tc.in)
 		if (err != nil) != tc.bad || got != tc.want {
@@ -75,6 +82,7 @@ func TestPositive(t *testing.T) {
 		{[]string{"--d", "-1s"}, "--d -1s: want a positive value", "--d -1s: want 0 or more"},
 		{[]string{"--f", "0"}, "--f 0: want a positive value", ""},
 		{[]string{"--f", "-0.5"}, "--f -0.5: want a positive value", "--f -0.5: want 0 or more"},
+		{[]string{"--f", "NaN"}, "--f NaN: want a positive value", "--f NaN: want 0 or more"},
 		{[]string{"--free", "-5"}, "", ""}, // not checked
 	} {
 		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)

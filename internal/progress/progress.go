@@ -98,13 +98,15 @@ func (b *Bar) Done() {
 	b.done = true
 }
 
-// Bytes formats a byte count for people.
+// Bytes formats a byte count for people. A count that would round to
+// 1024.0 of a unit is written in the next one ("1.00 GiB", not "1024.0
+// MiB").
 func Bytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	switch x := float64(n); {
+	case x >= 1023.95*(1<<20):
+		return fmt.Sprintf("%.2f GiB", x/(1<<30))
+	case x >= 1023.95*(1<<10):
+		return fmt.Sprintf("%.1f MiB", x/(1<<20))
 	case n >= 1<<10:
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}

@@ -29,7 +29,10 @@ func TestBytes(t *testing.T) {
 	for _, c := range []struct {
 		n    int64
 		want string
-	}{{12, "12 B"}, {2048, "2.0 KiB"}, {5 << 20, "5.0 MiB"}, {3 << 30, "3.00 GiB"}} {
+	}{{12, "12 B"}, {2048, "2.0 KiB"}, {5 << 20, "5.0 MiB"}, {3 << 30, "3.00 GiB"},
+		// The unit's edges: what rounds to 1024.0 of one is the next.
+		{1023, "1023 B"}, {1024, "1.0 KiB"}, {1<<20 - 52, "1023.9 KiB"}, {1<<20 - 51, "1.0 MiB"}, {1<<20 - 1, "1.0 MiB"},
+		{1<<30 - 52<<10, "1023.9 MiB"}, {1<<30 - 51<<10, "1.00 GiB"}, {1<<30 - 1, "1.00 GiB"}, {-5, "-5 B"}} {
 		if got := Bytes(c.n); got != c.want {
 			t.Errorf("Bytes(%d) = %q, want %q", c.n, got, c.want)
 		}

@@ -93,7 +93,8 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Values whose zero the libraries read as "the default": typed
 			// as 0 on the command line they are refused, not replaced.
-			if err := flagval.Positive(cmd.Flags(), "timeout", "zipf", "rate", "slo", "duration", "trace-speedup", "promo-spike", "promo-peak-to-valley", "promo-day"); err != nil {
+			if err := flagval.Positive(cmd.Flags(), "timeout", "zipf", "rate", "slo", "duration", "trace-speedup", "promo-spike", "promo-peak-to-valley", "promo-day",
+				"max-inflight", "find-max-trial", "find-max-trials", "find-max-tolerance"); err != nil {
 				return err
 			}
 			if err := flagval.NonNegative(cmd.Flags(), "trace-peak", "trace-scale", "trace-window"); err != nil {

@@ -147,6 +147,16 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--fake", "--model", "dlrm-tiny", "--slo", "0s"}, "--slo 0s: want a positive value"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "promotion", "--promo-spike", "0"}, "--promo-spike 0: want a positive value"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad, "--trace-peak", "-5"}, "--trace-peak -5: want 0 or more"},
+		// A search of no trials "found" 0 req/s and exited 0; one of 0
+		// trials or tolerance ran the defaults; a negative or NaN
+		// tolerance never converged; a trial of 0s failed naming no flag.
+		{[]string{"--fake", "--model", "dlrm-tiny", "--find-max", "--find-max-trials", "-1"}, "--find-max-trials -1: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--find-max", "--find-max-trials", "0"}, "--find-max-trials 0: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--find-max", "--find-max-tolerance", "-0.1"}, "--find-max-tolerance -0.1: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--find-max", "--find-max-tolerance", "NaN"}, "--find-max-tolerance NaN: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--find-max", "--find-max-trial", "0s"}, "--find-max-trial 0s: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--max-inflight", "0"}, "--max-inflight 0: want a positive value"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--zipf", "NaN"}, "--zipf NaN: want a positive value"},
 		// A promotion after the run's end, a trace with another arrival.
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "promotion", "--promo-at", "2h", "--duration", "1s"}, "the promotion starts at 2h0m0s, not before the run ends"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "poisson", "--trace", bad}, "--trace is replayed only with --arrival trace"},
