@@ -74,6 +74,11 @@ type Options struct {
 	// must be missing from (gone without notice, not just a failed
 	// scrape) before it is drained, and then returned (3).
 	LostAfter int
+	// Exact: a zero Target, High, MinLease or CoolDown means zero, not
+	// the default named beside it (prism plan loan sets them from flags
+	// whose defaults are those: --min-lease 0 asks for returns as soon as
+	// the demand allows, and --high 0 is refused). Low 0 is Target still.
+	Exact bool
 }
 
 // EnsureDefaults fills zero fields.
@@ -81,19 +86,19 @@ func (o *Options) EnsureDefaults() {
 	if o.Policy == "" {
 		o.Policy = Reactive
 	}
-	if o.Target == 0 {
+	if o.Target == 0 && !o.Exact {
 		o.Target = 0.7
 	}
-	if o.High == 0 {
+	if o.High == 0 && !o.Exact {
 		o.High = 0.85
 	}
 	if o.Low == 0 {
 		o.Low = o.Target
 	}
-	if o.MinLease == 0 {
+	if o.MinLease == 0 && !o.Exact {
 		o.MinLease = 10 * time.Minute
 	}
-	if o.CoolDown == 0 {
+	if o.CoolDown == 0 && !o.Exact {
 		o.CoolDown = 5 * time.Minute
 	}
 	if o.StartupEstimate == 0 {

@@ -244,6 +244,13 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 			continue
 		case !lw.Running && !lw.Draining:
 			continue // it died: the controller returns it as lost
+		case !lw.Running && d.ctl.Holds(lw.ID):
+			// Drained and exited (or dead, then drained as lost): gone,
+			// and returned as its drain's reason says. Shown draining
+			// with nothing in flight, a lost worker's return was counted
+			// as drained. (One the controller does not hold is shown, so
+			// that a return the lender failed is adopted and retried.)
+			continue
 		case lw.Draining:
 			w.State = capacity.Draining
 			if lw.Running {

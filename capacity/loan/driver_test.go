@@ -300,3 +300,34 @@ func TestWatchBorrowedNothingBorrowed(t *testing.T) {
 		t.Fatalf("nothing borrowed: read %v, %v; want 0 and no error", v, err)
 	}
 }
+
+// TestDeadWorkerReturnedAsLost: a serving borrowed worker whose process
+// dies (kill -9) is drained as lost and returned as lost. The lender
+// still lists it, draining and not running, after the drain: taken for a
+// worker seen draining with nothing in flight, its return was counted
+// as "return: drained", and prism_capacity_events_total had no lost
+// return for a worker that was lost.
+func TestDeadWorkerReturnedAsLost(t *testing.T) {
+	r := newRig(t, capacity.Options{MinLease: time.Minute, MaxBorrowed: 2}, true)
+	lender, d := r.lender, r.d
+	r.step(0, false)
+	for range 3 {
+		r.step(180, false)
+	}
+	if n := len(lender.Workers()); n != 2 {
+		t.Fatalf("%d borrowed, want 2; %v", n, lender.log)
+	}
+	lender.mu.Lock()
+	lender.workers["w1"].Running = false // killed: it leaves the registry too
+	lender.mu.Unlock()
+	for range 6 {
+		r.step(180, false)
+	}
+	if _, ok := lender.workers["w1"]; ok {
+		t.Fatalf("w1 still lent after it died: %v", lender.log)
+	}
+	ev := d.Stats().Events
+	if ev[capacity.EventKey{Kind: "drain", Reason: capacity.ReasonLost}] != 1 || ev[capacity.EventKey{Kind: "return", Reason: capacity.ReasonLost}] != 1 || ev[capacity.EventKey{Kind: "return", Reason: capacity.ReasonDrained}] != 0 {
+		t.Errorf("a dead worker's drain and return counted as %v, want drain: lost 1, return: lost 1", ev)
+	}
+}

@@ -58,6 +58,7 @@ survived, and writes report.json and loan.png to --out.`,
 			c.Base.Reclaims = reclaims
 			o := &c.Base.Controller
 			o.MinLease, o.CoolDown, o.Target, o.High, o.Low = minLease, coolDown, target, high, low
+			o.Exact = true // --min-lease 0 and --cool-down 0 are zeros, not the controller's defaults
 			if !(c.Base.CapacityPerWorker > 0) {
 				return fmt.Errorf("--capacity-per-worker must be positive (samples/s one dense worker serves), got %v", c.Base.CapacityPerWorker)
 			}

@@ -106,6 +106,21 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 				}
 				f.arrival = "trace" // --trace alone: replay it
 			}
+			// Shape flags of another arrival are refused, not ignored: a
+			// trace replayed with --promo-spike 3 ran without the spike.
+			for _, s := range []struct {
+				arrival string
+				flags   []string
+			}{
+				{"promotion", []string{"promo-at", "promo-day", "promo-decay", "promo-peak-to-valley", "promo-plateau", "promo-ramp", "promo-spike"}},
+				{"trace", []string{"trace-count", "trace-peak", "trace-scale", "trace-speedup", "trace-window"}},
+			} {
+				for _, name := range s.flags {
+					if cmd.Flags().Changed(name) && f.arrival != s.arrival {
+						return fmt.Errorf("--%s shapes only --arrival %s, not --arrival %s: the run would ignore it", name, s.arrival, f.arrival)
+					}
+				}
+			}
 			if f.pool < 0 {
 				return fmt.Errorf("--pool %d: want 0 (draw every request during the run) or more", f.pool)
 			}

@@ -160,6 +160,12 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		// A promotion after the run's end, a trace with another arrival.
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "promotion", "--promo-at", "2h", "--duration", "1s"}, "the promotion starts at 2h0m0s, not before the run ends"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "poisson", "--trace", bad}, "--trace is replayed only with --arrival trace"},
+		// A promotion's or a trace's shape flags with another arrival:
+		// refused, not ignored (a trace replayed with --promo-spike 3 was
+		// replayed as it is, the promotion the run was for left out).
+		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad, "--promo-spike", "3"}, "--promo-spike shapes only --arrival promotion, not --arrival trace"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--trace", bad, "--promo-at", "1s"}, "--promo-at shapes only --arrival promotion, not --arrival trace"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "promotion", "--trace-peak", "50"}, "--trace-peak shapes only --arrival trace, not --arrival promotion"},
 		// --trace alone replays it (this one's rows go back in time).
 		{[]string{"--fake", "--model", "dlrm-tiny", "--trace", bad}, "bad.csv:3: time 0 goes back"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--context-inputs", "x", "--duration", "1s"}, "context input \"x\""},
