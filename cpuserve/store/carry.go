@@ -153,6 +153,19 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 			tg.t.Mutated = true
 		}
 	}
+	// A sharded model's update number counts one shard's sequence (the
+	// router numbers each shard's updates apart): a version of another
+	// shard, another sharding or the whole model holds none of that
+	// sequence's updates, so the number starts again at 0, in the batch
+	// that switches, and the router replays the shard's updates to it
+	// (or leaves it out of serving when its log no longer reaches them).
+	// Kept, the number would claim the new shard's first updates held.
+	resetSeq := old != nil && !sameShard(old.Shard, nm.Versions[n].Shard)
+	if resetSeq {
+		if err := w.b.Delete(seqKey(model), nil); err != nil {
+			return nil, fmt.Errorf("activate %q version %d: reset update seq: %w", model, n, err)
+		}
+	}
 	buf, err := json.Marshal(next)
 	if err != nil {
 		return nil, fmt.Errorf("activate %q version %d: write catalog: %w", model, n, err)
@@ -164,9 +177,22 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 	if err := w.apply(pebble.Sync); err != nil {
 		return nil, fmt.Errorf("activate %q version %d: %w", model, n, err)
 	}
+	if resetSeq {
+		delete(s.seqs, model)
+	}
 	s.m.carriedRows.Add(w.rows)
 	s.publish(next)
 	return nil, nil
+}
+
+// sameShard says whether two versions hold the same shard of a model
+// (both nil: the whole model). A fingerprint missing on either side
+// (a store of an earlier release) is taken for the same sharding.
+func sameShard(a, b *ShardRef) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Shard == b.Shard && a.Shards == b.Shards && (a.Sharding == b.Sharding || a.Sharding == "" || b.Sharding == "")
 }
 
 // hasOverlay says whether model's overlay has rows of table tn.

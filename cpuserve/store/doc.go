@@ -31,7 +31,11 @@
 // longer reaches update 1: every worker that switched would be out of
 // serving, the whole model if all did. Rows that do not fit the new
 // version (another dim, fewer rows, no such table) are not carried, as a
-// replay of them would be refused there.
+// replay of them would be refused there. A sharded model's AppliedSeq
+// counts the sequence of the shard its active version holds (the router
+// numbers each shard's updates apart), so a switch to a version of
+// another shard, another sharding or the whole model sets it to 0
+// (carry.go): the router replays that shard's updates.
 //
 // The overlay's cost. It holds one key per distinct (model, table, row)
 // ever updated: 18+len(model)+len(table) bytes of key and 4*dim of value

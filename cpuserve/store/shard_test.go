@@ -304,3 +304,77 @@ func TestMatchShard(t *testing.T) {
 		t.Errorf("a store without a fingerprint, rows placed otherwise: %v", err)
 	}
 }
+
+// TestShardSwitchResetsSeq: a store's update number counts the
+// sequence of the shard it holds (the router numbers each shard's
+// updates apart). Switched to a version of another shard (prism ingest
+// --shard K into the store of shard J, by mistake, or store versions
+// --activate), or of the whole model, it holds none of that sequence's
+// updates and must say 0, or the router takes it for holding the new
+// shard's first updates and never replays them (it served their rows
+// stale). A new version of the same shard keeps the number.
+func TestShardSwitchResetsSeq(t *testing.T) {
+	dir := writePlan(t, "m", []*testTable{{name: "x", rows: 10, dim: 2, seed: 3}, {name: "y", rows: 4, dim: 2, seed: 4}})
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Sharding, err = sharding.Section(p, r, "uniform"); err != nil {
+		t.Fatal(err)
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, _ := openMem(t, nil)
+	ingest := func(k int) int {
+		t.Helper()
+		rep, err := s.Ingest(ctx, dir, IngestOptions{Shard: &k})
+		if err != nil {
+			t.Fatalf("ingest shard %d: %v", k, err)
+		}
+		return rep.Version
+	}
+	seq := func(want int64, what string) {
+		t.Helper()
+		if got, err := s.AppliedSeq("m"); err != nil || got != want {
+			t.Fatalf("%s: AppliedSeq %d, %v; want %d", what, got, err, want)
+		}
+	}
+	v0 := ingest(0)
+	infos, err := s.Tables("m")
+	if err != nil || len(infos) == 0 {
+		t.Fatalf("shard 0 holds %v, %v", infos, err)
+	}
+	tab := infos[0].Name
+	var id int64
+	for id = 0; !infos[0].Part.holds(id); id++ {
+	}
+	for n := int64(1); n <= 2; n++ {
+		if _, err := s.UpsertSeq("m", tab, []int64{id}, []float32{float32(n), 0}, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seq(2, "shard 0 after its updates 1 and 2")
+	ingest(0)
+	seq(2, "a new version of shard 0")
+	ingest(1)
+	seq(0, "shard 1 ingested into shard 0's store")
+	if err := s.Activate("m", v0); err != nil {
+		t.Fatal(err)
+	}
+	seq(0, "shard 0 activated again after shard 1")
+	// The number starts afresh: the router replays the shard's updates.
+	if _, err := s.UpsertSeq("m", tab, []int64{id}, []float32{1, 0}, 1); err != nil {
+		t.Fatal(err)
+	}
+	seq(1, "shard 0 replayed update 1")
+	if _, err := s.Ingest(ctx, dir, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	seq(0, "the whole model ingested into a shard's store")
+}

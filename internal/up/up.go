@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -425,7 +426,7 @@ func Run(ctx context.Context, c Config) error {
 		// registered is restarted, not waited for until ReadyTimeout.
 		sup.Supervise(ctx, w, c.ReadyTimeout)
 	}
-	if err := waitRegistered(ctx, routerAddr, dialCreds, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout); err != nil {
+	if err := waitRegistered(ctx, routerAddr, dialCreds, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout, updateLog); err != nil {
 		return stopping(err)
 	}
 	if c.Loan != "" {
@@ -717,8 +718,10 @@ func samePEMCert(a, b []byte) bool {
 }
 
 // waitRegistered polls the router's registry until every model has its
-// workers.
-func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, models []string, dense, embedding int, timeout time.Duration) error {
+// workers. It gives up at once when a shard's workers are all left out
+// by the router (LeftOut), which waiting does not change; updateLog is
+// the router's update log folder, for the message.
+func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, models []string, dense, embedding int, timeout time.Duration, updateLog string) error {
 	conn, err := grpc.NewClient(addr, creds)
 	if err != nil {
 		return fmt.Errorf("up: dial router %s: %w", addr, err)
@@ -750,6 +753,11 @@ func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, mod
 		}
 		if err == nil && Registered(resp.GetWorkers(), models, dense, embedding) && Servable(resp, models) == "" && settled {
 			return nil
+		}
+		if err == nil && settled && Registered(resp.GetWorkers(), models, dense, embedding) {
+			if why := LeftOut(resp, models); why != "" {
+				return fmt.Errorf("up: %s, whatever they hold: they serve no lookups and take no updates (the router's log says why). If the model was sharded again after it took updates, the router's update log %s binds the old sharding: to serve the new one, stop up, remove that folder (or give up a new --db) and send again the updates the new stores lack", why, updateLog)
+			}
 		}
 		if time.Now().After(deadline) {
 			if err == nil && Registered(resp.GetWorkers(), models, dense, embedding) {
@@ -807,6 +815,43 @@ func Servable(resp *prismv1.ListResponse, models []string) string {
 		for shard := range want {
 			if !have[shard] {
 				return fmt.Sprintf("no embedding worker of model %q (shard %d) holds every acknowledged update yet (catching up from the router's update log, or too far behind it to catch up: the router's log says which)", m, shard)
+			}
+		}
+	}
+	return ""
+}
+
+// LeftOut says which shard of a model that has had updates the router
+// serves with none of its embedding workers because it leaves every one
+// of them out whatever it holds (ModelUpdates.left_out: of another
+// layout than the one its updates were numbered in, holding updates it
+// never numbered, or refusing one the others applied), which waiting
+// does not change; "" when there is none.
+func LeftOut(resp *prismv1.ListResponse, models []string) string {
+	for _, m := range models {
+		workers, out := map[string]int{}, map[string]int{} // by sequence
+		what := map[string]string{}
+		for _, w := range resp.GetWorkers() {
+			if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !slices.Contains(w.GetModels(), m) {
+				continue
+			}
+			key := prismv1.UpdateSeqKeyOf(w, m)
+			u := resp.GetUpdates()[key]
+			if u == nil || u.GetSettling() {
+				continue
+			}
+			workers[key]++
+			what[key] = fmt.Sprintf("model %q", m)
+			if ref := w.GetShards()[m]; ref != nil {
+				what[key] = fmt.Sprintf("model %q (shard %d of %d)", m, ref.GetShard(), ref.GetShards())
+			}
+			if slices.Contains(u.GetLeftOut(), w.GetId()) {
+				out[key]++
+			}
+		}
+		for _, key := range slices.Sorted(maps.Keys(workers)) {
+			if out[key] == workers[key] {
+				return fmt.Sprintf("the router leaves out every embedding worker of %s, %d of them", what[key], workers[key])
 			}
 		}
 	}

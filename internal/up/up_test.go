@@ -377,6 +377,42 @@ func TestServable(t *testing.T) {
 	}
 }
 
+// TestLeftOut: up stops waiting for a model whose shard has workers
+// only of the kind the router leaves out whatever they hold (another
+// sharding than the one its updates were numbered in: prism shard run
+// again, and up on the same --db, whose update log binds the old one);
+// it waited --ready-timeout (10 minutes) and then blamed a catch-up.
+// A shard with one worker left out and another in sync or catching up,
+// or a sequence still settling, is no reason to stop.
+func TestLeftOut(t *testing.T) {
+	emb := func(id string, shard int32) *prismv1.WorkerInfo {
+		return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"},
+			Shards: map[string]*prismv1.ShardRef{"m": {Shard: shard, Shards: 2}}}
+	}
+	two := []*prismv1.WorkerInfo{emb("a", 0), emb("b", 1)}
+	three := append([]*prismv1.WorkerInfo{emb("a2", 0)}, two...)
+	for _, tc := range []struct {
+		name    string
+		workers []*prismv1.WorkerInfo
+		updates map[string]*prismv1.ModelUpdates
+		stuck   string // "" none, else in the reason
+	}{
+		{"never updated", two, nil, ""},
+		{"catching up", two, map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 2}}, ""},
+		{"another sharding", two, map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 2, LeftOut: []string{"a"}}}, "shard 0 of 2"},
+		{"settling", two, map[string]*prismv1.ModelUpdates{"m#shard0": {Settling: true, LeftOut: []string{"a"}}}, ""},
+		{"one of two left out", three, map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 2, LeftOut: []string{"a"}}}, ""},
+		{"both left out", three, map[string]*prismv1.ModelUpdates{"m#shard0": {Acknowledged: 2, LeftOut: []string{"a", "a2"}}}, "2 of them"},
+		{"the whole model", []*prismv1.WorkerInfo{{Id: "w", Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}}}, map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 1, LeftOut: []string{"w"}}}, `model "m",`},
+	} {
+		resp := &prismv1.ListResponse{Workers: tc.workers, Updates: tc.updates}
+		why := LeftOut(resp, []string{"m"})
+		if (why == "") != (tc.stuck == "") || !strings.Contains(why, tc.stuck) {
+			t.Errorf("%s: %q, want %q", tc.name, why, tc.stuck)
+		}
+	}
+}
+
 // TestLocked: a folder whose Pebble LOCK another open holds is locked;
 // closed, or without a LOCK file, it is not.
 func TestLocked(t *testing.T) {
