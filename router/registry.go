@@ -146,9 +146,15 @@ type worker struct {
 	peer string
 	// joined is the announcement (r.gen) that registered the worker at
 	// its address; told, for an embedding worker, the one whose answer
-	// last told it the dense workers: a dense worker that joined before
-	// it is one the embedding worker accepts.
-	joined, told uint64
+	// it has applied: a dense worker that joined before it is one the
+	// embedding worker accepts. offered is its last announcement, whose
+	// answer is on its way to it: the worker applies an answer before
+	// it announces again (internal/serve), so its next announcement
+	// makes offered told. Taken as told at once, a dense worker that
+	// joined just before was picked for lookups of a worker still
+	// refusing it (PermissionDenied), and a request could fail both its
+	// attempts while borrowed dense workers joined.
+	joined, told, offered uint64
 }
 
 // maxKnownModels bounds the models remembered as once served.
@@ -296,7 +302,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 	e.info, e.lastSeen = w, r.now()
 	r.gen++
 	if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
-		e.told = r.gen
+		// 1 before any answer is applied: every dense worker joined at
+		// 1 or later, so none is told yet (0 would take all as told).
+		e.told, e.offered = max(e.offered, 1), r.gen
 	}
 	if changed {
 		e.joined = r.gen

@@ -400,9 +400,14 @@ func TestReshardPairing(t *testing.T) {
 				if tc.rowWise {
 					ref.RowSplits = []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 1}, Rows: 10}}
 				}
-				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: e.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: startCN(t, f), Models: []string{"m"}, Healthy: true,
-					Outstanding: e.load, Shards: map[string]*prismv1.ShardRef{"m": ref}}}); err != nil {
-					t.Fatal(err)
+				info := &prismv1.WorkerInfo{Id: e.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: startCN(t, f), Models: []string{"m"}, Healthy: true,
+					Outstanding: e.load, Shards: map[string]*prismv1.ShardRef{"m": ref}}
+				// Twice: the second heartbeat says the first's answer
+				// (the dense workers in known) was applied.
+				for range 2 {
+					if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: info}); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			for _, d := range tc.dense {
@@ -473,9 +478,58 @@ func TestReshardUntoldOverNone(t *testing.T) {
 	}
 	for _, id := range []string{"a1", "b0", "b1"} {
 		heartbeat[id]() // told of dense:a
+		heartbeat[id]() // and has applied it
 	}
 	emb("a0x", 0, "aa", 2, all) // aa's second replica of shard 0, told
+	heartbeat["a0x"]()          // and has applied it
 	if _, err := r.Recommend(context.Background(), request(4)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDenseJoinedNotYetApplied: two dense workers (borrowed at once)
+// join, and the embedding worker announces before it has applied the
+// answer naming them (the answer is on its way: it refuses them until
+// it is). Taken as told of them at that announce, the router picked
+// both new, idle workers, one per attempt, and the request failed
+// (Unavailable "... not told; retry") while an older dense worker the
+// embedding worker accepts was up. A second announce says the answer
+// was applied: then the new workers serve.
+func TestDenseJoinedNotYetApplied(t *testing.T) {
+	r := testRouter(Options{MicroBatch: 10})
+	dense := func(addr string, load int64) {
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu-" + addr, Role: prismv1.Role_ROLE_DENSE, Addr: addr, Models: []string{"m"}, Healthy: true, Outstanding: load}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	known := map[string]bool{"dense:old": true}
+	f := &reshardCN{known: known}
+	info := &prismv1.WorkerInfo{Id: "emb", Role: prismv1.Role_ROLE_EMBEDDING, Addr: startCN(t, f), Models: []string{"m"}, Healthy: true}
+	heartbeat := func() {
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: info}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dense("dense:old", 9)
+	heartbeat()
+	heartbeat() // has applied the answer naming dense:old
+	dense("dense:new1", 0)
+	dense("dense:new2", 0)
+	heartbeat() // its answer names the new ones; not applied yet
+	if _, err := r.Recommend(context.Background(), request(4)); err != nil {
+		t.Fatalf("with a told dense worker up: %v", err)
+	}
+	for _, got := range f.got() {
+		if a := got.GetDenseAddr(); a != "dense:old" {
+			t.Fatalf("lookup sent to %s, which the embedding worker has not applied yet", a)
+		}
+	}
+	known["dense:new1"], known["dense:new2"] = true, true
+	heartbeat() // applied
+	if _, err := r.Recommend(context.Background(), request(4)); err != nil {
+		t.Fatal(err)
+	}
+	if a := f.got()[len(f.got())-1].GetDenseAddr(); a == "dense:old" {
+		t.Fatal("the idle new dense workers are not used once the embedding worker applied them")
 	}
 }
