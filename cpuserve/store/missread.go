@@ -283,6 +283,11 @@ func (s *Store) readRange(t readTask, st *readStats) error {
 // properties): what Options.CacheBytes should hold, with room to spare,
 // for a lookup's miss to cost one data block read.
 func (s *Store) IndexBytes() (index, filter int64, err error) {
+	// Close closes Pebble under mu held exclusively: held shared, Pebble
+	// stays open while the tables' properties are read (SSTables on a
+	// closed DB panics).
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	if s.closed.Load() {
 		return 0, 0, ErrClosed
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -379,5 +380,43 @@ func TestMissReadsDifferential(t *testing.T) {
 				t.Fatalf("the test did not exercise both tiers: %+v", m)
 			}
 		})
+	}
+}
+
+// TestIndexBytesRacesClose: IndexBytes while the store closes answers
+// ErrClosed or its figures, never reads a closed Pebble. A store of
+// many small SSTs makes each call long (milliseconds), so Close lands
+// inside one: before the fix the reader panicked in Pebble's file cache.
+func TestIndexBytesRacesClose(t *testing.T) {
+	ctx := context.Background()
+	p := writePlan(t, "m", []*testTable{{name: "a", rows: 20000, dim: 8, seed: 1}})
+	for range 3 {
+		s, _ := openMem(t, &Options{Preload: PreloadOff})
+		if _, err := s.Ingest(ctx, p, IngestOptions{SSTBytes: 4 << 10}); err != nil {
+			t.Fatal(err)
+		}
+		called := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				_, _, err := s.IndexBytes()
+				if i == 0 {
+					close(called)
+				}
+				if err != nil {
+					if !errors.Is(err, ErrClosed) {
+						t.Errorf("IndexBytes during Close: %v, want ErrClosed", err)
+					}
+					return
+				}
+			}
+		}()
+		<-called // the loop runs: Close comes during one of its calls
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
 	}
 }
