@@ -82,7 +82,9 @@ type Request struct {
 	// batch as it copies the samples into the runner's input.
 	Context []bool
 	// pooled are the serve.Pool buffers dictionary-encoded columns were
-	// expanded into (Server.decode), for recycle.
+	// expanded into (Server.decode). Submit takes them over: the batcher
+	// recycles them once, when nothing reads the inputs any more (a
+	// request whose caller has gone may still be in a running batch).
 	pooled []*[]byte
 }
 
@@ -203,19 +205,33 @@ func NewBatcher(spec []InputSpec, runners []Runner, o BatchOptions) *Batcher {
 // Its deadline is ctx's. A request refused for its deadline gets a
 // *DeadlineError; one whose ctx ends while queued leaves the queue and
 // gets ctx's error (a DeadlineError when the deadline passed).
+//
+// Submit owns req's pooled buffers from the call on, whatever it returns:
+// one whose ctx ends while its batch runs returns at once, and the run
+// recycles them when it is over.
 func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) {
+	out, owned, err := b.submit(ctx, req)
+	if !owned {
+		req.recycle()
+	}
+	return out, err
+}
+
+// submit is Submit; owned says whether the batcher still holds req (a
+// batch or a refusal recycles it), else the caller recycles it.
+func (b *Batcher) submit(ctx context.Context, req Request) (_ [][]float32, owned bool, _ error) {
 	if req.N <= 0 {
-		return nil, fmt.Errorf("empty request")
+		return nil, false, fmt.Errorf("empty request")
 	}
 	if len(req.Inputs) != len(b.spec) {
-		return nil, fmt.Errorf("request has %d inputs, the dense model %d", len(req.Inputs), len(b.spec))
+		return nil, false, fmt.Errorf("request has %d inputs, the dense model %d", len(req.Inputs), len(b.spec))
 	}
 	if req.Context != nil && len(req.Context) != len(b.spec) {
-		return nil, fmt.Errorf("request marks %d inputs context or not, the dense model has %d", len(req.Context), len(b.spec))
+		return nil, false, fmt.Errorf("request marks %d inputs context or not, the dense model has %d", len(req.Context), len(b.spec))
 	}
 	for i, in := range req.Inputs {
 		if len(in) != req.rows(i)*b.spec[i].Width {
-			return nil, fmt.Errorf("input %q: %d values for %d samples of width %d", b.spec[i].Name, len(in), req.rows(i), b.spec[i].Width)
+			return nil, false, fmt.Errorf("input %q: %d values for %d samples of width %d", b.spec[i].Name, len(in), req.rows(i), b.spec[i].Width)
 		}
 	}
 	p := &pending{ctx: ctx, req: req, done: make(chan result, 1)}
@@ -224,14 +240,14 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return nil, ErrClosed
+		return nil, false, ErrClosed
 	}
 	if b.queued+req.N > b.opts.MaxQueue {
 		b.mu.Unlock()
 		b.stats.mu.Lock()
 		b.stats.Rejected++
 		b.stats.mu.Unlock()
-		return nil, ErrOverloaded
+		return nil, false, ErrOverloaded
 	}
 	b.queued += req.N
 	b.seq++
@@ -242,7 +258,7 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 	b.signal()
 	select {
 	case r := <-p.done:
-		return r.out, r.err
+		return r.out, true, r.err
 	case <-ctx.Done():
 	}
 	b.mu.Lock()
@@ -254,17 +270,18 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 		b.mu.Unlock()
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			b.count(1, 0)
-			return nil, &DeadlineError{Waited: time.Since(p.arrived)}
+			return nil, false, &DeadlineError{Waited: time.Since(p.arrived)}
 		}
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	case answeredState:
 		b.mu.Unlock()
 		r := <-p.done
-		return r.out, r.err
+		return r.out, true, r.err
 	}
-	// Running: its run drops it and releases the depth.
+	// Running: its run drops it, releases the depth and recycles its
+	// buffers once it no longer reads them.
 	b.mu.Unlock()
-	return nil, ctx.Err()
+	return nil, true, ctx.Err()
 }
 
 // signal wakes an idle runner, if any is waiting.
@@ -351,6 +368,9 @@ func (b *Batcher) loop(r Runner) {
 		if expired+lateN > 0 {
 			b.count(expired, lateN)
 		}
+		for _, l := range d.late {
+			l.p.req.recycle() // refused: never read
+		}
 		if len(d.batch) > 0 {
 			if more {
 				b.signal() // another runner may take the rest
@@ -400,6 +420,7 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 	}
 	if len(live) == 0 {
 		b.release(all, 0, 0)
+		recycle(batch)
 		return
 	}
 	n := 0
@@ -433,6 +454,9 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 	if err != nil {
 		took = 0 // a failed run says nothing of run times
 	}
+	// Nothing reads the inputs any more, including those of requests
+	// whose callers left while the batch ran.
+	recycle(batch)
 	b.release(all, n, took)
 	if err != nil {
 		// Nothing scored: the callers' errors count it (rejected_total).
@@ -455,6 +479,13 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		}
 		off += p.req.N
 		p.done <- result{out: res}
+	}
+}
+
+// recycle returns the batch's expansion buffers to serve.Pool.
+func recycle(batch []*pending) {
+	for _, p := range batch {
+		p.req.recycle()
 	}
 }
 

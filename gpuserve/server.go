@@ -413,17 +413,17 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 		s.metrics.reject(m.name, "invalid")
 		return nil, err
 	}
-	// Dictionary columns' expansions go back to their pool once the
-	// batcher has answered: by then no batch reads them (a batch of
-	// several requests copied them; a batch of this one alone has run).
-	defer in.recycle()
 	s.mu.RLock()
 	closed := s.closed
 	s.mu.RUnlock()
 	if closed {
+		in.recycle()
 		s.metrics.reject(m.name, "closed")
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
 	}
+	// Dictionary columns' expansions go back to their pool from the
+	// batcher, once no batch reads them: Submit returns at once for a
+	// request cancelled while its batch runs, which still reads them.
 	outs, err := m.batcher.Submit(ctx, in)
 	if err != nil {
 		return nil, s.submitError(m, err)

@@ -31,6 +31,12 @@ func (zeroScores) Score(_ context.Context, req *prismv1.ScoreRequest) (*prismv1.
 // in-memory store, its dense worker a stub answering zeros.
 func serveTestPlan(t *testing.T, p *plan.Plan, o Options) (*Server, string) {
 	t.Helper()
+	return serveTestPlanWith(t, p, o, zeroScores{})
+}
+
+// serveTestPlanWith is serveTestPlan with dense as the dense worker.
+func serveTestPlanWith(t *testing.T, p *plan.Plan, o Options, dense prismv1.DenseTierServer) (*Server, string) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
 		t.Fatal(err)
@@ -59,7 +65,7 @@ func serveTestPlan(t *testing.T, p *plan.Plan, o Options) (*Server, string) {
 	bn := &grpctest.Net{}
 	lis := bn.MustListen(t, "dense")
 	g := grpc.NewServer()
-	prismv1.RegisterDenseTierServer(g, zeroScores{})
+	prismv1.RegisterDenseTierServer(g, dense)
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
 	o.Plans, o.AnyDenseAddr, o.Logger = []string{dir}, true, slog.New(slog.DiscardHandler)
