@@ -57,12 +57,15 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
-		conn, err := grpc.NewClient(routerAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(announceBackoff)}, opts...)...)
+		dial := func() (*grpc.ClientConn, error) {
+			return grpc.NewClient(routerAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(announceBackoff)}, opts...)...)
+		}
+		conn, err := dial()
 		if err != nil {
 			log.Error("registry: bad router address", "router", routerAddr, "err", err)
 			return
 		}
-		defer conn.Close()
+		defer func() { conn.Close() }()
 		reg := prismv1.NewRegistryClient(conn)
 		interval := time.Second
 		fails := 0 // attempts failed in a row
@@ -94,8 +97,21 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 					log.Debug("registry: announce failed; retrying", "router", routerAddr, "err", err)
 				}
 				heard(nil, err)
-				if fails >= staleAfter && stale != nil {
-					stale()
+				if fails >= staleAfter {
+					// The connection may be one whose peer is cut off
+					// without a reset (a link down on the way): TCP keeps
+					// it open, retransmitting with a backoff that grows
+					// to minutes, so heartbeats sent on it would reach
+					// the router that long after the link is back. Dial
+					// anew: a new connection is tried within
+					// announceBackoff's bounds.
+					if c, err := dial(); err == nil {
+						conn.Close()
+						conn, reg = c, prismv1.NewRegistryClient(c)
+					}
+					if stale != nil {
+						stale()
+					}
 				}
 			case err == nil:
 				if fails >= staleAfter {
