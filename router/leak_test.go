@@ -414,11 +414,7 @@ func TestStreamChargesGivenBack(t *testing.T) {
 		{"client gone, window full", func(t *testing.T, r *Router, cn *fakeCN, open func(context.Context) prismv1.Recommender_RecommendStreamClient) {
 			ctx, cancel := context.WithCancel(context.Background())
 			st := open(ctx)
-			for range 8 {
-				if err := st.Send(request(3)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			sendN(t, st, 8)
 			for cn.running.Load() < 2 {
 				time.Sleep(time.Millisecond)
 			}
@@ -428,11 +424,7 @@ func TestStreamChargesGivenBack(t *testing.T) {
 			close(cn.gate)
 			ctx, cancel := context.WithCancel(context.Background())
 			st := open(ctx)
-			for range 8 {
-				if err := st.Send(request(3)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			sendN(t, st, 8)
 			for cn.calls.Load() < 4 {
 				time.Sleep(time.Millisecond)
 			}
@@ -441,11 +433,7 @@ func TestStreamChargesGivenBack(t *testing.T) {
 		{"client half-closes, then goes", func(t *testing.T, r *Router, cn *fakeCN, open func(context.Context) prismv1.Recommender_RecommendStreamClient) {
 			ctx, cancel := context.WithCancel(context.Background())
 			st := open(ctx)
-			for range 3 {
-				if err := st.Send(request(3)); err != nil {
-					t.Fatal(err)
-				}
-			}
+			sendN(t, st, 3)
 			st.CloseSend()
 			for cn.running.Load() < 2 {
 				time.Sleep(time.Millisecond)
@@ -495,5 +483,15 @@ func TestStreamChargesGivenBack(t *testing.T) {
 				close(cn.gate)
 			}
 		})
+	}
+}
+
+// sendN sends n requests of 3 candidates on st.
+func sendN(t *testing.T, st prismv1.Recommender_RecommendStreamClient, n int) {
+	t.Helper()
+	for range n {
+		if err := st.Send(request(3)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
