@@ -87,6 +87,12 @@ func ParseSpec(s string) (Spec, error) {
 	sp.Provider = name
 	kube := name == "kubernetes"
 	c := &sp.Controller
+	// The keys whose zero the controller reads as "the default" start at
+	// their defaults, so that a zero given (min-lease=0: return as soon
+	// as the demand allows; cool-down=0) is a zero and not the default.
+	var d capacity.Options
+	d.EnsureDefaults()
+	c.Target, c.High, c.MinLease, c.CoolDown, c.Exact = d.Target, d.High, d.MinLease, d.CoolDown, true
 	if rest != "" {
 		for kv := range strings.SplitSeq(rest, ",") {
 			k, v, ok := strings.Cut(kv, "=")

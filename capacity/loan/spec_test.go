@@ -23,8 +23,25 @@ func TestParseSpec(t *testing.T) {
 	if c.High != 0.85 || c.Target != 0.7 {
 		t.Errorf("defaults not filled: %+v", c)
 	}
+	// A zero given is a zero: min-lease=0 and cool-down=0 once read as
+	// "the default", 10 and 5 minutes.
+	sp, err = ParseSpec("local:max=1,min-lease=0,cool-down=0s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := sp.Controller; c.MinLease != 0 || c.CoolDown != 0 || c.Target != 0.7 || c.High != 0.85 || c.Low != 0.7 {
+		t.Errorf("min-lease=0,cool-down=0s parsed %+v, want zero lease and cool-down, default thresholds", c)
+	}
+	sp, err = ParseSpec("local:max=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := sp.Controller; c.MinLease != 10*time.Minute || c.CoolDown != 5*time.Minute {
+		t.Errorf("defaults: %+v", c)
+	}
 	for _, tc := range []struct{ in, want string }{
 		{"local", "max=N"},
+		{"local:max=2,target=0", "thresholds"},
 		{"local:max=0", "max=N"},
 		{"kubernetes:max=2", "template="},
 		{"k8s:max=2,template=prism-dense", "pool="},
