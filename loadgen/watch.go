@@ -20,6 +20,28 @@ type Watch struct {
 	Read func(ctx context.Context) (float64, error)
 }
 
+// ProbeURL checks, before a run, that url answers a GET with 200 OK: a
+// wrong --watch-borrowed port or path is refused at once, not found
+// in the report after the run. It does not ask for the metric itself:
+// a controller that has borrowed nothing yet may not export it.
+func ProbeURL(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
 // GaugeWatch reads the sum of metric's samples from a Prometheus /metrics
 // URL (prism_capacity_borrowed_workers from prism up --loan's endpoint):
 // plain HTTP, no server linked.

@@ -290,6 +290,9 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	opts := loadgen.Options{Poisson: f.arrival != "constant", Seed: f.seed ^ f.stream*0x9E3779B97F4A7C15, Clients: f.clients, Duration: f.duration,
 		MaxRequests: f.maxRequests, MaxInFlight: f.maxInFlight, Timeout: f.timeout, SLO: f.slo}
 	if f.watchBorrowed != "" {
+		if err := loadgen.ProbeURL(ctx, f.watchBorrowed); err != nil {
+			return fmt.Errorf("loadgen: --watch-borrowed: %w (prism up --loan prints the controller's /metrics URL)", err)
+		}
 		opts.Watch = loadgen.GaugeWatch("borrowed workers", f.watchBorrowed, "prism_capacity_borrowed_workers")
 	}
 	if !f.quiet {

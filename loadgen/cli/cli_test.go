@@ -175,6 +175,9 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--auth-token-file", bad}, "needs TLS"},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--tls-ca", bad}, "--tls-ca alone needs --auth-token-file FILE"},
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--auth-token-file", bad}, "--auth-token-file needs --tls-ca FILE"},
+		// A --watch-borrowed URL nobody answers is refused before the
+		// run, not reported after it.
+		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--duration", "30s", "--watch-borrowed", "http://127.0.0.1:1/metrics"}, "--watch-borrowed: "},
 		// Nothing listens there: the run ends in an error saying why, not
 		// in a summary of zero answers and exit status 0.
 		{[]string{"--target", "127.0.0.1:1", "--model", "dlrm-tiny", "--insecure", "--duration", "500ms", "--rate", "20", "--timeout", "200ms"}, "none of"},
