@@ -114,6 +114,10 @@ type tableView struct {
 	part *RowPart
 }
 
+// pebbleOptionsHook, when set (tests), adjusts the Pebble options Open
+// opens with.
+var pebbleOptionsHook func(*pebble.Options)
+
 // Open opens (creating if needed) the store in dir.
 func Open(dir string, o *Options) (*Store, error) {
 	var opts Options
@@ -159,6 +163,9 @@ func Open(dir string, o *Options) (*Store, error) {
 		// saves next to nothing.
 		po.Levels[i].Compression = func() *sstable.CompressionProfile { return sstable.NoCompression }
 		po.Levels[i].BlockSize = 4 << 10
+	}
+	if pebbleOptionsHook != nil {
+		pebbleOptionsHook(po)
 	}
 	if opts.MustExist {
 		// Before Open, which would make the folder and its LOCK file
