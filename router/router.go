@@ -809,10 +809,10 @@ func sliceFeatures(f *prismv1.Features, n, lo, hi int) (*prismv1.Features, error
 // micro-batch out to a replica of every shard (shards.go); mb numbers
 // the micro-batch in its request for the fan-out's key.
 func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb int) ([]float32, int64, error) {
-	var avoid []string
+	var tried retry
 	var last error
 	for attempt := range 2 {
-		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, avoid, "")
+		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, tried, "")
 		if err != nil {
 			return nil, 0, firstErr(last, err)
 		}
@@ -820,7 +820,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 			releaseCN()
 			return r.microBatchSharded(ctx, req, cands, n, mb, int(ref.GetShards()))
 		}
-		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, avoid, cn.GetId())
+		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, tried, cn.GetId())
 		if err != nil {
 			releaseCN()
 			return nil, 0, firstErr(last, err)
@@ -844,26 +844,64 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		// The embedding worker passes the dense worker's failures through,
 		// so either may be at fault: the retry avoids both where another
 		// replica exists. The one really down stops heartbeating and expires.
-		avoid = append(avoid, cn.GetId(), hn.GetId())
+		tried.failed(ctx, err, cn.GetId(), hn.GetId())
 		r.m.retries.Inc()
 		r.log.Warn("micro-batch failed; retrying", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
 	}
 	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
 	if status.Code(last) == codes.PermissionDenied {
 		// Every pair tried refused for a dense worker its embedding
-		// worker has not been told of yet: that passes with the next
-		// heartbeat, so the client may retry.
+		// worker has not been told of yet (it asked its routers out of
+		// turn and waited, briefly, for the answer): that passes with
+		// its next announcement, so the client may retry.
 		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
 	}
 	return nil, 0, last
 }
 
-// pick prefers a worker not in avoid, and falls back to one that is
-// (retrying on the same replica beats failing when there is no other).
-func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string, sender string) (*prismv1.WorkerInfo, func(), error) {
-	w, release, err := r.Reg.PickFor(role, model, int64(n), avoid, sender)
-	if err != nil && len(avoid) > 0 {
-		w, release, err = r.Reg.PickFor(role, model, int64(n), nil, sender)
+// retry is what a request's failed attempts say of the workers they
+// used, for its next attempt to avoid.
+type retry struct {
+	// avoid holds the workers of every failed attempt; dead, those of
+	// the attempts that failed as if a worker was down (Unavailable, or
+	// a connection closed under the call). An embedding worker passes
+	// its dense worker's failures through, so both of an attempt are
+	// named.
+	avoid, dead []string
+}
+
+// failed records an attempt that failed with err on workers ids.
+func (t *retry) failed(ctx context.Context, err error, ids ...string) {
+	t.avoid = append(t.avoid, ids...)
+	if c := status.Code(err); c == codes.Unavailable || (c == codes.Canceled && ctx.Err() == nil) {
+		t.dead = append(t.dead, ids...)
+	}
+}
+
+// tiers are the exclusions a pick tries in turn: every failed worker,
+// then (when some failed otherwise) only those that seemed down, then
+// none (retrying on the same replica beats failing when there is no
+// other).
+func (t retry) tiers() [][]string {
+	switch {
+	case len(t.avoid) == 0:
+		return [][]string{nil}
+	case len(t.dead) == 0 || len(t.dead) == len(t.avoid):
+		return [][]string{t.avoid, nil}
+	}
+	return [][]string{t.avoid, t.dead, nil}
+}
+
+// pick prefers a worker not in tried.avoid, then one not in tried.dead,
+// and falls back to any.
+func (r *Router) pick(role prismv1.Role, model string, n int, tried retry, sender string) (*prismv1.WorkerInfo, func(), error) {
+	var w *prismv1.WorkerInfo
+	var release func()
+	var err error
+	for _, ex := range tried.tiers() {
+		if w, release, err = r.Reg.PickFor(role, model, int64(n), ex, sender); err == nil {
+			break
+		}
 	}
 	if err != nil {
 		return nil, nil, status.Error(codes.Unavailable, err.Error())
@@ -881,17 +919,16 @@ func (r *Router) pick(role prismv1.Role, model string, n int, avoid []string, se
 // a retry avoids it, and any other only last; whole tables are the same
 // in every sharding, so for a fan-out of those alone avoiding a failed
 // worker comes first.
-func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding string, rowWise bool) (*prismv1.WorkerInfo, func(), error) {
+func (r *Router) pickDense(model string, n int, tried retry, sender, sharding string, rowWise bool) (*prismv1.WorkerInfo, func(), error) {
 	if sharding == "" {
-		return r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, sender)
+		return r.pick(prismv1.Role_ROLE_DENSE, model, n, tried, sender)
 	}
-	tries := [2][]string{avoid, nil}
-	nt := 1
-	if rowWise && len(avoid) > 0 {
-		nt = 2
+	tries := tried.tiers()
+	if !rowWise {
+		tries = tries[:1]
 	}
 	for _, toldOnly := range []bool{true, false} {
-		for _, ex := range tries[:nt] {
+		for _, ex := range tries {
 			wants := [3]DenseWant{{Sharding: sharding, Exact: true, ToldOnly: toldOnly}, {Sharding: sharding, ToldOnly: toldOnly}, {ToldOnly: toldOnly}}
 			k := len(wants)
 			if rowWise {
@@ -904,7 +941,7 @@ func (r *Router) pickDense(model string, n int, avoid []string, sender, sharding
 			}
 		}
 	}
-	return r.pick(prismv1.Role_ROLE_DENSE, model, n, avoid, sender)
+	return r.pick(prismv1.Role_ROLE_DENSE, model, n, tried, sender)
 }
 
 func firstErr(a, b error) error {

@@ -88,6 +88,17 @@ func (e *ShardMissingError) Error() string {
 // each is tried (with the workers that name none, of earlier releases)
 // and the one that has every shard at the least load is taken.
 func (r *Registry) PickShards(model string, shards int, n int64, avoid []string) ([]*prismv1.WorkerInfo, func(), error) {
+	return r.pickShards(model, shards, n, avoid, nil)
+}
+
+// pickShards is PickShards for a retry: avoid holds every worker of the
+// request's failed attempts, dead those of them whose attempt failed as
+// if they were unreachable (retry.dead). A shard's replica in avoid is
+// taken only when the shard has none outside it, and one in dead only
+// when it has none outside dead: a retry under overload goes back to
+// the replica that refused (ResourceExhausted) rather than to the one
+// that is down.
+func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []string) ([]*prismv1.WorkerInfo, func(), error) {
 	if shards < 1 || shards > maxShards {
 		return nil, nil, fmt.Errorf("model %q: %d shards", model, shards)
 	}
@@ -99,7 +110,7 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 	}
 	best := make([]*worker, shards)
 	loads := make([]int64, shards)
-	avoided := make([]bool, shards) // best[i] is in avoid
+	avoided := make([]int, shards) // best[i]'s avoidRank
 	lagging := make([]int, shards)
 	// pick fills best with each shard's choice among the workers of
 	// sharding fp and those that name none ("": any sharding), and
@@ -130,11 +141,11 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 					mixed = true
 				}
 			}
-			av := slices.Contains(avoid, e.info.GetId())
+			av := avoidRank(e.info.GetId(), avoid, dead)
 			load := e.info.GetOutstanding() + e.inflight
 			switch {
 			case best[i] == nil,
-				avoided[i] && !av,
+				av < avoided[i],
 				av == avoided[i] && (load < loads[i] || (load == loads[i] && e.info.GetAddr() < best[i].info.GetAddr())):
 				best[i], loads[i], avoided[i] = e, load, av
 			}
@@ -169,8 +180,10 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 			// sender was told of yet (refused until its next heartbeat,
 			// retried); each told one a retry's avoided one.
 			noDense, denseUntold, denseAvoided bool
-			avoided                            int // a retry's failed workers
-			load                               int64
+			// A retry's failed workers: those that seemed down, and
+			// all.
+			dead, avoided int
+			load          int64
 		}
 		less := func(a, b rank) bool {
 			switch {
@@ -182,6 +195,8 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 				return !a.denseUntold
 			case a.denseAvoided != b.denseAvoided:
 				return !a.denseAvoided
+			case a.dead != b.dead:
+				return a.dead < b.dead
 			case a.avoided != b.avoided:
 				return a.avoided < b.avoided
 			}
@@ -196,8 +211,11 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 			for i, e := range best {
 				if e != nil {
 					rk.load += loads[i]
-					if avoided[i] {
+					if avoided[i] > 0 {
 						rk.avoided++
+					}
+					if avoided[i] > 1 {
+						rk.dead++
 					}
 					rows = rows || rowWiseRef(e.info.GetShards()[model])
 				}
@@ -245,6 +263,18 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 	}, nil
 }
 
+// avoidRank orders a retry's choice among a shard's replicas: 0 for
+// one no attempt failed on, 1 for one in avoid, 2 for one in dead.
+func avoidRank(id string, avoid, dead []string) int {
+	switch {
+	case slices.Contains(dead, id):
+		return 2
+	case slices.Contains(avoid, id):
+		return 1
+	}
+	return 0
+}
+
 // microBatchSharded is microBatch for a model sharded into shards:
 // one fan-out to a replica of every shard, retried on others up to
 // shardAttempts times in all: a fan-out touches a worker of every shard,
@@ -255,15 +285,15 @@ const shardAttempts = 3
 
 func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb, shards int) ([]float32, int64, error) {
 	model := req.GetModel()
-	var avoid []string
+	var tried retry
 	var last error
 	for attempt := range shardAttempts {
-		cns, releaseCN, err := r.Reg.PickShards(model, shards, int64(n), avoid)
+		cns, releaseCN, err := r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead)
 		if err != nil {
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
 			return nil, 0, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
 		}
-		hn, releaseHN, err := r.pickDense(model, n, avoid, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model))
+		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model))
 		if err != nil {
 			releaseCN()
 			return nil, 0, firstErr(last, err)
@@ -281,7 +311,10 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		if !retryable(ctx, err) || attempt == shardAttempts-1 {
 			break
 		}
-		avoid = append(avoid, failed, hn.GetId())
+		// Every attempt's failed workers stay avoided, not only the
+		// last's: the third attempt went back to a dead replica
+		// avoided by the first when the second met an overloaded one.
+		tried.failed(ctx, err, failed, hn.GetId())
 		r.m.retries.Inc()
 		r.log.Warn("sharded micro-batch failed; retrying", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
 	}

@@ -435,7 +435,7 @@ func TestReshardPairing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hn, release, err := r.pickDense("m", 1, nil, "", "aa", true)
+	hn, release, err := r.pickDense("m", 1, retry{}, "", "aa", true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,11 +110,19 @@ at --advertise-addr.`,
 			defer st.Close()
 			var bar *progress.Bar
 			var barModel string
+			// A lookup naming a dense worker the router registered since
+			// the last heartbeat has the worker announce out of turn.
+			var prompt *serve.Prompt
+			var askRouter func()
+			if router != "" {
+				prompt = serve.NewPrompt()
+				askRouter = prompt.Ask
+			}
 			srv, err := server.New(ctx, st, server.Options{
 				Plans: plans, MaxSamples: maxSamples, Threads: threads, Logger: log.With("tier", "embedding"),
 				// Trust and admission: cut tensors go only to the dense
 				// workers the router announces (any, without a router).
-				MaxInflightSamples: maxInflightSamples, MaxInflightBytes: budget.inflight(st), AnyDenseAddr: router == "",
+				MaxInflightSamples: maxInflightSamples, MaxInflightBytes: budget.inflight(st), AnyDenseAddr: router == "", AskRouter: askRouter,
 				DictionaryFrames: dictFrames,
 				DialOptions:      []grpc.DialOption{toDense},
 				IngestProgress: func(model string, done, total int64) {
@@ -177,6 +185,7 @@ at --advertise-addr.`,
 				Router:        router,
 				AdvertiseAddr: advertise,
 				Announced:     func(r *prismv1.AnnounceResponse) { srv.SetDenseAddrs(r.GetDenseAddrs()) },
+				Prompt:        prompt,
 				Info:          func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
 				Ready:         func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
 				DialOptions:   []grpc.DialOption{toRouter},

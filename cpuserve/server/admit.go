@@ -1,6 +1,9 @@
 package server
 
 import (
+	"context"
+	"time"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -12,15 +15,51 @@ const DefaultMaxInflightSamples = 65536
 // worker of (AnnounceResponse.dense_addrs).
 type denseSet map[string]struct{}
 
+// denseList is one of the router's lists: set (nil before any answer),
+// its number gen (0 before any answer), and next, closed when the list
+// is replaced.
+type denseList struct {
+	set  denseSet
+	gen  uint64
+	next chan struct{}
+}
+
+// DefaultDenseWait is Options.DenseWait's default.
+const DefaultDenseWait = 200 * time.Millisecond
+
 // SetDenseAddrs replaces the dense workers a Lookup may send cut tensors
 // to: the router's latest list (internal/serve hands every announce
-// answer here). Lookups read it with one atomic load.
+// answer here). Lookups read it with one atomic load; those waiting for
+// a new list (awaitDense) are woken.
 func (s *Server) SetDenseAddrs(addrs []string) {
 	set := make(denseSet, len(addrs))
 	for _, a := range addrs {
 		set[a] = struct{}{}
 	}
-	s.denseAddrs.Store(&set)
+	s.denseMu.Lock()
+	defer s.denseMu.Unlock()
+	old := s.denseListLocked()
+	s.denseAddrs.Store(&denseList{set: set, gen: old.gen + 1, next: make(chan struct{})})
+	close(old.next)
+}
+
+// denseList is the current list, the empty one before any answer.
+func (s *Server) denseList() *denseList {
+	if l := s.denseAddrs.Load(); l != nil {
+		return l
+	}
+	s.denseMu.Lock()
+	defer s.denseMu.Unlock()
+	return s.denseListLocked()
+}
+
+func (s *Server) denseListLocked() *denseList {
+	l := s.denseAddrs.Load()
+	if l == nil {
+		l = &denseList{next: make(chan struct{})}
+		s.denseAddrs.Store(l)
+	}
+	return l
 }
 
 // checkDense refuses a dense_addr the router has not registered: the
@@ -30,14 +69,90 @@ func (s *Server) checkDense(addr string) error {
 	if s.opts.AnyDenseAddr {
 		return nil
 	}
-	set := s.denseAddrs.Load()
+	var set denseSet
+	if l := s.denseAddrs.Load(); l != nil {
+		set = l.set
+	}
+	return refuseDense(set, addr)
+}
+
+func refuseDense(set denseSet, addr string) error {
 	if set == nil {
 		return status.Error(codes.Unavailable, "this embedding worker has not heard from a router yet, so it knows no dense worker to send to; retry")
 	}
-	if _, ok := (*set)[addr]; !ok {
-		return status.Errorf(codes.PermissionDenied, "dense_addr %.128q is not a dense worker registered with the router (%d are)", addr, len(*set))
+	if _, ok := set[addr]; !ok {
+		return status.Errorf(codes.PermissionDenied, "dense_addr %.128q is not a dense worker registered with the router (%d are)", addr, len(set))
 	}
 	return nil
+}
+
+// awaitDense is checkDense for a Lookup: a dense_addr missing from the
+// router's list may be a dense worker that registered after this
+// worker's last announcement (the router picks only registered ones,
+// and tells this worker of them in its answers). So, with
+// Options.AskRouter set, a refused Lookup has the worker announce out of
+// turn and waits for the routers' new list, for at most a quarter of
+// its remaining deadline and Options.DenseWait, instead of refusing
+// until the next heartbeat. Lookups that wait on one list ask once
+// between them.
+func (s *Server) awaitDense(ctx context.Context, addr string) error {
+	err := s.checkDense(addr)
+	if err == nil || s.opts.AskRouter == nil {
+		return err
+	}
+	dl, ok := ctx.Deadline()
+	wait := denseWait(s.opts.DenseWait, ok, time.Until(dl))
+	if wait <= 0 {
+		return err
+	}
+	end := time.Now().Add(wait)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		l := s.denseList()
+		if err = refuseDense(l.set, addr); err == nil {
+			return nil
+		}
+		if !time.Now().Before(end) {
+			return err
+		}
+		s.askRouter(l.gen)
+		select {
+		case <-l.next:
+		case <-timer.C:
+			return err
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+// denseWait is how long a refused Lookup waits for the router's new
+// list: limit (DefaultDenseWait when 0), and, with a deadline, at most a
+// quarter of the time left before it.
+func denseWait(limit time.Duration, hasDeadline bool, left time.Duration) time.Duration {
+	if limit <= 0 {
+		limit = DefaultDenseWait
+	}
+	if hasDeadline {
+		limit = min(limit, left/4)
+	}
+	return limit
+}
+
+// askRouter asks the routers for a new list once per list: gen is the
+// list a Lookup was refused by (s.asked holds the last such gen+1).
+func (s *Server) askRouter(gen uint64) {
+	for {
+		asked := s.asked.Load()
+		if asked > gen {
+			return // asked for this list (or a later one) already
+		}
+		if s.asked.CompareAndSwap(asked, gen+1) {
+			s.opts.AskRouter()
+			return
+		}
+	}
 }
 
 // admit charges a Lookup of n samples, whose cut tensors take bytes,

@@ -60,6 +60,16 @@ type Options struct {
 	// are dialled: set it only for a worker without a router (tools,
 	// tests).
 	AnyDenseAddr bool
+	// AskRouter, when set, asks the routers for their list of dense
+	// workers out of turn (internal/serve.Prompt.Ask: the worker
+	// announces at once); it must not block. A Lookup naming a dense
+	// worker missing from the list calls it and waits for the new list,
+	// at most DenseWait (default DefaultDenseWait) and a quarter of its
+	// remaining deadline: a dense worker that registered since the
+	// worker's last heartbeat is served at once, not refused until the
+	// next one.
+	AskRouter func()
+	DenseWait time.Duration
 	// DictionaryFrames sends a cut column that is one id's row per
 	// sample dictionary-encoded when its ids repeat within the
 	// micro-batch: each distinct row once, looked up once (dedup.go).
@@ -117,9 +127,13 @@ type Server struct {
 	// (charged only under Options.MaxInflightBytes).
 	inflightBytes atomic.Int64
 	met           *metrics
-	// denseAddrs is the router's latest list of dense workers (nil until
-	// it has answered an announcement).
-	denseAddrs atomic.Pointer[denseSet]
+	// denseAddrs is the router's latest list of dense workers (nil, or
+	// a list with a nil set, until it has answered an announcement);
+	// denseMu orders its replacements; asked is the list a refused
+	// Lookup last asked the routers to replace, plus 1 (awaitDense).
+	denseAddrs atomic.Pointer[denseList]
+	denseMu    sync.Mutex
+	asked      atomic.Uint64
 }
 
 var _ prismv1.EmbeddingTierServer = (*Server)(nil)
@@ -314,7 +328,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	if req.GetDenseAddr() == "" {
 		return nil, badInput("dense_addr is empty: the router names the dense worker to send the tensors to")
 	}
-	if err := s.checkDense(req.GetDenseAddr()); err != nil {
+	if err := s.awaitDense(ctx, req.GetDenseAddr()); err != nil {
 		return nil, err
 	}
 	if v := req.GetVersion(); v != 0 {

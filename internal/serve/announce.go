@@ -33,7 +33,7 @@ func AnnounceWith(ctx context.Context, routerAddr string, info func() *prismv1.W
 			answered(resp)
 		}
 	}
-	return announceLoop(ctx, routerAddr, info, heard, nil, log, opts...)
+	return announceLoop(ctx, routerAddr, info, heard, nil, nil, log, opts...)
 }
 
 // announceBackoff bounds how long a worker waits between attempts to
@@ -53,10 +53,19 @@ const staleAfter = 2
 // goroutine. stale, when set, is called at every failed attempt once
 // staleAfter have failed in a row: the router's address may have died
 // (AnnounceRouters then resolves its name again); it must not block.
-func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, heard func(*prismv1.AnnounceResponse, error), stale func(), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
+// prompt, when set, has the loop announce out of turn when asked
+// (Prompt.Ask), no sooner than PromptGap after its last announcement
+// began.
+func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, heard func(*prismv1.AnnounceResponse, error), stale func(), prompt *Prompt, log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
 	ch := make(chan struct{})
+	var prompted *nudge
+	if prompt != nil {
+		prompted = newNudge()
+		prompt.bind(prompted)
+	}
 	go func() {
 		defer close(ch)
+		defer prompt.unbind(prompted)
 		dial := func() (*grpc.ClientConn, error) {
 			return grpc.NewClient(routerAddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(announceBackoff)}, opts...)...)
 		}
@@ -69,8 +78,16 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 		reg := prismv1.NewRegistryClient(conn)
 		interval := time.Second
 		fails := 0 // attempts failed in a row
+		leave := func(w *prismv1.WorkerInfo) {
+			lctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			reg.Leave(lctx, &prismv1.LeaveRequest{Id: w.GetId()})
+			cancel()
+		}
 		for {
 			w := info()
+			// This announcement answers the asks made so far.
+			prompted.started()
+			began := time.Now()
 			// Not cancelled with ctx: an Announce cancelled at shutdown
 			// may still be handled by the router after the Leave below,
 			// registering the worker again once it has gone (a drained
@@ -123,13 +140,28 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 					interval = time.Duration(resp.GetHeartbeatMs()) * time.Millisecond
 				}
 			}
+			timer := time.NewTimer(interval)
 			select {
 			case <-ctx.Done():
-				lctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				reg.Leave(lctx, &prismv1.LeaveRequest{Id: w.GetId()})
-				cancel()
+				timer.Stop()
+				leave(w)
 				return
-			case <-time.After(interval):
+			case <-timer.C:
+			case <-prompted.asked():
+				// Out of turn, but not sooner than PromptGap after the
+				// last one began; asks made meanwhile are this one
+				// (started takes them).
+				timer.Stop()
+				if wait := time.Until(began.Add(PromptGap)); wait > 0 {
+					timer.Reset(wait)
+					select {
+					case <-ctx.Done():
+						timer.Stop()
+						leave(w)
+						return
+					case <-timer.C:
+					}
+				}
 			}
 		}
 	}()

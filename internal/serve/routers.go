@@ -67,7 +67,10 @@ type RouterOptions struct {
 	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// DialOptions are added to every connection to a router.
 	DialOptions []grpc.DialOption
-	Log         *slog.Logger
+	// Prompt, when set, has every router's loop announce out of turn on
+	// Prompt.Ask.
+	Prompt *Prompt
+	Log    *slog.Logger
 }
 
 // EnsureDefaults fills zero fields.
@@ -170,7 +173,7 @@ func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}
 				}
 				changed = true
 				heard := func(resp *prismv1.AnnounceResponse, err error) { merged.heard(addr, resp, err) }
-				loops[addr] = loop{stop, announceLoop(lctx, addr, o.Info, heard, signal, o.Log, opts...)}
+				loops[addr] = loop{stop, announceLoop(lctx, addr, o.Info, heard, signal, o.Prompt, o.Log, opts...)}
 			}
 			// Next: at ResolveEvery, or after retry when a name failed
 			// or a heartbeat signals it keeps failing; retry doubles

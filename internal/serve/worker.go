@@ -44,6 +44,10 @@ type WorkerOptions struct {
 	// routers' lists; see answers): the embedding tier learns the dense
 	// workers there.
 	Announced func(*prismv1.AnnounceResponse)
+	// Prompt, when set, has the worker announce to its routers out of
+	// turn on Prompt.Ask (RouterOptions.Prompt): the embedding tier asks
+	// when a lookup names a dense worker it has not been told of.
+	Prompt *Prompt
 	// Drained, when set, runs after Serve returns (in-flight RPCs are
 	// done or cut off): the dense tier drains its batchers there.
 	Drained func()
@@ -81,7 +85,7 @@ func (s *Server) serveWorker(ctx context.Context, o WorkerOptions, routers []str
 		s.Log.Info("announcing", "routers", routers, "advertise", addr)
 		announced = AnnounceRouters(actx, RouterOptions{
 			Routers: routers, Info: func() *prismv1.WorkerInfo { return o.Info(addr) }, Answered: o.Announced,
-			ResolveEvery: o.ResolveEvery, DialOptions: o.DialOptions, Log: s.Log,
+			ResolveEvery: o.ResolveEvery, DialOptions: o.DialOptions, Prompt: o.Prompt, Log: s.Log,
 		})
 	} else {
 		s.Log.Warn("no --router: this worker registers with no router, so only a caller given its address uses it", "addr", addr)
