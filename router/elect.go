@@ -64,9 +64,18 @@ type Election interface {
 // last pull are not in the copy; a worker holding them is followed in
 // the new holder's window and the copy's entries dropped, so a worker
 // lacking them stays out of serving the model, logged, until it gets a
-// copy of an up-to-date worker's store. And an update the old holder sent just before it lost the
-// election may reach a worker after the new holder's window ended (a
-// worker slower than three heartbeats); the new holder then finds the
+// copy of an up-to-date worker's store.
+//
+// Fencing (issue 14): an update the old holder sent just before it lost
+// the election may reach a worker late. Every apply carries the epoch of
+// its sequencer's hold, and the holder tells the workers its epoch in
+// every answer to their announcements (epoch), so a worker refuses the
+// old holder's updates from its first heartbeat in the new term on
+// (FAILED_PRECONDITION, nothing written, no number taken; the old
+// holder answers its client Unavailable and stops sequencing). One that
+// lands before is in what the worker announces in the new holder's
+// start-up window. With workers of an earlier release (no epoch read),
+// one landing after the window is as before: the new holder finds the
 // worker claiming an update it did not number and leaves it out of the
 // model (foreign, see sequencer.announced) until an operator gives it a
 // store, as with any second history; or, when the new holder has
@@ -130,6 +139,7 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 		next.ctx, next.cancel = context.WithCancel(context.Background())
 		next.d.runCtx = next.ctx
 		next.d.epoch = epoch
+		next.d.seq.epoch = epoch // every apply carries it (fencing)
 		next.d.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
 		switch models, updates, stale := e.copy.restoreTo(next.d.seq, epoch); {
 		case models > 0:
@@ -213,6 +223,24 @@ func (e *elected) tick() {
 	if t := e.term.Load(); t.d != nil {
 		t.d.tick(t.ctx)
 	}
+}
+
+// epoch is the election epoch of this router's hold while it sequences
+// updates as the holder (0 otherwise): the registry tells it to the
+// embedding workers in every answer to their announcements, so each
+// refuses the updates of the routers that held the Lease before from
+// its first heartbeat in this term on, within the start-up window
+// (three heartbeats) in which this router learns what they hold. An
+// update of the old holder that lands before it is in what they
+// announce in the window; one that comes later is refused (fenced:
+// prismv1.StaleEpochError), where before it could land after the window
+// under a number this router then gave its own update, leaving the
+// workers diverged.
+func (e *elected) epoch() uint64 {
+	if t := e.term.Load(); t.d != nil {
+		return t.d.epoch
+	}
+	return 0
 }
 
 // leader is the holder as last reported ("" none known).

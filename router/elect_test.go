@@ -80,14 +80,18 @@ func newElectRig(t *testing.T, workers int) *electRig {
 	return rig
 }
 
-// announce: every worker announces what it holds to both routers.
+// announce: every worker announces what it holds to both routers, and
+// hears the election epoch in their answers.
 func (rig *electRig) announce() {
 	for _, r := range rig.rs {
 		for i, f := range rig.cns {
-			r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			resp, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
 				Id: "cpu" + rig.cnAt[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.cnAt[i], Models: []string{"m"}, Healthy: true,
 				UpdateSeq: map[string]int64{"m": f.held()},
 			}})
+			if err == nil {
+				f.heard(resp.GetEpoch())
+			}
 		}
 	}
 }
@@ -585,5 +589,113 @@ func TestElectedLateUpdateOfOldHolder(t *testing.T) {
 	}
 	if xErr == nil {
 		t.Error("A acknowledged X after it stopped sequencing; B never heard of it and numbered over it")
+	}
+}
+
+// Issue 14, "no acknowledged update lost": TestElectedLateUpdateOfOldHolder
+// with workers of this release, which fence. A holds the Lease (epoch
+// 1) and its update X (number 2) is at the workers when B takes the
+// Lease (epoch 2); B answers the workers' next announcements with its
+// epoch, so when X lands after B's start-up window they refuse it
+// (FAILED_PRECONDITION, nothing written, number not taken) and A tells
+// X's client Unavailable, never OK. B numbers its own Y 2, and every
+// worker applies and acknowledges it: none diverged, all serve. Before,
+// X landed, Y was answered AlreadyExists and B left every worker out
+// of serving (an outage), A possibly having told X's client OK.
+// "A not told": A's election has not yet said it lost (a router cut off
+// from the API server still believes it holds): the fenced answer alone
+// makes it stop sequencing.
+func TestElectedFencesOldHolder(t *testing.T) {
+	for _, told := range []bool{true, false} {
+		t.Run(map[bool]string{true: "A told", false: "A not told"}[told], func(t *testing.T) {
+			rig := newElectRig(t, 2)
+			for _, f := range rig.cns {
+				f.fence = true
+			}
+			a, b := 0, 1
+			rig.lead(a) // epoch 1
+			rig.advance()
+			if err := rig.update(a, 1, 1); err != nil {
+				t.Fatalf("update 1 on A: %v", err)
+			}
+			for _, f := range rig.cns {
+				f.mu.Lock()
+				f.gate, f.entered = make(chan struct{}), make(chan struct{}, 8)
+				f.mu.Unlock()
+			}
+			x := make(chan error, 1)
+			go func() { x <- rig.update(a, 5, 5) }() // X, number 2 on A
+			for _, f := range rig.cns {
+				<-f.entered
+			}
+			if told {
+				rig.lead(b) // epoch 2
+			} else {
+				rig.rs[b].el.setLeader(rig.addrs[b], 2)
+			}
+			rig.announce() // B's answers tell the workers epoch 2
+			// Only the holder tells an epoch: B its own; A, once told it
+			// lost, none (while it believes it holds, its own 1).
+			for i, want := range map[int]uint64{b: 2, a: map[bool]uint64{true: 0, false: 1}[told]} {
+				resp, err := rig.rs[i].Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+					Id: "cpu" + rig.cnAt[0], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.cnAt[0], Models: []string{"m"}, Healthy: true,
+					UpdateSeq: map[string]int64{"m": rig.cns[0].held()}}})
+				if err != nil || resp.GetEpoch() != want {
+					t.Errorf("router %d answers an embedding worker with epoch %d, %v; want %d", i, resp.GetEpoch(), err, want)
+				}
+			}
+			rig.advance() // B's window ends: the workers hold 1
+			for _, f := range rig.cns {
+				f.mu.Lock()
+				close(f.gate)
+				f.gate = nil
+				f.mu.Unlock()
+			}
+			xErr := <-x
+			if status.Code(xErr) != codes.Unavailable || !strings.Contains(xErr.Error(), "lost the sequencing lease") {
+				t.Errorf("X on A: %v, want Unavailable naming the fenced refusal", xErr)
+			}
+			for i, f := range rig.cns {
+				if f.held() != 1 || f.row(5) != 0 {
+					t.Errorf("worker %d holds %d, row 5 = %v: X landed after the workers heard of B's epoch", i, f.held(), f.row(5))
+				}
+			}
+			if err := rig.update(b, 6, 6); err != nil { // Y, number 2 on B
+				t.Fatalf("Y on B: %v, want it acknowledged", err)
+			}
+			rig.orders(1, 2)
+			for i, f := range rig.cns {
+				if f.row(6) != 6 {
+					t.Errorf("worker %d: row 6 = %v, want Y's 6", i, f.row(6))
+				}
+			}
+			rig.announce()
+			for i := range rig.cns {
+				var others []string
+				for j := range rig.cns {
+					if j != i {
+						others = append(others, "cpu"+rig.cnAt[j])
+					}
+				}
+				_, release, err := rig.rs[b].Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others)
+				if err != nil {
+					t.Errorf("B does not send lookups to worker %d: %v (diverged?)", i, err)
+					continue
+				}
+				release()
+			}
+			if strings.Contains(rig.logs.String(), "holds another update under a number") {
+				t.Errorf("a worker diverged:\n%s", rig.logs.String())
+			}
+			if !told {
+				// A stopped sequencing on the fenced answer: its next
+				// client is refused, not numbered.
+				wantUnavailable(t, rig.update(a, 7, 7), "update on A after it was fenced", "stopped sequencing")
+				if !strings.Contains(rig.logs.String(), "this router stops sequencing") {
+					t.Errorf("A did not say it stops sequencing:\n%s", rig.logs.String())
+				}
+				rig.orders(1, 2)
+			}
+		})
 	}
 }

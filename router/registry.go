@@ -102,6 +102,13 @@ type Registry struct {
 	describe func() (map[string]*prismv1.ModelUpdates, bool)
 	// readLog, when set, serves UpdateLog (replica.go).
 	readLog func(*prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error)
+	// epoch, when set, is the election epoch of this router's hold while
+	// it sequences updates as the holder (0 otherwise): embedding workers
+	// are told it in every answer (AnnounceResponse.epoch), so they refuse
+	// the updates of earlier holders from the new holder's first
+	// heartbeat on (elect.go). Called under mu, which the change of holder
+	// holds too: an answer after the change carries the new epoch.
+	epoch func() uint64
 }
 
 type roleModel struct {
@@ -327,6 +334,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 	resp := &prismv1.AnnounceResponse{HeartbeatMs: r.heartbeat.Milliseconds()}
 	if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
 		resp.DenseAddrs = r.denseAddrs // replaced, never changed in place
+		if r.epoch != nil {
+			resp.Epoch = r.epoch()
+		}
 	}
 	return resp, nil
 }

@@ -302,6 +302,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.Reg.observe = r.el.announced
 		r.Reg.gone = r.el.gone
 		r.Reg.eligible = r.el.inSync
+		r.Reg.epoch = r.el.epoch
 		r.log.Info("the router that sequences embedding updates is elected", "self", o.Election.Identity())
 		return r, nil
 	}

@@ -73,7 +73,12 @@ type sequencer struct {
 	// resigned: another router sequences the updates now (resign): this
 	// one numbers nothing more and replays nothing more.
 	resigned bool
-	out      []message
+	// epoch is the election epoch of the hold this sequencer serves (0:
+	// not elected, or not known): every apply it sends carries it
+	// (ApplyUpdateRequest.epoch), and workers that heard of a later hold
+	// of the same Lease refuse it (fenced).
+	epoch uint64
+	out   []message
 }
 
 // modelSeq is one sequence: a model's, or a shard's of a sharded model

@@ -163,7 +163,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		// Sent marked fresh (the log keeps areq, replayed unmarked): a
 		// worker holding the number already holds another sequencer's
 		// update under it, and says so instead of acknowledging it.
-		fresh := &prismv1.ApplyUpdateRequest{Update: areq.Update, Seq: areq.Seq, Sequence: areq.Sequence, Fresh: true}
+		fresh := &prismv1.ApplyUpdateRequest{Update: areq.Update, Seq: areq.Seq, Sequence: areq.Sequence, Fresh: true, Epoch: s.epoch}
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
 			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: fresh})
@@ -243,6 +243,17 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		f.refusers[worker] = addr + ": " + status.Convert(err).Message()
 		s.ack(m, worker, seq)
 	case codes.FailedPrecondition:
+		if prismv1.IsStaleEpoch(err) {
+			// Fenced: the worker heard of a later hold of the Lease, so
+			// this router no longer sequences; the worker wrote nothing
+			// and did not take the number. Not held: the client is told
+			// Unavailable (the router sequencing now takes its retry).
+			if f.failed == nil {
+				f.failed = fmt.Errorf("worker %s: %s", addr, status.Convert(err).Message())
+			}
+			s.fenced(now, model, worker, err)
+			break
+		}
 		// Behind: the catch-up replays what it missed, then this.
 		s.logf(slog.LevelInfo, "embedding worker behind on updates; catching it up", "model", model, "worker", worker, "seq", seq)
 	default:

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -86,6 +87,10 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 		}
 		s.ack(m, worker, seq)
 		s.replayNext(model, m, worker)
+	case prismv1.IsStaleEpoch(err):
+		// Fenced (a later holder of the Lease sequences): no more replays.
+		delete(m.catching, worker)
+		s.fenced(s.now, model, worker, err)
 	case errors.Is(err, errRouterStopping), errors.Is(err, errNotLogged):
 		// Stopping, or the log does not hold the update yet (writeFailed
 		// logged it): the next heartbeat after the log is written again
@@ -115,5 +120,23 @@ func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 			return
 		}
 	}
-	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: m.log[k-m.floor]})
+	s.send(message{Type: msgApply, Model: model, Worker: id, Addr: w.GetAddr(), Apply: s.stamped(m.log[k-m.floor])})
+}
+
+// stamped is req carrying this sequencer's epoch: the log keeps entries
+// as numbered (a copy taken over by the next holder is replayed under
+// its epoch), so each replay is stamped as it is sent. The copy is
+// shallow (the rows are shared, never changed).
+func (s *sequencer) stamped(req *prismv1.ApplyUpdateRequest) *prismv1.ApplyUpdateRequest {
+	if s.epoch == 0 || req.GetEpoch() == s.epoch {
+		return req
+	}
+	out := &prismv1.ApplyUpdateRequest{}
+	dst := out.ProtoReflect()
+	req.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	out.Epoch = s.epoch
+	return out
 }

@@ -88,6 +88,9 @@ func (m message) String() string {
 		if u := m.Apply.GetUpdate(); len(u.GetIds()) > 0 && len(u.GetIds()) <= 8 && m.Model != u.GetModel() {
 			to += fmt.Sprintf(", ids %v", u.GetIds()) // a shard's part
 		}
+		if e := m.Apply.GetEpoch(); e != 0 {
+			to += fmt.Sprintf(", epoch %d", e)
+		}
 		return fmt.Sprintf("apply %s#%d -> %s (%s)", m.Model, m.Apply.GetSeq(), m.Worker, to)
 	case msgAnswer:
 		if m.Err != nil {

@@ -27,11 +27,13 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 // Commands (defaults in brackets):
 //
-//	new [heartbeat=1s] [log-bytes=268435456] [quorum=one] [persist=hide|show]
+//	new [heartbeat=1s] [log-bytes=268435456] [quorum=one] [persist=hide|show] [epoch=0]
 //	                                           a router starting now (the
 //	                                           scripts from before quorums
 //	                                           assume one; show prints the
-//	                                           update log writes)
+//	                                           update log writes; epoch: its
+//	                                           hold's election epoch, which
+//	                                           every apply carries)
 //	restart [after=0s]                         the router restarts from what
 //	                                           its update log holds
 //	advance <duration>                         the clock moves on
@@ -50,9 +52,11 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	                                           ids: how many (each 0), or the
 //	                                           ids, dot-separated
 //	cancel <client> [code=Canceled]            the client's context ended
-//	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout]
+//	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout|fenced]
 //	                                           model: the sequence, m#shardK
-//	                                           for a shard's
+//	                                           for a shard's; fenced: the
+//	                                           worker heard of the next epoch
+//	                                           (prismv1.StaleEpochError)
 //	tick [after=0s]                            a heartbeat
 //	resign                                     another router sequences now
 //	serving [model=m]                          which live workers may serve
@@ -264,6 +268,7 @@ func (h *seqScript) do(line string) []string {
 		h.heartbeat, h.logBytes, h.quorum, h.showPersist = dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")), q, arg("persist", "hide") == "show"
 		h.disk, h.durable, h.failWrites = map[string]*diskModel{}, map[string]int64{}, false
 		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+		h.s.epoch = uint64(num(arg("epoch", "0")))
 	case "restart":
 		h.now = h.now.Add(dur(arg("after", "0s")))
 		return h.restart()
@@ -331,6 +336,8 @@ func (h *seqScript) do(line string) []string {
 		var err error
 		if arg("code", "") == "timeout" {
 			err = errWorkerTimeout
+		} else if arg("code", "") == "fenced" {
+			err = prismv1.StaleEpochError(model, num(pos[2]), h.s.epoch, h.s.epoch+1)
 		} else if c := codeNamed(h.t, arg("code", "OK")); c != codes.OK {
 			err = status.Error(c, "worker says "+c.String())
 		}
@@ -381,6 +388,7 @@ func (h *seqScript) do(line string) []string {
 		}
 		h.epoch = uint64(num(arg("epoch", fmt.Sprint(h.epoch+1))))
 		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+		h.s.epoch = h.epoch
 		h.term++
 		h.disk, h.durable = map[string]*diskModel{}, map[string]int64{}
 		models, updates, stale := h.copy.restoreTo(h.s, h.epoch)

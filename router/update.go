@@ -130,7 +130,7 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	// Wrapped for the workers, the update must still fit their message
 	// limit; a seq whose update cannot be sent would hold up every later
 	// one.
-	if size := proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64}); size > u.maxBytes {
+	if size := proto.Size(&prismv1.ApplyUpdateRequest{Update: req, Seq: math.MaxInt64, Fresh: true, Epoch: math.MaxUint64}); size > u.maxBytes {
 		return nil, status.Errorf(codes.InvalidArgument, "update of %d bytes: the limit is %d; split it", size, u.maxBytes)
 	}
 	return d.update(ctx, req)

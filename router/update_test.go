@@ -40,6 +40,23 @@ type seqCN struct {
 	order []int64
 	// refuse: every table is refused as bad input (taking its seq).
 	refuse bool
+	// fence: a worker of this release, which keeps the highest election
+	// epoch it heard of (an update's, an announcement's answer: heard)
+	// and refuses the updates of a lower one of the same Lease, writing
+	// nothing and taking no number (cpuserve's store.StaleEpochError).
+	// Unset: a worker of an earlier release, which reads no epoch.
+	fence bool
+	epoch uint64
+}
+
+// heard is the worker hearing of election epoch (an answer to its
+// announcement).
+func (f *seqCN) heard(epoch uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fence && prismv1.EpochRaises(f.epoch, epoch) {
+		f.epoch = epoch
+	}
 }
 
 func (f *seqCN) Update(_ context.Context, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
@@ -56,6 +73,14 @@ func (f *seqCN) Update(_ context.Context, req *prismv1.ApplyUpdateRequest) (*pri
 		return nil, status.Error(codes.Unavailable, "down")
 	}
 	seq := req.GetSeq()
+	if f.fence && seq > 0 {
+		if prismv1.EpochStale(f.epoch, req.GetEpoch()) {
+			return nil, prismv1.StaleEpochError(req.GetUpdate().GetModel(), seq, req.GetEpoch(), f.epoch)
+		}
+		if prismv1.EpochRaises(f.epoch, req.GetEpoch()) {
+			f.epoch = req.GetEpoch()
+		}
+	}
 	switch {
 	case seq <= f.seq && req.GetFresh():
 		return nil, status.Errorf(codes.AlreadyExists, "holds %d already", f.seq)

@@ -128,7 +128,21 @@ type ApplyUpdateRequest struct {
 	// so the router neither counts it towards the quorum nor takes its
 	// copy for this update's. false (replays, routers of earlier
 	// releases): a number the worker holds is acknowledged again.
-	Fresh         bool `protobuf:"varint,7,opt,name=fresh,proto3" json:"fresh,omitempty"`
+	Fresh bool `protobuf:"varint,7,opt,name=fresh,proto3" json:"fresh,omitempty"`
+	// epoch is the election epoch of the sequencing router's hold of the
+	// Lease (router.Election, kubelease.Epoch: a hash of the Lease's uid
+	// in the high 32 bits, its holder changes plus one in the low). A
+	// worker keeps, durably with its store's update numbers, the highest
+	// epoch it has heard of (here or in AnnounceResponse.epoch), and
+	// refuses an update of a lower epoch of the same Lease (high 32 bits
+	// equal) with FAILED_PRECONDITION (prismv1.StaleEpochError), writing
+	// nothing and taking no number: its router lost the Lease and another
+	// sequences now (fencing). An epoch of another Lease is not compared
+	// (it replaces the one kept: the Lease was made anew). Every update
+	// the router sends carries it: a client's, a catch-up replay, a
+	// number_only or number range. 0 (no election, routers of earlier
+	// releases): not checked.
+	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +224,13 @@ func (x *ApplyUpdateRequest) GetFresh() bool {
 		return x.Fresh
 	}
 	return false
+}
+
+func (x *ApplyUpdateRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type LookupRequest struct {
@@ -1110,7 +1131,15 @@ type AnnounceResponse struct {
 	// dense_addrs, in the answer to an embedding worker, are the addresses
 	// of the dense workers registered now (sorted): the only ones its
 	// Lookup may send cut tensors to (LookupRequest.dense_addr).
-	DenseAddrs    []string `protobuf:"bytes,2,rep,name=dense_addrs,json=denseAddrs,proto3" json:"dense_addrs,omitempty"`
+	DenseAddrs []string `protobuf:"bytes,2,rep,name=dense_addrs,json=denseAddrs,proto3" json:"dense_addrs,omitempty"`
+	// epoch, in the answer to an embedding worker, is the election epoch
+	// of the answering router's hold when it sequences updates as the
+	// holder of the Lease (0: it does not, or no election; see
+	// ApplyUpdateRequest.epoch). The worker raises the epoch it keeps to
+	// it before it announces again, so from the new holder's first
+	// heartbeats on it refuses the updates of the router that lost the
+	// Lease, well within the new holder's start-up window of three.
+	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1157,6 +1186,13 @@ func (x *AnnounceResponse) GetDenseAddrs() []string {
 		return x.DenseAddrs
 	}
 	return nil
+}
+
+func (x *AnnounceResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
 }
 
 type LeaveRequest struct {
@@ -1656,7 +1692,7 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\xf2\x01\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\x88\x02\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1f\n" +
@@ -1666,7 +1702,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"numberFrom\x12%\n" +
 	"\x0eskipped_tables\x18\x05 \x03(\tR\rskippedTables\x12\x1a\n" +
 	"\bsequence\x18\x06 \x01(\tR\bsequence\x12\x14\n" +
-	"\x05fresh\x18\a \x01(\bR\x05fresh\"\xcd\x02\n" +
+	"\x05fresh\x18\a \x01(\bR\x05fresh\x12\x14\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\xcd\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
@@ -1763,11 +1800,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\x12\x12\n" +
 	"\x04rows\x18\x03 \x01(\x03R\x04rows\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
-	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"V\n" +
+	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"l\n" +
 	"\x10AnnounceResponse\x12!\n" +
 	"\fheartbeat_ms\x18\x01 \x01(\x03R\vheartbeatMs\x12\x1f\n" +
 	"\vdense_addrs\x18\x02 \x03(\tR\n" +
-	"denseAddrs\"\x1e\n" +
+	"denseAddrs\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x1e\n" +
 	"\fLeaveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rLeaveResponse\"\r\n" +

@@ -184,11 +184,15 @@ at --advertise-addr.`,
 			return s.ServeWorker(ctx, serve.WorkerOptions{
 				Router:        router,
 				AdvertiseAddr: advertise,
-				Announced:     func(r *prismv1.AnnounceResponse) { srv.SetDenseAddrs(r.GetDenseAddrs()) },
-				Prompt:        prompt,
-				Info:          func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
-				Ready:         func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
-				DialOptions:   []grpc.DialOption{toRouter},
+				Announced: func(r *prismv1.AnnounceResponse) {
+					if err := srv.Announced(r); err != nil {
+						log.Error("cannot record the election epoch of the router sequencing updates: the updates of a router that lost the sequencing lease may still be applied", "err", err)
+					}
+				},
+				Prompt:      prompt,
+				Info:        func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
+				Ready:       func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
+				DialOptions: []grpc.DialOption{toRouter},
 			})
 		},
 	}

@@ -2,10 +2,13 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
 )
 
 // DefaultMaxInflightSamples is Options.MaxInflightSamples' default.
@@ -60,6 +63,24 @@ func (s *Server) denseListLocked() *denseList {
 		s.denseAddrs.Store(l)
 	}
 	return l
+}
+
+// Announced takes a router's answer to this worker's announcement
+// (internal/serve hands every one here, before the worker announces
+// again): the dense workers a Lookup may send to, and the election
+// epoch of a router that holds the sequencing Lease, which the store
+// keeps (store.RaiseEpoch) so that the updates of the router that held
+// it before are refused from now on, within the new holder's start-up
+// window. An error says the epoch could not be recorded; the dense
+// workers are taken either way.
+func (s *Server) Announced(resp *prismv1.AnnounceResponse) error {
+	s.SetDenseAddrs(resp.GetDenseAddrs())
+	if e := resp.GetEpoch(); e != 0 {
+		if _, err := s.st.RaiseEpoch(e); err != nil {
+			return fmt.Errorf("record the sequencing router's election epoch %s: %w", prismv1.FormatEpoch(e), err)
+		}
+	}
+	return nil
 }
 
 // checkDense refuses a dense_addr the router has not registered: the

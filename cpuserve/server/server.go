@@ -499,7 +499,12 @@ func (s *Server) checkVersion(model string, v int64) error {
 // storeStatus maps a store error to a gRPC status.
 func storeStatus(err error) error {
 	var gap *store.SeqGapError
+	var stale *store.StaleEpochError
 	switch {
+	case errors.As(err, &stale):
+		// The router that sent it lost the sequencing Lease: it must
+		// not count this worker as holding the update (prismv1.IsStaleEpoch).
+		return prismv1.StaleEpochError(stale.Model, stale.Seq, stale.Epoch, stale.Held)
 	case errors.As(err, &gap):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, store.ErrUnknownModel), errors.Is(err, store.ErrUnknownVersion):

@@ -19,7 +19,10 @@ import (
 // store holds already is acknowledged again, one that comes too early
 // gets FailedPrecondition naming the update the worker needs, and one
 // sent fresh (ApplyUpdateRequest.fresh) that it holds already
-// AlreadyExists. Over TLS an
+// AlreadyExists. An update from a router whose hold of the sequencing
+// Lease ended (ApplyUpdateRequest.epoch below the epoch the store keeps,
+// of the same Lease) gets FailedPrecondition (prismv1.StaleEpochError)
+// on every path, nothing written and no number taken. Over TLS an
 // unsequenced update (seq 0) is refused to every role but admin.
 func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
 	req := areq.GetUpdate()
@@ -63,14 +66,14 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 		case sr != nil && !sr.tables[req.GetTable()]:
 			// No shard holds such a table: bad input, refused here as
 			// on every worker, and the number taken.
-			if err := s.st.SkipSeq(req.GetModel(), areq.GetSeq()); err != nil {
+			if err := s.st.SkipSeqsAt(req.GetModel(), areq.GetSeq(), areq.GetSeq(), areq.GetEpoch()); err != nil {
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
 			return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q", req.GetModel(), req.GetTable())
 		case !s.skipsUpdate(req.GetModel(), req.GetTable()):
 			return nil, status.Errorf(codes.FailedPrecondition, "update %d of table %q sent without its rows, but this worker's shard holds the table: send it the rows", areq.GetSeq(), req.GetTable())
 		}
-		if err := s.st.SkipSeq(req.GetModel(), areq.GetSeq()); err != nil {
+		if err := s.st.SkipSeqsAt(req.GetModel(), areq.GetSeq(), areq.GetSeq(), areq.GetEpoch()); err != nil {
 			return nil, storeStatus(fmt.Errorf("update: %w", err))
 		}
 		return &prismv1.UpdateResponse{Workers: 1, Shards: s.shards[req.GetModel()].rowShards(req.GetTable(), req.GetIds())}, nil
@@ -79,7 +82,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 		// Another shard's table: this worker takes the update's place in
 		// the model's one sequence, rows unwritten.
 		if seq := areq.GetSeq(); seq > 0 {
-			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+			if err := s.st.SkipSeqsAt(req.GetModel(), seq, seq, areq.GetEpoch()); err != nil {
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
 		}
@@ -100,7 +103,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 		if seq := areq.GetSeq(); seq > 0 {
 			// Every replica rejects it alike: it takes its place in the
 			// sequence, so the updates after it are not held up.
-			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+			if err := s.st.SkipSeqsAt(req.GetModel(), seq, seq, areq.GetEpoch()); err != nil {
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
 		}
@@ -116,7 +119,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	if !inTable {
 		bad := status.Errorf(codes.InvalidArgument, "update of table %q: an id outside the table", req.GetTable())
 		if seq := areq.GetSeq(); seq > 0 {
-			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+			if err := s.st.SkipSeqsAt(req.GetModel(), seq, seq, areq.GetEpoch()); err != nil {
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
 		}
@@ -124,7 +127,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	}
 	if len(ids) == 0 {
 		if seq := areq.GetSeq(); seq > 0 {
-			if err := s.st.SkipSeq(req.GetModel(), seq); err != nil {
+			if err := s.st.SkipSeqsAt(req.GetModel(), seq, seq, areq.GetEpoch()); err != nil {
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
 		}
@@ -133,7 +136,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	var err error
 	if seq := areq.GetSeq(); seq > 0 {
 		var applied bool
-		applied, err = s.st.UpsertSeq(req.GetModel(), req.GetTable(), ids, rows, seq)
+		applied, err = s.st.UpsertSeqAt(req.GetModel(), req.GetTable(), ids, rows, seq, areq.GetEpoch())
 		if err == nil && !applied && areq.GetFresh() {
 			// The router sends this number for the first time, yet the
 			// store holds it: another sequencer's update under the same
@@ -166,7 +169,7 @@ func (s *Server) skipRange(areq *prismv1.ApplyUpdateRequest) (*prismv1.UpdateRes
 			return nil, status.Errorf(codes.FailedPrecondition, "updates %d .. %d sent without their rows, but this worker's shard holds table %q: send it the rows", from, seq, table)
 		}
 	}
-	if err := s.st.SkipSeqs(model, from, seq); err != nil {
+	if err := s.st.SkipSeqsAt(model, from, seq, areq.GetEpoch()); err != nil {
 		return nil, storeStatus(fmt.Errorf("update: %w", err))
 	}
 	return &prismv1.UpdateResponse{Workers: 1}, nil

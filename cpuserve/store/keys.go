@@ -31,6 +31,11 @@ var catalogKey = []byte("\x00\x00\x00\x00catalog")
 // under the metadata table id 0.
 func seqKey(model string) []byte { return append([]byte("\x00\x00\x00\x00updseq/"), model...) }
 
+// epochKey holds the highest election epoch of the sequencing router
+// the store has heard of (8 bytes, little-endian; epoch.go) under the
+// metadata table id 0.
+var epochKey = []byte("\x00\x00\x00\x00updepoch")
+
 // overlayPrefix starts the keys of the model's update overlay: the last
 // value (float32 little-endian, as sent) of every row an upsert wrote,
 // by model, table name and row, under the metadata table id 0. A version

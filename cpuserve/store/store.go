@@ -37,6 +37,11 @@ type Store struct {
 	// catMu serialises catalog changes; ingestMu serialises ingests;
 	// seqs caches each model's applied update seq (under updMu).
 	seqs map[string]int64
+	// epoch caches the highest election epoch heard of (epoch.go), read
+	// once epochRead; written under updMu, read without it by
+	// RaiseEpoch's check for news.
+	epoch     atomic.Uint64
+	epochRead atomic.Bool
 	// updMu serialises upserts (Pebble order = hot tier order); cowMu
 	// serialises table copies (cow.go), and copySrc (under catMu) is the
 	// table being copied, which nobody writes meanwhile. Lock order:

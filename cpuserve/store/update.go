@@ -21,7 +21,7 @@ import (
 // The change is to the physical table: every model version sharing it
 // sees it.
 func (s *Store) Upsert(model, table string, ids []int64, rows []float32) error {
-	_, err := s.upsert(model, table, ids, rows, 0)
+	_, err := s.upsert(model, table, ids, rows, 0, 0)
 	return err
 }
 
@@ -47,12 +47,20 @@ func (e *SeqGapError) Error() string {
 // replica of the model rejects it alike, and the updates after it are not
 // held up.
 func (s *Store) UpsertSeq(model, table string, ids []int64, rows []float32, seq int64) (applied bool, err error) {
+	return s.UpsertSeqAt(model, table, ids, rows, seq, 0)
+}
+
+// UpsertSeqAt is UpsertSeq sent by the router holding election epoch
+// (epoch.go; 0: not checked): a *StaleEpochError, nothing written and
+// seq not taken, when the store has heard of a later hold of the same
+// Lease; else a later epoch than the store's is recorded with seq.
+func (s *Store) UpsertSeqAt(model, table string, ids []int64, rows []float32, seq int64, epoch uint64) (applied bool, err error) {
 	if seq <= 0 {
 		return false, badRequestf("upsert model %q: update seq %d: want > 0", model, seq)
 	}
-	applied, err = s.upsert(model, table, ids, rows, seq)
+	applied, err = s.upsert(model, table, ids, rows, seq, epoch)
 	if err != nil && IsInputError(err) && !errors.Is(err, ErrUnknownModel) {
-		if serr := s.SkipSeq(model, seq); serr != nil {
+		if serr := s.SkipSeqsAt(model, seq, seq, epoch); serr != nil {
 			return false, serr
 		}
 	}
@@ -72,6 +80,14 @@ func (s *Store) SkipSeq(model string, seq int64) error {
 // is caught up on. Numbers the store holds already are no-ops; from
 // must be at most one past the last it holds (else a *SeqGapError).
 func (s *Store) SkipSeqs(model string, from, seq int64) error {
+	return s.SkipSeqsAt(model, from, seq, 0)
+}
+
+// SkipSeqsAt is SkipSeqs sent by the router holding election epoch, as
+// UpsertSeqAt: a *StaleEpochError, no number taken, from an earlier hold
+// of the same Lease than the store has heard of; a later epoch is
+// recorded in the same write as seq.
+func (s *Store) SkipSeqsAt(model string, from, seq int64, epoch uint64) error {
 	if from < 1 || from > seq {
 		return badRequestf("model %q: skip updates %d .. %d", model, from, seq)
 	}
@@ -82,24 +98,54 @@ func (s *Store) SkipSeqs(model string, from, seq int64) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
+	raise, err := s.fenceLocked(model, seq, epoch)
+	if err != nil {
+		return err
+	}
 	cur, err := s.appliedSeqLocked(model)
 	if err != nil {
 		return err
 	}
-	if seq <= cur {
-		return nil
-	}
-	if from > cur+1 {
+	if seq <= cur || from > cur+1 {
+		// Nothing to take; the epoch is still news.
+		if err := s.raiseAloneLocked(raise, epoch); err != nil {
+			return err
+		}
+		if seq <= cur {
+			return nil
+		}
 		return &SeqGapError{Model: model, Applied: cur, Got: from}
 	}
-	wo := pebble.Sync
-	if s.opts.NoSync {
-		wo = pebble.NoSync
+	b := s.db.NewBatch()
+	defer b.Close()
+	if err := b.Set(seqKey(model), binary.LittleEndian.AppendUint64(nil, uint64(seq)), nil); err != nil {
+		return fmt.Errorf("model %q: record update seq %d: %w", model, seq, err)
 	}
-	if err := s.db.Set(seqKey(model), binary.LittleEndian.AppendUint64(nil, uint64(seq)), wo); err != nil {
+	if raise {
+		if err := setEpoch(b, epoch); err != nil {
+			return fmt.Errorf("model %q: record update seq %d: %w", model, seq, err)
+		}
+	}
+	if err := s.db.Apply(b, s.writeOpts()); err != nil {
 		return fmt.Errorf("model %q: record update seq %d: %w", model, seq, err)
 	}
 	s.seqs[model] = seq
+	if raise {
+		s.epoch.Store(epoch)
+	}
+	return nil
+}
+
+// raiseAloneLocked records epoch on its own when raise says it is news
+// and no write of a seq carries it; updMu and mu held.
+func (s *Store) raiseAloneLocked(raise bool, epoch uint64) error {
+	if !raise {
+		return nil
+	}
+	if err := s.db.Set(epochKey, binary.LittleEndian.AppendUint64(nil, epoch), s.writeOpts()); err != nil {
+		return fmt.Errorf("record election epoch %d: %w", epoch, err)
+	}
+	s.epoch.Store(epoch)
 	return nil
 }
 
@@ -142,7 +188,7 @@ func (s *Store) appliedSeqLocked(model string) (int64, error) {
 	return seq, nil
 }
 
-func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int64) (bool, error) {
+func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int64, epoch uint64) (bool, error) {
 	start := time.Now()
 	if s.opts.ReadOnly {
 		return false, badRequestf("upsert: store opened read-only")
@@ -153,7 +199,7 @@ func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int
 	defer s.ops.Done()
 	copied := false
 	for range 8 {
-		applied, shared, err := s.upsertOnce(model, table, ids, rows, seq)
+		applied, shared, err := s.upsertOnce(model, table, ids, rows, seq, epoch)
 		if err != nil {
 			return false, err
 		}
@@ -186,7 +232,7 @@ func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int
 // upsertOnce checks and writes an upsert, unless model's table reads a
 // physical table shared with another name: then it writes nothing and
 // returns that table's id for the caller to copy (cow.go).
-func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq int64) (applied bool, shared uint32, err error) {
+func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq int64, epoch uint64) (applied bool, shared uint32, err error) {
 	// catMu keeps the catalog, the view and the tables' sharing as they
 	// are from the checks to the write; updMu orders upserts.
 	s.catMu.Lock()
@@ -212,15 +258,32 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 			return false, 0, fmt.Errorf("upsert model %q table %q: ids[%d]=%d, table has %d rows: %w", model, table, i, id, tv.rows, ErrIDOutOfRange)
 		}
 	}
+	raise := false
 	if seq > 0 {
+		// A router that lost the sequencing Lease writes nothing, not
+		// even a replay's acknowledgement.
+		if raise, err = s.fenceLocked(model, seq, epoch); err != nil {
+			return false, 0, err
+		}
 		cur, err := s.appliedSeqLocked(model)
 		if err != nil {
 			return false, 0, err
 		}
-		if seq <= cur {
-			return false, 0, nil // a replay of an update the store holds
-		}
-		if seq > cur+1 {
+		if seq <= cur || seq > cur+1 {
+			// No rows written: the epoch, if news, on its own.
+			s.mu.RLock()
+			if s.closed.Load() {
+				s.mu.RUnlock()
+				return false, 0, ErrClosed
+			}
+			err := s.raiseAloneLocked(raise, epoch)
+			s.mu.RUnlock()
+			switch {
+			case err != nil:
+				return false, 0, err
+			case seq <= cur:
+				return false, 0, nil // a replay of an update the store holds
+			}
 			return false, 0, &SeqGapError{Model: model, Applied: cur, Got: seq}
 		}
 	}
@@ -257,6 +320,12 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 			return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 		}
 	}
+	if raise {
+		// With the seq: a restart keeps refusing the earlier holds.
+		if err := setEpoch(b, epoch); err != nil {
+			return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
+		}
+	}
 	var key [keyLen]byte
 	var val []byte
 	stored := make([]float32, len(rows))
@@ -273,11 +342,7 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 			return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 		}
 	}
-	wo := pebble.Sync
-	if s.opts.NoSync {
-		wo = pebble.NoSync
-	}
-	if err := s.db.Apply(b, wo); err != nil {
+	if err := s.db.Apply(b, s.writeOpts()); err != nil {
 		return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 	}
 	// Durable. Now visible: lookups that read Pebble before this point
@@ -286,6 +351,9 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 	s.updSeq.Add(1)
 	if seq > 0 {
 		s.seqs[model] = seq
+	}
+	if raise {
+		s.epoch.Store(epoch)
 	}
 	if cls := tv.hot; cls != nil {
 		cls.Lock()

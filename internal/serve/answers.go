@@ -16,7 +16,9 @@ import (
 // and a router silent longer than that has dropped this worker from its
 // registry too (the registry's expiry), so it sends it no work that
 // would name a dense worker only it knows of. heartbeat_ms is the
-// shortest router's.
+// shortest router's. epoch is the answering router's own, delivered
+// with its answer (not merged: the worker keeps the highest it heard,
+// store.RaiseEpoch), 0 in a delivery no answer caused.
 type answers struct {
 	mu  sync.Mutex
 	now func() time.Time
@@ -53,12 +55,12 @@ func (a *answers) heard(router string, resp *prismv1.AnnounceResponse, err error
 			hb = time.Second
 		}
 		a.by[router] = routerAnswer{dense: resp.GetDenseAddrs(), heartbeat: hb, at: now}
-		a.deliver(true)
+		a.deliver(true, resp.GetEpoch())
 		return
 	}
 	if r, ok := a.by[router]; ok && now.Sub(r.at) > 3*r.heartbeat {
 		delete(a.by, router)
-		a.deliver(false)
+		a.deliver(false, 0)
 	}
 }
 
@@ -68,13 +70,14 @@ func (a *answers) forget(router string) {
 	defer a.mu.Unlock()
 	if _, ok := a.by[router]; ok {
 		delete(a.by, router)
-		a.deliver(false)
+		a.deliver(false, 0)
 	}
 }
 
-// deliver hands the merged answer to out: always, or only when the union
-// changed; a.mu held, so deliveries keep the order of the merges.
-func (a *answers) deliver(always bool) {
+// deliver hands the merged answer to out, with epoch: always, or only
+// when the union changed; a.mu held, so deliveries keep the order of the
+// merges.
+func (a *answers) deliver(always bool, epoch uint64) {
 	union := map[string]bool{}
 	var hb time.Duration
 	for _, r := range a.by {
@@ -91,6 +94,6 @@ func (a *answers) deliver(always bool) {
 	}
 	a.sent, a.told = dense, true
 	if a.out != nil {
-		a.out(&prismv1.AnnounceResponse{HeartbeatMs: hb.Milliseconds(), DenseAddrs: dense})
+		a.out(&prismv1.AnnounceResponse{HeartbeatMs: hb.Milliseconds(), DenseAddrs: dense, Epoch: epoch})
 	}
 }

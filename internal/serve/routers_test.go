@@ -166,6 +166,24 @@ func TestAnswers(t *testing.T) {
 	}
 }
 
+// TestAnswersEpoch: each router's answer is delivered with its own
+// election epoch (AnnounceResponse.epoch), never merged away: the
+// worker hears the sequencing router's epoch from that router's answer
+// before it announces to it again (issue 14), and a delivery no answer
+// caused carries none.
+func TestAnswersEpoch(t *testing.T) {
+	now := time.Unix(0, 0)
+	var got []uint64
+	a := newAnswers(func(r *prismv1.AnnounceResponse) { got = append(got, r.GetEpoch()) }, func() time.Time { return now })
+	a.heard("holder", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"a"}, Epoch: 7}, nil)
+	a.heard("follower", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"b"}}, nil)
+	a.heard("holder", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"a"}, Epoch: 7}, nil)
+	a.forget("follower")
+	if want := []uint64{7, 0, 7, 0}; !slices.Equal(got, want) {
+		t.Errorf("delivered epochs %v, want %v", got, want)
+	}
+}
+
 // TestResolveRouter: a literal is one router, a name each of its
 // addresses (dialled under the name), a name of loopback addresses one
 // router by its name.

@@ -1,0 +1,101 @@
+package server_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/leview"
+)
+
+// TestUpdateFencedByEpoch (issue 14): a worker that has heard of a
+// hold of the sequencing Lease (a router's answer to its announcement,
+// Server.Announced, or an update) refuses the updates of an earlier
+// hold of the same Lease with FailedPrecondition naming both epochs
+// (prismv1.IsStaleEpoch), writing nothing and taking no number: a
+// client's update, its replay, one of bad input. A later epoch raises
+// the kept one; another Lease's (high 32 bits) is not compared; 0
+// (routers of earlier releases, no election) is not checked.
+func TestUpdateFencedByEpoch(t *testing.T) {
+	fx := fuzzSetup(t)
+	model, tab := fx.plan.Model.Name, fx.plan.Tables[0]
+	ctx := context.Background()
+	const lease, other = uint64(0xfe11ce00) << 32, uint64(0x0c0ffee0) << 32
+	read := func() float32 {
+		t.Helper()
+		l := store.TableLookup{Table: tab.Name, IDs: []int64{4}, Pooling: store.PoolNone, Out: make([]float32, tab.Dim)}
+		if err := fx.st.Lookup(model, []store.TableLookup{l}); err != nil {
+			t.Fatal(err)
+		}
+		return l.Out[0]
+	}
+	base := fx.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]
+	before := read()
+	steps := []struct {
+		announce uint64 // an announcement's answer carrying this epoch (no update)
+		seq      int64  // past base
+		epoch    uint64
+		table    string // "": the model's first
+		fresh    bool
+		val      float32
+		want     codes.Code
+		stale    bool
+		held     uint64  // the epoch a fenced refusal names as heard of
+		after    int64   // seq held afterwards, past base
+		row      float32 // row 4 afterwards (0: as before the test)
+	}{
+		{announce: lease | 5},
+		{seq: 1, epoch: lease | 4, fresh: true, val: 0.25, want: codes.FailedPrecondition, stale: true, held: lease | 5, after: 0},
+		{seq: 1, epoch: lease | 4, table: "nope", fresh: true, want: codes.FailedPrecondition, stale: true, held: lease | 5, after: 0}, // bad input: no number taken either
+		{seq: 1, epoch: 0, fresh: true, val: 0.5, after: 1, row: 0.5},                                                                  // unchecked
+		{seq: 1, epoch: lease | 4, val: 0.5, want: codes.FailedPrecondition, stale: true, held: lease | 5, after: 1, row: 0.5},         // a replay is not acknowledged
+		{seq: 2, epoch: lease | 6, fresh: true, val: 0.75, after: 2, row: 0.75},                                                        // raises to 6
+		{seq: 3, epoch: lease | 5, fresh: true, val: 0.125, want: codes.FailedPrecondition, stale: true, held: lease | 6, after: 2, row: 0.75},
+		{seq: 3, epoch: other | 1, fresh: true, val: 1, after: 3, row: 1}, // another Lease: not compared
+	}
+	for i, st := range steps {
+		if st.announce != 0 {
+			if err := fx.srv.Announced(&prismv1.AnnounceResponse{Epoch: st.announce}); err != nil {
+				t.Fatalf("step %d: announced epoch %#x: %v", i, st.announce, err)
+			}
+			continue
+		}
+		table := st.table
+		if table == "" {
+			table = tab.Name
+		}
+		rows := make([]float32, tab.Dim)
+		for j := range rows {
+			rows[j] = st.val
+		}
+		_, err := fx.srv.Update(ctx, &prismv1.ApplyUpdateRequest{Seq: base + st.seq, Epoch: st.epoch, Fresh: st.fresh,
+			Update: &prismv1.UpdateRequest{Model: model, Table: table, Ids: []int64{4}, Rows: leview.Bytes(rows)}})
+		if status.Code(err) != st.want || prismv1.IsStaleEpoch(err) != st.stale {
+			t.Fatalf("step %d: update %d of epoch %#x: %v, want %v (fenced: %v)", i, base+st.seq, st.epoch, err, st.want, st.stale)
+		}
+		if st.stale {
+			msg := status.Convert(err).Message()
+			if !strings.Contains(msg, prismv1.FormatEpoch(st.epoch)) || !strings.Contains(msg, prismv1.FormatEpoch(st.held)) {
+				t.Errorf("step %d: %q does not name both epochs", i, msg)
+			}
+		}
+		if got := fx.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]; got != base+st.after {
+			t.Fatalf("step %d: worker holds update %d, want %d", i, got, base+st.after)
+		}
+		want := st.row
+		if want == 0 {
+			want = before
+		}
+		if got := read(); got != want {
+			t.Fatalf("step %d: row 4 reads %v, want %v", i, got, want)
+		}
+	}
+	if got, err := fx.st.Epoch(); err != nil || got != other|1 {
+		t.Fatalf("kept epoch %#x, %v; want %#x", got, err, other|1)
+	}
+}
