@@ -144,6 +144,7 @@ func newPlanMIGCmd() *cobra.Command {
 	var (
 		model    string
 		demands  string
+		memory   string
 		full     float64
 		maxExact int
 		bench    int
@@ -155,9 +156,15 @@ func newPlanMIGCmd() *cobra.Command {
 services. --demands lists each service's demand (name=demand,
 comma-separated) in full-GPU equivalents, or in requests/s with
 --full-throughput R (one full GPU serves R); throughput per slice follows MLPerf v1.1's
-1g share of 0.136 of a full GPU per compute slice. The heuristic plan is
-compared with whole-GPU allocation and, up to --max-exact GPUs, with the
-exact solver.`,
+1g share of 0.136 of a full GPU per compute slice. --mem-gb lists the
+memory one instance of a service needs (name=GB: the dense model's
+weights, the activations of its largest batch and the runtime's own);
+such a service only gets slices whose memory, as the profile's name gives
+it (the 10 of 1g.10gb), is at least that, and one that no slice holds is
+an error. The heuristic plan is compared with whole-GPU allocation and,
+up to --max-exact GPUs, with the exact solver, which stops after 20
+million search steps (a few seconds) and then says the heuristic's count
+is unproven.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			m, err := mig.ModelByName(model)
 			if err != nil {
@@ -169,6 +176,9 @@ exact solver.`,
 			if maxExact < 0 || bench < 0 {
 				return fmt.Errorf("--max-exact %d and --bench %d must not be negative", maxExact, bench)
 			}
+			if bench > 0 && memory != "" {
+				return fmt.Errorf("--mem-gb names services of --demands; --bench draws its own")
+			}
 			if bench > 0 {
 				return cli.MIGBench(cmd.OutOrStdout(), m, bench, maxExact)
 			}
@@ -176,12 +186,16 @@ exact solver.`,
 			if err != nil {
 				return fmt.Errorf("--demands: %w", err)
 			}
+			if err := cli.ParseMemory(memory, svcs); err != nil {
+				return fmt.Errorf("--mem-gb: %w", err)
+			}
 			return cli.MIG(cmd.OutOrStdout(), m, svcs, maxExact)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&model, "model", "A100-80GB", "GPU model: A100-40GB, A100-80GB, H100-80GB, H100-94GB, H200-141GB")
 	f.StringVar(&demands, "demands", "resnet=0.4,bert=0.4,dlrm=1.3", "service demands, name=demand,...: full-GPU equivalents, or requests/s with --full-throughput")
+	f.StringVar(&memory, "mem-gb", "", "memory one instance of a service needs, name=GB,...: only slices with at least that much serve it (unnamed services: any slice)")
 	f.Float64Var(&full, "full-throughput", 0, "requests/s one full GPU serves: --demands are then in requests/s (0: demands in full GPUs)")
 	f.IntVar(&maxExact, "max-exact", 6, "run the exact solver when the heuristic plan has at most this many GPUs")
 	f.IntVar(&bench, "bench", 0, "instead of planning --demands: compare heuristic and exact on this many random small cases (seeds 1..N), then time the heuristic alone on large ones")

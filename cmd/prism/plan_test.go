@@ -55,6 +55,10 @@ func TestPlanFlagErrors(t *testing.T) {
 		{[]string{"plan", "mig", "--demands", "a"}, `prism: --demands: "a", want name=demand`},
 		{[]string{"plan", "mig", "--demands", "a=1,a=2"}, `prism: --demands: "a=2": service a given twice`},
 		{[]string{"plan", "mig", "--demands", "a=-1"}, `prism: --demands: "a=-1": a demand is 0 or more full GPUs`},
+		{[]string{"plan", "mig", "--demands", "a=1", "--mem-gb", "b=5"}, `prism: --mem-gb: "b=5": no service b in the demands`},
+		{[]string{"plan", "mig", "--demands", "a=1", "--mem-gb", "a=-5"}, `prism: --mem-gb: "a=-5": memory is 0 or more GB`},
+		{[]string{"plan", "mig", "--demands", "a=1", "--mem-gb", "a=100"}, `prism: service "a" needs 100 GB per instance; the largest A100-80GB slice that serves it, 7g.80gb, has 80 GB`},
+		{[]string{"plan", "mig", "--bench", "1", "--mem-gb", "a=1"}, `prism: --mem-gb names services of --demands; --bench draws its own`},
 		{[]string{"plan", "simulate", "--nodes", "n.csv", "--tasks", "t.csv", "--at", "200"}, `prism: --at 200: want a percent of GPU capacity the runs arrive at, 1 to 130 (--inflation 1.3)`},
 		{[]string{"plan", "cnhn", "--trace", "p.csv", "--gpu-node-gpus", "0"}, `prism: --gpu-node-gpus 0: want a positive value`},
 	} {

@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +43,34 @@ func ParseDemands(s string, m mig.Model, full float64) ([]mig.Service, error) {
 	return svcs, nil
 }
 
+// ParseMemory reads "name=GB,...", the memory one instance of each named
+// service needs (mig.Service.MemGB), into svcs; services it does not name
+// keep theirs (0: any slice holds them). Empty s names none.
+func ParseMemory(s string, svcs []mig.Service) error {
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(s, ",") {
+		name, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		gb, perr := strconv.ParseFloat(strings.TrimSuffix(strings.ToLower(v), "gb"), 64)
+		i := slices.IndexFunc(svcs, func(sv mig.Service) bool { return sv.Name == name })
+		switch {
+		case !ok || perr != nil || name == "":
+			return fmt.Errorf("%q, want name=GB", kv)
+		case !(gb >= 0) || math.IsInf(gb, 0):
+			return fmt.Errorf("%q: memory is 0 or more GB", kv)
+		case seen[name]:
+			return fmt.Errorf("%q: service %s given twice", kv, name)
+		case i < 0:
+			return fmt.Errorf("%q: no service %s in the demands", kv, name)
+		}
+		seen[name] = true
+		svcs[i].MemGB = gb
+	}
+	return nil
+}
+
 // MIG plans svcs on GPUs of model m, prints each GPU's layout and the
 // count against whole-GPU allocation, and, when the heuristic needs at
 // most maxExact GPUs, the exact solver's count.
@@ -64,6 +94,10 @@ func MIG(w io.Writer, m mig.Model, svcs []mig.Service, maxExact int) error {
 	fmt.Fprintf(w, "heuristic: %d GPUs; whole-GPU allocation: %d GPUs (saves %.0f%%)\n", len(g.GPUs), whole, 100*float64(whole-len(g.GPUs))/float64(max(whole, 1)))
 	if len(g.GPUs) <= maxExact {
 		ex, err := mig.Exact(m, svcs, maxExact)
+		if errors.Is(err, mig.ErrStepLimit) {
+			fmt.Fprintf(w, "exact: stopped after %d search steps; the heuristic's %d GPUs are not proven fewest\n", mig.ExactSteps, len(g.GPUs))
+			return nil
+		}
 		if err != nil {
 			return err
 		}

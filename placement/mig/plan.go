@@ -13,7 +13,15 @@ type Service struct {
 	Demand float64 // requests/s
 	// Throughput per profile index of the model, requests/s per instance.
 	Throughput []float64
+	// MemGB is the memory one instance of the service needs, in GB: the
+	// dense model's weights, the activations of its largest batch and the
+	// runtime's own. The planners use only profiles whose MemGB is at
+	// least this; 0 means not given (every profile fits).
+	MemGB float64
 }
+
+// Fits reports whether an instance of profile p holds the service.
+func (s Service) Fits(p Profile) bool { return s.MemGB <= p.MemGB }
 
 // DefaultThroughput is the table when none is measured: a full GPU (7g)
 // serves full; a g-slice instance serves 0.136*g of it, MLPerf v1.1's
@@ -54,9 +62,13 @@ func (p *Plan) Validate(m Model, svcs []Service) error {
 			return fmt.Errorf("gpu %d: %d assignments for %d instances", i, len(g.Assign), len(g.Layout))
 		}
 		for j, s := range g.Assign {
-			if s >= 0 {
-				got[s] += svcs[s].Throughput[g.Layout[j].Profile]
+			if s < 0 {
+				continue
 			}
+			if p := m.Profiles[g.Layout[j].Profile]; !svcs[s].Fits(p) {
+				return fmt.Errorf("gpu %d: service %q needs %g GB, %s has %g", i, svcs[s].Name, svcs[s].MemGB, p.Name, p.MemGB)
+			}
+			got[s] += svcs[s].Throughput[g.Layout[j].Profile]
 		}
 	}
 	for s := range svcs {
@@ -80,37 +92,73 @@ func WholeGPUs(m Model, svcs []Service) int {
 	return n
 }
 
-func validate(m Model, svcs []Service) error {
-	for _, s := range svcs {
+// validate checks the services against the model and returns them as the
+// planners see them: a profile too small for a service serves it nothing.
+func validate(m Model, svcs []Service) ([]Service, error) {
+	out := make([]Service, len(svcs))
+	for i, s := range svcs {
 		if len(s.Throughput) != len(m.Profiles) {
-			return fmt.Errorf("service %q: %d throughputs for %d profiles", s.Name, len(s.Throughput), len(m.Profiles))
+			return nil, fmt.Errorf("service %q: %d throughputs for %d profiles", s.Name, len(s.Throughput), len(m.Profiles))
 		}
 		if s.Demand < 0 || math.IsNaN(s.Demand) {
-			return fmt.Errorf("service %q: bad demand %v", s.Name, s.Demand)
+			return nil, fmt.Errorf("service %q: bad demand %v", s.Name, s.Demand)
 		}
-		best := 0.0
-		for _, t := range s.Throughput {
+		if !(s.MemGB >= 0) || math.IsInf(s.MemGB, 0) {
+			return nil, fmt.Errorf("service %q: bad memory %v GB", s.Name, s.MemGB)
+		}
+		best, largest := 0.0, -1
+		for p, t := range s.Throughput {
 			if t < 0 {
-				return fmt.Errorf("service %q: negative throughput", s.Name)
+				return nil, fmt.Errorf("service %q: negative throughput", s.Name)
 			}
-			best = max(best, t)
+			if t > 0 && (largest < 0 || m.Profiles[p].MemGB > m.Profiles[largest].MemGB) {
+				largest = p
+			}
+			if s.Fits(m.Profiles[p]) {
+				best = max(best, t)
+			}
 		}
 		if s.Demand > 0 && best == 0 {
-			return fmt.Errorf("service %q: demand %v but no profile serves it", s.Name, s.Demand)
+			if largest >= 0 {
+				return nil, fmt.Errorf("service %q needs %g GB per instance; the largest %s slice that serves it, %s, has %g GB", s.Name, s.MemGB, m.Name, m.Profiles[largest].Name, m.Profiles[largest].MemGB)
+			}
+			return nil, fmt.Errorf("service %q: demand %v but no profile serves it", s.Name, s.Demand)
+		}
+		out[i] = s
+		if slices.ContainsFunc(m.Profiles, func(p Profile) bool { return !s.Fits(p) }) {
+			out[i].Throughput = slices.Clone(s.Throughput)
+			for p := range m.Profiles {
+				if !s.Fits(m.Profiles[p]) {
+					out[i].Throughput[p] = 0
+				}
+			}
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // Greedy builds a plan one GPU at a time: for every maximal layout it
 // assigns each instance, largest first, to the service whose unmet demand
 // it covers most, and keeps the layout that covers the most unmet demand
 // (as a share of each service's demand). A final pass drops any GPU whose
-// removal the others' idle or surplus instances can absorb.
+// removal the others' idle or surplus instances can absorb. A service
+// gets only slices with at least its MemGB; one that no slice holds is an
+// error naming its need and the largest slice.
 func Greedy(m Model, svcs []Service) (*Plan, error) {
-	if err := validate(m, svcs); err != nil {
+	svcs, err := validate(m, svcs)
+	if err != nil {
 		return nil, err
 	}
+	plan, err := greedyBuild(m, svcs)
+	if err != nil {
+		return nil, err
+	}
+	improve(m, svcs, plan)
+	return plan, nil
+}
+
+// greedyBuild is Greedy before its removal pass, on validated services.
+func greedyBuild(m Model, svcs []Service) (*Plan, error) {
 	layouts := m.MaximalLayouts()
 	for _, l := range layouts { // biggest instances first
 		sort.SliceStable(l, func(i, j int) bool { return m.Profiles[l[i].Profile].Compute > m.Profiles[l[j].Profile].Compute })
@@ -149,7 +197,6 @@ func Greedy(m Model, svcs []Service) (*Plan, error) {
 		}
 		plan.GPUs = append(plan.GPUs, best)
 	}
-	improve(m, svcs, plan)
 	return plan, nil
 }
 
@@ -178,58 +225,4 @@ func fillLayout(m Model, svcs []Service, l Layout, rem []float64) ([]int, float6
 		}
 	}
 	return assign, gain
-}
-
-// improve drops GPUs while the plan stays valid after reassigning every
-// instance greedily (local search by removal).
-func improve(m Model, svcs []Service, plan *Plan) {
-	for i := len(plan.GPUs) - 1; i >= 0 && len(plan.GPUs) > 1; i-- {
-		trial := &Plan{GPUs: slices.Concat(plan.GPUs[:i:i], plan.GPUs[i+1:])}
-		if reassign(m, svcs, trial) {
-			*plan = *trial
-		}
-	}
-}
-
-// reassign redistributes all instances of the plan's GPUs to services,
-// largest instances first, each to the service with the most relative
-// unmet demand; it reports whether all demand is met.
-func reassign(m Model, svcs []Service, plan *Plan) bool {
-	type slot struct{ g, j int }
-	var slots []slot
-	for g := range plan.GPUs {
-		plan.GPUs[g].Assign = make([]int, len(plan.GPUs[g].Layout))
-		for j := range plan.GPUs[g].Layout {
-			plan.GPUs[g].Assign[j] = -1
-			slots = append(slots, slot{g, j})
-		}
-	}
-	sort.SliceStable(slots, func(a, b int) bool {
-		pa := m.Profiles[plan.GPUs[slots[a].g].Layout[slots[a].j].Profile].Compute
-		pb := m.Profiles[plan.GPUs[slots[b].g].Layout[slots[b].j].Profile].Compute
-		return pa > pb
-	})
-	rem := make([]float64, len(svcs))
-	for i, s := range svcs {
-		rem[i] = s.Demand
-	}
-	for _, sl := range slots {
-		p := plan.GPUs[sl.g].Layout[sl.j].Profile
-		bestS, bestR := -1, 0.0
-		for s := range svcs {
-			if rem[s] > 1e-9 && svcs[s].Throughput[p] > 0 && rem[s]/svcs[s].Demand > bestR {
-				bestS, bestR = s, rem[s]/svcs[s].Demand
-			}
-		}
-		if bestS >= 0 {
-			plan.GPUs[sl.g].Assign[sl.j] = bestS
-			rem[bestS] -= svcs[bestS].Throughput[p]
-		}
-	}
-	for _, r := range rem {
-		if r > 1e-9 {
-			return false
-		}
-	}
-	return true
 }

@@ -18,6 +18,10 @@ type Profile struct {
 	Starts []int
 	// NVMLID is the nvml GPU_INSTANCE_PROFILE_* id of the profile.
 	NVMLID int
+	// MemGB is the instance's memory as the profile's name gives it, in
+	// GB (the 10 of 1g.10gb): NVIDIA's rounding, so what a process can
+	// allocate in it is a little less.
+	MemGB float64
 }
 
 // Model is a MIG-capable GPU and its placement rules.
@@ -46,12 +50,12 @@ const (
 func profiles(gb1, gb2, gb4, gb8 int) []Profile {
 	gb := func(g, m int) string { return fmt.Sprintf("%dg.%dgb", g, m) }
 	return []Profile{
-		{Name: gb(1, gb1), Compute: 1, Size: 1, Starts: []int{0, 1, 2, 3, 4, 5, 6}, NVMLID: nvml1Slice},
-		{Name: gb(1, gb2), Compute: 1, Size: 2, Starts: []int{0, 2, 4, 6}, NVMLID: nvml1SliceRev2},
-		{Name: gb(2, gb2), Compute: 2, Size: 2, Starts: []int{0, 2, 4}, NVMLID: nvml2Slice},
-		{Name: gb(3, gb4), Compute: 3, Size: 4, Starts: []int{0, 4}, NVMLID: nvml3Slice},
-		{Name: gb(4, gb4), Compute: 4, Size: 4, Starts: []int{0}, NVMLID: nvml4Slice},
-		{Name: gb(7, gb8), Compute: 7, Size: 8, Starts: []int{0}, NVMLID: nvml7Slice},
+		{Name: gb(1, gb1), Compute: 1, Size: 1, Starts: []int{0, 1, 2, 3, 4, 5, 6}, NVMLID: nvml1Slice, MemGB: float64(gb1)},
+		{Name: gb(1, gb2), Compute: 1, Size: 2, Starts: []int{0, 2, 4, 6}, NVMLID: nvml1SliceRev2, MemGB: float64(gb2)},
+		{Name: gb(2, gb2), Compute: 2, Size: 2, Starts: []int{0, 2, 4}, NVMLID: nvml2Slice, MemGB: float64(gb2)},
+		{Name: gb(3, gb4), Compute: 3, Size: 4, Starts: []int{0, 4}, NVMLID: nvml3Slice, MemGB: float64(gb4)},
+		{Name: gb(4, gb4), Compute: 4, Size: 4, Starts: []int{0}, NVMLID: nvml4Slice, MemGB: float64(gb4)},
+		{Name: gb(7, gb8), Compute: 7, Size: 8, Starts: []int{0}, NVMLID: nvml7Slice, MemGB: float64(gb8)},
 	}
 }
 
