@@ -36,7 +36,9 @@ type BatchOptions struct {
 	// MaxDelay is how long the oldest queued request waits for others to
 	// fill a batch (default 2ms): the latency given up for throughput.
 	// Once it has waited that long it goes in the next batch whatever its
-	// deadline (schedule.go: no request starves).
+	// deadline (schedule.go: no request starves). Under OrderEDF a
+	// request due sooner is not held until it can no longer make it:
+	// the batch goes by its latest start (schedule.go, rule 2).
 	MaxDelay time.Duration
 	// MaxQueue is the most samples waiting; beyond it Submit fails with
 	// ErrOverloaded at once rather than queueing without bound

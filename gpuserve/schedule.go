@@ -21,19 +21,26 @@ import (
 //     plus the EWMA run time of the batch's size bucket, is answered
 //     DeadlineExceeded ("predicted to miss by X ms") instead of running:
 //     first those that would miss even in a batch of their own (they
-//     cannot be run in time; with them gone the others may make it),
-//     and only when there are none, every request that misses in this
-//     batch. The batch is then refilled from the queue (in the same
-//     order) and checked again, until it holds no predicted miss; a
-//     refill takes a request only if no request in the batch, it
-//     included, would then miss (one that would miss even alone is
-//     refused, another stays queued). Requests are refused only when a
-//     batch is formed, that is when a runner is free.
+//     cannot be run in time; with them gone the others may make it);
+//     when there are none, the batch's last requests (latest
+//     deadlines, or none) stay queued for a later batch if that lets
+//     the rest make it and none of them would miss itself (the overdue
+//     oldest always goes: rule 3); and only when that fails, every
+//     request that misses in this batch. The batch is then refilled
+//     from the queue (in the same order) and checked again, until it
+//     holds no predicted miss; a refill takes a request only if no
+//     request in the batch, it included, would then miss (one that
+//     would miss even alone is refused, another stays queued). Requests
+//     are refused only when a batch is formed, that is when a runner is
+//     free.
 //  2. When a batch goes: when the queued samples fill MaxBatch (as
 //     before: a full batch does not wait), when the oldest queued request
-//     has waited MaxDelay, or when the batcher is closing. Otherwise the
-//     runner looks again at the oldest request's MaxDelay mark or at the
-//     next arrival, whichever is first.
+//     has waited MaxDelay, when waiting longer would make a queued
+//     request miss its deadline (its latest start: deadline less the
+//     predicted run of what is queued; with no prediction, at once for a
+//     deadline before the MaxDelay mark), or when the batcher is
+//     closing. Otherwise the runner looks again at the first of those
+//     marks or at the next arrival, whichever is first.
 //  3. What goes, in order: the oldest request (by arrival), if it has
 //     waited MaxDelay, takes the first place whatever its deadline (the
 //     anti-starvation rule); the rest fills by earliest deadline first,
@@ -138,8 +145,14 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 	due := live[0].arrived.Add(o.MaxDelay)
 	overdue := !now.Before(due)
 	if !closing && !overdue && total < o.MaxBatch {
-		d.wake = due
-		return d
+		wake := due
+		if o.Order == OrderEDF {
+			wake = startBy(live, now, due, est, total)
+		}
+		if now.Before(wake) {
+			d.wake = wake
+			return d
+		}
 	}
 	if o.Order == OrderFIFO {
 		n := 0
@@ -156,11 +169,12 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 	// time, not a sorted copy of the queue: a batch needs its first few
 	// requests, and the queue may hold thousands (sorting it whole on
 	// every batch cost 2.6 ms at 16k queued, under the batcher's lock).
-	var first *pending
+	var first, anchor *pending // anchor: the overdue oldest, which must go
 	rest := live
 	if overdue {
 		// The oldest goes first; the rest by deadline.
 		first, rest = live[0], live[1:]
+		anchor = first
 	}
 	h := make(edfHeap, len(rest))
 	for i, p := range rest {
@@ -242,7 +256,15 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 			return alone > 0 && lateAt(p, now.Add(alone))
 		})
 		if dropped == 0 {
-			// Then those that miss in this batch: refused, not run, so
+			// Then, when the batch's last requests (the latest
+			// deadlines, or none) are what makes earlier ones miss,
+			// they stay queued for a later batch: a request that can
+			// make its deadline is not refused for later work to run.
+			if kept, m := shed(d.batch, n, now, est, anchor); kept < len(d.batch) {
+				d.batch, n = d.batch[:kept], m
+				break
+			}
+			// Else those that miss in this batch: refused, not run, so
 			// the batch is filled with what can still make it.
 			dropped = refuse(func(*pending) bool { return true })
 		}
@@ -255,6 +277,55 @@ func formBatch(queue []*pending, now time.Time, o BatchOptions, est estimator, c
 		refill = true
 	}
 	return d
+}
+
+// shed says how many of batch's first requests (n samples in all) make
+// a batch in which none misses its deadline, taking off its last
+// requests one by one, each only if it would not miss itself and is not
+// anchor (the overdue oldest, which goes in this batch); and their
+// samples. kept is len(batch) when no such batch is found.
+func shed(batch []*pending, n int, now time.Time, est estimator, anchor *pending) (kept, samples int) {
+	kept, samples = len(batch), n
+	for kept > 0 {
+		run := est(samples)
+		finish := now.Add(run)
+		if run <= 0 || !slices.ContainsFunc(batch[:kept], func(p *pending) bool { return lateAt(p, finish) }) {
+			return kept, samples
+		}
+		last := batch[kept-1]
+		if last == anchor || lateAt(last, finish) {
+			return len(batch), n
+		}
+		kept--
+		samples -= last.n
+	}
+	return len(batch), n
+}
+
+// startBy is when the queued requests (live, total samples) must go
+// for none to miss its deadline waiting for MaxDelay's mark due: the
+// earliest deadline less the predicted run of what is queued, and at
+// once for a deadline before due when no run time is known (how long it
+// runs is not known; waiting for the mark could only make it miss).
+func startBy(live []*pending, now, due time.Time, est estimator, total int) time.Time {
+	var run time.Duration
+	if est != nil {
+		run = est(total)
+	}
+	by := due
+	for _, p := range live {
+		if p.deadline.IsZero() {
+			continue
+		}
+		start := p.deadline.Add(-run)
+		if run <= 0 && p.deadline.Before(due) {
+			start = now
+		}
+		if start.Before(by) {
+			by = start
+		}
+	}
+	return by
 }
 
 // lateAt says whether p, finishing at finish, misses its deadline.

@@ -457,6 +457,14 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 		pooled = append(pooled, b)
 		return leview.Float32s(*b)
 	}
+	// A frame refused below gives its expansions back at once: nothing
+	// reads them (nor do the fast path's, when it declined the frame).
+	taken := false
+	defer func() {
+		if !taken {
+			(&Request{pooled: pooled}).recycle()
+		}
+	}()
 	got, ts, err := arrowframe.DecodeWith(req.GetTensors(), alloc)
 	if err != nil {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
@@ -494,6 +502,7 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	if len(missing) > 0 {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: missing tensors %s", m.name, strings.Join(missing, ", "))
 	}
+	taken = true
 	return Request{N: n, Inputs: inputs, Context: ctx, pooled: pooled}, nil
 }
 

@@ -372,14 +372,20 @@ func TestScoreBadInput(t *testing.T) {
 // DeadlineExceeded, the queued request still gets its scores, and after
 // Close the tier answers Unavailable.
 func TestScoreOverloadDeadlineShutdown(t *testing.T) {
-	// A long MaxDelay and a batch that never fills hold the first request
-	// in the batcher long enough to fill the queue behind it.
-	ts := startServer(t, Options{Threads: 1, Batch: BatchOptions{MaxBatch: 1024, MaxDelay: 400 * time.Millisecond, MaxQueue: 64}})
+	// The first request's run is held, so the queue fills behind it and
+	// a request queued behind it meets its deadline there (an idle
+	// batcher no longer holds a request past its deadline for MaxDelay).
+	ts := startServer(t, Options{Threads: 1, Batch: BatchOptions{MaxBatch: 1024, MaxQueue: 64}})
 	plan, err := plan.Read(tinyPlan(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	name := plan.Model.Name
+	m := ts.dense.models[name]
+	held := &holdFirst{Runner: m.sessions[0], release: make(chan struct{})}
+	old := m.batcher
+	m.batcher = NewBatcher(m.spec, []Runner{held}, BatchOptions{MaxBatch: 1024, MaxDelay: time.Millisecond, MaxQueue: 64})
+	old.Close()
 	rng := rand.New(rand.NewPCG(5, 6))
 	req := func(n int) *prismv1.ScoreRequest {
 		return &prismv1.ScoreRequest{Model: name, Tensors: encode(t, n, cutTensors(plan, n, rng)), NumSamples: int32(n)}
@@ -407,6 +413,7 @@ func TestScoreOverloadDeadlineShutdown(t *testing.T) {
 	if st := status.Convert(err); st.Code() != codes.DeadlineExceeded {
 		t.Errorf("deadline while queued: got %v %q, want DeadlineExceeded", st.Code(), st.Message())
 	}
+	close(held.release)
 	if err := <-first; err != nil {
 		t.Errorf("queued request: %v", err)
 	}
@@ -425,6 +432,18 @@ func TestScoreOverloadDeadlineShutdown(t *testing.T) {
 	if ts.dense.Healthy() {
 		t.Error("healthy after Close")
 	}
+}
+
+// holdFirst runs Runner, its first run only once release is closed.
+type holdFirst struct {
+	Runner
+	release chan struct{}
+	once    sync.Once
+}
+
+func (r *holdFirst) Run(in []ort.Input) ([][]float32, error) {
+	r.once.Do(func() { <-r.release })
+	return r.Runner.Run(in)
 }
 
 // TestNew: configuration errors are caught at start, and NVML discovery
