@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
 )
@@ -83,24 +84,25 @@ type Request struct {
 	// (arrowframe's context columns). The batcher expands it into the
 	// batch as it copies the samples into the runner's input.
 	Context []bool
-	// pooled are the serve.Pool buffers dictionary-encoded columns were
-	// expanded into (Server.decode). Submit takes them over: the batcher
-	// recycles them once, when nothing reads the inputs any more (a
-	// request whose caller has gone may still be in a running batch).
-	pooled []*[]byte
-}
-
-// recycle returns the request's expansion buffers to serve.Pool: call it
-// once nothing reads the request's inputs any more.
-func (r *Request) recycle() {
-	for _, b := range r.pooled {
-		serve.Pool.Put(b)
-	}
-	r.pooled = nil
+	// Index, per input (nil: none), dictionary-encodes it: Inputs[i]
+	// holds distinct rows of Width values and Index[i] (N entries) each
+	// sample's row among them, as arrowframe.DecodeIndexed reads a
+	// dictionary-encoded cut column. The batcher gathers the rows into
+	// the batch as it copies the samples into the runner's input, so a
+	// frame is never expanded on its own first.
+	Index [][]int32
 }
 
 // context says whether input i holds one row shared by every sample.
 func (r *Request) context(i int) bool { return i < len(r.Context) && r.Context[i] }
+
+// index is input i's per-sample rows, nil unless it is dictionary-encoded.
+func (r *Request) index(i int) []int32 {
+	if i < len(r.Index) {
+		return r.Index[i]
+	}
+	return nil
+}
 
 // rows is how many samples' values input i holds.
 func (r *Request) rows(i int) int {
@@ -108,6 +110,25 @@ func (r *Request) rows(i int) int {
 		return 1
 	}
 	return r.N
+}
+
+// checkIndex checks a dictionary-encoded input i of width w: N indices,
+// each a row of its values.
+func (r *Request) checkIndex(i, w int) error {
+	index, in := r.index(i), r.Inputs[i]
+	if r.context(i) {
+		return fmt.Errorf("context input %d is dictionary-encoded", i)
+	}
+	if len(index) != r.N || w <= 0 || len(in)%w != 0 {
+		return fmt.Errorf("%d indices into %d values of width %d for %d samples", len(index), len(in), w, r.N)
+	}
+	rows := uint32(len(in) / w)
+	for s, k := range index {
+		if uint32(k) >= rows {
+			return fmt.Errorf("sample %d indexes row %d of %d", s, k, rows)
+		}
+	}
+	return nil
 }
 
 type pending struct {
@@ -208,32 +229,31 @@ func NewBatcher(spec []InputSpec, runners []Runner, o BatchOptions) *Batcher {
 // *DeadlineError; one whose ctx ends while queued leaves the queue and
 // gets ctx's error (a DeadlineError when the deadline passed).
 //
-// Submit owns req's pooled buffers from the call on, whatever it returns:
-// one whose ctx ends while its batch runs returns at once, and the run
-// recycles them when it is over.
+// One whose ctx ends while its batch runs returns at once, the run still
+// reading its inputs: the caller must leave them unchanged (the dense
+// worker's are views of the received frame, garbage collected).
 func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) {
-	out, owned, err := b.submit(ctx, req)
-	if !owned {
-		req.recycle()
-	}
-	return out, err
-}
-
-// submit is Submit; owned says whether the batcher still holds req (a
-// batch or a refusal recycles it), else the caller recycles it.
-func (b *Batcher) submit(ctx context.Context, req Request) (_ [][]float32, owned bool, _ error) {
 	if req.N <= 0 {
-		return nil, false, fmt.Errorf("empty request")
+		return nil, fmt.Errorf("empty request")
 	}
 	if len(req.Inputs) != len(b.spec) {
-		return nil, false, fmt.Errorf("request has %d inputs, the dense model %d", len(req.Inputs), len(b.spec))
+		return nil, fmt.Errorf("request has %d inputs, the dense model %d", len(req.Inputs), len(b.spec))
 	}
 	if req.Context != nil && len(req.Context) != len(b.spec) {
-		return nil, false, fmt.Errorf("request marks %d inputs context or not, the dense model has %d", len(req.Context), len(b.spec))
+		return nil, fmt.Errorf("request marks %d inputs context or not, the dense model has %d", len(req.Context), len(b.spec))
+	}
+	if req.Index != nil && len(req.Index) != len(b.spec) {
+		return nil, fmt.Errorf("request has %d inputs' indices, the dense model %d inputs", len(req.Index), len(b.spec))
 	}
 	for i, in := range req.Inputs {
+		if req.index(i) != nil {
+			if err := req.checkIndex(i, b.spec[i].Width); err != nil {
+				return nil, fmt.Errorf("input %q: %w", b.spec[i].Name, err)
+			}
+			continue
+		}
 		if len(in) != req.rows(i)*b.spec[i].Width {
-			return nil, false, fmt.Errorf("input %q: %d values for %d samples of width %d", b.spec[i].Name, len(in), req.rows(i), b.spec[i].Width)
+			return nil, fmt.Errorf("input %q: %d values for %d samples of width %d", b.spec[i].Name, len(in), req.rows(i), b.spec[i].Width)
 		}
 	}
 	p := &pending{ctx: ctx, req: req, done: make(chan result, 1)}
@@ -242,14 +262,14 @@ func (b *Batcher) submit(ctx context.Context, req Request) (_ [][]float32, owned
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return nil, false, ErrClosed
+		return nil, ErrClosed
 	}
 	if b.queued+req.N > b.opts.MaxQueue {
 		b.mu.Unlock()
 		b.stats.mu.Lock()
 		b.stats.Rejected++
 		b.stats.mu.Unlock()
-		return nil, false, ErrOverloaded
+		return nil, ErrOverloaded
 	}
 	b.queued += req.N
 	b.seq++
@@ -260,7 +280,7 @@ func (b *Batcher) submit(ctx context.Context, req Request) (_ [][]float32, owned
 	b.signal()
 	select {
 	case r := <-p.done:
-		return r.out, true, r.err
+		return r.out, r.err
 	case <-ctx.Done():
 	}
 	b.mu.Lock()
@@ -272,18 +292,17 @@ func (b *Batcher) submit(ctx context.Context, req Request) (_ [][]float32, owned
 		b.mu.Unlock()
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			b.count(1, 0)
-			return nil, false, &DeadlineError{Waited: time.Since(p.arrived)}
+			return nil, &DeadlineError{Waited: time.Since(p.arrived)}
 		}
-		return nil, false, ctx.Err()
+		return nil, ctx.Err()
 	case answeredState:
 		b.mu.Unlock()
 		r := <-p.done
-		return r.out, true, r.err
+		return r.out, r.err
 	}
-	// Running: its run drops it, releases the depth and recycles its
-	// buffers once it no longer reads them.
+	// Running: its run drops it and releases the depth.
 	b.mu.Unlock()
-	return nil, true, ctx.Err()
+	return nil, ctx.Err()
 }
 
 // signal wakes an idle runner, if any is waiting.
@@ -370,9 +389,6 @@ func (b *Batcher) loop(r Runner) {
 		if expired+lateN > 0 {
 			b.count(expired, lateN)
 		}
-		for _, l := range d.late {
-			l.p.req.recycle() // refused: never read
-		}
 		if len(d.batch) > 0 {
 			if more {
 				b.signal() // another runner may take the rest
@@ -422,7 +438,6 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 	}
 	if len(live) == 0 {
 		b.release(all, 0, 0)
-		recycle(batch)
 		return
 	}
 	n := 0
@@ -430,22 +445,32 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		n += p.req.N
 	}
 	ins := make([]ort.Input, len(b.spec))
+	var pooled []*[]byte
 	for i, s := range b.spec {
 		var data []float32
-		if len(live) == 1 && !live[0].req.context(i) {
+		if len(live) == 1 && !live[0].req.context(i) && live[0].req.index(i) == nil {
 			data = live[0].req.Inputs[i] // as received: no copy
 		} else {
-			// One pass writes the batch: each request's samples copied,
-			// a context input's row expanded in place.
-			data = make([]float32, 0, n*s.Width)
+			// One pass writes the batch into memory of the servers' pool
+			// (unzeroed: every float is written; a fresh batch of a few
+			// hundred KB costs more in page faults than its copy): each
+			// request's samples copied, a context input's row repeated, a
+			// dictionary-encoded one's rows gathered by index.
+			buf := serve.Pool.Get(4 * n * s.Width)
+			pooled = append(pooled, buf)
+			data = leview.Float32s(*buf)[:n*s.Width]
+			off := 0
 			for _, p := range live {
-				if !p.req.context(i) {
-					data = append(data, p.req.Inputs[i]...)
-					continue
+				dst := data[off : off+p.req.N*s.Width]
+				switch in := p.req.Inputs[i]; {
+				case p.req.context(i):
+					arrowframe.Repeat(dst, in)
+				case p.req.index(i) != nil:
+					arrowframe.Gather(dst, in, p.req.index(i), s.Width)
+				default:
+					copy(dst, in)
 				}
-				off := len(data)
-				data = data[:off+p.req.N*s.Width]
-				arrowframe.Repeat(data[off:], p.req.Inputs[i])
+				off += len(dst)
 			}
 		}
 		ins[i] = ort.Input{Name: s.Name, Shape: append([]int64{int64(n)}, s.Shape...), Float32: data}
@@ -456,9 +481,10 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 	if err != nil {
 		took = 0 // a failed run says nothing of run times
 	}
-	// Nothing reads the inputs any more, including those of requests
-	// whose callers left while the batch ran.
-	recycle(batch)
+	// The runner is done with the batch's memory (its outputs are its own).
+	for _, buf := range pooled {
+		serve.Pool.Put(buf)
+	}
 	b.release(all, n, took)
 	if err != nil {
 		// Nothing scored: the callers' errors count it (rejected_total).
@@ -481,13 +507,6 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 		}
 		off += p.req.N
 		p.done <- result{out: res}
-	}
-}
-
-// recycle returns the batch's expansion buffers to serve.Pool.
-func recycle(batch []*pending) {
-	for _, p := range batch {
-		p.req.recycle()
 	}
 }
 

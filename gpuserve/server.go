@@ -20,9 +20,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/arrowframe"
-	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/internal/ort"
-	"github.com/prism-serve/prism/internal/serve"
 )
 
 // Options configure a dense tier Server.
@@ -417,13 +415,9 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 	closed := s.closed
 	s.mu.RUnlock()
 	if closed {
-		in.recycle()
 		s.metrics.reject(m.name, "closed")
 		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
 	}
-	// Dictionary columns' expansions go back to their pool from the
-	// batcher, once no batch reads them: Submit returns at once for a
-	// request cancelled while its batch runs, which still reads them.
 	outs, err := m.batcher.Submit(ctx, in)
 	if err != nil {
 		return nil, s.submitError(m, err)
@@ -447,25 +441,10 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	case m.fixed > 0 && n != m.fixed:
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: %d samples: dense.onnx was exported with a fixed batch of %d (plan.json fixed_batch), so it runs batches of exactly %d", m.name, n, m.fixed, m.fixed)
 	}
-	// Dictionary columns expand into buffers of the servers' pool
-	// (unzeroed; every float is written): a fresh 449 KB per 270-sample
-	// dlrm-kaggle frame cost more in page faults than the expansion's
-	// copy (BENCHMARKS.md). Request.recycle returns them.
-	var pooled []*[]byte
-	alloc := func(k int) []float32 {
-		b := serve.Pool.Get(4 * k)
-		pooled = append(pooled, b)
-		return leview.Float32s(*b)
-	}
-	// A frame refused below gives its expansions back at once: nothing
-	// reads them (nor do the fast path's, when it declined the frame).
-	taken := false
-	defer func() {
-		if !taken {
-			(&Request{pooled: pooled}).recycle()
-		}
-	}()
-	got, ts, err := arrowframe.DecodeWith(req.GetTensors(), alloc)
+	// Dictionary columns stay unexpanded (their distinct rows and
+	// indices, views of the frame): the batcher gathers their rows
+	// straight into the batch it writes anyway (Request.Index).
+	got, ts, err := arrowframe.DecodeIndexed(req.GetTensors())
 	if err != nil {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
 	}
@@ -473,7 +452,8 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, got, n)
 	}
 	inputs := make([][]float32, len(m.spec))
-	var ctx []bool // nil unless some tensor is a context column
+	var ctx []bool      // nil unless some tensor is a context column
+	var index [][]int32 // nil unless some tensor is dictionary-encoded
 	for _, t := range ts {
 		i, ok := m.index[t.Name]
 		if !ok {
@@ -486,6 +466,12 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 			return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[i].Width, m.spec[i].Shape)
 		}
 		inputs[i] = t.Data
+		if t.Index != nil {
+			if index == nil {
+				index = make([][]int32, len(m.spec))
+			}
+			index[i] = t.Index
+		}
 		if t.Context {
 			if ctx == nil {
 				ctx = make([]bool, len(m.spec))
@@ -502,8 +488,7 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	if len(missing) > 0 {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: missing tensors %s", m.name, strings.Join(missing, ", "))
 	}
-	taken = true
-	return Request{N: n, Inputs: inputs, Context: ctx, pooled: pooled}, nil
+	return Request{N: n, Inputs: inputs, Context: ctx, Index: index}, nil
 }
 
 func (m *model) cutNames() string {

@@ -218,7 +218,7 @@ at --advertise-addr.`,
 	tlsFlags.Register(cmd, auth.Embedding)
 	tlsFlags.RegisterMetrics(cmd)
 	// Trust and admission (router-side trust work).
-	f.BoolVar(&dictFrames, "dictionary-frames", false, "send a cut tensor that is one id's row per sample dictionary-encoded when ids repeat within a micro-batch (each distinct row looked up and sent once)")
+	f.BoolVar(&dictFrames, "dictionary-frames", true, "send a cut tensor that is one id's row per sample dictionary-encoded in micro-batches of 32 samples or more (each distinct row looked up and sent once; --dictionary-frames=false sends every row)")
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
 	return cmd
 }

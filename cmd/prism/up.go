@@ -104,7 +104,7 @@ K) unless its store already holds it.`,
 	fl.DurationVar(&c.MaxDelay, "max-delay", 2*time.Millisecond, "dense tier max queue delay")
 	fl.StringVar(&c.BatchOrder, "batch-order", "", "dense tier batch order: edf or fifo (default: the dense tier's, edf)")
 	fl.Float64Var(&c.AdmitShare, "admit-share", 0, "router admits a request predicted to take at most this share of the time to its deadline, the ceiling of its adaptive share (0: the router's default, 1)")
-	fl.BoolVar(&c.DictionaryFrames, "dictionary-frames", false, "embedding workers send a cut tensor that is one id's row per sample dictionary-encoded when ids repeat within a micro-batch")
+	fl.BoolVar(&c.DictionaryFrames, "dictionary-frames", true, "embedding workers send a cut tensor that is one id's row per sample dictionary-encoded, each distinct row once (--dictionary-frames=false: every row)")
 	fl.BoolVar(&c.AdmitLimit, "admit-limit", false, "router admits by an adaptive limit on samples in flight instead of by each request's predicted finish")
 	fl.BoolVar(&c.FixedAdmission, "fixed-admission", false, "router admits by count and bytes only, not by predicted finish against the deadline")
 	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")

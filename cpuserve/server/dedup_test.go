@@ -51,3 +51,43 @@ func TestDistinct(t *testing.T) {
 		}
 	}
 }
+
+// TestDirectDistinct: direct indexing finds the same distinct ids in the
+// same order as hashing, across passes that wrap its 16-bit stamps, and
+// declines (leaving uniq as given) a column with an id outside the table.
+func TestDirectDistinct(t *testing.T) {
+	const rows = 300
+	d := newDirectIndex(rows)
+	h := new(idTable)
+	d.pass = 1<<16 - 5 // wraps within the loop
+	for pass := range 40 {
+		n := 1 + pass*23
+		ids := make([]int64, n)
+		for s := range ids {
+			ids[s] = int64((s*7919 + pass) % (rows / (1 + pass%4)))
+		}
+		di, hi := make([]int32, n), make([]int32, n)
+		prefix := []int64{-9, -9} // uniq may hold other columns' ids
+		du, ok := d.distinct(ids, append(make([]int64, 0, n+2), prefix...), di)
+		if !ok {
+			t.Fatalf("pass %d: declined ids within the table", pass)
+		}
+		hu := h.distinct(ids, make([]int64, 0, n), hi)
+		if !slices.Equal(du, hu) || !slices.Equal(di, hi) {
+			t.Fatalf("pass %d: direct %v %v, hashed %v %v", pass, du, di, hu, hi)
+		}
+	}
+	for _, bad := range []int64{-1, rows, 1 << 40} {
+		ids := []int64{1, 2, bad, 1}
+		uniq := make([]int64, 1, 8)
+		got, ok := d.distinct(ids, uniq, make([]int32, len(ids)))
+		if ok || len(got) != 1 {
+			t.Errorf("id %d outside %d rows: ok %v, uniq %v; want declined, uniq as given", bad, rows, ok, got)
+		}
+	}
+	// After a declined pass the next one starts clean.
+	index := make([]int32, 3)
+	if u, ok := d.distinct([]int64{2, 1, 2}, nil, index); !ok || !slices.Equal(u, []int64{2, 1}) || !slices.Equal(index, []int32{0, 1, 0}) {
+		t.Errorf("after a declined pass: %v %v %v", u, index, ok)
+	}
+}

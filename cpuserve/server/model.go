@@ -6,6 +6,7 @@ import (
 	"github.com/prism-serve/prism/plan"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/arrowframe"
@@ -42,6 +43,8 @@ type model struct {
 	// dedup marks the columns that may go dictionary-encoded
 	// (dedup.go; nil: none, or Options.DictionaryFrames off).
 	dedup []int
+	// dedupPool recycles the dedup (dedup.go) of a micro-batch.
+	dedupPool sync.Pool
 	// sampleBytes is the cut's float32 bytes per sample (a dimension the
 	// plan leaves unknown counts as 1): what admission charges.
 	sampleBytes int64
@@ -62,6 +65,7 @@ type inputSpec struct {
 type lookupSpec struct {
 	table string
 	dim   int
+	rows  int64 // the table's, as the plan gives it
 	l     plan.Lookup
 	// pre runs the lookup's pre-lookup ops (nil when Input holds the ids).
 	pre *prelookup.Program
@@ -167,7 +171,7 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 					return nil, fmt.Errorf("model %q: lookup of %q: weights %q are not float32", m.name, l.Input, l.Weights)
 				}
 			}
-			m.lookups = append(m.lookups, lookupSpec{table: t.Name, dim: t.Dim, l: l, pre: pre})
+			m.lookups = append(m.lookups, lookupSpec{table: t.Name, dim: t.Dim, rows: t.Rows, l: l, pre: pre})
 		}
 	}
 	picks := map[string]int{} // lookups picking a column of each input

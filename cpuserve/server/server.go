@@ -369,6 +369,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		if m.dedup != nil && s.shards[m.name] == nil {
 			cols = append([]arrowframe.Column(nil), cols...)
 			dd = dedupFor(m, vals, n, cols, ctxCut)
+			defer dd.release() // the lookups read its ids until the handler returns
 		}
 		var views [][]float32
 		var index [][]int32

@@ -85,11 +85,31 @@ func Repeat(dst, row []float32) {
 }
 
 // Expand writes t's n samples into dst (n*Width floats): a context
-// tensor's row n times, another tensor's data as it is.
+// tensor's row n times, a dictionary-encoded one's (DecodeIndexed) the
+// rows its indices pick, another tensor's data as it is.
 func (t Tensor) Expand(dst []float32, n int) {
-	if t.Context {
+	switch {
+	case t.Context:
 		Repeat(dst[:n*t.Width], t.Data)
+	case t.Index != nil:
+		Gather(dst[:n*t.Width], t.Data, t.Index[:n], t.Width)
+	default:
+		copy(dst, t.Data[:n*t.Width])
+	}
+}
+
+// Gather writes into dst, for each index, the row of w floats it picks
+// from rows: dst holds len(index)*w floats, and every index is a row of
+// rows (DecodeIndexed checked them; an index outside panics).
+func Gather(dst, rows []float32, index []int32, w int) {
+	dst = dst[:len(index)*w]
+	if w == 16 { // the common embedding width: a row is one fixed-size move, not a memmove call
+		for s, k := range index {
+			*(*[16]float32)(dst[s*16:]) = *(*[16]float32)(rows[int(k)*16:])
+		}
 		return
 	}
-	copy(dst, t.Data[:n*t.Width])
+	for s, k := range index {
+		copy(dst[s*w:(s+1)*w], rows[int(k)*w:(int(k)+1)*w])
+	}
 }

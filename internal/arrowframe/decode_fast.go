@@ -93,6 +93,12 @@ func decodeCached(b []byte) (n int, ts []Tensor, ok bool) { return decodeCachedW
 // decodeCachedWith is decodeCached with alloc for dictionary columns'
 // expansions (nil: make).
 func decodeCachedWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, ok bool) {
+	return decodeCachedMode(b, alloc, false)
+}
+
+// decodeCachedMode is decodeCachedWith; indexed leaves dictionary
+// columns unexpanded (DecodeIndexed).
+func decodeCachedMode(b []byte, alloc func(int) []float32, indexed bool) (n int, ts []Tensor, ok bool) {
 	if endian.IsBigEndian {
 		return 0, nil, false // arrow-go would swap the little-endian frames
 	}
@@ -100,7 +106,7 @@ func decodeCachedWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, 
 	if s == nil {
 		return 0, nil, false
 	}
-	return s.decodeWith(b, alloc)
+	return s.decodeMode(b, alloc, indexed)
 }
 
 // Slots of Arrow's Message.fbs tables (vtable offsets).
@@ -137,6 +143,13 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) { return s
 // decodeWith is decode with alloc for dictionary columns' expansions
 // (nil: make).
 func (s *cachedSchema) decodeWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, ok bool) {
+	return s.decodeMode(b, alloc, false)
+}
+
+// decodeMode is decodeWith; indexed leaves each dictionary column
+// unexpanded: its distinct rows and its indices, views of b, every index
+// checked (DecodeIndexed).
+func (s *cachedSchema) decodeMode(b []byte, alloc func(int) []float32, indexed bool) (n int, ts []Tensor, ok bool) {
 	defer func() {
 		if recover() != nil {
 			n, ts, ok = 0, nil, false
@@ -244,7 +257,17 @@ func (s *cachedSchema) decodeWith(b []byte, alloc func(int) []float32) (n int, t
 				return 0, nil, false
 			}
 			budget -= need
-			out, ok := gather(b[body+int(off):body+int(off)+4*int(rows)], d, w, alloc)
+			idx := b[body+int(off) : body+int(off)+4*int(rows)]
+			if indexed {
+				index, ok := indexView(idx, len(d)/w)
+				if !ok {
+					return 0, nil, false
+				}
+				ts[i] = Tensor{Name: s.names[i], Width: w, Data: d, Index: index, dict: dictInt32}
+				nj, bj = nj+dictNodes, bj+dictBuffers
+				continue
+			}
+			out, ok := gather(idx, d, w, alloc)
 			if !ok {
 				return 0, nil, false
 			}
@@ -380,6 +403,28 @@ func gather(idx []byte, dict []float32, w int, alloc func(int) []float32) (out [
 		copy(out[s*w:(s+1)*w], dict[k*w:(k+1)*w])
 	}
 	return out, true
+}
+
+// indexView is idx (little-endian int32s, as this platform reads them:
+// the fast path runs only on little-endian hosts) as []int32, without a
+// copy; ok is false if an index is outside [0, rows) or idx is not
+// aligned where this platform needs it.
+func indexView(idx []byte, rows int) (index []int32, ok bool) {
+	n := len(idx) / 4
+	if n == 0 {
+		return []int32{}, true
+	}
+	p := unsafe.Pointer(&idx[0])
+	if !unalignedFloats && uintptr(p)%4 != 0 {
+		return nil, false
+	}
+	index = unsafe.Slice((*int32)(p), n)
+	for _, k := range index {
+		if uint32(k) >= uint32(rows) {
+			return nil, false
+		}
+	}
+	return index, true
 }
 
 // messageAt frames the message at b[off:] as bytesMessages.Message does,

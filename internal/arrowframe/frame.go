@@ -32,7 +32,8 @@ type Tensor struct {
 	Context bool
 	// Index, when set, dictionary-encodes the tensor for Encode (dict.go):
 	// Data holds its distinct rows, and Index (n entries) each sample's
-	// row among them. Decode never returns it: it expands such a column.
+	// row among them. Decode never returns it (it expands such a
+	// column); DecodeIndexed may.
 	Index []int32
 	// dict is how Decode read the column (dict.go): a dictionary
 	// column's Data is an expansion of its own, not a view of the frame.
@@ -182,6 +183,27 @@ func Decode(b []byte) (n int, ts []Tensor, err error) { return DecodeWith(b, nil
 // once it is done with the tensors.
 func DecodeWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, err error) {
 	if n, ts, ok := decodeCachedWith(b, alloc); ok {
+		return n, ts, nil
+	}
+	n, ts, err = decodeWithArrow(b)
+	if err == nil {
+		rememberSchema(b, n, ts)
+	}
+	return n, ts, err
+}
+
+// DecodeIndexed is Decode, except that a dictionary-encoded column
+// comes back unexpanded where the fast path reads its frame (int32
+// indices, as Prism's embedding tier writes them): Data holds its
+// distinct rows and Index each sample's row among them (n entries, every
+// one checked to be in range), both views of b. Every other column, and
+// every column of a frame the fast path declines, comes back as Decode
+// returns it (Index nil). For a consumer that copies the rows anyway
+// (the dense tier's batcher gathering several requests into one batch),
+// this saves expanding each frame first; Tensor.Expand writes either
+// form out in full.
+func DecodeIndexed(b []byte) (n int, ts []Tensor, err error) {
+	if n, ts, ok := decodeCachedMode(b, nil, true); ok {
 		return n, ts, nil
 	}
 	n, ts, err = decodeWithArrow(b)

@@ -81,8 +81,9 @@ type Config struct {
 	AdmitShare float64
 	// AdmitLimit passes --admit-limit to the router.
 	AdmitLimit bool
-	// DictionaryFrames passes --dictionary-frames to the embedding
-	// workers.
+	// DictionaryFrames is passed to the embedding workers as
+	// --dictionary-frames=true or =false (prism up's flag is on by
+	// default, as serve embedding's is).
 	DictionaryFrames bool
 	// HotBytes is passed to the embedding workers as written ("" : theirs).
 	HotBytes string
@@ -575,9 +576,7 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		if c.HotBytes != "" {
 			args = append(args, "--hot-bytes", c.HotBytes)
 		}
-		if c.DictionaryFrames {
-			args = append(args, "--dictionary-frames")
-		}
+		args = append(args, fmt.Sprintf("--dictionary-frames=%t", c.DictionaryFrames))
 		args = append(args, embeddingMemArgs(c.MemoryLimit, c.EmbeddingWorkers)...)
 		out = append(out, &supervise.Child{Name: fmt.Sprintf("embedding%d", i), Ready: readyline.Embedding, Stage: stageEmbedding, Args: args,
 			Env: embeddingEnv(runtime.GOMAXPROCS(0), c.EmbeddingWorkers, os.Getenv("GOMAXPROCS") != "")})

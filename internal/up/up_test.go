@@ -76,7 +76,7 @@ func TestChildren(t *testing.T) {
 	if !slices.Equal(kids[0].Env, dense[0].Env) {
 		t.Errorf("dense env %v", kids[0].Env)
 	}
-	if got := strings.Join(kids[2].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db-1 --certs certs/embedding --plan p1 --plan p2 --hot-bytes 1GiB" {
+	if got := strings.Join(kids[2].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db-1 --certs certs/embedding --plan p1 --plan p2 --hot-bytes 1GiB --dictionary-frames=false" {
 		t.Errorf("second embedding args %q", got)
 	}
 	if got := strings.Join(tlsArgs(c, auth.Router), " "); got != "--certs certs/router" {
@@ -85,11 +85,18 @@ func TestChildren(t *testing.T) {
 	// A folder of the old flat layout has no role folders: passed whole.
 	flat := c
 	flat.flatCerts = true
-	if got := strings.Join(Children(flat, "127.0.0.1:9", dense)[1].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db --certs certs --plan p1 --plan p2 --hot-bytes 1GiB" {
+	if got := strings.Join(Children(flat, "127.0.0.1:9", dense)[1].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db --certs certs --plan p1 --plan p2 --hot-bytes 1GiB --dictionary-frames=false" {
 		t.Errorf("flat embedding args %q", got)
 	}
+	// Dictionary frames on (prism up's default) or off, said either way:
+	// serve embedding's own default is on.
+	on := c
+	on.DictionaryFrames = true
+	if got := strings.Join(Children(on, "127.0.0.1:9", dense)[1].Args, " "); !strings.HasSuffix(got, " --dictionary-frames=true") {
+		t.Errorf("embedding args with dictionary frames %q", got)
+	}
 	c.Insecure = true
-	if got := strings.Join(Children(c, "127.0.0.1:9", dense)[1].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db --insecure --plan p1 --plan p2 --hot-bytes 1GiB" {
+	if got := strings.Join(Children(c, "127.0.0.1:9", dense)[1].Args, " "); got != "serve embedding --router 127.0.0.1:9 --db db --insecure --plan p1 --plan p2 --hot-bytes 1GiB --dictionary-frames=false" {
 		t.Errorf("insecure embedding args %q", got)
 	}
 	// Shutdown order: router, embedding, dense.
