@@ -121,7 +121,7 @@ func dictRequest(t *testing.T, p *plan.Plan, n int, seed uint64) *prismv1.ScoreR
 // settleGoroutines waits for the goroutine count to come back to base.
 func settleGoroutines(t *testing.T, base int) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(15 * time.Second) // a leak stays; a loaded host (CI) only settles late
 	for runtime.NumGoroutine() > base {
 		if time.Now().After(deadline) {
 			t.Errorf("%d goroutines, %d before", runtime.NumGoroutine(), base)

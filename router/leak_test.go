@@ -68,7 +68,7 @@ func chargesOf(r *Router) charged {
 // to be no more than base, and fails the test naming what stayed.
 func settled(t *testing.T, r *Router, base int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(15 * time.Second) // a leak stays; a loaded host (CI) only settles late
 	for {
 		c, g := chargesOf(r), runtime.NumGoroutine()
 		if c.zero() && g <= base {

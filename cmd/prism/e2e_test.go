@@ -77,9 +77,32 @@ func startCmd(t *testing.T, cmd *exec.Cmd, prefix string, ready readyline.Line, 
 	})
 	w := readyline.Start(out, ready, readyline.WatchOptions{Anywhere: anywhere})
 	if p.addr, err = w.Await(context.Background(), within); err != nil {
-		t.Fatalf("%s: %v", prefix, err)
+		// Its stderr says why (a CI log has it only with -v otherwise).
+		tail := log.String()
+		if len(tail) > 8<<10 {
+			tail = tail[len(tail)-8<<10:]
+		}
+		t.Fatalf("%s: %v; its stderr's end:\n%s", prefix, err, tail)
 	}
 	return p
+}
+
+// servingMetrics is the metrics address p logged when it began serving
+// ("msg=serving ... metrics=ADDR"): a port the process picked itself
+// (--metrics-addr 127.0.0.1:0). A port the test reserved and freed for
+// it could be taken in between by another test's process, which then
+// exited "before it was ready" (address already in use).
+func servingMetrics(t *testing.T, p *proc) string {
+	t.Helper()
+	re := regexp.MustCompile(`msg=serving .*metrics=(\S+)`)
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if m := re.FindStringSubmatch(p.log.String()); m != nil && m[1] != `""` {
+			return m[1]
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no metrics address in its log:\n%s", p.log.String())
+		}
+	}
 }
 
 type testLog struct {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -544,20 +543,18 @@ func TestShardedRowWise(t *testing.T) {
 	certs := newCerts(t)
 	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "64")
 	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	missMetrics := lis.Addr().String()
-	lis.Close()
+	var missMetrics string
 	for k := range 3 {
 		args := []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, fmt.Sprintf("db%d", k)), "--router", router.addr}
 		if k == 1 {
 			// Shard 1's hot tier holds a few rows: most of its lookups'
 			// rows, partial pools included, are read from Pebble.
-			args = append(args, "--hot-bytes", "8KiB", "--preload", "off", "--metrics-addr", missMetrics)
+			args = append(args, "--hot-bytes", "8KiB", "--preload", "off", "--metrics-addr", "127.0.0.1:0")
 		}
-		startProc(t, readyline.Embedding, args...)
+		p := startProc(t, readyline.Embedding, args...)
+		if k == 1 {
+			missMetrics = servingMetrics(t, p)
+		}
 	}
 	conn := dial(t, router.addr, certs, auth.Admin)
 	reg := prismv1.NewRegistryClient(conn)

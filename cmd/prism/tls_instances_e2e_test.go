@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -31,15 +30,10 @@ func TestTLSInstancesMetrics(t *testing.T) {
 	if out, err := run(t, nil, "certs", "init", certs, "--instances", "1"); err != nil || !strings.Contains(out, "embedding-0") {
 		t.Fatalf("certs init --instances 1: %v\n%s", err, out)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	maddr := lis.Addr().String()
-	lis.Close()
 	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms")
-	startProc(t, readyline.Dense, "serve", "dense", "--certs", auth.InstanceDir(certs, auth.Dense, 0),
-		"--metrics-addr", maddr, "--metrics-client-cert", "--plan", part, "--router", router.addr)
+	dense := startProc(t, readyline.Dense, "serve", "dense", "--certs", auth.InstanceDir(certs, auth.Dense, 0),
+		"--metrics-addr", "127.0.0.1:0", "--metrics-client-cert", "--plan", part, "--router", router.addr)
+	maddr := servingMetrics(t, dense)
 	startProc(t, readyline.Embedding, "serve", "embedding", "--certs", auth.InstanceDir(certs, auth.Embedding, 0),
 		"--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
 	admin := dial(t, router.addr, certs, auth.Admin)
