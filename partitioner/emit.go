@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"strings"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/tablefile"
@@ -203,3 +204,16 @@ func halfToFloat(h uint16) float32 {
 
 // tableFile is where a table goes in the partition folder.
 func tableFile(name string) string { return filepath.ToSlash(tablefile.FileName(name)) }
+
+// uniqueTableFile is tableFile, numbered when another table of the plan
+// (in used, which it extends) already has that file: names that differ
+// only in characters the file name replaces ("t/a", "t_a"), or only in
+// case (one file on a case-insensitive file system).
+func uniqueTableFile(name string, used map[string]bool) string {
+	f := tableFile(name)
+	for k := 2; used[strings.ToLower(f)]; k++ {
+		f = strings.TrimSuffix(tableFile(name), ".arrow") + fmt.Sprintf("-%d.arrow", k)
+	}
+	used[strings.ToLower(f)] = true
+	return f
+}

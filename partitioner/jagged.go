@@ -20,6 +20,11 @@ import (
 //	    rows = Mul(rows, Unsqueeze(Slice(per_sample_weights, s, e, [0]), [1]))   (optional)
 //	    out  = ReduceSum|ReduceMean|ReduceMax(rows, axes [0], keepdims 0)
 //
+// Called with 2-D ids x [batch, bag] and no offsets (torch.nn.functional
+// .embedding_bag then makes indices = Reshape(x, [-1]) and offsets =
+// Range(0, numel(x), size(x, 1))), the Loop is a lookup of bag columns
+// of x, pooled, with no offsets (flatInput, fixedOffsets).
+//
 // The Loop's scan output [bags, dim] is the lookup's output; the Loop
 // and the integer work on offsets and indices that only feeds it leave
 // the graph, and the embedding tier pools each sample's bag (plan.json
@@ -30,7 +35,7 @@ import (
 var jaggedOps = map[string]bool{
 	"Shape": true, "Size": true, "Gather": true, "Unsqueeze": true, "Squeeze": true,
 	"Reshape": true, "Concat": true, "Slice": true, "Cast": true, "Identity": true,
-	"Sub": true, "Add": true, "Constant": true,
+	"Sub": true, "Add": true, "Constant": true, "Range": true, "ReduceProd": true,
 }
 
 // jaggedLoop recognises the Loop at node index li as a jagged lookup.
@@ -157,8 +162,8 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 		if sl == nil || sl.GetOpType() != "Slice" || len(sl.GetInput()) < 3 {
 			return "", "", "", fmt.Sprintf("the %s are not sliced per bag", what)
 		}
-		if local[sl.GetInput()[0]] || !g.IsInput(sl.GetInput()[0]) {
-			return "", "", "", fmt.Sprintf("the %s %q are not a model input", what, sl.GetInput()[0])
+		if _, _, flat := flatInput(g, types, sl.GetInput()[0]); local[sl.GetInput()[0]] || !g.IsInput(sl.GetInput()[0]) && !flat {
+			return "", "", "", fmt.Sprintf("the %s %q are not a model input (nor one [batch, bag] model input reshaped to [-1])", what, sl.GetInput()[0])
 		}
 		if len(sl.GetInput()) > 3 && sl.GetInput()[3] != "" {
 			if ax, ok := ints(sl.GetInput()[3]); !ok || !slices.Equal(ax, []int64{0}) {
@@ -190,6 +195,10 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 	if why != "" {
 		return notBag(why)
 	}
+	// F.embedding_bag on 2-D ids [batch, bag] (no offsets): the ids
+	// reshaped to [-1], offsets arange(0, ids.numel(), ids.size(1)).
+	flatIDs := indices
+	fixedIDs, fixedBag, fixed := flatInput(g, types, indices)
 	var weights string
 	if weightsSlice != nil {
 		w, ws, we, why := bagSlice(weightsSlice, "per-sample weights")
@@ -199,6 +208,11 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 		if ws != starts || we != ends {
 			return notBag("the per-sample weights are sliced by other offsets than the ids")
 		}
+		if fw, wbag, ok := flatInput(g, types, w); ok != fixed || ok && wbag != fixedBag {
+			return notBag(fmt.Sprintf("the per-sample weights %q and the ids %q are not both model inputs, or both [batch, bag] inputs of one bag reshaped to [-1]", w, indices))
+		} else if ok {
+			w = fw
+		}
 		if t := types[w]; t.Elem != pb.TensorProto_FLOAT {
 			return notBag(fmt.Sprintf("the per-sample weights %q are not float32", w))
 		}
@@ -206,6 +220,9 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 			return notBag(fmt.Sprintf("per-sample weights with %s pooling (EmbeddingBag takes them with mode \"sum\" only)", pool))
 		}
 		weights = w
+	}
+	if fixed {
+		indices = fixedIDs
 	}
 	if t := types[indices]; t.Elem != pb.TensorProto_INT64 && t.Elem != pb.TensorProto_INT32 {
 		return notBag(fmt.Sprintf("the ids %q are %s values", indices, elemName(t.Elem)))
@@ -243,17 +260,22 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 	offsets, last := fullS, true
 	if i, ok := g.Producer[fullS]; ok {
 		c := g.Nodes[i]
-		if c.GetOpType() != "Concat" || len(c.GetInput()) != 2 || attrInt(c, "axis", 0) != 0 || !g.IsInput(c.GetInput()[0]) {
+		if c.GetOpType() != "Concat" || len(c.GetInput()) != 2 || attrInt(c, "axis", 0) != 0 || !g.IsInput(c.GetInput()[0]) && !fixed {
 			return notBag(fmt.Sprintf("the offsets %q are neither a model input nor one completed with the number of ids (Concat)", fullS))
 		}
-		if !lengthOf(g, c.GetInput()[1], indices) {
-			return notBag(fmt.Sprintf("Concat %q completes the offsets with %q, not the number of ids in %q", c.GetName(), c.GetInput()[1], indices))
+		if !lengthOf(g, c.GetInput()[1], flatIDs) {
+			return notBag(fmt.Sprintf("Concat %q completes the offsets with %q, not the number of ids in %q", c.GetName(), c.GetInput()[1], flatIDs))
 		}
 		offsets, last = c.GetInput()[0], false
 	} else if !g.IsInput(fullS) {
 		return notBag(fmt.Sprintf("the offsets %q are not a model input", fullS))
 	}
-	if t := types[offsets]; t.Elem != pb.TensorProto_INT64 && t.Elem != pb.TensorProto_INT32 {
+	if fixed {
+		if !fixedOffsets(g, offsets, indices, fixedBag) {
+			return notBag(fmt.Sprintf("the ids are %q reshaped to [-1], but the offsets %q are not arange(0, %s.numel(), %s.size(1))", indices, offsets, indices, indices))
+		}
+		offsets, last = "", false
+	} else if t := types[offsets]; t.Elem != pb.TensorProto_INT64 && t.Elem != pb.TensorProto_INT32 {
 		return notBag(fmt.Sprintf("the offsets %q are %s values", offsets, elemName(t.Elem)))
 	}
 	// Everything outside the body that the Loop reads (its trip count
@@ -308,6 +330,9 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 		}
 	}
 	l := &lookup{table: src, gather: li, nodes: []int{li}, ids: indices, bag: 1, pooling: pool, weights: weights, output: n.GetOutput()[0], offsets: offsets, lastOffset: last}
+	if fixed {
+		l.bag = int(fixedBag) // every sample's bag is its row of the ids
+	}
 	for i := range closure {
 		for _, o := range g.Nodes[i].GetOutput() {
 			if slices.ContainsFunc(g.Outputs, func(v *pb.ValueInfoProto) bool { return v.GetName() == o }) {
@@ -331,6 +356,91 @@ func jaggedLoop(g *Graph, types map[string]TensorType, li int) (*lookup, string)
 	slices.Sort(l.nodes[1:])
 	types[l.output] = known(pb.TensorProto_FLOAT, DimBatch, int64(src.dim))
 	return l, ""
+}
+
+// flatInput says whether name is Reshape(x, [-1]) of a model input x of
+// shape [batch, bag] (torch.nn.functional.embedding_bag's 2-D ids and
+// per-sample weights), and gives x and bag.
+func flatInput(g *Graph, types map[string]TensorType, name string) (string, int64, bool) {
+	i, ok := g.Producer[name]
+	if !ok || g.Nodes[i].GetOpType() != "Reshape" || len(g.Nodes[i].GetInput()) != 2 {
+		return "", 0, false
+	}
+	x := g.Nodes[i].GetInput()[0]
+	shape, ok := g.constInts(g.Nodes[i].GetInput()[1])
+	t := types[x]
+	if !ok || !slices.Equal(shape, []int64{-1}) || !g.IsInput(x) || !sampleKnown(t) || len(t.Dims) != 2 || t.Dims[1] < 1 {
+		return "", 0, false
+	}
+	return x, t.Dims[1], true
+}
+
+// fixedOffsets says whether offsets is Range(0, x.numel(), x.size(1))
+// (the offsets torch.nn.functional.embedding_bag makes for 2-D ids x of
+// bag columns): numel as Size(x) or ReduceProd(Shape(x)), size(1) as
+// Gather(Shape(x), 1) or the constant bag, each maybe cast.
+func fixedOffsets(g *Graph, offsets, x string, bag int64) bool {
+	through := func(name string) (*pb.NodeProto, bool) {
+		for range 6 {
+			i, ok := g.Producer[name]
+			if !ok {
+				return nil, false
+			}
+			n := g.Nodes[i]
+			switch n.GetOpType() {
+			case "Cast", "Identity", "Squeeze", "Unsqueeze", "Reshape":
+				name = n.GetInput()[0]
+				continue
+			}
+			return n, true
+		}
+		return nil, false
+	}
+	constIs := func(name string, v int64) bool {
+		for range 6 {
+			if c, ok := g.constInts(name); ok {
+				return len(c) == 1 && c[0] == v
+			}
+			i, ok := g.Producer[name]
+			if !ok || g.Nodes[i].GetOpType() != "Cast" && g.Nodes[i].GetOpType() != "Identity" {
+				return false
+			}
+			name = g.Nodes[i].GetInput()[0]
+		}
+		return false
+	}
+	shapeOfX := func(name string) bool {
+		n, ok := through(name)
+		return ok && n.GetOpType() == "Shape" && n.GetInput()[0] == x && attrInt(n, "start", 0) == 0 && len(n.GetAttribute()) == 0
+	}
+	r, ok := through(offsets)
+	if !ok || r.GetOpType() != "Range" || len(r.GetInput()) != 3 || !constIs(r.GetInput()[0], 0) {
+		return false
+	}
+	numel, ok := through(r.GetInput()[1])
+	switch {
+	case !ok:
+		return false
+	case numel.GetOpType() == "Size":
+		ok = numel.GetInput()[0] == x
+	case numel.GetOpType() == "ReduceProd":
+		axes, _ := reduceAxes(g, numel)
+		ok = len(axes) == 0 && shapeOfX(numel.GetInput()[0])
+	default:
+		ok = false
+	}
+	if !ok {
+		return false
+	}
+	if constIs(r.GetInput()[2], bag) {
+		return true
+	}
+	step, ok := through(r.GetInput()[2])
+	if !ok || step.GetOpType() != "Gather" || attrInt(step, "axis", 0) != 0 || !shapeOfX(step.GetInput()[0]) {
+		return false
+	}
+	idx, ok := g.constInts(step.GetInput()[1])
+	return ok && len(idx) == 1 && (idx[0] == 1 || idx[0] == -1)
 }
 
 // lengthOf says whether name is the number of values of the 1-D input
@@ -401,7 +511,7 @@ func (pl *Placement) planJagged(p *plan.Plan) {
 func reinferJagged(g *Graph, types map[string]TensorType, lookups []*lookup, unknownNodes []string) []string {
 	loops := map[int]bool{}
 	for _, l := range lookups {
-		if l.offsets != "" {
+		if l.offsets != "" || g.Nodes[l.gather].GetOpType() == "Loop" {
 			for _, i := range l.nodes { // they leave the graph; the output keeps its type
 				loops[i] = true
 			}

@@ -55,6 +55,9 @@ type TableCandidate struct {
 	Rows   int64
 	Dim    int
 	Gather string
+	// Op is the reading node's op when it is not a Gather (an ATen
+	// fallback's embedding); "" for a Gather.
+	Op string
 	// Path runs from a graph input to the Gather's indices ("x -> Slice
 	// -> Cast -> Gather"); when not recognised, as far as it was traced.
 	Path string
@@ -97,17 +100,19 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 		if src == nil {
 			continue
 		}
-		if prev, ok := tables[src.name]; ok {
-			src = prev
-		}
 		cand := TableCandidate{Table: src.name, Rows: src.rows, Dim: src.dim, Gather: n.GetName()}
+		if prev, ok := tables[tableKey(src)]; ok {
+			cand.Table = prev.name
+		}
 		ids := n.GetInput()[1]
+		// The table is 2-D: axis -2 is its rows as well.
+		rowsAxis := attrInt(n, "axis", 0) == 0 || attrInt(n, "axis", 0) == -2
 		chain, err := traceIDs(g, types, ids)
-		if err != nil && attrInt(n, "axis", 0) == 0 {
+		if err != nil && rowsAxis {
 			chain, err = preFallback(g, types, ids) // integer work for pre.onnx
 		}
 		switch {
-		case attrInt(n, "axis", 0) != 0:
+		case !rowsAxis:
 			cand.Reason = fmt.Sprintf("the Gather reads the table along axis %d, not its rows", attrInt(n, "axis", 0))
 		case err != nil:
 			cand.Reason = err.Error()
@@ -123,13 +128,13 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			cands = append(cands, cand)
 			continue
 		}
+		src = shareTable(tables, src)
 		l := &lookup{table: src, gather: gi, nodes: []int{gi}, ids: chain.input, pre: chain.ops, preNodes: chain.nodes, rank1: len(chain.shape) == 0, bag: 1, pooling: plan.PoolNone, output: n.GetOutput()[0]}
 		l.preOut, l.preInputs = chain.preOut, chain.preInputs
 		if !l.rank1 {
 			l.bag = int(chain.shape[0])
 			matchPooling(g, types, l)
 		}
-		tables[src.name] = src
 		candOf[l] = len(cands)
 		cands = append(cands, cand)
 		out = append(out, l)
@@ -138,17 +143,26 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 		}
 	}
 	for _, l := range dynamo {
-		if prev, ok := tables[l.table.name]; ok {
-			l.table = prev
-		} else {
-			tables[l.table.name] = l.table
-		}
+		l.table = shareTable(tables, l.table)
 		candOf[l] = len(cands)
 		cands = append(cands, TableCandidate{Table: l.table.name, Rows: l.table.rows, Dim: l.table.dim, Gather: g.Nodes[l.gather].GetName(),
 			Path: l.ids + " + " + l.offsets + " -> Gather -> Loop -> ConcatFromSequence (EmbeddingBag)"})
 		out = append(out, l)
 		for _, i := range l.nodes {
 			absorbed[i] = true
+		}
+	}
+	// A table read by an embedding op that is not ONNX (the TorchScript
+	// exporter's ATen fallback) is a candidate with the reason: never a
+	// table quietly left in the dense graph.
+	for _, n := range g.Nodes {
+		op, ok := atenEmbedding(n)
+		if !ok || len(n.GetInput()) == 0 {
+			continue
+		}
+		if src := resolveTable(g, n.GetInput()[0]); src != nil {
+			cands = append(cands, TableCandidate{Table: src.name, Rows: src.rows, Dim: src.dim, Gather: n.GetName(), Op: n.GetOpType(),
+				Reason: fmt.Sprintf("the table is read by %s %q (%s), the TorchScript exporter's ATen fallback (operator_export_type=ONNX_ATEN_FALLBACK), which is not an ONNX lookup and which ONNX Runtime's standard builds do not run: export with operator_export_type=ONNX (opset 11 or later writes embedding_bag as a Loop, embedding as a Gather)", n.GetOpType(), n.GetName(), op)})
 		}
 	}
 	// Tables read inside a subgraph (a Loop's body: the exporters'
@@ -159,11 +173,7 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 		if l, why := jaggedLoop(g, types, gi); l != nil || why != "" {
 			c := TableCandidate{Gather: n.GetName(), Reason: why}
 			if l != nil {
-				if prev, ok := tables[l.table.name]; ok {
-					l.table = prev
-				} else {
-					tables[l.table.name] = l.table
-				}
+				l.table = shareTable(tables, l.table)
 				c.Table, c.Rows, c.Dim, c.Path = l.table.name, l.table.rows, l.table.dim, l.ids+" + "+l.offsets+" -> Loop (EmbeddingBag)"
 				candOf[l] = len(cands)
 				out = append(out, l)
@@ -260,6 +270,58 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 	return keep, cands, pre
 }
 
+// atenEmbedding says whether n is an embedding as an ATen op: ATen
+// (domain org.pytorch.aten, or "" before PyTorch 1.13) with operator
+// embedding or embedding_bag, or com.microsoft ATenOp named
+// aten::embedding...; and which.
+func atenEmbedding(n *pb.NodeProto) (string, bool) {
+	attr := ""
+	switch n.GetOpType() {
+	case "ATen":
+		attr = "operator"
+	case "ATenOp":
+		attr = "name"
+	default:
+		return "", false
+	}
+	for _, a := range n.GetAttribute() {
+		if a.GetName() == attr {
+			op := strings.TrimPrefix(string(a.GetS()), "aten::")
+			return op, strings.HasPrefix(strings.TrimLeft(op, "_"), "embedding")
+		}
+	}
+	return "", false
+}
+
+// tableKey identifies a table by the tensors its rows come from: Gathers
+// on one initializer, directly or through Identity nodes of their own
+// (how exporters alias a tied or reused weight), read one table.
+func tableKey(src *tableSource) string {
+	names := make([]string, len(src.parts))
+	for i, p := range src.parts {
+		names[i] = p.GetName()
+	}
+	return strings.Join(names, "\x00")
+}
+
+// shareTable returns the table already found with src's parts, its chain
+// extended with src's nodes (they leave the graph with it), or records
+// src as a new one.
+func shareTable(tables map[string]*tableSource, src *tableSource) *tableSource {
+	key := tableKey(src)
+	prev, ok := tables[key]
+	if !ok {
+		tables[key] = src
+		return src
+	}
+	for _, c := range src.chain {
+		if !slices.Contains(prev.chain, c) {
+			prev.chain = append(prev.chain, c)
+		}
+	}
+	return prev
+}
+
 // chainPath writes the path from the graph input to the Gather.
 func chainPath(g *Graph, c *idChain, gather *pb.NodeProto) string {
 	parts := []string{c.input}
@@ -349,6 +411,11 @@ func resolveTable(g *Graph, name string) *tableSource {
 	if !walk(name, 0) || len(src.parts) == 0 {
 		return nil
 	}
+	// One initializer behind Identity nodes only is the table of that
+	// initializer's name (the weight's, not an alias's).
+	if len(src.parts) == 1 && g.Inits[src.parts[0].GetName()] == src.parts[0] && !slices.ContainsFunc(src.chain, func(c int) bool { return g.Nodes[c].GetOpType() != "Identity" }) {
+		src.name = src.parts[0].GetName()
+	}
 	return src
 }
 
@@ -403,16 +470,46 @@ func matchPooling(g *Graph, types map[string]TensorType, l *lookup) {
 		return
 	}
 	axes, ok := reduceAxes(g, n)
-	if !ok || len(axes) != 1 || (axes[0] != 1 && axes[0] != -2) || attrInt(n, "keepdims", 1) != 0 {
+	if !ok || len(axes) != 1 || (axes[0] != 1 && axes[0] != -2) {
 		return
 	}
 	if weights != "" && pool == plan.PoolMax {
 		return // EmbeddingBag allows per-sample weights with sum only; keep it in the graph
 	}
-	l.nodes = append(append(l.nodes, extra...), next)
+	out := n.GetOutput()[0]
+	extra = append(extra, next)
+	if attrInt(n, "keepdims", 1) != 0 {
+		// keepdims=1 (the default: x.sum(1, keepdim=True)) leaves [batch,
+		// 1, dim]; the pooled lookup is [batch, dim], so only a following
+		// Squeeze, Flatten or Reshape to that is taken with it.
+		sq, ok := soleConsumer(g, out)
+		if !ok || !dropsBagAxis(g, types, g.Nodes[sq], l.table.dim) {
+			return
+		}
+		extra = append(extra, sq)
+		out = g.Nodes[sq].GetOutput()[0]
+	}
+	l.nodes = append(l.nodes, extra...)
 	l.pooling = pool
 	l.weights = weights
-	l.output = n.GetOutput()[0]
+	l.output = out
+}
+
+// dropsBagAxis says whether n takes a pooled [batch, 1, dim] to [batch,
+// dim]: Squeeze of axis 1 (or -2), Flatten at axis 1, or a Reshape whose
+// output is [batch, dim].
+func dropsBagAxis(g *Graph, types map[string]TensorType, n *pb.NodeProto, dim int) bool {
+	switch n.GetOpType() {
+	case "Squeeze":
+		axes, ok := opAxes(g, n)
+		return ok && len(axes) == 1 && (axes[0] == 1 || axes[0] == -2)
+	case "Flatten":
+		return attrInt(n, "axis", 1) == 1
+	case "Reshape":
+		t := types[n.GetOutput()[0]]
+		return t.Known && slices.Equal(t.Dims, []int64{DimBatch, int64(dim)})
+	}
+	return false
 }
 
 // perSampleWeights recognises Unsqueeze(W, axes=[2] or [-1]) or a

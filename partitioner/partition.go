@@ -132,13 +132,17 @@ func (pl *Placement) unrecognised() error {
 	var lines []string
 	for _, c := range pl.Candidates {
 		if c.Reason != "" {
-			lines = append(lines, fmt.Sprintf("table %q (%d x %d, %s) at Gather %q: %s", c.Table, c.Rows, c.Dim, human(c.Bytes(), "B"), c.Gather, c.Reason))
+			op := "Gather"
+			if c.Op != "" {
+				op = c.Op
+			}
+			lines = append(lines, fmt.Sprintf("table %q (%d x %d, %s) at %s %q: %s", c.Table, c.Rows, c.Dim, human(c.Bytes(), "B"), op, c.Gather, c.Reason))
 		}
 	}
 	if len(lines) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %d Gather(s) on tables would stay in the dense graph:\n  %s", ErrUnrecognised, len(lines), strings.Join(lines, "\n  "))
+	return fmt.Errorf("%w: %d read(s) of tables would stay in the dense graph:\n  %s", ErrUnrecognised, len(lines), strings.Join(lines, "\n  "))
 }
 
 func checkOutDir(dir string, overwrite bool) error {
@@ -216,10 +220,11 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 		p.Outputs = append(p.Outputs, plan.TensorInfo{Name: o.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()})
 	}
 	byTable := map[*tableSource]*plan.Table{}
+	files := map[string]bool{}
 	for _, l := range pl.Lookups {
 		t, ok := byTable[l.table]
 		if !ok {
-			t = &plan.Table{Name: l.table.name, File: tableFile(l.table.name), Rows: l.table.rows, Dim: l.table.dim, DType: "float32", UnknownIDs: plan.UnknownError}
+			t = &plan.Table{Name: l.table.name, File: uniqueTableFile(l.table.name, files), Rows: l.table.rows, Dim: l.table.dim, DType: "float32", UnknownIDs: plan.UnknownError}
 			byTable[l.table] = t
 			p.Tables = append(p.Tables, plan.Table{})
 		}
