@@ -34,19 +34,40 @@ type partResult struct {
 	err    error
 }
 
-// sendParts sends the given shards' parts of one fan-out at once and
-// collects every answer.
+// sendParts sends the given shards' parts of one fan-out, each once the
+// server holds the one before (or has answered it), and collects every
+// answer. The parts arrive in order: a part refused on arrival fails the
+// fan-out, and a part after it waits anew, so a test that sends the
+// refused part last relies on it. Spread by 2 ms sleeps instead, a
+// loaded machine delivered them out of order, and a part waited for its
+// fan-out forever (TestAssemblePartial's "stranger" hung).
 func sendParts(t *testing.T, ts *testServer, ctx context.Context, model, key string, n, shards int, parts [][]arrowframe.Tensor, order []int) []partResult {
 	t.Helper()
+	a := ts.dense.models[model].assembly
+	held := func(sh int) bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		f := a.pending[key]
+		return f != nil && f.got[sh]
+	}
 	out := make([]partResult, len(order))
 	var wg sync.WaitGroup
 	for i, sh := range order {
 		frame := encode(t, n, parts[sh])
+		answered := make(chan struct{})
 		wg.Go(func() {
+			defer close(answered)
 			resp, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: model, Tensors: frame, NumSamples: int32(n), FanoutKey: key, Shard: int32(sh), Shards: int32(shards)})
 			out[i] = partResult{shard: sh, scores: resp.GetScores(), err: err}
 		})
-		time.Sleep(2 * time.Millisecond) // spread arrivals a little
+	wait:
+		for !held(sh) {
+			select {
+			case <-answered:
+				break wait
+			case <-time.After(time.Millisecond):
+			}
+		}
 	}
 	wg.Wait()
 	return out

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prism-serve/prism/internal/ort"
@@ -147,41 +148,47 @@ func TestBatcherErrorsAndBadInput(t *testing.T) {
 // TestCancelledRequestsLeaveNoDebt: requests cancelled while queued are
 // dropped, and the queue count returns to zero (it used to drift upwards
 // with every cancellation until the batcher refused everything).
+//
+// It runs in a synctest bubble, so the first run does hold the runner
+// after the 30 ms pause (fake time, past the 20 ms delay), as the test
+// means, however loaded the machine.
 func TestCancelledRequestsLeaveNoDebt(t *testing.T) {
-	r := &sumRunner{gate: make(chan struct{})}
-	b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 64, MaxDelay: 20 * time.Millisecond})
-	defer b.Close()
-	blocker := make(chan error)
-	go func() { _, err := b.Submit(context.Background(), req(1, 0)); blocker <- err }()
-	for b.QueueDepth() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(30 * time.Millisecond) // the first run is now blocked in the runner
-	ctx, cancel := context.WithCancel(context.Background())
-	cancelled := make(chan error)
-	go func() { _, err := b.Submit(ctx, req(10, 0)); cancelled <- err }()
-	live := make(chan error)
-	go func() { _, err := b.Submit(context.Background(), req(5, 0)); live <- err }()
-	for b.QueueDepth() < 16 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	if err := <-cancelled; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled: %v", err)
-	}
-	close(r.gate)
-	if err := <-blocker; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-live; err != nil {
-		t.Fatal(err)
-	}
-	// Both were queued before the runner was let go, so they share the
-	// last run (or the cancelled one ran first): with every answer in,
-	// nothing is left counted. No waiting: see TestDepthSettledOnAnswer.
-	if d := b.QueueDepth(); d != 0 {
-		t.Fatalf("queue depth %d after everything finished", d)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		r := &sumRunner{gate: make(chan struct{})}
+		b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 64, MaxDelay: 20 * time.Millisecond})
+		defer b.Close()
+		blocker := make(chan error)
+		go func() { _, err := b.Submit(context.Background(), req(1, 0)); blocker <- err }()
+		for b.QueueDepth() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(30 * time.Millisecond) // the first run is now blocked in the runner
+		ctx, cancel := context.WithCancel(context.Background())
+		cancelled := make(chan error)
+		go func() { _, err := b.Submit(ctx, req(10, 0)); cancelled <- err }()
+		live := make(chan error)
+		go func() { _, err := b.Submit(context.Background(), req(5, 0)); live <- err }()
+		for b.QueueDepth() < 16 {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		if err := <-cancelled; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled: %v", err)
+		}
+		close(r.gate)
+		if err := <-blocker; err != nil {
+			t.Fatal(err)
+		}
+		if err := <-live; err != nil {
+			t.Fatal(err)
+		}
+		// Both were queued before the runner was let go, so they share the
+		// last run (or the cancelled one ran first): with every answer in,
+		// nothing is left counted. No waiting: see TestDepthSettledOnAnswer.
+		if d := b.QueueDepth(); d != 0 {
+			t.Fatalf("queue depth %d after everything finished", d)
+		}
+	})
 }
 
 // TestDepthSettledOnAnswer: a request's samples leave QueueDepth before

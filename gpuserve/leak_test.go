@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -136,6 +137,16 @@ func settleGoroutines(t *testing.T, base int) {
 // the pool), and checks that afterwards the batcher counts nothing,
 // every buffer went back to the pool exactly once, none went back while
 // a run still read it, and no goroutine is left behind.
+//
+// Each case runs in a synctest bubble: the 50 ms deadlines are fake
+// time, which passes only once the tested request is queued (or
+// running) and everything waits. On the wall clock a loaded machine
+// could reach the deadline before the request was queued: waitDepth
+// failed the case ("queue depth 1, want 5"), and the deferred Close then
+// waited for the blocker's run, never released, until the binary's
+// timeout (2 of 10 runs hung so, 3 copies at once). A failed case now
+// lets the runs go before Close, and in the bubble a hang would be
+// reported at once as a deadlock.
 func TestScorePathsReleaseOnce(t *testing.T) {
 	dir := tinyPlan(t)
 	p, err := plan.Read(dir)
@@ -171,99 +182,108 @@ func TestScorePathsReleaseOnce(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			m := s.models[p.Model.Name]
-			r := &poisonRunner{started: make(chan struct{}, 1), fail: tc.fail}
-			if tc.block {
-				r.release = make(chan struct{})
-			}
-			old := m.batcher
-			m.batcher = NewBatcher(m.spec, []Runner{r}, BatchOptions{MaxDelay: time.Microsecond})
-			old.Close()
-			b := m.batcher
-			pool := usePool(t)
-			base := runtime.NumGoroutine()
-
-			blocked := make(chan error, 1)
-			if tc.blocker {
-				go func() { _, err := b.Submit(context.Background(), req1(m.spec)); blocked <- err }()
-				<-r.started
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			if tc.timeout > 0 {
-				ctx, cancel = context.WithTimeout(context.Background(), tc.timeout)
-			}
-			defer cancel()
-			sr := dictRequest(t, p, 4, 7)
-			if tc.malformed {
-				sr.Tensors = sr.Tensors[:len(sr.Tensors)-16]
-			}
-			got := make(chan error, 1)
-			go func() { _, err := s.Score(ctx, sr); got <- err }()
-			if tc.block && !tc.blocker {
-				<-r.started // the tested request is running
-			} else if tc.blocker {
-				waitDepth(t, b, 1+4)
-			}
-			closed := make(chan struct{})
-			switch {
-			case tc.cancelAfter:
-				cancel()
-			case tc.closeQueued:
-				go func() { b.Close(); close(closed) }()
-				time.Sleep(20 * time.Millisecond) // Close has begun, the request still queued
-			}
-			var scoreErr error
-			if tc.block && !tc.closeQueued {
-				scoreErr = <-got // answered while the runner still holds its batch
-				close(r.release)
-			} else {
+			synctest.Test(t, func(t *testing.T) {
+				s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				m := s.models[p.Model.Name]
+				r := &poisonRunner{started: make(chan struct{}, 1), fail: tc.fail}
 				if tc.block {
-					close(r.release)
+					r.release = make(chan struct{})
 				}
-				scoreErr = <-got
-			}
-			if tc.blocker {
-				if err := <-blocked; err != nil {
-					t.Errorf("blocker: %v", err)
+				release := sync.OnceFunc(func() {
+					if r.release != nil {
+						close(r.release)
+					}
+				})
+				defer release() // a failure still lets the runs go
+				old := m.batcher
+				m.batcher = NewBatcher(m.spec, []Runner{r}, BatchOptions{MaxDelay: time.Microsecond})
+				old.Close()
+				b := m.batcher
+				pool := usePool(t)
+				synctest.Wait() // the old batcher's goroutines are gone
+				base := runtime.NumGoroutine()
+
+				blocked := make(chan error, 1)
+				if tc.blocker {
+					go func() { _, err := b.Submit(context.Background(), req1(m.spec)); blocked <- err }()
+					<-r.started
 				}
-			}
-			if tc.closeQueued {
-				<-closed
-			}
-			if c := status.Code(scoreErr); c != tc.want {
-				t.Errorf("Score: %v (%v), want %v", c, scoreErr, tc.want)
-			}
-			// The runner is done with everything once the batcher closes.
-			b.Close()
-			if d := b.QueueDepth(); d != 0 {
-				t.Errorf("queue depth %d after every answer", d)
-			}
-			if n := r.poisoned.Load(); n != 0 {
-				t.Errorf("%d runs read a buffer already back in the pool", n)
-			}
-			out, gets, bad := pool.state()
-			// The batch's memory comes from the pool when the tested
-			// request runs (its dictionary columns gathered into it); a
-			// request that never ran took nothing.
-			ran := !tc.malformed && !(tc.blocker && !tc.closeQueued)
-			if gets == 0 && ran {
-				t.Fatal("no buffer taken from the pool: the request tests nothing")
-			}
-			if gets != 0 && !ran {
-				t.Errorf("%d buffers taken for a request that never ran", gets)
-			}
-			if bad != 0 {
-				t.Errorf("%d buffers put back twice (or never taken)", bad)
-			}
-			if out != 0 && !tc.malformed {
-				t.Errorf("%d of %d buffers never put back", out, gets)
-			}
-			settleGoroutines(t, base)
+				ctx, cancel := context.WithCancel(context.Background())
+				if tc.timeout > 0 {
+					ctx, cancel = context.WithTimeout(context.Background(), tc.timeout)
+				}
+				defer cancel()
+				sr := dictRequest(t, p, 4, 7)
+				if tc.malformed {
+					sr.Tensors = sr.Tensors[:len(sr.Tensors)-16]
+				}
+				got := make(chan error, 1)
+				go func() { _, err := s.Score(ctx, sr); got <- err }()
+				if tc.block && !tc.blocker {
+					<-r.started // the tested request is running
+				} else if tc.blocker {
+					waitDepth(t, b, 1+4)
+				}
+				closed := make(chan struct{})
+				switch {
+				case tc.cancelAfter:
+					cancel()
+				case tc.closeQueued:
+					go func() { b.Close(); close(closed) }()
+					time.Sleep(20 * time.Millisecond) // Close has begun, the request still queued
+				}
+				var scoreErr error
+				if tc.block && !tc.closeQueued {
+					scoreErr = <-got // answered while the runner still holds its batch
+					release()
+				} else {
+					if tc.block {
+						release()
+					}
+					scoreErr = <-got
+				}
+				if tc.blocker {
+					if err := <-blocked; err != nil {
+						t.Errorf("blocker: %v", err)
+					}
+				}
+				if tc.closeQueued {
+					<-closed
+				}
+				if c := status.Code(scoreErr); c != tc.want {
+					t.Errorf("Score: %v (%v), want %v", c, scoreErr, tc.want)
+				}
+				// The runner is done with everything once the batcher closes.
+				b.Close()
+				if d := b.QueueDepth(); d != 0 {
+					t.Errorf("queue depth %d after every answer", d)
+				}
+				if n := r.poisoned.Load(); n != 0 {
+					t.Errorf("%d runs read a buffer already back in the pool", n)
+				}
+				out, gets, bad := pool.state()
+				// The batch's memory comes from the pool when the tested
+				// request runs (its dictionary columns gathered into it); a
+				// request that never ran took nothing.
+				ran := !tc.malformed && !(tc.blocker && !tc.closeQueued)
+				if gets == 0 && ran {
+					t.Fatal("no buffer taken from the pool: the request tests nothing")
+				}
+				if gets != 0 && !ran {
+					t.Errorf("%d buffers taken for a request that never ran", gets)
+				}
+				if bad != 0 {
+					t.Errorf("%d buffers put back twice (or never taken)", bad)
+				}
+				if out != 0 && !tc.malformed {
+					t.Errorf("%d of %d buffers never put back", out, gets)
+				}
+				settleGoroutines(t, base)
+			})
 		})
 	}
 }
@@ -338,37 +358,45 @@ func TestConcurrentDictRequestsOwnScores(t *testing.T) {
 // TestCancelInRunningBatchOthersAnswered: a request cancelled while its
 // batch runs returns at once; the batch's other requests still get
 // their own rows, and the depth settles to zero.
+//
+// It runs in a synctest bubble: the 60 ms that let the batcher's 30 ms
+// delay pass and its run take both requests are fake time, which passes
+// only once the run holds them. On the wall clock a loaded machine had
+// not always formed the run by then, and the cancelled request left the
+// queue instead (2 of 160 runs, 4 copies at once: "runs [2]").
 func TestCancelInRunningBatchOthersAnswered(t *testing.T) {
-	r := &sumRunner{gate: make(chan struct{})}
-	b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 64, MaxDelay: 30 * time.Millisecond})
-	defer b.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	gone := make(chan error, 1)
-	go func() { _, err := b.Submit(ctx, req(3, 10)); gone <- err }()
-	type answer struct {
-		out [][]float32
-		err error
-	}
-	kept := make(chan answer, 1)
-	go func() { out, err := b.Submit(context.Background(), req(2, 20)); kept <- answer{out, err} }()
-	waitDepth(t, b, 5)
-	time.Sleep(60 * time.Millisecond) // past MaxDelay: both taken into one run, blocked in the runner
-	cancel()
-	if err := <-gone; !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled: %v", err)
-	}
-	close(r.gate)
-	a := <-kept
-	if a.err != nil {
-		t.Fatal(a.err)
-	}
-	// req(2, 20): sample i sums 20 + i.
-	if got := a.out[0]; len(got) != 2 || got[0] != 20 || got[1] != 21 {
-		t.Errorf("kept request's scores %v, want [20 21]", got)
-	}
-	if r.sizes[0] != 5 {
-		t.Errorf("runs %v: want the two requests in one run of 5", r.sizes)
-	}
-	waitDepth(t, b, 0)
+	synctest.Test(t, func(t *testing.T) {
+		r := &sumRunner{gate: make(chan struct{})}
+		b := NewBatcher(spec, []Runner{r}, BatchOptions{MaxBatch: 64, MaxDelay: 30 * time.Millisecond})
+		defer b.Close()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		gone := make(chan error, 1)
+		go func() { _, err := b.Submit(ctx, req(3, 10)); gone <- err }()
+		type answer struct {
+			out [][]float32
+			err error
+		}
+		kept := make(chan answer, 1)
+		go func() { out, err := b.Submit(context.Background(), req(2, 20)); kept <- answer{out, err} }()
+		waitDepth(t, b, 5)
+		time.Sleep(60 * time.Millisecond) // past MaxDelay: both taken into one run, blocked in the runner
+		cancel()
+		if err := <-gone; !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled: %v", err)
+		}
+		close(r.gate)
+		a := <-kept
+		if a.err != nil {
+			t.Fatal(a.err)
+		}
+		// req(2, 20): sample i sums 20 + i.
+		if got := a.out[0]; len(got) != 2 || got[0] != 20 || got[1] != 21 {
+			t.Errorf("kept request's scores %v, want [20 21]", got)
+		}
+		if r.sizes[0] != 5 {
+			t.Errorf("runs %v: want the two requests in one run of 5", r.sizes)
+		}
+		waitDepth(t, b, 0)
+	})
 }

@@ -174,21 +174,33 @@ func (f *flaky) Send(ctx context.Context, req *prismv1.RecommendRequest) error {
 	return nil
 }
 
+// TestCapErrorsAndReports: a cap of 400 requests at 1000 req/s stops a
+// 10 s run at its 400th arrival, 399 ms in, with a live line every 100 ms
+// on the way. The run is in a synctest bubble (see TestStallShowsInP99):
+// its pacing and the live ticker keep fake time, so it ends at exactly
+// 399 ms with exactly 3 live lines however loaded the machine is. On the
+// wall clock it had to end within 2 s (it took up to 1.25 s with 8 copies
+// at once), and a live goroutine starved until the run's end could miss
+// its ticks.
 func TestCapErrorsAndReports(t *testing.T) {
 	var live bytes.Buffer
-	start := time.Now()
-	sum, err := Run(context.Background(), Options{Profile: Constant(1000), Duration: 10 * time.Second, MaxRequests: 400, Live: &live, LiveEvery: 100 * time.Millisecond}, tinyRequests(t, Fixed(3)), &flaky{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if el := time.Since(start); el > 2*time.Second {
-		t.Fatalf("a cap of 400 at 1000/s took %v", el)
-	}
+	var sum *Summary
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var err error
+		sum, err = Run(context.Background(), Options{Profile: Constant(1000), Duration: 10 * time.Second, MaxRequests: 400, Live: &live, LiveEvery: 100 * time.Millisecond}, tinyRequests(t, Fixed(3)), &flaky{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if el := time.Since(start); el != 399*time.Millisecond {
+			t.Fatalf("a cap of 400 at 1000/s ended the run at %v of fake time, want at its 400th arrival, 399ms", el)
+		}
+	})
 	if sum.Sent != 400 || sum.OK != 300 || sum.ErrorsByCode["Unavailable"] != 100 {
 		t.Fatalf("sent %d ok %d errors %v", sum.Sent, sum.OK, sum.ErrorsByCode)
 	}
-	if !strings.Contains(live.String(), "loadgen:") {
-		t.Fatalf("no live lines: %q", live.String())
+	if n := strings.Count(live.String(), "loadgen:"); n != 3 {
+		t.Fatalf("%d live lines in 399 ms at one per 100 ms, want 3: %q", n, live.String())
 	}
 	var text bytes.Buffer
 	sum.WriteText(&text)

@@ -691,7 +691,17 @@ func TestElectedFencesOldHolder(t *testing.T) {
 				// A stopped sequencing on the fenced answer: its next
 				// client is refused, not numbered.
 				wantUnavailable(t, rig.update(a, 7, 7), "update on A after it was fenced", "stopped sequencing")
-				if !strings.Contains(rig.logs.String(), "this router stops sequencing") {
+				// It says so in the step that took the first fenced
+				// answer. Each worker's answer is a step of its own, whose
+				// messages go out after the driver's lock: the last
+				// answer's step, which answers X, can deliver before the
+				// first one's log line is written (a loaded machine failed
+				// the check made at once). Wait for it, 10 s at most.
+				const says = "this router stops sequencing"
+				for deadline := time.Now().Add(10 * time.Second); !strings.Contains(rig.logs.String(), says) && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
+				if !strings.Contains(rig.logs.String(), says) {
 					t.Errorf("A did not say it stops sequencing:\n%s", rig.logs.String())
 				}
 				rig.orders(1, 2)
