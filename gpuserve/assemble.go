@@ -51,6 +51,25 @@ type assembler struct {
 	// sharding is the fingerprint of the plan's sharding ("" for none),
 	// set at load: partial parts of another sharding are refused.
 	sharding string
+	// closed: the server is closing (closeAll); parts are refused.
+	closed bool
+}
+
+// closeAll answers every part waiting for its siblings with err, and
+// every part coming after with Unavailable: on shutdown the missing
+// parts would never be scored here, and their callers can go to another
+// worker at once rather than at their deadlines. It returns how many
+// fan-outs it failed.
+func (a *assembler) closeAll(err error) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	n := 0
+	for _, f := range a.pending {
+		a.finish(f, nil, err)
+		n++
+	}
+	return n
 }
 
 // partialSpec is a cut tensor that row-wise shards send in parts.
@@ -261,6 +280,12 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	}
 	a := m.assembly
 	a.mu.Lock()
+	if a.closed {
+		// Close came after the check above.
+		a.mu.Unlock()
+		s.metrics.reject(m.name, "closed")
+		return nil, status.Error(codes.Unavailable, ErrClosed.Error())
+	}
 	f := a.pending[key]
 	if f == nil {
 		if a.samples+n > a.max {
@@ -462,9 +487,46 @@ func (s *Server) invalid(m *model, format string, args ...any) error {
 // decodePart checks one part's frame: cut tensors of the plan, each
 // once, of the plan's width, n samples.
 func decodePart(m *model, tensors []byte, n int) ([]partTensor, error) {
-	got, ts, err := arrowframe.Decode(tensors)
+	// As decode: samples and columns checked before any expansion. A
+	// cut tensor comes whole or in parts (a part and its counts: the
+	// slots after the cut's).
+	seen := make([]bool, 3*len(m.spec))
+	cols := 0
+	want := arrowframe.Want{Rows: n, Column: func(name string, width int) error {
+		cols++
+		output, count, ok := arrowframe.ParsePartial(name)
+		if !ok {
+			i, ok := m.index[name]
+			if !ok {
+				return status.Errorf(codes.InvalidArgument, "model %q: tensor %q is not a cut tensor of the plan (want %s)", m.name, name, m.cutNames())
+			}
+			return m.checkColumn(seen, i, name, width, m.spec[i].Width)
+		}
+		ps := m.assembly.partials[output]
+		switch {
+		case ps == nil:
+			return status.Errorf(codes.InvalidArgument, "model %q: tensor %q: %q is not an output the plan's sharding sends in parts", m.name, name, output)
+		case count && !ps.counts:
+			return status.Errorf(codes.InvalidArgument, "model %q: tensor %q: output %q combines by %s, without counts", m.name, name, output, ps.combine)
+		case count && width != 1:
+			return status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; counts have width 1", m.name, name, width)
+		case count:
+			if seen[2*len(m.spec)+ps.index] {
+				return status.Errorf(codes.InvalidArgument, "model %q: tensor %q appears twice", m.name, name)
+			}
+			seen[2*len(m.spec)+ps.index] = true
+			return nil
+		}
+		return m.checkColumn(seen[len(m.spec):], ps.index, name, width, m.spec[ps.index].Width)
+	}}
+	got, ts, err := arrowframe.DecodeWant(tensors, want, nil)
+	if rows := (*arrowframe.RowsError)(nil); errors.As(err, &rows) && cols == 0 {
+		// A frame without columns has nothing to expand, whatever its
+		// rows: a part sending no tensors is judged with the others.
+		got, ts, err = arrowframe.Decode(tensors)
+	}
 	if err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
+		return nil, m.decodeError(err, n)
 	}
 	if got != n && len(ts) > 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, got, n)

@@ -394,7 +394,7 @@ func (b *Batcher) loop(r Runner) {
 				b.signal() // another runner may take the rest
 			}
 			if g := b.opts.Gate; g != nil {
-				release := g.Acquire(due(d.batch))
+				release := g.acquireBatch(d.batch)
 				b.run(r, d.batch)
 				release()
 				continue

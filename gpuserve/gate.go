@@ -1,7 +1,7 @@
 package gpuserve
 
 import (
-	"container/heap"
+	"slices"
 	"sync"
 	"time"
 )
@@ -11,8 +11,9 @@ import (
 // own queue earliest deadline first (schedule.go), and the gate decides
 // which model's formed batch runs when they compete for the device. At
 // most Slots batches run at once, whichever models they are of; a slot
-// that frees goes to the waiting batch due first (its earliest request's
-// deadline), arrival order among equals. A request counts as due at most
+// that frees goes to the waiting batch due first (the earliest deadline
+// among its requests still waiting for scores, taken when the slot
+// frees), arrival order among equals. A request counts as due at most
 // gateHorizon after it arrived, its deadline or not: work with a far
 // deadline (or none) does not go ahead of urgent work, and does not wait
 // behind it without bound either (a batch arriving later is due later
@@ -28,7 +29,7 @@ type RunGate struct {
 	mu      sync.Mutex
 	free    int
 	seq     uint64
-	waiting gateQueue
+	waiting []*gateWaiter
 }
 
 // gateHorizon is the latest a request is due at the gate, from its
@@ -43,6 +44,18 @@ func NewRunGate(slots int) *RunGate { return &RunGate{free: max(slots, 1)} }
 // of its requests) and returns its release, to be called once when the
 // run is over.
 func (g *RunGate) Acquire(due time.Time) (release func()) {
+	return g.acquire(&gateWaiter{due: due})
+}
+
+// acquireBatch is Acquire for a formed batch, whose due time is taken
+// anew (dueAt) whenever a slot frees: a request that expired or was
+// cancelled while the batch waited, and which its run will leave out,
+// no longer ranks it.
+func (g *RunGate) acquireBatch(batch []*pending) (release func()) {
+	return g.acquire(&gateWaiter{batch: batch})
+}
+
+func (g *RunGate) acquire(w *gateWaiter) (release func()) {
 	g.mu.Lock()
 	if g.free > 0 && len(g.waiting) == 0 {
 		g.free--
@@ -50,29 +63,48 @@ func (g *RunGate) Acquire(due time.Time) (release func()) {
 		return g.release
 	}
 	g.seq++
-	w := &gateWaiter{due: due, seq: g.seq, ready: make(chan struct{})}
-	heap.Push(&g.waiting, w)
+	w.seq, w.ready = g.seq, make(chan struct{})
+	g.waiting = append(g.waiting, w)
 	g.mu.Unlock()
 	<-w.ready
 	return g.release
 }
 
 // release hands the slot to the waiting batch due first, or frees it.
+// The waiters are few (one per batching loop of the worker's models),
+// ranked afresh at each release: their due times change as their
+// requests expire.
 func (g *RunGate) release() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.waiting) > 0 {
-		close(heap.Pop(&g.waiting).(*gateWaiter).ready)
+	if len(g.waiting) == 0 {
+		g.free++
 		return
 	}
-	g.free++
+	now := time.Now()
+	best, bestDue := 0, g.waiting[0].dueAt(now)
+	for i, w := range g.waiting[1:] {
+		if d := w.dueAt(now); d.Before(bestDue) || (d.Equal(bestDue) && w.seq < g.waiting[best].seq) {
+			best, bestDue = i+1, d
+		}
+	}
+	w := g.waiting[best]
+	g.waiting = slices.Delete(g.waiting, best, best+1)
+	close(w.ready)
 }
 
-// due is when a formed batch is due at the gate: its earliest deadline,
-// a request counting as due at most gateHorizon after its arrival.
-func due(batch []*pending) time.Time {
+// dueAt is when a formed batch is due at the gate as of now: its
+// earliest deadline, a request counting as due at most gateHorizon after
+// its arrival. The requests that have expired or been cancelled by now
+// are left out (now zero: none), as the batch's run leaves them out; a
+// batch left with none is due at once (the zero time): its run costs
+// nothing and frees the slot.
+func dueAt(batch []*pending, now time.Time) time.Time {
 	var d time.Time
 	for _, p := range batch {
+		if !now.IsZero() && (p.ctx.Err() != nil || (!p.deadline.IsZero() && !now.Before(p.deadline))) {
+			continue
+		}
 		t := p.deadline
 		if h := p.arrived.Add(gateHorizon); t.IsZero() || t.After(h) {
 			t = h
@@ -85,27 +117,18 @@ func due(batch []*pending) time.Time {
 }
 
 type gateWaiter struct {
+	// due is a fixed due time (Acquire); for a batch (acquireBatch), its
+	// requests give it (dueAt).
 	due   time.Time
+	batch []*pending
 	seq   uint64
 	ready chan struct{}
 }
 
-// gateQueue is a min-heap of waiters by due time, then arrival.
-type gateQueue []*gateWaiter
-
-func (q gateQueue) Len() int { return len(q) }
-func (q gateQueue) Less(i, j int) bool {
-	if !q[i].due.Equal(q[j].due) {
-		return q[i].due.Before(q[j].due)
+// dueAt is when w is due, as of now.
+func (w *gateWaiter) dueAt(now time.Time) time.Time {
+	if w.batch == nil {
+		return w.due
 	}
-	return q[i].seq < q[j].seq
-}
-func (q gateQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *gateQueue) Push(x any)   { *q = append(*q, x.(*gateWaiter)) }
-func (q *gateQueue) Pop() any {
-	old := *q
-	w := old[len(old)-1]
-	old[len(old)-1] = nil
-	*q = old[:len(old)-1]
-	return w
+	return dueAt(w.batch, now)
 }

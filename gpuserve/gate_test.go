@@ -122,19 +122,27 @@ func TestRunGateAcrossModels(t *testing.T) {
 func TestDueAtGate(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	p := func(arrived, deadline time.Time) *pending {
-		return &pending{item: item{arrived: arrived, deadline: deadline}}
+		return &pending{item: item{arrived: arrived, deadline: deadline}, ctx: context.Background()}
 	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	gone := p(t0, t0.Add(100*time.Millisecond))
+	gone.ctx = cancelled
 	for _, tc := range []struct {
 		name  string
 		batch []*pending
+		now   time.Time
 		want  time.Time
 	}{
-		{"earliest deadline", []*pending{p(t0, t0.Add(300*time.Millisecond)), p(t0, t0.Add(200*time.Millisecond))}, t0.Add(200 * time.Millisecond)},
-		{"no deadline: horizon", []*pending{p(t0, time.Time{})}, t0.Add(gateHorizon)},
-		{"a far deadline: the horizon", []*pending{p(t0, t0.Add(time.Hour))}, t0.Add(gateHorizon)},
-		{"the earliest of capped deadlines", []*pending{p(t0, t0.Add(time.Hour)), p(t0.Add(-time.Second), time.Time{})}, t0.Add(gateHorizon - time.Second)},
+		{"earliest deadline", []*pending{p(t0, t0.Add(300*time.Millisecond)), p(t0, t0.Add(200*time.Millisecond))}, time.Time{}, t0.Add(200 * time.Millisecond)},
+		{"no deadline: horizon", []*pending{p(t0, time.Time{})}, time.Time{}, t0.Add(gateHorizon)},
+		{"a far deadline: the horizon", []*pending{p(t0, t0.Add(time.Hour))}, time.Time{}, t0.Add(gateHorizon)},
+		{"the earliest of capped deadlines", []*pending{p(t0, t0.Add(time.Hour)), p(t0.Add(-time.Second), time.Time{})}, time.Time{}, t0.Add(gateHorizon - time.Second)},
+		{"expired left out", []*pending{p(t0, t0.Add(10*time.Millisecond)), p(t0, t0.Add(300*time.Millisecond))}, t0.Add(10 * time.Millisecond), t0.Add(300 * time.Millisecond)},
+		{"cancelled left out", []*pending{gone, p(t0, t0.Add(300*time.Millisecond))}, t0, t0.Add(300 * time.Millisecond)},
+		{"none left: at once", []*pending{p(t0, t0.Add(10*time.Millisecond)), gone}, t0.Add(time.Second), time.Time{}},
 	} {
-		if got := due(tc.batch); !got.Equal(tc.want) {
+		if got := dueAt(tc.batch, tc.now); !got.Equal(tc.want) {
 			t.Errorf("%s: due %v, want %v", tc.name, got, tc.want)
 		}
 	}

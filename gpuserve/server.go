@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -28,7 +29,11 @@ type Options struct {
 	// Plans are partition folders (plan.json + dense.onnx), one per model.
 	Plans []string
 	Batch BatchOptions
-	// Threads is ONNX Runtime's intra-op pool size per model (0: one per core).
+	// Threads is the intra-op pool size of each ONNX Runtime session
+	// (each of Sessions, of each model). 0: the cores (GOMAXPROCS) shared
+	// among the runs that can be in flight at once (sessionThreads), so
+	// Sessions S does not start S pools of every core; with one run at a
+	// time ONNX Runtime chooses (one thread per physical core).
 	Threads int
 	// Spin lets ONNX Runtime's idle threads spin (see ort.SessionOptions).
 	Spin bool
@@ -89,7 +94,7 @@ func (o *Options) Validate() error {
 		return errors.New("no models to serve: give at least one plan folder")
 	}
 	if o.Threads < 0 {
-		return fmt.Errorf("threads %d: want 0 (one per core) or more", o.Threads)
+		return fmt.Errorf("threads %d: want 0 (the cores shared among the sessions) or more", o.Threads)
 	}
 	if o.Sessions < 0 || o.Sessions > 64 {
 		return fmt.Errorf("sessions %d: want 1 to 64 per model (0: one)", o.Sessions)
@@ -229,6 +234,30 @@ func (s *Server) chooseDevice() string {
 	return string(dev.Kind) + " " + dev.UUID
 }
 
+// newSession loads an ONNX Runtime session: a variable for the tests.
+var newSession = ort.NewSession
+
+// sessionThreads is the intra-op pool size each ONNX Runtime session of
+// a server of options o gets on a machine of cores cores: o.Threads when
+// given, else the cores shared among the runs that can be in flight at
+// once. Those are one model's sessions; with several models, the gate's
+// slots (as many as one model's sessions) or, without the gate, every
+// model's sessions. A single run at a time is left ONNX Runtime's
+// choice (0: one thread per physical core), as before sessions shared.
+func sessionThreads(o Options, cores int) int {
+	if o.Threads > 0 {
+		return o.Threads
+	}
+	runs := max(o.Sessions, 1)
+	if len(o.Plans) > 1 && o.Batch.Gate == nil {
+		runs *= len(o.Plans)
+	}
+	if runs == 1 {
+		return 0
+	}
+	return max(1, cores/runs)
+}
+
 func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	plan, err := plan.Read(dir)
 	if err != nil {
@@ -255,24 +284,30 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 		m.spec = append(m.spec, InputSpec{Name: ct.Name, Width: w, Shape: ct.Shape})
 		m.index[ct.Name] = i
 	}
-	if len(plan.Outputs) > 0 {
-		w := int64(1)
-		for _, d := range plan.Outputs[0].Shape {
-			w *= d
-		}
-		if w != 1 {
-			return nil, fmt.Errorf("load %s: first output %q has per-sample shape %v; want one score per sample", dir, plan.Outputs[0].Name, plan.Outputs[0].Shape)
-		}
+	if len(plan.Outputs) == 0 {
+		return nil, fmt.Errorf("load %s: plan has no outputs: the first is the score the dense tier answers with", dir)
+	}
+	score := plan.Outputs[0]
+	w := int64(1)
+	for _, d := range score.Shape {
+		w *= d
+	}
+	if w != 1 {
+		return nil, fmt.Errorf("load %s: first output %q has per-sample shape %v; want one score per sample", dir, score.Name, score.Shape)
 	}
 	path, err := planFile(dir, plan.DenseModel)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
+	threads := sessionThreads(o, runtime.GOMAXPROCS(0))
 	for range max(o.Sessions, 1) {
-		sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, CUDA: cuda, Spin: o.Spin})
+		// Only the score: a dense.onnx may list other outputs (an
+		// auxiliary head, the monolith's other outputs), in any order,
+		// and Score answers with Run's first.
+		sess, err := newSession(path, ort.SessionOptions{IntraOpThreads: threads, CUDA: cuda, Spin: o.Spin, Outputs: []string{score.Name}})
 		if err != nil {
 			m.closeSessions()
-			return nil, fmt.Errorf("load %s: %w", dir, err)
+			return nil, fmt.Errorf("load %s: the plan's score is its first output %q: %w", dir, score.Name, err)
 		}
 		m.sessions = append(m.sessions, sess)
 	}
@@ -376,7 +411,8 @@ func (s *Server) Healthy() bool {
 }
 
 // Close finishes the queued work, stops the batchers and frees the
-// sessions. Score calls after Close get Unavailable.
+// sessions. Parts of sharded fan-outs still waiting for their siblings,
+// and Score calls after Close, get Unavailable.
 func (s *Server) Close() {
 	s.mu.Lock()
 	if s.closed {
@@ -386,6 +422,13 @@ func (s *Server) Close() {
 	s.closed = true
 	s.mu.Unlock()
 	for _, m := range s.models {
+		if m.assembly != nil {
+			failed := m.assembly.closeAll(status.Errorf(codes.Unavailable, "model %q: %v: the parts of this fan-out still missing will not be scored here", m.name, ErrClosed))
+			for range failed {
+				// Once per fan-out, as a deadline that fails one counts.
+				s.metrics.reject(m.name, "closed")
+			}
+		}
 		m.batcher.Close()
 		m.closeSessions()
 	}
@@ -443,13 +486,21 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 	}
 	// Dictionary columns stay unexpanded (their distinct rows and
 	// indices, views of the frame): the batcher gathers their rows
-	// straight into the batch it writes anyway (Request.Index).
-	got, ts, err := arrowframe.DecodeIndexed(req.GetTensors())
+	// straight into the batch it writes anyway (Request.Index). The
+	// frame's samples and columns are checked against num_samples and
+	// the plan first: a frame the fast path declines goes to arrow-go's
+	// reader, which expands every dictionary column.
+	seen := make([]bool, len(m.spec))
+	want := arrowframe.Want{Rows: n, Column: func(name string, width int) error {
+		i, ok := m.index[name]
+		if !ok {
+			return status.Errorf(codes.InvalidArgument, "model %q: tensor %q is not a cut tensor of the plan (want %s)", m.name, name, m.cutNames())
+		}
+		return m.checkColumn(seen, i, name, width, m.spec[i].Width)
+	}}
+	_, ts, err := arrowframe.DecodeIndexedWant(req.GetTensors(), want)
 	if err != nil {
-		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
-	}
-	if got != n {
-		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, got, n)
+		return Request{}, m.decodeError(err, n)
 	}
 	inputs := make([][]float32, len(m.spec))
 	var ctx []bool      // nil unless some tensor is a context column
@@ -489,6 +540,33 @@ func (s *Server) decode(m *model, req *prismv1.ScoreRequest) (Request, error) {
 		return Request{}, status.Errorf(codes.InvalidArgument, "model %q: missing tensors %s", m.name, strings.Join(missing, ", "))
 	}
 	return Request{N: n, Inputs: inputs, Context: ctx, Index: index}, nil
+}
+
+// checkColumn refuses a frame's column name (of width floats) that is
+// the second of its name (seen[i]: the first came) or not of the plan's
+// width.
+func (m *model) checkColumn(seen []bool, i int, name string, width, plan int) error {
+	if seen[i] {
+		return status.Errorf(codes.InvalidArgument, "model %q: tensor %q appears twice", m.name, name)
+	}
+	seen[i] = true
+	if width != plan {
+		return status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, name, width, plan, m.spec[i].Shape)
+	}
+	return nil
+}
+
+// decodeError is the status of a frame arrowframe.DecodeWant refused for
+// a Score request of n samples.
+func (m *model) decodeError(err error, n int) error {
+	var rows *arrowframe.RowsError
+	switch {
+	case errors.As(err, &rows):
+		return status.Errorf(codes.InvalidArgument, "model %q: tensors hold %d samples, num_samples says %d", m.name, rows.Got, n)
+	case status.Code(err) != codes.Unknown:
+		return err // a column refused by the plan
+	}
+	return status.Errorf(codes.InvalidArgument, "model %q: tensors: %v", m.name, err)
 }
 
 func (m *model) cutNames() string {

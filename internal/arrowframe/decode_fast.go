@@ -99,14 +99,20 @@ func decodeCachedWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, 
 // decodeCachedMode is decodeCachedWith; indexed leaves dictionary
 // columns unexpanded (DecodeIndexed).
 func decodeCachedMode(b []byte, alloc func(int) []float32, indexed bool) (n int, ts []Tensor, ok bool) {
-	if endian.IsBigEndian {
-		return 0, nil, false // arrow-go would swap the little-endian frames
-	}
-	s := lookupSchema(b)
+	s := cachedSchemaOf(b)
 	if s == nil {
 		return 0, nil, false
 	}
-	return s.decodeMode(b, alloc, indexed)
+	return s.decodeMode(b, alloc, indexed, 0)
+}
+
+// cachedSchemaOf is the cached schema b starts with, or nil where the
+// fast path does not apply.
+func cachedSchemaOf(b []byte) *cachedSchema {
+	if endian.IsBigEndian {
+		return nil // arrow-go would swap the little-endian frames
+	}
+	return lookupSchema(b)
 }
 
 // Slots of Arrow's Message.fbs tables (vtable offsets).
@@ -143,13 +149,15 @@ func (s *cachedSchema) decode(b []byte) (n int, ts []Tensor, ok bool) { return s
 // decodeWith is decode with alloc for dictionary columns' expansions
 // (nil: make).
 func (s *cachedSchema) decodeWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, ok bool) {
-	return s.decodeMode(b, alloc, false)
+	return s.decodeMode(b, alloc, false, 0)
 }
 
 // decodeMode is decodeWith; indexed leaves each dictionary column
 // unexpanded: its distinct rows and its indices, views of b, every index
-// checked (DecodeIndexed).
-func (s *cachedSchema) decodeMode(b []byte, alloc func(int) []float32, indexed bool) (n int, ts []Tensor, ok bool) {
+// checked (DecodeIndexed). With wantRows above 0 it declines, before
+// expanding any column, a batch of another number of rows (arrow-go's
+// path then refuses it, also before expanding).
+func (s *cachedSchema) decodeMode(b []byte, alloc func(int) []float32, indexed bool, wantRows int) (n int, ts []Tensor, ok bool) {
 	defer func() {
 		if recover() != nil {
 			n, ts, ok = 0, nil, false
@@ -203,7 +211,7 @@ func (s *cachedSchema) decodeMode(b []byte, alloc func(int) []float32, indexed b
 	// per column below, which keeps rows*width below overflow); a frame
 	// of context columns only may hold up to maxContextRows rows in any
 	// body (guard.go).
-	if rows <= 0 || rows > max(bodyLen/4, maxContextRows) {
+	if rows <= 0 || rows > max(bodyLen/4, maxContextRows) || (wantRows > 0 && rows != int64(wantRows)) {
 		return 0, nil, false
 	}
 	cols := len(s.widths)

@@ -182,10 +182,51 @@ func Decode(b []byte) (n int, ts []Tensor, err error) { return DecodeWith(b, nil
 // of the first k is written); the caller may recycle what it handed out
 // once it is done with the tensors.
 func DecodeWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, err error) {
-	if n, ts, ok := decodeCachedWith(b, alloc); ok {
-		return n, ts, nil
+	return DecodeWant(b, Want{}, alloc)
+}
+
+// Want is what a caller knows a frame must hold. DecodeWant checks it
+// against the frame's schema and record batch header, before expanding
+// any dictionary column: a frame that could never be accepted costs its
+// reader about its own bytes, not up to dictBudget's expansion.
+type Want struct {
+	// Rows, when above 0, is the number of samples the frame must hold;
+	// a frame of another number is refused with a *RowsError.
+	Rows int
+	// Column, when set, is called for every column of the schema, in
+	// order, with its name and width (floats per sample); an error it
+	// returns refuses the frame and is DecodeWant's error, as is.
+	Column func(name string, width int) error
+}
+
+// RowsError: a frame holds Got samples, where Want.Rows said Want.
+type RowsError struct{ Got, Want int }
+
+func (e *RowsError) Error() string {
+	return fmt.Sprintf("tensors hold %d samples, want %d", e.Got, e.Want)
+}
+
+// DecodeWant is DecodeWith refusing, before any expansion, a frame that
+// is not what want says.
+func DecodeWant(b []byte, want Want, alloc func(int) []float32) (n int, ts []Tensor, err error) {
+	return decodeWant(b, want, alloc, false)
+}
+
+// decodeWant is DecodeWant; indexed leaves the fast path's dictionary
+// columns unexpanded (DecodeIndexedWant).
+func decodeWant(b []byte, want Want, alloc func(int) []float32, indexed bool) (n int, ts []Tensor, err error) {
+	if s := cachedSchemaOf(b); s != nil {
+		// The schema is byte for byte one arrow-go read: its columns are
+		// those arrow-go's path would check.
+		if err := want.columns(s.names, s.widths); err != nil {
+			return 0, nil, err
+		}
+		if n, ts, ok := s.decodeMode(b, alloc, indexed, want.Rows); ok {
+			return n, ts, nil
+		}
+		want.Column = nil // checked: arrow-go reads the same schema
 	}
-	n, ts, err = decodeWithArrow(b)
+	n, ts, err = decodeArrowWant(b, want)
 	if err == nil {
 		rememberSchema(b, n, ts)
 	}
@@ -203,19 +244,47 @@ func DecodeWith(b []byte, alloc func(int) []float32) (n int, ts []Tensor, err er
 // this saves expanding each frame first; Tensor.Expand writes either
 // form out in full.
 func DecodeIndexed(b []byte) (n int, ts []Tensor, err error) {
-	if n, ts, ok := decodeCachedMode(b, nil, true); ok {
-		return n, ts, nil
+	return DecodeIndexedWant(b, Want{})
+}
+
+// DecodeIndexedWant is DecodeIndexed refusing, as DecodeWant does, a
+// frame that is not what want says: its columns (names and widths, from
+// the schema) and its number of samples (from the record batch's
+// header) are checked before any column is expanded, on arrow-go's path
+// too (which expands every dictionary column), so that a frame that
+// could never be accepted costs its reader about its own bytes.
+func DecodeIndexedWant(b []byte, want Want) (n int, ts []Tensor, err error) {
+	return decodeWant(b, want, nil, true)
+}
+
+// columns calls w.Column for each column.
+func (w Want) columns(names []string, widths []int) error {
+	if w.Column == nil {
+		return nil
 	}
-	n, ts, err = decodeWithArrow(b)
-	if err == nil {
-		rememberSchema(b, n, ts)
+	for i, name := range names {
+		if err := w.Column(name, widths[i]); err != nil {
+			return err
+		}
 	}
-	return n, ts, err
+	return nil
+}
+
+// rows checks a frame's number of samples against w.Rows.
+func (w Want) rows(n int) error {
+	if w.Rows > 0 && n != w.Rows {
+		return &RowsError{Got: n, Want: w.Rows}
+	}
+	return nil
 }
 
 // decodeWithArrow is Decode through arrow-go's IPC reader: the reference
 // for the fast path, and the path for every frame it does not take.
-func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
+func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) { return decodeArrowWant(b, Want{}) }
+
+// decodeArrowWant is decodeWithArrow checking want before expanding any
+// column.
+func decodeArrowWant(b []byte, want Want) (n int, ts []Tensor, err error) {
 	defer func() {
 		// A hostile buffer can make the IPC reader panic; it is bad
 		// input, not a crash.
@@ -244,6 +313,21 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 	}
 	rec := r.RecordBatch()
 	n = int(rec.NumRows())
+	if want.Column != nil {
+		var names []string
+		var widths []int
+		for _, f := range rec.Schema().Fields() {
+			if w, ok := columnWidth(f.Type); ok {
+				names, widths = append(names, f.Name), append(widths, w)
+			}
+		}
+		if err := want.columns(names, widths); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := want.rows(n); err != nil {
+		return 0, nil, err
+	}
 	budget := dictBudget(len(b))
 	for i, f := range rec.Schema().Fields() {
 		if dt, ok := f.Type.(*arrow.DictionaryType); ok {
@@ -282,6 +366,23 @@ func decodeWithArrow(b []byte) (n int, ts []Tensor, err error) {
 		return 0, nil, fmt.Errorf("%w: more than one record batch", ErrMalformed)
 	}
 	return n, ts, nil
+}
+
+// columnWidth is the floats per sample of a column of type dt, for the
+// types Decode reads (plain, context and dictionary columns); ok is
+// false for any other, which Decode refuses.
+func columnWidth(dt arrow.DataType) (width int, ok bool) {
+	switch t := dt.(type) {
+	case *arrow.DictionaryType:
+		dt = t.ValueType
+	case *arrow.RunEndEncodedType:
+		dt = t.Encoded()
+	}
+	lt, ok := dt.(*arrow.FixedSizeListType)
+	if !ok || lt.Elem().ID() != arrow.FLOAT32 {
+		return 0, false
+	}
+	return int(lt.Len()), true
 }
 
 // hasNulls reports whether a fixed_size_list<float32> array has a null

@@ -3,6 +3,8 @@ package ort
 import (
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 
 	ort "github.com/yalue/onnxruntime_go"
@@ -30,6 +32,11 @@ type SessionOptions struct {
 	// default). Off, they sleep: slower to wake, but they leave the cores to
 	// the other tiers when Prism shares a machine.
 	Spin bool
+	// Outputs, when set, are the only outputs Run computes and returns,
+	// in this order (ONNX Runtime skips the nodes only the others need);
+	// a name the model does not output is an error. Nil: every output,
+	// in graph order.
+	Outputs []string
 }
 
 // Input is one named float32, int64 or int32 input of a Run.
@@ -63,6 +70,11 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 	ins, outs, err := ort.GetInputOutputInfo(path)
 	if err != nil {
 		return nil, fmt.Errorf("load model %q in ONNX Runtime: %w", path, err)
+	}
+	if opts.Outputs != nil {
+		if outs, err = pickOutputs(path, outs, opts.Outputs); err != nil {
+			return nil, err
+		}
 	}
 	so, err := ort.NewSessionOptions()
 	if err != nil {
@@ -120,6 +132,24 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 	return sess, nil
 }
 
+// pickOutputs returns the infos of the outputs named by want, in want's
+// order.
+func pickOutputs(path string, outs []ort.InputOutputInfo, want []string) ([]ort.InputOutputInfo, error) {
+	picked := make([]ort.InputOutputInfo, 0, len(want))
+	for _, name := range want {
+		i := slices.IndexFunc(outs, func(o ort.InputOutputInfo) bool { return o.Name == name })
+		if i < 0 {
+			have := make([]string, len(outs))
+			for k, o := range outs {
+				have[k] = fmt.Sprintf("%q", o.Name)
+			}
+			return nil, fmt.Errorf("load model %q: it has no output %q (its outputs: %s)", path, name, strings.Join(have, ", "))
+		}
+		picked = append(picked, outs[i])
+	}
+	return picked, nil
+}
+
 // InputNames are the model's inputs in graph order.
 func (s *Session) InputNames() []string {
 	out := make([]string, len(s.inputs))
@@ -129,7 +159,8 @@ func (s *Session) InputNames() []string {
 	return out
 }
 
-// OutputNames are the model's outputs in graph order.
+// OutputNames are the outputs Run returns: SessionOptions.Outputs, or
+// else every output of the model in graph order.
 func (s *Session) OutputNames() []string {
 	out := make([]string, len(s.outputs))
 	for i, o := range s.outputs {

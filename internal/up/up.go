@@ -62,7 +62,8 @@ type Config struct {
 	// shards is the sharded plans' shard count (Run sets it; 0: none
 	// is sharded).
 	shards int
-	// Threads are ONNX Runtime's threads per dense worker.
+	// Threads are ONNX Runtime's intra-op threads of each session of a
+	// dense worker (serve dense --threads).
 	Threads int
 	// DenseAcrossModels is serve dense --across-models ("": its default).
 	DenseAcrossModels string
@@ -204,7 +205,7 @@ func (c *Config) validateCounts() error {
 	case c.MaxDelay < 0:
 		return fmt.Errorf("--max-delay %s: want a positive duration", c.MaxDelay)
 	case c.Threads < 0:
-		return fmt.Errorf("--threads %d: want 0 (one per core) or more", c.Threads)
+		return fmt.Errorf("--threads %d: want 0 (the cores shared among a dense worker's sessions) or more", c.Threads)
 	case c.DenseAcrossModels != "" && c.DenseAcrossModels != "on" && c.DenseAcrossModels != "off":
 		return fmt.Errorf("--dense-across-models %q: want on or off", c.DenseAcrossModels)
 	}

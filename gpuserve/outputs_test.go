@@ -1,0 +1,121 @@
+package gpuserve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/onnxpb"
+	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/plan"
+)
+
+// auxFirstPlan copies dlrm-tiny's partition (plan.json, dense.onnx) into
+// a folder of its own whose dense.onnx has a second output, aux (the
+// score negated), listed before the score: a model exporting an
+// auxiliary head beside the score, in an order other than the plan's.
+// With label, a third output too, before the score: an int64 (ArgMax of
+// the score). edit, if set, changes the copied plan before it is written.
+func auxFirstPlan(t *testing.T, label bool, edit func(*plan.Plan)) string {
+	t.Helper()
+	src := tinyPlan(t)
+	p, err := plan.Read(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := onnxpb.ReadModel(filepath.Join(src, p.DenseModel), onnxpb.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := m.GetGraph()
+	if len(g.Output) != 1 || g.Output[0].GetName() != p.Outputs[0].Name {
+		t.Fatalf("dense.onnx outputs %v, want the plan's %q alone", g.Output, p.Outputs[0].Name)
+	}
+	score := g.Output[0]
+	g.Node = append(g.Node, &onnxpb.NodeProto{OpType: "Neg", Input: []string{score.GetName()}, Output: []string{"aux"}, Name: "aux_head"})
+	aux := proto.Clone(score).(*onnxpb.ValueInfoProto)
+	aux.Name = "aux"
+	g.Output = []*onnxpb.ValueInfoProto{aux, score}
+	if label {
+		g.Node = append(g.Node, &onnxpb.NodeProto{OpType: "ArgMax", Input: []string{score.GetName()}, Output: []string{"label"}, Name: "label_head"})
+		l := proto.Clone(score).(*onnxpb.ValueInfoProto)
+		l.Name = "label"
+		l.Type.GetTensorType().ElemType = int32(onnxpb.TensorProto_INT64)
+		l.Type.GetTensorType().Shape = nil
+		g.Output = []*onnxpb.ValueInfoProto{aux, l, score}
+	}
+	dir := t.TempDir()
+	if err := onnxpb.WriteModel(filepath.Join(dir, p.DenseModel), m, onnxpb.WriteOptions{External: onnxpb.ExternalNever}); err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(p)
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestScoreTakesPlanOutput: a dense.onnx with several outputs, the score
+// not first, is scored by the output plan.json names as the score
+// (outputs[0]), not by whichever output ONNX Runtime lists first; an
+// output that is not float32 beside it (an int64 label) is not fetched,
+// so it fails neither the load nor a Score.
+func TestScoreTakesPlanOutput(t *testing.T) {
+	for _, label := range []bool{false, true} {
+		t.Run(fmt.Sprintf("label=%v", label), func(t *testing.T) { scoreTakesPlanOutput(t, label) })
+	}
+}
+
+func scoreTakesPlanOutput(t *testing.T, label bool) {
+	dir := auxFirstPlan(t, label, nil)
+	s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := ort.NewSession(filepath.Join(tinyPlan(t), p.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	const n = 7
+	x := cutTensors(p, n, rand.New(rand.NewPCG(3, 4)))
+	want := direct(t, ref, p, n, x)
+	resp, err := s.Score(context.Background(), &prismv1.ScoreRequest{Model: p.Model.Name, NumSamples: n, Tensors: encode(t, n, x)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range want {
+		if math.Abs(float64(resp.Scores[i]-w)) > 1e-5 {
+			t.Fatalf("score %d is %g, want %g (plan output %q): scores %v, want %v", i, resp.Scores[i], w, p.Outputs[0].Name, resp.Scores, want)
+		}
+	}
+}
+
+// TestLoadRefusesModelWithoutPlanOutput: a dense.onnx without the output
+// plan.json names as the score cannot be served: loading says which.
+func TestLoadRefusesModelWithoutPlanOutput(t *testing.T) {
+	dir := auxFirstPlan(t, false, func(p *plan.Plan) { p.Outputs[0].Name = "click_prob" })
+	s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err == nil {
+		s.Close()
+		t.Fatal("New served a dense.onnx without the plan's score output")
+	}
+	if !strings.Contains(err.Error(), `"click_prob"`) {
+		t.Fatalf("New: %v; want an error naming the missing output %q", err, "click_prob")
+	}
+}
