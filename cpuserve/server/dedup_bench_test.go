@@ -44,18 +44,6 @@ func zipfColumns(b testing.TB, rows []int64, n, batches int) [][][]int64 {
 	return out
 }
 
-// cpuClock reports the benchmark's CPU time per op (its thread's, the
-// goroutine locked to it) as cpu-ns/op: on a shared machine wall time
-// per op grows with the others' load. Call the returned func at the end.
-func cpuClock(b *testing.B) func() {
-	runtime.LockOSThread()
-	start := threadcpu.Now()
-	return func() {
-		b.ReportMetric(float64(threadcpu.Now()-start)/float64(b.N), "cpu-ns/op")
-		runtime.UnlockOSThread()
-	}
-}
-
 // BenchmarkDistinctKaggle: finding the distinct ids of one 270-sample
 // micro-batch's 26 columns (dlrm-kaggle's tables), hashing every column
 // against direct indexing for the tables of at most bound rows, both in
