@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,12 +16,14 @@ import (
 // request's outputs are the rows the batcher wrote for it; gate, when
 // set, holds each run until it is closed.
 type echoRunner struct {
-	gate chan struct{}
-	mu   sync.Mutex
-	runs []int // samples per run
+	gate    chan struct{}
+	entered atomic.Int32 // runs begun, counted before the gate
+	mu      sync.Mutex
+	runs    []int // samples per run
 }
 
 func (r *echoRunner) Run(in []ort.Input) ([][]float32, error) {
+	r.entered.Add(1)
 	if r.gate != nil {
 		<-r.gate
 	}
@@ -115,7 +118,9 @@ func TestBatcherGathersIndexedInputs(t *testing.T) {
 		// together in the next batch.
 		first := make(chan error, 1)
 		go func() { _, err := b.Submit(context.Background(), plain(1, 0).req); first <- err }()
-		for b.QueueDepth() < 1 {
+		// Its run has begun (the runner holds it at the gate): queued
+		// only, it could go in one batch with the ones below.
+		for r.entered.Load() < 1 {
 			time.Sleep(time.Millisecond)
 		}
 		cases := []tc{indexed(5, 100, false), plain(3, 200), indexed(4, 300, true), indexed(6, 400, false)}
