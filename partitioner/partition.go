@@ -57,6 +57,11 @@ var ErrOutputExists = errors.New("output folder exists and is not empty")
 // failure leaves outDir as it was. Tables stream from the model's
 // (external) data one piece at a time: memory stays near the dense
 // weights plus one record batch, whatever the tables' size.
+// scoreOutput is the output name the model zoo and the reference scorer
+// take for the score (models.ScoreOutput; the partitioner imports no
+// model zoo).
+const scoreOutput = "score"
+
 func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	start := time.Now()
 	m, err := pb.ReadModel(modelPath, pb.ReadOptions{SkipExternalData: true})
@@ -218,6 +223,14 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 	for _, o := range g.Outputs {
 		t := pl.Types[o.GetName()]
 		p.Outputs = append(p.Outputs, plan.TensorInfo{Name: o.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()})
+	}
+	// The dense tier answers with plan.json's first output; the
+	// reference scorer (prism score) with the output named "score" when
+	// the model has one. A model exporting [aux, score] was scored by aux
+	// in serving and by score in the reference: "score" goes first.
+	if i := slices.IndexFunc(p.Outputs, func(o plan.TensorInfo) bool { return o.Name == scoreOutput }); i > 0 {
+		score := p.Outputs[i]
+		p.Outputs = slices.Insert(slices.Delete(p.Outputs, i, i+1), 0, score)
 	}
 	byTable := map[*tableSource]*plan.Table{}
 	files := map[string]bool{}

@@ -27,6 +27,7 @@ import (
 //	table NAME ROWSxDIM FILE: one line per table of plan.json
 //	lookup TABLE: INPUT [pre N] [pre.onnx OUT] bag B [rank1] POOLING [weights W] -> OUTPUT
 //	cut NAME [SHAPE]
+//	outputs NAME,...                 plan.json's outputs, when more than one
 //	verify: ok | the error
 //	error (unrecognised BOOL): ...   Partition failed
 func TestPartitionVariantsDataDriven(t *testing.T) {
@@ -102,6 +103,13 @@ func TestPartitionVariantsDataDriven(t *testing.T) {
 			}
 			for _, c := range res.Plan.Cut {
 				fmt.Fprintf(&b, "cut %s %v\n", c.Name, c.Shape)
+			}
+			if len(res.Plan.Outputs) > 1 {
+				var names []string
+				for _, o := range res.Plan.Outputs {
+					names = append(names, o.Name)
+				}
+				fmt.Fprintf(&b, "outputs %s\n", strings.Join(names, ","))
 			}
 			rep, err := verify.Verify(model, out, 64, 1)
 			switch {
