@@ -118,7 +118,21 @@ func refuseDense(set denseSet, addr string) error {
 // between them.
 func (s *Server) awaitDense(ctx context.Context, addr string) error {
 	err := s.checkDense(addr)
-	if err == nil || s.opts.AskRouter == nil {
+	if err == nil {
+		return nil
+	}
+	err = s.waitDense(ctx, addr, err)
+	outcome := "served"
+	if err != nil {
+		outcome = "refused"
+	}
+	s.met.unknownDense.WithLabelValues(outcome).Inc()
+	return err
+}
+
+// waitDense is awaitDense's wait, for a dense_addr refused with err.
+func (s *Server) waitDense(ctx context.Context, addr string, err error) error {
+	if s.opts.AskRouter == nil {
 		return err
 	}
 	dl, ok := ctx.Deadline()

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -52,6 +54,7 @@ func rejoined(t *testing.T, wait time.Duration) (*Server, *countingRegistry) {
 
 	prompt := serve.NewPrompt()
 	s := &Server{opts: Options{AskRouter: prompt.Ask, DenseWait: wait}}
+	s.met = newMetrics(s)
 	first := make(chan struct{})
 	var once sync.Once
 	announced := serve.AnnounceRouters(ctx, serve.RouterOptions{
@@ -131,6 +134,14 @@ func TestRefusedLookupAsksRouter(t *testing.T) {
 					t.Fatalf("lookup %d of %d naming %s: %v, want %v", i, tc.lookups, tc.addr, err, tc.code)
 				}
 			}
+			outcome := "served"
+			if tc.code != codes.OK {
+				outcome = "refused"
+			}
+			var c dto.Metric
+			if err := s.met.unknownDense.WithLabelValues(outcome).(prometheus.Metric).Write(&c); err != nil || c.GetCounter().GetValue() != float64(tc.lookups) {
+				t.Errorf("prism_embedding_unknown_dense_lookups_total{outcome=%q} = %v (%v), want %d", outcome, c.GetCounter().GetValue(), err, tc.lookups)
+			}
 			if tc.code == codes.OK {
 				if n := reg.announces.Load() - before; n != 1 {
 					t.Errorf("%d lookups refused at once: %d announcements out of turn, want 1", tc.lookups, n)
@@ -168,6 +179,7 @@ func TestDenseWait(t *testing.T) {
 	}
 	asks := 0
 	s := &Server{opts: Options{AskRouter: func() { asks++ }}}
+	s.met = newMetrics(s)
 	s.SetDenseAddrs(nil)
 	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
 	defer cancel()

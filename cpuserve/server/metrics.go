@@ -17,6 +17,10 @@ type metrics struct {
 	// dense workers (ScoreRequest.tensors) and their samples: bytes per
 	// sample on the wire, which context columns cut.
 	frameBytes, frameSamples prometheus.Counter
+	// unknownDense counts Lookups naming a dense worker this worker had
+	// not been told of, by outcome: served once its routers' answer
+	// named it (awaitDense), or refused.
+	unknownDense *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -49,11 +53,15 @@ func newMetrics(s *Server) *metrics {
 		Namespace: "prism", Subsystem: "embedding", Name: "frame_samples_total",
 		Help: "Samples of the frames counted in prism_embedding_frame_bytes_total.",
 	})
+	m.unknownDense = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "prism", Subsystem: "embedding", Name: "unknown_dense_lookups_total",
+		Help: "Lookups naming a dense worker this worker had not been told of: served (it asked its routers out of turn and their answer named it) or refused (PermissionDenied).",
+	}, []string{"outcome"})
 	return m
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.stage, m.samples, m.outstanding, m.frameBytes, m.frameSamples}
+	return []prometheus.Collector{m.stage, m.samples, m.outstanding, m.frameBytes, m.frameSamples, m.unknownDense}
 }
 
 // frame counts a frame of n samples sent in a successful Score call.
