@@ -259,7 +259,7 @@ func (c *replica) keep(s *sequencer, term, epoch uint64) {
 func (c *replica) merge(resp *prismv1.UpdateLogResponse) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if sameLease(resp.GetEpoch(), c.epoch) && resp.GetEpoch() < c.epoch {
+	if prismv1.SameLease(resp.GetEpoch(), c.epoch) && resp.GetEpoch() < c.epoch {
 		return nil
 	}
 	if resp.GetTerm() != c.term || resp.GetEpoch() != c.epoch || c.models == nil {
@@ -389,10 +389,6 @@ func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log 
 	m := s.models[model]
 	m.handedOut, m.copied = false, true
 }
-
-// sameLease says whether two epochs count the holds of one Lease (its
-// uid's hash in the high 32 bits, kubelease.Epoch): only those compare.
-func sameLease(a, b uint64) bool { return a>>32 == b>>32 }
 
 // from is the epoch of the hold the copy comes from.
 func (c *replica) from() uint64 {
