@@ -243,8 +243,14 @@ var newSession = ort.NewSession
 // once. Those are one model's sessions; with several models, the gate's
 // slots (as many as one model's sessions) or, without the gate, every
 // model's sessions. A single run at a time is left ONNX Runtime's
-// choice (0: one thread per physical core), as before sessions shared.
-func sessionThreads(o Options, cores int) int {
+// choice (0: one thread per physical core), as before sessions shared,
+// unless the process has fewer cores than the machine (all): GOMAXPROCS
+// set below the machine's cores by the user, by a container's CPU quota
+// (which Go's GOMAXPROCS follows) or by prism up for one of several CPU
+// dense workers. ONNX Runtime's choice counts the machine's cores, so
+// each of several workers given --threads 0 ran a thread per core of the
+// whole machine.
+func sessionThreads(o Options, cores, all int) int {
 	if o.Threads > 0 {
 		return o.Threads
 	}
@@ -253,6 +259,9 @@ func sessionThreads(o Options, cores int) int {
 		runs *= len(o.Plans)
 	}
 	if runs == 1 {
+		if cores < all {
+			return max(1, cores)
+		}
 		return 0
 	}
 	return max(1, cores/runs)
@@ -299,7 +308,7 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
-	threads := sessionThreads(o, runtime.GOMAXPROCS(0))
+	threads := sessionThreads(o, runtime.GOMAXPROCS(0), runtime.NumCPU())
 	for range max(o.Sessions, 1) {
 		// Only the score: a dense.onnx may list other outputs (an
 		// auxiliary head, the monolith's other outputs), in any order,

@@ -56,18 +56,28 @@ func TestSessionThreads(t *testing.T) {
 		name  string
 		o     Options
 		cores int
+		all   int
 		want  int
 	}{
-		{"one session: ONNX Runtime's choice", Options{Plans: []string{"a"}, Sessions: 1}, 16, 0},
-		{"given", Options{Plans: []string{"a"}, Threads: 5, Sessions: 4}, 16, 5},
-		{"sessions share", Options{Plans: []string{"a"}, Sessions: 4}, 16, 4},
-		{"uneven", Options{Plans: []string{"a"}, Sessions: 3}, 16, 5},
-		{"more sessions than cores", Options{Plans: []string{"a"}, Sessions: 4}, 2, 1},
-		{"models behind the gate", Options{Plans: []string{"a", "b"}, Sessions: 2, Batch: BatchOptions{Gate: NewRunGate(2)}}, 16, 8},
-		{"models behind the gate, one slot", Options{Plans: []string{"a", "b"}, Sessions: 1, Batch: BatchOptions{Gate: NewRunGate(1)}}, 16, 0},
-		{"models without the gate", Options{Plans: []string{"a", "b"}, Sessions: 2, AcrossModels: "off"}, 16, 4},
+		{"one session: ONNX Runtime's choice", Options{Plans: []string{"a"}, Sessions: 1}, 16, 0, 0},
+		{"given", Options{Plans: []string{"a"}, Threads: 5, Sessions: 4}, 16, 0, 5},
+		{"sessions share", Options{Plans: []string{"a"}, Sessions: 4}, 16, 0, 4},
+		{"uneven", Options{Plans: []string{"a"}, Sessions: 3}, 16, 0, 5},
+		{"more sessions than cores", Options{Plans: []string{"a"}, Sessions: 4}, 2, 0, 1},
+		{"models behind the gate", Options{Plans: []string{"a", "b"}, Sessions: 2, Batch: BatchOptions{Gate: NewRunGate(2)}}, 16, 0, 8},
+		{"models behind the gate, one slot", Options{Plans: []string{"a", "b"}, Sessions: 1, Batch: BatchOptions{Gate: NewRunGate(1)}}, 16, 0, 0},
+		{"models without the gate", Options{Plans: []string{"a", "b"}, Sessions: 2, AcrossModels: "off"}, 16, 0, 4},
+		// GOMAXPROCS below the machine's cores (a CPU quota, or one of
+		// several CPU dense workers under prism up): the process's share,
+		// not ONNX Runtime's thread per core of the machine.
+		{"one session, a share of the machine", Options{Plans: []string{"a"}, Sessions: 1}, 2, 16, 2},
+		{"one session, one core of the machine", Options{Plans: []string{"a"}, Sessions: 1}, 1, 2, 1},
 	} {
-		if got := sessionThreads(c.o, c.cores); got != c.want {
+		all := c.all
+		if all == 0 {
+			all = c.cores
+		}
+		if got := sessionThreads(c.o, c.cores, all); got != c.want {
 			t.Errorf("%s: %d threads a session, want %d", c.name, got, c.want)
 		}
 	}

@@ -128,7 +128,7 @@ at --advertise-addr.`,
 	f.DurationVar(&maxDelay, "max-delay", 2*time.Millisecond, "how long a batch's first request waits for others")
 	f.IntVar(&maxQueue, "max-queue", 0, "most samples queued or running per model before ResourceExhausted (0: 64 batches)")
 	f.IntVar(&maxSamples, "max-samples", 4096, "most samples in one Score request (more: InvalidArgument)")
-	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads of each session, of each model (0: the cores shared among the sessions that run at once, --sessions; with one, ONNX Runtime's choice: one per core)")
+	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads of each session, of each model (0: the process's cores (GOMAXPROCS) shared among the sessions that run at once, --sessions; with one session and every core of the machine, ONNX Runtime's choice: one per core)")
 	f.IntVar(&sessions, "sessions", 1, "ONNX Runtime sessions per model on this worker's device, each fed by its own batching loop (one's host work overlaps another's run)")
 	f.BoolVar(&spin, "spin", false, "let ONNX Runtime's idle threads spin-wait (faster wake-up; steals CPU from tiers sharing the machine)")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest Score request accepted")

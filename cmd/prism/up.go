@@ -96,7 +96,7 @@ K) unless its store already holds it.`,
 	fl.IntVar(&c.EmbeddingWorkers, "cpu-workers", 1, "")
 	fl.MarkDeprecated("gpu-workers", "use --dense-workers")
 	fl.MarkDeprecated("cpu-workers", "use --embedding-workers")
-	fl.IntVar(&c.Threads, "threads", 1, "ONNX Runtime intra-op threads of each session of a dense worker on the CPU (0: the cores shared among its --dense-sessions)")
+	fl.IntVar(&c.Threads, "threads", 1, "ONNX Runtime intra-op threads of each session of a dense worker on the CPU (0: each worker's share of the cores, shared among its --dense-sessions)")
 	fl.StringVar(&c.DenseAcrossModels, "dense-across-models", "", "with several --model: serve dense --across-models (on, the default, or off)")
 	fl.IntVar(&c.DenseSessions, "dense-sessions", 1, "ONNX Runtime sessions per model in each dense worker (serve dense --sessions)")
 	fl.IntVar(&c.MicroBatch, "micro-batch", 512, "router micro-batch size")

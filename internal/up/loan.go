@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -90,6 +91,13 @@ func LoanSlots(disc devices.Discovery, owned, max, cpus int) []local.Slot {
 func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, creds grpc.DialOption, metrics *routerMetricsWatch, disc devices.Discovery, owned []devices.Worker, models []string) (stop func(), err error) {
 	logf := func(format string, args ...any) { fmt.Fprintf(c.Stderr, "up: "+format+"\n", args...) }
 	slots := LoanSlots(disc, len(owned), sp.Max, runtime.GOMAXPROCS(0))
+	if (disc.NoDriver != "" || len(disc.Devices) == 0) && c.Threads == 0 && os.Getenv("GOMAXPROCS") == "" {
+		// A lent CPU worker is lent one core: with --threads 0 its
+		// sessions share that core, not every core of the machine.
+		for i := range slots {
+			slots[i].Env = append(slots[i].Env, "GOMAXPROCS=1")
+		}
+	}
 	prov, err := local.New(local.Options{
 		Max: sp.Max, Slots: slots,
 		// Lent worker k (of those lent at once) has the certificate of

@@ -567,8 +567,19 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 		planArgs = append(planArgs, "--plan", p)
 	}
 	var out []*supervise.Child
+	cpuWorkers := 0
+	for _, w := range dense {
+		if w.Device.Kind == devices.KindCPU {
+			cpuWorkers++
+		}
+	}
+	userSet := os.Getenv("GOMAXPROCS") != ""
 	for i, w := range dense {
-		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: DenseArgs(c, routerAddr, i), Env: w.Env})
+		env := w.Env
+		if w.Device.Kind == devices.KindCPU {
+			env = append(slices.Clip(env), cpuDenseEnv(c.Threads, runtime.GOMAXPROCS(0), cpuWorkers, userSet)...)
+		}
+		out = append(out, &supervise.Child{Name: fmt.Sprintf("dense%d", i), Ready: readyline.Dense, Stage: stageDense, Args: DenseArgs(c, routerAddr, i), Env: env})
 	}
 	for i := range c.EmbeddingWorkers {
 		db := embeddingDB(c, i)
@@ -583,6 +594,22 @@ func Children(c Config, routerAddr string, dense []devices.Worker) []*supervise.
 			Env: embeddingEnv(runtime.GOMAXPROCS(0), c.EmbeddingWorkers, os.Getenv("GOMAXPROCS") != "")})
 	}
 	return out
+}
+
+// cpuDenseEnv is the environment of each of workers dense workers on
+// the CPU sharing cpus cores, when their sessions' threads are left to
+// them (threads 0): GOMAXPROCS=cpus/workers (at least 1), which each
+// worker's sessions then share (serve dense sizes a session's pool by
+// GOMAXPROCS when it is below the machine's cores). Without it each
+// worker's ONNX Runtime took a thread per core of the machine: on two
+// cores, two workers ran four. Explicit threads (prism up's default is
+// 1), one worker, or a GOMAXPROCS the user set for prism up (inherited)
+// get nothing.
+func cpuDenseEnv(threads, cpus, workers int, userSet bool) []string {
+	if threads != 0 || workers <= 1 || userSet || cpus <= 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("GOMAXPROCS=%d", max(1, cpus/workers))}
 }
 
 // embeddingEnv is the environment of each of workers embedding workers

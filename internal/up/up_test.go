@@ -471,3 +471,42 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// TestChildrenCPUDenseThreads: with --threads 0, each of several dense
+// workers on the CPU is given its share of the cores (GOMAXPROCS, by
+// which serve dense sizes its sessions' pools), not every core of the
+// machine; explicit threads, one worker and GPU workers get nothing.
+func TestChildrenCPUDenseThreads(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "") // prism up's own, unset
+	cpu := devices.Worker{Device: devices.Device{Kind: devices.KindCPU, Name: "cpu"}}
+	gpu := devices.Worker{Device: devices.Device{Kind: devices.KindGPU, Name: "gpu"}, Env: []string{"CUDA_VISIBLE_DEVICES=GPU-a"}}
+	cpus := runtime.GOMAXPROCS(0)
+	share := fmt.Sprintf("GOMAXPROCS=%d", max(1, cpus/2))
+	for _, tc := range []struct {
+		name    string
+		threads int
+		dense   []devices.Worker
+		want    [][]string
+	}{
+		{"two CPU workers, threads 0", 0, []devices.Worker{cpu, cpu}, [][]string{{share}, {share}}},
+		{"two CPU workers, threads 1", 1, []devices.Worker{cpu, cpu}, [][]string{nil, nil}},
+		{"one CPU worker, threads 0", 0, []devices.Worker{cpu}, [][]string{nil}},
+		{"GPU workers, threads 0", 0, []devices.Worker{gpu, gpu}, [][]string{gpu.Env, gpu.Env}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Config{Plans: []string{"p"}, DB: "db", Threads: tc.threads, Insecure: true}
+			kids := Children(c, "127.0.0.1:9", tc.dense)
+			for i, want := range tc.want {
+				if !slices.Equal(kids[i].Env, want) {
+					t.Errorf("dense%d env %v, want %v", i, kids[i].Env, want)
+				}
+			}
+		})
+	}
+	if got := cpuDenseEnv(0, 2, 4, false); !slices.Equal(got, []string{"GOMAXPROCS=1"}) {
+		t.Errorf("four workers on two cores: %v, want GOMAXPROCS=1", got)
+	}
+	if got := cpuDenseEnv(0, 16, 2, true); got != nil {
+		t.Errorf("GOMAXPROCS set by the user: %v, want nothing", got)
+	}
+}
