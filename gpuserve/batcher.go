@@ -523,14 +523,7 @@ func (b *Batcher) release(samples, n int, took time.Duration) {
 	b.mu.Lock()
 	b.queued -= samples
 	if took > 0 {
-		now := time.Now()
-		if !b.times.last.IsZero() && now.Sub(b.times.last) > staleAfter {
-			// Stale estimates start over from this run, not averaged
-			// with the outlier that made them stale.
-			b.times.ewma = nil
-		}
-		b.times.observe(n, took)
-		b.times.last = now
+		b.times.measured(n, took, time.Now())
 	}
 	b.mu.Unlock()
 }

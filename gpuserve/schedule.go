@@ -440,6 +440,31 @@ type runTimes struct {
 	// later request would never be corrected; once stale, batches run
 	// unpredicted and measure again.
 	last time.Time
+	// stale holds the estimates that went stale, until each bucket's
+	// first run after them (see measured).
+	stale map[int]time.Duration
+}
+
+// measured notes a run of n samples that took took, ended at now. After
+// estimates went stale, each bucket starts over from its first run, not
+// averaged with the outlier that may have made them stale; but that
+// first run may be the outlier (the first after an idle second, with
+// ONNX Runtime's threads asleep and caches cold), and alone it would
+// refuse a burst's requests until the EWMA forgot it. So a bucket's
+// first run after going stale starts at the lower of the run and the
+// stale estimate: an outlier either way is left out, and an estimate
+// that errs low refuses nothing that could have made its deadline.
+func (r *runTimes) measured(n int, took time.Duration, now time.Time) {
+	if !r.last.IsZero() && now.Sub(r.last) > staleAfter {
+		r.stale, r.ewma = r.ewma, nil
+	}
+	b := bucketOf(n)
+	if old, ok := r.stale[b]; ok {
+		delete(r.stale, b)
+		took = min(took, old)
+	}
+	r.observe(n, took)
+	r.last = now
 }
 
 // staleAfter is how long run-time estimates stay in use without a run.

@@ -369,3 +369,48 @@ func BenchmarkFormBatch(b *testing.B) {
 		})
 	}
 }
+
+// TestEstimatesRestartLow: after estimates went stale, a bucket starts
+// over from the lower of its first run and its stale estimate, so a
+// cold first run after an idle second (or the slow run that made the
+// estimate stale) does not refuse the next burst; other buckets and
+// later runs are measured as before.
+func TestEstimatesRestartLow(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	idle := t0.Add(2 * staleAfter)
+	for _, c := range []struct {
+		name        string
+		before, run time.Duration
+		want        time.Duration
+	}{
+		{"a cold first run after idle", 10 * time.Millisecond, 50 * time.Millisecond, 10 * time.Millisecond},
+		{"the outlier that made it stale", 300 * time.Millisecond, 10 * time.Millisecond, 10 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var r runTimes
+			r.measured(4, c.before, t0)
+			if d := r.fresh(4, idle); d != 0 {
+				t.Fatalf("stale estimate used: %v", d)
+			}
+			r.measured(4, c.run, idle)
+			if d := r.fresh(4, idle); d != c.want {
+				t.Errorf("after the first run: %v, want %v", d, c.want)
+			}
+			// The second run is averaged in as usual.
+			r.measured(4, c.run, idle)
+			if want := c.want + time.Duration(ewmaWeight*float64(c.run-c.want)); r.fresh(4, idle) != want {
+				t.Errorf("after the second run: %v, want %v", r.fresh(4, idle), want)
+			}
+		})
+	}
+	// A bucket with no stale estimate starts from its run.
+	var r runTimes
+	r.measured(4, 10*time.Millisecond, t0)
+	r.measured(64, 40*time.Millisecond, idle)
+	if d := r.fresh(64, idle); d != 40*time.Millisecond {
+		t.Errorf("new bucket: %v, want 40ms", d)
+	}
+	if d := r.fresh(4, idle); d != 0 {
+		t.Errorf("bucket 4 not run since it went stale: %v, want 0 (64's is larger)", d)
+	}
+}
