@@ -2,7 +2,10 @@ package prismv1
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -37,20 +40,43 @@ func FormatEpoch(e uint64) string {
 	return fmt.Sprintf("%d (hold %d of lease %08x)", e, uint32(e), uint32(e>>32))
 }
 
-// staleEpochMark is in the message of every StaleEpochError: the router
-// tells a fenced refusal from a worker behind on updates (both
-// FAILED_PRECONDITION) by it.
-const staleEpochMark = "from a router that lost the sequencing lease"
+// StaleEpochReason is the ErrorInfo reason of every StaleEpochError:
+// the router tells a fenced refusal from a worker behind on updates
+// (both FAILED_PRECONDITION) by it, not by the message's words. The
+// message also says it (staleEpochMark), for people and for workers of
+// releases before the detail.
+const (
+	StaleEpochReason = "STALE_EPOCH"
+	ErrorDomain      = "prism.serve"
+	staleEpochMark   = "from a router that lost the sequencing lease"
+)
 
 // StaleEpochError is the FAILED_PRECONDITION a worker answers an update
 // of epoch with when it has heard of the later hold held (EpochStale):
 // nothing was written and the update's number was not taken.
 func StaleEpochError(model string, seq int64, epoch, held uint64) error {
-	return status.Errorf(codes.FailedPrecondition, "update %d of model %q is %s: its epoch %s is below the epoch %s this worker has heard of; nothing applied, number not taken", seq, model, staleEpochMark, FormatEpoch(epoch), FormatEpoch(held))
+	st := status.Newf(codes.FailedPrecondition, "update %d of model %q is %s: its epoch %s is below the epoch %s this worker has heard of; nothing applied, number not taken", seq, model, staleEpochMark, FormatEpoch(epoch), FormatEpoch(held))
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: StaleEpochReason, Domain: ErrorDomain, Metadata: map[string]string{
+		"model": model, "seq": strconv.FormatInt(seq, 10), "epoch": strconv.FormatUint(epoch, 10), "held": strconv.FormatUint(held, 10),
+	}})
+	if err != nil { // cannot happen: ErrorInfo marshals
+		return st.Err()
+	}
+	return withInfo.Err()
 }
 
-// IsStaleEpoch says whether err is a worker's StaleEpochError.
+// IsStaleEpoch says whether err is a worker's StaleEpochError: a
+// FAILED_PRECONDITION with the StaleEpochReason detail, or, from a
+// worker of a release before the detail, the message's mark.
 func IsStaleEpoch(err error) bool {
 	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.FailedPrecondition && strings.Contains(st.Message(), staleEpochMark)
+	if !ok || st.Code() != codes.FailedPrecondition {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain && info.GetReason() == StaleEpochReason {
+			return true
+		}
+	}
+	return strings.Contains(st.Message(), staleEpochMark)
 }
