@@ -2,7 +2,10 @@ package serve
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -104,4 +107,59 @@ func TestPromptCoalesces(t *testing.T) {
 	next(4)
 	wantPending(0, "announcement 4 started")
 	pass()
+}
+
+// stampRouter answers announcements at once with an hour's heartbeat
+// (so only asks make a loop announce again) and keeps when each began.
+type stampRouter struct {
+	prismv1.UnimplementedRegistryServer
+	mu     sync.Mutex
+	starts []time.Time
+}
+
+func (r *stampRouter) Announce(context.Context, *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
+	r.mu.Lock()
+	r.starts = append(r.starts, time.Now())
+	r.mu.Unlock()
+	return &prismv1.AnnounceResponse{HeartbeatMs: time.Hour.Milliseconds()}, nil
+}
+
+func (r *stampRouter) Leave(context.Context, *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
+	return &prismv1.LeaveResponse{}, nil
+}
+
+// TestPromptGap: an ask right after an announcement is answered waits
+// until PromptGap after that announcement began; one made later than
+// that announces at once. In a synctest bubble, so the times are exact
+// and the test waits for no real clock.
+func TestPromptGap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var bn grpctest.Net
+		r := &stampRouter{}
+		serveRegistry(t, &bn, "10.0.0.1:7000", r)
+		prompt := NewPrompt()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := AnnounceRouters(ctx, RouterOptions{
+			Routers: []string{"10.0.0.1:7000"}, Info: func() *prismv1.WorkerInfo { return workerInfo("w:1") },
+			Prompt: prompt, DialOptions: []grpc.DialOption{bn.DialOption()}, Log: quiet(),
+		})
+		defer func() { cancel(); <-done }()
+		synctest.Wait() // the first heartbeat (at 0), answered
+		prompt.Ask()    // at 0: waits for the gap, announces at 100 ms
+		time.Sleep(150 * time.Millisecond)
+		prompt.Ask() // at 150 ms: announces at 200 ms
+		time.Sleep(400 * time.Millisecond)
+		prompt.Ask() // at 550 ms, past the gap: at once
+		synctest.Wait()
+		r.mu.Lock()
+		starts := slices.Clone(r.starts)
+		r.mu.Unlock()
+		var gaps []time.Duration
+		for i := 1; i < len(starts); i++ {
+			gaps = append(gaps, starts[i].Sub(starts[i-1]))
+		}
+		if want := []time.Duration{PromptGap, PromptGap, 350 * time.Millisecond}; !slices.Equal(gaps, want) {
+			t.Errorf("gaps between announcements %v, want %v", gaps, want)
+		}
+	})
 }
