@@ -50,7 +50,8 @@ func TestDictionaryFrames(t *testing.T) {
 
 // TestDictionaryFramesBadID: an id outside its table is refused as it is
 // with plain frames (direct indexing declines the column, the store
-// refuses the id), and the server serves the next micro-batch.
+// refuses the id) and named at its position in the request, and the
+// server serves the next micro-batch.
 func TestDictionaryFramesBadID(t *testing.T) {
 	f := setup(t)
 	name := testModels[0]
@@ -62,6 +63,9 @@ func TestDictionaryFramesBadID(t *testing.T) {
 			for _, in := range req.Candidates.Inputs {
 				if in.Ids != nil && in.Name != models.DenseInput {
 					in.Ids = append([]int64(nil), in.Ids...)
+					for j := 1; j < 5; j++ { // repeats: the bad id is the 2nd distinct
+						in.Ids[j] = in.Ids[0]
+					}
 					in.Ids[5] = bad
 					break
 				}
@@ -70,7 +74,9 @@ func TestDictionaryFramesBadID(t *testing.T) {
 			_, errs[k] = c.Lookup(ctx, req)
 			cancel()
 		}
-		if errs[0] == nil || status.Code(errs[1]) != status.Code(errs[0]) {
+		// The same error: the id's position among the request's ids, not
+		// among the distinct ids looked up.
+		if errs[0] == nil || status.Code(errs[1]) != status.Code(errs[0]) || status.Convert(errs[1]).Message() != status.Convert(errs[0]).Message() {
 			t.Errorf("id %d: plain %v, with dictionaries %v", bad, errs[0], errs[1])
 		}
 	}

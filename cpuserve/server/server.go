@@ -550,6 +550,7 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 	batch := make([]store.TableLookup, len(m.lookups))
 	once := make([]bool, len(m.lookups))
 	var split map[string][]int64 // an input's columns (lookupSpec.split), made once
+	var request [][]int64        // per lookup given distinct ids, the request's ids
 	defer func() {
 		// The store lookups are done with the ids: the buffers go back.
 		for _, cols := range split {
@@ -623,6 +624,10 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 			return badInput("model %q: lookup of table %q: input %q has %d ids for %d samples, want %d per sample (bag %d)", m.name, ls.table, l.Input, len(ids.i64), samples, bag, bag)
 		}
 		if u, ok := distinct(i); ok {
+			if request == nil {
+				request = make([][]int64, len(m.lookups))
+			}
+			request[i] = ids.i64
 			ids, samples = &value{width: 1, i64: u}, len(u)
 		}
 		size := samples * ls.dim
@@ -651,7 +656,7 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		}
 	}
 	if err := s.st.Lookup(m.name, batch); err != nil {
-		return storeStatus(err)
+		return storeStatus(requestPosition(err, m.name, batch, request))
 	}
 	for i, ls := range m.lookups {
 		l := ls.l
@@ -687,6 +692,29 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		}
 	}
 	return nil
+}
+
+// requestPosition is err, from the store's lookup of model's batch,
+// with a bad id's error (store.IDError) of a lookup given distinct ids
+// (dedup.go) naming the id's position among the request's ids, not
+// among the distinct ones: request holds, per lookup given distinct
+// ids, the request's ids.
+func requestPosition(err error, model string, batch []store.TableLookup, request [][]int64) error {
+	var bad *store.IDError
+	if request == nil || !errors.As(err, &bad) {
+		return err
+	}
+	for i, ids := range request {
+		if ids == nil || batch[i].Table != bad.Table || bad.Index >= len(batch[i].IDs) || batch[i].IDs[bad.Index] != bad.ID {
+			continue
+		}
+		if k := slices.Index(ids, bad.ID); k >= 0 {
+			at := *bad
+			at.Index = k
+			return fmt.Errorf("model %q: %w", model, &at)
+		}
+	}
+	return err
 }
 
 // runCPU runs the CPU subgraph; its outputs join vals.

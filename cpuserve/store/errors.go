@@ -25,6 +25,28 @@ var (
 	ErrCorrupt = errors.New("store corrupt")
 )
 
+// IDError is a lookup's id outside its table (Err: ErrNegativeID or
+// ErrIDOutOfRange; errors.Is sees through it): Index is the id's
+// position in the ids the lookup was given, which a caller that looked
+// up other ids than its request's (distinct ids, dedup) may set to the
+// request's position before reporting it.
+type IDError struct {
+	Table string
+	Index int
+	ID    int64
+	Rows  int64
+	Err   error
+}
+
+func (e *IDError) Error() string {
+	if errors.Is(e.Err, ErrNegativeID) {
+		return fmt.Sprintf("table %q: ids[%d]=%d: %v", e.Table, e.Index, e.ID, e.Err)
+	}
+	return fmt.Sprintf("table %q: ids[%d]=%d, table has %d rows: %v", e.Table, e.Index, e.ID, e.Rows, e.Err)
+}
+
+func (e *IDError) Unwrap() error { return e.Err }
+
 // IsInputError says whether err is the caller's fault (a gRPC server maps
 // it to InvalidArgument or NotFound) rather than the store's.
 func IsInputError(err error) bool {

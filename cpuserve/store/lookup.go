@@ -254,7 +254,7 @@ func resolveIDs(tv *tableView, ids []int64, g []float32, j *tableJob) ([]int64, 
 			continue
 		}
 		if id < 0 {
-			return nil, fmt.Errorf("table %q: ids[%d]=%d: %w", tv.name, i, id, ErrNegativeID)
+			return nil, &IDError{Table: tv.name, Index: i, ID: id, Err: ErrNegativeID}
 		}
 		switch tv.unknown {
 		case plan.UnknownHash:
@@ -263,7 +263,7 @@ func resolveIDs(tv *tableView, ids []int64, g []float32, j *tableJob) ([]int64, 
 			clear(g[i*dim : (i+1)*dim])
 			j.idBuf[i] = -1
 		default:
-			return nil, fmt.Errorf("table %q: ids[%d]=%d, table has %d rows: %w", tv.name, i, id, tv.rows, ErrIDOutOfRange)
+			return nil, &IDError{Table: tv.name, Index: i, ID: id, Rows: tv.rows, Err: ErrIDOutOfRange}
 		}
 	}
 	return j.idBuf, nil
