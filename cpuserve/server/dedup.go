@@ -59,6 +59,17 @@ func dedupColumns(m *model) []int {
 	return out
 }
 
+// dictColumns counts m's columns that may go dictionary-encoded.
+func dictColumns(m *model) int {
+	n := 0
+	for _, j := range m.dedup {
+		if j >= 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // dedup is one micro-batch's dictionary-encoded columns: per frame
 // column, its distinct ids (nil: the column goes plain) and each
 // sample's index among them; byLookup holds the same ids per lookup

@@ -173,18 +173,21 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 			s.Close()
 			return nil, err
 		}
-		if o.DictionaryFrames {
-			m.dedup = dedupColumns(m)
-		}
 		s.models[name] = m
 		sr, err := shardModel(st, m)
 		if err != nil {
 			s.Close()
 			return nil, err
 		}
+		if o.DictionaryFrames {
+			// After shardModel: a shard's columns and lookups are its
+			// own. Its whole (table-wise) columns may go as dictionaries;
+			// partial columns (row-wise tables) go plain.
+			m.dedup = dedupColumns(m)
+		}
 		if sr != nil {
 			s.shards[name] = sr
-			s.log.Info("serving a shard of the model", "model", name, "shard", sr.shard, "shards", sr.shards, "lookups", len(m.lookups), "cut_tensors", len(m.cut))
+			s.log.Info("serving a shard of the model", "model", name, "shard", sr.shard, "shards", sr.shards, "lookups", len(m.lookups), "cut_tensors", len(m.cut), "dictionary_columns", dictColumns(m))
 		}
 		// The plan's tables: a shard's worker holds some of them (the
 		// line before says how many lookups it serves).
@@ -366,7 +369,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	ctxCut, anyCtx := m.contextCut(vals)
 	if m.cols != nil {
 		cols := m.contextCols(ctxCut, anyCtx)
-		if m.dedup != nil && s.shards[m.name] == nil {
+		if m.dedup != nil {
 			cols = append([]arrowframe.Column(nil), cols...)
 			dd = dedupFor(m, vals, n, cols, ctxCut)
 			defer dd.release() // the lookups read its ids until the handler returns
