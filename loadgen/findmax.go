@@ -61,6 +61,8 @@ func (o FindMaxOptions) Judge(rate float64, s *Summary) (bool, string) {
 // FindMax searches: it doubles the rate from Start until a trial fails,
 // then bisects between the last pass and the first fail. trial runs one
 // rate; its errors end the search. log, if set, gets a line per trial.
+// Interrupted by ctx, it returns the trials that ran whole and ctx's
+// error.
 func FindMax(ctx context.Context, o FindMaxOptions, trial func(ctx context.Context, rate float64) (*Summary, error), log io.Writer) (*FindMaxResult, error) {
 	if o.MaxErrors == 0 {
 		o.MaxErrors = 0.01
@@ -84,6 +86,12 @@ func FindMax(ctx context.Context, o FindMaxOptions, trial func(ctx context.Conte
 		s, err := trial(ctx, rate)
 		if err != nil {
 			return res, fmt.Errorf("find-max: trial at %.1f req/s: %w", rate, err)
+		}
+		if ctx.Err() != nil {
+			// Interrupted: the trial covers a moment of its rate, not the
+			// rate held, and is not judged (its few fast answers passed
+			// a rate the server was never shown to hold).
+			break
 		}
 		ok, why := o.Judge(rate, s)
 		res.Trials = append(res.Trials, Trial{Rate: rate, Pass: ok, Why: why, Summary: s})

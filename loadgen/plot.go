@@ -3,8 +3,8 @@ package loadgen
 import (
 	"fmt"
 	"image/color"
+	"io"
 	"math"
-	"os"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -82,16 +82,11 @@ func (s *Summary) Plot(path string) error {
 	for i, r := range rows {
 		r[0].Draw(canvases[i][0])
 	}
-	w, err := createFile(path)
-	if err != nil {
+	if err := WriteFileAtomic(path, func(w io.Writer) error {
+		_, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(w)
 		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(w); err != nil {
-		w.Close()
-		return fmt.Errorf("write plot %q: %w", path, err)
-	}
-	if err := w.Close(); err != nil {
-		return fmt.Errorf("write plot %q: %w", path, err)
+	}); err != nil {
+		return fmt.Errorf("write plot: %w", err)
 	}
 	return nil
 }
@@ -112,12 +107,4 @@ func addLine(p *plot.Plot, name string, xys plotter.XYs, c color.Color, dashed b
 	p.Add(l)
 	p.Legend.Add(name, l)
 	return nil
-}
-
-func createFile(path string) (*os.File, error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("write plot: %w", err)
-	}
-	return f, nil
 }

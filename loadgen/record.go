@@ -23,7 +23,7 @@ func newHist(sig int) *hdr.Histogram { return hdr.New(minLatencyUs, maxLatencyUs
 // second); completions by the time the answer came.
 type second struct {
 	offered   int64
-	completed int64
+	completed int64 // answered OK in this second: the achieved throughput
 	ok        int64
 	samples   int64
 	errs      int64
@@ -107,11 +107,16 @@ func (r *Recorder) Done(intended, done time.Duration, samples int, code codes.Co
 	us := clampUs(lat)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.sec(done).completed++
 	if done > r.lastDone {
 		r.lastDone = done
 	}
-	s := r.sec(intended)
+	if code == codes.OK {
+		// Completions are the throughput: counting refusals too
+		// (ResourceExhausted at once), the plot showed a server refusing
+		// its load as keeping up with it.
+		r.sec(done).completed++
+	}
+	s := r.sec(intended) // after sec(done), which may move r.secs
 	if code != codes.OK {
 		r.errs[code]++
 		s.errs++

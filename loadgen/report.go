@@ -57,7 +57,7 @@ type Summary struct {
 type Point struct {
 	T         int     // second since the start
 	Offered   int64   // requests intended in this second
-	Completed int64   // answers that came in this second
+	Completed int64   // requests answered OK in this second (failures are in Errors)
 	OK        int64   // of the requests intended in this second
 	Errors    int64   // likewise
 	Samples   int64   // OK samples of the requests intended in this second
@@ -206,7 +206,11 @@ func (s *Summary) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "generator   send lag p99 %.3fms max %.3fms, %.2f CPU-s (%.2f cores)\n", s.SendLagP99Ms, s.SendLagMaxMs, s.GeneratorCPU, s.GeneratorCPU/math.Max(s.DurationS, 1e-9))
 }
 
-// WriteDir writes summary.json, timeseries.csv and plot.png into dir.
+// ReportFiles are the files WriteDir writes.
+var ReportFiles = []string{"summary.json", "timeseries.csv", "plot.png"}
+
+// WriteDir writes summary.json, timeseries.csv and plot.png into dir,
+// each whole or not at all (WriteFileAtomic).
 func (s *Summary) WriteDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write report: %w", err)
@@ -215,21 +219,42 @@ func (s *Summary) WriteDir(dir string) error {
 	if err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "summary.json"), append(buf, '\n'), 0o644); err != nil {
+	if err := WriteFileAtomic(filepath.Join(dir, "summary.json"), func(w io.Writer) error {
+		_, err := w.Write(append(buf, '\n'))
+		return err
+	}); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
-	f, err := os.Create(filepath.Join(dir, "timeseries.csv"))
-	if err != nil {
-		return fmt.Errorf("write report: %w", err)
-	}
-	if err := s.WriteCSV(f); err != nil {
-		f.Close()
-		return fmt.Errorf("write report %q: %w", f.Name(), err)
-	}
-	if err := f.Close(); err != nil {
+	if err := WriteFileAtomic(filepath.Join(dir, "timeseries.csv"), s.WriteCSV); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	return s.Plot(filepath.Join(dir, "plot.png"))
+}
+
+// WriteFileAtomic writes path with write through a temporary file in
+// its folder, renamed over path once written and closed: a reader (or
+// a run killed while writing, or a full disk) never finds path
+// truncated or half written, only the old file or the new one.
+func WriteFileAtomic(path string, write func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	err = write(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
 }
 
 // WriteCSV writes the per-second time series.

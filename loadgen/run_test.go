@@ -350,3 +350,25 @@ func TestWatchReads(t *testing.T) {
 type nopSender struct{}
 
 func (nopSender) Send(context.Context, *prismv1.RecommendRequest) error { return nil }
+
+// TestFindMaxInterruptedTrialNotJudged: a trial cut short by the
+// search's context (Ctrl-C) covers a moment of its rate, not the rate
+// held: judged, its few fast answers made it a pass, and the rate
+// found was one the server was never shown to hold.
+func TestFindMaxInterruptedTrialNotJudged(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	trial := func(_ context.Context, rate float64) (*Summary, error) {
+		if rate > 100 {
+			cancel() // interrupted during this trial: what it sent was answered at once
+		}
+		return &Summary{Sent: 10, OK: 10, RPS: rate, OfferedRPS: rate, P99: 1}, nil
+	}
+	res, err := FindMax(ctx, FindMaxOptions{Start: 100, SLO: 60 * time.Millisecond}, trial, nil)
+	if err != context.Canceled {
+		t.Fatalf("error %v, want the interruption", err)
+	}
+	if len(res.Trials) != 1 || res.MaxRate != 100 {
+		t.Fatalf("max rate %.1f over %d trials, want 100 from the one trial that ran whole", res.MaxRate, len(res.Trials))
+	}
+}

@@ -19,7 +19,8 @@ type TraceOptions struct {
 	// rate, qps, count (value).
 	TimeColumn, ValueColumn string
 	// Count says the values are request counts per row rather than rates
-	// per second; they are divided by the window.
+	// per second; they are divided by the window. A value column named
+	// count holds counts whatever Count says.
 	Count bool
 	// Window is the width of one trace step; rows within a window are
 	// summed (a trace with one row per container and time). Zero infers
@@ -57,6 +58,9 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace %w", err)
 	}
+	// A column named count is counts per row: read as rates, a trace of
+	// requests per minute was replayed at 60 times its load.
+	count := o.Count || strings.EqualFold(vc, "count")
 	need := max(slices.Index(header, tc), slices.Index(header, vc)) + 1
 	type point struct{ t, v float64 }
 	var pts []point
@@ -127,7 +131,7 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 	for _, p := range pts {
 		i := min(window(p.t), n-1)
 		v := p.v
-		if o.Count {
+		if count {
 			v /= win
 		}
 		rates[i] += v

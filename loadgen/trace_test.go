@@ -160,3 +160,27 @@ func TestTraceWideWindowEdges(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceCountColumn: a column named count, which ParseTrace picks as
+// the values when no value, rate or qps column is there, holds counts
+// per row: read as rates per second, 600 requests a minute replayed as
+// 600 requests a second, 60 times the trace's load.
+func TestTraceCountColumn(t *testing.T) {
+	for _, o := range []TraceOptions{{}, {Count: true}} {
+		tr, err := ParseTrace(strings.NewReader("timestamp,count\n0,600\n60,1200\n"), "t.csv", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []float64{10, 20}; !slices.Equal(tr.Rates, want) {
+			t.Errorf("count=%v: rates %v, want %v", o.Count, tr.Rates, want)
+		}
+	}
+	// A rate column stays a rate.
+	tr, err := ParseTrace(strings.NewReader("timestamp,qps\n0,600\n60,1200\n"), "t.csv", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []float64{600, 1200}; !slices.Equal(tr.Rates, want) {
+		t.Errorf("qps: rates %v, want %v", tr.Rates, want)
+	}
+}

@@ -84,8 +84,8 @@ func ReadPrior(path string) ([]PriorRecord, error) {
 // readPrior reads a prior file and counts the records it skipped as cut
 // short: a line that ends inside its JSON value, which an append
 // stopped part way leaves (AppendPrior starts the next append on a new
-// line). Any other line that does not parse is an error: the file is
-// not a prior.
+// line). Any other line that does not parse as a record with a model
+// and a configuration is an error: the file is not a prior.
 func readPrior(path string) (recs []PriorRecord, torn int, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -110,6 +110,11 @@ func readPrior(path string) (recs []PriorRecord, torn int, err error) {
 				continue
 			}
 			return nil, 0, fmt.Errorf("read prior %q line %d: %w", path, n, err)
+		}
+		if r.Model == "" || len(r.Config) == 0 {
+			// Another file's JSON (a prism up --config object, say),
+			// which the end of the run would append records to.
+			return nil, 0, fmt.Errorf("read prior %q line %d: not a prior record (no model or configuration): is it a prior file?", path, n)
 		}
 		recs = append(recs, r)
 	}

@@ -124,6 +124,7 @@ const File = "tune.json"
 // and appends the run's trials to the prior file at the end.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o.EnsureDefaults()
+	o.Space = o.Space.Sorted()
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -191,6 +192,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			}
 			if gridNext >= len(grid) || len(rep.Trials) >= limit {
 				rep.Stop = StopExhausted
+				if len(grid) < o.Space.Size() {
+					rep.Stop = StopMaxTrials // the grid cut short
+				}
 			} else {
 				prop = Proposal{Point: grid[gridNext]}
 				gridNext++
@@ -225,6 +229,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return rep, err
 		}
 		alike := res.NotStarted && startFailures(rep.Trials, res)
+		if alike && len(rep.Trials) == 1 && !probed && key(prop.Point) == key(opposite(o.Space, rep.Trials[0].Config)) {
+			// The second trial already shares no setting with the
+			// first: it is the probe, not to be run again.
+			probed = true
+		}
 		if res.NotStarted && (environmental(res.Error) || alike && probed) {
 			// prism up did not start for a reason no configuration
 			// changes (its store in use by another prism up, a folder it
@@ -241,7 +250,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if !environmental(res.Error) {
 				why = "as none before it did, for the same reason, one of them sharing no setting with this one"
 			}
-			return rep, fmt.Errorf("tune: trial %d did not start, %s: %s", n, why, res.Error)
+			err := fmt.Errorf("tune: trial %d did not start, %s: %s", n, why, res.Error)
+			// The trials measured before it still teach the next run.
+			if perr := savePrior(o, rep); perr != nil {
+				err = errors.Join(err, perr)
+			}
+			return rep, err
 		}
 		if alike && len(rep.Trials) == 1 && !probed {
 			// Two did not start for one reason: a configuration that

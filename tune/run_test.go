@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -332,10 +333,166 @@ func TestRunPriorCutShort(t *testing.T) {
 		t.Errorf("records %v, %v after a's two: want b's", recs[2].Model, recs[3].Model)
 	}
 	// A file that is not a prior is still refused.
-	if err := os.WriteFile(priorFile, []byte("{\"model\": \"a\"}\nnot a record\n"), 0o644); err != nil {
+	if err := os.WriteFile(priorFile, []byte("{\"model\": \"a\", \"config\": {\"threads\": \"1\"}}\nnot a record\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ReadPrior(priorFile); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Errorf("ReadPrior of a line that is no record: %v", err)
+	}
+}
+
+// recordingNotStarter's prism up never starts, for one reason that no
+// environmentCauses names; it records the configurations tried.
+type recordingNotStarter struct{ tried []Config }
+
+func (r *recordingNotStarter) Trial(_ context.Context, _ int, c Config, _ float64) (Result, error) {
+	r.tried = append(r.tried, c)
+	return Result{NotStarted: true, Error: "prism up: up exited before it was ready: [dense0] prism: ONNX Runtime library not found"}, nil
+}
+
+// TestRunProbeNotRepeated: after two trials that did not start for one
+// reason, the probe (the configuration sharing no setting with the
+// first) is not run again when the second trial already was it: the
+// search ends at the second trial, no configuration tried twice. (It
+// ran the second's configuration again as a third trial: a 2-point
+// space, or a 3 x 2 one whose second trial was the first's opposite.)
+func TestRunProbeNotRepeated(t *testing.T) {
+	for _, space := range []Space{
+		{Dims: []Dim{{Flag: "micro-batch", Values: []string{"256", "512"}}}},
+		{Dims: []Dim{{Flag: "micro-batch", Values: []string{"128", "256", "512"}}, {Flag: "threads", Values: []string{"1", "2"}}}},
+	} {
+		for _, grid := range []bool{false, true} {
+			tr := &recordingNotStarter{}
+			rep, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: grid, Out: t.TempDir(), Trialer: tr})
+			seen := map[string]bool{}
+			for _, c := range tr.tried {
+				k := space.String(mustIndex(t, space, c))
+				if seen[k] {
+					t.Errorf("%s (grid %v): %s tried twice: %v", spaceString(space), grid, k, tr.tried)
+				}
+				seen[k] = true
+			}
+			if err == nil || !strings.Contains(err.Error(), "as none before it did, for the same reason") {
+				t.Errorf("%s (grid %v): Run: %v after %d trials", spaceString(space), grid, err, len(rep.Trials))
+			}
+		}
+	}
+}
+
+// laterNotStarting measures its first trials, then its prism up does
+// not start for a reason no configuration changes.
+type laterNotStarting struct {
+	fakeTrialer
+	from int
+}
+
+func (t *laterNotStarting) Trial(ctx context.Context, n int, c Config, start float64) (Result, error) {
+	if n >= t.from {
+		return Result{NotStarted: true, Error: "prism up: up exited before it was ready: [embedding0] prism: open store: in use by another process"}, nil
+	}
+	return t.fakeTrialer.Trial(ctx, n, c, start)
+}
+
+// TestRunStoppedByEnvironmentKeepsPrior: a search ended at its third
+// trial because prism up no longer starts (another prism up took the
+// store) still appends its two measured trials to the prior, as a run
+// stopped by Ctrl-C does; they were lost.
+func TestRunStoppedByEnvironmentKeepsPrior(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	priorFile := filepath.Join(dir, "prior.jsonl")
+	tr := &laterNotStarting{fakeTrialer: fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}, from: 3}
+	rep, err := Run(context.Background(), Options{Model: "a", Space: space, Prior: priorFile, Out: filepath.Join(dir, "a"), Trialer: tr})
+	if err == nil || !strings.Contains(err.Error(), "trial 3 did not start") || len(rep.Trials) != 3 {
+		t.Fatalf("Run: %v after %d trials", err, len(rep.Trials))
+	}
+	recs, err := ReadPrior(priorFile)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("prior after a run stopped at trial 3: %d records, %v; want the 2 measured", len(recs), err)
+	}
+}
+
+// TestRunSortsValues: values given out of order (--micro-batch
+// 512,128,256) are searched in increasing order, so that neighbours are
+// adjacent values and another model's configuration is placed between
+// the values around it. Unsorted, another model's best micro-batch 240
+// was placed at the list's first value, 512 (with its 32, and 2048 at
+// 256), and the first trial was 128 instead of 256. Two spellings of one value are refused: they are
+// one configuration tried twice.
+func TestRunSortsValues(t *testing.T) {
+	dir := t.TempDir()
+	priorFile := filepath.Join(dir, "prior.jsonl")
+	f := Features{DenseParamBytes: 1e6, DenseFLOPs: 1e6, TableBytes: 1e9, CutBytes: 1700, Candidates: 270}
+	if err := AppendPrior(priorFile, []PriorRecord{
+		{Model: "x", Features: f, Config: Config{"micro-batch": "240", "max-delay": "2ms"}, Score: 1},
+		{Model: "x", Features: f, Config: Config{"micro-batch": "2048", "max-delay": "2ms"}, Score: 0.2},
+		{Model: "x", Features: f, Config: Config{"micro-batch": "32", "max-delay": "2ms"}, Score: 0.2},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	space := Space{Dims: []Dim{{Flag: "micro-batch", Values: []string{"512", "128", "256"}}, {Flag: "max-delay", Values: []string{"4ms", "1ms", "2ms"}}}}
+	tr := &fakeTrialer{space: space, f: func(Point) float64 { return 1000 }}
+	rep, err := Run(context.Background(), Options{Model: "y", Features: f, Space: space, Prior: priorFile, MaxTrials: 1, Out: filepath.Join(dir, "y"), Trialer: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Space.String(Point{0, 0}) + " .. " + rep.Space.String(Point{2, 2}); got != "micro-batch=128 max-delay=1ms .. micro-batch=512 max-delay=4ms" {
+		t.Errorf("space searched %s", got)
+	}
+	if mb := rep.Trials[0].Config["micro-batch"]; mb != "256" {
+		t.Errorf("first trial micro-batch %s, want 256 (the prior's best, 240, lies between 128 and 256)", mb)
+	}
+	for _, vals := range [][]string{{"1ms", "1000us"}, {"256", "0256"}} {
+		s := Space{Dims: []Dim{{Flag: "x", Values: vals}}}
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "the same value") {
+			t.Errorf("Validate %v: %v", vals, err)
+		}
+	}
+	if got := (Space{Dims: []Dim{{Flag: "hot-bytes", Values: []string{"auto", "512MiB", "128MiB"}}}}).Sorted().Dims[0].Values; !slices.Equal(got, []string{"auto", "512MiB", "128MiB"}) {
+		t.Errorf("a dimension with a value that is no number was reordered: %v", got)
+	}
+}
+
+// TestRunGridCutShortStop: a grid cut short by --max-trials stops for
+// max-trials, not as exhausted ("best of 4 trials (exhausted)" of a
+// 96-configuration grid).
+func TestRunGridCutShortStop(t *testing.T) {
+	space := testSpace()
+	for _, tc := range []struct {
+		max  int
+		want string
+	}{{4, StopMaxTrials}, {0, StopExhausted}, {space.Size(), StopExhausted}} {
+		tr := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}
+		rep, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, MaxTrials: tc.max, Out: t.TempDir(), Trialer: tr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Stop != tc.want {
+			t.Errorf("grid with --max-trials %d: stop %s after %d trials, want %s", tc.max, rep.Stop, len(rep.Trials), tc.want)
+		}
+	}
+}
+
+// TestRunRefusesForeignPrior: a --prior that is another JSON file (a
+// prism up --config object of flags, given as the prior by mistake) is
+// refused before any trial and left as it was; it was read as a prior
+// of one record with no model and no configuration, and the run's
+// records were appended to it, which prism up --config then refused.
+func TestRunRefusesForeignPrior(t *testing.T) {
+	dir := t.TempDir()
+	for _, body := range []string{`{"threads": "2", "micro-batch": "256"}` + "\n", "{}\n"} {
+		foreign := filepath.Join(dir, "up-config.json")
+		if err := os.WriteFile(foreign, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		space := testSpace()
+		tr := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}
+		_, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, MaxTrials: 2, Prior: foreign, Out: filepath.Join(dir, "out"), Trialer: tr})
+		if err == nil || !strings.Contains(err.Error(), "not a prior record") {
+			t.Errorf("prior %s: Run: %v", body, err)
+		}
+		if b, _ := os.ReadFile(foreign); string(b) != body || tr.calls != 0 {
+			t.Errorf("prior %s: %d trials, and the file is now:\n%s", body, tr.calls, b)
+		}
 	}
 }

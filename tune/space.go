@@ -11,6 +11,8 @@ package tune
 import (
 	"fmt"
 	"math"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -79,8 +81,54 @@ func (s Space) Validate() error {
 			}
 			vs[v] = true
 		}
+		if nums, ok := numbers(d.Values); ok {
+			for i := range nums {
+				for j := range i {
+					if nums[i] == nums[j] {
+						return fmt.Errorf("search space: %s lists %q and %q, the same value", d.Flag, d.Values[j], d.Values[i])
+					}
+				}
+			}
+		}
 	}
 	return nil
+}
+
+// Sorted is s with the values of each dimension whose values are all
+// numbers (see number) in increasing order, as Dim wants them:
+// neighbours are then adjacent values, and a configuration measured
+// elsewhere is placed between the values around its own. A dimension
+// with a value that is not a number ("auto") keeps its order.
+func (s Space) Sorted() Space {
+	out := Space{Dims: make([]Dim, len(s.Dims))}
+	for i, d := range s.Dims {
+		d.Values = slices.Clone(d.Values)
+		if nums, ok := numbers(d.Values); ok {
+			idx := make([]int, len(nums))
+			for j := range idx {
+				idx[j] = j
+			}
+			sort.SliceStable(idx, func(a, b int) bool { return nums[idx[a]] < nums[idx[b]] })
+			for j, k := range idx {
+				d.Values[j] = s.Dims[i].Values[k]
+			}
+		}
+		out.Dims[i] = d
+	}
+	return out
+}
+
+// numbers reads every value as a number (ok false when one is not).
+func numbers(values []string) ([]float64, bool) {
+	out := make([]float64, len(values))
+	for i, v := range values {
+		x, ok := number(v)
+		if !ok {
+			return nil, false
+		}
+		out[i] = x
+	}
+	return out, true
 }
 
 // Size is the number of points.

@@ -3,6 +3,7 @@ package tune
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -117,10 +118,20 @@ func (t *ProcessTrialer) Trial(ctx context.Context, n int, c Config, startRPS fl
 	})
 	defer sup.Shutdown()
 	up := &supervise.Child{Name: "up", Ready: readyline.Up, Args: t.UpArgs(c)}
-	addr, err := sup.Start(ctx, up, t.ReadyTimeout)
+	// The ready timeout ends the start through its context, not the
+	// supervisor's timeout, which kills the process: prism up, stopped
+	// by the deferred Shutdown with SIGTERM instead, stops its own
+	// children (killed, it left them holding the store and the update
+	// log, and the next trial's prism up failed on their locks).
+	startCtx, cancel := context.WithTimeout(ctx, t.ReadyTimeout)
+	addr, err := sup.Start(startCtx, up, 0)
+	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return Result{}, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("up not ready after %s", t.ReadyTimeout)
 		}
 		return Result{NotStarted: true, Error: fmt.Sprintf("prism up: %s%s (see %s)",
 			strings.TrimSuffix(err.Error(), " (see its log above)"), lastErrorLine(logPath), logPath)}, nil

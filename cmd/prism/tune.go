@@ -137,7 +137,7 @@ OUT/tune.json serves with the best configuration.`,
 				{Flag: "hot-bytes", Values: hotBytes},
 				{Flag: "admit-share", Values: admitShare},
 				{Flag: "dense-sessions", Values: denseSessions, Default: "1"},
-			}}
+			}}.Sorted()
 			if err := space.Validate(); err != nil {
 				return fmt.Errorf("tune: %w", err)
 			}

@@ -137,7 +137,7 @@ func applyConfig(fl *pflag.FlagSet, path string) error {
 		if f == nil || k == "config" {
 			return fmt.Errorf("%s: unknown key %q (not a prism up flag)", path, k)
 		}
-		if f.Changed {
+		if changedAlias(fl, f) {
 			continue
 		}
 		if err := fl.Set(k, cfg[k]); err != nil {
@@ -145,6 +145,19 @@ func applyConfig(fl *pflag.FlagSet, path string) error {
 		}
 	}
 	return nil
+}
+
+// changedAlias says whether f, or a flag setting the same variable (a
+// deprecated name: --gpu-workers for --dense-workers), was given on the
+// command line: the command line wins over a config file.
+func changedAlias(fl *pflag.FlagSet, f *pflag.Flag) bool {
+	changed := f.Changed
+	fl.VisitAll(func(g *pflag.Flag) {
+		if g.Changed && g.Value == f.Value {
+			changed = true
+		}
+	})
+	return changed
 }
 
 // checkUpFlags refuses a value typed on up's command line (or searched

@@ -31,6 +31,21 @@ func TestUpConfig(t *testing.T) {
 			t.Errorf("--%s = %s, want %s", flag, got, want)
 		}
 	}
+	// A deprecated name on the command line wins too: --gpu-workers 3
+	// served with the file's dense-workers 4.
+	cmd = newUpCmd()
+	if err := cmd.Flags().Parse([]string{"--gpu-workers", "3", "--cpu-workers", "2"}); err != nil {
+		t.Fatal(err)
+	}
+	workers := write("workers.json", `{"dense-workers": "4", "embedding-workers": "5", "micro-batch": "128"}`)
+	if err := applyConfig(cmd.Flags(), workers); err != nil {
+		t.Fatal(err)
+	}
+	for flag, want := range map[string]string{"dense-workers": "3", "embedding-workers": "2", "micro-batch": "128"} {
+		if got := cmd.Flags().Lookup(flag).Value.String(); got != want {
+			t.Errorf("given --gpu-workers 3 --cpu-workers 2: --%s = %s, want %s", flag, got, want)
+		}
+	}
 	for body, want := range map[string]string{
 		`{"micro-batch": 256, "turbo": true}`: `unknown key "turbo"`,
 		`{"config": "other.json"}`:            `unknown key "config"`,

@@ -54,6 +54,7 @@ type flags struct {
 	traceCount               bool
 	traceWindow              time.Duration
 	promo                    loadgen.Promotion
+	promoZero                map[string]bool // promo-at, -ramp, -plateau, -decay given as 0
 	duration                 time.Duration
 	maxRequests              int64
 	candidates, criteo       string
@@ -121,6 +122,15 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 					}
 				}
 			}
+			// A promotion's times given as 0 are meant: --promo-at 0 starts
+			// the ramp with the run, --promo-ramp 0 is a step. Read as
+			// unset, each became its default share of the day.
+			f.promoZero = map[string]bool{}
+			for _, name := range []string{"promo-at", "promo-ramp", "promo-plateau", "promo-decay"} {
+				if d, err := cmd.Flags().GetDuration(name); err == nil && d == 0 && cmd.Flags().Changed(name) {
+					f.promoZero[name] = true
+				}
+			}
 			if f.pool < 0 {
 				return fmt.Errorf("--pool %d: want 0 (draw every request during the run) or more", f.pool)
 			}
@@ -146,15 +156,15 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.Float64Var(&f.traceSpeedup, "trace-speedup", 60, "trace time compression: trace seconds per run second")
 	fl.Float64Var(&f.traceScale, "trace-scale", 1, "multiply the trace's rates by this")
 	fl.Float64Var(&f.tracePeak, "trace-peak", 0, "scale the trace so its peak is this many requests/s (overrides --trace-scale)")
-	fl.BoolVar(&f.traceCount, "trace-count", false, "the trace's values are counts per row, not rates")
+	fl.BoolVar(&f.traceCount, "trace-count", false, "the trace's values are counts per row, not rates (implied by a value column named count)")
 	fl.DurationVar(&f.traceWindow, "trace-window", 0, "trace window to sum rows over (default: the smallest time step)")
 	fl.Float64Var(&f.promo.PeakToValley, "promo-peak-to-valley", 6.5, "promotion: daily peak over valley")
 	fl.Float64Var(&f.promo.Spike, "promo-spike", 1.3, "promotion: spike over the normal peak")
 	fl.DurationVar(&f.promo.Day, "promo-day", 0, "promotion: length of the compressed day (default --duration)")
-	fl.DurationVar(&f.promo.At, "promo-at", 0, "promotion: start of the ramp (default 0.45 day)")
-	fl.DurationVar(&f.promo.Ramp, "promo-ramp", 0, "promotion: ramp length (default 0.05 day)")
+	fl.DurationVar(&f.promo.At, "promo-at", 0, "promotion: start of the ramp (default 0.45 day; 0: at the run's start)")
+	fl.DurationVar(&f.promo.Ramp, "promo-ramp", 0, "promotion: ramp length (default 0.05 day; 0: a step)")
 	fl.DurationVar(&f.promo.Plateau, "promo-plateau", 0, "promotion: plateau length (default 0.1 day)")
-	fl.DurationVar(&f.promo.Decay, "promo-decay", 0, "promotion: decay length (default 0.1 day)")
+	fl.DurationVar(&f.promo.Decay, "promo-decay", 0, "promotion: decay length (default 0.1 day; 0: a step down)")
 	fl.DurationVar(&f.duration, "duration", 30*time.Second, "how long to send (each find-max trial: --find-max-trial)")
 	fl.Int64Var(&f.maxRequests, "max-requests", 1_000_000, "stop after this many requests")
 	fl.StringVar(&f.candidates, "candidates", "dlrmv2", "candidates per request: N, uniform:MIN-MAX or dlrmv2 (100-700, mean 270)")
@@ -165,13 +175,13 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.DurationVar(&f.slo, "slo", 60*time.Millisecond, "latency SLO (p99 bound for --find-max; attainment in the summary)")
 	fl.DurationVar(&f.timeout, "timeout", 10*time.Second, "deadline of each request")
 	fl.IntVar(&f.maxInFlight, "max-inflight", 10000, "requests awaiting an answer at most (open loop)")
-	fl.BoolVar(&f.findMax, "find-max", false, "search the highest rate whose p99 meets --slo (Poisson trials)")
+	fl.BoolVar(&f.findMax, "find-max", false, "search the highest rate whose p99 meets --slo (Poisson trials at constant rates; not with another --arrival)")
 	fl.DurationVar(&f.findMaxTrial, "find-max-trial", 10*time.Second, "duration of each find-max trial")
 	fl.Float64Var(&f.findMaxTolerance, "find-max-tolerance", 0.05, "stop the search when pass and fail rates are this close (relative)")
 	fl.IntVar(&f.findMaxTrials, "find-max-trials", 12, "at most this many find-max trials")
 	fl.DurationVar(&f.findMaxWarmUp, "find-max-warmup", 3*time.Second, "before the first find-max trial, send at --rate for this long, not judged (a fresh server's first requests pay for connections, ONNX Runtime's first runs and the router's admission estimate); 0: none")
 	fl.StringVar(&f.watchBorrowed, "watch-borrowed", "", "sample the borrowed dense workers every second from this /metrics URL (prism up --loan's controller) into the report")
-	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder")
+	fl.StringVar(&f.out, "out", "", "write summary.json, timeseries.csv and plot.png into this folder (--find-max: findmax.json and the best trial's report)")
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
 	fl.IntVar(&f.printRequests, "print-request", 0, "write this many requests as JSON to stdout and exit without sending: one request as an object (grpcurl -d @ and ghz --data-file take it), more as an array (ghz --data-file sends them in turn); --candidates, --seed, --stream and the input flags apply")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
@@ -319,6 +329,14 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	}
 	fmt.Fprintf(stderr, "loadgen: %s, %s arrivals, %d inputs (%d in the context), candidates %s%s, for %v or %d requests\n",
 		target, arrivalName(f), len(sig.Inputs), len(f.context), cand, drawn, f.duration, f.maxRequests)
+	if r, ok := opts.Profile.(*loadgen.Replay); ok {
+		// How the trace was read, so that a misread one shows before the
+		// run (timestamps in milliseconds read as seconds: windows 1000
+		// times too long, and a run that sees one of them).
+		tr := r.Trace
+		fmt.Fprintf(stderr, "loadgen: trace %s: %d windows of %v (%v of trace time, timestamps read as seconds), peak %.4g req/s as scaled; at %gx it plays in %v\n",
+			filepath.Base(f.trace), len(tr.Rates), tr.Step, tr.Duration(), r.MaxRate(), r.Speedup, time.Duration(float64(tr.Duration())/r.Speedup).Round(time.Millisecond))
+	}
 	sum, err := loadgen.Run(ctx, opts, reqs, sender)
 	if err != nil {
 		return err
@@ -413,6 +431,11 @@ func profile(f flags) (loadgen.Profile, error) {
 		p := f.promo
 		p.Peak = f.rate
 		p.EnsureDefaults(f.duration)
+		for name, d := range map[string]*time.Duration{"promo-at": &p.At, "promo-ramp": &p.Ramp, "promo-plateau": &p.Plateau, "promo-decay": &p.Decay} {
+			if f.promoZero[name] {
+				*d = 0
+			}
+		}
 		if err := p.Validate(); err != nil {
 			return nil, fmt.Errorf("loadgen: %w", err)
 		}
@@ -452,6 +475,11 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 	if f.clients > 0 {
 		return errors.New("loadgen: --find-max runs open loop; leave out --clients")
 	}
+	if f.arrival != "poisson" {
+		// Each trial is Poisson at one constant rate: a trace or a
+		// promotion asked for was dropped without a word.
+		return fmt.Errorf("loadgen: --find-max runs Poisson trials at constant rates; leave out --arrival %s (and --trace)", f.arrival)
+	}
 	opts.Duration = f.findMaxTrial
 	opts.Live = nil
 	if f.findMaxWarmUp < 0 {
@@ -488,17 +516,36 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 		}
 		fmt.Fprintf(stderr, "find-max: warm-up %v at %.1f req/s  sent %d  ok %d  p99 %.2fms  (not judged)\n", f.findMaxWarmUp, f.rate, warm.Sent, warm.OK, warm.P99)
 	}
-	res, err := loadgen.FindMax(ctx, loadgen.FindMaxOptions{Start: f.rate, SLO: f.slo, Tolerance: f.findMaxTolerance, MaxTrials: f.findMaxTrials}, trial, stderr)
-	if err != nil {
-		return err
+	res, searchErr := loadgen.FindMax(ctx, loadgen.FindMaxOptions{Start: f.rate, SLO: f.slo, Tolerance: f.findMaxTolerance, MaxTrials: f.findMaxTrials}, trial, stderr)
+	if res == nil {
+		return searchErr
 	}
+	// A search that stopped early (interrupted, or a trial that could
+	// not run) still reports and writes the trials it ran: returning at
+	// once lost every one of them, findmax.json included.
 	res.WarmUp = warm
-	fmt.Fprintf(stdout, "find-max: %.1f req/s is the highest rate with p99 under %v (%d trials of %v)\n", res.MaxRate, f.slo, len(res.Trials), f.findMaxTrial)
 	var best *loadgen.Summary
+	failed, anyOK := false, false
 	for _, t := range res.Trials {
 		if t.Pass && t.Rate == res.MaxRate {
 			best = t.Summary
 		}
+		failed = failed || !t.Pass
+		anyOK = anyOK || t.Summary.OK > 0
+	}
+	stopped := ""
+	if searchErr != nil {
+		stopped = ", stopped early"
+	}
+	switch {
+	case best == nil:
+		fmt.Fprintf(stdout, "find-max: no rate met p99 under %v (%d trials of %v%s)\n", f.slo, len(res.Trials), f.findMaxTrial, stopped)
+	case !failed:
+		// Every trial passed: the search never found where the server
+		// falls behind, and the rate is a lower bound, not the maximum.
+		fmt.Fprintf(stdout, "find-max: at least %.1f req/s: every trial met p99 under %v (%d trials of %v%s; none failed: a lower bound)\n", res.MaxRate, f.slo, len(res.Trials), f.findMaxTrial, stopped)
+	default:
+		fmt.Fprintf(stdout, "find-max: %.1f req/s is the highest rate with p99 under %v (%d trials of %v%s)\n", res.MaxRate, f.slo, len(res.Trials), f.findMaxTrial, stopped)
 	}
 	if best != nil {
 		best.WriteText(stdout)
@@ -511,13 +558,34 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 		if err != nil {
 			return fmt.Errorf("loadgen: %w", err)
 		}
-		if err := os.WriteFile(filepath.Join(f.out, "findmax.json"), append(buf, '\n'), 0o644); err != nil {
+		if err := loadgen.WriteFileAtomic(filepath.Join(f.out, "findmax.json"), func(w io.Writer) error {
+			_, err := w.Write(append(buf, '\n'))
+			return err
+		}); err != nil {
 			return fmt.Errorf("loadgen: %w", err)
 		}
 		if best != nil {
 			if err := best.WriteDir(f.out); err != nil {
 				return err
 			}
+		} else {
+			// No trial passed: the folder's report of an earlier run
+			// would read as this search's best trial.
+			for _, name := range loadgen.ReportFiles {
+				if err := os.Remove(filepath.Join(f.out, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+					return fmt.Errorf("loadgen: %w", err)
+				}
+			}
+		}
+	}
+	if searchErr != nil {
+		return searchErr
+	}
+	if !anyOK && len(res.Trials) > 0 {
+		// No request of any trial was answered OK (a server down, a
+		// wrong address): nothing was measured, as in a single run.
+		if err := noneOK(res.Trials[len(res.Trials)-1].Summary, f.tokenFile != ""); err != nil {
+			return fmt.Errorf("loadgen: find-max: %w", err)
 		}
 	}
 	return nil
