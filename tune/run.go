@@ -141,7 +141,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if torn > 0 {
 			fmt.Fprintf(o.Progress, "tune: prior %s: skipped %d record(s) an earlier append left cut short\n", o.Prior, torn)
 		}
-		prior = PriorPoints(recs, o.Space, o.Features, "", 0.01)
+		// Other models' runs only: the prior is what the search knows
+		// before measuring this model, so a search after a grid of the
+		// same model (the comparison tune's report makes) does not start
+		// from the grid's answer.
+		prior = PriorPoints(recs, o.Space, o.Features, o.Model, 0.01)
 		rep.PriorPts = len(prior)
 		if err := checkPriorWritable(o.Prior); err != nil {
 			return nil, fmt.Errorf("tune: %w", err)

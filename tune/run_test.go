@@ -86,6 +86,18 @@ func TestRunGridThenSearchWithPrior(t *testing.T) {
 	if len(recs) != space.Size()+len(rep.Trials) {
 		t.Errorf("prior after the search: %d records", len(recs))
 	}
+
+	// A search on model A again starts from B's records only: A's own
+	// grid is not a prior of A (the search would start at its answer).
+	bTrials := len(rep.Trials)
+	rep, err = Run(context.Background(), Options{Model: "a", Features: Features{DenseParamBytes: 1e6, DenseFLOPs: 1e6, TableBytes: 1e9, CutBytes: 1700, Candidates: 270},
+		Space: space, Prior: priorFile, Out: filepath.Join(dir, "a2"), Trialer: fa, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.PriorPts != bTrials {
+		t.Errorf("a search of model a after its grid: %d prior points, want model b's %d", rep.PriorPts, bTrials)
+	}
 }
 
 func mustIndex(t *testing.T, s Space, c Config) Point {
