@@ -246,7 +246,15 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 			if ctx.Err() != nil {
 				break
 			}
-			sem <- struct{}{}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				// Interrupted (or the run's end) while --max-inflight
+				// requests were out: nothing more is sent.
+			}
+			if ctx.Err() != nil {
+				break
+			}
 			rec.Sent(j.intended, since())
 			wg.Add(1)
 			go func() {

@@ -372,3 +372,30 @@ func TestFindMaxInterruptedTrialNotJudged(t *testing.T) {
 		t.Fatalf("max rate %.1f over %d trials, want 100 from the one trial that ran whole", res.MaxRate, len(res.Trials))
 	}
 }
+
+// hung answers no request: each waits for its own deadline.
+type hung struct{ n atomic.Int64 }
+
+func (h *hung) Send(ctx context.Context, _ *prismv1.RecommendRequest) error {
+	h.n.Add(1)
+	<-ctx.Done()
+	return status.Error(codes.DeadlineExceeded, "hung")
+}
+
+// TestInterruptAtMaxInFlight: a run interrupted while --max-inflight
+// requests are out sends nothing more; the dispatcher waited for a slot
+// (up to --timeout) and then sent one more request after the interrupt.
+func TestInterruptAtMaxInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := &hung{}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		sum, err := Run(ctx, Options{Profile: Constant(100), Duration: 10 * time.Second, MaxRequests: 1e6, MaxInFlight: 1, Timeout: time.Second}, tinyRequests(t, Fixed(1)), h)
+		if err != nil && sum == nil {
+			t.Fatal(err)
+		}
+		if n := h.n.Load(); n != 1 {
+			t.Errorf("%d requests sent, want 1 (the one in flight when interrupted)", n)
+		}
+	})
+}
