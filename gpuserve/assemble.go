@@ -263,10 +263,13 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	parts, err := decodePart(m, req.GetTensors(), n)
 	if err != nil {
 		s.metrics.reject(m.name, "invalid")
-		if fp, own := req.GetSharding(), m.assembly.sharding; fp != "" && own != "" && fp != own {
+		if fp, own := req.GetSharding(), m.assembly.sharding; fp != "" && fp != own {
 			// Most likely why: parts of the sender's sharding that this
 			// plan's does not send (a table row-wise in one, whole in the
-			// other).
+			// other, or a plan from before prism shard).
+			if own == "" {
+				own = "none (a plan without sharding)"
+			}
 			return nil, otherSharding(m.name, key, shard, fp, own, status.Convert(err).Message())
 		}
 		return nil, err

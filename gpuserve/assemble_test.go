@@ -341,3 +341,29 @@ func TestAssembleOtherShardingNamed(t *testing.T) {
 		}
 	}
 }
+
+// TestAssembleUnshardedPlanNamed: a dense worker serving a plan without
+// sharding (one started before prism shard ran) announces so
+// (prismv1.NoSharding), not nothing: the router reads nothing as a
+// worker of an earlier release that may combine row-wise parts, and
+// paired it with row-wise fan-outs, whose parts it refused
+// InvalidArgument (the request failed, not retried). Such a part is
+// refused FailedPrecondition, naming the sender's sharding and none.
+func TestAssembleUnshardedPlanNamed(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	p, _ := plan.Read(tinyPlan(t))
+	if p.Sharding != nil {
+		t.Fatal("the tiny plan has a sharding; the test wants one without")
+	}
+	if got, ok := ts.dense.WorkerInfo("id", "addr").GetSharding()[p.Model.Name]; !ok || got != prismv1.NoSharding {
+		t.Errorf("announces sharding %q (present %v) for a model of a plan without sharding, want %q", got, ok, prismv1.NoSharding)
+	}
+	x := cutTensors(p, 3, rand.New(rand.NewPCG(7, 9)))
+	x[0].Name = arrowframe.PartialName(x[0].Name)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: p.Model.Name, Tensors: encode(t, 3, x[:1]), NumSamples: 3, FanoutKey: "k", Shard: 0, Shards: 2, Sharding: "bbbb"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "sharding bbbb, this dense worker's plan sharding none") {
+		t.Errorf("a row-wise part from sharding bbbb at a dense worker whose plan has none: %v, want FailedPrecondition naming both", err)
+	}
+}

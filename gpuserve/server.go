@@ -401,13 +401,20 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 	}
 	for name, m := range s.models {
 		// The sharding its plan combines row-wise parts by: the router
-		// pairs it with embedding workers of that sharding.
-		if fp := m.assembly.sharding; fp != "" {
-			if info.Sharding == nil {
-				info.Sharding = map[string]string{}
-			}
-			info.Sharding[name] = fp
+		// pairs it with embedding workers of that sharding. A plan
+		// without one combines none: said so (prismv1.NoSharding), not
+		// left unnamed, which the router reads as a worker of an earlier
+		// release that may (a dense worker still on the plan from before
+		// prism shard was picked for row-wise fan-outs and refused them,
+		// InvalidArgument, the request failed).
+		fp := m.assembly.sharding
+		if fp == "" {
+			fp = prismv1.NoSharding
 		}
+		if info.Sharding == nil {
+			info.Sharding = map[string]string{}
+		}
+		info.Sharding[name] = fp
 	}
 	return info
 }

@@ -819,7 +819,14 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		}
 		if ref := cn.GetShards()[req.GetModel()]; ref != nil {
 			releaseCN()
-			return r.microBatchSharded(ctx, req, cands, n, mb, int(ref.GetShards()))
+			scores, version, err := r.microBatchSharded(ctx, req, cands, n, mb, int(ref.GetShards()))
+			if !errors.Is(err, errWholeLayout) {
+				return scores, version, err
+			}
+			// Its sharding lacks a shard; the whole model's workers serve.
+			if cn, releaseCN, err = r.pickWhole(req.GetModel(), n, tried); err != nil {
+				return nil, 0, firstErr(last, err)
+			}
 		}
 		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, tried, cn.GetId())
 		if err != nil {

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -263,6 +264,48 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 	}, nil
 }
 
+// embeddingLayouts lists the layouts of model's healthy, eligible
+// embedding workers: the shard counts they announce (ascending), whether
+// some hold the whole model; and the ids of every worker announcing a
+// shard of it (a pick of the whole model's workers leaves them out).
+func (r *Registry) embeddingLayouts(model string) (counts []int, whole bool, sharded []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var set []*worker
+	if s := r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}]; s != nil {
+		set = s.ws
+	}
+	for _, e := range set {
+		ref := e.info.GetShards()[model]
+		if ref != nil {
+			sharded = append(sharded, e.info.GetId())
+		}
+		if !e.info.GetHealthy() || (r.eligible != nil && !r.eligible(e.info, model)) {
+			continue
+		}
+		if ref == nil {
+			whole = true
+			continue
+		}
+		if k := int(ref.GetShards()); k >= 1 && k <= maxShards && !slices.Contains(counts, k) {
+			counts = append(counts, k)
+		}
+	}
+	slices.Sort(counts)
+	return counts, whole, sharded
+}
+
+// shardsComplete says whether every shard of model's sharding into
+// shards has a live, eligible embedding worker (of one sharding).
+func (r *Registry) shardsComplete(model string, shards int) bool {
+	_, release, err := r.pickShards(model, shards, 0, nil, nil)
+	if err != nil {
+		return false
+	}
+	release()
+	return true
+}
+
 // avoidRank orders a retry's choice among a shard's replicas: 0 for
 // one no attempt failed on, 1 for one in avoid, 2 for one in dead.
 func avoidRank(id string, avoid, dead []string) int {
@@ -289,6 +332,17 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 	var last error
 	for attempt := range shardAttempts {
 		cns, releaseCN, err := r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead)
+		if err != nil {
+			// A shard of this shard count has no live worker; another
+			// layout of the model may be complete (otherLayout).
+			switch k, whole := r.otherLayout(model, shards); {
+			case whole:
+				return nil, 0, errWholeLayout
+			case k != shards:
+				shards = k
+				cns, releaseCN, err = r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead)
+			}
+		}
 		if err != nil {
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
 			return nil, 0, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
@@ -323,6 +377,53 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
 	}
 	return nil, 0, last
+}
+
+// errWholeLayout says a micro-batch picked for a shard count that lacks
+// a shard goes to the model's workers of the whole model (otherLayout).
+var errWholeLayout = errors.New("router: a sharding missing a shard; the whole model's workers serve the micro-batch")
+
+// otherLayout is the layout a micro-batch of model takes when shards,
+// the shard count of the least loaded embedding worker, has a shard
+// without a live worker. While a model's workers move to another layout
+// (served whole, then sharded; or sharded again into another shard
+// count) the new layout's first workers are idle, so the least loaded:
+// the micro-batch goes to a complete layout instead, the workers of the
+// whole model (whole), else another shard count with a live worker for
+// every shard (k). With none, k is shards (the fan-out fails fast,
+// naming the shards missing).
+func (r *Router) otherLayout(model string, shards int) (k int, whole bool) {
+	counts, whole, _ := r.Reg.embeddingLayouts(model)
+	if whole {
+		return 0, true
+	}
+	for _, c := range counts {
+		if c != shards && r.Reg.shardsComplete(model, c) {
+			return c, false
+		}
+	}
+	return shards, false
+}
+
+// pickWhole is pick among model's embedding workers that hold the whole
+// model (otherLayout said they are live).
+func (r *Router) pickWhole(model string, n int, tried retry) (*prismv1.WorkerInfo, func(), error) {
+	_, _, sharded := r.Reg.embeddingLayouts(model)
+	err := fmt.Errorf("no embedding worker holds the whole model %q", model)
+	for _, ex := range tried.tiers() {
+		w, release, perr := r.Reg.PickFor(prismv1.Role_ROLE_EMBEDDING, model, int64(n), append(slices.Clone(ex), sharded...), "")
+		if perr != nil {
+			err = perr
+			continue
+		}
+		if w.GetShards()[model] != nil {
+			// It announced a shard since embeddingLayouts.
+			release()
+			continue
+		}
+		return w, release, nil
+	}
+	return nil, nil, status.Error(codes.Unavailable, err.Error())
 }
 
 // shardingOf is the sharding the fan-out's workers hold ("": none of

@@ -443,6 +443,35 @@ func TestReshardPairing(t *testing.T) {
 	if hn.GetAddr() != "dense:new" {
 		t.Fatalf("a fan-out of sharding aa paired with %s, not dense:new of its sharding", hn.GetAddr())
 	}
+	// A dense worker whose plan has no sharding (prismv1.NoSharding)
+	// refuses row-wise parts: a row-wise fan-out's retry goes back to
+	// its sharding's dense worker that failed rather than to it; a
+	// table-wise one takes it.
+	r = testRouter(Options{MicroBatch: 10})
+	for _, d := range []struct {
+		addr, fp string
+		load     int64
+	}{{"dense:new", "aa", 10}, {"dense:plain", prismv1.NoSharding, 0}} {
+		info := &prismv1.WorkerInfo{Id: "gpu-" + d.addr, Role: prismv1.Role_ROLE_DENSE, Addr: d.addr, Models: []string{"m"}, Healthy: true, Outstanding: d.load,
+			Sharding: map[string]string{"m": d.fp}}
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: info}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		rowWise bool
+		want    string
+	}{{true, "dense:new"}, {false, "dense:plain"}} {
+		tried := retry{avoid: []string{"gpu-dense:new"}, dead: []string{"gpu-dense:new"}}
+		hn, release, err := r.pickDense("m", 1, tried, "", "aa", tc.rowWise)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if hn.GetAddr() != tc.want {
+			t.Errorf("row-wise %v: a retry avoiding dense:new paired with %s, want %s", tc.rowWise, hn.GetAddr(), tc.want)
+		}
+	}
 }
 
 // TestReshardUntoldOverNone: a row-wise fan-out's sharding whose own

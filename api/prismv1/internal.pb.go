@@ -711,7 +711,9 @@ type WorkerInfo struct {
 	// combines row-wise tables' partial pools by that plan and refuses
 	// parts of another sharding (ScoreRequest.sharding). The router pairs
 	// a fan-out's embedding workers with a dense worker of their sharding
-	// when one is live (a reshard rolling out has both).
+	// when one is live (a reshard rolling out has both). A model served
+	// from a plan without sharding is announced "0" (NoSharding): such a
+	// worker combines no row-wise parts.
 	Sharding      map[string]string `protobuf:"bytes,12,rep,name=sharding,proto3" json:"sharding,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

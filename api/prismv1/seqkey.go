@@ -77,3 +77,11 @@ func ValidSharding(fp string) bool {
 // equal, or either unknown ("": workers of earlier releases name none,
 // and a sequence numbered before any worker named one).
 func SameSharding(a, b string) bool { return a == b || a == "" || b == "" }
+
+// NoSharding is what a dense worker announces (WorkerInfo.sharding) for
+// a model whose plan has no sharding section: it combines no row-wise
+// tables' partial pools (it refuses them), so the router must not pair
+// it with a row-wise fan-out as it may one naming none (a worker of an
+// earlier release). A valid fingerprint that no plan has (they are 16
+// digits), it is read so by routers of every release.
+const NoSharding = "0"

@@ -378,3 +378,45 @@ func TestShardSwitchResetsSeq(t *testing.T) {
 	}
 	seq(0, "the whole model ingested into a shard's store")
 }
+
+// TestVersionsNameShard: prism store versions says which shard each
+// version holds (or none: the whole model). Switching a store to a
+// version of another shard restarts its update number and makes its
+// worker serve that shard; the list must tell the versions apart.
+func TestVersionsNameShard(t *testing.T) {
+	dir := writePlan(t, "m", []*testTable{{name: "x", rows: 10, dim: 2, seed: 3}, {name: "y", rows: 4, dim: 2, seed: 4}})
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Sharding, err = sharding.Section(p, r, "uniform"); err != nil {
+		t.Fatal(err)
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, _ := openMem(t, nil)
+	for _, k := range []int{0, 1} {
+		if _, err := s.Ingest(ctx, dir, IngestOptions{Shard: &k, NoActivate: k > 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Ingest(ctx, dir, IngestOptions{NoActivate: true}); err != nil {
+		t.Fatal(err)
+	}
+	vs, err := s.Versions("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	WriteVersions(&b, vs)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "shard 0 of 2") || !strings.Contains(lines[1], "shard 1 of 2") || strings.Contains(lines[2], "shard") {
+		t.Fatalf("versions of shard 0, shard 1 and the whole model:\n%s", b.String())
+	}
+}

@@ -125,6 +125,12 @@ func WriteVersions(w io.Writer, vs []VersionInfo) {
 		} else if v.Previous {
 			mark = "<"
 		}
-		fmt.Fprintf(w, "%s %3d  %2d tables  %s  %s\n", mark, v.N, v.Tables, v.Created, v.Plan)
+		shard := ""
+		if v.Shard != nil {
+			// Versions of one plan differ only by it: a version of
+			// another shard switches the worker to that shard.
+			shard = fmt.Sprintf(" (shard %d of %d)", v.Shard.Shard, v.Shard.Shards)
+		}
+		fmt.Fprintf(w, "%s %3d  %2d tables%s  %s  %s\n", mark, v.N, v.Tables, shard, v.Created, v.Plan)
 	}
 }

@@ -440,6 +440,9 @@ type VersionInfo struct {
 	Plan     string
 	Created  string
 	Tables   int
+	// Shard is the shard of the plan's sharding the version holds (nil:
+	// the whole model).
+	Shard *ShardRef
 }
 
 // Versions lists model's versions, oldest first.
@@ -453,7 +456,12 @@ func (s *Store) Versions(model string) ([]VersionInfo, error) {
 	var out []VersionInfo
 	for _, n := range slices.Sorted(maps.Keys(m.Versions)) {
 		v := m.Versions[n]
-		out = append(out, VersionInfo{N: n, Active: n == m.Active, Previous: n == m.Previous, Plan: v.Plan, Created: v.Created, Tables: len(v.Tables)})
+		vi := VersionInfo{N: n, Active: n == m.Active, Previous: n == m.Previous, Plan: v.Plan, Created: v.Created, Tables: len(v.Tables)}
+		if v.Shard != nil {
+			ref := *v.Shard
+			vi.Shard = &ref
+		}
+		out = append(out, vi)
 	}
 	return out, nil
 }
