@@ -116,6 +116,7 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"tune negative threshold", nil, []string{"tune", "--model", good, "--threshold", "-1"}, "--threshold -1: want a positive value"},
 		{"tune negative max trials", nil, []string{"tune", "--model", good, "--max-trials", "-2"}, "--max-trials -2: want 0 or more"},
 		{"versions two actions", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", "1", "--drop", "3"}, "give at most one of --activate N, --rollback and --drop N"},
+		{"versions activate not a number", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", "2abc"}, `--activate "2abc": want a version number, 1 or more`},
 		{"versions drop 0", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--drop", "0"}, "--drop 0: want a version number, 1 or more"},
 		{"store bench negative batch", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--batch", "-5"}, "--batch -5: want a positive value"},
 		{"store bench negative warm-up", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--warmup", "-10"}, "--warmup -10: want 0 or more"},

@@ -158,6 +158,15 @@ at most one of them.`,
 			if n > 1 {
 				return errors.New("give at most one of --activate N, --rollback and --drop N")
 			}
+			var activateN int
+			if activate != "" {
+				// The whole value a number: Sscan took "2abc" for 2.
+				n, err := strconv.Atoi(strings.TrimSpace(activate))
+				if err != nil || n < 1 {
+					return fmt.Errorf("--activate %q: want a version number, 1 or more", activate)
+				}
+				activateN = n
+			}
 			if cmd.Flags().Changed("drop") && drop < 1 {
 				return fmt.Errorf("--drop %d: want a version number, 1 or more", drop)
 			}
@@ -169,11 +178,7 @@ at most one of them.`,
 			model := args[0]
 			switch {
 			case activate != "":
-				var n int
-				if _, err := fmt.Sscan(activate, &n); err != nil {
-					return fmt.Errorf("--activate %q: %w", activate, err)
-				}
-				err = s.Activate(model, n)
+				err = s.Activate(model, activateN)
 			case rollback:
 				err = s.Rollback(model)
 			case drop > 0:
