@@ -194,7 +194,7 @@ type Provider struct {
 	reclaims chan capacity.ProviderReclaim
 	closed   bool
 	idleAt   time.Time
-	idleFree int64 // devices free at idleAt, lent Pods not yet bound counted as taken
+	idleFree int64 // workers free at idleAt, lent Pods not yet bound counted as taken
 	idleLent int   // workers lent at idleAt
 
 	// abandoned are Pods whose Create failed without saying the server
@@ -564,10 +564,11 @@ func advertised(pod *corev1.Pod) string {
 
 func (p *Provider) Name() string { return "kubernetes" }
 
-// Idle is how many workers the pool could take now: its schedulable
-// nodes' allocatable devices minus what the Pods on them request (and
-// what lent Pods not yet placed will), in workers, capped by Max less
-// the workers lent. Without a device resource it is that cap.
+// Idle is how many workers the pool could take now: on each schedulable
+// node, its allocatable devices minus what the Pods on them request, in
+// whole workers (a worker's devices are on one node), less the lent Pods
+// not yet placed, capped by Max less the workers lent. Without a device
+// resource it is that cap.
 func (p *Provider) Idle(ctx context.Context) (int, error) {
 	p.mu.Lock()
 	if p.closed {
@@ -586,8 +587,8 @@ func (p *Provider) Idle(ctx context.Context) (int, error) {
 		return room, nil
 	}
 	if fresh {
-		// Devices taken by the workers lent since the count.
-		free -= int64(max(0, lent-lentThen)) * p.per
+		// Workers lent since the count.
+		free -= int64(max(0, lent-lentThen))
 	} else {
 		var err error
 		if free, err = p.countFree(ctx); err != nil {
@@ -597,11 +598,13 @@ func (p *Provider) Idle(ctx context.Context) (int, error) {
 		p.idleAt, p.idleFree, p.idleLent = p.o.Now(), free, len(p.workers)
 		p.mu.Unlock()
 	}
-	return int(max(0, min(int64(room), free/p.per))), nil
+	return int(max(0, min(int64(room), free))), nil
 }
 
-// countFree counts the pool's devices no Pod requests, taking lent
-// Pods not yet placed as taking theirs.
+// countFree counts the workers the pool's nodes could take: per node, the
+// devices no Pod requests in whole workers (summed over nodes, devices
+// free one here and one there would count a worker no node can hold),
+// less one for each lent Pod not yet placed.
 func (p *Provider) countFree(ctx context.Context) (int64, error) {
 	nodes, err := p.o.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(p.o.Pool).String()})
 	if err != nil {
@@ -616,7 +619,7 @@ func (p *Provider) countFree(ctx context.Context) (int64, error) {
 		if !ok {
 			continue
 		}
-		free += q.Value()
+		left := q.Value()
 		pods, err := p.o.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 			FieldSelector: fields.AndSelectors(fields.OneTermEqualSelector("spec.nodeName", n.Name),
 				fields.OneTermNotEqualSelector("status.phase", string(corev1.PodSucceeded)),
@@ -630,13 +633,17 @@ func (p *Provider) countFree(ctx context.Context) (int64, error) {
 			if pod.Spec.NodeName != n.Name || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 				continue
 			}
-			free -= podRequest(pod, p.resource)
+			left -= podRequest(pod, p.resource)
 		}
+		// A node whose Pods request more than it has (a device gone
+		// unhealthy under them) has none left, and takes none from the
+		// others.
+		free += max(0, left) / p.per
 	}
 	p.mu.Lock()
 	for _, w := range p.workers {
 		if w.nodeName == "" && !w.gone {
-			free -= p.per
+			free--
 		}
 	}
 	p.mu.Unlock()

@@ -636,3 +636,39 @@ func TestCreateErrorLeavesNoPod(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleWholeWorkersPerNode: a worker of several devices needs them on
+// one node. Free devices scattered one per node hold no such worker, and
+// a node whose Pods request more than it has left (a device gone
+// unhealthy under a running job) takes nothing from the others.
+func TestIdleWholeWorkersPerNode(t *testing.T) {
+	ctx := context.Background()
+	dep := denseDeployment()
+	two := resource.MustParse("2")
+	res := &dep.Spec.Template.Spec.Containers[0].Resources
+	res.Requests["nvidia.com/gpu"], res.Limits["nvidia.com/gpu"] = two, two
+	c := fake.NewClientset(dep,
+		node("train-1", "training", 8, true, false),
+		node("train-2", "training", 8, true, false),
+		node("train-3", "training", 8, true, false),
+		node("train-4", "training", 7, true, false),
+		gpuPod("job-1", "training", "train-1", 7, corev1.PodRunning), // 1 free
+		gpuPod("job-2", "training", "train-2", 7, corev1.PodRunning), // 1 free
+		gpuPod("job-3", "training", "train-3", 5, corev1.PodRunning), // 3 free: one worker
+		gpuPod("job-4", "training", "train-4", 8, corev1.PodRunning), // over by 1
+	)
+	p, _ := newLender(t, c, Options{Max: 20})
+	n, err := p.Idle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("idle %d workers of 2 GPUs, want 1 (only train-3 has 2 free)", n)
+	}
+	if _, err := p.Borrow(ctx, "dlrm", 1); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.Idle(ctx); err != nil || n != 0 {
+		t.Fatalf("idle %d (%v) with the one worker lent and not yet placed, want 0", n, err)
+	}
+}

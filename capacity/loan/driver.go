@@ -155,16 +155,33 @@ func (d *Driver) Step(ctx context.Context) error {
 	d.mu.Lock()
 	dem := d.lastDemand // what stands when this tick does not measure it
 	d.mu.Unlock()
-	if urls := d.o.RouterMetrics(); urls != "" {
-		var lines []metricLine
+	var lines []metricLine
+	var scrapeErr error
+	urls := d.o.RouterMetrics()
+	if urls != "" {
 		for url := range strings.SplitSeq(urls, ",") {
 			l, err := scrape(ctx, d.o.Client, url)
 			if err != nil {
-				return err
+				scrapeErr = err
+				break
 			}
 			lines = append(lines, l...)
 		}
+	}
+	switch {
+	case scrapeErr != nil && ctx.Err() != nil:
+		return scrapeErr
+	case scrapeErr != nil:
+		// A router down or restarting (one of several gone from the
+		// headless Service): the demand is unknown, and the last one
+		// measured stands, as for a router's counters going back. The
+		// tick goes on: failing it left reclaims undrained past the
+		// lender's grace and drained workers unreturned until the
+		// metrics came back.
+		d.o.Logf("loan: scrape the router's metrics: %v; the last demand measured, %.1f requests/s, stands", scrapeErr, dem.offered)
+	case urls != "":
 		s := routerSample(lines)
+		s.routers = urls
 		d.mu.Lock()
 		// The base is the oldest sample within the window.
 		for len(d.samples) > 1 && now.Sub(d.samples[1].at) >= d.o.Window {
@@ -173,7 +190,18 @@ func (d *Driver) Step(ctx context.Context) error {
 		dem.queue = int(s.inflight)
 		if len(d.samples) > 0 {
 			base := d.samples[0]
-			if got, ok := between(base.s, s, now.Sub(base.at)); ok {
+			if base.s.routers != s.routers {
+				// A router joined the addresses scraped, or left them (a
+				// readiness probe failed, a scale-out): the sum gained or
+				// lost a whole router's count since it started, which is
+				// no demand of this window. Read as one, a router back
+				// after a tick away was a phantom peak of its lifetime's
+				// requests that borrowed all the lender had. As for a
+				// restart, the last demand stands and the window starts
+				// again from this sample.
+				d.o.Logf("loan: the routers scraped changed (%d, were %d): the last demand measured, %.1f requests/s, stands until the next tick measures one", strings.Count(urls, ",")+1, strings.Count(base.s.routers, ",")+1, d.lastDemand.offered)
+				d.samples = d.samples[:0]
+			} else if got, ok := between(base.s, s, now.Sub(base.at)); ok {
 				dem, d.lastDemand = got, got
 			} else if s.requests < base.s.requests || s.shed < base.s.shed {
 				// A router restarted: its counters start again from this

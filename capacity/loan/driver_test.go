@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -89,6 +90,7 @@ type rig struct {
 	logs   []string
 	mu     sync.Mutex
 	total  float64
+	down   bool // the router's /metrics answers 503
 }
 
 // newRig starts a rig whose registry lists an owned dense worker and,
@@ -100,6 +102,10 @@ func newRig(t *testing.T, ctl capacity.Options, registerLent bool) *rig {
 	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		if r.down {
+			http.Error(w, "router down", http.StatusServiceUnavailable)
+			return
+		}
 		fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, r.total)
 	}))
 	t.Cleanup(metrics.Close)
@@ -329,5 +335,103 @@ func TestDeadWorkerReturnedAsLost(t *testing.T) {
 	ev := d.Stats().Events
 	if ev[capacity.EventKey{Kind: "drain", Reason: capacity.ReasonLost}] != 1 || ev[capacity.EventKey{Kind: "return", Reason: capacity.ReasonLost}] != 1 || ev[capacity.EventKey{Kind: "return", Reason: capacity.ReasonDrained}] != 0 {
 		t.Errorf("a dead worker's drain and return counted as %v, want drain: lost 1, return: lost 1", ev)
+	}
+}
+
+// TestRouterMetricsDownKeepsTicking: while the router's /metrics cannot
+// be scraped (the router restarting, one of several gone from the
+// headless Service), the last demand stands and the controller goes on:
+// a reclaim is drained and returned within its grace, and the borrowed
+// workers stay, since the demand measured last still needs them.
+// Failing the whole tick, the driver left the reclaimed worker in the
+// registry past the lender's grace and decided nothing at all.
+func TestRouterMetricsDownKeepsTicking(t *testing.T) {
+	r := newRig(t, capacity.Options{MinLease: 3 * time.Second, CoolDown: time.Second, MaxBorrowed: 2}, true)
+	lender := r.lender
+	r.step(0, false)
+	for range 4 {
+		r.step(180, false)
+	}
+	if n := len(lender.Workers()); n != 2 {
+		t.Fatalf("%d borrowed, want 2; %v", n, lender.log)
+	}
+	before := len(lender.log)
+	r.mu.Lock()
+	r.down = true
+	r.mu.Unlock()
+	lender.reclaims <- capacity.ProviderReclaim{Worker: "w1", Grace: 5 * time.Second}
+	for range 4 { // within the grace
+		r.now = r.now.Add(time.Second)
+		_ = r.d.Step(context.Background())
+	}
+	if got, want := strings.Join(lender.log[before:], ","), "drain w1,return w1"; !strings.HasPrefix(got, want) {
+		t.Errorf("with the router's metrics down the lender saw %q, want it to start with %q", got, want)
+	}
+	if !slices.ContainsFunc(lender.Workers(), func(w capacity.LentWorker) bool { return w.ID == "w2" }) {
+		t.Errorf("w2 went back while the demand could not be measured: %v", lender.log[before:])
+	}
+	if !strings.Contains(strings.Join(r.logs, "\n"), "503") {
+		t.Errorf("the failed scrape is not logged: %q", r.logs)
+	}
+}
+
+// TestRouterSetChangeKeepsDemand: with several routers the demand is the
+// sum of their counters. One that drops out of the headless Service's
+// addresses for a tick (its readiness probe failed under load) and comes
+// back brings its whole count since it started into the sum at once: read
+// as the demand of one window, a million requests made a phantom peak
+// that borrowed all the lender had. A change in the routers scraped is
+// read as a restart is: the last demand stands, the window starts again.
+func TestRouterSetChangeKeepsDemand(t *testing.T) {
+	var mu sync.Mutex
+	counts := []float64{1e6, 2e6} // long-running routers
+	var urls []string
+	for i := range counts {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(w, "prism_rpc_requests_total{code=\"OK\",method=%q} %g\n", recommendMethod, counts[i])
+		}))
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	scraped := strings.Join(urls, ",")
+	now := time.Unix(1000, 0)
+	lender := &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}
+	d, err := New(Options{
+		Provider: lender, Model: "m", CapacityPerWorker: 100, Controller: capacity.Options{MaxBorrowed: 2},
+		Registry: func(context.Context) ([]*prismv1.WorkerInfo, error) {
+			return []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}, nil
+		},
+		RouterMetrics: func() string { mu.Lock(); defer mu.Unlock(); return scraped },
+		Now:           func() time.Time { return now },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(set string) {
+		t.Helper()
+		mu.Lock()
+		counts[0] += 15 // 30 requests/s in all: the owned worker carries it
+		counts[1] += 15
+		scraped = set
+		mu.Unlock()
+		now = now.Add(time.Second)
+		if err := d.Step(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 4 {
+		step(strings.Join(urls, ","))
+	}
+	step(urls[0]) // the second router out of the addresses for a tick
+	for range 4 {
+		step(strings.Join(urls, ","))
+	}
+	if len(lender.log) > 0 {
+		t.Errorf("30 requests/s on one worker of 100, a router gone for a tick and back: the lender saw %v", lender.log)
+	}
+	if got := d.Status().Last["offered_rps"]; got != 30.0 {
+		t.Errorf("offered %v requests/s after the routers settled, want 30", got)
 	}
 }

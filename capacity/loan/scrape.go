@@ -25,6 +25,9 @@ type sample struct {
 	shed     float64 // of them ResourceExhausted (admission, overload)
 	inflight float64 // prism_router_inflight_samples
 	buckets  map[float64]float64
+	// routers are the /metrics URLs summed, comma-separated: counters
+	// of different sets of routers do not compare.
+	routers string
 }
 
 // demand is what happened between two samples.

@@ -25,8 +25,9 @@ type Spec struct {
 	// CapacityPerWorker is one dense worker's requests/s within the SLO
 	// (capacity=); 0 measures it the first time the workers saturate.
 	CapacityPerWorker float64
-	// Controller holds policy=, high=, target=, low=, p99=, queue=,
-	// min-lease=, cool-down=, startup=, borrow-timeout=, drain-timeout=.
+	// Controller holds policy= (reactive: a live run has no forecast for
+	// predictive), high=, target=, low=, p99=, queue=, min-lease=,
+	// cool-down=, startup=, borrow-timeout=, drain-timeout=.
 	Controller capacity.Options
 	// Tick is how often the controller runs (tick=, default 1s); Window
 	// how far back the demand is measured (window=, default 2s).
@@ -192,6 +193,13 @@ func ParseSpec(s string) (Spec, error) {
 		case sp.ReclaimAfter != 0 || sp.Hold != 0:
 			return sp, fmt.Errorf("loan %q: reclaim-after= and hold= are the local lender's: on Kubernetes the cluster reclaims", s)
 		}
+	}
+	if c.Policy == capacity.Predictive {
+		// The predictive policy borrows ahead of ModelObs.Forecast; the
+		// driver has none to give (prism plan loan's what-if forecasts
+		// from its trace). Accepted, the key borrowed exactly as
+		// reactive does while saying otherwise.
+		return sp, fmt.Errorf("loan %q: policy=predictive needs a forecast of the demand, and a live run has no forecast (prism plan loan's what-if has one, from its trace): it would borrow exactly as policy=reactive", s)
 	}
 	if sp.CapacityPerWorker < 0 || sp.Tick <= 0 {
 		return sp, fmt.Errorf("loan %q: capacity must not be negative and tick must be positive", s)

@@ -10,13 +10,13 @@ import (
 )
 
 func TestParseSpec(t *testing.T) {
-	sp, err := ParseSpec("local:max=2,capacity=40,tick=250ms,min-lease=5s,cool-down=2s,policy=predictive,p99=50ms,reclaim-after=20s,grace=3s,hold=1m,addr=127.0.0.1:9")
+	sp, err := ParseSpec("local:max=2,capacity=40,tick=250ms,min-lease=5s,cool-down=2s,policy=reactive,p99=50ms,reclaim-after=20s,grace=3s,hold=1m,addr=127.0.0.1:9")
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := sp.Controller
 	if sp.Provider != "local" || sp.Max != 2 || sp.CapacityPerWorker != 40 || sp.Tick != 250*time.Millisecond ||
-		c.MinLease != 5*time.Second || c.CoolDown != 2*time.Second || c.Policy != capacity.Predictive || c.P99Limit != 50*time.Millisecond ||
+		c.MinLease != 5*time.Second || c.CoolDown != 2*time.Second || c.Policy != capacity.Reactive || c.P99Limit != 50*time.Millisecond ||
 		c.MaxBorrowed != 2 || sp.ReclaimAfter != 20*time.Second || sp.Grace != 3*time.Second || sp.Hold != time.Minute || sp.Addr != "127.0.0.1:9" {
 		t.Errorf("parsed %+v", sp)
 	}
@@ -57,6 +57,10 @@ func TestParseSpec(t *testing.T) {
 		{"local:max=2,capacity=NaN", `capacity: "NaN" is not a finite number`},
 		{"local:max=2,capacity=+Inf", `"+Inf" is not a finite number`},
 		{"local:max=2,high=Inf", `"Inf" is not a finite number`},
+		// The live driver has no forecast: predictive would borrow as
+		// reactive does, while the key said otherwise.
+		{"local:max=2,policy=predictive", "no forecast"},
+		{"kubernetes:max=2,template=d,pool=a=b,priority-class=c,policy=predictive", "no forecast"},
 	} {
 		if _, err := ParseSpec(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%q) = %v, want an error with %q", tc.in, err, tc.want)

@@ -45,7 +45,8 @@ type Config struct {
 	// work (1s).
 	Drain time.Duration
 	// Reclaims are times at which the lender takes back one borrowed
-	// worker (the newest), with Grace to release it (30s).
+	// worker (the newest), with Grace from then to release it (30s): at
+	// the deadline the lender takes it, whatever it still serves or holds.
 	Reclaims []time.Duration
 	Grace    time.Duration
 	// LenderIdle is how many workers the lender can lend at most (1000).
@@ -204,22 +205,33 @@ func Run(c Config) (*Result, error) {
 	}
 	reclaims := slices.Clone(c.Reclaims)
 	slices.Sort(reclaims)
-	reclaimed := map[string]bool{}
+	// reclaimed is the lender's deadline for each worker it reclaimed;
+	// recl the reclaims the controller hears of at its next tick; cutOff
+	// the workers the lender took at their deadline still serving or
+	// holding work.
+	reclaimed := map[string]time.Duration{}
+	var recl []capacity.Reclaim
+	cutOff := 0
 	rep := Report{Policy: string(c.Controller.Policy), CapacityPerWorker: c.CapacityPerWorker, OwnedGPUs: c.Owned}
 	var res Result
 	var offered, served float64
 	next := 0
 	duration := time.Duration(len(c.Rates)) * c.Step
-	// tick is one decision of the controller at now: the lender's
-	// reclaims due, the observation, the decisions carried out.
-	tick := func(now time.Duration, d, capa float64, borrowed int) error {
-		// The lender's reclaims due by now: the newest borrowed worker.
-		var recl []capacity.Reclaim
+	// lender is what the lender does by now, between the controller's
+	// ticks as well: at each reclaim time it takes back the newest
+	// borrowed worker with Grace from then (the controller hears of it at
+	// its next tick), and at the deadline it takes a worker still lent,
+	// whatever it holds. Timed from the controller's tick, the grace ran
+	// past the lender's: with a tick longer than the grace a worker still
+	// serving at the real deadline counted as survived.
+	lender := func(now time.Duration) {
 		for len(reclaims) > 0 && reclaims[0] <= now {
+			at := reclaims[0]
 			reclaims = reclaims[1:]
 			var newest *worker
 			for _, w := range workers {
-				if w.borrowed && !w.draining && !reclaimed[w.id] && (newest == nil || w.arrived > newest.arrived || w.arrived == newest.arrived && w.id > newest.id) {
+				_, taken := reclaimed[w.id]
+				if w.borrowed && !w.draining && !taken && (newest == nil || w.arrived > newest.arrived || w.arrived == newest.arrived && w.id > newest.id) {
 					newest = w
 				}
 			}
@@ -228,9 +240,39 @@ func Run(c Config) (*Result, error) {
 				continue
 			}
 			rep.Reclaims++
-			reclaimed[newest.id] = true
-			recl = append(recl, capacity.Reclaim{Worker: newest.id, Deadline: now + c.Grace})
+			reclaimed[newest.id] = at + c.Grace
+			recl = append(recl, capacity.Reclaim{Worker: newest.id, Deadline: at + c.Grace})
 		}
+		for id, deadline := range reclaimed {
+			w := workers[id]
+			if w == nil || now < deadline {
+				continue
+			}
+			if w.draining && w.inFlight(now, c.Drain) == 0 {
+				rep.ReclaimsSurvived++
+			} else {
+				cutOff++
+			}
+			delete(workers, id)
+		}
+	}
+	// nextLender is the lender's next reclaim or deadline after now.
+	nextLender := func(now time.Duration) time.Duration {
+		t := duration
+		if len(reclaims) > 0 {
+			t = min(t, reclaims[0])
+		}
+		for id, deadline := range reclaimed {
+			if workers[id] != nil && deadline > now {
+				t = min(t, deadline)
+			}
+		}
+		return t
+	}
+	// tick is one decision of the controller at now: the observation,
+	// with the lender's reclaims since the last tick, and the decisions
+	// carried out.
+	tick := func(now time.Duration, d, capa float64, borrowed int) error {
 		mo := capacity.ModelObs{Model: model, Offered: d, CapacityPerWorker: c.CapacityPerWorker, Forecast: forecast}
 		ids := make([]string, 0, len(workers))
 		for id := range workers {
@@ -253,6 +295,7 @@ func Run(c Config) (*Result, error) {
 		if err != nil {
 			return err
 		}
+		recl = nil
 		for _, dec := range ds {
 			switch dec.Kind {
 			case capacity.Borrow:
@@ -270,10 +313,8 @@ func Run(c Config) (*Result, error) {
 				if w == nil {
 					continue
 				}
-				if reclaimed[w.id] {
-					if w.inFlight(now, c.Drain) == 0 {
-						rep.ReclaimsSurvived++
-					}
+				if _, ok := reclaimed[w.id]; ok && w.inFlight(now, c.Drain) == 0 {
+					rep.ReclaimsSurvived++
 				}
 				delete(workers, dec.Worker)
 			}
@@ -289,6 +330,7 @@ func Run(c Config) (*Result, error) {
 	var inSLO time.Duration
 	nextTick, lastTick := time.Duration(0), time.Duration(0)
 	for now := time.Duration(0); now < duration; {
+		lender(now)
 		d := c.rate(now)
 		rep.PeakDemand = math.Max(rep.PeakDemand, d)
 		serving, borrowed := 0, 0
@@ -308,7 +350,7 @@ func Run(c Config) (*Result, error) {
 				return nil, err
 			}
 		}
-		end := min(nextTick, (now/c.Step+1)*c.Step, duration)
+		end := min(nextTick, (now/c.Step+1)*c.Step, nextLender(now))
 		dt := end - now
 		// What this step served: the workers serving when it began.
 		offered += d * dt.Seconds()
@@ -347,7 +389,7 @@ func Run(c Config) (*Result, error) {
 		rep.SLOAttainmentPct = 100
 	}
 	rep.TicksInSLOPct = 100 * inSLO.Seconds() / duration.Seconds()
-	rep.ReleasedWithInFlight = st.ReleasedWithInFlight
+	rep.ReleasedWithInFlight = st.ReleasedWithInFlight + cutOff
 	if st.StartupCount > 0 {
 		rep.DecisionToServingS = (st.StartupSum / time.Duration(st.StartupCount)).Seconds()
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -382,5 +383,43 @@ func TestBorrowedGPUHoursToTheEnd(t *testing.T) {
 	rep := r.Report
 	if rep.PeakBorrowed == 0 || math.Abs(rep.BorrowedGPUHours-held) > 1e-9 || math.Abs(rep.BorrowedGPUHours-2*float64(rep.PeakBorrowed)) > 1e-9 {
 		t.Errorf("borrowed %.2f GPU-hours, %d workers at the peak: want %.2f, 2h each", rep.BorrowedGPUHours, rep.PeakBorrowed, held)
+	}
+}
+
+// TestReclaimDeadlineFromTheReclaim: the lender's grace runs from its
+// reclaim, not from the controller's next tick. With a 2m tick and a 30s
+// grace, a reclaim 10s after a tick is seen 110s later: the lender took
+// the worker 80s before, while it served, and the work it held was cut
+// off. Timed from the tick, the deadline gave the controller a grace the
+// lender never gave, and the report counted the reclaim as survived.
+func TestReclaimDeadlineFromTheReclaim(t *testing.T) {
+	for _, c := range []struct {
+		tick              time.Duration
+		survived, cutOffs int
+	}{
+		{10 * time.Second, 1, 0}, // seen within 10s, drained within the grace
+		{2 * time.Minute, 0, 1},  // seen after the grace: taken while serving
+	} {
+		cfg := spike(capacity.Reactive)
+		cfg.Tick = c.tick
+		cfg.Reclaims = []time.Duration{time.Hour + 10*time.Minute + 10*time.Second}
+		r, err := Run(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep := r.Report
+		if rep.Reclaims != 1 || rep.ReclaimsSurvived != c.survived || rep.ReleasedWithInFlight != c.cutOffs {
+			t.Errorf("tick %v, grace %v: %d reclaims, %d survived, %d released with work in flight; want 1, %d, %d",
+				c.tick, 30*time.Second, rep.Reclaims, rep.ReclaimsSurvived, rep.ReleasedWithInFlight, c.survived, c.cutOffs)
+		}
+		// Taken at the lender's deadline, between two ticks: it serves
+		// no more from then.
+		if c.cutOffs > 0 {
+			deadline := cfg.Reclaims[0] + 30*time.Second
+			i := slices.IndexFunc(r.Points, func(p Point) bool { return p.T == deadline })
+			if i < 1 || r.Points[i].Serving != r.Points[i-1].Serving-1 {
+				t.Errorf("tick %v: no point at the lender's deadline %v with one worker fewer serving", c.tick, deadline)
+			}
+		}
 	}
 }

@@ -161,6 +161,33 @@ func TestCNHNSmall(t *testing.T) {
 	}
 }
 
+// TestCNHNReportsCappedMemory: a monolithic instance whose HN and CN
+// memory together exceed a GPU node is capped to the node's memory; the
+// cut is reported as the cut vCPUs are. Silent, the monolith looked as if
+// its memory fit (at the default shapes, 3.2 million GiB of the Prism
+// trace's monolithic instances did not).
+func TestCNHNReportsCappedMemory(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.csv")
+	os.WriteFile(path, []byte("instance_sn,role,app_name,cpu_request,gpu_request,rdma_request,memory_request,max_instance_per_node,creation_time,deletion_time\n"+
+		"h0,HN,a,8,1,25,40,-1,,\nc0,CN,a,64,0,1,320,-1,,\nc1,CN,a,32,0,1,160,-1,,\n"), 0o644)
+	var out, errw bytes.Buffer
+	// 40 + 320 + 160 = 520 GiB on a GPU node of 256: 264 GiB cut.
+	o := cnhn.Options{GPUNode: cnhn.Shape{Cores: 128, GPUs: 8, RNICs: 4, MemGiB: 256}, CPUNode: cnhn.Shape{Cores: 128, RNICs: 1, MemGiB: 1024}}
+	if err := CNHN(&out, &errw, path, o); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "264 GiB of memory") {
+		t.Fatalf("the memory cut off the monolithic instance is not reported:\n%s", out.String())
+	}
+	tr, err := cnhn.LoadTrace(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := cnhn.Monolithic(tr, o); err != nil || m.CappedMemGiB != 264 || m.CappedCores != 0 {
+		t.Fatalf("monolithic %+v, %v: want 264 GiB and no vCPUs capped", m, err)
+	}
+}
+
 func TestMIG(t *testing.T) {
 	m, err := mig.ModelByName("A100-80GB")
 	if err != nil {

@@ -37,5 +37,8 @@ func CNHN(stdout, stderr io.Writer, tracePath string, o cnhn.Options) error {
 	if m.CappedCores > 0 {
 		fmt.Fprintln(stdout, "capped_vcpu: vCPUs cut off monolithic instances whose HN and CN together exceed a GPU node (placed capped, not dropped)")
 	}
+	if m.CappedMemGiB > 0 {
+		fmt.Fprintf(stdout, "capped memory: %.0f GiB of memory cut off monolithic instances whose HN and CN together exceed a GPU node's (--gpu-node-mem; placed capped, not dropped)\n", m.CappedMemGiB)
+	}
 	return nil
 }

@@ -56,11 +56,12 @@ type Result struct {
 	CPUFragPct, GPUFragPct float64
 	// CPU fragmentation of each pool alone, in percent.
 	GPUPoolCPUFragPct, CPUPoolCPUFragPct float64
-	// Instances that fit no empty node of their pool, and the vCPUs
-	// capped off oversized monolithic instances.
-	Unplaced    int
-	CappedCores float64
-	Instances   int
+	// Instances that fit no empty node of their pool, and the vCPUs and
+	// the memory (GiB) capped off oversized monolithic instances.
+	Unplaced     int
+	CappedCores  float64
+	CappedMemGiB float64
+	Instances    int
 }
 
 // item is a placement unit of either deployment.
@@ -88,7 +89,8 @@ func Disaggregated(trace []Instance, o Options) (*Result, error) {
 // work: one GPU plus the HN's own CPU plus the service's CN vCPUs and
 // memory per HN instance, averaged over the trace's lifetime. CN instances
 // disappear into those. An instance larger than an empty GPU node is
-// capped to the node (the capped cores are reported) rather than dropped.
+// capped to the node (the capped cores and memory are reported) rather
+// than dropped.
 func Monolithic(trace []Instance, o Options) (*Result, error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
@@ -118,7 +120,7 @@ func Monolithic(trace []Instance, o Options) (*Result, error) {
 		}
 	}
 	var items []item
-	var capped float64
+	var capped, cappedMem float64
 	for _, in := range trace {
 		// A CPU-only service, or one whose HN instances have no lifetime
 		// in the window (created and deleted at once, or at its end),
@@ -140,11 +142,19 @@ func Monolithic(trace []Instance, o Options) (*Result, error) {
 			cpu = c
 		}
 		if m := float64(o.GPUNode.MemGiB); o.GPUNode.MemGiB > 0 && mem > m {
+			// Cut without a word, the monolith looked as if its memory
+			// fit (3.2 million GiB of the Prism trace's did not).
+			cappedMem += mem - m
 			mem = m
 		}
 		items = append(items, item{task: toTask(in, cpu, mem), gpuPool: true, start: in.Start, end: in.End})
 	}
-	return replay("monolithic", items, o, capped)
+	r, err := replay("monolithic", items, o, capped)
+	if err != nil {
+		return nil, err
+	}
+	r.CappedMemGiB = cappedMem
+	return r, nil
 }
 
 func toTask(in Instance, cpu, memGiB float64) placement.Task {
