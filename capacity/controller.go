@@ -367,7 +367,7 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 		// for included) cannot cover, once nothing more can be borrowed.
 		frac := 0.0
 		if covered := float64(active) * cp; m.Offered > covered {
-			frac = math.Ceil((1-covered/m.Offered)*100) / 100
+			frac = ceilTolerant((1-covered/m.Offered)*100) / 100
 		}
 		if frac != c.shed[m.Model] {
 			r := ReasonUncovered
@@ -417,6 +417,13 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 const maxWorkers = 1 << 30
 
 // workersFor is how many workers of perWorker samples/s each carry rate:
+// ceilTolerant is math.Ceil of x less a float's rounding error: 1.1 /
+// 0.1 is 11.000000000000002, and (1 - 7/10) * 100 is 30.000000000000004;
+// their ceilings were 12 workers and 31% shed, one over.
+func ceilTolerant(x float64) float64 {
+	return math.Ceil(x - 1e-9*math.Abs(x))
+}
+
 // ceil(rate / perWorker), clamped to [0, maxWorkers] before it is an int
 // (a tiny capacity or a huge forecast would overflow: int of an
 // out-of-range float is not defined), 0 for a rate that is not a
@@ -425,7 +432,7 @@ func workersFor(rate, perWorker float64) int {
 	if !(rate > 0) {
 		return 0
 	}
-	x := math.Ceil(rate / perWorker)
+	x := ceilTolerant(rate / perWorker)
 	if !(x < maxWorkers) { // +Inf and NaN (perWorker 0) included
 		return maxWorkers
 	}

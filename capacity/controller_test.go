@@ -473,3 +473,22 @@ func TestFailedReturnRetriedNextTick(t *testing.T) {
 			retried, cut, c.Stats().ReleasedWithInFlight)
 	}
 }
+
+// TestCeilTolerant: worker counts and shed advice are ceilings of
+// quotients that float rounding puts a hair above a whole number (1.1 /
+// 0.1 = 11.000000000000002): they were one worker and one point over.
+func TestCeilTolerant(t *testing.T) {
+	for _, c := range []struct {
+		rate, per float64
+		want      int
+	}{
+		{1.1, 0.1, 11}, {300, 100, 3}, {300.5, 100, 4}, {0.3, 0.1, 3}, {1e-12, 1, 1}, {0, 1, 0},
+	} {
+		if got := workersFor(c.rate, c.per); got != c.want {
+			t.Errorf("workersFor(%v, %v) = %d, want %d", c.rate, c.per, got, c.want)
+		}
+	}
+	if got := ceilTolerant((1 - 7.0/10) * 100); got != 30 {
+		t.Errorf("shed of 7 covered of 10: %v%%, want 30%%", got)
+	}
+}
