@@ -242,6 +242,10 @@ type routerMetrics struct {
 	behind       *prometheus.GaugeVec
 }
 
+// MinMessageBytes is the smallest Options.MaxMessageBytes Open takes:
+// an update and a page of the update log must fit in one message.
+const MinMessageBytes = 1 << 20
+
 // New makes a router; register its metrics with reg (may be nil). It
 // panics where Open would fail (Options.UpdateLogDir that cannot be
 // opened, options that do not go together): use Open then.
@@ -257,7 +261,7 @@ func New(o Options, reg prometheus.Registerer) *Router {
 // opens the update log there and starts from what it holds.
 func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	o.EnsureDefaults()
-	if o.MaxMessageBytes < 1<<20 {
+	if o.MaxMessageBytes < MinMessageBytes {
 		return nil, fmt.Errorf("router: a message limit of %d bytes: want at least 1 MiB (updates and pages of the update log must fit it)", o.MaxMessageBytes)
 	}
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}

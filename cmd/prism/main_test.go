@@ -116,7 +116,15 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"tune negative threshold", nil, []string{"tune", "--model", good, "--threshold", "-1"}, "--threshold -1: want a positive value"},
 		{"tune negative max trials", nil, []string{"tune", "--model", good, "--max-trials", "-2"}, "--max-trials -2: want 0 or more"},
 		{"versions two actions", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", "1", "--drop", "3"}, "give at most one of --activate N, --rollback and --drop N"},
-		{"versions activate not a number", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", "2abc"}, `--activate "2abc": want a version number, 1 or more`},
+		// A version that is not a whole number switched to the number
+		// it began with (2.9: version 2), and an empty one did nothing.
+		{"versions activate not whole", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", "2.9"}, `--activate "2.9": want a whole number`},
+		{"versions activate trailing text", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", "1abc"}, `--activate "1abc": want a whole number`},
+		{"versions activate empty", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", ""}, `--activate "": want a whole number`},
+		{"versions activate 0", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--activate", "0"}, "--activate 0: want a version number, 1 or more"},
+		// Under 1 MiB the router's own check failed, and the command
+		// pointed at --update-log-dir.
+		{"router message limit under 1 MiB", nil, []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--max-message-bytes", "100"}, "--max-message-bytes 100: want at least 1048576 (1 MiB)"},
 		{"versions drop 0", nil, []string{"store", "versions", "m", "--db", filepath.Join(dir, "db"), "--drop", "0"}, "--drop 0: want a version number, 1 or more"},
 		{"store bench negative batch", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--batch", "-5"}, "--batch -5: want a positive value"},
 		{"store bench negative warm-up", nil, []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--warmup", "-10"}, "--warmup -10: want 0 or more"},

@@ -46,6 +46,12 @@ func newServeRouterCmd() *cobra.Command {
 			if ro.AdmitShare <= 0 || ro.AdmitShare > 1 {
 				return fmt.Errorf("--admit-share %g: want 0 < share <= 1", ro.AdmitShare)
 			}
+			// Checked here, before anything listens: router.Open's error
+			// would otherwise reach the user with the hint of an update
+			// log error.
+			if maxMessage < router.MinMessageBytes {
+				return fmt.Errorf("--max-message-bytes %d: want at least %d (1 MiB): an update and a page of the update log must fit in one message", maxMessage, router.MinMessageBytes)
+			}
 			serve.LightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {

@@ -137,9 +137,9 @@ func newStoreBenchCmd() *cobra.Command {
 }
 
 func newStoreVersionsCmd() *cobra.Command {
-	var db, activate string
+	var db string
 	var rollback bool
-	var drop int
+	var activate, drop int
 	cmd := &cobra.Command{
 		Use:   "versions MODEL --db DIR [--activate N | --rollback | --drop N]",
 		Short: "List, switch, roll back or drop a model's versions",
@@ -158,14 +158,8 @@ at most one of them.`,
 			if n > 1 {
 				return errors.New("give at most one of --activate N, --rollback and --drop N")
 			}
-			var activateN int
-			if activate != "" {
-				// The whole value a number: Sscan took "2abc" for 2.
-				n, err := strconv.Atoi(strings.TrimSpace(activate))
-				if err != nil || n < 1 {
-					return fmt.Errorf("--activate %q: want a version number, 1 or more", activate)
-				}
-				activateN = n
+			if cmd.Flags().Changed("activate") && activate < 1 {
+				return fmt.Errorf("--activate %d: want a version number, 1 or more", activate)
 			}
 			if cmd.Flags().Changed("drop") && drop < 1 {
 				return fmt.Errorf("--drop %d: want a version number, 1 or more", drop)
@@ -177,8 +171,8 @@ at most one of them.`,
 			defer s.Close()
 			model := args[0]
 			switch {
-			case activate != "":
-				err = s.Activate(model, activateN)
+			case activate > 0:
+				err = s.Activate(model, activate)
 			case rollback:
 				err = s.Rollback(model)
 			case drop > 0:
@@ -202,7 +196,7 @@ at most one of them.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&db, "db", "", "store directory")
-	f.StringVar(&activate, "activate", "", "switch to version N")
+	f.IntVar(&activate, "activate", 0, "switch to version N")
 	f.BoolVar(&rollback, "rollback", false, "switch back to the version the last switch replaced")
 	f.IntVar(&drop, "drop", 0, "drop version N (not the active one)")
 	_ = cmd.MarkFlagRequired("db")

@@ -122,6 +122,17 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 					}
 				}
 			}
+			// A closed loop has no arrival process: each of --clients
+			// sends its next request when its last is answered. An open
+			// loop's flags are refused with it, not ignored: --clients 4
+			// --arrival promotion ran flat. (--find-max refuses --clients.)
+			if f.clients > 0 && !f.findMax {
+				for _, name := range []string{"arrival", "trace", "rate", "max-inflight"} {
+					if cmd.Flags().Changed(name) {
+						return fmt.Errorf("--%s shapes only an open-loop run; --clients %d runs closed loop (each client sends its next request when its last is answered): leave out one of them", name, f.clients)
+					}
+				}
+			}
 			// A promotion's times given as 0 are meant: --promo-at 0 starts
 			// the ramp with the run, --promo-ramp 0 is a step. Read as
 			// unset, each became its default share of the day.
@@ -151,7 +162,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.BoolVar(&f.fake, "fake", false, "benchmark the generator itself: target an in-process Recommender that answers at once with zero scores (not a model)")
 	fl.StringVar(&f.arrival, "arrival", "poisson", "arrival process: constant, poisson, promotion or trace")
 	fl.Float64Var(&f.rate, "rate", 100, "requests/s (promotion: the normal daily peak; find-max: the first rate tried)")
-	fl.IntVar(&f.clients, "clients", 0, "run closed loop with this many clients instead of open loop")
+	fl.IntVar(&f.clients, "clients", 0, "run closed loop with this many clients instead of open loop (not with --arrival, --trace, --rate or --max-inflight)")
 	fl.StringVar(&f.trace, "trace", "", "rate trace CSV for --arrival trace (header with timestamp and value columns)")
 	fl.Float64Var(&f.traceSpeedup, "trace-speedup", 60, "trace time compression: trace seconds per run second")
 	fl.Float64Var(&f.traceScale, "trace-scale", 1, "multiply the trace's rates by this")

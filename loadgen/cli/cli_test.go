@@ -177,6 +177,14 @@ func TestLoadgenCLIErrors(t *testing.T) {
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "trace", "--trace", bad, "--promo-spike", "3"}, "--promo-spike shapes only --arrival promotion, not --arrival trace"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--trace", bad, "--promo-at", "1s"}, "--promo-at shapes only --arrival promotion, not --arrival trace"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--arrival", "promotion", "--trace-peak", "50"}, "--trace-peak shapes only --arrival trace, not --arrival promotion"},
+		// A closed loop has no arrival process: an open loop's flags
+		// given with --clients were ignored (--arrival promotion ran
+		// flat, --rate and --trace unread).
+		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "1s", "--clients", "2", "--arrival", "promotion"}, "--arrival shapes only an open-loop run; --clients 2 runs closed loop"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "1s", "--clients", "2", "--arrival", "constant"}, "--arrival shapes only an open-loop run"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "1s", "--clients", "2", "--rate", "500"}, "--rate shapes only an open-loop run"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "1s", "--clients", "2", "--trace", bad}, "--trace shapes only an open-loop run"},
+		{[]string{"--fake", "--model", "dlrm-tiny", "--duration", "1s", "--clients", "2", "--max-inflight", "5"}, "--max-inflight shapes only an open-loop run"},
 		// --trace alone replays it (this one's rows go back in time).
 		{[]string{"--fake", "--model", "dlrm-tiny", "--trace", bad}, "bad.csv:3: time 0 goes back"},
 		{[]string{"--fake", "--model", "dlrm-tiny", "--context-inputs", "x", "--duration", "1s"}, "context input \"x\""},
