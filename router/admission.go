@@ -41,8 +41,20 @@ func (r *Router) cost(req *prismv1.RecommendRequest, n, fb int) (int64, error) {
 // the adaptive share of that time (share.go), or with
 // Options.AdmitLimit, refused when over the adaptive limit on samples
 // in flight (limit.go). The fixed MaxInflight stays the upper
-// bound.
-func (r *Router) admit(model string, n, bytes int64, remaining time.Duration) (release func(error), err error) {
+// bound. work is the request's samples as its workers run them, the
+// unit of its model's measured rate: n, but for a model fixed at a
+// batch (fixedbatch.go) its micro-batches padded to it, each a whole
+// batch's time whatever its candidates.
+func (r *Router) admit(model string, n, work, bytes int64, remaining time.Duration) (release func(error), err error) {
+	// A request over a limit on its own is never admitted, however idle
+	// the router: ResourceExhausted ("retry later") had its client retry
+	// it for ever.
+	if n > r.opts.MaxInflight {
+		return nil, status.Errorf(codes.InvalidArgument, "request of %d candidates, more than the %d samples the router admits at once (--max-inflight): it is never admitted; split it", n, r.opts.MaxInflight)
+	}
+	if bytes > r.opts.MaxInflightBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "request of %d bytes as the router sends it (its context once per micro-batch, a fixed batch's padding), more than the %d the router admits at once (--max-inflight-bytes): it is never admitted; split it", bytes, r.opts.MaxInflightBytes)
+	}
 	cur := r.inflight.Add(n)
 	if cur > r.opts.MaxInflight {
 		r.inflight.Add(-n)
@@ -57,7 +69,7 @@ func (r *Router) admit(model string, n, bytes int64, remaining time.Duration) (r
 	}
 	start := time.Now()
 	mp := r.preds.get(model)
-	ahead := mp.inflight.Add(n) - n // this model's samples admitted before this request, still in flight
+	ahead := mp.inflight.Add(work) - work // this model's samples admitted before this request, still in flight
 	if !r.opts.FixedAdmission {
 		// The adaptive limit decides once its first window has set one;
 		// until then, and without it, the busy-time rate does.
@@ -66,21 +78,22 @@ func (r *Router) admit(model string, n, bytes int64, remaining time.Duration) (r
 			fits, known = r.lim.allow(cur, n)
 		}
 		if known && !fits {
-			mp.inflight.Add(-n)
+			mp.inflight.Add(-work)
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("limit").Inc()
 			return nil, status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, r.lim.limitNow())
 		}
 		if !known {
-			budget := time.Duration(float64(remaining) * r.share.get())
+			share := r.share.get()
+			budget := time.Duration(float64(remaining) * share)
 			rate, floor := mp.estimate()
-			if predicted, ok := predictFinish(rate, floor, ahead, n, budget); !ok {
-				mp.inflight.Add(-n)
+			if predicted, ok := predictFinish(rate, floor, ahead, work, budget); !ok {
+				mp.inflight.Add(-work)
 				r.inflightBytes.Add(-bytes)
 				r.inflight.Add(-n)
 				r.m.rejected.WithLabelValues("deadline").Inc()
-				return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining))
+				return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining, share))
 			}
 		}
 	}
@@ -89,8 +102,13 @@ func (r *Router) admit(model string, n, bytes int64, remaining time.Duration) (r
 	return func(result error) {
 		now := time.Now()
 		mp.end(now)
-		if alone {
-			mp.alone(now.Sub(start), n)
+		// The floor learns from answers only: a lone request that failed
+		// took what its deadline, its client or a hung worker allowed,
+		// and one held to the 30 s default timeout set a floor of
+		// seconds that refused every request with anything of its model
+		// ahead, which only lone requests (rare under load) brought down.
+		if alone && result == nil {
+			mp.alone(now.Sub(start), work)
 		}
 		// Learn from answers and from misses of the deadline; a request
 		// that failed otherwise (a worker lost, the client gone) says
@@ -98,13 +116,14 @@ func (r *Router) admit(model string, n, bytes int64, remaining time.Duration) (r
 		missed := status.Code(result) == codes.DeadlineExceeded || errors.Is(result, context.DeadlineExceeded)
 		if result == nil || missed {
 			if r.lim != nil {
+				r.lim.seen(r.inflight.Load())
 				r.lim.record(now, now.Sub(start), remaining, missed)
 			}
 			if !r.opts.FixedAdmission {
 				r.share.record(now, now.Sub(start), remaining, missed)
 			}
 		}
-		mp.inflight.Add(-n)
+		mp.inflight.Add(-work)
 		r.inflight.Add(-n)
 		r.inflightBytes.Add(-bytes)
 	}, nil

@@ -51,10 +51,11 @@ func TestAdmissionByBytes(t *testing.T) {
 	if r.inflightBytes.Load() != 0 || r.inflight.Load() != 0 {
 		t.Fatalf("admission not given back: %d bytes, %d samples", r.inflightBytes.Load(), r.inflight.Load())
 	}
-	// The context travels with each micro-batch: it is charged per cut.
+	// The context travels with each micro-batch: it is charged per cut
+	// (twice here, over the budget on its own: never admitted).
 	r.opts.MicroBatch = 1
-	if _, err := r.Recommend(context.Background(), withContext(2, 2<<20)); status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("a 2 MiB context sent twice over a 3 MiB budget: %v", err)
+	if _, err := r.Recommend(context.Background(), withContext(2, 2<<20)); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a 2 MiB context sent twice over a 3 MiB budget: %v, want InvalidArgument", err)
 	}
 }
 
@@ -85,5 +86,29 @@ func TestStreamLimit(t *testing.T) {
 	}
 	if _, err := third.Recv(); err != nil {
 		t.Fatalf("a stream after the first closed: %v", err)
+	}
+}
+
+// TestRequestOverAdmissionLimits: a request over MaxInflight or
+// MaxInflightBytes on its own is never admitted, the router idle or
+// not: InvalidArgument naming the flag, not ResourceExhausted, which
+// tells its client to retry later (and counted it as load refused).
+func TestRequestOverAdmissionLimits(t *testing.T) {
+	r := newRouter(t, Options{MaxInflight: 100, MaxInflightBytes: 1 << 20, MaxContextBytes: 4 << 20}, &fakeCN{})
+	for _, c := range []struct {
+		name string
+		req  *prismv1.RecommendRequest
+		flag string
+	}{
+		{"candidates", request(101), "--max-inflight)"},
+		{"bytes", withContext(1, 2<<20), "--max-inflight-bytes)"},
+	} {
+		_, err := r.Recommend(context.Background(), c.req)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), c.flag) {
+			t.Errorf("%s over the limit on an idle router: %v, want InvalidArgument naming %s", c.name, err, c.flag)
+		}
+	}
+	if _, err := r.Recommend(context.Background(), request(100)); err != nil {
+		t.Fatalf("a request at the limit: %v", err)
 	}
 }

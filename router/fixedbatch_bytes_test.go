@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"runtime"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -25,8 +26,10 @@ func TestPaddingCharged(t *testing.T) {
 	_, err := r.Recommend(context.Background(), req)
 	runtime.ReadMemStats(&after)
 	t.Logf("request %d bytes; router allocated %d MiB; err %v", len(req.String()), (after.TotalAlloc-before.TotalAlloc)>>20, err)
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("a request padded to 32 MiB admitted under an 8 MiB limit of bytes in flight: %v", err)
+	// Over the limit on its own, it is never admitted: InvalidArgument,
+	// not ResourceExhausted (retry later).
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "request of 33607688 bytes") {
+		t.Fatalf("a request padded to 32 MiB admitted under an 8 MiB limit of bytes in flight: %v, want InvalidArgument naming its padded bytes", err)
 	}
 }
 

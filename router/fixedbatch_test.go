@@ -3,8 +3,14 @@ package router
 import (
 	"context"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -101,4 +107,48 @@ func TestOnlyInputs(t *testing.T) {
 	if onlyInputs(nil, []string{"a"}) != nil {
 		t.Error("nil features (no context) became some")
 	}
+}
+
+// TestFixedBatchAdmission: admission predicts a fixed-batch model's
+// requests in the samples its workers run (each micro-batch padded to
+// the batch), the unit its rate is measured in. Counted as the client's
+// candidates, a request of 4 behind another of 4, at batch 64, was
+// predicted to take 8 of the 64-sample batches' samples at the
+// measured rate, a sixteenth of the two batches it waits for.
+func TestFixedBatchAdmission(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cn := &fakeCN{gate: make(chan struct{})}
+		release := sync.OnceFunc(func() { close(cn.gate) })
+		held := make(chan error, 1)
+		defer func() { // a failure still lets the backlog go, and waits for it
+			release()
+			<-held
+		}()
+		r := testRouter(Options{})
+		t.Cleanup(r.Close)
+		addr := startCN(t, cn)
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu", Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true, FixedBatch: map[string]int64{"m": 64}}})
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+		mp := r.preds.get("m")
+		mp.rate = 6400 // a batch of 64: 10 ms
+		go func() { _, err := r.Recommend(context.Background(), request(4)); held <- err }()
+		for cn.running.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		// Two batches, the backlog's and its own: 20 ms, past 15 ms.
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Millisecond)
+		defer cancel()
+		_, err := r.Recommend(ctx, request(4))
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "predicted to finish in 20.0 ms") {
+			t.Fatalf("4 candidates at batch 64 behind another 4: %v, want ResourceExhausted predicting 20 ms", err)
+		}
+		release()
+		if err := <-held; err != nil {
+			t.Fatal(err)
+		}
+		held <- nil
+		if got := mp.inflight.Load(); got != 0 {
+			t.Fatalf("%d samples of the model in flight after every answer", got)
+		}
+	})
 }

@@ -81,6 +81,18 @@ func (l *limiter) allow(cur, n int64) (ok, known bool) {
 	return false, true
 }
 
+// seen notes cur samples in flight at an answer (its own still
+// counted): a window's peak is the most in flight during it, arrivals
+// or not. From arrivals alone, a window of answers after the arrivals
+// stopped (a burst's tail, clients backing off) had a peak of 0, and
+// its slow answers shrank the limit to limitMin instead of to
+// limitShrink of the work in flight that was slow.
+func (l *limiter) seen(cur int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.peak = max(l.peak, cur)
+}
+
 // limitNow is the current limit in samples (0: none yet).
 func (l *limiter) limitNow() float64 {
 	l.mu.Lock()

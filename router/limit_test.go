@@ -4,13 +4,18 @@ import (
 	"context"
 	"math"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
 )
 
 // TestLimiter drives the adaptive limit with a logical clock, one
@@ -232,4 +237,63 @@ func TestLimiterGauge(t *testing.T) {
 			t.Errorf("AdmitLimit %v: gauge exported %v", on, found)
 		}
 	}
+}
+
+// delayCN answers a Lookup after as many milliseconds as its first id.
+type delayCN struct {
+	prismv1.UnimplementedEmbeddingTierServer
+}
+
+func (delayCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	select {
+	case <-time.After(time.Duration(req.GetCandidates().GetInputs()[0].GetIds()[0]) * time.Millisecond):
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return &prismv1.LookupResponse{Scores: make([]float32, req.GetNumSamples())}, nil
+}
+
+// TestLimitShrinksFromWorkInFlight: a window of slow answers with no
+// arrivals in it (the tail of a burst) shrinks the limit to a share of
+// the samples in flight during it, not to its floor. 32 requests of 100
+// samples arrive at once under a limit of 4000; 16 are answered fast
+// (a window that leaves the limit be), then 16 slow, near their
+// deadline, with 1600 samples in flight as the window starts: the limit
+// becomes 0.9 of those. Its peak counted from arrivals only, the window
+// read 0 in flight and the limit fell to limitMin (64).
+func TestLimitShrinksFromWorkInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := testRouter(Options{AdmitLimit: true})
+		t.Cleanup(r.Close)
+		addr := serveInproc(t, func(s *grpc.Server) { prismv1.RegisterEmbeddingTierServer(s, delayCN{}) })
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu", Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}})
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+		r.lim.limit = 4000
+		var wg sync.WaitGroup
+		errs := make([]error, 32)
+		for i := range 32 {
+			delay := 10 + 4*i // fast: 10 to 70 ms
+			if i >= 16 {
+				delay = 310 + 5*(i-16) // slow: 310 to 385 ms of 400
+			}
+			req := request(100)
+			for j := range req.Candidates.Inputs[0].Ids {
+				req.Candidates.Inputs[0].Ids[j] += int64(delay)
+			}
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+				defer cancel()
+				_, errs[i] = r.Recommend(ctx, req)
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+		}
+		if got := r.lim.limitNow(); got < 0.9*1500 || got > 0.9*1600 {
+			t.Fatalf("limit %.0f after a window of slow answers with 1600 samples in flight, want about %.0f", got, 0.9*1600)
+		}
+	})
 }

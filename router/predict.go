@@ -109,7 +109,8 @@ func (p *predictor) answered(now time.Time, n int64) {
 }
 
 // alone notes the latency of a request of n samples that was admitted
-// with nothing ahead of it: what it took beyond n/rate moves floor.
+// with nothing ahead of it and answered: what it took beyond n/rate
+// moves floor.
 func (p *predictor) alone(latency time.Duration, n int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -147,8 +148,13 @@ func predictFinish(rate float64, floor time.Duration, ahead, n int64, remaining 
 }
 
 // lateMessage is the ResourceExhausted message of a request refused by
-// predicted time.
-func lateMessage(predicted, remaining time.Duration) string {
+// predicted time, with share the admission share its budget was of the
+// remaining time: below 1 it says so, or a request predicted to finish
+// well inside its deadline read as refused for being past it.
+func lateMessage(predicted, remaining time.Duration, share float64) string {
+	if share < 1 {
+		return fmt.Sprintf("predicted to finish in %s ms, past %.0f%% of the %s ms to its deadline, the share admission allows now (prism_router_admit_share); back off", ms(predicted), 100*share, ms(remaining))
+	}
 	return fmt.Sprintf("predicted to finish in %s ms, past its deadline in %s ms; back off", ms(predicted), ms(remaining))
 }
 

@@ -284,3 +284,70 @@ func TestAdmissionPerModel(t *testing.T) {
 		}
 	})
 }
+
+// TestFloorLearnsFromAnswersOnly: the floor is learned from the lone
+// requests that were answered. One that failed (its client gone, or
+// held by a hung worker until the default timeout, 30 s) took what its
+// client or the timeout allowed, not what the pipeline takes: counted,
+// a single such request set a floor of seconds that refused every
+// request with anything of its model ahead, and only lone requests,
+// rare under load, brought it back down.
+func TestFloorLearnsFromAnswersOnly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cn := &fakeCN{gate: make(chan struct{})}
+		release := sync.OnceFunc(func() { close(cn.gate) })
+		held := make(chan error, 1)
+		held <- nil
+		defer func() { // a failure still lets the backlog go, and waits for it
+			release()
+			<-held
+		}()
+		r := newRouter(t, Options{DefaultTimeout: 2 * time.Second}, cn)
+		t.Cleanup(r.Close)
+		mp := r.preds.get("m")
+		mp.rate = 10000 // 10 samples: 1 ms
+
+		// A hung worker: the lone request, without a deadline of its
+		// own, ends at the default timeout (2 s here).
+		if _, err := r.Recommend(context.Background(), request(10)); status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("a lone request on a hung worker: %v, want DeadlineExceeded", err)
+		}
+		if got := mp.floorNow(); got != 0 {
+			t.Errorf("floor %v after a lone request held to the default timeout, want 0", got)
+		}
+		// A client that gives up after a second.
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Second, cancel)
+		if _, err := r.Recommend(ctx, request(10)); status.Code(err) != codes.Canceled {
+			t.Fatalf("a lone request its client cancelled: %v, want Canceled", err)
+		}
+		if got := mp.floorNow(); got != 0 {
+			t.Errorf("floor %v after a lone request its client cancelled, want 0", got)
+		}
+
+		// With no floor learned from them, a request behind a backlog of
+		// 100 samples (11 ms at the rate) is admitted with a 300 ms
+		// deadline (and, the worker still hung, runs out of it there).
+		<-held
+		go func() { _, err := r.Recommend(context.Background(), request(100)); held <- err }()
+		for mp.inflight.Load() != 100 {
+			time.Sleep(time.Millisecond)
+		}
+		tight, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel2()
+		if _, err := r.Recommend(tight, request(10)); status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("a request behind 100 samples with a 300 ms deadline: %v, want admitted (DeadlineExceeded at the hung worker)", err)
+		}
+		// The worker answers: the lone backlog's answer does move the
+		// floor.
+		release()
+		err := <-held
+		held <- nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := mp.floorNow(); got <= 0 {
+			t.Fatalf("floor %v after an answered lone request that took 300 ms, want above 0", got)
+		}
+	})
+}

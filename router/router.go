@@ -178,7 +178,7 @@ func (o *Options) EnsureDefaults() {
 	if o.UpdateWorkerTimeout <= 0 {
 		o.UpdateWorkerTimeout = DefaultUpdateWorkerTimeout
 	}
-	if o.AdmitShare <= 0 || o.AdmitShare > 1 {
+	if !(o.AdmitShare > 0 && o.AdmitShare <= 1) { // NaN too
 		o.AdmitShare = 1
 	}
 }
@@ -526,7 +526,11 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if dl, ok := ctx.Deadline(); ok {
 		remaining = time.Until(dl)
 	}
-	release, err := r.admit(req.GetModel(), int64(n), bytes, remaining)
+	work := int64(n)
+	if fb > 0 {
+		work = int64(len(parts) * fb)
+	}
+	release, err := r.admit(req.GetModel(), int64(n), work, bytes, remaining)
 	if err != nil {
 		return nil, err
 	}

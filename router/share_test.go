@@ -118,8 +118,30 @@ func TestRecommendAdmitsWithHeadroomAfterMisses(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "predicted to finish in 110.0 ms") {
 		t.Fatalf("after misses: %v, want ResourceExhausted predicting 110 ms", err)
 	}
+	// The refusal names the share: 110 ms is inside the deadline, and
+	// "past its deadline" would say it was not.
+	if msg := status.Convert(err).Message(); strings.Contains(msg, "past its deadline") || !strings.Contains(msg, "past 72% of the 1") {
+		t.Fatalf("after misses: %q, want it to name the share (72%%) of the time to the deadline, not the deadline", msg)
+	}
 	close(cn.gate)
 	if err := <-held; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAdmitShareNaN: a share that is not a number (the flag parses
+// "NaN") is no share: the default, 1, as for one out of range. Kept, it
+// made every request's budget a negative duration once a rate was
+// measured, and admission refused every request, lone ones included.
+func TestAdmitShareNaN(t *testing.T) {
+	r := newRouter(t, Options{AdmitShare: math.NaN()}, &fakeCN{})
+	if got := r.share.get(); got != 1 {
+		t.Errorf("share %v from AdmitShare NaN, want 1", got)
+	}
+	r.preds.get("m").rate = 1000 // 10 samples: 10 ms
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := r.Recommend(ctx, request(10)); err != nil {
+		t.Fatalf("a lone request of 10 ms with 10 s to its deadline: %v", err)
 	}
 }

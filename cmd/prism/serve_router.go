@@ -43,7 +43,7 @@ func newServeRouterCmd() *cobra.Command {
 				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers", "shutdown-grace"); err != nil {
 				return err
 			}
-			if ro.AdmitShare <= 0 || ro.AdmitShare > 1 {
+			if !(ro.AdmitShare > 0 && ro.AdmitShare <= 1) { // NaN too
 				return fmt.Errorf("--admit-share %g: want 0 < share <= 1", ro.AdmitShare)
 			}
 			// Checked here, before anything listens: router.Open's error
