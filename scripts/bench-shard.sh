@@ -10,7 +10,8 @@
 # SHARD_GOMAXPROCS=N runs each shard's embedding worker with GOMAXPROCS=N
 # (default: the serving cores / SHARDS, at least 1, as prism up starts a
 # sharded model's workers); DENSE=N gives both stacks N dense workers
-# (default 2). The shards are planned for the load generator's ids (Zipf
+# (default 2); EMB_FLAGS adds flags to each shard's serve embedding (as
+# --dictionary-frames=false). The shards are planned for the load generator's ids (Zipf
 # 1.05, SHARD_ZIPF), not ../shared's Criteo sample, which only some
 # machines have.
 set -euo pipefail
@@ -74,7 +75,7 @@ for d in $(seq 0 $((dense - 1))); do
 	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
 done
 for k in $(seq 0 $((shards - 1))); do
-	env GOMAXPROCS="$gomaxprocs" "${srv[@]}" $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 >"$tmp/embedding-$k.log" 2>&1 &
+	env GOMAXPROCS="$gomaxprocs" "${srv[@]}" $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 ${EMB_FLAGS:-} >"$tmp/embedding-$k.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
 done
