@@ -186,6 +186,10 @@ type fanout struct {
 	// ctx: per cut tensor, a context column (one row for all samples;
 	// nil until a part sends one).
 	ctx []bool
+	// index: per cut tensor, a dictionary column's indices (its rows in
+	// inputs; nil until a part sends one): the batcher gathers the rows
+	// into the batch, as for a whole frame's (Request.Index).
+	index [][]int32
 	// parts and counts: per cut tensor sent in parts (partialSpec), per
 	// shard, its part and its counts (nil until some part arrives).
 	parts, counts [][][]float32
@@ -240,6 +244,10 @@ type partTensor struct {
 	// context: data is one row, shared by every sample (never for a
 	// partial column: decodePart expands those).
 	context bool
+	// dict: a dictionary-encoded whole column, left unexpanded: data
+	// holds its distinct rows and dict each sample's row among them
+	// (Request.Index; never for a partial column).
+	dict []int32
 }
 
 // scorePart takes one part of a sharded fan-out: it joins the part to
@@ -344,6 +352,12 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	for _, p := range parts {
 		if !p.partial {
 			f.inputs[p.index], f.from[p.index] = p.data, shard
+			if p.dict != nil {
+				if f.index == nil {
+					f.index = make([][]int32, len(m.spec))
+				}
+				f.index[p.index] = p.dict
+			}
 			if p.context {
 				if f.ctx == nil {
 					f.ctx = make([]bool, len(m.spec))
@@ -389,7 +403,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		s.metrics.reject(m.name, "invalid")
 	} else {
 		var outs [][]float32
-		outs, err = m.batcher.Submit(ctx, Request{N: n, Inputs: f.inputs, Context: f.ctx})
+		outs, err = m.batcher.Submit(ctx, Request{N: n, Inputs: f.inputs, Context: f.ctx, Index: f.index})
 		switch {
 		case err != nil:
 			err = s.submitError(m, err)
@@ -522,7 +536,10 @@ func decodePart(m *model, tensors []byte, n int) ([]partTensor, error) {
 		}
 		return m.checkColumn(seen[len(m.spec):], ps.index, name, width, m.spec[ps.index].Width)
 	}}
-	got, ts, err := arrowframe.DecodeWant(tensors, want, nil)
+	// Dictionary columns come back unexpanded (DecodeIndexedWant): a
+	// whole column's rows and indices go to the batcher, which gathers
+	// them into the batch it writes anyway.
+	got, ts, err := arrowframe.DecodeIndexedWant(tensors, want)
 	if rows := (*arrowframe.RowsError)(nil); errors.As(err, &rows) && cols == 0 {
 		// A frame without columns has nothing to expand, whatever its
 		// rows: a part sending no tensors is judged with the others.
@@ -551,7 +568,7 @@ func decodePart(m *model, tensors []byte, n int) ([]partTensor, error) {
 				return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[ps.index].Width, m.spec[ps.index].Shape)
 			}
 			data := t.Data
-			if t.Context {
+			if t.Context || t.Index != nil {
 				// The combine reads every sample's part: expanded here
 				// (the embedding tier sends partial columns expanded).
 				data = make([]float32, n*t.Width)
@@ -569,7 +586,7 @@ func decodePart(m *model, tensors []byte, n int) ([]partTensor, error) {
 		case t.Width != m.spec[i].Width:
 			return nil, status.Errorf(codes.InvalidArgument, "model %q: tensor %q has width %d; the plan says %d (shape %v)", m.name, t.Name, t.Width, m.spec[i].Width, m.spec[i].Shape)
 		}
-		out = append(out, partTensor{index: i, data: t.Data, context: t.Context})
+		out = append(out, partTensor{index: i, data: t.Data, context: t.Context, dict: t.Index})
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package gpuserve
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -365,5 +366,52 @@ func TestAssembleUnshardedPlanNamed(t *testing.T) {
 	_, err := ts.client.Score(ctx, &prismv1.ScoreRequest{Model: p.Model.Name, Tensors: encode(t, 3, x[:1]), NumSamples: 3, FanoutKey: "k", Shard: 0, Shards: 2, Sharding: "bbbb"})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "sharding bbbb, this dense worker's plan sharding none") {
 		t.Errorf("a row-wise part from sharding bbbb at a dense worker whose plan has none: %v, want FailedPrecondition naming both", err)
+	}
+}
+
+// TestAssembleDictionaryParts: parts whose whole columns come
+// dictionary-encoded (each distinct row once and an index per sample, as
+// a shard's embedding worker sends them) score bit for bit as the same
+// parts sent plain: the assembler hands the rows and indices to the
+// batcher, which gathers them into the batch (Request.Index).
+func TestAssembleDictionaryParts(t *testing.T) {
+	ts := startServer(t, Options{Threads: 1})
+	dir := tinyPlan(t)
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{5, 17, 40} {
+		plain := cutTensors(p, n, rng)
+		dict := make([]arrowframe.Tensor, len(plain))
+		for j, x := range plain {
+			k := max(1, n/3) // distinct rows: samples repeat them
+			index := make([]int32, n)
+			full := make([]float32, n*x.Width)
+			for i := range index {
+				index[i] = int32(i % k)
+				copy(full[i*x.Width:(i+1)*x.Width], x.Data[(i%k)*x.Width:(i%k+1)*x.Width])
+			}
+			plain[j].Data = full
+			dict[j] = arrowframe.Tensor{Name: x.Name, Width: x.Width, Data: x.Data[:k*x.Width], Index: index}
+		}
+		scores := map[string][]float32{}
+		for name, ts2 := range map[string][]arrowframe.Tensor{"plain": plain, "dict": dict} {
+			for _, r := range sendParts(t, ts, context.Background(), p.Model.Name, fmt.Sprintf("%s-%d", name, n), n, 3, splitParts(ts2, 3), []int{2, 0, 1}) {
+				if r.err != nil {
+					t.Fatalf("n=%d %s shard %d: %v", n, name, r.shard, r.err)
+				}
+				scores[name] = r.scores
+			}
+		}
+		if len(scores["dict"]) != n {
+			t.Fatalf("n=%d: %d scores", n, len(scores["dict"]))
+		}
+		for i := range scores["plain"] {
+			if math.Float32bits(scores["dict"][i]) != math.Float32bits(scores["plain"][i]) {
+				t.Fatalf("n=%d sample %d: %v from dictionary parts, %v plain", n, i, scores["dict"][i], scores["plain"][i])
+			}
+		}
 	}
 }
