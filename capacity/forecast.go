@@ -68,6 +68,36 @@ func Factor(ps []Promotion, t time.Duration) float64 {
 	return f
 }
 
+// Scaled forecasts demand as the demand measured now scaled by the
+// promotion calendar: the baseline is Offered over the factor at Now (a
+// promotion under way is in what was measured), and the forecast at t is
+// the baseline times the factor at t. A live run has no trace of past
+// days to be seasonal with, but the people planning a promotion know
+// its calendar: this borrows ahead of a promotion's start by the
+// measured start-up time, and no sooner.
+type Scaled struct {
+	Now        time.Duration
+	Offered    float64
+	Promotions []Promotion
+}
+
+var _ Forecaster = (*Scaled)(nil)
+
+// Peak is the baseline times the highest factor in [from, to]: at from,
+// at to and at each promotion's start inside.
+func (s *Scaled) Peak(from, to time.Duration) float64 {
+	if to < from || !(s.Offered >= 0) {
+		return 0
+	}
+	f := max(Factor(s.Promotions, from), Factor(s.Promotions, to))
+	for _, p := range s.Promotions {
+		if p.Start > from && p.Start <= to {
+			f = max(f, Factor(s.Promotions, p.Start))
+		}
+	}
+	return s.Offered / Factor(s.Promotions, s.Now) * f
+}
+
 // Seasonal forecasts demand as a seasonal baseline, the rates of a past
 // period (Rates[i] over [i*Step, (i+1)*Step), repeating every Period),
 // times the promotion calendar.

@@ -46,6 +46,9 @@ type Options struct {
 	// Logf gets one line per borrow, drain, return, reclaim and shed
 	// advice (default: discarded).
 	Logf func(format string, args ...any)
+	// Promotions are the promotion calendar policy=predictive forecasts
+	// with (capacity.Scaled: the demand measured now scaled by it).
+	Promotions []Promotion
 	// Now is the clock (default time.Now).
 	Now    func() time.Time
 	Client *http.Client
@@ -247,6 +250,9 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 		}
 	}
 	m := capacity.ModelObs{Model: d.o.Model, Offered: dem.offered, Shed: dem.shed, P99: dem.p99, QueueDepth: dem.queue}
+	if len(d.o.Promotions) > 0 {
+		m.Forecast = &capacity.Scaled{Now: now.Sub(d.start), Offered: dem.offered, Promotions: Relative(d.o.Promotions, d.start)}
+	}
 	var returns []string
 	lentAddr := map[string]bool{}
 	serving := 0

@@ -435,3 +435,35 @@ func TestRouterSetChangeKeepsDemand(t *testing.T) {
 		t.Errorf("offered %v requests/s after the routers settled, want 30", got)
 	}
 }
+
+// TestPredictiveBorrowsAheadOfPromotion: with policy=predictive and a
+// promotion calendar, the driver forecasts the demand measured now
+// scaled by the calendar, and borrows the start-up time (plus a tick)
+// ahead of the promotion, so the workers serve when it comes; reactive,
+// the same demand borrows only once the peak is measured.
+func TestPredictiveBorrowsAheadOfPromotion(t *testing.T) {
+	firstBorrow := func(policy capacity.Policy) time.Duration {
+		t.Helper()
+		r := newRig(t, capacity.Options{Policy: policy, StartupEstimate: 5 * time.Second, MinLease: time.Minute, CoolDown: time.Second, MaxBorrowed: 2}, true)
+		start := r.now
+		r.d.o.Promotions = []Promotion{{Start: start.Add(30 * time.Second), Duration: time.Hour, Factor: 3}}
+		for range 40 {
+			rate := 50.0 // half an owned worker: nothing to borrow for
+			if r.now.Add(time.Second).Sub(start) > 30*time.Second {
+				rate = 150 // the promotion: three times the baseline
+			}
+			r.step(rate, false)
+			if len(r.lender.log) > 0 {
+				return r.now.Sub(start)
+			}
+		}
+		t.Fatalf("%v: nothing borrowed in 40 s", policy)
+		return 0
+	}
+	if at := firstBorrow(capacity.Predictive); at < 20*time.Second || at >= 30*time.Second {
+		t.Errorf("predictive borrowed at %v, want ahead of the promotion at 30s by about the start-up time (5s) and a tick", at)
+	}
+	if at := firstBorrow(capacity.Reactive); at <= 30*time.Second {
+		t.Errorf("reactive borrowed at %v, before the promotion's demand was measured", at)
+	}
+}

@@ -25,10 +25,15 @@ type Spec struct {
 	// CapacityPerWorker is one dense worker's requests/s within the SLO
 	// (capacity=); 0 measures it the first time the workers saturate.
 	CapacityPerWorker float64
-	// Controller holds policy= (reactive: a live run has no forecast for
-	// predictive), high=, target=, low=, p99=, queue=, min-lease=,
-	// cool-down=, startup=, borrow-timeout=, drain-timeout=.
+	// Controller holds policy= (predictive needs promo=), high=,
+	// target=, low=, p99=, queue=, min-lease=, cool-down=, startup=,
+	// borrow-timeout=, drain-timeout=.
 	Controller capacity.Options
+	// Promotions are the promotion calendar (promo=START/DURATION/FACTOR,
+	// repeatable; START an RFC 3339 time): policy=predictive forecasts
+	// the demand measured now scaled by it (capacity.Scaled), and
+	// borrows ahead of a promotion's start by the measured start-up time.
+	Promotions []Promotion
 	// Tick is how often the controller runs (tick=, default 1s); Window
 	// how far back the demand is measured (window=, default 2s).
 	Tick, Window time.Duration
@@ -42,6 +47,51 @@ type Spec struct {
 	Addr string
 	// Kube are the kubernetes lender's settings.
 	Kube KubeSpec
+}
+
+// Promotion is a calendar entry of a live loan: from Start for Duration
+// the demand is Factor times its baseline.
+type Promotion struct {
+	Start    time.Time
+	Duration time.Duration
+	Factor   float64
+}
+
+// ParsePromotion reads START/DURATION/FACTOR, as
+// 2026-11-11T00:00:00+08:00/2h/3.
+func ParsePromotion(v string) (Promotion, error) {
+	parts := strings.Split(v, "/")
+	if len(parts) != 3 {
+		return Promotion{}, fmt.Errorf("%q: want START/DURATION/FACTOR, START an RFC 3339 time (as 2026-11-11T00:00:00+08:00/2h/3)", v)
+	}
+	var p Promotion
+	var err error
+	if p.Start, err = time.Parse(time.RFC3339, parts[0]); err != nil {
+		return Promotion{}, fmt.Errorf("%q: start: want an RFC 3339 time (as 2026-11-11T00:00:00+08:00): %w", v, err)
+	}
+	if p.Duration, err = time.ParseDuration(parts[1]); err != nil {
+		return Promotion{}, fmt.Errorf("%q: duration: %w", v, err)
+	}
+	if p.Factor, err = strconv.ParseFloat(parts[2], 64); err != nil {
+		return Promotion{}, fmt.Errorf("%q: factor: %w", v, err)
+	}
+	switch {
+	case p.Duration <= 0:
+		return Promotion{}, fmt.Errorf("%q: duration %v must be positive", v, p.Duration)
+	case !(p.Factor > 0) || math.IsInf(p.Factor, 0):
+		return Promotion{}, fmt.Errorf("%q: factor %v must be a positive number", v, parts[2])
+	}
+	return p, nil
+}
+
+// Relative is the calendar in the controller's time, which counts from
+// origin (the driver's start).
+func Relative(ps []Promotion, origin time.Time) []capacity.Promotion {
+	out := make([]capacity.Promotion, len(ps))
+	for i, p := range ps {
+		out[i] = capacity.Promotion{Start: p.Start.Sub(origin), Duration: p.Duration, Factor: p.Factor}
+	}
+	return out
 }
 
 // KubeSpec are the kubernetes lender's keys (capacity/kube.Options: the
@@ -146,6 +196,11 @@ func ParseSpec(s string) (Spec, error) {
 				dur(&sp.ReclaimAfter)
 			case "hold":
 				dur(&sp.Hold)
+			case "promo":
+				var p Promotion
+				if p, err = ParsePromotion(v); err == nil {
+					sp.Promotions = append(sp.Promotions, p)
+				}
 			case "addr":
 				sp.Addr = v
 			case "namespace", "template", "pool", "taint", "priority-class", "resource", "kubeconfig", "idle-refresh":
@@ -194,12 +249,15 @@ func ParseSpec(s string) (Spec, error) {
 			return sp, fmt.Errorf("loan %q: reclaim-after= and hold= are the local lender's: on Kubernetes the cluster reclaims", s)
 		}
 	}
-	if c.Policy == capacity.Predictive {
-		// The predictive policy borrows ahead of ModelObs.Forecast; the
-		// driver has none to give (prism plan loan's what-if forecasts
-		// from its trace). Accepted, the key borrowed exactly as
-		// reactive does while saying otherwise.
-		return sp, fmt.Errorf("loan %q: policy=predictive needs a forecast of the demand, and a live run has no forecast (prism plan loan's what-if has one, from its trace): it would borrow exactly as policy=reactive", s)
+	switch {
+	case c.Policy == capacity.Predictive && len(sp.Promotions) == 0:
+		// The predictive policy borrows ahead of ModelObs.Forecast; a
+		// live run forecasts only from a promotion calendar. Without
+		// one, it would borrow exactly as reactive does while saying
+		// otherwise.
+		return sp, fmt.Errorf("loan %q: policy=predictive needs the promotion calendar to forecast from: give promo=START/DURATION/FACTOR (as promo=2026-11-11T00:00:00+08:00/2h/3), or policy=reactive", s)
+	case c.Policy != capacity.Predictive && len(sp.Promotions) > 0:
+		return sp, fmt.Errorf("loan %q: promo= is read by policy=predictive only (reactive borrows when the demand comes)", s)
 	}
 	if sp.CapacityPerWorker < 0 || sp.Tick <= 0 {
 		return sp, fmt.Errorf("loan %q: capacity must not be negative and tick must be positive", s)

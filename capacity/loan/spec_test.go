@@ -57,10 +57,17 @@ func TestParseSpec(t *testing.T) {
 		{"local:max=2,capacity=NaN", `capacity: "NaN" is not a finite number`},
 		{"local:max=2,capacity=+Inf", `"+Inf" is not a finite number`},
 		{"local:max=2,high=Inf", `"Inf" is not a finite number`},
-		// The live driver has no forecast: predictive would borrow as
-		// reactive does, while the key said otherwise.
-		{"local:max=2,policy=predictive", "no forecast"},
-		{"kubernetes:max=2,template=d,pool=a=b,priority-class=c,policy=predictive", "no forecast"},
+		// A live run forecasts from a promotion calendar only: without
+		// one, predictive would borrow as reactive does, while the key
+		// said otherwise.
+		{"local:max=2,policy=predictive", "needs the promotion calendar"},
+		{"kubernetes:max=2,template=d,pool=a=b,priority-class=c,policy=predictive", "needs the promotion calendar"},
+		{"local:max=2,promo=2026-11-11T00:00:00Z/2h/3", "policy=predictive only"},
+		{"local:max=2,policy=predictive,promo=2026-11-11/2h/3", "RFC 3339"},
+		{"local:max=2,policy=predictive,promo=2026-11-11T00:00:00Z/2h", "START/DURATION/FACTOR"},
+		{"local:max=2,policy=predictive,promo=2026-11-11T00:00:00Z/0s/3", "duration 0s must be positive"},
+		{"local:max=2,policy=predictive,promo=2026-11-11T00:00:00Z/2h/NaN", "factor NaN must be a positive number"},
+		{"local:max=2,policy=predictive,promo=2026-11-11T00:00:00Z/2h/-1", "factor -1 must be a positive number"},
 	} {
 		if _, err := ParseSpec(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%q) = %v, want an error with %q", tc.in, err, tc.want)
@@ -123,3 +130,23 @@ func TestRouterDemand(t *testing.T) {
 }
 
 func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// TestParseSpecPromotions: policy=predictive with its calendar, each
+// promo= an entry; Relative puts them in the controller's time.
+func TestParseSpecPromotions(t *testing.T) {
+	sp, err := ParseSpec("local:max=2,policy=predictive,promo=2026-11-11T00:00:00+08:00/2h/3,promo=2026-11-11T20:00:00+08:00/30m/1.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp.Controller.Policy != capacity.Predictive || len(sp.Promotions) != 2 {
+		t.Fatalf("parsed %+v", sp)
+	}
+	origin := time.Date(2026, 11, 10, 15, 0, 0, 0, time.UTC) // 1 h before the first
+	rel := Relative(sp.Promotions, origin)
+	want := []capacity.Promotion{{Start: time.Hour, Duration: 2 * time.Hour, Factor: 3}, {Start: 21 * time.Hour, Duration: 30 * time.Minute, Factor: 1.5}}
+	for i := range want {
+		if rel[i] != want[i] {
+			t.Errorf("promotion %d: %+v, want %+v", i, rel[i], want[i])
+		}
+	}
+}

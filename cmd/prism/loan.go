@@ -86,7 +86,7 @@ the lent Pods with their grace (they drain) and exits.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&lender, "lender", "", "the lender: kubernetes:max=N,template=NAME,pool=KEY=VALUE,priority-class=NAME[,taint=KEY[=VALUE][:EFFECT],resource=,namespace=,kubeconfig=,idle-refresh=] and the controller's keys of prism up --loan (capacity=,policy=,high=,target=,low=,p99=,queue=,min-lease=,cool-down=,drain-timeout=,startup=,borrow-timeout=,tick=,window=,grace=) (README: Promotions and capacity loaning)")
+	fl.StringVar(&lender, "lender", "", "the lender: kubernetes:max=N,template=NAME,pool=KEY=VALUE,priority-class=NAME[,taint=KEY[=VALUE][:EFFECT],resource=,namespace=,kubeconfig=,idle-refresh=] and the controller's keys of prism up --loan (capacity=,policy=,promo=,high=,target=,low=,p99=,queue=,min-lease=,cool-down=,drain-timeout=,startup=,borrow-timeout=,tick=,window=,grace=) (README: Promotions and capacity loaning)")
 	fl.StringVar(&routerAddr, "router", "", "a router's gRPC address: the driver lists its registry (workers announce to every router)")
 	fl.StringVar(&routerMetrics, "router-metrics", "", "the routers' /metrics URL; a host name is resolved at each tick and every address scraped (https://prism-router-headless:9090/metrics when the routers serve TLS: scraped with --certs, the router's certificate checked against the CA and for the router role; http:// with --insecure)")
 	fl.StringVar(&addr, "metrics-addr", "0.0.0.0:9470", "where to serve GET /metrics (the prism_capacity_* counters) and GET /loan (lent workers, the timeline)")
@@ -143,7 +143,7 @@ func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr,
 			return resp.GetWorkers(), err
 		},
 		RouterMetrics:     func() string { return loan.EveryAddress(ctx, routerMetrics) },
-		CapacityPerWorker: sp.CapacityPerWorker, Tick: sp.Tick, Window: sp.Window, Logf: logf,
+		CapacityPerWorker: sp.CapacityPerWorker, Tick: sp.Tick, Window: sp.Window, Logf: logf, Promotions: sp.Promotions,
 	})
 	if err != nil {
 		return err

@@ -140,7 +140,7 @@ func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, c
 			resp, err := reg.List(ctx, &prismv1.ListRequest{})
 			return resp.GetWorkers(), err
 		},
-		RouterMetrics: metrics.url, CapacityPerWorker: sp.CapacityPerWorker, Tick: sp.Tick, Window: sp.Window, Logf: logf,
+		RouterMetrics: metrics.url, CapacityPerWorker: sp.CapacityPerWorker, Tick: sp.Tick, Window: sp.Window, Logf: logf, Promotions: sp.Promotions,
 	})
 	if err != nil {
 		conn.Close()
