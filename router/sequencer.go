@@ -340,6 +340,14 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 		}
 		delete(m.foreign, w.GetId())
 		m.known[w.GetId()] = max(m.known[w.GetId()], seq)
+		if m.known[w.GetId()] >= m.next {
+			// A slow worker whose late apply landed holds the latest:
+			// caught up (as ack), though no replay was needed. Left slow,
+			// it would get no update again (tick replays nothing to a
+			// worker holding the latest), and with every worker slow no
+			// update could be numbered.
+			delete(m.slow, w.GetId())
+		}
 	}
 }
 

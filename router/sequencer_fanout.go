@@ -270,9 +270,14 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		}
 		if errors.Is(err, errWorkerTimeout) {
 			// Hung or slow: the next updates do not wait for it; the
-			// catch-up brings it back.
-			m.slow[worker] = true
-			s.logf(slog.LevelWarn, "embedding worker did not answer an update in time; it gets no new updates until caught up", "model", model, "worker", worker, "seq", seq)
+			// catch-up brings it back. One gone meanwhile is not marked:
+			// leave dropped what the sequence knew of it, and a mark left
+			// now would never be cleared (it would count as a slow worker
+			// of the model for good).
+			if w := s.workers[worker]; w != nil && keyOf(w, m.name) == m.key {
+				m.slow[worker] = true
+				s.logf(slog.LevelWarn, "embedding worker did not answer an update in time; it gets no new updates until caught up", "model", model, "worker", worker, "seq", seq)
+			}
 			break
 		}
 		s.logf(slog.LevelWarn, "update failed on an embedding worker; it is left out of serving until caught up", "model", model, "worker", worker, "seq", seq, "err", err)
