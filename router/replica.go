@@ -366,11 +366,14 @@ func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, st
 		if end == 0 {
 			continue
 		}
-		if end < rm.next {
+		if end < rm.next && rm.committed <= end {
 			s.logf(slog.LevelWarn, "this router's copy of the update log ends before the previous holder's latest update as last heard; a worker holding the later ones is followed in the start-up window, and one lacking them is caught up only if the copy reaches them",
 				"model", name, "copy_ends", end, "holder_latest", rm.next, "holder_acknowledged", rm.committed)
 		}
 		s.restoreCopy(name, end, min(rm.committed, end), rm.floor, slices.Clone(rm.log))
+		if rm.committed > end {
+			s.owe(name, rm.committed, end)
+		}
 		models++
 		updates += len(rm.log)
 	}
@@ -388,6 +391,18 @@ func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log 
 	s.restore(model, next, committed, floor, log)
 	m := s.models[model]
 	m.handedOut, m.copied = false, true
+}
+
+// owe is the event "the previous holder acknowledged model's updates up
+// to acknowledged, past end, where this router's copy of its log ends":
+// nothing of the model is numbered until a worker holding them announces
+// (announced adopts its number), since numbering on from end would give
+// acknowledged updates' numbers to others.
+func (s *sequencer) owe(model string, acknowledged, end int64) {
+	m := s.model(model)
+	m.owed = acknowledged
+	s.logf(slog.LevelWarn, "the previous sequencing router acknowledged updates past the end of this router's copy of its log: no update of the model is numbered until an embedding worker holding them announces (numbering on would give their numbers to other updates)",
+		"model", model, "copy_ends", end, "holder_acknowledged", acknowledged)
 }
 
 // from is the epoch of the hold the copy comes from.

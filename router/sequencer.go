@@ -147,6 +147,13 @@ type modelSeq struct {
 	// copied: the log came from a copy of the previous sequencing
 	// router's (restoreCopy, replica.go).
 	copied bool
+	// owed: the previous holder acknowledged updates up to owed, past
+	// where this router's copy of its log ends (restoreCopy). Until a
+	// worker holding them announces (adopted, even after the startup
+	// window), nothing is numbered: numbering on from the copy's end
+	// would give those numbers to other updates, and an acknowledged
+	// update would be lost.
+	owed int64
 	// layoutLogged: layoutConflict reported a worker of another layout
 	// of the model; wholeLogged: a worker of the shard came back below
 	// what the model acknowledged while served whole (announced).
@@ -306,7 +313,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			m.opened = s.now
 		}
 		if seq > m.next {
-			if m.handedOut || !s.now.Before(s.settles(m)) {
+			if m.handedOut || (!s.now.Before(s.settles(m)) && m.owed <= m.next) {
 				// Another history (a store copied from elsewhere, a
 				// second router) or a lie: adopting it would renumber
 				// the model and leave every real worker behind.

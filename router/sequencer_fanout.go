@@ -90,6 +90,10 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, model, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			continue
 		}
+		if m.owed > m.next {
+			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "model %q: the previous sequencing router acknowledged updates up to %d, past this router's copy of its log (%d), and no embedding worker holding them has announced yet; nothing is numbered until one does (numbering on would overwrite them); retry", model, m.owed, m.next))
+			continue
+		}
 		if m.unwritten {
 			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "the router could not write the update log of model %q; it takes no updates until it has written it again; retry", model))
 			continue

@@ -372,6 +372,9 @@ func (h *seqScript) do(line string) []string {
 				break
 			}
 			out = append(out, fmt.Sprintf("page %d", page))
+			if page == int(num(arg("pages", "0"))) {
+				break // the holder is lost mid-pull (pages=N)
+			}
 		}
 		for _, name := range slices.Sorted(maps.Keys(h.copy.models)) {
 			rm := h.copy.models[name]
@@ -499,6 +502,9 @@ func (h *seqScript) state(model string) string {
 	}
 	if len(m.slow) > 0 {
 		out += " slow=" + ids(m.slow)
+	}
+	if m.owed > m.next {
+		out += fmt.Sprintf(" owed=%d", m.owed)
 	}
 	if len(m.diverged) > 0 {
 		out += " diverged=" + strings.Join(slices.Sorted(maps.Keys(m.diverged)), ",")
