@@ -75,7 +75,8 @@ type Options struct {
 	// and, at the next Open, reads those rows back into the tier in the
 	// background, in key order, while lookups are served (warm.go;
 	// Store.Warmed reports it). For a tier that does not hold every row:
-	// a complete tier is preloaded instead.
+	// a complete tier is preloaded instead. With PreloadOn, Open's preload
+	// of such a tier runs after the restore, into the slots it leaves.
 	WarmRestart bool
 	// WarmSnapshotEvery, with WarmRestart, also saves the snapshot every
 	// so often while serving, so that a worker that dies without a Close

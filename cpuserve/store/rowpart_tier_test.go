@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"testing"
 
@@ -152,5 +153,53 @@ func TestCarryKeepsPart(t *testing.T) {
 	}
 	if int64(len(stored)) != part.count(rows) {
 		t.Fatalf("the new version's table holds %d rows, its part %d", len(stored), part.count(rows))
+	}
+}
+
+// An upsert of a row-wise shard's table takes only the rows its part
+// holds: an id another shard holds is bad input (its seq still taken),
+// never a row written where no lookup reads it, which also cut a later
+// preload short at that row (a class holds only the part's rows).
+func TestUpsertOutsidePart(t *testing.T) {
+	const rows, dim = 4096, 8
+	dir, _ := shardPlan(t, []*testTable{{name: "big", rows: rows, dim: dim, seed: 4}}, 2, 80<<10, "big")
+	opts := Options{Preload: PreloadOn}
+	s, fs := openMem(t, &opts)
+	k := 0
+	if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); err != nil {
+		t.Fatal(err)
+	}
+	tabs, _ := s.Tables("m")
+	part := tabs[0].Part
+	if part == nil {
+		t.Fatal("no part")
+	}
+	var in, out int64 = -1, -1
+	for id := int64(0); in < 0 || out < 0; id++ {
+		if part.holds(id) {
+			in = id
+		} else {
+			out = id
+		}
+	}
+	row := fill(dim, 7)
+	_, err := s.UpsertSeq("m", "big", []int64{in, out}, append(append([]float32(nil), row...), row...), 1)
+	if !errors.Is(err, ErrIDOutOfRange) {
+		t.Errorf("upsert of row %d, which part %v does not hold: %v, want ErrIDOutOfRange", out, part, err)
+	}
+	if seq, err := s.AppliedSeq("m"); err != nil || seq != 1 {
+		t.Errorf("AppliedSeq %d %v after update 1, want 1", seq, err)
+	}
+	if applied, err := s.UpsertSeq("m", "big", []int64{in}, row, 2); err != nil || !applied {
+		t.Fatalf("upsert of held row %d: %v %v", in, applied, err)
+	}
+	for id := range storedRows(t, s, "m", "big") {
+		if !part.holds(id) {
+			t.Errorf("table of part %v holds row %d", part, id)
+		}
+	}
+	s = reopen(t, s, opts, fs)
+	if got, want := s.Preloaded().Rows, part.count(rows); got != want {
+		t.Errorf("preload after reopen loaded %d rows, the part holds %d", got, want)
 	}
 }

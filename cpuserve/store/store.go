@@ -209,11 +209,26 @@ func Open(dir string, o *Options) (*Store, error) {
 			return nil, fmt.Errorf("open store %q: %w", dir, err)
 		}
 	}
-	if err := s.Preload(context.Background()); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("open store %q: %w", dir, err)
+	// A tier that cannot hold every row, with a warm restart's snapshot
+	// to restore, is preloaded after the restore (startWarm): preloaded
+	// first, it would be full of rows in key order, and the restore would
+	// find no free slot for the snapshot's hottest rows.
+	afterWarm := false
+	if opts.WarmRestart && opts.Preload == PreloadOn && !s.view.Load().tier.Complete() {
+		saved, _, err := s.savedHotSnapshots()
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("open store %q: %w", dir, err)
+		}
+		afterWarm = saved
 	}
-	s.startWarm()
+	if !afterWarm {
+		if err := s.Preload(context.Background()); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("open store %q: %w", dir, err)
+		}
+	}
+	s.startWarm(afterWarm)
 	return s, nil
 }
 

@@ -257,6 +257,11 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 		if id >= tv.rows {
 			return false, 0, fmt.Errorf("upsert model %q table %q: ids[%d]=%d, table has %d rows: %w", model, table, i, id, tv.rows, ErrIDOutOfRange)
 		}
+		if !tv.part.holds(id) {
+			// Another shard's row: written here, no lookup would read it
+			// and a preload would stop at it (the tier holds the part).
+			return false, 0, fmt.Errorf("upsert model %q table %q: ids[%d]=%d, this store holds rows %s of the table: %w", model, table, i, id, tv.part, ErrIDOutOfRange)
+		}
 	}
 	raise := false
 	if seq > 0 {

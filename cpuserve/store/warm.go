@@ -123,8 +123,9 @@ func (s *Store) Warmed() (WarmReport, <-chan struct{}) {
 }
 
 // startWarm begins the background restore of the saved snapshots (Open
-// calls it after Preload). Close cancels it and waits.
-func (s *Store) startWarm() {
+// calls it after Preload, or with preload set, to preload once the
+// restore is done). Close cancels it and waits.
+func (s *Store) startWarm(preload bool) {
 	w := &s.warm
 	w.mu.Lock()
 	w.done = make(chan struct{})
@@ -135,7 +136,14 @@ func (s *Store) startWarm() {
 	}
 	go func() {
 		defer s.ops.Done()
-		s.finishWarm(s.restoreHot(s.closeCtx))
+		err := s.restoreHot(s.closeCtx)
+		if preload {
+			// The rest of the tier's free slots, by scan (Open's preload).
+			if perr := s.Preload(s.closeCtx); perr != nil && s.closeCtx.Err() == nil {
+				s.opts.Logger.Errorf("store %q: preloading the hot tier after the warm restart: %v", s.dir, perr)
+			}
+		}
+		s.finishWarm(err)
 	}()
 	if d := s.opts.WarmSnapshotEvery; d > 0 && !s.opts.ReadOnly && s.enter() == nil {
 		go func() {

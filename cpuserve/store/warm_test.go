@@ -614,3 +614,60 @@ func TestOldSnapshotLayouts(t *testing.T) {
 		s.Close()
 	}
 }
+
+// TestWarmRestartPreloadOn: with Preload on, a tier that cannot hold
+// every row gets the snapshot's rows back first and is then filled by
+// the preload's scan; preloaded first, the tier was full of the tables'
+// first rows in key order and the restore found no free slot for any.
+func TestWarmRestartPreloadOn(t *testing.T) {
+	ctx := context.Background()
+	tabs := []*testTable{{name: "a", rows: 30000, dim: 8, seed: 1}}
+	plan := writePlan(t, "m", tabs)
+	o := Options{HotBytes: 256 << 10, Preload: PreloadOff, WarmRestart: true}
+	s, fs := openMem(t, &o)
+	if _, err := s.Ingest(ctx, plan, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A hot set at the end of the table, where a scan comes last.
+	r := rand.New(rand.NewPCG(4, 5))
+	ids := make([]int64, 500)
+	for i := range ids {
+		ids[i] = 20000 + r.Int64N(10000)
+	}
+	for range 3 {
+		if err := s.Lookup("m", []TableLookup{{Table: "a", IDs: ids, Pooling: PoolNone, Out: make([]float32, len(ids)*8)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := resident(s, 8)
+	if len(want) == 0 {
+		t.Fatal("nothing resident before the restart")
+	}
+	o.Preload = PreloadOn
+	s = reopen(t, s, o, fs)
+	rep := waitWarm(t, s)
+	if !rep.Done || rep.Err != nil || rep.Keys != int64(len(want)) || rep.Rows != rep.Keys {
+		t.Errorf("warm report %+v, want the %d keys saved restored", rep, len(want))
+	}
+	got := map[uint64]bool{}
+	for _, k := range resident(s, 8) {
+		got[k] = true
+	}
+	missing := 0
+	for _, k := range want {
+		if !got[k] {
+			missing++
+		}
+	}
+	if missing > 0 {
+		t.Errorf("%d of the %d keys resident before the restart are not after it", missing, len(want))
+	}
+	if c := s.view.Load().tier.Class(8); c.Used() != c.Slots() || s.Preloaded().Rows == 0 {
+		t.Errorf("after the restore the preload filled %d of %d slots (%+v)", c.Used(), c.Slots(), s.Preloaded())
+	}
+	for _, id := range ids[:20] {
+		if got := lookupRow(t, s, "m", "a", id, 8); !slices.Equal(got, tabs[0].data[id*8:(id+1)*8]) {
+			t.Fatalf("row %d = %v", id, got)
+		}
+	}
+}
