@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,7 +144,16 @@ func predictFinish(rate float64, floor time.Duration, ahead, n int64, remaining 
 	if rate <= 0 {
 		return 0, true
 	}
-	predicted = floor + time.Duration(float64(ahead+n)/rate*float64(time.Second))
+	// A rate near zero or a large backlog makes more seconds than a
+	// Duration holds: converted as they are, they wrapped negative and
+	// admitted the request. Past it the prediction is the longest
+	// Duration, later than any deadline.
+	wait := float64(ahead+n) / rate * float64(time.Second)
+	if wait+float64(floor) < math.MaxInt64 { // false for NaN too
+		predicted = floor + time.Duration(wait)
+	} else {
+		predicted = math.MaxInt64
+	}
 	return predicted, predicted <= remaining || (ahead <= 0 && remaining > 0)
 }
 

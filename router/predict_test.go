@@ -45,6 +45,11 @@ func TestPredictFinish(t *testing.T) {
 		{"floor within a loose deadline", 10000, 15 * time.Millisecond, 400, 100, 100 * time.Millisecond, 65 * time.Millisecond, true},
 		{"floor past the deadline, nothing ahead", 10000, 80 * time.Millisecond, 0, 100, 60 * time.Millisecond, 90 * time.Millisecond, true},
 		{"floor without a rate", 0, 15 * time.Millisecond, 1 << 20, 270, time.Millisecond, 0, true},
+		// (ahead+n)/rate past what a Duration holds: converted as it was,
+		// it wrapped negative and the request was admitted.
+		{"backlog at a rate near zero", 1e-9, 0, 1 << 20, 270, time.Second, math.MaxInt64, false},
+		{"backlog at a rate near zero, with a floor", 1e-9, 15 * time.Millisecond, 1 << 20, 270, 30 * time.Second, math.MaxInt64, false},
+		{"just past a Duration", 1, time.Hour, math.MaxInt64 / int64(time.Second), 0, 30 * time.Second, math.MaxInt64, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, ok := predictFinish(c.rate, c.floor, c.ahead, c.n, c.remaining)

@@ -144,6 +144,7 @@ func ParseSpec(s string) (Spec, error) {
 	var d capacity.Options
 	d.EnsureDefaults()
 	c.Target, c.High, c.MinLease, c.CoolDown, c.Exact = d.Target, d.High, d.MinLease, d.CoolDown, true
+	given := map[string]bool{}
 	if rest != "" {
 		for kv := range strings.SplitSeq(rest, ",") {
 			k, v, ok := strings.Cut(kv, "=")
@@ -151,7 +152,7 @@ func ParseSpec(s string) (Spec, error) {
 				return sp, fmt.Errorf("loan %q: %q is not KEY=VALUE", s, kv)
 			}
 			var err error
-			dur := func(d *time.Duration) { *d, err = time.ParseDuration(v) }
+			dur := func(d *time.Duration) { *d, err = time.ParseDuration(v); given[k] = true }
 			num := func(f *float64) {
 				// NaN and Inf parse, and pass every comparison a check
 				// makes: capacity=NaN loaned nothing, silently.
@@ -236,6 +237,27 @@ func ParseSpec(s string) (Spec, error) {
 	}
 	if sp.Max < 1 {
 		return sp, fmt.Errorf("loan %q: max=N (at least 1) is needed", s)
+	}
+	// Given as 0 or less, these were read as their defaults (startup
+	// 2m, borrow-timeout 10m, drain-timeout 1m, window 2s, grace 30s,
+	// idle-refresh 10s); a negative window, grace, reclaim-after or
+	// hold was taken too.
+	for _, d := range []struct {
+		key  string
+		v    time.Duration
+		zero bool // 0 is meant: none
+	}{
+		{"startup", c.StartupEstimate, false}, {"borrow-timeout", c.BorrowTimeout, false}, {"drain-timeout", c.DrainTimeout, false},
+		{"window", sp.Window, false}, {"grace", sp.Grace, false}, {"idle-refresh", sp.Kube.IdleRefresh, false},
+		{"reclaim-after", sp.ReclaimAfter, true}, {"hold", sp.Hold, true},
+	} {
+		switch {
+		case !given[d.key]:
+		case d.zero && d.v < 0:
+			return sp, fmt.Errorf("loan %q: %s=%v: want 0 or more", s, d.key, d.v)
+		case !d.zero && d.v <= 0:
+			return sp, fmt.Errorf("loan %q: %s=%v: want a positive duration", s, d.key, d.v)
+		}
 	}
 	if kube {
 		switch {

@@ -57,6 +57,16 @@ func TestParseSpec(t *testing.T) {
 		{"local:max=2,capacity=NaN", `capacity: "NaN" is not a finite number`},
 		{"local:max=2,capacity=+Inf", `"+Inf" is not a finite number`},
 		{"local:max=2,high=Inf", `"Inf" is not a finite number`},
+		// Read as their defaults, or taken negative.
+		{"local:max=2,startup=0s", "startup=0s: want a positive duration"},
+		{"local:max=2,borrow-timeout=0s", "borrow-timeout=0s: want a positive duration"},
+		{"local:max=2,drain-timeout=0s", "drain-timeout=0s: want a positive duration"},
+		{"local:max=2,window=-1s", "window=-1s: want a positive duration"},
+		{"local:max=2,window=0s", "window=0s: want a positive duration"},
+		{"local:max=2,grace=0s", "grace=0s: want a positive duration"},
+		{"local:max=2,reclaim-after=-1s", "reclaim-after=-1s: want 0 or more"},
+		{"local:max=2,hold=-1m", "hold=-1m0s: want 0 or more"},
+		{"kubernetes:max=2,template=d,pool=a=b,priority-class=c,idle-refresh=0s", "idle-refresh=0s: want a positive duration"},
 		// A live run forecasts from a promotion calendar only: without
 		// one, predictive would borrow as reactive does, while the key
 		// said otherwise.

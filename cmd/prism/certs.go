@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/flagval"
 )
 
 func init() { subcommands = append(subcommands, newCertsCmd) }
@@ -52,6 +53,10 @@ is then that CA's certificate, its key is read and never copied, and the
 certificates expire with it at the latest.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// InitCerts takes 0 for its default, two years.
+			if err := flagval.Positive(cmd.Flags(), "validity"); err != nil {
+				return err
+			}
 			err := auth.InitCerts(args[0], auth.CertOptions{Hosts: hosts, Validity: validity, Instances: instances, CACert: caCert, CAKey: caKey})
 			if errors.Is(err, auth.ErrCAExists) {
 				return fmt.Errorf("%w: use it as it is, or give certs init a new folder", err)

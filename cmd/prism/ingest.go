@@ -59,6 +59,16 @@ the shard it holds.`,
 			if io.SSTBytes, err = flagval.Bytes(sstBytes); err != nil {
 				return fmt.Errorf("--sst-bytes: %w", err)
 			}
+			// The store took 0 for its 64 MiB, and recorded no hot tier
+			// size for 0.
+			for _, f := range []struct {
+				name, spec string
+				n          int64
+			}{{"hot-bytes", hotBytes, io.HotBytes}, {"sst-bytes", sstBytes, io.SSTBytes}} {
+				if cmd.Flags().Changed(f.name) && f.n <= 0 {
+					return fmt.Errorf("--%s %s: want a positive size", f.name, f.spec)
+				}
+			}
 			if io.DType, io.TableDTypes, err = store.ParseDTypes(dtype); err != nil {
 				return fmt.Errorf("--dtype: %w", err)
 			}

@@ -39,6 +39,10 @@ and prints a report.`,
 			if verifyN < 0 {
 				return errors.New("partition: --verify must not be negative")
 			}
+			if verifyN > 0 && o.ReportOnly {
+				// It was skipped without a word.
+				return errors.New("partition: --verify checks the written partition: not with --report-only")
+			}
 			// Each is positive: 0 would stand for the default (the cost
 			// model's zero fields), silently.
 			if err := flagval.Positive(cmd.Flags(), "net-gbps", "cpu-gflops", "gpu-gflops", "gpu-launch-us", "batch"); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prism-serve/prism/capacity"
 	"github.com/prism-serve/prism/capacity/sim"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/placement/cli"
 )
 
@@ -37,6 +38,15 @@ with --grace. It reports the GPUs static provisioning for the peak would
 need, the peak borrowed, borrowed GPU-hours, SLO attainment and reclaims
 survived, and writes report.json and loan.png to --out.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Checked first, naming the flag: the simulation's own checks
+			// said "trace scale", "tick" and "lender idle", after the
+			// trace was read.
+			if err := flagval.Positive(cmd.Flags(), "scale", "tick"); err != nil {
+				return err
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "owned", "lender-idle", "startup", "drain", "grace", "min-lease", "cool-down"); err != nil {
+				return err
+			}
 			var err error
 			if c.Trace, err = dataFlag("qps", trace, sim.QPSTrace); err != nil {
 				return err

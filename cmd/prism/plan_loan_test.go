@@ -22,6 +22,10 @@ func TestPlanLoanErrors(t *testing.T) {
 		{[]string{"plan", "loan", "--qps", "q.csv", "--capacity-per-worker", "100", "--policy", "eager"}, `prism: --policy: unknown capacity policy "eager"`},
 		{[]string{"plan", "loan", "--qps", "q.csv", "--capacity-per-worker", "100", "--promotion", "5h,1h"}, `prism: --promotion: promotion "5h,1h": want START,DURATION,FACTOR`},
 		{[]string{"plan", "loan", "--qps", "q.csv"}, `prism: --capacity-per-worker must be positive`},
+		{[]string{"plan", "loan", "--qps", "q.csv", "--capacity-per-worker", "100", "--scale", "-1"}, `prism: --scale -1: want a positive value`},
+		{[]string{"plan", "loan", "--qps", "q.csv", "--capacity-per-worker", "100", "--tick", "0"}, `prism: --tick 0s: want a positive value`},
+		{[]string{"plan", "loan", "--qps", "q.csv", "--capacity-per-worker", "100", "--lender-idle", "-1"}, `prism: --lender-idle -1: want 0 or more`},
+		{[]string{"plan", "loan", "--qps", "q.csv", "--capacity-per-worker", "100", "--startup", "-1s"}, `prism: --startup -1s: want 0 or more`},
 	} {
 		out, err := run(t, nil, c.args...)
 		if err == nil || !strings.HasPrefix(out, c.want) {

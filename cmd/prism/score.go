@@ -25,6 +25,10 @@ every performance figure is a ratio against it.`,
 			if err := flagval.Positive(cmd.Flags(), "zipf"); err != nil {
 				return err
 			}
+			// Below 0 each ran as 0, silently.
+			if err := flagval.NonNegative(cmd.Flags(), "show", "warmup"); err != nil {
+				return err
+			}
 			switch {
 			case o.Batch <= 0:
 				return errors.New("score: --batch must be positive")

@@ -48,7 +48,20 @@ With --router it announces itself to every router's registry (role "dense")
 at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := flagval.Positive(cmd.Flags(), "max-delay", "max-samples", "sessions"); err != nil {
+			// The server took a --max-message-bytes of 0 or less for 64 MiB.
+			if err := flagval.Positive(cmd.Flags(), "max-delay", "max-samples", "sessions", "max-message-bytes"); err != nil {
+				return err
+			}
+			// Checked here, naming the flag: the dense tier's own checks
+			// said "sessions 100" and "across models".
+			if sessions > 64 {
+				return fmt.Errorf("--sessions %d: want 1 to 64 per model", sessions)
+			}
+			if acrossModels != "on" && acrossModels != "off" {
+				return fmt.Errorf("--across-models %q: want on or off", acrossModels)
+			}
+			// The batcher took a negative queue bound for its default.
+			if err := flagval.NonNegative(cmd.Flags(), "max-queue"); err != nil {
 				return err
 			}
 			if maxBatch < 0 {

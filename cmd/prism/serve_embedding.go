@@ -57,6 +57,20 @@ at --advertise-addr.`,
 			if err := flagval.Positive(cmd.Flags(), "max-samples", "max-inflight-samples"); err != nil {
 				return err
 			}
+			// A negative interval saved at shutdown only, as 0 does.
+			if err := flagval.NonNegative(cmd.Flags(), "warm-snapshot-every", "threads"); err != nil {
+				return err
+			}
+			// Checked here, naming the flag: the store's and the server's
+			// own checks said "preload", "miss parallel" and "threads".
+			switch store.PreloadMode(preload) {
+			case store.PreloadAuto, store.PreloadOn, store.PreloadOff:
+			default:
+				return fmt.Errorf("--preload %q: want auto, on or off", preload)
+			}
+			if err := checkMissParallel(missParallel); err != nil {
+				return err
+			}
 			if db == "" {
 				return fmt.Errorf("--db is required")
 			}
@@ -93,6 +107,10 @@ at --advertise-addr.`,
 			if cacheBytes != "" {
 				if so.CacheBytes, err = flagval.Bytes(cacheBytes); err != nil {
 					return fmt.Errorf("--cache-bytes: %w", err)
+				}
+				if so.CacheBytes == 0 {
+					// The store took 0 for its 256 MiB.
+					return fmt.Errorf("--cache-bytes %s: want a positive size", cacheBytes)
 				}
 			} else if mem.Cgroup > 0 {
 				so.CacheBytes = store.CacheBytesFor(mem.Cgroup)
@@ -221,4 +239,13 @@ at --advertise-addr.`,
 	f.BoolVar(&dictFrames, "dictionary-frames", true, "send a cut tensor that is one id's row per sample dictionary-encoded in micro-batches of 32 samples or more (each distinct row looked up and sent once; --dictionary-frames=false sends every row)")
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
 	return cmd
+}
+
+// checkMissParallel refuses a --miss-parallel the store would, naming
+// the flag (the store's error said "miss parallel 100").
+func checkMissParallel(n int) error {
+	if n < 0 || n > 64 {
+		return fmt.Errorf("--miss-parallel %d: want 1 to 64 (0: %d)", n, store.DefaultMissParallel)
+	}
+	return nil
 }

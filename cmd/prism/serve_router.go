@@ -40,7 +40,10 @@ func newServeRouterCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := flagval.Positive(cmd.Flags(), "micro-batch", "max-candidates", "max-inflight", "heartbeat", "default-timeout", "stream-window",
-				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers", "shutdown-grace"); err != nil {
+				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers", "shutdown-grace",
+				// The router and the lease took 0 or less for their
+				// defaults (1 GiB, 256 MiB, 15 s).
+				"max-inflight-bytes", "update-log-bytes", "sequencer-lease-duration"); err != nil {
 				return err
 			}
 			if !(ro.AdmitShare > 0 && ro.AdmitShare <= 1) { // NaN too

@@ -58,7 +58,10 @@ func newStoreBenchCmd() *cobra.Command {
 			if err := flagval.Positive(cmd.Flags(), "batch", "batches", "dim"); err != nil {
 				return err
 			}
-			if err := flagval.NonNegative(cmd.Flags(), "warmup", "max-rows", "miss-parallel"); err != nil {
+			if err := flagval.NonNegative(cmd.Flags(), "warmup", "max-rows"); err != nil {
+				return err
+			}
+			if err := checkMissParallel(cfg.MissParallel); err != nil {
 				return err
 			}
 			if cfg.Warmup == 0 {
@@ -71,6 +74,14 @@ func newStoreBenchCmd() *cobra.Command {
 			}
 			if cfg.CacheBytes, err = flagval.Bytes(cache); err != nil {
 				return fmt.Errorf("--cache-bytes: %w", err)
+			}
+			// The store took 0 for its defaults (the recorded hot tier
+			// size, a 256 MiB block cache).
+			if cfg.HotBytes == 0 {
+				return fmt.Errorf("--hot-bytes %s: want a positive size", hot)
+			}
+			if cfg.CacheBytes == 0 {
+				return fmt.Errorf("--cache-bytes %s: want a positive size", cache)
 			}
 			if cfg.DType, err = store.ParseDType(dtype); err != nil {
 				return err

@@ -163,7 +163,8 @@ func changedAlias(fl *pflag.FlagSet, f *pflag.Flag) bool {
 // checkUpFlags refuses a value typed on up's command line (or searched
 // by prism tune) whose zero up would leave out of its children's flags,
 // so that they ran at their defaults: a micro-batch of 0 ran the
-// router's 512, a max-delay of 0 the dense tier's 2 ms.
+// router's 512, a max-delay of 0 the dense tier's 2 ms. (A --ready-timeout
+// of 0 up refused itself, as "ready timeout", without the flag's name.)
 func checkUpFlags(fl *pflag.FlagSet) error {
-	return flagval.Positive(fl, "micro-batch", "max-delay", "dense-sessions", "replicas")
+	return flagval.Positive(fl, "micro-batch", "max-delay", "dense-sessions", "replicas", "ready-timeout")
 }

@@ -20,6 +20,12 @@ func TestZeroFlagsRefused(t *testing.T) {
 		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--shutdown-grace", "0"},
 		{"serve", "embedding", "--insecure", "--db", dir + "/db", "--plan", dir + "/none", "--max-samples", "-5"},
 		{"serve", "embedding", "--insecure", "--db", dir + "/db", "--plan", dir + "/none", "--max-inflight-samples", "0"},
+		// The router took these for their defaults (1 GiB, 256 MiB, 15 s)
+		// and served.
+		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--max-inflight-bytes", "0"},
+		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--max-inflight-bytes", "-5"},
+		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--update-log-bytes", "0"},
+		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--sequencer-lease-duration", "0"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		out, err := exec.CommandContext(ctx, prismBin, args...).CombinedOutput()

@@ -16,9 +16,10 @@ const HotBytesAuto = "auto"
 // SetHotBytes sets the hot tier's size from a spec as people write it:
 // "auto" holds every row of the active tables when that needs at most
 // half of physicalMemory (bytes; 0 when unknown), else the store's
-// recorded size; any negative value disables the tier; "" is the
-// recorded size (or DefaultHotBytes); anything else is a byte size
-// ("512MiB", see flagval.Bytes).
+// recorded size; any negative size ("-1") disables the tier; "" is the
+// recorded size (or DefaultHotBytes); anything else is a positive byte
+// size ("512MiB", see flagval.Bytes). A size of 0 is refused: it read
+// as "" and gave the recorded size to one who asked for none.
 func (o *Options) SetHotBytes(spec string, physicalMemory int64) error {
 	switch hb := strings.TrimSpace(spec); {
 	case hb == HotBytesAuto:
@@ -28,11 +29,19 @@ func (o *Options) SetHotBytes(spec string, physicalMemory int64) error {
 			o.HotBytesAutoMax = physicalMemory / 2
 		}
 	case strings.HasPrefix(hb, "-"):
+		// A size after the sign: "-lots" disabled the tier too.
+		if _, err := flagval.Bytes(hb[1:]); err != nil || hb == "-" {
+			return fmt.Errorf("%q is not a size", spec)
+		}
 		o.HotBytes = -1
+	case hb == "":
 	default:
 		n, err := flagval.Bytes(hb)
 		if err != nil {
 			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("%q: want a positive size (a negative one disables the hot tier)", spec)
 		}
 		o.HotBytes = n
 	}

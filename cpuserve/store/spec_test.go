@@ -24,6 +24,13 @@ func TestSetHotBytes(t *testing.T) {
 		{"-1", 8 << 30, -1, 0, false},
 		{"-512MiB", 8 << 30, -1, 0, false},
 		{"lots", 8 << 30, 0, 0, true},
+		// Read leniently, these disabled the tier or gave it the
+		// recorded size.
+		{"-lots", 8 << 30, 0, 0, true},
+		{"-", 8 << 30, 0, 0, true},
+		{"0", 8 << 30, 0, 0, true},
+		{"0MiB", 8 << 30, 0, 0, true},
+		{"-0", 8 << 30, -1, 0, false},
 	} {
 		var o Options
 		err := o.SetHotBytes(tc.spec, tc.mem)

@@ -6,6 +6,7 @@ package flagval
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -74,7 +75,8 @@ func FormatBytes(n int64) string {
 // Positive refuses, among the flags of fs named, any set on the command
 // line to zero or less (an int, a float or a duration): a count, a size
 // or an interval that would otherwise be taken silently as "use the
-// default" or mean nothing. Flags left unset keep their defaults.
+// default" or mean nothing. Infinities are refused too (a float flag
+// takes "+Inf"). Flags left unset keep their defaults.
 func Positive(fs *pflag.FlagSet, names ...string) error { return atLeast(fs, false, names) }
 
 // NonNegative refuses, among the flags of fs named, any set on the
@@ -104,6 +106,8 @@ func atLeast(fs *pflag.FlagSet, zero bool, names []string) error {
 			return fmt.Errorf("--%s %s: want 0 or more", name, v)
 		case !zero && (err != nil || !(x > 0)):
 			return fmt.Errorf("--%s %s: want a positive value", name, v)
+		case math.IsInf(x, 1):
+			return fmt.Errorf("--%s %s: want a finite number", name, v)
 		}
 	}
 	return nil

@@ -83,6 +83,10 @@ func TestPositive(t *testing.T) {
 		{[]string{"--f", "0"}, "--f 0: want a positive value", ""},
 		{[]string{"--f", "-0.5"}, "--f -0.5: want a positive value", "--f -0.5: want 0 or more"},
 		{[]string{"--f", "NaN"}, "--f NaN: want a positive value", "--f NaN: want 0 or more"},
+		// An infinite rate, size or share means nothing either (a
+		// --tolerance of +Inf failed as "json: unsupported value").
+		{[]string{"--f", "+Inf"}, "--f +Inf: want a finite number", "--f +Inf: want a finite number"},
+		{[]string{"--f", "-Inf"}, "--f -Inf: want a positive value", "--f -Inf: want 0 or more"},
 		{[]string{"--free", "-5"}, "", ""}, // not checked
 	} {
 		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)

@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -29,9 +28,9 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/capacity/loan"
+	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
-	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
@@ -167,12 +166,10 @@ func (c *Config) Validate() error {
 	if err := c.validateCounts(); err != nil {
 		return err
 	}
-	switch hb := strings.TrimSpace(c.HotBytes); {
-	case hb == "", hb == "auto", strings.HasPrefix(hb, "-"):
-	default:
-		if _, err := flagval.Bytes(hb); err != nil {
-			return fmt.Errorf("--hot-bytes: %w", err)
-		}
+	// As the embedding workers will read it: "-lots" and "0" passed
+	// here and stopped every worker.
+	if err := new(store.Options).SetHotBytes(c.HotBytes, 0); err != nil {
+		return fmt.Errorf("--hot-bytes: %w", err)
 	}
 	switch {
 	case c.BatchOrder != "" && c.BatchOrder != "edf" && c.BatchOrder != "fifo":

@@ -325,6 +325,8 @@ func TestRunRefusesCounts(t *testing.T) {
 		{"too many sessions", func(c *Config) { c.DenseSessions = 65 }, "--dense-sessions 65"},
 		{"across models", func(c *Config) { c.DenseAcrossModels = "auto" }, `--dense-across-models "auto"`},
 		{"hot bytes not a size", func(c *Config) { c.HotBytes = "1XB" }, `--hot-bytes: "1XB" is not a size`},
+		{"hot bytes negative not a size", func(c *Config) { c.HotBytes = "-lots" }, `--hot-bytes: "-lots" is not a size`},
+		{"hot bytes 0", func(c *Config) { c.HotBytes = "0" }, `--hot-bytes: "0": want a positive size`},
 		{"batch order", func(c *Config) { c.BatchOrder = "x" }, `--batch-order "x": want edf or fifo`},
 		{"address", func(c *Config) { c.Addr = "foo" }, `--addr "foo": want HOST:PORT`},
 		{"admit share", func(c *Config) { c.AdmitShare = 1.5 }, "--admit-share 1.5"},
