@@ -65,3 +65,24 @@ func TestIndexCacheAdvice(t *testing.T) {
 		})
 	}
 }
+
+// TestUpMemoryLimit: prism up --memory-limit off is off (negative, so
+// the embedding workers are given off), not "none known" (0), on which
+// each worker budgets its cgroup's whole limit.
+func TestUpMemoryLimit(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		want int64
+	}{
+		{"off", -1},
+		{" off ", -1},
+		{"16GiB", 16 << 30},
+	} {
+		if got, err := upMemoryLimit(tc.spec); err != nil || got != tc.want {
+			t.Errorf("upMemoryLimit(%q) = %d, %v; want %d", tc.spec, got, err, tc.want)
+		}
+	}
+	if got, err := upMemoryLimit("auto"); err != nil || got < 0 {
+		t.Errorf("upMemoryLimit(auto) = %d, %v; want the cgroup's limit or 0", got, err)
+	}
+}

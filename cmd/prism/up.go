@@ -66,11 +66,11 @@ K) unless its store already holds it.`,
 			if len(c.Plans) == 0 {
 				return errors.New("up: at least one --model PLAN_DIR is needed (make one with prism partition)")
 			}
-			mem, err := memoryLimit(memLimit)
+			mem, err := upMemoryLimit(memLimit)
 			if err != nil {
 				return fmt.Errorf("up: --memory-limit: %w", err)
 			}
-			c.MemoryLimit = mem.Cgroup
+			c.MemoryLimit = mem
 			ctx, stop := signalContext()
 			defer stop()
 			c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -118,6 +118,21 @@ K) unless its store already holds it.`,
 	fl.StringVar(&c.Loan, "loan", "", "borrow dense workers for peaks: local:max=N[,capacity=REQ/S,policy=reactive|predictive,promo=START/DURATION/FACTOR,high=,target=,low=,p99=,queue=,min-lease=,cool-down=,startup=,borrow-timeout=,drain-timeout=,tick=,window=,grace=,reclaim-after=D,hold=D,addr=] (README: Promotions and capacity loaning)")
 	fl.StringVar(&configFile, "config", "", "take the serving configuration from this file: the best of a prism tune tune.json, or a JSON object of these flags' names to values; flags given on the command line win")
 	return cmd
+}
+
+// upMemoryLimit is up.Config.MemoryLimit for prism up --memory-limit
+// spec: the limit in bytes, 0 when none is known (auto without a
+// cgroup limit), negative for off, which the embedding workers are then
+// given (their own auto would budget the cgroup's whole limit each).
+func upMemoryLimit(spec string) (int64, error) {
+	mem, err := memoryLimit(spec)
+	if err != nil {
+		return 0, err
+	}
+	if strings.TrimSpace(spec) == "off" {
+		return -1, nil
+	}
+	return mem.Cgroup, nil
 }
 
 // applyConfig sets the flags a config file names, except those given on

@@ -77,3 +77,24 @@ func TestUpRestartsRouter(t *testing.T) {
 	}
 	t.Fatalf("30 s after its router was killed, prism up serves no Recommend at %s (last: %v)\n%s", u.addr, last, u.log)
 }
+
+// TestUpOnEveryInterface: prism up --addr 0.0.0.0:0 (the router listens
+// on every interface) comes up over TLS and serves Recommend at the
+// address it prints. Its workers dialled the router's ready-line
+// address, [::]:P, for which no certificate is valid: they never
+// registered and up gave up after --ready-timeout.
+func TestUpOnEveryInterface(t *testing.T) {
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	u := startProc(t, readyline.Up, "up", "--model", part, "--addr", "0.0.0.0:0", "--db", filepath.Join(dir, "db"),
+		"--dense-workers", "1", "--ready-timeout", "40s")
+	conn := dialRestartable(t, u.addr, filepath.Join(dir, "certs"))
+	src, _ := models.NewSynthetic(cfg.Signature(), models.SyntheticOptions{Seed: 3})
+	b, _ := src.Next(16)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := prismv1.NewRecommenderClient(conn).Recommend(ctx, toRequest(cfg.Name, b, nil))
+	if err != nil || len(resp.GetScores()) != 16 {
+		t.Fatalf("Recommend at %s: %d scores, %v\n%s", u.addr, len(resp.GetScores()), err, u.log)
+	}
+}

@@ -166,7 +166,15 @@ func (s *Supervisor) Start(ctx context.Context, c *Child, timeout time.Duration)
 	switch {
 	case errors.Is(err, readyline.ErrExited):
 		<-done
-		return "", fmt.Errorf("%s exited before it was ready (see its log above)", c.Name)
+		// Its exit status too: a child killed outright (the kernel's
+		// OOM killer, a SIGKILL) leaves no log line that says so.
+		s.mu.Lock()
+		status := c.err
+		s.mu.Unlock()
+		if status == nil {
+			return "", fmt.Errorf("%s exited before it was ready (see its log above)", c.Name)
+		}
+		return "", fmt.Errorf("%s exited before it was ready: %v (see its log above)", c.Name, status)
 	case errors.Is(err, readyline.ErrTimeout):
 		_ = p.Signal(os.Kill)
 		<-done

@@ -350,6 +350,10 @@ func TestExitBeforeReady(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "router exited before it was ready") {
 		t.Fatalf("Start: %v", err)
 	}
+	// How it ended: a child killed outright logs nothing that says so.
+	if !strings.Contains(err.Error(), "exit status 2") {
+		t.Errorf("Start: %v, which does not say how the child ended", err)
+	}
 }
 
 func TestStartCancelled(t *testing.T) {

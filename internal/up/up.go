@@ -8,6 +8,7 @@ package up
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -106,8 +107,10 @@ type Config struct {
 	// TLS; Run refuses it with Insecure).
 	AuthTokenFile string
 	// MemoryLimit is the memory up's processes may use together (prism
-	// up --memory-limit: the memory cgroup's limit by default; 0: none),
-	// half of it shared out among the embedding workers.
+	// up --memory-limit: the memory cgroup's limit by default; 0: none
+	// known, each embedding worker then reads its own cgroup; negative:
+	// none, --memory-limit off, which the workers are given too), half of
+	// it shared out among the embedding workers.
 	MemoryLimit int64
 	// flatCerts says Certs has the old flat layout (Run sets it), which
 	// has no role folders to pass.
@@ -182,7 +185,27 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--addr %q: want HOST:PORT: %w", c.Addr, err)
 		}
 	}
+	if _, err := c.loanSpec(); err != nil {
+		return err
+	}
 	return nil
+}
+
+// loanSpec is --loan read (the zero Spec without it): checked by
+// Validate, before up makes certificates or ingests shards, and no
+// longer only once the tiers have started.
+func (c *Config) loanSpec() (loan.Spec, error) {
+	if c.Loan == "" {
+		return loan.Spec{}, nil
+	}
+	sp, err := loan.ParseSpec(c.Loan)
+	if err != nil {
+		return loan.Spec{}, fmt.Errorf("--loan: %w", err)
+	}
+	if sp.Provider != "local" {
+		return loan.Spec{}, fmt.Errorf("--loan %s: prism up lends only local slots; the %s lender runs beside the routers on the cluster: prism loan --lender %s", c.Loan, sp.Provider, c.Loan)
+	}
+	return sp, nil
 }
 
 func (c *Config) validateCounts() error {
@@ -348,17 +371,10 @@ func Run(ctx context.Context, c Config) error {
 			return fmt.Errorf("up: %w", err)
 		}
 	}
-	var spec loan.Spec
 	metrics := &routerMetricsWatch{w: c.Stdout}
-	if c.Loan != "" {
-		sp, err := loan.ParseSpec(c.Loan)
-		if err != nil {
-			return fmt.Errorf("up: --loan: %w", err)
-		}
-		if sp.Provider != "local" {
-			return fmt.Errorf("up: --loan %s: prism up lends only local slots; the %s lender runs beside the routers on the cluster: prism loan --lender %s", c.Loan, sp.Provider, c.Loan)
-		}
-		spec = sp
+	spec, err := c.loanSpec() // checked by Validate
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
 	}
 	sup := supervise.New(supervise.Options{
 		Starter: &supervise.Exec{Path: c.Exe, Stderr: c.Stderr},
@@ -400,14 +416,15 @@ func Run(ctx context.Context, c Config) error {
 		}
 		return err
 	}
-	routerAddr, err := sup.Start(ctx, rt, routerReadyTimeout)
+	bound, err := sup.Start(ctx, rt, routerReadyTimeout)
 	if err != nil {
 		return stopping(err)
 	}
 	// A router that dies is restarted like the workers (its update log
 	// is on disk for that), on the port the first one bound: the workers
 	// announce to that address, also when --addr asked for port 0.
-	pinRouterAddr(rt, c.Addr, routerAddr)
+	pinRouterAddr(rt, c.Addr, bound)
+	routerAddr := RouterDialAddr(c.Addr, bound)
 	sup.Supervise(ctx, rt, routerReadyTimeout)
 
 	disc, err := devices.Discover(c.NVML)
@@ -474,6 +491,37 @@ func pinRouterAddr(rt *supervise.Child, addr, bound string) {
 			return
 		}
 	}
+}
+
+// RouterDialAddr is the address up's workers, up itself and its
+// clients dial the router at, given its --addr and bound, the address
+// its ready line named: bound; where --addr names a host (node7:8500),
+// that name at the bound port (the ready line names the IP address it
+// resolved to, which the certificates up makes for the name do not
+// cover); where the router listens on every interface (--addr
+// 0.0.0.0:P, [::]:P or :P, whose ready line names [::]:P), loopback at
+// its port. Over TLS the workers verify the router's certificate
+// against the host they dial, and no certificate is valid for an
+// unspecified address: the workers dialling [::]:P never registered,
+// and up waited out --ready-timeout.
+func RouterDialAddr(addr, bound string) string {
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if h, _, err := net.SplitHostPort(addr); err == nil && h != "" && net.ParseIP(h) == nil {
+		return net.JoinHostPort(h, port)
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return bound
+	}
+	loopback := "127.0.0.1"
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(h); ip != nil && ip.To4() == nil {
+			loopback = "::1" // an IPv6 --addr: the router may not take IPv4
+		}
+	}
+	return net.JoinHostPort(loopback, port)
 }
 
 // denseDevices is what the dense workers will run on: disc, or the CPU
@@ -628,13 +676,18 @@ func embeddingEnv(cpus, workers int, userSet bool) []string {
 // embeddingMemArgs is the --memory-limit of each of workers embedding
 // workers under a memory limit of limit bytes (0: none; each worker then
 // reads its own cgroup, which is up's): together half of it, in equal
-// shares. The other half is the router's, the dense workers' (ONNX
-// Runtime's weights and arenas, outside any Go budget) and the page
+// shares. A negative limit (prism up --memory-limit off) is off for the
+// workers too: left to their default, auto, each budgeted the whole
+// container's limit. The other half is the router's, the dense
+// workers' (ONNX Runtime's weights and arenas, outside any Go budget) and the page
 // cache's beyond the workers' own quarter. Without it every embedding
 // worker would size itself to the whole container.
 func embeddingMemArgs(limit int64, workers int) []string {
-	if limit <= 0 || workers <= 0 {
+	switch {
+	case workers <= 0 || limit == 0:
 		return nil
+	case limit < 0:
+		return []string{"--memory-limit", "off"}
 	}
 	return []string{"--memory-limit", fmt.Sprint(limit / 2 / int64(workers))}
 }
@@ -678,7 +731,8 @@ func certInstances(c Config) int {
 // absent or empty (valid for loopback and addr's host), and checks that
 // a folder it did not make holds every role's files: a prism certs init
 // folder (auth.InitRoot), or one of the old flat layout (auth.Flat), not
-// one role's folder. made says whether it made them.
+// one role's folder, whose router certificate is valid for addr's host.
+// made says whether it made them.
 func EnsureCerts(dir, addr string) (made bool, layout auth.Layout, err error) {
 	return ensureCerts(dir, addr, 0, "", "")
 }
@@ -690,15 +744,8 @@ func ensureCerts(dir, addr string, instances int, caCert, caKey string) (made bo
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return false, 0, fmt.Errorf("certificates: %w", err)
 	}
+	hosts := certHosts(addr)
 	if len(entries) == 0 {
-		var hosts []string
-		if h, _, err := net.SplitHostPort(addr); err == nil && h != "" {
-			if ip := net.ParseIP(h); ip == nil || !(ip.IsLoopback() || ip.IsUnspecified()) {
-				if h != "localhost" {
-					hosts = append(hosts, h)
-				}
-			}
-		}
 		if err := auth.InitCerts(dir, auth.CertOptions{Hosts: hosts, Instances: instances, CACert: caCert, CAKey: caKey}); err != nil {
 			return false, 0, err
 		}
@@ -731,7 +778,55 @@ func ensureCerts(dir, addr string, instances int, caCert, caKey string) (made bo
 		}
 		layout = res.Layout
 	}
+	// Made for another --addr: the workers, which dial the router at
+	// this host, would refuse its certificate and never register (up
+	// waited out --ready-timeout, the reason in their logs alone).
+	for _, h := range hosts {
+		if err := coversHost(dir, h); err != nil {
+			return false, 0, fmt.Errorf("certificate folder %s was made for another address: %w; give --certs a new (or empty) folder, which up makes for --addr %s, or make one with prism certs init DIR --host %s", dir, err, addr, h)
+		}
+	}
 	return false, layout, nil
+}
+
+// certHosts are the hosts of addr (--addr) the certificates must be
+// valid for besides loopback, which they always are: none for a
+// loopback or unspecified address (the workers then dial loopback,
+// RouterDialAddr).
+func certHosts(addr string) []string {
+	h, _, err := net.SplitHostPort(addr)
+	if err != nil || h == "" || h == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(h); ip != nil && (ip.IsLoopback() || ip.IsUnspecified()) {
+		return nil
+	}
+	return []string{h}
+}
+
+// coversHost says why the router's certificate in the folder dir is
+// not valid for host (nil when it is).
+func coversHost(dir, host string) error {
+	res, err := auth.ResolveCerts(dir, auth.Router)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(res.Files.Cert)
+	if err != nil {
+		return err
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil || blk.Type != "CERTIFICATE" {
+		return fmt.Errorf("%s: no PEM certificate", res.Files.Cert)
+	}
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return fmt.Errorf("%s: %w", res.Files.Cert, err)
+	}
+	if err := cert.VerifyHostname(host); err != nil {
+		return fmt.Errorf("the router's certificate %s: %w", res.Files.Cert, err)
+	}
+	return nil
 }
 
 // samePEMCert: a and b hold the same first certificate.

@@ -204,6 +204,9 @@ func TestEmbeddingMemArgs(t *testing.T) {
 		{0, 1, nil},
 		{8 << 30, 1, []string{"--memory-limit", "4294967296"}},
 		{6 << 30, 3, []string{"--memory-limit", "1073741824"}},
+		// prism up --memory-limit off: off for the workers too, whose
+		// own auto would budget the container's whole limit each.
+		{-1, 2, []string{"--memory-limit", "off"}},
 	} {
 		if got := embeddingMemArgs(tc.limit, tc.workers); !slices.Equal(got, tc.want) {
 			t.Errorf("embeddingMemArgs(%d, %d) = %v, want %v", tc.limit, tc.workers, got, tc.want)
@@ -330,6 +333,11 @@ func TestRunRefusesCounts(t *testing.T) {
 		{"batch order", func(c *Config) { c.BatchOrder = "x" }, `--batch-order "x": want edf or fifo`},
 		{"address", func(c *Config) { c.Addr = "foo" }, `--addr "foo": want HOST:PORT`},
 		{"admit share", func(c *Config) { c.AdmitShare = 1.5 }, "--admit-share 1.5"},
+		// Before the certificates and the shards' ingest, not after.
+		{"loan spec", func(c *Config) { c.Loan = "local:max=x" }, "--loan"},
+		{"loan provider", func(c *Config) {
+			c.Loan = "kubernetes:max=2,template=prism-dense,pool=pool=training,priority-class=low"
+		}, "prism loan --lender"},
 		{"token over plaintext", func(c *Config) { c.AuthTokenFile = "token.txt" }, "--auth-token-file needs TLS"},
 		{"no token file", func(c *Config) { c.Insecure, c.AuthTokenFile = false, filepath.Join(t.TempDir(), "none") }, "--auth-token-file"},
 		{"short token", func(c *Config) {
