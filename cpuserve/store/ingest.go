@@ -335,6 +335,12 @@ func (s *Store) ingestTable(ctx context.Context, j *ingestJob, sstBytes int64, p
 				return ingested, err
 			}
 			row := rows[r*int64(dim) : (r+1)*int64(dim)]
+			if c := nonFinite(row); c >= 0 {
+				// Served, it would make every score it pools into NaN;
+				// measured for a smaller dtype, the loss record could
+				// not be written (JSON has no NaN).
+				return ingested, badRequestf("table %q row %d: value %v in column %d is not a finite number: an embedding row must be (fix the exported weights)", j.pt.Name, first+r, row[c], c)
+			}
 			val = dt.encode(val[:0], row)
 			if dt != Float32 {
 				dt.decode(dec, val)
@@ -404,4 +410,15 @@ func tableNames(ts []plan.Table) string {
 		names = append(names, t.Name)
 	}
 	return strings.Join(names, ", ")
+}
+
+// nonFinite is the first column of row holding NaN or an infinity, -1
+// when none does.
+func nonFinite(row []float32) int {
+	for i, x := range row {
+		if x-x != 0 { // NaN and ±Inf; 0 for every finite x
+			return i
+		}
+	}
+	return -1
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -418,5 +419,28 @@ func TestVersionsNameShard(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	if len(lines) != 3 || !strings.Contains(lines[0], "shard 0 of 2") || !strings.Contains(lines[1], "shard 1 of 2") || strings.Contains(lines[2], "shard") {
 		t.Fatalf("versions of shard 0, shard 1 and the whole model:\n%s", b.String())
+	}
+}
+
+// TestIngestRefusesNonFinite: a table holding NaN or an infinity is
+// refused with the table, row and column (ErrBadRequest), in every
+// dtype, and nothing of it is served. Served, it turned every score it
+// pooled into NaN; measured for int8 the loss record held NaN and the
+// ingest failed writing the catalog ("json: unsupported value: NaN").
+func TestIngestRefusesNonFinite(t *testing.T) {
+	for _, bad := range []float32{float32(math.Inf(1)), float32(math.NaN())} {
+		for _, dt := range []DType{Float32, Float16, Int8} {
+			data := randomTable(10, 4, 1)
+			data[3*4+2] = bad
+			dir := writePlan(t, "m", []*testTable{{name: "a", rows: 10, dim: 4, data: data}})
+			s, _ := openMem(t, nil)
+			_, err := s.Ingest(context.Background(), dir, IngestOptions{DType: dt})
+			if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), `table "a" row 3: value `) || !strings.Contains(err.Error(), "in column 2 is not a finite number") {
+				t.Errorf("%v in a %s table: %v, want ErrBadRequest naming row 3, column 2", bad, dt, err)
+			}
+			if vs, _ := s.Versions("m"); len(vs) != 0 {
+				t.Errorf("%v in a %s table: versions %v after the refusal", bad, dt, vs)
+			}
+		}
 	}
 }
