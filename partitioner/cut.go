@@ -3,6 +3,7 @@ package partitioner
 import (
 	"fmt"
 	"github.com/prism-serve/prism/plan"
+	"slices"
 	"sort"
 
 	pb "github.com/prism-serve/prism/internal/onnxpb"
@@ -189,7 +190,16 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 		if len(readers) == 0 {
 			continue
 		}
-		p.tensors = append(p.tensors, ptensor{from: r.from, to: readers, bytes: cm.bytesCost(tensorBytes(r.name))})
+		// A tensor a node makes crosses in the cut frames: float32, one
+		// row per sample. Another stays on the side that reads it: the
+		// dense side computes it itself. Such as a shape computed for a
+		// dense Reshape from a lookup's rows (tf.reshape(h, [-1,
+		// tf.reduce_prod(tf.shape(x)[1:])]) through tf2onnx: Shape, Cast
+		// to int32, Slice, ReduceProd, Unsqueeze + Concat, Cast to int64;
+		// onnx/tensorflow-onnx tf2onnx/onnx_opset/tensor.py), int64 and
+		// without the batch, so cheap by its bytes that the cut sent it.
+		stays := r.kind == "cpu" && !framed(types[r.name])
+		p.tensors = append(p.tensors, ptensor{from: r.from, to: readers, bytes: cm.bytesCost(tensorBytes(r.name)), stays: stays})
 		tensors = append(tensors, tensorIdx{r, readers})
 	}
 
@@ -229,6 +239,21 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 		})
 	}
 	return pl, nil
+}
+
+// framed says whether a tensor the CPU side makes can cross to the dense
+// side: the embedding tier sends cut tensors as float32 rows, one per
+// sample. A tensor whose shape is not known is taken as one (its unknown
+// size already makes the cut avoid it); one known to be of another type,
+// without the batch, or with the batch not first is not.
+func framed(t TensorType) bool {
+	if t.Elem != pb.TensorProto_FLOAT {
+		return false
+	}
+	if !t.Known {
+		return true
+	}
+	return len(t.Dims) > 0 && t.Dims[0] == DimBatch && slices.Index(t.Dims[1:], DimBatch) < 0
 }
 
 // dtypeName is the lower-case ONNX type name ("float32" for FLOAT).

@@ -135,6 +135,11 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			l.bag = int(chain.shape[0])
 			matchPooling(g, types, l)
 		}
+		if why := mixesSamples(g, types, l.output); why != "" {
+			cand.Reason = why
+			cands = append(cands, cand)
+			continue
+		}
 		candOf[l] = len(cands)
 		cands = append(cands, cand)
 		out = append(out, l)
@@ -629,4 +634,98 @@ func bodyIndex(body *pb.GraphProto) (local map[string]bool, producer map[string]
 		}
 	}
 	return local, producer
+}
+
+// mixesSamples follows name, a lookup's output, forward through every
+// node reading it and says why the lookup cannot leave the graph when
+// one of them combines rows of different samples: a Concat, a Gather or
+// Scatter on its data, a reduction or a sort along the batch axis. The
+// embedding tier looks up and the router micro-batches one sample a
+// row; a graph whose first dimension is something else is not served.
+//
+// tf.nn.embedding_lookup_sparse converted by tf2onnx is such a graph:
+// the ids are a SparseTensor's values (every sample's ids
+// concatenated, [nnz]), and SparseSegmentSum/Mean/SqrtN become a Gather
+// of the table at them followed by a segment grid (the rows concatenated
+// with an identity row along axis 0, gathered by a [segments, max
+// count] grid built with TopK, Unique and ScatterND, ReduceSum over axis
+// 1): onnx/tensorflow-onnx tf2onnx/onnx_opset/reduction.py (SegmentSum),
+// tf2onnx/onnx_opset/tensor.py (GatherV2, Unique). Since TensorFlow
+// 2.15 an unweighted lookup reads the table at the values directly (no
+// Unique: tensorflow/python/ops/embedding_ops.py,
+// embedding_lookup_sparse_impl), which would otherwise pass for a
+// lookup of one id per sample.
+func mixesSamples(g *Graph, types map[string]TensorType, name string) string {
+	seen := map[string]bool{name: true}
+	queue := []string{name}
+	for len(queue) > 0 {
+		t := queue[0]
+		queue = queue[1:]
+		tt := types[t]
+		b := slices.Index(tt.Dims, DimBatch)
+		for _, ci := range g.Consumers[t] {
+			c := g.Nodes[ci]
+			if b >= 0 && tt.Known {
+				if along := mixOp(g, c, t, b, len(tt.Dims)); along != "" {
+					return fmt.Sprintf("its rows %q are combined across samples by %s %q (%s): the graph's first dimension is not one sample a row (as in tf.nn.embedding_lookup_sparse through tf2onnx, whose ids are a SparseTensor's values pooled by segment ids); the embedding tier serves ids of one sample a row: export the ids dense, [batch, bag] (tf.sparse.to_dense with a padding id, then a Gather and a reduce over axis 1)", name, c.GetOpType(), c.GetName(), along)
+				}
+			}
+			for _, o := range c.GetOutput() {
+				if o != "" && !seen[o] {
+					seen[o] = true
+					queue = append(queue, o)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// mixOp says how node c combines the rows of its input t along the
+// batch axis b of t (rank r), or "" when it does not.
+func mixOp(g *Graph, c *pb.NodeProto, t string, b, r int) string {
+	data := len(c.GetInput()) > 0 && c.GetInput()[0] == t
+	switch op := c.GetOpType(); op {
+	case "Concat":
+		if normAxis(attrInt(c, "axis", 0), r) == b {
+			return "a concatenation along the batch axis"
+		}
+	case "Gather", "GatherElements":
+		if data && normAxis(attrInt(c, "axis", 0), r) == b {
+			return "a gather of rows along the batch axis"
+		}
+	case "GatherND", "ScatterND":
+		if data && int(attrInt(c, "batch_dims", 0)) <= b {
+			return "indices into the batch axis"
+		}
+	case "ScatterElements":
+		if data && normAxis(attrInt(c, "axis", 0), r) == b {
+			return "a scatter along the batch axis"
+		}
+	case "TopK":
+		if data && normAxis(attrInt(c, "axis", -1), r) == b {
+			return "a sort along the batch axis"
+		}
+	case "Unique":
+		if _, ok := attrInts(c, "axis"); !ok || normAxis(attrInt(c, "axis", 0), r) == b {
+			return "unique values across the batch"
+		}
+	case "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp":
+		if !data {
+			return ""
+		}
+		axes, ok := reduceAxes(g, c)
+		if !ok {
+			return ""
+		}
+		if len(axes) == 0 && attrInt(c, "noop_with_empty_axes", 0) == 0 {
+			return "a reduction over every axis, the batch's included"
+		}
+		for _, a := range axes {
+			if normAxis(a, r) == b {
+				return "a reduction over the batch axis"
+			}
+		}
+	}
+	return ""
 }

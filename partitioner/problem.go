@@ -26,10 +26,12 @@ type problem struct {
 
 // ptensor is a tensor produced by vertex from and read by vertices to;
 // it costs bytes once when it crosses from the CPU side to the GPU side.
+// stays: it may not cross at all (the tiers cannot send it).
 type ptensor struct {
 	from  int
 	to    []int
 	bytes int64
+	stays bool
 }
 
 func (p *problem) addVertex(cpu, gpu int64, k pin) int {
@@ -40,8 +42,8 @@ func (p *problem) addVertex(cpu, gpu int64, k pin) int {
 }
 
 // errInfeasible: the pins force data to flow from the GPU side back to
-// the CPU side.
-var errInfeasible = errors.New("no placement satisfies the pins: a node pinned to the dense side feeds one pinned to the CPU side")
+// the CPU side, or a tensor that may not cross to cross.
+var errInfeasible = errors.New("no placement satisfies the pins: a node pinned to the dense side feeds one pinned to the CPU side, or one pinned to the CPU side feeds the dense side a tensor the tiers cannot send (not float32 with the batch first)")
 
 // solve returns onCPU per vertex and the total cost, by a minimum s-t
 // cut. Source side = CPU. Edges: s->v costs v's GPU time (cut when v is on
@@ -82,7 +84,11 @@ func (p *problem) solve() ([]bool, int64, error) {
 	}
 	for _, tn := range p.tensors {
 		a := net.addNode()
-		net.addEdge(tn.from, a, tn.bytes)
+		if tn.stays {
+			net.addEdge(tn.from, a, inf)
+		} else {
+			net.addEdge(tn.from, a, tn.bytes)
+		}
 		for _, w := range tn.to {
 			net.addEdge(a, w, inf)
 			net.addEdge(w, tn.from, inf)
@@ -124,6 +130,9 @@ func (p *problem) cost(onCPU []bool) (int64, bool) {
 			if onCPU[t.from] && !onCPU[w] {
 				crosses = true
 			}
+		}
+		if crosses && t.stays {
+			return 0, false
 		}
 		if crosses {
 			c += t.bytes

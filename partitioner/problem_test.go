@@ -30,7 +30,7 @@ func randomProblem(r *rand.Rand, n int) *problem {
 			}
 		}
 		if len(to) > 0 {
-			p.tensors = append(p.tensors, ptensor{from: u, to: to, bytes: r.Int64N(80)})
+			p.tensors = append(p.tensors, ptensor{from: u, to: to, bytes: r.Int64N(80), stays: r.IntN(6) == 0})
 		}
 	}
 	return p

@@ -370,6 +370,30 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 				return []TensorType{known(pb.TensorProto_FLOAT, int64(len(a.GetFloats())))}
 			}
 		}
+	// Ops whose output shapes depend on values (or are not worked out
+	// here), but whose element types are fixed: an unknown shape, the
+	// right type (not the float every other unknown output gets, which
+	// named an int64 Unique "a float Unique" in a refusal).
+	case "Unique":
+		// y, indices, inverse_indices, counts.
+		i64 := unknown(pb.TensorProto_INT64)
+		return []TensorType{unknown(x.Elem), i64, i64, i64}
+	case "TopK":
+		return []TensorType{unknown(x.Elem), unknown(pb.TensorProto_INT64)}
+	case "ArgMax", "ArgMin", "NonZero", "Size":
+		return []TensorType{unknown(pb.TensorProto_INT64)}
+	case "Range", "Expand", "Tile", "CumSum":
+		return []TensorType{unknown(x.Elem)}
+	case "ScatterND", "ScatterElements":
+		return []TensorType{x} // the data's shape and type
+	case "ConstantOfShape":
+		elem := pb.TensorProto_FLOAT // the default value: float32 0
+		for _, a := range n.GetAttribute() {
+			if a.GetName() == "value" && a.GetT() != nil {
+				elem = pb.TensorProto_DataType(a.GetT().GetDataType())
+			}
+		}
+		return []TensorType{unknown(elem)}
 	case "Shape":
 		if !x.Known {
 			return []TensorType{unknown(pb.TensorProto_INT64)}

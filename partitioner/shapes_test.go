@@ -306,12 +306,12 @@ func setInts(t *pb.TensorProto, ss []string) error {
 	switch pb.TensorProto_DataType(t.GetDataType()) {
 	case pb.TensorProto_INT64:
 		t.Int64Data = v
-	case pb.TensorProto_INT32:
+	case pb.TensorProto_INT32, pb.TensorProto_BOOL:
 		for _, x := range v {
 			t.Int32Data = append(t.Int32Data, int32(x))
 		}
 	default:
-		return fmt.Errorf("values only for int64 and int32 tensors")
+		return fmt.Errorf("values only for int64, int32 and bool tensors")
 	}
 	return nil
 }
