@@ -75,11 +75,10 @@ func ParsePromotion(v string) (Promotion, error) {
 	if p.Factor, err = strconv.ParseFloat(parts[2], 64); err != nil {
 		return Promotion{}, fmt.Errorf("%q: factor: %w", v, err)
 	}
-	switch {
-	case p.Duration <= 0:
-		return Promotion{}, fmt.Errorf("%q: duration %v must be positive", v, p.Duration)
-	case !(p.Factor > 0) || math.IsInf(p.Factor, 0):
-		return Promotion{}, fmt.Errorf("%q: factor %v must be a positive number", v, parts[2])
+	// The calendar's own checks (duration positive, factor a positive
+	// number); the start is a time here, any.
+	if err := (capacity.Promotion{Duration: p.Duration, Factor: p.Factor}).Validate(); err != nil {
+		return Promotion{}, fmt.Errorf("%q: %w", v, err)
 	}
 	return p, nil
 }
