@@ -401,7 +401,7 @@ func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log 
 func (s *sequencer) owe(model string, acknowledged, end int64) {
 	m := s.model(model)
 	m.owed = acknowledged
-	s.logf(slog.LevelWarn, "the previous sequencing router acknowledged updates past the end of this router's copy of its log: no update of the model is numbered until an embedding worker holding them announces (numbering on would give their numbers to other updates)",
+	s.logf(slog.LevelWarn, "the previous sequencing router acknowledged updates past the end of this router's copy of its log: no update of the model is numbered until an embedding worker holding them announces (numbering on would give their numbers to other updates; if no worker holds them any more, a sequencer started without a copy, after the routers restart, numbers on from what the workers hold)",
 		"model", model, "copy_ends", end, "holder_acknowledged", acknowledged)
 }
 
