@@ -108,6 +108,23 @@ type PartialOutput struct {
 	Weighted bool `json:"weighted,omitempty"`
 }
 
+// TablesFingerprint identifies the embedding tables of p: each table's
+// name and content (SHA256), 16 hex digits (FNV-1a 64); "" when a table
+// has no recorded content. Every shard of a model ingested from one
+// sharded plan has it, whichever tables the shard holds.
+func (p *Plan) TablesFingerprint() string {
+	h := fnv.New64a()
+	tables := slices.Clone(p.Tables)
+	slices.SortFunc(tables, func(a, b Table) int { return strings.Compare(a.Name, b.Name) })
+	for _, t := range tables {
+		if t.SHA256 == "" {
+			return ""
+		}
+		fmt.Fprintf(h, "%q %s\n", t.Name, t.SHA256)
+	}
+	return fmt.Sprintf("%016x", h.Sum64())
+}
+
 // Fingerprint identifies the sharding's layout: its shard count and
 // every table's placement and shards, 16 hex digits (FNV-1a 64). The
 // planner's estimates and statistics do not count: two plans that put

@@ -39,3 +39,23 @@ func TestShardingFingerprint(t *testing.T) {
 		t.Error("no sharding has a fingerprint")
 	}
 }
+
+// TestTablesFingerprint: the tables' names and contents, in any order;
+// another content is another fingerprint; a table without a recorded
+// content makes none.
+func TestTablesFingerprint(t *testing.T) {
+	p := &Plan{Tables: []Table{{Name: "a", SHA256: "11"}, {Name: "b", SHA256: "22"}}}
+	q := &Plan{Tables: []Table{{Name: "b", SHA256: "22"}, {Name: "a", SHA256: "11"}}}
+	fp := p.TablesFingerprint()
+	if len(fp) != 16 || q.TablesFingerprint() != fp {
+		t.Errorf("fingerprints %q and %q of the same tables", fp, q.TablesFingerprint())
+	}
+	q.Tables[0].SHA256 = "23"
+	if q.TablesFingerprint() == fp {
+		t.Error("another table content, the same fingerprint")
+	}
+	q.Tables[0].SHA256 = ""
+	if got := q.TablesFingerprint(); got != "" {
+		t.Errorf("a table without content: %q, want none", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,12 +115,17 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 	avoided := make([]int, shards) // best[i]'s avoidRank
 	lagging := make([]int, shards)
 	// pick fills best with each shard's choice among the workers of
-	// sharding fp and those that name none ("": any sharding), and
-	// returns how many shards it left without a worker; with fp "" it
-	// says whether the workers named more than one sharding.
-	pick := func(fp string) (missing int, mixed bool) {
+	// sharding fp and tables content (ShardRef.content) and those that
+	// name none ("": any), and returns how many shards it left without a
+	// worker; with g zero it says whether the workers named more than
+	// one sharding, or more than one content (a version rolling out
+	// shard by shard: a fan-out mixing them would pool one version's
+	// rows with another's).
+	type group struct{ fp, content string }
+	pick := func(g group) (missing int, mixed bool) {
+		fp := g.fp
 		clear(best)
-		var first string
+		var first, firstContent string
 		for _, e := range set {
 			ref := e.info.GetShards()[model]
 			if ref == nil || int(ref.GetShards()) != shards || ref.GetShard() < 0 || int(ref.GetShard()) >= shards || !e.info.GetHealthy() {
@@ -142,6 +148,16 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 					mixed = true
 				}
 			}
+			if wc := ref.GetContent(); wc != "" {
+				switch {
+				case g.content != "" && wc != g.content:
+					continue
+				case firstContent == "":
+					firstContent = wc
+				case wc != firstContent:
+					mixed = true
+				}
+			}
 			av := avoidRank(e.info.GetId(), avoid, dead)
 			load := e.info.GetOutstanding() + e.inflight
 			switch {
@@ -158,7 +174,7 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 		}
 		return missing, mixed
 	}
-	missing, mixed := pick("")
+	missing, mixed := pick(group{})
 	if mixed {
 		// Workers of several shardings (rare: a reshard rolling out):
 		// the complete one; then, if its parts are row-wise, one with a
@@ -167,13 +183,19 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 		// fewest workers to avoid, then at the least load, then the least
 		// fingerprint so that picks do not flap; or, for the error, the
 		// one missing the fewest shards.
-		var fps []string
+		var groups []group
 		for _, e := range set {
-			if ref := e.info.GetShards()[model]; int(ref.GetShards()) == shards && ref.GetSharding() != "" && !slices.Contains(fps, ref.GetSharding()) {
-				fps = append(fps, ref.GetSharding())
+			ref := e.info.GetShards()[model]
+			if g := (group{ref.GetSharding(), ref.GetContent()}); int(ref.GetShards()) == shards && g != (group{}) && !slices.Contains(groups, g) {
+				groups = append(groups, g)
 			}
 		}
-		slices.Sort(fps)
+		slices.SortFunc(groups, func(a, b group) int {
+			if c := strings.Compare(a.fp, b.fp); c != 0 {
+				return c
+			}
+			return strings.Compare(a.content, b.content)
+		})
 		type rank struct {
 			missing int
 			// For row-wise parts, which only a dense worker of the
@@ -203,10 +225,11 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 			}
 			return a.load < b.load
 		}
-		var chosen string
+		var chosen group
 		var chosenRank rank
-		for k, fp := range fps {
-			miss, _ := pick(fp)
+		for k, g := range groups {
+			fp := g.fp
+			miss, _ := pick(g)
 			rk := rank{missing: miss}
 			rows := false
 			for i, e := range best {
@@ -232,7 +255,7 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 				rk.noDense, rk.denseUntold, rk.denseAvoided = !has, has && !hasTold, hasTold && !toldUnavoided
 			}
 			if k == 0 || less(rk, chosenRank) {
-				chosen, chosenRank = fp, rk
+				chosen, chosenRank = g, rk
 			}
 		}
 		missing, _ = pick(chosen)

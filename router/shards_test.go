@@ -203,6 +203,66 @@ func TestPickShardsOneSharding(t *testing.T) {
 	}
 }
 
+// TestPickShardsOneContent: a fan-out's workers serve one version's
+// tables (ShardRef.content): while a new version rolls out shard by
+// shard, a micro-batch goes to the shards of one version, the complete
+// one at the least load, never a mix, which would score a sample with
+// one version's rows and another's. A worker naming no content (an
+// earlier release) joins any.
+func TestPickShardsOneContent(t *testing.T) {
+	type w struct {
+		id      string
+		shard   int
+		content string
+		load    int64
+	}
+	for _, tc := range []struct {
+		name    string
+		workers []w
+		want    []string // the ids picked, by shard; nil: ShardMissingError
+		missing []int
+	}{
+		{name: "one version", workers: []w{{"v1a", 0, "c1", 3}, {"v1b", 0, "c1", 1}, {"v1c", 1, "c1", 0}}, want: []string{"v1b", "v1c"}},
+		{name: "shard 0 rolled out, shard 1 not: the old version", workers: []w{{"new0", 0, "c2", 0}, {"old0", 0, "c1", 5}, {"old1", 1, "c1", 0}}, want: []string{"old0", "old1"}},
+		{name: "both complete: the least loaded", workers: []w{{"old0", 0, "c1", 5}, {"old1", 1, "c1", 5}, {"new0", 0, "c2", 1}, {"new1", 1, "c2", 1}}, want: []string{"new0", "new1"}},
+		// Neither complete: the error names what the first (by content)
+		// lacks.
+		{name: "no version complete", workers: []w{{"new0", 0, "c2", 0}, {"old1", 1, "c1", 0}}, missing: []int{0}},
+		{name: "an earlier release's worker joins", workers: []w{{"old0", 0, "", 0}, {"v1", 1, "c2", 0}}, want: []string{"old0", "v1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testRouter(Options{MicroBatch: 10})
+			for _, x := range tc.workers {
+				_, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+					Id: x.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: x.id + ":1", Models: []string{"m"}, Healthy: true, Outstanding: x.load,
+					Shards: map[string]*prismv1.ShardRef{"m": {Shard: int32(x.shard), Shards: 2, Sharding: "aa", Content: x.content}}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			ws, release, err := r.Reg.PickShards("m", 2, 1, nil)
+			if tc.want == nil {
+				var miss *ShardMissingError
+				if !errors.As(err, &miss) || !slices.Equal(miss.Missing, tc.missing) {
+					t.Fatalf("picked %v (%v), want shards %v missing", ws, err, tc.missing)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			var got []string
+			for _, x := range ws {
+				got = append(got, x.GetId())
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("picked %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestFanoutKeyBytes: a fan-out key keeps at most 64 bytes of the
 // request id, cut at a character's start, so it stays valid UTF-8 and
 // within the dense worker's 256 bytes whatever the id's characters

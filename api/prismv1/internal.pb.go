@@ -928,7 +928,15 @@ type ShardRef struct {
 	// the shard count and every table's placement). Once a model's shards
 	// have had updates, the router serves and updates only workers of
 	// their sharding: a reshard's stores may lack those updates.
-	Sharding      string `protobuf:"bytes,8,opt,name=sharding,proto3" json:"sharding,omitempty"`
+	Sharding string `protobuf:"bytes,8,opt,name=sharding,proto3" json:"sharding,omitempty"`
+	// content fingerprints the tables the shard's worker serves: every
+	// table of the plan it was ingested from, by name and content
+	// (plan.TablesFingerprint; the shards of one version share it). The
+	// router fans a micro-batch out only to shards of one content, so a
+	// version rolling out shard by shard never scores a sample with one
+	// version's rows and another's. Empty (workers of earlier releases):
+	// any.
+	Content       string `protobuf:"bytes,9,opt,name=content,proto3" json:"content,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1015,6 +1023,13 @@ func (x *ShardRef) GetRowSplitsComplete() bool {
 func (x *ShardRef) GetSharding() string {
 	if x != nil {
 		return x.Sharding
+	}
+	return ""
+}
+
+func (x *ShardRef) GetContent() string {
+	if x != nil {
+		return x.Content
 	}
 	return ""
 }
@@ -1786,7 +1801,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\x8c\x02\n" +
+	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\xa6\x02\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12\x16\n" +
@@ -1796,7 +1811,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
 	"row_splits\x18\x06 \x03(\v2\x12.prism.v1.RowSplitR\trowSplits\x12.\n" +
 	"\x13row_splits_complete\x18\a \x01(\bR\x11rowSplitsComplete\x12\x1a\n" +
-	"\bsharding\x18\b \x01(\tR\bsharding\"L\n" +
+	"\bsharding\x18\b \x01(\tR\bsharding\x12\x18\n" +
+	"\acontent\x18\t \x01(\tR\acontent\"L\n" +
 	"\bRowSplit\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\x12\x12\n" +

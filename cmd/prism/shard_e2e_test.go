@@ -356,6 +356,9 @@ func TestShardedTableWise(t *testing.T) {
 		for _, w := range ws.GetWorkers() {
 			switch ref := w.GetShards()[cfg.Name]; {
 			case ref.GetShards() == 2 && ref.GetSharding() == p2.Sharding.Fingerprint():
+				if c := ref.GetContent(); c != p2.TablesFingerprint() || c == "" {
+					t.Fatalf("shard %d announces content %q, want its plan's tables %q", ref.GetShard(), c, p2.TablesFingerprint())
+				}
 				twos++
 			case ref.GetShards() == 3:
 				old = true

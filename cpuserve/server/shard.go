@@ -58,6 +58,8 @@ type shardRef struct {
 	splits []*prismv1.RowSplit
 	// sharding fingerprints the plan's sharding (ShardRef.sharding).
 	sharding string
+	// content fingerprints the plan's tables (ShardRef.content).
+	content string
 }
 
 // takes says whether the worker's shard of model takes the numbers of
@@ -192,7 +194,7 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 	for _, o := range info.Full {
 		full[o] = true
 	}
-	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}, partial: map[string]plan.PartialOutput{}, parts: map[string][3]int64{}, sharding: p.Sharding.Fingerprint()}
+	sr := &shardRef{shard: ref.Shard, shards: ref.Shards, held: map[string]bool{}, tables: map[string]bool{}, partial: map[string]plan.PartialOutput{}, parts: map[string][3]int64{}, sharding: p.Sharding.Fingerprint(), content: p.TablesFingerprint()}
 	for _, po := range info.Partial {
 		sr.partial[po.Output] = po
 	}
@@ -356,7 +358,7 @@ func (s *Server) shardRefs() map[string]*prismv1.ShardRef {
 	}
 	out := make(map[string]*prismv1.ShardRef, len(s.shards))
 	for name, sr := range s.shards {
-		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true, RowSplits: sr.splits, RowSplitsComplete: true, Sharding: sr.sharding}
+		out[name] = &prismv1.ShardRef{Shard: int32(sr.shard), Shards: int32(sr.shards), Inputs: sr.inputs, Tables: slices.Sorted(maps.Keys(sr.held)), NumberRanges: true, RowSplits: sr.splits, RowSplitsComplete: true, Sharding: sr.sharding, Content: sr.content}
 	}
 	return out
 }
