@@ -553,7 +553,6 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 	batch := make([]store.TableLookup, len(m.lookups))
 	once := make([]bool, len(m.lookups))
 	var split map[string][]int64 // an input's columns (lookupSpec.split), made once
-	var request [][]int64        // per lookup given distinct ids, the request's ids
 	defer func() {
 		// The store lookups are done with the ids: the buffers go back.
 		for _, cols := range split {
@@ -627,10 +626,6 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 			return badInput("model %q: lookup of table %q: input %q has %d ids for %d samples, want %d per sample (bag %d)", m.name, ls.table, l.Input, len(ids.i64), samples, bag, bag)
 		}
 		if u, ok := distinct(i); ok {
-			if request == nil {
-				request = make([][]int64, len(m.lookups))
-			}
-			request[i] = ids.i64
 			ids, samples = &value{width: 1, i64: u}, len(u)
 		}
 		size := samples * ls.dim
@@ -659,7 +654,7 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 		}
 	}
 	if err := s.st.Lookup(m.name, batch); err != nil {
-		return storeStatus(requestPosition(err, m.name, batch, request))
+		return storeStatus(requestPosition(err, m, vals, batch, dd))
 	}
 	for i, ls := range m.lookups {
 		l := ls.l
@@ -697,24 +692,27 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 	return nil
 }
 
-// requestPosition is err, from the store's lookup of model's batch,
-// with a bad id's error (store.IDError) of a lookup given distinct ids
-// (dedup.go) naming the id's position among the request's ids, not
-// among the distinct ones: request holds, per lookup given distinct
-// ids, the request's ids.
-func requestPosition(err error, model string, batch []store.TableLookup, request [][]int64) error {
+// requestPosition is err, from the store's lookup of m's batch, with a
+// bad id's error (store.IDError) of a lookup given distinct ids (dd,
+// dedup.go) naming the id's position among the request's ids, not among
+// the distinct ones. A dictionary lookup's request ids are its input's
+// as they came (dedupFor takes only those), so nothing is kept for this
+// on the way: it costs only a failed lookup.
+func requestPosition(err error, m *model, vals map[string]*value, batch []store.TableLookup, dd *dedup) error {
 	var bad *store.IDError
-	if request == nil || !errors.As(err, &bad) {
+	if dd == nil || !errors.As(err, &bad) {
 		return err
 	}
-	for i, ids := range request {
-		if ids == nil || batch[i].Table != bad.Table || bad.Index >= len(batch[i].IDs) || batch[i].IDs[bad.Index] != bad.ID {
+	for i, u := range dd.byLookup {
+		if u == nil || batch[i].Table != bad.Table || bad.Index >= len(u) || u[bad.Index] != bad.ID {
 			continue
 		}
-		if k := slices.Index(ids, bad.ID); k >= 0 {
-			at := *bad
-			at.Index = k
-			return fmt.Errorf("model %q: %w", model, &at)
+		if v := vals[m.lookups[i].l.Input]; v != nil {
+			if k := slices.Index(v.i64, bad.ID); k >= 0 {
+				at := *bad
+				at.Index = k
+				return fmt.Errorf("model %q: %w", m.name, &at)
+			}
 		}
 	}
 	return err
