@@ -2,7 +2,7 @@
 # Larger than memory, end to end (issue 16): a model whose tables are
 # RATIO x (default 4x) the embedding worker's memory cgroup, served by a
 # router, DENSE dense workers and one embedding worker whose process runs
-# inside a cgroup v1 memory group of LIMIT bytes, under Criteo-like skew
+# inside a memory cgroup (v1, or v2 where v1 is not mounted) of LIMIT bytes, under Criteo-like skew
 # (the load generator's Zipf ids), at 270 candidates per request.
 #
 # The model is dlrm-terabyte (Criteo Terabyte table sizes, dim 64, one id
@@ -37,7 +37,8 @@
 #     Redis itself must hold every row in memory to serve the tables,
 #     RATIO x the cgroup.
 #
-# Needs root and cgroup v1 (/sys/fs/cgroup/memory); removes its group.
+# Needs root and a memory cgroup, v1 (/sys/fs/cgroup/memory) or v2;
+# removes its group.
 # Disk: about 2 x the table bytes under WORK (partition tables + store;
 # the model's bytes too while partitioning), and as much again under
 # WORK/storebench for step 4. Defaults: LIMIT 768M, 3 GiB of tables,
@@ -82,7 +83,48 @@ if [ -z "${PRISM:-}" ]; then
 	PRISM=$WORK/prism
 	go build -o "$PRISM" ./cmd/prism
 fi
-[ -d /sys/fs/cgroup/memory ] || { echo "bench-ltm-e2e: needs cgroup v1 memory (/sys/fs/cgroup/memory)" >&2; exit 1; }
+# The memory group: cgroup v1's memory controller when mounted
+# (/sys/fs/cgroup/memory), else cgroup v2's (/sys/fs/cgroup with memory
+# among its controllers, enabled for its children here). The cg_*
+# functions read each version's files under one name.
+if [ -d /sys/fs/cgroup/memory ]; then
+	CGV=1 CG=/sys/fs/cgroup/memory/prism-ltm-e2e-$$
+elif grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+	CGV=2 CG=/sys/fs/cgroup/prism-ltm-e2e-$$
+	grep -qw memory /sys/fs/cgroup/cgroup.subtree_control || echo +memory >/sys/fs/cgroup/cgroup.subtree_control ||
+		{ echo "bench-ltm-e2e: cannot enable the v2 memory controller for child groups" >&2; exit 1; }
+else
+	echo "bench-ltm-e2e: needs a memory cgroup: v1 (/sys/fs/cgroup/memory) or v2 (memory in /sys/fs/cgroup/cgroup.controllers)" >&2; exit 1
+fi
+# cg_make LIMIT_BYTES: the group, limited (v2: no swap either, as v1's
+# limit_in_bytes with no swap configured).
+cg_make() {
+	mkdir "$CG"
+	if [ "$CGV" = 1 ]; then
+		echo "$1" >"$CG/memory.limit_in_bytes"
+	else
+		echo "$1" >"$CG/memory.max"
+		[ ! -f "$CG/memory.swap.max" ] || echo 0 >"$CG/memory.swap.max"
+	fi
+}
+# cg_peak, cg_failcnt, cg_usage, cg_kmem: bytes at the peak, times the
+# limit was hit (v2: memory.events' max), bytes now, kernel bytes now.
+cg_peak() { if [ "$CGV" = 1 ]; then cat "$CG/memory.max_usage_in_bytes"; else cat "$CG/memory.peak" 2>/dev/null || cat "$CG/memory.current"; fi; }
+cg_failcnt() { if [ "$CGV" = 1 ]; then cat "$CG/memory.failcnt"; else awk '$1 == "max" {print $2}' "$CG/memory.events"; fi; }
+cg_usage() { if [ "$CGV" = 1 ]; then cat "$CG/memory.usage_in_bytes"; else cat "$CG/memory.current"; fi; }
+cg_kmem() {
+	if [ "$CGV" = 1 ]; then cat "$CG/memory.kmem.usage_in_bytes" 2>/dev/null || echo 0
+	else awk '$1 == "kernel" {k=$2} END {print k+0}' "$CG/memory.stat"; fi
+}
+# cg_memstat: page cache (cache, of which mapped_file) against the
+# process's anonymous memory (rss, and rss_huge: the hot tier's
+# transparent huge pages), and the major faults taken, under v1's names
+# (v2's file, file_mapped, anon, anon_thp).
+cg_memstat() {
+	awk -v v2="$([ "$CGV" = 2 ] && echo 1)" 'BEGIN {n["file"]="cache"; n["anon"]="rss"; n["anon_thp"]="rss_huge"; n["file_mapped"]="mapped_file"}
+		{k=$1; if (v2 && (k in n)) k=n[k]; else if (v2 && k != "pgmajfault") next}
+		k ~ /^(cache|rss|rss_huge|mapped_file|pgmajfault)$/ {v=$2; if (k != "pgmajfault") v=int(v/1048576)" MiB"; printf "%s%s %s", sep, k, v; sep=", "}' "$CG/memory.stat"
+}
 
 bytes() { python3 -c 'import sys,re
 s=sys.argv[1]; m=re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?",s,re.I)
@@ -126,7 +168,6 @@ echo "tables: $table_rows rows, $((table_bytes >> 20)) MiB of float32 = $(python
 
 tmp=$(mktemp -d "$WORK/run.XXXX")
 pids=()
-CG=/sys/fs/cgroup/memory/prism-ltm-e2e-$$
 cleanup() {
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
@@ -227,8 +268,7 @@ for root, _, files in os.walk(sys.argv[1]):
         finally:
             os.close(fd)
 EOF
-mkdir "$CG"
-echo "$limit_bytes" >"$CG/memory.limit_in_bytes"
+cg_make "$limit_bytes"
 mport=$(freeport)
 ltm_flags=(--hot-bytes "$HOT" --cache-bytes "$CACHE" --preload off ${MISS_PAR:+--miss-parallel "$MISS_PAR"} --direct-reads="$([ "${DIRECT:-1}" = 0 ] && echo false || echo true)" ${EMB_FLAGS:-})
 embedding "$tmp/embedding-ltm.log" "$mport" "$CG" "${ltm_flags[@]}"
@@ -251,15 +291,12 @@ scrape "127.0.0.1:$mport" "$tmp/m1"
 [ -z "${PROFILE:-}" ] || curl -s "http://127.0.0.1:$mport/debug/pprof/heap" -o "$tmp/heap1.pb.gz"
 echo "$ltm" | sed 's/^/  /'
 closed=$(lg --clients "$CLIENTS" --duration "$DURATION")
-peak=$(cat "$CG/memory.max_usage_in_bytes")
-failcnt=$(cat "$CG/memory.failcnt")
-usage=$(cat "$CG/memory.usage_in_bytes")
-kmem=$(cat "$CG/memory.kmem.usage_in_bytes" 2>/dev/null || echo 0)
-# What the group's memory is at the end of the window: page cache
-# (cache, of which mapped_file) against the process's anonymous memory
-# (rss, and rss_huge: the hot tier's transparent huge pages), and the
-# major faults taken.
-memstat=$(awk '$1 ~ /^(cache|rss|rss_huge|mapped_file|pgmajfault)$/ {v=$2; if ($1 != "pgmajfault") v=int(v/1048576)" MiB"; printf "%s%s %s", sep, $1, v; sep=", "}' "$CG/memory.stat")
+peak=$(cg_peak)
+failcnt=$(cg_failcnt)
+usage=$(cg_usage)
+kmem=$(cg_kmem)
+# What the group's memory is at the end of the window.
+memstat=$(cg_memstat)
 stop_embedding
 # hit_ratio M0 M1: the hot tier's hit ratio between two scrapes.
 hit_ratio() { python3 - "$1" "$2" <<'EOF'
