@@ -29,9 +29,11 @@ type Election interface {
 	// While this router holds it, epoch numbers its hold: one more than
 	// the hold right before, or the same when this router takes its own
 	// hold back with no other between (kubelease.Epoch: a Lease's
-	// leaseTransitions plus one, a hash of its uid in the high 32 bits);
-	// 0 when not known (a copy of the update log is then not
-	// started from, replica.go).
+	// leaseTransitions plus one, its creation time in the high 32 bits,
+	// so a Lease made anew numbers its holds after the old one's,
+	// prismv1's ordered epochs); 0 when not known (a copy of the update
+	// log is then not started from, replica.go). A new epoch for the
+	// same holder is a new hold (the Lease made anew under it).
 	Run(ctx context.Context, leader func(addr string, epoch uint64))
 }
 

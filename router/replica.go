@@ -42,7 +42,8 @@ import (
 //     numbered again), so a copy of another term is replaced whole.
 //   - A copy is started from only when it comes from the hold right
 //     before this router's: the election's epoch (the Lease's count of
-//     holder changes, Election) of the new hold is the copy's plus one,
+//     holder changes, Election) of the new hold is the copy's plus one
+//     (of the same Lease: one made anew starts another run of epochs),
 //     or the same for this router's own log when it takes its own Lease
 //     back with no other holder between. A router does not see every
 //     holder (one cut off from the API server through another's whole
@@ -259,7 +260,7 @@ func (c *replica) keep(s *sequencer, term, epoch uint64) {
 func (c *replica) merge(resp *prismv1.UpdateLogResponse) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if prismv1.SameLease(resp.GetEpoch(), c.epoch) && resp.GetEpoch() < c.epoch {
+	if prismv1.EpochStale(c.epoch, resp.GetEpoch()) {
 		return nil
 	}
 	if resp.GetTerm() != c.term || resp.GetEpoch() != c.epoch || c.models == nil {

@@ -76,7 +76,7 @@ type sequencer struct {
 	// epoch is the election epoch of the hold this sequencer serves (0:
 	// not elected, or not known): every apply it sends carries it
 	// (ApplyUpdateRequest.epoch), and workers that heard of a later hold
-	// of the same Lease refuse it (fenced).
+	// refuse it (fenced).
 	epoch uint64
 	out   []message
 }

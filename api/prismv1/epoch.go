@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
@@ -13,30 +14,80 @@ import (
 
 // Election epochs (ApplyUpdateRequest.epoch, AnnounceResponse.epoch)
 // number the holds of the Lease that elects the router sequencing
-// embedding updates: a hash of the Lease's uid in the high 32 bits, its
-// holder changes plus one in the low 32 (kubelease.Epoch). Two epochs
-// are ordered only when they count the holds of one Lease.
+// embedding updates (kubelease.Epoch). An epoch is ordered: the Lease's
+// creation time (Unix seconds, as the API server stamps it) in the high
+// 32 bits, OrderedEpoch's mark in bit 31, and the Lease's holder changes
+// plus one in the low 31 bits. Ordered epochs compare as integers, also
+// across a Lease deleted and made again: the new Lease is made after
+// the old one was deleted, so its holds follow every hold of the old
+// one. (Two Leases made within one second of each other, or by API
+// servers whose clocks disagree by more than the time between the
+// deletion and the new Lease, are not ordered right; docs/architecture.md.)
+//
+// An epoch without the mark is a legacy epoch, as routers of releases
+// before it write: a hash of the Lease's uid in the high 32 bits, so
+// legacy epochs are ordered only within one Lease. A worker that has
+// heard of an ordered epoch refuses legacy ones (a router of an earlier
+// release cannot be placed among the ordered holds); one holding a
+// legacy epoch takes any ordered one as later.
 
-// SameLease says whether epochs a and b count the holds of one Lease.
-func SameLease(a, b uint64) bool { return a>>32 == b>>32 }
+// OrderedEpoch marks an ordered epoch (bit 31; a legacy epoch's low 32
+// bits are leaseTransitions+1 of an int32, below it).
+const OrderedEpoch = 1 << 31
+
+// Ordered says whether epoch e is ordered (OrderedEpoch set).
+func Ordered(e uint64) bool { return e&OrderedEpoch != 0 }
+
+// SameLease says whether epochs a and b count the holds of one Lease:
+// of one kind, and of one Lease (its uid's hash, or its creation time).
+func SameLease(a, b uint64) bool { return a>>32 == b>>32 && Ordered(a) == Ordered(b) }
 
 // EpochStale says whether an update of epoch comes from a hold that
-// ended before the one of held began: both known (not 0), of the same
-// Lease, epoch the lower. The worker keeping held refuses it.
+// ended before the one of held began: both known (not 0), and epoch the
+// lower of two ordered epochs, the lower of two legacy epochs of the
+// same Lease, or a legacy epoch after an ordered one was heard. The
+// worker keeping held refuses it.
 func EpochStale(held, epoch uint64) bool {
-	return held != 0 && epoch != 0 && SameLease(held, epoch) && epoch < held
+	if held == 0 || epoch == 0 {
+		return false
+	}
+	switch {
+	case Ordered(held) && Ordered(epoch):
+		return epoch < held
+	case Ordered(held):
+		return true
+	case Ordered(epoch):
+		return false
+	}
+	return SameLease(held, epoch) && epoch < held
 }
 
 // EpochRaises says whether a worker keeping held keeps epoch instead on
-// hearing of it: a later hold of the same Lease, or any hold of another
-// Lease (the Lease was made anew: its holds are the ones that count from
-// now on). 0 raises nothing.
+// hearing of it: a later ordered epoch, an ordered epoch after a legacy
+// one, a later legacy epoch of the same Lease, or any legacy epoch of
+// another Lease while held is legacy (legacy holds of different Leases
+// are not ordered: the one heard last counts). 0 raises nothing.
 func EpochRaises(held, epoch uint64) bool {
-	return epoch != 0 && epoch != held && (!SameLease(held, epoch) || epoch > held)
+	if epoch == 0 || epoch == held {
+		return false
+	}
+	switch {
+	case Ordered(held) && Ordered(epoch):
+		return epoch > held
+	case Ordered(held):
+		return false
+	case Ordered(epoch):
+		return true
+	}
+	return !SameLease(held, epoch) || epoch > held
 }
 
-// FormatEpoch writes an epoch as "N (hold H of lease L)".
+// FormatEpoch writes an epoch as "N (hold H of the lease made at T)",
+// or for a legacy epoch "N (hold H of lease L)".
 func FormatEpoch(e uint64) string {
+	if Ordered(e) {
+		return fmt.Sprintf("%d (hold %d of the lease made at %s)", e, uint32(e)&^OrderedEpoch, time.Unix(int64(e>>32), 0).UTC().Format(time.RFC3339))
+	}
 	return fmt.Sprintf("%d (hold %d of lease %08x)", e, uint32(e), uint32(e>>32))
 }
 

@@ -48,3 +48,41 @@ func TestIsStaleEpoch(t *testing.T) {
 	}
 	t.Errorf("no ErrorInfo in %v", st.Proto())
 }
+
+// TestEpochOrder: ordered epochs compare as integers, across Leases too
+// (a Lease made anew follows the old one); legacy epochs (a uid's hash
+// above the count) only within one Lease; a legacy epoch after an
+// ordered one was heard is refused, an ordered one after a legacy one
+// taken.
+func TestEpochOrder(t *testing.T) {
+	ord := func(made uint32, hold uint32) uint64 { return uint64(made)<<32 | OrderedEpoch | uint64(hold) }
+	leg := func(hash uint32, hold uint32) uint64 { return uint64(hash)<<32 | uint64(hold) }
+	for _, c := range []struct {
+		name          string
+		held, epoch   uint64
+		stale, raises bool
+	}{
+		{"nothing held", 0, ord(100, 1), false, true},
+		{"epoch unknown", ord(100, 2), 0, false, false},
+		{"same hold", ord(100, 2), ord(100, 2), false, false},
+		{"earlier hold, same Lease", ord(100, 3), ord(100, 2), true, false},
+		{"later hold, same Lease", ord(100, 2), ord(100, 3), false, true},
+		{"old Lease's hold after the new Lease's", ord(200, 1), ord(100, 9), true, false},
+		{"new Lease's first hold after the old Lease's ninth", ord(100, 9), ord(200, 1), false, true},
+		{"legacy: earlier hold, same Lease", leg(0xfeed, 3), leg(0xfeed, 2), true, false},
+		{"legacy: later hold, same Lease", leg(0xfeed, 2), leg(0xfeed, 3), false, true},
+		{"legacy: another Lease's hold is taken", leg(0xfeed, 9), leg(0x0001, 1), false, true},
+		{"legacy after ordered: refused", ord(100, 1), leg(0xffffffff, 9), true, false},
+		{"ordered after legacy: taken", leg(0xffffffff, 9), ord(100, 1), false, true},
+	} {
+		if got := EpochStale(c.held, c.epoch); got != c.stale {
+			t.Errorf("%s: EpochStale(%s, %s) = %v, want %v", c.name, FormatEpoch(c.held), FormatEpoch(c.epoch), got, c.stale)
+		}
+		if got := EpochRaises(c.held, c.epoch); got != c.raises {
+			t.Errorf("%s: EpochRaises(%s, %s) = %v, want %v", c.name, FormatEpoch(c.held), FormatEpoch(c.epoch), got, c.raises)
+		}
+	}
+	if got, want := FormatEpoch(ord(1796126400, 3)), "7714304149629698051 (hold 3 of the lease made at 2026-12-01T12:00:00Z)"; got != want {
+		t.Errorf("FormatEpoch = %q, want %q", got, want)
+	}
+}

@@ -130,18 +130,21 @@ type ApplyUpdateRequest struct {
 	// releases): a number the worker holds is acknowledged again.
 	Fresh bool `protobuf:"varint,7,opt,name=fresh,proto3" json:"fresh,omitempty"`
 	// epoch is the election epoch of the sequencing router's hold of the
-	// Lease (router.Election, kubelease.Epoch: a hash of the Lease's uid
-	// in the high 32 bits, its holder changes plus one in the low). A
+	// Lease (router.Election, kubelease.Epoch: the Lease's creation time
+	// in Unix seconds in the high 32 bits, bit 31 set (ordered), its
+	// holder changes plus one in the low 31 bits; prismv1/epoch.go). A
 	// worker keeps, durably with its store's update numbers, the highest
 	// epoch it has heard of (here or in AnnounceResponse.epoch), and
-	// refuses an update of a lower epoch of the same Lease (high 32 bits
-	// equal) with FAILED_PRECONDITION (prismv1.StaleEpochError), writing
-	// nothing and taking no number: its router lost the Lease and another
-	// sequences now (fencing). An epoch of another Lease is not compared
-	// (it replaces the one kept: the Lease was made anew). Every update
-	// the router sends carries it: a client's, a catch-up replay, a
-	// number_only or number range. 0 (no election, routers of earlier
-	// releases): not checked.
+	// refuses an update of a lower epoch with FAILED_PRECONDITION
+	// (prismv1.StaleEpochError), writing nothing and taking no number:
+	// its router lost the Lease and another sequences now (fencing).
+	// Ordered epochs compare as integers, across a Lease deleted and made
+	// anew too. Routers of earlier releases sent legacy epochs (a hash of
+	// the Lease's uid in the high 32 bits, bit 31 clear), ordered only
+	// within one Lease; a worker that has heard of an ordered epoch
+	// refuses them. Every update the router sends carries it: a client's,
+	// a catch-up replay, a number_only or number range. 0 (no election,
+	// routers of earlier releases): not checked.
 	Epoch         uint64 `protobuf:"varint,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1567,8 +1570,9 @@ type UpdateLogResponse struct {
 	// the log holds); ask again.
 	More bool `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
 	// epoch is the election's epoch of this router's hold (the Lease's
-	// holder changes plus one; 0: not known or not elected): a copy is
-	// started from only by the holder of the next epoch.
+	// holder changes plus one, ApplyUpdateRequest.epoch; 0: not known or
+	// not elected): a copy is started from only by the holder of the next
+	// epoch of the same Lease.
 	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -20,8 +20,8 @@ import (
 // gets FailedPrecondition naming the update the worker needs, and one
 // sent fresh (ApplyUpdateRequest.fresh) that it holds already
 // AlreadyExists. An update from a router whose hold of the sequencing
-// Lease ended (ApplyUpdateRequest.epoch below the epoch the store keeps,
-// of the same Lease) gets FailedPrecondition (prismv1.StaleEpochError)
+// Lease ended (ApplyUpdateRequest.epoch earlier than the epoch the store
+// keeps, prismv1.EpochStale) gets FailedPrecondition (prismv1.StaleEpochError)
 // on every path, nothing written and no number taken. Over TLS an
 // unsequenced update (seq 0) is refused to every role but admin.
 func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {

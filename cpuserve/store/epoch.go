@@ -15,14 +15,14 @@ import (
 // every model. It is written durably with the update numbers (in the
 // batch that writes an update's seq, or on its own when heard of
 // otherwise), so a restarted worker still refuses the router that lost
-// the Lease. A sequenced write of a lower epoch of the same Lease
-// (prismv1.EpochStale) fails with a *StaleEpochError before anything is
-// written or any number taken; one of a later epoch (or another Lease's,
-// prismv1.EpochRaises) raises the kept one; epoch 0 is not checked.
+// the Lease. A sequenced write of an earlier epoch (prismv1.EpochStale:
+// lower, of any Lease for ordered epochs) fails with a *StaleEpochError
+// before anything is written or any number taken; one of a later epoch
+// (prismv1.EpochRaises) raises the kept one; epoch 0 is not checked.
 
 // StaleEpochError says a sequenced write came from a router whose hold
 // of the sequencing Lease ended: the store has heard of a later hold
-// (Held) of the same Lease. Nothing was written.
+// (Held). Nothing was written.
 type StaleEpochError struct {
 	Model string
 	Seq   int64
@@ -31,7 +31,7 @@ type StaleEpochError struct {
 }
 
 func (e *StaleEpochError) Error() string {
-	return fmt.Sprintf("model %q: update %d of epoch %s: the store has heard of epoch %s of the same lease; nothing written", e.Model, e.Seq, prismv1.FormatEpoch(e.Epoch), prismv1.FormatEpoch(e.Held))
+	return fmt.Sprintf("model %q: update %d of epoch %s: the store has heard of the later epoch %s; nothing written", e.Model, e.Seq, prismv1.FormatEpoch(e.Epoch), prismv1.FormatEpoch(e.Held))
 }
 
 // Epoch is the highest election epoch the store has heard of (0: none).
@@ -48,8 +48,7 @@ func (s *Store) Epoch() (uint64, error) {
 
 // RaiseEpoch records that the router holding election epoch holds the
 // Lease (the worker heard it in an answer to its announcement): from
-// now on the store refuses the writes of earlier holds of the same
-// Lease. An epoch that does not raise the kept one (prismv1.EpochRaises)
+// now on the store refuses the writes of earlier holds. An epoch that does not raise the kept one (prismv1.EpochRaises)
 // changes nothing. It returns the epoch kept after, written durably
 // (synced) when raised.
 func (s *Store) RaiseEpoch(epoch uint64) (uint64, error) {
@@ -81,7 +80,7 @@ func (s *Store) RaiseEpoch(epoch uint64) (uint64, error) {
 
 // fenceLocked checks a sequenced write of model's update seq by a
 // router of epoch: a *StaleEpochError if the store has heard of a later
-// hold of the same Lease, else whether epoch raises the kept one (the
+// hold, else whether epoch raises the kept one (the
 // write then records it, setEpoch). updMu and mu held.
 func (s *Store) fenceLocked(model string, seq int64, epoch uint64) (raise bool, err error) {
 	if epoch == 0 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/prism-serve/prism/api/prismv1"
 )
 
 // TestEpochFence: sequenced writes of an earlier hold of the sequencing
@@ -118,5 +120,53 @@ func TestEpochFence(t *testing.T) {
 	}
 	if err := s3.SkipSeqsAt("m", 10, 10, lease|9); !errors.As(err, &stale) {
 		t.Fatalf("reopened after RaiseEpoch: a number of an earlier hold: %v, want it refused", err)
+	}
+}
+
+// TestEpochFenceAcrossLeases: the Lease deleted and made anew. Its first
+// hold's epoch (prismv1's ordered epochs: the creation time above the
+// count) is above the old Lease's ninth, so once the store has heard of
+// it the old Lease's holder is refused, also after a reopen, and so is
+// a router of an earlier release (a legacy epoch). With the uid's hash
+// as the high bits, as before, the old holder's write was taken as
+// another Lease's and raised the kept epoch back (the flip-flop).
+func TestEpochFenceAcrossLeases(t *testing.T) {
+	tabs := []*testTable{{name: "a", rows: 10, dim: 2, seed: 1}}
+	s, fs := openMem(t, &Options{})
+	if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	made := func(sec uint64, hold uint64) uint64 { return sec<<32 | prismv1.OrderedEpoch | hold }
+	oldLease, newLease := made(1796126400, 9), made(1796126460, 1)
+	row := []float32{1, 1}
+	if _, err := s.UpsertSeqAt("m", "a", []int64{1}, row, 1, oldLease); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.RaiseEpoch(newLease); err != nil || got != newLease {
+		t.Fatalf("RaiseEpoch(new Lease) kept %#x, %v", got, err)
+	}
+	var stale *StaleEpochError
+	if _, err := s.UpsertSeqAt("m", "a", []int64{1}, row, 2, oldLease); !errors.As(err, &stale) {
+		t.Fatalf("the old Lease's holder after the new Lease's: %v, want refused", err)
+	}
+	if _, err := s.UpsertSeqAt("m", "a", []int64{1}, row, 2, 0xfeed<<32|12); !errors.As(err, &stale) {
+		t.Fatalf("a legacy epoch after an ordered one: %v, want refused", err)
+	}
+	if _, err := s.UpsertSeqAt("m", "a", []int64{1}, row, 2, newLease); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open("db", &Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if err := s2.SkipSeqsAt("m", 3, 3, oldLease); !errors.As(err, &stale) {
+		t.Fatalf("after a reopen, the old Lease's holder: %v, want refused", err)
+	}
+	if got, err := s2.AppliedSeq("m"); err != nil || got != 2 {
+		t.Fatalf("AppliedSeq %d, %v; want 2", got, err)
 	}
 }

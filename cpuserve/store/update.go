@@ -52,8 +52,8 @@ func (s *Store) UpsertSeq(model, table string, ids []int64, rows []float32, seq 
 
 // UpsertSeqAt is UpsertSeq sent by the router holding election epoch
 // (epoch.go; 0: not checked): a *StaleEpochError, nothing written and
-// seq not taken, when the store has heard of a later hold of the same
-// Lease; else a later epoch than the store's is recorded with seq.
+// seq not taken, when the store has heard of a later hold; else a later
+// epoch than the store's is recorded with seq.
 func (s *Store) UpsertSeqAt(model, table string, ids []int64, rows []float32, seq int64, epoch uint64) (applied bool, err error) {
 	if seq <= 0 {
 		return false, badRequestf("upsert model %q: update seq %d: want > 0", model, seq)
@@ -85,7 +85,7 @@ func (s *Store) SkipSeqs(model string, from, seq int64) error {
 
 // SkipSeqsAt is SkipSeqs sent by the router holding election epoch, as
 // UpsertSeqAt: a *StaleEpochError, no number taken, from an earlier hold
-// of the same Lease than the store has heard of; a later epoch is
+// than the store has heard of; a later epoch is
 // recorded in the same write as seq.
 func (s *Store) SkipSeqsAt(model string, from, seq int64, epoch uint64) error {
 	if from < 1 || from > seq {

@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/kubetest"
 )
 
@@ -27,9 +29,10 @@ func TestElectionOnAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	type seen struct {
-		mu   sync.Mutex
-		view string
-		at   time.Time
+		mu    sync.Mutex
+		view  string
+		epoch uint64
+		at    time.Time
 	}
 	start := func(id string) (*seen, context.CancelFunc, chan struct{}) {
 		e, err := New(Options{Namespace: "default", Name: "prism-router-sequencer", Identity: id, Leases: leases,
@@ -42,9 +45,9 @@ func TestElectionOnAPIServer(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			e.Run(ctx, func(addr string, _ uint64) {
+			e.Run(ctx, func(addr string, epoch uint64) {
 				v.mu.Lock()
-				v.view, v.at = addr, time.Now()
+				v.view, v.epoch, v.at = addr, epoch, time.Now()
 				v.mu.Unlock()
 			})
 		}()
@@ -85,11 +88,41 @@ func TestElectionOnAPIServer(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if v, at := view(other); v == otherID {
 			t.Logf("failover on a real API server (holder stopped and released the Lease): %v", at.Sub(stopped).Round(time.Millisecond))
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			v, _ := view(other)
 			t.Fatalf("the other elector never took over: it sees %q", v)
+		}
+	}
+	// The Lease deleted under its holder (made over a second before): the
+	// holder makes it anew on its next renewal, and the epoch of that
+	// hold, in the new Lease, is above the old Lease's (the API server's
+	// creation times order them; kubelease.Epoch), reported without a
+	// new start of leading (Elector.wrote).
+	epoch := func() uint64 { other.mu.Lock(); defer other.mu.Unlock(); return other.epoch }
+	old := epoch()
+	if !prismv1.Ordered(old) {
+		t.Fatalf("holder's epoch %s: want an ordered one", prismv1.FormatEpoch(old))
+	}
+	// Creation times have whole seconds: a Lease made in the second its
+	// predecessor was made is not ordered after it (docs/architecture.md).
+	time.Sleep(1100 * time.Millisecond)
+	if err := leases.Leases("default").Delete(context.Background(), "prism-router-sequencer", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if e := epoch(); e != 0 && e != old {
+			// (Its count of holds is not checked: client-go makes the new
+			// Lease with the count it last saw, here 1.)
+			if e <= old || e>>32 <= old>>32 || !prismv1.EpochStale(e, old) {
+				t.Fatalf("hold of the Lease made anew: epoch %s after %s; want a later Lease's, above", prismv1.FormatEpoch(e), prismv1.FormatEpoch(old))
+			}
+			t.Logf("Lease deleted and made anew by its holder: epoch %s after %s", prismv1.FormatEpoch(e), prismv1.FormatEpoch(old))
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no hold of a new Lease after the delete (epoch still %s)", prismv1.FormatEpoch(epoch()))
 		}
 	}
 }

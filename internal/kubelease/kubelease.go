@@ -10,20 +10,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/prism-serve/prism/api/prismv1"
 )
 
 // Options configure an Elector.
@@ -103,9 +106,9 @@ type Elector struct {
 	// the holder last seen in the Lease.
 	leading  bool
 	observed string
-	// epoch is the epoch of this elector's hold (Epoch: the Lease's uid
-	// and its count of holder changes), read when the hold began; 0: not
-	// known.
+	// epoch is the epoch of this elector's hold (Epoch: the Lease's
+	// creation time and its count of holder changes), read when the hold
+	// began; 0: not known.
 	epoch   uint64
 	changed chan struct{}
 }
@@ -127,21 +130,82 @@ func New(o Options) (*Elector, error) {
 		}
 		o.Leases = c
 	}
-	return &Elector{
-		o: o,
-		lock: &resourcelock.LeaseLock{
-			LeaseMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name},
-			Client:    o.Leases,
-			// The Lease names this process, not only its address: a
-			// router restarted under the same address (a Pod's container
-			// restart) is another holder to client-go, which then counts
-			// the change (leaseTransitions, the epoch), instead of taking
-			// the crashed process's hold back as its own.
-			LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity + processMark + strconv.FormatUint(rand.Uint64(), 36)},
-			Labels:     map[string]string{"app.kubernetes.io/part-of": "prism"},
-		},
-		changed: make(chan struct{}, 1),
-	}, nil
+	e := &Elector{o: o, changed: make(chan struct{}, 1)}
+	e.lock = &resourcelock.LeaseLock{
+		LeaseMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name},
+		// The lock's writes pass by the elector (watched), which learns
+		// from what the API server answers when its Lease was made anew
+		// during its hold.
+		Client: watched{o.Leases, e},
+		// The Lease names this process, not only its address: a
+		// router restarted under the same address (a Pod's container
+		// restart) is another holder to client-go, which then counts
+		// the change (leaseTransitions, the epoch), instead of taking
+		// the crashed process's hold back as its own.
+		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity + processMark + strconv.FormatUint(rand.Uint64(), 36)},
+		Labels:     map[string]string{"app.kubernetes.io/part-of": "prism"},
+	}
+	return e, nil
+}
+
+// watched is the LeaseLock's client: the elector's, whose Lease writes
+// the elector reads the answers of (wrote).
+type watched struct {
+	coordinationv1.LeasesGetter
+	e *Elector
+}
+
+func (w watched) Leases(ns string) coordinationv1.LeaseInterface {
+	return watchedLeases{w.LeasesGetter.Leases(ns), w.e}
+}
+
+type watchedLeases struct {
+	coordinationv1.LeaseInterface
+	e *Elector
+}
+
+func (w watchedLeases) Create(ctx context.Context, l *coordv1.Lease, o metav1.CreateOptions) (*coordv1.Lease, error) {
+	out, err := w.LeaseInterface.Create(ctx, l, o)
+	if err == nil {
+		w.e.wrote(out)
+	}
+	return out, err
+}
+
+func (w watchedLeases) Update(ctx context.Context, l *coordv1.Lease, o metav1.UpdateOptions) (*coordv1.Lease, error) {
+	out, err := w.LeaseInterface.Update(ctx, l, o)
+	if err == nil {
+		w.e.wrote(out)
+	}
+	return out, err
+}
+
+// wrote is the API server's answer to a write of the elector's lock. A
+// renewal changes no epoch. But a Lease deleted during the hold is made
+// anew by the holder's next renewal (client-go creates it when it finds
+// none) in the same round, with no new start of leading: the hold goes
+// on in the new Lease, whose epoch (its creation time, its count) is
+// read here and reported as a new hold's, so the workers hear of it and
+// refuse the updates of holds of the old Lease (the router starts a new
+// term under it, router/elect.go). (The start of a hold is
+// OnStartedLeading's: not leading yet, nothing changes here.)
+func (e *Elector) wrote(l *coordv1.Lease) {
+	if l == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.lock.Identity() || l.Spec.LeaseTransitions == nil {
+		return
+	}
+	ep := Epoch(l.CreationTimestamp.Time, *l.Spec.LeaseTransitions)
+	e.mu.Lock()
+	news := e.leading && ep != 0 && e.epoch != 0 && ep != e.epoch
+	e.mu.Unlock()
+	if !news {
+		return
+	}
+	e.o.Logger.Warn("the update sequencing lease was deleted and made anew during this router's hold: it holds the new Lease, a new hold under the new Lease's epoch", "lease", e.o.Namespace+"/"+e.o.Name, "epoch", prismv1.FormatEpoch(ep))
+	e.set(func() {
+		if e.leading {
+			e.epoch = ep
+		}
+	})
 }
 
 func config(kubeconfig string) (*rest.Config, error) {
@@ -168,7 +232,7 @@ func (e *Elector) Identity() string { return e.o.Identity }
 // holder's identity while another does, "" while none is known (no
 // holder yet, or this elector's hold just ended: the Lease may still
 // name it until another takes it). While this elector holds the Lease,
-// epoch is Epoch of the Lease as its hold began (its uid's hash, and
+// epoch is Epoch of the Lease as its hold began (its creation time, and
 // leaseTransitions plus one):
 // client-go adds one each time a different identity takes the Lease, so
 // the hold follows the one of epoch-1 directly, or is this elector's
@@ -274,19 +338,23 @@ func (e *Elector) readEpoch(ctx context.Context) uint64 {
 	case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.lock.Identity() || l.Spec.LeaseTransitions == nil || *l.Spec.LeaseTransitions < 0:
 		return 0
 	}
-	return Epoch(string(l.UID), *l.Spec.LeaseTransitions)
+	return Epoch(l.CreationTimestamp.Time, *l.Spec.LeaseTransitions)
 }
 
 // processMark separates a router's address from its process's mark in
 // the Lease's holder identity.
 const processMark = "#"
 
-// Epoch is the epoch of a hold of the Lease whose uid is uid, taken at
-// leaseTransitions transitions: a hash of the uid in the high 32 bits
-// (a Lease deleted and made again starts its count over under another
-// uid), the transitions plus one in the low 32.
-func Epoch(uid string, transitions int32) uint64 {
-	h := fnv.New32a()
-	h.Write([]byte(uid))
-	return uint64(h.Sum32())<<32 | uint64(uint32(transitions)+1)
+// Epoch is the epoch of a hold of the Lease made at created, taken at
+// leaseTransitions transitions (prismv1's ordered epochs): created's Unix
+// seconds in the high 32 bits, so the holds of a Lease deleted and made
+// again follow every hold of the old one, prismv1.OrderedEpoch, and the
+// transitions plus one in the low 31 bits. 0 (not known) when created
+// is not set or out of range, or transitions is.
+func Epoch(created time.Time, transitions int32) uint64 {
+	sec := created.Unix()
+	if created.IsZero() || sec <= 0 || sec > math.MaxUint32 || transitions < 0 || transitions >= prismv1.OrderedEpoch-1 {
+		return 0
+	}
+	return uint64(sec)<<32 | prismv1.OrderedEpoch | uint64(transitions+1)
 }

@@ -8,20 +8,35 @@ import (
 	"testing"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	fakecoordination "k8s.io/client-go/kubernetes/typed/coordination/v1/fake"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/prism-serve/prism/api/prismv1"
 )
 
 // cluster is a fake API server holding Leases (client-go's object
 // tracker, the one behind kubernetes/fake, with only the coordination
 // client so the test links little of client-go): each router gets a
 // client of its own, which can be cut off.
-type cluster struct{ tracker clienttesting.ObjectTracker }
+type cluster struct {
+	tracker clienttesting.ObjectTracker
+	// made counts the Leases made: the API server stamps each with its
+	// creation time, which the tracker does not; here the n-th Lease is
+	// made n seconds after a fixed start.
+	made atomic.Int64
+}
 
 func newCluster() *cluster {
 	return &cluster{tracker: clienttesting.NewObjectTracker(scheme.Scheme, scheme.Codecs.UniversalDecoder())}
+}
+
+// created is the creation time the cluster stamps its n-th Lease with.
+func created(n int64) time.Time {
+	return time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(n) * time.Second)
 }
 
 // client is a coordination/v1 client of the cluster; while cut is set
@@ -34,6 +49,12 @@ func (c *cluster) client(cut *atomic.Bool) *fakecoordination.FakeCoordinationV1 
 			return true, nil, errors.New("connection refused")
 		}
 		return false, nil, nil
+	})
+	f.AddReactor("create", "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		if l, ok := a.(clienttesting.CreateAction).GetObject().(*coordv1.Lease); ok {
+			l.CreationTimestamp = metav1.NewTime(created(c.made.Add(1)))
+		}
+		return false, nil, nil // the tracker below stores it
 	})
 	f.AddReactor("*", "*", clienttesting.ObjectReaction(c.tracker))
 	return &fakecoordination.FakeCoordinationV1{Fake: f}
@@ -148,7 +169,7 @@ func TestFailover(t *testing.T) {
 			a.mu.Lock()
 			ea := a.views[0].epoch
 			a.mu.Unlock()
-			if eb := b.last().epoch; ea&0xffffffff != 1 || eb != ea+1 {
+			if eb := b.last().epoch; !prismv1.Ordered(ea) || uint32(ea)&^prismv1.OrderedEpoch != 1 || eb != ea+1 {
 				t.Errorf("epochs: a's hold %#x, b's %#x; want the count 1, then one more", ea, eb)
 			}
 			t.Logf("leader failover (%s): %v (lease %v, renew deadline %v, retry %v; fake API server)", c.name, took.Round(time.Millisecond), leaseDuration, renewDeadline, retryPeriod)
@@ -230,4 +251,56 @@ func TestRestartedHolderIsAnotherHold(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("nobody took the Lease over (a2 sees %q, b %q)", a2.last().leader, b.last().leader)
+}
+
+// TestRecreatedLeaseOrdered: the Lease is deleted under its holder and
+// made again (an operator's kubectl delete; the holder's next renewal
+// finds none and makes a new one). The new Lease's count of holds
+// starts over, yet its holds' epochs follow every hold of the old one,
+// so a worker that heard of the new hold refuses the old hold's
+// updates, and one that heard of the old hold takes the new one as
+// later. (With a uid's hash in the epoch, as before, the two were not
+// ordered: a deposed holder of the old Lease could still write.)
+func TestRecreatedLeaseOrdered(t *testing.T) {
+	cl := newCluster()
+	a := cl.start(t, "10.0.0.1:8500")
+	waitFor(t, a, "10.0.0.1:8500", 5*time.Second)
+	b := cl.start(t, "10.0.0.2:8500")
+	waitFor(t, b, "10.0.0.1:8500", 5*time.Second)
+	// a gives the Lease up: b's hold is its second.
+	a.cancel()
+	<-a.done
+	waitFor(t, b, "10.0.0.2:8500", 5*time.Second)
+	old := b.last().epoch
+	if uint32(old)&^prismv1.OrderedEpoch != 2 {
+		t.Fatalf("b's hold of the first Lease: epoch %s, want its second hold", prismv1.FormatEpoch(old))
+	}
+	gvr := coordv1.SchemeGroupVersion.WithResource("leases")
+	if err := cl.tracker.Delete(gvr, "prism", "prism-router-sequencer"); err != nil {
+		t.Fatal(err)
+	}
+	c := cl.start(t, "10.0.0.3:8500")
+	// Whoever holds the new Lease (b making it anew on its renewal, or
+	// c), its first hold's epoch is above the old Lease's.
+	deadline := time.Now().Add(2*leaseDuration + 10*retryPeriod)
+	for ; time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, x := range []*candidate{b, c} {
+			v := x.last()
+			if v.leader != x.name || v.epoch == 0 || v.epoch == old {
+				continue
+			}
+			if cl.made.Load() != 2 {
+				t.Fatalf("%s holds at %s with %d Leases made, want the second", x.name, prismv1.FormatEpoch(v.epoch), cl.made.Load())
+			}
+			if uint32(v.epoch)&^prismv1.OrderedEpoch != 1 || v.epoch <= old {
+				t.Fatalf("%s's hold of the new Lease: epoch %s, after %s: want its first hold, above the old Lease's", x.name, prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(old))
+			}
+			if !prismv1.EpochStale(v.epoch, old) || prismv1.EpochRaises(v.epoch, old) || !prismv1.EpochRaises(old, v.epoch) {
+				t.Fatalf("a worker holding %s does not refuse %s, or one holding the old does not take the new", prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(old))
+			}
+			t.Logf("old Lease's last hold %s; new Lease's first %s", prismv1.FormatEpoch(old), prismv1.FormatEpoch(v.epoch))
+			return
+		}
+	}
+	t.Fatalf("nobody holds the new Lease (b sees %q, c %q)", b.last().leader, c.last().leader)
 }
