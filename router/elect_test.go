@@ -709,3 +709,85 @@ func TestElectedFencesOldHolder(t *testing.T) {
 		})
 	}
 }
+
+// TestElectedFencesAcrossLeases: TestElectedFencesOldHolder with the
+// Lease deleted and made anew (prismv1's ordered epochs: its creation
+// time above the count). A holds the old Lease (its third hold); its
+// update X is at the workers when the new Lease's first hold begins:
+// B's (another router made the new Lease), or A's own (its renewal made
+// it, kubelease.Elector.wrote: a new hold, a new term, under the same
+// router). The new hold's epoch is above A's old one although its count
+// starts over, so the workers refuse X once they heard of it, and the
+// new term numbers its own update 2 on every worker. (With epochs of
+// different Leases not compared, as before, X landed after the window
+// and the kept epoch went back to the old Lease's.)
+func TestElectedFencesAcrossLeases(t *testing.T) {
+	const made = 1796126400
+	oldHold := uint64(made)<<32 | prismv1.OrderedEpoch | 3
+	newHold := uint64(made+60)<<32 | prismv1.OrderedEpoch | 1
+	for _, remadeBy := range []int{1, 0} {
+		t.Run(map[int]string{1: "another router", 0: "the holder"}[remadeBy], func(t *testing.T) {
+			rig := newElectRig(t, 2)
+			for _, f := range rig.cns {
+				f.fence = true
+			}
+			a, next := 0, remadeBy
+			for i, r := range rig.rs {
+				r.el.setLeader(rig.addrs[a], map[bool]uint64{true: oldHold}[i == a])
+			}
+			rig.advance()
+			if err := rig.update(a, 1, 1); err != nil {
+				t.Fatalf("update 1 on A: %v", err)
+			}
+			for _, f := range rig.cns {
+				f.mu.Lock()
+				f.gate, f.entered = make(chan struct{}), make(chan struct{}, 8)
+				f.mu.Unlock()
+			}
+			x := make(chan error, 1)
+			go func() { x <- rig.update(a, 5, 5) }() // X, number 2 of A's old hold
+			for _, f := range rig.cns {
+				<-f.entered
+			}
+			for i, r := range rig.rs {
+				r.el.setLeader(rig.addrs[next], map[bool]uint64{true: newHold}[i == next])
+			}
+			rig.announce() // the new holder's answers tell the workers its epoch
+			for i, f := range rig.cns {
+				f.mu.Lock()
+				got := f.epoch
+				f.mu.Unlock()
+				if got != newHold {
+					t.Fatalf("worker %d keeps epoch %s, want the new Lease's %s", i, prismv1.FormatEpoch(got), prismv1.FormatEpoch(newHold))
+				}
+			}
+			rig.advance() // the new term's window ends: the workers hold 1
+			for _, f := range rig.cns {
+				f.mu.Lock()
+				close(f.gate)
+				f.gate = nil
+				f.mu.Unlock()
+			}
+			if xErr := <-x; status.Code(xErr) != codes.Unavailable {
+				t.Errorf("X of the old Lease's hold: %v, want Unavailable", xErr)
+			}
+			for i, f := range rig.cns {
+				if f.held() != 1 || f.row(5) != 0 {
+					t.Errorf("worker %d holds %d, row 5 = %v: X landed after the workers heard of the new Lease", i, f.held(), f.row(5))
+				}
+			}
+			if err := rig.update(next, 6, 6); err != nil { // Y, number 2 of the new hold
+				t.Fatalf("Y on the new holder: %v, want it acknowledged", err)
+			}
+			rig.orders(1, 2)
+			for i, f := range rig.cns {
+				f.mu.Lock()
+				got := f.epoch
+				f.mu.Unlock()
+				if f.row(6) != 6 || got != newHold {
+					t.Errorf("worker %d: row 6 = %v, epoch %s; want Y's 6 under %s", i, f.row(6), prismv1.FormatEpoch(got), prismv1.FormatEpoch(newHold))
+				}
+			}
+		})
+	}
+}

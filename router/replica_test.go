@@ -396,3 +396,37 @@ func TestUpdateLogEntriesBeforeNumbers(t *testing.T) {
 		t.Fatalf("the copy of z-model: %+v, want it to end at 3", rm)
 	}
 }
+
+// TestReplicaOrderedEpochs: a copy of the new Lease's first hold drops
+// an answer of the deleted Lease's holder (a call under way, or a
+// deposed holder still answering), though its count is higher; the
+// next hold of the new Lease starts from the copy, and a hold of the
+// old Lease's next count does not.
+func TestReplicaOrderedEpochs(t *testing.T) {
+	const made = 1796126400
+	oldHold := uint64(made)<<32 | prismv1.OrderedEpoch | 3
+	newHold := uint64(made+60)<<32 | prismv1.OrderedEpoch | 1
+	log := func(next int64) map[string]*prismv1.ModelLog {
+		return map[string]*prismv1.ModelLog{"a": {Next: next, Committed: next, Entries: []*prismv1.ApplyUpdateRequest{{Seq: 1, Update: &prismv1.UpdateRequest{Model: "a"}}}}}
+	}
+	var c replica
+	if err := c.merge(&prismv1.UpdateLogResponse{Term: 2, Epoch: newHold, Models: log(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.merge(&prismv1.UpdateLogResponse{Term: 1, Epoch: oldHold, Models: log(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if c.from() != newHold || c.term != 2 {
+		t.Fatalf("copy of %s (term %d) after an answer of the old Lease's hold: want the new Lease's %s kept", prismv1.FormatEpoch(c.from()), c.term, prismv1.FormatEpoch(newHold))
+	}
+	s := newSequencer(time.Now(), time.Second, 1<<20, QuorumOne)
+	if models, _, stale := c.restoreTo(s, oldHold+1); models != 0 || !stale {
+		t.Fatalf("restored %d models (stale %v) into the old Lease's next hold", models, stale)
+	}
+	if err := c.merge(&prismv1.UpdateLogResponse{Term: 2, Epoch: newHold, Models: log(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if models, _, stale := c.restoreTo(newSequencer(time.Now(), time.Second, 1<<20, QuorumOne), newHold+1); models != 1 || stale {
+		t.Fatalf("restored %d models (stale %v) into the new Lease's next hold, want its copy", models, stale)
+	}
+}

@@ -19,13 +19,18 @@ import (
 // hold of the same Lease with FailedPrecondition naming both epochs
 // (prismv1.IsStaleEpoch), writing nothing and taking no number: a
 // client's update, its replay, one of bad input. A later epoch raises
-// the kept one; another Lease's (high 32 bits) is not compared; 0
-// (routers of earlier releases, no election) is not checked.
+// the kept one; among legacy epochs (routers of earlier releases: a
+// uid's hash in the high 32 bits) another Lease's is not compared; 0
+// (no election) is not checked. Ordered epochs (what routers send now,
+// prismv1.OrderedEpoch: the Lease's creation time in the high 32 bits)
+// are compared across Leases, and once one is heard legacy epochs are
+// refused.
 func TestUpdateFencedByEpoch(t *testing.T) {
 	fx := fuzzSetup(t)
 	model, tab := fx.plan.Model.Name, fx.plan.Tables[0]
 	ctx := context.Background()
 	const lease, other = uint64(0xfe11ce00) << 32, uint64(0x0c0ffee0) << 32
+	const oldLease, newLease = uint64(1796126400)<<32 | prismv1.OrderedEpoch, uint64(1796126460)<<32 | prismv1.OrderedEpoch
 	read := func() float32 {
 		t.Helper()
 		l := store.TableLookup{Table: tab.Name, IDs: []int64{4}, Pooling: store.PoolNone, Out: make([]float32, tab.Dim)}
@@ -56,7 +61,12 @@ func TestUpdateFencedByEpoch(t *testing.T) {
 		{seq: 1, epoch: lease | 4, val: 0.5, want: codes.FailedPrecondition, stale: true, held: lease | 5, after: 1, row: 0.5},         // a replay is not acknowledged
 		{seq: 2, epoch: lease | 6, fresh: true, val: 0.75, after: 2, row: 0.75},                                                        // raises to 6
 		{seq: 3, epoch: lease | 5, fresh: true, val: 0.125, want: codes.FailedPrecondition, stale: true, held: lease | 6, after: 2, row: 0.75},
-		{seq: 3, epoch: other | 1, fresh: true, val: 1, after: 3, row: 1}, // another Lease: not compared
+		{seq: 3, epoch: other | 1, fresh: true, val: 1, after: 3, row: 1},                                                                     // another legacy Lease: not compared
+		{seq: 4, epoch: newLease | 1, fresh: true, val: 2, after: 4, row: 2},                                                                  // ordered after legacy: raises
+		{seq: 5, epoch: oldLease | 9, fresh: true, val: 3, want: codes.FailedPrecondition, stale: true, held: newLease | 1, after: 4, row: 2}, // a Lease made earlier: refused
+		{seq: 5, epoch: other | 2, fresh: true, val: 3, want: codes.FailedPrecondition, stale: true, held: newLease | 1, after: 4, row: 2},    // legacy after ordered: refused
+		{announce: oldLease | 12}, // a deposed holder's answer raises nothing
+		{seq: 5, epoch: newLease | 1, fresh: true, val: 4, after: 5, row: 4},
 	}
 	for i, st := range steps {
 		if st.announce != 0 {
@@ -95,7 +105,7 @@ func TestUpdateFencedByEpoch(t *testing.T) {
 			t.Fatalf("step %d: row 4 reads %v, want %v", i, got, want)
 		}
 	}
-	if got, err := fx.st.Epoch(); err != nil || got != other|1 {
-		t.Fatalf("kept epoch %#x, %v; want %#x", got, err, other|1)
+	if got, err := fx.st.Epoch(); err != nil || got != newLease|1 {
+		t.Fatalf("kept epoch %#x, %v; want %#x", got, err, newLease|1)
 	}
 }

@@ -12,9 +12,11 @@ import (
 // Lease than the store has heard of are refused (*StaleEpochError),
 // writing nothing and taking no number, on every path (rows, a number
 // alone, a range, a replay, bad input); a later epoch, an update's or
-// RaiseEpoch's, raises the kept one; another Lease's (high 32 bits) is
-// not compared; 0 is not checked. The kept epoch survives a reopen,
-// written with the seq (issue 14).
+// RaiseEpoch's, raises the kept one; another legacy Lease's (high 32
+// bits: a uid's hash, as routers of earlier releases send) is not
+// compared (TestEpochFenceAcrossLeases: ordered epochs are); 0 is not
+// checked. The kept epoch survives a reopen, written with the seq
+// (issue 14).
 func TestEpochFence(t *testing.T) {
 	tabs := []*testTable{{name: "a", rows: 10, dim: 2, seed: 1}}
 	s, fs := openMem(t, &Options{})

@@ -108,7 +108,8 @@ type Elector struct {
 	observed string
 	// epoch is the epoch of this elector's hold (Epoch: the Lease's
 	// creation time and its count of holder changes), read when the hold
-	// began; 0: not known.
+	// began, and read again from a renewal's answer when the hold goes on
+	// in a Lease made anew (wrote); 0: not known.
 	epoch   uint64
 	changed chan struct{}
 }
@@ -187,20 +188,28 @@ func (w watchedLeases) Update(ctx context.Context, l *coordv1.Lease, o metav1.Up
 // on in the new Lease, whose epoch (its creation time, its count) is
 // read here and reported as a new hold's, so the workers hear of it and
 // refuse the updates of holds of the old Lease (the router starts a new
-// term under it, router/elect.go). (The start of a hold is
-// OnStartedLeading's: not leading yet, nothing changes here.)
+// term under it, router/elect.go). So is the epoch of a hold that began
+// with none known (readEpoch could not read the Lease): fencing starts
+// a renewal later instead of never in that hold. (The start of a hold
+// is OnStartedLeading's: not leading yet, nothing changes here.)
 func (e *Elector) wrote(l *coordv1.Lease) {
 	if l == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != e.lock.Identity() || l.Spec.LeaseTransitions == nil {
 		return
 	}
 	ep := Epoch(l.CreationTimestamp.Time, *l.Spec.LeaseTransitions)
 	e.mu.Lock()
-	news := e.leading && ep != 0 && e.epoch != 0 && ep != e.epoch
+	news, unknown := e.leading && ep != 0 && ep != e.epoch, e.epoch == 0
 	e.mu.Unlock()
-	if !news {
+	switch {
+	case !news:
 		return
+	case unknown:
+		// The Lease could not be read as the hold began (readEpoch): the
+		// hold ran unfenced until this answer named its epoch.
+		e.o.Logger.Info("read the update sequencing lease's epoch from a renewal: this router's hold is fenced from now on", "lease", e.o.Namespace+"/"+e.o.Name, "epoch", prismv1.FormatEpoch(ep))
+	default:
+		e.o.Logger.Warn("the update sequencing lease was deleted and made anew during this router's hold: it holds the new Lease, a new hold under the new Lease's epoch", "lease", e.o.Namespace+"/"+e.o.Name, "epoch", prismv1.FormatEpoch(ep))
 	}
-	e.o.Logger.Warn("the update sequencing lease was deleted and made anew during this router's hold: it holds the new Lease, a new hold under the new Lease's epoch", "lease", e.o.Namespace+"/"+e.o.Name, "epoch", prismv1.FormatEpoch(ep))
 	e.set(func() {
 		if e.leading {
 			e.epoch = ep

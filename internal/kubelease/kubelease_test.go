@@ -3,14 +3,18 @@ package kubelease
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 	fakecoordination "k8s.io/client-go/kubernetes/typed/coordination/v1/fake"
 	clienttesting "k8s.io/client-go/testing"
@@ -28,6 +32,9 @@ type cluster struct {
 	// creation time, which the tracker does not; here the n-th Lease is
 	// made n seconds after a fixed start.
 	made atomic.Int64
+	// failGet, when set, is the number of the Get of a Lease (counted
+	// from 1 over every client) that fails, as a call cut short.
+	failGet, gets atomic.Int64
 }
 
 func newCluster() *cluster {
@@ -50,11 +57,38 @@ func (c *cluster) client(cut *atomic.Bool) *fakecoordination.FakeCoordinationV1 
 		}
 		return false, nil, nil
 	})
+	f.AddReactor("get", "leases", func(clienttesting.Action) (bool, runtime.Object, error) {
+		if n := c.gets.Add(1); n == c.failGet.Load() {
+			return true, nil, errors.New("the call was cut short")
+		}
+		return false, nil, nil
+	})
 	f.AddReactor("create", "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
 		if l, ok := a.(clienttesting.CreateAction).GetObject().(*coordv1.Lease); ok {
-			l.CreationTimestamp = metav1.NewTime(created(c.made.Add(1)))
+			n := c.made.Add(1)
+			l.CreationTimestamp = metav1.NewTime(created(n))
+			l.UID = types.UID(fmt.Sprintf("lease-%d", n))
 		}
 		return false, nil, nil // the tracker below stores it
+	})
+	// An update of a Lease deleted since (and maybe made anew) is refused
+	// as the API server refuses it (its resourceVersion is not the
+	// stored one's; the tracker keeps none, the uid stands in for it):
+	// the tracker would store the old object over the new Lease, its
+	// creation time with it.
+	f.AddReactor("update", "leases", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		l, ok := a.(clienttesting.UpdateAction).GetObject().(*coordv1.Lease)
+		if !ok {
+			return false, nil, nil
+		}
+		cur, err := c.tracker.Get(coordv1.SchemeGroupVersion.WithResource("leases"), l.Namespace, l.Name)
+		if err != nil {
+			return false, nil, nil // the tracker answers NotFound
+		}
+		if cur.(*coordv1.Lease).UID != l.UID {
+			return true, nil, apierrors.NewConflict(coordv1.Resource("leases"), l.Name, errors.New("the object has been modified"))
+		}
+		return false, nil, nil
 	})
 	f.AddReactor("*", "*", clienttesting.ObjectReaction(c.tracker))
 	return &fakecoordination.FakeCoordinationV1{Fake: f}
@@ -292,15 +326,143 @@ func TestRecreatedLeaseOrdered(t *testing.T) {
 			if cl.made.Load() != 2 {
 				t.Fatalf("%s holds at %s with %d Leases made, want the second", x.name, prismv1.FormatEpoch(v.epoch), cl.made.Load())
 			}
-			if uint32(v.epoch)&^prismv1.OrderedEpoch != 1 || v.epoch <= old {
-				t.Fatalf("%s's hold of the new Lease: epoch %s, after %s: want its first hold, above the old Lease's", x.name, prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(old))
+			// c's hold is the new Lease's first; b, making it anew on its
+			// renewal, carries the count it last saw into it (client-go;
+			// TestHolderRemakesItsLease).
+			count := uint32(1)
+			if x == b {
+				count = 2
+			}
+			if uint32(v.epoch)&^prismv1.OrderedEpoch != count || v.epoch <= old {
+				t.Fatalf("%s's hold of the new Lease: epoch %s, after %s: want hold %d, above the old Lease's", x.name, prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(old), count)
 			}
 			if !prismv1.EpochStale(v.epoch, old) || prismv1.EpochRaises(v.epoch, old) || !prismv1.EpochRaises(old, v.epoch) {
 				t.Fatalf("a worker holding %s does not refuse %s, or one holding the old does not take the new", prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(old))
 			}
 			t.Logf("old Lease's last hold %s; new Lease's first %s", prismv1.FormatEpoch(old), prismv1.FormatEpoch(v.epoch))
+			// The other one's renewals of the deleted Lease are refused (a
+			// stale resourceVersion): it stops leading within its renew
+			// deadline, and the new Lease stays the holder's, with its epoch.
+			other := b
+			if x == b {
+				other = c
+			}
+			time.Sleep(renewDeadline + 3*retryPeriod)
+			if o, h := other.last(), x.last(); o.leader == other.name || h.leader != x.name || h.epoch != v.epoch {
+				t.Fatalf("after the new Lease's first hold (%s, %s): %s sees %q, %s sees %q at %s; want %s alone to hold it, at that epoch", x.name, prismv1.FormatEpoch(v.epoch), other.name, o.leader, x.name, h.leader, prismv1.FormatEpoch(h.epoch), x.name)
+			}
 			return
 		}
 	}
 	t.Fatalf("nobody holds the new Lease (b sees %q, c %q)", b.last().leader, c.last().leader)
+}
+
+// TestHolderRemakesItsLease: the Lease is deleted under its holder and
+// nobody else makes it first, so the holder's next renewal makes it
+// anew (client-go creates it when it finds none, in the same hold, with
+// no new start of leading). The elector reports the new Lease's epoch
+// for its hold (Elector.wrote), above the old one's, without reporting
+// a stop in between; client-go carries the count it last saw into the
+// new Lease. (TestRecreatedLeaseOrdered's other router almost always
+// makes the new Lease first, so it does not reach this path.)
+func TestHolderRemakesItsLease(t *testing.T) {
+	cl := newCluster()
+	a := cl.start(t, "10.0.0.1:8500")
+	waitFor(t, a, "10.0.0.1:8500", 5*time.Second)
+	b := cl.start(t, "10.0.0.2:8500")
+	waitFor(t, b, "10.0.0.1:8500", 5*time.Second)
+	a.cancel()
+	<-a.done
+	waitFor(t, b, "10.0.0.2:8500", 5*time.Second)
+	old := b.last().epoch
+	if uint32(old)&^prismv1.OrderedEpoch != 2 {
+		t.Fatalf("b's hold of the first Lease: epoch %s, want its second hold", prismv1.FormatEpoch(old))
+	}
+	b.mu.Lock()
+	seen := len(b.views)
+	b.mu.Unlock()
+	gvr := coordv1.SchemeGroupVersion.WithResource("leases")
+	if err := cl.tracker.Delete(gvr, "prism", "prism-router-sequencer"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(renewDeadline + 5*retryPeriod); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		v := b.last()
+		if v.epoch == old {
+			continue
+		}
+		b.mu.Lock()
+		views := append([]view(nil), b.views[seen:]...)
+		b.mu.Unlock()
+		for _, w := range views {
+			if w.leader != b.name {
+				t.Fatalf("b reported %q while its Lease was made anew (views %v): want its hold to go on", w.leader, views)
+			}
+		}
+		want := uint64(created(2).Unix())<<32 | prismv1.OrderedEpoch | 2
+		if cl.made.Load() != 2 || v.epoch != want || !prismv1.EpochStale(v.epoch, old) {
+			t.Fatalf("b's hold in the Lease it made anew: epoch %s (%d Leases made), want %s, above %s", prismv1.FormatEpoch(v.epoch), cl.made.Load(), prismv1.FormatEpoch(want), prismv1.FormatEpoch(old))
+		}
+		return
+	}
+	t.Fatalf("b's epoch still %s after its Lease was deleted (last view %v)", prismv1.FormatEpoch(b.last().epoch), b.last())
+}
+
+// TestEpochBounds: an epoch is ordered, the creation time's seconds
+// above the count, and 0 (not known) where either does not fit: no
+// count spills into the mark or the time, at the int32 limit of
+// leaseTransitions either.
+func TestEpochBounds(t *testing.T) {
+	at := time.Unix(1796126400, 0)
+	for _, c := range []struct {
+		created     time.Time
+		transitions int32
+		want        uint64
+	}{
+		{at, 0, 1796126400<<32 | prismv1.OrderedEpoch | 1},
+		{at, math.MaxInt32 - 1, 1796126400<<32 | prismv1.OrderedEpoch | math.MaxInt32},
+		{at, math.MaxInt32, 0},
+		{at, -1, 0},
+		{time.Time{}, 0, 0},
+		{time.Unix(0, 0), 0, 0},
+		{time.Unix(math.MaxUint32, 0), 0, math.MaxUint32<<32 | prismv1.OrderedEpoch | 1},
+		{time.Unix(math.MaxUint32+1, 0), 0, 0},
+	} {
+		if got := Epoch(c.created, c.transitions); got != c.want {
+			t.Errorf("Epoch(%v, %d) = %#x, want %#x", c.created.UTC(), c.transitions, got, c.want)
+		}
+	}
+	last := Epoch(at, math.MaxInt32-1)
+	if !prismv1.EpochRaises(Epoch(at, math.MaxInt32-2), last) || !prismv1.EpochStale(Epoch(at.Add(time.Second), 0), last) {
+		t.Errorf("the last count of a Lease is not ordered between its previous one and a later Lease's first")
+	}
+}
+
+// TestEpochLearntFromRenewal: the Lease cannot be read when the hold
+// begins (readEpoch's Get fails), so the hold starts with epoch 0, not
+// known: unfenced. The next renewal's answer names the Lease, and its
+// epoch is reported then, so the workers are told it and fencing starts
+// one retry period later instead of never in this hold.
+func TestEpochLearntFromRenewal(t *testing.T) {
+	cl := newCluster()
+	// Get 1 is client-go's (no Lease yet: NotFound, then it makes one);
+	// Get 2 is readEpoch's, at the start of the hold.
+	cl.failGet.Store(2)
+	a := cl.start(t, "10.0.0.1:8500")
+	waitFor(t, a, "10.0.0.1:8500", 5*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for ; time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if v := a.last(); v.leader == a.name && v.epoch != 0 {
+			if want := Epoch(created(1), 0); v.epoch != want {
+				t.Fatalf("epoch %s, want %s", prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(want))
+			}
+			a.mu.Lock()
+			first := a.views[0]
+			a.mu.Unlock()
+			if first.leader != a.name || first.epoch != 0 {
+				t.Fatalf("first view %+v: want the hold with epoch 0 (readEpoch's Get failed)", first)
+			}
+			return
+		}
+	}
+	t.Fatalf("the hold's epoch was never learnt (view %+v, Gets %d)", a.last(), cl.gets.Load())
 }
