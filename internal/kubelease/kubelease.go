@@ -198,7 +198,7 @@ func (e *Elector) wrote(l *coordv1.Lease) {
 	}
 	ep := Epoch(l.CreationTimestamp.Time, *l.Spec.LeaseTransitions)
 	e.mu.Lock()
-	news, unknown := e.leading && ep != 0 && ep != e.epoch, e.epoch == 0
+	news, unknown, remade := e.leading && ep != 0 && ep != e.epoch, e.epoch == 0, !prismv1.SameLease(ep, e.epoch)
 	e.mu.Unlock()
 	switch {
 	case !news:
@@ -207,8 +207,12 @@ func (e *Elector) wrote(l *coordv1.Lease) {
 		// The Lease could not be read as the hold began (readEpoch): the
 		// hold ran unfenced until this answer named its epoch.
 		e.o.Logger.Info("read the update sequencing lease's epoch from a renewal: this router's hold is fenced from now on", "lease", e.o.Namespace+"/"+e.o.Name, "epoch", prismv1.FormatEpoch(ep))
-	default:
+	case remade:
 		e.o.Logger.Warn("the update sequencing lease was deleted and made anew during this router's hold: it holds the new Lease, a new hold under the new Lease's epoch", "lease", e.o.Namespace+"/"+e.o.Name, "epoch", prismv1.FormatEpoch(ep))
+	default:
+		// client-go's renewal took the Lease back after another holder
+		// had it (its count moved on): a new hold, as after a stop.
+		e.o.Logger.Warn("the update sequencing lease was held by another router between two of this router's renewals: a new hold under its new epoch", "lease", e.o.Namespace+"/"+e.o.Name, "epoch", prismv1.FormatEpoch(ep))
 	}
 	e.set(func() {
 		if e.leading {
