@@ -220,6 +220,16 @@ func (e *elected) inSync(w *prismv1.WorkerInfo, model string) bool {
 	return e.fol.inSync(w, model)
 }
 
+// diverged is the registry's hook for the answer to an announcement:
+// what the term's sequencer found of w's copies while this router
+// leads (nil otherwise: the holder's answer tells the worker).
+func (e *elected) diverged(w *prismv1.WorkerInfo) map[string]int64 {
+	if t := e.term.Load(); t.d != nil {
+		return t.d.diverged(w)
+	}
+	return nil
+}
+
 // tick is one heartbeat of the leading term.
 func (e *elected) tick() {
 	if t := e.term.Load(); t.d != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -87,10 +88,11 @@ func (rig *electRig) announce() {
 		for i, f := range rig.cns {
 			resp, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
 				Id: "cpu" + rig.cnAt[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.cnAt[i], Models: []string{"m"}, Healthy: true,
-				UpdateSeq: map[string]int64{"m": f.held()},
+				UpdateSeq: map[string]int64{"m": f.held()}, Diverged: f.marked(),
 			}})
 			if err == nil {
 				f.heard(resp.GetEpoch())
+				f.told(resp.GetDiverged())
 			}
 		}
 	}
@@ -789,5 +791,52 @@ func TestElectedFencesAcrossLeases(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Issue 14 across an election: router A finds worker 1's copy diverged
+// (it refuses an update worker 0 applies) and tells it; B, elected next,
+// never saw it happen, yet learns it from the worker's announcements,
+// and neither B (its new term's sequencer) nor A (now following, by the
+// follower's rule) sends worker 1 lookups, nor B updates. Before, B
+// took worker 1's update number for an up-to-date copy.
+func TestDivergedMarkOutlivesElection(t *testing.T) {
+	rig := newElectRig(t, 2)
+	a, b := 0, 1
+	rig.lead(a)
+	rig.advance()
+	refuser := rig.cns[1]
+	refuser.mu.Lock()
+	refuser.refuse = true
+	refuser.mu.Unlock()
+	_ = rig.update(a, 1, 1) // refused by worker 1: acknowledged or not by the quorum, it diverged
+	refuser.mu.Lock()
+	refuser.refuse = false
+	refuser.mu.Unlock()
+	rig.announce()
+	if got := refuser.marked(); !maps.Equal(got, map[string]int64{"m": 1}) {
+		t.Fatalf("the refuser was told %v, want m diverged at 1", got)
+	}
+	rig.lead(b)
+	rig.announce()
+	rig.advance()
+	serves := func(r *Router, i int) bool {
+		_, release, err := r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, []string{"cpu" + rig.cnAt[1-i]})
+		if err != nil {
+			return false
+		}
+		release()
+		return true
+	}
+	for name, r := range map[string]*Router{"B (holds the election)": rig.rs[b], "A (follows)": rig.rs[a]} {
+		if !serves(r, 0) || serves(r, 1) {
+			t.Errorf("%s sends lookups to worker 0: %v, to the diverged worker 1: %v; want only worker 0", name, serves(r, 0), serves(r, 1))
+		}
+	}
+	if err := rig.update(b, 2, 2); err != nil {
+		t.Fatalf("update under B: %v", err)
+	}
+	if got := refuser.held(); got != 1 {
+		t.Fatalf("the diverged worker holds %d: B sent it an update", got)
 	}
 }

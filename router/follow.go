@@ -36,7 +36,10 @@ import (
 //     start-up window is open, and applies that to the announcements it
 //     hears itself: a worker serves when it is not left out, holds the
 //     acknowledged update, and (when the sequencer did not know it yet)
-//     claims nothing beyond the last numbered one. Between two answers
+//     claims nothing beyond the last numbered one. A worker announcing
+//     that its store records a model's copy diverged
+//     (WorkerInfo.diverged) is left out of that model whatever the
+//     view says, as the sequencer leaves it out. Between two answers
 //     the follower also raises the bar from the announcements: an update
 //     the sequencer acknowledged is held by its quorum of the model's
 //     workers, so the quorum-th highest number the workers not left out
@@ -92,6 +95,9 @@ type followed struct {
 	held   map[string]int64
 	// key is per sharded model the sequence of the worker's shard.
 	key map[string]string
+	// diverged are the models whose copy its store records diverged
+	// (WorkerInfo.diverged): left out, as the sequencer leaves them.
+	diverged map[string]bool
 }
 
 // seqKey is the sequence numbering w's updates of model (keyOf).
@@ -159,6 +165,10 @@ func (f *follower) announced(w *prismv1.WorkerInfo) {
 			f.any.Store(true)
 		}
 	}
+	diverged := markedDiverged(w)
+	if len(diverged) > 0 {
+		f.any.Store(true)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var key map[string]string
@@ -171,7 +181,7 @@ func (f *follower) announced(w *prismv1.WorkerInfo) {
 		}
 	}
 	prev, had := f.workers[w.GetId()]
-	fw := followed{models: slices.Clone(w.GetModels()), held: held, key: key}
+	fw := followed{models: slices.Clone(w.GetModels()), held: held, key: key, diverged: diverged}
 	f.workers[w.GetId()] = fw
 	if had {
 		// What it no longer serves, or a shard it left, loses its claim.
@@ -216,7 +226,7 @@ func (f *follower) judge(key string) {
 	}
 	var held []int64
 	for id, w := range f.workers {
-		if !slices.Contains(w.models, model) || w.seqKey(model) != key || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
+		if !slices.Contains(w.models, model) || w.seqKey(model) != key || w.diverged[model] || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
 			continue
 		}
 		h := w.held[model]
@@ -334,6 +344,12 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !f.any.Load() {
 		return true
 	}
+	if markedDiverged(w)[model] {
+		// Its store records that its copy diverged: left out whatever
+		// the sequencer's view (a sequencer of an earlier release, or
+		// none heard from yet) says.
+		return false
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	key := keyOf(w, model)
@@ -373,6 +389,22 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 		return false // the workers are still announcing what they hold
 	}
 	return held >= floor && held <= maxAnnouncedSeq
+}
+
+// markedDiverged are the models w serves whose copy its store records
+// diverged (WorkerInfo.diverged; taken as sequencer.markedDiverged
+// takes them).
+func markedDiverged(w *prismv1.WorkerInfo) map[string]bool {
+	var out map[string]bool
+	for m, seq := range w.GetDiverged() {
+		if seq > 0 && seq <= maxAnnouncedSeq && slices.Contains(w.GetModels(), m) {
+			if out == nil {
+				out = map[string]bool{}
+			}
+			out[m] = true
+		}
+	}
+	return out
 }
 
 // String describes the follower for logs.

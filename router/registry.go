@@ -109,6 +109,13 @@ type Registry struct {
 	// heartbeat on (elect.go). Called under mu, which the change of holder
 	// holds too: an answer after the change carries the new epoch.
 	epoch func() uint64
+	// diverged, when set, is what the router sequencing updates found of
+	// an embedding worker's copies: per model, the update at which its
+	// copy diverged from its peers' (sequencer.divergedOf). Every answer
+	// to the worker tells it (AnnounceResponse.diverged), so its store
+	// records the mark and it announces it to every router from then on.
+	// Called under mu, after observe has taken the announcement.
+	diverged func(w *prismv1.WorkerInfo) map[string]int64
 }
 
 type roleModel struct {
@@ -196,7 +203,7 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 			return status.Errorf(codes.InvalidArgument, "announce: worker %s of %d bytes, the limit is %d", what, len(v), l.MaxNameBytes)
 		}
 	}
-	if n := max(len(w.GetModels()), len(w.GetUpdateSeq()), len(w.GetShards()), len(w.GetSharding())); n > l.MaxModels {
+	if n := max(len(w.GetModels()), len(w.GetUpdateSeq()), len(w.GetShards()), len(w.GetSharding()), len(w.GetDiverged())); n > l.MaxModels {
 		return status.Errorf(codes.ResourceExhausted, "announce: worker %.64q names %d models, the limit is %d", w.GetId(), n, l.MaxModels)
 	}
 	for _, m := range w.GetModels() {
@@ -336,6 +343,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		resp.DenseAddrs = r.denseAddrs // replaced, never changed in place
 		if r.epoch != nil {
 			resp.Epoch = r.epoch()
+		}
+		if r.diverged != nil {
+			resp.Diverged = r.diverged(w)
 		}
 	}
 	return resp, nil

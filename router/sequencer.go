@@ -356,6 +356,35 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			delete(m.slow, w.GetId())
 		}
 	}
+	s.markedDiverged(w)
+}
+
+// markedDiverged takes the diverged marks w's store recorded
+// (WorkerInfo.diverged): a router told it, in the answer to an
+// announcement (divergedOf), that its copy of the model diverged from
+// its peers'. Its update number counts the update it answered
+// otherwise, so only the mark keeps it out of serving for a router that
+// did not see it happen (this one restarted, or another holds the
+// sequencing now) or that forgot it (leave, when the worker's
+// registration lapsed). A mark is never dropped by an announcement
+// lacking it (a worker of an earlier release announces none); a worker
+// with another store announces under another id.
+func (s *sequencer) markedDiverged(w *prismv1.WorkerInfo) {
+	for _, model := range slices.Sorted(maps.Keys(w.GetDiverged())) {
+		seq := w.GetDiverged()[model]
+		if !slices.Contains(w.GetModels(), model) || seq <= 0 || seq > maxAnnouncedSeq {
+			continue // not a mark of a copy it serves
+		}
+		key := keyOf(w, model)
+		m := s.model(key)
+		if _, already := m.diverged[w.GetId()]; already {
+			continue
+		}
+		m.diverged[w.GetId()] = seq
+		s.any = true // inSync asks from now on
+		s.logf(slog.LevelError, "embedding worker's store records that its copy of the model diverged from its peers' (a router found it answering an update otherwise than they did); it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store",
+			"model", key, "worker", w.GetId(), "seq", seq)
+	}
 }
 
 // updated says whether a shard of model has had updates.
@@ -602,4 +631,25 @@ func (s *sequencer) inSync(w *prismv1.WorkerInfo, model string, now time.Time) b
 		}
 	}
 	return k >= m.committed
+}
+
+// divergedOf is what the answer to w's announcement tells it of its
+// copies (AnnounceResponse.diverged): per model it serves, the update at
+// which this sequencer found its copy diverged. Nil when none. It
+// changes nothing.
+func (s *sequencer) divergedOf(w *prismv1.WorkerInfo) map[string]int64 {
+	var out map[string]int64
+	for _, model := range w.GetModels() {
+		m := s.models[keyOf(w, model)]
+		if m == nil {
+			continue
+		}
+		if seq, ok := m.diverged[w.GetId()]; ok {
+			if out == nil {
+				out = map[string]int64{}
+			}
+			out[model] = seq
+		}
+	}
+	return out
 }

@@ -47,6 +47,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	                                           earlier release (row splits not
 //	                                           said to be complete); sharding:
 //	                                           the sharding's fingerprint
+//	                                           diverged=m:N,...: its store's
+//	                                           diverged marks (WorkerInfo.diverged)
+//	told <worker>                              the diverged marks the answer to
+//	                                           the worker's announcement carries
 //	gone <worker>                              left, expired or removed
 //	propose <client> [model=m] [table=t] [ids=1|ids=3.9.12] [deadline=10s]
 //	                                           ids: how many (each 0), or the
@@ -287,6 +291,13 @@ func (h *seqScript) do(line string) []string {
 				w.UpdateSeq[m] = num(n)
 			}
 		}
+		if s := arg("diverged", ""); s != "" {
+			w.Diverged = map[string]int64{}
+			for _, p := range strings.Split(s, ",") {
+				m, n, _ := strings.Cut(p, ":")
+				w.Diverged[m] = num(n)
+			}
+		}
 		if s := arg("shard", ""); s != "" {
 			k, n, _ := strings.Cut(s, "/")
 			w.Shards = map[string]*prismv1.ShardRef{}
@@ -313,6 +324,18 @@ func (h *seqScript) do(line string) []string {
 			}
 		}
 		h.s.announced(h.now, w)
+	case "told":
+		need(1)
+		w := h.s.workers[pos[0]]
+		if w == nil {
+			return []string{"not live"}
+		}
+		var out []string
+		d := h.s.divergedOf(w)
+		for _, m := range slices.Sorted(maps.Keys(d)) {
+			out = append(out, fmt.Sprintf("diverged %s at %d", m, d[m]))
+		}
+		return out
 	case "gone":
 		need(1)
 		h.s.gone(h.now, pos[0])

@@ -61,7 +61,10 @@ import (
 //   - A worker that does not answer within Options.UpdateWorkerTimeout
 //     is left behind (caught up later), not waited on; one refusing as
 //     bad input an update another applied leaves serving the model, and
-//     the caller's UpdateResponse.refused names it.
+//     the caller's UpdateResponse.refused names it. The answers to its
+//     announcements tell it (AnnounceResponse.diverged); its store
+//     records the mark and it announces it, so it stays out under a
+//     restarted router, another one, and after its registration lapses.
 //
 // One router sequences a model's updates; other routers serving the
 // same workers forward their updates to it (Options.Sequencer;
@@ -484,6 +487,17 @@ func (d *updateDriver) inSync(w *prismv1.WorkerInfo, model string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.seq.inSync(w, model, d.now())
+}
+
+// diverged is the registry's hook for the answer to an announcement:
+// what the sequencer found of w's copies (sequencer.divergedOf).
+func (d *updateDriver) diverged(w *prismv1.WorkerInfo) map[string]int64 {
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.seq.divergedOf(w)
 }
 
 // tick is one heartbeat (Run calls it); replays it starts run under ctx.

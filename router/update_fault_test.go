@@ -2,6 +2,8 @@ package router
 
 import (
 	"context"
+	"log/slog"
+	"maps"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -97,6 +99,62 @@ func TestDivergentAnswersReported(t *testing.T) {
 	}
 	if got := rig.servers(); got[1] || !got[0] {
 		t.Fatalf("serving %v: the refusing worker's copy differs, it must not serve", got)
+	}
+}
+
+// Issue 14: the refuser's leaving serving outlives the router's memory.
+// The answers to its announcements tell it that its copy diverged; its
+// store records the mark and it announces it, so it stays out of the
+// model's lookups and updates when its registration lapses and it comes
+// back (leave dropped what the router knew), and under a restarted
+// router (a new one, which never saw the divergent update). Before, it
+// served its differing rows again in both cases: its update number
+// counts the refused update.
+func TestDivergedMarkOutlivesRouter(t *testing.T) {
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{UpdateQuorum: QuorumOne}, a, b)
+	t.Cleanup(rig.r.Close)
+	b.mu.Lock()
+	b.refuse = true
+	b.mu.Unlock()
+	if r, err := rig.update("t", 1, 10); err != nil || len(r.GetRefused()) != 1 {
+		t.Fatalf("divergent update answered %v, %v; want %s named as refusing", r, err, rig.addr[1])
+	}
+	b.mu.Lock()
+	b.refuse = false
+	b.mu.Unlock()
+	rig.announce() // the answers tell the workers
+	if got := b.marked(); !maps.Equal(got, map[string]int64{"m": 1}) {
+		t.Fatalf("the refuser was told %v, want m diverged at 1", got)
+	}
+	if got := a.marked(); got != nil {
+		t.Fatalf("the worker that applied it was told %v, want nothing", got)
+	}
+
+	// Its registration lapses and it comes back.
+	rig.r.Reg.Remove("cpu" + rig.addr[1])
+	rig.announce()
+	if got := rig.servers(); got[1] || !got[0] {
+		t.Fatalf("serving %v after the refuser left and came back: its copy still differs, it must not serve", got)
+	}
+
+	// The router restarts: a new one (in memory), the workers announcing.
+	re := &updateRig{t: t, cns: rig.cns, addr: rig.addr}
+	re.r = testRouter(Options{UpdateQuorum: QuorumOne, Logger: slog.New(slog.NewTextHandler(&re.logs, nil)),
+		now: func() time.Time { return time.Now().Add(time.Duration(re.skew.Load())) }})
+	t.Cleanup(re.r.Close)
+	re.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+	re.announce()
+	re.settle()
+	re.announce()
+	if got := re.servers(); got[1] || !got[0] {
+		t.Fatalf("serving %v under a restarted router: the refuser's copy still differs, it must not serve", got)
+	}
+	if r, err := re.update("t", 2, 20); err != nil || r.GetWorkers() != 1 || b.held() != 1 {
+		t.Fatalf("update under the restarted router: %v, %v, the refuser holds %d; want it applied by the other worker alone", r, err, b.held())
+	}
+	if !strings.Contains(re.logs.String(), "records that its copy of the model diverged") {
+		t.Fatalf("the restarted router does not say why the worker is left out:\n%s", re.logs.String())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -47,6 +48,32 @@ type seqCN struct {
 	// Unset: a worker of an earlier release, which reads no epoch.
 	fence bool
 	epoch uint64
+	// marks are the diverged marks its store recorded from the answers
+	// to its announcements (AnnounceResponse.diverged), announced back
+	// (WorkerInfo.diverged), as a worker of this release does.
+	marks map[string]int64
+}
+
+// told is the worker taking the diverged marks of an answer to its
+// announcement (store.MarkDiverged: the first mark of a model stays).
+func (f *seqCN) told(marks map[string]int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for m, seq := range marks {
+		if _, ok := f.marks[m]; !ok {
+			if f.marks == nil {
+				f.marks = map[string]int64{}
+			}
+			f.marks[m] = seq
+		}
+	}
+}
+
+// marked is what the worker announces of its marks.
+func (f *seqCN) marked() map[string]int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.marks)
 }
 
 // heard is the worker hearing of election epoch (an answer to its
@@ -170,10 +197,13 @@ func (rig *updateRig) add(f *seqCN) {
 
 func (rig *updateRig) announce() {
 	for i, f := range rig.cns {
-		rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+		resp, err := rig.r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
 			Id: "cpu" + rig.addr[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.addr[i], Models: []string{"m"}, Healthy: true,
-			UpdateSeq: map[string]int64{"m": f.held()},
+			UpdateSeq: map[string]int64{"m": f.held()}, Diverged: f.marked(),
 		}})
+		if err == nil {
+			f.told(resp.GetDiverged())
+		}
 	}
 }
 

@@ -717,7 +717,18 @@ type WorkerInfo struct {
 	// when one is live (a reshard rolling out has both). A model served
 	// from a plan without sharding is announced "0" (NoSharding): such a
 	// worker combines no row-wise parts.
-	Sharding      map[string]string `protobuf:"bytes,12,rep,name=sharding,proto3" json:"sharding,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Sharding map[string]string `protobuf:"bytes,12,rep,name=sharding,proto3" json:"sharding,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// diverged is, per model, the update at which the router sequencing
+	// this embedding worker's updates found its copy diverged from its
+	// peers' (AnnounceResponse.diverged), as its store recorded it: the
+	// worker refused an update the others applied, applied one they
+	// refused, or holds another sequencer's update under a number. Its
+	// update_seq counts that number, yet its rows differ, so every router
+	// (one restarted, a follower, a new holder of the sequencing election)
+	// sends it no lookups and no updates of the model. The mark ends with
+	// the store: a copy of an up-to-date worker's store carries none
+	// (README, "Updates"). Absent from workers of earlier releases.
+	Diverged      map[string]int64 `protobuf:"bytes,13,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -832,6 +843,13 @@ func (x *WorkerInfo) GetFixedBatch() map[string]int64 {
 func (x *WorkerInfo) GetSharding() map[string]string {
 	if x != nil {
 		return x.Sharding
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetDiverged() map[string]int64 {
+	if x != nil {
+		return x.Diverged
 	}
 	return nil
 }
@@ -1159,7 +1177,15 @@ type AnnounceResponse struct {
 	// it before it announces again, so from the new holder's first
 	// heartbeats on it refuses the updates of the router that lost the
 	// Lease, well within the new holder's start-up window of three.
-	Epoch         uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// diverged, in the answer to an embedding worker from the router that
+	// sequences its updates, is per model the update at which the router
+	// found the worker's copy diverged from its peers' (it refused an
+	// update they applied, or the other way round; see
+	// UpdateResponse.refused): the worker records it durably in its store
+	// before it announces again and announces it from then on
+	// (WorkerInfo.diverged), so the mark outlives the router's memory.
+	Diverged      map[string]int64 `protobuf:"bytes,4,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1213,6 +1239,13 @@ func (x *AnnounceResponse) GetEpoch() uint64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *AnnounceResponse) GetDiverged() map[string]int64 {
+	if x != nil {
+		return x.Diverged
+	}
+	return nil
 }
 
 type LeaveRequest struct {
@@ -1770,7 +1803,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\bsharding\x18\b \x01(\tR\bsharding\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xdb\x06\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xd8\a\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
@@ -1787,7 +1820,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	" \x03(\v2 .prism.v1.WorkerInfo.JaggedEntryR\x06jagged\x12E\n" +
 	"\vfixed_batch\x18\v \x03(\v2$.prism.v1.WorkerInfo.FixedBatchEntryR\n" +
 	"fixedBatch\x12>\n" +
-	"\bsharding\x18\f \x03(\v2\".prism.v1.WorkerInfo.ShardingEntryR\bsharding\x1a<\n" +
+	"\bsharding\x18\f \x03(\v2\".prism.v1.WorkerInfo.ShardingEntryR\bsharding\x12>\n" +
+	"\bdiverged\x18\r \x03(\v2\".prism.v1.WorkerInfo.DivergedEntryR\bdiverged\x1a<\n" +
 	"\x0eUpdateSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +
@@ -1802,7 +1836,10 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a;\n" +
 	"\rShardingEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
+	"\rDivergedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
 	"\x06inputs\x18\x01 \x03(\tR\x06inputs\x12\x18\n" +
 	"\aoffsets\x18\x02 \x03(\tR\aoffsets\"\xa6\x02\n" +
@@ -1822,12 +1859,16 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\x12\x12\n" +
 	"\x04rows\x18\x03 \x01(\x03R\x04rows\"?\n" +
 	"\x0fAnnounceRequest\x12,\n" +
-	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"l\n" +
+	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"\xef\x01\n" +
 	"\x10AnnounceResponse\x12!\n" +
 	"\fheartbeat_ms\x18\x01 \x01(\x03R\vheartbeatMs\x12\x1f\n" +
 	"\vdense_addrs\x18\x02 \x03(\tR\n" +
 	"denseAddrs\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\"\x1e\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12D\n" +
+	"\bdiverged\x18\x04 \x03(\v2(.prism.v1.AnnounceResponse.DivergedEntryR\bdiverged\x1a;\n" +
+	"\rDivergedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x1e\n" +
 	"\fLeaveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rLeaveResponse\"\r\n" +
@@ -1895,7 +1936,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1923,17 +1964,19 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	nil,                        // 23: prism.v1.WorkerInfo.JaggedEntry
 	nil,                        // 24: prism.v1.WorkerInfo.FixedBatchEntry
 	nil,                        // 25: prism.v1.WorkerInfo.ShardingEntry
-	nil,                        // 26: prism.v1.ListResponse.UpdatesEntry
-	nil,                        // 27: prism.v1.UpdateLogRequest.AfterEntry
-	nil,                        // 28: prism.v1.UpdateLogResponse.ModelsEntry
-	(*UpdateRequest)(nil),      // 29: prism.v1.UpdateRequest
-	(*Features)(nil),           // 30: prism.v1.Features
-	(*UpdateResponse)(nil),     // 31: prism.v1.UpdateResponse
+	nil,                        // 26: prism.v1.WorkerInfo.DivergedEntry
+	nil,                        // 27: prism.v1.AnnounceResponse.DivergedEntry
+	nil,                        // 28: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 29: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 30: prism.v1.UpdateLogResponse.ModelsEntry
+	(*UpdateRequest)(nil),      // 31: prism.v1.UpdateRequest
+	(*Features)(nil),           // 32: prism.v1.Features
+	(*UpdateResponse)(nil),     // 33: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	29, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	30, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	30, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	31, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	32, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	32, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
 	21, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
@@ -1941,36 +1984,38 @@ var file_api_prismv1_internal_proto_depIdxs = []int32{
 	23, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
 	24, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
 	25, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
-	10, // 10: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
-	7,  // 11: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	7,  // 12: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	26, // 13: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	27, // 14: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	28, // 15: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
-	1,  // 16: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	9,  // 17: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 18: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	17, // 19: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	20, // 20: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 21: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 22: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 23: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	11, // 24: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	13, // 25: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	15, // 26: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	18, // 27: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 28: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	31, // 29: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 30: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	12, // 31: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	14, // 32: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	16, // 33: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	19, // 34: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	28, // [28:35] is the sub-list for method output_type
-	21, // [21:28] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	26, // 10: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
+	10, // 11: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
+	7,  // 12: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	27, // 13: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
+	7,  // 14: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	28, // 15: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	29, // 16: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	30, // 17: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	1,  // 18: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	9,  // 19: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 20: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	17, // 21: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	20, // 22: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 23: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 24: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 25: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	11, // 26: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	13, // 27: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	15, // 28: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	18, // 29: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 30: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	33, // 31: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 32: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	12, // 33: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	14, // 34: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	16, // 35: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	19, // 36: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	30, // [30:37] is the sub-list for method output_type
+	23, // [23:30] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -1985,7 +2030,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

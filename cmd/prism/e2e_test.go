@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -670,6 +671,108 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 		if got.GetScores()[i] != want.GetScores()[i] {
 			t.Fatalf("candidate %d: %v from the caught-up worker, %v from the one that took the update", i, got.GetScores()[i], want.GetScores()[i])
 		}
+	}
+}
+
+// TestDivergedWorkerOutAfterRouterRestart (issue 14): two embedding
+// workers of one model answer an update otherwise than each other (one
+// serves a build with twice the rows and applies it, the other refuses
+// its row as bad input, taking its number), so the refuser's copy
+// differs and it leaves serving. The router's answer tells it; its store
+// records the mark and it announces it, so the router restarted (in
+// memory: it never saw the divergent update) still sends it no lookups.
+// Before, the restarted router took its update number for an up-to-date
+// copy and sent it lookups of its differing rows.
+func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	// The same model, every table twice as long: its table 0 holds rows
+	// the other build lacks.
+	bigDir := filepath.Join(dir, "big", cfg.Name)
+	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", bigDir, "--seed", "5", "--rows-scale", "2"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	bigPart := filepath.Join(dir, "big", "part")
+	if out, err := run(t, nil, "partition", filepath.Join(bigDir, "model.onnx"), "-o", bigPart); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	certs := newCerts(t)
+	routerArgs := func(addr string) []string {
+		return []string{"serve", "router", "--certs", certs, "--addr", addr, "--heartbeat", "200ms", "--update-quorum", "one"}
+	}
+	router := startProc(t, readyline.Router, routerArgs("127.0.0.1:0")...)
+	for i, plan := range []string{bigPart, part} {
+		startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", plan, "--db", filepath.Join(dir, fmt.Sprintf("db%d", i)), "--router", router.addr)
+	}
+	conn := dialRestartable(t, router.addr, certs)
+	reg := prismv1.NewRegistryClient(conn)
+	// await polls the registry until ok says its answer will do.
+	await := func(what string, ok func(*prismv1.ListResponse) bool) *prismv1.ListResponse {
+		t.Helper()
+		var last *prismv1.ListResponse
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			resp, err := reg.List(context.Background(), &prismv1.ListRequest{})
+			if err == nil && ok(resp) {
+				return resp
+			}
+			if err == nil {
+				last = resp
+			}
+		}
+		t.Fatalf("never saw %s; last answer: %v", what, last)
+		return nil
+	}
+	embedding := func(resp *prismv1.ListResponse) (out []*prismv1.WorkerInfo) {
+		for _, w := range resp.GetWorkers() {
+			if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
+				out = append(out, w)
+			}
+		}
+		return out
+	}
+	await("two embedding workers", func(r *prismv1.ListResponse) bool { return len(embedding(r)) == 2 })
+
+	upd := prismv1.NewEmbeddingsClient(conn)
+	row := make([]float32, cfg.EmbDim)
+	var resp *prismv1.UpdateResponse
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var err error
+		resp, err = upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{cfg.TableRows[0]}, Rows: leview.Bytes(row)})
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("update: %v", err)
+		}
+	}
+	if resp.GetWorkers() != 1 || len(resp.GetRefused()) != 1 {
+		t.Fatalf("update of a row one build lacks answered %v; want one worker applying it and one refusing it", resp)
+	}
+	// The refuser's store records the mark, and it announces it.
+	var refuser, applier string
+	await("the refusing worker announcing its copy diverged", func(r *prismv1.ListResponse) bool {
+		refuser, applier = "", ""
+		for _, w := range embedding(r) {
+			if w.GetDiverged()[cfg.Name] == 1 {
+				refuser = w.GetId()
+			} else {
+				applier = w.GetId()
+			}
+		}
+		return refuser != "" && applier != ""
+	})
+
+	// The router restarts, at the same address, in memory.
+	router.cmd.Process.Kill()
+	router.cmd.Wait()
+	startProc(t, readyline.Router, routerArgs(router.addr)...)
+	after := await("the restarted router past its start-up window", func(r *prismv1.ListResponse) bool {
+		u := r.GetUpdates()[cfg.Name]
+		return len(embedding(r)) == 2 && u != nil && !u.GetSettling()
+	})
+	u := after.GetUpdates()[cfg.Name]
+	if !slices.Equal(u.GetInSync(), []string{applier}) || !slices.Contains(u.GetLeftOut(), refuser) {
+		t.Fatalf("the restarted router sends lookups to %v and leaves out %v; want only %s, the diverged %s left out", u.GetInSync(), u.GetLeftOut(), applier, refuser)
 	}
 }
 

@@ -157,7 +157,11 @@ func newStoreVersionsCmd() *cobra.Command {
 		Long: `versions lists a model's versions in the store (* the active one, < the one
 the last switch replaced, which --rollback returns to), after switching to
 version N (--activate), back (--rollback) or dropping version N (--drop),
-at most one of them.`,
+at most one of them. A store whose copy of the model a router found diverged
+from its other workers' (it answered an update otherwise than they did) says
+so below the list: every router keeps its worker out of the model's lookups
+and updates until the store is replaced by a copy of an up-to-date worker's
+store (a version switch carries the updates, and so the difference, along).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n := 0
@@ -193,6 +197,13 @@ at most one of them.`,
 				var vs []store.VersionInfo
 				if vs, err = s.Versions(model); err == nil {
 					store.WriteVersions(cmd.OutOrStdout(), vs)
+					var marks map[string]int64
+					if marks, err = s.Diverged(); err != nil {
+						return err
+					}
+					if seq, ok := marks[model]; ok {
+						store.WriteDiverged(cmd.OutOrStdout(), model, seq)
+					}
 					return nil
 				}
 			}

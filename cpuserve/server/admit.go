@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -71,16 +74,36 @@ func (s *Server) denseListLocked() *denseList {
 // epoch of a router that holds the sequencing Lease, which the store
 // keeps (store.RaiseEpoch) so that the updates of the router that held
 // it before are refused from now on, within the new holder's start-up
-// window. An error says the epoch could not be recorded; the dense
-// workers are taken either way.
+// window; and the models whose copy the sequencing router found
+// diverged from their other workers' (AnnounceResponse.diverged), which
+// the store records (store.MarkDiverged) so that the worker announces
+// them to every router from its next heartbeat on, also after the
+// router that found it restarts. An error says the epoch or a mark
+// could not be recorded; the dense workers are taken either way.
 func (s *Server) Announced(resp *prismv1.AnnounceResponse) error {
 	s.SetDenseAddrs(resp.GetDenseAddrs())
+	var errs []error
 	if e := resp.GetEpoch(); e != 0 {
 		if _, err := s.st.RaiseEpoch(e); err != nil {
-			return fmt.Errorf("record the sequencing router's election epoch %s: %w", prismv1.FormatEpoch(e), err)
+			errs = append(errs, fmt.Errorf("record the sequencing router's election epoch %s: %w", prismv1.FormatEpoch(e), err))
 		}
 	}
-	return nil
+	for _, model := range slices.Sorted(maps.Keys(resp.GetDiverged())) {
+		if _, served := s.models[model]; !served {
+			continue
+		}
+		seq := resp.GetDiverged()[model]
+		marked, err := s.st.MarkDiverged(model, seq)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("record that model %q diverged at update %d: %w", model, seq, err))
+			continue
+		}
+		if marked {
+			s.log.Error("the sequencing router found this worker's copy of the model diverged from its other workers' (it answered an update otherwise than they did); recorded in the store, so no router sends it the model's lookups or updates: stop it and give it a copy of an up-to-date worker's store",
+				"model", model, "seq", seq)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // checkDense refuses a dense_addr the router has not registered: the

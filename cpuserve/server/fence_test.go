@@ -109,3 +109,35 @@ func TestUpdateFencedByEpoch(t *testing.T) {
 		t.Fatalf("kept epoch %#x, %v; want %#x", got, err, newLease|1)
 	}
 }
+
+// TestDivergedMarkRecorded (issue 14): the sequencing router's answer
+// names the models whose copy it found diverged; the worker records each
+// in its store before it announces again and announces it from then on
+// (WorkerInfo.diverged), so a router that restarts, or another one,
+// still keeps it out. Later answers repeat it, changing nothing; a model
+// the worker does not serve is not recorded, nor a mark past the update
+// it holds.
+func TestDivergedMarkRecorded(t *testing.T) {
+	fx := fuzzSetup(t)
+	model, tab := fx.plan.Model.Name, fx.plan.Tables[0]
+	if got := fx.srv.WorkerInfo("w", "addr").GetDiverged(); got != nil {
+		t.Fatalf("a fresh worker announces diverged %v", got)
+	}
+	base := fx.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]
+	_, err := fx.srv.Update(context.Background(), &prismv1.ApplyUpdateRequest{Seq: base + 1, Fresh: true,
+		Update: &prismv1.UpdateRequest{Model: model, Table: tab.Name, Ids: []int64{4}, Rows: leview.Bytes(make([]float32, tab.Dim))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []map[string]int64{{"other": 1, model: base + 9}, {model: base + 1}, {model: base + 1}} {
+		if err := fx.srv.Announced(&prismv1.AnnounceResponse{Diverged: d}); err != nil {
+			t.Fatalf("announced diverged %v: %v", d, err)
+		}
+	}
+	if got := fx.srv.WorkerInfo("w", "addr").GetDiverged(); len(got) != 1 || got[model] != base+1 {
+		t.Fatalf("the worker announces diverged %v, want %s at %d", got, model, base+1)
+	}
+	if got, err := fx.st.Diverged(); err != nil || got[model] != base+1 {
+		t.Fatalf("its store records %v, %v", got, err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/prism-serve/prism/internal/prelookup"
 	"github.com/prism-serve/prism/plan"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -235,7 +236,15 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 		}
 		seqs[m] = seq
 	}
-	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs(), Jagged: s.jaggedRefs(), FixedBatch: s.fixedBatches()}
+	// The models whose copy a router found diverged (Announced): every
+	// router keeps the worker out of their lookups and updates.
+	diverged, err := s.st.Diverged()
+	if err != nil {
+		s.log.Error("diverged marks unreadable", "err", err)
+		healthy = false
+	}
+	maps.DeleteFunc(diverged, func(m string, _ int64) bool { return !slices.Contains(models, m) })
+	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs(), Jagged: s.jaggedRefs(), FixedBatch: s.fixedBatches(), Diverged: diverged}
 }
 
 // Collectors are the tier's metrics: per-stage latency, samples in

@@ -160,10 +160,15 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 	// that switches, and the router replays the shard's updates to it
 	// (or leaves it out of serving when its log no longer reaches them).
 	// Kept, the number would claim the new shard's first updates held.
+	// A diverged mark (diverged.go) names an update of the sequence left
+	// behind: it goes with the number.
 	resetSeq := old != nil && !sameShard(old.Shard, nm.Versions[n].Shard)
 	if resetSeq {
 		if err := w.b.Delete(seqKey(model), nil); err != nil {
 			return nil, fmt.Errorf("activate %q version %d: reset update seq: %w", model, n, err)
+		}
+		if err := w.b.Delete(divergedKey(model), nil); err != nil {
+			return nil, fmt.Errorf("activate %q version %d: reset diverged mark: %w", model, n, err)
 		}
 	}
 	buf, err := json.Marshal(next)
@@ -179,6 +184,7 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 	}
 	if resetSeq {
 		delete(s.seqs, model)
+		s.unmarkDivergedLocked(model)
 	}
 	s.m.carriedRows.Add(w.rows)
 	s.publish(next)

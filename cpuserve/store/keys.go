@@ -36,6 +36,15 @@ func seqKey(model string) []byte { return append([]byte("\x00\x00\x00\x00updseq/
 // metadata table id 0.
 var epochKey = []byte("\x00\x00\x00\x00updepoch")
 
+// divergedPrefix starts the keys that hold, per model, the update at
+// which the sequencing router found the store's copy diverged from its
+// peers' (8 bytes, little-endian; diverged.go), under the metadata
+// table id 0.
+const divergedPrefix = "\x00\x00\x00\x00upddiv/"
+
+// divergedKey holds model's diverged mark.
+func divergedKey(model string) []byte { return append([]byte(divergedPrefix), model...) }
+
 // overlayPrefix starts the keys of the model's update overlay: the last
 // value (float32 little-endian, as sent) of every row an upsert wrote,
 // by model, table name and row, under the metadata table id 0. A version

@@ -363,8 +363,16 @@ func TestShardSwitchResetsSeq(t *testing.T) {
 	seq(2, "shard 0 after its updates 1 and 2")
 	ingest(0)
 	seq(2, "a new version of shard 0")
+	// A diverged mark names an update of shard 0's sequence: it goes
+	// with the number (diverged.go).
+	if marked, err := s.MarkDiverged("m", 2); err != nil || !marked {
+		t.Fatalf("MarkDiverged: %v, %v", marked, err)
+	}
 	ingest(1)
 	seq(0, "shard 1 ingested into shard 0's store")
+	if d, err := s.Diverged(); err != nil || d != nil {
+		t.Fatalf("shard 1 ingested into shard 0's store: diverged marks %v, %v; want none", d, err)
+	}
 	if err := s.Activate("m", v0); err != nil {
 		t.Fatal(err)
 	}

@@ -42,6 +42,10 @@ type Store struct {
 	// RaiseEpoch's check for news.
 	epoch     atomic.Uint64
 	epochRead atomic.Bool
+	// diverged caches the models' diverged marks (diverged.go), read
+	// once: replaced (never changed in place) under updMu, read without
+	// it by MarkDiverged's check for news.
+	diverged atomic.Pointer[map[string]int64]
 	// updMu serialises upserts (Pebble order = hot tier order); cowMu
 	// serialises table copies (cow.go), and copySrc (under catMu) is the
 	// table being copied, which nobody writes meanwhile. Lock order:
@@ -611,6 +615,8 @@ func (s *Store) commitPruning(next *catalog, prune []overlayPrune) error {
 			pre = overlayTablePrefix(p.model, p.table)
 		} else if err := b.Delete(seqKey(p.model), nil); err != nil {
 			return fmt.Errorf("write catalog: %w", err)
+		} else if err := b.Delete(divergedKey(p.model), nil); err != nil {
+			return fmt.Errorf("write catalog: %w", err)
 		}
 		if err := b.DeleteRange(pre, prefixEnd(pre), nil); err != nil {
 			return fmt.Errorf("write catalog: %w", err)
@@ -630,6 +636,7 @@ func (s *Store) commitPruning(next *catalog, prune []overlayPrune) error {
 	for _, p := range prune {
 		if p.whole {
 			delete(s.seqs, p.model)
+			s.unmarkDivergedLocked(p.model)
 		}
 	}
 	s.publish(next)

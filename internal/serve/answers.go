@@ -18,7 +18,8 @@ import (
 // would name a dense worker only it knows of. heartbeat_ms is the
 // shortest router's. epoch is the answering router's own, delivered
 // with its answer (not merged: the worker keeps the highest it heard,
-// store.RaiseEpoch), 0 in a delivery no answer caused.
+// store.RaiseEpoch), 0 in a delivery no answer caused; so is diverged
+// (the worker records each mark, store.MarkDiverged), nil in one.
 type answers struct {
 	mu  sync.Mutex
 	now func() time.Time
@@ -55,12 +56,12 @@ func (a *answers) heard(router string, resp *prismv1.AnnounceResponse, err error
 			hb = time.Second
 		}
 		a.by[router] = routerAnswer{dense: resp.GetDenseAddrs(), heartbeat: hb, at: now}
-		a.deliver(true, resp.GetEpoch())
+		a.deliver(true, resp.GetEpoch(), resp.GetDiverged())
 		return
 	}
 	if r, ok := a.by[router]; ok && now.Sub(r.at) > 3*r.heartbeat {
 		delete(a.by, router)
-		a.deliver(false, 0)
+		a.deliver(false, 0, nil)
 	}
 }
 
@@ -70,14 +71,14 @@ func (a *answers) forget(router string) {
 	defer a.mu.Unlock()
 	if _, ok := a.by[router]; ok {
 		delete(a.by, router)
-		a.deliver(false, 0)
+		a.deliver(false, 0, nil)
 	}
 }
 
-// deliver hands the merged answer to out, with epoch: always, or only
-// when the union changed; a.mu held, so deliveries keep the order of the
-// merges.
-func (a *answers) deliver(always bool, epoch uint64) {
+// deliver hands the merged answer to out, with epoch and diverged:
+// always, or only when the union changed; a.mu held, so deliveries keep
+// the order of the merges.
+func (a *answers) deliver(always bool, epoch uint64, diverged map[string]int64) {
 	union := map[string]bool{}
 	var hb time.Duration
 	for _, r := range a.by {
@@ -94,6 +95,6 @@ func (a *answers) deliver(always bool, epoch uint64) {
 	}
 	a.sent, a.told = dense, true
 	if a.out != nil {
-		a.out(&prismv1.AnnounceResponse{HeartbeatMs: hb.Milliseconds(), DenseAddrs: dense, Epoch: epoch})
+		a.out(&prismv1.AnnounceResponse{HeartbeatMs: hb.Milliseconds(), DenseAddrs: dense, Epoch: epoch, Diverged: diverged})
 	}
 }
