@@ -33,7 +33,9 @@ func newIngestCmd() *cobra.Command {
 --db as a new version of the model and switches to it (unless
 --no-activate). It is resumable: after a crash or ^C, running the same
 command again goes on where it stopped; a table is served only once all
-its rows are in.
+its rows are in. A plan whose tables a version of the model holds
+already (the same plan ingested again, none of them updated since) adds
+no version: that one is switched to.
 
 --dtype sets the stored dtype: float32 (default, exact), float16 or int8
 (a per-row scale), for every table ("int8") or per table

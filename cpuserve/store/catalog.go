@@ -4,8 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/prism-serve/prism/plan"
+	"maps"
+	"slices"
 	"sort"
+
+	"github.com/prism-serve/prism/plan"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -188,6 +191,38 @@ func (c *catalog) find(sha string, dt DType, part *RowPart, st tableState) *phys
 		}
 	}
 	return nil
+}
+
+// same is the version of m that reads the tables of v (each name the
+// same physical table, with the same unknown-ids rule) and holds the same
+// shard, 0 if none does.
+func (m *modelEntry) same(v *version) int {
+	for _, n := range slices.Sorted(maps.Keys(m.Versions)) {
+		o := m.Versions[n]
+		if len(o.Tables) != len(v.Tables) || !sameShardRef(o.Shard, v.Shard) {
+			continue
+		}
+		eq := true
+		for tn, vt := range v.Tables {
+			if ot := o.Tables[tn]; ot == nil || *ot != *vt {
+				eq = false
+				break
+			}
+		}
+		if eq {
+			return n
+		}
+	}
+	return 0
+}
+
+// sameShardRef says whether two versions record the same shard (both nil:
+// the whole model).
+func sameShardRef(a, b *ShardRef) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 func (m *modelEntry) latest() int {

@@ -52,6 +52,9 @@ type IngestReport struct {
 	Elapsed     time.Duration
 	// Shard is the shard ingested (nil: the whole model).
 	Shard *ShardRef
+	// Existing: the model had a version of these very tables (every
+	// one shared), which Version names; no version was added.
+	Existing bool
 }
 
 // TableReport is one table of an ingest.
@@ -204,6 +207,15 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		}
 	}
 	err = s.commit(next)
+	if err == nil {
+		// Until the version names them (ingestMu: one ingest at a time).
+		s.claimed = claimed
+		defer func() {
+			s.catMu.Lock()
+			s.claimed = nil
+			s.catMu.Unlock()
+		}()
+	}
 	s.catMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("ingest %q: %w", planDir, err)
@@ -247,7 +259,13 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		m = &modelEntry{Versions: map[int]*version{}}
 		next.Models[model] = m
 	}
-	v := &version{N: m.latest() + 1, Plan: planDir, Created: now(), Tables: map[string]*versionTable{}, Shard: rep.Shard}
+	// The plan's folder as a path from anywhere: prism store versions
+	// and a worker's refusal name it, run from another folder.
+	from := planDir
+	if abs, err := filepath.Abs(planDir); err == nil {
+		from = abs
+	}
+	v := &version{N: m.latest() + 1, Plan: from, Created: now(), Tables: map[string]*versionTable{}, Shard: rep.Shard}
 	for _, j := range jobs {
 		v.Tables[j.pt.Name] = &versionTable{Phys: j.phys.ID, UnknownIDs: j.pt.UnknownIDs}
 		if t := next.Tables[j.phys.ID]; t != nil {
@@ -255,8 +273,6 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		}
 		rep.Tables = append(rep.Tables, *j.rep)
 	}
-	m.Versions[v.N] = v
-	rep.Version = v.N
 	// A table this ingest shares must still hold its content: it may have
 	// been updated (by its one model) or dropped since it was claimed.
 	for _, j := range jobs {
@@ -265,8 +281,21 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 			return nil, fmt.Errorf("ingest %q: table %q: the copy it shares was updated or dropped during the ingest; run it again", planDir, j.pt.Name)
 		}
 	}
+	// A version reading these very tables is this one already (the same
+	// plan ingested again, or an ingest run again after a crash before
+	// its switch): a copy of it would move the version Rollback returns
+	// to onto the same rows.
+	if n := m.same(v); n > 0 {
+		v = m.Versions[n]
+		rep.Existing = true
+		err = nil // nothing to commit
+	} else {
+		m.Versions[v.N] = v
+		err = s.commit(next)
+	}
+	rep.Version = v.N
 	activate := !o.NoActivate || m.Active == 0
-	err = s.commit(next)
+	rep.Activated = m.Active == v.N
 	s.catMu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("ingest %q: %w", planDir, err)

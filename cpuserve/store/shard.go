@@ -113,7 +113,8 @@ func (t *physTable) width(packed bool) int {
 // whole model, another shard or shard count, another sharding's
 // fingerprint, or a table of the shard missing, of another shape or
 // holding other rows). A store of an earlier release records no
-// fingerprint; its tables and rows are compared all the same.
+// fingerprint; its tables and rows are compared all the same. A table
+// of other content than the plan's (its sha256) differs too.
 func (s *Store) MatchShard(model string, p *plan.Plan, k int) error {
 	ref, ok, err := s.Shard(model)
 	switch {
@@ -147,6 +148,13 @@ func (s *Store) MatchShard(model string, p *plan.Plan, k int) error {
 		}
 		if h.Rows != t.Rows || h.Dim != t.Dim {
 			return fmt.Errorf("model %q: the store's shard %d of %d holds table %q as %d x %d, the plan as %d x %d", model, k, ref.Shards, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
+		}
+		if t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256 {
+			// Another version of the model (retrained, or the store
+			// switched to another): served under this plan, its rows
+			// would meet this plan's cpu.onnx and dense side, and the
+			// worker would announce this plan's content.
+			return fmt.Errorf("model %q: the store's shard %d of %d holds table %q of other content than the plan's (sha256 %.12s, the plan's %.12s): another version of the model", model, k, ref.Shards, t.Name, h.SHA256, t.SHA256)
 		}
 		var want *RowPart
 		if mod > 1 {

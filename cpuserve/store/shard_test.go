@@ -217,7 +217,9 @@ func TestIngestTableDTypes(t *testing.T) {
 // TestMatchShard: a store's shard matches a plan when it is that shard
 // of that sharding: another shard, another shard count, the whole model
 // or a sharding of the same count that places rows otherwise (the
-// fingerprint recorded at ingest) do not.
+// fingerprint recorded at ingest) do not, nor the same layout of other
+// tables' content (a retrained model: prism up ingested nothing and
+// served the old rows under the new plan).
 func TestMatchShard(t *testing.T) {
 	dir := writePlan(t, "m", []*testTable{{name: "x", rows: 10, dim: 2, seed: 3}, {name: "y", rows: 2, dim: 2, seed: 4}})
 	p, err := plan.Read(dir)
@@ -271,6 +273,14 @@ func TestMatchShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	three := layout(r3)
+	// The same layout of a retrained model: x of other content.
+	retrained := *a
+	retrained.Tables = slices.Clone(a.Tables)
+	for i := range retrained.Tables {
+		if retrained.Tables[i].Name == "x" {
+			retrained.Tables[i].SHA256 = strings.Repeat("0", 64)
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		p    *plan.Plan
@@ -282,6 +292,7 @@ func TestMatchShard(t *testing.T) {
 		{"another shard count", three, 0, "not shard 0 of 3"},
 		{"no sharding", &whole, 0, "no sharding section"},
 		{"another sharding of the same count", b, 0, "ingested for another sharding"},
+		{"another version's content", &retrained, 0, `holds table "x" of other content than the plan's`},
 	} {
 		err := s.MatchShard("m", tc.p, tc.k)
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {

@@ -121,6 +121,9 @@ func (r *IngestReport) WriteText(w io.Writer) {
 	if shared > 0 {
 		fmt.Fprintf(w, "; %d rows of %d of its %d tables shared with content already stored", sharedRows, shared, len(r.Tables))
 	}
+	if r.Existing {
+		fmt.Fprintf(w, "; the store held these tables as version %d already: no version added", r.Version)
+	}
 	fmt.Fprintln(w)
 }
 

@@ -55,6 +55,10 @@ type Store struct {
 	// copyDst (under catMu) is the copy being written, in state copying;
 	// gc drops every other copying table (one an error path left).
 	copyDst uint32
+	// claimed (under catMu) is the tables the ingest under way claimed:
+	// named by no version until its last step, which gc must not take
+	// for unreferenced.
+	claimed map[uint32]bool
 	// carryBatchBytes bounds one Pebble batch of a version switch's carry
 	// (carry.go); tests lower it.
 	carryBatchBytes int
@@ -121,6 +125,8 @@ type tableView struct {
 	lo, hi  []byte
 	// part is the rows held of a row-wise sharded table (nil: all).
 	part *RowPart
+	// sha256 is the content hash of the rows ingested (physTable.SHA256).
+	sha256 string
 }
 
 // pebbleOptionsHook, when set (tests), adjusts the Pebble options Open
@@ -384,7 +390,7 @@ func (s *Store) publish(cat *catalog) {
 				}
 				c.Unlock()
 			}
-			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.width(packed)), lo: lo, hi: hi, part: t.Part}
+			mv.tables[tn] = &tableView{name: tn, id: t.ID, rows: t.Rows, dim: t.Dim, dtype: t.DType, unknown: vt.UnknownIDs, hot: tier.Class(t.width(packed)), lo: lo, hi: hi, part: t.Part, sha256: t.SHA256}
 		}
 		nv.models[name] = mv
 	}
@@ -419,6 +425,10 @@ type TableInfo struct {
 	Phys uint32
 	// Part is the rows held of a row-wise sharded table (nil: all).
 	Part *RowPart
+	// SHA256 is the content hash of the table ingested (plan.Table's
+	// sha256), which its updates do not change: it tells which plan's
+	// tables a version holds.
+	SHA256 string
 }
 
 // Tables lists the tables of model's active version, by name.
@@ -429,7 +439,7 @@ func (s *Store) Tables(model string) ([]TableInfo, error) {
 	}
 	out := make([]TableInfo, 0, len(mv.tables))
 	for _, t := range mv.tables {
-		out = append(out, TableInfo{Name: t.name, Rows: t.rows, Dim: t.dim, DType: t.dtype, UnknownIDs: t.unknown, Phys: t.id, Part: t.part})
+		out = append(out, TableInfo{Name: t.name, Rows: t.rows, Dim: t.dim, DType: t.dtype, UnknownIDs: t.unknown, Phys: t.id, Part: t.part, SHA256: t.sha256})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -573,15 +583,15 @@ type overlayPrune struct {
 	whole        bool
 }
 
-// gc commits next after deleting the tables no version names: ready
-// ones, and copies (state copying) that no copy in progress is writing,
-// which an error path left behind. The overlay keys of prune go in the
+// gc commits next after deleting the tables no version names (nor the
+// ingest under way claimed): ready ones, and copies (state copying) that
+// no copy in progress is writing, which an error path left behind. The overlay keys of prune go in the
 // catalog's batch. Caller holds catMu.
 func (s *Store) gc(ctx context.Context, next *catalog, prune []overlayPrune) error {
 	ref := next.referenced()
 	var drop []uint32
 	for id, t := range next.Tables {
-		if ref[id] {
+		if ref[id] || s.claimed[id] {
 			continue
 		}
 		if t.State == stateReady || (t.State == stateCopying && id != s.copyDst) {

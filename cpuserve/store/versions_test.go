@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -294,4 +295,117 @@ type closeCountFile struct {
 func (f *closeCountFile) Close() error {
 	f.once.Do(func() { f.closes.Add(1) })
 	return f.File.Close()
+}
+
+// TestIngestAgainKeepsRollback: ingesting a plan whose tables a version
+// of the model holds already (the same command run again, after it
+// finished or after a crash before its switch) is that version, not a
+// copy of it. A copy moved the version Rollback returns to onto the same
+// rows: rolling back a rollout run twice went nowhere.
+func TestIngestAgainKeepsRollback(t *testing.T) {
+	ctx := context.Background()
+	v1 := []*testTable{{name: "a", rows: 20, dim: 4, seed: 1}}
+	v2 := []*testTable{{name: "a", rows: 20, dim: 4, seed: 2}}
+	v3 := []*testTable{{name: "a", rows: 20, dim: 4, seed: 3}}
+	p1, p2, p3 := writePlan(t, "m", v1), writePlan(t, "m", v2), writePlan(t, "m", v3)
+	s, _ := openMem(t, nil)
+	for _, p := range []string{p1, p2} {
+		if _, err := s.Ingest(ctx, p, IngestOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := s.Ingest(ctx, p2, IngestOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Version != 2 || !rep.Existing || !rep.Activated {
+		t.Fatalf("p2 ingested again: version %d, existing %v, activated %v; want version 2, existing, active", rep.Version, rep.Existing, rep.Activated)
+	}
+	if err := s.Rollback("m"); err != nil {
+		t.Fatal(err)
+	}
+	if got := lookupRow(t, s, "m", "a", 3, 4); got[0] != v1[0].data[3*4] {
+		t.Fatalf("rolled back to %v, want version 1's row %v", got, v1[0].data[3*4:4*4])
+	}
+	// Ingested without its switch (as a crash before it leaves it), then
+	// run again: the same version, switched to now.
+	if rep, err = s.Ingest(ctx, p3, IngestOptions{NoActivate: true}); err != nil || rep.Version != 3 || rep.Activated {
+		t.Fatalf("p3 not activated: %+v, %v", rep, err)
+	}
+	if rep, err = s.Ingest(ctx, p3, IngestOptions{}); err != nil || rep.Version != 3 || !rep.Existing || !rep.Activated {
+		t.Fatalf("p3 again: %+v, %v; want version 3, activated", rep, err)
+	}
+	// Once updated, its tables no longer hold p3's content: a new
+	// version, which the update is carried into.
+	if err := s.Upsert("m", "a", []int64{5}, []float32{9, 9, 9, 9}); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = s.Ingest(ctx, p3, IngestOptions{}); err != nil || rep.Version != 4 || rep.Existing {
+		t.Fatalf("p3 after an update: %+v, %v; want a new version 4", rep, err)
+	}
+	if got := lookupRow(t, s, "m", "a", 5, 4); got[0] != 9 {
+		t.Fatalf("the update was not carried: %v", got)
+	}
+	vs, err := s.Versions("m")
+	if err != nil || len(vs) != 4 {
+		t.Fatalf("versions %+v, %v; want 1 to 4", vs, err)
+	}
+}
+
+// TestDropDuringIngestKeepsItsTables: a table an ingest has finished is
+// named by no version until the ingest's last step, and a drop (or a
+// copy's gc) meanwhile deleted it as unreferenced: the new version then
+// named a table gone from the catalog, served without it, its rows
+// deleted, and the ingest reported success.
+func TestDropDuringIngestKeepsItsTables(t *testing.T) {
+	ctx := context.Background()
+	s, _ := openMem(t, nil)
+	for _, seed := range []uint64{1, 2} {
+		if _, err := s.Ingest(ctx, writePlan(t, "m", []*testTable{{name: "a", rows: 10, dim: 2, seed: seed}}), IngestOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v3 := []*testTable{{name: "a", rows: 10, dim: 2, seed: 3}, {name: "b", rows: 10, dim: 2, seed: 4}}
+	p3 := writePlan(t, "m", v3)
+	tableBytes := int64(10 * 2 * 4)
+	dropped := false
+	rep, err := s.Ingest(ctx, p3, IngestOptions{SSTBytes: 1, Progress: func(done, total int64) {
+		// Table a is in, b under way: drop version 1 now.
+		if done > tableBytes && !dropped {
+			dropped = true
+			if err := s.DropVersion(ctx, "m", 1); err != nil {
+				t.Error(err)
+			}
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !dropped {
+		t.Fatal("the drop never ran during the ingest")
+	}
+	tabs, err := s.Tables("m")
+	if err != nil || len(tabs) != 2 {
+		t.Fatalf("version %d serves %+v, %v; want tables a and b", rep.Version, tabs, err)
+	}
+	if got := lookupRow(t, s, "m", "a", 4, 2); got[0] != v3[0].data[4*2] {
+		t.Fatalf("table a row 4 = %v, want %v", got, v3[0].data[4*2:5*2])
+	}
+}
+
+// TestVersionRecordsAbsolutePlan: a version records its plan's folder as
+// an absolute path: given relative (prism ingest part --db db), prism
+// store versions listed "part", which names another folder, or none, from
+// anywhere else.
+func TestVersionRecordsAbsolutePlan(t *testing.T) {
+	dir := writePlan(t, "m", []*testTable{{name: "a", rows: 4, dim: 2, seed: 1}})
+	t.Chdir(filepath.Dir(dir))
+	s, _ := openMem(t, nil)
+	if _, err := s.Ingest(context.Background(), filepath.Base(dir), IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	vs, err := s.Versions("m")
+	if err != nil || len(vs) != 1 || vs[0].Plan != dir {
+		t.Fatalf("versions %+v, %v; want the plan recorded as %s", vs, err, dir)
+	}
 }

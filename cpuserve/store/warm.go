@@ -518,6 +518,13 @@ func (s *Store) saveHot() error {
 	if rep, _ := s.Warmed(); s.opts.WarmRestart && !rep.Done {
 		return nil
 	}
+	if !s.opts.WarmRestart && s.opts.HotBytes < 0 {
+		// A tool's store (prism ingest, prism store versions): no tier,
+		// so the worker's snapshot is still the picture of its tier
+		// (keys of tables a switch or a drop made inactive are skipped
+		// at the restore). Dropped, the worker's next start was cold.
+		return nil
+	}
 	return s.commitHotSnapshots(context.Background(), s.hotClasses(s.opts.WarmRestart))
 }
 

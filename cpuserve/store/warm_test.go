@@ -671,3 +671,71 @@ func TestWarmRestartPreloadOn(t *testing.T) {
 		}
 	}
 }
+
+// TestToolKeepsWarmSnapshot: a tool's store (prism store versions, prism
+// ingest: no hot tier, no warm restart) opened between a worker's stop
+// and its restart leaves the worker's snapshot, and a version switch
+// keeps the rows of the tables both versions share. Its Close dropped
+// the snapshot, so the restart after it was cold: after every
+// `prism store versions --activate`, and after the init step that runs
+// `prism store versions` before every embedding pod on Kubernetes.
+func TestToolKeepsWarmSnapshot(t *testing.T) {
+	ctx := context.Background()
+	shared := &testTable{name: "a", rows: 20000, dim: 8, seed: 1}
+	v1 := []*testTable{shared, {name: "b", rows: 20000, dim: 8, seed: 2}}
+	v2 := []*testTable{shared, {name: "b", rows: 20000, dim: 8, seed: 3}}
+	worker := func() *Options { return &Options{HotBytes: 256 << 10, Preload: PreloadOff, WarmRestart: true} }
+	s, fs := openMem(t, worker())
+	p1, p2 := writePlan(t, "m", v1), writePlan(t, "m", v2)
+	for _, p := range []string{p1, p2} {
+		if _, err := s.Ingest(ctx, p, IngestOptions{NoActivate: p == p2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	skewedLookups(t, s, v1, rand.New(rand.NewPCG(1, 2)), 40, 256)
+	tabs, err := s.Tables("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sharedKeys int64
+	for _, k := range resident(s, 8) {
+		if uint32(k>>40) == tabs[0].Phys {
+			sharedKeys++
+		}
+	}
+	if sharedKeys == 0 {
+		t.Fatal("no row of the shared table resident")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	open := func(o *Options) *Store {
+		t.Helper()
+		o.FS = fs
+		s, err := Open("db", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// prism store versions: list, then switch to version 2.
+	for _, activate := range []bool{false, true} {
+		tool := open(&Options{HotBytes: -1, MustExist: true})
+		if _, err := tool.Versions("m"); err != nil {
+			t.Fatal(err)
+		}
+		if activate {
+			if err := tool.Activate("m", 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := tool.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s2 := open(worker())
+	defer s2.Close()
+	if rep := waitWarm(t, s2); rep.Err != nil || rep.Keys != sharedKeys {
+		t.Fatalf("restart after the tools: %+v, want the %d keys of the shared table restored", rep, sharedKeys)
+	}
+}

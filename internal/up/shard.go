@@ -146,3 +146,65 @@ func ingestShards(ctx context.Context, c Config, plans []sharded) error {
 	}
 	return nil
 }
+
+// holdsPlan says whether the store in dir, if it holds model at all,
+// holds as its active version the tables of the unsharded plan p (their
+// shapes and content): a store that holds another version (the model
+// rebuilt, or the store switched by prism store versions) is ingested
+// again, since its worker refuses to serve p on it. A store without the
+// model is left to its worker, which ingests p at its start.
+func holdsPlan(dir, model string, p *plan.Plan) bool {
+	if !isStore(dir) {
+		return true
+	}
+	st, err := store.Open(dir, &store.Options{HotBytes: -1, ReadOnly: true})
+	if err != nil {
+		return true // the worker says why
+	}
+	defer st.Close()
+	tabs, err := st.Tables(model)
+	if err != nil {
+		return true
+	}
+	have := map[string]store.TableInfo{}
+	for _, t := range tabs {
+		have[t.Name] = t
+	}
+	for _, t := range p.Tables {
+		h, ok := have[t.Name]
+		if !ok || h.Rows != t.Rows || h.Dim != t.Dim || t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256 {
+			return false
+		}
+	}
+	return true
+}
+
+// ingestChanged ingests each unsharded plan (dirs[i], plans[i]) into
+// every embedding worker's store whose active version of the model holds
+// other tables (holdsPlan), one prism ingest child at a time: a new
+// version, switched to, which carries the model's updates.
+func ingestChanged(ctx context.Context, c Config, dirs []string, plans []*plan.Plan) error {
+	for i := range c.EmbeddingWorkers {
+		db := embeddingDB(c, i)
+		for k, p := range plans {
+			if p.Sharding != nil && p.Sharding.Shards >= 1 {
+				continue // ingestShards
+			}
+			model := p.Model.Name
+			if model == "" {
+				model = filepath.Base(filepath.Clean(dirs[k]))
+			}
+			if holdsPlan(db, model, p) {
+				continue
+			}
+			fmt.Fprintf(c.Stderr, "up: the store %s holds another version of model %q than %s: ingesting it\n", db, model, dirs[k])
+			cmd := exec.CommandContext(ctx, c.Exe, "ingest", dirs[k], "--db", db)
+			cmd.Stdout, cmd.Stderr = c.Stderr, c.Stderr
+			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("ingest model %q into %s: %w", model, db, err)
+			}
+		}
+	}
+	return nil
+}

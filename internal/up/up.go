@@ -371,6 +371,15 @@ func Run(ctx context.Context, c Config) error {
 			return fmt.Errorf("up: %w", err)
 		}
 	}
+	// A store holding another version of an unsharded model than its
+	// plan's: its worker would refuse it.
+	if err := ingestChanged(ctx, c, c.Plans, plans); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(c.Stderr, "up: stopping")
+			return nil
+		}
+		return fmt.Errorf("up: %w", err)
+	}
 	metrics := &routerMetricsWatch{w: c.Stdout}
 	spec, err := c.loanSpec() // checked by Validate
 	if err != nil {

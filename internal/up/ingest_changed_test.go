@@ -1,0 +1,93 @@
+package up
+
+import (
+	"context"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/tablefile"
+	"github.com/prism-serve/prism/plan"
+)
+
+// writeSeededPlan writes an unsharded plan folder of model m, one table
+// "a" of 8 x 2 drawn from seed, and returns it read back.
+func writeSeededPlan(t *testing.T, seed uint64) (string, *plan.Plan) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(seed, 1))
+	data := make([]float32, 8*2)
+	for i := range data {
+		data[i] = float32(r.NormFloat64())
+	}
+	file := tablefile.FileName("a")
+	meta, err := tablefile.Write(filepath.Join(dir, file), "a", 2, data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: "m"}, DenseModel: "dense.onnx",
+		Inputs:  []plan.TensorInfo{{Name: "ids", DType: "int64", Shape: []int64{}, Sides: []plan.Side{plan.CPU}}},
+		Outputs: []plan.TensorInfo{{Name: "score", DType: "float32", Shape: []int64{1}}},
+		Tables: []plan.Table{{Name: "a", File: file, Rows: meta.Rows, Dim: meta.Dim, DType: "float32", SHA256: meta.SHA256,
+			Lookups: []plan.Lookup{{Input: "ids", Bag: 1, Pooling: plan.PoolSum, Output: "emb_a"}}}}}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = plan.Read(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir, p
+}
+
+// TestIngestChanged: prism up ingests an unsharded plan into a worker's
+// store whose active version of the model holds other tables (the model
+// rebuilt with the same shapes, or the store switched to another
+// version): its worker refuses that store, and before it checked shapes
+// only and served the old rows under the new plan. A store of the plan's
+// tables, or without the model, is left alone.
+func TestIngestChanged(t *testing.T) {
+	d1, p1 := writeSeededPlan(t, 1)
+	d2, p2 := writeSeededPlan(t, 2)
+	parent := t.TempDir()
+	db := filepath.Join(parent, "db")
+	st, err := store.Open(db, &store.Options{HotBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Ingest(context.Background(), d1, store.IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	args := filepath.Join(parent, "args")
+	exe := filepath.Join(parent, "fake-prism")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\necho \"$@\" >> "+args+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := Config{Exe: exe, DB: db, EmbeddingWorkers: 2, Stderr: io.Discard}
+	for _, tc := range []struct {
+		name string
+		dir  string
+		p    *plan.Plan
+		want string
+	}{
+		{"the plan the store holds", d1, p1, ""},
+		{"a rebuilt plan", d2, p2, "ingest " + d2 + " --db " + db + "\n"},
+	} {
+		os.Remove(args)
+		if err := ingestChanged(context.Background(), c, []string{tc.dir}, []*plan.Plan{tc.p}); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got, _ := os.ReadFile(args)
+		// The second worker's store (db-1) does not exist: its worker
+		// ingests the plan itself.
+		if string(got) != tc.want {
+			t.Errorf("%s: ran %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
