@@ -47,6 +47,16 @@ func traceIDs(g *Graph, types map[string]TensorType, name string) (*idChain, err
 	}
 	t := types[name]
 	c.shape, c.elem = t.SampleShape(), t.Elem
+	// What plan.json's check refuses (a Clip whose min is above its max)
+	// is work for pre.onnx, not a plan that fails to write.
+	in := types[c.input]
+	dtype := elemName(in.Elem)
+	if dtype == "float" {
+		dtype = "float32"
+	}
+	if _, _, err := plan.PreShape(in.SampleShape(), dtype, c.ops); err != nil {
+		return nil, &notIDs{node: name, reason: fmt.Sprintf("indices come from id work the native ops do not run: %v", err)}
+	}
 	return c, nil
 }
 
@@ -221,6 +231,11 @@ func traceFrom(g *Graph, types map[string]TensorType, name string, depth int) (*
 		per, err := broadcastConst(vals, cdims, t)
 		if err != nil {
 			return fail("%v", err)
+		}
+		// The native ops keep a sample's count of ids: a constant that
+		// widens them ([batch, 1] + [3] is [batch, 3]) is not one.
+		if xt := types[x]; sampleKnown(xt) && !equalInts(xt.SampleShape(), t.SampleShape()) {
+			return fail("the constant %v broadcasts the ids %s to %s", cdims, dimsString(xt), dimsString(t))
 		}
 		switch op {
 		case "Add":

@@ -16,7 +16,8 @@ const (
 	PreSlice PreOpKind = "slice"
 	// PreCast converts to To ("int64" or "int32", the latter wrapping
 	// as a two's-complement int32); a float becomes an integer by
-	// truncation toward zero, as ONNX Cast does.
+	// truncation toward zero, as ONNX Cast does. A float outside To's
+	// range (or NaN), which ONNX leaves undefined, is an error.
 	PreCast PreOpKind = "cast"
 	// PreAdd adds Values: one value, or one per element of the sample.
 	// On int32 values (an int32 input, or after a cast to int32) the

@@ -707,9 +707,46 @@ func (s *Server) lookup(m *model, vals map[string]*value, n int, into map[string
 // the distinct ones. A dictionary lookup's request ids are its input's
 // as they came (dedupFor takes only those), so nothing is kept for this
 // on the way: it costs only a failed lookup.
+//
+// A bad id that a lookup's pre-lookup ops (or pre.onnx) made is not in
+// the request at all: its error names the input and the sample it was
+// made from instead (an ids[k] of the ops' output read as the input's
+// k-th id named another sample, or another column of a packed input).
 func requestPosition(err error, m *model, vals map[string]*value, batch []store.TableLookup, dd *dedup) error {
 	var bad *store.IDError
-	if dd == nil || !errors.As(err, &bad) {
+	if !errors.As(err, &bad) {
+		return err
+	}
+	// The store stops at the first lookup, in batch order, with a bad
+	// id: the first of the table's lookups holding it there.
+	for i, ls := range m.lookups {
+		r := batch[i]
+		if r.Table != bad.Table || bad.Index >= len(r.IDs) || r.IDs[bad.Index] != bad.ID {
+			continue
+		}
+		if (dd != nil && dd.byLookup[i] != nil) || (ls.pre == nil && ls.l.PreOutput == "") {
+			break
+		}
+		l := ls.l
+		in, made := l.Input, "pre-lookup ops"
+		if l.PreOutput != "" {
+			made = "pre-lookup subgraph (pre.onnx)"
+		}
+		bag := max(l.Bag, 1)
+		where := fmt.Sprintf("input %q, sample %d", in, bad.Index/bag)
+		if v := vals[in]; v != nil && v.ctx && len(r.IDs) == bag {
+			where = fmt.Sprintf("context input %q", in)
+		}
+		what := fmt.Sprintf("id %d", bad.ID)
+		if bag > 1 {
+			what = fmt.Sprintf("id %d (bag position %d)", bad.ID, bad.Index%bag)
+		}
+		if errors.Is(bad.Err, store.ErrNegativeID) {
+			return fmt.Errorf("model %q: %s: the lookup's %s make %s for table %q: %w", m.name, where, made, what, bad.Table, bad.Err)
+		}
+		return fmt.Errorf("model %q: %s: the lookup's %s make %s for table %q, which has %d rows: %w", m.name, where, made, what, bad.Table, bad.Rows, bad.Err)
+	}
+	if dd == nil {
 		return err
 	}
 	for i, u := range dd.byLookup {

@@ -212,10 +212,18 @@ func (p *Program) run(n int, fv []float32, iv []int64, ops []step) ([]int64, err
 		case plan.PreReshape:
 		case plan.PreCast:
 			if fv != nil {
+				// A float outside the target type has no ONNX value
+				// (ONNX Runtime on x86 makes every such float, 3e9 or
+				// 5e9, the type's minimum): refused, as NaN is, rather
+				// than wrapped to ids the whole model never reads.
+				lim := float32(0x1p63)
+				if op.To == "int32" {
+					lim = 0x1p31
+				}
 				out := make([]int64, len(fv))
 				for i, v := range fv {
-					if math.IsNaN(float64(v)) || v >= 0x1p63 || v < -0x1p63 {
-						return nil, fmt.Errorf("sample %d: id %g is not an integer in range", i/st.width, v)
+					if math.IsNaN(float64(v)) || v >= lim || v < -lim {
+						return nil, fmt.Errorf("sample %d: id %g is not an integer in range of %s", i/st.width, v, op.To)
 					}
 					out[i] = int64(v)
 				}
