@@ -240,6 +240,10 @@ type routerMetrics struct {
 	stages       *prometheus.HistogramVec
 	workers      *prometheus.GaugeVec
 	behind       *prometheus.GaugeVec
+	// streamed counts the requests of RecommendStream streams by their
+	// answer's code: a stream is one RPC to internal/serve's counters,
+	// OK however many of its requests failed.
+	streamed *prometheus.CounterVec
 }
 
 // MinMessageBytes is the smallest Options.MaxMessageBytes Open takes:
@@ -271,7 +275,9 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.lim = &limiter{}
 	}
 	r.Reg.Limits, r.Reg.Peer = o.Limits, o.Peer
-	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches sent, by outcome."}, []string{"outcome"})
+	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches, by outcome: ok, the gRPC code of the failure (of the last attempt, or Unavailable when no worker was left to try), or shard_missing (a sharded model's shard had no worker)."}, []string{"outcome"})
+	r.m.streamed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "stream_requests_total", Help: "Requests sent on RecommendStream streams, by the gRPC code of their answer (the stream itself counts once in prism_rpc_requests_total, by how it ended, whatever its requests' outcomes)."}, []string{"code"})
+	r.m.streamed.WithLabelValues(codes.OK.String())
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
 	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it), limit (over the adaptive limit of --admit-limit)."}, []string{"reason"})
 	for _, reason := range []string{"inflight", "bytes", "streams", "deadline", "limit"} {
@@ -283,7 +289,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
 		admitShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admit_share", Help: "The share of the time to its deadline a request may be predicted to take and be admitted (--admit-share is its ceiling; it shrinks while admitted requests miss their deadlines)."}, r.share.get)
-		reg.MustRegister(r.m.microBatches, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind, copyLagCollector{r})
+		reg.MustRegister(r.m.microBatches, r.m.streamed, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind, copyLagCollector{r})
 		if r.lim != nil {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}
@@ -742,6 +748,7 @@ func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendReq
 // failure included as the response's error.
 func (r *Router) streamAnswer(ctx context.Context, req *prismv1.RecommendRequest) *prismv1.RecommendResponse {
 	resp, err := r.Recommend(ctx, req)
+	r.m.streamed.WithLabelValues(status.Code(err).String()).Inc()
 	if err == nil {
 		return resp
 	}
@@ -826,7 +833,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 	for attempt := range 2 {
 		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, tried, "")
 		if err != nil {
-			return nil, 0, firstErr(last, err)
+			return nil, 0, r.failedMicroBatch(firstErr(last, err))
 		}
 		if ref := cn.GetShards()[req.GetModel()]; ref != nil {
 			releaseCN()
@@ -836,13 +843,13 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 			}
 			// Its sharding lacks a shard; the whole model's workers serve.
 			if cn, releaseCN, err = r.pickWhole(req.GetModel(), n, tried); err != nil {
-				return nil, 0, firstErr(last, err)
+				return nil, 0, r.failedMicroBatch(firstErr(last, err))
 			}
 		}
 		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, tried, cn.GetId())
 		if err != nil {
 			releaseCN()
-			return nil, 0, firstErr(last, err)
+			return nil, 0, r.failedMicroBatch(firstErr(last, err))
 		}
 		resp, err := r.call(ctx, cn.GetAddr(), &prismv1.LookupRequest{
 			Model: req.GetModel(), Version: req.GetVersion(), NumSamples: int32(n),
@@ -867,7 +874,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		r.m.retries.Inc()
 		r.log.Warn("micro-batch failed; retrying", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
 	}
-	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
+	r.failedMicroBatch(last)
 	if status.Code(last) == codes.PermissionDenied {
 		// Every pair tried refused for a dense worker its embedding
 		// worker has not been told of yet (it asked its routers out of
@@ -876,6 +883,15 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
 	}
 	return nil, 0, last
+}
+
+// failedMicroBatch counts a micro-batch that failed with err under its
+// code, whether its last attempt failed on a worker or no worker was
+// left to make one (every embedding worker gone since the first), and
+// returns err.
+func (r *Router) failedMicroBatch(err error) error {
+	r.m.microBatches.WithLabelValues(status.Code(err).String()).Inc()
+	return err
 }
 
 // retry is what a request's failed attempts say of the workers they

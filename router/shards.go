@@ -373,7 +373,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model))
 		if err != nil {
 			releaseCN()
-			return nil, 0, firstErr(last, err)
+			return nil, 0, r.failedMicroBatch(firstErr(last, err))
 		}
 		resps, failed, err := r.fanOut(ctx, req, cands, n, shards, cns, hn.GetAddr(), fanoutKey(req.GetRequestId(), mb))
 		releaseCN()
@@ -395,7 +395,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		r.m.retries.Inc()
 		r.log.Warn("sharded micro-batch failed; retrying", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
 	}
-	r.m.microBatches.WithLabelValues(status.Code(last).String()).Inc()
+	r.failedMicroBatch(last)
 	if status.Code(last) == codes.PermissionDenied {
 		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
 	}

@@ -158,7 +158,9 @@ func (d *Driver) Step(ctx context.Context) error {
 	d.mu.Lock()
 	dem := d.lastDemand // what stands when this tick does not measure it
 	d.mu.Unlock()
-	var lines []metricLine
+	// The routers' samples summed, each read on its own (sample.add: the
+	// routers' latency buckets may differ).
+	s := sample{buckets: map[float64]float64{}}
 	var scrapeErr error
 	urls := d.o.RouterMetrics()
 	if urls != "" {
@@ -168,7 +170,7 @@ func (d *Driver) Step(ctx context.Context) error {
 				scrapeErr = err
 				break
 			}
-			lines = append(lines, l...)
+			s.add(routerSample(l))
 		}
 	}
 	switch {
@@ -183,7 +185,6 @@ func (d *Driver) Step(ctx context.Context) error {
 		// metrics came back.
 		d.o.Logf("loan: scrape the router's metrics: %v; the last demand measured, %.1f requests/s, stands", scrapeErr, dem.offered)
 	case urls != "":
-		s := routerSample(lines)
 		s.routers = urls
 		d.mu.Lock()
 		// The base is the oldest sample within the window.

@@ -139,22 +139,22 @@ func between(a, b sample, dt time.Duration) (d demand, ok bool) {
 }
 
 // quantile of the histogram's growth from a to b: the upper bound of the
-// bucket it falls in (the highest finite one for +Inf).
+// bucket it falls in (the highest finite one for +Inf). The bounds are
+// those of a and b together, each read at its own highest bound below
+// (cumAt), so a histogram whose buckets changed between the two (a
+// router restarted into another release) still reads as one.
 func quantile(a, b map[float64]float64, q float64) time.Duration {
-	les := make([]float64, 0, len(b))
-	for le := range b {
-		les = append(les, le)
-	}
-	sort.Float64s(les)
+	les := bounds(a, b)
 	if len(les) == 0 {
 		return 0
 	}
-	total := b[les[len(les)-1]] - a[les[len(les)-1]]
+	top := les[len(les)-1]
+	total := cumAt(b, top) - cumAt(a, top)
 	if total <= 0 {
 		return 0
 	}
 	for i, le := range les {
-		if b[le]-a[le] >= q*total {
+		if cumAt(b, le)-cumAt(a, le) >= q*total {
 			if math.IsInf(le, 1) && i > 0 {
 				le = les[i-1]
 			}
@@ -162,6 +162,54 @@ func quantile(a, b map[float64]float64, q float64) time.Duration {
 		}
 	}
 	return 0
+}
+
+// bounds are the bucket bounds of the histograms hs, sorted, each once.
+func bounds(hs ...map[float64]float64) []float64 {
+	var les []float64
+	for _, h := range hs {
+		for le := range h {
+			les = append(les, le)
+		}
+	}
+	sort.Float64s(les)
+	out := les[:0]
+	for i, le := range les {
+		if i == 0 || le != les[i-1] {
+			out = append(out, le)
+		}
+	}
+	return out
+}
+
+// cumAt is histogram h's cumulative count at le: its count at its own
+// highest bound at or below le, the requests it knows took at most le
+// (0 when it has none so low).
+func cumAt(h map[float64]float64, le float64) float64 {
+	best, v := math.Inf(-1), 0.0
+	for b, c := range h {
+		if b <= le && b > best {
+			best, v = b, c
+		}
+	}
+	return v
+}
+
+// add sums o, another router's sample, into s. Routers of different
+// releases may bucket their latency histograms differently: summed
+// bound by bound, only +Inf held every router's count, and a p99 of 10
+// ms read as the highest finite bound. Each router's count at a bound
+// of either is its count at its own highest bound below it (cumAt): a
+// lower bound of the requests that took at most that long.
+func (s *sample) add(o sample) {
+	s.requests += o.requests
+	s.shed += o.shed
+	s.inflight += o.inflight
+	sum := make(map[float64]float64, len(s.buckets)+len(o.buckets))
+	for _, le := range bounds(s.buckets, o.buckets) {
+		sum[le] = cumAt(s.buckets, le) + cumAt(o.buckets, le)
+	}
+	s.buckets = sum
 }
 
 // scrape fetches url's metrics.
