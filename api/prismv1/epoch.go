@@ -106,7 +106,14 @@ const (
 // of epoch with when it has heard of the later hold held (EpochStale):
 // nothing was written and the update's number was not taken.
 func StaleEpochError(model string, seq int64, epoch, held uint64) error {
-	st := status.Newf(codes.FailedPrecondition, "update %d of model %q is %s: its epoch %s is below the epoch %s this worker has heard of; nothing applied, number not taken", seq, model, staleEpochMark, FormatEpoch(epoch), FormatEpoch(held))
+	msg := "update %d of model %q is %s: its epoch %s is below the epoch %s this worker has heard of; nothing applied, number not taken"
+	if Ordered(held) && !Ordered(epoch) {
+		// Refused whatever its number (a uid's hash above the count, often
+		// the higher one): "below" would send its reader looking for a
+		// count or a clock gone wrong.
+		msg = "update %d of model %q is %s: its epoch %s, a router of an earlier release's, is not ordered after the epoch %s this worker has heard of (upgrade that router); nothing applied, number not taken"
+	}
+	st := status.Newf(codes.FailedPrecondition, msg, seq, model, staleEpochMark, FormatEpoch(epoch), FormatEpoch(held))
 	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: StaleEpochReason, Domain: ErrorDomain, Metadata: map[string]string{
 		"model": model, "seq": strconv.FormatInt(seq, 10), "epoch": strconv.FormatUint(epoch, 10), "held": strconv.FormatUint(held, 10),
 	}})

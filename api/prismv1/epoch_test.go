@@ -1,6 +1,7 @@
 package prismv1
 
 import (
+	"strings"
 	"testing"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -84,5 +85,32 @@ func TestEpochOrder(t *testing.T) {
 	}
 	if got, want := FormatEpoch(ord(1796126400, 3)), "7714304149629698051 (hold 3 of the lease made at 2026-12-01T12:00:00Z)"; got != want {
 		t.Errorf("FormatEpoch = %q, want %q", got, want)
+	}
+}
+
+// TestStaleEpochMessage: the refusal's words say why. An epoch below the
+// one heard of is "below" it; a legacy epoch refused after an ordered
+// one is refused whatever its number, and was read as "below" an epoch
+// it is numerically above (a uid's hash over the count), during a
+// rolling upgrade, where the reader must find the old router instead.
+func TestStaleEpochMessage(t *testing.T) {
+	ord := func(made uint32, hold uint32) uint64 { return uint64(made)<<32 | OrderedEpoch | uint64(hold) }
+	leg := func(hash uint32, hold uint32) uint64 { return uint64(hash)<<32 | uint64(hold) }
+	for _, c := range []struct {
+		name        string
+		epoch, held uint64
+		says        string
+	}{
+		{"ordered below ordered", ord(1796126400, 3), ord(1796126460, 1), "is below the epoch"},
+		{"legacy below legacy", leg(0xfe11ce00, 4), leg(0xfe11ce00, 5), "is below the epoch"},
+		{"legacy after ordered", leg(0xfe11ce00, 4), ord(1796126460, 1), "a router of an earlier release's, is not ordered after the epoch"},
+	} {
+		if !EpochStale(c.held, c.epoch) {
+			t.Fatalf("%s: %s is not stale after %s", c.name, FormatEpoch(c.epoch), FormatEpoch(c.held))
+		}
+		msg := status.Convert(StaleEpochError("m", 7, c.epoch, c.held)).Message()
+		if !strings.Contains(msg, c.says) || !strings.Contains(msg, FormatEpoch(c.epoch)) || !strings.Contains(msg, FormatEpoch(c.held)) || !strings.Contains(msg, staleEpochMark) {
+			t.Errorf("%s: %q; want it to say %q, naming both epochs", c.name, msg, c.says)
+		}
 	}
 }

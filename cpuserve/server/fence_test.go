@@ -26,7 +26,7 @@ import (
 // are compared across Leases, and once one is heard legacy epochs are
 // refused.
 func TestUpdateFencedByEpoch(t *testing.T) {
-	fx := fuzzSetup(t)
+	fx := ownFixture(t)
 	model, tab := fx.plan.Model.Name, fx.plan.Tables[0]
 	ctx := context.Background()
 	const lease, other = uint64(0xfe11ce00) << 32, uint64(0x0c0ffee0) << 32
@@ -118,7 +118,7 @@ func TestUpdateFencedByEpoch(t *testing.T) {
 // the worker does not serve is not recorded, nor a mark past the update
 // it holds.
 func TestDivergedMarkRecorded(t *testing.T) {
-	fx := fuzzSetup(t)
+	fx := ownFixture(t)
 	model, tab := fx.plan.Model.Name, fx.plan.Tables[0]
 	if got := fx.srv.WorkerInfo("w", "addr").GetDiverged(); got != nil {
 		t.Fatalf("a fresh worker announces diverged %v", got)

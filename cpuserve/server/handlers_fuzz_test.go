@@ -32,6 +32,10 @@ type fuzzFixture struct {
 	st    *store.Store
 	dense string
 	plan  *plan.Plan
+	// dir is the plan's folder and net the in-process network the dense
+	// stub listens on (ownFixture).
+	dir string
+	net *grpctest.Net
 }
 
 var (
@@ -104,7 +108,31 @@ func newFuzzFixture() (*fuzzFixture, error) {
 		return nil, err
 	}
 	cleanup = append(cleanup, srv.Close)
-	return &fuzzFixture{srv: srv, st: st, dense: lis.Addr().String(), plan: res.Plan}, nil
+	return &fuzzFixture{srv: srv, st: st, dense: lis.Addr().String(), plan: res.Plan, dir: part, net: bn}, nil
+}
+
+// ownFixture is the shared fixture's tier on a store of its own, closed
+// with the test: for a test that leaves in the store what its next run
+// (-count) would trip on, such as the election epoch it keeps (a store
+// that heard of an ordered epoch refuses legacy ones) or a diverged
+// mark.
+func ownFixture(t *testing.T) *fuzzFixture {
+	t.Helper()
+	shared := fuzzSetup(t)
+	st, err := store.Open(filepath.Join(t.TempDir(), "db"), &store.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv, err := server.New(context.Background(), st, server.Options{
+		Plans: []string{shared.dir}, MaxSamples: 64, Threads: 1, AnyDenseAddr: true,
+		DialOptions: []grpc.DialOption{shared.net.DialOption()}, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	return &fuzzFixture{srv: srv, st: st, dense: shared.dense, plan: shared.plan, dir: shared.dir, net: shared.net}
 }
 
 // validLookup is a Lookup of n samples, every id 1 and every value 0.5.
