@@ -10,19 +10,20 @@ import (
 
 // CUDAUsable says whether the dense tier would serve on CUDA on this
 // host: NVML finds a GPU or MIG slice and the ONNX Runtime ORT_LIB (or
-// the cache) names has the CUDA execution provider. reason says why not.
-func CUDAUsable(lib nvml.Interface) (gpus int, reason string) {
+// the cache) names has the CUDA execution provider. It returns what NVML
+// found (its GPUs and MIG slices) when so, else reason says why not.
+func CUDAUsable(lib nvml.Interface) (d devices.Discovery, reason string) {
 	d, err := devices.Discover(lib)
 	switch {
 	case err != nil:
-		return 0, err.Error()
+		return devices.Discovery{}, err.Error()
 	case d.NoDriver != "":
-		return 0, d.NoDriver
+		return devices.Discovery{}, d.WhyCPU()
 	}
 	if r := CUDAUnavailable(); r != "" {
-		return 0, r
+		return devices.Discovery{}, r
 	}
-	return len(d.Devices), ""
+	return d, ""
 }
 
 // CUDAUnavailable loads ONNX Runtime (ort.Init) and says why it cannot

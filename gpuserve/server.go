@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -204,34 +205,70 @@ func (s *Server) chooseDevice() string {
 		s.log.Warn("GPU discovery failed: serving on the CPU execution provider", "err", err)
 		return "cpu"
 	case d.NoDriver != "":
-		s.log.Info(fmt.Sprintf("no NVIDIA driver (%s): serving on the CPU execution provider", d.NoDriver))
+		s.log.Info(d.WhyCPU() + ": serving on the CPU execution provider")
 		return "cpu"
 	}
 	for _, why := range d.Skipped {
 		s.log.Warn("GPU not used: " + why)
 	}
+	pinned, set := os.LookupEnv("CUDA_VISIBLE_DEVICES")
+	if set && cudaHidesAll(pinned) {
+		// NVML lists the GPUs whatever CUDA_VISIBLE_DEVICES says; a CUDA
+		// session in this process would find none and fail to load.
+		s.log.Info(fmt.Sprintf("CUDA_VISIBLE_DEVICES=%q hides every NVIDIA device from CUDA: serving on the CPU execution provider", pinned))
+		return "cpu"
+	}
 	var found []string
 	for _, dev := range d.Devices {
 		found = append(found, string(dev.Kind)+" "+dev.UUID)
 	}
-	pinned := os.Getenv("CUDA_VISIBLE_DEVICES")
 	if reason := cudaUnavailable(); reason != "" {
 		s.log.Warn(fmt.Sprintf("%d NVIDIA device(s) found but ONNX Runtime has no CUDA execution provider (%s): serving on the CPU execution provider", len(d.Devices), reason),
 			"devices", strings.Join(found, ","), "driver", d.DriverVersion, "cuda_visible_devices", pinned, "ort_lib", ort.LibraryPath())
 		return "cpu"
 	}
-	// The worker runs on the device CUDA numbers 0: the one its
-	// CUDA_VISIBLE_DEVICES pins (prism up starts one worker per GPU or MIG
-	// slice that way), else the first GPU.
-	dev := d.Devices[0]
-	for _, cand := range d.Devices {
-		if pinned != "" && (cand.VisibleDevices() == pinned || cand.UUID == pinned) {
-			dev = cand
-		}
-	}
 	s.cuda = true
+	dev, ok := pinnedDevice(d, pinned)
+	if !ok {
+		// An index, or a UUID NVML does not list: CUDA's order need not
+		// be NVML's, so the device is named as CUDA_VISIBLE_DEVICES names it.
+		label := "cuda " + strings.TrimSpace(strings.Split(pinned, ",")[0])
+		s.log.Info("serving on the CUDA execution provider", "device", label, "cuda_visible_devices", pinned)
+		return label
+	}
 	s.log.Info("serving on the CUDA execution provider", "device", string(dev.Kind)+" "+dev.UUID, "name", dev.Name, "cuda_visible_devices", pinned)
 	return string(dev.Kind) + " " + dev.UUID
+}
+
+// pinnedDevice is the device of d that CUDA numbers 0 in a process whose
+// CUDA_VISIBLE_DEVICES is pinned: the one its first entry names by UUID
+// (prism up starts one worker per GPU or MIG slice that way), else, with
+// none set, the first device. ok is false when the first entry names
+// none of d's devices by UUID (an index: CUDA's order need not be
+// NVML's).
+func pinnedDevice(d devices.Discovery, pinned string) (devices.Device, bool) {
+	first := strings.TrimSpace(strings.Split(pinned, ",")[0])
+	if first == "" {
+		return d.Devices[0], true
+	}
+	for _, cand := range d.Devices {
+		if cand.VisibleDevices() == first || cand.UUID == first {
+			return cand, true
+		}
+	}
+	return devices.Device{}, false
+}
+
+// cudaHidesAll reports whether a CUDA_VISIBLE_DEVICES that is set leaves
+// CUDA no device: empty, or a negative index first (CUDA reads the list
+// up to its first invalid entry; -1 is the usual way to hide them all).
+func cudaHidesAll(visible string) bool {
+	first := strings.TrimSpace(strings.Split(visible, ",")[0])
+	if first == "" {
+		return true
+	}
+	n, err := strconv.Atoi(first)
+	return err == nil && n < 0
 }
 
 // newSession loads an ONNX Runtime session: a variable for the tests.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/gpuserve"
+	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/internal/up"
@@ -102,10 +103,11 @@ OUT/tune.json serves with the best configuration.`,
 			}
 			// On a host whose GPUs the dense tier would use, the CPU
 			// defaults (workers per core, batches of 1024 at most) search
-			// the wrong space: per GPU and larger batches instead.
+			// the wrong space: per device (GPU or MIG slice) and larger batches
+			// instead, from prism up's count (two per GPU, one per MIG slice).
 			startBatch, startWorkers := "512", fmt.Sprint(cpus)
-			if gpus, why := gpuserve.CUDAUsable(nvml.New()); gpus > 0 {
-				mb, dw, th := gpuSpace(gpus)
+			if disc, why := gpuserve.CUDAUsable(nvml.New()); why == "" && len(disc.Devices) > 0 {
+				mb, dw, th, upWorkers := gpuSpace(disc)
 				for _, d := range []struct {
 					flag string
 					v    *[]string
@@ -115,8 +117,8 @@ OUT/tune.json serves with the best configuration.`,
 						*d.v = d.def
 					}
 				}
-				startBatch, startWorkers = "4096", fmt.Sprint(2*gpus)
-				fmt.Fprintf(cmd.ErrOrStderr(), "tune: %d GPU(s) the dense tier serves on with CUDA: max batch %v, dense workers %v, sessions %v, threads %v\n", gpus, maxBatch, denseWorkers, denseSessions, threads)
+				startBatch, startWorkers = strconv.Itoa(gpuserve.DefaultMaxBatch(true)), upWorkers
+				fmt.Fprintf(cmd.ErrOrStderr(), "tune: %d device(s) (GPUs or MIG slices) the dense tier serves on with CUDA: max batch %v, dense workers %v, sessions %v, threads %v\n", len(disc.Devices), maxBatch, denseWorkers, denseSessions, threads)
 			} else if why != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "tune: dense tier on the CPU (%s)\n", why)
 			}
@@ -193,7 +195,7 @@ OUT/tune.json serves with the best configuration.`,
 	fl.StringSliceVar(&maxBatch, "max-batch", []string{"256", "512", "1024"}, "dense max batch sizes to try (on a host whose GPUs the dense tier uses: 1024,4096,8192)")
 	fl.StringSliceVar(&maxDelay, "max-delay", []string{"1ms", "2ms", "4ms"}, "dense max queue delays to try")
 	fl.StringSliceVar(&threads, "threads", []string{"1", "2"}, "ONNX Runtime threads per dense worker to try (with GPUs: 1)")
-	fl.StringSliceVar(&denseWorkers, "dense-workers", workerCounts(cpus), "dense worker counts to try (default: half, one and two per core; with GPUs: one, two and four per GPU)")
+	fl.StringSliceVar(&denseWorkers, "dense-workers", workerCounts(cpus), "dense worker counts to try (default: half, one and two per core; with GPUs: one, two and four per GPU or MIG slice, and prism up's count)")
 	fl.StringSliceVar(&hotBytes, "hot-bytes", []string{"auto"}, "embedding hot-tier sizes to try (e.g. 256MiB,auto; default: auto when the tables fit in half of the embedding worker's memory, else auto and an eighth, a quarter and half of that memory)")
 	fl.StringSliceVar(&admitShare, "admit-share", []string{"1", "0.7"}, "router admission shares of the deadline to try (prism up --admit-share)")
 	fl.StringSliceVar(&denseSessions, "dense-sessions", []string{"1"}, "ONNX Runtime sessions per model in each dense worker to try (prism up --dense-sessions; with GPUs: 1,2)")
@@ -213,16 +215,25 @@ func meanCandidates(c loadgen.Candidates) float64 {
 }
 
 // workerCounts are half, one and two dense workers per core.
-// gpuSpace is tune's default search on a host with gpus devices (GPUs or
-// MIG slices) the dense tier serves on: max batches from a quarter of to
-// twice the dense tier's CUDA default (4096 measured 1.9x the throughput
-// of 512 on an H200), one, two and four workers per device (two measured
-// 1.7x one), and one ONNX Runtime thread (the GPU does the work).
-func gpuSpace(gpus int) (maxBatch, denseWorkers, threads []string) {
+// gpuSpace is tune's default search on a host whose devices (GPUs or
+// MIG slices, disc) the dense tier serves on: max batches from a quarter
+// of to twice the dense tier's CUDA default (4096 measured 1.9x the
+// throughput of 512 on an H200), one, two and four workers per device
+// (two measured 1.7x one) and prism up's own count, upWorkers, where they
+// differ (two per whole GPU, one per MIG slice: the search starts there),
+// and one ONNX Runtime thread (the GPU does the work).
+func gpuSpace(disc devices.Discovery) (maxBatch, denseWorkers, threads []string, upWorkers string) {
 	d := gpuserve.DefaultMaxBatch(true)
-	return []string{strconv.Itoa(d / 4), strconv.Itoa(d), strconv.Itoa(2 * d)},
-		[]string{strconv.Itoa(gpus), strconv.Itoa(2 * gpus), strconv.Itoa(4 * gpus)},
-		[]string{"1"}
+	n, upN := len(disc.Devices), len(up.DenseWorkers(disc, 0, 0))
+	counts := []int{n, 2 * n, 4 * n}
+	if !slices.Contains(counts, upN) {
+		counts = append(counts, upN)
+		slices.Sort(counts)
+	}
+	for _, c := range counts {
+		denseWorkers = append(denseWorkers, strconv.Itoa(c))
+	}
+	return []string{strconv.Itoa(d / 4), strconv.Itoa(d), strconv.Itoa(2 * d)}, denseWorkers, []string{"1"}, strconv.Itoa(upN)
 }
 
 // embeddingShare is how many embedding workers prism up starts for pl

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/loadgen"
@@ -24,16 +25,32 @@ func TestTuneSpaces(t *testing.T) {
 			t.Errorf("workerCounts(%d) = %v, want %v", tc.cpus, got, tc.want)
 		}
 	}
+	host := func(gpus, migSlices int) devices.Discovery {
+		var d devices.Discovery
+		for range gpus {
+			d.Devices = append(d.Devices, devices.Device{Kind: devices.KindGPU})
+		}
+		for range migSlices {
+			d.Devices = append(d.Devices, devices.Device{Kind: devices.KindMIG})
+		}
+		return d
+	}
+	batch := []string{"1024", "4096", "8192"}
 	for _, tc := range []struct {
-		gpus                    int
-		batch, workers, threads []string
+		gpus, migSlices  int
+		workers, threads []string
+		start            string // prism up's dense workers
 	}{
-		{1, []string{"1024", "4096", "8192"}, []string{"1", "2", "4"}, []string{"1"}},
-		{8, []string{"1024", "4096", "8192"}, []string{"8", "16", "32"}, []string{"1"}},
+		{1, 0, []string{"1", "2", "4"}, []string{"1"}, "2"},
+		{8, 0, []string{"8", "16", "32"}, []string{"1"}, "16"},
+		// One worker per MIG slice under prism up, not two: the
+		// search started at 14 on a GPU split in seven.
+		{0, 7, []string{"7", "14", "28"}, []string{"1"}, "7"},
+		{1, 2, []string{"3", "4", "6", "12"}, []string{"1"}, "4"},
 	} {
-		b, w, th := gpuSpace(tc.gpus)
-		if !slices.Equal(b, tc.batch) || !slices.Equal(w, tc.workers) || !slices.Equal(th, tc.threads) {
-			t.Errorf("gpuSpace(%d) = %v %v %v, want %v %v %v", tc.gpus, b, w, th, tc.batch, tc.workers, tc.threads)
+		b, w, th, start := gpuSpace(host(tc.gpus, tc.migSlices))
+		if !slices.Equal(b, batch) || !slices.Equal(w, tc.workers) || !slices.Equal(th, tc.threads) || start != tc.start {
+			t.Errorf("gpuSpace(%d GPUs, %d MIG slices) = %v %v %v start %s, want %v %v %v start %s", tc.gpus, tc.migSlices, b, w, th, start, batch, tc.workers, tc.threads, tc.start)
 		}
 	}
 }

@@ -61,6 +61,23 @@ type Discovery struct {
 	// Skipped says, per GPU, why it has no device here: MIG enabled with
 	// no MIG devices created, where CUDA sees nothing of that GPU.
 	Skipped []string
+	// started: NVML started, so the driver is there (NoDriver, if set,
+	// then says why none of its GPUs is usable).
+	started bool
+}
+
+// WhyCPU says why d leaves the dense tier on the CPU, from NoDriver: "no
+// NVIDIA driver (...)" when NVML could not start, "no usable NVIDIA
+// device (...)" when it did, the driver there, and listed no GPU or only
+// GPUs in MIG mode without MIG devices; "" when d has a device.
+func (d Discovery) WhyCPU() string {
+	switch {
+	case d.NoDriver == "":
+		return ""
+	case d.started:
+		return fmt.Sprintf("no usable NVIDIA device (%s)", d.NoDriver)
+	}
+	return fmt.Sprintf("no NVIDIA driver (%s)", d.NoDriver)
 }
 
 // Discover lists the GPUs NVML reports and, on GPUs with MIG enabled, the
@@ -74,7 +91,7 @@ func Discover(lib nvml.Interface) (Discovery, error) {
 		return Discovery{Devices: []Device{{Kind: KindCPU, Name: "cpu"}}, NoDriver: fmt.Sprintf("NVML init: %s", nvml.ErrorString(ret))}, nil
 	}
 	defer lib.Shutdown()
-	var d Discovery
+	d := Discovery{started: true}
 	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		d.DriverVersion = v
 	}

@@ -149,6 +149,34 @@ func TestNoDriver(t *testing.T) {
 	if w := Plan(got); len(w) != 1 || w[0].Env[0] != "CUDA_VISIBLE_DEVICES=" {
 		t.Errorf("plan %+v", w)
 	}
+	if why := got.WhyCPU(); why != "no NVIDIA driver (NVML init: ERROR_LIBRARY_NOT_FOUND)" {
+		t.Errorf("WhyCPU %q", why)
+	}
+}
+
+// TestDriverWithoutGPUs: NVML starts and lists no GPU. The CPU device,
+// and a reason that does not blame a missing driver: it was said as
+// "no NVIDIA driver (NVML reports no GPUs)".
+func TestDriverWithoutGPUs(t *testing.T) {
+	got, err := Discover(driverWithoutGPUs())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Devices) != 1 || got.Devices[0].Kind != KindCPU || got.DriverVersion != "580.65.06" {
+		t.Fatalf("%+v", got)
+	}
+	if why := got.WhyCPU(); why != "no usable NVIDIA device (NVML reports no GPUs)" {
+		t.Errorf("WhyCPU %q", why)
+	}
+}
+
+func driverWithoutGPUs() nvml.Interface {
+	return &mock.Interface{
+		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:               func() nvml.Return { return nvml.SUCCESS },
+		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "580.65.06", nvml.SUCCESS },
+		DeviceGetCountFunc:         func() (int, nvml.Return) { return 0, nvml.SUCCESS },
+	}
 }
 
 // TestDiscoverRealLibrary runs discovery against the machine's own NVML:
@@ -206,6 +234,10 @@ func TestDiscoverMIGWithoutInstances(t *testing.T) {
 			}
 			if (got.NoDriver != "") != (tc.noDriver != "") || !strings.Contains(got.NoDriver, tc.noDriver) {
 				t.Errorf("NoDriver %q, want %q", got.NoDriver, tc.noDriver)
+			}
+			// The driver is there: what the tiers print says so.
+			if why := got.WhyCPU(); (why != "") != (tc.noDriver != "") || tc.noDriver != "" && !strings.HasPrefix(why, "no usable NVIDIA device (GPU 0 (GPU-") {
+				t.Errorf("WhyCPU %q", why)
 			}
 		})
 	}

@@ -546,7 +546,7 @@ func denseDevices(disc devices.Discovery, cudaUnavailable func() string, w io.Wr
 		}
 	}
 	if disc.NoDriver != "" {
-		fmt.Fprintf(w, "up: no NVIDIA driver (%s): dense workers run on the CPU\n", disc.NoDriver)
+		fmt.Fprintf(w, "up: %s: dense workers run on the CPU\n", disc.WhyCPU())
 		return disc
 	}
 	why := cudaUnavailable()

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -287,6 +289,16 @@ func TestDenseDevices(t *testing.T) {
 	skipped.Skipped = []string{"GPU 1 (GPU-b) has MIG enabled and no MIG devices: create GPU and compute instances (nvidia-smi mig -i 1 -cgi <profiles> -C) or disable MIG"}
 	usable := func() string { return "" }
 	cpuBuild := func() string { return "CPU-only ONNX Runtime build: no CUDA" }
+	// NVML started (the driver is there) and listed no GPU.
+	noGPUs, err := devices.Discover(&mock.Interface{
+		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:               func() nvml.Return { return nvml.SUCCESS },
+		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "580.65.06", nvml.SUCCESS },
+		DeviceGetCountFunc:         func() (int, nvml.Return) { return 0, nvml.SUCCESS },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name    string
 		disc    devices.Discovery
@@ -297,6 +309,7 @@ func TestDenseDevices(t *testing.T) {
 		{"usable GPU", gpus, usable, 2, ""},
 		{"CPU build on a GPU host", gpus, cpuBuild, 4, "1 NVIDIA device(s) found, but ONNX Runtime cannot use them (CPU-only ONNX Runtime build: no CUDA): dense workers run on the CPU, one per core"},
 		{"no driver", cpu, cpuBuild, 4, "no NVIDIA driver (NVML init: driver not loaded)"},
+		{"a driver and no GPU", noGPUs, usable, 4, "up: no usable NVIDIA device (NVML reports no GPUs): dense workers run on the CPU"},
 		{"a MIG GPU without instances beside a usable GPU", skipped, usable, 2, "up: not used: GPU 1 (GPU-b) has MIG enabled and no MIG devices"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
