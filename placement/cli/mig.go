@@ -73,23 +73,14 @@ func ParseMemory(s string, svcs []mig.Service) error {
 
 // MIG plans svcs on GPUs of model m, prints each GPU's layout and the
 // count against whole-GPU allocation, and, when the heuristic needs at
-// most maxExact GPUs, the exact solver's count.
+// most maxExact GPUs, the exact solver's count, with its layouts when it
+// needs fewer GPUs than the heuristic.
 func MIG(w io.Writer, m mig.Model, svcs []mig.Service, maxExact int) error {
 	g, err := mig.Greedy(m, svcs)
 	if err != nil {
 		return err
 	}
-	for i, gpu := range g.GPUs {
-		var parts []string
-		for j, in := range gpu.Layout {
-			who := "idle"
-			if s := gpu.Assign[j]; s >= 0 {
-				who = svcs[s].Name
-			}
-			parts = append(parts, fmt.Sprintf("%s@%d:%s", m.Profiles[in.Profile].Name, in.Start, who))
-		}
-		fmt.Fprintf(w, "gpu %d: %s\n", i, strings.Join(parts, " "))
-	}
+	layouts(w, "gpu", m, svcs, g)
 	whole := mig.WholeGPUs(m, svcs)
 	fmt.Fprintf(w, "heuristic: %d GPUs; whole-GPU allocation: %d GPUs (saves %.0f%%)\n", len(g.GPUs), whole, 100*float64(whole-len(g.GPUs))/float64(max(whole, 1)))
 	if len(g.GPUs) <= maxExact {
@@ -102,8 +93,30 @@ func MIG(w io.Writer, m mig.Model, svcs []mig.Service, maxExact int) error {
 			return err
 		}
 		fmt.Fprintf(w, "exact: %d GPUs\n", len(ex.GPUs))
+		if len(ex.GPUs) < len(g.GPUs) {
+			// The plan to create is the exact one: its layouts, which
+			// the heuristic's above are not.
+			layouts(w, "exact gpu", m, svcs, ex)
+		}
 	}
 	return nil
+}
+
+// layouts prints each GPU of p: its instances as profile@start:service
+// ("idle" for one no service uses), one line a GPU, named label and its
+// index.
+func layouts(w io.Writer, label string, m mig.Model, svcs []mig.Service, p *mig.Plan) {
+	for i, gpu := range p.GPUs {
+		var parts []string
+		for j, in := range gpu.Layout {
+			who := "idle"
+			if s := gpu.Assign[j]; s >= 0 {
+				who = svcs[s].Name
+			}
+			parts = append(parts, fmt.Sprintf("%s@%d:%s", m.Profiles[in.Profile].Name, in.Start, who))
+		}
+		fmt.Fprintf(w, "%s %d: %s\n", label, i, strings.Join(parts, " "))
+	}
 }
 
 // MIGBench compares GPUs and solve time of the heuristic with the exact
