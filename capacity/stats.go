@@ -14,8 +14,10 @@ type EventKey struct {
 }
 
 // StartupBuckets are the upper bounds, in seconds, of the histogram of
-// the time from a borrow decision to the worker serving.
-var StartupBuckets = []float64{1, 2, 5, 10, 30, 60, 120, 300, 600}
+// the time from a borrow decision to the worker serving: from a local
+// lender's process start (tens of milliseconds) to a Kubernetes pod's
+// image pull and model load (minutes).
+var StartupBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600}
 
 // Stats are the controller's counters, to log or export.
 type Stats struct {
