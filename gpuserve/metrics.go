@@ -27,7 +27,7 @@ func newMetrics(s *Server) *metrics {
 		s: s,
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "prism", Subsystem: "dense", Name: "rejected_total",
-			Help: "Score requests refused, by model and reason (not_found, invalid, overloaded, deadline, closed, error).",
+			Help: "Score requests refused, by model and reason (not_found, content: another model of the name, invalid, overloaded, deadline, closed, error).",
 		}, []string{"model", "reason"}),
 		samples:  prometheus.NewDesc("prism_dense_samples_total", "Samples scored by dense.onnx.", lbl, nil),
 		batches:  prometheus.NewDesc("prism_dense_batches_total", "ONNX Runtime runs (batches).", lbl, nil),

@@ -144,6 +144,9 @@ type model struct {
 	// (plan.DenseFixedBatch): requests of exactly that many samples,
 	// run one at a time.
 	fixed int
+	// content identifies the model (plan.Plan.Content; "" unknown):
+	// announced, and checked against the embedding worker's.
+	content string
 }
 
 // New discovers devices, loads every plan's dense.onnx and starts the
@@ -183,6 +186,12 @@ func New(o Options) (*Server, error) {
 			m.closeSessions()
 			s.Close()
 			return nil, fmt.Errorf("load %s: model %q is served twice", dir, m.name)
+		}
+		if m.content, err = m.plan.Content(dir); err != nil {
+			// A copy of the plan without every ONNX part (a dense host
+			// given plan.json and dense.onnx only): its model cannot be
+			// told from another, so it pairs with any embedding worker.
+			s.log.Warn("model content unknown: the router pairs this worker with embedding workers of any content", "model", m.name, "err", err)
 		}
 		s.models[m.name] = m
 		s.names = append(s.names, m.name)
@@ -452,6 +461,12 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 			info.Sharding = map[string]string{}
 		}
 		info.Sharding[name] = fp
+		if m.content != "" {
+			if info.Content == nil {
+				info.Content = map[string]string{}
+			}
+			info.Content[name] = m.content
+		}
 	}
 	return info
 }
@@ -498,6 +513,13 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 	if err := ctx.Err(); err != nil {
 		s.metrics.reject(m.name, "deadline")
 		return nil, status.FromContextError(err).Err()
+	}
+	if c := req.GetContent(); c != "" && m.content != "" && c != m.content {
+		// The embedding worker serves another model of this name (a
+		// rollout of a retrained model): its rows with this dense.onnx
+		// would score garbage. Another pair may serve.
+		s.metrics.reject(m.name, "content")
+		return nil, status.Errorf(codes.Aborted, "model %q: the embedding worker looked up content %.16q; this dense worker serves content %q", m.name, c, m.content)
 	}
 	if req.GetShards() != 0 || req.GetFanoutKey() != "" {
 		return s.scorePart(ctx, m, req, start)

@@ -335,6 +335,7 @@ func TestScoreBadInput(t *testing.T) {
 		{"unknown tensor", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 4, renamed), NumSamples: 4}, nil, codes.InvalidArgument, `"not_a_cut_tensor" is not a cut tensor`},
 		{"duplicate tensor", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 4, dup), NumSamples: 4}, nil, codes.InvalidArgument, "appears twice"},
 		{"over max samples", &prismv1.ScoreRequest{Model: name, Tensors: encode(t, 51, big), NumSamples: 51}, nil, codes.InvalidArgument, "at most 50"},
+		{"another content", &prismv1.ScoreRequest{Model: name, Tensors: goodFrame, NumSamples: 4, Content: "0123456789abcdef"}, nil, codes.Aborted, `looked up content "0123456789abcdef"`},
 		{"deadline passed", &prismv1.ScoreRequest{Model: name, Tensors: goodFrame, NumSamples: 4},
 			func() (context.Context, context.CancelFunc) {
 				return context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
@@ -364,6 +365,17 @@ func TestScoreBadInput(t *testing.T) {
 	}
 	if v := got["prism_dense_rejected_total{not_found}"]; v != 1 {
 		t.Errorf("rejected{not_found} = %v, want 1", v)
+	}
+	if v := got["prism_dense_rejected_total{content}"]; v != 1 {
+		t.Errorf("rejected{content} = %v, want 1", v)
+	}
+	// Its own content, as announced, scores.
+	content := ts.dense.WorkerInfo("gpu", "addr").GetContent()[name]
+	if want, err := plan.Content(tinyPlan(t)); err != nil || content != want || content == "" {
+		t.Fatalf("announced content %q; the plan's is %q (%v)", content, want, err)
+	}
+	if _, err := ts.client.Score(context.Background(), &prismv1.ScoreRequest{Model: name, Tensors: goodFrame, NumSamples: 4, Content: content}); err != nil {
+		t.Fatalf("its own content: %v", err)
 	}
 }
 

@@ -203,7 +203,7 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 			return status.Errorf(codes.InvalidArgument, "announce: worker %s of %d bytes, the limit is %d", what, len(v), l.MaxNameBytes)
 		}
 	}
-	if n := max(len(w.GetModels()), len(w.GetUpdateSeq()), len(w.GetShards()), len(w.GetSharding()), len(w.GetDiverged())); n > l.MaxModels {
+	if n := max(len(w.GetModels()), len(w.GetUpdateSeq()), len(w.GetShards()), len(w.GetSharding()), len(w.GetDiverged()), len(w.GetContent()), len(w.GetVersion())); n > l.MaxModels {
 		return status.Errorf(codes.ResourceExhausted, "announce: worker %.64q names %d models, the limit is %d", w.GetId(), n, l.MaxModels)
 	}
 	for _, m := range w.GetModels() {
@@ -223,6 +223,16 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 	for m, fp := range w.GetSharding() {
 		if len(m) > l.MaxNameBytes || !prismv1.ValidSharding(fp) {
 			return status.Errorf(codes.InvalidArgument, "announce: sharding of model %.64q: %.40q, want a model name of at most %d bytes and 1 to 32 lower-case hex digits", m, fp, l.MaxNameBytes)
+		}
+	}
+	for m, c := range w.GetContent() {
+		if len(m) > l.MaxNameBytes || !prismv1.ValidSharding(c) {
+			return status.Errorf(codes.InvalidArgument, "announce: content of model %.64q: %.40q, want a model name of at most %d bytes and 1 to 32 lower-case hex digits", m, c, l.MaxNameBytes)
+		}
+	}
+	for m := range w.GetVersion() {
+		if len(m) > l.MaxNameBytes {
+			return status.Errorf(codes.InvalidArgument, "announce: version model name of %d bytes, the limit is %d", len(m), l.MaxNameBytes)
 		}
 	}
 	for m, ref := range w.GetShards() {
@@ -532,22 +542,46 @@ func (r *Registry) Pick(role prismv1.Role, model string, n int64, exclude []stri
 // only ones it sends to), and falls back to the others only when there
 // are none (sender learns of them at its next heartbeat).
 func (r *Registry) PickFor(role prismv1.Role, model string, n int64, exclude []string, sender string) (w *prismv1.WorkerInfo, release func(), err error) {
-	return r.pickFor(role, model, n, exclude, sender, DenseWant{})
+	return r.pickFor(role, model, n, exclude, sender, pickWant{})
 }
 
 // DenseWant narrows PickDense: Sharding (a fingerprint; "" any) keeps
 // the dense workers that name it for the model, or, unless Exact, that
 // name none (of earlier releases); ToldOnly keeps those the sender has
 // been told of (PickFor falls back to the others when none is).
+// Content (WorkerInfo.content; "" any) keeps the dense workers of that
+// content or of none (unknown): never one of another.
 type DenseWant struct {
 	Sharding        string
 	Exact, ToldOnly bool
+	Content         string
+}
+
+// EmbeddingWant narrows PickEmbedding. Content ("" any) keeps the
+// workers of that content only (a request pinned to it). Paired keeps
+// those a live dense worker can score for: of a content some dense
+// worker of the model serves, or of none, or any while some dense
+// worker's content is unknown.
+type EmbeddingWant struct {
+	Content string
+	Paired  bool
+}
+
+// PickEmbedding is Pick of an embedding worker narrowed by want.
+func (r *Registry) PickEmbedding(model string, n int64, exclude []string, want EmbeddingWant) (w *prismv1.WorkerInfo, release func(), err error) {
+	return r.pickFor(prismv1.Role_ROLE_EMBEDDING, model, n, exclude, "", pickWant{embedding: want})
+}
+
+// pickWant is what a pick of either role keeps.
+type pickWant struct {
+	dense     DenseWant
+	embedding EmbeddingWant
 }
 
 // PickDense is PickFor of a dense worker for a sharded fan-out, narrowed
 // by want. Router.pickDense orders the tries.
 func (r *Registry) PickDense(model string, n int64, exclude []string, sender string, want DenseWant) (w *prismv1.WorkerInfo, release func(), err error) {
-	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, want)
+	return r.pickFor(prismv1.Role_ROLE_DENSE, model, n, exclude, sender, pickWant{dense: want})
 }
 
 // hasDense says whether best finds a dense worker of sharding for model
@@ -555,26 +589,29 @@ func (r *Registry) PickDense(model string, n int64, exclude []string, sender str
 // was told of; and among those, one not in avoid; r.mu held.
 func (r *Registry) hasDense(model, sharding string, avoid []string, told uint64) (has, hasTold, toldUnavoided bool) {
 	found := func(exclude []string, told uint64) bool {
-		w, _, _ := r.best(prismv1.Role_ROLE_DENSE, model, exclude, told, sharding, false)
+		w, _, _ := r.best(prismv1.Role_ROLE_DENSE, model, exclude, told, pickWant{dense: DenseWant{Sharding: sharding}})
 		return w != nil
 	}
 	return found(nil, 0), found(nil, told), found(avoid, told)
 }
 
-func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender string, want DenseWant) (w *prismv1.WorkerInfo, release func(), err error) {
+func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []string, sender string, want pickWant) (w *prismv1.WorkerInfo, release func(), err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var told uint64
 	if e := r.workers[sender]; e != nil && role == prismv1.Role_ROLE_DENSE {
 		told = e.told
 	}
-	best, lagging, untold := r.best(role, model, exclude, told, want.Sharding, want.Exact)
-	if best == nil && untold > 0 && !want.ToldOnly {
-		best, lagging, _ = r.best(role, model, exclude, 0, want.Sharding, want.Exact)
+	best, lagging, untold := r.best(role, model, exclude, told, want)
+	if best == nil && untold > 0 && !want.dense.ToldOnly {
+		best, lagging, _ = r.best(role, model, exclude, 0, want)
 	}
 	if best == nil {
 		if lagging > 0 {
 			return nil, nil, fmt.Errorf("every %s worker of model %q lacks acknowledged embedding updates (%d catching up or stale; see the router's log)", role.Name(), model, lagging)
+		}
+		if err := r.contentMissing(role, model, exclude, want); err != nil {
+			return nil, nil, err
 		}
 		return nil, nil, fmt.Errorf("no healthy %s worker serves model %q", role.Name(), model)
 	}
@@ -593,11 +630,18 @@ func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []s
 // those in exclude, when told is set those that joined after it, and
 // when sharding is set those that name another for model (or, exact,
 // that do not name it); r.mu held.
-func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64, sharding string, exact bool) (best *worker, lagging, untold int) {
+func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64, want pickWant) (best *worker, lagging, untold int) {
 	var bestLoad int64
 	var set []*worker
 	if s := r.byModel[roleModel{role, model}]; s != nil {
 		set = s.ws
+	}
+	sharding, exact := want.dense.Sharding, want.dense.Exact
+	var buf [4]string
+	var paired []string
+	anyPaired := true
+	if want.embedding.Paired {
+		paired, anyPaired = r.denseContents(model, buf[:])
 	}
 	for _, e := range set {
 		if slices.Contains(exclude, e.info.GetId()) {
@@ -607,6 +651,21 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 			// PickDense: a dense worker of another sharding, or (exact)
 			// one that names none.
 			if fp := e.info.GetSharding()[model]; fp != sharding && (exact || fp != "") {
+				continue
+			}
+		}
+		if c := want.dense.Content; c != "" {
+			// A dense worker of another model of this name.
+			if wc := e.info.GetContent()[model]; wc != "" && wc != c {
+				continue
+			}
+		}
+		if c := want.embedding.Content; c != "" && e.info.GetContent()[model] != c {
+			continue
+		}
+		if !anyPaired {
+			// No dense worker scores this content: another model's.
+			if c := e.info.GetContent()[model]; c != "" && !slices.Contains(paired, c) {
 				continue
 			}
 		}
@@ -627,6 +686,123 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 		}
 	}
 	return best, lagging, untold
+}
+
+// denseContents are the contents of model's registered dense workers:
+// an embedding worker of another content has none to score its lookups.
+// any: some dense worker's content is unknown (a worker of an earlier
+// release, or a plan copy without every ONNX part), or there is no
+// dense worker at all (the dense pick says so), and any embedding
+// worker will do. contents is built on buf. r.mu held.
+func (r *Registry) denseContents(model string, buf []string) (contents []string, any bool) {
+	s := r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}]
+	if s == nil {
+		return nil, true
+	}
+	contents = buf[:0]
+	for _, e := range s.ws {
+		c := e.info.GetContent()[model]
+		if c == "" {
+			return nil, true
+		}
+		if !slices.Contains(contents, c) {
+			contents = append(contents, c)
+		}
+	}
+	return contents, false
+}
+
+// contentMissing explains a pick that content alone made fail: the
+// workers are there, but of another content than the pick wants;
+// nil when that is not why. r.mu held.
+func (r *Registry) contentMissing(role prismv1.Role, model string, exclude []string, want pickWant) error {
+	if want.dense.Content == "" && want.embedding == (EmbeddingWant{}) {
+		return nil
+	}
+	plain := want
+	plain.dense.Content, plain.embedding = "", EmbeddingWant{}
+	if w, _, _ := r.best(role, model, exclude, 0, plain); w == nil {
+		return nil
+	}
+	have := func(role prismv1.Role) []string {
+		var out []string
+		if s := r.byModel[roleModel{role, model}]; s != nil {
+			for _, e := range s.ws {
+				if c := e.info.GetContent()[model]; !slices.Contains(out, c) {
+					out = append(out, c)
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	switch {
+	case want.embedding.Content != "":
+		// Pinned to a version no longer (or not yet) served.
+		return status.Errorf(codes.NotFound, "no healthy embedding worker serves content %q of model %q (its embedding workers serve %q)", want.embedding.Content, model, have(prismv1.Role_ROLE_EMBEDDING))
+	case want.dense.Content != "":
+		return fmt.Errorf("no healthy dense worker serves content %q of model %q, its embedding worker's (its dense workers serve %q): roll both tiers to the same plan", want.dense.Content, model, have(prismv1.Role_ROLE_DENSE))
+	}
+	return fmt.Errorf("no dense worker serves the content of model %q's embedding workers (embedding %q, dense %q): while a retrained model rolls out, keep workers of one plan live in both tiers", model, have(prismv1.Role_ROLE_EMBEDDING), have(prismv1.Role_ROLE_DENSE))
+}
+
+// ContentVersion is the version number of model's content the router
+// answers with: the highest number its live embedding workers give it
+// (their stores number apart). 0: none numbers it.
+func (r *Registry) ContentVersion(model, content string) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var v int64
+	if s := r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}]; s != nil {
+		for _, e := range s.ws {
+			if e.info.GetContent()[model] == content {
+				v = max(v, e.info.GetVersion()[model])
+			}
+		}
+	}
+	return v
+}
+
+// VersionContent is the content a request pinned to version of model
+// is served with: of the contents some live embedding worker numbers
+// so, one whose highest number (ContentVersion, what responses name)
+// it is, then the one most workers number so, then the least. Stores
+// number apart: a replica ingested after a model update may call the
+// current content 1 while the others call it 2, and two stores
+// ingested apart may each call their own content 1. "": no worker
+// announcing content numbers it (earlier releases: the request goes
+// pinned to the number).
+func (r *Registry) VersionContent(model string, version int64) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}]
+	if s == nil {
+		return ""
+	}
+	top := map[string]int64{} // content -> highest number given it
+	count := map[string]int{} // content -> workers numbering it version
+	for _, e := range s.ws {
+		if c := e.info.GetContent()[model]; c != "" {
+			v := e.info.GetVersion()[model]
+			top[c] = max(top[c], v)
+			if v == version {
+				count[c]++
+			}
+		}
+	}
+	best := ""
+	better := func(c string) bool {
+		if (top[c] == version) != (top[best] == version) {
+			return top[c] == version
+		}
+		return count[c] > count[best] || count[c] == count[best] && c < best
+	}
+	for c := range count {
+		if best == "" || better(c) {
+			best = c
+		}
+	}
+	return best
 }
 
 // Serves says whether some live worker serves model (the per-request

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -554,8 +555,16 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	// A request pinned to a version number goes pinned to the content
+	// the workers number so (their stores number apart); with no
+	// worker announcing content, to the number (earlier releases).
+	if req.GetContent() == "" && req.GetVersion() != 0 {
+		if c := r.Reg.VersionContent(req.GetModel(), req.GetVersion()); c != "" {
+			req = pinTo(req, answer{version: req.GetVersion(), content: c})
+		}
+	}
 	scores := make([]float32, n)
-	vers := make([]int64, len(parts))
+	answers := make([]answer, len(parts))
 	errs := make([]error, len(parts))
 	// run scores the micro-batches numbered in which, at once.
 	run := func(req *prismv1.RecommendRequest, which []int) error {
@@ -586,10 +595,10 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 					cancel()
 					return
 				}
-				if req.GetVersion() != 0 {
-					v = req.GetVersion() // a worker answers a pinned one only (its reported one may lag)
+				if req.GetVersion() != 0 && v.content == "" {
+					v.version = req.GetVersion() // a worker answers a pinned one only (its reported one may lag)
 				}
-				vers[i] = v
+				answers[i] = v
 				copy(scores[lo:hi], out[:hi-lo])
 			}()
 		}
@@ -616,52 +625,118 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	// two models under one version's name. Those of another version than
 	// the one that scored the most candidates are scored again, pinned
 	// to it (a replica not serving it is NotFound, retried elsewhere).
-	version, redo := splitVersions(parts, vers)
+	// Versions are told apart by content where the workers announce it:
+	// stores number apart, so one content may come under two numbers
+	// (one model) and two contents under one (two models).
+	won, redo := splitVersions(parts, answers)
 	if len(redo) > 0 {
-		pinned := &prismv1.RecommendRequest{Model: req.GetModel(), Version: version, Context: req.GetContext(),
-			NumCandidates: req.GetNumCandidates(), Candidates: req.GetCandidates(), RequestId: req.GetRequestId()}
-		if err := run(pinned, redo); err != nil {
+		if err := run(pinTo(req, won), redo); err != nil {
 			return nil, err
 		}
 	}
-	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version, RequestId: req.GetRequestId()}, nil
+	version := won.version
+	if won.content != "" && req.GetVersion() == 0 {
+		// The number the workers serving it give it, the same in every
+		// response whichever replica answered.
+		version = max(version, r.Reg.ContentVersion(req.GetModel(), won.content))
+	}
+	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version, RequestId: req.GetRequestId(), Content: won.content}, nil
 }
 
-// splitVersions is the version that answered the most candidates (the
-// higher on a tie; 0, a worker that cannot tell, counts for none) and
-// the micro-batches another answered.
-func splitVersions(parts [][2]int, vers []int64) (version int64, others []int) {
-	// Every request but those of a rollout: one version (0s aside), no
-	// map.
+// answer is what a micro-batch's embedding worker said scored it: the
+// model's content (WorkerInfo.content, "" unknown) and its store's
+// number for the version (0 unknown).
+type answer struct {
+	version int64
+	content string
+}
+
+// same says whether two answers name one version: by content where
+// both know it, else by number.
+func (a answer) same(b answer) bool {
+	if a.content != "" && b.content != "" {
+		return a.content == b.content
+	}
+	return a.version == b.version
+}
+
+// known: the answer names a version (an unknown one counts for none).
+func (a answer) known() bool { return a.content != "" || a.version != 0 }
+
+// pinTo is req pinned to the version of answer a: to its content where
+// known (every replica serving it answers), else to its number.
+func pinTo(req *prismv1.RecommendRequest, a answer) *prismv1.RecommendRequest {
+	pinned := &prismv1.RecommendRequest{Model: req.GetModel(), Version: a.version, Content: a.content, Context: req.GetContext(),
+		NumCandidates: req.GetNumCandidates(), Candidates: req.GetCandidates(), RequestId: req.GetRequestId()}
+	if req.GetVersion() != 0 {
+		pinned.Version = req.GetVersion()
+	}
+	return pinned
+}
+
+// splitVersions is the version that answered the most candidates (on
+// a tie the higher number, then the lower content; an unknown answer
+// counts for none) and the micro-batches another answered.
+func splitVersions(parts [][2]int, answers []answer) (won answer, others []int) {
+	// Every request but those of a rollout: one version (unknowns
+	// aside), no map.
 	one := true
-	for _, v := range vers {
-		if v != 0 && version != 0 && v != version {
+	for _, a := range answers {
+		if !a.known() {
+			continue
+		}
+		if won.known() && !a.same(won) {
 			one = false
 			break
 		}
-		version = max(version, v)
+		won.version = max(won.version, a.version)
+		if won.content == "" {
+			won.content = a.content
+		}
 	}
 	if one {
-		return version, nil
+		return won, nil
 	}
-	version = 0
-	count := map[int64]int{}
-	for i, v := range vers {
-		if v != 0 {
-			count[v] += parts[i][1] - parts[i][0]
+	// The groups of answers naming one version, by first appearance.
+	var groups []answer
+	var count []int
+	for i, a := range answers {
+		if !a.known() {
+			continue
+		}
+		g := slices.IndexFunc(groups, a.same)
+		if g < 0 {
+			groups, count = append(groups, a), append(count, 0)
+			g = len(groups) - 1
+		}
+		groups[g].version = max(groups[g].version, a.version)
+		if groups[g].content == "" {
+			groups[g].content = a.content
+		}
+		count[g] += parts[i][1] - parts[i][0]
+	}
+	best := 0
+	for g := range groups {
+		switch {
+		case count[g] != count[best]:
+			if count[g] > count[best] {
+				best = g
+			}
+		case groups[g].version != groups[best].version:
+			if groups[g].version > groups[best].version {
+				best = g
+			}
+		case groups[g].content < groups[best].content:
+			best = g
 		}
 	}
-	for v, c := range count {
-		if c > count[version] || c == count[version] && v > version {
-			version = v
-		}
-	}
-	for i, v := range vers {
-		if v != 0 && v != version {
+	won = groups[best]
+	for i, a := range answers {
+		if a.known() && !a.same(won) {
 			others = append(others, i)
 		}
 	}
-	return version, others
+	return won, others
 }
 
 // RecommendStream answers the requests of a stream in order, working on
@@ -827,41 +902,41 @@ func sliceFeatures(f *prismv1.Features, n, lo, hi int) (*prismv1.Features, error
 // A model whose embedding workers hold shards of it fans each
 // micro-batch out to a replica of every shard (shards.go); mb numbers
 // the micro-batch in its request for the fan-out's key.
-func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb int) ([]float32, int64, error) {
+func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb int) ([]float32, answer, error) {
 	var tried retry
 	var last error
+	// Embedding workers a dense worker can score for (of its content),
+	// of the content pinned if one is.
+	want := pickWant{embedding: EmbeddingWant{Content: req.GetContent(), Paired: true}}
 	for attempt := range 2 {
-		cn, releaseCN, err := r.pick(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, tried, "")
+		cn, releaseCN, err := r.pickWith(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, tried, "", want)
 		if err != nil {
-			return nil, 0, r.failedMicroBatch(firstErr(last, err))
+			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
 		}
 		if ref := cn.GetShards()[req.GetModel()]; ref != nil {
 			releaseCN()
-			scores, version, err := r.microBatchSharded(ctx, req, cands, n, mb, int(ref.GetShards()))
+			scores, a, err := r.microBatchSharded(ctx, req, cands, n, mb, int(ref.GetShards()))
 			if !errors.Is(err, errWholeLayout) {
-				return scores, version, err
+				return scores, a, err
 			}
 			// Its sharding lacks a shard; the whole model's workers serve.
-			if cn, releaseCN, err = r.pickWhole(req.GetModel(), n, tried); err != nil {
-				return nil, 0, r.failedMicroBatch(firstErr(last, err))
+			if cn, releaseCN, err = r.pickWhole(req.GetModel(), n, tried, want); err != nil {
+				return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
 			}
 		}
-		hn, releaseHN, err := r.pick(prismv1.Role_ROLE_DENSE, req.GetModel(), n, tried, cn.GetId())
+		hn, releaseHN, err := r.pickWith(prismv1.Role_ROLE_DENSE, req.GetModel(), n, tried, cn.GetId(), pickWant{dense: DenseWant{Content: cn.GetContent()[req.GetModel()]}})
 		if err != nil {
 			releaseCN()
-			return nil, 0, r.failedMicroBatch(firstErr(last, err))
+			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
 		}
-		resp, err := r.call(ctx, cn.GetAddr(), &prismv1.LookupRequest{
-			Model: req.GetModel(), Version: req.GetVersion(), NumSamples: int32(n),
-			Context: req.GetContext(), Candidates: cands, DenseAddr: hn.GetAddr(), RequestId: req.GetRequestId(),
-		})
+		resp, err := r.call(ctx, cn.GetAddr(), lookupRequest(req, cands, n, hn.GetAddr()))
 		releaseCN()
 		releaseHN()
 		if err == nil {
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resp.GetTimes())
-			return resp.GetScores(), resp.GetVersion(), nil
+			return resp.GetScores(), answer{version: resp.GetVersion(), content: resp.GetContent()}, nil
 		}
 		last = err
 		if !retryable(ctx, err) || attempt == 1 {
@@ -880,9 +955,23 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		// worker has not been told of yet (it asked its routers out of
 		// turn and waited, briefly, for the answer): that passes with
 		// its next announcement, so the client may retry.
-		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
+		return nil, answer{}, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
 	}
-	return nil, 0, last
+	return nil, answer{}, last
+}
+
+// lookupRequest is the Lookup of one micro-batch of req (cands, n
+// samples) whose cut tensors go to dense: pinned to req's content where
+// it has one, else to its version number.
+func lookupRequest(req *prismv1.RecommendRequest, cands *prismv1.Features, n int, dense string) *prismv1.LookupRequest {
+	lr := &prismv1.LookupRequest{
+		Model: req.GetModel(), Version: req.GetVersion(), Content: req.GetContent(), NumSamples: int32(n),
+		Context: req.GetContext(), Candidates: cands, DenseAddr: dense, RequestId: req.GetRequestId(),
+	}
+	if lr.Content != "" {
+		lr.Version = 0 // stores number apart: the content decides
+	}
+	return lr
 }
 
 // failedMicroBatch counts a micro-batch that failed with err under its
@@ -930,15 +1019,23 @@ func (t retry) tiers() [][]string {
 // pick prefers a worker not in tried.avoid, then one not in tried.dead,
 // and falls back to any.
 func (r *Router) pick(role prismv1.Role, model string, n int, tried retry, sender string) (*prismv1.WorkerInfo, func(), error) {
+	return r.pickWith(role, model, n, tried, sender, pickWant{})
+}
+
+// pickWith is pick narrowed by want.
+func (r *Router) pickWith(role prismv1.Role, model string, n int, tried retry, sender string, want pickWant) (*prismv1.WorkerInfo, func(), error) {
 	var w *prismv1.WorkerInfo
 	var release func()
 	var err error
 	for _, ex := range tried.tiers() {
-		if w, release, err = r.Reg.PickFor(role, model, int64(n), ex, sender); err == nil {
+		if w, release, err = r.Reg.pickFor(role, model, int64(n), ex, sender, want); err == nil {
 			break
 		}
 	}
 	if err != nil {
+		if _, ok := status.FromError(err); ok {
+			return nil, nil, err // a status of its own (NotFound: a content pinned that none serves)
+		}
 		return nil, nil, status.Error(codes.Unavailable, err.Error())
 	}
 	return w, release, nil
@@ -954,9 +1051,9 @@ func (r *Router) pick(role prismv1.Role, model string, n int, tried retry, sende
 // a retry avoids it, and any other only last; whole tables are the same
 // in every sharding, so for a fan-out of those alone avoiding a failed
 // worker comes first.
-func (r *Router) pickDense(model string, n int, tried retry, sender, sharding string, rowWise bool) (*prismv1.WorkerInfo, func(), error) {
+func (r *Router) pickDense(model string, n int, tried retry, sender, sharding string, rowWise bool, content string) (*prismv1.WorkerInfo, func(), error) {
 	if sharding == "" {
-		return r.pick(prismv1.Role_ROLE_DENSE, model, n, tried, sender)
+		return r.pickWith(prismv1.Role_ROLE_DENSE, model, n, tried, sender, pickWant{dense: DenseWant{Content: content}})
 	}
 	tries := tried.tiers()
 	if !rowWise {
@@ -964,7 +1061,7 @@ func (r *Router) pickDense(model string, n int, tried retry, sender, sharding st
 	}
 	for _, toldOnly := range []bool{true, false} {
 		for _, ex := range tries {
-			wants := [3]DenseWant{{Sharding: sharding, Exact: true, ToldOnly: toldOnly}, {Sharding: sharding, ToldOnly: toldOnly}, {ToldOnly: toldOnly}}
+			wants := [3]DenseWant{{Sharding: sharding, Exact: true, ToldOnly: toldOnly, Content: content}, {Sharding: sharding, ToldOnly: toldOnly, Content: content}, {ToldOnly: toldOnly, Content: content}}
 			k := len(wants)
 			if rowWise {
 				k-- // any other refuses row-wise parts: last, below
@@ -976,7 +1073,7 @@ func (r *Router) pickDense(model string, n int, tried retry, sender, sharding st
 			}
 		}
 	}
-	return r.pick(prismv1.Role_ROLE_DENSE, model, n, tried, sender)
+	return r.pickWith(prismv1.Role_ROLE_DENSE, model, n, tried, sender, pickWant{dense: DenseWant{Content: content}})
 }
 
 func firstErr(a, b error) error {

@@ -349,7 +349,7 @@ func avoidRank(id string, avoid, dead []string) int {
 // failing with one retry when a replica was killed under load).
 const shardAttempts = 3
 
-func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb, shards int) ([]float32, int64, error) {
+func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb, shards int) ([]float32, answer, error) {
 	model := req.GetModel()
 	var tried retry
 	var last error
@@ -360,7 +360,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			// layout of the model may be complete (otherLayout).
 			switch k, whole := r.otherLayout(model, shards); {
 			case whole:
-				return nil, 0, errWholeLayout
+				return nil, answer{}, errWholeLayout
 			case k != shards:
 				shards = k
 				cns, releaseCN, err = r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead)
@@ -368,12 +368,12 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		}
 		if err != nil {
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
-			return nil, 0, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
+			return nil, answer{}, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
 		}
-		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model))
+		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model), cns[0].GetContent()[model])
 		if err != nil {
 			releaseCN()
-			return nil, 0, r.failedMicroBatch(firstErr(last, err))
+			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
 		}
 		resps, failed, err := r.fanOut(ctx, req, cands, n, shards, cns, hn.GetAddr(), fanoutKey(req.GetRequestId(), mb))
 		releaseCN()
@@ -382,7 +382,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resps[0].GetTimes())
-			return resps[0].GetScores(), resps[0].GetVersion(), nil
+			return resps[0].GetScores(), answer{version: resps[0].GetVersion(), content: resps[0].GetContent()}, nil
 		}
 		last = err
 		if !retryable(ctx, err) || attempt == shardAttempts-1 {
@@ -397,9 +397,9 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 	}
 	r.failedMicroBatch(last)
 	if status.Code(last) == codes.PermissionDenied {
-		return nil, 0, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
+		return nil, answer{}, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
 	}
-	return nil, 0, last
+	return nil, answer{}, last
 }
 
 // errWholeLayout says a micro-batch picked for a shard count that lacks
@@ -430,11 +430,11 @@ func (r *Router) otherLayout(model string, shards int) (k int, whole bool) {
 
 // pickWhole is pick among model's embedding workers that hold the whole
 // model (otherLayout said they are live).
-func (r *Router) pickWhole(model string, n int, tried retry) (*prismv1.WorkerInfo, func(), error) {
+func (r *Router) pickWhole(model string, n int, tried retry, want pickWant) (*prismv1.WorkerInfo, func(), error) {
 	_, _, sharded := r.Reg.embeddingLayouts(model)
 	err := fmt.Errorf("no embedding worker holds the whole model %q", model)
 	for _, ex := range tried.tiers() {
-		w, release, perr := r.Reg.PickFor(prismv1.Role_ROLE_EMBEDDING, model, int64(n), append(slices.Clone(ex), sharded...), "")
+		w, release, perr := r.Reg.pickFor(prismv1.Role_ROLE_EMBEDDING, model, int64(n), append(slices.Clone(ex), sharded...), "", want)
 		if perr != nil {
 			err = perr
 			continue
@@ -491,11 +491,10 @@ func (r *Router) fanOut(ctx context.Context, req *prismv1.RecommendRequest, cand
 		wg.Go(func() {
 			// Each shard gets only the inputs it reads (ShardRef.inputs).
 			need := cn.GetShards()[req.GetModel()].GetInputs()
-			resps[i], errs[i] = r.call(ctx, cn.GetAddr(), &prismv1.LookupRequest{
-				Model: req.GetModel(), Version: req.GetVersion(), NumSamples: int32(n),
-				Context: onlyInputs(req.GetContext(), need), Candidates: onlyInputs(cands, need), DenseAddr: dense, RequestId: req.GetRequestId(),
-				FanoutKey: key, Shard: int32(i), Shards: int32(shards),
-			})
+			lr := lookupRequest(req, onlyInputs(cands, need), n, dense)
+			lr.Context = onlyInputs(req.GetContext(), need)
+			lr.FanoutKey, lr.Shard, lr.Shards = key, int32(i), int32(shards)
+			resps[i], errs[i] = r.call(ctx, cn.GetAddr(), lr)
 			if errs[i] != nil {
 				cancel()
 			}

@@ -495,7 +495,7 @@ func TestReshardPairing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hn, release, err := r.pickDense("m", 1, retry{}, "", "aa", true)
+	hn, release, err := r.pickDense("m", 1, retry{}, "", "aa", true, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,7 +523,7 @@ func TestReshardPairing(t *testing.T) {
 		want    string
 	}{{true, "dense:new"}, {false, "dense:plain"}} {
 		tried := retry{avoid: []string{"gpu-dense:new"}, dead: []string{"gpu-dense:new"}}
-		hn, release, err := r.pickDense("m", 1, tried, "", "aa", tc.rowWise)
+		hn, release, err := r.pickDense("m", 1, tried, "", "aa", tc.rowWise, "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,7 +2,10 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -72,25 +75,231 @@ func TestVersionRollout(t *testing.T) {
 }
 
 // TestSplitVersions: one version answers alone (no micro-batch to score
-// again, 0s aside); of two, the one that scored more candidates wins
-// (the higher on a tie), and the other's micro-batches are scored again.
+// again, unknowns aside); of two, the one that scored more candidates
+// wins (the higher number on a tie), and the other's micro-batches are
+// scored again. Where the workers announce content, the content tells
+// versions apart, not the numbers: stores number apart.
 func TestSplitVersions(t *testing.T) {
 	parts := [][2]int{{0, 2}, {2, 4}, {4, 5}}
-	for _, c := range []struct {
-		vers   []int64
-		want   int64
-		others []int
-	}{
-		{[]int64{3, 3, 3}, 3, nil},
-		{[]int64{0, 3, 0}, 3, nil},
-		{[]int64{0, 0, 0}, 0, nil},
-		{[]int64{1, 2, 2}, 2, []int{0}},
-		{[]int64{1, 1, 2}, 1, []int{2}},
-		{[]int64{2, 1, 0}, 2, []int{1}},
-	} {
-		v, others := splitVersions(parts, c.vers)
-		if v != c.want || !slices.Equal(others, c.others) {
-			t.Errorf("splitVersions(%v) = %d, %v; want %d, %v", c.vers, v, others, c.want, c.others)
+	n := func(vs ...int64) []answer {
+		var out []answer
+		for _, v := range vs {
+			out = append(out, answer{version: v})
 		}
+		return out
+	}
+	for _, c := range []struct {
+		answers []answer
+		want    answer
+		others  []int
+	}{
+		{n(3, 3, 3), answer{version: 3}, nil},
+		{n(0, 3, 0), answer{version: 3}, nil},
+		{n(0, 0, 0), answer{}, nil},
+		{n(1, 2, 2), answer{version: 2}, []int{0}},
+		{n(1, 1, 2), answer{version: 1}, []int{2}},
+		{n(2, 1, 0), answer{version: 2}, []int{1}},
+		// One content numbered 2 by two stores, 1 by a replica
+		// ingested after the update: one version, nothing scored
+		// again, answered under the higher number.
+		{[]answer{{2, "aa"}, {1, "aa"}, {2, "aa"}}, answer{2, "aa"}, nil},
+		// Two contents both numbered 1 (two stores ingested apart):
+		// two versions; the one with more candidates wins.
+		{[]answer{{1, "aa"}, {1, "bb"}, {1, "bb"}}, answer{1, "bb"}, []int{0}},
+		{[]answer{{1, "aa"}, {1, "aa"}, {1, "bb"}}, answer{1, "aa"}, []int{2}},
+		// A tie on candidates: the higher number, then the lower content.
+		{[]answer{{1, "bb"}, {2, "aa"}}, answer{2, "aa"}, []int{0}},
+		{[]answer{{1, "bb"}, {1, "aa"}}, answer{1, "aa"}, []int{0}},
+		// An unknown answer counts for none.
+		{[]answer{{}, {3, "aa"}, {}}, answer{3, "aa"}, nil},
+	} {
+		got, others := splitVersions(parts, c.answers)
+		if got != c.want || !slices.Equal(others, c.others) {
+			t.Errorf("splitVersions(%v) = %v, %v; want %v, %v", c.answers, got, others, c.want, c.others)
+		}
+	}
+}
+
+// contentCN serves one content of its model, numbered v by its store, as
+// cpuserve does: a request pinned to another content is NotFound, one
+// pinned to a number only (no content) is checked against v; a score is
+// 1000*tag + id, tag telling the contents apart. It counts its lookups.
+type contentCN struct {
+	prismv1.UnimplementedEmbeddingTierServer
+	v       int64
+	content string
+	tag     int64
+	calls   atomic.Int64
+}
+
+func (f *contentCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	f.calls.Add(1)
+	if c := req.GetContent(); c != "" && c != f.content {
+		return nil, status.Errorf(codes.NotFound, "content %q is not served (serving %q)", c, f.content)
+	}
+	if v := req.GetVersion(); req.GetContent() == "" && v != 0 && v != f.v {
+		return nil, status.Errorf(codes.NotFound, "version %d is not served (serving version %d)", v, f.v)
+	}
+	ids := req.GetCandidates().GetInputs()[0].GetIds()
+	out := make([]float32, req.GetNumSamples())
+	for i := range out {
+		out[i] = float32(1000*f.tag + ids[i])
+	}
+	return &prismv1.LookupResponse{Scores: out, Version: f.v, Content: f.content}, nil
+}
+
+// contentRouter is a router whose model m is served by an embedding
+// worker per cns entry and a dense worker per dense content.
+func contentRouter(t *testing.T, cns []*contentCN, dense []string) *Router {
+	t.Helper()
+	r := testRouter(Options{MicroBatch: 2})
+	for i, cn := range cns {
+		addr := startCN(t, cn)
+		w := &prismv1.WorkerInfo{Id: fmt.Sprintf("cpu%d", i), Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true,
+			Version: map[string]int64{"m": cn.v}}
+		if cn.content != "" {
+			w.Content = map[string]string{"m": cn.content}
+		}
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: w}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range dense {
+		w := &prismv1.WorkerInfo{Id: fmt.Sprintf("gpu%d", i), Role: prismv1.Role_ROLE_DENSE, Addr: fmt.Sprintf("dense:%d", i), Models: []string{"m"}, Healthy: true}
+		if c != "" {
+			w.Content = map[string]string{"m": c}
+		}
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: w}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+// TestReplicaNumbersApart: a replica whose store was ingested after a
+// model update numbers the same content 1 where the others number it 2.
+// Its micro-batches are not scored again (the numbers differ, the model
+// does not), nothing is retried, and every response names version 2 and
+// the content, whichever replicas answered; pinned to 2, it serves too.
+// (Compared by number, its micro-batches were scored again pinned to 2,
+// which it refused: a retry for every request it took part in.)
+func TestReplicaNumbersApart(t *testing.T) {
+	cns := []*contentCN{{v: 2, content: "aa", tag: 1}, {v: 2, content: "aa", tag: 1}, {v: 1, content: "aa", tag: 1}}
+	r := contentRouter(t, cns, []string{"aa"})
+	const reqs, cands = 30, 8 // 4 micro-batches each
+	for _, pin := range []int64{0, 2} {
+		for _, cn := range cns {
+			cn.calls.Store(0)
+		}
+		for range reqs {
+			req := request(cands)
+			req.Version = pin
+			resp, err := r.Recommend(context.Background(), req)
+			if err != nil {
+				t.Fatalf("pinned %d: %v", pin, err)
+			}
+			if resp.GetVersion() != 2 || resp.GetContent() != "aa" {
+				t.Fatalf("pinned %d: answered version %d content %q, want 2 and aa", pin, resp.GetVersion(), resp.GetContent())
+			}
+		}
+		var calls int64
+		for _, cn := range cns {
+			calls += cn.calls.Load()
+		}
+		if want := int64(reqs * cands / 2); calls != want {
+			t.Errorf("pinned %d: %d lookups for %d micro-batches: micro-batches scored again or retried", pin, calls, want)
+		}
+		if cns[2].calls.Load() == 0 {
+			t.Errorf("pinned %d: the replica numbering the content 1 served nothing", pin)
+		}
+	}
+}
+
+// TestContentsOneNumber: two stores ingested apart each number their own
+// content 1 (two plans of model m, say a retrain rolled out to one
+// replica). One response holds one content's scores only (compared by
+// number, one request mixed the two models), and a request pinned to a
+// content is served by it alone.
+func TestContentsOneNumber(t *testing.T) {
+	cns := []*contentCN{{v: 1, content: "aa", tag: 1}, {v: 1, content: "bb", tag: 2}}
+	r := contentRouter(t, cns, []string{"aa", "bb"})
+	for range 30 {
+		resp, err := r.Recommend(context.Background(), request(8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tag := map[string]int64{"aa": 1, "bb": 2}[resp.GetContent()]
+		for i, s := range resp.GetScores() {
+			if want := float32(1000*tag + int64(i)); s != want {
+				t.Fatalf("content %q answered, but candidate %d scored %v (want %v): scores of two models in one response %v", resp.GetContent(), i, s, want, resp.GetScores())
+			}
+		}
+	}
+	for _, c := range []string{"aa", "bb"} {
+		req := request(8)
+		req.Content = c
+		resp, err := r.Recommend(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetContent() != c {
+			t.Fatalf("pinned to content %s, answered %s", c, resp.GetContent())
+		}
+	}
+	req := request(8)
+	req.Content = "cc"
+	if _, err := r.Recommend(context.Background(), req); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), `content "cc"`) {
+		t.Fatalf("pinned to a content no worker serves: %v, want NotFound naming it", err)
+	}
+}
+
+// TestContentPairsTiers: while a retrained model rolls out, the embedding
+// workers of the new plan are picked only while a dense worker of the new
+// plan is live, and each is paired with a dense worker of its content:
+// never the new rows through the old dense.onnx. With no pair at all the
+// request fails, saying why.
+func TestContentPairsTiers(t *testing.T) {
+	// The new plan's embedding worker is the idle one: by load alone it
+	// would take every micro-batch.
+	cns := []*contentCN{{v: 1, content: "aa", tag: 1}, {v: 2, content: "bb", tag: 2}}
+	r := contentRouter(t, cns, []string{"aa"})
+	for range 20 {
+		resp, err := r.Recommend(context.Background(), request(8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetContent() != "aa" {
+			t.Fatalf("answered by content %q, which no dense worker serves", resp.GetContent())
+		}
+	}
+	if n := cns[1].calls.Load(); n != 0 {
+		t.Fatalf("the embedding worker of content bb took %d lookups with no dense worker of its content", n)
+	}
+	// The new dense worker joins: pairs of each content serve.
+	w := &prismv1.WorkerInfo{Id: "gpu-new", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:new", Models: []string{"m"}, Healthy: true, Content: map[string]string{"m": "bb"}}
+	if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: w}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ cn, want string }{{"cpu0", "dense:0"}, {"cpu1", "dense:new"}} {
+		cn := r.Reg.workers[c.cn].info
+		hn, release, err := r.pickWith(prismv1.Role_ROLE_DENSE, "m", 1, retry{}, cn.GetId(), pickWant{dense: DenseWant{Content: cn.GetContent()["m"]}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if hn.GetAddr() != c.want {
+			t.Errorf("embedding worker of content %s paired with %s, want %s", cn.GetContent()["m"], hn.GetAddr(), c.want)
+		}
+	}
+	// Only the new plan's embedding worker and the old plan's dense one.
+	r = contentRouter(t, []*contentCN{{v: 2, content: "bb", tag: 2}}, []string{"aa"})
+	_, err := r.Recommend(context.Background(), request(8))
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "no dense worker serves the content") {
+		t.Fatalf("no pair of one content: %v, want Unavailable saying so", err)
+	}
+	// A dense worker of unknown content (an earlier release) pairs with any.
+	r = contentRouter(t, []*contentCN{{v: 2, content: "bb", tag: 2}}, []string{""})
+	if _, err := r.Recommend(context.Background(), request(8)); err != nil {
+		t.Fatalf("a dense worker of unknown content: %v", err)
 	}
 }

@@ -256,9 +256,13 @@ type LookupRequest struct {
 	// parts of one fan-out before scoring. fanout_key names the fan-out
 	// (unique per micro-batch attempt), shard the shard this worker was
 	// picked for and shards the count (0: unsharded, the whole model).
-	FanoutKey     string `protobuf:"bytes,8,opt,name=fanout_key,json=fanoutKey,proto3" json:"fanout_key,omitempty"`
-	Shard         int32  `protobuf:"varint,9,opt,name=shard,proto3" json:"shard,omitempty"`
-	Shards        int32  `protobuf:"varint,10,opt,name=shards,proto3" json:"shards,omitempty"`
+	FanoutKey string `protobuf:"bytes,8,opt,name=fanout_key,json=fanoutKey,proto3" json:"fanout_key,omitempty"`
+	Shard     int32  `protobuf:"varint,9,opt,name=shard,proto3" json:"shard,omitempty"`
+	Shards    int32  `protobuf:"varint,10,opt,name=shards,proto3" json:"shards,omitempty"`
+	// content, when set, pins the micro-batch to the model of that content
+	// (WorkerInfo.content): a worker serving another is NOT_FOUND. The
+	// router sets it, not version, when its workers announce content.
+	Content       string `protobuf:"bytes,11,opt,name=content,proto3" json:"content,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -363,12 +367,23 @@ func (x *LookupRequest) GetShards() int32 {
 	return 0
 }
 
+func (x *LookupRequest) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
 type LookupResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Scores []float32              `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
 	Times  *StageTimes            `protobuf:"bytes,2,opt,name=times,proto3" json:"times,omitempty"`
-	// version is the model version whose tables answered.
-	Version       int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// version is the model version whose tables answered: the number its
+	// store gave it, which another replica's store may give otherwise.
+	Version int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// content is the content of the model that answered (WorkerInfo.content;
+	// empty from workers of earlier releases).
+	Content       string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -422,6 +437,13 @@ func (x *LookupResponse) GetVersion() int64 {
 		return x.Version
 	}
 	return 0
+}
+
+func (x *LookupResponse) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
 }
 
 // StageTimes break one micro-batch's time down, in microseconds.
@@ -536,7 +558,12 @@ type ScoreRequest struct {
 	// pools of a row-wise table: it combines them by its own plan, and
 	// rows placed by another would give wrong scores with no error.
 	// Whole tensors are the same in every sharding and are taken.
-	Sharding      string `protobuf:"bytes,8,opt,name=sharding,proto3" json:"sharding,omitempty"`
+	Sharding string `protobuf:"bytes,8,opt,name=sharding,proto3" json:"sharding,omitempty"`
+	// content is the content of the model the embedding worker looked the
+	// tensors up for (WorkerInfo.content). A dense worker serving another
+	// content of the model answers ABORTED (its dense.onnx was not trained
+	// with those rows); empty (either side of an earlier release): any.
+	Content       string `protobuf:"bytes,9,opt,name=content,proto3" json:"content,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -623,6 +650,13 @@ func (x *ScoreRequest) GetShards() int32 {
 func (x *ScoreRequest) GetSharding() string {
 	if x != nil {
 		return x.Sharding
+	}
+	return ""
+}
+
+func (x *ScoreRequest) GetContent() string {
+	if x != nil {
+		return x.Content
 	}
 	return ""
 }
@@ -728,7 +762,21 @@ type WorkerInfo struct {
 	// sends it no lookups and no updates of the model. The mark ends with
 	// the store: a copy of an up-to-date worker's store carries none
 	// (README, "Updates"). Absent from workers of earlier releases.
-	Diverged      map[string]int64 `protobuf:"bytes,13,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Diverged map[string]int64 `protobuf:"bytes,13,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// content is, per model, the identity of the model the worker serves
+	// (plan.Plan.Content: its tables' content and its ONNX parts' bytes),
+	// the same on every worker of either tier serving a copy of the same
+	// plan, whatever its store numbers the version. The router scores a
+	// request with one content only, and pairs an embedding worker with a
+	// dense worker of its content. Absent (plans without table hashes,
+	// workers of earlier releases): any.
+	Content map[string]string `protobuf:"bytes,14,rep,name=content,proto3" json:"content,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// version is, per model, the number the embedding worker's store gives
+	// the version it serves (prism store versions). Stores number apart:
+	// a replica ingested after a model update may number the same content
+	// otherwise. The router answers a content with the highest number its
+	// workers give it.
+	Version       map[string]int64 `protobuf:"bytes,15,rep,name=version,proto3" json:"version,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -850,6 +898,20 @@ func (x *WorkerInfo) GetSharding() map[string]string {
 func (x *WorkerInfo) GetDiverged() map[string]int64 {
 	if x != nil {
 		return x.Diverged
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetContent() map[string]string {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetVersion() map[string]int64 {
+	if x != nil {
+		return x.Version
 	}
 	return nil
 }
@@ -1757,7 +1819,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x0eskipped_tables\x18\x05 \x03(\tR\rskippedTables\x12\x1a\n" +
 	"\bsequence\x18\x06 \x01(\tR\bsequence\x12\x14\n" +
 	"\x05fresh\x18\a \x01(\bR\x05fresh\x12\x14\n" +
-	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\xcd\x02\n" +
+	"\x05epoch\x18\b \x01(\x04R\x05epoch\"\xe7\x02\n" +
 	"\rLookupRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x1f\n" +
@@ -1775,11 +1837,13 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"fanout_key\x18\b \x01(\tR\tfanoutKey\x12\x14\n" +
 	"\x05shard\x18\t \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\n" +
-	" \x01(\x05R\x06shards\"n\n" +
+	" \x01(\x05R\x06shards\x12\x18\n" +
+	"\acontent\x18\v \x01(\tR\acontent\"\x88\x01\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12*\n" +
 	"\x05times\x18\x02 \x01(\v2\x14.prism.v1.StageTimesR\x05times\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x03R\aversion\"\xc1\x01\n" +
+	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x18\n" +
+	"\acontent\x18\x04 \x01(\tR\acontent\"\xc1\x01\n" +
 	"\n" +
 	"StageTimes\x12\x1b\n" +
 	"\tdecode_us\x18\x01 \x01(\x03R\bdecodeUs\x12\x1b\n" +
@@ -1789,7 +1853,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\tencode_us\x18\x04 \x01(\x03R\bencodeUs\x12\x1f\n" +
 	"\vtransfer_us\x18\x05 \x01(\x03R\n" +
 	"transferUs\x12\x19\n" +
-	"\bdense_us\x18\x06 \x01(\x03R\adenseUs\"\xe2\x01\n" +
+	"\bdense_us\x18\x06 \x01(\x03R\adenseUs\"\xfc\x01\n" +
 	"\fScoreRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x18\n" +
@@ -1800,10 +1864,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"fanout_key\x18\x05 \x01(\tR\tfanoutKey\x12\x14\n" +
 	"\x05shard\x18\x06 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\a \x01(\x05R\x06shards\x12\x1a\n" +
-	"\bsharding\x18\b \x01(\tR\bsharding\"B\n" +
+	"\bsharding\x18\b \x01(\tR\bsharding\x12\x18\n" +
+	"\acontent\x18\t \x01(\tR\acontent\"B\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xd8\a\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xca\t\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
@@ -1821,7 +1886,9 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\vfixed_batch\x18\v \x03(\v2$.prism.v1.WorkerInfo.FixedBatchEntryR\n" +
 	"fixedBatch\x12>\n" +
 	"\bsharding\x18\f \x03(\v2\".prism.v1.WorkerInfo.ShardingEntryR\bsharding\x12>\n" +
-	"\bdiverged\x18\r \x03(\v2\".prism.v1.WorkerInfo.DivergedEntryR\bdiverged\x1a<\n" +
+	"\bdiverged\x18\r \x03(\v2\".prism.v1.WorkerInfo.DivergedEntryR\bdiverged\x12;\n" +
+	"\acontent\x18\x0e \x03(\v2!.prism.v1.WorkerInfo.ContentEntryR\acontent\x12;\n" +
+	"\aversion\x18\x0f \x03(\v2!.prism.v1.WorkerInfo.VersionEntryR\aversion\x1a<\n" +
 	"\x0eUpdateSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +
@@ -1838,6 +1905,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rDivergedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a:\n" +
+	"\fContentEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fVersionEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"@\n" +
 	"\fJaggedInputs\x12\x16\n" +
@@ -1936,7 +2009,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -1965,18 +2038,20 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	nil,                        // 24: prism.v1.WorkerInfo.FixedBatchEntry
 	nil,                        // 25: prism.v1.WorkerInfo.ShardingEntry
 	nil,                        // 26: prism.v1.WorkerInfo.DivergedEntry
-	nil,                        // 27: prism.v1.AnnounceResponse.DivergedEntry
-	nil,                        // 28: prism.v1.ListResponse.UpdatesEntry
-	nil,                        // 29: prism.v1.UpdateLogRequest.AfterEntry
-	nil,                        // 30: prism.v1.UpdateLogResponse.ModelsEntry
-	(*UpdateRequest)(nil),      // 31: prism.v1.UpdateRequest
-	(*Features)(nil),           // 32: prism.v1.Features
-	(*UpdateResponse)(nil),     // 33: prism.v1.UpdateResponse
+	nil,                        // 27: prism.v1.WorkerInfo.ContentEntry
+	nil,                        // 28: prism.v1.WorkerInfo.VersionEntry
+	nil,                        // 29: prism.v1.AnnounceResponse.DivergedEntry
+	nil,                        // 30: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 31: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 32: prism.v1.UpdateLogResponse.ModelsEntry
+	(*UpdateRequest)(nil),      // 33: prism.v1.UpdateRequest
+	(*Features)(nil),           // 34: prism.v1.Features
+	(*UpdateResponse)(nil),     // 35: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	31, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	32, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	32, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	33, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	34, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	34, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
 	21, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
@@ -1985,37 +2060,39 @@ var file_api_prismv1_internal_proto_depIdxs = []int32{
 	24, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
 	25, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
 	26, // 10: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
-	10, // 11: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
-	7,  // 12: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	27, // 13: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
-	7,  // 14: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	28, // 15: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	29, // 16: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	30, // 17: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
-	1,  // 18: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	9,  // 19: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 20: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	17, // 21: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	20, // 22: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 23: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 24: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 25: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	11, // 26: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	13, // 27: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	15, // 28: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	18, // 29: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 30: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	33, // 31: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 32: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	12, // 33: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	14, // 34: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	16, // 35: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	19, // 36: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	30, // [30:37] is the sub-list for method output_type
-	23, // [23:30] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	27, // 11: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
+	28, // 12: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
+	10, // 13: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
+	7,  // 14: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	29, // 15: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
+	7,  // 16: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	30, // 17: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	31, // 18: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	32, // 19: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	1,  // 20: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	9,  // 21: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 22: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	17, // 23: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	20, // 24: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 25: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 26: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 27: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	11, // 28: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	13, // 29: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	15, // 30: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	18, // 31: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 32: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	35, // 33: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 34: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	12, // 35: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	14, // 36: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	16, // 37: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	19, // 38: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	32, // [32:39] is the sub-list for method output_type
+	25, // [25:32] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -2030,7 +2107,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

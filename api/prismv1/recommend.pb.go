@@ -158,7 +158,10 @@ type RecommendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// model name, as served (a plan's model name).
 	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	// version of the model; 0 for the one being served.
+	// version of the model; 0 for the one being served. A version is the
+	// number RecommendResponse.version gave: the router serves it with the
+	// content its workers number so (while a new version rolls out, a
+	// client pins the one its earlier requests were scored by).
 	Version int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	// context holds the inputs shared by every candidate, one sample's worth.
 	Context *Features `protobuf:"bytes,3,opt,name=context,proto3" json:"context,omitempty"`
@@ -167,7 +170,11 @@ type RecommendRequest struct {
 	// candidates holds the per-candidate inputs, N samples' worth each.
 	Candidates *Features `protobuf:"bytes,5,opt,name=candidates,proto3" json:"candidates,omitempty"`
 	// request_id is echoed in logs and the response; optional.
-	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// content, when set, pins the request to the model of that content
+	// (RecommendResponse.content): unlike a version number, the same on
+	// every router and replica. NOT_FOUND when no worker serves it.
+	Content       string `protobuf:"bytes,7,opt,name=content,proto3" json:"content,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -244,18 +251,31 @@ func (x *RecommendRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *RecommendRequest) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
 type RecommendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// scores has one value per candidate, in request order.
 	Scores []float32 `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
 	Model  string    `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
-	// version is the model version that scored the request.
+	// version is the model version that scored the request (the highest
+	// number the stores serving its content give it).
 	Version   int64  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	RequestId string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// error is set on RecommendStream when this request failed (scores is
 	// then empty) and the stream goes on with the next request. Recommend
 	// returns a failure as its RPC status instead and never sets it.
-	Error         *RequestError `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Error *RequestError `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// content identifies the model that scored the request: its tables'
+	// and ONNX parts' content (16 hex digits), the same on every replica
+	// and router. Empty when the workers do not announce it (plans without
+	// table hashes, workers of earlier releases).
+	Content       string `protobuf:"bytes,6,opt,name=content,proto3" json:"content,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -323,6 +343,13 @@ func (x *RecommendResponse) GetError() *RequestError {
 		return x.Error
 	}
 	return nil
+}
+
+func (x *RecommendResponse) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
 }
 
 // RequestError is one failed request's gRPC status.
@@ -536,7 +563,7 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"\x03ids\x18\x03 \x03(\x03R\x03ids\x12\x18\n" +
 	"\aweights\x18\x04 \x03(\x02R\aweights\"3\n" +
 	"\bFeatures\x12'\n" +
-	"\x06inputs\x18\x01 \x03(\v2\x0f.prism.v1.InputR\x06inputs\"\xea\x01\n" +
+	"\x06inputs\x18\x01 \x03(\v2\x0f.prism.v1.InputR\x06inputs\"\x84\x02\n" +
 	"\x10RecommendRequest\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x03R\aversion\x12,\n" +
@@ -546,14 +573,16 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"candidates\x18\x05 \x01(\v2\x12.prism.v1.FeaturesR\n" +
 	"candidates\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"\xa8\x01\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\x12\x18\n" +
+	"\acontent\x18\a \x01(\tR\acontent\"\xc2\x01\n" +
 	"\x11RecommendResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12,\n" +
-	"\x05error\x18\x05 \x01(\v2\x16.prism.v1.RequestErrorR\x05error\"<\n" +
+	"\x05error\x18\x05 \x01(\v2\x16.prism.v1.RequestErrorR\x05error\x12\x18\n" +
+	"\acontent\x18\x06 \x01(\tR\acontent\"<\n" +
 	"\fRequestError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"a\n" +

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/plan"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
@@ -265,6 +266,14 @@ func TestEndToEnd(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer mono.Close()
+			p, err := plan.Read(s.part)
+			if err != nil {
+				t.Fatal(err)
+			}
+			content, err := p.Content(s.part)
+			if err != nil || content == "" {
+				t.Fatalf("the plan's content: %q, %v", content, err)
+			}
 			sig := s.cfg.Signature()
 			// Half the sparse features in the context (user features,
 			// looked up once and sent to the dense worker as one row) and
@@ -297,8 +306,8 @@ func TestEndToEnd(t *testing.T) {
 				if len(resp.GetScores()) != tc.n {
 					t.Fatalf("%d scores for %d candidates", len(resp.GetScores()), tc.n)
 				}
-				if resp.GetVersion() != 1 {
-					t.Errorf("response names version %d; the store serves version 1", resp.GetVersion())
+				if resp.GetVersion() != 1 || resp.GetContent() != content {
+					t.Errorf("response names version %d content %q; the store serves version 1, the plan's content is %q", resp.GetVersion(), resp.GetContent(), content)
 				}
 				worst := maxAbsError(resp.GetScores(), want[0])
 				if worst > 1e-5 {

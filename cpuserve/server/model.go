@@ -18,11 +18,15 @@ import (
 // what a request needs (input widths, lookups, the cut), and its CPU
 // subgraph when the plan has one.
 type model struct {
-	name   string
-	dir    string
-	plan   *plan.Plan
-	inputs map[string]*inputSpec
-	order  []string // input names in plan order, for messages
+	name string
+	dir  string
+	plan *plan.Plan
+	// content identifies the model served (plan.Plan.Content; "" when the
+	// plan records no table content): announced, checked against a
+	// pinned Lookup, sent with the cut tensors.
+	content string
+	inputs  map[string]*inputSpec
+	order   []string // input names in plan order, for messages
 	// lookups in plan order: each table's uses, one TableLookup each.
 	lookups []lookupSpec
 	// pre runs the plan's pre.onnx (preonnx.go), nil without one.

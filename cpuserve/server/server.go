@@ -170,6 +170,14 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 			s.log.Info("ingested model", "model", name, "plan", dir, "elapsed", time.Since(start).Round(time.Millisecond))
 		}
 		m, err := loadModel(dir, p, so)
+		if err == nil {
+			if m.content, err = p.Content(dir); err != nil {
+				// As the dense tier: a copy of the plan lacking an ONNX
+				// part the embedding tier does not run (dense.onnx).
+				s.log.Warn("model content unknown: the router pairs this worker with dense workers of any content", "model", name, "err", err)
+				err = nil
+			}
+		}
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -244,7 +252,18 @@ func (s *Server) WorkerInfo(id, addr string) *prismv1.WorkerInfo {
 		healthy = false
 	}
 	maps.DeleteFunc(diverged, func(m string, _ int64) bool { return !slices.Contains(models, m) })
-	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs(), Jagged: s.jaggedRefs(), FixedBatch: s.fixedBatches(), Diverged: diverged}
+	content := map[string]string{}
+	versions := make(map[string]int64, len(models))
+	for _, name := range models {
+		if c := s.models[name].content; c != "" {
+			content[name] = c
+		}
+		if v := s.activeVersion(name); v != 0 {
+			versions[name] = v
+		}
+	}
+	return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: models, Device: "cpu", Outstanding: s.Outstanding(), Healthy: healthy, UpdateSeq: seqs, Shards: s.shardRefs(), Jagged: s.jaggedRefs(), FixedBatch: s.fixedBatches(), Diverged: diverged,
+		Content: content, Version: versions}
 }
 
 // Collectors are the tier's metrics: per-stage latency, samples in
@@ -342,7 +361,11 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	if err := s.awaitDense(ctx, req.GetDenseAddr()); err != nil {
 		return nil, err
 	}
-	if v := req.GetVersion(); v != 0 {
+	if c := req.GetContent(); c != "" {
+		if c != m.content {
+			return nil, status.Errorf(codes.NotFound, "model %q of content %.16q is not served (serving content %q)", m.name, c, m.content)
+		}
+	} else if v := req.GetVersion(); v != 0 {
 		if err := s.checkVersion(m.name, v); err != nil {
 			return nil, err
 		}
@@ -442,7 +465,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		framePool.Put(fb)
 		return nil, err
 	}
-	sreq := &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n),
+	sreq := &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n), Content: m.content,
 		FanoutKey: req.GetFanoutKey(), Shard: req.GetShard(), Shards: req.GetShards()}
 	if sr := s.shards[m.name]; sr != nil && req.GetShards() != 0 {
 		sreq.Sharding = sr.sharding // the dense worker refuses a part of another sharding
@@ -466,7 +489,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		return nil, status.Errorf(codes.Internal, "dense worker %s returned %d scores for %d samples", req.GetDenseAddr(), len(resp.GetScores()), n)
 	}
 	s.met.observe(times)
-	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name)}, nil
+	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name), Content: m.content}, nil
 }
 
 // activeVersion is the version of model the store serves (0 if it cannot

@@ -226,6 +226,7 @@ type denseDouble struct {
 	last struct {
 		bytes   int
 		context []string
+		content string // ScoreRequest.content
 	}
 }
 
@@ -274,7 +275,7 @@ func (d *denseDouble) Score(ctx context.Context, req *prismv1.ScoreRequest) (*pr
 		ins = append(ins, ort.Input{Name: c.Name, Shape: append([]int64{int64(n)}, c.Shape...), Float32: data})
 	}
 	d.mu.Lock()
-	d.last.bytes, d.last.context = len(req.GetTensors()), ctxCols
+	d.last.bytes, d.last.context, d.last.content = len(req.GetTensors()), ctxCols, req.GetContent()
 	d.mu.Unlock()
 	out, err := m.sess.Run(ins)
 	if err != nil {
@@ -850,4 +851,39 @@ func TestExporterModels(t *testing.T) {
 			expectStatus(t, err, codes.InvalidArgument, `node "/Add_`)
 		}
 	})
+}
+
+// TestContentPinned: the worker announces the content of the model it
+// serves (the plan's, the same whatever its store numbers the version),
+// answers with it, sends it to the dense worker with the cut tensors,
+// serves a Lookup pinned to it and refuses one pinned to another
+// content, NotFound, whatever version number comes along.
+func TestContentPinned(t *testing.T) {
+	f := setup(t)
+	const name = "dlrm-tiny"
+	info := f.srv.WorkerInfo("cpu-1", "addr")
+	content := info.GetContent()[name]
+	if len(content) != 16 {
+		t.Fatalf("announced content %q of %s, want 16 hex digits", content, name)
+	}
+	if v := info.GetVersion()[name]; v != 1 {
+		t.Fatalf("announced version %d of %s; its store numbers it 1", v, name)
+	}
+	b := f.batch(t, name, 5, 77)
+	req := f.request(name, b)
+	req.Content = content
+	req.Version = 9 // stores number apart: the content decides
+	resp := f.checkScores(t, name, b, req)
+	if resp.GetContent() != content {
+		t.Fatalf("answered content %q, want %q", resp.GetContent(), content)
+	}
+	f.dense.mu.Lock()
+	sent := f.dense.last.content
+	f.dense.mu.Unlock()
+	if sent != content {
+		t.Fatalf("sent the dense worker content %q, want %q", sent, content)
+	}
+	req.Content, req.Version = "0123456789abcdef", 1
+	_, err := f.client.Lookup(context.Background(), req)
+	expectStatus(t, err, codes.NotFound, "content")
 }

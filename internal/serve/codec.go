@@ -102,6 +102,7 @@ const (
 	scoreShard      = 6
 	scoreShards     = 7
 	scoreSharding   = 8
+	scoreContent    = 9
 )
 
 // marshalScore writes r's small fields and the tensors field's tag and
@@ -111,7 +112,7 @@ const (
 // Fields follow protobuf's encoding (proto3: zero values omitted), with
 // the tensors last; unknown fields are kept.
 func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
-	h := make([]byte, 0, 40+len(r.Model)+len(r.FanoutKey)+len(r.Sharding))
+	h := make([]byte, 0, 48+len(r.Model)+len(r.FanoutKey)+len(r.Sharding)+len(r.Content))
 	if r.Model != "" {
 		h = protowire.AppendTag(h, scoreModel, protowire.BytesType)
 		h = protowire.AppendString(h, r.Model)
@@ -140,6 +141,10 @@ func marshalScore(r *prismv1.ScoreRequest) mem.BufferSlice {
 		h = protowire.AppendTag(h, scoreSharding, protowire.BytesType)
 		h = protowire.AppendString(h, r.Sharding)
 	}
+	if r.Content != "" {
+		h = protowire.AppendTag(h, scoreContent, protowire.BytesType)
+		h = protowire.AppendString(h, r.Content)
+	}
 	h = append(h, r.ProtoReflect().GetUnknown()...)
 	if len(r.Tensors) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(h)}
@@ -153,6 +158,7 @@ var (
 	errInvalidUTF8 = errors.New("ScoreRequest.model: invalid UTF-8")
 	errInvalidKey  = errors.New("ScoreRequest.fanout_key: invalid UTF-8")
 	errInvalidFP   = errors.New("ScoreRequest.sharding: invalid UTF-8")
+	errInvalidCont = errors.New("ScoreRequest.content: invalid UTF-8")
 	errFieldNumber = errors.New("ScoreRequest: invalid field number")
 )
 
@@ -202,6 +208,8 @@ func unmarshalScore(b []byte, r *prismv1.ScoreRequest) error {
 			r.Shards = int32(v)
 		case num == scoreSharding && typ == protowire.BytesType:
 			r.Sharding, n, err = consumeString(b, errInvalidFP)
+		case num == scoreContent && typ == protowire.BytesType:
+			r.Content, n, err = consumeString(b, errInvalidCont)
 		default:
 			m := protowire.ConsumeFieldValue(num, typ, b)
 			if m < 0 {

@@ -31,7 +31,7 @@ func scoreCases() []*prismv1.ScoreRequest {
 		withUnknown,
 		{Model: "m", Tensors: []byte{1, 2}, NumSamples: 2, FanoutKey: "req-7/0/1a2b.3", Shard: 2, Shards: 3},
 		{FanoutKey: "ü", Shard: -1, Shards: 1 << 20}, // negative int32: ten-byte varint
-		{Model: "m", Tensors: []byte{3}, NumSamples: 1, FanoutKey: "k", Shard: 1, Shards: 2, Sharding: "9f86d081884c7d65"},
+		{Model: "m", Tensors: []byte{3}, NumSamples: 1, FanoutKey: "k", Shard: 1, Shards: 2, Sharding: "9f86d081884c7d65", Content: "0123456789abcdef"},
 	}
 }
 
@@ -194,13 +194,13 @@ func TestCodecScoreAligned(t *testing.T) {
 	}
 }
 
-// The hand-written codec knows ScoreRequest's fields 1-8: a field added
+// The hand-written codec knows ScoreRequest's fields 1-9: a field added
 // to the message must be added to the codec too, or it would travel as
 // nothing. This fails first.
 func TestCodecKnowsEveryScoreField(t *testing.T) {
 	fields := (&prismv1.ScoreRequest{}).ProtoReflect().Descriptor().Fields()
 	want := map[protowire.Number]string{scoreModel: "model string", scoreVersion: "version int64", scoreTensors: "tensors bytes", scoreNumSamples: "num_samples int32",
-		scoreFanoutKey: "fanout_key string", scoreShard: "shard int32", scoreShards: "shards int32", scoreSharding: "sharding string"}
+		scoreFanoutKey: "fanout_key string", scoreShard: "shard int32", scoreShards: "shards int32", scoreSharding: "sharding string", scoreContent: "content string"}
 	if fields.Len() != len(want) {
 		t.Fatalf("ScoreRequest has %d fields; serve.Codec encodes %d: update marshalScore/unmarshalScore", fields.Len(), len(want))
 	}

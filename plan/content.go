@@ -1,0 +1,57 @@
+package plan
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+)
+
+// Content identifies the model a plan folder serves, the same on every
+// worker of either tier that serves a copy of it: the embedding tables'
+// content (TablesFingerprint) and the bytes of the plan's ONNX parts
+// (dense.onnx, cpu.onnx, pre.onnx; the partitioner writes them with
+// their weights inside). A model retrained and partitioned again has
+// another; one partitioned again from the same export has the same.
+// 16 hex digits (FNV-1a 64 over the parts' SHA-256s).
+//
+// "" when the plan records no table content (plans of earlier
+// releases): the model's identity is then unknown, and the router
+// pairs such a worker with any (as earlier releases did).
+func (p *Plan) Content(dir string) (string, error) {
+	tables := p.TablesFingerprint()
+	if tables == "" {
+		return "", nil
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "tables %s\n", tables)
+	for _, part := range []struct{ role, file string }{{"dense", p.DenseModel}, {"cpu", p.CPUModel}, {"pre", p.PreModel}} {
+		if part.file == "" {
+			continue
+		}
+		path, err := Resolve(dir, part.file)
+		if err != nil {
+			return "", err
+		}
+		sum, err := fileSHA256(path)
+		if err != nil {
+			return "", fmt.Errorf("plan %s: the content of its %s part: %w", dir, part.role, err)
+		}
+		fmt.Fprintf(h, "%s %x\n", part.role, sum)
+	}
+	return fmt.Sprintf("%016x", h.Sum64()), nil
+}
+
+func fileSHA256(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
+}

@@ -1,0 +1,77 @@
+package plan
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestContent: two copies of one plan folder have one content, whatever
+// else lies beside the plan's files; another table content, dense.onnx,
+// cpu.onnx or pre.onnx make another; a plan without table hashes has
+// none (unknown); a part missing is an error naming it.
+func TestContent(t *testing.T) {
+	write := func(t *testing.T, p *Plan, files map[string]string) string {
+		dir := t.TempDir()
+		for name, body := range files {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	base := func() *Plan {
+		return &Plan{DenseModel: "dense.onnx", CPUModel: "cpu.onnx",
+			Tables: []Table{{Name: "a", SHA256: "aa11"}, {Name: "b", SHA256: "bb22"}}}
+	}
+	files := map[string]string{"dense.onnx": "dense", "cpu.onnx": "cpu"}
+	content := func(t *testing.T, p *Plan, files map[string]string) string {
+		t.Helper()
+		c, err := p.Content(write(t, p, files))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	want := content(t, base(), files)
+	if len(want) != 16 {
+		t.Fatalf("content %q, want 16 hex digits", want)
+	}
+	extra := map[string]string{"dense.onnx": "dense", "cpu.onnx": "cpu", "README": "notes", "pre.onnx": "not the plan's"}
+	if got := content(t, base(), extra); got != want {
+		t.Errorf("a copy with other files beside: %s, want %s", got, want)
+	}
+	reordered := base()
+	reordered.Tables[0], reordered.Tables[1] = reordered.Tables[1], reordered.Tables[0]
+	if got := content(t, reordered, files); got != want {
+		t.Errorf("tables listed in another order: %s, want %s", got, want)
+	}
+	for _, c := range []struct {
+		name  string
+		edit  func(p *Plan)
+		files map[string]string
+	}{
+		{"table content", func(p *Plan) { p.Tables[1].SHA256 = "bb23" }, files},
+		{"table name", func(p *Plan) { p.Tables[1].Name = "c" }, files},
+		{"dense.onnx", func(*Plan) {}, map[string]string{"dense.onnx": "retrained", "cpu.onnx": "cpu"}},
+		{"cpu.onnx", func(*Plan) {}, map[string]string{"dense.onnx": "dense", "cpu.onnx": "other"}},
+		{"pre.onnx", func(p *Plan) { p.PreModel = "pre.onnx" }, map[string]string{"dense.onnx": "dense", "cpu.onnx": "cpu", "pre.onnx": "pre"}},
+		{"no cpu.onnx", func(p *Plan) { p.CPUModel = "" }, files},
+	} {
+		p := base()
+		c.edit(p)
+		if got := content(t, p, c.files); got == want {
+			t.Errorf("%s changed: the content stayed %s", c.name, got)
+		}
+	}
+	unhashed := base()
+	unhashed.Tables[0].SHA256 = ""
+	if got := content(t, unhashed, files); got != "" {
+		t.Errorf("a table without a hash: content %q, want none", got)
+	}
+	_, err := base().Content(write(t, base(), map[string]string{"dense.onnx": "dense"}))
+	if err == nil || !strings.Contains(err.Error(), "cpu.onnx") {
+		t.Errorf("cpu.onnx missing: %v, want an error naming it", err)
+	}
+}
