@@ -27,12 +27,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
-	"github.com/prism-serve/prism/plan"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/plan"
 )
 
 // proc is a prism process started by a test.
