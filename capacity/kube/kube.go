@@ -266,7 +266,13 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 		}
 		o.Logf("deleting %s, left lent by an earlier run", pod.Name)
 		if err := p.delete(ctx, pod.Name, p.grace); err != nil {
+			// Lent to nobody, it would hold the pool's device (and
+			// serve, counted as an owned worker) until deleted by
+			// hand: deleted again when the watch sees it, and at Close.
 			o.Logf("delete %s: %v", pod.Name, err)
+			p.mu.Lock()
+			p.abandoned[pod.Name] = true
+			p.mu.Unlock()
 		}
 	}
 	return p, nil

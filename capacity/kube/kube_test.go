@@ -672,3 +672,28 @@ func TestIdleWholeWorkersPerNode(t *testing.T) {
 		t.Fatalf("idle %d (%v) with the one worker lent and not yet placed, want 0", n, err)
 	}
 }
+
+// TestLeftoverDeleteFails: a Pod an earlier run lent whose delete at
+// start fails (the API server's hiccup) is deleted at Close. Forgotten,
+// it held a training GPU and served as if owned until someone deleted it
+// by hand.
+func TestLeftoverDeleteFails(t *testing.T) {
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "prism-dense-loan-old", Namespace: ns, Labels: map[string]string{LabelLentBy: "prism-dense-loan"}}}
+	c := fake.NewClientset(denseDeployment(), old)
+	failed := false
+	c.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if !failed {
+			failed = true
+			return true, nil, errors.New("connection reset")
+		}
+		return false, nil, nil
+	})
+	p, _ := newLender(t, c, Options{})
+	if _, err := c.CoreV1().Pods(ns).Get(context.Background(), old.Name, metav1.GetOptions{}); err != nil || !failed {
+		t.Fatalf("the leftover's first delete should have failed: %v, failed %v", err, failed)
+	}
+	p.Close()
+	if _, err := c.CoreV1().Pods(ns).Get(context.Background(), old.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the leftover whose delete failed at start is still there after Close: %v", err)
+	}
+}

@@ -9,8 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +56,16 @@ type Options struct {
 	Client *http.Client
 }
 
+// registrySettle is how long after a router restart (its counters went
+// back, the routers scraped changed, a scrape failed) an owned dense
+// worker the registry no longer lists still counts: a restarted
+// router's registry starts empty and fills as the workers announce
+// again (within a few heartbeats; their reconnection backs off to 2 s).
+// Taken at its word, the owned workers were gone, the demand that
+// stands looked uncovered, and the controller borrowed the owned
+// workers' worth from the lender, held then for the minimum lease.
+const registrySettle = 30 * time.Second
+
 type timedSample struct {
 	at time.Time
 	s  sample
@@ -94,8 +106,15 @@ type Driver struct {
 	failures int
 	failed   map[string]bool
 	serving  map[string]bool // lent workers seen serving
-	events   []Event
-	lastObs  capacity.ModelObs
+	// owned are the owned dense workers the registry listed, by id;
+	// settleUntil ends the refill of a restarted router's registry
+	// (registrySettle), during which an owned worker it does not list
+	// yet still counts.
+	owned         map[string]string // id: its address
+	settleUntil   time.Time
+	scrapeFailing bool // the last scrape failed
+	events        []Event
+	lastObs       capacity.ModelObs
 }
 
 // New returns a driver; it starts nothing.
@@ -126,7 +145,7 @@ func New(o Options) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{o: o, ctl: ctl, start: o.Now(), failed: map[string]bool{}, serving: map[string]bool{}}, nil
+	return &Driver{o: o, ctl: ctl, start: o.Now(), failed: map[string]bool{}, serving: map[string]bool{}, owned: map[string]string{}}, nil
 }
 
 // Options returns the controller's options, defaults filled.
@@ -184,9 +203,19 @@ func (d *Driver) Step(ctx context.Context) error {
 		// lender's grace and drained workers unreturned until the
 		// metrics came back.
 		d.o.Logf("loan: scrape the router's metrics: %v; the last demand measured, %.1f requests/s, stands", scrapeErr, dem.offered)
+		d.mu.Lock()
+		if !d.scrapeFailing {
+			// A router going down or restarting: its registry may
+			// refill. Only at the first failure, so that a router whose
+			// metrics stay down does not keep dead owned workers counted.
+			d.settle(now)
+		}
+		d.scrapeFailing = true
+		d.mu.Unlock()
 	case urls != "":
 		s.routers = urls
 		d.mu.Lock()
+		d.scrapeFailing = false
 		// The base is the oldest sample within the window.
 		for len(d.samples) > 1 && now.Sub(d.samples[1].at) >= d.o.Window {
 			d.samples = d.samples[1:]
@@ -205,6 +234,7 @@ func (d *Driver) Step(ctx context.Context) error {
 				// again from this sample.
 				d.o.Logf("loan: the routers scraped changed (%d, were %d): the last demand measured, %.1f requests/s, stands until the next tick measures one", strings.Count(urls, ",")+1, strings.Count(base.s.routers, ",")+1, d.lastDemand.offered)
 				d.samples = d.samples[:0]
+				d.settle(now)
 			} else if got, ok := between(base.s, s, now.Sub(base.at)); ok {
 				dem, d.lastDemand = got, got
 			} else if s.requests < base.s.requests || s.shed < base.s.shed {
@@ -214,6 +244,7 @@ func (d *Driver) Step(ctx context.Context) error {
 				// borrowed worker in the middle of a peak.
 				d.o.Logf("loan: the router's request counters went back (a router restarted): the last demand measured, %.1f requests/s, stands until the next tick measures one", d.lastDemand.offered)
 				d.samples = d.samples[:0]
+				d.settle(now)
 			}
 		}
 		d.samples = append(d.samples, timedSample{now, s})
@@ -255,9 +286,10 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 		m.Forecast = &capacity.Scaled{Now: now.Sub(d.start), Offered: dem.offered, Promotions: Relative(d.o.Promotions, d.start)}
 	}
 	var returns []string
-	lentAddr := map[string]bool{}
+	lentAddr, lentIDs := map[string]bool{}, map[string]bool{}
 	serving := 0
 	for _, lw := range lent {
+		lentIDs[lw.ID] = true
 		if lw.Addr != "" {
 			lentAddr[lw.Addr] = true
 		}
@@ -306,13 +338,27 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 		}
 		m.Workers = append(m.Workers, w)
 	}
+	listed := map[string]string{}
 	for _, w := range ws {
 		if w.GetRole() != prismv1.Role_ROLE_DENSE || lentAddr[w.GetAddr()] {
 			continue
 		}
 		m.Workers = append(m.Workers, capacity.Worker{ID: w.GetId(), State: capacity.Serving, InFlight: int(w.GetOutstanding())})
+		listed[w.GetId()] = w.GetAddr()
 		serving++
 	}
+	if now.Before(d.settleUntil) {
+		// A restarted router's registry refills: the owned workers it
+		// listed before and does not list again yet still count (as
+		// capacity, not as serving for the measured capacity).
+		for _, id := range slices.Sorted(maps.Keys(d.owned)) {
+			if _, ok := listed[id]; !ok && !lentIDs[id] && !lentAddr[d.owned[id]] {
+				m.Workers = append(m.Workers, capacity.Worker{ID: id, State: capacity.Serving})
+				listed[id] = d.owned[id]
+			}
+		}
+	}
+	d.owned = listed
 	m.CapacityPerWorker = d.o.CapacityPerWorker
 	if m.CapacityPerWorker == 0 {
 		p99 := d.ctl.Options().P99Limit
@@ -342,6 +388,12 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 	}
 	d.lastObs = m
 	return obs, returns
+}
+
+// settle starts (or extends) the refill of a restarted router's
+// registry: see registrySettle. d.mu is held.
+func (d *Driver) settle(now time.Time) {
+	d.settleUntil = now.Add(max(registrySettle, 3*d.o.Tick))
 }
 
 // act carries out one decision and logs it.

@@ -89,7 +89,7 @@ survived, and writes report.json and loan.png to --out.`,
 	f.StringVar(&policies, "policy", "reactive,predictive", "reactive, predictive, or both comma-separated")
 	f.IntVar(&c.Base.Owned, "owned", 0, "dense workers the service owns (0: the trace's median demand at --target)")
 	f.DurationVar(&c.Base.Tick, "tick", 10*time.Second, "controller period")
-	f.DurationVar(&c.Base.Startup, "startup", 90*time.Second, "time from a borrow to the worker serving (model load, warm-up, registration)")
+	f.DurationVar(&c.Base.Startup, "startup", 90*time.Second, "time from a borrow to the worker serving (model load, warm-up, registration); the predictive policy borrows this far ahead until it has measured one")
 	f.DurationVar(&c.Base.Drain, "drain", time.Second, "time a drained worker needs to finish its in-flight work")
 	f.DurationSliceVar(&reclaims, "reclaim", nil, "times (from the trace start) at which the lender reclaims the newest borrowed worker; comma-separated or repeated")
 	f.DurationVar(&c.Base.Grace, "grace", 30*time.Second, "the lender's grace period on a reclaim")
