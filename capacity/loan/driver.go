@@ -56,6 +56,14 @@ type Options struct {
 	Client *http.Client
 }
 
+// minShedFrac is the share of the offered requests shed that reads as
+// saturation, for a capacity measured (no CapacityPerWorker): a request
+// or two refused in a burst at low load (admission's own bound) set the
+// capacity per worker to the low rate served then, which only a later
+// saturation could raise, and with the workers it had the controller
+// borrow none came.
+const minShedFrac = 0.01
+
 // registrySettle is how long after a router restart (its counters went
 // back, the routers scraped changed, a scrape failed) an owned dense
 // worker the registry no longer lists still counts: a restarted
@@ -362,7 +370,7 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 	m.CapacityPerWorker = d.o.CapacityPerWorker
 	if m.CapacityPerWorker == 0 {
 		p99 := d.ctl.Options().P99Limit
-		if served := dem.offered - dem.shed; serving > 0 && served > 0 && (dem.shed > 0 || (p99 > 0 && dem.p99 > p99)) {
+		if served := dem.offered - dem.shed; serving > 0 && served > 0 && (dem.shed >= minShedFrac*dem.offered && dem.shed > 0 || (p99 > 0 && dem.p99 > p99)) {
 			if c := served / float64(serving); c > d.cap {
 				d.cap = c
 				d.o.Logf("loan: measured capacity %.1f requests/s per dense worker (%.1f served by %d while saturated)", c, served, serving)
