@@ -76,6 +76,10 @@ type Registry struct {
 	// byModel indexes the workers by (role, model): a pick looks at the
 	// workers of its model only.
 	byModel map[roleModel]*workerSet
+	// contents counts the workers of each (role, model) by the content
+	// they announce for it ("" unknown): a pick filters by content only
+	// while the counts say some worker would be filtered out.
+	contents map[roleModel]map[string]int
 	// denseAddrs are the registered dense workers' addresses, sorted: the
 	// embedding workers are told them (the only dense_addr they accept).
 	denseAddrs []string
@@ -180,7 +184,7 @@ func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
 	if now == nil {
 		now = time.Now
 	}
-	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{},
+	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{}, contents: map[roleModel]map[string]int{},
 		known: map[string]bool{}, changed: make(chan struct{})}
 }
 
@@ -314,7 +318,8 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		e = &worker{peer: peer}
 		r.workers[w.GetId()] = e
 	} else {
-		changed = e.info.GetRole() != w.GetRole() || e.info.GetAddr() != w.GetAddr() || !slices.Equal(e.info.GetModels(), w.GetModels())
+		changed = e.info.GetRole() != w.GetRole() || e.info.GetAddr() != w.GetAddr() || !slices.Equal(e.info.GetModels(), w.GetModels()) ||
+			!maps.Equal(e.info.GetContent(), w.GetContent())
 		if changed {
 			r.unindex(e)
 		}
@@ -392,6 +397,12 @@ func (r *Registry) index(e *worker) {
 			r.byModel[k] = set
 		}
 		set.add(e)
+		c := r.contents[k]
+		if c == nil {
+			c = map[string]int{}
+			r.contents[k] = c
+		}
+		c[e.info.GetContent()[m]]++
 	}
 }
 
@@ -402,6 +413,15 @@ func (r *Registry) unindex(e *worker) {
 			set.remove(e.info.GetId())
 			if len(set.ws) == 0 {
 				delete(r.byModel, k)
+			}
+		}
+		if c := r.contents[k]; c != nil {
+			cm := e.info.GetContent()[m]
+			if c[cm]--; c[cm] <= 0 {
+				delete(c, cm)
+			}
+			if len(c) == 0 {
+				delete(r.contents, k)
 			}
 		}
 	}
@@ -637,11 +657,18 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 		set = s.ws
 	}
 	sharding, exact := want.dense.Sharding, want.dense.Exact
-	var buf [4]string
-	var paired []string
-	anyPaired := true
-	if want.embedding.Paired {
-		paired, anyPaired = r.denseContents(model, buf[:])
+	// Content filters, each only while some worker would fail it.
+	var dense map[string]int // Paired: the dense workers' contents
+	if want.embedding.Paired && !r.pairedAll(model) {
+		dense = r.contents[roleModel{prismv1.Role_ROLE_DENSE, model}]
+	}
+	denseContent := want.dense.Content
+	if denseContent != "" && r.onlyContent(roleModel{role, model}, denseContent, true) {
+		denseContent = ""
+	}
+	pinned := want.embedding.Content
+	if pinned != "" && r.onlyContent(roleModel{role, model}, pinned, false) {
+		pinned = ""
 	}
 	for _, e := range set {
 		if slices.Contains(exclude, e.info.GetId()) {
@@ -654,18 +681,18 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 				continue
 			}
 		}
-		if c := want.dense.Content; c != "" {
+		if denseContent != "" {
 			// A dense worker of another model of this name.
-			if wc := e.info.GetContent()[model]; wc != "" && wc != c {
+			if wc := e.info.GetContent()[model]; wc != "" && wc != denseContent {
 				continue
 			}
 		}
-		if c := want.embedding.Content; c != "" && e.info.GetContent()[model] != c {
+		if pinned != "" && e.info.GetContent()[model] != pinned {
 			continue
 		}
-		if !anyPaired {
+		if dense != nil {
 			// No dense worker scores this content: another model's.
-			if c := e.info.GetContent()[model]; c != "" && !slices.Contains(paired, c) {
+			if c := e.info.GetContent()[model]; c != "" && dense[c] == 0 {
 				continue
 			}
 		}
@@ -688,28 +715,35 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 	return best, lagging, untold
 }
 
-// denseContents are the contents of model's registered dense workers:
-// an embedding worker of another content has none to score its lookups.
-// any: some dense worker's content is unknown (a worker of an earlier
-// release, or a plan copy without every ONNX part), or there is no
-// dense worker at all (the dense pick says so), and any embedding
-// worker will do. contents is built on buf. r.mu held.
-func (r *Registry) denseContents(model string, buf []string) (contents []string, any bool) {
-	s := r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}]
-	if s == nil {
-		return nil, true
+// pairedAll says whether a dense worker of model can score for every
+// embedding worker of it: some dense worker's content is unknown (a
+// worker of an earlier release, or a plan copy without every ONNX part,
+// which pairs with any), there is no dense worker at all (the dense
+// pick says so), or every embedding worker's content is unknown or
+// one a dense worker serves. r.mu held.
+func (r *Registry) pairedAll(model string) bool {
+	dense := r.contents[roleModel{prismv1.Role_ROLE_DENSE, model}]
+	if len(dense) == 0 || dense[""] > 0 {
+		return true
 	}
-	contents = buf[:0]
-	for _, e := range s.ws {
-		c := e.info.GetContent()[model]
-		if c == "" {
-			return nil, true
-		}
-		if !slices.Contains(contents, c) {
-			contents = append(contents, c)
+	for c := range r.contents[roleModel{prismv1.Role_ROLE_EMBEDDING, model}] {
+		if c != "" && dense[c] == 0 {
+			return false
 		}
 	}
-	return contents, false
+	return true
+}
+
+// onlyContent says whether every worker of k announces content c (or,
+// with unknown, no content): a filter by c would keep them all. r.mu
+// held.
+func (r *Registry) onlyContent(k roleModel, c string, unknown bool) bool {
+	for wc := range r.contents[k] {
+		if wc != c && (!unknown || wc != "") {
+			return false
+		}
+	}
+	return true
 }
 
 // contentMissing explains a pick that content alone made fail: the

@@ -35,6 +35,41 @@ func BenchmarkPick1000Workers(b *testing.B) {
 	}
 }
 
+// BenchmarkPickPaired is the embedding pick of an unsharded
+// micro-batch as the router makes it (PickEmbedding, Paired: of a
+// content some dense worker serves) among 500 embedding and 500 dense
+// workers announcing content, against the plain Pick of the same
+// workers: what pairing by content costs each micro-batch.
+func BenchmarkPickPaired(b *testing.B) {
+	reg := NewRegistry(time.Second, nil)
+	content := map[string]string{"m0": "0123456789abcdef"}
+	for i := range 1000 {
+		role := prismv1.Role_ROLE_EMBEDDING
+		if i%2 == 1 {
+			role = prismv1.Role_ROLE_DENSE
+		}
+		reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: fmt.Sprintf("w%04d", i), Addr: fmt.Sprintf("10.0.%d.%d:1", i/250, i%250), Role: role,
+			Models: []string{"m0"}, Healthy: true, Outstanding: int64(i % 7), Content: content,
+		}})
+	}
+	for _, c := range []struct {
+		name string
+		want EmbeddingWant
+	}{{"plain", EmbeddingWant{}}, {"paired", EmbeddingWant{Paired: true}}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				_, release, err := reg.PickEmbedding("m0", 1, nil, c.want)
+				if err != nil {
+					b.Fatal(err)
+				}
+				release()
+			}
+		})
+	}
+}
+
 // BenchmarkPickShards is one PickShards (a sharded micro-batch's
 // replicas) and its release: 3 shards of 2 replicas all of one
 // sharding (the path every micro-batch takes), and the same with a

@@ -291,6 +291,20 @@ func TestContentPairsTiers(t *testing.T) {
 			t.Errorf("embedding worker of content %s paired with %s, want %s", cn.GetContent()["m"], hn.GetAddr(), c.want)
 		}
 	}
+	// The new dense worker leaves: the new plan's embedding worker is
+	// out of the picks again.
+	if _, err := r.Reg.Leave(context.Background(), &prismv1.LeaveRequest{Id: "gpu-new"}); err != nil {
+		t.Fatal(err)
+	}
+	cns[1].calls.Store(0)
+	for range 10 {
+		if resp, err := r.Recommend(context.Background(), request(8)); err != nil || resp.GetContent() != "aa" {
+			t.Fatalf("after the new dense worker left: content %q, %v", resp.GetContent(), err)
+		}
+	}
+	if n := cns[1].calls.Load(); n != 0 {
+		t.Fatalf("the embedding worker of content bb took %d lookups after its dense worker left", n)
+	}
 	// Only the new plan's embedding worker and the old plan's dense one.
 	r = contentRouter(t, []*contentCN{{v: 2, content: "bb", tag: 2}}, []string{"aa"})
 	_, err := r.Recommend(context.Background(), request(8))
