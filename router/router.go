@@ -929,6 +929,9 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 			releaseCN()
 			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
 		}
+		if attempt > 0 {
+			r.m.retries.Inc() // counted once it goes: a retry finding no worker is none
+		}
 		resp, err := r.call(ctx, cn.GetAddr(), lookupRequest(req, cands, n, hn.GetAddr()))
 		releaseCN()
 		releaseHN()
@@ -946,8 +949,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		// so either may be at fault: the retry avoids both where another
 		// replica exists. The one really down stops heartbeating and expires.
 		tried.failed(ctx, err, cn.GetId(), hn.GetId())
-		r.m.retries.Inc()
-		r.log.Warn("micro-batch failed; retrying", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
+		r.log.Warn("micro-batch failed; retrying where another pair is live", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
 	}
 	r.failedMicroBatch(last)
 	if status.Code(last) == codes.PermissionDenied {

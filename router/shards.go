@@ -375,6 +375,9 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			releaseCN()
 			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
 		}
+		if attempt > 0 {
+			r.m.retries.Inc() // counted once it goes: a retry finding no worker is none
+		}
 		resps, failed, err := r.fanOut(ctx, req, cands, n, shards, cns, hn.GetAddr(), fanoutKey(req.GetRequestId(), mb))
 		releaseCN()
 		releaseHN()
@@ -392,8 +395,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		// last's: the third attempt went back to a dead replica
 		// avoided by the first when the second met an overloaded one.
 		tried.failed(ctx, err, failed, hn.GetId())
-		r.m.retries.Inc()
-		r.log.Warn("sharded micro-batch failed; retrying", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
+		r.log.Warn("sharded micro-batch failed; retrying where replicas are live", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
 	}
 	r.failedMicroBatch(last)
 	if status.Code(last) == codes.PermissionDenied {

@@ -114,4 +114,8 @@ func TestFailedMicroBatchCounted(t *testing.T) {
 	if got["Unavailable"] != 1 || got["ok"] != 0 {
 		t.Errorf("one micro-batch failed Unavailable with no replica left to retry on: counters %v, want micro_batches_total{outcome=\"Unavailable\"} 1", got)
 	}
+	if got["retries"] != 0 {
+		// No worker was left to retry on: nothing was retried.
+		t.Errorf("prism_router_retries_total %v after a micro-batch found no worker for its retry, want 0", got["retries"])
+	}
 }
