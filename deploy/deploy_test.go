@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -338,6 +339,16 @@ func checkRouterRollout(t *testing.T, objs []object) {
 	if d.Spec.ServiceName != "prism-router-headless" {
 		t.Errorf("router: serviceName %q, want the headless Service (pods' DNS names)", d.Spec.ServiceName)
 	}
+	// A router is ready (health SERVING) only once workers announced to
+	// it, so the workers must find it before: by the headless Service's
+	// not-ready addresses; and the liveness probe must wait for it.
+	headless := find[*corev1.Service](t, objs, "Service", d.Spec.ServiceName)
+	if headless != nil && !headless.Spec.PublishNotReadyAddresses {
+		t.Errorf("router: Service %s publishes ready routers only, but a router gets ready only once workers found it there: a new router in a rollout or scale-up serves with an empty registry until its announce window ends", headless.Name)
+	}
+	if c := d.Spec.Template.Spec.Containers[0]; c.StartupProbe == nil || c.StartupProbe.PeriodSeconds*c.StartupProbe.FailureThreshold < 60 {
+		t.Errorf("router: startup probe %+v: want one allowing a minute at least for workers to announce (the liveness probe would kill a router waiting for them)", c.StartupProbe)
+	}
 	const heartbeats = 3
 	if d.Spec.MinReadySeconds < heartbeats {
 		t.Errorf("router: minReadySeconds %d, want at least %d (heartbeats for the workers to register)", d.Spec.MinReadySeconds, heartbeats)
@@ -411,18 +422,48 @@ func commandLines(objs []object) map[string][][]string {
 }
 
 // prismBinary is the binary the command lines are checked against:
-// $PRISM_BIN, else the checkout's bin/prism (make build).
+// $PRISM_BIN, else one built from this checkout once per run (go build,
+// from the build cache when the tests built it already), so a fresh
+// clone's `make test` checks them too.
 func prismBinary(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv("PRISM_BIN")
-	if bin == "" {
-		bin = filepath.Join("..", "bin", "prism")
+	if bin := os.Getenv("PRISM_BIN"); bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("PRISM_BIN=%s: %v", bin, err)
+		}
+		return bin
 	}
-	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("no prism binary at %s (make build, or set PRISM_BIN): the manifests' command lines are not checked against the CLI", bin)
+	builtOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "prism-deploy-test")
+		if err != nil {
+			builtErr = err
+			return
+		}
+		built = filepath.Join(dir, "prism")
+		if out, err := exec.Command("go", "build", "-o", built, "../cmd/prism").CombinedOutput(); err != nil {
+			builtErr = fmt.Errorf("go build ../cmd/prism: %v\n%s", err, out)
+		}
+	})
+	if builtErr != nil {
+		t.Fatal(builtErr)
 	}
-	return bin
+	return built
 }
+
+// TestMain removes the binary prismBinary built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built != "" {
+		os.RemoveAll(filepath.Dir(built))
+	}
+	os.Exit(code)
+}
+
+var (
+	builtOnce sync.Once
+	built     string
+	builtErr  error
+)
 
 var helpFlag = regexp.MustCompile(`(?m)^\s+(?:-[a-zA-Z], )?--([a-z0-9][a-z0-9-]*)`)
 
@@ -600,5 +641,70 @@ func TestFlagProblemsCatchesUnknown(t *testing.T) {
 	want := []string{"x/init: prism ingest: unknown flag --no-such-ingest-flag", "x/main: prism serve router: unknown flag --no-such-router-flag"}
 	if !slices.Equal(got, want) {
 		t.Errorf("problems %q, want %q", got, want)
+	}
+}
+
+// TestIngestInitStep runs the embedding pods' init step as the chart
+// renders it (its sh -c script, with the model repository and the
+// store's mount at test folders) with the real prism on a partitioned
+// dlrm-tiny: it ingests the plan into an empty store and leaves a store
+// that holds the model as it is; and a models[].name that is not the
+// plan's model name (plan.json model.name, which the workers serve)
+// fails the init step, naming the model the plan holds, instead of
+// passing while the check never finds the model, so every start of the
+// pod ingested the plan again.
+func TestIngestInitStep(t *testing.T) {
+	bin, err := filepath.Abs(prismBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm := helmBinary(t)
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "models")
+	run(t, bin, "models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "build"), "--seed", "5")
+	run(t, bin, "partition", filepath.Join(dir, "build", "model.onnx"), "-o", filepath.Join(repo, "dlrm-tiny-part"))
+	initStep := func(name string) string {
+		t.Helper()
+		out := run(t, helm, append(slices.Clone(helmTemplate), "--set", "models[0].name="+name, "--set", "models[0].plan=dlrm-tiny-part")...)
+		emb := find[*appsv1.StatefulSet](t, decode(t, out), "StatefulSet", "prism-embedding")
+		init := emb.Spec.Template.Spec.InitContainers
+		if len(init) != 1 || len(init[0].Command) != 3 {
+			t.Fatalf("init containers %+v: want one sh -c script", init)
+		}
+		return init[0].Command[2]
+	}
+	step := func(script, store string) (string, error) {
+		t.Helper()
+		script = strings.ReplaceAll(script, "/models/", repo+"/")
+		script = strings.ReplaceAll(script, "/var/lib/prism/store", store)
+		cmd := exec.Command("sh", "-c", script)
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	versions := func(store string) string {
+		t.Helper()
+		return string(run(t, bin, "store", "versions", "dlrm-tiny", "--db", store))
+	}
+
+	store := filepath.Join(dir, "store")
+	good := initStep("dlrm-tiny")
+	if out, err := step(good, store); err != nil {
+		t.Fatalf("init step on an empty store: %v\n%s", err, out)
+	}
+	first := versions(store)
+	if out, err := step(good, store); err != nil {
+		t.Fatalf("init step on a store holding the model: %v\n%s", err, out)
+	} else if strings.Contains(out, "ingested") {
+		t.Errorf("init step on a store holding the model ingested it again:\n%s", out)
+	}
+	if v := versions(store); v != first {
+		t.Errorf("the store's versions changed when it held the model already:\n%s\nwere\n%s", v, first)
+	}
+
+	other := filepath.Join(dir, "store-misnamed")
+	out, err := step(initStep("dlrm-kaggle"), other)
+	if err == nil || !strings.Contains(out, `"dlrm-kaggle"`) || !strings.Contains(out, "dlrm-tiny") {
+		t.Errorf("init step with models[].name dlrm-kaggle for a plan of dlrm-tiny: %v, want a failure naming both\n%s", err, out)
 	}
 }

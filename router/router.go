@@ -42,6 +42,12 @@ type Options struct {
 	MaxInflight int64
 	// Heartbeat is the interval workers announce at (default 1s).
 	Heartbeat time.Duration
+	// AnnounceWindow is how long after its start the router waits for
+	// its workers to announce (default DefaultAnnounceWindow): until
+	// workers of both tiers have, or this long has passed, Ready stays
+	// open, and a request for a model while no embedding worker has
+	// announced is Unavailable (retry), not NotFound.
+	AnnounceWindow time.Duration
 	// DefaultTimeout bounds a request whose client set no deadline
 	// (default 30s), so a stalled worker cannot hold admission forever.
 	DefaultTimeout time.Duration
@@ -151,6 +157,9 @@ func (o *Options) EnsureDefaults() {
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = time.Second
 	}
+	if o.AnnounceWindow <= 0 {
+		o.AnnounceWindow = DefaultAnnounceWindow(o.Heartbeat)
+	}
 	if o.DefaultTimeout <= 0 {
 		o.DefaultTimeout = 30 * time.Second
 	}
@@ -212,8 +221,8 @@ type Router struct {
 	// lim is the adaptive limit on samples in flight (limit.go); nil
 	// unless Options.AdmitLimit is set.
 	lim *limiter
-	// started is when the router started: for three heartbeats after,
-	// its workers are still announcing.
+	// started is when the router started: for Options.AnnounceWindow
+	// after, its workers may still be announcing.
 	started time.Time
 	connMu  sync.Mutex
 	conns   map[string]*grpc.ClientConn
@@ -260,6 +269,44 @@ func New(o Options, reg prometheus.Registerer) *Router {
 		panic(err)
 	}
 	return r
+}
+
+// DefaultAnnounceWindow is how long a new router waits for its workers
+// by default: a worker that finds its routers by resolving a name (the
+// routers' headless Service on Kubernetes) learns of a new router only
+// at its next resolution, up to serve.DefaultResolveEvery later, and
+// the name's DNS records take a few seconds to show a new pod; then it
+// announces within a heartbeat. Three heartbeats, as for workers that
+// were announcing already (a router restarted at its address), are not
+// enough: a router in a rollout or a scale-up would be ready, and
+// answer NotFound, with an empty registry for up to half a minute.
+func DefaultAnnounceWindow(heartbeat time.Duration) time.Duration {
+	return serve.DefaultResolveEvery + 10*heartbeat
+}
+
+// Ready is closed once workers of both tiers have announced to the
+// router, or Options.AnnounceWindow after its start whatever announced:
+// the router's health stays NOT_SERVING until then, so a new router in
+// a rollout takes no traffic from a load balancer before its registry
+// can serve it.
+func (r *Router) Ready() <-chan struct{} {
+	gate := make(chan struct{})
+	go func() {
+		defer close(gate)
+		wait := time.After(r.opts.AnnounceWindow - r.Reg.now().Sub(r.started))
+		for {
+			changed := r.Reg.Changed()
+			if cpu, gpu := r.Reg.Models(); len(cpu) > 0 && len(gpu) > 0 {
+				return
+			}
+			select {
+			case <-changed:
+			case <-wait:
+				return
+			}
+		}
+	}()
+	return gate
 }
 
 // Open makes a router as New does, and with Options.UpdateLogDir set
@@ -850,7 +897,7 @@ func (r *Router) validate(req *prismv1.RecommendRequest) error {
 		if r.Reg.Known(req.GetModel()) {
 			return status.Errorf(codes.Unavailable, "model %q has no live workers right now; retry", req.GetModel())
 		}
-		if since := r.Reg.now().Sub(r.started); len(cpu) == 0 && since < 3*r.opts.Heartbeat {
+		if since := r.Reg.now().Sub(r.started); len(cpu) == 0 && since < r.opts.AnnounceWindow {
 			// A router just (re)started that has heard from no worker
 			// yet: the model may well be served in a moment.
 			return status.Errorf(codes.Unavailable, "model %q is not served yet: the router started %s ago and its workers are still announcing; retry", req.GetModel(), since.Round(time.Millisecond))

@@ -119,26 +119,10 @@ func newServeRouterCmd() *cobra.Command {
 				return fmt.Errorf("%w (--update-log-dir)", err)
 			}
 			// Health reports SERVING once workers of both tiers have
-			// registered, or after three heartbeats whatever registered: a
-			// new router in a rollout takes no traffic from a load balancer
-			// before its registry can serve it.
-			gate := make(chan struct{})
-			s.ReadyGate = gate
-			go func() {
-				defer close(gate)
-				wait := time.After(3 * ro.Heartbeat)
-				for {
-					changed := r.Reg.Changed()
-					if cpu, gpu := r.Reg.Models(); len(cpu) > 0 && len(gpu) > 0 {
-						return
-					}
-					select {
-					case <-changed:
-					case <-wait:
-						return
-					}
-				}
-			}()
+			// registered, or after the announce window whatever registered
+			// (router.DefaultAnnounceWindow: long enough for workers that
+			// resolve the routers' name to find this one).
+			s.ReadyGate = r.Ready()
 			prismv1.RegisterRecommenderServer(s.GRPC, r)
 			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
 			prismv1.RegisterEmbeddingsServer(s.GRPC, r.Updater())

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 )
 
 // Layout is how a certificate folder (--certs DIR) holds a role's files.
@@ -129,7 +130,25 @@ func KeyModeWarning(path string) string {
 	if err != nil || st.Mode().Perm()&0o044 == 0 {
 		return ""
 	}
+	if st.Mode().Perm()&0o004 == 0 && kubeletVolume(path) {
+		return ""
+	}
 	return fmt.Sprintf("key %s is readable by group or others (mode %04o): chmod 600 it", path, st.Mode().Perm())
+}
+
+// kubeletVolume says whether the file at path is one of a Kubernetes
+// Secret or projected volume, as the kubelet writes them (DIR/FILE a
+// link to ..data/FILE, DIR/..data a link to the current files). The
+// kubelet adds group read to their mode for the pod's fsGroup, the group
+// of the pod's own processes, which a non-root pod needs to read them at
+// all: a chmod is neither possible nor wanted there.
+func kubeletVolume(path string) bool {
+	target, err := os.Readlink(path)
+	if err != nil || !strings.HasPrefix(target, "..data"+string(filepath.Separator)) {
+		return false
+	}
+	st, err := os.Lstat(filepath.Join(filepath.Dir(path), "..data"))
+	return err == nil && st.Mode()&fs.ModeSymlink != 0
 }
 
 // certRole is the role the first certificate in the PEM file at path

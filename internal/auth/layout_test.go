@@ -65,6 +65,22 @@ func TestResolveCerts(t *testing.T) {
 	copyFile(t, FilesFor(initDir, Admin).Cert, filepath.Join(open, "cert.pem"), 0o644)
 	copyFile(t, FilesFor(initDir, Admin).Key, filepath.Join(open, "key.pem"), 0o644)
 	copyFile(t, FilesFor(initDir, Admin).CA, filepath.Join(open, "ca.pem"), 0o644)
+	// A Kubernetes Secret volume, as the kubelet writes it (atomic
+	// writer: links through ..data), its modes set by defaultMode 0440
+	// and the pod's fsGroup: group read is the pod's own; others' is not.
+	secret := filepath.Join(root, "secret")
+	secretOpen := filepath.Join(root, "secret-open")
+	for dir, keyMode := range map[string]os.FileMode{secret: 0o440, secretOpen: 0o444} {
+		ts := filepath.Join(dir, "..2026_11_30_01_02_03.000000001")
+		os.MkdirAll(ts, 0o755)
+		copyFile(t, FilesFor(initDir, Router).Cert, filepath.Join(ts, "cert.pem"), 0o440)
+		copyFile(t, FilesFor(initDir, Router).Key, filepath.Join(ts, "key.pem"), keyMode)
+		copyFile(t, FilesFor(initDir, Router).CA, filepath.Join(ts, "ca.pem"), 0o440)
+		os.Symlink(filepath.Base(ts), filepath.Join(dir, "..data"))
+		for _, f := range []string{"cert.pem", "key.pem", "ca.pem"} {
+			os.Symlink(filepath.Join("..data", f), filepath.Join(dir, f))
+		}
+	}
 	file := filepath.Join(root, "a-file")
 	os.WriteFile(file, nil, 0o644)
 
@@ -93,6 +109,9 @@ func TestResolveCerts(t *testing.T) {
 		{name: "a file", dir: file, role: Router, err: []string{"is not a folder"}},
 		{name: "key readable by others", dir: open, role: Admin, layout: RoleFolder, want: FolderFiles(open),
 			warnings: []string{"readable by group or others (mode 0644)"}},
+		{name: "Kubernetes Secret volume", dir: secret, role: Router, layout: RoleFolder, want: FolderFiles(secret)},
+		{name: "Kubernetes Secret volume readable by others", dir: secretOpen, role: Router, layout: RoleFolder, want: FolderFiles(secretOpen),
+			warnings: []string{"readable by group or others (mode 0444)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := ResolveCerts(tc.dir, tc.role)
