@@ -76,9 +76,10 @@ type Registry struct {
 	// byModel indexes the workers by (role, model): a pick looks at the
 	// workers of its model only.
 	byModel map[roleModel]*workerSet
-	// contents counts the workers of each (role, model) by the content
-	// they announce for it ("" unknown): a pick filters by content only
-	// while the counts say some worker would be filtered out.
+	// contents counts the healthy workers of each (role, model) by the
+	// content they announce for it ("" unknown): a pick filters by
+	// content only while the counts say some worker would be filtered
+	// out.
 	contents map[roleModel]map[string]int
 	// denseAddrs are the registered dense workers' addresses, sorted: the
 	// embedding workers are told them (the only dense_addr they accept).
@@ -328,6 +329,10 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		e.peer = peer
 	}
 	old := e.info
+	if !changed && old.GetHealthy() != w.GetHealthy() {
+		r.count(old, -1)
+		r.count(w, 1)
+	}
 	e.info, e.lastSeen = w, r.now()
 	r.gen++
 	if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
@@ -397,12 +402,32 @@ func (r *Registry) index(e *worker) {
 			r.byModel[k] = set
 		}
 		set.add(e)
+	}
+	r.count(e.info, 1)
+}
+
+// count adds d to the contents counts of info's models, when info is
+// healthy: an unhealthy worker (a dense worker draining before it
+// stops, say) takes no picks, so it pairs no embedding worker of its
+// content. Announce recounts a worker whose health changed. r.mu held.
+func (r *Registry) count(info *prismv1.WorkerInfo, d int) {
+	if !info.GetHealthy() {
+		return
+	}
+	for _, m := range info.GetModels() {
+		k := roleModel{info.GetRole(), m}
 		c := r.contents[k]
 		if c == nil {
 			c = map[string]int{}
 			r.contents[k] = c
 		}
-		c[e.info.GetContent()[m]]++
+		cm := info.GetContent()[m]
+		if c[cm] += d; c[cm] <= 0 {
+			delete(c, cm)
+		}
+		if len(c) == 0 {
+			delete(r.contents, k)
+		}
 	}
 }
 
@@ -415,16 +440,8 @@ func (r *Registry) unindex(e *worker) {
 				delete(r.byModel, k)
 			}
 		}
-		if c := r.contents[k]; c != nil {
-			cm := e.info.GetContent()[m]
-			if c[cm]--; c[cm] <= 0 {
-				delete(c, cm)
-			}
-			if len(c) == 0 {
-				delete(r.contents, k)
-			}
-		}
 	}
+	r.count(e.info, -1)
 }
 
 // listDense rebuilds denseAddrs; r.mu held.
@@ -759,16 +776,8 @@ func (r *Registry) contentMissing(role prismv1.Role, model string, exclude []str
 		return nil
 	}
 	have := func(role prismv1.Role) []string {
-		var out []string
-		if s := r.byModel[roleModel{role, model}]; s != nil {
-			for _, e := range s.ws {
-				if c := e.info.GetContent()[model]; !slices.Contains(out, c) {
-					out = append(out, c)
-				}
-			}
-		}
-		slices.Sort(out)
-		return out
+		// The healthy workers' contents ("" unknown).
+		return slices.Sorted(maps.Keys(r.contents[roleModel{role, model}]))
 	}
 	switch {
 	case want.embedding.Content != "":

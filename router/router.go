@@ -682,7 +682,14 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		}
 	}
 	version := won.version
-	if won.content != "" && req.GetVersion() == 0 {
+	switch {
+	case won.content != "" && req.GetVersion() != 0:
+		// Pinned to a number, served by the content the workers number
+		// so (VersionContent): the number asked for, not the one the
+		// replica that answered gives it (a replica ingested after an
+		// update numbers it lower).
+		version = req.GetVersion()
+	case won.content != "":
 		// The number the workers serving it give it, the same in every
 		// response whichever replica answered.
 		version = max(version, r.Reg.ContentVersion(req.GetModel(), won.content))

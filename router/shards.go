@@ -90,7 +90,7 @@ func (e *ShardMissingError) Error() string {
 // each is tried (with the workers that name none, of earlier releases)
 // and the one that has every shard at the least load is taken.
 func (r *Registry) PickShards(model string, shards int, n int64, avoid []string) ([]*prismv1.WorkerInfo, func(), error) {
-	return r.pickShards(model, shards, n, avoid, nil)
+	return r.pickShards(model, shards, n, avoid, nil, EmbeddingWant{})
 }
 
 // pickShards is PickShards for a retry: avoid holds every worker of the
@@ -99,8 +99,14 @@ func (r *Registry) PickShards(model string, shards int, n int64, avoid []string)
 // taken only when the shard has none outside it, and one in dead only
 // when it has none outside dead: a retry under overload goes back to
 // the replica that refused (ResourceExhausted) rather than to the one
-// that is down.
-func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []string) ([]*prismv1.WorkerInfo, func(), error) {
+// that is down. want narrows the workers as it does PickEmbedding's: a
+// worker of another content than the one pinned, or of a content no
+// healthy dense worker serves, holds no shard for the fan-out (a
+// retrained model rolling out tier by tier has its new plan's shard
+// workers complete, and idle, before a dense worker scores for them).
+// A fan-out missing shards for content alone fails as contentMissing
+// says.
+func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []string, want EmbeddingWant) ([]*prismv1.WorkerInfo, func(), error) {
 	if shards < 1 || shards > maxShards {
 		return nil, nil, fmt.Errorf("model %q: %d shards", model, shards)
 	}
@@ -114,6 +120,18 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 	loads := make([]int64, shards)
 	avoided := make([]int, shards) // best[i]'s avoidRank
 	lagging := make([]int, shards)
+	// The content filters, as best applies them: only while some
+	// worker would fail them. unpaired counts a shard's workers they
+	// left out.
+	var dense map[string]int
+	if want.Paired && !r.pairedAll(model) {
+		dense = r.contents[roleModel{prismv1.Role_ROLE_DENSE, model}]
+	}
+	pinned := want.Content
+	if pinned != "" && r.onlyContent(roleModel{prismv1.Role_ROLE_EMBEDDING, model}, pinned, false) {
+		pinned = ""
+	}
+	unpaired := make([]int, shards)
 	// pick fills best with each shard's choice among the workers of
 	// sharding fp and tables content (ShardRef.content) and those that
 	// name none ("": any), and returns how many shards it left without a
@@ -132,6 +150,12 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 				continue
 			}
 			i := int(ref.GetShard())
+			if c := e.info.GetContent()[model]; (pinned != "" && c != pinned) || (dense != nil && c != "" && dense[c] == 0) {
+				if fp == "" {
+					unpaired[i]++
+				}
+				continue
+			}
 			if r.eligible != nil && !r.eligible(e.info, model) {
 				if fp == "" {
 					lagging[i]++
@@ -262,10 +286,17 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 	}
 	if missing > 0 {
 		miss := &ShardMissingError{Model: model, Shards: shards}
+		byContent := true
 		for i, e := range best {
 			if e == nil {
 				miss.Missing = append(miss.Missing, i)
 				miss.Lagging += lagging[i]
+				byContent = byContent && unpaired[i] > 0
+			}
+		}
+		if byContent {
+			if err := r.contentMissing(prismv1.Role_ROLE_EMBEDDING, model, nil, pickWant{embedding: want}); err != nil {
+				return nil, nil, err
 			}
 		}
 		return nil, nil, miss
@@ -319,9 +350,10 @@ func (r *Registry) embeddingLayouts(model string) (counts []int, whole bool, sha
 }
 
 // shardsComplete says whether every shard of model's sharding into
-// shards has a live, eligible embedding worker (of one sharding).
-func (r *Registry) shardsComplete(model string, shards int) bool {
-	_, release, err := r.pickShards(model, shards, 0, nil, nil)
+// shards has a live, eligible embedding worker (of one sharding) that
+// want keeps.
+func (r *Registry) shardsComplete(model string, shards int, want EmbeddingWant) bool {
+	_, release, err := r.pickShards(model, shards, 0, nil, nil, want)
 	if err != nil {
 		return false
 	}
@@ -351,23 +383,29 @@ const shardAttempts = 3
 
 func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRequest, cands *prismv1.Features, n, mb, shards int) ([]float32, answer, error) {
 	model := req.GetModel()
+	// As microBatch's pick: shard workers a dense worker scores for, of
+	// the content pinned if one is.
+	want := EmbeddingWant{Content: req.GetContent(), Paired: true}
 	var tried retry
 	var last error
 	for attempt := range shardAttempts {
-		cns, releaseCN, err := r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead)
+		cns, releaseCN, err := r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead, want)
 		if err != nil {
 			// A shard of this shard count has no live worker; another
 			// layout of the model may be complete (otherLayout).
-			switch k, whole := r.otherLayout(model, shards); {
+			switch k, whole := r.otherLayout(model, shards, want); {
 			case whole:
 				return nil, answer{}, errWholeLayout
 			case k != shards:
 				shards = k
-				cns, releaseCN, err = r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead)
+				cns, releaseCN, err = r.Reg.pickShards(model, shards, int64(n), tried.avoid, tried.dead, want)
 			}
 		}
 		if err != nil {
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
+			if _, ok := status.FromError(err); ok {
+				return nil, answer{}, firstErr(last, err) // a status of its own (NotFound: a content pinned that none serves)
+			}
 			return nil, answer{}, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
 		}
 		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model), cns[0].GetContent()[model])
@@ -417,13 +455,13 @@ var errWholeLayout = errors.New("router: a sharding missing a shard; the whole m
 // whole model (whole), else another shard count with a live worker for
 // every shard (k). With none, k is shards (the fan-out fails fast,
 // naming the shards missing).
-func (r *Router) otherLayout(model string, shards int) (k int, whole bool) {
+func (r *Router) otherLayout(model string, shards int, want EmbeddingWant) (k int, whole bool) {
 	counts, whole, _ := r.Reg.embeddingLayouts(model)
 	if whole {
 		return 0, true
 	}
 	for _, c := range counts {
-		if c != shards && r.Reg.shardsComplete(model, c) {
+		if c != shards && r.Reg.shardsComplete(model, c, want) {
 			return c, false
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -315,5 +316,160 @@ func TestContentPairsTiers(t *testing.T) {
 	r = contentRouter(t, []*contentCN{{v: 2, content: "bb", tag: 2}}, []string{""})
 	if _, err := r.Recommend(context.Background(), request(8)); err != nil {
 		t.Fatalf("a dense worker of unknown content: %v", err)
+	}
+}
+
+// TestContentPairsHealthyDense: the last dense worker of the old plan
+// drains (it announces itself unhealthy before it stops) while the new
+// plan's pair is live. The old plan's embedding workers, the least
+// loaded, have no dense worker left to score for: the new plan's pair
+// serves every request. (Counted by every registered dense worker, the
+// draining one kept them in the picks, and each request failed
+// Unavailable: no healthy dense worker of their content.)
+func TestContentPairsHealthyDense(t *testing.T) {
+	cns := []*contentCN{{v: 1, content: "aa", tag: 1}, {v: 2, content: "bb", tag: 2}}
+	r := contentRouter(t, cns, []string{"aa", "bb"})
+	// The new plan's embedding worker is the busier one.
+	busy := proto.Clone(r.Reg.workers["cpu1"].info).(*prismv1.WorkerInfo)
+	busy.Outstanding = 50
+	drain := &prismv1.WorkerInfo{Id: "gpu0", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:0", Models: []string{"m"}, Healthy: false, Content: map[string]string{"m": "aa"}}
+	for _, w := range []*prismv1.WorkerInfo{busy, drain} {
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: w}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 10 {
+		resp, err := r.Recommend(context.Background(), request(8))
+		if err != nil {
+			t.Fatalf("the old plan's dense worker drains, the new plan's pair is live: %v", err)
+		}
+		if resp.GetContent() != "bb" {
+			t.Fatalf("answered by content %q, whose dense worker drains", resp.GetContent())
+		}
+	}
+	if n := cns[0].calls.Load(); n != 0 {
+		t.Errorf("the embedding worker of content aa took %d lookups with its dense worker draining", n)
+	}
+	// It comes back healthy: the old plan's pair serves again.
+	back := proto.Clone(drain).(*prismv1.WorkerInfo)
+	back.Healthy = true
+	if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: back}); err != nil {
+		t.Fatal(err)
+	}
+	for id, e := range r.Reg.workers {
+		t.Logf("%s out=%d infl=%d healthy=%v joined=%d told=%d", id, e.info.GetOutstanding(), e.inflight, e.info.GetHealthy(), e.joined, e.told)
+	}
+	t.Logf("%v", r.Reg.contents)
+	if resp, err := r.Recommend(context.Background(), request(8)); err != nil || resp.GetContent() != "aa" {
+		t.Fatalf("the old plan's dense worker healthy again: content %q, %v; want the idle aa pair", resp.GetContent(), err)
+	}
+}
+
+// TestPinnedNumberAnswered: a request pinned to version 2, the number
+// responses give content aa, is answered version 2 whichever replica
+// serves it: here the replica whose store, ingested after the update,
+// numbers aa 1 (the others are busy). (Answered by the number of the
+// replicas that happened to serve it, a client pinned to 2 was told 1,
+// and pinning that, was served nothing: no worker numbers aa 1 best.)
+func TestPinnedNumberAnswered(t *testing.T) {
+	cns := []*contentCN{{v: 2, content: "aa", tag: 1}, {v: 1, content: "aa", tag: 1}}
+	r := contentRouter(t, cns, []string{"aa"})
+	busy := proto.Clone(r.Reg.workers["cpu0"].info).(*prismv1.WorkerInfo)
+	busy.Outstanding = 50
+	if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: busy}); err != nil {
+		t.Fatal(err)
+	}
+	for _, pin := range []int64{0, 2} {
+		req := request(8)
+		req.Version = pin
+		resp, err := r.Recommend(context.Background(), req)
+		if err != nil {
+			t.Fatalf("pinned %d: %v", pin, err)
+		}
+		if resp.GetVersion() != 2 || resp.GetContent() != "aa" {
+			t.Errorf("pinned %d: answered version %d content %q, want 2 and aa", pin, resp.GetVersion(), resp.GetContent())
+		}
+	}
+	if cns[0].calls.Load() != 0 {
+		t.Fatalf("the busy replica served: the test shows nothing")
+	}
+}
+
+// TestShardedContentPairs: a retrained sharded model rolls out tier by
+// tier. Its new plan's shard workers are all up (and idle) before any
+// dense worker of the new plan: the fan-outs go to the old plan's shard
+// workers, which a dense worker scores for, as the whole model's
+// workers would. A request pinned to a content goes to the shard
+// workers of that content, and one pinned to a content none serves is
+// NotFound. (pickShards took the complete layout at the least load
+// whatever its content: every micro-batch failed Unavailable, "no
+// healthy dense worker serves content", and a pinned one was sent to
+// shard workers of another content, which refused it.)
+func TestShardedContentPairs(t *testing.T) {
+	r := testRouter(Options{MicroBatch: 4})
+	type sw struct {
+		cn      *contentCN
+		shard   int
+		content string
+		load    int64
+	}
+	ws := []sw{
+		{&contentCN{v: 1, content: "aa", tag: 1}, 0, "aa", 5}, {&contentCN{v: 1, content: "aa", tag: 1}, 1, "aa", 5},
+		{&contentCN{v: 2, content: "bb", tag: 2}, 0, "bb", 0}, {&contentCN{v: 2, content: "bb", tag: 2}, 1, "bb", 0},
+	}
+	for i, x := range ws {
+		addr := startCN(t, x.cn)
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: fmt.Sprintf("cpu%d", i), Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true, Outstanding: x.load,
+			Content: map[string]string{"m": x.content}, Version: map[string]int64{"m": x.cn.v},
+			Shards: map[string]*prismv1.ShardRef{"m": {Shard: int32(x.shard), Shards: 2, Sharding: "f1", Content: "t" + x.content}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dense := func(id, content string) {
+		t.Helper()
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: id, Role: prismv1.Role_ROLE_DENSE, Addr: "dense:" + id, Models: []string{"m"}, Healthy: true, Content: map[string]string{"m": content}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dense("old", "aa")
+	for range 5 {
+		resp, err := r.Recommend(context.Background(), request(8))
+		if err != nil {
+			t.Fatalf("the old plan's pairs are live: %v", err)
+		}
+		if resp.GetContent() != "aa" {
+			t.Fatalf("answered by content %q, which no dense worker serves", resp.GetContent())
+		}
+	}
+	for _, x := range ws[2:] {
+		if n := x.cn.calls.Load(); n != 0 {
+			t.Fatalf("a shard worker of content bb took %d lookups with no dense worker of its content", n)
+		}
+	}
+	// The new plan's dense worker is up: pinned to the old content, the
+	// old plan's shard workers serve, busier as they are.
+	dense("new", "bb")
+	for range 5 {
+		req := request(8)
+		req.Content = "aa"
+		resp, err := r.Recommend(context.Background(), req)
+		if err != nil {
+			t.Fatalf("pinned to content aa: %v", err)
+		}
+		if resp.GetContent() != "aa" {
+			t.Fatalf("pinned to content aa, answered %q", resp.GetContent())
+		}
+	}
+	for _, x := range ws[2:] {
+		if n := x.cn.calls.Load(); n != 0 {
+			t.Fatalf("a shard worker of content bb took %d lookups pinned to aa", n)
+		}
+	}
+	req := request(8)
+	req.Content = "cc"
+	if _, err := r.Recommend(context.Background(), req); status.Code(err) != codes.NotFound {
+		t.Fatalf("pinned to a content no worker serves: %v, want NotFound", err)
 	}
 }
