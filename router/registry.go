@@ -81,6 +81,10 @@ type Registry struct {
 	// content only while the counts say some worker would be filtered
 	// out.
 	contents map[roleModel]map[string]int
+	// numbers counts the healthy embedding workers of each model by the
+	// content they announce and the number their store gives it
+	// (ContentVersion, VersionContent); content "" left out.
+	numbers map[string]map[answer]int
 	// denseAddrs are the registered dense workers' addresses, sorted: the
 	// embedding workers are told them (the only dense_addr they accept).
 	denseAddrs []string
@@ -186,6 +190,7 @@ func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
 		now = time.Now
 	}
 	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{}, contents: map[roleModel]map[string]int{},
+		numbers: map[string]map[answer]int{},
 		known: map[string]bool{}, changed: make(chan struct{})}
 }
 
@@ -329,7 +334,7 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		e.peer = peer
 	}
 	old := e.info
-	if !changed && old.GetHealthy() != w.GetHealthy() {
+	if !changed && (old.GetHealthy() != w.GetHealthy() || !maps.Equal(old.GetVersion(), w.GetVersion())) {
 		r.count(old, -1)
 		r.count(w, 1)
 	}
@@ -427,6 +432,21 @@ func (r *Registry) count(info *prismv1.WorkerInfo, d int) {
 		}
 		if len(c) == 0 {
 			delete(r.contents, k)
+		}
+		if info.GetRole() != prismv1.Role_ROLE_EMBEDDING || cm == "" {
+			continue
+		}
+		n := r.numbers[m]
+		if n == nil {
+			n = map[answer]int{}
+			r.numbers[m] = n
+		}
+		a := answer{version: info.GetVersion()[m], content: cm}
+		if n[a] += d; n[a] <= 0 {
+			delete(n, a)
+		}
+		if len(n) == 0 {
+			delete(r.numbers, m)
 		}
 	}
 }
@@ -796,11 +816,9 @@ func (r *Registry) ContentVersion(model, content string) int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var v int64
-	if s := r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}]; s != nil {
-		for _, e := range s.ws {
-			if e.info.GetContent()[model] == content {
-				v = max(v, e.info.GetVersion()[model])
-			}
+	for a := range r.numbers[model] {
+		if a.content == content {
+			v = max(v, a.version)
 		}
 	}
 	return v
@@ -818,19 +836,12 @@ func (r *Registry) ContentVersion(model, content string) int64 {
 func (r *Registry) VersionContent(model string, version int64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}]
-	if s == nil {
-		return ""
-	}
 	top := map[string]int64{} // content -> highest number given it
 	count := map[string]int{} // content -> workers numbering it version
-	for _, e := range s.ws {
-		if c := e.info.GetContent()[model]; c != "" {
-			v := e.info.GetVersion()[model]
-			top[c] = max(top[c], v)
-			if v == version {
-				count[c]++
-			}
+	for a, n := range r.numbers[model] {
+		top[a.content] = max(top[a.content], a.version)
+		if a.version == version {
+			count[a.content] += n
 		}
 	}
 	best := ""
