@@ -191,7 +191,7 @@ func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
 	}
 	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{}, contents: map[roleModel]map[string]int{},
 		numbers: map[string]map[answer]int{},
-		known: map[string]bool{}, changed: make(chan struct{})}
+		known:   map[string]bool{}, changed: make(chan struct{})}
 }
 
 func (r *Registry) notify() {
