@@ -189,9 +189,8 @@ func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
 	if now == nil {
 		now = time.Now
 	}
-	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{}, contents: map[roleModel]map[string]int{},
-		numbers: map[string]map[answer]int{},
-		known:   map[string]bool{}, changed: make(chan struct{})}
+	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{},
+		contents: map[roleModel]map[string]int{}, numbers: map[string]map[answer]int{}, known: map[string]bool{}, changed: make(chan struct{})}
 }
 
 func (r *Registry) notify() {
