@@ -13,8 +13,8 @@ import (
 // (internal/kubetest: etcd and kube-apiserver; skipped without them):
 // first with --dry-run=server (validation and admission by the server,
 // against the API's own schema), then for real, and reads the workloads
-// back. The chart's MIG and plaintext variants go through a server-side
-// dry run too.
+// back. The chart's MIG, plaintext and sharded embedding variants go
+// through a server-side dry run too.
 func TestManifestsOnAPIServer(t *testing.T) {
 	kubectl, err := exec.LookPath("kubectl")
 	if err != nil {
@@ -52,6 +52,10 @@ func TestManifestsOnAPIServer(t *testing.T) {
 	for _, set := range [][]string{
 		{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7"},
 		{"tls.enabled=false"},
+		// A sharded embedding tier: a StatefulSet and a
+		// PodDisruptionBudget per shard (minAvailable with one replica).
+		{"embedding.shards=2"},
+		{"embedding.shards=3", "embedding.replicas=1"},
 	} {
 		args := slices.Clone(helmTemplate)
 		for _, v := range set {
@@ -63,5 +67,24 @@ func TestManifestsOnAPIServer(t *testing.T) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("variant %v, server dry run: %v\n%s", set, err, out)
 		}
+	}
+	// The sharded tier for real, in a namespace of its own: each shard's
+	// StatefulSet and PodDisruptionBudget beside the tier's one Service.
+	const sharded = "prism-sharded"
+	k("create", "namespace", sharded)
+	cmd := exec.Command(kubectl, "--kubeconfig", s.Kubeconfig, "apply", "-n", sharded, "-f", "-")
+	cmd.Stdin = strings.NewReader(string(run(t, helm, "template", "prism", chartDir, "--namespace", sharded, "--set", "embedding.shards=2")))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sharded variant, apply: %v\n%s", err, out)
+	}
+	got = strings.Fields(k("get", "-n", sharded, "statefulsets,services,poddisruptionbudgets", "-o", "name", "-l", "app.kubernetes.io/component=embedding"))
+	slices.Sort(got)
+	want := []string{
+		"poddisruptionbudget.policy/prism-embedding-shard-0", "poddisruptionbudget.policy/prism-embedding-shard-1",
+		"service/prism-embedding",
+		"statefulset.apps/prism-embedding-shard-0", "statefulset.apps/prism-embedding-shard-1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("sharded variant: the embedding tier's objects on the server are %v, want %v", got, want)
 	}
 }

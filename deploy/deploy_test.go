@@ -19,6 +19,9 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
 
@@ -176,7 +179,11 @@ func TestManifestsDecode(t *testing.T) {
 func checkWorkloads(t *testing.T, objs []object) {
 	t.Helper()
 	pods := podSpecs(objs)
-	for _, name := range []string{"prism-router", "prism-embedding", "prism-dense"} {
+	embedding := embeddingWorkloads(objs)
+	if len(embedding) == 0 {
+		t.Errorf("no embedding workload (prism-embedding or prism-embedding-shard-K)")
+	}
+	for _, name := range append([]string{"prism-router", "prism-dense"}, embedding...) {
 		p, ok := pods[name]
 		if !ok {
 			t.Errorf("no workload %s", name)
@@ -210,15 +217,17 @@ func checkWorkloads(t *testing.T, objs []object) {
 	if t.Failed() {
 		return
 	}
-	emb := find[*appsv1.StatefulSet](t, objs, "StatefulSet", "prism-embedding")
-	if len(emb.Spec.VolumeClaimTemplates) != 1 {
-		t.Errorf("embedding: %d volume claim templates, want 1 (the Pebble store)", len(emb.Spec.VolumeClaimTemplates))
-	}
-	if init := emb.Spec.Template.Spec.InitContainers; len(init) == 0 || !strings.Contains(strings.Join(init[0].Command, " "), "prism ingest") {
-		t.Errorf("embedding: no init step running prism ingest: %+v", init)
-	}
-	if emb.Spec.Template.Spec.Containers[0].StartupProbe == nil {
-		t.Errorf("embedding: no startup probe to wait out the hot tier's preload")
+	for _, name := range embedding {
+		emb := find[*appsv1.StatefulSet](t, objs, "StatefulSet", name)
+		if len(emb.Spec.VolumeClaimTemplates) != 1 {
+			t.Errorf("%s: %d volume claim templates, want 1 (the Pebble store)", name, len(emb.Spec.VolumeClaimTemplates))
+		}
+		if init := emb.Spec.Template.Spec.InitContainers; len(init) == 0 || !strings.Contains(strings.Join(init[0].Command, " "), "prism ingest") {
+			t.Errorf("%s: no init step running prism ingest: %+v", name, init)
+		}
+		if emb.Spec.Template.Spec.Containers[0].StartupProbe == nil {
+			t.Errorf("%s: no startup probe to wait out the hot tier's preload", name)
+		}
 	}
 	dense := pods["prism-dense"].Spec.Containers[0].Resources
 	var gpu []string
@@ -245,7 +254,11 @@ func checkWorkloads(t *testing.T, objs []object) {
 	// The internal ports admit Prism's own pods only.
 	for _, name := range []string{"prism-embedding", "prism-dense"} {
 		np := find[*networkingv1.NetworkPolicy](t, objs, "NetworkPolicy", name)
-		grpc := pods[name].Spec.Containers[0].Ports[0].ContainerPort
+		workload := name
+		if name == "prism-embedding" {
+			workload = embedding[0]
+		}
+		grpc := pods[workload].Spec.Containers[0].Ports[0].ContainerPort
 		for _, rule := range np.Spec.Ingress {
 			if len(rule.Ports) == 1 && rule.Ports[0].Port.IntValue() == int(grpc) {
 				if len(rule.From) != 1 || rule.From[0].PodSelector == nil || rule.From[0].NamespaceSelector != nil ||
@@ -257,6 +270,115 @@ func checkWorkloads(t *testing.T, objs []object) {
 		}
 		if grpc != -1 {
 			t.Errorf("%s: no ingress rule for the gRPC port", name)
+		}
+	}
+}
+
+// embeddingWorkloads are the names of the embedding tier's StatefulSets:
+// prism-embedding, or prism-embedding-shard-K for a sharded tier, in
+// shard order.
+func embeddingWorkloads(objs []object) []string {
+	var names []string
+	for _, o := range objs {
+		if o.Kind == "StatefulSet" && (o.Name == "prism-embedding" || strings.HasPrefix(o.Name, "prism-embedding-shard-")) {
+			names = append(names, o.Name)
+		}
+	}
+	return names
+}
+
+// selects says whether the label selector sel matches the labels of pod.
+func selects(t *testing.T, sel *metav1.LabelSelector, pod map[string]string) bool {
+	t.Helper()
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		t.Fatalf("selector %+v: %v", sel, err)
+	}
+	return !s.Empty() && s.Matches(labels.Set(pod))
+}
+
+// checkShards checks a sharded embedding tier of shards shards with
+// replicas pods each: one StatefulSet per shard, prism-embedding-shard-K,
+// whose init step ingests shard K (prism ingest --shard K) into its
+// pod's own store and whose pods carry their shard's label; all of them
+// behind the tier's headless Service (their DNS names, the routers'
+// --watch-endpoints) and NetworkPolicy; and one PodDisruptionBudget per
+// shard, selecting that shard's pods only, that keeps one of them.
+func checkShards(t *testing.T, objs []object, shards, replicas int) {
+	t.Helper()
+	var want []string
+	for k := range shards {
+		want = append(want, fmt.Sprintf("prism-embedding-shard-%d", k))
+	}
+	if got := embeddingWorkloads(objs); !slices.Equal(got, want) {
+		t.Fatalf("embedding StatefulSets %v, want %v", got, want)
+	}
+	svc := find[*corev1.Service](t, objs, "Service", "prism-embedding")
+	np := find[*networkingv1.NetworkPolicy](t, objs, "NetworkPolicy", "prism-embedding")
+	router := podSpecs(objs)["prism-router"].Spec.Containers[0].Args
+	if i := slices.Index(router, "--watch-endpoints"); i >= 0 && !slices.Contains(strings.Split(strings.TrimPrefix(router[i+1], namespace+"/"), ","), svc.Name) {
+		t.Errorf("router: --watch-endpoints %s does not name the embedding Service %s", router[i+1], svc.Name)
+	}
+	var pods []map[string]string
+	for k, name := range want {
+		sts := find[*appsv1.StatefulSet](t, objs, "StatefulSet", name)
+		pod := sts.Spec.Template.Labels
+		pods = append(pods, pod)
+		if sts.Spec.Replicas == nil || int(*sts.Spec.Replicas) != replicas {
+			t.Errorf("%s: replicas %v, want %d (embedding.replicas, per shard)", name, sts.Spec.Replicas, replicas)
+		}
+		if sts.Spec.ServiceName != svc.Name {
+			t.Errorf("%s: serviceName %q, want the tier's headless Service %s (the pods' DNS names)", name, sts.Spec.ServiceName, svc.Name)
+		}
+		if !selects(t, sts.Spec.Selector, pod) {
+			t.Errorf("%s: selector %+v does not select its pods %v", name, sts.Spec.Selector, pod)
+		}
+		if !selects(t, &metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, pod) {
+			t.Errorf("Service %s does not select %s's pods %v", svc.Name, name, pod)
+		}
+		if !selects(t, &np.Spec.PodSelector, pod) {
+			t.Errorf("NetworkPolicy %s does not select %s's pods %v", np.Name, name, pod)
+		}
+		init := sts.Spec.Template.Spec.InitContainers
+		var ingests int
+		for _, c := range init {
+			for _, argv := range containerCommandLines(c) {
+				if argv[0] != "ingest" {
+					continue
+				}
+				ingests++
+				if i := slices.Index(argv, "--shard"); i < 0 || i+1 >= len(argv) || argv[i+1] != fmt.Sprint(k) {
+					t.Errorf("%s/%s: prism %s: want --shard %d", name, c.Name, strings.Join(argv, " "), k)
+				}
+			}
+		}
+		if ingests == 0 {
+			t.Errorf("%s: no init step running prism ingest --shard %d", name, k)
+		}
+	}
+	for k, name := range want {
+		pdb := find[*policyv1.PodDisruptionBudget](t, objs, "PodDisruptionBudget", name)
+		for j, pod := range pods {
+			if got := selects(t, pdb.Spec.Selector, pod); got != (j == k) {
+				t.Errorf("PodDisruptionBudget %s selects shard %d's pods: %v, want %v", name, j, got, j == k)
+			}
+		}
+		switch s := pdb.Spec; {
+		case s.MinAvailable != nil && s.MaxUnavailable == nil:
+			if s.MinAvailable.IntValue() < 1 {
+				t.Errorf("PodDisruptionBudget %s: minAvailable %v lets every replica of the shard go", name, s.MinAvailable)
+			}
+		case s.MaxUnavailable != nil && s.MinAvailable == nil:
+			if n, err := intstr.GetScaledValueFromIntOrPercent(s.MaxUnavailable, replicas, true); err != nil || n >= replicas {
+				t.Errorf("PodDisruptionBudget %s: maxUnavailable %v of %d replicas lets every replica of the shard go", name, s.MaxUnavailable, replicas)
+			}
+		default:
+			t.Errorf("PodDisruptionBudget %s: want one of minAvailable and maxUnavailable: %+v", name, s)
+		}
+	}
+	for _, o := range objs {
+		if o.Name == "prism-embedding" && (o.Kind == "StatefulSet" || o.Kind == "PodDisruptionBudget") {
+			t.Errorf("sharded tier: an unsharded %s %s too", o.Kind, o.Name)
 		}
 	}
 }
@@ -398,25 +520,33 @@ func commandLines(objs []object) map[string][][]string {
 	for name, p := range podSpecs(objs) {
 		for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
 			where := name + "/" + c.Name
-			switch {
-			case len(c.Command) == 0:
-				lines[where] = append(lines[where], c.Args)
-			case len(c.Command) == 3 && c.Command[0] == "sh" && c.Command[1] == "-c":
-				for _, seg := range regexp.MustCompile(`\|\||&&|;|\|`).Split(c.Command[2], -1) {
-					f := strings.Fields(seg)
-					if len(f) > 0 && f[0] == "exec" {
-						f = f[1:]
-					}
-					if len(f) == 0 || f[0] != "prism" {
-						continue
-					}
-					f = slices.DeleteFunc(f[1:], func(s string) bool { return strings.Contains(s, ">") })
-					lines[where] = append(lines[where], f)
-				}
-			case c.Command[0] == "prism":
-				lines[where] = append(lines[where], append(slices.Clone(c.Command[1:]), c.Args...))
-			}
+			lines[where] = append(lines[where], containerCommandLines(c)...)
 		}
+	}
+	return lines
+}
+
+// containerCommandLines are the prism command lines of one container.
+func containerCommandLines(c corev1.Container) [][]string {
+	var lines [][]string
+	switch {
+	case len(c.Command) == 0:
+		lines = append(lines, c.Args)
+	case len(c.Command) == 3 && c.Command[0] == "sh" && c.Command[1] == "-c":
+		for _, seg := range regexp.MustCompile(`\|\||&&|;|\|`).Split(c.Command[2], -1) {
+			f := strings.Fields(seg)
+			// A command of a { list; } or after exec.
+			for len(f) > 0 && (f[0] == "{" || f[0] == "exec") {
+				f = f[1:]
+			}
+			if len(f) == 0 || f[0] != "prism" {
+				continue
+			}
+			f = slices.DeleteFunc(f[1:], func(s string) bool { return strings.Contains(s, ">") })
+			lines = append(lines, f)
+		}
+	case c.Command[0] == "prism":
+		lines = append(lines, append(slices.Clone(c.Command[1:]), c.Args...))
 	}
 	return lines
 }
@@ -520,6 +650,42 @@ func TestCommandLinesMatchCLI(t *testing.T) {
 	for _, p := range flagProblems(t, bin, readRendered(t)) {
 		t.Error(p)
 	}
+	// The sharded embedding tier's command lines (prism ingest --shard K)
+	// are not in deploy/manifests: render them.
+	t.Run("sharded", func(t *testing.T) {
+		helm := helmBinary(t)
+		objs := decode(t, run(t, helm, append(slices.Clone(helmTemplate), "--set", "embedding.shards=2", "--set", "embedding.ingest.dtype=int8")...))
+		checkShards(t, objs, 2, 2)
+		for _, p := range flagProblems(t, bin, objs) {
+			t.Error(p)
+		}
+	})
+}
+
+// TestChartRefusesBadShards checks that the chart refuses, saying why,
+// an embedding.shards that is not a whole number, and a sharded tier
+// without its init step (each worker would then ingest the whole model
+// into its empty store).
+func TestChartRefusesBadShards(t *testing.T) {
+	helm := helmBinary(t)
+	for _, c := range []struct {
+		set  []string
+		want string
+	}{
+		{[]string{"embedding.shards=1.5"}, "embedding.shards 1.5: want a whole number"},
+		{[]string{"embedding.shards=-2"}, "embedding.shards -2: want a whole number"},
+		{[]string{"embedding.shards=two"}, "embedding.shards two: want a whole number"},
+		{[]string{"embedding.shards=2", "embedding.ingest.enabled=false"}, "embedding.shards 2 needs embedding.ingest.enabled"},
+	} {
+		args := slices.Clone(helmTemplate)
+		for _, v := range c.set {
+			args = append(args, "--set", v)
+		}
+		out, err := exec.Command(helm, args...).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("helm template --set %v: %v, want a failure saying %q\n%s", c.set, err, c.want, out)
+		}
+	}
 }
 
 // helmBinary finds helm on PATH or in the checkout's .cache/bin.
@@ -576,16 +742,21 @@ func TestChartVariants(t *testing.T) {
 		set  []string
 		// partial: the variant turns off parts checkWorkloads asks for.
 		partial bool
+		// shards, replicas: a sharded embedding tier (checkShards).
+		shards, replicas int
 	}{
-		{"plaintext", []string{"tls.enabled=false"}, false},
-		{"image-models", []string{"modelRepository.type=image", "modelRepository.image.reference=registry.example/prism-models:1"}, false},
-		{"hostpath-models-token", []string{"modelRepository.type=hostPath", "tls.authTokenSecret=prism-token", "embedding.ingest.dtype=float16"}, false},
-		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false},
-		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false},
-		{"loan", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.pool.taints={pool=training:NoSchedule}", "loan.options=capacity=300"}, false},
-		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.enabled=false", "router.replicas=1"}, true},
+		{"plaintext", []string{"tls.enabled=false"}, false, 0, 0},
+		{"image-models", []string{"modelRepository.type=image", "modelRepository.image.reference=registry.example/prism-models:1"}, false, 0, 0},
+		{"hostpath-models-token", []string{"modelRepository.type=hostPath", "tls.authTokenSecret=prism-token", "embedding.ingest.dtype=float16"}, false, 0, 0},
+		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false, 0, 0},
+		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false, 0, 0},
+		{"loan", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.pool.taints={pool=training:NoSchedule}", "loan.options=capacity=300"}, false, 0, 0},
+		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.enabled=false", "router.replicas=1"}, true, 0, 0},
 		{"cpu-only-fixed-routers-open", []string{"dense.gpu.enabled=false", "router.autoscaling.enabled=false", "router.replicas=2",
-			"networkPolicy.enabled=false", "metrics.annotations=false", "embedding.ingest.enabled=false"}, true},
+			"networkPolicy.enabled=false", "metrics.annotations=false", "embedding.ingest.enabled=false"}, true, 0, 0},
+		{"sharded", []string{"embedding.shards=2"}, false, 2, 2},
+		{"sharded-one-replica-float16", []string{"embedding.shards=3", "embedding.replicas=1", "embedding.ingest.dtype=float16"}, false, 3, 1},
+		{"sharded-plaintext-pod-ip", []string{"embedding.shards=2", "embedding.replicas=3", "embedding.pdb.maxUnavailable=3", "tls.enabled=false", "workers.advertiseDNS=false"}, false, 2, 3},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			args := slices.Clone(helmTemplate)
@@ -597,6 +768,9 @@ func TestChartVariants(t *testing.T) {
 				checkWorkloads(t, objs)
 			} else {
 				checkRouterRollout(t, objs)
+			}
+			if v.shards > 0 {
+				checkShards(t, objs, v.shards, v.replicas)
 			}
 			if _, err := os.Stat(bin); err != nil {
 				return
@@ -706,5 +880,108 @@ func TestIngestInitStep(t *testing.T) {
 	out, err := step(initStep("dlrm-kaggle"), other)
 	if err == nil || !strings.Contains(out, `"dlrm-kaggle"`) || !strings.Contains(out, "dlrm-tiny") {
 		t.Errorf("init step with models[].name dlrm-kaggle for a plan of dlrm-tiny: %v, want a failure naming both\n%s", err, out)
+	}
+}
+
+// TestShardedIngestInitStep runs the init steps of a sharded embedding
+// tier (embedding.shards) as the chart renders them, one StatefulSet per
+// shard, with the real prism on dlrm-tiny partitioned and sharded into 2
+// by prism shard: shard K's init step leaves its pod's store holding
+// shard K of 2 (prism store versions), the shard's tables only, and
+// leaves such a store as it is when the pod starts again. A plan sharded
+// into another count than embedding.shards, or not sharded at all,
+// fails the init step, saying so, instead of serving part of a sharding.
+func TestShardedIngestInitStep(t *testing.T) {
+	bin, err := filepath.Abs(prismBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm := helmBinary(t)
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "models")
+	run(t, bin, "models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "build"), "--seed", "5")
+	run(t, bin, "partition", filepath.Join(dir, "build", "model.onnx"), "-o", filepath.Join(repo, "whole"))
+	if err := os.CopyFS(filepath.Join(repo, "sharded"), os.DirFS(filepath.Join(repo, "whole"))); err != nil {
+		t.Fatal(err)
+	}
+	run(t, bin, "shard", filepath.Join(repo, "sharded"), "--shards", "2")
+
+	// initSteps renders the chart with shards shards of the plan in
+	// folder plan and returns each shard's init script.
+	initSteps := func(shards int, plan string) []string {
+		t.Helper()
+		out := run(t, helm, append(slices.Clone(helmTemplate), "--set", fmt.Sprintf("embedding.shards=%d", shards),
+			"--set", "models[0].name=dlrm-tiny", "--set", "models[0].plan="+plan)...)
+		objs := decode(t, out)
+		checkShards(t, objs, shards, 2)
+		var scripts []string
+		for k := range shards {
+			sts := find[*appsv1.StatefulSet](t, objs, "StatefulSet", fmt.Sprintf("prism-embedding-shard-%d", k))
+			init := sts.Spec.Template.Spec.InitContainers
+			if len(init) != 1 || len(init[0].Command) != 3 {
+				t.Fatalf("shard %d: init containers %+v: want one sh -c script", k, init)
+			}
+			scripts = append(scripts, init[0].Command[2])
+		}
+		return scripts
+	}
+	step := func(script, store string) (string, error) {
+		t.Helper()
+		script = strings.ReplaceAll(script, "/models/", repo+"/")
+		script = strings.ReplaceAll(script, "/var/lib/prism/store", store)
+		cmd := exec.Command("sh", "-c", script)
+		cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	versions := func(store string) string {
+		t.Helper()
+		return string(run(t, bin, "store", "versions", "dlrm-tiny", "--db", store))
+	}
+
+	scripts := initSteps(2, "sharded")
+	var tables []int
+	for k, script := range scripts {
+		store := filepath.Join(dir, fmt.Sprintf("store-%d", k))
+		if out, err := step(script, store); err != nil {
+			t.Fatalf("shard %d: init step on an empty store: %v\n%s", k, err, out)
+		}
+		first := versions(store)
+		want := fmt.Sprintf("(shard %d of 2)", k)
+		if !strings.HasPrefix(first, "*") || !strings.Contains(first, want) || strings.Count(first, "\n") != 1 {
+			t.Fatalf("shard %d: the store's versions after the init step:\n%s\nwant one, active, %s", k, first, want)
+		}
+		var n int
+		if _, err := fmt.Sscanf(strings.Fields(first)[2], "%d", &n); err != nil {
+			t.Fatalf("shard %d: versions %q: %v", k, first, err)
+		}
+		tables = append(tables, n)
+		if out, err := step(script, store); err != nil {
+			t.Fatalf("shard %d: init step on a store holding its shard: %v\n%s", k, err, out)
+		} else if strings.Contains(out, "ingested") {
+			t.Errorf("shard %d: init step on a store holding its shard ingested it again:\n%s", k, out)
+		}
+		if v := versions(store); v != first {
+			t.Errorf("shard %d: the store's versions changed when it held its shard already:\n%s\nwere\n%s", k, v, first)
+		}
+	}
+	// dlrm-tiny's 26 tables, each on one shard (table-wise: none is over
+	// a shard's budget), so no shard holds them all.
+	if len(tables) == 2 && (tables[0]+tables[1] != 26 || tables[0] == 26 || tables[1] == 26) {
+		t.Errorf("the shards' stores hold %v tables, want dlrm-tiny's 26 split between them", tables)
+	}
+
+	// A plan of 2 shards under embedding.shards=3: shard 0 is shard 0 of
+	// 2, not of 3; shard 2 is none of the plan's.
+	three := initSteps(3, "sharded")
+	if out, err := step(three[0], filepath.Join(dir, "store-3-0")); err == nil || !strings.Contains(out, "not shard 0 of 3") || !strings.Contains(out, "(shard 0 of 2)") {
+		t.Errorf("embedding.shards=3 for a plan of 2 shards, shard 0: %v, want a failure saying the store holds shard 0 of 2\n%s", err, out)
+	}
+	if out, err := step(three[2], filepath.Join(dir, "store-3-2")); err == nil || !strings.Contains(out, "shards 0 to 1") {
+		t.Errorf("embedding.shards=3 for a plan of 2 shards, shard 2: %v, want a failure naming the plan's shards\n%s", err, out)
+	}
+	// A plan prism shard never sharded.
+	if out, err := step(initSteps(2, "whole")[1], filepath.Join(dir, "store-whole")); err == nil || !strings.Contains(out, "no sharding section") {
+		t.Errorf("embedding.shards=2 for an unsharded plan: %v, want a failure saying the plan has no sharding\n%s", err, out)
 	}
 }

@@ -169,3 +169,42 @@ prometheus.io/scheme: {{ $scheme }}
 {{- define "prism.routerAddr" -}}
 {{- printf "%s-headless:%v" (include "prism.name" (list . "router")) .Values.router.port -}}
 {{- end -}}
+
+{{/* The embedding tier's shard count: embedding.shards, 0 (or 1) for an unsharded tier. A sharded tier needs its init step, which makes each pod's store its shard's. */}}
+{{- define "prism.embeddingShards" -}}
+{{- $v := .Values.embedding.shards | default 0 -}}
+{{- if not (or (kindIs "float64" $v) (kindIs "int64" $v) (kindIs "int" $v)) -}}
+{{- fail (printf "embedding.shards %v: want a whole number of shards (0 or 1: unsharded)" $v) -}}
+{{- end -}}
+{{- $n := int $v -}}
+{{- if or (lt $n 0) (ne (float64 $n) (float64 $v)) -}}
+{{- fail (printf "embedding.shards %v: want a whole number of shards (0 or 1: unsharded)" $v) -}}
+{{- end -}}
+{{- if and (ge $n 2) (not .Values.embedding.ingest.enabled) -}}
+{{- fail (printf "embedding.shards %d needs embedding.ingest.enabled: the init step ingests each pod's shard (prism ingest --shard K); a worker would ingest the whole model into an empty store itself" $n) -}}
+{{- end -}}
+{{- if ge $n 2 }}{{ $n }}{{ else }}0{{ end -}}
+{{- end -}}
+
+{{/* The embedding StatefulSets' shard indices: 0 to shards-1, or -1 alone for the unsharded tier. */}}
+{{- define "prism.embeddingShardList" -}}
+{{- $n := include "prism.embeddingShards" . | int -}}
+{{- if ge $n 2 }}{{ until $n | toJson }}{{ else }}[-1]{{ end -}}
+{{- end -}}
+
+{{/* An embedding StatefulSet's name: the tier's, with -shard-K for shard K. Call with (list $ K), K -1 for the unsharded tier. */}}
+{{- define "prism.embeddingName" -}}
+{{- $name := include "prism.name" (list (index . 0) "embedding") -}}
+{{- if ge (int (index . 1)) 0 -}}
+{{- printf "%s-shard-%d" $name (int (index . 1)) -}}
+{{- else -}}
+{{- $name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The label that tells one shard's embedding pods from the other shards' (nothing for the unsharded tier). Call with (list $ K). */}}
+{{- define "prism.shardLabel" -}}
+{{- if ge (int (index . 1)) 0 -}}
+prism.dev/shard: {{ int (index . 1) | quote }}
+{{- end -}}
+{{- end -}}
