@@ -195,7 +195,7 @@ func New(o Options) (*Server, error) {
 		}
 		s.models[m.name] = m
 		s.names = append(s.names, m.name)
-		s.log.Info("dense model loaded", "model", m.name, "dir", dir, "inputs", len(m.spec), "bytes_per_sample", m.bytesPerSample())
+		s.log.Info("dense model loaded", "model", m.name, "dir", dir, "content", m.content, "inputs", len(m.spec), "bytes_per_sample", m.bytesPerSample())
 	}
 	sort.Strings(s.names)
 	s.metrics = newMetrics(s)

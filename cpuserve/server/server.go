@@ -200,7 +200,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 		}
 		// The plan's tables: a shard's worker holds some of them (the
 		// line before says how many lookups it serves).
-		s.log.Info("serving model", "model", name, "plan", dir, "plan_tables", len(p.Tables), "cpu_model", p.CPUModel != "", "cut_tensors", len(p.Cut))
+		s.log.Info("serving model", "model", name, "plan", dir, "content", m.content, "plan_tables", len(p.Tables), "cpu_model", p.CPUModel != "", "cut_tensors", len(p.Cut))
 	}
 	return s, nil
 }
