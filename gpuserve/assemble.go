@@ -218,6 +218,20 @@ func (a *assembler) finish(f *fanout, scores []float32, err error) {
 	close(f.done)
 }
 
+// refuse fails the parts of fan-out key waiting for their siblings, if
+// any, with err: shard's part (of shards) was refused before it could
+// join them. A fan-out that holds that shard's part already (this one
+// came twice) stands.
+func (a *assembler) refuse(key string, shard, shards int, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	f := a.pending[key]
+	if f == nil || (f.shards == shards && f.got[shard]) {
+		return
+	}
+	a.finish(f, nil, err)
+}
+
 // missing lists the shards whose parts have not arrived; a.mu held.
 func (f *fanout) missing() []int {
 	var out []int
@@ -278,8 +292,13 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 			if own == "" {
 				own = "none (a plan without sharding)"
 			}
-			return nil, otherSharding(m.name, key, shard, fp, own, status.Convert(err).Message())
+			err = otherSharding(m.name, key, shard, fp, own, status.Convert(err).Message())
 		}
+		// Without this part the fan-out is never whole: its waiting
+		// parts are failed now, saying why, as by a part refused once
+		// it has joined them, not at their deadline as a part that
+		// never came.
+		m.assembly.refuse(key, shard, shards, status.Errorf(status.Code(err), "model %q: fan-out %q: shard %d's part was refused: %s", m.name, key, shard, status.Convert(err).Message()))
 		return nil, err
 	}
 	s.mu.RLock()

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -518,7 +519,11 @@ func rememberSchema(b []byte, n int, ts []Tensor) {
 	for i, t := range ts {
 		s.names[i], s.widths[i], s.ctx[i], s.dict[i] = t.Name, t.Width, t.Context, t.dict == dictInt32
 		if s.dict[i] {
-			if ids[i] < 0 {
+			// Two columns of one id share a dictionary: a second
+			// DictionaryBatch of the id replaces the first for both in
+			// arrow-go's reader, where the fast path would give each
+			// column the batch at its position.
+			if ids[i] < 0 || slices.Contains(s.dictIDs, ids[i]) {
 				return
 			}
 			s.dictIDs = append(s.dictIDs, ids[i])

@@ -324,3 +324,88 @@ func TestDictionaryIDsFollowSchema(t *testing.T) {
 	}
 	checkFastAgainstSlow(t, b)
 }
+
+// sharedDictFrame is a frame of 2 samples of three dictionary columns
+// "a", "b", "c" of width 1, each a dictionary of one row (rows[i]) as
+// arrow-go wrote it (ids 0, 1, 2), with "c" renumbered to share "b"'s
+// dictionary id 1 and its DictionaryBatch renumbered to 1 as well: per
+// Arrow's stream format that second batch of id 1 replaces the first, and
+// arrow-go's reader gives "b" and "c" both rows[2].
+func sharedDictFrame(t testing.TB, rows [3]float32) []byte {
+	t.Helper()
+	ts := make([]Tensor, 3)
+	for i := range ts {
+		ts[i] = Tensor{Name: string(rune('a' + i)), Width: 1, Data: []float32{rows[i]}, Index: []int32{0, 0}}
+	}
+	b, err := encodeWithArrow(nil, 2, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, body, end, ok := messageAt(b, 0)
+	if !ok {
+		t.Fatal("no schema message")
+	}
+	var schema flatbuffers.Table
+	if !union(root(meta), slotMsgHeader, &schema) {
+		t.Fatal("no schema")
+	}
+	f := tableAt(&schema, 6, 2)             // Schema.fields[2]
+	o := flatbuffers.UOffsetT(f.Offset(12)) // Field.dictionary
+	d := flatbuffers.Table{Bytes: f.Bytes, Pos: f.Indirect(f.Pos + o)}
+	p := d.Offset(4) // DictionaryEncoding.id
+	if o == 0 || p == 0 {
+		t.Fatal("field 2: no dictionary id written")
+	}
+	at := body - len(meta) + int(d.Pos) + int(p)
+	if binary.LittleEndian.Uint64(b[at:]) != 2 {
+		t.Fatal("arrow-go numbered the dictionaries otherwise")
+	}
+	binary.LittleEndian.PutUint64(b[at:], 1)
+	// The third DictionaryBatch message: id 2 becomes 1.
+	for range 2 {
+		_, _, end, ok = messageAt(b, end)
+		if !ok {
+			t.Fatal("no dictionary message")
+		}
+	}
+	meta, body, _, ok = messageAt(b, end)
+	var db flatbuffers.Table
+	if !ok || !union(root(meta), slotMsgHeader, &db) || db.GetInt64Slot(slotDictID, -1) != 2 {
+		t.Fatal("no third dictionary message of id 2")
+	}
+	at = body - len(meta) + int(db.Pos) + int(db.Offset(slotDictID))
+	binary.LittleEndian.PutUint64(b[at:], 1)
+	return b
+}
+
+// TestSharedDictionaryIDNotFastPath: a schema whose two columns share a
+// dictionary id, learnt from a frame whose dictionaries of that id happen
+// to be equal, must not let the fast path read a later frame's
+// dictionaries by position: arrow-go's reader gives both columns the last
+// DictionaryBatch of the id, and so must Decode.
+func TestSharedDictionaryIDNotFastPath(t *testing.T) {
+	if _, _, err := Decode(sharedDictFrame(t, [3]float32{1, 5, 5})); err != nil {
+		t.Fatal(err)
+	}
+	b := sharedDictFrame(t, [3]float32{1, 2, 3})
+	want := [][]float32{{1, 1}, {3, 3}, {3, 3}}
+	for round := range 2 {
+		n, ts, err := Decode(b)
+		if err != nil || n != 2 || len(ts) != 3 {
+			t.Fatalf("round %d: n=%d %s, %v", round, n, describe(ts), err)
+		}
+		for i, w := range want {
+			if !slices.Equal(ts[i].Data, w) {
+				t.Errorf("round %d: column %q decoded to %v, want %v (the last dictionary of its id, as arrow-go reads it)", round, ts[i].Name, ts[i].Data, w)
+			}
+		}
+		_, its, err := DecodeIndexed(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := expandAll(2, its); !sameBits(got, want) {
+			t.Errorf("round %d: DecodeIndexed expands to %v, want %v", round, got, want)
+		}
+	}
+	checkFastAgainstSlow(t, b)
+}
