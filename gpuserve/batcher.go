@@ -528,6 +528,14 @@ func (b *Batcher) release(samples, n int, took time.Duration) {
 	b.mu.Unlock()
 }
 
+// DeadlineRefused are the requests refused for their deadline without
+// running: expired in the queue, and predicted to miss it (late).
+func (b *Batcher) DeadlineRefused() (expired, late int64) {
+	b.stats.mu.Lock()
+	defer b.stats.mu.Unlock()
+	return b.stats.Expired, b.stats.Late
+}
+
 // Snapshot copies the counters.
 func (b *Batcher) Snapshot() (batches, samples, rejected int64, sizes map[int]int64) {
 	b.stats.mu.Lock()

@@ -269,8 +269,13 @@ func TestScoreDeadlineStatus(t *testing.T) {
 	if st := status.Convert(err); st.Code() != codes.DeadlineExceeded || !strings.Contains(st.Message(), "predicted to miss by") {
 		t.Errorf("over gRPC: got %v %q, want DeadlineExceeded predicted to miss", st.Code(), st.Message())
 	}
-	if v := gather(t, ts.srv)["prism_dense_rejected_total{deadline}"]; v != 3 {
+	got := gather(t, ts.srv)
+	if v := got["prism_dense_rejected_total{deadline}"]; v != 3 {
 		t.Errorf("rejected{deadline} = %v, want 3", v)
+	}
+	// The batcher's own refusal is told apart: predicted to miss.
+	if p, e := got["prism_dense_batcher_deadline_refused_total{predicted}"], got["prism_dense_batcher_deadline_refused_total{expired}"]; p != 1 || e != 0 {
+		t.Errorf("batcher_deadline_refused_total predicted %v expired %v, want 1 and 0", p, e)
 	}
 	if d := m.batcher.QueueDepth(); d != 0 {
 		t.Errorf("depth %d after the refusal", d)

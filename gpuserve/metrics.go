@@ -17,6 +17,7 @@ type metrics struct {
 	sizes    *prometheus.Desc
 	depth    *prometheus.Desc
 	overload *prometheus.Desc
+	deadline *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*metrics)(nil)
@@ -34,6 +35,7 @@ func newMetrics(s *Server) *metrics {
 		sizes:    prometheus.NewDesc("prism_dense_batch_size", "Samples per ONNX Runtime run.", lbl, nil),
 		depth:    prometheus.NewDesc("prism_dense_queue_depth", "Samples queued or running.", lbl, nil),
 		overload: prometheus.NewDesc("prism_dense_batcher_overloaded_total", "Requests the batcher refused because its queue was full.", lbl, nil),
+		deadline: prometheus.NewDesc("prism_dense_batcher_deadline_refused_total", "Requests the batcher answered DeadlineExceeded without running them, by model and why: expired (the deadline passed in the queue) or predicted (its run-time estimates said it would miss it).", []string{"model", "why"}, nil),
 	}
 }
 
@@ -58,6 +60,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.sizes
 	ch <- m.depth
 	ch <- m.overload
+	ch <- m.deadline
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
@@ -68,6 +71,9 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.batches, prometheus.CounterValue, float64(batches), name)
 		ch <- prometheus.MustNewConstMetric(m.overload, prometheus.CounterValue, float64(rejected), name)
 		ch <- prometheus.MustNewConstMetric(m.depth, prometheus.GaugeValue, float64(b.QueueDepth()), name)
+		expired, late := b.DeadlineRefused()
+		ch <- prometheus.MustNewConstMetric(m.deadline, prometheus.CounterValue, float64(expired), name, "expired")
+		ch <- prometheus.MustNewConstMetric(m.deadline, prometheus.CounterValue, float64(late), name, "predicted")
 		ch <- prometheus.MustNewConstHistogram(m.sizes, uint64(batches), float64(samples), cumulative(sizes, m.s.opts.Batch.MaxBatch), name)
 	}
 }

@@ -277,7 +277,7 @@ func gather(t *testing.T, srv *serve.Server) map[string]float64 {
 		for _, m := range mf.GetMetric() {
 			name := mf.GetName()
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" {
+				if l.GetName() == "reason" || l.GetName() == "why" {
 					name += "{" + l.GetValue() + "}"
 				}
 			}
