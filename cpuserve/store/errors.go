@@ -35,12 +35,18 @@ type IDError struct {
 	Index int
 	ID    int64
 	Rows  int64
-	Err   error
+	// Part, if set, is the rows of the table this store holds (a
+	// row-wise shard's): the id's row, in the table, is another shard's.
+	Part *RowPart
+	Err  error
 }
 
 func (e *IDError) Error() string {
 	if errors.Is(e.Err, ErrNegativeID) {
 		return fmt.Sprintf("table %q: ids[%d]=%d: %v", e.Table, e.Index, e.ID, e.Err)
+	}
+	if e.Part != nil {
+		return fmt.Sprintf("table %q: ids[%d]=%d, this store holds rows %s of the table's %d (not a partial lookup): %v", e.Table, e.Index, e.ID, e.Part, e.Rows, e.Err)
 	}
 	return fmt.Sprintf("table %q: ids[%d]=%d, table has %d rows: %v", e.Table, e.Index, e.ID, e.Rows, e.Err)
 }

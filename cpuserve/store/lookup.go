@@ -330,6 +330,14 @@ func (s *Store) gatherHot(tv *tableView, r *TableLookup, j *tableJob, sc *scratc
 	if r.Partial {
 		ids = markHeld(tv, ids, resolved, j.g, j)
 		resolved = true
+	} else if p := tv.part; p != nil {
+		// A whole lookup of a part: another shard's row is bad input,
+		// not a row missing from the store.
+		for i, id := range ids {
+			if id >= 0 && !p.holds(id) {
+				return &IDError{Table: tv.name, Index: i, ID: r.IDs[i], Rows: tv.rows, Part: p, Err: ErrIDOutOfRange}
+			}
+		}
 	}
 	j.ids = ids
 	cls := tv.hot

@@ -203,3 +203,48 @@ func TestUpsertOutsidePart(t *testing.T) {
 		t.Errorf("preload after reopen loaded %d rows, the part holds %d", got, want)
 	}
 }
+
+// A lookup that is not Partial, of a store holding a part of a row-wise
+// table, of an id another shard holds is bad input found before any read
+// (an *IDError, ErrIDOutOfRange), never a row "missing from the store"
+// (ErrCorrupt: the catalog promises no such row), whichever way the
+// misses are read and whether the hot tier holds the part's rows.
+func TestLookupOutsidePart(t *testing.T) {
+	const rows, dim = 4096, 8
+	dir, _ := shardPlan(t, []*testTable{{name: "big", rows: rows, dim: dim, seed: 5}}, 2, 80<<10, "big")
+	for _, hb := range []int64{-1, 16 << 10, 0} {
+		for _, mode := range []MissReads{MissSorted, MissPoint} {
+			s, _ := openMem(t, &Options{HotBytes: hb, Preload: PreloadOn, MissReads: mode})
+			k := 1
+			if _, err := s.Ingest(context.Background(), dir, IngestOptions{Shard: &k}); err != nil {
+				t.Fatal(err)
+			}
+			tabs, _ := s.Tables("m")
+			part := tabs[0].Part
+			if part == nil {
+				t.Fatal("no part")
+			}
+			var in, out int64 = -1, -1
+			for id := int64(0); in < 0 || out < 0; id++ {
+				if part.holds(id) {
+					in = id
+				} else if out < 0 {
+					out = id
+				}
+			}
+			ids := []int64{in, out}
+			err := s.Lookup("m", []TableLookup{{Table: "big", IDs: ids, Pooling: PoolSum, Bag: 2, Out: make([]float32, dim)}})
+			var ie *IDError
+			if !errors.As(err, &ie) || !errors.Is(err, ErrIDOutOfRange) || errors.Is(err, ErrCorrupt) || ie.Index != 1 || ie.ID != out {
+				t.Errorf("hot %d, %s: lookup of row %d, which part %v does not hold: %v, want an *IDError at ids[1], ErrIDOutOfRange", hb, mode, out, part, err)
+			}
+			// The part's own rows, and the same ids as a partial lookup, read.
+			if err := s.Lookup("m", []TableLookup{{Table: "big", IDs: []int64{in}, Pooling: PoolSum, Out: make([]float32, dim)}}); err != nil {
+				t.Errorf("hot %d, %s: lookup of held row %d: %v", hb, mode, in, err)
+			}
+			if err := s.Lookup("m", []TableLookup{{Table: "big", IDs: ids, Pooling: PoolSum, Bag: 2, Out: make([]float32, dim), Partial: true}}); err != nil {
+				t.Errorf("hot %d, %s: partial lookup: %v", hb, mode, err)
+			}
+		}
+	}
+}

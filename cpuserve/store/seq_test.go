@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -165,5 +167,50 @@ func BenchmarkCatchUpSkips(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/catch-up")
 		})
+	}
+}
+
+// An update holding a NaN or an infinity is bad input, as at ingest:
+// nothing written (not even the other rows of the call), the row read
+// as before, its seq taken; a quantized table's hot tier never sees the
+// row of NaNs int8 would store.
+func TestUpsertNonFinite(t *testing.T) {
+	const dim = 16
+	tabs := []*testTable{{name: "a", rows: 100, dim: dim, seed: 1}}
+	for _, dt := range []DType{Float32, Int8} {
+		s, _ := openMem(t, &Options{HotBytes: 1 << 20})
+		if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{DType: dt}); err != nil {
+			t.Fatal(err)
+		}
+		read := func(id int64) []float32 {
+			t.Helper()
+			out := make([]float32, dim)
+			if err := s.Lookup("m", []TableLookup{{Table: "a", IDs: []int64{id}, Pooling: PoolSum, Out: out}}); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+		before3, before4 := read(3), read(4)
+		for i, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+			rows := make([]float32, 2*dim)
+			for k := range rows {
+				rows[k] = 0.5
+			}
+			rows[dim+7] = bad
+			seq := int64(i + 1)
+			applied, err := s.UpsertSeq("m", "a", []int64{3, 4}, rows, seq)
+			if applied || !IsInputError(err) {
+				t.Errorf("%s: upsert of a row holding %v: applied %v, %v; want bad input", dt, bad, applied, err)
+			}
+			if got, err := s.AppliedSeq("m"); err != nil || got != seq {
+				t.Errorf("%s: AppliedSeq %d %v after bad update %d", dt, got, err, seq)
+			}
+			if got := read(3); !slices.Equal(got, before3) {
+				t.Errorf("%s: row 3 reads %v after a refused update, want %v", dt, got, before3)
+			}
+			if got := read(4); !slices.Equal(got, before4) {
+				t.Errorf("%s: row 4 reads %v after a refused update, want %v", dt, got, before4)
+			}
+		}
 	}
 }

@@ -12,11 +12,12 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store/hot"
 )
 
-// Upsert writes rows (len(ids) x dim, row-major) of table in model's
-// active version. When it returns nil the rows are durable (the WAL is
-// synced, unless Options.NoSync) and every later lookup reads them: a
-// resident hot-tier row is overwritten before the ack. Rows are stored in
-// the table's dtype, so a quantized table returns the quantized value.
+// Upsert writes rows (len(ids) x dim, row-major, finite values, as at
+// ingest) of table in model's active version. When it returns nil the
+// rows are durable (the WAL is synced, unless Options.NoSync) and every
+// later lookup reads them: a resident hot-tier row is overwritten before
+// the ack. Rows are stored in the table's dtype, so a quantized table
+// returns the quantized value.
 //
 // The change is to the physical table: every model version sharing it
 // sees it.
@@ -249,6 +250,13 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 	}
 	if len(rows) != len(ids)*tv.dim {
 		return false, 0, fmt.Errorf("upsert model %q table %q: %d floats for %d ids of dim %d: %w", model, table, len(rows), len(ids), tv.dim, ErrDimMismatch)
+	}
+	for i := range ids {
+		// As at ingest: a NaN or an infinity would poison every pool of
+		// the row, and a quantized table stores it as a row of NaNs.
+		if c := nonFinite(rows[i*tv.dim : (i+1)*tv.dim]); c >= 0 {
+			return false, 0, badRequestf("upsert model %q table %q: ids[%d]=%d: value %v in column %d is not a finite number: an embedding row must be", model, table, i, ids[i], rows[i*tv.dim+c], c)
+		}
 	}
 	for i, id := range ids {
 		if id < 0 {
