@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"encoding/binary"
 	"log/slog"
 	"math"
 	"slices"
@@ -94,6 +95,17 @@ func (r *Router) Updater() *Updater {
 	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, el: r.el, timeout: r.opts.DefaultTimeout, maxBytes: min(maxUpdateBytes, r.opts.MaxMessageBytes-logPageMargin)}
 }
 
+// nonFinite is the index of the first little-endian float32 of rows
+// that is a NaN or an infinity (exponent bits all ones), -1 if none.
+func nonFinite(rows []byte) int {
+	for i := 0; i+4 <= len(rows); i += 4 {
+		if binary.LittleEndian.Uint32(rows[i:])&0x7f800000 == 0x7f800000 {
+			return i / 4
+		}
+	}
+	return -1
+}
+
 // maxUpdateBytes is the largest ApplyUpdateRequest sent to a worker:
 // under the 64 MiB the tiers accept by default.
 const maxUpdateBytes = 64<<20 - 1<<10
@@ -108,6 +120,13 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	}
 	if i := slices.IndexFunc(req.GetIds(), func(id int64) bool { return id < 0 }); i >= 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "update: id %d (at %d) is negative", req.GetIds()[i], i)
+	}
+	if at := nonFinite(req.GetRows()); at >= 0 {
+		// Every worker would refuse it (a NaN or an infinity poisons
+		// every pool of its row): refused here, before it takes a
+		// sequence number.
+		dim := len(req.GetRows()) / 4 / len(req.GetIds())
+		return nil, status.Errorf(codes.InvalidArgument, "update: id %d (at %d), column %d: %v is not a finite number: an embedding row must be", req.GetIds()[at/dim], at/dim, at%dim, math.Float32frombits(binary.LittleEndian.Uint32(req.GetRows()[4*at:])))
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -596,6 +596,19 @@ func TestUpdateRequestChecks(t *testing.T) {
 			t.Errorf("%v: %v, want InvalidArgument", req, err)
 		}
 	}
+	// A NaN or an infinity in a row: refused before it is numbered (no
+	// worker serves m here, so anything past the checks is NotFound).
+	for _, v := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1))} {
+		rows := make([]byte, 16) // ids 1 and 2, dim 2
+		binary.LittleEndian.PutUint32(rows[12:], math.Float32bits(v))
+		_, err := u.Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1, 2}, Rows: rows})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "id 2 (at 1), column 1") {
+			t.Errorf("a row holding %v: %v, want InvalidArgument naming id 2, column 1", v, err)
+		}
+	}
+	if _, err := u.Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: make([]byte, 8)}); status.Code(err) != codes.NotFound {
+		t.Errorf("finite rows: %v, want past the checks (NotFound: no worker serves m)", err)
+	}
 }
 
 // A worker killed and restarted in place (prism up's supervisor, a
