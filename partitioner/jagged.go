@@ -377,8 +377,10 @@ func flatInput(g *Graph, types map[string]TensorType, name string) (string, int6
 
 // fixedOffsets says whether offsets is Range(0, x.numel(), x.size(1))
 // (the offsets torch.nn.functional.embedding_bag makes for 2-D ids x of
-// bag columns): numel as Size(x) or ReduceProd(Shape(x)), size(1) as
-// Gather(Shape(x), 1) or the constant bag, each maybe cast.
+// bag columns): numel as Size(x), ReduceProd(Shape(x)) or x.size(0)
+// times x.size(1) (Mul), size(k) as Gather(Shape(x), k), Shape(x,
+// start=k, end=k+1) (torchlib's sym_size, squeezed) or, for size(1),
+// the constant bag, each maybe cast.
 func fixedOffsets(g *Graph, offsets, x string, bag int64) bool {
 	through := func(name string) (*pb.NodeProto, bool) {
 		for range 6 {
@@ -413,6 +415,45 @@ func fixedOffsets(g *Graph, offsets, x string, bag int64) bool {
 		n, ok := through(name)
 		return ok && n.GetOpType() == "Shape" && n.GetInput()[0] == x && attrInt(n, "start", 0) == 0 && len(n.GetAttribute()) == 0
 	}
+	// dimOf: which dimension of x name is (x.size(k)), k in [0, 2).
+	dimOf := func(name string) (int64, bool) {
+		n, ok := through(name)
+		if !ok {
+			return 0, false
+		}
+		var k int64
+		switch n.GetOpType() {
+		case "Gather":
+			idx, ok := g.constInts(n.GetInput()[1])
+			if !ok || len(idx) != 1 || attrInt(n, "axis", 0) != 0 || !shapeOfX(n.GetInput()[0]) {
+				return 0, false
+			}
+			k = idx[0]
+		case "Shape":
+			// x is 2-D: start and end (end absent: the rank) at k, k+1.
+			k = attrInt(n, "start", 0)
+			if k < 0 {
+				k += 2
+			}
+			end := attrInt(n, "end", 2)
+			if end < 0 {
+				end += 2
+			}
+			if n.GetInput()[0] != x || end != k+1 {
+				return 0, false
+			}
+		default:
+			return 0, false
+		}
+		if k < 0 {
+			k += 2
+		}
+		return k, k == 0 || k == 1
+	}
+	isDim := func(name string, k int64) bool {
+		d, ok := dimOf(name)
+		return ok && d == k
+	}
 	r, ok := through(offsets)
 	if !ok || r.GetOpType() != "Range" || len(r.GetInput()) != 3 || !constIs(r.GetInput()[0], 0) {
 		return false
@@ -426,21 +467,14 @@ func fixedOffsets(g *Graph, offsets, x string, bag int64) bool {
 	case numel.GetOpType() == "ReduceProd":
 		axes, _ := reduceAxes(g, numel)
 		ok = len(axes) == 0 && shapeOfX(numel.GetInput()[0])
+	case numel.GetOpType() == "Mul":
+		a, b := numel.GetInput()[0], numel.GetInput()[1]
+		size1 := func(name string) bool { return constIs(name, bag) || isDim(name, 1) }
+		ok = isDim(a, 0) && size1(b) || isDim(b, 0) && size1(a)
 	default:
 		ok = false
 	}
-	if !ok {
-		return false
-	}
-	if constIs(r.GetInput()[2], bag) {
-		return true
-	}
-	step, ok := through(r.GetInput()[2])
-	if !ok || step.GetOpType() != "Gather" || attrInt(step, "axis", 0) != 0 || !shapeOfX(step.GetInput()[0]) {
-		return false
-	}
-	idx, ok := g.constInts(step.GetInput()[1])
-	return ok && len(idx) == 1 && (idx[0] == 1 || idx[0] == -1)
+	return ok && (constIs(r.GetInput()[2], bag) || isDim(r.GetInput()[2], 1))
 }
 
 // lengthOf says whether name is the number of values of the 1-D input

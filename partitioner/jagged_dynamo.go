@@ -28,6 +28,19 @@ import (
 // gathered from one table by one ids input, pools them and inserts
 // them, and everything else it reads is integer work on the ids and one
 // offsets input.
+//
+// nn.EmbeddingBag called with 2-D ids x [batch, bag] and no offsets
+// (fixed-size bags) reaches the same decomposition through
+// torch.nn.functional.embedding_bag, which makes the indices
+// x.reshape(-1) (Reshape(x, [-1])) and the offsets
+// torch.arange(0, x.numel(), x.size(1)) (a Range of x.numel() as
+// Size(x), ReduceProd(Shape(x)) or x.size(0) * bag, torchlib's
+// sym_size Squeeze(Shape(x, start=0, end=1)) times the constant bag),
+// include_last_offset False. That loop is an ordinary lookup of bag
+// columns of x, pooled, with no offsets (jagged.go's flatInput,
+// fixedOffsets), once the bags it slices are checked to be that Range
+// completed with the number of ids: anything else that reads a 2-D ids
+// input is refused, saying why.
 
 // dynamoOps are the ops of the integer work around a dynamo bag loop:
 // the TorchScript form's (jaggedOps) and the comparisons, sequence and
@@ -105,7 +118,7 @@ func dynamoBag(g *Graph, types map[string]TensorType, ci int) (*lookup, int, str
 	subgraphNodes(body, &nodes, local)
 	// The rows: an outer tensor the body slices, made by a Gather on a
 	// table (through the weights' Mul and a Cast).
-	var rows string
+	var rows, flat string
 	var gi int
 	var src *tableSource
 	for _, bn := range nodes {
@@ -168,6 +181,7 @@ func dynamoBag(g *Graph, types map[string]TensorType, ci int) (*lookup, int, str
 	l := &lookup{table: src, gather: li, nodes: []int{li, ci}, bag: 1, pooling: pool, output: cat.GetOutput()[0]}
 	absorbed := map[int]bool{li: true, ci: true}
 	ids := g.Nodes[gi].GetInput()[1]
+	flatIDs := []string{ids} // the 1-D ids on the way: their length ends the last bag
 	for {
 		if g.IsInput(ids) {
 			break
@@ -177,10 +191,20 @@ func dynamoBag(g *Graph, types map[string]TensorType, ci int) (*lookup, int, str
 			return notBag(fmt.Sprintf("the rows are gathered by ids %q, not a model input", ids))
 		}
 		absorbed[p] = true
+		if g.IsInput(g.Nodes[p].GetInput()[0]) {
+			flat = ids // the last step: the model input reshaped
+		} else {
+			flatIDs = append(flatIDs, g.Nodes[p].GetInput()[0])
+		}
 		ids = g.Nodes[p].GetInput()[0]
 	}
 	if t := types[ids]; t.Elem != pb.TensorProto_INT64 && t.Elem != pb.TensorProto_INT32 {
 		return notBag(fmt.Sprintf("the ids %q are %s values", ids, elemName(t.Elem)))
+	}
+	// 2-D ids [batch, bag]: F.embedding_bag's Reshape(x, [-1]).
+	_, fixedBag, fixed := flatInput(g, types, flat)
+	if t := types[ids]; len(t.Dims) > 1 && !fixed {
+		return notBag(fmt.Sprintf("the ids %q have shape %s, and are not one [batch, bag] model input reshaped to [-1]", ids, dimsString(t)))
 	}
 	l.ids = ids
 	absorbed[gi] = true
@@ -211,6 +235,9 @@ func dynamoBag(g *Graph, types map[string]TensorType, ci int) (*lookup, int, str
 	}
 	if l.weights != "" && pool != plan.PoolSum {
 		return notBag(fmt.Sprintf("per-sample weights with %s pooling (EmbeddingBag takes them with mode \"sum\" only)", pool))
+	}
+	if w := types[l.weights]; l.weights != "" && ((len(w.Dims) > 1) != fixed || fixed && (len(w.Dims) != 2 || w.Dims[1] != fixedBag)) {
+		return notBag(fmt.Sprintf("the per-sample weights %q and the ids %q are not both model inputs, or both [batch, bag] inputs of one bag reshaped to [-1]", l.weights, l.ids))
 	}
 	// Everything else the loop reads: integer work on the ids and one
 	// offsets input.
@@ -244,7 +271,9 @@ func dynamoBag(g *Graph, types map[string]TensorType, ci int) (*lookup, int, str
 			return ""
 		}
 		op := g.Nodes[i]
-		if !dynamoOps[op.GetOpType()] {
+		// x.numel() of 2-D ids x may be x.size(0) * bag: a Mul, which
+		// fixedOffsets checks.
+		if !dynamoOps[op.GetOpType()] && !(fixed && op.GetOpType() == "Mul") {
 			return fmt.Sprintf("it reads %q, made by %s %q: not integer work on the offsets", name, op.GetOpType(), op.GetName())
 		}
 		if op.GetOpType() == "Gather" && resolveTable(g, op.GetInput()[0]) != nil {
@@ -265,13 +294,22 @@ func dynamoBag(g *Graph, types map[string]TensorType, ci int) (*lookup, int, str
 			return notBag(why)
 		}
 	}
-	if offsets == "" {
+	switch {
+	case fixed && offsets != "":
+		return notBag(fmt.Sprintf("it reads model input %q besides the [batch, %d] ids %q, which take no offsets", offsets, fixedBag, l.ids))
+	case fixed:
+		if why := fixedBags(g, nodes, local, rows, l.ids, fixedBag, flatIDs); why != "" {
+			return notBag(why)
+		}
+		l.bag = int(fixedBag) // every sample's bag is its row of the ids
+	case offsets == "":
 		return notBag("it reads no offsets input")
-	}
-	l.offsets, l.lastOffset = offsets, true
-	for i := range closure {
-		if n := g.Nodes[i]; n.GetOpType() == "Concat" && n.GetInput()[0] == offsets {
-			l.lastOffset = false // offsets completed with the number of ids
+	default:
+		l.offsets, l.lastOffset = offsets, true
+		for i := range closure {
+			if n := g.Nodes[i]; n.GetOpType() == "Concat" && n.GetInput()[0] == offsets {
+				l.lastOffset = false // offsets completed with the number of ids
+			}
 		}
 	}
 	// A CastLike of the bags back to the table's type is part of it.
@@ -304,6 +342,32 @@ func dynamoBag(g *Graph, types map[string]TensorType, ci int) (*lookup, int, str
 	slices.Sort(l.nodes[1:])
 	types[l.output] = known(pb.TensorProto_FLOAT, DimBatch, int64(src.dim))
 	return l, gi, ""
+}
+
+// fixedBags checks the bags a dynamo loop over 2-D ids x [batch, bag]
+// slices (the outer tensor its body slices besides the rows) are
+// Concat(arange(0, x.numel(), x.size(1)), the number of ids): one bag
+// per row of x, the last one ending with the ids; else it says why.
+func fixedBags(g *Graph, nodes []*pb.NodeProto, local map[string]bool, rows, x string, bag int64, flatIDs []string) string {
+	var sliced []string
+	for _, bn := range nodes {
+		if in := bn.GetInput(); bn.GetOpType() == "Slice" && len(in) > 0 && !local[in[0]] && in[0] != rows && !slices.Contains(sliced, in[0]) {
+			sliced = append(sliced, in[0])
+		}
+	}
+	if len(sliced) != 1 {
+		return fmt.Sprintf("the ids are %q reshaped to [-1], but its body slices bounds out of %q, not out of one offsets tensor", x, sliced)
+	}
+	full := sliced[0]
+	c, ok := g.Producer[full]
+	if !ok || g.Nodes[c].GetOpType() != "Concat" || len(g.Nodes[c].GetInput()) != 2 || attrInt(g.Nodes[c], "axis", 0) != 0 ||
+		!slices.ContainsFunc(flatIDs, func(ids string) bool { return lengthOf(g, g.Nodes[c].GetInput()[1], ids) }) {
+		return fmt.Sprintf("the ids are %q reshaped to [-1], but the bags' bounds %q are not offsets completed with the number of ids (Concat)", x, full)
+	}
+	if offsets := g.Nodes[c].GetInput()[0]; !fixedOffsets(g, offsets, x, bag) {
+		return fmt.Sprintf("the ids are %q reshaped to [-1], but the offsets %q are not arange(0, %s.numel(), %s.size(1))", x, offsets, x, x)
+	}
+	return ""
 }
 
 // rowsGather follows Cast/CastLike/Identity and a Mul back from name to
@@ -368,6 +432,12 @@ func weightsOf(g *Graph, types map[string]TensorType, name, ids string, absorbed
 	}
 	absorbed[i] = true
 	w := g.Nodes[i].GetInput()[0]
+	if x, _, ok := flatInput(g, types, w); ok {
+		// 2-D weights [batch, bag] reshaped to [-1] as the ids are: the
+		// caller checks they match.
+		absorbed[g.Producer[w]] = true
+		w = x
+	}
 	if g.IsInput(w) {
 		if t := types[w]; t.Elem != pb.TensorProto_FLOAT {
 			return "", fmt.Sprintf("the per-sample weights %q are not float32", w)

@@ -68,6 +68,15 @@ type TableCandidate struct {
 // Bytes is the table's size in float32.
 func (c TableCandidate) Bytes() int64 { return c.Rows * int64(c.Dim) * 4 }
 
+// bagIDs names an EmbeddingBag lookup's inputs for its path: the ids
+// and their offsets, or the 2-D ids alone (fixed bags).
+func bagIDs(l *lookup) string {
+	if l.offsets == "" {
+		return l.ids
+	}
+	return l.ids + " + " + l.offsets
+}
+
 // findLookups recognises embedding lookups: a Gather on a table whose
 // indices are a graph input, or come from one through integer work the
 // embedding tier runs natively (traceIDs), with its pooling. A Gather on
@@ -151,7 +160,7 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 		l.table = shareTable(tables, l.table)
 		candOf[l] = len(cands)
 		cands = append(cands, TableCandidate{Table: l.table.name, Rows: l.table.rows, Dim: l.table.dim, Gather: g.Nodes[l.gather].GetName(),
-			Path: l.ids + " + " + l.offsets + " -> Gather -> Loop -> ConcatFromSequence (EmbeddingBag)"})
+			Path: bagIDs(l) + " -> Gather -> Loop -> ConcatFromSequence (EmbeddingBag)"})
 		out = append(out, l)
 		for _, i := range l.nodes {
 			absorbed[i] = true
@@ -179,7 +188,7 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			c := TableCandidate{Gather: n.GetName(), Reason: why}
 			if l != nil {
 				l.table = shareTable(tables, l.table)
-				c.Table, c.Rows, c.Dim, c.Path = l.table.name, l.table.rows, l.table.dim, l.ids+" + "+l.offsets+" -> Loop (EmbeddingBag)"
+				c.Table, c.Rows, c.Dim, c.Path = l.table.name, l.table.rows, l.table.dim, bagIDs(l)+" -> Loop (EmbeddingBag)"
 				candOf[l] = len(cands)
 				out = append(out, l)
 				for _, i := range l.nodes {

@@ -57,9 +57,11 @@ type fixture struct {
 }
 
 // testExporterModels are exporter-corpus models the fixture serves too:
-// int32 ids, a fixed exported batch rewritten to a symbolic one, and a
-// fixed batch kept (plan.json fixed_batch).
+// int32 ids, a fixed exported batch rewritten to a symbolic one, a
+// fixed batch kept (plan.json fixed_batch), and nn.EmbeddingBag on 2-D
+// ids as the dynamo exporter writes it.
 var testExporterModels = []string{"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias",
+	"dynamo-embedding-bag-2d-weighted", "dynamo-embedding-bag-2d-max",
 	"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift"} // the last three run pre.onnx (preonnx_test.go)
 
 var (
@@ -631,7 +633,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	w := f.srv.WorkerInfo("cpu/test", "127.0.0.1:1")
-	if w.Role != prismv1.Role_ROLE_EMBEDDING || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny", "torchrec-int32-ids", "ts-bitmask-shift",
+	if w.Role != prismv1.Role_ROLE_EMBEDDING || fmt.Sprint(w.Models) != fmt.Sprint([]string{"dcnv2-tiny", "deepfm-tiny", "dlrm-tiny", "dynamo-embedding-bag-2d-max", "dynamo-embedding-bag-2d-weighted", "torchrec-int32-ids", "ts-bitmask-shift",
 		"ts-fixed-batch-row-bias", "ts-fixed-batch-view", "ts-floor-div-bucket", "ts-hash-mul-add-mod"}) || w.Outstanding != 0 {
 		t.Errorf("worker info %v", w)
 	}
@@ -840,6 +842,16 @@ func TestExporterModels(t *testing.T) {
 	t.Run("fixed-batch-rewritten", func(t *testing.T) {
 		for _, n := range []int{1, 5, 8, 300} {
 			check(t, "ts-fixed-batch-view", n, uint64(n))
+		}
+	})
+	// nn.EmbeddingBag on 2-D ids [batch, 5] (the dynamo exporter's
+	// loop over a Range of offsets): a lookup of bag 5, pooled by the
+	// store, weighted or max.
+	t.Run("dynamo-2d-embedding-bag", func(t *testing.T) {
+		for _, name := range []string{"dynamo-embedding-bag-2d-weighted", "dynamo-embedding-bag-2d-max"} {
+			for _, n := range []int{1, 7, 300} {
+				check(t, name, n, uint64(n))
+			}
 		}
 	})
 	t.Run("fixed-batch-kept", func(t *testing.T) {

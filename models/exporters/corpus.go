@@ -13,7 +13,7 @@ func Corpus(seed uint64) []*Model {
 		selectEmbedding(seed), unbindSplit(seed), splitOpset11(seed), sliceNarrow(seed),
 		torchrecFused(seed), singleFloatInput(seed), idArithmetic(seed), foldedTables(seed),
 		int32IDs(seed),
-	}, append(append(Fallback(seed), LoopBags(seed)...), DynamoBags(seed)...)...) // fallback.go: id work for pre.onnx; loopbag.go: EmbeddingBag with offsets
+	}, append(append(append(Fallback(seed), LoopBags(seed)...), DynamoBags(seed)...), DynamoFixedBags(seed)...)...) // fallback.go: id work for pre.onnx; loopbag.go: EmbeddingBag with offsets, and 2-D
 }
 
 // ByName returns the corpus or broken-twin model called name, or nil.

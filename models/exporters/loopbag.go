@@ -90,28 +90,86 @@ func loopBag(seed uint64, name, mode string, opset int64, last, weighted bool) *
 // cast to float, then a Loop carrying an index and a sequence: each
 // iteration slices the bag's rows by offsets[i]:offsets[i+1], an If
 // gives an empty bag zeros and otherwise pools (ReduceSum, ReduceMean;
-// for max a nested If slices the last bag to the end of the rows), and
-// SequenceInsert appends it; ConcatFromSequence joins the bags and
-// CastLike casts them to the table's type.
+// for max a nested If slices the last bag to the end of the rows; for
+// mean a nested If sums the last bag and divides it by the number of
+// ids after its start), and SequenceInsert appends it;
+// ConcatFromSequence joins the bags and CastLike casts them to the
+// table's type.
 func DynamoBags(seed uint64) []*Model {
 	return []*Model{
-		dynamoBag(seed, "dynamo-embedding-bag-sum", "sum", false, false),
-		dynamoBag(seed, "dynamo-embedding-bag-max-last-offset", "max", true, false),
-		dynamoBag(seed, "dynamo-embedding-bag-weighted", "sum", false, true),
-		dynamoBag(seed, "dynamo-embedding-bag-mean", "mean", false, false),
+		dynamoBag(seed, "dynamo-embedding-bag-sum", "sum", false, false, 0, ""),
+		dynamoBag(seed, "dynamo-embedding-bag-max-last-offset", "max", true, false, 0, ""),
+		dynamoBag(seed, "dynamo-embedding-bag-weighted", "sum", false, true, 0, ""),
+		dynamoBag(seed, "dynamo-embedding-bag-mean", "mean", false, false, 0, ""),
 	}
 }
 
-func dynamoBag(seed uint64, name, mode string, last, weighted bool) *Model {
+// fixedBag is the width of the 2-D ids of DynamoFixedBags.
+const fixedBag = 5
+
+// DynamoFixedBags are nn.EmbeddingBag called with 2-D ids [batch, 5] and
+// no offsets (fixed-size bags) as the dynamo exporter writes it.
+// torch.nn.functional.embedding_bag first makes offsets =
+// torch.arange(0, input.numel(), input.size(1), dtype=input.dtype) and
+// input = input.reshape(-1) (per_sample_weights.reshape(-1) too), with
+// include_last_offset False; torch.export traces input.size(1) as the
+// constant 5 and input.numel() as sym_size.int(input, 0) * 5
+// (torchlib aten_sym_size: Squeeze(Shape(input, start=0, end=1)), then
+// _operator.mul: Mul) or as sym_numel (Size); aten_arange_start_step
+// with dtype int64 casts start, end and step to int64 for a Range;
+// aten_view writes Reshape(input, [-1], allowzero=1). Then the same
+// aten_embedding_bag decomposition as DynamoBags, over the Range as its
+// offsets.
+func DynamoFixedBags(seed uint64) []*Model {
+	return []*Model{
+		dynamoBag(seed, "dynamo-embedding-bag-2d-sum", "sum", false, false, fixedBag, "sym_size"),
+		dynamoBag(seed, "dynamo-embedding-bag-2d-mean", "mean", false, false, fixedBag, "sym_numel"),
+		dynamoBag(seed, "dynamo-embedding-bag-2d-max", "max", false, false, fixedBag, "sym_size"),
+		dynamoBag(seed, "dynamo-embedding-bag-2d-weighted", "sum", false, true, fixedBag, "sym_size"),
+	}
+}
+
+// dynamoBag builds one model of the dynamo exporter's EmbeddingBag: with
+// bag 0, 1-D indices and an offsets input; else 2-D ids [batch, bag],
+// their numel traced as numel ("sym_size" or "sym_numel").
+func dynamoBag(seed uint64, name, mode string, last, weighted bool, bag int64, numel string) *Model {
 	m := &Model{Name: name, Source: "torch/onnx/_internal/exporter/_torchlib/ops/core.py: aten_embedding_bag, _aten_embedding_bag_onnx (opset 18)"}
 	b := newBuilder("main_graph", 18, seed)
-	indices, offsets, psw, dense, tab := bagInputs(b, "s0", weighted)
 	one := []int64{1}
+	neg1 := b.constI(one, -1)
+	var indices, offsets, psw, dense string
+	var tab [][]float32
+	if bag == 0 {
+		indices, offsets, psw, dense, tab = bagInputs(b, "s0", weighted)
+	} else {
+		m.Source = "torch/nn/functional.py: embedding_bag (2-D input); " + m.Source
+		x := b.input("input", pb.TensorProto_INT64, bag)
+		var xw string
+		if weighted {
+			xw = b.input("per_sample_weights", pb.TensorProto_FLOAT, bag)
+		}
+		dense = b.input("dense", pb.TensorProto_FLOAT, 2)
+		tab = b.table("embedding_bag.weight", bagRows, dim)
+		toI64 := ai("to", int64(pb.TensorProto_INT64))
+		var n string
+		switch numel {
+		case "sym_size":
+			n = b.node("Mul", []string{b.node("Squeeze", []string{b.node("Shape", []string{x}, ai("end", 1), ai("start", 0))}), b.constI(nil, bag)})
+		case "sym_numel":
+			n = b.node("Size", []string{x})
+		default:
+			panic("numel " + numel)
+		}
+		offsets = b.node("Range", []string{b.node("Cast", []string{b.constI(nil, 0)}, toI64), b.node("Cast", []string{n}, toI64), b.node("Cast", []string{b.constI(nil, bag)}, toI64)})
+		indices = b.node("Reshape", []string{x, neg1}, ai("allowzero", 1))
+		if weighted {
+			psw = b.node("Reshape", []string{xw, neg1}, ai("allowzero", 1))
+		}
+	}
 	constF := func(b *builder, dims []int64, v ...float32) string {
 		t := &pb.TensorProto{DataType: int32(pb.TensorProto_FLOAT), Dims: dims, FloatData: v}
 		return b.node("Constant", nil, &pb.AttributeProto{Name: "value", Type: pb.AttributeProto_TENSOR, T: t})
 	}
-	neg1 := b.constI(one, -1)
 	i1d := b.node("Reshape", []string{indices, neg1})
 	w := psw
 	if !weighted {
@@ -163,7 +221,29 @@ func dynamoBag(seed uint64, name, mode string, last, weighted bool) *Model {
 	case "sum":
 		pooled = elseB.node("ReduceSum", []string{elseB.node("Slice", []string{allRows, start, end}), axes0(elseB)})
 	case "mean":
-		pooled = elseB.node("ReduceMean", []string{elseB.node("Slice", []string{allRows, start, end}), axes0(elseB)})
+		// The last bag: its sum divided by the number of ids after its
+		// start, when there are any.
+		rows := elseB.node("Slice", []string{allRows, start, end})
+		isLast := elseB.node("Equal", []string{"index", elseB.node("Sub", []string{numBag, elseB.constI(nil, 1)})})
+		lastB, midB := sub("last_bag"), sub("mid_bag")
+		lastB.n, midB.n = 5000, 6000
+		sum := lastB.node("ReduceSum", []string{rows, axes0(lastB)})
+		den := lastB.node("Sub", []string{lastB.node("Shape", []string{indices}, ai("end", 1), ai("start", 0)), start})
+		divB, keepB := sub("divide"), sub("keep")
+		divB.n, keepB.n = 7000, 8000
+		div := divB.node("Div", []string{sum, divB.node("CastLike", []string{den, allRows})})
+		keep := keepB.node("Identity", []string{sum})
+		divB.g.Output = []*pb.ValueInfoProto{tensorOut(div, pb.TensorProto_FLOAT)}
+		keepB.g.Output = []*pb.ValueInfoProto{tensorOut(keep, pb.TensorProto_FLOAT)}
+		l := lastB.node("If", []string{lastB.node("Greater", []string{den, lastB.constI(nil, 0)})},
+			&pb.AttributeProto{Name: "then_branch", Type: pb.AttributeProto_GRAPH, G: divB.g},
+			&pb.AttributeProto{Name: "else_branch", Type: pb.AttributeProto_GRAPH, G: keepB.g})
+		mid := midB.node("ReduceMean", []string{rows, axes0(midB)})
+		lastB.g.Output = []*pb.ValueInfoProto{tensorOut(l, pb.TensorProto_FLOAT)}
+		midB.g.Output = []*pb.ValueInfoProto{tensorOut(mid, pb.TensorProto_FLOAT)}
+		pooled = elseB.node("If", []string{isLast},
+			&pb.AttributeProto{Name: "then_branch", Type: pb.AttributeProto_GRAPH, G: lastB.g},
+			&pb.AttributeProto{Name: "else_branch", Type: pb.AttributeProto_GRAPH, G: midB.g})
 	case "max":
 		// The last bag runs to the end of the rows.
 		isLast := elseB.node("Equal", []string{"index", elseB.node("Sub", []string{numBag, elseB.constI(nil, 1)})})
@@ -189,6 +269,16 @@ func dynamoBag(seed uint64, name, mode string, last, weighted bool) *Model {
 	outs := b.nodeN("Loop", []string{"", cond0, idx0, seq0}, 2, &pb.AttributeProto{Name: "body", Type: pb.AttributeProto_GRAPH, G: body.g})
 	bags := b.node("CastLike", []string{b.node("ConcatFromSequence", []string{outs[1]}, ai("axis", 0)), "embedding_bag.weight"})
 
+	if bag > 0 {
+		m.Sig = models.Signature{Inputs: []models.InputSpec{{Name: "input", Kind: models.SparseKind, Width: int(bag), Rows: bagRows}}}
+		if weighted {
+			m.Sig.Inputs = append(m.Sig.Inputs, models.InputSpec{Name: "per_sample_weights", Kind: models.DenseKind, Width: int(bag)})
+		}
+		m.Sig.Inputs = append(m.Sig.Inputs, models.InputSpec{Name: "dense", Kind: models.DenseKind, Width: 2})
+		m.feats = fixedBagFeats(tab, mode, weighted, int(bag), len(m.Sig.Inputs)-1)
+		b.finish(m, []string{bags, dense}, dim+2)
+		return m
+	}
 	m.Sig = models.Signature{Inputs: []models.InputSpec{
 		{Name: "indices", Kind: models.SparseKind, Width: 6, Rows: bagRows, Offsets: "offsets"},
 		{Name: "offsets", Kind: models.OffsetsKind, Width: 1, Rank1: true, LastOffset: last},
@@ -229,6 +319,39 @@ func bagFeats(tab [][]float32, mode string, weighted bool, di int) func(sample) 
 		if mode == "mean" && hi > lo {
 			for i := range x {
 				x[i] /= float64(hi - lo)
+			}
+		}
+		return append(x, smp.f(di, 0), smp.f(di, 1))
+	}
+}
+
+// fixedBagFeats is the float64 reference of an EmbeddingBag model on
+// 2-D ids [batch, bag] (input 0; per-sample weights input 1 when
+// weighted): every sample's row of ids pooled, then the dense input's
+// two values (input di).
+func fixedBagFeats(tab [][]float32, mode string, weighted bool, bag, di int) func(sample) []float64 {
+	return func(smp sample) []float64 {
+		x := make([]float64, dim)
+		for j := range bag {
+			r := row64(tab, smp.id(0, j))
+			w := 1.0
+			if weighted {
+				w = smp.f(1, j)
+			}
+			for i, v := range r {
+				switch {
+				case mode == "max" && j == 0:
+					x[i] = v
+				case mode == "max":
+					x[i] = max(x[i], v)
+				default:
+					x[i] += w * v
+				}
+			}
+		}
+		if mode == "mean" {
+			for i := range x {
+				x[i] /= float64(bag)
 			}
 		}
 		return append(x, smp.f(di, 0), smp.f(di, 1))
