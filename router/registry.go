@@ -66,13 +66,24 @@ type Registry struct {
 	Limits RegistryLimits
 	// Peer, when set, binds a worker id to the identity that first
 	// announced it: a later Announce or Leave of the id from another
-	// name is PermissionDenied, and a worker's role must be its peer's.
+	// name is PermissionDenied, also once the worker has been dropped
+	// (retired), and a worker's role must be its peer's.
 	Peer PeerFunc
 
 	mu        sync.Mutex
 	now       func() time.Time
 	heartbeat time.Duration
 	workers   map[string]*worker
+	// retired keeps the identity a dropped worker's id was bound to
+	// (expired, left, its pod gone): a worker back from a pause gets its
+	// id back, while another certificate, which may have read the id
+	// from List, cannot take it over in the meantime and so lock the
+	// worker out of the registry (a worker keeps its id for its
+	// process's life). retiredBy lists each identity's, oldest first, at
+	// most maxRetiredPerPeer: ids dropped in bulk under one certificate
+	// push out only that certificate's own.
+	retired   map[string]string
+	retiredBy map[string][]string
 	// byModel indexes the workers by (role, model): a pick looks at the
 	// workers of its model only.
 	byModel map[roleModel]*workerSet
@@ -309,14 +320,18 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		return nil, err
 	}
 	e, ok := r.workers[w.GetId()]
-	if !ok {
-		r.replaced(w, peer)
-	}
+	retired, wasRetired := r.retired[w.GetId()]
 	switch {
 	case ok && e.peer != "" && peer != e.peer:
 		return nil, status.Errorf(codes.PermissionDenied, "announce: worker id %.64q belongs to %q, not %q", w.GetId(), e.peer, peer)
-	case !ok && len(r.workers) >= l.MaxWorkers:
-		return nil, status.Errorf(codes.ResourceExhausted, "announce: %d workers registered, the limit is %d", len(r.workers), l.MaxWorkers)
+	case !ok && wasRetired && peer != retired:
+		return nil, status.Errorf(codes.PermissionDenied, "announce: worker id %.64q belongs to %q, not %q", w.GetId(), retired, peer)
+	}
+	if !ok {
+		r.replaced(w, peer)
+		if len(r.workers) >= l.MaxWorkers {
+			return nil, status.Errorf(codes.ResourceExhausted, "announce: %d workers registered, the limit is %d", len(r.workers), l.MaxWorkers)
+		}
 	}
 	changed := !ok
 	if !ok {
@@ -564,11 +579,20 @@ func (r *Registry) Remove(id string) {
 	}
 }
 
-// drop removes a registered worker; r.mu held.
+// maxRetiredPerPeer bounds the bindings of dropped workers' ids kept
+// per identity (a worker's own certificate has one id per start), and
+// maxRetired those kept in all.
+const (
+	maxRetiredPerPeer = 64
+	maxRetired        = 1 << 16
+)
+
+// drop removes a registered worker, keeping its id's binding; r.mu held.
 func (r *Registry) drop(id string) {
 	e := r.workers[id]
 	r.unindex(e)
 	delete(r.workers, id)
+	r.retire(id, e.peer)
 	if e.info.GetRole() == prismv1.Role_ROLE_DENSE {
 		r.listDense()
 	}
@@ -576,6 +600,29 @@ func (r *Registry) drop(id string) {
 		r.gone(id)
 	}
 	r.notify()
+}
+
+// retire keeps the binding of dropped worker id to peer (none for a
+// worker bound to none); r.mu held.
+func (r *Registry) retire(id, peer string) {
+	if peer == "" {
+		return
+	}
+	if r.retired == nil {
+		r.retired, r.retiredBy = map[string]string{}, map[string][]string{}
+	}
+	if _, ok := r.retired[id]; ok {
+		return // it was this peer's already (Announce refuses another)
+	}
+	ids := r.retiredBy[peer]
+	if len(ids) >= maxRetiredPerPeer {
+		delete(r.retired, ids[0])
+		ids = ids[1:]
+	} else if len(r.retired) >= maxRetired {
+		return
+	}
+	r.retired[id] = peer
+	r.retiredBy[peer] = append(ids, id)
 }
 
 // Changed returns a channel closed at the next change of the worker set.

@@ -2,7 +2,9 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,5 +92,95 @@ func TestRegistryBindsInstanceCertificates(t *testing.T) {
 	}
 	if err := announce(b, "shared"); err != nil {
 		t.Fatalf("a second holder of the shared certificate: %v (expected to get through)", err)
+	}
+}
+
+// TestRegistryKeepsExpiredWorkersBinding: an id stays bound to the
+// certificate that announced it after its worker has been dropped (three
+// missed heartbeats: a pause, a network cut): another worker's
+// certificate, which can read the id from Registry/List, cannot take it
+// over in the meantime and so lock the worker out of the registry (its
+// heartbeats under its id answered "belongs to" until it restarts). The
+// worker itself gets its id back at its next heartbeat.
+func TestRegistryKeepsExpiredWorkersBinding(t *testing.T) {
+	dir := t.TempDir()
+	if err := auth.InitCerts(dir, auth.CertOptions{Instances: 2}); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	reg := NewRegistry(time.Second, clock)
+	reg.Peer = auth.Peer
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+	client := func(d string) prismv1.RegistryClient {
+		t.Helper()
+		c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(c)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return prismv1.NewRegistryClient(conn)
+	}
+	announce := func(c prismv1.RegistryClient, id, addr string) error {
+		_, err := c.Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}})
+		return err
+	}
+	e0 := client(auth.InstanceDir(dir, auth.Embedding, 0))
+	e1 := client(auth.InstanceDir(dir, auth.Embedding, 1))
+	if err := announce(e0, "emb-0", "127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	// embedding-0 misses three heartbeats and is dropped.
+	mu.Lock()
+	now = now.Add(4 * time.Second)
+	mu.Unlock()
+	if gone := reg.Expire(); len(gone) != 1 || gone[0] != "emb-0" {
+		t.Fatalf("expired %v, want [emb-0]", gone)
+	}
+	// Ids announced and left in bulk under another certificate push out
+	// none of embedding-0's bindings.
+	for i := range 100 {
+		id := fmt.Sprintf("churn-%d", i)
+		if err := announce(e1, id, "127.0.0.1:3"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e1.Leave(ctx, &prismv1.LeaveRequest{Id: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := announce(e1, "emb-0", "127.0.0.1:2"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("embedding-1 taking the id of dropped embedding-0: %v, want PermissionDenied", err)
+	}
+	if err := announce(e0, "emb-0", "127.0.0.1:1"); err != nil {
+		t.Fatalf("embedding-0 back after its pause: %v", err)
+	}
+	ws, err := reg.List(ctx, &prismv1.ListRequest{})
+	if err != nil || len(ws.GetWorkers()) != 1 || ws.GetWorkers()[0].GetAddr() != "127.0.0.1:1" {
+		t.Fatalf("registry %v %v, want embedding-0 alone at its address", ws.GetWorkers(), err)
+	}
+	// Leaving keeps the binding too: the id is the process's alone.
+	if _, err := e0.Leave(ctx, &prismv1.LeaveRequest{Id: "emb-0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := announce(e1, "emb-0", "127.0.0.1:2"); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("embedding-1 taking the id embedding-0 left: %v, want PermissionDenied", err)
 	}
 }

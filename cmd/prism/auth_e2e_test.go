@@ -310,3 +310,30 @@ func TestUpBearerToken(t *testing.T) {
 		t.Fatalf("Registry/List with the token: %v, want Unauthenticated", err)
 	}
 }
+
+// TestRouterWarnsReadableToken: serve router warns, as for a key, when
+// its --auth-token-file is readable by group or others (whoever reads
+// it may call Recommend), naming the file and not the token; not when
+// only its owner reads it.
+func TestRouterWarnsReadableToken(t *testing.T) {
+	certs := newCerts(t)
+	const token = "e2e-0123456789abcdef0123456789"
+	for _, mode := range []os.FileMode{0o644, 0o600} {
+		tokenFile := filepath.Join(t.TempDir(), "token")
+		if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(tokenFile, mode); err != nil {
+			t.Fatal(err)
+		}
+		router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--auth-token-file", tokenFile, "--addr", "127.0.0.1:0", "--metrics-addr", "off")
+		log := router.log.String()
+		warned := strings.Contains(log, "warning: bearer token file "+tokenFile+" is readable by group or others")
+		if warned != (mode == 0o644) {
+			t.Errorf("token file of mode %04o: warned %v; stderr:\n%s", mode, warned, log)
+		}
+		if strings.Contains(log, token) {
+			t.Errorf("the router's stderr holds the token:\n%s", log)
+		}
+	}
+}

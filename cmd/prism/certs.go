@@ -33,8 +33,9 @@ holding the role's certificate, its key and the CA's certificate:
 cert.pem, key.pem (readable by the owner only) and ca.pem, ECDSA P-256.
 Hand each host only its role's folder (--certs DIR/ROLE) and keep
 DIR/admin with the operators. Each certificate carries its role (URI SAN
-spiffe://prism/role/ROLE) and is valid for 127.0.0.1, ::1, localhost and
-every --host. The CA's key is not kept; a folder that has a CA already
+spiffe://prism/role/ROLE); the tiers' are valid for 127.0.0.1, ::1,
+localhost and every --host, the admin's is a client's only (no server,
+no host). The CA's key is not kept; a folder that has a CA already
 is refused.
 
 Workers of one role sharing DIR/ROLE share one identity: the router binds

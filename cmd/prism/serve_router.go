@@ -75,6 +75,9 @@ func newServeRouterCmd() *cobra.Command {
 				if so.BearerToken, err = auth.ReadToken(tokenFile); err != nil {
 					return fmt.Errorf("--auth-token-file: %w", err)
 				}
+				if w := auth.TokenModeWarning(tokenFile); w != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "prism: warning: %s\n", w)
+				}
 			}
 			// The router dials its embedding workers as router.
 			toEmbedding, err := tlsFlags.Dial(auth.Router, auth.Embedding)

@@ -311,11 +311,18 @@ func InitCerts(dir string, o CertOptions) error {
 			NotBefore:    now.Add(-time.Minute),
 			NotAfter:     notAfter,
 			KeyUsage:     x509.KeyUsageDigitalSignature,
-			// Every role both serves and dials (an admin only dials).
+			// Every tier both serves and dials.
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 			DNSNames:    dns,
 			IPAddresses: ips,
 			URIs:        uris,
+		}
+		if r == Admin {
+			// An admin only dials: its certificate, which every client
+			// and operator holds, is no server's, for no host, so that
+			// its holder cannot stand in for the router to a client that
+			// checks only the CA and the host name (grpcurl, ghz).
+			tmpl.ExtKeyUsage, tmpl.DNSNames, tmpl.IPAddresses = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil, nil
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 		if err != nil {

@@ -51,14 +51,18 @@ func TestInitCerts(t *testing.T) {
 		if c.Subject.OrganizationalUnit[0] != string(r) {
 			t.Errorf("%s.pem OU %v", r, c.Subject.OrganizationalUnit)
 		}
-		for _, usage := range []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth} {
-			if _, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
-				t.Errorf("%s.pem does not verify against ca.pem: %v", r, err)
-			}
+		if _, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Errorf("%s.pem does not verify against ca.pem as a client's: %v", r, err)
+		}
+		// The tiers serve; an admin only dials, and its certificate is
+		// no server's, for no host.
+		_, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+		if serves := r != Admin; (err == nil) != serves {
+			t.Errorf("%s.pem as a server's: %v, want it to verify: %v", r, err, serves)
 		}
 		for _, host := range []string{"127.0.0.1", "::1", "localhost", "10.1.2.3", "worker-7.example"} {
-			if err := c.VerifyHostname(host); err != nil {
-				t.Errorf("%s.pem: %v", r, err)
+			if err := c.VerifyHostname(host); (err == nil) != (r != Admin) {
+				t.Errorf("%s.pem for host %s: %v", r, host, err)
 			}
 		}
 		if err := c.VerifyHostname("10.9.9.9"); err == nil {

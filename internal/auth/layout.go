@@ -122,7 +122,13 @@ func CheckCertRole(path string, r Role) error {
 // KeyModeWarning is a one-line warning when the key file at path is
 // readable by group or others, "" otherwise (or where file modes do not
 // say: Windows, or a file it cannot stat, which loading reports).
-func KeyModeWarning(path string) string {
+func KeyModeWarning(path string) string { return secretModeWarning("key", path) }
+
+// TokenModeWarning is KeyModeWarning for a bearer token file
+// (--auth-token-file): whoever reads it may call what the token opens.
+func TokenModeWarning(path string) string { return secretModeWarning("bearer token file", path) }
+
+func secretModeWarning(what, path string) string {
 	if runtime.GOOS == "windows" {
 		return ""
 	}
@@ -133,7 +139,7 @@ func KeyModeWarning(path string) string {
 	if st.Mode().Perm()&0o004 == 0 && kubeletVolume(path) {
 		return ""
 	}
-	return fmt.Sprintf("key %s is readable by group or others (mode %04o): chmod 600 it", path, st.Mode().Perm())
+	return fmt.Sprintf("%s %s is readable by group or others (mode %04o): chmod 600 it", what, path, st.Mode().Perm())
 }
 
 // kubeletVolume says whether the file at path is one of a Kubernetes

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -188,5 +189,31 @@ func TestReadToken(t *testing.T) {
 	}
 	if _, err := ReadToken(filepath.Join(dir, "missing")); err == nil {
 		t.Error("a missing file was read")
+	}
+}
+
+// TestTokenModeWarning: a bearer token file that group or others can
+// read is warned about as a key file is (it admits its reader to
+// Recommend as a certificate would); one only its owner reads is not.
+func TestTokenModeWarning(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		mode os.FileMode
+		warn bool
+	}{{0o600, false}, {0o400, false}, {0o640, true}, {0o644, true}, {0o604, true}} {
+		p := filepath.Join(dir, fmt.Sprintf("token-%04o", tc.mode))
+		if err := os.WriteFile(p, []byte("0123456789abcdef0123\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		w := TokenModeWarning(p)
+		if (w != "") != tc.warn {
+			t.Errorf("mode %04o: warning %q, want one: %v", tc.mode, w, tc.warn)
+		}
+		if w != "" && (!strings.Contains(w, p) || !strings.Contains(w, "token") || strings.Contains(w, "0123456789abcdef")) {
+			t.Errorf("mode %04o: warning %q should name the token file, and not the token", tc.mode, w)
+		}
 	}
 }

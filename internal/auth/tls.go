@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 )
 
 // ServerTLSOptions configure ServerTLS.
@@ -92,6 +93,20 @@ func load(f Files, withCert bool) (tls.Certificate, *x509.CertPool, error) {
 	}
 	if cert, err = tls.LoadX509KeyPair(f.Cert, f.Key); err != nil {
 		return cert, nil, fmt.Errorf("certificate %s with key %s: %w", f.Cert, f.Key, err)
+	}
+	// Out of date, every peer would refuse it, saying why in its own
+	// log only, while this process looked healthy.
+	leaf := cert.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+			return cert, nil, fmt.Errorf("certificate %s: %w", f.Cert, err)
+		}
+	}
+	switch now := time.Now(); {
+	case now.After(leaf.NotAfter):
+		return cert, nil, fmt.Errorf("certificate %s expired at %s: make new certificates (prism certs init DIR, a new folder)", f.Cert, leaf.NotAfter.UTC().Format(time.RFC3339))
+	case now.Before(leaf.NotBefore):
+		return cert, nil, fmt.Errorf("certificate %s is not valid before %s (this host's clock says %s)", f.Cert, leaf.NotBefore.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	}
 	return cert, pool, nil
 }

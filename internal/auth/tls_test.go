@@ -83,7 +83,21 @@ func TestMutualTLS(t *testing.T) {
 		{"admin may not announce", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Admin)) }, true, codes.PermissionDenied, ""},
 		{"embedding announces", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Embedding)) }, true, codes.Unimplemented, ""},
 		{"other CA", good, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(other, Admin), good)) }, false, codes.Unavailable, ""},
-		{"expired certificate", expired, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(expired, Admin), good)) }, false, codes.Unavailable, ""},
+		{"expired certificate", expired, func(t *testing.T) grpc.DialOption {
+			// Presented by a client other than Prism's: ClientTLS refuses
+			// to load it.
+			c, err := ClientTLS(Files{CA: FilesFor(good, Admin).CA})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := FilesFor(expired, Admin)
+			cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Certificates, c.ServerName = []tls.Certificate{cert}, "localhost"
+			return grpc.WithTransportCredentials(credentials.NewTLS(c))
+		}, false, codes.Unavailable, ""},
 		{"no certificate", good, func(t *testing.T) grpc.DialOption { return client(t, Files{CA: FilesFor(good, Admin).CA}) }, false, codes.Unavailable, ""},
 		{"server of the wrong role", good, func(t *testing.T) grpc.DialOption { return client(t, FilesFor(good, Embedding), Dense) }, false, codes.Unavailable, ""},
 		{"server from another CA", good, func(t *testing.T) grpc.DialOption { return client(t, withCA(FilesFor(good, Admin), other)) }, false, codes.Unavailable, ""},
@@ -234,6 +248,109 @@ func TestMismatchHint(t *testing.T) {
 		got := MismatchHint(msg)
 		if want == "" && got != "" || want != "" && !strings.Contains(got, want) {
 			t.Errorf("MismatchHint(%q) = %q, want %q", msg, got, want)
+		}
+	}
+}
+
+// tokenCatcher is a Recommender that keeps the bearer token it is sent.
+type tokenCatcher struct {
+	prismv1.UnimplementedRecommenderServer
+	got chan string
+}
+
+func (c tokenCatcher) Recommend(ctx context.Context, _ *prismv1.RecommendRequest) (*prismv1.RecommendResponse, error) {
+	tok, _ := bearer(ctx)
+	c.got <- tok
+	return &prismv1.RecommendResponse{}, nil
+}
+
+// TestAdminCertificateCannotServe: the admin certificate, which every
+// client and operator holds, is a client's only: a server presenting it
+// in the router's place at the router's address is refused by a client
+// that verifies the server as TLS clients do (the CA and the host name,
+// as grpcurl and ghz given ca.pem do, which check no Prism role), so it
+// gets neither the client's bearer token nor its requests. The tiers'
+// certificates still serve.
+func TestAdminCertificateCannotServe(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitCerts(dir, CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const token = "0123456789abcdef-token"
+	for _, tc := range []struct {
+		role  Role
+		serve bool
+	}{{Router, true}, {Admin, false}} {
+		conf, err := ServerTLS(FilesFor(dir, tc.role), ServerTLSOptions{AllowNoClientCert: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(conf)))
+		catcher := tokenCatcher{got: make(chan string, 1)}
+		prismv1.RegisterRecommenderServer(srv, catcher)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(lis)
+		cc, err := ClientTLS(Files{CA: FilesFor(dir, Admin).CA})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bt, err := BearerToken(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(cc)), bt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err = prismv1.NewRecommenderClient(conn).Recommend(ctx, &prismv1.RecommendRequest{})
+		cancel()
+		conn.Close()
+		srv.Stop()
+		var got string
+		select {
+		case got = <-catcher.got:
+		default:
+		}
+		switch {
+		case tc.serve && (err != nil || got != token):
+			t.Errorf("a server with the %s certificate: %v (token %q)", tc.role, err, got)
+		case !tc.serve && (err == nil || got != ""):
+			t.Errorf("a server with the %s certificate was taken for the router: %v, and got the bearer token %q", tc.role, err, got)
+		}
+	}
+}
+
+// TestTLSOwnCertificateOutOfDate: a process whose own certificate has
+// expired, or is not valid yet, is told so when it loads it, naming the
+// file and the date, instead of serving (or dialling) with it and being
+// refused by every peer, the reason in the peers' logs alone.
+func TestTLSOwnCertificateOutOfDate(t *testing.T) {
+	root := t.TempDir()
+	expired, early := filepath.Join(root, "expired"), filepath.Join(root, "early")
+	if err := InitCerts(expired, CertOptions{Validity: time.Hour, Now: func() time.Time { return time.Now().Add(-48 * time.Hour) }}); err != nil {
+		t.Fatal(err)
+	}
+	if err := InitCerts(early, CertOptions{Validity: time.Hour, Now: func() time.Time { return time.Now().Add(48 * time.Hour) }}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dir, want string
+	}{{expired, "expired"}, {early, "not valid before"}} {
+		f := FilesFor(tc.dir, Router)
+		_, serr := ServerTLS(f, ServerTLSOptions{})
+		_, cerr := ClientTLS(f, Embedding)
+		for _, err := range []error{serr, cerr} {
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), f.Cert) {
+				t.Errorf("%s: %v, want an error naming %s and saying %q", tc.dir, err, f.Cert, tc.want)
+			}
+		}
+		// A client without a certificate of its own has none to check.
+		if _, err := ClientTLS(Files{CA: f.CA}, Router); err != nil {
+			t.Errorf("%s: the CA alone: %v", tc.dir, err)
 		}
 	}
 }

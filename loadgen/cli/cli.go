@@ -289,6 +289,9 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 			if err != nil {
 				return fmt.Errorf("loadgen: --auth-token-file: %w", err)
 			}
+			if w := auth.TokenModeWarning(f.tokenFile); w != "" {
+				fmt.Fprintf(stderr, "prism: warning: %s\n", w)
+			}
 			bearer, err := auth.BearerToken(token)
 			if err != nil {
 				return fmt.Errorf("loadgen: --auth-token-file: %w", err)
