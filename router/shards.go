@@ -138,19 +138,23 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 	// worker; with g zero it says whether the workers named more than
 	// one sharding, or more than one content (a version rolling out
 	// shard by shard: a fan-out mixing them would pool one version's
-	// rows with another's).
-	type group struct{ fp, content string }
+	// rows with another's), or more than one model content
+	// (WorkerInfo.content: a model retrained in its ONNX parts only
+	// keeps its tables' content, and a dense worker of one refuses the
+	// other's parts).
+	type group struct{ fp, content, model string }
 	pick := func(g group) (missing int, mixed bool) {
 		fp := g.fp
 		clear(best)
-		var first, firstContent string
+		var first, firstContent, firstModel string
 		for _, e := range set {
 			ref := e.info.GetShards()[model]
 			if ref == nil || int(ref.GetShards()) != shards || ref.GetShard() < 0 || int(ref.GetShard()) >= shards || !e.info.GetHealthy() {
 				continue
 			}
 			i := int(ref.GetShard())
-			if c := e.info.GetContent()[model]; (pinned != "" && c != pinned) || (dense != nil && c != "" && dense[c] == 0) {
+			c := e.info.GetContent()[model]
+			if (pinned != "" && c != pinned) || (dense != nil && c != "" && dense[c] == 0) {
 				if fp == "" {
 					unpaired[i]++
 				}
@@ -182,6 +186,16 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 					mixed = true
 				}
 			}
+			if c != "" {
+				switch {
+				case g.model != "" && c != g.model:
+					continue
+				case firstModel == "":
+					firstModel = c
+				case c != firstModel:
+					mixed = true
+				}
+			}
 			av := avoidRank(e.info.GetId(), avoid, dead)
 			load := e.info.GetOutstanding() + e.inflight
 			switch {
@@ -210,7 +224,7 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 		var groups []group
 		for _, e := range set {
 			ref := e.info.GetShards()[model]
-			if g := (group{ref.GetSharding(), ref.GetContent()}); int(ref.GetShards()) == shards && g != (group{}) && !slices.Contains(groups, g) {
+			if g := (group{ref.GetSharding(), ref.GetContent(), e.info.GetContent()[model]}); int(ref.GetShards()) == shards && g != (group{}) && !slices.Contains(groups, g) {
 				groups = append(groups, g)
 			}
 		}
@@ -218,7 +232,10 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 			if c := strings.Compare(a.fp, b.fp); c != 0 {
 				return c
 			}
-			return strings.Compare(a.content, b.content)
+			if c := strings.Compare(a.content, b.content); c != 0 {
+				return c
+			}
+			return strings.Compare(a.model, b.model)
 		})
 		type rank struct {
 			missing int
@@ -408,7 +425,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			}
 			return nil, answer{}, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
 		}
-		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model), cns[0].GetContent()[model])
+		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model), contentOf(cns, model))
 		if err != nil {
 			releaseCN()
 			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
@@ -575,4 +592,15 @@ func onlyInputs(f *prismv1.Features, need []string) *prismv1.Features {
 		}
 	}
 	return out
+}
+
+// contentOf is the content of the model a fan-out's shard workers
+// serve (WorkerInfo.content): "" when none announces it.
+func contentOf(cns []*prismv1.WorkerInfo, model string) string {
+	for _, cn := range cns {
+		if c := cn.GetContent()[model]; c != "" {
+			return c
+		}
+	}
+	return ""
 }

@@ -356,10 +356,6 @@ func TestContentPairsHealthyDense(t *testing.T) {
 	if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: back}); err != nil {
 		t.Fatal(err)
 	}
-	for id, e := range r.Reg.workers {
-		t.Logf("%s out=%d infl=%d healthy=%v joined=%d told=%d", id, e.info.GetOutstanding(), e.inflight, e.info.GetHealthy(), e.joined, e.told)
-	}
-	t.Logf("%v", r.Reg.contents)
 	if resp, err := r.Recommend(context.Background(), request(8)); err != nil || resp.GetContent() != "aa" {
 		t.Fatalf("the old plan's dense worker healthy again: content %q, %v; want the idle aa pair", resp.GetContent(), err)
 	}
@@ -471,5 +467,57 @@ func TestShardedContentPairs(t *testing.T) {
 	req.Content = "cc"
 	if _, err := r.Recommend(context.Background(), req); status.Code(err) != codes.NotFound {
 		t.Fatalf("pinned to a content no worker serves: %v, want NotFound", err)
+	}
+}
+
+// TestShardedContentOneModel: a model retrained in its dense part only
+// (its tables, so its shards' ShardRef.content, and its sharding
+// unchanged) rolls out while both plans' pairs are live. A fan-out
+// takes the shard workers of one plan's content, and the dense worker
+// of it: shard workers of two contents in one fan-out meet a dense
+// worker that refuses (Aborted) the other content's parts, every try.
+func TestShardedContentOneModel(t *testing.T) {
+	r := testRouter(Options{MicroBatch: 4})
+	for _, w := range []struct {
+		id, content string
+		shard       int32
+		load        int64
+	}{{"aa0", "aa", 0, 0}, {"aa1", "aa", 1, 5}, {"bb0", "bb", 0, 5}, {"bb1", "bb", 1, 0}} {
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: w.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: w.id + ":1", Models: []string{"m"}, Healthy: true, Outstanding: w.load,
+			Content: map[string]string{"m": w.content}, Version: map[string]int64{"m": 1},
+			Shards: map[string]*prismv1.ShardRef{"m": {Shard: w.shard, Shards: 2, Sharding: "f1", Content: "tables"}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []string{"aa", "bb"} {
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+			Id: "dense-" + c, Role: prismv1.Role_ROLE_DENSE, Addr: "dense:" + c, Models: []string{"m"}, Healthy: true, Content: map[string]string{"m": c}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, want := range []EmbeddingWant{{Paired: true}, {Paired: true, Content: "bb"}} {
+		cns, release, err := r.Reg.pickShards("m", 2, 1, nil, nil, want)
+		if err != nil {
+			t.Fatalf("%+v: %v", want, err)
+		}
+		c := cns[0].GetContent()["m"]
+		for _, cn := range cns {
+			if cn.GetContent()["m"] != c {
+				t.Errorf("%+v: one fan-out to shard workers %s (%s) and %s (%s): two models' parts to one dense worker", want, cns[0].GetId(), c, cn.GetId(), cn.GetContent()["m"])
+			}
+		}
+		if want.Content != "" && c != want.Content {
+			t.Errorf("pinned to %s: fan-out to content %s", want.Content, c)
+		}
+		hn, releaseHN, err := r.pickDense("m", 1, retry{}, cns[0].GetId(), shardingOf(cns, "m"), rowWise(cns, "m"), contentOf(cns, "m"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hn.GetContent()["m"] != c {
+			t.Errorf("%+v: shard workers of content %s paired with dense worker of %s", want, c, hn.GetContent()["m"])
+		}
+		releaseHN()
+		release()
 	}
 }
