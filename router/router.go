@@ -605,7 +605,8 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	// A request pinned to a version number goes pinned to the content
 	// the workers number so (their stores number apart); with no
 	// worker announcing content, to the number (earlier releases).
-	if req.GetContent() == "" && req.GetVersion() != 0 {
+	byNumber := req.GetContent() == "" && req.GetVersion() != 0
+	if byNumber {
 		if c := r.Reg.VersionContent(req.GetModel(), req.GetVersion()); c != "" {
 			req = pinTo(req, answer{version: req.GetVersion(), content: c})
 		}
@@ -683,7 +684,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	}
 	version := won.version
 	switch {
-	case won.content != "" && req.GetVersion() != 0:
+	case won.content != "" && byNumber:
 		// Pinned to a number, served by the content the workers number
 		// so (VersionContent): the number asked for, not the one the
 		// replica that answered gives it (a replica ingested after an
@@ -691,7 +692,8 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		version = req.GetVersion()
 	case won.content != "":
 		// The number the workers serving it give it, the same in every
-		// response whichever replica answered.
+		// response whichever replica answered (a content pinned by the
+		// client decides over a number given with it).
 		version = max(version, r.Reg.ContentVersion(req.GetModel(), won.content))
 	}
 	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version, RequestId: req.GetRequestId(), Content: won.content}, nil

@@ -389,6 +389,13 @@ func TestPinnedNumberAnswered(t *testing.T) {
 	if cns[0].calls.Load() != 0 {
 		t.Fatalf("the busy replica served: the test shows nothing")
 	}
+	// A content pinned with a number beside it: the content decides, and
+	// the response names its number, not the one given.
+	req := request(8)
+	req.Content, req.Version = "aa", 7
+	if resp, err := r.Recommend(context.Background(), req); err != nil || resp.GetVersion() != 2 || resp.GetContent() != "aa" {
+		t.Errorf("content aa pinned with version 7: version %d content %q, %v; want 2 and aa", resp.GetVersion(), resp.GetContent(), err)
+	}
 }
 
 // TestShardedContentPairs: a retrained sharded model rolls out tier by
