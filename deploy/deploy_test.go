@@ -837,9 +837,13 @@ func TestIngestInitStep(t *testing.T) {
 	repo := filepath.Join(dir, "models")
 	run(t, bin, "models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "build"), "--seed", "5")
 	run(t, bin, "partition", filepath.Join(dir, "build", "model.onnx"), "-o", filepath.Join(repo, "dlrm-tiny-part"))
-	initStep := func(name string) string {
+	initStep := func(name string, plan ...string) string {
 		t.Helper()
-		out := run(t, helm, append(slices.Clone(helmTemplate), "--set", "models[0].name="+name, "--set", "models[0].plan=dlrm-tiny-part")...)
+		folder := "dlrm-tiny-part"
+		if len(plan) > 0 {
+			folder = plan[0]
+		}
+		out := run(t, helm, append(slices.Clone(helmTemplate), "--set", "models[0].name="+name, "--set", "models[0].plan="+folder)...)
 		emb := find[*appsv1.StatefulSet](t, decode(t, out), "StatefulSet", "prism-embedding")
 		init := emb.Spec.Template.Spec.InitContainers
 		if len(init) != 1 || len(init[0].Command) != 3 {
@@ -874,6 +878,18 @@ func TestIngestInitStep(t *testing.T) {
 	}
 	if v := versions(store); v != first {
 		t.Errorf("the store's versions changed when it held the model already:\n%s\nwere\n%s", v, first)
+	}
+	// A retrained model (the same name, other weights) in a new plan
+	// folder: the init step ingests it as a new version, switched to.
+	// (Checked for the name only, the store held the old version and the
+	// worker refused the plan, holding other content: a crash loop.)
+	run(t, bin, "models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "build-6"), "--seed", "6")
+	run(t, bin, "partition", filepath.Join(dir, "build-6", "model.onnx"), "-o", filepath.Join(repo, "dlrm-tiny-retrained"))
+	if out, err := step(initStep("dlrm-tiny", "dlrm-tiny-retrained"), store); err != nil {
+		t.Fatalf("init step with a retrained plan: %v\n%s", err, out)
+	}
+	if v := versions(store); !regexp.MustCompile(`(?m)^\*.*\b2\b.*dlrm-tiny-retrained`).MatchString(v) {
+		t.Errorf("after the init step with a retrained plan, the store's active version is not a new one from it:\n%s", v)
 	}
 
 	other := filepath.Join(dir, "store-misnamed")

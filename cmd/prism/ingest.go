@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -23,7 +25,7 @@ func init() { subcommands = append(subcommands, newIngestCmd) }
 func newIngestCmd() *cobra.Command {
 	var (
 		db, dtype, model, hotBytes, sstBytes string
-		noActivate                           bool
+		noActivate, ifChanged                bool
 		shard                                int
 	)
 	cmd := &cobra.Command{
@@ -44,7 +46,15 @@ accuracy lost is reported per table.
 
 --shard K ingests only shard K of the plan's sharding (prism shard): its
 table-wise tables and its rows of the row-wise ones; the store records
-the shard it holds.`,
+the shard it holds.
+
+--if-changed ingests only when the store's active version of the model
+does not hold the plan's tables already (with --shard, shard K as the
+plan places it): a start-up step (the Helm chart's init container) then
+ingests a retrained model, a new version that the model's updates carry
+over to, and leaves a store holding the plan as it is, updates made
+since included (ingested again, a plan whose tables were updated since
+adds a version). The stored dtype is not compared.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if db == "" {
@@ -76,7 +86,8 @@ the shard it holds.`,
 			}
 			// A plan that cannot be read fails before the store is made:
 			// no empty store is left in a folder this run created.
-			if _, err := plan.Read(args[0]); err != nil {
+			p, err := plan.Read(args[0])
+			if err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -88,6 +99,20 @@ the shard it holds.`,
 				return err
 			}
 			defer s.Close()
+			if ifChanged {
+				name := cmp.Or(model, p.Model.Name, filepath.Base(filepath.Clean(args[0])))
+				match := s.MatchPlan(name, p)
+				if io.Shard != nil {
+					match = s.MatchShard(name, p, *io.Shard)
+				}
+				if match == nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "model %q: the store's active version holds the plan's tables already: left as it is (--if-changed)\n", name)
+					return nil
+				}
+				if !errors.Is(match, store.ErrUnknownModel) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "ingest: %v: ingesting the plan\n", match)
+				}
+			}
 			var bar *progress.Bar
 			io.Progress = func(done, total int64) {
 				if bar == nil {
@@ -118,6 +143,7 @@ the shard it holds.`,
 	f.StringVar(&model, "model", "", "model name (default: the plan's)")
 	f.StringVar(&hotBytes, "hot-bytes", "", "hot tier size to record as the store's default (e.g. 512MiB)")
 	f.StringVar(&sstBytes, "sst-bytes", "", "bytes per ingested SST (default 64MiB)")
+	f.BoolVar(&ifChanged, "if-changed", false, "ingest only when the store's active version does not hold the plan's tables (or shard) already")
 	f.BoolVar(&noActivate, "no-activate", false, "add the version without switching to it (a model's first version is always activated)")
 	f.IntVar(&shard, "shard", 0, "ingest only this shard (0 to N-1) of the plan's sharding section (prism shard)")
 	return cmd

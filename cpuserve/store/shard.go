@@ -167,6 +167,41 @@ func (s *Store) MatchShard(model string, p *plan.Plan, k int) error {
 	return nil
 }
 
+// MatchPlan says whether model's active version holds the whole model
+// with the tables of plan p: nil if so, else what differs (a shard, a
+// table missing, of another shape, or of other content than the
+// plan's sha256). Updates made since the ingest do not count: the
+// version holds the plan, and its updates.
+func (s *Store) MatchPlan(model string, p *plan.Plan) error {
+	ref, ok, err := s.Shard(model)
+	switch {
+	case err != nil:
+		return err
+	case ok:
+		return fmt.Errorf("model %q: the store holds shard %d of %d, not the whole model", model, ref.Shard, ref.Shards)
+	}
+	tabs, err := s.Tables(model)
+	if err != nil {
+		return err
+	}
+	have := map[string]TableInfo{}
+	for _, t := range tabs {
+		have[t.Name] = t
+	}
+	for _, t := range p.Tables {
+		h, ok := have[t.Name]
+		switch {
+		case !ok:
+			return fmt.Errorf("model %q: the store's active version lacks table %q", model, t.Name)
+		case h.Rows != t.Rows || h.Dim != t.Dim:
+			return fmt.Errorf("model %q: the store's active version holds table %q as %d x %d, the plan as %d x %d", model, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
+		case t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256:
+			return fmt.Errorf("model %q: the store's active version holds table %q of other content than the plan's (sha256 %.12s, the plan's %.12s): another version of the model", model, t.Name, h.SHA256, t.SHA256)
+		}
+	}
+	return nil
+}
+
 // String is "r mod M = R", or "all" for a nil part.
 func (p *RowPart) String() string {
 	if p == nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/prism-serve/prism/plan"
 )
 
 func lookupRow(t *testing.T, s *Store, model, table string, id int64, dim int) []float32 {
@@ -407,5 +408,47 @@ func TestVersionRecordsAbsolutePlan(t *testing.T) {
 	vs, err := s.Versions("m")
 	if err != nil || len(vs) != 1 || vs[0].Plan != dir {
 		t.Fatalf("versions %+v, %v; want the plan recorded as %s", vs, err, dir)
+	}
+}
+
+// TestMatchPlan: the active version holds a plan's tables whatever was
+// updated since (prism ingest --if-changed leaves such a store as it is,
+// updates included), and does not hold a retrained plan's (other
+// content), another model's or a shard's.
+func TestMatchPlan(t *testing.T) {
+	ctx := context.Background()
+	dir := writePlan(t, "m", []*testTable{{name: "a", rows: 4, dim: 2, seed: 1}, {name: "b", rows: 3, dim: 2, seed: 2}})
+	retrained := writePlan(t, "m", []*testTable{{name: "a", rows: 4, dim: 2, seed: 7}, {name: "b", rows: 3, dim: 2, seed: 2}})
+	read := func(d string) *plan.Plan {
+		p, err := plan.Read(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	s, _ := openMem(t, nil)
+	if err := s.MatchPlan("m", read(dir)); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("an empty store: %v, want ErrUnknownModel", err)
+	}
+	if _, err := s.Ingest(ctx, dir, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MatchPlan("m", read(dir)); err != nil {
+		t.Fatalf("the plan ingested: %v", err)
+	}
+	if err := s.Upsert("m", "a", []int64{1}, []float32{9, 9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MatchPlan("m", read(dir)); err != nil {
+		t.Fatalf("the plan ingested, a row updated since: %v", err)
+	}
+	if err := s.MatchPlan("m", read(retrained)); err == nil || !strings.Contains(err.Error(), `table "a" of other content`) {
+		t.Fatalf("a retrained plan: %v, want other content of table a", err)
+	}
+	if _, err := s.Ingest(ctx, retrained, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MatchPlan("m", read(retrained)); err != nil {
+		t.Fatalf("the retrained plan ingested: %v", err)
 	}
 }

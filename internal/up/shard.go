@@ -162,21 +162,9 @@ func holdsPlan(dir, model string, p *plan.Plan) bool {
 		return true // the worker says why
 	}
 	defer st.Close()
-	tabs, err := st.Tables(model)
-	if err != nil {
-		return true
-	}
-	have := map[string]store.TableInfo{}
-	for _, t := range tabs {
-		have[t.Name] = t
-	}
-	for _, t := range p.Tables {
-		h, ok := have[t.Name]
-		if !ok || h.Rows != t.Rows || h.Dim != t.Dim || t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256 {
-			return false
-		}
-	}
-	return true
+	// A model the store lacks: its worker ingests it whole.
+	err = st.MatchPlan(model, p)
+	return err == nil || errors.Is(err, store.ErrUnknownModel)
 }
 
 // ingestChanged ingests each unsharded plan (dirs[i], plans[i]) into
