@@ -226,7 +226,7 @@ func (a *assembler) refuse(key string, shard, shards int, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	f := a.pending[key]
-	if f == nil || (f.shards == shards && f.got[shard]) {
+	if f == nil || (f.shards == shards && shard >= 0 && shard < len(f.got) && f.got[shard]) {
 		return
 	}
 	a.finish(f, nil, err)

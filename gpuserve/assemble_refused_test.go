@@ -62,8 +62,36 @@ func TestAssembleRefusedPartFailsFanout(t *testing.T) {
 		t.Errorf("the waiting part: %v, want InvalidArgument naming shard 1's refusal", err)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if len(a.pending) != 0 || a.samples != 0 {
 		t.Errorf("left pending: %d fan-outs, %d samples", len(a.pending), a.samples)
+	}
+	a.mu.Unlock()
+
+	// A part looked up for another model content (a retrained plan's
+	// embedding worker) is refused Aborted before it is decoded: its
+	// waiting siblings are failed at once too, and a bad shard index on
+	// it panics nothing.
+	go func() {
+		_, err := ts.dense.Score(ctx, &prismv1.ScoreRequest{Model: model, Tensors: encode(t, n, parts[0]), NumSamples: n, FanoutKey: "k2", Shard: 0, Shards: 2})
+		waiting <- err
+	}()
+	for {
+		a.mu.Lock()
+		f := a.pending["k2"]
+		a.mu.Unlock()
+		if f != nil {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, shard := range []int32{7, 1} {
+		_, err = ts.dense.Score(ctx, &prismv1.ScoreRequest{Model: model, Tensors: encode(t, n, parts[1]), NumSamples: n, FanoutKey: "k2", Shard: shard, Shards: 2, Content: "0123456789abcdef"})
+		if status.Code(err) != codes.Aborted {
+			t.Fatalf("a part of another content (shard %d): %v, want Aborted", shard, err)
+		}
+	}
+	err = <-waiting
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "content") {
+		t.Errorf("the part waiting beside another content's: %v, want Aborted naming the content", err)
 	}
 }

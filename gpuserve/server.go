@@ -519,7 +519,13 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 		// rollout of a retrained model): its rows with this dense.onnx
 		// would score garbage. Another pair may serve.
 		s.metrics.reject(m.name, "content")
-		return nil, status.Errorf(codes.Aborted, "model %q: the embedding worker looked up content %.16q; this dense worker serves content %q", m.name, c, m.content)
+		err := status.Errorf(codes.Aborted, "model %q: the embedding worker looked up content %.16q; this dense worker serves content %q", m.name, c, m.content)
+		if key := req.GetFanoutKey(); key != "" {
+			// A part of a fan-out: its siblings waiting here are failed
+			// now, not at their deadline.
+			m.assembly.refuse(key, int(req.GetShard()), int(req.GetShards()), status.Errorf(codes.Aborted, "model %q: fan-out %q: shard %d's part was refused: %s", m.name, key, req.GetShard(), status.Convert(err).Message()))
+		}
+		return nil, err
 	}
 	if req.GetShards() != 0 || req.GetFanoutKey() != "" {
 		return s.scorePart(ctx, m, req, start)
