@@ -1074,13 +1074,8 @@ func (t retry) tiers() [][]string {
 	return [][]string{t.avoid, t.dead, nil}
 }
 
-// pick prefers a worker not in tried.avoid, then one not in tried.dead,
-// and falls back to any.
-func (r *Router) pick(role prismv1.Role, model string, n int, tried retry, sender string) (*prismv1.WorkerInfo, func(), error) {
-	return r.pickWith(role, model, n, tried, sender, pickWant{})
-}
-
-// pickWith is pick narrowed by want.
+// pickWith picks a worker want keeps, preferring one not in
+// tried.avoid, then one not in tried.dead, and falling back to any.
 func (r *Router) pickWith(role prismv1.Role, model string, n int, tried retry, sender string, want pickWant) (*prismv1.WorkerInfo, func(), error) {
 	var w *prismv1.WorkerInfo
 	var release func()
