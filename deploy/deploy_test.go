@@ -2,7 +2,9 @@ package deploy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -921,6 +923,10 @@ func TestShardedIngestInitStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, bin, "shard", filepath.Join(repo, "sharded"), "--shards", "2")
+	if err := os.CopyFS(filepath.Join(repo, "sharded-3"), os.DirFS(filepath.Join(repo, "whole"))); err != nil {
+		t.Fatal(err)
+	}
+	run(t, bin, "shard", filepath.Join(repo, "sharded-3"), "--shards", "3")
 
 	// initSteps renders the chart with shards shards of the plan in
 	// folder plan and returns each shard's init script.
@@ -957,6 +963,7 @@ func TestShardedIngestInitStep(t *testing.T) {
 
 	scripts := initSteps(2, "sharded")
 	var tables []int
+	held := map[int]string{}
 	for k, script := range scripts {
 		store := filepath.Join(dir, fmt.Sprintf("store-%d", k))
 		if out, err := step(script, store); err != nil {
@@ -972,6 +979,7 @@ func TestShardedIngestInitStep(t *testing.T) {
 			t.Fatalf("shard %d: versions %q: %v", k, first, err)
 		}
 		tables = append(tables, n)
+		held[k] = first
 		if out, err := step(script, store); err != nil {
 			t.Fatalf("shard %d: init step on a store holding its shard: %v\n%s", k, err, out)
 		} else if strings.Contains(out, "ingested") {
@@ -988,13 +996,27 @@ func TestShardedIngestInitStep(t *testing.T) {
 	}
 
 	// A plan of 2 shards under embedding.shards=3: shard 0 is shard 0 of
-	// 2, not of 3; shard 2 is none of the plan's.
+	// 2, not of 3; shard 2 is none of the plan's. Neither is ingested.
 	three := initSteps(3, "sharded")
-	if out, err := step(three[0], filepath.Join(dir, "store-3-0")); err == nil || !strings.Contains(out, "not shard 0 of 3") || !strings.Contains(out, "(shard 0 of 2)") {
-		t.Errorf("embedding.shards=3 for a plan of 2 shards, shard 0: %v, want a failure saying the store holds shard 0 of 2\n%s", err, out)
+	for _, k := range []int{0, 2} {
+		store := filepath.Join(dir, fmt.Sprintf("store-3-%d", k))
+		if out, err := step(three[k], store); err == nil || !strings.Contains(out, "sharded into 2 shards, not 3") || !strings.Contains(out, fmt.Sprintf("not shard %d of 3", k)) {
+			t.Errorf("embedding.shards=3 for a plan of 2 shards, shard %d: %v, want a failure naming the plan's 2 shards\n%s", k, err, out)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("embedding.shards=3 for a plan of 2 shards, shard %d: a store was made (%v)", k, err)
+		}
 	}
-	if out, err := step(three[2], filepath.Join(dir, "store-3-2")); err == nil || !strings.Contains(out, "shards 0 to 1") {
-		t.Errorf("embedding.shards=3 for a plan of 2 shards, shard 2: %v, want a failure naming the plan's shards\n%s", err, out)
+	// A plan sharded into 3 rolled out under embedding.shards=2 onto a
+	// store holding shard 0 of 2: the init step fails before it ingests
+	// (it switched the store to shard 0 of 3, a version of another
+	// sharding, starting its update number at 0, and then failed).
+	store0 := filepath.Join(dir, "store-0")
+	if out, err := step(initSteps(2, "sharded-3")[0], store0); err == nil || !strings.Contains(out, "sharded into 3") {
+		t.Errorf("embedding.shards=2 for a plan of 3 shards on a store holding shard 0 of 2: %v, want a failure naming the plan's 3 shards\n%s", err, out)
+	}
+	if v := versions(store0); v != held[0] {
+		t.Errorf("embedding.shards=2 for a plan of 3 shards: the store's versions changed:\n%s\nwere\n%s", v, held[0])
 	}
 	// A plan prism shard never sharded.
 	if out, err := step(initSteps(2, "whole")[1], filepath.Join(dir, "store-whole")); err == nil || !strings.Contains(out, "no sharding section") {

@@ -26,10 +26,10 @@ func newIngestCmd() *cobra.Command {
 	var (
 		db, dtype, model, hotBytes, sstBytes string
 		noActivate, ifChanged                bool
-		shard                                int
+		shard, shards                        int
 	)
 	cmd := &cobra.Command{
-		Use:   "ingest PLAN_DIR --db DIR [--shard K]",
+		Use:   "ingest PLAN_DIR --db DIR [--shard K [--shards N]]",
 		Short: "Load a plan's embedding tables into the store (SST ingestion; re-run to resume)",
 		Long: `Ingest loads the tables of a partition plan into the embedding store at
 --db as a new version of the model and switches to it (unless
@@ -46,7 +46,10 @@ accuracy lost is reported per table.
 
 --shard K ingests only shard K of the plan's sharding (prism shard): its
 table-wise tables and its rows of the row-wise ones; the store records
-the shard it holds.
+the shard it holds. --shards N (with --shard) refuses, before the store
+is opened, a plan sharded into another count than N: a start-up step
+that expects N shards (the Helm chart's embedding.shards) then leaves
+the store as it is.
 
 --if-changed ingests only when the store's active version of the model
 does not hold the plan's tables already (with --shard, shard K as the
@@ -90,6 +93,16 @@ adds a version). The stored dtype is not compared.`,
 			if err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("shards") {
+				switch {
+				case io.Shard == nil:
+					return fmt.Errorf("--shards %d needs --shard K", shards)
+				case p.Sharding == nil:
+					return fmt.Errorf("%s: the plan has no sharding section (run prism shard --shards %d first)", args[0], shards)
+				case p.Sharding.Shards != shards:
+					return fmt.Errorf("%s: the plan is sharded into %d shards, not %d (--shards): run prism shard --shards %d, or serve %d shards", args[0], p.Sharding.Shards, shards, shards, p.Sharding.Shards)
+				}
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()
 			_, statErr := os.Stat(db)
@@ -100,7 +113,7 @@ adds a version). The stored dtype is not compared.`,
 			}
 			defer s.Close()
 			if ifChanged {
-				name := cmp.Or(model, p.Model.Name, filepath.Base(filepath.Clean(args[0])))
+				name := cmp.Or(model, p.Model.Name, filepath.Base(args[0])) // store.Ingest's rule
 				match := s.MatchPlan(name, p)
 				if io.Shard != nil {
 					match = s.MatchShard(name, p, *io.Shard)
@@ -146,5 +159,6 @@ adds a version). The stored dtype is not compared.`,
 	f.BoolVar(&ifChanged, "if-changed", false, "ingest only when the store's active version does not hold the plan's tables (or shard) already")
 	f.BoolVar(&noActivate, "no-activate", false, "add the version without switching to it (a model's first version is always activated)")
 	f.IntVar(&shard, "shard", 0, "ingest only this shard (0 to N-1) of the plan's sharding section (prism shard)")
+	f.IntVar(&shards, "shards", 0, "with --shard: refuse a plan sharded into another count than this, before the store is opened")
 	return cmd
 }
