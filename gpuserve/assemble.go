@@ -53,6 +53,33 @@ type assembler struct {
 	sharding string
 	// closed: the server is closing (closeAll); parts are refused.
 	closed bool
+	// failed remembers the last maxFailedKeys fan-outs that failed (or
+	// whose part was refused before any sibling came), oldest first in
+	// failedKeys: a part arriving after its fan-out failed is refused at
+	// once with the cause, where it started a fan-out of its own and
+	// waited for siblings that had already been answered until its
+	// deadline. Keys are unique per micro-batch attempt.
+	failed     map[string]error
+	failedKeys []string
+}
+
+// maxFailedKeys bounds the failed fan-outs an assembler remembers.
+const maxFailedKeys = 4096
+
+// remember records that fan-out key failed with err; a.mu held.
+func (a *assembler) remember(key string, err error) {
+	if a.failed == nil {
+		a.failed = map[string]error{}
+	}
+	if _, ok := a.failed[key]; ok {
+		return
+	}
+	if len(a.failedKeys) >= maxFailedKeys {
+		delete(a.failed, a.failedKeys[0])
+		a.failedKeys = a.failedKeys[1:]
+	}
+	a.failed[key] = err
+	a.failedKeys = append(a.failedKeys, key)
 }
 
 // closeAll answers every part waiting for its siblings with err, and
@@ -214,6 +241,9 @@ func (a *assembler) finish(f *fanout, scores []float32, err error) {
 		delete(a.pending, f.key)
 		a.samples -= f.n
 	}
+	if err != nil {
+		a.remember(f.key, err)
+	}
 	f.scores, f.err = scores, err
 	close(f.done)
 }
@@ -226,7 +256,12 @@ func (a *assembler) refuse(key string, shard, shards int, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	f := a.pending[key]
-	if f == nil || (f.shards == shards && shard >= 0 && shard < len(f.got) && f.got[shard]) {
+	if f == nil {
+		// No sibling has come yet: those that do are refused at once.
+		a.remember(key, err)
+		return
+	}
+	if f.shards == shards && shard >= 0 && shard < len(f.got) && f.got[shard] {
 		return
 	}
 	a.finish(f, nil, err)
@@ -318,6 +353,16 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	}
 	f := a.pending[key]
 	if f == nil {
+		if cause, ok := a.failed[key]; ok {
+			// A sibling's failure came first: the fan-out is answered.
+			a.mu.Unlock()
+			reason := "invalid"
+			if status.Code(cause) == codes.DeadlineExceeded {
+				reason = "deadline"
+			}
+			s.metrics.reject(m.name, reason)
+			return nil, status.Errorf(status.Code(cause), "model %q: fan-out %q failed before shard %d's part came: %s", m.name, key, shard, status.Convert(cause).Message())
+		}
 		if a.samples+n > a.max {
 			a.mu.Unlock()
 			s.metrics.reject(m.name, "overloaded")

@@ -94,4 +94,29 @@ func TestAssembleRefusedPartFailsFanout(t *testing.T) {
 	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "content") {
 		t.Errorf("the part waiting beside another content's: %v, want Aborted naming the content", err)
 	}
+
+	// Parts arriving after their fan-out failed (a sibling refused first,
+	// or the fan-out answered): refused at once with the cause. They
+	// started a fan-out of their own and waited to their deadline.
+	late, lateCancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer lateCancel()
+	_, err = ts.dense.Score(ctx, &prismv1.ScoreRequest{Model: model, Tensors: encode(t, n, parts[1]), NumSamples: n, FanoutKey: "k3", Shard: 1, Shards: 2, Content: "0123456789abcdef"})
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("a lone part of another content: %v, want Aborted", err)
+	}
+	for _, c := range []struct {
+		key   string
+		shard int32
+		code  codes.Code
+	}{{"k3", 0, codes.Aborted}, {"k", 1, codes.InvalidArgument}} {
+		_, err = ts.dense.Score(late, &prismv1.ScoreRequest{Model: model, Tensors: encode(t, n, parts[c.shard]), NumSamples: n, FanoutKey: c.key, Shard: c.shard, Shards: 2})
+		if status.Code(err) != c.code || !strings.Contains(err.Error(), "failed before") {
+			t.Errorf("shard %d's part of fan-out %q after it failed: %v, want %v at once, saying it failed before", c.shard, c.key, err, c.code)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.pending) != 0 || a.samples != 0 {
+		t.Errorf("left pending: %d fan-outs, %d samples", len(a.pending), a.samples)
+	}
 }
