@@ -55,31 +55,56 @@ type assembler struct {
 	closed bool
 	// failed remembers the last maxFailedKeys fan-outs that failed (or
 	// whose part was refused before any sibling came), oldest first in
-	// failedKeys: a part arriving after its fan-out failed is refused at
-	// once with the cause, where it started a fan-out of its own and
-	// waited for siblings that had already been answered until its
-	// deadline. Keys are unique per micro-batch attempt.
-	failed     map[string]error
+	// failedKeys: a missing part of one, arriving after it failed, is
+	// refused at once with the cause, where it started a fan-out of its
+	// own and waited for siblings that had already been answered until
+	// its deadline. (Prism's routers make keys unique per micro-batch
+	// attempt; a part of another shard count, or of a shard that came,
+	// is taken as a new fan-out.)
+	failed     map[string]failedFanout
 	failedKeys []string
 }
 
-// maxFailedKeys bounds the failed fan-outs an assembler remembers.
-const maxFailedKeys = 4096
+// failedFanout is a failed fan-out's cause, its shard count and the
+// shards whose parts had come.
+type failedFanout struct {
+	err    error
+	shards int
+	got    []bool
+}
 
-// remember records that fan-out key failed with err; a.mu held.
-func (a *assembler) remember(key string, err error) {
+// maxFailedKeys bounds the failed fan-outs an assembler remembers, and
+// maxShardsRemembered the shard count of one refused before any of its
+// parts joined (its parts are not checked yet).
+const (
+	maxFailedKeys       = 4096
+	maxShardsRemembered = 1024
+)
+
+// remember records that fan-out key of shards shards failed with err,
+// the parts of the shards in got having come; a.mu held.
+func (a *assembler) remember(key string, shards int, got []bool, err error) {
 	if a.failed == nil {
-		a.failed = map[string]error{}
+		a.failed = map[string]failedFanout{}
 	}
-	if _, ok := a.failed[key]; ok {
-		return
+	if _, ok := a.failed[key]; !ok {
+		if len(a.failedKeys) >= maxFailedKeys {
+			delete(a.failed, a.failedKeys[0])
+			a.failedKeys = a.failedKeys[1:]
+		}
+		a.failedKeys = append(a.failedKeys, key)
 	}
-	if len(a.failedKeys) >= maxFailedKeys {
-		delete(a.failed, a.failedKeys[0])
-		a.failedKeys = a.failedKeys[1:]
+	a.failed[key] = failedFanout{err: err, shards: shards, got: slices.Clone(got)}
+}
+
+// failedBefore is the cause of fan-out key's failure when the part of
+// shard (of shards) is one it was missing; a.mu held.
+func (a *assembler) failedBefore(key string, shard, shards int) (error, bool) {
+	f, ok := a.failed[key]
+	if !ok || f.shards != shards || shard < 0 || shard >= len(f.got) || f.got[shard] {
+		return nil, false
 	}
-	a.failed[key] = err
-	a.failedKeys = append(a.failedKeys, key)
+	return f.err, true
 }
 
 // closeAll answers every part waiting for its siblings with err, and
@@ -242,7 +267,7 @@ func (a *assembler) finish(f *fanout, scores []float32, err error) {
 		a.samples -= f.n
 	}
 	if err != nil {
-		a.remember(f.key, err)
+		a.remember(f.key, f.shards, f.got, err)
 	}
 	f.scores, f.err = scores, err
 	close(f.done)
@@ -258,7 +283,11 @@ func (a *assembler) refuse(key string, shard, shards int, err error) {
 	f := a.pending[key]
 	if f == nil {
 		// No sibling has come yet: those that do are refused at once.
-		a.remember(key, err)
+		if shards >= 1 && shards <= maxShardsRemembered && shard >= 0 && shard < shards {
+			got := make([]bool, shards)
+			got[shard] = true
+			a.remember(key, shards, got, err)
+		}
 		return
 	}
 	if f.shards == shards && shard >= 0 && shard < len(f.got) && f.got[shard] {
@@ -353,7 +382,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	}
 	f := a.pending[key]
 	if f == nil {
-		if cause, ok := a.failed[key]; ok {
+		if cause, ok := a.failedBefore(key, shard, shards); ok {
 			// A sibling's failure came first: the fan-out is answered.
 			a.mu.Unlock()
 			reason := "invalid"
