@@ -108,41 +108,26 @@ func ensureIngested(ctx context.Context, st *store.Store, dir string, p *plan.Pl
 		}
 		ingested = true
 	}
-	tabs, err := st.Tables(name)
-	if err != nil {
-		return ingested, fmt.Errorf("model %q: %w", name, err)
-	}
-	have := map[string]store.TableInfo{}
-	for _, t := range tabs {
-		have[t.Name] = t
-	}
-	for _, t := range p.Tables {
-		h, ok := have[t.Name]
-		if !ok || h.Rows != t.Rows || h.Dim != t.Dim {
-			return ingested, fmt.Errorf("model %q: the store's active version does not match the plan in %s (table %q: store %d x %d, plan %d x %d): ingest the plan (prism ingest) or serve the plan the store holds",
-				name, dir, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
-		}
-		if t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256 {
-			// Another version of the model (the plan retrained, or the
-			// store switched by prism store versions): its rows would
-			// be scored by this plan's cpu.onnx and dense side.
-			return ingested, fmt.Errorf("model %q: the store's active version%s holds other content than the plan in %s (table %q: sha256 %.12s, plan %.12s): ingest the plan (prism ingest), activate the version ingested from it (prism store versions) or serve the plan the store holds",
-				name, activeFrom(st, name), dir, t.Name, h.SHA256, t.SHA256)
-		}
+	if err := st.MatchPlan(name, p); err != nil {
+		// Another version of the model (the plan retrained, or the store
+		// switched by prism store versions): its rows would be scored by
+		// this plan's cpu.onnx and dense side.
+		return ingested, fmt.Errorf("%w (the store serves %s; the plan is in %s): ingest the plan (prism ingest), activate the version ingested from it (prism store versions) or serve the plan the store holds",
+			err, activeFrom(st, name), dir)
 	}
 	return ingested, nil
 }
 
 // activeFrom says which version of model the store serves and the plan
-// it was ingested from, for a message: " (version N, from PLAN)".
+// it was ingested from, for a message: "version N, from PLAN".
 func activeFrom(st *store.Store, model string) string {
 	vs, _ := st.Versions(model)
 	for _, v := range vs {
 		if v.Active {
-			return fmt.Sprintf(" (version %d, from %s)", v.N, v.Plan)
+			return fmt.Sprintf("version %d, from %s", v.N, v.Plan)
 		}
 	}
-	return ""
+	return "no active version"
 }
 
 // loadModel resolves a plan folder and opens its CPU subgraph.

@@ -69,7 +69,7 @@ func TestServedPlanMatchesActiveContent(t *testing.T) {
 		t.Fatalf("the plan the store holds: %v", err)
 	}
 	_, err = ensureIngested(ctx, st, d2, p2, nil)
-	if err == nil || !strings.Contains(err.Error(), "holds other content than the plan") || !strings.Contains(err.Error(), "version 1, from "+d1) {
+	if err == nil || !strings.Contains(err.Error(), "of other content than the plan's") || !strings.Contains(err.Error(), "version 1, from "+d1) {
 		t.Fatalf("a plan of other content than the active version's: %v", err)
 	}
 	// Its version ingested but not active: refused until it is.

@@ -143,18 +143,8 @@ func (s *Store) MatchShard(model string, p *plan.Plan, k int) error {
 			continue
 		}
 		h, ok := have[t.Name]
-		if !ok {
-			return fmt.Errorf("model %q: the store's shard %d of %d lacks table %q, which the plan places on it", model, k, ref.Shards, t.Name)
-		}
-		if h.Rows != t.Rows || h.Dim != t.Dim {
-			return fmt.Errorf("model %q: the store's shard %d of %d holds table %q as %d x %d, the plan as %d x %d", model, k, ref.Shards, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
-		}
-		if t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256 {
-			// Another version of the model (retrained, or the store
-			// switched to another): served under this plan, its rows
-			// would meet this plan's cpu.onnx and dense side, and the
-			// worker would announce this plan's content.
-			return fmt.Errorf("model %q: the store's shard %d of %d holds table %q of other content than the plan's (sha256 %.12s, the plan's %.12s): another version of the model", model, k, ref.Shards, t.Name, h.SHA256, t.SHA256)
+		if err := matchTable(model, fmt.Sprintf("the store's shard %d of %d", k, ref.Shards), t, h, ok); err != nil {
+			return err
 		}
 		var want *RowPart
 		if mod > 1 {
@@ -190,14 +180,28 @@ func (s *Store) MatchPlan(model string, p *plan.Plan) error {
 	}
 	for _, t := range p.Tables {
 		h, ok := have[t.Name]
-		switch {
-		case !ok:
-			return fmt.Errorf("model %q: the store's active version lacks table %q", model, t.Name)
-		case h.Rows != t.Rows || h.Dim != t.Dim:
-			return fmt.Errorf("model %q: the store's active version holds table %q as %d x %d, the plan as %d x %d", model, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
-		case t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256:
-			return fmt.Errorf("model %q: the store's active version holds table %q of other content than the plan's (sha256 %.12s, the plan's %.12s): another version of the model", model, t.Name, h.SHA256, t.SHA256)
+		if err := matchTable(model, "the store's active version", t, h, ok); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// matchTable says how where (the store's copy of model), holding h of
+// plan table t (ok false: not at all), differs from the plan: missing,
+// of another shape, or of other content (its sha256; a side that
+// recorded none matches). Another version of the model (retrained, or
+// the store switched to another) served under this plan would meet this
+// plan's cpu.onnx and dense side, and its worker would announce this
+// plan's content.
+func matchTable(model, where string, t plan.Table, h TableInfo, ok bool) error {
+	switch {
+	case !ok:
+		return fmt.Errorf("model %q: %s lacks table %q, which the plan holds", model, where, t.Name)
+	case h.Rows != t.Rows || h.Dim != t.Dim:
+		return fmt.Errorf("model %q: %s holds table %q as %d x %d, the plan as %d x %d", model, where, t.Name, h.Rows, h.Dim, t.Rows, t.Dim)
+	case t.SHA256 != "" && h.SHA256 != "" && h.SHA256 != t.SHA256:
+		return fmt.Errorf("model %q: %s holds table %q of other content than the plan's (sha256 %.12s, the plan's %.12s): another version of the model", model, where, t.Name, h.SHA256, t.SHA256)
 	}
 	return nil
 }
