@@ -741,17 +741,10 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 	}
 	sharding, exact := want.dense.Sharding, want.dense.Exact
 	// Content filters, each only while some worker would fail it.
-	var dense map[string]int // Paired: the dense workers' contents
-	if want.embedding.Paired && !r.pairedAll(model) {
-		dense = r.contents[roleModel{prismv1.Role_ROLE_DENSE, model}]
-	}
+	keep := r.embeddingFilter(model, want.embedding)
 	denseContent := want.dense.Content
 	if denseContent != "" && r.onlyContent(roleModel{role, model}, denseContent, true) {
 		denseContent = ""
-	}
-	pinned := want.embedding.Content
-	if pinned != "" && r.onlyContent(roleModel{role, model}, pinned, false) {
-		pinned = ""
 	}
 	for _, e := range set {
 		if slices.Contains(exclude, e.info.GetId()) {
@@ -770,14 +763,8 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 				continue
 			}
 		}
-		if pinned != "" && e.info.GetContent()[model] != pinned {
+		if keep.active() && !keep.keeps(e.info.GetContent()[model]) {
 			continue
-		}
-		if dense != nil {
-			// No dense worker scores this content: another model's.
-			if c := e.info.GetContent()[model]; c != "" && dense[c] == 0 {
-				continue
-			}
 		}
 		if told != 0 && e.joined >= told {
 			untold++
@@ -796,6 +783,37 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 		}
 	}
 	return best, lagging, untold
+}
+
+// embeddingFilter is what want keeps of model's embedding workers, by
+// the content they announce: set up once per pick, each part only
+// while some worker would fail it (outside a rollout, neither). r.mu
+// held.
+func (r *Registry) embeddingFilter(model string, want EmbeddingWant) contentFilter {
+	var f contentFilter
+	if want.Paired && !r.pairedAll(model) {
+		f.dense = r.contents[roleModel{prismv1.Role_ROLE_DENSE, model}]
+	}
+	if want.Content != "" && !r.onlyContent(roleModel{prismv1.Role_ROLE_EMBEDDING, model}, want.Content, false) {
+		f.pinned = want.Content
+	}
+	return f
+}
+
+// contentFilter keeps the embedding workers of content pinned ("" any)
+// whose content a dense worker serves (dense, the dense workers' counts
+// by content; nil any, and an unknown content is always kept).
+type contentFilter struct {
+	pinned string
+	dense  map[string]int
+}
+
+// active: the filter may leave a worker out (else a pick need not read
+// any worker's content).
+func (f contentFilter) active() bool { return f.pinned != "" || f.dense != nil }
+
+func (f contentFilter) keeps(c string) bool {
+	return (f.pinned == "" || c == f.pinned) && (f.dense == nil || c == "" || f.dense[c] > 0)
 }
 
 // pairedAll says whether a dense worker of model can score for every

@@ -123,14 +123,7 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 	// The content filters, as best applies them: only while some
 	// worker would fail them. unpaired counts a shard's workers they
 	// left out.
-	var dense map[string]int
-	if want.Paired && !r.pairedAll(model) {
-		dense = r.contents[roleModel{prismv1.Role_ROLE_DENSE, model}]
-	}
-	pinned := want.Content
-	if pinned != "" && r.onlyContent(roleModel{prismv1.Role_ROLE_EMBEDDING, model}, pinned, false) {
-		pinned = ""
-	}
+	keep := r.embeddingFilter(model, want)
 	unpaired := make([]int, shards)
 	// pick fills best with each shard's choice among the workers of
 	// sharding fp and tables content (ShardRef.content) and those that
@@ -154,7 +147,7 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 			}
 			i := int(ref.GetShard())
 			c := e.info.GetContent()[model]
-			if (pinned != "" && c != pinned) || (dense != nil && c != "" && dense[c] == 0) {
+			if !keep.keeps(c) {
 				if fp == "" {
 					unpaired[i]++
 				}
