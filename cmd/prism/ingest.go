@@ -57,7 +57,9 @@ plan places it): a start-up step (the Helm chart's init container) then
 ingests a retrained model, a new version that the model's updates carry
 over to, and leaves a store holding the plan as it is, updates made
 since included (ingested again, a plan whose tables were updated since
-adds a version). The stored dtype is not compared.`,
+adds a version). With --dtype, a store holding the plan in another
+dtype is ingested again in this one (another version); without it the
+stored dtype is not compared. --hot-bytes is recorded either way.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if db == "" {
@@ -118,7 +120,17 @@ adds a version). The stored dtype is not compared.`,
 				if io.Shard != nil {
 					match = s.MatchShard(name, p, *io.Shard)
 				}
+				if match == nil && cmd.Flags().Changed("dtype") {
+					match = s.MatchDTypes(name, io)
+				}
 				if match == nil {
+					// Left as it is, but a --hot-bytes given is recorded
+					// as an ingest would have.
+					if io.HotBytes > 0 {
+						if err := s.RecordHotBytes(io.HotBytes); err != nil {
+							return err
+						}
+					}
 					fmt.Fprintf(cmd.OutOrStdout(), "model %q: the store's active version holds the plan's tables already: left as it is (--if-changed)\n", name)
 					return nil
 				}

@@ -266,3 +266,45 @@ func TestBadInputFailsFast(t *testing.T) {
 		t.Errorf("the ingest of a missing plan left its --db folder: %v", err)
 	}
 }
+
+// TestIngestIfChanged: prism ingest --if-changed leaves a store holding
+// the plan as it is, and ingests it again when --dtype asks for another
+// stored dtype than the store holds (before, the dtype was not compared
+// and a store kept float32 rows though the chart asked for int8).
+func TestIngestIfChanged(t *testing.T) {
+	dir := t.TempDir()
+	_, part, _ := partitioned(t, dir, "dlrm-tiny")
+	db := filepath.Join(dir, "db")
+	versions := func() string {
+		t.Helper()
+		out, err := run(t, nil, "store", "versions", "dlrm-tiny", "--db", db)
+		if err != nil {
+			t.Fatalf("store versions: %v\n%s", err, out)
+		}
+		return out
+	}
+	for i, tc := range []struct {
+		args     []string
+		left     bool // "left as it is"
+		versions int
+	}{
+		{[]string{"--if-changed"}, false, 1},
+		{[]string{"--if-changed"}, true, 1},
+		{[]string{"--if-changed", "--dtype", "float32", "--hot-bytes", "8MiB"}, true, 1},
+		{[]string{"--if-changed", "--dtype", "int8"}, false, 2},
+		{[]string{"--if-changed", "--dtype", "int8"}, true, 2},
+		{[]string{"--if-changed"}, true, 2},
+	} {
+		out, err := run(t, nil, append([]string{"ingest", part, "--db", db}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("%d: ingest %v: %v\n%s", i, tc.args, err, out)
+		}
+		if left := strings.Contains(out, "left as it is"); left != tc.left {
+			t.Errorf("%d: ingest %v: left as it is %v, want %v\n%s", i, tc.args, left, tc.left, out)
+		}
+		vs := versions()
+		if n := strings.Count(vs, "\n"); n != tc.versions {
+			t.Errorf("%d: after ingest %v: %d versions, want %d\n%s", i, tc.args, n, tc.versions, vs)
+		}
+	}
+}

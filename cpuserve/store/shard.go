@@ -213,3 +213,45 @@ func (p *RowPart) String() string {
 	}
 	return fmt.Sprintf("r mod %d = %d", p.Mod, p.Rem)
 }
+
+// MatchDTypes says how model's active version stores its tables in other
+// dtypes than o asks for (its DType, or TableDTypes per table), or nil
+// when every table of the version is stored so. prism ingest
+// --if-changed --dtype uses it: the same plan in another dtype is other
+// physical tables, so another version.
+func (s *Store) MatchDTypes(model string, o IngestOptions) error {
+	tabs, err := s.Tables(model)
+	if err != nil {
+		return err
+	}
+	for _, t := range tabs {
+		want := o.DType
+		if d, ok := o.TableDTypes[t.Name]; ok {
+			want = d
+		}
+		if want, err = ParseDType(string(want)); err != nil {
+			return fmt.Errorf("table %q: %w", t.Name, err)
+		}
+		if have, _ := ParseDType(string(t.DType)); have != want {
+			return fmt.Errorf("model %q: the store's active version holds table %q as %s, not %s", model, t.Name, have, want)
+		}
+	}
+	return nil
+}
+
+// RecordHotBytes records n (> 0) as the store's default hot tier size,
+// as an ingest with IngestOptions.HotBytes does, for a start that takes
+// no size of its own.
+func (s *Store) RecordHotBytes(n int64) error {
+	if n <= 0 {
+		return fmt.Errorf("hot tier size %d: want a positive size", n)
+	}
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	if s.cat.HotBytes == n {
+		return nil
+	}
+	next := s.cat.clone()
+	next.HotBytes = n
+	return s.commit(next)
+}

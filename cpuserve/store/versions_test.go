@@ -452,3 +452,55 @@ func TestMatchPlan(t *testing.T) {
 		t.Fatalf("the retrained plan ingested: %v", err)
 	}
 }
+
+// TestMatchDTypes: prism ingest --if-changed --dtype ingests the same
+// plan again when the store holds it in another dtype (another set of
+// physical tables), and leaves it when it holds it so.
+func TestMatchDTypes(t *testing.T) {
+	ctx := context.Background()
+	dir := writePlan(t, "m", []*testTable{{name: "a", rows: 4, dim: 2, seed: 1}, {name: "b", rows: 3, dim: 2, seed: 2}})
+	s, _ := openMem(t, nil)
+	if err := s.MatchDTypes("m", IngestOptions{}); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("an empty store: %v, want ErrUnknownModel", err)
+	}
+	if _, err := s.Ingest(ctx, dir, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		o    IngestOptions
+		want string // "" matches
+	}{
+		{IngestOptions{}, ""},
+		{IngestOptions{DType: Float32}, ""},
+		{IngestOptions{DType: Int8}, `holds table "a" as float32, not int8`},
+		{IngestOptions{TableDTypes: map[string]DType{"b": Float16}}, `holds table "b" as float32, not float16`},
+		{IngestOptions{DType: Int8, TableDTypes: map[string]DType{"a": Float32, "b": Float32}}, ""},
+	} {
+		err := s.MatchDTypes("m", tc.o)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%+v: %v, want %q", tc.o, err, tc.want)
+		}
+	}
+	if _, err := s.Ingest(ctx, dir, IngestOptions{DType: Int8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MatchDTypes("m", IngestOptions{DType: Int8}); err != nil {
+		t.Fatalf("ingested as int8: %v", err)
+	}
+}
+
+// TestRecordHotBytes: the size is kept across a restart, as an ingest's
+// IngestOptions.HotBytes is.
+func TestRecordHotBytes(t *testing.T) {
+	s, fs := openMem(t, nil)
+	if err := s.RecordHotBytes(0); err == nil {
+		t.Fatal("a size of 0 was recorded")
+	}
+	if err := s.RecordHotBytes(3 << 20); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s, Options{}, fs)
+	if s.cat.HotBytes != 3<<20 {
+		t.Fatalf("recorded %d after a restart, want %d", s.cat.HotBytes, 3<<20)
+	}
+}
