@@ -688,11 +688,12 @@ func (r *Registry) PickDense(model string, n int64, exclude []string, sender str
 }
 
 // hasDense says whether best finds a dense worker of sharding for model
-// (naming it or none): at all; among those the sender, told at told,
-// was told of; and among those, one not in avoid; r.mu held.
-func (r *Registry) hasDense(model, sharding string, avoid []string, told uint64) (has, hasTold, toldUnavoided bool) {
+// (naming it or none) that scores content ("" any): at all; among those
+// the sender, told at told, was told of; and among those, one not in
+// avoid; r.mu held.
+func (r *Registry) hasDense(model, sharding, content string, avoid []string, told uint64) (has, hasTold, toldUnavoided bool) {
 	found := func(exclude []string, told uint64) bool {
-		w, _, _ := r.best(prismv1.Role_ROLE_DENSE, model, exclude, told, pickWant{dense: DenseWant{Sharding: sharding}})
+		w, _, _ := r.best(prismv1.Role_ROLE_DENSE, model, exclude, told, pickWant{dense: DenseWant{Sharding: sharding, Content: content}})
 		return w != nil
 	}
 	return found(nil, 0), found(nil, told), found(avoid, told)

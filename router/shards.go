@@ -285,7 +285,15 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 				if best[0] != nil {
 					told = best[0].told
 				}
-				has, hasTold, toldUnavoided := r.hasDense(model, fp, avoid, told)
+				// Of its content too, as the fan-out's dense pick is
+				// (contentOf, Router.pickDense).
+				var content string
+				for _, e := range best {
+					if e != nil && content == "" {
+						content = e.info.GetContent()[model]
+					}
+				}
+				has, hasTold, toldUnavoided := r.hasDense(model, fp, content, avoid, told)
 				rk.noDense, rk.denseUntold, rk.denseAvoided = !has, has && !hasTold, hasTold && !toldUnavoided
 			}
 			if k == 0 || less(rk, chosenRank) {

@@ -622,3 +622,46 @@ func TestDenseJoinedNotYetApplied(t *testing.T) {
 		t.Fatal("the idle new dense workers are not used once the embedding worker applied them")
 	}
 }
+
+// TestPickShardsRowWiseDenseOfContent: while a reshard and a retrained
+// model roll out at once, the sharding whose row-wise parts have a dense
+// worker of their sharding AND of their content is chosen. hasDense
+// checked the sharding only: sharding aa's shard workers (content c1)
+// ranked as paired through a dense worker of aa serving content c2,
+// which the fan-out's dense pick then left out, so every micro-batch
+// failed though sharding bb's workers (content c2) had one.
+func TestPickShardsRowWiseDenseOfContent(t *testing.T) {
+	r := testRouter(Options{MicroBatch: 10})
+	for _, d := range []struct{ id, fp, content string }{
+		{"gpu-aa-c2", "aa", "c2"}, // aa's sharding, the other content
+		{"gpu-bb-c1", "bb", "c1"}, // pairs c1's embedding workers, of bb
+		{"gpu-any-c2", "", "c2"},  // any sharding, content c2
+	} {
+		sharding := map[string]string{}
+		if d.fp != "" {
+			sharding["m"] = d.fp
+		}
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: d.id, Role: prismv1.Role_ROLE_DENSE, Addr: d.id + ":1", Models: []string{"m"}, Healthy: true,
+			Sharding: sharding, Content: map[string]string{"m": d.content}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range []struct {
+		id, fp, content string
+		shard           int32
+	}{{"aa0", "aa", "c1", 0}, {"aa1", "aa", "c1", 1}, {"bb0", "bb", "c2", 0}, {"bb1", "bb", "c2", 1}} {
+		if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: e.id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: e.id + ":1", Models: []string{"m"}, Healthy: true,
+			Content: map[string]string{"m": e.content},
+			Shards:  map[string]*prismv1.ShardRef{"m": {Shard: e.shard, Shards: 2, Sharding: e.fp}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ws, release, err := r.Reg.pickShards("m", 2, 1, nil, nil, EmbeddingWant{Paired: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if got := []string{ws[0].GetId(), ws[1].GetId()}; !slices.Equal(got, []string{"bb0", "bb1"}) {
+		t.Fatalf("picked %v, want bb's workers: aa's (content c1) have no dense worker of aa and c1", got)
+	}
+}
