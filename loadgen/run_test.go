@@ -321,16 +321,16 @@ func TestWatchReads(t *testing.T) {
 	}))
 	defer srv.Close()
 	ctx := context.Background()
-	if v, err := GaugeWatch("borrowed", srv.URL, "prism_capacity_borrowed_workers").Read(ctx); err != nil || v != 3 {
+	if v, err := GaugeWatch("borrowed", srv.URL, "prism_capacity_borrowed_workers", nil).Read(ctx); err != nil || v != 3 {
 		t.Fatalf("read %v, %v; want 3", v, err)
 	}
-	if _, err := GaugeWatch("borrowed", srv.URL, "prism_other").Read(ctx); err == nil || !strings.Contains(err.Error(), "no prism_other in it") {
+	if _, err := GaugeWatch("borrowed", srv.URL, "prism_other", nil).Read(ctx); err == nil || !strings.Contains(err.Error(), "no prism_other in it") {
 		t.Fatalf("a page without the metric: %v", err)
 	}
 	dead := httptest.NewServer(http.NotFoundHandler())
 	deadURL := dead.URL
 	dead.Close()
-	w := GaugeWatch("borrowed workers", deadURL, "prism_capacity_borrowed_workers")
+	w := GaugeWatch("borrowed workers", deadURL, "prism_capacity_borrowed_workers", nil)
 	if _, err := w.Read(ctx); err == nil {
 		t.Fatal("a URL nobody answers read without an error")
 	}

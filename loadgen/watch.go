@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -24,14 +25,16 @@ type Watch struct {
 // wrong --watch-borrowed port or path is refused at once, not found
 // in the report after the run. It does not ask for the metric itself:
 // a controller that has borrowed nothing yet may not export it.
-func ProbeURL(ctx context.Context, url string) error {
+// tlsClient is as GaugeWatch's.
+func ProbeURL(ctx context.Context, url string, tlsClient *tls.Config) error {
+	client := watchClient(tlsClient)
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -43,10 +46,11 @@ func ProbeURL(ctx context.Context, url string) error {
 }
 
 // GaugeWatch reads the sum of metric's samples from a Prometheus /metrics
-// URL (prism_capacity_borrowed_workers from prism up --loan's endpoint):
-// plain HTTP, no server linked.
-func GaugeWatch(name, url, metric string) *Watch {
-	client := &http.Client{Timeout: 2 * time.Second}
+// URL (prism_capacity_borrowed_workers from prism up --loan's endpoint),
+// no server linked. tlsClient, when set, is the TLS configuration an
+// https URL is read with (prism up's controller serves HTTPS under TLS).
+func GaugeWatch(name, url, metric string, tlsClient *tls.Config) *Watch {
+	client := watchClient(tlsClient)
 	return &Watch{Name: name, Read: func(ctx context.Context) (float64, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
@@ -108,4 +112,14 @@ func watchLoop(ctx context.Context, w *Watch, clock Clock, start time.Time, vals
 		}
 		*vals = append(*vals, v)
 	}
+}
+
+// watchClient is the HTTP client of a watch: a 2 s timeout, and
+// tlsClient (nil: Go's defaults) for an https URL.
+func watchClient(tlsClient *tls.Config) *http.Client {
+	client := &http.Client{Timeout: 2 * time.Second}
+	if tlsClient != nil {
+		client.Transport = &http.Transport{TLSClientConfig: tlsClient}
+	}
+	return client
 }

@@ -300,7 +300,7 @@ func TestWatchBorrowedNothingBorrowed(t *testing.T) {
 	}
 	srv := httptest.NewServer(d.Handler())
 	defer srv.Close()
-	w := loadgen.GaugeWatch("borrowed workers", srv.URL+"/metrics", "prism_capacity_borrowed_workers")
+	w := loadgen.GaugeWatch("borrowed workers", srv.URL+"/metrics", "prism_capacity_borrowed_workers", nil)
 	v, err := w.Read(context.Background())
 	if err != nil || v != 0 {
 		t.Fatalf("nothing borrowed: read %v, %v; want 0 and no error", v, err)

@@ -43,9 +43,9 @@ type loanStatus struct {
 	CutOff int `json:"released_in_flight"`
 }
 
-func getLoan(t *testing.T, base string) (loanStatus, []byte) {
+func getLoan(t *testing.T, client *http.Client, base string) (loanStatus, []byte) {
 	t.Helper()
-	resp, err := http.Get(base + "/loan")
+	resp, err := client.Get(base + "/loan")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,6 +120,24 @@ func TestLoanPromotion(t *testing.T) {
 		t.Fatal("prism up did not print the loan controller's address")
 	}
 	t.Logf("up at %s, loan controller at %s", addr, base)
+	// The controller serves HTTPS with the router's certificate; a
+	// reclaim needs an admin's (a dense worker's is refused).
+	if !strings.HasPrefix(base, "https://") {
+		t.Fatalf("the loan controller at %s, want HTTPS under TLS", base)
+	}
+	certs := filepath.Join(dir, "certs")
+	clientOf := func(role auth.Role) *http.Client {
+		t.Helper()
+		c, err := auth.ScrapeTLS(auth.FilesFor(certs, role), auth.Router)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: c}}
+	}
+	admin := clientOf(auth.Admin)
+	if resp, err := clientOf(auth.Dense).Post(base+"/loan/reclaim?grace=5s", "", nil); err != nil || resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a reclaim with a dense worker's certificate: %v %v, want 403", resp, err)
+	}
 
 	// Reclaim one borrowed worker once it has served 2 seconds: mid-spike.
 	reclaimed := make(chan string, 1)
@@ -132,10 +150,10 @@ func TestLoanPromotion(t *testing.T) {
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
-			s, _ := getLoan(t, base)
+			s, _ := getLoan(t, admin, base)
 			for _, w := range s.Workers {
 				if !w.Ready.IsZero() && time.Since(w.Ready) > 2*time.Second {
-					resp, err := http.Post(base+"/loan/reclaim?grace=5s&worker="+w.ID, "", nil)
+					resp, err := admin.Post(base+"/loan/reclaim?grace=5s&worker="+w.ID, "", nil)
 					if err != nil {
 						t.Error(err)
 						return
@@ -175,7 +193,7 @@ func TestLoanPromotion(t *testing.T) {
 	var s loanStatus
 	var raw []byte
 	for {
-		s, raw = getLoan(t, base)
+		s, raw = getLoan(t, admin, base)
 		if s.Borrowed == 0 && len(s.Workers) == 0 {
 			break
 		}

@@ -2,6 +2,7 @@ package up
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -151,7 +152,26 @@ func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, c
 		conn.Close()
 		return nil, fmt.Errorf("loan: listen %s: %w", sp.Addr, err)
 	}
-	srv := &http.Server{Handler: d.Handler()}
+	// Under TLS the endpoint is HTTPS with the router's certificate, as
+	// the router's /metrics: reads for any client, verified or not; a
+	// reclaim (it drains a worker) for an admin certificate only.
+	handler, scheme := d.Handler(), "http"
+	if !c.Insecure {
+		rf, err := auth.ResolveCerts(c.Certs, auth.Router)
+		if err == nil {
+			var st *tls.Config
+			if st, err = auth.ServerTLS(rf.Files, auth.ServerTLSOptions{AllowNoClientCert: true}); err == nil {
+				lis = tls.NewListener(lis, serve.MetricsTLS(st, false))
+				handler, scheme = adminWrites(handler), "https"
+			}
+		}
+		if err != nil {
+			lis.Close()
+			conn.Close()
+			return nil, fmt.Errorf("loan: %w", err)
+		}
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logf("loan: http: %v", err)
@@ -166,8 +186,8 @@ func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, c
 		capa = fmt.Sprintf("%g requests/s per worker", sp.CapacityPerWorker)
 	}
 	o := d.Options()
-	logf("loan: local lender, up to %d dense workers on %s; %s policy, capacity %s, tick %s, minimum lease %s, cool-down %s; controller at http://%s (GET /metrics, GET /loan, POST /loan/reclaim)",
-		sp.Max, strings.Join(names, ", "), o.Policy, capa, sp.Tick, o.MinLease, o.CoolDown, lis.Addr())
+	logf("loan: local lender, up to %d dense workers on %s; %s policy, capacity %s, tick %s, minimum lease %s, cool-down %s; controller at %s://%s (GET /metrics, GET /loan, POST /loan/reclaim)",
+		sp.Max, strings.Join(names, ", "), o.Policy, capa, sp.Tick, o.MinLease, o.CoolDown, scheme, lis.Addr())
 	dctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { d.Run(dctx) })
@@ -178,4 +198,24 @@ func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, c
 		srv.Close()
 		conn.Close()
 	}, nil
+}
+
+// adminWrites lets through reads (GET, HEAD) from any client and other
+// requests (POST /loan/reclaim) only from a client whose verified
+// certificate is an admin's: the endpoint serves HTTPS with client
+// certificates optional, as a tier's /metrics does.
+func adminWrites(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+				http.Error(w, r.Method+" "+r.URL.Path+" needs a client certificate of role admin (prism certs init's admin folder)", http.StatusUnauthorized)
+				return
+			}
+			if role := auth.RoleOf(r.TLS.VerifiedChains[0][0]); role != auth.Admin {
+				http.Error(w, fmt.Sprintf("%s %s needs role admin; the client certificate's is %q", r.Method, r.URL.Path, role), http.StatusForbidden)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }

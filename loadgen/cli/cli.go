@@ -7,6 +7,7 @@ package cli
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -314,10 +315,24 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	opts := loadgen.Options{Poisson: f.arrival != "constant", Seed: f.seed ^ f.stream*0x9E3779B97F4A7C15, Clients: f.clients, Duration: f.duration,
 		MaxRequests: f.maxRequests, MaxInFlight: f.maxInFlight, Timeout: f.timeout, SLO: f.slo}
 	if f.watchBorrowed != "" {
-		if err := loadgen.ProbeURL(ctx, f.watchBorrowed); err != nil {
+		// prism up's controller serves HTTPS under TLS, with the
+		// router's certificate: verified against this run's CA.
+		var watchTLS *tls.Config
+		if strings.HasPrefix(f.watchBorrowed, "https://") && !f.fake {
+			files, ok, err := f.tls.Files(auth.Admin, true)
+			if err != nil {
+				return fmt.Errorf("loadgen: --watch-borrowed: %w", err)
+			}
+			if ok {
+				if watchTLS, err = auth.ScrapeTLS(files, auth.Router); err != nil {
+					return fmt.Errorf("loadgen: --watch-borrowed: %w", err)
+				}
+			}
+		}
+		if err := loadgen.ProbeURL(ctx, f.watchBorrowed, watchTLS); err != nil {
 			return fmt.Errorf("loadgen: --watch-borrowed: %w (prism up --loan prints the controller's /metrics URL)", err)
 		}
-		opts.Watch = loadgen.GaugeWatch("borrowed workers", f.watchBorrowed, "prism_capacity_borrowed_workers")
+		opts.Watch = loadgen.GaugeWatch("borrowed workers", f.watchBorrowed, "prism_capacity_borrowed_workers", watchTLS)
 	}
 	if !f.quiet {
 		opts.Live, opts.TTY = stderr, progress.IsTerminal(stderr)
