@@ -184,3 +184,90 @@ func TestRegistryKeepsExpiredWorkersBinding(t *testing.T) {
 		t.Fatalf("embedding-1 taking the id embedding-0 left: %v, want PermissionDenied", err)
 	}
 }
+
+// TestWorkerRenamedWhenItsIDIsTaken: a router's id bindings live in its
+// memory, so right after it restarts another worker of the role may
+// announce, first, an id it read from List before: the worker holding
+// that id was answered "belongs to" at every heartbeat and never
+// registered again while the router lived. It now announces under a new
+// id (serve.IDTaken), bound to its own certificate.
+func TestWorkerRenamedWhenItsIDIsTaken(t *testing.T) {
+	dir := t.TempDir()
+	if err := auth.InitCerts(dir, auth.CertOptions{Instances: 2}); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := NewRegistry(time.Minute, nil)
+	reg.Peer = auth.Peer
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+	dial := func(d string) grpc.DialOption {
+		t.Helper()
+		c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return grpc.WithTransportCredentials(credentials.NewTLS(c))
+	}
+
+	// embedding-1 takes embedding-0's id at the restarted router.
+	conn, err := grpc.NewClient(s.Addr(), dial(auth.InstanceDir(dir, auth.Embedding, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const id = "embedding/host/42/1"
+	if _, err := prismv1.NewRegistryClient(conn).Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+		Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "127.0.0.1:1", Models: []string{"m"}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// embedding-0, the id's worker, heartbeats under it.
+	w, err := serve.New("embedding", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- w.ServeWorker(wctx, serve.WorkerOptions{Router: s.Addr(), ID: id,
+			Info: func(id, addr string) *prismv1.WorkerInfo {
+				return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}
+			},
+			DialOptions: []grpc.DialOption{dial(auth.InstanceDir(dir, auth.Embedding, 0))}})
+	}()
+	defer func() { stop(); <-done }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		reg.mu.Lock()
+		var got *worker
+		for _, e := range reg.workers {
+			if e.info.GetAddr() == w.Addr() {
+				got = e
+			}
+		}
+		reg.mu.Unlock()
+		if got != nil {
+			reg.mu.Lock()
+			thief := reg.workers[id].peer
+			reg.mu.Unlock()
+			if got.info.GetId() == id || got.peer == "" || got.peer == thief {
+				t.Fatalf("registered as %q bound to %q (the id's taker: %q)", got.info.GetId(), got.peer, thief)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker whose id was taken is still not registered after 10 s")
+		}
+	}
+}

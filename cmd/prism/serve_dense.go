@@ -116,11 +116,10 @@ at --advertise-addr.`,
 			prismv1.RegisterDenseTierServer(s.GRPC, dense)
 			ctx, stop := signalContext()
 			defer stop()
-			id := serve.WorkerID("dense")
 			return s.ServeWorker(ctx, serve.WorkerOptions{
 				Router:        router,
 				AdvertiseAddr: advertise,
-				Info:          func(addr string) *prismv1.WorkerInfo { return dense.WorkerInfo(id, addr) },
+				Info:          dense.WorkerInfo,
 				Ready:         func(addr string) { readyline.WriteDense(cmd.OutOrStdout(), addr) },
 				// In-flight RPCs are done (or cut off) by now: drain the
 				// batchers.

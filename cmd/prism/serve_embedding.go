@@ -198,7 +198,6 @@ at --advertise-addr.`,
 			}
 			prismv1.RegisterEmbeddingTierServer(s.GRPC, srv)
 			s.Registry.MustRegister(srv.Collectors()...)
-			id := serve.WorkerID("embedding")
 			return s.ServeWorker(ctx, serve.WorkerOptions{
 				Router:        router,
 				AdvertiseAddr: advertise,
@@ -208,7 +207,7 @@ at --advertise-addr.`,
 					}
 				},
 				Prompt:      prompt,
-				Info:        func(addr string) *prismv1.WorkerInfo { return srv.WorkerInfo(id, addr) },
+				Info:        srv.WorkerInfo,
 				Ready:       func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
 				DialOptions: []grpc.DialOption{toRouter},
 			})

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -70,7 +72,22 @@ type RouterOptions struct {
 	// Prompt, when set, has every router's loop announce out of turn on
 	// Prompt.Ask.
 	Prompt *Prompt
-	Log    *slog.Logger
+	// Taken, when set, hears a router refusing the worker's id as bound
+	// to another certificate (IDTaken): the worker announces under
+	// another id from then on (ServeWorker renames it).
+	Taken func(err error)
+	Log   *slog.Logger
+}
+
+// IDTaken says whether err is a router refusing an announcement because
+// the worker id is bound to another certificate identity: a router
+// that restarted (its bindings are in memory) and took the id from
+// another worker of the role, which may have read it from List, first.
+// The worker can only take another id (router/registry.go's refusal
+// says "worker id ... belongs to").
+func IDTaken(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.PermissionDenied && strings.Contains(st.Message(), "worker id ") && strings.Contains(st.Message(), " belongs to ")
 }
 
 // EnsureDefaults fills zero fields.
@@ -172,7 +189,12 @@ func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}
 					opts = append(opts, grpc.WithAuthority(t.authority))
 				}
 				changed = true
-				heard := func(resp *prismv1.AnnounceResponse, err error) { merged.heard(addr, resp, err) }
+				heard := func(resp *prismv1.AnnounceResponse, err error) {
+					if o.Taken != nil && IDTaken(err) {
+						o.Taken(err)
+					}
+					merged.heard(addr, resp, err)
+				}
 				loops[addr] = loop{stop, announceLoop(lctx, addr, o.Info, heard, signal, o.Prompt, o.Log, opts...)}
 			}
 			// Next: at ResolveEvery, or after retry when a name failed

@@ -1,12 +1,16 @@
 package serve
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -32,9 +36,13 @@ type WorkerOptions struct {
 	// a router (or an embedding worker) sent on its way just before the
 	// leave still arrive, and are served instead of refused.
 	Linger time.Duration
-	// Info is the worker's registry entry at each heartbeat, given the
-	// address it advertises.
-	Info func(addr string) *prismv1.WorkerInfo
+	// ID is the worker's registry id (WorkerID of the server's name when
+	// ""). A router that refuses it as bound to another certificate
+	// (IDTaken) has the worker announce under a new one, to every router.
+	ID string
+	// Info is the worker's registry entry at each heartbeat, given its
+	// id and the address it advertises.
+	Info func(id, addr string) *prismv1.WorkerInfo
 	// Ready is called once the worker is listening (and announcing),
 	// with the address it advertises: the tier prints its ready line
 	// there (internal/readyline).
@@ -83,9 +91,25 @@ func (s *Server) serveWorker(ctx context.Context, o WorkerOptions, routers []str
 	var announced <-chan struct{}
 	if len(routers) > 0 {
 		s.Log.Info("announcing", "routers", routers, "advertise", addr)
+		var id atomic.Pointer[string]
+		first := cmp.Or(o.ID, WorkerID(s.name))
+		id.Store(&first)
+		taken := func(err error) {
+			old := id.Load()
+			if !strings.Contains(status.Convert(err).Message(), fmt.Sprintf("%.64q", *old)) {
+				return // an earlier id's refusal, from another router
+			}
+			next := WorkerID(s.name)
+			if next == *old {
+				next += "/1"
+			}
+			if id.CompareAndSwap(old, &next) {
+				s.Log.Warn("registry: a router has this worker's id bound to another certificate (it restarted, and another worker of the role took the id first); announcing under a new id", "old_id", *old, "id", next, "err", err)
+			}
+		}
 		announced = AnnounceRouters(actx, RouterOptions{
-			Routers: routers, Info: func() *prismv1.WorkerInfo { return o.Info(addr) }, Answered: o.Announced,
-			ResolveEvery: o.ResolveEvery, DialOptions: o.DialOptions, Prompt: o.Prompt, Log: s.Log,
+			Routers: routers, Info: func() *prismv1.WorkerInfo { return o.Info(*id.Load(), addr) }, Answered: o.Announced,
+			ResolveEvery: o.ResolveEvery, DialOptions: o.DialOptions, Prompt: o.Prompt, Taken: taken, Log: s.Log,
 		})
 	} else {
 		s.Log.Warn("no --router: this worker registers with no router, so only a caller given its address uses it", "addr", addr)

@@ -41,7 +41,7 @@ func TestServeWorkerListenerError(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- s.ServeWorker(ctx, WorkerOptions{Router: raddr, Info: workerInfo, Ready: func(string) {
+		done <- s.ServeWorker(ctx, WorkerOptions{Router: raddr, Info: func(_, addr string) *prismv1.WorkerInfo { return workerInfo(addr) }, Ready: func(string) {
 			s.lis.Close() // the listener fails under the server
 		}})
 	}()
@@ -76,7 +76,7 @@ func TestServeWorkerOrder(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- s.ServeWorker(ctx, WorkerOptions{
-			Router: raddr, Info: workerInfo,
+			Router: raddr, Info: func(_, addr string) *prismv1.WorkerInfo { return workerInfo(addr) },
 			Ready: func(addr string) { readyAddr = addr; note("ready") },
 			// The leave may come before Drained: a worker told to stop
 			// leaves the registry at once, so the router stops sending
