@@ -16,10 +16,16 @@ import (
 
 // memoryLimit reads `serve embedding --memory-limit`: "auto" is this
 // process's limits (the memory cgroup's, if any, as Cgroup); a size is
-// that limit, as if a cgroup set it; "off" keeps the machine's memory
-// only (no budget).
+// that limit, as if a cgroup set it (under the process's own memory
+// cgroup, whose smaller limit the kernel still applies: a size above it
+// is the cgroup's limit); "off" keeps the machine's memory only (no
+// budget).
 func memoryLimit(spec string) (memlimit.Limits, error) {
-	l := memlimit.Read()
+	return memoryLimitFrom(spec, memlimit.Read())
+}
+
+// memoryLimitFrom is memoryLimit with the process's limits l.
+func memoryLimitFrom(spec string, l memlimit.Limits) (memlimit.Limits, error) {
 	switch s := strings.TrimSpace(spec); s {
 	case "", "auto":
 		return l, nil
@@ -34,7 +40,11 @@ func memoryLimit(spec string) (memlimit.Limits, error) {
 		if n <= 0 {
 			return l, fmt.Errorf("%q: want a size, auto or off", spec)
 		}
-		l.Cgroup = n
+		// Budgeting more than the cgroup allows would grow the worker
+		// into the OOM killer the budget is there to keep it from.
+		if l.Cgroup <= 0 || n < l.Cgroup {
+			l.Cgroup = n
+		}
 		return l, nil
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/memlimit"
 )
 
 // raiseProcs leaves GOMAXPROCS alone without a budget and when it was set
@@ -84,5 +85,38 @@ func TestUpMemoryLimit(t *testing.T) {
 	}
 	if got, err := upMemoryLimit("auto"); err != nil || got < 0 {
 		t.Errorf("upMemoryLimit(auto) = %d, %v; want the cgroup's limit or 0", got, err)
+	}
+}
+
+// TestMemoryLimitFlag: --memory-limit SIZE is a limit as if a cgroup
+// set it, under the process's own: a size above the memory cgroup's
+// limit was budgeted as given (8GiB in a 4GiB container: a hot tier and
+// Go heap limit sized past what the kernel allows, so the worker grew
+// into the OOM killer); now the smaller limit wins.
+func TestMemoryLimitFlag(t *testing.T) {
+	const phys = 64 << 30
+	for _, tc := range []struct {
+		spec   string
+		l      memlimit.Limits
+		cgroup int64
+	}{
+		{"auto", memlimit.Limits{Physical: phys, Cgroup: 4 << 30}, 4 << 30},
+		{"off", memlimit.Limits{Physical: phys, Cgroup: 4 << 30}, 0},
+		{"2GiB", memlimit.Limits{Physical: phys, Cgroup: 4 << 30}, 2 << 30},
+		{"8GiB", memlimit.Limits{Physical: phys, Cgroup: 4 << 30}, 4 << 30},
+		{"8GiB", memlimit.Limits{Physical: phys}, 8 << 30},
+	} {
+		got, err := memoryLimitFrom(tc.spec, tc.l)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.spec, err)
+		}
+		if got.Cgroup != tc.cgroup || got.Physical != phys {
+			t.Errorf("%q with a cgroup limit of %d: %+v, want cgroup %d", tc.spec, tc.l.Cgroup, got, tc.cgroup)
+		}
+	}
+	for _, spec := range []string{"0", "-1GiB", "lots"} {
+		if _, err := memoryLimitFrom(spec, memlimit.Limits{}); err == nil {
+			t.Errorf("%q taken", spec)
+		}
 	}
 }

@@ -54,7 +54,7 @@ func (m *model) decodeJagged(vals map[string]*value, side string, in *prismv1.In
 		if spec.int32 && offsets != "" {
 			for j, id := range in.GetIds() {
 				if id != int64(int32(id)) {
-					return true, badInput("model %q: %s: input %q: id %d (value %d) does not fit the model's int32", m.name, side, name, id, j)
+					return true, badInput("model %q: %s: input %q: id %d (value %d) does not fit the model's int32", m.name, side, name, j, id)
 				}
 			}
 		}

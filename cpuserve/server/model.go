@@ -200,8 +200,8 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 			w *= int(max(d, 0))
 		}
 		m.cols = append(m.cols, arrowframe.Column{Name: c.Name, Width: w})
-		m.sampleBytes += 4 * int64(max(w, 1))
 	}
+	m.sampleBytes = cutSampleBytes(m.cut)
 	for _, c := range m.cols {
 		if c.Width <= 0 {
 			m.cols = nil
@@ -261,4 +261,18 @@ func (s *inputSpec) dtype() string {
 		return "int32"
 	}
 	return "int64"
+}
+
+// cutSampleBytes is the float32 bytes per sample of the cut tensors cut
+// (a dimension the plan leaves open counts as 1).
+func cutSampleBytes(cut []cutSpec) int64 {
+	var n int64
+	for _, c := range cut {
+		w := 1
+		for _, d := range c.shape {
+			w *= int(max(d, 0))
+		}
+		n += 4 * int64(max(w, 1))
+	}
+	return n
 }

@@ -109,7 +109,7 @@ func (m *model) decodeSide(vals map[string]*value, side string, f *prismv1.Featu
 			if spec.int32 {
 				for j, id := range in.GetIds() {
 					if id != int64(int32(id)) {
-						return badInput("model %q: %s: input %q: id %d (value %d) does not fit the model's int32", m.name, side, name, id, j)
+						return badInput("model %q: %s: input %q: id %d (value %d) does not fit the model's int32", m.name, side, name, j, id)
 					}
 				}
 			}

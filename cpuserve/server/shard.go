@@ -262,6 +262,9 @@ func shardModel(st *store.Store, m *model) (*shardRef, error) {
 		}
 	}
 	m.cut = cut
+	// Admission charges the frame this shard sends: its own columns
+	// (loadModel counted the whole model's cut).
+	m.sampleBytes = cutSampleBytes(m.cut)
 	sr.inputs = shardInputs(m)
 	m.needs = map[string]bool{}
 	for _, in := range sr.inputs {
