@@ -39,7 +39,8 @@ type SessionOptions struct {
 	Outputs []string
 }
 
-// Input is one named float32, int64 or int32 input of a Run.
+// Input is one named float32, int64 or int32 input of a Run. The slice
+// of the model input's type holds exactly the values Shape holds.
 type Input struct {
 	Name    string
 	Shape   []int64
@@ -72,6 +73,10 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 		return nil, fmt.Errorf("load model %q in ONNX Runtime: %w", path, err)
 	}
 	if opts.Outputs != nil {
+		if len(opts.Outputs) == 0 {
+			// ONNX Runtime would load it, and the first Run panic.
+			return nil, fmt.Errorf("load model %q: no outputs asked for (nil: every output)", path)
+		}
 		if outs, err = pickOutputs(path, outs, opts.Outputs); err != nil {
 			return nil, err
 		}
@@ -173,6 +178,9 @@ func (s *Session) OutputNames() []string {
 // outputs come back as float32 slices in OutputNames order. The returned
 // slices are owned by the caller.
 func (s *Session) Run(in []Input) ([][]float32, error) {
+	if err := s.checkOutputs("float32", ort.TensorElementDataTypeFloat); err != nil {
+		return nil, err
+	}
 	outs, err := s.run(in)
 	if err != nil {
 		return nil, err
@@ -192,6 +200,9 @@ func (s *Session) Run(in []Input) ([][]float32, error) {
 // RunInt64 is Run for a model whose outputs are integers (int64, or
 // int32 widened): a pre-lookup subgraph's ids.
 func (s *Session) RunInt64(in []Input) ([][]int64, error) {
+	if err := s.checkOutputs("int64 or int32", ort.TensorElementDataTypeInt64, ort.TensorElementDataTypeInt32); err != nil {
+		return nil, err
+	}
 	outs, err := s.run(in)
 	if err != nil {
 		return nil, err
@@ -214,12 +225,94 @@ func (s *Session) RunInt64(in []Input) ([][]int64, error) {
 	return res, nil
 }
 
+// checkOutputs refuses, before anything runs, a model whose outputs are
+// not of the types the caller reads: a float16 output otherwise failed
+// inside the binding with "not enough space: expected 8, got 4" (it
+// copies one byte per element), after the run.
+func (s *Session) checkOutputs(want string, types ...ort.TensorElementDataType) error {
+	for _, o := range s.outputs {
+		if o.OrtValueType != ort.ONNXTypeTensor || !slices.Contains(types, o.DataType) {
+			return fmt.Errorf("run %q: output %q is %s, not %s: export the model with %s outputs (a Cast node before them)", s.path, o.Name, describe(o), want, want)
+		}
+	}
+	return nil
+}
+
+// describe is the type of an input or output: its element type for a
+// tensor, else what kind of value it is.
+func describe(info ort.InputOutputInfo) string {
+	if info.OrtValueType == ort.ONNXTypeTensor {
+		return strings.ToLower(strings.TrimPrefix(info.DataType.String(), "ONNX_TENSOR_ELEMENT_DATA_TYPE_"))
+	}
+	return info.OrtValueType.String()
+}
+
 func destroy(vs []ort.Value) {
 	for _, v := range vs {
 		if v != nil {
 			v.Destroy()
 		}
 	}
+}
+
+// newValue makes the OrtValue of input x for the model input info, or
+// an error; it returns a nil Value (never a typed nil, which the caller
+// would Destroy) with the error. x's data must hold exactly the values
+// its shape holds: the binding would take a longer slice's first
+// values silently, and a batch of the wrong shape scored would answer
+// with other samples' scores.
+func newValue(info ort.InputOutputInfo, x *Input) (ort.Value, error) {
+	if len(x.Shape) == 0 {
+		return nil, fmt.Errorf("no shape given (a scalar input is not supported)")
+	}
+	if err := ort.Shape(x.Shape).Validate(); err != nil {
+		return nil, fmt.Errorf("shape %v: %w", x.Shape, err)
+	}
+	n := ort.Shape(x.Shape).FlattenedSize()
+	check := func(kind string, have int) error {
+		if int64(have) == n {
+			return nil
+		}
+		given := ""
+		switch {
+		case have == 0 && len(x.Float32) > 0:
+			given = " (float32 values given)"
+		case have == 0 && len(x.Int64) > 0:
+			given = " (int64 values given)"
+		case have == 0 && len(x.Int32) > 0:
+			given = " (int32 values given)"
+		}
+		return fmt.Errorf("the model takes %s; shape %v holds %d values, %d %s given%s", kind, x.Shape, n, have, kind, given)
+	}
+	switch info.DataType {
+	case ort.TensorElementDataTypeFloat:
+		return tensorOf(x.Shape, x.Float32, check("float32", len(x.Float32)))
+	case ort.TensorElementDataTypeInt64:
+		return tensorOf(x.Shape, x.Int64, check("int64", len(x.Int64)))
+	case ort.TensorElementDataTypeInt32:
+		v := x.Int32
+		if v == nil {
+			v = make([]int32, len(x.Int64))
+			for k, id := range x.Int64 {
+				v[k] = int32(id)
+			}
+		}
+		return tensorOf(x.Shape, v, check("int32", len(v)))
+	}
+	return nil, fmt.Errorf("unsupported input type %v", info.DataType)
+}
+
+// tensorOf is the tensor of data in shape, unless checked failed: nil
+// and an error then (never a typed nil).
+func tensorOf[T ort.TensorData](shape []int64, data []T, checked error) (ort.Value, error) {
+	if checked != nil {
+		return nil, checked
+	}
+	t, err := ort.NewTensor(ort.Shape(shape), data)
+	if err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // run feeds in to the session and returns its outputs, which the
@@ -242,43 +335,36 @@ func (s *Session) run(in []Input) ([]ort.Value, error) {
 		if !ok {
 			return nil, fmt.Errorf("run %q: missing input %q", s.path, info.Name)
 		}
-		var err error
-		switch info.DataType {
-		case ort.TensorElementDataTypeFloat:
-			values[i], err = ort.NewTensor(ort.Shape(x.Shape), x.Float32)
-		case ort.TensorElementDataTypeInt64:
-			values[i], err = ort.NewTensor(ort.Shape(x.Shape), x.Int64)
-		case ort.TensorElementDataTypeInt32:
-			v := x.Int32
-			if v == nil {
-				v = make([]int32, len(x.Int64))
-				for k, id := range x.Int64 {
-					v[k] = int32(id)
-				}
-			}
-			values[i], err = ort.NewTensor(ort.Shape(x.Shape), v)
-		default:
-			err = fmt.Errorf("unsupported input type %v", info.DataType)
-		}
+		v, err := newValue(info, x)
 		if err != nil {
 			return nil, fmt.Errorf("run %q: input %q: %w", s.path, info.Name, err)
 		}
+		values[i] = v
 	}
 	outs := make([]ort.Value, len(s.outputs))
-	s.mu.RLock()
-	if s.s == nil {
-		s.mu.RUnlock()
-		return nil, fmt.Errorf("run %q: session closed", s.path)
-	}
-	err := s.s.Run(values, outs)
-	s.mu.RUnlock()
-	// The finalizer set in NewSession must not run while a call is inside
-	// ONNX Runtime.
-	runtime.KeepAlive(s)
-	if err != nil {
-		return nil, fmt.Errorf("run %q: %w", s.path, err)
+	if err := s.runLocked(values, outs); err != nil {
+		destroy(outs)
+		return nil, err
 	}
 	return outs, nil
+}
+
+// runLocked runs the session under the shared lock, released however
+// the run ends: a panic in the binding left it held, and Close (the
+// caller's deferred one, the finalizer's) then waited forever.
+func (s *Session) runLocked(values, outs []ort.Value) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	// The finalizer set in NewSession must not run while a call is inside
+	// ONNX Runtime.
+	defer runtime.KeepAlive(s)
+	if s.s == nil {
+		return fmt.Errorf("run %q: session closed", s.path)
+	}
+	if err := s.s.Run(values, outs); err != nil {
+		return fmt.Errorf("run %q: %w", s.path, err)
+	}
+	return nil
 }
 
 // Close frees the session. It is safe to call more than once.

@@ -98,15 +98,24 @@ func Run(w io.Writer, path string, o Options) error {
 	if err != nil {
 		return err
 	}
-	sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads})
+	// Only the score is computed (as the dense tier does): the output
+	// named models.ScoreOutput, else the first.
+	graphOuts := meta.GetGraph().GetOutput()
+	if len(graphOuts) == 0 {
+		return fmt.Errorf("score %q: the model has no outputs", path)
+	}
+	outName := graphOuts[0].GetName()
+	for _, out := range graphOuts {
+		if out.GetName() == models.ScoreOutput {
+			outName = out.GetName()
+		}
+	}
+	sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, Outputs: []string{outName}})
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
-	outIdx := 0
-	if i := slices.Index(sess.OutputNames(), models.ScoreOutput); i >= 0 {
-		outIdx = i
-	}
+	const outIdx = 0
 	for i := 0; i < o.Warmup && len(batches) > 0; i++ {
 		if _, err := sess.Run(modelrun.Inputs(batches[i%len(batches)])); err != nil {
 			return err
@@ -122,6 +131,11 @@ func Run(w io.Writer, path string, o Options) error {
 			return err
 		}
 		lat = append(lat, time.Since(t0))
+		if len(out[outIdx]) != b.N {
+			// Two class probabilities a sample were counted as two
+			// samples, and the log loss paired labels with other values.
+			return fmt.Errorf("score %q: output %q has %d values for %d samples: want one score per sample", path, outName, len(out[outIdx]), b.N)
+		}
 		scores = append(scores, out[outIdx]...)
 	}
 	wall := time.Since(start)
