@@ -24,8 +24,19 @@ func memoryLimit(spec string) (memlimit.Limits, error) {
 	return memoryLimitFrom(spec, memlimit.Read())
 }
 
-// memoryLimitFrom is memoryLimit with the process's limits l.
+// memoryLimitFrom is memoryLimit with the process's limits l. A limit
+// above the machine's memory (a cgroup's or a size given) is the
+// machine's: a budget of memory the machine does not have sized the
+// hot tier and Go's limit past it.
 func memoryLimitFrom(spec string, l memlimit.Limits) (memlimit.Limits, error) {
+	l, err := memoryLimitSpec(spec, l)
+	if err == nil && l.Cgroup > 0 && l.Physical > 0 && l.Cgroup > l.Physical {
+		l.Cgroup = l.Physical
+	}
+	return l, err
+}
+
+func memoryLimitSpec(spec string, l memlimit.Limits) (memlimit.Limits, error) {
 	switch s := strings.TrimSpace(spec); s {
 	case "", "auto":
 		return l, nil

@@ -105,6 +105,9 @@ func TestMemoryLimitFlag(t *testing.T) {
 		{"2GiB", memlimit.Limits{Physical: phys, Cgroup: 4 << 30}, 2 << 30},
 		{"8GiB", memlimit.Limits{Physical: phys, Cgroup: 4 << 30}, 4 << 30},
 		{"8GiB", memlimit.Limits{Physical: phys}, 8 << 30},
+		// Above the machine's memory: the machine's.
+		{"auto", memlimit.Limits{Physical: phys, Cgroup: 128 << 30}, phys},
+		{"128GiB", memlimit.Limits{Physical: phys}, phys},
 	} {
 		got, err := memoryLimitFrom(tc.spec, tc.l)
 		if err != nil {
