@@ -664,9 +664,15 @@ type DenseWant struct {
 // workers of that content only (a request pinned to it). Paired keeps
 // those a live dense worker can score for: of a content some dense
 // worker of the model serves, or of none, or any while some dense
-// worker's content is unknown.
+// worker's content is unknown. Version (0 any) keeps the workers whose
+// store serves that version number of the model (WorkerInfo.version),
+// or that announce none: a micro-batch pinned to a number, as requests
+// are where the workers announce no content, goes to a worker that
+// answers it (a worker checks the number against its store's, and
+// refuses another with NotFound).
 type EmbeddingWant struct {
 	Content string
+	Version int64
 	Paired  bool
 }
 
@@ -764,7 +770,7 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 				continue
 			}
 		}
-		if keep.active() && !keep.keeps(e.info.GetContent()[model]) {
+		if keep.active() && !keep.keeps(e.info.GetContent()[model], e.info.GetVersion()[model]) {
 			continue
 		}
 		if told != 0 && e.joined >= told {
@@ -788,8 +794,8 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 
 // embeddingFilter is what want keeps of model's embedding workers, by
 // the content they announce: set up once per pick, each part only
-// while some worker would fail it (outside a rollout, neither). r.mu
-// held.
+// while some worker would fail it (outside a rollout, neither), and
+// by the version number pinned, if any. r.mu held.
 func (r *Registry) embeddingFilter(model string, want EmbeddingWant) contentFilter {
 	var f contentFilter
 	if want.Paired && !r.pairedAll(model) {
@@ -798,23 +804,28 @@ func (r *Registry) embeddingFilter(model string, want EmbeddingWant) contentFilt
 	if want.Content != "" && !r.onlyContent(roleModel{prismv1.Role_ROLE_EMBEDDING, model}, want.Content, false) {
 		f.pinned = want.Content
 	}
+	f.version = want.Version
 	return f
 }
 
 // contentFilter keeps the embedding workers of content pinned ("" any)
 // whose content a dense worker serves (dense, the dense workers' counts
-// by content; nil any, and an unknown content is always kept).
+// by content; nil any, and an unknown content is always kept), and of
+// version number version (0 any; an unknown number is always kept).
 type contentFilter struct {
-	pinned string
-	dense  map[string]int
+	pinned  string
+	dense   map[string]int
+	version int64
 }
 
 // active: the filter may leave a worker out (else a pick need not read
 // any worker's content).
-func (f contentFilter) active() bool { return f.pinned != "" || f.dense != nil }
+func (f contentFilter) active() bool { return f.pinned != "" || f.dense != nil || f.version != 0 }
 
-func (f contentFilter) keeps(c string) bool {
-	return (f.pinned == "" || c == f.pinned) && (f.dense == nil || c == "" || f.dense[c] > 0)
+// keeps says whether a worker of content c whose store numbers its
+// version v passes the filter.
+func (f contentFilter) keeps(c string, v int64) bool {
+	return (f.pinned == "" || c == f.pinned) && (f.dense == nil || c == "" || f.dense[c] > 0) && (f.version == 0 || v == 0 || v == f.version)
 }
 
 // pairedAll says whether a dense worker of model can score for every
@@ -860,6 +871,15 @@ func (r *Registry) contentMissing(role prismv1.Role, model string, exclude []str
 	if w, _, _ := r.best(role, model, exclude, 0, plain); w == nil {
 		return nil
 	}
+	if v := want.embedding.Version; v != 0 {
+		// Pinned to a number: is it the number alone that leaves every
+		// worker out?
+		anyNumber := want
+		anyNumber.embedding.Version = 0
+		if w, _, _ := r.best(role, model, exclude, 0, anyNumber); w != nil {
+			return status.Errorf(codes.NotFound, "no healthy embedding worker serves version %d of model %q (its embedding workers serve %v)", v, model, r.versionsOf(model))
+		}
+	}
 	have := func(role prismv1.Role) []string {
 		// The healthy workers' contents ("" unknown).
 		return slices.Sorted(maps.Keys(r.contents[roleModel{role, model}]))
@@ -872,6 +892,21 @@ func (r *Registry) contentMissing(role prismv1.Role, model string, exclude []str
 		return fmt.Errorf("no healthy dense worker serves content %q of model %q, its embedding worker's (its dense workers serve %q): roll both tiers to the same plan", want.dense.Content, model, have(prismv1.Role_ROLE_DENSE))
 	}
 	return fmt.Errorf("no dense worker serves the content of model %q's embedding workers (embedding %q, dense %q): while a retrained model rolls out, keep workers of one plan live in both tiers", model, have(prismv1.Role_ROLE_EMBEDDING), have(prismv1.Role_ROLE_DENSE))
+}
+
+// versionsOf lists the version numbers model's healthy embedding
+// workers announce (0: one that announces none); r.mu held.
+func (r *Registry) versionsOf(model string) []int64 {
+	var out []int64
+	if s := r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}]; s != nil {
+		for _, e := range s.ws {
+			if v := e.info.GetVersion()[model]; e.info.GetHealthy() && !slices.Contains(out, v) {
+				out = append(out, v)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // ContentVersion is the version number of model's content the router

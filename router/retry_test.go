@@ -136,3 +136,45 @@ func TestShardRetryAvoidsDeadDense(t *testing.T) {
 		t.Errorf("attempts naming the dense worker down: %d, the overloaded one: %d; want 1 and 2", n, m)
 	}
 }
+
+// untoldCN refuses every Lookup's dense worker as not told of yet
+// (PermissionDenied), and first runs gone (the dense worker leaving
+// meanwhile, say).
+type untoldCN struct {
+	prismv1.UnimplementedEmbeddingTierServer
+	gone func()
+}
+
+func (f *untoldCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	f.gone()
+	return nil, status.Errorf(codes.PermissionDenied, "dense_addr %q: not one the routers named to this worker", req.GetDenseAddr())
+}
+
+// TestUntoldRefusalRetryable: a micro-batch refused for a dense worker
+// its embedding worker was not told of yet (PermissionDenied, which
+// passes with its next announcement) reaches the client as Unavailable,
+// retry, also when the retry found no worker left to try: the
+// PermissionDenied came back as it was, telling the client its
+// credentials were refused.
+func TestUntoldRefusalRetryable(t *testing.T) {
+	for _, sharded := range []bool{false, true} {
+		t.Run(fmt.Sprint("sharded ", sharded), func(t *testing.T) {
+			r := testRouter(Options{MicroBatch: 10})
+			if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}}); err != nil {
+				t.Fatal(err)
+			}
+			f := &untoldCN{gone: func() { r.Reg.Remove("gpu") }}
+			w := &prismv1.WorkerInfo{Id: "cpu", Role: prismv1.Role_ROLE_EMBEDDING, Addr: startCN(t, f), Models: []string{"m"}, Healthy: true}
+			if sharded {
+				w.Shards = map[string]*prismv1.ShardRef{"m": {Shard: 0, Shards: 1}}
+			}
+			if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: w}); err != nil {
+				t.Fatal(err)
+			}
+			_, err := r.Recommend(context.Background(), request(4))
+			if status.Code(err) != codes.Unavailable {
+				t.Fatalf("refused for an untold dense worker, then none left: %v, want Unavailable (retry)", err)
+			}
+		})
+	}
+}

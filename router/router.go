@@ -49,7 +49,9 @@ type Options struct {
 	// announced is Unavailable (retry), not NotFound.
 	AnnounceWindow time.Duration
 	// DefaultTimeout bounds a request whose client set no deadline
-	// (default 30s), so a stalled worker cannot hold admission forever.
+	// (default 30s), so a stalled worker cannot hold admission forever;
+	// and each request of a RecommendStream, whose deadline (if any) is
+	// the whole stream's, unless that comes sooner.
 	DefaultTimeout time.Duration
 	// StreamWindow is how many requests of one RecommendStream the router
 	// works on at once (default 16); answers still go out in order.
@@ -878,6 +880,13 @@ func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendReq
 // streamAnswer is Recommend's answer for one request of a stream, a
 // failure included as the response's error.
 func (r *Router) streamAnswer(ctx context.Context, req *prismv1.RecommendRequest) *prismv1.RecommendResponse {
+	// The stream's deadline is its whole job's, not one request's (a
+	// client sets none per request): each request is bounded as one
+	// without a deadline is, by DefaultTimeout, or by the stream's
+	// deadline when that is sooner. Held to a long stream deadline, a
+	// request at a stalled worker held every answer after it too.
+	ctx, cancel := context.WithTimeout(ctx, r.opts.DefaultTimeout)
+	defer cancel()
 	resp, err := r.Recommend(ctx, req)
 	r.m.streamed.WithLabelValues(status.Code(err).String()).Inc()
 	if err == nil {
@@ -963,11 +972,11 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 	var last error
 	// Embedding workers a dense worker can score for (of its content),
 	// of the content pinned if one is.
-	want := pickWant{embedding: EmbeddingWant{Content: req.GetContent(), Paired: true}}
+	want := pickWant{embedding: EmbeddingWant{Content: req.GetContent(), Version: numberPin(req), Paired: true}}
 	for attempt := range 2 {
 		cn, releaseCN, err := r.pickWith(prismv1.Role_ROLE_EMBEDDING, req.GetModel(), n, tried, "", want)
 		if err != nil {
-			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
+			return nil, answer{}, untoldRetry(r.failedMicroBatch(firstErr(last, err)))
 		}
 		if ref := cn.GetShards()[req.GetModel()]; ref != nil {
 			releaseCN()
@@ -977,13 +986,13 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 			}
 			// Its sharding lacks a shard; the whole model's workers serve.
 			if cn, releaseCN, err = r.pickWhole(req.GetModel(), n, tried, want); err != nil {
-				return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
+				return nil, answer{}, untoldRetry(r.failedMicroBatch(firstErr(last, err)))
 			}
 		}
 		hn, releaseHN, err := r.pickWith(prismv1.Role_ROLE_DENSE, req.GetModel(), n, tried, cn.GetId(), pickWant{dense: DenseWant{Content: cn.GetContent()[req.GetModel()]}})
 		if err != nil {
 			releaseCN()
-			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
+			return nil, answer{}, untoldRetry(r.failedMicroBatch(firstErr(last, err)))
 		}
 		if attempt > 0 {
 			r.m.retries.Inc() // counted once it goes: a retry finding no worker is none
@@ -1007,15 +1016,31 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		tried.failed(ctx, err, cn.GetId(), hn.GetId())
 		r.log.Warn("micro-batch failed; retrying where another pair is live", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
 	}
-	r.failedMicroBatch(last)
-	if status.Code(last) == codes.PermissionDenied {
-		// Every pair tried refused for a dense worker its embedding
-		// worker has not been told of yet (it asked its routers out of
-		// turn and waited, briefly, for the answer): that passes with
-		// its next announcement, so the client may retry.
-		return nil, answer{}, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
+	return nil, answer{}, untoldRetry(r.failedMicroBatch(last))
+}
+
+// untoldRetry is a micro-batch's error as the client gets it:
+// PermissionDenied, an embedding worker refusing a dense worker it has
+// not been told of yet (it asked its routers out of turn and waited,
+// briefly, for the answer), passes with its next announcement, so the
+// client is told Unavailable (retry), whether every pair tried refused
+// or the retry found no worker left to try. PermissionDenied told a
+// client its credentials were refused.
+func untoldRetry(err error) error {
+	if status.Code(err) == codes.PermissionDenied {
+		return status.Errorf(codes.Unavailable, "%s; retry", status.Convert(err).Message())
 	}
-	return nil, answer{}, last
+	return err
+}
+
+// numberPin is the version number a micro-batch of req is pinned to (0:
+// none, or a content, which decides; lookupRequest sends the number
+// only without one).
+func numberPin(req *prismv1.RecommendRequest) int64 {
+	if req.GetContent() != "" {
+		return 0
+	}
+	return req.GetVersion()
 }
 
 // lookupRequest is the Lookup of one micro-batch of req (cands, n

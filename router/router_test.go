@@ -472,3 +472,47 @@ func TestRecommendStreamCancel(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestStreamRequestTimeout: a stream's deadline is its whole job's, not
+// each request's: a request of a stream with a long deadline is bounded
+// by DefaultTimeout as a request without one is, so a stalled worker
+// fails that request (its response carries DeadlineExceeded) and the
+// stream goes on with the next. It held the request, and every answer
+// after it (answers go out in order), to the stream's deadline.
+func TestStreamRequestTimeout(t *testing.T) {
+	stuck := &fakeCN{gate: make(chan struct{})}
+	r := newRouter(t, Options{DefaultTimeout: 100 * time.Millisecond, StreamWindow: 2}, stuck)
+	conn := dialTest(t, serveInproc(t, func(s *grpc.Server) { prismv1.RegisterRecommenderServer(s, r) }))
+	// The job's deadline: far past DefaultTimeout. Held to it, the
+	// stalled request is answered when it passes, and the stream is over.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := prismv1.NewRecommenderClient(conn).RecommendStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := request(3)
+	req.RequestId = "stalled"
+	if err := st.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatalf("the stream ended (%v): the stalled request was held to the stream's deadline", err)
+	}
+	if resp.GetRequestId() != "stalled" || codes.Code(resp.GetError().GetCode()) != codes.DeadlineExceeded {
+		t.Fatalf("answer %v, want the stalled request's DeadlineExceeded", resp)
+	}
+	// The stream goes on: the next request, the worker unstuck, is answered.
+	close(stuck.gate)
+	if err := st.Send(request(3)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := st.Recv(); err != nil || resp.GetError() != nil || len(resp.GetScores()) != 3 {
+		t.Fatalf("the next request: %v, %v (the stalled one was held to the stream's deadline)", resp, err)
+	}
+	st.CloseSend()
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last answer: %v, want the stream's end", err)
+	}
+}

@@ -147,7 +147,7 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 			}
 			i := int(ref.GetShard())
 			c := e.info.GetContent()[model]
-			if !keep.keeps(c) {
+			if !keep.keeps(c, e.info.GetVersion()[model]) {
 				if fp == "" {
 					unpaired[i]++
 				}
@@ -403,7 +403,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 	model := req.GetModel()
 	// As microBatch's pick: shard workers a dense worker scores for, of
 	// the content pinned if one is.
-	want := EmbeddingWant{Content: req.GetContent(), Paired: true}
+	want := EmbeddingWant{Content: req.GetContent(), Version: numberPin(req), Paired: true}
 	var tried retry
 	var last error
 	for attempt := range shardAttempts {
@@ -422,14 +422,14 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		if err != nil {
 			r.m.microBatches.WithLabelValues("shard_missing").Inc()
 			if _, ok := status.FromError(err); ok {
-				return nil, answer{}, firstErr(last, err) // a status of its own (NotFound: a content pinned that none serves)
+				return nil, answer{}, untoldRetry(firstErr(last, err)) // a status of its own (NotFound: a content pinned that none serves)
 			}
-			return nil, answer{}, firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err))
+			return nil, answer{}, untoldRetry(firstErr(last, status.Errorf(codes.Unavailable, "%v; retry", err)))
 		}
 		hn, releaseHN, err := r.pickDense(model, n, tried, cns[0].GetId(), shardingOf(cns, model), rowWise(cns, model), contentOf(cns, model))
 		if err != nil {
 			releaseCN()
-			return nil, answer{}, r.failedMicroBatch(firstErr(last, err))
+			return nil, answer{}, untoldRetry(r.failedMicroBatch(firstErr(last, err)))
 		}
 		if attempt > 0 {
 			r.m.retries.Inc() // counted once it goes: a retry finding no worker is none
@@ -453,11 +453,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		tried.failed(ctx, err, failed, hn.GetId())
 		r.log.Warn("sharded micro-batch failed; retrying where replicas are live", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
 	}
-	r.failedMicroBatch(last)
-	if status.Code(last) == codes.PermissionDenied {
-		return nil, answer{}, status.Errorf(codes.Unavailable, "%s; retry", status.Convert(last).Message())
-	}
-	return nil, answer{}, last
+	return nil, answer{}, untoldRetry(r.failedMicroBatch(last))
 }
 
 // errWholeLayout says a micro-batch picked for a shard count that lacks

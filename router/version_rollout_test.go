@@ -528,3 +528,82 @@ func TestShardedContentOneModel(t *testing.T) {
 		release()
 	}
 }
+
+// TestNumberPinPicksItsReplicas: where the workers announce no content
+// (plans without table hashes), a request pinned to a version number,
+// and a rollout's micro-batches scored again pinned to the number that
+// won, go to the replicas whose store serves that number (they announce
+// it, WorkerInfo.version). Picked by load alone, a pin to the version
+// of one replica in three tried the two less loaded others (NotFound
+// each) and failed; so did the micro-batches of an unpinned request
+// scored again pinned to the number that won (the client, who pinned
+// nothing, got NotFound "version 2 is not served").
+func TestNumberPinPicksItsReplicas(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		versions []int64 // one embedding worker each, in order of load
+		pin      int64
+	}{
+		{"pinned to 2, its lone replica the most loaded", []int64{1, 1, 2}, 2},
+		{"pinned to 1, its lone replica the most loaded", []int64{2, 2, 1}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := testRouter(Options{MicroBatch: 4})
+			cns := make([]*countedVersionCN, len(tc.versions))
+			for i, v := range tc.versions {
+				cns[i] = &countedVersionCN{versionCN: versionCN{v: v}}
+				addr := startCN(t, cns[i])
+				r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: fmt.Sprint("cpu", i), Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true,
+					Outstanding: int64(100 * i), Version: map[string]int64{"m": v}}})
+			}
+			r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+			req := request(12)
+			req.Version = tc.pin
+			resp, err := r.Recommend(context.Background(), req)
+			if err != nil {
+				t.Fatalf("a replica serves the version: %v", err)
+			}
+			if tc.pin != 0 && resp.GetVersion() != tc.pin {
+				t.Fatalf("pinned to %d, answered %d", tc.pin, resp.GetVersion())
+			}
+			for i, s := range resp.GetScores() {
+				if want := float32(1000*resp.GetVersion() + int64(i)); s != want {
+					t.Fatalf("version %d answered, candidate %d scored %v, want %v", resp.GetVersion(), i, s, want)
+				}
+			}
+			if tc.pin != 0 {
+				for i, cn := range cns {
+					if n := cn.refused.Load(); n > 0 {
+						t.Errorf("replica %d (version %d) was sent %d lookups pinned to %d", i, tc.versions[i], n, tc.pin)
+					}
+				}
+			}
+		})
+	}
+	t.Run("no replica serves the number", func(t *testing.T) {
+		r := testRouter(Options{MicroBatch: 4})
+		addr := startCN(t, &versionCN{v: 1})
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu", Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true, Version: map[string]int64{"m": 1}}})
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}})
+		req := request(4)
+		req.Version = 7
+		if _, err := r.Recommend(context.Background(), req); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "version 7") {
+			t.Fatalf("pinned to a number no replica serves: %v, want NotFound naming it", err)
+		}
+	})
+}
+
+// countedVersionCN is versionCN counting the lookups it refused for
+// another version.
+type countedVersionCN struct {
+	versionCN
+	refused atomic.Int64
+}
+
+func (f *countedVersionCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	resp, err := f.versionCN.Lookup(ctx, req)
+	if status.Code(err) == codes.NotFound {
+		f.refused.Add(1)
+	}
+	return resp, err
+}

@@ -177,7 +177,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.BoolVar(&ro.AdmitLimit, "admit-limit", false, "admit by an adaptive limit on samples in flight, grown while latencies stay well inside their deadlines and shrunk as they near them, instead of by each request's predicted finish")
 	f.BoolVar(&ro.FixedAdmission, "fixed-admission", false, "admit by --max-inflight and --max-inflight-bytes only, not also by predicted finish time against the deadline")
 	f.DurationVar(&ro.Heartbeat, "heartbeat", time.Second, "worker heartbeat interval; silent for 3 intervals means removed")
-	f.DurationVar(&ro.DefaultTimeout, "default-timeout", 30*time.Second, "deadline of a request whose client set none")
+	f.DurationVar(&ro.DefaultTimeout, "default-timeout", 30*time.Second, "deadline of a request whose client set none, and of each request of a RecommendStream (the stream's deadline is its whole job's; it decides when sooner)")
 	f.IntVar(&ro.StreamWindow, "stream-window", 16, "requests of one RecommendStream worked on at once (answers stay in order)")
 	f.Int64Var(&ro.UpdateLogBytes, "update-log-bytes", 256<<20, "recent embedding updates kept per model to catch lagging embedding workers up")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest request accepted (at least 1 MiB; an update is refused above it less 4 KiB)")
