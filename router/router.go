@@ -637,7 +637,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 					size = fb
 				}
 				out, v, err := r.microBatch(ctx, req, sub, size, i)
-				if err == nil && len(out) < hi-lo {
+				if err == nil && len(out) != size {
 					err = status.Errorf(codes.Internal, "model %q: %d scores for a micro-batch of %d", req.GetModel(), len(out), size)
 				}
 				if err != nil {

@@ -73,6 +73,9 @@ type fakeCN struct {
 	gate chan struct{}
 	// running and peak count concurrent Lookups.
 	running, peak atomic.Int64
+	// extra scores are answered beyond the samples asked for (a
+	// misbehaving worker).
+	extra int
 }
 
 func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
@@ -99,11 +102,23 @@ func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		}
 	}
 	ids := req.GetCandidates().GetInputs()[0].GetIds()
-	out := make([]float32, req.GetNumSamples())
+	out := make([]float32, int(req.GetNumSamples())+f.extra)
 	for i := range out {
-		out[i] = float32(ids[i]) + f.tag
+		out[i] = float32(ids[i%len(ids)]) + f.tag
 	}
 	return &prismv1.LookupResponse{Scores: out}, nil
+}
+
+// TestScoreCountChecked: a micro-batch answered with another count of
+// scores than its samples is Internal, more as well as fewer (more were
+// cut silently: the extra ones, whose samples no one knows, dropped).
+func TestScoreCountChecked(t *testing.T) {
+	for _, extra := range []int{-1, 1} {
+		r := newRouter(t, Options{MicroBatch: 8}, &fakeCN{extra: extra})
+		if _, err := r.Recommend(context.Background(), request(8)); status.Code(err) != codes.Internal {
+			t.Errorf("%+d scores a micro-batch: %v, want Internal", extra, err)
+		}
+	}
 }
 
 // inproc is the in-process network the tests' servers listen on
