@@ -61,6 +61,11 @@ func TestShardRetryAvoidsDeadReplica(t *testing.T) {
 		{"two dead: back to the first only when no other is left", []replica{{"a", down, 0}, {"b", down, 5}}, down, map[string]int{"a": 2, "b": 1}},
 		{"one replica, dead: tried again, there is no other", []replica{{"a", down, 0}}, down, map[string]int{"a": 3}},
 		{"dead, then one that answers", []replica{{"a", down, 0}, {"b", ok, 5}}, ok, map[string]int{"a": 1, "b": 1}},
+		// A worker whose layout the registry has stale (restarted in
+		// place with another plan, a reshard rolling): another replica
+		// serves. FailedPrecondition was not retried, and the request
+		// failed.
+		{"another layout than announced, then one that answers", []replica{{"a", codes.FailedPrecondition, 0}, {"b", ok, 5}}, ok, map[string]int{"a": 1, "b": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := testRouter(Options{MicroBatch: 10})

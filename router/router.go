@@ -1188,6 +1188,12 @@ func retryable(ctx context.Context, err error) bool {
 		// told of yet (it joined since the worker's last heartbeat):
 		// another pair may serve.
 		return true
+	case codes.FailedPrecondition:
+		// A worker of another layout than the registry holds for it (a
+		// shard worker or a dense worker restarted in place with
+		// another plan, a reshard rolling out, until its next
+		// heartbeat): another replica may serve.
+		return true
 	}
 	return false
 }
