@@ -69,6 +69,12 @@ type Registry struct {
 	// name is PermissionDenied, also once the worker has been dropped
 	// (retired), and a worker's role must be its peer's.
 	Peer PeerFunc
+	// Instance, when set, says whether the caller's certificate names
+	// one worker (auth.PeerInstance): a new id announced under such a
+	// certificate replaces the live ids it announced before, so one
+	// certificate counts as one worker (towards an update's quorum, in
+	// picks), where a role's shared certificate speaks for many.
+	Instance func(ctx context.Context) bool
 
 	mu        sync.Mutex
 	now       func() time.Time
@@ -303,6 +309,7 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		return nil, err
 	}
 	var peer string
+	one := false // peer names one worker
 	if r.Peer != nil {
 		role, name, ok := r.Peer(ctx)
 		if ok {
@@ -310,6 +317,7 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 				return nil, status.Errorf(codes.PermissionDenied, "announce: %q holds the role %q and cannot announce a worker of role %s", name, role, w.GetRole().Name())
 			}
 			peer = name
+			one = r.Instance != nil && r.Instance(ctx)
 		}
 	}
 	// The worker's own figure counts within bounds only.
@@ -328,7 +336,7 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		return nil, status.Errorf(codes.PermissionDenied, "announce: worker id %.64q belongs to %q, not %q", w.GetId(), retired, peer)
 	}
 	if !ok {
-		r.replaced(w, peer)
+		r.replaced(w, peer, one)
 		if len(r.workers) >= l.MaxWorkers {
 			return nil, status.Errorf(codes.ResourceExhausted, "announce: %d workers registered, the limit is %d", len(r.workers), l.MaxWorkers)
 		}
@@ -397,11 +405,16 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 // expires, and one address reaches one process: left in, the old entry
 // would count again towards an update's quorum (its calls reach the new
 // process) and serve lookups by what the old process held (a store
-// restored from an older copy holds less). r.mu held.
-func (r *Registry) replaced(w *prismv1.WorkerInfo, peer string) {
+// restored from an older copy holds less). With one (peer is a
+// certificate naming one worker), every worker bound to peer, of either
+// role and at any address: the certificate's worker restarted (on
+// another address too), and a stolen one cannot register many ids to
+// count as most of a quorum. r.mu held.
+func (r *Registry) replaced(w *prismv1.WorkerInfo, peer string, one bool) {
 	var old []string
 	for id, e := range r.workers {
-		if e.info.GetAddr() == w.GetAddr() && e.info.GetRole() == prismv1.Role_ROLE_EMBEDDING && w.GetRole() == prismv1.Role_ROLE_EMBEDDING && e.peer == peer {
+		if one && e.peer == peer ||
+			e.info.GetAddr() == w.GetAddr() && e.info.GetRole() == prismv1.Role_ROLE_EMBEDDING && w.GetRole() == prismv1.Role_ROLE_EMBEDDING && e.peer == peer {
 			old = append(old, id)
 		}
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -268,6 +271,74 @@ func TestWorkerRenamedWhenItsIDIsTaken(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the worker whose id was taken is still not registered after 10 s")
+		}
+	}
+}
+
+// TestOneIDPerInstanceCertificate: a worker's own certificate (certs
+// init --instances) keeps one worker id live at the router: a new id
+// under it, at any address, replaces the one before. A stolen instance
+// certificate registered any number of ids, each counted towards an
+// update's quorum (a majority of stuffed ids acknowledged updates no
+// honest worker held). A role's shared certificate speaks for many
+// workers and keeps them all.
+func TestOneIDPerInstanceCertificate(t *testing.T) {
+	dir := t.TempDir()
+	if err := auth.InitCerts(dir, auth.CertOptions{Instances: 1}); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := NewRegistry(time.Minute, nil)
+	reg.Peer = auth.Peer
+	reg.Instance = func(ctx context.Context) bool { return auth.PeerInstance(ctx) != "" }
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+	client := func(d string) prismv1.RegistryClient {
+		t.Helper()
+		c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(c)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return prismv1.NewRegistryClient(conn)
+	}
+	live := func() []string {
+		reg.mu.Lock()
+		defer reg.mu.Unlock()
+		return slices.Sorted(maps.Keys(reg.workers))
+	}
+	for _, tc := range []struct {
+		name string
+		dir  string
+		want []string
+	}{
+		{"an instance certificate", auth.InstanceDir(dir, auth.Embedding, 0), []string{"instance-3"}},
+		{"the role's shared certificate", auth.RoleDir(dir, auth.Embedding), []string{"shared-1", "shared-2", "shared-3"}},
+	} {
+		c := client(tc.dir)
+		for i := 1; i <= 3; i++ {
+			if _, err := c.Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+				Id: fmt.Sprintf("%s-%d", tc.want[0][:strings.IndexByte(tc.want[0], '-')], i), Role: prismv1.Role_ROLE_EMBEDDING, Addr: fmt.Sprintf("127.0.0.1:%d", i), Models: []string{"m"}, Healthy: true}}); err != nil {
+				t.Fatalf("%s: announce %d: %v", tc.name, i, err)
+			}
+		}
+		got := slices.DeleteFunc(live(), func(id string) bool { return !strings.HasPrefix(id, tc.want[0][:strings.IndexByte(tc.want[0], '-')]) })
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: live ids %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -92,8 +92,10 @@ func newServeRouterCmd() *cobra.Command {
 			}
 			ro.SequencerDialOptions = append(ro.SequencerDialOptions, toRouter)
 			if so.TLS != nil {
-				// The registry binds each worker to its certificate.
+				// The registry binds each worker to its certificate,
+				// and keeps one id live per worker's own certificate.
 				ro.Peer = auth.Peer
+				ro.PeerInstance = func(ctx context.Context) bool { return auth.PeerInstance(ctx) != "" }
 			}
 			s, err := serve.New("router", so)
 			if err != nil {

@@ -142,6 +142,19 @@ func Peer(ctx context.Context) (role, name string, ok bool) {
 	return string(r), name, true
 }
 
+// PeerInstance is the instance name the caller's verified certificate
+// carries ("embedding-0": certs init --instances, prism up), "" for a
+// role's shared certificate or no certificate. Such a certificate names
+// one worker: the router keeps one worker id live per instance
+// certificate.
+func PeerInstance(ctx context.Context) string {
+	leaf, _ := verifiedLeaf(ctx)
+	if leaf == nil {
+		return ""
+	}
+	return InstanceOf(leaf)
+}
+
 // Allowed reports whether the caller of ctx may do what roles may: true
 // on a plaintext connection (the process runs without TLS, where nothing
 // is authenticated), else only when the caller's verified certificate
