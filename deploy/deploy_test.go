@@ -1023,3 +1023,101 @@ func TestShardedIngestInitStep(t *testing.T) {
 		t.Errorf("embedding.shards=2 for an unsharded plan: %v, want a failure saying the plan has no sharding\n%s", err, out)
 	}
 }
+
+// TestIngestInitStepHotBytes runs the init step, unsharded and sharded,
+// as the chart renders it for embedding.hotBytes values serve embedding
+// takes ("auto", a negative size: the tier off) and a size: each ingests
+// the model, and a size is recorded as the store's default. (The chart
+// passed every value to prism ingest --hot-bytes, which takes sizes
+// only: with hotBytes "auto", which README and values.yaml offer, every
+// embedding pod's init step failed, a crash loop.)
+func TestIngestInitStepHotBytes(t *testing.T) {
+	bin, err := filepath.Abs(prismBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	helm := helmBinary(t)
+	dir := t.TempDir()
+	repo := filepath.Join(dir, "models")
+	run(t, bin, "models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "build"))
+	run(t, bin, "partition", filepath.Join(dir, "build", "model.onnx"), "-o", filepath.Join(repo, "dlrm-tiny-part"))
+	run(t, bin, "shard", filepath.Join(repo, "dlrm-tiny-part"), "--shards", "2", "--zipf", "1.05")
+	for _, c := range []struct {
+		hotBytes string
+		shards   int
+	}{
+		{"auto", 0}, {"auto", 2}, {"-1", 0}, {"-1", 2}, {"64MiB", 0}, {"64MiB", 2}, {"67108864", 0},
+	} {
+		t.Run(fmt.Sprintf("%s/shards=%d", c.hotBytes, c.shards), func(t *testing.T) {
+			out := run(t, helm, append(slices.Clone(helmTemplate), "--set", "embedding.hotBytes="+c.hotBytes,
+				"--set", fmt.Sprintf("embedding.shards=%d", c.shards),
+				"--set", "models[0].name=dlrm-tiny", "--set", "models[0].plan=dlrm-tiny-part")...)
+			for _, p := range nonStringArgs(t, out) {
+				t.Errorf("embedding.hotBytes=%s: %s", c.hotBytes, p)
+			}
+			objs := decode(t, out)
+			name := "prism-embedding"
+			if c.shards > 0 {
+				name += "-shard-1"
+			}
+			init := find[*appsv1.StatefulSet](t, objs, "StatefulSet", name).Spec.Template.Spec.InitContainers
+			if len(init) != 1 || len(init[0].Command) != 3 {
+				t.Fatalf("init containers %+v: want one sh -c script", init)
+			}
+			store := filepath.Join(dir, fmt.Sprintf("store-%s-%d", c.hotBytes, c.shards))
+			script := strings.ReplaceAll(init[0].Command[2], "/models/", repo+"/")
+			script = strings.ReplaceAll(script, "/var/lib/prism/store", store)
+			cmd := exec.Command("sh", "-c", script)
+			cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("init step with embedding.hotBytes=%s: %v\n%s\n%s", c.hotBytes, err, script, out)
+			}
+			if v := string(run(t, bin, "store", "versions", "dlrm-tiny", "--db", store)); !strings.HasPrefix(v, "*") {
+				t.Errorf("after the init step the store holds no active version of dlrm-tiny:\n%s", v)
+			}
+			if recorded := strings.Contains(script, "--hot-bytes "+c.hotBytes); recorded != !(c.hotBytes == "auto" || c.hotBytes == "-1") {
+				t.Errorf("init step with embedding.hotBytes=%s: --hot-bytes passed to prism ingest: %v\n%s", c.hotBytes, recorded, script)
+			}
+		})
+	}
+}
+
+// nonStringArgs lists the container args and commands of a rendered
+// stream that are not YAML strings (a -1 or 67108864 left unquoted). The
+// API server refuses them (args are strings), while decode, which reads
+// into the typed objects, takes them: read here as kubectl and helm
+// send them, without the types.
+func nonStringArgs(t *testing.T, stream []byte) []string {
+	t.Helper()
+	var problems []string
+	for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(stream), -1) {
+		var obj struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				Template struct {
+					Spec struct {
+						Containers     []map[string]any `json:"containers"`
+						InitContainers []map[string]any `json:"initContainers"`
+					} `json:"spec"`
+				} `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatalf("document %d: %v", i, err)
+		}
+		for _, c := range append(obj.Spec.Template.Spec.Containers, obj.Spec.Template.Spec.InitContainers...) {
+			for _, field := range []string{"command", "args"} {
+				list, _ := c[field].([]any)
+				for j, a := range list {
+					if _, ok := a.(string); !ok {
+						problems = append(problems, fmt.Sprintf("%s %s container %v: %s[%d] is %T %v, not a string", obj.Kind, obj.Metadata.Name, c["name"], field, j, a, a))
+					}
+				}
+			}
+		}
+	}
+	return problems
+}

@@ -18,9 +18,10 @@ const (
 )
 
 // Criteo reads rows of the Criteo data sets: label, I1..I13, C1..C26,
-// either tab-separated without a header (the original day_N and
-// train.txt files) or comma/tab-separated with a header line naming the
-// columns (in any order; columns it does not name are skipped). As Meta's DLRM preprocessing does, a dense value x becomes
+// either tab-separated without a header, exactly those 40 columns (the
+// original day_N and train.txt files), or comma/tab-separated with a
+// header line naming the columns (in any order; columns it does not
+// name are skipped). As Meta's DLRM preprocessing does, a dense value x becomes
 // log(1+max(x,0)) and an empty one 0; a categorical hex string is hashed to
 // an id modulo its table's rows. For a multi-hot input the bag holds the
 // id and Width-1 further ids derived from it deterministically.
@@ -38,6 +39,9 @@ type Criteo struct {
 	labels []float32
 	// pending holds the first line when it was data, not a header.
 	pending string
+	// header says the first line named the columns; without one a row
+	// has exactly the 40 columns, in Criteo's order.
+	header bool
 }
 
 var _ Source = (*Criteo)(nil)
@@ -95,26 +99,29 @@ func NewCriteo(r io.Reader, name string, sig Signature) (*Criteo, error) {
 		return nil, fmt.Errorf("criteo %s: empty file", name)
 	}
 	c.line = 1
-	first := c.sc.Text()
+	// A UTF-8 byte order mark (CSV files saved by spreadsheet tools
+	// start with one) is not part of the first column's name or value.
+	first := strings.TrimPrefix(c.sc.Text(), "\ufeff")
 	c.sep = '\t'
 	if !strings.Contains(first, "\t") && strings.Contains(first, ",") {
 		c.sep = ','
 	}
 	fields := strings.Split(first, string(c.sep))
-	// A header names a column "label" wherever it stands (header maps
+	// A header names a column "label" wherever it stands (readHeader maps
 	// every column by name); no data value can be "label" (not a
 	// number, not hex).
 	if slices.ContainsFunc(fields, func(f string) bool { return strings.EqualFold(strings.TrimSpace(f), "label") }) {
-		if err := c.header(fields); err != nil {
+		if err := c.readHeader(fields); err != nil {
 			return nil, err
 		}
+		c.header = true
 		first = ""
 	}
 	c.pending = first
 	return c, nil
 }
 
-func (c *Criteo) header(fields []string) error {
+func (c *Criteo) readHeader(fields []string) error {
 	pos := map[string]int{}
 	for i, f := range fields {
 		pos[strings.ToUpper(strings.TrimSpace(f))] = i
@@ -189,6 +196,13 @@ func (c *Criteo) parse(b *Batch, text string) error {
 	}
 	if len(fields) < need {
 		return fmt.Errorf("criteo %s:%d: %d columns, want %d (label, I1-I13, C1-C26)", c.name, c.line, len(fields), need)
+	}
+	// Without a header the columns are known by position only: a row
+	// with more (an id column first, say) would be read shifted, every
+	// value under another feature's name. Empty trailing columns (a
+	// separator at the end of the line) are harmless.
+	if !c.header && len(fields) > need && strings.TrimSpace(strings.Join(fields[need:], "")) != "" {
+		return fmt.Errorf("criteo %s:%d: %d columns, want %d (label, I1-I13, C1-C26): a file with other columns needs a header line naming them", c.name, c.line, len(fields), need)
 	}
 	label, err := strconv.ParseFloat(strings.TrimSpace(fields[c.order[0]]), 32)
 	if err != nil {

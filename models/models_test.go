@@ -34,7 +34,8 @@ func requireORT(t *testing.T) {
 }
 
 // TestPresetsMatchReference builds every preset (big ones scaled down),
-// runs it in ONNX Runtime and compares with the float64 reference.
+// runs it in ONNX Runtime and compares with the float64 reference, on
+// synthetic samples and on edge samples (edgeBatch).
 func TestPresetsMatchReference(t *testing.T) {
 	requireORT(t)
 	for _, name := range models.Presets() {
@@ -81,8 +82,64 @@ func TestPresetsMatchReference(t *testing.T) {
 				}
 				t.Logf("batch %d: max abs error %.2g, first score %.6f", n, worst, got[0])
 			}
+			// The first and last row of every table, and bags mixing them.
+			b := edgeBatch(c)
+			if err := b.Check(); err != nil {
+				t.Fatal(err)
+			}
+			got := scoreORT(t, dir, b)
+			want, err := m.Reference(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range want {
+				if d := math.Abs(float64(got[i]) - want[i]); !(d <= 1e-5) {
+					t.Errorf("edge sample %d: ONNX Runtime %v, reference %v", i, got[i], want[i])
+				}
+			}
 		})
 	}
+}
+
+// edgeBatch is three samples at the edges of every table: all ids 0 and
+// dense values 0; all ids rows-1 and large dense values; ids alternating
+// 0 and rows-1 within bags and across tables, negative dense values.
+func edgeBatch(c models.Config) *models.Batch {
+	sig := c.Signature()
+	b := &models.Batch{N: 3, Sig: &sig, Columns: make([]models.Column, len(sig.Inputs))}
+	dense := [3]func(i int) float32{
+		func(int) float32 { return 0 },
+		func(i int) float32 { return 15 + float32(i) },
+		func(i int) float32 { return -float32(i) / 4 },
+	}
+	id := func(s, k, j int) int64 {
+		last := c.TableRows[k] - 1
+		switch s {
+		case 0:
+			return 0
+		case 1:
+			return last
+		}
+		if (k+j)%2 == 0 {
+			return last
+		}
+		return 0
+	}
+	for s := range 3 {
+		for i := range c.NumDense {
+			b.Columns[0].F32 = append(b.Columns[0].F32, dense[s](i))
+		}
+		for k := range c.NumTables() {
+			col := 1 + k
+			if c.Packed {
+				col = 1
+			}
+			for j := range c.Bag(k) {
+				b.Columns[col].I64 = append(b.Columns[col].I64, id(s, k, j))
+			}
+		}
+	}
+	return b
 }
 
 func ExamplePresets() {

@@ -207,6 +207,12 @@ func TestCriteoHeaderAnyOrder(t *testing.T) {
 	for _, tc := range []struct{ name, text string }{
 		{"id first", "Id," + strings.Join(names, ",") + "\n7," + strings.Join(vals, ",") + "\n"},
 		{"label last", strings.Join(append(names[1:], "Label"), "\t") + "\n" + strings.Join(append(vals[1:], vals[0]), "\t") + "\n"},
+		// Spreadsheet tools save CSV with a UTF-8 byte order mark: the
+		// header was taken for a data row ("label" is not a number).
+		{"byte order mark", "\ufeff" + strings.Join(names, ",") + "\n" + strings.Join(vals, ",") + "\n"},
+		{"byte order mark, no header", "\ufeff" + strings.Join(vals, "\t") + "\n"},
+		// A separator at the end of the line adds an empty column.
+		{"trailing tab", strings.Join(vals, "\t") + "\t\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := mustCriteo(t, tc.text, sig)
@@ -244,6 +250,9 @@ func TestCriteoErrors(t *testing.T) {
 		// ParseFloat takes "inf" without an error; log(1+inf) scores NaN.
 		{"infinite dense", "0\t1\tinf" + strings.Repeat("\t1", 11) + strings.Repeat("\tab", 26) + "\n", "in.txt:1: I2 value \"inf\""},
 		{"header missing column", "label,I1\n0,1\n", "in.txt:1: header has no column I2"},
+		// Without a header, a 41st column (an id first, as Kaggle's
+		// copies have) shifted every value onto the next feature.
+		{"extra column without header", "7\t" + good + "\n", "in.txt:1: 41 columns, want 40"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -185,9 +185,13 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 type EmbeddingsClient interface {
 	// Update applies the rows on every live embedding worker serving the
-	// model and answers once all have made them durable; every later
-	// Recommend reads them. It fails (naming how many workers applied it)
-	// if any worker could not; retrying is safe: an upsert is idempotent.
+	// model (for a sharded model, of the shards holding the rows) and
+	// answers once the router's update quorum (--update-quorum: one,
+	// majority or all) of them (of each such shard) has made them durable;
+	// every later Recommend reads them. Below the quorum it fails,
+	// Unavailable, naming how many workers hold it, and the update still
+	// reaches the others by catch-up; retrying is safe: an upsert is
+	// idempotent.
 	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
 }
 
@@ -214,9 +218,13 @@ func (c *embeddingsClient) Update(ctx context.Context, in *UpdateRequest, opts .
 // for forward compatibility.
 type EmbeddingsServer interface {
 	// Update applies the rows on every live embedding worker serving the
-	// model and answers once all have made them durable; every later
-	// Recommend reads them. It fails (naming how many workers applied it)
-	// if any worker could not; retrying is safe: an upsert is idempotent.
+	// model (for a sharded model, of the shards holding the rows) and
+	// answers once the router's update quorum (--update-quorum: one,
+	// majority or all) of them (of each such shard) has made them durable;
+	// every later Recommend reads them. Below the quorum it fails,
+	// Unavailable, naming how many workers hold it, and the update still
+	// reaches the others by catch-up; retrying is safe: an upsert is
+	// idempotent.
 	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
 	mustEmbedUnimplementedEmbeddingsServer()
 }

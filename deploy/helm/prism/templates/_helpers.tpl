@@ -186,6 +186,18 @@ prometheus.io/scheme: {{ $scheme }}
 {{- if ge $n 2 }}{{ $n }}{{ else }}0{{ end -}}
 {{- end -}}
 
+{{/* embedding.hotBytes as serve embedding --hot-bytes takes it: a string ("2560MiB", "auto", "-1"); a byte count written as a YAML number (a float64 from a values file) in whole digits, not 2.56e+09. Quote it in args: a number there is not a string, which the API server refuses. */}}
+{{- define "prism.hotBytes" -}}
+{{- $v := .Values.embedding.hotBytes -}}
+{{- if kindIs "float64" $v }}{{ int64 $v }}{{ else }}{{ toString $v | trim }}{{ end -}}
+{{- end -}}
+
+{{/* The init step's --hot-bytes: embedding.hotBytes recorded as the store's default when it is a size; "auto" and a negative size (the tier off) are serve embedding's alone, which prism ingest refuses, so they record nothing. */}}
+{{- define "prism.ingestHotBytes" -}}
+{{- $hb := include "prism.hotBytes" . -}}
+{{- if and $hb (ne $hb "auto") (not (hasPrefix "-" $hb)) }} --hot-bytes {{ $hb }}{{ end -}}
+{{- end -}}
+
 {{/* The embedding StatefulSets' shard indices: 0 to shards-1, or -1 alone for the unsharded tier. */}}
 {{- define "prism.embeddingShardList" -}}
 {{- $n := include "prism.embeddingShards" . | int -}}
