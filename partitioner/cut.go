@@ -1,6 +1,7 @@
 package partitioner
 
 import (
+	"errors"
 	"fmt"
 	"github.com/prism-serve/prism/plan"
 	"slices"
@@ -30,6 +31,12 @@ type Placement struct {
 	Objective     int64
 	UnknownShapes []string
 	Forced        []string
+	// Dead are the nodes no graph output depends on: in neither part.
+	Dead []string
+	// Unsendable names the model inputs the dense side reads that the
+	// tiers cannot send it (not float32 with the batch first): no plan
+	// of this placement serves (Partition refuses it).
+	Unsendable []string
 }
 
 // Place recognises the lookups of g, builds the placement problem and
@@ -70,8 +77,17 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 	}
 	vertexOfNode := map[int]int{}
 	nodeOfVertex := map[int]int{}
+	live := g.live()
 	for i, n := range g.Nodes {
 		if pl.Absorbed[i] != nil || pl.Constants[i] || pl.Pre[i] {
+			continue
+		}
+		if !live[i] {
+			// Dead: no graph output depends on it. Placed, it could end
+			// up alone on the CPU side, and cpu.onnx would be a model
+			// without outputs (ONNX Runtime's Go binding panics running
+			// one); neither side runs it.
+			pl.Dead = append(pl.Dead, n.GetName())
 			continue
 		}
 		flops, ok := nodeFLOPs(g, n, types)
@@ -198,12 +214,45 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 		// to int32, Slice, ReduceProd, Unsqueeze + Concat, Cast to int64;
 		// onnx/tensorflow-onnx tf2onnx/onnx_opset/tensor.py), int64 and
 		// without the batch, so cheap by its bytes that the cut sent it.
-		stays := r.kind == "cpu" && !framed(types[r.name])
+		// A model input crosses in the same frames: one of another type
+		// (int64 ids a dense OneHot reads) leaves its readers on the
+		// CPU side, where the embedding tier has it; sent in the cut,
+		// neither tier would serve the plan (float32 cut tensors only).
+		stays := (r.kind == "cpu" || r.kind == "input") && !framed(types[r.name])
 		p.tensors = append(p.tensors, ptensor{from: r.from, to: readers, bytes: cm.bytesCost(tensorBytes(r.name)), stays: stays})
 		tensors = append(tensors, tensorIdx{r, readers})
 	}
 
 	onCPU, obj, err := p.solve()
+	if errors.Is(err, errInfeasible) {
+		// Infeasible only because the dense side reads model inputs it
+		// cannot be sent (int64 ids of a table left in the dense graph):
+		// the placement that sends them, with the inputs named, so that
+		// Partition says why no plan serves (after naming the tables it
+		// did not take, the usual cause).
+		relaxed := *p
+		relaxed.tensors = slices.Clone(p.tensors)
+		for k, t := range tensors {
+			if t.ref.kind == "input" {
+				relaxed.tensors[k].stays = false
+			}
+		}
+		if on, robj, rerr := relaxed.solve(); rerr == nil {
+			for _, t := range tensors {
+				if t.ref.kind != "input" || framed(types[t.ref.name]) {
+					continue
+				}
+				for _, w := range t.readers {
+					if !on[w] {
+						tt := types[t.ref.name]
+						pl.Unsendable = append(pl.Unsendable, fmt.Sprintf("%q (%s %s, read by %s %q)", t.ref.name, dtypeName(tt.Elem), dimsString(tt), g.Nodes[nodeOfVertex[w]].GetOpType(), g.Nodes[nodeOfVertex[w]].GetName()))
+						break
+					}
+				}
+			}
+			onCPU, obj, err = on, robj, nil
+		}
+	}
 	if err != nil {
 		if len(pl.Forced) > 0 {
 			return nil, fmt.Errorf("%w: %w (forced: %v)", ErrForced, err, pl.Forced)
@@ -241,19 +290,25 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 	return pl, nil
 }
 
-// framed says whether a tensor the CPU side makes can cross to the dense
-// side: the embedding tier sends cut tensors as float32 rows, one per
-// sample. A tensor whose shape is not known is taken as one (its unknown
-// size already makes the cut avoid it); one known to be of another type,
-// without the batch, or with the batch not first is not.
+// framed says whether a tensor the CPU side makes, or a model input, can
+// cross to the dense side: the tiers send cut tensors as float32 rows,
+// one per sample, of a known per-sample shape (the dense tier refuses a
+// plan whose cut has another type or an unknown size). A tensor whose
+// shape or type is not known, one of another type, without the batch,
+// with the batch not first or with a size not known is not.
 func framed(t TensorType) bool {
-	if t.Elem != pb.TensorProto_FLOAT {
+	if t.Elem != pb.TensorProto_FLOAT || !t.Known {
 		return false
 	}
-	if !t.Known {
-		return true
+	if len(t.Dims) == 0 || t.Dims[0] != DimBatch {
+		return false
 	}
-	return len(t.Dims) > 0 && t.Dims[0] == DimBatch && slices.Index(t.Dims[1:], DimBatch) < 0
+	for _, d := range t.Dims[1:] {
+		if d < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // dtypeName is the lower-case ONNX type name ("float32" for FLOAT).
@@ -273,4 +328,23 @@ func dtypeName(dt pb.TensorProto_DataType) string {
 		return "bool"
 	}
 	return pb.TensorProto_DataType_name[int32(dt)]
+}
+
+// live says, per node index, whether a graph output depends on the node.
+func (g *Graph) live() map[int]bool {
+	need := map[string]bool{}
+	for _, o := range g.Outputs {
+		need[o.GetName()] = true
+	}
+	live := map[int]bool{}
+	for i := len(g.Nodes) - 1; i >= 0; i-- {
+		if !slices.ContainsFunc(g.Nodes[i].GetOutput(), func(o string) bool { return need[o] }) {
+			continue
+		}
+		live[i] = true
+		for _, in := range g.Reads(i) {
+			need[in] = true
+		}
+	}
+	return live
 }

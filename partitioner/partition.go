@@ -24,7 +24,9 @@ type Options struct {
 	ReportOnly bool
 	// AllowDenseOnly writes a plan even when Gathers on tables were not
 	// recognised as lookups (they stay in the dense graph); without it
-	// that is an ErrUnrecognised error naming each.
+	// that is an ErrUnrecognised error naming each. So is a plan whose
+	// dense side reads model inputs the tiers cannot send it (such a
+	// table's int64 ids): without it, an ErrUnsendable error.
 	AllowDenseOnly bool
 	// Overwrite replaces a non-empty output folder.
 	Overwrite bool
@@ -99,6 +101,11 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err := pl.unrecognised(); err != nil && !o.AllowDenseOnly {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}
+	if err := pl.unsendable(); err != nil && !o.AllowDenseOnly {
+		// With AllowDenseOnly the plan is written (prism score --plan
+		// runs it), its report saying that the tiers cannot serve it.
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
 	if err := checkOutDir(outDir, o.Overwrite); err != nil {
 		return nil, err
 	}
@@ -148,6 +155,19 @@ func (pl *Placement) unrecognised() error {
 		return nil
 	}
 	return fmt.Errorf("%w: %d read(s) of tables would stay in the dense graph:\n  %s", ErrUnrecognised, len(lines), strings.Join(lines, "\n  "))
+}
+
+// ErrUnsendable marks a model whose dense side reads model inputs the
+// tiers cannot send it (Placement.Unsendable).
+var ErrUnsendable = errors.New("the dense side reads inputs the tiers cannot send it")
+
+// unsendable is the error naming the inputs of Placement.Unsendable, or
+// nil.
+func (pl *Placement) unsendable() error {
+	if len(pl.Unsendable) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: model input(s) %s; cut tensors cross as float32 rows of a known per-sample shape only (a table left in the dense graph takes its ids there: see the table candidates; or --force-cpu the readers)", ErrUnsendable, strings.Join(pl.Unsendable, ", "))
 }
 
 func checkOutDir(dir string, overwrite bool) error {
@@ -477,6 +497,12 @@ func (r *Result) Report() string {
 	}
 	if len(p.Cost.Forced) > 0 {
 		fmt.Fprintf(&b, "forced: %s\n", strings.Join(p.Cost.Forced, ", "))
+	}
+	if d := r.Placement.Dead; len(d) > 0 {
+		fmt.Fprintf(&b, "dead nodes (no output depends on them; in neither part): %s\n", strings.Join(d, ", "))
+	}
+	if err := r.Placement.unsendable(); err != nil {
+		fmt.Fprintf(&b, "NOT SERVABLE: %v\n", err)
 	}
 	if bi := p.Batch; bi != nil {
 		if p.FixedBatch > 0 {

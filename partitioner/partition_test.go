@@ -230,3 +230,43 @@ func TestForce(t *testing.T) {
 		t.Errorf("forcing the first-order sum to the GPU: objective %v -> %v, cut %d -> %d", free.Plan.Cost.Objective, forced.Plan.Cost.Objective, free.Plan.Cost.CutBytes, forced.Plan.Cost.CutBytes)
 	}
 }
+
+// TestCutNeedsKnownShape: a tensor whose per-sample shape is not known
+// (a Tile, which shape inference does not work out) cannot cross: the
+// plan would declare it [] (one float a sample) and the tiers frame it
+// so. Forcing its node onto the CPU side is refused, not written.
+func TestCutNeedsKnownShape(t *testing.T) {
+	m, err := partitioner.ParseGraph(`input ids int64 [N]
+init emb float [100,4]
+init reps int64 [2] = 1,2
+init w float [8,1]
+node Gather emb,ids -> g
+node Tile g,reps -> tiled
+node MatMul tiled,w -> l
+node Sigmoid l -> score
+output score float [N,1]`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range m.Graph.Initializer {
+		if in.GetDataType() == int32(pb.TensorProto_FLOAT) {
+			in.FloatData = make([]float32, in.Dims[0]*in.Dims[1])
+		}
+	}
+	model := writeModel(t, m)
+	res, err := partitioner.Partition(model, filepath.Join(t.TempDir(), "free"), partitioner.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Plan.Cut) != 1 || res.Plan.Cut[0].Name != "g" {
+		t.Errorf("cut = %+v, want the lookup's g", res.Plan.Cut)
+	}
+	res, err = partitioner.Partition(model, filepath.Join(t.TempDir(), "forced"), partitioner.Options{ForceCPU: []string{"tiled"}})
+	if !errors.Is(err, partitioner.ErrForced) {
+		var cut []plan.CutTensor
+		if res != nil {
+			cut = res.Plan.Cut
+		}
+		t.Fatalf("Tile forced onto the CPU side: err %v, cut %+v; want ErrForced", err, cut)
+	}
+}

@@ -1,6 +1,8 @@
 package partitioner
 
 import (
+	"slices"
+
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 )
 
@@ -382,6 +384,21 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 		return []TensorType{unknown(x.Elem), unknown(pb.TensorProto_INT64)}
 	case "ArgMax", "ArgMin", "NonZero", "Size":
 		return []TensorType{unknown(pb.TensorProto_INT64)}
+	case "OneHot":
+		// F.one_hot(ids, n) through torch.onnx: OneHot(ids, n, [0, 1]
+		// int64) then a Cast to float. The indices' shape with the
+		// depth inserted at axis, of the values' type.
+		elem := in(2).Elem
+		if elem == pb.TensorProto_UNDEFINED {
+			elem = pb.TensorProto_FLOAT
+		}
+		depth, ok := g.constInts(n.GetInput()[1])
+		r := len(x.Dims) + 1
+		axis := normAxis(attrInt(n, "axis", -1), r)
+		if !x.Known || !ok || len(depth) != 1 || depth[0] <= 0 || axis < 0 {
+			return []TensorType{unknown(elem)}
+		}
+		return []TensorType{known(elem, slices.Insert(slices.Clone(x.Dims), axis, depth[0])...)}
 	case "Range", "Expand", "Tile", "CumSum":
 		return []TensorType{unknown(x.Elem)}
 	case "ScatterND", "ScatterElements":

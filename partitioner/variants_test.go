@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,6 +28,7 @@ import (
 //	table NAME ROWSxDIM FILE: one line per table of plan.json
 //	lookup TABLE: INPUT [pre N] [pre.onnx OUT] bag B [rank1] POOLING [weights W] -> OUTPUT
 //	cut NAME [SHAPE]
+//	cut NAME not servable: DTYPE SHAPE  (not float32 of a known shape)
 //	outputs NAME,...                 plan.json's outputs, when more than one
 //	verify: ok | the error
 //	error (unrecognised BOOL): ...   Partition failed
@@ -103,6 +105,10 @@ func TestPartitionVariantsDataDriven(t *testing.T) {
 			}
 			for _, c := range res.Plan.Cut {
 				fmt.Fprintf(&b, "cut %s %v\n", c.Name, c.Shape)
+				// The tiers send float32 rows of a known shape only.
+				if c.DType != "float32" || slices.ContainsFunc(c.Shape, func(d int64) bool { return d < 0 }) {
+					fmt.Fprintf(&b, "cut %s not servable: %s %v\n", c.Name, c.DType, c.Shape)
+				}
 			}
 			if len(res.Plan.Outputs) > 1 {
 				var names []string

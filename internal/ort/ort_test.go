@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
 )
 
 func TestFindLibrary(t *testing.T) {
@@ -97,5 +99,32 @@ func TestCUDARefusedClearly(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "CUDA") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestNoOutputsRefused: a model without outputs (what the partitioner
+// wrote as cpu.onnx when only a dead node landed on the CPU side) is
+// refused when loaded. Loaded, its Run panicked inside the binding with
+// the session's lock held, and the deferred Close then waited forever.
+func TestNoOutputsRefused(t *testing.T) {
+	if err := Init(); err != nil {
+		t.Skip(err)
+	}
+	path := filepath.Join(t.TempDir(), "m.onnx")
+	m := marshalModel(&pb.GraphProto{
+		Name:  "dead",
+		Node:  []*pb.NodeProto{{OpType: "Relu", Input: []string{"x"}, Output: []string{"y"}}},
+		Input: []*pb.ValueInfoProto{floatInput("x")},
+	})
+	if err := os.WriteFile(path, m, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSession(path, SessionOptions{IntraOpThreads: 1})
+	if err == nil {
+		s.Close()
+		t.Fatal("a model without outputs loaded")
+	}
+	if !strings.Contains(err.Error(), "no outputs") {
+		t.Fatalf("err = %v, want it to say the model has no outputs", err)
 	}
 }

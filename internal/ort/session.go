@@ -81,6 +81,11 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 			return nil, err
 		}
 	}
+	if len(outs) == 0 {
+		// ONNX Runtime loads such a model, and the binding's Run then
+		// panics (it indexes the first output name).
+		return nil, fmt.Errorf("load model %q in ONNX Runtime: the model has no outputs", path)
+	}
 	so, err := ort.NewSessionOptions()
 	if err != nil {
 		return nil, fmt.Errorf("session options: %w", err)
