@@ -93,11 +93,14 @@ func Run(w io.Writer, path string, o Options) error {
 	if err != nil {
 		return fmt.Errorf("score %q: %w", path, err)
 	}
-	// Draw every batch before timing, so the figure is ONNX Runtime's.
-	batches, labels, err := draw(sig, o)
+	// Synthetic batches are drawn before timing; a Criteo file's are
+	// read one at a time (the whole of train.txt, 45M rows, would take
+	// more than 11 GB held at once), and only the runs are timed.
+	next, closeSrc, err := batches(sig, o)
 	if err != nil {
 		return err
 	}
+	defer closeSrc()
 	// Only the score is computed (as the dense tier does): the output
 	// named models.ScoreOutput, else the first.
 	graphOuts := meta.GetGraph().GetOutput()
@@ -116,32 +119,40 @@ func Run(w io.Writer, path string, o Options) error {
 	}
 	defer sess.Close()
 	const outIdx = 0
-	for i := 0; i < o.Warmup && len(batches) > 0; i++ {
-		if _, err := sess.Run(modelrun.Inputs(batches[i%len(batches)])); err != nil {
+	first, firstLabels, err := next()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	for i := 0; i < o.Warmup && first != nil; i++ {
+		if _, err := sess.Run(modelrun.Inputs(first)); err != nil {
 			return err
 		}
 	}
-	var scores []float32
-	lat := make([]time.Duration, 0, len(batches))
-	start := time.Now()
-	for _, b := range batches {
+	var scores, labels []float32
+	var lat []time.Duration
+	var busy time.Duration
+	for b, bl := first, firstLabels; b != nil; {
 		t0 := time.Now()
 		out, err := sess.Run(modelrun.Inputs(b))
 		if err != nil {
 			return err
 		}
-		lat = append(lat, time.Since(t0))
+		d := time.Since(t0)
+		lat, busy = append(lat, d), busy+d
 		if len(out[outIdx]) != b.N {
 			// Two class probabilities a sample were counted as two
 			// samples, and the log loss paired labels with other values.
 			return fmt.Errorf("score %q: output %q has %d values for %d samples: want one score per sample", path, outName, len(out[outIdx]), b.N)
 		}
 		scores = append(scores, out[outIdx]...)
+		labels = append(labels, bl...)
+		if b, bl, err = next(); err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
 	}
-	wall := time.Since(start)
 
 	for i := 0; i < o.Show && i < len(scores); i++ {
-		if labels != nil {
+		if o.Criteo != "" {
 			fmt.Fprintf(w, "sample %d: score %.6f label %g\n", i, scores[i], labels[i])
 		} else {
 			fmt.Fprintf(w, "sample %d: score %.6f\n", i, scores[i])
@@ -158,8 +169,8 @@ func Run(w io.Writer, path string, o Options) error {
 		threads = "auto"
 	}
 	fmt.Fprintf(w, "scored %d samples in %d batches of up to %d, threads=%s: %.0f samples/s; batch latency p50 %s p99 %s\n",
-		len(scores), len(batches), o.Batch, threads, float64(len(scores))/wall.Seconds(), percentile(lat, 0.5), percentile(lat, 0.99))
-	if labels != nil {
+		len(scores), len(lat), o.Batch, threads, float64(len(scores))/busy.Seconds(), percentile(lat, 0.5), percentile(lat, 0.99))
+	if o.Criteo != "" {
 		fmt.Fprintf(w, "log loss on %d labelled rows: %.4f\n", len(labels), LogLoss(scores, labels))
 	}
 	return nil
@@ -191,52 +202,66 @@ func signature(meta *pb.ModelProto, dir string) (models.Signature, error) {
 	return models.PlanSignature(p)
 }
 
-// draw makes every batch up front: the Criteo file's rows (with their
-// labels) or o.Samples synthetic samples.
-func draw(sig models.Signature, o Options) ([]*models.Batch, []float32, error) {
-	var batches []*models.Batch
+// batches returns the batches to score one at a time (nil and io.EOF
+// after the last), with their labels for a Criteo file's: o.Samples
+// synthetic samples, drawn at once up front; or the file's rows, read a
+// batch at a time. done closes the file.
+func batches(sig models.Signature, o Options) (next func() (*models.Batch, []float32, error), done func(), err error) {
 	if o.Criteo == "" {
-		src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: o.Seed, ZipfS: o.Zipf})
+		bs, err := draw(sig, o)
 		if err != nil {
 			return nil, nil, err
 		}
-		// Drawn at once, then cut into batches: the source draws a batch
-		// input by input, so drawn per batch the samples (and the scores
-		// a user compares) changed with --batch.
-		all, err := src.Next(o.Samples)
-		if err != nil {
-			return nil, nil, err
-		}
-		for i := 0; i < o.Samples; i += o.Batch {
-			batches = append(batches, all.Slice(i, min(i+o.Batch, o.Samples)))
-		}
-		return batches, nil, nil
+		return func() (*models.Batch, []float32, error) {
+			if len(bs) == 0 {
+				return nil, nil, io.EOF
+			}
+			b := bs[0]
+			bs = bs[1:]
+			return b, nil, nil
+		}, func() {}, nil
 	}
 	file, err := os.Open(o.Criteo)
 	if err != nil {
 		return nil, nil, fmt.Errorf("score: %w", err)
 	}
-	defer file.Close()
 	src, err := models.NewCriteo(bufio.NewReader(file), o.Criteo, sig)
 	if err != nil {
+		file.Close()
 		return nil, nil, err
 	}
-	var labels []float32
-	for {
+	return func() (*models.Batch, []float32, error) {
 		b, err := src.Next(o.Batch)
-		if errors.Is(err, io.EOF) {
-			return batches, labels, nil
-		}
 		if err != nil {
 			return nil, nil, err
 		}
 		if o.fixed && b.N < o.Batch {
 			// A model of a fixed batch scores whole batches only.
-			return batches, labels, nil
+			return nil, nil, io.EOF
 		}
-		labels = append(labels, src.Labels()...)
-		batches = append(batches, b)
+		// Labels reuses its slice at each Next.
+		return b, slices.Clone(src.Labels()), nil
+	}, func() { file.Close() }, nil
+}
+
+// draw makes o.Samples synthetic samples up front, cut into batches.
+func draw(sig models.Signature, o Options) ([]*models.Batch, error) {
+	var batches []*models.Batch
+	src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: o.Seed, ZipfS: o.Zipf})
+	if err != nil {
+		return nil, err
 	}
+	// Drawn at once, then cut into batches: the source draws a batch
+	// input by input, so drawn per batch the samples (and the scores
+	// a user compares) changed with --batch.
+	all, err := src.Next(o.Samples)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < o.Samples; i += o.Batch {
+		batches = append(batches, all.Slice(i, min(i+o.Batch, o.Samples)))
+	}
+	return batches, nil
 }
 
 // fixedBatch is the batch size fixed in the model's first graph input

@@ -82,7 +82,7 @@ func TestDrawIndependentOfBatch(t *testing.T) {
 	}
 	sig := cfg.Signature()
 	flat := func(batch int) [][]float64 {
-		bs, _, err := draw(sig, Options{Samples: 100, Batch: batch, Seed: 3, Zipf: 1.05})
+		bs, err := draw(sig, Options{Samples: 100, Batch: batch, Seed: 3, Zipf: 1.05})
 		if err != nil {
 			t.Fatal(err)
 		}
