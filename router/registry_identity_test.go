@@ -28,41 +28,9 @@ import (
 // an id to the certificate, and only a certificate of its own makes a
 // worker's id its own.
 func TestRegistryBindsInstanceCertificates(t *testing.T) {
-	dir := t.TempDir()
-	if err := auth.InitCerts(dir, auth.CertOptions{Instances: 2}); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := NewRegistry(time.Minute, nil)
-	reg.Peer = auth.Peer
-	prismv1.RegisterRegistryServer(s.GRPC, reg)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-
-	// client dials the router with the certificate folder d, over its own
-	// connection (its own handshake).
-	client := func(d string) prismv1.RegistryClient {
-		t.Helper()
-		c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(c)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return prismv1.NewRegistryClient(conn)
-	}
+	dir, addr, ctx := serveTLSRegistry(t, reg, 2)
+	client := func(d string) prismv1.RegistryClient { return dialRegistry(t, addr, d) }
 	announce := func(c prismv1.RegistryClient, id string) error {
 		_, err := c.Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
 			Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "127.0.0.1:1", Models: []string{"m"}, Healthy: true}})
@@ -106,41 +74,12 @@ func TestRegistryBindsInstanceCertificates(t *testing.T) {
 // heartbeats under its id answered "belongs to" until it restarts). The
 // worker itself gets its id back at its next heartbeat.
 func TestRegistryKeepsExpiredWorkersBinding(t *testing.T) {
-	dir := t.TempDir()
-	if err := auth.InitCerts(dir, auth.CertOptions{Instances: 2}); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	now := time.Unix(1000, 0)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	reg := NewRegistry(time.Second, clock)
-	reg.Peer = auth.Peer
-	prismv1.RegisterRegistryServer(s.GRPC, reg)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-	client := func(d string) prismv1.RegistryClient {
-		t.Helper()
-		c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(c)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return prismv1.NewRegistryClient(conn)
-	}
+	dir, raddr, ctx := serveTLSRegistry(t, reg, 2)
+	client := func(d string) prismv1.RegistryClient { return dialRegistry(t, raddr, d) }
 	announce := func(c prismv1.RegistryClient, id, addr string) error {
 		_, err := c.Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
 			Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}})
@@ -195,43 +134,13 @@ func TestRegistryKeepsExpiredWorkersBinding(t *testing.T) {
 // registered again while the router lived. It now announces under a new
 // id (serve.IDTaken), bound to its own certificate.
 func TestWorkerRenamedWhenItsIDIsTaken(t *testing.T) {
-	dir := t.TempDir()
-	if err := auth.InitCerts(dir, auth.CertOptions{Instances: 2}); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	quiet := slog.New(slog.DiscardHandler)
-	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := NewRegistry(time.Minute, nil)
-	reg.Peer = auth.Peer
-	prismv1.RegisterRegistryServer(s.GRPC, reg)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-	dial := func(d string) grpc.DialOption {
-		t.Helper()
-		c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return grpc.WithTransportCredentials(credentials.NewTLS(c))
-	}
+	dir, raddr, ctx := serveTLSRegistry(t, reg, 2)
+	quiet := slog.New(slog.DiscardHandler)
 
 	// embedding-1 takes embedding-0's id at the restarted router.
-	conn, err := grpc.NewClient(s.Addr(), dial(auth.InstanceDir(dir, auth.Embedding, 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	const id = "embedding/host/42/1"
-	if _, err := prismv1.NewRegistryClient(conn).Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+	if _, err := dialRegistry(t, raddr, auth.InstanceDir(dir, auth.Embedding, 1)).Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
 		Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "127.0.0.1:1", Models: []string{"m"}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -244,11 +153,11 @@ func TestWorkerRenamedWhenItsIDIsTaken(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- w.ServeWorker(wctx, serve.WorkerOptions{Router: s.Addr(), ID: id,
+		done <- w.ServeWorker(wctx, serve.WorkerOptions{Router: raddr, ID: id,
 			Info: func(id, addr string) *prismv1.WorkerInfo {
 				return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}
 			},
-			DialOptions: []grpc.DialOption{dial(auth.InstanceDir(dir, auth.Embedding, 0))}})
+			DialOptions: []grpc.DialOption{tlsDial(t, auth.InstanceDir(dir, auth.Embedding, 0))}})
 	}()
 	defer func() { stop(); <-done }()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -283,39 +192,10 @@ func TestWorkerRenamedWhenItsIDIsTaken(t *testing.T) {
 // honest worker held). A role's shared certificate speaks for many
 // workers and keeps them all.
 func TestOneIDPerInstanceCertificate(t *testing.T) {
-	dir := t.TempDir()
-	if err := auth.InitCerts(dir, auth.CertOptions{Instances: 1}); err != nil {
-		t.Fatal(err)
-	}
-	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := NewRegistry(time.Minute, nil)
-	reg.Peer = auth.Peer
 	reg.Instance = func(ctx context.Context) bool { return auth.PeerInstance(ctx) != "" }
-	prismv1.RegisterRegistryServer(s.GRPC, reg)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-	client := func(d string) prismv1.RegistryClient {
-		t.Helper()
-		c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(s.Addr(), grpc.WithTransportCredentials(credentials.NewTLS(c)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return prismv1.NewRegistryClient(conn)
-	}
+	dir, addr, ctx := serveTLSRegistry(t, reg, 1)
+	client := func(d string) prismv1.RegistryClient { return dialRegistry(t, addr, d) }
 	live := func() []string {
 		reg.mu.Lock()
 		defer reg.mu.Unlock()
@@ -341,4 +221,53 @@ func TestOneIDPerInstanceCertificate(t *testing.T) {
 			t.Errorf("%s: live ids %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// serveTLSRegistry serves reg over mutual TLS on loopback with the
+// router certificate of a new certs init folder (dir, with instances
+// per-worker certificates) until the test ends; ctx bounds the test's
+// calls.
+func serveTLSRegistry(t *testing.T, reg *Registry, instances int) (dir, addr string, ctx context.Context) {
+	t.Helper()
+	dir = t.TempDir()
+	if err := auth.InitCerts(dir, auth.CertOptions{Instances: instances}); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := auth.ServerTLS(auth.FilesFor(dir, auth.Router), auth.ServerTLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := serve.New("router", serve.Options{Addr: "127.0.0.1:0", MetricsAddr: "off", TLS: conf, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Peer = auth.Peer
+	prismv1.RegisterRegistryServer(s.GRPC, reg)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+	return dir, s.Addr(), ctx
+}
+
+// tlsDial is the dial option of a client holding the certificate folder d.
+func tlsDial(t *testing.T, d string) grpc.DialOption {
+	t.Helper()
+	c, err := auth.ClientTLS(auth.FolderFiles(d), auth.Router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(c))
+}
+
+// dialRegistry dials the registry at addr with the certificate folder
+// d, over a connection of its own (its own handshake).
+func dialRegistry(t *testing.T, addr, d string) prismv1.RegistryClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, tlsDial(t, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return prismv1.NewRegistryClient(conn)
 }
