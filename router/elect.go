@@ -32,7 +32,8 @@ type Election interface {
 	// leaseTransitions plus one, its creation time in the high 32 bits,
 	// so a Lease made anew numbers its holds after the old one's,
 	// prismv1's ordered epochs); 0 when not known (a copy of the update
-	// log is then not started from, replica.go). A new epoch for the
+	// log is then not started from, but kept for the same hold's term
+	// once a renewal names its epoch, replica.go). A new epoch for the
 	// same holder is a new hold (the Lease made anew under it).
 	Run(ctx context.Context, leader func(addr string, epoch uint64))
 }
@@ -116,6 +117,7 @@ type term struct {
 func newElected(r *Router, self string) *elected {
 	e := &elected{r: r, self: self,
 		fol: newFollower("", r.sequencerConn, r.opts.UpdateQuorum, r.Reg.now, r.opts.Heartbeat)}
+	e.fol.elected = true
 	e.term.Store(&term{})
 	return e
 }
@@ -144,6 +146,12 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 		next.d.seq.epoch = epoch // every apply carries it (fencing)
 		next.d.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
 		switch models, updates, stale := e.copy.restoreTo(next.d.seq, epoch); {
+		case epoch == 0:
+			// Not known yet (the Lease could not be read as the hold
+			// began): the copy is kept, not started from, and this term
+			// leaves it in place if it numbers nothing (below), so the
+			// same hold, once a renewal names its epoch, starts from it.
+			e.r.log.Warn("the epoch of this router's hold of the election is not known yet: its sequencer does not start from its copy of the previous holder's update log until it is", "self", e.self)
 		case models > 0:
 			e.r.log.Info("this router's sequencer starts from its copy of the previous holder's update log", "models", models, "updates", updates)
 		case stale:
@@ -159,7 +167,13 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 	e.term.Store(next)
 	if old.d != nil {
 		old.d.step(func(now time.Time) {
-			e.copy.keep(old.d.seq, old.d.term, old.d.epoch)
+			if old.d.epoch != 0 || old.d.seq.numbered() {
+				// A term of an unknown epoch that numbered nothing leaves
+				// the copy it did not start from: its log holds nothing
+				// the copy lacks, and the hold it served (its epoch learnt
+				// from a renewal, the next term's) may follow the copy's.
+				e.copy.keep(old.d.seq, old.d.term, old.d.epoch)
+			}
 			old.d.seq.resign(now)
 		})
 		old.cancel()

@@ -840,3 +840,86 @@ func TestDivergedMarkOutlivesElection(t *testing.T) {
 		t.Fatalf("the diverged worker holds %d: B sent it an update", got)
 	}
 }
+
+// A new holder whose Election reports its hold first with epoch 0 (the
+// Lease could not be read as the hold began, kubelease.readEpoch) and a
+// renewal later with the hold's epoch (kubelease's wrote) is one hold:
+// its copy of the previous holder's log is kept through the epoch-0
+// term and started from once the epoch is known, so a worker that
+// missed an update of the previous holder is caught up. Before, the
+// epoch-0 term dropped the copy (and kept its own empty log, of epoch
+// 0, in its place), and the worker stayed out of serving until it got a
+// store.
+func TestElectedEpochLearntLateKeepsCopy(t *testing.T) {
+	rig := newElectRig(t, 3)
+	a, b := 0, 1
+	rig.rs[a].el.setLeader(rig.addrs[a], 1)
+	rig.rs[b].el.setLeader(rig.addrs[a], 0)
+	rig.advance()
+	rig.cns[1].setDown(true)
+	if err := rig.update(a, 3, 3); err != nil { // acknowledged by workers 0 and 2
+		t.Fatal(err)
+	}
+	rig.cns[1].setDown(false)
+	rig.rs[b].copySequencerLog(context.Background()) // B's copy: 1, of epoch 1
+	rig.rs[a].el.setLeader("", 0)
+	rig.rs[b].el.setLeader(rig.addrs[b], 0) // epoch not known yet
+	rig.announce()
+	rig.rs[b].el.setLeader(rig.addrs[b], 2) // learnt from a renewal
+	rig.announce()
+	rig.advance()
+	rig.rs[b].el.tick()
+	rig.rs[b].el.term.Load().d.wait()
+	if got := rig.cns[1].row(3); got != 3 {
+		t.Fatalf("worker 1's row 3 = %v once B's hold's epoch was known, want 3 (replayed from B's copy of A's log)\n%s", got, rig.logs.String())
+	}
+}
+
+// The election moves from A to B; B, in its start-up window, serves
+// lookups by the follower's rule (elect.go), and so must the routers
+// that follow it: an up-to-date worker serves on A as on B while B's
+// window lasts, and one lacking the acknowledged update serves on
+// neither. Before, a follower that polled B in its window (the view's
+// settling) took every worker of the model out of serving: lookups of
+// an updated model failed on every router but the holder for three
+// heartbeats at each handoff.
+func TestElectedFollowerServesInHoldersWindow(t *testing.T) {
+	rig := newElectRig(t, 3)
+	rig.lead(0)
+	rig.advance()
+	rig.cns[2].setDown(true)
+	if err := rig.update(0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	rig.cns[2].setDown(false)
+	rig.announce()
+	serves := func(r *Router) []bool {
+		var out []bool
+		for i := range rig.cns {
+			var others []string
+			for j := range rig.cns {
+				if j != i {
+					others = append(others, "cpu"+rig.cnAt[j])
+				}
+			}
+			_, release, err := r.Reg.Pick(prismv1.Role_ROLE_EMBEDDING, "m", 1, others)
+			if err == nil {
+				release()
+			}
+			out = append(out, err == nil)
+		}
+		return out
+	}
+	want := []bool{true, true, false}
+	rig.lead(1)
+	rig.announce()
+	rig.rs[0].pollSequencer(context.Background()) // A asks B, in its window
+	if v := rig.rs[0].el.fol.view["m"]; v == nil || !v.GetSettling() {
+		t.Fatalf("A's view of B: %v, want B settling", v)
+	}
+	for i, r := range rig.rs {
+		if got := serves(r); !slices.Equal(got, want) {
+			t.Fatalf("router %d in B's window serves from %v, want %v", i, got, want)
+		}
+	}
+}

@@ -52,8 +52,9 @@ import (
 //     at the workers' next heartbeat: until then it may serve rows one
 //     update older than the sequencer would.
 //   - Without an answer from the sequencer yet (or from the current one,
-//     after the election moved) the follower judges by announcements
-//     alone: the quorum-th highest claim, a floor that never goes down
+//     after the election moved, or while the elected one's start-up
+//     window is open: it judges so itself then) the follower judges by
+//     announcements alone: the quorum-th highest claim, a floor that never goes down
 //     while a live worker still holds it, so workers that lost their
 //     stores do not come back into serving when the up-to-date ones are
 //     fewer than the quorum (under quorum one, a single worker's claim
@@ -69,6 +70,13 @@ type follower struct {
 	now       func() time.Time
 	started   time.Time
 	heartbeat time.Duration
+
+	// elected: the routers elect the sequencer (elect.go), whose new
+	// holder judges lookups by this follower's rule in its start-up
+	// window; the followers then judge a settling sequence so too
+	// (settling). A named sequencer serves no updated model in its
+	// window, and its followers none either.
+	elected bool
 
 	// any is set once some worker announced an update of some model:
 	// until then lookups take no lock here.
@@ -224,6 +232,15 @@ func (f *follower) judge(key string) {
 	if f.view != nil {
 		u = f.view[key]
 	}
+	settling := f.settling(u)
+	if settling {
+		// The sequencer is in its start-up window (a new holder of the
+		// election learning what the workers hold): judged as without
+		// its answer, from the claims and the floor so far (poll keeps
+		// the acknowledged number of the view before in it), as the
+		// sequencer itself judges lookups until its window ends.
+		u = nil
+	}
 	var held []int64
 	for id, w := range f.workers {
 		if !slices.Contains(w.models, model) || w.seqKey(model) != key || w.diverged[model] || (u != nil && slices.Contains(u.GetLeftOut(), id)) {
@@ -235,7 +252,7 @@ func (f *follower) judge(key string) {
 		}
 		held = append(held, h)
 	}
-	if f.view != nil {
+	if f.view != nil && !settling {
 		// The sequencer's acknowledged number is the lower bound
 		// (inSync): the claims only raise it between two answers.
 		f.floor[key] = nextFloor(0, held, f.quorum)
@@ -281,6 +298,13 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 		return err
 	}
 	f.failures = 0
+	for m, u := range resp.GetUpdates() {
+		if old := f.view[m]; f.settling(u) && old != nil {
+			// Settling: judged from the floor (judge), which keeps what
+			// the last view acknowledged.
+			f.floor[m] = max(f.floor[m], old.GetAcknowledged())
+		}
+	}
 	f.view = resp.GetUpdates()
 	if f.view == nil {
 		f.view = map[string]*prismv1.ModelUpdates{}
@@ -366,7 +390,11 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 	floor := f.floor[key]
 	held := w.GetUpdateSeq()[model]
 	if f.view != nil {
-		if u := f.view[key]; u != nil {
+		// A sequence whose elected sequencer is settling (a new holder
+		// in its start-up window, learning what the workers hold) is
+		// judged by the floor, as the holder judges it until its window
+		// ends (elected.inSync), not left out whole (settling).
+		if u := f.view[key]; u != nil && !f.settling(u) {
 			switch {
 			case u.GetSettling():
 				return false // the sequencer is learning what the workers hold
@@ -389,6 +417,13 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 		return false // the workers are still announcing what they hold
 	}
 	return held >= floor && held <= maxAnnouncedSeq
+}
+
+// settling says whether the sequence of view u is judged as without
+// the sequencer's answer: its elected sequencer is in its start-up
+// window (elected).
+func (f *follower) settling(u *prismv1.ModelUpdates) bool {
+	return f.elected && u.GetSettling()
 }
 
 // markedDiverged are the models w serves whose copy its store records

@@ -352,11 +352,16 @@ func (c *replica) pull(ctx context.Context, conn *grpc.ClientConn, timeout time.
 
 // restoreTo starts s, the sequencer of this router's new hold of
 // epoch, from the copy, if it comes from the hold right before (stale:
-// it does not, and is dropped).
+// it does not, and is dropped). A hold of epoch 0 (not known yet) does
+// not start from the copy and leaves it: the same hold's term under its
+// epoch, reported once a renewal names it, may.
 func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, stale bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if epoch == 0 || c.epoch == 0 || (epoch != c.epoch+1 && !(epoch == c.epoch && c.own)) {
+	if epoch == 0 {
+		return 0, 0, false
+	}
+	if c.epoch == 0 || (epoch != c.epoch+1 && !(epoch == c.epoch && c.own)) {
 		stale = len(c.models) > 0
 		c.models = nil
 		return 0, 0, stale
@@ -404,6 +409,17 @@ func (s *sequencer) owe(model string, acknowledged, end int64) {
 	m.owed = acknowledged
 	s.logf(slog.LevelWarn, "the previous sequencing router acknowledged updates past the end of this router's copy of its log: no update of the model is numbered until an embedding worker holding them announces (numbering on would give their numbers to other updates; if no worker holds them any more, a sequencer started without a copy, after the routers restart, numbers on from what the workers hold)",
 		"model", model, "copy_ends", end, "holder_acknowledged", acknowledged)
+}
+
+// numbered says whether s has numbered an update (its log holds
+// entries no copy of another router's log has).
+func (s *sequencer) numbered() bool {
+	for _, m := range s.models {
+		if m.handedOut {
+			return true
+		}
+	}
+	return false
 }
 
 // from is the epoch of the hold the copy comes from.

@@ -203,7 +203,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.StringVar(&lo.Identity, "advertise-addr", "", "with --sequencer-lease: the address the other routers dial this one at (HOST:PORT), its identity in the Lease")
 	f.StringVar(&lo.Kubeconfig, "kubeconfig", "", `with --sequencer-lease or --watch-endpoints outside a cluster: the kubeconfig file reaching the API server ("": the pod's in-cluster configuration)`)
 	f.StringVar(&watchEndpoints, "watch-endpoints", "", `on Kubernetes: NAMESPACE/SERVICE[,SERVICE...], the workers' Services whose EndpointSlices to watch: a worker whose Pod stops being a ready endpoint leaves the registry at once instead of after three missed heartbeats, and rejoins when it is ready again`)
-	f.DurationVar(&lo.LeaseDuration, "sequencer-lease-duration", 15*time.Second, "with --sequencer-lease: how long a router that stopped renewing keeps the Lease (it renews within 2/3 of it, tries every 2/15 of it)")
+	f.DurationVar(&lo.LeaseDuration, "sequencer-lease-duration", 15*time.Second, "with --sequencer-lease: how long a router that stopped renewing keeps the Lease, in whole seconds as the Lease records it (it renews within 2/3 of it, tries every 2/15 of it)")
 	f.StringVar(&ro.Sequencer, "sequencer", "", `with several routers: the address of the one that orders embedding updates; this router forwards Embeddings.Update there ("": this router orders them; give every other router this one's address)`)
 	return cmd
 }

@@ -78,6 +78,12 @@ func (o *Options) Validate() error {
 	case o.LeaseDuration < time.Second:
 		// The Lease records whole seconds.
 		return fmt.Errorf("lease duration %v: at least 1s", o.LeaseDuration)
+	case o.LeaseDuration%time.Second != 0:
+		// The Lease records whole seconds (client-go truncates): the
+		// other routers would take it over after the truncated duration
+		// while this one, renewing within 2/3 of the full one, still
+		// believed it held it.
+		return fmt.Errorf("lease duration %v: whole seconds (the Lease records %v)", o.LeaseDuration, o.LeaseDuration.Truncate(time.Second))
 	case o.RenewDeadline >= o.LeaseDuration:
 		return fmt.Errorf("renew deadline %v: below the lease duration %v", o.RenewDeadline, o.LeaseDuration)
 	case float64(o.RenewDeadline) <= leaderelection.JitterFactor*float64(o.RetryPeriod):

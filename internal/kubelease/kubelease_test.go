@@ -247,6 +247,9 @@ func TestOptions(t *testing.T) {
 		{Namespace: "prism", Name: "seq", Identity: "a:1", LeaseDuration: 500 * time.Millisecond},
 		{Namespace: "prism", Name: "seq", Identity: "a:1", LeaseDuration: time.Second, RenewDeadline: time.Second},
 		{Namespace: "prism", Name: "seq", Identity: "a:1", LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: time.Second},
+		// The Lease records 2s: the others take it over after 2s, while
+		// the holder would renew within 1.67s every 333ms.
+		{Namespace: "prism", Name: "seq", Identity: "a:1", LeaseDuration: 2500 * time.Millisecond},
 	} {
 		bad.EnsureDefaults()
 		if err := bad.Validate(); err == nil {
