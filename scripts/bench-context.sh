@@ -48,6 +48,7 @@ cleanup() {
 }
 trap cleanup EXIT
 log="$tmp/up.log"
+: >"$log" # before the first sed (set -e: a missing log ended the script)
 $prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 "${tls[@]}" ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 addr=""

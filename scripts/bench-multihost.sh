@@ -57,6 +57,7 @@ $prism certs init "$tmp/certs" --host "$net.2" --host "$net.3" --host "$net.4" >
 start() {
 	local ns=$1 prefix=$2 log="$tmp/$RANDOM.log"
 	shift 2
+	: >"$log" # before the first sed (set -e: a missing log ended the script)
 	ip netns exec "$ns" "$prism" "$@" >"$log" 2>&1 &
 	pids+=($!)
 	addr=""
@@ -74,12 +75,14 @@ for i in 1 2; do
 	start "$p-h$i" "dense tier listening on " serve dense --certs "$tmp/certs" --plan "$plan" --threads 1 --max-batch 512 --addr :0 --router "$router"
 	start "$p-h$i" "embedding tier listening on " serve embedding --certs "$tmp/certs" --plan "$plan" --db "$tmp/db$i" --addr :0 --router "$router"
 done
+: >"$tmp/up.log"
 $prism up --model "$plan" --db "$tmp/updb" --certs "$tmp/upcerts" --addr 127.0.0.1:0 --embedding-workers 2 --dense-workers 2 --threads 1 >"$tmp/up.log" 2>&1 &
 pids+=($!)
 up=""
 for _ in $(seq 1 1200); do
 	up=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$tmp/up.log" | head -1)
 	[ -n "$up" ] && break
+	kill -0 "${pids[-1]}" 2>/dev/null || break # exited: fail now, not after 120 s
 	sleep 0.1
 done
 [ -n "$up" ] || { cat "$tmp/up.log" >&2; exit 1; }
@@ -90,7 +93,8 @@ hosts() { lg --target "$router" --certs "$tmp/certs" "$@"; }
 loop() { lg --target "$up" --certs "$tmp/upcerts" "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }
 p99() { sed -n 's/^latency .* p99 \([^ ]*\) .*/\1/p'; }
-median() { tr ' ' '\n' | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+# An even number of rounds averages the middle two (was: the lower one).
+median() { tr ' ' '\n' | sort -n | awk 'NF{a[++n]=$1} END{if (n % 2) print a[(n+1)/2]; else printf "%.10g\n", (a[n/2]+a[n/2+1])/2}'; }
 hosts --duration 3s >/dev/null
 loop --duration 3s >/dev/null
 hs=""; ls=""

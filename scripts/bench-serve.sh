@@ -34,7 +34,7 @@ median() { tr ' ' '\n' | sort -n | awk 'NF{a[++n]=$1} END{if (n % 2) print a[(n+
 log=$(mktemp)
 $prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 "${tls[@]}" ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
-trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true; rm -f "$log"' EXIT
+trap 'kill -TERM $up 2>/dev/null || true; wait $up 2>/dev/null || true; rm -f "$log"' EXIT
 addr=""
 for _ in $(seq 1 1200); do
 	addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)

@@ -56,6 +56,10 @@ for k in $(seq 0 $((shards - 1))); do
 done
 
 # wait_ready LOG PATTERN: the address a child printed in its ready line.
+# Each LOG is emptied (: >LOG) before its child starts: the child's own
+# >LOG may come after wait_ready's first sed, which then failed on a
+# missing file (set -e ended the script) or read a ready line an earlier
+# run left in SHARD_DIR.
 wait_ready() {
 	local log=$1 pat=$2 a=""
 	for _ in $(seq 1 1200); do
@@ -66,20 +70,24 @@ wait_ready() {
 	done
 	cat "$log" >&2; exit 1
 }
+: >"$tmp/router.log"
 "${srv[@]}" $prism serve router --certs "$certs" --addr 127.0.0.1:0 >"$tmp/router.log" 2>&1 &
 pids+=($!)
 sharded_addr=$(wait_ready "$tmp/router.log" "router listening on")
 for d in $(seq 0 $((dense - 1))); do
+	: >"$tmp/dense-$d.log"
 	"${srv[@]}" $prism serve dense --certs "$certs" --plan "$sp" --router "$sharded_addr" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
 done
 for k in $(seq 0 $((shards - 1))); do
+	: >"$tmp/embedding-$k.log"
 	env GOMAXPROCS="$gomaxprocs" "${srv[@]}" $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 ${EMB_FLAGS:-} >"$tmp/embedding-$k.log" 2>&1 &
 	pids+=($!)
 	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
 done
 
+: >"$tmp/up.log"
 "${srv[@]}" $prism up --model "$plan" --db "$db" --certs "$certs" --addr 127.0.0.1:0 --dense-workers "$dense" >"$tmp/up.log" 2>&1 &
 pids+=($!)
 whole_addr=$(wait_ready "$tmp/up.log" "Prism is up: Recommend at")

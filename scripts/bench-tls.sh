@@ -40,6 +40,7 @@ up() {
 	local name=$1 log="$tmp/$1.log"
 	addr=""
 	shift
+	: >"$log" # before the first sed (set -e: a missing log ended the script)
 	"${srv[@]}" $prism up --model "$plan" --addr 127.0.0.1:0 "$@" ${UP_FLAGS:-} >"$log" 2>&1 &
 	pids+=($!)
 	for _ in $(seq 1 1200); do

@@ -37,7 +37,9 @@ log=$(mktemp)
 "$prism" up --model "$partA" --model "$WORK/part-b" --db "$WORK/db" --insecure --fixed-admission --addr 127.0.0.1:0 ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 a=
-trap 'kill $a 2>/dev/null; kill -INT $up 2>/dev/null; wait $up 2>/dev/null; rm -f "$log"' EXIT
+# Every step may fail (a is empty or has exited, up may have died): under
+# set -e the first failing kill ended the trap, leaving prism up running.
+trap 'kill $a 2>/dev/null || true; kill -INT $up 2>/dev/null || true; wait $up 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 180); do
 	grep -q "Prism is up" "$log" && break
 	kill -0 $up 2>/dev/null || break

@@ -35,6 +35,9 @@ $prism ingest "$out/$model-part" --db "$out/db"
 echo
 echo "== 5. prism up: router, dense tier and embedding tier on loopback ($wire)"
 log="$out/up.log"
+# Emptied here, not only by the child's >"$log": the first sed below may
+# run first, and would read an earlier run's address.
+: >"$log"
 $prism up --model "$out/$model-part" --db "$out/db" --addr 127.0.0.1:0 "${tls[@]}" >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT

@@ -50,6 +50,8 @@ one() {
 	res=$(lg "$2" --rate "$rate" --duration "${dur}s" --timeout 60ms --stream "$r")
 	sent=$(sed -n 's/^requests *sent \([0-9]*\).*/\1/p' <<<"$res")
 	slo=$(sed -n 's/^SLO *\([0-9.]*\)%.*/\1/p' <<<"$res")
+	# No summary (loadgen failed) is no figure, not goodput 0.0.
+	[ -n "$sent" ] && [ -n "$slo" ] || { echo "$1 round $r: the run failed (loadgen printed no summary)"; exit 1; }
 	echo "$1 goodput $(awk -v s="$sent" -v slo="$slo" -v d="$dur" 'BEGIN{printf "%.1f", s*slo/100/d}') req/s (within 60 ms: $slo%) $(grep -E '^errors' <<<"$res" | tr -s ' ')"
 }
 for x in A B; do lg "${!x}" --clients 16 --duration 8s >/dev/null; done

@@ -43,5 +43,8 @@ for pct in $loads; do
   slo=$(sed -n 's/^SLO *\([0-9.]*\)%.*/\1/p' <<<"$res")
   p99=$(sed -n 's/.*p99 \([^ ]*\)  p99.9.*/\1/p' <<<"$res")
   errs=$(sed -n 's/^errors by *//p' <<<"$res")
+  # A run that printed no summary (loadgen failed) is no figure: its
+  # empty fields read as goodput 0.0 = 0.00 of max.
+  [ -n "$sent" ] && [ -n "$slo" ] || { echo "goodput: the run at $pct% offered failed (loadgen printed no summary)"; exit 1; }
   awk -v b="$bin" -v p="$pct" -v r="$rate" -v s="$sent" -v slo="$slo" -v m="$max" -v p99="$p99" -v e="$errs" 'BEGIN{g=s*slo/100/15; printf "%s %s%% offered %.0f req/s: within 60ms %s%%, goodput %.1f req/s = %.2f of max, p99 %s, errors %s\n", b, p, r, slo, g, g/m, p99, e}'
 done
