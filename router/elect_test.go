@@ -923,3 +923,62 @@ func TestElectedFollowerServesInHoldersWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestResignGivesUpTheElection: Resign ends the router's part in the
+// election (the Lease is released, its sequencer's term ends) while Run
+// goes on keeping the registry; one before Run starts takes effect when
+// it does. A holder told to stop kept the Lease through its whole drain,
+// and every update was Unavailable until the drain ended.
+func TestResignGivesUpTheElection(t *testing.T) {
+	for _, early := range []bool{false, true} {
+		h := &handElection{self: "10.0.0.1:8500"}
+		r, err := Open(Options{Election: h, Heartbeat: 10 * time.Millisecond}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if early {
+			r.Resign()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { r.Run(ctx); close(done) }()
+		if !early {
+			deadline := time.Now().Add(5 * time.Second)
+			for r.el.leader() != h.self && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if r.el.leader() != h.self {
+				t.Fatalf("Run did not take part: holder %q", r.el.leader())
+			}
+			r.Resign()
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for (r.el.leader() != "" || !h.ran.Load()) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if r.el.leader() != "" {
+			t.Fatalf("resigned (early %v): holder still %q", early, r.el.leader())
+		}
+		select {
+		case <-done:
+			t.Fatalf("early %v: Run returned at Resign; it keeps the registry until its context ends", early)
+		default:
+		}
+		// The registry's upkeep goes on: a worker that stops answering
+		// is still expired.
+		r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "w", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1", Models: []string{"m"}, Healthy: true}})
+		listed := func() int {
+			resp, _ := r.Reg.List(context.Background(), nil)
+			return len(resp.GetWorkers())
+		}
+		for listed() > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if listed() > 0 {
+			t.Fatalf("early %v: a silent worker was not expired after Resign", early)
+		}
+		cancel()
+		<-done
+		r.Close()
+	}
+}

@@ -214,6 +214,10 @@ type Router struct {
 	opts     Options
 	log      *slog.Logger
 	inflight atomic.Int64
+	// resignMu guards resigned and stopElection (Resign, Run).
+	resignMu     sync.Mutex
+	resigned     bool
+	stopElection context.CancelFunc
 	// inflightBytes are the admitted requests' bytes (admission.go);
 	// streams the RecommendStream streams open.
 	inflightBytes atomic.Int64
@@ -410,10 +414,18 @@ func (r *Router) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.Heartbeat)
 	defer t.Stop()
 	if r.el != nil {
+		ectx, stop := context.WithCancel(ctx)
+		defer stop()
+		r.resignMu.Lock()
+		r.stopElection = stop
+		if r.resigned {
+			stop()
+		}
+		r.resignMu.Unlock()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			r.opts.Election.Run(ctx, r.el.setLeader)
+			r.opts.Election.Run(ectx, r.el.setLeader)
 		}()
 		defer func() { <-done }()
 	}
@@ -1208,6 +1220,24 @@ func (r *Router) observe(t *prismv1.StageTimes) {
 	}
 	for stage, us := range map[string]int64{"decode": t.GetDecodeUs(), "lookup": t.GetLookupUs(), "cpu_model": t.GetCpuModelUs(), "encode": t.GetEncodeUs(), "transfer": t.GetTransferUs(), "dense": t.GetDenseUs()} {
 		r.m.stages.WithLabelValues(stage).Observe(float64(us) / 1e6)
+	}
+}
+
+// Resign gives up this router's part in the election of the update
+// sequencer (Options.Election), now or when Run starts, while Run goes
+// on serving: a router told to stop calls it before it drains, so that
+// another router takes the Lease at once rather than when this one's
+// drain ends, up to --shutdown-grace later (every update was
+// Unavailable meanwhile: the draining server takes no new calls). Its
+// sequencer's term ends first, as at a lost Lease: the updates in
+// flight fail unacknowledged, and their callers retry at the new
+// holder. No-op without an election.
+func (r *Router) Resign() {
+	r.resignMu.Lock()
+	defer r.resignMu.Unlock()
+	r.resigned = true
+	if r.stopElection != nil {
+		r.stopElection()
 	}
 }
 

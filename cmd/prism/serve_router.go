@@ -162,6 +162,16 @@ func newServeRouterCmd() *cobra.Command {
 				}()
 			}
 			readyline.WriteRouter(cmd.OutOrStdout(), s.Addr(), s.MetricsAddr())
+			// Told to stop, a router holding the sequencing Lease gives it
+			// up before it drains (Router.Resign): another router
+			// sequences the updates meanwhile.
+			go func() {
+				select {
+				case <-ctx.Done():
+					r.Resign()
+				case <-rctx.Done():
+				}
+			}()
 			err = s.Serve(ctx)
 			cancel()
 			<-ran // with --sequencer-lease, the lease is given up
