@@ -236,7 +236,10 @@ type Router struct {
 	started time.Time
 	connMu  sync.Mutex
 	conns   map[string]*grpc.ClientConn
-	upd     *updateDriver
+	// retiring are the connections dropConns and sequencerConn retired,
+	// each with the timer that closes it: Close closes them at once.
+	retiring map[*grpc.ClientConn]*time.Timer
+	upd      *updateDriver
 	// fol is set when another router sequences updates (Options.Sequencer);
 	// seqConn is its connection there.
 	fol     *follower
@@ -483,10 +486,29 @@ func (r *Router) Close() {
 		c.Close()
 		delete(r.conns, addr)
 	}
+	for c, t := range r.retiring {
+		t.Stop()
+		c.Close()
+		delete(r.retiring, c)
+	}
 	if r.seqConn != nil {
 		r.seqConn.Close()
 		r.seqConn = nil
 	}
+}
+
+// retire closes c after the longest a router call may take, so calls
+// still running on it finish; Close closes it at once. r.connMu is held.
+func (r *Router) retire(c *grpc.ClientConn) {
+	if r.retiring == nil {
+		r.retiring = map[*grpc.ClientConn]*time.Timer{}
+	}
+	r.retiring[c] = time.AfterFunc(r.opts.DefaultTimeout+5*time.Second, func() {
+		r.connMu.Lock()
+		delete(r.retiring, c)
+		r.connMu.Unlock()
+		c.Close()
+	})
 }
 
 // dropConns retires connections to addresses no registered worker has:
@@ -505,7 +527,7 @@ func (r *Router) dropConns() {
 	for addr, c := range r.conns {
 		if !live[addr] {
 			delete(r.conns, addr)
-			time.AfterFunc(r.opts.DefaultTimeout+5*time.Second, func() { c.Close() })
+			r.retire(c)
 		}
 	}
 }
@@ -526,7 +548,7 @@ func (r *Router) sequencerConn(addr string) (*grpc.ClientConn, error) {
 		return nil, err
 	}
 	if old := r.seqConn; old != nil {
-		time.AfterFunc(r.opts.DefaultTimeout+5*time.Second, func() { old.Close() })
+		r.retire(old)
 	}
 	r.seqConn, r.seqAddr = c, addr
 	return c, nil

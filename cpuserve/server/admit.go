@@ -36,7 +36,8 @@ const DefaultDenseWait = 200 * time.Millisecond
 // SetDenseAddrs replaces the dense workers a Lookup may send cut tensors
 // to: the router's latest list (internal/serve hands every announce
 // answer here). Lookups read it with one atomic load; those waiting for
-// a new list (awaitDense) are woken.
+// a new list (awaitDense) are woken. The connections to dense workers
+// the list no longer has are closed (retireDense).
 func (s *Server) SetDenseAddrs(addrs []string) {
 	set := make(denseSet, len(addrs))
 	for _, a := range addrs {
@@ -47,6 +48,11 @@ func (s *Server) SetDenseAddrs(addrs []string) {
 	old := s.denseListLocked()
 	s.denseAddrs.Store(&denseList{set: set, gen: old.gen + 1, next: make(chan struct{})})
 	close(old.next)
+	if !s.opts.AnyDenseAddr {
+		// Only the listed are dialled from now on: the connections to
+		// the others go.
+		s.retireDense(set)
+	}
 }
 
 // denseList is the current list, the empty one before any answer.

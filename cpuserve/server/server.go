@@ -119,6 +119,11 @@ type Server struct {
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn // dense workers by address
+	// inUse counts the Lookups sending on each connection; retired are
+	// connections to dense workers the router's list no longer has
+	// (retireDense), closed once no Lookup sends on them.
+	inUse   map[*grpc.ClientConn]int
+	retired map[*grpc.ClientConn]bool
 	// versions caches each model's active version (*versionCache).
 	versions sync.Map
 	used     map[string]time.Time // last use of each conn, to evict the oldest
@@ -146,7 +151,8 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{st: st, opts: o, log: o.Logger, models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{}}
+	s := &Server{st: st, opts: o, log: o.Logger, models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{},
+		inUse: map[*grpc.ClientConn]int{}, retired: map[*grpc.ClientConn]bool{}}
 	s.met = newMetrics(s)
 	so := ort.SessionOptions{IntraOpThreads: o.Threads}
 	for _, dir := range o.Plans {
@@ -215,7 +221,33 @@ func (s *Server) Close() {
 	for _, c := range s.conns {
 		c.Close()
 	}
+	for c := range s.retired {
+		c.Close()
+	}
 	s.conns = map[string]*grpc.ClientConn{}
+	s.retired = map[*grpc.ClientConn]bool{}
+}
+
+// retireDense closes the connections to dense workers missing from the
+// router's latest list (left, drained, returned to a lender): workers
+// come and go (capacity borrowing) and their connections, each with its
+// goroutines and keepalive pings, must not pile up. One a Lookup still
+// sends on is closed when that Lookup is done with it.
+func (s *Server) retireDense(set denseSet) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for addr, c := range s.conns {
+		if _, ok := set[addr]; ok {
+			continue
+		}
+		delete(s.conns, addr)
+		delete(s.used, addr)
+		if s.inUse[c] > 0 {
+			s.retired[c] = true
+		} else {
+			c.Close()
+		}
+	}
 }
 
 // Models are the served models' names, sorted.
@@ -272,8 +304,9 @@ func (s *Server) Collectors() []prometheus.Collector {
 	return append(s.met.collectors(), store.NewCollector(s.st))
 }
 
-// dense returns the cached connection to a dense worker.
-func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
+// dense returns the cached connection to a dense worker; release ends
+// the caller's use of it.
+func (s *Server) dense(addr string) (_ prismv1.DenseTierClient, release func(), _ error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.used == nil {
@@ -288,7 +321,7 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 			// Make room by closing connections idle for a minute (never
 			// one a lookup may be using); with none idle, grow.
 			for a, last := range s.used {
-				if time.Since(last) > time.Minute {
+				if time.Since(last) > time.Minute && s.inUse[s.conns[a]] == 0 {
 					s.conns[a].Close()
 					delete(s.conns, a)
 					delete(s.used, a)
@@ -308,12 +341,24 @@ func (s *Server) dense(addr string) (prismv1.DenseTierClient, error) {
 		}, append(serve.DialOptions(), s.opts.DialOptions...)...)
 		var err error
 		if c, err = grpc.NewClient(addr, opts...); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "dense_addr %q: %v", addr, err)
+			return nil, nil, status.Errorf(codes.InvalidArgument, "dense_addr %q: %v", addr, err)
 		}
 		s.conns[addr] = c
 	}
 	s.used[addr] = time.Now()
-	return prismv1.NewDenseTierClient(c), nil
+	s.inUse[c]++
+	return prismv1.NewDenseTierClient(c), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.inUse[c]--; s.inUse[c] > 0 {
+			return
+		}
+		delete(s.inUse, c)
+		if s.retired[c] {
+			delete(s.retired, c)
+			c.Close()
+		}
+	}, nil
 }
 
 // maxDenseConns is the number of dense-worker connections beyond which
@@ -460,11 +505,12 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		framePool.Put(fb)
 		return nil, err
 	}
-	dc, err := s.dense(req.GetDenseAddr())
+	dc, release, err := s.dense(req.GetDenseAddr())
 	if err != nil {
 		framePool.Put(fb)
 		return nil, err
 	}
+	defer release()
 	sreq := &prismv1.ScoreRequest{Model: m.name, Version: req.GetVersion(), Tensors: frame, NumSamples: int32(n), Content: m.content,
 		FanoutKey: req.GetFanoutKey(), Shard: req.GetShard(), Shards: req.GetShards()}
 	if sr := s.shards[m.name]; sr != nil && req.GetShards() != 0 {
