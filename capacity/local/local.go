@@ -266,7 +266,10 @@ func (p *Provider) start(w *worker) {
 		}
 		w.addr, w.ready = addr, p.o.Now()
 		p.o.Logf("lent worker %s serves at %s, %s after it was lent", w.id, addr, w.ready.Sub(w.lent).Round(time.Millisecond))
-		if p.o.ReclaimAfter > 0 {
+		// Not for a worker Close or Return cancelled as its ready line
+		// came: their timers are stopped already, and this one would
+		// reclaim from a closed lender.
+		if p.o.ReclaimAfter > 0 && !p.closed && !w.draining && p.workers[w.id] == w {
 			id := w.id
 			w.timer = time.AfterFunc(p.o.ReclaimAfter, func() { _, _ = p.Reclaim(id, p.o.ReclaimGrace) })
 		}
