@@ -71,13 +71,35 @@ func prefixWriter(w io.Writer, prefix string) io.WriteCloser {
 	p := &prefixed{pw: pw, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		sc := bufio.NewScanner(pr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			fmt.Fprintf(w, "%s%s\n", prefix, sc.Text())
+		br := bufio.NewReaderSize(pr, 64<<10)
+		var line []byte
+		start := true // the next byte starts a line
+		for {
+			chunk, err := br.ReadSlice('\n')
+			if len(chunk) > 0 {
+				// A line is one write, its prefix included, so that the
+				// children's lines do not interleave; one longer than the
+				// buffer goes out in pieces, each whole piece as it comes
+				// (a long line once ended the tagging, and every later
+				// line of the child was dropped).
+				line = line[:0]
+				if start {
+					line = append(line, prefix...)
+				}
+				line = append(line, chunk...)
+				start = chunk[len(chunk)-1] == '\n'
+				if err != nil && err != bufio.ErrBufferFull && !start {
+					line, start = append(line, '\n'), true // the last line, unended
+				}
+				_, _ = w.Write(line)
+			}
+			if err != nil && err != bufio.ErrBufferFull {
+				// The pipe's end: drain anything left so the child
+				// never blocks.
+				_, _ = io.Copy(io.Discard, pr)
+				return
+			}
 		}
-		// A line over 1 MiB ends the tagging; keep the child unblocked.
-		_, _ = io.Copy(io.Discard, pr)
 	}()
 	return p
 }

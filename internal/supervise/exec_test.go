@@ -47,3 +47,24 @@ func TestExec(t *testing.T) {
 	}
 	eventually(t, "stderr tagged", func() bool { return stderr.String() == "[dense0] warming up\n" })
 }
+
+// TestPrefixWriterLongLine: every line of a child's stderr is tagged,
+// a line of more than 1 MiB too, and the lines after it: such a line
+// ended the tagging, and every later line of the child was dropped.
+func TestPrefixWriterLongLine(t *testing.T) {
+	var out syncBuf
+	w := prefixWriter(&out, "[c] ")
+	long := strings.Repeat("x", 3<<20)
+	for _, s := range []string{"first\n", long + "\n", "after\n", "un", "ended"} {
+		if _, err := w.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := "[c] first\n[c] " + long + "\n[c] after\n[c] unended\n"
+	if got := out.String(); got != want {
+		t.Fatalf("got %d bytes (ends %q), want %d bytes (ends %q)", len(got), got[max(len(got)-30, 0):], len(want), want[len(want)-30:])
+	}
+}
