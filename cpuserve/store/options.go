@@ -53,6 +53,7 @@ type Options struct {
 	// that do not crash. An upsert is then not durable when acknowledged.
 	NoSync bool
 	// Logger receives Pebble's log; nil discards informational lines.
+	// Its Fatalf ends the process even if it returns (fatalExits).
 	Logger pebble.Logger
 	// DropBehind drops the table files' pages from the kernel's page
 	// cache as they are read (dropbehind.go): for a store under a memory
@@ -176,3 +177,16 @@ func (quietLogger) Errorf(format string, args ...any) { pebble.DefaultLogger.Err
 func (quietLogger) Fatalf(format string, args ...any) { pebble.DefaultLogger.Fatalf(format, args...) }
 
 var _ pebble.Logger = quietLogger{}
+
+// fatalExits is Options.Logger as the store hands it to Pebble: its
+// Fatalf ends the process after the Logger's own, should that return.
+// Pebble goes on after a Fatalf that returns, and after a commit whose
+// write-ahead log write or sync failed ("fatal commit error") its Apply
+// then returns nil: an upsert acknowledged as durable that is not on
+// disk, lost in a crash.
+type fatalExits struct{ pebble.Logger }
+
+func (l fatalExits) Fatalf(format string, args ...any) {
+	l.Logger.Fatalf(format, args...)
+	pebble.DefaultLogger.Fatalf(format, args...)
+}

@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"maps"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -157,7 +159,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		FS:                 opts.FS,
 		Cache:              cache,
 		MemTableSize:       opts.MemTableBytes,
-		Logger:             opts.Logger,
+		Logger:             fatalExits{opts.Logger},
 		ReadOnly:           opts.ReadOnly,
 		FormatMajorVersion: pebble.FormatNewest,
 	}
@@ -215,6 +217,10 @@ func Open(dir string, o *Options) (*Store, error) {
 	if !opts.ReadOnly {
 		_ = opts.FS.RemoveAll(opts.FS.PathJoin(dir, stagingDir))
 		if err := s.dropCopies(); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("open store %q: %w", dir, err)
+		}
+		if err := s.dropUnreachable(); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("open store %q: %w", dir, err)
 		}
@@ -600,7 +606,8 @@ func (s *Store) gc(ctx context.Context, next *catalog, prune []overlayPrune) err
 		}
 	}
 	// The catalog forgets the tables first: a crash after this leaves
-	// unreachable rows (space), never a served table without rows.
+	// unreachable rows (which Open deletes, dropUnreachable), never a
+	// served table without rows.
 	if err := s.commitPruning(next, prune); err != nil {
 		return err
 	}
@@ -651,6 +658,38 @@ func (s *Store) commitPruning(next *catalog, prune []overlayPrune) error {
 	}
 	s.publish(next)
 	return nil
+}
+
+// dropUnreachable deletes the rows of tables the catalog does not name
+// (Open): a change commits the catalog that forgets tables (gc, an
+// abandoned ingest) before it deletes their rows, and a crash in between
+// leaves them, which nothing else would ever delete (a table id is not
+// used again). One seek a table.
+func (s *Store) dropUnreachable() error {
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{0, 0, 0, 1}})
+	if err != nil {
+		return err
+	}
+	var drop []uint32
+	for ok := it.First(); ok; {
+		if len(it.Key()) < 4 {
+			ok = it.Next() // no key of this store's
+			continue
+		}
+		id := binary.BigEndian.Uint32(it.Key())
+		if s.cat.Tables[id] == nil {
+			drop = append(drop, id)
+		}
+		if id == math.MaxUint32 {
+			break
+		}
+		_, hi := tableBounds(id)
+		ok = it.SeekGE(hi)
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
+	return s.deleteTables(context.Background(), drop)
 }
 
 func (s *Store) deleteTables(ctx context.Context, ids []uint32) error {
