@@ -135,6 +135,23 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 	reg.mu.Lock()
 	defer reg.mu.Unlock()
 	now := reg.now()
+	if old.d != nil && old.d.epoch == 0 && epoch != 0 && old.leader == e.self && addr == e.self {
+		// This router's hold, its epoch learnt from a renewal: the
+		// updates its term of epoch 0 numbered go on the copy of the
+		// previous holder's log, which the term of the epoch starts
+		// from (else a worker holding them, announcing past the copy's
+		// end, had the copy dropped, and the workers that missed the
+		// previous holder's updates or these were not caught up); with
+		// no copy to extend, its own log is the copy, of the epoch (the
+		// term of the epoch starts from it as from its own). It resigns
+		// in the same step: nothing numbered after escapes the copy.
+		old.d.step(func(now time.Time) {
+			if !e.copy.extend(old.d.seq) {
+				e.copy.keep(old.d.seq, old.d.term, epoch)
+			}
+			old.d.seq.resign(now)
+		})
+	}
 	next := &term{leader: addr}
 	if addr == e.self {
 		o := e.r.opts
@@ -149,8 +166,9 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 		case epoch == 0:
 			// Not known yet (the Lease could not be read as the hold
 			// began): the copy is kept, not started from, and this term
-			// leaves it in place if it numbers nothing (below), so the
-			// same hold, once a renewal names its epoch, starts from it.
+			// leaves it in place (the updates it numbers are appended to
+			// it then: extend, above), so the same hold, once a renewal
+			// names its epoch, starts from it.
 			e.r.log.Warn("the epoch of this router's hold of the election is not known yet: its sequencer does not start from its copy of the previous holder's update log until it is", "self", e.self)
 		case models > 0:
 			e.r.log.Info("this router's sequencer starts from its copy of the previous holder's update log", "models", models, "updates", updates)

@@ -875,6 +875,83 @@ func TestElectedEpochLearntLateKeepsCopy(t *testing.T) {
 	}
 }
 
+// As TestElectedEpochLearntLateKeepsCopy, but B's term of epoch 0
+// numbers an update before the renewal names the epoch (it takes
+// updates once its window ends): the term of the epoch starts from the
+// copy with that update appended, and catches up both the worker that
+// missed A's update and the one that missed B's. Before, the copy was
+// started from without B's update, and worker 0, announcing it, past
+// the copy's end, had the copy dropped: workers 1 and 2 stayed out of
+// serving until they got a store.
+func TestElectedEpochLearntLateKeepsItsUpdates(t *testing.T) {
+	rig := newElectRig(t, 3)
+	a, b := 0, 1
+	rig.rs[a].el.setLeader(rig.addrs[a], 1)
+	rig.rs[b].el.setLeader(rig.addrs[a], 0)
+	rig.advance()
+	rig.cns[1].setDown(true)
+	if err := rig.update(a, 3, 3); err != nil { // acknowledged by workers 0 and 2
+		t.Fatal(err)
+	}
+	rig.cns[1].setDown(false)
+	rig.rs[b].copySequencerLog(context.Background()) // B's copy: 1, of epoch 1
+	rig.rs[a].el.setLeader("", 0)
+	rig.rs[b].el.setLeader(rig.addrs[b], 0) // epoch not known yet
+	rig.announce()
+	rig.advance() // B's window ends
+	rig.cns[2].setDown(true)
+	// Update 2 reaches worker 0 only (worker 1 is out of serving, worker
+	// 2 down): below the quorum, answered Unavailable, but numbered.
+	if err := rig.update(b, 4, 4); status.Code(err) != codes.Unavailable {
+		t.Fatalf("update through B in its epoch-0 term: %v, want Unavailable (below the quorum)", err)
+	}
+	if held := []int64{rig.cns[0].held(), rig.cns[1].held(), rig.cns[2].held()}; !slices.Equal(held, []int64{2, 0, 1}) {
+		t.Fatalf("workers hold %v before B's epoch is known, want [2 0 1]", held)
+	}
+	rig.cns[2].setDown(false)
+	rig.rs[b].el.setLeader(rig.addrs[b], 2) // learnt from a renewal
+	rig.announce()
+	rig.advance()
+	rig.rs[b].el.tick()
+	rig.rs[b].el.term.Load().d.wait()
+	for i, f := range rig.cns {
+		if r3, r4 := f.row(3), f.row(4); r3 != 3 || r4 != 4 {
+			t.Errorf("worker %d: rows 3 and 4 = %v, %v, want 3, 4 (caught up from B's copy of A's log and B's own)\n%s", i, r3, r4, rig.logs.String())
+		}
+	}
+}
+
+// The first hold of the election, its epoch learnt late: no copy of an
+// earlier holder's log, and B's term of epoch 0 numbers an update that
+// reaches worker 0 alone. The term of the epoch starts from the hold's
+// own log and catches workers 1 and 2 up. Before, it started with no
+// log: they lacked the update for good.
+func TestElectedEpochLearntLateKeepsItsOwnLog(t *testing.T) {
+	rig := newElectRig(t, 3)
+	b := 1
+	rig.rs[0].el.setLeader(rig.addrs[b], 0)
+	rig.rs[b].el.setLeader(rig.addrs[b], 0) // epoch not known yet
+	rig.announce()
+	rig.advance() // B's window ends
+	rig.cns[1].setDown(true)
+	rig.cns[2].setDown(true)
+	if err := rig.update(b, 4, 4); status.Code(err) != codes.Unavailable {
+		t.Fatalf("update through B in its epoch-0 term: %v, want Unavailable (below the quorum)", err)
+	}
+	rig.cns[1].setDown(false)
+	rig.cns[2].setDown(false)
+	rig.rs[b].el.setLeader(rig.addrs[b], 1) // learnt from a renewal
+	rig.announce()
+	rig.advance()
+	rig.rs[b].el.tick()
+	rig.rs[b].el.term.Load().d.wait()
+	for i, f := range rig.cns {
+		if r4 := f.row(4); r4 != 4 {
+			t.Errorf("worker %d: row 4 = %v, want 4 (caught up from B's own log)\n%s", i, r4, rig.logs.String())
+		}
+	}
+}
+
 // The election moves from A to B; B, in its start-up window, serves
 // lookups by the follower's rule (elect.go), and so must the routers
 // that follow it: an up-to-date worker serves on A as on B while B's

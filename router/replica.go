@@ -251,6 +251,47 @@ func (c *replica) keep(s *sequencer, term, epoch uint64) {
 	c.mu.Unlock()
 }
 
+// extend is the report "this router's hold, whose epoch was not known
+// (0), has learnt it": s, the sequencer of its term of epoch 0, did not
+// start from the copy (restoreTo) and may have numbered updates since,
+// past the copy's end. They are appended to the copy, so the same hold's
+// term under its epoch starts from the previous holder's updates and
+// these: a worker that missed either is caught up. Left as it was: a
+// model whose log does not continue the copy's where it ends, or whose
+// copy ends before the previous holder's latest as last heard (its
+// entries may be other updates under the numbers the previous holder
+// gave, restoreTo's concern); a model the copy lacks is taken whole.
+// Without a copy a term starts from (epoch 0: none, or of a hold not
+// known) it does nothing and says so (false): the hold's own log is
+// then the copy (keep, of the epoch learnt). Called under the driver's
+// lock.
+func (c *replica) extend(s *sequencer) bool {
+	models, _ := s.readLog(nil, true, math.MaxInt64)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.epoch == 0 || c.models == nil {
+		return false
+	}
+	for _, name := range slices.Sorted(maps.Keys(models)) {
+		ml := models[name]
+		es := ml.GetEntries()
+		if len(es) == 0 {
+			continue
+		}
+		rm := c.models[name]
+		if rm == nil {
+			c.models[name] = &replicaModel{next: ml.GetNext(), committed: ml.GetCommitted(), floor: ml.GetFloor(), log: slices.Clone(es)}
+			continue
+		}
+		if rm.end() != rm.next || ml.GetFloor() != rm.end() || es[0].GetSeq() != rm.end()+1 {
+			continue
+		}
+		rm.log = append(rm.log, es...)
+		rm.next, rm.committed = max(rm.next, ml.GetNext()), max(rm.committed, ml.GetCommitted())
+	}
+	return true
+}
+
 // merge takes an answer of the holder in; one of an older epoch than
 // the copy's (the holder changed while the call was under way) is
 // dropped. An answer that does not fit the copy (entries not

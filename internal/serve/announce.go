@@ -28,7 +28,7 @@ func Announce(ctx context.Context, routerAddr string, info func() *prismv1.Worke
 // (AnnounceResponse.dense_addrs). AnnounceRouters runs one of these
 // loops per router and merges their answers.
 func AnnounceWith(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, answered func(*prismv1.AnnounceResponse), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
-	heard := func(resp *prismv1.AnnounceResponse, err error) {
+	heard := func(_ string, resp *prismv1.AnnounceResponse, err error) {
 		if err == nil && answered != nil {
 			answered(resp)
 		}
@@ -56,7 +56,7 @@ const staleAfter = 2
 // prompt, when set, has the loop announce out of turn when asked
 // (Prompt.Ask), no sooner than PromptGap after its last announcement
 // began.
-func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, heard func(*prismv1.AnnounceResponse, error), stale func(), prompt *Prompt, log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
+func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, heard func(id string, resp *prismv1.AnnounceResponse, err error), stale func(), prompt *Prompt, log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
 	ch := make(chan struct{})
 	var prompted *nudge
 	if prompt != nil {
@@ -113,7 +113,7 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 				} else if fails < staleAfter {
 					log.Debug("registry: announce failed; retrying", "router", routerAddr, "err", err)
 				}
-				heard(nil, err)
+				heard(w.GetId(), nil, err)
 				if fails >= staleAfter {
 					// The connection may be one whose peer is cut off
 					// without a reset (a link down on the way): TCP keeps
@@ -135,7 +135,7 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 					log.Info("registry: announced again", "router", routerAddr)
 				}
 				fails = 0
-				heard(resp, nil)
+				heard(w.GetId(), resp, nil)
 				if resp.GetHeartbeatMs() > 0 {
 					interval = time.Duration(resp.GetHeartbeatMs()) * time.Millisecond
 				}

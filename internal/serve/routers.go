@@ -72,10 +72,10 @@ type RouterOptions struct {
 	// Prompt, when set, has every router's loop announce out of turn on
 	// Prompt.Ask.
 	Prompt *Prompt
-	// Taken, when set, hears a router refusing the worker's id as bound
-	// to another certificate (IDTaken): the worker announces under
-	// another id from then on (ServeWorker renames it).
-	Taken func(err error)
+	// Taken, when set, hears a router refusing id, the worker id it was
+	// announced, as bound to another certificate (IDTaken): the worker
+	// announces under another id from then on (ServeWorker renames it).
+	Taken func(id string, err error)
 	Log   *slog.Logger
 }
 
@@ -189,9 +189,9 @@ func AnnounceRouters(ctx context.Context, o RouterOptions) (done <-chan struct{}
 					opts = append(opts, grpc.WithAuthority(t.authority))
 				}
 				changed = true
-				heard := func(resp *prismv1.AnnounceResponse, err error) {
+				heard := func(id string, resp *prismv1.AnnounceResponse, err error) {
 					if o.Taken != nil && IDTaken(err) {
-						o.Taken(err)
+						o.Taken(id, err)
 					}
 					merged.heard(addr, resp, err)
 				}

@@ -5,12 +5,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -94,10 +92,13 @@ func (s *Server) serveWorker(ctx context.Context, o WorkerOptions, routers []str
 		var id atomic.Pointer[string]
 		first := cmp.Or(o.ID, WorkerID(s.name))
 		id.Store(&first)
-		taken := func(err error) {
+		taken := func(refused string, err error) {
 			old := id.Load()
-			if !strings.Contains(status.Convert(err).Message(), fmt.Sprintf("%.64q", *old)) {
-				return // an earlier id's refusal, from another router
+			if refused != *old {
+				// An earlier id's refusal, from another router. (Not told
+				// by the message: it names the id cut to 64 characters,
+				// the same for ids of a long host name.)
+				return
 			}
 			next := WorkerID(s.name)
 			if next == *old {
