@@ -152,7 +152,7 @@ type untoldCN struct {
 
 func (f *untoldCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
 	f.gone()
-	return nil, status.Errorf(codes.PermissionDenied, "dense_addr %q: not one the routers named to this worker", req.GetDenseAddr())
+	return nil, prismv1.UntoldDenseError(req.GetDenseAddr(), 0)
 }
 
 // TestUntoldRefusalRetryable: a micro-batch refused for a dense worker
@@ -181,5 +181,33 @@ func TestUntoldRefusalRetryable(t *testing.T) {
 				t.Fatalf("refused for an untold dense worker, then none left: %v, want Unavailable (retry)", err)
 			}
 		})
+	}
+}
+
+// roleCN refuses every Lookup as a tier refusing another's certificate
+// (PermissionDenied of the auth interceptor: a role it does not take).
+type roleCN struct {
+	prismv1.UnimplementedEmbeddingTierServer
+}
+
+func (roleCN) Lookup(context.Context, *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+	return nil, status.Error(codes.PermissionDenied, `role "dense" may not call /prism.v1.EmbeddingTier/Lookup`)
+}
+
+// TestTierPermissionDeniedIsInternal: a tier refusing another's
+// certificate is the servers' configuration: the client is answered
+// Internal, neither PermissionDenied (its own credentials refused) nor
+// Unavailable, retry (every PermissionDenied read as the untold dense
+// worker's, which passes by itself).
+func TestTierPermissionDeniedIsInternal(t *testing.T) {
+	r := testRouter(Options{MicroBatch: 10})
+	if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "gpu", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: "cpu", Role: prismv1.Role_ROLE_EMBEDDING, Addr: startCN(t, roleCN{}), Models: []string{"m"}, Healthy: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Recommend(context.Background(), request(4)); status.Code(err) != codes.Internal {
+		t.Fatalf("a tier refusing another's certificate: %v, want Internal", err)
 	}
 }

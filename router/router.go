@@ -1057,16 +1057,22 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 	return nil, answer{}, untoldRetry(r.failedMicroBatch(last))
 }
 
-// untoldRetry is a micro-batch's error as the client gets it:
-// PermissionDenied, an embedding worker refusing a dense worker it has
-// not been told of yet (it asked its routers out of turn and waited,
-// briefly, for the answer), passes with its next announcement, so the
-// client is told Unavailable (retry), whether every pair tried refused
-// or the retry found no worker left to try. PermissionDenied told a
-// client its credentials were refused.
+// untoldRetry is a micro-batch's error as the client gets it. An
+// embedding worker refusing a dense worker it has not been told of yet
+// (it asked its routers out of turn and waited, briefly, for the
+// answer; prismv1.IsUntoldDense) passes with its next announcement, so
+// the client is told Unavailable (retry), whether every pair tried
+// refused or the retry found no worker left to try. Any other
+// PermissionDenied here is one tier refusing another's certificate (a
+// role it does not take): the servers' configuration, Internal to the
+// client. Passed on, PermissionDenied told a client its own credentials
+// were refused.
 func untoldRetry(err error) error {
-	if status.Code(err) == codes.PermissionDenied {
+	switch {
+	case prismv1.IsUntoldDense(err):
 		return status.Errorf(codes.Unavailable, "%s; retry", status.Convert(err).Message())
+	case status.Code(err) == codes.PermissionDenied:
+		return status.Errorf(codes.Internal, "a tier refused another's certificate (the servers' configuration, not the caller's credentials): %s", status.Convert(err).Message())
 	}
 	return err
 }

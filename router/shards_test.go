@@ -366,7 +366,7 @@ type reshardCN struct {
 func (f *reshardCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
 	switch {
 	case f.known != nil && !f.known[req.GetDenseAddr()]:
-		return nil, status.Errorf(codes.PermissionDenied, "dense worker %s not told", req.GetDenseAddr())
+		return nil, prismv1.UntoldDenseError(req.GetDenseAddr(), len(f.known))
 	case f.n.Add(1) <= f.failFirst:
 		return nil, status.Error(codes.Unavailable, "blip")
 	case f.dead[req.GetDenseAddr()]:

@@ -114,3 +114,23 @@ func TestStaleEpochMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestIsUntoldDense: the detail, or the message of a worker of an
+// earlier release, tells the untold dense worker's refusal from other
+// PermissionDenied answers.
+func TestIsUntoldDense(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{UntoldDenseError("10.0.0.1:1", 2), true},
+		{status.Error(codes.PermissionDenied, `dense_addr "x:1" is not a dense worker registered with the router (2 are)`), true},
+		{status.Error(codes.PermissionDenied, `role "dense" may not call this`), false},
+		{status.Error(codes.Unavailable, "is not a dense worker registered with the router"), false},
+		{nil, false},
+	} {
+		if got := IsUntoldDense(tc.err); got != tc.want {
+			t.Errorf("IsUntoldDense(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}

@@ -131,7 +131,7 @@ func refuseDense(set denseSet, addr string) error {
 		return status.Error(codes.Unavailable, "this embedding worker has not heard from a router yet, so it knows no dense worker to send to; retry")
 	}
 	if _, ok := set[addr]; !ok {
-		return status.Errorf(codes.PermissionDenied, "dense_addr %.128q is not a dense worker registered with the router (%d are)", addr, len(set))
+		return prismv1.UntoldDenseError(addr, len(set))
 	}
 	return nil
 }

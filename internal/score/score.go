@@ -168,8 +168,12 @@ func Run(w io.Writer, path string, o Options) error {
 	if o.Threads == 0 {
 		threads = "auto"
 	}
+	rate := 0.0 // no batch (an empty file): no run timed
+	if busy > 0 {
+		rate = float64(len(scores)) / busy.Seconds()
+	}
 	fmt.Fprintf(w, "scored %d samples in %d batches of up to %d, threads=%s: %.0f samples/s; batch latency p50 %s p99 %s\n",
-		len(scores), len(lat), o.Batch, threads, float64(len(scores))/busy.Seconds(), percentile(lat, 0.5), percentile(lat, 0.99))
+		len(scores), len(lat), o.Batch, threads, rate, percentile(lat, 0.5), percentile(lat, 0.99))
 	if o.Criteo != "" {
 		fmt.Fprintf(w, "log loss on %d labelled rows: %.4f\n", len(labels), LogLoss(scores, labels))
 	}
