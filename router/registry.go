@@ -6,6 +6,7 @@ package router
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
@@ -75,6 +76,9 @@ type Registry struct {
 	// certificate counts as one worker (towards an update's quorum, in
 	// picks), where a role's shared certificate speaks for many.
 	Instance func(ctx context.Context) bool
+	// Log, when set, hears what the registry does on its own (an id
+	// replaced by another of its certificate at another address).
+	Log *slog.Logger
 
 	mu        sync.Mutex
 	now       func() time.Time
@@ -416,6 +420,13 @@ func (r *Registry) replaced(w *prismv1.WorkerInfo, peer string, one bool) {
 		if one && e.peer == peer ||
 			e.info.GetAddr() == w.GetAddr() && e.info.GetRole() == prismv1.Role_ROLE_EMBEDDING && w.GetRole() == prismv1.Role_ROLE_EMBEDDING && e.peer == peer {
 			old = append(old, id)
+			if e.info.GetAddr() != w.GetAddr() && r.Log != nil {
+				// A worker restarted on another address; or two processes
+				// given one worker's certificate, which then replace each
+				// other at every heartbeat.
+				r.Log.Warn("a worker's own certificate announced a new id at another address: the old id is dropped (two processes holding one worker's certificate replace each other at every heartbeat: give each its own)",
+					"old_id", id, "old_addr", e.info.GetAddr(), "id", w.GetId(), "addr", w.GetAddr())
+			}
 		}
 	}
 	sort.Strings(old)

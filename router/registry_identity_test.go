@@ -194,6 +194,8 @@ func TestWorkerRenamedWhenItsIDIsTaken(t *testing.T) {
 func TestOneIDPerInstanceCertificate(t *testing.T) {
 	reg := NewRegistry(time.Minute, nil)
 	reg.Instance = func(ctx context.Context) bool { return auth.PeerInstance(ctx) != "" }
+	var logs lockedBuffer
+	reg.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	dir, addr, ctx := serveTLSRegistry(t, reg, 1)
 	client := func(d string) prismv1.RegistryClient { return dialRegistry(t, addr, d) }
 	live := func() []string {
@@ -220,6 +222,11 @@ func TestOneIDPerInstanceCertificate(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: live ids %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	// Each replacement at another address is said (two processes given
+	// one worker's certificate would flap silently).
+	if n := strings.Count(logs.String(), "announced a new id at another address"); n != 2 {
+		t.Errorf("%d replacements logged, want 2:\n%s", n, logs.String())
 	}
 }
 

@@ -335,7 +335,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	if o.AdmitLimit {
 		r.lim = &limiter{}
 	}
-	r.Reg.Limits, r.Reg.Peer, r.Reg.Instance = o.Limits, o.Peer, o.PeerInstance
+	r.Reg.Limits, r.Reg.Peer, r.Reg.Instance, r.Reg.Log = o.Limits, o.Peer, o.PeerInstance, o.Logger
 	r.m.microBatches = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "micro_batches_total", Help: "Micro-batches, by outcome: ok, the gRPC code of the failure (of the last attempt, or Unavailable when no worker was left to try), or shard_missing (a sharded model's shard had no worker)."}, []string{"outcome"})
 	r.m.streamed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "stream_requests_total", Help: "Requests sent on RecommendStream streams, by the gRPC code of their answer (the stream itself counts once in prism_rpc_requests_total, by how it ended, whatever its requests' outcomes)."}, []string{"code"})
 	r.m.streamed.WithLabelValues(codes.OK.String())
