@@ -64,8 +64,11 @@ type Metrics struct {
 	HotBytes                                   int64
 	HotSlots, HotUsed                          int64
 	HotAdmissions, HotRejections, HotEvictions int64
-	// Pebble's block cache.
-	BlockCacheHits, BlockCacheMisses, BlockCacheBytes int64
+	// Pebble's block cache. BlockCacheMaxBytes is its capacity:
+	// Options.CacheBytes plus the two memtables Pebble reserves against
+	// it, whose room blocks take while the memtables are not full (a
+	// store that takes no upserts).
+	BlockCacheHits, BlockCacheMisses, BlockCacheBytes, BlockCacheMaxBytes int64
 }
 
 // HitRatio is HotHits / (HotHits + HotMisses).
@@ -96,6 +99,7 @@ func (s *Store) Metrics() Metrics {
 	if !s.closed.Load() {
 		bc := s.db.Metrics().BlockCache
 		m.BlockCacheHits, m.BlockCacheMisses, m.BlockCacheBytes = bc.Hits, bc.Misses, bc.Size
+		m.BlockCacheMaxBytes = s.popts.Cache.MaxSize()
 	}
 	return m
 }

@@ -29,8 +29,9 @@ type missResult struct {
 // sorted pass in one reader, the sorted pass split among readers) on its
 // own draws of the same distribution, the modes interleaved in 5 rounds
 // so drift hits them alike. The page cache of the store's files is
-// dropped first: run it in a memory cgroup smaller than the tables
-// (scripts/bench-ltm.sh) and the misses are read from the device.
+// dropped before each exponent's warm-up: run it in a memory cgroup
+// smaller than the tables (scripts/bench-ltm.sh) and the misses are read
+// from the device.
 func runMisses(w io.Writer, e *Env, zipfs []float64) error {
 	var tableBytes int64
 	for _, rows := range e.Rows {
@@ -41,16 +42,11 @@ func runMisses(w io.Writer, e *Env, zipfs []float64) error {
 		return err
 	}
 	m := e.Store.Metrics()
-	fmt.Fprintf(w, "tables %d MiB (float32), SST index blocks %.1f MiB, filter blocks %.1f MiB; hot tier %d MiB, block cache %d MiB\n",
-		tableBytes>>20, float64(idx)/(1<<20), float64(filter)/(1<<20), m.HotBytes>>20, e.Cfg.CacheBytes>>20)
+	fmt.Fprintf(w, "tables %d MiB (float32), SST index blocks %.1f MiB, filter blocks %.1f MiB; hot tier %d MiB, block cache %d MiB (%s)\n",
+		tableBytes>>20, float64(idx)/(1<<20), float64(filter)/(1<<20), m.HotBytes>>20, m.BlockCacheMaxBytes>>20, blockCacheNote(e.Cfg.CacheBytes, m))
 	if lim := memlimit.Read().Cgroup; lim > 0 {
 		fmt.Fprintf(w, "memory cgroup limit %d MiB: tables are %.1fx the limit\n", lim>>20, float64(tableBytes)/float64(lim))
 	}
-	n, err := EvictPageCache(filepath.Join(e.Cfg.Dir, "db"))
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "dropped the page cache of %d store files\n", n)
 	par := e.Cfg.MissParallel
 	if par == 0 {
 		par = store.DefaultMissParallel
@@ -63,12 +59,19 @@ func runMisses(w io.Writer, e *Env, zipfs []float64) error {
 	const rounds = 5
 	per := max(1, e.Cfg.Batches/rounds)
 	for zi, s := range zipfs {
+		// Every exponent starts from the device: dropped once, the
+		// later exponents read what the earlier ones left cached.
+		n, err := EvictPageCache(filepath.Join(e.Cfg.Dir, "db"))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "dropped the page cache of %d store files\n", n)
 		if err := e.Store.SetMissReads(store.MissSorted, par); err != nil {
 			return err
 		}
 		// Warm-up in slices, so the id arrays stay small in the cgroup.
 		for i := 0; i < e.Cfg.warmup(); i += per {
-			warm, err := e.Batches(min(per, e.Cfg.warmup()-i), s, uint64(1000+100*zi+i))
+			warm, err := e.Batches(min(per, e.Cfg.warmup()-i), s, warmSeed(zi, i))
 			if err != nil {
 				return err
 			}
@@ -79,7 +82,7 @@ func runMisses(w io.Writer, e *Env, zipfs []float64) error {
 		results := make([]missResult, len(modes))
 		for r := range rounds {
 			for mi, md := range modes {
-				batches, err := e.Batches(per, s, uint64(10_000*(zi+1)+100*r+mi))
+				batches, err := e.Batches(per, s, roundSeed(zi, r, mi))
 				if err != nil {
 					return err
 				}
@@ -133,6 +136,15 @@ func runMisses(w io.Writer, e *Env, zipfs []float64) error {
 	}
 	return nil
 }
+
+// warmSeed is the seed of the warm-up slice from batch i of exponent
+// zi, roundSeed that of round r of mode mi: apart, so that no measured
+// draw repeats a warm-up slice and finds its rows resident (warm-up
+// seeds were 1000+100zi+i, which a warm-up of 9,000 batches took into
+// the rounds' 10,000 on).
+func warmSeed(zi, i int) uint64 { return 1<<40 | uint64(zi)<<32 | uint64(i) }
+
+func roundSeed(zi, r, mi int) uint64 { return uint64(10_000*(zi+1) + 100*r + mi) }
 
 func subMetrics(a, b store.Metrics) store.Metrics {
 	return store.Metrics{

@@ -6,8 +6,9 @@ package storebench
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
-	"github.com/prism-serve/prism/plan"
+	"hash/fnv"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/plan"
 )
 
 // Config shapes a run.
@@ -105,7 +107,10 @@ func Setup(cfg Config) (*Env, error) {
 			mc.Bottom = append(append([]int(nil), mc.Bottom[:n-1]...), cfg.Dim)
 		}
 	}
-	name := fmt.Sprintf("%s-d%d-%s", cfg.Model, mc.EmbDim, cfg.DType)
+	// The table sizes are in the name: a --work folder kept from a run
+	// with other --max-rows or --rows-scale then gets a plan and a model
+	// of its own in the store instead of reusing tables of other sizes.
+	name := fmt.Sprintf("%s-d%d-%s-r%08x", cfg.Model, mc.EmbDim, cfg.DType, rowsHash(mc.TableRows))
 	e := &Env{Cfg: cfg, Name: name, Rows: mc.TableRows, Dim: mc.EmbDim, Plan: filepath.Join(cfg.Dir, "plan-"+name)}
 	_, statErr := os.Stat(filepath.Join(e.Plan, plan.File))
 	if !cfg.NoTables || statErr != nil {
@@ -140,6 +145,17 @@ func Setup(cfg Config) (*Env, error) {
 		}
 	}
 	return e, nil
+}
+
+// rowsHash is FNV-1a over the tables' row counts.
+func rowsHash(rows []int64) uint32 {
+	h := fnv.New32a()
+	var b [8]byte
+	for _, r := range rows {
+		binary.LittleEndian.PutUint64(b[:], uint64(r))
+		h.Write(b[:])
+	}
+	return h.Sum32()
 }
 
 // Close closes the store.

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prism-serve/prism/models"
 )
 
 // tiny sets up dlrm-tiny's tables (26 tables of 100-1000 rows) in a
@@ -169,6 +171,119 @@ func TestRedisDiesWithBenchmark(t *testing.T) {
 		if time.Now().After(deadline) {
 			syscall.Kill(pid, syscall.SIGKILL)
 			t.Fatalf("redis-server %d still runs 5 s after its benchmark was killed", pid)
+		}
+	}
+}
+
+// TestWorkReusedForOtherRows: a --work folder kept from a run with other
+// table sizes (--max-rows, --rows-scale) is not reused for this one: the
+// store's tables have the rows this run draws ids for and gathers from.
+// It reused the plan and store of the earlier run (same name): a larger
+// run failed with "id out of range", a smaller one silently measured the
+// old tables.
+func TestWorkReusedForOtherRows(t *testing.T) {
+	dir := t.TempDir()
+	for _, maxRows := range []int64{50, 0, 50} {
+		e, err := Setup(Config{Model: "dlrm-tiny", MaxRows: maxRows, Batch: 16, Batches: 4, Warmup: 2, HotBytes: 8 << 20, CacheBytes: 8 << 20, Dir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables, err := e.Store.Tables(e.Name)
+		if err != nil {
+			e.Close()
+			t.Fatal(err)
+		}
+		got := map[string]int64{}
+		for _, ti := range tables {
+			got[ti.Name] = ti.Rows
+		}
+		for k, rows := range e.Rows {
+			if n := got[models.TableName(k)]; n != rows {
+				t.Errorf("max rows %d: table %d has %d rows in the store, the run draws ids for %d", maxRows, k, n, rows)
+			}
+		}
+		var out bytes.Buffer
+		if err := Run(&out, e, "gather", nil); err != nil {
+			t.Errorf("max rows %d: %v", maxRows, err)
+		}
+		e.Close()
+	}
+}
+
+// TestLTMBlockCacheSaid: the larger-than-memory scenarios say the block
+// cache the store has, and the tables' ratio to the caches with it. The
+// store sizes Pebble's cache --cache-bytes plus its two memtables, which
+// a read-only run leaves empty: with --cache-bytes 1MiB the cache held
+// all of these 12 MiB of tables while the report said "block cache 1
+// MiB (tables are 4.2x)".
+func TestLTMBlockCacheSaid(t *testing.T) {
+	e, err := Setup(Config{Model: "dlrm-kaggle", MaxRows: 20000, Batch: 64, Batches: 50, Warmup: 50, HotBytes: 2 << 20, CacheBytes: 1 << 20, Dir: t.TempDir(), NoTables: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, scenario := range []string{"ltm", "misses"} {
+		var out bytes.Buffer
+		if err := Run(&out, e, scenario, []float64{0.9}); err != nil {
+			t.Fatal(err)
+		}
+		var said int64
+		s := out.String()
+		if i := strings.Index(s, "block cache "); i < 0 {
+			t.Fatalf("%s: no block cache said:\n%s", scenario, s)
+		} else if _, err := fmt.Sscanf(s[i:], "block cache %d MiB", &said); err != nil {
+			t.Fatalf("%s: %v:\n%s", scenario, err, s)
+		}
+		if held := e.Store.Metrics().BlockCacheBytes; held > said<<20 {
+			t.Errorf("%s: the block cache holds %d MiB, the report says it has %d MiB:\n%s", scenario, held>>20, said, s)
+		}
+	}
+}
+
+// TestMissesDropsPageCachePerExponent: each --zipf exponent of the
+// misses scenario starts from the device, its page cache dropped before
+// its warm-up; it was dropped once, before the first, and the later
+// exponents read what the earlier ones had left in the page cache.
+func TestMissesDropsPageCachePerExponent(t *testing.T) {
+	e := tiny(t, 5)
+	var out bytes.Buffer
+	if err := Run(&out, e, "misses", []float64{0.8, 1.2}); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, z := range []string{"zipf 0.80", "zipf 1.20"} {
+		i := strings.Index(s, "\n"+z+",")
+		if i < 0 {
+			t.Fatalf("no %s:\n%s", z, s)
+		}
+		before := s[:i]
+		if j := strings.LastIndex(before, "dropped the page cache"); j < 0 || strings.Contains(before[j:], "| miss reads |") {
+			t.Errorf("%s: its page cache not dropped before it:\n%s", z, s)
+		}
+	}
+}
+
+// TestMissSeedsApart: the misses scenario's measured draws never repeat
+// a warm-up slice's (same exponent, same seed: the same ids, all
+// resident), whatever --warmup.
+func TestMissSeedsApart(t *testing.T) {
+	const exponents, rounds, modes = 4, 5, 3
+	measured := map[uint64]bool{}
+	for zi := range exponents {
+		for r := range rounds {
+			for mi := range modes {
+				measured[roundSeed(zi, r, mi)] = true
+			}
+		}
+	}
+	if len(measured) != exponents*rounds*modes {
+		t.Fatalf("%d distinct round seeds, want %d", len(measured), exponents*rounds*modes)
+	}
+	for zi := range exponents {
+		for i := range 200_000 {
+			if measured[warmSeed(zi, i)] {
+				t.Fatalf("exponent %d: the warm-up slice from batch %d has a measured round's seed %d", zi, i, warmSeed(zi, i))
+			}
 		}
 	}
 }
