@@ -4,12 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"math/rand/v2"
-	"sync"
 	"testing"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"github.com/prism-serve/prism/internal/crashfs"
 )
 
 // TestUpdateLogCrashKeepsAcknowledged cuts the power under a router with
@@ -28,99 +25,62 @@ func TestUpdateLogCrashKeepsAcknowledged(t *testing.T) {
 // updateLogCrash runs TestUpdateLogCrashKeepsAcknowledged with a log
 // budget of logBytes (0: the default).
 func updateLogCrash(t *testing.T, logBytes int64) {
-	mem := vfs.NewCrashableMem()
-	type clone struct {
-		fs    *vfs.MemFS
-		point string
-		acked int64
-	}
-	var (
-		mu     sync.Mutex
-		clones []clone
-		acked  int64
-		armed  bool
-		syncs  int
-	)
-	r := rand.New(rand.NewPCG(7, 7))
-	take := func(point string) {
-		mu.Lock()
-		defer mu.Unlock()
-		clones = append(clones, clone{fs: mem.CrashClone(vfs.CrashCloneCfg{}), point: point, acked: acked})
-		clones = append(clones, clone{fs: mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(r.Uint64(), 1))}),
-			point: point + " (part unsynced)", acked: acked})
-	}
-	fs := errorfs.Wrap(mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		switch op.Kind {
-		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
-			mu.Lock()
-			syncs++
-			on, n := armed, syncs
-			mu.Unlock()
-			if on {
-				take(fmt.Sprintf("before sync %d (%s)", n, op.Path))
-			}
-		}
-		return nil
-	}))
+	cut := crashfs.New[int64](true, 7) // the state: updates acknowledged
+	fs := cut.FS()
 	o := Options{UpdateLogDir: "log", UpdateLogFS: fs, UpdateQuorum: QuorumOne, UpdateLogBytes: logBytes}
 	a := &seqCN{}
 	rig := newUpdateRig(t, o, a)
-	mu.Lock()
-	armed = true
-	mu.Unlock()
+	cut.Arm(true)
 	const n = 12
 	for i := 1; i <= n; i++ {
 		if _, err := rig.update("t", int64(i), float32(10*i)); err != nil {
 			t.Fatalf("update %d: %v", i, err)
 		}
-		mu.Lock()
-		acked = int64(i)
-		mu.Unlock()
-		take(fmt.Sprintf("after update %d", i))
+		cut.Set(func(acked *int64) { *acked = int64(i) })
+		cut.Take(fmt.Sprintf("after update %d", i))
 	}
-	mu.Lock()
-	armed = false
-	mu.Unlock()
+	cut.Arm(false)
 	rig.r.Close()
 
 	maxFloor := int64(0)
+	clones := cut.Clones()
 	for _, c := range clones {
 		func() {
-			l, err := openUpdateLog("log", c.fs)
+			l, err := openUpdateLog("log", c.FS)
 			if err != nil {
-				t.Fatalf("%s: reopen: %v", c.point, err)
+				t.Fatalf("%s: reopen: %v", c.Point, err)
 			}
 			defer l.Close()
 			rs, err := l.load()
 			if err != nil {
-				t.Fatalf("%s: load: %v", c.point, err)
+				t.Fatalf("%s: load: %v", c.Point, err)
 			}
-			if c.acked == 0 && len(rs) == 0 {
+			if c.State == 0 && len(rs) == 0 {
 				return
 			}
 			if len(rs) != 1 || rs[0].model != "m" {
-				t.Fatalf("%s: %d updates acknowledged, the log holds models %+v", c.point, c.acked, rs)
+				t.Fatalf("%s: %d updates acknowledged, the log holds models %+v", c.Point, c.State, rs)
 			}
 			m := rs[0]
 			maxFloor = max(maxFloor, m.floor)
-			if m.next < c.acked || (logBytes == 0 && m.floor != 0) || m.floor+int64(len(m.log)) != m.next {
-				t.Fatalf("%s: %d updates acknowledged, the log holds next %d floor %d and %d entries", c.point, c.acked, m.next, m.floor, len(m.log))
+			if m.next < c.State || (logBytes == 0 && m.floor != 0) || m.floor+int64(len(m.log)) != m.next {
+				t.Fatalf("%s: %d updates acknowledged, the log holds next %d floor %d and %d entries", c.Point, c.State, m.next, m.floor, len(m.log))
 			}
-			if logBytes > 0 && m.floor > c.acked {
-				t.Fatalf("%s: %d updates acknowledged, the log was trimmed to %d", c.point, c.acked, m.floor)
+			if logBytes > 0 && m.floor > c.State {
+				t.Fatalf("%s: %d updates acknowledged, the log was trimmed to %d", c.Point, c.State, m.floor)
 			}
 			for i, e := range m.log {
 				seq := m.floor + int64(i+1)
 				u := e.GetUpdate()
 				if e.GetSeq() != seq || len(u.GetIds()) != 1 || u.GetIds()[0] != seq ||
 					math.Float32frombits(binary.LittleEndian.Uint32(u.GetRows())) != float32(10*seq) {
-					t.Fatalf("%s: entry %d of the log is %v", c.point, seq, e)
+					t.Fatalf("%s: entry %d of the log is %v", c.Point, seq, e)
 				}
 			}
 		}()
 	}
 
-	t.Logf("%d crash clones checked (%d syncs), the log trimmed up to %d", len(clones), syncs, maxFloor)
+	t.Logf("%d crash clones checked (%d syncs), the log trimmed up to %d", len(clones), cut.Syncs(), maxFloor)
 	if logBytes > 0 {
 		if maxFloor == 0 {
 			t.Errorf("the log was never trimmed")
@@ -131,7 +91,7 @@ func updateLogCrash(t *testing.T, logBytes int64) {
 	// the updates gets every one.
 	last := clones[len(clones)-2] // exactly the synced bytes
 	b := &seqCN{}
-	rig = newStartingRig(t, Options{UpdateLogDir: "log", UpdateLogFS: last.fs, UpdateQuorum: QuorumOne}, b)
+	rig = newStartingRig(t, Options{UpdateLogDir: "log", UpdateLogFS: last.FS, UpdateQuorum: QuorumOne}, b)
 	defer rig.r.Close()
 	rig.settle()
 	rig.tick()

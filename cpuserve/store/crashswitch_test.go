@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
-	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/prism-serve/prism/internal/crashfs"
 )
 
 // TestCrashDuringSwitchAndCopy crashes the store (a crash clone of a
@@ -43,8 +44,14 @@ func crashSwitchAndCopy(t *testing.T, carryBytes int) {
 	p1, p2 := writePlan(t, "m", v1), writePlan(t, "m", v2)
 	po := writePlan(t, "o", v2[:2])
 
-	mem := vfs.NewCrashableMem()
-	s, err := Open("db", &Options{FS: mem, HotBytesAutoMax: 16 << 20})
+	// acked: updates acknowledged when a clone was taken; active: the
+	// active version then (or the one being left).
+	type state struct {
+		acked  int64
+		active int
+	}
+	cut := crashfs.New[state](true, seed)
+	s, err := Open("db", &Options{FS: cut.FS(), HotBytesAutoMax: 16 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,13 +77,6 @@ func crashSwitchAndCopy(t *testing.T, carryBytes int) {
 		row   []float32
 	}
 	var updates []update // updates[k-1] is seq k
-	type clone struct {
-		fs     vfs.FS
-		acked  int64 // updates acknowledged when it was taken
-		point  string
-		active int // the active version then (or the one being left)
-	}
-	var clones []clone
 	acked, active := int64(0), 1
 	take := func(point string) {
 		if point == "carry-batch" || point == "activate-batch" {
@@ -85,10 +85,8 @@ func crashSwitchAndCopy(t *testing.T, carryBytes int) {
 			// marked mutated already.
 			checkUnmutatedTablesLocked(t, s, base, "live at "+point)
 		}
-		cfg := vfs.CrashCloneCfg{}
-		clones = append(clones, clone{fs: mem.CrashClone(cfg), acked: acked, point: point, active: active})
-		cfg = vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(r.Uint64(), 1))}
-		clones = append(clones, clone{fs: mem.CrashClone(cfg), acked: acked, point: point + " (part unsynced)", active: active})
+		cut.Set(func(st *state) { st.acked, st.active = acked, active })
+		cut.Take(point)
 	}
 	s.testHook = take
 
@@ -121,20 +119,21 @@ func crashSwitchAndCopy(t *testing.T, carryBytes int) {
 	s.testHook = nil
 
 	points := map[string]bool{}
+	clones := cut.Clones()
 	for _, c := range clones {
-		points[c.point] = true
+		points[c.Point] = true
 		func() {
-			cs, err := Open("db", &Options{FS: c.fs, HotBytesAutoMax: 16 << 20})
+			cs, err := Open("db", &Options{FS: c.FS, HotBytesAutoMax: 16 << 20})
 			if err != nil {
-				t.Fatalf("%s: reopen: %v", c.point, err)
+				t.Fatalf("%s: reopen: %v", c.Point, err)
 			}
 			defer cs.Close()
 			k, err := cs.AppliedSeq("m")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if k < c.acked || k > c.acked+1 {
-				t.Fatalf("%s: AppliedSeq %d, %d updates acknowledged", c.point, k, c.acked)
+			if k < c.State.acked || k > c.State.acked+1 {
+				t.Fatalf("%s: AppliedSeq %d, %d updates acknowledged", c.Point, k, c.State.acked)
 			}
 			vs, err := cs.Versions("m")
 			if err != nil {
@@ -154,12 +153,12 @@ func crashSwitchAndCopy(t *testing.T, carryBytes int) {
 				copy(want[u.table][u.id*int64(len(u.row)):], u.row)
 			}
 			for _, tt := range base[v] {
-				checkAllRows(t, cs, "m", tt.name, tt.dim, want[tt.name], fmt.Sprintf("%s: version %d, AppliedSeq %d", c.point, v, k))
+				checkAllRows(t, cs, "m", tt.name, tt.dim, want[tt.name], fmt.Sprintf("%s: version %d, AppliedSeq %d", c.Point, v, k))
 			}
-			checkAllRows(t, cs, "o", "a", 4, v2[0].data, c.point+": model o")
-			checkAllRows(t, cs, "o", "b", 8, v2[1].data, c.point+": model o")
-			checkNoStrayTables(t, cs, c.point)
-			checkUnmutatedTables(t, cs, base, c.point)
+			checkAllRows(t, cs, "o", "a", 4, v2[0].data, c.Point+": model o")
+			checkAllRows(t, cs, "o", "b", 8, v2[1].data, c.Point+": model o")
+			checkNoStrayTables(t, cs, c.Point)
+			checkUnmutatedTables(t, cs, base, c.Point)
 		}()
 	}
 	want := []string{"cow-registered", "cow-copied", "activate-batch"}

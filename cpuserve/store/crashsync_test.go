@@ -5,12 +5,12 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
-	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/prism-serve/prism/internal/crashfs"
 )
 
 // TestCrashAtEverySync cuts the power before every sync the store asks
@@ -52,45 +52,10 @@ func TestCrashAtEverySync(t *testing.T) {
 		model     bool // m's first ingest returned
 		o         bool // o's ingest returned
 	}
-	type clone struct {
-		fs    *vfs.MemFS
-		point string
-		step
-	}
-	var (
-		mu     sync.Mutex
-		clones []clone
-		cur    step
-		armed  bool
-		syncs  int
-	)
-	mem := vfs.NewCrashableMem()
+	cut := crashfs.New[step](true, 5)
 	r := rand.New(rand.NewPCG(5, 5))
-	take := func(point string) {
-		mu.Lock()
-		defer mu.Unlock()
-		clones = append(clones, clone{fs: mem.CrashClone(vfs.CrashCloneCfg{}), point: point, step: cur})
-		clones = append(clones, clone{fs: mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 50, RNG: rand.New(rand.NewPCG(r.Uint64(), 1))}),
-			point: point + " (part unsynced)", step: cur})
-	}
-	set := func(f func(*step)) {
-		mu.Lock()
-		f(&cur)
-		mu.Unlock()
-	}
-	fs := errorfs.Wrap(mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		switch op.Kind {
-		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
-			mu.Lock()
-			syncs++
-			on, n := armed, syncs
-			mu.Unlock()
-			if on {
-				take(fmt.Sprintf("before sync %d (%s)", n, op.Path))
-			}
-		}
-		return nil
-	}))
+	take, set := cut.Take, cut.Set
+	fs := cut.FS()
 	open := func(fs vfs.FS) (*Store, error) {
 		return Open("db", &Options{FS: fs, HotBytes: 16 << 10, Preload: PreloadOff})
 	}
@@ -99,7 +64,7 @@ func TestCrashAtEverySync(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	set(func(*step) { armed = true })
+	cut.Arm(true)
 	ingest := func(model string, v int) {
 		set(func(c *step) {
 			c.ingesting = fmt.Sprintf("%s %d", model, v)
@@ -153,7 +118,7 @@ func TestCrashAtEverySync(t *testing.T) {
 	}
 	take("after drop")
 	upserts(2)
-	set(func(*step) { armed = false })
+	cut.Arm(false)
 
 	// want is version v's rows with updates 1..k on top.
 	want := func(v int, k int64) map[string][]float32 {
@@ -167,22 +132,23 @@ func TestCrashAtEverySync(t *testing.T) {
 		return w
 	}
 	resumed := 0
+	clones := cut.Clones()
 	for _, c := range clones {
 		func() {
-			cs, err := open(c.fs)
+			cs, err := open(c.FS)
 			if err != nil {
-				t.Fatalf("%s: reopen: %v", c.point, err)
+				t.Fatalf("%s: reopen: %v", c.Point, err)
 			}
 			defer cs.Close()
 			k, err := cs.AppliedSeq("m")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if k < c.acked || k > c.acked+1 {
-				t.Fatalf("%s: AppliedSeq %d, %d updates acknowledged", c.point, k, c.acked)
+			if k < c.State.acked || k > c.State.acked+1 {
+				t.Fatalf("%s: AppliedSeq %d, %d updates acknowledged", c.Point, k, c.State.acked)
 			}
 			check := func(what string, settled bool, st step) {
-				where := fmt.Sprintf("%s: %s", c.point, what)
+				where := fmt.Sprintf("%s: %s", c.Point, what)
 				if _, err := cs.Tables("m"); err != nil {
 					if st.model {
 						t.Fatalf("%s: model m lost after its ingest returned: %v", where, err)
@@ -223,66 +189,36 @@ func TestCrashAtEverySync(t *testing.T) {
 					checkNoStrayTables(t, cs, where)
 				}
 			}
-			check("reopened", c.ingesting == "", c.step)
-			if c.ingesting == "" {
+			check("reopened", c.State.ingesting == "", c.State)
+			if c.State.ingesting == "" {
 				return
 			}
 			// The interrupted ingest, run again, finishes.
 			var model string
 			var v int
-			fmt.Sscanf(c.ingesting, "%s %d", &model, &v)
+			fmt.Sscanf(c.State.ingesting, "%s %d", &model, &v)
 			rep, err := cs.Ingest(ctx, plans[v], IngestOptions{Model: model, SSTBytes: sstBytes})
 			if err != nil {
-				t.Fatalf("%s: ingest %s again: %v", c.point, c.ingesting, err)
+				t.Fatalf("%s: ingest %s again: %v", c.Point, c.State.ingesting, err)
 			}
 			for _, tr := range rep.Tables {
 				if tr.ResumedAt > 0 {
 					resumed++
 				}
 			}
-			st := c.step
+			st := c.State
 			if model == "o" {
 				st.o = true
 			} else {
 				st.model, st.active, st.to = true, v, 0
 			}
-			check("ingest "+c.ingesting+" run again", true, st)
+			check("ingest "+c.State.ingesting+" run again", true, st)
 		}()
 	}
 	if resumed == 0 {
 		t.Errorf("no ingest run again resumed a table")
 	}
-	t.Logf("%d crash clones checked (%d syncs), %d tables resumed, %d table copies", len(clones), syncs, resumed, s.Metrics().TableCopies)
-}
-
-// syncCrashFS is a crashable in-memory FS that, while armed, takes a
-// crash clone (exactly the synced bytes) as each sync begins.
-type syncCrashFS struct {
-	mem    *vfs.MemFS
-	mu     sync.Mutex
-	armed  bool
-	clones []*vfs.MemFS
-}
-
-func newSyncCrashFS() (*syncCrashFS, vfs.FS) {
-	c := &syncCrashFS{mem: vfs.NewCrashableMem()}
-	return c, errorfs.Wrap(c.mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		switch op.Kind {
-		case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
-			c.mu.Lock()
-			if c.armed {
-				c.clones = append(c.clones, c.mem.CrashClone(vfs.CrashCloneCfg{}))
-			}
-			c.mu.Unlock()
-		}
-		return nil
-	}))
-}
-
-func (c *syncCrashFS) arm(on bool) {
-	c.mu.Lock()
-	c.armed = on
-	c.mu.Unlock()
+	t.Logf("%d crash clones checked (%d syncs), %d tables resumed, %d table copies", len(clones), cut.Syncs(), resumed, s.Metrics().TableCopies)
 }
 
 // TestCrashLeavesNoUnreachableRows: a crash after a change commits a
@@ -298,18 +234,18 @@ func TestCrashLeavesNoUnreachableRows(t *testing.T) {
 	v3 := []*testTable{{name: "a", rows: 200, dim: 4, seed: 43}}
 	for _, tc := range []struct {
 		name string
-		run  func(t *testing.T, s *Store, c *syncCrashFS)
+		run  func(t *testing.T, s *Store, c *crashfs.Cutter[struct{}])
 	}{
-		{"drop-version", func(t *testing.T, s *Store, c *syncCrashFS) {
+		{"drop-version", func(t *testing.T, s *Store, c *crashfs.Cutter[struct{}]) {
 			if _, err := s.Ingest(ctx, writePlan(t, "m", v2), IngestOptions{NoActivate: true}); err != nil {
 				t.Fatal(err)
 			}
-			c.arm(true)
+			c.Arm(true)
 			if err := s.DropVersion(ctx, "m", 2); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"abandoned-ingest", func(t *testing.T, s *Store, c *syncCrashFS) {
+		{"abandoned-ingest", func(t *testing.T, s *Store, c *crashfs.Cutter[struct{}]) {
 			// An ingest cut short (cancelled, as by a crash) and another
 			// plan's ingest, which abandons it.
 			ictx, cancel := context.WithCancel(ctx)
@@ -322,14 +258,15 @@ func TestCrashLeavesNoUnreachableRows(t *testing.T) {
 			if err == nil {
 				t.Fatal("the cancelled ingest finished")
 			}
-			c.arm(true)
+			c.Arm(true)
 			if _, err := s.Ingest(ctx, writePlan(t, "m", v3), IngestOptions{NoActivate: true}); err != nil {
 				t.Fatal(err)
 			}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, fs := newSyncCrashFS()
+			c := crashfs.New[struct{}](false, 0)
+			fs := c.FS()
 			s, err := Open("db", &Options{FS: fs, HotBytes: -1})
 			if err != nil {
 				t.Fatal(err)
@@ -339,17 +276,18 @@ func TestCrashLeavesNoUnreachableRows(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.run(t, s, c)
-			c.arm(false)
-			if len(c.clones) == 0 {
+			c.Arm(false)
+			if len(c.Clones()) == 0 {
 				t.Fatal("no sync to crash at")
 			}
-			for i, fs := range c.clones {
+			for i, cl := range c.Clones() {
+				fs := cl.FS
 				cs, err := Open("db", &Options{FS: fs, HotBytes: -1})
 				if err != nil {
 					t.Fatalf("crash before sync %d: reopen: %v", i, err)
 				}
 				checkAllRows(t, cs, "m", "a", 4, v1[0].data, fmt.Sprintf("crash before sync %d", i))
-				checkNoUnreachableRows(t, cs, fmt.Sprintf("crash before sync %d of %d", i, len(c.clones)))
+				checkNoUnreachableRows(t, cs, fmt.Sprintf("crash before sync %d of %d", i, len(c.Clones())))
 				cs.Close()
 			}
 		})
@@ -409,19 +347,21 @@ func TestCrashResumedIngestQuantized(t *testing.T) {
 	}
 	wantRows, wantLoss := read(ref)
 
-	c, fs := newSyncCrashFS()
+	c := crashfs.New[struct{}](false, 0)
+	fs := c.FS()
 	s, err := Open("db", &Options{FS: fs, HotBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c.arm(true)
+	c.Arm(true)
 	if _, err := s.Ingest(ctx, p, io); err != nil {
 		t.Fatal(err)
 	}
-	c.arm(false)
+	c.Arm(false)
 	resumed := 0
-	for i, fs := range c.clones {
+	for i, cl := range c.Clones() {
+		fs := cl.FS
 		func() {
 			cs, err := Open("db", &Options{FS: fs, HotBytes: -1})
 			if err != nil {
@@ -451,5 +391,5 @@ func TestCrashResumedIngestQuantized(t *testing.T) {
 	if resumed == 0 {
 		t.Errorf("no ingest run again resumed a table")
 	}
-	t.Logf("%d crashes, %d tables resumed", len(c.clones), resumed)
+	t.Logf("%d crashes, %d tables resumed", len(c.Clones()), resumed)
 }
