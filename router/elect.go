@@ -142,11 +142,12 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 		// from (else a worker holding them, announcing past the copy's
 		// end, had the copy dropped, and the workers that missed the
 		// previous holder's updates or these were not caught up); with
-		// no copy to extend, its own log is the copy, of the epoch (the
+		// no copy to extend (none, or one not of the hold right before
+		// the epoch: stale), its own log is the copy, of the epoch (the
 		// term of the epoch starts from it as from its own). It resigns
 		// in the same step: nothing numbered after escapes the copy.
 		old.d.step(func(now time.Time) {
-			if !e.copy.extend(old.d.seq) {
+			if !e.copy.extend(old.d.seq, epoch) {
 				e.copy.keep(old.d.seq, old.d.term, epoch)
 			}
 			old.d.seq.resign(now)

@@ -921,6 +921,44 @@ func TestElectedEpochLearntLateKeepsItsUpdates(t *testing.T) {
 	}
 }
 
+// As TestElectedEpochLearntLateKeepsItsUpdates, but the renewal names
+// an epoch that does not follow the copy's (another router held the
+// Lease between A's hold and B's): the copy is stale, and the term of
+// the epoch starts from B's own log, as with no copy at all, and
+// catches worker 2 up on B's update. Before, B's update was appended to
+// the stale copy, which the term of the epoch then dropped whole:
+// worker 2 lacked B's update for good.
+func TestElectedEpochLearntLateStaleCopyKeepsItsOwnLog(t *testing.T) {
+	rig := newElectRig(t, 3)
+	a, b := 0, 1
+	rig.rs[a].el.setLeader(rig.addrs[a], 1)
+	rig.rs[b].el.setLeader(rig.addrs[a], 0)
+	rig.advance()
+	rig.cns[1].setDown(true)
+	if err := rig.update(a, 3, 3); err != nil { // acknowledged by workers 0 and 2
+		t.Fatal(err)
+	}
+	rig.cns[1].setDown(false)
+	rig.rs[b].copySequencerLog(context.Background()) // B's copy: 1, of epoch 1
+	rig.rs[a].el.setLeader("", 0)
+	rig.rs[b].el.setLeader(rig.addrs[b], 0) // epoch not known yet
+	rig.announce()
+	rig.advance() // B's window ends
+	rig.cns[2].setDown(true)
+	if err := rig.update(b, 4, 4); status.Code(err) != codes.Unavailable {
+		t.Fatalf("update through B in its epoch-0 term: %v, want Unavailable (below the quorum)", err)
+	}
+	rig.cns[2].setDown(false)
+	rig.rs[b].el.setLeader(rig.addrs[b], 3) // learnt from a renewal: a hold came between
+	rig.announce()
+	rig.advance()
+	rig.rs[b].el.tick()
+	rig.rs[b].el.term.Load().d.wait()
+	if r4 := rig.cns[2].row(4); r4 != 4 {
+		t.Errorf("worker 2: row 4 = %v, want 4 (caught up from B's own log)\n%s", r4, rig.logs.String())
+	}
+}
+
 // The first hold of the election, its epoch learnt late: no copy of an
 // earlier holder's log, and B's term of epoch 0 numbers an update that
 // reaches worker 0 alone. The term of the epoch starts from the hold's

@@ -261,15 +261,16 @@ func (c *replica) keep(s *sequencer, term, epoch uint64) {
 // copy ends before the previous holder's latest as last heard (its
 // entries may be other updates under the numbers the previous holder
 // gave, restoreTo's concern); a model the copy lacks is taken whole.
-// Without a copy a term starts from (epoch 0: none, or of a hold not
-// known) it does nothing and says so (false): the hold's own log is
-// then the copy (keep, of the epoch learnt). Called under the driver's
-// lock.
-func (c *replica) extend(s *sequencer) bool {
+// Without a copy the term of epoch starts from (epoch 0: none, or of a
+// hold not known; or of a hold not right before epoch, which restoreTo
+// drops as stale) it does nothing and says so (false): the hold's own
+// log is then the copy (keep, of the epoch learnt). Called under the
+// driver's lock.
+func (c *replica) extend(s *sequencer, epoch uint64) bool {
 	models, _ := s.readLog(nil, true, math.MaxInt64)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.epoch == 0 || c.models == nil {
+	if c.epoch == 0 || c.models == nil || !c.precedes(epoch) {
 		return false
 	}
 	for _, name := range slices.Sorted(maps.Keys(models)) {
@@ -402,7 +403,7 @@ func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, st
 	if epoch == 0 {
 		return 0, 0, false
 	}
-	if c.epoch == 0 || (epoch != c.epoch+1 && !(epoch == c.epoch && c.own)) {
+	if c.epoch == 0 || !c.precedes(epoch) {
 		stale = len(c.models) > 0
 		c.models = nil
 		return 0, 0, stale
@@ -425,6 +426,13 @@ func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, st
 		updates += len(rm.log)
 	}
 	return models, updates, false
+}
+
+// precedes says whether the copy comes from the hold right before
+// this router's hold of epoch (or is this router's own log of epoch).
+// c.mu is held.
+func (c *replica) precedes(epoch uint64) bool {
+	return epoch == c.epoch+1 || (epoch == c.epoch && c.own)
 }
 
 // restoreCopy is the event "this router starts sequencing from its copy
