@@ -225,6 +225,7 @@ func (s *Server) Close() {
 		c.Close()
 	}
 	s.conns = map[string]*grpc.ClientConn{}
+	s.used = nil
 	s.retired = map[*grpc.ClientConn]bool{}
 }
 
@@ -321,8 +322,11 @@ func (s *Server) dense(addr string) (_ prismv1.DenseTierClient, release func(), 
 			// Make room by closing connections idle for a minute (never
 			// one a lookup may be using); with none idle, grow.
 			for a, last := range s.used {
-				if time.Since(last) > time.Minute && s.inUse[s.conns[a]] == 0 {
-					s.conns[a].Close()
+				switch ca := s.conns[a]; {
+				case ca == nil:
+					delete(s.used, a) // its connection went (retired, closed)
+				case time.Since(last) > time.Minute && s.inUse[ca] == 0:
+					ca.Close()
 					delete(s.conns, a)
 					delete(s.used, a)
 				}
