@@ -77,7 +77,8 @@ type Registry struct {
 	// picks), where a role's shared certificate speaks for many.
 	Instance func(ctx context.Context) bool
 	// Log, when set, hears what the registry does on its own (an id
-	// replaced by another of its certificate at another address).
+	// replaced by another of its certificate at another address; a
+	// warning when the two replace each other).
 	Log *slog.Logger
 
 	mu        sync.Mutex
@@ -94,6 +95,11 @@ type Registry struct {
 	// push out only that certificate's own.
 	retired   map[string]string
 	retiredBy map[string][]string
+	// displaced is, per worker's own certificate, the id last dropped
+	// because another id of it announced at another address: a worker
+	// restarted there, unless that id announces again (two processes
+	// holding the certificate, replacing each other at every heartbeat).
+	displaced map[string]string
 	// byModel indexes the workers by (role, model): a pick looks at the
 	// workers of its model only.
 	byModel map[roleModel]*workerSet
@@ -420,12 +426,8 @@ func (r *Registry) replaced(w *prismv1.WorkerInfo, peer string, one bool) {
 		if one && e.peer == peer ||
 			e.info.GetAddr() == w.GetAddr() && e.info.GetRole() == prismv1.Role_ROLE_EMBEDDING && w.GetRole() == prismv1.Role_ROLE_EMBEDDING && e.peer == peer {
 			old = append(old, id)
-			if e.info.GetAddr() != w.GetAddr() && r.Log != nil {
-				// A worker restarted on another address; or two processes
-				// given one worker's certificate, which then replace each
-				// other at every heartbeat.
-				r.Log.Warn("a worker's own certificate announced a new id at another address: the old id is dropped (two processes holding one worker's certificate replace each other at every heartbeat: give each its own)",
-					"old_id", id, "old_addr", e.info.GetAddr(), "id", w.GetId(), "addr", w.GetAddr())
+			if one && e.info.GetAddr() != w.GetAddr() {
+				r.displace(peer, id, e.info.GetAddr(), w)
 			}
 		}
 	}
@@ -433,6 +435,30 @@ func (r *Registry) replaced(w *prismv1.WorkerInfo, peer string, one bool) {
 	for _, id := range old {
 		r.drop(id)
 	}
+}
+
+// displace logs id, at addr, dropped for w, a new id of the same
+// worker's own certificate peer at another address: a worker restarted
+// there (a rolling upgrade restarts every worker so) is said at Info;
+// an id dropped so that announces again (displaced) is a second process
+// holding the certificate, and the two replace each other at every
+// heartbeat: said at Warn. r.mu held.
+func (r *Registry) displace(peer, id, addr string, w *prismv1.WorkerInfo) {
+	if r.displaced == nil {
+		r.displaced = map[string]string{}
+	}
+	back := r.displaced[peer] == w.GetId()
+	r.displaced[peer] = id
+	if r.Log == nil {
+		return
+	}
+	if back {
+		r.Log.Warn("a worker's own certificate announced a new id at another address again, under an id it replaced before: two processes hold one worker's certificate and replace each other at every heartbeat (give each its own)",
+			"old_id", id, "old_addr", addr, "id", w.GetId(), "addr", w.GetAddr())
+		return
+	}
+	r.Log.Info("a worker's own certificate announced a new id at another address: the old id is dropped (the worker restarted there)",
+		"old_id", id, "old_addr", addr, "id", w.GetId(), "addr", w.GetAddr())
 }
 
 // index and unindex add e to and remove it from byModel; r.mu held.
