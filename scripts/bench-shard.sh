@@ -44,15 +44,20 @@ trap cleanup EXIT
 
 # The sharded plan: plan.json and the ONNX files copied, the table files
 # linked (prism shard rewrites plan.json only).
+# A SHARD_DIR kept from a run of other settings (SHARDS, SHARD_ZIPF, the
+# source plan) is sharded and ingested anew: reused, its table read
+# "sharded over $SHARDS" for a plan of another shard count.
 sp="$tmp/plan"
-if [ ! -f "$sp/plan.json" ] || ! grep -q '"sharding"' "$sp/plan.json"; then
-	rm -rf "$sp"; mkdir -p "$sp"
+made="$shards ${SHARD_ZIPF:-1.05} $(cd "$plan" && pwd)"
+if [ ! -f "$sp/plan.json" ] || ! grep -q '"sharding"' "$sp/plan.json" || [ "$(cat "$tmp/settings" 2>/dev/null)" != "$made" ]; then
+	rm -rf "$sp" "$tmp"/db-*; mkdir -p "$sp"
 	cp "$plan"/*.json "$sp"/; cp "$plan"/*.onnx "$sp"/ 2>/dev/null || true
 	cp -al "$plan/tables" "$sp/tables"
 	$prism shard "$sp" --shards "$shards" --zipf "${SHARD_ZIPF:-1.05}" >&2
+	echo "$made" >"$tmp/settings"
 fi
 for k in $(seq 0 $((shards - 1))); do
-	[ -d "$tmp/db-$k" ] || $prism ingest "$sp" --db "$tmp/db-$k" --shard "$k" >&2
+	[ -d "$tmp/db-$k" ] || $prism ingest "$sp" --db "$tmp/db-$k" --shard "$k" --shards "$shards" >&2
 done
 
 # wait_ready LOG PATTERN: the address a child printed in its ready line.
