@@ -27,18 +27,27 @@ import (
 	"github.com/prism-serve/prism/plan"
 )
 
+// previousRelease is the commit TestMixedReleases builds the earlier
+// release from when PRISM_OLD_BIN names no binary: main before the
+// session that added id renaming, one id per instance certificate and
+// the untold dense worker's ErrorInfo.
+const previousRelease = "c09be5519201d8676a44efc58519161878c9a454"
+
 // TestMixedReleases runs a rolling upgrade's mixed stack on real
 // processes: routers and workers of this release beside those of an
-// earlier one, $PRISM_OLD_BIN (skipped without it), each worker with
-// its own certificate (certs init --instances). Every pair of workers
-// answers the monolith's scores; a version number and a content pin are
-// answered; an update is acknowledged, held by every embedding worker
-// and read by every pair; an old embedding worker restarted as this
-// release takes its place.
+// earlier one ($PRISM_OLD_BIN, else previousRelease built from this
+// clone's history), each worker with its own certificate (certs init
+// --instances). Every pair of workers answers the monolith's scores; a
+// version number and a content pin are answered; an update is
+// acknowledged, held by every embedding worker and read by every pair;
+// an old embedding worker restarted as this release takes its place.
 func TestMixedReleases(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an earlier release and runs two stacks for about a minute")
+	}
 	old := os.Getenv("PRISM_OLD_BIN")
 	if old == "" {
-		t.Skip("PRISM_OLD_BIN (a prism binary of an earlier release) not set")
+		old = buildRelease(t, previousRelease)
 	}
 	for _, oldSequences := range []bool{false, true} {
 		t.Run(fmt.Sprintf("old sequencer %v", oldSequences), func(t *testing.T) { testMixedReleases(t, old, oldSequences) })
@@ -385,4 +394,35 @@ func testMixedReleases(t *testing.T, old string, oldSequences bool) {
 			}
 		}
 	}
+}
+
+// buildRelease builds prism at commit from this clone's git history
+// (git archive into a temporary folder, go build there) and returns the
+// binary. It skips, saying why, where the history lacks the commit (a
+// shallow clone, a source tarball): PRISM_OLD_BIN then names one.
+func buildRelease(t *testing.T, commit string) string {
+	t.Helper()
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skipf("no git history to build release %.12s from (%v): set PRISM_OLD_BIN to a prism binary of an earlier release", commit, err)
+	}
+	root := strings.TrimSpace(string(top))
+	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
+		t.Skipf("this clone's history lacks release %.12s (shallow?): set PRISM_OLD_BIN to a prism binary of an earlier release", commit)
+	}
+	src := t.TempDir()
+	tarball := filepath.Join(t.TempDir(), "release.tar")
+	if out, err := exec.Command("git", "-C", root, "archive", "-o", tarball, commit).CombinedOutput(); err != nil {
+		t.Fatalf("git archive %.12s: %v\n%s", commit, err, out)
+	}
+	if out, err := exec.Command("tar", "-xf", tarball, "-C", src).CombinedOutput(); err != nil {
+		t.Fatalf("untar release %.12s: %v\n%s", commit, err, out)
+	}
+	bin := filepath.Join(t.TempDir(), "prism-old")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/prism")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build release %.12s: %v\n%s", commit, err, out)
+	}
+	return bin
 }
