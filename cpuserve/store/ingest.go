@@ -146,11 +146,8 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 		}
 	}()
 	for ti, pt := range tables {
-		dt := o.DType
-		if d, ok := o.TableDTypes[pt.Name]; ok {
-			dt = d
-		}
-		if dt, err = ParseDType(string(dt)); err != nil {
+		dt, err := o.tableDType(pt.Name)
+		if err != nil {
 			return nil, fmt.Errorf("ingest table %q: %w", pt.Name, err)
 		}
 		path, err := plan.Resolve(planDir, pt.File)
@@ -450,4 +447,14 @@ func nonFinite(row []float32) int {
 		}
 	}
 	return -1
+}
+
+// tableDType is the stored dtype o asks for table name: its
+// TableDTypes entry, else DType ("" float32).
+func (o IngestOptions) tableDType(name string) (DType, error) {
+	dt := o.DType
+	if d, ok := o.TableDTypes[name]; ok {
+		dt = d
+	}
+	return ParseDType(string(dt))
 }

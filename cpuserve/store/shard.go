@@ -225,11 +225,8 @@ func (s *Store) MatchDTypes(model string, o IngestOptions) error {
 		return err
 	}
 	for _, t := range tabs {
-		want := o.DType
-		if d, ok := o.TableDTypes[t.Name]; ok {
-			want = d
-		}
-		if want, err = ParseDType(string(want)); err != nil {
+		want, err := o.tableDType(t.Name)
+		if err != nil {
 			return fmt.Errorf("table %q: %w", t.Name, err)
 		}
 		if have, _ := ParseDType(string(t.DType)); have != want {
