@@ -158,18 +158,17 @@ func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, c
 	handler, scheme := d.Handler(), "http"
 	if !c.Insecure {
 		rf, err := auth.ResolveCerts(c.Certs, auth.Router)
+		var st *tls.Config
 		if err == nil {
-			var st *tls.Config
-			if st, err = auth.ServerTLS(rf.Files, auth.ServerTLSOptions{AllowNoClientCert: true}); err == nil {
-				lis = tls.NewListener(lis, serve.MetricsTLS(st, false))
-				handler, scheme = adminWrites(handler), "https"
-			}
+			st, err = auth.ServerTLS(rf.Files, auth.ServerTLSOptions{AllowNoClientCert: true})
 		}
 		if err != nil {
 			lis.Close()
 			conn.Close()
 			return nil, fmt.Errorf("loan: %w", err)
 		}
+		lis = tls.NewListener(lis, serve.MetricsTLS(st, false))
+		handler, scheme = adminWrites(handler), "https"
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
