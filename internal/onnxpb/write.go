@@ -2,11 +2,13 @@ package onnxpb
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -39,6 +41,25 @@ type WriteOptions struct {
 	// Progress, if set, is called as external data is written.
 	Progress func(done, total int64)
 }
+
+// ErrNoSpace is wrapped by WriteModel's error when the model's folder has
+// less free space than its external data needs. WriteModel checks before
+// it writes, so a model of several GiB fails at once, saying how much it
+// needs, instead of after minutes of writing.
+var ErrNoSpace = errors.New("not enough free disk space")
+
+// FreeBytes returns the bytes an unprivileged writer can still use on the
+// file system holding dir.
+func FreeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
+
+// freeBytes is FreeBytes; tests replace it.
+var freeBytes = FreeBytes
 
 // pageAlign keeps every external tensor at a page-aligned offset so ONNX
 // Runtime can memory-map it.
@@ -100,6 +121,10 @@ func WriteModel(path string, m *ModelProto, opts WriteOptions) (err error) {
 		total = 0
 		for _, t := range ext {
 			total += int64(len(t.RawData))
+		}
+		need := total + int64(len(ext))*pageAlign
+		if free, err := freeBytes(filepath.Dir(dataPath)); err == nil && free < need {
+			return fmt.Errorf("write external data %q: %w: needs %.1f MiB, %.1f MiB free on %s", dataPath, ErrNoSpace, float64(need)/(1<<20), float64(free)/(1<<20), filepath.Dir(dataPath))
 		}
 		tmp := dataPath + ".tmp"
 		f, err := os.Create(tmp)
