@@ -26,7 +26,10 @@ import (
 // updates 1..AppliedSeq onto the new version would give (the last write
 // of each row wins), except that a row that does not fit the new table
 // (another dim, an id past its rows, no such table) is skipped where a
-// replay would refuse that update whole.
+// replay would refuse that update whole. A switch to a version of
+// another update sequence (another shard, another sharding or the whole
+// model: AppliedSeq starts again at 0) carries nothing and empties the
+// overlay, in the switching batch (activateOnce).
 
 // carryBatchBytes bounds one Pebble batch of a carry (Store.carryBatchBytes
 // by default): an overlay of any size is carried in batches of about this
@@ -110,7 +113,26 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 		t    *physTable // in next
 	}
 	var targets []target
+	// A sharded model's update number counts one shard's sequence (the
+	// router numbers each shard's updates apart): a version of another
+	// shard, another sharding or the whole model holds none of that
+	// sequence's updates, so the number starts again at 0, in the batch
+	// that switches, and the router replays the shard's updates to it
+	// (or leaves it out of serving when its log no longer reaches them).
+	// Kept, the number would claim the new shard's first updates held.
+	// A diverged mark (diverged.go) names an update of the sequence left
+	// behind: it goes with the number. So does the overlay: its rows are
+	// that sequence's updates, which the new number does not count.
+	// Carried, they made this store's rows differ from those of a store
+	// ingested afresh at the same number (a replica beside it), rows the
+	// router replays nothing to mend (no update of the new sequence
+	// names them), and a later switch within the new sequence carried
+	// them again.
+	resetSeq := old != nil && !sameShard(old.Shard, nm.Versions[n].Shard)
 	for _, tn := range slices.Sorted(maps.Keys(nm.Versions[n].Tables)) {
+		if resetSeq {
+			break
+		}
 		vt := nm.Versions[n].Tables[tn]
 		if old != nil && old.Tables[tn] != nil && old.Tables[tn].Phys == vt.Phys {
 			continue // the same copy: it holds the updates already
@@ -153,17 +175,11 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 			tg.t.Mutated = true
 		}
 	}
-	// A sharded model's update number counts one shard's sequence (the
-	// router numbers each shard's updates apart): a version of another
-	// shard, another sharding or the whole model holds none of that
-	// sequence's updates, so the number starts again at 0, in the batch
-	// that switches, and the router replays the shard's updates to it
-	// (or leaves it out of serving when its log no longer reaches them).
-	// Kept, the number would claim the new shard's first updates held.
-	// A diverged mark (diverged.go) names an update of the sequence left
-	// behind: it goes with the number.
-	resetSeq := old != nil && !sameShard(old.Shard, nm.Versions[n].Shard)
 	if resetSeq {
+		ovl := overlayModelPrefix(model)
+		if err := w.b.DeleteRange(ovl, prefixEnd(ovl), nil); err != nil {
+			return nil, fmt.Errorf("activate %q version %d: reset update overlay: %w", model, n, err)
+		}
 		if err := w.b.Delete(seqKey(model), nil); err != nil {
 			return nil, fmt.Errorf("activate %q version %d: reset update seq: %w", model, n, err)
 		}
