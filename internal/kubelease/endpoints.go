@@ -76,16 +76,46 @@ func ParseServices(s string) (namespace string, services []string, err error) {
 // podTracker turns EndpointSlice states into Pod transitions: a Pod that
 // was ready in some slice and is ready in none any more is gone; one
 // that is ready again after that is back. A Pod never seen ready makes
-// no transition. It is the watch's deterministic core (no IO).
+// no transition. A gone Pod that no slice lists any more, in any
+// condition, is deleted (its containers have stopped): it is reported
+// back too, at the next change of any slice, so the router no longer
+// keeps its name out. Kept, every Pod a rollout, a scale-down or a
+// returned loan deleted stayed in the router's set of gone Pods for the
+// router's life (a Deployment's Pods never come back under their name),
+// and a new Pod given a deleted one's IP was refused for ever when its
+// workers announce by IP. It is the watch's deterministic core (no IO).
 type podTracker struct {
-	// slices is per slice the ready Pods it lists, by id.
+	// slices is per slice the ready Pods it lists, by id; listed is per
+	// slice every Pod it lists, ready or not.
 	slices map[string]map[string]Pod
+	listed map[string]map[string]bool
 	// goneIDs are the Pods reported gone and not back yet.
-	goneIDs map[string]bool
+	goneIDs map[string]Pod
 }
 
 func newPodTracker() *podTracker {
-	return &podTracker{slices: map[string]map[string]Pod{}, goneIDs: map[string]bool{}}
+	return &podTracker{slices: map[string]map[string]Pod{}, listed: map[string]map[string]bool{}, goneIDs: map[string]Pod{}}
+}
+
+// listedIDs are the ids of every Pod s lists, ready or not (nil: none).
+func listedIDs(s *discoveryv1.EndpointSlice) map[string]bool {
+	if s == nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for _, e := range s.Endpoints {
+		p := Pod{Addresses: e.Addresses}
+		if e.Hostname != nil {
+			p.Hostname = *e.Hostname
+		}
+		if e.TargetRef != nil && e.TargetRef.Kind == "Pod" {
+			p.Name = e.TargetRef.Name
+		}
+		if id := p.id(); id != "" {
+			out[id] = true
+		}
+	}
+	return out
 }
 
 // ready is the set of ready Pods of an EndpointSlice: by their serving
@@ -125,25 +155,40 @@ func ready(s *discoveryv1.EndpointSlice) map[string]Pod {
 	return out
 }
 
-// set records a slice's ready Pods (nil: the slice was deleted) and
-// returns the transitions.
-func (t *podTracker) set(slice string, now map[string]Pod) (gone, back []Pod) {
+// set records a slice's ready Pods and every Pod it lists, ready or not
+// (both nil: the slice was deleted), and returns the transitions. A Pod
+// gone in an earlier call that no slice lists now is deleted (forgotten:
+// no longer kept out); one gone in this call stays gone until the next,
+// so a Pod dropped from its slice at once is still kept out while its
+// process stops.
+func (t *podTracker) set(slice string, now map[string]Pod, listed map[string]bool) (gone, back, deleted []Pod) {
 	before := t.slices[slice]
 	if now == nil {
 		delete(t.slices, slice)
 	} else {
 		t.slices[slice] = now
 	}
+	if listed == nil {
+		delete(t.listed, slice)
+	} else {
+		t.listed[slice] = listed
+	}
+	for id, p := range t.goneIDs {
+		if !t.listedAnywhere(id) {
+			delete(t.goneIDs, id)
+			deleted = append(deleted, p)
+		}
+	}
 	for id, p := range before {
 		if _, still := now[id]; still || t.readyElsewhere(id) {
 			continue
 		}
 		// Every address the Pod had in any slice goes.
-		t.goneIDs[id] = true
+		t.goneIDs[id] = p
 		gone = append(gone, p)
 	}
 	for id, p := range now {
-		if t.goneIDs[id] {
+		if _, ok := t.goneIDs[id]; ok {
 			delete(t.goneIDs, id)
 			back = append(back, p)
 		}
@@ -151,7 +196,18 @@ func (t *podTracker) set(slice string, now map[string]Pod) (gone, back []Pod) {
 	byID := func(a, b Pod) int { return strings.Compare(a.id(), b.id()) }
 	slices.SortFunc(gone, byID)
 	slices.SortFunc(back, byID)
-	return gone, back
+	slices.SortFunc(deleted, byID)
+	return gone, back, deleted
+}
+
+// listedAnywhere says whether some slice lists the Pod, ready or not.
+func (t *podTracker) listedAnywhere(id string) bool {
+	for _, ps := range t.listed {
+		if ps[id] {
+			return true
+		}
+	}
+	return false
 }
 
 // readyElsewhere says whether some slice still lists the Pod ready.
@@ -167,7 +223,9 @@ func (t *podTracker) readyElsewhere(id string) bool {
 // WatchEndpoints watches the EndpointSlices of the given Services until
 // ctx ends, and calls gone for each Pod that stops being a ready
 // endpoint (deleted, evicted, failing its readiness probe) and back when
-// it is ready again. The calls come one at a time.
+// it is ready again, or once a gone Pod is listed by no slice at all (it
+// was deleted: its name and address are free for other Pods, and the
+// caller forgets it). The calls come one at a time.
 func WatchEndpoints(ctx context.Context, o EndpointsOptions, gone, back func(Pod)) error {
 	if err := o.Validate(); err != nil {
 		return err
@@ -199,10 +257,14 @@ func WatchEndpoints(ctx context.Context, o EndpointsOptions, gone, back func(Pod
 	}
 	var mu sync.Mutex
 	t := newPodTracker()
-	apply := func(name string, now map[string]Pod) {
+	apply := func(name string, s *discoveryv1.EndpointSlice) {
 		mu.Lock()
 		defer mu.Unlock()
-		g, b := t.set(name, now)
+		var now map[string]Pod
+		if s != nil {
+			now = ready(s)
+		}
+		g, b, d := t.set(name, now, listedIDs(s))
 		for _, p := range g {
 			o.Logger.Info("pod no longer a ready endpoint; its workers leave the registry", "pod", p.Name, "addresses", p.Addresses)
 			gone(p)
@@ -211,17 +273,23 @@ func WatchEndpoints(ctx context.Context, o EndpointsOptions, gone, back func(Pod
 			o.Logger.Info("pod a ready endpoint again", "pod", p.Name, "addresses", p.Addresses)
 			back(p)
 		}
+		for _, p := range d {
+			// Deleted: its name (and IP, which a new Pod may get) is
+			// no longer kept out.
+			o.Logger.Debug("pod gone from every EndpointSlice; forgotten", "pod", p.Name, "addresses", p.Addresses)
+			back(p)
+		}
 	}
 	inf := cache.NewSharedIndexInformer(lw, &discoveryv1.EndpointSlice{}, 0, cache.Indexers{})
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-				apply(s.Name, ready(s))
+				apply(s.Name, s)
 			}
 		},
 		UpdateFunc: func(_, obj any) {
 			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-				apply(s.Name, ready(s))
+				apply(s.Name, s)
 			}
 		},
 		DeleteFunc: func(obj any) {

@@ -68,7 +68,7 @@ func TestPodTracker(t *testing.T) {
 		if st.s != nil {
 			ps = ready(st.s)
 		}
-		gone, back := tr.set(st.slice, ps)
+		gone, back, _ := tr.set(st.slice, ps, listedIDs(st.s))
 		if !slices.Equal(names(gone), st.gone) || !slices.Equal(names(back), st.back) {
 			t.Fatalf("step %d: gone %v back %v, want %v %v", i, names(gone), names(back), st.gone, st.back)
 		}
@@ -101,7 +101,7 @@ func TestPodTrackerPublishNotReady(t *testing.T) {
 		{slice("v4", ep("a", "10.0.0.1", true), ep("b", "10.0.0.2", false)), []string{"b"}, nil},
 		{slice("v4", ep("a", "10.0.0.1", true), ep("b", "10.0.0.2", true)), nil, []string{"b"}},
 	} {
-		gone, back := tr.set("v4", ready(st.s))
+		gone, back, _ := tr.set("v4", ready(st.s), listedIDs(st.s))
 		if !slices.Equal(names(gone), st.gone) || !slices.Equal(names(back), st.back) {
 			t.Fatalf("step %d: gone %v back %v, want %v %v", i, names(gone), names(back), st.gone, st.back)
 		}
@@ -183,5 +183,34 @@ func TestWatchEndpointsOnAPIServer(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPodTrackerForgetsDeleted: a gone Pod that no slice lists any more
+// (deleted) is forgotten, at the first change after the one that made it
+// gone, and the tracker holds nothing of it; a not-ready Pod still
+// listed stays gone.
+func TestPodTrackerForgetsDeleted(t *testing.T) {
+	yes, no := true, false
+	tr := newPodTracker()
+	for i, st := range []struct {
+		s                   *discoveryv1.EndpointSlice
+		gone, back, deleted []string
+	}{
+		{slice("v4", endpoint("a", "10.0.0.1", &yes, false), endpoint("b", "10.0.0.2", &yes, false), endpoint("c", "10.0.0.3", &yes, false)), nil, nil, nil},
+		// a terminates, b fails its probe, c is dropped at once.
+		{slice("v4", endpoint("a", "10.0.0.1", &yes, true), endpoint("b", "10.0.0.2", &no, false)), []string{"a", "b", "c"}, nil, nil},
+		// a is deleted; c, gone before, is listed nowhere: both forgotten.
+		{slice("v4", endpoint("b", "10.0.0.2", &no, false)), nil, nil, []string{"a", "c"}},
+		// b, not ready but listed, stays gone; d gets a's IP.
+		{slice("v4", endpoint("b", "10.0.0.2", &no, false), endpoint("d", "10.0.0.1", &yes, false)), nil, nil, nil},
+	} {
+		gone, back, deleted := tr.set("v4", ready(st.s), listedIDs(st.s))
+		if !slices.Equal(names(gone), st.gone) || !slices.Equal(names(back), st.back) || !slices.Equal(names(deleted), st.deleted) {
+			t.Fatalf("step %d: gone %v back %v deleted %v, want %v %v %v", i, names(gone), names(back), names(deleted), st.gone, st.back, st.deleted)
+		}
+	}
+	if len(tr.goneIDs) != 1 {
+		t.Errorf("the tracker keeps %d gone Pods, want 1 (b)", len(tr.goneIDs))
 	}
 }
