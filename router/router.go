@@ -722,6 +722,9 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 			return nil, err
 		}
 	}
+	if err := nonFiniteScore(req, jc, scores, n); err != nil { // finite.go
+		return nil, err
+	}
 	version := won.version
 	switch {
 	case won.content != "" && byNumber:
