@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/serve"
 )
 
@@ -46,5 +47,7 @@ func newLogger(format, level string) (*slog.Logger, error) {
 		}
 		return nil, fmt.Errorf("%w (check %s)", err, flag)
 	}
+	// Certificate reloads and approaching expiry in the tier's log.
+	auth.SetLogger(log)
 	return log, nil
 }

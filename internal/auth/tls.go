@@ -1,14 +1,18 @@
 package auth
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 )
 
 // ServerTLSOptions configure ServerTLS.
@@ -24,20 +28,50 @@ type ServerTLSOptions struct {
 // certificate, and client certificates required and verified against
 // f's CA.
 func ServerTLS(f Files, o ServerTLSOptions) (*tls.Config, error) {
-	cert, pool, err := load(f, true)
+	r, err := newReloader(f, true)
 	if err != nil {
 		return nil, err
 	}
-	c := &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientCAs:    pool,
-		ClientAuth:   tls.RequireAndVerifyClientCert,
+	base := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		ClientAuth: tls.RequireAndVerifyClientCert,
 	}
 	if o.AllowNoClientCert {
-		c.ClientAuth = tls.VerifyClientCertIfGiven
+		base.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	with := func(c *tls.Config, id identity) *tls.Config {
+		c.Certificates, c.ClientCAs = []tls.Certificate{*id.cert}, id.pool
+		return c
+	}
+	c := with(base.Clone(), r.cur)
+	// Each handshake takes the files as last loaded: rewritten on disk
+	// (a renewal), they are loaded again without a restart. A caller
+	// that changes a field of c (MetricsTLS) changes it in what this
+	// returns too (ServerConfigFor).
+	c.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return with(base.Clone(), r.get()), nil
 	}
 	return c, nil
+}
+
+// ServerConfigFor is c (a ServerTLS configuration, or a clone of one)
+// with its fields set by set, also in the configuration each handshake
+// takes (GetConfigForClient).
+func ServerConfigFor(c *tls.Config, set func(*tls.Config)) *tls.Config {
+	c = c.Clone()
+	set(c)
+	if get := c.GetConfigForClient; get != nil {
+		c.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			cc, err := get(h)
+			if err != nil || cc == nil {
+				return cc, err
+			}
+			cc = cc.Clone()
+			set(cc)
+			return cc, nil
+		}
+	}
+	return c
 }
 
 // ClientTLS is the TLS 1.3 configuration a process dials with: f's
@@ -47,14 +81,27 @@ func ServerTLS(f Files, o ServerTLSOptions) (*tls.Config, error) {
 // certificate carries one of them (the embedding tier sends cut tensors
 // only to a dense worker).
 func ClientTLS(f Files, serverRoles ...Role) (*tls.Config, error) {
+	c, _, err := clientTLS(f, serverRoles)
+	return c, err
+}
+
+// clientTLS is ClientTLS and the reloader its certificate comes from:
+// the certificate last loaded from f's files, which are loaded again
+// when rewritten on disk (a renewal), without a restart. Its RootCAs
+// are the CA as loaded now; ClientCredentials and ScrapeTLS verify
+// against the CA as last loaded.
+func clientTLS(f Files, serverRoles []Role) (*tls.Config, *reloader, error) {
 	withCert := f.Cert != "" || f.Key != ""
-	cert, pool, err := load(f, withCert)
+	r, err := newReloader(f, withCert)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}
+	c := &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: r.cur.pool}
 	if withCert {
-		c.Certificates = []tls.Certificate{cert}
+		c.Certificates = []tls.Certificate{*r.cur.cert}
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return r.get().cert, nil
+		}
 	}
 	if len(serverRoles) > 0 {
 		want := slices.Clone(serverRoles)
@@ -68,7 +115,38 @@ func ClientTLS(f Files, serverRoles ...Role) (*tls.Config, error) {
 			return nil
 		}
 	}
-	return c, nil
+	return c, r, nil
+}
+
+// ClientCredentials are the gRPC transport credentials of ClientTLS
+// whose certificate and CA follow f's files: each handshake verifies
+// the server against the CA as last loaded, so that a CA rewritten on
+// disk (a renewal, or a new CA added to the bundle) is trusted without
+// a restart.
+func ClientCredentials(f Files, serverRoles ...Role) (credentials.TransportCredentials, error) {
+	c, r, err := clientTLS(f, serverRoles)
+	if err != nil {
+		return nil, err
+	}
+	return &reloadingCreds{TransportCredentials: credentials.NewTLS(c), base: c, r: r}, nil
+}
+
+// reloadingCreds are TLS credentials whose RootCAs are the reloader's
+// at each handshake.
+type reloadingCreds struct {
+	credentials.TransportCredentials
+	base *tls.Config
+	r    *reloader
+}
+
+func (c *reloadingCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	cfg := c.base.Clone()
+	cfg.RootCAs = c.r.get().pool
+	return credentials.NewTLS(cfg).ClientHandshake(ctx, authority, conn)
+}
+
+func (c *reloadingCreds) Clone() credentials.TransportCredentials {
+	return &reloadingCreds{TransportCredentials: c.TransportCredentials.Clone(), base: c.base.Clone(), r: c.r}
 }
 
 // load reads f's CA and, when withCert, its certificate and key.
@@ -119,11 +197,11 @@ func load(f Files, withCert bool) (tls.Certificate, *x509.CertPool, error) {
 // their certificates need not list (the role is the identity, as
 // between the tiers).
 func ScrapeTLS(f Files, serverRoles ...Role) (*tls.Config, error) {
-	c, err := ClientTLS(f, serverRoles...)
+	c, r, err := clientTLS(f, serverRoles)
 	if err != nil {
 		return nil, err
 	}
-	roots, roleCheck := c.RootCAs, c.VerifyConnection
+	roleCheck := c.VerifyConnection
 	c.InsecureSkipVerify = true // replaced by the verification below
 	c.VerifyConnection = func(cs tls.ConnectionState) error {
 		if len(cs.PeerCertificates) == 0 {
@@ -133,7 +211,7 @@ func ScrapeTLS(f Files, serverRoles ...Role) (*tls.Config, error) {
 		for _, ic := range cs.PeerCertificates[1:] {
 			inter.AddCert(ic)
 		}
-		if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		if _, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: r.get().pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
 			return fmt.Errorf("server certificate: %w", err)
 		}
 		if roleCheck != nil {

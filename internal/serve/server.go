@@ -260,13 +260,15 @@ func (s *Server) label(method string) string {
 // or HTTP/1.1, and a client certificate verified when given, required
 // only with requireClientCert.
 func MetricsTLS(grpcTLS *tls.Config, requireClientCert bool) *tls.Config {
-	c := grpcTLS.Clone()
-	c.NextProtos = []string{"h2", "http/1.1"}
-	c.ClientAuth = tls.VerifyClientCertIfGiven
-	if requireClientCert {
-		c.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return c
+	// The fields set in what each handshake takes too: the certificate
+	// files are reloaded when rewritten (auth.ServerTLS).
+	return auth.ServerConfigFor(grpcTLS, func(c *tls.Config) {
+		c.NextProtos = []string{"h2", "http/1.1"}
+		c.ClientAuth = tls.VerifyClientCertIfGiven
+		if requireClientCert {
+			c.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	})
 }
 
 // MetricsScheme is the scheme of a tier's /metrics URL: "https" when it

@@ -124,6 +124,9 @@ func (f *Flags) Server(role auth.Role, o auth.ServerTLSOptions) (*tls.Config, er
 	if err != nil || !ok {
 		return nil, err
 	}
+	if err := auth.CheckFiles(files); err != nil {
+		return nil, fmt.Errorf("%w (check %s)", err, f.which())
+	}
 	c, err := auth.ServerTLS(files, o)
 	if err != nil {
 		return nil, fmt.Errorf("%w (check %s)", err, f.which())
@@ -142,11 +145,14 @@ func (f *Flags) Credentials(role auth.Role, allowNoCert bool, serverRoles ...aut
 	if !ok {
 		return insecure.NewCredentials(), nil
 	}
-	c, err := auth.ClientTLS(files, serverRoles...)
+	if err := auth.CheckFiles(files); err != nil {
+		return nil, fmt.Errorf("%w (check %s)", err, f.which())
+	}
+	c, err := auth.ClientCredentials(files, serverRoles...)
 	if err != nil {
 		return nil, fmt.Errorf("%w (check %s)", err, f.which())
 	}
-	return credentials.NewTLS(c), nil
+	return c, nil
 }
 
 // Dial is Credentials as a dial option.

@@ -101,3 +101,43 @@ func TestCombinedPEM(t *testing.T) {
 		t.Fatalf("an embedding certificate in a combined PEM: %v", err)
 	}
 }
+
+// TestMismatchedFiles: a certificate whose key is another's, or which
+// the CA given did not sign, stops the process at start with an error
+// naming the files (it started, and every peer refused it).
+func TestMismatchedFiles(t *testing.T) {
+	root := t.TempDir()
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	for _, d := range []string{a, b} {
+		if err := auth.InitCerts(d, auth.CertOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fa, fb := auth.FilesFor(a, auth.Router), auth.FilesFor(b, auth.Router)
+	for _, tc := range []struct {
+		name          string
+		cert, key, ca string
+		want          []string
+	}{
+		{"key of another certificate", fa.Cert, fb.Key, fa.CA, []string{fa.Cert, fb.Key, "private key does not match"}},
+		{"CA that did not sign the certificate", fa.Cert, fa.Key, fb.CA, []string{fa.Cert, fb.CA, "does not chain to CA"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f Flags
+			cmd := &cobra.Command{}
+			f.Register(cmd, auth.Router)
+			if err := cmd.ParseFlags([]string{"--tls-cert", tc.cert, "--tls-key", tc.key, "--tls-ca", tc.ca}); err != nil {
+				t.Fatal(err)
+			}
+			_, serr := f.Server(auth.Router, auth.ServerTLSOptions{})
+			_, derr := f.Dial(auth.Router, auth.Embedding)
+			for _, err := range []error{serr, derr} {
+				for _, w := range tc.want {
+					if err == nil || !strings.Contains(err.Error(), w) {
+						t.Errorf("%v, want an error saying %q", err, w)
+					}
+				}
+			}
+		})
+	}
+}
