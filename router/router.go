@@ -950,6 +950,15 @@ func (r *Router) validate(req *prismv1.RecommendRequest) error {
 		return status.Errorf(codes.InvalidArgument, "empty request: num_candidates is %d", n)
 	case n > r.opts.MaxCandidates:
 		return status.Errorf(codes.InvalidArgument, "request has %d candidates, the limit is %d", n, r.opts.MaxCandidates)
+	case req.GetVersion() < 0:
+		return status.Errorf(codes.InvalidArgument, "version %d: versions are numbered from 1 (0: the one being served)", req.GetVersion())
+	}
+	l := r.Reg.Limits
+	l.EnsureDefaults()
+	if len(req.GetModel()) > l.MaxNameBytes {
+		// No worker may announce such a name; and the errors below would
+		// echo all of it.
+		return status.Errorf(codes.InvalidArgument, "model name of %d bytes: names are at most %d", len(req.GetModel()), l.MaxNameBytes)
 	}
 	if !r.Reg.Serves(req.GetModel()) {
 		cpu, _ := r.Reg.Models() // only to name them in the error

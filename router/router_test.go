@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -301,10 +302,16 @@ func TestBadRequests(t *testing.T) {
 		{"empty", &prismv1.RecommendRequest{Model: "m"}, codes.InvalidArgument},
 		{"too big", request(101), codes.InvalidArgument},
 		{"ragged", &prismv1.RecommendRequest{Model: "m", NumCandidates: 3, Candidates: &prismv1.Features{Inputs: []*prismv1.Input{{Name: "x", Ids: []int64{1, 2}}}}}, codes.InvalidArgument},
+		{"negative version", &prismv1.RecommendRequest{Model: "m", Version: -3, NumCandidates: 1}, codes.InvalidArgument},
+		{"name longer than any served", &prismv1.RecommendRequest{Model: strings.Repeat("m", 1<<20), NumCandidates: 1}, codes.InvalidArgument},
 	}
 	for _, tc := range cases {
-		if _, err := r.Recommend(context.Background(), tc.req); status.Code(err) != tc.want {
+		_, err := r.Recommend(context.Background(), tc.req)
+		if status.Code(err) != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		if err != nil && len(err.Error()) > 1024 {
+			t.Errorf("%s: a message of %d bytes", tc.name, len(err.Error()))
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
