@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -237,14 +238,17 @@ type Result struct {
 // RowsPerSec is ids resolved per second.
 func (r Result) RowsPerSec() float64 { return float64(r.Rows) / r.Elapsed.Seconds() }
 
-// Quantile is the q-quantile of the batch latencies.
+// Quantile is the q-quantile of the batch latencies by nearest rank
+// (the ceil(q*n)-th smallest, as loadgen's histograms give it: the p99
+// of 100 batches is the 99th, not the slowest).
 func (r Result) Quantile(q float64) time.Duration {
 	if len(r.Latencies) == 0 {
 		return 0
 	}
 	l := slices.Clone(r.Latencies)
 	slices.Sort(l)
-	return l[min(len(l)-1, int(q*float64(len(l))))]
+	i := int(math.Ceil(q*float64(len(l)))) - 1
+	return l[min(len(l)-1, max(0, i))]
 }
 
 func (r Result) String() string {

@@ -289,12 +289,16 @@ func fixedBatch(meta *pb.ModelProto) int {
 	return 0
 }
 
-// percentile of sorted latencies (nearest rank, rounding down).
+// percentile of sorted latencies by nearest rank: the smallest value
+// at or above which no more than 1-p of them lie (the ceil(p*n)-th), as
+// loadgen's histograms give it. The p99 of 100 batches is the 99th, not
+// the slowest.
 func percentile(sorted []time.Duration, p float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(len(sorted)-1, max(0, i))]
 }
 
 // WriteScores writes scores to path, one a line.

@@ -45,11 +45,21 @@ func TestLogLoss(t *testing.T) {
 
 func TestPercentile(t *testing.T) {
 	lat := []time.Duration{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
-	if p := percentile(lat, 0.5); p != 6 {
+	if p := percentile(lat, 0.5); p != 5 {
 		t.Errorf("p50 = %v", p)
 	}
 	if p := percentile(lat, 0.99); p != 10 {
 		t.Errorf("p99 = %v", p)
+	}
+	hundred := make([]time.Duration, 100)
+	for i := range hundred {
+		hundred[i] = time.Duration(i + 1)
+	}
+	if p := percentile(hundred, 0.99); p != 99 {
+		t.Errorf("p99 of 100 = %v, want the 99th (not the slowest)", p)
+	}
+	if p := percentile(hundred, 0); p != 1 {
+		t.Errorf("p0 of 100 = %v", p)
 	}
 	if p := percentile(nil, 0.5); p != 0 {
 		t.Errorf("p50 of nothing = %v", p)
