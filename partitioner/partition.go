@@ -81,6 +81,15 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}
+	// Multi-slot lookups ([batch, slots, nnz] keys pooled per slot:
+	// HugeCTR's) become one lookup per slot.
+	if split, err := splitSlots(g); err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	} else if split {
+		if g, err = NewGraph(m); err != nil {
+			return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+		}
+	}
 	if batch != nil && len(batch.Blockers) > 0 {
 		g.FixedBatch = batch.Exported
 	}
@@ -136,6 +145,26 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	}
 	ok = true
 	return res, nil
+}
+
+// outputType is the type of graph output o: as inferred, or as the
+// model declares it where inference did not reach it (a per-sample
+// shape the plan writes must never be a guess: [] would say one score
+// per sample, and the dense tier, which refuses to load a plan whose
+// first output is not one value per sample, would serve a multi-task
+// model's [batch, tasks] as scores).
+func (pl *Placement) outputType(o *pb.ValueInfoProto) TensorType {
+	t := pl.Types[o.GetName()]
+	if sampleKnown(t) {
+		return t
+	}
+	if d := valueInfoType(o); sampleKnown(d) {
+		if d.Elem == 0 {
+			d.Elem = t.Elem
+		}
+		return d
+	}
+	return t
 }
 
 // unrecognised is the error naming every table left in the graph, its
@@ -241,8 +270,7 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 		p.Inputs = append(p.Inputs, ti)
 	}
 	for _, o := range g.Outputs {
-		t := pl.Types[o.GetName()]
-		p.Outputs = append(p.Outputs, plan.TensorInfo{Name: o.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()})
+		p.Outputs = append(p.Outputs, plan.TensorInfo{Name: o.GetName(), DType: dtypeName(pl.outputType(o).Elem), Shape: pl.outputType(o).SampleShape()})
 	}
 	// The dense tier answers with plan.json's first output; the
 	// reference scorer (prism score) with the output named "score" when

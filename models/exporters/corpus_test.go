@@ -18,7 +18,7 @@ func TestCorpusMatchesReference(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range append(exporters.Corpus(3), exporters.FixedBatch(3)...) {
+	for _, m := range append(append(exporters.Corpus(3), exporters.FixedBatch(3)...), exporters.HugeCTR(3)...) {
 		t.Run(m.Name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "model.onnx")
 			if err := m.Write(path); err != nil {

@@ -2,7 +2,9 @@ package verify_test
 
 import (
 	"errors"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -135,4 +137,58 @@ func partitionCorpus(t *testing.T, m *exporters.Model) (model, out string, res *
 		t.Fatal(err)
 	}
 	return model, out, res
+}
+
+// TestExporterHugeCTR: the models NVIDIA HugeCTR's hugectr2onnx writes
+// ([batch, slots, nnz] hash keys remapped to rows through the shared
+// key_to_indice_hash_all_tables, pooled per slot by sum or mean) partition
+// into one lookup per slot, the remap run in pre.onnx, and the partition
+// reproduces the whole model within 1e-5 on the models' valid keys.
+func TestExporterHugeCTR(t *testing.T) {
+	requireORT(t)
+	want := map[string][]string{ // per lookup: table, bag, pooling
+		"hugectr-wdl": {"sparse_embedding2_embedding_table 3 sum", "sparse_embedding1_embedding_table 2 mean",
+			"sparse_embedding1_embedding_table 2 mean", "sparse_embedding1_embedding_table 2 mean"},
+		"hugectr-dlrm": {"sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum"},
+	}
+	for _, m := range exporters.HugeCTR(5) {
+		t.Run(m.Name, func(t *testing.T) {
+			model, out, res := partitionCorpus(t, m)
+			var got []string
+			for _, tb := range res.Plan.Tables {
+				for _, l := range tb.Lookups {
+					got = append(got, fmt.Sprintf("%s %d %s", tb.Name, l.Bag, l.Pooling))
+				}
+			}
+			if !slices.Equal(got, want[m.Name]) {
+				t.Fatalf("lookups %q, want %q\n%s", got, want[m.Name], res.Report())
+			}
+			src, err := models.NewSynthetic(m.Sig, models.SyntheticOptions{Seed: 2, Uniform: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := verify.VerifySource(model, out, src, 500)
+			if err != nil {
+				t.Fatalf("verify on the model's samples: %v\n%s", err, res.Report())
+			}
+			t.Logf("max abs error %.2g\n%s", rep.MaxAbsErr, res.Report())
+		})
+	}
+}
+
+// TestExporterMultiTaskShape: a model whose output has more than one
+// value per sample (HugeCTR's label_dim 2: [None, 2], one sigmoid per
+// task) gets that per-sample shape in plan.json even where shape
+// inference does not reach the output (the opset-10 Pad before it): the
+// plan said [] (one score per sample), so the dense tier, which refuses
+// a first output of more than one value per sample, loaded it and served
+// the tasks' values as scores.
+func TestExporterMultiTaskShape(t *testing.T) {
+	requireORT(t)
+	m := exporters.HugeCTRMultiTask(5)
+	_, _, res := partitionCorpus(t, m)
+	outs := res.Plan.Outputs
+	if len(outs) != 1 || outs[0].Name != "output" || !slices.Equal(outs[0].Shape, []int64{2}) {
+		t.Fatalf("plan outputs %+v, want output of per-sample shape [2]", outs)
+	}
 }
