@@ -54,6 +54,11 @@
 #        first RESTART_WINDOW, default 60s, in RESTART_STEPS windows)
 #        WARM_RESTART (with RESTART; default 1, 0: --warm-restart=false)
 #        DTYPE (float16 or int8: the tables stored so, in WORK/db-MAX_ROWS-DTYPE)
+#        SIZE_BY (float32, the default: MAX_ROWS makes the model's float32
+#        tables RATIO x LIMIT, so a DTYPE store holds less, int8 about a
+#        quarter; stored: the tables as DTYPE stores them are RATIO x LIMIT,
+#        more rows: int8 needs the float32 model and partition of about
+#        RATIO x LIMIT x 3.8 each on disk while it partitions)
 #        EMB_FLAGS (more flags for the larger-than-memory embedding worker)
 #   smoke: LIMIT=256M HOT=24MiB CACHE=8MiB DURATION=10s WARM=5s CLIENTS=8 REDIS_BATCHES=200 scripts/bench-ltm-e2e.sh /tmp/ltm-smoke
 #   (256M is about the least limit the memory budget takes with a 64 MiB memtable)
@@ -131,12 +136,25 @@ s=sys.argv[1]; m=re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?",s,re.I)
 print(int(float(m.group(1))*1024**"_KMGT".index((m.group(2) or "_").upper())))' "$1"; }
 limit_bytes=$(bytes "$LIMIT")
 
-# MAX_ROWS: the smallest cap whose tables hold RATIO x LIMIT (dim 64).
+# Bytes a stored dim-64 row takes (store.DType.RowBytes): int8 a float32
+# scale and a byte a value, float16 two bytes a value.
+case "${DTYPE:-float32}" in
+int8) stored_row=68 ;;
+float16) stored_row=128 ;;
+*) stored_row=256 ;;
+esac
+case "${SIZE_BY:=float32}" in
+float32) size_row=256 ;;
+stored) size_row=$stored_row ;;
+*) echo "SIZE_BY=$SIZE_BY: want float32 or stored" >&2; exit 2 ;;
+esac
+# MAX_ROWS: the smallest cap whose tables hold RATIO x LIMIT (dim 64, at
+# size_row bytes a row).
 if [ -z "${MAX_ROWS:-}" ]; then
-	MAX_ROWS=$(python3 - "$limit_bytes" "$RATIO" <<'EOF'
+	MAX_ROWS=$(python3 - "$limit_bytes" "$RATIO" "$size_row" <<'EOF'
 import sys
 rows = [227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956, 405282, 10, 2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510, 590152, 12973, 108, 36]
-want = float(sys.argv[2]) * int(sys.argv[1]) / (64 * 4)
+want = float(sys.argv[2]) * int(sys.argv[1]) / int(sys.argv[3])
 lo, hi = 1, max(rows)
 while lo < hi:
     mid = (lo + hi) // 2
@@ -164,7 +182,8 @@ if ! ls "$db"/OPTIONS-* >/dev/null 2>&1; then
 fi
 table_bytes=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(sum(t["rows"]*t["dim"]*4 for t in p["tables"]))' "$part/plan.json")
 table_rows=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1])); print(sum(t["rows"] for t in p["tables"]))' "$part/plan.json")
-echo "tables: $table_rows rows, $((table_bytes >> 20)) MiB of float32 = $(python3 -c "print(round($table_bytes/$limit_bytes,2))")x the cgroup's $LIMIT; store $(du -sm "$db" | cut -f1) MiB on disk"
+stored_bytes=$((table_rows * stored_row))
+echo "tables: $table_rows rows, $((table_bytes >> 20)) MiB of float32 = $(python3 -c "print(round($table_bytes/$limit_bytes,2))")x the cgroup's $LIMIT; stored as ${DTYPE:-float32}: $((stored_bytes >> 20)) MiB = $(python3 -c "print(round($stored_bytes/$limit_bytes,2))")x (SIZE_BY=$SIZE_BY); store $(du -sm "$db" | cut -f1) MiB on disk"
 
 tmp=$(mktemp -d "$WORK/run.XXXX")
 pids=()
@@ -370,8 +389,8 @@ ltm_samples=$(samples <<<"$ltm")
 echo
 echo "| measure | value |"
 echo "|---|---:|"
-echo "| model | $MODEL, --max-rows $MAX_ROWS: $table_rows rows, $((table_bytes >> 20)) MiB of float32 |"
-echo "| embedding worker's memory cgroup (tables / limit) | $LIMIT ($(python3 -c "print(round($table_bytes/$limit_bytes,2))")x); hot tier $HOT, block cache $CACHE |"
+echo "| model | $MODEL, --max-rows $MAX_ROWS: $table_rows rows, $((table_bytes >> 20)) MiB of float32, stored as ${DTYPE:-float32}: $((stored_bytes >> 20)) MiB |"
+echo "| embedding worker's memory cgroup (tables as stored / limit) | $LIMIT ($(python3 -c "print(round($stored_bytes/$limit_bytes,2))")x; SIZE_BY=$SIZE_BY); hot tier $HOT, block cache $CACHE |"
 echo "| all in memory, $CLIENTS clients x $CANDIDATES candidates (samples/s, p99) | $mem_samples, $(p99 <<<"$mem") |"
 echo "| larger than memory at $rate req/s (samples/s, p99) | $ltm_samples, $(p99 <<<"$ltm") |"
 echo "| larger than memory / all in memory (samples/s) | $(python3 -c "print(round(${ltm_samples:-0}/$mem_samples, 2))") |"

@@ -107,7 +107,7 @@ func merge(a, b Result) Result {
 func runLTM(w io.Writer, e *Env, zipfs []float64) error {
 	var tableBytes int64
 	for _, rows := range e.Rows {
-		tableBytes += rows * int64(e.Dim) * 4
+		tableBytes += rows * int64(e.Cfg.DType.RowBytes(e.Dim)) // as stored: --dtype's bytes a value
 	}
 	m := e.Store.Metrics()
 	fmt.Fprintf(w, "larger than memory: tables %d MiB, hot tier %d MiB + block cache %d MiB (tables are %.1fx; %s)\n",
