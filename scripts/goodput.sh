@@ -13,6 +13,7 @@
 # the closest to a load generator on another machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ $# -lt 2 ]; then echo "usage: scripts/goodput.sh BIN \"80 120\" [extra loadgen flags]" >&2; exit 2; fi
 bin=$1; loads=$2; shift 2
 out=${BENCH_DIR:-out/demo}
 log=$(mktemp)
