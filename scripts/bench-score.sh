@@ -2,7 +2,8 @@
 # Monolithic scoring throughput (the baseline every later figure is a ratio
 # against): dlrm-kaggle at full size and dcnv2-mlperf with tables at 1%,
 # batch 1/64/256/1024, one and two ONNX Runtime threads. Prints a Markdown
-# table for BENCHMARKS.md. Run via `make bench-score`.
+# table for BENCHMARKS.md. Run via `make bench-score`; the models are
+# built once into BENCH_DIR (default out/bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=bin/prism

@@ -11,6 +11,8 @@
 #     "--batch-order fifo --fixed-admission" for the FIFO baseline;
 #     OPEN_FLAGS go to the open-loop runs, e.g. "--timeout 100ms" to give
 #     requests a deadline near the SLO).
+# CLIENTS closed-loop clients (default 16) for DURATION (default 15s) a
+# run; POOL requests pre-built per client (default 512).
 # Mutual TLS by default (certificates in CERTS, default certs beside DB,
 # made by prism up when missing); TLS=0 runs every tier and the load
 # generator on plaintext (--insecure), for the comparison.

@@ -11,6 +11,10 @@ out=${DEMO_DIR:-out/demo}
 model=${DEMO_MODEL:-dlrm-kaggle}
 duration=${DEMO_DURATION:-30s}
 rate=${DEMO_RATE:-40}
+# DEMO_DIR (default out/demo) holds the model, plan, store and logs;
+# DEMO_MODEL (default dlrm-kaggle) another preset of `prism models list`;
+# DEMO_DURATION (default 30s) and DEMO_RATE (default 40 requests/s) the
+# load.
 # Mutual TLS between the tiers and for the load generator, by default
 # (prism up makes the certificates in $out/certs, beside the store);
 # DEMO_INSECURE=1 runs plaintext.
