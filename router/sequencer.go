@@ -218,6 +218,9 @@ func (s *sequencer) drop(key string) {
 		return
 	}
 	delete(s.models, key)
+	// Its gauge goes too: kept, it reported the last count for a
+	// sequence no longer kept.
+	s.send(message{Type: msgBehind, Model: key, Behind: -1})
 	if m.shard >= 0 {
 		delete(s.shardSeqs[m.name], key)
 		if len(s.shardSeqs[m.name]) == 0 {

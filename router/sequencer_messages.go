@@ -106,6 +106,9 @@ func (m message) String() string {
 		}
 		return fmt.Sprintf("answer c%d: ok, %d workers%s", m.Client, m.Resp.GetWorkers(), on)
 	case msgBehind:
+		if m.Behind < 0 {
+			return fmt.Sprintf("behind %s gone", m.Model)
+		}
 		return fmt.Sprintf("behind %s = %d", m.Model, m.Behind)
 	case msgPersist:
 		c := m.Persist

@@ -347,7 +347,11 @@ func (d *updateDriver) step(event func(now time.Time)) {
 				answers[i] <- updateAnswer{m.Resp, m.Err} // buffered: never blocks
 			}
 		case msgBehind:
-			if d.behind != nil {
+			switch {
+			case d.behind == nil:
+			case m.Behind < 0: // the sequence was dropped
+				d.behind.DeleteLabelValues(m.Model)
+			default:
 				d.behind.WithLabelValues(m.Model).Set(float64(m.Behind))
 			}
 		case msgLog:
