@@ -247,7 +247,11 @@ func Read(dir string) (*Plan, error) {
 	return &p, nil
 }
 
-// Write validates p and writes it as dir/plan.json.
+// Write validates p and writes it as dir/plan.json. The file is
+// replaced whole or not at all: written beside it, synced and renamed
+// over it, so a full disk or a kill part-way (prism shard rewrites the
+// plan.json of a partition folder in place) leaves the plan.json that
+// was there, never a truncated one.
 func Write(dir string, p *Plan) error {
 	if err := p.Validate(); err != nil {
 		return fmt.Errorf("write plan: %w", err)
@@ -256,8 +260,48 @@ func Write(dir string, p *Plan) error {
 	if err != nil {
 		return fmt.Errorf("write plan: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, File), append(buf, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write plan: %w", err)
+	path := filepath.Join(dir, File)
+	if err := writeFileAtomic(path, append(buf, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write plan %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeFileAtomic writes data to path through a temporary file in the
+// same folder, synced and then renamed over path; on any failure the
+// temporary file is removed and path is as it was.
+func writeFileAtomic(path string, data []byte, perm fs.FileMode) (err error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		return err
+	}
+	if err = f.Chmod(perm); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	// The rename is durable once the folder is synced; a folder that
+	// cannot be synced (some file systems refuse) keeps the file written.
+	if d, derr := os.Open(filepath.Dir(path)); derr == nil {
+		d.Sync()
+		d.Close()
 	}
 	return nil
 }

@@ -22,6 +22,10 @@ if [ "${DEMO_INSECURE:-0}" = 1 ]; then tls=(--insecure); wire="plaintext"; else 
 mkdir -p "$out"
 
 echo "== 1. build $model with seeded weights"
+# The last run's build goes first: a build into a folder holding one
+# keeps the old whole until the new is written, and would need the disk
+# for both (4 GiB for dlrm-kaggle).
+rm -rf "${out:?}/$model"
 $prism models build "$model" -o "$out/$model"
 echo
 echo "== 2. the monolithic baseline: the whole model in one ONNX Runtime session"

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -93,6 +94,17 @@ func Run(w io.Writer, path string, o Options) error {
 	if err != nil {
 		return fmt.Errorf("score %q: %w", path, err)
 	}
+	// The scores file is opened before any scoring, so a folder that is
+	// missing or not writable fails at once, not after an hour of a
+	// Criteo file; it is written under a temporary name beside the path
+	// and renamed at the end, so a failure never leaves a part of it.
+	var sink *scoresFile
+	if o.ScoresOut != "" {
+		if sink, err = createScores(o.ScoresOut); err != nil {
+			return err
+		}
+		defer sink.abort()
+	}
 	// Synthetic batches are drawn before timing; a Criteo file's are
 	// read one at a time (the whole of train.txt, 45M rows, would take
 	// more than 11 GB held at once), and only the runs are timed.
@@ -158,8 +170,8 @@ func Run(w io.Writer, path string, o Options) error {
 			fmt.Fprintf(w, "sample %d: score %.6f\n", i, scores[i])
 		}
 	}
-	if o.ScoresOut != "" {
-		if err := WriteScores(o.ScoresOut, scores); err != nil {
+	if sink != nil {
+		if err := sink.commit(scores); err != nil {
 			return err
 		}
 	}
@@ -301,21 +313,66 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	return sorted[min(len(sorted)-1, max(0, i))]
 }
 
-// WriteScores writes scores to path, one a line.
+// WriteScores writes scores to path, one a line: whole or not at all
+// (a failure, a full disk, leaves path as it was).
 func WriteScores(path string, scores []float32) error {
-	f, err := os.Create(path)
+	sf, err := createScores(path)
 	if err != nil {
-		return fmt.Errorf("write scores: %w", err)
+		return err
 	}
-	w := bufio.NewWriter(f)
+	defer sf.abort()
+	return sf.commit(scores)
+}
+
+// scoresFile is a scores file being written: a temporary file beside
+// path, renamed over it by commit.
+type scoresFile struct {
+	path string
+	f    *os.File
+	done bool
+}
+
+// createScores opens the temporary file for path; its error names path.
+func createScores(path string) (*scoresFile, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return nil, fmt.Errorf("write scores %q: is a folder", path)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".partial-")
+	if err != nil {
+		return nil, fmt.Errorf("write scores %q: %w", path, err)
+	}
+	return &scoresFile{path: path, f: f}, nil
+}
+
+// commit writes scores, one a line, and renames the file into place.
+func (sf *scoresFile) commit(scores []float32) error {
+	w := bufio.NewWriter(sf.f)
 	for _, s := range scores {
 		fmt.Fprintf(w, "%.8g\n", s)
 	}
-	if err := w.Flush(); err != nil {
-		f.Close()
-		return fmt.Errorf("write scores %q: %w", path, err)
+	err := w.Flush()
+	if err == nil {
+		err = sf.f.Chmod(0o644)
 	}
-	return f.Close()
+	if err == nil {
+		err = sf.f.Close()
+	}
+	if err == nil {
+		err = os.Rename(sf.f.Name(), sf.path)
+	}
+	if err != nil {
+		return fmt.Errorf("write scores %q: %w", sf.path, err)
+	}
+	sf.done = true
+	return nil
+}
+
+// abort removes the temporary file unless commit renamed it.
+func (sf *scoresFile) abort() {
+	if !sf.done {
+		sf.f.Close()
+		os.Remove(sf.f.Name())
+	}
 }
 
 // LogLoss is the mean binary cross-entropy of predictions p against
