@@ -37,6 +37,7 @@ every performance figure is a ratio against it.`,
 			case o.Threads < 0:
 				return errors.New("score: --threads must not be negative")
 			}
+			o.Progress = cmd.ErrOrStderr()
 			return score.Run(cmd.OutOrStdout(), args[0], o)
 		},
 	}

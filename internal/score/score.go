@@ -18,6 +18,7 @@ import (
 	"github.com/prism-serve/prism/internal/modelrun"
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
+	"github.com/prism-serve/prism/internal/progress"
 	"github.com/prism-serve/prism/models"
 	"github.com/prism-serve/prism/plan"
 )
@@ -46,6 +47,9 @@ type Options struct {
 	ScoresOut string
 	// Warmup batches run untimed first.
 	Warmup int
+	// Progress, when set, receives a progress bar of a Criteo file's
+	// bytes read (stderr: a whole train.txt takes hours).
+	Progress io.Writer
 
 	// fixed: the model takes batches of Batch samples only (Run sets
 	// it): a Criteo file's last, shorter batch is left out.
@@ -241,13 +245,24 @@ func batches(sig models.Signature, o Options) (next func() (*models.Batch, []flo
 	if err != nil {
 		return nil, nil, fmt.Errorf("score: %w", err)
 	}
-	src, err := models.NewCriteo(bufio.NewReader(file), o.Criteo, sig)
+	read := &countingReader{r: file}
+	var bar *progress.Bar
+	if st, err := file.Stat(); err == nil && o.Progress != nil && st.Mode().IsRegular() {
+		bar = progress.New(o.Progress, "scoring "+filepath.Base(o.Criteo), st.Size(), true)
+	}
+	src, err := models.NewCriteo(bufio.NewReader(read), o.Criteo, sig)
 	if err != nil {
 		file.Close()
 		return nil, nil, err
 	}
 	return func() (*models.Batch, []float32, error) {
 		b, err := src.Next(o.Batch)
+		if bar != nil {
+			bar.Set(read.n)
+			if err != nil {
+				bar.Done()
+			}
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -258,6 +273,18 @@ func batches(sig models.Signature, o Options) (next func() (*models.Batch, []flo
 		// Labels reuses its slice at each Next.
 		return b, slices.Clone(src.Labels()), nil
 	}, func() { file.Close() }, nil
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // draw makes o.Samples synthetic samples up front, cut into batches.
