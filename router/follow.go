@@ -24,7 +24,16 @@ import (
 //   - Embeddings.Update on a following router is forwarded to the
 //     sequencer and its answer passed back. A follower never numbers or
 //     applies an update itself: when the sequencer cannot be reached it
-//     answers Unavailable, naming it. A forwarded update that reaches a
+//     answers Unavailable, naming it. The sequencer's answer names,
+//     per sequence, the update's number and the workers holding it
+//     (UpdateResponse.held); the follower takes it before passing it on
+//     (took): from then on it sends the model's lookups only to those
+//     workers, or to ones announcing the number, as if its view
+//     acknowledged it, until a poll begun after the answer brings the
+//     sequencer's view of it (read-your-writes through the router
+//     forwarding; an answer without held, from a sequencer of an
+//     earlier release, is judged from that poll alone, as before).
+//     A forwarded update that reaches a
 //     router which itself follows is refused (FailedPrecondition): two
 //     routers naming each other would otherwise pass it around.
 //   - Lookups on a follower go only to embedding workers that hold the
@@ -49,8 +58,8 @@ import (
 //     own, from the claims of that shard's workers. A worker holding
 //     the whole of a model whose shards have had updates does not
 //     serve, as on the sequencer. The follower learns of a new update
-//     at the workers' next heartbeat: until then it may serve rows one
-//     update older than the sequencer would.
+//     it did not forward at the workers' next heartbeat: until then it
+//     may serve rows one update older than the sequencer would.
 //   - Without an answer from the sequencer yet (or from the current one,
 //     after the election moved, or while the elected one's start-up
 //     window is open: it judges so itself then) the follower judges by
@@ -96,6 +105,24 @@ type follower struct {
 	viewWorkers map[string]bool
 	viewFrom    string
 	failures    int
+	// acked is per sequence the latest update this router forwarded
+	// whose answer named the workers holding it (UpdateResponse.held),
+	// newer than the view: a bar as the view's acknowledged number,
+	// which those workers meet before they announce it. polls counts
+	// the polls begun: a poll begun after an entry was taken answers
+	// for it, and drops it.
+	acked map[string]*forwardedAck
+	polls uint64
+}
+
+// forwardedAck is an acknowledged update this router forwarded: seq in
+// its sequence, the workers holding it, the sequencer that answered,
+// and polls when the answer came.
+type forwardedAck struct {
+	seq     int64
+	workers map[string]bool
+	from    string
+	polls   uint64
 }
 
 type followed struct {
@@ -119,7 +146,7 @@ func (w followed) seqKey(model string) string {
 func newFollower(sequencer string, conn func(string) (*grpc.ClientConn, error), q Quorum, now func() time.Time, heartbeat time.Duration) *follower {
 	return &follower{
 		sequencer: sequencer, conn: conn, quorum: q, now: now, started: now(), heartbeat: heartbeat,
-		workers: map[string]followed{}, floor: map[string]int64{}, shardKeys: map[string]map[string]bool{},
+		workers: map[string]followed{}, floor: map[string]int64{}, shardKeys: map[string]map[string]bool{}, acked: map[string]*forwardedAck{},
 	}
 }
 
@@ -152,7 +179,46 @@ func (f *follower) forwardTo(ctx context.Context, addr string, req *prismv1.Upda
 		}
 		return nil, err // its own answer (bad input, deadline, quorum not reached, ...)
 	}
+	f.took(addr, req.GetModel(), resp)
 	return resp, nil
+}
+
+// took records where the sequencer at addr says an update of model it
+// acknowledged is held (resp.held), before the client hears of it: from
+// then on this router sends the model's lookups only to workers
+// holding it, as the sequencer does, not from its next poll. An answer
+// without held (a sequencer of an earlier release) changes nothing.
+func (f *follower) took(addr, model string, resp *prismv1.UpdateResponse) {
+	if len(resp.GetHeld()) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for key, h := range resp.GetHeld() {
+		m, shard := parseSeqKey(key)
+		if m != model || h.GetSeq() <= 0 || h.GetSeq() > maxAnnouncedSeq {
+			continue // not this update's
+		}
+		a := f.acked[key]
+		switch {
+		case a != nil && a.seq > h.GetSeq():
+			continue // a later one's answer came first: its holders hold this one too
+		case a == nil || a.seq < h.GetSeq():
+			a = &forwardedAck{seq: h.GetSeq(), workers: map[string]bool{}}
+			f.acked[key] = a
+		}
+		a.from, a.polls = addr, f.polls
+		for _, id := range h.GetWorkers() {
+			a.workers[id] = true
+		}
+		if shard >= 0 {
+			if f.shardKeys[model] == nil {
+				f.shardKeys[model] = map[string]bool{}
+			}
+			f.shardKeys[model][key] = true
+		}
+		f.any.Store(true)
+	}
 }
 
 // forwarded says whether ctx is an update another router forwarded.
@@ -266,6 +332,10 @@ func (f *follower) judge(key string) {
 // came from addr, and drops it if it came from another router (the
 // election moved).
 func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration) error {
+	f.mu.Lock()
+	f.polls++
+	began := f.polls
+	f.mu.Unlock()
 	conn, err := f.conn(addr)
 	var resp *prismv1.ListResponse
 	if err == nil {
@@ -283,6 +353,7 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 	defer f.mu.Unlock()
 	if err != nil {
 		f.failures++
+		moved := false
 		if f.viewFrom != addr && f.view != nil {
 			// The view came from another router (the election moved).
 			// Its acknowledged numbers stay as the floor, which the
@@ -293,6 +364,11 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 				f.floor[m] = max(f.floor[m], u.GetAcknowledged())
 			}
 			f.view, f.viewWorkers, f.viewFrom = nil, nil, ""
+			moved = true
+		}
+		// So do the updates another router answered: this one answers
+		// for them now.
+		if f.dropAcked(func(a *forwardedAck) bool { return a.from != addr }) || moved {
 			f.rejudge()
 		}
 		return err
@@ -319,8 +395,39 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 		}
 	}
 	f.viewFrom = addr
+	// An update answered before this poll began is in the view (or,
+	// from a sequencer settling, in the floor), as one the view
+	// acknowledges already is.
+	f.dropAcked(func(a *forwardedAck) bool { return a.polls < began })
 	f.rejudge()
 	return nil
+}
+
+// dropAcked drops the forwarded updates that drop says no longer bar
+// lookups (and those the view acknowledges), keeping their numbers in
+// the floor of a sequence judged without the view (none, or its
+// sequencer settling), which the announcements never lower while a
+// worker holds it, as a view's acknowledged numbers are kept when it
+// goes (poll). It says whether it dropped any; f.mu is held.
+func (f *follower) dropAcked(drop func(*forwardedAck) bool) bool {
+	dropped := false
+	for key, a := range f.acked {
+		u := f.view[key]
+		if u.GetAcknowledged() >= a.seq && !f.settling(u) {
+			delete(f.acked, key)
+			dropped = true
+			continue
+		}
+		if !drop(a) {
+			continue
+		}
+		if f.view == nil || f.settling(u) {
+			f.floor[key] = max(f.floor[key], a.seq)
+		}
+		delete(f.acked, key)
+		dropped = true
+	}
+	return dropped
 }
 
 // rejudge recomputes every model's floor; f.mu is held.
@@ -382,13 +489,21 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 		// (sequencer.inSync). A worker of another layout than its shard's
 		// sequence is left out by the sequencer's view (LeftOut).
 		for k := range f.shardKeys[model] {
-			if f.floor[k] > 0 || f.view[k].GetNumbered() > 0 || f.view[k].GetAcknowledged() > 0 {
+			if f.floor[k] > 0 || f.view[k].GetNumbered() > 0 || f.view[k].GetAcknowledged() > 0 || f.acked[k] != nil {
 				return false
 			}
 		}
 	}
 	floor := f.floor[key]
 	held := w.GetUpdateSeq()[model]
+	// An update forwarded here and acknowledged since the view (took):
+	// its holders hold it, whatever they announced so far, and the
+	// others lack it.
+	a := f.acked[key]
+	claimed := held
+	if a != nil && a.workers[w.GetId()] {
+		held = max(held, a.seq)
+	}
 	if f.view != nil {
 		// A sequence whose elected sequencer is settling (a new holder
 		// in its start-up window, learning what the workers hold) is
@@ -400,23 +515,32 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 				return false // the sequencer is learning what the workers hold
 			case slices.Contains(u.GetLeftOut(), w.GetId()):
 				return false // foreign or diverged, by the sequencer's judgment
-			case !f.viewWorkers[w.GetId()] && held > u.GetNumbered():
+			case !f.viewWorkers[w.GetId()] && claimed > max(u.GetNumbered(), a.numbered()):
 				return false // claims more than was numbered; not judged yet
-			case slices.Contains(u.GetInSync(), w.GetId()):
+			case slices.Contains(u.GetInSync(), w.GetId()) && a.numbered() <= u.GetAcknowledged():
 				// The sequencer sends it lookups: this router's copy of its
 				// announcement may lag the sequencer's acknowledgement.
-				return held <= maxAnnouncedSeq
+				return claimed <= maxAnnouncedSeq
 			}
 			floor = max(floor, u.GetAcknowledged())
 		}
 	}
+	floor = max(floor, a.numbered())
 	if floor == 0 {
 		return true
 	}
 	if f.now().Sub(f.started) < 3*f.heartbeat {
 		return false // the workers are still announcing what they hold
 	}
-	return held >= floor && held <= maxAnnouncedSeq
+	return held >= floor && claimed <= maxAnnouncedSeq
+}
+
+// numbered is the forwarded update's number (0: none).
+func (a *forwardedAck) numbered() int64 {
+	if a == nil {
+		return 0
+	}
+	return a.seq
 }
 
 // settling says whether the sequence of view u is judged as without

@@ -122,10 +122,20 @@ type followRig struct {
 }
 
 func newFollowRig(t *testing.T, cns ...*seqCN) *followRig {
+	return newFollowRigOf(t, nil, cns...)
+}
+
+// newFollowRigOf is newFollowRig whose sequencer's Embeddings service
+// is wrap's (nil: as it is), a sequencer of another release, say.
+func newFollowRigOf(t *testing.T, wrap func(prismv1.EmbeddingsServer) prismv1.EmbeddingsServer, cns ...*seqCN) *followRig {
 	rig := &followRig{updateRig: newUpdateRig(t, Options{}, cns...)}
 	addr, lis := listen(t)
 	s := grpc.NewServer()
-	prismv1.RegisterEmbeddingsServer(s, rig.r.Updater())
+	var emb prismv1.EmbeddingsServer = rig.r.Updater()
+	if wrap != nil {
+		emb = wrap(emb)
+	}
+	prismv1.RegisterEmbeddingsServer(s, emb)
 	prismv1.RegisterRegistryServer(s, rig.r.Reg)
 	go s.Serve(lis)
 	rig.stop = s.Stop
@@ -363,5 +373,192 @@ func TestFollowerAgreesWithTheSequencer(t *testing.T) {
 	rig.poll()
 	if got, want := rig.followerServes(), rig.servers(); len(got) != 3 || !maps.Equal(got, want) {
 		t.Fatalf("after an update not yet announced to the follower: follower serves from %v, the sequencer from %v", got, want)
+	}
+}
+
+// earlierSequencer answers updates as a sequencer of a release before
+// UpdateResponse.held: without it.
+type earlierSequencer struct {
+	prismv1.EmbeddingsServer
+}
+
+func (e earlierSequencer) Update(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
+	resp, err := e.EmbeddingsServer.Update(ctx, req)
+	if resp != nil {
+		resp = &prismv1.UpdateResponse{Workers: resp.GetWorkers(), Refused: resp.GetRefused(), Shards: resp.GetShards()}
+	}
+	return resp, err
+}
+
+// Read-your-writes through a forwarding router: once an update it
+// forwarded is acknowledged, a lookup through it goes only to workers
+// holding the update, before the workers announce it and before its
+// next poll of the sequencer (found by review: until that poll, a
+// heartbeat later, it still sent lookups to a worker that missed the
+// update, which the sequencer's last view named in sync). The
+// sequencer's answer names the workers holding it (UpdateResponse.held);
+// a sequencer of an earlier release names none, and the follower
+// judges as before, from its next poll.
+func TestFollowerReadsItsOwnWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		polled  bool // the follower has the sequencer's view from before the update
+		earlier bool // the sequencer is of a release before UpdateResponse.held
+	}{
+		{name: "view", polled: true},
+		{name: "no view", polled: false},
+		{name: "earlier sequencer", polled: true, earlier: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var wrap func(prismv1.EmbeddingsServer) prismv1.EmbeddingsServer
+			if tc.earlier {
+				wrap = func(s prismv1.EmbeddingsServer) prismv1.EmbeddingsServer { return earlierSequencer{s} }
+			}
+			rig := newFollowRigOf(t, wrap, &seqCN{}, &seqCN{}, &seqCN{})
+			for i := range 2 {
+				if _, err := rig.updateVia(rig.fol, context.Background(), int64(i), 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rig.announceBoth()
+			if tc.polled {
+				rig.poll()
+			}
+			if got := rig.followerServes(); len(got) != 3 {
+				t.Fatalf("all up to date: follower serves from %v", got)
+			}
+			// Worker 2 misses update 3, which a majority holds.
+			rig.cns[2].setDown(true)
+			resp, err := rig.updateVia(rig.fol, context.Background(), 7, 7)
+			if err != nil {
+				t.Fatalf("update with one worker down: %v", err)
+			}
+			rig.cns[2].setDown(false)
+			held := resp.GetHeld()["m"]
+			if tc.earlier {
+				if len(resp.GetHeld()) != 0 {
+					t.Fatalf("a sequencer of an earlier release answered held %v", resp.GetHeld())
+				}
+				// As before: the follower learns of it at its next poll.
+				if got := rig.followerServes(); len(got) != 3 {
+					t.Fatalf("earlier sequencer, before the poll: follower serves from %v, want all three as before", got)
+				}
+			} else {
+				// At once: no announcement, no poll since the answer.
+				if got := rig.followerServes(); got[2] || !got[0] || !got[1] {
+					t.Fatalf("right after the acknowledged update: follower serves from %v, want workers 0 and 1 (worker 2 lacks update 3)", got)
+				}
+				if want := slices.Sorted(slices.Values([]string{"cpu" + rig.addr[0], "cpu" + rig.addr[1]})); held.GetSeq() != 3 || !slices.Equal(held.GetWorkers(), want) {
+					t.Fatalf("answer's held = %v, want seq 3 on %v", resp.GetHeld(), want)
+				}
+			}
+			// The poll and the announcements agree.
+			rig.announceBoth()
+			rig.poll()
+			if got := rig.followerServes(); got[2] || !got[0] || !got[1] {
+				t.Fatalf("after the poll: follower serves from %v, want workers 0 and 1", got)
+			}
+			if n := len(rig.fol.fol.acked); n != 0 {
+				t.Fatalf("after the poll the follower still keeps %d forwarded updates: the view answers for them", n)
+			}
+			// Caught up, worker 2 serves again.
+			rig.tick()
+			rig.announceBoth()
+			rig.poll()
+			if got := rig.followerServes(); len(got) != 3 {
+				t.Fatalf("worker 2 caught up (holds %d): follower serves from %v", rig.cns[2].held(), got)
+			}
+		})
+	}
+}
+
+// Read-your-writes through a forwarding router for a sharded model: an
+// update of a row-wise table is numbered in each shard's sequence, and
+// the answer names per shard the workers holding its part, so the
+// follower at once leaves out of each shard the worker that missed it,
+// and the other shards' workers keep serving.
+func TestFollowerReadsItsOwnWritesSharded(t *testing.T) {
+	cns := make([]*seqCN, 6)
+	for i := range cns {
+		cns[i] = &seqCN{}
+	}
+	rig := newFollowRig(t, cns...)
+	infos := make([]*prismv1.WorkerInfo, len(cns))
+	announce := func() {
+		rows := []*prismv1.RowSplit{{Table: "t", Shards: []int32{0, 1}, Rows: 100}}
+		for i, f := range rig.cns {
+			infos[i] = &prismv1.WorkerInfo{Id: "cpu" + rig.addr[i], Role: prismv1.Role_ROLE_EMBEDDING, Addr: rig.addr[i], Models: []string{"m"}, Healthy: true,
+				UpdateSeq: map[string]int64{"m": f.held()},
+				Shards:    map[string]*prismv1.ShardRef{"m": {Shard: int32(i % 2), Shards: 2, Tables: []string{"t"}, RowSplits: rows, RowSplitsComplete: true}}}
+			for _, r := range []*Router{rig.r, rig.fol} {
+				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: infos[i]}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	serves := func() map[int]bool {
+		got := map[int]bool{}
+		for i, w := range infos {
+			if rig.fol.fol.inSync(w, "m") {
+				got[i] = true
+			}
+		}
+		return got
+	}
+	update := func(ids ...int64) (*prismv1.UpdateResponse, error) {
+		return rig.fol.Updater().Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: ids, Rows: make([]byte, 4*len(ids))})
+	}
+	announce()
+	rig.settle()                            // past the shards' sequences' start-up window
+	if _, err := update(0, 1); err != nil { // one part per shard
+		t.Fatal(err)
+	}
+	announce()
+	rig.poll()
+	if got := serves(); len(got) != 6 {
+		t.Fatalf("all up to date: follower serves from %v", got)
+	}
+	// Worker 4 (shard 0) and worker 5 (shard 1) miss an update of both
+	// shards; worker 2 (shard 0) then misses one of shard 0 alone.
+	rig.cns[4].setDown(true)
+	rig.cns[5].setDown(true)
+	resp, err := update(2, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rig.cns[4].setDown(false)
+	rig.cns[5].setDown(false)
+	if got, want := serves(), map[int]bool{0: true, 1: true, 2: true, 3: true}; !maps.Equal(got, want) {
+		t.Fatalf("right after the update of both shards: follower serves from %v, want %v", got, want)
+	}
+	if h0, h1 := resp.GetHeld()["m#shard0"], resp.GetHeld()["m#shard1"]; h0.GetSeq() != 2 || len(h0.GetWorkers()) != 2 || h1.GetSeq() != 2 || len(h1.GetWorkers()) != 2 {
+		t.Fatalf("answer's held = %v, want seq 2 on two workers of each shard", resp.GetHeld())
+	}
+	// The sequencer catches workers 4 and 5 up; they announce it.
+	announce()
+	rig.r.upd.tick(context.Background())
+	rig.r.upd.wait()
+	announce()
+	if got := serves(); len(got) != 6 {
+		t.Fatalf("workers 4 and 5 caught up (hold %d, %d): follower serves from %v", rig.cns[4].held(), rig.cns[5].held(), got)
+	}
+	rig.cns[2].setDown(true)
+	if resp, err = update(4); err != nil {
+		t.Fatal(err)
+	}
+	rig.cns[2].setDown(false)
+	want := map[int]bool{0: true, 1: true, 3: true, 4: true, 5: true}
+	if got := serves(); !maps.Equal(got, want) {
+		t.Fatalf("right after the update of shard 0: follower serves from %v, want %v", got, want)
+	}
+	h := resp.GetHeld()
+	if holders := slices.Sorted(slices.Values([]string{"cpu" + rig.addr[0], "cpu" + rig.addr[4]})); len(h) != 1 || h["m#shard0"].GetSeq() != 3 || !slices.Equal(h["m#shard0"].GetWorkers(), holders) {
+		t.Fatalf("answer's held = %v, want shard 0's seq 3 on workers 0 and 4", h)
+	}
+	announce()
+	rig.poll()
+	if got := serves(); !maps.Equal(got, want) {
+		t.Fatalf("after the poll: follower serves from %v, want %v", got, want)
 	}
 }

@@ -41,6 +41,9 @@ type fanout struct {
 	// refusers are the workers that answered InvalidArgument, "id
 	// addr: message" by id.
 	refusers map[string]string
+	// holders are the ids of the workers that applied it (the answer's
+	// held: a forwarding router sends lookups to them at once).
+	holders []string
 }
 
 // targetsOf returns the targets of an update of sequence model (a
@@ -217,6 +220,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		if !s.resigned {
 			f.early++
 		}
+		f.holders = append(f.holders, worker)
 		s.ack(m, worker, seq)
 	case codes.AlreadyExists:
 		// It held the number before this router first sent it: another
@@ -345,7 +349,9 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		}
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
-		s.answer(f.client, model, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused}, nil)
+		slices.Sort(f.holders)
+		held := map[string]*prismv1.UpdateHeld{model: {Seq: f.seq, Workers: f.holders}}
+		s.answer(f.client, model, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused, Held: held}, nil)
 	}
 	s.startNext(model, m)
 }

@@ -226,6 +226,12 @@ func (j *join) result() (*prismv1.UpdateResponse, error) {
 			out.Workers += r.GetWorkers()
 			out.Refused = append(out.Refused, r.GetRefused()...)
 			out.Shards = append(out.Shards, r.GetShards()...)
+			for k, h := range r.GetHeld() {
+				if out.Held == nil {
+					out.Held = map[string]*prismv1.UpdateHeld{}
+				}
+				out.Held[k] = h
+			}
 		}
 		slices.Sort(out.Shards)
 		return out, nil

@@ -496,7 +496,17 @@ type UpdateResponse struct {
 	// of the model alike, whether it wrote rows or took the number only);
 	// the router acknowledges an update once the update quorum of the
 	// replicas of each of them holds it, and answers them.
-	Shards        []int32 `protobuf:"varint,3,rep,packed,name=shards,proto3" json:"shards,omitempty"`
+	Shards []int32 `protobuf:"varint,3,rep,packed,name=shards,proto3" json:"shards,omitempty"`
+	// held is, per update sequence the update was numbered in (the
+	// model's name; for a sharded model each shard's, "dlrm#shard2"), the
+	// number it took there and the ids (WorkerInfo.id) of the embedding
+	// workers holding it as it was acknowledged (each holds every earlier
+	// update of the sequence too). A router forwarding the update to the
+	// sequencing one sends the model's lookups only to workers holding it
+	// from the answer on, not from its next poll of the sequencer: a
+	// Recommend after the answer through either router reads the update.
+	// Empty in a worker's answer, and from routers of earlier releases.
+	Held          map[string]*UpdateHeld `protobuf:"bytes,4,rep,name=held,proto3" json:"held,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -552,6 +562,68 @@ func (x *UpdateResponse) GetShards() []int32 {
 	return nil
 }
 
+func (x *UpdateResponse) GetHeld() map[string]*UpdateHeld {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+// UpdateHeld is where an acknowledged update is held in one sequence.
+type UpdateHeld struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// seq is the number the update took in the sequence.
+	Seq int64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// workers are the ids of the embedding workers holding it, sorted.
+	Workers       []string `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateHeld) Reset() {
+	*x = UpdateHeld{}
+	mi := &file_api_prismv1_recommend_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateHeld) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateHeld) ProtoMessage() {}
+
+func (x *UpdateHeld) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_recommend_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateHeld.ProtoReflect.Descriptor instead.
+func (*UpdateHeld) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_recommend_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *UpdateHeld) GetSeq() int64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *UpdateHeld) GetWorkers() []string {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
 var File_api_prismv1_recommend_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_recommend_proto_rawDesc = "" +
@@ -590,11 +662,19 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05table\x18\x02 \x01(\tR\x05table\x12\x10\n" +
 	"\x03ids\x18\x03 \x03(\x03R\x03ids\x12\x12\n" +
-	"\x04rows\x18\x04 \x01(\fR\x04rows\"\\\n" +
+	"\x04rows\x18\x04 \x01(\fR\x04rows\"\xe3\x01\n" +
 	"\x0eUpdateResponse\x12\x18\n" +
 	"\aworkers\x18\x01 \x01(\x05R\aworkers\x12\x18\n" +
 	"\arefused\x18\x02 \x03(\tR\arefused\x12\x16\n" +
-	"\x06shards\x18\x03 \x03(\x05R\x06shards2\xa3\x01\n" +
+	"\x06shards\x18\x03 \x03(\x05R\x06shards\x126\n" +
+	"\x04held\x18\x04 \x03(\v2\".prism.v1.UpdateResponse.HeldEntryR\x04held\x1aM\n" +
+	"\tHeldEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12*\n" +
+	"\x05value\x18\x02 \x01(\v2\x14.prism.v1.UpdateHeldR\x05value:\x028\x01\"8\n" +
+	"\n" +
+	"UpdateHeld\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x03R\x03seq\x12\x18\n" +
+	"\aworkers\x18\x02 \x03(\tR\aworkers2\xa3\x01\n" +
 	"\vRecommender\x12D\n" +
 	"\tRecommend\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse\x12N\n" +
 	"\x0fRecommendStream\x12\x1a.prism.v1.RecommendRequest\x1a\x1b.prism.v1.RecommendResponse(\x010\x012I\n" +
@@ -614,7 +694,7 @@ func file_api_prismv1_recommend_proto_rawDescGZIP() []byte {
 	return file_api_prismv1_recommend_proto_rawDescData
 }
 
-var file_api_prismv1_recommend_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_api_prismv1_recommend_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_api_prismv1_recommend_proto_goTypes = []any{
 	(*Input)(nil),             // 0: prism.v1.Input
 	(*Features)(nil),          // 1: prism.v1.Features
@@ -623,23 +703,27 @@ var file_api_prismv1_recommend_proto_goTypes = []any{
 	(*RequestError)(nil),      // 4: prism.v1.RequestError
 	(*UpdateRequest)(nil),     // 5: prism.v1.UpdateRequest
 	(*UpdateResponse)(nil),    // 6: prism.v1.UpdateResponse
+	(*UpdateHeld)(nil),        // 7: prism.v1.UpdateHeld
+	nil,                       // 8: prism.v1.UpdateResponse.HeldEntry
 }
 var file_api_prismv1_recommend_proto_depIdxs = []int32{
 	0, // 0: prism.v1.Features.inputs:type_name -> prism.v1.Input
 	1, // 1: prism.v1.RecommendRequest.context:type_name -> prism.v1.Features
 	1, // 2: prism.v1.RecommendRequest.candidates:type_name -> prism.v1.Features
 	4, // 3: prism.v1.RecommendResponse.error:type_name -> prism.v1.RequestError
-	2, // 4: prism.v1.Recommender.Recommend:input_type -> prism.v1.RecommendRequest
-	2, // 5: prism.v1.Recommender.RecommendStream:input_type -> prism.v1.RecommendRequest
-	5, // 6: prism.v1.Embeddings.Update:input_type -> prism.v1.UpdateRequest
-	3, // 7: prism.v1.Recommender.Recommend:output_type -> prism.v1.RecommendResponse
-	3, // 8: prism.v1.Recommender.RecommendStream:output_type -> prism.v1.RecommendResponse
-	6, // 9: prism.v1.Embeddings.Update:output_type -> prism.v1.UpdateResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	8, // 4: prism.v1.UpdateResponse.held:type_name -> prism.v1.UpdateResponse.HeldEntry
+	7, // 5: prism.v1.UpdateResponse.HeldEntry.value:type_name -> prism.v1.UpdateHeld
+	2, // 6: prism.v1.Recommender.Recommend:input_type -> prism.v1.RecommendRequest
+	2, // 7: prism.v1.Recommender.RecommendStream:input_type -> prism.v1.RecommendRequest
+	5, // 8: prism.v1.Embeddings.Update:input_type -> prism.v1.UpdateRequest
+	3, // 9: prism.v1.Recommender.Recommend:output_type -> prism.v1.RecommendResponse
+	3, // 10: prism.v1.Recommender.RecommendStream:output_type -> prism.v1.RecommendResponse
+	6, // 11: prism.v1.Embeddings.Update:output_type -> prism.v1.UpdateResponse
+	9, // [9:12] is the sub-list for method output_type
+	6, // [6:9] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_recommend_proto_init() }
@@ -653,7 +737,7 @@ func file_api_prismv1_recommend_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_recommend_proto_rawDesc), len(file_api_prismv1_recommend_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

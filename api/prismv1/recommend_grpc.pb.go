@@ -188,9 +188,10 @@ type EmbeddingsClient interface {
 	// model (for a sharded model, of the shards holding the rows) and
 	// answers once the router's update quorum (--update-quorum: one,
 	// majority or all) of them (of each such shard) has made them durable;
-	// every later Recommend through the sequencing router reads them (a
-	// router forwarding to it, from its next poll of the sequencer, a
-	// heartbeat later). Below the quorum it fails,
+	// every later Recommend through the sequencing router, or through a
+	// router that forwarded it there (UpdateResponse.held), reads them
+	// (through another forwarding router, from its next poll of the
+	// sequencer, a heartbeat later). Below the quorum it fails,
 	// Unavailable, naming how many workers hold it, and the update still
 	// reaches the others by catch-up; retrying is safe: an upsert is
 	// idempotent.
@@ -223,9 +224,10 @@ type EmbeddingsServer interface {
 	// model (for a sharded model, of the shards holding the rows) and
 	// answers once the router's update quorum (--update-quorum: one,
 	// majority or all) of them (of each such shard) has made them durable;
-	// every later Recommend through the sequencing router reads them (a
-	// router forwarding to it, from its next poll of the sequencer, a
-	// heartbeat later). Below the quorum it fails,
+	// every later Recommend through the sequencing router, or through a
+	// router that forwarded it there (UpdateResponse.held), reads them
+	// (through another forwarding router, from its next poll of the
+	// sequencer, a heartbeat later). Below the quorum it fails,
 	// Unavailable, naming how many workers hold it, and the update still
 	// reaches the others by catch-up; retrying is safe: an upsert is
 	// idempotent.
