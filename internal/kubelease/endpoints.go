@@ -158,7 +158,9 @@ func ready(s *discoveryv1.EndpointSlice) map[string]Pod {
 // set records a slice's ready Pods and every Pod it lists, ready or not
 // (both nil: the slice was deleted), and returns the transitions. A Pod
 // gone in an earlier call that no slice lists now is deleted (forgotten:
-// no longer kept out); one gone in this call stays gone until the next,
+// no longer kept out), unless this call deletes a slice (its Pods may be
+// listed by the slice replacing it at the next); one gone in this call
+// stays gone until the next,
 // so a Pod dropped from its slice at once is still kept out while its
 // process stops.
 func (t *podTracker) set(slice string, now map[string]Pod, listed map[string]bool) (gone, back, deleted []Pod) {
@@ -173,8 +175,13 @@ func (t *podTracker) set(slice string, now map[string]Pod, listed map[string]boo
 	} else {
 		t.listed[slice] = listed
 	}
+	// A deleted slice forgets no Pod in the same change: the
+	// controller replacing a slice deletes the old one before the watch
+	// delivers the new one that lists its Pods again (a not-ready Pod
+	// forgotten there would be let back in). One still listed by no
+	// slice is forgotten at the next change.
 	for id, p := range t.goneIDs {
-		if !t.listedAnywhere(id) {
+		if listed != nil && !t.listedAnywhere(id) {
 			delete(t.goneIDs, id)
 			deleted = append(deleted, p)
 		}

@@ -214,3 +214,35 @@ func TestPodTrackerForgetsDeleted(t *testing.T) {
 		t.Errorf("the tracker keeps %d gone Pods, want 1 (b)", len(tr.goneIDs))
 	}
 }
+
+// TestPodTrackerSliceReplaced: the EndpointSlice controller moving a
+// not-ready Pod to another slice (a slice deleted, then one created, as
+// the watch delivers them) does not forget it: it is listed again at
+// once, and stays gone. A Pod the deleted slice alone listed is
+// forgotten at the next change.
+func TestPodTrackerSliceReplaced(t *testing.T) {
+	yes, no := true, false
+	tr := newPodTracker()
+	for i, st := range []struct {
+		name                string
+		s                   *discoveryv1.EndpointSlice
+		gone, back, deleted []string
+	}{
+		{"old", slice("old", endpoint("a", "10.0.0.1", &yes, false), endpoint("b", "10.0.0.2", &yes, false)), nil, nil, nil},
+		{"old", slice("old", endpoint("a", "10.0.0.1", &no, false), endpoint("b", "10.0.0.2", &no, false)), []string{"a", "b"}, nil, nil},
+		// The controller replaces the slice: a moves, still not ready;
+		// b's Pod was deleted meanwhile.
+		{"old", nil, nil, nil, nil},
+		{"new", slice("new", endpoint("a", "10.0.0.1", &no, false)), nil, nil, []string{"b"}},
+		{"new", slice("new", endpoint("a", "10.0.0.1", &no, false), endpoint("c", "10.0.0.3", &yes, false)), nil, nil, nil},
+	} {
+		var ps map[string]Pod
+		if st.s != nil {
+			ps = ready(st.s)
+		}
+		gone, back, deleted := tr.set(st.name, ps, listedIDs(st.s))
+		if !slices.Equal(names(gone), st.gone) || !slices.Equal(names(back), st.back) || !slices.Equal(names(deleted), st.deleted) {
+			t.Fatalf("step %d: gone %v back %v deleted %v, want %v %v %v", i, names(gone), names(back), names(deleted), st.gone, st.back, st.deleted)
+		}
+	}
+}
