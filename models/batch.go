@@ -31,6 +31,13 @@ type InputSpec struct {
 	// input carrying ids among dense features. A range with Hi <= Lo
 	// marks a dense value (a float input's) or a value no lookup reads.
 	Ranges []IDRange
+	// Keys, when set on a sparse input without Ranges, are the values
+	// its ids take (sorted, disjoint ranges): ids that pass through a key
+	// map before the lookups (plan.TensorInfo.Keys), where only the keys
+	// the map sends to valid rows are valid. Synthetic draws among them
+	// (the i-th key of the set for the i-th id of a table of as many
+	// rows); Rows is then one past the largest key.
+	Keys []IDRange
 	// Dims, when set, is the per-sample shape (for inputs of rank 3 and
 	// more; the product is Width).
 	Dims []int64
@@ -131,6 +138,12 @@ func (b *Batch) Check() error {
 				if in.Ranges != nil {
 					if r := in.Ranges[j%in.Width]; r.IsID() && (id < r.Lo || id >= r.Hi) {
 						return fmt.Errorf("input %q: sample %d: value %d: id %d outside [%d, %d)", in.Name, j/in.Width, j%in.Width, id, r.Lo, r.Hi)
+					}
+					continue
+				}
+				if in.Keys != nil {
+					if !hasKey(in.Keys, id) {
+						return fmt.Errorf("input %q: sample %d: id %d is not one of the input's valid keys", in.Name, j/in.Width, id)
 					}
 					continue
 				}

@@ -29,8 +29,10 @@ type Criteo struct {
 	sig *Signature
 	// dense are the 13 dense values, cats the 26 categorical ones, in
 	// the order of the file's columns.
-	dense  []slot
-	cats   []slot
+	dense []slot
+	cats  []slot
+	// keys of the sparse inputs with Keys (by input; nil for the others)
+	keys   []*keySet
 	sc     *bufio.Scanner
 	name   string
 	line   int
@@ -77,6 +79,16 @@ func NewCriteo(r io.Reader, name string, sig Signature) (*Criteo, error) {
 			}
 		default:
 			c.cats = append(c.cats, slot{i, -1})
+			if in.Keys != nil {
+				if c.keys == nil {
+					c.keys = make([]*keySet, len(sig.Inputs))
+				}
+				k, err := newKeySet(in.Name, in.Keys)
+				if err != nil {
+					return nil, fmt.Errorf("criteo %s: %w", name, err)
+				}
+				c.keys[i] = k
+			}
 		}
 	}
 	if len(c.dense) != CriteoDense {
@@ -246,6 +258,11 @@ func (c *Criteo) parse(b *Batch, text string) error {
 			v := h
 			if j > 0 {
 				v = splitmix64(h + uint64(j))
+			}
+			if c.keys != nil && c.keys[sl.in] != nil {
+				k := c.keys[sl.in]
+				row[sl.in].I64[j] = k.at(int64(v % uint64(k.n)))
+				continue
 			}
 			row[sl.in].I64[j] = int64(v % uint64(in.Rows))
 		}

@@ -19,9 +19,11 @@ import (
 // Rows (the smallest table it indexes) and no Ranges, as
 // InferSignature gives it. An input the plan's pre.onnx reads for a
 // lookup (pre_inputs) is drawn as ids of that lookup's table, every
-// value in [0, rows): the subgraph's work is not worked back, so a
-// model whose pre.onnx takes other ids is verified on the caller's
-// samples (verify.VerifySource).
+// value in [0, rows), unless the plan gives its keys (the input's ids
+// pass through a key map, plan.TensorInfo.Keys): then among those.
+// Other subgraph work is not worked back, so a model whose pre.onnx
+// takes other ids is verified on the caller's samples
+// (verify.VerifySource).
 func PlanSignature(p *plan.Plan) (Signature, error) {
 	type use struct {
 		rows int64
@@ -80,6 +82,14 @@ func PlanSignature(p *plan.Plan) (Signature, error) {
 			spec.Rows = us[0].rows
 			for _, u := range us[1:] {
 				spec.Rows = min(spec.Rows, u.rows)
+			}
+			if len(in.Keys) > 0 {
+				// Ids through a key map: drawn among the keys it sends
+				// to valid rows.
+				for _, k := range in.Keys {
+					spec.Keys = append(spec.Keys, IDRange{k.Lo, k.Hi})
+				}
+				spec.Rows = in.Keys[len(in.Keys)-1].Hi
 			}
 			sig.Inputs = append(sig.Inputs, spec)
 			continue

@@ -40,7 +40,9 @@ type Synthetic struct {
 	// per-value samplers of inputs with Ranges (nil for dense values)
 	vzipfs [][]*Zipf
 	vperms [][]idPermutation
-	opts   SyntheticOptions
+	// keys of sparse inputs with Keys (nil for the others)
+	keys []*keySet
+	opts SyntheticOptions
 }
 
 var _ Source = (*Synthetic)(nil)
@@ -61,6 +63,7 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 	s.perms = make([]idPermutation, len(sig.Inputs))
 	s.vzipfs = make([][]*Zipf, len(sig.Inputs))
 	s.vperms = make([][]idPermutation, len(sig.Inputs))
+	s.keys = make([]*keySet, len(sig.Inputs))
 	for i, in := range sig.Inputs {
 		if in.Ranges != nil {
 			if len(in.Ranges) != in.Width {
@@ -87,15 +90,26 @@ func NewSynthetic(sig Signature, o SyntheticOptions) (*Synthetic, error) {
 		if in.Kind != SparseKind {
 			continue
 		}
-		if in.Rows <= 0 {
+		n := in.Rows
+		if in.Keys != nil {
+			if in.Offsets != "" {
+				return nil, errors.New("synthetic: input " + in.Name + ": keys on a jagged input")
+			}
+			k, err := newKeySet(in.Name, in.Keys)
+			if err != nil {
+				return nil, errors.New("synthetic: " + err.Error())
+			}
+			s.keys[i], n = k, k.n
+		}
+		if n <= 0 {
 			return nil, errors.New("synthetic: input " + in.Name + " has no id range")
 		}
-		z, err := NewZipf(s.r, o.ZipfS, in.Rows)
+		z, err := NewZipf(s.r, o.ZipfS, n)
 		if err != nil {
 			return nil, err
 		}
 		s.zipfs[i] = z
-		s.perms[i] = newIDPermutation(pr, in.Rows)
+		s.perms[i] = newIDPermutation(pr, n)
 	}
 	return s, nil
 }
@@ -149,6 +163,15 @@ func (s *Synthetic) Next(n int) (*Batch, error) {
 			case in.Kind == DenseKind:
 				for range in.Width {
 					c.F32 = append(c.F32, s.dense())
+				}
+			case in.Kind == SparseKind && s.keys[i] != nil:
+				k := s.keys[i]
+				for range in.Width {
+					if s.opts.Uniform {
+						c.I64 = append(c.I64, k.at(s.r.Int64N(k.n)))
+					} else {
+						c.I64 = append(c.I64, k.at(s.perms[i].id(s.zipfs[i].Rank())))
+					}
 				}
 			case in.Kind == SparseKind:
 				for range in.Width {

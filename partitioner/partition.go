@@ -242,13 +242,14 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 			p.Model.Name = kv.GetValue()
 		}
 	}
+	keys := pl.inputKeys(filepath.Dir(modelPath))
 	cutSet := map[string]bool{}
 	for _, c := range pl.Cut {
 		cutSet[c.Name] = true
 	}
 	for _, in := range g.Inputs {
 		t := pl.Types[in.GetName()]
-		ti := plan.TensorInfo{Name: in.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape()}
+		ti := plan.TensorInfo{Name: in.GetName(), DType: dtypeName(t.Elem), Shape: t.SampleShape(), Keys: keys[in.GetName()]}
 		var cpu, gpu bool
 		for _, c := range g.Consumers[in.GetName()] {
 			if pl.Absorbed[c] != nil || pl.OnCPU[c] || pl.Pre[c] {

@@ -121,6 +121,18 @@ type TensorInfo struct {
 	// the input is 1-D, every sample's values concatenated, and Shape
 	// ([]) says nothing of a sample's count.
 	Offsets string `json:"offsets,omitempty"`
+	// Keys, set on an integer model input whose ids reach the lookups
+	// through a key map (a Gather on a constant integer tensor in
+	// pre.onnx, as HugeCTR's key_to_indice_hash_all_tables maps its
+	// hash keys to rows), are values it may take: keys the map sends to
+	// valid rows of every table the input reaches, as sorted, disjoint
+	// ranges (at most MaxKeyRanges: all of them, or the largest). Any
+	// other value may fail the model (a Gather out of bounds). Only
+	// what draws samples from a plan reads it (synthetic requests,
+	// verification, scoring); left out when every id in [0, rows) is
+	// valid, and ignored by a build that does not know it, so it needs
+	// no new version.
+	Keys []KeyRange `json:"keys,omitempty"`
 }
 
 // CutTensor is a tensor sent from the CPU side to the dense side.

@@ -3,6 +3,7 @@ package plan
 import (
 	"errors"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,6 +101,27 @@ func TestValidate(t *testing.T) {
 			`tables[1] "t1" lookups[0]: weights "w_8" hold 8 values per sample, but the pre-lookup ops make 4 ids (shape [4]): one weight per id`},
 		{"pre unknown op", func(p *Plan) { p.Tables[1].Lookups[0].Pre = []PreOp{{Op: "hash"}} },
 			`tables[1] "t1" lookups[0]: pre[0] hash: unknown op (want column, slice, cast, add, sub, mod, clip, where_equal or reshape)`},
+		{"keys", func(p *Plan) { p.Inputs[2].Keys = []KeyRange{{0, 3}, {5, 9}} }, ""},
+		{"keys in version 1", func(p *Plan) { p.Version = 1; p.Inputs[2].Keys = []KeyRange{{0, 3}} }, ""}, // advisory: no version
+		{"keys empty", func(p *Plan) { p.Inputs[2].Keys = []KeyRange{} },
+			`inputs[2] "cat_1": keys is empty (leave it out when any id of the tables is a valid key)`},
+		{"keys empty range", func(p *Plan) { p.Inputs[2].Keys = []KeyRange{{0, 3}, {5, 5}} }, `inputs[2] "cat_1": keys[1] [5, 5) is empty`},
+		{"keys unsorted", func(p *Plan) { p.Inputs[2].Keys = []KeyRange{{5, 9}, {0, 3}} },
+			`inputs[2] "cat_1": keys[1] [0, 3) does not start after keys[0] [5, 9) (ranges sorted, disjoint and apart)`},
+		{"keys touching", func(p *Plan) { p.Inputs[2].Keys = []KeyRange{{0, 3}, {3, 9}} },
+			`inputs[2] "cat_1": keys[1] [3, 9) does not start after keys[0] [0, 3) (ranges sorted, disjoint and apart)`},
+		{"keys float", func(p *Plan) { p.Inputs[4].Keys = []KeyRange{{0, 3}} },
+			`inputs[4] "packed": keys on a float32 input (keys are ids of an int64 or int32 input)`},
+		{"keys too many", func(p *Plan) {
+			for k := range MaxKeyRanges + 1 {
+				p.Inputs[2].Keys = append(p.Inputs[2].Keys, KeyRange{int64(2 * k), int64(2*k + 1)})
+			}
+		}, `inputs[2] "cat_1": 257 key ranges, want at most 256`},
+		{"keys overflow", func(p *Plan) { p.Inputs[2].Keys = []KeyRange{{-1 << 62, 0}, {1, 1<<62 + 2}} },
+			`inputs[2] "cat_1": keys: the count of keys overflows`},
+		{"keys range overflow", func(p *Plan) { p.Inputs[2].Keys = []KeyRange{{math.MinInt64, math.MaxInt64}} },
+			`inputs[2] "cat_1": keys: the count of keys overflows`},
+		{"keys on the cut", func(p *Plan) { p.Cut[0].Keys = []KeyRange{{0, 3}} }, `cut[0] "emb_0": keys on a tensor that is not a model input`},
 		{"no dense model", func(p *Plan) { p.DenseModel = "" }, "dense_model is empty"},
 		{"dense model escapes", func(p *Plan) { p.DenseModel = "../x/dense.onnx" }, `dense_model "../x/dense.onnx" is not a path inside the plan folder`},
 		{"cpu model absolute", func(p *Plan) { p.CPUModel = "/etc/passwd" }, `cpu_model "/etc/passwd" is not a path inside the plan folder`},

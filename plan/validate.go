@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 )
 
 // Bounds Validate keeps, so that sizes the tiers compute from a plan
@@ -63,6 +64,9 @@ func (p *Plan) Validate() error {
 			return fmt.Errorf("inputs[%d]: input %q listed twice", i, in.Name)
 		}
 		inputs[in.Name] = true
+		if err := checkKeys(fmt.Sprintf("inputs[%d]", i), in); err != nil {
+			return err
+		}
 		for _, s := range in.Sides {
 			if s != CPU && s != GPU {
 				return fmt.Errorf("inputs[%d] %q: side %q, want %q or %q", i, in.Name, s, CPU, GPU)
@@ -174,6 +178,9 @@ func checkTensor(where string, t TensorInfo) error {
 	}
 	if t.DType == "" {
 		return fmt.Errorf("%s %q: dtype is empty", where, t.Name)
+	}
+	if t.Keys != nil && !strings.HasPrefix(where, "inputs[") {
+		return fmt.Errorf("%s %q: keys on a tensor that is not a model input", where, t.Name)
 	}
 	n := int64(1)
 	for _, d := range t.Shape {

@@ -37,7 +37,10 @@ import (
 // request of 13 candidates scores as the first 13 of prism score's; and ids
 // made by integer work the native pre-lookup ops do not cover (hashing,
 // floor division, shifts and masks), which the embedding tier runs as
-// pre.onnx through ONNX Runtime.
+// pre.onnx through ONNX Runtime; and NVIDIA HugeCTR's models
+// (hugectr2onnx: [batch, slots, nnz] hash keys through one key map
+// shared by every table), whose samples are drawn among the keys
+// plan.json lists for each key input.
 func TestExporterPatternsEndToEnd(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
@@ -45,7 +48,7 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	names := []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
 		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias", "ts-fixed-batch-row-bias-dense",
-		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift"}
+		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift", "hugectr-wdl", "hugectr-dlrm"}
 	// NAME-dense: the model NAME under that name, its blocking node
 	// forced to the dense side.
 	corpus := func(name string) (*exporters.Model, []string) {
@@ -164,6 +167,34 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 				t.Errorf("loadgen: %v\n%s", err, out)
 			}
 		})
+	}
+}
+
+// TestExporterMultiTaskRefused: a model with no single score (HugeCTR's
+// label_dim 2: one sigmoid per task, [batch, 2]) partitions and
+// verifies, but prism up refuses it, its dense worker saying that the
+// first output holds two values per sample, not one score.
+func TestExporterMultiTaskRefused(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "mt", "model.onnx")
+	if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := exporters.HugeCTRMultiTask(11).Write(model); err != nil {
+		t.Fatal(err)
+	}
+	part := filepath.Join(dir, "mt-part")
+	if out, err := run(t, nil, "partition", model, "-o", part, "--verify", "64"); err != nil || !strings.Contains(out, "verified on 64 samples") {
+		t.Fatalf("partition: %v\n%s", err, out)
+	}
+	out, err := run(t, nil, "up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--dense-workers", "1", "--model", part)
+	if err == nil {
+		t.Fatalf("prism up served a model whose first output is two values per sample\n%s", out)
+	}
+	for _, want := range []string{`first output "output" has per-sample shape [2]; want one score per sample`, "dense0 exited before it was ready"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("prism up's output lacks %q:\n%s", want, out)
+		}
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/loadgen"
+	"github.com/prism-serve/prism/plan"
 )
 
 func runCLI(t *testing.T, args ...string) (string, error) {
@@ -308,5 +309,61 @@ func TestPromotionZeroTimes(t *testing.T) {
 	}
 	if sent < 340 || sent > 460 {
 		t.Fatalf("sent %d in 200 ms of a 2000 req/s plateau, want about 400:\n%s", sent, out)
+	}
+}
+
+// TestLoadgenPlanKeys: a plan whose input passes through a key map
+// (plan.json keys: HugeCTR's hash keys, of which only some reach valid
+// rows) makes requests whose ids are all keys, at every --zipf; ids in
+// [0, rows) were sent, keys the map sends out of bounds among them.
+func TestLoadgenPlanKeys(t *testing.T) {
+	dir := t.TempDir()
+	p := &plan.Plan{
+		Version: plan.Version, Model: plan.ModelInfo{Name: "hc"}, DenseModel: "dense.onnx", PreModel: "pre.onnx",
+		Inputs: []plan.TensorInfo{
+			{Name: "dense", DType: "float32", Shape: []int64{2}},
+			{Name: "keys", DType: "int64", Shape: []int64{3, 1}, Keys: []plan.KeyRange{{Lo: 2, Hi: 5}, {Lo: 90, Hi: 92}}},
+		},
+		Outputs: []plan.TensorInfo{{Name: "output", DType: "float32", Shape: []int64{1}}},
+		Cut:     []plan.CutTensor{{TensorInfo: plan.TensorInfo{Name: "e", DType: "float32", Shape: []int64{4}}, BytesPerSample: 16, From: "lookup"}},
+		Tables: []plan.Table{{Name: "t", File: "t.arrow", Rows: 40, Dim: 4, DType: "float32", Lookups: []plan.Lookup{
+			{Input: "keys", PreOutput: "rows", PreInputs: []string{"keys"}, Bag: 1, Pooling: plan.PoolSum, Output: "e"}}}},
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	for _, zipf := range []string{"1.05", "0.01"} {
+		out, err := runCLI(t, "--model", "hc", "--plan", dir, "--print-request", "4", "--candidates", "50", "--zipf", zipf)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		var raw []json.RawMessage
+		if err := json.Unmarshal([]byte(out), &raw); err != nil || len(raw) != 4 {
+			t.Fatalf("want a JSON array of 4: %v\n%s", err, out)
+		}
+		seen := map[int64]bool{}
+		for i, line := range raw {
+			var req prismv1.RecommendRequest
+			if err := protojson.Unmarshal(line, &req); err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			for _, in := range req.GetCandidates().GetInputs() {
+				if in.GetName() != "keys" {
+					continue
+				}
+				if len(in.GetIds()) != 150 {
+					t.Fatalf("request %d: %d ids, want 150", i, len(in.GetIds()))
+				}
+				for _, id := range in.GetIds() {
+					if !plan.HasKey(p.Inputs[1].Keys, id) {
+						t.Fatalf("--zipf %s: request %d: id %d is not a key of %v", zipf, i, id, p.Inputs[1].Keys)
+					}
+					seen[id] = true
+				}
+			}
+		}
+		if len(seen) != 5 {
+			t.Errorf("--zipf %s: %d distinct keys of 5 in 600 ids", zipf, len(seen))
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/models"
 	"github.com/prism-serve/prism/models/exporters"
 	"github.com/prism-serve/prism/partitioner"
@@ -27,6 +28,12 @@ func TestExporterCorpusPartitionsAndVerifies(t *testing.T) {
 			model, out, res := partitionCorpus(t, m)
 			if len(res.Plan.Tables) == 0 {
 				t.Fatalf("no lookups:\n%s", res.Report())
+			}
+			for _, in := range res.Plan.Inputs {
+				if in.Keys != nil {
+					// No key map: every id in [0, rows) is valid.
+					t.Errorf("input %q: keys %v in a model without a key map", in.Name, in.Keys)
+				}
 			}
 			rep, err := verify.Verify(model, out, 500, 1)
 			if err != nil {
@@ -172,6 +179,31 @@ func TestExporterHugeCTR(t *testing.T) {
 				t.Fatalf("verify on the model's samples: %v\n%s", err, res.Report())
 			}
 			t.Logf("max abs error %.2g\n%s", rep.MaxAbsErr, res.Report())
+			// Samples drawn from the plan, as prism partition --verify,
+			// prism score --plan and prism loadgen --plan draw them:
+			// keys the shared map sends to valid rows of every table
+			// the input reaches (plan.json's keys), Zipf or uniform.
+			// Ids in [0, rows) sent other tables' keys, and keys past
+			// the map, out of bounds.
+			for _, in := range res.Plan.Inputs {
+				if (in.DType == "int64") != (len(in.Keys) > 0) {
+					t.Errorf("input %q (%s): keys %v, want keys on the key inputs alone", in.Name, in.DType, in.Keys)
+				}
+			}
+			if _, err := verify.Verify(model, out, 296, 3); err != nil {
+				t.Fatalf("verify on samples drawn from the plan: %v\n%s", err, res.Report())
+			}
+			sig, err := models.PlanSignature(res.Plan)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, err = models.NewSynthetic(sig, models.SyntheticOptions{Seed: 4, Uniform: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := verify.VerifySource(model, out, src, 296); err != nil {
+				t.Fatalf("verify on uniform samples drawn from the plan: %v\n%s", err, res.Report())
+			}
 		})
 	}
 }
@@ -190,5 +222,42 @@ func TestExporterMultiTaskShape(t *testing.T) {
 	outs := res.Plan.Outputs
 	if len(outs) != 1 || outs[0].Name != "output" || !slices.Equal(outs[0].Shape, []int64{2}) {
 		t.Fatalf("plan outputs %+v, want output of per-sample shape [2]", outs)
+	}
+}
+
+// TestExporterHugeCTRExternalKeyMap: a key map stored as external data
+// (a real key_to_indice_hash_all_tables holds every key of every table)
+// gives plan.json the same keys as an inline one, and samples drawn
+// from the plan verify.
+func TestExporterHugeCTRExternalKeyMap(t *testing.T) {
+	requireORT(t)
+	m := exporters.ByName("hugectr-wdl", 5)
+	_, _, inline := partitionCorpus(t, m)
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model.onnx")
+	if err := pb.WriteModel(model, m.Proto, pb.WriteOptions{External: pb.ExternalAlways, MinExternalBytes: 64}); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := pb.ReadModel(model, pb.ReadOptions{SkipExternalData: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, init := range meta.GetGraph().GetInitializer() {
+		if init.GetName() == "key_to_indice_hash_all_tables" && init.GetDataLocation() != pb.TensorProto_EXTERNAL {
+			t.Fatal("the key map was written inline")
+		}
+	}
+	out := filepath.Join(dir, "part")
+	res, err := partitioner.Partition(model, out, partitioner.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, in := range res.Plan.Inputs {
+		if !slices.Equal(in.Keys, inline.Plan.Inputs[i].Keys) {
+			t.Errorf("input %q: keys %v with the map external, %v inline", in.Name, in.Keys, inline.Plan.Inputs[i].Keys)
+		}
+	}
+	if _, err := verify.Verify(model, out, 296, 3); err != nil {
+		t.Fatalf("verify on samples drawn from the plan: %v\n%s", err, res.Report())
 	}
 }
