@@ -21,15 +21,6 @@ type KeyRange struct {
 // Len is the number of keys in r.
 func (r KeyRange) Len() int64 { return r.Hi - r.Lo }
 
-// CountKeys is the number of keys in ks.
-func CountKeys(ks []KeyRange) int64 {
-	n := int64(0)
-	for _, r := range ks {
-		n += r.Len()
-	}
-	return n
-}
-
 // HasKey says whether ks (sorted, disjoint) holds k.
 func HasKey(ks []KeyRange, k int64) bool {
 	i, _ := slices.BinarySearchFunc(ks, k, func(r KeyRange, k int64) int {
