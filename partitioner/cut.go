@@ -42,6 +42,13 @@ type Placement struct {
 // Place recognises the lookups of g, builds the placement problem and
 // solves it.
 func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, error) {
+	return place(g, cm, forceCPU, forceGPU, false)
+}
+
+// place is Place; with lookupsDense every node reading a lookup's
+// output is pinned to the dense side (Options.LookupsDense), so
+// cpu.onnx reads no lookup output.
+func place(g *Graph, cm CostModel, forceCPU, forceGPU []string, lookupsDense bool) (*Placement, error) {
 	cm.EnsureDefaults()
 	if err := cm.Validate(); err != nil {
 		return nil, err
@@ -129,6 +136,20 @@ func Place(g *Graph, cm CostModel, forceCPU, forceGPU []string) (*Placement, err
 	}
 	if err := force(forceGPU, pinGPU, "gpu"); err != nil {
 		return nil, err
+	}
+	if lookupsDense {
+		for _, l := range pl.Lookups {
+			for _, c := range g.Consumers[l.output] {
+				v, ok := vertexOfNode[c]
+				if !ok || pl.Absorbed[c] != nil {
+					continue
+				}
+				if p.pins[v] == pinCPU {
+					return nil, fmt.Errorf("%w: node %q (cpu side) reads lookup output %q, which --lookups-dense keeps on the dense side", ErrForced, g.Nodes[c].GetName(), l.output)
+				}
+				p.pins[v] = pinGPU
+			}
+		}
 	}
 	for _, o := range g.Outputs {
 		i, ok := g.Producer[o.GetName()]

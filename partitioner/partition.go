@@ -20,6 +20,14 @@ type Options struct {
 	Cost     CostModel
 	ForceCPU []string
 	ForceGPU []string
+	// LookupsDense pins every node reading a lookup's output to the
+	// dense side: cpu.onnx then reads no lookup output, which a plan
+	// sharded by prism shard needs when a table is not whole on shard 0
+	// (shard 0's embedding worker runs cpu.onnx on its own lookups
+	// only). The bytes crossing the cut may grow (work that shrank the
+	// lookups' outputs on the CPU side runs on the dense side); for
+	// HugeCTR's per-slot lookups they stay the same.
+	LookupsDense bool
 	// ReportOnly plans without writing anything.
 	ReportOnly bool
 	// AllowDenseOnly writes a plan even when Gathers on tables were not
@@ -93,7 +101,7 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if batch != nil && len(batch.Blockers) > 0 {
 		g.FixedBatch = batch.Exported
 	}
-	pl, err := Place(g, o.Cost, o.ForceCPU, o.ForceGPU)
+	pl, err := place(g, o.Cost, o.ForceCPU, o.ForceGPU, o.LookupsDense)
 	if err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prism-serve/prism/models"
+	"github.com/prism-serve/prism/partitioner"
 	"github.com/prism-serve/prism/plan"
 )
 
@@ -71,5 +73,14 @@ func TestRunRefusesShardingCPUReads(t *testing.T) {
 	// One shard holds every table: cpu.onnx's lookups are all shard 0's.
 	if _, err := Run(part, RunOptions{Options: Options{Shards: 1}, Zipf: 1.05}, os.Stderr); err != nil {
 		t.Fatalf("one shard: %v", err)
+	}
+	// Partitioned with every reader of a lookup on the dense side
+	// (prism partition --lookups-dense), it shards.
+	dense := filepath.Join(dir, "part-lookups-dense")
+	if _, err := partitioner.Partition(filepath.Join(dir, "model", models.ModelFile), dense, partitioner.Options{LookupsDense: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(dense, RunOptions{Options: Options{Shards: 2}, Zipf: 1.05}, os.Stderr); err != nil {
+		t.Fatalf("partitioned with LookupsDense, 2 shards: %v", err)
 	}
 }

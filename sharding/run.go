@@ -150,7 +150,7 @@ func checkCPUReads(dir string, p *plan.Plan, s *plan.Sharding) error {
 		if tp.Placement == plan.RowWise {
 			where = fmt.Sprintf("row-wise over shards %v", tp.Shards)
 		}
-		return fmt.Errorf("cpu.onnx reads lookup output %q of table %q, which the sharding places %s: shard 0's embedding worker runs cpu.onnx and answers only its own tables' lookups, so a sharded model's cpu.onnx may read only lookups of tables whole on shard 0 (serve this model unsharded, or with --shards 1)", name, t, where)
+		return fmt.Errorf("cpu.onnx reads lookup output %q of table %q, which the sharding places %s: shard 0's embedding worker runs cpu.onnx and answers only its own tables' lookups, so a sharded model's cpu.onnx may read only lookups of tables whole on shard 0 (partition it with --lookups-dense, which keeps every reader of a lookup on the dense side, or serve it unsharded, or with --shards 1)", name, t, where)
 	}
 	return nil
 }

@@ -103,6 +103,7 @@ and prints a report.`,
 	f.BoolVar(&o.Overwrite, "overwrite", false, "replace a non-empty output folder")
 	f.StringArrayVar(&o.ForceCPU, "force-cpu", nil, "place this node (by name) on the CPU side; repeatable")
 	f.StringArrayVar(&o.ForceGPU, "force-gpu", nil, "place this node (by name) on the dense side; repeatable")
+	f.BoolVar(&o.LookupsDense, "lookups-dense", false, "place every node reading an embedding lookup's output on the dense side, so cpu.onnx reads none: what prism shard needs to split a table off shard 0 (row-wise or onto another shard)")
 	f.IntVar(&verifyN, "verify", 0, "after writing, check the partition against the whole model on N random samples")
 	f.Uint64Var(&verifySeed, "verify-seed", 1, "seed of the --verify samples")
 	f.Float64Var(&o.Cost.NetGbps, "net-gbps", 100, "cost model: CPU-to-dense-tier bandwidth, Gb/s")
