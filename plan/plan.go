@@ -281,8 +281,15 @@ func Write(dir string, p *Plan) error {
 
 // writeFileAtomic writes data to path through a temporary file in the
 // same folder, synced and then renamed over path; on any failure the
-// temporary file is removed and path is as it was.
+// temporary file is removed and path is as it was. A path that is a
+// symbolic link is followed: the file it points to is replaced, and
+// the link stays.
 func writeFileAtomic(path string, data []byte, perm fs.FileMode) (err error) {
+	if _, err := os.Lstat(path); err == nil {
+		if path, err = filepath.EvalSymlinks(path); err != nil {
+			return err
+		}
+	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
 	if err != nil {
 		return err

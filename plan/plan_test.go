@@ -185,6 +185,33 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// TestWriteThroughLink: a plan.json that is a symbolic link (to a
+// plan kept elsewhere) is written where it points, and stays a link
+// (found by review: the rename put a regular file in its place and the
+// file it pointed to kept the old plan).
+func TestWriteThroughLink(t *testing.T) {
+	dir, elsewhere := t.TempDir(), t.TempDir()
+	target := filepath.Join(elsewhere, "kept.json")
+	if err := os.WriteFile(target, []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, File)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(dir, valid()); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, File)); err != nil || fi.Mode().Type() != fs.ModeSymlink {
+		t.Fatalf("plan.json is now %v (%v), want the link", fi.Mode().Type(), err)
+	}
+	if b, _ := os.ReadFile(target); !strings.Contains(string(b), "cpu.onnx") {
+		t.Fatalf("the linked file holds %q, want the plan", b)
+	}
+	if ents, _ := os.ReadDir(elsewhere); len(ents) != 1 {
+		t.Fatalf("the linked file's folder holds %d entries, want the one", len(ents))
+	}
+}
+
 func TestReadWrite(t *testing.T) {
 	dir := t.TempDir()
 	if err := Write(dir, valid()); err != nil {

@@ -30,7 +30,7 @@ import (
 //     (took): from then on it sends the model's lookups only to those
 //     workers, or to ones announcing the number, as if its view
 //     acknowledged it, until a poll begun after the answer brings the
-//     sequencer's view of it (read-your-writes through the router
+//     sequencer's view of it, one not settling (read-your-writes through the router
 //     forwarding; an answer without held, from a sequencer of an
 //     earlier release, is judged from that poll alone, as before).
 //     A forwarded update that reaches a
@@ -110,7 +110,7 @@ type follower struct {
 	// newer than the view: a bar as the view's acknowledged number,
 	// which those workers meet before they announce it. polls counts
 	// the polls begun: a poll begun after an entry was taken answers
-	// for it, and drops it.
+	// for it, and drops it, unless its view is settling (dropAcked).
 	acked map[string]*forwardedAck
 	polls uint64
 }
@@ -366,8 +366,8 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 			f.view, f.viewWorkers, f.viewFrom = nil, nil, ""
 			moved = true
 		}
-		// So do the updates another router answered: this one answers
-		// for them now.
+		// The updates another router answered: this one answers for
+		// them now (kept while judged without a view: dropAcked).
 		if f.dropAcked(func(a *forwardedAck) bool { return a.from != addr }) || moved {
 			f.rejudge()
 		}
@@ -404,11 +404,13 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 }
 
 // dropAcked drops the forwarded updates that drop says no longer bar
-// lookups (and those the view acknowledges), keeping their numbers in
-// the floor of a sequence judged without the view (none, or its
-// sequencer settling), which the announcements never lower while a
-// worker holds it, as a view's acknowledged numbers are kept when it
-// goes (poll). It says whether it dropped any; f.mu is held.
+// lookups (and those the view acknowledges). One of a sequence judged
+// without the view (none, or its sequencer settling) is kept whatever
+// drop says: its holders are the workers known to hold it, and moved
+// into the floor instead it would not hold (the claims lower the floor
+// to what the workers announced, and the holders may not have
+// announced it yet), letting a worker lacking it serve right after the
+// answer. It says whether it dropped any; f.mu is held.
 func (f *follower) dropAcked(drop func(*forwardedAck) bool) bool {
 	dropped := false
 	for key, a := range f.acked {
@@ -418,11 +420,8 @@ func (f *follower) dropAcked(drop func(*forwardedAck) bool) bool {
 			dropped = true
 			continue
 		}
-		if !drop(a) {
+		if !drop(a) || f.view == nil || f.settling(u) {
 			continue
-		}
-		if f.view == nil || f.settling(u) {
-			f.floor[key] = max(f.floor[key], a.seq)
 		}
 		delete(f.acked, key)
 		dropped = true

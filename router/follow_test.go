@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -560,5 +562,102 @@ func TestFollowerReadsItsOwnWritesSharded(t *testing.T) {
 	rig.poll()
 	if got := serves(); !maps.Equal(got, want) {
 		t.Fatalf("after the poll: follower serves from %v, want %v", got, want)
+	}
+}
+
+// settlingRegistry answers List as a router elected moments ago does:
+// its view of model m settling (learning what the workers hold).
+type settlingRegistry struct {
+	prismv1.UnimplementedRegistryServer
+	updates map[string]*prismv1.ModelUpdates
+	workers []*prismv1.WorkerInfo
+}
+
+func (s settlingRegistry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListResponse, error) {
+	return &prismv1.ListResponse{Updates: s.updates, Workers: s.workers}, nil
+}
+
+// An update this router forwarded to the elected sequencer, acknowledged
+// with the workers holding it named, still bars the worker lacking it
+// when the election moves before the holders announce it: whether the
+// new holder cannot be reached yet, or answers settling (found by
+// review: its number was moved into the floor, which the claims lowered
+// at once, no worker having announced it yet, and the worker lacking it
+// served lookups right after the answer).
+func TestFollowerKeepsForwardedAcrossMove(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		settling bool // the new holder answers, settling; else it cannot be reached
+	}{
+		{name: "new holder unreachable"},
+		{name: "new holder settling", settling: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ws []*prismv1.WorkerInfo
+			for _, id := range []string{"w0", "w1", "w2"} {
+				ws = append(ws, &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, UpdateSeq: map[string]int64{"m": 2}})
+			}
+			addrB := "router-b"
+			if tc.settling {
+				addrB = serveInproc(t, func(s *grpc.Server) {
+					prismv1.RegisterRegistryServer(s, settlingRegistry{
+						updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 2, Numbered: 2, Settling: true}},
+						workers: ws,
+					})
+				})
+			}
+			conn := func(addr string) (*grpc.ClientConn, error) {
+				if addr != addrB || !tc.settling {
+					return nil, fmt.Errorf("dial %s: connection refused", addr)
+				}
+				return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialInproc))
+			}
+			now := time.Now()
+			f := newFollower("", conn, QuorumMajority, func() time.Time { return now }, time.Second)
+			f.started = now.Add(-time.Hour)
+			f.elected = true
+			for _, w := range ws {
+				f.announced(w)
+			}
+			// The view of router A, the holder: update 2 acknowledged.
+			f.view = map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 2, Numbered: 2, InSync: []string{"w0", "w1", "w2"}}}
+			f.viewWorkers = map[string]bool{"w0": true, "w1": true, "w2": true}
+			f.viewFrom = "router-a"
+			f.rejudge()
+			// Update 3, forwarded to A, acknowledged by w0 and w1; w2 missed it.
+			f.took("router-a", "m", &prismv1.UpdateResponse{Workers: 2, Held: map[string]*prismv1.UpdateHeld{"m": {Seq: 3, Workers: []string{"w0", "w1"}}}})
+			serves := func() map[string]bool {
+				got := map[string]bool{}
+				for _, w := range ws {
+					if f.inSync(w, "m") {
+						got[w.GetId()] = true
+					}
+				}
+				return got
+			}
+			want := map[string]bool{"w0": true, "w1": true}
+			if got := serves(); !maps.Equal(got, want) {
+				t.Fatalf("right after the answer: serves %v, want %v", got, want)
+			}
+			// The election moves to B before the workers' next heartbeat.
+			f.poll(context.Background(), addrB, time.Second)
+			if got := serves(); !maps.Equal(got, want) {
+				t.Fatalf("after polling the new holder: serves %v, want %v (w2 lacks acknowledged update 3)", got, want)
+			}
+			// The holders announce it; w2 stays out until it holds it.
+			for _, w := range ws[:2] {
+				w.UpdateSeq["m"] = 3
+				f.announced(w)
+			}
+			f.poll(context.Background(), addrB, time.Second)
+			if got := serves(); !maps.Equal(got, want) {
+				t.Fatalf("holders announced: serves %v, want %v", got, want)
+			}
+			ws[2].UpdateSeq["m"] = 3
+			f.announced(ws[2])
+			if got := serves(); len(got) != 3 {
+				t.Fatalf("w2 caught up: serves %v", got)
+			}
+		})
 	}
 }

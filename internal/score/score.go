@@ -352,23 +352,43 @@ func WriteScores(path string, scores []float32) error {
 }
 
 // scoresFile is a scores file being written: a temporary file beside
-// path, renamed over it by commit.
+// path, renamed over it by commit; or, when path is a stream (a pipe,
+// a terminal, /dev/stdout), path itself, written straight into.
 type scoresFile struct {
-	path string
-	f    *os.File
-	done bool
+	name   string // as the caller gave it, for errors
+	path   string // the file renamed over: name, its links followed
+	f      *os.File
+	stream bool
+	done   bool
 }
 
-// createScores opens the temporary file for path; its error names path.
+// createScores opens the temporary file for path (or path itself, a
+// stream); its error names path. A symbolic link is followed: the file
+// it points to is replaced, and the link stays.
 func createScores(path string) (*scoresFile, error) {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil && fi.IsDir():
 		return nil, fmt.Errorf("write scores %q: is a folder", path)
+	case err == nil && !fi.Mode().IsRegular():
+		// Nothing to rename over: a reader takes what is written.
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return nil, fmt.Errorf("write scores %q: %w", path, err)
+		}
+		return &scoresFile{name: path, path: path, f: f, stream: true}, nil
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".partial-")
+	target := path
+	if err == nil {
+		if target, err = filepath.EvalSymlinks(path); err != nil {
+			return nil, fmt.Errorf("write scores %q: %w", path, err)
+		}
+	}
+	f, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".partial-")
 	if err != nil {
 		return nil, fmt.Errorf("write scores %q: %w", path, err)
 	}
-	return &scoresFile{path: path, f: f}, nil
+	return &scoresFile{name: path, path: target, f: f}, nil
 }
 
 // commit writes scores, one a line, and renames the file into place.
@@ -378,17 +398,17 @@ func (sf *scoresFile) commit(scores []float32) error {
 		fmt.Fprintf(w, "%.8g\n", s)
 	}
 	err := w.Flush()
-	if err == nil {
+	if err == nil && !sf.stream {
 		err = sf.f.Chmod(0o644)
 	}
 	if err == nil {
 		err = sf.f.Close()
 	}
-	if err == nil {
+	if err == nil && !sf.stream {
 		err = os.Rename(sf.f.Name(), sf.path)
 	}
 	if err != nil {
-		return fmt.Errorf("write scores %q: %w", sf.path, err)
+		return fmt.Errorf("write scores %q: %w", sf.name, err)
 	}
 	sf.done = true
 	return nil
@@ -398,7 +418,9 @@ func (sf *scoresFile) commit(scores []float32) error {
 func (sf *scoresFile) abort() {
 	if !sf.done {
 		sf.f.Close()
-		os.Remove(sf.f.Name())
+		if !sf.stream {
+			os.Remove(sf.f.Name())
+		}
 	}
 }
 

@@ -2,11 +2,13 @@ package score
 
 import (
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,6 +76,71 @@ func TestWriteScores(t *testing.T) {
 	b, _ := os.ReadFile(path)
 	if string(b) != "0.25\n1\n" {
 		t.Errorf("wrote %q", b)
+	}
+}
+
+// TestWriteScoresThrough: --scores-out given a symbolic link writes
+// the file it points to, and given a stream (a named pipe, as
+// /dev/stdout or a shell's <(...) are) writes into it; both were
+// replaced by a regular file renamed over them (found by review: the
+// link's target kept its old scores, a pipe's reader got nothing, and
+// --scores-out /dev/stdout, run as root, replaced /dev/stdout).
+func TestWriteScoresThrough(t *testing.T) {
+	scores := []float32{0.25, 1}
+	const want = "0.25\n1\n"
+	for _, tc := range []struct {
+		name string
+		// make makes the path in dir and returns it, and how to read
+		// what was written.
+		make func(t *testing.T, dir string) (path string, read func() string)
+		mode fs.FileMode // what the path stays (its Lstat type bits)
+	}{
+		{"symbolic link", func(t *testing.T, dir string) (string, func() string) {
+			target := filepath.Join(t.TempDir(), "target.txt")
+			if err := os.WriteFile(target, []byte("0.5\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			link := filepath.Join(dir, "s.txt")
+			if err := os.Symlink(target, link); err != nil {
+				t.Fatal(err)
+			}
+			return link, func() string { b, _ := os.ReadFile(target); return string(b) }
+		}, fs.ModeSymlink},
+		{"named pipe", func(t *testing.T, dir string) (string, func() string) {
+			pipe := filepath.Join(dir, "s.pipe")
+			if err := syscall.Mkfifo(pipe, 0o644); err != nil {
+				t.Skipf("mkfifo: %v", err)
+			}
+			// Opened for reading without blocking, so the writer's open
+			// does not wait and nothing waits if it never opens it.
+			r, err := os.OpenFile(pipe, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Close() })
+			return pipe, func() string {
+				b := make([]byte, 64)
+				n, _ := r.Read(b)
+				return string(b[:max(n, 0)])
+			}
+		}, fs.ModeNamedPipe},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path, read := tc.make(t, dir)
+			if err := WriteScores(path, scores); err != nil {
+				t.Fatal(err)
+			}
+			if got := read(); got != want {
+				t.Errorf("read %q through %s, want %q", got, path, want)
+			}
+			if fi, err := os.Lstat(path); err != nil || fi.Mode().Type() != tc.mode {
+				t.Errorf("%s is now %v (%v), want it left a %v", path, fi.Mode().Type(), err, tc.mode)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+				t.Errorf("the folder holds %d entries, want the one", len(ents))
+			}
+		})
 	}
 }
 
