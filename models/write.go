@@ -60,7 +60,12 @@ func (m *Model) Write(dir string, o WriteOptions) (*Manifest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("write model %s: %w", m.Config.Name, err)
 	}
-	defer os.RemoveAll(tmp)
+	keep := false // the new build, when moving it into place failed half-way
+	defer func() {
+		if !keep {
+			os.RemoveAll(tmp)
+		}
+	}()
 	g := m.Graph()
 	mode := pb.ExternalAuto
 	if o.External {
@@ -105,7 +110,10 @@ func (m *Model) Write(dir string, o WriteOptions) (*Manifest, error) {
 	}
 	for _, f := range moves {
 		if err := os.Rename(filepath.Join(tmp, f), filepath.Join(dir, f)); err != nil {
-			return nil, fmt.Errorf("write model %s: %w", m.Config.Name, err)
+			// The old build is gone already: the new one is left
+			// whole where it was written (the next build removes it).
+			keep = true
+			return nil, fmt.Errorf("write model %s: %w (the new build is whole in %s)", m.Config.Name, err, tmp)
 		}
 	}
 	return man, nil
