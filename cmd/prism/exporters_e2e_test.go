@@ -48,7 +48,8 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 	dir := t.TempDir()
 	names := []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
 		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias", "ts-fixed-batch-row-bias-dense",
-		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift", "hugectr-wdl", "hugectr-dlrm"}
+		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift", "hugectr-wdl", "hugectr-dlrm",
+		"hugectr-dcn", "hugectr-deepfm", "hugectr-deepfm-v32"}
 	// NAME-dense: the model NAME under that name, its blocking node
 	// forced to the dense side.
 	corpus := func(name string) (*exporters.Model, []string) {

@@ -30,6 +30,9 @@ func TestUpShardedHugeCTR(t *testing.T) {
 		{"hugectr-dlrm", 3, "300", 1},
 		{"hugectr-wdl", 2, "500", 1},
 		{"hugectr-wdl", 3, "300", 1},
+		{"hugectr-dcn", 2, "400", 1},
+		{"hugectr-deepfm", 2, "500", 1},
+		{"hugectr-deepfm-v32", 3, "300", 1},
 	} {
 		t.Run(tc.name+"/"+strconv.Itoa(tc.shards), func(t *testing.T) {
 			dir := t.TempDir()
