@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/lograte"
 )
 
 // RegistryLimits bound what workers may register: the registry takes
@@ -100,6 +101,11 @@ type Registry struct {
 	// restarted there, unless that id announces again (two processes
 	// holding the certificate, replacing each other at every heartbeat).
 	displaced map[string]string
+	// floods holds the warning of displaced back to once per
+	// certificate and window: the two processes replace each other at
+	// every heartbeat for as long as both run (made from Log at its
+	// first use).
+	floods *lograte.Limiter
 	// byModel indexes the workers by (role, model): a pick looks at the
 	// workers of its model only.
 	byModel map[roleModel]*workerSet
@@ -442,7 +448,8 @@ func (r *Registry) replaced(w *prismv1.WorkerInfo, peer string, one bool) {
 // there (a rolling upgrade restarts every worker so) is said at Info;
 // an id dropped so that announces again (displaced) is a second process
 // holding the certificate, and the two replace each other at every
-// heartbeat: said at Warn. r.mu held.
+// heartbeat: said at Warn, once per window of lograte.DefaultWindow
+// while they do. r.mu held.
 func (r *Registry) displace(peer, id, addr string, w *prismv1.WorkerInfo) {
 	if r.displaced == nil {
 		r.displaced = map[string]string{}
@@ -453,7 +460,10 @@ func (r *Registry) displace(peer, id, addr string, w *prismv1.WorkerInfo) {
 		return
 	}
 	if back {
-		r.Log.Warn("a worker's own certificate announced a new id at another address again, under an id it replaced before: two processes hold one worker's certificate and replace each other at every heartbeat (give each its own)",
+		if r.floods == nil {
+			r.floods = lograte.New(r.Log, lograte.DefaultWindow)
+		}
+		r.floods.Warn(peer, "a worker's own certificate announced a new id at another address again, under an id it replaced before: two processes hold one worker's certificate and replace each other at every heartbeat (give each its own)",
 			"old_id", id, "old_addr", addr, "id", w.GetId(), "addr", w.GetAddr())
 		return
 	}

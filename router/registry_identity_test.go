@@ -292,3 +292,33 @@ func dialRegistry(t *testing.T, addr, d string) prismv1.RegistryClient {
 	t.Cleanup(func() { conn.Close() })
 	return prismv1.NewRegistryClient(conn)
 }
+
+// TestTwoProcessesOneCertificateLogBounded: two processes given one
+// worker's certificate replace each other at every heartbeat for as
+// long as both run. The registry warns of it at once, and again at most
+// once per window while it goes on, not at every heartbeat: 100
+// heartbeats of each, the first minutes of a misconfigured pair, wrote
+// 199 lines.
+func TestTwoProcessesOneCertificateLogBounded(t *testing.T) {
+	reg := NewRegistry(time.Minute, nil)
+	reg.Instance = func(ctx context.Context) bool { return auth.PeerInstance(ctx) != "" }
+	var logs lockedBuffer
+	reg.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	dir, addr, ctx := serveTLSRegistry(t, reg, 1)
+	c := dialRegistry(t, addr, auth.InstanceDir(dir, auth.Dense, 0))
+	for beat := range 100 {
+		for _, w := range []struct{ id, addr string }{{"a", "127.0.0.1:1"}, {"b", "127.0.0.1:2"}} {
+			if _, err := c.Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{
+				Id: w.id, Role: prismv1.Role_ROLE_DENSE, Addr: w.addr, Models: []string{"m"}, Healthy: true}}); err != nil {
+				t.Fatalf("heartbeat %d of %s: %v", beat, w.id, err)
+			}
+		}
+	}
+	got := logs.String()
+	if n := strings.Count(got, "two processes hold one worker's certificate"); n != 1 {
+		t.Errorf("the two processes warned of %d times in 100 heartbeats, want once (then once per window):\n%s", n, got)
+	}
+	if n := strings.Count(got, "\n"); n > 3 {
+		t.Errorf("%d lines logged for 100 heartbeats of two processes on one certificate, want at most 3", n)
+	}
+}

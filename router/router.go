@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/lograte"
 	"github.com/prism-serve/prism/internal/serve"
 )
 
@@ -210,9 +211,13 @@ const (
 // Router serves Recommend over the registered workers.
 type Router struct {
 	prismv1.UnimplementedRecommenderServer
-	Reg      *Registry
-	opts     Options
-	log      *slog.Logger
+	Reg  *Registry
+	opts Options
+	log  *slog.Logger
+	// floods rate-limits the records a persistent condition repeats per
+	// micro-batch (a dead worker every micro-batch meets until it
+	// expires): the first at once, then one summary per window.
+	floods   *lograte.Limiter
 	inflight atomic.Int64
 	// resignMu guards resigned and stopElection (Resign, Run).
 	resignMu     sync.Mutex
@@ -330,6 +335,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		return nil, fmt.Errorf("router: a message limit of %d bytes: want at least 1 MiB (updates and pages of the update log must fit it)", o.MaxMessageBytes)
 	}
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
+	r.floods = lograte.New(o.Logger, lograte.DefaultWindow)
 	r.started = r.Reg.now()
 	r.share = newShareCtl(o.AdmitShare)
 	if o.AdmitLimit {
@@ -472,6 +478,11 @@ func (r *Router) Run(ctx context.Context) {
 
 // Close closes the connections to the workers and the update log.
 func (r *Router) Close() {
+	defer r.floods.Close()
+	r.Reg.mu.Lock()
+	regFloods := r.Reg.floods
+	r.Reg.mu.Unlock()
+	defer regFloods.Close()
 	if r.el != nil {
 		r.el.close()
 	}
@@ -1064,7 +1075,9 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		// so either may be at fault: the retry avoids both where another
 		// replica exists. The one really down stops heartbeating and expires.
 		tried.failed(ctx, err, cn.GetId(), hn.GetId())
-		r.log.Warn("micro-batch failed; retrying where another pair is live", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
+		// Once per pair and window: a dead worker fails every
+		// micro-batch sent its way until its heartbeats expire.
+		r.floods.Warn(cn.GetAddr()+" "+hn.GetAddr(), "micro-batch failed; retrying where another pair is live", "embedding", cn.GetAddr(), "dense", hn.GetAddr(), "err", err)
 	}
 	return nil, answer{}, untoldRetry(r.failedMicroBatch(last))
 }

@@ -451,7 +451,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		// last's: the third attempt went back to a dead replica
 		// avoided by the first when the second met an overloaded one.
 		tried.failed(ctx, err, failed, hn.GetId())
-		r.log.Warn("sharded micro-batch failed; retrying where replicas are live", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
+		r.floods.Warn(model+" "+failed+" "+hn.GetAddr(), "sharded micro-batch failed; retrying where replicas are live", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
 	}
 	return nil, answer{}, untoldRetry(r.failedMicroBatch(last))
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"github.com/prism-serve/prism/internal/leview"
@@ -113,6 +114,8 @@ type testLog struct {
 	mu     sync.Mutex
 	// tail keeps the last 64 KiB written, for tests that read it.
 	tail []byte
+	// lines counts the lines written, for tests that bound them.
+	lines int
 }
 
 func (l *testLog) Write(b []byte) (int, error) {
@@ -122,10 +125,18 @@ func (l *testLog) Write(b []byte) (int, error) {
 		fmt.Fprintf(os.Stderr, "[%s] %s", l.prefix, b)
 	}
 	l.tail = append(l.tail, b...)
+	l.lines += bytes.Count(b, []byte{'\n'})
 	if over := len(l.tail) - 64<<10; over > 0 {
 		l.tail = append(l.tail[:0], l.tail[over:]...)
 	}
 	return len(b), nil
+}
+
+// Lines is the number of lines the process wrote to stderr.
+func (l *testLog) Lines() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lines
 }
 
 // String is the last 64 KiB the process wrote to stderr.
