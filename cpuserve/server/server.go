@@ -28,6 +28,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/arrowframe"
+	"github.com/prism-serve/prism/internal/lograte"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
 )
@@ -109,9 +110,12 @@ func (o *Options) Validate() error {
 // caller's: Close leaves it open.
 type Server struct {
 	prismv1.UnimplementedEmbeddingTierServer
-	st     *store.Store
-	opts   Options
-	log    *slog.Logger
+	st   *store.Store
+	opts Options
+	log  *slog.Logger
+	// floods holds a failure every request meets (a cpu.onnx that
+	// fails) to one record per model and window, then a summary.
+	floods *lograte.Limiter
 	models map[string]*model
 	// shards holds, per model the store holds one shard of, that shard
 	// (shard.go); empty when every model is whole.
@@ -151,7 +155,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{st: st, opts: o, log: o.Logger, models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{},
+	s := &Server{st: st, opts: o, log: o.Logger, floods: lograte.New(o.Logger, lograte.DefaultWindow), models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{},
 		inUse: map[*grpc.ClientConn]int{}, retired: map[*grpc.ClientConn]bool{}}
 	s.met = newMetrics(s)
 	so := ort.SessionOptions{IntraOpThreads: o.Threads}
@@ -213,6 +217,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 
 // Close frees the CPU subgraphs and the dense connections.
 func (s *Server) Close() {
+	defer s.floods.Close()
 	for _, m := range s.models {
 		m.close()
 	}
@@ -485,7 +490,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	if m.cpu != nil {
 		if err := runCPU(m, vals, n); err != nil {
 			framePool.Put(fb)
-			s.log.Error("cpu model failed", "model", m.name, "request_id", req.GetRequestId(), "err", err)
+			s.floods.Log(slog.LevelError, m.name, "cpu model failed", "model", m.name, "request_id", req.GetRequestId(), "err", err)
 			return nil, status.Errorf(codes.Internal, "model %q: cpu subgraph: %v", m.name, err)
 		}
 	}
