@@ -500,8 +500,8 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 		switch {
 		case err != nil:
 			err = s.submitError(m, err)
-		case len(outs[0]) != n:
-			err = status.Errorf(codes.Internal, "model %q: first output has %d values for %d samples", m.name, len(outs[0]), n)
+		case len(outs[0]) != n*m.tasks:
+			err = status.Errorf(codes.Internal, "model %q: first output has %d values for %d samples of %d tasks", m.name, len(outs[0]), n, m.tasks)
 		default:
 			scores = outs[0]
 		}
@@ -512,7 +512,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	if err != nil {
 		return nil, err
 	}
-	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds()}, nil
+	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks()}, nil
 }
 
 // awaitFanout waits for f's scores; at ctx's end it fails every part of
@@ -543,7 +543,7 @@ func (s *Server) awaitFanout(ctx context.Context, m *model, f *fanout, start tim
 	if f.err != nil {
 		return nil, f.err
 	}
-	return &prismv1.ScoreResponse{Scores: f.scores, DenseUs: time.Since(start).Microseconds()}, nil
+	return &prismv1.ScoreResponse{Scores: f.scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks()}, nil
 }
 
 // combineParts combines the parts of every output f received in parts

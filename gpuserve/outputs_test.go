@@ -119,3 +119,93 @@ func TestLoadRefusesModelWithoutPlanOutput(t *testing.T) {
 		t.Fatalf("New: %v; want an error naming the missing output %q", err, "click_prob")
 	}
 }
+
+// multiTaskPlan copies dlrm-tiny's partition into a folder whose
+// dense.onnx's score is two tasks, [batch, 2]: the score and its
+// negation side by side (Concat on axis 1), the plan's first output
+// "tasks" of per-sample shape shape.
+func multiTaskPlan(t *testing.T, shape []int64) string {
+	t.Helper()
+	src := tinyPlan(t)
+	p, err := plan.Read(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := onnxpb.ReadModel(filepath.Join(src, p.DenseModel), onnxpb.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := m.GetGraph()
+	score := g.Output[0]
+	g.Node = append(g.Node,
+		&onnxpb.NodeProto{OpType: "Neg", Input: []string{score.GetName()}, Output: []string{"neg"}, Name: "task1"},
+		&onnxpb.NodeProto{OpType: "Concat", Input: []string{score.GetName(), "neg"}, Output: []string{"tasks"}, Name: "tasks",
+			Attribute: []*onnxpb.AttributeProto{{Name: "axis", Type: onnxpb.AttributeProto_INT, I: 1}}})
+	out := proto.Clone(score).(*onnxpb.ValueInfoProto)
+	out.Name = "tasks"
+	out.Type.GetTensorType().Shape = nil
+	g.Output = []*onnxpb.ValueInfoProto{out}
+	dir := t.TempDir()
+	if err := onnxpb.WriteModel(filepath.Join(dir, p.DenseModel), m, onnxpb.WriteOptions{External: onnxpb.ExternalNever}); err != nil {
+		t.Fatal(err)
+	}
+	p.Outputs = append([]plan.TensorInfo{{Name: "tasks", DType: "float32", Shape: shape}}, p.Outputs...)
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestScoreMultiTask: a plan whose score has per-sample shape [k] (a
+// multi-task model) is served: Score answers k values a sample,
+// sample-major, with tasks k, each as the dense model gives it. A score
+// of any other shape than one value or [k], or of more than
+// plan.MaxTasks tasks, is refused at load, naming it.
+func TestScoreMultiTask(t *testing.T) {
+	dir := multiTaskPlan(t, []int64{2})
+	s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := ort.NewSession(filepath.Join(tinyPlan(t), p.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	const n = 7
+	x := cutTensors(p, n, rand.New(rand.NewPCG(3, 4)))
+	want := direct(t, ref, p, n, x)
+	resp, err := s.Score(context.Background(), &prismv1.ScoreRequest{Model: p.Model.Name, NumSamples: n, Tensors: encode(t, n, x)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetTasks() != 2 || len(resp.GetScores()) != 2*n {
+		t.Fatalf("tasks %d, %d scores; want 2, %d", resp.GetTasks(), len(resp.GetScores()), 2*n)
+	}
+	for i, w := range want {
+		if math.Abs(float64(resp.Scores[2*i]-w)) > 1e-5 || math.Abs(float64(resp.Scores[2*i+1]+w)) > 1e-5 {
+			t.Fatalf("sample %d scored %v, want [%g %g]", i, resp.Scores[2*i:2*i+2], w, -w)
+		}
+	}
+	for _, tc := range []struct {
+		shape []int64
+		want  string
+	}{
+		{[]int64{1, 2}, `first output "tasks" has per-sample shape [1 2]; want one score per sample, or [k]`},
+		{[]int64{plan.MaxTasks + 1}, "more than 64 tasks"},
+	} {
+		s, err := New(Options{Plans: []string{multiTaskPlan(t, tc.shape)}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
+		if err == nil {
+			s.Close()
+			t.Fatalf("shape %v served", tc.shape)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("shape %v: %v; want %q", tc.shape, err, tc.want)
+		}
+	}
+}

@@ -147,6 +147,9 @@ type model struct {
 	// content identifies the model (plan.Plan.Content; "" unknown):
 	// announced, and checked against the embedding worker's.
 	content string
+	// tasks is the number of values per sample of the score (plan.Tasks):
+	// 1, or k for a multi-task model, answered sample-major.
+	tasks int
 }
 
 // New discovers devices, loads every plan's dense.onnx and starts the
@@ -339,17 +342,12 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 		m.spec = append(m.spec, InputSpec{Name: ct.Name, Width: w, Shape: ct.Shape})
 		m.index[ct.Name] = i
 	}
-	if len(plan.Outputs) == 0 {
-		return nil, fmt.Errorf("load %s: plan has no outputs: the first is the score the dense tier answers with", dir)
+	// One score per sample, or k of a multi-task model's [k] (bounded):
+	// every one answered (ScoreResponse.tasks).
+	if m.tasks, err = plan.Tasks(); err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	score := plan.Outputs[0]
-	w := int64(1)
-	for _, d := range score.Shape {
-		w *= d
-	}
-	if w != 1 {
-		return nil, fmt.Errorf("load %s: first output %q has per-sample shape %v; want one score per sample", dir, score.Name, score.Shape)
-	}
 	path, err := planFile(dir, plan.DenseModel)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
@@ -547,10 +545,19 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 		return nil, s.submitError(m, err)
 	}
 	scores := outs[0]
-	if len(scores) != in.N {
-		return nil, status.Errorf(codes.Internal, "model %q: first output has %d values for %d samples", m.name, len(scores), in.N)
+	if len(scores) != in.N*m.tasks {
+		return nil, status.Errorf(codes.Internal, "model %q: first output has %d values for %d samples of %d tasks", m.name, len(scores), in.N, m.tasks)
 	}
-	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds()}, nil
+	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks()}, nil
+}
+
+// wireTasks is ScoreResponse.tasks for the model's answers: k for a
+// multi-task model, 0 for one score per sample (as before).
+func (m *model) wireTasks() int32 {
+	if m.tasks > 1 {
+		return int32(m.tasks)
+	}
+	return 0
 }
 
 // decode checks a request against the plan's cut and returns the batcher

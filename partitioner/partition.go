@@ -158,9 +158,9 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 // outputType is the type of graph output o: as inferred, or as the
 // model declares it where inference did not reach it (a per-sample
 // shape the plan writes must never be a guess: [] would say one score
-// per sample, and the dense tier, which refuses to load a plan whose
-// first output is not one value per sample, would serve a multi-task
-// model's [batch, tasks] as scores).
+// per sample, and the dense tier, which serves k values a sample only
+// for a first output the plan says is [k], would serve a multi-task
+// model's [batch, tasks] as one score a sample).
 func (pl *Placement) outputType(o *pb.ValueInfoProto) TensorType {
 	t := pl.Types[o.GetName()]
 	if sampleKnown(t) {

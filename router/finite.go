@@ -30,6 +30,21 @@ func nonFiniteScore(req *prismv1.RecommendRequest, jc *jaggedCut, scores []float
 	return nil
 }
 
+// nonFiniteTaskScore is nonFiniteScore for the scores of a model of
+// tasks tasks, candidate-major (RecommendResponse.task_scores): a
+// non-finite score of any task is judged by its candidate's features.
+func nonFiniteTaskScore(req *prismv1.RecommendRequest, jc *jaggedCut, taskScores []float32, n, tasks int) error {
+	for i, s := range taskScores {
+		if !notFinite(s) {
+			continue
+		}
+		if err := badFeature(req, jc, n, i/tasks, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func notFinite(v float32) bool {
 	d := v - v // NaN for NaN and ±Inf, 0 for every finite v
 	return d != d

@@ -57,3 +57,34 @@ func TestNonFiniteScoreNamesTheFeature(t *testing.T) {
 		})
 	}
 }
+
+// TestNonFiniteTaskScore: a multi-task model's scores (candidate-major,
+// k a candidate) are judged by the candidate each belongs to: a NaN of
+// task 1 of candidate 2, whose features hold a NaN, is refused naming
+// it; one of a candidate of finite features is the model's own.
+func TestNonFiniteTaskScore(t *testing.T) {
+	nan := float32(math.NaN())
+	req := &prismv1.RecommendRequest{Candidates: &prismv1.Features{Inputs: []*prismv1.Input{{Name: "dense", Values: []float32{1, 2, nan}}}}}
+	for _, tc := range []struct {
+		name   string
+		scores []float32
+		want   string
+	}{
+		{"all finite", []float32{.1, .2, .3, .4, .5, .6}, ""},
+		{"task 1 of candidate 2 NaN", []float32{.1, .2, .3, .4, .5, nan}, `candidate 2 scored NaN: candidate input "dense": values[2]`},
+		{"task 1 of candidate 1 NaN: the model's own", []float32{.1, .2, .3, nan, .5, .6}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := nonFiniteTaskScore(req, nil, tc.scores, 3, 2)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("err = %v, want nil", err)
+				}
+				return
+			}
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want InvalidArgument naming %s", err, tc.want)
+			}
+		})
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/lograte"
 	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/plan"
 )
 
 // Options configure the router.
@@ -662,7 +663,9 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 			req = pinTo(req, answer{version: req.GetVersion(), content: c})
 		}
 	}
-	scores := make([]float32, n)
+	// Each micro-batch's scores: k values per candidate for a model of k
+	// tasks (answers[i].tasks), split once every part is in.
+	outs := make([][]float32, len(parts))
 	answers := make([]answer, len(parts))
 	errs := make([]error, len(parts))
 	// run scores the micro-batches numbered in which, at once.
@@ -686,8 +689,8 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 					size = fb
 				}
 				out, v, err := r.microBatch(ctx, req, sub, size, i)
-				if err == nil && len(out) != size {
-					err = status.Errorf(codes.Internal, "model %q: %d scores for a micro-batch of %d", req.GetModel(), len(out), size)
+				if err == nil {
+					err = checkScores(req.GetModel(), out, size, v.tasks)
 				}
 				if err != nil {
 					errs[i] = err
@@ -698,7 +701,8 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 					v.version = req.GetVersion() // a worker answers a pinned one only (its reported one may lag)
 				}
 				answers[i] = v
-				copy(scores[lo:hi], out[:hi-lo])
+				// A fixed batch's padding scored last: dropped.
+				outs[i] = out[:(hi-lo)*tasksOf(v)]
 			}()
 		}
 		wg.Wait()
@@ -733,7 +737,14 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 			return nil, err
 		}
 	}
+	scores, taskScores, tasks, err := joinScores(req.GetModel(), parts, outs, answers, n)
+	if err != nil {
+		return nil, err
+	}
 	if err := nonFiniteScore(req, jc, scores, n); err != nil { // finite.go
+		return nil, err
+	}
+	if err := nonFiniteTaskScore(req, jc, taskScores, n, int(tasks)); err != nil {
 		return nil, err
 	}
 	version := won.version
@@ -750,7 +761,62 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		// client decides over a number given with it).
 		version = max(version, r.Reg.ContentVersion(req.GetModel(), won.content))
 	}
-	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version, RequestId: req.GetRequestId(), Content: won.content}, nil
+	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version, RequestId: req.GetRequestId(), Content: won.content,
+		Tasks: tasks, TaskScores: taskScores}, nil
+}
+
+// tasksOf is the values per sample of a micro-batch's scores.
+func tasksOf(a answer) int { return max(int(a.tasks), 1) }
+
+// checkScores is the Internal status of a micro-batch of size samples
+// answered with tasks (0: one) values a sample whose scores are not
+// that many, or of more tasks than a plan can have; nil when they are.
+func checkScores(model string, out []float32, size int, tasks int32) error {
+	switch {
+	case tasks < 0 || tasks > plan.MaxTasks:
+		return status.Errorf(codes.Internal, "model %q: a micro-batch answered with %d tasks a sample (at most %d)", model, tasks, plan.MaxTasks)
+	case tasks > 1 && len(out) != size*int(tasks):
+		return status.Errorf(codes.Internal, "model %q: %d scores for a micro-batch of %d samples of %d tasks", model, len(out), size, tasks)
+	case tasks <= 1 && len(out) != size:
+		return status.Errorf(codes.Internal, "model %q: %d scores for a micro-batch of %d", model, len(out), size)
+	}
+	return nil
+}
+
+// joinScores puts the micro-batches' scores (outs[i] those of the
+// candidates parts[i], tasksOf(answers[i]) values each) together for n
+// candidates: scores, one a candidate (task 0's for a multi-task model),
+// and for a model of k > 1 tasks every task's, candidate-major, with k
+// (RecommendResponse.task_scores and tasks; nil and 0 otherwise). Every
+// micro-batch must answer as many tasks (a version rolling out with
+// another head is one model, and splitVersions scores a request with
+// one version): Internal otherwise.
+func joinScores(model string, parts [][2]int, outs [][]float32, answers []answer, n int) (scores, taskScores []float32, tasks int32, err error) {
+	k := 1
+	for i, a := range answers {
+		if i == 0 {
+			k = tasksOf(a)
+			continue
+		}
+		if tasksOf(a) != k {
+			return nil, nil, 0, status.Errorf(codes.Internal, "model %q: micro-batches of one request answered %d and %d tasks a candidate", model, k, tasksOf(a))
+		}
+	}
+	scores = make([]float32, n)
+	if k == 1 {
+		for i, p := range parts {
+			copy(scores[p[0]:p[1]], outs[i])
+		}
+		return scores, nil, 0, nil
+	}
+	taskScores = make([]float32, n*k)
+	for i, p := range parts {
+		copy(taskScores[p[0]*k:p[1]*k], outs[i])
+	}
+	for c := range scores {
+		scores[c] = taskScores[c*k]
+	}
+	return scores, taskScores, int32(k), nil
 }
 
 // answer is what a micro-batch's embedding worker said scored it: the
@@ -759,6 +825,11 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 type answer struct {
 	version int64
 	content string
+	// tasks is the values per sample of the micro-batch's scores
+	// (LookupResponse.tasks): 0 for one score, k for a multi-task
+	// model's k. Not part of the version: same and splitVersions leave
+	// it out.
+	tasks int32
 }
 
 // same says whether two answers name one version: by content where
@@ -1065,7 +1136,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resp.GetTimes())
-			return resp.GetScores(), answer{version: resp.GetVersion(), content: resp.GetContent()}, nil
+			return resp.GetScores(), answer{version: resp.GetVersion(), content: resp.GetContent(), tasks: resp.GetTasks()}, nil
 		}
 		last = err
 		if !retryable(ctx, err) || attempt == 1 {

@@ -77,6 +77,9 @@ type fakeCN struct {
 	// extra scores are answered beyond the samples asked for (a
 	// misbehaving worker).
 	extra int
+	// tasks, when above 1, answers as a multi-task model's workers do:
+	// tasks values a sample, task t's the one-task score + 1000*t.
+	tasks int32
 }
 
 func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
@@ -103,11 +106,12 @@ func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		}
 	}
 	ids := req.GetCandidates().GetInputs()[0].GetIds()
-	out := make([]float32, int(req.GetNumSamples())+f.extra)
+	k := max(int(f.tasks), 1)
+	out := make([]float32, int(req.GetNumSamples())*k+f.extra)
 	for i := range out {
-		out[i] = float32(ids[i%len(ids)]) + f.tag
+		out[i] = float32(ids[(i/k)%len(ids)]) + f.tag + 1000*float32(i%k)
 	}
-	return &prismv1.LookupResponse{Scores: out}, nil
+	return &prismv1.LookupResponse{Scores: out, Tasks: f.tasks}, nil
 }
 
 // TestScoreCountChecked: a micro-batch answered with another count of

@@ -441,7 +441,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resps[0].GetTimes())
-			return resps[0].GetScores(), answer{version: resps[0].GetVersion(), content: resps[0].GetContent()}, nil
+			return resps[0].GetScores(), answer{version: resps[0].GetVersion(), content: resps[0].GetContent(), tasks: resps[0].GetTasks()}, nil
 		}
 		last = err
 		if !retryable(ctx, err) || attempt == shardAttempts-1 {
@@ -567,8 +567,10 @@ func (r *Router) fanOut(ctx context.Context, req *prismv1.RecommendRequest, cand
 		return nil, cns[first].GetId(), errs[first]
 	}
 	for i, resp := range resps {
-		if len(resp.GetScores()) != n {
-			return nil, cns[i].GetId(), status.Errorf(codes.Internal, "embedding worker %s (shard %d of %d) answered %d scores for %d samples", cns[i].GetAddr(), i, shards, len(resp.GetScores()), n)
+		// Every shard passes on the one dense answer: k values a sample
+		// for a model of k tasks.
+		if k := max(int(resp.GetTasks()), 1); len(resp.GetScores()) != n*k || resp.GetTasks() != resps[0].GetTasks() {
+			return nil, cns[i].GetId(), status.Errorf(codes.Internal, "embedding worker %s (shard %d of %d) answered %d scores for %d samples of %d tasks", cns[i].GetAddr(), i, shards, len(resp.GetScores()), n, k)
 		}
 	}
 	return resps, "", nil

@@ -103,16 +103,16 @@ func TestSplitVersions(t *testing.T) {
 		// One content numbered 2 by two stores, 1 by a replica
 		// ingested after the update: one version, nothing scored
 		// again, answered under the higher number.
-		{[]answer{{2, "aa"}, {1, "aa"}, {2, "aa"}}, answer{2, "aa"}, nil},
+		{[]answer{{version: 2, content: "aa"}, {version: 1, content: "aa"}, {version: 2, content: "aa"}}, answer{version: 2, content: "aa"}, nil},
 		// Two contents both numbered 1 (two stores ingested apart):
 		// two versions; the one with more candidates wins.
-		{[]answer{{1, "aa"}, {1, "bb"}, {1, "bb"}}, answer{1, "bb"}, []int{0}},
-		{[]answer{{1, "aa"}, {1, "aa"}, {1, "bb"}}, answer{1, "aa"}, []int{2}},
+		{[]answer{{version: 1, content: "aa"}, {version: 1, content: "bb"}, {version: 1, content: "bb"}}, answer{version: 1, content: "bb"}, []int{0}},
+		{[]answer{{version: 1, content: "aa"}, {version: 1, content: "aa"}, {version: 1, content: "bb"}}, answer{version: 1, content: "aa"}, []int{2}},
 		// A tie on candidates: the higher number, then the lower content.
-		{[]answer{{1, "bb"}, {2, "aa"}}, answer{2, "aa"}, []int{0}},
-		{[]answer{{1, "bb"}, {1, "aa"}}, answer{1, "aa"}, []int{0}},
+		{[]answer{{version: 1, content: "bb"}, {version: 2, content: "aa"}}, answer{version: 2, content: "aa"}, []int{0}},
+		{[]answer{{version: 1, content: "bb"}, {version: 1, content: "aa"}}, answer{version: 1, content: "aa"}, []int{0}},
 		// An unknown answer counts for none.
-		{[]answer{{}, {3, "aa"}, {}}, answer{3, "aa"}, nil},
+		{[]answer{{}, {version: 3, content: "aa"}, {}}, answer{version: 3, content: "aa"}, nil},
 	} {
 		got, others := splitVersions(parts, c.answers)
 		if got != c.want || !slices.Equal(others, c.others) {

@@ -375,15 +375,19 @@ func (x *LookupRequest) GetContent() string {
 }
 
 type LookupResponse struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Scores []float32              `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
-	Times  *StageTimes            `protobuf:"bytes,2,opt,name=times,proto3" json:"times,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scores are the dense worker's (ScoreResponse.scores): tasks values
+	// per sample for a multi-task model.
+	Scores []float32   `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
+	Times  *StageTimes `protobuf:"bytes,2,opt,name=times,proto3" json:"times,omitempty"`
 	// version is the model version whose tables answered: the number its
 	// store gave it, which another replica's store may give otherwise.
 	Version int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	// content is the content of the model that answered (WorkerInfo.content;
 	// empty from workers of earlier releases).
-	Content       string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	Content string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
+	// tasks is the dense worker's ScoreResponse.tasks, passed on.
+	Tasks         int32 `protobuf:"varint,5,opt,name=tasks,proto3" json:"tasks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -444,6 +448,13 @@ func (x *LookupResponse) GetContent() string {
 		return x.Content
 	}
 	return ""
+}
+
+func (x *LookupResponse) GetTasks() int32 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
 }
 
 // StageTimes break one micro-batch's time down, in microseconds.
@@ -662,10 +673,17 @@ func (x *ScoreRequest) GetContent() string {
 }
 
 type ScoreResponse struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Scores []float32              `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scores are the model's first output: one value per sample, or for a
+	// multi-task model (tasks > 1) tasks values per sample, sample-major
+	// (sample i's task t at i*tasks + t).
+	Scores []float32 `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
 	// dense_us is the time from arrival to scores on the dense worker.
-	DenseUs       int64 `protobuf:"varint,2,opt,name=dense_us,json=denseUs,proto3" json:"dense_us,omitempty"`
+	DenseUs int64 `protobuf:"varint,2,opt,name=dense_us,json=denseUs,proto3" json:"dense_us,omitempty"`
+	// tasks is the number of values per sample in scores: 0 (workers of
+	// earlier releases, and models of one score) or k > 1 for a model whose
+	// first output has per-sample shape [k].
+	Tasks         int32 `protobuf:"varint,3,opt,name=tasks,proto3" json:"tasks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -710,6 +728,13 @@ func (x *ScoreResponse) GetScores() []float32 {
 func (x *ScoreResponse) GetDenseUs() int64 {
 	if x != nil {
 		return x.DenseUs
+	}
+	return 0
+}
+
+func (x *ScoreResponse) GetTasks() int32 {
+	if x != nil {
+		return x.Tasks
 	}
 	return 0
 }
@@ -1838,12 +1863,13 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05shard\x18\t \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\n" +
 	" \x01(\x05R\x06shards\x12\x18\n" +
-	"\acontent\x18\v \x01(\tR\acontent\"\x88\x01\n" +
+	"\acontent\x18\v \x01(\tR\acontent\"\x9e\x01\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12*\n" +
 	"\x05times\x18\x02 \x01(\v2\x14.prism.v1.StageTimesR\x05times\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x18\n" +
-	"\acontent\x18\x04 \x01(\tR\acontent\"\xc1\x01\n" +
+	"\acontent\x18\x04 \x01(\tR\acontent\x12\x14\n" +
+	"\x05tasks\x18\x05 \x01(\x05R\x05tasks\"\xc1\x01\n" +
 	"\n" +
 	"StageTimes\x12\x1b\n" +
 	"\tdecode_us\x18\x01 \x01(\x03R\bdecodeUs\x12\x1b\n" +
@@ -1865,10 +1891,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05shard\x18\x06 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\a \x01(\x05R\x06shards\x12\x1a\n" +
 	"\bsharding\x18\b \x01(\tR\bsharding\x12\x18\n" +
-	"\acontent\x18\t \x01(\tR\acontent\"B\n" +
+	"\acontent\x18\t \x01(\tR\acontent\"X\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
-	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\"\xca\t\n" +
+	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\x12\x14\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xca\t\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +

@@ -260,7 +260,10 @@ func (x *RecommendRequest) GetContent() string {
 
 type RecommendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// scores has one value per candidate, in request order.
+	// scores has one value per candidate, in request order. For a
+	// multi-task model (tasks > 1) it is task 0's (plan.json outputs[0],
+	// the first of its k values per sample), so a client that knows of one
+	// score only is served as before.
 	Scores []float32 `protobuf:"fixed32,1,rep,packed,name=scores,proto3" json:"scores,omitempty"`
 	Model  string    `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
 	// version is the model version that scored the request (the highest
@@ -275,7 +278,18 @@ type RecommendResponse struct {
 	// and ONNX parts' content (16 hex digits), the same on every replica
 	// and router. Empty when the workers do not announce it (plans without
 	// table hashes, workers of earlier releases).
-	Content       string `protobuf:"bytes,6,opt,name=content,proto3" json:"content,omitempty"`
+	Content string `protobuf:"bytes,6,opt,name=content,proto3" json:"content,omitempty"`
+	// tasks is the number of scores the model gives each candidate: 0 for
+	// a model of one score (task_scores is then empty), k > 1 for a
+	// multi-task model whose first output has per-sample shape [k]
+	// (plan.json outputs[0].shape; CTR and CVR heads, HugeCTR's label_dim,
+	// an MMoE's towers stacked; at most 64).
+	Tasks int32 `protobuf:"varint,7,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	// task_scores holds every task's score of a multi-task model,
+	// candidate-major: candidate i's score of task t is
+	// task_scores[i*tasks + t] (so task_scores[i*tasks] == scores[i]).
+	// Empty for a model of one score.
+	TaskScores    []float32 `protobuf:"fixed32,8,rep,packed,name=task_scores,json=taskScores,proto3" json:"task_scores,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -350,6 +364,20 @@ func (x *RecommendResponse) GetContent() string {
 		return x.Content
 	}
 	return ""
+}
+
+func (x *RecommendResponse) GetTasks() int32 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
+}
+
+func (x *RecommendResponse) GetTaskScores() []float32 {
+	if x != nil {
+		return x.TaskScores
+	}
+	return nil
 }
 
 // RequestError is one failed request's gRPC status.
@@ -646,7 +674,7 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"candidates\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12\x18\n" +
-	"\acontent\x18\a \x01(\tR\acontent\"\xc2\x01\n" +
+	"\acontent\x18\a \x01(\tR\acontent\"\xf9\x01\n" +
 	"\x11RecommendResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
@@ -654,7 +682,10 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\x04 \x01(\tR\trequestId\x12,\n" +
 	"\x05error\x18\x05 \x01(\v2\x16.prism.v1.RequestErrorR\x05error\x12\x18\n" +
-	"\acontent\x18\x06 \x01(\tR\acontent\"<\n" +
+	"\acontent\x18\x06 \x01(\tR\acontent\x12\x14\n" +
+	"\x05tasks\x18\a \x01(\x05R\x05tasks\x12\x1f\n" +
+	"\vtask_scores\x18\b \x03(\x02R\n" +
+	"taskScores\"<\n" +
 	"\fRequestError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"a\n" +

@@ -171,11 +171,17 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 	}
 }
 
-// TestExporterMultiTaskRefused: a model with no single score (HugeCTR's
-// label_dim 2: one sigmoid per task, [batch, 2]) partitions and
-// verifies, but prism up refuses it, its dense worker saying that the
-// first output holds two values per sample, not one score.
-func TestExporterMultiTaskRefused(t *testing.T) {
+// TestExporterMultiTaskServed: a multi-task model (HugeCTR's label_dim
+// 2: one output [batch, 2], a sigmoid per task) partitions and verifies,
+// and prism up serves it: every candidate's two scores, in
+// RecommendResponse.task_scores (tasks 2, candidate-major) and task 0's
+// in scores, equal prism score's on the whole model within 1e-5, over
+// several micro-batches, on Recommend and RecommendStream; prism
+// loadgen, which reads scores only, runs on it.
+func TestExporterMultiTaskServed(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	model := filepath.Join(dir, "mt", "model.onnx")
 	if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {
@@ -188,14 +194,68 @@ func TestExporterMultiTaskRefused(t *testing.T) {
 	if out, err := run(t, nil, "partition", model, "-o", part, "--verify", "64"); err != nil || !strings.Contains(out, "verified on 64 samples") {
 		t.Fatalf("partition: %v\n%s", err, out)
 	}
-	out, err := run(t, nil, "up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--dense-workers", "1", "--model", part)
-	if err == nil {
-		t.Fatalf("prism up served a model whose first output is two values per sample\n%s", out)
+	p, err := plan.Read(part)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, want := range []string{`first output "output" has per-sample shape [2]; want one score per sample`, "dense0 exited before it was ready"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("prism up's output lacks %q:\n%s", want, out)
+	const n, tasks = 97, 2
+	if k, err := p.Tasks(); err != nil || k != tasks {
+		t.Fatalf("plan tasks %d, %v; want %d", k, err, tasks)
+	}
+	scoresOut := filepath.Join(dir, "mt-scores.txt")
+	if out, err := run(t, nil, "score", model, "--plan", part, "--samples", strconv.Itoa(n), "--batch", strconv.Itoa(n),
+		"--seed", "7", "--scores-out", scoresOut); err != nil || !strings.Contains(out, "sample 0: scores ") {
+		t.Fatalf("score: %v\n%s", err, out)
+	}
+	want := readScores(t, scoresOut)
+	if len(want) != n*tasks {
+		t.Fatalf("prism score wrote %d values for %d samples of %d tasks", len(want), n, tasks)
+	}
+	up := startProc(t, readyline.Up, "up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--dense-workers", "1", "--micro-batch", "16", "--model", part)
+	certs := filepath.Join(dir, "certs")
+	rec := prismv1.NewRecommenderClient(dial(t, up.addr, certs, auth.Admin))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := p.Model.Name
+	req := toRequest(name, scoredSamples(t, p, n), nil)
+	check := func(how string, resp *prismv1.RecommendResponse) {
+		t.Helper()
+		if resp.GetTasks() != tasks || len(resp.GetTaskScores()) != n*tasks || len(resp.GetScores()) != n {
+			t.Fatalf("%s: tasks %d, %d task scores, %d scores; want %d, %d, %d", how, resp.GetTasks(), len(resp.GetTaskScores()), len(resp.GetScores()), tasks, n*tasks, n)
 		}
+		var worst float64
+		for i, v := range resp.GetTaskScores() {
+			worst = max(worst, math.Abs(float64(v)-want[i]))
+		}
+		for i, v := range resp.GetScores() {
+			worst = max(worst, math.Abs(float64(v)-want[i*tasks]))
+		}
+		if worst > 1e-5 {
+			t.Fatalf("%s: served scores differ from prism score by %g", how, worst)
+		}
+	}
+	resp, err := rec.Recommend(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("Recommend", resp)
+	stream, err := rec.RecommendStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	sresp, err := stream.Recv()
+	if err != nil || sresp.GetError() != nil {
+		t.Fatalf("RecommendStream: %v, %v", err, sresp.GetError())
+	}
+	check("RecommendStream", sresp)
+	stream.CloseSend()
+	out, err := run(t, nil, "loadgen", "--target", up.addr, "--model", name, "--plan", part, "--candidates", "8",
+		"--rate", "200", "--max-requests", "20", "--duration", "5s", "--quiet", "--certs", certs)
+	if err != nil || !strings.Contains(out, "ok 20  errors 0") {
+		t.Errorf("loadgen: %v\n%s", err, out)
 	}
 }
 

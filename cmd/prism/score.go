@@ -50,7 +50,7 @@ every performance figure is a ratio against it.`,
 	fl.Uint64Var(&o.Seed, "seed", 1, "seed of the synthetic samples")
 	fl.Float64Var(&o.Zipf, "zipf", 1.05, "Zipf exponent of synthetic ids")
 	fl.IntVar(&o.Show, "show", 5, "print the first N scores")
-	fl.StringVar(&o.ScoresOut, "scores-out", "", "write every score to this file, one per line")
+	fl.StringVar(&o.ScoresOut, "scores-out", "", "write every score to this file, one sample per line (a multi-task plan's k scores apart by spaces)")
 	fl.IntVar(&o.Warmup, "warmup", 3, "untimed batches run first")
 	return cmd
 }

@@ -125,12 +125,26 @@ func upSharded(t *testing.T, dir, model, part string, shardArgs []string, shards
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(resp.GetScores()) != n || len(want) != n {
-		t.Fatalf("%d scores served, %d from prism score, want %d", len(resp.GetScores()), len(want), n)
+	// A multi-task model: prism score wrote tasks values a sample, and
+	// every task is served (task_scores), task 0's in scores.
+	tasks, err := p.Tasks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetScores()) != n || len(want) != n*tasks {
+		t.Fatalf("%d scores served, %d from prism score, want %d of %d tasks", len(resp.GetScores()), len(want), n, tasks)
 	}
 	var worst float64
 	for i, v := range resp.GetScores() {
-		worst = max(worst, math.Abs(float64(v)-want[i]))
+		worst = max(worst, math.Abs(float64(v)-want[i*tasks]))
+	}
+	if tasks > 1 {
+		if resp.GetTasks() != int32(tasks) || len(resp.GetTaskScores()) != n*tasks {
+			t.Fatalf("tasks %d, %d task scores; want %d, %d", resp.GetTasks(), len(resp.GetTaskScores()), tasks, n*tasks)
+		}
+		for i, v := range resp.GetTaskScores() {
+			worst = max(worst, math.Abs(float64(v)-want[i]))
+		}
 	}
 	if worst > 1e-5 {
 		t.Fatalf("sharded prism up scores differ from prism score by %g", worst)

@@ -540,11 +540,14 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	t5 := time.Now()
 	times.DenseUs = resp.GetDenseUs()
 	times.TransferUs = max(t5.Sub(t4).Microseconds()-times.DenseUs, 0)
-	if len(resp.GetScores()) != n {
-		return nil, status.Errorf(codes.Internal, "dense worker %s returned %d scores for %d samples", req.GetDenseAddr(), len(resp.GetScores()), n)
+	// A multi-task model's dense worker answers tasks values per sample
+	// (ScoreResponse.tasks), passed on for the router to split.
+	tasks := resp.GetTasks()
+	if tasks < 0 || tasks > plan.MaxTasks || len(resp.GetScores()) != n*max(int(tasks), 1) {
+		return nil, status.Errorf(codes.Internal, "dense worker %s returned %d scores for %d samples of %d tasks", req.GetDenseAddr(), len(resp.GetScores()), n, max(tasks, 1))
 	}
 	s.met.observe(times)
-	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name), Content: m.content}, nil
+	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name), Content: m.content, Tasks: tasks}, nil
 }
 
 // activeVersion is the version of model the store serves (0 if it cannot

@@ -43,7 +43,8 @@ type Options struct {
 	Zipf float64
 	// Show prints the first Show scores.
 	Show int
-	// ScoresOut, when set, receives every score, one a line.
+	// ScoresOut, when set, receives every score, one sample a line (a
+	// multi-task model's tasks values apart by a space).
 	ScoresOut string
 	// Warmup batches run untimed first.
 	Warmup int
@@ -129,6 +130,10 @@ func Run(w io.Writer, path string, o Options) error {
 			outName = out.GetName()
 		}
 	}
+	tasks, err := planTasks(o.Plan, outName)
+	if err != nil {
+		return fmt.Errorf("score %q: %w", path, err)
+	}
 	sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, Outputs: []string{outName}})
 	if err != nil {
 		return err
@@ -155,9 +160,12 @@ func Run(w io.Writer, path string, o Options) error {
 		}
 		d := time.Since(t0)
 		lat, busy = append(lat, d), busy+d
-		if len(out[outIdx]) != b.N {
+		if len(out[outIdx]) != b.N*tasks {
 			// Two class probabilities a sample were counted as two
 			// samples, and the log loss paired labels with other values.
+			if tasks > 1 {
+				return fmt.Errorf("score %q: output %q has %d values for %d samples: want %d a sample (the plan's %d tasks)", path, outName, len(out[outIdx]), b.N, tasks, tasks)
+			}
 			return fmt.Errorf("score %q: output %q has %d values for %d samples: want one score per sample", path, outName, len(out[outIdx]), b.N)
 		}
 		scores = append(scores, out[outIdx]...)
@@ -167,15 +175,32 @@ func Run(w io.Writer, path string, o Options) error {
 		}
 	}
 
+	// A multi-task model's scores are tasks a sample, sample-major; the
+	// samples, their rate and the log loss (of a click label: task 0's)
+	// count samples.
+	all := scores
+	if tasks > 1 {
+		scores = make([]float32, len(all)/tasks)
+		for i := range scores {
+			scores[i] = all[i*tasks]
+		}
+	}
 	for i := 0; i < o.Show && i < len(scores); i++ {
+		score := fmt.Sprintf("score %.6f", scores[i])
+		if tasks > 1 {
+			score = "scores"
+			for _, v := range all[i*tasks : (i+1)*tasks] {
+				score += fmt.Sprintf(" %.6f", v)
+			}
+		}
 		if o.Criteo != "" {
-			fmt.Fprintf(w, "sample %d: score %.6f label %g\n", i, scores[i], labels[i])
+			fmt.Fprintf(w, "sample %d: %s label %g\n", i, score, labels[i])
 		} else {
-			fmt.Fprintf(w, "sample %d: score %.6f\n", i, scores[i])
+			fmt.Fprintf(w, "sample %d: %s\n", i, score)
 		}
 	}
 	if sink != nil {
-		if err := sink.commit(scores); err != nil {
+		if err := sink.commitTasks(all, tasks); err != nil {
 			return err
 		}
 	}
@@ -194,6 +219,24 @@ func Run(w io.Writer, path string, o Options) error {
 		fmt.Fprintf(w, "log loss on %d labelled rows: %.4f\n", len(labels), LogLoss(scores, labels))
 	}
 	return nil
+}
+
+// planTasks is the values a sample of the score output outName: the
+// tasks of a multi-task model's plan in dir (plan.Tasks) when its first
+// output is outName, else 1 (no plan: a model is scored one value a
+// sample, as before).
+func planTasks(dir, outName string) (int, error) {
+	if dir == "" {
+		return 1, nil
+	}
+	p, err := plan.Read(dir)
+	if err != nil {
+		return 0, err
+	}
+	if len(p.Outputs) == 0 || p.Outputs[0].Name != outName {
+		return 1, nil
+	}
+	return p.Tasks()
 }
 
 // signature is the model's inputs: from the plan in dir when given,
@@ -393,9 +436,19 @@ func createScores(path string) (*scoresFile, error) {
 
 // commit writes scores, one a line, and renames the file into place.
 func (sf *scoresFile) commit(scores []float32) error {
+	return sf.commitTasks(scores, 1)
+}
+
+// commitTasks is commit for scores of tasks values a sample,
+// sample-major: one sample a line, its values apart by a space.
+func (sf *scoresFile) commitTasks(scores []float32, tasks int) error {
 	w := bufio.NewWriter(sf.f)
-	for _, s := range scores {
-		fmt.Fprintf(w, "%.8g\n", s)
+	for i, s := range scores {
+		sep := byte('\n')
+		if tasks > 1 && (i+1)%tasks != 0 {
+			sep = ' '
+		}
+		fmt.Fprintf(w, "%.8g%c", s, sep)
 	}
 	err := w.Flush()
 	if err == nil && !sf.stream {

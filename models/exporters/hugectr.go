@@ -44,8 +44,8 @@ func HugeCTR(seed uint64) []*Model {
 
 // HugeCTRMultiTask is hugectr-dlrm with label_dim 2 (two tasks, as
 // HugeCTR's multi-task samples train: the Data layer's label_dim 2 makes
-// the output [None, 2], one sigmoid per task): a model with no single
-// score.
+// the output [None, 2], one sigmoid per task): a multi-task model, served
+// with both tasks' scores (RecommendResponse.task_scores).
 func HugeCTRMultiTask(seed uint64) *Model {
 	m := hugectrDLRM(seed, 2)
 	m.feats = nil
