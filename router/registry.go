@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -126,6 +127,9 @@ type Registry struct {
 	known map[string]bool
 	// gen counts announcements (joined, told).
 	gen uint64
+	// unreachable counts the workers marked so (worker.unreachable):
+	// Reached reads it without mu, and does nothing while none is.
+	unreachable atomic.Int64
 	// changed is closed and replaced whenever the set of workers changes.
 	changed chan struct{}
 	// eligible, when set, says whether a worker may serve a model now
@@ -211,6 +215,11 @@ type worker struct {
 	// refusing it (PermissionDenied), and a request could fail both its
 	// attempts while borrowed dense workers joined.
 	joined, told, offered uint64
+	// unreachable: a call of this router to the worker failed at the
+	// transport (refused, reset, lost: it did not answer) since its last
+	// announcement or answer. Picks leave it out while a worker they
+	// would take instead is not so (Unreachable).
+	unreachable bool
 }
 
 // maxKnownModels bounds the models remembered as once served.
@@ -377,6 +386,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		r.count(w, 1)
 	}
 	e.info, e.lastSeen = w, r.now()
+	// An announcement after a failure proves the worker alive: picks
+	// take it again.
+	r.setUnreachable(e, false)
 	r.gen++
 	if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
 		// 1 before any answer is applied: every dense worker joined at
@@ -639,6 +651,76 @@ func (r *Registry) Remove(id string) {
 	}
 }
 
+// Unreachable marks the worker id as one this router's call failed to
+// reach (serve.TransportFailed: refused, reset or lost, no answer), and
+// UnreachableAt every worker of role at addr (a dense worker an
+// embedding worker could not reach, prismv1.DenseUnreachable). From
+// then on picks leave it out, router-wide, while another worker they
+// would take is not marked: a dead worker whose calls fail fast never
+// looks busy to least-outstanding, and took its share of micro-batches
+// until its heartbeats expired (three heartbeats). It is taken again
+// after its next announcement, or an answer from it (Reached); a worker
+// alone in its role for a model is still picked, its calls failing
+// fast. An answer of the worker, whatever its code (InvalidArgument,
+// ResourceExhausted, its own Unavailable), and the caller's deadline
+// never mark it.
+func (r *Registry) Unreachable(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e := r.workers[id]; e != nil {
+		r.setUnreachable(e, true)
+	}
+}
+
+// UnreachableAt is Unreachable of every worker of role at addr.
+func (r *Registry) UnreachableAt(role prismv1.Role, addr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.workers {
+		if e.info.GetRole() == role && e.info.GetAddr() == addr {
+			r.setUnreachable(e, true)
+		}
+	}
+}
+
+// Reached takes back the marks of Unreachable of the embedding worker
+// id and of the dense workers at denseAddr ("" none): a call through
+// them was answered. Free while no worker is marked.
+func (r *Registry) Reached(id, denseAddr string) {
+	if r.unreachable.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e := r.workers[id]; e != nil {
+		r.setUnreachable(e, false)
+	}
+	if denseAddr == "" {
+		return
+	}
+	for _, e := range r.workers {
+		if e.unreachable && e.info.GetRole() == prismv1.Role_ROLE_DENSE && e.info.GetAddr() == denseAddr {
+			r.setUnreachable(e, false)
+		}
+	}
+}
+
+// setUnreachable sets e's mark and keeps the count; r.mu held.
+func (r *Registry) setUnreachable(e *worker, down bool) {
+	if e.unreachable == down {
+		return
+	}
+	e.unreachable = down
+	if down {
+		r.unreachable.Add(1)
+		if r.Log != nil {
+			r.Log.Warn("worker unreachable: a call to it failed at the transport; picks leave it out until it announces again or answers", "id", e.info.GetId(), "addr", e.info.GetAddr(), "role", e.info.GetRole().Name())
+		}
+		return
+	}
+	r.unreachable.Add(-1)
+}
+
 // maxRetiredPerPeer bounds the bindings of dropped workers' ids kept
 // per identity (a worker's own certificate has one id per start), and
 // maxRetired those kept in all.
@@ -650,6 +732,7 @@ const (
 // drop removes a registered worker, keeping its id's binding; r.mu held.
 func (r *Registry) drop(id string) {
 	e := r.workers[id]
+	r.setUnreachable(e, false)
 	r.unindex(e)
 	delete(r.workers, id)
 	r.retire(id, e.peer)
@@ -773,8 +856,12 @@ func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []s
 		told = e.told
 	}
 	best, lagging, untold := r.best(role, model, exclude, told, want)
-	if best == nil && untold > 0 && !want.dense.ToldOnly {
-		best, lagging, _ = r.best(role, model, exclude, 0, want)
+	if (best == nil || best.unreachable) && untold > 0 && !want.dense.ToldOnly {
+		// A reachable worker the sender has not been told of yet beats
+		// an unreachable one it has.
+		if other, otherLagging, _ := r.best(role, model, exclude, 0, want); best == nil || (other != nil && !other.unreachable) {
+			best, lagging = other, otherLagging
+		}
 	}
 	if best == nil {
 		if lagging > 0 {
@@ -802,6 +889,11 @@ func (r *Registry) pickFor(role prismv1.Role, model string, n int64, exclude []s
 // that do not name it); r.mu held.
 func (r *Registry) best(role prismv1.Role, model string, exclude []string, told uint64, want pickWant) (best *worker, lagging, untold int) {
 	var bestLoad int64
+	// The least loaded of the unreachable workers it would take
+	// otherwise: picked only when every worker is so (the only worker
+	// of its role, say: its calls fail fast rather than the pick).
+	var down *worker
+	var downLoad int64
 	var set []*worker
 	if s := r.byModel[roleModel{role, model}]; s != nil {
 		set = s.ws
@@ -845,9 +937,18 @@ func (r *Registry) best(role prismv1.Role, model string, exclude []string, told 
 			continue
 		}
 		load := e.info.GetOutstanding() + e.inflight
+		if e.unreachable {
+			if down == nil || load < downLoad || (load == downLoad && e.info.GetAddr() < down.info.GetAddr()) {
+				down, downLoad = e, load
+			}
+			continue
+		}
 		if best == nil || load < bestLoad || (load == bestLoad && e.info.GetAddr() < best.info.GetAddr()) {
 			best, bestLoad = e, load
 		}
+	}
+	if best == nil {
+		best = down
 	}
 	return best, lagging, untold
 }

@@ -580,6 +580,9 @@ func (r *Router) conn(addr string) (*grpc.ClientConn, error) {
 		// Keepalive notices a worker that vanished without closing its
 		// connections (a lost node), so calls to it fail instead of hanging.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+		// Tells a worker that did not answer a call from one that
+		// answered it with an error (call, serve.TransportFailed).
+		serve.AnswerStats(),
 	}, append(serve.DialOptions(), r.opts.DialOptions...)...)...)
 	if err != nil {
 		return nil, err
@@ -1129,7 +1132,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		if attempt > 0 {
 			r.m.retries.Inc() // counted once it goes: a retry finding no worker is none
 		}
-		resp, err := r.call(ctx, cn.GetAddr(), lookupRequest(req, cands, n, hn.GetAddr()))
+		resp, err := r.call(ctx, cn.GetId(), cn.GetAddr(), lookupRequest(req, cands, n, hn.GetAddr()))
 		releaseCN()
 		releaseHN()
 		if err == nil {
@@ -1144,7 +1147,9 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		}
 		// The embedding worker passes the dense worker's failures through,
 		// so either may be at fault: the retry avoids both where another
-		// replica exists. The one really down stops heartbeating and expires.
+		// replica exists. The one really down is left out of every
+		// request's picks already if it did not answer (call marks it
+		// unreachable), and stops heartbeating and expires.
 		tried.failed(ctx, err, cn.GetId(), hn.GetId())
 		// Once per pair and window: a dead worker fails every
 		// micro-batch sent its way until its heartbeats expire.
@@ -1301,12 +1306,30 @@ func firstErr(a, b error) error {
 	return b
 }
 
-func (r *Router) call(ctx context.Context, addr string, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
+// call sends one Lookup to the embedding worker id at addr. A failure
+// of the transport (the worker did not answer: refused, reset, lost)
+// marks it unreachable, and the worker's answer that it could not
+// reach its dense worker marks that one (Registry.Unreachable): picks
+// leave them out from this failure on, not from their expiry, three
+// heartbeats later. An answer takes both marks back.
+func (r *Router) call(ctx context.Context, id, addr string, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
 	c, err := r.conn(addr)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "embedding worker %s: %v", addr, err)
 	}
-	return prismv1.NewEmbeddingTierClient(c).Lookup(ctx, req)
+	wctx := serve.WatchAnswer(ctx)
+	resp, err := prismv1.NewEmbeddingTierClient(c).Lookup(wctx, req)
+	switch {
+	case err == nil:
+		r.Reg.Reached(id, req.GetDenseAddr())
+	case serve.TransportFailed(wctx, err):
+		r.Reg.Unreachable(id)
+	default:
+		if dense, ok := prismv1.DenseUnreachable(err); ok && dense == req.GetDenseAddr() && ctx.Err() == nil {
+			r.Reg.UnreachableAt(prismv1.Role_ROLE_DENSE, dense)
+		}
+	}
+	return resp, err
 }
 
 // retryable: the failure is the worker's, not the request's. Canceled

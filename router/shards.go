@@ -190,6 +190,11 @@ func (r *Registry) pickShards(model string, shards int, n int64, avoid, dead []s
 				}
 			}
 			av := avoidRank(e.info.GetId(), avoid, dead)
+			if e.unreachable {
+				// Unreachable by this router (Registry.Unreachable): last,
+				// taken only while its shard has no other.
+				av = 3
+			}
 			load := e.info.GetOutstanding() + e.inflight
 			switch {
 			case best[i] == nil,
@@ -380,7 +385,8 @@ func (r *Registry) shardsComplete(model string, shards int, want EmbeddingWant) 
 }
 
 // avoidRank orders a retry's choice among a shard's replicas: 0 for
-// one no attempt failed on, 1 for one in avoid, 2 for one in dead.
+// one no attempt failed on, 1 for one in avoid, 2 for one in dead
+// (pickShards ranks a replica marked unreachable 3).
 func avoidRank(id string, avoid, dead []string) int {
 	switch {
 	case slices.Contains(dead, id):
@@ -548,7 +554,7 @@ func (r *Router) fanOut(ctx context.Context, req *prismv1.RecommendRequest, cand
 			lr := lookupRequest(req, onlyInputs(cands, need), n, dense)
 			lr.Context = onlyInputs(req.GetContext(), need)
 			lr.FanoutKey, lr.Shard, lr.Shards = key, int32(i), int32(shards)
-			resps[i], errs[i] = r.call(ctx, cn.GetAddr(), lr)
+			resps[i], errs[i] = r.call(ctx, cn.GetId(), cn.GetAddr(), lr)
 			if errs[i] != nil {
 				cancel()
 			}

@@ -347,6 +347,9 @@ func (s *Server) dense(addr string) (_ prismv1.DenseTierClient, release func(), 
 			// retries it on another replica.
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxRetryRPCBufferSize(0)),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
+			// Tells a dense worker that cannot be reached from its
+			// answers (serve.TransportFailed).
+			serve.AnswerStats(),
 		}, append(serve.DialOptions(), s.opts.DialOptions...)...)
 		var err error
 		if c, err = grpc.NewClient(addr, opts...); err != nil {
@@ -525,13 +528,19 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	if sr := s.shards[m.name]; sr != nil && req.GetShards() != 0 {
 		sreq.Sharding = sr.sharding // the dense worker refuses a part of another sharding
 	}
-	resp, err := dc.Score(ctx, sreq)
+	sctx := serve.WatchAnswer(ctx)
+	resp, err := dc.Score(sctx, sreq)
 	if err != nil {
 		// The frame is not reused: serve.Codec hands it to the transport
 		// without a copy, and a failed call (cancelled, reset) may not
 		// have finished sending it. The dense tier's status goes back
 		// unchanged; a transport failure is already a status
-		// (Unavailable, DeadlineExceeded ...).
+		// (Unavailable, DeadlineExceeded ...), and one of Unavailable
+		// names the dense worker it could not reach, so that the router
+		// stops picking that one rather than this worker.
+		if serve.TransportFailed(sctx, err) {
+			return nil, prismv1.DenseUnreachableError(req.GetDenseAddr(), err)
+		}
 		return nil, err
 	}
 	// A successful answer means the dense worker read the whole frame.
