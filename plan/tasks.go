@@ -24,10 +24,11 @@ func (p *Plan) Tasks() (int, error) {
 		if d <= 0 {
 			return 0, fmt.Errorf("first output %q has per-sample shape %v: every dimension must be known", score.Name, score.Shape)
 		}
-		w *= d
-		if w > MaxTasks {
+		if d > MaxTasks || w*d > MaxTasks {
+			w = MaxTasks + 1 // more than a score per task (and no overflow)
 			break
 		}
+		w *= d
 	}
 	switch {
 	case w == 1:

@@ -21,6 +21,7 @@ func TestTasks(t *testing.T) {
 		{[]int64{MaxTasks + 1}, 0, "more than 64 tasks"},
 		{[]int64{1 << 40}, 0, "more than 64 tasks"},
 		{[]int64{2, 3}, 0, "want one score per sample, or [k]"},
+		{[]int64{7, 0x6DB6DB6DB6DB6DB7}, 0, "want one score per sample, or [k]"}, // 7 x that overflows to 1
 		{[]int64{1, 2}, 0, "want one score per sample, or [k]"},
 		{[]int64{-1}, 0, "every dimension must be known"},
 		{[]int64{0}, 0, "every dimension must be known"},

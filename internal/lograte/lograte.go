@@ -52,6 +52,9 @@ func New(log *slog.Logger, window time.Duration) *Limiter {
 	if window <= 0 {
 		window = DefaultWindow
 	}
+	if log == nil {
+		log = slog.Default()
+	}
 	return &Limiter{log: log, window: window, runs: map[string]*run{}}
 }
 
