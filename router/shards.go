@@ -575,7 +575,7 @@ func (r *Router) fanOut(ctx context.Context, req *prismv1.RecommendRequest, cand
 	for i, resp := range resps {
 		// Every shard passes on the one dense answer: k values a sample
 		// for a model of k tasks.
-		if k := max(int(resp.GetTasks()), 1); len(resp.GetScores()) != n*k || resp.GetTasks() != resps[0].GetTasks() {
+		if k := max(int(resp.GetTasks()), 1); len(resp.GetScores()) != n*k || k != max(int(resps[0].GetTasks()), 1) {
 			return nil, cns[i].GetId(), status.Errorf(codes.Internal, "embedding worker %s (shard %d of %d) answered %d scores for %d samples of %d tasks", cns[i].GetAddr(), i, shards, len(resp.GetScores()), n, k)
 		}
 	}
