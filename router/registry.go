@@ -705,6 +705,18 @@ func (r *Registry) Reached(id, denseAddr string) {
 	}
 }
 
+// isUnreachable says whether the worker id is marked by Unreachable.
+// Free while no worker is.
+func (r *Registry) isUnreachable(id string) bool {
+	if r.unreachable.Load() == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.workers[id]
+	return e != nil && e.unreachable
+}
+
 // setUnreachable sets e's mark and keeps the count; r.mu held.
 func (r *Registry) setUnreachable(e *worker, down bool) {
 	if e.unreachable == down {

@@ -1245,15 +1245,36 @@ func (t retry) tiers() [][]string {
 }
 
 // pickWith picks a worker want keeps, preferring one not in
-// tried.avoid, then one not in tried.dead, and falling back to any.
+// tried.avoid, then one not in tried.dead, and falling back to any. A
+// tier's pick marked unreachable (Registry.Unreachable: the pick took it
+// for want of another in that tier) is taken only when no later tier
+// has a reachable one: a worker this request failed on may answer the
+// retry, one that did not answer any call will not (a fan-out's retry
+// ranks them so too, pickShards).
 func (r *Router) pickWith(role prismv1.Role, model string, n int, tried retry, sender string, want pickWant) (*prismv1.WorkerInfo, func(), error) {
 	var w *prismv1.WorkerInfo
 	var release func()
 	var err error
+	var downW *prismv1.WorkerInfo
+	var downRelease func()
 	for _, ex := range tried.tiers() {
-		if w, release, err = r.Reg.pickFor(role, model, int64(n), ex, sender, want); err == nil {
-			break
+		if w, release, err = r.Reg.pickFor(role, model, int64(n), ex, sender, want); err != nil {
+			continue
 		}
+		if !r.Reg.isUnreachable(w.GetId()) {
+			if downRelease != nil {
+				downRelease()
+			}
+			return w, release, nil
+		}
+		if downW == nil {
+			downW, downRelease = w, release
+		} else {
+			release()
+		}
+	}
+	if downW != nil {
+		return downW, downRelease, nil
 	}
 	if err != nil {
 		if _, ok := status.FromError(err); ok {

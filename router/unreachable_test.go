@@ -316,3 +316,61 @@ func TestDeadWorkerUnderLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryAvoidsUnreachable: a micro-batch's retry takes a worker this
+// request failed on over one marked unreachable (whose call can only
+// fail), as a fan-out's retry does (pickShards ranks an unreachable
+// replica after a failed one). The first attempt goes to the live
+// embedding worker, which answers that it could not reach the dense
+// worker named; the retry must not go to the dead embedding worker
+// (marked, its port closed) but to the live one again, with the other
+// dense worker.
+func TestRetryAvoidsUnreachable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// deadCN: a dead embedding worker, marked before the request.
+		deadCN bool
+	}{
+		{name: "no other embedding worker: the failed one again"},
+		{name: "the other marked unreachable: the failed one again", deadCN: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Options{MicroBatch: 10, Heartbeat: time.Hour}, nil)
+			r.started = r.started.Add(-time.Hour)
+			defer r.Close()
+			announce := func(w *prismv1.WorkerInfo) {
+				t.Helper()
+				if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: w}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The dead dense worker sorts first: the first attempt names it.
+			for _, g := range []string{"dense:a-dead", "dense:b-live"} {
+				announce(&prismv1.WorkerInfo{Id: g, Role: prismv1.Role_ROLE_DENSE, Addr: g, Models: []string{"m"}, Healthy: true})
+			}
+			f := &denseCN{fakeCN: fakeCN{}, dead: "dense:a-dead", seen: &deadSeen{}}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := grpc.NewServer()
+			prismv1.RegisterEmbeddingTierServer(s, f)
+			go s.Serve(lis)
+			defer s.Stop()
+			announce(&prismv1.WorkerInfo{Id: "live", Role: prismv1.Role_ROLE_EMBEDDING, Addr: lis.Addr().String(), Models: []string{"m"}, Healthy: true, Outstanding: 5})
+			if tc.deadCN {
+				// A closed port, and less loaded.
+				gone, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				gone.Close()
+				announce(&prismv1.WorkerInfo{Id: "dead", Role: prismv1.Role_ROLE_EMBEDDING, Addr: gone.Addr().String(), Models: []string{"m"}, Healthy: true})
+				r.Reg.Unreachable("dead")
+			}
+			if _, err := r.Recommend(context.Background(), request(10)); err != nil {
+				t.Fatalf("Recommend: %v (Lookups scored by the live worker: %d)", err, f.calls.Load())
+			}
+		})
+	}
+}
