@@ -375,22 +375,36 @@ func testMixedReleases(t *testing.T, old string, oldSequences bool) {
 	}
 	consistent("after the old router restarted")
 
-	// A stream through each router.
+	// A stream through each router. A request answered Unavailable
+	// (retry: the restarted sequencer may still be learning what the
+	// workers hold, or a worker's announcement under its new id not
+	// judged yet) is sent again in a new stream, for up to 30 s, as
+	// recommend retries a unary one.
 	for name, rec := range via {
-		st, err := rec.RecommendStream(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for range 4 {
-			if err := st.Send(toRequest(cfg.Name, b, nil)); err != nil {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			st, err := rec.RecommendStream(ctx)
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		st.CloseSend()
-		for i := range 4 {
-			resp, err := st.Recv()
-			if err != nil || resp.GetError() != nil || len(resp.GetScores()) != b.N {
-				t.Fatalf("%s: stream answer %d: %v %v", name, i, err, resp.GetError())
+			for range 4 {
+				if err := st.Send(toRequest(cfg.Name, b, nil)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st.CloseSend()
+			retry := false
+			for i := range 4 {
+				resp, err := st.Recv()
+				if e := resp.GetError(); err == nil && e != nil && codes.Code(e.GetCode()) == codes.Unavailable && time.Now().Before(deadline) {
+					retry = true
+					continue
+				}
+				if err != nil || resp.GetError() != nil || len(resp.GetScores()) != b.N {
+					t.Fatalf("%s: stream answer %d: %v %v", name, i, err, resp.GetError())
+				}
+			}
+			if !retry {
+				break
 			}
 		}
 	}
