@@ -6,7 +6,9 @@
 # runs at 270 candidates per request alternating between them (the
 # order rotated every round), so the machine's drift falls on both alike.
 # Prints each round, the medians and their ratios. UP_FLAGS go to both
-# stacks' prism up.
+# stacks' prism up. The mTLS stack serves DB itself (and keeps its
+# router's update log beside it, DB-router-log): give it a store it may
+# write, not one shared with a running stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prism=${PRISM:-bin/prism}
