@@ -2,6 +2,8 @@ package models
 
 import (
 	"fmt"
+
+	"github.com/prism-serve/prism/plan"
 )
 
 // InputKind tells dense features from sparse ids.
@@ -37,7 +39,7 @@ type InputSpec struct {
 	// the map sends to valid rows are valid. Synthetic draws among them
 	// (the i-th key of the set for the i-th id of a table of as many
 	// rows); Rows is then one past the largest key.
-	Keys []IDRange
+	Keys []plan.KeyRange
 	// Dims, when set, is the per-sample shape (for inputs of rank 3 and
 	// more; the product is Width).
 	Dims []int64
@@ -142,7 +144,7 @@ func (b *Batch) Check() error {
 					continue
 				}
 				if in.Keys != nil {
-					if !hasKey(in.Keys, id) {
+					if !plan.HasKey(in.Keys, id) {
 						return fmt.Errorf("input %q: sample %d: id %d is not one of the input's valid keys", in.Name, j/in.Width, id)
 					}
 					continue

@@ -86,9 +86,7 @@ func PlanSignature(p *plan.Plan) (Signature, error) {
 			if len(in.Keys) > 0 {
 				// Ids through a key map: drawn among the keys it sends
 				// to valid rows.
-				for _, k := range in.Keys {
-					spec.Keys = append(spec.Keys, IDRange{k.Lo, k.Hi})
-				}
+				spec.Keys = in.Keys
 				spec.Rows = in.Keys[len(in.Keys)-1].Hi
 			}
 			sig.Inputs = append(sig.Inputs, spec)

@@ -117,7 +117,7 @@ func TestPlanSignatureKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []models.IDRange{{Lo: 0, Hi: 3}, {Lo: 10, Hi: 11}, {Lo: 40, Hi: 44}}
+	want := []plan.KeyRange{{Lo: 0, Hi: 3}, {Lo: 10, Hi: 11}, {Lo: 40, Hi: 44}}
 	if in := sig.Inputs[0]; !reflect.DeepEqual(in.Keys, want) || in.Ranges != nil || in.Width != 6 || in.Rows != 44 {
 		t.Fatalf("keyed input %+v, want keys %v, width 6, rows 44", in, want)
 	}
