@@ -11,6 +11,8 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/prism-serve/prism/internal/atomicfile"
 )
 
 // Plot draws the picture a capacity planner looks at first: offered rate
@@ -82,7 +84,7 @@ func (s *Summary) Plot(path string) error {
 	for i, r := range rows {
 		r[0].Draw(canvases[i][0])
 	}
-	if err := WriteFileAtomic(path, func(w io.Writer) error {
+	if err := atomicfile.WriteFile(path, func(w io.Writer) error {
 		_, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(w)
 		return err
 	}); err != nil {

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prism-serve/prism/internal/atomicfile"
 )
 
 // Summary is the outcome of a run, as summary.json holds it.
@@ -210,7 +212,7 @@ func (s *Summary) WriteText(w io.Writer) {
 var ReportFiles = []string{"summary.json", "timeseries.csv", "plot.png"}
 
 // WriteDir writes summary.json, timeseries.csv and plot.png into dir,
-// each whole or not at all (WriteFileAtomic).
+// each whole or not at all (internal/atomicfile).
 func (s *Summary) WriteDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write report: %w", err)
@@ -219,42 +221,16 @@ func (s *Summary) WriteDir(dir string) error {
 	if err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
-	if err := WriteFileAtomic(filepath.Join(dir, "summary.json"), func(w io.Writer) error {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "summary.json"), func(w io.Writer) error {
 		_, err := w.Write(append(buf, '\n'))
 		return err
 	}); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
-	if err := WriteFileAtomic(filepath.Join(dir, "timeseries.csv"), s.WriteCSV); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "timeseries.csv"), s.WriteCSV); err != nil {
 		return fmt.Errorf("write report: %w", err)
 	}
 	return s.Plot(filepath.Join(dir, "plot.png"))
-}
-
-// WriteFileAtomic writes path with write through a temporary file in
-// its folder, renamed over path once written and closed: a reader (or
-// a run killed while writing, or a full disk) never finds path
-// truncated or half written, only the old file or the new one.
-func WriteFileAtomic(path string, write func(io.Writer) error) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	err = write(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
 }
 
 // WriteCSV writes the per-second time series.

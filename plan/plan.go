@@ -8,9 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/prism-serve/prism/internal/atomicfile"
 )
 
 // Version is the version of plan.json this build writes. Version 2 adds
@@ -273,54 +276,11 @@ func Write(dir string, p *Plan) error {
 		return fmt.Errorf("write plan: %w", err)
 	}
 	path := filepath.Join(dir, File)
-	if err := writeFileAtomic(path, append(buf, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, func(w io.Writer) error {
+		_, err := w.Write(append(buf, '\n'))
+		return err
+	}); err != nil {
 		return fmt.Errorf("write plan %s: %w", path, err)
-	}
-	return nil
-}
-
-// writeFileAtomic writes data to path through a temporary file in the
-// same folder, synced and then renamed over path; on any failure the
-// temporary file is removed and path is as it was. A path that is a
-// symbolic link is followed: the file it points to is replaced, and
-// the link stays.
-func writeFileAtomic(path string, data []byte, perm fs.FileMode) (err error) {
-	if _, err := os.Lstat(path); err == nil {
-		if path, err = filepath.EvalSymlinks(path); err != nil {
-			return err
-		}
-	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if _, err = f.Write(data); err != nil {
-		return err
-	}
-	if err = f.Chmod(perm); err != nil {
-		return err
-	}
-	if err = f.Sync(); err != nil {
-		return err
-	}
-	if err = f.Close(); err != nil {
-		return err
-	}
-	if err = os.Rename(tmp, path); err != nil {
-		return err
-	}
-	// The rename is durable once the folder is synced; a folder that
-	// cannot be synced (some file systems refuse) keeps the file written.
-	if d, derr := os.Open(filepath.Dir(path)); derr == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prism-serve/prism/internal/atomicfile"
 	"github.com/prism-serve/prism/internal/modelrun"
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
@@ -103,12 +104,12 @@ func Run(w io.Writer, path string, o Options) error {
 	// missing or not writable fails at once, not after an hour of a
 	// Criteo file; it is written under a temporary name beside the path
 	// and renamed at the end, so a failure never leaves a part of it.
-	var sink *scoresFile
+	var sink *atomicfile.File
 	if o.ScoresOut != "" {
 		if sink, err = createScores(o.ScoresOut); err != nil {
 			return err
 		}
-		defer sink.abort()
+		defer sink.Abort()
 	}
 	// Synthetic batches are drawn before timing; a Criteo file's are
 	// read one at a time (the whole of train.txt, 45M rows, would take
@@ -200,7 +201,7 @@ func Run(w io.Writer, path string, o Options) error {
 		}
 	}
 	if sink != nil {
-		if err := sink.commitTasks(all, tasks); err != nil {
+		if err := commitScores(sink, all, tasks); err != nil {
 			return err
 		}
 	}
@@ -390,59 +391,25 @@ func WriteScores(path string, scores []float32) error {
 	if err != nil {
 		return err
 	}
-	defer sf.abort()
-	return sf.commit(scores)
+	defer sf.Abort()
+	return commitScores(sf, scores, 1)
 }
 
-// scoresFile is a scores file being written: a temporary file beside
-// path, renamed over it by commit; or, when path is a stream (a pipe,
-// a terminal, /dev/stdout), path itself, written straight into.
-type scoresFile struct {
-	name   string // as the caller gave it, for errors
-	path   string // the file renamed over: name, its links followed
-	f      *os.File
-	stream bool
-	done   bool
-}
-
-// createScores opens the temporary file for path (or path itself, a
-// stream); its error names path. A symbolic link is followed: the file
-// it points to is replaced, and the link stays.
-func createScores(path string) (*scoresFile, error) {
-	fi, err := os.Stat(path)
-	switch {
-	case err == nil && fi.IsDir():
-		return nil, fmt.Errorf("write scores %q: is a folder", path)
-	case err == nil && !fi.Mode().IsRegular():
-		// Nothing to rename over: a reader takes what is written.
-		f, err := os.OpenFile(path, os.O_WRONLY, 0)
-		if err != nil {
-			return nil, fmt.Errorf("write scores %q: %w", path, err)
-		}
-		return &scoresFile{name: path, path: path, f: f, stream: true}, nil
-	}
-	target := path
-	if err == nil {
-		if target, err = filepath.EvalSymlinks(path); err != nil {
-			return nil, fmt.Errorf("write scores %q: %w", path, err)
-		}
-	}
-	f, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".partial-")
+// createScores opens path's scores file (internal/atomicfile: renamed
+// into place by commitScores, or written straight into a stream); its
+// error names path.
+func createScores(path string) (*atomicfile.File, error) {
+	f, err := atomicfile.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("write scores %q: %w", path, err)
+		return nil, fmt.Errorf("write scores: %w", err)
 	}
-	return &scoresFile{name: path, path: target, f: f}, nil
+	return f, nil
 }
 
-// commit writes scores, one a line, and renames the file into place.
-func (sf *scoresFile) commit(scores []float32) error {
-	return sf.commitTasks(scores, 1)
-}
-
-// commitTasks is commit for scores of tasks values a sample,
-// sample-major: one sample a line, its values apart by a space.
-func (sf *scoresFile) commitTasks(scores []float32, tasks int) error {
-	w := bufio.NewWriter(sf.f)
+// commitScores writes scores of tasks values a sample, sample-major:
+// one sample a line, its values apart by a space; and puts f in place.
+func commitScores(f *atomicfile.File, scores []float32, tasks int) error {
+	w := bufio.NewWriter(f)
 	for i, s := range scores {
 		sep := byte('\n')
 		if tasks > 1 && (i+1)%tasks != 0 {
@@ -450,31 +417,13 @@ func (sf *scoresFile) commitTasks(scores []float32, tasks int) error {
 		}
 		fmt.Fprintf(w, "%.8g%c", s, sep)
 	}
-	err := w.Flush()
-	if err == nil && !sf.stream {
-		err = sf.f.Chmod(0o644)
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("write scores %q: %w", f.Name(), err)
 	}
-	if err == nil {
-		err = sf.f.Close()
+	if err := f.Commit(0o644); err != nil {
+		return fmt.Errorf("write scores: %w", err)
 	}
-	if err == nil && !sf.stream {
-		err = os.Rename(sf.f.Name(), sf.path)
-	}
-	if err != nil {
-		return fmt.Errorf("write scores %q: %w", sf.name, err)
-	}
-	sf.done = true
 	return nil
-}
-
-// abort removes the temporary file unless commit renamed it.
-func (sf *scoresFile) abort() {
-	if !sf.done {
-		sf.f.Close()
-		if !sf.stream {
-			os.Remove(sf.f.Name())
-		}
-	}
 }
 
 // LogLoss is the mean binary cross-entropy of predictions p against

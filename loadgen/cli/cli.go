@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/atomicfile"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
 	"github.com/prism-serve/prism/internal/flagval"
@@ -587,7 +588,7 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 		if err != nil {
 			return fmt.Errorf("loadgen: %w", err)
 		}
-		if err := loadgen.WriteFileAtomic(filepath.Join(f.out, "findmax.json"), func(w io.Writer) error {
+		if err := atomicfile.WriteFile(filepath.Join(f.out, "findmax.json"), func(w io.Writer) error {
 			_, err := w.Write(append(buf, '\n'))
 			return err
 		}); err != nil {
