@@ -497,13 +497,10 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	} else {
 		var outs [][]float32
 		outs, err = m.batcher.Submit(ctx, Request{N: n, Inputs: f.inputs, Context: f.ctx, Index: f.index})
-		switch {
-		case err != nil:
+		if err != nil {
 			err = s.submitError(m, err)
-		case len(outs[0]) != n*m.tasks:
-			err = status.Errorf(codes.Internal, "model %q: first output has %d values for %d samples of %d tasks", m.name, len(outs[0]), n, m.tasks)
-		default:
-			scores = outs[0]
+		} else {
+			scores, err = m.scores(outs, n)
 		}
 	}
 	a.mu.Lock()

@@ -209,3 +209,60 @@ func TestScoreMultiTask(t *testing.T) {
 		}
 	}
 }
+
+// TestScoreTaskOutputs: a plan whose scores are several outputs (a
+// multi-task model exported with one output per task, plan.TaskOutputs)
+// is answered with every task output's values, interleaved sample-major
+// in the plan's order, whatever dense.onnx's output order; before, the
+// first output alone was served.
+func TestScoreTaskOutputs(t *testing.T) {
+	src := tinyPlan(t)
+	p, err := plan.Read(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := onnxpb.ReadModel(filepath.Join(src, p.DenseModel), onnxpb.ReadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := m.GetGraph()
+	score := g.Output[0]
+	g.Node = append(g.Node, &onnxpb.NodeProto{OpType: "Neg", Input: []string{score.GetName()}, Output: []string{"neg"}, Name: "task1"})
+	neg := proto.Clone(score).(*onnxpb.ValueInfoProto)
+	neg.Name = "neg"
+	g.Output = []*onnxpb.ValueInfoProto{neg, score}
+	dir := t.TempDir()
+	if err := onnxpb.WriteModel(filepath.Join(dir, p.DenseModel), m, onnxpb.WriteOptions{External: onnxpb.ExternalNever}); err != nil {
+		t.Fatal(err)
+	}
+	p.Outputs = append(p.Outputs, plan.TensorInfo{Name: "neg", DType: "float32", Shape: p.Outputs[0].Shape})
+	p.TaskOutputs, p.Version = 2, plan.Version
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ref, err := ort.NewSession(filepath.Join(src, p.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	const n = 7
+	x := cutTensors(p, n, rand.New(rand.NewPCG(3, 4)))
+	want := direct(t, ref, p, n, x)
+	resp, err := s.Score(context.Background(), &prismv1.ScoreRequest{Model: p.Model.Name, NumSamples: n, Tensors: encode(t, n, x)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetTasks() != 2 || len(resp.GetScores()) != 2*n {
+		t.Fatalf("tasks %d, %d scores; want 2, %d", resp.GetTasks(), len(resp.GetScores()), 2*n)
+	}
+	for i, w := range want {
+		if math.Abs(float64(resp.Scores[2*i]-w)) > 1e-5 || math.Abs(float64(resp.Scores[2*i+1]+w)) > 1e-5 {
+			t.Fatalf("sample %d scored %v, want [%g %g]", i, resp.Scores[2*i:2*i+2], w, -w)
+		}
+	}
+}

@@ -150,6 +150,10 @@ type model struct {
 	// tasks is the number of values per sample of the score (plan.Tasks):
 	// 1, or k for a multi-task model, answered sample-major.
 	tasks int
+	// widths are the values per sample of each output the model answers
+	// with (plan.TaskWidths): one entry, or one per task output, whose
+	// values scores interleaves sample-major.
+	widths []int
 }
 
 // New discovers devices, loads every plan's dense.onnx and starts the
@@ -344,23 +348,27 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	}
 	// One score per sample, or k of a multi-task model's [k] (bounded):
 	// every one answered (ScoreResponse.tasks).
-	if m.tasks, err = plan.Tasks(); err != nil {
+	if m.widths, err = plan.TaskWidths(); err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
-	score := plan.Outputs[0]
+	var outputs []string
+	for i, w := range m.widths {
+		m.tasks += w
+		outputs = append(outputs, plan.Outputs[i].Name)
+	}
 	path, err := planFile(dir, plan.DenseModel)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
 	threads := sessionThreads(o, runtime.GOMAXPROCS(0), runtime.NumCPU())
 	for range max(o.Sessions, 1) {
-		// Only the score: a dense.onnx may list other outputs (an
+		// Only the scores: a dense.onnx may list other outputs (an
 		// auxiliary head, the monolith's other outputs), in any order,
-		// and Score answers with Run's first.
-		sess, err := newSession(path, ort.SessionOptions{IntraOpThreads: threads, CUDA: cuda, Spin: o.Spin, Outputs: []string{score.Name}})
+		// and Score answers with Run's, in the plan's order.
+		sess, err := newSession(path, ort.SessionOptions{IntraOpThreads: threads, CUDA: cuda, Spin: o.Spin, Outputs: outputs})
 		if err != nil {
 			m.closeSessions()
-			return nil, fmt.Errorf("load %s: the plan's score is its first output %q: %w", dir, score.Name, err)
+			return nil, fmt.Errorf("load %s: the plan's scores are its outputs %q: %w", dir, outputs, err)
 		}
 		m.sessions = append(m.sessions, sess)
 	}
@@ -544,11 +552,36 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 	if err != nil {
 		return nil, s.submitError(m, err)
 	}
-	scores := outs[0]
-	if len(scores) != in.N*m.tasks {
-		return nil, status.Errorf(codes.Internal, "model %q: first output has %d values for %d samples of %d tasks", m.name, len(scores), in.N, m.tasks)
+	scores, err := m.scores(outs, in.N)
+	if err != nil {
+		return nil, err
 	}
 	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks()}, nil
+}
+
+// scores is a run's answer for n samples: the score output's values, or
+// a multi-task model's task outputs' interleaved sample-major (sample
+// i's values of output 0, then of output 1, ...). A count that is not n
+// times an output's width is an Internal error.
+func (m *model) scores(outs [][]float32, n int) ([]float32, error) {
+	if len(outs) != len(m.widths) {
+		return nil, status.Errorf(codes.Internal, "model %q: the run answered %d outputs, want %d", m.name, len(outs), len(m.widths))
+	}
+	for j, w := range m.widths {
+		if len(outs[j]) != n*w {
+			return nil, status.Errorf(codes.Internal, "model %q: output %d has %d values for %d samples of %d tasks", m.name, j, len(outs[j]), n, w)
+		}
+	}
+	if len(outs) == 1 {
+		return outs[0], nil
+	}
+	res := make([]float32, 0, n*m.tasks)
+	for i := range n {
+		for j, w := range m.widths {
+			res = append(res, outs[j][i*w:(i+1)*w]...)
+		}
+	}
+	return res, nil
 }
 
 // wireTasks is ScoreResponse.tasks for the model's answers: k for a

@@ -28,6 +28,10 @@ type Options struct {
 	// lookups' outputs on the CPU side runs on the dense side); for
 	// HugeCTR's per-slot lookups they stay the same.
 	LookupsDense bool
+	// Tasks names the outputs the dense tier answers with, in order
+	// (plan.Plan.TaskOutputs); empty: every output that is a float32
+	// score (chooseTasks).
+	Tasks []string
 	// ReportOnly plans without writing anything.
 	ReportOnly bool
 	// AllowDenseOnly writes a plan even when Gathers on tables were not
@@ -108,6 +112,9 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	cm := o.Cost
 	cm.EnsureDefaults()
 	p := pl.plan(modelPath, cm)
+	if err := chooseTasks(p, o.Tasks); err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
 	pl.setBatch(p, batch)
 	res := &Result{Plan: p, Placement: pl}
 	if o.ReportOnly {
@@ -240,7 +247,7 @@ func replaceDir(tmp, dir string) error {
 func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 	g := pl.G
 	p := &plan.Plan{
-		Version:    plan.Version,
+		Version:    plan.WriteVersion(&plan.Plan{}),
 		Model:      plan.ModelInfo{Name: g.Model.GetGraph().GetName(), Path: filepath.Base(modelPath), Opset: g.Opset()},
 		Cut:        pl.Cut,
 		DenseModel: DenseFile,
@@ -502,6 +509,13 @@ func (r *Result) Report() string {
 	fmt.Fprintf(&b, "cut: %d tensors, %d bytes/sample\n", len(p.Cut), p.Cost.CutBytes)
 	for _, c := range p.Cut {
 		fmt.Fprintf(&b, "  %-40s %-8s %v %d B (%s)\n", c.Name, c.DType, c.Shape, c.BytesPerSample, c.From)
+	}
+	if names, err := p.TaskNames(); err != nil {
+		fmt.Fprintf(&b, "scores: NOT SERVABLE: %v\n", err)
+	} else if len(names) > 1 {
+		fmt.Fprintf(&b, "scores: %d tasks a sample, in this order: %s\n", len(names), strings.Join(names, ", "))
+	} else {
+		fmt.Fprintf(&b, "scores: output %q\n", names[0])
 	}
 	fmt.Fprintf(&b, "tables: %d, %s\n", len(p.Tables), human(p.Cost.TableBytes, "B"))
 	for i, t := range p.Tables {

@@ -20,10 +20,13 @@ import (
 // a lookup's pre-lookup ops (Lookup.Pre); version 3 the pre-lookup
 // subgraph run through ONNX Runtime (Plan.PreModel, Lookup.PreOutput,
 // Lookup.PreInputs); version 4 jagged inputs (TensorInfo.Offsets,
-// Lookup.Offsets, Lookup.LastOffset: an EmbeddingBag with offsets).
-// This build also reads version 1 to 3 plans, which have none of the
-// later fields (MinVersion).
-const Version = 4
+// Lookup.Offsets, Lookup.LastOffset: an EmbeddingBag with offsets);
+// version 5 a model answering with several outputs (Plan.TaskOutputs).
+// This build also reads version 1 to 4 plans, which have none of the
+// later fields (MinVersion). The partitioner writes the oldest version
+// that holds the plan's fields (WriteVersion), so a plan needing none of
+// version 5's is still read by builds of version 4.
+const Version = 5
 
 // MinVersion is the oldest plan.json version this build reads.
 const MinVersion = 1
@@ -40,7 +43,16 @@ type Plan struct {
 	// Inputs are the source model's inputs, with the side(s) that read them.
 	Inputs []TensorInfo `json:"inputs"`
 	// Outputs are the source model's outputs (all produced by dense.onnx).
+	// The first is the score the dense tier answers with, or the first
+	// TaskOutputs of them.
 	Outputs []TensorInfo `json:"outputs"`
+	// TaskOutputs (version 5), when more than 1, is how many of Outputs,
+	// from the first, are the model's tasks: a multi-task model exported
+	// with one output per task (PyTorch returning a tuple of heads,
+	// HugeCTR's MMoE with one label per task). The dense tier answers
+	// with all of them, sample-major in this order (Tasks, TaskNames). 0
+	// or 1: the first output alone.
+	TaskOutputs int `json:"task_outputs,omitempty"`
 	// Cut lists the tensors that cross from the CPU side to the dense side:
 	// exactly dense.onnx's inputs, in its input order.
 	Cut []CutTensor `json:"cut"`

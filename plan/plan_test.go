@@ -48,9 +48,20 @@ func TestValidate(t *testing.T) {
 	}{
 		{"valid", func(*Plan) {}, ""},
 		{"no cpu model", func(p *Plan) { p.CPUModel = "" }, ""},
-		{"version", func(p *Plan) { p.Version = Version + 1 }, "version 5, this build reads versions 1 to 4"},
-		{"version 0", func(p *Plan) { p.Version = 0 }, "version 0, this build reads versions 1 to 4"},
+		{"version", func(p *Plan) { p.Version = Version + 1 }, "version 6, this build reads versions 1 to 5"},
+		{"version 0", func(p *Plan) { p.Version = 0 }, "version 0, this build reads versions 1 to 5"},
 		{"version 1 reads", func(p *Plan) { p.Version = 1 }, ""},
+		{"task outputs", func(p *Plan) {
+			p.Outputs = append(p.Outputs, TensorInfo{Name: "cvr", DType: "float32", Shape: []int64{1}})
+			p.TaskOutputs = 2
+		}, ""},
+		{"task outputs past the outputs", func(p *Plan) { p.TaskOutputs = len(p.Outputs) + 1 }, "task_outputs 2: the plan has 1 outputs"},
+		{"task outputs negative", func(p *Plan) { p.TaskOutputs = -1 }, "task_outputs -1: the plan has 1 outputs"},
+		{"task outputs in version 4", func(p *Plan) {
+			p.Version = 4
+			p.Outputs = append(p.Outputs, TensorInfo{Name: "cvr", DType: "float32", Shape: []int64{1}})
+			p.TaskOutputs = 2
+		}, "task_outputs in a version 4 plan (it came in version 5)"},
 		{"pre in version 1", func(p *Plan) { p.Version = 1; p.Tables[0].Lookups[0].Pre = packedPre(3) },
 			`tables[0] "t0" lookups[0]: pre-lookup ops in a version 1 plan (they came in version 2)`},
 		{"pre model", func(p *Plan) {
@@ -241,7 +252,7 @@ func TestReadWrite(t *testing.T) {
 
 	for _, tc := range []struct{ name, body, error string }{
 		{"not json", "{", "unexpected end of JSON input"},
-		{"version", `{"version": 7}`, "version 7, this build reads versions 1 to 4"},
+		{"version", `{"version": 7}`, "version 7, this build reads versions 1 to 5"},
 		{"escaping table", strings.Replace(mustJSON(t, dir), `"tables/t0.arrow"`, `"/tmp/t0.arrow"`, 1), `file "/tmp/t0.arrow" is not a path inside the plan folder`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

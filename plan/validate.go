@@ -81,6 +81,12 @@ func (p *Plan) Validate() error {
 			return err
 		}
 	}
+	switch {
+	case p.TaskOutputs < 0 || p.TaskOutputs > len(p.Outputs):
+		return fmt.Errorf("task_outputs %d: the plan has %d outputs", p.TaskOutputs, len(p.Outputs))
+	case p.TaskOutputs > 1 && p.Version < 5:
+		return fmt.Errorf("task_outputs in a version %d plan (it came in version 5)", p.Version)
+	}
 	cut := map[string]bool{}
 	for i, c := range p.Cut {
 		if err := checkTensor(fmt.Sprintf("cut[%d]", i), c.TensorInfo); err != nil {

@@ -172,7 +172,8 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 }
 
 // TestExporterMultiTaskServed: a multi-task model (HugeCTR's label_dim
-// 2: one output [batch, 2], a sigmoid per task) partitions and verifies,
+// 2: one output [batch, 2], a sigmoid per task; and HugeCTR's
+// shared-bottom sample, one output per task) partitions and verifies,
 // and prism up serves it: every candidate's two scores, in
 // RecommendResponse.task_scores (tasks 2, candidate-major) and task 0's
 // in scores, equal prism score's on the whole model within 1e-5, over
@@ -182,12 +183,18 @@ func TestExporterMultiTaskServed(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
+	for _, m := range []*exporters.Model{exporters.HugeCTRMultiTask(11), exporters.HugeCTRSharedBottom(11)} {
+		t.Run(m.Name, func(t *testing.T) { multiTaskServed(t, m) })
+	}
+}
+
+func multiTaskServed(t *testing.T, m *exporters.Model) {
 	dir := t.TempDir()
 	model := filepath.Join(dir, "mt", "model.onnx")
 	if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := exporters.HugeCTRMultiTask(11).Write(model); err != nil {
+	if err := m.Write(model); err != nil {
 		t.Fatal(err)
 	}
 	part := filepath.Join(dir, "mt-part")

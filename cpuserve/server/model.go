@@ -60,7 +60,7 @@ type inputSpec struct {
 	ids   bool    // ids (Input.ids, int64 on the wire) rather than float values (Input.values)
 	int32 bool    // the model declares the ids int32: each must fit one
 	shape []int64 // per sample, plan's
-	width int     // values per sample; 0 when the plan leaves a dim unknown
+	width int     // values per sample (0 for a dimension of 0); -1 when the plan leaves a dim unknown
 	// weighted: some lookup reads this input's per-id weights from
 	// Input.weights (a plan lookup with Weights naming no model input).
 	weighted bool
@@ -146,7 +146,7 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 		}
 		for _, d := range in.Shape {
 			if d < 0 {
-				spec.width = 0
+				spec.width = -1
 				break
 			}
 			spec.width *= int(d)

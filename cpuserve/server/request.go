@@ -121,7 +121,7 @@ func (m *model) decodeSide(vals map[string]*value, side string, f *prismv1.Featu
 		}
 		width := spec.width
 		switch {
-		case width > 0 && count != samples*width:
+		case width >= 0 && count != samples*width:
 			what := "per sample"
 			if ctx {
 				what = "(the context is one sample, shared by every candidate)"
@@ -129,9 +129,9 @@ func (m *model) decodeSide(vals map[string]*value, side string, f *prismv1.Featu
 				what = fmt.Sprintf("for %d samples", samples)
 			}
 			return badInput("model %q: %s: input %q has %d values, want %d x %d %s", m.name, side, name, count, width, samples, what)
-		case width == 0 && (count == 0 || count%samples != 0):
+		case width < 0 && (count == 0 || count%samples != 0):
 			return badInput("model %q: %s: input %q has %d values, not a multiple of %d samples", m.name, side, name, count, samples)
-		case width == 0:
+		case width < 0:
 			width = count / samples
 		}
 		if w := in.GetWeights(); len(w) > 0 {

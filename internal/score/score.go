@@ -131,16 +131,19 @@ func Run(w io.Writer, path string, o Options) error {
 			outName = out.GetName()
 		}
 	}
-	tasks, err := planTasks(o.Plan, outName)
+	outNames, widths, err := planScores(o.Plan, outName, graphOuts)
 	if err != nil {
 		return fmt.Errorf("score %q: %w", path, err)
 	}
-	sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, Outputs: []string{outName}})
+	tasks := 0
+	for _, w := range widths {
+		tasks += w
+	}
+	sess, err := ort.NewSession(path, ort.SessionOptions{IntraOpThreads: o.Threads, Outputs: outNames})
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
-	const outIdx = 0
 	first, firstLabels, err := next()
 	if err != nil && !errors.Is(err, io.EOF) {
 		return err
@@ -161,15 +164,24 @@ func Run(w io.Writer, path string, o Options) error {
 		}
 		d := time.Since(t0)
 		lat, busy = append(lat, d), busy+d
-		if len(out[outIdx]) != b.N*tasks {
+		for j, w := range widths {
+			if len(out[j]) == b.N*w {
+				continue
+			}
 			// Two class probabilities a sample were counted as two
 			// samples, and the log loss paired labels with other values.
 			if tasks > 1 {
-				return fmt.Errorf("score %q: output %q has %d values for %d samples: want %d a sample (the plan's %d tasks)", path, outName, len(out[outIdx]), b.N, tasks, tasks)
+				return fmt.Errorf("score %q: output %q has %d values for %d samples: want %d a sample (the plan's %d tasks)", path, outNames[j], len(out[j]), b.N, w, tasks)
 			}
-			return fmt.Errorf("score %q: output %q has %d values for %d samples: want one score per sample", path, outName, len(out[outIdx]), b.N)
+			return fmt.Errorf("score %q: output %q has %d values for %d samples: want one score per sample", path, outNames[j], len(out[j]), b.N)
 		}
-		scores = append(scores, out[outIdx]...)
+		// Sample-major, the task outputs' values interleaved as the
+		// dense tier answers.
+		for i := range b.N {
+			for j, w := range widths {
+				scores = append(scores, out[j][i*w:(i+1)*w]...)
+			}
+		}
 		labels = append(labels, bl...)
 		if b, bl, err = next(); err != nil && !errors.Is(err, io.EOF) {
 			return err
@@ -222,22 +234,31 @@ func Run(w io.Writer, path string, o Options) error {
 	return nil
 }
 
-// planTasks is the values a sample of the score output outName: the
-// tasks of a multi-task model's plan in dir (plan.Tasks) when its first
-// output is outName, else 1 (no plan: a model is scored one value a
-// sample, as before).
-func planTasks(dir, outName string) (int, error) {
+// planScores is the outputs scored and the values a sample of each:
+// the score output outName, one value a sample, without a plan (dir ""),
+// as a model is scored; with the plan in dir, the outputs the dense tier
+// answers with (plan.TaskWidths: one score, a multi-task model's [k], or
+// its task outputs), when the model has them all.
+func planScores(dir, outName string, graphOuts []*pb.ValueInfoProto) ([]string, []int, error) {
 	if dir == "" {
-		return 1, nil
+		return []string{outName}, []int{1}, nil
 	}
 	p, err := plan.Read(dir)
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	if len(p.Outputs) == 0 || p.Outputs[0].Name != outName {
-		return 1, nil
+	widths, err := p.TaskWidths()
+	if err != nil {
+		return nil, nil, err
 	}
-	return p.Tasks()
+	names := make([]string, len(widths))
+	for i := range widths {
+		names[i] = p.Outputs[i].Name
+		if !slices.ContainsFunc(graphOuts, func(o *pb.ValueInfoProto) bool { return o.GetName() == names[i] }) {
+			return []string{outName}, []int{1}, nil
+		}
+	}
+	return names, widths, nil
 }
 
 // signature is the model's inputs: from the plan in dir when given,

@@ -37,9 +37,11 @@ import (
 // hugectr-dcn and hugectr-deepfm add the MultiCross, Slice,
 // WeightMultiply, FmOrder2, ReduceSum and three-way Add lowerings;
 // hugectr-deepfm-v32 is DeepFM as the first converter wrote it (see
-// hcBuilder.v32: Concat on axis -1, bare Gemm, no reserved zero row).
+// hcBuilder.v32: Concat on axis -1, bare Gemm, no reserved zero row);
+// hugectr-wdl-2503 is Wide&Deep as the newest converter writes it (see
+// hcBuilder.perLayer: a key map per embedding layer).
 func HugeCTR(seed uint64) []*Model {
-	return []*Model{hugectrWDL(seed), hugectrDLRM(seed, 1), hugectrDCN(seed), hugectrDeepFM(seed, false), hugectrDeepFM(seed, true)}
+	return []*Model{hugectrWDL(seed, false), hugectrDLRM(seed, 1), hugectrDCN(seed), hugectrDeepFM(seed, false), hugectrDeepFM(seed, true), hugectrWDL(seed, true)}
 }
 
 // HugeCTRMultiTask is hugectr-dlrm with label_dim 2 (two tasks, as
@@ -60,9 +62,17 @@ func HugeCTRMultiTask(seed uint64) *Model {
 // and tables of max_vocabulary_size_global rows with no reserved row:
 // the loader gives the keys rows from 0, and a key never trained, which
 // the map leaves at 0, reads the first trained key's row.
+//
+// perLayer writes the newest converter's layout (HugeCTR 25.03,
+// graph_builder.py and hugectr_loader.py from commit d4fecdb3f): no
+// shared key_to_indice_hash_all_tables; each embedding layer's Gather
+// reads its own <top>_hash_table, HugeCTRLoader's map for that layer
+// alone, an int64 array as long as the vocabularies of this layer and
+// every layer before it (keys of the earlier tables, and of none, map to
+// the zero row 0).
 type hcBuilder struct {
 	*builder
-	v32 bool
+	v32, perLayer bool
 }
 
 func (b hcBuilder) op(op string, ins []string, out string, attrs ...*pb.AttributeProto) string {
@@ -143,7 +153,11 @@ func (b hcBuilder) hcTable(top string, vocab int64, vec int) [][]float32 {
 
 // embedding lowers one sparse embedding layer as add_layer does.
 func (b hcBuilder) embedding(top, keys string, mean bool) string {
-	idx := b.op("Gather", []string{"key_to_indice_hash_all_tables", keys}, top+"_indice", ai("axis", 0))
+	keyMap := "key_to_indice_hash_all_tables"
+	if b.perLayer {
+		keyMap = top + "_hash_table"
+	}
+	idx := b.op("Gather", []string{keyMap, keys}, top+"_indice", ai("axis", 0))
 	feat := b.op("Gather", []string{top + "_embedding_table", idx}, top+"_embedding_feature", ai("axis", 0))
 	red := "ReduceSum"
 	if mean {
@@ -317,21 +331,41 @@ func (b hcBuilder) hcFinish(m *Model, logit string, labelDim int64) {
 // dense features (Concat, axis 1), an InnerProduct to 1, added to the
 // wide embedding reshaped to [-1, 1] (Add), and the
 // BinaryCrossEntropyLoss turned into a Sigmoid.
-func hugectrWDL(seed uint64) *Model {
+func hugectrWDL(seed uint64, perLayer bool) *Model {
 	m := &Model{Name: "hugectr-wdl", Source: "HugeCTR onnx_converter/hugectr2onnx/graph_builder.py: GraphBuilder.add_layer (Data, LocalizedSlotSparseEmbeddingHash, Reshape, Concat, InnerProduct, Add, Sigmoid), save_model (opset 10, IR 7); hugectr_loader.py: HugeCTRLoader key_to_indice_hash_all_tables"}
-	b := hcBuilder{builder: newBuilder("hugectr", 10, seed)}
+	if perLayer {
+		m.Name = "hugectr-wdl-2503"
+		m.Source = "HugeCTR 25.03 (d4fecdb3f) onnx_converter/hugectr2onnx/graph_builder.py: GraphBuilder.add_layer (Data, LocalizedSlotSparseEmbeddingHash with <top>_hash_table, Reshape, Concat, InnerProduct, Add, Sigmoid), save_model (opset 10, IR 7); hugectr_loader.py: HugeCTRLoader key_to_indice_hash_all_tables[i], as long as the vocabularies up to layer i"
+	}
+	b := hcBuilder{builder: newBuilder("hugectr", 10, seed), perLayer: perLayer}
 	wide := hcSparse{name: "wide_data", nnz: 3, lo: []int64{0}, size: []int64{20}}
 	deep := hcSparse{name: "deep_data", nnz: 2, lo: []int64{20, 34, 49}, size: []int64{14, 15, 11}}
 	const wideVocab, deepVocab, dv = 24, 40, 4
 	keys := &hcKeys{toRow: make([]int64, wideVocab+deepVocab)}
 	b.g.Input = append(b.g.Input, noneDims("dense", pb.TensorProto_FLOAT, 3),
 		noneDims(wide.name, pb.TensorProto_INT64, 1, wide.nnz), noneDims(deep.name, pb.TensorProto_INT64, 3, deep.nnz))
-	b.g.Initializer = append(b.g.Initializer, &pb.TensorProto{Name: "key_to_indice_hash_all_tables", DataType: int32(pb.TensorProto_INT64), Dims: []int64{wideVocab + deepVocab}})
+	if !perLayer {
+		b.g.Initializer = append(b.g.Initializer, &pb.TensorProto{Name: "key_to_indice_hash_all_tables", DataType: int32(pb.TensorProto_INT64), Dims: []int64{wideVocab + deepVocab}})
+	}
 	tw := b.hcTable("sparse_embedding2", wideVocab, 1)
 	keys.load(b.builder, 0, 20, wideVocab)
+	wideMap := keys.toRow[:wideVocab]
+	if perLayer {
+		// The wide layer's map: its keys alone, wideVocab long.
+		b.initI("sparse_embedding2_hash_table", []int64{wideVocab}, wideMap...)
+		keys.toRow = make([]int64, wideVocab+deepVocab)
+	}
 	td := b.hcTable("sparse_embedding1", deepVocab, dv)
 	keys.load(b.builder, 20, 40, deepVocab)
-	b.g.Initializer[0].Int64Data = keys.toRow
+	if perLayer {
+		// The deep layer's: its keys alone, as long as both
+		// vocabularies (the wide keys map to the zero row).
+		b.initI("sparse_embedding1_hash_table", []int64{wideVocab + deepVocab}, keys.toRow...)
+		// The reference's map: both layers' keys (disjoint ranges).
+		keys.toRow = append(append([]int64(nil), wideMap[:20]...), keys.toRow[20:]...)
+	} else {
+		b.g.Initializer[0].Int64Data = keys.toRow
+	}
 	we := b.embedding("sparse_embedding2", wide.name, false)
 	de := b.embedding("sparse_embedding1", deep.name, true)
 	b.initI("reshape1_shape", []int64{2}, -1, 3*dv)
@@ -633,5 +667,49 @@ func hugectrDeepFM(seed uint64, v32 bool) *Model {
 		}
 		return append(deep, fmSum, lin)
 	}
+	return m
+}
+
+// HugeCTRSharedBottom is HugeCTR's multi-task sample
+// samples/mmoe/shared_bottom.py as the newest converter writes it (the
+// 25.03 layout, hcBuilder.perLayer): label_dims [1, 1] with
+// label_names 50k_label and married_label make the Data layer declare
+// two outputs, each [None, 1], and each BinaryCrossEntropyLoss becomes a
+// Sigmoid whose top is its label's name (hugectr_loader.py); dense_dim 0
+// declares the input dense as [None, 0], which no node reads. One
+// LocalizedSlotSparseEmbeddingHash of 4 one-hot slots (combiner sum,
+// vec_size 4), Reshape to [-1, 16], InnerProduct to 8, ReLU, Dropout,
+// Slice twice whole into the towers; tower A's Dropout reads A_fc1, not
+// its ReLU (the sample's own wiring: A_relu1 is computed and unused),
+// tower B's reads B_relu1; InnerProduct to 1 and the Sigmoid each. The
+// converter's test (test/onnx_converter_test/hugectr2onnx_mmoe_test.py)
+// reads both outputs: a model served with both tasks' scores.
+func HugeCTRSharedBottom(seed uint64) *Model {
+	m := &Model{Name: "hugectr-shared-bottom", Source: "HugeCTR 25.03 (d4fecdb3f) samples/mmoe/shared_bottom.py through onnx_converter/hugectr2onnx: graph_builder.py GraphBuilder.add_layer (Data with label_name and label_dim lists: one output per label; LocalizedSlotSparseEmbeddingHash with <top>_hash_table, Reshape, InnerProduct, ReLU, Dropout, Slice, Sigmoid), save_model (opset 10, IR 7); hugectr_loader.py BinaryCrossEntropyLoss to Sigmoid topped by the label name"}
+	b := hcBuilder{builder: newBuilder("hugectr", 10, seed), perLayer: true}
+	const slots, vec, vocab, shared, tower = 4, 4, 40, 8, 4
+	sp := hcSparse{name: "data", nnz: 1, lo: []int64{0, 9, 19, 30}, size: []int64{9, 10, 11, 7}}
+	keys := &hcKeys{toRow: make([]int64, vocab)}
+	b.g.Input = append(b.g.Input, noneDims("dense", pb.TensorProto_FLOAT, 0), noneDims(sp.name, pb.TensorProto_INT64, slots, 1))
+	b.hcTable("embedding", vocab, vec)
+	keys.load(b.builder, 0, 37, vocab)
+	b.initI("embedding_hash_table", []int64{vocab}, keys.toRow...)
+	emb := b.embedding("embedding", sp.name, false)
+	r := b.reshape("reshape_embedding", emb, slots*vec)
+	b.innerProduct("shared1", r, slots*vec, shared)
+	drop := b.op("Dropout", []string{b.op("Relu", []string{"shared1"}, "relu1")}, "dropout1")
+	b.slice(drop, []string{"sliceA", "sliceB"}, [][2]int64{{0, shared}, {0, shared}})
+	b.innerProduct("A_fc1", "sliceA", shared, tower)
+	b.op("Relu", []string{"A_fc1"}, "A_relu1")
+	b.innerProduct("A_out", b.op("Dropout", []string{"A_fc1"}, "A_dropout1"), tower, 1)
+	b.innerProduct("B_fc1", "sliceB", shared, tower)
+	b.innerProduct("B_out", b.op("Dropout", []string{b.op("Relu", []string{"B_fc1"}, "B_relu1")}, "B_dropout1"), tower, 1)
+	for _, o := range [][2]string{{"A_out", "50k_label"}, {"B_out", "married_label"}} {
+		b.op("Sigmoid", []string{o[0]}, o[1])
+		b.g.Output = append(b.g.Output, noneDims(o[1], pb.TensorProto_FLOAT, 1))
+	}
+	m.Proto = &pb.ModelProto{IrVersion: 7, OpsetImport: []*pb.OperatorSetIdProto{{Version: 10}}, Graph: b.g,
+		MetadataProps: []*pb.StringStringEntryProto{{Key: "prism.model", Value: m.Name}}}
+	m.Sig = models.Signature{Inputs: []models.InputSpec{{Name: "dense", Kind: models.DenseKind, Width: 0}, sp.spec()}}
 	return m
 }

@@ -148,7 +148,8 @@ func partitionCorpus(t *testing.T, m *exporters.Model) (model, out string, res *
 
 // TestExporterHugeCTR: the models NVIDIA HugeCTR's hugectr2onnx writes
 // ([batch, slots, nnz] hash keys remapped to rows through the shared
-// key_to_indice_hash_all_tables, pooled per slot by sum or mean) partition
+// key_to_indice_hash_all_tables, or each layer's own <top>_hash_table in
+// the newest converter, pooled per slot by sum or mean) partition
 // into one lookup per slot, the remap run in pre.onnx, and the partition
 // reproduces the whole model within 1e-5 on the models' valid keys.
 func TestExporterHugeCTR(t *testing.T) {
@@ -160,6 +161,8 @@ func TestExporterHugeCTR(t *testing.T) {
 		"hugectr-dcn":        {"sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum"},
 		"hugectr-deepfm":     {"sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum"},
 		"hugectr-deepfm-v32": {"sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum", "sparse_embedding1_embedding_table 1 sum"},
+		"hugectr-wdl-2503": {"sparse_embedding2_embedding_table 3 sum", "sparse_embedding1_embedding_table 2 mean",
+			"sparse_embedding1_embedding_table 2 mean", "sparse_embedding1_embedding_table 2 mean"},
 	}
 	for _, m := range exporters.HugeCTR(5) {
 		t.Run(m.Name, func(t *testing.T) {
@@ -266,5 +269,57 @@ func TestExporterHugeCTRExternalKeyMap(t *testing.T) {
 	}
 	if _, err := verify.Verify(model, out, 296, 3); err != nil {
 		t.Fatalf("verify on samples drawn from the plan: %v\n%s", err, res.Report())
+	}
+}
+
+// TestExporterTaskOutputs: a multi-task model exported with one output
+// per task (HugeCTR's shared-bottom sample: 50k_label and
+// married_label, each [None, 1]; a [None, 0] dense input no node reads)
+// partitions into a plan whose scores are both outputs, in the model's
+// order (task_outputs 2, version 5), and verifies against the whole
+// model on both. Before, the plan served the first output alone and the
+// second task was dropped without a word; --tasks picks and orders them.
+func TestExporterTaskOutputs(t *testing.T) {
+	requireORT(t)
+	m := exporters.HugeCTRSharedBottom(5)
+	model, out, res := partitionCorpus(t, m)
+	p := res.Plan
+	names, err := p.TaskNames()
+	if err != nil || p.TaskOutputs != 2 || p.Version != 5 || !slices.Equal(names, []string{"50k_label", "married_label"}) {
+		t.Fatalf("task outputs %d, version %d, tasks %q, %v; want both labels at version 5\n%s", p.TaskOutputs, p.Version, names, err, res.Report())
+	}
+	if !strings.Contains(res.Report(), "scores: 2 tasks a sample, in this order: 50k_label, married_label") {
+		t.Errorf("the report does not name the tasks:\n%s", res.Report())
+	}
+	rep, err := verify.Verify(model, out, 296, 3)
+	if err != nil {
+		t.Fatalf("verify: %v\n%s", err, res.Report())
+	}
+	t.Logf("max abs error %.2g\n%s", rep.MaxAbsErr, res.Report())
+	for _, tc := range []struct {
+		tasks []string
+		want  []string
+		n     int
+		err   string
+	}{
+		{[]string{"married_label"}, []string{"married_label"}, 0, ""},
+		{[]string{"married_label", "50k_label"}, []string{"married_label", "50k_label"}, 2, ""},
+		{[]string{"ctr"}, nil, 0, `--tasks "ctr": the model has no output of that name (outputs: "50k_label", "married_label")`},
+		{[]string{"50k_label", "50k_label"}, nil, 0, `--tasks "50k_label": named twice`},
+	} {
+		res, err := partitioner.Partition(model, filepath.Join(t.TempDir(), "p"), partitioner.Options{Tasks: tc.tasks})
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("--tasks %q: %v; want an error with %q", tc.tasks, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("--tasks %q: %v", tc.tasks, err)
+		}
+		names, _ := res.Plan.TaskNames()
+		if !slices.Equal(names, tc.want) || res.Plan.TaskOutputs != tc.n || res.Plan.Version != 4+min(tc.n/2, 1) {
+			t.Errorf("--tasks %q: tasks %q (task_outputs %d, version %d), want %q", tc.tasks, names, res.Plan.TaskOutputs, res.Plan.Version, tc.want)
+		}
 	}
 }
