@@ -17,7 +17,7 @@ import (
 // holds. Partitioned without --lookups-dense, the slots' reassembly
 // (Unsqueeze, Concat) lands in cpu.onnx, which shard 0 runs on its
 // own rows only, and prism shard refuses any sharding that splits a
-// table off shard 0. The multi-task one serves both its tasks so.
+// table off shard 0. The multi-task ones serve both their tasks so.
 func TestUpShardedHugeCTR(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -36,6 +36,10 @@ func TestUpShardedHugeCTR(t *testing.T) {
 		// Two tasks: the dense worker assembles the shards' parts and
 		// answers every part with both tasks' scores.
 		{"hugectr-dlrm-multitask", 2, "400", 1},
+		// The newest converter's layout (a key map per layer), and a
+		// task per output (the shared-bottom sample's two labels).
+		{"hugectr-wdl-2503", 2, "500", 1},
+		{"hugectr-shared-bottom", 2, "400", 1},
 	} {
 		t.Run(tc.name+"/"+strconv.Itoa(tc.shards), func(t *testing.T) {
 			dir := t.TempDir()
