@@ -162,36 +162,7 @@ func multiTaskPlan(t *testing.T, shape []int64) string {
 // of any other shape than one value or [k], or of more than
 // plan.MaxTasks tasks, is refused at load, naming it.
 func TestScoreMultiTask(t *testing.T) {
-	dir := multiTaskPlan(t, []int64{2})
-	s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	p, err := plan.Read(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref, err := ort.NewSession(filepath.Join(tinyPlan(t), p.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ref.Close()
-	const n = 7
-	x := cutTensors(p, n, rand.New(rand.NewPCG(3, 4)))
-	want := direct(t, ref, p, n, x)
-	resp, err := s.Score(context.Background(), &prismv1.ScoreRequest{Model: p.Model.Name, NumSamples: n, Tensors: encode(t, n, x)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.GetTasks() != 2 || len(resp.GetScores()) != 2*n {
-		t.Fatalf("tasks %d, %d scores; want 2, %d", resp.GetTasks(), len(resp.GetScores()), 2*n)
-	}
-	for i, w := range want {
-		if math.Abs(float64(resp.Scores[2*i]-w)) > 1e-5 || math.Abs(float64(resp.Scores[2*i+1]+w)) > 1e-5 {
-			t.Fatalf("sample %d scored %v, want [%g %g]", i, resp.Scores[2*i:2*i+2], w, -w)
-		}
-	}
+	checkTwoTasks(t, multiTaskPlan(t, []int64{2}))
 	for _, tc := range []struct {
 		shape []int64
 		want  string
@@ -240,12 +211,24 @@ func TestScoreTaskOutputs(t *testing.T) {
 	if err := plan.Write(dir, p); err != nil {
 		t.Fatal(err)
 	}
+	checkTwoTasks(t, dir)
+}
+
+// checkTwoTasks serves the plan in dir, whose scores are dlrm-tiny's
+// score and its negation (two tasks), and checks Score's answer on
+// random cut tensors against dlrm-tiny's dense.onnx run directly.
+func checkTwoTasks(t *testing.T, dir string) {
+	t.Helper()
 	s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ref, err := ort.NewSession(filepath.Join(src, p.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
+	p, err := plan.Read(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := ort.NewSession(filepath.Join(tinyPlan(t), p.DenseModel), ort.SessionOptions{IntraOpThreads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
