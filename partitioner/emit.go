@@ -2,9 +2,7 @@ package partitioner
 
 import (
 	"bufio"
-	"encoding/binary"
 	"fmt"
-	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/plan"
 	"io"
 	"math"
@@ -135,12 +133,22 @@ func valueInfo(name string, t TensorType) *pb.ValueInfoProto {
 }
 
 // tableStream reads a table's rows from its initializers (inline or
-// external), converting float16 to float32, in pieces of whole rows.
+// external), converting float16 to float32 and dequantizing 8-bit parts,
+// in pieces of whole rows.
 func tableStream(src *tableSource, dir string) tablefile.Source {
 	return func(emit func([]float32) error) error {
 		const chunkRows = 1 << 14
 		buf := make([]float32, chunkRows*src.dim)
 		for _, part := range src.parts {
+			d := src.deq[part.GetName()]
+			var scale []float32
+			var zp []int32
+			if d != nil {
+				var err error
+				if scale, zp, err = d.params(dir); err != nil {
+					return fmt.Errorf("table part %q: %w", part.GetName(), err)
+				}
+			}
 			r, n, err := pb.DataReader(part, dir)
 			if err != nil {
 				return err
@@ -161,13 +169,7 @@ func tableStream(src *tableSource, dir string) tablefile.Source {
 					return fmt.Errorf("table part %q: %w", part.GetName(), err)
 				}
 				out := buf[:rows*int64(src.dim)]
-				if dt == pb.TensorProto_FLOAT16 {
-					for i := range out {
-						out[i] = halfToFloat(binary.LittleEndian.Uint16(b[2*i:]))
-					}
-				} else {
-					copy(out, leview.Float32s(b))
-				}
+				convertRows(out, b, dt, d, scale, zp, int(part.GetDims()[0]-left), src.dim)
 				if err := emit(out); err != nil {
 					r.Close()
 					return err

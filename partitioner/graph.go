@@ -65,7 +65,7 @@ func NewGraph(m *pb.ModelProto) (*Graph, error) {
 	producer := map[string]int{}
 	for i, n := range nodes {
 		if n.GetDomain() != "" && n.GetDomain() != "ai.onnx" {
-			return nil, fmt.Errorf("node %q: operator domain %q is not supported (standard ONNX ops only)", nodeName(n, i), n.GetDomain())
+			return nil, fmt.Errorf("node %q: operator domain %q is not supported (standard ONNX ops only)%s", nodeName(n, i), n.GetDomain(), domainHint(n))
 		}
 		for _, o := range n.GetOutput() {
 			if o == "" {
@@ -171,6 +171,20 @@ func NewGraph(m *pb.ModelProto) (*Graph, error) {
 		}
 	}
 	return g, nil
+}
+
+// domainHint says, for a com.microsoft op ONNX Runtime's quantization
+// tools write, how to write the model with standard ops instead.
+func domainHint(n *pb.NodeProto) string {
+	if n.GetDomain() != "com.microsoft" {
+		return ""
+	}
+	switch op := n.GetOpType(); {
+	case strings.HasPrefix(op, "QLinear"), strings.HasPrefix(op, "QGemm"), strings.HasPrefix(op, "QAttention"), strings.HasPrefix(op, "QEmbedLayerNormalization"),
+		op == "DynamicQuantizeMatMul", op == "MatMulIntegerToFloat", op == "QuantizeLinear", op == "DequantizeLinear":
+		return fmt.Sprintf(": %s is ONNX Runtime's quantized operator (onnxruntime.quantization's QOperator format, or an optimized model ONNX Runtime saved): quantize with quant_format=QuantFormat.QDQ (standard QuantizeLinear/DequantizeLinear around float ops) and serve the model it writes, not one saved after ONNX Runtime's graph optimizations", op)
+	}
+	return ""
 }
 
 // Reads is every name node i reads: its inputs, then the outer names

@@ -44,7 +44,9 @@ type tableSource struct {
 	parts []*pb.TensorProto
 	rows  int64
 	dim   int
-	chain []int // Identity/Cast/Concat node indices between the parts and the Gathers
+	chain []int // Identity/Cast/DequantizeLinear/Concat node indices between the parts and the Gathers
+	// deq, by part name, dequantizes an 8-bit part (quant.go).
+	deq map[string]*dequant
 }
 
 // TableCandidate is a Gather on a table (a 2-D float initializer or
@@ -107,6 +109,11 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 		}
 		src := resolveTable(g, n.GetInput()[0])
 		if src == nil {
+			// A table of a type the store does not take: never a table
+			// quietly left in the dense graph.
+			if t, why := untakenTable(g, n.GetInput()[0]); t != nil {
+				cands = append(cands, TableCandidate{Table: t.GetName(), Rows: t.GetDims()[0], Dim: int(t.GetDims()[1]), Gather: n.GetName(), Reason: why})
+			}
 			continue
 		}
 		cand := TableCandidate{Table: src.name, Rows: src.rows, Dim: src.dim, Gather: n.GetName()}
@@ -346,7 +353,8 @@ func chainPath(g *Graph, c *idChain, gather *pb.NodeProto) string {
 }
 
 // resolveTable follows Identity/Cast(to float) and Concat(axis 0) back to
-// 2-D float or float16 initializers.
+// 2-D float or float16 initializers, and DequantizeLinear to 2-D int8
+// or uint8 ones (quant.go).
 func resolveTable(g *Graph, name string) *tableSource {
 	src := &tableSource{name: name}
 	var walk func(name string, depth int) bool
@@ -408,6 +416,24 @@ func resolveTable(g *Graph, name string) *tableSource {
 			}
 			src.chain = append(src.chain, i)
 			return walk(n.GetInput()[0], depth+1)
+		case "DequantizeLinear":
+			t, ok := g.Inits[n.GetInput()[0]]
+			if !ok || len(t.GetDims()) != 2 || !quantElem(pb.TensorProto_DataType(t.GetDataType())) || (src.dim != 0 && src.dim != int(t.GetDims()[1])) {
+				return false
+			}
+			d, why := dequantOf(g, n, t)
+			if why != "" {
+				return false
+			}
+			if src.deq == nil {
+				src.deq = map[string]*dequant{}
+			}
+			src.deq[t.GetName()] = d
+			src.chain = append(src.chain, i)
+			src.dim = int(t.GetDims()[1])
+			src.rows += t.GetDims()[0]
+			src.parts = append(src.parts, t)
+			return true
 		case "Concat":
 			if attrInt(n, "axis", 0) != 0 {
 				return false
@@ -429,6 +455,18 @@ func resolveTable(g *Graph, name string) *tableSource {
 	// initializer's name (the weight's, not an alias's).
 	if len(src.parts) == 1 && g.Inits[src.parts[0].GetName()] == src.parts[0] && !slices.ContainsFunc(src.chain, func(c int) bool { return g.Nodes[c].GetOpType() != "Identity" }) {
 		src.name = src.parts[0].GetName()
+	}
+	// One quantized initializer behind one DequantizeLinear is the table
+	// of the weight it quantizes (W_quantized: W), when no other tensor
+	// has that name.
+	if len(src.parts) == 1 && len(src.deq) == 1 && !slices.ContainsFunc(src.chain, func(c int) bool {
+		op := g.Nodes[c].GetOpType()
+		return op != "Identity" && op != "DequantizeLinear"
+	}) {
+		w, ok := strings.CutSuffix(src.parts[0].GetName(), "_quantized")
+		if _, taken := g.Producer[w]; ok && !taken && g.Inits[w] == nil && !g.IsInput(w) {
+			src.name = w
+		}
 	}
 	return src
 }

@@ -40,6 +40,10 @@ type Options struct {
 	// dense side reads model inputs the tiers cannot send it (such a
 	// table's int64 ids): without it, an ErrUnsendable error.
 	AllowDenseOnly bool
+	// AllowBatchDependent writes a plan whose scores depend on the other
+	// samples of a batch (Placement.batchDependent); without it that is
+	// an ErrBatchDependent error.
+	AllowBatchDependent bool
 	// Overwrite replaces a non-empty output folder.
 	Overwrite bool
 	// TableProgress, if set, is called as table bytes are written.
@@ -102,6 +106,12 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 			return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 		}
 	}
+	// Tables the quantization and float16 tools rewrote (quant.go).
+	if rewriteTables(g) {
+		if g, err = NewGraph(m); err != nil {
+			return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+		}
+	}
 	if batch != nil && len(batch.Blockers) > 0 {
 		g.FixedBatch = batch.Exported
 	}
@@ -128,6 +138,9 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err := pl.unsendable(); err != nil && !o.AllowDenseOnly {
 		// With AllowDenseOnly the plan is written (prism score --plan
 		// runs it), its report saying that the tiers cannot serve it.
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
+	if err := pl.batchDependent(); err != nil && !o.AllowBatchDependent {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}
 	if err := checkOutDir(outDir, o.Overwrite); err != nil {
@@ -211,7 +224,42 @@ func (pl *Placement) unsendable() error {
 	if len(pl.Unsendable) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: model input(s) %s; cut tensors cross as float32 rows of a known per-sample shape only (a table left in the dense graph takes its ids there: see the table candidates; or --force-cpu the readers)", ErrUnsendable, strings.Join(pl.Unsendable, ", "))
+	hint := ""
+	if slices.ContainsFunc(pl.Unsendable, func(s string) bool { return strings.Contains(s, " (float16 ") }) {
+		// onnxconverter-common's convert_float_to_float16 without
+		// keep_io_types makes the model's float inputs float16.
+		hint = "; a float16 input: convert the model to float16 with keep_io_types=True (its inputs stay float32, cast to float16 inside the graph)"
+	}
+	return fmt.Errorf("%w: model input(s) %s; cut tensors cross as float32 rows of a known per-sample shape only (a table left in the dense graph takes its ids there: see the table candidates; or --force-cpu the readers)%s", ErrUnsendable, strings.Join(pl.Unsendable, ", "), hint)
+}
+
+// ErrBatchDependent marks a model in which a sample's score depends on
+// the other samples of its batch (see Options.AllowBatchDependent).
+var ErrBatchDependent = errors.New("a sample's score depends on the other samples of its batch")
+
+// batchDependent is the error naming the nodes that make one scale for
+// a whole batch, or nil: DynamicQuantizeLinear (ONNX Runtime's
+// quantize_dynamic puts one before every MatMul it quantizes) reduces
+// its input, batch axis included, to one scale and zero point. The
+// monolithic model is batch-dependent too, but served, the batch is
+// whatever the router's micro-batches and the dense tier's dynamic
+// batching put together: a candidate's score would change with other
+// requests' traffic, and no reference run reproduces it.
+func (pl *Placement) batchDependent() error {
+	var nodes []string
+	for i, n := range pl.G.Nodes {
+		if _, placed := pl.OnCPU[i]; !placed || n.GetOpType() != "DynamicQuantizeLinear" || len(n.GetInput()) == 0 {
+			continue
+		}
+		if t := pl.Types[n.GetInput()[0]]; t.Known && !t.HasBatch() {
+			continue // a weight quantized in the graph: the same for every batch
+		}
+		nodes = append(nodes, fmt.Sprintf("DynamicQuantizeLinear %q (of %q)", n.GetName(), n.GetInput()[0]))
+	}
+	if len(nodes) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s computes one scale and zero point over the whole tensor, batch axis included (onnxruntime quantize_dynamic quantizes each MatMul's input so): served, a candidate's score would change with the candidates the router's micro-batches and the dense tier's dynamic batching put beside it, other requests' included; quantize with quantize_static (QuantFormat.QDQ: calibrated scales, the same for every sample), or quantize the tables only (quantize_dynamic(..., op_types_to_quantize=[\"Gather\"]))", ErrBatchDependent, strings.Join(nodes, ", "))
 }
 
 func checkOutDir(dir string, overwrite bool) error {
@@ -554,6 +602,9 @@ func (r *Result) Report() string {
 	}
 	if err := r.Placement.unsendable(); err != nil {
 		fmt.Fprintf(&b, "NOT SERVABLE: %v\n", err)
+	}
+	if err := r.Placement.batchDependent(); err != nil {
+		fmt.Fprintf(&b, "BATCH-DEPENDENT: %v\n", err)
 	}
 	if bi := p.Batch; bi != nil {
 		if p.FixedBatch > 0 {

@@ -152,6 +152,33 @@ func inferNode(g *Graph, n *pb.NodeProto, types map[string]TensorType) []TensorT
 	case "Not":
 		x.Elem = pb.TensorProto_BOOL
 		return []TensorType{x}
+	case "QuantizeLinear":
+		// The zero point's type; uint8 without one (or output_dtype,
+		// opset 21).
+		x.Elem = pb.TensorProto_DataType(attrInt(n, "output_dtype", int64(pb.TensorProto_UINT8)))
+		if z := in(2); z.Elem != 0 {
+			x.Elem = z.Elem
+		}
+		return []TensorType{x}
+	case "DequantizeLinear":
+		// The scale's type: float, or float16 from opset 19.
+		x.Elem = pb.TensorProto_FLOAT
+		if s := in(1); s.Elem != 0 {
+			x.Elem = s.Elem
+		}
+		return []TensorType{x}
+	case "DynamicQuantizeLinear":
+		// The scale and zero point are scalars over the whole tensor.
+		x.Elem = pb.TensorProto_UINT8
+		return []TensorType{x, known(pb.TensorProto_FLOAT), known(pb.TensorProto_UINT8)}
+	case "MatMulInteger":
+		t := matmulType(x, in(1))
+		t.Elem = pb.TensorProto_INT32
+		return []TensorType{t}
+	case "QLinearMatMul":
+		t := matmulType(x, in(3))
+		t.Elem = in(7).Elem
+		return []TensorType{t}
 	case "Cast":
 		x.Elem = pb.TensorProto_DataType(attrInt(n, "to", int64(x.Elem)))
 		return []TensorType{x}

@@ -72,6 +72,8 @@ and prints a report.`,
 				return fmt.Errorf("%w (use --overwrite)", err)
 			case errors.Is(err, partitioner.ErrUnrecognised):
 				return fmt.Errorf("%w\n(--report-only lists every table candidate; --allow-dense-only leaves them in the dense graph)", err)
+			case errors.Is(err, partitioner.ErrBatchDependent):
+				return fmt.Errorf("%w\n(--allow-batch-dependent writes the plan all the same)", err)
 			case errors.Is(err, partitioner.ErrForced):
 				return fmt.Errorf("%w (check --force-cpu/--force-gpu)", err)
 			}
@@ -100,6 +102,7 @@ and prints a report.`,
 	f.StringVarP(&out, "out", "o", "", "output folder (must be empty or absent)")
 	f.BoolVar(&o.ReportOnly, "report-only", false, "print the plan, write nothing")
 	f.BoolVar(&o.AllowDenseOnly, "allow-dense-only", false, "write the plan even when Gathers on tables are not recognised as lookups (they stay in the dense graph)")
+	f.BoolVar(&o.AllowBatchDependent, "allow-batch-dependent", false, "write the plan even when a sample's score depends on the other samples of its batch (onnxruntime quantize_dynamic's DynamicQuantizeLinear)")
 	f.BoolVar(&o.Overwrite, "overwrite", false, "replace a non-empty output folder")
 	f.StringArrayVar(&o.ForceCPU, "force-cpu", nil, "place this node (by name) on the CPU side; repeatable")
 	f.StringArrayVar(&o.ForceGPU, "force-gpu", nil, "place this node (by name) on the dense side; repeatable")

@@ -10,9 +10,10 @@ import (
 // Broken returns the patterns the partitioner cannot take, each with
 // the error it must give: the broken twins of the corpus, among them a
 // Loop that reads a table but is not an EmbeddingBag (the bag form is
-// in the corpus: loopbag.go).
+// in the corpus: loopbag.go), and quantized tables the store cannot
+// take (quant.go).
 func Broken(seed uint64) []*Model {
-	return append([]*Model{floatIDs(seed), offsetsLength(seed), EmbeddingBagLoop(seed, false)}, FallbackBroken(seed)...)
+	return append(append([]*Model{floatIDs(seed), offsetsLength(seed), EmbeddingBagLoop(seed, false)}, FallbackBroken(seed)...), QuantizedBroken(seed)...)
 }
 
 // floatIDs: ids computed by a float MatMul and cast (the twin of

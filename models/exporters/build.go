@@ -43,10 +43,16 @@ type Model struct {
 	// BlockedSide is the side the partition puts that node on: "cpu"
 	// (the embedding tier) or "gpu" (dense.onnx).
 	BlockedSide plan.Side
+	// Tol, when not 0, is how far ONNX Runtime's scores may be from the
+	// reference (1e-5 otherwise): a model computing in float16.
+	Tol float64
 
 	feats func(s sample) []float64
-	w     []float64
-	bias  float64
+	// half: the model's logit and score are float16 (the reference
+	// rounds them as it does).
+	half bool
+	w    []float64
+	bias float64
 }
 
 // Reference scores a batch in float64, from the pattern's own equations.
@@ -67,9 +73,25 @@ func (m *Model) Reference(b *models.Batch) ([]float64, error) {
 		for i := range x {
 			z += x[i] * m.w[i]
 		}
+		if m.half {
+			z = roundF16(z)
+		}
 		out[s] = 1 / (1 + math.Exp(-z))
+		if m.half {
+			out[s] = roundF16(out[s])
+		}
 	}
 	return out, nil
+}
+
+// roundF16 rounds v to the nearest float16 (half to even; normal
+// values only, which is all the corpus's are).
+func roundF16(v float64) float64 {
+	if v == 0 {
+		return 0
+	}
+	frac, exp := math.Frexp(v)
+	return math.Ldexp(math.RoundToEven(math.Ldexp(frac, 11)), exp-11)
 }
 
 // sample reads one sample's inputs.

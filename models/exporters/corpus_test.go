@@ -18,8 +18,12 @@ func TestCorpusMatchesReference(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range append(append(exporters.Corpus(3), exporters.FixedBatch(3)...), exporters.HugeCTR(3)...) {
+	for _, m := range append(append(append(exporters.Corpus(3), exporters.FixedBatch(3)...), exporters.HugeCTR(3)...), exporters.Quantized(3)...) {
 		t.Run(m.Name, func(t *testing.T) {
+			tol := 1e-5
+			if m.Tol > 0 {
+				tol = m.Tol
+			}
 			path := filepath.Join(t.TempDir(), "model.onnx")
 			if err := m.Write(path); err != nil {
 				t.Fatal(err)
@@ -58,7 +62,7 @@ func TestCorpusMatchesReference(t *testing.T) {
 				for i := range want {
 					worst = max(worst, math.Abs(float64(got[i])-want[i]))
 				}
-				if worst > 1e-5 || len(got) != len(want) {
+				if worst > tol || len(got) != len(want) {
 					t.Fatalf("ONNX Runtime differs from the float64 reference by %g (%d scores, want %d)", worst, len(got), len(want))
 				}
 			}
