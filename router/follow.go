@@ -68,6 +68,14 @@ import (
 //     stores do not come back into serving when the up-to-date ones are
 //     fewer than the quorum (under quorum one, a single worker's claim
 //     sets it: the sequencer's answer is what corrects that).
+//   - Once a poll failed (the sequencer cut off), until one succeeds: the
+//     highest claim, whatever the quorum, and the last view's list of
+//     workers in sync no longer counts. The sequencer counts an
+//     update's quorum among the workers it reaches, which a partition
+//     may make fewer than the ones this router hears (a majority of
+//     them cut off from it: it acknowledges on the rest alone), and a
+//     worker in sync at the last answer may have missed every update
+//     acknowledged since.
 //   - A follower that has just started serves no lookups of a model
 //     with updates for three heartbeats, as the sequencer does: every
 //     live worker has announced what it holds by then.
@@ -318,13 +326,22 @@ func (f *follower) judge(key string) {
 		}
 		held = append(held, h)
 	}
+	q := f.quorum
+	if f.failures > 0 {
+		// The sequencer cannot be asked (cut off): it counts an
+		// update's quorum among the workers it reaches, which may be
+		// fewer than the ones announcing here (a partition between it
+		// and some of them), so an update it acknowledged meanwhile may
+		// be held by one of these alone: the highest claim is the bar.
+		q = QuorumOne
+	}
 	if f.view != nil && !settling {
 		// The sequencer's acknowledged number is the lower bound
 		// (inSync): the claims only raise it between two answers.
-		f.floor[key] = nextFloor(0, held, f.quorum)
+		f.floor[key] = nextFloor(0, held, q)
 		return
 	}
-	f.floor[key] = nextFloor(f.floor[key], held, f.quorum)
+	f.floor[key] = nextFloor(f.floor[key], held, q)
 }
 
 // poll asks the sequencer at addr for its view of the models' updates
@@ -367,8 +384,9 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 			moved = true
 		}
 		// The updates another router answered: this one answers for
-		// them now (kept while judged without a view: dropAcked).
-		if f.dropAcked(func(a *forwardedAck) bool { return a.from != addr }) || moved {
+		// them now (kept while judged without a view: dropAcked). The
+		// first failure of a run judges by the highest claim (judge).
+		if f.dropAcked(func(a *forwardedAck) bool { return a.from != addr }) || moved || f.failures == 1 {
 			f.rejudge()
 		}
 		return err
@@ -516,9 +534,14 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 				return false // foreign or diverged, by the sequencer's judgment
 			case !f.viewWorkers[w.GetId()] && claimed > max(u.GetNumbered(), a.numbered()):
 				return false // claims more than was numbered; not judged yet
-			case slices.Contains(u.GetInSync(), w.GetId()) && a.numbered() <= u.GetAcknowledged():
+			case f.failures == 0 && slices.Contains(u.GetInSync(), w.GetId()) && a.numbered() <= u.GetAcknowledged():
 				// The sequencer sends it lookups: this router's copy of its
 				// announcement may lag the sequencer's acknowledgement.
+				// Only while the view is the latest poll's: once a poll
+				// failed (the sequencer cut off), the sequencer may have
+				// acknowledged later updates without this worker, and the
+				// announcements judge it (the floor), not a list that
+				// ages for as long as the partition lasts.
 				return claimed <= maxAnnouncedSeq
 			}
 			floor = max(floor, u.GetAcknowledged())

@@ -661,3 +661,87 @@ func TestFollowerKeepsForwardedAcrossMove(t *testing.T) {
 		})
 	}
 }
+
+// TestFollowerSequencerUnreachable: the sequencer's last view listed
+// every worker in sync at update 1; then its polls fail (cut off) while
+// w0 and w1 announce update 2, which the sequencer acknowledged without
+// w2 (a majority). w2, announcing 1, lacks an acknowledged update: the
+// claims say so (the quorum-th highest is 2), and it must not serve
+// because a view no poll has renewed since listed it in sync. While the
+// polls succeed, the list is taken (an announcement may lag it).
+func TestFollowerSequencerUnreachable(t *testing.T) {
+	now := time.Now()
+	conn := func(addr string) (*grpc.ClientConn, error) {
+		return nil, fmt.Errorf("dial %s: no route to host", addr)
+	}
+	f := newFollower("seq:1", conn, QuorumMajority, func() time.Time { return now }, time.Second)
+	f.started = now.Add(-time.Hour)
+	var ws []*prismv1.WorkerInfo
+	for _, id := range []string{"w0", "w1", "w2"} {
+		w := &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, UpdateSeq: map[string]int64{"m": 1}}
+		ws = append(ws, w)
+		f.announced(w)
+	}
+	f.view = map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 1, Numbered: 1, InSync: []string{"w0", "w1", "w2"}}}
+	f.viewWorkers = map[string]bool{"w0": true, "w1": true, "w2": true}
+	f.viewFrom = "seq:1"
+	f.rejudge()
+	serves := func() map[string]bool {
+		got := map[string]bool{}
+		for _, w := range ws {
+			if f.inSync(w, "m") {
+				got[w.GetId()] = true
+			}
+		}
+		return got
+	}
+	// The view is current: w0 announced 2 (acknowledged after the view).
+	ws[0].UpdateSeq["m"] = 2
+	f.announced(ws[0])
+	if got, want := serves(), map[string]bool{"w0": true, "w1": true, "w2": true}; !maps.Equal(got, want) {
+		t.Fatalf("with the view current: serves %v, want %v", got, want)
+	}
+	// The sequencer cut off: the polls fail; w1 announces 2 as well.
+	if err := f.poll(context.Background(), "seq:1", time.Second); err == nil {
+		t.Fatal("the poll of an unreachable sequencer succeeded")
+	}
+	ws[1].UpdateSeq["m"] = 2
+	f.announced(ws[1])
+	if got, want := serves(), map[string]bool{"w0": true, "w1": true}; !maps.Equal(got, want) {
+		t.Fatalf("sequencer unreachable, w0 and w1 announce update 2: serves %v, want %v (w2 lacks it)", got, want)
+	}
+	ws[2].UpdateSeq["m"] = 2
+	f.announced(ws[2])
+	if got := serves(); len(got) != 3 {
+		t.Fatalf("w2 caught up: serves %v", got)
+	}
+	// Update 3, acknowledged by w2 alone: the sequencer reaches only w2
+	// (w0 and w1 cut off from it: its live workers, whose majority is
+	// one). Only w2 holds it, whatever the quorum among the three.
+	ws[2].UpdateSeq["m"] = 3
+	f.announced(ws[2])
+	if got, want := serves(), map[string]bool{"w2": true}; !maps.Equal(got, want) {
+		t.Fatalf("sequencer unreachable, w2 alone announces update 3: serves %v, want %v", got, want)
+	}
+	// The sequencer answers again: w0 and w1 back in its reach and
+	// being caught up, update 3 acknowledged and w2 alone in sync. Its
+	// view judges again (the quorum-th highest claim raises it between
+	// answers): w0 and w1 serve once they announce update 3.
+	addr := serveInproc(t, func(s *grpc.Server) {
+		prismv1.RegisterRegistryServer(s, settlingRegistry{
+			updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 3, Numbered: 3, InSync: []string{"w2"}}},
+			workers: ws,
+		})
+	})
+	f.conn = func(string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialInproc))
+	}
+	if err := f.poll(context.Background(), "seq:1", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ws[0].UpdateSeq["m"] = 3
+	f.announced(ws[0])
+	if got, want := serves(), map[string]bool{"w0": true, "w2": true}; !maps.Equal(got, want) {
+		t.Fatalf("sequencer back, w0 caught up: serves %v, want %v", got, want)
+	}
+}
