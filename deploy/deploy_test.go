@@ -181,6 +181,7 @@ func TestManifestsDecode(t *testing.T) {
 func checkWorkloads(t *testing.T, objs []object) {
 	t.Helper()
 	pods := podSpecs(objs)
+	checkShutdown(t, objs)
 	embedding := embeddingWorkloads(objs)
 	if len(embedding) == 0 {
 		t.Errorf("no embedding workload (prism-embedding or prism-embedding-shard-K)")

@@ -220,6 +220,9 @@ type Router struct {
 	// expires): the first at once, then one summary per window.
 	floods   *lograte.Limiter
 	inflight atomic.Int64
+	// draining is closed by Drain (drain.go).
+	draining  chan struct{}
+	drainOnce sync.Once
 	// resignMu guards resigned and stopElection (Resign, Run).
 	resignMu     sync.Mutex
 	resigned     bool
@@ -335,7 +338,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	if o.MaxMessageBytes < MinMessageBytes {
 		return nil, fmt.Errorf("router: a message limit of %d bytes: want at least 1 MiB (updates and pages of the update log must fit it)", o.MaxMessageBytes)
 	}
-	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}}
+	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}, draining: make(chan struct{})}
 	r.floods = lograte.New(o.Logger, lograte.DefaultWindow)
 	r.started = r.Reg.now()
 	r.share = newShareCtl(o.AdmitShare)
@@ -981,6 +984,15 @@ func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendReq
 				recvErr <- nil
 				return
 			}
+			select {
+			case <-r.draining:
+				// Not taken: the sender ends the stream here.
+				mu.Unlock()
+				slot <- nil
+				recvErr <- errDraining
+				return
+			default:
+			}
 			work.Add(1)
 			mu.Unlock()
 			go func() {
@@ -989,18 +1001,42 @@ func (r *Router) RecommendStream(s grpc.BidiStreamingServer[prismv1.RecommendReq
 			}()
 		}
 	}()
-	for slot := range slots {
+	// Once the router drains (Drain) the receiver takes no request: the
+	// slots queued then are requests taken, answered in order, or the
+	// one refused (nil); with none queued, no request taken is coming.
+	for {
+		var slot chan *prismv1.RecommendResponse
+		ok := true
+		select {
+		case <-r.draining:
+			select {
+			case slot, ok = <-slots:
+			default:
+				return errDraining
+			}
+		default:
+			select {
+			case slot, ok = <-slots:
+			case <-r.draining:
+				continue
+			}
+		}
+		if !ok {
+			return <-recvErr
+		}
 		var resp *prismv1.RecommendResponse
 		select {
 		case resp = <-slot:
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
+		if resp == nil {
+			return errDraining
+		}
 		if err := s.Send(resp); err != nil {
 			return err
 		}
 	}
-	return <-recvErr
 }
 
 // streamAnswer is Recommend's answer for one request of a stream, a

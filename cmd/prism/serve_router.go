@@ -164,11 +164,15 @@ func newServeRouterCmd() *cobra.Command {
 			readyline.WriteRouter(cmd.OutOrStdout(), s.Addr(), s.MetricsAddr())
 			// Told to stop, a router holding the sequencing Lease gives it
 			// up before it drains (Router.Resign): another router
-			// sequences the updates meanwhile.
+			// sequences the updates meanwhile. Its RecommendStream
+			// streams take no more requests and end once those taken are
+			// answered (Router.Drain): the server's graceful stop waits
+			// for them.
 			go func() {
 				select {
 				case <-ctx.Done():
 					r.Resign()
+					r.Drain()
 				case <-rctx.Done():
 				}
 			}()

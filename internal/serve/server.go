@@ -18,6 +18,9 @@ import (
 	"net/http/pprof"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -117,6 +120,10 @@ type Server struct {
 	// counted under its method only when it names one of them, so the
 	// caller cannot add label series of its choosing.
 	methods atomic.Pointer[map[string]bool]
+	// inflight counts the calls each method's handlers are running
+	// (method name to *atomic.Int64): a shutdown whose grace ran out
+	// says which it cut off.
+	inflight sync.Map
 	// ReadyGate, when set before Serve, keeps gRPC health NOT_SERVING
 	// (load balancers and readiness probes send nothing yet) until it is
 	// closed; the server takes calls all the same.
@@ -340,7 +347,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-time.After(s.opts.ShutdownGrace):
-		s.Log.Warn("grace period over; stopping with requests in flight")
+		s.Log.Warn("grace period over; stopping with requests in flight", "in_flight", s.inFlight())
 		s.GRPC.Stop()
 	}
 	if s.http != nil {
@@ -353,6 +360,7 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) unaryMetrics(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	start := time.Now()
+	defer s.running(info.FullMethod)()
 	resp, err := h(ctx, req)
 	s.observe(info.FullMethod, start, err)
 	return resp, err
@@ -360,9 +368,39 @@ func (s *Server) unaryMetrics(ctx context.Context, req any, info *grpc.UnaryServ
 
 func (s *Server) streamMetrics(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	start := time.Now()
+	defer s.running(info.FullMethod)()
 	err := h(srv, ss)
 	s.observe(info.FullMethod, start, err)
 	return err
+}
+
+// running counts a call of method in flight until the returned func is
+// called.
+func (s *Server) running(method string) func() {
+	c, ok := s.inflight.Load(method)
+	if !ok {
+		c, _ = s.inflight.LoadOrStore(method, new(atomic.Int64))
+	}
+	n := c.(*atomic.Int64)
+	n.Add(1)
+	return func() { n.Add(-1) }
+}
+
+// inFlight says which calls are in flight, "METHOD=N" by method,
+// comma-separated; "none" when none is.
+func (s *Server) inFlight() string {
+	var out []string
+	s.inflight.Range(func(k, v any) bool {
+		if n := v.(*atomic.Int64).Load(); n > 0 {
+			out = append(out, fmt.Sprintf("%s=%d", k, n))
+		}
+		return true
+	})
+	if len(out) == 0 {
+		return "none"
+	}
+	slices.Sort(out)
+	return strings.Join(out, ",")
 }
 
 func (s *Server) observe(method string, start time.Time, err error) {
