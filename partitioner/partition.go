@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,7 +123,11 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	cm := o.Cost
 	cm.EnsureDefaults()
 	p := pl.plan(modelPath, cm)
-	if err := chooseTasks(p, o.Tasks); err != nil {
+	unknown := map[string]bool{}
+	for _, out := range g.Outputs {
+		unknown[out.GetName()] = !sampleKnown(pl.outputType(out))
+	}
+	if err := chooseTasks(p, o.Tasks, unknown); err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}
 	pl.setBatch(p, batch)
@@ -445,6 +450,15 @@ func (pl *Placement) write(dir, modelDir string, p *plan.Plan, o Options) error 
 	if err != nil {
 		return err
 	}
+	// Which outputs the dense tier answers with is part of what the plan
+	// serves, and plan.Plan.Content hashes dense.onnx's bytes: two
+	// partitions of one export answering with other outputs (--tasks)
+	// have other contents, in this release and earlier ones alike.
+	var scores []string
+	for _, o := range p.Outputs[:min(max(p.TaskOutputs, 1), len(p.Outputs))] {
+		scores = append(scores, strconv.Quote(o.Name))
+	}
+	dense.MetadataProps = append(dense.MetadataProps, &pb.StringStringEntryProto{Key: "prism.scores", Value: strings.Join(scores, " ")})
 	if err := pb.WriteModel(filepath.Join(dir, DenseFile), dense, pb.WriteOptions{}); err != nil {
 		return err
 	}

@@ -18,8 +18,15 @@ import (
 // score as before. Outputs that are not scores (an embedding, an int64
 // rank) stay after them; dense.onnx still computes every output, the
 // dense tier fetches only the tasks. Without names, scores past
-// plan.MaxTasks values a sample are left out.
-func chooseTasks(p *plan.Plan, names []string) error {
+// plan.MaxTasks values a sample are left out, and so are an output [k]
+// after the first task (an embedding of 16 values a sample is not 16
+// tasks: a multi-task model's heads are one value a sample each, or
+// stacked in its first score) and an output whose per-sample shape the
+// partitioner could not work out (unknown says which: its plan shape,
+// [], would read as one value a sample); when the first output is of
+// unknown shape, it alone is served, as before (the dense tier checks
+// its values a sample at run time).
+func chooseTasks(p *plan.Plan, names []string, unknown map[string]bool) error {
 	var tasks []int
 	if len(names) > 0 {
 		seen := map[string]bool{}
@@ -35,19 +42,25 @@ func chooseTasks(p *plan.Plan, names []string) error {
 			if o := p.Outputs[i]; o.DType != "float32" {
 				return fmt.Errorf("--tasks %q: the output is %s; a task's scores are float32", name, o.DType)
 			}
+			if unknown[name] {
+				return fmt.Errorf("--tasks %q: the output's per-sample shape is unknown (the model does not declare it and the partitioner could not infer it): it cannot be told to be a score per task", name)
+			}
 			if _, err := plan.ScoreWidth(p.Outputs[i]); err != nil {
 				return fmt.Errorf("--tasks: output %w", err)
 			}
 			tasks = append(tasks, i)
 		}
 	} else {
+		if unknown[p.Outputs[0].Name] {
+			return nil
+		}
 		total := 0
 		for i, o := range p.Outputs {
-			if o.DType != "float32" {
+			if o.DType != "float32" || unknown[o.Name] {
 				continue
 			}
 			w, err := plan.ScoreWidth(o)
-			if err != nil || total+w > plan.MaxTasks {
+			if err != nil || total+w > plan.MaxTasks || (w > 1 && len(tasks) > 0) {
 				continue
 			}
 			total += w

@@ -16,6 +16,14 @@ import (
 // another; one partitioned again from the same export has the same.
 // 16 hex digits (FNV-1a 64 over the parts' SHA-256s).
 //
+// A plan answering with several task outputs (TaskOutputs, version 5)
+// counts them too, in order: the same parts serving other tasks (its
+// plan.json edited, or partitioned with other --tasks before the
+// partitioner recorded them in dense.onnx) answer every request with
+// another number of scores a candidate, so their workers must not be
+// paired with, nor a request's micro-batches split over, these. Any
+// other plan's content is what earlier releases compute for it.
+//
 // "" when the plan records no table content (plans of earlier
 // releases): the model's identity is then unknown, and the router
 // pairs such a worker with any (as earlier releases did).
@@ -26,6 +34,13 @@ func (p *Plan) Content(dir string) (string, error) {
 	}
 	h := fnv.New64a()
 	fmt.Fprintf(h, "tables %s\n", tables)
+	if p.TaskOutputs > 1 {
+		fmt.Fprintf(h, "tasks")
+		for _, o := range p.Outputs[:min(p.TaskOutputs, len(p.Outputs))] {
+			fmt.Fprintf(h, " %q", o.Name)
+		}
+		fmt.Fprintf(h, "\n")
+	}
 	for _, part := range []struct{ role, file string }{{"dense", p.DenseModel}, {"cpu", p.CPUModel}, {"pre", p.PreModel}} {
 		if part.file == "" {
 			continue

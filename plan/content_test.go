@@ -58,12 +58,29 @@ func TestContent(t *testing.T) {
 		{"cpu.onnx", func(*Plan) {}, map[string]string{"dense.onnx": "dense", "cpu.onnx": "other"}},
 		{"pre.onnx", func(p *Plan) { p.PreModel = "pre.onnx" }, map[string]string{"dense.onnx": "dense", "cpu.onnx": "cpu", "pre.onnx": "pre"}},
 		{"no cpu.onnx", func(p *Plan) { p.CPUModel = "" }, files},
+		{"task outputs", func(p *Plan) { p.Outputs, p.TaskOutputs = twoTasks("ctr", "cvr"), 2 }, files},
 	} {
 		p := base()
 		c.edit(p)
 		if got := content(t, p, c.files); got == want {
 			t.Errorf("%s changed: the content stayed %s", c.name, got)
 		}
+	}
+	// The tasks served are the model's: a plan of the same parts
+	// serving one task (an earlier release's plan, or --tasks ctr) and
+	// one serving two, or the two in another order, differ; a plan of
+	// one task keeps the content earlier releases compute, whatever its
+	// outputs.
+	one := base()
+	one.Outputs = twoTasks("ctr", "cvr")
+	if got := content(t, one, files); got != want {
+		t.Errorf("one task of two outputs: %s, want %s (as earlier releases)", got, want)
+	}
+	both, swapped := base(), base()
+	both.Outputs, both.TaskOutputs = twoTasks("ctr", "cvr"), 2
+	swapped.Outputs, swapped.TaskOutputs = twoTasks("cvr", "ctr"), 2
+	if a, b := content(t, both, files), content(t, swapped, files); a == b || a == want {
+		t.Errorf("tasks ctr, cvr: %s; cvr, ctr: %s; one task: %s: want three contents", a, b, want)
 	}
 	unhashed := base()
 	unhashed.Tables[0].SHA256 = ""
@@ -74,4 +91,8 @@ func TestContent(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "cpu.onnx") {
 		t.Errorf("cpu.onnx missing: %v, want an error naming it", err)
 	}
+}
+
+func twoTasks(a, b string) []TensorInfo {
+	return []TensorInfo{{Name: a, DType: "float32", Shape: []int64{1}}, {Name: b, DType: "float32", Shape: []int64{1}}}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/modelrun"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/models"
@@ -173,7 +174,8 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 
 // TestExporterMultiTaskServed: a multi-task model (HugeCTR's label_dim
 // 2: one output [batch, 2], a sigmoid per task; and HugeCTR's
-// shared-bottom sample, one output per task) partitions and verifies,
+// shared-bottom sample, one output per task; and a PyTorch module
+// returning a tuple (ctr [batch, 1], cvr [batch])) partitions and verifies,
 // and prism up serves it: every candidate's two scores, in
 // RecommendResponse.task_scores (tasks 2, candidate-major) and task 0's
 // in scores, equal prism score's on the whole model within 1e-5, over
@@ -183,7 +185,7 @@ func TestExporterMultiTaskServed(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []*exporters.Model{exporters.HugeCTRMultiTask(11), exporters.HugeCTRSharedBottom(11)} {
+	for _, m := range []*exporters.Model{exporters.HugeCTRMultiTask(11), exporters.HugeCTRSharedBottom(11), exporters.TorchTupleHeads(11)} {
 		t.Run(m.Name, func(t *testing.T) { multiTaskServed(t, m) })
 	}
 }
@@ -301,4 +303,112 @@ func scoredSamples(t *testing.T, p *plan.Plan, n int) *models.Batch {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestTasksRollout: a multi-task model partitioned twice from one
+// export, serving both tasks (ctr, cvr) and, with --tasks ctr, one,
+// runs side by side (as while a rollout switches between them) on real
+// processes: a worker of each plan in each tier. The plans have other
+// contents, so every request is scored by the workers of one plan, and
+// answered with that plan's tasks; before, both announced one content,
+// the router split a request's micro-batches over both dense workers,
+// and the request failed (Internal: micro-batches answered 2 and 1
+// tasks a candidate).
+func TestTasksRollout(t *testing.T) {
+	if err := ort.Init(); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	model := filepath.Join(dir, "mt", "model.onnx")
+	if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := exporters.TorchTupleHeads(11).Write(model); err != nil {
+		t.Fatal(err)
+	}
+	var parts [2]string
+	contents := map[string]int{} // content: tasks
+	for i, tasks := range []string{"ctr,cvr", "ctr"} {
+		parts[i] = filepath.Join(dir, "part-"+strconv.Itoa(i))
+		if out, err := run(t, nil, "partition", model, "-o", parts[i], "--tasks", tasks); err != nil {
+			t.Fatalf("partition --tasks %s: %v\n%s", tasks, err, out)
+		}
+		p, err := plan.Read(parts[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := p.Content(parts[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, _ := p.Tasks()
+		contents[c] = k
+	}
+	if len(contents) != 2 {
+		t.Errorf("the plans serving 2 and 1 tasks have one content: %v", contents)
+	}
+	p, err := plan.Read(parts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	mono, err := ort.NewSession(model, ort.SessionOptions{IntraOpThreads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mono.Close()
+	const n = 97
+	b := scoredSamples(t, p, n)
+	want, err := mono.Run(modelrun.Inputs(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := newCerts(t)
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
+	for i, part := range parts {
+		startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part,
+			"--db", filepath.Join(dir, "db-"+strconv.Itoa(i)), "--router", router.addr)
+		startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	}
+	conn := dial(t, router.addr, certs, auth.Admin)
+	reg := prismv1.NewRegistryClient(conn)
+	rec := prismv1.NewRecommenderClient(conn)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		healthy := 0
+		if ws, err := reg.List(context.Background(), &prismv1.ListRequest{}); err == nil {
+			for _, w := range ws.GetWorkers() {
+				if w.GetHealthy() {
+					healthy++
+				}
+			}
+		}
+		if healthy == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d workers healthy, want 4", healthy)
+		}
+	}
+	seen := map[int32]int{}
+	for range 12 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := rec.Recommend(ctx, toRequest(p.Model.Name, b, nil))
+		cancel()
+		if err != nil {
+			t.Fatalf("Recommend: %v", err)
+		}
+		k, ok := contents[resp.GetContent()]
+		if !ok || max(int(resp.GetTasks()), 1) != k {
+			t.Fatalf("answered %d tasks a candidate for content %q; the plans' contents: %v", resp.GetTasks(), resp.GetContent(), contents)
+		}
+		if worst := maxAbsError(resp.GetScores(), want[0]); worst > 1e-5 {
+			t.Fatalf("ctr differs from the whole model's by %g", worst)
+		}
+		for i, v := range resp.GetTaskScores() {
+			if i%2 == 1 && math.Abs(float64(v-want[1][i/2])) > 1e-5 {
+				t.Fatalf("candidate %d: cvr %g, the whole model's %g", i/2, v, want[1][i/2])
+			}
+		}
+		seen[resp.GetTasks()]++
+	}
+	t.Logf("responses by tasks: %v", seen)
 }

@@ -107,7 +107,7 @@ and prints a report.`,
 	f.StringArrayVar(&o.ForceCPU, "force-cpu", nil, "place this node (by name) on the CPU side; repeatable")
 	f.StringArrayVar(&o.ForceGPU, "force-gpu", nil, "place this node (by name) on the dense side; repeatable")
 	f.BoolVar(&o.LookupsDense, "lookups-dense", false, "place every node reading an embedding lookup's output on the dense side, so cpu.onnx reads none: what prism shard needs to split a table off shard 0 (row-wise or onto another shard)")
-	f.StringSliceVar(&o.Tasks, "tasks", nil, "the outputs to serve as scores, in order (comma-separated or repeated): each a float32 of one value per sample or [k]; default every such output, the one named score first (a multi-task model exported with one output per task is served with all of them)")
+	f.StringSliceVar(&o.Tasks, "tasks", nil, "the outputs to serve as scores, in order (comma-separated or repeated): each a float32 of one value per sample or [k]; default every such output, the one named score first, past the first only those of one value per sample (a multi-task model exported with one output per task is served with all of them; an embedding output is not)")
 	f.IntVar(&verifyN, "verify", 0, "after writing, check the partition against the whole model on N random samples")
 	f.Uint64Var(&verifySeed, "verify-seed", 1, "seed of the --verify samples")
 	f.Float64Var(&o.Cost.NetGbps, "net-gbps", 100, "cost model: CPU-to-dense-tier bandwidth, Gb/s")

@@ -323,3 +323,25 @@ func TestExporterTaskOutputs(t *testing.T) {
 		}
 	}
 }
+
+// TestExporterTorchTupleHeads: a PyTorch module returning a tuple of
+// heads, exported with output_names (ctr [batch, 1], cvr squeezed to
+// [batch]), partitions into a plan serving both, ctr first (the model's
+// order), at version 5, and verifies against the whole model.
+func TestExporterTorchTupleHeads(t *testing.T) {
+	requireORT(t)
+	model, out, res := partitionCorpus(t, exporters.TorchTupleHeads(5))
+	p := res.Plan
+	names, err := p.TaskNames()
+	if err != nil || p.TaskOutputs != 2 || p.Version != 5 || !slices.Equal(names, []string{"ctr", "cvr"}) {
+		t.Fatalf("task outputs %d, version %d, tasks %q, %v; want ctr and cvr at version 5\n%s", p.TaskOutputs, p.Version, names, err, res.Report())
+	}
+	if !slices.Equal(p.Outputs[1].Shape, []int64{}) || !slices.Equal(p.Outputs[0].Shape, []int64{1}) {
+		t.Errorf("output shapes %v and %v, want [1] and []", p.Outputs[0].Shape, p.Outputs[1].Shape)
+	}
+	rep, err := verify.Verify(model, out, 200, 3)
+	if err != nil {
+		t.Fatalf("verify: %v\n%s", err, res.Report())
+	}
+	t.Logf("max abs error %.2g\n%s", rep.MaxAbsErr, res.Report())
+}
