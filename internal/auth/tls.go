@@ -122,7 +122,8 @@ func clientTLS(f Files, serverRoles []Role) (*tls.Config, *reloader, error) {
 // whose certificate and CA follow f's files: each handshake verifies
 // the server against the CA as last loaded, so that a CA rewritten on
 // disk (a renewal, or a new CA added to the bundle) is trusted without
-// a restart.
+// a restart. Each Write on its connections goes to the socket in one
+// write, whatever the TLS records it makes (coalesce.go).
 func ClientCredentials(f Files, serverRoles ...Role) (credentials.TransportCredentials, error) {
 	c, r, err := clientTLS(f, serverRoles)
 	if err != nil {
@@ -142,7 +143,10 @@ type reloadingCreds struct {
 func (c *reloadingCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	cfg := c.base.Clone()
 	cfg.RootCAs = c.r.get().pool
-	return credentials.NewTLS(cfg).ClientHandshake(ctx, authority, conn)
+	// Each Write's records in one write to the socket (coalesce.go).
+	return coalescing(conn, func(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+		return credentials.NewTLS(cfg).ClientHandshake(ctx, authority, raw)
+	})
 }
 
 func (c *reloadingCreds) Clone() credentials.TransportCredentials {

@@ -3,7 +3,9 @@ package serve
 import (
 	"bytes"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
 	"google.golang.org/grpc/encoding"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/threadcpu"
 )
 
 func scoreCases() []*prismv1.ScoreRequest {
@@ -208,6 +211,141 @@ func TestCodecKnowsEveryScoreField(t *testing.T) {
 		f := fields.Get(i)
 		if got := string(f.Name()) + " " + f.Kind().String(); want[f.Number()] != got || f.Cardinality() == protoreflect.Repeated {
 			t.Errorf("field %d is %q, the codec writes %q", f.Number(), got, want[f.Number()])
+		}
+	}
+}
+
+// lookupRequest is a router-to-embedding Lookup of n candidates of 26
+// id inputs and 13 dense values, ids below maxID (their varints' size
+// sets the message's: under 2^14 two bytes, under 2^21 three).
+func lookupRequest(n int, maxID int64) *prismv1.LookupRequest {
+	rng := rand.New(rand.NewPCG(3, 4))
+	c := &prismv1.Features{}
+	dense := make([]float32, 13*n)
+	for i := range dense {
+		dense[i] = rng.Float32()
+	}
+	c.Inputs = append(c.Inputs, &prismv1.Input{Name: "dense", Values: dense})
+	for t := range 26 {
+		ids := make([]int64, n)
+		for i := range ids {
+			ids[i] = rng.Int64N(maxID)
+		}
+		c.Inputs = append(c.Inputs, &prismv1.Input{Name: "cat_" + string(rune('a'+t)), Ids: ids})
+	}
+	return &prismv1.LookupRequest{Model: "dlrm-kaggle", NumSamples: int32(n), Candidates: c, DenseAddr: "127.0.0.1:4000"}
+}
+
+// inFrames is b as gRPC's transport hands a received message to the
+// codec: in buffers of at most one HTTP/2 data frame (16 KiB).
+func inFrames(b []byte) mem.BufferSlice {
+	var s mem.BufferSlice
+	for len(b) > 0 {
+		n := min(len(b), 16<<10)
+		s = append(s, mem.SliceBuffer(b[:n]))
+		b = b[n:]
+	}
+	return s
+}
+
+// BenchmarkCodecLookup: marshalling a Lookup (the router) and
+// unmarshalling it from 16 KiB frames (the embedding worker), gRPC's
+// proto codec and Codec in the same loop (thread CPU ns per message,
+// both ways), at the load generator's 270 candidates (ids under 2^14:
+// 28 KB, as its Zipf ids), with ids under 2^21 (35 KB) and at 700
+// candidates (MLPerf DLRMv2's largest, 91 KB).
+//
+//	go test ./internal/serve -run '^$' -bench CodecLookup -count 6
+func BenchmarkCodecLookup(b *testing.B) {
+	for _, size := range []struct {
+		name  string
+		n     int
+		maxID int64
+	}{{"270", 270, 1 << 14}, {"270-wide", 270, 1 << 21}, {"700", 700, 1 << 21}} {
+		req := lookupRequest(size.n, size.maxID)
+		wire, err := proto.Marshal(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		in := inFrames(wire)
+		b.Run(size.name, func(b *testing.B) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			codecs := [2]encoding.CodecV2{encoding.GetCodecV2("proto"), Codec}
+			var spent [2]time.Duration
+			b.SetBytes(int64(len(wire)))
+			for b.Loop() {
+				for i, c := range codecs {
+					t0 := threadcpu.Now()
+					bs, err := c.Marshal(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					bs.Free()
+					var r prismv1.LookupRequest
+					if err := c.Unmarshal(in, &r); err != nil {
+						b.Fatal(err)
+					}
+					spent[i] += threadcpu.Now() - t0
+				}
+			}
+			b.ReportMetric(float64(spent[0])/float64(b.N), "proto-ns/op")
+			b.ReportMetric(float64(spent[1])/float64(b.N), "codec-ns/op")
+			b.ReportMetric(float64(spent[1])/float64(spent[0]), "ratio")
+		})
+	}
+}
+
+// countingPool is Pool that counts the buffers handed out and back.
+type countingPool struct {
+	mem.BufferPool
+	gets, puts int
+}
+
+func (p *countingPool) Get(n int) *[]byte { p.gets++; return p.BufferPool.Get(n) }
+func (p *countingPool) Put(b *[]byte)     { p.puts++; p.BufferPool.Put(b) }
+
+// Messages other than ScoreRequest are marshalled into and read from
+// Pool's buffers (gRPC's proto codec takes its default pool's, cleared
+// on every use: 1 MiB for a message over 32 KiB), and the bytes are
+// protobuf's.
+func TestCodecProtoBuffersFromPool(t *testing.T) {
+	saved := Pool
+	defer func() { Pool = saved }()
+	for _, n := range []int{1, 270, 700} {
+		p := &countingPool{BufferPool: saved}
+		Pool = p
+		req := lookupRequest(n, 1<<21)
+		want, err := proto.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pooled := 0
+		if !mem.IsBelowBufferPoolingThreshold(len(want)) {
+			pooled = 1
+		}
+		bs, err := Codec.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := bs.Materialize(); !bytes.Equal(got, want) {
+			t.Fatalf("%d candidates: Codec's bytes differ from protobuf's", n)
+		}
+		bs.Free()
+		if p.gets != pooled || p.puts != pooled {
+			t.Errorf("%d candidates (%d bytes): marshal took %d buffers from Pool and gave back %d, want %d", n, len(want), p.gets, p.puts, pooled)
+		}
+		p.gets, p.puts = 0, 0
+		in := inFrames(want)
+		var got prismv1.LookupRequest
+		if err := Codec.Unmarshal(in, &got); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(&got, req) {
+			t.Fatalf("%d candidates: decoded %d inputs, not the request", n, len(got.GetCandidates().GetInputs()))
+		}
+		if w := min(len(in)-1, 1); p.gets != w || p.puts != w { // one frame is read in place
+			t.Errorf("%d candidates (%d frames): unmarshal took %d buffers from Pool and gave back %d, want %d", n, len(in), p.gets, p.puts, w)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"net"
 	"sync"
 	"syscall"
 	"testing"
@@ -81,13 +80,16 @@ func newHop(tb testing.TB, dir string, hc hopConfig) *hop {
 		if role == "" {
 			role = auth.Embedding
 		}
-		cc, err := auth.ClientTLS(auth.FilesFor(dir, role), auth.Dense)
-		if err != nil {
+		o.TLS = sc
+		// The tiers' own client credentials (authflag).
+		if clientCreds, err = auth.ClientCredentials(auth.FilesFor(dir, role), auth.Dense); err != nil {
 			tb.Fatal(err)
 		}
-		o.TLS = sc
-		clientCreds = credentials.NewTLS(cc)
 		if hc.client != nil {
+			cc, err := auth.ClientTLS(auth.FilesFor(dir, role), auth.Dense)
+			if err != nil {
+				tb.Fatal(err)
+			}
 			clientCreds = hc.client(cc)
 		}
 	}
@@ -189,65 +191,74 @@ func frameVariants() []frameVariant {
 		{"plain-wbuf256k", hopConfig{dial: []grpc.DialOption{grpc.WithWriteBufferSize(256 << 10)}}},
 		{"tls-wbuf256k", hopConfig{tls: true, dial: []grpc.DialOption{grpc.WithWriteBufferSize(256 << 10)}}},
 		{"tls-shared-wbuf", hopConfig{tls: true, dial: []grpc.DialOption{grpc.WithSharedWriteBuffer(true)}}},
-		{"tls-coalesce", hopConfig{tls: true, client: func(c *tls.Config) credentials.TransportCredentials {
-			return coalesceCreds{credentials.NewTLS(c)}
+		// crypto/tls's own connection, each 16 KiB record its own
+		// write (auth's client credentials write a Write's records at once).
+		{"tls-per-record", hopConfig{tls: true, client: func(c *tls.Config) credentials.TransportCredentials {
+			return credentials.NewTLS(c)
 		}}},
 	}
 }
 
-// coalesceCreds (an experiment) writes all the records of one
-// tls.Conn.Write with one syscall instead of one each.
-type coalesceCreds struct {
-	credentials.TransportCredentials
-}
-
-func (c coalesceCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	shim := &recordBuffer{Conn: raw}
-	conn, info, err := c.TransportCredentials.ClientHandshake(ctx, authority, shim)
-	if err != nil {
-		return nil, nil, err
+// BenchmarkScoreFrameTLSWrites: 463 KB frames over plaintext, mutual TLS
+// as the tiers run it (auth's client credentials: each Write's records
+// in one write) and crypto/tls's own connection (a write per record),
+// the three connections up at once and sent chunks of 40 frames in turn
+// (4 in flight), so the machine's drift falls on all three alike;
+// process CPU per frame, both ends together, and the ratios.
+//
+//	go test ./internal/serve -run '^$' -bench ScoreFrameTLSWrites -benchtime 800x -count 5
+func BenchmarkScoreFrameTLSWrites(b *testing.B) {
+	dir := b.TempDir()
+	if err := auth.InitCerts(dir, auth.CertOptions{}); err != nil {
+		b.Fatal(err)
 	}
-	return &flushConn{Conn: conn, shim: shim}, info, nil
-}
-
-type recordBuffer struct {
-	net.Conn
-	mu  sync.Mutex
-	on  bool
-	buf []byte
-}
-
-func (r *recordBuffer) Write(b []byte) (int, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.on {
-		r.buf = append(r.buf, b...)
-		return len(b), nil
+	frame := make([]byte, frameBytes)
+	for i := range frame {
+		frame[i] = byte(i * 7)
 	}
-	return r.Conn.Write(b)
-}
-
-func (r *recordBuffer) flush() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.on = false
-	_, err := r.Conn.Write(r.buf)
-	r.buf = r.buf[:0]
-	return err
-}
-
-type flushConn struct {
-	net.Conn
-	shim *recordBuffer
-}
-
-func (f *flushConn) Write(b []byte) (int, error) {
-	f.shim.mu.Lock()
-	f.shim.on = true
-	f.shim.mu.Unlock()
-	n, err := f.Conn.Write(b)
-	if ferr := f.shim.flush(); err == nil {
-		err = ferr
+	perRecord := func(c *tls.Config) credentials.TransportCredentials { return credentials.NewTLS(c) }
+	var hops []*hop
+	for _, hc := range []hopConfig{{}, {tls: true}, {tls: true, client: perRecord}} {
+		h := newHop(b, dir, hc)
+		defer h.close()
+		hops = append(hops, h)
 	}
-	return n, err
+	ctx := context.Background()
+	req := &prismv1.ScoreRequest{Model: "m", Version: 1, NumSamples: 512, Tensors: frame}
+	send := func(h *hop, n int) {
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for k := w; k < n; k += 4 {
+					if _, err := h.client.Score(ctx, req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	for _, h := range hops {
+		send(h, 20) // warm: connections, windows, record sizes, pools
+	}
+	var spent [3]time.Duration
+	const chunk = 40
+	b.SetBytes(frameBytes)
+	b.ResetTimer()
+	for done := 0; done < b.N; done += chunk {
+		for i, h := range hops {
+			cpu0 := cpuTime()
+			send(h, min(chunk, b.N-done))
+			spent[i] += cpuTime() - cpu0
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(spent[0])/float64(b.N), "plain-cpu-ns/op")
+	b.ReportMetric(float64(spent[1])/float64(b.N), "tls-cpu-ns/op")
+	b.ReportMetric(float64(spent[2])/float64(b.N), "per-record-cpu-ns/op")
+	b.ReportMetric(float64(spent[1])/float64(spent[2]), "tls/per-record")
+	b.ReportMetric(float64(spent[1])/float64(spent[0]), "tls/plain")
 }
