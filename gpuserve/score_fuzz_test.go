@@ -49,6 +49,11 @@ func FuzzScore(f *testing.F) {
 			// A part of a fan-out whose siblings never come.
 			{Model: m.name, NumSamples: int32(n), Tensors: frame, FanoutKey: "k", Shard: 0, Shards: 2},
 			{Model: m.name, NumSamples: int32(n), Tensors: frame, FanoutKey: "k", Shard: 0, Shards: 1},
+			// Another content of the model (Aborted); a part from a
+			// worker of another sharding that this plan refuses
+			// (FailedPrecondition).
+			{Model: m.name, NumSamples: int32(n), Tensors: frame, Content: "0123456789abcdef"},
+			{Model: m.name, NumSamples: int32(n), Tensors: frame[:len(frame)/2], FanoutKey: "k", Shard: 0, Shards: 1, Sharding: "9f86d081884c7d65"},
 		} {
 			b, err := proto.Marshal(req)
 			if err != nil {
@@ -79,7 +84,9 @@ func FuzzScore(f *testing.F) {
 			if len(resp.GetScores()) != int(req.GetNumSamples()) {
 				t.Fatalf("%d scores for %d samples", len(resp.GetScores()), req.GetNumSamples())
 			}
-		case codes.InvalidArgument, codes.NotFound, codes.ResourceExhausted:
+		// Aborted: another content of the model (ScoreRequest.content);
+		// FailedPrecondition: a part from a worker of another sharding.
+		case codes.InvalidArgument, codes.NotFound, codes.ResourceExhausted, codes.Aborted, codes.FailedPrecondition:
 		case codes.DeadlineExceeded:
 			if !parts {
 				t.Fatalf("status %v: %v", status.Code(err), err)

@@ -14,11 +14,28 @@ import (
 // folder and every size within the bounds the tiers rely on, and writes
 // and reads back unchanged.
 func FuzzRead(f *testing.F) {
-	good, err := json.Marshal(valid())
-	if err != nil {
-		f.Fatal(err)
+	// Valid plans of every kind the tests build (each must read, or the
+	// seed would be refused at the first check and reach nothing):
+	// plain, sharded, jagged, with pre-lookup ops, multi-task.
+	packed := valid()
+	packedWeights(packed, "w_1")
+	packed.Tables[0].Lookups[0].Input, packed.Tables[0].Lookups[0].Pre = "packed", packedPre(3)
+	tasks := valid()
+	tasks.Outputs[0].Shape = []int64{3}
+	for _, p := range []*Plan{valid(), shardedPlan(), jaggedPlan(), packed, tasks} {
+		good, err := json.Marshal(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		dir := f.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, File), good, 0o644); err != nil {
+			f.Fatal(err)
+		}
+		if _, err := Read(dir); err != nil {
+			f.Fatalf("seed plan %s: %v", good, err)
+		}
+		f.Add(good)
 	}
-	f.Add(good)
 	f.Add([]byte(`{"version":1}`))
 	f.Add([]byte(`{"version":1,"dense_model":"../dense.onnx"}`))
 	f.Add([]byte(`{"version":1,"dense_model":"/etc/passwd"}`))

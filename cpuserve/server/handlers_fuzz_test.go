@@ -185,7 +185,23 @@ func FuzzLookup(f *testing.F) {
 		huge.NumSamples = 1 << 30
 		ctx := proto.Clone(good).(*prismv1.LookupRequest)
 		ctx.Context = &prismv1.Features{Inputs: ctx.Candidates.Inputs[:1]}
-		for _, r := range []*prismv1.LookupRequest{good, bad, huge, ctx, {Model: good.Model}} {
+		// Every input in the context (one row for all samples).
+		allCtx := proto.Clone(good).(*prismv1.LookupRequest)
+		allCtx.Context, allCtx.Candidates = allCtx.Candidates, nil
+		for _, x := range allCtx.Context.Inputs {
+			x.Ids, x.Values = x.Ids[:len(x.Ids)/n], x.Values[:len(x.Values)/n]
+		}
+		// The request's other fields: a part of a sharded fan-out (this
+		// worker serves the whole model), a content, a version.
+		part := proto.Clone(good).(*prismv1.LookupRequest)
+		part.FanoutKey, part.Shard, part.Shards = "req-1/0", 1, 2
+		whole := proto.Clone(good).(*prismv1.LookupRequest)
+		whole.FanoutKey, whole.Shard, whole.Shards = "req-1/0", 0, 1
+		content := proto.Clone(good).(*prismv1.LookupRequest)
+		content.Content = "0123456789abcdef"
+		version := proto.Clone(good).(*prismv1.LookupRequest)
+		version.Version = 1
+		for _, r := range []*prismv1.LookupRequest{good, bad, huge, ctx, allCtx, part, whole, content, version, {Model: good.Model}} {
 			b, err := proto.Marshal(r)
 			if err != nil {
 				f.Fatal(err)

@@ -55,13 +55,98 @@ func TestCompressedRefused(t *testing.T) {
 	}
 }
 
+// FuzzDecode: on any bytes Decode never panics and refuses with
+// ErrMalformed; what it accepts holds what its numbers say (every
+// tensor of a positive width, n rows of it or one for a context
+// column), DecodeIndexed accepts the same frame with the same values
+// once expanded, and Encode writes the tensors to a frame that decodes
+// to them bit for bit.
 func FuzzDecode(f *testing.F) {
 	buf, _ := Encode(2, []Tensor{{Name: "a", Width: 2, Data: []float32{1, 2, 3, 4}}})
 	f.Add(buf)
 	f.Add(dictFrame(f, arrow.PrimitiveTypes.Int16, 2, []float32{1, 2, 3, 4}, []int64{1, 0, 1}))
+	ctx, _ := Encode(3, []Tensor{{Name: "a", Width: 2, Data: []float32{1, 2, 3, 4, 5, 6}}, {Name: "c", Width: 3, Data: []float32{7, 8, 9}, Context: true}})
+	f.Add(ctx)
+	idx, _ := Encode(3, []Tensor{{Name: "d", Width: 2, Data: []float32{1, 2, 3, 4}, Index: []int32{1, 0, 1}}, {Name: "b", Width: 1, Data: []float32{-1, 0.5, 2}}})
+	f.Add(idx)
+	for _, kind := range []string{"plain", "context", "dictionary"} {
+		f.Add(nullFloatFrame(f, kind))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		Decode(b) // must not panic
+		n, ts, err := Decode(bytes.Clone(b))
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v is not ErrMalformed", err)
+			}
+			return
+		}
+		if n < 0 {
+			t.Fatalf("%d samples", n)
+		}
+		for _, x := range ts {
+			rows := n
+			if x.Context {
+				rows = 1
+			}
+			if x.Width <= 0 || x.Index != nil || len(x.Data) != rows*x.Width {
+				t.Fatalf("n=%d: tensor %q of width %d holds %d values (context %v, index %d)", n, x.Name, x.Width, len(x.Data), x.Context, len(x.Index))
+			}
+		}
+		in, its, err := DecodeIndexed(bytes.Clone(b))
+		if err != nil || in != n || len(its) != len(ts) {
+			t.Fatalf("Decode: n=%d %s; DecodeIndexed: n=%d %s, %v", n, describe(ts), in, describe(its), err)
+		}
+		for i, x := range its {
+			if x.Name != ts[i].Name || x.Width != ts[i].Width || x.Context != ts[i].Context {
+				t.Fatalf("tensor %d: Decode %s, DecodeIndexed %s", i, describe(ts), describe(its))
+			}
+			got := x.Data
+			if x.Index != nil {
+				if len(x.Index) != n {
+					t.Fatalf("tensor %q: %d indices for %d samples", x.Name, len(x.Index), n)
+				}
+				for _, k := range x.Index {
+					if k < 0 || int(k) >= len(x.Data)/x.Width {
+						t.Fatalf("tensor %q: index %d of %d rows", x.Name, k, len(x.Data)/x.Width)
+					}
+				}
+				got = make([]float32, n*x.Width)
+				x.Expand(got, n)
+			}
+			if !sameFloats(got, ts[i].Data) {
+				t.Fatalf("tensor %q: DecodeIndexed's values differ from Decode's", x.Name)
+			}
+		}
+		out, err := Encode(n, ts)
+		if err != nil {
+			// Encode refuses what it would not write (a name twice,
+			// a frame of no tensors...): nothing to compare.
+			return
+		}
+		rn, rts, err := Decode(out)
+		if err != nil || rn != n || len(rts) != len(ts) {
+			t.Fatalf("re-encoded: n=%d %s, %v; want n=%d %s", rn, describe(rts), err, n, describe(ts))
+		}
+		for i := range rts {
+			if rts[i].Name != ts[i].Name || rts[i].Width != ts[i].Width || rts[i].Context != ts[i].Context || !sameFloats(rts[i].Data, ts[i].Data) {
+				t.Fatalf("re-encoded: %s; want %s", describe(rts), describe(ts))
+			}
+		}
 	})
+}
+
+// sameFloats reports whether a and b hold the same floats bit for bit
+// (NaNs included).
+func sameFloats(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // nullFloatFrame is a frame from arrow-go's builders and writer of 3

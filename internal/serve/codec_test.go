@@ -110,8 +110,17 @@ func TestCodecOtherMessages(t *testing.T) {
 
 // FuzzCodecScoreUnmarshal: on any bytes the hand-written decoder agrees
 // with protobuf: both reject, or both accept the same message.
+//
+// What it accepts, encoded by the hand-written encoder (marshalScore),
+// decodes with protobuf to the same message.
 func FuzzCodecScoreUnmarshal(f *testing.F) {
 	for _, c := range scoreCases() {
+		// The large frame cut short: a seed of 463 kB made each mutation
+		// and each minimizing step slow (a run spent a minute minimizing
+		// one), and the decoder treats a frame of any length alike.
+		if len(c.Tensors) > 4096 {
+			c.Tensors = c.Tensors[:4096]
+		}
 		b, _ := proto.Marshal(c)
 		f.Add(b)
 	}
@@ -141,6 +150,13 @@ func FuzzCodecScoreUnmarshal(f *testing.F) {
 		cerr := Codec.Unmarshal(in, &viaCodec)
 		if (cerr == nil) != (werr == nil) || (werr == nil && !proto.Equal(&viaCodec, &want)) {
 			t.Fatalf("protobuf %v (%v), Codec %v (%v)", &want, werr, &viaCodec, cerr)
+		}
+		if werr != nil {
+			return
+		}
+		var back prismv1.ScoreRequest
+		if err := proto.Unmarshal(marshalScore(&got).Materialize(), &back); err != nil || !proto.Equal(&back, &want) {
+			t.Fatalf("decoded %v, encoded and decoded again %v (%v)", &want, &back, err)
 		}
 	})
 }

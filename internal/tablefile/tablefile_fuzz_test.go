@@ -25,7 +25,7 @@ func goodTable(tb testing.TB, rows, dim int) []byte {
 // FuzzOpen opens arbitrary bytes as a table file and reads every row as
 // the store's ingest and partitioner/verify do (Batch, Verify, ReadAll).
 // A file that opens must hold what its metadata says (rows x dim values,
-// batch by batch); any other file is an error, never a panic or a read
+// batch by batch, every batch readable again); any other file is an error, never a panic or a read
 // outside the mapping.
 func FuzzOpen(f *testing.F) {
 	good := goodTable(f, 5, 4)
@@ -52,7 +52,8 @@ func FuzzOpen(f *testing.F) {
 		for i := range tab.NumBatches() {
 			first, vals, err := tab.Batch(i)
 			if err != nil {
-				continue
+				// Open read every batch: one it read, it reads again.
+				t.Fatalf("batch %d of a table that opened: %v", i, err)
 			}
 			if first != rows || len(vals)%tab.Dim != 0 {
 				t.Fatalf("batch %d: first row %d (want %d), %d values of width %d", i, first, rows, len(vals), tab.Dim)
@@ -62,6 +63,9 @@ func FuzzOpen(f *testing.F) {
 			}
 			rows += int64(len(vals) / tab.Dim)
 		}
+		if rows != tab.Rows {
+			t.Fatalf("batches hold %d rows, metadata says %d", rows, tab.Rows)
+		}
 		if _, _, err := tab.Batch(tab.NumBatches()); err == nil {
 			t.Fatal("batch past the end: no error")
 		}
@@ -69,8 +73,8 @@ func FuzzOpen(f *testing.F) {
 			t.Fatal("batch -1: no error")
 		}
 		tab.Verify()
-		if all, err := tab.ReadAll(); err == nil && int64(len(all)) != tab.Rows*int64(tab.Dim) {
-			t.Fatalf("ReadAll: %d values, metadata says %d x %d", len(all), tab.Rows, tab.Dim)
+		if all, err := tab.ReadAll(); err != nil || int64(len(all)) != tab.Rows*int64(tab.Dim) {
+			t.Fatalf("ReadAll: %d values (%v), metadata says %d x %d", len(all), err, tab.Rows, tab.Dim)
 		}
 	})
 }
