@@ -316,11 +316,16 @@ func atenEmbedding(n *pb.NodeProto) (string, bool) {
 
 // tableKey identifies a table by the tensors its rows come from: Gathers
 // on one initializer, directly or through Identity nodes of their own
-// (how exporters alias a tied or reused weight), read one table.
+// (how exporters alias a tied or reused weight), read one table. An
+// 8-bit part counts with its scale and zero point: dequantized by two
+// DequantizeLinear nodes of other scales, it is two tables.
 func tableKey(src *tableSource) string {
 	names := make([]string, len(src.parts))
 	for i, p := range src.parts {
 		names[i] = p.GetName()
+		if d := src.deq[p.GetName()]; d != nil {
+			names[i] += fmt.Sprintf("\x01%s\x01%s\x01%d", d.scale.GetName(), d.zp.GetName(), d.axis)
+		}
 	}
 	return strings.Join(names, "\x00")
 }
@@ -458,8 +463,9 @@ func resolveTable(g *Graph, name string) *tableSource {
 	}
 	// One quantized initializer behind one DequantizeLinear is the table
 	// of the weight it quantizes (W_quantized: W), when no other tensor
-	// has that name.
-	if len(src.parts) == 1 && len(src.deq) == 1 && !slices.ContainsFunc(src.chain, func(c int) bool {
+	// has that name and no other node reads the initializer (dequantized
+	// by another DequantizeLinear too, it is two tables: tableKey).
+	if len(src.parts) == 1 && len(src.deq) == 1 && len(g.Consumers[src.parts[0].GetName()]) == 1 && !slices.ContainsFunc(src.chain, func(c int) bool {
 		op := g.Nodes[c].GetOpType()
 		return op != "Identity" && op != "DequantizeLinear"
 	}) {

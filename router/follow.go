@@ -68,14 +68,15 @@ import (
 //     stores do not come back into serving when the up-to-date ones are
 //     fewer than the quorum (under quorum one, a single worker's claim
 //     sets it: the sequencer's answer is what corrects that).
-//   - Once a poll failed (the sequencer cut off), until one succeeds: the
-//     highest claim, whatever the quorum, and the last view's list of
-//     workers in sync no longer counts. The sequencer counts an
-//     update's quorum among the workers it reaches, which a partition
-//     may make fewer than the ones this router hears (a majority of
-//     them cut off from it: it acknowledges on the rest alone), and a
-//     worker in sync at the last answer may have missed every update
-//     acknowledged since.
+//   - Once polls failed cutOffPolls times in a row (the sequencer cut
+//     off; one timeout alone, a sequencer busy for a heartbeat, is not),
+//     until one succeeds: the highest claim, whatever the quorum, and
+//     the last view's list of workers in sync no longer counts. The
+//     sequencer counts an update's quorum among the workers it reaches,
+//     which a partition may make fewer than the ones this router hears
+//     (a majority of them cut off from it: it acknowledges on the rest
+//     alone), and a worker in sync at the last answer may have missed
+//     every update acknowledged since.
 //   - A follower that has just started serves no lookups of a model
 //     with updates for three heartbeats, as the sequencer does: every
 //     live worker has announced what it holds by then.
@@ -327,7 +328,7 @@ func (f *follower) judge(key string) {
 		held = append(held, h)
 	}
 	q := f.quorum
-	if f.failures > 0 {
+	if f.cutOff() {
 		// The sequencer cannot be asked (cut off): it counts an
 		// update's quorum among the workers it reaches, which may be
 		// fewer than the ones announcing here (a partition between it
@@ -384,9 +385,10 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 			moved = true
 		}
 		// The updates another router answered: this one answers for
-		// them now (kept while judged without a view: dropAcked). The
-		// first failure of a run judges by the highest claim (judge).
-		if f.dropAcked(func(a *forwardedAck) bool { return a.from != addr }) || moved || f.failures == 1 {
+		// them now (kept while judged without a view: dropAcked). From
+		// the cutOffPolls-th failure of a run, judged by the highest
+		// claim (judge).
+		if f.dropAcked(func(a *forwardedAck) bool { return a.from != addr }) || moved || f.failures == cutOffPolls {
 			f.rejudge()
 		}
 		return err
@@ -461,6 +463,22 @@ func (f *follower) rejudge() {
 	}
 }
 
+// cutOffPolls is how many polls failed in a row take the sequencer for
+// cut off (cutOff). One is not enough: the workers announce once a
+// heartbeat, so while updates flow their claims differ by the updates
+// since each last announced, and judged by the highest claim only the
+// worker that announced last serves (TestFollowerOnePollFailure: 1 of
+// 3 workers on average for the heartbeat after one failed poll, every
+// worker holding every acknowledged update); a single poll timing out
+// (a sequencer busy for a heartbeat) put the load on that one worker.
+// The last view, one poll older, still judges meanwhile.
+const cutOffPolls = 2
+
+// cutOff says whether the sequencer is taken for cut off: its view
+// aged, and an update it acknowledged since may be held by fewer
+// workers than the quorum of the ones announcing here; f.mu is held.
+func (f *follower) cutOff() bool { return f.failures >= cutOffPolls }
+
 // noteFailure says whether a failed poll is worth a log line: the
 // first of a run, then one a minute at the default heartbeat.
 func (f *follower) noteFailure() bool {
@@ -534,11 +552,11 @@ func (f *follower) inSync(w *prismv1.WorkerInfo, model string) bool {
 				return false // foreign or diverged, by the sequencer's judgment
 			case !f.viewWorkers[w.GetId()] && claimed > max(u.GetNumbered(), a.numbered()):
 				return false // claims more than was numbered; not judged yet
-			case f.failures == 0 && slices.Contains(u.GetInSync(), w.GetId()) && a.numbered() <= u.GetAcknowledged():
+			case !f.cutOff() && slices.Contains(u.GetInSync(), w.GetId()) && a.numbered() <= u.GetAcknowledged():
 				// The sequencer sends it lookups: this router's copy of its
 				// announcement may lag the sequencer's acknowledgement.
-				// Only while the view is the latest poll's: once a poll
-				// failed (the sequencer cut off), the sequencer may have
+				// Only while the view is recent: once polls failed
+				// (cutOff: the sequencer cut off), the sequencer may have
 				// acknowledged later updates without this worker, and the
 				// announcements judge it (the floor), not a list that
 				// ages for as long as the partition lasts.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -701,10 +703,19 @@ func TestFollowerSequencerUnreachable(t *testing.T) {
 	if got, want := serves(), map[string]bool{"w0": true, "w1": true, "w2": true}; !maps.Equal(got, want) {
 		t.Fatalf("with the view current: serves %v, want %v", got, want)
 	}
-	// The sequencer cut off: the polls fail; w1 announces 2 as well.
+	// The sequencer cut off: the polls fail. One failure alone (a
+	// sequencer busy for a heartbeat) keeps the view's judgment
+	// (cutOffPolls); the next takes it for cut off.
 	if err := f.poll(context.Background(), "seq:1", time.Second); err == nil {
 		t.Fatal("the poll of an unreachable sequencer succeeded")
 	}
+	if got, want := serves(), map[string]bool{"w0": true, "w1": true, "w2": true}; !maps.Equal(got, want) {
+		t.Fatalf("after one failed poll: serves %v, want %v", got, want)
+	}
+	if err := f.poll(context.Background(), "seq:1", time.Second); err == nil {
+		t.Fatal("the poll of an unreachable sequencer succeeded")
+	}
+	// w1 announces 2 as well.
 	ws[1].UpdateSeq["m"] = 2
 	f.announced(ws[1])
 	if got, want := serves(), map[string]bool{"w0": true, "w1": true}; !maps.Equal(got, want) {
@@ -743,5 +754,106 @@ func TestFollowerSequencerUnreachable(t *testing.T) {
 	f.announced(ws[0])
 	if got, want := serves(), map[string]bool{"w0": true, "w2": true}; !maps.Equal(got, want) {
 		t.Fatalf("sequencer back, w0 caught up: serves %v, want %v", got, want)
+	}
+}
+
+// viewRegistry answers List with the view set last (set).
+type viewRegistry struct {
+	prismv1.UnimplementedRegistryServer
+	mu      sync.Mutex
+	updates map[string]*prismv1.ModelUpdates
+	workers []*prismv1.WorkerInfo
+}
+
+func (s *viewRegistry) set(u map[string]*prismv1.ModelUpdates, ws []*prismv1.WorkerInfo) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.updates, s.workers = u, ws
+}
+
+func (s *viewRegistry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &prismv1.ListResponse{Updates: s.updates, Workers: s.workers}, nil
+}
+
+// TestFollowerOnePollFailure: updates flow (one every 100 ms, each held
+// by every worker as it is acknowledged), the three workers announce
+// once a heartbeat (1 s) at staggered times, so their claims differ by
+// the updates since each last announced, and the follower polls a
+// current view (every worker in sync) at each heartbeat. One poll fails
+// (a timeout: a sequencer busy for a heartbeat), the next succeeds. The
+// workers serving, on average over the heartbeat after the failure,
+// must stay all three: judged by the highest claim from that one
+// failure, only the worker that announced last served (1 of 3 on
+// average; found by review), its peers taken out though they held
+// every update: their load on one worker for a heartbeat.
+func TestFollowerOnePollFailure(t *testing.T) {
+	reg := &viewRegistry{}
+	addr := serveInproc(t, func(s *grpc.Server) { prismv1.RegisterRegistryServer(s, reg) })
+	var unreachable atomic.Bool
+	conn := func(string) (*grpc.ClientConn, error) {
+		if unreachable.Load() {
+			return nil, fmt.Errorf("dial %s: context deadline exceeded", addr)
+		}
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialInproc))
+	}
+	start := time.Now()
+	var now time.Time
+	f := newFollower("seq:1", conn, QuorumMajority, func() time.Time { return now }, time.Second)
+	f.started = start.Add(-time.Hour)
+	var ws []*prismv1.WorkerInfo
+	for _, id := range []string{"w0", "w1", "w2"} {
+		ws = append(ws, &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, UpdateSeq: map[string]int64{"m": 1}})
+	}
+	for _, w := range ws {
+		f.announced(w)
+	}
+	const failAt = 2500         // ms: the poll that fails
+	var serving, samples [3]int // before the failure, in the heartbeat after it, after the next poll
+	for ms := 0; ms < 4000; ms += 10 {
+		now = start.Add(time.Duration(ms) * time.Millisecond)
+		seq := int64(ms/100 + 1) // acknowledged, and held by every worker
+		for i, w := range ws {
+			if ms%1000 == i*330 {
+				w := proto.Clone(w).(*prismv1.WorkerInfo)
+				w.UpdateSeq["m"] = seq
+				ws[i] = w
+				f.announced(w)
+			}
+		}
+		if ms%1000 == 500 {
+			reg.set(map[string]*prismv1.ModelUpdates{"m": {Acknowledged: seq, Numbered: seq, InSync: []string{"w0", "w1", "w2"}}}, ws)
+			unreachable.Store(ms == failAt)
+			err := f.poll(context.Background(), "seq:1", time.Second)
+			if (err != nil) != (ms == failAt) {
+				t.Fatalf("poll at %d ms: %v", ms, err)
+			}
+		}
+		k := -1
+		switch {
+		case ms >= 1000 && ms < failAt:
+			k = 0
+		case ms >= failAt && ms < failAt+1000:
+			k = 1
+		case ms >= failAt+1000:
+			k = 2
+		}
+		if k < 0 {
+			continue
+		}
+		for _, w := range ws {
+			samples[k]++
+			if f.inSync(w, "m") {
+				serving[k]++
+			}
+		}
+	}
+	before := 3 * float64(serving[0]) / float64(samples[0])
+	after := 3 * float64(serving[1]) / float64(samples[1])
+	again := 3 * float64(serving[2]) / float64(samples[2])
+	t.Logf("workers serving on average: %.2f of 3 with every poll answered, %.2f in the heartbeat after one failed poll, %.2f once a poll succeeds again", before, after, again)
+	if before < 3 || after < 3 || again < 3 {
+		t.Errorf("workers serving on average: %.2f of 3 with every poll answered, %.2f in the heartbeat after one failed poll, %.2f once a poll succeeds again; want 3 (every worker holds every acknowledged update)", before, after, again)
 	}
 }

@@ -3,6 +3,7 @@ package auth
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"google.golang.org/grpc/credentials"
@@ -74,19 +75,59 @@ type coalescedConn struct {
 	net.Conn // the TLS connection
 	raw      *recordWriter
 	mu       sync.Mutex // one Write at a time: the buffer holds one Write's records
+	err      error      // under mu: a flush that failed, which later Writes return
+	// active interlocks Write and Close as crypto/tls's activeCall does:
+	// 2 for each Write under way, bit 0 once closed. The TLS connection
+	// cannot see a Write blocked in flush, and its Close would send its
+	// close_notify behind it, waiting out a 5 s write deadline.
+	active atomic.Int32
 }
 
 func (c *coalescedConn) Write(b []byte) (int, error) {
+	for {
+		x := c.active.Load()
+		if x&1 != 0 {
+			return 0, net.ErrClosed
+		}
+		if c.active.CompareAndSwap(x, x+2) {
+			break
+		}
+	}
+	defer c.active.Add(-2)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.err != nil {
+		return 0, c.err
+	}
 	c.raw.start()
 	n, err := c.Conn.Write(b)
 	if ferr := c.raw.flush(); ferr != nil && err == nil {
 		// Not sent: the connection is broken (gRPC closes it), and the
-		// TLS connection, which saw its records taken, does not know.
+		// TLS connection, which saw its records taken, does not know;
+		// as crypto/tls does, later Writes fail (records after the lost
+		// ones would not decrypt).
 		n, err = 0, ferr
+		c.err = ferr
 	}
 	return n, err
+}
+
+// Close closes the TLS connection (sending close_notify), or, when a
+// Write is under way, the socket, which breaks the Write, as crypto/tls
+// does.
+func (c *coalescedConn) Close() error {
+	for {
+		x := c.active.Load()
+		if x&1 != 0 {
+			return net.ErrClosed
+		}
+		if c.active.CompareAndSwap(x, x|1) {
+			if x != 0 {
+				return c.raw.Conn.Close()
+			}
+			return c.Conn.Close()
+		}
+	}
 }
 
 // coalescing runs handshake (a TLS client handshake) over raw wrapped

@@ -157,3 +157,120 @@ func TestClientCoalescesRecords(t *testing.T) {
 	sc.Close()
 	<-got
 }
+
+// stalledServer serves ServerTLS(f) on loopback, completes each
+// connection's handshake and then never reads, so that a client's
+// writes fill the socket's buffers and block.
+func stalledServer(t *testing.T, f Files) string {
+	conf, err := ServerTLS(f, ServerTLSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf = ServerConfigFor(conf, func(c *tls.Config) { c.NextProtos = []string{"h2"} })
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		lis.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go c.(*tls.Conn).Handshake()
+		}
+	}()
+	return lis.Addr().String()
+}
+
+func coalescedDial(t *testing.T, dir, addr string) net.Conn {
+	creds, err := ClientCredentials(FilesFor(dir, Embedding), Dense)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, _, err := creds.ClientHandshake(ctx, addr, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// TestCoalescedCloseBreaksBlockedWrite: Close while a Write is blocked
+// on a peer that reads nothing closes the socket at once and the Write
+// returns, as crypto/tls's Close does (gRPC closes a blackholed
+// transport so); it does not first wait out the 5 s write deadline
+// crypto/tls sets to send its close_notify alert behind the Write.
+func TestCoalescedCloseBreaksBlockedWrite(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitCerts(dir, CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addr := stalledServer(t, FilesFor(dir, Dense))
+	conn := coalescedDial(t, dir, addr)
+	done := make(chan error, 1)
+	go func() {
+		_, err := conn.Write(make([]byte, 64<<20)) // more than the socket buffers hold
+		done <- err
+	}()
+	time.Sleep(500 * time.Millisecond) // the Write is blocked on the socket
+	select {
+	case err := <-done:
+		t.Fatalf("a 64 MiB Write to a peer that reads nothing returned: %v", err)
+	default:
+	}
+	t0 := time.Now()
+	conn.Close()
+	closed := time.Since(t0)
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Errorf("the blocked Write returned no error after Close")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocked Write did not return after Close")
+	}
+	if closed > time.Second {
+		t.Errorf("Close with a Write blocked took %v, want it at once", closed.Round(time.Millisecond))
+	}
+}
+
+// TestCoalescedWriteErrorIsPermanent: once a Write's records failed to
+// reach the socket, later Writes fail too, as on crypto/tls's own
+// connection: the records' sequence numbers went on, so records written
+// after the lost ones would not decrypt at the peer.
+func TestCoalescedWriteErrorIsPermanent(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitCerts(dir, CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	addr := stalledServer(t, FilesFor(dir, Dense))
+	conn := coalescedDial(t, dir, addr)
+	defer conn.Close()
+	conn.SetWriteDeadline(time.Now().Add(-time.Second))
+	if _, err := conn.Write([]byte("lost")); err == nil {
+		t.Fatal("Write past its deadline succeeded")
+	}
+	conn.SetWriteDeadline(time.Time{})
+	if n, err := conn.Write([]byte("after")); err == nil {
+		t.Errorf("Write after a failed one: %d bytes, no error; want the first error again", n)
+	}
+}
