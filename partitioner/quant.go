@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/prism-serve/prism/internal/leview"
@@ -169,31 +168,7 @@ func convertRows(out []float32, b []byte, dt pb.TensorProto_DataType, d *dequant
 func rewriteTables(g *Graph) bool {
 	types, _ := InferShapes(g)
 	gp := g.Model.GetGraph()
-	names := map[string]bool{}
-	for _, n := range gp.GetNode() {
-		names[n.GetName()] = true
-		for _, o := range n.GetOutput() {
-			names[o] = true
-		}
-	}
-	for _, t := range gp.GetInitializer() {
-		names[t.GetName()] = true
-	}
-	for _, in := range gp.GetInput() {
-		names[in.GetName()] = true
-	}
-	fresh := func(base string) string {
-		for k := 0; ; k++ {
-			s := base
-			if k > 0 {
-				s += "_" + strconv.Itoa(k)
-			}
-			if !names[s] {
-				names[s] = true
-				return s
-			}
-		}
-	}
+	fresh := freshNames(gp)
 	isOutput := func(name string) bool {
 		return slices.ContainsFunc(g.Outputs, func(o *pb.ValueInfoProto) bool { return o.GetName() == name })
 	}

@@ -26,31 +26,7 @@ func splitSlots(g *Graph) (bool, error) {
 	gp := g.Model.GetGraph()
 	drop := map[int]bool{}
 	insert := map[int][]*pb.NodeProto{}
-	names := map[string]bool{}
-	for _, n := range gp.GetNode() {
-		names[n.GetName()] = true
-		for _, o := range n.GetOutput() {
-			names[o] = true
-		}
-	}
-	for _, t := range gp.GetInitializer() {
-		names[t.GetName()] = true
-	}
-	for _, in := range gp.GetInput() {
-		names[in.GetName()] = true
-	}
-	fresh := func(base string) string {
-		for k := 0; ; k++ {
-			s := base
-			if k > 0 {
-				s += "_" + strconv.Itoa(k)
-			}
-			if !names[s] {
-				names[s] = true
-				return s
-			}
-		}
-	}
+	fresh := freshNames(gp)
 	for gi, n := range g.Nodes {
 		if n.GetOpType() != "Gather" || len(n.GetInput()) != 2 || attrInt(n, "axis", 0) != 0 || resolveTable(g, n.GetInput()[0]) == nil {
 			continue
@@ -147,4 +123,35 @@ func intAttr(name string, v int64) *pb.AttributeProto {
 
 func intsAttr(name string, v ...int64) *pb.AttributeProto {
 	return &pb.AttributeProto{Name: name, Type: pb.AttributeProto_INTS, Ints: v}
+}
+
+// freshNames returns a namer of new nodes and tensors of gp: base, or
+// base_1, base_2, ..., the first that no node, tensor, initializer or
+// input of gp (nor an earlier answer) has.
+func freshNames(gp *pb.GraphProto) func(base string) string {
+	names := map[string]bool{}
+	for _, n := range gp.GetNode() {
+		names[n.GetName()] = true
+		for _, o := range n.GetOutput() {
+			names[o] = true
+		}
+	}
+	for _, t := range gp.GetInitializer() {
+		names[t.GetName()] = true
+	}
+	for _, in := range gp.GetInput() {
+		names[in.GetName()] = true
+	}
+	return func(base string) string {
+		for k := 0; ; k++ {
+			s := base
+			if k > 0 {
+				s += "_" + strconv.Itoa(k)
+			}
+			if !names[s] {
+				names[s] = true
+				return s
+			}
+		}
+	}
 }
