@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -24,7 +25,9 @@ import (
 //   - Embeddings.Update on a following router is forwarded to the
 //     sequencer and its answer passed back. A follower never numbers or
 //     applies an update itself: when the sequencer cannot be reached it
-//     answers Unavailable, naming it. The sequencer's answer names,
+//     answers Unavailable, naming it, also when the sequencer stops
+//     answering without a reset (silentPolls polls of it failed in a
+//     row, the last begun after the forward). The sequencer's answer names,
 //     per sequence, the update's number and the workers holding it
 //     (UpdateResponse.held); the follower takes it before passing it on
 //     (took): from then on it sends the model's lookups only to those
@@ -122,7 +125,23 @@ type follower struct {
 	// for it, and drops it, unless its view is settling (dropAcked).
 	acked map[string]*forwardedAck
 	polls uint64
+	// silent is closed by a failed poll that makes silentPolls or more
+	// failed in a row (the sequencer does not answer), and made anew;
+	// silentPoll is that poll's number (polls when it began). The
+	// forwards under way that began before it are abandoned
+	// (forwardTo).
+	silent     chan struct{}
+	silentPoll uint64
 }
+
+// silentPolls is how many polls of the sequencer (one a heartbeat, each
+// bounded by a heartbeat) must fail in a row before the updates
+// forwarded to it are abandoned as not reached. A sequencer cut off
+// without a reset (packets dropped: a partition, a lost node) fails no
+// call: a forward waited for its whole deadline and ended
+// DeadlineExceeded, which clients that retry on Unavailable do not
+// retry, where one slow poll is no reason to give up an update.
+const silentPolls = 2
 
 // forwardedAck is an acknowledged update this router forwarded: seq in
 // its sequence, the workers holding it, the sequencer that answered,
@@ -156,8 +175,13 @@ func newFollower(sequencer string, conn func(string) (*grpc.ClientConn, error), 
 	return &follower{
 		sequencer: sequencer, conn: conn, quorum: q, now: now, started: now(), heartbeat: heartbeat,
 		workers: map[string]followed{}, floor: map[string]int64{}, shardKeys: map[string]map[string]bool{}, acked: map[string]*forwardedAck{},
+		silent: make(chan struct{}),
 	}
 }
+
+// errSequencerSilent is the cause of a forward abandoned because the
+// sequencer's polls failed silentPolls times in a row.
+var errSequencerSilent = errors.New("the update sequencer does not answer")
 
 // forwardedKey marks an update one router forwards to another.
 const forwardedKey = "prism-forwarded-by"
@@ -178,7 +202,37 @@ func (f *follower) forwardTo(ctx context.Context, addr string, req *prismv1.Upda
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %v; not applied (one router orders each model's updates)", addr, err)
 	}
-	resp, err := prismv1.NewEmbeddingsClient(conn).Update(metadata.AppendToOutgoingContext(ctx, forwardedKey, "router"), req)
+	// Abandoned, Unavailable, once the polls of the sequencer fail
+	// silentPolls times in a row, the last begun after the forward: it
+	// does not answer.
+	f.mu.Lock()
+	silent, sent := f.silent, f.polls
+	f.mu.Unlock()
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-silent:
+			case <-stop:
+				return
+			}
+			f.mu.Lock()
+			after := f.silentPoll > sent
+			silent = f.silent
+			f.mu.Unlock()
+			if after {
+				cancel(errSequencerSilent)
+				return
+			}
+		}
+	}()
+	resp, err := prismv1.NewEmbeddingsClient(conn).Update(metadata.AppendToOutgoingContext(fctx, forwardedKey, "router"), req)
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(fctx), errSequencerSilent) {
+		return nil, status.Errorf(codes.Unavailable, "update sequencer %s does not answer (%d polls of it in a row failed); the update may or may not be applied; retry", addr, silentPolls)
+	}
 	if err != nil {
 		st := status.Convert(err)
 		switch st.Code() {
@@ -371,6 +425,10 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 	defer f.mu.Unlock()
 	if err != nil {
 		f.failures++
+		if f.failures >= silentPolls {
+			close(f.silent)
+			f.silent, f.silentPoll = make(chan struct{}), began
+		}
 		moved := false
 		if f.viewFrom != addr && f.view != nil {
 			// The view came from another router (the election moved).

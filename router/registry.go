@@ -625,6 +625,15 @@ func (r *Registry) UpdateLog(_ context.Context, req *prismv1.UpdateLogRequest) (
 // Expire removes workers not heard from for three heartbeats and returns
 // their ids.
 func (r *Registry) Expire() []string {
+	var ids []string
+	for _, w := range r.expire() {
+		ids = append(ids, w.GetId())
+	}
+	return ids
+}
+
+// expire is Expire returning the workers removed, in order of id.
+func (r *Registry) expire() []*prismv1.WorkerInfo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var gone []string
@@ -635,10 +644,12 @@ func (r *Registry) Expire() []string {
 		}
 	}
 	sort.Strings(gone)
+	out := make([]*prismv1.WorkerInfo, 0, len(gone))
 	for _, id := range gone {
+		out = append(out, r.workers[id].info)
 		r.drop(id)
 	}
-	return gone
+	return out
 }
 
 // Remove drops a worker the router found dead (it re-registers with its

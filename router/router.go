@@ -262,6 +262,9 @@ type Router struct {
 	// (Options.Election, elect.go); upd and fol are then its own.
 	el *elected
 	m  routerMetrics
+	// calls are the Lookups in flight with the workers they wait on,
+	// abandoned when one expires (silent.go).
+	calls inflightCalls
 }
 
 type routerMetrics struct {
@@ -447,8 +450,16 @@ func (r *Router) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			for _, id := range r.Reg.Expire() {
-				r.log.Warn("worker stopped answering; removed", "worker", id)
+			gone := r.Reg.expire()
+			// Their calls in flight are abandoned and retried elsewhere
+			// (silent.go).
+			abandoned := r.calls.abandon(gone)
+			for _, w := range gone {
+				if n := abandoned[w.GetId()]; n > 0 {
+					r.log.Warn("worker stopped answering; removed, and its calls in flight retried elsewhere", "worker", w.GetId(), "calls", n)
+					continue
+				}
+				r.log.Warn("worker stopped answering; removed", "worker", w.GetId())
 			}
 			r.dropConns()
 			ws, _ := r.Reg.List(ctx, nil)
@@ -1368,14 +1379,22 @@ func firstErr(a, b error) error {
 // marks it unreachable, and the worker's answer that it could not
 // reach its dense worker marks that one (Registry.Unreachable): picks
 // leave them out from this failure on, not from their expiry, three
-// heartbeats later. An answer takes both marks back.
+// heartbeats later. An answer takes both marks back. A call still in
+// flight when either worker expires (silent: no answer, no reset) is
+// abandoned then, Unavailable, for the caller to retry (silent.go).
 func (r *Router) call(ctx context.Context, id, addr string, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
 	c, err := r.conn(addr)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "embedding worker %s: %v", addr, err)
 	}
-	wctx := serve.WatchAnswer(ctx)
+	wctx, done := r.calls.watch(ctx, id, req.GetDenseAddr())
+	defer done()
+	wctx = serve.WatchAnswer(wctx)
 	resp, err := prismv1.NewEmbeddingTierClient(c).Lookup(wctx, req)
+	if s := abandoned(ctx, wctx); s != nil && err != nil {
+		// Retried elsewhere as a call whose worker is down (retry).
+		return nil, status.Errorf(codes.Unavailable, "%v; retry", s)
+	}
 	switch {
 	case err == nil:
 		r.Reg.Reached(id, req.GetDenseAddr())

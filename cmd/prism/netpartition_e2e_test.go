@@ -54,8 +54,9 @@ type partNet struct {
 // be made), dlrm-tiny partitioned and certificates for every host.
 // longPartition skips a partition scenario that held when it was
 // written (20 to 30 s each, timing-bound on a loaded machine) unless
-// PRISM_NETPARTITION_ALL=1: the suite runs the two that guard defects
-// found (TestNetPartitionSequencer, TestNetPartitionFollowerStaleView).
+// PRISM_NETPARTITION_ALL=1: the suite runs the ones that guard defects
+// found (TestNetPartitionSequencer, TestNetPartitionFollowerStaleView,
+// TestNetPartitionSilentSequencer).
 func longPartition(t *testing.T) {
 	t.Helper()
 	if os.Getenv("PRISM_NETPARTITION_ALL") != "1" {
@@ -753,7 +754,10 @@ func TestNetPartitionRouters(t *testing.T) {
 // A dense worker's link goes down with calls in flight: every call ends
 // by its deadline, those begun once the registry dropped it succeed on
 // the other, and it rejoins when its link is back and serves alone
-// while the other is cut off.
+// while the other is cut off. The calls in flight to it when its link
+// went down are retried on the other once it expires: every call is
+// answered (they waited out their deadlines: 4 of those with one, 2
+// without).
 func TestNetPartitionDense(t *testing.T) {
 	longPartition(t)
 	n := newPartNet(t, 4)
@@ -881,6 +885,9 @@ func TestNetPartitionDense(t *testing.T) {
 	}
 	t.Logf("partition campaign (dense): Recommend with a deadline %d ok, failed %s; without one %d ok, failed %s; %d hung; took %v",
 		ok, codesString(failed), nok, codesString(nfailed), len(hung), time.Since(began).Round(time.Millisecond))
+	if len(failed) > 0 || len(nfailed) > 0 {
+		t.Errorf("calls failed (%s with a deadline, %s without one): want every one answered, those in flight at a cut retried on the other dense worker", codesString(failed), codesString(nfailed))
+	}
 	for _, h := range hung {
 		t.Errorf("hung: %s", h)
 	}
@@ -1120,5 +1127,76 @@ func followerStaleView(t *testing.T, cut []int) {
 	}
 	if fresh == 0 {
 		t.Errorf("no Recommend through B was answered with the new row")
+	}
+}
+
+// TestNetPartitionSilentSequencer: two routers, the sequencer A (host 0)
+// and B forwarding to it (host 1), an embedding and a dense worker
+// (host 2) announcing to both, and an update stream through B. The
+// path between the routers alone is cut (a blackhole route: packets
+// dropped, no reset) for 8 s: every update attempted through B
+// meanwhile is answered Unavailable (retry), as README promises for a
+// sequencer that cannot be reached, and within its deadline; none is
+// acknowledged; once the path is back, updates through B are
+// acknowledged again. Found so: each forward waited out its deadline
+// and ended DeadlineExceeded (the connection to the sequencer noticed
+// nothing), which a client retrying on Unavailable does not retry.
+func TestNetPartitionSilentSequencer(t *testing.T) {
+	n := newPartNet(t, 3)
+	a := n.router(0)
+	b := n.router(1, "--sequencer", a.addr)
+	routers := a.addr + "," + b.addr
+	emb := n.embedding(2, filepath.Join(n.dir, "db"), routers)
+	n.dense(2, routers)
+	connB := dialRestartable(t, b.addr, n.certs)
+	awaitWorkers(t, connB, "start", 30*time.Second, emb.addr)
+	ups := startUpdates(t, n.cfg.Name, n.dim, time.Minute, connB)
+	waitAcked := func(k int, within time.Duration) {
+		t.Helper()
+		target := ups.acked() + k
+		for deadline := time.Now().Add(within); ups.acked() < target; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d updates acknowledged, want %d within %v", ups.acked(), target, within)
+			}
+		}
+	}
+	waitAcked(5, 30*time.Second)
+
+	n.block(0, 1, true)
+	cut := time.Now() // once both routes are in
+	blocked := true
+	t.Cleanup(func() {
+		if blocked {
+			n.block(0, 1, false)
+		}
+	})
+	time.Sleep(8 * time.Second)
+	healed := time.Now()
+	n.block(0, 1, false)
+	blocked = false
+	ok, failed, ks := ups.window(cut, healed)
+	waitAcked(5, 30*time.Second)
+	back := time.Since(healed)
+	ups.halt()
+	var slow []string
+	ups.mu.Lock()
+	defer ups.mu.Unlock()
+	for _, u := range ups.updates {
+		for _, at := range u.attempts {
+			if !at.start.Before(cut) && !at.end.After(healed) && at.err != nil && at.end.Sub(at.start) > partUpdAttempt*3/4 {
+				slow = append(slow, fmt.Sprintf("update %d: %v after %v", u.k, status.Code(at.err), at.end.Sub(at.start).Round(time.Millisecond)))
+			}
+		}
+	}
+	t.Logf("the routers' path cut for 8 s: update attempts through the forwarding router %d acknowledged %v, failed: %s; %d answered after over 3/4 of their deadline; acknowledged again %v after the path came back",
+		ok, ks, codesString(failed), len(slow), back.Round(time.Millisecond))
+	if ok > 0 {
+		t.Errorf("updates %v were acknowledged while the forwarding router was cut off from the sequencer", ks)
+	}
+	if failed[codes.Unavailable] == 0 || len(failed) > 1 {
+		t.Errorf("updates through the forwarding router cut off from the sequencer failed %s; want Unavailable (retry) only", codesString(failed))
+	}
+	for _, s := range slow {
+		t.Errorf("held near its deadline: %s", s)
 	}
 }
