@@ -392,6 +392,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		return r, nil
 	}
 	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
+	r.upd.floods = r.floods
 	r.upd.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
 	if o.UpdateLogDir != "" {
 		l, err := openUpdateLog(o.UpdateLogDir, o.UpdateLogFS)

@@ -263,7 +263,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 			break
 		}
 		// Behind: the catch-up replays what it missed, then this.
-		s.logf(slog.LevelInfo, "embedding worker behind on updates; catching it up", "model", model, "worker", worker, "seq", seq)
+		s.floodf(model+" "+worker, slog.LevelInfo, "embedding worker behind on updates; catching it up", "model", model, "worker", worker, "seq", seq)
 	default:
 		if errors.Is(err, errNotLogged) {
 			// Not sent (writeFailed logged why, once for the model): the
@@ -288,7 +288,9 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 			}
 			break
 		}
-		s.logf(slog.LevelWarn, "update failed on an embedding worker; it is left out of serving until caught up", "model", model, "worker", worker, "seq", seq, "err", err)
+		// Once per window: a worker that announces but cannot be reached
+		// fails every update, and a line each flooded the log.
+		s.floodf(model+" "+worker, slog.LevelWarn, "update failed on an embedding worker; it is left out of serving until caught up", "model", model, "worker", worker, "seq", seq, "err", err)
 	}
 	if len(f.waiting) > 0 {
 		return

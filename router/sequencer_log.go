@@ -97,7 +97,7 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 		// goes on.
 		delete(m.catching, worker)
 	default:
-		s.logf(slog.LevelWarn, "replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", worker, "seq", seq, "err", err)
+		s.floodf(model+" "+worker, slog.LevelWarn, "replaying an update to an embedding worker failed; retrying at the next heartbeat", "model", model, "worker", worker, "seq", seq, "err", err)
 		delete(m.catching, worker)
 	}
 }

@@ -23,7 +23,8 @@ const (
 	msgAnswer
 	// msgBehind: set Model's embedding_workers_behind gauge to Behind.
 	msgBehind
-	// msgLog: log Text at Level with Attrs.
+	// msgLog: log Text at Level with Attrs (rate-limited by Flood when
+	// set).
 	msgLog
 	// msgPersist: write Persist, Model's change of its update log,
 	// durably (updatelog.go). The driver writes the persists of a step
@@ -54,6 +55,11 @@ type message struct {
 	Level   slog.Level
 	Text    string
 	Attrs   []any
+	// Flood, on a msgLog, keys a record a persistent condition repeats
+	// per update or per heartbeat (a worker the router cannot reach):
+	// the caller writes the first of a window and sums up the rest
+	// (lograte). Empty: written as it comes.
+	Flood string
 }
 
 // errRouterStopping is the outcome the caller reports for a replay it
@@ -75,6 +81,12 @@ func (s *sequencer) send(m message) { s.out = append(s.out, m) }
 
 func (s *sequencer) logf(level slog.Level, text string, attrs ...any) {
 	s.send(message{Type: msgLog, Level: level, Text: text, Attrs: attrs})
+}
+
+// floodf is logf for a record that repeats while its condition lasts,
+// alike records keyed by key (Flood).
+func (s *sequencer) floodf(key string, level slog.Level, text string, attrs ...any) {
+	s.send(message{Type: msgLog, Level: level, Text: text, Attrs: attrs, Flood: key})
 }
 
 // String is the message in one line, for tests and debugging.

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/lograte"
 )
 
 // Updater serves Embeddings.Update: it fans an upsert out to every live
@@ -201,6 +202,9 @@ type updateDriver struct {
 	call   func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)
 	log    *slog.Logger
 	behind *prometheus.GaugeVec
+	// floods, when set, writes the sequencer's records keyed by Flood
+	// (the router's Limiter, closed by its Run; nil: written plainly).
+	floods *lograte.Limiter
 	// timeout bounds one replayed update (the router's default timeout).
 	timeout time.Duration
 	// workerTimeout bounds one worker's answer to a client's update
@@ -355,6 +359,10 @@ func (d *updateDriver) step(event func(now time.Time)) {
 				d.behind.WithLabelValues(m.Model).Set(float64(m.Behind))
 			}
 		case msgLog:
+			if m.Flood != "" && d.floods != nil {
+				d.floods.Log(m.Level, m.Flood, m.Text, m.Attrs...)
+				break
+			}
 			d.log.Log(context.Background(), m.Level, m.Text, m.Attrs...)
 		}
 	}

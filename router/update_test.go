@@ -694,3 +694,29 @@ func TestRestartedWorkerAtSameAddress(t *testing.T) {
 		}
 	})
 }
+
+// TestUnreachableWorkerLogBounded: an embedding worker that keeps
+// announcing but fails every update sent to it (an --advertise-addr
+// the router cannot reach, say) is named in the router's log once per
+// window, not once per update: measured, a stream of 32,259 updates in
+// 90 s wrote 32,262 such lines (11 MB) to the log of a router whose one
+// worker of two was unreachable.
+func TestUnreachableWorkerLogBounded(t *testing.T) {
+	const updates = 200
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{UpdateQuorum: QuorumOne}, a, b)
+	b.setDown(true)
+	for i := range updates {
+		if _, err := rig.update("t", int64(i%8), float32(i)); err != nil {
+			t.Fatal(err)
+		}
+		if i%50 == 0 {
+			rig.tick() // heartbeats: b announces, and its catch-up fails too
+		}
+	}
+	for _, what := range []string{"update failed on an embedding worker", "replaying an update to an embedding worker failed"} {
+		if n := rig.logs.count(what); n < 1 || n > 2 {
+			t.Errorf("%q logged %d times for a worker that failed %d updates, want once (more in one summary a window later)", what, n, updates)
+		}
+	}
+}

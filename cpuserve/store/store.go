@@ -714,7 +714,22 @@ func (s *Store) deleteTables(ctx context.Context, ids []uint32) error {
 			return fmt.Errorf("delete table %d: %w", id, err)
 		}
 	}
-	_ = ctx
+	// The tombstones free no disk while they sit in the memtable, which
+	// only fills with upserts: a dropped version's files stayed until the
+	// store was next opened (prism store versions --drop, run to free
+	// disk, freed none). Compacting the ranges flushes the tombstones and
+	// drops the files they cover (Pebble deletes them moments later, or
+	// at Close). Stopped by ctx, the rows are deleted all the same and
+	// the disk comes back at the next Open at the latest.
+	for _, id := range ids {
+		lo, hi := tableBounds(id)
+		if err := s.db.Compact(ctx, lo, hi, true); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("delete table %d: reclaim its disk: %w", id, err)
+		}
+	}
 	return nil
 }
 
