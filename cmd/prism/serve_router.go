@@ -195,7 +195,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.DurationVar(&ro.Heartbeat, "heartbeat", time.Second, "worker heartbeat interval; silent for 3 intervals means removed")
 	f.DurationVar(&ro.DefaultTimeout, "default-timeout", 30*time.Second, "deadline of a request whose client set none, and of each request of a RecommendStream (the stream's deadline is its whole job's; it decides when sooner)")
 	f.IntVar(&ro.StreamWindow, "stream-window", 16, "requests of one RecommendStream worked on at once (answers stay in order)")
-	f.Int64Var(&ro.UpdateLogBytes, "update-log-bytes", 256<<20, "recent embedding updates kept per model to catch lagging embedding workers up")
+	f.Int64Var(&ro.UpdateLogBytes, "update-log-bytes", 256<<20, "recent embedding updates kept per model (per shard of a sharded model) to catch lagging embedding workers up")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest request accepted (at least 1 MiB; an update is refused above it less 4 KiB)")
 	f.DurationVar(&so.ShutdownGrace, "shutdown-grace", 10*time.Second, "time in-flight requests get at shutdown")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
