@@ -652,6 +652,19 @@ func (r *Registry) expire() []*prismv1.WorkerInfo {
 	return out
 }
 
+// registered says whether a worker of role is registered: an embedding
+// worker by id, a dense worker by address (calls name it so).
+func (r *Registry) registered(role prismv1.Role, name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if role == prismv1.Role_ROLE_DENSE {
+		_, ok := slices.BinarySearch(r.denseAddrs, name)
+		return ok
+	}
+	e, ok := r.workers[name]
+	return ok && e.info.GetRole() == role
+}
+
 // Remove drops a worker the router found dead (it re-registers with its
 // next heartbeat if it is not).
 func (r *Registry) Remove(id string) {

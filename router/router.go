@@ -343,6 +343,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	}
 	r := &Router{Reg: NewRegistry(o.Heartbeat, o.now), opts: o, log: o.Logger, conns: map[string]*grpc.ClientConn{}, draining: make(chan struct{})}
 	r.floods = lograte.New(o.Logger, lograte.DefaultWindow)
+	r.calls.registered = r.Reg.registered
 	r.started = r.Reg.now()
 	r.share = newShareCtl(o.AdmitShare)
 	if o.AdmitLimit {

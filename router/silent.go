@@ -39,6 +39,12 @@ type inflightCalls struct {
 	// sweep and registered after it is abandoned at once (the next
 	// sweep forgets them: a worker back by then takes calls again).
 	expiredEmb, expiredDense map[string]bool
+	// registered, when set, says whether a worker is registered now
+	// (Registry.registered): an expired worker's marks spare one that
+	// is, a dense worker restarted at the address under a new id (the
+	// old id expires after it announced) or a worker announcing again
+	// since its expiry. Called with mu held.
+	registered func(role prismv1.Role, name string) bool
 }
 
 // watchedCall is a Lookup to the embedding worker id naming the dense
@@ -86,16 +92,23 @@ func (c *inflightCalls) watch(ctx context.Context, id, dense string) (context.Co
 	}
 }
 
-// expiredBy is the worker of w that the last sweep expired (nil: none);
-// c.mu is held.
+// expiredBy is the worker of w that the last sweep expired and that is
+// not registered again (nil: none); c.mu is held.
 func (c *inflightCalls) expiredBy(w *watchedCall) *silentWorker {
 	switch {
-	case c.expiredEmb[w.id]:
+	case c.expiredEmb[w.id] && !c.back(prismv1.Role_ROLE_EMBEDDING, w.id):
 		return &silentWorker{role: prismv1.Role_ROLE_EMBEDDING, name: w.id}
-	case w.dense != "" && c.expiredDense[w.dense]:
+	case w.dense != "" && c.expiredDense[w.dense] && !c.back(prismv1.Role_ROLE_DENSE, w.dense):
 		return &silentWorker{role: prismv1.Role_ROLE_DENSE, name: w.dense}
 	}
 	return nil
+}
+
+// back says whether the worker of role named name (an embedding
+// worker's id, a dense worker's address) is registered now; c.mu is
+// held.
+func (c *inflightCalls) back(role prismv1.Role, name string) bool {
+	return c.registered != nil && c.registered(role, name)
 }
 
 // abandon cancels the calls waiting on the workers that expired (one

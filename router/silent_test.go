@@ -312,3 +312,123 @@ func TestInflightCallsAbandon(t *testing.T) {
 		t.Errorf("%d calls still registered once every one finished", len(c.calls))
 	}
 }
+
+// TestRestartedDenseWorkerCallsNotAbandoned: a dense worker restarted
+// at its address under a new id (ids are per process; a crash leaves
+// the old one to expire three heartbeats later) serves the calls naming
+// that address; the old id's expiry does not abandon them. They were:
+// those in flight at the sweep, and for the heartbeat after it every
+// call picking that address was cancelled at once, so with no other
+// dense worker the retry failed too and requests failed Unavailable
+// though the worker answered every call.
+func TestRestartedDenseWorkerCallsNotAbandoned(t *testing.T) {
+	const heartbeat = 100 * time.Millisecond
+	// Each Lookup takes most of a heartbeat: some are in flight at
+	// every sweep.
+	cn := &fakeCN{delay: heartbeat * 3 / 4}
+	addr := startCN(t, cn)
+	r := testRouter(Options{MicroBatch: 10, Heartbeat: heartbeat})
+	defer r.Close()
+	announce := func(ws ...*prismv1.WorkerInfo) {
+		for _, w := range ws {
+			if _, err := r.Reg.Announce(context.Background(), &prismv1.AnnounceRequest{Worker: proto.Clone(w).(*prismv1.WorkerInfo)}); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	dense := func(id string) *prismv1.WorkerInfo {
+		return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_DENSE, Addr: "dense:a", Models: []string{"m"}, Healthy: true}
+	}
+	live := []*prismv1.WorkerInfo{
+		{Id: "cpu", Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true},
+		dense("gpu-new"),
+	}
+	// The old process announced last; the new one announces from now on.
+	announce(dense("gpu-old"))
+	announce(live...)
+	ctx, stop := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer stop()
+	bg.Go(func() { r.Run(ctx) })
+	bg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(heartbeat / 4):
+				announce(live...)
+			}
+		}
+	})
+	// Requests throughout the old id's expiry (three heartbeats) and
+	// the heartbeat after it.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failed := map[codes.Code]int{}
+	var first error
+	n := 0
+	for end := time.Now().Add(6 * heartbeat); time.Now().Before(end); time.Sleep(heartbeat / 10) {
+		n++
+		wg.Go(func() {
+			rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if _, err := r.Recommend(rctx, request(4)); err != nil {
+				mu.Lock()
+				defer mu.Unlock()
+				failed[status.Code(err)]++
+				if first == nil {
+					first = err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r.Reg.mu.Lock()
+	_, old := r.Reg.workers["gpu-old"]
+	r.Reg.mu.Unlock()
+	if old {
+		t.Fatal("the old registration did not expire: the test proves nothing")
+	}
+	t.Logf("%d requests, failed %v", n, failed)
+	if len(failed) > 0 {
+		t.Errorf("requests failed %v (first: %v), want every one answered by the restarted dense worker", failed, first)
+	}
+}
+
+// TestInflightCallsSpareRegistered: an expired worker's marks spare a
+// worker registered again (an embedding worker announcing under its id
+// since the sweep, a dense worker registered at the address under
+// another id): its calls, in flight at the sweep or begun after it, are
+// live; those of a worker still gone are abandoned.
+func TestInflightCallsSpareRegistered(t *testing.T) {
+	reg := map[string]bool{}
+	var c inflightCalls
+	c.registered = func(role prismv1.Role, name string) bool { return reg[role.String()+" "+name] }
+	bg := context.Background()
+	// dense:b is registered under another id than the one that expires.
+	reg[prismv1.Role_ROLE_DENSE.String()+" dense:b"] = true
+	onB, doneB := c.watch(bg, "cpu-b", "dense:b")
+	defer doneB()
+	onA, doneA := c.watch(bg, "cpu-a", "")
+	defer doneA()
+	n := c.abandon([]*prismv1.WorkerInfo{
+		{Id: "cpu-a", Role: prismv1.Role_ROLE_EMBEDDING},
+		{Id: "gpu-b-old", Role: prismv1.Role_ROLE_DENSE, Addr: "dense:b"},
+	})
+	if onB.Err() != nil || onA.Err() == nil || n["cpu-a"] != 1 || len(n) != 1 {
+		t.Fatalf("abandoned %v: the call naming the registered dense:b live %v, the call to the expired cpu-a live %v; want only cpu-a's", n, onB.Err() == nil, onA.Err() == nil)
+	}
+	late, doneLate := c.watch(bg, "cpu-a", "")
+	defer doneLate()
+	if late.Err() == nil {
+		t.Fatal("a call to cpu-a, expired and not back, is live")
+	}
+	// cpu-a announces again before the next sweep.
+	reg[prismv1.Role_ROLE_EMBEDDING.String()+" cpu-a"] = true
+	back, doneBack := c.watch(bg, "cpu-a", "dense:b")
+	defer doneBack()
+	if back.Err() != nil {
+		t.Fatal("a call to cpu-a, announced again since its expiry, was cancelled")
+	}
+}
