@@ -540,7 +540,11 @@ func TestRouterDrainEndsStreams(t *testing.T) {
 // log says how many calls it cut off.
 func TestDrainPastGrace(t *testing.T) {
 	s := newDrainStack(t)
-	router := s.router(t, "--shutdown-grace", "2s")
+	// A heartbeat of 2 s: the stopped embedding worker expires 6 s
+	// after its last announcement, after the grace; with the stack's
+	// 500 ms it expired first, and the router gave its calls up
+	// (silent.go) before the grace ran out.
+	router := s.router(t, "--shutdown-grace", "2s", "--heartbeat", "2s")
 	s.dense(t, router.addr)
 	emb := s.embedding(t, router.addr, "db0")
 	workersOn(t, router.addr, 2)

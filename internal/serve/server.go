@@ -347,7 +347,14 @@ func (s *Server) Serve(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-time.After(s.opts.ShutdownGrace):
-		s.Log.Warn("grace period over; stopping with requests in flight", "in_flight", s.inFlight())
+		if in := s.inFlight(); in != "none" {
+			s.Log.Warn("grace period over; stopping with requests in flight", "in_flight", in)
+		} else {
+			// A peer that stopped answering (its process stopped, its
+			// link cut) never acknowledges the GOAWAY, and its
+			// connection holds the graceful stop.
+			s.Log.Warn("grace period over; closing the connections still open (no call in flight: a peer that does not answer holds its connection)")
+		}
 		s.GRPC.Stop()
 	}
 	if s.http != nil {
