@@ -94,9 +94,10 @@ type Options struct {
 	// win): the router's TLS identity, or an in-process dialer in tests.
 	DialOptions []grpc.DialOption
 	// UpdateWorkerTimeout bounds one worker's answer to an update of the
-	// fan-out (default 10s, at most the caller's deadline): a worker
-	// that does not answer in time is left behind and caught up later,
-	// and the update is answered without it.
+	// fan-out (default 10s): a worker that does not answer in time is
+	// left behind and caught up later, and the update is answered
+	// without it. A caller whose deadline passes first is answered
+	// DeadlineExceeded then, and the fan-out goes on without it.
 	UpdateWorkerTimeout time.Duration
 	// UpdateQuorum is how many of a model's embedding workers must hold
 	// an update before Embeddings.Update answers OK (default

@@ -208,8 +208,9 @@ type updateDriver struct {
 	// timeout bounds one replayed update (the router's default timeout).
 	timeout time.Duration
 	// workerTimeout bounds one worker's answer to a client's update
-	// (Options.UpdateWorkerTimeout): past it the worker is reported slow
-	// (errWorkerTimeout) while the client still waits for the others.
+	// (Options.UpdateWorkerTimeout; the client's deadline does not):
+	// past it the worker is reported slow (errWorkerTimeout) while the
+	// client still waits for the others.
 	workerTimeout time.Duration
 	// any mirrors sequencer.any, so the lookup path takes no lock until
 	// some model has had an update (one atomic load).
@@ -275,8 +276,7 @@ func (d *updateDriver) step(event func(now time.Time)) {
 	now := d.now()
 	// A client whose context ended leaves the queue before anything else
 	// happens in this step: the sequencer must not number an update whose
-	// caller is gone (its fan-out would run under a dead context, and
-	// every later update would wait for the catch-up).
+	// caller is gone (it would be applied with no one told).
 	for id, c := range d.clients {
 		if err := c.ctx.Err(); err != nil {
 			d.seq.cancel(now, id, status.FromContextError(err).Err())
@@ -449,19 +449,24 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 	var err error
 	switch {
 	case m.Client != 0:
-		// The caller's deadline bounds its update's fan-out, and the
-		// per-worker timeout each worker's part: a hung worker is left
-		// behind, not waited on.
-		cctx := ctx
-		cancel := context.CancelFunc(func() {})
-		if d.workerTimeout > 0 {
-			cctx, cancel = context.WithTimeout(ctx, d.workerTimeout)
+		// Numbered, the update goes to every worker whatever becomes of
+		// its caller (detached from its cancellation, keeping its
+		// values): cut at the caller's deadline, it left every worker
+		// behind it, and each later update of the model was refused
+		// until the next heartbeat's catch-up. The per-worker timeout
+		// bounds each worker's part (a hung worker is left behind, not
+		// waited on), so the model's next update waits at most that for
+		// its turn; Router.Close, closing the connections, ends it.
+		timeout := d.workerTimeout
+		if timeout <= 0 {
+			timeout = d.timeout
 		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		_, err = d.call(cctx, m.Addr, m.Apply)
 		// gRPC's own deadline timer may end the call (DeadlineExceeded)
 		// a moment before cctx reports its end: that is the per-worker
 		// timeout too, not a failure.
-		if err != nil && ctx.Err() == nil && (cctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded) {
+		if err != nil && (cctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded) {
 			err = errWorkerTimeout
 		}
 		cancel()
@@ -479,8 +484,9 @@ func (d *updateDriver) apply(ctx context.Context, m message) {
 
 // update proposes req and waits for the sequencer's answer. If ctx ends
 // first the sequencer is told, and answers at once unless the update was
-// already numbered: then its answer comes when the workers have
-// answered (the calls run under ctx, so soon).
+// already numbered: then the caller is answered ctx's end at once, and
+// the fan-out goes on without it (apply), so that no worker misses the
+// update and the model's next one finds them holding it.
 func (d *updateDriver) update(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
 	deadline, _ := ctx.Deadline()
 	ch := make(chan updateAnswer, 1)
@@ -496,7 +502,13 @@ func (d *updateDriver) update(ctx context.Context, req *prismv1.UpdateRequest) (
 	case a = <-ch:
 	case <-ctx.Done():
 		d.step(func(now time.Time) { d.seq.cancel(now, id, status.FromContextError(ctx.Err()).Err()) })
-		a = <-ch
+		select {
+		case a = <-ch: // answered by now: it was still waiting its turn, or it just was
+		default:
+			// Numbered: its answer comes once the workers have applied it
+			// (to the buffered channel, read by no one).
+			a.err = status.Error(status.FromContextError(ctx.Err()).Code(), "the deadline passed (or the caller cancelled) after the update was numbered and sent to the embedding workers: they go on applying it in its turn, so it may be applied or not; retrying is safe")
+		}
 	}
 	return a.resp, a.err
 }

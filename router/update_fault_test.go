@@ -4,10 +4,14 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -162,4 +166,97 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestDeadlineMidFanOutLeavesNoGap: a client whose deadline passes after
+// its update was numbered, while the workers apply it, is answered
+// DeadlineExceeded at its deadline, but the fan-out goes on: every
+// worker applies the update in its turn, and the next update (and the
+// lookups) find them holding it. Cut by the caller's deadline, the
+// fan-out left every worker behind, and every update was refused
+// Unavailable ("no live embedding worker holds update N yet") until the
+// next heartbeat's catch-up.
+func TestDeadlineMidFanOutLeavesNoGap(t *testing.T) {
+	a, b := &seqCN{}, &seqCN{}
+	rig := newUpdateRig(t, Options{Heartbeat: 20 * time.Millisecond, UpdateWorkerTimeout: 10 * time.Second}, a, b)
+	t.Cleanup(rig.r.Close)
+	gate := make(chan struct{})
+	entered := make(chan struct{}, 4)
+	for _, f := range []*seqCN{a, b} {
+		f.mu.Lock()
+		f.gate, f.entered = gate, entered
+		f.mu.Unlock()
+	}
+	// The router's clock runs skew ahead (newUpdateRig): the deadline
+	// is 100ms of its time ahead.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rig.skew.Load())+100*time.Millisecond)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := rig.updateCtx(ctx, "t", 1, 1); first <- err }()
+	for range 2 { // update 1 is numbered and at both workers
+		select {
+		case <-entered:
+		case err := <-first:
+			t.Fatalf("update answered before reaching the workers: %v", err)
+		}
+	}
+	select {
+	case err := <-first:
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("update whose deadline passed at the workers: %v, want DeadlineExceeded", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client was not answered at its deadline: it waits for the workers")
+	}
+	for _, f := range []*seqCN{a, b} {
+		f.mu.Lock()
+		f.gate = nil
+		f.mu.Unlock()
+	}
+	close(gate)
+	// No heartbeat in between: the next update finds the workers
+	// holding update 1.
+	r, err := rig.update("t", 1, 2)
+	if err != nil || r.GetWorkers() != 2 {
+		t.Fatalf("update right after one whose client's deadline passed mid-fan-out: %v %v", r, err)
+	}
+	for i, f := range []*seqCN{a, b} {
+		f.mu.Lock()
+		order := slices.Clone(f.order)
+		f.mu.Unlock()
+		if !slices.Equal(order, []int64{1, 2}) || f.row(1) != 2 {
+			t.Errorf("worker %d applied %v (row 1 = %v), want [1 2] in order (row 1 = 2)", i, order, f.row(1))
+		}
+	}
+	if got := rig.servers(); !got[0] || !got[1] {
+		t.Errorf("serving %v, want both workers", got)
+	}
+	rig.r.upd.wait()
+}
+
+// TestFanOutPastDeadlineEndsAtClose: a fan-out that outlives its
+// caller's deadline (TestDeadlineMidFanOutLeavesNoGap) is bounded by the
+// per-worker timeout, and ends at once when the router closes: no call
+// to a hung worker outlives the router.
+func TestFanOutPastDeadlineEndsAtClose(t *testing.T) {
+	a := &seqCN{}
+	rig := newUpdateRig(t, Options{Heartbeat: 20 * time.Millisecond, UpdateWorkerTimeout: time.Minute}, a)
+	gate := make(chan struct{})
+	defer close(gate)
+	a.mu.Lock()
+	a.gate, a.entered = gate, make(chan struct{}, 4)
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rig.skew.Load())+100*time.Millisecond)
+	defer cancel()
+	if _, err := rig.updateCtx(ctx, "t", 1, 1); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("update at a hung worker past its deadline: %v, want DeadlineExceeded", err)
+	}
+	rig.r.Close()
+	done := make(chan struct{})
+	go func() { rig.r.upd.wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the fan-out to a hung worker outlived the router's Close")
+	}
 }
