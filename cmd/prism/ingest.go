@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/signal"
@@ -26,7 +27,7 @@ func newIngestCmd() *cobra.Command {
 	var (
 		db, dtype, model, hotBytes, sstBytes string
 		noActivate, ifChanged                bool
-		shard, shards                        int
+		shard, shards, keep                  int
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest PLAN_DIR --db DIR [--shard K [--shards N]]",
@@ -59,11 +60,18 @@ over to, and leaves a store holding the plan as it is, updates made
 since included (ingested again, a plan whose tables were updated since
 adds a version). With --dtype, a store holding the plan in another
 dtype is ingested again in this one (another version); without it the
-stored dtype is not compared. --hot-bytes is recorded either way.`,
+stored dtype is not compared. --hot-bytes is recorded either way.
+
+--keep-versions N drops, after the ingest, the model's versions older
+than the newest N, but never the active one or the one --rollback
+returns to: each retrained model's ingest adds a whole version.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if db == "" {
 				return fmt.Errorf("--db is required")
+			}
+			if keep < 0 {
+				return fmt.Errorf("--keep-versions %d: want 0 (keep every version) or more", keep)
 			}
 			io := store.IngestOptions{Model: model, NoActivate: noActivate}
 			if cmd.Flags().Changed("shard") {
@@ -159,6 +167,9 @@ stored dtype is not compared. --hot-bytes is recorded either way.`,
 				return err
 			}
 			rep.WriteText(cmd.OutOrStdout())
+			if keep > 0 {
+				return keepVersions(ctx, cmd.OutOrStdout(), s, rep.Model, keep)
+			}
 			return nil
 		},
 	}
@@ -169,8 +180,30 @@ stored dtype is not compared. --hot-bytes is recorded either way.`,
 	f.StringVar(&hotBytes, "hot-bytes", "", "hot tier size to record as the store's default (e.g. 512MiB)")
 	f.StringVar(&sstBytes, "sst-bytes", "", "bytes per ingested SST (default 64MiB)")
 	f.BoolVar(&ifChanged, "if-changed", false, "ingest only when the store's active version does not hold the plan's tables (or shard) already")
+	f.IntVar(&keep, "keep-versions", 0, "after ingesting, drop the model's versions older than the newest N (the active one and the one a rollback returns to are always kept); 0 keeps every version")
 	f.BoolVar(&noActivate, "no-activate", false, "add the version without switching to it (a model's first version is always activated)")
 	f.IntVar(&shard, "shard", 0, "ingest only this shard (0 to N-1) of the plan's sharding section (prism shard)")
 	f.IntVar(&shards, "shards", 0, "with --shard: refuse a plan sharded into another count than this, before the store is opened")
 	return cmd
+}
+
+// keepVersions drops model's versions but the newest keep, the active
+// one and the previous one (Rollback's), freeing their disk: every
+// retrained model's ingest adds a whole version, and without it they
+// piled up until dropped by hand (prism store versions --drop).
+func keepVersions(ctx context.Context, w io.Writer, s *store.Store, model string, keep int) error {
+	vs, err := s.Versions(model)
+	if err != nil {
+		return err
+	}
+	for i, v := range vs { // oldest first
+		if i >= len(vs)-keep || v.Active || v.Previous {
+			continue
+		}
+		if err := s.DropVersion(ctx, model, v.N); err != nil {
+			return fmt.Errorf("--keep-versions %d: %w", keep, err)
+		}
+		fmt.Fprintf(w, "model %q: dropped version %d (--keep-versions %d)\n", model, v.N, keep)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -305,6 +306,59 @@ func TestIngestIfChanged(t *testing.T) {
 		vs := versions()
 		if n := strings.Count(vs, "\n"); n != tc.versions {
 			t.Errorf("%d: after ingest %v: %d versions, want %d\n%s", i, tc.args, n, tc.versions, vs)
+		}
+	}
+}
+
+// TestIngestKeepVersions: prism ingest --keep-versions N drops the
+// model's versions older than the newest N after the ingest, never the
+// active one nor the one a rollback returns to; without it every
+// ingest of a retrained model (here: another stored dtype) kept a whole
+// version until dropped by hand.
+func TestIngestKeepVersions(t *testing.T) {
+	dir := t.TempDir()
+	_, part, _ := partitioned(t, dir, "dlrm-tiny")
+	db := filepath.Join(dir, "db")
+	for i, tc := range []struct {
+		args    []string
+		want    []string // versions left, as prism store versions prints their numbers
+		dropped string
+	}{
+		{[]string{"--dtype", "float32"}, []string{"1"}, ""},
+		{[]string{"--dtype", "int8"}, []string{"1", "2"}, ""},
+		{[]string{"--dtype", "float16", "--keep-versions", "2"}, []string{"2", "3"}, "dropped version 1"},
+		// The newest alone, but the previous one (rollback's) stays.
+		{[]string{"--dtype", "emb_l.0.weight=int8", "--keep-versions", "1"}, []string{"3", "4"}, "dropped version 2"},
+		{[]string{"--keep-versions", "-1"}, nil, "--keep-versions -1: want 0"},
+	} {
+		out, err := run(t, nil, append([]string{"ingest", part, "--db", db}, tc.args...)...)
+		if tc.want == nil {
+			if err == nil || !strings.Contains(out, tc.dropped) {
+				t.Errorf("%d: ingest %v: %v, want an error with %q\n%s", i, tc.args, err, tc.dropped, out)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%d: ingest %v: %v\n%s", i, tc.args, err, out)
+		}
+		if tc.dropped != "" && !strings.Contains(out, tc.dropped) {
+			t.Errorf("%d: ingest %v does not say %q:\n%s", i, tc.args, tc.dropped, out)
+		}
+		vs, err := run(t, nil, "store", "versions", "dlrm-tiny", "--db", db)
+		if err != nil {
+			t.Fatalf("store versions: %v\n%s", err, vs)
+		}
+		var got []string
+		for _, line := range strings.Split(strings.TrimSpace(vs), "\n") {
+			// "*   3  26 tables ...": a mark (* active, < rollback's) or
+			// none, then the version's number.
+			f := strings.Fields(strings.TrimLeft(line, "*< "))
+			if len(f) > 0 {
+				got = append(got, f[0])
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%d: after ingest %v: versions %v, want %v\n%s", i, tc.args, got, tc.want, vs)
 		}
 	}
 }
