@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -52,18 +51,6 @@ type partNet struct {
 
 // newPartNet makes n hosts (skipping the test where namespaces cannot
 // be made), dlrm-tiny partitioned and certificates for every host.
-// longPartition skips a partition scenario that held when it was
-// written (20 to 30 s each, timing-bound on a loaded machine) unless
-// PRISM_NETPARTITION_ALL=1: the suite runs the ones that guard defects
-// found (TestNetPartitionSequencer, TestNetPartitionFollowerStaleView,
-// TestNetPartitionSilentSequencer).
-func longPartition(t *testing.T) {
-	t.Helper()
-	if os.Getenv("PRISM_NETPARTITION_ALL") != "1" {
-		t.Skip("a partition scenario run on demand: PRISM_NETPARTITION_ALL=1 go test ./cmd/prism -run TestNetPartition")
-	}
-}
-
 func newPartNet(t *testing.T, n int) *partNet {
 	t.Helper()
 	if err := netns.Available(); err != nil {
@@ -287,6 +274,18 @@ func (s *updateStream) acked() int {
 
 // window counts the attempts begun at from or later and ended by to:
 // acknowledged, and failed by code.
+// waitAcked waits until k more updates than now are acknowledged,
+// failing t past within.
+func (s *updateStream) waitAcked(t *testing.T, k int, within time.Duration) {
+	t.Helper()
+	target := s.acked() + k
+	for deadline := time.Now().Add(within); s.acked() < target; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d updates acknowledged, want %d within %v", s.acked(), target, within)
+		}
+	}
+}
+
 func (s *updateStream) window(from, to time.Time) (ok int, failed map[codes.Code]int, ackedKs []int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -573,15 +572,7 @@ func TestNetPartitionSequencer(t *testing.T) {
 
 	ups := startUpdates(t, n.cfg.Name, n.dim, 20*time.Second, conn)
 	load := startLoad(t, n.cfg, 2, conn)
-	waitAcked := func(k int, within time.Duration) {
-		t.Helper()
-		target := ups.acked() + k
-		for deadline := time.Now().Add(within); ups.acked() < target; time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d updates acknowledged, want %d within %v", ups.acked(), target, within)
-			}
-		}
-	}
+	waitAcked := func(k int, within time.Duration) { t.Helper(); ups.waitAcked(t, k, within) }
 	waitAcked(20, 20*time.Second)
 
 	// 1. The sequencer loses every embedding worker.
@@ -658,7 +649,6 @@ func TestNetPartitionSequencer(t *testing.T) {
 //     stores, the stores are identical, and no call outlived its
 //     deadline.
 func TestNetPartitionRouters(t *testing.T) {
-	longPartition(t)
 	n := newPartNet(t, 4)
 	began := time.Now()
 	a := n.router(0, "--update-log-dir", filepath.Join(n.dir, "router-log"))
@@ -679,15 +669,7 @@ func TestNetPartitionRouters(t *testing.T) {
 	ups := startUpdates(t, n.cfg.Name, n.dim, 20*time.Second, connA, connB)
 	loadB := startLoad(t, n.cfg, 2, connB)
 	loadA := startLoad(t, n.cfg, 1, connA)
-	waitAcked := func(k int, within time.Duration) {
-		t.Helper()
-		target := ups.acked() + k
-		for deadline := time.Now().Add(within); ups.acked() < target; time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d updates acknowledged, want %d within %v", ups.acked(), target, within)
-			}
-		}
-	}
+	waitAcked := func(k int, within time.Duration) { t.Helper(); ups.waitAcked(t, k, within) }
 	waitAcked(20, 30*time.Second)
 
 	// 1. The sequencer cut off.
@@ -759,7 +741,6 @@ func TestNetPartitionRouters(t *testing.T) {
 // answered (they waited out their deadlines: 4 of those with one, 2
 // without).
 func TestNetPartitionDense(t *testing.T) {
-	longPartition(t)
 	n := newPartNet(t, 4)
 	began := time.Now()
 	const defaultTimeout = 3 * time.Second
@@ -898,7 +879,6 @@ func TestNetPartitionDense(t *testing.T) {
 // for 14 s under an update stream and Recommend load. Afterwards both
 // stores hold every acknowledged update and are identical.
 func TestNetPartitionFlap(t *testing.T) {
-	longPartition(t)
 	n := newPartNet(t, 3)
 	began := time.Now()
 	router := n.router(0, "--update-log-dir", filepath.Join(n.dir, "router-log"))
@@ -1151,15 +1131,7 @@ func TestNetPartitionSilentSequencer(t *testing.T) {
 	connB := dialRestartable(t, b.addr, n.certs)
 	awaitWorkers(t, connB, "start", 30*time.Second, emb.addr)
 	ups := startUpdates(t, n.cfg.Name, n.dim, time.Minute, connB)
-	waitAcked := func(k int, within time.Duration) {
-		t.Helper()
-		target := ups.acked() + k
-		for deadline := time.Now().Add(within); ups.acked() < target; time.Sleep(20 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d updates acknowledged, want %d within %v", ups.acked(), target, within)
-			}
-		}
-	}
+	waitAcked := func(k int, within time.Duration) { t.Helper(); ups.waitAcked(t, k, within) }
 	waitAcked(5, 30*time.Second)
 
 	n.block(0, 1, true)
