@@ -112,11 +112,17 @@ type follower struct {
 	shardKeys map[string]map[string]bool
 	// view is the sequencer's last answer per sequence (nil: none yet);
 	// viewWorkers the embedding workers it knew then; viewFrom the
-	// address it came from; failures the polls failed in a row.
+	// address it came from; failures the polls failed in a row,
+	// whatever their address (no view for as long: cutOff), and
+	// failedAt the address of the last, whose run alone is atFailures
+	// (the election moved: the new holder's first failed poll is its
+	// first, which alone does not make it silent).
 	view        map[string]*prismv1.ModelUpdates
 	viewWorkers map[string]bool
 	viewFrom    string
 	failures    int
+	failedAt    string
+	atFailures  int
 	// acked is per sequence the latest update this router forwarded
 	// whose answer named the workers holding it (UpdateResponse.held),
 	// newer than the view: a bar as the view's acknowledged number,
@@ -425,7 +431,11 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 	defer f.mu.Unlock()
 	if err != nil {
 		f.failures++
-		if f.failures >= silentPolls {
+		if f.failedAt != addr {
+			f.failedAt, f.atFailures = addr, 0
+		}
+		f.atFailures++
+		if f.atFailures >= silentPolls {
 			close(f.silent)
 			f.silent, f.silentPoll = make(chan struct{}), began
 		}
@@ -451,7 +461,7 @@ func (f *follower) poll(ctx context.Context, addr string, timeout time.Duration)
 		}
 		return err
 	}
-	f.failures = 0
+	f.failures, f.failedAt, f.atFailures = 0, "", 0
 	for m, u := range resp.GetUpdates() {
 		if old := f.view[m]; f.settling(u) && old != nil {
 			// Settling: judged from the floor (judge), which keeps what

@@ -857,3 +857,51 @@ func TestFollowerOnePollFailure(t *testing.T) {
 		t.Errorf("workers serving on average: %.2f of 3 with every poll answered, %.2f in the heartbeat after one failed poll, %.2f once a poll succeeds again; want 3 (every worker holds every acknowledged update)", before, after, again)
 	}
 }
+
+// TestFollowerSilentPerHolder: a forward is abandoned once silentPolls
+// polls of its sequencer failed in a row; the election moving from a
+// holder whose polls failed to another starts that run again, so the
+// new holder's first failed poll (a router starting to sequence, busy
+// for a heartbeat) does not abandon the updates forwarded to it. The
+// router has no view all along: cut off (cutOff) counts every failed
+// poll, whatever its address.
+func TestFollowerSilentPerHolder(t *testing.T) {
+	now := time.Now()
+	conn := func(addr string) (*grpc.ClientConn, error) {
+		return nil, fmt.Errorf("dial %s: no route to host", addr)
+	}
+	f := newFollower("a:1", conn, QuorumMajority, func() time.Time { return now }, time.Second)
+	closed := func(ch chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	for range silentPolls {
+		_ = f.poll(context.Background(), "a:1", time.Second)
+	}
+	if !f.cutOff() {
+		t.Fatalf("after %d failed polls of a:1: not cut off", silentPolls)
+	}
+	// An update forwarded to b:1, the new holder, after a:1's polls failed.
+	f.mu.Lock()
+	silent := f.silent
+	f.mu.Unlock()
+	if err := f.poll(context.Background(), "b:1", time.Second); err == nil {
+		t.Fatal("the poll of an unreachable sequencer succeeded")
+	}
+	if closed(silent) {
+		t.Fatalf("one failed poll of b:1 (after %d of a:1) abandoned the updates forwarded to b:1", silentPolls)
+	}
+	if !f.cutOff() {
+		t.Fatal("no view for three polls: not cut off")
+	}
+	for range silentPolls - 1 {
+		_ = f.poll(context.Background(), "b:1", time.Second)
+	}
+	if !closed(silent) {
+		t.Fatalf("%d failed polls of b:1 in a row: its forwards not abandoned", silentPolls)
+	}
+}
