@@ -114,6 +114,7 @@ K) unless its store already holds it.`,
 	fl.StringVar(&c.CAKey, "tls-ca-key", "", "your CA's key (PEM, unencrypted), with --tls-ca; read, never copied")
 	fl.BoolVar(&c.Insecure, "insecure", false, "run every tier on plaintext gRPC without authentication")
 	fl.StringVar(&c.AuthTokenFile, "auth-token-file", "", "file holding a bearer token (16 characters at least) that admits clients without a certificate to Recommend (authorization: Bearer TOKEN), as serve router --auth-token-file")
+	fl.IntVar(&c.KeepVersions, "keep-versions", 0, "when up ingests a model its store holds another version of (a retrained plan), keep the model's newest N versions and drop older ones, freeing their disk (prism ingest --keep-versions); 0 keeps every version")
 	fl.DurationVar(&c.ReadyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the tiers (ingest included)")
 	fl.StringVar(&c.Loan, "loan", "", "borrow dense workers for peaks: local:max=N[,capacity=REQ/S,policy=reactive|predictive,promo=START/DURATION/FACTOR,high=,target=,low=,p99=,queue=,min-lease=,cool-down=,startup=,borrow-timeout=,drain-timeout=,tick=,window=,grace=,reclaim-after=D,hold=D,addr=] (README: Promotions and capacity loaning)")
 	fl.StringVar(&configFile, "config", "", "take the serving configuration from this file: the best of a prism tune tune.json, or a JSON object of these flags' names to values; flags given on the command line win")

@@ -74,12 +74,17 @@ func TestIngestChanged(t *testing.T) {
 		name string
 		dir  string
 		p    *plan.Plan
+		keep int
 		want string
 	}{
-		{"the plan the store holds", d1, p1, ""},
-		{"a rebuilt plan", d2, p2, "ingest " + d2 + " --db " + db + "\n"},
+		{"the plan the store holds", d1, p1, 0, ""},
+		{"a rebuilt plan", d2, p2, 0, "ingest " + d2 + " --db " + db + "\n"},
+		// prism up --keep-versions 2: a retrained model's ingest keeps
+		// its newest 2 versions, not every one up ever ingested.
+		{"a rebuilt plan, --keep-versions 2", d2, p2, 2, "ingest " + d2 + " --db " + db + " --keep-versions 2\n"},
 	} {
 		os.Remove(args)
+		c.KeepVersions = tc.keep
 		if err := ingestChanged(context.Background(), c, []string{tc.dir}, []*plan.Plan{tc.p}); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}

@@ -133,7 +133,7 @@ func ingestShards(ctx context.Context, c Config, plans []sharded) error {
 				continue
 			}
 			fmt.Fprintf(c.Stderr, "up: ingesting shard %d of %d of model %q into %s\n", k, p.shards, p.model, db)
-			cmd := exec.CommandContext(ctx, c.Exe, "ingest", p.dir, "--db", db, "--shard", fmt.Sprint(k))
+			cmd := exec.CommandContext(ctx, c.Exe, append([]string{"ingest", p.dir, "--db", db, "--shard", fmt.Sprint(k)}, c.ingestFlags()...)...)
 			cmd.Stdout, cmd.Stderr = c.Stderr, c.Stderr
 			// As the tiers (supervise.Exec): an up killed outright
 			// takes its ingest along, which would otherwise hold the
@@ -171,6 +171,14 @@ func holdsPlan(dir, model string, p *plan.Plan) bool {
 // every embedding worker's store whose active version of the model holds
 // other tables (holdsPlan), one prism ingest child at a time: a new
 // version, switched to, which carries the model's updates.
+// ingestFlags are the flags up passes to each prism ingest it runs.
+func (c Config) ingestFlags() []string {
+	if c.KeepVersions > 0 {
+		return []string{"--keep-versions", fmt.Sprint(c.KeepVersions)}
+	}
+	return nil
+}
+
 func ingestChanged(ctx context.Context, c Config, dirs []string, plans []*plan.Plan) error {
 	for i := range c.EmbeddingWorkers {
 		db := embeddingDB(c, i)
@@ -186,7 +194,7 @@ func ingestChanged(ctx context.Context, c Config, dirs []string, plans []*plan.P
 				continue
 			}
 			fmt.Fprintf(c.Stderr, "up: the store %s holds another version of model %q than %s: ingesting it\n", db, model, dirs[k])
-			cmd := exec.CommandContext(ctx, c.Exe, "ingest", dirs[k], "--db", db)
+			cmd := exec.CommandContext(ctx, c.Exe, append([]string{"ingest", dirs[k], "--db", db}, c.ingestFlags()...)...)
 			cmd.Stdout, cmd.Stderr = c.Stderr, c.Stderr
 			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 			if err := cmd.Run(); err != nil {

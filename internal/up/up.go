@@ -115,6 +115,11 @@ type Config struct {
 	// flatCerts says Certs has the old flat layout (Run sets it), which
 	// has no role folders to pass.
 	flatCerts bool
+	// KeepVersions, when positive, is passed to the ingests up runs
+	// (prism ingest --keep-versions N): a store re-ingested because its
+	// plan changed (a retrained model) keeps the model's newest N
+	// versions, not every one. 0 keeps every version.
+	KeepVersions int
 	// ReadyTimeout bounds each worker's start-up (ingest included) and
 	// the wait for every registration.
 	ReadyTimeout time.Duration
@@ -226,6 +231,8 @@ func (c *Config) validateCounts() error {
 		return fmt.Errorf("--max-delay %s: want a positive duration", c.MaxDelay)
 	case c.Threads < 0:
 		return fmt.Errorf("--threads %d: want 0 (the cores shared among a dense worker's sessions) or more", c.Threads)
+	case c.KeepVersions < 0:
+		return fmt.Errorf("--keep-versions %d: want 0 (keep every version) or more", c.KeepVersions)
 	case c.DenseAcrossModels != "" && c.DenseAcrossModels != "on" && c.DenseAcrossModels != "off":
 		return fmt.Errorf("--dense-across-models %q: want on or off", c.DenseAcrossModels)
 	}

@@ -339,6 +339,7 @@ func TestRunRefusesCounts(t *testing.T) {
 		{"negative replicas", func(c *Config) { c.Replicas = -1 }, "--replicas -1"},
 		{"negative sessions", func(c *Config) { c.DenseSessions = -2 }, "--dense-sessions -2"},
 		{"too many sessions", func(c *Config) { c.DenseSessions = 65 }, "--dense-sessions 65"},
+		{"negative keep-versions", func(c *Config) { c.KeepVersions = -1 }, "--keep-versions -1"},
 		{"across models", func(c *Config) { c.DenseAcrossModels = "auto" }, `--dense-across-models "auto"`},
 		{"hot bytes not a size", func(c *Config) { c.HotBytes = "1XB" }, `--hot-bytes: "1XB" is not a size`},
 		{"hot bytes negative not a size", func(c *Config) { c.HotBytes = "-lots" }, `--hot-bytes: "-lots" is not a size`},
