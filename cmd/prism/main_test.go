@@ -136,6 +136,8 @@ func TestErrorsAreOneLine(t *testing.T) {
 		{"dense negative max-queue", nil, []string{"serve", "dense", "--insecure", "--plan", good, "--max-queue", "-1"}, "--max-queue -1: want 0 or more"},
 		{"dense message limit 0", nil, []string{"serve", "dense", "--insecure", "--plan", good, "--max-message-bytes", "0"}, "--max-message-bytes 0: want a positive value"},
 		{"dense too many sessions", nil, []string{"serve", "dense", "--insecure", "--plan", good, "--sessions", "100"}, "--sessions 100: want 1 to 64 per model"},
+		{"dense shutdown-grace 0", nil, []string{"serve", "dense", "--insecure", "--plan", good, "--shutdown-grace", "0"}, "--shutdown-grace 0s: want a positive value"},
+		{"embedding negative shutdown-grace", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--shutdown-grace", "-1s"}, "--shutdown-grace -1s: want a positive value"},
 		{"dense unknown across-models", nil, []string{"serve", "dense", "--insecure", "--plan", good, "--across-models", "maybe"}, `--across-models "maybe": want on or off`},
 		{"embedding negative warm-snapshot-every", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--warm-snapshot-every", "-1s"}, "--warm-snapshot-every -1s: want 0 or more"},
 		{"embedding unknown preload", nil, []string{"serve", "embedding", "--insecure", "--db", filepath.Join(dir, "db"), "--plan", good, "--preload", "foo"}, `--preload "foo": want auto, on or off`},

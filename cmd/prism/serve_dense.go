@@ -21,6 +21,7 @@ func init() { serveSubcommands = append(serveSubcommands, newServeDenseCmd) }
 
 // newServeDenseCmd is `prism serve dense` (formerly `serve gpu`).
 func newServeDenseCmd() *cobra.Command {
+	var shutdownGrace time.Duration
 	var (
 		addr, metricsAddr, router, advertise string
 		plans                                []string
@@ -49,7 +50,7 @@ at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The server took a --max-message-bytes of 0 or less for 64 MiB.
-			if err := flagval.Positive(cmd.Flags(), "max-delay", "max-samples", "sessions", "max-message-bytes"); err != nil {
+			if err := flagval.Positive(cmd.Flags(), "max-delay", "max-samples", "sessions", "max-message-bytes", "shutdown-grace"); err != nil {
 				return err
 			}
 			// Checked here, naming the flag: the dense tier's own checks
@@ -106,7 +107,7 @@ at --advertise-addr.`,
 				return err
 			}
 			defer dense.Close()
-			s, err := serve.New("dense", serve.Options{Addr: addr, MetricsAddr: metricsAddr, MaxMessageBytes: maxMessage, TLS: tlsConf, MetricsRequireClientCert: tlsFlags.MetricsClientCert, Logger: log})
+			s, err := serve.New("dense", serve.Options{Addr: addr, MetricsAddr: metricsAddr, MaxMessageBytes: maxMessage, ShutdownGrace: shutdownGrace, TLS: tlsConf, MetricsRequireClientCert: tlsFlags.MetricsClientCert, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -144,6 +145,7 @@ at --advertise-addr.`,
 	f.IntVar(&sessions, "sessions", 1, "ONNX Runtime sessions per model on this worker's device, each fed by its own batching loop (one's host work overlaps another's run)")
 	f.BoolVar(&spin, "spin", false, "let ONNX Runtime's idle threads spin-wait (faster wake-up; steals CPU from tiers sharing the machine)")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest Score request accepted")
+	f.DurationVar(&shutdownGrace, "shutdown-grace", 10*time.Second, "time in-flight Score calls get at shutdown (SIGTERM), after the worker left the routers; keep it below the pod's terminationGracePeriodSeconds")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	tlsFlags.Register(cmd, auth.Dense)

@@ -35,7 +35,7 @@ func newServeEmbeddingCmd() *cobra.Command {
 	// Trust and admission (router-side trust work).
 	var maxInflightSamples int64
 	var dictFrames, directReads, warmRestart bool
-	var warmEvery time.Duration
+	var warmEvery, shutdownGrace time.Duration
 	cmd := &cobra.Command{
 		Use:     "embedding --db DIR --plan DIR [--plan DIR ...]",
 		Aliases: []string{"cpu"},
@@ -54,7 +54,7 @@ at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// The server takes 0 or less for its defaults.
-			if err := flagval.Positive(cmd.Flags(), "max-samples", "max-inflight-samples"); err != nil {
+			if err := flagval.Positive(cmd.Flags(), "max-samples", "max-inflight-samples", "shutdown-grace"); err != nil {
 				return err
 			}
 			// A negative interval saved at shutdown only, as 0 does.
@@ -192,7 +192,7 @@ at --advertise-addr.`,
 					}
 				}()
 			}
-			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, TLS: tlsConf, MetricsRequireClientCert: tlsFlags.MetricsClientCert, Logger: log})
+			s, err := serve.New("embedding", serve.Options{Addr: addr, MetricsAddr: metricsAddr, ShutdownGrace: shutdownGrace, TLS: tlsConf, MetricsRequireClientCert: tlsFlags.MetricsClientCert, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -220,6 +220,7 @@ at --advertise-addr.`,
 	f.StringVar(&cacheBytes, "cache-bytes", "", "Pebble block cache size below the hot tier, e.g. 32MiB (default: 256MiB, or a sixteenth of --memory-limit when that is less); in a memory limit, size it to the store's index blocks with room to spare")
 	f.StringVar(&memLimit, "memory-limit", "auto", `memory this worker may use, e.g. 8GiB (at most its memory cgroup's limit, which the kernel applies anyway): the hot tier, block cache, Go's heap limit and the bytes of lookups in flight are sized to fit it with a quarter left for the page cache; "auto": the memory cgroup's limit (a container's) when there is one; "off": no budget`)
 	f.BoolVar(&directReads, "direct-reads", true, "under a memory budget, read the blocks of the rows the hot tier misses with O_DIRECT (Linux), past the page cache; false: buffered reads, their pages dropped after each read")
+	f.DurationVar(&shutdownGrace, "shutdown-grace", 10*time.Second, "time in-flight lookups and updates get at shutdown (SIGTERM), after the worker left the routers; keep it below the pod's terminationGracePeriodSeconds")
 	f.DurationVar(&warmEvery, "warm-snapshot-every", 10*time.Minute, "with --warm-restart, also save the hot tier's keys and frequencies this often while serving, so a worker killed without a shutdown (out of memory, its node lost) restarts warm too, from at most this long ago; a save of a million rows' keys takes about 0.15-0.25 s of one core (0: at shutdown only)")
 	f.BoolVar(&warmRestart, "warm-restart", true, "when the hot tier does not hold every row: save its keys and access frequencies on shutdown, and at startup read those rows back from the store in the background while serving")
 	f.IntVar(&missParallel, "miss-parallel", 0, fmt.Sprintf("reads in flight per lookup for the rows the hot tier misses (1 to 64; 0: %d): a larger-than-memory store on a device that serves many reads at once wants more", store.DefaultMissParallel))
