@@ -509,7 +509,7 @@ func (s *Server) scorePart(ctx context.Context, m *model, req *prismv1.ScoreRequ
 	if err != nil {
 		return nil, err
 	}
-	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks()}, nil
+	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks(), TaskNames: m.taskNames}, nil
 }
 
 // awaitFanout waits for f's scores; at ctx's end it fails every part of
@@ -540,7 +540,7 @@ func (s *Server) awaitFanout(ctx context.Context, m *model, f *fanout, start tim
 	if f.err != nil {
 		return nil, f.err
 	}
-	return &prismv1.ScoreResponse{Scores: f.scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks()}, nil
+	return &prismv1.ScoreResponse{Scores: f.scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks(), TaskNames: m.taskNames}, nil
 }
 
 // combineParts combines the parts of every output f received in parts

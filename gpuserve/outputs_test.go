@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -162,7 +163,7 @@ func multiTaskPlan(t *testing.T, shape []int64) string {
 // of any other shape than one value or [k], or of more than
 // plan.MaxTasks tasks, is refused at load, naming it.
 func TestScoreMultiTask(t *testing.T) {
-	checkTwoTasks(t, multiTaskPlan(t, []int64{2}))
+	checkTwoTasks(t, multiTaskPlan(t, []int64{2}), []string{"tasks[0]", "tasks[1]"})
 	for _, tc := range []struct {
 		shape []int64
 		want  string
@@ -211,13 +212,14 @@ func TestScoreTaskOutputs(t *testing.T) {
 	if err := plan.Write(dir, p); err != nil {
 		t.Fatal(err)
 	}
-	checkTwoTasks(t, dir)
+	checkTwoTasks(t, dir, []string{p.Outputs[0].Name, "neg"})
 }
 
 // checkTwoTasks serves the plan in dir, whose scores are dlrm-tiny's
 // score and its negation (two tasks), and checks Score's answer on
-// random cut tensors against dlrm-tiny's dense.onnx run directly.
-func checkTwoTasks(t *testing.T, dir string) {
+// random cut tensors against dlrm-tiny's dense.onnx run directly, and
+// the tasks' names it gives (names).
+func checkTwoTasks(t *testing.T, dir string, names []string) {
 	t.Helper()
 	s, err := New(Options{Plans: []string{dir}, Threads: 1, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -242,6 +244,9 @@ func checkTwoTasks(t *testing.T, dir string) {
 	}
 	if resp.GetTasks() != 2 || len(resp.GetScores()) != 2*n {
 		t.Fatalf("tasks %d, %d scores; want 2, %d", resp.GetTasks(), len(resp.GetScores()), 2*n)
+	}
+	if !slices.Equal(resp.GetTaskNames(), names) {
+		t.Errorf("task names %q, want %q", resp.GetTaskNames(), names)
 	}
 	for i, w := range want {
 		if math.Abs(float64(resp.Scores[2*i]-w)) > 1e-5 || math.Abs(float64(resp.Scores[2*i+1]+w)) > 1e-5 {

@@ -154,6 +154,9 @@ type model struct {
 	// with (plan.TaskWidths): one entry, or one per task output, whose
 	// values scores interleaves sample-major.
 	widths []int
+	// taskNames names the tasks values (plan.TaskNames) when tasks > 1:
+	// ScoreResponse.task_names.
+	taskNames []string
 }
 
 // New discovers devices, loads every plan's dense.onnx and starts the
@@ -356,6 +359,11 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 		m.tasks += w
 		outputs = append(outputs, plan.Outputs[i].Name)
 	}
+	if m.tasks > 1 {
+		if m.taskNames, err = plan.TaskNames(); err != nil {
+			return nil, fmt.Errorf("load %s: %w", dir, err)
+		}
+	}
 	path, err := planFile(dir, plan.DenseModel)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
@@ -556,7 +564,7 @@ func (s *Server) Score(ctx context.Context, req *prismv1.ScoreRequest) (*prismv1
 	if err != nil {
 		return nil, err
 	}
-	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks()}, nil
+	return &prismv1.ScoreResponse{Scores: scores, DenseUs: time.Since(start).Microseconds(), Tasks: m.wireTasks(), TaskNames: m.taskNames}, nil
 }
 
 // scores is a run's answer for n samples: the score output's values, or

@@ -761,6 +761,10 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 	if err != nil {
 		return nil, err
 	}
+	taskNames, err := joinTaskNames(req.GetModel(), answers, int(tasks))
+	if err != nil {
+		return nil, err
+	}
 	if err := nonFiniteScore(req, jc, scores, n); err != nil { // finite.go
 		return nil, err
 	}
@@ -782,7 +786,41 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		version = max(version, r.Reg.ContentVersion(req.GetModel(), won.content))
 	}
 	return &prismv1.RecommendResponse{Scores: scores, Model: req.GetModel(), Version: version, RequestId: req.GetRequestId(), Content: won.content,
-		Tasks: tasks, TaskScores: taskScores}, nil
+		Tasks: tasks, TaskScores: taskScores, TaskNames: taskNames}, nil
+}
+
+// maxTaskName bounds the length of a task's name a dense worker answers
+// with (an output name).
+const maxTaskName = 256
+
+// joinTaskNames is the names of a request's k tasks (k > 1) its
+// micro-batches' answers give, nil when none gives them (workers of
+// earlier releases); Internal when two give other names, or names that
+// are not k.
+func joinTaskNames(model string, answers []answer, k int) ([]string, error) {
+	if k <= 1 {
+		return nil, nil
+	}
+	var names []string
+	for _, a := range answers {
+		got := a.names()
+		switch {
+		case len(got) == 0:
+			continue
+		case len(got) != k:
+			return nil, status.Errorf(codes.Internal, "model %q: a micro-batch of %d tasks a candidate named %d", model, k, len(got))
+		case names == nil:
+			for _, n := range got {
+				if len(n) > maxTaskName {
+					return nil, status.Errorf(codes.Internal, "model %q: a micro-batch named a task of %d bytes (at most %d)", model, len(n), maxTaskName)
+				}
+			}
+			names = got
+		case !slices.Equal(names, got):
+			return nil, status.Errorf(codes.Internal, "model %q: micro-batches of one request named its tasks %q and %q", model, names, got)
+		}
+	}
+	return names, nil
 }
 
 // tasksOf is the values per sample of a micro-batch's scores.
@@ -850,6 +888,26 @@ type answer struct {
 	// model's k. Not part of the version: same and splitVersions leave
 	// it out.
 	tasks int32
+	// taskNames names them (LookupResponse.task_names; nil: unknown),
+	// behind a pointer so answers stay comparable (map keys of version
+	// and content alone).
+	taskNames *[]string
+}
+
+// names is a's task names (nil: unknown).
+func (a answer) names() []string {
+	if a.taskNames == nil {
+		return nil
+	}
+	return *a.taskNames
+}
+
+// namesOf points at names, nil when empty.
+func namesOf(names []string) *[]string {
+	if len(names) == 0 {
+		return nil
+	}
+	return &names
 }
 
 // same says whether two answers name one version: by content where
@@ -1189,7 +1247,7 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resp.GetTimes())
-			return resp.GetScores(), answer{version: resp.GetVersion(), content: resp.GetContent(), tasks: resp.GetTasks()}, nil
+			return resp.GetScores(), answer{version: resp.GetVersion(), content: resp.GetContent(), tasks: resp.GetTasks(), taskNames: namesOf(resp.GetTaskNames())}, nil
 		}
 		last = err
 		if !retryable(ctx, err) || attempt == 1 {

@@ -80,6 +80,8 @@ type fakeCN struct {
 	// tasks, when above 1, answers as a multi-task model's workers do:
 	// tasks values a sample, task t's the one-task score + 1000*t.
 	tasks int32
+	// taskNames are answered with them (LookupResponse.task_names).
+	taskNames []string
 }
 
 func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
@@ -111,7 +113,7 @@ func (f *fakeCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	for i := range out {
 		out[i] = float32(ids[(i/k)%len(ids)]) + f.tag + 1000*float32(i%k)
 	}
-	return &prismv1.LookupResponse{Scores: out, Tasks: f.tasks}, nil
+	return &prismv1.LookupResponse{Scores: out, Tasks: f.tasks, TaskNames: f.taskNames}, nil
 }
 
 // TestScoreCountChecked: a micro-batch answered with another count of

@@ -447,7 +447,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
 			r.observe(resps[0].GetTimes())
-			return resps[0].GetScores(), answer{version: resps[0].GetVersion(), content: resps[0].GetContent(), tasks: resps[0].GetTasks()}, nil
+			return resps[0].GetScores(), answer{version: resps[0].GetVersion(), content: resps[0].GetContent(), tasks: resps[0].GetTasks(), taskNames: namesOf(resps[0].GetTaskNames())}, nil
 		}
 		last = err
 		if !retryable(ctx, err) || attempt == shardAttempts-1 {

@@ -2,6 +2,8 @@ package router
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -32,6 +34,13 @@ func TestMultiTaskReassembly(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cn := &fakeCN{tasks: tc.tasks}
+			var names []string
+			for k := range tc.tasks {
+				names = append(names, fmt.Sprintf("task%d", k))
+			}
+			if tc.tasks > 1 {
+				cn.taskNames = names
+			}
 			r := testRouter(Options{MicroBatch: tc.micro})
 			addr := startCN(t, cn)
 			emb := &prismv1.WorkerInfo{Id: "c", Role: prismv1.Role_ROLE_EMBEDDING, Addr: addr, Models: []string{"m"}, Healthy: true}
@@ -53,14 +62,17 @@ func TestMultiTaskReassembly(t *testing.T) {
 				}
 			}
 			if tc.tasks <= 1 {
-				if resp.GetTasks() != 0 || len(resp.GetTaskScores()) != 0 {
-					t.Fatalf("a model of one score answered tasks %d, %d task scores", resp.GetTasks(), len(resp.GetTaskScores()))
+				if resp.GetTasks() != 0 || len(resp.GetTaskScores()) != 0 || len(resp.GetTaskNames()) != 0 {
+					t.Fatalf("a model of one score answered tasks %d, %d task scores, task names %q", resp.GetTasks(), len(resp.GetTaskScores()), resp.GetTaskNames())
 				}
 				return
 			}
 			k := int(tc.tasks)
 			if resp.GetTasks() != tc.tasks || len(resp.GetTaskScores()) != tc.n*k {
 				t.Fatalf("tasks %d, %d task scores; want %d, %d", resp.GetTasks(), len(resp.GetTaskScores()), tc.tasks, tc.n*k)
+			}
+			if !slices.Equal(resp.GetTaskNames(), names) {
+				t.Errorf("task names %q, want the workers' %q", resp.GetTaskNames(), names)
 			}
 			for i, s := range resp.GetTaskScores() {
 				if want := float32(i/k) + 1000*float32(i%k); s != want {
@@ -106,5 +118,36 @@ func TestJoinScoresMixedTasks(t *testing.T) {
 	scores, ts, k, err := joinScores("m", parts, [][]float32{{1, 10, 2, 20}, {3, 30, 4, 40}}, []answer{{tasks: 2}, {tasks: 2}}, 4)
 	if err != nil || k != 2 || len(scores) != 4 || scores[3] != 4 || len(ts) != 8 || ts[5] != 30 {
 		t.Fatalf("joinScores: %v %v %d %v", scores, ts, k, err)
+	}
+}
+
+// TestJoinTaskNames: a request's task names are its micro-batches'
+// (LookupResponse.task_names), those that give them (workers of earlier
+// releases give none); names that are not one a task, too long, or
+// differ between micro-batches are Internal, never passed on.
+func TestJoinTaskNames(t *testing.T) {
+	ab := namesOf([]string{"ctr", "cvr"})
+	for _, tc := range []struct {
+		name    string
+		answers []answer
+		k       int
+		want    []string
+		err     string
+	}{
+		{"one task", []answer{{taskNames: ab}}, 1, nil, ""},
+		{"every micro-batch", []answer{{taskNames: ab}, {taskNames: ab}}, 2, []string{"ctr", "cvr"}, ""},
+		{"an earlier release's among them", []answer{{}, {taskNames: ab}}, 2, []string{"ctr", "cvr"}, ""},
+		{"none named", []answer{{}, {}}, 2, nil, ""},
+		{"not one a task", []answer{{taskNames: ab}}, 3, nil, "a micro-batch of 3 tasks a candidate named 2"},
+		{"named otherwise", []answer{{taskNames: ab}, {taskNames: namesOf([]string{"cvr", "ctr"})}}, 2, nil, `named its tasks ["ctr" "cvr"] and ["cvr" "ctr"]`},
+		{"too long", []answer{{taskNames: namesOf([]string{"ctr", strings.Repeat("x", maxTaskName+1)})}}, 2, nil, "a task of 257 bytes"},
+	} {
+		got, err := joinTaskNames("m", tc.answers, tc.k)
+		switch {
+		case tc.err != "" && (status.Code(err) != codes.Internal || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, want Internal with %q", tc.name, err, tc.err)
+		case tc.err == "" && (err != nil || !slices.Equal(got, tc.want)):
+			t.Errorf("%s: %q, %v; want %q", tc.name, got, err, tc.want)
+		}
 	}
 }

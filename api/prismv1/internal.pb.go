@@ -387,7 +387,9 @@ type LookupResponse struct {
 	// empty from workers of earlier releases).
 	Content string `protobuf:"bytes,4,opt,name=content,proto3" json:"content,omitempty"`
 	// tasks is the dense worker's ScoreResponse.tasks, passed on.
-	Tasks         int32 `protobuf:"varint,5,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	Tasks int32 `protobuf:"varint,5,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	// task_names is the dense worker's ScoreResponse.task_names, passed on.
+	TaskNames     []string `protobuf:"bytes,6,rep,name=task_names,json=taskNames,proto3" json:"task_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -455,6 +457,13 @@ func (x *LookupResponse) GetTasks() int32 {
 		return x.Tasks
 	}
 	return 0
+}
+
+func (x *LookupResponse) GetTaskNames() []string {
+	if x != nil {
+		return x.TaskNames
+	}
+	return nil
 }
 
 // StageTimes break one micro-batch's time down, in microseconds.
@@ -683,7 +692,12 @@ type ScoreResponse struct {
 	// tasks is the number of values per sample in scores: 0 (workers of
 	// earlier releases, and models of one score) or k > 1 for a model whose
 	// first output has per-sample shape [k].
-	Tasks         int32 `protobuf:"varint,3,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	Tasks int32 `protobuf:"varint,3,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	// task_names names the tasks values of a sample, in order, when tasks
+	// > 1 (plan.json's outputs: an output's name for one of one value a
+	// sample, NAME[j] for value j of an output of k). Empty from workers
+	// of earlier releases.
+	TaskNames     []string `protobuf:"bytes,4,rep,name=task_names,json=taskNames,proto3" json:"task_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -737,6 +751,13 @@ func (x *ScoreResponse) GetTasks() int32 {
 		return x.Tasks
 	}
 	return 0
+}
+
+func (x *ScoreResponse) GetTaskNames() []string {
+	if x != nil {
+		return x.TaskNames
+	}
+	return nil
 }
 
 type WorkerInfo struct {
@@ -1863,13 +1884,15 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05shard\x18\t \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\n" +
 	" \x01(\x05R\x06shards\x12\x18\n" +
-	"\acontent\x18\v \x01(\tR\acontent\"\x9e\x01\n" +
+	"\acontent\x18\v \x01(\tR\acontent\"\xbd\x01\n" +
 	"\x0eLookupResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12*\n" +
 	"\x05times\x18\x02 \x01(\v2\x14.prism.v1.StageTimesR\x05times\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\x03R\aversion\x12\x18\n" +
 	"\acontent\x18\x04 \x01(\tR\acontent\x12\x14\n" +
-	"\x05tasks\x18\x05 \x01(\x05R\x05tasks\"\xc1\x01\n" +
+	"\x05tasks\x18\x05 \x01(\x05R\x05tasks\x12\x1d\n" +
+	"\n" +
+	"task_names\x18\x06 \x03(\tR\ttaskNames\"\xc1\x01\n" +
 	"\n" +
 	"StageTimes\x12\x1b\n" +
 	"\tdecode_us\x18\x01 \x01(\x03R\bdecodeUs\x12\x1b\n" +
@@ -1891,11 +1914,13 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05shard\x18\x06 \x01(\x05R\x05shard\x12\x16\n" +
 	"\x06shards\x18\a \x01(\x05R\x06shards\x12\x1a\n" +
 	"\bsharding\x18\b \x01(\tR\bsharding\x12\x18\n" +
-	"\acontent\x18\t \x01(\tR\acontent\"X\n" +
+	"\acontent\x18\t \x01(\tR\acontent\"w\n" +
 	"\rScoreResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x19\n" +
 	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xca\t\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\x12\x1d\n" +
+	"\n" +
+	"task_names\x18\x04 \x03(\tR\ttaskNames\"\xca\t\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +

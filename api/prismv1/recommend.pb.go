@@ -289,7 +289,15 @@ type RecommendResponse struct {
 	// candidate-major: candidate i's score of task t is
 	// task_scores[i*tasks + t] (so task_scores[i*tasks] == scores[i]).
 	// Empty for a model of one score.
-	TaskScores    []float32 `protobuf:"fixed32,8,rep,packed,name=task_scores,json=taskScores,proto3" json:"task_scores,omitempty"`
+	TaskScores []float32 `protobuf:"fixed32,8,rep,packed,name=task_scores,json=taskScores,proto3" json:"task_scores,omitempty"`
+	// task_names names the tasks of a multi-task model, in task_scores'
+	// order: the model's output names where it has one output per task
+	// (ctr, cvr; the order prism partition --tasks chose), NAME[j] for
+	// value j of an output of k values. A client checks it rather than
+	// assume an order: a retrained model may order its tasks otherwise.
+	// Empty for a model of one score, and from workers of earlier
+	// releases.
+	TaskNames     []string `protobuf:"bytes,9,rep,name=task_names,json=taskNames,proto3" json:"task_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +384,13 @@ func (x *RecommendResponse) GetTasks() int32 {
 func (x *RecommendResponse) GetTaskScores() []float32 {
 	if x != nil {
 		return x.TaskScores
+	}
+	return nil
+}
+
+func (x *RecommendResponse) GetTaskNames() []string {
+	if x != nil {
+		return x.TaskNames
 	}
 	return nil
 }
@@ -674,7 +689,7 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"candidates\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x06 \x01(\tR\trequestId\x12\x18\n" +
-	"\acontent\x18\a \x01(\tR\acontent\"\xf9\x01\n" +
+	"\acontent\x18\a \x01(\tR\acontent\"\x98\x02\n" +
 	"\x11RecommendResponse\x12\x16\n" +
 	"\x06scores\x18\x01 \x03(\x02R\x06scores\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x18\n" +
@@ -685,7 +700,9 @@ const file_api_prismv1_recommend_proto_rawDesc = "" +
 	"\acontent\x18\x06 \x01(\tR\acontent\x12\x14\n" +
 	"\x05tasks\x18\a \x01(\x05R\x05tasks\x12\x1f\n" +
 	"\vtask_scores\x18\b \x03(\x02R\n" +
-	"taskScores\"<\n" +
+	"taskScores\x12\x1d\n" +
+	"\n" +
+	"task_names\x18\t \x03(\tR\ttaskNames\"<\n" +
 	"\fRequestError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"a\n" +

@@ -227,10 +227,17 @@ func multiTaskServed(t *testing.T, m *exporters.Model) {
 	defer cancel()
 	name := p.Model.Name
 	req := toRequest(name, scoredSamples(t, p, n), nil)
+	names, err := p.TaskNames()
+	if err != nil {
+		t.Fatal(err)
+	}
 	check := func(how string, resp *prismv1.RecommendResponse) {
 		t.Helper()
 		if resp.GetTasks() != tasks || len(resp.GetTaskScores()) != n*tasks || len(resp.GetScores()) != n {
 			t.Fatalf("%s: tasks %d, %d task scores, %d scores; want %d, %d, %d", how, resp.GetTasks(), len(resp.GetTaskScores()), len(resp.GetScores()), tasks, n*tasks, n)
+		}
+		if !slices.Equal(resp.GetTaskNames(), names) {
+			t.Errorf("%s: task names %q, want the plan's %q", how, resp.GetTaskNames(), names)
 		}
 		var worst float64
 		for i, v := range resp.GetTaskScores() {

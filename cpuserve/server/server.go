@@ -556,7 +556,7 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 		return nil, status.Errorf(codes.Internal, "dense worker %s returned %d scores for %d samples of %d tasks", req.GetDenseAddr(), len(resp.GetScores()), n, max(tasks, 1))
 	}
 	s.met.observe(times)
-	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name), Content: m.content, Tasks: tasks}, nil
+	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name), Content: m.content, Tasks: tasks, TaskNames: resp.GetTaskNames()}, nil
 }
 
 // activeVersion is the version of model the store serves (0 if it cannot
