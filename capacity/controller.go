@@ -32,9 +32,13 @@ type lease struct {
 	decidedAt     time.Duration // the borrow decision it answers
 	servingAt     time.Duration
 	serving       bool
-	draining      bool
-	drainedAt     time.Duration
-	drainReason   string // ReasonLowDemand, ReasonReclaim or ReasonLost
+	// down: it served, and is now observed starting (out of the
+	// registry, its lender still lists it running) since downSince.
+	down        bool
+	downSince   time.Duration
+	draining    bool
+	drainedAt   time.Duration
+	drainReason string // ReasonLowDemand, ReasonReclaim or ReasonLost
 	// retry: adopted draining after a return the lender failed; it is
 	// returned again in the tick that adopts it.
 	retry    bool
@@ -197,6 +201,12 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 			l.serving, l.servingAt = true, now
 			c.stats.observeStartup(now - l.decidedAt)
 		}
+		switch {
+		case w.State == Serving:
+			l.down = false
+		case l.serving && w.State == Starting && !l.down:
+			l.down, l.downSince = true, now
+		}
 	}
 
 	// Reclaims: drain at once, release by the lender's deadline.
@@ -235,6 +245,13 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 			// every other borrowed worker of its model from going back.
 			l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonNoStart, now+c.o.DrainTimeout
 			emit(Decision{Kind: Drain, Model: l.model, Worker: id, Reason: ReasonNoStart})
+		case ok && !l.draining && l.down && now-l.downSince >= c.o.BorrowTimeout:
+			// Served, then out of the registry for the borrow timeout
+			// while its lender lists it running (a container that
+			// crash-loops in place, a hung worker): held, it counted as
+			// capacity for the rest of the loan and kept its device.
+			l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonStopped, now+c.o.DrainTimeout
+			emit(Decision{Kind: Drain, Model: l.model, Worker: id, Reason: ReasonStopped})
 		case !ok && !l.draining:
 			if l.missing >= c.o.LostAfter {
 				l.draining, l.drainedAt, l.drainReason, l.deadline = true, now, ReasonLost, now+c.o.DrainTimeout

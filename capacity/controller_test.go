@@ -34,6 +34,11 @@ import (
 //	                                             workers serving serve-after
 //	                                             after they arrive
 //	serving <worker>... | all                    starting workers now serve
+//	stop <worker>...                             serving workers leave the
+//	                                             registry, still lent and
+//	                                             running (a crashed container
+//	                                             restarting, a hung worker):
+//	                                             observed starting
 //	inflight <worker>=<n>...
 //	reclaim <worker> grace=<d>                   at the next tick
 //	fail <model> <n>                             a borrow failed, next tick
@@ -146,6 +151,13 @@ func TestController(t *testing.T) {
 						if (a.Key == "all" || a.Key == ww.ID) && ww.State == Starting {
 							ww.State = Serving
 						}
+					}
+				}
+				return ""
+			case "stop":
+				for _, a := range d.CmdArgs {
+					if ww := w.worker(t, d, a.Key); ww.State == Serving {
+						ww.State = Starting
 					}
 				}
 				return ""

@@ -48,6 +48,7 @@ const (
 	ReasonGraceEnd  = "grace end"
 	ReasonLost      = "lost"
 	ReasonNoStart   = "did not start"
+	ReasonStopped   = "stopped serving"
 	ReasonRetry     = "return retried"
 	ReasonUncovered = "demand uncovered"
 	ReasonCovered   = "demand covered"

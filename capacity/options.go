@@ -62,9 +62,11 @@ type Options struct {
 	// serving, used until one has been measured (2m).
 	StartupEstimate time.Duration
 	// BorrowTimeout: a borrow whose worker has not appeared after it is
-	// given up, and a borrowed worker that has not served by then is
-	// drained and returned (10m, or twice StartupEstimate if longer; it
-	// must exceed StartupEstimate).
+	// given up, and a borrowed worker that has not served by then, or
+	// that served and has been out of the registry this long since
+	// (its lender still lists it running), is drained and returned (10m,
+	// or twice StartupEstimate if longer; it must exceed
+	// StartupEstimate).
 	BorrowTimeout time.Duration
 	// DrainTimeout: a worker drained for low demand is returned when its
 	// in-flight work is done or after this long (1m). A reclaim uses the

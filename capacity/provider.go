@@ -40,6 +40,9 @@ type Provider interface {
 type ProviderReclaim struct {
 	Worker string
 	Grace  time.Duration
+	// At is when the lender reclaimed it, from which Grace runs (zero:
+	// when the driver hears of it, at its next tick).
+	At time.Time
 }
 
 // LentWorker is one lent worker as the lender sees it.

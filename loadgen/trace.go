@@ -33,6 +33,10 @@ type TraceOptions struct {
 type Trace struct {
 	Step  time.Duration
 	Rates []float64
+	// Filled counts the windows with no row, each given the rate of the
+	// window before it; LongestGap is the longest run of them.
+	Filled     int
+	LongestGap time.Duration
 }
 
 var timeNames = []string{"timestamp", "timestamp_anon", "time", "ts"}
@@ -137,12 +141,19 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 		rates[i] += v
 		seen[i] = true
 	}
+	tr := &Trace{Step: time.Duration(win * float64(time.Second)), Rates: rates}
+	run := 0
 	for i := 1; i < n; i++ {
-		if !seen[i] {
-			rates[i] = rates[i-1]
+		if seen[i] {
+			run = 0
+			continue
 		}
+		rates[i] = rates[i-1]
+		tr.Filled++
+		run++
+		tr.LongestGap = max(tr.LongestGap, time.Duration(run)*tr.Step)
 	}
-	return &Trace{Step: time.Duration(win * float64(time.Second)), Rates: rates}, nil
+	return tr, nil
 }
 
 // column picks the time or value column: want if given, else the first

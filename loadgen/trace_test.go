@@ -184,3 +184,15 @@ func TestTraceCountColumn(t *testing.T) {
 		t.Errorf("qps: rates %v, want %v", tr.Rates, want)
 	}
 }
+
+// TestTraceGaps: the windows without a row, each given the rate before
+// it, are counted, and the longest run of them.
+func TestTraceGaps(t *testing.T) {
+	tr, err := ParseTrace(strings.NewReader("time,value\n0,1\n10,2\n40,3\n50,4\n80,5\n"), "t.csv", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Filled != 4 || tr.LongestGap != 20*time.Second || !slices.Equal(tr.Rates, []float64{1, 2, 2, 2, 3, 4, 4, 4, 5}) {
+		t.Errorf("rates %v, %d filled, longest gap %v; want 4 filled, 20s", tr.Rates, tr.Filled, tr.LongestGap)
+	}
+}

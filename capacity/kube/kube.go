@@ -344,13 +344,26 @@ func (p *Provider) setTemplate(tmpl *corev1.PodTemplateSpec, owner metav1.OwnerR
 }
 
 // deviceOf is the container's GPU or MIG resource and its count: the
-// first extended resource (a name with a domain) it limits or requests.
+// first extended resource (a name with a domain) it limits or requests
+// whose name says a GPU or a MIG slice (nvidia.com/gpu, amd.com/gpu,
+// nvidia.com/mig-1g.10gb), else the first extended resource. By name
+// order alone, a NIC asked for beside the GPU (intel.com/sriov_netdevice,
+// for RDMA) was taken for the device.
 func deviceOf(c *corev1.Container) (corev1.ResourceName, int64) {
-	for _, l := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
-		for _, name := range slices.Sorted(maps.Keys(l)) {
-			if strings.Contains(string(name), "/") && !strings.HasPrefix(string(name), "kubernetes.io/") && !strings.Contains(string(name), ".kubernetes.io/") {
-				q := l[name]
-				return name, q.Value()
+	extended := func(name corev1.ResourceName) bool {
+		return strings.Contains(string(name), "/") && !strings.HasPrefix(string(name), "kubernetes.io/") && !strings.Contains(string(name), ".kubernetes.io/")
+	}
+	gpu := func(name corev1.ResourceName) bool {
+		_, n, _ := strings.Cut(string(name), "/")
+		return strings.Contains(n, "gpu") || strings.HasPrefix(n, "mig-")
+	}
+	for _, want := range []func(corev1.ResourceName) bool{gpu, func(corev1.ResourceName) bool { return true }} {
+		for _, l := range []corev1.ResourceList{c.Resources.Limits, c.Resources.Requests} {
+			for _, name := range slices.Sorted(maps.Keys(l)) {
+				if extended(name) && want(name) {
+					q := l[name]
+					return name, q.Value()
+				}
 			}
 		}
 	}
@@ -489,7 +502,7 @@ func (p *Provider) reclaim(w *worker, grace time.Duration, why string) {
 		return
 	}
 	select {
-	case p.reclaims <- capacity.ProviderReclaim{Worker: w.id, Grace: grace}:
+	case p.reclaims <- capacity.ProviderReclaim{Worker: w.id, Grace: grace, At: p.o.Now()}:
 		w.reclaimed = true
 		p.o.Logf("the cluster reclaims %s with %s grace (%s)", w.id, grace, why)
 	default:

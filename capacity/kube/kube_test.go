@@ -104,6 +104,11 @@ func reclaim(t *testing.T, p *Provider) capacity.ProviderReclaim {
 	t.Helper()
 	select {
 	case r := <-p.Reclaims():
+		// The grace runs from the reclaim: the driver times the
+		// deadline from At, not from its next tick.
+		if r.At.IsZero() {
+			t.Errorf("reclaim %+v without its time", r)
+		}
 		return r
 	case <-time.After(10 * time.Second):
 		t.Fatal("no reclaim reported")
@@ -183,6 +188,47 @@ func TestBorrowPodSpec(t *testing.T) {
 	}
 	if _, err := p.Borrow(context.Background(), "dlrm", 3); err == nil {
 		t.Error("borrowing past max: no error")
+	}
+}
+
+// TestDeviceBesideOtherExtendedResources: a dense worker that asks for
+// a NIC (an SR-IOV virtual function, for RDMA) beside its GPU has the GPU
+// taken for its device, whatever the names' order: Idle counts the
+// pool's GPUs, and resource= replaces the GPU and leaves the NIC. Taken
+// by name order, intel.com/sriov_netdevice was the device: Idle counted
+// NICs, and resource= dropped the NIC's request and kept the whole GPU
+// beside the MIG slice it asked for, a Pod no MIG node could take.
+func TestDeviceBesideOtherExtendedResources(t *testing.T) {
+	for _, mig := range []corev1.ResourceName{"", "nvidia.com/mig-3g.40gb"} {
+		dep := denseDeployment()
+		res := &dep.Spec.Template.Spec.Containers[0].Resources
+		nic := resource.MustParse("1")
+		res.Requests["intel.com/sriov_netdevice"], res.Limits["intel.com/sriov_netdevice"] = nic, nic
+		c := fake.NewClientset(dep)
+		p, _ := newLender(t, c, Options{Resource: mig})
+		want := corev1.ResourceName("nvidia.com/gpu")
+		if mig != "" {
+			want = mig
+		}
+		if p.resource != want || p.per != 1 {
+			t.Errorf("resource=%q: the device is %d %q, want 1 %q", mig, p.per, p.resource, want)
+		}
+		ids, err := p.Borrow(context.Background(), "dlrm", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod, err := c.CoreV1().Pods(ns).Get(context.Background(), ids[0], metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := pod.Spec.Containers[0].Resources
+		q := got.Limits[want]
+		if _, ok := got.Limits["intel.com/sriov_netdevice"]; !ok || q.Value() != 1 {
+			t.Errorf("resource=%q: limits %v, want the NIC kept and one %s", mig, got.Limits, want)
+		}
+		if _, ok := got.Limits["nvidia.com/gpu"]; mig != "" && ok {
+			t.Errorf("resource=%q: limits %v keep the whole GPU beside the slice", mig, got.Limits)
+		}
 	}
 }
 

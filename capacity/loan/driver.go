@@ -386,7 +386,16 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 	for {
 		select {
 		case r := <-d.o.Provider.Reclaims():
-			obs.Reclaims = append(obs.Reclaims, capacity.Reclaim{Worker: r.Worker, Deadline: now.Sub(d.start) + r.Grace})
+			// The grace runs from the lender's reclaim, not from this
+			// tick: timed from the tick, a worker of a lender that
+			// takes its device back at the grace's end (the local one
+			// relies on the controller for it) was held up to a tick
+			// past it.
+			at := now
+			if !r.At.IsZero() && r.At.Before(now) {
+				at = r.At
+			}
+			obs.Reclaims = append(obs.Reclaims, capacity.Reclaim{Worker: r.Worker, Deadline: at.Sub(d.start) + r.Grace})
 			d.record(now, Event{Kind: "reclaim", Worker: r.Worker, Reason: fmt.Sprintf("lender, %s grace", r.Grace)})
 			d.o.Logf("loan: the %s lender reclaims %s (grace %s)", d.o.Provider.Name(), r.Worker, r.Grace)
 			continue

@@ -20,9 +20,11 @@ import (
 type fakeLender struct {
 	mu       sync.Mutex
 	max, seq int
-	workers  map[string]*capacity.LentWorker
-	reclaims chan capacity.ProviderReclaim
-	log      []string
+	// slowDrain: a drained worker runs on (it holds work) until returned.
+	slowDrain bool
+	workers   map[string]*capacity.LentWorker
+	reclaims  chan capacity.ProviderReclaim
+	log       []string
 }
 
 func (f *fakeLender) Name() string { return "fake" }
@@ -52,7 +54,7 @@ func (f *fakeLender) Drain(_ context.Context, id string) error {
 		f.log = append(f.log, "drain "+id+": not lent")
 		return fmt.Errorf("drain %s: not lent", id)
 	}
-	w.Draining, w.Running = true, false // exits at once: it held nothing
+	w.Draining, w.Running = true, f.slowDrain // exits at once: it held nothing
 	f.log = append(f.log, "drain "+id)
 	return nil
 }
@@ -91,6 +93,9 @@ type rig struct {
 	mu     sync.Mutex
 	total  float64
 	down   bool // the router's /metrics answers 503
+	// unlisted are lent workers the registry leaves out though they run
+	// (crash-looping in place, hung).
+	unlisted map[string]bool
 }
 
 // newRig starts a rig whose registry lists an owned dense worker and,
@@ -98,7 +103,7 @@ type rig struct {
 func newRig(t *testing.T, ctl capacity.Options, registerLent bool) *rig {
 	t.Helper()
 	r := &rig{t: t, now: time.Unix(1000, 0),
-		lender: &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}}
+		lender: &fakeLender{max: 2, workers: map[string]*capacity.LentWorker{}, reclaims: make(chan capacity.ProviderReclaim, 4)}, unlisted: map[string]bool{}}
 	metrics := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -115,7 +120,7 @@ func newRig(t *testing.T, ctl capacity.Options, registerLent bool) *rig {
 			ws := []*prismv1.WorkerInfo{{Id: "owned", Role: prismv1.Role_ROLE_DENSE, Addr: "addr-owned"}}
 			if registerLent {
 				for _, w := range r.lender.Workers() {
-					if w.Running && !w.Draining {
+					if w.Running && !w.Draining && !r.unlisted[w.ID] {
 						ws = append(ws, &prismv1.WorkerInfo{Id: "reg-" + w.ID, Role: prismv1.Role_ROLE_DENSE, Addr: w.Addr})
 					}
 				}
@@ -465,5 +470,62 @@ func TestPredictiveBorrowsAheadOfPromotion(t *testing.T) {
 	}
 	if at := firstBorrow(capacity.Reactive); at <= 30*time.Second {
 		t.Errorf("reactive borrowed at %v, before the promotion's demand was measured", at)
+	}
+}
+
+// TestServedWorkerOutOfRegistryReturned: a borrowed worker that served,
+// then left the registry while its lender still lists it running (a Pod
+// whose container crash-loops in place: the Pod stays Running), is
+// drained and returned after the borrow timeout, and replaced. Held, it
+// counted as capacity for the rest of the loan while serving nothing.
+func TestServedWorkerOutOfRegistryReturned(t *testing.T) {
+	r := newRig(t, capacity.Options{MinLease: time.Hour, CoolDown: time.Hour, MaxBorrowed: 2, StartupEstimate: 2 * time.Second, BorrowTimeout: 5 * time.Second}, true)
+	lender, d := r.lender, r.d
+	r.step(0, false)
+	for range 3 {
+		r.step(180, false)
+	}
+	if n := len(lender.Workers()); n != 2 {
+		t.Fatalf("%d borrowed, want 2; %v", n, lender.log)
+	}
+	r.mu.Lock()
+	r.unlisted["w1"] = true
+	r.mu.Unlock()
+	for range 10 {
+		r.step(180, false)
+	}
+	if got := strings.Join(lender.log, ","); !strings.Contains(got, "drain w1,return w1,borrow w3") {
+		t.Errorf("lender saw %s; want w1, out of the registry past the borrow timeout, drained, returned and replaced", got)
+	}
+	if ev := d.Stats().Events[capacity.EventKey{Kind: "drain", Reason: capacity.ReasonStopped}]; ev != 1 {
+		t.Errorf("drains for a worker that stopped serving: %d, want 1", ev)
+	}
+}
+
+// TestReclaimGraceFromTheReclaim: a reclaim's grace runs from the
+// lender's reclaim, not from the tick that hears of it. A worker
+// reclaimed 10s before the tick (a tick of 10s) with a 10s grace, still
+// running with work, is past its deadline at that tick: drained then and
+// released at the next. Timed from the tick, the deadline was 10s later,
+// and the lender's device was held 10s past the grace it gave.
+func TestReclaimGraceFromTheReclaim(t *testing.T) {
+	r := newRig(t, capacity.Options{MinLease: time.Hour, CoolDown: time.Hour, MaxBorrowed: 2}, true)
+	lender, d := r.lender, r.d
+	lender.slowDrain = true
+	r.step(0, false)
+	for range 3 {
+		r.step(180, false)
+	}
+	if n := len(lender.Workers()); n != 2 {
+		t.Fatalf("%d borrowed, want 2; %v", n, lender.log)
+	}
+	lender.reclaims <- capacity.ProviderReclaim{Worker: "w1", Grace: 10 * time.Second, At: r.now.Add(-9 * time.Second)}
+	r.step(180, false) // hears of it 10s after the reclaim: its grace is over
+	r.step(180, false)
+	if got := strings.Join(lender.log, ","); !strings.Contains(got, "drain w1,return w1") {
+		t.Fatalf("lender saw %s; want w1 drained and returned a tick after its grace ended", got)
+	}
+	if s := d.Stats(); s.ReleasedWithInFlight != 1 {
+		t.Errorf("released with work in flight: %d, want 1 (w1 still held its work at the grace's end)", s.ReleasedWithInFlight)
 	}
 }

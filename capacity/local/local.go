@@ -369,7 +369,7 @@ func (p *Provider) Reclaim(id string, grace time.Duration) (string, error) {
 		return w.id, nil
 	}
 	select {
-	case p.reclaims <- capacity.ProviderReclaim{Worker: w.id, Grace: grace}:
+	case p.reclaims <- capacity.ProviderReclaim{Worker: w.id, Grace: grace, At: p.o.Now()}:
 	default:
 		return "", errors.New("local lender: reclaim: too many reclaims waiting")
 	}

@@ -189,8 +189,8 @@ func TestReclaim(t *testing.T) {
 	if err != nil || id != ids[0] {
 		t.Fatalf("reclaim: %q, %v", id, err)
 	}
-	if r := <-p.Reclaims(); r.Grace != 2*time.Second {
-		t.Errorf("grace %v", r.Grace)
+	if r := <-p.Reclaims(); r.Grace != 2*time.Second || r.At.IsZero() || r.At.After(time.Now()) {
+		t.Errorf("grace %v, at %v: want 2s from the reclaim (the controller times the deadline from it)", r.Grace, r.At)
 	}
 }
 

@@ -33,9 +33,16 @@ type LoanConfig struct {
 // Loan replays the trace once per policy, prints each report and writes
 // the outputs.
 func Loan(w io.Writer, c LoanConfig) error {
-	step, rates, err := ReadTrace(c.Trace, c.Scale, c.TraceOptions)
+	tr, err := ReadTrace(c.Trace, c.Scale, c.TraceOptions)
 	if err != nil {
 		return err
+	}
+	step, rates := tr.Step, tr.Rates
+	if tr.Filled > 0 {
+		// A gap is read as the demand standing (a scrape missed, not
+		// traffic gone): said, so that a trace with hours missing is
+		// not planned on as if it had them.
+		fmt.Fprintf(w, "note: the trace has no row in %d of its %d windows of %v (the longest gap %v): each is given the rate of the window before it\n", tr.Filled, len(rates), step, tr.LongestGap)
 	}
 	if len(c.Policies) == 0 {
 		return fmt.Errorf("no policy to simulate")

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"time"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -20,24 +19,23 @@ import (
 // ReadTrace reads a QPS trace CSV the way the load generator does
 // (loadgen.ParseTrace with o: rows summed per time window, a gap repeats
 // the last window) and multiplies its rates by scale.
-func ReadTrace(path string, scale float64, o loadgen.TraceOptions) (time.Duration, []float64, error) {
+func ReadTrace(path string, scale float64, o loadgen.TraceOptions) (*loadgen.Trace, error) {
 	if !(scale > 0) {
-		return 0, nil, fmt.Errorf("trace scale must be positive, got %v", scale)
+		return nil, fmt.Errorf("trace scale must be positive, got %v", scale)
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return 0, nil, fmt.Errorf("open trace: %w", err)
+		return nil, fmt.Errorf("open trace: %w", err)
 	}
 	defer f.Close()
 	tr, err := loadgen.ParseTrace(f, filepath.Base(path), o)
 	if err != nil {
-		return 0, nil, err
+		return nil, err
 	}
-	rates := make([]float64, len(tr.Rates))
-	for i, r := range tr.Rates {
-		rates[i] = r * scale
+	for i := range tr.Rates {
+		tr.Rates[i] *= scale
 	}
-	return tr.Step, rates, nil
+	return tr, nil
 }
 
 // WriteSummary prints a report for people, the paper's claim beside it.

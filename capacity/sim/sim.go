@@ -139,6 +139,18 @@ func (c *Config) Validate() error {
 	if c.Owned < 0 || c.LenderIdle < 0 {
 		errs = append(errs, fmt.Errorf("owned %d and lender idle %d must not be negative", c.Owned, c.LenderIdle))
 	}
+	if c.CapacityPerWorker > 0 && !math.IsInf(c.CapacityPerWorker, 0) && len(c.Rates) > 0 {
+		// The peak, bounded above: the highest rate times the highest
+		// product of factors in force at once. Past a float or past any cluster, the report's GPU
+		// counts overflowed an int (static for the peak: a negative
+		// number of GPUs), or the controller refused a demand of +Inf
+		// at the tick that met it, naming no cause.
+		f := maxFactor(c.Promotions)
+		peak := slices.Max(c.Rates) * f
+		if w := peak / c.CapacityPerWorker; !(w <= maxWorkers) {
+			errs = append(errs, fmt.Errorf("the peak demand, %g samples/s (the trace's highest rate %g times promotion factors up to %g), needs %g workers of %g samples/s: more than any cluster has; check the trace's scale, the capacity per worker and the promotion factors", peak, slices.Max(c.Rates), f, w, c.CapacityPerWorker))
+		}
+	}
 	for _, r := range c.Reclaims {
 		switch {
 		case r < 0:
@@ -148,6 +160,21 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxWorkers bounds the workers a simulation's peak may need (as the
+// controller's own bound): far more than any cluster has, far from
+// overflowing the report's counts.
+const maxWorkers = 1 << 30
+
+// maxFactor bounds the product of promotion factors in force at once:
+// 1 (no promotion on), or the product at a promotion's start.
+func maxFactor(ps []capacity.Promotion) float64 {
+	f := 1.0
+	for _, p := range ps {
+		f = math.Max(f, capacity.Factor(ps, p.Start))
+	}
+	return f
 }
 
 // Point is the state at one tick.

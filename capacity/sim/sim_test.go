@@ -207,6 +207,14 @@ func TestConfigErrors(t *testing.T) {
 		{func(c *Config) { c.Owned = -1 }, "owned -1"},
 		{func(c *Config) { c.Reclaims = []time.Duration{c.Step * time.Duration(len(c.Rates))} }, "past the trace's end"},
 		{func(c *Config) { c.Promotions[0].Start = c.Step * time.Duration(len(c.Rates)+1) }, "starts past the trace's end"},
+		// A peak no cluster has: the report's GPU counts overflowed (a
+		// negative static GPU count), or a demand of +Inf failed a tick.
+		{func(c *Config) { c.CapacityPerWorker = 1e-300 }, "more than any cluster has"},
+		{func(c *Config) { c.Promotions[0].Factor = 1e308 }, "more than any cluster has"},
+		{func(c *Config) {
+			c.Promotions = append(c.Promotions, capacity.Promotion{Start: c.Promotions[0].Start, Duration: time.Minute, Factor: 1e200})
+			c.Promotions[0].Factor = 1e200
+		}, "promotion factors up to +Inf"},
 	} {
 		cfg := spike(capacity.Reactive)
 		c.mod(&cfg)
@@ -258,6 +266,37 @@ func TestLoanTraceWindow(t *testing.T) {
 		}
 		if !strings.Contains(w.String(), c.want) {
 			t.Errorf("window %v: want %q in\n%s", c.window, c.want, w.String())
+		}
+	}
+}
+
+// TestLoanNotesGaps: a trace with rows missing (the gateway trace has
+// 265 of its 1410 windows empty, the longest gap 57 minutes) is planned
+// with the rate before each gap standing through it, and the summary
+// says so: silently, a trace with hours missing was planned on as if it
+// had them. A trace with none missing has no note.
+func TestLoanNotesGaps(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		rows string
+		want string
+	}{
+		{"0,100\n60,100\n120,300\n300,100\n360,100\n", "note: the trace has no row in 2 of its 7 windows of 1m0s (the longest gap 2m0s)"},
+		{"0,100\n60,100\n120,300\n", ""},
+	} {
+		trace := filepath.Join(dir, "qps.csv")
+		if err := os.WriteFile(trace, []byte("timestamp_anon,value\n"+c.rows), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var w strings.Builder
+		if err := Loan(&w, LoanConfig{Trace: trace, Scale: 1, Policies: []capacity.Policy{capacity.Reactive}, Base: Config{CapacityPerWorker: 100, Owned: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		switch out := w.String(); {
+		case c.want != "" && !strings.Contains(out, c.want):
+			t.Errorf("want %q in\n%s", c.want, out)
+		case c.want == "" && strings.Contains(out, "note: the trace"):
+			t.Errorf("no gap, a note:\n%s", out)
 		}
 	}
 }
