@@ -154,6 +154,13 @@ func TestController(t *testing.T) {
 					}
 				}
 				return ""
+			case "lent":
+				// lent MODEL ID: a borrowed worker serving that this
+				// controller never asked for (a restarted lender adopted
+				// it from the run before).
+				id := d.CmdArgs[1].Key
+				w.workers[id] = &wworker{Worker: Worker{ID: id, State: Serving, Borrowed: true}, model: d.CmdArgs[0].Key, arrived: w.now}
+				return ""
 			case "stop":
 				for _, a := range d.CmdArgs {
 					if ww := w.worker(t, d, a.Key); ww.State == Serving {

@@ -224,8 +224,9 @@ type worker struct {
 var _ capacity.Provider = (*Provider)(nil)
 
 // New reads the dense StatefulSet's (or Deployment's) pod template, starts watching the
-// lender's Pods, and deletes (with their grace) Pods a previous run of
-// this lender left. o is defaulted and validated.
+// lender's Pods, adopts the running Pods a previous run of this lender
+// left (up to Max: adopt), and deletes (with their grace) the others.
+// o is defaulted and validated.
 func New(ctx context.Context, o Options) (*Provider, error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
@@ -259,9 +260,22 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	if err := p.watch(ctx); err != nil {
 		return nil, err
 	}
+	left := make([]*corev1.Pod, 0, len(p.informer.GetStore().List()))
 	for _, obj := range p.informer.GetStore().List() {
-		pod := obj.(*corev1.Pod)
+		left = append(left, obj.(*corev1.Pod))
+	}
+	// Oldest first: adopted up to Max, the longest serving kept.
+	slices.SortFunc(left, func(a, b *corev1.Pod) int {
+		if c := a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	for _, pod := range left {
 		if pod.DeletionTimestamp != nil {
+			continue
+		}
+		if p.adopt(pod) {
 			continue
 		}
 		o.Logf("deleting %s, left lent by an earlier run", pod.Name)
@@ -276,6 +290,34 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 		}
 	}
 	return p, nil
+}
+
+// adopt takes a Pod an earlier run of this lender lent, still running
+// and naming its model, as lent by this one (up to Max), and says
+// whether it did: a run that ended without Close (killed, its node
+// lost, out of memory) left workers serving a peak, which deleting
+// took from the peak at once, and borrowing again returned minutes
+// later. The controller adopts it as a borrowed worker nobody asked
+// for, returned as any other once demand falls.
+func (p *Provider) adopt(pod *corev1.Pod) bool {
+	model := pod.Annotations[AnnotationModel]
+	if model == "" || len(pod.Spec.Containers) == 0 || pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+		return false
+	}
+	p.mu.Lock()
+	if len(p.workers) >= p.o.Max {
+		p.mu.Unlock()
+		return false
+	}
+	lent := pod.CreationTimestamp.Time
+	if lent.IsZero() {
+		lent = p.o.Now()
+	}
+	p.workers[pod.Name] = &worker{id: pod.Name, model: model, lent: lent, running: true}
+	p.mu.Unlock()
+	p.o.Logf("adopting %s (model %s), lent by an earlier run", pod.Name, model)
+	p.onPod(pod, false) // its address, node and readiness
+	return true
 }
 
 // setTemplate takes the dense worker's pod template from tmpl, owned by

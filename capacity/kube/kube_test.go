@@ -365,15 +365,55 @@ func TestDrainReturn(t *testing.T) {
 	}
 }
 
-// TestLeftovers: Pods an earlier run lent are deleted at start.
+// TestLeftovers: Pods an earlier run lent that name no model, or have
+// ended, are deleted at start; the running ones are adopted, the oldest
+// first, up to max (the rest deleted): a run killed mid-peak (its node
+// lost, out of memory) left them serving the peak, and deleting them
+// took that capacity away until borrowed again, minutes later.
 func TestLeftovers(t *testing.T) {
-	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "prism-dense-loan-old", Namespace: ns, Labels: map[string]string{LabelLentBy: "prism-dense-loan"}}}
-	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "prism-dense-abc", Namespace: ns}}
-	c := fake.NewClientset(denseDeployment(), old, other)
-	newLender(t, c, Options{})
+	lentBy := map[string]string{LabelLentBy: "prism-dense-loan"}
+	leftover := func(name string, age time.Duration, model string, phase corev1.PodPhase, ready bool) *corev1.Pod {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: lentBy,
+			CreationTimestamp: metav1.NewTime(time.Now().Add(-age).Truncate(time.Second))}}
+		if model != "" {
+			pod.Annotations = map[string]string{AnnotationModel: model}
+		}
+		pod.Spec.Containers = []corev1.Container{{Name: "dense", Args: []string{"serve", "dense", "--addr", ":8600"}}}
+		pod.Status.Phase = phase
+		if phase == corev1.PodRunning {
+			pod.Spec.NodeName, pod.Status.PodIP = "gpu-7", "10.0.0.7"
+		}
+		if ready {
+			pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		return pod
+	}
+	c := fake.NewClientset(denseDeployment(),
+		leftover("prism-dense-loan-nomodel", time.Hour, "", corev1.PodRunning, true),
+		leftover("prism-dense-loan-ended", time.Hour, "m", corev1.PodFailed, false),
+		leftover("prism-dense-loan-young", time.Minute, "m", corev1.PodRunning, true),
+		leftover("prism-dense-loan-serving", 20*time.Minute, "m", corev1.PodRunning, true),
+		leftover("prism-dense-loan-pending", 10*time.Minute, "m", corev1.PodPending, false),
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "prism-dense-abc", Namespace: ns}})
+	p, _ := newLender(t, c, Options{Max: 2})
 	pods, _ := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
-	if len(pods.Items) != 1 || pods.Items[0].Name != "prism-dense-abc" {
-		t.Errorf("pods %v, want only the owned worker", pods.Items)
+	var left []string
+	for _, pod := range pods.Items {
+		left = append(left, pod.Name)
+	}
+	slices.Sort(left)
+	if want := []string{"prism-dense-abc", "prism-dense-loan-pending", "prism-dense-loan-serving"}; !slices.Equal(left, want) {
+		t.Errorf("pods %v, want %v: the owned worker and the two oldest running leftovers, adopted (max 2)", left, want)
+	}
+	ws := p.Workers()
+	if len(ws) != 2 || ws[0].ID != "prism-dense-loan-serving" || ws[1].ID != "prism-dense-loan-pending" {
+		t.Fatalf("workers %+v, want the serving and the pending leftovers, oldest first", ws)
+	}
+	if w := ws[0]; w.Model != "m" || !w.Running || w.Addr == "" || w.Ready.IsZero() || w.Draining {
+		t.Errorf("the adopted serving leftover: %+v; want model m, running, its address, ready", w)
+	}
+	if w := ws[1]; !w.Running || w.Addr != "" || !w.Ready.IsZero() {
+		t.Errorf("the adopted pending leftover: %+v; want running, no address yet, not ready", w)
 	}
 }
 
