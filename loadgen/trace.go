@@ -26,7 +26,18 @@ type TraceOptions struct {
 	// summed (a trace with one row per container and time). Zero infers
 	// it as the smallest gap between successive distinct timestamps.
 	Window time.Duration
+	// KeyColumn names the column saying which source (container,
+	// instance) a row's rate is of: within a window each source's rates
+	// are averaged, then the sources summed, so a window wider than the
+	// sampling interval counts each source once, not once a sample.
+	// Empty picks the first of container_ip, container, instance, pod
+	// the header has; "none" reads no key (every row summed). Counts
+	// (Count) are summed per window whatever the key.
+	KeyColumn string
 }
+
+// NoKey is the KeyColumn that reads no source key.
+const NoKey = "none"
 
 // Trace is a replayable rate series: Rates[i] is the rate, requests/s,
 // over [i*Step, (i+1)*Step) of trace time.
@@ -41,10 +52,12 @@ type Trace struct {
 
 var timeNames = []string{"timestamp", "timestamp_anon", "time", "ts"}
 var valueNames = []string{"value", "rate", "qps", "count"}
+var keyNames = []string{"container_ip", "container", "instance", "pod"}
 
 // ParseTrace reads a CSV trace with a header line: one row per
 // (timestamp in seconds, value), extra columns ignored, rows in time
-// order. Rows with equal or same-window timestamps are summed. A window
+// order. Rows with equal or same-window timestamps are summed, each
+// source's (KeyColumn) rates averaged first. A window
 // with no rows repeats the previous window's rate: in a scraped metric a
 // missing point is a gap in the scrape, not a gap in traffic. name is used
 // in error messages, which carry the line number.
@@ -66,7 +79,29 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 	// requests per minute was replayed at 60 times its load.
 	count := o.Count || strings.EqualFold(vc, "count")
 	need := max(slices.Index(header, tc), slices.Index(header, vc)) + 1
-	type point struct{ t, v float64 }
+	// The source key: rates of one source in one window are averaged.
+	kc := ""
+	switch {
+	case strings.EqualFold(o.KeyColumn, NoKey):
+	case o.KeyColumn != "":
+		if kc, err = column(t, o.KeyColumn, nil); err != nil {
+			return nil, fmt.Errorf("trace %w", err)
+		}
+	default:
+		kc, _ = t.Find(keyNames...)
+	}
+	if count {
+		kc = "" // counts add up, whichever source they are of
+	}
+	if kc != "" {
+		need = max(need, slices.Index(header, kc)+1)
+	}
+	// keys numbers the sources in order of appearance.
+	keys := map[string]int{}
+	type point struct {
+		t, v float64
+		key  int
+	}
 	var pts []point
 	for {
 		row, err := t.Next()
@@ -96,11 +131,20 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 		if n := len(pts); n > 0 && tv < pts[n-1].t {
 			return nil, fmt.Errorf("trace %w", row.Errorf("time %v goes back from %v (rows must be in time order)", tv, pts[n-1].t))
 		}
-		if n := len(pts); n > 0 && tv == pts[n-1].t {
+		key := 0
+		if kc != "" {
+			k, ok := keys[row.Str(kc)]
+			if !ok {
+				k = len(keys)
+				keys[row.Str(kc)] = k
+			}
+			key = k
+		}
+		if n := len(pts); n > 0 && tv == pts[n-1].t && kc == "" {
 			pts[n-1].v += v
 			continue
 		}
-		pts = append(pts, point{tv, v})
+		pts = append(pts, point{tv, v, key})
 	}
 	if len(pts) == 0 {
 		return nil, fmt.Errorf("trace %s: no rows after the header", name)
@@ -109,7 +153,9 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 	if win <= 0 {
 		win = math.Inf(1)
 		for i := 1; i < len(pts); i++ {
-			win = math.Min(win, pts[i].t-pts[i-1].t)
+			if d := pts[i].t - pts[i-1].t; d > 0 { // rows of several sources share a time
+				win = math.Min(win, d)
+			}
 		}
 		if math.IsInf(win, 1) {
 			win = 1
@@ -132,14 +178,47 @@ func ParseTrace(r io.Reader, name string, o TraceOptions) (*Trace, error) {
 	}
 	rates := make([]float64, n)
 	seen := make([]bool, n)
-	for _, p := range pts {
-		i := min(window(p.t), n-1)
-		v := p.v
-		if count {
-			v /= win
+	if kc == "" {
+		for _, p := range pts {
+			i := min(window(p.t), n-1)
+			v := p.v
+			if count {
+				v /= win
+			}
+			rates[i] += v
+			seen[i] = true
 		}
-		rates[i] += v
-		seen[i] = true
+	} else {
+		// Per window, each source's mean rate, summed: the points are in
+		// time order, so one window's are together.
+		type mean struct {
+			sum float64
+			n   int
+		}
+		sources := map[int]*mean{}
+		flush := func(i int) {
+			for k, m := range sources {
+				rates[i] += m.sum / float64(m.n)
+				delete(sources, k)
+			}
+		}
+		cur := -1
+		for _, p := range pts {
+			i := min(window(p.t), n-1)
+			if i != cur && cur >= 0 {
+				flush(cur)
+			}
+			cur = i
+			m := sources[p.key]
+			if m == nil {
+				m = &mean{}
+				sources[p.key] = m
+			}
+			m.sum += p.v
+			m.n++
+			seen[i] = true
+		}
+		flush(cur)
 	}
 	tr := &Trace{Step: time.Duration(win * float64(time.Second)), Rates: rates}
 	run := 0

@@ -102,6 +102,77 @@ func TestParseGatewayTrace(t *testing.T) {
 	if tr.Peak() < 9 || tr.Peak()/lo < 6 {
 		t.Fatalf("peak %.2f valley %.2f: want the gateway's swing (peak 9.6 req/s, ratio > 6)", tr.Peak(), lo)
 	}
+	// Wider windows than its 57 s sampling: each container's rates are
+	// averaged in a window (container_ip), not summed once a sample, so
+	// the peak stays the gateway's. Summed (the key off), 1m read it
+	// 16.2 and 5m 44.5 req/s (4.6 times).
+	for _, tc := range []struct {
+		window time.Duration
+		key    string
+		lo, hi float64
+	}{
+		{time.Minute, "", 9, 11.5},
+		{5 * time.Minute, "", 9, 11.5},
+		{15 * time.Minute, "container_ip", 9, 11.5},
+		{5 * time.Minute, NoKey, 40, 50},
+	} {
+		if _, err := f.Seek(0, 0); err != nil {
+			t.Fatal(err)
+		}
+		w, err := ParseTrace(f, "genai_gateway_qps.csv", TraceOptions{Window: tc.window, KeyColumn: tc.key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p := w.Peak(); p < tc.lo || p > tc.hi {
+			t.Errorf("window %v, key %q: peak %.1f req/s, want %g to %g", tc.window, tc.key, p, tc.lo, tc.hi)
+		}
+	}
+}
+
+// TestTraceSourceKey: rows of one source (KeyColumn, container_ip by
+// default) in one window are averaged, then the sources summed: two
+// containers sampled every 10 s at 5 req/s each are 10 req/s in a 60 s
+// window, not 60; duplicate rows of one container count once. Counts
+// are summed whatever the key; "none" sums every row, as before.
+func TestTraceSourceKey(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("timestamp,value,container_ip\n")
+	for ts := 0; ts < 120; ts += 10 {
+		fmt.Fprintf(&b, "%d,5,a\n%d,5,b\n", ts, ts)
+		if ts == 20 {
+			fmt.Fprintf(&b, "%d,5,b\n", ts) // a duplicate row
+		}
+	}
+	in := b.String()
+	for _, tc := range []struct {
+		name string
+		o    TraceOptions
+		in   string
+		want []float64
+		err  string
+	}{
+		{"by container", TraceOptions{Window: time.Minute}, in, []float64{10, 10}, ""},
+		{"by container, window inferred", TraceOptions{}, in, []float64{10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10, 10}, ""},
+		{"named key", TraceOptions{Window: time.Minute, KeyColumn: "CONTAINER_IP"}, in, []float64{10, 10}, ""},
+		{"no key", TraceOptions{Window: time.Minute, KeyColumn: NoKey}, in, []float64{65, 60}, ""},
+		{"counts", TraceOptions{Window: time.Minute, Count: true}, in, []float64{65.0 / 60, 1}, ""},
+		{"missing key column", TraceOptions{KeyColumn: "pod"}, in, nil, `has no column pod`},
+		{"an instance column", TraceOptions{Window: time.Minute}, strings.ReplaceAll(in, "container_ip", "instance"), []float64{10, 10}, ""},
+	} {
+		tr, err := ParseTrace(strings.NewReader(tc.in), "t.csv", tc.o)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !slices.EqualFunc(tr.Rates, tc.want, func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }) {
+			t.Errorf("%s: rates %v, want %v", tc.name, tr.Rates, tc.want)
+		}
+	}
 }
 
 // TestTraceDecimalTimestamps: with decimal timestamps and a missing row,

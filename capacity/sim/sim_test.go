@@ -312,8 +312,8 @@ func TestLoanOutputs(t *testing.T) {
 			v = 3
 		}
 		// Two containers per minute: their values are summed.
-		for range 2 {
-			b.WriteString(strings.Join([]string{ftoa(float64(i * 60)), ftoa(v / 2), "c", "x"}, ",") + "\n")
+		for c := range 2 {
+			b.WriteString(strings.Join([]string{ftoa(float64(i * 60)), ftoa(v / 2), "c" + strconv.Itoa(c), "x"}, ",") + "\n")
 		}
 	}
 	if err := os.WriteFile(trace, []byte(b.String()), 0o644); err != nil {

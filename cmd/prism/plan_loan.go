@@ -80,10 +80,11 @@ survived, and writes report.json and loan.png to --out.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&trace, "qps", cli.DefaultData(sim.QPSTrace), "QPS trace CSV (timestamp_anon,value,...: values summed per time window)")
+	f.StringVar(&trace, "qps", cli.DefaultData(sim.QPSTrace), "QPS trace CSV (timestamp_anon,value,container_ip,...: per time window, each container's rates averaged and the containers summed)")
 	f.Float64Var(&c.Scale, "scale", 1, "multiply the trace's rates by this (requests/s to samples/s)")
 	f.DurationVar(&c.TraceOptions.Window, "trace-window", 0, "trace window to sum rows over, as prism loadgen's (default: the smallest time step; give it for a trace whose rows, one per container, jitter in time)")
 	f.BoolVar(&c.TraceOptions.Count, "trace-count", false, "the trace's values are counts per row, not rates")
+	f.StringVar(&c.TraceOptions.KeyColumn, "trace-key", "", `trace column naming each row's source (container), as prism loadgen's: within a window a source's rates are averaged, then the sources summed (default: the first of container_ip, container, instance, pod the header has; "none": every row summed)`)
 	f.Float64Var(&c.Base.CapacityPerWorker, "capacity-per-worker", 0, "samples/s one dense worker serves within the SLO (required)")
 	f.StringArrayVar(&promotions, "promotion", nil, "START,DURATION,FACTOR: demand times FACTOR from START for DURATION (as 5h,1h,3); repeatable")
 	f.StringVar(&policies, "policy", "reactive,predictive", "reactive, predictive, or both comma-separated")

@@ -55,6 +55,7 @@ type flags struct {
 	tracePeak                float64
 	traceCount               bool
 	traceWindow              time.Duration
+	traceKey                 string
 	promo                    loadgen.Promotion
 	promoZero                map[string]bool // promo-at, -ramp, -plateau, -decay given as 0
 	duration                 time.Duration
@@ -116,7 +117,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 				flags   []string
 			}{
 				{"promotion", []string{"promo-at", "promo-day", "promo-decay", "promo-peak-to-valley", "promo-plateau", "promo-ramp", "promo-spike"}},
-				{"trace", []string{"trace-count", "trace-peak", "trace-scale", "trace-speedup", "trace-window"}},
+				{"trace", []string{"trace-count", "trace-key", "trace-peak", "trace-scale", "trace-speedup", "trace-window"}},
 			} {
 				for _, name := range s.flags {
 					if cmd.Flags().Changed(name) && f.arrival != s.arrival {
@@ -171,6 +172,7 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.Float64Var(&f.tracePeak, "trace-peak", 0, "scale the trace so its peak is this many requests/s (overrides --trace-scale)")
 	fl.BoolVar(&f.traceCount, "trace-count", false, "the trace's values are counts per row, not rates (implied by a value column named count)")
 	fl.DurationVar(&f.traceWindow, "trace-window", 0, "trace window to sum rows over (default: the smallest time step)")
+	fl.StringVar(&f.traceKey, "trace-key", "", `trace column naming each row's source (container): within a window a source's rates are averaged, then the sources summed (default: the first of container_ip, container, instance, pod the header has; "none": every row summed)`)
 	fl.Float64Var(&f.promo.PeakToValley, "promo-peak-to-valley", 6.5, "promotion: daily peak over valley")
 	fl.Float64Var(&f.promo.Spike, "promo-spike", 1.3, "promotion: spike over the normal peak")
 	fl.DurationVar(&f.promo.Day, "promo-day", 0, "promotion: length of the compressed day (default --duration)")
@@ -482,7 +484,7 @@ func profile(f flags) (loadgen.Profile, error) {
 			return nil, fmt.Errorf("loadgen: %w", err)
 		}
 		defer file.Close()
-		tr, err := loadgen.ParseTrace(file, filepath.Base(f.trace), loadgen.TraceOptions{Count: f.traceCount, Window: f.traceWindow})
+		tr, err := loadgen.ParseTrace(file, filepath.Base(f.trace), loadgen.TraceOptions{Count: f.traceCount, Window: f.traceWindow, KeyColumn: f.traceKey})
 		if err != nil {
 			return nil, err
 		}
