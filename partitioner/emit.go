@@ -133,8 +133,8 @@ func valueInfo(name string, t TensorType) *pb.ValueInfoProto {
 }
 
 // tableStream reads a table's rows from its initializers (inline or
-// external), converting float16 to float32 and dequantizing 8-bit parts,
-// in pieces of whole rows.
+// external), converting float16 to float32, dequantizing 8-bit parts and
+// scaling rows by their row mask (rowmask.go), in pieces of whole rows.
 func tableStream(src *tableSource, dir string) tablefile.Source {
 	return func(emit func([]float32) error) error {
 		const chunkRows = 1 << 14
@@ -170,6 +170,7 @@ func tableStream(src *tableSource, dir string) tablefile.Source {
 				}
 				out := buf[:rows*int64(src.dim)]
 				convertRows(out, b, dt, d, scale, zp, int(part.GetDims()[0]-left), src.dim)
+				src.scale[part.GetName()].scaleRows(out, part.GetDims()[0]-left, src.dim)
 				if err := emit(out); err != nil {
 					r.Close()
 					return err

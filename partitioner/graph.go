@@ -36,6 +36,12 @@ type Graph struct {
 	// consumers and the side that must provide them.
 	Implicit map[int][]string
 	inputSet map[string]bool
+	// Dir is the model's folder, against which tensors stored as
+	// external data resolve when the partitioner reads their values
+	// (a row mask's, rowmask.go); "" reads none.
+	Dir string
+	// masks caches maskRows by mask tensor (nil: not a row mask).
+	masks map[*pb.TensorProto]rowFactors
 }
 
 // NewGraph indexes m's graph and checks it: every node input must be a

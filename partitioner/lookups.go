@@ -44,9 +44,12 @@ type tableSource struct {
 	parts []*pb.TensorProto
 	rows  int64
 	dim   int
-	chain []int // Identity/Cast/DequantizeLinear/Concat node indices between the parts and the Gathers
+	chain []int // Identity/Cast/DequantizeLinear/Mul/Concat node indices between the parts and the Gathers
 	// deq, by part name, dequantizes an 8-bit part (quant.go).
 	deq map[string]*dequant
+	// scale, by part name, are the factors a row mask multiplies a
+	// part's rows by (rowmask.go).
+	scale map[string]rowFactors
 }
 
 // TableCandidate is a Gather on a table (a 2-D float initializer or
@@ -113,6 +116,8 @@ func findLookups(g *Graph, types map[string]TensorType) (out []*lookup, cands []
 			// quietly left in the dense graph.
 			if t, why := untakenTable(g, n.GetInput()[0]); t != nil {
 				cands = append(cands, TableCandidate{Table: t.GetName(), Rows: t.GetDims()[0], Dim: int(t.GetDims()[1]), Gather: n.GetName(), Reason: why})
+			} else if t, why := maskedTable(g, n.GetInput()[0]); t != nil {
+				cands = append(cands, TableCandidate{Table: t.name, Rows: t.rows, Dim: t.dim, Gather: n.GetName(), Reason: why})
 			}
 			continue
 		}
@@ -326,6 +331,9 @@ func tableKey(src *tableSource) string {
 		if d := src.deq[p.GetName()]; d != nil {
 			names[i] += fmt.Sprintf("\x01%s\x01%s\x01%d", d.scale.GetName(), d.zp.GetName(), d.axis)
 		}
+		if f, ok := src.scale[p.GetName()]; ok {
+			names[i] += "\x02" + f.key()
+		}
 	}
 	return strings.Join(names, "\x00")
 }
@@ -439,6 +447,46 @@ func resolveTable(g *Graph, name string) *tableSource {
 			src.rows += t.GetDims()[0]
 			src.parts = append(src.parts, t)
 			return true
+		case "Mul":
+			// A row mask (rowmask.go): Paddle2ONNX's padding_idx,
+			// Mul(W, mask) with the mask second; either order is taken.
+			if len(n.GetInput()) != 2 {
+				return false
+			}
+			for _, k := range []int{0, 1} {
+				mask, at, ok := floatConst(g, n.GetInput()[1-k])
+				if !ok {
+					continue
+				}
+				sub := resolveTable(g, n.GetInput()[k])
+				if sub == nil || len(sub.parts) != 1 || len(sub.scale) != 0 || (src.dim != 0 && src.dim != sub.dim) {
+					continue
+				}
+				f, ok := g.maskRows(mask, sub.rows, sub.dim)
+				if !ok {
+					continue
+				}
+				part := sub.parts[0]
+				src.chain = append(append(src.chain, sub.chain...), i)
+				if at >= 0 {
+					src.chain = append(src.chain, at)
+				}
+				if d := sub.deq[part.GetName()]; d != nil {
+					if src.deq == nil {
+						src.deq = map[string]*dequant{}
+					}
+					src.deq[part.GetName()] = d
+				}
+				if src.scale == nil {
+					src.scale = map[string]rowFactors{}
+				}
+				src.scale[part.GetName()] = f
+				src.dim = sub.dim
+				src.rows += sub.rows
+				src.parts = append(src.parts, part)
+				return true
+			}
+			return false
 		case "Concat":
 			if attrInt(n, "axis", 0) != 0 {
 				return false
@@ -459,6 +507,16 @@ func resolveTable(g *Graph, name string) *tableSource {
 	// One initializer behind Identity nodes only is the table of that
 	// initializer's name (the weight's, not an alias's).
 	if len(src.parts) == 1 && g.Inits[src.parts[0].GetName()] == src.parts[0] && !slices.ContainsFunc(src.chain, func(c int) bool { return g.Nodes[c].GetOpType() != "Identity" }) {
+		src.name = src.parts[0].GetName()
+	}
+	// One weight behind a row mask is the table of the weight's name
+	// when nothing else reads the weight but Muls by equal masks
+	// (Paddle2ONNX's padding_idx: W "embedding_0.w_0", a Constant node,
+	// read by one Mul per lookup).
+	if len(src.parts) == 1 && len(src.scale) == 1 && len(src.deq) == 0 && sameMasks(g, src.parts[0].GetName(), src.dim, src.rows, src.scale[src.parts[0].GetName()]) && !slices.ContainsFunc(src.chain, func(c int) bool {
+		op := g.Nodes[c].GetOpType()
+		return op != "Identity" && op != "Mul" && op != "Constant"
+	}) {
 		src.name = src.parts[0].GetName()
 	}
 	// One quantized initializer behind one DequantizeLinear is the table

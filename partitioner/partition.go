@@ -98,6 +98,7 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}
+	g.Dir = filepath.Dir(modelPath)
 	// Multi-slot lookups ([batch, slots, nnz] keys pooled per slot:
 	// HugeCTR's) become one lookup per slot.
 	if split, err := splitSlots(g); err != nil {
@@ -106,12 +107,14 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 		if g, err = NewGraph(m); err != nil {
 			return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 		}
+		g.Dir = filepath.Dir(modelPath)
 	}
 	// Tables the quantization and float16 tools rewrote (quant.go).
 	if rewriteTables(g) {
 		if g, err = NewGraph(m); err != nil {
 			return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 		}
+		g.Dir = filepath.Dir(modelPath)
 	}
 	if batch != nil && len(batch.Blockers) > 0 {
 		g.FixedBatch = batch.Exported
@@ -578,6 +581,15 @@ func (r *Result) Report() string {
 		fmt.Fprintf(&b, "scores: %d tasks a sample, in this order: %s\n", len(names), strings.Join(names, ", "))
 	} else {
 		fmt.Fprintf(&b, "scores: output %q\n", names[0])
+	}
+	// Float outputs the dense tier does not answer with (an output of
+	// several values a sample after the first task: PaddleRec's ESMM
+	// fetches two softmax heads [B, 2]): said, never dropped without a
+	// word.
+	for _, o := range p.Outputs[min(max(p.TaskOutputs, 1), len(p.Outputs)):] {
+		if o.DType == "float32" {
+			fmt.Fprintf(&b, "  not served: output %q %v (computed by dense.onnx, not sent back; --tasks names the outputs to serve)\n", o.Name, o.Shape)
+		}
 	}
 	fmt.Fprintf(&b, "tables: %d, %s\n", len(p.Tables), human(p.Cost.TableBytes, "B"))
 	for i, t := range p.Tables {

@@ -310,8 +310,12 @@ func setInts(t *pb.TensorProto, ss []string) error {
 		for _, x := range v {
 			t.Int32Data = append(t.Int32Data, int32(x))
 		}
+	case pb.TensorProto_FLOAT:
+		for _, x := range v {
+			t.FloatData = append(t.FloatData, float32(x))
+		}
 	default:
-		return fmt.Errorf("values only for int64, int32 and bool tensors")
+		return fmt.Errorf("values only for int64, int32, bool and float tensors")
 	}
 	return nil
 }

@@ -43,14 +43,30 @@ import (
 // shared by every table), whose samples are drawn among the keys
 // plan.json lists for each key input.
 func TestExporterPatternsEndToEnd(t *testing.T) {
+	exportersServed(t, []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
+		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias", "ts-fixed-batch-row-bias-dense",
+		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift", "hugectr-wdl", "hugectr-dlrm",
+		"hugectr-dcn", "hugectr-deepfm", "hugectr-deepfm-v32"})
+}
+
+// TestExporterPaddleEndToEnd: PaddleRec's Wide&Deep and DeepFM as
+// Paddle2ONNX writes them (one int64 [-1, 1] input per slot, weights as
+// Constant nodes, DeepFM's padding_idx as a Mul by a mask before each
+// Gather, the slots concatenated into one id tensor by pre.onnx)
+// partition and verify, serve through prism up with one input per slot,
+// score as prism score does on the whole model within 1e-5, and take
+// prism loadgen --plan.
+func TestExporterPaddleEndToEnd(t *testing.T) {
+	exportersServed(t, []string{"paddle-wide-deep", "paddle-wide-deep-lookup-v1", "paddle-deepfm"})
+}
+
+// exportersServed partitions the corpus models names, serves them all
+// from one prism up and checks each (TestExporterPatternsEndToEnd).
+func exportersServed(t *testing.T, names []string) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	names := []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
-		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias", "ts-fixed-batch-row-bias-dense",
-		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift", "hugectr-wdl", "hugectr-dlrm",
-		"hugectr-dcn", "hugectr-deepfm", "hugectr-deepfm-v32"}
 	// NAME-dense: the model NAME under that name, its blocking node
 	// forced to the dense side.
 	corpus := func(name string) (*exporters.Model, []string) {
@@ -175,7 +191,9 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 // TestExporterMultiTaskServed: a multi-task model (HugeCTR's label_dim
 // 2: one output [batch, 2], a sigmoid per task; and HugeCTR's
 // shared-bottom sample, one output per task; and a PyTorch module
-// returning a tuple (ctr [batch, 1], cvr [batch])) partitions and verifies,
+// returning a tuple (ctr [batch, 1], cvr [batch]); and PaddleRec's ESMM
+// through Paddle2ONNX, its CTR softmax head [batch, 2] served, the
+// padded bags pooled from a table with padding_idx) partitions and verifies,
 // and prism up serves it: every candidate's two scores, in
 // RecommendResponse.task_scores (tasks 2, candidate-major) and task 0's
 // in scores, equal prism score's on the whole model within 1e-5, over
@@ -185,7 +203,7 @@ func TestExporterMultiTaskServed(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []*exporters.Model{exporters.HugeCTRMultiTask(11), exporters.HugeCTRSharedBottom(11), exporters.TorchTupleHeads(11)} {
+	for _, m := range []*exporters.Model{exporters.HugeCTRMultiTask(11), exporters.HugeCTRSharedBottom(11), exporters.TorchTupleHeads(11), exporters.PaddleMultiTask(11)} {
 		t.Run(m.Name, func(t *testing.T) { multiTaskServed(t, m) })
 	}
 }

@@ -18,7 +18,7 @@ func Corpus(seed uint64) []*Model {
 
 // ByName returns the corpus or broken-twin model called name, or nil.
 func ByName(name string, seed uint64) *Model {
-	for _, m := range append(append(append(Corpus(seed), Broken(seed)...), FixedBatch(seed)...), append(append(HugeCTR(seed), HugeCTRMultiTask(seed), HugeCTRSharedBottom(seed), TorchTupleHeads(seed)), Quantized(seed)...)...) {
+	for _, m := range append(append(append(Corpus(seed), Broken(seed)...), FixedBatch(seed)...), append(append(HugeCTR(seed), HugeCTRMultiTask(seed), HugeCTRSharedBottom(seed), TorchTupleHeads(seed)), append(Quantized(seed), append(Paddle(seed), PaddleMultiTask(seed))...)...)...) {
 		if m.Name == name {
 			return m
 		}

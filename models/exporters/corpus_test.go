@@ -18,7 +18,7 @@ func TestCorpusMatchesReference(t *testing.T) {
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range append(append(append(exporters.Corpus(3), exporters.FixedBatch(3)...), exporters.HugeCTR(3)...), exporters.Quantized(3)...) {
+	for _, m := range append(append(append(exporters.Corpus(3), exporters.FixedBatch(3)...), exporters.HugeCTR(3)...), append(exporters.Quantized(3), exporters.Paddle(3)...)...) {
 		t.Run(m.Name, func(t *testing.T) {
 			tol := 1e-5
 			if m.Tol > 0 {

@@ -3,6 +3,7 @@ package verify_test
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -344,4 +345,157 @@ func TestExporterTorchTupleHeads(t *testing.T) {
 		t.Fatalf("verify: %v\n%s", err, res.Report())
 	}
 	t.Logf("max abs error %.2g\n%s", rep.MaxAbsErr, res.Report())
+}
+
+// TestExporterPaddle: PaddleRec's models as Paddle2ONNX writes them
+// (every weight a Constant node, one int64 [-1, 1] input per slot, each
+// input's batch a DynamicDimension symbol of its own) partition with
+// every table a lookup and reproduce the whole model within 1e-5, on
+// the plan's samples and on the models' own. DeepFM's tables have
+// padding_idx 0, which Paddle2ONNX writes as Gather(Mul(W, mask)) with
+// a mask Constant as large as the table: the table is W with the
+// padding row zeroed, and neither cpu.onnx nor dense.onnx keeps W or
+// the mask. Before, the Mul hid the tables: the plan had no lookup, W
+// and the mask stayed in cpu.onnx (the whole table multiplied on every
+// request), and verify refused the plan (an id input no table reads).
+func TestExporterPaddle(t *testing.T) {
+	requireORT(t)
+	want := map[string][]string{ // per lookup: table, input, bag, pooling
+		"paddle-wide-deep":           {"SparseFeatFactors 1 1 none", "SparseFeatFactors 2 1 none", "SparseFeatFactors 3 1 none"},
+		"paddle-wide-deep-lookup-v1": {"SparseFeatFactors 1 1 none", "SparseFeatFactors 2 1 none", "SparseFeatFactors 3 1 none"},
+		"paddle-deepfm":              {"embedding_0.w_0 C1 3 sum", "embedding_1.w_0 C1 3 none"},
+	}
+	for _, m := range exporters.Paddle(5) {
+		t.Run(m.Name, func(t *testing.T) {
+			model, out, res := partitionCorpus(t, m)
+			var got []string
+			for _, tb := range res.Plan.Tables {
+				for _, l := range tb.Lookups {
+					got = append(got, fmt.Sprintf("%s %s %d %s", tb.Name, l.Input, l.Bag, l.Pooling))
+				}
+			}
+			if !slices.Equal(got, want[m.Name]) {
+				t.Fatalf("lookups %q, want %q\n%s", got, want[m.Name], res.Report())
+			}
+			for _, f := range []string{partitioner.CPUFile, partitioner.DenseFile} {
+				sub, err := pb.ReadModel(filepath.Join(out, f), pb.ReadOptions{})
+				if errors.Is(err, os.ErrNotExist) {
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, n := range sub.GetGraph().GetNode() {
+					for _, a := range n.GetAttribute() {
+						for _, tb := range res.Plan.Tables {
+							if a.GetT() != nil && slices.Equal(a.GetT().GetDims(), []int64{tb.Rows, int64(tb.Dim)}) {
+								t.Errorf("%s holds Constant %q %v, the shape of table %q", f, n.GetOutput()[0], a.GetT().GetDims(), tb.Name)
+							}
+						}
+					}
+				}
+			}
+			rep, err := verify.Verify(model, out, 500, 1)
+			if err != nil {
+				t.Fatalf("verify on the plan's samples: %v\n%s", err, res.Report())
+			}
+			src, err := models.NewSynthetic(m.Sig, models.SyntheticOptions{Seed: 2, Uniform: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep2, err := verify.VerifySource(model, out, src, 500)
+			if err != nil {
+				t.Fatalf("verify on the model's samples: %v\n%s", err, res.Report())
+			}
+			t.Logf("max abs error %.2g (plan's samples), %.2g (model's)\n%s", rep.MaxAbsErr, rep2.MaxAbsErr, res.Report())
+		})
+	}
+}
+
+// TestExporterPaddleExternalData: a Paddle2ONNX model over 2 GB keeps
+// every Constant's value larger than 128 bytes as external data
+// (ModelExporter::SaveExternalData), the padding masks among them: the
+// masks are read from the data file, and DeepFM partitions into its two
+// lookups and verifies as it does inline.
+func TestExporterPaddleExternalData(t *testing.T) {
+	requireORT(t)
+	m := exporters.ByName("paddle-deepfm", 5)
+	dir := t.TempDir()
+	model := filepath.Join(dir, "model.onnx")
+	if err := pb.WriteModel(model, m.Proto, pb.WriteOptions{External: pb.ExternalAlways, MinExternalBytes: 129}); err != nil {
+		t.Fatal(err)
+	}
+	meta, err := pb.ReadModel(model, pb.ReadOptions{SkipExternalData: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	external := 0
+	for _, tt := range pb.Tensors(meta) {
+		if tt.GetDataLocation() == pb.TensorProto_EXTERNAL && slices.Equal(tt.GetDims(), []int64{50, 4}) {
+			external++
+		}
+	}
+	if external != 2 {
+		t.Fatalf("%d [50 4] tensors external, want the table and its mask", external)
+	}
+	out := filepath.Join(dir, "part")
+	res, err := partitioner.Partition(model, out, partitioner.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, tb := range res.Plan.Tables {
+		got = append(got, tb.Name)
+	}
+	if !slices.Equal(got, []string{"embedding_0.w_0", "embedding_1.w_0"}) {
+		t.Fatalf("tables %q, want both embeddings\n%s", got, res.Report())
+	}
+	if _, err := verify.Verify(model, out, 296, 3); err != nil {
+		t.Fatalf("verify: %v\n%s", err, res.Report())
+	}
+}
+
+// TestExporterPaddleMultiTask: PaddleRec's ESMM as Paddle2ONNX writes
+// it (bags of ids padded with 0, one table with padding_idx 0 read by
+// every field through a mask of its own, two softmax heads [B, 2] as
+// outputs) partitions into one table of three sum-pooled lookups, serves
+// the first head's two values by default and says the second is not
+// served (before, the report named the first alone and the ctcvr head
+// was dropped without a word), and serves both heads with --tasks; both
+// verify against the whole model.
+func TestExporterPaddleMultiTask(t *testing.T) {
+	requireORT(t)
+	m := exporters.PaddleMultiTask(5)
+	model, out, res := partitionCorpus(t, m)
+	var got []string
+	for _, tb := range res.Plan.Tables {
+		for _, l := range tb.Lookups {
+			got = append(got, fmt.Sprintf("%s %s %d %s", tb.Name, l.Input, l.Bag, l.Pooling))
+		}
+	}
+	want := []string{"SparseFeatFactors field_0 3 sum", "SparseFeatFactors field_1 3 sum", "SparseFeatFactors field_2 3 sum"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("lookups %q, want %q\n%s", got, want, res.Report())
+	}
+	if k, err := res.Plan.Tasks(); err != nil || k != 2 {
+		t.Fatalf("tasks %d, %v; want the first head's 2\n%s", k, err, res.Report())
+	}
+	if !strings.Contains(res.Report(), `not served: output "save_infer_model/scale_1.tmp_0" [2]`) {
+		t.Errorf("the report does not say the second head is not served:\n%s", res.Report())
+	}
+	if _, err := verify.Verify(model, out, 296, 3); err != nil {
+		t.Fatalf("verify: %v\n%s", err, res.Report())
+	}
+	heads := []string{"save_infer_model/scale_0.tmp_0", "save_infer_model/scale_1.tmp_0"}
+	out2 := filepath.Join(t.TempDir(), "both")
+	res2, err := partitioner.Partition(model, out2, partitioner.Options{Tasks: heads})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err := res2.Plan.Tasks(); err != nil || k != 4 || strings.Contains(res2.Report(), "not served") {
+		t.Fatalf("--tasks both heads: tasks %d, %v; want 4\n%s", k, err, res2.Report())
+	}
+	if _, err := verify.Verify(model, out2, 296, 3); err != nil {
+		t.Fatalf("verify with both heads: %v\n%s", err, res2.Report())
+	}
 }
