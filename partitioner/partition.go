@@ -357,7 +357,8 @@ func (pl *Placement) plan(modelPath string, cm CostModel) *plan.Plan {
 	for _, l := range pl.Lookups {
 		t, ok := byTable[l.table]
 		if !ok {
-			t = &plan.Table{Name: l.table.name, File: uniqueTableFile(l.table.name, files), Rows: l.table.rows, Dim: l.table.dim, DType: "float32", UnknownIDs: plan.UnknownError}
+			t = &plan.Table{Name: l.table.name, File: uniqueTableFile(l.table.name, files), Rows: l.table.rows, Dim: l.table.dim, DType: "float32", UnknownIDs: plan.UnknownError,
+				RowFactors: l.table.rowFactors()}
 			byTable[l.table] = t
 			p.Tables = append(p.Tables, plan.Table{})
 		}

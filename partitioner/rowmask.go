@@ -216,3 +216,20 @@ func maskedTable(g *Graph, name string) (*tableSource, string) {
 	}
 	return nil, ""
 }
+
+// rowFactors are the table's rows a row mask scales (plan.Table's
+// RowFactors, by row of the whole table: parts in order), nil for none.
+func (src *tableSource) rowFactors() map[int64]float32 {
+	var out map[int64]float32
+	first := int64(0)
+	for _, part := range src.parts {
+		for r, f := range src.scale[part.GetName()] {
+			if out == nil {
+				out = map[int64]float32{}
+			}
+			out[first+r] = f
+		}
+		first += part.GetDims()[0]
+	}
+	return out
+}

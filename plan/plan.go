@@ -191,6 +191,13 @@ type Table struct {
 	// UnknownIDs: "error" (default), "hash" or "zero".
 	UnknownIDs UnknownIDs `json:"unknown_ids,omitempty"`
 	Lookups    []Lookup   `json:"lookups"`
+	// RowFactors are the rows the model multiplies by a factor before
+	// its lookups (a row mask: Paddle2ONNX's padding_idx, the padding
+	// row times 0): the table file holds them scaled, and the embedding
+	// tier scales an online update's rows alike, so the padding row
+	// stays zero whatever a trainer writes there. Earlier builds ignore
+	// it and write updates as sent.
+	RowFactors map[int64]float32 `json:"row_factors,omitempty"`
 }
 
 // Lookup is one use of a table: gather the rows of the ids in Input and

@@ -156,6 +156,8 @@ func TestValidate(t *testing.T) {
 		{"rows overflow", func(p *Plan) { p.Tables[0].Rows = 1 << 62 }, `tables[0] "t0": 4611686018427387904 rows of 16 float32 overflow a byte count`},
 		{"bag max", func(p *Plan) { p.Tables[1].Lookups[0].Bag = MaxBag + 1 }, `tables[1] "t1" lookups[0]: bag 1048577, want at most 1048576`},
 		{"unknown ids", func(p *Plan) { p.Tables[0].UnknownIDs = "drop" }, `tables[0] "t0": unknown_ids "drop", want error, hash or zero`},
+		{"row factor outside the table", func(p *Plan) { p.Tables[0].RowFactors = map[int64]float32{p.Tables[0].Rows: 0} }, `tables[0] "t0": row_factors: row 10 factor 0, want a row in [0, 10) and a finite factor`},
+		{"row factor not finite", func(p *Plan) { p.Tables[0].RowFactors = map[int64]float32{0: float32(math.Inf(1))} }, `tables[0] "t0": row_factors: row 0 factor +Inf, want a row in [0, 10) and a finite factor`},
 		{"lookup input", func(p *Plan) { p.Tables[0].Lookups[0].Input = "cat_9" }, `tables[0] "t0" lookups[0]: input "cat_9" is not a model input`},
 		{"lookup weights", func(p *Plan) { p.Tables[1].Lookups[0].Weights = "w_9" }, `tables[1] "t1" lookups[0]: weights "w_9" is not a model input`},
 		{"bag", func(p *Plan) { p.Tables[1].Lookups[0].Bag = 0 }, `tables[1] "t1" lookups[0]: bag 0, want >= 1`},

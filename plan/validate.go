@@ -129,6 +129,11 @@ func (p *Plan) Validate() error {
 		if err := localFile(where+" file", t.File); err != nil {
 			return err
 		}
+		for r, f := range t.RowFactors {
+			if r < 0 || r >= t.Rows || math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+				return fmt.Errorf("%s: row_factors: row %d factor %g, want a row in [0, %d) and a finite factor", where, r, f, t.Rows)
+			}
+		}
 		switch t.UnknownIDs {
 		case "", UnknownError, UnknownHash, UnknownZero:
 		default:

@@ -54,6 +54,20 @@ type model struct {
 	sampleBytes int64
 }
 
+// rowFactors are the plan's RowFactors of table (nil: none, or no such
+// table).
+func (m *model) rowFactors(table string) map[int64]float32 {
+	if m.plan == nil {
+		return nil
+	}
+	for i := range m.plan.Tables {
+		if m.plan.Tables[i].Name == table {
+			return m.plan.Tables[i].RowFactors
+		}
+	}
+	return nil
+}
+
 // inputSpec is one model input as the requests carry it.
 type inputSpec struct {
 	name  string

@@ -113,6 +113,18 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 	// the store keeps nothing of its arguments anyway.
 	rows := make([]float32, len(raw)/4)
 	copy(rows, leview.Float32s(raw))
+	// Rows the model scales before its lookups (a padding_idx row mask:
+	// plan.Table.RowFactors) are stored scaled, as the table was.
+	if f := s.models[req.GetModel()].rowFactors(req.GetTable()); len(f) > 0 {
+		dim := len(rows) / len(ids)
+		for i, id := range ids {
+			if x, ok := f[id]; ok {
+				for j := range rows[i*dim : (i+1)*dim] {
+					rows[i*dim+j] *= x
+				}
+			}
+		}
+	}
 	// A row-wise table's shard writes only the rows it holds (the others
 	// are other shards'); an update left with none takes its number.
 	ids, rows, inTable := s.shards[req.GetModel()].ownRows(req.GetTable(), ids, rows)

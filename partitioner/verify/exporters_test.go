@@ -377,6 +377,14 @@ func TestExporterPaddle(t *testing.T) {
 			if !slices.Equal(got, want[m.Name]) {
 				t.Fatalf("lookups %q, want %q\n%s", got, want[m.Name], res.Report())
 			}
+			// The padding row is recorded, so the embedding tier zeroes
+			// it in an online update as the table was written.
+			for _, tb := range res.Plan.Tables {
+				padded := m.Name == "paddle-deepfm"
+				if f, ok := tb.RowFactors[0]; padded != ok || (ok && (f != 0 || len(tb.RowFactors) != 1)) {
+					t.Errorf("table %q: row_factors %v, want {0: 0} for padding_idx 0 (%v)", tb.Name, tb.RowFactors, padded)
+				}
+			}
 			for _, f := range []string{partitioner.CPUFile, partitioner.DenseFile} {
 				sub, err := pb.ReadModel(filepath.Join(out, f), pb.ReadOptions{})
 				if errors.Is(err, os.ErrNotExist) {
