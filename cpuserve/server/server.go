@@ -621,6 +621,10 @@ func storeStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, store.ErrClosed):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, store.ErrDiskFull):
+		// Nothing written, no number taken: the router catches the
+		// worker up once space is freed.
+		return status.Error(codes.ResourceExhausted, err.Error())
 	}
 	return status.Errorf(codes.Internal, "embedding store: %v", err)
 }

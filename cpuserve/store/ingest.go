@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prism-serve/prism/internal/tablefile"
@@ -241,6 +242,10 @@ func (s *Store) ingest(ctx context.Context, planDir string, o IngestOptions) (*I
 			continue
 		}
 		rows, err := s.ingestTable(ctx, j, o.SSTBytes, progress)
+		if errors.Is(err, syscall.ENOSPC) {
+			// Nothing else says where the disk went, nor how to get it back.
+			return nil, fmt.Errorf("ingest table %q: %w (the rows ingested so far stay in the store, on its disk: the same ingest run again once the disk has room goes on where it stopped; an ingest of another plan drops them)", j.pt.Name, err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("ingest table %q: %w", j.pt.Name, err)
 		}

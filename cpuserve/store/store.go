@@ -156,7 +156,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	cache := pebble.NewCache(opts.CacheBytes + 2*int64(opts.MemTableBytes))
 	defer cache.Unref()
 	po := &pebble.Options{
-		FS:                 opts.FS,
+		FS:                 waitWhenFull(opts.FS, dir, opts.Logger, opts.MemTableBytes),
 		Cache:              cache,
 		MemTableSize:       opts.MemTableBytes,
 		Logger:             fatalExits{opts.Logger},
@@ -165,7 +165,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	directReads := new(atomic.Int64)
 	if opts.DropBehind {
-		po.FS = dropBehindFS{FS: opts.FS, direct: opts.DirectReads, reads: directReads}
+		po.FS = dropBehindFS{FS: po.FS, direct: opts.DirectReads, reads: directReads}
 		// Speculative readahead (Pebble's, when an iterator reads
 		// consecutive blocks, as a sorted miss pass can) would bring in
 		// pages no lookup asked for, which drop-behind never sees.

@@ -117,6 +117,9 @@ func (s *Store) SkipSeqsAt(model string, from, seq int64, epoch uint64) error {
 		}
 		return &SeqGapError{Model: model, Applied: cur, Got: from}
 	}
+	if err := s.room(64); err != nil {
+		return fmt.Errorf("model %q: record update seq %d: %w", model, seq, err)
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	if err := b.Set(seqKey(model), binary.LittleEndian.AppendUint64(nil, uint64(seq)), nil); err != nil {
@@ -142,6 +145,9 @@ func (s *Store) SkipSeqsAt(model string, from, seq int64, epoch uint64) error {
 func (s *Store) raiseAloneLocked(raise bool, epoch uint64) error {
 	if !raise {
 		return nil
+	}
+	if err := s.room(64); err != nil {
+		return fmt.Errorf("record election epoch %d: %w", epoch, err)
 	}
 	if err := s.db.Set(epochKey, binary.LittleEndian.AppendUint64(nil, epoch), s.writeOpts()); err != nil {
 		return fmt.Errorf("record election epoch %d: %w", epoch, err)
@@ -302,6 +308,11 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 	}
 	if s.copySrc == tv.id || s.cat.sharedBeyond(tv.id, model, table) {
 		return false, tv.id, nil
+	}
+	// Before any write, the catalog's included: refused, the update
+	// takes no number and writes nothing.
+	if err := s.room(len(ids) * (2*keyLen + tv.dtype.RowBytes(tv.dim) + 4*tv.dim + 64)); err != nil {
+		return false, 0, fmt.Errorf("upsert model %q table %q: %w", model, table, err)
 	}
 	// Before the first upsert of a table, record that it no longer holds
 	// its content hash's rows (no later ingest shares it).

@@ -577,6 +577,9 @@ func (s *Store) commitHotSnapshots(ctx context.Context, classes []*hot.Class) er
 				return err
 			}
 			if !b.Empty() && int(b.Len())+len(p) > snapPartBytes {
+				if err := s.room(int(b.Len())); err != nil {
+					return err
+				}
 				if err := b.Commit(pebble.NoSync); err != nil {
 					return err
 				}
@@ -607,6 +610,9 @@ func (s *Store) commitHotSnapshots(ctx context.Context, classes []*hot.Class) er
 			}
 		}
 		from = r[1]
+	}
+	if err := s.room(int(b.Len())); err != nil {
+		return err
 	}
 	return b.Commit(pebble.Sync)
 }

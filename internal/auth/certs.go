@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/prism-serve/prism/internal/atomicfile"
 )
 
 // ErrCAExists is returned by InitCerts when the folder holds a CA
@@ -340,14 +342,41 @@ func InitCerts(dir string, o CertOptions) error {
 			return err
 		}
 	}
+	var caPaths []string
 	for _, l := range leaves[len(Roles):] {
-		if err := writePEM(FolderFiles(l.dir).CA, "CERTIFICATE", caDER, 0o644); err != nil {
-			return err
-		}
+		caPaths = append(caPaths, FolderFiles(l.dir).CA)
 	}
 	for _, r := range Roles {
-		if err := writePEM(FilesFor(dir, r).CA, "CERTIFICATE", caDER, 0o644); err != nil {
-			return err
+		caPaths = append(caPaths, FilesFor(dir, r).CA)
+	}
+	return writeCAs(caPaths, caDER)
+}
+
+// writeCAs writes the CA's certificate to every path, all or none: each
+// to a temporary file first, renamed only once all are written. A ca.pem
+// marks a folder complete (a later init refuses it), so one left by a
+// run that failed part-way (a full disk: an empty ca.pem beside the
+// others) made the folder neither usable nor made again.
+func writeCAs(paths []string, der []byte) error {
+	var files []*atomicfile.File
+	defer func() {
+		for _, f := range files {
+			f.Abort()
+		}
+	}()
+	for _, path := range paths {
+		f, err := atomicfile.Create(path)
+		if err != nil {
+			return fmt.Errorf("write %w", err)
+		}
+		files = append(files, f)
+		if err := pem.Encode(f, &pem.Block{Type: "CERTIFICATE", Bytes: der}); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+	}
+	for _, f := range files {
+		if err := f.Commit(0o644); err != nil {
+			return fmt.Errorf("write %w", err)
 		}
 	}
 	return nil
@@ -363,18 +392,19 @@ func serial() *big.Int {
 
 // writePEM writes one PEM block to path with perm, replacing a file left
 // by an interrupted run (the folder had no CA, so nothing trusts it).
+// Whole or not at all (atomicfile): the temporary file is the owner's
+// only until renamed with perm, so a key is never readable by others.
 func writePEM(path, typ string, der []byte, perm os.FileMode) error {
-	os.Remove(path)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	f, err := atomicfile.Create(path)
 	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+		return fmt.Errorf("write %w", err)
 	}
+	defer f.Abort()
 	if err := pem.Encode(f, &pem.Block{Type: typ, Bytes: der}); err != nil {
-		f.Close()
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
+	if err := f.Commit(perm); err != nil {
+		return fmt.Errorf("write %w", err)
 	}
 	return nil
 }
