@@ -41,7 +41,10 @@ type lease struct {
 	drainReason string // ReasonLowDemand, ReasonReclaim or ReasonLost
 	// retry: adopted draining after a return the lender failed; it is
 	// returned again in the tick that adopts it.
-	retry    bool
+	retry bool
+	// adopted: no borrow asked for it (a restarted lender's, or
+	// driver's): its time to serving is no start-up (observeStartup).
+	adopted  bool
 	deadline time.Duration
 	missing  int // observations in a row without it
 }
@@ -191,6 +194,7 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 				if at, ok := c.takePending(model); ok {
 					l.decidedAt = at
 				} else {
+					l.adopted = true
 					c.stats.Events[EventKey{"adopt", "unrequested"}]++
 				}
 				c.stats.BorrowedWorkers++
@@ -199,7 +203,9 @@ func (c *Controller) Tick(now time.Duration, obs Observation) ([]Decision, error
 		}
 		if w.State == Serving && !l.serving {
 			l.serving, l.servingAt = true, now
-			c.stats.observeStartup(now - l.decidedAt)
+			if !l.adopted {
+				c.stats.observeStartup(now - l.decidedAt)
+			}
 		}
 		switch {
 		case w.State == Serving:

@@ -127,6 +127,12 @@ func TestLoadRefusesModelWithoutPlanOutput(t *testing.T) {
 // "tasks" of per-sample shape shape.
 func multiTaskPlan(t *testing.T, shape []int64) string {
 	t.Helper()
+	return multiTaskPlanNamed(t, shape, "tasks")
+}
+
+// multiTaskPlanNamed is multiTaskPlan with the output named name.
+func multiTaskPlanNamed(t *testing.T, shape []int64, name string) string {
+	t.Helper()
 	src := tinyPlan(t)
 	p, err := plan.Read(src)
 	if err != nil {
@@ -140,17 +146,17 @@ func multiTaskPlan(t *testing.T, shape []int64) string {
 	score := g.Output[0]
 	g.Node = append(g.Node,
 		&onnxpb.NodeProto{OpType: "Neg", Input: []string{score.GetName()}, Output: []string{"neg"}, Name: "task1"},
-		&onnxpb.NodeProto{OpType: "Concat", Input: []string{score.GetName(), "neg"}, Output: []string{"tasks"}, Name: "tasks",
+		&onnxpb.NodeProto{OpType: "Concat", Input: []string{score.GetName(), "neg"}, Output: []string{name}, Name: "tasks",
 			Attribute: []*onnxpb.AttributeProto{{Name: "axis", Type: onnxpb.AttributeProto_INT, I: 1}}})
 	out := proto.Clone(score).(*onnxpb.ValueInfoProto)
-	out.Name = "tasks"
+	out.Name = name
 	out.Type.GetTensorType().Shape = nil
 	g.Output = []*onnxpb.ValueInfoProto{out}
 	dir := t.TempDir()
 	if err := onnxpb.WriteModel(filepath.Join(dir, p.DenseModel), m, onnxpb.WriteOptions{External: onnxpb.ExternalNever}); err != nil {
 		t.Fatal(err)
 	}
-	p.Outputs = append([]plan.TensorInfo{{Name: "tasks", DType: "float32", Shape: shape}}, p.Outputs...)
+	p.Outputs = append([]plan.TensorInfo{{Name: name, DType: "float32", Shape: shape}}, p.Outputs...)
 	if err := plan.Write(dir, p); err != nil {
 		t.Fatal(err)
 	}
@@ -164,6 +170,10 @@ func multiTaskPlan(t *testing.T, shape []int64) string {
 // plan.MaxTasks tasks, is refused at load, naming it.
 func TestScoreMultiTask(t *testing.T) {
 	checkTwoTasks(t, multiTaskPlan(t, []int64{2}), []string{"tasks[0]", "tasks[1]"})
+	// An output named past the router's bound (plan.MaxTaskName),
+	// which ONNX allows: served, its tasks unnamed, as by an earlier
+	// release. Named, the router failed every request (Internal).
+	checkTwoTasks(t, multiTaskPlanNamed(t, []int64{2}, strings.Repeat("x", plan.MaxTaskName)), nil)
 	for _, tc := range []struct {
 		shape []int64
 		want  string

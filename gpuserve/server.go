@@ -159,6 +159,18 @@ type model struct {
 	taskNames []string
 }
 
+// maxTaskName is plan.MaxTaskName (loadModel's plan is the plan read).
+const maxTaskName = plan.MaxTaskName
+
+// longestName is the length of the longest of names.
+func longestName(names []string) int {
+	n := 0
+	for _, s := range names {
+		n = max(n, len(s))
+	}
+	return n
+}
+
 // New discovers devices, loads every plan's dense.onnx and starts the
 // batchers.
 func New(o Options) (*Server, error) {
@@ -362,6 +374,12 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	if m.tasks > 1 {
 		if m.taskNames, err = plan.TaskNames(); err != nil {
 			return nil, fmt.Errorf("load %s: %w", dir, err)
+		}
+		// A name past the router's bound fails every request there
+		// (Internal): the tasks go unnamed, as from an earlier release.
+		if n := longestName(m.taskNames); n > maxTaskName {
+			o.Logger.Warn("a task's name is too long to pass on: the model's tasks are answered unnamed (ScoreResponse.task_names empty), in the plan's order", "dir", dir, "bytes", n, "max", maxTaskName)
+			m.taskNames = nil
 		}
 	}
 	path, err := planFile(dir, plan.DenseModel)

@@ -12,6 +12,11 @@ import (
 // every candidate.
 const MaxTasks = 64
 
+// MaxTaskName bounds the length of a task's name (TaskNames) that a
+// dense worker answers with (ScoreResponse.task_names) and the router
+// passes on: an output's name, which ONNX does not bound.
+const MaxTaskName = 256
+
 // Tasks is the number of values per sample the dense tier answers with:
 // 1 for a first output of one value per sample ([], [1], [1, 1]), k for a
 // multi-task model's 1-D [k] (1 < k <= MaxTasks, HugeCTR's label_dim, an

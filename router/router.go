@@ -789,10 +789,6 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		Tasks: tasks, TaskScores: taskScores, TaskNames: taskNames}, nil
 }
 
-// maxTaskName bounds the length of a task's name a dense worker answers
-// with (an output name).
-const maxTaskName = 256
-
 // joinTaskNames is the names of a request's k tasks (k > 1) its
 // micro-batches' answers give, nil when none gives them (workers of
 // earlier releases); Internal when two give other names, or names that
@@ -811,8 +807,8 @@ func joinTaskNames(model string, answers []answer, k int) ([]string, error) {
 			return nil, status.Errorf(codes.Internal, "model %q: a micro-batch of %d tasks a candidate named %d", model, k, len(got))
 		case names == nil:
 			for _, n := range got {
-				if len(n) > maxTaskName {
-					return nil, status.Errorf(codes.Internal, "model %q: a micro-batch named a task of %d bytes (at most %d)", model, len(n), maxTaskName)
+				if len(n) > plan.MaxTaskName {
+					return nil, status.Errorf(codes.Internal, "model %q: a micro-batch named a task of %d bytes (at most %d)", model, len(n), plan.MaxTaskName)
 				}
 			}
 			names = got

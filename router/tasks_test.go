@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/plan"
 )
 
 // TestMultiTaskReassembly: a multi-task model's micro-batches answer k
@@ -140,7 +141,7 @@ func TestJoinTaskNames(t *testing.T) {
 		{"none named", []answer{{}, {}}, 2, nil, ""},
 		{"not one a task", []answer{{taskNames: ab}}, 3, nil, "a micro-batch of 3 tasks a candidate named 2"},
 		{"named otherwise", []answer{{taskNames: ab}, {taskNames: namesOf([]string{"cvr", "ctr"})}}, 2, nil, `named its tasks ["ctr" "cvr"] and ["cvr" "ctr"]`},
-		{"too long", []answer{{taskNames: namesOf([]string{"ctr", strings.Repeat("x", maxTaskName+1)})}}, 2, nil, "a task of 257 bytes"},
+		{"too long", []answer{{taskNames: namesOf([]string{"ctr", strings.Repeat("x", plan.MaxTaskName+1)})}}, 2, nil, "a task of 257 bytes"},
 	} {
 		got, err := joinTaskNames("m", tc.answers, tc.k)
 		switch {

@@ -305,18 +305,26 @@ func (p *Provider) adopt(pod *corev1.Pod) bool {
 		return false
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if len(p.workers) >= p.o.Max {
-		p.mu.Unlock()
 		return false
 	}
+	// The Pod as the watch has it now, read under p.mu: an event the
+	// watch took before (the listing's copy older), onPod dropped, not
+	// following the Pod yet; one after waits on p.mu, and finds it lent.
+	obj, ok, err := p.informer.GetStore().Get(pod)
+	if err != nil || !ok {
+		return true // deleted since the listing: nothing to adopt or delete
+	}
+	pod = obj.(*corev1.Pod)
 	lent := pod.CreationTimestamp.Time
 	if lent.IsZero() {
 		lent = p.o.Now()
 	}
-	p.workers[pod.Name] = &worker{id: pod.Name, model: model, lent: lent, running: true}
-	p.mu.Unlock()
+	w := &worker{id: pod.Name, model: model, lent: lent, running: true}
+	p.workers[pod.Name] = w
 	p.o.Logf("adopting %s (model %s), lent by an earlier run", pod.Name, model)
-	p.onPod(pod, false) // its address, node and readiness
+	p.follow(w, pod, false) // its address, node and readiness, its end or delete
 	return true
 }
 
@@ -487,7 +495,15 @@ func (p *Provider) onPod(obj any, deleted bool) {
 		}
 		return
 	}
-	if w == nil || w.gone {
+	if w == nil {
+		return
+	}
+	p.follow(w, pod, deleted)
+}
+
+// follow is onPod for the lent worker w; p.mu is held.
+func (p *Provider) follow(w *worker, pod *corev1.Pod, deleted bool) {
+	if w.gone {
 		return
 	}
 	if pod.Spec.NodeName != "" {

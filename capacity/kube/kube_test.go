@@ -783,3 +783,63 @@ func TestLeftoverDeleteFails(t *testing.T) {
 		t.Errorf("the leftover whose delete failed at start is still there after Close: %v", err)
 	}
 }
+
+// TestLeftoverGoneBeforeAdopted: a leftover Pod deleted after the
+// lender listed the leftovers and before it adopted that one (its adopt
+// waits on the deletes and adoptions of the older ones, each an API
+// call) is not adopted as running: the watch's delete came while the
+// lender followed only the Pods it had lent, and the listing's copy,
+// adopted, showed a worker running that no Pod held, counted as
+// capacity until the borrow timeout gave it up.
+func TestLeftoverGoneBeforeAdopted(t *testing.T) {
+	lentBy := map[string]string{LabelLentBy: "prism-dense-loan"}
+	leftover := func(name string, age time.Duration) *corev1.Pod {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: lentBy, Annotations: map[string]string{AnnotationModel: "m"},
+			CreationTimestamp: metav1.NewTime(time.Now().Add(-age).Truncate(time.Second))}}
+		pod.Spec.Containers = []corev1.Container{{Name: "dense", Args: []string{"serve", "dense", "--addr", ":8600"}}}
+		pod.Spec.NodeName, pod.Status.PodIP, pod.Status.Phase = "gpu-7", "10.0.0.7", corev1.PodRunning
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		return pod
+	}
+	c := fake.NewClientset(denseDeployment(), leftover("prism-dense-loan-old", time.Hour), leftover("prism-dense-loan-young", time.Minute))
+	// Watched apart, to know when the delete has reached a watch.
+	w, err := c.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	o := Options{Client: c, Namespace: ns, Template: "prism-dense", Max: 4, Pool: map[string]string{"pool": "training"},
+		Tolerations: []corev1.Toleration{poolTaint(t)}, PriorityClass: "prism-loan"}
+	o.Logf = func(f string, a ...any) {
+		if !strings.HasPrefix(f, "adopting") || a[0] != "prism-dense-loan-old" {
+			return
+		}
+		// Between the listing and the young one's adoption: the
+		// cluster deletes it (preempted, its node drained).
+		if err := c.CoreV1().Pods(ns).Delete(context.Background(), "prism-dense-loan-young", metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+		for ev := range w.ResultChan() {
+			if ev.Type == "DELETED" {
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond) // the lender's watch hears it too
+	}
+	p, err := New(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	eventually(t, "the deleted leftover not lent as running", func() bool {
+		for _, lw := range p.Workers() {
+			if lw.ID == "prism-dense-loan-young" && lw.Running {
+				return false
+			}
+		}
+		return true
+	})
+	if ws := p.Workers(); len(ws) == 0 || ws[0].ID != "prism-dense-loan-old" || !ws[0].Running {
+		t.Errorf("workers %+v, want the old leftover adopted, running", ws)
+	}
+}

@@ -168,11 +168,13 @@ func (c *Config) Validate() error {
 const maxWorkers = 1 << 30
 
 // maxFactor bounds the product of promotion factors in force at once:
-// 1 (no promotion on), or the product at a promotion's start.
+// 1 (no promotion on), or the product at a promotion's start or end,
+// where alone the promotions on change (at an end too: a factor below
+// 1 ending inside a larger one raises the product).
 func maxFactor(ps []capacity.Promotion) float64 {
 	f := 1.0
 	for _, p := range ps {
-		f = math.Max(f, capacity.Factor(ps, p.Start))
+		f = math.Max(f, math.Max(capacity.Factor(ps, p.Start), capacity.Factor(ps, p.Start+p.Duration)))
 	}
 	return f
 }

@@ -215,6 +215,13 @@ func TestConfigErrors(t *testing.T) {
 			c.Promotions = append(c.Promotions, capacity.Promotion{Start: c.Promotions[0].Start, Duration: time.Minute, Factor: 1e200})
 			c.Promotions[0].Factor = 1e200
 		}, "promotion factors up to +Inf"},
+		// A promotion of a factor below 1 (a dip) ending inside a
+		// larger one: the product peaks at the dip's end, not at a
+		// start (1 at both starts here, 1e300 from the dip's end).
+		{func(c *Config) {
+			c.Promotions = append(c.Promotions, capacity.Promotion{Start: c.Promotions[0].Start, Duration: c.Promotions[0].Duration / 2, Factor: 1e-300})
+			c.Promotions[0].Factor = 1e300
+		}, "more than any cluster has"},
 	} {
 		cfg := spike(capacity.Reactive)
 		c.mod(&cfg)

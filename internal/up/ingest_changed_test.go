@@ -96,3 +96,26 @@ func TestIngestChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestIngestShardsKeepVersions: prism up --keep-versions N reaches the
+// prism ingest --shard K children too, one per shard store lacking its
+// shard (a resharded or retrained model), not the unsharded ingest alone.
+func TestIngestShardsKeepVersions(t *testing.T) {
+	parent := t.TempDir()
+	args := filepath.Join(parent, "args")
+	exe := filepath.Join(parent, "fake-prism")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\necho \"$@\" >> "+args+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	db := filepath.Join(parent, "db")
+	c := Config{Exe: exe, DB: db, EmbeddingWorkers: 2, Replicas: 1, shards: 2, KeepVersions: 3, Stderr: io.Discard}
+	if err := ingestShards(context.Background(), c, []sharded{{dir: "plan", model: "m", shards: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(args)
+	want := "ingest plan --db " + ShardDB(db, 0, 0) + " --shard 0 --keep-versions 3\n" +
+		"ingest plan --db " + ShardDB(db, 1, 0) + " --shard 1 --keep-versions 3\n"
+	if string(got) != want {
+		t.Errorf("ran %q, want %q", got, want)
+	}
+}

@@ -167,10 +167,6 @@ func holdsPlan(dir, model string, p *plan.Plan) bool {
 	return err == nil || errors.Is(err, store.ErrUnknownModel)
 }
 
-// ingestChanged ingests each unsharded plan (dirs[i], plans[i]) into
-// every embedding worker's store whose active version of the model holds
-// other tables (holdsPlan), one prism ingest child at a time: a new
-// version, switched to, which carries the model's updates.
 // ingestFlags are the flags up passes to each prism ingest it runs.
 func (c Config) ingestFlags() []string {
 	if c.KeepVersions > 0 {
@@ -179,6 +175,10 @@ func (c Config) ingestFlags() []string {
 	return nil
 }
 
+// ingestChanged ingests each unsharded plan (dirs[i], plans[i]) into
+// every embedding worker's store whose active version of the model holds
+// other tables (holdsPlan), one prism ingest child at a time: a new
+// version, switched to, which carries the model's updates.
 func ingestChanged(ctx context.Context, c Config, dirs []string, plans []*plan.Plan) error {
 	for i := range c.EmbeddingWorkers {
 		db := embeddingDB(c, i)
