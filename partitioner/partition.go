@@ -168,6 +168,11 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 			os.RemoveAll(tmp)
 		}
 	}()
+	// MkdirTemp makes it 0700: renamed into place, the output folder was
+	// unreadable to a tier running as another user than prism partition.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("partition: %w", err)
+	}
 	if err := pl.write(tmp, filepath.Dir(modelPath), p, o); err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}

@@ -174,6 +174,11 @@ func TestOutputFolder(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "keep.txt")); err == nil {
 		t.Error("--overwrite kept the old contents")
 	}
+	// Readable by a tier running as another user (MkdirTemp's 0700
+	// renamed into place was not).
+	if st, err := os.Stat(out); err != nil || st.Mode().Perm() != 0o755 {
+		t.Errorf("output folder mode %v, %v; want 0755", st.Mode().Perm(), err)
+	}
 	p, err := plan.Read(out)
 	if err != nil || p.Version != plan.WriteVersion(p) || len(p.Tables) != 26 {
 		t.Fatalf("plan %v, %v", p, err)
