@@ -20,6 +20,24 @@ type part struct {
 	req *prismv1.UpdateRequest
 }
 
+// namedTables lists, sorted, the tables model's live workers say their
+// shards hold (the first 16), for the refusal of an update of another:
+// the name a client knows may not be the plan's (a float16 table is
+// served as NAME_float).
+func (s *sequencer) namedTables(model string) string {
+	tables := map[string]bool{}
+	for _, w := range s.workers {
+		for _, t := range w.GetShards()[model].GetTables() {
+			tables[t] = true
+		}
+	}
+	names := slices.Sorted(maps.Keys(tables))
+	if len(names) > 16 {
+		return strings.Join(names[:16], ", ") + fmt.Sprintf(" and %d more", len(names)-16)
+	}
+	return strings.Join(names, ", ")
+}
+
 // split cuts req into the parts the sequences of its model take. A
 // model that no live worker announces a shard of, and whose shards
 // never had a sequence here, has one sequence: req goes whole to it. A
@@ -147,7 +165,7 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 		holders[k] = true
 	}
 	if len(holders) == 0 {
-		return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q (no shard of its %d holds it)", model, table, shards)
+		return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q (no shard of its %d holds it; its tables: %s)", model, table, shards, s.namedTables(model))
 	}
 	// A table-wise table's one shard; or, from workers of earlier
 	// releases (no row splits), every shard holding part of a row-wise

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -149,14 +150,17 @@ OUT/tune.json serves with the best configuration.`,
 			// prism up's defaults, where the space lists them.
 			start := tune.StartConfig(space, tune.Config{"micro-batch": "512", "max-batch": startBatch, "max-delay": "2ms",
 				"threads": "1", "dense-workers": startWorkers, "hot-bytes": "auto", "admit-share": "1", "dense-sessions": "1"})
+			// The name the workers serve it under: a plan of a graph
+			// without a name is served under its folder's.
+			served := cmp.Or(pl.Model.Name, filepath.Base(filepath.Clean(planDir)))
 			ctx, stop := signalContext()
 			defer stop()
 			rep, err := tune.Run(ctx, tune.Options{
-				Model: pl.Model.Name, Features: tune.PlanFeatures(pl, meanCand), Space: space, Start: start,
+				Model: served, Features: tune.PlanFeatures(pl, meanCand), Space: space, Start: start,
 				Grid: grid, Threshold: threshold, MaxTrials: maxTrials, Prior: prior, StartRPS: startRPS,
 				Out: out, Progress: cmd.ErrOrStderr(),
 				Trialer: &tune.ProcessTrialer{Exe: exe, Plan: planDir, DB: db, Certs: certs, Insecure: insecure,
-					Model: pl.Model.Name, Candidates: candidates, Pool: pool, Timeout: timeout, SLO: slo,
+					Model: served, Candidates: candidates, Pool: pool, Timeout: timeout, SLO: slo,
 					Step: step, Tolerance: 0.05, MaxSteps: maxSteps, LogDir: out, ReadyTimeout: readyTimeout},
 			})
 			if err != nil {

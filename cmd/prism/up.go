@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -52,7 +54,7 @@ K) unless its store already holds it.`,
 					var served []string
 					for _, dir := range c.Plans {
 						if pl, err := plan.Read(dir); err == nil {
-							served = append(served, pl.Model.Name)
+							served = append(served, cmp.Or(pl.Model.Name, filepath.Base(filepath.Clean(dir))))
 						}
 					}
 					if len(served) > 0 && !slices.Contains(served, tuned) {

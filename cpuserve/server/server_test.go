@@ -899,3 +899,16 @@ func TestContentPinned(t *testing.T) {
 	_, err := f.client.Lookup(context.Background(), req)
 	expectStatus(t, err, codes.NotFound, "content")
 }
+
+// An update of a table the model has not names the tables it has: the
+// client's name may not be the plan's (a float16 table is NAME_float).
+func TestUpdateUnknownTableNamesTables(t *testing.T) {
+	f := setup(t)
+	model := testModels[0]
+	for _, seq := range []int64{0, f.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model] + 1} {
+		_, err := f.srv.Update(context.Background(), &prismv1.ApplyUpdateRequest{Seq: seq, Update: &prismv1.UpdateRequest{Model: model, Table: "nope", Ids: []int64{0}, Rows: make([]byte, 64)}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "its tables: emb_l.0.weight, emb_l.1.weight") {
+			t.Fatalf("seq %d: update of table nope: %v, want InvalidArgument listing the model's tables", seq, err)
+		}
+	}
+}

@@ -2,12 +2,16 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/leview"
 )
@@ -69,7 +73,7 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 			if err := s.st.SkipSeqsAt(req.GetModel(), areq.GetSeq(), areq.GetSeq(), areq.GetEpoch()); err != nil {
 				return nil, storeStatus(fmt.Errorf("update: %w", err))
 			}
-			return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q", req.GetModel(), req.GetTable())
+			return nil, status.Errorf(codes.InvalidArgument, "update: model %q has no table %q (its tables: %s)", req.GetModel(), req.GetTable(), s.tableNames(req.GetModel()))
 		case !s.skipsUpdate(req.GetModel(), req.GetTable()):
 			return nil, status.Errorf(codes.FailedPrecondition, "update %d of table %q sent without its rows, but this worker's shard holds the table: send it the rows", areq.GetSeq(), req.GetTable())
 		}
@@ -160,9 +164,30 @@ func (s *Server) Update(ctx context.Context, areq *prismv1.ApplyUpdateRequest) (
 		err = s.st.Upsert(req.GetModel(), req.GetTable(), ids, rows)
 	}
 	if err != nil {
+		if errors.Is(err, store.ErrUnknownTable) {
+			// The name the client knows may not be the plan's (a float16
+			// table is served as NAME_float): say which it can update.
+			err = fmt.Errorf("%w (its tables: %s)", err, s.tableNames(req.GetModel()))
+		}
 		return nil, storeStatus(fmt.Errorf("update: %w", err))
 	}
 	return &prismv1.UpdateResponse{Workers: 1, Shards: rowShards}, nil
+}
+
+// tableNames lists the tables of model's plan (the first 16, sorted),
+// for the answer to an update naming a table the model has not.
+func (s *Server) tableNames(model string) string {
+	var names []string
+	if m := s.models[model]; m != nil {
+		for _, t := range m.plan.Tables {
+			names = append(names, t.Name)
+		}
+	}
+	slices.Sort(names)
+	if n := len(names); n > 16 {
+		return strings.Join(names[:16], ", ") + fmt.Sprintf(" and %d more", n-16)
+	}
+	return strings.Join(names, ", ")
 }
 
 // skipRange takes a catch-up's run of other shards' updates

@@ -39,10 +39,7 @@ func shardedPlans(dirs []string, plans []*plan.Plan) (out []sharded, shards int,
 		if p.Sharding == nil || p.Sharding.Shards < 1 {
 			continue
 		}
-		name := p.Model.Name
-		if name == "" {
-			name = filepath.Base(filepath.Clean(dirs[i]))
-		}
+		name := modelName(dirs[i], p)
 		if shards != 0 && p.Sharding.Shards != shards {
 			return nil, 0, fmt.Errorf("model %q is sharded into %d shards, %q into %d: one prism up runs one sharding (serve them with two)", out[0].model, shards, name, p.Sharding.Shards)
 		}
@@ -50,6 +47,31 @@ func shardedPlans(dirs []string, plans []*plan.Plan) (out []sharded, shards int,
 		out = append(out, sharded{dir: dirs[i], model: name, shards: shards, plan: p})
 	}
 	return out, shards, nil
+}
+
+// modelName is the name the workers serve the plan p in dir under:
+// its model's name, or for a model without one the folder's name.
+func modelName(dir string, p *plan.Plan) string {
+	if p.Model.Name != "" {
+		return p.Model.Name
+	}
+	return filepath.Base(filepath.Clean(dir))
+}
+
+// checkNames refuses two plans of one model name: the second would be
+// ingested as another version of the first in the same stores (a
+// sharded one's shards replaced by the whole model), and then both
+// tiers' workers refuse to start.
+func checkNames(dirs []string, plans []*plan.Plan) error {
+	seen := map[string]string{}
+	for i, p := range plans {
+		name := modelName(dirs[i], p)
+		if d, ok := seen[name]; ok {
+			return fmt.Errorf("--model %s and --model %s are both model %q: one prism up serves a model once (prism partition names it after the ONNX graph, or its metadata prism.model)", d, dirs[i], name)
+		}
+		seen[name] = dirs[i]
+	}
+	return nil
 }
 
 // ShardDB is the store folder of replica r of shard k under the parent
@@ -186,10 +208,7 @@ func ingestChanged(ctx context.Context, c Config, dirs []string, plans []*plan.P
 			if p.Sharding != nil && p.Sharding.Shards >= 1 {
 				continue // ingestShards
 			}
-			model := p.Model.Name
-			if model == "" {
-				model = filepath.Base(filepath.Clean(dirs[k]))
-			}
+			model := modelName(dirs[k], p)
 			if holdsPlan(db, model, p) {
 				continue
 			}

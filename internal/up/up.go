@@ -290,8 +290,13 @@ func Run(ctx context.Context, c Config) error {
 		if err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
-		models = append(models, pl.Model.Name)
+		// The name its workers announce it by (a plan of a graph
+		// without a name: its folder's), which up waits for.
+		models = append(models, modelName(p, pl))
 		plans = append(plans, pl)
+	}
+	if err := checkNames(c.Plans, plans); err != nil {
+		return fmt.Errorf("up: %w", err)
 	}
 	if c.DB == "" {
 		c.DB = filepath.Join(filepath.Dir(filepath.Clean(c.Plans[0])), "prism-db")
