@@ -75,7 +75,7 @@ func serveValuesPlan(t *testing.T, p *plan.Plan, o Options) (*Server, string, *f
 
 // serveValuesShard is serveValuesPlan with, when shard is set, the store
 // holding only that shard of p's sharding (p.Sharding set).
-func serveValuesShard(t *testing.T, p *plan.Plan, o Options, shard *int) (*Server, string, *frameDense) {
+func serveValuesShard(t testing.TB, p *plan.Plan, o Options, shard *int) (*Server, string, *frameDense) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
