@@ -7,7 +7,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
@@ -78,10 +80,25 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 		reg := prismv1.NewRegistryClient(conn)
 		interval := time.Second
 		fails := 0 // attempts failed in a row
+		// leave tells the router this worker goes: the router then sends
+		// it nothing new and lets its calls in flight finish. Tried
+		// twice, 2 s each (an Announce's bound): a Leave lost (a
+		// loaded router or host answering past the bound) left the
+		// worker registered until it expired three heartbeats later,
+		// and the router then abandoned its calls in flight (silent.go)
+		// where a drain lets them finish.
 		leave := func(w *prismv1.WorkerInfo) {
-			lctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			reg.Leave(lctx, &prismv1.LeaveRequest{Id: w.GetId()})
-			cancel()
+			for try := range 2 {
+				lctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_, err := reg.Leave(lctx, &prismv1.LeaveRequest{Id: w.GetId()})
+				cancel()
+				if err == nil || status.Code(err) == codes.NotFound || try == 1 {
+					if err != nil && status.Code(err) != codes.NotFound {
+						log.Warn("registry: leave failed; the router drops this worker when its heartbeats expire", "router", routerAddr, "err", err)
+					}
+					return
+				}
+			}
 		}
 		for {
 			w := info()

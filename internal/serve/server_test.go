@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/grpctest"
@@ -24,12 +26,15 @@ import (
 // and it records what workers said.
 type slowRegistry struct {
 	prismv1.UnimplementedRegistryServer
-	entered chan struct{} // if set, gets a value as each Announce starts
-	release chan struct{} // if set, Announce waits for it to close
-	mu      sync.Mutex
-	seen    []string
-	left    []string
-	order   []string // "announce ID" and "leave ID", as handled
+	// leaveFails, when set, fails that many Leaves first (Unavailable:
+	// a router too loaded to answer in time).
+	leaveFails int
+	entered    chan struct{} // if set, gets a value as each Announce starts
+	release    chan struct{} // if set, Announce waits for it to close
+	mu         sync.Mutex
+	seen       []string
+	left       []string
+	order      []string // "announce ID" and "leave ID", as handled
 }
 
 func (r *slowRegistry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
@@ -48,6 +53,11 @@ func (r *slowRegistry) Announce(ctx context.Context, req *prismv1.AnnounceReques
 
 func (r *slowRegistry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
 	r.mu.Lock()
+	if r.leaveFails > 0 {
+		r.leaveFails--
+		r.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "busy")
+	}
 	r.left = append(r.left, req.GetId())
 	r.order = append(r.order, "leave "+req.GetId())
 	r.mu.Unlock()
@@ -218,6 +228,33 @@ func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
 	defer reg.mu.Unlock()
 	if len(reg.left) != 1 || reg.left[0] != "gpu/1" {
 		t.Fatalf("left %v", reg.left)
+	}
+}
+
+// TestLeaveRetried: a Leave that fails (a router too loaded to answer
+// within its bound) is sent again: lost, the worker stayed registered
+// until it expired, and the router then abandoned its calls in flight
+// where a drain lets them finish.
+func TestLeaveRetried(t *testing.T) {
+	reg := &slowRegistry{leaveFails: 1}
+	cancel, done := announceTo(t, reg)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		reg.mu.Lock()
+		n := len(reg.seen)
+		reg.mu.Unlock()
+		if n >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no announce in 5s")
+		}
+	}
+	cancel()
+	<-done
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	if len(reg.left) != 1 || reg.left[0] != "gpu/1" {
+		t.Fatalf("left %v after a first Leave failed, want [gpu/1]", reg.left)
 	}
 }
 
