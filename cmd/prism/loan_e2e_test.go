@@ -276,7 +276,10 @@ func TestDenseDrainDropsNothing(t *testing.T) {
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	certs := newCerts(t)
-	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "200ms", "--micro-batch", "16")
+	// A heartbeat of 500 ms: at 200 ms the one embedding worker expired
+	// (600 ms without an announcement) on a host at load average 16, and
+	// the router abandoned its calls in flight: not what this measures.
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", "500ms", "--micro-batch", "16")
 	denseArgs := []string{"serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr}
 	startProc(t, readyline.Dense, denseArgs...)
 	startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, "db"), "--router", router.addr)
