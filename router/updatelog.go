@@ -8,14 +8,13 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
-	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/diskfull"
 	"github.com/prism-serve/prism/internal/inuse"
 )
 
@@ -55,7 +54,7 @@ func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
 	if fs == nil {
 		fs = vfs.Default
 	}
-	db, err := pebble.Open(dir, &pebble.Options{FS: waitWhenFull(fs, dir), Logger: quietPebble{}, FormatMajorVersion: pebble.FormatNewest, MemTableSize: updateLogMemTable})
+	db, err := pebble.Open(dir, &pebble.Options{FS: diskfull.Wait(fs, dir, "update log", updateLogMemTable, pebble.DefaultLogger.Errorf), Logger: quietPebble{}, FormatMajorVersion: pebble.FormatNewest, MemTableSize: updateLogMemTable})
 	if err != nil {
 		return nil, fmt.Errorf("open update log %q: %w", dir, inuse.Explain(err))
 	}
@@ -168,23 +167,13 @@ func (l *updateLog) write(msgs []message) error {
 }
 
 // room refuses a write of n bytes when the log's disk lacks room for it
-// and a flush of the memtable. Pebble ends the process when a write to
-// its log fails ("fatal commit error"): the router, Recommend and all,
-// died at the first update once the disk filled, and restarted it waited
-// in Open until space was freed. Refused here, the write fails alone (writeFailed: the model
-// takes no updates until a heartbeat's rewrite is written) and the
-// router goes on serving Recommend. A file system that cannot say its
-// free space is not checked.
+// and a flush of the memtable (diskfull.Room): Pebble would end the
+// process at the failed write (the router, Recommend and all, died at
+// the first update once the disk filled). Refused here, the write fails
+// alone (writeFailed: the model takes no updates until a heartbeat's
+// rewrite is written) and the router goes on serving Recommend.
 func (l *updateLog) room(n int) error {
-	u, err := l.fs.GetDiskUsage(l.dir)
-	if err != nil {
-		return nil
-	}
-	if need := uint64(n) + updateLogMemTable; u.AvailBytes < need {
-		return fmt.Errorf("update log %q: %s free on its disk, below the %s a write of %s needs with room to flush the memtable; free disk space: %w",
-			l.dir, flagval.FormatBytes(int64(u.AvailBytes)), flagval.FormatBytes(int64(need)), flagval.FormatBytes(int64(n)), syscall.ENOSPC)
-	}
-	return nil
+	return diskfull.Room(l.fs, l.dir, "update log", n, updateLogMemTable, syscall.ENOSPC)
 }
 
 // load reads every model's log back. Its entries are the contiguous run
@@ -254,24 +243,6 @@ func (l *updateLog) Close() error {
 	}
 	l.closed = true
 	return l.db.Close()
-}
-
-// waitWhenFull wraps fs so that a write failing with ENOSPC waits a
-// second (every write does meanwhile) and is tried once more: Pebble
-// retries a failed flush at once, without end, and a router restarted
-// over its log on a full disk spun a core in Open, logging thousands of
-// lines a second, until space was freed. It now retries once a second,
-// and goes on once space is freed.
-func waitWhenFull(fs vfs.FS, dir string) vfs.FS {
-	var last time.Time
-	return vfs.OnDiskFull(fs, func() {
-		// Called by one write at a time.
-		if time.Since(last) > time.Minute {
-			last = time.Now()
-			pebble.DefaultLogger.Errorf("update log %q: its disk is full (no space left on device): writes are retried every second until space is freed", dir)
-		}
-		time.Sleep(time.Second)
-	})
 }
 
 // quietPebble keeps Pebble's routine notes out of the router's log.

@@ -20,6 +20,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/sstable"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
+	"github.com/prism-serve/prism/internal/diskfull"
 	"github.com/prism-serve/prism/internal/inuse"
 	"github.com/prism-serve/prism/plan"
 )
@@ -156,7 +157,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	cache := pebble.NewCache(opts.CacheBytes + 2*int64(opts.MemTableBytes))
 	defer cache.Unref()
 	po := &pebble.Options{
-		FS:                 waitWhenFull(opts.FS, dir, opts.Logger, opts.MemTableBytes),
+		FS:                 diskfull.Wait(opts.FS, dir, "store", opts.MemTableBytes, opts.Logger.Errorf),
 		Cache:              cache,
 		MemTableSize:       opts.MemTableBytes,
 		Logger:             fatalExits{opts.Logger},
