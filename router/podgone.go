@@ -37,12 +37,15 @@ func (p PodName) matches(addr string) bool {
 	if err != nil {
 		host = addr
 	}
+	// An IP by value: the worker's flag may spell it otherwise than
+	// the EndpointSlice ([fd00:0::9] and fd00::9 are one host).
+	ip := net.ParseIP(host)
 	for _, a := range p.Addresses {
-		if a != "" && host == a {
+		if a != "" && (host == a || ip != nil && ip.Equal(net.ParseIP(a))) {
 			return true
 		}
 	}
-	if net.ParseIP(host) != nil {
+	if ip != nil {
 		return false
 	}
 	label, _, _ := strings.Cut(host, ".")

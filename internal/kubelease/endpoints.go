@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -91,10 +92,15 @@ type podTracker struct {
 	listed map[string]map[string]bool
 	// goneIDs are the Pods reported gone and not back yet.
 	goneIDs map[string]Pod
+	// addrs is per ready Pod, per slice, the addresses it was last ready
+	// with there: a dual-stack Pod's IPv4 and IPv6 slices drop it one
+	// after the other, and the Pod gone at the second names both (its
+	// workers may announce either).
+	addrs map[string]map[string][]string
 }
 
 func newPodTracker() *podTracker {
-	return &podTracker{slices: map[string]map[string]Pod{}, listed: map[string]map[string]bool{}, goneIDs: map[string]Pod{}}
+	return &podTracker{slices: map[string]map[string]Pod{}, listed: map[string]map[string]bool{}, goneIDs: map[string]Pod{}, addrs: map[string]map[string][]string{}}
 }
 
 // listedIDs are the ids of every Pod s lists, ready or not (nil: none).
@@ -186,11 +192,27 @@ func (t *podTracker) set(slice string, now map[string]Pod, listed map[string]boo
 			deleted = append(deleted, p)
 		}
 	}
+	for id, p := range now {
+		if t.addrs[id] == nil {
+			t.addrs[id] = map[string][]string{}
+		}
+		t.addrs[id][slice] = p.Addresses
+	}
 	for id, p := range before {
 		if _, still := now[id]; still || t.readyElsewhere(id) {
 			continue
 		}
-		// Every address the Pod had in any slice goes.
+		// Every address the Pod had in any slice goes: this slice's
+		// first, in order (a Pod without a name is known by them).
+		p.Addresses = slices.Clone(p.Addresses)
+		for _, other := range slices.Sorted(maps.Keys(t.addrs[id])) {
+			for _, a := range t.addrs[id][other] {
+				if !slices.Contains(p.Addresses, a) {
+					p.Addresses = append(p.Addresses, a)
+				}
+			}
+		}
+		delete(t.addrs, id)
 		t.goneIDs[id] = p
 		gone = append(gone, p)
 	}

@@ -246,3 +246,59 @@ func TestPodTrackerSliceReplaced(t *testing.T) {
 		}
 	}
 }
+
+// TestPodTrackerDualStackAddresses: on a dual-stack cluster a Pod is an
+// endpoint of two slices, one per family; the slices drop it one after
+// the other. The gone Pod carries the addresses of both, in either
+// order: the router removes the workers whose announced host is one of
+// them (router.PodName), and a worker announcing its IPv4 address stayed
+// registered when the IPv4 slice happened to drop the Pod first (the
+// gone Pod named only its IPv6 address), and the other way round.
+func TestPodTrackerDualStackAddresses(t *testing.T) {
+	yes := true
+	v4 := func(es ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice { return slice("v4", es...) }
+	v6 := func(es ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+		s := slice("v6", es...)
+		s.AddressType = discoveryv1.AddressTypeIPv6
+		return s
+	}
+	for _, first := range []string{"v4", "v6"} {
+		t.Run(first+" first", func(t *testing.T) {
+			tr := newPodTracker()
+			set := func(name string, s *discoveryv1.EndpointSlice) []Pod {
+				var ps map[string]Pod
+				if s != nil {
+					ps = ready(s)
+				}
+				gone, _, _ := tr.set(name, ps, listedIDs(s))
+				return gone
+			}
+			set("v4", v4(endpoint("a", "10.0.0.1", &yes, false), endpoint("b", "10.0.0.2", &yes, false)))
+			set("v6", v6(endpoint("a", "fd00::1", &yes, false), endpoint("b", "fd00::2", &yes, false)))
+			second := map[string]string{"v4": "v6", "v6": "v4"}[first]
+			mk := map[string]func(...discoveryv1.Endpoint) *discoveryv1.EndpointSlice{"v4": v4, "v6": v6}
+			addrs := map[string]map[string]string{"v4": {"b": "10.0.0.2"}, "v6": {"b": "fd00::2"}}
+			if g := set(first, mk[first](endpoint("b", addrs[first]["b"], &yes, false))); len(g) != 0 {
+				t.Fatalf("a left the %s slice only: gone %v", first, names(g))
+			}
+			g := set(second, mk[second](endpoint("b", addrs[second]["b"], &yes, false)))
+			if len(g) != 1 || g[0].Name != "a" {
+				t.Fatalf("gone %v, want [a]", names(g))
+			}
+			got := slices.Sorted(slices.Values(g[0].Addresses))
+			if want := []string{"10.0.0.1", "fd00::1"}; !slices.Equal(got, want) {
+				t.Fatalf("gone Pod a's addresses %v, want %v", got, want)
+			}
+			// b leaves both at once (both slices deleted): its addresses
+			// too, and nothing is kept of a Pod no longer ready.
+			set("v4", nil)
+			g = set("v6", nil)
+			if len(g) != 1 || !slices.Equal(slices.Sorted(slices.Values(g[0].Addresses)), []string{"10.0.0.2", "fd00::2"}) {
+				t.Fatalf("b gone as %+v, want both its addresses", g)
+			}
+			if len(tr.addrs) != 0 {
+				t.Fatalf("addresses kept of Pods no longer ready: %v", tr.addrs)
+			}
+		})
+	}
+}

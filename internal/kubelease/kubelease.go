@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +76,11 @@ func (o *Options) Validate() error {
 		return errors.New("no identity: the address the other routers dial this one at is needed")
 	case strings.Contains(o.Identity, processMark):
 		return fmt.Errorf("identity %q: an address without %q (it marks the process in the Lease)", o.Identity, processMark)
+	case !hostPort(o.Identity):
+		// The other routers dial it to forward updates: unbracketed,
+		// an IPv6 address and its port ($(POD_IP):8500 with an IPv6
+		// pod IP) is no address they can dial.
+		return fmt.Errorf("identity %q: want HOST:PORT, the address the other routers dial this one at (an IPv6 address in brackets: [fd00::5]:8500)", o.Identity)
 	case o.LeaseDuration < time.Second:
 		// The Lease records whole seconds.
 		return fmt.Errorf("lease duration %v: at least 1s", o.LeaseDuration)
@@ -376,4 +382,10 @@ func Epoch(created time.Time, transitions int32) uint64 {
 		return 0
 	}
 	return uint64(sec)<<32 | prismv1.OrderedEpoch | uint64(transitions+1)
+}
+
+// hostPort says whether addr is HOST:PORT, both given.
+func hostPort(addr string) bool {
+	host, port, err := net.SplitHostPort(addr)
+	return err == nil && host != "" && port != ""
 }

@@ -242,6 +242,13 @@ func TestOptions(t *testing.T) {
 	if err := o.Validate(); err != nil || o.RenewDeadline != 10*time.Second || o.RetryPeriod != 2*time.Second {
 		t.Fatalf("defaults %+v: %v", o, err)
 	}
+	for _, id := range []string{"[fd00::5]:8500", "10.1.2.3:8500", "[10.1.2.3]:8500", "prism-router-0.prism-router-headless:8500"} {
+		ok := Options{Namespace: "prism", Name: "seq", Identity: id}
+		ok.EnsureDefaults()
+		if err := ok.Validate(); err != nil {
+			t.Errorf("identity %q: %v", id, err)
+		}
+	}
 	for _, bad := range []Options{
 		{Namespace: "prism", Name: "seq"},
 		{Namespace: "prism", Name: "seq", Identity: "a:1", LeaseDuration: 500 * time.Millisecond},
@@ -250,6 +257,11 @@ func TestOptions(t *testing.T) {
 		// The Lease records 2s: the others take it over after 2s, while
 		// the holder would renew within 1.67s every 333ms.
 		{Namespace: "prism", Name: "seq", Identity: "a:1", LeaseDuration: 2500 * time.Millisecond},
+		// Not an address the other routers can dial: an IPv6 pod IP
+		// and a port without brackets, no port, no host.
+		{Namespace: "prism", Name: "seq", Identity: "fd00::5:8500"},
+		{Namespace: "prism", Name: "seq", Identity: "prism-router-0"},
+		{Namespace: "prism", Name: "seq", Identity: ":8500"},
 	} {
 		bad.EnsureDefaults()
 		if err := bad.Validate(); err == nil {

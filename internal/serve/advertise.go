@@ -68,9 +68,12 @@ func (a Advertise) Addr() (string, error) {
 		}
 		return net.JoinHostPort(lhost, bport), nil
 	}
-	// Listening on every interface: the one facing the routers. A
-	// listener on 0.0.0.0 takes IPv4 only.
-	v4only := lhost == "0.0.0.0"
+	// Listening on every interface: the one facing the routers. Go
+	// listens on both families for 0.0.0.0 as for [::] (one IPv6 socket
+	// taking IPv4-mapped connections too, bound as [::]:port): an IPv6
+	// address is as good, and on an IPv6-only host the only one. Only a
+	// socket bound as 0.0.0.0 (a kernel without IPv6) takes IPv4 only.
+	v4only := bhost == "0.0.0.0"
 	localFor := a.LocalFor
 	if localFor == nil {
 		localFor = routeTo
@@ -106,7 +109,11 @@ func (a Advertise) Addr() (string, error) {
 	if pick != nil {
 		return net.JoinHostPort(pick.String(), bport), nil
 	}
-	return "", fmt.Errorf("no address to advertise for %s: no router address routes from this host and no interface has a global address: %w", a.Bound, errors.Join(errs...))
+	why := fmt.Sprintf("no address to advertise for %s: no router address routes from this host and no interface has a global address", a.Bound)
+	if len(errs) == 0 {
+		return "", errors.New(why)
+	}
+	return "", fmt.Errorf("%s: %w", why, errors.Join(errs...))
 }
 
 // unspecified says whether host is "", 0.0.0.0 or :: (every interface).

@@ -40,7 +40,8 @@ func TestAdvertise(t *testing.T) {
 		{name: "router on this host", listen: ":0", bound: "[::]:41000", routers: []string{"127.0.0.1:7000"}, want: "127.0.0.1:41000"},
 		{name: "router by name", listen: ":0", bound: "[::]:41000", routers: []string{"router.prism:443"}, want: "192.168.3.4:41000"},
 		{name: "first router that routes", listen: ":0", bound: "[::]:41000", routers: []string{"gone:1", "10.77.0.2:7000"}, want: "10.77.0.5:41000"},
-		{name: "0.0.0.0 takes no IPv6 route", listen: "0.0.0.0:0", bound: "0.0.0.0:41000", routers: []string{"[fd00::2]:7000"}, want: "172.16.0.9:41000"},
+		{name: "0.0.0.0 bound IPv4-only takes no IPv6 route", listen: "0.0.0.0:0", bound: "0.0.0.0:41000", routers: []string{"[fd00::2]:7000"}, want: "172.16.0.9:41000"},
+		{name: "0.0.0.0 bound dual-stack takes an IPv6 route", listen: "0.0.0.0:0", bound: "[::]:41000", routers: []string{"[fd00::2]:7000"}, want: "[fd00::5]:41000"},
 		{name: "no router: an interface, IPv4 first", listen: ":0", bound: "[::]:41000", want: "172.16.0.9:41000"},
 		{name: "no route: an interface", listen: ":0", bound: "[::]:41000", routers: []string{"gone:1"}, want: "172.16.0.9:41000"},
 		{name: "flag", flag: "203.0.113.7:9000", listen: ":0", bound: "[::]:41000", routers: []string{"10.77.0.2:7000"}, want: "203.0.113.7:9000"},
@@ -70,6 +71,50 @@ func TestAdvertise(t *testing.T) {
 	if err == nil {
 		t.Error("no routable address: no error")
 	}
+}
+
+// TestAdvertiseIPv4WildcardIPv6Router: a worker listening on
+// 0.0.0.0:PORT (Go's socket takes both families) whose router is at an
+// IPv6 address, on a host with no global address (an IPv6-only pod has
+// none of IPv4), announces the IPv6 address that routes to the router,
+// and the router reaches it there. It failed with "no address to
+// advertise" (the worker exited), 0.0.0.0 taken as IPv4 only.
+func TestAdvertiseIPv4WildcardIPv6Router(t *testing.T) {
+	lis, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	if c, err := net.Dial("tcp", net.JoinHostPort("::1", portOf(t, lis.Addr().String()))); err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	} else {
+		c.Close()
+	}
+	got, err := Advertise{Listen: "0.0.0.0:0", Bound: lis.Addr().String(), Routers: []string{"[::1]:7000"},
+		Interfaces: func() ([]net.IP, error) { return nil, nil }}.Addr()
+	if want := net.JoinHostPort("::1", portOf(t, lis.Addr().String())); err != nil || got != want {
+		t.Fatalf("advertised %q, %v; want %q", got, err, want)
+	}
+	c, err := net.Dial("tcp", got)
+	if err != nil {
+		t.Fatalf("dial the advertised %s: %v", got, err)
+	}
+	c.Close()
+	// Nothing to advertise says so, without a %!w(<nil>) for the
+	// routers' errors it has none of.
+	_, err = Advertise{Listen: "0.0.0.0:0", Bound: lis.Addr().String(), Interfaces: func() ([]net.IP, error) { return nil, nil }}.Addr()
+	if err == nil || strings.Contains(err.Error(), "%!") {
+		t.Fatalf("no router, no interface: %v", err)
+	}
+}
+
+func portOf(t *testing.T, addr string) string {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // TestRouteTo: the real routing lookup answers the loopback address for

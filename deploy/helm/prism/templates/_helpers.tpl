@@ -44,13 +44,13 @@ helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version }}
 {{- end }}
 {{- end -}}
 
-{{/* The address a worker binds: the pod IP (announced as it is), or every interface when it announces a DNS name. Call with (list $ port). */}}
+{{/* The address a worker binds: the pod IP (announced as it is), or every interface when it announces a DNS name. Call with (list $ port). The pod IP is bracketed: an IPv6 one needs it ([fd00::7]:8502), an IPv4 one takes it ([10.1.2.3]:8502). */}}
 {{- define "prism.workerAddr" -}}
 {{- $ := index . 0 -}}
 {{- if $.Values.workers.advertiseDNS -}}
 {{- printf "0.0.0.0:%v" (index . 1) -}}
 {{- else -}}
-{{- printf "$(POD_IP):%v" (index . 1) -}}
+{{- printf "[$(POD_IP)]:%v" (index . 1) -}}
 {{- end -}}
 {{- end -}}
 
@@ -71,9 +71,9 @@ grpc:
 timeoutSeconds: {{ $.Values.probes.timeoutSeconds }}
 {{- end -}}
 
-{{/* The host a worker's probe dials. */}}
+{{/* The host a worker's probe dials (the pod IP bracketed, for IPv6). */}}
 {{- define "prism.workerProbeHost" -}}
-{{- if .Values.workers.advertiseDNS -}}127.0.0.1{{- else -}}${POD_IP}{{- end -}}
+{{- if .Values.workers.advertiseDNS -}}127.0.0.1{{- else -}}[${POD_IP}]{{- end -}}
 {{- end -}}
 
 {{/* Pod annotations: Prometheus scrape of the metrics port, https when the tiers serve TLS. Call with (list $ metricsPort), or (list $ metricsPort SCHEME). */}}
