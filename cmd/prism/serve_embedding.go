@@ -230,7 +230,7 @@ at --advertise-addr.`,
 	f.StringVar(&router, "router", "", "routers to announce this worker to: HOST:PORT, comma-separated; a name stands for every address it resolves to (resolved again every 30s)")
 	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
 	f.IntVar(&maxSamples, "max-samples", server.DefaultMaxSamples, "most samples one Lookup may carry")
-	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads for cpu.onnx (0: one per core)")
+	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads of each model's cpu.onnx and pre.onnx session (0: the process's cores (GOMAXPROCS) shared among the models' sessions, at least one each; a single session with every core of the machine: ONNX Runtime's choice, one per core)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	tlsFlags.Register(cmd, auth.Embedding)

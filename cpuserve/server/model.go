@@ -232,7 +232,7 @@ func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) 
 		if err != nil {
 			return nil, fmt.Errorf("model %q: %w", m.name, err)
 		}
-		s, err := ort.NewSession(path, so)
+		s, err := newSession(path, so)
 		if err != nil {
 			return nil, fmt.Errorf("model %q: %w", m.name, err)
 		}

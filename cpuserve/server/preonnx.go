@@ -36,7 +36,7 @@ func loadPre(dir string, p *plan.Plan, inputs map[string]*inputSpec, so ort.Sess
 	if err != nil {
 		return nil, err
 	}
-	s, err := ort.NewSession(path, so)
+	s, err := newSession(path, so)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prism-serve/prism/plan"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,7 +41,9 @@ type Options struct {
 	Plans []string
 	// MaxSamples bounds one request's samples (default 8192).
 	MaxSamples int
-	// Threads is ONNX Runtime's intra-op pool for cpu.onnx (0: its default).
+	// Threads is ONNX Runtime's intra-op pool of each session (cpu.onnx,
+	// pre.onnx; 0: the cores shared among the models' sessions,
+	// sessionThreads).
 	Threads int
 	// IngestProgress, if set, reports a startup ingest's bytes.
 	IngestProgress func(model string, done, total int64)
@@ -148,6 +151,35 @@ type Server struct {
 
 var _ prismv1.EmbeddingTierServer = (*Server)(nil)
 
+// newSession loads an ONNX Runtime session (cpu.onnx, pre.onnx): a
+// variable for the tests.
+var newSession = ort.NewSession
+
+// sessionThreads is the intra-op pool size of each of the sessions
+// ONNX Runtime sessions a worker opens (every model's cpu.onnx and
+// pre.onnx) on cores cores (GOMAXPROCS) of a machine of all: threads
+// when given, else the cores shared among the sessions, at least one
+// thread each. A single session is left ONNX Runtime's choice (0: one
+// thread per physical core) unless the process has fewer cores than the
+// machine (GOMAXPROCS set by the user, a container's CPU quota, or
+// prism up for one of several embedding workers). Each session has a
+// pool of its own, and ONNX Runtime's choice counts the machine's
+// cores: a worker of 40 models with cpu.onnx on a 64-core host started
+// 40 x 64 threads, and their runs, one per Lookup in flight, contended
+// for the cores.
+func sessionThreads(threads, sessions, cores, all int) int {
+	if threads > 0 {
+		return threads
+	}
+	if sessions <= 1 {
+		if cores < all {
+			return max(1, cores)
+		}
+		return 0
+	}
+	return max(1, cores/sessions)
+}
+
 // New loads the plans, ingesting the models st lacks, and opens their CPU
 // subgraphs.
 func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
@@ -158,13 +190,25 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 	s := &Server{st: st, opts: o, log: o.Logger, floods: lograte.New(o.Logger, lograte.DefaultWindow), models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{},
 		inUse: map[*grpc.ClientConn]int{}, retired: map[*grpc.ClientConn]bool{}}
 	s.met = newMetrics(s)
-	so := ort.SessionOptions{IntraOpThreads: o.Threads}
-	for _, dir := range o.Plans {
+	plans := make([]*plan.Plan, len(o.Plans))
+	sessions := 0 // the ONNX Runtime sessions the models open
+	for i, dir := range o.Plans {
 		p, err := plan.Read(dir)
 		if err != nil {
 			s.Close()
 			return nil, err
 		}
+		plans[i] = p
+		if p.CPUModel != "" {
+			sessions++
+		}
+		if p.PreModel != "" {
+			sessions++
+		}
+	}
+	so := ort.SessionOptions{IntraOpThreads: sessionThreads(o.Threads, sessions, runtime.GOMAXPROCS(0), runtime.NumCPU())}
+	for i, dir := range o.Plans {
+		p := plans[i]
 		name := modelName(dir, p)
 		if s.models[name] != nil {
 			s.Close()

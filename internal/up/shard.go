@@ -24,6 +24,10 @@ import (
 // without sharding served beside a sharded one is ingested whole by
 // each of these workers at its start, as up's workers always do.
 
+// openStore opens an embedding store to check what it holds: a
+// variable for the tests.
+var openStore = store.Open
+
 // sharded is a sharded plan up serves.
 type sharded struct {
 	dir, model string
@@ -123,20 +127,26 @@ func isStore(dir string) bool {
 	return len(m) > 0
 }
 
-// holdsShard says whether the store in dir holds, as its active
-// version, shard k of p's model as p's sharding places it (a store
-// ingested for another sharding of the same shard count is ingested
-// again: its embedding worker would refuse it).
-func holdsShard(dir string, p sharded, k int) bool {
+// holdsShards says, for each of plans, whether the store in dir holds,
+// as its active version, shard k of the plan's model as its sharding
+// places it (a store ingested for another sharding of the same shard
+// count is ingested again: its embedding worker would refuse it). It
+// opens the store once for them all: a read-only open replays the
+// store's WAL, and a platform serves tens of models.
+func holdsShards(dir string, plans []sharded, k int) []bool {
+	held := make([]bool, len(plans))
 	if !isStore(dir) {
-		return false
+		return held
 	}
-	st, err := store.Open(dir, &store.Options{HotBytes: -1, ReadOnly: true})
+	st, err := openStore(dir, &store.Options{HotBytes: -1, ReadOnly: true})
 	if err != nil {
-		return false
+		return held
 	}
 	defer st.Close()
-	return st.MatchShard(p.model, p.plan, k) == nil
+	for i, p := range plans {
+		held[i] = st.MatchShard(p.model, p.plan, k) == nil
+	}
+	return held
 }
 
 // ingestShards ingests, for every replica of every shard, the shard of
@@ -150,8 +160,9 @@ func ingestShards(ctx context.Context, c Config, plans []sharded) error {
 		r := max(c.Replicas, 1)
 		k := i / r
 		db := embeddingDB(c, i)
-		for _, p := range plans {
-			if holdsShard(db, p, k) {
+		held := holdsShards(db, plans, k)
+		for j, p := range plans {
+			if held[j] {
 				continue
 			}
 			fmt.Fprintf(c.Stderr, "up: ingesting shard %d of %d of model %q into %s\n", k, p.shards, p.model, db)
@@ -169,24 +180,33 @@ func ingestShards(ctx context.Context, c Config, plans []sharded) error {
 	return nil
 }
 
-// holdsPlan says whether the store in dir, if it holds model at all,
-// holds as its active version the tables of the unsharded plan p (their
-// shapes and content): a store that holds another version (the model
-// rebuilt, or the store switched by prism store versions) is ingested
-// again, since its worker refuses to serve p on it. A store without the
-// model is left to its worker, which ingests p at its start.
-func holdsPlan(dir, model string, p *plan.Plan) bool {
-	if !isStore(dir) {
-		return true
+// holdsPlans says, for each unsharded plan plans[i] of model
+// models[i], whether the store in dir, if it holds the model at all,
+// holds as its active version the plan's tables (their shapes and
+// content): a store that holds another version (the model rebuilt, or
+// the store switched by prism store versions) is ingested again, since
+// its worker refuses to serve the plan on it. A store without the model
+// is left to its worker, which ingests the plan at its start. The store
+// is opened once for all the plans (holdsShards).
+func holdsPlans(dir string, models []string, plans []*plan.Plan) []bool {
+	held := make([]bool, len(plans))
+	for i := range held {
+		held[i] = true
 	}
-	st, err := store.Open(dir, &store.Options{HotBytes: -1, ReadOnly: true})
+	if !isStore(dir) {
+		return held
+	}
+	st, err := openStore(dir, &store.Options{HotBytes: -1, ReadOnly: true})
 	if err != nil {
-		return true // the worker says why
+		return held // the worker says why
 	}
 	defer st.Close()
-	// A model the store lacks: its worker ingests it whole.
-	err = st.MatchPlan(model, p)
-	return err == nil || errors.Is(err, store.ErrUnknownModel)
+	for i, p := range plans {
+		// A model the store lacks: its worker ingests it whole.
+		err := st.MatchPlan(models[i], p)
+		held[i] = err == nil || errors.Is(err, store.ErrUnknownModel)
+	}
+	return held
 }
 
 // ingestFlags are the flags up passes to each prism ingest it runs.
@@ -199,19 +219,31 @@ func (c Config) ingestFlags() []string {
 
 // ingestChanged ingests each unsharded plan (dirs[i], plans[i]) into
 // every embedding worker's store whose active version of the model holds
-// other tables (holdsPlan), one prism ingest child at a time: a new
+// other tables (holdsPlans), one prism ingest child at a time: a new
 // version, switched to, which carries the model's updates.
 func ingestChanged(ctx context.Context, c Config, dirs []string, plans []*plan.Plan) error {
+	var whole []int // the unsharded plans (the others: ingestShards)
+	var names []string
+	var wholePlans []*plan.Plan
+	for k, p := range plans {
+		if p.Sharding != nil && p.Sharding.Shards >= 1 {
+			continue
+		}
+		whole = append(whole, k)
+		names = append(names, modelName(dirs[k], p))
+		wholePlans = append(wholePlans, p)
+	}
+	if len(whole) == 0 {
+		return nil
+	}
 	for i := range c.EmbeddingWorkers {
 		db := embeddingDB(c, i)
-		for k, p := range plans {
-			if p.Sharding != nil && p.Sharding.Shards >= 1 {
-				continue // ingestShards
-			}
-			model := modelName(dirs[k], p)
-			if holdsPlan(db, model, p) {
+		held := holdsPlans(db, names, wholePlans)
+		for j, k := range whole {
+			if held[j] {
 				continue
 			}
+			model := names[j]
 			fmt.Fprintf(c.Stderr, "up: the store %s holds another version of model %q than %s: ingesting it\n", db, model, dirs[k])
 			cmd := exec.CommandContext(ctx, c.Exe, append([]string{"ingest", dirs[k], "--db", db}, c.ingestFlags()...)...)
 			cmd.Stdout, cmd.Stderr = c.Stderr, c.Stderr

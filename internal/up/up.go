@@ -455,13 +455,8 @@ func Run(ctx context.Context, c Config) error {
 	disc = denseDevices(disc, c.CUDAUnavailable, c.Stderr)
 	dense := DenseWorkers(disc, c.DenseWorkers, runtime.GOMAXPROCS(0))
 	workers := Children(c, routerAddr, dense)
-	for _, w := range workers {
-		if _, err := sup.Start(ctx, w, c.ReadyTimeout); err != nil {
-			return stopping(err)
-		}
-		// From its ready line on: one that dies before it has
-		// registered is restarted, not waited for until ReadyTimeout.
-		sup.Supervise(ctx, w, c.ReadyTimeout)
+	if err := startWorkers(ctx, sup, workers, c.ReadyTimeout); err != nil {
+		return stopping(err)
 	}
 	if err := waitRegistered(ctx, routerAddr, dialCreds, models, len(dense), c.EmbeddingWorkers, c.ReadyTimeout, updateLog); err != nil {
 		return stopping(err)
@@ -491,6 +486,39 @@ func Run(ctx context.Context, c Config) error {
 	<-ctx.Done()
 	fmt.Fprintln(c.Stderr, "up: stopping")
 	return nil
+}
+
+// startWorkers starts the workers together and returns once each has
+// printed its ready line, or with the first failure, which ends the
+// wait for the others (they are left to the supervisor's Shutdown).
+// Started one after another, up's start-up was the sum of the workers':
+// every dense worker loads and warms up every model, so with many
+// models it grew by models x workers.
+func startWorkers(ctx context.Context, sup *supervise.Supervisor, workers []*supervise.Child, timeout time.Duration) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(workers))
+	for _, w := range workers {
+		go func() {
+			if _, err := sup.Start(sctx, w, timeout); err != nil {
+				errs <- err
+				return
+			}
+			// From its ready line on: one that dies before it has
+			// registered is restarted, not waited for until
+			// ReadyTimeout.
+			sup.Supervise(ctx, w, timeout)
+			errs <- nil
+		}()
+	}
+	var first error
+	for range workers {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel() // the others' waits end
+		}
+	}
+	return first
 }
 
 // pinRouterAddr makes rt's --addr the address its first process bound
@@ -600,10 +628,11 @@ func DenseWorkers(disc devices.Discovery, n, cpus int) []devices.Worker {
 	return workers
 }
 
-// Children are the worker processes up starts after the router: the
-// dense workers (pinned to their devices by env), then the embedding
-// workers, each with its own store folder (with sharding, shard by
-// shard: worker i is replica i mod Replicas of shard i / Replicas).
+// Children are the worker processes up starts after the router, all
+// at once (startWorkers): the dense workers (pinned to their devices by
+// env), then the embedding workers, each with its own store folder
+// (with sharding, shard by shard: worker i is replica i mod Replicas of
+// shard i / Replicas).
 // DenseArgs are dense worker i's arguments to the prism binary (serve
 // dense), its certificate instance i's where the folder has one.
 func DenseArgs(c Config, routerAddr string, i int) []string {
