@@ -280,6 +280,8 @@ type routerMetrics struct {
 	// answer's code: a stream is one RPC to internal/serve's counters,
 	// OK however many of its requests failed.
 	streamed *prometheus.CounterVec
+	// models counts and times every request by model (modelmetrics.go).
+	models *modelMetrics
 }
 
 // MinMessageBytes is the smallest Options.MaxMessageBytes Open takes:
@@ -362,10 +364,11 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
 	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
+	r.m.models = newModelMetrics(r.Reg.Known)
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
 		admitShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admit_share", Help: "The share of the time to its deadline a request may be predicted to take and be admitted (--admit-share is its ceiling; it shrinks while admitted requests miss their deadlines)."}, r.share.get)
-		reg.MustRegister(r.m.microBatches, r.m.streamed, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind, copyLagCollector{r})
+		reg.MustRegister(r.m.microBatches, r.m.streamed, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind, r.m.models.requests, r.m.models.seconds, copyLagCollector{r})
 		if r.lim != nil {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}
@@ -619,6 +622,8 @@ func (r *Router) applyUpdate(ctx context.Context, addr string, req *prismv1.Appl
 
 // Recommend scores the candidates of one request.
 func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (_ *prismv1.RecommendResponse, err error) {
+	start := time.Now()
+	defer func() { r.m.models.observe(req.GetModel(), err, time.Since(start)) }()
 	n := int(req.GetNumCandidates())
 	if err := r.validate(req); err != nil {
 		return nil, err
