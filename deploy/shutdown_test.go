@@ -13,12 +13,12 @@ import (
 // The drain bounds of the binary (internal/serve): a stopping tier lets
 // its in-flight calls finish for the grace (serve.Options.ShutdownGrace,
 // 10 s, the router's --shutdown-grace); a worker first leaves its
-// routers (a Leave of at most 1 s after an Announce in flight of at most
-// 2 s) and lingers (serve.DefaultLinger, 0.5 s). closeMargin is the
-// rest: the metrics server's 1 s, the store's and batchers' close.
+// routers (a Leave tried twice, 2 s each, after an Announce in flight
+// of at most 2 s) and lingers (serve.DefaultLinger, 0.5 s). closeMargin
+// is the rest: the metrics server's 1 s, the store's and batchers' close.
 const (
 	defaultGrace = 10 * time.Second
-	workerLeave  = 3*time.Second + 500*time.Millisecond
+	workerLeave  = 6*time.Second + 500*time.Millisecond
 	closeMargin  = 3 * time.Second
 	// endpointsLag is the least a router pod waits (preStop) before it
 	// stops taking connections: the endpoint removal that runs

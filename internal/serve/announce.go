@@ -93,7 +93,14 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 				_, err := reg.Leave(lctx, &prismv1.LeaveRequest{Id: w.GetId()})
 				cancel()
 				if err == nil || status.Code(err) == codes.NotFound || try == 1 {
-					if err != nil && status.Code(err) != codes.NotFound {
+					switch status.Code(err) {
+					case codes.OK, codes.NotFound:
+					case codes.Unavailable:
+						// No router to tell: it stopped first (prism up
+						// stops the router before its workers) or is
+						// out of reach; no warning at every shutdown.
+						log.Debug("registry: leave failed: router unavailable", "router", routerAddr, "err", err)
+					default:
 						log.Warn("registry: leave failed; the router drops this worker when its heartbeats expire", "router", routerAddr, "err", err)
 					}
 					return

@@ -313,3 +313,42 @@ func TestServeReadyGate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLeaveRouterGoneQuiet: a worker whose router stopped before it (prism
+// up stops the router first, then the workers) has no router to leave: its
+// Leave, refused for want of a router, is no warning. Every worker of
+// every prism up warned "leave failed" at each clean shutdown.
+func TestLeaveRouterGoneQuiet(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	reg := &slowRegistry{}
+	prismv1.RegisterRegistryServer(g, reg)
+	go g.Serve(lis)
+	defer g.Stop()
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := Announce(ctx, lis.Addr().String(), func() *prismv1.WorkerInfo {
+		return &prismv1.WorkerInfo{Id: "gpu/1", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1"}
+	}, slog.New(slog.NewTextHandler(&logs, nil)))
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		reg.mu.Lock()
+		n := len(reg.seen)
+		reg.mu.Unlock()
+		if n >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no announce in 5s")
+		}
+	}
+	g.Stop() // the router goes first
+	cancel()
+	<-done
+	if strings.Contains(logs.String(), "leave failed") {
+		t.Fatalf("the router stopped first: the worker's shutdown warned\n%s", logs.String())
+	}
+}

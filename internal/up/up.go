@@ -488,29 +488,46 @@ func Run(ctx context.Context, c Config) error {
 	return nil
 }
 
-// startWorkers starts the workers together and returns once each has
-// printed its ready line, or with the first failure, which ends the
-// wait for the others (they are left to the supervisor's Shutdown).
-// Started one after another, up's start-up was the sum of the workers':
-// every dense worker loads and warms up every model, so with many
-// models it grew by models x workers.
+// startWorkers starts the workers and returns once each has printed its
+// ready line, or with the first failure, which ends the wait for the
+// others (they are left to the supervisor's Shutdown). The dense
+// workers start together: started one after another, up's start-up was
+// the sum of the workers', and every dense worker loads and warms up
+// every model, so with many models it grew by models x workers. The
+// embedding workers start one after another, beside them: on a first
+// start each ingests its store, which gains nothing from sharing the
+// disk, and started together each would take all of their time against
+// its --ready-timeout.
 func startWorkers(ctx context.Context, sup *supervise.Supervisor, workers []*supervise.Child, timeout time.Duration) error {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, len(workers))
-	for _, w := range workers {
-		go func() {
-			if _, err := sup.Start(sctx, w, timeout); err != nil {
-				errs <- err
-				return
-			}
-			// From its ready line on: one that dies before it has
-			// registered is restarted, not waited for until
-			// ReadyTimeout.
-			sup.Supervise(ctx, w, timeout)
-			errs <- nil
-		}()
+	start := func(w *supervise.Child) error {
+		if err := sctx.Err(); err != nil {
+			// up is stopping, or a worker failed: none to start.
+			return fmt.Errorf("%s: %w", w.Name, err)
+		}
+		if _, err := sup.Start(sctx, w, timeout); err != nil {
+			return err
+		}
+		// From its ready line on: one that dies before it has
+		// registered is restarted, not waited for until ReadyTimeout.
+		sup.Supervise(ctx, w, timeout)
+		return nil
 	}
+	var chain []*supervise.Child
+	for _, w := range workers {
+		if w.Stage == stageEmbedding {
+			chain = append(chain, w)
+			continue
+		}
+		go func() { errs <- start(w) }()
+	}
+	go func() {
+		for _, w := range chain {
+			errs <- start(w)
+		}
+	}()
 	var first error
 	for range workers {
 		if err := <-errs; err != nil && first == nil {
