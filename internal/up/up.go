@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -475,10 +476,10 @@ func Run(ctx context.Context, c Config) error {
 	// client without them is refused), or --insecure.
 	creds := "--insecure"
 	if !c.Insecure {
-		creds = "--certs " + c.Certs
+		creds = "--certs " + shellQuote(c.Certs)
 	}
 	if len(models) > 0 {
-		fmt.Fprintf(c.Stderr, "up: clients connect with %s, e.g. prism loadgen --target %s %s --model %s --duration 10s\n", creds, routerAddr, creds, models[0])
+		fmt.Fprintf(c.Stderr, "up: clients connect with %s, e.g. prism loadgen --target %s %s --model %s --duration 10s\n", creds, shellQuote(routerAddr), creds, shellQuote(models[0]))
 	}
 
 	// A child that dies is restarted (Supervise, above) and a worker
@@ -536,6 +537,17 @@ func startWorkers(ctx context.Context, sup *supervise.Supervisor, workers []*sup
 		}
 	}
 	return first
+}
+
+// shellQuote is s as one word of a shell command: as it is when it
+// holds only characters no shell reads specially, else in single
+// quotes. An IPv6 address printed bare ([::1]:8500) is a glob pattern
+// to zsh, which refuses the command when nothing matches.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:=@%+,-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // pinRouterAddr makes rt's --addr the address its first process bound

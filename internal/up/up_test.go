@@ -549,3 +549,21 @@ func TestCheckNames(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestShellQuote: the command up prints for a client is one a shell
+// runs as printed: an IPv6 address ([::1]:8500, a glob pattern to zsh)
+// or a path with a space is quoted, a plain word is not.
+func TestShellQuote(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"127.0.0.1:8500", "127.0.0.1:8500"},
+		{"out/demo/certs", "out/demo/certs"},
+		{"[::1]:8500", "'[::1]:8500'"},
+		{"my certs", "'my certs'"},
+		{"it's", `'it'\''s'`},
+		{"", "''"},
+	} {
+		if got := shellQuote(tc.in); got != tc.want {
+			t.Errorf("shellQuote(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
