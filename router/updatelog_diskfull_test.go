@@ -3,55 +3,19 @@ package router
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/diskfull/diskfulltest"
 )
 
 const diskFullEnvChild = "PRISM_ROUTER_DISKFULL_CHILD"
-
-// fullDisk is a memory file system that can be made full: then every
-// write fails with ENOSPC and GetDiskUsage reports no free byte.
-type fullDisk struct {
-	mem  *vfs.MemFS
-	full atomic.Bool
-}
-
-func newFullDisk() *fullDisk {
-	d := &fullDisk{mem: vfs.NewMem()}
-	d.setFull(false)
-	return d
-}
-
-func (d *fullDisk) setFull(full bool) {
-	d.full.Store(full)
-	u := vfs.DiskUsage{AvailBytes: 1 << 40, TotalBytes: 1 << 40}
-	if full {
-		u = vfs.DiskUsage{TotalBytes: 1 << 40, UsedBytes: 1 << 40}
-	}
-	d.mem.TestingSetDiskUsage(u)
-}
-
-func (d *fullDisk) fs() vfs.FS {
-	return errorfs.Wrap(d.mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		switch op.Kind {
-		case errorfs.OpFileWrite, errorfs.OpFileWriteAt, errorfs.OpFilePreallocate:
-			if d.full.Load() {
-				return &os.PathError{Op: "write", Path: op.Path, Err: syscall.ENOSPC}
-			}
-		}
-		return nil
-	}))
-}
 
 // TestUpdateLogDiskFullChild is TestUpdateLogDiskFull's child: a router
 // whose update log's disk fills, given an update; then the disk is
@@ -60,19 +24,19 @@ func TestUpdateLogDiskFullChild(t *testing.T) {
 	if os.Getenv(diskFullEnvChild) == "" {
 		t.Skip("only run as TestUpdateLogDiskFull's child process")
 	}
-	disk := newFullDisk()
+	disk := diskfulltest.New()
 	a := &seqCN{}
-	rig := newUpdateRig(t, Options{UpdateLogDir: "log", UpdateLogFS: disk.fs(), UpdateQuorum: QuorumOne}, a)
+	rig := newUpdateRig(t, Options{UpdateLogDir: "log", UpdateLogFS: disk.FS(), UpdateQuorum: QuorumOne}, a)
 	if _, err := rig.update("t", 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	disk.setFull(true)
+	disk.SetFull(true)
 	_, err := rig.update("t", 1, 2)
 	fmt.Printf("update 2: %v, names the log %v: %v\n", status.Code(err), strings.Contains(err.Error(), "update log"), err)
 	rig.r.upd.wait()
 	rig.tick()
 	fmt.Printf("full: a holds %d, serves %v\n", a.held(), rig.servers()[0])
-	disk.setFull(false)
+	disk.SetFull(false)
 	rig.tick() // the heartbeat's rewrite
 	rig.tick() // and the catch-up of update 2, now on disk
 	r, err := rig.update("t", 1, 3)
@@ -88,24 +52,11 @@ func TestUpdateLogDiskFullChild(t *testing.T) {
 // keep serving, and once space is freed the heartbeat's rewrite lets
 // updates through again.
 func TestUpdateLogDiskFull(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns a process")
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestUpdateLogDiskFullChild$", "-test.v=false")
-	cmd.Env = append(os.Environ(), diskFullEnvChild+"=1")
-	out, err := cmd.CombinedOutput()
-	for _, want := range []string{
+	diskfulltest.Child(t, "TestUpdateLogDiskFullChild", diskFullEnvChild,
 		"update 2: Unavailable, names the log true",
 		"full: a holds 1, serves true",
 		"freed: update 3 1 <nil>, a holds 3, row 3",
-	} {
-		if !strings.Contains(string(out), want) {
-			t.Fatalf("child (%v) did not print %q:\n%s", err, want, out)
-		}
-	}
-	if err != nil {
-		t.Fatalf("child: %v\n%s", err, out)
-	}
+	)
 }
 
 // TestUpdateLogOpenOnFullDiskWaits: a router restarted over its update
@@ -114,10 +65,10 @@ func TestUpdateLogDiskFull(t *testing.T) {
 // log took thousands of lines a second). The retries wait a second
 // each; once space is freed Open goes on, the log whole.
 func TestUpdateLogOpenOnFullDiskWaits(t *testing.T) {
-	disk := newFullDisk()
+	disk := diskfulltest.New()
 	var writes atomic.Int64
-	fs := errorfs.Wrap(disk.fs(), errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if op.Kind == errorfs.OpFileWrite && disk.full.Load() {
+	fs := errorfs.Wrap(disk.FS(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind == errorfs.OpFileWrite && disk.Full() {
 			writes.Add(1)
 		}
 		return nil
@@ -134,7 +85,7 @@ func TestUpdateLogOpenOnFullDiskWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	disk.setFull(true)
+	disk.SetFull(true)
 	type opened struct {
 		l   *updateLog
 		err error
@@ -146,7 +97,7 @@ func TestUpdateLogOpenOnFullDiskWaits(t *testing.T) {
 	}()
 	time.Sleep(1500 * time.Millisecond)
 	n := writes.Load()
-	disk.setFull(false)
+	disk.SetFull(false)
 	var r opened
 	select {
 	case r = <-done:

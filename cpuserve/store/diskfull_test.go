@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -14,45 +13,11 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+
+	"github.com/prism-serve/prism/internal/diskfull/diskfulltest"
 )
 
 const diskFullEnvChild = "PRISM_STORE_DISKFULL_CHILD"
-
-// fullDisk is a memory file system that can be made full: then every
-// write fails with ENOSPC and GetDiskUsage reports no free byte, as a
-// real disk does.
-type fullDisk struct {
-	mem  *vfs.MemFS
-	full atomic.Bool
-}
-
-func newFullDisk() *fullDisk {
-	d := &fullDisk{mem: vfs.NewMem()}
-	d.setFull(false)
-	return d
-}
-
-func (d *fullDisk) setFull(full bool) {
-	d.full.Store(full)
-	u := vfs.DiskUsage{AvailBytes: 1 << 40, TotalBytes: 1 << 40}
-	if full {
-		u = vfs.DiskUsage{AvailBytes: 0, TotalBytes: 1 << 40, UsedBytes: 1 << 40}
-	}
-	d.mem.TestingSetDiskUsage(u)
-}
-
-func (d *fullDisk) fs() vfs.FS {
-	return errorfs.Wrap(d.mem, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if !d.full.Load() {
-			return nil
-		}
-		switch op.Kind {
-		case errorfs.OpFileWrite, errorfs.OpFileWriteAt, errorfs.OpFilePreallocate:
-			return &os.PathError{Op: "write", Path: op.Path, Err: syscall.ENOSPC}
-		}
-		return nil
-	}))
-}
 
 // TestDiskFullChild is TestDiskFullUpdateRefused's child: a store whose
 // disk fills, given an update, a skipped number and lookups; then the
@@ -61,8 +26,8 @@ func TestDiskFullChild(t *testing.T) {
 	if os.Getenv(diskFullEnvChild) == "" {
 		t.Skip("only run as TestDiskFullUpdateRefused's child process")
 	}
-	disk := newFullDisk()
-	s, err := Open("db", &Options{FS: disk.fs(), HotBytes: -1, MemTableBytes: 1 << 20})
+	disk := diskfulltest.New()
+	s, err := Open("db", &Options{FS: disk.FS(), HotBytes: -1, MemTableBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +35,7 @@ func TestDiskFullChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := lookupRow(t, s, "m", "a", 1, 4)
-	disk.setFull(true)
+	disk.SetFull(true)
 	_, err = s.UpsertSeq("m", "a", []int64{1}, fill(4, 9), 1)
 	fmt.Printf("upsert: disk full %v: %v\n", errors.Is(err, ErrDiskFull), err)
 	err = s.SkipSeq("m", 1)
@@ -80,7 +45,7 @@ func TestDiskFullChild(t *testing.T) {
 	fmt.Printf("bad upsert: disk full %v: %v\n", errors.Is(err, ErrDiskFull), err)
 	seq, _ := s.AppliedSeq("m")
 	fmt.Printf("full: applied %d, row unchanged %v\n", seq, fmt.Sprint(lookupRow(t, s, "m", "a", 1, 4)) == fmt.Sprint(before))
-	disk.setFull(false)
+	disk.SetFull(false)
 	if _, err := s.UpsertSeq("m", "a", []int64{1}, fill(4, 9), 1); err != nil {
 		t.Fatal(err)
 	}
@@ -98,26 +63,13 @@ func TestDiskFullChild(t *testing.T) {
 // (ErrDiskFull: nothing written, no number taken), the store keeps
 // serving reads, and takes the same update once space is freed.
 func TestDiskFullUpdateRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("spawns a process")
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestDiskFullChild$", "-test.v=false")
-	cmd.Env = append(os.Environ(), diskFullEnvChild+"=1")
-	out, err := cmd.CombinedOutput()
-	for _, want := range []string{
+	diskfulltest.Child(t, "TestDiskFullChild", diskFullEnvChild,
 		"upsert: disk full true",
 		"skip: disk full true",
 		"bad upsert: disk full true",
 		"full: applied 0, row unchanged true",
 		"freed: applied 1, row updated true",
-	} {
-		if !strings.Contains(string(out), want) {
-			t.Fatalf("child (%v) did not print %q:\n%s", err, want, out)
-		}
-	}
-	if err != nil {
-		t.Fatalf("child: %v\n%s", err, out)
-	}
+	)
 }
 
 // TestOpenOnFullDiskWaits: a store reopened over a write-ahead log on a
@@ -126,10 +78,10 @@ func TestDiskFullUpdateRefused(t *testing.T) {
 // spun, and the log took thousands of lines a second. The retries wait
 // a second each; once space is freed Open goes on, the rows all there.
 func TestOpenOnFullDiskWaits(t *testing.T) {
-	disk := newFullDisk()
+	disk := diskfulltest.New()
 	var writes atomic.Int64
-	fs := errorfs.Wrap(disk.fs(), errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if op.Kind == errorfs.OpFileWrite && disk.full.Load() {
+	fs := errorfs.Wrap(disk.FS(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind == errorfs.OpFileWrite && disk.Full() {
 			writes.Add(1)
 		}
 		return nil
@@ -149,7 +101,7 @@ func TestOpenOnFullDiskWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	disk.setFull(true)
+	disk.SetFull(true)
 	type opened struct {
 		s   *Store
 		err error
@@ -161,7 +113,7 @@ func TestOpenOnFullDiskWaits(t *testing.T) {
 	}()
 	time.Sleep(1500 * time.Millisecond)
 	n := writes.Load()
-	disk.setFull(false)
+	disk.SetFull(false)
 	var r opened
 	select {
 	case r = <-done:
