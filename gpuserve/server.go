@@ -8,7 +8,6 @@ import (
 	"github.com/prism-serve/prism/plan"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -340,10 +339,7 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
 	}
-	m := &model{name: plan.Model.Name, plan: plan, index: map[string]int{}}
-	if m.name == "" {
-		m.name = filepath.Base(filepath.Clean(dir))
-	}
+	m := &model{name: plan.ServedName(dir), plan: plan, index: map[string]int{}}
 	if len(plan.Cut) == 0 {
 		return nil, fmt.Errorf("load %s: plan has no cut tensors", dir)
 	}

@@ -303,3 +303,15 @@ func Write(dir string, p *Plan) error {
 	}
 	return nil
 }
+
+// ServedName is the name the tiers serve the plan in dir under: its
+// model's name, or for a model without one (a graph with no name and no
+// prism.model metadata) the folder's name. Every tier and command that
+// names a served model takes it from here: up waited for a nameless
+// model under "" while its workers served it under the folder's name.
+func (p *Plan) ServedName(dir string) string {
+	if p.Model.Name != "" {
+		return p.Model.Name
+	}
+	return filepath.Base(filepath.Clean(dir))
+}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -152,7 +151,7 @@ OUT/tune.json serves with the best configuration.`,
 				"threads": "1", "dense-workers": startWorkers, "hot-bytes": "auto", "admit-share": "1", "dense-sessions": "1"})
 			// The name the workers serve it under: a plan of a graph
 			// without a name is served under its folder's.
-			served := cmp.Or(pl.Model.Name, filepath.Base(filepath.Clean(planDir)))
+			served := pl.ServedName(planDir)
 			ctx, stop := signalContext()
 			defer stop()
 			rep, err := tune.Run(ctx, tune.Options{

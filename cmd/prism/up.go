@@ -1,10 +1,8 @@
 package main
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -54,7 +52,7 @@ K) unless its store already holds it.`,
 					var served []string
 					for _, dir := range c.Plans {
 						if pl, err := plan.Read(dir); err == nil {
-							served = append(served, cmp.Or(pl.Model.Name, filepath.Base(filepath.Clean(dir))))
+							served = append(served, pl.ServedName(dir))
 						}
 					}
 					if len(served) > 0 && !slices.Contains(served, tuned) {

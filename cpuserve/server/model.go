@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"github.com/prism-serve/prism/plan"
-	"path/filepath"
 	"slices"
 	"sync"
 
@@ -99,19 +98,10 @@ type cutSpec struct {
 	shape []int64 // per sample
 }
 
-// modelName is the name a plan is served (and ingested) under: the same
-// rule as store.Ingest's.
-func modelName(dir string, p *plan.Plan) string {
-	if p.Model.Name != "" {
-		return p.Model.Name
-	}
-	return filepath.Base(dir)
-}
-
 // ensureIngested ingests the plan in dir into st unless st already
 // serves the model, and checks that the stored tables are the plan's.
 func ensureIngested(ctx context.Context, st *store.Store, dir string, p *plan.Plan, progress func(model string, done, total int64)) (ingested bool, err error) {
-	name := modelName(dir, p)
+	name := p.ServedName(dir)
 	if !slices.Contains(st.Models(), name) {
 		io := store.IngestOptions{Model: name}
 		if progress != nil {
@@ -146,7 +136,7 @@ func activeFrom(st *store.Store, model string) string {
 
 // loadModel resolves a plan folder and opens its CPU subgraph.
 func loadModel(dir string, p *plan.Plan, so ort.SessionOptions) (*model, error) {
-	m := &model{name: modelName(dir, p), dir: dir, plan: p, inputs: map[string]*inputSpec{}}
+	m := &model{name: p.ServedName(dir), dir: dir, plan: p, inputs: map[string]*inputSpec{}}
 	for _, in := range p.Inputs {
 		spec := &inputSpec{name: in.Name, shape: in.Shape, width: 1}
 		switch in.DType {

@@ -209,7 +209,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 	so := ort.SessionOptions{IntraOpThreads: sessionThreads(o.Threads, sessions, runtime.GOMAXPROCS(0), runtime.NumCPU())}
 	for i, dir := range o.Plans {
 		p := plans[i]
-		name := modelName(dir, p)
+		name := p.ServedName(dir)
 		if s.models[name] != nil {
 			s.Close()
 			return nil, fmt.Errorf("model %q given twice (%s and %s)", name, s.models[name].dir, dir)

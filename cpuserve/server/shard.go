@@ -138,7 +138,7 @@ func (sr *shardRef) partialOf(output string) (po plan.PartialOutput, ok bool) {
 // ensureServed is ensureIngested for a store that may hold a shard of
 // the model: such a store is checked against the shard's tables only.
 func ensureServed(ctx context.Context, st *store.Store, dir string, p *plan.Plan, progress func(model string, done, total int64)) (bool, error) {
-	name := modelName(dir, p)
+	name := p.ServedName(dir)
 	if !slices.Contains(st.Models(), name) {
 		return ensureIngested(ctx, st, dir, p, progress)
 	}

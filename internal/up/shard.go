@@ -43,7 +43,7 @@ func shardedPlans(dirs []string, plans []*plan.Plan) (out []sharded, shards int,
 		if p.Sharding == nil || p.Sharding.Shards < 1 {
 			continue
 		}
-		name := modelName(dirs[i], p)
+		name := p.ServedName(dirs[i])
 		if shards != 0 && p.Sharding.Shards != shards {
 			return nil, 0, fmt.Errorf("model %q is sharded into %d shards, %q into %d: one prism up runs one sharding (serve them with two)", out[0].model, shards, name, p.Sharding.Shards)
 		}
@@ -53,15 +53,6 @@ func shardedPlans(dirs []string, plans []*plan.Plan) (out []sharded, shards int,
 	return out, shards, nil
 }
 
-// modelName is the name the workers serve the plan p in dir under:
-// its model's name, or for a model without one the folder's name.
-func modelName(dir string, p *plan.Plan) string {
-	if p.Model.Name != "" {
-		return p.Model.Name
-	}
-	return filepath.Base(filepath.Clean(dir))
-}
-
 // checkNames refuses two plans of one model name: the second would be
 // ingested as another version of the first in the same stores (a
 // sharded one's shards replaced by the whole model), and then both
@@ -69,7 +60,7 @@ func modelName(dir string, p *plan.Plan) string {
 func checkNames(dirs []string, plans []*plan.Plan) error {
 	seen := map[string]string{}
 	for i, p := range plans {
-		name := modelName(dirs[i], p)
+		name := p.ServedName(dirs[i])
 		if d, ok := seen[name]; ok {
 			return fmt.Errorf("--model %s and --model %s are both model %q: one prism up serves a model once (prism partition names it after the ONNX graph, or its metadata prism.model)", d, dirs[i], name)
 		}
@@ -230,7 +221,7 @@ func ingestChanged(ctx context.Context, c Config, dirs []string, plans []*plan.P
 			continue
 		}
 		whole = append(whole, k)
-		names = append(names, modelName(dirs[k], p))
+		names = append(names, p.ServedName(dirs[k]))
 		wholePlans = append(wholePlans, p)
 	}
 	if len(whole) == 0 {

@@ -293,7 +293,7 @@ func Run(ctx context.Context, c Config) error {
 		}
 		// The name its workers announce it by (a plan of a graph
 		// without a name: its folder's), which up waits for.
-		models = append(models, modelName(p, pl))
+		models = append(models, pl.ServedName(p))
 		plans = append(plans, pl)
 	}
 	if err := checkNames(c.Plans, plans); err != nil {

@@ -539,7 +539,7 @@ func TestChildrenCPUDenseThreads(t *testing.T) {
 // graph's plan by its folder) and refuses one model name twice.
 func TestCheckNames(t *testing.T) {
 	named := func(n string) *plan.Plan { return &plan.Plan{Model: plan.ModelInfo{Name: n}} }
-	if got := modelName("x/part/", &plan.Plan{}); got != "part" {
+	if got := (&plan.Plan{}).ServedName("x/part/"); got != "part" {
 		t.Fatalf("a plan without a model name is named %q, want its folder's, part", got)
 	}
 	if err := checkNames([]string{"a", "b", "m"}, []*plan.Plan{named("m"), named("n"), {}}); err == nil || !strings.Contains(err.Error(), `--model a and --model m are both model "m"`) {
