@@ -318,20 +318,11 @@ var newSession = ort.NewSession
 // each of several workers given --threads 0 ran a thread per core of the
 // whole machine.
 func sessionThreads(o Options, cores, all int) int {
-	if o.Threads > 0 {
-		return o.Threads
-	}
 	runs := max(o.Sessions, 1)
 	if len(o.Plans) > 1 && o.Batch.Gate == nil {
 		runs *= len(o.Plans)
 	}
-	if runs == 1 {
-		if cores < all {
-			return max(1, cores)
-		}
-		return 0
-	}
-	return max(1, cores/runs)
+	return ort.IntraOpThreads(o.Threads, runs, cores, all)
 }
 
 func loadModel(dir string, o Options, cuda bool) (*model, error) {

@@ -43,7 +43,7 @@ type Options struct {
 	MaxSamples int
 	// Threads is ONNX Runtime's intra-op pool of each session (cpu.onnx,
 	// pre.onnx; 0: the cores shared among the models' sessions,
-	// sessionThreads).
+	// ort.IntraOpThreads).
 	Threads int
 	// IngestProgress, if set, reports a startup ingest's bytes.
 	IngestProgress func(model string, done, total int64)
@@ -155,31 +155,6 @@ var _ prismv1.EmbeddingTierServer = (*Server)(nil)
 // variable for the tests.
 var newSession = ort.NewSession
 
-// sessionThreads is the intra-op pool size of each of the sessions
-// ONNX Runtime sessions a worker opens (every model's cpu.onnx and
-// pre.onnx) on cores cores (GOMAXPROCS) of a machine of all: threads
-// when given, else the cores shared among the sessions, at least one
-// thread each. A single session is left ONNX Runtime's choice (0: one
-// thread per physical core) unless the process has fewer cores than the
-// machine (GOMAXPROCS set by the user, a container's CPU quota, or
-// prism up for one of several embedding workers). Each session has a
-// pool of its own, and ONNX Runtime's choice counts the machine's
-// cores: a worker of 40 models with cpu.onnx on a 64-core host started
-// 40 x 64 threads, and their runs, one per Lookup in flight, contended
-// for the cores.
-func sessionThreads(threads, sessions, cores, all int) int {
-	if threads > 0 {
-		return threads
-	}
-	if sessions <= 1 {
-		if cores < all {
-			return max(1, cores)
-		}
-		return 0
-	}
-	return max(1, cores/sessions)
-}
-
 // New loads the plans, ingesting the models st lacks, and opens their CPU
 // subgraphs.
 func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
@@ -206,7 +181,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 			sessions++
 		}
 	}
-	so := ort.SessionOptions{IntraOpThreads: sessionThreads(o.Threads, sessions, runtime.GOMAXPROCS(0), runtime.NumCPU())}
+	so := ort.SessionOptions{IntraOpThreads: ort.IntraOpThreads(o.Threads, sessions, runtime.GOMAXPROCS(0), runtime.NumCPU())}
 	for i, dir := range o.Plans {
 		p := plans[i]
 		name := p.ServedName(dir)

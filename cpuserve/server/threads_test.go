@@ -110,24 +110,3 @@ func TestManyModelsShareCores(t *testing.T) {
 		t.Errorf("%d sessions' intra-op pools %v hold %d threads on %d cores (GOMAXPROCS), want at most %d", len(pools), pools, total, cores, limit)
 	}
 }
-
-func TestSessionThreads(t *testing.T) {
-	for _, tc := range []struct {
-		name                          string
-		threads, sessions, cores, all int
-		want                          int
-	}{
-		{"given", 3, 40, 64, 64, 3},
-		{"one session, every core: ONNX Runtime's choice", 0, 1, 64, 64, 0},
-		{"no session", 0, 0, 64, 64, 0},
-		{"one session, fewer cores than the machine", 0, 1, 16, 64, 16},
-		{"40 models share 64 cores", 0, 40, 64, 64, 1},
-		{"4 models share 64 cores", 0, 4, 64, 64, 16},
-		{"more sessions than cores: one each", 0, 13, 2, 2, 1},
-		{"GOMAXPROCS below the machine, shared", 0, 2, 8, 64, 4},
-	} {
-		if got := sessionThreads(tc.threads, tc.sessions, tc.cores, tc.all); got != tc.want {
-			t.Errorf("%s: sessionThreads(%d, %d, %d, %d) = %d, want %d", tc.name, tc.threads, tc.sessions, tc.cores, tc.all, got, tc.want)
-		}
-	}
-}

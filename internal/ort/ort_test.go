@@ -128,3 +128,28 @@ func TestNoOutputsRefused(t *testing.T) {
 		t.Fatalf("err = %v, want it to say the model has no outputs", err)
 	}
 }
+
+// TestIntraOpThreads: given threads are kept; otherwise a single run on
+// every core is left ONNX Runtime's choice (0), one on fewer cores gets
+// them, and several share the process's cores, at least one each (40
+// models' sessions on 64 cores: one each, where each had 64).
+func TestIntraOpThreads(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		threads, runs, cores, all int
+		want                      int
+	}{
+		{"given", 3, 40, 64, 64, 3},
+		{"one session, every core: ONNX Runtime's choice", 0, 1, 64, 64, 0},
+		{"no session", 0, 0, 64, 64, 0},
+		{"one session, fewer cores than the machine", 0, 1, 16, 64, 16},
+		{"40 models share 64 cores", 0, 40, 64, 64, 1},
+		{"4 models share 64 cores", 0, 4, 64, 64, 16},
+		{"more sessions than cores: one each", 0, 13, 2, 2, 1},
+		{"GOMAXPROCS below the machine, shared", 0, 2, 8, 64, 4},
+	} {
+		if got := IntraOpThreads(tc.threads, tc.runs, tc.cores, tc.all); got != tc.want {
+			t.Errorf("%s: IntraOpThreads(%d, %d, %d, %d) = %d, want %d", tc.name, tc.threads, tc.runs, tc.cores, tc.all, got, tc.want)
+		}
+	}
+}

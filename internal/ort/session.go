@@ -383,3 +383,26 @@ func (s *Session) Close() error {
 	s.s = nil
 	return err
 }
+
+// IntraOpThreads is the intra-op pool size of each of runs ONNX Runtime
+// sessions that can run at once in a process of cores cores (GOMAXPROCS)
+// on a machine of all: threads when given (> 0), else the cores shared
+// among the runs, at least one thread each. A single run is left ONNX
+// Runtime's choice (0: one thread per physical core of the machine)
+// unless the process has fewer cores than the machine (GOMAXPROCS set,
+// a container's CPU quota, prism up sharing the host among workers):
+// then its cores. Each session has a pool of its own and ONNX Runtime's
+// choice counts the whole machine, so S sessions given 0 each started a
+// pool of every core. Both tiers size their sessions by it.
+func IntraOpThreads(threads, runs, cores, all int) int {
+	if threads > 0 {
+		return threads
+	}
+	if runs <= 1 {
+		if cores < all {
+			return max(1, cores)
+		}
+		return 0
+	}
+	return max(1, cores/runs)
+}
