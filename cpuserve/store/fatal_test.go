@@ -74,7 +74,9 @@ func TestFailedSyncNotAcknowledged(t *testing.T) {
 		t.Skip("spawns a process")
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFatalCommitChild$", "-test.v=false")
-	cmd.Env = append(os.Environ(), fatalEnvChild+"=1")
+	// The child dies at Pebble's fatal error before its t.TempDir
+	// cleanup runs: its temporary folders go inside this test's.
+	cmd.Env = append(os.Environ(), fatalEnvChild+"=1", "TMPDIR="+t.TempDir())
 	out, err := cmd.CombinedOutput()
 	if strings.Contains(string(out), "ack") {
 		t.Fatalf("an upsert whose sync failed was acknowledged (child: %v):\n%s", err, out)
