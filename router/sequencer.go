@@ -64,6 +64,10 @@ type sequencer struct {
 	// worker of the whole model (the shards would come back lacking it).
 	shardSeen  map[string]time.Time
 	shardGrace time.Duration
+	// giveUp: a live worker that took no update for this long (stuck)
+	// while the update log is over its byte budget is not kept caught
+	// up: the trim drops what it lacks, and it is stale.
+	giveUp time.Duration
 	// joins are the clients whose update was split over shards (split),
 	// answered once every part is (answer).
 	joins map[uint64]*join
@@ -125,6 +129,11 @@ type modelSeq struct {
 	opened   time.Time
 	catching map[string]bool // a replay to the worker is under way
 	stale    map[string]bool // reported once
+	// progress is when each live worker last held every numbered update
+	// or took one more (stuck): a worker that took none for
+	// sequencer.giveUp while the log is over its byte budget is no
+	// longer waited for by the log's trim.
+	progress map[string]time.Time
 	// queue holds the updates waiting their turn, oldest first; inflight
 	// is the one being applied (one at a time gives one order).
 	queue    []*proposal
@@ -175,6 +184,7 @@ func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64, quor
 		shardSeen: map[string]time.Time{},
 		// Ten heartbeats: a worker restarting comes back well within it.
 		shardGrace: 10 * heartbeat,
+		giveUp:     giveUpHeartbeats * heartbeat,
 		joins:      map[uint64]*join{},
 	}
 }
@@ -199,7 +209,7 @@ func (s *sequencer) model(key string) *modelSeq {
 	m := s.models[key]
 	if m == nil {
 		name, shard := parseSeqKey(key)
-		m = &modelSeq{key: key, name: name, shard: shard, known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}}
+		m = &modelSeq{key: key, name: name, shard: shard, known: map[string]int64{}, foreign: map[string]int64{}, slow: map[string]bool{}, diverged: map[string]int64{}, outcome: map[int64]int8{}, catching: map[string]bool{}, stale: map[string]bool{}, progress: map[string]time.Time{}}
 		s.models[key] = m
 		if shard >= 0 {
 			if s.shardSeqs[name] == nil {
@@ -349,6 +359,9 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			s.any = true
 		}
 		delete(m.foreign, w.GetId())
+		if k, ok := m.known[w.GetId()]; !ok || seq > k {
+			m.progress[w.GetId()] = s.now
+		}
 		m.known[w.GetId()] = max(m.known[w.GetId()], seq)
 		if m.known[w.GetId()] >= m.next {
 			// A slow worker whose late apply landed holds the latest:
@@ -422,6 +435,24 @@ func (s *sequencer) layoutConflict(m *modelSeq, worker string) {
 		"model", m.name, "worker", worker, "sequence", m.key, "sharding", s.layouts[m.name])
 }
 
+// giveUpHeartbeats is sequencer.giveUp in heartbeats: far longer than a
+// catch-up takes a live worker its replays (each answered within the
+// per-worker update timeout moves it on), short enough that a worker
+// that announces but takes no update (its updates cannot reach it, its
+// store's writes hang) holds the log over its budget for half a minute
+// of updates, not for as long as it announces.
+const giveUpHeartbeats = 30
+
+// stuck says whether live worker id of m lacks an update and has taken
+// none for s.giveUp.
+func (s *sequencer) stuck(m *modelSeq, id string) bool {
+	if m.known[id] >= m.next {
+		return false
+	}
+	since, ok := m.progress[id]
+	return ok && s.now.Sub(since) >= s.giveUp
+}
+
 // maxAnnouncedSeq bounds the update numbers taken from announcements:
 // far beyond any real history (a billion updates a second for over a
 // hundred days), and far enough below the int64 limit that numbering on
@@ -473,6 +504,7 @@ func (s *sequencer) keepShard(m *modelSeq) bool {
 // leave drops what the sequence knew of worker id.
 func (m *modelSeq) leave(id string) {
 	delete(m.known, id)
+	delete(m.progress, id)
 	delete(m.stale, id)
 	delete(m.foreign, id)
 	delete(m.slow, id)

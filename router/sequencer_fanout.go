@@ -132,6 +132,11 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 				}
 			}
 		}
+		for id, k := range m.known {
+			if k >= m.next {
+				m.progress[id] = s.now // held every update until this one
+			}
+		}
 		m.next++
 		m.handedOut = true
 		s.any = true
@@ -144,22 +149,39 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		// The trim stops at the lowest seq a live worker of the model
 		// holds (one not already stale, foreign or diverged), which is
 		// never above held: no trim leaves a live worker behind what the
-		// log reaches, even if the log then exceeds its byte budget.
+		// log reaches, even if the log then exceeds its byte budget. But
+		// a stuck one, which took no update for giveUp: one that
+		// announces but takes none (its updates cannot reach it, its
+		// store's writes hang) held the log over its budget without
+		// bound, for as long as it announced (the router's memory and
+		// its log folder grew by every update). Over the budget the trim
+		// passes it, and it is stale.
 		lowest, lagging := held, ""
+		var stuck []string
 		for _, id := range slices.Sorted(maps.Keys(m.known)) {
 			_, foreign := m.foreign[id]
 			_, diverged := m.diverged[id]
 			w := s.workers[id]
 			if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == model && k >= m.floor && k < lowest {
+				if s.stuck(m, id) {
+					stuck = append(stuck, id)
+					continue
+				}
 				lowest, lagging = k, id
 			}
 		}
 		m.appendLog(areq, s.logBytes, lowest)
 		s.persist(model, m, areq, dropFrom)
+		for _, id := range stuck {
+			if k := m.known[id]; k < m.floor {
+				s.logf(slog.LevelWarn, "embedding worker took no update for a while, and the update log over its byte budget no longer keeps those it lacks",
+					"model", model, "worker", id, "holds", k, "since", s.giveUp, "router_holds_from", m.floor+1, "bytes", m.bytes, "budget", s.logBytes)
+			}
+		}
 		// members were counted before the trim: a worker that held
 		// floor then counts against the quorum of this update.
 		if over := m.bytes > s.logBytes && len(m.log) > 1 && lowest < held && m.floor+1 <= held; over && !m.overBudget {
-			s.logf(slog.LevelWarn, "update log over its byte budget: it keeps updates a live embedding worker still lacks, so the worker can be caught up, until it is",
+			s.logf(slog.LevelWarn, "update log over its byte budget: it keeps updates a live embedding worker still lacks, so the worker can be caught up, until it is (or has taken no update for a while)",
 				"model", model, "worker", lagging, "holds", lowest, "bytes", m.bytes, "budget", s.logBytes)
 			m.overBudget = true
 		} else if m.bytes <= s.logBytes {
@@ -185,6 +207,9 @@ func (s *sequencer) ack(m *modelSeq, id string, seq int64) {
 	// Only a live worker of the sequence: one that moved to another
 	// shard meanwhile (announced) holds nothing of this one.
 	if w := s.workers[id]; w != nil && keyOf(w, m.name) == m.key {
+		if seq > m.known[id] {
+			m.progress[id] = s.now
+		}
 		m.known[id] = max(m.known[id], seq)
 		if m.known[id] >= m.next {
 			delete(m.slow, id) // caught up: back in the fan-out
