@@ -29,6 +29,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	// Registers gzip, so the tiers take compressed messages: grpc-js
+	// (grpc.default_compression_algorithm), Java's and C++'s clients
+	// send gzip when configured to, and without it every such call was
+	// Unimplemented ("Decompressor is not installed"). A message is
+	// still bounded by MaxMessageBytes once decompressed; answers are
+	// compressed only to a caller that compressed its request.
+	_ "google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -303,18 +310,24 @@ func (s *Server) MetricsAddr() string {
 func (s *Server) Serve(ctx context.Context) error {
 	// Services are registered by now (gRPC refuses them after Serve).
 	methods := map[string]bool{}
+	// Health answers for each service by name as for the server (""):
+	// a probe or a client's health checking configured with a service
+	// name (grpc_health_probe -service, the kubelet's probe service,
+	// a service config's healthCheckConfig.serviceName) was answered
+	// NotFound ("unknown service") and took a serving tier for down.
+	initial := healthpb.HealthCheckResponse_SERVING
+	if s.ReadyGate != nil {
+		initial = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	s.Health.SetServingStatus("", initial)
 	for svc, info := range s.GRPC.GetServiceInfo() {
 		for _, m := range info.Methods {
 			methods["/"+svc+"/"+m.Name] = true
 		}
+		s.Health.SetServingStatus(svc, initial)
 	}
 	s.methods.Store(&methods)
 	gate := s.ReadyGate
-	if gate == nil {
-		s.Health.Resume()
-	} else {
-		s.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	}
 	errc := make(chan error, 2)
 	go func() { errc <- s.GRPC.Serve(s.lis) }()
 	if s.http != nil {

@@ -93,6 +93,10 @@ func TestServeHealthMetricsAndGracefulStop(t *testing.T) {
 	if n := countRequests(t, s, "/grpc.health.v1.Health/Check", "OK"); n != 1 {
 		t.Errorf("prism_rpc_requests_total{Health/Check, OK} = %v, want 1", n)
 	}
+	// Each registered service by name too, as a probe naming it asks.
+	if h, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: "prism.v1.Registry"}); err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health of prism.v1.Registry: %v %v", h.GetStatus(), err)
+	}
 
 	// An Announce in flight when shutdown starts still completes, and
 	// Serve waits for it.
@@ -291,21 +295,28 @@ func TestServeReadyGate(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
 	hc := healthpb.NewHealthClient(bn.Dial(t, s.Addr()))
-	status := func() healthpb.HealthCheckResponse_ServingStatus {
+	// The server ("") and each service by name alike: a probe or a
+	// client's health checking may name the service it calls.
+	services := []string{"", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"}
+	status := func(svc string) healthpb.HealthCheckResponse_ServingStatus {
 		t.Helper()
-		h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		h, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("health of %q: %v", svc, err)
 		}
 		return h.GetStatus()
 	}
-	if st := status(); st != healthpb.HealthCheckResponse_NOT_SERVING {
-		t.Fatalf("before the gate: %v", st)
+	for _, svc := range services {
+		if st := status(svc); st != healthpb.HealthCheckResponse_NOT_SERVING {
+			t.Fatalf("before the gate: %q %v", svc, st)
+		}
 	}
 	close(gate)
-	for deadline := time.Now().Add(5 * time.Second); status() != healthpb.HealthCheckResponse_SERVING; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("never SERVING after the gate closed")
+	for _, svc := range services {
+		for deadline := time.Now().Add(5 * time.Second); status(svc) != healthpb.HealthCheckResponse_SERVING; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%q never SERVING after the gate closed", svc)
+			}
 		}
 	}
 	cancel()
