@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -110,5 +111,114 @@ func TestRequestOverAdmissionLimits(t *testing.T) {
 	}
 	if _, err := r.Recommend(context.Background(), request(100)); err != nil {
 		t.Fatalf("a request at the limit: %v", err)
+	}
+}
+
+// TestFairShareAcrossModels: admission predicts each model from its own
+// rate and samples in flight, so a model overloaded beside others
+// filled the shared workers' queues to its whole budget, and the
+// others' requests waited behind it. With another model active, one
+// holding more than its share of the samples in flight fills only
+// fairShare of its budget; a model under its share keeps all of it.
+func TestFairShareAcrossModels(t *testing.T) {
+	const deadline = 100 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		// cold: a request of another model was admitted (and is in
+		// flight, or was answered: active either way).
+		cold, answered bool
+		// want: the hot model's samples admitted before a refusal.
+		want int64
+	}{
+		{name: "alone", want: 100},
+		{name: "beside a model in flight", cold: true, want: 50},
+		{name: "beside a model active, nothing of it in flight", cold: true, answered: true, want: 50},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRouter(t, Options{}, &fakeCN{})
+			for _, m := range []string{"hot", "cold"} {
+				r.preds.get(m).rate = 1000 // samples/s: 10 samples take 10 ms
+			}
+			var releases []func(error)
+			defer func() {
+				for _, rel := range releases {
+					rel(nil)
+				}
+			}()
+			if tc.cold {
+				rel, err := r.admit("cold", 1, 1, 100, deadline)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.answered {
+					rel(nil)
+				} else {
+					releases = append(releases, rel)
+				}
+			}
+			var admitted int64
+			for {
+				rel, err := r.admit("hot", 10, 10, 100, deadline)
+				if err != nil {
+					if status.Code(err) != codes.ResourceExhausted {
+						t.Fatal(err)
+					}
+					break
+				}
+				releases = append(releases, rel)
+				admitted += 10
+			}
+			if admitted != tc.want {
+				t.Errorf("hot model admitted %d samples, want %d", admitted, tc.want)
+			}
+			// The other model, under its share, still has its whole
+			// budget: 45 samples, 46 ms of its work with its first
+			// request's, are admitted beside the hot one's 50 (its
+			// share would refuse it at 50 ms).
+			if tc.cold && !tc.answered {
+				rel, err := r.admit("cold", 45, 45, 100, deadline)
+				if err != nil {
+					t.Fatalf("a request of the model under its share beside the hot one: %v", err)
+				}
+				releases = append(releases, rel)
+			}
+			// Every refusal of the hot model beside another is by its
+			// share, and says so.
+			_, err := r.admit("hot", 10, 10, 100, deadline)
+			if want := "more than its share"; tc.cold != strings.Contains(fmt.Sprint(err), want) {
+				t.Errorf("hot refused with %v: mentions %q: %v, want %v", err, want, !tc.cold, tc.cold)
+			}
+		})
+	}
+}
+
+// A request of a model over its share that fits its budget on its own
+// work is not refused for the share: the share bounds what it queues.
+func TestFairShareBoundsQueueingOnly(t *testing.T) {
+	const deadline = 100 * time.Millisecond
+	r := newRouter(t, Options{}, &fakeCN{})
+	for _, m := range []string{"hot", "cold"} {
+		r.preds.get(m).rate = 1000
+	}
+	var releases []func(error)
+	defer func() {
+		for _, rel := range releases {
+			rel(nil)
+		}
+	}()
+	for _, req := range []struct {
+		model string
+		n     int64
+	}{{"cold", 1}, {"hot", 10}, {"hot", 80}} {
+		rel, err := r.admit(req.model, req.n, req.n, 100, deadline)
+		if err != nil {
+			// 90 ms predicted, over half the 100 ms: a share of the whole
+			// budget refused it; of what its 80 ms leave, 90 ms is allowed.
+			t.Fatalf("%s request of %d samples: %v", req.model, req.n, err)
+		}
+		releases = append(releases, rel)
+	}
+	if _, err := r.admit("hot", 10, 10, 100, deadline); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a hot request queued 90 ms behind its own model: %v, want ResourceExhausted", err)
 	}
 }

@@ -184,12 +184,52 @@ type predictors struct {
 	// answered micro-batch, written once per model (a sync.Map, no lock
 	// shared by the requests).
 	m sync.Map
+	// active is how many models had a request admitted within
+	// activeWindow, counted at activeAt (Unix nanoseconds) and counted
+	// again at most every activeRecount.
+	active   atomic.Int64
+	activeAt atomic.Int64
+}
+
+const (
+	// activeWindow: a model with a request admitted within it is active.
+	// Long against a request's deadline, so a model with a light but
+	// steady load stays active between its requests (its share is kept
+	// for it), short enough that a model whose traffic stopped gives its
+	// share back within a second.
+	activeWindow = time.Second
+	// activeRecount bounds how often the active models are counted (a
+	// walk over every model's predictor).
+	activeRecount = 50 * time.Millisecond
+)
+
+// activeModels is how many models had a request admitted within
+// activeWindow of now (at least 1: the caller's).
+func (ps *predictors) activeModels(now time.Time) int64 {
+	t := now.UnixNano()
+	if at := ps.activeAt.Load(); t-at < int64(activeRecount) && t >= at {
+		return max(ps.active.Load(), 1)
+	}
+	var n int64
+	ps.m.Range(func(_, p any) bool {
+		if t-p.(*modelPredictor).admitted.Load() < int64(activeWindow) {
+			n++
+		}
+		return true
+	})
+	ps.active.Store(n)
+	ps.activeAt.Store(t)
+	return max(n, 1)
 }
 
 // modelPredictor is one model's predictor and its samples in flight.
 type modelPredictor struct {
 	predictor
 	inflight atomic.Int64
+	// admitted is when a request of the model was last admitted (Unix
+	// nanoseconds; 0 never): models admitted within activeWindow share
+	// the router's admission (fairShare).
+	admitted atomic.Int64
 }
 
 // get returns model's predictor, made on first use.

@@ -357,8 +357,8 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.m.streamed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "stream_requests_total", Help: "Requests sent on RecommendStream streams, by the gRPC code of their answer (the stream itself counts once in prism_rpc_requests_total, by how it ended, whatever its requests' outcomes)."}, []string{"code"})
 	r.m.streamed.WithLabelValues(codes.OK.String())
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
-	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it), limit (over the adaptive limit of --admit-limit)."}, []string{"reason"})
-	for _, reason := range []string{"inflight", "bytes", "streams", "deadline", "limit"} {
+	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it), fairshare (past the part of its time a model holding more than its share of the samples in flight may fill while other models are served), limit (over the adaptive limit of --admit-limit)."}, []string{"reason"})
+	for _, reason := range []string{"inflight", "bytes", "streams", "deadline", "fairshare", "limit"} {
 		r.m.rejected.WithLabelValues(reason)
 	}
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
