@@ -634,20 +634,51 @@ func (r *Registry) Expire() []string {
 
 // expire is Expire returning the workers removed, in order of id.
 func (r *Registry) expire() []*prismv1.WorkerInfo {
+	var ids []string
+	for _, w := range r.overdue() {
+		ids = append(ids, w.GetId())
+	}
+	return r.expireIDs(ids)
+}
+
+// overdue lists the workers not heard from for three heartbeats, in
+// order of id, without removing them: the router's sweep expires them
+// (expireIDs) but those it probes first (silent.go).
+func (r *Registry) overdue() []*prismv1.WorkerInfo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var gone []string
-	limit := 3 * r.heartbeat
-	for id, e := range r.workers {
-		if r.now().Sub(e.lastSeen) > limit {
-			gone = append(gone, id)
+	var out []*prismv1.WorkerInfo
+	now := r.now()
+	for _, e := range r.workers {
+		if r.isOverdue(e, now) {
+			out = append(out, e.info)
 		}
 	}
-	sort.Strings(gone)
-	out := make([]*prismv1.WorkerInfo, 0, len(gone))
-	for _, id := range gone {
-		out = append(out, r.workers[id].info)
-		r.drop(id)
+	sort.Slice(out, func(i, j int) bool { return out[i].GetId() < out[j].GetId() })
+	return out
+}
+
+// isOverdue: e has not announced for three heartbeats; r.mu held.
+func (r *Registry) isOverdue(e *worker, now time.Time) bool {
+	return now.Sub(e.lastSeen) > 3*r.heartbeat
+}
+
+// expireIDs removes the workers of ids that are still overdue (one that
+// announced since overdue listed it stays) and returns them, in the
+// order of ids.
+func (r *Registry) expireIDs(ids []string) []*prismv1.WorkerInfo {
+	if len(ids) == 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*prismv1.WorkerInfo, 0, len(ids))
+	now := r.now()
+	for _, id := range ids {
+		if e := r.workers[id]; e != nil && r.isOverdue(e, now) {
+			out = append(out, e.info)
+			r.drop(id)
+		}
 	}
 	return out
 }

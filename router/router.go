@@ -93,6 +93,11 @@ type Options struct {
 	// (after the plaintext default, so transport credentials given here
 	// win): the router's TLS identity, or an in-process dialer in tests.
 	DialOptions []grpc.DialOption
+	// DenseDialOptions are added to the connection a router dials to
+	// probe a dense worker overdue (silent.go; after the plaintext
+	// default): the router's TLS identity, expecting a dense worker's
+	// certificate. Nil: DialOptions.
+	DenseDialOptions []grpc.DialOption
 	// UpdateWorkerTimeout bounds one worker's answer to an update of the
 	// fan-out (default 10s): a worker that does not answer in time is
 	// left behind and caught up later, and the update is answered
@@ -264,8 +269,10 @@ type Router struct {
 	el *elected
 	m  routerMetrics
 	// calls are the Lookups in flight with the workers they wait on,
-	// abandoned when one expires (silent.go).
-	calls inflightCalls
+	// abandoned when one expires (silent.go); probing, the overdue
+	// workers probed before.
+	calls   inflightCalls
+	probing probes
 }
 
 type routerMetrics struct {
@@ -435,6 +442,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 func (r *Router) Run(ctx context.Context) {
 	t := time.NewTicker(r.opts.Heartbeat)
 	defer t.Stop()
+	defer r.probing.wg.Wait()
 	if r.el != nil {
 		ectx, stop := context.WithCancel(ctx)
 		defer stop()
@@ -456,17 +464,10 @@ func (r *Router) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			gone := r.Reg.expire()
-			// Their calls in flight are abandoned and retried elsewhere
-			// (silent.go).
-			abandoned := r.calls.abandon(gone)
-			for _, w := range gone {
-				if n := abandoned[w.GetId()]; n > 0 {
-					r.log.Warn("worker stopped answering; removed, and its calls in flight retried elsewhere", "worker", w.GetId(), "calls", n)
-					continue
-				}
-				r.log.Warn("worker stopped answering; removed", "worker", w.GetId())
-			}
+			// Expires the workers that stopped announcing, and abandons
+			// their calls in flight for a retry elsewhere, but those
+			// still answering a probe (silent.go).
+			r.sweep(ctx)
 			r.dropConns()
 			ws, _ := r.Reg.List(ctx, nil)
 			counts := map[prismv1.Role]int{prismv1.Role_ROLE_EMBEDDING: 0, prismv1.Role_ROLE_DENSE: 0}

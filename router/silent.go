@@ -5,8 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/serve"
 )
 
 // A worker that goes silent (its node lost, its link cut: packets
@@ -17,7 +23,8 @@ import (
 // router keeps the Lookups in flight with the workers each waits on
 // (the embedding worker by id, the dense worker by the address the
 // Lookup names it by) and abandons those waiting on a worker when it
-// expires: each ends Unavailable, naming the worker, while its
+// expires (once a probe of its health failed too: a worker late to
+// announce is not silent, below): each ends Unavailable, naming the worker, while its
 // request is live, and microBatch (or a fan-out) retries it on another
 // pair as it does a call whose connection broke. Only expiry does so:
 // a per-attempt timeout would give up calls a loaded worker is still
@@ -117,10 +124,26 @@ func (c *inflightCalls) abandon(gone []*prismv1.WorkerInfo) map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.expiredEmb, c.expiredDense = nil, nil
+	return c.abandonLocked(gone)
+}
+
+// abandonMore is abandon of workers expired between two sweeps (a probe
+// that failed): the marks of the last sweep stay, these join them.
+func (c *inflightCalls) abandonMore(gone []*prismv1.WorkerInfo) map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.abandonLocked(gone)
+}
+
+// abandonLocked marks the workers of gone expired and cancels the calls
+// waiting on them; c.mu held.
+func (c *inflightCalls) abandonLocked(gone []*prismv1.WorkerInfo) map[string]int {
 	if len(gone) == 0 {
 		return nil
 	}
-	c.expiredEmb, c.expiredDense = map[string]bool{}, map[string]bool{}
+	if c.expiredEmb == nil {
+		c.expiredEmb, c.expiredDense = map[string]bool{}, map[string]bool{}
+	}
 	ids := map[string]string{} // "role name" -> id, to count by id
 	for _, w := range gone {
 		if w.GetRole() == prismv1.Role_ROLE_DENSE {
@@ -151,6 +174,33 @@ func (c *inflightCalls) abandon(gone []*prismv1.WorkerInfo) map[string]int {
 	return out
 }
 
+// waiting says which of the workers ws (by id) a call in flight waits
+// on: an embedding worker by id, a dense worker by address. It goes
+// over the calls once; the sweep asks only when some worker is
+// overdue.
+func (c *inflightCalls) waiting(ws []*prismv1.WorkerInfo) map[string]bool {
+	emb, dense := map[string]string{}, map[string]string{}
+	for _, w := range ws {
+		if w.GetRole() == prismv1.Role_ROLE_DENSE {
+			dense[w.GetAddr()] = w.GetId()
+		} else {
+			emb[w.GetId()] = w.GetId()
+		}
+	}
+	out := map[string]bool{}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for w := range c.calls {
+		if id, ok := emb[w.id]; ok {
+			out[id] = true
+		}
+		if id, ok := dense[w.dense]; ok && w.dense != "" {
+			out[id] = true
+		}
+	}
+	return out
+}
+
 // abandoned is the silent worker whose expiry ended a call made with
 // ctx (from watch) while its caller's own context (parent) is live; nil
 // otherwise.
@@ -160,4 +210,212 @@ func abandoned(parent, ctx context.Context) *silentWorker {
 		return nil
 	}
 	return s
+}
+
+// An overdue worker (three heartbeats without an announcement) is not
+// always a silent one: a worker on a starved host (CI at load average
+// 16, several processes on two cores) may be too slow to announce in
+// time while it answers its calls, and abandoning them failed requests
+// that had no other pair to retry on (two drain tests went red so).
+// So before the sweep expires a worker that calls in flight wait on, it
+// probes it: a gRPC health check (grpc.health.v1, which every tier
+// serves, internal/serve), over the connection the calls use (a dense
+// worker, which the router does not call, over one dialled for the
+// probe with Options.DenseDialOptions). A worker that answers SERVING
+// within probeTimeout is live but late: it stays registered (picked as
+// before: the only worker of its role still serves) and its calls stay
+// in flight; the next sweep probes it again if it has still not
+// announced, and after maxProbes such answers the worker is expired
+// all the same (it answers its health check but cannot announce: its
+// calls may be as stuck). Any other outcome (no answer in time, a
+// refused or broken connection, NOT_SERVING, a draining server's
+// refusal) expires it at once and abandons its calls, as before, only
+// up to probeTimeout later. A worker nothing waits on is expired
+// without a probe, as before; a worker that announces while its probe
+// runs stays (expireIDs checks again). Probes run in goroutines of
+// their own, one per overdue worker at a time, outside every lock: a
+// sweep that finds no worker overdue costs what it did.
+
+// maxProbes is how many health checks in a row an overdue worker may
+// answer SERVING and keep its registration and calls: with three
+// heartbeats of expiry, a worker that proves itself live has seven
+// heartbeats to announce before its calls are abandoned.
+const maxProbes = 4
+
+// probeTimeout bounds one probe: a heartbeat, so a probe ends before
+// the next sweep, and at most a second, so a silent worker's calls wait
+// at most that much longer than the expiry for a router whose heartbeat
+// is longer. A live worker's gRPC server answers a health check without
+// touching the model: in well under a millisecond unloaded, and within
+// a heartbeat on a host where announcements (one RPC a heartbeat) still
+// got through one in three.
+func probeTimeout(heartbeat time.Duration) time.Duration {
+	return min(heartbeat, time.Second)
+}
+
+// probes are the overdue workers with calls in flight that the sweep
+// probes, by id.
+type probes struct {
+	mu sync.Mutex
+	m  map[string]*probeState
+	// wg counts the probes running: Run waits for them.
+	wg sync.WaitGroup
+}
+
+// probeState is one overdue worker's: a probe of it is running, and how
+// many answered SERVING so far.
+type probeState struct {
+	running bool
+	served  int
+}
+
+// plan decides the fate of the overdue workers over (waiting: those
+// calls in flight wait on): expire (drop) those nothing waits on and
+// those that answered maxProbes probes, probe (start) those not being
+// probed now, and keep the rest waiting for their probe's answer. It
+// forgets the workers no longer overdue (announced again, or gone).
+func (p *probes) plan(over []*prismv1.WorkerInfo, waiting map[string]bool) (drop []string, start []*prismv1.WorkerInfo) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.m) > 0 {
+		still := make(map[string]bool, len(over))
+		for _, w := range over {
+			still[w.GetId()] = true
+		}
+		for id := range p.m {
+			if !still[id] {
+				delete(p.m, id)
+			}
+		}
+	}
+	for _, w := range over {
+		id := w.GetId()
+		st := p.m[id]
+		switch {
+		case !waiting[id] || (st != nil && !st.running && st.served >= maxProbes):
+			delete(p.m, id)
+			drop = append(drop, id)
+		case st == nil:
+			if p.m == nil {
+				p.m = map[string]*probeState{}
+			}
+			p.m[id] = &probeState{running: true}
+			start = append(start, w)
+		case !st.running:
+			st.running = true
+			start = append(start, w)
+		}
+	}
+	return drop, start
+}
+
+// served records a probe of id answered SERVING and returns how many
+// have (0: the worker was forgotten meanwhile).
+func (p *probes) served(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.m[id]
+	if st == nil {
+		return 0
+	}
+	st.running = false
+	st.served++
+	return st.served
+}
+
+// forget drops id's state (its probe failed).
+func (p *probes) forget(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.m, id)
+}
+
+// sweep expires the overdue workers, probing first those that calls
+// in flight wait on, and abandons the calls waiting on those expired;
+// the probes it starts run on after it returns (Run waits for them).
+func (r *Router) sweep(ctx context.Context) {
+	over := r.Reg.overdue()
+	var waiting map[string]bool
+	if len(over) > 0 {
+		waiting = r.calls.waiting(over)
+	}
+	drop, start := r.probing.plan(over, waiting)
+	gone := r.Reg.expireIDs(drop)
+	// Their calls in flight are abandoned and retried elsewhere.
+	abandoned := r.calls.abandon(gone)
+	r.logExpired(gone, abandoned, nil)
+	for _, w := range start {
+		r.probing.wg.Go(func() { r.probe(ctx, w) })
+	}
+}
+
+// probe checks the health of the overdue worker w: live, it keeps its
+// calls until the next sweep; otherwise it is expired now (unless it
+// announced meanwhile) and its calls are abandoned.
+func (r *Router) probe(ctx context.Context, w *prismv1.WorkerInfo) {
+	began := time.Now()
+	err := r.checkHealth(ctx, w)
+	if ctx.Err() != nil {
+		return // Run has ended: nothing is in flight any more
+	}
+	if err == nil {
+		if n := r.probing.served(w.GetId()); n == 1 {
+			r.log.Warn("worker overdue (no announcement for three heartbeats) but it answers its health check: kept, its calls in flight go on", "worker", w.GetId(), "addr", w.GetAddr(), "probe", time.Since(began).Round(time.Microsecond))
+		}
+		return
+	}
+	r.probing.forget(w.GetId())
+	gone := r.Reg.expireIDs([]string{w.GetId()})
+	r.logExpired(gone, r.calls.abandonMore(gone), fmt.Errorf("its health check: %w (after %v)", err, time.Since(began).Round(time.Millisecond)))
+}
+
+// logExpired says which workers expired, and how many calls in flight
+// each had abandoned; probed is what a failed probe answered (nil when
+// none ran).
+func (r *Router) logExpired(gone []*prismv1.WorkerInfo, abandoned map[string]int, probed error) {
+	for _, w := range gone {
+		args := []any{"worker", w.GetId()}
+		if probed != nil {
+			args = append(args, "probe", probed.Error())
+		}
+		if n := abandoned[w.GetId()]; n > 0 {
+			r.log.Warn("worker stopped answering; removed, and its calls in flight retried elsewhere", append(args, "calls", n)...)
+			continue
+		}
+		r.log.Warn("worker stopped answering; removed", args...)
+	}
+}
+
+// checkHealth is one probe of w: nil when it answers SERVING within
+// probeTimeout.
+func (r *Router) checkHealth(ctx context.Context, w *prismv1.WorkerInfo) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout(r.opts.Heartbeat))
+	defer cancel()
+	var c *grpc.ClientConn
+	var err error
+	if w.GetRole() == prismv1.Role_ROLE_DENSE {
+		// Not a connection of the router's calls: the embedding workers
+		// call the dense tier. One for this probe, with the router's
+		// identity towards a dense worker.
+		opts := r.opts.DenseDialOptions
+		if opts == nil {
+			opts = r.opts.DialOptions
+		}
+		if c, err = grpc.NewClient(w.GetAddr(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			append(serve.DialOptions(), opts...)...)...); err != nil {
+			return err
+		}
+		defer c.Close()
+	} else if c, err = r.conn(w.GetAddr()); err != nil {
+		// The connection its calls are on.
+		return err
+	}
+	resp, err := healthpb.NewHealthClient(c).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return err
+	}
+	if s := resp.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("it answered %s", s)
+	}
+	return nil
 }

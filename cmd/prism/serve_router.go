@@ -85,6 +85,12 @@ func newServeRouterCmd() *cobra.Command {
 				return err
 			}
 			ro.DialOptions = append(ro.DialOptions, toEmbedding)
+			// It probes an overdue dense worker's health as router too.
+			toDense, err := tlsFlags.Dial(auth.Router, auth.Dense)
+			if err != nil {
+				return err
+			}
+			ro.DenseDialOptions = append(ro.DenseDialOptions, toDense)
 			// and forwards updates to the sequencing router as router.
 			toRouter, err := tlsFlags.Dial(auth.Router, auth.Router)
 			if err != nil {
