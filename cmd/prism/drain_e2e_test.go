@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -319,7 +318,7 @@ func TestRouterDrainTwoRouters(t *testing.T) {
 func TestWorkerLeaveLostRetried(t *testing.T) {
 	s := newDrainStack(t)
 	router := startProc(t, readyline.Router, "serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--heartbeat", "2s", "--micro-batch", "16")
-	link := newCuttableLink(t, router.addr)
+	link := newTCPLink(t, router.addr)
 	s.dense(t, router.addr)
 	gone := s.dense(t, link.addr)
 	s.embedding(t, router.addr, "db0")
@@ -372,79 +371,6 @@ func metricLines(t *testing.T, addr string, names ...string) string {
 	}
 	return strings.Join(out, "; ")
 }
-
-// cuttableLink forwards TCP connections to a target until cut: then it
-// forwards nothing more, in either direction, and holds every
-// connection open (a link down on the way, with no reset).
-type cuttableLink struct {
-	addr string
-	down chan struct{}
-}
-
-func newCuttableLink(t *testing.T, target string) *cuttableLink {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &cuttableLink{addr: lis.Addr().String(), down: make(chan struct{})}
-	var conns []net.Conn
-	var mu sync.Mutex
-	t.Cleanup(func() {
-		lis.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	pipe := func(dst, src net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if err != nil {
-				return
-			}
-			select {
-			case <-l.down:
-				continue // dropped
-			default:
-			}
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-	}
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			select {
-			case <-l.down:
-				continue // held, never answered
-			default:
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, up)
-			mu.Unlock()
-			go pipe(up, c)
-			go pipe(c, up)
-		}
-	}()
-	return l
-}
-
-func (l *cuttableLink) cut() { close(l.down) }
 
 // TestRouterDrainEndsStreams: a router sent SIGTERM while a
 // RecommendStream keeps sending (an offline scoring job) answers the

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,93 +11,6 @@ import (
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/readyline"
 )
-
-// pausableLink forwards TCP connections to a target; while paused it
-// holds what is sent, in either direction, and delivers it, in order,
-// once resumed: a peer too starved (or a path too slow) to get its
-// bytes through for a while, that loses nothing.
-type pausableLink struct {
-	addr string
-	mu   sync.Mutex
-	open chan struct{} // closed while the link forwards
-}
-
-func newPausableLink(t *testing.T, target string) *pausableLink {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &pausableLink{addr: lis.Addr().String(), open: make(chan struct{})}
-	close(l.open)
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		lis.Close()
-		l.resume()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	pipe := func(dst, src net.Conn) {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if err != nil {
-				dst.Close()
-				return
-			}
-			l.mu.Lock()
-			open := l.open
-			l.mu.Unlock()
-			<-open
-			if _, err := dst.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-	}
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, up)
-			mu.Unlock()
-			go pipe(up, c)
-			go pipe(c, up)
-		}
-	}()
-	return l
-}
-
-func (l *pausableLink) pause() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	select {
-	case <-l.open:
-		l.open = make(chan struct{})
-	default:
-	}
-}
-
-func (l *pausableLink) resume() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	select {
-	case <-l.open:
-	default:
-		close(l.open)
-	}
-}
 
 // TestLateWorkerKeepsCalls: over mutual TLS, the only dense (or
 // embedding) worker's announcements are held up for five heartbeats
@@ -120,7 +31,7 @@ func TestLateWorkerKeepsCalls(t *testing.T) {
 			s := newDrainStack(t)
 			certs := newCerts(t)
 			router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--heartbeat", hb.String(), "--micro-batch", "16")
-			link := newPausableLink(t, router.addr)
+			link := newTCPLink(t, router.addr)
 			via := func(role string) string {
 				if role == late {
 					return link.addr
