@@ -152,7 +152,7 @@ func FuzzUpdateLog(f *testing.F) {
 		if proto.Unmarshal(b, req) != nil {
 			return
 		}
-		s := newSequencer(time.Unix(0, 0), time.Second, 1<<20, QuorumOne)
+		s := newSequencer(time.Unix(0, 0), time.Second, 1<<20, 0, QuorumOne)
 		s.restore("m", 9, 8, 2, entries(3, 9))
 		s.restore("n", 4, 4, 4, nil)
 		d := newUpdateDriver(s, time.Now, nil, nil, time.Second, 0, nil)
@@ -299,7 +299,7 @@ func TestUpdateLogLargeEntryOfALaterModel(t *testing.T) {
 func TestUpdateLogCopyConverges(t *testing.T) {
 	r := rand.New(rand.NewPCG(18, 14))
 	for tc := range 2000 {
-		s := newSequencer(time.Unix(0, 0), time.Second, 1<<30, QuorumOne)
+		s := newSequencer(time.Unix(0, 0), time.Second, 1<<30, 0, QuorumOne)
 		names := []string{"a", "model-b", "m", "zz", "long-model-name-e"}[:1+r.IntN(5)]
 		for _, name := range names {
 			next := int64(r.IntN(8))
@@ -374,7 +374,7 @@ func TestUpdateLogCopyConverges(t *testing.T) {
 // entry: the models with entries due come first. (The numbers of the
 // models beyond the bound then wait; a page never ends uncut.)
 func TestUpdateLogEntriesBeforeNumbers(t *testing.T) {
-	s := newSequencer(time.Unix(0, 0), time.Second, 1<<30, QuorumOne)
+	s := newSequencer(time.Unix(0, 0), time.Second, 1<<30, 0, QuorumOne)
 	for i := range 20 {
 		s.restore(fmt.Sprintf("a-model-without-updates-due-%02d", i), 1, 1, 1, nil)
 	}
@@ -419,14 +419,14 @@ func TestReplicaOrderedEpochs(t *testing.T) {
 	if c.from() != newHold || c.term != 2 {
 		t.Fatalf("copy of %s (term %d) after an answer of the old Lease's hold: want the new Lease's %s kept", prismv1.FormatEpoch(c.from()), c.term, prismv1.FormatEpoch(newHold))
 	}
-	s := newSequencer(time.Now(), time.Second, 1<<20, QuorumOne)
+	s := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
 	if models, _, stale := c.restoreTo(s, oldHold+1); models != 0 || !stale {
 		t.Fatalf("restored %d models (stale %v) into the old Lease's next hold", models, stale)
 	}
 	if err := c.merge(&prismv1.UpdateLogResponse{Term: 2, Epoch: newHold, Models: log(1)}); err != nil {
 		t.Fatal(err)
 	}
-	if models, _, stale := c.restoreTo(newSequencer(time.Now(), time.Second, 1<<20, QuorumOne), newHold+1); models != 1 || stale {
+	if models, _, stale := c.restoreTo(newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne), newHold+1); models != 1 || stale {
 		t.Fatalf("restored %d models (stale %v) into the new Lease's next hold, want its copy", models, stale)
 	}
 }

@@ -61,7 +61,14 @@ type Options struct {
 	// UpdateLogBytes bounds the recent Embeddings.Update requests kept
 	// per model to catch lagging embedding workers up (default 256 MiB).
 	UpdateLogBytes int64
-	Logger         *slog.Logger
+	// UpdateLogTotalBytes bounds every model's log together (default 1
+	// GiB): with many models each taking updates, UpdateLogBytes apiece
+	// (256 MiB by default) was a router's memory of tens of GiB. A
+	// model's log may then use what the others' leave of it, and at
+	// least an equal share; the bound gives way, as UpdateLogBytes does,
+	// to the updates a live worker still lacks.
+	UpdateLogTotalBytes int64
+	Logger              *slog.Logger
 
 	// Limits bound what the registry takes from workers (sizes, the
 	// outstanding figure); see RegistryLimits for the defaults.
@@ -179,6 +186,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.StreamWindow <= 0 {
 		o.StreamWindow = 16
+	}
+	if o.UpdateLogTotalBytes <= 0 {
+		o.UpdateLogTotalBytes = 1 << 30
 	}
 	if o.UpdateLogBytes <= 0 {
 		o.UpdateLogBytes = 256 << 20
@@ -403,7 +413,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.log.Info("the router that sequences embedding updates is elected", "self", o.Election.Identity())
 		return r, nil
 	}
-	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
+	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateLogTotalBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
 	r.upd.floods = r.floods
 	r.upd.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
 	if o.UpdateLogDir != "" {

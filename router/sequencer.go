@@ -24,6 +24,9 @@ import (
 // the caller serializes the events (updateDriver does, under one mutex).
 type sequencer struct {
 	logBytes int64
+	// totalBytes bounds every model's log together
+	// (Options.UpdateLogTotalBytes; 0: no bound): budget, trimTotal.
+	totalBytes int64
 	// quorum is how many of a model's workers must hold an update before
 	// its client is answered OK (quorum.go).
 	quorum Quorum
@@ -170,18 +173,19 @@ type modelSeq struct {
 }
 
 // newSequencer starts a sequencer at the router's start time.
-func newSequencer(start time.Time, heartbeat time.Duration, logBytes int64, quorum Quorum) *sequencer {
+func newSequencer(start time.Time, heartbeat time.Duration, logBytes, totalBytes int64, quorum Quorum) *sequencer {
 	return &sequencer{
-		logBytes:  logBytes,
-		quorum:    quorum,
-		settled:   start.Add(3 * heartbeat),
-		window:    3 * heartbeat,
-		now:       start,
-		workers:   map[string]*prismv1.WorkerInfo{},
-		models:    map[string]*modelSeq{},
-		shardSeqs: map[string]map[string]*modelSeq{},
-		layouts:   map[string]string{},
-		shardSeen: map[string]time.Time{},
+		logBytes:   logBytes,
+		totalBytes: totalBytes,
+		quorum:     quorum,
+		settled:    start.Add(3 * heartbeat),
+		window:     3 * heartbeat,
+		now:        start,
+		workers:    map[string]*prismv1.WorkerInfo{},
+		models:     map[string]*modelSeq{},
+		shardSeqs:  map[string]map[string]*modelSeq{},
+		layouts:    map[string]string{},
+		shardSeen:  map[string]time.Time{},
 		// Ten heartbeats: a worker restarting comes back well within it.
 		shardGrace: 10 * heartbeat,
 		giveUp:     giveUpHeartbeats * heartbeat,
@@ -578,6 +582,7 @@ func (s *sequencer) tick(now time.Time) {
 			s.drop(model) // its model's shard workers gone for shardGrace
 		}
 	}
+	s.trimTotal()
 	for _, model := range slices.Sorted(maps.Keys(s.models)) {
 		m := s.models[model]
 		m.queue = slices.DeleteFunc(m.queue, func(p *proposal) bool {

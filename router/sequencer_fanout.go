@@ -156,35 +156,18 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		// bound, for as long as it announced (the router's memory and
 		// its log folder grew by every update). Over the budget the trim
 		// passes it, and it is stale.
-		lowest, lagging := held, ""
-		var stuck []string
-		for _, id := range slices.Sorted(maps.Keys(m.known)) {
-			_, foreign := m.foreign[id]
-			_, diverged := m.diverged[id]
-			w := s.workers[id]
-			if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == model && k >= m.floor && k < lowest {
-				if s.stuck(m, id) {
-					stuck = append(stuck, id)
-					continue
-				}
-				lowest, lagging = k, id
-			}
-		}
-		m.appendLog(areq, s.logBytes, lowest)
+		budget := s.budget(m)
+		lowest, lagging, stuck := s.trimBound(model, m, held)
+		m.appendLog(areq, budget, lowest)
 		s.persist(model, m, areq, dropFrom)
-		for _, id := range stuck {
-			if k := m.known[id]; k < m.floor {
-				s.logf(slog.LevelWarn, "embedding worker took no update for a while, and the update log over its byte budget no longer keeps those it lacks",
-					"model", model, "worker", id, "holds", k, "since", s.giveUp, "router_holds_from", m.floor+1, "bytes", m.bytes, "budget", s.logBytes)
-			}
-		}
+		s.trimmed(model, m, stuck, budget)
 		// members were counted before the trim: a worker that held
 		// floor then counts against the quorum of this update.
-		if over := m.bytes > s.logBytes && len(m.log) > 1 && lowest < held && m.floor+1 <= held; over && !m.overBudget {
+		if over := m.bytes > budget && len(m.log) > 1 && lowest < held && m.floor+1 <= held; over && !m.overBudget {
 			s.logf(slog.LevelWarn, "update log over its byte budget: it keeps updates a live embedding worker still lacks, so the worker can be caught up, until it is (or has taken no update for a while)",
-				"model", model, "worker", lagging, "holds", lowest, "bytes", m.bytes, "budget", s.logBytes)
+				"model", model, "worker", lagging, "holds", lowest, "bytes", m.bytes, "budget", budget)
 			m.overBudget = true
-		} else if m.bytes <= s.logBytes {
+		} else if m.bytes <= budget {
 			m.overBudget = false
 		}
 		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
@@ -196,6 +179,109 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
 			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: fresh})
+		}
+	}
+}
+
+// trimBound is the lowest seq a trim of sequence model's log may reach
+// (appendLog's upto), starting from held, the most a live worker of it
+// holds: the lowest seq a live worker of the model holds (one not
+// already stale, foreign or diverged), which is never above held, so no
+// trim leaves a live worker behind what the log reaches, even if the
+// log then exceeds its byte budget; lagging is that worker. But a stuck
+// one (took no update for giveUp: it announces but takes none, its
+// updates cannot reach it, its store's writes hang) held the log over
+// its budget without bound, for as long as it announced (the router's
+// memory and its log folder grew by every update): the trim passes the
+// stuck ones, and they are stale.
+func (s *sequencer) trimBound(model string, m *modelSeq, held int64) (lowest int64, lagging string, stuck []string) {
+	lowest = held
+	for _, id := range slices.Sorted(maps.Keys(m.known)) {
+		_, foreign := m.foreign[id]
+		_, diverged := m.diverged[id]
+		w := s.workers[id]
+		if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == model && k >= m.floor && k < lowest {
+			if s.stuck(m, id) {
+				stuck = append(stuck, id)
+				continue
+			}
+			lowest, lagging = k, id
+		}
+	}
+	return lowest, lagging, stuck
+}
+
+// trimmed logs the stuck workers (trimBound) a trim of m's log, to
+// budget, passed.
+func (s *sequencer) trimmed(model string, m *modelSeq, stuck []string, budget int64) {
+	for _, id := range stuck {
+		if k := m.known[id]; k < m.floor {
+			s.logf(slog.LevelWarn, "embedding worker took no update for a while, and the update log over its byte budget no longer keeps those it lacks",
+				"model", model, "worker", id, "holds", k, "since", s.giveUp, "router_holds_from", m.floor+1, "bytes", m.bytes, "budget", budget)
+		}
+	}
+}
+
+// budget is m's log's byte budget now: --update-log-bytes, but with
+// Options.UpdateLogTotalBytes over every model's log, at most what the
+// other models' logs leave of the total, and never less than an equal
+// share of it (so a model whose updates are heavy may use what the
+// others do not, and each keeps its share).
+func (s *sequencer) budget(m *modelSeq) int64 {
+	if s.totalBytes <= 0 {
+		return s.logBytes
+	}
+	var others int64
+	n := int64(1)
+	for _, o := range s.models {
+		if o != m && o.bytes > 0 {
+			others += o.bytes
+			n++
+		}
+	}
+	return min(s.logBytes, max(s.totalBytes/n, s.totalBytes-others))
+}
+
+// trimTotal trims, at a heartbeat, the logs of the models over an equal
+// share of Options.UpdateLogTotalBytes while their sum is over it (a
+// model's own appends trim it only when it takes updates, and a model
+// that stopped taking them kept a log the others' budgets counted):
+// each to its share, under the same bound as an append (trimBound),
+// its drop persisted.
+func (s *sequencer) trimTotal() {
+	if s.totalBytes <= 0 {
+		return
+	}
+	var sum, n int64
+	for _, m := range s.models {
+		if m.bytes > 0 {
+			sum += m.bytes
+			n++
+		}
+	}
+	if sum <= s.totalBytes {
+		return
+	}
+	share := s.totalBytes / n
+	for _, model := range slices.Sorted(maps.Keys(s.models)) {
+		m := s.models[model]
+		if m.bytes <= share || m.unwritten {
+			continue
+		}
+		targets, _ := s.targetsOf(model)
+		var held int64 = -1
+		for _, w := range targets {
+			held = max(held, m.known[w.GetId()])
+		}
+		if held < 0 {
+			continue // no live worker: nothing it holds to trim to
+		}
+		lowest, _, stuck := s.trimBound(model, m, held)
+		dropFrom := m.floor
+		m.trim(share, lowest)
+		if m.floor > dropFrom {
+			s.persist(model, m, nil, dropFrom)
+			s.trimmed(model, m, stuck, share)
 		}
 	}
 }

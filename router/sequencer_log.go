@@ -51,6 +51,12 @@ func (s *sequencer) restore(model string, next, committed, floor int64, log []*p
 func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64) {
 	m.log = append(m.log, req)
 	m.bytes += int64(proto.Size(req))
+	m.trim(budget, upto)
+}
+
+// trim drops the oldest entries beyond the byte budget, keeping the
+// latest and none above upto (appendLog).
+func (m *modelSeq) trim(budget, upto int64) {
 	for len(m.log) > 1 && m.bytes > budget && m.floor+1 <= upto {
 		m.bytes -= int64(proto.Size(m.log[0]))
 		m.log[0] = nil

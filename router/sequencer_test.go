@@ -27,7 +27,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 // Commands (defaults in brackets):
 //
-//	new [heartbeat=1s] [log-bytes=268435456] [quorum=one] [persist=hide|show] [epoch=0]
+//	new [heartbeat=1s] [log-bytes=268435456] [total-bytes=0] [quorum=one] [persist=hide|show] [epoch=0]
 //	                                           a router starting now (the
 //	                                           scripts from before quorums
 //	                                           assume one; show prints the
@@ -91,6 +91,7 @@ type seqScript struct {
 	// What the last new set, for restart.
 	heartbeat   time.Duration
 	logBytes    int64
+	totalBytes  int64
 	quorum      Quorum
 	showPersist bool
 	// disk is the update log as the persists wrote it; durable what it
@@ -138,7 +139,7 @@ func (h *seqScript) write(m message) {
 
 // restart is a new sequencer at now restored from disk.
 func (h *seqScript) restart() []string {
-	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
 	var out []string
 	for _, model := range slices.Sorted(maps.Keys(h.disk)) {
 		d := h.disk[model]
@@ -167,7 +168,7 @@ func runSequencerScript(t *testing.T, file string) {
 	}
 	defer f.Close()
 	h := &seqScript{t: t, now: time.Unix(1000, 0), heartbeat: time.Second, logBytes: 256 << 20, quorum: QuorumOne, disk: map[string]*diskModel{}, durable: map[string]int64{}}
-	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
 	var out strings.Builder
 	sc := bufio.NewScanner(f)
 	lineNo := 0
@@ -270,8 +271,9 @@ func (h *seqScript) do(line string) []string {
 			h.t.Fatalf("%s: %v", line, err)
 		}
 		h.heartbeat, h.logBytes, h.quorum, h.showPersist = dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")), q, arg("persist", "hide") == "show"
+		h.totalBytes = num(arg("total-bytes", "0"))
 		h.disk, h.durable, h.failWrites = map[string]*diskModel{}, map[string]int64{}, false
-		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
 		h.s.epoch = uint64(num(arg("epoch", "0")))
 	case "restart":
 		h.now = h.now.Add(dur(arg("after", "0s")))
@@ -413,7 +415,7 @@ func (h *seqScript) do(line string) []string {
 			h.term, h.epoch = 1, 1
 		}
 		h.epoch = uint64(num(arg("epoch", fmt.Sprint(h.epoch+1))))
-		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.quorum)
+		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
 		h.s.epoch = h.epoch
 		h.term++
 		h.disk, h.durable = map[string]*diskModel{}, map[string]int64{}

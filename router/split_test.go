@@ -26,7 +26,7 @@ func TestSplitUpdateWriteFailsForOnePart(t *testing.T) {
 	var mu sync.Mutex
 	clock := time.Unix(1000, 0)
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	seq := newSequencer(clock, time.Second, 1<<20, QuorumOne)
+	seq := newSequencer(clock, time.Second, 1<<20, 0, QuorumOne)
 	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
 	entered := make(chan string, 2)
 	call := func(_ context.Context, addr string, _ *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
@@ -102,7 +102,7 @@ func TestSplitUpdateWriteFailsForOnePart(t *testing.T) {
 // served the reshard's worker the sequencer did not).
 func TestDescribeLeavesOutAnotherSharding(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := newSequencer(now, time.Second, 1<<20, QuorumOne)
+	s := newSequencer(now, time.Second, 1<<20, 0, QuorumOne)
 	worker := func(id string, shard int32, sharding string, tables ...string) *prismv1.WorkerInfo {
 		return &prismv1.WorkerInfo{Id: id, Addr: id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, UpdateSeq: map[string]int64{"m": 0},
 			Shards: map[string]*prismv1.ShardRef{"m": {Shard: shard, Shards: 2, Tables: tables, Sharding: sharding, RowSplitsComplete: true}}}
