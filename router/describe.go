@@ -6,6 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prism-serve/prism/api/prismv1"
 )
 
@@ -67,17 +69,45 @@ func (d *updateDriver) describe() map[string]*prismv1.ModelUpdates {
 	return d.seq.describe(d.now())
 }
 
+// sequencing is the update driver of this router while it sequences
+// (nil while it follows).
+func (r *Router) sequencing() *updateDriver {
+	switch {
+	case r.el != nil:
+		return r.el.term.Load().d
+	case r.fol == nil:
+		return r.upd
+	}
+	return nil
+}
+
+var updateLogBytesDesc = prometheus.NewDesc("prism_router_update_log_bytes", "Bytes of recent updates the sequencing router keeps in its update log, by sequence (a model, or a shard of one: MODEL#shardK), against --update-log-bytes each and --update-log-total-bytes together.", []string{"model"}, nil)
+
+// updateLogCollector reports the update log's bytes by sequence at each
+// scrape, while this router sequences.
+type updateLogCollector struct{ r *Router }
+
+func (updateLogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- updateLogBytesDesc }
+
+func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
+	d := c.r.sequencing()
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for key, m := range d.seq.models {
+		if m.bytes > 0 {
+			ch <- prometheus.MustNewConstMetric(updateLogBytesDesc, prometheus.GaugeValue, float64(m.bytes), key)
+		}
+	}
+}
+
 // describeUpdates fills Registry.List's updates: this router's
 // sequencer's view, and whether it sequences now (a router that follows
 // answers nil, false).
 func (r *Router) describeUpdates() (map[string]*prismv1.ModelUpdates, bool) {
-	var d *updateDriver
-	switch {
-	case r.el != nil:
-		d = r.el.term.Load().d
-	case r.fol == nil:
-		d = r.upd
-	}
+	d := r.sequencing()
 	if d == nil {
 		return nil, false
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"log/slog"
 	"maps"
 	"math"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -718,5 +721,38 @@ func TestUnreachableWorkerLogBounded(t *testing.T) {
 		if n := rig.logs.count(what); n < 1 || n > 2 {
 			t.Errorf("%q logged %d times for a worker that failed %d updates, want once (more in one summary a window later)", what, n, updates)
 		}
+	}
+}
+
+// The sequencing router reports its update log's bytes by sequence
+// (prism_router_update_log_bytes), within its budget.
+func TestUpdateLogBytesMetric(t *testing.T) {
+	a := &seqCN{}
+	rig := newUpdateRig(t, Options{UpdateLogBytes: 200, UpdateQuorum: QuorumOne}, a)
+	if n := seriesCount(updateLogCollector{rig.r}); n != 0 {
+		t.Fatalf("%d series before any update, want none", n)
+	}
+	for i := range 20 {
+		if _, err := rig.update("t", int64(i), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ch := make(chan prometheus.Metric, 8)
+	updateLogCollector{rig.r}.Collect(ch)
+	close(ch)
+	var got []string
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		v := d.GetGauge().GetValue()
+		got = append(got, fmt.Sprintf("%s=%v", d.GetLabel()[0].GetValue(), v))
+		if v <= 0 || v > 200 {
+			t.Errorf("update log of %d bytes, want some within the 200-byte budget", int(v))
+		}
+	}
+	if len(got) != 1 || !strings.HasPrefix(got[0], "m=") {
+		t.Fatalf("series %v, want one for model m", got)
 	}
 }
