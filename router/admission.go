@@ -78,6 +78,16 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 			fits, known = r.lim.allow(cur, n)
 		}
 		if known && !fits {
+			// Several models share the limit: one within its share of it
+			// (1/k) is admitted over it, as under the rate rule a model
+			// under its share keeps its whole budget; the models over
+			// theirs are refused until the samples in flight are back
+			// under the limit.
+			if k := r.preds.activeModels(start); k > 1 && float64((ahead+work)*k) <= r.lim.limitNow() {
+				fits = true
+			}
+		}
+		if known && !fits {
 			mp.inflight.Add(-work)
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)

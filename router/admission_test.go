@@ -222,3 +222,43 @@ func TestFairShareBoundsQueueingOnly(t *testing.T) {
 		t.Fatalf("a hot request queued 90 ms behind its own model: %v, want ResourceExhausted", err)
 	}
 }
+
+// Under --admit-limit, a model within its share of the limit is
+// admitted over it while another model fills it.
+func TestFairShareUnderAdmitLimit(t *testing.T) {
+	const deadline = time.Second
+	r := newRouter(t, Options{AdmitLimit: true}, &fakeCN{})
+	r.lim.limit = 100
+	var releases []func(error)
+	defer func() {
+		for _, rel := range releases {
+			rel(nil)
+		}
+	}()
+	admit := func(model string, n int64) error {
+		rel, err := r.admit(model, n, n, 100, deadline)
+		if err == nil {
+			releases = append(releases, rel)
+		}
+		return err
+	}
+	if err := admit("cold", 1); err != nil {
+		t.Fatal(err)
+	}
+	hot := int64(0)
+	for admit("hot", 10) == nil {
+		hot += 10
+	}
+	if hot != 90 {
+		t.Fatalf("hot admitted %d samples under a limit of 100 with 1 of cold's in flight, want 90", hot)
+	}
+	if err := admit("cold", 20); err != nil {
+		t.Fatalf("cold, 21 samples with this request's, within its share (50) of the limit: %v", err)
+	}
+	if err := admit("cold", 40); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("cold past its share of the limit, over it: %v, want ResourceExhausted", err)
+	}
+	if err := admit("hot", 10); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("hot over its share and the limit: %v, want ResourceExhausted", err)
+	}
+}
