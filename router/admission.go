@@ -70,6 +70,9 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 	start := time.Now()
 	mp := r.preds.get(model)
 	ahead := mp.inflight.Add(work) - work // this model's samples admitted before this request, still in flight
+	// Its samples as the router counts them (cur): its share is of
+	// those, not of its work (a fixed batch's padding counted in).
+	mine := mp.samples.Add(n)
 	if !r.opts.FixedAdmission {
 		// The adaptive limit decides once its first window has set one;
 		// until then, and without it, the busy-time rate does.
@@ -83,12 +86,13 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 			// under its share keeps its whole budget; the models over
 			// theirs are refused until the samples in flight are back
 			// under the limit.
-			if k := r.preds.activeModels(start); k > 1 && float64((ahead+work)*k) <= r.lim.limitNow() {
+			if k := r.preds.activeModels(mp, start); k > 1 && float64(mine*k) <= r.lim.limitNow() {
 				fits = true
 			}
 		}
 		if known && !fits {
 			mp.inflight.Add(-work)
+			mp.samples.Add(-n)
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("limit").Inc()
@@ -98,8 +102,8 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 			share := r.share.get()
 			budget := time.Duration(float64(remaining) * share)
 			rate, floor := mp.estimate()
-			k := r.preds.activeModels(start)
-			over := k > 1 && (ahead+work)*k > cur && rate > 0
+			k := r.preds.activeModels(mp, start)
+			over := k > 1 && mine*k > cur && rate > 0
 			if over {
 				// Several models share the workers, and this one holds
 				// more than its share of the samples in flight: it may
@@ -114,6 +118,7 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 			}
 			if predicted, ok := predictFinish(rate, floor, ahead, work, budget); !ok {
 				mp.inflight.Add(-work)
+				mp.samples.Add(-n)
 				r.inflightBytes.Add(-bytes)
 				r.inflight.Add(-n)
 				if over {
@@ -155,6 +160,7 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 			}
 		}
 		mp.inflight.Add(-work)
+		mp.samples.Add(-n)
 		r.inflight.Add(-n)
 		r.inflightBytes.Add(-bytes)
 	}, nil
@@ -173,7 +179,7 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 // for half of that the loaded model still keeps the workers busy; the
 // others' requests wait about half as long. A model's share is of the
 // samples in flight, whatever each sample costs; models with requests
-// admitted within activeWindow count.
+// admitted within activeWindow count, and the requesting one.
 const fairShare = 0.5
 
 // openStream counts a RecommendStream against Options.MaxStreams.

@@ -262,3 +262,152 @@ func TestFairShareUnderAdmitLimit(t *testing.T) {
 		t.Fatalf("hot over its share and the limit: %v, want ResourceExhausted", err)
 	}
 }
+
+// TestFairShareCountsSamples: a model's share is of the samples in
+// flight, counted as the router counts them (a request's candidates):
+// a model fixed at a batch (fixedbatch.go) runs its micro-batches
+// padded, its work more than its samples, and comparing that work with
+// the router's samples took it for over its share beside a model
+// holding several times its samples, so its budget was halved.
+func TestFairShareCountsSamples(t *testing.T) {
+	const deadline = 100 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		other bool // the other model holds 40 samples in flight
+	}{{name: "alone"}, {name: "beside a model holding more", other: true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRouter(t, Options{}, &fakeCN{})
+			for _, m := range []string{"fixed", "other"} {
+				r.preds.get(m).rate = 1000 // work units a second: 16 take 16 ms
+			}
+			var releases []func(error)
+			defer func() {
+				for _, rel := range releases {
+					rel(nil)
+				}
+			}()
+			if tc.other {
+				rel, err := r.admit("other", 40, 40, 100, deadline)
+				if err != nil {
+					t.Fatal(err)
+				}
+				releases = append(releases, rel)
+			}
+			// 2 candidates, one micro-batch of 16 (the batch) each: up to
+			// 6 (96 ms of work) fit the 100 ms; 12 samples at most, under
+			// half of the 52 in flight beside the other model's.
+			var admitted int
+			for {
+				rel, err := r.admit("fixed", 2, 16, 100, deadline)
+				if err != nil {
+					if status.Code(err) != codes.ResourceExhausted {
+						t.Fatal(err)
+					}
+					if tc.other && strings.Contains(err.Error(), "more than its share") {
+						t.Errorf("refused for its share holding %d of %d samples: %v", 2*admitted, 40+2*admitted+2, err)
+					}
+					break
+				}
+				releases = append(releases, rel)
+				admitted++
+			}
+			if admitted != 6 {
+				t.Errorf("the fixed-batch model had %d requests admitted, want 6", admitted)
+			}
+		})
+	}
+}
+
+// TestFairShareAfterClockStep: a model's last admission is a wall-clock
+// time (Unix nanoseconds): after the clock is stepped back (NTP), a
+// model admitted before the step is stamped in the future, and was
+// counted active until the clock caught up (an hour for an hour's step):
+// the one model still served was held to half of its budget, alone.
+func TestFairShareAfterClockStep(t *testing.T) {
+	const deadline = 100 * time.Millisecond
+	r := newRouter(t, Options{}, &fakeCN{})
+	r.preds.get("hot").rate = 1000
+	// Its last request admitted an hour ahead of the clock as it reads
+	// now: the clock was stepped back an hour since.
+	r.preds.get("gone").admitted.Store(time.Now().Add(time.Hour).UnixNano())
+	var releases []func(error)
+	defer func() {
+		for _, rel := range releases {
+			rel(nil)
+		}
+	}()
+	var admitted int64
+	for {
+		rel, err := r.admit("hot", 10, 10, 100, deadline)
+		if err != nil {
+			if strings.Contains(err.Error(), "more than its share") {
+				t.Errorf("the only model served refused for its share: %v", err)
+			}
+			break
+		}
+		releases = append(releases, rel)
+		admitted += 10
+	}
+	if admitted != 100 {
+		t.Errorf("hot model admitted %d samples, want 100 (alone)", admitted)
+	}
+}
+
+// Under --admit-limit too, a fixed-batch model's share of the limit is
+// of its samples (the limit's unit), not its padded work.
+func TestFairShareUnderAdmitLimitCountsSamples(t *testing.T) {
+	r, admit := admitLimitRig(t)
+	if err := admit("fixed", 2, 16); err != nil {
+		t.Fatal(err)
+	}
+	for admit("hot", 10, 10) == nil {
+	}
+	// 2 candidates a request, one batch of 16 each: its share (50 of
+	// the limit's 100 samples) is 25 requests.
+	fixed := 1
+	for admit("fixed", 2, 16) == nil {
+		fixed++
+	}
+	if fixed != 25 {
+		t.Fatalf("the fixed-batch model had %d requests admitted, want 25 (50 samples, its share of the limit %.0f)", fixed, r.lim.limitNow())
+	}
+}
+
+// TestFairShareUnderAdmitLimitLateModel: a model whose first request
+// comes while another fills the limit is given its share too: only
+// models with a request admitted counted as active, so one whose every
+// request was refused never counted, and was refused for as long as
+// the other kept the limit full.
+func TestFairShareUnderAdmitLimitLateModel(t *testing.T) {
+	_, admit := admitLimitRig(t)
+	for admit("hot", 10, 10) == nil {
+	}
+	late := 0
+	for admit("late", 10, 10) == nil {
+		late++
+	}
+	if late != 5 {
+		t.Fatalf("the model arriving at a full limit had %d requests admitted, want 5 (50 samples, its share)", late)
+	}
+}
+
+// admitLimitRig is a router under --admit-limit at a limit of 100
+// samples, and admit, which keeps what it admits in flight until the
+// test ends.
+func admitLimitRig(t *testing.T) (*Router, func(model string, n, work int64) error) {
+	r := newRouter(t, Options{AdmitLimit: true}, &fakeCN{})
+	r.lim.limit = 100
+	var releases []func(error)
+	t.Cleanup(func() {
+		for _, rel := range releases {
+			rel(nil)
+		}
+	})
+	return r, func(model string, n, work int64) error {
+		rel, err := r.admit(model, n, work, 100, time.Second)
+		if err == nil {
+			releases = append(releases, rel)
+		}
+		return err
+	}
+}

@@ -204,28 +204,49 @@ const (
 )
 
 // activeModels is how many models had a request admitted within
-// activeWindow of now (at least 1: the caller's).
-func (ps *predictors) activeModels(now time.Time) int64 {
+// activeWindow of now, the caller's model (mp) counted whether or not
+// it had: a model whose every request was refused (the admission limit
+// filled by another model when its first came) was never counted, so
+// never given a share.
+func (ps *predictors) activeModels(mp *modelPredictor, now time.Time) int64 {
 	t := now.UnixNano()
-	if at := ps.activeAt.Load(); t-at < int64(activeRecount) && t >= at {
-		return max(ps.active.Load(), 1)
+	n := int64(1)
+	if active(t, mp.admitted.Load()) {
+		n = 0 // counted below
 	}
-	var n int64
+	if at := ps.activeAt.Load(); t-at < int64(activeRecount) && t >= at {
+		return max(n+ps.active.Load(), 1)
+	}
+	var all int64
 	ps.m.Range(func(_, p any) bool {
-		if t-p.(*modelPredictor).admitted.Load() < int64(activeWindow) {
-			n++
+		if active(t, p.(*modelPredictor).admitted.Load()) {
+			all++
 		}
 		return true
 	})
-	ps.active.Store(n)
+	ps.active.Store(all)
 	ps.activeAt.Store(t)
-	return max(n, 1)
+	return max(n+all, 1)
+}
+
+// active says whether a model last admitted at admitted (Unix
+// nanoseconds) is active at t. Wall-clock stamps: one ahead of t by
+// more than a window (the clock stepped back since) is not active for
+// as long as the step; one a little ahead is a request admitted
+// meanwhile.
+func active(t, admitted int64) bool {
+	d := t - admitted
+	return d < int64(activeWindow) && d > -int64(activeWindow)
 }
 
 // modelPredictor is one model's predictor and its samples in flight.
 type modelPredictor struct {
 	predictor
 	inflight atomic.Int64
+	// samples are its samples in flight as the router counts them (a
+	// request's candidates; inflight counts its work, a fixed batch's
+	// padding in): its share of the router's (fairShare) is of these.
+	samples atomic.Int64
 	// admitted is when a request of the model was last admitted (Unix
 	// nanoseconds; 0 never): models admitted within activeWindow share
 	// the router's admission (fairShare).

@@ -69,7 +69,8 @@ type sequencer struct {
 	shardGrace time.Duration
 	// giveUp: a live worker that took no update for this long (stuck)
 	// while the update log is over its byte budget is not kept caught
-	// up: the trim drops what it lacks, and it is stale.
+	// up: the trim drops what it lacks, and it is stale. 30 heartbeats,
+	// and at least three per-worker update timeouts (newUpdateDriver).
 	giveUp time.Duration
 	// joins are the clients whose update was split over shards (split),
 	// answered once every part is (answer).
@@ -446,6 +447,13 @@ func (s *sequencer) layoutConflict(m *modelSeq, worker string) {
 // store's writes hang) holds the log over its budget for half a minute
 // of updates, not for as long as it announces.
 const giveUpHeartbeats = 30
+
+// giveUpTimeouts is the least sequencer.giveUp in per-worker update
+// timeouts (newUpdateDriver): the assumption above, that a replay is
+// answered within a few heartbeats, fails for a heartbeat short against
+// the timeout (30 heartbeats of 100 ms are 3 s, a timeout 10 s), and a
+// live worker still within the timeout of its update was given up.
+const giveUpTimeouts = 3
 
 // stuck says whether live worker id of m lacks an update and has taken
 // none for s.giveUp.

@@ -27,13 +27,17 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 // Commands (defaults in brackets):
 //
-//	new [heartbeat=1s] [log-bytes=268435456] [total-bytes=0] [quorum=one] [persist=hide|show] [epoch=0]
+//	new [heartbeat=1s] [log-bytes=268435456] [total-bytes=0] [quorum=one] [persist=hide|show] [epoch=0] [worker-timeout=0s]
 //	                                           a router starting now (the
 //	                                           scripts from before quorums
 //	                                           assume one; show prints the
 //	                                           update log writes; epoch: its
 //	                                           hold's election epoch, which
-//	                                           every apply carries)
+//	                                           every apply carries;
+//	                                           worker-timeout: the driver's
+//	                                           per-worker update timeout,
+//	                                           the sequencer made as
+//	                                           newUpdateDriver makes it)
 //	restart [after=0s]                         the router restarts from what
 //	                                           its update log holds
 //	advance <duration>                         the clock moves on
@@ -89,11 +93,14 @@ type seqScript struct {
 	s   *sequencer
 	now time.Time
 	// What the last new set, for restart.
-	heartbeat   time.Duration
-	logBytes    int64
-	totalBytes  int64
-	quorum      Quorum
-	showPersist bool
+	heartbeat  time.Duration
+	logBytes   int64
+	totalBytes int64
+	quorum     Quorum
+	// workerTimeout: the sequencer is made as newUpdateDriver makes it
+	// with that per-worker update timeout (0: newSequencer alone).
+	workerTimeout time.Duration
+	showPersist   bool
 	// disk is the update log as the persists wrote it; durable what it
 	// holds every entry up to (updateDriver.durable); failWrites: every
 	// write fails.
@@ -137,9 +144,19 @@ func (h *seqScript) write(m message) {
 	}
 }
 
+// newSeq is a new sequencer at now, as the router makes it: through
+// newUpdateDriver when the script names a worker timeout.
+func (h *seqScript) newSeq() *sequencer {
+	s := newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
+	if h.workerTimeout > 0 {
+		newUpdateDriver(s, func() time.Time { return h.now }, nil, nil, time.Second, h.workerTimeout, nil)
+	}
+	return s
+}
+
 // restart is a new sequencer at now restored from disk.
 func (h *seqScript) restart() []string {
-	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
+	h.s = h.newSeq()
 	var out []string
 	for _, model := range slices.Sorted(maps.Keys(h.disk)) {
 		d := h.disk[model]
@@ -272,8 +289,9 @@ func (h *seqScript) do(line string) []string {
 		}
 		h.heartbeat, h.logBytes, h.quorum, h.showPersist = dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")), q, arg("persist", "hide") == "show"
 		h.totalBytes = num(arg("total-bytes", "0"))
+		h.workerTimeout = dur(arg("worker-timeout", "0s"))
 		h.disk, h.durable, h.failWrites = map[string]*diskModel{}, map[string]int64{}, false
-		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
+		h.s = h.newSeq()
 		h.s.epoch = uint64(num(arg("epoch", "0")))
 	case "restart":
 		h.now = h.now.Add(dur(arg("after", "0s")))
@@ -415,7 +433,7 @@ func (h *seqScript) do(line string) []string {
 			h.term, h.epoch = 1, 1
 		}
 		h.epoch = uint64(num(arg("epoch", fmt.Sprint(h.epoch+1))))
-		h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
+		h.s = h.newSeq()
 		h.s.epoch = h.epoch
 		h.term++
 		h.disk, h.durable = map[string]*diskModel{}, map[string]int64{}

@@ -555,6 +555,11 @@ func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, beh
 	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)) *updateDriver {
 	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, term: newTerm(), pageBytes: maxLogPage, runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
 	d.wcond = sync.NewCond(&d.wmu)
+	// A worker whose update or replay is still within workerTimeout is
+	// not stuck, however many heartbeats that is (a short --heartbeat
+	// made giveUp shorter than one timeout): it is given up only after
+	// giveUpTimeouts of them without taking an update.
+	seq.giveUp = max(seq.giveUp, giveUpTimeouts*workerTimeout)
 	return d
 }
 
