@@ -99,6 +99,7 @@ K) unless its store already holds it.`,
 	fl.IntVar(&c.Threads, "threads", 1, "ONNX Runtime intra-op threads of each session of a dense worker on the CPU (0: each worker's share of the cores, shared among its --dense-sessions)")
 	fl.StringVar(&c.DenseAcrossModels, "dense-across-models", "", "with several --model: serve dense --across-models (on, the default, or off)")
 	fl.IntVar(&c.DenseSessions, "dense-sessions", 1, "ONNX Runtime sessions per model in each dense worker (serve dense --sessions)")
+	fl.BoolVar(&c.DenseSharedArena, "dense-shared-arena", false, "the dense workers' sessions share one CPU memory arena (serve dense --shared-arena): with many models, about one batch's peak instead of the sum")
 	fl.IntVar(&c.MicroBatch, "micro-batch", 512, "router micro-batch size")
 	fl.IntVar(&c.MaxBatch, "max-batch", 0, "dense tier max batch size (0: the dense tier's by device, 512 on the CPU, 4096 on CUDA)")
 	fl.DurationVar(&c.MaxDelay, "max-delay", 2*time.Millisecond, "dense tier max queue delay")

@@ -24,7 +24,7 @@ func castModel(to pb.TensorProto_DataType) []byte {
 	})
 }
 
-func writeModel(t *testing.T, name string, b []byte) string {
+func writeModel(t testing.TB, name string, b []byte) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), name)
 	if err := os.WriteFile(path, b, 0o644); err != nil {

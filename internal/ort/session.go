@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	ort "github.com/yalue/onnxruntime_go"
 )
@@ -63,6 +64,46 @@ type Session struct {
 	s  *ort.DynamicAdvancedSession
 }
 
+// sharedArena: ShareArena registered the environment's CPU arena, and
+// sessions made since use it.
+var (
+	sharedArena     atomic.Bool
+	shareArenaOnce  sync.Once
+	shareArenaError error
+)
+
+// ShareArena makes the sessions created from now on in this process
+// allocate their CPU memory from one arena, the ONNX Runtime
+// environment's, instead of one arena each. A session's arena grows to
+// its largest run and keeps it, so a process serving many models held
+// the sum of their peaks (20 sessions of dlrm-kaggle's dense side after
+// one 4,096-sample run each: 867 MB resident; shared, 154 MB). Memory
+// on a CUDA device keeps its provider's arenas. Idempotent.
+func ShareArena() error {
+	shareArenaOnce.Do(func() {
+		if shareArenaError = Init(); shareArenaError != nil {
+			return
+		}
+		mi, err := ort.GetMemoryInfo()
+		if err != nil {
+			shareArenaError = fmt.Errorf("shared arena: %w", err)
+			return
+		}
+		cfg, err := ort.NewArenaCfg(0, -1, -1, -1) // ONNX Runtime's defaults
+		if err != nil {
+			shareArenaError = fmt.Errorf("shared arena: %w", err)
+			return
+		}
+		defer cfg.Destroy()
+		if err := ort.CreateAndRegisterAllocator(mi, cfg); err != nil {
+			shareArenaError = fmt.Errorf("shared arena: %w", err)
+			return
+		}
+		sharedArena.Store(true)
+	})
+	return shareArenaError
+}
+
 // NewSession loads the model at path (external data is read from beside it).
 func NewSession(path string, opts SessionOptions) (*Session, error) {
 	if err := Init(); err != nil {
@@ -102,6 +143,11 @@ func NewSession(path string, opts SessionOptions) (*Session, error) {
 	}
 	if !opts.Spin && opts.IntraOpThreads != 1 {
 		if err := so.AddSessionConfigEntry("session.intra_op.allow_spinning", "0"); err != nil {
+			return nil, fmt.Errorf("session options: %w", err)
+		}
+	}
+	if sharedArena.Load() {
+		if err := so.AddSessionConfigEntry("session.use_env_allocators", "1"); err != nil {
 			return nil, fmt.Errorf("session options: %w", err)
 		}
 	}

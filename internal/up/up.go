@@ -71,9 +71,11 @@ type Config struct {
 	// DenseSessions are ONNX Runtime sessions per model in each dense
 	// worker (serve dense --sessions; 0 or 1: one).
 	DenseSessions int
-	MicroBatch    int
-	MaxBatch      int
-	MaxDelay      time.Duration
+	// DenseSharedArena passes --shared-arena to the dense workers.
+	DenseSharedArena bool
+	MicroBatch       int
+	MaxBatch         int
+	MaxDelay         time.Duration
 	// BatchOrder is the dense workers' --batch-order ("": theirs, edf).
 	BatchOrder string
 	// FixedAdmission passes --fixed-admission to the router (admission
@@ -678,6 +680,9 @@ func DenseArgs(c Config, routerAddr string, i int) []string {
 	}
 	if c.DenseSessions > 1 {
 		args = append(args, "--sessions", fmt.Sprint(c.DenseSessions))
+	}
+	if c.DenseSharedArena {
+		args = append(args, "--shared-arena")
 	}
 	for _, p := range c.Plans {
 		args = append(args, "--plan", p)

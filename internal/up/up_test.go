@@ -52,12 +52,13 @@ func TestDenseWorkers(t *testing.T) {
 	}
 }
 
-// TestChildrenDenseSessions: --dense-sessions reaches the dense workers.
+// TestChildrenDenseSessions: --dense-sessions and --dense-shared-arena
+// reach the dense workers.
 func TestChildrenDenseSessions(t *testing.T) {
-	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 1, Threads: 1, DenseSessions: 2, MaxDelay: 2 * time.Millisecond, Certs: "certs"}
+	c := Config{Plans: []string{"p"}, DB: "db", EmbeddingWorkers: 1, Threads: 1, DenseSessions: 2, DenseSharedArena: true, MaxDelay: 2 * time.Millisecond, Certs: "certs"}
 	kids := Children(c, "127.0.0.1:9", []devices.Worker{{}})
-	if got := strings.Join(kids[0].Args, " "); !strings.Contains(got, " --sessions 2 ") {
-		t.Fatalf("dense args %q lack --sessions 2", got)
+	if got := strings.Join(kids[0].Args, " "); !strings.Contains(got, " --sessions 2 ") || !strings.Contains(got, " --shared-arena ") {
+		t.Fatalf("dense args %q lack --sessions 2 or --shared-arena", got)
 	}
 }
 
