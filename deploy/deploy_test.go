@@ -754,6 +754,7 @@ func TestChartVariants(t *testing.T) {
 		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false, 0, 0},
 		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false, 0, 0},
 		{"loan", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.pool.taints={pool=training:NoSchedule}", "loan.options=capacity=300"}, false, 0, 0},
+		{"loan-keep-on-exit", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.onExit=keep"}, false, 0, 0},
 		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.enabled=false", "router.replicas=1"}, true, 0, 0},
 		{"cpu-only-fixed-routers-open", []string{"dense.gpu.enabled=false", "router.autoscaling.enabled=false", "router.replicas=2",
 			"networkPolicy.enabled=false", "metrics.annotations=false", "embedding.ingest.enabled=false"}, true, 0, 0},

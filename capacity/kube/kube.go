@@ -926,6 +926,21 @@ func (p *Provider) Workers() []capacity.LentWorker {
 
 func (p *Provider) Reclaims() <-chan capacity.ProviderReclaim { return p.reclaims }
 
+// Detach stops the watch and leaves every lent Pod serving, for the
+// lender's next run to adopt (New adopts the running and pending ones a
+// run lent, up to Max): a rolling update of prism loan mid-peak keeps
+// the capacity it lent. Nothing is lent afterwards.
+func (p *Provider) Detach() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.mu.Unlock()
+	close(p.stop)
+}
+
 // Close deletes every lent Pod with the drain's grace (the workers
 // leave the registry and finish) and stops the watch. Nothing is lent
 // afterwards.

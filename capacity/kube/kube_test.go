@@ -843,3 +843,41 @@ func TestLeftoverGoneBeforeAdopted(t *testing.T) {
 		t.Errorf("workers %+v, want the old leftover adopted, running", ws)
 	}
 }
+
+// TestDetachKeepsLentPods: a lender detached (prism loan --on-exit
+// keep) deletes none of its Pods, and its next run adopts them.
+func TestDetachKeepsLentPods(t *testing.T) {
+	c := fake.NewClientset(denseDeployment())
+	p, _ := newLender(t, c, Options{})
+	ids, err := p.Borrow(context.Background(), "dlrm", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		pod, err := c.CoreV1().Pods(ns).Get(context.Background(), id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Status.Phase = corev1.PodRunning
+		if _, err := c.CoreV1().Pods(ns).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Detach()
+	p.Close() // after Detach: nothing more
+	for _, a := range c.Actions() {
+		if a.GetVerb() == "delete" {
+			t.Errorf("a detached lender deleted %s", a.(k8stesting.DeleteAction).GetName())
+		}
+	}
+	next, _ := newLender(t, c, Options{})
+	var got []string
+	for _, w := range next.Workers() {
+		got = append(got, w.ID)
+	}
+	slices.Sort(got)
+	slices.Sort(ids)
+	if !slices.Equal(got, ids) {
+		t.Fatalf("the next run's workers %v, want the detached run's %v, adopted", got, ids)
+	}
+}

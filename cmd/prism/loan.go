@@ -25,8 +25,8 @@ func init() { subcommands = append(subcommands, newLoanCmd) }
 
 func newLoanCmd() *cobra.Command {
 	var (
-		lender, routerAddr, routerMetrics, addr, model string
-		tlsFlags                                       authflag.Flags
+		lender, routerAddr, routerMetrics, addr, model, onExit string
+		tlsFlags                                               authflag.Flags
 	)
 	cmd := &cobra.Command{
 		Use:   "loan --lender kubernetes:max=N,... --router ADDR --router-metrics URL",
@@ -41,9 +41,14 @@ borrowed dense workers as Pods on the training pool's nodes (the dense
 Deployment's pod template, the pool's node selector and taint, a PriorityClass
 below training's); a Pod deleted, evicted or preempted is a reclaim. It serves
 GET /metrics (prism_capacity_*) and GET /loan on --metrics-addr. SIGTERM deletes
-the lent Pods with their grace (they drain) and exits.`,
+the lent Pods with their grace (they drain) and exits; with --on-exit keep it
+leaves them serving for the next run to adopt (a rolling update of prism loan
+mid-peak).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if onExit != "return" && onExit != "keep" {
+				return fmt.Errorf("--on-exit %q: want return or keep", onExit)
+			}
 			sp, err := loan.ParseSpec(lender)
 			if err != nil {
 				return fmt.Errorf("--lender: %w", err)
@@ -82,7 +87,7 @@ the lent Pods with their grace (they drain) and exits.`,
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			return runLoan(ctx, sp, routerAddr, routerMetrics, addr, model, creds, scraper, logf)
+			return runLoan(ctx, sp, routerAddr, routerMetrics, addr, model, onExit == "keep", creds, scraper, logf)
 		},
 	}
 	fl := cmd.Flags()
@@ -90,6 +95,7 @@ the lent Pods with their grace (they drain) and exits.`,
 	fl.StringVar(&routerAddr, "router", "", "a router's gRPC address: the driver lists its registry (workers announce to every router)")
 	fl.StringVar(&routerMetrics, "router-metrics", "", "the routers' /metrics URL; a host name is resolved at each tick and every address scraped (https://prism-router-headless:9090/metrics when the routers serve TLS: scraped with --certs, the router's certificate checked against the CA and for the router role; http:// with --insecure)")
 	fl.StringVar(&addr, "metrics-addr", "0.0.0.0:9470", "where to serve GET /metrics (the prism_capacity_* counters) and GET /loan (lent workers, the timeline)")
+	fl.StringVar(&onExit, "on-exit", "return", "what SIGTERM does with the lent Pods: return (delete them with their grace: they drain) or keep (leave them serving; the next prism loan adopts them, up to its max: for a rolling update of prism loan mid-peak; switching loaning off with keep leaves them until deleted: kubectl delete pod -l prism.dev/lent-by)")
 	fl.StringVar(&model, "model", "dense", "the name of the dense pool in the metrics and the timeline (every dense worker serves every model)")
 	tlsFlags.Register(cmd, auth.Dense)
 	_ = cmd.MarkFlagRequired("lender")
@@ -98,7 +104,7 @@ the lent Pods with their grace (they drain) and exits.`,
 
 // runLoan wires the kubernetes lender, the driver and its HTTP endpoint,
 // and runs them until ctx ends.
-func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr, model string, creds grpc.DialOption, scraper *http.Client, logf func(string, ...any)) error {
+func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr, model string, keep bool, creds grpc.DialOption, scraper *http.Client, logf func(string, ...any)) error {
 	k := sp.Kube
 	pool, err := kube.ParsePool(k.Pool)
 	if err != nil {
@@ -129,7 +135,13 @@ func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr,
 	if err != nil {
 		return err
 	}
-	defer prov.Close()
+	defer func() {
+		if keep {
+			prov.Detach()
+			return
+		}
+		prov.Close()
+	}()
 	conn, err := grpc.NewClient(routerAddr, creds)
 	if err != nil {
 		return fmt.Errorf("dial router %s: %w", routerAddr, err)
@@ -169,6 +181,10 @@ func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr,
 	var wg sync.WaitGroup
 	wg.Go(func() { d.Run(ctx) })
 	wg.Wait()
+	if keep {
+		logf("stopping: the lent Pods are left serving (--on-exit keep): the next prism loan adopts them")
+		return nil
+	}
 	logf("stopping: the lent Pods are deleted with their grace (they drain)")
 	return nil
 }
