@@ -585,7 +585,14 @@ func (r *Router) sequencerConn(addr string) (*grpc.ClientConn, error) {
 	if r.seqConn != nil && r.seqAddr == addr {
 		return r.seqConn, nil
 	}
-	c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+	// Its view (Registry.List: every worker, and per model those in
+	// sync) is what its server sends (its MaxMessageBytes): past gRPC's
+	// default 4 MiB at a fleet of about 2,000 workers of 16 models, and
+	// every poll failed; a forwarded update is what this router's server
+	// took.
+	msg := max(64<<20, r.opts.MaxMessageBytes)
+	c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(msg), grpc.MaxCallSendMsgSize(msg))},
 		append(serve.DialOptions(), r.opts.SequencerDialOptions...)...)...)
 	if err != nil {
 		return nil, err

@@ -41,8 +41,13 @@ type sequencer struct {
 	window time.Duration
 	// now is the latest logical time an event carried.
 	now time.Time
-	// workers are the live embedding workers by id, as last announced.
+	// workers are the live embedding workers by id, as last announced;
+	// ids their ids, sorted (nil: to be made again, workerIDs), kept
+	// from one update to the next: each update's fan-out goes over the
+	// workers in order, and a sort of hundreds of ids for each held the
+	// sequencer (and the lookups' inSync) up.
 	workers map[string]*prismv1.WorkerInfo
+	ids     []string
 	// models are the sequences by key (seqKey): a model's, or one per
 	// shard of a sharded model. shardSeqs indexes a sharded model's
 	// shard sequences by model name (inSync asks of a worker holding
@@ -254,6 +259,15 @@ func parseSeqKey(key string) (string, int32) { return prismv1.ParseUpdateSeqKey(
 
 func keyOf(w *prismv1.WorkerInfo, model string) string { return prismv1.UpdateSeqKeyOf(w, model) }
 
+// workerIDs are the live workers' ids, sorted; the caller does not
+// change the slice.
+func (s *sequencer) workerIDs() []string {
+	if s.ids == nil {
+		s.ids = slices.Sorted(maps.Keys(s.workers))
+	}
+	return s.ids
+}
+
 // settles is when the startup window of m ends: three heartbeats after
 // the router started, or after the first announcement of m's seq when
 // that came later.
@@ -294,6 +308,9 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 				}
 			}
 		}
+	}
+	if _, ok := s.workers[w.GetId()]; !ok {
+		s.ids = nil
 	}
 	s.workers[w.GetId()] = w
 	for _, model := range slices.Sorted(maps.Keys(w.GetUpdateSeq())) {
@@ -481,7 +498,10 @@ func (s *sequencer) gone(now time.Time, id string) {
 // end with its outcome (catching stays set until then, so a worker
 // back meanwhile gets one replay, not two).
 func (s *sequencer) forget(id string) {
-	delete(s.workers, id)
+	if _, ok := s.workers[id]; ok {
+		delete(s.workers, id)
+		s.ids = nil
+	}
 	for name, m := range s.models {
 		m.leave(id)
 		if m.idle() && !s.keepShard(m) {

@@ -56,7 +56,7 @@ type fanout struct {
 // before its trim, which never leaves a live worker stale anyway.
 func (s *sequencer) targetsOf(model string) (out []*prismv1.WorkerInfo, members []string) {
 	m := s.models[model]
-	for _, id := range slices.Sorted(maps.Keys(s.workers)) {
+	for _, id := range s.workerIDs() {
 		if _, foreign := m.foreign[id]; foreign {
 			continue
 		}
@@ -196,11 +196,15 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 // stuck ones, and they are stale.
 func (s *sequencer) trimBound(model string, m *modelSeq, held int64) (lowest int64, lagging string, stuck []string) {
 	lowest = held
-	for _, id := range slices.Sorted(maps.Keys(m.known)) {
+	for _, id := range s.workerIDs() { // those m.known names, in order
+		k, known := m.known[id]
+		if !known {
+			continue
+		}
 		_, foreign := m.foreign[id]
 		_, diverged := m.diverged[id]
 		w := s.workers[id]
-		if k := m.known[id]; w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == model && k >= m.floor && k < lowest {
+		if w != nil && !foreign && !diverged && slices.Contains(w.GetModels(), m.name) && keyOf(w, m.name) == model && k >= m.floor && k < lowest {
 			if s.stuck(m, id) {
 				stuck = append(stuck, id)
 				continue

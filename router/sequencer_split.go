@@ -67,8 +67,8 @@ func (s *sequencer) split(req *prismv1.UpdateRequest) ([]part, error) {
 	holders := map[int32]bool{}
 	var rs *prismv1.RowSplit
 	complete := false
-	silent := map[int32]bool{}                               // shards whose live workers name no tables
-	for _, id := range slices.Sorted(maps.Keys(s.workers)) { // sorted: the same refusal every time
+	silent := map[int32]bool{}         // shards whose live workers name no tables
+	for _, id := range s.workerIDs() { // sorted: the same refusal every time
 		w := s.workers[id]
 		ref := w.GetShards()[model]
 		if !slices.Contains(w.GetModels(), model) || ref.GetShards() <= 0 || ref.GetShard() < 0 || ref.GetShard() >= ref.GetShards() {
