@@ -19,6 +19,7 @@ import (
 	"github.com/prism-serve/prism/capacity/loan"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
+	"github.com/prism-serve/prism/internal/serve"
 )
 
 func init() { subcommands = append(subcommands, newLoanCmd) }
@@ -142,7 +143,7 @@ func runLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, addr,
 		}
 		prov.Close()
 	}()
-	conn, err := grpc.NewClient(routerAddr, creds)
+	conn, err := grpc.NewClient(routerAddr, creds, serve.ListDialOption())
 	if err != nil {
 		return fmt.Errorf("dial router %s: %w", routerAddr, err)
 	}

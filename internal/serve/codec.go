@@ -287,6 +287,20 @@ func consumeVarint(b []byte) (uint64, int, error) {
 	return v, m, nil
 }
 
+// ListMessageBytes is what a client of Registry.List takes in one
+// answer: the registry of a large fleet (every worker, and per model the
+// workers in sync) is past gRPC's default 4 MiB receive limit at about
+// 2,000 embedding workers of 16 models, within the registry's bounds,
+// and the router sends up to its --max-message-bytes (64 MiB).
+const ListMessageBytes = 64 << 20
+
+// ListDialOption lets a connection's calls take answers of up to
+// ListMessageBytes: for clients of Registry.List (the loan controller,
+// prism up's wait for the workers).
+func ListDialOption() grpc.DialOption {
+	return grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(ListMessageBytes))
+}
+
 // DialOptions are the options of Prism's internal client connections:
 // the buffer pool and the codec. Transport credentials come from the
 // caller (each tier's options).

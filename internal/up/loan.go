@@ -112,7 +112,7 @@ func startLoan(ctx context.Context, c Config, sp loan.Spec, routerAddr string, c
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(routerAddr, creds)
+	conn, err := grpc.NewClient(routerAddr, creds, serve.ListDialOption())
 	if err != nil {
 		return nil, fmt.Errorf("loan: dial router %s: %w", routerAddr, err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/readyline"
+	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
 )
@@ -925,7 +926,7 @@ func samePEMCert(a, b []byte) bool {
 // by the router (LeftOut), which waiting does not change; updateLog is
 // the router's update log folder, for the message.
 func waitRegistered(ctx context.Context, addr string, creds grpc.DialOption, models []string, dense, embedding int, timeout time.Duration, updateLog string) error {
-	conn, err := grpc.NewClient(addr, creds)
+	conn, err := grpc.NewClient(addr, creds, serve.ListDialOption())
 	if err != nil {
 		return fmt.Errorf("up: dial router %s: %w", addr, err)
 	}
