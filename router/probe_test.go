@@ -218,10 +218,15 @@ func TestOverdueWorkerProbed(t *testing.T) {
 	}
 }
 
-// TestOverdueIdleWorkerNotProbed: an overdue worker no call in flight
-// waits on is expired at the sweep that finds it overdue, unprobed, as
-// before: the sweep probes only where calls would be abandoned.
-func TestOverdueIdleWorkerNotProbed(t *testing.T) {
+// TestOverdueIdleWorkerProbed: an overdue worker no call in flight
+// waits on is probed too, and kept while it answers SERVING, up to
+// maxProbes answers (then expired: it answers but cannot announce).
+// Expired unprobed at the sweep that found it overdue, a live worker
+// late to announce that happened to have no call in flight then was
+// dropped, and with no other worker of its role every request failed
+// until it announced (CI: TestLateWorkerKeepsCalls/embedding, 9,492
+// Unavailable).
+func TestOverdueIdleWorkerProbed(t *testing.T) {
 	const hb = 100 * time.Millisecond
 	r := testRouter(Options{Heartbeat: hb})
 	defer r.Close()
@@ -234,16 +239,23 @@ func TestOverdueIdleWorkerNotProbed(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); r.Run(ctx) }()
-	deadline := time.Now().Add(6 * hb)
+	// Overdue after three heartbeats; at the fifth it is still
+	// registered (probed, SERVING).
+	time.Sleep(5 * hb)
+	kept := r.Reg.registered(prismv1.Role_ROLE_EMBEDDING, "cpu")
+	deadline := time.Now().Add(20 * hb)
 	for r.Reg.registered(prismv1.Role_ROLE_EMBEDDING, "cpu") && time.Now().Before(deadline) {
 		time.Sleep(hb / 10)
 	}
 	stop()
 	<-done
-	if r.Reg.registered(prismv1.Role_ROLE_EMBEDDING, "cpu") {
-		t.Errorf("the idle worker is still registered %v after its only announcement", 6*hb)
+	if !kept {
+		t.Errorf("the idle overdue worker answering SERVING was expired within 5 heartbeats")
 	}
-	if n := health.checks.Load(); n != 0 {
-		t.Errorf("the idle overdue worker was probed %d times, want none", n)
+	if r.Reg.registered(prismv1.Role_ROLE_EMBEDDING, "cpu") {
+		t.Errorf("the idle worker that never announced again is still registered %v after its only announcement", 25*hb)
+	}
+	if n := health.checks.Load(); n < 1 || n > maxProbes+1 {
+		t.Errorf("the idle overdue worker was probed %d times, want 1 to %d", n, maxProbes+1)
 	}
 }

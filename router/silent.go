@@ -174,33 +174,6 @@ func (c *inflightCalls) abandonLocked(gone []*prismv1.WorkerInfo) map[string]int
 	return out
 }
 
-// waiting says which of the workers ws (by id) a call in flight waits
-// on: an embedding worker by id, a dense worker by address. It goes
-// over the calls once; the sweep asks only when some worker is
-// overdue.
-func (c *inflightCalls) waiting(ws []*prismv1.WorkerInfo) map[string]bool {
-	emb, dense := map[string]string{}, map[string]string{}
-	for _, w := range ws {
-		if w.GetRole() == prismv1.Role_ROLE_DENSE {
-			dense[w.GetAddr()] = w.GetId()
-		} else {
-			emb[w.GetId()] = w.GetId()
-		}
-	}
-	out := map[string]bool{}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for w := range c.calls {
-		if id, ok := emb[w.id]; ok {
-			out[id] = true
-		}
-		if id, ok := dense[w.dense]; ok && w.dense != "" {
-			out[id] = true
-		}
-	}
-	return out
-}
-
 // abandoned is the silent worker whose expiry ended a call made with
 // ctx (from watch) while its caller's own context (parent) is live; nil
 // otherwise.
@@ -217,8 +190,7 @@ func abandoned(parent, ctx context.Context) *silentWorker {
 // 16, several processes on two cores) may be too slow to announce in
 // time while it answers its calls, and abandoning them failed requests
 // that had no other pair to retry on (two drain tests went red so).
-// So before the sweep expires a worker that calls in flight wait on, it
-// probes it: a gRPC health check (grpc.health.v1, which every tier
+// So before the sweep expires an overdue worker, it probes it: a gRPC health check (grpc.health.v1, which every tier
 // serves, internal/serve), over the connection the calls use (a dense
 // worker, which the router does not call, over one dialled for the
 // probe with Options.DenseDialOptions). A worker that answers SERVING
@@ -230,8 +202,11 @@ func abandoned(parent, ctx context.Context) *silentWorker {
 // calls may be as stuck). Any other outcome (no answer in time, a
 // refused or broken connection, NOT_SERVING, a draining server's
 // refusal) expires it at once and abandons its calls, as before, only
-// up to probeTimeout later. A worker nothing waits on is expired
-// without a probe, as before; a worker that announces while its probe
+// up to probeTimeout later. A worker nothing waits on is probed too:
+// expired unprobed, a live worker that happened to have no call in
+// flight at the sweep was dropped, and with no other worker of its role
+// every request failed until it announced again (CI: 9,492 Unavailable
+// in TestLateWorkerKeepsCalls). A worker that announces while its probe
 // runs stays (expireIDs checks again). Probes run in goroutines of
 // their own, one per overdue worker at a time, outside every lock: a
 // sweep that finds no worker overdue costs what it did.
@@ -269,12 +244,11 @@ type probeState struct {
 	served  int
 }
 
-// plan decides the fate of the overdue workers over (waiting: those
-// calls in flight wait on): expire (drop) those nothing waits on and
+// plan decides the fate of the overdue workers over: expire (drop)
 // those that answered maxProbes probes, probe (start) those not being
 // probed now, and keep the rest waiting for their probe's answer. It
 // forgets the workers no longer overdue (announced again, or gone).
-func (p *probes) plan(over []*prismv1.WorkerInfo, waiting map[string]bool) (drop []string, start []*prismv1.WorkerInfo) {
+func (p *probes) plan(over []*prismv1.WorkerInfo) (drop []string, start []*prismv1.WorkerInfo) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.m) > 0 {
@@ -292,7 +266,7 @@ func (p *probes) plan(over []*prismv1.WorkerInfo, waiting map[string]bool) (drop
 		id := w.GetId()
 		st := p.m[id]
 		switch {
-		case !waiting[id] || (st != nil && !st.running && st.served >= maxProbes):
+		case st != nil && !st.running && st.served >= maxProbes:
 			delete(p.m, id)
 			drop = append(drop, id)
 		case st == nil:
@@ -330,16 +304,12 @@ func (p *probes) forget(id string) {
 	delete(p.m, id)
 }
 
-// sweep expires the overdue workers, probing first those that calls
-// in flight wait on, and abandons the calls waiting on those expired;
-// the probes it starts run on after it returns (Run waits for them).
+// sweep expires the overdue workers, probing them first, and abandons
+// the calls waiting on those expired; the probes it starts run on after
+// it returns (Run waits for them).
 func (r *Router) sweep(ctx context.Context) {
 	over := r.Reg.overdue()
-	var waiting map[string]bool
-	if len(over) > 0 {
-		waiting = r.calls.waiting(over)
-	}
-	drop, start := r.probing.plan(over, waiting)
+	drop, start := r.probing.plan(over)
 	gone := r.Reg.expireIDs(drop)
 	// Their calls in flight are abandoned and retried elsewhere.
 	abandoned := r.calls.abandon(gone)
