@@ -37,6 +37,12 @@ func serveTestPlan(t *testing.T, p *plan.Plan, o Options) (*Server, string) {
 // serveTestPlanWith is serveTestPlan with dense as the dense worker.
 func serveTestPlanWith(t *testing.T, p *plan.Plan, o Options, dense prismv1.DenseTierServer) (*Server, string) {
 	t.Helper()
+	return serveTestPlanOn(t, p, o, dense, &store.Options{FS: vfs.NewMem(), NoSync: true})
+}
+
+// serveTestPlanOn is serveTestPlanWith on a store opened with sto.
+func serveTestPlanOn(t *testing.T, p *plan.Plan, o Options, dense prismv1.DenseTierServer, sto *store.Options) (*Server, string) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
 		t.Fatal(err)
@@ -57,7 +63,7 @@ func serveTestPlanWith(t *testing.T, p *plan.Plan, o Options, dense prismv1.Dens
 	if err := plan.Write(dir, p); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open("db", &store.Options{FS: vfs.NewMem(), NoSync: true})
+	st, err := store.Open("db", sto)
 	if err != nil {
 		t.Fatal(err)
 	}

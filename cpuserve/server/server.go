@@ -131,9 +131,7 @@ type Server struct {
 	// (retireDense), closed once no Lookup sends on them.
 	inUse   map[*grpc.ClientConn]int
 	retired map[*grpc.ClientConn]bool
-	// versions caches each model's active version (*versionCache).
-	versions sync.Map
-	used     map[string]time.Time // last use of each conn, to evict the oldest
+	used    map[string]time.Time // last use of each conn, to evict the oldest
 
 	outstanding atomic.Int64
 	// inflightBytes is the cut-tensor bytes of the Lookups in flight
@@ -578,33 +576,14 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	return &prismv1.LookupResponse{Scores: resp.GetScores(), Times: times, Version: s.activeVersion(m.name), Content: m.content, Tasks: tasks, TaskNames: resp.GetTaskNames()}, nil
 }
 
-// activeVersion is the version of model the store serves (0 if it cannot
-// tell), read from the store's catalog at most twice a second: the
-// catalog lock is shared with its writes, which sync to the WAL, and a
-// response's version needs no fresher figure than a version switch takes.
+// activeVersion is the version of model the store serves (0 if none),
+// read from the store's published view: no lock, so a lookup's answer
+// and the heartbeat never wait for a catalog write or an upsert under
+// way, which sync to the WAL holding the catalog's lock (a cache of
+// the version read under that lock, refreshed twice a second, held
+// every lookup of the model behind the refresh that waited).
 func (s *Server) activeVersion(model string) int64 {
-	v, _ := s.versions.LoadOrStore(model, &versionCache{})
-	vc := v.(*versionCache)
-	vc.mu.Lock()
-	defer vc.mu.Unlock()
-	if time.Since(vc.at) > 500*time.Millisecond {
-		vc.at = time.Now()
-		vc.v = 0
-		if vs, err := s.st.Versions(model); err == nil {
-			for _, vi := range vs {
-				if vi.Active {
-					vc.v = int64(vi.N)
-				}
-			}
-		}
-	}
-	return vc.v
-}
-
-type versionCache struct {
-	mu sync.Mutex
-	at time.Time
-	v  int64
+	return int64(s.st.ActiveVersion(model))
 }
 
 func (s *Server) checkVersion(model string, v int64) error {

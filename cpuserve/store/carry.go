@@ -199,7 +199,7 @@ func (s *Store) activateOnce(model string, n int) (*sharedTable, error) {
 		return nil, fmt.Errorf("activate %q version %d: %w", model, n, err)
 	}
 	if resetSeq {
-		delete(s.seqs, model)
+		s.dropSeqLocked(model)
 		s.unmarkDivergedLocked(model)
 	}
 	s.m.carriedRows.Add(w.rows)

@@ -38,8 +38,13 @@ type Store struct {
 	// a table that goes away or a tier that is replaced.
 	mu sync.RWMutex
 	// catMu serialises catalog changes; ingestMu serialises ingests;
-	// seqs caches each model's applied update seq (under updMu).
-	seqs map[string]int64
+	// seqs caches each model's applied update seq (under updMu), and
+	// seqView is a copy of it, replaced (never changed in place) under
+	// updMu after each change (setSeqLocked, dropSeqLocked), read without
+	// it by AppliedSeq: a heartbeat does not wait for an upsert holding
+	// updMu through its sync.
+	seqs    map[string]int64
+	seqView atomic.Pointer[map[string]int64]
 	// epoch caches the highest election epoch heard of (epoch.go), read
 	// once epochRead; written under updMu, read without it by
 	// RaiseEpoch's check for news.
@@ -481,6 +486,18 @@ type VersionInfo struct {
 	Shard *ShardRef
 }
 
+// ActiveVersion is the version of model the store serves (0: none),
+// read from the published view, without the catalog's lock: catalog
+// changes and upserts hold that lock through their synced writes, so a
+// lookup answering with its version, or a heartbeat announcing it,
+// waited out every write under way (an upsert of a million rows: seconds).
+func (s *Store) ActiveVersion(model string) int {
+	if mv := s.view.Load().models[model]; mv != nil {
+		return mv.version
+	}
+	return 0
+}
+
 // Versions lists model's versions, oldest first.
 func (s *Store) Versions(model string) ([]VersionInfo, error) {
 	s.catMu.Lock()
@@ -653,7 +670,7 @@ func (s *Store) commitPruning(next *catalog, prune []overlayPrune) error {
 	}
 	for _, p := range prune {
 		if p.whole {
-			delete(s.seqs, p.model)
+			s.dropSeqLocked(p.model)
 			s.unmarkDivergedLocked(p.model)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -133,7 +134,7 @@ func (s *Store) SkipSeqsAt(model string, from, seq int64, epoch uint64) error {
 	if err := s.db.Apply(b, s.writeOpts()); err != nil {
 		return fmt.Errorf("model %q: record update seq %d: %w", model, seq, err)
 	}
-	s.seqs[model] = seq
+	s.setSeqLocked(model, seq)
 	if raise {
 		s.epoch.Store(epoch)
 	}
@@ -157,8 +158,18 @@ func (s *Store) raiseAloneLocked(raise bool, epoch uint64) error {
 }
 
 // AppliedSeq is the last sequenced update of model the store holds (0:
-// none).
+// none). Once read, it is answered from seqView: an upsert under way (a
+// large one, or a slow sync) does not hold up the worker's heartbeat,
+// which announces it; the upsert's number counts once it is durable.
 func (s *Store) AppliedSeq(model string) (int64, error) {
+	if v := s.seqView.Load(); v != nil {
+		if seq, ok := (*v)[model]; ok {
+			if s.closed.Load() {
+				return 0, ErrClosed
+			}
+			return seq, nil
+		}
+	}
 	s.updMu.Lock()
 	defer s.updMu.Unlock()
 	s.mu.RLock()
@@ -188,11 +199,26 @@ func (s *Store) appliedSeqLocked(model string) (int64, error) {
 		seq = int64(binary.LittleEndian.Uint64(v))
 		closer.Close()
 	}
+	s.setSeqLocked(model, seq)
+	return seq, nil
+}
+
+// setSeqLocked caches seq as model's applied update seq; updMu held.
+func (s *Store) setSeqLocked(model string, seq int64) {
 	if s.seqs == nil {
 		s.seqs = map[string]int64{}
 	}
 	s.seqs[model] = seq
-	return seq, nil
+	view := maps.Clone(s.seqs)
+	s.seqView.Store(&view)
+}
+
+// dropSeqLocked forgets model's cached seq (the next read takes it from
+// the store); updMu held.
+func (s *Store) dropSeqLocked(model string) {
+	delete(s.seqs, model)
+	view := maps.Clone(s.seqs)
+	s.seqView.Store(&view)
 }
 
 func (s *Store) upsert(model, table string, ids []int64, rows []float32, seq int64, epoch uint64) (bool, error) {
@@ -374,7 +400,7 @@ func (s *Store) upsertOnce(model, table string, ids []int64, rows []float32, seq
 	// overwritten before the ack.
 	s.updSeq.Add(1)
 	if seq > 0 {
-		s.seqs[model] = seq
+		s.setSeqLocked(model, seq)
 	}
 	if raise {
 		s.epoch.Store(epoch)

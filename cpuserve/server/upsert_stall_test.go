@@ -1,0 +1,140 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/prism-serve/prism/cpuserve/store"
+)
+
+// syncGateFS holds every sync of a write-ahead log (a "*.log" file)
+// while armed, until released: a disk slow to sync, or a large upsert's
+// write under way.
+type syncGateFS struct {
+	vfs.FS
+	mu      sync.Mutex
+	armed   bool
+	blocked chan struct{} // one send per sync held
+	release chan struct{}
+}
+
+func (g *syncGateFS) wrap(f vfs.File, name string, err error) (vfs.File, error) {
+	if err != nil || !strings.HasSuffix(name, ".log") {
+		return f, err
+	}
+	return &syncGateFile{File: f, g: g}, nil
+}
+
+func (g *syncGateFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := g.FS.Create(name, cat)
+	return g.wrap(f, name, err)
+}
+
+func (g *syncGateFS) ReuseForWrite(old, name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := g.FS.ReuseForWrite(old, name, cat)
+	return g.wrap(f, name, err)
+}
+
+func (g *syncGateFS) arm(on bool) {
+	g.mu.Lock()
+	g.armed = on
+	g.mu.Unlock()
+}
+
+func (g *syncGateFS) hold() {
+	g.mu.Lock()
+	armed := g.armed
+	g.mu.Unlock()
+	if armed {
+		g.blocked <- struct{}{}
+		<-g.release
+	}
+}
+
+type syncGateFile struct {
+	vfs.File
+	g *syncGateFS
+}
+
+func (f *syncGateFile) Sync() error                  { f.g.hold(); return f.File.Sync() }
+func (f *syncGateFile) SyncData() error              { f.g.hold(); return f.File.SyncData() }
+func (f *syncGateFile) SyncTo(n int64) (bool, error) { f.g.hold(); return f.File.SyncTo(n) }
+
+// TestUpsertInFlightStallsNoLookupNorHeartbeat: while an upsert waits
+// for its synced write (a disk slow to sync; a large update: a million
+// rows took 2.4-7.3 s), lookups and the heartbeat's WorkerInfo go on.
+// Both read the model's active version through the store's catalog
+// lock, which an upsert holds from its checks to its write, so every
+// lookup of the model waited out the write (one refreshing the cached
+// version, the others behind it), and the worker did not announce for
+// as long: over three heartbeats, the router removed it ("worker
+// stopped answering"). WorkerInfo read the update number under the
+// upserts' lock, too.
+func TestUpsertInFlightStallsNoLookupNorHeartbeat(t *testing.T) {
+	g := &syncGateFS{FS: vfs.NewMem(), blocked: make(chan struct{}, 16), release: make(chan struct{})}
+	s, addr := serveTestPlanOn(t, testPlan(3), Options{}, zeroScores{}, &store.Options{FS: g})
+	if _, err := s.st.UpsertSeq("m", "t", []int64{1}, []float32{2, 2, 2, 2}, 1); err != nil {
+		t.Fatal(err)
+	}
+	s.WorkerInfo("w", "addr") // the first announcement, at the worker's start
+	g.arm(true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.st.UpsertSeq("m", "t", []int64{2}, []float32{3, 3, 3, 3}, 2)
+		done <- err
+	}()
+	select {
+	case <-g.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upsert never synced its log")
+	}
+	// Longer than the version cache once kept a figure (500 ms): the
+	// next lookup or heartbeat reads the version anew.
+	time.Sleep(600 * time.Millisecond)
+	type result struct {
+		what string
+		err  error
+	}
+	results := make(chan result, 2)
+	go func() {
+		info := s.WorkerInfo("w", "addr")
+		var err error
+		if got := info.GetUpdateSeq()["m"]; got != 1 {
+			err = fmt.Errorf("announces update %d, want 1 (update 2 is not durable yet)", got)
+		}
+		results <- result{"WorkerInfo (the heartbeat)", err}
+	}()
+	go func() {
+		_, err := s.Lookup(context.Background(), idsLookup(addr, 1, []int64{1, 2, 3}))
+		results <- result{"Lookup", err}
+	}()
+	deadline := time.After(2 * time.Second)
+	answered := 0
+	for answered < 2 {
+		select {
+		case r := <-results:
+			answered++
+			t.Logf("%s answered", r.what)
+			if r.err != nil {
+				t.Errorf("%s during an upsert's sync: %v", r.what, r.err)
+			}
+		case <-deadline:
+			t.Errorf("%d of WorkerInfo and Lookup waited for an upsert's sync (2 s and counting)", 2-answered)
+			answered = 2
+		}
+	}
+	g.arm(false)
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := s.WorkerInfo("w", "addr").GetUpdateSeq()["m"]; got != 2 {
+		t.Fatalf("after update 2, announces %d", got)
+	}
+}
