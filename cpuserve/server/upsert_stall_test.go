@@ -3,68 +3,15 @@ package server
 import (
 	"context"
 	"fmt"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
+	"github.com/prism-serve/prism/internal/crashfs"
+
 	"github.com/prism-serve/prism/cpuserve/store"
 )
-
-// syncGateFS holds every sync of a write-ahead log (a "*.log" file)
-// while armed, until released: a disk slow to sync, or a large upsert's
-// write under way.
-type syncGateFS struct {
-	vfs.FS
-	mu      sync.Mutex
-	armed   bool
-	blocked chan struct{} // one send per sync held
-	release chan struct{}
-}
-
-func (g *syncGateFS) wrap(f vfs.File, name string, err error) (vfs.File, error) {
-	if err != nil || !strings.HasSuffix(name, ".log") {
-		return f, err
-	}
-	return &syncGateFile{File: f, g: g}, nil
-}
-
-func (g *syncGateFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.Create(name, cat)
-	return g.wrap(f, name, err)
-}
-
-func (g *syncGateFS) ReuseForWrite(old, name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.ReuseForWrite(old, name, cat)
-	return g.wrap(f, name, err)
-}
-
-func (g *syncGateFS) arm(on bool) {
-	g.mu.Lock()
-	g.armed = on
-	g.mu.Unlock()
-}
-
-func (g *syncGateFS) hold() {
-	g.mu.Lock()
-	armed := g.armed
-	g.mu.Unlock()
-	if armed {
-		g.blocked <- struct{}{}
-		<-g.release
-	}
-}
-
-type syncGateFile struct {
-	vfs.File
-	g *syncGateFS
-}
-
-func (f *syncGateFile) Sync() error                  { f.g.hold(); return f.File.Sync() }
-func (f *syncGateFile) SyncData() error              { f.g.hold(); return f.File.SyncData() }
-func (f *syncGateFile) SyncTo(n int64) (bool, error) { f.g.hold(); return f.File.SyncTo(n) }
 
 // TestUpsertInFlightStallsNoLookupNorHeartbeat: while an upsert waits
 // for its synced write (a disk slow to sync; a large update: a million
@@ -77,20 +24,20 @@ func (f *syncGateFile) SyncTo(n int64) (bool, error) { f.g.hold(); return f.File
 // stopped answering"). WorkerInfo read the update number under the
 // upserts' lock, too.
 func TestUpsertInFlightStallsNoLookupNorHeartbeat(t *testing.T) {
-	g := &syncGateFS{FS: vfs.NewMem(), blocked: make(chan struct{}, 16), release: make(chan struct{})}
+	g := crashfs.NewSyncGate(vfs.NewMem())
 	s, addr := serveTestPlanOn(t, testPlan(3), Options{}, zeroScores{}, &store.Options{FS: g})
 	if _, err := s.st.UpsertSeq("m", "t", []int64{1}, []float32{2, 2, 2, 2}, 1); err != nil {
 		t.Fatal(err)
 	}
 	s.WorkerInfo("w", "addr") // the first announcement, at the worker's start
-	g.arm(true)
+	g.Arm(true)
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.st.UpsertSeq("m", "t", []int64{2}, []float32{3, 3, 3, 3}, 2)
 		done <- err
 	}()
 	select {
-	case <-g.blocked:
+	case <-g.Blocked():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upsert never synced its log")
 	}
@@ -129,8 +76,8 @@ func TestUpsertInFlightStallsNoLookupNorHeartbeat(t *testing.T) {
 			answered = 2
 		}
 	}
-	g.arm(false)
-	close(g.release)
+	g.Arm(false)
+	g.Release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

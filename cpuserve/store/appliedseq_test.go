@@ -2,60 +2,13 @@ package store
 
 import (
 	"context"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/prism-serve/prism/internal/crashfs"
 )
-
-// syncGateFS holds every sync of a write-ahead log (a "*.log" file)
-// while armed, until released: a disk slow to sync, or a large upsert's
-// write under way.
-type syncGateFS struct {
-	vfs.FS
-	mu      sync.Mutex
-	armed   bool
-	blocked chan struct{} // one send per sync held
-	release chan struct{}
-}
-
-func (g *syncGateFS) wrap(f vfs.File, name string, err error) (vfs.File, error) {
-	if err != nil || !strings.HasSuffix(name, ".log") {
-		return f, err
-	}
-	return &syncGateFile{File: f, g: g}, nil
-}
-
-func (g *syncGateFS) Create(name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.Create(name, cat)
-	return g.wrap(f, name, err)
-}
-
-func (g *syncGateFS) ReuseForWrite(old, name string, cat vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := g.FS.ReuseForWrite(old, name, cat)
-	return g.wrap(f, name, err)
-}
-
-func (g *syncGateFS) hold() {
-	g.mu.Lock()
-	armed := g.armed
-	g.mu.Unlock()
-	if armed {
-		g.blocked <- struct{}{}
-		<-g.release
-	}
-}
-
-type syncGateFile struct {
-	vfs.File
-	g *syncGateFS
-}
-
-func (f *syncGateFile) Sync() error                  { f.g.hold(); return f.File.Sync() }
-func (f *syncGateFile) SyncData() error              { f.g.hold(); return f.File.SyncData() }
-func (f *syncGateFile) SyncTo(n int64) (bool, error) { f.g.hold(); return f.File.SyncTo(n) }
 
 // TestAppliedSeqDuringSyncedUpsert: the update number a worker announces
 // every heartbeat (AppliedSeq) is read while an upsert waits for its
@@ -65,7 +18,7 @@ func (f *syncGateFile) SyncTo(n int64) (bool, error) { f.g.hold(); return f.File
 // announcing for three heartbeats, and the router removed it, lookups
 // and updates of its models and all ("worker stopped answering").
 func TestAppliedSeqDuringSyncedUpsert(t *testing.T) {
-	g := &syncGateFS{FS: vfs.NewMem(), blocked: make(chan struct{}, 16), release: make(chan struct{})}
+	g := crashfs.NewSyncGate(vfs.NewMem())
 	s, _ := openMem(t, &Options{FS: g, HotBytes: -1})
 	if _, err := s.Ingest(context.Background(), writePlan(t, "m", []*testTable{{name: "a", rows: 10, dim: 4, seed: 1}}), IngestOptions{}); err != nil {
 		t.Fatal(err)
@@ -73,16 +26,14 @@ func TestAppliedSeqDuringSyncedUpsert(t *testing.T) {
 	if _, err := s.UpsertSeq("m", "a", []int64{1}, fill(4, 1), 1); err != nil {
 		t.Fatal(err)
 	}
-	g.mu.Lock()
-	g.armed = true
-	g.mu.Unlock()
+	g.Arm(true)
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.UpsertSeq("m", "a", []int64{2}, fill(4, 2), 2)
 		done <- err
 	}()
 	select {
-	case <-g.blocked:
+	case <-g.Blocked():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upsert never synced its log")
 	}
@@ -104,10 +55,8 @@ func TestAppliedSeqDuringSyncedUpsert(t *testing.T) {
 		t.Errorf("AppliedSeq waited for an upsert's sync (2 s and counting)")
 		waited = true
 	}
-	g.mu.Lock()
-	g.armed = false
-	g.mu.Unlock()
-	close(g.release)
+	g.Arm(false)
+	g.Release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
