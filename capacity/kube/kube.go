@@ -930,21 +930,16 @@ func (p *Provider) Reclaims() <-chan capacity.ProviderReclaim { return p.reclaim
 // lender's next run to adopt (New adopts the running and pending ones a
 // run lent, up to Max): a rolling update of prism loan mid-peak keeps
 // the capacity it lent. Nothing is lent afterwards.
-func (p *Provider) Detach() {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return
-	}
-	p.closed = true
-	p.mu.Unlock()
-	close(p.stop)
-}
+func (p *Provider) Detach() { p.shutdown(false) }
 
 // Close deletes every lent Pod with the drain's grace (the workers
 // leave the registry and finish) and stops the watch. Nothing is lent
 // afterwards.
-func (p *Provider) Close() {
+func (p *Provider) Close() { p.shutdown(true) }
+
+// shutdown stops the watch, once, deleting the lent Pods first when
+// returnLent (Close) and leaving them otherwise (Detach).
+func (p *Provider) shutdown(returnLent bool) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -952,21 +947,25 @@ func (p *Provider) Close() {
 	}
 	p.closed = true
 	var names []string
-	for _, w := range p.workers {
-		if !w.gone && (!w.deleting || w.deleteFailed) {
-			w.deleting = true
-			names = append(names, w.id)
+	if returnLent {
+		for _, w := range p.workers {
+			if !w.gone && (!w.deleting || w.deleteFailed) {
+				w.deleting = true
+				names = append(names, w.id)
+			}
+		}
+		for name := range p.abandoned {
+			names = append(names, name)
 		}
 	}
-	for name := range p.abandoned {
-		names = append(names, name)
-	}
 	p.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, n := range names {
-		if err := p.delete(ctx, n, p.grace); err != nil {
-			p.o.Logf("delete %s: %v", n, err)
+	if len(names) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, n := range names {
+			if err := p.delete(ctx, n, p.grace); err != nil {
+				p.o.Logf("delete %s: %v", n, err)
+			}
 		}
 	}
 	close(p.stop)

@@ -51,6 +51,22 @@ func (r *slowRegistry) Announce(ctx context.Context, req *prismv1.AnnounceReques
 	return &prismv1.AnnounceResponse{HeartbeatMs: 20}, nil
 }
 
+// waitAnnounced waits up to 5 s for a first announcement.
+func (r *slowRegistry) waitAnnounced(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r.mu.Lock()
+		n := len(r.seen)
+		r.mu.Unlock()
+		if n >= 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no announce in 5s")
+		}
+	}
+}
+
 func (r *slowRegistry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prismv1.LeaveResponse, error) {
 	r.mu.Lock()
 	if r.leaveFails > 0 {
@@ -242,17 +258,7 @@ func TestAnnounceHeartbeatsAndLeaves(t *testing.T) {
 func TestLeaveRetried(t *testing.T) {
 	reg := &slowRegistry{leaveFails: 1}
 	cancel, done := announceTo(t, reg)
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		reg.mu.Lock()
-		n := len(reg.seen)
-		reg.mu.Unlock()
-		if n >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no announce in 5s")
-		}
-	}
+	reg.waitAnnounced(t)
 	cancel()
 	<-done
 	reg.mu.Lock()
@@ -345,17 +351,7 @@ func TestLeaveRouterGoneQuiet(t *testing.T) {
 	done := Announce(ctx, lis.Addr().String(), func() *prismv1.WorkerInfo {
 		return &prismv1.WorkerInfo{Id: "gpu/1", Role: prismv1.Role_ROLE_DENSE, Addr: "x:1"}
 	}, slog.New(slog.NewTextHandler(&logs, nil)))
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		reg.mu.Lock()
-		n := len(reg.seen)
-		reg.mu.Unlock()
-		if n >= 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no announce in 5s")
-		}
-	}
+	reg.waitAnnounced(t)
 	g.Stop() // the router goes first
 	cancel()
 	<-done
