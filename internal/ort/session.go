@@ -77,7 +77,7 @@ var (
 // environment's, instead of one arena each. A session's arena grows to
 // its largest run and keeps it, so a process serving many models held
 // the sum of their peaks (20 sessions of dlrm-kaggle's dense side after
-// one 4,096-sample run each: 867 MB resident; shared, 154 MB). Memory
+// one 4,096-sample run each: 872 MB resident; shared, 177 MB). Memory
 // on a CUDA device keeps its provider's arenas. Idempotent.
 func ShareArena() error {
 	shareArenaOnce.Do(func() {
