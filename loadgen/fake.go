@@ -61,7 +61,21 @@ func (f *Fake) RecommendStream(st grpc.BidiStreamingServer[prismv1.RecommendRequ
 	}
 }
 
-// ServeFake serves f on addr (use "127.0.0.1:0" for a free port) and
+// FakeEmbeddings is an Embeddings service that acknowledges every well
+// formed update at once and writes nothing, for measuring the update
+// stream's generator and for tests.
+type FakeEmbeddings struct {
+	prismv1.UnimplementedEmbeddingsServer
+}
+
+func (FakeEmbeddings) Update(_ context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
+	if len(req.Ids) == 0 || len(req.Rows) == 0 || len(req.Rows)%(4*len(req.Ids)) != 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "%d bytes of rows for %d ids: want a whole float32 row per id", len(req.Rows), len(req.Ids))
+	}
+	return &prismv1.UpdateResponse{Workers: 1}, nil
+}
+
+// ServeFake serves f (and FakeEmbeddings) on addr (use "127.0.0.1:0" for a free port) and
 // returns the address it listens on and a stop function the caller owns.
 func ServeFake(addr string, f *Fake) (string, func(), error) {
 	lis, err := net.Listen("tcp", addr)
@@ -70,6 +84,7 @@ func ServeFake(addr string, f *Fake) (string, func(), error) {
 	}
 	srv := grpc.NewServer()
 	prismv1.RegisterRecommenderServer(srv, f)
+	prismv1.RegisterEmbeddingsServer(srv, FakeEmbeddings{})
 	go func() { _ = srv.Serve(lis) }()
 	return lis.Addr().String(), srv.Stop, nil
 }

@@ -29,8 +29,9 @@ func (s *Summary) Plot(path string) error {
 		}
 	}
 	top := plot.New()
-	top.Title.Text = fmt.Sprintf("loadgen: %s loop, %d sent, p99 %.2fms, SLO attainment %.1f%%", s.Mode, s.Sent, s.P99, 100*s.SLOAttained)
-	top.Y.Label.Text = "requests/s"
+	what, _, _, _ := units(s.Kind)
+	top.Title.Text = fmt.Sprintf("loadgen: %s loop, %d %s sent, p99 %.2fms, SLO attainment %.1f%%", s.Mode, s.Sent, what, s.P99, 100*s.SLOAttained)
+	top.Y.Label.Text = what + "/s"
 	top.Y.Min = 0
 	if err := addLine(top, "offered", offered, color.RGBA{R: 120, G: 120, B: 120, A: 255}, true); err != nil {
 		return err

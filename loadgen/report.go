@@ -18,6 +18,10 @@ import (
 
 // Summary is the outcome of a run, as summary.json holds it.
 type Summary struct {
+	// Kind is "" for Recommend requests, "updates" for embedding
+	// updates: then a request is an update, its samples are its rows and
+	// OK is acknowledged.
+	Kind         string           `json:"kind,omitempty"`
 	Mode         string           `json:"mode"` // "open" or "closed"
 	Clients      int              `json:"clients,omitempty"`
 	DurationS    float64          `json:"duration_s"` // until the last answer
@@ -104,7 +108,7 @@ func (r *Recorder) summary(o Options, elapsed time.Duration, windowed bool) *Sum
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ms := func(us int64) float64 { return float64(us) / 1000 }
-	s := &Summary{Mode: "open", Clients: o.Clients, DurationS: elapsed.Seconds(), Sent: r.sent, OK: r.ok, ErrorsByCode: map[string]int64{}, SLOMs: float64(o.SLO) / 1e6}
+	s := &Summary{Kind: o.Kind, Mode: "open", Clients: o.Clients, DurationS: elapsed.Seconds(), Sent: r.sent, OK: r.ok, ErrorsByCode: map[string]int64{}, SLOMs: float64(o.SLO) / 1e6}
 	if o.Clients > 0 {
 		s.Mode = "closed"
 	}
@@ -161,7 +165,8 @@ func (s *Summary) WriteText(w io.Writer) {
 		fmt.Fprintf(w, " (%d clients)", s.Clients)
 	}
 	fmt.Fprintf(w, ", %.1fs\n", s.DurationS)
-	fmt.Fprintf(w, "requests    sent %d  ok %d  errors %d\n", s.Sent, s.OK, s.Errors)
+	what, perSecond, samples, per := units(s.Kind)
+	fmt.Fprintf(w, "%-11s sent %d  ok %d  errors %d\n", what, s.Sent, s.OK, s.Errors)
 	if len(s.ErrorsByCode) > 0 {
 		codes := make([]string, 0, len(s.ErrorsByCode))
 		for c := range s.ErrorsByCode {
@@ -179,15 +184,15 @@ func (s *Summary) WriteText(w io.Writer) {
 			}
 		}
 	}
-	fmt.Fprintf(w, "throughput  %.1f req/s  %.0f samples/s  (offered %.1f req/s, %.1f candidates/request)\n", s.RPS, s.SamplesPS, s.OfferedRPS, s.MeanCand)
+	fmt.Fprintf(w, "throughput  %.1f %s  %.0f %s/s  (offered %.1f %s, %.1f %s)\n", s.RPS, perSecond, s.SamplesPS, samples, s.OfferedRPS, perSecond, s.MeanCand, per)
 	if s.OK == 0 && s.Max == 0 {
 		// No latency was measured (every request refused or failed at
 		// once): zeros would read as instant answers.
-		fmt.Fprintln(w, "latency     n/a (no request answered OK or timed out)")
+		fmt.Fprintf(w, "latency     n/a (no %s answered OK or timed out)\n", strings.TrimSuffix(what, "s"))
 	} else {
 		fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)
 	}
-	fmt.Fprintf(w, "SLO         %.1f%% of requests answered OK within %gms\n", 100*s.SLOAttained, s.SLOMs)
+	fmt.Fprintf(w, "SLO         %.1f%% of %s answered OK within %gms\n", 100*s.SLOAttained, what, s.SLOMs)
 	if s.Watched != "" {
 		peak := nan
 		for _, p := range s.Series {

@@ -107,6 +107,21 @@ type Options struct {
 	TTY       bool
 	// Watch, if set, is sampled every second of the run (Point.Watched).
 	Watch *Watch
+	// Kind is what the run sends: "" for Recommend requests,
+	// KindUpdates for embedding updates (RunUpdates sets it).
+	Kind string
+}
+
+// KindUpdates is the Kind of a run of embedding updates.
+const KindUpdates = "updates"
+
+// units names what a run of kind sends, its rate, its samples and its
+// samples per thing sent, for people.
+func units(kind string) (what, perSecond, samples, per string) {
+	if kind == KindUpdates {
+		return "updates", "updates/s", "rows", "rows/update"
+	}
+	return "requests", "req/s", "samples", "candidates/request"
 }
 
 // EnsureDefaults fills zero fields.
@@ -145,15 +160,53 @@ func (o *Options) Validate() error {
 	return nil
 }
 
+// job is one thing a run sends: a Recommend request or an embedding
+// update, and its intended send time.
 type job struct {
 	intended time.Duration
 	req      *prismv1.RecommendRequest
 	wire     *Premarshaled // a pooled request's wire form, or nil
+	upd      *prismv1.UpdateRequest
+	samples  int // candidates of a request, rows of an update
+}
+
+// source is what a run sends: it builds the next job (from the
+// producer goroutine alone) and sends one (from many at once).
+type source interface {
+	next() (job, error)
+	send(ctx context.Context, j job) error
+}
+
+// recommendSource sends Recommend requests.
+type recommendSource struct {
+	reqs *Requests
+	s    Sender
+	ps   PremarshaledSender // s, when it sends pooled requests' wire forms
+}
+
+func (r recommendSource) next() (job, error) {
+	req, wire, err := r.reqs.nextSend()
+	if err != nil {
+		return job{}, err
+	}
+	return job{req: req, wire: wire, samples: int(req.NumCandidates)}, nil
+}
+
+func (r recommendSource) send(ctx context.Context, j job) error {
+	if j.wire != nil && r.ps != nil {
+		return r.ps.SendPremarshaled(ctx, j.wire)
+	}
+	return r.s.Send(ctx, j.req)
 }
 
 // Run drives one run to its end and returns its summary. ctx cancels it
 // early (the summary then covers what was sent).
 func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, error) {
+	ps, _ := s.(PremarshaledSender)
+	return run(ctx, o, recommendSource{reqs, s, ps})
+}
+
+func run(ctx context.Context, o Options, src source) (*Summary, error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -199,14 +252,15 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 				capped = true
 				return
 			}
-			req, wire, err := reqs.nextSend()
+			j, err := src.next()
 			if err != nil {
 				genErr = err
 				cancel()
 				return
 			}
+			j.intended = at
 			select {
-			case jobs <- job{at, req, wire}:
+			case jobs <- j:
 			case <-ctx.Done():
 				return
 			}
@@ -224,18 +278,12 @@ func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, er
 		close(watchDone)
 	}
 	var wg sync.WaitGroup
-	ps, _ := s.(PremarshaledSender)
 	send := func(j job) {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), o.Timeout)
-		var err error
-		if j.wire != nil && ps != nil {
-			err = ps.SendPremarshaled(rctx, j.wire)
-		} else {
-			err = s.Send(rctx, j.req)
-		}
+		err := src.send(rctx, j)
 		rcancel()
 		rec.Failed(err)
-		rec.Done(j.intended, since(), int(j.req.NumCandidates), status.Code(err))
+		rec.Done(j.intended, since(), j.samples, status.Code(err))
 	}
 	if o.Clients == 0 {
 		sem := make(chan struct{}, o.MaxInFlight)
@@ -334,11 +382,16 @@ func startLive(o Options, rec *Recorder, since func() time.Duration) (stop func(
 			l := rec.live()
 			el := since()
 			rate := float64(l.OK-last.OK) / o.LiveEvery.Seconds()
-			line := fmt.Sprintf("%6.1fs/%v sent %d ok %d err %d  %.0f req/s  p99 %v", el.Seconds(), o.Duration, l.Sent, l.OK, l.Errors, rate, l.IntervalP99)
+			_, perSecond, _, _ := units(o.Kind)
+			line := fmt.Sprintf("%6.1fs/%v sent %d ok %d err %d  %.0f %s  p99 %v", el.Seconds(), o.Duration, l.Sent, l.OK, l.Errors, rate, perSecond, l.IntervalP99)
+			prefix := "loadgen:"
+			if o.Kind != "" {
+				prefix = "loadgen: " + o.Kind + ":"
+			}
 			if o.TTY {
 				fmt.Fprintf(o.Live, "\r\033[K%s", line)
 			} else {
-				fmt.Fprintln(o.Live, "loadgen:", line)
+				fmt.Fprintln(o.Live, prefix, line)
 			}
 			last = l
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,6 +169,32 @@ func TestAuth(t *testing.T) {
 			"--rate", "200", "--max-requests", "20", "--duration", "5s", "--quiet"}, args...)...)
 		if err != nil || !strings.Contains(out, "ok 20  errors 0") {
 			t.Errorf("loadgen %v: %v\n%s", args, err, out)
+		}
+	}
+	// Its update stream: taken from an admin certificate, refused to
+	// the token (which is for Recommend alone), and said so. First the
+	// router's window of learning what its workers hold ends (updates
+	// in it are Unavailable, "retry in ...").
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		_, err := prismv1.NewEmbeddingsClient(admin).Update(ctx, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: row})
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("update before the loadgen's: %v", err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--certs", certs}, "updates     sent 20  ok 20  errors 0"},
+		{[]string{"--tls-ca", caOnly.CA, "--auth-token-file", tokenFile}, "updates: none of 20 updates was acknowledged; the first Unauthenticated"},
+	} {
+		out, err := run(t, nil, append([]string{"loadgen", "--target", router.addr, "--model", cfg.Name, "--plan", part, "--update-only",
+			"--update-rate", "100", "--update-rows", "16", "--max-requests", "20", "--duration", "5s", "--quiet"}, tc.args...)...)
+		if !strings.Contains(out+fmt.Sprint(err), tc.want) {
+			t.Errorf("loadgen --update-only %v: %v\n%s\nwant %q", tc.args, err, out, tc.want)
 		}
 	}
 }

@@ -75,7 +75,16 @@ type flags struct {
 	tls                      authflag.Flags
 	tokenFile                string
 	printRequests            int
+
+	updateRate    float64
+	updateClients int
+	updateRows    int
+	updateTables  []string
+	updateOnly    bool
 }
+
+// updates says whether the run sends an update stream.
+func (f *flags) updates() bool { return f.updateRate > 0 || f.updateClients > 0 }
 
 // New returns the loadgen command.
 func New() *cobra.Command {
@@ -92,7 +101,15 @@ timestamp and rate or count, replayed --trace-speedup times faster).
 --clients N runs closed loop instead; --find-max searches the highest rate
 whose p99 meets --slo. Every run stops by itself after --duration or
 --max-requests. The model's inputs come from --model-preset, --plan or
---onnx (default: the preset named by --model).`,
+--onnx (default: the preset named by --model).
+
+--update-rate (or --update-clients) adds a stream of online embedding
+updates (Embeddings/Update) beside the requests, as a trainer pushing
+fresh rows does: --update-rows rows an update, of the plan's tables in
+turn (--plan gives their names, rows and widths), ids skewed like the
+lookups (--zipf). Its report (acknowledged updates, rows/s, latency
+from each update's intended send time) follows the requests'; with
+--update-only the run sends updates alone.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Values whose zero the libraries read as "the default": typed
@@ -101,7 +118,13 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 				"max-inflight", "find-max-trial", "find-max-trials", "find-max-tolerance"); err != nil {
 				return err
 			}
-			if err := flagval.NonNegative(cmd.Flags(), "trace-peak", "trace-scale", "trace-window"); err != nil {
+			if err := flagval.NonNegative(cmd.Flags(), "trace-peak", "trace-scale", "trace-window", "update-rate", "update-clients"); err != nil {
+				return err
+			}
+			if err := flagval.Positive(cmd.Flags(), "update-rows"); err != nil {
+				return err
+			}
+			if err := checkUpdateFlags(cmd, &f); err != nil {
 				return err
 			}
 			if f.trace != "" && f.arrival != "trace" {
@@ -200,8 +223,77 @@ whose p99 meets --slo. Every run stops by itself after --duration or
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
 	fl.IntVar(&f.printRequests, "print-request", 0, "write this many requests as JSON to stdout and exit without sending: one request as an object (grpcurl -d @ and ghz --data-file take it), more as an array (ghz --data-file sends them in turn); --candidates, --seed, --stream and the input flags apply")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
+	fl.Float64Var(&f.updateRate, "update-rate", 0, "also send embedding updates at this many updates/s (Poisson, open loop; needs --plan for the tables)")
+	fl.IntVar(&f.updateClients, "update-clients", 0, "also send embedding updates closed loop from this many clients, each sending its next update when its last is acknowledged (not with --update-rate)")
+	fl.IntVar(&f.updateRows, "update-rows", 64, "rows each update upserts")
+	fl.StringSliceVar(&f.updateTables, "update-tables", nil, "tables to update, in turn (default: every table of the plan)")
+	fl.BoolVar(&f.updateOnly, "update-only", false, "send the update stream alone, no Recommend requests")
 	f.tls.Register(cmd, auth.Admin)
 	return cmd
+}
+
+// checkUpdateFlags refuses update-stream flags that would be ignored or
+// contradict each other.
+func checkUpdateFlags(cmd *cobra.Command, f *flags) error {
+	changed := cmd.Flags().Changed
+	if f.updateRate > 0 && f.updateClients > 0 {
+		return errors.New("loadgen: give one of --update-rate (open loop) and --update-clients (closed loop)")
+	}
+	if !f.updates() {
+		for _, name := range []string{"update-rows", "update-tables", "update-only"} {
+			if changed(name) {
+				return fmt.Errorf("--%s shapes the update stream, which only --update-rate or --update-clients starts: the run would send no update", name)
+			}
+		}
+		return nil
+	}
+	switch {
+	case f.planDir == "":
+		return errors.New("loadgen: the update stream takes its tables (names, rows, widths) from plan.json: give --plan DIR (prism partition's folder, or the plan folder prism up serves)")
+	case f.findMax:
+		return errors.New("loadgen: --find-max searches the Recommend rate alone; run the update stream in a run of its own (leave out --update-rate and --update-clients)")
+	case f.printRequests > 0:
+		return errors.New("loadgen: --print-request prints Recommend requests, not updates; leave out --update-rate and --update-clients")
+	}
+	if f.updateOnly {
+		for _, name := range []string{"rate", "arrival", "trace", "clients", "candidates", "criteo", "context-inputs", "expand-context", "pool", "max-inflight", "watch-borrowed"} {
+			if changed(name) {
+				return fmt.Errorf("--%s shapes the Recommend requests, which --update-only does not send: leave out one of them", name)
+			}
+		}
+	}
+	return nil
+}
+
+// updateTables are the plan's tables the update stream writes: those
+// named by --update-tables, or all.
+func updateTables(f flags) ([]loadgen.UpdateTable, error) {
+	p, err := plan.Read(f.planDir)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	byName := map[string]plan.Table{}
+	var names []string
+	for _, t := range p.Tables {
+		byName[t.Name] = t
+		names = append(names, t.Name)
+	}
+	want := f.updateTables
+	if len(want) == 0 {
+		want = names
+	}
+	if len(want) == 0 {
+		return nil, fmt.Errorf("loadgen: the plan in %s has no embedding table to update", f.planDir)
+	}
+	var out []loadgen.UpdateTable
+	for _, name := range want {
+		t, ok := byName[name]
+		if !ok {
+			return nil, fmt.Errorf("loadgen: --update-tables: the plan has no table %q; its tables: %s", name, strings.Join(names, ","))
+		}
+		out = append(out, loadgen.UpdateTable{Name: t.Name, Rows: t.Rows, Dim: t.Dim})
+	}
+	return out, nil
 }
 
 func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
@@ -346,6 +438,15 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if f.findMax {
 		return findMax(ctx, stdout, stderr, f, opts, newRequests, sender)
 	}
+	var updates func() (*loadgen.Summary, error)
+	if f.updates() {
+		if updates, err = updateStream(ctx, stderr, f, opts, cc); err != nil {
+			return err
+		}
+	}
+	if f.updateOnly {
+		return reportUpdates(stdout, f, updates)
+	}
 	if f.clients == 0 {
 		if opts.Profile, err = profile(f); err != nil {
 			return err
@@ -369,6 +470,17 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		fmt.Fprintf(stderr, "loadgen: trace %s: %d windows of %v (%v of trace time, timestamps read as seconds), peak %.4g req/s as scaled; at %gx it plays in %v\n",
 			filepath.Base(f.trace), len(tr.Rates), tr.Step, tr.Duration(), r.MaxRate(), r.Speedup, time.Duration(float64(tr.Duration())/r.Speedup).Round(time.Millisecond))
 	}
+	type result struct {
+		sum *loadgen.Summary
+		err error
+	}
+	updated := make(chan result, 1)
+	if updates != nil {
+		go func() {
+			sum, err := updates()
+			updated <- result{sum, err}
+		}()
+	}
 	sum, err := loadgen.Run(ctx, opts, reqs, sender)
 	if err != nil {
 		return err
@@ -380,14 +492,82 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		}
 		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(f.out, "{summary.json,timeseries.csv,plot.png}"))
 	}
+	var updateErr error
+	if updates != nil {
+		fmt.Fprintln(stdout)
+		updateErr = reportUpdates(stdout, f, func() (*loadgen.Summary, error) {
+			r := <-updated
+			return r.sum, r.err
+		})
+	}
 	if sum.Sent == 0 {
 		hint := ""
 		if f.arrival == "trace" {
 			hint = " (the trace's rates as scaled are below one request over the run: raise --trace-peak or --trace-scale, or --duration)"
 		}
-		return fmt.Errorf("loadgen: no request was sent in %v%s", f.duration, hint)
+		return errors.Join(fmt.Errorf("loadgen: no request was sent in %v%s", f.duration, hint), updateErr)
 	}
-	return noneOK(sum, f.tokenFile != "")
+	return errors.Join(noneOK(sum, f.tokenFile != ""), updateErr)
+}
+
+// updateStream prepares the run's update stream (--update-rate or
+// --update-clients) over cc, and returns the function that runs it.
+func updateStream(ctx context.Context, stderr io.Writer, f flags, opts loadgen.Options, cc grpc.ClientConnInterface) (func() (*loadgen.Summary, error), error) {
+	tables, err := updateTables(f)
+	if err != nil {
+		return nil, err
+	}
+	u, err := loadgen.NewUpdates(loadgen.UpdateOptions{Model: f.model, Tables: tables, Rows: f.updateRows, ZipfS: f.zipf, Seed: f.seed ^ f.stream})
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: %w", err)
+	}
+	o := opts
+	o.Watch = nil
+	o.MaxInFlight = 0 // the default
+	// A schedule of its own: with the requests' seed the updates would
+	// arrive on the requests' Poisson path, rescaled.
+	o.Seed = opts.Seed ^ 0x5bd1e995
+	o.Clients, o.Profile, o.Poisson = f.updateClients, nil, true
+	mode := fmt.Sprintf("closed-loop (%d clients)", f.updateClients)
+	if f.updateClients == 0 {
+		o.Profile = loadgen.Constant(f.updateRate)
+		mode = fmt.Sprintf("poisson at %g/s", f.updateRate)
+	}
+	if !f.updateOnly && opts.TTY {
+		// One line redrawn in place is the requests'.
+		o.Live = nil
+	}
+	fmt.Fprintf(stderr, "loadgen: updates: %s, %s, %s, for %v or %d updates\n", f.target, mode, u, f.duration, f.maxRequests)
+	sender := loadgen.GRPCUpdater{Client: prismv1.NewEmbeddingsClient(cc)}
+	return func() (*loadgen.Summary, error) { return loadgen.RunUpdates(ctx, o, u, sender) }, nil
+}
+
+// reportUpdates runs (or waits for) the update stream and reports it:
+// its summary, its report folder (OUT/updates) and an error when no
+// update was sent or acknowledged.
+func reportUpdates(stdout io.Writer, f flags, updates func() (*loadgen.Summary, error)) error {
+	sum, err := updates()
+	if err != nil {
+		return err
+	}
+	sum.WriteText(stdout)
+	if f.out != "" {
+		dir := f.out
+		if !f.updateOnly {
+			dir = filepath.Join(f.out, "updates")
+		}
+		if err := sum.WriteDir(dir); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s\n", filepath.Join(dir, "{summary.json,timeseries.csv,plot.png}"))
+	}
+	if sum.Sent == 0 {
+		return fmt.Errorf("loadgen: no update was sent in %v", f.duration)
+	}
+	if err := noneOK(sum, false); err != nil {
+		return fmt.Errorf("loadgen: updates: %w", err)
+	}
+	return nil
 }
 
 // printRequests writes n requests from reqs to w as protojson with the
@@ -430,9 +610,13 @@ func noneOK(s *loadgen.Summary, token bool) error {
 	if s.Sent == 0 || s.OK > 0 {
 		return nil
 	}
+	what, answered := "requests", "answered OK"
+	if s.Kind == loadgen.KindUpdates {
+		what, answered = "updates", "acknowledged"
+	}
 	codes := slices.Sorted(maps.Keys(s.FirstErrors))
 	if len(codes) == 0 {
-		return fmt.Errorf("none of %d requests was answered OK", s.Sent)
+		return fmt.Errorf("none of %d %s was %s", s.Sent, what, answered)
 	}
 	msg := s.FirstErrors[codes[0]]
 	hint := auth.MismatchHint(msg)
@@ -442,7 +626,7 @@ func noneOK(s *loadgen.Summary, token bool) error {
 		// so the client sees its connection dropped.
 		hint = " (a bearer token against a router that takes none? it asks every client for a certificate: give --certs DIR, or start the router with --auth-token-file)"
 	}
-	return fmt.Errorf("none of %d requests was answered OK; the first %s: %s%s", s.Sent, codes[0], msg, hint)
+	return fmt.Errorf("none of %d %s was %s; the first %s: %s%s", s.Sent, what, answered, codes[0], msg, hint)
 }
 
 func arrivalName(f flags) string {

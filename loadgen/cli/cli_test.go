@@ -316,7 +316,10 @@ func TestPromotionZeroTimes(t *testing.T) {
 // (plan.json keys: HugeCTR's hash keys, of which only some reach valid
 // rows) makes requests whose ids are all keys, at every --zipf; ids in
 // [0, rows) were sent, keys the map sends out of bounds among them.
-func TestLoadgenPlanKeys(t *testing.T) {
+// keysPlan writes a plan whose one table is looked up by keys (HugeCTR's
+// hashed ids) into a new folder and returns both.
+func keysPlan(t *testing.T) (string, *plan.Plan) {
+	t.Helper()
 	dir := t.TempDir()
 	p := &plan.Plan{
 		Version: plan.Version, Model: plan.ModelInfo{Name: "hc"}, DenseModel: "dense.onnx", PreModel: "pre.onnx",
@@ -332,6 +335,11 @@ func TestLoadgenPlanKeys(t *testing.T) {
 	if err := plan.Write(dir, p); err != nil {
 		t.Fatal(err)
 	}
+	return dir, p
+}
+
+func TestLoadgenPlanKeys(t *testing.T) {
+	dir, p := keysPlan(t)
 	for _, zipf := range []string{"1.05", "0.01"} {
 		out, err := runCLI(t, "--model", "hc", "--plan", dir, "--print-request", "4", "--candidates", "50", "--zipf", zipf)
 		if err != nil {
@@ -365,5 +373,76 @@ func TestLoadgenPlanKeys(t *testing.T) {
 		if len(seen) != 5 {
 			t.Errorf("--zipf %s: %d distinct keys of 5 in 600 ids", zipf, len(seen))
 		}
+	}
+}
+
+// An update stream beside the requests, and alone: each reported on its
+// own, the updates' report in OUT/updates (OUT alone with --update-only).
+func TestLoadgenCLIUpdates(t *testing.T) {
+	dir, _ := keysPlan(t)
+	out := t.TempDir()
+	res, err := runCLI(t, "--fake", "--model", "hc", "--plan", dir, "--rate", "100", "--candidates", "5", "--duration", "1s",
+		"--update-rate", "50", "--update-rows", "3", "--out", out, "--quiet")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, res)
+	}
+	for _, want := range []string{"updates: ", "poisson at 50/s, 3 rows an update, tables t in turn", "requests    sent", "updates     sent", "3.0 rows/update"} {
+		if !strings.Contains(res, want) {
+			t.Fatalf("output lacks %q:\n%s", want, res)
+		}
+	}
+	read := func(path string) loadgen.Summary {
+		var sum loadgen.Summary
+		buf, err := os.ReadFile(path)
+		if err == nil {
+			err = json.Unmarshal(buf, &sum)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sum
+	}
+	if sum := read(filepath.Join(out, "summary.json")); sum.Kind != "" || sum.OK < 50 || sum.MeanCand != 5 {
+		t.Fatalf("requests' summary: %+v", sum)
+	}
+	if sum := read(filepath.Join(out, "updates", "summary.json")); sum.Kind != loadgen.KindUpdates || sum.OK < 20 || sum.OK != sum.Sent || sum.MeanCand != 3 {
+		t.Fatalf("updates' summary: %+v", sum)
+	}
+	alone := t.TempDir()
+	res, err = runCLI(t, "--fake", "--model", "hc", "--plan", dir, "--update-only", "--update-clients", "2", "--max-requests", "30", "--out", alone, "--quiet")
+	if err != nil || strings.Contains(res, "requests    sent") || !strings.Contains(res, "updates     sent 30  ok 30  errors 0") {
+		t.Fatalf("--update-only: %v\n%s", err, res)
+	}
+	if sum := read(filepath.Join(alone, "summary.json")); sum.Kind != loadgen.KindUpdates || sum.Mode != "closed" {
+		t.Fatalf("--update-only summary: %+v", sum)
+	}
+}
+
+func TestLoadgenCLIUpdateErrors(t *testing.T) {
+	dir, _ := keysPlan(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--update-rate", "10"}, "give --plan DIR"},
+		{[]string{"--plan", dir, "--update-rate", "10", "--update-clients", "2"}, "give one of --update-rate (open loop) and --update-clients"},
+		{[]string{"--plan", dir, "--update-rows", "3"}, "--update-rows shapes the update stream"},
+		{[]string{"--plan", dir, "--update-only"}, "--update-only shapes the update stream"},
+		{[]string{"--plan", dir, "--update-rate", "10", "--update-rows", "0"}, "--update-rows 0: want a positive value"},
+		{[]string{"--plan", dir, "--update-rate", "-1"}, "--update-rate -1: want 0 or more"},
+		{[]string{"--plan", dir, "--update-rate", "10", "--update-tables", "nope"}, `the plan has no table "nope"; its tables: t`},
+		{[]string{"--plan", dir, "--update-rate", "10", "--find-max"}, "--find-max searches the Recommend rate alone"},
+		{[]string{"--plan", dir, "--update-rate", "10", "--update-only", "--rate", "5"}, "--rate shapes the Recommend requests, which --update-only does not send"},
+	} {
+		args := append([]string{"--fake", "--model", "hc", "--duration", "1s", "--quiet"}, c.args...)
+		out, err := runCLI(t, args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+	}
+	// Nothing listens: the updates' error says so, as the requests' does.
+	_, err := runCLI(t, "--target", "127.0.0.1:1", "--insecure", "--model", "hc", "--plan", dir, "--update-only", "--update-rate", "20", "--duration", "500ms", "--timeout", "200ms", "--quiet")
+	if err == nil || !strings.Contains(err.Error(), "updates: none of") || !strings.Contains(err.Error(), "was acknowledged; the first Unavailable") {
+		t.Fatalf("updates to nobody: %v", err)
 	}
 }
