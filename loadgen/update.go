@@ -121,6 +121,9 @@ func (u *Updates) String() string {
 	for i, t := range u.o.Tables {
 		names[i] = t.Name
 	}
+	if len(names) > 4 {
+		return fmt.Sprintf("%d rows an update, %d tables in turn (%s ... %s)", u.o.Rows, len(names), strings.Join(names[:2], ","), names[len(names)-1])
+	}
 	return fmt.Sprintf("%d rows an update, tables %s in turn", u.o.Rows, strings.Join(names, ","))
 }
 
