@@ -68,6 +68,12 @@ type Options struct {
 	// least an equal share; the bound gives way, as UpdateLogBytes does,
 	// to the updates a live worker still lacks.
 	UpdateLogTotalBytes int64
+	// MaxUpdateQueueBytes bounds the bytes of the Embeddings.Update
+	// requests this router has taken and not yet answered (default 512
+	// MiB): each waits for its model's turn, and a trainer sending
+	// faster than the workers write queued them in the router's memory
+	// until their deadlines. One more is ResourceExhausted.
+	MaxUpdateQueueBytes int64
 	Logger              *slog.Logger
 
 	// Limits bound what the registry takes from workers (sizes, the
@@ -193,6 +199,9 @@ func (o *Options) EnsureDefaults() {
 	if o.UpdateLogBytes <= 0 {
 		o.UpdateLogBytes = 256 << 20
 	}
+	if o.MaxUpdateQueueBytes <= 0 {
+		o.MaxUpdateQueueBytes = DefaultMaxUpdateQueueBytes
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -223,6 +232,7 @@ const (
 	DefaultMaxContextBytes     = 4 << 20
 	DefaultMaxStreams          = 1024
 	DefaultUpdateWorkerTimeout = 10 * time.Second
+	DefaultMaxUpdateQueueBytes = 512 << 20
 )
 
 // Router serves Recommend over the registered workers.
@@ -247,6 +257,9 @@ type Router struct {
 	// streams the RecommendStream streams open.
 	inflightBytes atomic.Int64
 	streams       atomic.Int64
+	// updateBytes are the bytes of the updates taken and not yet
+	// answered (Updater.Update, Options.MaxUpdateQueueBytes).
+	updateBytes atomic.Int64
 	// preds measure each model's service rate for admission by
 	// predicted time.
 	preds predictors
@@ -374,7 +387,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.m.streamed = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "stream_requests_total", Help: "Requests sent on RecommendStream streams, by the gRPC code of their answer (the stream itself counts once in prism_rpc_requests_total, by how it ended, whatever its requests' outcomes)."}, []string{"code"})
 	r.m.streamed.WithLabelValues(codes.OK.String())
 	r.m.retries = prometheus.NewCounter(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "retries_total", Help: "Micro-batches retried on another replica."})
-	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it), fairshare (past the part of its time a model holding more than its share of the samples in flight may fill while other models are served), limit (over the adaptive limit of --admit-limit)."}, []string{"reason"})
+	r.m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "prism", Subsystem: "router", Name: "rejected_total", Help: "Requests rejected by admission control, by reason: inflight (samples), bytes, streams, deadline (predicted to finish past it), fairshare (past the part of its time a model holding more than its share of the samples in flight may fill while other models are served), limit (over the adaptive limit of --admit-limit), updates (an embedding update over --max-update-queue-bytes)."}, []string{"reason"})
 	for _, reason := range []string{"inflight", "bytes", "streams", "deadline", "fairshare", "limit"} {
 		r.m.rejected.WithLabelValues(reason)
 	}

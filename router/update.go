@@ -87,13 +87,20 @@ type Updater struct {
 	// the router's own (Options.MaxMessageBytes), whose pages of the
 	// update log must carry it (replica.go).
 	maxBytes int
+	// queued counts the updates' bytes taken and not yet answered, at
+	// most maxQueued (Options.MaxUpdateQueueBytes); refused counts
+	// those refused for it.
+	queued    *atomic.Int64
+	maxQueued int64
+	refused   prometheus.Counter
 }
 
 var _ prismv1.EmbeddingsServer = (*Updater)(nil)
 
 // Updater returns the Embeddings service of r.
 func (r *Router) Updater() *Updater {
-	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, el: r.el, timeout: r.opts.DefaultTimeout, maxBytes: min(maxUpdateBytes, r.opts.MaxMessageBytes-logPageMargin)}
+	return &Updater{reg: r.Reg, d: r.upd, fol: r.fol, el: r.el, timeout: r.opts.DefaultTimeout, maxBytes: min(maxUpdateBytes, r.opts.MaxMessageBytes-logPageMargin),
+		queued: &r.updateBytes, maxQueued: r.opts.MaxUpdateQueueBytes, refused: r.m.rejected.WithLabelValues("updates")}
 }
 
 // nonFinite is the index of the first little-endian float32 of rows
@@ -129,6 +136,16 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 		dim := len(req.GetRows()) / 4 / len(req.GetIds())
 		return nil, status.Errorf(codes.InvalidArgument, "update: id %d (at %d), column %d: %v is not a finite number: an embedding row must be", req.GetIds()[at/dim], at/dim, at%dim, math.Float32frombits(binary.LittleEndian.Uint32(req.GetRows()[4*at:])))
 	}
+	// Every update waits for its model's turn, here or at the router
+	// it is forwarded to: taken past what the workers write, updates
+	// queued in this router's memory until their deadlines.
+	size := int64(len(req.GetRows()) + 8*len(req.GetIds()))
+	if cur := u.queued.Add(size); cur > u.maxQueued && cur > size {
+		u.queued.Add(-size)
+		u.refused.Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "%d bytes of embedding updates wait for their turn at this router, and this one's %d would pass the limit of %d (--max-update-queue-bytes): updates are sent faster than the embedding workers write them; back off, or send fewer, larger updates", cur-size, size, u.maxQueued)
+	}
+	defer u.queued.Add(-size)
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, u.timeout)

@@ -756,3 +756,53 @@ func TestUpdateLogBytesMetric(t *testing.T) {
 		t.Fatalf("series %v, want one for model m", got)
 	}
 }
+
+// TestUpdateQueueBounded: updates taken past what the workers write wait
+// in the router's memory; past Options.MaxUpdateQueueBytes the next one
+// is refused with ResourceExhausted at once (counted), and once the
+// queue drains updates are taken again. One update alone is taken
+// whatever its size.
+func TestUpdateQueueBounded(t *testing.T) {
+	a := &seqCN{}
+	// One one-row update is 12 bytes (8 of id, 4 of row): two fit.
+	rig := newUpdateRig(t, Options{MaxUpdateQueueBytes: 30}, a)
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	a.mu.Lock()
+	a.gate, a.entered = gate, entered
+	a.mu.Unlock()
+	done := make(chan error, 2)
+	go func() { _, err := rig.update("t", 1, 1); done <- err }()
+	<-entered // update 1 is at the worker
+	go func() { _, err := rig.update("t", 2, 2); done <- err }()
+	// Update 2 waits for its turn (the driver holds its client).
+	for queued := false; !queued; time.Sleep(time.Millisecond) {
+		rig.r.upd.mu.Lock()
+		queued = len(rig.r.upd.clients) == 2
+		rig.r.upd.mu.Unlock()
+	}
+	_, err := rig.update("t", 3, 3)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "--max-update-queue-bytes") {
+		t.Fatalf("a third update past the queue's bytes: %v, want ResourceExhausted naming --max-update-queue-bytes", err)
+	}
+	if n := counterValue(t, rig.r.m.rejected.WithLabelValues("updates")); n != 1 {
+		t.Fatalf("prism_router_rejected_total{reason=updates} %v, want 1", n)
+	}
+	a.mu.Lock()
+	a.gate = nil
+	a.mu.Unlock()
+	close(gate)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatalf("a queued update: %v", err)
+		}
+	}
+	if _, err := rig.update("t", 3, 3); err != nil || rig.r.updateBytes.Load() != 0 {
+		t.Fatalf("after the queue drained: %v, %d bytes queued", err, rig.r.updateBytes.Load())
+	}
+	// Alone, an update over the bound is taken: refused, it would be
+	// retried for ever.
+	rows := make([]byte, 4*16)
+	if _, err := rig.r.Updater().Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, Rows: rows}); err != nil {
+		t.Fatalf("one update over the bound alone: %v", err)
+	}
+}

@@ -43,7 +43,7 @@ func newServeRouterCmd() *cobra.Command {
 				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers", "shutdown-grace",
 				// The router and the lease took 0 or less for their
 				// defaults (1 GiB, 256 MiB, 15 s).
-				"max-inflight-bytes", "update-log-bytes", "update-log-total-bytes", "sequencer-lease-duration"); err != nil {
+				"max-inflight-bytes", "update-log-bytes", "update-log-total-bytes", "max-update-queue-bytes", "sequencer-lease-duration"); err != nil {
 				return err
 			}
 			if !(ro.AdmitShare > 0 && ro.AdmitShare <= 1) { // NaN too
@@ -202,6 +202,7 @@ func newServeRouterCmd() *cobra.Command {
 	f.DurationVar(&ro.DefaultTimeout, "default-timeout", 30*time.Second, "deadline of a request whose client set none, and of each request of a RecommendStream (the stream's deadline is its whole job's; it decides when sooner)")
 	f.IntVar(&ro.StreamWindow, "stream-window", 16, "requests of one RecommendStream worked on at once (answers stay in order)")
 	f.Int64Var(&ro.UpdateLogBytes, "update-log-bytes", 256<<20, "recent embedding updates kept per model (per shard of a sharded model) to catch lagging embedding workers up")
+	f.Int64Var(&ro.MaxUpdateQueueBytes, "max-update-queue-bytes", router.DefaultMaxUpdateQueueBytes, "bytes of embedding updates taken and not yet answered (waiting for their model's turn, or being written); beyond it updates get ResourceExhausted")
 	f.Int64Var(&ro.UpdateLogTotalBytes, "update-log-total-bytes", 1<<30, "bound on every model's recent updates together: a model's log may use what the others leave of it (up to --update-log-bytes), and at least an equal share")
 	f.IntVar(&maxMessage, "max-message-bytes", 64<<20, "largest request accepted (at least 1 MiB; an update is refused above it less 4 KiB)")
 	f.DurationVar(&so.ShutdownGrace, "shutdown-grace", 10*time.Second, "time in-flight requests get at shutdown")
