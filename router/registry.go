@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"sync"
@@ -121,7 +122,12 @@ type Registry struct {
 	numbers map[string]map[answer]int
 	// denseAddrs are the registered dense workers' addresses, sorted: the
 	// embedding workers are told them (the only dense_addr they accept).
-	denseAddrs []string
+	// denseVersion names the list (AnnounceResponse.dense_version): this
+	// process's random number and the list's changes; a new one,
+	// replaced and never changed in place, whenever the list changes. An
+	// answer to a worker holding it leaves the list out.
+	denseAddrs   []string
+	denseVersion *prismv1.ListVersion
 	// known holds every model any worker ever announced: a known model
 	// without live workers is Unavailable (retry), an unknown one NotFound.
 	known map[string]bool
@@ -232,7 +238,20 @@ func NewRegistry(heartbeat time.Duration, now func() time.Time) *Registry {
 		now = time.Now
 	}
 	return &Registry{now: now, heartbeat: heartbeat, workers: map[string]*worker{}, byModel: map[roleModel]*workerSet{},
-		contents: map[roleModel]map[string]int{}, numbers: map[string]map[answer]int{}, known: map[string]bool{}, changed: make(chan struct{})}
+		contents: map[roleModel]map[string]int{}, numbers: map[string]map[answer]int{}, known: map[string]bool{}, changed: make(chan struct{}),
+		denseVersion: &prismv1.ListVersion{Process: listProcess(), Gen: 1}}
+}
+
+// listProcess is a random non-zero number naming this registry's lists
+// (ListVersion.process): drawn per registry, so a router restarted at
+// the same address, or another router a worker announces to, never
+// names another list by a version a worker holds.
+func listProcess() uint64 {
+	for {
+		if p := rand.Uint64(); p != 0 {
+			return p
+		}
+	}
 }
 
 func (r *Registry) notify() {
@@ -325,7 +344,9 @@ func (r *Registry) check(w *prismv1.WorkerInfo, l RegistryLimits) error {
 }
 
 // Announce registers or refreshes a worker. It answers an embedding
-// worker with the dense workers it may send cut tensors to.
+// worker with the dense workers it may send cut tensors to: their list
+// when it changed since the version the worker holds
+// (AnnounceRequest.dense_held), else dense_unchanged.
 func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
 	w := req.GetWorker()
 	l := r.Limits
@@ -415,7 +436,15 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 	}
 	resp := &prismv1.AnnounceResponse{HeartbeatMs: r.heartbeat.Milliseconds()}
 	if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
-		resp.DenseAddrs = r.denseAddrs // replaced, never changed in place
+		// The list only to a worker not holding it: a worker of an
+		// earlier release, which sends no version, gets it every time.
+		// Both are replaced, never changed in place.
+		resp.DenseVersion = r.denseVersion
+		if prismv1.SameList(req.GetDenseHeld(), r.denseVersion) {
+			resp.DenseUnchanged = true
+		} else {
+			resp.DenseAddrs = r.denseAddrs
+		}
 		if r.epoch != nil {
 			resp.Epoch = r.epoch()
 		}
@@ -550,7 +579,8 @@ func (r *Registry) unindex(e *worker) {
 	r.count(e.info, -1)
 }
 
-// listDense rebuilds denseAddrs; r.mu held.
+// listDense rebuilds denseAddrs, and names a list that changed by a
+// new version; r.mu held.
 func (r *Registry) listDense() {
 	seen := map[string]bool{}
 	for _, e := range r.workers {
@@ -558,7 +588,12 @@ func (r *Registry) listDense() {
 			seen[e.info.GetAddr()] = true
 		}
 	}
-	r.denseAddrs = slices.Sorted(maps.Keys(seen))
+	addrs := slices.Sorted(maps.Keys(seen))
+	if slices.Equal(addrs, r.denseAddrs) {
+		return
+	}
+	r.denseAddrs = addrs
+	r.denseVersion = &prismv1.ListVersion{Process: r.denseVersion.GetProcess(), Gen: r.denseVersion.GetGen() + 1}
 }
 
 // DenseAddrs are the registered dense workers' addresses, sorted.

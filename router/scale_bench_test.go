@@ -38,6 +38,11 @@ func scaleWorker(i int) *prismv1.WorkerInfo {
 // sequencer's view (as its poll takes it) names every embedding worker
 // in sync.
 func scaleFleet(tb testing.TB, n int, follow bool) (*Router, func(i int)) {
+	return scaleFleetDense(tb, n, max(n/4, 1), follow)
+}
+
+// scaleFleetDense is scaleFleet with d dense workers.
+func scaleFleetDense(tb testing.TB, n, d int, follow bool) (*Router, func(i int)) {
 	var clock atomic.Int64
 	t0 := time.Unix(1_700_000_000, 0)
 	now := func() time.Time { return t0.Add(time.Duration(clock.Load())) }
@@ -68,7 +73,7 @@ func scaleFleet(tb testing.TB, n int, follow bool) (*Router, func(i int)) {
 	for i := range n {
 		announce(i)
 	}
-	for i := range max(n/4, 1) {
+	for i := range d {
 		dense(i)
 	}
 	if follow {

@@ -1227,8 +1227,16 @@ func (x *RowSplit) GetRows() int64 {
 }
 
 type AnnounceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Worker        *WorkerInfo            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Worker *WorkerInfo            `protobuf:"bytes,1,opt,name=worker,proto3" json:"worker,omitempty"`
+	// dense_held, from an embedding worker, is the version of the dense
+	// workers' list it holds from the router it announces to (the
+	// dense_version of that router's last answer that carried the list;
+	// each router's on its own). The router omits a list it has not
+	// changed since (AnnounceResponse.dense_unchanged). Unset (a worker's
+	// first announcement, one whose router sent no version, workers of
+	// earlier releases): the answer carries the list.
+	DenseHeld     *ListVersion `protobuf:"bytes,2,opt,name=dense_held,json=denseHeld,proto3" json:"dense_held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1270,13 +1278,81 @@ func (x *AnnounceRequest) GetWorker() *WorkerInfo {
 	return nil
 }
 
+func (x *AnnounceRequest) GetDenseHeld() *ListVersion {
+	if x != nil {
+		return x.DenseHeld
+	}
+	return nil
+}
+
+// ListVersion names one state of a list a router repeats in its answers
+// (AnnounceResponse.dense_addrs): the router process that made it and
+// the change of that process's list it is. Two versions are the same
+// list only when both fields are equal.
+type ListVersion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// process is drawn at random (non-zero) when a router process starts:
+	// a router restarted at the same address, or another router, never
+	// takes a version of the one before for its own.
+	Process uint64 `protobuf:"fixed64,1,opt,name=process,proto3" json:"process,omitempty"`
+	// gen counts the changes of the process's list, from 1.
+	Gen           uint64 `protobuf:"varint,2,opt,name=gen,proto3" json:"gen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListVersion) Reset() {
+	*x = ListVersion{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListVersion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListVersion) ProtoMessage() {}
+
+func (x *ListVersion) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListVersion.ProtoReflect.Descriptor instead.
+func (*ListVersion) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListVersion) GetProcess() uint64 {
+	if x != nil {
+		return x.Process
+	}
+	return 0
+}
+
+func (x *ListVersion) GetGen() uint64 {
+	if x != nil {
+		return x.Gen
+	}
+	return 0
+}
+
 type AnnounceResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// heartbeat_ms is how often the router expects to hear from the worker.
 	HeartbeatMs int64 `protobuf:"varint,1,opt,name=heartbeat_ms,json=heartbeatMs,proto3" json:"heartbeat_ms,omitempty"`
 	// dense_addrs, in the answer to an embedding worker, are the addresses
 	// of the dense workers registered now (sorted): the only ones its
-	// Lookup may send cut tensors to (LookupRequest.dense_addr).
+	// Lookup may send cut tensors to (LookupRequest.dense_addr). Left out
+	// when the worker holds them already (dense_unchanged).
 	DenseAddrs []string `protobuf:"bytes,2,rep,name=dense_addrs,json=denseAddrs,proto3" json:"dense_addrs,omitempty"`
 	// epoch, in the answer to an embedding worker, is the election epoch
 	// of the answering router's hold when it sequences updates as the
@@ -1293,14 +1369,27 @@ type AnnounceResponse struct {
 	// UpdateResponse.refused): the worker records it durably in its store
 	// before it announces again and announces it from then on
 	// (WorkerInfo.diverged), so the mark outlives the router's memory.
-	Diverged      map[string]int64 `protobuf:"bytes,4,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Diverged map[string]int64 `protobuf:"bytes,4,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// dense_version, in the answer to an embedding worker, is the version
+	// of the router's dense workers' list (dense_addrs, whether sent or
+	// not): the worker holding the list echoes it in its next
+	// announcement (AnnounceRequest.dense_held). Unset by routers of
+	// earlier releases.
+	DenseVersion *ListVersion `protobuf:"bytes,5,opt,name=dense_version,json=denseVersion,proto3" json:"dense_version,omitempty"`
+	// dense_unchanged: dense_addrs is left out because the list is the
+	// one the worker said it holds (AnnounceRequest.dense_held equals
+	// dense_version); the worker keeps it. Only then is a list left out:
+	// without the flag (routers of earlier releases never set it)
+	// dense_addrs is the whole list, and an empty one means no dense
+	// workers.
+	DenseUnchanged bool `protobuf:"varint,6,opt,name=dense_unchanged,json=denseUnchanged,proto3" json:"dense_unchanged,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *AnnounceResponse) Reset() {
 	*x = AnnounceResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1312,7 +1401,7 @@ func (x *AnnounceResponse) String() string {
 func (*AnnounceResponse) ProtoMessage() {}
 
 func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1325,7 +1414,7 @@ func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceResponse.ProtoReflect.Descriptor instead.
 func (*AnnounceResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AnnounceResponse) GetHeartbeatMs() int64 {
@@ -1356,6 +1445,20 @@ func (x *AnnounceResponse) GetDiverged() map[string]int64 {
 	return nil
 }
 
+func (x *AnnounceResponse) GetDenseVersion() *ListVersion {
+	if x != nil {
+		return x.DenseVersion
+	}
+	return nil
+}
+
+func (x *AnnounceResponse) GetDenseUnchanged() bool {
+	if x != nil {
+		return x.DenseUnchanged
+	}
+	return false
+}
+
 type LeaveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -1365,7 +1468,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1480,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1493,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LeaveRequest) GetId() string {
@@ -1408,7 +1511,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1523,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1536,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
 }
 
 type ListRequest struct {
@@ -1444,7 +1547,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1456,7 +1559,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1469,7 +1572,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{15}
 }
 
 type ListResponse struct {
@@ -1494,7 +1597,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[15]
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1609,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[15]
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1622,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{15}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListResponse) GetWorkers() []*WorkerInfo {
@@ -1569,7 +1672,7 @@ type ModelUpdates struct {
 
 func (x *ModelUpdates) Reset() {
 	*x = ModelUpdates{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +1684,7 @@ func (x *ModelUpdates) String() string {
 func (*ModelUpdates) ProtoMessage() {}
 
 func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +1697,7 @@ func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelUpdates.ProtoReflect.Descriptor instead.
 func (*ModelUpdates) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{16}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ModelUpdates) GetAcknowledged() int64 {
@@ -1650,7 +1753,7 @@ type UpdateLogRequest struct {
 
 func (x *UpdateLogRequest) Reset() {
 	*x = UpdateLogRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +1765,7 @@ func (x *UpdateLogRequest) String() string {
 func (*UpdateLogRequest) ProtoMessage() {}
 
 func (x *UpdateLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +1778,7 @@ func (x *UpdateLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLogRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLogRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{17}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UpdateLogRequest) GetTerm() uint64 {
@@ -1721,7 +1824,7 @@ type UpdateLogResponse struct {
 
 func (x *UpdateLogResponse) Reset() {
 	*x = UpdateLogResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	mi := &file_api_prismv1_internal_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1836,7 @@ func (x *UpdateLogResponse) String() string {
 func (*UpdateLogResponse) ProtoMessage() {}
 
 func (x *UpdateLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	mi := &file_api_prismv1_internal_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1849,7 @@ func (x *UpdateLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLogResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLogResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{18}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UpdateLogResponse) GetTerm() uint64 {
@@ -1794,7 +1897,7 @@ type ModelLog struct {
 
 func (x *ModelLog) Reset() {
 	*x = ModelLog{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[19]
+	mi := &file_api_prismv1_internal_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1909,7 @@ func (x *ModelLog) String() string {
 func (*ModelLog) ProtoMessage() {}
 
 func (x *ModelLog) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[19]
+	mi := &file_api_prismv1_internal_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1922,7 @@ func (x *ModelLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelLog.ProtoReflect.Descriptor instead.
 func (*ModelLog) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{19}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ModelLog) GetNext() int64 {
@@ -1982,15 +2085,22 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\bRowSplit\x12\x14\n" +
 	"\x05table\x18\x01 \x01(\tR\x05table\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x05R\x06shards\x12\x12\n" +
-	"\x04rows\x18\x03 \x01(\x03R\x04rows\"?\n" +
+	"\x04rows\x18\x03 \x01(\x03R\x04rows\"u\n" +
 	"\x0fAnnounceRequest\x12,\n" +
-	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\"\xef\x01\n" +
+	"\x06worker\x18\x01 \x01(\v2\x14.prism.v1.WorkerInfoR\x06worker\x124\n" +
+	"\n" +
+	"dense_held\x18\x02 \x01(\v2\x15.prism.v1.ListVersionR\tdenseHeld\"9\n" +
+	"\vListVersion\x12\x18\n" +
+	"\aprocess\x18\x01 \x01(\x06R\aprocess\x12\x10\n" +
+	"\x03gen\x18\x02 \x01(\x04R\x03gen\"\xd4\x02\n" +
 	"\x10AnnounceResponse\x12!\n" +
 	"\fheartbeat_ms\x18\x01 \x01(\x03R\vheartbeatMs\x12\x1f\n" +
 	"\vdense_addrs\x18\x02 \x03(\tR\n" +
 	"denseAddrs\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12D\n" +
-	"\bdiverged\x18\x04 \x03(\v2(.prism.v1.AnnounceResponse.DivergedEntryR\bdiverged\x1a;\n" +
+	"\bdiverged\x18\x04 \x03(\v2(.prism.v1.AnnounceResponse.DivergedEntryR\bdiverged\x12:\n" +
+	"\rdense_version\x18\x05 \x01(\v2\x15.prism.v1.ListVersionR\fdenseVersion\x12'\n" +
+	"\x0fdense_unchanged\x18\x06 \x01(\bR\x0edenseUnchanged\x1a;\n" +
 	"\rDivergedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x1e\n" +
@@ -2061,7 +2171,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -2075,76 +2185,79 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*ShardRef)(nil),           // 9: prism.v1.ShardRef
 	(*RowSplit)(nil),           // 10: prism.v1.RowSplit
 	(*AnnounceRequest)(nil),    // 11: prism.v1.AnnounceRequest
-	(*AnnounceResponse)(nil),   // 12: prism.v1.AnnounceResponse
-	(*LeaveRequest)(nil),       // 13: prism.v1.LeaveRequest
-	(*LeaveResponse)(nil),      // 14: prism.v1.LeaveResponse
-	(*ListRequest)(nil),        // 15: prism.v1.ListRequest
-	(*ListResponse)(nil),       // 16: prism.v1.ListResponse
-	(*ModelUpdates)(nil),       // 17: prism.v1.ModelUpdates
-	(*UpdateLogRequest)(nil),   // 18: prism.v1.UpdateLogRequest
-	(*UpdateLogResponse)(nil),  // 19: prism.v1.UpdateLogResponse
-	(*ModelLog)(nil),           // 20: prism.v1.ModelLog
-	nil,                        // 21: prism.v1.WorkerInfo.UpdateSeqEntry
-	nil,                        // 22: prism.v1.WorkerInfo.ShardsEntry
-	nil,                        // 23: prism.v1.WorkerInfo.JaggedEntry
-	nil,                        // 24: prism.v1.WorkerInfo.FixedBatchEntry
-	nil,                        // 25: prism.v1.WorkerInfo.ShardingEntry
-	nil,                        // 26: prism.v1.WorkerInfo.DivergedEntry
-	nil,                        // 27: prism.v1.WorkerInfo.ContentEntry
-	nil,                        // 28: prism.v1.WorkerInfo.VersionEntry
-	nil,                        // 29: prism.v1.AnnounceResponse.DivergedEntry
-	nil,                        // 30: prism.v1.ListResponse.UpdatesEntry
-	nil,                        // 31: prism.v1.UpdateLogRequest.AfterEntry
-	nil,                        // 32: prism.v1.UpdateLogResponse.ModelsEntry
-	(*UpdateRequest)(nil),      // 33: prism.v1.UpdateRequest
-	(*Features)(nil),           // 34: prism.v1.Features
-	(*UpdateResponse)(nil),     // 35: prism.v1.UpdateResponse
+	(*ListVersion)(nil),        // 12: prism.v1.ListVersion
+	(*AnnounceResponse)(nil),   // 13: prism.v1.AnnounceResponse
+	(*LeaveRequest)(nil),       // 14: prism.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 15: prism.v1.LeaveResponse
+	(*ListRequest)(nil),        // 16: prism.v1.ListRequest
+	(*ListResponse)(nil),       // 17: prism.v1.ListResponse
+	(*ModelUpdates)(nil),       // 18: prism.v1.ModelUpdates
+	(*UpdateLogRequest)(nil),   // 19: prism.v1.UpdateLogRequest
+	(*UpdateLogResponse)(nil),  // 20: prism.v1.UpdateLogResponse
+	(*ModelLog)(nil),           // 21: prism.v1.ModelLog
+	nil,                        // 22: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 23: prism.v1.WorkerInfo.ShardsEntry
+	nil,                        // 24: prism.v1.WorkerInfo.JaggedEntry
+	nil,                        // 25: prism.v1.WorkerInfo.FixedBatchEntry
+	nil,                        // 26: prism.v1.WorkerInfo.ShardingEntry
+	nil,                        // 27: prism.v1.WorkerInfo.DivergedEntry
+	nil,                        // 28: prism.v1.WorkerInfo.ContentEntry
+	nil,                        // 29: prism.v1.WorkerInfo.VersionEntry
+	nil,                        // 30: prism.v1.AnnounceResponse.DivergedEntry
+	nil,                        // 31: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 32: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 33: prism.v1.UpdateLogResponse.ModelsEntry
+	(*UpdateRequest)(nil),      // 34: prism.v1.UpdateRequest
+	(*Features)(nil),           // 35: prism.v1.Features
+	(*UpdateResponse)(nil),     // 36: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	33, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	34, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	34, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	34, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	35, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	35, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	21, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	22, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
-	23, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
-	24, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
-	25, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
-	26, // 10: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
-	27, // 11: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
-	28, // 12: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
+	22, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	23, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	24, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
+	25, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
+	26, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
+	27, // 10: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
+	28, // 11: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
+	29, // 12: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
 	10, // 13: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
 	7,  // 14: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	29, // 15: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
-	7,  // 16: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	30, // 17: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	31, // 18: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	32, // 19: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
-	1,  // 20: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	9,  // 21: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 22: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	17, // 23: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	20, // 24: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 25: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 26: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 27: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	11, // 28: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	13, // 29: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	15, // 30: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	18, // 31: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 32: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	35, // 33: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 34: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	12, // 35: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	14, // 36: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	16, // 37: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	19, // 38: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	32, // [32:39] is the sub-list for method output_type
-	25, // [25:32] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	12, // 15: prism.v1.AnnounceRequest.dense_held:type_name -> prism.v1.ListVersion
+	30, // 16: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
+	12, // 17: prism.v1.AnnounceResponse.dense_version:type_name -> prism.v1.ListVersion
+	7,  // 18: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	31, // 19: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	32, // 20: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	33, // 21: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	1,  // 22: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	9,  // 23: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 24: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	18, // 25: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	21, // 26: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 27: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 28: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 29: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	11, // 30: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	14, // 31: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	16, // 32: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	19, // 33: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 34: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	36, // 35: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 36: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	13, // 37: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	15, // 38: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	17, // 39: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	20, // 40: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	34, // [34:41] is the sub-list for method output_type
+	27, // [27:34] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -2159,7 +2272,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -27,8 +27,10 @@ func Announce(ctx context.Context, routerAddr string, info func() *prismv1.Worke
 // AnnounceWith is Announce that hands every answer of the router to
 // answered (when set), in the heartbeat's goroutine: an embedding worker
 // learns there the dense workers it may send to
-// (AnnounceResponse.dense_addrs). AnnounceRouters runs one of these
-// loops per router and merges their answers.
+// (AnnounceResponse.dense_addrs; always the whole list: a list the
+// router left out as unchanged is filled in from the loop's last,
+// heldList). AnnounceRouters runs one of these loops per router and
+// merges their answers.
 func AnnounceWith(ctx context.Context, routerAddr string, info func() *prismv1.WorkerInfo, answered func(*prismv1.AnnounceResponse), log *slog.Logger, opts ...grpc.DialOption) (done <-chan struct{}) {
 	heard := func(_ string, resp *prismv1.AnnounceResponse, err error) {
 		if err == nil && answered != nil {
@@ -80,6 +82,9 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 		reg := prismv1.NewRegistryClient(conn)
 		interval := time.Second
 		fails := 0 // attempts failed in a row
+		// list is the dense workers' list this router told the worker
+		// last, which its answers leave out while it is unchanged.
+		var list heldList
 		// leave tells the router this worker goes: the router then sends
 		// it nothing new and lets its calls in flight finish. Tried
 		// twice, 2 s each (an Announce's bound): a Leave lost (a
@@ -118,7 +123,7 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 			// worker then listed until its heartbeats expire). Its answer
 			// comes first, within the 2 s, and the Leave after it.
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			resp, err := reg.Announce(actx, &prismv1.AnnounceRequest{Worker: w})
+			resp, err := reg.Announce(actx, &prismv1.AnnounceRequest{Worker: w, DenseHeld: list.held()})
 			cancel()
 			switch {
 			case ctx.Err() != nil:
@@ -159,6 +164,9 @@ func announceLoop(ctx context.Context, routerAddr string, info func() *prismv1.W
 					log.Info("registry: announced again", "router", routerAddr)
 				}
 				fails = 0
+				if held := list.held(); !list.take(resp) {
+					log.Warn("registry: the router left out a dense workers' list this worker does not hold; keeping the last, asking for the whole list at the next heartbeat", "router", routerAddr, "held", held.String(), "answer", resp.GetDenseVersion().String())
+				}
 				heard(w.GetId(), resp, nil)
 				if resp.GetHeartbeatMs() > 0 {
 					interval = time.Duration(resp.GetHeartbeatMs()) * time.Millisecond

@@ -30,12 +30,19 @@ type fakeRouter struct {
 	announces int
 	left      int
 	authority string
+	// held counts the announcements naming a dense list version
+	// (AnnounceRequest.dense_held), which this router, as one of an
+	// earlier release, never sends.
+	held int
 }
 
 func (r *fakeRouter) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (*prismv1.AnnounceResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.announces++
+	if req.GetDenseHeld() != nil {
+		r.held++
+	}
 	if md, ok := metadata.FromIncomingContext(ctx); ok && len(md[":authority"]) > 0 {
 		r.authority = md[":authority"][0]
 	}
