@@ -1230,6 +1230,13 @@ func (r *Registry) Serves(model string) bool {
 	return r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, model}] != nil || r.byModel[roleModel{prismv1.Role_ROLE_DENSE, model}] != nil
 }
 
+// ServedBy says whether some live worker of role serves model.
+func (r *Registry) ServedBy(role prismv1.Role, model string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byModel[roleModel{role, model}] != nil
+}
+
 // Known says whether some worker ever served model.
 func (r *Registry) Known(model string) bool {
 	r.mu.Lock()

@@ -171,3 +171,32 @@ func TestRegistryTellsDenseAddrs(t *testing.T) {
 		t.Fatalf("after removal: %v", resp.GetDenseAddrs())
 	}
 }
+
+// TestRegistryServedBy: the index Embeddings.Update checks its model
+// against: a model served only by dense workers has no embedding worker
+// to take its updates, and a model whose last worker left has none.
+func TestRegistryServedBy(t *testing.T) {
+	r := NewRegistry(time.Second, nil)
+	ctx := context.Background()
+	for _, w := range []*prismv1.WorkerInfo{
+		{Id: "e1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "e:1", Models: []string{"a", "b"}, Healthy: true},
+		{Id: "d1", Role: prismv1.Role_ROLE_DENSE, Addr: "d:1", Models: []string{"a", "c"}, Healthy: true},
+	} {
+		if _, err := r.Announce(ctx, &prismv1.AnnounceRequest{Worker: w}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string, want map[string][2]bool) {
+		t.Helper()
+		for m, w := range want {
+			if got := [2]bool{r.ServedBy(prismv1.Role_ROLE_EMBEDDING, m), r.ServedBy(prismv1.Role_ROLE_DENSE, m)}; got != w {
+				t.Errorf("%s: model %q served by (embedding, dense) %v, want %v", when, m, got, w)
+			}
+		}
+	}
+	check("announced", map[string][2]bool{"a": {true, true}, "b": {true, false}, "c": {false, true}, "x": {false, false}})
+	if _, err := r.Leave(ctx, &prismv1.LeaveRequest{Id: "e1"}); err != nil {
+		t.Fatal(err)
+	}
+	check("the embedding worker left", map[string][2]bool{"a": {false, true}, "b": {false, false}, "c": {false, true}})
+}

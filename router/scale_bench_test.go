@@ -286,3 +286,22 @@ func BenchmarkScaleUpdateFanOut(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScaleUpdateServed is the check every Embeddings.Update makes
+// before its turn, that a live embedding worker serves its model, with
+// n embedding workers of 4 models.
+func BenchmarkScaleUpdateServed(b *testing.B) {
+	for _, n := range scaleSizes {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			r, _ := scaleFleet(b, n, false)
+			u := r.Updater()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if !u.served("model-1") {
+					b.Fatal("model-1 not served")
+				}
+			}
+		})
+	}
+}

@@ -176,20 +176,12 @@ func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	return d.update(ctx, req)
 }
 
-// served says whether a live embedding worker serves model.
+// served says whether a live embedding worker serves model: a look in
+// the registry's index. (It listed every worker, sorted, and asked the
+// sequencer to describe every model, under its lock: 1 ms an update
+// with 500 workers, BenchmarkScaleUpdateServed.)
 func (u *Updater) served(model string) bool {
-	ws, _ := u.reg.List(context.Background(), nil)
-	for _, w := range ws.GetWorkers() {
-		if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
-			continue
-		}
-		for _, m := range w.GetModels() {
-			if m == model {
-				return true
-			}
-		}
-	}
-	return false
+	return u.reg.ServedBy(prismv1.Role_ROLE_EMBEDDING, model)
 }
 
 // updateDriver runs a sequencer: it feeds it events one at a time under
