@@ -623,6 +623,19 @@ func (r *Registry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prism
 	return &prismv1.LeaveResponse{}, nil
 }
 
+// live returns the live workers' infos, in no order: for the router's
+// own heartbeat (worker counts, connections to retire), which needs
+// neither List's sort nor its description of every model's updates.
+func (r *Registry) live() []*prismv1.WorkerInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*prismv1.WorkerInfo, 0, len(r.workers))
+	for _, e := range r.workers {
+		out = append(out, e.info)
+	}
+	return out
+}
+
 // List returns the live workers, sorted by role and address.
 func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListResponse, error) {
 	r.mu.Lock()

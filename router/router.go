@@ -492,9 +492,8 @@ func (r *Router) Run(ctx context.Context) {
 			// still answering a probe (silent.go).
 			r.sweep(ctx)
 			r.dropConns()
-			ws, _ := r.Reg.List(ctx, nil)
 			counts := map[prismv1.Role]int{prismv1.Role_ROLE_EMBEDDING: 0, prismv1.Role_ROLE_DENSE: 0}
-			for _, w := range ws.GetWorkers() {
+			for _, w := range r.Reg.live() {
 				counts[w.GetRole()]++
 			}
 			for role, n := range counts {
@@ -576,8 +575,7 @@ func (r *Router) dropConns() {
 	r.connMu.Lock()
 	defer r.connMu.Unlock()
 	live := map[string]bool{}
-	ws, _ := r.Reg.List(context.Background(), nil)
-	for _, w := range ws.GetWorkers() {
+	for _, w := range r.Reg.live() {
 		live[w.GetAddr()] = true
 	}
 	for addr, c := range r.conns {
