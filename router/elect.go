@@ -164,6 +164,7 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 		next.d.epoch = epoch
 		next.d.seq.epoch = epoch // every apply carries it (fencing)
 		next.d.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
+		next.d.seq.mergeBytes = mergeBytesFor(o.MaxMessageBytes)
 		switch models, updates, stale := e.copy.restoreTo(next.d.seq, epoch); {
 		case epoch == 0:
 			// Not known yet (the Lease could not be read as the hold

@@ -429,6 +429,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateLogTotalBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
 	r.upd.floods = r.floods
 	r.upd.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
+	r.upd.seq.mergeBytes = mergeBytesFor(o.MaxMessageBytes)
 	if o.UpdateLogDir != "" {
 		l, err := openUpdateLog(o.UpdateLogDir, o.UpdateLogFS)
 		if err != nil {

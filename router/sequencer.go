@@ -91,7 +91,12 @@ type sequencer struct {
 	// (ApplyUpdateRequest.epoch), and workers that heard of a later hold
 	// refuse it (fenced).
 	epoch uint64
-	out   []message
+	// mergeBytes bounds a merged update (group commit,
+	// sequencer_merge.go): the updates waiting behind the one in flight
+	// are numbered and sent together up to this many bytes (0: each
+	// alone).
+	mergeBytes int64
+	out        []message
 }
 
 // modelSeq is one sequence: a model's, or a shard's of a sharded model
@@ -144,7 +149,9 @@ type modelSeq struct {
 	// longer waited for by the log's trim.
 	progress map[string]time.Time
 	// queue holds the updates waiting their turn, oldest first; inflight
-	// is the one being applied (one at a time gives one order).
+	// is the one being applied (one at a time gives one order), with the
+	// run of waiting updates of its table merged into it as its turn
+	// came (group commit, sequencer_merge.go).
 	queue    []*proposal
 	inflight *fanout
 	// unwritten: a write of the model's update log failed (writeFailed),
@@ -196,6 +203,7 @@ func newSequencer(start time.Time, heartbeat time.Duration, logBytes, totalBytes
 		shardGrace: 10 * heartbeat,
 		giveUp:     giveUpHeartbeats * heartbeat,
 		joins:      map[uint64]*join{},
+		mergeBytes: defaultMergeBytes,
 	}
 }
 
@@ -584,8 +592,9 @@ func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateReq
 
 // cancel is the event "client's context ended" (err is its status): an
 // update still waiting its turn is dropped and answered err (each part
-// of a split one still waiting). One already numbered is answered when
-// its workers have.
+// of a split one still waiting): it is never applied. One already
+// numbered is answered when its workers have (one merged with others
+// and refused with them is then answered err, and not sent again).
 func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 	s.advance(now)
 	for key, m := range s.models { // the order is no matter: one answer, joined
@@ -594,6 +603,16 @@ func (s *sequencer) cancel(now time.Time, client uint64, err error) {
 				m.queue = slices.Delete(m.queue, i, i+1)
 				s.answer(client, key, nil, err)
 				break
+			}
+		}
+		if f := m.inflight; f != nil && len(f.parts) > 1 {
+			// Sent, merged with others: answered when they are, but not
+			// sent again should its workers refuse the merged update
+			// (unmerge).
+			for _, p := range f.parts {
+				if p.client == client && p.ended == nil {
+					p.ended = err
+				}
 			}
 		}
 	}

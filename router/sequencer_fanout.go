@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -20,11 +21,22 @@ type proposal struct {
 	client   uint64
 	req      *prismv1.UpdateRequest
 	deadline time.Time
+	// alone: sent on its own, merged with no other (a part of a merged
+	// update its workers refused as bad input: unmerge).
+	alone bool
+	// ended is the end of the client's context (cancel) while the
+	// merged update carrying it was in flight: it is not sent again
+	// (unmerge).
+	ended error
 }
 
 // fanout is a numbered update waiting for its workers' answers.
 type fanout struct {
+	// client is the update's client (the first, when merged: the
+	// applies carry it), parts the updates merged into it, in order of
+	// acceptance (one: not merged; sequencer_merge.go).
 	client  uint64
+	parts   []*proposal
 	seq     int64
 	targets int
 	// members are the workers the quorum counts (the targets and the
@@ -122,6 +134,9 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "no live embedding worker of model %q holds update %d yet (they are being caught up); retry", model, m.next))
 			continue
 		}
+		// Group commit: the updates waiting behind it that merge with it
+		// take its number (sequencer_merge.go).
+		batch := s.gather(model, m, p)
 		if m.shard >= 0 && s.layouts[m.name] == "" {
 			// The model's first update numbered under a named sharding
 			// binds it (layout).
@@ -140,7 +155,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		m.next++
 		m.handedOut = true
 		s.any = true
-		areq := &prismv1.ApplyUpdateRequest{Update: p.req, Seq: m.next}
+		areq := &prismv1.ApplyUpdateRequest{Update: merged(batch), Seq: m.next}
 		if m.shard >= 0 {
 			// A worker of another shard, or sharding, refuses it.
 			areq.Sequence = prismv1.SequenceName(model, s.layouts[m.name])
@@ -170,7 +185,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		} else if m.bytes <= budget {
 			m.overBudget = false
 		}
-		f := &fanout{client: p.client, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
+		f := &fanout{client: p.client, parts: batch, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
 		m.inflight = f
 		// Sent marked fresh (the log keeps areq, replayed unmarked): a
 		// worker holding the number already holds another sequencer's
@@ -178,7 +193,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		fresh := &prismv1.ApplyUpdateRequest{Update: areq.Update, Seq: areq.Seq, Sequence: areq.Sequence, Fresh: true, Epoch: s.epoch}
 		for _, w := range targets {
 			f.waiting[w.GetId()] = w.GetAddr()
-			s.send(message{Type: msgApply, Client: p.client, Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: fresh})
+			s.send(message{Type: msgApply, Client: p.client, Merged: clientsOf(batch), Model: model, Worker: w.GetId(), Addr: w.GetAddr(), Apply: fresh})
 		}
 	}
 }
@@ -416,7 +431,13 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		m.outcome[f.seq] = -1
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
-		s.answer(f.client, model, nil, f.inputErr)
+		if len(f.parts) > 1 {
+			// One part's bad input refused them all: each goes again on
+			// its own, for its own answer.
+			s.unmerge(model, m, f)
+			break
+		}
+		s.answerAll(model, f, nil, f.inputErr)
 	case f.applied == 0:
 		failed := f.failed
 		if failed == nil {
@@ -426,7 +447,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// lost the answer, so the number cannot be given to another. The
 		// catch-up applies it everywhere later; a retry applies the same
 		// rows again, which upserts make harmless.
-		s.answer(f.client, model, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
+		s.answerAll(model, f, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
 	default:
 		m.outcome[f.seq] = 1
 		// Divergent answers: some applied it, some refused it as bad
@@ -446,7 +467,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 			// the router sequencing now may have ended its start-up
 			// window before the workers held it, and number another
 			// update over it. Not acknowledged, as below the quorum.
-			s.answer(f.client, model, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, but the update quorum (%s: %d) held it only after this router stopped sequencing updates (another router holds the sequencing lease now), which may not have heard of it: not acknowledged; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need))
+			s.answerAll(model, f, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, but the update quorum (%s: %d) held it only after this router stopped sequencing updates (another router holds the sequencing lease now), which may not have heard of it: not acknowledged; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need))
 			break
 		}
 		if f.applied < f.need {
@@ -461,14 +482,26 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 			if len(refused) > 0 {
 				why += "; refused by " + strings.Join(refused, "; ")
 			}
-			s.answer(f.client, model, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, below the update quorum (%s: %d)%s; it may still reach the others as they catch up; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need, why))
+			s.answerAll(model, f, nil, status.Errorf(codes.Unavailable, "update %d held by %d of %d embedding workers, below the update quorum (%s: %d)%s; it may still reach the others as they catch up; retrying is safe", f.seq, f.applied, f.members, s.quorum, f.need, why))
 			break
 		}
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
 		slices.Sort(f.holders)
-		held := map[string]*prismv1.UpdateHeld{model: {Seq: f.seq, Workers: f.holders}}
-		s.answer(f.client, model, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused, Held: held}, nil)
+		s.answerAll(model, f, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused, Held: map[string]*prismv1.UpdateHeld{model: {Seq: f.seq, Workers: f.holders}}}, nil)
 	}
 	s.startNext(model, m)
+}
+
+// answerAll answers every client of f (each part of a merged update)
+// resp or err: each its own copy of resp, which answer completes (the
+// shard) and a split update's join sums with its other parts' answers.
+func (s *sequencer) answerAll(model string, f *fanout, resp *prismv1.UpdateResponse, err error) {
+	for i, p := range f.parts {
+		r := resp
+		if r != nil && i < len(f.parts)-1 {
+			r = proto.Clone(resp).(*prismv1.UpdateResponse)
+		}
+		s.answer(p.client, model, r, err)
+	}
 }

@@ -38,6 +38,9 @@ const (
 type message struct {
 	Type   msgType
 	Client uint64
+	// Merged, on a msgApply of a merged update (group commit), are its
+	// clients in order (Client the first); nil for one update.
+	Merged []uint64
 	Model  string
 	Worker string
 	Addr   string
@@ -96,6 +99,9 @@ func (m message) String() string {
 		to := "replay"
 		if m.Client != 0 {
 			to = fmt.Sprintf("c%d", m.Client)
+		}
+		for _, c := range m.Merged[min(1, len(m.Merged)):] {
+			to += fmt.Sprintf("+c%d", c)
 		}
 		if u := m.Apply.GetUpdate(); len(u.GetIds()) > 0 && len(u.GetIds()) <= 8 && m.Model != u.GetModel() {
 			to += fmt.Sprintf(", ids %v", u.GetIds()) // a shard's part

@@ -2,9 +2,11 @@ package router
 
 import (
 	"bufio"
+	"encoding/binary"
 	"flag"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,7 +29,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //
 // Commands (defaults in brackets):
 //
-//	new [heartbeat=1s] [log-bytes=268435456] [total-bytes=0] [quorum=one] [persist=hide|show] [epoch=0] [worker-timeout=0s]
+//	new [heartbeat=1s] [log-bytes=268435456] [total-bytes=0] [quorum=one] [persist=hide|show] [epoch=0] [worker-timeout=0s] [merge-bytes=N]
 //	                                           a router starting now (the
 //	                                           scripts from before quorums
 //	                                           assume one; show prints the
@@ -37,7 +39,9 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	                                           worker-timeout: the driver's
 //	                                           per-worker update timeout,
 //	                                           the sequencer made as
-//	                                           newUpdateDriver makes it)
+//	                                           newUpdateDriver makes it;
+//	                                           merge-bytes: the bound of a
+//	                                           merged update, 0: none merge)
 //	restart [after=0s]                         the router restarts from what
 //	                                           its update log holds
 //	advance <duration>                         the clock moves on
@@ -56,9 +60,12 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	told <worker>                              the diverged marks the answer to
 //	                                           the worker's announcement carries
 //	gone <worker>                              left, expired or removed
-//	propose <client> [model=m] [table=t] [ids=1|ids=3.9.12] [deadline=10s]
+//	propose <client> [model=m] [table=t] [ids=1|ids=3.9.12] [width=1] [deadline=10s]
 //	                                           ids: how many (each 0), or the
-//	                                           ids, dot-separated
+//	                                           ids, dot-separated (7.: the one
+//	                                           id 7); width: the
+//	                                           floats per row, each the
+//	                                           client's number
 //	cancel <client> [code=Canceled]            the client's context ended
 //	applied <client|replay> <worker> <seq> [model=m] [code=OK|timeout|fenced]
 //	                                           model: the sequence, m#shardK
@@ -69,6 +76,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 //	resign                                     another router sequences now
 //	serving [model=m]                          which live workers may serve
 //	state [model=m]                            the model's sequence
+//	entry <seq> [model=m]                      what the log holds as update
+//	                                           seq: ids, and whose each row is
 //	writes fail|ok                             from now on the update log's
 //	                                           writes fail (or succeed again)
 //
@@ -100,7 +109,10 @@ type seqScript struct {
 	// workerTimeout: the sequencer is made as newUpdateDriver makes it
 	// with that per-worker update timeout (0: newSequencer alone).
 	workerTimeout time.Duration
-	showPersist   bool
+	// mergeBytes: the sequencer's bound of a merged update (-1: its
+	// default).
+	mergeBytes  int64
+	showPersist bool
 	// disk is the update log as the persists wrote it; durable what it
 	// holds every entry up to (updateDriver.durable); failWrites: every
 	// write fails.
@@ -151,6 +163,9 @@ func (h *seqScript) newSeq() *sequencer {
 	if h.workerTimeout > 0 {
 		newUpdateDriver(s, func() time.Time { return h.now }, nil, nil, time.Second, h.workerTimeout, nil)
 	}
+	if h.mergeBytes >= 0 {
+		s.mergeBytes = h.mergeBytes
+	}
 	return s
 }
 
@@ -184,7 +199,7 @@ func runSequencerScript(t *testing.T, file string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h := &seqScript{t: t, now: time.Unix(1000, 0), heartbeat: time.Second, logBytes: 256 << 20, quorum: QuorumOne, disk: map[string]*diskModel{}, durable: map[string]int64{}}
+	h := &seqScript{t: t, now: time.Unix(1000, 0), heartbeat: time.Second, logBytes: 256 << 20, quorum: QuorumOne, mergeBytes: -1, disk: map[string]*diskModel{}, durable: map[string]int64{}}
 	h.s = newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
 	var out strings.Builder
 	sc := bufio.NewScanner(f)
@@ -290,6 +305,7 @@ func (h *seqScript) do(line string) []string {
 		h.heartbeat, h.logBytes, h.quorum, h.showPersist = dur(arg("heartbeat", "1s")), num(arg("log-bytes", "268435456")), q, arg("persist", "hide") == "show"
 		h.totalBytes = num(arg("total-bytes", "0"))
 		h.workerTimeout = dur(arg("worker-timeout", "0s"))
+		h.mergeBytes = num(arg("merge-bytes", "-1"))
 		h.disk, h.durable, h.failWrites = map[string]*diskModel{}, map[string]int64{}, false
 		h.s = h.newSeq()
 		h.s.epoch = uint64(num(arg("epoch", "0")))
@@ -364,12 +380,21 @@ func (h *seqScript) do(line string) []string {
 		var ids []int64
 		if list := arg("ids", "1"); strings.Contains(list, ".") {
 			for _, id := range strings.Split(list, ".") {
-				ids = append(ids, num(id))
+				if id != "" { // "7." is the one id 7
+					ids = append(ids, num(id))
+				}
 			}
 		} else {
 			ids = make([]int64, num(list))
 		}
-		req := &prismv1.UpdateRequest{Model: model, Table: arg("table", "t"), Ids: ids, Rows: make([]byte, 4*len(ids))}
+		// Each row's floats are the client's number: entry shows whose
+		// row a merged update carries where.
+		width := int(num(arg("width", "1")))
+		rows := make([]byte, 0, 4*width*len(ids))
+		for range width * len(ids) {
+			rows = binary.LittleEndian.AppendUint32(rows, math.Float32bits(float32(client(pos[0]))))
+		}
+		req := &prismv1.UpdateRequest{Model: model, Table: arg("table", "t"), Ids: ids, Rows: rows}
 		h.s.propose(h.now, client(pos[0]), req, h.now.Add(dur(arg("deadline", "10s"))))
 	case "cancel":
 		need(1)
@@ -445,6 +470,22 @@ func (h *seqScript) do(line string) []string {
 		return append(out, h.carry(h.s.ready())...)
 	case "state":
 		return []string{h.state(model)}
+	case "entry":
+		// What the update log holds as update seq of model: its table,
+		// ids and whose row each is (the client a row's floats name).
+		need(1)
+		m := h.s.models[model]
+		seq := num(pos[0])
+		if m == nil || seq <= m.floor || seq > m.next {
+			return []string{"not in the log"}
+		}
+		u := m.log[seq-m.floor-1].GetUpdate()
+		width := len(u.GetRows()) / len(u.GetIds())
+		var whose []string
+		for i := range u.GetIds() {
+			whose = append(whose, fmt.Sprintf("c%v", math.Float32frombits(binary.LittleEndian.Uint32(u.GetRows()[i*width:]))))
+		}
+		return []string{fmt.Sprintf("%s#%d: table %s, ids %v, rows of %d bytes from %s", model, seq, u.GetTable(), u.GetIds(), width, strings.Join(whose, " "))}
 	case "writes":
 		need(1)
 		h.failWrites = pos[0] == "fail"
@@ -535,7 +576,11 @@ func (h *seqScript) state(model string) string {
 	}
 	inflight := "-"
 	if f := m.inflight; f != nil {
-		inflight = fmt.Sprintf("c%d#%d waiting %s", f.client, f.seq, strings.Join(slices.Sorted(maps.Keys(f.waiting)), ","))
+		var clients []string
+		for _, p := range f.parts {
+			clients = append(clients, fmt.Sprintf("c%d", p.client))
+		}
+		inflight = fmt.Sprintf("%s#%d waiting %s", strings.Join(clients, "+"), f.seq, strings.Join(slices.Sorted(maps.Keys(f.waiting)), ","))
 	}
 	out := fmt.Sprintf("next=%d committed=%d log=%d..%d (%d bytes) known=%s catching=%s stale=%s queue=%s inflight=%s",
 		m.next, m.committed, m.floor+1, m.next, m.bytes, strings.Join(known, ","), ids(m.catching), ids(m.stale), strings.Join(queue, ","), inflight)

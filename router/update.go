@@ -27,6 +27,13 @@ import (
 //     ...) and sent one at a time, so two updates of the same row land in
 //     the same order on every worker. A worker's store records the last
 //     seq it applied with the rows (one synced batch) and announces it.
+//   - Group commit. The updates of one table waiting behind the one in
+//     flight are numbered together when their turn comes: one update,
+//     their rows in the order they were accepted (a later client's row
+//     of an id wins), one entry in the log and one synced write on each
+//     worker, each client answered as for its own update; one refused as
+//     bad input is sent again alone, so only its client is refused
+//     (sequencer_merge.go).
 //   - Nobody serves stale rows. An update is acknowledged once the
 //     quorum of the model's workers holds it (Options.UpdateQuorum:
 //     one, a majority, all); from then on the router sends lookups only

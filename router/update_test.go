@@ -40,8 +40,14 @@ type seqCN struct {
 	// gate, when set, holds every Update until it is closed; entered
 	// hears of each Update held.
 	gate, entered chan struct{}
-	// order records the seqs applied, in order.
-	order []int64
+	// order records the seqs applied, in order; values the rows
+	// written, in order.
+	order  []int64
+	values []float32
+	// tableRows, when set, is the table's rows: an update with an id
+	// beyond is refused as bad input (taking its seq, writing nothing),
+	// as cpuserve's store refuses it.
+	tableRows int64
 	// refuse: every table is refused as bad input (taking its seq).
 	refuse bool
 	// fence: a worker of this release, which keeps the highest election
@@ -123,11 +129,15 @@ func (f *seqCN) Update(_ context.Context, req *prismv1.ApplyUpdateRequest) (*pri
 	if req.GetUpdate().GetTable() == "bad" || f.refuse {
 		return nil, status.Error(codes.InvalidArgument, "unknown table")
 	}
+	if i := slices.IndexFunc(req.GetUpdate().GetIds(), func(id int64) bool { return f.tableRows > 0 && id >= f.tableRows }); i >= 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "ids[%d]=%d, table has %d rows", i, req.GetUpdate().GetIds()[i], f.tableRows)
+	}
 	if f.rows == nil {
 		f.rows = map[int64]float32{}
 	}
 	for i, id := range req.GetUpdate().GetIds() {
 		f.rows[id] = math.Float32frombits(binary.LittleEndian.Uint32(req.GetUpdate().GetRows()[4*i:]))
+		f.values = append(f.values, f.rows[id])
 	}
 	f.order = append(f.order, seq)
 	return &prismv1.UpdateResponse{Workers: 1}, nil
@@ -335,17 +345,127 @@ func TestUpdatesOneOrder(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// Concurrent updates waiting their turn are merged (group commit):
+	// fewer numbers than updates, but every worker applied every row
+	// once, in the same order, numbers in order, and holds the last.
+	a.mu.Lock()
+	want := slices.Clone(a.values)
+	a.mu.Unlock()
+	if sorted := slices.Sorted(slices.Values(want)); len(sorted) != 40 || sorted[0] != 0 || sorted[39] != 39 || slices.Compact(sorted)[39] != 39 {
+		t.Fatalf("worker 0 wrote rows %v, want each of 0..39 once", want)
+	}
 	for i, f := range []*seqCN{a, b, c} {
 		f.mu.Lock()
-		order := f.order
+		order, values := f.order, f.values
 		f.mu.Unlock()
-		if f.held() != 40 || len(order) != 40 || f.row(7) != a.row(7) {
-			t.Fatalf("worker %d: holds %d, %d applied, row %v (worker 0: %v)", i, f.held(), len(order), f.row(7), a.row(7))
+		if f.held() != int64(len(order)) || len(order) == 0 || len(order) > 40 || !slices.Equal(values, want) || f.row(7) != want[39] {
+			t.Fatalf("worker %d: holds %d, %d applied, rows %v, row %v (worker 0: %v)", i, f.held(), len(order), values, f.row(7), want)
 		}
 		for j, s := range order {
 			if s != int64(j+1) {
 				t.Fatalf("worker %d applied seq %d as its %dth", i, s, j)
 			}
+		}
+	}
+	t.Logf("40 updates in %d numbered ones", a.held())
+}
+
+// TestUpdatesGroupCommit: updates waiting behind the one in flight are
+// merged into one numbered update (one synced write per worker), each
+// client answered as for its own update; one with a bad id among them
+// is refused alone, the others applied.
+func TestUpdatesGroupCommit(t *testing.T) {
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	a, b := &seqCN{gate: gate, entered: entered, tableRows: 100}, &seqCN{tableRows: 100}
+	rig := newUpdateRig(t, Options{}, a, b)
+	type result struct {
+		i    int
+		resp *prismv1.UpdateResponse
+		err  error
+	}
+	// round holds the model's turn with an update a has not answered,
+	// queues the updates of ids (value 10+i for the i-th), then lets a
+	// answer, and returns the clients' answers, in the order of ids.
+	round := func(first int64, ids []int64) []result {
+		t.Helper()
+		firstDone := make(chan error, 1)
+		go func() { _, err := rig.update("t", first, -1); firstDone <- err }()
+		<-entered
+		a.mu.Lock()
+		a.gate = nil // the next ones go through
+		a.mu.Unlock()
+		results := make(chan result, len(ids))
+		for i, id := range ids {
+			go func() {
+				resp, err := rig.update("t", id, float32(10+i))
+				results <- result{i, resp, err}
+			}()
+		}
+		for queued := false; !queued; time.Sleep(time.Millisecond) {
+			rig.r.upd.mu.Lock()
+			queued = len(rig.r.upd.clients) == 1+len(ids)
+			rig.r.upd.mu.Unlock()
+		}
+		close(gate)
+		if err := <-firstDone; err != nil {
+			t.Fatalf("the update in flight: %v", err)
+		}
+		out := make([]result, len(ids))
+		for range ids {
+			r := <-results
+			out[r.i] = r
+		}
+		return out
+	}
+
+	// Eight updates behind the first: one number, one apply per worker.
+	got := round(1, []int64{10, 11, 12, 13, 14, 15, 16, 17})
+	for _, r := range got {
+		if r.err != nil || r.resp.GetWorkers() != 2 || r.resp.GetHeld()["m"].GetSeq() != 2 || len(r.resp.GetHeld()["m"].GetWorkers()) != 2 {
+			t.Fatalf("client %d: %v, %v; want ok from 2 workers, held as update 2", r.i, r.resp, r.err)
+		}
+	}
+	for i, f := range []*seqCN{a, b} {
+		f.mu.Lock()
+		order := slices.Clone(f.order)
+		f.mu.Unlock()
+		if !slices.Equal(order, []int64{1, 2}) {
+			t.Fatalf("worker %d applied %v, want [1 2] (nine updates in two writes)", i, order)
+		}
+		for j := range 8 {
+			if v := f.row(int64(10 + j)); v != float32(10+j) {
+				t.Fatalf("worker %d: row %d reads %v", i, 10+j, v)
+			}
+		}
+	}
+
+	// One id outside the table: the merged update is refused by every
+	// worker (taking update 4); each part goes again alone: the bad one
+	// is refused, the others applied.
+	gate, entered = make(chan struct{}), make(chan struct{}, 1)
+	a.mu.Lock()
+	a.gate, a.entered = gate, entered
+	a.mu.Unlock()
+	got = round(2, []int64{20, 21, 999, 23})
+	for _, r := range got {
+		switch {
+		case r.i == 2:
+			if status.Code(r.err) != codes.InvalidArgument || !strings.Contains(r.err.Error(), "999") {
+				t.Fatalf("the bad update: %v, want InvalidArgument naming id 999", r.err)
+			}
+		case r.err != nil || r.resp.GetWorkers() != 2:
+			t.Fatalf("client %d merged with a bad update: %v, %v; want ok from 2 workers", r.i, r.resp, r.err)
+		}
+	}
+	for i, f := range []*seqCN{a, b} {
+		for j, id := range []int64{20, 21, 23} {
+			want := float32(10 + []int{0, 1, 3}[j])
+			if v := f.row(id); v != want {
+				t.Fatalf("worker %d: row %d reads %v, want %v", i, id, v, want)
+			}
+		}
+		if f.held() != 8 { // 3 the first, 4 the merged one refused, 5-8 the four alone
+			t.Fatalf("worker %d holds %d, want 8", i, f.held())
 		}
 	}
 }

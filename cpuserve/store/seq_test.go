@@ -214,3 +214,45 @@ func TestUpsertNonFinite(t *testing.T) {
 		}
 	}
 }
+
+// TestUpsertRepeatedIDLastWins: an id given twice in one upsert reads
+// the later row, from the hot tier and from Pebble after a reopen, as
+// if the rows had come in two upserts. The router's group commit relies
+// on it: it merges concurrent clients' updates of a table into one,
+// their rows in the order it took them (router/sequencer_merge.go).
+func TestUpsertRepeatedIDLastWins(t *testing.T) {
+	tabs := []*testTable{{name: "a", rows: 10, dim: 2, seed: 1}}
+	for _, dt := range []DType{Float32, Int8} {
+		for _, preload := range []PreloadMode{PreloadOff, PreloadAuto} {
+			t.Run(string(dt)+"/preload="+string(preload), func(t *testing.T) {
+				s, fs := openMem(t, &Options{HotBytes: 1 << 20, Preload: preload})
+				if _, err := s.Ingest(context.Background(), writePlan(t, "m", tabs), IngestOptions{DType: dt}); err != nil {
+					t.Fatal(err)
+				}
+				lookupRow(t, s, "m", "a", 3, 2) // resident, where there is a hot tier
+				ids := []int64{3, 5, 3, 5, 3}
+				rows := []float32{1, 1, 5, 5, 2, 2, 6, 6, 4, 4}
+				if _, err := s.UpsertSeq("m", "a", ids, rows, 1); err != nil {
+					t.Fatal(err)
+				}
+				check := func(s *Store, when string) {
+					for id, want := range map[int64]float32{3: 4, 5: 6} {
+						if got := lookupRow(t, s, "m", "a", id, 2); got[0] != want || got[1] != want {
+							t.Fatalf("%s: row %d reads %v, want the last row given, %v", when, id, got, want)
+						}
+					}
+				}
+				check(s, "after the upsert")
+				if err := s.Close(); err != nil {
+					t.Fatal(err)
+				}
+				s2, err := Open("db", &Options{FS: fs})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s2.Close()
+				check(s2, "after a reopen")
+			})
+		}
+	}
+}
