@@ -343,24 +343,27 @@ const maxSkips = 64
 // heap of thousands compares contiguous values instead of chasing a
 // pointer per comparison (that was most of the cost at depth).
 type edfKey struct {
-	due int64 // deadline in Unix ns; none: math.MaxInt64 (after every deadline)
+	due int64 // deadline in ns after dueBase; none: math.MaxInt64 (after every deadline)
 	n   int
 	seq uint64
 	p   *pending
 }
 
-// lastDue is the latest deadline UnixNano represents.
-var lastDue = time.Unix(0, math.MaxInt64-1)
+// dueBase is what the EDF keys count from: a reading of this process's
+// monotonic clock, as the deadlines are (gRPC sets them from time.Now),
+// so a step of the wall clock (NTP) does not reorder the queue. Keyed
+// by UnixNano (the wall clock), the requests queued after a step back of
+// S were ordered as if due S sooner than those queued before it (these
+// starved, and were refused for their deadlines), and after a step
+// forward as if due S later.
+var dueBase = time.Now()
 
 func edfKeyOf(p *pending) edfKey {
 	due := int64(math.MaxInt64)
 	if !p.deadline.IsZero() {
-		// UnixNano is undefined past 2262: gRPC clamps a huge timeout to
-		// about 292 years, which wrapped to the head of the queue.
-		due = math.MaxInt64 - 1
-		if p.deadline.Before(lastDue) {
-			due = p.deadline.UnixNano()
-		}
+		// Sub saturates: a deadline 292 years away (gRPC's clamp of a
+		// huge timeout) is after every nearer one, before none.
+		due = min(int64(p.deadline.Sub(dueBase)), math.MaxInt64-1)
 	}
 	return edfKey{due: due, n: p.n, seq: p.seq, p: p}
 }

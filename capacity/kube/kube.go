@@ -317,9 +317,14 @@ func (p *Provider) adopt(pod *corev1.Pod) bool {
 		return true // deleted since the listing: nothing to adopt or delete
 	}
 	pod = obj.(*corev1.Pod)
+	// Lent when the API server made it, by the API server's clock: one
+	// ahead of this host's stamped it after the workers lent from now
+	// on (listed before it, oldest first) and after its own readiness
+	// (a negative time from lent to serving in the log and the loan's
+	// events). Not after now, then.
 	lent := pod.CreationTimestamp.Time
-	if lent.IsZero() {
-		lent = p.o.Now()
+	if now := p.o.Now(); lent.IsZero() || lent.After(now) {
+		lent = now
 	}
 	w := &worker{id: pod.Name, model: model, lent: lent, running: true}
 	p.workers[pod.Name] = w

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -879,5 +880,38 @@ func TestDetachKeepsLentPods(t *testing.T) {
 	slices.Sort(ids)
 	if !slices.Equal(got, ids) {
 		t.Fatalf("the next run's workers %v, want the detached run's %v, adopted", got, ids)
+	}
+}
+
+// TestLeftoverFromAClockAhead: a leftover's creation time is the API
+// server's; with that clock ahead of this host's, the adopted worker is
+// still lent before the workers borrowed after it, and ready after it
+// was lent, not before.
+func TestLeftoverFromAClockAhead(t *testing.T) {
+	var mu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "prism-dense-loan-left", Namespace: ns, Labels: map[string]string{LabelLentBy: "prism-dense-loan"},
+		Annotations:       map[string]string{AnnotationModel: "m"},
+		CreationTimestamp: metav1.NewTime(clock.Add(2 * time.Minute).Truncate(time.Second))}} // the API server's clock, 2 minutes ahead
+	pod.Spec.Containers = []corev1.Container{{Name: "dense", Args: []string{"serve", "dense", "--addr", ":8600"}}}
+	pod.Status.Phase = corev1.PodRunning
+	pod.Spec.NodeName, pod.Status.PodIP = "gpu-7", "10.0.0.7"
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	c := fake.NewClientset(denseDeployment(), pod)
+	p, _ := newLender(t, c, Options{Max: 2, Now: now})
+	mu.Lock()
+	clock = clock.Add(time.Second)
+	mu.Unlock()
+	ids, err := p.Borrow(context.Background(), "m", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := p.Workers()
+	if len(ws) != 2 || ws[0].ID != pod.Name || ws[1].ID != ids[0] {
+		t.Fatalf("workers %+v, want the adopted leftover, then %s lent after it", ws, ids[0])
+	}
+	if w := ws[0]; w.Ready.IsZero() || w.Ready.Before(w.Lent) {
+		t.Errorf("the adopted leftover lent at %s, ready at %s: want ready, and not before it was lent", w.Lent, w.Ready)
 	}
 }

@@ -291,7 +291,14 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 	}
 	m := capacity.ModelObs{Model: d.o.Model, Offered: dem.offered, Shed: dem.shed, P99: dem.p99, QueueDepth: dem.queue}
 	if len(d.o.Promotions) > 0 {
-		m.Forecast = &capacity.Scaled{Now: now.Sub(d.start), Offered: dem.offered, Promotions: Relative(d.o.Promotions, d.start)}
+		// The calendar is in wall time, the controller's time the
+		// monotonic time since the start: placed from now's wall clock,
+		// not the start's, so that a step of the clock since (NTP
+		// correcting a clock wrong at the start, a VM resumed from a
+		// snapshot) does not shift every promotion by the step for the
+		// rest of the run.
+		elapsed := now.Sub(d.start)
+		m.Forecast = &capacity.Scaled{Now: elapsed, Offered: dem.offered, Promotions: Relative(d.o.Promotions, now.Add(-elapsed))}
 	}
 	var returns []string
 	lentAddr, lentIDs := map[string]bool{}, map[string]bool{}

@@ -35,8 +35,9 @@ type CertOptions struct {
 	// Validity is how long the CA and the certificates are valid
 	// (default two years).
 	Validity time.Duration
-	// Now is the start of validity (default time.Now; tests make expired
-	// certificates with it).
+	// Now is when the certificates are made (default time.Now; tests
+	// make expired certificates with it): they are valid from Backdate
+	// before it.
 	Now func() time.Time
 	// Instances, when > 0, also makes that many certificates of their
 	// own for each worker role (embedding, dense): DIR/ROLE-I for I in
@@ -52,6 +53,15 @@ type CertOptions struct {
 	// never copied. The certificates expire with it at the latest.
 	CACert, CAKey string
 }
+
+// Backdate is how long before they are made the certificates InitCerts
+// makes are valid from (not before the CA's own start): a host whose
+// clock is behind the one that made them (NTP broken, a VM resumed from
+// a snapshot) refused them, its own at start ("not valid before") and
+// its peers' at every handshake, until its clock passed their making;
+// they were valid from a minute before it. An hour, as client-go's
+// self-signed certificates.
+const Backdate = time.Hour
 
 // WorkerRoles are the roles whose processes announce themselves to the
 // router (and so get per-instance certificates).
@@ -228,7 +238,7 @@ func InitCerts(dir string, o CertOptions) error {
 		return fmt.Errorf("certs %s: %w", dir, err)
 	}
 	now := o.Now()
-	notAfter := now.Add(o.Validity)
+	notBefore, notAfter := now.Add(-Backdate), now.Add(o.Validity)
 	var ca *x509.Certificate
 	var caKey crypto.Signer
 	if o.CACert != "" {
@@ -239,6 +249,9 @@ func InitCerts(dir string, o CertOptions) error {
 		if ca.NotAfter.Before(notAfter) {
 			notAfter = ca.NotAfter
 		}
+		if ca.NotBefore.After(notBefore) {
+			notBefore = ca.NotBefore
+		}
 	} else {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
@@ -247,7 +260,7 @@ func InitCerts(dir string, o CertOptions) error {
 		caTmpl := &x509.Certificate{
 			SerialNumber:          serial(),
 			Subject:               pkix.Name{Organization: []string{"Prism"}, CommonName: "Prism development CA"},
-			NotBefore:             now.Add(-time.Minute),
+			NotBefore:             notBefore,
 			NotAfter:              notAfter,
 			KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 			BasicConstraintsValid: true,
@@ -310,7 +323,7 @@ func InitCerts(dir string, o CertOptions) error {
 		tmpl := &x509.Certificate{
 			SerialNumber: serial(),
 			Subject:      pkix.Name{Organization: []string{"Prism"}, OrganizationalUnit: []string{string(r)}, CommonName: cn},
-			NotBefore:    now.Add(-time.Minute),
+			NotBefore:    notBefore,
 			NotAfter:     notAfter,
 			KeyUsage:     x509.KeyUsageDigitalSignature,
 			// Every tier both serves and dials.

@@ -1,7 +1,11 @@
 package auth
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"net"
@@ -305,5 +309,84 @@ func TestInitCertsWithOrgCA(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestCertsFromAClockAhead: certificates made on a host whose clock is
+// ahead of this one's (NTP broken there or here, a VM resumed from a
+// snapshot) load here, and verify here as a peer's, unless the clocks
+// disagree by more than Backdate. They were valid from a minute before
+// their making: a host a few minutes behind refused to start, and
+// refused every peer's certificate.
+func TestCertsFromAClockAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ahead time.Duration
+		err   string
+	}{
+		{"same clock", 0, ""},
+		{"30s ahead", 30 * time.Second, ""},
+		{"5 minutes ahead", 5 * time.Minute, ""},
+		{"50 minutes ahead", 50 * time.Minute, ""},
+		{"two hours ahead", 2 * time.Hour, "is not valid before"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "certs")
+			if err := InitCerts(dir, CertOptions{Now: func() time.Time { return time.Now().Add(tc.ahead) }}); err != nil {
+				t.Fatal(err)
+			}
+			f := FilesFor(dir, Router)
+			err := CheckFiles(f)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("CheckFiles: %v, want an error saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("CheckFiles (as the router starts): %v", err)
+			}
+			pool := x509.NewCertPool()
+			pool.AddCert(readCert(t, f.CA))
+			peer := readCert(t, FilesFor(dir, Embedding).Cert)
+			if _, err := peer.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+				t.Errorf("a peer's certificate, verified here: %v", err)
+			}
+		})
+	}
+}
+
+// TestCertsNotBeforeTheirCA: backdated certificates signed by a CA made
+// less than Backdate ago start with the CA, not before it.
+func TestCertsNotBeforeTheirCA(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now().Add(-10 * time.Minute).Truncate(time.Second)
+	tmpl := &x509.Certificate{SerialNumber: serial(), Subject: pkix.Name{CommonName: "young CA"}, NotBefore: start, NotAfter: start.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caDir := t.TempDir()
+	caCert, caKey := filepath.Join(caDir, "ca.pem"), filepath.Join(caDir, "ca-key.pem")
+	if err := writePEM(caCert, "CERTIFICATE", der, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := writePEM(caKey, "PRIVATE KEY", keyDER, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := InitCerts(dir, CertOptions{CACert: caCert, CAKey: caKey}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readCert(t, FilesFor(dir, Router).Cert).NotBefore; !got.Equal(start) {
+		t.Errorf("the router's certificate is valid from %s, want its CA's start %s", got, start)
 	}
 }

@@ -17,6 +17,9 @@ import (
 // place before they expire): at most once per interval, on a handshake.
 var ReloadInterval = 10 * time.Second
 
+// now is the clock certificates are judged by (tests move it).
+var now = time.Now
+
 // expiryWarning is how long before its certificate or CA expires a
 // process warns (once a day, on handshakes): a quarter of the
 // certificate's lifetime, at most 30 days, so that a certificate renewed
@@ -100,9 +103,9 @@ func newReloader(f Files, withCert bool) (*reloader, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
-	r.cur, r.checked = id, now
-	r.warnExpiry(now)
+	t := now()
+	r.cur, r.checked = id, t
+	r.warnExpiry(t)
 	return r, nil
 }
 
@@ -154,7 +157,7 @@ func verifyOwn(cert tls.Certificate, leaf *x509.Certificate, pool *x509.CertPool
 			inter.AddCert(c)
 		}
 	}
-	_, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+	_, err := leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: now()})
 	if err != nil {
 		return fmt.Errorf("certificate %s (%s, issued by %s) does not chain to CA %s, which peers verify it against: %w", f.Cert, leaf.Subject, leaf.Issuer, f.CA, err)
 	}
@@ -176,22 +179,30 @@ func CheckFiles(f Files) error {
 // get is the identity to handshake with: the files are checked for a
 // change at most once per ReloadInterval and loaded again when they
 // changed; files that fail to load (half written, a key of another
-// certificate, a certificate of another CA, expired) are logged, once,
-// and the previous identity kept.
+// certificate, a certificate of another CA, expired, not valid yet) are
+// logged, once, and the previous identity kept. Files that failed are
+// loaded again at each check until they load or change: a renewal
+// refused because it is not valid yet by this host's clock (its issuer's
+// clock ahead, or this one's behind: cert-manager's certificates start
+// when they are made) loads once this clock passes its start, instead of
+// never, the process serving on with the old certificate until it
+// expired.
 func (r *reloader) get() identity {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := time.Now()
-	if now.Sub(r.checked) < ReloadInterval {
+	t := now()
+	if t.Sub(r.checked) < ReloadInterval {
 		return r.cur
 	}
-	r.checked = now
-	if s := stampsOf(r.f); s != r.stamp && s != r.bad {
+	r.checked = t
+	if s := stampsOf(r.f); s != r.stamp {
 		id, err := loadIdentity(r.f, r.withCert, true)
 		switch {
 		case err != nil:
+			if s != r.bad {
+				logf().Warn("certificate files changed but do not load: still using the previous ones", "err", err)
+			}
 			r.bad = s
-			logf().Warn("certificate files changed but do not load: still using the previous ones", "err", err)
 		default:
 			r.cur, r.stamp, r.bad, r.warned = id, s, stamps{}, time.Time{}
 			attrs := []any{"ca", r.f.CA}
@@ -202,7 +213,7 @@ func (r *reloader) get() identity {
 			logf().Info("reloaded certificate files", attrs...)
 		}
 	}
-	r.warnExpiry(now)
+	r.warnExpiry(t)
 	return r.cur
 }
 

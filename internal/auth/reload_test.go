@@ -301,3 +301,45 @@ func TestExpiryWarning(t *testing.T) {
 		})
 	}
 }
+
+// TestReloadNotValidYet: a renewal made by an issuer whose clock is ahead
+// of this host's (or this host's behind) is not valid yet here when it
+// is written: it is refused and logged once, the old certificate kept,
+// and it loads once this host's clock passes its start. It was never
+// loaded again (its files did not change after the refusal), and the
+// process served with the old certificate until that expired.
+func TestReloadNotValidYet(t *testing.T) {
+	log := captureLog(t)
+	var ahead time.Duration // how far this host's clock has moved on
+	old := now
+	now = func() time.Time { return time.Now().Add(ahead) }
+	t.Cleanup(func() { now = old })
+	root := t.TempDir()
+	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
+	if err := InitCerts(a, CertOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// b's issuer's clock is ahead by more than Backdate: b starts in an hour.
+	if err := InitCerts(b, CertOptions{Now: func() time.Time { return time.Now().Add(Backdate + time.Hour) }}); err != nil {
+		t.Fatal(err)
+	}
+	f := workFiles(t, "router")
+	copyFiles(t, f, FilesFor(a, Router), FilesFor(a, Router).CA)
+	r, err := newReloader(f, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyFiles(t, f, FilesFor(b, Router), FilesFor(a, Router).CA, FilesFor(b, Router).CA)
+	for i := range 3 {
+		if got := r.get().cert.Certificate[0]; !bytes.Equal(got, certDER(t, FilesFor(a, Router))) {
+			t.Fatalf("check %d: the renewal was taken before its start", i)
+		}
+	}
+	if n := strings.Count(log.String(), "do not load"); n != 1 {
+		t.Errorf("the refusal logged %d times, want once: %q", n, log.String())
+	}
+	ahead = time.Hour + time.Minute
+	if got := r.get().cert.Certificate[0]; !bytes.Equal(got, certDER(t, FilesFor(b, Router))) {
+		t.Errorf("the renewal is not taken once this host's clock passed its start; log %q", log.String())
+	}
+}

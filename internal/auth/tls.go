@@ -184,11 +184,11 @@ func load(f Files, withCert bool) (tls.Certificate, *x509.CertPool, error) {
 			return cert, nil, fmt.Errorf("certificate %s: %w", f.Cert, err)
 		}
 	}
-	switch now := time.Now(); {
-	case now.After(leaf.NotAfter):
+	switch t := now(); {
+	case t.After(leaf.NotAfter):
 		return cert, nil, fmt.Errorf("certificate %s expired at %s: make new certificates (prism certs init DIR, a new folder)", f.Cert, leaf.NotAfter.UTC().Format(time.RFC3339))
-	case now.Before(leaf.NotBefore):
-		return cert, nil, fmt.Errorf("certificate %s is not valid before %s (this host's clock says %s)", f.Cert, leaf.NotBefore.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+	case t.Before(leaf.NotBefore):
+		return cert, nil, fmt.Errorf("certificate %s is not valid before %s (this host's clock says %s)", f.Cert, leaf.NotBefore.UTC().Format(time.RFC3339), t.UTC().Format(time.RFC3339))
 	}
 	return cert, pool, nil
 }
