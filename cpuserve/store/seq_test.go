@@ -222,7 +222,7 @@ func TestUpsertNonFinite(t *testing.T) {
 // their rows in the order it took them (router/sequencer_merge.go).
 func TestUpsertRepeatedIDLastWins(t *testing.T) {
 	tabs := []*testTable{{name: "a", rows: 10, dim: 2, seed: 1}}
-	for _, dt := range []DType{Float32, Int8} {
+	for _, dt := range []DType{Float32, Float16, Int8} {
 		for _, preload := range []PreloadMode{PreloadOff, PreloadAuto} {
 			t.Run(string(dt)+"/preload="+string(preload), func(t *testing.T) {
 				s, fs := openMem(t, &Options{HotBytes: 1 << 20, Preload: preload})

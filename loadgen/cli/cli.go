@@ -440,7 +440,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	}
 	var updates func() (*loadgen.Summary, error)
 	if f.updates() {
-		if updates, err = updateStream(ctx, stderr, f, opts, cc); err != nil {
+		if updates, err = updateStream(ctx, stderr, f, target, opts, cc); err != nil {
 			return err
 		}
 	}
@@ -512,7 +512,8 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 
 // updateStream prepares the run's update stream (--update-rate or
 // --update-clients) over cc, and returns the function that runs it.
-func updateStream(ctx context.Context, stderr io.Writer, f flags, opts loadgen.Options, cc grpc.ClientConnInterface) (func() (*loadgen.Summary, error), error) {
+// target is the address dialed (the in-process fake's with --fake).
+func updateStream(ctx context.Context, stderr io.Writer, f flags, target string, opts loadgen.Options, cc grpc.ClientConnInterface) (func() (*loadgen.Summary, error), error) {
 	tables, err := updateTables(f)
 	if err != nil {
 		return nil, err
@@ -537,7 +538,7 @@ func updateStream(ctx context.Context, stderr io.Writer, f flags, opts loadgen.O
 		// One line redrawn in place is the requests'.
 		o.Live = nil
 	}
-	fmt.Fprintf(stderr, "loadgen: updates: %s, %s, %s, for %v or %d updates\n", f.target, mode, u, f.duration, f.maxRequests)
+	fmt.Fprintf(stderr, "loadgen: updates: %s, %s, %s, for %v or %d updates\n", target, mode, u, f.duration, f.maxRequests)
 	sender := loadgen.GRPCUpdater{Client: prismv1.NewEmbeddingsClient(cc)}
 	return func() (*loadgen.Summary, error) { return loadgen.RunUpdates(ctx, o, u, sender) }, nil
 }

@@ -386,7 +386,8 @@ func TestLoadgenCLIUpdates(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, res)
 	}
-	for _, want := range []string{"updates: ", "poisson at 50/s, 3 rows an update, tables t in turn", "requests    sent", "updates     sent", "3.0 rows/update"} {
+	// The start line names the address the updates go to (the fake's).
+	for _, want := range []string{"loadgen: updates: 127.0.0.1:", "poisson at 50/s, 3 rows an update, tables t in turn", "requests    sent", "updates     sent", "3.0 rows/update"} {
 		if !strings.Contains(res, want) {
 			t.Fatalf("output lacks %q:\n%s", want, res)
 		}
