@@ -26,9 +26,17 @@ import (
 // workers, the refusals, the shards, held: every part of it holds the
 // same number).
 //
-// The order stays the order of acceptance: only a run from the head of
-// the queue merges (an update of another table, or of another row
-// width, ends it), so no update passes another, of its table or not.
+// Every waiting update of the head's table merges with it, in the order
+// the router took them, wherever it waits in the queue; the updates of
+// other tables keep their order among themselves and go after. Rows of
+// two tables never meet, and none of the waiting updates was
+// acknowledged before another was taken, so either order is one the
+// clients could have seen: a trainer writing every table it touched
+// each step (updates of tables in turn) merges per table, where a run
+// from the head of the queue alone would merge nothing. An update of
+// the head's table that must not be merged (another row width, a part
+// sent again alone) ends the gathering: none passes another of its
+// table.
 //
 // A merged update that its workers all refuse as bad input (one
 // client's id outside the table, a row width the table has not, as the
@@ -72,13 +80,14 @@ func mergeBytesFor(maxMessage int) int64 {
 const applyWrapBytes = 64
 
 // gather takes from m's queue the waiting updates that merge with p,
-// the update whose turn it is (just taken off the queue): the run from
-// the head of the queue of updates of p's table and row width, not to
-// be sent alone, up to maxMergeUpdates and the byte bound (s.mergeBytes
-// and m's log budget, so one entry never fills the log). A waiting
-// update whose deadline passed on the way is answered DeadlineExceeded
-// and skipped (it is not applied, merged or not: no order changes). It
-// returns the updates, p first.
+// the update whose turn it is (just taken off the queue): those of p's
+// table and row width, in queue order, passing over the updates of
+// other tables (which keep their places), until one of p's table that
+// must not merge (another width, one to be sent alone), maxMergeUpdates
+// or the byte bound (s.mergeBytes and m's log budget, so one entry
+// never fills the log). A waiting update of p's table whose deadline
+// passed on the way is answered DeadlineExceeded and dropped (it is not
+// applied, merged or not). It returns the updates, p first.
 func (s *sequencer) gather(model string, m *modelSeq, p *proposal) []*proposal {
 	batch := []*proposal{p}
 	if p.alone || s.mergeBytes <= 0 || len(m.queue) == 0 {
@@ -87,13 +96,18 @@ func (s *sequencer) gather(model string, m *modelSeq, p *proposal) []*proposal {
 	limit := min(s.mergeBytes, s.budget(m))
 	size := int64(proto.Size(p.req))
 	width := rowWidth(p.req)
-	for len(m.queue) > 0 && len(batch) < maxMergeUpdates {
-		q := m.queue[0]
-		if q.alone || q.req.GetTable() != p.req.GetTable() || q.req.GetModel() != p.req.GetModel() || rowWidth(q.req) != width {
+	rest := m.queue[:0:0] // a new slice: m.queue is read as it is rebuilt
+	i := 0
+	for ; i < len(m.queue) && len(batch) < maxMergeUpdates; i++ {
+		q := m.queue[i]
+		if q.req.GetTable() != p.req.GetTable() || q.req.GetModel() != p.req.GetModel() {
+			rest = append(rest, q)
+			continue
+		}
+		if q.alone || rowWidth(q.req) != width {
 			break
 		}
 		if !s.now.Before(q.deadline) {
-			m.queue = m.queue[1:]
 			s.answer(q.client, model, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			continue
 		}
@@ -102,9 +116,9 @@ func (s *sequencer) gather(model string, m *modelSeq, p *proposal) []*proposal {
 			break
 		}
 		size += n
-		m.queue = m.queue[1:]
 		batch = append(batch, q)
 	}
+	m.queue = append(rest, m.queue[i:]...)
 	return batch
 }
 

@@ -74,6 +74,9 @@ func (w *mergeWorker) take(m message) error {
 		}
 	}
 	for i, id := range u.GetIds() {
+		if u.GetTable() == "u" {
+			id += 1000 // a row of the other table
+		}
 		w.ids = append(w.ids, id)
 		w.clients = append(w.clients, int64(math.Float32frombits(binary.LittleEndian.Uint32(u.GetRows()[4*i:]))))
 	}
@@ -84,6 +87,12 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 	r := rand.New(rand.NewPCG(seed, 7))
 	now := time.Unix(1000, 0)
 	s := newSequencer(now, time.Second, 256<<20, 0, q)
+	if r.IntN(2) == 0 {
+		// A merged update of two or three one-row updates at most: the
+		// byte bound ends gathering midway, with updates of the other
+		// table passed over before it and waiting after it.
+		s.mergeBytes = int64(60 + r.IntN(40))
+	}
 	ws := []*mergeWorker{{id: "w1"}, {id: "w2"}}
 	for _, w := range ws {
 		s.announced(now, &prismv1.WorkerInfo{Id: w.id, Addr: "a-" + w.id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, UpdateSeq: map[string]int64{"m": 0}})
@@ -134,7 +143,11 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 				ids[r.IntN(len(ids))] = 999
 				bad[c] = true
 			}
-			s.propose(now, c, &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: ids, Rows: rows}, now.Add(time.Duration(1+r.IntN(20))*time.Second))
+			table := "t"
+			if r.IntN(3) == 0 {
+				table = "u"
+			}
+			s.propose(now, c, &prismv1.UpdateRequest{Model: "m", Table: table, Ids: ids, Rows: rows}, now.Add(time.Duration(1+r.IntN(20))*time.Second))
 			carry()
 		case k == 4 && next > 1:
 			c := 1 + uint64(r.IntN(int(next-1)))
