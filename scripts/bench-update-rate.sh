@@ -15,7 +15,8 @@
 #   scripts/bench-update-rate.sh [WORK]
 #   env: PRISM (binary, default bin/prism) BASE (a binary to compare
 #        with) ROUNDS (2) CLIENTS ("1 4 16") ROWS ("1 64") DURATION (10s)
-#        MAX_ROWS (200000) TABLE (emb_l.3.weight)
+#        MAX_ROWS (200000) TABLE (emb_l.3.weight; all: the plan's 26
+#        tables in turn, as a trainer writing every table it touched)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${1:-/tmp/prism-update-rate}
@@ -44,7 +45,8 @@ round() {
 		sleep 0.5
 	done
 	[ -n "$addr" ] || { echo "bench-update-rate: prism up not ready"; return 1; }
-	local lg=("$bin" loadgen --target "$addr" --insecure --quiet --model dlrm-kaggle --plan "$WORK/part" --update-only --update-tables "$table")
+	local lg=("$bin" loadgen --target "$addr" --insecure --quiet --model dlrm-kaggle --plan "$WORK/part" --update-only)
+	[ "$table" = all ] || lg+=(--update-tables "$table")
 	"${lg[@]}" --update-clients 4 --update-rows 64 --duration 3s >/dev/null 2>&1 || true # warm-up
 	local n r out
 	for r in $rowsList; do
