@@ -53,6 +53,10 @@ type Recorder struct {
 	// request timeout) does not stretch the time it is divided by.
 	cutoff                    time.Duration
 	okByCutoff, samplesCutoff int64
+	// A retrying run's attempts (retry.go).
+	attempts, retriedOK                     int64
+	byAttempts                              []int64
+	pushbacks, pushbackStops, deadlineStops int64
 }
 
 // NewRecorder returns a recorder counting answers within slo as attained.

@@ -54,9 +54,12 @@ type Summary struct {
 	WatchedSeries []*float64 `json:"watched_series,omitempty"`
 	// WatchFailed counts the watched reads that failed, WatchError the
 	// first one's error.
-	WatchFailed int     `json:"watch_failed,omitempty"`
-	WatchError  string  `json:"watch_error,omitempty"`
-	Series      []Point `json:"-"`
+	WatchFailed int    `json:"watch_failed,omitempty"`
+	WatchError  string `json:"watch_error,omitempty"`
+	// Retry is what the clients' retries did (Options.Retry), nil
+	// without retries.
+	Retry  *RetryStats `json:"retry,omitempty"`
+	Series []Point     `json:"-"`
 }
 
 // Point is one second of the time series.
@@ -138,6 +141,9 @@ func (r *Recorder) summary(o Options, elapsed time.Duration, windowed bool) *Sum
 	if d := math.Min(o.Duration.Seconds(), elapsed.Seconds()); d > 0 {
 		s.OfferedRPS = float64(r.sent) / d
 	}
+	if o.Retry.Retries > 0 {
+		s.Retry = r.retryStats(o.Retry.Retries, o.Retry.GRPC, math.Min(o.Duration.Seconds(), elapsed.Seconds()))
+	}
 	if r.ok > 0 {
 		s.MeanCand = float64(r.samples) / float64(r.ok)
 	}
@@ -193,6 +199,9 @@ func (s *Summary) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)
 	}
 	fmt.Fprintf(w, "SLO         %.1f%% of %s answered OK within %gms\n", 100*s.SLOAttained, what, s.SLOMs)
+	if s.Retry != nil {
+		s.Retry.writeText(w, s.Sent, s.OfferedRPS)
+	}
 	if s.Watched != "" {
 		peak := nan
 		for _, p := range s.Series {

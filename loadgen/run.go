@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -35,9 +36,10 @@ type GRPCSender struct {
 var _ Sender = GRPCSender{}
 
 func (g GRPCSender) Send(ctx context.Context, req *prismv1.RecommendRequest) error {
-	resp, err := g.Client.Recommend(ctx, req)
+	var tr metadata.MD
+	resp, err := g.Client.Recommend(ctx, req, grpc.Trailer(&tr))
 	if err != nil {
-		return err
+		return withPushback(err, tr) // a retrying run reads the server's pushback
 	}
 	return checkScores(resp, req)
 }
@@ -110,6 +112,11 @@ type Options struct {
 	// Kind is what the run sends: "" for Recommend requests,
 	// KindUpdates for embedding updates (RunUpdates sets it).
 	Kind string
+	// Retry makes the run's clients retry refused requests (retry.go);
+	// the zero value sends each request once.
+	Retry Retry
+	// retryDraw, if set, draws the retries' jitter (tests).
+	retryDraw func() float64
 }
 
 // KindUpdates is the Kind of a run of embedding updates.
@@ -156,6 +163,8 @@ func (o *Options) Validate() error {
 		return errors.New("loadgen: an open-loop run needs a rate profile")
 	case o.MaxInFlight < 1:
 		return errors.New("loadgen: max in-flight must be positive")
+	case o.Retry.Retries < 0:
+		return errors.New("loadgen: retries must not be negative")
 	}
 	return nil
 }
@@ -278,11 +287,24 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 		close(watchDone)
 	}
 	var wg sync.WaitGroup
+	rt := newRetrier(o.Retry, o.Seed, o.retryDraw)
 	send := func(j job) {
+		// The deadline is the whole request's, its retries included.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), o.Timeout)
-		err := src.send(rctx, j)
+		var grpcAttempts *atomic.Int32 // grpc-go's retries: its attempts, counted by AttemptCounter
+		if o.Retry.GRPC && o.Retry.Retries > 0 {
+			grpcAttempts = new(atomic.Int32)
+			rctx = WithAttemptCount(rctx, grpcAttempts)
+		}
+		a, err := sendRetrying(rctx, src, j, rt, o.Clock)
 		rcancel()
 		rec.Failed(err)
+		if grpcAttempts != nil && grpcAttempts.Load() > 0 {
+			a.n = int(grpcAttempts.Load())
+		}
+		if o.Retry.Retries > 0 {
+			rec.retried(a, status.Code(err))
+		}
 		rec.Done(j.intended, since(), j.samples, status.Code(err))
 	}
 	if o.Clients == 0 {

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -60,9 +61,11 @@ func (g GRPCSender) SendPremarshaled(ctx context.Context, p *Premarshaled) error
 		return g.Send(ctx, p.Req)
 	}
 	resp := new(prismv1.RecommendResponse)
-	// The options of the generated client's Recommend, plus the codec.
-	if err := g.Conn.Invoke(ctx, prismv1.Recommender_Recommend_FullMethodName, p, resp, grpc.StaticMethod(), premarshaledCall()); err != nil {
-		return err
+	var tr metadata.MD
+	// The options of the generated client's Recommend, plus the codec
+	// and the trailer (a retrying run reads the server's pushback).
+	if err := g.Conn.Invoke(ctx, prismv1.Recommender_Recommend_FullMethodName, p, resp, grpc.StaticMethod(), premarshaledCall(), grpc.Trailer(&tr)); err != nil {
+		return withPushback(err, tr)
 	}
 	return checkScores(resp, p.Req)
 }

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -55,20 +56,30 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 	if bytes > r.opts.MaxInflightBytes {
 		return nil, status.Errorf(codes.InvalidArgument, "request of %d bytes as the router sends it (its context once per micro-batch, a fixed batch's padding), more than the %d the router admits at once (--max-inflight-bytes): it is never admitted; split it", bytes, r.opts.MaxInflightBytes)
 	}
+	mp := r.preds.get(model)
+	// countRefusal is err with the pushback of a refusal for a limit on
+	// what is in flight, excess samples over it.
+	countRefusal := func(err error, excess int64) error {
+		rate, floor := mp.estimate()
+		wait, retry := countPushback(rate, excess, ownTime(rate, floor, work), remaining, jitter())
+		return withPushback(err, wait, retry, rate > 0)
+	}
 	cur := r.inflight.Add(n)
 	if cur > r.opts.MaxInflight {
 		r.inflight.Add(-n)
 		r.m.rejected.WithLabelValues("inflight").Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d samples in flight, limit %d; retry later", cur-n, r.opts.MaxInflight)
+		return nil, countRefusal(status.Errorf(codes.ResourceExhausted, "router overloaded: %d samples in flight, limit %d; retry later", cur-n, r.opts.MaxInflight), cur-r.opts.MaxInflight)
 	}
-	if cur := r.inflightBytes.Add(bytes); cur > r.opts.MaxInflightBytes {
+	if curB := r.inflightBytes.Add(bytes); curB > r.opts.MaxInflightBytes {
 		r.inflightBytes.Add(-bytes)
 		r.inflight.Add(-n)
 		r.m.rejected.WithLabelValues("bytes").Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "router overloaded: %d request bytes in flight, this request's %d exceed the limit of %d; retry later", cur-bytes, bytes, r.opts.MaxInflightBytes)
+		// The samples to finish for the bytes over the limit to go,
+		// as a share of the samples in flight.
+		excess := int64(math.Ceil(float64(curB-r.opts.MaxInflightBytes) / float64(curB) * float64(cur)))
+		return nil, countRefusal(status.Errorf(codes.ResourceExhausted, "router overloaded: %d request bytes in flight, this request's %d exceed the limit of %d; retry later", curB-bytes, bytes, r.opts.MaxInflightBytes), excess)
 	}
 	start := time.Now()
-	mp := r.preds.get(model)
 	ahead := mp.inflight.Add(work) - work // this model's samples admitted before this request, still in flight
 	// Its samples as the router counts them (cur): its share is of
 	// those, not of its work (a fixed batch's padding counted in).
@@ -96,7 +107,8 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("limit").Inc()
-			return nil, status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, r.lim.limitNow())
+			limit := r.lim.limitNow()
+			return nil, countRefusal(status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, limit), cur-int64(limit))
 		}
 		if !known {
 			share := r.share.get()
@@ -123,10 +135,10 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 				r.inflight.Add(-n)
 				if over {
 					r.m.rejected.WithLabelValues("fairshare").Inc()
-					return nil, status.Errorf(codes.ResourceExhausted, "predicted to finish in %s ms, past the %s ms of the %s ms to its deadline that model %q may fill while it holds more than its share of the samples in flight and %d models are served; back off", ms(predicted), ms(budget), ms(remaining), model, k)
+					return nil, lateRefusal(status.Errorf(codes.ResourceExhausted, "predicted to finish in %s ms, past the %s ms of the %s ms to its deadline that model %q may fill while it holds more than its share of the samples in flight and %d models are served; back off", ms(predicted), ms(budget), ms(remaining), model, k))
 				}
 				r.m.rejected.WithLabelValues("deadline").Inc()
-				return nil, status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining, share))
+				return nil, lateRefusal(status.Error(codes.ResourceExhausted, lateMessage(predicted, remaining, share)))
 			}
 		}
 	}

@@ -650,8 +650,21 @@ func (r *Router) applyUpdate(ctx context.Context, addr string, req *prismv1.Appl
 	return prismv1.NewEmbeddingTierClient(c).Update(ctx, req)
 }
 
-// Recommend scores the candidates of one request.
-func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (_ *prismv1.RecommendResponse, err error) {
+// Recommend scores the candidates of one request. An overload refusal
+// carries the retry pushback admission predicts (pushback.go) in its
+// trailer.
+func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (*prismv1.RecommendResponse, error) {
+	resp, err := r.recommend(ctx, req)
+	if err != nil {
+		setPushback(ctx, err)
+	}
+	return resp, err
+}
+
+// recommend is Recommend, and each request of a RecommendStream, whose
+// refusals go in its answers (no trailer: a stream's one trailer is its
+// own).
+func (r *Router) recommend(ctx context.Context, req *prismv1.RecommendRequest) (_ *prismv1.RecommendResponse, err error) {
 	start := time.Now()
 	defer func() { r.m.models.observe(req.GetModel(), err, time.Since(start)) }()
 	n := int(req.GetNumCandidates())
@@ -1152,7 +1165,7 @@ func (r *Router) streamAnswer(ctx context.Context, req *prismv1.RecommendRequest
 	// request at a stalled worker held every answer after it too.
 	ctx, cancel := context.WithTimeout(ctx, r.opts.DefaultTimeout)
 	defer cancel()
-	resp, err := r.Recommend(ctx, req)
+	resp, err := r.recommend(ctx, req)
 	r.m.streamed.WithLabelValues(status.Code(err).String()).Inc()
 	if err == nil {
 		return resp

@@ -76,6 +76,13 @@ type flags struct {
 	tokenFile                string
 	printRequests            int
 
+	retries         int
+	retryBackoff    time.Duration
+	retryMaxBackoff time.Duration
+	retryPushback   bool
+	retryMode       string
+	retryThrottling string
+
 	updateRate    float64
 	updateClients int
 	updateRows    int
@@ -125,6 +132,9 @@ from each update's intended send time) follows the requests'; with
 				return err
 			}
 			if err := checkUpdateFlags(cmd, &f); err != nil {
+				return err
+			}
+			if err := checkRetryFlags(cmd, &f); err != nil {
 				return err
 			}
 			if f.trace != "" && f.arrival != "trace" {
@@ -223,6 +233,12 @@ from each update's intended send time) follows the requests'; with
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
 	fl.IntVar(&f.printRequests, "print-request", 0, "write this many requests as JSON to stdout and exit without sending: one request as an object (grpcurl -d @ and ghz --data-file take it), more as an array (ghz --data-file sends them in turn); --candidates, --seed, --stream and the input flags apply")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
+	fl.IntVar(&f.retries, "retries", 0, "retry a request refused with ResourceExhausted or Unavailable up to this many times after its first attempt, while its deadline (--timeout, from the first attempt) allows, as retrying clients do; latency stays from the first attempt's intended send time, and the report counts attempts per request and attempts/s")
+	fl.DurationVar(&f.retryBackoff, "retry-backoff", 10*time.Millisecond, "backoff before the first retry; each next one doubles (at most --retry-max-backoff), jittered by 0.8-1.2 as grpc-go's")
+	fl.DurationVar(&f.retryMaxBackoff, "retry-max-backoff", time.Second, "longest backoff between retries")
+	fl.BoolVar(&f.retryPushback, "retry-pushback", true, "honour the server's grpc-retry-pushback-ms as grpc-go does (retry after it; negative: do not retry); false: retry on the backoff alone, as a retry loop that reads no trailer")
+	fl.StringVar(&f.retryMode, "retry-mode", "loadgen", `who retries: "loadgen" (a retry loop around each call, in the generator) or "grpc" (grpc-go itself, from a service config's retryPolicy, at most 5 attempts; attempts counted by a stats handler)`)
+	fl.StringVar(&f.retryThrottling, "retry-throttling", "", `with --retry-mode grpc: the service config's retryThrottling as MAX_TOKENS,TOKEN_RATIO (e.g. 10,0.1)`)
 	fl.Float64Var(&f.updateRate, "update-rate", 0, "also send embedding updates at this many updates/s (Poisson, open loop; needs --plan for the tables)")
 	fl.IntVar(&f.updateClients, "update-clients", 0, "also send embedding updates closed loop from this many clients, each sending its next update when its last is acknowledged (not with --update-rate)")
 	fl.IntVar(&f.updateRows, "update-rows", 64, "rows each update upserts")
@@ -263,6 +279,68 @@ func checkUpdateFlags(cmd *cobra.Command, f *flags) error {
 		}
 	}
 	return nil
+}
+
+// checkRetryFlags refuses retry flags that would be ignored or
+// contradict each other.
+func checkRetryFlags(cmd *cobra.Command, f *flags) error {
+	changed := cmd.Flags().Changed
+	if f.retries < 0 {
+		return fmt.Errorf("--retries %d: want 0 (no retry) or more", f.retries)
+	}
+	if f.retries == 0 {
+		for _, name := range []string{"retry-backoff", "retry-max-backoff", "retry-pushback", "retry-mode", "retry-throttling"} {
+			if changed(name) {
+				return fmt.Errorf("--%s shapes the retries, which only --retries N (N > 0) makes: the run would not retry", name)
+			}
+		}
+		return nil
+	}
+	if f.retryBackoff <= 0 || f.retryMaxBackoff <= 0 {
+		return errors.New("loadgen: --retry-backoff and --retry-max-backoff must be positive")
+	}
+	switch f.retryMode {
+	case "loadgen":
+		if changed("retry-throttling") {
+			return errors.New("loadgen: --retry-throttling is grpc-go's retryThrottling: give it with --retry-mode grpc")
+		}
+	case "grpc":
+		if f.retries > 4 {
+			return fmt.Errorf("loadgen: --retries %d with --retry-mode grpc: grpc-go makes at most 5 attempts (4 retries)", f.retries)
+		}
+		if changed("retry-pushback") {
+			return errors.New("loadgen: --retry-pushback is the generator's retry loop's; grpc-go always honours the pushback (--retry-mode loadgen)")
+		}
+	default:
+		return fmt.Errorf("loadgen: --retry-mode %q: want loadgen or grpc", f.retryMode)
+	}
+	switch {
+	case f.findMax:
+		return errors.New("loadgen: --find-max searches the rate the server sustains without retries; run the retrying clients in a run of their own at the rate it found")
+	case f.updateOnly:
+		return errors.New("loadgen: --retries retries Recommend requests, which --update-only does not send")
+	case f.printRequests > 0:
+		return errors.New("loadgen: --print-request sends nothing: leave out --retries")
+	}
+	return nil
+}
+
+// retry is the run's loadgen.Retry, and the service config of
+// --retry-mode grpc ("" otherwise).
+func retry(f flags) (loadgen.Retry, string, error) {
+	r := loadgen.Retry{Retries: f.retries, Initial: f.retryBackoff, Max: f.retryMaxBackoff, Multiplier: 2, IgnorePushback: !f.retryPushback, GRPC: f.retryMode == "grpc"}
+	if f.retries == 0 || !r.GRPC {
+		return r, "", nil
+	}
+	var th *loadgen.RetryThrottling
+	if f.retryThrottling != "" {
+		var t loadgen.RetryThrottling
+		if n, err := fmt.Sscanf(f.retryThrottling, "%g,%g", &t.MaxTokens, &t.TokenRatio); err != nil || n != 2 || t.MaxTokens <= 0 || t.MaxTokens > 1000 || t.TokenRatio <= 0 {
+			return r, "", fmt.Errorf("loadgen: --retry-throttling %q: want MAX_TOKENS,TOKEN_RATIO, MAX_TOKENS in (0, 1000], TOKEN_RATIO above 0 (e.g. 10,0.1)", f.retryThrottling)
+		}
+		th = &t
+	}
+	return r, loadgen.ServiceConfig(r, th), nil
 }
 
 // updateTables are the plan's tables the update stream writes: those
@@ -396,6 +474,15 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		}
 		f.tls.WarnClient(stderr, "loadgen")
 	}
+	rt, serviceConfig, err := retry(f)
+	if err != nil {
+		return err
+	}
+	if serviceConfig != "" {
+		// grpc-go retries by itself; the stats handler counts its attempts.
+		dialOpts = append(dialOpts, grpc.WithDefaultServiceConfig(serviceConfig), grpc.WithStatsHandler(loadgen.AttemptCounter{}))
+		fmt.Fprintf(stderr, "loadgen: grpc-go retries from the service config %s\n", serviceConfig)
+	}
 	cc, err := grpc.NewClient(target, dialOpts...)
 	if err != nil {
 		return fmt.Errorf("loadgen: dial %q: %w", target, err)
@@ -444,6 +531,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 			return err
 		}
 	}
+	opts.Retry = rt // the Recommend requests' (the update stream sends each update once)
 	if f.updateOnly {
 		return reportUpdates(stdout, f, updates)
 	}

@@ -447,3 +447,51 @@ func TestLoadgenCLIUpdateErrors(t *testing.T) {
 		t.Fatalf("updates to nobody: %v", err)
 	}
 }
+
+// TestLoadgenCLIRetries: retry flags that would be ignored or that
+// contradict each other are refused; a retrying run against the fake
+// (which answers everything) reports one attempt a request, in either
+// mode.
+func TestLoadgenCLIRetries(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--retries", "-1"}, "--retries -1: want 0 (no retry) or more"},
+		{[]string{"--retry-backoff", "5ms"}, "--retry-backoff shapes the retries, which only --retries N"},
+		{[]string{"--retry-mode", "grpc"}, "--retry-mode shapes the retries"},
+		{[]string{"--retries", "2", "--retry-mode", "other"}, `--retry-mode "other": want loadgen or grpc`},
+		{[]string{"--retries", "5", "--retry-mode", "grpc"}, "grpc-go makes at most 5 attempts"},
+		{[]string{"--retries", "2", "--retry-throttling", "10,0.1"}, "--retry-throttling is grpc-go's retryThrottling"},
+		{[]string{"--retries", "2", "--retry-mode", "grpc", "--retry-pushback=false"}, "grpc-go always honours the pushback"},
+		{[]string{"--retries", "2", "--retry-mode", "grpc", "--retry-throttling", "0,0.1"}, "--retry-throttling \"0,0.1\": want MAX_TOKENS,TOKEN_RATIO"},
+		{[]string{"--retries", "2", "--retry-backoff", "0s"}, "--retry-backoff and --retry-max-backoff must be positive"},
+		{[]string{"--retries", "2", "--find-max"}, "--find-max searches the rate the server sustains without retries"},
+	} {
+		out, err := runCLI(t, append([]string{"--fake", "--model", "dlrm-tiny", "--duration", "300ms", "--quiet"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+	}
+	for _, mode := range []string{"loadgen", "grpc"} {
+		dir := t.TempDir()
+		out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--duration", "500ms", "--rate", "40", "--candidates", "4", "--quiet", "--retries", "2", "--retry-mode", mode, "--out", dir)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", mode, err, out)
+		}
+		if !strings.Contains(out, "retries     up to 2: ") || !strings.Contains(out, "1.00 a request") {
+			t.Fatalf("%s: output lacks the retries' line:\n%s", mode, out)
+		}
+		var sum loadgen.Summary
+		buf, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(buf, &sum); err != nil {
+			t.Fatal(err)
+		}
+		if sum.Retry == nil || sum.Retry.Attempts != sum.Sent || sum.Sent == 0 {
+			t.Fatalf("%s: summary.json's retry %+v for %d sent", mode, sum.Retry, sum.Sent)
+		}
+	}
+}
