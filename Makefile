@@ -73,13 +73,15 @@ proto:
 		--go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative api/prismv1/*.proto
 
 # Plain Kubernetes manifests (deploy/manifests, for kubectl apply -k),
-# rendered from the Helm chart with its default values. Helm: on PATH or
+# rendered from the Helm chart with its default values, and the alerting
+# rules' copy for a plain Prometheus (deploy/monitoring). Helm: on PATH or
 # GOBIN=$(CURDIR)/.cache/bin go install helm.sh/helm/v3/cmd/helm@v3.22.0
 HELM ?= $(shell command -v helm 2>/dev/null || echo $(CURDIR)/.cache/bin/helm)
 manifests:
 	@[ -x "$(HELM)" ] || { echo "make manifests: helm not found: GOBIN=$(CURDIR)/.cache/bin go install helm.sh/helm/v3/cmd/helm@v3.22.0"; exit 1; }
 	$(HELM) lint deploy/helm/prism
 	$(HELM) template prism deploy/helm/prism --namespace prism > deploy/manifests/prism.yaml
+	cp deploy/helm/prism/files/prism-rules.yaml deploy/monitoring/prism-rules.yaml
 
 # The container image (Dockerfile): needs docker or podman with a working
 # engine and access to the registries the Dockerfile pulls from.

@@ -69,6 +69,12 @@ type Metrics struct {
 	// it, whose room blocks take while the memtables are not full (a
 	// store that takes no upserts).
 	BlockCacheHits, BlockCacheMisses, BlockCacheBytes, BlockCacheMaxBytes int64
+	// DiskAvailBytes and DiskTotalBytes are the free space (to this
+	// process) and the size of the store's disk, when its file system
+	// says (DiskKnown): at too little free, updates are refused
+	// (ErrDiskFull), and an operator wants to know before.
+	DiskAvailBytes, DiskTotalBytes int64
+	DiskKnown                      bool
 }
 
 // HitRatio is HotHits / (HotHits + HotMisses).
@@ -101,6 +107,9 @@ func (s *Store) Metrics() Metrics {
 		m.BlockCacheHits, m.BlockCacheMisses, m.BlockCacheBytes = bc.Hits, bc.Misses, bc.Size
 		m.BlockCacheMaxBytes = s.popts.Cache.MaxSize()
 	}
+	if u, err := s.popts.FS.GetDiskUsage(s.dir); err == nil {
+		m.DiskAvailBytes, m.DiskTotalBytes, m.DiskKnown = int64(u.AvailBytes), int64(u.TotalBytes), true
+	}
 	return m
 }
 
@@ -114,6 +123,8 @@ type metricDesc struct {
 	d     *prometheus.Desc
 	kind  prometheus.ValueType
 	value func(Metrics) float64
+	// disk: reported only when the file system says its usage.
+	disk bool
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -123,7 +134,7 @@ var _ prometheus.Collector = (*Collector)(nil)
 func NewCollector(s *Store) *Collector {
 	c := &Collector{s: s}
 	add := func(name, help string, kind prometheus.ValueType, f func(Metrics) float64) {
-		c.descs = append(c.descs, metricDesc{prometheus.NewDesc("prism_store_"+name, help, nil, nil), kind, f})
+		c.descs = append(c.descs, metricDesc{d: prometheus.NewDesc("prism_store_"+name, help, nil, nil), kind: kind, value: f})
 	}
 	ctr, gauge := prometheus.CounterValue, prometheus.GaugeValue
 	add("lookups_total", "Lookup calls served.", ctr, func(m Metrics) float64 { return float64(m.Lookups) })
@@ -156,6 +167,10 @@ func NewCollector(s *Store) *Collector {
 	add("table_copies_total", "Shared tables copied before their first update.", ctr, func(m Metrics) float64 { return float64(m.TableCopies) })
 	add("table_copied_rows_total", "Rows of the shared tables copied.", ctr, func(m Metrics) float64 { return float64(m.CopiedRows) })
 	add("carried_rows_total", "Updated rows a version switch wrote into the newly active tables.", ctr, func(m Metrics) float64 { return float64(m.CarriedRows) })
+	add("disk_available_bytes", "Free bytes on the store's disk (to this process); below the memtable's size and an update's bytes, updates are refused.", gauge, func(m Metrics) float64 { return float64(m.DiskAvailBytes) })
+	c.descs[len(c.descs)-1].disk = true
+	add("disk_size_bytes", "Size of the store's disk in bytes.", gauge, func(m Metrics) float64 { return float64(m.DiskTotalBytes) })
+	c.descs[len(c.descs)-1].disk = true
 	return c
 }
 
@@ -170,6 +185,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	m := c.s.Metrics()
 	for _, d := range c.descs {
+		if d.disk && !m.DiskKnown {
+			continue
+		}
 		ch <- prometheus.MustNewConstMetric(d.d, d.kind, d.value(m))
 	}
 }

@@ -106,6 +106,7 @@ func newReloader(f Files, withCert bool) (*reloader, error) {
 	t := now()
 	r.cur, r.checked = id, t
 	r.warnExpiry(t)
+	track(r)
 	return r, nil
 }
 

@@ -152,7 +152,7 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		Namespace: "prism", Name: "rpc_latency_seconds", Help: "RPC latency, by method.",
 		Buckets: LatencyBuckets,
 	}, []string{"method"})
-	s.Registry.MustRegister(s.requests, s.latency, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.Registry.MustRegister(s.requests, s.latency, auth.ExpiryCollector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
 	if s.lis = o.Listener; s.lis == nil {
 		if s.lis, err = net.Listen("tcp", o.Addr); err != nil {
