@@ -420,7 +420,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		}
 		// Once per window: a worker that announces but cannot be reached
 		// fails every update, and a line each flooded the log.
-		s.floodf(model+" "+worker, slog.LevelWarn, "update failed on an embedding worker; it is left out of serving until caught up", "model", model, "worker", worker, "seq", seq, "err", err)
+		s.floodf(model+" "+worker, slog.LevelWarn, "update failed on an embedding worker; it is caught up later, and serves the model's lookups only while it holds every acknowledged update", "model", model, "worker", worker, "seq", seq, "err", err)
 	}
 	if len(f.waiting) > 0 {
 		return

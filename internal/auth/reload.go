@@ -227,8 +227,41 @@ func (r *reloader) warnExpiry(now time.Time) {
 	for _, n := range r.cur.expiring {
 		if left := n.cert.NotAfter.Sub(now); left < expiryWarning(n.cert) {
 			r.warned = now
+			if !expiryWarned.first(n.what, n.cert.NotAfter, now) {
+				continue // another configuration of this process said so today
+			}
 			logf().Warn("certificate expires soon: renew it (rewrite the files; they are reloaded without a restart)",
 				"what", n.what, "not_after", n.cert.NotAfter.UTC().Format(time.RFC3339), "left", left.Round(time.Minute).String())
 		}
 	}
+}
+
+// expiryWarned is when each expiring certificate (its file and its
+// NotAfter) was last warned about in this process: a process loads the
+// same files into several configurations (a router's server, its
+// clients of each tier, its metrics endpoint), and each warned of the
+// same certificate, four lines at a router's start.
+var expiryWarned = warnedSet{at: map[warnedKey]time.Time{}}
+
+type warnedKey struct {
+	what     string
+	notAfter time.Time
+}
+
+type warnedSet struct {
+	mu sync.Mutex
+	at map[warnedKey]time.Time
+}
+
+// first says whether what, expiring at notAfter, was not warned about
+// within the last day, and records now as its warning if so.
+func (w *warnedSet) first(what string, notAfter, now time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := warnedKey{what, notAfter.UTC()}
+	if at, ok := w.at[k]; ok && now.Sub(at) < 24*time.Hour && now.Sub(at) >= 0 {
+		return false
+	}
+	w.at[k] = now
+	return true
 }

@@ -343,3 +343,33 @@ func TestReloadNotValidYet(t *testing.T) {
 		t.Errorf("the renewal is not taken once this host's clock passed its start; log %q", log.String())
 	}
 }
+
+// TestExpiryWarningOncePerProcess: a process loading one expiring
+// certificate into several configurations (a router's server, its
+// clients of each tier) warns of it once a day, not once per
+// configuration (four lines at a router's start).
+func TestExpiryWarningOncePerProcess(t *testing.T) {
+	log := captureLog(t)
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := InitCerts(dir, CertOptions{Validity: 90 * 24 * time.Hour, Now: func() time.Time { return time.Now().Add(-85 * 24 * time.Hour) }}); err != nil {
+		t.Fatal(err)
+	}
+	f := FilesFor(dir, Router)
+	for range 2 {
+		if _, err := ServerTLS(f, ServerTLSOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ClientTLS(f, Embedding); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 0
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, "expires soon") && strings.Contains(line, "certificate "+f.Cert) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d warnings of %s from four configurations, want 1:\n%s", n, f.Cert, log.String())
+	}
+}
