@@ -304,8 +304,10 @@ type routerMetrics struct {
 	rejected     *prometheus.CounterVec
 	inflight     prometheus.GaugeFunc
 	stages       *prometheus.HistogramVec
-	workers      *prometheus.GaugeVec
-	behind       *prometheus.GaugeVec
+	// stage are stages' observers, by stageNames' index.
+	stage   [len(stageNames)]prometheus.Observer
+	workers *prometheus.GaugeVec
+	behind  *prometheus.GaugeVec
 	// streamed counts the requests of RecommendStream streams by their
 	// answer's code: a stream is one RPC to internal/serve's counters,
 	// OK however many of its requests failed.
@@ -392,7 +394,10 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.m.rejected.WithLabelValues(reason)
 	}
 	r.m.inflight = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "inflight_samples", Help: "Samples admitted and not yet answered (the queue depth)."}, func() float64 { return float64(r.inflight.Load()) })
-	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage.", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
+	r.m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "prism", Subsystem: "router", Name: "stage_seconds", Help: "Time per micro-batch stage: decode, lookup, cpu_model, encode (the embedding worker), transfer (its Score call less the dense worker's time), dense (the dense worker's queue and run), and wait: the router's call less all of those, i.e. the network to and from the embedding worker and the time before its handler ran (a paused or CPU-starved worker shows here).", Buckets: prometheus.ExponentialBuckets(20e-6, 2, 18)}, []string{"stage"})
+	for i, name := range stageNames {
+		r.m.stage[i] = r.m.stages.WithLabelValues(name)
+	}
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
 	r.m.models = newModelMetrics(r.Reg.Known)
 	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
@@ -1284,13 +1289,15 @@ func (r *Router) microBatch(ctx context.Context, req *prismv1.RecommendRequest, 
 		if attempt > 0 {
 			r.m.retries.Inc() // counted once it goes: a retry finding no worker is none
 		}
+		called := time.Now()
 		resp, err := r.call(ctx, cn.GetId(), cn.GetAddr(), lookupRequest(req, cands, n, hn.GetAddr()))
 		releaseCN()
 		releaseHN()
 		if err == nil {
+			now := time.Now()
 			r.m.microBatches.WithLabelValues("ok").Inc()
-			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
-			r.observe(resp.GetTimes())
+			r.preds.get(req.GetModel()).answered(now, int64(n))
+			r.observe(resp.GetTimes(), now.Sub(called))
 			return resp.GetScores(), answer{version: resp.GetVersion(), content: resp.GetContent(), tasks: resp.GetTasks(), taskNames: namesOf(resp.GetTaskNames())}, nil
 		}
 		last = err
@@ -1542,12 +1549,28 @@ func retryable(ctx context.Context, err error) bool {
 	return false
 }
 
-func (r *Router) observe(t *prismv1.StageTimes) {
+// stageNames are prism_router_stage_seconds's stages: the workers'
+// (StageTimes) and the router's own, wait.
+var stageNames = [...]string{"decode", "lookup", "cpu_model", "encode", "transfer", "dense", "wait"}
+
+// observe records a micro-batch's stages, as its workers timed them,
+// and wait: what of call, the router's call to the embedding worker
+// (every shard's, for a sharded model), those stages do not cover. The
+// workers time their handlers only, so a worker paused or starved of
+// CPU before its handler ran (or a slow network) showed in no stage,
+// the router's request time well above their sum.
+func (r *Router) observe(t *prismv1.StageTimes, call time.Duration) {
 	if t == nil {
 		return
 	}
-	for stage, us := range map[string]int64{"decode": t.GetDecodeUs(), "lookup": t.GetLookupUs(), "cpu_model": t.GetCpuModelUs(), "encode": t.GetEncodeUs(), "transfer": t.GetTransferUs(), "dense": t.GetDenseUs()} {
-		r.m.stages.WithLabelValues(stage).Observe(float64(us) / 1e6)
+	us := [len(stageNames)]int64{t.GetDecodeUs(), t.GetLookupUs(), t.GetCpuModelUs(), t.GetEncodeUs(), t.GetTransferUs(), t.GetDenseUs()}
+	var sum int64
+	for _, v := range us[:len(us)-1] {
+		sum += v
+	}
+	us[len(us)-1] = max(call.Microseconds()-sum, 0)
+	for i, v := range us {
+		r.m.stage[i].Observe(float64(v) / 1e6)
 	}
 }
 

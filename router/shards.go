@@ -440,13 +440,15 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		if attempt > 0 {
 			r.m.retries.Inc() // counted once it goes: a retry finding no worker is none
 		}
+		called := time.Now()
 		resps, failed, err := r.fanOut(ctx, req, cands, n, shards, cns, hn.GetAddr(), fanoutKey(req.GetRequestId(), mb))
 		releaseCN()
 		releaseHN()
 		if err == nil {
+			now := time.Now()
 			r.m.microBatches.WithLabelValues("ok").Inc()
-			r.preds.get(req.GetModel()).answered(time.Now(), int64(n))
-			r.observe(resps[0].GetTimes())
+			r.preds.get(req.GetModel()).answered(now, int64(n))
+			r.observe(resps[0].GetTimes(), now.Sub(called))
 			return resps[0].GetScores(), answer{version: resps[0].GetVersion(), content: resps[0].GetContent(), tasks: resps[0].GetTasks(), taskNames: namesOf(resps[0].GetTaskNames())}, nil
 		}
 		last = err
