@@ -31,6 +31,7 @@ import (
 // right certificate with the wrong role gets PermissionDenied; a bearer
 // token admits a client without a certificate to Recommend only.
 func TestAuth(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	certs, other := newCerts(t), newCerts(t)
@@ -252,6 +253,7 @@ func TestTLSFlags(t *testing.T) {
 // README's grpcurl example calls it, with a request prism loadgen
 // --print-request wrote; the registry still wants a certificate.
 func TestUpBearerToken(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	const token = "up-e2e-0123456789abcdef0123456789"

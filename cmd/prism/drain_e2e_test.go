@@ -171,6 +171,7 @@ func (s *drainStack) recommend(rec prismv1.RecommenderClient) func() error {
 // embedding updates run: no Recommend fails, no update fails, and the
 // worker left holds every acknowledged update.
 func TestEmbeddingDrainUnderUpdates(t *testing.T) {
+	t.Parallel()
 	s := newDrainStack(t)
 	router := s.router(t)
 	s.dense(t, router.addr)
@@ -268,6 +269,7 @@ func TestEmbeddingDrainUnderUpdates(t *testing.T) {
 // client (round robin over their addresses), is sent SIGTERM under
 // Recommend load: no call fails.
 func TestRouterDrainTwoRouters(t *testing.T) {
+	t.Parallel()
 	s := newDrainStack(t)
 	r1, r2 := s.router(t), s.router(t)
 	both := r1.addr + "," + r2.addr
@@ -316,6 +318,7 @@ func TestRouterDrainTwoRouters(t *testing.T) {
 // silently), so the router still lists it after it has gone: the calls
 // picking it are retried on the other dense worker, and none fails.
 func TestWorkerLeaveLostRetried(t *testing.T) {
+	t.Parallel()
 	s := newDrainStack(t)
 	router := startProc(t, readyline.Router, "serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--heartbeat", "2s", "--micro-batch", "16")
 	link := newTCPLink(t, router.addr)
@@ -379,6 +382,7 @@ func metricLines(t *testing.T, addr string, names ...string) string {
 // requests until its grace period cuts the stream (dropping the window's
 // answers) nor holds the shutdown that long.
 func TestRouterDrainEndsStreams(t *testing.T) {
+	t.Parallel()
 	s := newDrainStack(t)
 	router := s.router(t, "--shutdown-grace", "8s")
 	s.dense(t, router.addr)
@@ -465,6 +469,7 @@ func TestRouterDrainEndsStreams(t *testing.T) {
 // the signals neither cutting the drain short nor extending it, and its
 // log says how many calls it cut off.
 func TestDrainPastGrace(t *testing.T) {
+	t.Parallel()
 	s := newDrainStack(t)
 	// A heartbeat of 2 s: the stopped embedding worker expires 6 s
 	// after its last announcement, after the grace; with the stack's

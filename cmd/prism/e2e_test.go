@@ -247,6 +247,7 @@ func dial(t *testing.T, addr, certs string, role auth.Role) *grpc.ClientConn {
 // the monolithic model within 1e-5; bad input gets clear statuses from
 // every tier and the servers keep serving.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
@@ -504,6 +505,7 @@ func TestEndToEnd(t *testing.T) {
 // loses no request (each is answered, with scores or an error, never
 // hangs); a restarted worker registers again and takes load.
 func TestDenseWorkerKilled(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	certs := newCerts(t)
@@ -604,6 +606,7 @@ func TestDenseWorkerKilled(t *testing.T) {
 // restarts on its store and is caught up by the router before it serves:
 // alone, it answers with the updated row.
 func TestEmbeddingWorkerCatchesUp(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	certs := newCerts(t)
@@ -704,6 +707,7 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 // Before, the restarted router took its update number for an up-to-date
 // copy and sent it lookups of its differing rows.
 func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	// The same model, every table twice as long: its table 0 holds rows
@@ -812,6 +816,7 @@ func TestServeAliases(t *testing.T) {
 // encoded columns) and the dense worker expands them: scores stay the
 // monolith's within 1e-5, with and without a user context.
 func TestEndToEndDictionaryFrames(t *testing.T) {
+	t.Parallel()
 	rec, mono, cfg := tinyUp(t, "--dictionary-frames")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -884,6 +889,7 @@ func maxAbsError(got, want []float32) float64 {
 // an update acknowledged before the restart included, and scores as the
 // monolith does; started with --warm-restart=false it reads none back.
 func TestEmbeddingWorkerRestartsWarm(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
@@ -1002,6 +1008,7 @@ func TestEmbeddingWorkerRestartsWarm(t *testing.T) {
 }
 
 func TestEndToEndLargerThanMemory(t *testing.T) {
+	t.Parallel()
 	rec, mono, cfg := tinyUp(t, "--memory-limit", "2GiB", "--hot-bytes", "64KiB")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -43,6 +43,7 @@ import (
 // shared by every table), whose samples are drawn among the keys
 // plan.json lists for each key input.
 func TestExporterPatternsEndToEnd(t *testing.T) {
+	t.Parallel()
 	exportersServed(t, []string{"torchrec-fused-offsets", "dlrm-single-float-input", "ts-id-arithmetic",
 		"torchrec-int32-ids", "ts-fixed-batch-view", "ts-fixed-batch-row-bias", "ts-fixed-batch-row-bias-dense",
 		"ts-hash-mul-add-mod", "ts-floor-div-bucket", "ts-bitmask-shift", "hugectr-wdl", "hugectr-dlrm",
@@ -57,6 +58,7 @@ func TestExporterPatternsEndToEnd(t *testing.T) {
 // score as prism score does on the whole model within 1e-5, and take
 // prism loadgen --plan.
 func TestExporterPaddleEndToEnd(t *testing.T) {
+	t.Parallel()
 	exportersServed(t, []string{"paddle-wide-deep", "paddle-wide-deep-lookup-v1", "paddle-deepfm"})
 }
 
@@ -200,11 +202,15 @@ func exportersServed(t *testing.T, names []string) {
 // several micro-batches, on Recommend and RecommendStream; prism
 // loadgen, which reads scores only, runs on it.
 func TestExporterMultiTaskServed(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range []*exporters.Model{exporters.HugeCTRMultiTask(11), exporters.HugeCTRSharedBottom(11), exporters.TorchTupleHeads(11), exporters.PaddleMultiTask(11)} {
-		t.Run(m.Name, func(t *testing.T) { multiTaskServed(t, m) })
+		t.Run(m.Name, func(t *testing.T) {
+			t.Parallel()
+			multiTaskServed(t, m)
+		})
 	}
 }
 
@@ -340,6 +346,7 @@ func scoredSamples(t *testing.T, p *plan.Plan, n int) *models.Batch {
 // and the request failed (Internal: micro-batches answered 2 and 1
 // tasks a candidate).
 func TestTasksRollout(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}

@@ -192,6 +192,7 @@ func dialRestartable(t *testing.T, addr, certs string) *grpc.ClientConn {
 }
 
 func TestFaultCampaign(t *testing.T) {
+	t.Parallel()
 	seed := faultEnvInt(t, "PRISM_FAULTS_SEED", uint64(time.Now().UnixNano())%1_000_000_007)
 	rounds := int(faultEnvInt(t, "PRISM_FAULTS_ROUNDS", 3))
 	t.Logf("fault campaign: seed %d, %d rounds (replay: PRISM_FAULTS_SEED=%d PRISM_FAULTS_ROUNDS=%d)", seed, rounds, seed, rounds)

@@ -21,6 +21,7 @@ import (
 // InvalidArgument naming the input and the candidate; the stack then
 // still scores as the monolith does.
 func TestNonFiniteFeatures(t *testing.T) {
+	t.Parallel()
 	rec, mono, cfg := tinyUp(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

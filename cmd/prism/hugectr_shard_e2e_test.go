@@ -19,6 +19,7 @@ import (
 // own rows only, and prism shard refuses any sharding that splits a
 // table off shard 0. The multi-task ones serve both their tasks so.
 func TestUpShardedHugeCTR(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		shards int
@@ -42,6 +43,7 @@ func TestUpShardedHugeCTR(t *testing.T) {
 		{"hugectr-shared-bottom", 2, "400", 1},
 	} {
 		t.Run(tc.name+"/"+strconv.Itoa(tc.shards), func(t *testing.T) {
+			t.Parallel()
 			dir := t.TempDir()
 			model := filepath.Join(dir, tc.name, "model.onnx")
 			if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {

@@ -36,6 +36,7 @@ import (
 // offsets with InvalidArgument, and takes prism
 // loadgen --plan (bags of random length).
 func TestEmbeddingBagLoopEndToEnd(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}

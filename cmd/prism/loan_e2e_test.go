@@ -65,6 +65,7 @@ func getLoan(t *testing.T, client *http.Client, base string) (loanStatus, []byte
 // after; no request fails, and the report holds the borrowed workers
 // second by second.
 func TestLoanPromotion(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("real processes for about a minute")
 	}
@@ -273,6 +274,7 @@ func TestLoanPromotion(t *testing.T) {
 // drain: what a return or reclaim does) leaves the registry at once and
 // finishes what it holds; every request is answered, none fails.
 func TestDenseDrainDropsNothing(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	certs := newCerts(t)

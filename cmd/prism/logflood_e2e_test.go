@@ -22,6 +22,7 @@ import (
 // stays within a few dozen lines, and the failures it held back are
 // summed up in one line at the window's end.
 func TestDeadWorkerLogBounded(t *testing.T) {
+	t.Parallel()
 	const (
 		window   = 10 * time.Second
 		maxLines = 24
@@ -38,6 +39,7 @@ func TestDeadWorkerLogBounded(t *testing.T) {
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--micro-batch", "16")
 			workers := map[string][]*proc{}
 			for _, role := range []string{"dense", "embedding"} {

@@ -12,6 +12,17 @@ import (
 )
 
 // The tests run the real binary, as a user does.
+//
+// The end-to-end tests (and the subtests of a table whose cases each
+// start a stack of their own) call t.Parallel: they spend their time
+// waiting on heartbeats, ready lines, update windows and timed windows,
+// not computing, so go test runs -parallel of them at once (GOMAXPROCS
+// by default: 2 on a 2-core CI machine), which cuts the package's time
+// there by about a third. Each keeps to its own t.TempDir, ports the
+// kernel picks (127.0.0.1:0) and network namespaces of random names. A
+// test that sets the environment (t.Setenv) or needs the machine to
+// itself (TestLateWorkerKeepsCalls) stays sequential: the sequential
+// ones run first, alone.
 var prismBin string
 
 func TestMain(m *testing.M) {

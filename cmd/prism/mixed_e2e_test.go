@@ -42,6 +42,7 @@ const previousRelease = "c09be5519201d8676a44efc58519161878c9a454"
 // acknowledged, held by every embedding worker and read by every pair;
 // an old embedding worker restarted as this release takes its place.
 func TestMixedReleases(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds an earlier release and runs two stacks for about a minute")
 	}
@@ -50,7 +51,10 @@ func TestMixedReleases(t *testing.T) {
 		old = buildRelease(t, previousRelease)
 	}
 	for _, oldSequences := range []bool{false, true} {
-		t.Run(fmt.Sprintf("old sequencer %v", oldSequences), func(t *testing.T) { testMixedReleases(t, old, oldSequences) })
+		t.Run(fmt.Sprintf("old sequencer %v", oldSequences), func(t *testing.T) {
+			t.Parallel()
+			testMixedReleases(t, old, oldSequences)
+		})
 	}
 }
 

@@ -42,6 +42,7 @@ func startIn(t *testing.T, topo *netns.Topology, h *netns.Host, ready readyline.
 // the registry drops the host, and the host rejoins when its link is
 // back, and then serves alone while the other host is cut off.
 func TestMultiHost(t *testing.T) {
+	t.Parallel()
 	if err := netns.Available(); err != nil {
 		t.Skipf("skipping the multi-host test: cannot make network namespaces here (%v); it needs root and iproute2", err)
 	}

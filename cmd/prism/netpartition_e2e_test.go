@@ -553,6 +553,7 @@ func codesString(m map[codes.Code]int) string {
 //  3. All back: every acknowledged update is in every store, the stores
 //     are identical, and no call outlived its deadline.
 func TestNetPartitionSequencer(t *testing.T) {
+	t.Parallel()
 	n := newPartNet(t, 4)
 	began := time.Now()
 	router := n.router(0, "--update-log-dir", filepath.Join(n.dir, "router-log"))
@@ -649,6 +650,7 @@ func TestNetPartitionSequencer(t *testing.T) {
 //     stores, the stores are identical, and no call outlived its
 //     deadline.
 func TestNetPartitionRouters(t *testing.T) {
+	t.Parallel()
 	n := newPartNet(t, 4)
 	began := time.Now()
 	a := n.router(0, "--update-log-dir", filepath.Join(n.dir, "router-log"))
@@ -741,6 +743,7 @@ func TestNetPartitionRouters(t *testing.T) {
 // answered (they waited out their deadlines: 4 of those with one, 2
 // without).
 func TestNetPartitionDense(t *testing.T) {
+	t.Parallel()
 	n := newPartNet(t, 4)
 	began := time.Now()
 	const defaultTimeout = 3 * time.Second
@@ -879,6 +882,7 @@ func TestNetPartitionDense(t *testing.T) {
 // for 14 s under an update stream and Recommend load. Afterwards both
 // stores hold every acknowledged update and are identical.
 func TestNetPartitionFlap(t *testing.T) {
+	t.Parallel()
 	n := newPartNet(t, 3)
 	began := time.Now()
 	router := n.router(0, "--update-log-dir", filepath.Join(n.dir, "router-log"))
@@ -966,6 +970,7 @@ func (n *partNet) block(a, b int, on bool) {
 // acknowledged on the one left, and nearly every answer through B read
 // the old row).
 func TestNetPartitionFollowerStaleView(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		cut  []int // the workers cut off from the sequencer (0-2)
@@ -973,7 +978,10 @@ func TestNetPartitionFollowerStaleView(t *testing.T) {
 		{"a minority cut off from the sequencer", []int{2}},
 		{"a majority cut off from the sequencer", []int{0, 1}},
 	} {
-		t.Run(tc.name, func(t *testing.T) { followerStaleView(t, tc.cut) })
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			followerStaleView(t, tc.cut)
+		})
 	}
 }
 
@@ -1122,6 +1130,7 @@ func followerStaleView(t *testing.T, cut []int) {
 // and ended DeadlineExceeded (the connection to the sequencer noticed
 // nothing), which a client retrying on Unavailable does not retry.
 func TestNetPartitionSilentSequencer(t *testing.T) {
+	t.Parallel()
 	n := newPartNet(t, 3)
 	a := n.router(0)
 	b := n.router(1, "--sequencer", a.addr)

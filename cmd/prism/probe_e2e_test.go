@@ -24,6 +24,13 @@ import (
 // flight were abandoned; with no other worker of its role, those and
 // the requests until it announced again failed Unavailable (CI at load
 // average 16: 55 and 27 Recommends in two drain tests).
+//
+// Sequential, unlike the other end-to-end tests: beside another test
+// its embedding case saw Recommends fail Unavailable (the worker
+// refusing the dense worker, "0 are"), its list of dense workers
+// dropped while the link was held (internal/serve's answers drops a
+// router's list when an announce attempt fails over three heartbeats
+// after its last answer; the attempt's timeout is 2 s, the hold 2.5 s).
 func TestLateWorkerKeepsCalls(t *testing.T) {
 	const hb = 500 * time.Millisecond
 	for _, late := range []string{"dense", "embedding"} {

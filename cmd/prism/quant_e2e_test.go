@@ -30,6 +30,7 @@ import (
 // the same as prism score at the batch they are served in: one request
 // of 16 candidates, one micro-batch, alone in the dense tier.
 func TestQuantizedExportersEndToEnd(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}

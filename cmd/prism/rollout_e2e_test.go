@@ -26,6 +26,7 @@ import (
 // garbage), no request mixes the two models, and once the old pair is
 // gone a request pinned to the old content is NotFound.
 func TestRetrainedRollout(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}

@@ -38,6 +38,7 @@ import (
 // one shard's only worker killed requests fail fast with Unavailable
 // naming the shard, and serving resumes once it is back.
 func TestShardedTableWise(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
@@ -479,6 +480,7 @@ func rowWiseModel(seed uint64) *pb.ModelProto {
 // alike. One shard's hot tier holds a few rows, so its part is read
 // from Pebble.
 func TestShardedRowWise(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}
@@ -771,6 +773,7 @@ func TestShardedRowWise(t *testing.T) {
 // no request fails (the router's one retry goes to the other replica of
 // the shard), and the scores stay the monolith's.
 func TestShardReplicaKilledUnderLoad(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}

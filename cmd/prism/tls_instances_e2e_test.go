@@ -24,6 +24,7 @@ import (
 // answered, and the dense worker's /metrics is HTTPS only, with a client
 // certificate required under --metrics-client-cert.
 func TestTLSInstancesMetrics(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	certs := filepath.Join(t.TempDir(), "certs")

@@ -15,6 +15,7 @@ import (
 // writes tune.json with both trials measured and a best, appends them to
 // the prior, and prism up --config starts from what it wrote.
 func TestTuneEndToEnd(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short: real prism up trials")
 	}

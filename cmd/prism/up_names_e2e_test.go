@@ -28,6 +28,7 @@ import (
 // into the same stores (the sharded one's shard stores holding the
 // whole model then), and only then did the workers refuse them.
 func TestUpModelNames(t *testing.T) {
+	t.Parallel()
 	if err := ort.Init(); err != nil {
 		t.Fatal(err)
 	}

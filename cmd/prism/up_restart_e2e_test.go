@@ -46,6 +46,7 @@ func childPID(t *testing.T, parent int, want string) int {
 // killed restarts it on the same port; the workers register again and
 // Recommend answers at the address up printed.
 func TestUpRestartsRouter(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	u := startProc(t, readyline.Up, "up", "--model", part, "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--dense-workers", "1")
@@ -84,6 +85,7 @@ func TestUpRestartsRouter(t *testing.T) {
 // address, [::]:P, for which no certificate is valid: they never
 // registered and up gave up after --ready-timeout.
 func TestUpOnEveryInterface(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
 	u := startProc(t, readyline.Up, "up", "--model", part, "--addr", "0.0.0.0:0", "--db", filepath.Join(dir, "db"),

@@ -25,12 +25,15 @@ import (
 // over three shards with row-wise tables (every partial pooling) and a
 // whole one.
 func TestUpSharded(t *testing.T) {
+	t.Parallel()
 	t.Run("table-wise", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		model, part, _ := partitioned(t, dir, "dlrm-tiny")
 		upSharded(t, dir, model, part, []string{"--shards", "2", "--shard-bytes", "1MiB", "--zipf", "1.05"}, 2, 2, 0)
 	})
 	t.Run("row-wise", func(t *testing.T) {
+		t.Parallel()
 		dir := t.TempDir()
 		model := filepath.Join(dir, "rowwise", "model.onnx")
 		if err := os.MkdirAll(filepath.Dir(model), 0o755); err != nil {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 )
 
 // Topology is a bridge and the hosts on it.
@@ -82,6 +83,12 @@ func randHex(n int) string {
 // New makes n hosts on a bridge in 10.77.X.0/24, X chosen among the /24s
 // nothing on the machine uses. On an error it removes what it made.
 func New(n int) (*Topology, error) {
+	// One topology is made at a time in a process: freeSubnet checks the
+	// routes, and the subnet shows in them only once build has added
+	// the root address, so two made at once (tests in parallel) could
+	// pick the same /24.
+	building.Lock()
+	defer building.Unlock()
 	t := &Topology{Prefix: "pm" + randHex(3)}
 	subnet, err := freeSubnet()
 	if err != nil {
@@ -96,6 +103,9 @@ func New(n int) (*Topology, error) {
 	}
 	return t, nil
 }
+
+// building serializes New's choice of a subnet and its use.
+var building sync.Mutex
 
 func (t *Topology) build(n int) error {
 	if err := t.addNS(t.Switch); err != nil {
