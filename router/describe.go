@@ -94,12 +94,14 @@ func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
 	if d == nil {
 		return
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for key, m := range d.seq.models {
-		if m.bytes > 0 {
-			ch <- prometheus.MustNewConstMetric(updateLogBytesDesc, prometheus.GaugeValue, float64(m.bytes), key)
-		}
+	// As of the driver's last step, read without its lock
+	// (publishLogBytes): a flood of updates holds it most of the time.
+	p := d.logBytes.Load()
+	if p == nil {
+		return
+	}
+	for key, n := range *p {
+		ch <- prometheus.MustNewConstMetric(updateLogBytesDesc, prometheus.GaugeValue, float64(n), key)
 	}
 }
 

@@ -23,6 +23,13 @@ import (
 // takes no lock, so a test replays any interleaving by stepping events;
 // the caller serializes the events (updateDriver does, under one mutex).
 type sequencer struct {
+	// ended, when set, is the status of client's ended context (nil
+	// while it waits): asked as an update's turn comes (startNext,
+	// gather), so that no update whose caller is gone is numbered (it
+	// would be applied with no one told). The driver's; nil: no client
+	// ends but by cancel.
+	ended func(client uint64) error
+
 	logBytes int64
 	// totalBytes bounds every model's log together
 	// (Options.UpdateLogTotalBytes; 0: no bound): budget, trimTotal.
@@ -588,6 +595,14 @@ func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateReq
 		m.queue = append(m.queue, &proposal{client: client, req: p.req, deadline: deadline})
 		s.startNext(p.key, m)
 	}
+}
+
+// endedErr is ended's answer for client (nil without ended).
+func (s *sequencer) endedErr(client uint64) error {
+	if s.ended == nil {
+		return nil
+	}
+	return s.ended(client)
 }
 
 // cancel is the event "client's context ended" (err is its status): an

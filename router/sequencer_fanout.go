@@ -105,6 +105,11 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 			s.answer(p.client, model, nil, status.FromContextError(context.DeadlineExceeded).Err())
 			continue
 		}
+		if err := s.endedErr(p.client); err != nil {
+			// Its caller is gone: applied, no one would be told.
+			s.answer(p.client, model, nil, err)
+			continue
+		}
 		if m.owed > m.next {
 			s.answer(p.client, model, nil, status.Errorf(codes.Unavailable, "model %q: the previous sequencing router acknowledged updates up to %d, past this router's copy of its log (%d), and no embedding worker holding them has announced yet; nothing is numbered until one does (numbering on would overwrite them); retry", model, m.owed, m.next))
 			continue

@@ -87,7 +87,8 @@ const applyWrapBytes = 64
 // or the byte bound (s.mergeBytes and m's log budget, so one entry
 // never fills the log). A waiting update of p's table whose deadline
 // passed on the way is answered DeadlineExceeded and dropped (it is not
-// applied, merged or not). It returns the updates, p first.
+// applied, merged or not), as is one whose caller is gone (ended),
+// answered its context's end. It returns the updates, p first.
 func (s *sequencer) gather(model string, m *modelSeq, p *proposal) []*proposal {
 	batch := []*proposal{p}
 	if p.alone || s.mergeBytes <= 0 || len(m.queue) == 0 {
@@ -109,6 +110,10 @@ func (s *sequencer) gather(model string, m *modelSeq, p *proposal) []*proposal {
 		}
 		if !s.now.Before(q.deadline) {
 			s.answer(q.client, model, nil, status.FromContextError(context.DeadlineExceeded).Err())
+			continue
+		}
+		if err := s.endedErr(q.client); err != nil {
+			s.answer(q.client, model, nil, err) // its caller is gone
 			continue
 		}
 		n := int64(proto.Size(q.req))

@@ -1,0 +1,138 @@
+package router
+
+import (
+	"context"
+	"encoding/binary"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// A flood of embedding updates (thousands a second, a thousand waiting
+// for their model's turn) keeps the update driver's lock busy: what
+// else takes it must not scale with the flood, or wait for it.
+
+// errCounting is a context that counts the calls of its Err.
+type errCounting struct {
+	context.Context
+	n *atomic.Int64
+}
+
+func (c errCounting) Err() error {
+	c.n.Add(1)
+	return c.Context.Err()
+}
+
+// TestDriverStepReadsNoWaitingContext: a step of the update driver
+// reads the context of no update waiting for its model's turn (it read
+// every one, under the driver's lock: with a thousand waiting, three
+// quarters of each step), yet the waiting updates are numbered, merged
+// and answered as before once their turn comes.
+func TestDriverStepReadsNoWaitingContext(t *testing.T) {
+	start := time.Unix(1000, 0)
+	now := start.Add(time.Hour) // long past the start-up wait
+	gate := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	call := func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
+		if req.GetSeq() == 1 {
+			entered <- struct{}{}
+			<-gate
+		}
+		return &prismv1.UpdateResponse{Workers: 1}, nil
+	}
+	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
+	d.announced(&prismv1.WorkerInfo{Id: "w1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-w1", Models: []string{"m"}, Healthy: true})
+	req := func(id int64) *prismv1.UpdateRequest {
+		return &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(id)))}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := d.update(ctx, req(0)); first <- err }()
+	<-entered // update 1 holds the model's turn at its worker
+
+	const waiting = 50
+	var reads atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, waiting)
+	for i := range waiting {
+		wg.Go(func() {
+			_, err := d.update(errCounting{ctx, &reads}, req(int64(i+1)))
+			errs <- err
+		})
+	}
+	for queued := false; !queued; {
+		d.mu.Lock()
+		queued = len(d.clients) == waiting+1
+		d.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	reads.Store(0)
+	for range 10 {
+		d.step(func(time.Time) {}) // an event that numbers nothing
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("10 steps with %d updates waiting read their contexts %d times, want none", waiting, n)
+	}
+	close(gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a waiting update: %v", err)
+		}
+	}
+	d.wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if m := d.seq.models["m"]; m == nil || m.next < 2 || m.next > waiting+1 || m.committed != m.next {
+		t.Errorf("model's sequence %+v: want the waiting updates merged into 1-%d numbers, all acknowledged", m, waiting)
+	}
+}
+
+// TestRouterCollectorsWithoutDriverLock: a scrape of the router's own
+// collectors returns while the update driver's lock is held (a flood of
+// updates holds it most of the time: the scrape that read the update
+// log's bytes under it timed out), and reports the log's bytes as of
+// the driver's last step.
+func TestRouterCollectorsWithoutDriverLock(t *testing.T) {
+	rig := newUpdateRig(t, Options{UpdateLogBytes: 1 << 20, UpdateQuorum: QuorumOne}, &seqCN{})
+	for i := range 5 {
+		if _, err := rig.update("t", int64(i), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := rig.r.upd
+	d.mu.Lock()
+	want := d.seq.models["m"].bytes
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(updateLogCollector{rig.r}, opsCollector{rig.r}, copyLagCollector{rig.r}, &rig.r.preds)
+	done := make(chan string, 1)
+	go func() { done <- gatherText(t, reg, "prism_router_update_log_bytes") }()
+	select {
+	case got := <-done:
+		d.mu.Unlock()
+		if want <= 0 {
+			t.Fatalf("the update log holds %d bytes after 5 updates", want)
+		}
+		if w := "prism_router_update_log_bytes{model=\"m\"} " + strconv.FormatFloat(float64(want), 'g', -1, 64); !strings.Contains(got, w) {
+			t.Errorf("scrape:\n%s\nwant %s", got, w)
+		}
+	case <-time.After(10 * time.Second):
+		d.mu.Unlock()
+		<-done
+		t.Fatal("a scrape waited for the update driver's lock")
+	}
+}
