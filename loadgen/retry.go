@@ -346,7 +346,10 @@ func WithAttemptCount(ctx context.Context, n *atomic.Int32) context.Context {
 
 func (AttemptCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 func (AttemptCounter) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	if b, ok := s.(*stats.Begin); ok && b.Client {
+	// A transparent retry (grpc-go resending a stream the server never
+	// saw: a refused stream, a GOAWAY) is no attempt of the retry
+	// policy's, nor one the server handled.
+	if b, ok := s.(*stats.Begin); ok && b.Client && !b.IsTransparentRetryAttempt {
 		if n, ok := ctx.Value(attemptKey{}).(*atomic.Int32); ok {
 			n.Add(1)
 		}

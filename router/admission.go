@@ -107,8 +107,11 @@ func (r *Router) admit(model string, n, work, bytes int64, remaining time.Durati
 			r.inflightBytes.Add(-bytes)
 			r.inflight.Add(-n)
 			r.m.rejected.WithLabelValues("limit").Inc()
+			// The limit read again may have grown since allow judged
+			// (a window closed): at least one sample to drain, never a
+			// "do not retry" for the most retryable refusal.
 			limit := r.lim.limitNow()
-			return nil, countRefusal(status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, limit), cur-int64(limit))
+			return nil, countRefusal(status.Errorf(codes.ResourceExhausted, "router at its admission limit: %d samples in flight, %d with this request's, limit %.0f; back off", cur-n, cur, limit), max(cur-int64(limit), 1))
 		}
 		if !known {
 			share := r.share.get()

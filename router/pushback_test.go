@@ -196,3 +196,67 @@ func TestAdmitPushback(t *testing.T) {
 		})
 	}
 }
+
+// TestPushbackOnlyOnUnaryRefusals: the pushback trailer goes out on a
+// unary Recommend's overload refusal only: not on its success, not on
+// a refusal that is not for overload (InvalidArgument), and not on a
+// RecommendStream, whose refusals go in its answers and whose one
+// trailer is the stream's own.
+func TestPushbackOnlyOnUnaryRefusals(t *testing.T) {
+	cn := &fakeCN{gate: make(chan struct{})}
+	r := newRouter(t, Options{MaxInflight: 100}, cn)
+	r.preds.get("m").rate = 1000 // samples/s
+	addr := serveInprocOpts(t, nil, func(s *grpc.Server) { prismv1.RegisterRecommenderServer(s, r) })
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialInproc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := prismv1.NewRecommenderClient(conn)
+	unary := func(req *prismv1.RecommendRequest) (codes.Code, []string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		var tr metadata.MD
+		_, err := client.Recommend(ctx, req, grpc.Trailer(&tr))
+		return status.Code(err), tr.Get(PushbackKey)
+	}
+	held := backlog(r, cn, 90)
+	// The refusal the others are checked against: 10 over the limit.
+	if code, pb := unary(request(20)); code != codes.ResourceExhausted || len(pb) != 1 {
+		t.Fatalf("refused: %v, pushback %q; want ResourceExhausted with one", code, pb)
+	}
+	if code, pb := unary(request(0)); code != codes.InvalidArgument || len(pb) != 0 {
+		t.Errorf("invalid: %v, pushback %q; want InvalidArgument with none", code, pb)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := client.RecommendStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(request(20)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := codes.Code(resp.GetError().GetCode()); c != codes.ResourceExhausted {
+		t.Errorf("stream answer %v, want ResourceExhausted", resp.GetError())
+	}
+	s.CloseSend()
+	if _, err := s.Recv(); err == nil {
+		t.Fatal("stream: another answer, want its end")
+	}
+	if pb := s.Trailer().Get(PushbackKey); len(pb) != 0 {
+		t.Errorf("stream trailer carries pushback %q, want none", pb)
+	}
+	close(cn.gate)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if code, pb := unary(request(20)); code != codes.OK || len(pb) != 0 {
+		t.Errorf("answered: %v, pushback %q; want OK with none", code, pb)
+	}
+}

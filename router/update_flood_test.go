@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -134,5 +137,96 @@ func TestRouterCollectorsWithoutDriverLock(t *testing.T) {
 		d.mu.Unlock()
 		<-done
 		t.Fatal("a scrape waited for the update driver's lock")
+	}
+}
+
+// endedUnseen is a context whose Err says it ended while its Done never
+// closes: its caller has not yet told the driver (the window between a
+// caller's end and its own cancel step).
+type endedUnseen struct{ context.Context }
+
+func (endedUnseen) Err() error { return context.Canceled }
+
+// TestEndedCallerNotNumbered: with no step reading the waiting
+// updates' contexts, an update whose caller ended before its turn came,
+// and whose caller has not yet taken it out of the queue, is still not
+// numbered: not when its turn comes (startNext), nor merged into the
+// update ahead of it (gather). It would be applied with no one told. It
+// is answered its context's end; the others are numbered and applied.
+func TestEndedCallerNotNumbered(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ended int // which of the three waiting updates (ids 1-3) ended
+	}{
+		{"at the head of the queue", 1},
+		{"behind the head, merged with it", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) { endedCallerNotNumbered(t, tc.ended) })
+	}
+}
+
+func endedCallerNotNumbered(t *testing.T, ended int) {
+	start := time.Unix(1000, 0)
+	now := start.Add(time.Hour)
+	gate := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	var mu sync.Mutex
+	var applied []int64
+	call := func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
+		if req.GetSeq() == 1 {
+			entered <- struct{}{}
+			<-gate
+		}
+		mu.Lock()
+		applied = append(applied, req.GetUpdate().GetIds()...)
+		mu.Unlock()
+		return &prismv1.UpdateResponse{Workers: 1}, nil
+	}
+	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
+	d.announced(&prismv1.WorkerInfo{Id: "w1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-w1", Models: []string{"m"}, Healthy: true})
+	req := func(id int64) *prismv1.UpdateRequest {
+		return &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(id)))}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { _, err := d.update(ctx, req(0)); first <- err }()
+	<-entered // update 0 holds the model's turn; 1-3 wait behind it
+	errs := make([]chan error, 4)
+	for id := 1; id <= 3; id++ {
+		errs[id] = make(chan error, 1)
+		c := context.Context(ctx)
+		if id == ended {
+			c = endedUnseen{ctx}
+		}
+		go func() { _, err := d.update(c, req(int64(id))); errs[id] <- err }()
+		for queued := false; !queued; {
+			d.mu.Lock()
+			queued = len(d.clients) == id+1
+			d.mu.Unlock()
+			time.Sleep(time.Millisecond)
+		}
+	}
+	close(gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for id := 1; id <= 3; id++ {
+		err := <-errs[id]
+		switch {
+		case id == ended && status.Code(err) != codes.Canceled:
+			t.Errorf("update %d, its caller ended: %v, want Canceled", id, err)
+		case id != ended && err != nil:
+			t.Errorf("update %d: %v", id, err)
+		}
+	}
+	d.wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for id := int64(1); id <= 3; id++ {
+		if slices.Contains(applied, id) == (id == int64(ended)) {
+			t.Errorf("applied ids %v: want every one but %d (its caller ended before its turn)", applied, ended)
+			break
+		}
 	}
 }
