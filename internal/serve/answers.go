@@ -11,11 +11,12 @@ import (
 
 // answers joins the answers of the routers a worker announces to into
 // the one answer the worker acts on. dense_addrs is the union of the
-// latest lists of the routers that answered within three of their
-// heartbeats: each router names the dense workers of its own registry,
-// and a router silent longer than that has dropped this worker from its
-// registry too (the registry's expiry), so it sends it no work that
-// would name a dense worker only it knows of. heartbeat_ms is the
+// latest lists of the routers that answered within silentHeartbeats of
+// their heartbeats: each router names the dense workers of its own
+// registry, and a router silent longer than that has dropped this
+// worker from its registry too (its expiry, and the probes it gives an
+// overdue worker first), so it sends it no work that would name a dense
+// worker only it knows of. heartbeat_ms is the
 // shortest router's. epoch is the answering router's own, delivered
 // with its answer (not merged: the worker keeps the highest it heard,
 // store.RaiseEpoch), 0 in a delivery no answer caused; so is diverged
@@ -59,11 +60,23 @@ func (a *answers) heard(router string, resp *prismv1.AnnounceResponse, err error
 		a.deliver(true, resp.GetEpoch(), resp.GetDiverged())
 		return
 	}
-	if r, ok := a.by[router]; ok && now.Sub(r.at) > 3*r.heartbeat {
+	if r, ok := a.by[router]; ok && now.Sub(r.at) > silentHeartbeats*r.heartbeat {
 		delete(a.by, router)
 		a.deliver(false, 0, nil)
 	}
 }
+
+// silentHeartbeats is how long, in a router's heartbeats, a worker
+// keeps the dense list of a router it has not heard from. The router
+// expires a worker silent for three heartbeats, but one answering its
+// health probe keeps its registration, and gets lookups, for up to
+// maxProbes (4) more sweeps, a heartbeat apart (router/silent.go): seven
+// heartbeats, and a probe's time. Dropped after three, a worker whose
+// announcements were held up (a link that loses them, a router too busy
+// to answer) refused the lookups the router still sent it, naming dense
+// workers it had been told of ("not a dense worker registered with the
+// router (0 are)").
+const silentHeartbeats = 8
 
 // forget drops a router the worker no longer announces to.
 func (a *answers) forget(router string) {

@@ -151,8 +151,10 @@ func TestAnnounceRouters(t *testing.T) {
 	}
 }
 
-// TestAnswers: a router silent for three of its heartbeats leaves the
-// union; one that answers again is back in it.
+// TestAnswers: a router silent for eight of its heartbeats leaves the
+// union (it probes an overdue worker for up to seven before it stops
+// sending it work: router/silent.go); one that answers again is back in
+// it.
 func TestAnswers(t *testing.T) {
 	now := time.Unix(0, 0)
 	var got [][]string
@@ -160,10 +162,13 @@ func TestAnswers(t *testing.T) {
 	a.heard("r1", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"b", "a"}}, nil)
 	a.heard("r2", &prismv1.AnnounceResponse{HeartbeatMs: 1000, DenseAddrs: []string{"c", "a"}}, nil)
 	down := errors.New("unavailable")
-	now = now.Add(250 * time.Millisecond)
-	a.heard("r1", nil, down) // within three heartbeats: kept
+	now = now.Add(750 * time.Millisecond)
+	a.heard("r1", nil, down) // 750 ms, seven and a half heartbeats: kept (the router may still be probing this worker and sending it lookups)
+	if len(got) != 2 {
+		t.Fatalf("r1's list dropped after 7.5 of its heartbeats (delivered %v): the router still sends lookups to a worker answering its probe", got)
+	}
 	now = now.Add(100 * time.Millisecond)
-	a.heard("r1", nil, down) // 350 ms > 300 ms: dropped
+	a.heard("r1", nil, down) // 850 ms > 800 ms: dropped
 	a.heard("r1", nil, down) // no change: nothing delivered
 	a.heard("r1", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"b"}}, nil)
 	a.forget("r2")
