@@ -629,6 +629,11 @@ func (r *Registry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prism
 func (r *Registry) live() []*prismv1.WorkerInfo {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.infos()
+}
+
+// infos are the live workers' infos, in no order; r.mu held.
+func (r *Registry) infos() []*prismv1.WorkerInfo {
 	out := make([]*prismv1.WorkerInfo, 0, len(r.workers))
 	for _, e := range r.workers {
 		out = append(out, e.info)
@@ -640,10 +645,7 @@ func (r *Registry) live() []*prismv1.WorkerInfo {
 func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListResponse, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []*prismv1.WorkerInfo
-	for _, e := range r.workers {
-		out = append(out, e.info)
-	}
+	out := r.infos()
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Role != out[j].Role {
 			return out[i].Role < out[j].Role

@@ -41,27 +41,12 @@ func (c errCounting) Err() error {
 // quarters of each step), yet the waiting updates are numbered, merged
 // and answered as before once their turn comes.
 func TestDriverStepReadsNoWaitingContext(t *testing.T) {
-	start := time.Unix(1000, 0)
-	now := start.Add(time.Hour) // long past the start-up wait
-	gate := make(chan struct{})
-	entered := make(chan struct{}, 1)
-	call := func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
-		if req.GetSeq() == 1 {
-			entered <- struct{}{}
-			<-gate
-		}
-		return &prismv1.UpdateResponse{Workers: 1}, nil
-	}
-	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
-	d.announced(&prismv1.WorkerInfo{Id: "w1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-w1", Models: []string{"m"}, Healthy: true})
-	req := func(id int64) *prismv1.UpdateRequest {
-		return &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(id)))}
-	}
+	d, req, gate, _ := gatedDriver(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	first := make(chan error, 1)
 	go func() { _, err := d.update(ctx, req(0)); first <- err }()
-	<-entered // update 1 holds the model's turn at its worker
+	<-gate.entered // update 1 holds the model's turn at its worker
 
 	const waiting = 50
 	var reads atomic.Int64
@@ -86,7 +71,7 @@ func TestDriverStepReadsNoWaitingContext(t *testing.T) {
 	if n := reads.Load(); n != 0 {
 		t.Errorf("10 steps with %d updates waiting read their contexts %d times, want none", waiting, n)
 	}
-	close(gate)
+	close(gate.open)
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
@@ -166,32 +151,12 @@ func TestEndedCallerNotNumbered(t *testing.T) {
 }
 
 func endedCallerNotNumbered(t *testing.T, ended int) {
-	start := time.Unix(1000, 0)
-	now := start.Add(time.Hour)
-	gate := make(chan struct{})
-	entered := make(chan struct{}, 1)
-	var mu sync.Mutex
-	var applied []int64
-	call := func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
-		if req.GetSeq() == 1 {
-			entered <- struct{}{}
-			<-gate
-		}
-		mu.Lock()
-		applied = append(applied, req.GetUpdate().GetIds()...)
-		mu.Unlock()
-		return &prismv1.UpdateResponse{Workers: 1}, nil
-	}
-	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
-	d.announced(&prismv1.WorkerInfo{Id: "w1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-w1", Models: []string{"m"}, Healthy: true})
-	req := func(id int64) *prismv1.UpdateRequest {
-		return &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(id)))}
-	}
+	d, req, gate, applied := gatedDriver(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	first := make(chan error, 1)
 	go func() { _, err := d.update(ctx, req(0)); first <- err }()
-	<-entered // update 0 holds the model's turn; 1-3 wait behind it
+	<-gate.entered // update 0 holds the model's turn; 1-3 wait behind it
 	errs := make([]chan error, 4)
 	for id := 1; id <= 3; id++ {
 		errs[id] = make(chan error, 1)
@@ -207,7 +172,7 @@ func endedCallerNotNumbered(t *testing.T, ended int) {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	close(gate)
+	close(gate.open)
 	if err := <-first; err != nil {
 		t.Fatal(err)
 	}
@@ -221,12 +186,49 @@ func endedCallerNotNumbered(t *testing.T, ended int) {
 		}
 	}
 	d.wait()
-	mu.Lock()
-	defer mu.Unlock()
+	got := applied()
 	for id := int64(1); id <= 3; id++ {
-		if slices.Contains(applied, id) == (id == int64(ended)) {
-			t.Errorf("applied ids %v: want every one but %d (its caller ended before its turn)", applied, ended)
+		if slices.Contains(got, id) == (id == int64(ended)) {
+			t.Errorf("applied ids %v: want every one but %d (its caller ended before its turn)", got, ended)
 			break
 		}
 	}
+}
+
+// driverGate holds a gatedDriver's first update at its worker until
+// open is closed; entered hears that it got there.
+type driverGate struct{ open, entered chan struct{} }
+
+// gatedDriver is an update driver past its start-up wait with one
+// worker of model "m", whose first update (seq 1) waits at the worker
+// for the gate; req makes a one-row update of id, applied the ids the
+// worker applied so far, in order.
+func gatedDriver(t *testing.T) (d *updateDriver, req func(id int64) *prismv1.UpdateRequest, gate driverGate, applied func() []int64) {
+	t.Helper()
+	start := time.Unix(1000, 0)
+	now := start.Add(time.Hour) // long past the start-up wait
+	gate = driverGate{open: make(chan struct{}), entered: make(chan struct{}, 1)}
+	var mu sync.Mutex
+	var ids []int64
+	call := func(ctx context.Context, addr string, r *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error) {
+		if r.GetSeq() == 1 {
+			gate.entered <- struct{}{}
+			<-gate.open
+		}
+		mu.Lock()
+		ids = append(ids, r.GetUpdate().GetIds()...)
+		mu.Unlock()
+		return &prismv1.UpdateResponse{Workers: 1}, nil
+	}
+	d = newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
+	d.announced(&prismv1.WorkerInfo{Id: "w1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-w1", Models: []string{"m"}, Healthy: true})
+	req = func(id int64) *prismv1.UpdateRequest {
+		return &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(id)))}
+	}
+	applied = func() []int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(ids)
+	}
+	return d, req, gate, applied
 }
