@@ -24,6 +24,7 @@
 # prism up, LG_FLAGS to every loadgen run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 prism=${PRISM:-bin/prism}
 out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
@@ -51,14 +52,7 @@ log="$tmp/up.log"
 : >"$log" # before the first sed (set -e: a missing log ended the script)
 $prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 "${tls[@]}" ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
-addr=""
-for _ in $(seq 1 1200); do
-	addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
-	[ -n "$addr" ] && break
-	kill -0 "$up" 2>/dev/null || { cat "$log" >&2; exit 1; }
-	sleep 0.5
-done
-[ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+addr=$(up_addr "$log" "$up") || exit 1
 # Every child's tier and metrics address, from its "serving" log line.
 sed -n 's/.*msg=serving tier=\([a-z]*\) .*metrics=\([0-9.:]*\).*/\1 \2/p' "$log" | sort -u >"$tmp/metrics"
 grep -q '^embedding ' "$tmp/metrics" || { echo "bench-context: no embedding worker's metrics address in the log" >&2; exit 1; }

@@ -15,6 +15,7 @@
 #        DURATION (30s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 WORK=${1:-/tmp/prism-fair-share}
 prism=$(realpath "${PRISM:-bin/prism}")
 rounds=${ROUNDS:-3}; hot=${HOT_RATE:-700}; cold=${COLD_RATE:-10}; deadline=${DEADLINE:-100ms}; duration=${DURATION:-30s}
@@ -33,14 +34,8 @@ round() {
 	log=$WORK/up-$tag.log
 	"$bin" up --model "$WORK/hot" --model "$WORK/cold" --db "$WORK/db" --insecure --addr 127.0.0.1:0 >"$log" 2>&1 &
 	up=$!
-	local addr=
-	for _ in $(seq 120); do
-		addr=$(sed -n 's/.*Recommend at \([^ ]*\) .*/\1/p' "$log" | head -1)
-		[ -n "$addr" ] && break
-		kill -0 $up 2>/dev/null || { echo "bench-fair-share: prism up exited:"; tail -5 "$log"; return 1; }
-		sleep 0.5
-	done
-	[ -n "$addr" ] || { echo "bench-fair-share: prism up not ready"; kill $up; return 1; }
+	local addr
+	addr=$(up_addr "$log" "$up") || { kill $up 2>/dev/null; return 1; }
 	local lg=("$bin" loadgen --target "$addr" --insecure --quiet --model-preset dlrm-tiny --timeout "$deadline" --slo "$deadline" --candidates 270 --pool 256)
 	"${lg[@]}" --model hot --rate 100 --duration 5s >/dev/null 2>&1 || true # warm-up
 	"${lg[@]}" --model hot --rate "$hot" --duration "$duration" >"$WORK/hot-$tag.txt" 2>&1 &

@@ -64,6 +64,7 @@
 #   (256M is about the least limit the memory budget takes with a 64 MiB memtable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for a tier's address
 WORK=${1:-/tmp/prism-ltm-e2e}
 LIMIT=${LIMIT:-768M}
 RATIO=${RATIO:-4}
@@ -196,26 +197,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# wait_ready LOG PATTERN PID: the address a child printed in its ready line.
-wait_ready() {
-	local log=$1 pat=$2 pid=$3 a=""
-	for _ in $(seq 1 2400); do
-		a=$(sed -n "s/.*$pat \([^ ]*\).*/\1/p" "$log" 2>/dev/null | head -1 || true)
-		[ -n "$a" ] && { echo "$a"; return; }
-		kill -0 "$pid" 2>/dev/null || { cat "$log" >&2; exit 1; }
-		sleep 0.5
-	done
-	cat "$log" >&2; exit 1
-}
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 "$PRISM" serve router --insecure --addr 127.0.0.1:0 --micro-batch "$MICRO" >"$tmp/router.log" 2>&1 &
 pids+=($!)
-router=$(wait_ready "$tmp/router.log" "router listening on" "${pids[-1]}")
+router=$(up_addr "$tmp/router.log" "${pids[-1]}" "router listening on" 1200)
 for d in $(seq 1 "$DENSE"); do
 	"$PRISM" serve dense --insecure --plan "$part" --router "$router" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
 	pids+=($!)
-	wait_ready "$tmp/dense-$d.log" "dense tier listening on" "${pids[-1]}" >/dev/null
+	up_addr "$tmp/dense-$d.log" "${pids[-1]}" "dense tier listening on" 1200 >/dev/null
 done
 
 name=$(python3 -c 'import json,sys,os; p=json.load(open(sys.argv[1])); print(p.get("model",{}).get("name") or os.path.basename(sys.argv[2]))' "$part/plan.json" "$part")
@@ -255,7 +245,7 @@ embedding() {
 	fi
 	emb_pid=$!
 	pids+=($emb_pid)
-	wait_ready "$log" "embedding tier listening on" "$emb_pid" >/dev/null
+	up_addr "$log" "$emb_pid" "embedding tier listening on" 1200 >/dev/null
 }
 stop_embedding() {
 	kill -TERM "$emb_pid"

@@ -10,6 +10,7 @@
 # round); prints each round and the medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 prism=$(realpath "${PRISM:-bin/prism}")
 clients=${CLIENTS:-8}
 dur=${DURATION:-10s}
@@ -60,32 +61,18 @@ start() {
 	: >"$log" # before the first sed (set -e: a missing log ended the script)
 	ip netns exec "$ns" "$prism" "$@" >"$log" 2>&1 &
 	pids+=($!)
-	addr=""
-	for _ in $(seq 1 600); do
-		addr=$(sed -n "s/^$prefix\([^ ]*\).*/\1/p" "$log" | head -1)
-		[ -n "$addr" ] && return
-		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
-		sleep 0.1
-	done
-	cat "$log" >&2; exit 1
+	addr=$(up_addr "$log" "${pids[-1]}" "$prefix") || exit 1
 }
-start "$p-h0" "router listening on " serve router --certs "$tmp/certs" --addr "$net.2:0" --micro-batch 512
+start "$p-h0" "router listening on" serve router --certs "$tmp/certs" --addr "$net.2:0" --micro-batch 512
 router=$addr
 for i in 1 2; do
-	start "$p-h$i" "dense tier listening on " serve dense --certs "$tmp/certs" --plan "$plan" --threads 1 --max-batch 512 --addr :0 --router "$router"
-	start "$p-h$i" "embedding tier listening on " serve embedding --certs "$tmp/certs" --plan "$plan" --db "$tmp/db$i" --addr :0 --router "$router"
+	start "$p-h$i" "dense tier listening on" serve dense --certs "$tmp/certs" --plan "$plan" --threads 1 --max-batch 512 --addr :0 --router "$router"
+	start "$p-h$i" "embedding tier listening on" serve embedding --certs "$tmp/certs" --plan "$plan" --db "$tmp/db$i" --addr :0 --router "$router"
 done
 : >"$tmp/up.log"
 $prism up --model "$plan" --db "$tmp/updb" --certs "$tmp/upcerts" --addr 127.0.0.1:0 --embedding-workers 2 --dense-workers 2 --threads 1 >"$tmp/up.log" 2>&1 &
 pids+=($!)
-up=""
-for _ in $(seq 1 1200); do
-	up=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$tmp/up.log" | head -1)
-	[ -n "$up" ] && break
-	kill -0 "${pids[-1]}" 2>/dev/null || break # exited: fail now, not after 120 s
-	sleep 0.1
-done
-[ -n "$up" ] || { cat "$tmp/up.log" >&2; exit 1; }
+up=$(up_addr "$tmp/up.log" "${pids[-1]}") || exit 1
 sleep 1 # both routers have heard from every worker
 
 lg() { $prism loadgen --model dlrm-tiny --plan "$plan" --candidates 270 --pool 256 --quiet --clients "$clients" "$@"; }

@@ -11,6 +11,7 @@
 # spent in the pre-lookup ops (any frame of internal/prelookup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 prism=${PRISM:-bin/prism}
 out=${BENCH_DIR:-out/demo}
 plan=${PLAN:-$out/dlrm-kaggle-part}
@@ -51,13 +52,7 @@ up() {
 	: >"$log" # before the first sed (set -e: a missing log ended the script)
 	PRISM_PPROF=1 $prism up --addr 127.0.0.1:0 --certs "$certs" "$@" >"$log" 2>&1 &
 	pids+=($!)
-	for _ in $(seq 1 1200); do
-		addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
-		[ -n "$addr" ] && break
-		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
-		sleep 0.5
-	done
-	[ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+	addr=$(up_addr "$log" "${pids[-1]}") || exit 1
 }
 up separate --model "$plan" --db "$db"
 sep_addr=$addr

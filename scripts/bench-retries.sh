@@ -13,6 +13,7 @@
 # usage: scripts/bench-retries.sh PLAN_DIR DB
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 if [ $# -lt 2 ]; then echo "usage: scripts/bench-retries.sh PLAN_DIR DB" >&2; exit 2; fi
 plan=$1; db=$2
 up_bin=${UP_BIN:-bin/prism}; lg_bin=${LG_BIN:-bin/prism}
@@ -21,8 +22,7 @@ log=$(mktemp)
 $up_bin up --model "$plan" --db "$db" --addr 127.0.0.1:0 --insecure ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
-for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; kill -0 $up 2>/dev/null || break; sleep 0.5; done
-[ -n "$addr" ] || { echo "bench-retries: prism up did not come up:"; tail -20 "$log"; exit 1; }
+addr=$(up_addr "$log" $up) || exit 1
 lg() { $lg_bin loadgen --target "$addr" --insecure --model "$model" --plan "$plan" --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 max=${MAX:-}
 if [ -z "$max" ]; then

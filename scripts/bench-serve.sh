@@ -18,6 +18,7 @@
 # generator on plaintext (--insecure), for the comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 prism=${PRISM:-bin/prism}
 out=${BENCH_DIR:-out/demo}
 model=${BENCH_MODEL:-dlrm-kaggle}
@@ -37,14 +38,7 @@ log=$(mktemp)
 $prism up --model "$plan" --db "$db" --addr 127.0.0.1:0 "${tls[@]}" ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null || true; wait $up 2>/dev/null || true; rm -f "$log"' EXIT
-addr=""
-for _ in $(seq 1 1200); do
-	addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
-	[ -n "$addr" ] && break
-	kill -0 $up 2>/dev/null || { cat "$log"; exit 1; }
-	sleep 0.5
-done
-[ -n "$addr" ] || { cat "$log"; exit 1; }
+addr=$(up_addr "$log" $up) || exit 1
 metrics=$(sed -n 's/.*router listening on [^ ]* (metrics \([^)]*\)).*/\1/p' "$log" | head -1)
 
 lg() { $prism loadgen --target "$addr" "${tls[@]}" --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet "$@"; }

@@ -16,6 +16,7 @@
 # machines have.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 prism=${PRISM:-bin/prism}
 # SERVER_CPUS and CLIENT_CPUS pin the stacks and the load generator apart (scripts/pin.sh).
 . scripts/pin.sh
@@ -60,42 +61,30 @@ for k in $(seq 0 $((shards - 1))); do
 	[ -d "$tmp/db-$k" ] || $prism ingest "$sp" --db "$tmp/db-$k" --shard "$k" --shards "$shards" >&2
 done
 
-# wait_ready LOG PATTERN: the address a child printed in its ready line.
 # Each LOG is emptied (: >LOG) before its child starts: the child's own
-# >LOG may come after wait_ready's first sed, which then failed on a
-# missing file (set -e ended the script) or read a ready line an earlier
-# run left in SHARD_DIR.
-wait_ready() {
-	local log=$1 pat=$2 a=""
-	for _ in $(seq 1 1200); do
-		a=$(sed -n "s/.*$pat \([^ ]*\).*/\1/p" "$log" | head -1)
-		[ -n "$a" ] && { echo "$a"; return; }
-		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
-		sleep 0.5
-	done
-	cat "$log" >&2; exit 1
-}
+# >LOG may come after up_addr's first sed, which would read a ready line
+# an earlier run left in SHARD_DIR.
 : >"$tmp/router.log"
 "${srv[@]}" $prism serve router --certs "$certs" --addr 127.0.0.1:0 >"$tmp/router.log" 2>&1 &
 pids+=($!)
-sharded_addr=$(wait_ready "$tmp/router.log" "router listening on")
+sharded_addr=$(up_addr "$tmp/router.log" "${pids[-1]}" "router listening on")
 for d in $(seq 0 $((dense - 1))); do
 	: >"$tmp/dense-$d.log"
 	"${srv[@]}" $prism serve dense --certs "$certs" --plan "$sp" --router "$sharded_addr" --threads 1 --addr 127.0.0.1:0 >"$tmp/dense-$d.log" 2>&1 &
 	pids+=($!)
-	wait_ready "$tmp/dense-$d.log" "dense tier listening on" >/dev/null
+	up_addr "$tmp/dense-$d.log" "${pids[-1]}" "dense tier listening on" >/dev/null
 done
 for k in $(seq 0 $((shards - 1))); do
 	: >"$tmp/embedding-$k.log"
 	env GOMAXPROCS="$gomaxprocs" "${srv[@]}" $prism serve embedding --certs "$certs" --plan "$sp" --db "$tmp/db-$k" --router "$sharded_addr" --addr 127.0.0.1:0 ${EMB_FLAGS:-} >"$tmp/embedding-$k.log" 2>&1 &
 	pids+=($!)
-	wait_ready "$tmp/embedding-$k.log" "embedding tier listening on" >/dev/null
+	up_addr "$tmp/embedding-$k.log" "${pids[-1]}" "embedding tier listening on" >/dev/null
 done
 
 : >"$tmp/up.log"
 "${srv[@]}" $prism up --model "$plan" --db "$db" --certs "$certs" --addr 127.0.0.1:0 --dense-workers "$dense" >"$tmp/up.log" 2>&1 &
 pids+=($!)
-whole_addr=$(wait_ready "$tmp/up.log" "Prism is up: Recommend at")
+whole_addr=$(up_addr "$tmp/up.log" "${pids[-1]}" "Prism is up: Recommend at")
 
 lg() { "${cli[@]}" $prism loadgen --model "$model" --plan "$plan" --candidates 270 --pool ${POOL:-512} --quiet --clients "$clients" --certs "$certs" "$@"; }
 samples() { sed -n 's/^throughput .* req\/s  \([0-9]*\) samples\/s.*/\1/p'; }

@@ -11,6 +11,7 @@
 # write, not one shared with a running stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 prism=${PRISM:-bin/prism}
 # SERVER_CPUS and CLIENT_CPUS pin the stacks and the load generator apart (scripts/pin.sh).
 . scripts/pin.sh
@@ -45,13 +46,7 @@ up() {
 	: >"$log" # before the first sed (set -e: a missing log ended the script)
 	"${srv[@]}" $prism up --model "$plan" --addr 127.0.0.1:0 "$@" ${UP_FLAGS:-} >"$log" 2>&1 &
 	pids+=($!)
-	for _ in $(seq 1 1200); do
-		addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
-		[ -n "$addr" ] && break
-		kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
-		sleep 0.5
-	done
-	[ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+	addr=$(up_addr "$log" "${pids[-1]}") || exit 1
 }
 up tls --db "$db" --certs "$certs"
 tls_addr=$addr

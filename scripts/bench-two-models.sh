@@ -17,6 +17,7 @@
 # WORK gets model B's partition and a copy of the store (about 2.1 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 WORK=${1:-/tmp/prism-two-models}
 prism=${PRISM:-bin/prism}
 bench=${BENCH_DIR:-out/demo}
@@ -40,13 +41,7 @@ a=
 # Every step may fail (a is empty or has exited, up may have died): under
 # set -e the first failing kill ended the trap, leaving prism up running.
 trap 'kill $a 2>/dev/null || true; kill -INT $up 2>/dev/null || true; wait $up 2>/dev/null || true; rm -f "$log"' EXIT
-for _ in $(seq 1 180); do
-	grep -q "Prism is up" "$log" && break
-	kill -0 $up 2>/dev/null || break
-	sleep 1
-done
-addr=$(grep -o "Recommend at [0-9.:]*" "$log" | awk '{print $3}' || true)
-[ -n "$addr" ] || { echo "bench-two-models: prism up did not start"; tail "$log"; exit 1; }
+addr=$(up_addr "$log" $up) || exit 1
 lg() { "$prism" loadgen --target "$addr" --insecure --quiet "$@"; }
 lg --model "$nameA" --plan "$partA" --rate 20 --duration 3s >/dev/null 2>&1 &
 w=$!

@@ -19,6 +19,7 @@
 #        tables in turn, as a trainer writing every table it touched)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 WORK=${1:-/tmp/prism-update-rate}
 prism=$(realpath "${PRISM:-bin/prism}")
 rounds=${ROUNDS:-2}; clients=${CLIENTS:-1 4 16}; rowsList=${ROWS:-1 64}; duration=${DURATION:-10s}
@@ -38,13 +39,7 @@ round() {
 	log=$WORK/up-$tag.log
 	"$bin" up --model "$WORK/part" --db "$WORK/db" --insecure --addr 127.0.0.1:0 >"$log" 2>&1 &
 	up=$!
-	for _ in $(seq 600); do
-		addr=$(sed -n 's/.*Recommend at \([^ ]*\) .*/\1/p' "$log" | head -1)
-		[ -n "$addr" ] && break
-		kill -0 "$up" 2>/dev/null || { echo "bench-update-rate: prism up exited:"; tail -5 "$log"; return 1; }
-		sleep 0.5
-	done
-	[ -n "$addr" ] || { echo "bench-update-rate: prism up not ready"; return 1; }
+	addr=$(up_addr "$log" "$up") || return 1
 	local lg=("$bin" loadgen --target "$addr" --insecure --quiet --model dlrm-kaggle --plan "$WORK/part" --update-only)
 	[ "$table" = all ] || lg+=(--update-tables "$table")
 	"${lg[@]}" --update-clients 4 --update-rows 64 --duration 3s >/dev/null 2>&1 || true # warm-up

@@ -19,6 +19,7 @@
 #        MAX_ROWS (200000) TABLE (emb_l.3.weight)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 WORK=${1:-/tmp/prism-update-serving}
 prism=$(realpath "${PRISM:-bin/prism}")
 rate=${RATE:-50}; duration=${DURATION:-30s}; maxrows=${MAX_ROWS:-200000}; table=${TABLE:-emb_l.3.weight}
@@ -32,14 +33,7 @@ log=$WORK/up.log
 "$prism" up --model "$WORK/part" --db "$WORK/db" --insecure --addr 127.0.0.1:0 >"$log" 2>&1 &
 up=$!
 trap 'kill -INT $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT
-addr=
-for _ in $(seq 600); do
-	addr=$(sed -n 's/.*Recommend at \([^ ]*\) .*/\1/p' "$log" | head -1)
-	[ -n "$addr" ] && break
-	kill -0 $up 2>/dev/null || { echo "bench-update-serving: prism up exited:"; tail -5 "$log"; exit 1; }
-	sleep 0.5
-done
-[ -n "$addr" ] || { echo "bench-update-serving: prism up not ready"; exit 1; }
+addr=$(up_addr "$log" $up) || exit 1
 lg=("$prism" loadgen --target "$addr" --insecure --quiet --model dlrm-kaggle --plan "$WORK/part" --candidates 270 --pool 256)
 "${lg[@]}" --rate "$rate" --duration 5s >/dev/null 2>&1 || true # warm-up
 run() {

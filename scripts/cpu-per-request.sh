@@ -8,19 +8,14 @@
 # alternating, to compare settings.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 bin=${PRISM:-bin/prism}
 out=${BENCH_DIR:-out/demo}
 log=$(mktemp)
 $bin up --model "$out/dlrm-kaggle-part" --db "$out/db" --addr 127.0.0.1:0 --certs "$out/certs" ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
-for _ in $(seq 1 600); do
-	addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
-	[ -n "$addr" ] && break
-	kill -0 $up 2>/dev/null || { cat "$log"; exit 1; }
-	sleep 0.5
-done
-[ -n "$addr" ] || { cat "$log"; exit 1; }
+addr=$(up_addr "$log" $up) || exit 1
 lg() { $bin loadgen --target "$addr" --certs "$out/certs" --model dlrm-kaggle --plan "$out/dlrm-kaggle-part" --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 # The tiers' processes: prism up's children.
 snap() { for p in $(pgrep -P $up); do echo "$p $(awk '{print $14+$15}' /proc/$p/stat 2>/dev/null) $(tr '\0' ' ' </proc/$p/cmdline | awk '{print $2,$3}')"; done | sort; }

@@ -6,6 +6,7 @@
 # load for 30 seconds, print throughput and latency percentiles, stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 prism=bin/prism
 out=${DEMO_DIR:-out/demo}
 model=${DEMO_MODEL:-dlrm-kaggle}
@@ -49,14 +50,7 @@ log="$out/up.log"
 $prism up --model "$out/$model-part" --db "$out/db" --addr 127.0.0.1:0 "${tls[@]}" >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT
-addr=""
-for _ in $(seq 1 600); do
-	addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1)
-	[ -n "$addr" ] && break
-	if ! kill -0 $up 2>/dev/null; then cat "$log"; echo "demo: prism up failed (log above)"; exit 1; fi
-	sleep 0.5
-done
-[ -n "$addr" ] || { cat "$log"; echo "demo: prism up did not come up"; exit 1; }
+addr=$(up_addr "$log" $up) || { echo "demo: prism up did not come up (its log's end above)"; exit 1; }
 grep "Prism is up" "$log"
 echo
 echo "== 6. load: $duration of Poisson arrivals at $rate requests/s, 100-700 candidates each (MLPerf DLRMv2's mix)"

@@ -15,6 +15,7 @@
 # each stack's samples/s: an A/B of throughput.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 out=${BENCH_DIR:-out/demo}
 rate=${RATE:-300}; rounds=${ROUNDS:-4}; dur=${DUR:-15}
 certs=$out/certs
@@ -31,16 +32,7 @@ pa=$!
 env ${B_ENV:-} "${B_BIN:-bin/prism}" up --model "$out/dlrm-kaggle-part" --db "$copy/db" --addr 127.0.0.1:0 --certs "$certs" ${B_FLAGS:-} >"$lb" 2>&1 &
 pb=$!
 trap 'kill -TERM $pa $pb 2>/dev/null; wait $pa $pb 2>/dev/null; rm -f $la $lb' EXIT
-addr() {
-	for _ in $(seq 1 600); do
-		a=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$1" | head -1)
-		[ -n "$a" ] && { echo "$a"; return; }
-		kill -0 "$2" 2>/dev/null || break
-		sleep 0.5
-	done
-	cat "$1" >&2; exit 1
-}
-A=$(addr "$la" $pa) && B=$(addr "$lb" $pb) || exit 1
+A=$(up_addr "$la" $pa) && B=$(up_addr "$lb" $pb) || exit 1
 lg() { "${A_BIN:-bin/prism}" loadgen --target "$1" --certs "$certs" --model dlrm-kaggle --plan "$out/dlrm-kaggle-part" --candidates 270 --pool 512 --quiet "${@:2}" 2>/dev/null; }
 one() {
 	if [ "${CLOSED:-0}" = 1 ]; then

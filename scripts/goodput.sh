@@ -13,6 +13,7 @@
 # the closest to a load generator on another machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 if [ $# -lt 2 ]; then echo "usage: scripts/goodput.sh BIN \"80 120\" [extra loadgen flags]" >&2; exit 2; fi
 bin=$1; loads=$2; shift 2
 out=${BENCH_DIR:-out/demo}
@@ -22,8 +23,7 @@ log=$(mktemp)
 "${srv[@]}" $bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
-for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; kill -0 $up 2>/dev/null || break; sleep 0.5; done
-[ -n "$addr" ] || { echo "goodput: prism up did not come up:"; tail -20 "$log"; exit 1; }
+addr=$(up_addr "$log" $up) || exit 1
 lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 lg --clients "${CLIENTS:-16}" --duration 5s >/dev/null
 # The maximum is the median of MAX_RUNS (default 3) closed-loop runs of

@@ -11,6 +11,7 @@
 # (scripts/pin.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/upaddr.sh # up_addr: waits for prism up's address
 bin=${BIN:-bin/prism}
 out=${BENCH_DIR:-out/demo}
 . scripts/pin.sh
@@ -18,8 +19,7 @@ log=$(mktemp)
 "${srv[@]}" $bin up --model $out/dlrm-kaggle-part --db $out/db --addr 127.0.0.1:0 --certs $out/certs ${UP_FLAGS:-} >"$log" 2>&1 &
 up=$!
 trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null; rm -f $log' EXIT
-for _ in $(seq 1 600); do addr=$(sed -n 's/.*Prism is up: Recommend at \([^ ]*\).*/\1/p' "$log" | head -1); [ -n "$addr" ] && break; kill -0 $up 2>/dev/null || break; sleep 0.5; done
-[ -n "$addr" ] || { cat "$log" >&2; exit 1; }
+addr=$(up_addr "$log" $up) || exit 1
 lg() { "${cli[@]}" $bin loadgen --target "$addr" --certs $out/certs --model dlrm-kaggle --plan $out/dlrm-kaggle-part --candidates 270 --pool 512 --quiet "$@" 2>/dev/null; }
 lg --clients "${MAX_CLIENTS:-16}" --duration 5s --timeout 60ms >/dev/null
 rate=${RATE:-200}
