@@ -448,7 +448,7 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 			now := time.Now()
 			r.m.microBatches.WithLabelValues("ok").Inc()
 			r.preds.get(req.GetModel()).answered(now, int64(n))
-			r.observe(resps[0].GetTimes(), now.Sub(called))
+			r.observe(lastPart(resps), now.Sub(called))
 			return resps[0].GetScores(), answer{version: resps[0].GetVersion(), content: resps[0].GetContent(), tasks: resps[0].GetTasks(), taskNames: namesOf(resps[0].GetTaskNames())}, nil
 		}
 		last = err
@@ -462,6 +462,25 @@ func (r *Router) microBatchSharded(ctx context.Context, req *prismv1.RecommendRe
 		r.floods.Warn(model+" "+failed+" "+hn.GetAddr(), "sharded micro-batch failed; retrying where replicas are live", "model", model, "embedding", failed, "dense", hn.GetAddr(), "err", err)
 	}
 	return nil, answer{}, untoldRetry(r.failedMicroBatch(last))
+}
+
+// lastPart is the stages of a sharded micro-batch's critical path: the
+// shard whose part reached the dense worker last. Every shard's answer
+// times its own lookup, encoding and transfer, and its dense stage runs
+// from its part's arrival to the scores, so a part that came early
+// counts its wait for the others as dense time: shard 0's times (taken
+// before) showed a starved sibling shard as a slow dense tier. The last
+// part's dense stage is the frame's assembly and scoring alone, and the
+// stages before it are the slowest shard's (nearly: a shard may start
+// later and still arrive last). Nil when no answer has times.
+func lastPart(resps []*prismv1.LookupResponse) *prismv1.StageTimes {
+	var last *prismv1.StageTimes
+	for _, resp := range resps {
+		if t := resp.GetTimes(); t != nil && (last == nil || t.GetDenseUs() < last.GetDenseUs()) {
+			last = t
+		}
+	}
+	return last
 }
 
 // errWholeLayout says a micro-batch picked for a shard count that lacks

@@ -20,15 +20,20 @@ import (
 // the lookups it gets and answers as fakeCN does.
 type shardCN struct {
 	fakeCN
-	mu   sync.Mutex
-	reqs []*prismv1.LookupRequest
+	times *prismv1.StageTimes // set on every answer when not nil
+	mu    sync.Mutex
+	reqs  []*prismv1.LookupRequest
 }
 
 func (f *shardCN) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prismv1.LookupResponse, error) {
 	f.mu.Lock()
 	f.reqs = append(f.reqs, req)
 	f.mu.Unlock()
-	return f.fakeCN.Lookup(ctx, req)
+	resp, err := f.fakeCN.Lookup(ctx, req)
+	if err == nil && f.times != nil {
+		resp.Times = f.times
+	}
+	return resp, err
 }
 
 func (f *shardCN) got() []*prismv1.LookupRequest {
