@@ -39,7 +39,7 @@ several addresses, such as the routers' headless Service, is scraped address by
 address and the demand summed), lists a router's registry, and borrows, drains
 and returns dense workers through the lender. The kubernetes lender places
 borrowed dense workers as Pods on the training pool's nodes (the dense
-Deployment's pod template, the pool's node selector and taint, a PriorityClass
+StatefulSet's or Deployment's pod template, the pool's node selector and taint, a PriorityClass
 below training's); a Pod deleted, evicted or preempted is a reclaim. It serves
 GET /metrics (prism_capacity_*) and GET /loan on --metrics-addr. SIGTERM deletes
 the lent Pods with their grace (they drain) and exits; with --on-exit keep it

@@ -108,7 +108,7 @@ K) unless its store already holds it.`,
 	fl.BoolVar(&c.DictionaryFrames, "dictionary-frames", true, "embedding workers send a cut tensor that is one id's row per sample dictionary-encoded, each distinct row once (--dictionary-frames=false: every row)")
 	fl.BoolVar(&c.AdmitLimit, "admit-limit", false, "router admits by an adaptive limit on samples in flight instead of by each request's predicted finish")
 	fl.BoolVar(&c.FixedAdmission, "fixed-admission", false, "router admits by count and bytes only, not by predicted finish against the deadline")
-	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; default: the store's)")
+	fl.StringVar(&c.HotBytes, "hot-bytes", "", "embedding hot tier size (e.g. 512MiB; auto; negative: none; default: serve embedding's, auto)")
 	fl.StringVar(&memLimit, "memory-limit", "auto", `memory Prism may use on this host, e.g. 16GiB: the embedding workers share half of it (each budgets its share: serve embedding --memory-limit); "auto": the memory cgroup's limit when there is one; "off": none`)
 	fl.StringVar(&c.Certs, "certs", "", "certificate folder for mutual TLS between the tiers (prism certs init); made when absent or empty (default: certs beside --db)")
 	fl.StringVar(&c.CACert, "tls-ca", "", "your CA's certificate (PEM): up signs the tiers' certificates with it (and --tls-ca-key) when it makes the --certs folder, instead of making a development CA")
