@@ -60,13 +60,35 @@ func Similarity(a, b Features) float64 {
 	return math.Exp(-d2 / 2)
 }
 
+// Machine is the shape of the host a trial ran on: what makes one
+// host's best configuration wrong for another (dense workers per core,
+// batches per GPU).
+type Machine struct {
+	// CPUs the Go runtime uses (GOMAXPROCS: a CPU quota's share).
+	CPUs int `json:"cpus"`
+	// Devices are the GPUs or MIG slices the dense tier serves on (0:
+	// the CPU), Device the first one's name.
+	Devices int    `json:"devices,omitempty"`
+	Device  string `json:"device,omitempty"`
+}
+
+func (m Machine) String() string {
+	if m.Devices == 0 {
+		return fmt.Sprintf("%d CPUs", m.CPUs)
+	}
+	return fmt.Sprintf("%d CPUs, %d x %s", m.CPUs, m.Devices, m.Device)
+}
+
 // PriorRecord is one line of the prior file: one trial of an earlier
 // tuning run.
 type PriorRecord struct {
 	Time     time.Time `json:"time"`
 	Model    string    `json:"model"`
 	Features Features  `json:"features"`
-	Config   Config    `json:"config"`
+	// Machine is where it ran (nil: a record of a release before
+	// machines were recorded).
+	Machine *Machine `json:"machine,omitempty"`
+	Config  Config   `json:"config"`
 	// Score is the trial's max samples/s over its run's best (0 for a
 	// failed trial).
 	Score       float64 `json:"score"`
@@ -81,24 +103,27 @@ func ReadPrior(path string) ([]PriorRecord, error) {
 	return recs, err
 }
 
-// readPrior reads a prior file and counts the records it skipped as cut
-// short: a line that ends inside its JSON value, which an append
-// stopped part way leaves (AppendPrior starts the next append on a new
-// line). Any other line that does not parse as a record with a model
-// and a configuration is an error: the file is not a prior.
-func readPrior(path string) (recs []PriorRecord, torn int, err error) {
+// readPrior reads a prior file and lists the lines (from 1) of the
+// records it skipped as cut short: a line that ends inside its JSON
+// value, which an append stopped part way leaves (AppendPrior starts
+// the next append on a new line). Blank lines (an editor's, a CRLF's)
+// are skipped. Any other line that does not parse as a record with a
+// model and a configuration is an error naming the line: the file is
+// not a prior.
+func readPrior(path string) (recs []PriorRecord, torn []int, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("read prior: %w", err)
+		return nil, nil, fmt.Errorf("read prior: %w", err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Bytes()
+	sc.Buffer(make([]byte, 64<<10), maxPriorLine)
+	n := 1
+	for ; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 {
 			continue
 		}
@@ -106,23 +131,30 @@ func readPrior(path string) (recs []PriorRecord, torn int, err error) {
 		if err := json.Unmarshal(line, &r); err != nil {
 			var se *json.SyntaxError
 			if errors.As(err, &se) && se.Offset == int64(len(line)) && line[0] == '{' {
-				torn++
+				torn = append(torn, n)
 				continue
 			}
-			return nil, 0, fmt.Errorf("read prior %q line %d: %w", path, n, err)
+			return nil, nil, fmt.Errorf("read prior %q line %d: %w", path, n, err)
 		}
 		if r.Model == "" || len(r.Config) == 0 {
 			// Another file's JSON (a prism up --config object, say),
 			// which the end of the run would append records to.
-			return nil, 0, fmt.Errorf("read prior %q line %d: not a prior record (no model or configuration): is it a prior file?", path, n)
+			return nil, nil, fmt.Errorf("read prior %q line %d: not a prior record (no model or configuration): is it a prior file?", path, n)
 		}
 		recs = append(recs, r)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, 0, fmt.Errorf("read prior %q: %w", path, err)
+		if errors.Is(err, bufio.ErrTooLong) {
+			err = fmt.Errorf("longer than %d bytes: not a prior record", maxPriorLine)
+		}
+		return nil, nil, fmt.Errorf("read prior %q line %d: %w", path, n, err)
 	}
 	return recs, torn, nil
 }
+
+// maxPriorLine bounds a prior record's line (one is a few hundred
+// bytes).
+const maxPriorLine = 1 << 20
 
 // AppendPrior adds records to a prior file, making its folder. The
 // records go in one write, on a line of their own: a file whose last
@@ -153,6 +185,22 @@ func AppendPrior(path string, recs []PriorRecord) error {
 		return fmt.Errorf("append prior %q: %w", path, err)
 	}
 	return f.Close()
+}
+
+// OnMachine splits records into those measured on machine m, or on a
+// machine not recorded (an older release's), and those measured on
+// another machine: its values (dense workers per core, say) are placed
+// in this space by number, so a 64-core host's best worker count read
+// as this 2-core host's largest. A nil m keeps every record.
+func OnMachine(recs []PriorRecord, m *Machine) (here, elsewhere []PriorRecord) {
+	for _, r := range recs {
+		if m != nil && r.Machine != nil && *r.Machine != *m {
+			elsewhere = append(elsewhere, r)
+			continue
+		}
+		here = append(here, r)
+	}
+	return here, elsewhere
 }
 
 // PriorPoints places records in space for a model of features f: each

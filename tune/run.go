@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -17,7 +20,11 @@ type Options struct {
 	// Model is the model's name; Features its features for the prior.
 	Model    string
 	Features Features
-	Space    Space
+	// Machine is this host's shape, recorded with every trial in the
+	// prior; records of another shape are not this run's prior (nil:
+	// unknown, none recorded or left out).
+	Machine *Machine
+	Space   Space
 	// Start is the configuration tried first without a prior (prism
 	// up's defaults); its values must be in Space.
 	Start Config
@@ -103,6 +110,7 @@ type TrialRecord struct {
 type Report struct {
 	Model     string        `json:"model"`
 	Features  Features      `json:"features"`
+	Machine   *Machine      `json:"machine,omitempty"`
 	Mode      string        `json:"mode"` // "search" or "grid"
 	Space     Space         `json:"space"`
 	GridSize  int           `json:"grid_size"`
@@ -131,20 +139,33 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("tune: %w", err)
 	}
-	rep := &Report{Model: o.Model, Features: o.Features, Mode: "search", Space: o.Space, GridSize: o.Space.Size(), PriorFile: o.Prior}
+	// An earlier run's report in the folder (the default --out is the
+	// same for every run) is kept, not written over at the first trial:
+	// it may be what a prism up --config serves with, from hours of
+	// trials.
+	if kept, err := keepReport(o.Out); err != nil {
+		return nil, err
+	} else if kept != "" {
+		fmt.Fprintf(o.Progress, "tune: %s held an earlier run's report: kept as %s\n", filepath.Join(o.Out, File), kept)
+	}
+	rep := &Report{Model: o.Model, Features: o.Features, Machine: o.Machine, Mode: "search", Space: o.Space, GridSize: o.Space.Size(), PriorFile: o.Prior}
 	var prior []PriorPoint
 	if o.Prior != "" {
 		recs, torn, err := readPrior(o.Prior)
 		if err != nil {
 			return nil, fmt.Errorf("tune: %w", err)
 		}
-		if torn > 0 {
-			fmt.Fprintf(o.Progress, "tune: prior %s: skipped %d record(s) an earlier append left cut short\n", o.Prior, torn)
+		if len(torn) > 0 {
+			fmt.Fprintf(o.Progress, "tune: prior %s: skipped %d record(s) an earlier append left cut short (line %s)\n", o.Prior, len(torn), lineList(torn))
 		}
 		// Other models' runs only: the prior is what the search knows
 		// before measuring this model, so a search after a grid of the
 		// same model (the comparison tune's report makes) does not start
 		// from the grid's answer.
+		recs, elsewhere := OnMachine(recs, o.Machine)
+		if len(elsewhere) > 0 {
+			fmt.Fprintf(o.Progress, "tune: prior %s: left out %d record(s) measured on another machine (%s; this one: %s)\n", o.Prior, len(elsewhere), elsewhere[0].Machine, o.Machine)
+		}
 		prior = PriorPoints(recs, o.Space, o.Features, o.Model, 0.01)
 		rep.PriorPts = len(prior)
 		if err := checkPriorWritable(o.Prior); err != nil {
@@ -221,12 +242,24 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if bestRPS > 0 {
 			start = o.StartFraction * bestRPS
 		}
+		// A trial takes a while (prism up's start, then every find-max
+		// step): say which one runs before it does, not only after.
+		fmt.Fprintf(o.Progress, "tune: trial %d/%d running: %s (find-max from %.1f req/s)\n", n, limit, cfg.flags(o.Space.Flags()), start)
 		t0 := o.Now()
 		res, err := o.Trialer.Trial(ctx, n, cfg, start)
 		if err != nil {
 			// Stopped (Ctrl-C) or failed: what was measured still
-			// goes to the prior, as the trials in the report.
+			// goes to the prior, as the trials in the report, which
+			// says why it ends there (its stop was empty, as if the
+			// run were still going).
+			rep.Stop = StopFailed
+			if ctx.Err() != nil {
+				rep.Stop = StopInterrupted
+			}
 			err = fmt.Errorf("tune: trial %d: %w", n, err)
+			if werr := writeReport(o.Out, rep); werr != nil {
+				err = errors.Join(err, werr)
+			}
 			if perr := savePrior(o, rep); perr != nil {
 				err = errors.Join(err, perr)
 			}
@@ -353,6 +386,21 @@ func savePrior(o Options, rep *Report) error {
 	return nil
 }
 
+// lineList is line numbers for a message: "3", "3, 7", "3, 7, 9 and 12
+// more".
+func lineList(lines []int) string {
+	const most = 3
+	var parts []string
+	for _, n := range lines[:min(len(lines), most)] {
+		parts = append(parts, strconv.Itoa(n))
+	}
+	out := strings.Join(parts, ", ")
+	if len(lines) > most {
+		out += fmt.Sprintf(" and %d more", len(lines)-most)
+	}
+	return out
+}
+
 func finite(f float64) float64 {
 	if f > 1e300 {
 		return 0
@@ -366,7 +414,7 @@ func priorRecords(rep *Report, now time.Time) []PriorRecord {
 		if t.Result.NotStarted || t.Result.Error != "" && t.Result.SamplesPerS == 0 && t.Result.MaxRPS == 0 && t.Result.Steps == 0 {
 			continue // never measured (prism up did not start)
 		}
-		out = append(out, PriorRecord{Time: now.UTC(), Model: rep.Model, Features: rep.Features, Config: t.Config,
+		out = append(out, PriorRecord{Time: now.UTC(), Model: rep.Model, Features: rep.Features, Machine: rep.Machine, Config: t.Config,
 			Score: t.Result.SamplesPerS / rep.Best.Result.SamplesPerS, SamplesPerS: t.Result.SamplesPerS})
 	}
 	return out
@@ -402,6 +450,35 @@ func spaceString(s Space) string {
 		out += fmt.Sprintf("%s %v", d.Flag, d.Values)
 	}
 	return out
+}
+
+// keepReport renames dir's tune.json, if any, after the time it was
+// last written (tune-20060102T150405Z.json; -2, -3, ... after it where
+// that is taken) and returns its new path.
+func keepReport(dir string) (string, error) {
+	cur := filepath.Join(dir, File)
+	st, err := os.Stat(cur)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("tune: %w", err)
+	}
+	base := "tune-" + st.ModTime().UTC().Format("20060102T150405Z")
+	for i := 1; ; i++ {
+		name := base + ".json"
+		if i > 1 {
+			name = fmt.Sprintf("%s-%d.json", base, i)
+		}
+		kept := filepath.Join(dir, name)
+		if _, err := os.Lstat(kept); err == nil {
+			continue
+		}
+		if err := os.Rename(cur, kept); err != nil {
+			return "", fmt.Errorf("tune: keep the earlier report: %w", err)
+		}
+		return kept, nil
+	}
 }
 
 func writeReport(dir string, rep *Report) error {
@@ -469,6 +546,12 @@ func ReadConfig(path string) (Config, error) {
 			c[k] = x
 		case float64:
 			c[k] = string(raw)
+			// A whole number written as a float (1e3, 1000.0: what
+			// a JSON writer may make of a count) in the form an
+			// integer flag reads.
+			if strings.ContainsAny(c[k], ".eE") && x == math.Trunc(x) && math.Abs(x) < 1<<53 {
+				c[k] = strconv.FormatFloat(x, 'f', -1, 64)
+			}
 		case bool:
 			c[k] = fmt.Sprint(x)
 		default:

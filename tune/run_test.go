@@ -2,7 +2,9 @@ package tune
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -506,5 +508,211 @@ func TestRunRefusesForeignPrior(t *testing.T) {
 		if b, _ := os.ReadFile(foreign); string(b) != body || tr.calls != 0 {
 			t.Errorf("prior %s: %d trials, and the file is now:\n%s", body, tr.calls, b)
 		}
+	}
+}
+
+// failingTrialer is fakeTrialer until its fail-th trial, which returns
+// err after calling cancel (a Ctrl-C) when set.
+type failingTrialer struct {
+	fakeTrialer
+	fail   int
+	err    error
+	cancel context.CancelFunc
+}
+
+func (t *failingTrialer) Trial(ctx context.Context, n int, c Config, start float64) (Result, error) {
+	if n == t.fail {
+		if t.cancel != nil {
+			t.cancel()
+		}
+		return Result{}, t.err
+	}
+	return t.fakeTrialer.Trial(ctx, n, c, start)
+}
+
+// TestRunStoppedReport: a run stopped in a trial (Ctrl-C) or ended by a
+// trial that could not be run says so in tune.json's stop, which keeps
+// the trials and the best so far (its stop was "", as of a run still
+// going); each trial is announced before it runs.
+func TestRunStoppedReport(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		err      error
+		ctrlC    bool
+		wantStop string
+	}{
+		{"Ctrl-C", context.Canceled, true, StopInterrupted},
+		{"trial error", errors.New("read find-max result: no such file"), false, StopFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			space := testSpace()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tr := &failingTrialer{fakeTrialer: fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}, fail: 3, err: tc.err}
+			if tc.ctrlC {
+				tr.cancel = cancel
+			}
+			var progress strings.Builder
+			rep, err := Run(ctx, Options{Model: "a", Space: space, Grid: true, Out: dir, Trialer: tr, Progress: &progress})
+			if !errors.Is(err, tc.err) || rep.Stop != tc.wantStop {
+				t.Fatalf("Run: %v, stop %q; want %v, stop %q", err, rep.Stop, tc.err, tc.wantStop)
+			}
+			var onDisk Report
+			if b, err := os.ReadFile(filepath.Join(dir, File)); err != nil || json.Unmarshal(b, &onDisk) != nil {
+				t.Fatalf("tune.json: %v", err)
+			}
+			if onDisk.Stop != tc.wantStop || len(onDisk.Trials) != 2 || onDisk.Best == nil {
+				t.Errorf("tune.json: stop %q, %d trials, best %v; want stop %q, the 2 measured, a best", onDisk.Stop, len(onDisk.Trials), onDisk.Best, tc.wantStop)
+			}
+			for n := 1; n <= 3; n++ {
+				if want := fmt.Sprintf("tune: trial %d/%d running: ", n, space.Size()); !strings.Contains(progress.String(), want) {
+					t.Errorf("progress lacks %q:\n%s", want, progress.String())
+				}
+			}
+		})
+	}
+}
+
+// TestReadPriorLines: what a prior file may hold. A record cut short is
+// skipped and the run says on which line; blank lines are skipped; a
+// line that is no record is an error naming its line (a line over the
+// scanner's limit named none; a blank line with spaces was an error).
+func TestReadPriorLines(t *testing.T) {
+	rec := `{"model":"a","features":{},"config":{"threads":"1"},"score":1,"samples_per_s":10}`
+	for _, tc := range []struct {
+		name, body string
+		recs       int
+		note       string // in the run's progress
+		err        string // in ReadPrior's error
+	}{
+		{name: "empty", body: ""},
+		{name: "one record", body: rec + "\n", recs: 1},
+		{name: "cut at the end", body: rec + "\n" + rec[:30], recs: 1, note: "skipped 1 record(s) an earlier append left cut short (line 2)"},
+		{name: "cut in the middle", body: rec + "\n" + rec[:30] + "\n" + rec + "\n", recs: 2, note: "(line 2)"},
+		{name: "cut four times", body: strings.Repeat(rec[:20]+"\n", 4) + rec + "\n", recs: 1, note: "(line 1, 2, 3 and 1 more)"},
+		{name: "blank lines", body: rec + "\n\n   \n\t\n" + rec + "\r\n", recs: 2},
+		{name: "not JSON", body: rec + "\nnot a record\n", err: "line 2"},
+		{name: "a wrong type", body: strings.Replace(rec, `"score":1`, `"score":"high"`, 1) + "\n", err: "line 1"},
+		{name: "a pretty-printed tune.json", body: "{\n  \"model\": \"a\",\n  \"best\": null\n}\n", err: "line 2"},
+		{name: "a line over 1 MiB", body: rec + "\n" + rec + "\n{\"model\":\"" + strings.Repeat("x", 1<<20) + "\"}\n", err: "line 3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "prior.jsonl")
+			if err := os.WriteFile(path, []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			recs, err := ReadPrior(path)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("ReadPrior: %v; want an error naming %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || len(recs) != tc.recs {
+				t.Fatalf("ReadPrior: %d records, %v; want %d", len(recs), err, tc.recs)
+			}
+			var progress strings.Builder
+			space := Space{Dims: []Dim{{Flag: "threads", Values: []string{"1", "2"}}}}
+			if _, err := Run(context.Background(), Options{Model: "b", Space: space, Grid: true, Prior: path, Out: dir,
+				Trialer: &fakeTrialer{space: space, f: func(Point) float64 { return 100 }}, Progress: &progress}); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(progress.String(), tc.note) || tc.note == "" && strings.Contains(progress.String(), "cut short") {
+				t.Errorf("progress does not say %q:\n%s", tc.note, progress.String())
+			}
+		})
+	}
+}
+
+// TestRunPriorOtherMachine: a prior's records measured on another
+// machine shape are left out, with a note (a 64-core host's best
+// --dense-workers 128 was placed at the top of a 2-core host's
+// 1,2,4); those of this shape, and an older release's that recorded
+// none, are the prior; the run's records carry its machine.
+func TestRunPriorOtherMachine(t *testing.T) {
+	space := Space{Dims: []Dim{{Flag: "dense-workers", Values: []string{"1", "2", "4"}}, {Flag: "threads", Values: []string{"1", "2"}}}}
+	here := &Machine{CPUs: 2}
+	for _, tc := range []struct {
+		name    string
+		machine *Machine // of the prior's records
+		points  int
+		note    string
+	}{
+		{"this machine", &Machine{CPUs: 2}, space.Size(), ""},
+		{"no machine recorded", nil, space.Size(), ""},
+		{"more CPUs", &Machine{CPUs: 64}, 0, "left out 6 record(s) measured on another machine (64 CPUs; this one: 2 CPUs)"},
+		{"a GPU host", &Machine{CPUs: 2, Devices: 8, Device: "NVIDIA H200"}, 0, "(2 CPUs, 8 x NVIDIA H200; this one: 2 CPUs)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "prior.jsonl")
+			var recs []PriorRecord
+			for _, p := range space.All() {
+				recs = append(recs, PriorRecord{Model: "a", Machine: tc.machine, Config: space.Config(p), Score: 0.5, SamplesPerS: 50})
+			}
+			if err := AppendPrior(path, recs); err != nil {
+				t.Fatal(err)
+			}
+			var progress strings.Builder
+			rep, err := Run(context.Background(), Options{Model: "b", Machine: here, Space: space, Grid: true, Prior: path, Out: dir,
+				Trialer: &fakeTrialer{space: space, f: func(Point) float64 { return 100 }}, Progress: &progress})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A grid's report counts no prior points: the search's would.
+			kept, _ := OnMachine(recs, here)
+			if got := len(PriorPoints(kept, space, Features{}, "b", 0.01)); got != tc.points {
+				t.Errorf("%d prior points, want %d", got, tc.points)
+			}
+			if tc.note != "" && !strings.Contains(progress.String(), tc.note) || tc.note == "" && strings.Contains(progress.String(), "another machine") {
+				t.Errorf("progress, want %q:\n%s", tc.note, progress.String())
+			}
+			all, err := ReadPrior(path)
+			if err != nil || len(all) != 2*space.Size() || all[len(all)-1].Machine == nil || *all[len(all)-1].Machine != *here {
+				t.Fatalf("prior after the run: %d records, %v; want the run's %d on %v", len(all), err, space.Size(), here)
+			}
+			if rep.Machine == nil || *rep.Machine != *here {
+				t.Errorf("tune.json machine %v, want %v", rep.Machine, here)
+			}
+		})
+	}
+}
+
+// TestRunKeepsEarlierReport: a run into a folder holding an earlier
+// run's tune.json keeps that one under its time (the second run wrote
+// over it at its first trial, and with it the best a prism up --config
+// may serve with), and says so.
+func TestRunKeepsEarlierReport(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	tr := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}
+	var reports []*Report
+	for run := range 3 {
+		var progress strings.Builder
+		rep, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, MaxTrials: 1 + run, Out: dir, Trialer: tr, Progress: &progress})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reports = append(reports, rep)
+		if said := strings.Contains(progress.String(), "held an earlier run's report: kept as "); said != (run > 0) {
+			t.Errorf("run %d: said it kept the earlier report: %v\n%s", run+1, said, progress.String())
+		}
+	}
+	kept, _ := filepath.Glob(filepath.Join(dir, "tune-*.json"))
+	if len(kept) != 2 {
+		t.Fatalf("kept reports %v, want the first two runs'", kept)
+	}
+	trials := map[int]bool{}
+	for _, k := range append(kept, filepath.Join(dir, File)) {
+		var r Report
+		if b, err := os.ReadFile(k); err != nil || json.Unmarshal(b, &r) != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+		trials[len(r.Trials)] = true
+	}
+	if !trials[1] || !trials[2] || !trials[3] {
+		t.Errorf("reports of %v trials, want each run's (1, 2 and 3)", trials)
 	}
 }

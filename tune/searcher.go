@@ -20,8 +20,9 @@ type PriorPoint struct {
 type SearcherOptions struct {
 	Space Space
 	// Start is the first point tried when the prior says nothing (no
-	// prior points): usually prism up's defaults. Default: the middle of
-	// every dimension.
+	// prior points), and the first guess's tie-break when it says as
+	// much of several: usually prism up's defaults. Default: the middle
+	// of every dimension.
 	Start Point
 	// Prior points; may be empty.
 	Prior []PriorPoint
@@ -105,8 +106,9 @@ func (o *SearcherOptions) Validate() error {
 }
 
 // Searcher proposes configurations to try: deterministic, no clock, no
-// processes. The first trial is the prior's best guess (the point of
-// highest predicted score; Start without a prior); after that it
+// processes. The first trial is the prior's best guess (the point its
+// records score best, the nearest to Start among equals; Start without
+// a prior); after that it
 // refines around the best measured point, trying the unmeasured
 // neighbour (one step along one dimension) of highest expected
 // improvement; it stops when that is below the threshold, or when every
@@ -161,6 +163,10 @@ const (
 	StopMaxTrials = "max-trials"
 	StopExhausted = "exhausted"
 	StopLocal     = "local-optimum" // every neighbour of the best measured
+	// A run (not the searcher) ends so when a trial is stopped (Ctrl-C,
+	// SIGTERM) or cannot be run.
+	StopInterrupted = "interrupted"
+	StopFailed      = "trial-error"
 )
 
 // Proposal is the searcher's next move.
@@ -187,12 +193,20 @@ func (s *Searcher) Next() Proposal {
 			mu, _ := s.predict(s.o.Start)
 			return Proposal{Point: append(Point(nil), s.o.Start...), Predicted: mu, EI: math.Inf(1)}
 		}
-		// The prior's best guess: highest predicted, then lowest index.
+		// The prior's best guess: the point its records vouch for most,
+		// then the nearest to Start. Not the surrogate's highest
+		// prediction: that is optimistic where nothing is known, so a
+		// sparse prior (another model's search, a dozen trials around
+		// its best) sent the first trial to the corner farthest from
+		// them all, and one record of score 1 (a run of one trial) to
+		// the lowest value of every flag, every point tying at 1.
 		var best Proposal
+		bestV, bestD := 0.0, 0.0
 		for _, p := range s.all {
-			mu, _ := s.predict(p)
-			if best.Point == nil || mu > best.Predicted+1e-12 {
-				best = Proposal{Point: p, Predicted: mu, EI: math.Inf(1)}
+			v, d := s.vouched(p), s.o.Space.distance(p, s.o.Start)
+			if best.Point == nil || v > bestV+1e-12 || v > bestV-1e-12 && d < bestD-1e-12 {
+				mu, _ := s.predict(p)
+				best, bestV, bestD = Proposal{Point: p, Predicted: mu, EI: math.Inf(1)}, v, d
 			}
 		}
 		return best
@@ -241,6 +255,25 @@ func (s *Searcher) Next() Proposal {
 		return Proposal{Predicted: best.Predicted, EI: stopEI, Stop: StopThreshold}
 	}
 	return best
+}
+
+// vouched is how well the prior says p does: the kernel-weighted mean
+// of the prior's scores near p, shrunk towards 0 (not towards the best,
+// as predict is) where they are few, so that a point the prior knows
+// and scores high beats one it knows nothing of. The shrinking weighs a
+// tenth of the prior's heaviest record: on a record itself a few
+// percent, so that within a dense prior (another model's grid) a corner,
+// with fewer records near it, is not passed over for the interior.
+func (s *Searcher) vouched(p Point) float64 {
+	x := s.o.Space.Coords(p)
+	var sumW, sumWY, maxW float64
+	for _, pp := range s.o.Prior {
+		k := pp.Weight * s.kernel(x, pp.Coords)
+		sumW += k
+		sumWY += k * pp.Score
+		maxW = math.Max(maxW, pp.Weight)
+	}
+	return sumWY / (0.1*maxW + sumW)
 }
 
 // predict is the surrogate at p: kernel-weighted mean of the prior's

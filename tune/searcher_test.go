@@ -268,3 +268,53 @@ func TestSearcherNoThresholdStopWithoutSuccess(t *testing.T) {
 		t.Errorf("every trial failing: stopped by %s after %d trials of %d", stop, len(tried), s.Size())
 	}
 }
+
+// TestSearcherSparsePriorFirstTrial: a prior of few records (another
+// model's search, a run of one trial) starts the search where they
+// scored well. The surrogate's optimism where nothing is known made the
+// first trial the point farthest from every record: the lowest value of
+// every flag for one record of score 1 (every point tied at 1), the far
+// corner for a search's dozen trials, whose neighbourhood the search
+// then stopped in at 5% of the optimum.
+func TestSearcherSparsePriorFirstTrial(t *testing.T) {
+	s := testSpace()
+	opt := Point{3, 0, 2, 1}
+	f := bowl(s, opt, 4e4)
+	// Model A's search, without a prior, as its prior records.
+	tried, _ := search(t, SearcherOptions{Space: s, Start: Point{1, 1, 1, 0}}, f)
+	best := bestOf(tried, f)
+	var searched []PriorPoint
+	for _, p := range tried {
+		searched = append(searched, PriorPoint{Coords: s.Coords(p), Score: f(p) / best, Weight: 0.8})
+	}
+	for _, tc := range []struct {
+		name  string
+		prior []PriorPoint
+		// near: the first trial at most this squared unit-cube
+		// distance from opt.
+		near float64
+	}{
+		{"one record of score 1", []PriorPoint{{Coords: s.Coords(opt), Score: 1, Weight: 1}}, 0},
+		{"one record of score 0.5", []PriorPoint{{Coords: s.Coords(opt), Score: 0.5, Weight: 1}}, 0},
+		{"another model's search", searched, 0.12}, // one step of max-batch (1/3)
+		// A dense prior whose best is a corner, where fewer records are
+		// near: still the first trial.
+		{"another model's grid", priorFrom(s, f, 0.3), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := SearcherOptions{Space: s, Start: Point{1, 1, 1, 0}, Prior: tc.prior}
+			se, err := NewSearcher(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if first := se.Next().Point; s.distance(first, opt) > tc.near {
+				t.Errorf("first trial %v, want within %v of the prior's best %v", first, tc.near, opt)
+			}
+			g := bowl(s, opt, 9e4)
+			tried, stop := search(t, o, g)
+			if got := bestOf(tried, g); got < 0.95*9e4 {
+				t.Errorf("search found %.0f (%.0f%% of the optimum) in %d trials (%s): %v", got, 100*got/9e4, len(tried), stop, tried)
+			}
+		})
+	}
+}

@@ -193,6 +193,16 @@ func (s Space) Coords(p Point) []float64 {
 	return out
 }
 
+// distance is the squared distance of p and q in the unit cube.
+func (s Space) distance(p, q Point) float64 {
+	a, b := s.Coords(p), s.Coords(q)
+	var d2 float64
+	for i := range a {
+		d2 += (a[i] - b[i]) * (a[i] - b[i])
+	}
+	return d2
+}
+
 // CoordsOf places a configuration measured elsewhere (another model's
 // run, maybe over other values) in this space's unit cube: per
 // dimension the position of its value, exact or else interpolated

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -106,7 +107,9 @@ OUT/tune.json serves with the best configuration.`,
 			// the wrong space: per device (GPU or MIG slice) and larger batches
 			// instead, from prism up's count (two per GPU, one per MIG slice).
 			startBatch, startWorkers := "512", fmt.Sprint(cpus)
+			machine := &tune.Machine{CPUs: cpus}
 			if disc, why := gpuserve.CUDAUsable(nvml.New()); why == "" && len(disc.Devices) > 0 {
+				machine.Devices, machine.Device = len(disc.Devices), disc.Devices[0].Name
 				mb, dw, th, upWorkers := gpuSpace(disc)
 				for _, d := range []struct {
 					flag string
@@ -155,24 +158,28 @@ OUT/tune.json serves with the best configuration.`,
 			ctx, stop := signalContext()
 			defer stop()
 			rep, err := tune.Run(ctx, tune.Options{
-				Model: served, Features: tune.PlanFeatures(pl, meanCand), Space: space, Start: start,
+				Model: served, Features: tune.PlanFeatures(pl, meanCand), Machine: machine, Space: space, Start: start,
 				Grid: grid, Threshold: threshold, MaxTrials: maxTrials, Prior: prior, StartRPS: startRPS,
 				Out: out, Progress: cmd.ErrOrStderr(),
 				Trialer: &tune.ProcessTrialer{Exe: exe, Plan: planDir, DB: db, Certs: certs, Insecure: insecure,
 					Model: served, Candidates: candidates, Pool: pool, Timeout: timeout, SLO: slo,
 					Step: step, Tolerance: 0.05, MaxSteps: maxSteps, LogDir: out, ReadyTimeout: readyTimeout},
 			})
+			w := cmd.OutOrStdout()
 			if err != nil {
+				// Stopped (Ctrl-C) or ended by a trial: the trials
+				// measured are in tune.json, and its best serves as
+				// well as a finished run's (the user was told only the
+				// error).
+				if rep != nil && rep.Best != nil {
+					printBest(w, rep, "so far, ", planDir, db, out)
+				}
 				return err
 			}
-			w := cmd.OutOrStdout()
 			if rep.Best == nil {
 				return fmt.Errorf("tune: no configuration met the SLO in %d trials (logs in %s)", len(rep.Trials), out)
 			}
-			fmt.Fprintf(w, "tune: best of %d trials (%s): %.0f samples/s (%.1f req/s, p99 %.1f ms) with %v\n",
-				len(rep.Trials), rep.Stop, rep.Best.Result.SamplesPerS, rep.Best.Result.MaxRPS, rep.Best.Result.P99Ms, tune.FlagArgs(rep.Best.Config))
-			fmt.Fprintf(w, "wrote %s; serve with it: prism up --model %s --db %s --config %s\n",
-				filepath.Join(out, tune.File), planDir, db, filepath.Join(out, tune.File))
+			printBest(w, rep, "", planDir, db, out)
 			return nil
 		},
 	}
@@ -203,6 +210,15 @@ OUT/tune.json serves with the best configuration.`,
 	fl.StringSliceVar(&admitShare, "admit-share", []string{"1", "0.7"}, "router admission shares of the deadline to try (prism up --admit-share)")
 	fl.StringSliceVar(&denseSessions, "dense-sessions", []string{"1"}, "ONNX Runtime sessions per model in each dense worker to try (prism up --dense-sessions; with GPUs: 1,2)")
 	return cmd
+}
+
+// printBest says which configuration of rep is best (soFar: "so far, "
+// for a run that did not finish) and how prism up serves with it.
+func printBest(w io.Writer, rep *tune.Report, soFar, planDir, db, out string) {
+	fmt.Fprintf(w, "tune: best %sof %d trials (%s): %.0f samples/s (%.1f req/s, p99 %.1f ms) with %v\n",
+		soFar, len(rep.Trials), rep.Stop, rep.Best.Result.SamplesPerS, rep.Best.Result.MaxRPS, rep.Best.Result.P99Ms, tune.FlagArgs(rep.Best.Config))
+	fmt.Fprintf(w, "wrote %s; serve with it: prism up --model %s --db %s --config %s\n",
+		filepath.Join(out, tune.File), planDir, db, filepath.Join(out, tune.File))
 }
 
 // meanCandidates is the mean candidates per request of c: the prior's

@@ -45,8 +45,28 @@ K) unless its store already holds it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configFile != "" {
-				if err := applyConfig(cmd.Flags(), configFile); err != nil {
+				// The command line's values are checked before the
+				// file's apply, so that an error after is the file's and
+				// says so ("--micro-batch 0: want a positive value" named
+				// a flag the user had not typed).
+				if err := checkUpFlags(cmd.Flags()); err != nil {
+					return err
+				}
+				if err := c.Validate(); err != nil {
+					return fmt.Errorf("up: %w", err)
+				}
+				kept, err := applyConfig(cmd.Flags(), configFile)
+				if err != nil {
 					return fmt.Errorf("up: --config: %w", err)
+				}
+				for _, k := range kept {
+					fmt.Fprintf(cmd.ErrOrStderr(), "up: --config %s: %s\n", configFile, k)
+				}
+				if err := checkUpFlags(cmd.Flags()); err != nil {
+					return fmt.Errorf("up: --config %s: %w", configFile, err)
+				}
+				if err := c.Validate(); err != nil {
+					return fmt.Errorf("up: --config %s: %w", configFile, err)
 				}
 				if tuned := tune.TunedFor(configFile); tuned != "" {
 					var served []string
@@ -138,11 +158,13 @@ func upMemoryLimit(spec string) (int64, error) {
 }
 
 // applyConfig sets the flags a config file names, except those given on
-// the command line; a key that is not a prism up flag is an error.
-func applyConfig(fl *pflag.FlagSet, path string) error {
+// the command line, which it lists where the file's value differs (the
+// command line won without a word); a key that is not a prism up flag
+// is an error.
+func applyConfig(fl *pflag.FlagSet, path string) (kept []string, err error) {
 	cfg, err := tune.ReadConfig(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	keys := make([]string, 0, len(cfg))
 	for k := range cfg {
@@ -152,16 +174,19 @@ func applyConfig(fl *pflag.FlagSet, path string) error {
 	for _, k := range keys {
 		f := fl.Lookup(k)
 		if f == nil || k == "config" {
-			return fmt.Errorf("%s: unknown key %q (not a prism up flag)", path, k)
+			return nil, fmt.Errorf("%s: unknown key %q (not a prism up flag)", path, k)
 		}
 		if changedAlias(fl, f) {
+			if v := f.Value.String(); v != cfg[k] {
+				kept = append(kept, fmt.Sprintf("the command line's --%s %s wins over the file's %s", k, v, cfg[k]))
+			}
 			continue
 		}
 		if err := fl.Set(k, cfg[k]); err != nil {
-			return fmt.Errorf("%s: %s: %w", path, k, err)
+			return nil, fmt.Errorf("%s: %s: %w", path, k, err)
 		}
 	}
-	return nil
+	return kept, nil
 }
 
 // changedAlias says whether f, or a flag setting the same variable (a

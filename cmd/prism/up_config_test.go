@@ -23,7 +23,7 @@ func TestUpConfig(t *testing.T) {
 	if err := cmd.Flags().Parse([]string{"--threads", "1", "--config", tuned}); err != nil {
 		t.Fatal(err)
 	}
-	if err := applyConfig(cmd.Flags(), tuned); err != nil {
+	if _, err := applyConfig(cmd.Flags(), tuned); err != nil {
 		t.Fatal(err)
 	}
 	for flag, want := range map[string]string{"micro-batch": "256", "threads": "1", "max-delay": "4ms", "max-batch": "0"} {
@@ -38,7 +38,7 @@ func TestUpConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	workers := write("workers.json", `{"dense-workers": "4", "embedding-workers": "5", "micro-batch": "128"}`)
-	if err := applyConfig(cmd.Flags(), workers); err != nil {
+	if _, err := applyConfig(cmd.Flags(), workers); err != nil {
 		t.Fatal(err)
 	}
 	for flag, want := range map[string]string{"dense-workers": "3", "embedding-workers": "2", "micro-batch": "128"} {
