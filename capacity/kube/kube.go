@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -188,6 +189,7 @@ type Provider struct {
 	grace    *int64              // of drains (nil: the Pod's)
 	informer cache.SharedIndexInformer
 	stop     chan struct{}
+	dry      bool // Inspect's: lends nothing
 
 	mu       sync.Mutex
 	workers  map[string]*worker
@@ -228,6 +230,131 @@ var _ capacity.Provider = (*Provider)(nil)
 // left (up to Max: adopt), and deletes (with their grace) the others.
 // o is defaulted and validated.
 func New(ctx context.Context, o Options) (*Provider, error) {
+	p, err := load(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.watch(ctx); err != nil {
+		return nil, err
+	}
+	left := make([]*corev1.Pod, 0, len(p.informer.GetStore().List()))
+	for _, obj := range p.informer.GetStore().List() {
+		left = append(left, obj.(*corev1.Pod))
+	}
+	// Oldest first: adopted up to Max, the longest serving kept.
+	slices.SortFunc(left, func(a, b *corev1.Pod) int {
+		if c := a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	for _, pod := range left {
+		if pod.DeletionTimestamp != nil {
+			continue
+		}
+		if p.adopt(pod) {
+			continue
+		}
+		p.o.Logf("deleting %s, left lent by an earlier run", pod.Name)
+		if err := p.delete(ctx, pod.Name, p.grace); err != nil {
+			// Lent to nobody, it would hold the pool's device (and
+			// serve, counted as an owned worker) until deleted by
+			// hand: deleted again when the watch sees it, and at Close.
+			p.o.Logf("delete %s: %v", pod.Name, err)
+			p.mu.Lock()
+			p.abandoned[pod.Name] = true
+			p.mu.Unlock()
+		}
+	}
+	return p, nil
+}
+
+// Inspect returns the lender New would, reading its template only: no
+// watch, and the Pods an earlier run lent neither adopted nor deleted.
+// It lends nothing (Borrow refuses): for prism loan --dry-run, whose
+// driver observes (Idle, Workers) and carries out no decision, and for
+// DryRun. o is defaulted and validated.
+func Inspect(ctx context.Context, o Options) (*Provider, error) {
+	p, err := load(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	p.dry = true
+	return p, nil
+}
+
+// DryRun sends the Pod Borrow would create for model to the API server
+// with a server-side dry run: authorization (this lender's right to
+// create Pods), admission (the PriorityClass resolved, or refused when
+// it does not exist; quotas; LimitRanges; webhooks) and validation run
+// as for a real create, and nothing is stored. It returns the Pod as
+// the server answered it; an error carries the server's reason.
+func (p *Provider) DryRun(ctx context.Context, model string) (*corev1.Pod, error) {
+	pod := p.PodFor(podName(p.o.Template), model)
+	got, err := p.o.Client.CoreV1().Pods(p.o.Namespace).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes lender: the API server refused the lent Pod %s/%s (dry run): %w", p.o.Namespace, pod.Name, err)
+	}
+	return got, nil
+}
+
+// Lent lists the Pods this lender's name labels in its namespace, lent
+// by a run now or before (New adopts them up to Max and deletes the
+// rest), without touching them.
+func (p *Provider) Lent(ctx context.Context) ([]string, error) {
+	sel := labels.SelectorFromSet(labels.Set{LabelLentBy: p.o.Name}).String()
+	pods, err := p.o.Client.CoreV1().Pods(p.o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes lender: list the Pods %s in %s: %w", sel, p.o.Namespace, err)
+	}
+	var names []string
+	for _, pod := range pods.Items {
+		names = append(names, pod.Name)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Access asks the API server whether this client may do what a lender
+// does besides creating its Pods (DryRun checks that): delete them (a
+// lender that may not lends and never returns), list and watch them in
+// its namespace, and, when Idle counts a device, list the Nodes and the
+// Pods of every namespace. One error for each thing denied.
+func (p *Provider) Access(ctx context.Context) error {
+	checks := []authorizationv1.ResourceAttributes{
+		{Namespace: p.o.Namespace, Verb: "delete", Resource: "pods"},
+		{Namespace: p.o.Namespace, Verb: "list", Resource: "pods"},
+		{Namespace: p.o.Namespace, Verb: "watch", Resource: "pods"},
+	}
+	if p.resource != "" {
+		checks = append(checks, authorizationv1.ResourceAttributes{Verb: "list", Resource: "nodes"}, authorizationv1.ResourceAttributes{Verb: "list", Resource: "pods"})
+	}
+	var errs []error
+	for _, c := range checks {
+		where := "in " + c.Namespace
+		if c.Namespace == "" {
+			where = "cluster-wide"
+		}
+		r, err := p.o.Client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &c},
+		}, metav1.CreateOptions{})
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("kubernetes lender: may it %s %s %s? %w", c.Verb, c.Resource, where, err))
+		case !r.Status.Allowed:
+			why := r.Status.Reason
+			if why == "" {
+				why = "no RBAC rule allows it"
+			}
+			errs = append(errs, fmt.Errorf("kubernetes lender: may not %s %s %s (%s)", c.Verb, c.Resource, where, why))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// load reads the template and builds the lender; it starts nothing.
+// o is defaulted and validated.
+func load(ctx context.Context, o Options) (*Provider, error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -256,38 +383,6 @@ func New(ctx context.Context, o Options) (*Provider, error) {
 	p := &Provider{o: o, workers: map[string]*worker{}, abandoned: map[string]bool{}, reclaims: make(chan capacity.ProviderReclaim, 64), stop: make(chan struct{})}
 	if err := p.setTemplate(t, owner, subdomain); err != nil {
 		return nil, err
-	}
-	if err := p.watch(ctx); err != nil {
-		return nil, err
-	}
-	left := make([]*corev1.Pod, 0, len(p.informer.GetStore().List()))
-	for _, obj := range p.informer.GetStore().List() {
-		left = append(left, obj.(*corev1.Pod))
-	}
-	// Oldest first: adopted up to Max, the longest serving kept.
-	slices.SortFunc(left, func(a, b *corev1.Pod) int {
-		if c := a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
-	for _, pod := range left {
-		if pod.DeletionTimestamp != nil {
-			continue
-		}
-		if p.adopt(pod) {
-			continue
-		}
-		o.Logf("deleting %s, left lent by an earlier run", pod.Name)
-		if err := p.delete(ctx, pod.Name, p.grace); err != nil {
-			// Lent to nobody, it would hold the pool's device (and
-			// serve, counted as an owned worker) until deleted by
-			// hand: deleted again when the watch sees it, and at Close.
-			o.Logf("delete %s: %v", pod.Name, err)
-			p.mu.Lock()
-			p.abandoned[pod.Name] = true
-			p.mu.Unlock()
-		}
 	}
 	return p, nil
 }
@@ -773,6 +868,10 @@ func (p *Provider) Borrow(ctx context.Context, model string, n int) ([]string, e
 		if p.closed {
 			p.mu.Unlock()
 			return ids, errors.New("kubernetes lender: closed")
+		}
+		if p.dry {
+			p.mu.Unlock()
+			return ids, errors.New("kubernetes lender: a dry run lends nothing")
 		}
 		if len(p.workers) >= p.o.Max {
 			p.mu.Unlock()

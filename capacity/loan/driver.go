@@ -178,18 +178,102 @@ func (d *Driver) Run(ctx context.Context) {
 // Step is one tick: observe, decide, act.
 func (d *Driver) Step(ctx context.Context) error {
 	now := d.o.Now()
+	pl, returns, err := d.tick(ctx, now)
+	for _, id := range returns {
+		_ = d.o.Provider.Return(ctx, id)
+	}
+	if err != nil {
+		return err
+	}
+	for _, dec := range pl.Decisions {
+		d.act(ctx, now, dec)
+	}
+	return nil
+}
+
+// Plan is what a tick observed and what the controller decided.
+type Plan struct {
+	// Routers are the /metrics URLs scraped; ScrapeErr is why one failed
+	// (then none is summed: the demand is the last one measured).
+	Routers   []string
+	ScrapeErr error
+	// Measured: the demand is a rate since a scrape a window before, not
+	// the last one measured (none yet, or a router restarted).
+	Measured bool
+	// Obs is what the controller was given: the demand, the dense
+	// workers and their states, the capacity per worker.
+	Obs capacity.ModelObs
+	// Idle is what the lender said it could lend.
+	Idle      int
+	Decisions []capacity.Decision
+}
+
+// DryRun is a tick that carries nothing out (prism loan --dry-run): it
+// scrapes the routers, waits the window, then lists the registry,
+// scrapes them again, asks the lender's idle count and ticks the
+// controller as Step does, and returns what it would decide now from
+// the demand between the two scrapes; nothing is borrowed, drained or
+// returned. The first scrape takes no tick: a decision of its own (one
+// more worker for a queue over its limit) would be pending at the
+// second, which then showed none.
+func (d *Driver) DryRun(ctx context.Context) (Plan, error) {
+	_, _, _, _ = d.measure(ctx, d.o.Now()) // a failure shows again at the tick
+	select {
+	case <-ctx.Done():
+		return Plan{}, ctx.Err()
+	case <-time.After(d.o.Window):
+	}
+	pl, _, err := d.tick(ctx, d.o.Now())
+	return pl, err
+}
+
+// Window is how far back the demand is measured.
+func (d *Driver) Window() time.Duration { return d.o.Window }
+
+// tick observes and decides; returns are lent workers that never
+// started, to hand back.
+func (d *Driver) tick(ctx context.Context, now time.Time) (Plan, []string, error) {
+	var pl Plan
 	ws, err := d.o.Registry(ctx)
 	if err != nil {
-		return fmt.Errorf("list the registry: %w", err)
+		return pl, nil, fmt.Errorf("list the registry: %w", err)
 	}
+	dem, urls, measured, scrapeErr := d.measure(ctx, now)
+	if scrapeErr != nil && ctx.Err() != nil {
+		return pl, nil, scrapeErr
+	}
+	if urls != "" {
+		pl.Routers = strings.Split(urls, ",")
+	}
+	pl.ScrapeErr, pl.Measured = scrapeErr, measured
+	idle, err := d.o.Provider.Idle(ctx)
+	if err != nil {
+		return pl, nil, fmt.Errorf("lender idle: %w", err)
+	}
+	pl.Idle = idle
+	lent := d.o.Provider.Workers()
+
 	d.mu.Lock()
-	dem := d.lastDemand // what stands when this tick does not measure it
+	obs, returns := d.observe(now, dem, ws, lent, idle)
+	pl.Obs = d.lastObs
+	pl.Decisions, err = d.ctl.Tick(now.Sub(d.start), obs)
+	d.mu.Unlock()
+	return pl, returns, err
+}
+
+// measure scrapes the routers and keeps the sample: dem is the demand
+// since the window's oldest sample (measured), else the last one
+// measured, which stands; urls are the /metrics URLs scraped, err why a
+// scrape failed.
+func (d *Driver) measure(ctx context.Context, now time.Time) (dem demand, urls string, measured bool, err error) {
+	d.mu.Lock()
+	dem = d.lastDemand // what stands when this tick does not measure it
 	d.mu.Unlock()
 	// The routers' samples summed, each read on its own (sample.add: the
 	// routers' latency buckets may differ).
 	s := sample{buckets: map[float64]float64{}}
 	var scrapeErr error
-	urls := d.o.RouterMetrics()
+	urls = d.o.RouterMetrics()
 	if urls != "" {
 		for url := range strings.SplitSeq(urls, ",") {
 			l, err := scrape(ctx, d.o.Client, url)
@@ -202,7 +286,7 @@ func (d *Driver) Step(ctx context.Context) error {
 	}
 	switch {
 	case scrapeErr != nil && ctx.Err() != nil:
-		return scrapeErr
+		return dem, urls, false, scrapeErr
 	case scrapeErr != nil:
 		// A router down or restarting (one of several gone from the
 		// headless Service): the demand is unknown, and the last one
@@ -244,7 +328,7 @@ func (d *Driver) Step(ctx context.Context) error {
 				d.samples = d.samples[:0]
 				d.settle(now)
 			} else if got, ok := between(base.s, s, now.Sub(base.at)); ok {
-				dem, d.lastDemand = got, got
+				dem, d.lastDemand, measured = got, got, true
 			} else if s.requests < base.s.requests || s.shed < base.s.shed {
 				// A router restarted: its counters start again from this
 				// sample, and the last demand stands until the window has
@@ -258,26 +342,7 @@ func (d *Driver) Step(ctx context.Context) error {
 		d.samples = append(d.samples, timedSample{now, s})
 		d.mu.Unlock()
 	}
-	idle, err := d.o.Provider.Idle(ctx)
-	if err != nil {
-		return fmt.Errorf("lender idle: %w", err)
-	}
-	lent := d.o.Provider.Workers()
-
-	d.mu.Lock()
-	obs, returns := d.observe(now, dem, ws, lent, idle)
-	decisions, err := d.ctl.Tick(now.Sub(d.start), obs)
-	d.mu.Unlock()
-	for _, id := range returns {
-		_ = d.o.Provider.Return(ctx, id)
-	}
-	if err != nil {
-		return err
-	}
-	for _, dec := range decisions {
-		d.act(ctx, now, dec)
-	}
-	return nil
+	return dem, urls, measured, scrapeErr
 }
 
 // observe builds the observation; returns are lent workers that never

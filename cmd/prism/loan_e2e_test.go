@@ -4,12 +4,16 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,9 +22,17 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/kubetest"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/models"
 )
@@ -366,5 +378,140 @@ func TestDenseDrainDropsNothing(t *testing.T) {
 		if failed > 0 || ok == 0 {
 			t.Fatalf("round %d: %d ok, %d failed: %v", round, ok, failed, errs)
 		}
+	}
+}
+
+// TestLoanDryRun: prism loan --dry-run against a router (TLS: its
+// /metrics scraped over HTTPS) with a dense worker registered and a real
+// API server (internal/kubetest; skipped without it). With the lender
+// right it prints what it saw (the routers, the demand, the dense
+// workers, the controller's decision now), the Pod it would lend as the
+// server admitted it and the pool's idle count, and exits 0; each thing
+// wrong (a PriorityClass that does not exist, a template that does not,
+// the routers' metrics unreachable) makes it exit 1 naming it, after the
+// other checks ran. No Pod is stored.
+func TestLoanDryRun(t *testing.T) {
+	t.Parallel()
+	api := kubetest.Start(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const ns = "prism"
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "prism-loan"}, Value: -10}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gpus := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}
+	node, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "train-1", Labels: map[string]string{"pool": "training"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status = corev1.NodeStatus{Capacity: gpus, Allocatable: gpus, Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}
+	if _, err := kc.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sel := map[string]string{"app": "prism-dense"}
+	one := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
+	if _, err := kc.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "prism-dense"},
+		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: sel}, Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: sel},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "dense", Image: "registry.example/prism:1.0", Args: []string{"serve", "dense"},
+				Resources: corev1.ResourceRequirements{Requests: one, Limits: one}}}},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	_, part, _ := partitioned(t, dir, "dlrm-tiny")
+	certs := newCerts(t)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := lis.Addr().String()
+	lis.Close()
+	router := startProc(t, readyline.Router, "serve", "router", "--certs", certs, "--addr", "127.0.0.1:0", "--metrics-addr", metricsAddr, "--heartbeat", "500ms")
+	startProc(t, readyline.Dense, "serve", "dense", "--certs", certs, "--plan", part, "--router", router.addr)
+	reg := prismv1.NewRegistryClient(dial(t, router.addr, certs, auth.Admin))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ws, err := reg.List(ctx, &prismv1.ListRequest{})
+		if err == nil && slices.ContainsFunc(ws.GetWorkers(), func(w *prismv1.WorkerInfo) bool { return w.GetRole() == prismv1.Role_ROLE_DENSE }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the dense worker never registered: %v", err)
+		}
+	}
+
+	lender := func(kv ...string) string {
+		keys := map[string]string{"max": "2", "template": "prism-dense", "pool": "pool=training", "taint": "pool=training:NoSchedule",
+			"priority-class": "prism-loan", "namespace": ns, "kubeconfig": api.Kubeconfig, "capacity": "100", "window": "500ms", "tick": "250ms"}
+		for i := 0; i < len(kv); i += 2 {
+			keys[kv[i]] = kv[i+1]
+		}
+		parts := []string{}
+		for _, k := range slices.Sorted(maps.Keys(keys)) {
+			parts = append(parts, k+"="+keys[k])
+		}
+		return "kubernetes:" + strings.Join(parts, ",")
+	}
+	metrics := "https://" + metricsAddr + "/metrics"
+	routerSeen := []string{"routers: 1 scraped: " + metrics, "demand: 0.0 requests/s offered", "dense workers: 1 serving, 0 starting, 0 draining",
+		"controller: no decision now: 0.0 requests/s offered, 1 worker(s) of 100.0: under the high-water mark (85%)"}
+	podSeen := []string{"kind: Pod", "priorityClassName: prism-loan", "priority: -10", "pool: training", "prism.dev/lent-by: prism-dense-loan",
+		"lender: 2 idle of max=2 on the pool pool=training"}
+	for _, tc := range []struct {
+		name    string
+		lender  string
+		metrics string
+		want    []string // in the output
+		not     []string // not in it
+		failed  string   // the error's line ("": exits 0)
+	}{
+		{name: "right", lender: lender(), metrics: metrics, want: append(append([]string{"prism loan --dry-run: every check passed"}, routerSeen...), podSeen...), not: []string{"FAILED"}},
+		{name: "no such PriorityClass", lender: lender("priority-class", "prism-nope"), metrics: metrics, want: routerSeen,
+			failed: "no PriorityClass with name prism-nope was found"},
+		{name: "no such template", lender: lender("template", "prism-nope"), metrics: metrics, want: routerSeen, not: []string{"kind: Pod"},
+			failed: "the dense workers' StatefulSet or Deployment prism/prism-nope"},
+		{name: "routers unreachable", lender: lender(), metrics: "https://127.0.0.1:1/metrics", want: podSeen, not: []string{"routers: "},
+			failed: "the routers' metrics (--router-metrics https://127.0.0.1:1/metrics)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(t, nil, "loan", "--dry-run", "--router", router.addr, "--router-metrics", tc.metrics, "--certs", certs, "--lender", tc.lender)
+			t.Logf("prism loan --dry-run (%s):\n%s", tc.name, out)
+			var ee *exec.ExitError
+			switch {
+			case tc.failed == "" && err != nil:
+				t.Errorf("exit: %v, want 0", err)
+			case tc.failed != "" && (!errors.As(err, &ee) || ee.ExitCode() != 1):
+				t.Errorf("exit: %v, want 1", err)
+			case tc.failed != "" && (!strings.Contains(out, "prism: loan --dry-run: 1 check(s) failed: ") || !strings.Contains(out, tc.failed)):
+				t.Errorf("the output does not say that %q failed", tc.failed)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("the output lacks %q", w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(out, n) {
+					t.Errorf("the output has %q", n)
+				}
+			}
+		})
+	}
+	pods, err := kc.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil || len(pods.Items) != 0 {
+		t.Errorf("Pods stored after the dry runs: %d (%v)", len(pods.Items), err)
 	}
 }
