@@ -8,10 +8,13 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/prism-serve/prism/internal/arrowframe"
 	"github.com/prism-serve/prism/internal/leview"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 // Runner scores one batch: ONNX Runtime's session in production.
@@ -151,6 +154,16 @@ const (
 type result struct {
 	out [][]float32
 	err error
+	// run is the batch that scored it (zero for a refusal), for the
+	// request's trace.
+	run batchRun
+}
+
+// batchRun times a batch: taken from the queue, its run's start and end,
+// and its size.
+type batchRun struct {
+	taken, start, end time.Time
+	samples, requests int
 }
 
 // DeadlineError answers a request refused for its deadline: it expired
@@ -280,6 +293,9 @@ func (b *Batcher) Submit(ctx context.Context, req Request) ([][]float32, error) 
 	b.signal()
 	select {
 	case r := <-p.done:
+		if r.err == nil {
+			traceRun(ctx, p.arrived, r.run)
+		}
 		return r.out, r.err
 	case <-ctx.Done():
 	}
@@ -428,6 +444,7 @@ func (b *Batcher) loop(r Runner) {
 
 // run scores one batch and hands each request its rows.
 func (b *Batcher) run(r Runner, batch []*pending) {
+	taken := time.Now()
 	var all int
 	live := make([]*pending, 0, len(batch))
 	for _, p := range batch {
@@ -498,6 +515,7 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 	b.stats.Samples += int64(n)
 	b.stats.BatchSizes[bucketOf(n)]++
 	b.stats.mu.Unlock()
+	ran := batchRun{taken: taken, start: start, end: start.Add(took), samples: n, requests: len(live)}
 	off := 0
 	for _, p := range live {
 		res := make([][]float32, len(outs))
@@ -506,7 +524,7 @@ func (b *Batcher) run(r Runner, batch []*pending) {
 			res[o] = out[off*w : (off+p.req.N)*w]
 		}
 		off += p.req.N
-		p.done <- result{out: res}
+		p.done <- result{out: res, run: ran}
 	}
 }
 
@@ -545,4 +563,18 @@ func (b *Batcher) Snapshot() (batches, samples, rejected int64, sizes map[int]in
 		sizes[k] = v
 	}
 	return b.stats.Batches, b.stats.Samples, b.stats.Rejected, sizes
+}
+
+// traceRun records a scored request's time in the dense tier as stages
+// of its trace (nothing when it is not traced): queued (from its arrival
+// until its batch was taken from the queue) and the batch's run, with
+// the batch's size (the requests of a batch share their run's times;
+// between the two, the batch's inputs were copied together).
+func traceRun(ctx context.Context, arrived time.Time, ran batchRun) {
+	if !tracing.Recording(ctx) {
+		return
+	}
+	tracing.Stage(ctx, "dense.queue", arrived, ran.taken)
+	tracing.Stage(ctx, "dense.run", ran.start, ran.end,
+		attribute.Int("prism.batch.samples", ran.samples), attribute.Int("prism.batch.requests", ran.requests))
 }

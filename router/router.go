@@ -13,6 +13,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,6 +23,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/lograte"
 	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/internal/tracing"
 	"github.com/prism-serve/prism/plan"
 )
 
@@ -717,6 +719,10 @@ func (r *Router) recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 		return nil, err
 	}
 	defer func() { release(err) }()
+	if tracing.Recording(ctx) {
+		tracing.Annotate(ctx, attribute.String("prism.model", req.GetModel()), attribute.Int("prism.candidates", n),
+			attribute.Int("prism.micro_batches", len(parts)), attribute.String("prism.request_id", req.GetRequestId()))
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.opts.DefaultTimeout)

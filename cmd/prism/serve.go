@@ -8,11 +8,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 func init() { subcommands = append(subcommands, newServeCmd) }
@@ -50,4 +52,35 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	// Certificate reloads and approaching expiry in the tier's log.
 	auth.SetLogger(log)
 	return log, nil
+}
+
+// startTracing sets up the tier's tracing when the OpenTelemetry
+// environment asks for it (internal/tracing), before the tier's servers
+// and clients are made, and says so in the log. The returned stop
+// flushes the spans not yet sent, for up to 5 s.
+func startTracing(service string, log *slog.Logger) (stop func(), err error) {
+	shutdown, on, err := tracing.Setup(context.Background(), service, log)
+	if err != nil {
+		return nil, err
+	}
+	if on {
+		endpoint := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+		if endpoint == "" {
+			endpoint = os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+		}
+		sampler := os.Getenv("OTEL_TRACES_SAMPLER")
+		if sampler == "" {
+			sampler = fmt.Sprintf("parentbased_traceidratio %g (the default)", tracing.DefaultRatio)
+		} else if arg := os.Getenv("OTEL_TRACES_SAMPLER_ARG"); arg != "" {
+			sampler += " " + arg
+		}
+		log.Info("tracing: spans to the OTLP collector", "endpoint", endpoint, "sampler", sampler)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdown(ctx); err != nil {
+			log.Warn("tracing: spans not flushed at exit", "err", err)
+		}
+	}, nil
 }

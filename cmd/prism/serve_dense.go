@@ -77,6 +77,11 @@ at --advertise-addr.`,
 			if err != nil {
 				return err
 			}
+			stopTracing, err := startTracing("prism-dense", log)
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
 			order, err := gpuserve.ParseOrder(batchOrder)
 			if err != nil {
 				return fmt.Errorf("--batch-order: %w", err)

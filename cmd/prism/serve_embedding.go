@@ -81,6 +81,11 @@ at --advertise-addr.`,
 			if err != nil {
 				return err
 			}
+			stopTracing, err := startTracing("prism-embedding", log)
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
 			tlsFlags.Warn(cmd.ErrOrStderr(), "the embedding tier")
 			tlsConf, err := tlsFlags.Server(auth.Embedding, auth.ServerTLSOptions{})
 			if err != nil {

@@ -60,6 +60,11 @@ func newServeRouterCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			stopTracing, err := startTracing("prism-router", log)
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
 			so.Logger, ro.Logger = log, log
 			so.MaxMessageBytes = maxMessage
 			ro.MaxMessageBytes = maxMessage

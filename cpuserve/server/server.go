@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -32,6 +33,7 @@ import (
 	"github.com/prism-serve/prism/internal/lograte"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 // Options configure a Server.
@@ -529,6 +531,13 @@ func (s *Server) Lookup(ctx context.Context, req *prismv1.LookupRequest) (*prism
 	}
 	t4 := time.Now()
 	times.EncodeUs = t4.Sub(t3).Microseconds()
+	if tracing.Recording(ctx) {
+		tracing.Annotate(ctx, attribute.String("prism.model", m.name), attribute.Int("prism.samples", n), attribute.Int("prism.shard", int(req.GetShard())))
+		tracing.Stage(ctx, "embedding.decode", t0, t1)
+		tracing.Stage(ctx, "embedding.lookup", t1, t2)
+		tracing.Stage(ctx, "embedding.cpu_model", t2, t3)
+		tracing.Stage(ctx, "embedding.encode", t3, t4)
+	}
 
 	if err := ctxErr(ctx, "before the dense call"); err != nil {
 		framePool.Put(fb)

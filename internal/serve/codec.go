@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 // Codec is gRPC's proto codec with one message handled by hand: the
@@ -302,11 +303,11 @@ func ListDialOption() grpc.DialOption {
 }
 
 // DialOptions are the options of Prism's internal client connections:
-// the buffer pool and the codec. Transport credentials come from the
-// caller (each tier's options).
+// the buffer pool and the codec, and tracing's handler when tracing is
+// on. Transport credentials come from the caller (each tier's options).
 func DialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
+	return append([]grpc.DialOption{
 		experimentalPool(),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(Codec)),
-	}
+	}, tracing.DialOptions()...)
 }

@@ -7,6 +7,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
+
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 // Pool is the buffer pool of Prism's gRPC servers and internal clients:
@@ -19,10 +21,11 @@ import (
 // (profiled under `make bench-serve`).
 var Pool mem.BufferPool = newDirtyPool()
 
-// ServerOptions install Pool and Codec on a server.
+// ServerOptions install Pool and Codec on a server, and tracing's
+// handler when tracing is on (tracing.Setup first).
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{experimental.BufferPool(Pool), grpc.ForceServerCodecV2(Codec),
-		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow)}
+	return append([]grpc.ServerOption{experimental.BufferPool(Pool), grpc.ForceServerCodecV2(Codec),
+		grpc.InitialWindowSize(streamWindow), grpc.InitialConnWindowSize(connWindow)}, tracing.ServerOptions()...)
 }
 
 // Flow-control windows of a server's connections: large enough that a

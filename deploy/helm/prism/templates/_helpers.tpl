@@ -89,7 +89,7 @@ prometheus.io/scheme: {{ $scheme }}
 {{- end }}
 {{- end -}}
 
-{{/* Environment every tier gets: its pod's IP and name (for addresses). */}}
+{{/* Environment every tier gets: its pod's IP and name (for addresses), and OpenTelemetry's when tracing.endpoint is set. */}}
 {{- define "prism.podEnv" -}}
 - name: POD_IP
   valueFrom:
@@ -99,6 +99,22 @@ prometheus.io/scheme: {{ $scheme }}
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
+{{- with .Values.tracing }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: "k8s.pod.name=$(POD_NAME)"
+{{- if .sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .sampler | quote }}
+{{- end }}
+{{- if .samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .samplerArg | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The router's and dense workers' environment: prism.podEnv and GOMEMLIMIT at the container's memory limit. The embedding workers size themselves to the limit instead (serve embedding --memory-limit auto: a quarter for the page cache, Go's limit at the rest less Pebble's C-allocated caches). */}}

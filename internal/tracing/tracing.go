@@ -1,0 +1,170 @@
+// Package tracing sends each tier's spans of a request to an OpenTelemetry
+// collector, so that one request's path (the router's Recommend, its
+// micro-batches' lookups on the embedding tier, their scoring on the
+// dense tier, and the stages inside each) reads as one trace. It is
+// configured the way every OpenTelemetry SDK is, by the standard
+// environment variables, so that an operator's existing set-up (the
+// OpenTelemetry Operator's injection, a Deployment's env) applies
+// unchanged:
+//
+//   - OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+//     (OTLP over gRPC, e.g. http://otel-collector:4317) turns tracing on;
+//     unset, nothing is set up and the tiers pay nothing for it.
+//   - OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG choose the sampler;
+//     unset, Prism samples 1% of the requests that arrive without a
+//     sampling decision and follows the caller's decision otherwise
+//     (parentbased_traceidratio, 0.01): every span costs a serving tier
+//     CPU, and at thousands of requests a second 1% is plenty.
+//   - OTEL_SERVICE_NAME names the tier (default prism-router,
+//     prism-embedding, prism-dense); OTEL_RESOURCE_ATTRIBUTES,
+//     OTEL_EXPORTER_OTLP_HEADERS, _CERTIFICATE, _INSECURE, _TIMEOUT and
+//     OTEL_SDK_DISABLED as the specification says.
+//
+// Only the request path is traced: Recommend, Lookup, Score and the
+// embedding updates. The registry's heartbeats (several a second from
+// every worker) and health checks are not.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/stats"
+
+	"github.com/prism-serve/prism/internal/lograte"
+)
+
+// DefaultRatio is the share of requests without a caller's sampling
+// decision that are traced when OTEL_TRACES_SAMPLER is unset.
+const DefaultRatio = 0.01
+
+// on is whether Setup installed a tracer provider: the gRPC options and
+// Stage do nothing otherwise.
+var on atomic.Bool
+
+// Enabled reports whether tracing was set up in this process.
+func Enabled() bool { return on.Load() }
+
+// Configured reports whether the environment asks for tracing: an OTLP
+// endpoint is set and the SDK is not disabled.
+func Configured(getenv func(string) string) bool {
+	if strings.EqualFold(strings.TrimSpace(getenv("OTEL_SDK_DISABLED")), "true") {
+		return false
+	}
+	return getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// Setup starts exporting this process's spans when the environment asks
+// for it (Configured), as service (the tier's default service name). It
+// returns a shutdown that flushes the spans not yet sent
+// (bounded by its context), and whether tracing is on. The exporter
+// connects lazily: a collector that is down loses spans, never requests.
+//
+// The SDK's own errors (a collector down or refusing: every batch's
+// export fails) go to log at Warn, one a minute with a count of the
+// rest, instead of the standard logger's line per failure.
+func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func(context.Context) error, enabled bool, err error) {
+	none := func(context.Context) error { return nil }
+	if !Configured(os.Getenv) {
+		return none, false, nil
+	}
+	exp, err := otlptracegrpc.New(ctx)
+	if err != nil {
+		return none, false, fmt.Errorf("tracing: OTLP exporter: %w (check OTEL_EXPORTER_OTLP_ENDPOINT)", err)
+	}
+	// The host and process tell apart the workers of one tier (on one
+	// host, by their process ids); the environment's attributes
+	// (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) last, so they win.
+	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", service)),
+		resource.WithHost(), resource.WithProcessPID(), resource.WithFromEnv())
+	if err != nil {
+		return none, false, fmt.Errorf("tracing: resource: %w (check OTEL_RESOURCE_ATTRIBUTES)", err)
+	}
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
+	if os.Getenv("OTEL_TRACES_SAMPLER") == "" {
+		// Set, the SDK reads the sampler from the environment itself.
+		opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(DefaultRatio))))
+	}
+	tp := sdktrace.NewTracerProvider(opts...)
+	limit := lograte.New(log, time.Minute)
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		limit.Warn("tracing", "tracing: spans not exported", "err", err)
+	}))
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	on.Store(true)
+	return func(ctx context.Context) error {
+		on.Store(false)
+		defer limit.Close()
+		return errors.Join(tp.Shutdown(ctx))
+	}, true, nil
+}
+
+// traced says whether an RPC is on the request path (see the package
+// comment): the registry's heartbeats and health checks are not.
+func traced(info *stats.RPCTagInfo) bool {
+	m := info.FullMethodName
+	return !strings.HasPrefix(m, "/prism.v1.Registry/") && !strings.HasPrefix(m, "/grpc.health.") && !strings.HasPrefix(m, "/grpc.reflection.")
+}
+
+// ServerOptions are a tier's server options for tracing: nil when it is
+// off, so that a process without a collector runs no handler at all.
+func ServerOptions() []grpc.ServerOption {
+	if !Enabled() {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(traced)))}
+}
+
+// DialOptions are the tracing options of a tier's client connections
+// (the router's to the workers, the embedding worker's to the dense
+// workers): they carry the trace to the next tier. Nil when off.
+func DialOptions() []grpc.DialOption {
+	if !Enabled() {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithFilter(traced)))}
+}
+
+// tracer makes the stages' spans.
+func tracer() trace.Tracer { return otel.Tracer("github.com/prism-serve/prism") }
+
+// Stage records a finished stage of ctx's request, from start to end, as
+// a child span of the request's span: a tier's lookup, cut-model run or
+// encoding, a dense worker's queue and batch. Nothing when ctx's span is
+// not recorded (tracing off, or the request not sampled): the request
+// path then pays one context lookup.
+func Stage(ctx context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
+	if !trace.SpanFromContext(ctx).IsRecording() {
+		return
+	}
+	_, span := tracer().Start(ctx, name, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	span.End(trace.WithTimestamp(end))
+}
+
+// Recording reports whether ctx's request is traced: callers that
+// record several stages check once.
+func Recording(ctx context.Context) bool { return trace.SpanFromContext(ctx).IsRecording() }
+
+// Annotate adds attributes to ctx's request span (the model, the
+// candidates, a micro-batch's samples) when it is recorded.
+func Annotate(ctx context.Context, attrs ...attribute.KeyValue) {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attrs...)
+	}
+}

@@ -1,0 +1,215 @@
+package tracing
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/stats"
+)
+
+func TestConfigured(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		want bool
+	}{
+		{"nothing set", nil, false},
+		{"endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, true},
+		{"traces endpoint", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4317"}, true},
+		{"disabled", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_SDK_DISABLED": "TRUE "}, false},
+		{"disabled false", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_SDK_DISABLED": "false"}, true},
+		{"sampler alone", map[string]string{"OTEL_TRACES_SAMPLER": "always_on"}, false},
+	} {
+		if got := Configured(func(k string) string { return c.env[k] }); got != c.want {
+			t.Errorf("%s: Configured %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestSetupOff: without an endpoint nothing is set up, and the options
+// and stages are no-ops (a tier without a collector pays nothing).
+func TestSetupOff(t *testing.T) {
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	shutdown, on, err := Setup(context.Background(), "prism-test", slog.Default())
+	if err != nil || on || Enabled() {
+		t.Fatalf("Setup without an endpoint: on %v, enabled %v, err %v", on, Enabled(), err)
+	}
+	if err := shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ServerOptions() != nil || DialOptions() != nil {
+		t.Error("gRPC options while tracing is off")
+	}
+	if Recording(context.Background()) {
+		t.Error("a context without a span is recording")
+	}
+}
+
+func TestTraced(t *testing.T) {
+	for method, want := range map[string]bool{
+		"/prism.v1.Recommender/Recommend":                           true,
+		"/prism.v1.Recommender/RecommendStream":                     true,
+		"/prism.v1.EmbeddingTier/Lookup":                            true,
+		"/prism.v1.DenseTier/Score":                                 true,
+		"/prism.v1.Embeddings/Update":                               true,
+		"/prism.v1.Registry/Announce":                               false,
+		"/prism.v1.Registry/List":                                   false,
+		"/grpc.health.v1.Health/Check":                              false,
+		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": false,
+	} {
+		if got := traced(&stats.RPCTagInfo{FullMethodName: method}); got != want {
+			t.Errorf("traced(%s) = %v, want %v", method, got, want)
+		}
+	}
+}
+
+// TestStage: a stage of a recorded request is a child span with the
+// stage's own times; of an unrecorded one, nothing.
+func TestStage(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	old := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { otel.SetTracerProvider(old) })
+
+	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	Stage(context.Background(), "nobody's", start, start.Add(time.Millisecond))
+	ctx, parent := tp.Tracer("t").Start(context.Background(), "request")
+	if !Recording(ctx) {
+		t.Fatal("the request's span is not recording")
+	}
+	Stage(ctx, "embedding.lookup", start, start.Add(3*time.Millisecond))
+	parent.End()
+	spans := rec.Ended()
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want the stage and its request", len(spans))
+	}
+	s := spans[0]
+	if s.Name() != "embedding.lookup" || s.Parent().SpanID() != parent.SpanContext().SpanID() ||
+		!s.StartTime().Equal(start) || s.EndTime().Sub(s.StartTime()) != 3*time.Millisecond {
+		t.Errorf("stage span %s parent %s from %v to %v", s.Name(), s.Parent().SpanID(), s.StartTime(), s.EndTime())
+	}
+}
+
+// BenchmarkHandlers: what the handlers cost a unary call on loopback
+// (a health check, both ends in this process): without tracing, traced
+// but not sampled (the requests a 1% sampler passes over), and sampled
+// (spans made and batched for export to a sink).
+func BenchmarkHandlers(b *testing.B) {
+	for _, mode := range []string{"off", "unsampled", "sampled"} {
+		b.Run(mode, func(b *testing.B) {
+			var sopts []grpc.ServerOption
+			var dopts []grpc.DialOption
+			if mode != "off" {
+				sampler := sdktrace.NeverSample()
+				if mode == "sampled" {
+					sampler = sdktrace.AlwaysSample()
+				}
+				tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler), sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+				b.Cleanup(func() { tp.Shutdown(context.Background()) })
+				prop := propagation.TraceContext{}
+				sopts = append(sopts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(prop))))
+				dopts = append(dopts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(prop))))
+			}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			srv := grpc.NewServer(sopts...)
+			healthpb.RegisterHealthServer(srv, health.NewServer())
+			go srv.Serve(lis)
+			b.Cleanup(srv.Stop)
+			cc, err := grpc.NewClient(lis.Addr().String(), append(dopts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { cc.Close() })
+			hc := healthpb.NewHealthClient(cc)
+			ctx := context.Background()
+			if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestCollectorDown: spans a collector that is down cannot take are
+// dropped with one warning in the tier's log (the SDK's default wrote a
+// line per failed batch to the standard logger), and shutdown returns.
+func TestCollectorDown(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close() // nothing listens there now
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+addr)
+	t.Setenv("OTEL_TRACES_SAMPLER", "always_on")
+	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "200")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	old := otel.GetTracerProvider()
+	t.Cleanup(func() { otel.SetTracerProvider(old) })
+	shutdown, on, err := Setup(context.Background(), "prism-test", log)
+	if err != nil || !on {
+		t.Fatalf("Setup: on %v, err %v", on, err)
+	}
+	for range 5 {
+		_, s := otel.Tracer("t").Start(context.Background(), "request")
+		s.End()
+		time.Sleep(100 * time.Millisecond) // a batch each, each export failing
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	shutdown(ctx) // its own error (the last flush failing) is the caller's to log
+	out := buf.String()
+	// One at once, and at most the count of the rest as the log closes.
+	if n, all := strings.Count(out, `msg="tracing: spans not exported"`), strings.Count(out, "\n"); n != 1 || all > 2 {
+		t.Errorf("%d warnings of spans not exported in %d lines, want one (the rest counted in one line):\n%s", n, all, out)
+	}
+	if !strings.Contains(out, "level=WARN") {
+		t.Errorf("the warning is not at Warn:\n%s", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the SDK's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
