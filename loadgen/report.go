@@ -58,7 +58,10 @@ type Summary struct {
 	WatchError  string `json:"watch_error,omitempty"`
 	// Retry is what the clients' retries did (Options.Retry), nil
 	// without retries.
-	Retry  *RetryStats `json:"retry,omitempty"`
+	Retry *RetryStats `json:"retry,omitempty"`
+	// Traced is the sampled share of a run with Options.TraceRatio and
+	// its slowest requests' trace ids; nil without.
+	Traced *TraceStats `json:"traced,omitempty"`
 	Series []Point     `json:"-"`
 }
 
@@ -201,6 +204,9 @@ func (s *Summary) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "SLO         %.1f%% of %s answered OK within %gms\n", 100*s.SLOAttained, what, s.SLOMs)
 	if s.Retry != nil {
 		s.Retry.writeText(w, s.Sent, s.OfferedRPS)
+	}
+	if s.Traced != nil {
+		s.Traced.writeText(w, s.Sent)
 	}
 	if s.Watched != "" {
 		peak := nan

@@ -117,6 +117,9 @@ type Options struct {
 	Retry Retry
 	// retryDraw, if set, draws the retries' jitter (tests).
 	retryDraw func() float64
+	// TraceRatio (0 to 1) puts a W3C trace context on every Recommend,
+	// sampled for this share of them (traced.go); 0: none.
+	TraceRatio float64
 }
 
 // KindUpdates is the Kind of a run of embedding updates.
@@ -165,6 +168,8 @@ func (o *Options) Validate() error {
 		return errors.New("loadgen: max in-flight must be positive")
 	case o.Retry.Retries < 0:
 		return errors.New("loadgen: retries must not be negative")
+	case !(o.TraceRatio >= 0 && o.TraceRatio <= 1):
+		return fmt.Errorf("loadgen: trace ratio %g: want 0 to 1", o.TraceRatio)
 	}
 	return nil
 }
@@ -288,9 +293,18 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 	}
 	var wg sync.WaitGroup
 	rt := newRetrier(o.Retry, o.Seed, o.retryDraw)
+	var tr *tracer
+	if o.Kind == "" {
+		tr = newTracer(o.TraceRatio, o.Seed)
+	}
 	send := func(j job) {
 		// The deadline is the whole request's, its retries included.
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), o.Timeout)
+		var traceID string
+		var sampled bool
+		if tr != nil {
+			rctx, traceID, sampled = tr.start(rctx)
+		}
 		var grpcAttempts *atomic.Int32 // grpc-go's retries: its attempts, counted by AttemptCounter
 		if o.Retry.GRPC && o.Retry.Retries > 0 {
 			grpcAttempts = new(atomic.Int32)
@@ -305,7 +319,11 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 		if o.Retry.Retries > 0 {
 			rec.retried(a, status.Code(err))
 		}
-		rec.Done(j.intended, since(), j.samples, status.Code(err))
+		done := since()
+		rec.Done(j.intended, done, j.samples, status.Code(err))
+		if sampled {
+			tr.done(traceID, done-j.intended, status.Code(err))
+		}
 	}
 	if o.Clients == 0 {
 		sem := make(chan struct{}, o.MaxInFlight)
@@ -376,6 +394,7 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 	}
 	sum := rec.summary(o, elapsed, windowed)
 	sum.GeneratorCPU = (cpuTime() - cpu0).Seconds()
+	sum.Traced = tr.summary()
 	if o.Watch != nil {
 		sum.addWatched(o.Watch.Name, watched, watchErr)
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -229,6 +231,29 @@ func TestTracing(t *testing.T) {
 	for _, s := range col.of(nil) {
 		if string(s.GetTraceId()) != string(id) {
 			t.Errorf("a span of another trace: %s %s (%s)", s.service, s.GetName(), hex.EncodeToString(s.GetTraceId()))
+		}
+	}
+
+	// prism loadgen --trace-ratio: the trace ids it names are traces the
+	// tiers recorded.
+	lg := exec.Command(prismBin, "loadgen", "--target", up.addr, "--certs", certs, "--model", cfg.Name,
+		"--duration", "1s", "--rate", "10", "--candidates", "5", "--quiet", "--trace-ratio", "1")
+	lgOut, err := lg.CombinedOutput()
+	m := regexp.MustCompile(`(?m)^ {12}([0-9a-f]{32})  `).FindSubmatch(lgOut)
+	if err != nil || m == nil {
+		t.Fatalf("prism loadgen --trace-ratio 1: %v, no trace id named:\n%s", err, lgOut)
+	}
+	slowest, _ := hex.DecodeString(string(m[1]))
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var names []string
+		for _, s := range col.of(slowest) {
+			names = append(names, s.GetName())
+		}
+		if slices.Contains(names, "prism.v1.Recommender/Recommend") && slices.Contains(names, "dense.run") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("loadgen's slowest trace %s: spans %v, want the router's Recommend through the dense run", m[1], names)
 		}
 	}
 }

@@ -88,6 +88,7 @@ type flags struct {
 	updateRows    int
 	updateTables  []string
 	updateOnly    bool
+	traceRatio    float64
 }
 
 // updates says whether the run sends an update stream.
@@ -135,6 +136,9 @@ from each update's intended send time) follows the requests'; with
 				return err
 			}
 			if err := checkRetryFlags(cmd, &f); err != nil {
+				return err
+			}
+			if err := checkTraceRatio(cmd, &f); err != nil {
 				return err
 			}
 			if f.trace != "" && f.arrival != "trace" {
@@ -244,6 +248,7 @@ from each update's intended send time) follows the requests'; with
 	fl.IntVar(&f.updateRows, "update-rows", 64, "rows each update upserts")
 	fl.StringSliceVar(&f.updateTables, "update-tables", nil, "tables to update, in turn (default: every table of the plan)")
 	fl.BoolVar(&f.updateOnly, "update-only", false, "send the update stream alone, no Recommend requests")
+	fl.Float64Var(&f.traceRatio, "trace-ratio", 0, "send a W3C trace context (traceparent) with every request, sampled for this share of them (0 to 1), so that servers that follow the caller's sampling decision (Prism's tiers with tracing on) trace that share; the report names the slowest sampled requests' trace ids")
 	f.tls.Register(cmd, auth.Admin)
 	return cmd
 }
@@ -277,6 +282,25 @@ func checkUpdateFlags(cmd *cobra.Command, f *flags) error {
 				return fmt.Errorf("--%s shapes the Recommend requests, which --update-only does not send: leave out one of them", name)
 			}
 		}
+	}
+	return nil
+}
+
+// checkTraceRatio refuses a --trace-ratio out of range or with a run
+// that sends no plain Recommend run.
+func checkTraceRatio(cmd *cobra.Command, f *flags) error {
+	if !cmd.Flags().Changed("trace-ratio") {
+		return nil
+	}
+	switch {
+	case !(f.traceRatio >= 0 && f.traceRatio <= 1):
+		return fmt.Errorf("--trace-ratio %g: want a share from 0 to 1", f.traceRatio)
+	case f.updateOnly:
+		return errors.New("loadgen: --trace-ratio traces Recommend requests, which --update-only does not send")
+	case f.findMax:
+		return errors.New("loadgen: --trace-ratio traces a run's requests; --find-max reports rates, not requests: trace a run at the rate it found")
+	case f.printRequests > 0:
+		return errors.New("loadgen: --print-request sends nothing: leave out --trace-ratio")
 	}
 	return nil
 }
@@ -495,7 +519,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	// seconds arrive slowly (63 of 80 requests at 20 req/s for 4 s, in
 	// every run). --stream N repeats a run's schedule with its requests.
 	opts := loadgen.Options{Poisson: f.arrival != "constant", Seed: f.seed ^ f.stream*0x9E3779B97F4A7C15, Clients: f.clients, Duration: f.duration,
-		MaxRequests: f.maxRequests, MaxInFlight: f.maxInFlight, Timeout: f.timeout, SLO: f.slo}
+		MaxRequests: f.maxRequests, MaxInFlight: f.maxInFlight, Timeout: f.timeout, SLO: f.slo, TraceRatio: f.traceRatio}
 	if f.watchBorrowed != "" {
 		// prism up's controller serves HTTPS under TLS, with the
 		// router's certificate: verified against this run's CA.

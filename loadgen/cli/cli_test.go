@@ -495,3 +495,42 @@ func TestLoadgenCLIRetries(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadgenCLITraceRatio: --trace-ratio out of range or with a run
+// that sends no plain Recommend run is refused; a run reports the
+// sampled share and the slowest trace ids, in the text and summary.json.
+func TestLoadgenCLITraceRatio(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--trace-ratio", "1.5"}, "--trace-ratio 1.5: want a share from 0 to 1"},
+		{[]string{"--trace-ratio", "-0.1"}, "--trace-ratio -0.1: want a share from 0 to 1"},
+		{[]string{"--trace-ratio", "0.1", "--find-max"}, "--find-max reports rates, not requests"},
+		{[]string{"--trace-ratio", "0.1", "--print-request", "1"}, "--print-request sends nothing: leave out --trace-ratio"},
+	} {
+		out, err := runCLI(t, append([]string{"--fake", "--model", "dlrm-tiny", "--duration", "300ms", "--quiet"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+	}
+	dir := t.TempDir()
+	out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--duration", "500ms", "--rate", "40", "--candidates", "4", "--quiet", "--trace-ratio", "1", "--out", dir)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(out, "requests sampled (traceparent, --trace-ratio 1); the slowest, by trace id:") {
+		t.Fatalf("output lacks the traced line:\n%s", out)
+	}
+	var sum loadgen.Summary
+	buf, err := os.ReadFile(filepath.Join(dir, "summary.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(buf, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum.Traced == nil || sum.Traced.Sampled != sum.Sent || len(sum.Traced.Slowest) == 0 || len(sum.Traced.Slowest[0].TraceID) != 32 {
+		t.Fatalf("summary.json's traced %+v for %d sent", sum.Traced, sum.Sent)
+	}
+}
