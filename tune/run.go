@@ -514,6 +514,22 @@ func TunedFor(path string) string {
 	return top.Model
 }
 
+// TunedOn is the machine a tune.json's trials ran on (nil: not a
+// tune.json, or one of a release before machines were recorded).
+func TunedOn(path string) *Machine {
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var top struct {
+		Machine *Machine `json:"machine"`
+	}
+	if json.Unmarshal(buf, &top) != nil {
+		return nil
+	}
+	return top.Machine
+}
+
 // ReadConfig reads the configuration prism up --config takes: the best
 // configuration of a tune.json, or a JSON object of prism up flags to
 // values (strings, numbers or booleans).

@@ -107,9 +107,8 @@ OUT/tune.json serves with the best configuration.`,
 			// the wrong space: per device (GPU or MIG slice) and larger batches
 			// instead, from prism up's count (two per GPU, one per MIG slice).
 			startBatch, startWorkers := "512", fmt.Sprint(cpus)
-			machine := &tune.Machine{CPUs: cpus}
-			if disc, why := gpuserve.CUDAUsable(nvml.New()); why == "" && len(disc.Devices) > 0 {
-				machine.Devices, machine.Device = len(disc.Devices), disc.Devices[0].Name
+			machine, disc, why := hostMachine()
+			if machine.Devices > 0 {
 				mb, dw, th, upWorkers := gpuSpace(disc)
 				for _, d := range []struct {
 					flag string
@@ -355,4 +354,18 @@ func checkSpace(space tune.Space) error {
 		}
 	}
 	return nil
+}
+
+// hostMachine is this host's shape as prism tune records it with every
+// trial (tune.Machine): the Go runtime's CPUs and the GPUs or MIG
+// slices the dense tier would serve on with CUDA; disc and why are the
+// discovery's (why: the reason the dense tier runs on the CPU, "" when
+// it does not).
+func hostMachine() (m *tune.Machine, disc devices.Discovery, why string) {
+	m = &tune.Machine{CPUs: runtime.GOMAXPROCS(0)}
+	disc, why = gpuserve.CUDAUsable(nvml.New())
+	if why == "" && len(disc.Devices) > 0 {
+		m.Devices, m.Device = len(disc.Devices), disc.Devices[0].Name
+	}
+	return m, disc, why
 }

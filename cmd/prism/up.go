@@ -79,6 +79,13 @@ K) unless its store already holds it.`,
 						fmt.Fprintf(cmd.ErrOrStderr(), "up: warning: --config %s was tuned for model %s, and this stack serves %s: its configuration may not suit them (prism tune --model PLAN_DIR tunes one)\n", configFile, tuned, strings.Join(served, ", "))
 					}
 				}
+				// Dense workers per core, batches per GPU: a configuration
+				// tuned on another shape of machine may not suit this one.
+				if on := tune.TunedOn(configFile); on != nil {
+					if here, _, _ := hostMachine(); *here != *on {
+						fmt.Fprintf(cmd.ErrOrStderr(), "up: warning: --config %s was tuned on a machine of %s, and this one has %s: its configuration may not suit it (prism tune here tunes one)\n", configFile, on, here)
+					}
+				}
 			}
 			if err := checkUpFlags(cmd.Flags()); err != nil {
 				return err

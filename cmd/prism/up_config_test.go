@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +60,37 @@ func TestUpConfig(t *testing.T) {
 		err := cmd.Execute()
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", body, err, want)
+		}
+	}
+}
+
+// TestUpConfigOtherMachine: up warns when --config's tune.json was tuned
+// on a machine of another shape (dense workers per core, batches per
+// GPU), and not when it was this one's or says none (earlier releases).
+func TestUpConfigOtherMachine(t *testing.T) {
+	here, _, _ := hostMachine()
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, machine string
+		warn          bool
+	}{
+		{"another", `"machine": {"cpus": 4096},`, true},
+		{"this one", fmt.Sprintf(`"machine": {"cpus": %d, "devices": %d, "device": %q},`, here.CPUs, here.Devices, here.Device), false},
+		{"none recorded", "", false},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".json")
+		body := `{"model": "m", ` + c.machine + ` "mode": "search", "trials": [], "best": {"config": {"micro-batch": "256"}}}`
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// No --model: up stops after reading the config, having warned.
+		out, err := run(t, nil, "up", "--config", p)
+		if err == nil {
+			t.Fatalf("%s: up without --model: no error\n%s", c.name, out)
+		}
+		got := strings.Contains(out, "was tuned on a machine of 4096 CPUs, and this one has "+here.String())
+		if got != c.warn || (!c.warn && strings.Contains(out, "tuned on a machine")) {
+			t.Errorf("%s: warned %v, want %v:\n%s", c.name, got, c.warn, out)
 		}
 	}
 }
