@@ -1176,7 +1176,10 @@ func (r *Router) streamAnswer(ctx context.Context, req *prismv1.RecommendRequest
 	// request at a stalled worker held every answer after it too.
 	ctx, cancel := context.WithTimeout(ctx, r.opts.DefaultTimeout)
 	defer cancel()
+	// A traced stream's requests are each a subtree of the stream's span.
+	ctx, end := tracing.Span(ctx, "prism.recommend")
 	resp, err := r.recommend(ctx, req)
+	end(err)
 	r.m.streamed.WithLabelValues(status.Code(err).String()).Inc()
 	if err == nil {
 		return resp

@@ -256,4 +256,59 @@ func TestTracing(t *testing.T) {
 			t.Fatalf("loadgen's slowest trace %s: spans %v, want the router's Recommend through the dense run", m[1], names)
 		}
 	}
+
+	// A traced RecommendStream: each of its requests is a subtree of the
+	// stream's span (prism.recommend), its lookups under it.
+	const streamTrace = "6bf92f3577b34da6a3ce929d0e0e4736"
+	sctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+streamTrace+"-"+callerSpan+"-01"), 30*time.Second)
+	defer cancel()
+	stream, err := rec.RecommendStream(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := stream.Send(&req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream.CloseSend()
+	for range 2 {
+		if resp, err := stream.Recv(); err != nil || resp.GetError() != nil {
+			t.Fatalf("stream answer: %v %v", resp.GetError(), err)
+		}
+	}
+	sid, _ := hex.DecodeString(streamTrace)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		spans := col.of(sid)
+		ids := map[string]span{}
+		for _, s := range spans {
+			ids[string(s.GetSpanId())] = s
+		}
+		requests, lookups := 0, 0
+		for _, s := range spans {
+			switch s.GetName() {
+			case "prism.recommend":
+				if p := ids[string(s.GetParentSpanId())]; p.GetName() == "prism.v1.Recommender/RecommendStream" {
+					requests++
+				}
+			case "prism.v1.EmbeddingTier/Lookup":
+				if s.GetKind() != tracepb.Span_SPAN_KIND_CLIENT {
+					continue
+				}
+				if p := ids[string(s.GetParentSpanId())]; p.GetName() == "prism.recommend" {
+					lookups++
+				}
+			}
+		}
+		if requests == 2 && lookups == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			var got []string
+			for _, s := range spans {
+				got = append(got, s.service+":"+s.GetName()+":"+s.GetKind().String())
+			}
+			t.Fatalf("stream trace: %d requests under the stream, %d lookups under a request, want 2 and 2; spans %v", requests, lookups, got)
+		}
+	}
 }

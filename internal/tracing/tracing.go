@@ -38,6 +38,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -155,6 +156,24 @@ func Stage(ctx context.Context, name string, start, end time.Time, attrs ...attr
 	}
 	_, span := tracer().Start(ctx, name, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	span.End(trace.WithTimestamp(end))
+}
+
+// Span starts a child span of ctx's recorded span for a part of the
+// request worth a subtree of its own (one request of a RecommendStream,
+// whose lookups would otherwise all hang off the stream's one span);
+// end records err as the span's status. When ctx's span is not
+// recorded: ctx itself and an end that does nothing.
+func Span(ctx context.Context, name string) (_ context.Context, end func(err error)) {
+	if !Recording(ctx) {
+		return ctx, func(error) {}
+	}
+	ctx, span := tracer().Start(ctx, name)
+	return ctx, func(err error) {
+		if err != nil {
+			span.SetStatus(otelcodes.Error, err.Error())
+		}
+		span.End()
+	}
 }
 
 // Recording reports whether ctx's request is traced: callers that
