@@ -151,7 +151,7 @@ func tracer() trace.Tracer { return otel.Tracer("github.com/prism-serve/prism") 
 // not recorded (tracing off, or the request not sampled): the request
 // path then pays one context lookup.
 func Stage(ctx context.Context, name string, start, end time.Time, attrs ...attribute.KeyValue) {
-	if !trace.SpanFromContext(ctx).IsRecording() {
+	if !Recording(ctx) {
 		return
 	}
 	_, span := tracer().Start(ctx, name, trace.WithTimestamp(start), trace.WithAttributes(attrs...))
@@ -178,12 +178,14 @@ func Span(ctx context.Context, name string) (_ context.Context, end func(err err
 
 // Recording reports whether ctx's request is traced: callers that
 // record several stages check once.
-func Recording(ctx context.Context) bool { return trace.SpanFromContext(ctx).IsRecording() }
+// Off, it answers without looking into ctx (a walk up its chain of
+// values) on every request.
+func Recording(ctx context.Context) bool { return on.Load() && trace.SpanFromContext(ctx).IsRecording() }
 
 // Annotate adds attributes to ctx's request span (the model, the
 // candidates, a micro-batch's samples) when it is recorded.
 func Annotate(ctx context.Context, attrs ...attribute.KeyValue) {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attrs...)
+	if Recording(ctx) {
+		trace.SpanFromContext(ctx).SetAttributes(attrs...)
 	}
 }

@@ -86,7 +86,8 @@ func TestStage(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	old := otel.GetTracerProvider()
 	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { otel.SetTracerProvider(old) })
+	on.Store(true) // as Setup leaves it
+	t.Cleanup(func() { otel.SetTracerProvider(old); on.Store(false) })
 
 	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	Stage(context.Background(), "nobody's", start, start.Add(time.Millisecond))
