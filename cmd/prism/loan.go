@@ -228,6 +228,10 @@ func newLoanDriver(ctx context.Context, sp loan.Spec, prov capacity.Provider, ro
 	return d, func() { conn.Close() }, nil
 }
 
+// dryRunAPITimeout bounds the dry run's calls to the API server (a
+// variable for tests).
+var dryRunAPITimeout = time.Minute
+
 // dryRunLoan is prism loan --dry-run: what a run would see and do, with
 // nothing lent. It writes its report to out and returns an error naming
 // every check that failed. A scrape that fails fails it: the driver
@@ -248,7 +252,7 @@ func dryRunLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, mo
 	// The lender first: the driver's tick asks its idle count. One whose
 	// template cannot be read is replaced by none (nothing idle), so
 	// that the routers are still checked.
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, dryRunAPITimeout)
 	defer cancel()
 	var prov capacity.Provider = noLender{}
 	kp, err := kube.Inspect(sctx, ko)
@@ -293,6 +297,11 @@ func dryRunLoan(ctx context.Context, sp loan.Spec, routerAddr, routerMetrics, mo
 		}
 	}
 	if kp != nil {
+		// A timeout of their own: the template read's, from before the
+		// window's wait (window=, a minute or more), had ended, and every
+		// check below failed "context deadline exceeded".
+		sctx, cancel := context.WithTimeout(ctx, dryRunAPITimeout)
+		defer cancel()
 		if pod, err := kp.DryRun(sctx, model); err != nil {
 			fail(err)
 		} else {

@@ -20,7 +20,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/capacity/loan"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/kubetest"
 	"github.com/prism-serve/prism/internal/readyline"
@@ -392,42 +395,15 @@ func TestDenseDrainDropsNothing(t *testing.T) {
 // other checks ran. No Pod is stored.
 func TestLoanDryRun(t *testing.T) {
 	t.Parallel()
-	api := kubetest.Start(t)
+	api := loanCluster(t)
+	ctx := context.Background()
+	const ns = "prism"
 	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	const ns = "prism"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kc.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "prism-loan"}, Value: -10}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	gpus := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}
-	node, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "train-1", Labels: map[string]string{"pool": "training"}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	node.Status = corev1.NodeStatus{Capacity: gpus, Allocatable: gpus, Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}
-	if _, err := kc.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	sel := map[string]string{"app": "prism-dense"}
-	one := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
-	if _, err := kc.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: "prism-dense"},
-		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: sel}, Template: corev1.PodTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: sel},
-			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "dense", Image: "registry.example/prism:1.0", Args: []string{"serve", "dense"},
-				Resources: corev1.ResourceRequirements{Requests: one, Limits: one}}}},
-		}},
-	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -513,5 +489,82 @@ func TestLoanDryRun(t *testing.T) {
 	pods, err := kc.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil || len(pods.Items) != 0 {
 		t.Errorf("Pods stored after the dry runs: %d (%v)", len(pods.Items), err)
+	}
+}
+
+// loanCluster is a real API server (internal/kubetest; skipped without
+// it) as a lender finds it: namespace prism, the PriorityClass
+// prism-loan, a node of 8 GPUs in the pool pool=training, and the dense
+// workers' Deployment prism-dense.
+func loanCluster(t *testing.T) *kubetest.Server {
+	t.Helper()
+	api := kubetest.Start(t)
+	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const ns = "prism"
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "prism-loan"}, Value: -10}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gpus := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}
+	node, err := kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "train-1", Labels: map[string]string{"pool": "training"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status = corev1.NodeStatus{Capacity: gpus, Allocatable: gpus, Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}
+	if _, err := kc.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sel := map[string]string{"app": "prism-dense"}
+	one := corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("1")}
+	if _, err := kc.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "prism-dense"},
+		Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: sel}, Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: sel},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "dense", Image: "registry.example/prism:1.0", Args: []string{"serve", "dense"},
+				Resources: corev1.ResourceRequirements{Requests: one, Limits: one}}}},
+		}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return api
+}
+
+// TestLoanDryRunLongWindow: the lender's checks after the window's wait
+// (the Pod's dry run, the rights, the Pods lent) get a timeout of their
+// own. They shared the template read's minute, from before the wait, so
+// a window= of a minute or more failed every one of them with "context
+// deadline exceeded", a configuration with nothing wrong reported as
+// broken. The timeout is shortened here (dryRunAPITimeout) rather than
+// the test waiting a minute; the routers are unreachable, which fails
+// the dry run, but after the wait, as a real run's would.
+func TestLoanDryRunLongWindow(t *testing.T) {
+	t.Parallel()
+	api := loanCluster(t)
+	old := dryRunAPITimeout
+	dryRunAPITimeout = time.Second
+	t.Cleanup(func() { dryRunAPITimeout = old })
+	sp, err := loan.ParseSpec("kubernetes:max=2,template=prism-dense,pool=pool=training,priority-class=prism-loan,namespace=prism,capacity=100,window=1500ms,kubeconfig=" + api.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	err = dryRunLoan(context.Background(), sp, "127.0.0.1:1", "http://127.0.0.1:1/metrics", "dense",
+		grpc.WithTransportCredentials(insecure.NewCredentials()), nil, &out, func(string, ...any) {})
+	t.Logf("dry run:\n%s", out.String())
+	if err == nil {
+		t.Fatal("the dry run passed with the routers unreachable")
+	}
+	if !strings.Contains(out.String(), "lent Pod (admitted by the API server") || strings.Contains(out.String(), "deadline exceeded") {
+		t.Errorf("the lender's checks after the window did not run in time: %v", err)
 	}
 }

@@ -68,12 +68,7 @@ func startTracing(service string, log *slog.Logger) (stop func(), err error) {
 		if endpoint == "" {
 			endpoint = os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
 		}
-		sampler := os.Getenv("OTEL_TRACES_SAMPLER")
-		if sampler == "" {
-			sampler = fmt.Sprintf("parentbased_traceidratio %g (the default)", tracing.DefaultRatio)
-		} else if arg := os.Getenv("OTEL_TRACES_SAMPLER_ARG"); arg != "" {
-			sampler += " " + arg
-		}
+		_, sampler, _ := tracing.Sampler(os.Getenv) // the one in use (Setup warned of one it could not read)
 		log.Info("tracing: spans to the OTLP collector", "endpoint", endpoint, "sampler", sampler)
 	}
 	return func() {

@@ -10,6 +10,8 @@
 //   - OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 //     (OTLP over gRPC, e.g. http://otel-collector:4317) turns tracing on;
 //     unset, nothing is set up and the tiers pay nothing for it.
+//     OTLP over HTTP (OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf) is not
+//     sent: the tier warns at its start.
 //   - OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG choose the sampler;
 //     unset, Prism samples 1% of the requests that arrive without a
 //     sampling decision and follows the caller's decision otherwise
@@ -31,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -84,6 +87,16 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 	if !Configured(os.Getenv) {
 		return none, false, nil
 	}
+	// The Go SDK has no exporter that reads the protocol from the
+	// environment: Prism's is gRPC's. One set up for OTLP over HTTP
+	// (the OpenTelemetry Operator's injection names port 4318) failed
+	// every export with no word of why.
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		if p := strings.TrimSpace(os.Getenv(k)); p != "" && p != "grpc" {
+			log.Warn(fmt.Sprintf("tracing: %s is %s, but Prism sends spans over OTLP/gRPC only: name the collector's gRPC endpoint (port 4317), or expect every export to fail", k, p))
+			break
+		}
+	}
 	exp, err := otlptracegrpc.New(ctx)
 	if err != nil {
 		return none, false, fmt.Errorf("tracing: OTLP exporter: %w (check OTEL_EXPORTER_OTLP_ENDPOINT)", err)
@@ -96,12 +109,15 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 	if err != nil {
 		return none, false, fmt.Errorf("tracing: resource: %w (check OTEL_RESOURCE_ATTRIBUTES)", err)
 	}
-	opts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp), sdktrace.WithResource(res)}
-	if os.Getenv("OTEL_TRACES_SAMPLER") == "" {
-		// Set, the SDK reads the sampler from the environment itself.
-		opts = append(opts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(DefaultRatio))))
+	// The sampler is read here, not left to the SDK: one it cannot read
+	// (a typo, a ratio of 10 or 1%) it replaces by its own default,
+	// parentbased_always_on (or a ratio of 1), so that every request was
+	// traced while the tier's log named the sampler asked for.
+	sampler, _, serr := Sampler(os.Getenv)
+	if serr != nil {
+		log.Warn("tracing: "+serr.Error()+"; Prism's default sampler instead", "sampler", fmt.Sprintf("parentbased_traceidratio %g", DefaultRatio))
 	}
-	tp := sdktrace.NewTracerProvider(opts...)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
 	limit := lograte.New(log, time.Minute)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		limit.Warn("tracing", "tracing: spans not exported", "err", err)
@@ -114,6 +130,59 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 		defer limit.Close()
 		return errors.Join(tp.Shutdown(ctx))
 	}, true, nil
+}
+
+// Sampler is the sampler OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG
+// name, as the specification reads them (a ratio sampler without its
+// argument samples every request), with its name for the log; unset,
+// Prism's default (parentbased_traceidratio, DefaultRatio). One that
+// cannot be read is Prism's default too, with the error.
+func Sampler(getenv func(string) string) (s sdktrace.Sampler, name string, err error) {
+	def := sdktrace.ParentBased(sdktrace.TraceIDRatioBased(DefaultRatio))
+	defName := fmt.Sprintf("parentbased_traceidratio %g (the default)", DefaultRatio)
+	name = strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER")))
+	switch name {
+	case "":
+		return def, defName, nil
+	case "always_on":
+		return sdktrace.AlwaysSample(), name, nil
+	case "always_off":
+		return sdktrace.NeverSample(), name, nil
+	case "parentbased_always_on":
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), name, nil
+	case "parentbased_always_off":
+		return sdktrace.ParentBased(sdktrace.NeverSample()), name, nil
+	case "traceidratio", "parentbased_traceidratio":
+		ratio := 1.0
+		if arg := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER_ARG")); arg != "" {
+			ratio, err = strconv.ParseFloat(arg, 64)
+			if err != nil || !(ratio >= 0 && ratio <= 1) {
+				return def, defName, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG %q: want the share of requests to trace, from 0 to 1", arg)
+			}
+		}
+		s = sdktrace.TraceIDRatioBased(ratio)
+		if name == "parentbased_traceidratio" {
+			s = sdktrace.ParentBased(s)
+		}
+		return s, fmt.Sprintf("%s %g", name, ratio), nil
+	}
+	return def, defName, fmt.Errorf("OTEL_TRACES_SAMPLER %q: want always_on, always_off, traceidratio, or one of those after parentbased_", name)
+}
+
+// Use installs tp as this process's tracer provider, with the W3C
+// trace context propagator, and turns tracing on as Setup does with its
+// exporter's; restore puts back what was there. For tests that record
+// spans in memory (sdk/trace/tracetest).
+func Use(tp trace.TracerProvider) (restore func()) {
+	oldTP, oldProp, wasOn := otel.GetTracerProvider(), otel.GetTextMapPropagator(), on.Load()
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	on.Store(true)
+	return func() {
+		otel.SetTracerProvider(oldTP)
+		otel.SetTextMapPropagator(oldProp)
+		on.Store(wasOn)
+	}
 }
 
 // traced says whether an RPC is on the request path (see the package
@@ -180,7 +249,9 @@ func Span(ctx context.Context, name string) (_ context.Context, end func(err err
 // record several stages check once.
 // Off, it answers without looking into ctx (a walk up its chain of
 // values) on every request.
-func Recording(ctx context.Context) bool { return on.Load() && trace.SpanFromContext(ctx).IsRecording() }
+func Recording(ctx context.Context) bool {
+	return on.Load() && trace.SpanFromContext(ctx).IsRecording()
+}
 
 // Annotate adds attributes to ctx's request span (the model, the
 // candidates, a micro-batch's samples) when it is recorded.

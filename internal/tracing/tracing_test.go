@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -61,6 +62,23 @@ func TestSetupOff(t *testing.T) {
 	}
 }
 
+// TestOffAllocs: what the request path calls on every request (the
+// router's stream requests, the tiers' Recording checks) allocates
+// nothing when the request is not traced.
+func TestOffAllocs(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if a := testing.AllocsPerRun(100, func() {
+		rctx, end := Span(ctx, "prism.recommend")
+		if Recording(rctx) {
+			t.Fatal("recording")
+		}
+		end(nil)
+	}); a != 0 {
+		t.Errorf("%v allocations a request without tracing, want 0", a)
+	}
+}
+
 func TestTraced(t *testing.T) {
 	for method, want := range map[string]bool{
 		"/prism.v1.Recommender/Recommend":                           true,
@@ -84,10 +102,7 @@ func TestTraced(t *testing.T) {
 func TestStage(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	old := otel.GetTracerProvider()
-	otel.SetTracerProvider(tp)
-	on.Store(true) // as Setup leaves it
-	t.Cleanup(func() { otel.SetTracerProvider(old); on.Store(false) })
+	t.Cleanup(Use(tp))
 
 	start := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	Stage(context.Background(), "nobody's", start, start.Add(time.Millisecond))
@@ -213,4 +228,102 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestSetupSampler: the sampler the environment names is the one used;
+// one the SDK cannot read (a name it lacks, a ratio out of range or not
+// a number) is Prism's default, with a warning, not the SDK's fallback
+// of sampling every request (parentbased_always_on, or a ratio of 1),
+// which at thousands of requests a second exported every span while the
+// tier's log named the sampler as if it were in use.
+func TestSetupSampler(t *testing.T) {
+	root := trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}}
+	for _, c := range []struct {
+		name, sampler, arg string
+		// sampled: of 1000 root requests, how many are sampled (within
+		// [lo, hi]).
+		lo, hi int
+		warn   bool
+	}{
+		{"unset: 1%", "", "", 1, 40, false},
+		{"always_on", "always_on", "", 1000, 1000, false},
+		{"parentbased_always_off", "parentbased_always_off", "", 0, 0, false},
+		{"ratio 0.5", "parentbased_traceidratio", "0.5", 400, 600, false},
+		{"ratio without its argument: the specification's 1", "traceidratio", "", 1000, 1000, false},
+		{"ratio over 1", "parentbased_traceidratio", "10", 1, 40, true},
+		{"ratio as a percentage", "parentbased_traceidratio", "1%", 1, 40, true},
+		{"negative ratio", "traceidratio", "-0.5", 1, 40, true},
+		{"no such sampler", "parentbased_ratio", "0.5", 1, 40, true},
+		{"one the Go SDK lacks", "parentbased_jaeger_remote", "", 1, 40, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+			t.Setenv("OTEL_TRACES_SAMPLER", c.sampler)
+			t.Setenv("OTEL_TRACES_SAMPLER_ARG", c.arg)
+			var buf syncBuffer
+			log := slog.New(slog.NewTextHandler(&buf, nil))
+			old := otel.GetTracerProvider()
+			t.Cleanup(func() { otel.SetTracerProvider(old) })
+			shutdown, on, err := Setup(context.Background(), "prism-test", log)
+			if err != nil || !on {
+				t.Fatalf("Setup: on %v, err %v", on, err)
+			}
+			sampled := 0
+			tr := otel.Tracer("t")
+			for i := range 1000 {
+				// Root requests of trace ids spread over the ratio's range.
+				cfg := root
+				cfg.TraceID[8], cfg.TraceID[9] = byte(i*65521>>8), byte(i*65521)
+				_, s := tr.Start(trace.ContextWithRemoteSpanContext(context.Background(), trace.NewSpanContext(cfg)), "r", trace.WithNewRoot())
+				if s.SpanContext().IsSampled() {
+					sampled++
+				}
+				s.End()
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			shutdown(ctx) // nothing listens at the endpoint: the spans are dropped
+			if sampled < c.lo || sampled > c.hi {
+				t.Errorf("%d of 1000 requests sampled, want %d to %d", sampled, c.lo, c.hi)
+			}
+			if got := strings.Contains(buf.String(), "OTEL_TRACES_SAMPLER"); got != c.warn {
+				t.Errorf("a warning naming OTEL_TRACES_SAMPLER: %v, want %v; log:\n%s", got, c.warn, buf.String())
+			}
+		})
+	}
+}
+
+// TestSetupProtocol: an environment that asks for OTLP over HTTP (the
+// OpenTelemetry Operator's injection, port 4318) is told at start that
+// Prism sends over gRPC only; it was told nothing, and every export
+// failed against the HTTP port with a warning a minute that did not say
+// why.
+func TestSetupProtocol(t *testing.T) {
+	for _, c := range []struct {
+		name, env, value string
+		warn             bool
+	}{
+		{"unset", "OTEL_EXPORTER_OTLP_PROTOCOL", "", false},
+		{"grpc", "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", false},
+		{"http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", true},
+		{"traces http/json", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
+			t.Setenv(c.env, c.value)
+			var buf syncBuffer
+			old := otel.GetTracerProvider()
+			t.Cleanup(func() { otel.SetTracerProvider(old) })
+			shutdown, on, err := Setup(context.Background(), "prism-test", slog.New(slog.NewTextHandler(&buf, nil)))
+			if err != nil || !on {
+				t.Fatalf("Setup: on %v, err %v", on, err)
+			}
+			shutdown(context.Background())
+			if got := strings.Contains(buf.String(), c.env); got != c.warn {
+				t.Errorf("a warning naming %s: %v, want %v; log:\n%s", c.env, got, c.warn, buf.String())
+			}
+		})
+	}
 }
