@@ -1,11 +1,14 @@
 package router
 
 import (
+	"context"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 // Per-model request metrics: prism_rpc_requests_total counts RPCs by
@@ -64,9 +67,10 @@ func (m *modelMetrics) label(model string) string {
 	return otherModel
 }
 
-// observe counts a request for model answered with err after took.
-func (m *modelMetrics) observe(model string, err error, took time.Duration) {
+// observe counts a request for model answered with err after took; a
+// sampled request's (ctx's) trace id goes with it as an exemplar.
+func (m *modelMetrics) observe(ctx context.Context, model string, err error, took time.Duration) {
 	l := m.label(model)
 	m.requests.WithLabelValues(l, status.Code(err).String()).Inc()
-	m.seconds.WithLabelValues(l).Observe(took.Seconds())
+	tracing.Observe(ctx, m.seconds.WithLabelValues(l), took.Seconds())
 }

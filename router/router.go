@@ -673,7 +673,7 @@ func (r *Router) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (
 // own).
 func (r *Router) recommend(ctx context.Context, req *prismv1.RecommendRequest) (_ *prismv1.RecommendResponse, err error) {
 	start := time.Now()
-	defer func() { r.m.models.observe(req.GetModel(), err, time.Since(start)) }()
+	defer func() { r.m.models.observe(ctx, req.GetModel(), err, time.Since(start)) }()
 	n := int(req.GetNumCandidates())
 	if err := r.validate(req); err != nil {
 		return nil, err

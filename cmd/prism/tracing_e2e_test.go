@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -226,6 +228,34 @@ func TestTracing(t *testing.T) {
 	if m := attr(byName["prism.v1.Recommender/Recommend"], "prism.model"); m != cfg.Name {
 		t.Errorf("the Recommend span's prism.model is %q, want %q", m, cfg.Name)
 	}
+	// The router's latency histograms carry the sampled request's trace
+	// id as an exemplar, for a scraper asking for OpenMetrics.
+	if m := regexp.MustCompile(`\[router\] .*msg=serving tier=router .*metrics=(\S+)`).FindStringSubmatch(up.log.String()); m == nil {
+		t.Errorf("no router metrics address in the log")
+	} else {
+		c, err := auth.ClientTLS(auth.FilesFor(certs, auth.Admin))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: c}, Timeout: 10 * time.Second}
+		hreq, _ := http.NewRequest("GET", "https://"+m[1]+"/metrics", nil)
+		hreq.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+		resp, err := hc.Do(hreq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, metric := range []string{"prism_router_model_request_seconds_bucket", "prism_rpc_latency_seconds_bucket"} {
+			if !regexp.MustCompile(`(?m)^` + metric + `\{[^}]*\} \d+ # \{trace_id="` + sampledTrace + `"\}`).Match(body) {
+				t.Errorf("no %s bucket with the sampled request's exemplar (trace_id %s) in the router's OpenMetrics", metric, sampledTrace)
+			}
+		}
+		if regexp.MustCompile(droppedTrace).Match(body) {
+			t.Errorf("the unsampled request's trace id is an exemplar")
+		}
+	}
+
 	// Nothing of the other requests, nor of the heartbeats, a second on.
 	time.Sleep(time.Second)
 	for _, s := range col.of(nil) {

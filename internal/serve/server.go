@@ -43,6 +43,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 // Options configure a tier's server.
@@ -165,7 +166,10 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 			return nil, fmt.Errorf("%s: metrics listen %s: %w", name, o.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{}))
+		// OpenMetrics to a scraper that asks for it (Prometheus does):
+		// the only format that carries the latency histograms'
+		// exemplars, the trace ids of sampled requests.
+		mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 		if os.Getenv("PRISM_PPROF") == "1" {
 			// Profiling for the engineer chasing where the time goes;
 			// off unless asked for, since it exposes internals.
@@ -382,7 +386,7 @@ func (s *Server) unaryMetrics(ctx context.Context, req any, info *grpc.UnaryServ
 	start := time.Now()
 	defer s.running(info.FullMethod)()
 	resp, err := h(ctx, req)
-	s.observe(info.FullMethod, start, err)
+	s.observeCtx(ctx, info.FullMethod, start, err)
 	return resp, err
 }
 
@@ -390,7 +394,7 @@ func (s *Server) streamMetrics(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	start := time.Now()
 	defer s.running(info.FullMethod)()
 	err := h(srv, ss)
-	s.observe(info.FullMethod, start, err)
+	s.observeCtx(ss.Context(), info.FullMethod, start, err)
 	return err
 }
 
@@ -424,6 +428,12 @@ func (s *Server) inFlight() string {
 }
 
 func (s *Server) observe(method string, start time.Time, err error) {
+	s.observeCtx(context.Background(), method, start, err)
+}
+
+// observeCtx is observe of a call whose context ctx may be traced: a
+// sampled one's latency carries its trace id as an exemplar.
+func (s *Server) observeCtx(ctx context.Context, method string, start time.Time, err error) {
 	s.requests.WithLabelValues(method, status.Code(err).String()).Inc()
-	s.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	tracing.Observe(ctx, s.latency.WithLabelValues(method), time.Since(start).Seconds())
 }

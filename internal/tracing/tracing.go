@@ -38,6 +38,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -251,6 +252,31 @@ func Span(ctx context.Context, name string) (_ context.Context, end func(err err
 // values) on every request.
 func Recording(ctx context.Context) bool {
 	return on.Load() && trace.SpanFromContext(ctx).IsRecording()
+}
+
+// Exemplar is the exemplar labels of ctx's request for a latency
+// histogram (its trace id), when the request is traced and sampled:
+// Prometheus keeps them with the bucket the request fell in, so a
+// dashboard's slow bucket links to one of its traces. Nil otherwise.
+func Exemplar(ctx context.Context) prometheus.Labels {
+	if !on.Load() {
+		return nil
+	}
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		return prometheus.Labels{"trace_id": sc.TraceID().String()}
+	}
+	return nil
+}
+
+// Observe records v in o, with ctx's exemplar (Exemplar) when it has one.
+func Observe(ctx context.Context, o prometheus.Observer, v float64) {
+	if ex := Exemplar(ctx); ex != nil {
+		if eo, ok := o.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(v, ex)
+			return
+		}
+	}
+	o.Observe(v)
 }
 
 // Annotate adds attributes to ctx's request span (the model, the

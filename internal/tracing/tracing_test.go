@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
@@ -325,5 +327,49 @@ func TestSetupProtocol(t *testing.T) {
 				t.Errorf("a warning naming %s: %v, want %v; log:\n%s", c.env, got, c.warn, buf.String())
 			}
 		})
+	}
+}
+
+// TestExemplar: a sampled request's latency carries its trace id as an
+// exemplar; an unsampled one's, or any with tracing off, none.
+func TestExemplar(t *testing.T) {
+	hist := func() prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: "h", Buckets: []float64{0.01, 0.1}})
+	}
+	exemplars := func(h prometheus.Histogram) []string {
+		var m dto.Metric
+		if err := h.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, b := range m.GetHistogram().GetBucket() {
+			for _, l := range b.GetExemplar().GetLabel() {
+				out = append(out, l.GetName()+"="+l.GetValue())
+			}
+		}
+		return out
+	}
+	ctx, span := sdktrace.NewTracerProvider().Tracer("t").Start(context.Background(), "request")
+	defer span.End()
+	h := hist()
+	Observe(ctx, h, 0.05) // tracing off
+	if ex := exemplars(h); len(ex) != 0 {
+		t.Errorf("tracing off: exemplars %v", ex)
+	}
+
+	defer Use(sdktrace.NewTracerProvider())()
+	h = hist()
+	Observe(ctx, h, 0.05)
+	want := "trace_id=" + span.SpanContext().TraceID().String()
+	if ex := exemplars(h); len(ex) != 1 || ex[0] != want {
+		t.Errorf("a sampled request: exemplars %v, want [%s]", ex, want)
+	}
+	unsampled, s2 := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())).Tracer("t").Start(context.Background(), "request")
+	defer s2.End()
+	h = hist()
+	Observe(unsampled, h, 0.05)
+	Observe(context.Background(), h, 0.05)
+	if ex := exemplars(h); len(ex) != 0 {
+		t.Errorf("unsampled and untraced requests: exemplars %v", ex)
 	}
 }
