@@ -107,3 +107,37 @@ func TestTracingStream(t *testing.T) {
 		t.Errorf("%d Lookups traced, want %d", lookups, n)
 	}
 }
+
+// TestTracingUpdate: a traced update's span says what it updated and
+// the number it took in its sequence, so that one merged with another
+// (group commit, sent under the first one's trace) can be matched to
+// the fan-out that carried it.
+func TestTracingUpdate(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(tracing.Use(tp))
+	rig := newUpdateRig(t, Options{}, &seqCN{}, &seqCN{})
+	ctx, span := tp.Tracer("t").Start(context.Background(), "Embeddings/Update")
+	resp, err := rig.updateCtx(ctx, "t", 7, 1.5)
+	span.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got sdktrace.ReadOnlySpan
+	for _, sp := range rec.Ended() {
+		if sp.Name() == "Embeddings/Update" {
+			got = sp
+		}
+	}
+	attrs := map[string]string{}
+	for _, a := range got.Attributes() {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	want := map[string]string{"prism.model": "m", "prism.table": "t", "prism.rows": "1", "prism.update.workers": "2",
+		"prism.update.seq.m": fmt.Sprint(resp.GetHeld()["m"].GetSeq())}
+	for k, v := range want {
+		if attrs[k] != v {
+			t.Errorf("%s = %q, want %q (attributes %v)", k, attrs[k], v, attrs)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -11,12 +12,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/lograte"
+	"github.com/prism-serve/prism/internal/tracing"
 )
 
 // Updater serves Embeddings.Update: it fans an upsert out to every live
@@ -127,6 +130,21 @@ const maxUpdateBytes = 64<<20 - 1<<10
 
 // Update applies req on every embedding worker serving req.Model.
 func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
+	resp, err := u.update(ctx, req)
+	if tracing.Recording(ctx) {
+		// An update merged with others (group commit) was sent under the
+		// first one's trace: the number it took says which.
+		attrs := []attribute.KeyValue{attribute.String("prism.model", req.GetModel()), attribute.String("prism.table", req.GetTable()),
+			attribute.Int("prism.rows", len(req.GetIds())), attribute.Int("prism.update.workers", int(resp.GetWorkers()))}
+		for _, k := range slices.Sorted(maps.Keys(resp.GetHeld())) {
+			attrs = append(attrs, attribute.Int64("prism.update.seq."+k, resp.GetHeld()[k].GetSeq()))
+		}
+		tracing.Annotate(ctx, attrs...)
+	}
+	return resp, err
+}
+
+func (u *Updater) update(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
 	if req.GetModel() == "" || req.GetTable() == "" || len(req.GetIds()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "update needs a model, a table and ids")
 	}
