@@ -29,7 +29,6 @@ package tracing
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -129,7 +128,7 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 	return func(ctx context.Context) error {
 		on.Store(false)
 		defer limit.Close()
-		return errors.Join(tp.Shutdown(ctx))
+		return tp.Shutdown(ctx)
 	}, true, nil
 }
 
