@@ -214,6 +214,20 @@ func TestTracing(t *testing.T) {
 			t.Errorf("%s's parent: %s, want the Score", stage, p)
 		}
 	}
+	// Each span lies within its parent's time when both are of one
+	// process: a stage recorded with wrong times would not. (Across
+	// processes a server span may end a moment after its client's: the
+	// server's end is stamped after its answer is on the wire.)
+	for _, s := range spans {
+		p, ok := byID[string(s.GetParentSpanId())]
+		if !ok || p.service != s.service {
+			continue
+		}
+		if s.GetStartTimeUnixNano() < p.GetStartTimeUnixNano() || s.GetEndTimeUnixNano() > p.GetEndTimeUnixNano() || s.GetEndTimeUnixNano() < s.GetStartTimeUnixNano() {
+			t.Errorf("%s (%s) runs %d..%d ns, outside its parent %s (%s) %d..%d", s.GetName(), s.service, s.GetStartTimeUnixNano(), s.GetEndTimeUnixNano(),
+				p.GetName(), p.service, p.GetStartTimeUnixNano(), p.GetEndTimeUnixNano())
+		}
+	}
 	attr := func(s span, key string) string {
 		for _, a := range s.GetAttributes() {
 			if a.GetKey() == key {
