@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -139,6 +140,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, fmt.Errorf("tune: %w", err)
 	}
+	// One run a folder: two writing one folder overwrote each other's
+	// trial logs and reports (a shared --db is refused before this; two
+	// tunes on one machine spoil each other's measurements anyway).
+	unlock, err := lockOut(o.Out)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	// An earlier run's report in the folder (the default --out is the
 	// same for every run) is kept, not written over at the first trial:
 	// it may be what a prism up --config serves with, from hours of
@@ -575,4 +584,26 @@ func ReadConfig(path string) (Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// lockFile is the file in a run's folder that its run holds locked.
+const lockFile = ".tune.lock"
+
+// lockOut takes dir's lock for this run (flock, released when the
+// process ends however it ends), or says which folder another prism tune
+// holds.
+func lockOut(dir string) (unlock func(), err error) {
+	p := filepath.Join(dir, lockFile)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("tune: lock %s: %w", p, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("tune: --out %s is in use by another prism tune (it holds %s): give this one another --out", dir, lockFile)
+		}
+		return nil, fmt.Errorf("tune: lock %s: %w", p, err)
+	}
+	return func() { f.Close() }, nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -714,5 +715,28 @@ func TestRunKeepsEarlierReport(t *testing.T) {
 	}
 	if !trials[1] || !trials[2] || !trials[3] {
 		t.Errorf("reports of %v trials, want each run's (1, 2 and 3)", trials)
+	}
+}
+
+// TestRunOutInUse: a run refuses a --out another run holds, naming it,
+// before any trial; once that run is over the folder is free again.
+func TestRunOutInUse(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	tr := &fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}
+	unlock, err := lockOut(dir) // another run, holding it
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(context.Background(), Options{Model: "a", Space: space, Grid: true, MaxTrials: 1, Out: dir, Trialer: tr, Progress: io.Discard})
+	if err == nil || !strings.Contains(err.Error(), "is in use by another prism tune") {
+		t.Fatalf("a run in a folder another holds: %v, want it refused", err)
+	}
+	if _, serr := os.Stat(filepath.Join(dir, File)); serr == nil {
+		t.Error("the refused run wrote a report")
+	}
+	unlock()
+	if _, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, MaxTrials: 1, Out: dir, Trialer: tr, Progress: io.Discard}); err != nil {
+		t.Fatalf("after the other run: %v", err)
 	}
 }
