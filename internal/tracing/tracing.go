@@ -117,11 +117,18 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 	if serr != nil {
 		log.Warn("tracing: "+serr.Error()+"; Prism's default sampler instead", "sampler", fmt.Sprintf("parentbased_traceidratio %g", DefaultRatio))
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
+	// Before the provider is made: it reports a sampler the environment
+	// names and it cannot read through the handler, which printed it to
+	// the standard logger, outside the tier's log.
 	limit := lograte.New(log, time.Minute)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		limit.Warn("tracing", "tracing: spans not exported", "err", err)
+		if strings.Contains(err.Error(), "export") {
+			limit.Warn("tracing", "tracing: spans not exported", "err", err)
+			return
+		}
+		limit.Warn("tracing-sdk", "tracing: the OpenTelemetry SDK reports an error", "err", err)
 	}))
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	on.Store(true)

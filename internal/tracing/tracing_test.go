@@ -288,6 +288,11 @@ func TestSetupSampler(t *testing.T) {
 			if sampled < c.lo || sampled > c.hi {
 				t.Errorf("%d of 1000 requests sampled, want %d to %d", sampled, c.lo, c.hi)
 			}
+			// The SDK's own complaint of a sampler it cannot read goes to
+			// the tier's log too, not the standard logger.
+			if got := strings.Contains(buf.String(), "tracing: the OpenTelemetry SDK reports an error"); c.warn && !got {
+				t.Errorf("the SDK's complaint in the tier's log: %v; log:\n%s", got, buf.String())
+			}
 			if got := strings.Contains(buf.String(), "OTEL_TRACES_SAMPLER"); got != c.warn {
 				t.Errorf("a warning naming OTEL_TRACES_SAMPLER: %v, want %v; log:\n%s", got, c.warn, buf.String())
 			}
