@@ -10,6 +10,24 @@ import (
 	"github.com/prism-serve/prism/tune"
 )
 
+// tuneGrid is a two-configuration grid of dlrm-tiny for prism tune with
+// short trials: its plan, ingested store, --out and --prior, and the
+// command's arguments.
+func tuneGrid(t *testing.T) (part, db, out, prior string, args []string) {
+	t.Helper()
+	dir := t.TempDir()
+	_, part, _ = partitioned(t, dir, "dlrm-tiny")
+	db = filepath.Join(dir, "db")
+	if text, err := run(t, nil, "ingest", part, "--db", db); err != nil {
+		t.Fatalf("ingest: %v\n%s", err, text)
+	}
+	out, prior = filepath.Join(dir, "tune-out"), filepath.Join(dir, "prior.jsonl")
+	args = []string{"tune", "--model", part, "--db", db, "--insecure", "--out", out, "--prior", prior, "--grid",
+		"--micro-batch", "8,16", "--max-batch", "256", "--max-delay", "2ms", "--threads", "1", "--dense-workers", "1",
+		"--admit-share", "1", "--steps", "2", "--step", "1s", "--candidates", "16", "--pool", "32", "--start-rate", "20", "--slo", "1s", "--timeout", "1s"}
+	return part, db, out, prior, args
+}
+
 // TestTuneEndToEnd: prism tune runs real trials (prism up, then the load
 // generator's find-max) over a two-configuration grid of dlrm-tiny,
 // writes tune.json with both trials measured and a best, appends them to
@@ -19,16 +37,8 @@ func TestTuneEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: real prism up trials")
 	}
-	dir := t.TempDir()
-	_, part, _ := partitioned(t, dir, "dlrm-tiny")
-	db := filepath.Join(dir, "db")
-	if out, err := run(t, nil, "ingest", part, "--db", db); err != nil {
-		t.Fatalf("ingest: %v\n%s", err, out)
-	}
-	out, prior := filepath.Join(dir, "tune-out"), filepath.Join(dir, "prior.jsonl")
-	text, err := run(t, nil, "tune", "--model", part, "--db", db, "--insecure", "--out", out, "--prior", prior, "--grid",
-		"--micro-batch", "8,16", "--max-batch", "256", "--max-delay", "2ms", "--threads", "1", "--dense-workers", "1",
-		"--admit-share", "1", "--steps", "2", "--step", "1s", "--candidates", "16", "--pool", "32", "--start-rate", "20", "--slo", "1s", "--timeout", "1s")
+	part, db, out, prior, args := tuneGrid(t)
+	text, err := run(t, nil, args...)
 	if err != nil {
 		t.Fatalf("tune: %v\n%s", err, text)
 	}

@@ -27,16 +27,8 @@ func TestTuneStoppedMidTrial(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: real prism up trials")
 	}
-	dir := t.TempDir()
-	_, part, _ := partitioned(t, dir, "dlrm-tiny")
-	db := filepath.Join(dir, "db")
-	if out, err := run(t, nil, "ingest", part, "--db", db); err != nil {
-		t.Fatalf("ingest: %v\n%s", err, out)
-	}
-	out, prior := filepath.Join(dir, "tune-out"), filepath.Join(dir, "prior.jsonl")
-	args := []string{"tune", "--model", part, "--db", db, "--insecure", "--out", out, "--prior", prior, "--grid",
-		"--micro-batch", "8,16", "--max-batch", "256", "--max-delay", "2ms", "--threads", "1", "--dense-workers", "1",
-		"--admit-share", "1", "--steps", "2", "--step", "1s", "--candidates", "16", "--pool", "32", "--start-rate", "20", "--slo", "1s", "--timeout", "1s"}
+	_, db, out, prior, args := tuneGrid(t)
+	dir := filepath.Dir(db) // every file of the test's
 
 	cmd := exec.Command(prismBin, args...)
 	var stdout bytes.Buffer
