@@ -395,17 +395,9 @@ func TestDenseDrainDropsNothing(t *testing.T) {
 // other checks ran. No Pod is stored.
 func TestLoanDryRun(t *testing.T) {
 	t.Parallel()
-	api := loanCluster(t)
+	api, kc := loanCluster(t)
 	ctx := context.Background()
 	const ns = "prism"
-	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	dir := t.TempDir()
 	_, part, _ := partitioned(t, dir, "dlrm-tiny")
@@ -495,8 +487,8 @@ func TestLoanDryRun(t *testing.T) {
 // loanCluster is a real API server (internal/kubetest; skipped without
 // it) as a lender finds it: namespace prism, the PriorityClass
 // prism-loan, a node of 8 GPUs in the pool pool=training, and the dense
-// workers' Deployment prism-dense.
-func loanCluster(t *testing.T) *kubetest.Server {
+// workers' Deployment prism-dense; and a client of it.
+func loanCluster(t *testing.T) (*kubetest.Server, kubernetes.Interface) {
 	t.Helper()
 	api := kubetest.Start(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", api.Kubeconfig)
@@ -536,7 +528,7 @@ func loanCluster(t *testing.T) *kubetest.Server {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	return api
+	return api, kc
 }
 
 // TestLoanDryRunLongWindow: the lender's checks after the window's wait
@@ -549,7 +541,7 @@ func loanCluster(t *testing.T) *kubetest.Server {
 // the dry run, but after the wait, as a real run's would.
 func TestLoanDryRunLongWindow(t *testing.T) {
 	t.Parallel()
-	api := loanCluster(t)
+	api, _ := loanCluster(t)
 	old := dryRunAPITimeout
 	dryRunAPITimeout = time.Second
 	t.Cleanup(func() { dryRunAPITimeout = old })
