@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
@@ -295,14 +294,7 @@ func TestUpBearerToken(t *testing.T) {
 		t.Fatalf("prism %s: %v\n%s", hint, err, out)
 	}
 
-	out, err := exec.Command(prismBin, "loadgen", "--model", cfg.Name, "--print-request", "1", "--candidates", "5").Output()
-	if err != nil {
-		t.Fatalf("loadgen --print-request: %v", err)
-	}
-	var req prismv1.RecommendRequest
-	if err := protojson.Unmarshal(out, &req); err != nil {
-		t.Fatalf("printed request %q: %v", out, err)
-	}
+	req := printedRequest(t, cfg.Name, 5)
 	c, err := auth.ClientTLS(auth.Files{CA: auth.FilesFor(certs, auth.Admin).CA})
 	if err != nil {
 		t.Fatal(err)
@@ -321,18 +313,18 @@ func TestUpBearerToken(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	byToken, err := prismv1.NewRecommenderClient(bearer(token)).Recommend(ctx, &req)
+	byToken, err := prismv1.NewRecommenderClient(bearer(token)).Recommend(ctx, req)
 	if err != nil {
 		t.Fatalf("Recommend with the token: %v", err)
 	}
-	byCert, err := prismv1.NewRecommenderClient(dial(t, up.addr, certs, auth.Admin)).Recommend(ctx, &req)
+	byCert, err := prismv1.NewRecommenderClient(dial(t, up.addr, certs, auth.Admin)).Recommend(ctx, req)
 	if err != nil {
 		t.Fatalf("Recommend with the admin certificate: %v", err)
 	}
 	if len(byToken.GetScores()) != 5 || !slices.Equal(byToken.GetScores(), byCert.GetScores()) {
 		t.Fatalf("scores with the token %v, with a certificate %v", byToken.GetScores(), byCert.GetScores())
 	}
-	if _, err := prismv1.NewRecommenderClient(bearer(token+"x")).Recommend(ctx, &req); status.Code(err) != codes.Unauthenticated {
+	if _, err := prismv1.NewRecommenderClient(bearer(token+"x")).Recommend(ctx, req); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("Recommend with a wrong token: %v, want Unauthenticated", err)
 	}
 	if _, err := prismv1.NewRegistryClient(bearer(token)).List(ctx, &prismv1.ListRequest{}); status.Code(err) != codes.Unauthenticated {

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/prism-serve/prism/internal/leview"
-	"github.com/prism-serve/prism/internal/modelrun"
 	"math"
 	"os"
 	"os/exec"
@@ -26,9 +24,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/leview"
+	"github.com/prism-serve/prism/internal/modelrun"
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/tablefile"
@@ -1023,4 +1024,20 @@ func TestEndToEndLargerThanMemory(t *testing.T) {
 			matchMonolith(t, ctx, rec, mono, cfg, b, nil, fmt.Sprintf("round %d, request %d", round, i))
 		}
 	}
+}
+
+// printedRequest is one Recommend request of model with n candidates as
+// prism loadgen --print-request writes it (the JSON a grpcurl or ghz
+// user sends), read back.
+func printedRequest(t *testing.T, model string, n int) *prismv1.RecommendRequest {
+	t.Helper()
+	out, err := exec.Command(prismBin, "loadgen", "--model", model, "--print-request", "1", "--candidates", fmt.Sprint(n)).Output()
+	if err != nil {
+		t.Fatalf("loadgen --print-request: %v", err)
+	}
+	var req prismv1.RecommendRequest
+	if err := protojson.Unmarshal(out, &req); err != nil {
+		t.Fatalf("printed request %q: %v", out, err)
+	}
+	return &req
 }

@@ -112,14 +112,7 @@ func TestTracing(t *testing.T) {
 		t.Errorf("no tier said it traces:\n%s", up.log.String())
 	}
 
-	out, err := exec.Command(prismBin, "loadgen", "--model", cfg.Name, "--print-request", "1", "--candidates", "5").Output()
-	if err != nil {
-		t.Fatalf("loadgen --print-request: %v", err)
-	}
-	var req prismv1.RecommendRequest
-	if err := protojson.Unmarshal(out, &req); err != nil {
-		t.Fatalf("printed request %q: %v", out, err)
-	}
+	req := printedRequest(t, cfg.Name, 5)
 	rec := prismv1.NewRecommenderClient(dial(t, up.addr, certs, auth.Admin))
 	send := func(traceparent string) {
 		t.Helper()
@@ -128,7 +121,7 @@ func TestTracing(t *testing.T) {
 		if traceparent != "" {
 			ctx = metadata.AppendToOutgoingContext(ctx, "traceparent", traceparent)
 		}
-		if _, err := rec.Recommend(ctx, &req); err != nil {
+		if _, err := rec.Recommend(ctx, req); err != nil {
 			t.Fatalf("Recommend (traceparent %q): %v", traceparent, err)
 		}
 	}
@@ -311,7 +304,7 @@ func TestTracing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if err := stream.Send(&req); err != nil {
+		if err := stream.Send(req); err != nil {
 			t.Fatal(err)
 		}
 	}
