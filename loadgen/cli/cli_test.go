@@ -48,14 +48,7 @@ func TestLoadgenCLI(t *testing.T) {
 			t.Fatalf("output lacks %q:\n%s", want, out)
 		}
 	}
-	var sum loadgen.Summary
-	buf, err := os.ReadFile(filepath.Join(dir, "summary.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(buf, &sum); err != nil {
-		t.Fatal(err)
-	}
+	sum := readSummary(t, dir)
 	// The compressed day averages about 0.6 of the peak: a few hundred requests.
 	if sum.OK < 100 || sum.OK != sum.Sent || sum.MeanCand < 10 || sum.MeanCand > 20 {
 		t.Fatalf("summary: %+v", sum)
@@ -453,10 +446,7 @@ func TestLoadgenCLIUpdateErrors(t *testing.T) {
 // (which answers everything) reports one attempt a request, in either
 // mode.
 func TestLoadgenCLIRetries(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
+	refused(t, []refusal{
 		{[]string{"--retries", "-1"}, "--retries -1: want 0 (no retry) or more"},
 		{[]string{"--retry-backoff", "5ms"}, "--retry-backoff shapes the retries, which only --retries N"},
 		{[]string{"--retry-mode", "grpc"}, "--retry-mode shapes the retries"},
@@ -467,12 +457,7 @@ func TestLoadgenCLIRetries(t *testing.T) {
 		{[]string{"--retries", "2", "--retry-mode", "grpc", "--retry-throttling", "0,0.1"}, "--retry-throttling \"0,0.1\": want MAX_TOKENS,TOKEN_RATIO"},
 		{[]string{"--retries", "2", "--retry-backoff", "0s"}, "--retry-backoff and --retry-max-backoff must be positive"},
 		{[]string{"--retries", "2", "--find-max"}, "--find-max searches the rate the server sustains without retries"},
-	} {
-		out, err := runCLI(t, append([]string{"--fake", "--model", "dlrm-tiny", "--duration", "300ms", "--quiet"}, c.args...)...)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Fatalf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
-		}
-	}
+	})
 	for _, mode := range []string{"loadgen", "grpc"} {
 		dir := t.TempDir()
 		out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--duration", "500ms", "--rate", "40", "--candidates", "4", "--quiet", "--retries", "2", "--retry-mode", mode, "--out", dir)
@@ -482,14 +467,7 @@ func TestLoadgenCLIRetries(t *testing.T) {
 		if !strings.Contains(out, "retries     up to 2: ") || !strings.Contains(out, "1.00 a request") {
 			t.Fatalf("%s: output lacks the retries' line:\n%s", mode, out)
 		}
-		var sum loadgen.Summary
-		buf, err := os.ReadFile(filepath.Join(dir, "summary.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(buf, &sum); err != nil {
-			t.Fatal(err)
-		}
+		sum := readSummary(t, dir)
 		if sum.Retry == nil || sum.Retry.Attempts != sum.Sent || sum.Sent == 0 {
 			t.Fatalf("%s: summary.json's retry %+v for %d sent", mode, sum.Retry, sum.Sent)
 		}
@@ -500,20 +478,12 @@ func TestLoadgenCLIRetries(t *testing.T) {
 // that sends no plain Recommend run is refused; a run reports the
 // sampled share and the slowest trace ids, in the text and summary.json.
 func TestLoadgenCLITraceRatio(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
+	refused(t, []refusal{
 		{[]string{"--trace-ratio", "1.5"}, "--trace-ratio 1.5: want a share from 0 to 1"},
 		{[]string{"--trace-ratio", "-0.1"}, "--trace-ratio -0.1: want a share from 0 to 1"},
 		{[]string{"--trace-ratio", "0.1", "--find-max"}, "--find-max reports rates, not requests"},
 		{[]string{"--trace-ratio", "0.1", "--print-request", "1"}, "--print-request sends nothing: leave out --trace-ratio"},
-	} {
-		out, err := runCLI(t, append([]string{"--fake", "--model", "dlrm-tiny", "--duration", "300ms", "--quiet"}, c.args...)...)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Fatalf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
-		}
-	}
+	})
 	dir := t.TempDir()
 	out, err := runCLI(t, "--fake", "--model", "dlrm-tiny", "--duration", "500ms", "--rate", "40", "--candidates", "4", "--quiet", "--trace-ratio", "1", "--out", dir)
 	if err != nil {
@@ -522,6 +492,32 @@ func TestLoadgenCLITraceRatio(t *testing.T) {
 	if !strings.Contains(out, "requests sampled (traceparent, --trace-ratio 1); the slowest, by trace id:") {
 		t.Fatalf("output lacks the traced line:\n%s", out)
 	}
+	sum := readSummary(t, dir)
+	if sum.Traced == nil || sum.Traced.Sampled != sum.Sent || len(sum.Traced.Slowest) == 0 || len(sum.Traced.Slowest[0].TraceID) != 32 {
+		t.Fatalf("summary.json's traced %+v for %d sent", sum.Traced, sum.Sent)
+	}
+}
+
+// refusal is a run of the fake given args, refused with an error
+// holding want.
+type refusal struct {
+	args []string
+	want string
+}
+
+func refused(t *testing.T, cases []refusal) {
+	t.Helper()
+	for _, c := range cases {
+		out, err := runCLI(t, append([]string{"--fake", "--model", "dlrm-tiny", "--duration", "300ms", "--quiet"}, c.args...)...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%v: error %v, want %q\n%s", c.args, err, c.want, out)
+		}
+	}
+}
+
+// readSummary reads the summary.json a run wrote into dir (--out).
+func readSummary(t *testing.T, dir string) loadgen.Summary {
+	t.Helper()
 	var sum loadgen.Summary
 	buf, err := os.ReadFile(filepath.Join(dir, "summary.json"))
 	if err != nil {
@@ -530,7 +526,5 @@ func TestLoadgenCLITraceRatio(t *testing.T) {
 	if err := json.Unmarshal(buf, &sum); err != nil {
 		t.Fatal(err)
 	}
-	if sum.Traced == nil || sum.Traced.Sampled != sum.Sent || len(sum.Traced.Slowest) == 0 || len(sum.Traced.Slowest[0].TraceID) != 32 {
-		t.Fatalf("summary.json's traced %+v for %d sent", sum.Traced, sum.Sent)
-	}
+	return sum
 }
