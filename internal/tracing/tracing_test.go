@@ -188,14 +188,7 @@ func TestCollectorDown(t *testing.T) {
 	t.Setenv("OTEL_TRACES_SAMPLER", "always_on")
 	t.Setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "200")
 	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
-	var buf syncBuffer
-	log := slog.New(slog.NewTextHandler(&buf, nil))
-	old := otel.GetTracerProvider()
-	t.Cleanup(func() { otel.SetTracerProvider(old) })
-	shutdown, on, err := Setup(context.Background(), "prism-test", log)
-	if err != nil || !on {
-		t.Fatalf("Setup: on %v, err %v", on, err)
-	}
+	buf, shutdown := setupLogged(t)
 	for range 5 {
 		_, s := otel.Tracer("t").Start(context.Background(), "request")
 		s.End()
@@ -262,14 +255,7 @@ func TestSetupSampler(t *testing.T) {
 			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
 			t.Setenv("OTEL_TRACES_SAMPLER", c.sampler)
 			t.Setenv("OTEL_TRACES_SAMPLER_ARG", c.arg)
-			var buf syncBuffer
-			log := slog.New(slog.NewTextHandler(&buf, nil))
-			old := otel.GetTracerProvider()
-			t.Cleanup(func() { otel.SetTracerProvider(old) })
-			shutdown, on, err := Setup(context.Background(), "prism-test", log)
-			if err != nil || !on {
-				t.Fatalf("Setup: on %v, err %v", on, err)
-			}
+			buf, shutdown := setupLogged(t)
 			sampled := 0
 			tr := otel.Tracer("t")
 			for i := range 1000 {
@@ -320,13 +306,7 @@ func TestSetupProtocol(t *testing.T) {
 			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
 			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
 			t.Setenv(c.env, c.value)
-			var buf syncBuffer
-			old := otel.GetTracerProvider()
-			t.Cleanup(func() { otel.SetTracerProvider(old) })
-			shutdown, on, err := Setup(context.Background(), "prism-test", slog.New(slog.NewTextHandler(&buf, nil)))
-			if err != nil || !on {
-				t.Fatalf("Setup: on %v, err %v", on, err)
-			}
+			buf, shutdown := setupLogged(t)
 			shutdown(context.Background())
 			if got := strings.Contains(buf.String(), c.env); got != c.warn {
 				t.Errorf("a warning naming %s: %v, want %v; log:\n%s", c.env, got, c.warn, buf.String())
@@ -377,4 +357,19 @@ func TestExemplar(t *testing.T) {
 	if ex := exemplars(h); len(ex) != 0 {
 		t.Errorf("unsampled and untraced requests: exemplars %v", ex)
 	}
+}
+
+// setupLogged runs Setup from the test's environment, which must turn
+// tracing on, with a log the test reads; the process's tracer provider
+// and propagator are put back when the test ends.
+func setupLogged(t *testing.T) (*syncBuffer, func(context.Context) error) {
+	t.Helper()
+	buf := &syncBuffer{}
+	oldTP, oldProp := otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	t.Cleanup(func() { otel.SetTracerProvider(oldTP); otel.SetTextMapPropagator(oldProp) })
+	shutdown, on, err := Setup(context.Background(), "prism-test", slog.New(slog.NewTextHandler(buf, nil)))
+	if err != nil || !on {
+		t.Fatalf("Setup: on %v, err %v", on, err)
+	}
+	return buf, shutdown
 }
