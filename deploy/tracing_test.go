@@ -8,7 +8,7 @@ import (
 
 // TestChartTracing: tracing.endpoint sets the OpenTelemetry environment
 // on every serving container (router, embedding and dense workers, the
-// dense template lent Pods copy), the sampler only when given; unset,
+// dense template lent Pods copy), the protocol and sampler only when given; unset,
 // none of it.
 func TestChartTracing(t *testing.T) {
 	helm := helmBinary(t)
@@ -19,7 +19,9 @@ func TestChartTracing(t *testing.T) {
 	}{
 		{"off", nil, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_TRACES_SAMPLER": ""}},
 		{"endpoint", []string{"tracing.endpoint=http://otel:4317"}, map[string]string{
-			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317", "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=$(POD_NAME)", "OTEL_TRACES_SAMPLER": ""}},
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317", "OTEL_RESOURCE_ATTRIBUTES": "k8s.pod.name=$(POD_NAME)", "OTEL_TRACES_SAMPLER": "", "OTEL_EXPORTER_OTLP_PROTOCOL": ""}},
+		{"protocol", []string{"tracing.endpoint=http://otel:4318", "tracing.protocol=http/protobuf"}, map[string]string{
+			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}},
 		{"sampler", []string{"tracing.endpoint=http://otel:4317", "tracing.sampler=parentbased_traceidratio", "tracing.samplerArg=0.1"}, map[string]string{
 			"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel:4317", "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}},
 	} {

@@ -69,7 +69,8 @@ func startTracing(service string, log *slog.Logger) (stop func(), err error) {
 			endpoint = os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
 		}
 		_, sampler, _ := tracing.Sampler(os.Getenv) // the one in use (Setup warned of one it could not read)
-		log.Info("tracing: spans to the OTLP collector", "endpoint", endpoint, "sampler", sampler)
+		protocol, _ := tracing.Protocol(os.Getenv)  // Setup refused one it cannot send
+		log.Info("tracing: spans to the OTLP collector", "endpoint", endpoint, "protocol", protocol, "sampler", sampler)
 	}
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -261,6 +261,13 @@ func TestTracing(t *testing.T) {
 		if regexp.MustCompile(droppedTrace).Match(body) {
 			t.Errorf("the unsampled request's trace id is an exemplar")
 		}
+		// The router's span counters: the spans it ended reached the
+		// collector (its Recommend span at least), none failed.
+		ended := regexp.MustCompile(`(?m)^prism_tracing_spans_ended_total ([1-9]\d*)`).FindSubmatch(body)
+		ok := regexp.MustCompile(`(?m)^prism_tracing_spans_exported_total\{result="ok"\} ([1-9]\d*)`).FindSubmatch(body)
+		if ended == nil || ok == nil || !regexp.MustCompile(`(?m)^prism_tracing_spans_exported_total\{result="failed"\} 0`).Match(body) {
+			t.Errorf("the router's span counters: want spans ended and exported, none failed; /metrics:\n%s", regexp.MustCompile(`(?m)^prism_tracing.*$`).FindAll(body, -1))
+		}
 	}
 
 	// Nothing of the other requests, nor of the heartbeats, a second on.

@@ -154,6 +154,7 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		Buckets: LatencyBuckets,
 	}, []string{"method"})
 	s.Registry.MustRegister(s.requests, s.latency, auth.ExpiryCollector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.Registry.MustRegister(tracing.SpanCounters()...)
 	var err error
 	if s.lis = o.Listener; s.lis == nil {
 		if s.lis, err = net.Listen("tcp", o.Addr); err != nil {

@@ -8,10 +8,13 @@
 // unchanged:
 //
 //   - OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
-//     (OTLP over gRPC, e.g. http://otel-collector:4317) turns tracing on;
-//     unset, nothing is set up and the tiers pay nothing for it.
-//     OTLP over HTTP (OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf) is not
-//     sent: the tier warns at its start.
+//     (e.g. http://otel-collector:4317) turns tracing on; unset, nothing
+//     is set up and the tiers pay nothing for it.
+//   - OTEL_EXPORTER_OTLP_PROTOCOL or OTEL_EXPORTER_OTLP_TRACES_PROTOCOL:
+//     grpc (Prism's default, as it was before HTTP was sent) or
+//     http/protobuf (the specification's default, and what the
+//     OpenTelemetry Operator's injection names with port 4318). The Go
+//     SDK has no http/json exporter: asking for it is an error at start.
 //   - OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG choose the sampler;
 //     unset, Prism samples 1% of the requests that arrive without a
 //     sampling decision and follows the caller's decision otherwise
@@ -31,6 +34,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -43,6 +47,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -87,19 +92,24 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 	if !Configured(os.Getenv) {
 		return none, false, nil
 	}
-	// The Go SDK has no exporter that reads the protocol from the
-	// environment: Prism's is gRPC's. One set up for OTLP over HTTP
-	// (the OpenTelemetry Operator's injection names port 4318) failed
-	// every export with no word of why.
-	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
-		if p := strings.TrimSpace(os.Getenv(k)); p != "" && p != "grpc" {
-			log.Warn(fmt.Sprintf("tracing: %s is %s, but Prism sends spans over OTLP/gRPC only: name the collector's gRPC endpoint (port 4317), or expect every export to fail", k, p))
-			break
-		}
-	}
-	exp, err := otlptracegrpc.New(ctx)
+	protocol, err := Protocol(os.Getenv)
 	if err != nil {
-		return none, false, fmt.Errorf("tracing: OTLP exporter: %w (check OTEL_EXPORTER_OTLP_ENDPOINT)", err)
+		return none, false, fmt.Errorf("tracing: %w", err)
+	}
+	if w := portHint(os.Getenv, protocol); w != "" {
+		log.Warn("tracing: " + w)
+	}
+	// Each exporter reads the rest of the environment itself (endpoint,
+	// headers, certificate, timeout; HTTP's adds /v1/traces to the
+	// generic endpoint, as the specification says).
+	var exp sdktrace.SpanExporter
+	if protocol == ProtocolHTTP {
+		exp, err = otlptracehttp.New(ctx)
+	} else {
+		exp, err = otlptracegrpc.New(ctx)
+	}
+	if err != nil {
+		return none, false, fmt.Errorf("tracing: OTLP exporter (%s): %w (check OTEL_EXPORTER_OTLP_ENDPOINT)", protocol, err)
 	}
 	// The host and process tell apart the workers of one tier (on one
 	// host, by their process ids); the environment's attributes
@@ -128,7 +138,12 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 		}
 		limit.Warn("tracing-sdk", "tracing: the OpenTelemetry SDK reports an error", "err", err)
 	}))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
+	// The counting processor before the batcher: it sees every sampled
+	// span the batcher is handed, the exporter every one it sends, so
+	// that the spans its full queue drops (silently, in the SDK) show as
+	// the difference (SpanCounters).
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(endCounter{}), sdktrace.WithBatcher(countingExporter{exp}),
+		sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	on.Store(true)
@@ -137,6 +152,104 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 		defer limit.Close()
 		return tp.Shutdown(ctx)
 	}, true, nil
+}
+
+// The OTLP protocols Prism sends spans over.
+const (
+	ProtocolGRPC = "grpc"
+	ProtocolHTTP = "http/protobuf"
+)
+
+// Protocol is the OTLP protocol the environment names for traces
+// (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL);
+// unset, gRPC, Prism's default since it first traced (the
+// specification's is http/protobuf: an operator who relied on Prism's
+// default keeps it). One Prism cannot send is an error: with a warning
+// instead, every export failed against a collector that could not read
+// it, while the tier served on.
+func Protocol(getenv func(string) string) (string, error) {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"} {
+		switch p := strings.ToLower(strings.TrimSpace(getenv(k))); p {
+		case "":
+			continue
+		case ProtocolGRPC, ProtocolHTTP:
+			return p, nil
+		case "http/json":
+			return "", fmt.Errorf("%s is http/json, which the OpenTelemetry Go SDK does not send: use http/protobuf (the collector's port 4318 takes both) or grpc (port 4317)", k)
+		default:
+			return "", fmt.Errorf("%s %q: want grpc or http/protobuf", k, p)
+		}
+	}
+	return ProtocolGRPC, nil
+}
+
+// portHint is a warning when the endpoint's port is the collector's
+// default for the other protocol (4317 gRPC, 4318 HTTP): every export
+// would fail, and the SDK's error does not say why.
+func portHint(getenv func(string) string, protocol string) string {
+	k := "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+	endpoint := getenv(k)
+	if endpoint == "" {
+		k, endpoint = "OTEL_EXPORTER_OTLP_ENDPOINT", getenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	u, err := url.Parse(strings.TrimSpace(endpoint))
+	if err != nil {
+		return ""
+	}
+	switch {
+	case protocol == ProtocolGRPC && u.Port() == "4318":
+		return fmt.Sprintf("%s %s is the collector's OTLP/HTTP port, but spans go over gRPC: set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, or name port 4317", k, endpoint)
+	case protocol == ProtocolHTTP && u.Port() == "4317":
+		return fmt.Sprintf("%s %s is the collector's OTLP/gRPC port, but spans go over HTTP (http/protobuf): set OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or name port 4318", k, endpoint)
+	}
+	return ""
+}
+
+// Span counters: a full export queue (a collector slower than the
+// sampled share, or down) drops spans in the SDK without a word, so an
+// operator sees the spans ended against those exported.
+var (
+	spansEnded = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "prism", Name: "tracing_spans_ended_total",
+		Help: "Sampled spans this process ended and handed to its export queue. Those not in prism_tracing_spans_exported_total (less the queue's 2,048 and a batch in flight) were dropped by a full queue.",
+	})
+	spansExported = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "prism", Name: "tracing_spans_exported_total",
+		Help: "Spans the OTLP exporter sent, by result (ok, or failed: the collector refused them or could not be reached).",
+	}, []string{"result"})
+	spansOK, spansFailed = spansExported.WithLabelValues("ok"), spansExported.WithLabelValues("failed")
+)
+
+// SpanCounters are the tracing span counters for a tier's /metrics
+// registry; zero when tracing is off.
+func SpanCounters() []prometheus.Collector {
+	return []prometheus.Collector{spansEnded, spansExported}
+}
+
+// endCounter counts the sampled spans ended, the ones the batcher
+// queues.
+type endCounter struct{}
+
+func (endCounter) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (endCounter) OnEnd(s sdktrace.ReadOnlySpan) {
+	if s.SpanContext().IsSampled() {
+		spansEnded.Inc()
+	}
+}
+func (endCounter) Shutdown(context.Context) error   { return nil }
+func (endCounter) ForceFlush(context.Context) error { return nil }
+
+// countingExporter counts the spans its exporter sent or failed to.
+type countingExporter struct{ sdktrace.SpanExporter }
+
+func (e countingExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	err := e.SpanExporter.ExportSpans(ctx, spans)
+	if err != nil {
+		spansFailed.Add(float64(len(spans)))
+	} else {
+		spansOK.Add(float64(len(spans)))
+	}
+	return err
 }
 
 // Sampler is the sampler OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG

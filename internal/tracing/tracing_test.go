@@ -3,8 +3,11 @@ package tracing
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -18,11 +21,13 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestConfigured(t *testing.T) {
@@ -286,32 +291,209 @@ func TestSetupSampler(t *testing.T) {
 	}
 }
 
-// TestSetupProtocol: an environment that asks for OTLP over HTTP (the
-// OpenTelemetry Operator's injection, port 4318) is told at start that
-// Prism sends over gRPC only; it was told nothing, and every export
-// failed against the HTTP port with a warning a minute that did not say
-// why.
-func TestSetupProtocol(t *testing.T) {
+// TestProtocol: the OTLP protocol from the environment, the traces'
+// own variable first; one Prism cannot send is an error at start (a
+// warning before, while every export failed).
+func TestProtocol(t *testing.T) {
 	for _, c := range []struct {
-		name, env, value string
-		warn             bool
+		name, generic, traces string
+		want, err             string
 	}{
-		{"unset", "OTEL_EXPORTER_OTLP_PROTOCOL", "", false},
-		{"grpc", "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", false},
-		{"http/protobuf", "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", true},
-		{"traces http/json", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json", true},
+		{name: "unset", want: ProtocolGRPC},
+		{name: "grpc", generic: "grpc", want: ProtocolGRPC},
+		{name: "http/protobuf", generic: "http/protobuf", want: ProtocolHTTP},
+		{name: "case and spaces", generic: " HTTP/Protobuf ", want: ProtocolHTTP},
+		{name: "traces' own wins", generic: "grpc", traces: "http/protobuf", want: ProtocolHTTP},
+		{name: "traces' own wins over http", generic: "http/protobuf", traces: "grpc", want: ProtocolGRPC},
+		{name: "http/json", generic: "http/json", err: "OTEL_EXPORTER_OTLP_PROTOCOL is http/json, which the OpenTelemetry Go SDK does not send"},
+		{name: "traces http/json", generic: "grpc", traces: "http/json", err: "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is http/json"},
+		{name: "typo", generic: "http", err: `OTEL_EXPORTER_OTLP_PROTOCOL "http": want grpc or http/protobuf`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
-			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
-			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
-			t.Setenv(c.env, c.value)
-			buf, shutdown := setupLogged(t)
-			shutdown(context.Background())
-			if got := strings.Contains(buf.String(), c.env); got != c.warn {
-				t.Errorf("a warning naming %s: %v, want %v; log:\n%s", c.env, got, c.warn, buf.String())
+			env := map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": c.generic, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": c.traces}
+			got, err := Protocol(func(k string) string { return env[k] })
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("Protocol = %q, %v; want an error with %q", got, err, c.err)
+				}
+				return
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("Protocol = %q, %v; want %q", got, err, c.want)
 			}
 		})
+	}
+}
+
+// TestSetupProtocol: Setup refuses a protocol it cannot send, and warns
+// of an endpoint on the other protocol's default port (every export
+// would fail, and the SDK's error does not say why).
+func TestSetupProtocol(t *testing.T) {
+	for _, c := range []struct {
+		name, endpoint, protocol string
+		warn                     string // in the log; "" none
+	}{
+		{"grpc on 4317", "http://127.0.0.1:4317", "", ""},
+		{"grpc on 4318", "http://127.0.0.1:4318", "grpc", "is the collector's OTLP/HTTP port, but spans go over gRPC"},
+		{"default on 4318", "http://127.0.0.1:4318", "", "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"},
+		{"http on 4318", "http://127.0.0.1:4318", "http/protobuf", ""},
+		{"http on 4317", "http://127.0.0.1:4317", "http/protobuf", "is the collector's OTLP/gRPC port, but spans go over HTTP"},
+		{"another port", "http://127.0.0.1:1", "http/protobuf", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", c.endpoint)
+			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", c.protocol)
+			t.Setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "")
+			buf, shutdown := setupLogged(t)
+			shutdown(context.Background())
+			if got := strings.Contains(buf.String(), "port"); got != (c.warn != "") || !strings.Contains(buf.String(), c.warn) {
+				t.Errorf("log %q, want a warning with %q", buf.String(), c.warn)
+			}
+		})
+	}
+	t.Run("http/json refused", func(t *testing.T) {
+		t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+		t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+		_, on, err := Setup(context.Background(), "prism-test", slog.New(slog.DiscardHandler))
+		if err == nil || on || !strings.Contains(err.Error(), "http/json") {
+			t.Fatalf("Setup: on %v, err %v; want refused naming http/json", on, err)
+		}
+	})
+}
+
+// httpCollector is an OTLP/HTTP collector's traces endpoint: it decodes
+// each export as the OpenTelemetry Collector does (protobuf at
+// /v1/traces) and keeps the spans' names; status, when not 200, refuses.
+type httpCollector struct {
+	mu     sync.Mutex
+	names  []string
+	status int
+	hold   chan struct{} // when set, each export waits for it to close
+}
+
+func (c *httpCollector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/v1/traces" || r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/x-protobuf" {
+		http.Error(w, "want a protobuf POST to /v1/traces", http.StatusNotFound)
+		return
+	}
+	if c.hold != nil {
+		<-c.hold
+	}
+	body, err := io.ReadAll(r.Body)
+	var req coltracepb.ExportTraceServiceRequest
+	if err == nil {
+		err = proto.Unmarshal(body, &req)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.status != 0 {
+		http.Error(w, "refused", c.status)
+		return
+	}
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, sp := range ss.GetSpans() {
+				c.names = append(c.names, sp.GetName())
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+	w.Write(out)
+}
+
+func (c *httpCollector) spans() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.names...)
+}
+
+// counts reads the span counters: ended, exported ok, exported failed.
+func counts(t *testing.T) (ended, ok, failed float64) {
+	t.Helper()
+	read := func(c prometheus.Counter) float64 {
+		var m dto.Metric
+		if err := c.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	return read(spansEnded), read(spansOK), read(spansFailed)
+}
+
+// TestHTTPExport: with OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf the
+// spans reach an OTLP/HTTP collector at the generic endpoint's
+// /v1/traces (before, they went over gRPC to its HTTP port and every
+// export failed), and the span counters say what was ended, sent and
+// refused.
+func TestHTTPExport(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		status int
+		want   []string // spans the collector keeps
+	}{
+		{"accepted", 0, []string{"one", "two"}},
+		{"refused", http.StatusBadRequest, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			col := &httpCollector{status: c.status}
+			srv := httptest.NewServer(col)
+			defer srv.Close()
+			t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+			t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+			t.Setenv("OTEL_TRACES_SAMPLER", "always_on")
+			ended0, ok0, failed0 := counts(t)
+			_, shutdown := setupLogged(t)
+			for _, name := range []string{"one", "two"} {
+				_, span := otel.Tracer("test").Start(context.Background(), name)
+				span.End()
+			}
+			if err := shutdown(context.Background()); err != nil && c.status == 0 {
+				t.Fatalf("shutdown: %v", err)
+			}
+			if got := col.spans(); strings.Join(got, ",") != strings.Join(c.want, ",") {
+				t.Errorf("collector got spans %q, want %q", got, c.want)
+			}
+			ended, ok, failed := counts(t)
+			wantOK, wantFailed := 2.0, 0.0
+			if c.status != 0 {
+				wantOK, wantFailed = 0, 2
+			}
+			if ended-ended0 != 2 || ok-ok0 != wantOK || failed-failed0 != wantFailed {
+				t.Errorf("spans ended %v, exported ok %v, failed %v; want 2, %v, %v", ended-ended0, ok-ok0, failed-failed0, wantOK, wantFailed)
+			}
+		})
+	}
+}
+
+// TestDroppedCounted: spans a full export queue drops (the SDK says
+// nothing of them) show as ended and not exported.
+func TestDroppedCounted(t *testing.T) {
+	col := &httpCollector{hold: make(chan struct{})}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_TRACES_SAMPLER", "always_on")
+	t.Setenv("OTEL_BSP_MAX_QUEUE_SIZE", "4")
+	t.Setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")
+	ended0, ok0, failed0 := counts(t)
+	_, shutdown := setupLogged(t)
+	const n = 100
+	for range n {
+		_, span := otel.Tracer("test").Start(context.Background(), "s")
+		span.End()
+	}
+	close(col.hold) // the collector answers again
+	shutdown(context.Background())
+	ended, ok, failed := counts(t)
+	exported := ok - ok0 + failed - failed0
+	if ended-ended0 != n || exported >= n || exported != float64(len(col.spans())) {
+		t.Errorf("spans ended %v, exported %v (the collector kept %d); want %d ended and fewer exported (a queue of 4 held the rest back)", ended-ended0, exported, len(col.spans()), n)
 	}
 }
 

@@ -105,6 +105,10 @@ prometheus.io/scheme: {{ $scheme }}
   value: {{ .endpoint | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: "k8s.pod.name=$(POD_NAME)"
+{{- if .protocol }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .protocol | quote }}
+{{- end }}
 {{- if .sampler }}
 - name: OTEL_TRACES_SAMPLER
   value: {{ .sampler | quote }}
