@@ -183,9 +183,13 @@ func applyConfig(fl *pflag.FlagSet, path string) (kept []string, err error) {
 		if f == nil || k == "config" {
 			return nil, fmt.Errorf("%s: unknown key %q (not a prism up flag)", path, k)
 		}
-		if changedAlias(fl, f) {
-			if v := f.Value.String(); v != cfg[k] {
-				kept = append(kept, fmt.Sprintf("the command line's --%s %s wins over the file's %s", k, v, cfg[k]))
+		if typed := changedAlias(fl, f); typed != "" {
+			if v := f.Value.String(); v != fileValue(k, cfg[k]) {
+				file := cfg[k]
+				if typed != k {
+					file = k + " " + file
+				}
+				kept = append(kept, fmt.Sprintf("the command line's --%s %s wins over the file's %s", typed, v, file))
 			}
 			continue
 		}
@@ -196,17 +200,35 @@ func applyConfig(fl *pflag.FlagSet, path string) (kept []string, err error) {
 	return kept, nil
 }
 
-// changedAlias says whether f, or a flag setting the same variable (a
-// deprecated name: --gpu-workers for --dense-workers), was given on the
-// command line: the command line wins over a config file.
-func changedAlias(fl *pflag.FlagSet, f *pflag.Flag) bool {
-	changed := f.Changed
+// fileValue is a config file's value for up's flag name as that flag
+// writes it (0.004s as 4ms, 1 as true, 0.50 as 0.5), so that a value the
+// command line gives too is compared as a value, not as text; one the
+// flag does not read is returned as written (it differs).
+func fileValue(name, value string) string {
+	// A fresh up's flags, of the same types: setting the value into the
+	// command line's own flag would change it (a --model array appends).
+	f := upCmd(&up.Config{}).Flags().Lookup(name)
+	if f == nil || f.Value.Set(value) != nil {
+		return value
+	}
+	return f.Value.String()
+}
+
+// changedAlias is the name given on the command line of f, or of a flag
+// setting the same variable (a deprecated name: --gpu-workers for
+// --dense-workers), or "" if neither was: the command line wins over a
+// config file.
+func changedAlias(fl *pflag.FlagSet, f *pflag.Flag) string {
+	if f.Changed {
+		return f.Name
+	}
+	typed := ""
 	fl.VisitAll(func(g *pflag.Flag) {
 		if g.Changed && g.Value == f.Value {
-			changed = true
+			typed = g.Name
 		}
 	})
-	return changed
+	return typed
 }
 
 // checkUpFlags refuses a value typed on up's command line (or searched
