@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -151,11 +152,16 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	// An earlier run's report in the folder (the default --out is the
 	// same for every run) is kept, not written over at the first trial:
 	// it may be what a prism up --config serves with, from hours of
-	// trials.
-	if kept, err := keepReport(o.Out); err != nil {
+	// trials. Its trials' logs are kept beside it, for comparing runs.
+	if kept, logs, err := keepEarlier(o.Out); err != nil {
 		return nil, err
-	} else if kept != "" {
-		fmt.Fprintf(o.Progress, "tune: %s held an earlier run's report: kept as %s\n", filepath.Join(o.Out, File), kept)
+	} else {
+		if kept != "" {
+			fmt.Fprintf(o.Progress, "tune: %s held an earlier run's report: kept as %s\n", filepath.Join(o.Out, File), kept)
+		}
+		if logs != "" {
+			fmt.Fprintf(o.Progress, "tune: %s held an earlier run's trial logs: moved to %s\n", o.Out, logs)
+		}
 	}
 	rep := &Report{Model: o.Model, Features: o.Features, Machine: o.Machine, Mode: "search", Space: o.Space, GridSize: o.Space.Size(), PriorFile: o.Prior}
 	var prior []PriorPoint
@@ -461,32 +467,79 @@ func spaceString(s Space) string {
 	return out
 }
 
-// keepReport renames dir's tune.json, if any, after the time it was
-// last written (tune-20060102T150405Z.json; -2, -3, ... after it where
-// that is taken) and returns its new path.
-func keepReport(dir string) (string, error) {
+// trialLog is the name of what a trial writes into the output folder
+// (ProcessTrialer's LogDir, which prism tune makes its --out): its log
+// trial-NN.log and its find-max folder trial-NN.
+var trialLog = regexp.MustCompile(`^trial-[0-9]+(\.log)?$`)
+
+// keepEarlier keeps an earlier run's outputs in dir from this run's: it
+// renames its tune.json, if any, after the time it was last written
+// (tune-20060102T150405Z.json; -2, -3, ... after it where that is
+// taken), and moves its trial logs into a folder of the same name
+// (tune-20060102T150405Z/; named after the newest log's time where the
+// run left no report: it stopped in its first trial). It returns their
+// new paths ("" for none). A new run wrote its trial-NN.log over the
+// earlier run's, which a user comparing the two lost.
+func keepEarlier(dir string) (report, logs string, err error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", "", fmt.Errorf("tune: %w", err)
+	}
+	var trials []string
+	var when time.Time
+	for _, e := range entries {
+		if !trialLog.MatchString(e.Name()) {
+			continue
+		}
+		trials = append(trials, e.Name())
+		if info, err := e.Info(); err == nil && info.ModTime().After(when) {
+			when = info.ModTime()
+		}
+	}
 	cur := filepath.Join(dir, File)
 	st, err := os.Stat(cur)
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", "", fmt.Errorf("tune: %w", err)
 	}
-	if err != nil {
-		return "", fmt.Errorf("tune: %w", err)
+	hasReport := err == nil
+	if !hasReport && len(trials) == 0 {
+		return "", "", nil
 	}
-	base := "tune-" + st.ModTime().UTC().Format("20060102T150405Z")
+	if hasReport {
+		when = st.ModTime()
+	}
+	base := "tune-" + when.UTC().Format("20060102T150405Z")
 	for i := 1; ; i++ {
-		name := base + ".json"
+		name := base
 		if i > 1 {
-			name = fmt.Sprintf("%s-%d.json", base, i)
+			name = fmt.Sprintf("%s-%d", base, i)
 		}
+		// One name for the report and its logs, free for both.
 		kept := filepath.Join(dir, name)
+		if _, err := os.Lstat(kept + ".json"); err == nil {
+			continue
+		}
 		if _, err := os.Lstat(kept); err == nil {
 			continue
 		}
-		if err := os.Rename(cur, kept); err != nil {
-			return "", fmt.Errorf("tune: keep the earlier report: %w", err)
+		if hasReport {
+			if err := os.Rename(cur, kept+".json"); err != nil {
+				return "", "", fmt.Errorf("tune: keep the earlier report: %w", err)
+			}
+			report = kept + ".json"
 		}
-		return kept, nil
+		if len(trials) > 0 {
+			if err := os.Mkdir(kept, 0o755); err != nil {
+				return report, "", fmt.Errorf("tune: keep the earlier trial logs: %w", err)
+			}
+			for _, t := range trials {
+				if err := os.Rename(filepath.Join(dir, t), filepath.Join(kept, t)); err != nil {
+					return report, "", fmt.Errorf("tune: keep the earlier trial logs: %w", err)
+				}
+			}
+			logs = kept
+		}
+		return report, logs, nil
 	}
 }
 

@@ -740,3 +740,114 @@ func TestRunOutInUse(t *testing.T) {
 		t.Fatalf("after the other run: %v", err)
 	}
 }
+
+// loggingTrialer writes a trial's log and find-max folder as
+// ProcessTrialer names them (trial-NN.log, trial-NN/), each saying which
+// run wrote it.
+type loggingTrialer struct {
+	fakeTrialer
+	dir string
+	run int
+}
+
+func (t *loggingTrialer) Trial(ctx context.Context, n int, c Config, start float64) (Result, error) {
+	say := []byte(fmt.Sprintf("run %d trial %d\n", t.run, n))
+	if err := os.WriteFile(filepath.Join(t.dir, fmt.Sprintf("trial-%02d.log", n)), say, 0o644); err != nil {
+		return Result{}, err
+	}
+	fm := filepath.Join(t.dir, fmt.Sprintf("trial-%02d", n))
+	if err := os.MkdirAll(fm, 0o755); err != nil {
+		return Result{}, err
+	}
+	if err := os.WriteFile(filepath.Join(fm, "findmax.json"), say, 0o644); err != nil {
+		return Result{}, err
+	}
+	return t.fakeTrialer.Trial(ctx, n, c, start)
+}
+
+// TestRunKeepsEarlierLogs: a run into a folder holding an earlier run's
+// trial logs (trial-NN.log, trial-NN/) moves them into a folder named as
+// that run's kept report (tune-TIME/ beside tune-TIME.json) before its
+// first trial (it wrote over them, and a user comparing two runs lost the
+// first's), and says so; the new run's logs are where they were; logs an
+// earlier run left without a report (it stopped in its first trial) are
+// kept too; other files in the folder are left alone.
+func TestRunKeepsEarlierLogs(t *testing.T) {
+	dir := t.TempDir()
+	space := testSpace()
+	if err := os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("mine\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	read := func(p string) string {
+		t.Helper()
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	// Run 0: an earlier run that left a trial's outputs and no report.
+	if _, err := (&loggingTrialer{fakeTrialer: fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}, dir: dir}).Trial(context.Background(), 1, Config{}, 1); err != nil {
+		t.Fatal(err)
+	}
+	for run := 1; run <= 3; run++ {
+		tr := &loggingTrialer{fakeTrialer: fakeTrialer{space: space, f: bowl(space, Point{3, 0, 2, 1}, 4e4)}, dir: dir, run: run}
+		var progress strings.Builder
+		if _, err := Run(context.Background(), Options{Model: "a", Space: space, Grid: true, MaxTrials: 4 - run, Out: dir, Trialer: tr, Progress: &progress}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(progress.String(), "held an earlier run's trial logs: moved to ") {
+			t.Errorf("run %d: did not say it moved the earlier logs:\n%s", run, progress.String())
+		}
+	}
+	// The last run's logs, where ProcessTrialer and the README put them.
+	if got, want := read(filepath.Join(dir, "trial-01.log")), "run 3 trial 1\n"; got != want {
+		t.Errorf("trial-01.log: %q, want %q", got, want)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "trial-02.log")); err == nil {
+		t.Error("trial-02.log of an earlier run left beside the last run's")
+	}
+	if got := read(filepath.Join(dir, "notes.txt")); got != "mine\n" {
+		t.Errorf("notes.txt: %q", got)
+	}
+	// Each earlier run's logs in one folder, beside its report of the
+	// same name where it had one.
+	kept, _ := filepath.Glob(filepath.Join(dir, "tune-*"))
+	runs := map[int]bool{}
+	for _, k := range kept {
+		if filepath.Ext(k) == ".json" {
+			if _, err := os.Stat(strings.TrimSuffix(k, ".json")); err != nil {
+				t.Errorf("report %s without its run's logs: %v", k, err)
+			}
+			continue
+		}
+		var run, trials int
+		for n := 1; ; n++ {
+			p := filepath.Join(k, fmt.Sprintf("trial-%02d.log", n))
+			if _, err := os.Stat(p); err != nil {
+				break
+			}
+			if _, err := fmt.Sscanf(read(p), "run %d trial", &run); err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			if fm := read(filepath.Join(k, fmt.Sprintf("trial-%02d", n), "findmax.json")); fm != read(p) {
+				t.Errorf("%s: find-max %q beside log %q", k, fm, read(p))
+			}
+			trials++
+		}
+		want := 4 - run // runs 1 to 3 ran 3 to 1 trials
+		if run == 0 {
+			want = 1
+		}
+		if trials != want {
+			t.Errorf("%s: run %d's %d trial logs, want %d", k, run, trials, want)
+		}
+		if _, err := os.Stat(k + ".json"); (err == nil) != (run > 0) {
+			t.Errorf("%s: run %d: report beside it: %v", k, run, err == nil)
+		}
+		runs[run] = true
+	}
+	if len(runs) != 3 || !runs[0] || !runs[1] || !runs[2] {
+		t.Errorf("kept logs of runs %v (%v), want 0, 1 and 2", runs, kept)
+	}
+}

@@ -60,8 +60,10 @@ trial is not expected to improve the best by more than --threshold (or after
 --max-trials). --grid measures every configuration instead. Each search flag
 takes a comma-separated list of values; one value fixes it.
 
-It writes --out/tune.json (every trial, the best); prism up --config
-OUT/tune.json serves with the best configuration.`,
+It writes --out/tune.json (every trial, the best) and the trials' logs
+(trial-NN.log) beside it; an earlier run's there are kept, as
+tune-TIME.json and in tune-TIME/. prism up --config OUT/tune.json
+serves with the best configuration.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if planDir == "" {
