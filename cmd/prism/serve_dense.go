@@ -145,7 +145,7 @@ at --advertise-addr.`,
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
 	f.StringArrayVar(&plans, "plan", nil, "partition folder (plan.json, dense.onnx) of a model to serve; repeatable")
 	f.StringVar(&router, "router", "", "routers to announce this worker to: HOST:PORT, comma-separated; a name stands for every address it resolves to (resolved again every 30s)")
-	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
+	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] ([IPV6]:PORT with a port) (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
 	f.IntVar(&maxBatch, "max-batch", 0, "most samples in one ONNX Runtime run (0: by device, 512 on the CPU, 4096 on CUDA)")
 	f.StringVar(&acrossModels, "across-models", "on", "with several --plan: run the models' formed batches by deadline across them, at most --sessions at once in all (on), or each model's as formed (off)")
 	f.StringVar(&batchOrder, "batch-order", "edf", "how a batch is filled: edf (earliest deadline first, work that would miss its deadline refused) or fifo (arrival order)")

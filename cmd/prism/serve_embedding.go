@@ -233,7 +233,7 @@ at --advertise-addr.`,
 	f.StringVar(&addr, "addr", "127.0.0.1:0", "gRPC listen address (port 0: chosen by the OS)")
 	f.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" disables)`)
 	f.StringVar(&router, "router", "", "routers to announce this worker to: HOST:PORT, comma-separated; a name stands for every address it resolves to (resolved again every 30s)")
-	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
+	f.StringVar(&advertise, "advertise-addr", "", `address announced to the routers, HOST[:PORT] ([IPV6]:PORT with a port) (default: the --addr host when it is specific, else the address of the interface that routes to the router, with the bound port)`)
 	f.IntVar(&maxSamples, "max-samples", server.DefaultMaxSamples, "most samples one Lookup may carry")
 	f.IntVar(&threads, "threads", 0, "ONNX Runtime intra-op threads of each model's cpu.onnx and pre.onnx session (0: the process's cores (GOMAXPROCS) shared among the models' sessions, at least one each; a single session with every core of the machine: ONNX Runtime's choice, one per core)")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -47,11 +48,22 @@ func (a Advertise) Addr() (string, error) {
 	if a.Flag != "" {
 		host, port, err := net.SplitHostPort(a.Flag)
 		if err != nil {
-			// HOST alone ("10.0.0.7", "worker-3", "fd00::7").
+			// HOST alone ("10.0.0.7", "worker-3", "fd00::7", "[fd00::7]").
 			host, port = strings.Trim(a.Flag, "[]"), ""
+			if !strings.HasPrefix(a.Flag, "[") {
+				if err := portInIPv6(a.Flag); err != nil {
+					return "", fmt.Errorf("advertise address %q: %w", a.Flag, err)
+				}
+			}
 		}
 		if host == "" || unspecified(host) {
 			return "", fmt.Errorf("advertise address %q: the host must be one other hosts can dial, not an unspecified one", a.Flag)
+		}
+		if _, zone, ok := strings.Cut(host, "%"); ok {
+			return "", fmt.Errorf("advertise address %q: its zone (%%%s) names an interface of this host, which a router on another host cannot dial: advertise a global address or a name", a.Flag, zone)
+		}
+		if strings.Contains(host, ":") && net.ParseIP(host) == nil {
+			return "", fmt.Errorf("advertise address %q: %q is not an IP address or a host name", a.Flag, host)
 		}
 		if port == "" || port == "0" {
 			port = bport
@@ -114,6 +126,26 @@ func (a Advertise) Addr() (string, error) {
 		return "", errors.New(why)
 	}
 	return "", fmt.Errorf("%s: %w", why, errors.Join(errs...))
+}
+
+// portInIPv6 refuses an unbracketed address that reads as an IPv6
+// address followed by a port (fd00::5:8600: fd00::5 and 8600), which
+// the HOST alone form took for one address (fd00::5:8600 is one too) and
+// announced with the bound port. One that does not read so (fd00::5,
+// fd00::) is an address alone.
+func portInIPv6(s string) error {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return nil
+	}
+	host, port := s[:i], s[i+1:]
+	if !strings.Contains(host, ":") || net.ParseIP(host) == nil {
+		return nil
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return nil
+	}
+	return fmt.Errorf("an IPv6 address with a port is written in brackets, [%s]:%s (or [%s] for that address alone)", host, port, s)
 }
 
 // unspecified says whether host is "", 0.0.0.0 or :: (every interface).

@@ -52,6 +52,20 @@ func TestAdvertise(t *testing.T) {
 		{name: "flag [::]", flag: "[::]:9000", listen: ":0", bound: "[::]:41000", err: "unspecified"},
 		{name: "flag port only", flag: ":9000", listen: ":0", bound: "[::]:41000", err: "unspecified"},
 		{name: "bufconn", listen: "", bound: "bufconn", want: "bufconn"},
+		// An IPv6 address with a port, unbracketed, was taken for an
+		// address alone (fd00::5:8600 is one) and announced with the
+		// bound port: refused where the text also reads as an address
+		// and a port, saying how to write either.
+		{name: "flag IPv6 and port unbracketed", flag: "fd00::5:8600", listen: ":0", bound: "[::]:41000", err: "[fd00::5]:8600 (or [fd00::5:8600] for that address alone)"},
+		{name: "flag full IPv6 and port unbracketed", flag: "2001:db8:0:0:0:0:0:5:8600", listen: ":0", bound: "[::]:41000", err: "[2001:db8:0:0:0:0:0:5]:8600"},
+		{name: "flag IPv6 bracketed, without port", flag: "[fd00::5:8600]", listen: ":0", bound: "[::]:41000", want: "[fd00::5:8600]:41000"},
+		{name: "flag IPv6 bracketed, with port", flag: "[fd00::5]:8600", listen: ":0", bound: "[::]:41000", want: "[fd00::5]:8600"},
+		{name: "flag IPv6 ending in ::", flag: "fd00::", listen: ":0", bound: "[::]:41000", want: "[fd00::]:41000"},
+		{name: "flag neither host nor address", flag: "worker:3:4", listen: ":0", bound: "[::]:41000", err: "not an IP address or a host name"},
+		// A zone names an interface of this host, which a router on
+		// another host cannot dial: it was announced as it was.
+		{name: "flag zoned", flag: "[fe80::1%eth0]:8600", listen: ":0", bound: "[::]:41000", err: "zone"},
+		{name: "flag zoned without port", flag: "fe80::1%eth0", listen: ":0", bound: "[::]:41000", err: "zone"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Advertise{Flag: tc.flag, Listen: tc.listen, Bound: tc.bound, Routers: tc.routers, LocalFor: localFor, Interfaces: ifaces}.Addr()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -40,6 +41,12 @@ func ParseRouters(s string) ([]string, error) {
 		host, port, err := net.SplitHostPort(r)
 		if err != nil || host == "" || port == "" {
 			return nil, fmt.Errorf("router address %q: want HOST:PORT", r)
+		}
+		// An IP address in its one form ([0:0:0:0:0:0:0:1]:8500 is
+		// [::1]:8500), so that one router written twice two ways is
+		// announced to once. A name is left as written.
+		if ip, err := netip.ParseAddr(host); err == nil {
+			r = net.JoinHostPort(ip.String(), port)
 		}
 		if !slices.Contains(out, r) {
 			out = append(out, r)

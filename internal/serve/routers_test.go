@@ -383,3 +383,24 @@ func serveRegistry(t *testing.T, bn *grpctest.Net, addr string, reg prismv1.Regi
 	t.Cleanup(stop)
 	return stop
 }
+
+// TestParseRoutersSameIP: one router written twice as two forms of one IP
+// address is one router (it was two, each announced to, by strings);
+// names are left as written (resolved later).
+func TestParseRoutersSameIP(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"[::1]:8500,[0:0:0:0:0:0:0:1]:8500", []string{"[::1]:8500"}},
+		{"[2001:DB8::1]:7000, [2001:db8:0::1]:7000", []string{"[2001:db8::1]:7000"}},
+		{"10.0.0.3:7000,10.0.0.3:7000", []string{"10.0.0.3:7000"}},
+		{"[::1]:8500,[::1]:8501", []string{"[::1]:8500", "[::1]:8501"}},
+		{"routers.test:7000,Routers.test:7000", []string{"routers.test:7000", "Routers.test:7000"}},
+	} {
+		got, err := ParseRouters(tc.in)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("ParseRouters(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
