@@ -17,7 +17,7 @@ import (
 
 var (
 	modelWorkersDesc = prometheus.NewDesc("prism_router_model_workers",
-		"Live workers serving each model, by role (embedding, dense), less those a call found unreachable (left out of picks until they answer or announce again); 0 for a model some worker announced since the router started and none of that role serves now (the model is Unavailable). At most 256 models are listed.",
+		"Live workers serving each model, by role (embedding, dense), less those a call found unreachable (left out of picks until they answer or announce again); 0 for a model some worker announced since the router started and none of that role serves now (the model is Unavailable); left out for a role whose last worker announced again without the model (retired: a model retired from both tiers is NotFound). At most 256 models are listed.",
 		[]string{"model", "role"}, nil)
 	updateQueueDesc = prometheus.NewDesc("prism_router_update_queue_bytes",
 		"Bytes of embedding updates this router took and has not answered yet (waiting for their model's turn, or being written), against prism_router_update_queue_limit_bytes.",
@@ -41,17 +41,24 @@ func (opsCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c opsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, mw := range c.r.Reg.modelWorkers(maxModelLabels) {
-		ch <- prometheus.MustNewConstMetric(modelWorkersDesc, prometheus.GaugeValue, float64(mw.embedding), mw.model, "embedding")
-		ch <- prometheus.MustNewConstMetric(modelWorkersDesc, prometheus.GaugeValue, float64(mw.dense), mw.model, "dense")
+		if !mw.embeddingRetired {
+			ch <- prometheus.MustNewConstMetric(modelWorkersDesc, prometheus.GaugeValue, float64(mw.embedding), mw.model, "embedding")
+		}
+		if !mw.denseRetired {
+			ch <- prometheus.MustNewConstMetric(modelWorkersDesc, prometheus.GaugeValue, float64(mw.dense), mw.model, "dense")
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(updateQueueDesc, prometheus.GaugeValue, float64(c.r.updateBytes.Load()))
 	ch <- prometheus.MustNewConstMetric(updateQueueLimitDesc, prometheus.GaugeValue, float64(c.r.opts.MaxUpdateQueueBytes))
 }
 
-// modelWorkerCount is one model's live workers by role.
+// modelWorkerCount is one model's live workers by role, and whether a
+// role's last worker was retired (Registry.retire: the role's series is
+// left out, so a model removed from one tier's plans does not page).
 type modelWorkerCount struct {
-	model            string
-	embedding, dense int
+	model                          string
+	embedding, dense               int
+	embeddingRetired, denseRetired bool
 }
 
 // modelWorkers counts the live workers of every model some worker ever
@@ -74,6 +81,8 @@ func (r *Registry) modelWorkers(max int) []modelWorkerCount {
 		out[i].model = m
 		out[i].embedding = reachable(r.byModel[roleModel{prismv1.Role_ROLE_EMBEDDING, m}])
 		out[i].dense = reachable(r.byModel[roleModel{prismv1.Role_ROLE_DENSE, m}])
+		out[i].embeddingRetired = r.retiredPairs[roleModel{prismv1.Role_ROLE_EMBEDDING, m}]
+		out[i].denseRetired = r.retiredPairs[roleModel{prismv1.Role_ROLE_DENSE, m}]
 	}
 	return out
 }

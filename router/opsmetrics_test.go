@@ -38,7 +38,7 @@ func TestOpsMetrics(t *testing.T) {
 	r.Reg.Unreachable("d3") // killed: still registered, sent nothing
 	r.updateBytes.Store(640)
 	want := `
-# HELP prism_router_model_workers Live workers serving each model, by role (embedding, dense), less those a call found unreachable (left out of picks until they answer or announce again); 0 for a model some worker announced since the router started and none of that role serves now (the model is Unavailable). At most 256 models are listed.
+# HELP prism_router_model_workers Live workers serving each model, by role (embedding, dense), less those a call found unreachable (left out of picks until they answer or announce again); 0 for a model some worker announced since the router started and none of that role serves now (the model is Unavailable); left out for a role whose last worker announced again without the model (retired: a model retired from both tiers is NotFound). At most 256 models are listed.
 # TYPE prism_router_model_workers gauge
 prism_router_model_workers{model="a",role="dense"} 1
 prism_router_model_workers{model="a",role="embedding"} 2

@@ -128,9 +128,21 @@ type Registry struct {
 	// answer to a worker holding it leaves the list out.
 	denseAddrs   []string
 	denseVersion *prismv1.ListVersion
-	// known holds every model any worker ever announced: a known model
-	// without live workers is Unavailable (retry), an unknown one NotFound.
+	// known holds every model any worker announced and not retired: a
+	// known model without live workers is Unavailable (retry), an
+	// unknown one NotFound.
 	known map[string]bool
+	// lastAt is, per role and address, the models the latest worker
+	// announced there listed, kept after it goes; retiredPairs is the (role,
+	// model) pairs whose last worker was retired: a worker at an address
+	// announced without a model the one before it there served (a worker
+	// restarted with the model removed from its plans, as a rollout that
+	// drops a model does). A model none serves whose pairs are retired is
+	// forgotten: NotFound, and out of prism_router_model_workers, whose
+	// 0 paged until the routers restarted. A worker that died or left
+	// retires nothing: its model stays known, Unavailable, at 0.
+	lastAt       map[roleAddr][]string
+	retiredPairs map[roleModel]bool
 	// gen counts announcements (joined, told).
 	gen uint64
 	// unreachable counts the workers marked so (worker.unreachable):
@@ -174,6 +186,14 @@ type roleModel struct {
 	role  prismv1.Role
 	model string
 }
+
+type roleAddr struct {
+	role prismv1.Role
+	addr string
+}
+
+// maxAddrs bounds the addresses whose last models are kept (lastAt).
+const maxAddrs = 1 << 16
 
 // workerSet is the workers of one (role, model): a slice to scan, and
 // each one's place in it for removal.
@@ -430,7 +450,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		if len(r.known) < maxKnownModels {
 			r.known[m] = true
 		}
+		delete(r.retiredPairs, roleModel{w.GetRole(), m})
 	}
+	r.retireDropped(roleAddr{w.GetRole(), w.GetAddr()}, w.GetModels())
 	if !ok {
 		r.notify()
 	}
@@ -453,6 +475,61 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		}
 	}
 	return resp, nil
+}
+
+// retireDropped records models as what the worker at ra announces, and
+// retires each model the worker before it there listed and it does not
+// (lastAt); r.mu held.
+func (r *Registry) retireDropped(ra roleAddr, models []string) {
+	if r.lastAt == nil {
+		r.lastAt = map[roleAddr][]string{}
+	}
+	prev, had := r.lastAt[ra]
+	if had && slices.Equal(prev, models) {
+		return // every heartbeat
+	}
+	if !had && len(r.lastAt) >= maxAddrs {
+		for k := range r.lastAt { // any one: an address gone long since, most likely
+			delete(r.lastAt, k)
+			break
+		}
+	}
+	r.lastAt[ra] = models
+	for _, m := range prev {
+		if !slices.Contains(models, m) {
+			r.retire(roleModel{ra.role, m}, ra.addr)
+		}
+	}
+}
+
+// retire takes k as retired when no live worker serves it (a worker of
+// it elsewhere keeps it), and forgets its model when no worker of
+// either role serves it; r.mu held. A dropped worker whose address has
+// since announced without the model retires it too (drop).
+func (r *Registry) retire(k roleModel, addr string) {
+	if r.byModel[k] != nil || !r.known[k.model] {
+		return
+	}
+	if r.retiredPairs == nil {
+		r.retiredPairs = map[roleModel]bool{}
+	}
+	r.retiredPairs[k] = true
+	other := roleModel{prismv1.Role_ROLE_DENSE, k.model}
+	if k.role == prismv1.Role_ROLE_DENSE {
+		other.role = prismv1.Role_ROLE_EMBEDDING
+	}
+	if r.byModel[other] != nil {
+		if r.Log != nil {
+			r.Log.Info("model retired from a tier: its last worker there announced without it", "model", k.model, "role", k.role.Name(), "addr", addr)
+		}
+		return
+	}
+	delete(r.known, k.model)
+	delete(r.retiredPairs, k)
+	delete(r.retiredPairs, other)
+	if r.Log != nil {
+		r.Log.Info("model retired: no worker serves it, and its last one announced without it; its requests are NotFound", "model", k.model, "role", k.role.Name(), "addr", addr)
+	}
 }
 
 // replaced drops the embedding workers that w, an embedding worker
@@ -852,7 +929,19 @@ func (r *Registry) drop(id string) {
 	r.setUnreachable(e, false)
 	r.unindex(e)
 	delete(r.workers, id)
-	r.retire(id, e.peer)
+	r.retireID(id, e.peer)
+	// A worker that goes after another at its address announced without
+	// one of its models (a dense worker restarted in place is dropped at
+	// its old entry's expiry or Leave, after the new one announced): the
+	// model is retired there too.
+	ra := roleAddr{e.info.GetRole(), e.info.GetAddr()}
+	if now, ok := r.lastAt[ra]; ok {
+		for _, m := range e.info.GetModels() {
+			if !slices.Contains(now, m) {
+				r.retire(roleModel{ra.role, m}, ra.addr)
+			}
+		}
+	}
 	if e.info.GetRole() == prismv1.Role_ROLE_DENSE {
 		r.listDense()
 	}
@@ -862,9 +951,9 @@ func (r *Registry) drop(id string) {
 	r.notify()
 }
 
-// retire keeps the binding of dropped worker id to peer (none for a
+// retireID keeps the binding of dropped worker id to peer (none for a
 // worker bound to none); r.mu held.
-func (r *Registry) retire(id, peer string) {
+func (r *Registry) retireID(id, peer string) {
 	if peer == "" {
 		return
 	}
@@ -1252,7 +1341,8 @@ func (r *Registry) ServedBy(role prismv1.Role, model string) bool {
 	return r.byModel[roleModel{role, model}] != nil
 }
 
-// Known says whether some worker ever served model.
+// Known says whether some worker served model and it was not retired
+// since (retire).
 func (r *Registry) Known(model string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -1,0 +1,128 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// TestRetire: a model removed from the workers' plans (each worker
+// restarted at its address without it, as a rollout does) is retired:
+// out of prism_router_model_workers, whose 0 paged (PrismNoWorkers)
+// until the routers restarted, and NotFound once neither tier serves
+// it. A worker that dies or leaves retires nothing: its model stays
+// known, Unavailable, at 0.
+func TestRetire(t *testing.T) {
+	type step struct {
+		do   string // "announce ID ROLE ADDR MODELS" (models comma-separated, "-" none), "leave ID", "remove ID"
+		want string // the models' state after the step: "MODEL e=N d=N" per known model, "e" or "d" left out when retired
+	}
+	for _, c := range []struct {
+		name  string
+		steps []step
+	}{
+		{"a rollout drops a model from both tiers", []step{
+			{"announce e1 e e:1 a,b", "a e=1 d=0; b e=1 d=0"},
+			{"announce d1 d d:1 a,b", "a e=1 d=1; b e=1 d=1"},
+			// The embedding worker restarted in place: a new id at its
+			// address, which replaces the old one.
+			{"announce e2 e e:1 a", "a e=1 d=1; b d=1"},
+			{"leave d1", "a e=1 d=0; b d=0"},
+			{"announce d2 d d:1 a", "a e=1 d=1"},
+		}},
+		{"a dense worker restarted in place before its old entry goes", []step{
+			{"announce e1 e e:1 a,b", "a e=1 d=0; b e=1 d=0"},
+			{"announce d1 d d:1 a,b", "a e=1 d=1; b e=1 d=1"},
+			{"announce d2 d d:1 a", "a e=1 d=2; b e=1 d=1"},
+			{"remove d1", "a e=1 d=1; b e=1"},
+		}},
+		{"a worker that dies retires nothing", []step{
+			{"announce e1 e e:1 a", "a e=1 d=0"},
+			{"announce d1 d d:1 a", "a e=1 d=1"},
+			{"remove d1", "a e=1 d=0"},
+			{"remove e1", "a e=0 d=0"},
+		}},
+		{"a worker that leaves and comes back with the model retires nothing", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"leave d1", "a e=0 d=0"},
+			{"announce d2 d d:1 a", "a e=0 d=1"},
+		}},
+		{"another replica keeps the model", []step{
+			{"announce d1 d d:1 a,b", "a e=0 d=1; b e=0 d=1"},
+			{"announce d2 d d:2 b", "a e=0 d=1; b e=0 d=2"},
+			{"leave d1", "a e=0 d=0; b e=0 d=1"},
+			{"announce d3 d d:1 a", "a e=0 d=1; b e=0 d=1"},
+			// The other replica dies: an outage, not a retirement.
+			{"remove d2", "a e=0 d=1; b e=0 d=0"},
+		}},
+		{"a worker announcing again without a model", []step{
+			{"announce e1 e e:1 a,b", "a e=1 d=0; b e=1 d=0"},
+			{"announce e1 e e:1 a", "a e=1 d=0"},
+			// The model back: served, and its dense tier's 0 shown again.
+			{"announce e1 e e:1 a,b", "a e=1 d=0; b e=1 d=0"},
+		}},
+		{"a worker at another address retires nothing", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"leave d1", "a e=0 d=0"},
+			{"announce d2 d d:9 -", "a e=0 d=0"},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			now := time.Unix(1000, 0)
+			reg := NewRegistry(time.Second, func() time.Time { return now })
+			ctx := context.Background()
+			for i, s := range c.steps {
+				f := strings.Fields(s.do)
+				var err error
+				switch f[0] {
+				case "announce":
+					role := prismv1.Role_ROLE_EMBEDDING
+					if f[2] == "d" {
+						role = prismv1.Role_ROLE_DENSE
+					}
+					var models []string
+					if f[4] != "-" {
+						models = strings.Split(f[4], ",")
+					}
+					_, err = reg.Announce(ctx, &prismv1.AnnounceRequest{Worker: &prismv1.WorkerInfo{Id: f[1], Role: role, Addr: f[3], Models: models, Healthy: true}})
+				case "leave":
+					_, err = reg.Leave(ctx, &prismv1.LeaveRequest{Id: f[1]})
+				case "remove":
+					reg.Remove(f[1])
+				default:
+					t.Fatalf("step %q", s.do)
+				}
+				if err != nil {
+					t.Fatalf("step %d %q: %v", i, s.do, err)
+				}
+				if got := retireState(reg); got != s.want {
+					t.Errorf("after step %d %q:\n got %s\nwant %s", i, s.do, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// retireState is what prism_router_model_workers says of each model,
+// checked against Known: a model listed is known, one not is NotFound.
+func retireState(reg *Registry) string {
+	var parts []string
+	for _, mw := range reg.modelWorkers(maxModelLabels) {
+		p := mw.model
+		if !reg.Known(mw.model) {
+			p += " (not known)"
+		}
+		if !mw.embeddingRetired {
+			p += fmt.Sprintf(" e=%d", mw.embedding)
+		}
+		if !mw.denseRetired {
+			p += fmt.Sprintf(" d=%d", mw.dense)
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, "; ")
+}
