@@ -81,7 +81,7 @@ func (r *Router) sequencing() *updateDriver {
 	return nil
 }
 
-var updateLogBytesDesc = prometheus.NewDesc("prism_router_update_log_bytes", "Bytes of recent updates the sequencing router keeps in its update log, by sequence (a model, or a shard of one: MODEL#shardK), against --update-log-bytes each and --update-log-total-bytes together.", []string{"model"}, nil)
+var updateLogBytesDesc = prometheus.NewDesc("prism_router_update_log_bytes", "Bytes of memory the recent updates the sequencing router keeps in its update log hold, by sequence (a model, or a shard of one: MODEL#shardK), against --update-log-bytes each and --update-log-total-bytes together.", []string{"model"}, nil)
 
 // updateLogCollector reports the update log's bytes by sequence at each
 // scrape, while this router sequences.

@@ -61,7 +61,10 @@ type Options struct {
 	// works on at once (default 16); answers still go out in order.
 	StreamWindow int
 	// UpdateLogBytes bounds the recent Embeddings.Update requests kept
-	// per model to catch lagging embedding workers up (default 256 MiB).
+	// per model to catch lagging embedding workers up (default 256 MiB),
+	// by the memory they hold (heldBytes: rows, 8 bytes an id, the
+	// messages' structs), not their size on the wire: it bounds the
+	// router's memory, which an operator sizes to a container's limit.
 	UpdateLogBytes int64
 	// UpdateLogTotalBytes bounds every model's log together (default 1
 	// GiB): with many models each taking updates, UpdateLogBytes apiece

@@ -6,7 +6,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -36,7 +35,7 @@ func (s *sequencer) restore(model string, next, committed, floor int64, log []*p
 		}
 	}
 	for _, e := range log {
-		m.bytes += int64(proto.Size(e))
+		m.bytes += heldBytes(e)
 	}
 	if next > 0 {
 		s.any = true
@@ -45,12 +44,12 @@ func (s *sequencer) restore(model string, next, committed, floor int64, log []*p
 }
 
 // appendLog keeps req as update seq, dropping the oldest beyond the
-// byte budget, but none above upto (startNext passes the lowest seq a
-// live worker holds: never one that no live worker holds, nor one that
-// a live worker lacks).
+// byte budget (of the heap the entries hold, heldBytes), but none above
+// upto (startNext passes the lowest seq a live worker holds: never one
+// that no live worker holds, nor one that a live worker lacks).
 func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64) {
 	m.log = append(m.log, req)
-	m.bytes += int64(proto.Size(req))
+	m.bytes += heldBytes(req)
 	m.trim(budget, upto)
 }
 
@@ -58,7 +57,7 @@ func (m *modelSeq) appendLog(req *prismv1.ApplyUpdateRequest, budget, upto int64
 // latest and none above upto (appendLog).
 func (m *modelSeq) trim(budget, upto int64) {
 	for len(m.log) > 1 && m.bytes > budget && m.floor+1 <= upto {
-		m.bytes -= int64(proto.Size(m.log[0]))
+		m.bytes -= heldBytes(m.log[0])
 		m.log[0] = nil
 		m.log = m.log[1:]
 		m.floor++

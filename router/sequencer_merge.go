@@ -84,8 +84,10 @@ const applyWrapBytes = 64
 // table and row width, in queue order, passing over the updates of
 // other tables (which keep their places), until one of p's table that
 // must not merge (another width, one to be sent alone), maxMergeUpdates
-// or the byte bound (s.mergeBytes and m's log budget, so one entry
-// never fills the log). A waiting update of p's table whose deadline
+// or the byte bounds: s.mergeBytes of the parts' wire size (a message
+// limit), and m's log budget of the heap the merged entry would hold
+// (mergedHeldBytes, as the log counts it), so one entry never fills
+// the log. A waiting update of p's table whose deadline
 // passed on the way is answered DeadlineExceeded and dropped (it is not
 // applied, merged or not), as is one whose caller is gone (ended),
 // answered its context's end. It returns the updates, p first.
@@ -94,8 +96,9 @@ func (s *sequencer) gather(model string, m *modelSeq, p *proposal) []*proposal {
 	if p.alone || s.mergeBytes <= 0 || len(m.queue) == 0 {
 		return batch
 	}
-	limit := min(s.mergeBytes, s.budget(m))
+	budget := s.budget(m)
 	size := int64(proto.Size(p.req))
+	ids, rows := len(p.req.GetIds()), len(p.req.GetRows())
 	width := rowWidth(p.req)
 	rest := m.queue[:0:0] // a new slice: m.queue is read as it is rebuilt
 	i := 0
@@ -117,10 +120,11 @@ func (s *sequencer) gather(model string, m *modelSeq, p *proposal) []*proposal {
 			continue
 		}
 		n := int64(proto.Size(q.req))
-		if size+n > limit {
+		qids, qrows := len(q.req.GetIds()), len(q.req.GetRows())
+		if size+n > s.mergeBytes || mergedHeldBytes(p.req, ids+qids, rows+qrows) > budget {
 			break
 		}
-		size += n
+		size, ids, rows = size+n, ids+qids, rows+qrows
 		batch = append(batch, q)
 	}
 	m.queue = append(rest, m.queue[i:]...)

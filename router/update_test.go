@@ -507,7 +507,7 @@ func TestUpdatesStaleWorkerAfterRouterRestart(t *testing.T) {
 // keeps the log over its budget: it is caught up, not stranded.
 func TestUpdateLogBudget(t *testing.T) {
 	a, b := &seqCN{}, &seqCN{}
-	rig := newUpdateRig(t, Options{UpdateLogBytes: 200, UpdateQuorum: QuorumOne}, a, b)
+	rig := newUpdateRig(t, Options{UpdateLogBytes: 3200, UpdateQuorum: QuorumOne}, a, b)
 	b.setDown(true)
 	for i := range 20 {
 		if _, err := rig.update("t", int64(i), 1); err != nil {
@@ -848,7 +848,7 @@ func TestUnreachableWorkerLogBounded(t *testing.T) {
 // (prism_router_update_log_bytes), within its budget.
 func TestUpdateLogBytesMetric(t *testing.T) {
 	a := &seqCN{}
-	rig := newUpdateRig(t, Options{UpdateLogBytes: 200, UpdateQuorum: QuorumOne}, a)
+	rig := newUpdateRig(t, Options{UpdateLogBytes: 3200, UpdateQuorum: QuorumOne}, a)
 	if n := seriesCount(updateLogCollector{rig.r}); n != 0 {
 		t.Fatalf("%d series before any update, want none", n)
 	}
@@ -868,8 +868,8 @@ func TestUpdateLogBytesMetric(t *testing.T) {
 		}
 		v := d.GetGauge().GetValue()
 		got = append(got, fmt.Sprintf("%s=%v", d.GetLabel()[0].GetValue(), v))
-		if v <= 0 || v > 200 {
-			t.Errorf("update log of %d bytes, want some within the 200-byte budget", int(v))
+		if v <= 0 || v > 3200 {
+			t.Errorf("update log of %d bytes, want some within the 3200-byte budget", int(v))
 		}
 	}
 	if len(got) != 1 || !strings.HasPrefix(got[0], "m=") {

@@ -19,7 +19,7 @@ import (
 // up a worker that missed them all (with the log untrimmed).
 func TestUpdateLogCrashKeepsAcknowledged(t *testing.T) {
 	t.Run("whole", func(t *testing.T) { updateLogCrash(t, 0) })
-	t.Run("trimmed", func(t *testing.T) { updateLogCrash(t, 60) })
+	t.Run("trimmed", func(t *testing.T) { updateLogCrash(t, 960) })
 }
 
 // updateLogCrash runs TestUpdateLogCrashKeepsAcknowledged with a log
