@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
@@ -140,6 +141,17 @@ func newServeRouterCmd() *cobra.Command {
 			// resolve the routers' name to find this one).
 			s.ReadyGate = r.Ready()
 			prismv1.RegisterRecommenderServer(s.GRPC, r)
+			// Recommend over HTTP/JSON (--http-addr): the same handler,
+			// called in process with the context a gRPC call has.
+			s.HandleJSON(serve.JSONRoute{
+				Path:       "/v1/recommend",
+				FullMethod: prismv1.Recommender_Recommend_FullMethodName,
+				New:        func() proto.Message { return new(prismv1.RecommendRequest) },
+				Call: func(ctx context.Context, req proto.Message) (proto.Message, error) {
+					return r.Recommend(ctx, req.(*prismv1.RecommendRequest))
+				},
+				DefaultTimeout: ro.DefaultTimeout,
+			})
 			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
 			prismv1.RegisterEmbeddingsServer(s.GRPC, r.Updater())
 			ctx, stop := signalContext()
@@ -172,7 +184,7 @@ func newServeRouterCmd() *cobra.Command {
 					}
 				}()
 			}
-			readyline.WriteRouter(cmd.OutOrStdout(), s.Addr(), s.MetricsAddr())
+			readyline.WriteRouter(cmd.OutOrStdout(), s.Addr(), s.MetricsAddr(), s.HTTPAddr())
 			// Told to stop, a router holding the sequencing Lease gives it
 			// up before it drains (Router.Resign): another router
 			// sequences the updates meanwhile. Its RecommendStream
@@ -196,6 +208,7 @@ func newServeRouterCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&so.Addr, "addr", "127.0.0.1:8500", "gRPC listen address (Recommend and the registry)")
+	f.StringVar(&so.HTTPAddr, "http-addr", "", `HTTP/JSON listen address ("": off): POST /v1/recommend takes a RecommendRequest as JSON (what loadgen --print-request writes) and answers the RecommendResponse as JSON; HTTPS with the router's certificate and the same authorization as gRPC (a client certificate or --auth-token-file's bearer token), plain HTTP only with --insecure`)
 	f.StringVar(&so.MetricsAddr, "metrics-addr", "127.0.0.1:0", `Prometheus /metrics listen address ("off" to disable)`)
 	f.IntVar(&ro.MicroBatch, "micro-batch", 512, "most candidates per micro-batch (a request is cut into equal micro-batches of at most this many)")
 	f.IntVar(&ro.MaxCandidates, "max-candidates", 4096, "most candidates in one request")

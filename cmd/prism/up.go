@@ -115,6 +115,7 @@ K) unless its store already holds it.`,
 	fl.StringArrayVar(&c.Plans, "model", nil, "partition folder (prism partition -o) to serve; repeatable")
 	fl.StringVar(&c.DB, "db", "", "embedding store folder (default: prism-db beside the first model); for a sharded model the parent folder of its shards' stores (DB/shard-K)")
 	fl.StringVar(&c.Addr, "addr", "127.0.0.1:8500", "router address (Recommend)")
+	fl.StringVar(&c.HTTPAddr, "http-addr", "", `router's HTTP/JSON address ("": off): POST /v1/recommend with a RecommendRequest as JSON, as serve router --http-addr (HTTPS with up's certificates, plain HTTP with --insecure)`)
 	fl.IntVar(&c.DenseWorkers, "dense-workers", 0, "dense workers (0: two per GPU, one per MIG slice; without a driver, one per CPU core)")
 	fl.IntVar(&c.EmbeddingWorkers, "embedding-workers", 1, "embedding workers (a sharded model: shards x --replicas)")
 	fl.IntVar(&c.Replicas, "replicas", 1, "embedding workers per shard of a sharded model (prism shard)")

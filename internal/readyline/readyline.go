@@ -21,7 +21,8 @@ type Line struct{ prefix string }
 
 // The lines Prism's processes print.
 var (
-	// Router: "router listening on ADDR (metrics MADDR)".
+	// Router: "router listening on ADDR (metrics MADDR)", followed by
+	// " (http HADDR)" when it serves HTTP/JSON (RouterHTTP).
 	Router = Line{"router listening on "}
 	// Embedding: "embedding tier listening on ADDR".
 	Embedding = Line{"embedding tier listening on "}
@@ -72,9 +73,34 @@ func (l Line) Write(w io.Writer, addr string, rest ...string) error {
 	return err
 }
 
-// WriteRouter prints the router's line.
-func WriteRouter(w io.Writer, addr, metricsAddr string) error {
-	return Router.Write(w, addr, "(metrics "+metricsAddr+")")
+// WriteRouter prints the router's line; httpAddr, when not "", is its
+// HTTP/JSON address, after the metrics one (the line without it is
+// unchanged, byte for byte).
+func WriteRouter(w io.Writer, addr, metricsAddr, httpAddr string) error {
+	rest := []string{"(metrics " + metricsAddr + ")"}
+	if httpAddr != "" {
+		rest = append(rest, httpPrefix+httpAddr+")")
+	}
+	return Router.Write(w, addr, rest...)
+}
+
+const httpPrefix = "(http "
+
+// RouterHTTP is the HTTP/JSON address a router's ready line names (a
+// line of Router, anywhere in line), "" when it names none.
+func RouterHTTP(line string) string {
+	if _, ok := Router.Find(line); !ok {
+		return ""
+	}
+	_, rest, ok := strings.Cut(line, httpPrefix)
+	if !ok {
+		return ""
+	}
+	a, _, ok := strings.Cut(rest, ")")
+	if !ok {
+		return ""
+	}
+	return a
 }
 
 // WriteEmbedding prints the embedding tier's line.

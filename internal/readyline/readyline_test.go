@@ -13,11 +13,13 @@ import (
 // The scripts sed these exact lines: their bytes must not change.
 func TestLinesAreByteIdentical(t *testing.T) {
 	var b bytes.Buffer
-	WriteRouter(&b, "127.0.0.1:8500", "127.0.0.1:9100")
+	WriteRouter(&b, "127.0.0.1:8500", "127.0.0.1:9100", "")
+	WriteRouter(&b, "127.0.0.1:8500", "127.0.0.1:9100", "127.0.0.1:8080")
 	WriteEmbedding(&b, "127.0.0.1:1")
 	WriteDense(&b, "127.0.0.1:2")
 	WriteUp(&b, "127.0.0.1:8500", []string{"a", "b"}, 2, 1)
 	want := "router listening on 127.0.0.1:8500 (metrics 127.0.0.1:9100)\n" +
+		"router listening on 127.0.0.1:8500 (metrics 127.0.0.1:9100) (http 127.0.0.1:8080)\n" +
 		"embedding tier listening on 127.0.0.1:1\n" +
 		"dense tier listening on 127.0.0.1:2\n" +
 		"Prism is up: Recommend at 127.0.0.1:8500 (models a, b; 2 dense, 1 embedding workers). Ctrl-C stops it.\n"
@@ -47,6 +49,22 @@ func TestParse(t *testing.T) {
 		}
 		if _, ok := tc.l.Find(tc.line); ok != tc.find {
 			t.Errorf("%q.Find(%q) = %v, want %v", tc.l.Prefix(), tc.line, ok, tc.find)
+		}
+	}
+}
+
+// TestRouterHTTP: the HTTP/JSON address is read from a router's line
+// (tagged by prism up's supervisor too), and only from one.
+func TestRouterHTTP(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{"router listening on 1.2.3.4:5 (metrics 1.2.3.4:6) (http 1.2.3.4:7)", "1.2.3.4:7"},
+		{"[router] router listening on 1.2.3.4:5 (metrics 1.2.3.4:6) (http [::1]:8)", "[::1]:8"},
+		{"router listening on 1.2.3.4:5 (metrics 1.2.3.4:6)", ""},
+		{"dense tier listening on 1.2.3.4:5 (http 1.2.3.4:7)", ""},
+		{"router listening on 1.2.3.4:5 (http 1.2.3.4:7", ""},
+	} {
+		if got := RouterHTTP(tc.line); got != tc.want {
+			t.Errorf("RouterHTTP(%q) = %q, want %q", tc.line, got, tc.want)
 		}
 	}
 }

@@ -2,7 +2,8 @@
 // with standard health checking and reflection (so grpcurl and ghz work
 // out of the box), RPC metrics by method and code, a Prometheus /metrics
 // endpoint (HTTPS when the tier serves TLS), structured logs, graceful shutdown that finishes in-flight
-// requests, and the worker's heartbeat to the router's registry.
+// requests, the worker's heartbeat to the router's registry, and an
+// optional HTTP/JSON front of unary methods (httpjson.go).
 package serve
 
 import (
@@ -61,7 +62,12 @@ type Options struct {
 	// default one is verified if given but not needed, so a scraper
 	// holding only the CA (to verify the server) can read the metrics.
 	MetricsRequireClientCert bool
-	// MaxMessageBytes bounds one request (default 64 MiB).
+	// HTTPAddr, when set, serves the routes given to HandleJSON over
+	// HTTP/JSON there (HTTPS with TLS's certificate when TLS is set,
+	// authorized as their gRPC methods are); "" serves none.
+	HTTPAddr string
+	// MaxMessageBytes bounds one request (default 64 MiB), an HTTP/JSON
+	// body too.
 	MaxMessageBytes int
 	// ShutdownGrace is how long in-flight requests get at shutdown (default 10s).
 	ShutdownGrace time.Duration
@@ -121,8 +127,15 @@ type Server struct {
 	lis      net.Listener
 	mlis     net.Listener
 	http     *http.Server
-	requests *prometheus.CounterVec
-	latency  *prometheus.HistogramVec
+	// alis and api are the HTTP/JSON endpoint (Options.HTTPAddr), nil
+	// when off; routes are its methods (HandleJSON), jsonCalls its
+	// handlers running, which Serve waits for as gRPC's are.
+	alis      net.Listener
+	api       *http.Server
+	routes    map[string]JSONRoute
+	jsonCalls sync.WaitGroup
+	requests  *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
 	// methods are the full names of the methods registered on GRPC,
 	// set by Serve: a call refused before it reaches a handler is
 	// counted under its method only when it names one of them, so the
@@ -188,6 +201,15 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(s.Log.Handler(), slog.LevelDebug)}
 		if o.TLS != nil {
 			s.mlis = tls.NewListener(s.mlis, MetricsTLS(o.TLS, o.MetricsRequireClientCert))
+		}
+	}
+	if o.HTTPAddr != "" {
+		if s.alis, err = listenJSON(o); err != nil {
+			s.lis.Close()
+			if s.mlis != nil {
+				s.mlis.Close()
+			}
+			return nil, fmt.Errorf("%s: HTTP listen %s: %w", name, o.HTTPAddr, err)
 		}
 	}
 	unary, stream := []grpc.UnaryServerInterceptor{s.unaryMetrics}, []grpc.StreamServerInterceptor{s.streamMetrics}
@@ -333,7 +355,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.methods.Store(&methods)
 	gate := s.ReadyGate
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- s.GRPC.Serve(s.lis) }()
 	if s.http != nil {
 		go func() {
@@ -342,13 +364,29 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 		}()
 	}
-	s.Log.Info("serving", "addr", s.Addr(), "metrics", s.MetricsAddr())
+	if s.alis != nil {
+		s.api = s.jsonServer()
+		go func() {
+			if err := s.api.Serve(s.alis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- err
+			}
+		}()
+	}
+	attrs := []any{"addr", s.Addr(), "metrics", s.MetricsAddr()}
+	if s.alis != nil {
+		attrs = append(attrs, "http", s.HTTPAddr())
+	}
+	s.Log.Info("serving", attrs...)
 	for waiting := true; waiting; {
 		select {
 		case err := <-errc:
 			s.GRPC.Stop()
 			if s.http != nil {
 				s.http.Close()
+			}
+			if s.api != nil {
+				s.api.Close()
+				s.jsonCalls.Wait()
 			}
 			return fmt.Errorf("%s: serve: %w", s.name, err)
 		case <-gate: // nil (never ready) without a gate
@@ -361,7 +399,19 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.Log.Info("shutting down", "grace", s.opts.ShutdownGrace)
 	s.Health.Shutdown()
 	done := make(chan struct{})
-	go func() { s.GRPC.GracefulStop(); close(done) }()
+	go func() {
+		// The HTTP/JSON endpoint drains beside gRPC, in the same grace:
+		// no new requests, the ones in flight answered.
+		var wg sync.WaitGroup
+		if s.api != nil {
+			wg.Go(func() {
+				_ = s.api.Shutdown(context.Background())
+			})
+		}
+		s.GRPC.GracefulStop()
+		wg.Wait()
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-time.After(s.opts.ShutdownGrace):
@@ -374,7 +424,15 @@ func (s *Server) Serve(ctx context.Context) error {
 			s.Log.Warn("grace period over; closing the connections still open (no call in flight: a peer that does not answer holds its connection)")
 		}
 		s.GRPC.Stop()
+		if s.api != nil {
+			// Cuts the connections, which cancels their calls'
+			// contexts.
+			s.api.Close()
+		}
 	}
+	// As WaitForHandlers does for gRPC: the tier frees nothing a
+	// handler still uses.
+	s.jsonCalls.Wait()
 	if s.http != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		s.http.Shutdown(sctx)

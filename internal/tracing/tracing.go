@@ -34,6 +34,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -54,6 +55,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/internal/lograte"
 )
@@ -329,6 +331,28 @@ func DialOptions() []grpc.DialOption {
 		return nil
 	}
 	return []grpc.DialOption{grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithFilter(traced)))}
+}
+
+// HTTPServerSpan starts the server span of an HTTP/JSON call named name
+// ("POST /v1/recommend"), the child of the W3C trace context in h
+// (traceparent, through the process's propagator) when the caller sent
+// one, as otelgrpc's server handler does for a gRPC call; end records
+// err's gRPC code and ends it. When tracing is off: ctx itself and an
+// end that does nothing.
+func HTTPServerSpan(ctx context.Context, name string, h http.Header) (_ context.Context, end func(err error)) {
+	if !Enabled() {
+		return ctx, func(error) {}
+	}
+	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.HeaderCarrier(h))
+	ctx, span := tracer().Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
+	return ctx, func(err error) {
+		c := status.Code(err)
+		span.SetAttributes(attribute.Int64("rpc.grpc.status_code", int64(c)))
+		if err != nil {
+			span.SetStatus(otelcodes.Error, err.Error())
+		}
+		span.End()
+	}
 }
 
 // tracer makes the stages' spans.

@@ -22,6 +22,7 @@ import (
 	"github.com/prism-serve/prism/capacity/local"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/internal/supervise"
 )
@@ -33,6 +34,8 @@ import (
 type routerMetricsWatch struct {
 	w    io.Writer
 	addr atomic.Pointer[string]
+	// httpAddr is the line's HTTP/JSON address (readyline.RouterHTTP).
+	httpAddr atomic.Pointer[string]
 	// scheme is "https" when the router serves TLS (and so /metrics),
 	// "http" (or "") otherwise; set before url is called.
 	scheme string
@@ -45,8 +48,20 @@ func (r *routerMetricsWatch) Write(b []byte) (int, error) {
 				r.addr.Store(&a)
 			}
 		}
+		if a := readyline.RouterHTTP(s); a != "" {
+			r.httpAddr.Store(&a)
+		}
 	}
 	return r.w.Write(b)
+}
+
+// http is the HTTP/JSON address of the router's latest ready line, ""
+// when it named none.
+func (r *routerMetricsWatch) http() string {
+	if a := r.httpAddr.Load(); a != nil {
+		return *a
+	}
+	return ""
 }
 
 func (r *routerMetricsWatch) url() string {

@@ -106,6 +106,9 @@ type Config struct {
 	// Insecure runs every tier on plaintext without authentication
 	// (Certs is then unused).
 	Insecure bool
+	// HTTPAddr passes --http-addr to the router: Recommend over
+	// HTTP/JSON there ("": none).
+	HTTPAddr string
 	// AuthTokenFile passes --auth-token-file to the router: clients
 	// without a certificate call Recommend with this bearer token (over
 	// TLS; Run refuses it with Insecure).
@@ -324,6 +327,7 @@ func Run(ctx context.Context, c Config) error {
 		fmt.Fprintf(c.Stderr, "up: --replicas %d is for sharded models (prism shard), and these are not: %d embedding worker(s) of the whole model (--embedding-workers)\n", c.Replicas, c.EmbeddingWorkers)
 	}
 	var dialCreds grpc.DialOption
+	var adminFiles auth.Files // up's client certificate, for the hints it prints
 	if c.Insecure {
 		dialCreds = grpc.WithTransportCredentials(insecure.NewCredentials())
 	} else {
@@ -357,6 +361,7 @@ func Run(ctx context.Context, c Config) error {
 			return fmt.Errorf("up: %w", err)
 		}
 		dialCreds = grpc.WithTransportCredentials(credentials.NewTLS(tc))
+		adminFiles = admin.Files
 	}
 	if c.Exe == "" {
 		exe, err := os.Executable()
@@ -433,6 +438,9 @@ func Run(ctx context.Context, c Config) error {
 	if c.AuthTokenFile != "" {
 		rt.Args = append(rt.Args, "--auth-token-file", c.AuthTokenFile)
 	}
+	if c.HTTPAddr != "" {
+		rt.Args = append(rt.Args, "--http-addr", c.HTTPAddr)
+	}
 	// A signal during start-up (ctx ends) stops it as one after it would.
 	stopping := func(err error) error {
 		if ctx.Err() != nil {
@@ -448,7 +456,12 @@ func Run(ctx context.Context, c Config) error {
 	// A router that dies is restarted like the workers (its update log
 	// is on disk for that), on the port the first one bound: the workers
 	// announce to that address, also when --addr asked for port 0.
-	pinRouterAddr(rt, c.Addr, bound)
+	pinRouterAddr(rt, "--addr", c.Addr, bound)
+	httpAddr := metrics.http()
+	if c.HTTPAddr != "" {
+		// Its HTTP/JSON port too: clients were told it.
+		pinRouterAddr(rt, "--http-addr", c.HTTPAddr, httpAddr)
+	}
 	routerAddr := RouterDialAddr(c.Addr, bound)
 	sup.Supervise(ctx, rt, routerReadyTimeout)
 
@@ -483,6 +496,9 @@ func Run(ctx context.Context, c Config) error {
 	}
 	if len(models) > 0 {
 		fmt.Fprintf(c.Stderr, "up: clients connect with %s, e.g. prism loadgen --target %s %s --model %s --duration 10s\n", creds, shellQuote(routerAddr), creds, shellQuote(models[0]))
+		if httpAddr != "" {
+			fmt.Fprintf(c.Stderr, "up: Recommend over HTTP/JSON: %s\n", curlHint(adminFiles, RouterDialAddr(c.HTTPAddr, httpAddr)))
+		}
 	}
 
 	// A child that dies is restarted (Supervise, above) and a worker
@@ -553,11 +569,12 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// pinRouterAddr makes rt's --addr the address its first process bound
-// (bound, its ready line's), where addr (prism up --addr) let the OS
-// pick the port: a restarted router must listen where the workers
-// already announce. Called before rt is supervised.
-func pinRouterAddr(rt *supervise.Child, addr, bound string) {
+// pinRouterAddr makes rt's flag (--addr, --http-addr) the address its
+// first process bound (bound, its ready line's), where addr (prism up
+// --addr) let the OS pick the port: a restarted router must listen
+// where the workers already announce, and where clients were told.
+// Called before rt is supervised.
+func pinRouterAddr(rt *supervise.Child, flag, addr, bound string) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil || port != "0" {
 		return
@@ -567,11 +584,23 @@ func pinRouterAddr(rt *supervise.Child, addr, bound string) {
 		return
 	}
 	for i := 0; i+1 < len(rt.Args); i++ {
-		if rt.Args[i] == "--addr" {
+		if rt.Args[i] == flag {
 			rt.Args[i+1] = net.JoinHostPort(host, bport)
 			return
 		}
 	}
+}
+
+// curlHint is a curl command that POSTs a request (prism loadgen
+// --print-request 1 > req.json) to the router's HTTP/JSON address addr
+// with admin's certificate, or over plain HTTP when admin is empty
+// (--insecure).
+func curlHint(admin auth.Files, addr string) string {
+	if admin.Cert == "" {
+		return "curl --json @req.json " + shellQuote("http://"+addr+"/v1/recommend")
+	}
+	return fmt.Sprintf("curl --cacert %s --cert %s --key %s --json @req.json %s",
+		shellQuote(admin.CA), shellQuote(admin.Cert), shellQuote(admin.Key), shellQuote("https://"+addr+"/v1/recommend"))
 }
 
 // RouterDialAddr is the address up's workers, up itself and its

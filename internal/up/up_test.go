@@ -19,6 +19,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/supervise"
 	"github.com/prism-serve/prism/plan"
 )
 
@@ -565,6 +566,41 @@ func TestShellQuote(t *testing.T) {
 	} {
 		if got := shellQuote(tc.in); got != tc.want {
 			t.Errorf("shellQuote(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestRouterHTTPAddr: the router's HTTP/JSON address is read from its
+// ready line as up's supervisor echoes it, and a port the OS picked
+// (--http-addr HOST:0) is pinned for a restarted router, as --addr is;
+// the curl command up prints is one a shell runs as printed.
+func TestRouterHTTPAddr(t *testing.T) {
+	var out strings.Builder
+	w := &routerMetricsWatch{w: &out}
+	if w.http() != "" {
+		t.Fatalf("an address before any line: %q", w.http())
+	}
+	fmt.Fprint(w, "[router] router listening on 127.0.0.1:8500 (metrics 127.0.0.1:9100) (http 127.0.0.1:41234)\n")
+	if w.http() != "127.0.0.1:41234" || w.url() != "http://127.0.0.1:9100/metrics" {
+		t.Fatalf("http %q, metrics %q", w.http(), w.url())
+	}
+	rt := &supervise.Child{Args: []string{"serve", "router", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}}
+	pinRouterAddr(rt, "--addr", "127.0.0.1:0", "127.0.0.1:8500")
+	pinRouterAddr(rt, "--http-addr", "127.0.0.1:0", w.http())
+	if want := []string{"serve", "router", "--addr", "127.0.0.1:8500", "--http-addr", "127.0.0.1:41234"}; !slices.Equal(rt.Args, want) {
+		t.Fatalf("pinned %q, want %q", rt.Args, want)
+	}
+	for _, tc := range []struct {
+		admin auth.Files
+		addr  string
+		want  string
+	}{
+		{auth.Files{}, "127.0.0.1:8080", "curl --json @req.json http://127.0.0.1:8080/v1/recommend"},
+		{auth.FilesFor("certs", auth.Admin), "[::1]:8080", "curl --cacert certs/admin/ca.pem --cert certs/admin/cert.pem --key certs/admin/key.pem --json @req.json 'https://[::1]:8080/v1/recommend'"},
+		{auth.FilesFor("my certs", auth.Admin), "127.0.0.1:8080", "curl --cacert 'my certs/admin/ca.pem' --cert 'my certs/admin/cert.pem' --key 'my certs/admin/key.pem' --json @req.json https://127.0.0.1:8080/v1/recommend"},
+	} {
+		if got := curlHint(tc.admin, tc.addr); got != tc.want {
+			t.Errorf("curlHint(%v, %s) = %s\nwant %s", tc.admin, tc.addr, got, tc.want)
 		}
 	}
 }

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/readyline"
+)
+
+// TestUpHTTPJSON: prism up --http-addr serves Recommend over HTTP/JSON
+// with up's certificates: the request prism loadgen --print-request 1
+// writes, POSTed with the admin certificate, gets the scores the same
+// request gets over gRPC; without a certificate it is 401. The curl
+// command up prints runs as printed.
+func TestUpHTTPJSON(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	cmd := exec.Command(prismBin, "up", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--db", "db", "--model", part)
+	cmd.Dir = dir
+	up := startCmd(t, cmd, "up", readyline.Up, true, 3*time.Minute)
+	certs := filepath.Join(dir, "certs")
+
+	// up names the HTTP/JSON address in the curl command it prints.
+	hintRE := regexp.MustCompile(`up: Recommend over HTTP/JSON: (curl [^\n]*https://(\S+)/v1/recommend)`)
+	var hint, addr string
+	for deadline := time.Now().Add(5 * time.Second); hint == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if m := hintRE.FindStringSubmatch(up.log.String()); m != nil {
+			hint, addr = m[1], m[2]
+		}
+	}
+	if hint == "" {
+		t.Fatalf("up printed no HTTP/JSON hint:\n%s", up.log.String())
+	}
+
+	out, err := exec.Command(prismBin, "loadgen", "--model", cfg.Name, "--print-request", "1", "--candidates", "7").Output()
+	if err != nil {
+		t.Fatalf("loadgen --print-request: %v", err)
+	}
+	var req prismv1.RecommendRequest
+	if err := protojson.Unmarshal(out, &req); err != nil {
+		t.Fatalf("printed request %q: %v", out, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	byGRPC, err := prismv1.NewRecommenderClient(dial(t, up.addr, certs, auth.Admin)).Recommend(ctx, &req)
+	if err != nil {
+		t.Fatalf("Recommend over gRPC: %v", err)
+	}
+	if len(byGRPC.GetScores()) != 7 {
+		t.Fatalf("gRPC scores %v, want 7", byGRPC.GetScores())
+	}
+	same := func(how string, got *prismv1.RecommendResponse) {
+		t.Helper()
+		if len(got.GetScores()) != len(byGRPC.GetScores()) {
+			t.Fatalf("%s: scores %v, over gRPC %v", how, got.GetScores(), byGRPC.GetScores())
+		}
+		for i, s := range got.GetScores() {
+			if d := math.Abs(float64(s - byGRPC.GetScores()[i])); d > 1e-6 {
+				t.Fatalf("%s: score %d is %v, over gRPC %v", how, i, s, byGRPC.GetScores()[i])
+			}
+		}
+		if got.GetModel() != cfg.Name || got.GetVersion() != byGRPC.GetVersion() {
+			t.Fatalf("%s: model %q version %d, over gRPC %q %d", how, got.GetModel(), got.GetVersion(), byGRPC.GetModel(), byGRPC.GetVersion())
+		}
+	}
+
+	post := func(role auth.Role) (int, []byte) {
+		t.Helper()
+		f := auth.Files{CA: auth.FilesFor(certs, auth.Admin).CA}
+		if role != "" {
+			f = auth.FilesFor(certs, role)
+		}
+		c, err := auth.ClientTLS(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: c, ForceAttemptHTTP2: true}}
+		hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+"/v1/recommend", bytes.NewReader(out))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hr.Header.Set("Content-Type", "application/json")
+		hr.Header.Set("X-Prism-Timeout", "30s")
+		r, err := hc.Do(hr)
+		if err != nil {
+			t.Fatalf("POST /v1/recommend as %q: %v", role, err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("Content-Type %q", ct)
+		}
+		return r.StatusCode, b
+	}
+	code, body := post(auth.Admin)
+	if code != http.StatusOK {
+		t.Fatalf("POST as admin: %d %s", code, body)
+	}
+	var byHTTP prismv1.RecommendResponse
+	if err := protojson.Unmarshal(body, &byHTTP); err != nil {
+		t.Fatalf("response %s: %v", body, err)
+	}
+	same("HTTP/JSON", &byHTTP)
+
+	code, body = post("")
+	var e struct{ Code, Message string }
+	if err := json.Unmarshal(body, &e); err != nil || code != http.StatusUnauthorized || e.Code != "UNAUTHENTICATED" || !strings.Contains(e.Message, "certificate") {
+		t.Fatalf("POST without a certificate: %d %s (%v), want 401 UNAUTHENTICATED", code, body, err)
+	}
+
+	// The command up printed, run as printed from up's folder.
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Log("curl not installed: up's curl command not run")
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, "req.json"), out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command("sh", "-c", hint+" --fail-with-body --silent --show-error")
+	c.Dir = dir
+	got, err := c.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", hint, err, got)
+	}
+	var byCurl prismv1.RecommendResponse
+	if err := protojson.Unmarshal(got, &byCurl); err != nil {
+		t.Fatalf("curl's answer %s: %v", got, err)
+	}
+	same("curl", &byCurl)
+}
