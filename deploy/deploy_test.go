@@ -753,6 +753,7 @@ func TestChartVariants(t *testing.T) {
 		{"hostpath-models-token", []string{"modelRepository.type=hostPath", "tls.authTokenSecret=prism-token", "embedding.ingest.dtype=float16"}, false, 0, 0},
 		{"mig", []string{"dense.gpu.resource=nvidia.com/mig-1g.10gb", "dense.replicas=7", "dense.nodeSelector.nvidia\\.com/mig\\.strategy=mixed"}, false, 0, 0},
 		{"advertise-pod-ip", []string{"workers.advertiseDNS=false"}, false, 0, 0},
+		{"router-http", []string{"router.httpPort=8501"}, false, 0, 0},
 		{"loan", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.pool.taints={pool=training:NoSchedule}", "loan.options=capacity=300"}, false, 0, 0},
 		{"loan-keep-on-exit", []string{"loan.enabled=true", "loan.pool.nodeSelector.pool=training", "loan.onExit=keep"}, false, 0, 0},
 		{"one-router-no-lease", []string{"router.sequencerLease.enabled=false", "router.autoscaling.enabled=false", "router.replicas=1"}, true, 0, 0},
