@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/serve"
@@ -64,11 +63,7 @@ func TestRecommendOverHTTP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s.HandleJSON(serve.JSONRoute{Path: "/v1/recommend", FullMethod: prismv1.Recommender_Recommend_FullMethodName,
-				New: func() proto.Message { return new(prismv1.RecommendRequest) },
-				Call: func(ctx context.Context, req proto.Message) (proto.Message, error) {
-					return r.Recommend(ctx, req.(*prismv1.RecommendRequest))
-				}})
+			s.HandleJSON(r.RecommendJSONRoute())
 			ctx, cancel := context.WithCancel(context.Background())
 			served := make(chan error, 1)
 			go func() { served <- s.Serve(ctx) }()

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
@@ -143,15 +142,7 @@ func newServeRouterCmd() *cobra.Command {
 			prismv1.RegisterRecommenderServer(s.GRPC, r)
 			// Recommend over HTTP/JSON (--http-addr): the same handler,
 			// called in process with the context a gRPC call has.
-			s.HandleJSON(serve.JSONRoute{
-				Path:       "/v1/recommend",
-				FullMethod: prismv1.Recommender_Recommend_FullMethodName,
-				New:        func() proto.Message { return new(prismv1.RecommendRequest) },
-				Call: func(ctx context.Context, req proto.Message) (proto.Message, error) {
-					return r.Recommend(ctx, req.(*prismv1.RecommendRequest))
-				},
-				DefaultTimeout: ro.DefaultTimeout,
-			})
+			s.HandleJSON(r.RecommendJSONRoute())
 			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
 			prismv1.RegisterEmbeddingsServer(s.GRPC, r.Updater())
 			ctx, stop := signalContext()

@@ -51,6 +51,12 @@ type JSONRoute struct {
 	FullMethod string
 	// New is an empty request message, which the body is decoded into.
 	New func() proto.Message
+	// Decode, when set, decodes the body instead of protojson into New's
+	// message: a reader faster than protojson's for the method's
+	// request (router.DecodeRecommendJSON), which must decode what it
+	// accepts as protojson does, and say as protojson does what it does
+	// not.
+	Decode func(body []byte) (proto.Message, error)
 	// Call is the method's handler.
 	Call func(ctx context.Context, req proto.Message) (proto.Message, error)
 	// DefaultTimeout is the time a caller that sets no deadline gets to
@@ -301,8 +307,13 @@ func (s *Server) jsonHandler() http.Handler {
 				return err
 			}
 			req := route.New()
-			if err := protojson.Unmarshal(body, req); err != nil {
-				return refuse(http.StatusBadRequest, codes.InvalidArgument, "request body is not a %s in JSON: %v", req.ProtoReflect().Descriptor().FullName(), err)
+			if route.Decode != nil {
+				req, err = route.Decode(body)
+			} else {
+				err = protojson.Unmarshal(body, req)
+			}
+			if err != nil {
+				return refuse(http.StatusBadRequest, codes.InvalidArgument, "request body is not a %s in JSON: %v", route.New().ProtoReflect().Descriptor().FullName(), err)
 			}
 			jst = &jsonStream{method: route.FullMethod}
 			resp, err := route.Call(grpc.NewContextWithServerTransportStream(ctx, jst), req)
