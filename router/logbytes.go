@@ -60,10 +60,18 @@ func heldBytes(e *prismv1.ApplyUpdateRequest) int64 {
 		}
 	}
 	if u := e.GetUpdate(); u != nil {
-		n += updateStructBytes + allocBytes(len(u.GetModel())) + allocBytes(len(u.GetTable())) +
-			allocBytes(8*cap(u.GetIds())) + allocBytes(cap(u.GetRows())) + allocBytes(cap(u.ProtoReflect().GetUnknown()))
+		n += updateMessageBytes(u)
 	}
 	return n
+}
+
+// updateMessageBytes estimates the Go heap an UpdateRequest holds: its
+// struct, its strings, its ids' and rows' arrays by their capacity and
+// the unknown fields kept, each rounded up as the allocator does: what
+// proto.Unmarshal (gRPC's codec) allocates for one read off the wire.
+func updateMessageBytes(u *prismv1.UpdateRequest) int64 {
+	return updateStructBytes + allocBytes(len(u.GetModel())) + allocBytes(len(u.GetTable())) +
+		allocBytes(8*cap(u.GetIds())) + allocBytes(cap(u.GetRows())) + allocBytes(cap(u.ProtoReflect().GetUnknown()))
 }
 
 // mergedHeldBytes is heldBytes of the entry merged (merged) from

@@ -20,7 +20,7 @@ var (
 		"Live workers serving each model, by role (embedding, dense), less those a call found unreachable (left out of picks until they answer or announce again); 0 for a model some worker announced since the router started and none of that role serves now (the model is Unavailable); left out for a role whose last worker announced again without the model (retired: a model retired from both tiers is NotFound). At most 256 models are listed.",
 		[]string{"model", "role"}, nil)
 	updateQueueDesc = prometheus.NewDesc("prism_router_update_queue_bytes",
-		"Bytes of embedding updates this router took and has not answered yet (waiting for their model's turn, or being written), against prism_router_update_queue_limit_bytes.",
+		"Bytes of this router's memory held by the embedding updates it took and has not answered yet (waiting for their model's turn, or being written): each one's decoded message and about 14 KiB for its call (handler stack, gRPC stream); against prism_router_update_queue_limit_bytes.",
 		nil, nil)
 	updateQueueLimitDesc = prometheus.NewDesc("prism_router_update_queue_limit_bytes",
 		"--max-update-queue-bytes: past it, updates are refused ResourceExhausted (prism_router_rejected_total{reason=\"updates\"}).",

@@ -44,7 +44,7 @@ prism_router_model_workers{model="a",role="dense"} 1
 prism_router_model_workers{model="a",role="embedding"} 2
 prism_router_model_workers{model="b",role="dense"} 0
 prism_router_model_workers{model="b",role="embedding"} 1
-# HELP prism_router_update_queue_bytes Bytes of embedding updates this router took and has not answered yet (waiting for their model's turn, or being written), against prism_router_update_queue_limit_bytes.
+# HELP prism_router_update_queue_bytes Bytes of this router's memory held by the embedding updates it took and has not answered yet (waiting for their model's turn, or being written): each one's decoded message and about 14 KiB for its call (handler stack, gRPC stream); against prism_router_update_queue_limit_bytes.
 # TYPE prism_router_update_queue_bytes gauge
 prism_router_update_queue_bytes 640
 # HELP prism_router_update_queue_limit_bytes --max-update-queue-bytes: past it, updates are refused ResourceExhausted (prism_router_rejected_total{reason="updates"}).

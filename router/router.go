@@ -73,11 +73,13 @@ type Options struct {
 	// least an equal share; the bound gives way, as UpdateLogBytes does,
 	// to the updates a live worker still lacks.
 	UpdateLogTotalBytes int64
-	// MaxUpdateQueueBytes bounds the bytes of the Embeddings.Update
-	// requests this router has taken and not yet answered (default 512
-	// MiB): each waits for its model's turn, and a trainer sending
+	// MaxUpdateQueueBytes bounds the memory the Embeddings.Update
+	// requests this router has taken and not yet answered hold (default
+	// 512 MiB): each waits for its model's turn, and a trainer sending
 	// faster than the workers write queued them in the router's memory
-	// until their deadlines. One more is ResourceExhausted.
+	// until their deadlines. Each counts its decoded message and what
+	// its call holds (queuedBytes: about 14 KiB, the handler's stack
+	// and gRPC's stream). One more is ResourceExhausted.
 	MaxUpdateQueueBytes int64
 	Logger              *slog.Logger
 

@@ -97,9 +97,10 @@ type Updater struct {
 	// the router's own (Options.MaxMessageBytes), whose pages of the
 	// update log must carry it (replica.go).
 	maxBytes int
-	// queued counts the updates' bytes taken and not yet answered, at
-	// most maxQueued (Options.MaxUpdateQueueBytes); refused counts
-	// those refused for it.
+	// queued counts the memory the updates taken and not yet answered
+	// hold (queuedBytes), at most maxQueued
+	// (Options.MaxUpdateQueueBytes); refused counts those refused for
+	// it.
 	queued    *atomic.Int64
 	maxQueued int64
 	refused   prometheus.Counter
@@ -122,6 +123,29 @@ func nonFinite(rows []byte) int {
 		}
 	}
 	return -1
+}
+
+// waitingUpdateBytes is the router's memory an Embeddings.Update call
+// holds while it waits for its model's turn, besides its message: the
+// handler goroutine's stack (8 KiB), gRPC's state of the stream (its
+// structs, the decoded headers, the receive buffer and flow control:
+// about 3 KB), the call's contexts and deadline timer, the driver's
+// client and the sequencer's proposal (about 0.5 KB). Measured by
+// TestUpdateQueueMemoryPerUpdate (a router served by serve.New on
+// loopback, updates from 4 connections of another process waiting
+// behind one held at the worker; Go 1.26, grpc-go 1.85), per waiting
+// update besides its message: 4.0-4.1 KB of live heap, 4.7-5.3 KB of
+// heap spans in use, 8 KiB of stack: 12.8-13.5 KB in all, for one row
+// of 16 floats as for 64 rows of 64; rounded up. (The queue counted
+// the ids and rows alone, 72 bytes for one row of 16 floats: its bound
+// of 512 MiB let 7.4 million of them wait, some 95 GB.)
+const waitingUpdateBytes = 14 << 10
+
+// queuedBytes is what the update req holds in the router's memory
+// from when it is taken until it is answered: its message as decoded
+// and waitingUpdateBytes.
+func queuedBytes(req *prismv1.UpdateRequest) int64 {
+	return waitingUpdateBytes + updateMessageBytes(req)
 }
 
 // maxUpdateBytes is the largest ApplyUpdateRequest sent to a worker:
@@ -163,12 +187,15 @@ func (u *Updater) update(ctx context.Context, req *prismv1.UpdateRequest) (*pris
 	}
 	// Every update waits for its model's turn, here or at the router
 	// it is forwarded to: taken past what the workers write, updates
-	// queued in this router's memory until their deadlines.
-	size := int64(len(req.GetRows()) + 8*len(req.GetIds()))
+	// queued in this router's memory until their deadlines. The bound
+	// is on that memory, the message's and the call's (queuedBytes):
+	// counted by its ids and rows alone, a waiting update of one row of
+	// 16 floats held some 180 times the 72 bytes it counted.
+	size := queuedBytes(req)
 	if cur := u.queued.Add(size); cur > u.maxQueued && cur > size {
 		u.queued.Add(-size)
 		u.refused.Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "%d bytes of embedding updates wait for their turn at this router, and this one's %d would pass the limit of %d (--max-update-queue-bytes): updates are sent faster than the embedding workers write them; back off, or send fewer, larger updates", cur-size, size, u.maxQueued)
+		return nil, status.Errorf(codes.ResourceExhausted, "embedding updates waiting for their turn hold %d bytes of this router's memory, and this one's %d would pass the limit of %d (--max-update-queue-bytes): updates are sent faster than the embedding workers write them; back off, or send fewer, larger updates (each waiting update holds about %d bytes besides its ids and rows)", cur-size, size, u.maxQueued, waitingUpdateBytes)
 	}
 	defer u.queued.Add(-size)
 	if _, ok := ctx.Deadline(); !ok {

@@ -884,8 +884,9 @@ func TestUpdateLogBytesMetric(t *testing.T) {
 // whatever its size.
 func TestUpdateQueueBounded(t *testing.T) {
 	a := &seqCN{}
-	// One one-row update is 12 bytes (8 of id, 4 of row): two fit.
-	rig := newUpdateRig(t, Options{MaxUpdateQueueBytes: 30}, a)
+	// Two one-row updates fit, not three.
+	one := queuedBytes(&prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: make([]byte, 4)})
+	rig := newUpdateRig(t, Options{MaxUpdateQueueBytes: 2*one + one/2}, a)
 	gate, entered := make(chan struct{}), make(chan struct{}, 1)
 	a.mu.Lock()
 	a.gate, a.entered = gate, entered
@@ -921,8 +922,14 @@ func TestUpdateQueueBounded(t *testing.T) {
 	}
 	// Alone, an update over the bound is taken: refused, it would be
 	// retried for ever.
-	rows := make([]byte, 4*16)
-	if _, err := rig.r.Updater().Update(context.Background(), &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, Rows: rows}); err != nil {
+	big := &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: make([]int64, 4096), Rows: make([]byte, 4*4096)}
+	for i := range big.Ids {
+		big.Ids[i] = int64(i)
+	}
+	if size := queuedBytes(big); size <= rig.r.opts.MaxUpdateQueueBytes {
+		t.Fatalf("the big update counts %d bytes, within the bound of %d", size, rig.r.opts.MaxUpdateQueueBytes)
+	}
+	if _, err := rig.r.Updater().Update(context.Background(), big); err != nil {
 		t.Fatalf("one update over the bound alone: %v", err)
 	}
 }
