@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -23,6 +24,33 @@ type Fake struct {
 }
 
 var _ prismv1.RecommenderServer = (*Fake)(nil)
+
+// ServiceTimes is a Fake.Delay that serves each model named in service
+// as one server would: its requests one at a time, in the order they
+// come, each taking the model's service time. A model offered more than
+// 1/service requests a second queues without bound (its latency grows
+// through a run), as a model whose one worker falls behind; one offered
+// less waits little. Models not named answer at once. For tests of a
+// mix of models of different capacity.
+func ServiceTimes(service map[string]time.Duration) func(*prismv1.RecommendRequest) time.Duration {
+	var mu sync.Mutex
+	free := map[string]time.Time{} // when each model's server is next free
+	return func(req *prismv1.RecommendRequest) time.Duration {
+		d, ok := service[req.Model]
+		if !ok {
+			return 0
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now()
+		start := now
+		if f := free[req.Model]; f.After(now) {
+			start = f
+		}
+		free[req.Model] = start.Add(d)
+		return free[req.Model].Sub(now)
+	}
+}
 
 func (f *Fake) Recommend(ctx context.Context, req *prismv1.RecommendRequest) (*prismv1.RecommendResponse, error) {
 	if req.NumCandidates < 1 {

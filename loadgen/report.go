@@ -62,7 +62,40 @@ type Summary struct {
 	// Traced is the sampled share of a run with Options.TraceRatio and
 	// its slowest requests' trace ids; nil without.
 	Traced *TraceStats `json:"traced,omitempty"`
-	Series []Point     `json:"-"`
+	// Models is each model's part of a run over a mix of models
+	// (NewMixedRequests), in the mix's order; nil for one model. The
+	// fields above are the totals.
+	Models []ModelSummary `json:"models,omitempty"`
+	Series []Point        `json:"-"`
+}
+
+// ModelSummary is one model's part of a mixed run: its requests
+// counted, timed and judged against the SLO as a run of it alone would
+// be, over the same window.
+type ModelSummary struct {
+	Model        string            `json:"model"`
+	Share        float64           `json:"share"` // of the requests, as asked
+	Sent         int64             `json:"sent"`
+	OK           int64             `json:"ok"`
+	Errors       int64             `json:"errors"`
+	ErrorsByCode map[string]int64  `json:"errors_by_code"`
+	FirstErrors  map[string]string `json:"first_errors,omitempty"`
+	OfferedRPS   float64           `json:"offered_rps"`
+	RPS          float64           `json:"throughput_rps"`
+	SamplesPS    float64           `json:"throughput_samples_per_s"`
+	MeanCand     float64           `json:"mean_candidates"`
+	// Latencies in milliseconds, as Summary's.
+	P50, P90, P99, P999, Max float64            `json:"-"`
+	Latency                  map[string]float64 `json:"latency_ms"`
+	SLOAttained              float64            `json:"slo_attainment"`
+	Series                   []Point            `json:"-"`
+}
+
+// modelSummary is model m's part, from the summary of its recorder.
+func modelSummary(m ModelShare, s *Summary) ModelSummary {
+	return ModelSummary{Model: m.Name, Share: m.Share, Sent: s.Sent, OK: s.OK, Errors: s.Errors, ErrorsByCode: s.ErrorsByCode, FirstErrors: s.FirstErrors,
+		OfferedRPS: s.OfferedRPS, RPS: s.RPS, SamplesPS: s.SamplesPS, MeanCand: s.MeanCand,
+		P50: s.P50, P90: s.P90, P99: s.P99, P999: s.P999, Max: s.Max, Latency: s.Latency, SLOAttained: s.SLOAttained, Series: s.Series}
 }
 
 // Point is one second of the time series.
@@ -202,6 +235,7 @@ func (s *Summary) WriteText(w io.Writer) {
 		fmt.Fprintf(w, "latency     p50 %.3fms  p90 %.3fms  p99 %.3fms  p99.9 %.3fms  max %.3fms\n", s.P50, s.P90, s.P99, s.P999, s.Max)
 	}
 	fmt.Fprintf(w, "SLO         %.1f%% of %s answered OK within %gms\n", 100*s.SLOAttained, what, s.SLOMs)
+	s.writeModels(w)
 	if s.Retry != nil {
 		s.Retry.writeText(w, s.Sent, s.OfferedRPS)
 	}
@@ -226,6 +260,35 @@ func (s *Summary) WriteText(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "generator   send lag p99 %.3fms max %.3fms, %.2f CPU-s (%.2f cores)\n", s.SendLagP99Ms, s.SendLagMaxMs, s.GeneratorCPU, s.GeneratorCPU/math.Max(s.DurationS, 1e-9))
+}
+
+// writeModels prints a mixed run's part of each model, a line each
+// (and a line of its errors by code, when it has some).
+func (s *Summary) writeModels(w io.Writer) {
+	width := 0
+	for _, m := range s.Models {
+		width = max(width, len(m.Model))
+	}
+	for _, m := range s.Models {
+		lat := "latency n/a"
+		if m.OK > 0 || m.Max > 0 {
+			lat = fmt.Sprintf("p50 %.3fms  p99 %.3fms  p99.9 %.3fms", m.P50, m.P99, m.P999)
+		}
+		fmt.Fprintf(w, "model       %-*s  share %.1f%%  sent %d  ok %d  errors %d  %.1f req/s  %.0f samples/s  %s  SLO %.1f%%\n",
+			width, m.Model, 100*m.Share, m.Sent, m.OK, m.Errors, m.RPS, m.SamplesPS, lat, 100*m.SLOAttained)
+		if len(m.ErrorsByCode) > 0 {
+			codes := make([]string, 0, len(m.ErrorsByCode))
+			for c := range m.ErrorsByCode {
+				codes = append(codes, c)
+			}
+			sort.Strings(codes)
+			fmt.Fprintf(w, "            %-*s  errors by", width, "")
+			for _, c := range codes {
+				fmt.Fprintf(w, " %s %d", c, m.ErrorsByCode[c])
+			}
+			fmt.Fprintln(w)
+		}
+	}
 }
 
 // ReportFiles are the files WriteDir writes.
@@ -260,6 +323,11 @@ func (s *Summary) WriteCSV(w io.Writer) error {
 	if s.Watched != "" {
 		head = append(head, strings.ReplaceAll(s.Watched, " ", "_"))
 	}
+	// A mixed run's models each add their OK, errors and p99 per second
+	// after the run's columns, which stay as one model's run has them.
+	for _, m := range s.Models {
+		head = append(head, m.Model+"_ok", m.Model+"_errors", m.Model+"_p99_ms")
+	}
 	_ = cw.Write(head)
 	num := func(v float64, prec int) string {
 		if math.IsNaN(v) {
@@ -272,6 +340,14 @@ func (s *Summary) WriteCSV(w io.Writer) error {
 			strconv.FormatInt(p.OK, 10), strconv.FormatInt(p.Errors, 10), strconv.FormatInt(p.Samples, 10), num(p.P99Ms, 3)}
 		if s.Watched != "" {
 			row = append(row, num(p.Watched, -1))
+		}
+		for _, m := range s.Models {
+			if p.T < len(m.Series) {
+				q := m.Series[p.T]
+				row = append(row, strconv.FormatInt(q.OK, 10), strconv.FormatInt(q.Errors, 10), num(q.P99Ms, 3))
+			} else {
+				row = append(row, "0", "0", "")
+			}
 		}
 		_ = cw.Write(row)
 	}

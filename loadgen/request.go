@@ -147,6 +147,9 @@ type RequestOptions struct {
 	// pooled request is marshaled then too, and a PremarshaledSender
 	// sends those bytes with only the request id appended.
 	Pool int
+	// IDPrefix starts every request id (default "lg-"); the sequence
+	// number follows.
+	IDPrefix string
 }
 
 // Requests builds requests one after another, reproducibly for a seed.
@@ -161,6 +164,11 @@ type Requests struct {
 	seq  uint64
 	pool []*prismv1.RecommendRequest
 	wire [][]byte // pool[i] marshaled without its request id
+	// A mix of models (NewMixedRequests): each request is the next of
+	// the stream of the model choose draws; the fields above are unused.
+	mix    []*Requests
+	shares []ModelShare
+	choose *Chooser
 }
 
 // NewRequests checks o and returns its request stream.
@@ -170,6 +178,9 @@ func NewRequests(o RequestOptions) (*Requests, error) {
 	}
 	if o.Candidates == nil {
 		o.Candidates = NewDLRMv2()
+	}
+	if o.IDPrefix == "" {
+		o.IDPrefix = "lg-"
 	}
 	q := &Requests{o: o, r: rand.New(rand.NewPCG(o.Seed, 0xc4d)), ctx: make([]bool, len(o.Sig.Inputs))}
 	for _, name := range o.Context {
@@ -246,6 +257,24 @@ func (q *Requests) Next() (*prismv1.RecommendRequest, error) {
 
 // nextSend builds the next request and, for a pooled one, its wire form.
 func (q *Requests) nextSend() (*prismv1.RecommendRequest, *Premarshaled, error) {
+	_, req, wire, err := q.nextModel()
+	return req, wire, err
+}
+
+// nextModel is nextSend and the index of the request's model in a mix
+// (0 for one model).
+func (q *Requests) nextModel() (int, *prismv1.RecommendRequest, *Premarshaled, error) {
+	if q.mix != nil {
+		i := q.choose.Next()
+		req, wire, err := q.mix[i].nextSend()
+		return i, req, wire, err
+	}
+	req, wire, err := q.nextOne()
+	return 0, req, wire, err
+}
+
+// nextOne is nextSend of one model's stream.
+func (q *Requests) nextOne() (*prismv1.RecommendRequest, *Premarshaled, error) {
 	if q.o.Pool <= 0 {
 		req, err := q.build()
 		return req, nil, err
@@ -263,7 +292,7 @@ func (q *Requests) nextSend() (*prismv1.RecommendRequest, *Premarshaled, error) 
 	req := &prismv1.RecommendRequest{
 		Model: p.Model, Version: p.Version, NumCandidates: p.NumCandidates,
 		Context: p.Context, Candidates: p.Candidates,
-		RequestId: "lg-" + strconv.FormatUint(q.seq, 10),
+		RequestId: q.o.IDPrefix + strconv.FormatUint(q.seq, 10),
 	}
 	if q.wire[i] == nil {
 		return req, nil, nil
@@ -296,6 +325,11 @@ func (q *Requests) fill() error {
 
 // Prepare builds the pool now (before timing), if there is one.
 func (q *Requests) Prepare() error {
+	for _, m := range q.mix {
+		if err := m.Prepare(); err != nil {
+			return fmt.Errorf("model %s: %w", m.o.Model, err)
+		}
+	}
 	if q.o.Pool <= 0 || q.pool != nil {
 		return nil
 	}
@@ -313,7 +347,7 @@ func (q *Requests) build() (*prismv1.RecommendRequest, error) {
 	q.seq++
 	req := &prismv1.RecommendRequest{
 		Model: q.o.Model, Version: q.o.Version, NumCandidates: int32(n),
-		RequestId:  "lg-" + strconv.FormatUint(q.seq, 10),
+		RequestId:  q.o.IDPrefix + strconv.FormatUint(q.seq, 10),
 		Candidates: &prismv1.Features{},
 	}
 	cand, err := q.draw(n)

@@ -182,6 +182,7 @@ type job struct {
 	wire     *Premarshaled // a pooled request's wire form, or nil
 	upd      *prismv1.UpdateRequest
 	samples  int // candidates of a request, rows of an update
+	model    int // the request's model in a mix (Requests.Models), else 0
 }
 
 // source is what a run sends: it builds the next job (from the
@@ -199,11 +200,11 @@ type recommendSource struct {
 }
 
 func (r recommendSource) next() (job, error) {
-	req, wire, err := r.reqs.nextSend()
+	model, req, wire, err := r.reqs.nextModel()
 	if err != nil {
 		return job{}, err
 	}
-	return job{req: req, wire: wire, samples: int(req.NumCandidates)}, nil
+	return job{req: req, wire: wire, samples: int(req.NumCandidates), model: model}, nil
 }
 
 func (r recommendSource) send(ctx context.Context, j job) error {
@@ -214,19 +215,36 @@ func (r recommendSource) send(ctx context.Context, j job) error {
 }
 
 // Run drives one run to its end and returns its summary. ctx cancels it
-// early (the summary then covers what was sent).
+// early (the summary then covers what was sent). A mixed request stream
+// (NewMixedRequests) is reported per model too (Summary.Models).
 func Run(ctx context.Context, o Options, reqs *Requests, s Sender) (*Summary, error) {
 	ps, _ := s.(PremarshaledSender)
-	return run(ctx, o, recommendSource{reqs, s, ps})
+	return run(ctx, o, recommendSource{reqs, s, ps}, reqs.Models())
 }
 
-func run(ctx context.Context, o Options, src source) (*Summary, error) {
+// run drives src; mix, if set, names the models of src's jobs
+// (job.model), each recorded apart as well as in the totals.
+func run(ctx context.Context, o Options, src source, mix []ModelShare) (*Summary, error) {
 	o.EnsureDefaults()
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	rec := NewRecorder(o.SLO)
 	rec.cutoff = o.Duration + o.SLO
+	// Each model of a mix has a recorder of its own beside the run's:
+	// its counts, latencies and attainment as if it had been the only
+	// model, with the totals kept as one model's run keeps them.
+	perModel := make([]*Recorder, len(mix))
+	for i := range perModel {
+		perModel[i] = NewRecorder(o.SLO)
+		perModel[i].cutoff = rec.cutoff
+	}
+	modelRec := func(j job) *Recorder {
+		if len(perModel) == 0 {
+			return nil
+		}
+		return perModel[j.model]
+	}
 	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -313,6 +331,10 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 		a, err := sendRetrying(rctx, src, j, rt, o.Clock)
 		rcancel()
 		rec.Failed(err)
+		mr := modelRec(j)
+		if mr != nil {
+			mr.Failed(err)
+		}
 		if grpcAttempts != nil && grpcAttempts.Load() > 0 {
 			a.n = int(grpcAttempts.Load())
 		}
@@ -321,8 +343,15 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 		}
 		done := since()
 		rec.Done(j.intended, done, j.samples, status.Code(err))
+		if mr != nil {
+			mr.Done(j.intended, done, j.samples, status.Code(err))
+		}
 		if sampled {
-			tr.done(traceID, done-j.intended, status.Code(err))
+			model := ""
+			if mr != nil {
+				model = mix[j.model].Name
+			}
+			tr.done(traceID, model, done-j.intended, status.Code(err))
 		}
 	}
 	if o.Clients == 0 {
@@ -343,7 +372,11 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 			if ctx.Err() != nil {
 				break
 			}
-			rec.Sent(j.intended, since())
+			sentAt := since()
+			rec.Sent(j.intended, sentAt)
+			if mr := modelRec(j); mr != nil {
+				mr.Sent(j.intended, sentAt)
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -366,6 +399,9 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 					// Closed loop: a request is intended when its client is free.
 					j.intended = now
 					rec.Sent(now, now)
+					if mr := modelRec(j); mr != nil {
+						mr.Sent(now, now)
+					}
 					send(j)
 				}
 			})
@@ -393,6 +429,9 @@ func run(ctx context.Context, o Options, src source) (*Summary, error) {
 		return nil, genErr
 	}
 	sum := rec.summary(o, elapsed, windowed)
+	for i, m := range mix {
+		sum.Models = append(sum.Models, modelSummary(m, perModel[i].summary(o, elapsed, windowed)))
+	}
 	sum.GeneratorCPU = (cpuTime() - cpu0).Seconds()
 	sum.Traced = tr.summary()
 	if o.Watch != nil {

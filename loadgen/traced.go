@@ -33,6 +33,8 @@ type TracedRequest struct {
 	TraceID   string  `json:"trace_id"`
 	LatencyMs float64 `json:"latency_ms"` // from its intended send time
 	Code      string  `json:"code"`
+	// Model is the request's model in a run over a mix of models.
+	Model string `json:"model,omitempty"`
 }
 
 // TraceStats is what a traced run sampled.
@@ -75,11 +77,12 @@ func (t *tracer) start(ctx context.Context) (_ context.Context, traceID string, 
 }
 
 // done records a sampled request's outcome.
-func (t *tracer) done(traceID string, latency time.Duration, code codes.Code) {
+// model names the request's model in a mix ("" for one model).
+func (t *tracer) done(traceID, model string, latency time.Duration, code codes.Code) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.stats.Sampled++
-	r := TracedRequest{TraceID: traceID, LatencyMs: float64(latency) / 1e6, Code: code.String()}
+	r := TracedRequest{TraceID: traceID, LatencyMs: float64(latency) / 1e6, Code: code.String(), Model: model}
 	s := t.stats.Slowest
 	if len(s) == TracedSlowest && r.LatencyMs <= s[len(s)-1].LatencyMs {
 		return
@@ -112,6 +115,10 @@ func (s *TraceStats) writeText(w io.Writer, sent int64) {
 	}
 	fmt.Fprintln(w, "; the slowest, by trace id:")
 	for _, r := range s.Slowest {
-		fmt.Fprintf(w, "            %s  %.3fms  %s\n", r.TraceID, r.LatencyMs, r.Code)
+		if r.Model != "" {
+			fmt.Fprintf(w, "            %s  %.3fms  %s  %s\n", r.TraceID, r.LatencyMs, r.Code, r.Model)
+		} else {
+			fmt.Fprintf(w, "            %s  %.3fms  %s\n", r.TraceID, r.LatencyMs, r.Code)
+		}
 	}
 }

@@ -166,5 +166,5 @@ func (s updateSource) send(ctx context.Context, j job) error { return s.s.Update
 func RunUpdates(ctx context.Context, o Options, u *Updates, s UpdateSender) (*Summary, error) {
 	o.Kind = KindUpdates
 	o.Retry = Retry{} // an update is sent once: its retries would be another load
-	return run(ctx, o, updateSource{u, s})
+	return run(ctx, o, updateSource{u, s}, nil)
 }

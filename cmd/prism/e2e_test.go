@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -33,6 +34,7 @@ import (
 	"github.com/prism-serve/prism/internal/ort"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/tablefile"
+	"github.com/prism-serve/prism/loadgen"
 	"github.com/prism-serve/prism/models"
 	"github.com/prism-serve/prism/plan"
 )
@@ -401,6 +403,25 @@ func TestEndToEnd(t *testing.T) {
 	if _, err := rec.Recommend(ctx, good()); err != nil {
 		t.Fatalf("after the bad requests: %v", err)
 	}
+
+	// prism loadgen over a mix of two of the models the stack serves, as
+	// README's example runs it: one arrival process split 70/30, every
+	// request answered, each model reported beside the totals.
+	lgOut := filepath.Join(dir, "loadgen-mix")
+	out, err := run(t, nil, "loadgen", "--target", up.addr, "--certs", certs, "--model", "dlrm-tiny=0.7,dcnv2-tiny=0.3",
+		"--rate", "40", "--duration", "2s", "--candidates", "8", "--quiet", "--out", lgOut)
+	if err != nil {
+		t.Fatalf("loadgen over two models: %v\n%s", err, out)
+	}
+	var lg loadgen.Summary
+	if b, err := os.ReadFile(filepath.Join(lgOut, "summary.json")); err != nil || json.Unmarshal(b, &lg) != nil {
+		t.Fatalf("loadgen's summary.json: %v\n%s", err, b)
+	}
+	if len(lg.Models) != 2 || lg.Errors != 0 || lg.Models[0].OK == 0 || lg.Models[1].OK == 0 || lg.Models[0].OK+lg.Models[1].OK != lg.OK ||
+		!strings.Contains(out, "model       dlrm-tiny   share 70.0%") || !strings.Contains(out, "model       dcnv2-tiny  share 30.0%") {
+		t.Fatalf("loadgen over two models: ok %d, errors %d, models %+v\n%s", lg.OK, lg.Errors, lg.Models, out)
+	}
+	t.Logf("loadgen over two models:\n%s", out)
 
 	// Online updates: a row changed through the router changes the scores
 	// of the candidates that read it; putting it back restores them.

@@ -41,10 +41,15 @@ import (
 type flags struct {
 	watchBorrowed                        string
 	target, model, preset, planDir, onnx string
-	context                              []string
-	expandContext                        bool
-	fake                                 bool
-	pool                                 int
+	// modelArgs and planArgs are --model's and --plan's values as given;
+	// mix is the models parsed from them (model is its one model's name,
+	// planDir the one plan, when there is one).
+	modelArgs, planArgs []string
+	mix                 loadgen.Mix
+	context             []string
+	expandContext       bool
+	fake                bool
+	pool                int
 
 	arrival string
 	rate    float64
@@ -94,11 +99,14 @@ type flags struct {
 // updates says whether the run sends an update stream.
 func (f *flags) updates() bool { return f.updateRate > 0 || f.updateClients > 0 }
 
+// mixed says whether the run's requests go to several models.
+func (f *flags) mixed() bool { return len(f.mix) > 1 }
+
 // New returns the loadgen command.
 func New() *cobra.Command {
 	var f flags
 	cmd := &cobra.Command{
-		Use:   "loadgen --target ADDR --model NAME [flags]",
+		Use:   "loadgen --target ADDR --model NAME[=WEIGHT,NAME=WEIGHT...] [flags]",
 		Short: "Offer open-loop Recommend traffic (Poisson, promotion spikes, trace replay) and report latency free of coordinated omission",
 		Long: `loadgen sends Recommend requests to a router (or any Recommender) and
 measures every latency from the request's intended send time, so a server
@@ -110,6 +118,16 @@ timestamp and rate or count, replayed --trace-speedup times faster).
 whose p99 meets --slo. Every run stops by itself after --duration or
 --max-requests. The model's inputs come from --model-preset, --plan or
 --onnx (default: the preset named by --model).
+
+--model a=0.7,b=0.3 (or --model a=7 --model b=3) sends a mix of models:
+one arrival process at --rate in total, each request going to a model
+drawn by its share (reproducibly, from --seed and --stream), built as a
+run of that model alone builds its requests. Each model's inputs come
+from its --plan DIR (given once per model, matched by the model the plan
+serves) or from the zoo preset of its name. The report adds each model's
+requests, errors, latency and SLO attainment to the totals; --find-max
+searches the highest total rate at the mix at which every model's p99
+meets --slo, and names the model that bounds it.
 
 --update-rate (or --update-clients) adds a stream of online embedding
 updates (Embeddings/Update) beside the requests, as a trainer pushing
@@ -130,6 +148,25 @@ from each update's intended send time) follows the requests'; with
 				return err
 			}
 			if err := flagval.Positive(cmd.Flags(), "update-rows"); err != nil {
+				return err
+			}
+			if len(f.modelArgs) > 0 {
+				mix, err := loadgen.ParseMix(f.modelArgs)
+				if err != nil {
+					return err
+				}
+				f.mix = mix
+				if len(mix) == 1 {
+					f.model = mix[0].Name
+				}
+			}
+			switch {
+			case len(f.planArgs) == 1:
+				f.planDir = f.planArgs[0]
+			case len(f.planArgs) > 1 && !f.mixed():
+				return fmt.Errorf("--plan is given %d times for one model: give the plan of the model --model names, once", len(f.planArgs))
+			}
+			if err := checkMixFlags(cmd, &f); err != nil {
 				return err
 			}
 			if err := checkUpdateFlags(cmd, &f); err != nil {
@@ -192,9 +229,9 @@ from each update's intended send time) follows the requests'; with
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.target, "target", "", "address of the Recommender (host:port)")
-	fl.StringVar(&f.model, "model", "", "model name sent in requests")
+	fl.StringArrayVar(&f.modelArgs, "model", nil, "model name sent in requests; a mix of models as NAME=WEIGHT,NAME=WEIGHT... (or repeated), each request going to a model by its share of the weights")
 	fl.StringVar(&f.preset, "model-preset", "", "take the model's inputs from this zoo preset (default: --model, when it names one)")
-	fl.StringVar(&f.planDir, "plan", "", "take the model's inputs from this plan folder")
+	fl.StringArrayVar(&f.planArgs, "plan", nil, "take the model's inputs from this plan folder (a mix of models: once per model, each plan for the model it serves)")
 	fl.StringVar(&f.onnx, "onnx", "", "take the model's inputs from this ONNX file")
 	fl.StringSliceVar(&f.context, "context-inputs", nil, "inputs sent once per request as the user context (default: all per candidate)")
 	fl.BoolVar(&f.expandContext, "expand-context", false, "send the --context-inputs per candidate, each candidate repeating the request's context values: the same requests without the user context")
@@ -251,6 +288,29 @@ from each update's intended send time) follows the requests'; with
 	fl.Float64Var(&f.traceRatio, "trace-ratio", 0, "send a W3C trace context (traceparent) with every request, sampled for this share of them (0 to 1), so that servers that follow the caller's sampling decision (Prism's tiers with tracing on) trace that share; the report names the slowest sampled requests' trace ids")
 	f.tls.Register(cmd, auth.Admin)
 	return cmd
+}
+
+// checkMixFlags refuses, with a mix of models, the flags that give one
+// model's inputs or act on one model. --print-request prints the mix's
+// requests; --candidates, --context-inputs, --expand-context, --criteo,
+// --pool, --seed and --stream apply to each model's requests as to one
+// model's (--pool N: N requests per model).
+func checkMixFlags(cmd *cobra.Command, f *flags) error {
+	if !f.mixed() {
+		return nil
+	}
+	changed := cmd.Flags().Changed
+	for _, name := range []string{"model-preset", "onnx"} {
+		if changed(name) {
+			return fmt.Errorf("loadgen: --%s gives one model's inputs; with a mix of models (--model %s) each model's inputs come from its --plan DIR (once per model) or from the zoo preset of its name", name, f.mix)
+		}
+	}
+	for _, name := range []string{"update-rate", "update-clients", "update-only", "update-rows", "update-tables"} {
+		if changed(name) {
+			return fmt.Errorf("loadgen: --%s: the update stream writes one model's tables (its --plan); with a mix of models (--model %s) run it in a run of its own, --model NAME --plan DIR", name, f.mix)
+		}
+	}
+	return nil
 }
 
 // checkUpdateFlags refuses update-stream flags that would be ignored or
@@ -399,7 +459,7 @@ func updateTables(f flags) ([]loadgen.UpdateTable, error) {
 }
 
 func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
-	if f.model == "" {
+	if len(f.mix) == 0 {
 		return errors.New("loadgen: --model is required")
 	}
 	if f.printRequests < 0 {
@@ -408,7 +468,14 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if f.printRequests == 0 && (f.target == "") == !f.fake {
 		return errors.New("loadgen: give one of --target ADDR or --fake (or --print-request N to print requests without sending)")
 	}
-	sig, err := signature(f)
+	var sig models.Signature
+	var sigs []models.Signature // a mix's, in --model's order
+	var err error
+	if f.mixed() {
+		sigs, err = mixSignatures(f)
+	} else {
+		sig, err = signature(f)
+	}
 	if err != nil {
 		return err
 	}
@@ -428,18 +495,45 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		f.stream = rand.Uint64() | 1
 	}
 	newRequests := func() (*loadgen.Requests, error) {
-		o := loadgen.RequestOptions{Model: f.model, Sig: sig, Context: f.context, ExpandContext: f.expandContext, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Stream: f.stream, Pool: f.pool}
-		if f.criteo != "" {
+		var err error
+		options := func(model string, sig models.Signature) (loadgen.RequestOptions, func(), error) {
+			o := loadgen.RequestOptions{Model: model, Sig: sig, Context: f.context, ExpandContext: f.expandContext, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Stream: f.stream, Pool: f.pool}
+			if f.criteo == "" {
+				return o, func() {}, nil
+			}
 			file, err := os.Open(f.criteo)
 			if err != nil {
+				return o, nil, fmt.Errorf("loadgen: %w", err)
+			}
+			o.Criteo, o.CriteoName = file, filepath.Base(f.criteo)
+			return o, func() { file.Close() }, nil
+		}
+		var q *loadgen.Requests
+		if f.mixed() {
+			// Each model's requests as a run of it alone draws them (the
+			// same --seed and --stream); the choice of model from the
+			// run's seed, so --stream N repeats a run's choices too.
+			var ms []loadgen.MixedModel
+			for i, share := range f.mix.Shares() {
+				o, closeFile, err := options(f.mix[i].Name, sigs[i])
+				if err != nil {
+					return nil, err
+				}
+				defer closeFile()
+				ms = append(ms, loadgen.MixedModel{Options: o, Share: share})
+			}
+			if q, err = loadgen.NewMixedRequests(ms, f.seed^f.stream*0x9E3779B97F4A7C15); err != nil {
 				return nil, fmt.Errorf("loadgen: %w", err)
 			}
-			defer file.Close()
-			o.Criteo, o.CriteoName = file, filepath.Base(f.criteo)
-		}
-		q, err := loadgen.NewRequests(o)
-		if err != nil {
-			return nil, err
+		} else {
+			o, closeFile, err := options(f.model, sig)
+			if err != nil {
+				return nil, err
+			}
+			defer closeFile()
+			if q, err = loadgen.NewRequests(o); err != nil {
+				return nil, err
+			}
 		}
 		// The pool is drawn here, before the clock starts.
 		return q, q.Prepare()
@@ -572,8 +666,17 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if f.criteo == "" {
 		drawn = fmt.Sprintf(", request stream %d", f.stream)
 	}
-	fmt.Fprintf(stderr, "loadgen: %s, %s arrivals, %d inputs (%d in the context), candidates %s%s, for %v or %d requests\n",
-		target, arrivalName(f), len(sig.Inputs), len(f.context), cand, drawn, f.duration, f.maxRequests)
+	if f.mixed() {
+		parts := make([]string, len(f.mix))
+		for i, share := range f.mix.Shares() {
+			parts[i] = fmt.Sprintf("%s %.1f%% (%d inputs)", f.mix[i].Name, 100*share, len(sigs[i].Inputs))
+		}
+		fmt.Fprintf(stderr, "loadgen: %s, %s arrivals, models %s, %d inputs in the context, candidates %s%s, for %v or %d requests\n",
+			target, arrivalName(f), strings.Join(parts, ", "), len(f.context), cand, drawn, f.duration, f.maxRequests)
+	} else {
+		fmt.Fprintf(stderr, "loadgen: %s, %s arrivals, %d inputs (%d in the context), candidates %s%s, for %v or %d requests\n",
+			target, arrivalName(f), len(sig.Inputs), len(f.context), cand, drawn, f.duration, f.maxRequests)
+	}
 	if r, ok := opts.Profile.(*loadgen.Replay); ok {
 		// How the trace was read, so that a misread one shows before the
 		// run (timestamps in milliseconds read as seconds: windows 1000
@@ -619,7 +722,29 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		}
 		return errors.Join(fmt.Errorf("loadgen: no request was sent in %v%s", f.duration, hint), updateErr)
 	}
-	return errors.Join(noneOK(sum, f.tokenFile != ""), updateErr)
+	return errors.Join(noneOK(sum, f.tokenFile != ""), noneOKModels(sum), updateErr)
+}
+
+// noneOKModels is an error, in a mix whose totals had answers, for each
+// model none of whose requests was answered OK (a model the router does
+// not serve, named wrong): its part of the report measured nothing.
+func noneOKModels(s *loadgen.Summary) error {
+	if s.OK == 0 {
+		return nil // noneOK says it for the run
+	}
+	var errs []error
+	for _, m := range s.Models {
+		if m.Sent == 0 || m.OK > 0 {
+			continue
+		}
+		codes := slices.Sorted(maps.Keys(m.FirstErrors))
+		if len(codes) == 0 {
+			errs = append(errs, fmt.Errorf("loadgen: model %s: none of %d requests was answered OK", m.Model, m.Sent))
+			continue
+		}
+		errs = append(errs, fmt.Errorf("loadgen: model %s: none of %d requests was answered OK; the first %s: %s", m.Model, m.Sent, codes[0], m.FirstErrors[codes[0]]))
+	}
+	return errors.Join(errs...)
 }
 
 // updateStream prepares the run's update stream (--update-rate or
@@ -867,6 +992,8 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 		stopped = ", stopped early"
 	}
 	switch {
+	case f.mixed():
+		writeMixVerdict(stdout, f, res, best != nil, failed, stopped)
 	case best == nil:
 		fmt.Fprintf(stdout, "find-max: no rate met p99 under %v (%d trials of %v%s)\n", f.slo, len(res.Trials), f.findMaxTrial, stopped)
 	case !failed:
@@ -920,6 +1047,70 @@ func findMax(ctx context.Context, stdout, stderr io.Writer, f flags, opts loadge
 	return nil
 }
 
+// writeMixVerdict is find-max's verdict over a mix of models: the
+// highest total rate at the mix at which every model met the SLO, and
+// the model that failed the lowest failing trial (the one that bounds
+// the rate), with why.
+func writeMixVerdict(w io.Writer, f flags, res *loadgen.FindMaxResult, passed, failed bool, stopped string) {
+	trials := fmt.Sprintf("%d trials of %v%s", len(res.Trials), f.findMaxTrial, stopped)
+	switch {
+	case !passed:
+		fmt.Fprintf(w, "find-max: no total rate at the mix %s met every model's p99 under %v (%s)\n", f.mix, f.slo, trials)
+	case !failed:
+		fmt.Fprintf(w, "find-max: at least %.1f req/s in total at the mix %s: every trial met every model's p99 under %v (%s; none failed: a lower bound)\n", res.MaxRate, f.mix, f.slo, trials)
+	default:
+		fmt.Fprintf(w, "find-max: %.1f req/s in total is the highest rate at the mix %s with every model's p99 under %v (%s)\n", res.MaxRate, f.mix, f.slo, trials)
+	}
+	if !failed {
+		return
+	}
+	// The lowest failing trial: the search lowers its failing rate only.
+	var low *loadgen.Trial
+	for i, t := range res.Trials {
+		if !t.Pass && (low == nil || t.Rate < low.Rate) {
+			low = &res.Trials[i]
+		}
+	}
+	if res.BoundBy != "" {
+		fmt.Fprintf(w, "find-max: bound by model %s: at %.1f req/s, %s\n", res.BoundBy, low.Rate, low.Why)
+	} else {
+		fmt.Fprintf(w, "find-max: bound by the totals, no one model: at %.1f req/s, %s\n", low.Rate, low.Why)
+	}
+}
+
+// mixSignatures finds each model's inputs in a mix, in --model's order:
+// from the --plan whose model it is, or from the zoo preset of its name.
+func mixSignatures(f flags) ([]models.Signature, error) {
+	byModel := map[string]string{}
+	for _, dir := range f.planArgs {
+		p, err := plan.Read(dir)
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: %w", err)
+		}
+		name := p.ServedName(dir)
+		if !slices.Contains(f.mix.Names(), name) {
+			return nil, fmt.Errorf("loadgen: --plan %s is model %s's, which the mix (--model %s) does not have", dir, name, f.mix)
+		}
+		if other, ok := byModel[name]; ok {
+			return nil, fmt.Errorf("loadgen: --plan %s and --plan %s are both model %s's: give one plan per model", other, dir, name)
+		}
+		byModel[name] = dir
+	}
+	sigs := make([]models.Signature, len(f.mix))
+	for i, m := range f.mix {
+		var err error
+		if dir, ok := byModel[m.Name]; ok {
+			sigs[i], err = signature(flags{model: m.Name, planDir: dir})
+		} else if sigs[i], err = presetSignature(m.Name); err != nil {
+			err = fmt.Errorf("loadgen: model %s's inputs: give --plan DIR (its plan folder) or name a zoo preset: %w", m.Name, err)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return sigs, nil
+}
+
 // signature finds the model's inputs: a plan, an ONNX file, or a preset.
 func signature(f flags) (models.Signature, error) {
 	n := 0
@@ -953,9 +1144,27 @@ func signature(f flags) (models.Signature, error) {
 	if name == "" {
 		name = f.model
 	}
+	sig, err := presetSignature(name)
+	if err != nil {
+		var lookup *lookupError
+		if errors.As(err, &lookup) {
+			return models.Signature{}, fmt.Errorf("loadgen: the model's inputs: give --model-preset, --plan or --onnx: %w", lookup.err)
+		}
+		return models.Signature{}, err
+	}
+	return sig, nil
+}
+
+// lookupError is a preset name the zoo does not have.
+type lookupError struct{ err error }
+
+func (e *lookupError) Error() string { return e.err.Error() }
+
+// presetSignature is the inputs of the zoo preset name.
+func presetSignature(name string) (models.Signature, error) {
 	p, err := models.Lookup(name)
 	if err != nil {
-		return models.Signature{}, fmt.Errorf("loadgen: the model's inputs: give --model-preset, --plan or --onnx: %w", err)
+		return models.Signature{}, &lookupError{err}
 	}
 	c, err := p.Resolve(models.ScaleOptions{})
 	if err != nil {
