@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -241,6 +242,10 @@ func (s *Server) jsonHandler() http.Handler {
 		policy = &auth.Policy{Token: s.opts.BearerToken}
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) {
+		if hr.URL.Path == LivePath || hr.URL.Path == ReadyPath {
+			s.healthHTTP(w, hr)
+			return
+		}
 		start := time.Now()
 		route, known := s.routes[hr.URL.Path]
 		label := unknownMethod
@@ -345,6 +350,39 @@ func (s *Server) jsonHandler() http.Handler {
 		// dashboards read one code for both paths.
 		s.observeCtx(ctx, label, start, err)
 	})
+}
+
+// The HTTP/JSON endpoint's health checks, for an HTTP load balancer in
+// front of it (which cannot hold a client certificate): LivePath
+// answers 200 while the process serves, ReadyPath 200 while the
+// server's gRPC health is SERVING (a router: once workers of both tiers
+// announced, and until it drains) and 503 otherwise. They say nothing
+// but that, so they need no certificate or token.
+const (
+	LivePath  = "/healthz"
+	ReadyPath = "/readyz"
+)
+
+// healthHTTP answers LivePath and ReadyPath (GET or HEAD).
+func (s *Server) healthHTTP(w http.ResponseWriter, hr *http.Request) {
+	if hr.Method != http.MethodGet && hr.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "GET or HEAD", http.StatusMethodNotAllowed)
+		return
+	}
+	code, body := http.StatusOK, "ok\n"
+	if hr.URL.Path == ReadyPath {
+		resp, err := s.Health.Check(hr.Context(), &healthpb.HealthCheckRequest{})
+		if st := resp.GetStatus(); err != nil || st != healthpb.HealthCheckResponse_SERVING {
+			code, body = http.StatusServiceUnavailable, strings.ToLower(st.String())+"\n"
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	if hr.Method == http.MethodGet {
+		_, _ = io.WriteString(w, body)
+	}
 }
 
 // paths are the served routes' paths, sorted.

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -554,5 +555,38 @@ func TestJSONSlowBody(t *testing.T) {
 	}
 	if d := time.Since(start); d < time.Second || d > 5*time.Second {
 		t.Errorf("answered after %v, want about the route's 1 s", d)
+	}
+}
+
+// TestJSONHealth: an HTTP load balancer in front of the endpoint, which
+// holds no client certificate, reads /healthz (200 while the process
+// serves) and /readyz (200 while the gRPC health is SERVING, 503 when
+// not), GET or HEAD; other methods are 405.
+func TestJSONHealth(t *testing.T) {
+	jt := startJSONTier(t, "", false)
+	c := jt.client(t, "")
+	check := func(method, path string, wantCode int, wantBody string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, jt.url(path), nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != wantCode || string(b) != wantBody {
+			t.Errorf("%s %s: %d %q, want %d %q", method, path, resp.StatusCode, b, wantCode, wantBody)
+		}
+	}
+	check("GET", LivePath, 200, "ok\n")
+	check("GET", ReadyPath, 200, "ok\n")
+	check("HEAD", ReadyPath, 200, "")
+	check("POST", ReadyPath, 405, "GET or HEAD\n")
+	jt.s.Health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	check("GET", ReadyPath, 503, "not_serving\n")
+	check("GET", LivePath, 200, "ok\n")
+	// The API itself still wants a certificate.
+	if a := do(t, c, post(t, jt.url("/v1/recommend"), `{"model":"ok"}`)); a.status != http.StatusUnauthorized {
+		t.Errorf("Recommend without a certificate: %d %s", a.status, a.raw)
 	}
 }
