@@ -125,8 +125,17 @@ func (s *jsonScan) integer(bits int) (int64, bool) {
 		s.i++
 	}
 	d := s.digits()
-	if d == nil || quoted && !s.next('"') {
+	if d == nil {
 		return 0, false
+	}
+	if quoted {
+		// The closing quote right after the digits: white space inside
+		// the quotes ("3 ") is not a number to protojson, and a raw
+		// control character there not JSON at all.
+		if s.i >= len(s.b) || s.b[s.i] != '"' {
+			return 0, false
+		}
+		s.i++
 	}
 	if !quoted && s.i < len(s.b) && (s.b[s.i] == '.' || s.b[s.i] == 'e' || s.b[s.i] == 'E') {
 		return 0, false

@@ -34,6 +34,8 @@ var jsonForms = []struct {
 	{"id with exponent", `{"candidates":{"inputs":[{"ids":[1e2]}]}}`, false},
 	{"id with fraction", `{"candidates":{"inputs":[{"ids":[3.0]}]}}`, false},
 	{"id spaced in quotes", `{"candidates":{"inputs":[{"ids":[" 3"]}]}}`, false},
+	{"id spaced before its closing quote", `{"candidates":{"inputs":[{"ids":["3 "]}]}}`, false},
+	{"version with a newline in its quotes", "{\"version\":\"3\n\"}", false},
 	{"leading zero", `{"numCandidates":012}`, false},
 	{"int32 overflow", `{"numCandidates":2147483648}`, false},
 	{"int64 overflow", `{"version":"9223372036854775808"}`, false},
