@@ -132,16 +132,22 @@ type Registry struct {
 	// known model without live workers is Unavailable (retry), an
 	// unknown one NotFound.
 	known map[string]bool
-	// lastAt is, per role and address, the models the latest worker
-	// announced there listed, kept after it goes; retiredPairs is the (role,
-	// model) pairs whose last worker was retired: a worker at an address
-	// announced without a model the one before it there served (a worker
-	// restarted with the model removed from its plans, as a rollout that
-	// drops a model does). A model none serves whose pairs are retired is
+	// lastAt is, per role and address, what the latest worker announced
+	// there listed, kept after it goes, and whether it left (Leave: a
+	// stop, as a rollout stops it) rather than died; retiredPairs is the
+	// (role, model) pairs whose last worker was retired: a worker at an
+	// address announced without a model the one before it there served,
+	// and either served another model of that one or followed it after
+	// it left (a worker restarted with the model removed from its
+	// plans, as a rollout that drops or replaces a model does;
+	// restartedThere). A model none serves whose pairs are retired is
 	// forgotten: NotFound, and out of prism_router_model_workers, whose
 	// 0 paged until the routers restarted. A worker that died or left
-	// retires nothing: its model stays known, Unavailable, at 0.
-	lastAt       map[roleAddr][]string
+	// retires nothing by itself: its model stays known, Unavailable, at
+	// 0.
+	lastAt       map[roleAddr]addrRecord
+	// leaving is the worker Leave drops (drop: a stop, not a death).
+	leaving string
 	retiredPairs map[roleModel]bool
 	// gen counts announcements (joined, told).
 	gen uint64
@@ -190,6 +196,13 @@ type roleModel struct {
 type roleAddr struct {
 	role prismv1.Role
 	addr string
+}
+
+// addrRecord is what the latest worker at an address announced, and
+// whether it left (Registry.lastAt).
+type addrRecord struct {
+	models []string
+	left   bool
 }
 
 // maxAddrs bounds the addresses whose last models are kept (lastAt).
@@ -478,14 +491,14 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 }
 
 // retireDropped records models as what the worker at ra announces, and
-// retires each model the worker before it there listed and it does not
-// (lastAt); r.mu held.
+// retires each model the worker before it there listed and it does not,
+// when it is that worker restarted (restartedThere); r.mu held.
 func (r *Registry) retireDropped(ra roleAddr, models []string) {
 	if r.lastAt == nil {
-		r.lastAt = map[roleAddr][]string{}
+		r.lastAt = map[roleAddr]addrRecord{}
 	}
 	prev, had := r.lastAt[ra]
-	if had && slices.Equal(prev, models) {
+	if had && !prev.left && slices.Equal(prev.models, models) {
 		return // every heartbeat
 	}
 	if !had && len(r.lastAt) >= maxAddrs {
@@ -494,12 +507,35 @@ func (r *Registry) retireDropped(ra roleAddr, models []string) {
 			break
 		}
 	}
-	r.lastAt[ra] = models
-	for _, m := range prev {
+	r.lastAt[ra] = addrRecord{models: models}
+	if !had || !restartedThere(prev.models, models, prev.left) {
+		return
+	}
+	for _, m := range prev.models {
 		if !slices.Contains(models, m) {
 			r.retire(roleModel{ra.role, m}, ra.addr)
 		}
 	}
+}
+
+// restartedThere says whether a worker serving later, announced at an
+// address after one serving earlier there (which left, when left), is
+// that worker restarted in place with its plans changed: when the two
+// serve a model in common, or the earlier one left (a stop, as a
+// rollout's). An address is reused by other workers too (a pod IP the
+// network hands another pod, a port the host hands another process),
+// and one of other models after a worker that died says nothing of its
+// models: that one is down, not retired, and must go on paging.
+func restartedThere(earlier, later []string, left bool) bool {
+	if left {
+		return true
+	}
+	for _, m := range earlier {
+		if slices.Contains(later, m) {
+			return true
+		}
+	}
+	return false
 }
 
 // retire takes k as retired when no live worker serves it (a worker of
@@ -695,7 +731,16 @@ func (r *Registry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prism
 		if e.peer != "" && e.peer != peer {
 			return nil, status.Errorf(codes.PermissionDenied, "leave: worker id %.64q belongs to %q, not %q", req.GetId(), e.peer, peer)
 		}
+		// A stop, not a death: a worker that announces at its address
+		// next is it restarted (restartedThere).
+		ra := roleAddr{e.info.GetRole(), e.info.GetAddr()}
+		if rec, ok := r.lastAt[ra]; ok && slices.Equal(rec.models, e.info.GetModels()) {
+			rec.left = true
+			r.lastAt[ra] = rec
+		}
+		r.leaving = req.GetId()
 		r.drop(req.GetId())
+		r.leaving = ""
 	}
 	return &prismv1.LeaveResponse{}, nil
 }
@@ -935,9 +980,9 @@ func (r *Registry) drop(id string) {
 	// its old entry's expiry or Leave, after the new one announced): the
 	// model is retired there too.
 	ra := roleAddr{e.info.GetRole(), e.info.GetAddr()}
-	if now, ok := r.lastAt[ra]; ok {
+	if now, ok := r.lastAt[ra]; ok && !slices.Equal(now.models, e.info.GetModels()) && restartedThere(e.info.GetModels(), now.models, r.leaving == id) {
 		for _, m := range e.info.GetModels() {
-			if !slices.Contains(now, m) {
+			if !slices.Contains(now.models, m) {
 				r.retire(roleModel{ra.role, m}, ra.addr)
 			}
 		}

@@ -65,6 +65,41 @@ func TestRetire(t *testing.T) {
 			// The model back: served, and its dense tier's 0 shown again.
 			{"announce e1 e e:1 a,b", "a e=1 d=0; b e=1 d=0"},
 		}},
+		// An address is evidence of a worker restarted in place only
+		// when its new worker serves some model of the old one's: pod
+		// IPs (and a host's ports) are reused, by another model's
+		// worker too, while the model whose worker died is down and
+		// must go on paging.
+		{"another model's worker at a dead worker's address retires nothing", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"remove d1", "a e=0 d=0"},
+			{"announce d2 d d:1 b", "a e=0 d=0; b e=0 d=1"},
+		}},
+		{"another model's worker at the address of one that goes later retires nothing", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"announce d2 d d:1 b", "a e=0 d=1; b e=0 d=1"},
+			{"remove d1", "a e=0 d=0; b e=0 d=1"},
+		}},
+		// After a stop (Leave, as a rollout stops a worker) the next
+		// worker at the address is the same one restarted, whatever it
+		// serves: a rollout that replaces a worker's every model retires
+		// the old ones.
+		{"a rollout that replaces a worker's every model", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"leave d1", "a e=0 d=0"},
+			{"announce d2 d d:1 b", "b e=0 d=1"},
+		}},
+		{"the old worker stops after the new one came up at its address", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"announce d2 d d:1 b", "a e=0 d=1; b e=0 d=1"},
+			{"leave d1", "b e=0 d=1"},
+		}},
+		// An embedding worker at an address replaces the one there
+		// (replaced): its model is down, not retired.
+		{"another model's embedding worker replacing one retires nothing", []step{
+			{"announce e1 e e:1 a", "a e=1 d=0"},
+			{"announce e2 e e:1 b", "a e=0 d=0; b e=1 d=0"},
+		}},
 		{"a worker at another address retires nothing", []step{
 			{"announce d1 d d:1 a", "a e=0 d=1"},
 			{"leave d1", "a e=0 d=0"},
