@@ -145,9 +145,9 @@ type Registry struct {
 	// 0 paged until the routers restarted. A worker that died or left
 	// retires nothing by itself: its model stays known, Unavailable, at
 	// 0.
-	lastAt       map[roleAddr]addrRecord
+	lastAt map[roleAddr]addrRecord
 	// leaving is the worker Leave drops (drop: a stop, not a death).
-	leaving string
+	leaving      string
 	retiredPairs map[roleModel]bool
 	// gen counts announcements (joined, told).
 	gen uint64
