@@ -2,15 +2,19 @@ package loadgen
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/prism-serve/prism/api/prismv1"
 )
@@ -115,4 +119,59 @@ func ServeFake(addr string, f *Fake) (string, func(), error) {
 	prismv1.RegisterEmbeddingsServer(srv, FakeEmbeddings{})
 	go func() { _ = srv.Serve(lis) }()
 	return lis.Addr().String(), srv.Stop, nil
+}
+
+// HTTPHandler serves f's Recommend over HTTP/JSON as the router does
+// (POST RecommendPath, protojson both ways, TimeoutHeader as the call's
+// deadline, errors as google.rpc.Status JSON), for tests of an
+// HTTPSender.
+func (f *Fake) HTTPHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) {
+		fail := func(httpStatus int, c codes.Code, msg string) {
+			b, _ := json.Marshal(map[string]string{"code": rpccode.Code_name[int32(c)], "message": msg})
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(httpStatus)
+			w.Write(b)
+		}
+		if hr.URL.Path != RecommendPath || hr.Method != http.MethodPost {
+			fail(http.StatusNotFound, codes.NotFound, "POST "+RecommendPath)
+			return
+		}
+		ctx := hr.Context()
+		if v := hr.Header.Get(TimeoutHeader); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				fail(http.StatusBadRequest, codes.InvalidArgument, TimeoutHeader+" "+v)
+				return
+			}
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+		body, err := io.ReadAll(hr.Body)
+		req := new(prismv1.RecommendRequest)
+		if err == nil {
+			err = protojson.Unmarshal(body, req)
+		}
+		if err != nil {
+			fail(http.StatusBadRequest, codes.InvalidArgument, err.Error())
+			return
+		}
+		resp, err := f.Recommend(ctx, req)
+		if err != nil {
+			st := status.Convert(err)
+			httpStatus := http.StatusInternalServerError
+			switch st.Code() {
+			case codes.InvalidArgument:
+				httpStatus = http.StatusBadRequest
+			case codes.DeadlineExceeded:
+				httpStatus = http.StatusGatewayTimeout
+			}
+			fail(httpStatus, st.Code(), st.Message())
+			return
+		}
+		out, _ := protojson.Marshal(resp)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(out)
+	})
 }

@@ -19,14 +19,19 @@ import (
 // id, then this send's request_id field. The request id is the message's
 // highest field, so the two parts are the bytes proto.Marshal would give
 // for Req (and any protobuf parser reads appended fields regardless).
+// A pool built for HTTP/JSON (RequestOptions.PoolJSON) holds the
+// request in protojson instead: the pooled request without its request
+// id and closing brace, then this send's "requestId" and the brace, the
+// bytes protojson.Marshal gives for Req (newPremarshaledJSON).
 type Premarshaled struct {
 	// Req is the message the bytes encode, its request id included.
 	Req  *prismv1.RecommendRequest
 	body []byte // shared by every send of the pooled entry: read only
-	id   []byte // request_id: tag, length and value
+	id   []byte // request_id: tag, length and value (protojson: its member and the brace)
+	json bool   // body and id are protojson, for an HTTPSender
 }
 
-// Bytes returns the wire form as one slice (a copy; for tests).
+// Bytes returns the encoded request as one slice (a copy; for tests).
 func (p *Premarshaled) Bytes() []byte {
 	return append(append([]byte(nil), p.body...), p.id...)
 }
@@ -55,9 +60,9 @@ type PremarshaledSender interface {
 var _ PremarshaledSender = GRPCSender{}
 
 // SendPremarshaled sends p's bytes through Conn with premarshaledCodec,
-// or, with no Conn, marshals p.Req as Send does.
+// or, with no Conn (or p in protojson), marshals p.Req as Send does.
 func (g GRPCSender) SendPremarshaled(ctx context.Context, p *Premarshaled) error {
-	if g.Conn == nil {
+	if g.Conn == nil || p.json {
 		return g.Send(ctx, p.Req)
 	}
 	resp := new(prismv1.RecommendResponse)

@@ -144,3 +144,64 @@ func TestUpHTTPJSON(t *testing.T) {
 	}
 	same("curl", &byCurl)
 }
+
+// TestLoadgenHTTPJSON: prism loadgen --target https://HOST:PORT drives
+// prism up --http-addr over HTTP/JSON: with up's admin certificate
+// (--certs) and with the CA and the bearer token, every request is
+// answered OK; a wrong token is counted as the code the router's JSON
+// names (UNAUTHENTICATED), read back by the generator.
+func TestLoadgenHTTPJSON(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	const token = "lg-http-0123456789abcdef0123456789"
+	if err := os.WriteFile(filepath.Join(dir, "token.txt"), []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "wrong.txt"), []byte("wrong-0123456789abcdef0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(prismBin, "up", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--db", "db", "--model", part, "--auth-token-file", "token.txt")
+	cmd.Dir = dir
+	up := startCmd(t, cmd, "up", readyline.Up, true, 3*time.Minute)
+	hintRE := regexp.MustCompile(`up: Recommend over HTTP/JSON: curl [^\n]*https://(\S+)/v1/recommend`)
+	var addr string
+	for deadline := time.Now().Add(5 * time.Second); addr == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if m := hintRE.FindStringSubmatch(up.log.String()); m != nil {
+			addr = m[1]
+		}
+	}
+	if addr == "" {
+		t.Fatalf("up printed no HTTP/JSON address:\n%s", up.log.String())
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"admin certificate, pooled, open loop", []string{"--target", "https://" + addr, "--certs", "certs", "--rate", "20", "--duration", "3s", "--pool", "16"}},
+		{"token, closed loop", []string{"--target", "https://" + addr + "/v1/recommend", "--tls-ca", "certs/admin/ca.pem", "--auth-token-file", "token.txt", "--clients", "2", "--duration", "2s"}},
+	} {
+		out := filepath.Join(dir, "out-"+strings.Fields(tc.name)[0])
+		lg := exec.Command(prismBin, append([]string{"loadgen", "--model", cfg.Name, "--candidates", "uniform:10-40", "--quiet", "--out", out}, tc.args...)...)
+		lg.Dir = dir
+		got, err := lg.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", tc.name, err, got)
+		}
+		var sum struct{ Sent, OK int64 }
+		b, err := os.ReadFile(filepath.Join(out, "summary.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &sum)
+		}
+		if err != nil || sum.Sent < 10 || sum.OK != sum.Sent || !strings.Contains(string(got), "errors 0") {
+			t.Fatalf("%s: sent %d ok %d (%v)\n%s", tc.name, sum.Sent, sum.OK, err, got)
+		}
+	}
+	lg := exec.Command(prismBin, "loadgen", "--model", cfg.Name, "--target", "https://"+addr, "--tls-ca", "certs/admin/ca.pem", "--auth-token-file", "wrong.txt",
+		"--clients", "1", "--max-requests", "3", "--duration", "5s", "--candidates", "5", "--quiet")
+	lg.Dir = dir
+	got, err := lg.CombinedOutput()
+	if err == nil || !strings.Contains(string(got), "none of 3 requests was answered OK; the first Unauthenticated: ") {
+		t.Fatalf("a wrong token: %v\n%s", err, got)
+	}
+}

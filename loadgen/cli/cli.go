@@ -14,6 +14,8 @@ import (
 	"io"
 	"maps"
 	"math/rand/v2"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -41,6 +43,9 @@ import (
 type flags struct {
 	watchBorrowed                        string
 	target, model, preset, planDir, onnx string
+	// httpURL is --target's HTTP/JSON endpoint when it is an http:// or
+	// https:// URL (httpTarget); "" for a gRPC target.
+	httpURL string
 	// modelArgs and planArgs are --model's and --plan's values as given;
 	// mix is the models parsed from them (model is its one model's name,
 	// planDir the one plan, when there is one).
@@ -135,7 +140,16 @@ fresh rows does: --update-rows rows an update, of the plan's tables in
 turn (--plan gives their names, rows and widths), ids skewed like the
 lookups (--zipf). Its report (acknowledged updates, rows/s, latency
 from each update's intended send time) follows the requests'; with
---update-only the run sends updates alone.`,
+--update-only the run sends updates alone.
+
+--target https://HOST:PORT (the router's --http-addr; http:// with
+--insecure) sends the requests over HTTP/JSON instead, POST
+/v1/recommend with the request in protojson (the pool's requests
+encoded before the run), each request's deadline in X-Prism-Timeout;
+an error answer is read back as the gRPC code its JSON names (by its
+HTTP status when the body is not the router's JSON), so the report,
+--retries (with X-Prism-Retry-Pushback-Ms as the pushback) and
+--find-max read it as over gRPC.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Values whose zero the libraries read as "the default": typed
@@ -176,6 +190,9 @@ from each update's intended send time) follows the requests'; with
 				return err
 			}
 			if err := checkTraceRatio(cmd, &f); err != nil {
+				return err
+			}
+			if err := checkHTTPFlags(cmd, &f); err != nil {
 				return err
 			}
 			if f.trace != "" && f.arrival != "trace" {
@@ -228,7 +245,7 @@ from each update's intended send time) follows the requests'; with
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.target, "target", "", "address of the Recommender (host:port)")
+	fl.StringVar(&f.target, "target", "", "address of the Recommender: HOST:PORT (gRPC), or the router's HTTP/JSON endpoint as a URL, https://HOST:PORT (http:// with --insecure; the path /v1/recommend may be given)")
 	fl.StringArrayVar(&f.modelArgs, "model", nil, "model name sent in requests; a mix of models as NAME=WEIGHT,NAME=WEIGHT... (or repeated), each request going to a model by its share of the weights")
 	fl.StringVar(&f.preset, "model-preset", "", "take the model's inputs from this zoo preset (default: --model, when it names one)")
 	fl.StringArrayVar(&f.planArgs, "plan", nil, "take the model's inputs from this plan folder (a mix of models: once per model, each plan for the model it serves)")
@@ -365,6 +382,112 @@ func checkTraceRatio(cmd *cobra.Command, f *flags) error {
 	return nil
 }
 
+// httpTarget reads --target: an http:// or https:// URL is the router's
+// HTTP/JSON endpoint, returned as the URL to POST to (its path empty,
+// "/", or ending in /v1/recommend, as behind a proxy that mounts it
+// under a prefix); anything else is a gRPC target, as before (HOST:PORT,
+// or a gRPC name such as dns:///HOST:PORT), and "" is returned.
+func httpTarget(target string) (string, error) {
+	scheme, _, ok := strings.Cut(target, "://")
+	if !ok || !strings.EqualFold(scheme, "http") && !strings.EqualFold(scheme, "https") {
+		return "", nil
+	}
+	u, err := url.Parse(target)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("loadgen: --target %q: %w", target, err)
+	case u.Hostname() == "":
+		return "", fmt.Errorf("loadgen: --target %q: no host: want %s://HOST:PORT", target, u.Scheme)
+	case u.User != nil:
+		// In the URL it would be printed in every report line.
+		return "", fmt.Errorf("loadgen: --target %q: no credentials in the URL: give --auth-token-file FILE (the bearer token) or --certs DIR", u.Redacted())
+	case u.Fragment != "":
+		return "", fmt.Errorf("loadgen: --target %q: a URL with a fragment", target)
+	}
+	u.Scheme = strings.ToLower(u.Scheme)
+	switch {
+	case u.Path == "" || u.Path == "/":
+		u.Path = loadgen.RecommendPath
+	case !strings.HasSuffix(u.Path, loadgen.RecommendPath):
+		return "", fmt.Errorf("loadgen: --target %q: the path %q is not the router's HTTP/JSON Recommend: give %s://HOST:PORT or %s://HOST:PORT%s", target, u.Path, u.Scheme, u.Scheme, loadgen.RecommendPath)
+	}
+	return u.String(), nil
+}
+
+// checkHTTPFlags reads an HTTP/JSON --target (f.httpURL) and refuses the
+// flags that do not apply over HTTP/JSON: the update stream (the
+// Embeddings service is gRPC's alone) and grpc-go's own retries.
+// loadgen has no RecommendStream mode to refuse: every request is a
+// unary Recommend, over either transport.
+func checkHTTPFlags(cmd *cobra.Command, f *flags) error {
+	u, err := httpTarget(f.target)
+	if err != nil || u == "" {
+		return err
+	}
+	f.httpURL = u
+	changed := cmd.Flags().Changed
+	for _, name := range []string{"update-rate", "update-clients", "update-only", "update-rows", "update-tables"} {
+		if changed(name) {
+			return fmt.Errorf("loadgen: --%s: the update stream is the Embeddings service's, which the router serves over gRPC alone, not HTTP/JSON: send it in a run of its own to the router's gRPC address (--target HOST:PORT)", name)
+		}
+	}
+	if f.retryMode == "grpc" {
+		return errors.New("loadgen: --retry-mode grpc is grpc-go's own retries, which an HTTP/JSON --target does not use: leave it out (the generator's retry loop, --retry-mode loadgen, retries over HTTP/JSON with the router's X-Prism-Retry-Pushback-Ms)")
+	}
+	return nil
+}
+
+// httpSender is the sender of an HTTP/JSON --target: HTTPS with the
+// admin certificate (--certs, or --tls-*), or the CA alone and the
+// bearer token; plain HTTP with --insecure.
+func httpSender(stderr io.Writer, f flags) (loadgen.Sender, error) {
+	secure := strings.HasPrefix(f.httpURL, "https://")
+	switch {
+	case secure && f.tls.Insecure:
+		return nil, fmt.Errorf("loadgen: --target %s is HTTPS; --insecure is plain HTTP: give http://HOST:PORT with --insecure (a router started with --insecure), or leave --insecure out and give --certs DIR", f.target)
+	case !secure && !f.tls.Insecure:
+		return nil, fmt.Errorf("loadgen: --target %s is plain HTTP, which only a router started with --insecure serves: give https://HOST:PORT with --certs DIR, or --insecure", f.target)
+	}
+	var tlsConf *tls.Config
+	if secure {
+		files, _, err := f.tls.Files(auth.Admin, f.tokenFile != "")
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: %w", err)
+		}
+		if err := auth.CheckFiles(files); err != nil {
+			return nil, fmt.Errorf("loadgen: %w", err)
+		}
+		// The load goes to the router only, as over gRPC: a server
+		// whose certificate is not the router's does not get the
+		// requests (or the token).
+		if tlsConf, err = auth.ClientTLS(files, auth.Router); err != nil {
+			return nil, fmt.Errorf("loadgen: %w", err)
+		}
+		f.tls.WarnClient(stderr, "loadgen")
+	} else {
+		fmt.Fprintln(stderr, "prism: warning: --insecure: loadgen sends plain HTTP: what it sends and receives crosses the network unencrypted, to a server it does not authenticate")
+	}
+	header := http.Header{}
+	if f.tokenFile != "" {
+		token, err := auth.ReadToken(f.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: --auth-token-file: %w", err)
+		}
+		if w := auth.TokenModeWarning(f.tokenFile); w != "" {
+			fmt.Fprintf(stderr, "prism: warning: %s\n", w)
+		}
+		header.Set("Authorization", "Bearer "+token)
+	}
+	// Over HTTP/1.1 (plain HTTP) a request in flight holds a connection:
+	// keep as many idle as the run has clients, or may have requests
+	// out. Over HTTP/2 they share one, as gRPC's calls do.
+	conns := f.clients
+	if conns == 0 {
+		conns = min(f.maxInFlight, 1024)
+	}
+	return loadgen.HTTPSender{URL: f.httpURL, Client: loadgen.NewHTTPClient(tlsConf, conns), Header: header}, nil
+}
+
 // checkRetryFlags refuses retry flags that would be ignored or
 // contradict each other.
 func checkRetryFlags(cmd *cobra.Command, f *flags) error {
@@ -497,7 +620,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	newRequests := func() (*loadgen.Requests, error) {
 		var err error
 		options := func(model string, sig models.Signature) (loadgen.RequestOptions, func(), error) {
-			o := loadgen.RequestOptions{Model: model, Sig: sig, Context: f.context, ExpandContext: f.expandContext, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Stream: f.stream, Pool: f.pool}
+			o := loadgen.RequestOptions{Model: model, Sig: sig, Context: f.context, ExpandContext: f.expandContext, Candidates: cand, Seed: f.seed, ZipfS: f.zipf, Stream: f.stream, Pool: f.pool, PoolJSON: f.httpURL != ""}
 			if f.criteo == "" {
 				return o, func() {}, nil
 			}
@@ -546,6 +669,9 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		return printRequests(stdout, reqs, f.printRequests)
 	}
 	target := f.target
+	if f.httpURL != "" {
+		target = f.httpURL // the URL requests are POSTed to, in the lines below
+	}
 	if f.fake {
 		addr, stop, err := loadgen.ServeFake("127.0.0.1:0", &loadgen.Fake{})
 		if err != nil {
@@ -554,59 +680,68 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 		defer stop()
 		target = addr
 	}
-	dialOpts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20))}
-	if f.fake {
-		// The in-process fake serves plaintext on loopback.
-		dialOpts = append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	} else {
+	if !f.fake {
 		// The bearer token's two halves, each named with the other.
 		switch t := f.tls; {
 		case f.tokenFile == "" && t.CA != "" && t.Cert == "" && t.Key == "" && t.Certs == "" && !t.Insecure:
 			return errors.New("loadgen: --tls-ca alone needs --auth-token-file FILE (the router's bearer token), or --tls-cert and --tls-key (a certificate), or give --certs DIR")
 		case f.tokenFile != "" && t.CA == "" && t.Cert == "" && t.Certs == "" && !t.Insecure:
 			return errors.New("loadgen: --auth-token-file needs --tls-ca FILE (the CA the router's certificate chains to: the token travels over TLS)")
+		case f.tokenFile != "" && t.Insecure:
+			return errors.New("loadgen: --auth-token-file needs TLS: over --insecure the token would travel in the clear")
 		}
-		// The load goes to the router only: a worker's certificate
-		// answering on the path does not get the session (or the token).
-		creds, err := f.tls.Credentials(auth.Admin, f.tokenFile != "", auth.Router)
-		if err != nil {
-			return fmt.Errorf("loadgen: %w", err)
-		}
-		dialOpts = append(dialOpts, grpc.WithTransportCredentials(creds))
-		if f.tokenFile != "" {
-			if f.tls.Insecure {
-				return errors.New("loadgen: --auth-token-file needs TLS: over --insecure the token would travel in the clear")
-			}
-			token, err := auth.ReadToken(f.tokenFile)
-			if err != nil {
-				return fmt.Errorf("loadgen: --auth-token-file: %w", err)
-			}
-			if w := auth.TokenModeWarning(f.tokenFile); w != "" {
-				fmt.Fprintf(stderr, "prism: warning: %s\n", w)
-			}
-			bearer, err := auth.BearerToken(token)
-			if err != nil {
-				return fmt.Errorf("loadgen: --auth-token-file: %w", err)
-			}
-			dialOpts = append(dialOpts, bearer)
-		}
-		f.tls.WarnClient(stderr, "loadgen")
 	}
 	rt, serviceConfig, err := retry(f)
 	if err != nil {
 		return err
 	}
-	if serviceConfig != "" {
-		// grpc-go retries by itself; the stats handler counts its attempts.
-		dialOpts = append(dialOpts, grpc.WithDefaultServiceConfig(serviceConfig), grpc.WithStatsHandler(loadgen.AttemptCounter{}))
-		fmt.Fprintf(stderr, "loadgen: grpc-go retries from the service config %s\n", serviceConfig)
+	var sender loadgen.Sender
+	var cc *grpc.ClientConn // the gRPC target's connection (the update stream's too)
+	if f.httpURL != "" {
+		if sender, err = httpSender(stderr, f); err != nil {
+			return err
+		}
+	} else {
+		dialOpts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20))}
+		if f.fake {
+			// The in-process fake serves plaintext on loopback.
+			dialOpts = append(dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		} else {
+			// The load goes to the router only: a worker's certificate
+			// answering on the path does not get the session (or the token).
+			creds, err := f.tls.Credentials(auth.Admin, f.tokenFile != "", auth.Router)
+			if err != nil {
+				return fmt.Errorf("loadgen: %w", err)
+			}
+			dialOpts = append(dialOpts, grpc.WithTransportCredentials(creds))
+			if f.tokenFile != "" {
+				token, err := auth.ReadToken(f.tokenFile)
+				if err != nil {
+					return fmt.Errorf("loadgen: --auth-token-file: %w", err)
+				}
+				if w := auth.TokenModeWarning(f.tokenFile); w != "" {
+					fmt.Fprintf(stderr, "prism: warning: %s\n", w)
+				}
+				bearer, err := auth.BearerToken(token)
+				if err != nil {
+					return fmt.Errorf("loadgen: --auth-token-file: %w", err)
+				}
+				dialOpts = append(dialOpts, bearer)
+			}
+			f.tls.WarnClient(stderr, "loadgen")
+		}
+		if serviceConfig != "" {
+			// grpc-go retries by itself; the stats handler counts its attempts.
+			dialOpts = append(dialOpts, grpc.WithDefaultServiceConfig(serviceConfig), grpc.WithStatsHandler(loadgen.AttemptCounter{}))
+			fmt.Fprintf(stderr, "loadgen: grpc-go retries from the service config %s\n", serviceConfig)
+		}
+		cc, err = grpc.NewClient(target, dialOpts...)
+		if err != nil {
+			return fmt.Errorf("loadgen: dial %q: %w", target, err)
+		}
+		defer cc.Close()
+		sender = loadgen.GRPCSender{Client: prismv1.NewRecommenderClient(cc), Conn: cc}
 	}
-	cc, err := grpc.NewClient(target, dialOpts...)
-	if err != nil {
-		return fmt.Errorf("loadgen: dial %q: %w", target, err)
-	}
-	defer cc.Close()
-	sender := loadgen.GRPCSender{Client: prismv1.NewRecommenderClient(cc), Conn: cc}
 
 	// The schedule's seed is the run's stream's too: with --seed's alone
 	// every run drew one Poisson path, rescaled, and seed 1's first
