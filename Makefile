@@ -34,6 +34,7 @@ test: setup
 	@command -v redis-server >/dev/null || ! command -v apt-get >/dev/null || { echo "test: installing Debian's redis-server (the store benchmark's Redis tests)"; apt-get install -y redis-server >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y redis-server >/dev/null 2>&1; } || echo "test: could not install redis-server; the Redis tests skip"; }
 	@command -v npm >/dev/null || { echo "test: no npm: TestNodeInterop skips"; exit 0; }; [ -d scripts/interop/node/node_modules ] || { echo "test: installing the Node interop check's modules (npm ci in scripts/interop/node)"; (cd scripts/interop/node && npm ci --no-audit --no-fund >/dev/null 2>&1) || echo "test: npm ci failed; TestNodeInterop skips"; }
 	@[ -x .cache/bin/promtool ] || command -v promtool >/dev/null || { echo "test: installing promtool into .cache/bin (the alerting rules' checks; about 3 minutes on 2 cores)"; GOBIN=$(CURDIR)/.cache/bin $(GO) install github.com/prometheus/prometheus/cmd/promtool@v0.316.0 || echo "test: could not install promtool; TestRulesPromtool skips"; }
+	@[ -x .cache/bin/helm ] || command -v helm >/dev/null || { echo "test: installing helm v3.22.0 into .cache/bin (the chart's lint and rendering tests; about 2 minutes on 2 cores)"; GOBIN=$(CURDIR)/.cache/bin $(GO) install helm.sh/helm/v3/cmd/helm@v3.22.0 || echo "test: could not install helm; the chart tests skip"; }
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m ./...
 
