@@ -224,6 +224,7 @@ func TestTLSFlags(t *testing.T) {
 		{"no TLS flags", []string{"serve", "router", "--addr", "127.0.0.1:0"}, []string{"prism certs init", "--insecure"}},
 		{"both", []string{"serve", "router", "--addr", "127.0.0.1:0", "--insecure", "--certs", dir}, []string{"--insecure goes with neither"}},
 		{"token over plaintext", []string{"serve", "router", "--addr", "127.0.0.1:0", "--insecure", "--auth-token-file", token}, []string{"warning: --insecure", "needs TLS"}},
+		{"plain HTTP named", []string{"serve", "router", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--insecure", "--auth-token-file", token}, []string{"warning: --insecure: the router (and its --http-addr, plain HTTP) runs plaintext", "needs TLS"}},
 		{"certs folder without certificates", []string{"serve", "router", "--addr", "127.0.0.1:0", "--certs", dir}, []string{"--certs", "holds no router certificate", "prism certs init folder"}},
 		{"another role's folder", []string{"serve", "router", "--addr", "127.0.0.1:0", "--certs", auth.RoleDir(certs, auth.Admin)}, []string{"carries role \"admin\"", "runs as router"}},
 		{"flat folder warns once", []string{"serve", "dense", "--certs", flat, "--plan", filepath.Join(dir, "nope")}, []string{"warning: " + flat + " has the old flat layout", "nope"}},

@@ -68,7 +68,11 @@ func newServeRouterCmd() *cobra.Command {
 			so.Logger, ro.Logger = log, log
 			so.MaxMessageBytes = maxMessage
 			ro.MaxMessageBytes = maxMessage
-			tlsFlags.Warn(cmd.ErrOrStderr(), "the router")
+			who := "the router"
+			if so.HTTPAddr != "" && tlsFlags.Insecure {
+				who = "the router (and its --http-addr, plain HTTP)"
+			}
+			tlsFlags.Warn(cmd.ErrOrStderr(), who)
 			so.MetricsRequireClientCert = tlsFlags.MetricsClientCert
 			if so.TLS, err = tlsFlags.Server(auth.Router, auth.ServerTLSOptions{AllowNoClientCert: tokenFile != ""}); err != nil {
 				return err

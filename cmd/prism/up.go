@@ -106,7 +106,11 @@ K) unless its store already holds it.`,
 				if c.Certs != "" {
 					return errors.New("--insecure goes without --certs")
 				}
-				fmt.Fprintln(c.Stderr, "prism: warning: --insecure: every tier runs plaintext gRPC without authentication; anyone who reaches their ports may call every RPC")
+				what := "plaintext gRPC"
+				if c.HTTPAddr != "" {
+					what = "plaintext gRPC (and the router plain HTTP at --http-addr)"
+				}
+				fmt.Fprintf(c.Stderr, "prism: warning: --insecure: every tier runs %s without authentication; anyone who reaches their ports may call every RPC\n", what)
 			}
 			return up.Run(ctx, *c)
 		},
