@@ -27,6 +27,9 @@ var jsonForms = []struct {
 	{"int64 limits", `{"version":"9223372036854775807","candidates":{"inputs":[{"ids":["-9223372036854775808",0]}]}}`, true},
 	{"float forms", `{"candidates":{"inputs":[{"values":[0,-0,1E3,1e+2,2.5E-2,3.4028235e38,1e-46]}]}}`, true},
 	{"unicode", `{"model":"modèle ✓"}`, true},
+	// What JSON.stringify (Node) and json.dumps (Python) write.
+	{"Node's numbers", `{"model":"m","num_candidates":2,"candidates":{"inputs":[{"name":"dense","values":[1e-7,1.5e+21,0.1,-0,5e-324,123456789012]},{"name":"cat_0","ids":[9007199254740991,0]}]},"request_id":"a"}`, true},
+	{"Python's numbers", `{"model": "m", "candidates": {"inputs": [{"name": "dense", "values": [1e-07, 0.30000000000000004, 2.5e+38]}]}}`, true},
 	{"escape", `{"model":"m\u00e8"}`, false},
 	{"null", `{"model":null}`, false},
 	{"quoted NaN", `{"candidates":{"inputs":[{"values":["NaN",1]}]}}`, false},

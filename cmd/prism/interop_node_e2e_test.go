@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -43,7 +44,18 @@ func TestNodeInterop(t *testing.T) {
 	if err := os.WriteFile(token, []byte("interop-0123456789abcdef0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	up := startProc(t, readyline.Up, "up", "--addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--model", part, "--auth-token-file", token)
+	up := startProc(t, readyline.Up, "up", "--addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--db", filepath.Join(dir, "db"), "--model", part, "--auth-token-file", token)
+	// The HTTP/JSON address, from the curl command up prints.
+	hint := regexp.MustCompile(`up: Recommend over HTTP/JSON: curl [^\n]*https://(\S+)/v1/recommend`)
+	var httpAddr string
+	for deadline := time.Now().Add(5 * time.Second); httpAddr == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if m := hint.FindStringSubmatch(up.log.String()); m != nil {
+			httpAddr = m[1]
+		}
+	}
+	if httpAddr == "" {
+		t.Fatalf("up printed no HTTP/JSON address:\n%s", up.log.String())
+	}
 	req, err := exec.Command(prismBin, "loadgen", "--model", cfg.Name, "--print-request", "1", "--candidates", "5").Output()
 	if err != nil {
 		t.Fatalf("loadgen --print-request: %v", err)
@@ -54,7 +66,7 @@ func TestNodeInterop(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join(script, "client.js"), "--addr", up.addr, "--certs", filepath.Join(dir, "certs"), "--token-file", token, "--request", reqFile)
+	cmd := exec.CommandContext(ctx, node, filepath.Join(script, "client.js"), "--addr", up.addr, "--certs", filepath.Join(dir, "certs"), "--token-file", token, "--request", reqFile, "--http", httpAddr)
 	// NODE_PATH: the modules may live outside the script's folder.
 	cmd.Env = append(os.Environ(), "NODE_PATH="+modules, "NODE_OPTIONS=--no-deprecation")
 	out, err := cmd.CombinedOutput()

@@ -4,13 +4,19 @@
 // reflection. One line per check, "ok NAME" or "FAIL NAME: why"; exits 1
 // when any failed.
 //
-//   node client.js --addr 127.0.0.1:8500 --certs CERTS --token-file FILE --request REQ.json
+//   node client.js --addr 127.0.0.1:8500 --certs CERTS --token-file FILE --request REQ.json [--http 127.0.0.1:8501]
+//
+// With --http (prism up --http-addr), the same request goes over
+// HTTP/JSON too, written as a Node service writes JSON (JSON.stringify
+// of JS numbers: ids as numbers, floats in JS's own form), with Node's
+// https module: its scores must equal the gRPC call's.
 //
 // CERTS is the folder prism up or prism certs init wrote (its admin/);
 // REQ.json a request of prism loadgen --print-request 1 (for the served
 // model). The protos are read from api/prismv1 of this checkout.
 'use strict';
 const fs = require('fs');
+const https = require('https');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const loader = require('@grpc/proto-loader');
@@ -106,6 +112,38 @@ function scored(name, {err, v}) {
     s.end();
   });
   check('reflection lists prism.v1.Recommender', String(services).split(',').includes('prism.v1.Recommender'), services);
+
+  if (args.http) {
+    // The request as a Node service builds it: numbers, not proto3
+    // JSON's quoted int64s.
+    const native = {...req, candidates: {inputs: req.candidates.inputs.map(i => ({...i, ...(i.ids ? {ids: i.ids.map(Number)} : {})}))}};
+    const post = (body, opts = {}) => new Promise(res => {
+      const r = https.request({host: args.http.replace(/:\d+$/, ''), port: Number(args.http.replace(/^.*:/, '')), path: '/v1/recommend', method: 'POST',
+        ca, headers: {'Content-Type': 'application/json', 'X-Prism-Timeout': '20s', ...(opts.headers || {})}, ...opts.tls}, resp => {
+        let data = '';
+        resp.on('data', c => { data += c; });
+        resp.on('end', () => res({status: resp.statusCode, body: data}));
+      });
+      r.on('error', e => res({status: 0, body: String(e)}));
+      r.end(body);
+    });
+    const body = JSON.stringify(native);
+    const a = await post(body, {tls: {key: read('key.pem'), cert: read('cert.pem')}});
+    let scores = null;
+    try { scores = JSON.parse(a.body).scores; } catch (e) { /* checked below */ }
+    // A float32 printed shortest and read back as a double: compared as
+    // float32 (Math.fround), as the gRPC call's scores are.
+    const same = scores && byCert && scores.length === byCert.length && scores.every((v, i) => Math.fround(v) === Math.fround(byCert[i]));
+    check('HTTP/JSON Recommend (Node JSON, admin certificate) scores equal gRPC\'s', a.status === 200 && same, `${a.status} ${a.body.slice(0, 300)}`);
+    if (token) {
+      const b = await post(body, {headers: {Authorization: 'Bearer ' + token}});
+      check('HTTP/JSON Recommend with the bearer token', b.status === 200, `${b.status} ${b.body.slice(0, 300)}`);
+    }
+    const c = await post(body);
+    let code = '';
+    try { code = JSON.parse(c.body).code; } catch (e) { /* checked below */ }
+    check('HTTP/JSON without certificate or token is 401 UNAUTHENTICATED', c.status === 401 && code === 'UNAUTHENTICATED', `${c.status} ${c.body.slice(0, 300)}`);
+  }
 
   console.log(failed ? `${failed} check(s) failed` : 'all checks passed');
   process.exit(failed ? 1 : 0);
