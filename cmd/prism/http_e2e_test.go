@@ -20,6 +20,8 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/readyline"
+	"github.com/prism-serve/prism/internal/serve"
+	"github.com/prism-serve/prism/router"
 )
 
 // TestUpHTTPJSON: prism up --http-addr serves Recommend over HTTP/JSON
@@ -122,6 +124,31 @@ func TestUpHTTPJSON(t *testing.T) {
 	var e struct{ Code, Message string }
 	if err := json.Unmarshal(body, &e); err != nil || code != http.StatusUnauthorized || e.Code != "UNAUTHENTICATED" || !strings.Contains(e.Message, "certificate") {
 		t.Fatalf("POST without a certificate: %d %s (%v), want 401 UNAUTHENTICATED", code, body, err)
+	}
+
+	// The endpoint's OpenAPI document and readiness, to anyone (an API
+	// gateway, a load balancer): the document is the committed one.
+	{
+		c, err := auth.ClientTLS(auth.Files{CA: auth.FilesFor(certs, auth.Admin).CA})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: c}}
+		want, err := os.ReadFile(filepath.Join("..", "..", "docs", "openapi.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for path, body := range map[string][]byte{router.OpenAPIPath: want, serve.ReadyPath: []byte("ok\n")} {
+			r, err := hc.Get("https://" + addr + path)
+			if err != nil {
+				t.Fatalf("GET %s: %v", path, err)
+			}
+			b, _ := io.ReadAll(r.Body)
+			r.Body.Close()
+			if r.StatusCode != http.StatusOK || !bytes.Equal(b, body) {
+				t.Errorf("GET %s without a certificate: %d %.200q, want 200 and %.60q", path, r.StatusCode, b, body)
+			}
+		}
 	}
 
 	// The command up printed, run as printed from up's folder.

@@ -147,6 +147,7 @@ func newServeRouterCmd() *cobra.Command {
 			// Recommend over HTTP/JSON (--http-addr): the same handler,
 			// called in process with the context a gRPC call has.
 			s.HandleJSON(r.RecommendJSONRoute())
+			s.HandleHTTP(router.OpenAPIPath, router.OpenAPIHandler())
 			prismv1.RegisterRegistryServer(s.GRPC, r.Reg)
 			prismv1.RegisterEmbeddingsServer(s.GRPC, r.Updater())
 			ctx, stop := signalContext()

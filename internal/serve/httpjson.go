@@ -76,6 +76,16 @@ func (s *Server) HandleJSON(r JSONRoute) {
 	s.routes[r.Path] = r
 }
 
+// HandleHTTP serves h at path on the HTTP/JSON listener, to anyone (no
+// certificate or token asked, as the health checks): for documents such
+// as the endpoint's OpenAPI description. Call it before Serve.
+func (s *Server) HandleHTTP(path string, h http.Handler) {
+	if s.open == nil {
+		s.open = map[string]http.Handler{}
+	}
+	s.open[path] = h
+}
+
 // HTTPAddr is the HTTP/JSON address, "" when it is off.
 func (s *Server) HTTPAddr() string {
 	if s.alis == nil {
@@ -244,6 +254,10 @@ func (s *Server) jsonHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) {
 		if hr.URL.Path == LivePath || hr.URL.Path == ReadyPath {
 			s.healthHTTP(w, hr)
+			return
+		}
+		if h, ok := s.open[hr.URL.Path]; ok {
+			h.ServeHTTP(w, hr)
 			return
 		}
 		start := time.Now()

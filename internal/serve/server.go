@@ -133,6 +133,7 @@ type Server struct {
 	alis      net.Listener
 	api       *http.Server
 	routes    map[string]JSONRoute
+	open      map[string]http.Handler // HandleHTTP
 	jsonCalls sync.WaitGroup
 	requests  *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
