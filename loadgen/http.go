@@ -67,17 +67,24 @@ var _ PremarshaledSender = HTTPSender{}
 // does, opening more when the server's stream limit is reached).
 func NewHTTPClient(tlsConf *tls.Config, conns int) *http.Client {
 	conns = max(conns, 2)
-	return &http.Client{Transport: &http.Transport{
-		TLSClientConfig:     tlsConf,
-		ForceAttemptHTTP2:   true,
-		MaxIdleConns:        conns,
-		MaxIdleConnsPerHost: conns,
-		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: 10 * time.Second,
-		// What the generator sends is not compressed; asking for a
-		// compressed answer would only cost the router CPU.
-		DisableCompression: true,
-	}}
+	return &http.Client{
+		Transport: &http.Transport{
+			TLSClientConfig:     tlsConf,
+			ForceAttemptHTTP2:   true,
+			MaxIdleConns:        conns,
+			MaxIdleConnsPerHost: conns,
+			IdleConnTimeout:     90 * time.Second,
+			TLSHandshakeTimeout: 10 * time.Second,
+			// What the generator sends is not compressed; asking for a
+			// compressed answer would only cost the router CPU.
+			DisableCompression: true,
+		},
+		// A redirect is answered as an error, not followed, as gRPC
+		// follows none: followed, the load would go to another server,
+		// and Go sends the Authorization header on to the same host
+		// over plain http:// too (the bearer token in the clear).
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 func (h HTTPSender) Send(ctx context.Context, req *prismv1.RecommendRequest) error {
@@ -208,7 +215,11 @@ func HTTPError(httpStatus int, h http.Header, body []byte) error {
 		Message string          `json:"message"`
 	}
 	var err error
-	if json.Unmarshal(body, &e) == nil && len(e.Code) > 0 {
+	// A body naming OK names no error: an answer other than 200 is one
+	// (status.Error of OK is nil, which the run would count a success,
+	// and a pushback on it would hold no error), so its HTTP status
+	// says which.
+	if json.Unmarshal(body, &e) == nil && len(e.Code) > 0 && jsonCode(e.Code) != codes.OK {
 		err = status.Error(jsonCode(e.Code), e.Message)
 	} else {
 		text := strings.TrimSpace(string(body))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,6 +48,11 @@ func TestHTTPError(t *testing.T) {
 		{"code as a number", 429, nil, `{"code":8,"message":"numbered"}`, codes.ResourceExhausted, "numbered", 0, false, true},
 		{"unknown name", 500, nil, `{"code":"BOGUS","message":"what"}`, codes.Unknown, "what", 0, false, true},
 		{"number out of range", 500, nil, `{"code":99,"message":"what"}`, codes.Unknown, "what", 0, false, true},
+		// A body naming OK is no error code: read by the HTTP status,
+		// never as a success (a nil error) whatever else the body says.
+		{"code OK on an error status", 503, nil, `{"code":"OK","message":"fine?"}`, codes.Unavailable, "HTTP 503", 0, false, true},
+		{"code 0 on an error status", 500, nil, `{"code":0}`, codes.Unknown, "HTTP 500", 0, false, true},
+		{"code OK with a pushback", 429, map[string]string{PushbackHeader: "25"}, `{"code":"OK"}`, codes.Unavailable, "HTTP 429", 25 * time.Millisecond, true, true},
 		// Not the router's JSON: by the HTTP status, as gRPC maps an
 		// answer that is not gRPC's.
 		{"a proxy's 502 page", 502, nil, "<html><body>Bad Gateway</body></html>", codes.Unavailable, "HTTP 502 Bad Gateway: <html>", 0, false, true},
@@ -267,6 +273,37 @@ func TestPremarshaledJSON(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHTTPRedirectNotFollowed: an HTTPS endpoint that redirects (here
+// to plain http:// on the same host) gets its 3xx read as an error, as
+// gRPC follows no redirect: the request, and the bearer token with it,
+// never reaches the server redirected to (Go's client would send the
+// Authorization header on to the same host, in the clear).
+func TestHTTPRedirectNotFollowed(t *testing.T) {
+	var reached atomic.Int64
+	var token atomic.Value
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) {
+		reached.Add(1)
+		token.Store(hr.Header.Get("Authorization"))
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer plain.Close()
+	for _, code := range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect, http.StatusFound} {
+		srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, hr *http.Request) {
+			http.Redirect(w, hr, plain.URL+RecommendPath, code)
+		}))
+		s := HTTPSender{URL: srv.URL + RecommendPath, Client: NewHTTPClient(srv.Client().Transport.(*http.Transport).TLSClientConfig, 2),
+			Header: http.Header{"Authorization": {"Bearer secret"}}}
+		err := s.Send(context.Background(), &prismv1.RecommendRequest{Model: "m", NumCandidates: 1})
+		srv.Close()
+		if status.Code(err) != codes.Unknown || !strings.Contains(err.Error(), "HTTP "+strconv.Itoa(code)) {
+			t.Errorf("redirect %d: %v, want Unknown naming HTTP %d", code, err, code)
+		}
+		if n := reached.Load(); n != 0 {
+			t.Fatalf("redirect %d: the server redirected to got %d requests (Authorization %q)", code, n, token.Load())
+		}
 	}
 }
 
