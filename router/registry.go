@@ -144,8 +144,11 @@ type Registry struct {
 	// forgotten: NotFound, and out of prism_router_model_workers, whose
 	// 0 paged until the routers restarted. A worker that died or left
 	// retires nothing by itself: its model stays known, Unavailable, at
-	// 0.
+	// 0. lastID is, per worker id, the address whose latest worker it is
+	// (lastAt's ids, inverted): the Leave of a worker already dropped
+	// (its Pod gone, PodGone, or expired) still marks its stop there.
 	lastAt map[roleAddr]addrRecord
+	lastID map[string]roleAddr
 	// leaving is the worker Leave drops (drop: a stop, not a death).
 	leaving      string
 	retiredPairs map[roleModel]bool
@@ -199,10 +202,12 @@ type roleAddr struct {
 }
 
 // addrRecord is what the latest worker at an address announced, and
-// whether it left (Registry.lastAt).
+// whether it left (Registry.lastAt): its id and the identity it is
+// bound to ("" none) say whose Leave marks it.
 type addrRecord struct {
-	models []string
-	left   bool
+	models   []string
+	left     bool
+	id, peer string
 }
 
 // maxAddrs bounds the addresses whose last models are kept (lastAt).
@@ -465,7 +470,7 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		}
 		delete(r.retiredPairs, roleModel{w.GetRole(), m})
 	}
-	r.retireDropped(roleAddr{w.GetRole(), w.GetAddr()}, w.GetModels())
+	r.retireDropped(roleAddr{w.GetRole(), w.GetAddr()}, w.GetId(), e.peer, w.GetModels())
 	if !ok {
 		r.notify()
 	}
@@ -490,24 +495,29 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 	return resp, nil
 }
 
-// retireDropped records models as what the worker at ra announces, and
-// retires each model the worker before it there listed and it does not,
-// when it is that worker restarted (restartedThere); r.mu held.
-func (r *Registry) retireDropped(ra roleAddr, models []string) {
+// retireDropped records models as what the worker id (bound to peer)
+// at ra announces, and retires each model the worker before it there
+// listed and it does not, when it is that worker restarted
+// (restartedThere); r.mu held.
+func (r *Registry) retireDropped(ra roleAddr, id, peer string, models []string) {
 	if r.lastAt == nil {
-		r.lastAt = map[roleAddr]addrRecord{}
+		r.lastAt, r.lastID = map[roleAddr]addrRecord{}, map[string]roleAddr{}
 	}
 	prev, had := r.lastAt[ra]
-	if had && !prev.left && slices.Equal(prev.models, models) {
+	if had && !prev.left && prev.id == id && slices.Equal(prev.models, models) {
 		return // every heartbeat
 	}
 	if !had && len(r.lastAt) >= maxAddrs {
-		for k := range r.lastAt { // any one: an address gone long since, most likely
-			delete(r.lastAt, k)
+		for k, rec := range r.lastAt { // any one: an address gone long since, most likely
+			r.forgetAddr(k, rec)
 			break
 		}
 	}
-	r.lastAt[ra] = addrRecord{models: models}
+	if had {
+		r.forgetAddr(ra, prev)
+	}
+	r.lastAt[ra] = addrRecord{models: models, id: id, peer: peer}
+	r.lastID[id] = ra
 	if !had || !restartedThere(prev.models, models, prev.left) {
 		return
 	}
@@ -515,6 +525,15 @@ func (r *Registry) retireDropped(ra roleAddr, models []string) {
 		if !slices.Contains(models, m) {
 			r.retire(roleModel{ra.role, m}, ra.addr)
 		}
+	}
+}
+
+// forgetAddr removes ra's record rec from lastAt, and its id's entry
+// in lastID while that names ra; r.mu held.
+func (r *Registry) forgetAddr(ra roleAddr, rec addrRecord) {
+	delete(r.lastAt, ra)
+	if r.lastID[rec.id] == ra {
+		delete(r.lastID, rec.id)
 	}
 }
 
@@ -727,17 +746,21 @@ func (r *Registry) Leave(ctx context.Context, req *prismv1.LeaveRequest) (*prism
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e, ok := r.workers[req.GetId()]; ok {
-		if e.peer != "" && e.peer != peer {
-			return nil, status.Errorf(codes.PermissionDenied, "leave: worker id %.64q belongs to %q, not %q", req.GetId(), e.peer, peer)
-		}
-		// A stop, not a death: a worker that announces at its address
-		// next is it restarted (restartedThere).
-		ra := roleAddr{e.info.GetRole(), e.info.GetAddr()}
-		if rec, ok := r.lastAt[ra]; ok && slices.Equal(rec.models, e.info.GetModels()) {
+	e, ok := r.workers[req.GetId()]
+	if ok && e.peer != "" && e.peer != peer {
+		return nil, status.Errorf(codes.PermissionDenied, "leave: worker id %.64q belongs to %q, not %q", req.GetId(), e.peer, peer)
+	}
+	// A stop, not a death: a worker that announces at its address next
+	// is it restarted (restartedThere), when it is the latest worker
+	// there. Also when it was dropped already: on Kubernetes its Pod's
+	// endpoint turning terminating (PodGone) may come first.
+	if ra, had := r.lastID[req.GetId()]; had {
+		if rec := r.lastAt[ra]; rec.peer == "" || rec.peer == peer {
 			rec.left = true
 			r.lastAt[ra] = rec
 		}
+	}
+	if ok {
 		r.leaving = req.GetId()
 		r.drop(req.GetId())
 		r.leaving = ""

@@ -18,7 +18,7 @@ import (
 // known, Unavailable, at 0.
 func TestRetire(t *testing.T) {
 	type step struct {
-		do   string // "announce ID ROLE ADDR MODELS" (models comma-separated, "-" none), "leave ID", "remove ID"
+		do   string // "announce ID ROLE ADDR MODELS" (models comma-separated, "-" none), "leave ID", "remove ID", "podgone HOST", "podback HOST"
 		want string // the models' state after the step: "MODEL e=N d=N" per known model, "e" or "d" left out when retired
 	}
 	for _, c := range []struct {
@@ -100,6 +100,45 @@ func TestRetire(t *testing.T) {
 			{"announce e1 e e:1 a", "a e=1 d=0"},
 			{"announce e2 e e:1 b", "a e=0 d=0; b e=1 d=0"},
 		}},
+		// On Kubernetes (the chart's watchEndpoints) the router drops a
+		// stopping worker when its Pod's endpoint turns terminating,
+		// often before the worker's Leave arrives: the Leave of a worker
+		// dropped so is still its stop, and the worker that comes up at
+		// its address (the chart's POD.SERVICE:PORT) next is it
+		// restarted.
+		{"a rollout that replaces every model, the Pod gone before the Leave", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"podgone d", "a e=0 d=0"},
+			{"leave d1", "a e=0 d=0"},
+			{"podback d", "a e=0 d=0"},
+			{"announce d2 d d:1 b", "b e=0 d=1"},
+		}},
+		{"a Pod gone without a Leave retires nothing", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"podgone d", "a e=0 d=0"},
+			{"podback d", "a e=0 d=0"},
+			{"announce d2 d d:1 b", "a e=0 d=0; b e=0 d=1"},
+		}},
+		// The Leave of an old entry after its successor at the address
+		// announced the same models marks no stop of the successor,
+		// which then dies.
+		{"the old entry leaves after its successor came up, which dies", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"announce d2 d d:1 a", "a e=0 d=2"},
+			{"leave d1", "a e=0 d=1"},
+			{"remove d2", "a e=0 d=0"},
+			{"announce d3 d d:1 b", "a e=0 d=0; b e=0 d=1"},
+		}},
+		// A late Leave of a worker whose address another worker has
+		// announced at since says nothing of that one.
+		{"a late Leave after another worker took the address", []step{
+			{"announce d1 d d:1 a", "a e=0 d=1"},
+			{"remove d1", "a e=0 d=0"},
+			{"announce d2 d d:1 b", "a e=0 d=0; b e=0 d=1"},
+			{"leave d1", "a e=0 d=0; b e=0 d=1"},
+			{"remove d2", "a e=0 d=0; b e=0 d=0"},
+			{"announce d3 d d:1 c", "a e=0 d=0; b e=0 d=0; c e=0 d=1"},
+		}},
 		{"a worker at another address retires nothing", []step{
 			{"announce d1 d d:1 a", "a e=0 d=1"},
 			{"leave d1", "a e=0 d=0"},
@@ -128,6 +167,10 @@ func TestRetire(t *testing.T) {
 					_, err = reg.Leave(ctx, &prismv1.LeaveRequest{Id: f[1]})
 				case "remove":
 					reg.Remove(f[1])
+				case "podgone":
+					reg.PodGone(PodName{Name: f[1]})
+				case "podback":
+					reg.PodBack(PodName{Name: f[1]})
 				default:
 					t.Fatalf("step %q", s.do)
 				}
@@ -160,4 +203,40 @@ func retireState(reg *Registry) string {
 		parts = append(parts, p)
 	}
 	return strings.Join(parts, "; ")
+}
+
+// TestRetireLeaveAfterDropIsTheOwners: the Leave of a worker already
+// dropped (its Pod gone) marks its stop only when it comes from the
+// identity the worker was bound to: another certificate's Leave of the
+// id retires nothing by the next worker at the address.
+func TestRetireLeaveAfterDropIsTheOwners(t *testing.T) {
+	for _, c := range []struct {
+		name, leaver string
+		want         string
+	}{
+		{"the worker's own identity", "dense-a", "b e=0 d=1"},
+		{"another identity", "dense-b", "a e=0 d=0; b e=0 d=1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reg := NewRegistry(time.Second, nil)
+			reg.Peer = fakePeerFunc
+			announce := func(id, model string) {
+				t.Helper()
+				w := &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_DENSE, Addr: "d:1", Models: []string{model}, Healthy: true}
+				if err := announceW(reg, withPeer("dense", "dense-a"), w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			announce("d1", "a")
+			reg.PodGone(PodName{Name: "d"})
+			if _, err := reg.Leave(withPeer("dense", c.leaver), &prismv1.LeaveRequest{Id: "d1"}); err != nil {
+				t.Fatal(err)
+			}
+			reg.PodBack(PodName{Name: "d"})
+			announce("d2", "b")
+			if got := retireState(reg); got != c.want {
+				t.Fatalf("got %s, want %s", got, c.want)
+			}
+		})
+	}
 }
