@@ -84,6 +84,7 @@ manifests:
 	$(HELM) lint deploy/helm/prism
 	$(HELM) template prism deploy/helm/prism --namespace prism > deploy/manifests/prism.yaml
 	cp deploy/helm/prism/files/prism-rules.yaml deploy/monitoring/prism-rules.yaml
+	cp deploy/helm/prism/files/prism-dashboard.json deploy/monitoring/prism-dashboard.json
 
 # The container image (Dockerfile): needs docker or podman with a working
 # engine and access to the registries the Dockerfile pulls from.

@@ -81,6 +81,8 @@ func decode(t *testing.T, stream []byte) []object {
 			obj = &corev1.Service{}
 		case "v1 Namespace":
 			obj = &corev1.Namespace{}
+		case "v1 ConfigMap":
+			obj = &corev1.ConfigMap{}
 		case "autoscaling/v2 HorizontalPodAutoscaler":
 			obj = &autoscalingv2.HorizontalPodAutoscaler{}
 		case "policy/v1 PodDisruptionBudget":
