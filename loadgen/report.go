@@ -237,7 +237,7 @@ func (s *Summary) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "SLO         %.1f%% of %s answered OK within %gms\n", 100*s.SLOAttained, what, s.SLOMs)
 	s.writeModels(w)
 	if s.Retry != nil {
-		s.Retry.writeText(w, s.Sent, s.OfferedRPS)
+		s.Retry.writeText(w, s.Kind, s.Sent, s.OfferedRPS)
 	}
 	if s.Traced != nil {
 		s.Traced.writeText(w, s.Sent)

@@ -233,8 +233,14 @@ type RetryStats struct {
 	DeadlineStops int64 `json:"deadline_stops"`
 }
 
-// writeText prints the retries' line of the summary.
-func (s *RetryStats) writeText(w interface{ Write([]byte) (int, error) }, sent int64, offered float64) {
+// writeText prints the retries' line of the summary of a run of kind
+// (requests or updates).
+func (s *RetryStats) writeText(w interface{ Write([]byte) (int, error) }, kind string, sent int64, offered float64) {
+	what, perSecond, _, _ := units(kind)
+	each := "a request"
+	if kind == KindUpdates {
+		each = "an update"
+	}
 	per := 0.0
 	if sent > 0 {
 		per = float64(s.Attempts) / float64(sent)
@@ -249,13 +255,13 @@ func (s *RetryStats) writeText(w interface{ Write([]byte) (int, error) }, sent i
 			by = append(by, fmt.Sprintf("%d:%d", k+1, n))
 		}
 	}
-	fmt.Fprintf(w, "retries     up to %d: %d attempts, %.2f a request; %.1f attempts/s against %.1f req/s offered (%.2fx); requests by attempts %s; %d answered after a retry\n",
-		s.Retries, s.Attempts, per, s.AttemptsRPS, offered, ratio, strings.Join(by, " "), s.RetriedOK)
+	fmt.Fprintf(w, "retries     up to %d: %d attempts, %.2f %s; %.1f attempts/s against %.1f %s offered (%.2fx); %s by attempts %s; %d answered after a retry\n",
+		s.Retries, s.Attempts, per, each, s.AttemptsRPS, offered, perSecond, ratio, what, strings.Join(by, " "), s.RetriedOK)
 	if s.GRPC {
 		fmt.Fprintln(w, "            pushback and deadline: grpc-go's retries (service config), not counted")
 		return
 	}
-	fmt.Fprintf(w, "            pushback: %d retries timed by it, %d requests told not to retry; %d not retried past their deadline\n", s.Pushbacks, s.PushbackStops, s.DeadlineStops)
+	fmt.Fprintf(w, "            pushback: %d retries timed by it, %d %s told not to retry; %d not retried past their deadline\n", s.Pushbacks, s.PushbackStops, what, s.DeadlineStops)
 }
 
 // retried records how a request's attempts went; code is how it ended.
@@ -294,21 +300,32 @@ type RetryThrottling struct {
 }
 
 // ServiceConfig is the gRPC service config (JSON) that has grpc-go's
-// own retries do what r says for Recommend: retryPolicy with r's
-// attempts (grpc-go caps them at 5 in all), backoff and codes, and
-// throttling if given. grpc-go honours the router's pushback (it reads
-// it before anything else), sleeps a backoff past the deadline (the
-// call then ends DeadlineExceeded), and retries only a refusal sent
-// before any answer header (the router's admission refusals are).
+// own retries do what r says for Recommend and for embedding updates
+// (Embeddings/Update, its codes those of UpdateRetryCodes):
+// retryPolicy with r's attempts (grpc-go caps them at 5 in all),
+// backoff and codes, and throttling if given (one budget for the
+// channel, both methods' failures counted). grpc-go honours the
+// router's pushback (it reads it before anything else), sleeps a
+// backoff past the deadline (the call then ends DeadlineExceeded), and
+// retries only a refusal sent before any answer header (the router's
+// admission and update refusals are) of a call whose message it still
+// holds (256 KiB by default: a larger update is not retried).
 func ServiceConfig(r Retry, throttling *RetryThrottling) string {
 	r.EnsureDefaults()
-	names := make([]string, len(r.Codes))
-	for i, c := range r.Codes {
-		names[i] = strconv.Quote(strings.ToUpper(snake(c.String())))
-	}
 	sec := func(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "s" }
-	sc := fmt.Sprintf(`{"methodConfig":[{"name":[{"service":"prism.v1.Recommender","method":"Recommend"}],"retryPolicy":{"maxAttempts":%d,"initialBackoff":%q,"maxBackoff":%q,"backoffMultiplier":%g,"retryableStatusCodes":[%s]}}]`,
-		r.Retries+1, sec(r.Initial), sec(r.Max), r.Multiplier, strings.Join(names, ","))
+	method := func(service, name string, r Retry) string {
+		names := make([]string, len(r.Codes))
+		for i, c := range r.Codes {
+			names[i] = strconv.Quote(strings.ToUpper(snake(c.String())))
+		}
+		return fmt.Sprintf(`{"name":[{"service":%q,"method":%q}],"retryPolicy":{"maxAttempts":%d,"initialBackoff":%q,"maxBackoff":%q,"backoffMultiplier":%g,"retryableStatusCodes":[%s]}}`,
+			service, name, r.Retries+1, sec(r.Initial), sec(r.Max), r.Multiplier, strings.Join(names, ","))
+	}
+	configs := []string{method("prism.v1.Recommender", "Recommend", r)}
+	if u := updateRetry(r); u.Retries > 0 {
+		configs = append(configs, method("prism.v1.Embeddings", "Update", u))
+	}
+	sc := `{"methodConfig":[` + strings.Join(configs, ",") + `]`
 	if throttling != nil {
 		sc += fmt.Sprintf(`,"retryThrottling":{"maxTokens":%g,"tokenRatio":%g}`, throttling.MaxTokens, throttling.TokenRatio)
 	}

@@ -213,14 +213,37 @@ func TestRetriesOverGRPC(t *testing.T) {
 }
 
 // TestServiceConfig: the service config grpc-go parses, with the codes
-// in its names.
+// in its names, for Recommend and for Embeddings/Update, whose policy
+// keeps only the codes an update is retried on (UpdateRetryCodes).
 func TestServiceConfig(t *testing.T) {
-	got := ServiceConfig(Retry{Retries: 3, Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}, &RetryThrottling{MaxTokens: 10, TokenRatio: 0.1})
-	want := `{"methodConfig":[{"name":[{"service":"prism.v1.Recommender","method":"Recommend"}],"retryPolicy":{"maxAttempts":4,"initialBackoff":"0.02s","maxBackoff":"0.5s","backoffMultiplier":2,"retryableStatusCodes":["RESOURCE_EXHAUSTED","UNAVAILABLE"]}}],"retryThrottling":{"maxTokens":10,"tokenRatio":0.1}}`
-	if got != want {
-		t.Fatalf("service config\n%s\nwant\n%s", got, want)
+	policy := func(codes string) string {
+		return `"retryPolicy":{"maxAttempts":4,"initialBackoff":"0.02s","maxBackoff":"0.5s","backoffMultiplier":2,"retryableStatusCodes":[` + codes + `]}`
 	}
-	if _, err := grpc.NewClient("passthrough:///x", grpc.WithDefaultServiceConfig(got), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		t.Fatalf("grpc-go refuses it: %v", err)
+	for _, tc := range []struct {
+		name  string
+		codes []codes.Code
+		want  string
+	}{
+		{name: "default codes", want: `{"methodConfig":[{"name":[{"service":"prism.v1.Recommender","method":"Recommend"}],` + policy(`"RESOURCE_EXHAUSTED","UNAVAILABLE"`) + `},` +
+			`{"name":[{"service":"prism.v1.Embeddings","method":"Update"}],` + policy(`"RESOURCE_EXHAUSTED","UNAVAILABLE"`) + `}],"retryThrottling":{"maxTokens":10,"tokenRatio":0.1}}`},
+		{name: "updates keep theirs", codes: []codes.Code{codes.DeadlineExceeded, codes.Unavailable, codes.Aborted},
+			want: `{"methodConfig":[{"name":[{"service":"prism.v1.Recommender","method":"Recommend"}],` + policy(`"DEADLINE_EXCEEDED","UNAVAILABLE","ABORTED"`) + `},` +
+				`{"name":[{"service":"prism.v1.Embeddings","method":"Update"}],` + policy(`"UNAVAILABLE"`) + `}],"retryThrottling":{"maxTokens":10,"tokenRatio":0.1}}`},
+		{name: "no update code", codes: []codes.Code{codes.Aborted},
+			want: `{"methodConfig":[{"name":[{"service":"prism.v1.Recommender","method":"Recommend"}],` + policy(`"ABORTED"`) + `}],"retryThrottling":{"maxTokens":10,"tokenRatio":0.1}}`},
+	} {
+		got := ServiceConfig(Retry{Retries: 3, Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond, Codes: tc.codes}, &RetryThrottling{MaxTokens: 10, TokenRatio: 0.1})
+		if got != tc.want {
+			t.Fatalf("%s: service config\n%s\nwant\n%s", tc.name, got, tc.want)
+		}
+		if _, err := grpc.NewClient("passthrough:///x", grpc.WithDefaultServiceConfig(got), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			t.Fatalf("%s: grpc-go refuses it: %v", tc.name, err)
+		}
+	}
+	// The names are the methods' own.
+	for _, m := range []string{prismv1.Recommender_Recommend_FullMethodName, prismv1.Embeddings_Update_FullMethodName} {
+		if parts := strings.Split(m, "/"); !strings.Contains(ServiceConfig(Retry{Retries: 1}, nil), `{"service":"`+parts[1]+`","method":"`+parts[2]+`"}`) {
+			t.Fatalf("the service config names no %s", m)
+		}
 	}
 }

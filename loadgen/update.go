@@ -8,7 +8,12 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/models"
@@ -141,8 +146,9 @@ type GRPCUpdater struct {
 var _ UpdateSender = GRPCUpdater{}
 
 func (g GRPCUpdater) Update(ctx context.Context, req *prismv1.UpdateRequest) error {
-	_, err := g.Client.Update(ctx, req)
-	return err
+	var tr metadata.MD
+	_, err := g.Client.Update(ctx, req, grpc.Trailer(&tr))
+	return withPushback(err, tr) // a retrying run reads the router's pushback
 }
 
 // updateSource sends embedding updates.
@@ -158,13 +164,52 @@ func (s updateSource) next() (job, error) {
 
 func (s updateSource) send(ctx context.Context, j job) error { return s.s.Update(ctx, j.upd) }
 
+// UpdateRetryCodes are the refusals of an update a retry can cure, as a
+// trainer retries them: the router's update queue full
+// (ResourceExhausted, "back off"), its start-up window ("retry in N
+// ms") and no live embedding worker of the model right now
+// (Unavailable). The others are never retried, whatever Retry.Codes
+// say: bad input (InvalidArgument), a model not served (NotFound) and
+// routers naming each other (FailedPrecondition) answer the same update
+// the same way again, and DeadlineExceeded ends the update's whole
+// time, its retries' included.
+var UpdateRetryCodes = []codes.Code{codes.ResourceExhausted, codes.Unavailable}
+
+// updateRetry is r for updates: its codes (the defaults when none are
+// given) less those UpdateRetryCodes leave out; nothing retried when
+// none is left.
+func updateRetry(r Retry) Retry {
+	if r.Retries <= 0 {
+		return r
+	}
+	cs := r.Codes
+	if len(cs) == 0 {
+		cs = RetryCodes
+	}
+	var kept []codes.Code
+	for _, c := range cs {
+		if slices.Contains(UpdateRetryCodes, c) && !slices.Contains(kept, c) {
+			kept = append(kept, c)
+		}
+	}
+	if len(kept) == 0 {
+		return Retry{}
+	}
+	r.Codes = kept
+	return r
+}
+
 // RunUpdates drives a run of updates, as Run does of Recommend requests:
 // open loop at o.Profile (or closed loop with o.Clients), every latency
 // from the update's intended send time, an update counted OK once
 // acknowledged. The summary's samples are the rows written (Kind
-// "updates").
+// "updates"). o.Retry retries a refused update as it retries a
+// Recommend request (backoff, the router's pushback, the deadline from
+// the first attempt), the same update each time (an upsert: a retry of
+// one applied after all writes the same rows), for the codes of
+// UpdateRetryCodes alone.
 func RunUpdates(ctx context.Context, o Options, u *Updates, s UpdateSender) (*Summary, error) {
 	o.Kind = KindUpdates
-	o.Retry = Retry{} // an update is sent once: its retries would be another load
+	o.Retry = updateRetry(o.Retry)
 	return run(ctx, o, updateSource{u, s}, nil)
 }

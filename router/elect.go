@@ -217,7 +217,7 @@ func (e *elected) update(ctx context.Context, req *prismv1.UpdateRequest) (*upda
 	switch {
 	case t.d != nil:
 		if wait := t.settled.Sub(e.r.Reg.now()); wait > 0 {
-			return nil, nil, status.Errorf(codes.Unavailable, "this router began sequencing embedding updates moments ago and is still learning which updates the embedding workers hold; not applied; retry in %v", wait.Round(time.Millisecond))
+			return nil, nil, windowRefusal(status.Errorf(codes.Unavailable, "this router began sequencing embedding updates moments ago and is still learning which updates the embedding workers hold; not applied; retry in %v", wait.Round(time.Millisecond)), wait)
 		}
 		return t.d, nil, nil
 	case forwarded(ctx):

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -165,9 +166,17 @@ func TestElectedSequencerMoves(t *testing.T) {
 		wantUnavailable(t, rig.update(via, 1, 1), "no holder", "election of one is under way")
 	}
 	rig.lead(a)
-	// A's start-up window: nothing numbered, on A or through B.
-	wantUnavailable(t, rig.update(a, 1, 1), "A's window", "moments ago")
-	wantUnavailable(t, rig.update(b, 1, 1), "through B in A's window", "moments ago")
+	// A's start-up window: nothing numbered, on A or through B, each
+	// refusal with the time left in the window as its pushback (B
+	// relays A's).
+	for via, what := range map[int]string{a: "A's window", b: "through B in A's window"} {
+		err := rig.update(via, 1, 1)
+		wantUnavailable(t, err, what, "moments ago")
+		var r *refusal
+		if !errors.As(err, &r) || !r.retry || r.wait <= 0 {
+			t.Fatalf("%s: %v carries no pushback of the time left in the window (%+v)", what, err, r)
+		}
+	}
 	rig.orders()
 	rig.advance()
 	for i := range 4 {

@@ -273,7 +273,8 @@ func (f *follower) forwardTo(ctx context.Context, addr string, req *prismv1.Upda
 			}
 		}
 	}()
-	resp, err := prismv1.NewEmbeddingsClient(conn).Update(metadata.AppendToOutgoingContext(fctx, forwardedKey, "router"), req)
+	var tr metadata.MD
+	resp, err := prismv1.NewEmbeddingsClient(conn).Update(metadata.AppendToOutgoingContext(fctx, forwardedKey, "router"), req, grpc.Trailer(&tr))
 	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(fctx), errSequencerSilent) {
 		return nil, status.Errorf(codes.Unavailable, "update sequencer %s does not answer (%d polls of it in a row failed); the update may or may not be applied; retry", addr, silentPolls)
 	}
@@ -281,10 +282,12 @@ func (f *follower) forwardTo(ctx context.Context, addr string, req *prismv1.Upda
 		st := status.Convert(err)
 		switch st.Code() {
 		case codes.Unavailable, codes.Unknown, codes.Internal:
-			// Not reached, or it broke: say where the update went.
-			return nil, status.Errorf(codes.Unavailable, "update sequencer %s: %s; retry", addr, st.Message())
+			// Not reached, or it broke: say where the update went. A
+			// refusal in the sequencer's start-up window keeps its
+			// pushback.
+			return nil, relayPushback(status.Errorf(codes.Unavailable, "update sequencer %s: %s; retry", addr, st.Message()), tr)
 		}
-		return nil, err // its own answer (bad input, deadline, quorum not reached, ...)
+		return nil, relayPushback(err, tr) // its own answer (bad input, deadline, quorum not reached, ...)
 	}
 	f.took(addr, req.GetModel(), resp)
 	return resp, nil

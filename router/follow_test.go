@@ -132,7 +132,13 @@ func newFollowRig(t *testing.T, cns ...*seqCN) *followRig {
 // newFollowRigOf is newFollowRig whose sequencer's Embeddings service
 // is wrap's (nil: as it is), a sequencer of another release, say.
 func newFollowRigOf(t *testing.T, wrap func(prismv1.EmbeddingsServer) prismv1.EmbeddingsServer, cns ...*seqCN) *followRig {
-	rig := &followRig{updateRig: newUpdateRig(t, Options{}, cns...)}
+	return followRigOn(t, newUpdateRig(t, Options{}, cns...), wrap)
+}
+
+// followRigOn is a follower of base's router (past its start-up wait,
+// or not).
+func followRigOn(t *testing.T, base *updateRig, wrap func(prismv1.EmbeddingsServer) prismv1.EmbeddingsServer) *followRig {
+	rig := &followRig{updateRig: base}
 	addr, lis := listen(t)
 	s := grpc.NewServer()
 	var emb prismv1.EmbeddingsServer = rig.r.Updater()

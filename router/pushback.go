@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -61,6 +62,35 @@ func setPushback(ctx context.Context, err error) {
 	if errors.As(err, &r) {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs(PushbackKey, r.value()))
 	}
+}
+
+// windowRefusal is err, an update refused in a start-up window (the
+// router's, a model's, a new election holder's: updates are taken once
+// it has heard what the workers hold), carrying the time left in the
+// window as its pushback: a retry sent then is taken, where one on a
+// client's backoff (grpc-go's starts at a fraction of a second) is
+// refused again until the window ends. The message says it too ("retry
+// in N ms"), for people and clients that read no trailer.
+func windowRefusal(err error, left time.Duration) error { return withPushback(err, left, true, true) }
+
+// relayPushback is err, the refusal of an update this router forwarded
+// to the sequencing one, carrying the pushback the sequencer's trailer
+// tr gave it, so that the client of this router retries when the
+// sequencer said (its start-up window). Several values, or one that is
+// no integer, are not relayed: the client's backoff decides.
+func relayPushback(err error, tr metadata.MD) error {
+	v := tr.Get(PushbackKey)
+	if err == nil || len(v) != 1 {
+		return err
+	}
+	ms, perr := strconv.ParseInt(strings.TrimSpace(v[0]), 10, 64)
+	if perr != nil {
+		return err
+	}
+	if ms < 0 {
+		return withPushback(err, 0, false, true)
+	}
+	return withPushback(err, time.Duration(ms)*time.Millisecond, true, true)
 }
 
 // lateRefusal is err, the refusal of a request for its predicted finish

@@ -573,7 +573,7 @@ func (m *modelSeq) idle() bool {
 func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateRequest, deadline time.Time) {
 	s.advance(now)
 	if wait := s.settled.Sub(s.now); wait > 0 {
-		s.answer(client, "", nil, status.Errorf(codes.Unavailable, "router started moments ago and is still learning which updates the embedding workers hold; retry in %v", wait.Round(time.Millisecond)))
+		s.answer(client, "", nil, windowRefusal(status.Errorf(codes.Unavailable, "router started moments ago and is still learning which updates the embedding workers hold; retry in %v", wait.Round(time.Millisecond)), wait))
 		return
 	}
 	parts, err := s.split(req)
@@ -583,7 +583,7 @@ func (s *sequencer) propose(now time.Time, client uint64, req *prismv1.UpdateReq
 	}
 	for _, p := range parts {
 		if wait := s.settles(s.model(p.key)).Sub(s.now); wait > 0 {
-			s.answer(client, "", nil, status.Errorf(codes.Unavailable, "router first heard of model %q moments ago and is still learning which updates its embedding workers hold; retry in %v", p.key, wait.Round(time.Millisecond)))
+			s.answer(client, "", nil, windowRefusal(status.Errorf(codes.Unavailable, "router first heard of model %q moments ago and is still learning which updates its embedding workers hold; retry in %v", p.key, wait.Round(time.Millisecond)), wait))
 			return
 		}
 	}

@@ -152,9 +152,20 @@ func queuedBytes(req *prismv1.UpdateRequest) int64 {
 // under the 64 MiB the tiers accept by default.
 const maxUpdateBytes = 64<<20 - 1<<10
 
-// Update applies req on every embedding worker serving req.Model.
+// Update applies req on every embedding worker serving req.Model. A
+// refusal in a start-up window carries the time left in it as the
+// retry pushback (pushback.go, windowRefusal) in its trailer, as
+// Recommend's overload refusals carry theirs. The others carry none:
+// no embedding worker right now and the update queue full
+// (ResourceExhausted) come with no prediction of when it changes (no
+// rate of the queue's draining is measured), so the client's backoff
+// decides, as it does for a Recommend refused before its model's rate
+// is measured.
 func (u *Updater) Update(ctx context.Context, req *prismv1.UpdateRequest) (*prismv1.UpdateResponse, error) {
 	resp, err := u.update(ctx, req)
+	if err != nil {
+		setPushback(ctx, err)
+	}
 	if tracing.Recording(ctx) {
 		// An update merged with others (group commit) was sent under the
 		// first one's trace: the number it took says which.

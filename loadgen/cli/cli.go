@@ -140,7 +140,11 @@ fresh rows does: --update-rows rows an update, of the plan's tables in
 turn (--plan gives their names, rows and widths), ids skewed like the
 lookups (--zipf). Its report (acknowledged updates, rows/s, latency
 from each update's intended send time) follows the requests'; with
---update-only the run sends updates alone.
+--update-only the run sends updates alone. --retries retries an update
+refused with ResourceExhausted (the router's update queue full) or
+Unavailable (its start-up window, no embedding worker right now) as it
+retries a request, the same update each time, and counts its attempts
+in the update report.
 
 --target https://HOST:PORT (the router's --http-addr; http:// with
 --insecure) sends the requests over HTTP/JSON instead, POST
@@ -291,7 +295,7 @@ HTTP status when the body is not the router's JSON), so the report,
 	fl.BoolVar(&f.quiet, "quiet", false, "no live status lines")
 	fl.IntVar(&f.printRequests, "print-request", 0, "write this many requests as JSON to stdout and exit without sending: one request as an object (grpcurl -d @ and ghz --data-file take it), more as an array (ghz --data-file sends them in turn); --candidates, --seed, --stream and the input flags apply")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "send the bearer token in this file with every request (the router's --auth-token-file); with --tls-ca alone, no certificate is presented")
-	fl.IntVar(&f.retries, "retries", 0, "retry a request refused with ResourceExhausted or Unavailable up to this many times after its first attempt, while its deadline (--timeout, from the first attempt) allows, as retrying clients do; latency stays from the first attempt's intended send time, and the report counts attempts per request and attempts/s")
+	fl.IntVar(&f.retries, "retries", 0, "retry a request (and an update of the update stream) refused with ResourceExhausted or Unavailable up to this many times after its first attempt, while its deadline (--timeout, from the first attempt) allows, as retrying clients do; latency stays from the first attempt's intended send time, and the report counts attempts per request and attempts/s")
 	fl.DurationVar(&f.retryBackoff, "retry-backoff", 10*time.Millisecond, "backoff before the first retry; each next one doubles (at most --retry-max-backoff), jittered by 0.8-1.2 as grpc-go's")
 	fl.DurationVar(&f.retryMaxBackoff, "retry-max-backoff", time.Second, "longest backoff between retries")
 	fl.BoolVar(&f.retryPushback, "retry-pushback", true, "honour the server's grpc-retry-pushback-ms as grpc-go does (retry after it; negative: do not retry); false: retry on the backoff alone, as a retry loop that reads no trailer")
@@ -524,8 +528,6 @@ func checkRetryFlags(cmd *cobra.Command, f *flags) error {
 	switch {
 	case f.findMax:
 		return errors.New("loadgen: --find-max searches the rate the server sustains without retries; run the retrying clients in a run of their own at the rate it found")
-	case f.updateOnly:
-		return errors.New("loadgen: --retries retries Recommend requests, which --update-only does not send")
 	case f.printRequests > 0:
 		return errors.New("loadgen: --print-request sends nothing: leave out --retries")
 	}
@@ -778,13 +780,17 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if f.findMax {
 		return findMax(ctx, stdout, stderr, f, opts, newRequests, sender)
 	}
+	// The Recommend requests' retries, and the update stream's: a
+	// trainer retries an update refused for the moment (the router's
+	// update queue full, its start-up window) as a client retries a
+	// request (loadgen.UpdateRetryCodes).
+	opts.Retry = rt
 	var updates func() (*loadgen.Summary, error)
 	if f.updates() {
 		if updates, err = updateStream(ctx, stderr, f, target, opts, cc); err != nil {
 			return err
 		}
 	}
-	opts.Retry = rt // the Recommend requests' (the update stream sends each update once)
 	if f.updateOnly {
 		return reportUpdates(stdout, f, updates)
 	}

@@ -441,6 +441,45 @@ func TestLoadgenCLIUpdateErrors(t *testing.T) {
 	}
 }
 
+// TestLoadgenCLIUpdateRetries: --retries applies to the update stream
+// too, alone (--update-only) and beside the requests, in either mode:
+// the update report has its retries' line and summary.json (OUT, or
+// OUT/updates) its retry stats (the fake acknowledges every update:
+// one attempt each).
+func TestLoadgenCLIUpdateRetries(t *testing.T) {
+	dir, _ := keysPlan(t)
+	for _, mode := range []string{"loadgen", "grpc"} {
+		for _, only := range []bool{true, false} {
+			out := t.TempDir()
+			args := []string{"--fake", "--model", "hc", "--plan", dir, "--update-clients", "2", "--max-requests", "30", "--duration", "2s",
+				"--retries", "2", "--retry-mode", mode, "--out", out, "--quiet"}
+			updDir := out
+			if only {
+				args = append(args, "--update-only")
+			} else {
+				args = append(args, "--rate", "40", "--candidates", "4")
+				updDir = filepath.Join(out, "updates")
+			}
+			res, err := runCLI(t, args...)
+			if err != nil {
+				t.Fatalf("%s, update-only %v: %v\n%s", mode, only, err, res)
+			}
+			if !strings.Contains(res, "retries     up to 2: ") || !strings.Contains(res, "1.00 an update") || !strings.Contains(res, "updates/s offered") {
+				t.Fatalf("%s, update-only %v: output lacks the updates' retries line:\n%s", mode, only, res)
+			}
+			sum := readSummary(t, updDir)
+			if sum.Kind != loadgen.KindUpdates || sum.Retry == nil || sum.Retry.Retries != 2 || sum.Retry.Attempts != sum.Sent || sum.Sent != 30 {
+				t.Fatalf("%s, update-only %v: updates' summary.json retry %+v for %d sent", mode, only, sum.Retry, sum.Sent)
+			}
+			if !only {
+				if sum := readSummary(t, out); sum.Kind != "" || sum.Retry == nil || sum.Retry.Attempts != sum.Sent {
+					t.Fatalf("%s: requests' summary.json retry %+v for %d sent", mode, sum.Retry, sum.Sent)
+				}
+			}
+		}
+	}
+}
+
 // TestLoadgenCLIRetries: retry flags that would be ignored or that
 // contradict each other are refused; a retrying run against the fake
 // (which answers everything) reports one attempt a request, in either
