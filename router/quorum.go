@@ -19,8 +19,11 @@ import "fmt"
 // when the update is numbered, but those out of the model until an
 // operator gives them a store: claiming updates this router never
 // numbered, refusing one others applied, or behind what the update log
-// still holds. A worker left behind as slow, or catching up, counts,
-// and lacks the update until it is caught up.
+// still holds. One that leaves the model so while the update is in
+// flight (refusing this very update as bad input while another applies
+// it) no longer counts for it either (sequencer.outOfModel). A worker
+// left behind as slow, or catching up, counts, and lacks the update
+// until it is caught up.
 type Quorum int
 
 const (

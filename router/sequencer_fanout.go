@@ -40,8 +40,11 @@ type fanout struct {
 	seq     int64
 	targets int
 	// members are the workers the quorum counts (the targets and the
-	// slow ones), need how many of them must hold the update.
+	// slow ones), need how many of them must hold the update; memberIDs
+	// their ids, sorted. A member found diverged by the time every
+	// answer is in no longer counts (outOfModel).
 	members, need int
+	memberIDs     []string
 	waiting       map[string]string // worker id -> addr, not yet answered
 	applied       int
 	// early counts the workers that applied it before the sequencer
@@ -190,7 +193,7 @@ func (s *sequencer) startNext(model string, m *modelSeq) {
 		} else if m.bytes <= budget {
 			m.overBudget = false
 		}
-		f := &fanout{client: p.client, parts: batch, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), waiting: map[string]string{}}
+		f := &fanout{client: p.client, parts: batch, seq: m.next, targets: len(targets), members: members, need: s.quorum.need(members), memberIDs: memberIDs, waiting: map[string]string{}}
 		m.inflight = f
 		// Sent marked fresh (the log keeps areq, replayed unmarked): a
 		// worker holding the number already holds another sequencer's
@@ -467,6 +470,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
 			}
 		}
+		s.outOfModel(m, f)
 		if s.resigned && f.applied >= f.need && f.early < f.need {
 			// The quorum came only after this router stopped sequencing:
 			// the router sequencing now may have ended its start-up
@@ -496,6 +500,43 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		s.answerAll(model, f, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused, Held: map[string]*prismv1.UpdateHeld{model: {Seq: f.seq, Workers: f.holders}}}, nil)
 	}
 	s.startNext(model, m)
+}
+
+// outOfModel counts f's quorum again without the members that are out
+// of the model now that every worker answered: those found diverged
+// meanwhile (refusing as bad input the update another applied, holding
+// another sequencer's update under its number, a replay answered
+// otherwise, their store's mark). Such a worker serves no lookups and
+// takes no updates until an operator gives it a store, as one diverged
+// before the update was numbered, which targetsOf leaves out of the
+// members. Counted, it held below the quorum an update that every
+// worker still in the model answering OK holds: the clients were told
+// Unavailable, and their retry, numbered without it, was acknowledged.
+// With group commit that failed every client merged with the one whose
+// rows the worker refused, where each alone (and the refused one too)
+// would have been acknowledged. A member that left (gone) still counts:
+// its store may come back holding what it held. A worker that applied
+// the update and is out of the model all the same (its store's mark
+// announced meanwhile) is no holder either: it is not counted towards
+// the quorum, nor named as holding the update.
+func (s *sequencer) outOfModel(m *modelSeq, f *fanout) {
+	out := 0
+	for _, id := range f.memberIDs {
+		if _, diverged := m.diverged[id]; diverged {
+			out++
+		}
+	}
+	if out > 0 {
+		f.members -= out
+		// At least one: a quorum of none would acknowledge an update
+		// only workers out of the model hold.
+		f.need = max(1, s.quorum.need(f.members))
+	}
+	f.holders = slices.DeleteFunc(f.holders, func(id string) bool {
+		_, diverged := m.diverged[id]
+		return diverged
+	})
+	f.applied = len(f.holders)
 }
 
 // answerAll answers every client of f (each part of a merged update)

@@ -46,7 +46,11 @@ import (
 // gets the answer its own update gets. A divergent answer (some
 // workers applied it, some refused it) is what it is for one update:
 // every client of it is answered OK with the refusals named, the
-// refusers out of serving.
+// refusers out of serving, and out of the workers its quorum counts
+// (outOfModel): counted, they failed every client of the merge with
+// Unavailable under all (or a majority of two), though each client's
+// rows were on every worker still in the model, and its update alone
+// (or its retry, numbered without them) was acknowledged.
 //
 // A client whose context ends while its update waits is dropped from
 // the queue (cancel), as before: it is never merged, so never applied.

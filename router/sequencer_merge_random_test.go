@@ -2,9 +2,12 @@ package router
 
 import (
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,34 +24,50 @@ import (
 // (the per-worker timeout) or not at all until a replay. Two workers
 // keep a store as cpuserve's does (an update in turn is written, one
 // with an id outside the table takes its number and writes nothing).
+// With diverge, the second worker's table is half the first's (workers
+// mid-rollout): some clients' ids are in range on the first only, and
+// the workers answer their updates differently.
 // Whatever the history, once every apply is answered:
 //   - every client is answered once;
 //   - on each worker, the rows of an id are written in the order the
 //     router accepted their clients (a client's number here);
-//   - a client answered OK has its rows on every worker; one answered
-//     InvalidArgument is the one with the bad id, whose rows are on no
+//   - a client answered OK has its rows on every worker still in the
+//     model (not diverged); one answered InvalidArgument is one with an
+//     id outside a table (with diverge, possibly the second worker's
+//     alone); the rows of one with an id outside every table are on no
 //     worker, as are those of a client that gave up while its update
-//     waited.
+//     waited;
+//   - a client whose update both workers were sent, and answered OK or
+//     InvalidArgument each, is not told Unavailable below the quorum:
+//     a refuser of an update the other applied is out of the model and
+//     not counted (outOfModel), so no client of a merged update hears
+//     Unavailable for another's rows.
 func TestMergeRandom(t *testing.T) {
-	for _, q := range []Quorum{QuorumOne, QuorumAll} {
-		merged := 0
-		for seed := range uint64(400) {
-			n, err := mergeHistory(seed, q)
-			if err != nil {
-				t.Fatalf("quorum %s, seed %d: %v", q, seed, err)
+	for _, diverge := range []bool{false, true} {
+		for _, q := range []Quorum{QuorumOne, QuorumAll} {
+			merged := 0
+			for seed := range uint64(*mergeSeeds) {
+				n, err := mergeHistory(seed, q, diverge)
+				if err != nil {
+					t.Fatalf("quorum %s, diverge %v, seed %d: %v", q, diverge, seed, err)
+				}
+				merged += n
 			}
-			merged += n
-		}
-		if merged == 0 {
-			t.Fatalf("quorum %s: no history merged an update", q)
+			if merged == 0 {
+				t.Fatalf("quorum %s, diverge %v: no history merged an update", q, diverge)
+			}
 		}
 	}
 }
 
+var mergeSeeds = flag.Int("merge-seeds", 400, "the histories TestMergeRandom runs of each kind")
+
 // mergeWorker is a worker's store in TestMergeRandom: the seq it holds
-// and, in order, each row written (its id and its client).
+// and, in order, each row written (its id and its client); its table t
+// has rows ids below rows.
 type mergeWorker struct {
 	id           string
+	rows         int64
 	held         int64
 	ids, clients []int64
 	inbox        []message
@@ -69,7 +88,7 @@ func (w *mergeWorker) take(m message) error {
 	w.held = seq
 	u := a.GetUpdate()
 	for _, id := range u.GetIds() {
-		if id >= 100 {
+		if id >= w.rows {
 			return status.Error(codes.InvalidArgument, "id outside the table")
 		}
 	}
@@ -83,7 +102,7 @@ func (w *mergeWorker) take(m message) error {
 	return nil
 }
 
-func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
+func mergeHistory(seed uint64, q Quorum, diverge bool) (merged int, _ error) {
 	r := rand.New(rand.NewPCG(seed, 7))
 	now := time.Unix(1000, 0)
 	s := newSequencer(now, time.Second, 256<<20, 0, q)
@@ -93,13 +112,19 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 		// table passed over before it and waiting after it.
 		s.mergeBytes = int64(60 + r.IntN(40))
 	}
-	ws := []*mergeWorker{{id: "w1"}, {id: "w2"}}
+	ws := []*mergeWorker{{id: "w1", rows: 100}, {id: "w2", rows: 100}}
+	if diverge {
+		ws[1].rows = 50
+	}
 	for _, w := range ws {
 		s.announced(now, &prismv1.WorkerInfo{Id: w.id, Addr: "a-" + w.id, Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, UpdateSeq: map[string]int64{"m": 0}})
 	}
 	now = now.Add(3 * time.Second)
 	answers := map[uint64][]error{}
-	gaveUp, bad := map[uint64]bool{}, map[uint64]bool{}
+	gaveUp, bad, half := map[uint64]bool{}, map[uint64]bool{}, map[uint64]bool{}
+	// last is the update each client was last sent in, sent how many
+	// client applies each update had, said their answers' codes.
+	last, sent, said := map[uint64]int64{}, map[int64]int{}, map[int64][]codes.Code{}
 	next := uint64(1)
 	carry := func() {
 		for _, m := range s.ready() {
@@ -107,6 +132,13 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 			case msgApply:
 				if len(m.Merged) > 1 {
 					merged++
+				}
+				if m.Client != 0 {
+					sent[m.Apply.GetSeq()]++
+					last[m.Client] = m.Apply.GetSeq()
+					for _, c := range m.Merged {
+						last[c] = m.Apply.GetSeq()
+					}
 				}
 				for _, w := range ws {
 					if w.id == m.Worker {
@@ -125,6 +157,9 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 		if late && m.Client != 0 {
 			err = errWorkerTimeout // applied or not, answered too late
 		}
+		if m.Client != 0 {
+			said[m.Apply.GetSeq()] = append(said[m.Apply.GetSeq()], status.Code(err))
+		}
 		s.applied(now, m.Client, "m", w.id, m.Apply.GetSeq(), err)
 		carry()
 	}
@@ -142,6 +177,10 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 			if r.IntN(8) == 0 {
 				ids[r.IntN(len(ids))] = 999
 				bad[c] = true
+			}
+			if diverge && !bad[c] && r.IntN(6) == 0 {
+				ids[r.IntN(len(ids))] = 50 + int64(r.IntN(50)) // outside w2's table only
+				half[c] = true
 			}
 			table := "t"
 			if r.IntN(3) == 0 {
@@ -162,7 +201,13 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 			carry()
 		default:
 			if w := ws[r.IntN(len(ws))]; len(w.inbox) > 0 {
-				deliver(w, r.IntN(8) == 0)
+				// With diverge, every answer comes in time: an answer lost
+				// hides how a worker answered an update its peer answered
+				// otherwise (a refusal lost took the number, and a replay
+				// of it is answered as held), and a worker left slow is
+				// replayed the update in flight, whose answer the fan-out's
+				// outcome then overrides; neither is told apart yet.
+				deliver(w, r.IntN(8) == 0 && !diverge)
 			}
 		}
 	}
@@ -186,11 +231,20 @@ func mergeHistory(seed uint64, q Quorum) (merged int, _ error) {
 		if len(answers[c]) != 1 {
 			return merged, fmt.Errorf("client %d answered %d times: %v", c, len(answers[c]), answers[c])
 		}
-		if err := answers[c][0]; status.Code(err) == codes.InvalidArgument && !bad[c] {
+		err := answers[c][0]
+		if status.Code(err) == codes.InvalidArgument && !bad[c] && !half[c] {
 			return merged, fmt.Errorf("client %d, whose ids are all in the table, refused: %v", c, err)
+		}
+		if seq, ok := last[c]; ok && status.Code(err) == codes.Unavailable && strings.Contains(status.Convert(err).Message(), "below the update quorum") && sent[seq] == len(ws) &&
+			!slices.ContainsFunc(said[seq], func(k codes.Code) bool { return k != codes.OK && k != codes.InvalidArgument }) {
+			return merged, fmt.Errorf("client %d told %v, though every worker its update %d went to applied it or refused it as bad input (%v)", c, err, seq, said[seq])
 		}
 	}
 	for _, w := range ws {
+		if _, diverged := s.models["m"].diverged[w.id]; diverged {
+			// Out of the model: it may lack rows acknowledged since.
+			continue
+		}
 		if w.held != s.models["m"].next {
 			return merged, fmt.Errorf("worker %s holds %d of %d", w.id, w.held, s.models["m"].next)
 		}

@@ -72,8 +72,9 @@ import (
 //     claiming later updates is left out of the model, not followed.
 //   - A worker that does not answer within Options.UpdateWorkerTimeout
 //     is left behind (caught up later), not waited on; one refusing as
-//     bad input an update another applied leaves serving the model, and
-//     the caller's UpdateResponse.refused names it. The answers to its
+//     bad input an update another applied leaves serving the model, is
+//     not counted for that update's quorum either, and the caller's
+//     UpdateResponse.refused names it. The answers to its
 //     announcements tell it (AnnounceResponse.diverged); its store
 //     records the mark and it announces it, so it stays out under a
 //     restarted router, another one, and after its registration lapses.
