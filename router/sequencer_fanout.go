@@ -59,6 +59,27 @@ type fanout struct {
 	// holders are the ids of the workers that applied it (the answer's
 	// held: a forwarding router sends lookups to them at once).
 	holders []string
+	// replays are the answers, by worker id, to catch-up replays of
+	// this update while it was in flight (replayed): sent to a worker
+	// the fan-out does not wait for (a slow one, left out of the
+	// targets; one that answered it behind). Each counts as that
+	// worker's answer to the fan-out when the last answer is in
+	// (countReplays), so a worker applying it by replay makes the
+	// targets refusing it diverged, and one refusing it by replay is
+	// diverged where a target applied it: set from the replay alone,
+	// the update's outcome was overridden by the fan-out's, and the
+	// worker served a copy that differs from its peers', silently.
+	replays map[string]replayAnswer
+}
+
+// replayAnswer is a worker's answer to a replay of the update in flight
+// (fanout.replays): err nil (applied) or its refusal as bad input, addr
+// the worker's address then, early: answered before the sequencer
+// resigned (fanout.early).
+type replayAnswer struct {
+	err   error
+	addr  string
+	early bool
 }
 
 // targetsOf returns the targets of an update of sequence model (a
@@ -434,6 +455,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		return
 	}
 	m.inflight = nil
+	s.countReplays(f)
 	switch {
 	case f.inputErr != nil && f.applied == 0:
 		m.outcome[f.seq] = -1
@@ -500,6 +522,43 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		s.answerAll(model, f, &prismv1.UpdateResponse{Workers: int32(f.applied), Refused: refused, Held: map[string]*prismv1.UpdateHeld{model: {Seq: f.seq, Workers: f.holders}}}, nil)
 	}
 	s.startNext(model, m)
+}
+
+// countReplays counts, once every target answered, the answers to
+// replays of f's update as their workers' answers to it (replays): an
+// OK makes the worker a holder, a refusal as bad input a refuser, as if
+// the fan-out had sent it the update. A worker the quorum did not count
+// (it announced after the update was numbered) counts from its answer
+// on: its store holds the seq either way, and a holder left uncounted
+// made "all" acknowledge an update a counted member lacks. A worker
+// already counted from its own fan-out answer keeps that answer.
+func (s *sequencer) countReplays(f *fanout) {
+	for _, id := range slices.Sorted(maps.Keys(f.replays)) {
+		r := f.replays[id]
+		if _, refused := f.refusers[id]; refused || slices.Contains(f.holders, id) {
+			continue
+		}
+		if i, member := slices.BinarySearch(f.memberIDs, id); !member {
+			f.memberIDs = slices.Insert(f.memberIDs, i, id)
+			f.members++
+			f.need = s.quorum.need(f.members)
+		}
+		if r.err == nil {
+			f.applied++
+			if r.early {
+				f.early++
+			}
+			f.holders = append(f.holders, id)
+			continue
+		}
+		if f.inputErr == nil {
+			f.inputErr = r.err
+		}
+		if f.refusers == nil {
+			f.refusers = map[string]string{}
+		}
+		f.refusers[id] = r.addr + ": " + status.Convert(r.err).Message()
+	}
 }
 
 // outOfModel counts f's quorum again without the members that are out

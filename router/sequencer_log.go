@@ -78,7 +78,29 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 		if err != nil {
 			got = -1
 		}
-		if was, known := m.outcome[seq]; !known {
+		if f := m.inflight; f != nil && f.seq == seq {
+			// The update in flight (its fan-out did not wait for this
+			// worker): its outcome is the fan-out's, decided once every
+			// target answered, with this answer counted as the worker's
+			// (countReplays). Set here, the fan-out's end overrode it, and
+			// a worker answering otherwise than the targets was not found
+			// diverged: it served another copy than theirs, and a merged
+			// update it applied, refused by the targets, was split and
+			// its parts sent to it again. The replay is not held back
+			// until the fan-out ends instead: a slow worker rejoins the
+			// fan-out only once it holds the latest update (ack), and
+			// under steady load one is nearly always in flight, so a
+			// worker never replayed it stayed one update behind, slow,
+			// for as long as updates came.
+			if f.replays == nil {
+				f.replays = map[string]replayAnswer{}
+			}
+			addr := worker
+			if w := s.workers[worker]; w != nil {
+				addr = w.GetAddr()
+			}
+			f.replays[worker] = replayAnswer{err: err, addr: addr, early: !s.resigned}
+		} else if was, known := m.outcome[seq]; !known {
 			m.outcome[seq] = got
 		} else if was != got {
 			if _, already := m.diverged[worker]; !already {

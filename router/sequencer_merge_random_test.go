@@ -29,6 +29,10 @@ import (
 // the workers answer their updates differently.
 // Whatever the history, once every apply is answered:
 //   - every client is answered once;
+//   - the workers still in the model (not diverged) hold the same
+//     copy: the same rows written in the same order (with diverge, a
+//     worker applying by a catch-up replay of the update in flight an
+//     update its peer refused, or the reverse, is diverged);
 //   - on each worker, the rows of an id are written in the order the
 //     router accepted their clients (a client's number here);
 //   - a client answered OK has its rows on every worker still in the
@@ -73,25 +77,31 @@ type mergeWorker struct {
 	inbox        []message
 }
 
-// take applies m as cpuserve's store would and says how.
+// take applies m as cpuserve's store would and says how. As there,
+// an update is judged before its number is: one with an id outside the
+// table is refused, held already or not (SkipSeqsAt takes a held number
+// as nothing to take), so a replay of a number the worker refused is
+// refused again, not answered as held.
 func (w *mergeWorker) take(m message) error {
 	a := m.Apply
 	seq := a.GetSeq()
+	if seq > w.held+1 {
+		return status.Error(codes.FailedPrecondition, "behind")
+	}
+	u := a.GetUpdate()
+	for _, id := range u.GetIds() {
+		if id >= w.rows {
+			w.held = max(w.held, seq)
+			return status.Error(codes.InvalidArgument, "id outside the table")
+		}
+	}
 	switch {
 	case seq <= w.held && a.GetFresh():
 		return status.Error(codes.AlreadyExists, "held already")
 	case seq <= w.held:
 		return nil
-	case seq > w.held+1:
-		return status.Error(codes.FailedPrecondition, "behind")
 	}
 	w.held = seq
-	u := a.GetUpdate()
-	for _, id := range u.GetIds() {
-		if id >= w.rows {
-			return status.Error(codes.InvalidArgument, "id outside the table")
-		}
-	}
 	for i, id := range u.GetIds() {
 		if u.GetTable() == "u" {
 			id += 1000 // a row of the other table
@@ -201,13 +211,12 @@ func mergeHistory(seed uint64, q Quorum, diverge bool) (merged int, _ error) {
 			carry()
 		default:
 			if w := ws[r.IntN(len(ws))]; len(w.inbox) > 0 {
-				// With diverge, every answer comes in time: an answer lost
-				// hides how a worker answered an update its peer answered
-				// otherwise (a refusal lost took the number, and a replay
-				// of it is answered as held), and a worker left slow is
-				// replayed the update in flight, whose answer the fan-out's
-				// outcome then overrides; neither is told apart yet.
-				deliver(w, r.IntN(8) == 0 && !diverge)
+				// Some answers come too late, with diverge too: the worker
+				// is left slow, and the catch-up replays it the update
+				// still in flight, whose answer counts as its own in the
+				// fan-out (countReplays), or a refusal whose answer was
+				// lost, which it refuses again.
+				deliver(w, r.IntN(8) == 0)
 			}
 		}
 	}
@@ -240,11 +249,24 @@ func mergeHistory(seed uint64, q Quorum, diverge bool) (merged int, _ error) {
 			return merged, fmt.Errorf("client %d told %v, though every worker its update %d went to applied it or refused it as bad input (%v)", c, err, seq, said[seq])
 		}
 	}
+	// The workers still in the model hold one copy: the same rows,
+	// written in the same order. One that answered an update otherwise
+	// than its peer (applied where the other refused it as bad input)
+	// holds another and must be out of the model (diverged), however it
+	// was sent the update: fan-out, replay, or a replay of the update in
+	// flight.
+	var in []*mergeWorker
 	for _, w := range ws {
-		if _, diverged := s.models["m"].diverged[w.id]; diverged {
-			// Out of the model: it may lack rows acknowledged since.
-			continue
+		if _, diverged := s.models["m"].diverged[w.id]; !diverged {
+			in = append(in, w)
 		}
+	}
+	for _, w := range in[min(1, len(in)):] {
+		if !slices.Equal(w.ids, in[0].ids) || !slices.Equal(w.clients, in[0].clients) {
+			return merged, fmt.Errorf("workers %s and %s both serve, with different copies: ids %v clients %v, and ids %v clients %v", in[0].id, w.id, in[0].ids, in[0].clients, w.ids, w.clients)
+		}
+	}
+	for _, w := range in {
 		if w.held != s.models["m"].next {
 			return merged, fmt.Errorf("worker %s holds %d of %d", w.id, w.held, s.models["m"].next)
 		}

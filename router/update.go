@@ -74,10 +74,14 @@ import (
 //     is left behind (caught up later), not waited on; one refusing as
 //     bad input an update another applied leaves serving the model, is
 //     not counted for that update's quorum either, and the caller's
-//     UpdateResponse.refused names it. The answers to its
-//     announcements tell it (AnnounceResponse.diverged); its store
-//     records the mark and it announces it, so it stays out under a
-//     restarted router, another one, and after its registration lapses.
+//     UpdateResponse.refused names it. That holds however each was sent
+//     the update: a catch-up replay of the update still in flight (to a
+//     worker left slow, or behind) answers for its worker in the
+//     fan-out, counted when the last target answers (countReplays).
+//     The answers to the diverged worker's announcements tell it
+//     (AnnounceResponse.diverged); its store records the mark and it
+//     announces it, so it stays out under a restarted router, another
+//     one, and after its registration lapses.
 //
 // One router sequences a model's updates; other routers serving the
 // same workers forward their updates to it (Options.Sequencer;
