@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -177,6 +178,34 @@ func TestChartGrafanaDashboard(t *testing.T) {
 		}
 		if got := cm.Data["prism.json"]; strings.TrimSpace(got) != strings.TrimSpace(string(want)) {
 			t.Errorf("the ConfigMap's prism.json (%d bytes) is not %s (%d bytes)", len(got), dashboardSource, len(want))
+		}
+	}
+}
+
+// TestDashboardFleetGaugesNotSummed: the gauges each router reports of
+// the same workers (every router counts every live worker, every behind
+// one) are not summed over the routers: with the chart's two to four
+// routers (router.autoscaling) a sum shows each worker two to four
+// times. The panels take the max (one router's view) instead.
+func TestDashboardFleetGaugesNotSummed(t *testing.T) {
+	fleet := []string{"prism_router_model_workers", "prism_router_embedding_workers_behind", "prism_router_update_log_bytes"}
+	seen := map[string]bool{}
+	for title, exprs := range dashboardExprs(t) {
+		for _, e := range exprs {
+			for _, m := range fleet {
+				if !slices.Contains(metricNames(e), m) {
+					continue
+				}
+				seen[m] = true
+				if regexp.MustCompile(`\bsum\s*(by\s*\([^)]*\)\s*)?\(\s*` + m + `\b`).MatchString(e) {
+					t.Errorf("%q: %s sums %s over the routers, each of which reports every worker", title, e, m)
+				}
+			}
+		}
+	}
+	for _, m := range fleet {
+		if !seen[m] {
+			t.Errorf("no panel reads %s", m)
 		}
 	}
 }

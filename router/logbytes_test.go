@@ -87,6 +87,12 @@ const heapEnvChild = "PRISM_ROUTER_HEAP_CHILD"
 // which passes on its outcome.
 func inHeapChild(t *testing.T) bool {
 	t.Helper()
+	if raceDetector {
+		// Under -race a waiting update measured 20.6 KB of heap and
+		// stack (16 KiB of stacks alone) against 14.5 KB counted: the
+		// detector's, not the router's.
+		t.Skip("measures memory, which the race detector inflates")
+	}
 	if os.Getenv(heapEnvChild) != "" {
 		return true
 	}

@@ -455,7 +455,14 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		return
 	}
 	m.inflight = nil
-	s.countReplays(f)
+	s.countReplays(m, f)
+	// A holder out of the model (diverged: a store mark announced
+	// meanwhile) decides nothing of the update's outcome: an update only
+	// such workers applied is one the model's workers refused (or none
+	// answered), and its refusers keep serving, as its copy is the one
+	// an operator replaces. Counted, its answer made every refusing
+	// worker diverged, and the model had none left to serve.
+	s.dropOutHolders(m, f)
 	switch {
 	case f.inputErr != nil && f.applied == 0:
 		m.outcome[f.seq] = -1
@@ -532,10 +539,18 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 // on: its store holds the seq either way, and a holder left uncounted
 // made "all" acknowledge an update a counted member lacks. A worker
 // already counted from its own fan-out answer keeps that answer.
-func (s *sequencer) countReplays(f *fanout) {
+func (s *sequencer) countReplays(m *modelSeq, f *fanout) {
 	for _, id := range slices.Sorted(maps.Keys(f.replays)) {
 		r := f.replays[id]
 		if _, refused := f.refusers[id]; refused || slices.Contains(f.holders, id) {
+			continue
+		}
+		if _, diverged := m.diverged[id]; diverged {
+			// Out of the model (the catch-up replays to a diverged
+			// worker too): its copy is the one an operator replaces, so
+			// its answer is no evidence of the update's outcome. Counted,
+			// a diverged worker applying an update every worker of the
+			// model refused made each of them diverged.
 			continue
 		}
 		if i, member := slices.BinarySearch(f.memberIDs, id); !member {
@@ -591,6 +606,13 @@ func (s *sequencer) outOfModel(m *modelSeq, f *fanout) {
 		// only workers out of the model hold.
 		f.need = max(1, s.quorum.need(f.members))
 	}
+	s.dropOutHolders(m, f)
+}
+
+// dropOutHolders drops from f's holders the workers out of the model
+// (diverged): they are not counted towards the quorum, nor named as
+// holding the update.
+func (s *sequencer) dropOutHolders(m *modelSeq, f *fanout) {
 	f.holders = slices.DeleteFunc(f.holders, func(id string) bool {
 		_, diverged := m.diverged[id]
 		return diverged

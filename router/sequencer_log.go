@@ -78,7 +78,17 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 		if err != nil {
 			got = -1
 		}
-		if f := m.inflight; f != nil && f.seq == seq {
+		if _, out := m.diverged[worker]; out {
+			// Out of the model already (the catch-up replays to a
+			// diverged worker too): its copy is the one an operator
+			// replaces, so its answer says nothing of the update's
+			// outcome. Recorded, it set the outcome a worker of the
+			// model's replay is judged by, or counted in the fan-out of
+			// the update in flight (countReplays), where applying what
+			// every target refused made each of them diverged. Checked
+			// now, not only at the fan-out's end: a worker that leaves
+			// meanwhile (gone) is no longer marked.
+		} else if f := m.inflight; f != nil && f.seq == seq {
 			// The update in flight (its fan-out did not wait for this
 			// worker): its outcome is the fan-out's, decided once every
 			// target answered, with this answer counted as the worker's

@@ -77,7 +77,10 @@ import (
 //     UpdateResponse.refused names it. That holds however each was sent
 //     the update: a catch-up replay of the update still in flight (to a
 //     worker left slow, or behind) answers for its worker in the
-//     fan-out, counted when the last target answers (countReplays).
+//     fan-out, counted when the last target answers (countReplays);
+//     the answer of a worker already out of the model (diverged, still
+//     caught up) counts for nothing, and an update only such workers
+//     applied is one the model's workers refused.
 //     The answers to the diverged worker's announcements tell it
 //     (AnnounceResponse.diverged); its store records the mark and it
 //     announces it, so it stays out under a restarted router, another

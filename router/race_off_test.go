@@ -1,0 +1,6 @@
+//go:build !race
+
+package router
+
+// raceDetector: built with -race (race_on_test.go).
+const raceDetector = false
