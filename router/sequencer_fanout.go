@@ -396,6 +396,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 				m.diverged[worker] = seq
 				s.logf(slog.LevelError, "embedding worker holds another update under a number this router gave its own (numbered by another sequencer: a router that lost the election, a second router, or before an in-memory router restarted); its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
 					"model", model, "worker", worker, "seq", seq)
+				s.persist(model, m, nil, m.floor) // the mark (logChange.Diverged)
 			}
 		}
 		s.ack(m, worker, seq) // it holds the number (another update's): nothing to replay
@@ -491,15 +492,23 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// input. The refusers' copies now lack the rows and a replay
 		// cannot add them (the refusal took the seq): out of serving.
 		var refused []string
+		marked := false
 		for _, id := range slices.Sorted(maps.Keys(f.refusers)) {
 			refused = append(refused, f.refusers[id])
 			if _, live := s.workers[id]; live {
 				m.diverged[id] = f.seq
+				marked = true
 				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store",
 					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
 			}
 		}
 		s.outOfModel(m, f)
+		if marked && (f.applied < f.need || (s.resigned && f.early < f.need)) {
+			// Not acknowledged, so not persisted below: the marks are
+			// written now, before any client hears of the refusers
+			// (logChange.Diverged).
+			s.persist(model, m, nil, m.floor)
+		}
 		if s.resigned && f.applied >= f.need && f.early < f.need {
 			// The quorum came only after this router stopped sequencing:
 			// the router sequencing now may have ended its start-up

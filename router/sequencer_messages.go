@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/status"
@@ -143,6 +145,9 @@ func (m message) String() string {
 		drop := ""
 		if c.Floor > c.DropFrom {
 			drop = fmt.Sprintf(" -#%d..%d", c.DropFrom+1, c.Floor)
+		}
+		if len(c.Diverged) > 0 {
+			drop += " diverged=" + strings.Join(slices.Sorted(maps.Keys(c.Diverged)), ",")
 		}
 		return fmt.Sprintf("persist %s next=%d committed=%d floor=%d%s%s", m.Model, c.Next, c.Committed, c.Floor, entry, drop)
 	case msgLog:

@@ -2,6 +2,7 @@ package router
 
 import (
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -19,12 +20,45 @@ type logChange struct {
 	Entry                  *prismv1.ApplyUpdateRequest
 	Entries                []*prismv1.ApplyUpdateRequest
 	Rewrite                uint64
+	// Diverged are the workers the model's sequence found diverged
+	// (modelSeq.diverged: worker id -> seq), written with the numbers:
+	// a worker learns its mark only from the answer to its next
+	// announcement (AnnounceResponse.diverged), and a router restarted
+	// before that, with no record of it, took the worker's update number
+	// for an up-to-date copy and served it again.
+	Diverged map[string]int64
 }
 
 // persist asks the caller to write m's log state durably, entry (nil:
 // none) joining it and dropFrom+1 .. m.floor leaving it.
 func (s *sequencer) persist(model string, m *modelSeq, entry *prismv1.ApplyUpdateRequest, dropFrom int64) {
-	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor, DropFrom: dropFrom, Entry: entry}})
+	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor, DropFrom: dropFrom, Entry: entry, Diverged: divergedCopy(m)}})
+}
+
+// divergedCopy is m.diverged as a persist carries it (nil: none).
+func divergedCopy(m *modelSeq) map[string]int64 {
+	if len(m.diverged) == 0 {
+		return nil
+	}
+	return maps.Clone(m.diverged)
+}
+
+// restoreDiverged is the event "the update log read back at start holds
+// these diverged marks of sequence model" (logChange.Diverged); it comes
+// after restore, before any other. A worker so marked stays out of
+// serving and takes no updates, as before the restart, and the answer
+// to its announcement tells it (divergedOf), so its store records it.
+func (s *sequencer) restoreDiverged(model string, marks map[string]int64) {
+	if len(marks) == 0 {
+		return
+	}
+	m := s.model(model)
+	for _, id := range slices.Sorted(maps.Keys(marks)) {
+		m.diverged[id] = marks[id]
+		s.logf(slog.LevelError, "the update log records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store",
+			"model", model, "worker", id, "seq", marks[id])
+	}
+	s.any = true
 }
 
 // writeFailed is the event "the write of msgs, the messages of one step,
@@ -80,7 +114,7 @@ func (s *sequencer) rewrite(model string, m *modelSeq) {
 		entries = slices.Clone(m.log[from-m.floor-1:])
 	}
 	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor,
-		DropFrom: min(m.unwrittenDrop, m.floor), Entries: entries, Rewrite: m.wgen}})
+		DropFrom: min(m.unwrittenDrop, m.floor), Entries: entries, Rewrite: m.wgen, Diverged: divergedCopy(m)}})
 }
 
 // rewritten is the event "the rewrite of model for failure generation

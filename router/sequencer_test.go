@@ -131,6 +131,7 @@ type seqScript struct {
 type diskModel struct {
 	next, committed, floor int64
 	entries                map[int64]*prismv1.ApplyUpdateRequest
+	diverged               map[string]int64
 }
 
 // write applies a persist as the driver's updateLog would.
@@ -150,7 +151,7 @@ func (h *seqScript) write(m message) {
 	for _, e := range c.Entries {
 		d.entries[e.GetSeq()] = e
 	}
-	d.next, d.committed, d.floor = c.Next, c.Committed, c.Floor
+	d.next, d.committed, d.floor, d.diverged = c.Next, c.Committed, c.Floor, c.Diverged
 	if c.Entry != nil || c.Rewrite != 0 || c.Floor == c.Next {
 		h.durable[m.Model] = c.Next
 	}
@@ -187,10 +188,15 @@ func (h *seqScript) restart() []string {
 			h.t.Fatalf("restart: the log of %s holds %d entries, want %d (trimmed ones left behind)", model, len(d.entries), len(log))
 		}
 		h.s.restore(model, d.next, d.committed, d.floor, log)
+		h.s.restoreDiverged(model, d.diverged)
 		h.durable[model] = d.next
-		out = append(out, fmt.Sprintf("restored %s next=%d committed=%d floor=%d", model, d.next, d.committed, d.floor))
+		line := fmt.Sprintf("restored %s next=%d committed=%d floor=%d", model, d.next, d.committed, d.floor)
+		if len(d.diverged) > 0 {
+			line += " diverged=" + strings.Join(slices.Sorted(maps.Keys(d.diverged)), ",")
+		}
+		out = append(out, line)
 	}
-	return out
+	return append(out, h.carry(h.s.ready())...)
 }
 
 func runSequencerScript(t *testing.T, file string) {

@@ -84,7 +84,9 @@ import (
 //     The answers to the diverged worker's announcements tell it
 //     (AnnounceResponse.diverged); its store records the mark and it
 //     announces it, so it stays out under a restarted router, another
-//     one, and after its registration lapses.
+//     one, and after its registration lapses. Until it is told, the
+//     update log keeps the mark (logChange.Diverged) for a router
+//     restarted from it.
 //
 // One router sequences a model's updates; other routers serving the
 // same workers forward their updates to it (Options.Sequencer;
@@ -661,9 +663,16 @@ func (d *updateDriver) restore(l *updateLog) (models, updates int, err error) {
 	defer d.mu.Unlock()
 	for _, r := range rs {
 		d.seq.restore(r.model, r.next, r.committed, r.floor, r.log)
+		d.seq.restoreDiverged(r.model, r.diverged)
 		d.durable[r.model] = r.next // load keeps only the run of entries ending at next
 		models++
 		updates += len(r.log)
+	}
+	for _, m := range d.seq.ready() {
+		// The diverged marks read back (restoreDiverged), logged now.
+		if m.Type == msgLog && d.log != nil {
+			d.log.Log(context.Background(), m.Level, m.Text, m.Attrs...)
+		}
 	}
 	if d.seq.any {
 		d.any.Store(true)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -23,7 +24,9 @@ import (
 // updates of each model and catches up a worker that missed them.
 //
 // It mirrors, per model, what the sequencer keeps in memory: the state
-// (next, committed, floor) under "s"+model, and each numbered update
+// (next, committed, floor, then the diverged marks: their count and
+// each worker id, its length first, and seq; a log of an earlier
+// release ends after floor) under "s"+model, and each numbered update
 // floor+1 .. next under "e"+uvarint(len(model))+model+seq (8 bytes, big
 // endian, so a model's entries sort by seq). The sequencer asks for
 // every change with a msgPersist; the driver writes those of one step in
@@ -46,6 +49,8 @@ type restoredModel struct {
 	model                  string
 	next, committed, floor int64
 	log                    []*prismv1.ApplyUpdateRequest
+	// diverged are the marks logChange.Diverged wrote (nil: none).
+	diverged map[string]int64
 }
 
 // openUpdateLog opens (or makes) the update log in dir on fs (nil: the
@@ -153,6 +158,14 @@ func (l *updateLog) write(msgs []message) error {
 		st = binary.AppendUvarint(st, uint64(c.Next))
 		st = binary.AppendUvarint(st, uint64(c.Committed))
 		st = binary.AppendUvarint(st, uint64(c.Floor))
+		if len(c.Diverged) > 0 {
+			st = binary.AppendUvarint(st, uint64(len(c.Diverged)))
+			for _, id := range slices.Sorted(maps.Keys(c.Diverged)) {
+				st = binary.AppendUvarint(st, uint64(len(id)))
+				st = append(st, id...)
+				st = binary.AppendUvarint(st, uint64(c.Diverged[id]))
+			}
+		}
 		if err := b.Set(stateKey(m.Model), st, nil); err != nil {
 			return err
 		}
@@ -198,6 +211,11 @@ func (l *updateLog) load() ([]restoredModel, error) {
 			nums[i], v = int64(n), v[k:]
 		}
 		r.next, r.committed, r.floor = nums[0], nums[1], nums[2]
+		var ok bool
+		if r.diverged, ok = divergedMarks(v); !ok {
+			it.Close()
+			return nil, fmt.Errorf("update log: diverged marks of model %q do not decode", r.model)
+		}
 		out = append(out, r)
 	}
 	if err := it.Close(); err != nil {
@@ -232,6 +250,35 @@ func (l *updateLog) load() ([]restoredModel, error) {
 		r.floor = r.next - int64(len(r.log))
 	}
 	return out, nil
+}
+
+// divergedMarks decodes the diverged marks that follow a state's
+// numbers (none: a log of an earlier release, or no mark).
+func divergedMarks(v []byte) (map[string]int64, bool) {
+	if len(v) == 0 {
+		return nil, true
+	}
+	n, k := binary.Uvarint(v)
+	if k <= 0 || n > uint64(len(v)) {
+		return nil, false
+	}
+	v = v[k:]
+	out := make(map[string]int64, n)
+	for range n {
+		l, k := binary.Uvarint(v)
+		if k <= 0 || l > uint64(len(v)-k) {
+			return nil, false
+		}
+		id := string(v[k : k+int(l)])
+		v = v[k+int(l):]
+		seq, k := binary.Uvarint(v)
+		if k <= 0 {
+			return nil, false
+		}
+		v = v[k:]
+		out[id] = int64(seq)
+	}
+	return out, len(v) == 0
 }
 
 // Close closes the folder; a write after it fails.

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
@@ -293,5 +294,62 @@ func TestUpdateLogOwnKeysOnly(t *testing.T) {
 				t.Fatalf("%v; want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// The diverged marks a persist carries are read back with the numbers
+// (a router restarted before a diverged worker was told its mark keeps
+// it out: divergedrestart.txt); a later persist without them clears
+// them, and a state of an earlier release (the numbers alone) reads
+// back with none.
+func TestUpdateLogDivergedMarks(t *testing.T) {
+	fs := vfs.NewMem()
+	l, err := openUpdateLog("log", fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { l.Close() }()
+	entry := &prismv1.ApplyUpdateRequest{Seq: 1, Update: &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{1}, Rows: make([]byte, 4)}}
+	marks := map[string]int64{"embedding/host/7/1700000000000000000": 1, "w2": 1 << 40}
+	for _, c := range []struct {
+		name  string
+		write logChange
+		want  map[string]int64
+	}{
+		{"marks", logChange{Next: 1, Committed: 1, Entry: entry, Diverged: marks}, marks},
+		{"none", logChange{Next: 1, Committed: 1}, nil},
+	} {
+		if err := l.write([]message{{Type: msgPersist, Model: "m", Persist: &c.write}}); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if l, err = openUpdateLog("log", fs); err != nil {
+			t.Fatal(err)
+		}
+		got, err := l.load()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if len(got) != 1 || got[0].next != 1 || got[0].committed != 1 || len(got[0].log) != 1 || !maps.Equal(got[0].diverged, c.want) {
+			t.Fatalf("%s: read back %+v, want marks %v", c.name, got, c.want)
+		}
+	}
+	for _, c := range []struct {
+		state []byte
+		ok    bool
+	}{
+		{[]byte{1, 1, 0}, true},             // an earlier release's: no marks
+		{[]byte{1, 1, 0, 1, 2, 'w'}, false}, // an id cut short
+		{[]byte{1, 1, 0, 1, 1, 'w', 1, 9}, false},
+	} {
+		if err := l.db.Set(stateKey("m"), c.state, pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+		got, err := l.load()
+		if (err == nil) != c.ok || (c.ok && got[0].diverged != nil) {
+			t.Fatalf("state %v: %+v, %v", c.state, got, err)
+		}
 	}
 }
