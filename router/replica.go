@@ -115,8 +115,10 @@ func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) 
 	entries := 0
 	for _, name := range append(due, rest...) {
 		m := s.models[name]
-		ml := &prismv1.ModelLog{Next: m.next, Committed: m.committed, Floor: m.floor}
-		// The map entry: its key, the numbers, the framing.
+		// The marks go in every answer naming the model, whole: a copy
+		// has them as the holder's latest (replicaModel.diverged).
+		ml := &prismv1.ModelLog{Next: m.next, Committed: m.committed, Floor: m.floor, Diverged: divergedCopy(m)}
+		// The map entry: its key, the numbers, the marks, the framing.
 		head := int64(len(name)+proto.Size(ml)) + 16
 		if bytes > 0 && bytes+head > maxBytes {
 			return out, true
@@ -222,6 +224,9 @@ func (c *replica) pulled() {
 type replicaModel struct {
 	next, committed, floor int64
 	log                    []*prismv1.ApplyUpdateRequest
+	// diverged are the holder's diverged marks as last heard
+	// (ModelLog.diverged; nil: none, or a holder of an earlier release).
+	diverged map[string]int64
 }
 
 func (rm *replicaModel) end() int64 { return rm.floor + int64(len(rm.log)) }
@@ -276,12 +281,25 @@ func (c *replica) extend(s *sequencer, epoch uint64) bool {
 	for _, name := range slices.Sorted(maps.Keys(models)) {
 		ml := models[name]
 		es := ml.GetEntries()
+		rm := c.models[name]
+		if rm != nil {
+			// The marks this hold found join the previous holder's: both
+			// describe the workers' copies, whatever becomes of the
+			// entries.
+			for id, seq := range ml.GetDiverged() {
+				if rm.diverged == nil {
+					rm.diverged = map[string]int64{}
+				}
+				if _, ok := rm.diverged[id]; !ok {
+					rm.diverged[id] = seq
+				}
+			}
+		}
 		if len(es) == 0 {
 			continue
 		}
-		rm := c.models[name]
 		if rm == nil {
-			c.models[name] = &replicaModel{next: ml.GetNext(), committed: ml.GetCommitted(), floor: ml.GetFloor(), log: slices.Clone(es)}
+			c.models[name] = &replicaModel{next: ml.GetNext(), committed: ml.GetCommitted(), floor: ml.GetFloor(), log: slices.Clone(es), diverged: maps.Clone(ml.GetDiverged())}
 			continue
 		}
 		if rm.end() != rm.next || ml.GetFloor() != rm.end() || es[0].GetSeq() != rm.end()+1 {
@@ -328,6 +346,15 @@ func (c *replica) merge(resp *prismv1.UpdateLogResponse) error {
 			if bad == nil {
 				bad = fmt.Errorf("update log of model %q: %w", name, err)
 			}
+		}
+		// The holder's marks, whole in each answer naming the model,
+		// replace the copy's (a worker the holder forgot, its
+		// registration lapsed, is forgotten here too; its store's mark
+		// brings it back when it announces). They hold whatever became
+		// of the entries.
+		rm.diverged = nil
+		if d := ml.GetDiverged(); len(d) > 0 {
+			rm.diverged = maps.Clone(d)
 		}
 	}
 	return bad
@@ -418,7 +445,7 @@ func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, st
 			s.logf(slog.LevelWarn, "this router's copy of the update log ends before the previous holder's latest update as last heard; a worker holding the later ones is followed in the start-up window, and one lacking them is caught up only if the copy reaches them",
 				"model", name, "copy_ends", end, "holder_latest", rm.next, "holder_acknowledged", rm.committed)
 		}
-		s.restoreCopy(name, end, min(rm.committed, end), rm.floor, slices.Clone(rm.log))
+		s.restoreCopy(name, end, min(rm.committed, end), rm.floor, slices.Clone(rm.log), rm.diverged)
 		if rm.committed > end {
 			s.owe(name, rm.committed, end)
 		}
@@ -442,10 +469,17 @@ func (c *replica) precedes(epoch uint64) bool {
 // by this router: the previous holder may have numbered later updates
 // after the copy was taken, and a worker announcing them in the startup
 // window is followed (announced), the copy's entries then dropped.
-func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest) {
+// diverged are the previous holder's diverged marks (worker id -> seq,
+// ModelLog.diverged): a worker so marked stays out of serving and takes
+// no updates, as under the previous holder, and the answer to its
+// announcement tells it (divergedOf), so its store records it; without
+// them one the previous holder had not told yet announced no mark and
+// was served again.
+func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log []*prismv1.ApplyUpdateRequest, diverged map[string]int64) {
 	s.restore(model, next, committed, floor, log)
 	m := s.models[model]
 	m.handedOut, m.copied = false, true
+	s.restoreMarks(model, diverged, "the update log copied from the previous sequencing router records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store")
 }
 
 // owe is the event "the previous holder acknowledged model's updates up

@@ -430,3 +430,75 @@ func TestReplicaOrderedEpochs(t *testing.T) {
 		t.Fatalf("restored %d models (stale %v) into the new Lease's next hold, want its copy", models, stale)
 	}
 }
+
+// The copy carries the holder's diverged marks (ModelLog.diverged) to
+// the router elected next: taken from each answer whole (a mark the
+// holder forgot leaves the copy), kept with a hold's own log (keep),
+// joined by the marks of a hold that learnt its epoch late (extend),
+// and restored with the copy (restoreTo). Without them a worker the
+// holder had not told yet announced no mark and served again.
+func TestReplicaDivergedMarks(t *testing.T) {
+	marksOf := func(c *replica) map[string]int64 {
+		if rm := c.models["m"]; rm != nil {
+			return rm.diverged
+		}
+		return nil
+	}
+	holder := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
+	holder.restore("m", 2, 2, 0, entries(1, 2))
+	holder.restoreDiverged("m", map[string]int64{"w2": 1, "w3": 2})
+	var c replica
+	pull := func(s *sequencer, epoch uint64) {
+		t.Helper()
+		models, _ := s.readLog(nil, true, math.MaxInt64)
+		if err := c.merge(&prismv1.UpdateLogResponse{Term: 1, Epoch: epoch, Models: models}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pull(holder, 5)
+	if got, want := marksOf(&c), map[string]int64{"w2": 1, "w3": 2}; !maps.Equal(got, want) {
+		t.Fatalf("copy's marks %v, want %v", got, want)
+	}
+	// w3's registration lapsed: the holder forgot it (its store's mark
+	// brings it back when it announces).
+	holder.models["m"].leave("w3")
+	pull(holder, 5)
+	if got, want := marksOf(&c), map[string]int64{"w2": 1}; !maps.Equal(got, want) {
+		t.Fatalf("copy's marks after the holder forgot w3: %v, want %v", got, want)
+	}
+	// A holder of an earlier release sends none.
+	if err := c.merge(&prismv1.UpdateLogResponse{Term: 1, Epoch: 5, Models: map[string]*prismv1.ModelLog{"m": {Next: 2, Committed: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := marksOf(&c); len(got) != 0 {
+		t.Fatalf("copy's marks from an answer without any: %v", got)
+	}
+	pull(holder, 5)
+
+	// The hold of epoch 6 began without its epoch: its sequencer numbered
+	// update 3 and found w4 diverged, then learnt the epoch.
+	own := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
+	own.restore("m", 3, 3, 2, entries(3, 3))
+	own.restoreDiverged("m", map[string]int64{"w4": 3})
+	if !c.extend(own, 6) {
+		t.Fatal("extend: no copy of the hold before")
+	}
+	if got, want := marksOf(&c), map[string]int64{"w2": 1, "w4": 3}; !maps.Equal(got, want) || c.models["m"].end() != 3 {
+		t.Fatalf("extended copy's marks %v (ends at %d), want %v (at 3)", got, c.models["m"].end(), want)
+	}
+	next := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
+	if models, _, stale := c.restoreTo(next, 6); models != 1 || stale {
+		t.Fatalf("restored %d models (stale %v)", models, stale)
+	}
+	if got, want := next.models["m"].diverged, map[string]int64{"w2": 1, "w4": 3}; !maps.Equal(got, want) {
+		t.Fatalf("the new holder's marks %v, want %v", got, want)
+	}
+
+	// A hold's own log kept as the copy when the hold ends keeps its
+	// marks.
+	var kept replica
+	kept.keep(next, 2, 6)
+	if got, want := marksOf(&kept), map[string]int64{"w2": 1, "w4": 3}; !maps.Equal(got, want) {
+		t.Fatalf("kept copy's marks %v, want %v", got, want)
+	}
+}

@@ -49,14 +49,19 @@ func divergedCopy(m *modelSeq) map[string]int64 {
 // serving and takes no updates, as before the restart, and the answer
 // to its announcement tells it (divergedOf), so its store records it.
 func (s *sequencer) restoreDiverged(model string, marks map[string]int64) {
+	s.restoreMarks(model, marks, "the update log records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store")
+}
+
+// restoreMarks takes marks (worker id -> seq) of sequence model in, read
+// back from a log (restoreDiverged, restoreCopy), each logged with msg.
+func (s *sequencer) restoreMarks(model string, marks map[string]int64, msg string) {
 	if len(marks) == 0 {
 		return
 	}
 	m := s.model(model)
 	for _, id := range slices.Sorted(maps.Keys(marks)) {
 		m.diverged[id] = marks[id]
-		s.logf(slog.LevelError, "the update log records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store",
-			"model", model, "worker", id, "seq", marks[id])
+		s.logf(slog.LevelError, msg, "model", model, "worker", id, "seq", marks[id])
 	}
 	s.any = true
 }

@@ -452,7 +452,11 @@ func (h *seqScript) do(line string) []string {
 		}
 		for _, name := range slices.Sorted(maps.Keys(h.copy.models)) {
 			rm := h.copy.models[name]
-			out = append(out, fmt.Sprintf("copy %s next=%d committed=%d floor=%d holds=%d..%d epoch=%d", name, rm.next, rm.committed, rm.floor, rm.floor+1, rm.end(), h.copy.epoch))
+			line := fmt.Sprintf("copy %s next=%d committed=%d floor=%d holds=%d..%d epoch=%d", name, rm.next, rm.committed, rm.floor, rm.floor+1, rm.end(), h.copy.epoch)
+			if len(rm.diverged) > 0 {
+				line += " diverged=" + strings.Join(slices.Sorted(maps.Keys(rm.diverged)), ",")
+			}
+			out = append(out, line)
 		}
 		return out
 	case "take-over":

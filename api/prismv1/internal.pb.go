@@ -1890,7 +1890,16 @@ type ModelLog struct {
 	Floor     int64 `protobuf:"varint,3,opt,name=floor,proto3" json:"floor,omitempty"`
 	// entries are consecutive updates, from the one after the caller's
 	// (or floor+1).
-	Entries       []*ApplyUpdateRequest `protobuf:"bytes,4,rep,name=entries,proto3" json:"entries,omitempty"`
+	Entries []*ApplyUpdateRequest `protobuf:"bytes,4,rep,name=entries,proto3" json:"entries,omitempty"`
+	// diverged are the embedding workers the sequence found diverged
+	// (worker id -> the seq at which its copy diverged: it refused an
+	// update its peers applied, or the reverse), all of them in each
+	// answer naming the model. A router elected next keeps them out of
+	// serving and updates, as the holder did: a worker learns its mark
+	// only from the answer to its next announcement, and one the holder
+	// had not told yet announced no mark and was served again. A holder
+	// of an earlier release sends none.
+	Diverged      map[string]int64 `protobuf:"bytes,5,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1949,6 +1958,13 @@ func (x *ModelLog) GetFloor() int64 {
 func (x *ModelLog) GetEntries() []*ApplyUpdateRequest {
 	if x != nil {
 		return x.Entries
+	}
+	return nil
+}
+
+func (x *ModelLog) GetDiverged() map[string]int64 {
+	if x != nil {
+		return x.Diverged
 	}
 	return nil
 }
@@ -2136,12 +2152,16 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x1aM\n" +
 	"\vModelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
-	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ModelLogR\x05value:\x028\x01\"\x8a\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ModelLogR\x05value:\x028\x01\"\x85\x02\n" +
 	"\bModelLog\x12\x12\n" +
 	"\x04next\x18\x01 \x01(\x03R\x04next\x12\x1c\n" +
 	"\tcommitted\x18\x02 \x01(\x03R\tcommitted\x12\x14\n" +
 	"\x05floor\x18\x03 \x01(\x03R\x05floor\x126\n" +
-	"\aentries\x18\x04 \x03(\v2\x1c.prism.v1.ApplyUpdateRequestR\aentries*@\n" +
+	"\aentries\x18\x04 \x03(\v2\x1c.prism.v1.ApplyUpdateRequestR\aentries\x12<\n" +
+	"\bdiverged\x18\x05 \x03(\v2 .prism.v1.ModelLog.DivergedEntryR\bdiverged\x1a;\n" +
+	"\rDivergedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01*@\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eROLE_EMBEDDING\x10\x01\x12\x0e\n" +
@@ -2171,7 +2191,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -2207,14 +2227,15 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	nil,                        // 31: prism.v1.ListResponse.UpdatesEntry
 	nil,                        // 32: prism.v1.UpdateLogRequest.AfterEntry
 	nil,                        // 33: prism.v1.UpdateLogResponse.ModelsEntry
-	(*UpdateRequest)(nil),      // 34: prism.v1.UpdateRequest
-	(*Features)(nil),           // 35: prism.v1.Features
-	(*UpdateResponse)(nil),     // 36: prism.v1.UpdateResponse
+	nil,                        // 34: prism.v1.ModelLog.DivergedEntry
+	(*UpdateRequest)(nil),      // 35: prism.v1.UpdateRequest
+	(*Features)(nil),           // 36: prism.v1.Features
+	(*UpdateResponse)(nil),     // 37: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	34, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	35, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	35, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	35, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	36, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	36, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
 	22, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
@@ -2235,29 +2256,30 @@ var file_api_prismv1_internal_proto_depIdxs = []int32{
 	32, // 20: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
 	33, // 21: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
 	1,  // 22: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	9,  // 23: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 24: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	18, // 25: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	21, // 26: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 27: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 28: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 29: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	11, // 30: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	14, // 31: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	16, // 32: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	19, // 33: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 34: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	36, // 35: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 36: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	13, // 37: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	15, // 38: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	17, // 39: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	20, // 40: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	34, // [34:41] is the sub-list for method output_type
-	27, // [27:34] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	34, // 23: prism.v1.ModelLog.diverged:type_name -> prism.v1.ModelLog.DivergedEntry
+	9,  // 24: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 25: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	18, // 26: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	21, // 27: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 28: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 29: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 30: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	11, // 31: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	14, // 32: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	16, // 33: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	19, // 34: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 35: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	37, // 36: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 37: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	13, // 38: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	15, // 39: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	17, // 40: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	20, // 41: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	35, // [35:42] is the sub-list for method output_type
+	28, // [28:35] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -2272,7 +2294,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
