@@ -146,6 +146,12 @@ type modelSeq struct {
 	// replay answered otherwise makes its worker diverged, as a
 	// divergent fan-out does.
 	outcome map[int64]int8
+	// outcomeNew are the outcomes decided since the last persist, which
+	// the next one writes (logChange.Outcomes): a router restarted
+	// without them judged a replay's answer by the first worker to
+	// answer it, and marked diverged the workers that agreed with the
+	// update's first holders instead of the one that did not.
+	outcomeNew map[int64]int8
 	// opened is when a worker first announced the model's seq.
 	opened   time.Time
 	catching map[string]bool // a replay to the worker is under way
@@ -378,6 +384,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			dropFrom := m.floor
 			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
 			clear(m.outcome)
+			m.outcomeNew = nil
 			s.persist(key, m, nil, dropFrom)
 		}
 		if ref := w.GetShards()[model]; ref.GetShards() > 0 && ref.GetSharding() != "" && s.layouts[model] == "" && seq > 0 && s.updated(model) {

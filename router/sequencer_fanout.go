@@ -466,7 +466,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 	s.dropOutHolders(m, f)
 	switch {
 	case f.inputErr != nil && f.applied == 0:
-		m.outcome[f.seq] = -1
+		m.decide(f.seq, -1)
 		m.committed = max(m.committed, f.seq)
 		s.persist(model, m, nil, m.floor)
 		if len(f.parts) > 1 {
@@ -487,7 +487,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		// rows again, which upserts make harmless.
 		s.answerAll(model, f, nil, status.Errorf(codes.Unavailable, "update %d not acknowledged by any of %d embedding workers (%v); it may still be applied as they catch up; retrying is safe", f.seq, f.targets, failed))
 	default:
-		m.outcome[f.seq] = 1
+		m.decide(f.seq, 1)
 		// Divergent answers: some applied it, some refused it as bad
 		// input. The refusers' copies now lack the rows and a replay
 		// cannot add them (the refusal took the seq): out of serving.

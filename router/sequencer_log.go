@@ -43,6 +43,17 @@ func (s *sequencer) restore(model string, next, committed, floor int64, log []*p
 	}
 }
 
+// decide records that update seq's outcome is v (+1 some worker applied
+// it, -1 its workers refused it as bad input), for the next persist to
+// write (outcomeNew).
+func (m *modelSeq) decide(seq int64, v int8) {
+	m.outcome[seq] = v
+	if m.outcomeNew == nil {
+		m.outcomeNew = map[int64]int8{}
+	}
+	m.outcomeNew[seq] = v
+}
+
 // appendLog keeps req as update seq, dropping the oldest beyond the
 // byte budget (of the heap the entries hold, heldBytes), but none above
 // upto (startNext passes the lowest seq a live worker holds: never one
@@ -62,6 +73,7 @@ func (m *modelSeq) trim(budget, upto int64) {
 		m.log = m.log[1:]
 		m.floor++
 		delete(m.outcome, m.floor)
+		delete(m.outcomeNew, m.floor)
 	}
 }
 
@@ -111,7 +123,10 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 			}
 			f.replays[worker] = replayAnswer{err: err, addr: addr, early: !s.resigned}
 		} else if was, known := m.outcome[seq]; !known {
-			m.outcome[seq] = got
+			// Written with the model's next persist (an update or a
+			// heartbeat's rewrite), not on its own: a restart before it
+			// leaves the outcome unknown, as it was.
+			m.decide(seq, got)
 		} else if was != got {
 			if _, already := m.diverged[worker]; !already {
 				m.diverged[worker] = seq

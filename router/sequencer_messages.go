@@ -149,6 +149,17 @@ func (m message) String() string {
 		if len(c.Diverged) > 0 {
 			drop += " diverged=" + strings.Join(slices.Sorted(maps.Keys(c.Diverged)), ",")
 		}
+		if len(c.Outcomes) > 0 {
+			var o []string
+			for _, seq := range slices.Sorted(maps.Keys(c.Outcomes)) {
+				sign := "+"
+				if c.Outcomes[seq] < 0 {
+					sign = "-"
+				}
+				o = append(o, fmt.Sprintf("%d%s", seq, sign))
+			}
+			drop += " outcomes=" + strings.Join(o, ",")
+		}
 		return fmt.Sprintf("persist %s next=%d committed=%d floor=%d%s%s", m.Model, c.Next, c.Committed, c.Floor, entry, drop)
 	case msgLog:
 		var b strings.Builder

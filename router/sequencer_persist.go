@@ -27,12 +27,21 @@ type logChange struct {
 	// before that, with no record of it, took the worker's update number
 	// for an up-to-date copy and served it again.
 	Diverged map[string]int64
+	// Outcomes are the outcomes of logged updates decided since the last
+	// persist (modelSeq.outcomeNew; a rewrite: every one the sequence
+	// knows), seq -> +1 applied, -1 refused as bad input. A router
+	// restarted without them judged a replay's answer by the first
+	// worker to answer it: one refusing what the update's first holders
+	// applied set the outcome, was not marked, and served a copy lacking
+	// the rows, while the workers applying it after were marked.
+	Outcomes map[int64]int8
 }
 
 // persist asks the caller to write m's log state durably, entry (nil:
 // none) joining it and dropFrom+1 .. m.floor leaving it.
 func (s *sequencer) persist(model string, m *modelSeq, entry *prismv1.ApplyUpdateRequest, dropFrom int64) {
-	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor, DropFrom: dropFrom, Entry: entry, Diverged: divergedCopy(m)}})
+	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor, DropFrom: dropFrom, Entry: entry, Diverged: divergedCopy(m), Outcomes: m.outcomeNew}})
+	m.outcomeNew = nil
 }
 
 // divergedCopy is m.diverged as a persist carries it (nil: none).
@@ -50,6 +59,22 @@ func divergedCopy(m *modelSeq) map[string]int64 {
 // to its announcement tells it (divergedOf), so its store records it.
 func (s *sequencer) restoreDiverged(model string, marks map[string]int64) {
 	s.restoreMarks(model, marks, "the update log records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store")
+}
+
+// restoreOutcomes is the event "the update log read back at start holds
+// these outcomes of sequence model's logged updates" (logChange.Outcomes);
+// it comes after restore, before any other. A replay is judged by them
+// as before the restart.
+func (s *sequencer) restoreOutcomes(model string, outcomes map[int64]int8) {
+	if len(outcomes) == 0 {
+		return
+	}
+	m := s.model(model)
+	for seq, v := range outcomes {
+		if seq > m.floor && seq <= m.next {
+			m.outcome[seq] = v
+		}
+	}
 }
 
 // restoreMarks takes marks (worker id -> seq) of sequence model in, read
@@ -119,7 +144,8 @@ func (s *sequencer) rewrite(model string, m *modelSeq) {
 		entries = slices.Clone(m.log[from-m.floor-1:])
 	}
 	s.send(message{Type: msgPersist, Model: model, Persist: &logChange{Next: m.next, Committed: m.committed, Floor: m.floor,
-		DropFrom: min(m.unwrittenDrop, m.floor), Entries: entries, Rewrite: m.wgen, Diverged: divergedCopy(m)}})
+		DropFrom: min(m.unwrittenDrop, m.floor), Entries: entries, Rewrite: m.wgen, Diverged: divergedCopy(m), Outcomes: maps.Clone(m.outcome)}})
+	m.outcomeNew = nil
 }
 
 // rewritten is the event "the rewrite of model for failure generation

@@ -132,6 +132,7 @@ type diskModel struct {
 	next, committed, floor int64
 	entries                map[int64]*prismv1.ApplyUpdateRequest
 	diverged               map[string]int64
+	outcomes               map[int64]int8
 }
 
 // write applies a persist as the driver's updateLog would.
@@ -144,6 +145,15 @@ func (h *seqScript) write(m message) {
 	c := m.Persist
 	for seq := c.DropFrom + 1; seq <= c.Floor; seq++ {
 		delete(d.entries, seq)
+		delete(d.outcomes, seq)
+	}
+	for seq, v := range c.Outcomes {
+		if seq > c.Floor && seq <= c.Next {
+			if d.outcomes == nil {
+				d.outcomes = map[int64]int8{}
+			}
+			d.outcomes[seq] = v
+		}
 	}
 	if c.Entry != nil {
 		d.entries[c.Entry.GetSeq()] = c.Entry
@@ -189,10 +199,22 @@ func (h *seqScript) restart() []string {
 		}
 		h.s.restore(model, d.next, d.committed, d.floor, log)
 		h.s.restoreDiverged(model, d.diverged)
+		h.s.restoreOutcomes(model, d.outcomes)
 		h.durable[model] = d.next
 		line := fmt.Sprintf("restored %s next=%d committed=%d floor=%d", model, d.next, d.committed, d.floor)
 		if len(d.diverged) > 0 {
 			line += " diverged=" + strings.Join(slices.Sorted(maps.Keys(d.diverged)), ",")
+		}
+		if len(d.outcomes) > 0 {
+			var o []string
+			for _, seq := range slices.Sorted(maps.Keys(d.outcomes)) {
+				sign := "+"
+				if d.outcomes[seq] < 0 {
+					sign = "-"
+				}
+				o = append(o, fmt.Sprintf("%d%s", seq, sign))
+			}
+			line += " outcomes=" + strings.Join(o, ",")
 		}
 		out = append(out, line)
 	}

@@ -664,6 +664,7 @@ func (d *updateDriver) restore(l *updateLog) (models, updates int, err error) {
 	for _, r := range rs {
 		d.seq.restore(r.model, r.next, r.committed, r.floor, r.log)
 		d.seq.restoreDiverged(r.model, r.diverged)
+		d.seq.restoreOutcomes(r.model, r.outcomes)
 		d.durable[r.model] = r.next // load keeps only the run of entries ending at next
 		models++
 		updates += len(r.log)

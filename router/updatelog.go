@@ -28,7 +28,12 @@ import (
 // each worker id, its length first, and seq; a log of an earlier
 // release ends after floor) under "s"+model, and each numbered update
 // floor+1 .. next under "e"+uvarint(len(model))+model+seq (8 bytes, big
-// endian, so a model's entries sort by seq). The sequencer asks for
+// endian, so a model's entries sort by seq), and the outcome of each
+// such update the sequence decided (logChange.Outcomes: one byte, 1
+// applied, 0xff refused as bad input) under "o" and the same suffix. A
+// log of an earlier release has no outcomes (each is learnt again from
+// the first answer to its replay); an earlier release refuses a log
+// holding them, as it refuses any key it does not write. The sequencer asks for
 // every change with a msgPersist; the driver writes those of one step in
 // one synced batch (write) before it sends or answers anything of that
 // step. Trimming drops the same entries the in-memory log drops (the
@@ -51,6 +56,9 @@ type restoredModel struct {
 	log                    []*prismv1.ApplyUpdateRequest
 	// diverged are the marks logChange.Diverged wrote (nil: none).
 	diverged map[string]int64
+	// outcomes are those logChange.Outcomes wrote of the updates in log
+	// (nil: none).
+	outcomes map[int64]int8
 }
 
 // openUpdateLog opens (or makes) the update log in dir on fs (nil: the
@@ -75,7 +83,7 @@ func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
 const storeKeyPrefix = "\x00\x00\x00\x00"
 
 // ownKeysOnly refuses a folder holding keys the update log does not
-// write: its keys are "e..." and "s..." only. Pointed at an embedding
+// write: its keys are "e...", "o..." and "s..." only. Pointed at an embedding
 // store's folder (--update-log-dir given a worker's --db), the router
 // would otherwise add its log to the store's keys and start with an
 // empty log, silently.
@@ -88,12 +96,12 @@ func ownKeysOnly(db *pebble.DB) error {
 	// nil, not []byte(""), for the first key: pebble's invariants
 	// (on under -race) read key[0] of any non-nil seek key, and an empty
 	// one panicked opening every update log in race builds.
-	for _, from := range [][]byte{nil, []byte("f"), []byte("t")} {
+	for _, from := range [][]byte{nil, []byte("f"), []byte("p"), []byte("t")} {
 		if !it.SeekGE(from) {
 			continue
 		}
 		k := it.Key()
-		if k[0] == 'e' || k[0] == 's' {
+		if k[0] == 'e' || k[0] == 'o' || k[0] == 's' {
 			continue
 		}
 		if strings.HasPrefix(string(k), storeKeyPrefix) {
@@ -106,8 +114,12 @@ func ownKeysOnly(db *pebble.DB) error {
 
 func stateKey(model string) []byte { return append([]byte("s"), model...) }
 
-func entryKey(model string, seq int64) []byte {
-	k := binary.AppendUvarint([]byte("e"), uint64(len(model)))
+func entryKey(model string, seq int64) []byte { return logKey('e', model, seq) }
+
+func outcomeKey(model string, seq int64) []byte { return logKey('o', model, seq) }
+
+func logKey(kind byte, model string, seq int64) []byte {
+	k := binary.AppendUvarint([]byte{kind}, uint64(len(model)))
 	k = append(k, model...)
 	return binary.BigEndian.AppendUint64(k, uint64(seq))
 }
@@ -129,15 +141,17 @@ func (l *updateLog) write(msgs []message) error {
 			continue
 		}
 		c := m.Persist
-		switch n := c.Floor - c.DropFrom; {
-		case n > 64:
-			if err := b.DeleteRange(entryKey(m.Model, c.DropFrom+1), entryKey(m.Model, c.Floor+1), nil); err != nil {
-				return err
-			}
-		case n > 0:
-			for seq := c.DropFrom + 1; seq <= c.Floor; seq++ {
-				if err := b.Delete(entryKey(m.Model, seq), nil); err != nil {
+		for _, key := range []func(string, int64) []byte{entryKey, outcomeKey} {
+			switch n := c.Floor - c.DropFrom; {
+			case n > 64:
+				if err := b.DeleteRange(key(m.Model, c.DropFrom+1), key(m.Model, c.Floor+1), nil); err != nil {
 					return err
+				}
+			case n > 0:
+				for seq := c.DropFrom + 1; seq <= c.Floor; seq++ {
+					if err := b.Delete(key(m.Model, seq), nil); err != nil {
+						return err
+					}
 				}
 			}
 		}
@@ -151,6 +165,14 @@ func (l *updateLog) write(msgs []message) error {
 				return err
 			}
 			if err := b.Set(entryKey(m.Model, e.GetSeq()), v, nil); err != nil {
+				return err
+			}
+		}
+		for _, seq := range slices.Sorted(maps.Keys(c.Outcomes)) {
+			if seq <= c.Floor || seq > c.Next {
+				continue // trimmed meanwhile (or never logged)
+			}
+			if err := b.Set(outcomeKey(m.Model, seq), []byte{byte(c.Outcomes[seq])}, nil); err != nil {
 				return err
 			}
 		}
@@ -248,8 +270,34 @@ func (l *updateLog) load() ([]restoredModel, error) {
 			r.log = nil // the latest is missing: nothing can be replayed
 		}
 		r.floor = r.next - int64(len(r.log))
+		if r.outcomes, err = l.loadOutcomes(r.model, r.floor, r.next); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
+}
+
+// loadOutcomes reads back the outcomes of model's updates floor+1 ..
+// next (nil: none written).
+func (l *updateLog) loadOutcomes(model string, floor, next int64) (map[int64]int8, error) {
+	it, err := l.db.NewIter(&pebble.IterOptions{LowerBound: outcomeKey(model, floor+1), UpperBound: outcomeKey(model, next+1)})
+	if err != nil {
+		return nil, err
+	}
+	var out map[int64]int8
+	for it.First(); it.Valid(); it.Next() {
+		seq := int64(binary.BigEndian.Uint64(it.Key()[len(it.Key())-8:]))
+		v := it.Value()
+		if len(v) != 1 || (int8(v[0]) != 1 && int8(v[0]) != -1) {
+			it.Close()
+			return nil, fmt.Errorf("update log: the outcome of update %d of model %q does not decode", seq, model)
+		}
+		if out == nil {
+			out = map[int64]int8{}
+		}
+		out[seq] = int8(v[0])
+	}
+	return out, it.Close()
 }
 
 // divergedMarks decodes the diverged marks that follow a state's

@@ -261,6 +261,8 @@ func TestUpdateLogOwnKeysOnly(t *testing.T) {
 		{"an embedding store", []string{"\x00\x00\x00\x00catalog", "\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00\x00"}, "holds an embedding store"},
 		{"a store's rows only", []string{"\x00\x00\x00\x00updseq/m"}, "holds an embedding store"},
 		{"something between", []string{"s1", "g"}, `holds key "g"`},
+		{"a log with outcomes", []string{"e1", "o\x05model\x00\x00\x00\x00\x00\x00\x00\x01", "s1"}, ""},
+		{"something between outcomes and states", []string{"e1", "o1", "p", "s1"}, `holds key "p"`},
 		{"something after", []string{"e1", "u"}, `holds key "u"`},
 		{"something before", []string{"a", "e1"}, `holds key "a"`},
 	} {
@@ -350,6 +352,73 @@ func TestUpdateLogDivergedMarks(t *testing.T) {
 		got, err := l.load()
 		if (err == nil) != c.ok || (c.ok && got[0].diverged != nil) {
 			t.Fatalf("state %v: %+v, %v", c.state, got, err)
+		}
+	}
+}
+
+// The outcomes a persist carries are read back for the entries the log
+// still holds: one trimmed (or dropped by an adoption) goes with its
+// entry, and a value that is neither applied nor refused does not load.
+func TestUpdateLogOutcomes(t *testing.T) {
+	fs := vfs.NewMem()
+	l, err := openUpdateLog("log", fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { l.Close() }()
+	entry := func(seq int64) *prismv1.ApplyUpdateRequest {
+		return &prismv1.ApplyUpdateRequest{Seq: seq, Update: &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{seq}, Rows: make([]byte, 4)}}
+	}
+	reopen := func() []restoredModel {
+		t.Helper()
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if l, err = openUpdateLog("log", fs); err != nil {
+			t.Fatal(err)
+		}
+		got, err := l.load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	for _, c := range []struct {
+		name   string
+		writes []logChange
+		want   map[int64]int8
+	}{
+		{"none decided", []logChange{{Next: 1, Entry: entry(1)}}, nil},
+		{"decided with the next entry", []logChange{
+			{Next: 2, Entry: entry(2)},
+			{Next: 3, Committed: 2, Entry: entry(3), Outcomes: map[int64]int8{1: 1, 2: -1}},
+		}, map[int64]int8{1: 1, 2: -1}},
+		{"a later decision, and one of an update never logged", []logChange{
+			{Next: 3, Committed: 3, Outcomes: map[int64]int8{3: 1, 9: 1}},
+		}, map[int64]int8{1: 1, 2: -1, 3: 1}},
+		{"trimmed with its entry", []logChange{{Next: 3, Committed: 3, Floor: 1, DropFrom: 0}}, map[int64]int8{2: -1, 3: 1}},
+		{"a rewrite of every outcome", []logChange{{Next: 3, Committed: 3, Floor: 1, DropFrom: 1, Rewrite: 1, Outcomes: map[int64]int8{2: -1, 3: 1}}}, map[int64]int8{2: -1, 3: 1}},
+		{"adopted: the log dropped", []logChange{{Next: 200, Committed: 200, Floor: 200, DropFrom: 1}}, nil},
+	} {
+		for i := range c.writes {
+			if err := l.write([]message{{Type: msgPersist, Model: "m", Persist: &c.writes[i]}}); err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+		}
+		got := reopen()
+		if len(got) != 1 || !maps.Equal(got[0].outcomes, c.want) {
+			t.Fatalf("%s: read back %+v, want outcomes %v", c.name, got, c.want)
+		}
+	}
+	if err := l.write([]message{{Type: msgPersist, Model: "m", Persist: &logChange{Next: 201, Committed: 200, Floor: 200, Entry: entry(201)}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range [][]byte{{0}, {2}, {1, 1}, nil} {
+		if err := l.db.Set(outcomeKey("m", 201), v, pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := l.load(); err == nil || !strings.Contains(err.Error(), "outcome of update 201") {
+			t.Fatalf("outcome %v: %+v, %v; want it refused", v, got, err)
 		}
 	}
 }
