@@ -670,6 +670,15 @@ func (s *sequencer) tick(now time.Time) {
 			if k >= m.next {
 				continue
 			}
+			if _, out := m.diverged[id]; out {
+				// Out of the model for good (its copy is the one an
+				// operator replaces, under a new worker id): it takes no
+				// updates, so no replays either, and it is not behind.
+				// Replayed, it took every later update for nothing and
+				// counted in prism_router_embedding_workers_behind as if catching
+				// up would bring it back.
+				continue
+			}
 			if k < m.committed {
 				behind++
 			}

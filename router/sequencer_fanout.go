@@ -555,11 +555,11 @@ func (s *sequencer) countReplays(m *modelSeq, f *fanout) {
 			continue
 		}
 		if _, diverged := m.diverged[id]; diverged {
-			// Out of the model (the catch-up replays to a diverged
-			// worker too): its copy is the one an operator replaces, so
-			// its answer is no evidence of the update's outcome. Counted,
-			// a diverged worker applying an update every worker of the
-			// model refused made each of them diverged.
+			// Out of the model (marked while its replay was under way):
+			// its copy is the one an operator replaces, so its answer is
+			// no evidence of the update's outcome. Counted, a diverged
+			// worker applying an update every worker of the model
+			// refused made each of them diverged.
 			continue
 		}
 		if i, member := slices.BinarySearch(f.memberIDs, id); !member {

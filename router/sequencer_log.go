@@ -91,8 +91,9 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 			got = -1
 		}
 		if _, out := m.diverged[worker]; out {
-			// Out of the model already (the catch-up replays to a
-			// diverged worker too): its copy is the one an operator
+			// Out of the model already (marked while this replay was
+			// under way: the catch-up sends none after the mark): its
+			// copy is the one an operator
 			// replaces, so its answer says nothing of the update's
 			// outcome. Recorded, it set the outcome a worker of the
 			// model's replay is judged by, or counted in the fan-out of
@@ -156,11 +157,13 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 }
 
 // replayNext sends worker the next update of model it lacks, or ends its
-// replay when it holds the latest, is gone, or the log no longer reaches.
+// replay when it holds the latest, is gone, out of the model (diverged),
+// or the log no longer reaches.
 func (s *sequencer) replayNext(model string, m *modelSeq, id string) {
 	k, ok := m.known[id]
 	w := s.workers[id]
-	if !ok || w == nil || keyOf(w, m.name) != model || !s.compatible(m.name, w) || k >= m.next || k < m.floor || m.unwritten || s.resigned {
+	_, out := m.diverged[id]
+	if !ok || w == nil || out || keyOf(w, m.name) != model || !s.compatible(m.name, w) || k >= m.next || k < m.floor || m.unwritten || s.resigned {
 		delete(m.catching, id)
 		return
 	}
