@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,7 +88,16 @@ var updateLogBytesDesc = prometheus.NewDesc("prism_router_update_log_bytes", "By
 // scrape, while this router sequences.
 type updateLogCollector struct{ r *Router }
 
-func (updateLogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- updateLogBytesDesc }
+// divergedDesc: the live embedding workers each sequence holds out of
+// serving for a diverged copy. They never come back under their id (the
+// operator's mend is a new worker on a copy of an up-to-date store), so
+// unlike embedding_workers_behind this does not pass by itself.
+var divergedDesc = prometheus.NewDesc("prism_router_embedding_workers_diverged", "Live embedding workers the sequencing router holds out of serving a model (a sequence: a model, or a shard of one, MODEL#shardK) because their copy diverged from their peers' (they answered an update otherwise than the others did); they take no lookups and no updates until replaced with a copy of an up-to-date worker's store.", []string{"model"}, nil)
+
+func (updateLogCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- updateLogBytesDesc
+	ch <- divergedDesc
+}
 
 func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
 	d := c.r.sequencing()
@@ -96,12 +106,17 @@ func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// As of the driver's last step, read without its lock
 	// (publishLogBytes): a flood of updates holds it most of the time.
-	p := d.logBytes.Load()
-	if p == nil {
-		return
-	}
-	for key, n := range *p {
-		ch <- prometheus.MustNewConstMetric(updateLogBytesDesc, prometheus.GaugeValue, float64(n), key)
+	for _, g := range []struct {
+		desc *prometheus.Desc
+		p    *atomic.Pointer[map[string]int64]
+	}{{updateLogBytesDesc, &d.logBytes}, {divergedDesc, &d.divergedN}} {
+		p := g.p.Load()
+		if p == nil {
+			continue
+		}
+		for key, n := range *p {
+			ch <- prometheus.MustNewConstMetric(g.desc, prometheus.GaugeValue, float64(n), key)
+		}
 	}
 }
 

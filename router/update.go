@@ -341,6 +341,10 @@ type updateDriver struct {
 	// step (set under mu, read without it): a scrape never waits for
 	// mu, which a flood of updates holds most of the time.
 	logBytes atomic.Pointer[map[string]int64]
+	// divergedN is, per sequence, how many live embedding workers it
+	// holds out for a diverged copy (modelSeq.diverged), published as
+	// logBytes is.
+	divergedN atomic.Pointer[map[string]int64]
 }
 
 // updateClient is an Update handler waiting for its answer.
@@ -700,28 +704,47 @@ func (d *updateDriver) clientEnded(client uint64) error {
 // publishLogBytes publishes the log's bytes by sequence (logBytes), a
 // new map only when they changed; mu held.
 func (d *updateDriver) publishLogBytes() {
+	publishBy(&d.logBytes, d.seq.models, func(m *modelSeq) int64 { return m.bytes })
+	publishBy(&d.divergedN, d.seq.models, func(m *modelSeq) int64 {
+		// Live ones only: a mark read back from the update log (or a
+		// copy of one) stays until its worker leaves, which one that
+		// never announces again does not.
+		n := int64(0)
+		for id := range m.diverged {
+			if d.seq.workers[id] != nil {
+				n++
+			}
+		}
+		return n
+	})
+}
+
+// publishBy stores in p, per sequence whose value is not 0, its value,
+// unless p holds the same already (a step publishes without allocating
+// when nothing changed).
+func publishBy(p *atomic.Pointer[map[string]int64], models map[string]*modelSeq, value func(*modelSeq) int64) {
 	var last map[string]int64
-	if p := d.logBytes.Load(); p != nil {
-		last = *p
+	if l := p.Load(); l != nil {
+		last = *l
 	}
 	n := 0
 	same := true
-	for key, m := range d.seq.models {
-		if m.bytes > 0 {
+	for key, m := range models {
+		if v := value(m); v != 0 {
 			n++
-			same = same && last[key] == m.bytes
+			same = same && last[key] == v
 		}
 	}
 	if same && n == len(last) {
 		return
 	}
 	now := make(map[string]int64, n)
-	for key, m := range d.seq.models {
-		if m.bytes > 0 {
-			now[key] = m.bytes
+	for key, m := range models {
+		if v := value(m); v != 0 {
+			now[key] = v
 		}
 	}
-	d.logBytes.Store(&now)
+	p.Store(&now)
 }
 
 // wait returns once no apply is under way (a replay goes on until the

@@ -10,6 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -104,6 +106,39 @@ func TestDivergentAnswersReported(t *testing.T) {
 	if got := rig.servers(); got[1] || !got[0] {
 		t.Fatalf("serving %v: the refusing worker's copy differs, it must not serve", got)
 	}
+	// It never serves again under its id: a gauge (and its alert,
+	// PrismEmbeddingWorkerDiverged) says so, where the log alone did.
+	if got := divergedGauge(t, rig.r, "m"); got != 1 {
+		t.Fatalf("prism_router_embedding_workers_diverged{model=m} = %v, want 1", got)
+	}
+	rig.r.Reg.Remove("cpu" + rig.addr[1])
+	rig.announce()
+	if got := divergedGauge(t, rig.r, "m"); got != 0 {
+		t.Fatalf("prism_router_embedding_workers_diverged{model=m} = %v after the worker left, want 0", got)
+	}
+}
+
+// divergedGauge is r's prism_router_embedding_workers_diverged of model
+// (0 when the router reports none).
+func divergedGauge(t *testing.T, r *Router, model string) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 16)
+	updateLogCollector{r}.Collect(ch)
+	close(ch)
+	v := 0.0
+	for m := range ch {
+		if m.Desc() != divergedDesc {
+			continue
+		}
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		if len(pb.GetLabel()) == 1 && pb.GetLabel()[0].GetValue() == model {
+			v = pb.GetGauge().GetValue()
+		}
+	}
+	return v
 }
 
 // Issue 14: the refuser's leaving serving outlives the router's memory.
