@@ -150,15 +150,7 @@ func (m message) String() string {
 			drop += " diverged=" + strings.Join(slices.Sorted(maps.Keys(c.Diverged)), ",")
 		}
 		if len(c.Outcomes) > 0 {
-			var o []string
-			for _, seq := range slices.Sorted(maps.Keys(c.Outcomes)) {
-				sign := "+"
-				if c.Outcomes[seq] < 0 {
-					sign = "-"
-				}
-				o = append(o, fmt.Sprintf("%d%s", seq, sign))
-			}
-			drop += " outcomes=" + strings.Join(o, ",")
+			drop += " outcomes=" + outcomesString(c.Outcomes)
 		}
 		return fmt.Sprintf("persist %s next=%d committed=%d floor=%d%s%s", m.Model, c.Next, c.Committed, c.Floor, entry, drop)
 	case msgLog:
@@ -170,4 +162,18 @@ func (m message) String() string {
 		return b.String()
 	}
 	return fmt.Sprintf("message type %d", m.Type)
+}
+
+// outcomesString is outcomes as the scripts print them: seq and + for
+// applied, - for refused, in order ("1+,2-").
+func outcomesString(outcomes map[int64]int8) string {
+	var o []string
+	for _, seq := range slices.Sorted(maps.Keys(outcomes)) {
+		sign := "+"
+		if outcomes[seq] < 0 {
+			sign = "-"
+		}
+		o = append(o, fmt.Sprintf("%d%s", seq, sign))
+	}
+	return strings.Join(o, ",")
 }

@@ -206,15 +206,7 @@ func (h *seqScript) restart() []string {
 			line += " diverged=" + strings.Join(slices.Sorted(maps.Keys(d.diverged)), ",")
 		}
 		if len(d.outcomes) > 0 {
-			var o []string
-			for _, seq := range slices.Sorted(maps.Keys(d.outcomes)) {
-				sign := "+"
-				if d.outcomes[seq] < 0 {
-					sign = "-"
-				}
-				o = append(o, fmt.Sprintf("%d%s", seq, sign))
-			}
-			line += " outcomes=" + strings.Join(o, ",")
+			line += " outcomes=" + outcomesString(d.outcomes)
 		}
 		out = append(out, line)
 	}
