@@ -117,7 +117,7 @@ func (s *sequencer) readLog(after map[string]int64, fresh bool, maxBytes int64) 
 		m := s.models[name]
 		// The marks go in every answer naming the model, whole: a copy
 		// has them as the holder's latest (replicaModel.diverged).
-		ml := &prismv1.ModelLog{Next: m.next, Committed: m.committed, Floor: m.floor, Diverged: divergedCopy(m)}
+		ml := &prismv1.ModelLog{Next: m.next, Committed: m.committed, Floor: m.floor, Diverged: divergedCopy(m), Outcomes: m.outcomeRunsOf()}
 		// The map entry: its key, the numbers, the marks, the framing.
 		head := int64(len(name)+proto.Size(ml)) + 16
 		if bytes > 0 && bytes+head > maxBytes {
@@ -227,6 +227,10 @@ type replicaModel struct {
 	// diverged are the holder's diverged marks as last heard
 	// (ModelLog.diverged; nil: none, or a holder of an earlier release).
 	diverged map[string]int64
+	// outcomes are the holder's outcomes of its log's updates as last
+	// heard (ModelLog.outcomes; nil: none known, or a holder of an
+	// earlier release).
+	outcomes map[int64]int8
 }
 
 func (rm *replicaModel) end() int64 { return rm.floor + int64(len(rm.log)) }
@@ -294,12 +298,20 @@ func (c *replica) extend(s *sequencer, epoch uint64) bool {
 					rm.diverged[id] = seq
 				}
 			}
+			// So do the outcomes this hold decided (of the copy's
+			// entries it replayed, and of its own).
+			for seq, v := range outcomeMap(ml.GetOutcomes(), ml.GetFloor(), ml.GetNext()) {
+				if rm.outcomes == nil {
+					rm.outcomes = map[int64]int8{}
+				}
+				rm.outcomes[seq] = v
+			}
 		}
 		if len(es) == 0 {
 			continue
 		}
 		if rm == nil {
-			c.models[name] = &replicaModel{next: ml.GetNext(), committed: ml.GetCommitted(), floor: ml.GetFloor(), log: slices.Clone(es), diverged: maps.Clone(ml.GetDiverged())}
+			c.models[name] = &replicaModel{next: ml.GetNext(), committed: ml.GetCommitted(), floor: ml.GetFloor(), log: slices.Clone(es), diverged: maps.Clone(ml.GetDiverged()), outcomes: outcomeMap(ml.GetOutcomes(), ml.GetFloor(), ml.GetNext())}
 			continue
 		}
 		if rm.end() != rm.next || ml.GetFloor() != rm.end() || es[0].GetSeq() != rm.end()+1 {
@@ -356,9 +368,64 @@ func (c *replica) merge(resp *prismv1.UpdateLogResponse) error {
 		if d := ml.GetDiverged(); len(d) > 0 {
 			rm.diverged = maps.Clone(d)
 		}
+		// The outcomes too: whole in each answer naming the model.
+		rm.outcomes = outcomeMap(ml.GetOutcomes(), ml.GetFloor(), ml.GetNext())
 	}
 	return bad
 }
+
+// outcomeRuns is outcome's updates floor+1 .. next as runs
+// (ModelLog.outcomes): one a stretch of updates with one outcome, none
+// for those not known.
+func outcomeRuns(outcome map[int64]int8, floor, next int64) []*prismv1.OutcomeRun {
+	if len(outcome) == 0 {
+		return nil
+	}
+	var runs []*prismv1.OutcomeRun
+	var cur *prismv1.OutcomeRun
+	for seq := floor + 1; seq <= next; seq++ {
+		v, ok := outcome[seq]
+		if !ok {
+			cur = nil
+			continue
+		}
+		if cur != nil && cur.Refused == (v < 0) {
+			cur.Count++
+			continue
+		}
+		cur = &prismv1.OutcomeRun{First: seq, Count: 1, Refused: v < 0}
+		runs = append(runs, cur)
+	}
+	return runs
+}
+
+// outcomeMap is runs as seq -> +1 applied, -1 refused, of the updates
+// floor+1 .. next only (nil: none), and at most maxOutcomes of them: a
+// holder's answer does not make the copy hold more than its log could.
+func outcomeMap(runs []*prismv1.OutcomeRun, floor, next int64) map[int64]int8 {
+	if len(runs) == 0 {
+		return nil
+	}
+	out := map[int64]int8{}
+	for _, r := range runs {
+		v := int8(1)
+		if r.GetRefused() {
+			v = -1
+		}
+		from, to := max(r.GetFirst(), floor+1), min(r.GetFirst()+max(r.GetCount(), 0)-1, next)
+		for seq := from; seq <= to && len(out) < maxOutcomes; seq++ {
+			out[seq] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// maxOutcomes bounds the outcomes a copy takes from one answer: more
+// than a log within the default byte budget holds entries.
+const maxOutcomes = 1 << 20
 
 func (rm *replicaModel) merge(ml *prismv1.ModelLog) error {
 	if ml.GetFloor() < 0 || ml.GetFloor() > ml.GetNext() || ml.GetCommitted() > ml.GetNext() {
@@ -446,6 +513,7 @@ func (c *replica) restoreTo(s *sequencer, epoch uint64) (models, updates int, st
 				"model", name, "copy_ends", end, "holder_latest", rm.next, "holder_acknowledged", rm.committed)
 		}
 		s.restoreCopy(name, end, min(rm.committed, end), rm.floor, slices.Clone(rm.log), rm.diverged)
+		s.restoreOutcomes(name, rm.outcomes)
 		if rm.committed > end {
 			s.owe(name, rm.committed, end)
 		}

@@ -502,3 +502,81 @@ func TestReplicaDivergedMarks(t *testing.T) {
 		t.Fatalf("kept copy's marks %v, want %v", got, want)
 	}
 }
+
+// The runs a page carries (outcomeRunsOf, kept as outcomes are decided)
+// equal the runs made from the outcomes whole (outcomeRuns), whatever
+// the order of decisions and trims, and read back (outcomeMap) as the
+// outcomes of the log's updates: random walks of decisions, mostly of
+// the next update, some out of order, some repeated, with trims.
+func TestOutcomeRunsKept(t *testing.T) {
+	for seed := range uint64(200) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		m := &modelSeq{outcome: map[int64]int8{}}
+		for step := range 300 {
+			switch r := rng.IntN(20); {
+			case r < 14: // the next update's outcome
+				m.next++
+				m.decide(m.next, []int8{1, -1}[rng.IntN(4)/3])
+			case r < 16: // one numbered, not known yet
+				m.next++
+			case r < 18 && m.next > m.floor: // out of order, or again
+				m.decide(m.floor+1+rng.Int64N(m.next-m.floor), []int8{1, -1}[rng.IntN(2)])
+			default: // a trim
+				m.log, m.bytes = nil, 0
+				for seq := m.floor + 1; seq <= m.next; seq++ {
+					e := &prismv1.ApplyUpdateRequest{Seq: seq}
+					m.log = append(m.log, e)
+					m.bytes += heldBytes(e)
+				}
+				m.trim(rng.Int64N(m.bytes+1), m.next)
+				m.log, m.bytes = nil, 0
+			}
+			got := m.outcomeRunsOf()
+			want := outcomeRuns(m.outcome, m.floor, m.next)
+			if !slices.EqualFunc(got, want, func(a, b *prismv1.OutcomeRun) bool { return proto.Equal(a, b) }) {
+				t.Fatalf("seed %d step %d: runs %v, want %v (floor %d, next %d)", seed, step, got, want, m.floor, m.next)
+			}
+			back := outcomeMap(got, m.floor, m.next)
+			for seq := m.floor + 1; seq <= m.next; seq++ {
+				if v, ok := m.outcome[seq]; back[seq] != v || (ok != (back[seq] != 0)) {
+					t.Fatalf("seed %d step %d: update %d reads back %d, want %d", seed, step, seq, back[seq], v)
+				}
+			}
+			if len(m.runs) > int(m.next-m.floor)+1 {
+				t.Fatalf("seed %d step %d: %d runs kept for %d updates (trims drop the runs they end)", seed, step, len(m.runs), m.next-m.floor)
+			}
+			if len(back) > int(m.next-m.floor) {
+				t.Fatalf("seed %d step %d: %d outcomes read back for %d updates", seed, step, len(back), m.next-m.floor)
+			}
+		}
+	}
+}
+
+// A holder's runs are read only within its log: a run reaching below
+// its floor or past its latest, or one of a huge or negative count, adds
+// nothing outside floor+1 .. next.
+func TestOutcomeMapBounds(t *testing.T) {
+	for _, tc := range []struct {
+		runs        []*prismv1.OutcomeRun
+		floor, next int64
+		want        map[int64]int8
+	}{
+		{nil, 0, 5, nil},
+		{[]*prismv1.OutcomeRun{{First: 1, Count: 2}, {First: 3, Count: 1, Refused: true}}, 0, 5, map[int64]int8{1: 1, 2: 1, 3: -1}},
+		{[]*prismv1.OutcomeRun{{First: 1, Count: 10}}, 3, 5, map[int64]int8{4: 1, 5: 1}},
+		{[]*prismv1.OutcomeRun{{First: 4, Count: 1 << 62}}, 3, 6, map[int64]int8{4: 1, 5: 1, 6: 1}},
+		{[]*prismv1.OutcomeRun{{First: 4, Count: -3}, {First: 9, Count: 1}}, 3, 6, nil},
+		{[]*prismv1.OutcomeRun{{First: math.MinInt64, Count: math.MaxInt64}}, 0, 2, map[int64]int8{}},
+	} {
+		got := outcomeMap(tc.runs, tc.floor, tc.next)
+		if len(tc.want) == 0 && len(got) == 0 {
+			continue
+		}
+		if !maps.Equal(got, tc.want) {
+			t.Errorf("outcomeMap(%v, %d, %d) = %v, want %v", tc.runs, tc.floor, tc.next, got, tc.want)
+		}
+	}
+	if got := outcomeMap([]*prismv1.OutcomeRun{{First: 1, Count: 1 << 40}}, 0, 1<<40); len(got) != maxOutcomes {
+		t.Errorf("a run of 2^40 updates read back %d outcomes, want the bound %d", len(got), maxOutcomes)
+	}
+}

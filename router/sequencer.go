@@ -152,6 +152,15 @@ type modelSeq struct {
 	// answer it, and marked diverged the workers that agreed with the
 	// update's first holders instead of the one that did not.
 	outcomeNew map[int64]int8
+	// runs are outcome as ModelLog.outcomes carries it to the routers
+	// copying the log (runs of consecutive updates with one outcome, in
+	// order; the first may start at or below floor), kept as outcomes
+	// are decided (nearly always the next after the last) so a page of
+	// the log does not walk the whole log under the driver's lock:
+	// runsDirty when one was decided out of order, and runs are made
+	// again from outcome at the next read.
+	runs      []*prismv1.OutcomeRun
+	runsDirty bool
 	// opened is when a worker first announced the model's seq.
 	opened   time.Time
 	catching map[string]bool // a replay to the worker is under way
@@ -384,7 +393,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 			dropFrom := m.floor
 			m.next, m.committed, m.floor, m.log, m.bytes = seq, seq, seq, nil, 0
 			clear(m.outcome)
-			m.outcomeNew = nil
+			m.outcomeNew, m.runs, m.runsDirty = nil, nil, false
 			s.persist(key, m, nil, dropFrom)
 		}
 		if ref := w.GetShards()[model]; ref.GetShards() > 0 && ref.GetSharding() != "" && s.layouts[model] == "" && seq > 0 && s.updated(model) {

@@ -52,6 +52,48 @@ func (m *modelSeq) decide(seq int64, v int8) {
 		m.outcomeNew = map[int64]int8{}
 	}
 	m.outcomeNew[seq] = v
+	if m.runsDirty {
+		return
+	}
+	refused := v < 0
+	n := len(m.runs)
+	if n == 0 {
+		m.runs = append(m.runs, &prismv1.OutcomeRun{First: seq, Count: 1, Refused: refused})
+		return
+	}
+	last := m.runs[n-1]
+	switch end := last.GetFirst() + last.GetCount(); {
+	case seq == end && last.GetRefused() == refused:
+		last.Count++
+	case seq >= end:
+		m.runs = append(m.runs, &prismv1.OutcomeRun{First: seq, Count: 1, Refused: refused})
+	default:
+		m.runsDirty = true // out of order: made again at the next read
+	}
+}
+
+// outcomeRunsOf is m's outcomes of floor+1 .. next as ModelLog.outcomes
+// carries them: copies, since the answer is sent after the driver's
+// lock is released and decide goes on lengthening m.runs.
+func (m *modelSeq) outcomeRunsOf() []*prismv1.OutcomeRun {
+	if m.runsDirty {
+		m.runs, m.runsDirty = outcomeRuns(m.outcome, m.floor, m.next), false
+	}
+	out := make([]*prismv1.OutcomeRun, 0, len(m.runs))
+	for _, r := range m.runs {
+		first, count := r.GetFirst(), r.GetCount()
+		if first <= m.floor { // trimmed in part
+			count -= m.floor + 1 - first
+			first = m.floor + 1
+		}
+		if count > 0 {
+			out = append(out, &prismv1.OutcomeRun{First: first, Count: count, Refused: r.GetRefused()})
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 // appendLog keeps req as update seq, dropping the oldest beyond the
@@ -74,6 +116,10 @@ func (m *modelSeq) trim(budget, upto int64) {
 		m.floor++
 		delete(m.outcome, m.floor)
 		delete(m.outcomeNew, m.floor)
+	}
+	for len(m.runs) > 0 && m.runs[0].GetFirst()+m.runs[0].GetCount() <= m.floor+1 {
+		m.runs[0] = nil
+		m.runs = m.runs[1:]
 	}
 }
 

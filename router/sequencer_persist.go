@@ -75,6 +75,7 @@ func (s *sequencer) restoreOutcomes(model string, outcomes map[int64]int8) {
 			m.outcome[seq] = v
 		}
 	}
+	m.runsDirty = true
 }
 
 // restoreMarks takes marks (worker id -> seq) of sequence model in, read

@@ -470,6 +470,9 @@ func (h *seqScript) do(line string) []string {
 			if len(rm.diverged) > 0 {
 				line += " diverged=" + strings.Join(slices.Sorted(maps.Keys(rm.diverged)), ",")
 			}
+			if len(rm.outcomes) > 0 {
+				line += " outcomes=" + outcomesString(rm.outcomes)
+			}
 			out = append(out, line)
 		}
 		return out

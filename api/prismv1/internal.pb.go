@@ -1899,7 +1899,18 @@ type ModelLog struct {
 	// only from the answer to its next announcement, and one the holder
 	// had not told yet announced no mark and was served again. A holder
 	// of an earlier release sends none.
-	Diverged      map[string]int64 `protobuf:"bytes,5,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Diverged map[string]int64 `protobuf:"bytes,5,rep,name=diverged,proto3" json:"diverged,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// outcomes are what became of the log's updates floor+1 .. next as far
+	// as the holder saw, all of them in each answer naming the model, as
+	// runs of consecutive updates with one outcome (an update in no run:
+	// not known yet, or numbered before a restart and answered by no
+	// worker since). A router elected next judges its replays by them: a
+	// worker answering a replay otherwise than the update's first holders
+	// is diverged. Without them the first worker to answer a replay set
+	// the outcome, and one refusing what they had applied was not marked
+	// and served a copy lacking the rows. A holder of an earlier release
+	// sends none.
+	Outcomes      []*OutcomeRun `protobuf:"bytes,6,rep,name=outcomes,proto3" json:"outcomes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1967,6 +1978,76 @@ func (x *ModelLog) GetDiverged() map[string]int64 {
 		return x.Diverged
 	}
 	return nil
+}
+
+func (x *ModelLog) GetOutcomes() []*OutcomeRun {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
+// OutcomeRun is count consecutive updates from first with one outcome.
+type OutcomeRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	First int64                  `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Count int64                  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// refused: their workers refused them as bad input (each took its
+	// number everywhere); otherwise some worker applied them.
+	Refused       bool `protobuf:"varint,3,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OutcomeRun) Reset() {
+	*x = OutcomeRun{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OutcomeRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OutcomeRun) ProtoMessage() {}
+
+func (x *OutcomeRun) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OutcomeRun.ProtoReflect.Descriptor instead.
+func (*OutcomeRun) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *OutcomeRun) GetFirst() int64 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *OutcomeRun) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *OutcomeRun) GetRefused() bool {
+	if x != nil {
+		return x.Refused
+	}
+	return false
 }
 
 var File_api_prismv1_internal_proto protoreflect.FileDescriptor
@@ -2152,16 +2233,22 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x1aM\n" +
 	"\vModelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12(\n" +
-	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ModelLogR\x05value:\x028\x01\"\x85\x02\n" +
+	"\x05value\x18\x02 \x01(\v2\x12.prism.v1.ModelLogR\x05value:\x028\x01\"\xb7\x02\n" +
 	"\bModelLog\x12\x12\n" +
 	"\x04next\x18\x01 \x01(\x03R\x04next\x12\x1c\n" +
 	"\tcommitted\x18\x02 \x01(\x03R\tcommitted\x12\x14\n" +
 	"\x05floor\x18\x03 \x01(\x03R\x05floor\x126\n" +
 	"\aentries\x18\x04 \x03(\v2\x1c.prism.v1.ApplyUpdateRequestR\aentries\x12<\n" +
-	"\bdiverged\x18\x05 \x03(\v2 .prism.v1.ModelLog.DivergedEntryR\bdiverged\x1a;\n" +
+	"\bdiverged\x18\x05 \x03(\v2 .prism.v1.ModelLog.DivergedEntryR\bdiverged\x120\n" +
+	"\boutcomes\x18\x06 \x03(\v2\x14.prism.v1.OutcomeRunR\boutcomes\x1a;\n" +
 	"\rDivergedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01*@\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"R\n" +
+	"\n" +
+	"OutcomeRun\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\x03R\x05first\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x18\n" +
+	"\arefused\x18\x03 \x01(\bR\arefused*@\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eROLE_EMBEDDING\x10\x01\x12\x0e\n" +
@@ -2191,7 +2278,7 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
 	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
@@ -2215,71 +2302,73 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*UpdateLogRequest)(nil),   // 19: prism.v1.UpdateLogRequest
 	(*UpdateLogResponse)(nil),  // 20: prism.v1.UpdateLogResponse
 	(*ModelLog)(nil),           // 21: prism.v1.ModelLog
-	nil,                        // 22: prism.v1.WorkerInfo.UpdateSeqEntry
-	nil,                        // 23: prism.v1.WorkerInfo.ShardsEntry
-	nil,                        // 24: prism.v1.WorkerInfo.JaggedEntry
-	nil,                        // 25: prism.v1.WorkerInfo.FixedBatchEntry
-	nil,                        // 26: prism.v1.WorkerInfo.ShardingEntry
-	nil,                        // 27: prism.v1.WorkerInfo.DivergedEntry
-	nil,                        // 28: prism.v1.WorkerInfo.ContentEntry
-	nil,                        // 29: prism.v1.WorkerInfo.VersionEntry
-	nil,                        // 30: prism.v1.AnnounceResponse.DivergedEntry
-	nil,                        // 31: prism.v1.ListResponse.UpdatesEntry
-	nil,                        // 32: prism.v1.UpdateLogRequest.AfterEntry
-	nil,                        // 33: prism.v1.UpdateLogResponse.ModelsEntry
-	nil,                        // 34: prism.v1.ModelLog.DivergedEntry
-	(*UpdateRequest)(nil),      // 35: prism.v1.UpdateRequest
-	(*Features)(nil),           // 36: prism.v1.Features
-	(*UpdateResponse)(nil),     // 37: prism.v1.UpdateResponse
+	(*OutcomeRun)(nil),         // 22: prism.v1.OutcomeRun
+	nil,                        // 23: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 24: prism.v1.WorkerInfo.ShardsEntry
+	nil,                        // 25: prism.v1.WorkerInfo.JaggedEntry
+	nil,                        // 26: prism.v1.WorkerInfo.FixedBatchEntry
+	nil,                        // 27: prism.v1.WorkerInfo.ShardingEntry
+	nil,                        // 28: prism.v1.WorkerInfo.DivergedEntry
+	nil,                        // 29: prism.v1.WorkerInfo.ContentEntry
+	nil,                        // 30: prism.v1.WorkerInfo.VersionEntry
+	nil,                        // 31: prism.v1.AnnounceResponse.DivergedEntry
+	nil,                        // 32: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 33: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 34: prism.v1.UpdateLogResponse.ModelsEntry
+	nil,                        // 35: prism.v1.ModelLog.DivergedEntry
+	(*UpdateRequest)(nil),      // 36: prism.v1.UpdateRequest
+	(*Features)(nil),           // 37: prism.v1.Features
+	(*UpdateResponse)(nil),     // 38: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	35, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	36, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	36, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	36, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	37, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	37, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
 	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
 	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	22, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	23, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
-	24, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
-	25, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
-	26, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
-	27, // 10: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
-	28, // 11: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
-	29, // 12: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
+	23, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	24, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	25, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
+	26, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
+	27, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
+	28, // 10: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
+	29, // 11: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
+	30, // 12: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
 	10, // 13: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
 	7,  // 14: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
 	12, // 15: prism.v1.AnnounceRequest.dense_held:type_name -> prism.v1.ListVersion
-	30, // 16: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
+	31, // 16: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
 	12, // 17: prism.v1.AnnounceResponse.dense_version:type_name -> prism.v1.ListVersion
 	7,  // 18: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	31, // 19: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	32, // 20: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	33, // 21: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	32, // 19: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	33, // 20: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	34, // 21: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
 	1,  // 22: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	34, // 23: prism.v1.ModelLog.diverged:type_name -> prism.v1.ModelLog.DivergedEntry
-	9,  // 24: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 25: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	18, // 26: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	21, // 27: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 28: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 29: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 30: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	11, // 31: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	14, // 32: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	16, // 33: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	19, // 34: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 35: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	37, // 36: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 37: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	13, // 38: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	15, // 39: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	17, // 40: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	20, // 41: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	35, // [35:42] is the sub-list for method output_type
-	28, // [28:35] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	35, // 23: prism.v1.ModelLog.diverged:type_name -> prism.v1.ModelLog.DivergedEntry
+	22, // 24: prism.v1.ModelLog.outcomes:type_name -> prism.v1.OutcomeRun
+	9,  // 25: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	8,  // 26: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	18, // 27: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	21, // 28: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	2,  // 29: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	1,  // 30: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	5,  // 31: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	11, // 32: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	14, // 33: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	16, // 34: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	19, // 35: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	3,  // 36: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	38, // 37: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	6,  // 38: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	13, // 39: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	15, // 40: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	17, // 41: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	20, // 42: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	36, // [36:43] is the sub-list for method output_type
+	29, // [29:36] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -2294,7 +2383,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
