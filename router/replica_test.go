@@ -259,7 +259,18 @@ func TestUpdateLogLargeEntryOfALaterModel(t *testing.T) {
 	largest := r.Updater().maxBytes
 	s := r.upd.seq
 	s.restore("a-small", 1, 1, 0, entries(1, 1))
-	s.restore("m-big", 2, 2, 0, []*prismv1.ApplyUpdateRequest{bigEntry("m-big", 1, 1<<10), bigEntry("m-big", 2, largest)})
+	// Updates applied and refused by turns before the large one: 2,000
+	// runs of outcomes (ModelLog.outcomes), about 16 KiB, more than the
+	// margin the large entry's page leaves its model's numbers.
+	var big []*prismv1.ApplyUpdateRequest
+	outcomes := map[int64]int8{}
+	for seq := int64(1); seq <= 2000; seq++ {
+		big = append(big, bigEntry("m-big", seq, 1<<10))
+		outcomes[seq] = []int8{1, -1}[seq%2]
+	}
+	big = append(big, bigEntry("m-big", 2001, largest))
+	s.restore("m-big", 2001, 2001, 0, big)
+	s.restoreOutcomes("m-big", outcomes)
 	s.restore("z-small", 1, 1, 0, entries(1, 1))
 	var c replica
 	for page := 0; ; page++ {
@@ -282,10 +293,13 @@ func TestUpdateLogLargeEntryOfALaterModel(t *testing.T) {
 		}
 	}
 	_, after := c.after()
-	for model, want := range map[string]int64{"a-small": 1, "m-big": 2, "z-small": 1} {
+	for model, want := range map[string]int64{"a-small": 1, "m-big": 2001, "z-small": 1} {
 		if after[model] != want {
 			t.Errorf("the copy of %s ends at %d, want %d", model, after[model], want)
 		}
+	}
+	if got := outcomeMap(c.models["m-big"].outcomes, 0, 2001); !maps.Equal(got, outcomes) {
+		t.Errorf("the copy holds %d outcomes of m-big, want the holder's %d", len(got), len(outcomes))
 	}
 }
 
@@ -578,5 +592,80 @@ func TestOutcomeMapBounds(t *testing.T) {
 	}
 	if got := outcomeMap([]*prismv1.OutcomeRun{{First: 1, Count: 1 << 40}}, 0, 1<<40); len(got) != maxOutcomes {
 		t.Errorf("a run of 2^40 updates read back %d outcomes, want the bound %d", len(got), maxOutcomes)
+	}
+}
+
+// The outcomes of a holder's updates reach the copy (ModelLog.outcomes),
+// an answer without them (a holder of an earlier release, or a page of
+// one large entry) leaves the copy's, a hold that learnt its epoch late
+// adds those of the updates it appends (extend) and none of a log that
+// does not continue the copy (its numbers name other updates), and the
+// router elected next (restoreTo) and a hold's own log kept (keep) start
+// with them.
+func TestReplicaOutcomes(t *testing.T) {
+	outcomesOf := func(c *replica) map[int64]int8 {
+		if rm := c.models["m"]; rm != nil {
+			return outcomeMap(rm.outcomes, rm.floor, rm.next)
+		}
+		return nil
+	}
+	holder := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
+	holder.restore("m", 4, 4, 0, entries(1, 4))
+	holder.restoreOutcomes("m", map[int64]int8{1: 1, 2: -1, 3: 1, 4: 1})
+	var c replica
+	pull := func(s *sequencer, epoch uint64) {
+		t.Helper()
+		models, _ := s.readLog(nil, true, math.MaxInt64)
+		if err := c.merge(&prismv1.UpdateLogResponse{Term: 1, Epoch: epoch, Models: models}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pull(holder, 5)
+	want := map[int64]int8{1: 1, 2: -1, 3: 1, 4: 1}
+	if got := outcomesOf(&c); !maps.Equal(got, want) {
+		t.Fatalf("copy's outcomes %v, want %v", got, want)
+	}
+	if err := c.merge(&prismv1.UpdateLogResponse{Term: 1, Epoch: 5, Models: map[string]*prismv1.ModelLog{"m": {Next: 4, Committed: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := outcomesOf(&c); !maps.Equal(got, want) {
+		t.Fatalf("copy's outcomes after an answer without any: %v, want %v", got, want)
+	}
+
+	// The hold of epoch 6 began without its epoch and adopted update 2
+	// (no worker it heard held 3 or 4), then numbered 3' and 4' of its
+	// own: the copy's 3 and 4 keep their outcomes.
+	other := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
+	other.restore("m", 4, 4, 2, entries(3, 4))
+	other.restoreOutcomes("m", map[int64]int8{3: -1, 4: -1})
+	if !c.extend(other, 6) {
+		t.Fatal("extend: no copy of the hold before")
+	}
+	if got := outcomesOf(&c); !maps.Equal(got, want) || c.models["m"].end() != 4 {
+		t.Fatalf("copy's outcomes after a log not continuing it: %v (ends at %d), want %v (at 4)", got, c.models["m"].end(), want)
+	}
+	// One continuing it: its update 5, refused, joins.
+	own := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
+	own.restore("m", 5, 5, 4, entries(5, 5))
+	own.restoreOutcomes("m", map[int64]int8{5: -1})
+	if !c.extend(own, 6) {
+		t.Fatal("extend: no copy of the hold before")
+	}
+	want[5] = -1
+	if got := outcomesOf(&c); !maps.Equal(got, want) || c.models["m"].end() != 5 {
+		t.Fatalf("extended copy's outcomes %v (ends at %d), want %v (at 5)", got, c.models["m"].end(), want)
+	}
+
+	next := newSequencer(time.Now(), time.Second, 1<<20, 0, QuorumOne)
+	if models, _, stale := c.restoreTo(next, 6); models != 1 || stale {
+		t.Fatalf("restored %d models (stale %v)", models, stale)
+	}
+	if got := next.models["m"].outcome; !maps.Equal(got, want) {
+		t.Fatalf("the new holder's outcomes %v, want %v", got, want)
+	}
+	var kept replica
+	kept.keep(next, 2, 6)
+	if got := outcomesOf(&kept); !maps.Equal(got, want) {
+		t.Fatalf("kept copy's outcomes %v, want %v", got, want)
 	}
 }

@@ -169,6 +169,8 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 				addr = w.GetAddr()
 			}
 			f.replays[worker] = replayAnswer{err: err, addr: addr, early: !s.resigned}
+		} else if seq <= m.floor {
+			// Trimmed meanwhile: its outcome is kept no more.
 		} else if was, known := m.outcome[seq]; !known {
 			// Written with the model's next persist (an update or a
 			// heartbeat's rewrite), not on its own: a restart before it

@@ -470,8 +470,8 @@ func (h *seqScript) do(line string) []string {
 			if len(rm.diverged) > 0 {
 				line += " diverged=" + strings.Join(slices.Sorted(maps.Keys(rm.diverged)), ",")
 			}
-			if len(rm.outcomes) > 0 {
-				line += " outcomes=" + outcomesString(rm.outcomes)
+			if o := outcomeMap(rm.outcomes, rm.floor, rm.next); len(o) > 0 {
+				line += " outcomes=" + outcomesString(o)
 			}
 			out = append(out, line)
 		}

@@ -711,7 +711,10 @@ func (d *updateDriver) publishLogBytes() {
 		// never announces again does not.
 		n := int64(0)
 		for id := range m.diverged {
-			if d.seq.workers[id] != nil {
+			// Of this sequence still: a mark read back is kept while
+			// its worker is live, also once it serves the model (or
+			// shard) no more.
+			if w := d.seq.workers[id]; w != nil && keyOf(w, m.name) == m.key {
 				n++
 			}
 		}
