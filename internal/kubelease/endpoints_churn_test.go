@@ -60,13 +60,50 @@ func TestWatchEndpointsForgetsDeletedPods(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the watch never started")
 	}
-	time.Sleep(100 * time.Millisecond) // the watch is open
 	update := func(es ...discoveryv1.Endpoint) {
 		t.Helper()
 		sl.Endpoints = es
 		var err error
 		if sl, err = slices.Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// The reactor runs as the informer asks for its watch, before the
+	// fake tracker opens it: an update landing between the two is never
+	// seen (a sleep of 100 ms was not enough on a loaded host: "cycle 0:
+	// dense-0 not reported gone"). A probe Pod turned terminating until
+	// one is reported gone says the watch is open; it is then deleted
+	// and not counted.
+	for probe := 0; ; probe++ {
+		name := fmt.Sprintf("probe-%d", probe)
+		update(keep, endpoint(name, "10.1.1.2", &yes, false))
+		update(keep, endpoint(name, "10.1.1.2", &yes, true))
+		reported := false
+		for deadline := time.Now().Add(200 * time.Millisecond); !reported && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			mu.Lock()
+			reported = gones > 0
+			mu.Unlock()
+		}
+		if reported {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the watch never reported the probe Pod gone")
+		}
+	}
+	update(keep) // the probe deleted
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := len(out)
+		if n == 0 {
+			gones = 0
+		}
+		mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the probe Pod, deleted, is still kept out")
 		}
 	}
 	for i := range cycles {
