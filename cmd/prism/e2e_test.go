@@ -824,6 +824,36 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	if !slices.Equal(u.GetInSync(), []string{applier}) || !slices.Contains(u.GetLeftOut(), refuser) {
 		t.Fatalf("the restarted router sends lookups to %v and leaves out %v; want only %s, the diverged %s left out", u.GetInSync(), u.GetLeftOut(), applier, refuser)
 	}
+
+	// prism status says so, row by row, to an admin certificate.
+	out, err := run(t, nil, "status", "--router", router.addr, "--certs", certs)
+	if err != nil {
+		t.Fatalf("prism status: %v\n%s", err, out)
+	}
+	t.Logf("prism status:\n%s", out)
+	rowOf := func(id string) string {
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasSuffix(line, " "+id) {
+				return line
+			}
+		}
+		t.Fatalf("prism status has no row of %s:\n%s", id, out)
+		return ""
+	}
+	if row := rowOf(refuser); !strings.Contains(row, "diverged at 1") {
+		t.Errorf("prism status's row of the refuser: %q, want it diverged at 1", row)
+	}
+	if row := rowOf(applier); !strings.Contains(row, " serving ") || !strings.Contains(row, "1 of 1") {
+		t.Errorf("prism status's row of the applier: %q, want it serving, holding 1 of 1", row)
+	}
+	out, err = run(t, nil, "status", "--router", router.addr, "--certs", certs, "--json")
+	var list prismv1.ListResponse
+	if err != nil || protojson.Unmarshal([]byte(out), &list) != nil || len(embedding(&list)) != 2 {
+		t.Fatalf("prism status --json: %v\n%s", err, out)
+	}
+	if out, err := run(t, nil, "status", "--router", router.addr, "--insecure", "--timeout", "5s"); err == nil {
+		t.Fatalf("prism status --insecure against a TLS router succeeded:\n%s", out)
+	}
 }
 
 // TestServeAliases: the tiers' former names still start them, so older

@@ -1,0 +1,197 @@
+package router
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+// FleetRow is one worker's state for one of its models as a router's
+// registry reports it (Registry.List; prism status prints these).
+type FleetRow struct {
+	Model string
+	// Shard is "K/N" for a worker holding one shard of the model's
+	// embedding tables, "" for the whole model.
+	Shard string
+	Role  string
+	Addr  string
+	ID    string
+	// State is what the router does with the worker for this model:
+	// serving; behind (lacks acknowledged updates: caught up, then
+	// serves); diverged (its copy differs from its peers': out for
+	// good, replace its store); left out (claims updates the sequencer
+	// never numbered); settling (the router's start-up window: no
+	// lookups yet); unhealthy (it says so); or unknown (the router does
+	// not sequence updates and did not say).
+	State string
+	// Holds and Acknowledged are the model's (or shard's) updates the
+	// worker holds and the router acknowledged last; -1 when not known
+	// (a dense worker, or a model with no update).
+	Holds, Acknowledged int64
+	Outstanding         int64
+}
+
+// Fleet is resp's workers, one row for each worker and model it
+// serves, ordered by model, role (embedding first), shard and address.
+// Only a router that sequences updates (resp.not_sequencing unset and
+// resp.updates filled) says which embedding workers are in sync; of a
+// model whose updates it has no view of, an embedding worker is
+// serving while healthy, as for a model never updated.
+func Fleet(resp *prismv1.ListResponse) []FleetRow {
+	var rows []FleetRow
+	for _, w := range resp.GetWorkers() {
+		role := strings.ToLower(strings.TrimPrefix(w.GetRole().String(), "ROLE_"))
+		for _, model := range w.GetModels() {
+			r := FleetRow{Model: model, Role: role, Addr: w.GetAddr(), ID: w.GetId(), Holds: -1, Acknowledged: -1, Outstanding: w.GetOutstanding()}
+			if ref := w.GetShards()[model]; ref.GetShards() > 0 {
+				r.Shard = fmt.Sprintf("%d/%d", ref.GetShard(), ref.GetShards())
+			}
+			r.State = fleetState(resp, w, model, &r)
+			rows = append(rows, r)
+		}
+	}
+	roleOrder := map[string]int{"embedding": 0, "dense": 1}
+	slices.SortStableFunc(rows, func(a, b FleetRow) int {
+		if c := strings.Compare(a.Model, b.Model); c != 0 {
+			return c
+		}
+		if c := roleOrder[a.Role] - roleOrder[b.Role]; c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Shard, b.Shard); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Addr, b.Addr); c != 0 {
+			return c
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return rows
+}
+
+// fleetState is w's state for model (and fills r's update numbers).
+func fleetState(resp *prismv1.ListResponse, w *prismv1.WorkerInfo, model string, r *FleetRow) string {
+	if !w.GetHealthy() {
+		return "unhealthy"
+	}
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
+		return "serving"
+	}
+	if h, ok := w.GetUpdateSeq()[model]; ok {
+		r.Holds = h
+	}
+	u := resp.GetUpdates()[keyOf(w, model)]
+	if u != nil {
+		r.Acknowledged = u.GetAcknowledged()
+	}
+	if seq, ok := w.GetDiverged()[model]; ok {
+		// Its store's mark: out whatever the router's view.
+		return fmt.Sprintf("diverged at %d", seq)
+	}
+	if u == nil {
+		if resp.GetNotSequencing() {
+			return "unknown"
+		}
+		return "serving" // no update of the model (or shard) yet
+	}
+	switch id := w.GetId(); {
+	case u.GetSettling():
+		return "settling"
+	case slices.Contains(u.GetInSync(), id):
+		return "serving"
+	case slices.Contains(u.GetLeftOut(), id):
+		if r.Holds > u.GetNumbered() {
+			return "left out" // claims updates never numbered
+		}
+		return "diverged" // found by the router, its store not told yet
+	default:
+		return "behind"
+	}
+}
+
+// WriteFleet prints resp as a table of Fleet's rows, then a line for
+// each model (or shard of one) no worker serves in a role, and says
+// when the router does not sequence updates (its view of them is
+// another router's).
+func WriteFleet(out io.Writer, resp *prismv1.ListResponse) error {
+	rows := Fleet(resp)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tSHARD\tROLE\tADDRESS\tSTATE\tUPDATES\tOUTSTANDING\tWORKER")
+	for _, r := range rows {
+		shard, updates := r.Shard, "-"
+		if shard == "" {
+			shard = "-"
+		}
+		switch {
+		case r.Holds >= 0 && r.Acknowledged >= 0:
+			updates = fmt.Sprintf("%d of %d", r.Holds, r.Acknowledged)
+		case r.Holds >= 0:
+			updates = fmt.Sprint(r.Holds)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Model, shard, r.Role, r.Addr, r.State, updates, r.Outstanding, r.ID)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(out, "no workers registered")
+	}
+	for _, line := range fleetGaps(rows) {
+		fmt.Fprintln(out, line)
+	}
+	if resp.GetNotSequencing() {
+		fmt.Fprintln(out, "this router does not sequence embedding updates now: ask the one that does (the elected holder, or --sequencer of serve router) which embedding workers are in sync")
+	}
+	return nil
+}
+
+// fleetGaps says, for each model of rows, which role no worker serves
+// (Recommend for it fails Unavailable), and of a sharded model which
+// shard no embedding worker serves.
+func fleetGaps(rows []FleetRow) []string {
+	type model struct {
+		serving map[string]int // role -> workers serving
+		shards  int            // a sharded model's shard count, 0: whole
+		shard   map[string]int // "K/N" -> embedding workers serving
+	}
+	models := map[string]*model{}
+	for _, r := range rows {
+		m := models[r.Model]
+		if m == nil {
+			m = &model{serving: map[string]int{}, shard: map[string]int{}}
+			models[r.Model] = m
+		}
+		ok := 0
+		if r.State == "serving" {
+			ok = 1
+		}
+		m.serving[r.Role] += ok
+		if r.Role == "embedding" && r.Shard != "" {
+			var k, n int
+			if _, err := fmt.Sscanf(r.Shard, "%d/%d", &k, &n); err == nil && n > m.shards {
+				m.shards = n
+			}
+			m.shard[r.Shard] += ok
+		}
+	}
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(models)) {
+		m := models[name]
+		for _, role := range []string{"embedding", "dense"} {
+			if m.serving[role] == 0 && (role == "dense" || m.shards == 0) {
+				out = append(out, fmt.Sprintf("%s: no %s worker serving it", name, role))
+			}
+		}
+		for k := range m.shards {
+			if shard := fmt.Sprintf("%d/%d", k, m.shards); m.shard[shard] == 0 {
+				out = append(out, fmt.Sprintf("%s: no embedding worker serving shard %s", name, shard))
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,99 @@
+package router
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/prism-serve/prism/api/prismv1"
+)
+
+var updateFleet = flag.Bool("update-fleet", false, "rewrite testdata/fleet.txt from WriteFleet")
+
+// Fleet reads each worker's state for each of its models from a
+// registry's answer as the router decides it: the sequencer's view
+// (in_sync, left_out, settling) for embedding workers of a model with
+// updates, the store's diverged mark whatever the view, health first.
+func TestFleetStates(t *testing.T) {
+	emb := func(id string, models []string, seq map[string]int64) *prismv1.WorkerInfo {
+		return &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-" + id, Models: models, Healthy: true, UpdateSeq: seq}
+	}
+	for _, tc := range []struct {
+		name   string
+		worker *prismv1.WorkerInfo
+		resp   *prismv1.ListResponse
+		want   string
+		holds  int64
+		acked  int64
+	}{
+		{"never updated", emb("e", []string{"m"}, nil), &prismv1.ListResponse{}, "serving", -1, -1},
+		{"in sync", emb("e", []string{"m"}, map[string]int64{"m": 7}),
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 7, InSync: []string{"e"}}}}, "serving", 7, 7},
+		{"behind", emb("e", []string{"m"}, map[string]int64{"m": 5}),
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 8}}}, "behind", 5, 7},
+		{"settling", emb("e", []string{"m"}, map[string]int64{"m": 7}),
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 7, Settling: true}}}, "settling", 7, 7},
+		{"diverged, its store not told yet", emb("e", []string{"m"}, map[string]int64{"m": 7}),
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 7, LeftOut: []string{"e"}}}}, "diverged", 7, 7},
+		{"claims updates never numbered", emb("e", []string{"m"}, map[string]int64{"m": 1 << 40}),
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 7, LeftOut: []string{"e"}}}}, "left out", 1 << 40, 7},
+		{"its store's mark", &prismv1.WorkerInfo{Id: "e", Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, Healthy: true, UpdateSeq: map[string]int64{"m": 7}, Diverged: map[string]int64{"m": 3}},
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 7, InSync: []string{"e"}}}}, "diverged at 3", 7, 7},
+		{"a shard's sequence", &prismv1.WorkerInfo{Id: "e", Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}, Healthy: true, UpdateSeq: map[string]int64{"m": 2}, Shards: map[string]*prismv1.ShardRef{"m": {Shard: 1, Shards: 3}}},
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 9, InSync: []string{"x"}}, "m#shard1": {Acknowledged: 2, Numbered: 2, InSync: []string{"e"}}}}, "serving", 2, 2},
+		{"not sequencing", emb("e", []string{"m"}, map[string]int64{"m": 7}), &prismv1.ListResponse{NotSequencing: true}, "unknown", 7, -1},
+		{"unhealthy", &prismv1.WorkerInfo{Id: "e", Role: prismv1.Role_ROLE_EMBEDDING, Models: []string{"m"}}, &prismv1.ListResponse{}, "unhealthy", -1, -1},
+		{"dense", &prismv1.WorkerInfo{Id: "d", Role: prismv1.Role_ROLE_DENSE, Models: []string{"m"}, Healthy: true}, &prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7}}}, "serving", -1, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.resp.Workers = []*prismv1.WorkerInfo{tc.worker}
+			rows := Fleet(tc.resp)
+			if len(rows) != 1 {
+				t.Fatalf("%d rows, want 1", len(rows))
+			}
+			if r := rows[0]; r.State != tc.want || r.Holds != tc.holds || r.Acknowledged != tc.acked {
+				t.Fatalf("state %q, holds %d of %d; want %q, %d of %d", r.State, r.Holds, r.Acknowledged, tc.want, tc.holds, tc.acked)
+			}
+		})
+	}
+}
+
+// WriteFleet's table of a small fleet: two models, one sharded over two
+// shards with one shard's only worker behind, one with no dense worker
+// serving (testdata/fleet.txt; -update-fleet rewrites it).
+func TestWriteFleet(t *testing.T) {
+	resp := &prismv1.ListResponse{
+		Workers: []*prismv1.WorkerInfo{
+			{Id: "dense/h1/11/1", Role: prismv1.Role_ROLE_DENSE, Addr: "10.0.0.5:7001", Models: []string{"ranker", "sharded"}, Healthy: true, Outstanding: 3},
+			{Id: "embedding/h2/21/1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "10.0.0.6:7002", Models: []string{"ranker"}, Healthy: true, UpdateSeq: map[string]int64{"ranker": 12}},
+			{Id: "embedding/h3/31/1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "10.0.0.7:7002", Models: []string{"ranker"}, Healthy: true, UpdateSeq: map[string]int64{"ranker": 12}, Diverged: map[string]int64{"ranker": 11}},
+			{Id: "embedding/h4/41/1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "10.0.0.8:7002", Models: []string{"sharded"}, Healthy: true, UpdateSeq: map[string]int64{"sharded": 4}, Shards: map[string]*prismv1.ShardRef{"sharded": {Shard: 0, Shards: 2}}},
+			{Id: "embedding/h5/51/1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "10.0.0.9:7002", Models: []string{"sharded"}, Healthy: true, UpdateSeq: map[string]int64{"sharded": 1}, Shards: map[string]*prismv1.ShardRef{"sharded": {Shard: 1, Shards: 2}}},
+			{Id: "embedding/h6/61/1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "10.0.0.10:7002", Models: []string{"lonely"}, Healthy: true},
+		},
+		Updates: map[string]*prismv1.ModelUpdates{
+			"ranker":         {Acknowledged: 12, Numbered: 12, InSync: []string{"embedding/h2/21/1"}, LeftOut: []string{"embedding/h3/31/1"}},
+			"sharded#shard0": {Acknowledged: 4, Numbered: 4, InSync: []string{"embedding/h4/41/1"}},
+			"sharded#shard1": {Acknowledged: 3, Numbered: 3},
+		},
+	}
+	var b bytes.Buffer
+	if err := WriteFleet(&b, resp); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join("testdata", "fleet.txt")
+	if *updateFleet {
+		if err := os.WriteFile(file, b.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.String() != string(want) {
+		t.Fatalf("WriteFleet wrote:\n%s\nwant (testdata/fleet.txt):\n%s", b.String(), want)
+	}
+}
