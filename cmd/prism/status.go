@@ -13,6 +13,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/router"
 )
@@ -47,8 +48,8 @@ certificate (--certs DIR, as made by prism certs init or prism up).
 --json prints the registry's answer as JSON instead.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if timeout <= 0 {
-				return fmt.Errorf("--timeout %v: want a positive duration", timeout)
+			if err := flagval.Positive(cmd.Flags(), "timeout"); err != nil {
+				return err
 			}
 			tlsFlags.WarnClient(cmd.ErrOrStderr(), "prism status")
 			creds, err := tlsFlags.Dial(auth.Admin, auth.Router)

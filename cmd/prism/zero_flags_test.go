@@ -27,6 +27,7 @@ func TestZeroFlagsRefused(t *testing.T) {
 		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--update-log-bytes", "0"},
 		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--update-log-total-bytes", "0"},
 		{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--sequencer-lease-duration", "0"},
+		{"status", "--insecure", "--timeout", "0"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		out, err := exec.CommandContext(ctx, prismBin, args...).CombinedOutput()
