@@ -294,6 +294,16 @@ func TestUpBearerToken(t *testing.T) {
 	if out, err := lg.CombinedOutput(); err != nil || !strings.Contains(string(out), "errors 0") {
 		t.Fatalf("prism %s: %v\n%s", hint, err, out)
 	}
+	// And how to see which workers serve what: prism status, as printed.
+	m := regexp.MustCompile(`up: which workers serve what: prism (status [^\n]*)`).FindStringSubmatch(up.log.String())
+	if m == nil {
+		t.Fatalf("up printed no prism status hint:\n%s", up.log.String())
+	}
+	st := exec.Command(prismBin, strings.Fields(m[1])...)
+	st.Dir = dir
+	if out, err := st.CombinedOutput(); err != nil || strings.Count(string(out), " serving ") < 2 || strings.Contains(string(out), "worker serving") {
+		t.Fatalf("prism %s: %v, want its embedding and dense workers serving:\n%s", m[1], err, out)
+	}
 
 	req := printedRequest(t, cfg.Name, 5)
 	c, err := auth.ClientTLS(auth.Files{CA: auth.FilesFor(certs, auth.Admin).CA})

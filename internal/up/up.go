@@ -500,6 +500,7 @@ func Run(ctx context.Context, c Config) error {
 			fmt.Fprintf(c.Stderr, "up: Recommend over HTTP/JSON: %s\n", curlHint(adminFiles, RouterDialAddr(c.HTTPAddr, httpAddr)))
 		}
 	}
+	fmt.Fprintf(c.Stderr, "up: which workers serve what: prism status --router %s %s\n", shellQuote(routerAddr), creds)
 
 	// A child that dies is restarted (Supervise, above) and a worker
 	// registers again.
