@@ -53,7 +53,10 @@ trap 'kill -TERM $up 2>/dev/null; wait $up 2>/dev/null || true' EXIT
 addr=$(up_addr "$log" $up) || { echo "demo: prism up did not come up (its log's end above)"; exit 1; }
 grep "Prism is up" "$log"
 echo
-echo "== 6. load: $duration of Poisson arrivals at $rate requests/s, 100-700 candidates each (MLPerf DLRMv2's mix)"
+echo "== 6. prism status: the workers the router knows and what it does with each"
+$prism status --router "$addr" "${tls[@]}"
+echo
+echo "== 7. load: $duration of Poisson arrivals at $rate requests/s, 100-700 candidates each (MLPerf DLRMv2's mix)"
 $prism loadgen --target "$addr" "${tls[@]}" --model "$model" --plan "$out/$model-part" --rate "$rate" --duration "$duration" --out "$out/load"
 echo
 echo "report: $out/load/summary.json, $out/load/plot.png; tier logs: $log"
