@@ -672,6 +672,12 @@ func (s *sequencer) tick(now time.Time) {
 		})
 		if m.unwritten {
 			s.rewrite(model, m)
+		} else if len(m.outcomeNew) > 0 {
+			// Outcomes decided since the last write (a replay's answer,
+			// an update below the quorum, which writes nothing): written
+			// at the heartbeat, not only with the model's next update,
+			// so a restart a heartbeat later still has them.
+			s.persist(model, m, nil, m.floor)
 		}
 		behind := 0
 		for _, id := range slices.Sorted(maps.Keys(m.known)) {
