@@ -12,6 +12,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	clientfeatures "k8s.io/client-go/features"
+	clientfeaturestesting "k8s.io/client-go/features/testing"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
@@ -26,8 +28,12 @@ import (
 // Pod at a reused IP is refused for ever when workers announce by IP.
 func TestWatchEndpointsForgetsDeletedPods(t *testing.T) {
 	// The fake clientset does not serve a watch-list (its initial events
-	// end with no bookmark): the informer lists, then watches.
-	t.Setenv("KUBE_FEATURE_WatchListClient", "false")
+	// end with no bookmark): the informer lists, then watches. Set on
+	// client-go's gates, not as KUBE_FEATURE_WatchListClient: client-go
+	// reads those variables once, at its first gate, and a test before
+	// this one (TestElectionOnAPIServer, where kube-apiserver is built)
+	// had read them, so the informer waited for a bookmark for ever.
+	clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, false)
 	const cycles = 200
 	yes := true
 	cs := fake.NewSimpleClientset()
@@ -70,10 +76,9 @@ func TestWatchEndpointsForgetsDeletedPods(t *testing.T) {
 	}
 	// The reactor runs as the informer asks for its watch, before the
 	// fake tracker opens it: an update landing between the two is never
-	// seen (a sleep of 100 ms was not enough on a loaded host: "cycle 0:
-	// dense-0 not reported gone"). A probe Pod turned terminating until
-	// one is reported gone says the watch is open; it is then deleted
-	// and not counted.
+	// seen. A probe Pod turned terminating until one is reported gone
+	// says the watch is open (a sleep of 100 ms assumed it); it is then
+	// deleted and not counted.
 	for probe := 0; ; probe++ {
 		name := fmt.Sprintf("probe-%d", probe)
 		update(keep, endpoint(name, "10.1.1.2", &yes, false))
