@@ -82,6 +82,22 @@ func (r *Router) sequencing() *updateDriver {
 	return nil
 }
 
+// sequencerAddr is the address of the router that sequences embedding
+// updates when it is not this one, as this one knows it: the elected
+// holder, or the one Options.Sequencer names ("": this one, or not
+// known).
+func (r *Router) sequencerAddr() string {
+	switch {
+	case r.el != nil:
+		if l := r.el.leader(); l != r.el.self {
+			return l
+		}
+	case r.fol != nil:
+		return r.opts.Sequencer
+	}
+	return ""
+}
+
 var updateLogBytesDesc = prometheus.NewDesc("prism_router_update_log_bytes", "Bytes of memory the recent updates the sequencing router keeps in its update log hold, by sequence (a model, or a shard of one: MODEL#shardK), against --update-log-bytes each and --update-log-total-bytes together.", []string{"model"}, nil)
 
 // updateLogCollector reports the update log's bytes by sequence at each

@@ -144,8 +144,11 @@ func WriteFleet(out io.Writer, resp *prismv1.ListResponse) error {
 	for _, line := range fleetGaps(rows) {
 		fmt.Fprintln(out, line)
 	}
-	if resp.GetNotSequencing() {
-		fmt.Fprintln(out, "this router does not sequence embedding updates now: ask the one that does (the elected holder, or --sequencer of serve router) which embedding workers are in sync")
+	switch {
+	case resp.GetNotSequencing() && resp.GetSequencer() != "":
+		fmt.Fprintf(out, "this router does not sequence embedding updates: %s does, and says which embedding workers are in sync: prism status --router %s\n", resp.GetSequencer(), resp.GetSequencer())
+	case resp.GetNotSequencing():
+		fmt.Fprintln(out, "this router does not sequence embedding updates now, and does not know which router does (an election under way?): ask the one that does which embedding workers are in sync")
 	}
 	return nil
 }

@@ -2,9 +2,11 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/prism-serve/prism/api/prismv1"
@@ -95,5 +97,32 @@ func TestWriteFleet(t *testing.T) {
 	}
 	if b.String() != string(want) {
 		t.Fatalf("WriteFleet wrote:\n%s\nwant (testdata/fleet.txt):\n%s", b.String(), want)
+	}
+}
+
+// A router that follows another for updates says which one sequences
+// them (ListResponse.sequencer), and prism status names it: only its
+// answer says which embedding workers are in sync.
+func TestListNamesSequencer(t *testing.T) {
+	r := testRouter(Options{Sequencer: "10.0.0.9:8500"})
+	defer r.Close()
+	resp, err := r.Reg.List(context.Background(), &prismv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.GetNotSequencing() || resp.GetSequencer() != "10.0.0.9:8500" {
+		t.Fatalf("a follower's List: not_sequencing %v, sequencer %q; want true, 10.0.0.9:8500", resp.GetNotSequencing(), resp.GetSequencer())
+	}
+	var b bytes.Buffer
+	if err := WriteFleet(&b, resp); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "prism status --router 10.0.0.9:8500") {
+		t.Fatalf("WriteFleet of a follower's answer does not name the sequencer:\n%s", b.String())
+	}
+	seq := testRouter(Options{})
+	defer seq.Close()
+	if resp, err := seq.Reg.List(context.Background(), &prismv1.ListRequest{}); err != nil || resp.GetNotSequencing() || resp.GetSequencer() != "" {
+		t.Fatalf("a sequencing router's List: %v, %v; want it sequencing, naming no other", resp, err)
 	}
 }

@@ -173,6 +173,10 @@ type Registry struct {
 	// describe, when set, fills List's updates (describe.go); called
 	// without mu.
 	describe func() (map[string]*prismv1.ModelUpdates, bool)
+	// sequencer, when set, is the address of the router that sequences
+	// updates when it is another (ListResponse.sequencer); called
+	// without mu.
+	sequencer func() string
 	// readLog, when set, serves UpdateLog (replica.go).
 	readLog func(*prismv1.UpdateLogRequest) (*prismv1.UpdateLogResponse, error)
 	// epoch, when set, is the election epoch of this router's hold while
@@ -803,6 +807,9 @@ func (r *Registry) List(context.Context, *prismv1.ListRequest) (*prismv1.ListRes
 		var sequencing bool
 		resp.Updates, sequencing = r.describe()
 		resp.NotSequencing = !sequencing
+		if !sequencing && r.sequencer != nil {
+			resp.Sequencer = r.sequencer()
+		}
 		r.mu.Lock() // the deferred Unlock
 	}
 	return resp, nil

@@ -429,6 +429,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		}
 		r.el = newElected(r, o.Election.Identity())
 		r.Reg.describe = r.describeUpdates
+		r.Reg.sequencer = r.sequencerAddr
 		r.Reg.readLog = r.readUpdateLog
 		r.Reg.observe = r.el.announced
 		r.Reg.gone = r.el.gone
@@ -455,6 +456,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.log.Info("update log opened", "dir", o.UpdateLogDir, "models", models, "updates", updates)
 	}
 	r.Reg.describe = r.describeUpdates
+	r.Reg.sequencer = r.sequencerAddr
 	r.Reg.readLog = r.readUpdateLog
 	r.Reg.observe = r.upd.announced
 	r.Reg.gone = r.upd.gone

@@ -1591,6 +1591,11 @@ type ListResponse struct {
 	// than taking the empty one. Unset by routers of earlier releases,
 	// whose answers are taken as before.
 	NotSequencing bool `protobuf:"varint,3,opt,name=not_sequencing,json=notSequencing,proto3" json:"not_sequencing,omitempty"`
+	// sequencer is, with not_sequencing, the address of the router that
+	// sequences embedding updates as the answering router knows it (the
+	// elected holder, or the one --sequencer names; empty: not known),
+	// the router whose answer says which embedding workers are in sync.
+	Sequencer     string `protobuf:"bytes,4,opt,name=sequencer,proto3" json:"sequencer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1644,6 +1649,13 @@ func (x *ListResponse) GetNotSequencing() bool {
 		return x.NotSequencing
 	}
 	return false
+}
+
+func (x *ListResponse) GetSequencer() string {
+	if x != nil {
+		return x.Sequencer
+	}
+	return ""
 }
 
 // ModelUpdates is the sequencing router's view of one model's updates.
@@ -2204,11 +2216,12 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\fLeaveRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x0f\n" +
 	"\rLeaveResponse\"\r\n" +
-	"\vListRequest\"\xf8\x01\n" +
+	"\vListRequest\"\x96\x02\n" +
 	"\fListResponse\x12.\n" +
 	"\aworkers\x18\x01 \x03(\v2\x14.prism.v1.WorkerInfoR\aworkers\x12=\n" +
 	"\aupdates\x18\x02 \x03(\v2#.prism.v1.ListResponse.UpdatesEntryR\aupdates\x12%\n" +
-	"\x0enot_sequencing\x18\x03 \x01(\bR\rnotSequencing\x1aR\n" +
+	"\x0enot_sequencing\x18\x03 \x01(\bR\rnotSequencing\x12\x1c\n" +
+	"\tsequencer\x18\x04 \x01(\tR\tsequencer\x1aR\n" +
 	"\fUpdatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
 	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\x9e\x01\n" +

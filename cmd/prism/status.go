@@ -43,7 +43,7 @@ start-up window; unhealthy), the updates it holds against the last
 acknowledged, and its requests in flight. Then a line for each model
 (or shard) that no worker serves in a role: its requests fail. A router
 that follows another for updates does not know which embedding workers
-are in sync: ask the sequencing one. The caller needs an admin
+are in sync: it names the one that does, to ask instead. The caller needs an admin
 certificate (--certs DIR, as made by prism certs init or prism up).
 --json prints the registry's answer as JSON instead.`,
 		Args: cobra.NoArgs,
