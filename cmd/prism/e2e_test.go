@@ -719,6 +719,34 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 	}
 }
 
+// awaitList polls reg's Registry/List for up to 30 s until ok says its
+// answer will do, and returns it.
+func awaitList(t *testing.T, reg prismv1.RegistryClient, what string, ok func(*prismv1.ListResponse) bool) *prismv1.ListResponse {
+	t.Helper()
+	var last *prismv1.ListResponse
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := reg.List(context.Background(), &prismv1.ListRequest{})
+		if err == nil && ok(resp) {
+			return resp
+		}
+		if err == nil {
+			last = resp
+		}
+	}
+	t.Fatalf("never saw %s; last answer: %v", what, last)
+	return nil
+}
+
+// embeddingWorkers are resp's embedding workers.
+func embeddingWorkers(resp *prismv1.ListResponse) (out []*prismv1.WorkerInfo) {
+	for _, w := range resp.GetWorkers() {
+		if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
 // TestDivergedWorkerOutAfterRouterRestart (issue 14): two embedding
 // workers of one model answer an update otherwise than each other (one
 // serves a build with twice the rows and applies it, the other refuses
@@ -756,30 +784,11 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	}
 	conn := dialRestartable(t, router.addr, certs)
 	reg := prismv1.NewRegistryClient(conn)
-	// await polls the registry until ok says its answer will do.
 	await := func(what string, ok func(*prismv1.ListResponse) bool) *prismv1.ListResponse {
 		t.Helper()
-		var last *prismv1.ListResponse
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			resp, err := reg.List(context.Background(), &prismv1.ListRequest{})
-			if err == nil && ok(resp) {
-				return resp
-			}
-			if err == nil {
-				last = resp
-			}
-		}
-		t.Fatalf("never saw %s; last answer: %v", what, last)
-		return nil
+		return awaitList(t, reg, what, ok)
 	}
-	embedding := func(resp *prismv1.ListResponse) (out []*prismv1.WorkerInfo) {
-		for _, w := range resp.GetWorkers() {
-			if w.GetRole() == prismv1.Role_ROLE_EMBEDDING {
-				out = append(out, w)
-			}
-		}
-		return out
-	}
+	embedding := embeddingWorkers
 	await("two embedding workers", func(r *prismv1.ListResponse) bool { return len(embedding(r)) == 2 })
 
 	upd := prismv1.NewEmbeddingsClient(conn)
@@ -853,6 +862,82 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	}
 	if out, err := run(t, nil, "status", "--router", router.addr, "--insecure", "--timeout", "5s"); err == nil {
 		t.Fatalf("prism status --insecure against a TLS router succeeded:\n%s", out)
+	}
+}
+
+// TestReplayDivergedAfterRouterRestart (issue 14): the router keeps what
+// became of each logged update in its update log, so after a restart it
+// still judges a worker's answer to a replay by the update's first
+// holders. Embedding worker A (a build with twice the rows) applies an
+// update of a row B's build lacks while B is down; the router restarts
+// from its log; B comes back and refuses the replay as bad input, taking
+// its number. B is then diverged and out of serving. Before, the
+// restarted router learnt the update's outcome from B's refusal, the
+// first answer it saw: B was not marked, and served its copy lacking the
+// row, as in sync.
+func TestReplayDivergedAfterRouterRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	bigDir := filepath.Join(dir, "big", cfg.Name)
+	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", bigDir, "--seed", "5", "--rows-scale", "2"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	bigPart := filepath.Join(dir, "big", "part")
+	if out, err := run(t, nil, "partition", filepath.Join(bigDir, "model.onnx"), "-o", bigPart); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	certs := newCerts(t)
+	logDir := filepath.Join(dir, "router-log")
+	routerArgs := func(addr string) []string {
+		return []string{"serve", "router", "--certs", certs, "--addr", addr, "--heartbeat", "200ms", "--update-quorum", "one", "--update-log-dir", logDir}
+	}
+	router := startProc(t, readyline.Router, routerArgs("127.0.0.1:0")...)
+	embArgs := func(plan, db string) []string {
+		return []string{"serve", "embedding", "--certs", certs, "--plan", plan, "--db", filepath.Join(dir, db), "--router", router.addr}
+	}
+	startProc(t, readyline.Embedding, embArgs(bigPart, "db-a")...)
+	b := startProc(t, readyline.Embedding, embArgs(part, "db-b")...)
+	reg := prismv1.NewRegistryClient(dialRestartable(t, router.addr, certs))
+	awaitList(t, reg, "two embedding workers", func(r *prismv1.ListResponse) bool { return len(embeddingWorkers(r)) == 2 })
+
+	// B goes down; A alone applies the update (quorum one).
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	awaitList(t, reg, "one embedding worker", func(r *prismv1.ListResponse) bool { return len(embeddingWorkers(r)) == 1 })
+	upd := prismv1.NewEmbeddingsClient(dialRestartable(t, router.addr, certs))
+	row := make([]float32, cfg.EmbDim)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{cfg.TableRows[0]}, Rows: leview.Bytes(row)})
+		if err == nil {
+			if resp.GetWorkers() != 1 {
+				t.Fatalf("update answered %v, want A applying it", resp)
+			}
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("update: %v", err)
+		}
+	}
+
+	// The router restarts from its log, then B comes back on its store.
+	router.cmd.Process.Kill()
+	router.cmd.Wait()
+	startProc(t, readyline.Router, routerArgs(router.addr)...)
+	startProc(t, readyline.Embedding, embArgs(part, "db-b")...)
+	var refuser string
+	after := awaitList(t, reg, "B caught up and marked diverged", func(r *prismv1.ListResponse) bool {
+		refuser = ""
+		for _, w := range embeddingWorkers(r) {
+			if w.GetDiverged()[cfg.Name] == 1 {
+				refuser = w.GetId()
+			}
+		}
+		u := r.GetUpdates()[cfg.Name]
+		return refuser != "" && len(embeddingWorkers(r)) == 2 && u != nil && !u.GetSettling()
+	})
+	if u := after.GetUpdates()[cfg.Name]; slices.Contains(u.GetInSync(), refuser) || len(u.GetInSync()) != 1 {
+		t.Fatalf("the restarted router sends lookups to %v; want only A, not B (%s), whose copy lacks the row A applied", u.GetInSync(), refuser)
 	}
 }
 
