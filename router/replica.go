@@ -359,12 +359,23 @@ func (c *replica) merge(resp *prismv1.UpdateLogResponse) error {
 	for _, name := range slices.Sorted(maps.Keys(resp.GetModels())) {
 		ml := resp.GetModels()[name]
 		rm := c.models[name]
+		if !numbersInOrder(ml) {
+			// Nothing of such an answer is taken: its floor taken as the
+			// copy's, past the copy's latest, had the copy end beyond
+			// the holder's latest (FuzzReplicaMerge).
+			if bad == nil {
+				bad = fmt.Errorf("update log of model %q: numbers out of order (floor %d, acknowledged %d, next %d)", name, ml.GetFloor(), ml.GetCommitted(), ml.GetNext())
+			}
+			continue
+		}
 		if rm == nil {
 			rm = &replicaModel{floor: ml.GetFloor()}
 			c.models[name] = rm
 		}
 		if err := rm.merge(ml); err != nil {
-			rm.log, rm.floor = nil, ml.GetFloor()
+			// The entries do not fit: the copy restarts from the
+			// holder's floor, with its numbers.
+			rm.log, rm.floor, rm.next, rm.committed = nil, ml.GetFloor(), ml.GetNext(), ml.GetCommitted()
 			if bad == nil {
 				bad = fmt.Errorf("update log of model %q: %w", name, err)
 			}
@@ -445,8 +456,13 @@ func outcomeMap(runs []*prismv1.OutcomeRun, floor, next int64) map[int64]int8 {
 // than a log within the default byte budget holds entries.
 const maxOutcomes = 1 << 20
 
+// numbersInOrder: 0 <= floor <= next and 0 <= committed <= next.
+func numbersInOrder(ml *prismv1.ModelLog) bool {
+	return ml.GetFloor() >= 0 && ml.GetFloor() <= ml.GetNext() && ml.GetCommitted() >= 0 && ml.GetCommitted() <= ml.GetNext()
+}
+
 func (rm *replicaModel) merge(ml *prismv1.ModelLog) error {
-	if ml.GetFloor() < 0 || ml.GetFloor() > ml.GetNext() || ml.GetCommitted() > ml.GetNext() {
+	if !numbersInOrder(ml) {
 		return fmt.Errorf("numbers out of order (floor %d, acknowledged %d, next %d)", ml.GetFloor(), ml.GetCommitted(), ml.GetNext())
 	}
 	if es := ml.GetEntries(); len(es) > 0 {

@@ -36,8 +36,10 @@ func TestReplicaMerge(t *testing.T) {
 		ml      *prismv1.ModelLog // model "m"; nil: the answer has no model
 		term    uint64
 		wantErr string
-		// the copy after: floor+1 .. end, next and committed
+		// the copy after: floor+1 .. end, next and committed; absent:
+		// it has no model m
 		floor, end, next, committed int64
+		absent                      bool
 	}
 	for _, tc := range []struct {
 		name  string
@@ -72,7 +74,14 @@ func TestReplicaMerge(t *testing.T) {
 			{ml: &prismv1.ModelLog{Next: 5, Committed: 5, Floor: 3, Entries: entries(3, 5)}, term: 7, wantErr: "not the next of the log", floor: 3, end: 3},
 		}},
 		{"numbers out of order", []step{
-			{ml: &prismv1.ModelLog{Next: 2, Committed: 3}, term: 7, wantErr: "numbers out of order"},
+			{ml: &prismv1.ModelLog{Next: 2, Committed: 3}, term: 7, wantErr: "numbers out of order", absent: true},
+		}},
+		// Nothing of an answer whose numbers are out of order is taken:
+		// its floor, taken, had the copy end past the holder's latest
+		// (FuzzReplicaMerge).
+		{"a floor past the latest", []step{
+			{ml: &prismv1.ModelLog{Next: 2, Committed: 2, Entries: entries(1, 2)}, term: 7, end: 2, next: 2, committed: 2},
+			{ml: &prismv1.ModelLog{Floor: 48}, term: 7, wantErr: "numbers out of order", end: 2, next: 2, committed: 2},
 		}},
 		{"a copy past the holder's latest", []step{
 			{ml: &prismv1.ModelLog{Next: 3, Committed: 3, Entries: entries(1, 3)}, term: 7, end: 3, next: 3, committed: 3},
@@ -91,13 +100,13 @@ func TestReplicaMerge(t *testing.T) {
 					t.Fatalf("step %d: %v, want error %q", i, err, st.wantErr)
 				}
 				rm := c.models["m"]
-				if st.ml == nil {
+				if st.ml == nil || st.absent {
 					if rm != nil {
 						t.Fatalf("step %d: the copy keeps model m", i)
 					}
 					continue
 				}
-				if rm.floor != st.floor || rm.end() != st.end || (err == nil && (rm.next != st.next || rm.committed != st.committed)) {
+				if rm.floor != st.floor || rm.end() != st.end || ((err == nil || st.next > 0) && (rm.next != st.next || rm.committed != st.committed)) || rm.end() > rm.next {
 					t.Fatalf("step %d: copy floor=%d end=%d next=%d committed=%d, want %d %d %d %d", i, rm.floor, rm.end(), rm.next, rm.committed, st.floor, st.end, st.next, st.committed)
 				}
 				for j, e := range rm.log {
@@ -668,4 +677,50 @@ func TestReplicaOutcomes(t *testing.T) {
 	if got := outcomesOf(&kept); !maps.Equal(got, want) {
 		t.Fatalf("kept copy's outcomes %v, want %v", got, want)
 	}
+}
+
+// FuzzReplicaMerge: whatever a holder answers (Registry/UpdateLog's
+// response, decoded), the copy takes it in or refuses it without a
+// panic, holds its entries consecutive and never past the holder's
+// latest, reads no more outcomes than its bound, and the router elected
+// next starts from it without a panic.
+func FuzzReplicaMerge(f *testing.F) {
+	for _, resp := range []*prismv1.UpdateLogResponse{
+		{},
+		{Term: 1, Epoch: 5, Models: map[string]*prismv1.ModelLog{"m": {Next: 3, Committed: 3, Entries: entries(1, 3),
+			Outcomes: []*prismv1.OutcomeRun{{First: 1, Count: 2}, {First: 3, Count: 1, Refused: true}}}}},
+		{Term: 1, Epoch: 5, Models: map[string]*prismv1.ModelLog{"m": {Next: 9, Committed: 8, Floor: 2, Entries: entries(3, 4),
+			Diverged: map[string]int64{"w": 3}, Outcomes: []*prismv1.OutcomeRun{{First: -7, Count: 1 << 62}, {First: 1 << 62, Count: 1 << 62, Refused: true}}}}, More: true},
+		{Term: 2, Epoch: 4, Models: map[string]*prismv1.ModelLog{"m": {Next: 1, Committed: 2, Floor: 5}}},
+	} {
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		resp := &prismv1.UpdateLogResponse{}
+		if proto.Unmarshal(b, resp) != nil {
+			return
+		}
+		var c replica
+		c.merge(&prismv1.UpdateLogResponse{Term: 1, Epoch: 5, Models: map[string]*prismv1.ModelLog{"m": {Next: 2, Committed: 2, Entries: entries(1, 2)}}})
+		c.merge(resp) // an error refuses the model's entries, nothing more
+		for name, rm := range c.models {
+			for i, e := range rm.log {
+				if e.GetSeq() != rm.floor+1+int64(i) {
+					t.Fatalf("model %s: entry %d has seq %d, floor %d", name, i, e.GetSeq(), rm.floor)
+				}
+			}
+			if rm.end() > rm.next {
+				t.Fatalf("model %s: the copy ends at %d, past the holder's latest %d", name, rm.end(), rm.next)
+			}
+			if n := len(outcomeMap(rm.outcomes, rm.floor, rm.next)); n > maxOutcomes {
+				t.Fatalf("model %s: %d outcomes read, over the bound %d", name, n, maxOutcomes)
+			}
+		}
+		s := newSequencer(time.Unix(0, 0), time.Second, 1<<20, 0, QuorumOne)
+		c.restoreTo(s, c.epoch+1)
+	})
 }
