@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -226,13 +227,21 @@ func (l *updateLog) load() ([]restoredModel, error) {
 		var nums [3]int64
 		for i := range nums {
 			n, k := binary.Uvarint(v)
-			if k <= 0 {
+			if k <= 0 || n > math.MaxInt64 {
 				it.Close()
 				return nil, fmt.Errorf("update log: state of model %q does not decode", r.model)
 			}
 			nums[i], v = int64(n), v[k:]
 		}
 		r.next, r.committed, r.floor = nums[0], nums[1], nums[2]
+		if r.committed > r.next || r.floor > r.next {
+			// Never written so (the sequencer keeps both at or below
+			// next): a torn or foreign value, refused rather than
+			// restored into a sequence that acknowledges updates it never
+			// numbered (FuzzUpdateLogState).
+			it.Close()
+			return nil, fmt.Errorf("update log: state of model %q out of order (next %d, acknowledged %d, floor %d)", r.model, r.next, r.committed, r.floor)
+		}
 		var ok bool
 		if r.diverged, ok = divergedMarks(v); !ok {
 			it.Close()
