@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -44,7 +46,9 @@ acknowledged, and its requests in flight. Then a line for each model
 (or shard) that no worker serves in a role: its requests fail. A router
 that follows another for updates does not know which embedding workers
 are in sync: it names the one that does, to ask instead. The caller needs an admin
-certificate (--certs DIR, as made by prism certs init or prism up).
+certificate (--certs DIR, as made by prism certs init or prism up), or
+any role's folder: inside a tier's Pod, --certs with the folder the
+chart mounts.
 --json prints the registry's answer as JSON instead.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -52,7 +56,7 @@ certificate (--certs DIR, as made by prism certs init or prism up).
 				return err
 			}
 			tlsFlags.WarnClient(cmd.ErrOrStderr(), "prism status")
-			creds, err := tlsFlags.Dial(auth.Admin, auth.Router)
+			creds, err := tlsFlags.Dial(statusRole(tlsFlags.Certs), auth.Router)
 			if err != nil {
 				return err
 			}
@@ -87,4 +91,25 @@ certificate (--certs DIR, as made by prism certs init or prism up).
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router's answer")
 	tlsFlags.Register(cmd, auth.Admin)
 	return cmd
+}
+
+// statusRole is the role prism status dials as: admin, or, given one
+// role's certificate folder (cert.pem in it), that role, since every
+// role may call Registry/List: so it runs inside any tier's Pod with the
+// folder the chart mounts (kubectl exec ... prism status --certs
+// /etc/prism/certs), as --tls-cert takes any role's certificate.
+func statusRole(certs string) auth.Role {
+	cert := filepath.Join(certs, "cert.pem")
+	if certs == "" {
+		return auth.Admin
+	}
+	if _, err := os.Stat(cert); err != nil {
+		return auth.Admin
+	}
+	for _, r := range []auth.Role{auth.Admin, auth.Router, auth.Embedding, auth.Dense} {
+		if auth.CheckCertRole(cert, r) == nil {
+			return r
+		}
+	}
+	return auth.Admin // whatever it is, --certs says why it will not do
 }
