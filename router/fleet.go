@@ -153,6 +153,22 @@ func WriteFleet(out io.Writer, resp *prismv1.ListResponse) error {
 	return nil
 }
 
+// FleetProblems are what in resp needs an operator (prism status
+// --check): each model, or shard of one, no worker serves in a role
+// (its requests fail), and each worker out of a model for good
+// (diverged, or left out claiming updates never numbered). Workers
+// behind or settling are not problems: they serve once caught up.
+func FleetProblems(resp *prismv1.ListResponse) []string {
+	rows := Fleet(resp)
+	out := fleetGaps(rows)
+	for _, r := range rows {
+		if strings.HasPrefix(r.State, "diverged") || r.State == "left out" {
+			out = append(out, fmt.Sprintf("%s: %s worker %s (%s) is %s", r.Model, r.Role, r.Addr, r.ID, r.State))
+		}
+	}
+	return out
+}
+
 // fleetGaps says, for each model of rows, which role no worker serves
 // (Recommend for it fails Unavailable), and of a sharded model which
 // shard no embedding worker serves.

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,6 +98,16 @@ func TestWriteFleet(t *testing.T) {
 	}
 	if b.String() != string(want) {
 		t.Fatalf("WriteFleet wrote:\n%s\nwant (testdata/fleet.txt):\n%s", b.String(), want)
+	}
+	// prism status --check: the gaps and the diverged worker, not the
+	// one behind.
+	wantProblems := []string{
+		"lonely: no dense worker serving it",
+		"sharded: no embedding worker serving shard 1/2",
+		"ranker: embedding worker 10.0.0.7:7002 (embedding/h3/31/1) is diverged at 11",
+	}
+	if got := FleetProblems(resp); !slices.Equal(got, wantProblems) {
+		t.Fatalf("FleetProblems = %q, want %q", got, wantProblems)
 	}
 }
 

@@ -299,7 +299,7 @@ func TestUpBearerToken(t *testing.T) {
 	if m == nil {
 		t.Fatalf("up printed no prism status hint:\n%s", up.log.String())
 	}
-	st := exec.Command(prismBin, strings.Fields(m[1])...)
+	st := exec.Command(prismBin, append(strings.Fields(m[1]), "--check")...)
 	st.Dir = dir
 	if out, err := st.CombinedOutput(); err != nil || strings.Count(string(out), " serving ") < 2 || strings.Contains(string(out), "worker serving") {
 		t.Fatalf("prism %s: %v, want its embedding and dense workers serving:\n%s", m[1], err, out)

@@ -863,6 +863,10 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	if out, err := run(t, nil, "status", "--router", router.addr, "--insecure", "--timeout", "5s"); err == nil {
 		t.Fatalf("prism status --insecure against a TLS router succeeded:\n%s", out)
 	}
+	// --check fails on it (and on the model's missing dense tier).
+	if out, err := run(t, nil, "status", "--router", router.addr, "--certs", certs, "--check"); err == nil || !strings.Contains(out, "--check: 2 problem(s)") || !strings.Contains(out, "is diverged at 1") {
+		t.Fatalf("prism status --check with a diverged worker and no dense one: %v, want it to fail naming both:\n%s", err, out)
+	}
 	// Any role's folder will do (inside a tier's Pod, the one mounted).
 	if out, err := run(t, nil, "status", "--router", router.addr, "--certs", filepath.Join(certs, "embedding")); err != nil || !strings.Contains(out, "diverged at 1") {
 		t.Fatalf("prism status --certs with the embedding role's folder: %v\n%s", err, out)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,10 +31,11 @@ func newStatusCmd() *cobra.Command {
 		tlsFlags authflag.Flags
 		addr     string
 		asJSON   bool
+		check    bool
 		timeout  time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "status [--router ADDR] [--certs DIR] [--json]",
+		Use:   "status [--router ADDR] [--certs DIR] [--json | --check]",
 		Short: "Show the workers a router knows, per model: serving, behind on updates, diverged, and their addresses",
 		Long: `Status asks a router (prism up's, or serve router's) for its registry
 and prints a row per worker and model: its role, address, state
@@ -49,7 +51,9 @@ are in sync: it names the one that does, to ask instead. The caller needs an adm
 certificate (--certs DIR, as made by prism certs init or prism up), or
 any role's folder: inside a tier's Pod, --certs with the folder the
 chart mounts.
---json prints the registry's answer as JSON instead.`,
+--json prints the registry's answer as JSON instead; --check exits
+non-zero when a model or shard has no worker serving it in a role, or a
+worker is out for good (diverged, left out), for scripts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := flagval.Positive(cmd.Flags(), "timeout"); err != nil {
@@ -74,6 +78,9 @@ chart mounts.
 				}
 				return fmt.Errorf("router %s: %w", addr, err)
 			}
+			if asJSON && check {
+				return errors.New("--check goes with the table, not --json")
+			}
 			if asJSON {
 				b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp)
 				if err != nil {
@@ -82,12 +89,19 @@ chart mounts.
 				_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
 				return err
 			}
-			return router.WriteFleet(cmd.OutOrStdout(), resp)
+			if err := router.WriteFleet(cmd.OutOrStdout(), resp); err != nil {
+				return err
+			}
+			if problems := router.FleetProblems(resp); check && len(problems) > 0 {
+				return fmt.Errorf("--check: %d problem(s): %s", len(problems), strings.Join(problems, "; "))
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&addr, "router", "127.0.0.1:8500", "the router's gRPC address")
 	f.BoolVar(&asJSON, "json", false, "print the registry's answer (prism.v1.ListResponse) as JSON")
+	f.BoolVar(&check, "check", false, "exit non-zero when a model (or shard) has no worker serving it in a role, or a worker is out for good (diverged, left out); behind and settling workers pass")
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router's answer")
 	tlsFlags.Register(cmd, auth.Admin)
 	return cmd
