@@ -114,7 +114,7 @@ func loadCatalog(db *pebble.DB) (*catalog, error) {
 }
 
 // notUpdateLog refuses a folder that holds a router's update log
-// (router/updatelog.go: keys "e..." and "s...", where every store key
+// (router/updatelog.go: keys "e...", "o..." and "s...", where every store key
 // starts with a 4-byte table id) and no catalog: given a router's
 // --update-log-dir as --db, a worker would otherwise start with an empty
 // store and write its tables beside the log.
@@ -124,7 +124,7 @@ func notUpdateLog(db *pebble.DB) error {
 		return err
 	}
 	defer it.Close()
-	for _, prefix := range []byte("es") {
+	for _, prefix := range []byte("eos") {
 		if it.SeekGE([]byte{prefix}) && it.Key()[0] == prefix {
 			return errors.New("the folder holds a router's update log (serve router --update-log-dir), not an embedding store: give the store a folder of its own")
 		}

@@ -358,7 +358,7 @@ func TestBoundedCarry(t *testing.T) {
 
 // TestOpenRefusesUpdateLog: a folder holding a router's update log
 // (router/updatelog.go: a model's state under "s"+model, its entries
-// under "e"+...) and no catalog is refused, not served as an empty
+// under "e"+..., their outcomes under "o"+...) and no catalog is refused, not served as an empty
 // store; a store whose catalog is written opens whatever else it holds.
 func TestOpenRefusesUpdateLog(t *testing.T) {
 	for _, tc := range []struct {
@@ -368,6 +368,7 @@ func TestOpenRefusesUpdateLog(t *testing.T) {
 	}{
 		{"state only", []string{"sdlrm-kaggle"}, "router's update log"},
 		{"entries only", []string{"e\x0bdlrm-kaggle\x00\x00\x00\x00\x00\x00\x00\x07"}, "router's update log"},
+		{"outcomes only", []string{"o\x0bdlrm-kaggle\x00\x00\x00\x00\x00\x00\x00\x07"}, "router's update log"},
 		{"an empty folder", nil, ""},
 		{"a store's seq without a catalog", []string{"\x00\x00\x00\x00updseq/m"}, ""},
 	} {
