@@ -289,7 +289,9 @@ func TestUpBearerToken(t *testing.T) {
 	if hint == "" {
 		t.Fatalf("up printed no client hint naming its certificates:\n%s", up.log.String())
 	}
-	lg := exec.Command(prismBin, append(strings.Fields(hint), "--duration", "1s", "--rate", "5", "--candidates", "5", "--quiet")...)
+	// 20 a second: at 5, a Poisson second sent nothing one run in 150
+	// (e^-5), and loadgen fails a run that sent nothing.
+	lg := exec.Command(prismBin, append(strings.Fields(hint), "--duration", "1s", "--rate", "20", "--candidates", "5", "--quiet")...)
 	lg.Dir = dir
 	if out, err := lg.CombinedOutput(); err != nil || !strings.Contains(string(out), "errors 0") {
 		t.Fatalf("prism %s: %v\n%s", hint, err, out)
