@@ -281,7 +281,7 @@ func TestTracing(t *testing.T) {
 	// prism loadgen --trace-ratio: the trace ids it names are traces the
 	// tiers recorded.
 	lg := exec.Command(prismBin, "loadgen", "--target", up.addr, "--certs", certs, "--model", cfg.Name,
-		"--duration", "1s", "--rate", "10", "--candidates", "5", "--quiet", "--trace-ratio", "1")
+		"--duration", "1s", "--rate", "20", "--candidates", "5", "--quiet", "--trace-ratio", "1") // 20: a Poisson second sends none e^-20 of the time
 	lgOut, err := lg.CombinedOutput()
 	m := regexp.MustCompile(`(?m)^ {12}([0-9a-f]{32})  `).FindSubmatch(lgOut)
 	if err != nil || m == nil {
