@@ -37,8 +37,12 @@ type scripted struct {
 }
 
 func (s *scripted) Send(ctx context.Context, _ *prismv1.RecommendRequest) error {
-	i := min(int(s.n.Add(1))-1, len(s.script)-1)
-	o := s.script[i]
+	return s.script[min(int(s.n.Add(1))-1, len(s.script)-1)].err()
+}
+
+// err is the outcome as the client sees it: nil, or the code with the
+// pushback trailer, if any.
+func (o outcome) err() error {
 	if o.code == codes.OK {
 		return nil
 	}

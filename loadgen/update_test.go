@@ -162,15 +162,7 @@ func (s *scriptedUpdates) Update(_ context.Context, req *prismv1.UpdateRequest) 
 	i := min(len(s.sent), len(s.script)-1)
 	s.sent = append(s.sent, proto.Clone(req).(*prismv1.UpdateRequest))
 	s.mu.Unlock()
-	o := s.script[i]
-	if o.code == codes.OK {
-		return nil
-	}
-	var tr metadata.MD
-	if len(o.pushback) > 0 {
-		tr = metadata.MD{PushbackKey: o.pushback}
-	}
-	return withPushback(status.Error(o.code, "scripted"), tr)
+	return s.script[i].err()
 }
 
 // TestUpdateRetries: which answers to an update are retried, as a

@@ -106,13 +106,19 @@ func (s *jsonScan) digits() []byte {
 		s.i++
 	}
 	d := s.i
-	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-		s.i++
-	}
-	if s.i == d || s.b[d] == '0' && s.i-d > 1 {
+	if !s.someDigits() || s.b[d] == '0' && s.i-d > 1 {
 		return nil
 	}
 	return s.b[start:s.i]
+}
+
+// someDigits reads a run of decimal digits and says whether it held one.
+func (s *jsonScan) someDigits() bool {
+	d := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	return s.i > d
 }
 
 // integer reads an integer of bits bits, a number or quoted: an
@@ -155,11 +161,7 @@ func (s *jsonScan) float32() (float32, bool) {
 	}
 	if s.i < len(s.b) && s.b[s.i] == '.' {
 		s.i++
-		d := s.i
-		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-			s.i++
-		}
-		if s.i == d {
+		if !s.someDigits() {
 			return 0, false
 		}
 	}
@@ -168,11 +170,7 @@ func (s *jsonScan) float32() (float32, bool) {
 		if s.i < len(s.b) && (s.b[s.i] == '+' || s.b[s.i] == '-') {
 			s.i++
 		}
-		d := s.i
-		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
-			s.i++
-		}
-		if s.i == d {
+		if !s.someDigits() {
 			return 0, false
 		}
 	}

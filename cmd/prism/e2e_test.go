@@ -719,6 +719,23 @@ func TestEmbeddingWorkerCatchesUp(t *testing.T) {
 	}
 }
 
+// twiceTheRows builds and partitions dlrm-tiny (named name) with every
+// table twice as long, under dir/big, and returns the partition: its
+// table 0 holds rows the default build lacks, so an update of one is
+// applied by its workers and refused as bad input by the default's.
+func twiceTheRows(t *testing.T, dir, name string) string {
+	t.Helper()
+	bigDir := filepath.Join(dir, "big", name)
+	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", bigDir, "--seed", "5", "--rows-scale", "2"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	bigPart := filepath.Join(dir, "big", "part")
+	if out, err := run(t, nil, "partition", filepath.Join(bigDir, "model.onnx"), "-o", bigPart); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	return bigPart
+}
+
 // awaitList polls reg's Registry/List for up to 30 s until ok says its
 // answer will do, and returns it.
 func awaitList(t *testing.T, reg prismv1.RegistryClient, what string, ok func(*prismv1.ListResponse) bool) *prismv1.ListResponse {
@@ -760,16 +777,7 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	// The same model, every table twice as long: its table 0 holds rows
-	// the other build lacks.
-	bigDir := filepath.Join(dir, "big", cfg.Name)
-	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", bigDir, "--seed", "5", "--rows-scale", "2"); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	bigPart := filepath.Join(dir, "big", "part")
-	if out, err := run(t, nil, "partition", filepath.Join(bigDir, "model.onnx"), "-o", bigPart); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	bigPart := twiceTheRows(t, dir, cfg.Name)
 	certs := newCerts(t)
 	// The default update quorum, majority: of two workers, both. The
 	// refuser leaves the model, and the update's quorum is counted
@@ -887,14 +895,7 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
-	bigDir := filepath.Join(dir, "big", cfg.Name)
-	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", bigDir, "--seed", "5", "--rows-scale", "2"); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	bigPart := filepath.Join(dir, "big", "part")
-	if out, err := run(t, nil, "partition", filepath.Join(bigDir, "model.onnx"), "-o", bigPart); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	bigPart := twiceTheRows(t, dir, cfg.Name)
 	certs := newCerts(t)
 	logDir := filepath.Join(dir, "router-log")
 	routerArgs := func(addr string) []string {

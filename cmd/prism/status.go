@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -60,7 +58,7 @@ worker is out for good (diverged, left out), for scripts.`,
 				return err
 			}
 			tlsFlags.WarnClient(cmd.ErrOrStderr(), "prism status")
-			creds, err := tlsFlags.Dial(statusRole(tlsFlags.Certs), auth.Router)
+			creds, err := tlsFlags.Dial(auth.Admin, auth.Router)
 			if err != nil {
 				return err
 			}
@@ -105,25 +103,4 @@ worker is out for good (diverged, left out), for scripts.`,
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router's answer")
 	tlsFlags.Register(cmd, auth.Admin)
 	return cmd
-}
-
-// statusRole is the role prism status dials as: admin, or, given one
-// role's certificate folder (cert.pem in it), that role, since every
-// role may call Registry/List: so it runs inside any tier's Pod with the
-// folder the chart mounts (kubectl exec ... prism status --certs
-// /etc/prism/certs), as --tls-cert takes any role's certificate.
-func statusRole(certs string) auth.Role {
-	cert := filepath.Join(certs, "cert.pem")
-	if certs == "" {
-		return auth.Admin
-	}
-	if _, err := os.Stat(cert); err != nil {
-		return auth.Admin
-	}
-	for _, r := range []auth.Role{auth.Admin, auth.Router, auth.Embedding, auth.Dense} {
-		if auth.CheckCertRole(cert, r) == nil {
-			return r
-		}
-	}
-	return auth.Admin // whatever it is, --certs says why it will not do
 }

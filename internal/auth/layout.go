@@ -159,6 +159,17 @@ func kubeletVolume(path string) bool {
 
 // certRole is the role the first certificate in the PEM file at path
 // carries.
+// FolderRole is the role of the certificate in dir when dir is one
+// role's folder (dir/cert.pem), and false otherwise (another layout, or
+// a certificate that does not read).
+func FolderRole(dir string) (Role, bool) {
+	if !exists(filepath.Join(dir, certFile)) {
+		return "", false
+	}
+	r, err := certRole(filepath.Join(dir, certFile))
+	return r, err == nil && r != ""
+}
+
 func certRole(path string) (Role, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -43,7 +43,11 @@ type Flags struct {
 func (f *Flags) Register(cmd *cobra.Command, role auth.Role) {
 	f.role = role
 	fl := cmd.Flags()
-	fl.StringVar(&f.Certs, "certs", "", fmt.Sprintf("certificate folder: the %s role's folder (cert.pem, key.pem, ca.pem), or a prism certs init folder, of which only %s/ is read", role, role))
+	certsHelp := fmt.Sprintf("certificate folder: the %s role's folder (cert.pem, key.pem, ca.pem), or a prism certs init folder, of which only %s/ is read", role, role)
+	if role == auth.Admin {
+		certsHelp += " (a client may also use another role's folder)"
+	}
+	fl.StringVar(&f.Certs, "certs", "", certsHelp)
 	fl.StringVar(&f.Cert, "tls-cert", "", "this process's certificate (PEM), instead of --certs")
 	fl.StringVar(&f.Key, "tls-key", "", "the key of --tls-cert (PEM)")
 	fl.StringVar(&f.CA, "tls-ca", "", "the CA certificate that peers' certificates must chain to (PEM)")
@@ -107,6 +111,12 @@ func (f *Flags) resolve(role auth.Role) (auth.Files, error) {
 			}
 		}
 		return f.files, nil
+	}
+	if r, ok := auth.FolderRole(f.Certs); ok && role == auth.Admin {
+		// An admin client's certificate may be any the CA signed, as
+		// with --tls-cert (Recommend takes any, Registry/List every
+		// role's): a tier's own folder will do, as inside its Pod.
+		role = r
 	}
 	res, err := auth.ResolveCerts(f.Certs, role)
 	if err != nil {

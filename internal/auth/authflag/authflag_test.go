@@ -54,6 +54,14 @@ func TestFlags(t *testing.T) {
 	if _, err := explicit.Dial(auth.Admin, auth.Router); err != nil {
 		t.Errorf("an admin client with a dense certificate: %v", err)
 	}
+	// So may it under --certs: a tier's own folder (prism status inside
+	// its Pod); an init folder still gives it admin/.
+	if files, ok, err := flags("--certs", auth.RoleDir(dir, auth.Dense)).Files(auth.Admin, false); err != nil || !ok || files != dense {
+		t.Errorf("an admin client with the dense folder: %+v %v %v", files, ok, err)
+	}
+	if files, ok, err := flags("--certs", dir).Files(auth.Admin, false); err != nil || !ok || files != auth.FilesFor(dir, auth.Admin) {
+		t.Errorf("an admin client with the init folder: %+v %v %v", files, ok, err)
+	}
 
 	// A key others may read warns once, however often the files are
 	// used.
