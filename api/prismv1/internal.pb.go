@@ -79,6 +79,240 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{0}
 }
 
+type SnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotRequest) Reset() {
+	*x = SnapshotRequest{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotRequest) ProtoMessage() {}
+
+func (x *SnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{0}
+}
+
+// SnapshotChunk is one message of a Snapshot stream: the first carries
+// the manifest alone, then each file's bytes follow in order, in chunks
+// of at most 1 MiB, the last of a file with eof and its checksum.
+type SnapshotChunk struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Manifest *SnapshotManifest      `protobuf:"bytes,1,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// file indexes manifest.files.
+	File int32 `protobuf:"varint,2,opt,name=file,proto3" json:"file,omitempty"`
+	// offset is where data starts in the file; chunks of a file come in
+	// order, without gaps.
+	Offset int64  `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data   []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// eof marks the file's last chunk (a file of no bytes has only it);
+	// crc32c is then the CRC-32C (Castagnoli) of the whole file.
+	Eof           bool   `protobuf:"varint,5,opt,name=eof,proto3" json:"eof,omitempty"`
+	Crc32C        uint32 `protobuf:"fixed32,6,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SnapshotChunk) GetManifest() *SnapshotManifest {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetFile() int32 {
+	if x != nil {
+		return x.File
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+func (x *SnapshotChunk) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
+	}
+	return 0
+}
+
+type SnapshotManifest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Files []*SnapshotFile        `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	// store names the worker's store folder, for the operator's log.
+	Store         string `protobuf:"bytes,2,opt,name=store,proto3" json:"store,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotManifest) Reset() {
+	*x = SnapshotManifest{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotManifest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotManifest) ProtoMessage() {}
+
+func (x *SnapshotManifest) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotManifest.ProtoReflect.Descriptor instead.
+func (*SnapshotManifest) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SnapshotManifest) GetFiles() []*SnapshotFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *SnapshotManifest) GetStore() string {
+	if x != nil {
+		return x.Store
+	}
+	return ""
+}
+
+type SnapshotFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is a file name in the store folder (no path separators).
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Size          int64  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotFile) Reset() {
+	*x = SnapshotFile{}
+	mi := &file_api_prismv1_internal_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotFile) ProtoMessage() {}
+
+func (x *SnapshotFile) ProtoReflect() protoreflect.Message {
+	mi := &file_api_prismv1_internal_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotFile.ProtoReflect.Descriptor instead.
+func (*SnapshotFile) Descriptor() ([]byte, []int) {
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SnapshotFile) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SnapshotFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
 // ApplyUpdateRequest is one Embeddings.Update as the router sequences it.
 type ApplyUpdateRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -152,7 +386,7 @@ type ApplyUpdateRequest struct {
 
 func (x *ApplyUpdateRequest) Reset() {
 	*x = ApplyUpdateRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	mi := &file_api_prismv1_internal_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +398,7 @@ func (x *ApplyUpdateRequest) String() string {
 func (*ApplyUpdateRequest) ProtoMessage() {}
 
 func (x *ApplyUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[0]
+	mi := &file_api_prismv1_internal_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +411,7 @@ func (x *ApplyUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyUpdateRequest.ProtoReflect.Descriptor instead.
 func (*ApplyUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{0}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ApplyUpdateRequest) GetUpdate() *UpdateRequest {
@@ -269,7 +503,7 @@ type LookupRequest struct {
 
 func (x *LookupRequest) Reset() {
 	*x = LookupRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[1]
+	mi := &file_api_prismv1_internal_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -281,7 +515,7 @@ func (x *LookupRequest) String() string {
 func (*LookupRequest) ProtoMessage() {}
 
 func (x *LookupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[1]
+	mi := &file_api_prismv1_internal_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -294,7 +528,7 @@ func (x *LookupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
 func (*LookupRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{1}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LookupRequest) GetModel() string {
@@ -396,7 +630,7 @@ type LookupResponse struct {
 
 func (x *LookupResponse) Reset() {
 	*x = LookupResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[2]
+	mi := &file_api_prismv1_internal_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -408,7 +642,7 @@ func (x *LookupResponse) String() string {
 func (*LookupResponse) ProtoMessage() {}
 
 func (x *LookupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[2]
+	mi := &file_api_prismv1_internal_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -421,7 +655,7 @@ func (x *LookupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
 func (*LookupResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{2}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LookupResponse) GetScores() []float32 {
@@ -481,7 +715,7 @@ type StageTimes struct {
 
 func (x *StageTimes) Reset() {
 	*x = StageTimes{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[3]
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +727,7 @@ func (x *StageTimes) String() string {
 func (*StageTimes) ProtoMessage() {}
 
 func (x *StageTimes) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[3]
+	mi := &file_api_prismv1_internal_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +740,7 @@ func (x *StageTimes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageTimes.ProtoReflect.Descriptor instead.
 func (*StageTimes) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{3}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StageTimes) GetDecodeUs() int64 {
@@ -590,7 +824,7 @@ type ScoreRequest struct {
 
 func (x *ScoreRequest) Reset() {
 	*x = ScoreRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[4]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +836,7 @@ func (x *ScoreRequest) String() string {
 func (*ScoreRequest) ProtoMessage() {}
 
 func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[4]
+	mi := &file_api_prismv1_internal_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +849,7 @@ func (x *ScoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreRequest.ProtoReflect.Descriptor instead.
 func (*ScoreRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{4}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ScoreRequest) GetModel() string {
@@ -704,7 +938,7 @@ type ScoreResponse struct {
 
 func (x *ScoreResponse) Reset() {
 	*x = ScoreResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[5]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +950,7 @@ func (x *ScoreResponse) String() string {
 func (*ScoreResponse) ProtoMessage() {}
 
 func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[5]
+	mi := &file_api_prismv1_internal_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +963,7 @@ func (x *ScoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScoreResponse.ProtoReflect.Descriptor instead.
 func (*ScoreResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{5}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ScoreResponse) GetScores() []float32 {
@@ -829,7 +1063,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[6]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -841,7 +1075,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[6]
+	mi := &file_api_prismv1_internal_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -854,7 +1088,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{6}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WorkerInfo) GetId() string {
@@ -975,7 +1209,7 @@ type JaggedInputs struct {
 
 func (x *JaggedInputs) Reset() {
 	*x = JaggedInputs{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -987,7 +1221,7 @@ func (x *JaggedInputs) String() string {
 func (*JaggedInputs) ProtoMessage() {}
 
 func (x *JaggedInputs) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[7]
+	mi := &file_api_prismv1_internal_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1000,7 +1234,7 @@ func (x *JaggedInputs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JaggedInputs.ProtoReflect.Descriptor instead.
 func (*JaggedInputs) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{7}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *JaggedInputs) GetInputs() []string {
@@ -1072,7 +1306,7 @@ type ShardRef struct {
 
 func (x *ShardRef) Reset() {
 	*x = ShardRef{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1318,7 @@ func (x *ShardRef) String() string {
 func (*ShardRef) ProtoMessage() {}
 
 func (x *ShardRef) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[8]
+	mi := &file_api_prismv1_internal_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1331,7 @@ func (x *ShardRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardRef.ProtoReflect.Descriptor instead.
 func (*ShardRef) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{8}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShardRef) GetShard() int32 {
@@ -1177,7 +1411,7 @@ type RowSplit struct {
 
 func (x *RowSplit) Reset() {
 	*x = RowSplit{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +1423,7 @@ func (x *RowSplit) String() string {
 func (*RowSplit) ProtoMessage() {}
 
 func (x *RowSplit) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[9]
+	mi := &file_api_prismv1_internal_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +1436,7 @@ func (x *RowSplit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RowSplit.ProtoReflect.Descriptor instead.
 func (*RowSplit) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{9}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RowSplit) GetTable() string {
@@ -1243,7 +1477,7 @@ type AnnounceRequest struct {
 
 func (x *AnnounceRequest) Reset() {
 	*x = AnnounceRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1255,7 +1489,7 @@ func (x *AnnounceRequest) String() string {
 func (*AnnounceRequest) ProtoMessage() {}
 
 func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[10]
+	mi := &file_api_prismv1_internal_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1268,7 +1502,7 @@ func (x *AnnounceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceRequest.ProtoReflect.Descriptor instead.
 func (*AnnounceRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{10}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *AnnounceRequest) GetWorker() *WorkerInfo {
@@ -1303,7 +1537,7 @@ type ListVersion struct {
 
 func (x *ListVersion) Reset() {
 	*x = ListVersion{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1549,7 @@ func (x *ListVersion) String() string {
 func (*ListVersion) ProtoMessage() {}
 
 func (x *ListVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[11]
+	mi := &file_api_prismv1_internal_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1562,7 @@ func (x *ListVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVersion.ProtoReflect.Descriptor instead.
 func (*ListVersion) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{11}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListVersion) GetProcess() uint64 {
@@ -1389,7 +1623,7 @@ type AnnounceResponse struct {
 
 func (x *AnnounceResponse) Reset() {
 	*x = AnnounceResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1635,7 @@ func (x *AnnounceResponse) String() string {
 func (*AnnounceResponse) ProtoMessage() {}
 
 func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[12]
+	mi := &file_api_prismv1_internal_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1648,7 @@ func (x *AnnounceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnnounceResponse.ProtoReflect.Descriptor instead.
 func (*AnnounceResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{12}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *AnnounceResponse) GetHeartbeatMs() int64 {
@@ -1468,7 +1702,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1714,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[13]
+	mi := &file_api_prismv1_internal_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1727,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{13}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LeaveRequest) GetId() string {
@@ -1511,7 +1745,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1757,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[14]
+	mi := &file_api_prismv1_internal_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1770,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{14}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{18}
 }
 
 type ListRequest struct {
@@ -1547,7 +1781,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[15]
+	mi := &file_api_prismv1_internal_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1793,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[15]
+	mi := &file_api_prismv1_internal_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1806,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{15}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{19}
 }
 
 type ListResponse struct {
@@ -1602,7 +1836,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	mi := &file_api_prismv1_internal_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1848,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[16]
+	mi := &file_api_prismv1_internal_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1861,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{16}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListResponse) GetWorkers() []*WorkerInfo {
@@ -1684,7 +1918,7 @@ type ModelUpdates struct {
 
 func (x *ModelUpdates) Reset() {
 	*x = ModelUpdates{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	mi := &file_api_prismv1_internal_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1930,7 @@ func (x *ModelUpdates) String() string {
 func (*ModelUpdates) ProtoMessage() {}
 
 func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[17]
+	mi := &file_api_prismv1_internal_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1943,7 @@ func (x *ModelUpdates) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelUpdates.ProtoReflect.Descriptor instead.
 func (*ModelUpdates) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{17}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ModelUpdates) GetAcknowledged() int64 {
@@ -1765,7 +1999,7 @@ type UpdateLogRequest struct {
 
 func (x *UpdateLogRequest) Reset() {
 	*x = UpdateLogRequest{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	mi := &file_api_prismv1_internal_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +2011,7 @@ func (x *UpdateLogRequest) String() string {
 func (*UpdateLogRequest) ProtoMessage() {}
 
 func (x *UpdateLogRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[18]
+	mi := &file_api_prismv1_internal_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +2024,7 @@ func (x *UpdateLogRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLogRequest.ProtoReflect.Descriptor instead.
 func (*UpdateLogRequest) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{18}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UpdateLogRequest) GetTerm() uint64 {
@@ -1836,7 +2070,7 @@ type UpdateLogResponse struct {
 
 func (x *UpdateLogResponse) Reset() {
 	*x = UpdateLogResponse{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[19]
+	mi := &file_api_prismv1_internal_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2082,7 @@ func (x *UpdateLogResponse) String() string {
 func (*UpdateLogResponse) ProtoMessage() {}
 
 func (x *UpdateLogResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[19]
+	mi := &file_api_prismv1_internal_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2095,7 @@ func (x *UpdateLogResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateLogResponse.ProtoReflect.Descriptor instead.
 func (*UpdateLogResponse) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{19}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpdateLogResponse) GetTerm() uint64 {
@@ -1929,7 +2163,7 @@ type ModelLog struct {
 
 func (x *ModelLog) Reset() {
 	*x = ModelLog{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[20]
+	mi := &file_api_prismv1_internal_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2175,7 @@ func (x *ModelLog) String() string {
 func (*ModelLog) ProtoMessage() {}
 
 func (x *ModelLog) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[20]
+	mi := &file_api_prismv1_internal_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2188,7 @@ func (x *ModelLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelLog.ProtoReflect.Descriptor instead.
 func (*ModelLog) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{20}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ModelLog) GetNext() int64 {
@@ -2013,7 +2247,7 @@ type OutcomeRun struct {
 
 func (x *OutcomeRun) Reset() {
 	*x = OutcomeRun{}
-	mi := &file_api_prismv1_internal_proto_msgTypes[21]
+	mi := &file_api_prismv1_internal_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2259,7 @@ func (x *OutcomeRun) String() string {
 func (*OutcomeRun) ProtoMessage() {}
 
 func (x *OutcomeRun) ProtoReflect() protoreflect.Message {
-	mi := &file_api_prismv1_internal_proto_msgTypes[21]
+	mi := &file_api_prismv1_internal_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2272,7 @@ func (x *OutcomeRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutcomeRun.ProtoReflect.Descriptor instead.
 func (*OutcomeRun) Descriptor() ([]byte, []int) {
-	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{21}
+	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *OutcomeRun) GetFirst() int64 {
@@ -2066,7 +2300,21 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\x88\x02\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\x11\n" +
+	"\x0fSnapshotRequest\"\xb1\x01\n" +
+	"\rSnapshotChunk\x126\n" +
+	"\bmanifest\x18\x01 \x01(\v2\x1a.prism.v1.SnapshotManifestR\bmanifest\x12\x12\n" +
+	"\x04file\x18\x02 \x01(\x05R\x04file\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x05 \x01(\bR\x03eof\x12\x16\n" +
+	"\x06crc32c\x18\x06 \x01(\aR\x06crc32c\"V\n" +
+	"\x10SnapshotManifest\x12,\n" +
+	"\x05files\x18\x01 \x03(\v2\x16.prism.v1.SnapshotFileR\x05files\x12\x14\n" +
+	"\x05store\x18\x02 \x01(\tR\x05store\"6\n" +
+	"\fSnapshotFile\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"\x88\x02\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1f\n" +
@@ -2266,10 +2514,11 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eROLE_EMBEDDING\x10\x01\x12\x0e\n" +
 	"\n" +
-	"ROLE_DENSE\x10\x022\x8e\x01\n" +
+	"ROLE_DENSE\x10\x022\xd0\x01\n" +
 	"\rEmbeddingTier\x12;\n" +
 	"\x06Lookup\x12\x17.prism.v1.LookupRequest\x1a\x18.prism.v1.LookupResponse\x12@\n" +
-	"\x06Update\x12\x1c.prism.v1.ApplyUpdateRequest\x1a\x18.prism.v1.UpdateResponse2E\n" +
+	"\x06Update\x12\x1c.prism.v1.ApplyUpdateRequest\x1a\x18.prism.v1.UpdateResponse\x12@\n" +
+	"\bSnapshot\x12\x19.prism.v1.SnapshotRequest\x1a\x17.prism.v1.SnapshotChunk0\x012E\n" +
 	"\tDenseTier\x128\n" +
 	"\x05Score\x12\x16.prism.v1.ScoreRequest\x1a\x17.prism.v1.ScoreResponse2\x84\x02\n" +
 	"\bRegistry\x12A\n" +
@@ -2291,97 +2540,105 @@ func file_api_prismv1_internal_proto_rawDescGZIP() []byte {
 }
 
 var file_api_prismv1_internal_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_api_prismv1_internal_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_api_prismv1_internal_proto_goTypes = []any{
 	(Role)(0),                  // 0: prism.v1.Role
-	(*ApplyUpdateRequest)(nil), // 1: prism.v1.ApplyUpdateRequest
-	(*LookupRequest)(nil),      // 2: prism.v1.LookupRequest
-	(*LookupResponse)(nil),     // 3: prism.v1.LookupResponse
-	(*StageTimes)(nil),         // 4: prism.v1.StageTimes
-	(*ScoreRequest)(nil),       // 5: prism.v1.ScoreRequest
-	(*ScoreResponse)(nil),      // 6: prism.v1.ScoreResponse
-	(*WorkerInfo)(nil),         // 7: prism.v1.WorkerInfo
-	(*JaggedInputs)(nil),       // 8: prism.v1.JaggedInputs
-	(*ShardRef)(nil),           // 9: prism.v1.ShardRef
-	(*RowSplit)(nil),           // 10: prism.v1.RowSplit
-	(*AnnounceRequest)(nil),    // 11: prism.v1.AnnounceRequest
-	(*ListVersion)(nil),        // 12: prism.v1.ListVersion
-	(*AnnounceResponse)(nil),   // 13: prism.v1.AnnounceResponse
-	(*LeaveRequest)(nil),       // 14: prism.v1.LeaveRequest
-	(*LeaveResponse)(nil),      // 15: prism.v1.LeaveResponse
-	(*ListRequest)(nil),        // 16: prism.v1.ListRequest
-	(*ListResponse)(nil),       // 17: prism.v1.ListResponse
-	(*ModelUpdates)(nil),       // 18: prism.v1.ModelUpdates
-	(*UpdateLogRequest)(nil),   // 19: prism.v1.UpdateLogRequest
-	(*UpdateLogResponse)(nil),  // 20: prism.v1.UpdateLogResponse
-	(*ModelLog)(nil),           // 21: prism.v1.ModelLog
-	(*OutcomeRun)(nil),         // 22: prism.v1.OutcomeRun
-	nil,                        // 23: prism.v1.WorkerInfo.UpdateSeqEntry
-	nil,                        // 24: prism.v1.WorkerInfo.ShardsEntry
-	nil,                        // 25: prism.v1.WorkerInfo.JaggedEntry
-	nil,                        // 26: prism.v1.WorkerInfo.FixedBatchEntry
-	nil,                        // 27: prism.v1.WorkerInfo.ShardingEntry
-	nil,                        // 28: prism.v1.WorkerInfo.DivergedEntry
-	nil,                        // 29: prism.v1.WorkerInfo.ContentEntry
-	nil,                        // 30: prism.v1.WorkerInfo.VersionEntry
-	nil,                        // 31: prism.v1.AnnounceResponse.DivergedEntry
-	nil,                        // 32: prism.v1.ListResponse.UpdatesEntry
-	nil,                        // 33: prism.v1.UpdateLogRequest.AfterEntry
-	nil,                        // 34: prism.v1.UpdateLogResponse.ModelsEntry
-	nil,                        // 35: prism.v1.ModelLog.DivergedEntry
-	(*UpdateRequest)(nil),      // 36: prism.v1.UpdateRequest
-	(*Features)(nil),           // 37: prism.v1.Features
-	(*UpdateResponse)(nil),     // 38: prism.v1.UpdateResponse
+	(*SnapshotRequest)(nil),    // 1: prism.v1.SnapshotRequest
+	(*SnapshotChunk)(nil),      // 2: prism.v1.SnapshotChunk
+	(*SnapshotManifest)(nil),   // 3: prism.v1.SnapshotManifest
+	(*SnapshotFile)(nil),       // 4: prism.v1.SnapshotFile
+	(*ApplyUpdateRequest)(nil), // 5: prism.v1.ApplyUpdateRequest
+	(*LookupRequest)(nil),      // 6: prism.v1.LookupRequest
+	(*LookupResponse)(nil),     // 7: prism.v1.LookupResponse
+	(*StageTimes)(nil),         // 8: prism.v1.StageTimes
+	(*ScoreRequest)(nil),       // 9: prism.v1.ScoreRequest
+	(*ScoreResponse)(nil),      // 10: prism.v1.ScoreResponse
+	(*WorkerInfo)(nil),         // 11: prism.v1.WorkerInfo
+	(*JaggedInputs)(nil),       // 12: prism.v1.JaggedInputs
+	(*ShardRef)(nil),           // 13: prism.v1.ShardRef
+	(*RowSplit)(nil),           // 14: prism.v1.RowSplit
+	(*AnnounceRequest)(nil),    // 15: prism.v1.AnnounceRequest
+	(*ListVersion)(nil),        // 16: prism.v1.ListVersion
+	(*AnnounceResponse)(nil),   // 17: prism.v1.AnnounceResponse
+	(*LeaveRequest)(nil),       // 18: prism.v1.LeaveRequest
+	(*LeaveResponse)(nil),      // 19: prism.v1.LeaveResponse
+	(*ListRequest)(nil),        // 20: prism.v1.ListRequest
+	(*ListResponse)(nil),       // 21: prism.v1.ListResponse
+	(*ModelUpdates)(nil),       // 22: prism.v1.ModelUpdates
+	(*UpdateLogRequest)(nil),   // 23: prism.v1.UpdateLogRequest
+	(*UpdateLogResponse)(nil),  // 24: prism.v1.UpdateLogResponse
+	(*ModelLog)(nil),           // 25: prism.v1.ModelLog
+	(*OutcomeRun)(nil),         // 26: prism.v1.OutcomeRun
+	nil,                        // 27: prism.v1.WorkerInfo.UpdateSeqEntry
+	nil,                        // 28: prism.v1.WorkerInfo.ShardsEntry
+	nil,                        // 29: prism.v1.WorkerInfo.JaggedEntry
+	nil,                        // 30: prism.v1.WorkerInfo.FixedBatchEntry
+	nil,                        // 31: prism.v1.WorkerInfo.ShardingEntry
+	nil,                        // 32: prism.v1.WorkerInfo.DivergedEntry
+	nil,                        // 33: prism.v1.WorkerInfo.ContentEntry
+	nil,                        // 34: prism.v1.WorkerInfo.VersionEntry
+	nil,                        // 35: prism.v1.AnnounceResponse.DivergedEntry
+	nil,                        // 36: prism.v1.ListResponse.UpdatesEntry
+	nil,                        // 37: prism.v1.UpdateLogRequest.AfterEntry
+	nil,                        // 38: prism.v1.UpdateLogResponse.ModelsEntry
+	nil,                        // 39: prism.v1.ModelLog.DivergedEntry
+	(*UpdateRequest)(nil),      // 40: prism.v1.UpdateRequest
+	(*Features)(nil),           // 41: prism.v1.Features
+	(*UpdateResponse)(nil),     // 42: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	36, // 0: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	37, // 1: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	37, // 2: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
-	4,  // 3: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
-	0,  // 4: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	23, // 5: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	24, // 6: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
-	25, // 7: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
-	26, // 8: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
-	27, // 9: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
-	28, // 10: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
-	29, // 11: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
-	30, // 12: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
-	10, // 13: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
-	7,  // 14: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	12, // 15: prism.v1.AnnounceRequest.dense_held:type_name -> prism.v1.ListVersion
-	31, // 16: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
-	12, // 17: prism.v1.AnnounceResponse.dense_version:type_name -> prism.v1.ListVersion
-	7,  // 18: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	32, // 19: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	33, // 20: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	34, // 21: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
-	1,  // 22: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	35, // 23: prism.v1.ModelLog.diverged:type_name -> prism.v1.ModelLog.DivergedEntry
-	22, // 24: prism.v1.ModelLog.outcomes:type_name -> prism.v1.OutcomeRun
-	9,  // 25: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	8,  // 26: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	18, // 27: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	21, // 28: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	2,  // 29: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	1,  // 30: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	5,  // 31: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	11, // 32: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	14, // 33: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	16, // 34: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	19, // 35: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	3,  // 36: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	38, // 37: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	6,  // 38: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	13, // 39: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	15, // 40: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	17, // 41: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	20, // 42: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	36, // [36:43] is the sub-list for method output_type
-	29, // [29:36] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	3,  // 0: prism.v1.SnapshotChunk.manifest:type_name -> prism.v1.SnapshotManifest
+	4,  // 1: prism.v1.SnapshotManifest.files:type_name -> prism.v1.SnapshotFile
+	40, // 2: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	41, // 3: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	41, // 4: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	8,  // 5: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
+	0,  // 6: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
+	27, // 7: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	28, // 8: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	29, // 9: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
+	30, // 10: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
+	31, // 11: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
+	32, // 12: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
+	33, // 13: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
+	34, // 14: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
+	14, // 15: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
+	11, // 16: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	16, // 17: prism.v1.AnnounceRequest.dense_held:type_name -> prism.v1.ListVersion
+	35, // 18: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
+	16, // 19: prism.v1.AnnounceResponse.dense_version:type_name -> prism.v1.ListVersion
+	11, // 20: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	36, // 21: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	37, // 22: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	38, // 23: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	5,  // 24: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	39, // 25: prism.v1.ModelLog.diverged:type_name -> prism.v1.ModelLog.DivergedEntry
+	26, // 26: prism.v1.ModelLog.outcomes:type_name -> prism.v1.OutcomeRun
+	13, // 27: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	12, // 28: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	22, // 29: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	25, // 30: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	6,  // 31: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	5,  // 32: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	1,  // 33: prism.v1.EmbeddingTier.Snapshot:input_type -> prism.v1.SnapshotRequest
+	9,  // 34: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	15, // 35: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	18, // 36: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	20, // 37: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	23, // 38: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	7,  // 39: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	42, // 40: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	2,  // 41: prism.v1.EmbeddingTier.Snapshot:output_type -> prism.v1.SnapshotChunk
+	10, // 42: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	17, // 43: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	19, // 44: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	21, // 45: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	24, // 46: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	39, // [39:47] is the sub-list for method output_type
+	31, // [31:39] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }
@@ -2396,7 +2653,7 @@ func file_api_prismv1_internal_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_api_prismv1_internal_proto_rawDesc), len(file_api_prismv1_internal_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   35,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

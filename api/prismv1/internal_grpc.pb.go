@@ -23,8 +23,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	EmbeddingTier_Lookup_FullMethodName = "/prism.v1.EmbeddingTier/Lookup"
-	EmbeddingTier_Update_FullMethodName = "/prism.v1.EmbeddingTier/Update"
+	EmbeddingTier_Lookup_FullMethodName   = "/prism.v1.EmbeddingTier/Lookup"
+	EmbeddingTier_Update_FullMethodName   = "/prism.v1.EmbeddingTier/Update"
+	EmbeddingTier_Snapshot_FullMethodName = "/prism.v1.EmbeddingTier/Snapshot"
 )
 
 // EmbeddingTierClient is the client API for EmbeddingTier service.
@@ -40,6 +41,13 @@ type EmbeddingTierClient interface {
 	// answer); the router fans Embeddings.Update out to every worker, in
 	// one order per model (see ApplyUpdateRequest.seq).
 	Update(ctx context.Context, in *ApplyUpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
+	// Snapshot streams a consistent copy of this worker's whole store (a
+	// Pebble checkpoint: every model, version, applied update and mark it
+	// holds at one instant): prism store copy writes it into another
+	// worker's store folder, the mend for a worker whose copy diverged
+	// from its peers' or fell further behind than the router's log. One
+	// at a time per worker (another gets RESOURCE_EXHAUSTED). Admin only.
+	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 }
 
 type embeddingTierClient struct {
@@ -70,6 +78,25 @@ func (c *embeddingTierClient) Update(ctx context.Context, in *ApplyUpdateRequest
 	return out, nil
 }
 
+func (c *embeddingTierClient) Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &EmbeddingTier_ServiceDesc.Streams[0], EmbeddingTier_Snapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotRequest, SnapshotChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EmbeddingTier_SnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
+
 // EmbeddingTierServer is the server API for EmbeddingTier service.
 // All implementations must embed UnimplementedEmbeddingTierServer
 // for forward compatibility.
@@ -83,6 +110,13 @@ type EmbeddingTierServer interface {
 	// answer); the router fans Embeddings.Update out to every worker, in
 	// one order per model (see ApplyUpdateRequest.seq).
 	Update(context.Context, *ApplyUpdateRequest) (*UpdateResponse, error)
+	// Snapshot streams a consistent copy of this worker's whole store (a
+	// Pebble checkpoint: every model, version, applied update and mark it
+	// holds at one instant): prism store copy writes it into another
+	// worker's store folder, the mend for a worker whose copy diverged
+	// from its peers' or fell further behind than the router's log. One
+	// at a time per worker (another gets RESOURCE_EXHAUSTED). Admin only.
+	Snapshot(*SnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	mustEmbedUnimplementedEmbeddingTierServer()
 }
 
@@ -98,6 +132,9 @@ func (UnimplementedEmbeddingTierServer) Lookup(context.Context, *LookupRequest) 
 }
 func (UnimplementedEmbeddingTierServer) Update(context.Context, *ApplyUpdateRequest) (*UpdateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
+}
+func (UnimplementedEmbeddingTierServer) Snapshot(*SnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
+	return status.Error(codes.Unimplemented, "method Snapshot not implemented")
 }
 func (UnimplementedEmbeddingTierServer) mustEmbedUnimplementedEmbeddingTierServer() {}
 func (UnimplementedEmbeddingTierServer) testEmbeddedByValue()                       {}
@@ -156,6 +193,17 @@ func _EmbeddingTier_Update_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _EmbeddingTier_Snapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(EmbeddingTierServer).Snapshot(m, &grpc.GenericServerStream[SnapshotRequest, SnapshotChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type EmbeddingTier_SnapshotServer = grpc.ServerStreamingServer[SnapshotChunk]
+
 // EmbeddingTier_ServiceDesc is the grpc.ServiceDesc for EmbeddingTier service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -172,7 +220,13 @@ var EmbeddingTier_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _EmbeddingTier_Update_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Snapshot",
+			Handler:       _EmbeddingTier_Snapshot_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "api/prismv1/internal.proto",
 }
 

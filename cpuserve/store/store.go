@@ -101,6 +101,12 @@ type Store struct {
 	pre     PreloadReport
 	warm    warmState
 	closed  atomic.Bool
+	// checkpointing is set while a Checkpoint is open (one at a time);
+	// checkpointN numbers their folders. swapped is what Open's swap of
+	// a staged copy did (snapshot.go).
+	checkpointing atomic.Bool
+	checkpointN   int
+	swapped       SwapReport
 }
 
 // view is what readers see: an immutable snapshot of the active versions.
@@ -190,6 +196,15 @@ func Open(dir string, o *Options) (*Store, error) {
 	if pebbleOptionsHook != nil {
 		pebbleOptionsHook(po)
 	}
+	var swapped SwapReport
+	if !opts.ReadOnly {
+		// A copy prism store copy staged while the store was in use
+		// (before the check for a store: a swap cut short leaves none).
+		var err error
+		if swapped, err = swapStaged(opts.FS, dir, time.Now().UTC().Format("20060102T150405Z")); err != nil {
+			return nil, fmt.Errorf("open store %q: %w", dir, err)
+		}
+	}
 	if opts.MustExist {
 		// Before Open, which would make the folder and its LOCK file
 		// whatever it then finds.
@@ -213,7 +228,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open store %q: %w", dir, err)
 	}
-	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat, carryBatchBytes: carryBatchBytes}
+	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat, carryBatchBytes: carryBatchBytes, swapped: swapped}
 	s.m.directReads = directReads
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
@@ -222,6 +237,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	s.publish(cat)
 	if !opts.ReadOnly {
 		_ = opts.FS.RemoveAll(opts.FS.PathJoin(dir, stagingDir))
+		removeCheckpoints(opts.FS, dir)
 		if err := s.dropCopies(); err != nil {
 			s.Close()
 			return nil, fmt.Errorf("open store %q: %w", dir, err)

@@ -47,7 +47,10 @@ var Table = map[string]Rule{
 	// Admin may write too, but only unsequenced updates, which the
 	// embedding tier refuses to any other role (cpuserve/server).
 	"/prism.v1.EmbeddingTier/Update": {Roles: []Role{Router, Admin}},
-	"/prism.v1.DenseTier/Score":      {Roles: []Role{Embedding}},
+	// A copy of a worker's whole store (every row): operators only, who
+	// mend another worker's store with it (prism store copy).
+	"/prism.v1.EmbeddingTier/Snapshot": {Roles: []Role{Admin}},
+	"/prism.v1.DenseTier/Score":        {Roles: []Role{Embedding}},
 	// Health checking and reflection (grpcurl, load balancers).
 	"/grpc.health.v1.Health/*":                    {Token: true},
 	"/grpc.reflection.v1.ServerReflection/*":      {Token: true},

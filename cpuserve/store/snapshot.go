@@ -1,0 +1,324 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"slices"
+	"strings"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/prism-serve/prism/internal/inuse"
+)
+
+// A store is copied whole from a serving worker to mend another's (one
+// whose copy of a model diverged from its peers', or that fell further
+// behind than the router's update log reaches):
+//
+//  1. the serving worker takes a Pebble checkpoint (Checkpoint: hard
+//     links to its immutable files, the live ones copied, at one
+//     instant) under its folder and streams its files
+//     (prismv1.EmbeddingTier/Snapshot);
+//  2. prism store copy writes them into StagedDir of the store it
+//     mends, a folder inside it, checks each file's size and checksum,
+//     opens what it wrote as a store, and only then marks it complete
+//     (StagedComplete);
+//  3. the next Open for writing of that store swaps the complete copy in
+//     (swapStaged): the store's own files move into a folder
+//     "replaced-<time>" inside it (kept: nothing is lost; the operator
+//     removes it), the copy's files move up. Each step is a rename
+//     within the folder, so a folder that is a volume's mount point (a
+//     Kubernetes PersistentVolume) works, and a journal file makes the
+//     swap finish after a crash halfway (Open redoes the phase it
+//     records).
+//
+// The copy command swaps at once when no process holds the store; with
+// its worker running it stages the copy, and the worker's restart
+// swaps it in.
+
+const (
+	// checkpointPrefix names the folders a Checkpoint writes in the
+	// store's folder; Open removes any (a process that died sending one).
+	checkpointPrefix = "copy-out-"
+	// stagedDir is the folder prism store copy writes a copy into.
+	stagedDir = "copy-in"
+	// stagedComplete, in stagedDir, says the copy is whole and checked.
+	stagedComplete = "COMPLETE"
+	// stagedLock, in stagedDir, is the file a copy under way holds
+	// locked, so a second one into the same store fails.
+	stagedLock = "copy.lock"
+	// swapJournal records a swap under way: its phase and the folder
+	// the store's own files move to.
+	swapJournal = "copy-swap"
+	// replacedPrefix names the folders a swap moves a store's files to.
+	replacedPrefix = "replaced-"
+	// lockFile is Pebble's lock, which stays where it is.
+	lockFile = "LOCK"
+)
+
+// ErrCheckpointBusy is returned by Checkpoint while another one is open.
+var ErrCheckpointBusy = errors.New("a copy of this store is being sent already; one at a time")
+
+// StagedDir is the folder inside store folder dir where prism store
+// copy writes a copy for the store's next Open to swap in.
+func StagedDir(dir string) string { return vfs.Default.PathJoin(dir, stagedDir) }
+
+// StagedLock and StagedComplete are the lock a copy under way holds and
+// the file that marks it whole, both in StagedDir.
+func StagedLock(dir string) string     { return vfs.Default.PathJoin(dir, stagedDir, stagedLock) }
+func StagedComplete(dir string) string { return vfs.Default.PathJoin(dir, stagedDir, stagedComplete) }
+
+// CheckpointFile is one file of a Checkpoint: its name in Dir and size.
+type CheckpointFile struct {
+	Name string
+	Size int64
+}
+
+// Checkpoint is a consistent copy of the store in a folder of its own,
+// open until Close removes it.
+type Checkpoint struct {
+	Dir   string
+	Files []CheckpointFile
+	fs    vfs.FS
+	busy  *atomic.Bool
+}
+
+// Open opens one of the checkpoint's files for reading.
+func (c *Checkpoint) Open(name string) (vfs.File, error) {
+	return c.fs.Open(c.fs.PathJoin(c.Dir, name))
+}
+
+// Close removes the checkpoint's folder.
+func (c *Checkpoint) Close() error {
+	if c.busy == nil {
+		return nil
+	}
+	err := c.fs.RemoveAll(c.Dir)
+	c.busy.Store(false)
+	c.busy = nil
+	return err
+}
+
+// Checkpoint takes a consistent copy of the whole store (every model,
+// version, applied update, mark and warm-restart snapshot at one
+// instant) into a folder inside the store's: Pebble's checkpoint, whose
+// immutable files are hard links (a copy where the file system has
+// none), after syncing its write-ahead log. One at a time
+// (ErrCheckpointBusy): a checkpoint keeps files a compaction has
+// replaced on the disk while it is open.
+func (s *Store) Checkpoint() (*Checkpoint, error) {
+	if err := s.enter(); err != nil {
+		return nil, err
+	}
+	defer s.ops.Done()
+	if !s.checkpointing.CompareAndSwap(false, true) {
+		return nil, ErrCheckpointBusy
+	}
+	fs := s.opts.FS
+	s.checkpointN++
+	dir := fs.PathJoin(s.dir, fmt.Sprintf("%s%d", checkpointPrefix, s.checkpointN))
+	c := &Checkpoint{Dir: dir, fs: fs, busy: &s.checkpointing}
+	_ = fs.RemoveAll(dir)
+	if err := s.db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("checkpoint store %q: %w", s.dir, err)
+	}
+	names, err := fs.List(dir)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("checkpoint store %q: %w", s.dir, err)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		st, err := fs.Stat(fs.PathJoin(dir, n))
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("checkpoint store %q: %w", s.dir, err)
+		}
+		if st.IsDir() {
+			continue
+		}
+		c.Files = append(c.Files, CheckpointFile{Name: n, Size: st.Size()})
+	}
+	return c, nil
+}
+
+// removeCheckpoints removes the checkpoints a process that died while
+// sending one left in store folder dir.
+func removeCheckpoints(fs vfs.FS, dir string) {
+	names, _ := fs.List(dir)
+	for _, n := range names {
+		if strings.HasPrefix(n, checkpointPrefix) {
+			_ = fs.RemoveAll(fs.PathJoin(dir, n))
+		}
+	}
+}
+
+// SwapReport is what Open's swap of a staged copy did.
+type SwapReport struct {
+	// Replaced is the folder, inside the store's, that holds the
+	// store's files from before the swap.
+	Replaced string
+	// Files is the copy's files moved in.
+	Files int
+}
+
+// Swapped is the swap of a staged copy this Open made, if any.
+func (s *Store) Swapped() (SwapReport, bool) { return s.swapped, s.swapped.Replaced != "" }
+
+// swapStaged swaps a complete staged copy (StagedDir) into the store
+// folder dir, or finishes a swap a crash interrupted; it does nothing
+// when there is neither. stamp names the folder the store's own files
+// move to. It holds the folder's lock throughout: a store another
+// process has open is not touched (its Open fails as before).
+func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
+	journal := fs.PathJoin(dir, swapJournal)
+	staged := fs.PathJoin(dir, stagedDir)
+	phase, replaced, err := readJournal(fs, journal)
+	if err != nil {
+		return SwapReport{}, err
+	}
+	if phase == 0 {
+		if _, err := fs.Stat(fs.PathJoin(staged, stagedComplete)); err != nil {
+			return SwapReport{}, nil // nothing staged, or a copy not yet whole
+		}
+	}
+	lock, err := pebble.LockDirectory(dir, fs)
+	if err != nil {
+		return SwapReport{}, fmt.Errorf("swap in the copy staged in %s: %w", staged, inuse.Explain(err))
+	}
+	defer lock.Close()
+	if phase == 0 {
+		// Read again under the lock: another process may have swapped.
+		if phase, replaced, err = readJournal(fs, journal); err != nil {
+			return SwapReport{}, err
+		}
+		if phase == 0 {
+			if _, err := fs.Stat(fs.PathJoin(staged, stagedComplete)); err != nil {
+				return SwapReport{}, nil
+			}
+			phase, replaced = 1, replacedPrefix+stamp
+			if err := writeJournal(fs, dir, phase, replaced); err != nil {
+				return SwapReport{}, err
+			}
+		}
+	}
+	wrap := func(err error) error {
+		return fmt.Errorf("swap in the copy staged in %s (the next open finishes it): %w", staged, err)
+	}
+	if phase == 1 {
+		// The store's own files (and folders but the copy and earlier
+		// swaps' leftovers) move aside.
+		to := fs.PathJoin(dir, replaced)
+		if err := fs.MkdirAll(to, 0o755); err != nil {
+			return SwapReport{}, wrap(err)
+		}
+		names, err := fs.List(dir)
+		if err != nil {
+			return SwapReport{}, wrap(err)
+		}
+		for _, n := range names {
+			if n == swapJournal || n == swapJournal+".tmp" || n == stagedDir || n == lockFile || strings.HasPrefix(n, replacedPrefix) {
+				continue
+			}
+			if err := fs.Rename(fs.PathJoin(dir, n), fs.PathJoin(to, n)); err != nil {
+				return SwapReport{}, wrap(err)
+			}
+		}
+		if err := syncDir(fs, to); err != nil {
+			return SwapReport{}, wrap(err)
+		}
+		phase = 2
+		if err := writeJournal(fs, dir, phase, replaced); err != nil {
+			return SwapReport{}, wrap(err)
+		}
+	}
+	names, err := fs.List(staged)
+	if err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return SwapReport{}, wrap(err)
+	}
+	moved := 0
+	for _, n := range names {
+		if n == stagedComplete || n == stagedLock || n == lockFile {
+			continue
+		}
+		if err := fs.Rename(fs.PathJoin(staged, n), fs.PathJoin(dir, n)); err != nil {
+			return SwapReport{}, wrap(err)
+		}
+		moved++
+	}
+	if err := syncDir(fs, dir); err != nil {
+		return SwapReport{}, wrap(err)
+	}
+	if err := fs.RemoveAll(staged); err != nil {
+		return SwapReport{}, wrap(err)
+	}
+	if err := fs.Remove(journal); err != nil {
+		return SwapReport{}, wrap(err)
+	}
+	if err := syncDir(fs, dir); err != nil {
+		return SwapReport{}, wrap(err)
+	}
+	return SwapReport{Replaced: fs.PathJoin(dir, replaced), Files: moved}, nil
+}
+
+// The journal is one line, "PHASE FOLDER", written to a temporary file,
+// synced and renamed over the last (the folder synced after).
+func readJournal(fs vfs.FS, path string) (phase int, replaced string, err error) {
+	f, err := fs.Open(path)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return 0, "", nil // no swap under way
+	} else if err != nil {
+		return 0, "", fmt.Errorf("read %s: %w", path, err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 1<<10))
+	if err != nil {
+		return 0, "", fmt.Errorf("read %s: %w", path, err)
+	}
+	if _, err := fmt.Sscanf(string(b), "%d %s", &phase, &replaced); err != nil || (phase != 1 && phase != 2) ||
+		!strings.HasPrefix(replaced, replacedPrefix) || strings.ContainsAny(replaced, `/\`) {
+		return 0, "", fmt.Errorf("%s: %q is not a swap journal (want \"1|2 %s...\"); the store folder holds a half-done swap of a staged copy: the store's own files are in the %s* folder, the copy's in %s",
+			path, b, replacedPrefix, replacedPrefix, stagedDir)
+	}
+	return phase, replaced, nil
+}
+
+func writeJournal(fs vfs.FS, dir string, phase int, replaced string) error {
+	tmp := fs.PathJoin(dir, swapJournal+".tmp")
+	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(f, "%d %s\n", phase, replaced); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := fs.Rename(tmp, fs.PathJoin(dir, swapJournal)); err != nil {
+		return err
+	}
+	return syncDir(fs, dir)
+}
+
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
