@@ -933,7 +933,7 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	router.cmd.Process.Kill()
 	router.cmd.Wait()
 	startProc(t, readyline.Router, routerArgs(router.addr)...)
-	startProc(t, readyline.Embedding, embArgs(part, "db-b")...)
+	b = startProc(t, readyline.Embedding, embArgs(part, "db-b")...)
 	var refuser string
 	after := awaitList(t, reg, "B caught up and marked diverged", func(r *prismv1.ListResponse) bool {
 		refuser = ""
@@ -947,6 +947,40 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	})
 	if u := after.GetUpdates()[cfg.Name]; slices.Contains(u.GetInSync(), refuser) || len(u.GetInSync()) != 1 {
 		t.Fatalf("the restarted router sends lookups to %v; want only A, not B (%s), whose copy lacks the row A applied", u.GetInSync(), refuser)
+	}
+
+	// The mend: B's store replaced by a copy of A's (prism store copy),
+	// staged while B runs and swapped in when B restarts on A's build;
+	// B then serves in sync, holding update 1, with no mark. Only an
+	// admin may ask for a worker's store.
+	var aAddr string
+	for _, w := range embeddingWorkers(after) {
+		if w.GetId() != refuser {
+			aAddr = w.GetAddr()
+		}
+	}
+	if out, err := run(t, nil, "store", "copy", "--from", aAddr, "--db", filepath.Join(dir, "db-x"), "--certs", filepath.Join(certs, "router")); err == nil || !strings.Contains(out, "PermissionDenied") {
+		t.Fatalf("store copy with a router's certificate: %v\n%s", err, out)
+	}
+	out, err := run(t, nil, "store", "copy", "--from", aAddr, "--db", filepath.Join(dir, "db-b"), "--certs", certs)
+	if err != nil || !strings.Contains(out, "staged in") || !strings.Contains(out, "updates applied 1") {
+		t.Fatalf("store copy into a running worker's store: %v\n%s", err, out)
+	}
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	startProc(t, readyline.Embedding, embArgs(bigPart, "db-b")...)
+	awaitList(t, reg, "B mended: both workers in sync, none diverged", func(r *prismv1.ListResponse) bool {
+		ws := embeddingWorkers(r)
+		for _, w := range ws {
+			if len(w.GetDiverged()) > 0 {
+				return false
+			}
+		}
+		return len(ws) == 2 && len(r.GetUpdates()[cfg.Name].GetInSync()) == 2
+	})
+	kept, _ := filepath.Glob(filepath.Join(dir, "db-b", "replaced-*"))
+	if len(kept) != 1 {
+		t.Fatalf("B's store from before the copy: %v, want one folder replaced-*", kept)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -8,21 +9,28 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
+	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/cpuserve/storebench"
+	"github.com/prism-serve/prism/cpuserve/storecopy"
+	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/auth/authflag"
 	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/progress"
 )
 
 func init() { subcommands = append(subcommands, newStoreCmd) }
 
 // newStoreCmd is `prism store`: embedding store jobs besides ingest.
 func newStoreCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "store", Short: "Embedding store: benchmarks, versions"}
-	cmd.AddCommand(newStoreBenchCmd(), newStoreVersionsCmd())
+	cmd := &cobra.Command{Use: "store", Short: "Embedding store: benchmarks, versions, a copy from a serving worker"}
+	cmd.AddCommand(newStoreBenchCmd(), newStoreVersionsCmd(), newStoreCopyCmd())
 	return cmd
 }
 
@@ -226,5 +234,93 @@ store (a version switch carries the updates, and so the difference, along).`,
 	f.BoolVar(&rollback, "rollback", false, "switch back to the version the last switch replaced")
 	f.IntVar(&drop, "drop", 0, "drop version N (not the active one)")
 	_ = cmd.MarkFlagRequired("db")
+	return cmd
+}
+
+func newStoreCopyCmd() *cobra.Command {
+	var (
+		tlsFlags authflag.Flags
+		from, db string
+	)
+	cmd := &cobra.Command{
+		Use:   "copy --from ADDR --db DIR [--certs DIR]",
+		Short: "Replace a store with a copy of a serving embedding worker's (the mend for a diverged worker)",
+		Long: `copy asks the embedding worker at --from (its gRPC address, as prism status
+lists it) for a consistent copy of its whole store and makes it the store in
+--db: the mend for a worker whose copy of a model diverged from its peers'
+(prism status: diverged) or fell further behind than the router's update log
+reaches. The copy is written into a folder inside --db, each file checked
+against the sender's size and CRC-32C, and opened as a store before it counts
+as complete; then it is swapped in: at once when no process holds --db, else
+by the store's next open, so with the worker still running (a Kubernetes Pod,
+its volume mounted at --db) restart it once the copy is staged. The store's
+own files are kept in a folder replaced-<time> inside --db; remove it once the
+worker serves again. The worker asked must serve the same models (and shard)
+and be in sync (prism status: serving); the copy carries its updates, versions
+and marks. Needs an admin certificate (--certs DIR).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tlsFlags.WarnClient(cmd.ErrOrStderr(), "prism store copy")
+			creds, err := tlsFlags.Dial(auth.Admin, auth.Embedding)
+			if err != nil {
+				return err
+			}
+			conn, err := grpc.NewClient(from, creds)
+			if err != nil {
+				return fmt.Errorf("dial embedding worker %s: %w", from, err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			stream, err := prismv1.NewEmbeddingTierClient(conn).Snapshot(ctx, &prismv1.SnapshotRequest{})
+			if err != nil {
+				return fmt.Errorf("embedding worker %s: %w", from, err)
+			}
+			var bar *progress.Bar
+			res, err := storecopy.Receive(stream, db, storecopy.Options{Progress: func(done, total int64) {
+				if bar == nil {
+					bar = progress.New(cmd.ErrOrStderr(), "copy", total, true)
+				}
+				bar.Set(done)
+			}})
+			if bar != nil {
+				bar.Done()
+			}
+			if err != nil {
+				return fmt.Errorf("%w (copying from embedding worker %s)", err, from)
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "received a copy of %s's store (%s): %d files, %s\n", from, res.Source, res.Files, progress.Bytes(res.Bytes))
+			for _, m := range res.Models {
+				fmt.Fprintf(out, "  %s: version %d, updates applied %d", m.Name, m.Version, m.Applied)
+				if m.Diverged > 0 {
+					fmt.Fprintf(out, ", DIVERGED at %d (the worker copied is out of serving itself: copy one prism status shows serving)", m.Diverged)
+				}
+				fmt.Fprintln(out)
+			}
+			s, err := store.Open(db, &store.Options{HotBytes: -1})
+			if errors.Is(err, syscall.EAGAIN) {
+				fmt.Fprintf(out, "staged in %s: the process holding %s (its worker) swaps it in at its next start; restart it\n", res.Staged, db)
+				return nil
+			} else if err != nil {
+				return fmt.Errorf("swap the copy in: %w (it stays staged in %s for the store's next open)", err, res.Staged)
+			}
+			rep, swapped := s.Swapped()
+			if err := s.Close(); err != nil {
+				return err
+			}
+			if !swapped {
+				return fmt.Errorf("the copy staged in %s was not swapped in (another process swapped or replaced it meanwhile?)", res.Staged)
+			}
+			fmt.Fprintf(out, "swapped in: %s is the copy now; its files from before are in %s (remove that folder once the worker serves)\n", db, rep.Replaced)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&from, "from", "", "the gRPC address of an embedding worker serving the same models in sync (prism status lists them)")
+	f.StringVar(&db, "db", "", "the store folder to replace (made if missing)")
+	_ = cmd.MarkFlagRequired("from")
+	_ = cmd.MarkFlagRequired("db")
+	tlsFlags.Register(cmd, auth.Admin)
 	return cmd
 }

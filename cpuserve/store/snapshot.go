@@ -63,14 +63,13 @@ const (
 // ErrCheckpointBusy is returned by Checkpoint while another one is open.
 var ErrCheckpointBusy = errors.New("a copy of this store is being sent already; one at a time")
 
-// StagedDir is the folder inside store folder dir where prism store
-// copy writes a copy for the store's next Open to swap in.
-func StagedDir(dir string) string { return vfs.Default.PathJoin(dir, stagedDir) }
-
-// StagedLock and StagedComplete are the lock a copy under way holds and
-// the file that marks it whole, both in StagedDir.
-func StagedLock(dir string) string     { return vfs.Default.PathJoin(dir, stagedDir, stagedLock) }
-func StagedComplete(dir string) string { return vfs.Default.PathJoin(dir, stagedDir, stagedComplete) }
+// The names prism store copy (cpuserve/storecopy) writes under.
+const (
+	StagedDirName      = stagedDir
+	StagedCompleteName = stagedComplete
+	StagedLockName     = stagedLock
+	SwapJournalName    = swapJournal
+)
 
 // CheckpointFile is one file of a Checkpoint: its name in Dir and size.
 type CheckpointFile struct {
@@ -158,6 +157,9 @@ func removeCheckpoints(fs vfs.FS, dir string) {
 	}
 }
 
+// Dir is the store's folder.
+func (s *Store) Dir() string { return s.dir }
+
 // SwapReport is what Open's swap of a staged copy did.
 type SwapReport struct {
 	// Replaced is the folder, inside the store's, that holds the
@@ -192,6 +194,15 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 		return SwapReport{}, fmt.Errorf("swap in the copy staged in %s: %w", staged, inuse.Explain(err))
 	}
 	defer lock.Close()
+	// And the copy's own lock, so no prism store copy writes (or removes)
+	// the staged files while they move.
+	if _, err := fs.Stat(staged); err == nil {
+		l, err := fs.Lock(fs.PathJoin(staged, stagedLock))
+		if err != nil {
+			return SwapReport{}, fmt.Errorf("swap in the copy staged in %s: a prism store copy is writing it: %w", staged, err)
+		}
+		defer l.Close()
+	}
 	if phase == 0 {
 		// Read again under the lock: another process may have swapped.
 		if phase, replaced, err = readJournal(fs, journal); err != nil {

@@ -1,0 +1,309 @@
+// Package storecopy receives a copy of a serving embedding worker's
+// store (prismv1.EmbeddingTier/Snapshot) into another worker's store
+// folder: prism store copy, the mend for a worker whose copy of a model
+// diverged from its peers' or fell further behind than the router's
+// update log reaches.
+//
+// The copy is written into the folder's staged copy (store.StagedDir),
+// each file checked against the manifest's size and its CRC-32C,
+// synced, and opened as a store (read-only) before it is marked
+// complete; the store's next open for writing swaps it in (see
+// cpuserve/store/snapshot.go), at once when no process holds the
+// store, else at its worker's restart. A copy cut short leaves an
+// incomplete staged folder, which no open swaps in and the next copy
+// replaces: the store it was meant to mend is untouched until then.
+package storecopy
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	iofs "io/fs"
+	"slices"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/store"
+)
+
+// MaxFiles bounds a manifest: a store of that many files is not one
+// Pebble keeps (its files are 64 MiB and up once compacted).
+const MaxFiles = 1 << 20
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Stream is the receiving end of a Snapshot call.
+type Stream interface {
+	Recv() (*prismv1.SnapshotChunk, error)
+}
+
+// Options are a Receive's.
+type Options struct {
+	// FS is where the store folder is (vfs.Default when nil).
+	FS vfs.FS
+	// Progress, if set, is called as bytes arrive: done of total.
+	Progress func(done, total int64)
+	// Free, if set, is the bytes free on the store folder's disk; the
+	// copy is refused when the manifest's bytes do not fit (nil: asked
+	// of FS).
+	Free func(dir string) (uint64, error)
+}
+
+// ModelState is what the received copy holds of one model.
+type ModelState struct {
+	Name    string
+	Version int
+	// Applied is the last update the copy holds (0: none).
+	Applied int64
+	// Diverged is the update at which the copy's own mark says it
+	// diverged (0: none): a copy of a store that is itself diverged.
+	Diverged int64
+}
+
+// Result is what Receive did.
+type Result struct {
+	// Source is the store folder the worker named (its manifest).
+	Source string
+	Files  int
+	Bytes  int64
+	Models []ModelState
+	// Staged is the folder holding the complete copy
+	// (store.StagedDirName in the store folder).
+	Staged string
+}
+
+// Receive writes the copy stream sends into store folder dst's staged
+// copy and marks it complete; it does not swap it in. dst is made if
+// missing. A copy already staged (complete or not) is replaced; one
+// another Receive is writing is an error, as is a swap under way.
+func Receive(stream Stream, dst string, o Options) (Result, error) {
+	fs := o.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	staged := fs.PathJoin(dst, store.StagedDirName)
+	if err := fs.MkdirAll(staged, 0o755); err != nil {
+		return Result{}, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	lock, err := fs.Lock(fs.PathJoin(staged, store.StagedLockName))
+	if err != nil {
+		return Result{}, fmt.Errorf("copy into %s: another prism store copy is writing there, or the store's swap of a staged copy is under way: %w", dst, err)
+	}
+	defer lock.Close()
+	// Not complete from here on, whatever was staged before.
+	if err := clearStaged(fs, staged); err != nil {
+		return Result{}, fmt.Errorf("copy into %s: clear the copy staged before: %w", dst, err)
+	}
+	if _, err := fs.Stat(fs.PathJoin(dst, store.SwapJournalName)); err == nil {
+		return Result{}, fmt.Errorf("copy into %s: the store holds a swap of a staged copy cut short; open the store (start its worker, or prism store versions MODEL --db %s) to finish it first", dst, dst)
+	}
+	res := Result{Staged: staged}
+	first, err := stream.Recv()
+	if err != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	m := first.GetManifest()
+	if m == nil {
+		return res, fmt.Errorf("copy into %s: the stream did not start with a manifest", dst)
+	}
+	files, total, err := checkManifest(m)
+	if err != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	res.Source, res.Files, res.Bytes = m.GetStore(), len(files), total
+	free := o.Free
+	if free == nil {
+		free = func(dir string) (uint64, error) {
+			u, err := fs.GetDiskUsage(dir)
+			return u.AvailBytes, err
+		}
+	}
+	if avail, err := free(staged); err == nil && uint64(total) > avail {
+		return res, fmt.Errorf("copy into %s: the copy is %d bytes and the disk has %d free", dst, total, avail)
+	}
+	var done int64
+	for i, f := range files {
+		if err := receiveFile(stream, fs, staged, int32(i), f, func(n int64) {
+			done += n
+			if o.Progress != nil {
+				o.Progress(done, total)
+			}
+		}); err != nil {
+			return res, fmt.Errorf("copy into %s: %s: %w", dst, f.GetName(), err)
+		}
+	}
+	if extra, err := stream.Recv(); err != io.EOF {
+		if err == nil {
+			return res, fmt.Errorf("copy into %s: the stream goes on past its manifest's files (file %d)", dst, extra.GetFile())
+		}
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	if err := syncDir(fs, staged); err != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	if res.Models, err = inspect(fs, staged); err != nil {
+		return res, fmt.Errorf("copy into %s: the copy received does not open as a store: %w", dst, err)
+	}
+	c, err := fs.Create(fs.PathJoin(staged, store.StagedCompleteName), vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	if err := c.Sync(); err != nil {
+		c.Close()
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	if err := c.Close(); err != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	if err := syncDir(fs, staged); err != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	return res, nil
+}
+
+// clearStaged removes what the staged folder holds but its lock, the
+// complete mark first.
+func clearStaged(fs vfs.FS, staged string) error {
+	if err := fs.Remove(fs.PathJoin(staged, store.StagedCompleteName)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return err
+	}
+	if err := syncDir(fs, staged); err != nil {
+		return err
+	}
+	names, err := fs.List(staged)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n == store.StagedLockName {
+			continue
+		}
+		if err := fs.RemoveAll(fs.PathJoin(staged, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkManifest refuses a manifest whose names could leave the staged
+// folder, repeat, or clash with the copy's own files.
+func checkManifest(m *prismv1.SnapshotManifest) ([]*prismv1.SnapshotFile, int64, error) {
+	files := m.GetFiles()
+	if len(files) == 0 {
+		return nil, 0, errors.New("the manifest lists no files")
+	}
+	if len(files) > MaxFiles {
+		return nil, 0, fmt.Errorf("the manifest lists %d files, more than %d", len(files), MaxFiles)
+	}
+	seen := make(map[string]bool, len(files))
+	var total int64
+	for _, f := range files {
+		n := f.GetName()
+		if n == "" || n == "." || n == ".." || len(n) > 255 || strings.ContainsAny(n, "/\\\x00") {
+			return nil, 0, fmt.Errorf("the manifest names a file %q: not a file name", n)
+		}
+		if slices.Contains([]string{store.StagedCompleteName, store.StagedLockName, "LOCK"}, n) {
+			return nil, 0, fmt.Errorf("the manifest names a file %q, a name the copy keeps for itself", n)
+		}
+		if seen[n] {
+			return nil, 0, fmt.Errorf("the manifest names %q twice", n)
+		}
+		seen[n] = true
+		if f.GetSize() < 0 || total+f.GetSize() < total {
+			return nil, 0, fmt.Errorf("the manifest gives %q %d bytes", n, f.GetSize())
+		}
+		total += f.GetSize()
+	}
+	return files, total, nil
+}
+
+// receiveFile writes file i of the manifest from its chunks.
+func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.SnapshotFile, progress func(int64)) error {
+	w, err := fs.Create(fs.PathJoin(dir, f.GetName()), vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			w.Close()
+		}
+	}()
+	var off int64
+	var sum uint32
+	for {
+		c, err := stream.Recv()
+		if err == io.EOF {
+			return fmt.Errorf("the stream ended at byte %d of %d", off, f.GetSize())
+		} else if err != nil {
+			return err
+		}
+		switch {
+		case c.GetManifest() != nil:
+			return errors.New("a second manifest")
+		case c.GetFile() != i:
+			return fmt.Errorf("a chunk of file %d where file %d's were due", c.GetFile(), i)
+		case c.GetOffset() != off:
+			return fmt.Errorf("a chunk at byte %d where byte %d was due", c.GetOffset(), off)
+		case off+int64(len(c.GetData())) > f.GetSize():
+			return fmt.Errorf("chunks past the manifest's %d bytes", f.GetSize())
+		}
+		if _, err := w.Write(c.GetData()); err != nil {
+			return err
+		}
+		sum = crc32.Update(sum, castagnoli, c.GetData())
+		off += int64(len(c.GetData()))
+		progress(int64(len(c.GetData())))
+		if !c.GetEof() {
+			continue
+		}
+		if off != f.GetSize() {
+			return fmt.Errorf("the file ended at byte %d of %d", off, f.GetSize())
+		}
+		if sum != c.GetCrc32C() {
+			return fmt.Errorf("checksum %08x, the sender's %08x: corrupted on the way", sum, c.GetCrc32C())
+		}
+		if err := w.Sync(); err != nil {
+			return err
+		}
+		closed = true
+		return w.Close()
+	}
+}
+
+// inspect opens the copy read-only and says what it holds.
+func inspect(fs vfs.FS, dir string) ([]ModelState, error) {
+	s, err := store.Open(dir, &store.Options{FS: fs, HotBytes: -1, MustExist: true, ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	marks, err := s.Diverged()
+	if err != nil {
+		return nil, err
+	}
+	var out []ModelState
+	for _, name := range s.Models() {
+		seq, err := s.AppliedSeq(name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ModelState{Name: name, Version: s.ActiveVersion(name), Applied: seq, Diverged: marks[name]})
+	}
+	return out, nil
+}
+
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,307 @@
+package storecopy
+
+import (
+	"context"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/tablefile"
+	"github.com/prism-serve/prism/plan"
+)
+
+// sliceStream replays chunks, then io.EOF.
+type sliceStream []*prismv1.SnapshotChunk
+
+func (s *sliceStream) Recv() (*prismv1.SnapshotChunk, error) {
+	if len(*s) == 0 {
+		return nil, io.EOF
+	}
+	c := (*s)[0]
+	*s = (*s)[1:]
+	return c, nil
+}
+
+// testPlan writes a plan folder for model m, one table a of 8 rows of
+// 2 (plan.json and its table file, as prism partition writes them).
+func testPlan(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const rows, dim = 8, 2
+	vals := make([]float32, rows*dim)
+	for i := range vals {
+		vals[i] = float32(i)
+	}
+	file := tablefile.FileName("a")
+	meta, err := tablefile.Write(filepath.Join(dir, file), "a", dim, vals, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &plan.Plan{Version: plan.Version, Model: plan.ModelInfo{Name: "m"}, DenseModel: "dense.onnx",
+		Outputs: []plan.TensorInfo{{Name: "score", DType: "float32", Shape: []int64{1}}},
+		Inputs:  []plan.TensorInfo{{Name: "ids_a", DType: "int64", Shape: []int64{}, Sides: []plan.Side{plan.CPU}}},
+		Tables: []plan.Table{{Name: "a", File: file, Rows: meta.Rows, Dim: meta.Dim, DType: "float32", SHA256: meta.SHA256,
+			Lookups: []plan.Lookup{{Input: "ids_a", Bag: 1, Pooling: plan.PoolSum, Output: "emb_a"}}}},
+	}
+	if err := plan.Write(dir, p); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// ingest adds model m (testPlan) to s.
+func ingest(t *testing.T, s *store.Store) {
+	t.Helper()
+	if _, err := s.Ingest(context.Background(), testPlan(t), store.IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// chunksOf is the Snapshot stream of checkpoint c, in chunks of size.
+func chunksOf(t *testing.T, fs vfs.FS, c *store.Checkpoint, size int) []*prismv1.SnapshotChunk {
+	t.Helper()
+	m := &prismv1.SnapshotManifest{Store: "src"}
+	out := []*prismv1.SnapshotChunk{{Manifest: m}}
+	for i, f := range c.Files {
+		m.Files = append(m.Files, &prismv1.SnapshotFile{Name: f.Name, Size: f.Size})
+		r, err := c.Open(f.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; ; off += size {
+			end := min(off+size, len(b))
+			ch := &prismv1.SnapshotChunk{File: int32(i), Offset: int64(off), Data: b[off:end], Eof: end == len(b)}
+			if ch.Eof {
+				ch.Crc32C = crc32.Checksum(b, castagnoli)
+			}
+			out = append(out, ch)
+			if ch.Eof {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// source makes a store "src" on fs holding model m with updates 1..3
+// (rows written by UpsertSeq over an ingested table) and returns the
+// chunks of a checkpoint of it.
+func source(t *testing.T, fs vfs.FS) []*prismv1.SnapshotChunk {
+	t.Helper()
+	s, err := store.Open("src", &store.Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ingest(t, s)
+	for seq := int64(1); seq <= 3; seq++ {
+		if _, err := s.UpsertSeq("m", "a", []int64{1}, []float32{float32(seq), 0}, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := s.Checkpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return chunksOf(t, fs, c, 1000)
+}
+
+func clone(cs []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+	out := make([]*prismv1.SnapshotChunk, len(cs))
+	for i, c := range cs {
+		out[i] = proto.Clone(c).(*prismv1.SnapshotChunk)
+	}
+	return out
+}
+
+// firstData is the index of the first chunk with data.
+func firstData(cs []*prismv1.SnapshotChunk) int {
+	for i, c := range cs {
+		if len(c.GetData()) > 1 {
+			return i
+		}
+	}
+	panic("no data")
+}
+
+// TestReceive: a checkpoint's stream is staged whole and complete, and
+// the store's next open swaps it in; each way a stream can be wrong (a
+// name leaving the folder, a gap, a flipped bit, a cut, a tail, a copy
+// that is not a store, a disk too small) is refused naming it, leaves
+// no complete copy, and the store opens as it was.
+func TestReceive(t *testing.T) {
+	base := vfs.NewMem()
+	good := source(t, base)
+	cases := []struct {
+		name string
+		edit func([]*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk
+		free uint64
+		want string // error substring; "" for success
+	}{
+		{name: "whole", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk { return c }},
+		{name: "no manifest", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk { return c[1:] }, want: "did not start with a manifest"},
+		{name: "parent", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "../x"
+			return c
+		}, want: "not a file name"},
+		{name: "reserved", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = store.StagedCompleteName
+			return c
+		}, want: "keeps for itself"},
+		{name: "twice", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[1].Name = c[0].Manifest.Files[0].Name
+			return c
+		}, want: "twice"},
+		{name: "negative size", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Size = -1
+			return c
+		}, want: "-1 bytes"},
+		{name: "empty", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files = nil
+			return c[:1]
+		}, want: "no files"},
+		{name: "bit flipped", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[firstData(c)].Data[0] ^= 1
+			return c
+		}, want: "corrupted on the way"},
+		{name: "gap", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			i := firstData(c)
+			c[i].Offset++
+			return c
+		}, want: "where byte 0 was due"},
+		{name: "wrong file", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[1].File = 1
+			return c
+		}, want: "where file 0's were due"},
+		{name: "cut", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk { return c[:len(c)-1] }, want: "the stream ended"},
+		{name: "tail", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			return append(c, &prismv1.SnapshotChunk{File: 7})
+		}, want: "goes on past"},
+		{name: "short file", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Size++
+			return c
+		}, want: "ended at byte"},
+		{name: "long file", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Size--
+			return c
+		}, want: "past the manifest"},
+		{name: "no room", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk { return c }, free: 10, want: "the disk has 10 free"},
+		{name: "not a store", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			// One file, well sent, that no store is made of.
+			b := []byte("not a pebble")
+			return []*prismv1.SnapshotChunk{
+				{Manifest: &prismv1.SnapshotManifest{Files: []*prismv1.SnapshotFile{{Name: "junk", Size: int64(len(b))}}}},
+				{Data: b, Eof: true, Crc32C: crc32.Checksum(b, castagnoli)},
+			}
+		}, want: "does not open as a store"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := vfs.NewMem()
+			// The store to mend: m with update 1 only, and a copy staged
+			// complete by an earlier run that this one replaces.
+			dst, err := store.Open("dst", &store.Options{FS: fs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ingest(t, dst)
+			if _, err := dst.UpsertSeq("m", "a", []int64{1}, []float32{-1, 0}, 1); err != nil {
+				t.Fatal(err)
+			}
+			dst.Close()
+			s := sliceStream(tc.edit(clone(good)))
+			o := Options{FS: fs}
+			if tc.free > 0 {
+				o.Free = func(string) (uint64, error) { return tc.free, nil }
+			}
+			var last, total int64
+			o.Progress = func(done, tot int64) { last, total = done, tot }
+			res, err := Receive(&s, "dst", o)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Receive: %v, want an error with %q", err, tc.want)
+				}
+				if _, err := fs.Stat(fs.PathJoin("dst", store.StagedDirName, store.StagedCompleteName)); err == nil {
+					t.Fatal("a refused copy is marked complete")
+				}
+				if got := applied(t, fs, "dst"); got != "seq 1 row1 [-1 0]" {
+					t.Fatalf("the store after a refused copy: %s", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if last != total || total != res.Bytes || res.Files != len(good[0].Manifest.Files) {
+				t.Fatalf("progress %d of %d; result %+v", last, total, res)
+			}
+			if len(res.Models) != 1 || res.Models[0] != (ModelState{Name: "m", Version: 1, Applied: 3}) {
+				t.Fatalf("models %+v", res.Models)
+			}
+			if got := applied(t, fs, "dst"); got != "seq 3 row1 [3 0]" {
+				t.Fatalf("the store after the copy: %s", got)
+			}
+		})
+	}
+}
+
+// TestReceiveBusy: a second copy into a store while one holds its
+// staged folder is refused, and leaves the first's files alone.
+func TestReceiveBusy(t *testing.T) {
+	fs := vfs.NewMem()
+	good := source(t, fs)
+	if err := fs.MkdirAll(fs.PathJoin("dst", store.StagedDirName), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := fs.Lock(fs.PathJoin("dst", store.StagedDirName, store.StagedLockName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sliceStream(clone(good))
+	if _, err := Receive(&s, "dst", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "another prism store copy") {
+		t.Fatalf("Receive while another holds the lock: %v", err)
+	}
+	l.Close()
+	s = sliceStream(clone(good))
+	if _, err := Receive(&s, "dst", Options{FS: fs}); err != nil {
+		t.Fatalf("Receive once the lock is free: %v", err)
+	}
+}
+
+// applied opens store folder db for writing (swapping a staged copy
+// in) and says what it holds of m.
+func applied(t *testing.T, fs vfs.FS, db string) string {
+	t.Helper()
+	s, err := store.Open(db, &store.Options{FS: fs, MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	seq, err := s.AppliedSeq("m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, 2)
+	if err := s.Lookup("m", []store.TableLookup{{Table: "a", IDs: []int64{1}, Out: out}}); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("seq %d row1 %v", seq, out)
+}
