@@ -383,7 +383,7 @@ func (s *sequencer) announced(now time.Time, w *prismv1.WorkerInfo) {
 				// second router) or a lie: adopting it would renumber
 				// the model and leave every real worker behind.
 				if m.foreign[w.GetId()] != seq {
-					s.logf(slog.LevelError, "embedding worker claims updates this router never numbered; it is left out of the model (no updates, no lookups) and the sequence goes on: give it a copy of an up-to-date worker's store (do two routers take updates for this model? was the router's update log folder restored from a copy older than the workers' stores? then remove that folder and restart the router)",
+					s.logf(slog.LevelError, "embedding worker claims updates this router never numbered; it is left out of the model (no updates, no lookups) and the sequence goes on: give it a copy of an up-to-date worker's store (prism store copy; do two routers take updates for this model? was the router's update log folder restored from a copy older than the workers' stores? then remove that folder and restart the router)",
 						"model", key, "worker", w.GetId(), "holds", seq, "router_latest", m.next)
 				}
 				m.foreign[w.GetId()] = seq
@@ -451,7 +451,7 @@ func (s *sequencer) markedDiverged(w *prismv1.WorkerInfo) {
 		}
 		m.diverged[w.GetId()] = seq
 		s.any = true // inSync asks from now on
-		s.logf(slog.LevelError, "embedding worker's store records that its copy of the model diverged from its peers' (a router found it answering an update otherwise than they did); it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store",
+		s.logf(slog.LevelError, "embedding worker's store records that its copy of the model diverged from its peers' (a router found it answering an update otherwise than they did); it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)",
 			"model", key, "worker", w.GetId(), "seq", seq)
 	}
 }
@@ -700,7 +700,7 @@ func (s *sequencer) tick(now time.Time) {
 			if k < m.floor {
 				if !m.stale[id] {
 					m.stale[id] = true
-					s.logf(slog.LevelError, "embedding worker misses updates the router no longer holds; it stays out of serving: stop it and give it a copy of an up-to-date worker's store",
+					s.logf(slog.LevelError, "embedding worker misses updates the router no longer holds; it stays out of serving: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)",
 						"model", model, "worker", id, "holds", k, "missing_from", k+1, "router_holds_from", m.floor+1, "latest", m.next)
 				}
 				continue

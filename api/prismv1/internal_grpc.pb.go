@@ -46,7 +46,8 @@ type EmbeddingTierClient interface {
 	// holds at one instant): prism store copy writes it into another
 	// worker's store folder, the mend for a worker whose copy diverged
 	// from its peers' or fell further behind than the router's log. One
-	// at a time per worker (another gets RESOURCE_EXHAUSTED). Admin only.
+	// at a time per worker (another gets RESOURCE_EXHAUSTED). Admin and
+	// embedding certificates only.
 	Snapshot(ctx context.Context, in *SnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 }
 
@@ -115,7 +116,8 @@ type EmbeddingTierServer interface {
 	// holds at one instant): prism store copy writes it into another
 	// worker's store folder, the mend for a worker whose copy diverged
 	// from its peers' or fell further behind than the router's log. One
-	// at a time per worker (another gets RESOURCE_EXHAUSTED). Admin only.
+	// at a time per worker (another gets RESOURCE_EXHAUSTED). Admin and
+	// embedding certificates only.
 	Snapshot(*SnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	mustEmbedUnimplementedEmbeddingTierServer()
 }

@@ -952,7 +952,7 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	// The mend: B's store replaced by a copy of A's (prism store copy),
 	// staged while B runs and swapped in when B restarts on A's build;
 	// B then serves in sync, holding update 1, with no mark. Only an
-	// admin may ask for a worker's store.
+	// admin or an embedding worker may ask for a worker's store.
 	var aAddr string
 	for _, w := range embeddingWorkers(after) {
 		if w.GetId() != refuser {
@@ -962,7 +962,8 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	if out, err := run(t, nil, "store", "copy", "--from", aAddr, "--db", filepath.Join(dir, "db-x"), "--certs", filepath.Join(certs, "router")); err == nil || !strings.Contains(out, "PermissionDenied") {
 		t.Fatalf("store copy with a router's certificate: %v\n%s", err, out)
 	}
-	out, err := run(t, nil, "store", "copy", "--from", aAddr, "--db", filepath.Join(dir, "db-b"), "--certs", certs)
+	// With the embedding role's folder, as from inside a worker's Pod.
+	out, err := run(t, nil, "store", "copy", "--from", aAddr, "--db", filepath.Join(dir, "db-b"), "--certs", filepath.Join(certs, "embedding"))
 	if err != nil || !strings.Contains(out, "staged in") || !strings.Contains(out, "updates applied 1") {
 		t.Fatalf("store copy into a running worker's store: %v\n%s", err, out)
 	}

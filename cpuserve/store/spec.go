@@ -150,5 +150,5 @@ func WriteVersions(w io.Writer, vs []VersionInfo) {
 // WriteDiverged writes what `prism store versions` says of a model whose
 // copy the store records diverged at update seq (Store.Diverged).
 func WriteDiverged(w io.Writer, model string, seq int64) {
-	fmt.Fprintf(w, "diverged at update %d: a router found this store's copy of %q differing from its other workers' (it answered an update otherwise than they did), so no router sends its worker the model's lookups or updates; stop the worker and give it a copy of an up-to-date worker's store\n", seq, model)
+	fmt.Fprintf(w, "diverged at update %d: a router found this store's copy of %q differing from its other workers' (it answered an update otherwise than they did), so no router sends its worker the model's lookups or updates; stop the worker and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db DIR)\n", seq, model)
 }

@@ -47,9 +47,12 @@ var Table = map[string]Rule{
 	// Admin may write too, but only unsequenced updates, which the
 	// embedding tier refuses to any other role (cpuserve/server).
 	"/prism.v1.EmbeddingTier/Update": {Roles: []Role{Router, Admin}},
-	// A copy of a worker's whole store (every row): operators only, who
-	// mend another worker's store with it (prism store copy).
-	"/prism.v1.EmbeddingTier/Snapshot": {Roles: []Role{Admin}},
+	// A copy of a worker's whole store (every row), which mends another
+	// worker's store (prism store copy): operators, and embedding
+	// workers' certificates, so the copy can be made from inside the
+	// Pod it mends (kubectl exec) without the admin folder; an embedding
+	// worker holds such rows itself.
+	"/prism.v1.EmbeddingTier/Snapshot": {Roles: []Role{Admin, Embedding}},
 	"/prism.v1.DenseTier/Score":        {Roles: []Role{Embedding}},
 	// Health checking and reflection (grpcurl, load balancers).
 	"/grpc.health.v1.Health/*":                    {Token: true},
