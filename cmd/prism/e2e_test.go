@@ -967,6 +967,7 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	if err != nil || !strings.Contains(out, "staged in") || !strings.Contains(out, "updates applied 1") {
 		t.Fatalf("store copy into a running worker's store: %v\n%s", err, out)
 	}
+	t.Logf("prism store copy:\n%s", out)
 	b.cmd.Process.Kill()
 	b.cmd.Wait()
 	startProc(t, readyline.Embedding, embArgs(bigPart, "db-b")...)
