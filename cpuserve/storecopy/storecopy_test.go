@@ -33,7 +33,7 @@ func (s *sliceStream) Recv() (*prismv1.SnapshotChunk, error) {
 
 // testPlan writes a plan folder for model m, one table a of 8 rows of
 // 2 (plan.json and its table file, as prism partition writes them).
-func testPlan(t *testing.T) string {
+func testPlan(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "tables"), 0o755); err != nil {
@@ -62,7 +62,7 @@ func testPlan(t *testing.T) string {
 }
 
 // ingest adds model m (testPlan) to s.
-func ingest(t *testing.T, s *store.Store) {
+func ingest(t testing.TB, s *store.Store) {
 	t.Helper()
 	if _, err := s.Ingest(context.Background(), testPlan(t), store.IngestOptions{}); err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func ingest(t *testing.T, s *store.Store) {
 }
 
 // chunksOf is the Snapshot stream of checkpoint c, in chunks of size.
-func chunksOf(t *testing.T, fs vfs.FS, c *store.Checkpoint, size int) []*prismv1.SnapshotChunk {
+func chunksOf(t testing.TB, fs vfs.FS, c *store.Checkpoint, size int) []*prismv1.SnapshotChunk {
 	t.Helper()
 	m := &prismv1.SnapshotManifest{Store: "src"}
 	out := []*prismv1.SnapshotChunk{{Manifest: m}}
@@ -103,7 +103,7 @@ func chunksOf(t *testing.T, fs vfs.FS, c *store.Checkpoint, size int) []*prismv1
 // source makes a store "src" on fs holding model m with updates 1..3
 // (rows written by UpsertSeq over an ingested table) and returns the
 // chunks of a checkpoint of it.
-func source(t *testing.T, fs vfs.FS) []*prismv1.SnapshotChunk {
+func source(t testing.TB, fs vfs.FS) []*prismv1.SnapshotChunk {
 	t.Helper()
 	s, err := store.Open("src", &store.Options{FS: fs})
 	if err != nil {
