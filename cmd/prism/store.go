@@ -239,8 +239,9 @@ store (a version switch carries the updates, and so the difference, along).`,
 
 func newStoreCopyCmd() *cobra.Command {
 	var (
-		tlsFlags authflag.Flags
-		from, db string
+		tlsFlags      authflag.Flags
+		from, db      string
+		allowDiverged bool
 	)
 	cmd := &cobra.Command{
 		Use:   "copy --from ADDR --db DIR [--certs DIR]",
@@ -257,7 +258,10 @@ its volume mounted at --db) restart it once the copy is staged. The store's
 own files are kept in a folder replaced-<time> inside --db; remove it once the
 worker serves again. The worker asked must serve the same models (and shard)
 and be in sync (prism status: serving); the copy carries its updates, versions
-and marks. Needs an admin certificate (--certs DIR).`,
+and marks. A copy whose own store marks a model diverged, or that lacks a
+model the store it replaces holds (checked when no process holds --db), is
+refused unless --allow-diverged. Needs an admin or an embedding worker's
+certificate (--certs DIR: inside a worker's Pod, the folder the chart mounts).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			tlsFlags.WarnClient(cmd.ErrOrStderr(), "prism store copy")
@@ -277,7 +281,7 @@ and marks. Needs an admin certificate (--certs DIR).`,
 				return fmt.Errorf("embedding worker %s: %w", from, err)
 			}
 			var bar *progress.Bar
-			res, err := storecopy.Receive(stream, db, storecopy.Options{Progress: func(done, total int64) {
+			res, err := storecopy.Receive(stream, db, storecopy.Options{AllowDiverged: allowDiverged, Progress: func(done, total int64) {
 				if bar == nil {
 					bar = progress.New(cmd.ErrOrStderr(), "copy", total, true)
 				}
@@ -303,7 +307,7 @@ and marks. Needs an admin certificate (--certs DIR).`,
 				fmt.Fprintf(out, "staged in %s: the process holding %s (its worker) swaps it in at its next start; restart it\n", res.Staged, db)
 				return nil
 			} else if err != nil {
-				return fmt.Errorf("swap the copy in: %w (it stays staged in %s for the store's next open)", err, res.Staged)
+				return fmt.Errorf("swap the copy in: %w (unless the swap was made, the copy stays staged in %s for the store's next open)", err, res.Staged)
 			}
 			rep, swapped := s.Swapped()
 			if err := s.Close(); err != nil {
@@ -319,6 +323,7 @@ and marks. Needs an admin certificate (--certs DIR).`,
 	f := cmd.Flags()
 	f.StringVar(&from, "from", "", "the gRPC address of an embedding worker serving the same models in sync (prism status lists them)")
 	f.StringVar(&db, "db", "", "the store folder to replace (made if missing)")
+	f.BoolVar(&allowDiverged, "allow-diverged", false, "take a copy whose store marks a model diverged, or that lacks a model the store it replaces holds")
 	_ = cmd.MarkFlagRequired("from")
 	_ = cmd.MarkFlagRequired("db")
 	tlsFlags.Register(cmd, auth.Admin)

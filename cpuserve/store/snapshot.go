@@ -8,11 +8,10 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
-
-	"github.com/prism-serve/prism/internal/inuse"
 )
 
 // A store is copied whole from a serving worker to mend another's (one
@@ -172,58 +171,80 @@ type SwapReport struct {
 // Swapped is the swap of a staged copy this Open made, if any.
 func (s *Store) Swapped() (SwapReport, bool) { return s.swapped, s.swapped.Replaced != "" }
 
+// swapStamp names a swap's replaced folder: the time, to the second
+// (tests fix it).
+var swapStamp = defaultSwapStamp
+
+func defaultSwapStamp() string { return time.Now().UTC().Format("20060102T150405Z") }
+
 // swapStaged swaps a complete staged copy (StagedDir) into the store
 // folder dir, or finishes a swap a crash interrupted; it does nothing
-// when there is neither. stamp names the folder the store's own files
-// move to. It holds the folder's lock throughout: a store another
-// process has open is not touched (its Open fails as before).
+// when there is neither, or when a prism store copy holds the staged
+// folder (a copy under way: this open serves the store as it is). stamp
+// names the folder the store's own files move to. The caller holds the
+// folder's lock (Open): no process has the store open.
 func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 	journal := fs.PathJoin(dir, swapJournal)
 	staged := fs.PathJoin(dir, stagedDir)
+	complete := fs.PathJoin(staged, stagedComplete)
 	phase, replaced, err := readJournal(fs, journal)
 	if err != nil {
 		return SwapReport{}, err
 	}
 	if phase == 0 {
-		if _, err := fs.Stat(fs.PathJoin(staged, stagedComplete)); err != nil {
+		if _, err := fs.Stat(complete); err != nil {
 			return SwapReport{}, nil // nothing staged, or a copy not yet whole
 		}
 	}
-	lock, err := pebble.LockDirectory(dir, fs)
-	if err != nil {
-		return SwapReport{}, fmt.Errorf("swap in the copy staged in %s: %w", staged, inuse.Explain(err))
-	}
-	defer lock.Close()
-	// And the copy's own lock, so no prism store copy writes (or removes)
-	// the staged files while they move.
 	if _, err := fs.Stat(staged); err == nil {
-		l, err := fs.Lock(fs.PathJoin(staged, stagedLock))
+		// The copy's own lock, so no prism store copy writes (or clears)
+		// the staged files while they move. A copy holds it only briefly
+		// once a swap is under way (it then sees the journal and stops).
+		l, err := lockStaged(fs, staged, phase > 0)
 		if err != nil {
-			return SwapReport{}, fmt.Errorf("swap in the copy staged in %s: a prism store copy is writing it: %w", staged, err)
+			return SwapReport{}, fmt.Errorf("swap in the copy staged in %s: %w", staged, err)
+		}
+		if l == nil {
+			return SwapReport{}, nil // a copy under way replaces this one
 		}
 		defer l.Close()
+		if _, err := fs.Stat(complete); err != nil {
+			if phase == 0 {
+				return SwapReport{}, nil // cleared by a copy meanwhile
+			}
+			if phase == 1 || nonEmpty(fs, staged) {
+				// Only the swap's last step removes the mark (with the
+				// whole folder): someone else removed it, maybe files too.
+				return SwapReport{}, fmt.Errorf("a swap of a staged copy is under way (%s) but %s lacks its %s mark; the store's own files are in %s and the copy's in %s: finish by hand, or remove %s to open the store as it was",
+					journal, staged, stagedComplete, fs.PathJoin(dir, replaced), staged, journal)
+			}
+		}
+	} else if phase == 1 {
+		return SwapReport{}, fmt.Errorf("a swap of a staged copy is under way (%s) but its copy %s is gone; the store's own files are in %s: move them back and remove %s",
+			journal, staged, fs.PathJoin(dir, replaced), journal)
 	}
 	if phase == 0 {
-		// Read again under the lock: another process may have swapped.
-		if phase, replaced, err = readJournal(fs, journal); err != nil {
-			return SwapReport{}, err
+		// A folder of its own: two swaps in one second (or a clock set
+		// back) must not mix two stores' files.
+		replaced = replacedPrefix + stamp
+		for k := 2; ; k++ {
+			if _, err := fs.Stat(fs.PathJoin(dir, replaced)); err != nil {
+				break
+			}
+			replaced = fmt.Sprintf("%s%s-%d", replacedPrefix, stamp, k)
 		}
-		if phase == 0 {
-			if _, err := fs.Stat(fs.PathJoin(staged, stagedComplete)); err != nil {
-				return SwapReport{}, nil
-			}
-			phase, replaced = 1, replacedPrefix+stamp
-			if err := writeJournal(fs, dir, phase, replaced); err != nil {
-				return SwapReport{}, err
-			}
+		phase = 1
+		if err := writeJournal(fs, dir, phase, replaced); err != nil {
+			return SwapReport{}, err
 		}
 	}
 	wrap := func(err error) error {
-		return fmt.Errorf("swap in the copy staged in %s (the next open finishes it): %w", staged, err)
+		return fmt.Errorf("swap in the copy staged in %s (the next open goes on with it): %w", staged, err)
 	}
 	if phase == 1 {
-		// The store's own files (and folders but the copy and earlier
-		// swaps' leftovers) move aside.
+		// The store's own entries move aside: its files, and the folders
+		// the store makes (nothing else a folder may hold: a volume's
+		// lost+found, hidden files, earlier swaps' folders).
 		to := fs.PathJoin(dir, replaced)
 		if err := fs.MkdirAll(to, 0o755); err != nil {
 			return SwapReport{}, wrap(err)
@@ -233,7 +254,7 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 			return SwapReport{}, wrap(err)
 		}
 		for _, n := range names {
-			if n == swapJournal || n == swapJournal+".tmp" || n == stagedDir || n == lockFile || strings.HasPrefix(n, replacedPrefix) {
+			if !storeEntry(fs, dir, n) {
 				continue
 			}
 			if err := fs.Rename(fs.PathJoin(dir, n), fs.PathJoin(to, n)); err != nil {
@@ -275,6 +296,63 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 		return SwapReport{}, wrap(err)
 	}
 	return SwapReport{Replaced: fs.PathJoin(dir, replaced), Files: moved}, nil
+}
+
+// lockStaged takes the staged folder's lock: nil, nil when a copy holds
+// it, unless wait (a swap under way, which must finish): then it tries
+// for up to two seconds.
+func lockStaged(fs vfs.FS, staged string, wait bool) (io.Closer, error) {
+	for i := 0; ; i++ {
+		l, err := fs.Lock(fs.PathJoin(staged, stagedLock))
+		if err == nil {
+			return l, nil
+		}
+		if !wait {
+			return nil, nil
+		}
+		if i == 20 {
+			return nil, fmt.Errorf("the copy's lock %s stays held (a prism store copy writing there?): %w", stagedLock, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// storeEntry says whether entry n of store folder dir is the store's
+// own, to move aside: a file (Pebble's, but its LOCK), or a folder the
+// store makes (ingest staging, checkpoints being sent).
+func storeEntry(fs vfs.FS, dir, n string) bool {
+	switch {
+	case n == swapJournal, n == swapJournal+".tmp", n == stagedDir, n == lockFile,
+		strings.HasPrefix(n, "."), strings.HasPrefix(n, replacedPrefix), n == "lost+found":
+		return false
+	case n == stagingDir, strings.HasPrefix(n, checkpointPrefix):
+		return true
+	}
+	st, err := fs.Stat(fs.PathJoin(dir, n))
+	return err == nil && !st.IsDir()
+}
+
+// ReservedName says whether a file named n may not be part of a copy:
+// a name the staged folder or the swap keeps for itself, or one the
+// swap would not treat as the store's.
+func ReservedName(n string) bool {
+	switch {
+	case n == stagedComplete, n == stagedLock, n == lockFile, n == stagedDir, n == swapJournal,
+		n == swapJournal+".tmp", n == stagingDir, n == "lost+found",
+		strings.HasPrefix(n, "."), strings.HasPrefix(n, replacedPrefix), strings.HasPrefix(n, checkpointPrefix):
+		return true
+	}
+	return false
+}
+
+func nonEmpty(fs vfs.FS, dir string) bool {
+	names, _ := fs.List(dir)
+	for _, n := range names {
+		if n != stagedLock && n != lockFile {
+			return true
+		}
+	}
+	return false
 }
 
 // The journal is one line, "PHASE FOLDER", written to a temporary file,

@@ -306,3 +306,117 @@ func TestCheckpointLeftoversRemoved(t *testing.T) {
 		t.Fatalf("%s left after an open", c.Dir)
 	}
 }
+
+// stageGood stages a checkpoint of "good" into "bad" (copyStores).
+func stageGood(t *testing.T, fs vfs.FS) {
+	t.Helper()
+	good, err := Open("good", &Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	c, err := good.Checkpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stage(t, fs, c, "bad")
+}
+
+// TestCopySwapsKeepEachStore: two swaps within one second (or a clock
+// set back) keep each replaced store in a folder of its own, each
+// opening as it was; a volume's lost+found (and hidden entries) in the
+// store folder stay where they are.
+func TestCopySwapsKeepEachStore(t *testing.T) {
+	fs := vfs.NewMem()
+	copyStores(t, fs)
+	if err := fs.MkdirAll(fs.PathJoin("bad", "lost+found"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := fs.Create(fs.PathJoin("bad", ".keep"), vfs.WriteCategoryUnspecified)
+	f.Close()
+	wantOld := held(t, fs, "bad", true)
+	want := held(t, fs, "good", true)
+	var kept []string
+	for i := 0; i < 2; i++ {
+		stageGood(t, fs)
+		s, err := swapOpen(fs, "bad", "20261201T000000Z")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, ok := s.Swapped()
+		s.Close()
+		if !ok {
+			t.Fatalf("swap %d: none", i)
+		}
+		kept = append(kept, rep.Replaced)
+	}
+	if kept[0] == kept[1] {
+		t.Fatalf("both swaps kept their stores in %s", kept[0])
+	}
+	if got := held(t, fs, kept[0], true); got != wantOld {
+		t.Fatalf("first replaced store: %s, want %s", got, wantOld)
+	}
+	if got := held(t, fs, kept[1], true); got != want {
+		t.Fatalf("second replaced store: %s, want %s", got, want)
+	}
+	for _, n := range []string{"lost+found", ".keep"} {
+		if _, err := fs.Stat(fs.PathJoin("bad", n)); err != nil {
+			t.Errorf("%s moved by the swap: %v", n, err)
+		}
+	}
+}
+
+// swapOpen opens store folder dir for writing as Open does, the swap
+// stamped stamp.
+func swapOpen(fs vfs.FS, dir, stamp string) (*Store, error) {
+	swapStamp = func() string { return stamp }
+	defer func() { swapStamp = defaultSwapStamp }()
+	return Open(dir, &Options{FS: fs})
+}
+
+// TestCopySwapWaitsForCopyUnderWay: while a prism store copy holds the
+// staged folder (it is replacing the staged copy), an open serves the
+// store as it is and swaps nothing; the next open after it swaps.
+func TestCopySwapWaitsForCopyUnderWay(t *testing.T) {
+	fs := vfs.NewMem()
+	copyStores(t, fs)
+	stageGood(t, fs)
+	l, err := fs.Lock(fs.PathJoin("bad", stagedDir, stagedLock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open("bad", &Options{FS: fs})
+	if err != nil {
+		t.Fatalf("open while a copy is under way: %v", err)
+	}
+	_, ok := s.Swapped()
+	s.Close()
+	if ok {
+		t.Fatal("swapped while a copy holds the staged folder")
+	}
+	l.Close()
+	if got, want := held(t, fs, "bad", false), held(t, fs, "good", true); got != want {
+		t.Fatalf("after the copy: %s, want %s", got, want)
+	}
+}
+
+// TestCopySwapMissingMark: a swap under way whose staged copy lost its
+// complete mark (removed by hand) is refused, naming both folders,
+// instead of finishing into an empty store.
+func TestCopySwapMissingMark(t *testing.T) {
+	fs := vfs.NewMem()
+	copyStores(t, fs)
+	stageGood(t, fs)
+	ok := 3 // the journal's rename, then two of the store's files
+	if _, err := Open("bad", &Options{FS: failRename{FS: fs, ok: &ok}}); !errors.Is(err, errInjected) {
+		t.Fatalf("open with failing renames: %v", err)
+	}
+	if err := fs.Remove(fs.PathJoin("bad", stagedDir, stagedComplete)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open("bad", &Options{FS: fs})
+	if err == nil || !strings.Contains(err.Error(), "lacks its COMPLETE mark") {
+		t.Fatalf("open over a half swap without the mark: %v", err)
+	}
+}

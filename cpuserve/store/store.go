@@ -28,9 +28,12 @@ import (
 // Store is an open embedding store. Lookups, upserts and version changes
 // may run concurrently from any number of goroutines.
 type Store struct {
-	opts  Options
-	dir   string
-	db    *pebble.DB
+	opts Options
+	dir  string
+	db   *pebble.DB
+	// lock is the folder's lock when Open took it (to swap a staged
+	// copy in first); Pebble does not release it, Close does.
+	lock  *pebble.Lock
 	popts *pebble.Options
 
 	// mu: lookups and upserts hold it shared; swapping the hot tier and
@@ -197,27 +200,44 @@ func Open(dir string, o *Options) (*Store, error) {
 		pebbleOptionsHook(po)
 	}
 	var swapped SwapReport
-	if !opts.ReadOnly {
-		// A copy prism store copy staged while the store was in use
-		// (before the check for a store: a swap cut short leaves none).
-		var err error
-		if swapped, err = swapStaged(opts.FS, dir, time.Now().UTC().Format("20060102T150405Z")); err != nil {
+	var lock *pebble.Lock
+	if _, err := opts.FS.Stat(dir); err == nil && !opts.ReadOnly {
+		// The folder's lock is taken here and handed to Pebble, so a
+		// copy prism store copy staged while the store was in use is
+		// swapped in (before the check for a store: a swap cut short
+		// leaves none) with no other process between the swap and
+		// this open.
+		if lock, err = pebble.LockDirectory(dir, opts.FS); err != nil {
+			return nil, fmt.Errorf("open store %q: %w", dir, inuse.Explain(err))
+		}
+		if swapped, err = swapStaged(opts.FS, dir, swapStamp()); err != nil {
+			lock.Close()
 			return nil, fmt.Errorf("open store %q: %w", dir, err)
 		}
+		po.Lock = lock
 	}
 	if opts.MustExist {
 		// Before Open, which would make the folder and its LOCK file
 		// whatever it then finds.
 		desc, err := pebble.Peek(dir, po.FS)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			if lock != nil {
+				lock.Close()
+			}
 			return nil, fmt.Errorf("open store %q: %w", dir, err)
 		}
 		if err != nil || !desc.Exists {
+			if lock != nil {
+				lock.Close()
+			}
 			return nil, fmt.Errorf("open store %q: no store there (prism ingest makes one)", dir)
 		}
 	}
 	db, err := pebble.Open(dir, po)
 	if err != nil {
+		if lock != nil {
+			lock.Close()
+		}
 		return nil, fmt.Errorf("open store %q: %w", dir, inuse.Explain(err))
 	}
 	cat, err := loadCatalog(db)
@@ -226,9 +246,12 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	if err != nil {
 		db.Close()
+		if lock != nil {
+			lock.Close()
+		}
 		return nil, fmt.Errorf("open store %q: %w", dir, err)
 	}
-	s := &Store{opts: opts, dir: dir, db: db, popts: po, cat: cat, carryBatchBytes: carryBatchBytes, swapped: swapped}
+	s := &Store{opts: opts, dir: dir, db: db, lock: lock, popts: po, cat: cat, carryBatchBytes: carryBatchBytes, swapped: swapped}
 	s.m.directReads = directReads
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
@@ -289,7 +312,14 @@ func (s *Store) Close() error {
 		// Only the next start's warmth is lost; the rows are all in Pebble.
 		s.opts.Logger.Errorf("close store %q: saving the hot tier's snapshot: %v", s.dir, err)
 	}
-	if err := s.db.Close(); err != nil {
+	err := s.db.Close()
+	if s.lock != nil {
+		// Taken by Open and handed to Pebble, which leaves it held.
+		if lerr := s.lock.Close(); err == nil {
+			err = lerr
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("close store %q: %w", s.dir, err)
 	}
 	return nil

@@ -20,7 +20,6 @@ import (
 	"hash/crc32"
 	"io"
 	iofs "io/fs"
-	"slices"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -50,6 +49,10 @@ type Options struct {
 	// copy is refused when the manifest's bytes do not fit (nil: asked
 	// of FS).
 	Free func(dir string) (uint64, error)
+	// AllowDiverged takes a copy whose own store marks a model
+	// diverged (refused otherwise: it would not mend anything), and
+	// one lacking a model the store it replaces holds.
+	AllowDiverged bool
 }
 
 // ModelState is what the received copy holds of one model.
@@ -73,6 +76,9 @@ type Result struct {
 	// Staged is the folder holding the complete copy
 	// (store.StagedDirName in the store folder).
 	Staged string
+	// Replacing is what the store being replaced holds, when it could
+	// be read (no process holding it); nil otherwise.
+	Replacing []ModelState
 }
 
 // Receive writes the copy stream sends into store folder dst's staged
@@ -90,17 +96,15 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 	}
 	lock, err := fs.Lock(fs.PathJoin(staged, store.StagedLockName))
 	if err != nil {
-		return Result{}, fmt.Errorf("copy into %s: another prism store copy is writing there, or the store's swap of a staged copy is under way: %w", dst, err)
+		return Result{}, fmt.Errorf("copy into %s: could not take the copy's lock (another prism store copy writing there, or the store swapping a staged copy in): %w", dst, err)
 	}
 	defer lock.Close()
-	// Not complete from here on, whatever was staged before.
-	if err := clearStaged(fs, staged); err != nil {
-		return Result{}, fmt.Errorf("copy into %s: clear the copy staged before: %w", dst, err)
-	}
 	if _, err := fs.Stat(fs.PathJoin(dst, store.SwapJournalName)); err == nil {
 		return Result{}, fmt.Errorf("copy into %s: the store holds a swap of a staged copy cut short; open the store (start its worker, or prism store versions MODEL --db %s) to finish it first", dst, dst)
 	}
 	res := Result{Staged: staged}
+	// What the store being replaced holds, if no process holds it.
+	res.Replacing, _ = inspect(fs, dst)
 	first, err := stream.Recv()
 	if err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
@@ -112,6 +116,11 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 	files, total, err := checkManifest(m)
 	if err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
+	// Not complete from here on, whatever was staged before (a sender
+	// that refused, or a wrong address, left it as it was).
+	if err := clearStaged(fs, staged); err != nil {
+		return res, fmt.Errorf("copy into %s: clear the copy staged before: %w", dst, err)
 	}
 	res.Source, res.Files, res.Bytes = m.GetStore(), len(files), total
 	free := o.Free
@@ -146,6 +155,9 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 	}
 	if res.Models, err = inspect(fs, staged); err != nil {
 		return res, fmt.Errorf("copy into %s: the copy received does not open as a store: %w", dst, err)
+	}
+	if err := mends(res, o.AllowDiverged); err != nil {
+		return res, fmt.Errorf("copy into %s: %w; nothing staged (--allow-diverged takes it anyway)", dst, err)
 	}
 	c, err := fs.Create(fs.PathJoin(staged, store.StagedCompleteName), vfs.WriteCategoryUnspecified)
 	if err != nil {
@@ -188,6 +200,33 @@ func clearStaged(fs vfs.FS, staged string) error {
 	return nil
 }
 
+// mends refuses a copy that would not mend the store: one whose own
+// marks say a model diverged, or one lacking a model the store it
+// replaces holds (another shard's worker, another model set), unless
+// allowed.
+func mends(res Result, allow bool) error {
+	if allow {
+		return nil
+	}
+	held := map[string]bool{}
+	for _, m := range res.Models {
+		held[m.Name] = true
+		if m.Diverged > 0 {
+			return fmt.Errorf("the worker copied is itself diverged: its store marks %s diverged at update %d (copy a worker prism status shows serving)", m.Name, m.Diverged)
+		}
+	}
+	var lacking []string
+	for _, m := range res.Replacing {
+		if !held[m.Name] {
+			lacking = append(lacking, m.Name)
+		}
+	}
+	if len(lacking) > 0 {
+		return fmt.Errorf("the copy lacks model(s) %s, which the store it replaces holds (copy a worker serving the same models)", strings.Join(lacking, ", "))
+	}
+	return nil
+}
+
 // checkManifest refuses a manifest whose names could leave the staged
 // folder, repeat, or clash with the copy's own files.
 func checkManifest(m *prismv1.SnapshotManifest) ([]*prismv1.SnapshotFile, int64, error) {
@@ -205,8 +244,8 @@ func checkManifest(m *prismv1.SnapshotManifest) ([]*prismv1.SnapshotFile, int64,
 		if n == "" || n == "." || n == ".." || len(n) > 255 || strings.ContainsAny(n, "/\\\x00") {
 			return nil, 0, fmt.Errorf("the manifest names a file %q: not a file name", n)
 		}
-		if slices.Contains([]string{store.StagedCompleteName, store.StagedLockName, "LOCK"}, n) {
-			return nil, 0, fmt.Errorf("the manifest names a file %q, a name the copy keeps for itself", n)
+		if store.ReservedName(n) {
+			return nil, 0, fmt.Errorf("the manifest names a file %q, a name the copy or the store keeps for itself", n)
 		}
 		if seen[n] {
 			return nil, 0, fmt.Errorf("the manifest names %q twice", n)
@@ -274,7 +313,8 @@ func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.Snaps
 	}
 }
 
-// inspect opens the copy read-only and says what it holds.
+// inspect opens the store in dir read-only and says what it holds
+// (an error when there is none, or a process holds it).
 func inspect(fs vfs.FS, dir string) ([]ModelState, error) {
 	s, err := store.Open(dir, &store.Options{FS: fs, HotBytes: -1, MustExist: true, ReadOnly: true})
 	if err != nil {

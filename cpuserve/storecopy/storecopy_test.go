@@ -2,6 +2,7 @@ package storecopy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -166,6 +167,42 @@ func TestReceive(t *testing.T) {
 			c[0].Manifest.Files[0].Name = store.StagedCompleteName
 			return c
 		}, want: "keeps for itself"},
+		{name: "reserved copy-in", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "copy-in"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved copy-swap", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "copy-swap"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved replaced-1", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "replaced-1"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved copy-out-1", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "copy-out-1"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved .hidden", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = ".hidden"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved lost+found", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "lost+found"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved ingest-staging", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "ingest-staging"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved LOCK", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "LOCK"
+			return c
+		}, want: "keeps for itself"},
+		{name: "reserved copy.lock", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			c[0].Manifest.Files[0].Name = "copy.lock"
+			return c
+		}, want: "keeps for itself"},
 		{name: "twice", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
 			c[0].Manifest.Files[1].Name = c[0].Manifest.Files[0].Name
 			return c
@@ -304,4 +341,108 @@ func applied(t *testing.T, fs vfs.FS, db string) string {
 		t.Fatal(err)
 	}
 	return fmt.Sprintf("seq %d row1 %v", seq, out)
+}
+
+// failRename fails every Rename once ok ran out.
+type failRename struct {
+	vfs.FS
+	ok *int
+}
+
+func (f failRename) Rename(from, to string) error {
+	if *f.ok == 0 {
+		return errors.New("injected")
+	}
+	*f.ok--
+	return f.FS.Rename(from, to)
+}
+
+// TestReceiveKeepsWhatIsStaged: a copy refused before its manifest (a
+// wrong address, a busy or refusing sender) leaves a complete staged
+// copy as it was; a copy retried over a swap cut short is refused
+// without touching the staged files, and the store's next open finishes
+// the swap with the whole copy.
+func TestReceiveKeepsWhatIsStaged(t *testing.T) {
+	fs := vfs.NewMem()
+	good := source(t, fs)
+	dst, err := store.Open("dst", &store.Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ingest(t, dst)
+	// Held open (a running worker): the copy is staged, not swapped.
+	s := sliceStream(clone(good))
+	if _, err := Receive(&s, "dst", Options{FS: fs}); err != nil {
+		t.Fatal(err)
+	}
+	dst.Close()
+	complete := fs.PathJoin("dst", store.StagedDirName, store.StagedCompleteName)
+	for _, bad := range []sliceStream{nil, {{File: 3}}} {
+		if _, err := Receive(&bad, "dst", Options{FS: fs}); err == nil {
+			t.Fatal("a stream without a manifest accepted")
+		}
+		if _, err := fs.Stat(complete); err != nil {
+			t.Fatalf("a refused stream cleared the staged copy: %v", err)
+		}
+	}
+	ok := 4
+	if _, err := store.Open("dst", &store.Options{FS: failRename{FS: fs, ok: &ok}}); err == nil {
+		t.Fatal("open with failing renames succeeded")
+	}
+	s = sliceStream(clone(good))
+	if _, err := Receive(&s, "dst", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "cut short") {
+		t.Fatalf("a copy over a swap cut short: %v", err)
+	}
+	if got := applied(t, fs, "dst"); got != "seq 3 row1 [3 0]" {
+		t.Fatalf("the store after the swap finished: %s", got)
+	}
+}
+
+// TestReceiveRefusesNoMend: a copy of a store that marks a model
+// diverged, or one lacking a model the store it replaces holds, is not
+// staged (AllowDiverged takes both).
+func TestReceiveRefusesNoMend(t *testing.T) {
+	fs := vfs.NewMem()
+	src, err := store.Open("src", &store.Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ingest(t, src)
+	if _, err := src.UpsertSeq("m", "a", []int64{1}, []float32{1, 0}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.MarkDiverged("m", 1); err != nil {
+		t.Fatal(err)
+	}
+	c, err := src.Checkpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	diverged := chunksOf(t, fs, c, 1000)
+	c.Close()
+	src.Close()
+	s := sliceStream(clone(diverged))
+	if _, err := Receive(&s, "d1", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "itself diverged") {
+		t.Fatalf("a diverged copy: %v", err)
+	}
+	s = sliceStream(clone(diverged))
+	if _, err := Receive(&s, "d1", Options{FS: fs, AllowDiverged: true}); err != nil {
+		t.Fatalf("a diverged copy, allowed: %v", err)
+	}
+
+	good := source(t, vfs.NewMem())
+	d2, err := store.Open("d2", &store.Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ingest(t, d2)
+	if _, err := d2.Ingest(context.Background(), testPlan(t), store.IngestOptions{Model: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	d2.Close()
+	s = sliceStream(clone(good))
+	res, err := Receive(&s, "d2", Options{FS: fs})
+	if err == nil || !strings.Contains(err.Error(), "lacks model(s) other") || len(res.Replacing) != 2 {
+		t.Fatalf("a copy lacking a model: %v (replacing %+v)", err, res.Replacing)
+	}
 }

@@ -1,6 +1,6 @@
 // Package inuse explains the error Pebble gives when another process
 // holds a folder's LOCK file: the operating system's "resource
-// temporarily unavailable" (EAGAIN from flock) says nothing of which
+// temporarily unavailable" (EAGAIN from the fcntl lock Pebble takes) says nothing of which
 // folder is busy or why.
 package inuse
 

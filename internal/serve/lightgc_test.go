@@ -58,9 +58,17 @@ func lightGCChild() {
 	const live = 256 << 20
 	keep := make([]byte, live)
 	// A collection sees it live; the target set after it (on the
-	// finalizer goroutine) is in place before the garbage comes.
+	// finalizer goroutine) is in place before the garbage comes: waited
+	// for, not slept on (a CI run's busy cores once ran the finalizer
+	// after 100 ms, and the garbage came at 400%: 3.6x).
 	runtime.GC()
-	time.Sleep(100 * time.Millisecond)
+	gogc := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		metrics.Read(gogc)
+		if gogc[0].Value.Uint64() == uint64(lightGCPercent(live)) || time.Now().After(deadline) {
+			break
+		}
+	}
 	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
 	var peak uint64
 	var sink []byte
