@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
@@ -144,6 +145,9 @@ func WriteFleet(out io.Writer, resp *prismv1.ListResponse) error {
 	for _, line := range fleetGaps(rows) {
 		fmt.Fprintln(out, line)
 	}
+	for _, line := range fleetMends(rows) {
+		fmt.Fprintln(out, line)
+	}
 	switch {
 	case resp.GetNotSequencing() && resp.GetSequencer() != "":
 		fmt.Fprintf(out, "this router does not sequence embedding updates: %s does, and says which embedding workers are in sync: prism status --router %s\n", resp.GetSequencer(), resp.GetSequencer())
@@ -165,6 +169,65 @@ func FleetProblems(resp *prismv1.ListResponse) []string {
 		if strings.HasPrefix(r.State, "diverged") || r.State == "left out" {
 			out = append(out, fmt.Sprintf("%s: %s worker %s (%s) is %s", r.Model, r.Role, r.Addr, r.ID, r.State))
 		}
+	}
+	return out
+}
+
+// fleetMends says, for each embedding worker out of a model for good
+// (diverged, left out), how to mend it: its store replaced by a copy of
+// a worker serving every model (and shard) it holds, in sync, whose
+// address it names (the first by address), or that none does yet.
+func fleetMends(rows []FleetRow) []string {
+	type held struct{ shard, state string }
+	workers := map[string]map[string]held{} // id -> model -> its row's
+	addr := map[string]string{}
+	for _, r := range rows {
+		if r.Role != "embedding" {
+			continue
+		}
+		if workers[r.ID] == nil {
+			workers[r.ID] = map[string]held{}
+		}
+		workers[r.ID][r.Model] = held{r.Shard, r.State}
+		addr[r.ID] = r.Addr
+	}
+	ids := slices.SortedFunc(maps.Keys(workers), func(a, b string) int {
+		return cmp.Or(strings.Compare(addr[a], addr[b]), strings.Compare(a, b))
+	})
+	var out []string
+	for _, id := range ids {
+		var why string
+		for _, m := range slices.Sorted(maps.Keys(workers[id])) {
+			if st := workers[id][m].state; strings.HasPrefix(st, "diverged") || st == "left out" {
+				why = fmt.Sprintf("%s: %s", m, st)
+				break
+			}
+		}
+		if why == "" {
+			continue
+		}
+		from := ""
+		for _, src := range ids {
+			if src == id {
+				continue
+			}
+			ok := true
+			for m, h := range workers[id] {
+				if sh, has := workers[src][m]; !has || sh.shard != h.shard || sh.state != "serving" {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				from = addr[src]
+				break
+			}
+		}
+		if from == "" {
+			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; no worker serves all of its models (and shards) in sync to copy a store from yet", addr[id], why))
+			continue
+		}
+		out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; mend it on its host: prism store copy --from %s --db ITS_STORE, then restart it", addr[id], why, from))
 	}
 	return out
 }

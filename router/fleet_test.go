@@ -137,3 +137,27 @@ func TestListNamesSequencer(t *testing.T) {
 		t.Fatalf("a sequencing router's List: %v, %v; want it sequencing, naming no other", resp, err)
 	}
 }
+
+// fleetMends names as the copy's source only a worker serving every
+// model of the one out, in the same shard and in sync.
+func TestFleetMends(t *testing.T) {
+	rows := []FleetRow{
+		{Model: "a", Role: "embedding", Addr: "h1:1", ID: "w1", State: "diverged at 3"},
+		{Model: "b", Role: "embedding", Addr: "h1:1", ID: "w1", Shard: "1/2", State: "serving"},
+		{Model: "a", Role: "embedding", Addr: "h0:1", ID: "w0", State: "serving"}, // lacks b
+		{Model: "a", Role: "embedding", Addr: "h2:1", ID: "w2", State: "serving"},
+		{Model: "b", Role: "embedding", Addr: "h2:1", ID: "w2", Shard: "0/2", State: "serving"}, // another shard
+		{Model: "a", Role: "embedding", Addr: "h3:1", ID: "w3", State: "behind"},
+		{Model: "b", Role: "embedding", Addr: "h3:1", ID: "w3", Shard: "1/2", State: "serving"},
+		{Model: "a", Role: "dense", Addr: "h9:1", ID: "d", State: "serving"},
+	}
+	want := []string{"embedding worker h1:1 (a: diverged at 3) is out for good; no worker serves all of its models (and shards) in sync to copy a store from yet"}
+	if got := fleetMends(rows); !slices.Equal(got, want) {
+		t.Fatalf("fleetMends = %q, want %q", got, want)
+	}
+	rows[5].State = "serving" // w3 caught up
+	want = []string{"embedding worker h1:1 (a: diverged at 3) is out for good; mend it on its host: prism store copy --from h3:1 --db ITS_STORE, then restart it"}
+	if got := fleetMends(rows); !slices.Equal(got, want) {
+		t.Fatalf("fleetMends = %q, want %q", got, want)
+	}
+}
