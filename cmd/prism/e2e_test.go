@@ -863,6 +863,11 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	if row := rowOf(applier); !strings.Contains(row, " serving ") || !strings.Contains(row, "1 of 1") {
 		t.Errorf("prism status's row of the applier: %q, want it serving, holding 1 of 1", row)
 	}
+	for _, w := range embeddingWorkers(after) {
+		if w.GetId() == applier && !strings.Contains(out, "prism store copy --from "+w.GetAddr()+" --db ITS_STORE") {
+			t.Errorf("prism status names no mend of the refuser from the applier (%s):\n%s", w.GetAddr(), out)
+		}
+	}
 	out, err = run(t, nil, "status", "--router", router.addr, "--certs", certs, "--json")
 	var list prismv1.ListResponse
 	if err != nil || protojson.Unmarshal([]byte(out), &list) != nil || len(embedding(&list)) != 2 {
