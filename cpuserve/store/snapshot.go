@@ -261,7 +261,7 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 				return SwapReport{}, wrap(err)
 			}
 		}
-		if err := syncDir(fs, to); err != nil {
+		if err := SyncDir(fs, to); err != nil {
 			return SwapReport{}, wrap(err)
 		}
 		phase = 2
@@ -283,7 +283,7 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 		}
 		moved++
 	}
-	if err := syncDir(fs, dir); err != nil {
+	if err := SyncDir(fs, dir); err != nil {
 		return SwapReport{}, wrap(err)
 	}
 	if err := fs.RemoveAll(staged); err != nil {
@@ -292,7 +292,7 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 	if err := fs.Remove(journal); err != nil {
 		return SwapReport{}, wrap(err)
 	}
-	if err := syncDir(fs, dir); err != nil {
+	if err := SyncDir(fs, dir); err != nil {
 		return SwapReport{}, wrap(err)
 	}
 	return SwapReport{Replaced: fs.PathJoin(dir, replaced), Files: moved}, nil
@@ -397,10 +397,11 @@ func writeJournal(fs vfs.FS, dir string, phase int, replaced string) error {
 	if err := fs.Rename(tmp, fs.PathJoin(dir, swapJournal)); err != nil {
 		return err
 	}
-	return syncDir(fs, dir)
+	return SyncDir(fs, dir)
 }
 
-func syncDir(fs vfs.FS, dir string) error {
+// SyncDir syncs folder dir (its entries' names) on fs.
+func SyncDir(fs vfs.FS, dir string) error {
 	d, err := fs.OpenDir(dir)
 	if err != nil {
 		return err

@@ -150,7 +150,7 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 		}
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
-	if err := syncDir(fs, staged); err != nil {
+	if err := store.SyncDir(fs, staged); err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
 	if res.Models, err = inspect(fs, staged); err != nil {
@@ -170,7 +170,7 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 	if err := c.Close(); err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
-	if err := syncDir(fs, staged); err != nil {
+	if err := store.SyncDir(fs, staged); err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
 	return res, nil
@@ -182,7 +182,7 @@ func clearStaged(fs vfs.FS, staged string) error {
 	if err := fs.Remove(fs.PathJoin(staged, store.StagedCompleteName)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return err
 	}
-	if err := syncDir(fs, staged); err != nil {
+	if err := store.SyncDir(fs, staged); err != nil {
 		return err
 	}
 	names, err := fs.List(staged)
@@ -334,16 +334,4 @@ func inspect(fs vfs.FS, dir string) ([]ModelState, error) {
 		out = append(out, ModelState{Name: name, Version: s.ActiveVersion(name), Applied: seq, Diverged: marks[name]})
 	}
 	return out, nil
-}
-
-func syncDir(fs vfs.FS, dir string) error {
-	d, err := fs.OpenDir(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
