@@ -973,17 +973,24 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 		t.Fatalf("store copy into a running worker's store: %v\n%s", err, out)
 	}
 	t.Logf("prism store copy:\n%s", out)
+	// An update after the copy was taken (A alone applies it: B is out):
+	// the mended B, holding 1, is caught up to 2 by the router's replay.
+	row[0] = 2
+	if resp, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{cfg.TableRows[0]}, Rows: leview.Bytes(row)}); err != nil || resp.GetWorkers() != 1 {
+		t.Fatalf("update 2: %v, %v; want A alone applying it", resp, err)
+	}
 	b.cmd.Process.Kill()
 	b.cmd.Wait()
 	startProc(t, readyline.Embedding, embArgs(bigPart, "db-b")...)
-	awaitList(t, reg, "B mended: both workers in sync, none diverged", func(r *prismv1.ListResponse) bool {
+	awaitList(t, reg, "B mended and caught up: both workers in sync at update 2, none diverged", func(r *prismv1.ListResponse) bool {
 		ws := embeddingWorkers(r)
 		for _, w := range ws {
-			if len(w.GetDiverged()) > 0 {
+			if len(w.GetDiverged()) > 0 || w.GetUpdateSeq()[cfg.Name] != 2 {
 				return false
 			}
 		}
-		return len(ws) == 2 && len(r.GetUpdates()[cfg.Name].GetInSync()) == 2
+		u := r.GetUpdates()[cfg.Name]
+		return len(ws) == 2 && len(u.GetInSync()) == 2 && u.GetAcknowledged() == 2
 	})
 	kept, _ := filepath.Glob(filepath.Join(dir, "db-b", "replaced-*"))
 	if len(kept) != 1 {
