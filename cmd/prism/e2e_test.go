@@ -981,6 +981,12 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	}
 	b.cmd.Process.Kill()
 	b.cmd.Wait()
+	// The chart's init step opens the store first (prism ingest
+	// --if-changed): that open swaps the copy in, and the plan it then
+	// finds served needs no ingest.
+	if out, err := run(t, nil, "ingest", bigPart, "--db", filepath.Join(dir, "db-b"), "--if-changed"); err != nil || !strings.Contains(out, "swapped in the copy") {
+		t.Fatalf("prism ingest --if-changed over a staged copy: %v\n%s", err, out)
+	}
 	startProc(t, readyline.Embedding, embArgs(bigPart, "db-b")...)
 	awaitList(t, reg, "B mended and caught up: both workers in sync at update 2, none diverged", func(r *prismv1.ListResponse) bool {
 		ws := embeddingWorkers(r)
