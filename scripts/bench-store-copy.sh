@@ -11,6 +11,7 @@
 #   scripts/bench-store-copy.sh [WORK]
 #   env: DB (default out/demo/db) PLAN (default out/demo/dlrm-kaggle-part)
 #        CERTS (default out/demo/certs; made when absent) ROUNDS (3) PRISM
+#        RATE (prism store copy --rate, e.g. 200MiB/s; default unbounded)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/upaddr.sh
@@ -37,7 +38,7 @@ echo "store $DB ($(du -sh "$DB" | cut -f1)), worker $addr, $(nproc) cores"
 for r in $(seq 1 "$ROUNDS"); do
 	dst=$WORK/copy-$r
 	start=$(date +%s.%N)
-	"$PRISM" store copy --from "$addr" --db "$dst" --certs "$CERTS" >"$WORK/copy-$r.out" 2>"$WORK/copy-$r.err"
+	"$PRISM" store copy --from "$addr" --db "$dst" --certs "$CERTS" ${RATE:+--rate "$RATE"} >"$WORK/copy-$r.out" 2>"$WORK/copy-$r.err"
 	end=$(date +%s.%N)
 	bytes=$(du -sb "$dst" | cut -f1)
 	python3 -c "import sys; b,s=int(sys.argv[1]),float(sys.argv[2]); print(f'round {sys.argv[3]}: {b} bytes in {s:.2f} s, {b/s/1e6:.0f} MB/s')" "$bytes" "$(python3 -c "print($end - $start)")" "$r"

@@ -242,9 +242,10 @@ func newStoreCopyCmd() *cobra.Command {
 		tlsFlags      authflag.Flags
 		from, db      string
 		allowDiverged bool
+		rate          string
 	)
 	cmd := &cobra.Command{
-		Use:   "copy --from ADDR --db DIR [--certs DIR]",
+		Use:   "copy --from ADDR --db DIR [--certs DIR] [--rate BYTES/s]",
 		Short: "Replace a store with a copy of a serving embedding worker's (the mend for a diverged worker)",
 		Long: `copy asks the embedding worker at --from (its gRPC address, as prism status
 lists it) for a consistent copy of its whole store and makes it the store in
@@ -264,6 +265,13 @@ refused unless --allow-diverged. Needs an admin or an embedding worker's
 certificate (--certs DIR: inside a worker's Pod, the folder the chart mounts).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			var perSecond int64
+			if rate != "" {
+				var err error
+				if perSecond, err = flagval.Bytes(strings.TrimSuffix(rate, "/s")); err != nil || perSecond <= 0 {
+					return fmt.Errorf("--rate %q: want bytes a second, e.g. 200MiB/s", rate)
+				}
+			}
 			tlsFlags.WarnClient(cmd.ErrOrStderr(), "prism store copy")
 			creds, err := tlsFlags.Dial(auth.Admin, auth.Embedding)
 			if err != nil {
@@ -281,7 +289,7 @@ certificate (--certs DIR: inside a worker's Pod, the folder the chart mounts).`,
 				return fmt.Errorf("embedding worker %s: %w", from, err)
 			}
 			var bar *progress.Bar
-			res, err := storecopy.Receive(stream, db, storecopy.Options{AllowDiverged: allowDiverged, Progress: func(done, total int64) {
+			res, err := storecopy.Receive(stream, db, storecopy.Options{AllowDiverged: allowDiverged, Rate: perSecond, Progress: func(done, total int64) {
 				if bar == nil {
 					bar = progress.New(cmd.ErrOrStderr(), "copy", total, true)
 				}
@@ -323,6 +331,7 @@ certificate (--certs DIR: inside a worker's Pod, the folder the chart mounts).`,
 	f := cmd.Flags()
 	f.StringVar(&from, "from", "", "the gRPC address of an embedding worker serving the same models in sync (prism status lists them)")
 	f.StringVar(&db, "db", "", "the store folder to replace (made if missing)")
+	f.StringVar(&rate, "rate", "", "bound the copy to this many bytes a second (e.g. 200MiB/s), so the worker copied keeps its disk for its lookups; unbounded by default")
 	f.BoolVar(&allowDiverged, "allow-diverged", false, "take a copy whose store marks a model diverged, or that lacks a model the store it replaces holds")
 	_ = cmd.MarkFlagRequired("from")
 	_ = cmd.MarkFlagRequired("db")

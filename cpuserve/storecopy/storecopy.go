@@ -21,6 +21,7 @@ import (
 	"io"
 	iofs "io/fs"
 	"strings"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -49,6 +50,10 @@ type Options struct {
 	// copy is refused when the manifest's bytes do not fit (nil: asked
 	// of FS).
 	Free func(dir string) (uint64, error)
+	// Rate, if positive, bounds the copy to that many bytes a second
+	// (the sender, a serving worker, reads its files at the pace the
+	// stream is read: gRPC's flow control holds it back).
+	Rate int64
 	// AllowDiverged takes a copy whose own store marks a model
 	// diverged (refused otherwise: it would not mend anything), and
 	// one lacking a model the store it replaces holds.
@@ -134,11 +139,19 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 		return res, fmt.Errorf("copy into %s: the copy is %d bytes and the disk has %d free", dst, total, avail)
 	}
 	var done int64
+	start := time.Now()
 	for i, f := range files {
 		if err := receiveFile(stream, fs, staged, int32(i), f, func(n int64) {
 			done += n
 			if o.Progress != nil {
 				o.Progress(done, total)
+			}
+			if o.Rate > 0 {
+				// Behind the pace by what came early: wait it out.
+				due := time.Duration(float64(done) / float64(o.Rate) * float64(time.Second))
+				if ahead := due - time.Since(start); ahead > 0 {
+					time.Sleep(ahead)
+				}
 			}
 		}); err != nil {
 			return res, fmt.Errorf("copy into %s: %s: %w", dst, f.GetName(), err)

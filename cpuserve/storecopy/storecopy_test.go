@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"google.golang.org/protobuf/proto"
@@ -444,5 +445,24 @@ func TestReceiveRefusesNoMend(t *testing.T) {
 	res, err := Receive(&s, "d2", Options{FS: fs})
 	if err == nil || !strings.Contains(err.Error(), "lacks model(s) other") || len(res.Replacing) != 2 {
 		t.Fatalf("a copy lacking a model: %v (replacing %+v)", err, res.Replacing)
+	}
+}
+
+// TestReceiveRate: a copy bounded to a rate takes at least its bytes
+// over that rate (a lower bound only: a busy machine is slower still).
+func TestReceiveRate(t *testing.T) {
+	good := source(t, vfs.NewMem())
+	var total int64
+	for _, f := range good[0].GetManifest().GetFiles() {
+		total += f.GetSize()
+	}
+	const want = 300 * time.Millisecond
+	s := sliceStream(clone(good))
+	start := time.Now()
+	if _, err := Receive(&s, "dst", Options{FS: vfs.NewMem(), Rate: int64(float64(total) / want.Seconds())}); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < want-10*time.Millisecond {
+		t.Fatalf("%d bytes at %v's rate took %v", total, want, took)
 	}
 }
