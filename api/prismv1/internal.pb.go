@@ -80,7 +80,11 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 }
 
 type SnapshotRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// have is what the caller holds already of an earlier copy it did not
+	// finish (name, size, crc32c): a file of the new copy with that name,
+	// size and checksum is not sent again (its chunk says reused).
+	Have          []*SnapshotFile `protobuf:"bytes,1,rep,name=have,proto3" json:"have,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -115,6 +119,13 @@ func (*SnapshotRequest) Descriptor() ([]byte, []int) {
 	return file_api_prismv1_internal_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *SnapshotRequest) GetHave() []*SnapshotFile {
+	if x != nil {
+		return x.Have
+	}
+	return nil
+}
+
 // SnapshotChunk is one message of a Snapshot stream: the first carries
 // the manifest alone, then each file's bytes follow in order, in chunks
 // of at most 1 MiB, the last of a file with eof and its checksum.
@@ -129,8 +140,11 @@ type SnapshotChunk struct {
 	Data   []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
 	// eof marks the file's last chunk (a file of no bytes has only it);
 	// crc32c is then the CRC-32C (Castagnoli) of the whole file.
-	Eof           bool   `protobuf:"varint,5,opt,name=eof,proto3" json:"eof,omitempty"`
-	Crc32C        uint32 `protobuf:"fixed32,6,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	Eof    bool   `protobuf:"varint,5,opt,name=eof,proto3" json:"eof,omitempty"`
+	Crc32C uint32 `protobuf:"fixed32,6,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	// reused (with eof, no data): the caller's file of this name, size
+	// and crc32c (SnapshotRequest.have) is this file; keep it.
+	Reused        bool `protobuf:"varint,7,opt,name=reused,proto3" json:"reused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +221,13 @@ func (x *SnapshotChunk) GetCrc32C() uint32 {
 	return 0
 }
 
+func (x *SnapshotChunk) GetReused() bool {
+	if x != nil {
+		return x.Reused
+	}
+	return false
+}
+
 type SnapshotManifest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Files []*SnapshotFile        `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
@@ -263,8 +284,10 @@ func (x *SnapshotManifest) GetStore() string {
 type SnapshotFile struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name is a file name in the store folder (no path separators).
-	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Size          int64  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Size int64  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// crc32c is set in SnapshotRequest.have only.
+	Crc32C        uint32 `protobuf:"fixed32,3,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -309,6 +332,13 @@ func (x *SnapshotFile) GetName() string {
 func (x *SnapshotFile) GetSize() int64 {
 	if x != nil {
 		return x.Size
+	}
+	return 0
+}
+
+func (x *SnapshotFile) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
 	}
 	return 0
 }
@@ -2300,21 +2330,24 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"\x11\n" +
-	"\x0fSnapshotRequest\"\xb1\x01\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"=\n" +
+	"\x0fSnapshotRequest\x12*\n" +
+	"\x04have\x18\x01 \x03(\v2\x16.prism.v1.SnapshotFileR\x04have\"\xc9\x01\n" +
 	"\rSnapshotChunk\x126\n" +
 	"\bmanifest\x18\x01 \x01(\v2\x1a.prism.v1.SnapshotManifestR\bmanifest\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\x05R\x04file\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x10\n" +
 	"\x03eof\x18\x05 \x01(\bR\x03eof\x12\x16\n" +
-	"\x06crc32c\x18\x06 \x01(\aR\x06crc32c\"V\n" +
+	"\x06crc32c\x18\x06 \x01(\aR\x06crc32c\x12\x16\n" +
+	"\x06reused\x18\a \x01(\bR\x06reused\"V\n" +
 	"\x10SnapshotManifest\x12,\n" +
 	"\x05files\x18\x01 \x03(\v2\x16.prism.v1.SnapshotFileR\x05files\x12\x14\n" +
-	"\x05store\x18\x02 \x01(\tR\x05store\"6\n" +
+	"\x05store\x18\x02 \x01(\tR\x05store\"N\n" +
 	"\fSnapshotFile\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x03R\x04size\"\x88\x02\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06crc32c\x18\x03 \x01(\aR\x06crc32c\"\x88\x02\n" +
 	"\x12ApplyUpdateRequest\x12/\n" +
 	"\x06update\x18\x01 \x01(\v2\x17.prism.v1.UpdateRequestR\x06update\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x03R\x03seq\x12\x1f\n" +
@@ -2587,58 +2620,59 @@ var file_api_prismv1_internal_proto_goTypes = []any{
 	(*UpdateResponse)(nil),     // 42: prism.v1.UpdateResponse
 }
 var file_api_prismv1_internal_proto_depIdxs = []int32{
-	3,  // 0: prism.v1.SnapshotChunk.manifest:type_name -> prism.v1.SnapshotManifest
-	4,  // 1: prism.v1.SnapshotManifest.files:type_name -> prism.v1.SnapshotFile
-	40, // 2: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
-	41, // 3: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
-	41, // 4: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
-	8,  // 5: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
-	0,  // 6: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
-	27, // 7: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
-	28, // 8: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
-	29, // 9: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
-	30, // 10: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
-	31, // 11: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
-	32, // 12: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
-	33, // 13: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
-	34, // 14: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
-	14, // 15: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
-	11, // 16: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
-	16, // 17: prism.v1.AnnounceRequest.dense_held:type_name -> prism.v1.ListVersion
-	35, // 18: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
-	16, // 19: prism.v1.AnnounceResponse.dense_version:type_name -> prism.v1.ListVersion
-	11, // 20: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
-	36, // 21: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
-	37, // 22: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
-	38, // 23: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
-	5,  // 24: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
-	39, // 25: prism.v1.ModelLog.diverged:type_name -> prism.v1.ModelLog.DivergedEntry
-	26, // 26: prism.v1.ModelLog.outcomes:type_name -> prism.v1.OutcomeRun
-	13, // 27: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
-	12, // 28: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
-	22, // 29: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
-	25, // 30: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
-	6,  // 31: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
-	5,  // 32: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
-	1,  // 33: prism.v1.EmbeddingTier.Snapshot:input_type -> prism.v1.SnapshotRequest
-	9,  // 34: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
-	15, // 35: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
-	18, // 36: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
-	20, // 37: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
-	23, // 38: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
-	7,  // 39: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
-	42, // 40: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
-	2,  // 41: prism.v1.EmbeddingTier.Snapshot:output_type -> prism.v1.SnapshotChunk
-	10, // 42: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
-	17, // 43: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
-	19, // 44: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
-	21, // 45: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
-	24, // 46: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
-	39, // [39:47] is the sub-list for method output_type
-	31, // [31:39] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	4,  // 0: prism.v1.SnapshotRequest.have:type_name -> prism.v1.SnapshotFile
+	3,  // 1: prism.v1.SnapshotChunk.manifest:type_name -> prism.v1.SnapshotManifest
+	4,  // 2: prism.v1.SnapshotManifest.files:type_name -> prism.v1.SnapshotFile
+	40, // 3: prism.v1.ApplyUpdateRequest.update:type_name -> prism.v1.UpdateRequest
+	41, // 4: prism.v1.LookupRequest.context:type_name -> prism.v1.Features
+	41, // 5: prism.v1.LookupRequest.candidates:type_name -> prism.v1.Features
+	8,  // 6: prism.v1.LookupResponse.times:type_name -> prism.v1.StageTimes
+	0,  // 7: prism.v1.WorkerInfo.role:type_name -> prism.v1.Role
+	27, // 8: prism.v1.WorkerInfo.update_seq:type_name -> prism.v1.WorkerInfo.UpdateSeqEntry
+	28, // 9: prism.v1.WorkerInfo.shards:type_name -> prism.v1.WorkerInfo.ShardsEntry
+	29, // 10: prism.v1.WorkerInfo.jagged:type_name -> prism.v1.WorkerInfo.JaggedEntry
+	30, // 11: prism.v1.WorkerInfo.fixed_batch:type_name -> prism.v1.WorkerInfo.FixedBatchEntry
+	31, // 12: prism.v1.WorkerInfo.sharding:type_name -> prism.v1.WorkerInfo.ShardingEntry
+	32, // 13: prism.v1.WorkerInfo.diverged:type_name -> prism.v1.WorkerInfo.DivergedEntry
+	33, // 14: prism.v1.WorkerInfo.content:type_name -> prism.v1.WorkerInfo.ContentEntry
+	34, // 15: prism.v1.WorkerInfo.version:type_name -> prism.v1.WorkerInfo.VersionEntry
+	14, // 16: prism.v1.ShardRef.row_splits:type_name -> prism.v1.RowSplit
+	11, // 17: prism.v1.AnnounceRequest.worker:type_name -> prism.v1.WorkerInfo
+	16, // 18: prism.v1.AnnounceRequest.dense_held:type_name -> prism.v1.ListVersion
+	35, // 19: prism.v1.AnnounceResponse.diverged:type_name -> prism.v1.AnnounceResponse.DivergedEntry
+	16, // 20: prism.v1.AnnounceResponse.dense_version:type_name -> prism.v1.ListVersion
+	11, // 21: prism.v1.ListResponse.workers:type_name -> prism.v1.WorkerInfo
+	36, // 22: prism.v1.ListResponse.updates:type_name -> prism.v1.ListResponse.UpdatesEntry
+	37, // 23: prism.v1.UpdateLogRequest.after:type_name -> prism.v1.UpdateLogRequest.AfterEntry
+	38, // 24: prism.v1.UpdateLogResponse.models:type_name -> prism.v1.UpdateLogResponse.ModelsEntry
+	5,  // 25: prism.v1.ModelLog.entries:type_name -> prism.v1.ApplyUpdateRequest
+	39, // 26: prism.v1.ModelLog.diverged:type_name -> prism.v1.ModelLog.DivergedEntry
+	26, // 27: prism.v1.ModelLog.outcomes:type_name -> prism.v1.OutcomeRun
+	13, // 28: prism.v1.WorkerInfo.ShardsEntry.value:type_name -> prism.v1.ShardRef
+	12, // 29: prism.v1.WorkerInfo.JaggedEntry.value:type_name -> prism.v1.JaggedInputs
+	22, // 30: prism.v1.ListResponse.UpdatesEntry.value:type_name -> prism.v1.ModelUpdates
+	25, // 31: prism.v1.UpdateLogResponse.ModelsEntry.value:type_name -> prism.v1.ModelLog
+	6,  // 32: prism.v1.EmbeddingTier.Lookup:input_type -> prism.v1.LookupRequest
+	5,  // 33: prism.v1.EmbeddingTier.Update:input_type -> prism.v1.ApplyUpdateRequest
+	1,  // 34: prism.v1.EmbeddingTier.Snapshot:input_type -> prism.v1.SnapshotRequest
+	9,  // 35: prism.v1.DenseTier.Score:input_type -> prism.v1.ScoreRequest
+	15, // 36: prism.v1.Registry.Announce:input_type -> prism.v1.AnnounceRequest
+	18, // 37: prism.v1.Registry.Leave:input_type -> prism.v1.LeaveRequest
+	20, // 38: prism.v1.Registry.List:input_type -> prism.v1.ListRequest
+	23, // 39: prism.v1.Registry.UpdateLog:input_type -> prism.v1.UpdateLogRequest
+	7,  // 40: prism.v1.EmbeddingTier.Lookup:output_type -> prism.v1.LookupResponse
+	42, // 41: prism.v1.EmbeddingTier.Update:output_type -> prism.v1.UpdateResponse
+	2,  // 42: prism.v1.EmbeddingTier.Snapshot:output_type -> prism.v1.SnapshotChunk
+	10, // 43: prism.v1.DenseTier.Score:output_type -> prism.v1.ScoreResponse
+	17, // 44: prism.v1.Registry.Announce:output_type -> prism.v1.AnnounceResponse
+	19, // 45: prism.v1.Registry.Leave:output_type -> prism.v1.LeaveResponse
+	21, // 46: prism.v1.Registry.List:output_type -> prism.v1.ListResponse
+	24, // 47: prism.v1.Registry.UpdateLog:output_type -> prism.v1.UpdateLogResponse
+	40, // [40:48] is the sub-list for method output_type
+	32, // [32:40] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_api_prismv1_internal_proto_init() }

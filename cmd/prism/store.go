@@ -284,17 +284,27 @@ certificate (--certs DIR: inside a worker's Pod, the folder the chart mounts).`,
 			defer conn.Close()
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			stream, err := prismv1.NewEmbeddingTierClient(conn).Snapshot(ctx, &prismv1.SnapshotRequest{})
-			if err != nil {
-				return fmt.Errorf("embedding worker %s: %w", from, err)
+			client := prismv1.NewEmbeddingTierClient(conn)
+			open := func(req *prismv1.SnapshotRequest) (storecopy.Stream, error) {
+				return client.Snapshot(ctx, req)
 			}
-			var bar *progress.Bar
-			res, err := storecopy.Receive(stream, db, storecopy.Options{AllowDiverged: allowDiverged, Rate: perSecond, Progress: func(done, total int64) {
-				if bar == nil {
-					bar = progress.New(cmd.ErrOrStderr(), "copy", total, true)
-				}
-				bar.Set(done)
-			}})
+			var bar, checkBar *progress.Bar
+			res, err := storecopy.Receive(open, db, storecopy.Options{AllowDiverged: allowDiverged, Rate: perSecond,
+				Check: func(done, total int64) {
+					if checkBar == nil {
+						checkBar = progress.New(cmd.ErrOrStderr(), "check what an earlier copy left", total, true)
+					}
+					checkBar.Set(done)
+				},
+				Progress: func(done, total int64) {
+					if checkBar != nil {
+						checkBar.Done()
+					}
+					if bar == nil {
+						bar = progress.New(cmd.ErrOrStderr(), "copy", total, true)
+					}
+					bar.Set(done)
+				}})
 			if bar != nil {
 				bar.Done()
 			}
@@ -302,7 +312,11 @@ certificate (--certs DIR: inside a worker's Pod, the folder the chart mounts).`,
 				return fmt.Errorf("%w (copying from embedding worker %s)", err, from)
 			}
 			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "received a copy of %s's store (%s): %d files, %s\n", from, res.Source, res.Files, progress.Bytes(res.Bytes))
+			fmt.Fprintf(out, "received a copy of %s's store (%s): %d files, %s", from, res.Source, res.Files, progress.Bytes(res.Bytes))
+			if res.Reused > 0 {
+				fmt.Fprintf(out, " (%d files, %s, kept from an earlier copy)", res.Reused, progress.Bytes(res.ReusedBytes))
+			}
+			fmt.Fprintln(out)
 			for _, m := range res.Models {
 				fmt.Fprintf(out, "  %s: version %d, updates applied %d", m.Name, m.Version, m.Applied)
 				if m.Diverged > 0 {

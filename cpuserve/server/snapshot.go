@@ -24,7 +24,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // the manifest, then each file in chunks, each file's last chunk with
 // its CRC-32C. The checkpoint is removed when the stream ends, whichever
 // way. prism store copy is its client.
-func (s *Server) Snapshot(_ *prismv1.SnapshotRequest, stream prismv1.EmbeddingTier_SnapshotServer) error {
+func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.EmbeddingTier_SnapshotServer) error {
 	ctx := stream.Context()
 	if err := ctxErr(ctx, "on arrival"); err != nil {
 		return err
@@ -54,14 +54,36 @@ func (s *Server) Snapshot(_ *prismv1.SnapshotRequest, stream prismv1.EmbeddingTi
 	if err := stream.Send(&prismv1.SnapshotChunk{Manifest: m}); err != nil {
 		return err
 	}
+	have := make(map[string]*prismv1.SnapshotFile, len(req.GetHave()))
+	for _, h := range req.GetHave() {
+		have[h.GetName()] = h
+	}
 	buf := make([]byte, snapshotChunk)
+	var reused int
+	var reusedBytes int64
 	for i, f := range c.Files {
+		if h := have[f.Name]; h != nil && h.GetSize() == f.Size {
+			// The caller's may be this file (an earlier copy it did not
+			// finish): read here, not sent, when the checksums agree.
+			sum, err := fileCRC(c, f.Name, buf)
+			if err != nil {
+				return status.Errorf(codes.Internal, "copy of the store: %v", err)
+			}
+			if sum == h.GetCrc32C() {
+				if err := stream.Send(&prismv1.SnapshotChunk{File: int32(i), Eof: true, Crc32C: sum, Reused: true}); err != nil {
+					return err
+				}
+				reused++
+				reusedBytes += f.Size
+				continue
+			}
+		}
 		if err := s.sendFile(stream, c, int32(i), f, buf); err != nil {
 			s.log.Warn("copy of the store not sent", "store", s.st.Dir(), "file", f.Name, "err", err)
 			return err
 		}
 	}
-	s.log.Info("sent a copy of the store", "store", s.st.Dir(), "files", len(c.Files), "bytes", total, "to", who, "elapsed", time.Since(start).Round(time.Millisecond))
+	s.log.Info("sent a copy of the store", "store", s.st.Dir(), "files", len(c.Files), "bytes", total, "reused_files", reused, "reused_bytes", reusedBytes, "to", who, "elapsed", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -98,6 +120,25 @@ func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.
 		off += int64(n)
 		if last {
 			return nil
+		}
+	}
+}
+
+// fileCRC is the CRC-32C of the checkpoint's file name.
+func fileCRC(c *store.Checkpoint, name string, buf []byte) (uint32, error) {
+	r, err := c.Open(name)
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	var sum uint32
+	for {
+		n, err := r.Read(buf)
+		sum = crc32.Update(sum, castagnoli, buf[:n])
+		if errors.Is(err, io.EOF) {
+			return sum, nil
+		} else if err != nil {
+			return 0, err
 		}
 	}
 }

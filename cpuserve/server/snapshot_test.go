@@ -1,9 +1,18 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/store"
@@ -16,13 +25,12 @@ import (
 // left without the checkpoint's folder.
 func TestSnapshotCopy(t *testing.T) {
 	f := setup(t)
-	stream, err := f.client.Snapshot(context.Background(), &prismv1.SnapshotRequest{})
-	if err != nil {
-		t.Fatal(err)
+	open := func(req *prismv1.SnapshotRequest) (storecopy.Stream, error) {
+		return f.client.Snapshot(context.Background(), req)
 	}
 	dst := t.TempDir()
 	var chunks int
-	res, err := storecopy.Receive(stream, dst, storecopy.Options{Progress: func(done, total int64) { chunks++ }})
+	res, err := storecopy.Receive(open, dst, storecopy.Options{Progress: func(done, total int64) { chunks++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,11 +62,93 @@ func TestSnapshotCopy(t *testing.T) {
 		t.Fatalf("the store after the swap holds %v", held)
 	}
 	// A second copy right after: the first's checkpoint is gone.
-	stream, err = f.client.Snapshot(context.Background(), &prismv1.SnapshotRequest{})
+	if _, err := storecopy.Receive(open, t.TempDir(), storecopy.Options{}); err != nil {
+		t.Fatalf("a second copy: %v", err)
+	}
+}
+
+// cutStream passes on a Snapshot stream's chunks until left runs out,
+// then fails as a dropped connection does.
+type cutStream struct {
+	storecopy.Stream
+	left   int
+	cancel context.CancelFunc
+}
+
+func (c *cutStream) Recv() (*prismv1.SnapshotChunk, error) {
+	if c.left == 0 {
+		c.cancel() // as the process that called exits
+		return nil, status.Error(codes.Unavailable, "connection dropped (test)")
+	}
+	c.left--
+	return c.Stream.Recv()
+}
+
+// TestSnapshotResumes: a copy cut short goes on where it stopped: the
+// files it wrote whole, and the sender still has unchanged, are kept
+// (checked by their checksum on both sides), not sent again; one of them
+// damaged meanwhile is sent again; the copy is whole either way.
+func TestSnapshotResumes(t *testing.T) {
+	f := setup(t)
+	dst := t.TempDir()
+	var cut bool
+	open := func(req *prismv1.SnapshotRequest) (storecopy.Stream, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		s, err := f.client.Snapshot(ctx, req)
+		if err != nil || cut {
+			return s, err
+		}
+		cut = true
+		return &cutStream{Stream: s, left: 60, cancel: cancel}, nil // the manifest and some files
+	}
+	_, err := storecopy.Receive(open, dst, storecopy.Options{})
+	if status.Code(errors.Unwrap(err)) != codes.Unavailable && (err == nil || !strings.Contains(err.Error(), "connection dropped")) {
+		t.Fatalf("a copy cut short: %v", err)
+	}
+	staged := filepath.Join(dst, store.StagedDirName)
+	left, _ := os.ReadDir(staged)
+	var damaged string
+	var bad []byte
+	for _, e := range left {
+		if fi, _ := e.Info(); fi != nil && fi.Size() > 100 && strings.HasSuffix(e.Name(), ".sst") {
+			damaged = filepath.Join(staged, e.Name())
+			b, _ := os.ReadFile(damaged)
+			b[50] ^= 0xff
+			bad = b
+			if err := os.WriteFile(damaged, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if damaged == "" {
+		t.Fatalf("the copy cut short left no SST to damage: %v", left)
+	}
+	var res storecopy.Result
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// The sender sees the first call's end a moment after it.
+		res, err = storecopy.Receive(open, dst, storecopy.Options{})
+		if err == nil || !strings.Contains(err.Error(), "ResourceExhausted") || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := storecopy.Receive(stream, t.TempDir(), storecopy.Options{}); err != nil {
-		t.Fatalf("a second copy: %v", err)
+	if res.Reused == 0 || res.Reused >= res.Files || res.ReusedBytes >= res.Bytes {
+		t.Fatalf("resumed copy kept %d files (%d bytes) of %d (%d bytes): want some, not all", res.Reused, res.ReusedBytes, res.Files, res.Bytes)
 	}
+	s, err := store.Open(dst, &store.Options{HotBytes: -1, MustExist: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if b, err := os.ReadFile(filepath.Join(dst, filepath.Base(damaged))); err != nil || bytes.Equal(b, bad) {
+		t.Fatalf("the damaged %s was kept, not sent again (%v)", filepath.Base(damaged), err)
+	}
+	if got, want := slices.Sorted(slices.Values(s.Models())), slices.Sorted(slices.Values(f.srv.Models())); !slices.Equal(got, want) {
+		t.Fatalf("the resumed copy holds %v, want %v", got, want)
+	}
+	t.Logf("resumed: %d of %d files kept (%d of %d bytes)", res.Reused, res.Files, res.ReusedBytes, res.Bytes)
 }

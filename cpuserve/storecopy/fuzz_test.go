@@ -69,7 +69,7 @@ func FuzzReceive(f *testing.F) {
 				}
 			}
 		}
-		_, err := Receive(&s, "dst", Options{FS: fs, Free: func(string) (uint64, error) { return 1 << 30, nil }})
+		_, err := Receive(fromSlice(&s), "dst", Options{FS: fs, Free: func(string) (uint64, error) { return 1 << 30, nil }})
 		names, _ := fs.List("")
 		for _, n := range names {
 			if n != "dst" {

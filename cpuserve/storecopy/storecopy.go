@@ -44,8 +44,12 @@ type Stream interface {
 type Options struct {
 	// FS is where the store folder is (vfs.Default when nil).
 	FS vfs.FS
-	// Progress, if set, is called as bytes arrive: done of total.
+	// Progress, if set, is called as bytes arrive: done of total (the
+	// bytes of files kept from an earlier copy count as they are kept).
 	Progress func(done, total int64)
+	// Check, if set, is called as the files an earlier copy left in the
+	// staged folder are read for their checksums: done of total.
+	Check func(done, total int64)
 	// Free, if set, is the bytes free on the store folder's disk; the
 	// copy is refused when the manifest's bytes do not fit (nil: asked
 	// of FS).
@@ -84,13 +88,24 @@ type Result struct {
 	// Replacing is what the store being replaced holds, when it could
 	// be read (no process holding it); nil otherwise.
 	Replacing []ModelState
+	// Reused is the files (and their bytes) kept from an earlier copy,
+	// not sent again.
+	Reused      int
+	ReusedBytes int64
 }
 
-// Receive writes the copy stream sends into store folder dst's staged
-// copy and marks it complete; it does not swap it in. dst is made if
-// missing. A copy already staged (complete or not) is replaced; one
-// another Receive is writing is an error, as is a swap under way.
-func Receive(stream Stream, dst string, o Options) (Result, error) {
+// Open starts the Snapshot call with req (prismv1's
+// EmbeddingTierClient.Snapshot, in a closure).
+type Open func(req *prismv1.SnapshotRequest) (Stream, error)
+
+// Receive writes the copy a Snapshot call (started by open) sends into
+// store folder dst's staged copy and marks it complete; it does not
+// swap it in. dst is made if missing. A copy already staged (complete or
+// not) is replaced, but its files that the new copy has too (same name,
+// size and checksum: an SST the sender still holds) are kept, not sent
+// again (a copy cut short goes on where it stopped). One another Receive
+// is writing is an error, as is a swap under way.
+func Receive(open Open, dst string, o Options) (Result, error) {
 	fs := o.FS
 	if fs == nil {
 		fs = vfs.Default
@@ -110,6 +125,14 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 	res := Result{Staged: staged}
 	// What the store being replaced holds, if no process holds it.
 	res.Replacing, _ = inspect(fs, dst)
+	have, err := held(fs, staged, o.Check)
+	if err != nil {
+		return res, fmt.Errorf("copy into %s: read what an earlier copy left: %w", dst, err)
+	}
+	stream, err := open(&prismv1.SnapshotRequest{Have: have})
+	if err != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, err)
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
@@ -123,8 +146,13 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
 	// Not complete from here on, whatever was staged before (a sender
-	// that refused, or a wrong address, left it as it was).
-	if err := clearStaged(fs, staged); err != nil {
+	// that refused, or a wrong address, left it as it was); what the
+	// new copy does not name goes.
+	keep := map[string]bool{}
+	for _, f := range files {
+		keep[f.GetName()] = true
+	}
+	if err := clearStaged(fs, staged, keep); err != nil {
 		return res, fmt.Errorf("copy into %s: clear the copy staged before: %w", dst, err)
 	}
 	res.Source, res.Files, res.Bytes = m.GetStore(), len(files), total
@@ -138,10 +166,14 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 	if avail, err := free(staged); err == nil && uint64(total) > avail {
 		return res, fmt.Errorf("copy into %s: the copy is %d bytes and the disk has %d free", dst, total, avail)
 	}
+	haveOf := map[string]*prismv1.SnapshotFile{}
+	for _, h := range have {
+		haveOf[h.GetName()] = h
+	}
 	var done int64
 	start := time.Now()
 	for i, f := range files {
-		if err := receiveFile(stream, fs, staged, int32(i), f, func(n int64) {
+		if err := receiveFile(stream, fs, staged, int32(i), f, haveOf[f.GetName()], &res, func(n int64) {
 			done += n
 			if o.Progress != nil {
 				o.Progress(done, total)
@@ -189,9 +221,9 @@ func Receive(stream Stream, dst string, o Options) (Result, error) {
 	return res, nil
 }
 
-// clearStaged removes what the staged folder holds but its lock, the
-// complete mark first.
-func clearStaged(fs vfs.FS, staged string) error {
+// clearStaged removes what the staged folder holds but its lock and
+// the files keep names, the complete mark first.
+func clearStaged(fs vfs.FS, staged string, keep map[string]bool) error {
 	if err := fs.Remove(fs.PathJoin(staged, store.StagedCompleteName)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return err
 	}
@@ -203,7 +235,7 @@ func clearStaged(fs vfs.FS, staged string) error {
 		return err
 	}
 	for _, n := range names {
-		if n == store.StagedLockName {
+		if n == store.StagedLockName || keep[n] {
 			continue
 		}
 		if err := fs.RemoveAll(fs.PathJoin(staged, n)); err != nil {
@@ -272,8 +304,28 @@ func checkManifest(m *prismv1.SnapshotManifest) ([]*prismv1.SnapshotFile, int64,
 	return files, total, nil
 }
 
-// receiveFile writes file i of the manifest from its chunks.
-func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.SnapshotFile, progress func(int64)) error {
+// receiveFile writes file i of the manifest from its chunks, or keeps
+// the one an earlier copy left (had, the caller's SnapshotRequest.have
+// entry of its name) when the sender says it is that file.
+func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.SnapshotFile, had *prismv1.SnapshotFile, res *Result, progress func(int64)) error {
+	first, err := stream.Recv()
+	if err == io.EOF {
+		return fmt.Errorf("the stream ended at byte 0 of %d", f.GetSize())
+	} else if err != nil {
+		return err
+	}
+	if first.GetReused() {
+		switch {
+		case first.GetFile() != i:
+			return fmt.Errorf("a chunk of file %d where file %d's were due", first.GetFile(), i)
+		case had == nil || had.GetSize() != f.GetSize() || had.GetCrc32C() != first.GetCrc32C() || len(first.GetData()) > 0 || !first.GetEof():
+			return errors.New("the sender kept a file this copy does not hold as it says")
+		}
+		res.Reused++
+		res.ReusedBytes += f.GetSize()
+		progress(f.GetSize())
+		return nil
+	}
 	w, err := fs.Create(fs.PathJoin(dir, f.GetName()), vfs.WriteCategoryUnspecified)
 	if err != nil {
 		return err
@@ -286,13 +338,7 @@ func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.Snaps
 	}()
 	var off int64
 	var sum uint32
-	for {
-		c, err := stream.Recv()
-		if err == io.EOF {
-			return fmt.Errorf("the stream ended at byte %d of %d", off, f.GetSize())
-		} else if err != nil {
-			return err
-		}
+	for c := first; ; {
 		switch {
 		case c.GetManifest() != nil:
 			return errors.New("a second manifest")
@@ -312,6 +358,11 @@ func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.Snaps
 		off += int64(len(c.GetData()))
 		progress(int64(len(c.GetData())))
 		if !c.GetEof() {
+			if c, err = stream.Recv(); err == io.EOF {
+				return fmt.Errorf("the stream ended at byte %d of %d", off, f.GetSize())
+			} else if err != nil {
+				return err
+			}
 			continue
 		}
 		if off != f.GetSize() {
@@ -347,6 +398,56 @@ func inspect(fs vfs.FS, dir string) ([]ModelState, error) {
 			return nil, err
 		}
 		out = append(out, ModelState{Name: name, Version: s.ActiveVersion(name), Applied: seq, Diverged: marks[name]})
+	}
+	return out, nil
+}
+
+// held lists the files an earlier copy left in the staged folder, each
+// with its size and checksum (read whole: check reports the bytes).
+func held(fs vfs.FS, staged string, check func(done, total int64)) ([]*prismv1.SnapshotFile, error) {
+	names, err := fs.List(staged)
+	if err != nil {
+		return nil, err
+	}
+	var out []*prismv1.SnapshotFile
+	var total, done int64
+	for _, n := range names {
+		if n == store.StagedCompleteName || n == store.StagedLockName || store.ReservedName(n) {
+			continue
+		}
+		st, err := fs.Stat(fs.PathJoin(staged, n))
+		if err != nil {
+			return nil, err
+		}
+		if st.IsDir() {
+			continue
+		}
+		out = append(out, &prismv1.SnapshotFile{Name: n, Size: st.Size()})
+		total += st.Size()
+	}
+	buf := make([]byte, 1<<20)
+	for _, f := range out {
+		r, err := fs.Open(fs.PathJoin(staged, f.Name))
+		if err != nil {
+			return nil, err
+		}
+		var sum uint32
+		for {
+			n, err := r.Read(buf)
+			sum = crc32.Update(sum, castagnoli, buf[:n])
+			done += int64(n)
+			if check != nil {
+				check(done, total)
+			}
+			if err == io.EOF {
+				break
+			} else if err != nil {
+				r.Close()
+				return nil, err
+			}
+		}
+		r.Close()
+		f.Crc32C = sum
 	}
 	return out, nil
 }

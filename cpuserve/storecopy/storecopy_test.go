@@ -33,6 +33,11 @@ func (s *sliceStream) Recv() (*prismv1.SnapshotChunk, error) {
 	return c, nil
 }
 
+// fromSlice is an Open answering with s whatever is asked.
+func fromSlice(s *sliceStream) Open {
+	return func(*prismv1.SnapshotRequest) (Stream, error) { return s, nil }
+}
+
 // testPlan writes a plan folder for model m, one table a of 8 rows of
 // 2 (plan.json and its table file, as prism partition writes them).
 func testPlan(t testing.TB) string {
@@ -229,6 +234,11 @@ func TestReceive(t *testing.T) {
 			c[1].File = 1
 			return c
 		}, want: "where file 0's were due"},
+		{name: "reused unheld", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			// The sender says the caller holds file 0 already; it does not.
+			c[1] = &prismv1.SnapshotChunk{File: 0, Eof: true, Reused: true}
+			return c
+		}, want: "does not hold as it says"},
 		{name: "cut", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk { return c[:len(c)-1] }, want: "the stream ended"},
 		{name: "tail", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
 			return append(c, &prismv1.SnapshotChunk{File: 7})
@@ -272,7 +282,7 @@ func TestReceive(t *testing.T) {
 			}
 			var last, total int64
 			o.Progress = func(done, tot int64) { last, total = done, tot }
-			res, err := Receive(&s, "dst", o)
+			res, err := Receive(fromSlice(&s), "dst", o)
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Receive: %v, want an error with %q", err, tc.want)
@@ -314,12 +324,12 @@ func TestReceiveBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := sliceStream(clone(good))
-	if _, err := Receive(&s, "dst", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "another prism store copy") {
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "another prism store copy") {
 		t.Fatalf("Receive while another holds the lock: %v", err)
 	}
 	l.Close()
 	s = sliceStream(clone(good))
-	if _, err := Receive(&s, "dst", Options{FS: fs}); err != nil {
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs}); err != nil {
 		t.Fatalf("Receive once the lock is free: %v", err)
 	}
 }
@@ -373,13 +383,13 @@ func TestReceiveKeepsWhatIsStaged(t *testing.T) {
 	ingest(t, dst)
 	// Held open (a running worker): the copy is staged, not swapped.
 	s := sliceStream(clone(good))
-	if _, err := Receive(&s, "dst", Options{FS: fs}); err != nil {
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs}); err != nil {
 		t.Fatal(err)
 	}
 	dst.Close()
 	complete := fs.PathJoin("dst", store.StagedDirName, store.StagedCompleteName)
 	for _, bad := range []sliceStream{nil, {{File: 3}}} {
-		if _, err := Receive(&bad, "dst", Options{FS: fs}); err == nil {
+		if _, err := Receive(fromSlice(&bad), "dst", Options{FS: fs}); err == nil {
 			t.Fatal("a stream without a manifest accepted")
 		}
 		if _, err := fs.Stat(complete); err != nil {
@@ -391,7 +401,7 @@ func TestReceiveKeepsWhatIsStaged(t *testing.T) {
 		t.Fatal("open with failing renames succeeded")
 	}
 	s = sliceStream(clone(good))
-	if _, err := Receive(&s, "dst", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "cut short") {
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "cut short") {
 		t.Fatalf("a copy over a swap cut short: %v", err)
 	}
 	if got := applied(t, fs, "dst"); got != "seq 3 row1 [3 0]" {
@@ -423,11 +433,11 @@ func TestReceiveRefusesNoMend(t *testing.T) {
 	c.Close()
 	src.Close()
 	s := sliceStream(clone(diverged))
-	if _, err := Receive(&s, "d1", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "itself diverged") {
+	if _, err := Receive(fromSlice(&s), "d1", Options{FS: fs}); err == nil || !strings.Contains(err.Error(), "itself diverged") {
 		t.Fatalf("a diverged copy: %v", err)
 	}
 	s = sliceStream(clone(diverged))
-	if _, err := Receive(&s, "d1", Options{FS: fs, AllowDiverged: true}); err != nil {
+	if _, err := Receive(fromSlice(&s), "d1", Options{FS: fs, AllowDiverged: true}); err != nil {
 		t.Fatalf("a diverged copy, allowed: %v", err)
 	}
 
@@ -442,7 +452,7 @@ func TestReceiveRefusesNoMend(t *testing.T) {
 	}
 	d2.Close()
 	s = sliceStream(clone(good))
-	res, err := Receive(&s, "d2", Options{FS: fs})
+	res, err := Receive(fromSlice(&s), "d2", Options{FS: fs})
 	if err == nil || !strings.Contains(err.Error(), "lacks model(s) other") || len(res.Replacing) != 2 {
 		t.Fatalf("a copy lacking a model: %v (replacing %+v)", err, res.Replacing)
 	}
@@ -459,7 +469,7 @@ func TestReceiveRate(t *testing.T) {
 	const want = 300 * time.Millisecond
 	s := sliceStream(clone(good))
 	start := time.Now()
-	if _, err := Receive(&s, "dst", Options{FS: vfs.NewMem(), Rate: int64(float64(total) / want.Seconds())}); err != nil {
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: vfs.NewMem(), Rate: int64(float64(total) / want.Seconds())}); err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(start); took < want-10*time.Millisecond {
