@@ -145,7 +145,7 @@ func WriteFleet(out io.Writer, resp *prismv1.ListResponse) error {
 	for _, line := range fleetGaps(rows) {
 		fmt.Fprintln(out, line)
 	}
-	for _, line := range fleetMends(rows) {
+	for _, line := range fleetMends(rows, resp.GetNotSequencing(), resp.GetSequencer()) {
 		fmt.Fprintln(out, line)
 	}
 	switch {
@@ -175,9 +175,12 @@ func FleetProblems(resp *prismv1.ListResponse) []string {
 
 // fleetMends says, for each embedding worker out of a model for good
 // (diverged, left out), how to mend it: its store replaced by a copy of
-// a worker serving every model (and shard) it holds, in sync, whose
-// address it names (the first by address), or that none does yet.
-func fleetMends(rows []FleetRow) []string {
+// a worker serving every model (and shard) it holds, in sync, and out of
+// none (prism store copy refuses a store marking a model diverged),
+// whose address it names (the first by address), or that none does
+// yet. A router that does not sequence updates knows no worker in
+// sync: the line names the one that does (sequencer), to ask.
+func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string {
 	type held struct{ shard, state string }
 	workers := map[string]map[string]held{} // id -> model -> its row's
 	addr := map[string]string{}
@@ -206,6 +209,14 @@ func fleetMends(rows []FleetRow) []string {
 		if why == "" {
 			continue
 		}
+		if notSequencing {
+			ask := "the router sequencing updates (not known now: an election under way?)"
+			if sequencer != "" {
+				ask = "prism status --router " + sequencer
+			}
+			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; %s names a worker to copy its store from (prism store copy)", addr[id], why, ask))
+			continue
+		}
 		from := ""
 		for _, src := range ids {
 			if src == id {
@@ -216,6 +227,11 @@ func fleetMends(rows []FleetRow) []string {
 				if sh, has := workers[src][m]; !has || sh.shard != h.shard || sh.state != "serving" {
 					ok = false
 					break
+				}
+			}
+			for _, h := range workers[src] {
+				if strings.HasPrefix(h.state, "diverged") || h.state == "left out" {
+					ok = false // its store marks a model out: no copy to take
 				}
 			}
 			if ok {

@@ -152,12 +152,23 @@ func TestFleetMends(t *testing.T) {
 		{Model: "a", Role: "dense", Addr: "h9:1", ID: "d", State: "serving"},
 	}
 	want := []string{"embedding worker h1:1 (a: diverged at 3) is out for good; no worker serves all of its models (and shards) in sync to copy a store from yet"}
-	if got := fleetMends(rows); !slices.Equal(got, want) {
+	if got := fleetMends(rows, false, ""); !slices.Equal(got, want) {
 		t.Fatalf("fleetMends = %q, want %q", got, want)
 	}
 	rows[5].State = "serving" // w3 caught up
 	want = []string{"embedding worker h1:1 (a: diverged at 3) is out for good; mend it on its host: prism store copy --from h3:1 --db ITS_STORE, then restart it"}
-	if got := fleetMends(rows); !slices.Equal(got, want) {
+	if got := fleetMends(rows, false, ""); !slices.Equal(got, want) {
 		t.Fatalf("fleetMends = %q, want %q", got, want)
+	}
+	// A source whose store marks another model out is no source.
+	rows = append(rows, FleetRow{Model: "c", Role: "embedding", Addr: "h3:1", ID: "w3", State: "diverged at 5"})
+	got := fleetMends(rows, false, "")
+	if len(got) != 2 || !strings.Contains(got[0], "h1:1") || !strings.Contains(got[0], "no worker serves") {
+		t.Fatalf("fleetMends with the only source out of another model = %q", got)
+	}
+	// A router that does not sequence updates names the one that does.
+	want = []string{"embedding worker h1:1 (a: diverged at 3) is out for good; prism status --router r0:8500 names a worker to copy its store from (prism store copy)"}
+	if got := fleetMends(rows[:3], true, "r0:8500"); !slices.Equal(got, want) {
+		t.Fatalf("fleetMends, not sequencing = %q, want %q", got, want)
 	}
 }

@@ -84,7 +84,11 @@ type SnapshotRequest struct {
 	// have is what the caller holds already of an earlier copy it did not
 	// finish (name, size, crc32c): a file of the new copy with that name,
 	// size and checksum is not sent again (its chunk says reused).
-	Have          []*SnapshotFile `protobuf:"bytes,1,rep,name=have,proto3" json:"have,omitempty"`
+	Have []*SnapshotFile `protobuf:"bytes,1,rep,name=have,proto3" json:"have,omitempty"`
+	// rate, if positive, bounds the bytes a second the sender reads of its
+	// files for this copy (sent, or read for a checksum of a file kept),
+	// so a serving worker keeps its disk for its lookups.
+	Rate          int64 `protobuf:"varint,2,opt,name=rate,proto3" json:"rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -124,6 +128,13 @@ func (x *SnapshotRequest) GetHave() []*SnapshotFile {
 		return x.Have
 	}
 	return nil
+}
+
+func (x *SnapshotRequest) GetRate() int64 {
+	if x != nil {
+		return x.Rate
+	}
+	return 0
 }
 
 // SnapshotChunk is one message of a Snapshot stream: the first carries
@@ -2330,9 +2341,10 @@ var File_api_prismv1_internal_proto protoreflect.FileDescriptor
 
 const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\n" +
-	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"=\n" +
+	"\x1aapi/prismv1/internal.proto\x12\bprism.v1\x1a\x1bapi/prismv1/recommend.proto\"Q\n" +
 	"\x0fSnapshotRequest\x12*\n" +
-	"\x04have\x18\x01 \x03(\v2\x16.prism.v1.SnapshotFileR\x04have\"\xc9\x01\n" +
+	"\x04have\x18\x01 \x03(\v2\x16.prism.v1.SnapshotFileR\x04have\x12\x12\n" +
+	"\x04rate\x18\x02 \x01(\x03R\x04rate\"\xc9\x01\n" +
 	"\rSnapshotChunk\x126\n" +
 	"\bmanifest\x18\x01 \x01(\v2\x1a.prism.v1.SnapshotManifestR\bmanifest\x12\x12\n" +
 	"\x04file\x18\x02 \x01(\x05R\x04file\x12\x16\n" +

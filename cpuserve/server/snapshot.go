@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"hash/crc32"
 	"io"
@@ -59,13 +60,14 @@ func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.Embedding
 		have[h.GetName()] = h
 	}
 	buf := make([]byte, snapshotChunk)
+	pace := newPacer(req.GetRate())
 	var reused int
 	var reusedBytes int64
 	for i, f := range c.Files {
 		if h := have[f.Name]; h != nil && h.GetSize() == f.Size {
 			// The caller's may be this file (an earlier copy it did not
 			// finish): read here, not sent, when the checksums agree.
-			sum, err := fileCRC(c, f.Name, buf)
+			sum, err := fileCRC(ctx, c, f.Name, buf, pace)
 			if err != nil {
 				return status.Errorf(codes.Internal, "copy of the store: %v", err)
 			}
@@ -78,7 +80,7 @@ func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.Embedding
 				continue
 			}
 		}
-		if err := s.sendFile(stream, c, int32(i), f, buf); err != nil {
+		if err := s.sendFile(stream, c, int32(i), f, buf, pace); err != nil {
 			s.log.Warn("copy of the store not sent", "store", s.st.Dir(), "file", f.Name, "err", err)
 			return err
 		}
@@ -87,7 +89,7 @@ func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.Embedding
 	return nil
 }
 
-func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.Checkpoint, i int32, f store.CheckpointFile, buf []byte) error {
+func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.Checkpoint, i int32, f store.CheckpointFile, buf []byte, pace *pacer) error {
 	r, err := c.Open(f.Name)
 	if err != nil {
 		return status.Errorf(codes.Internal, "copy of the store: %v", err)
@@ -97,6 +99,7 @@ func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.
 	var sum uint32
 	for {
 		n, err := io.ReadFull(r, buf)
+		pace.read(stream.Context(), n)
 		if n > 0 {
 			sum = crc32.Update(sum, castagnoli, buf[:n])
 			if off+int64(n) > f.Size {
@@ -125,7 +128,7 @@ func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.
 }
 
 // fileCRC is the CRC-32C of the checkpoint's file name.
-func fileCRC(c *store.Checkpoint, name string, buf []byte) (uint32, error) {
+func fileCRC(ctx context.Context, c *store.Checkpoint, name string, buf []byte, pace *pacer) (uint32, error) {
 	r, err := c.Open(name)
 	if err != nil {
 		return 0, err
@@ -134,11 +137,44 @@ func fileCRC(c *store.Checkpoint, name string, buf []byte) (uint32, error) {
 	var sum uint32
 	for {
 		n, err := r.Read(buf)
+		pace.read(ctx, n)
 		sum = crc32.Update(sum, castagnoli, buf[:n])
 		if errors.Is(err, io.EOF) {
 			return sum, nil
 		} else if err != nil {
 			return 0, err
+		}
+	}
+}
+
+// pacer holds a copy's reads of the store's files to a rate
+// (SnapshotRequest.rate): after each read, it sleeps off the lead the
+// bytes read so far have over the rate. A nil pacer does not pace.
+type pacer struct {
+	rate  float64
+	start time.Time
+	done  int64
+}
+
+func newPacer(rate int64) *pacer {
+	if rate <= 0 {
+		return nil
+	}
+	return &pacer{rate: float64(rate), start: time.Now()}
+}
+
+func (p *pacer) read(ctx context.Context, n int) {
+	if p == nil {
+		return
+	}
+	p.done += int64(n)
+	due := time.Duration(float64(p.done) / p.rate * float64(time.Second))
+	if ahead := due - time.Since(p.start); ahead > 0 {
+		t := time.NewTimer(ahead)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
 		}
 	}
 }

@@ -114,6 +114,13 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 	if err := fs.MkdirAll(staged, 0o755); err != nil {
 		return Result{}, fmt.Errorf("copy into %s: %w", dst, err)
 	}
+	// The staged folder's own entry (and the store folder's, made here
+	// when missing) outlive a crash, as the files in it will.
+	for _, d := range []string{fs.PathDir(dst), dst} {
+		if err := store.SyncDir(fs, d); err != nil {
+			return Result{}, fmt.Errorf("copy into %s: %w", dst, err)
+		}
+	}
 	lock, err := fs.Lock(fs.PathJoin(staged, store.StagedLockName))
 	if err != nil {
 		return Result{}, fmt.Errorf("copy into %s: could not take the copy's lock (another prism store copy writing there, or the store swapping a staged copy in): %w", dst, err)
@@ -129,7 +136,7 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 	if err != nil {
 		return res, fmt.Errorf("copy into %s: read what an earlier copy left: %w", dst, err)
 	}
-	stream, err := open(&prismv1.SnapshotRequest{Have: have})
+	stream, err := open(&prismv1.SnapshotRequest{Have: have, Rate: o.Rate})
 	if err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
@@ -163,24 +170,32 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 			return u.AvailBytes, err
 		}
 	}
-	if avail, err := free(staged); err == nil && uint64(total) > avail {
-		return res, fmt.Errorf("copy into %s: the copy is %d bytes and the disk has %d free", dst, total, avail)
-	}
 	haveOf := map[string]*prismv1.SnapshotFile{}
 	for _, h := range have {
 		haveOf[h.GetName()] = h
 	}
-	var done int64
+	// What the disk must still take: a file staged already under a name
+	// is rewritten in its place, or kept.
+	var need int64
+	for _, f := range files {
+		need += max(0, f.GetSize()-haveOf[f.GetName()].GetSize())
+	}
+	if avail, err := free(staged); err == nil && uint64(need) > avail {
+		return res, fmt.Errorf("copy into %s: the copy needs %d more bytes and the disk has %d free", dst, need, avail)
+	}
+	var done, received int64
 	start := time.Now()
 	for i, f := range files {
-		if err := receiveFile(stream, fs, staged, int32(i), f, haveOf[f.GetName()], &res, func(n int64) {
+		if err := receiveFile(stream, fs, staged, int32(i), f, haveOf[f.GetName()], &res, func(n int64, sent bool) {
 			done += n
 			if o.Progress != nil {
 				o.Progress(done, total)
 			}
-			if o.Rate > 0 {
-				// Behind the pace by what came early: wait it out.
-				due := time.Duration(float64(done) / float64(o.Rate) * float64(time.Second))
+			if o.Rate > 0 && sent {
+				// The sender paces its reads (SnapshotRequest.rate);
+				// this holds a sender of an earlier release too.
+				received += n
+				due := time.Duration(float64(received) / float64(o.Rate) * float64(time.Second))
 				if ahead := due - time.Since(start); ahead > 0 {
 					time.Sleep(ahead)
 				}
@@ -307,7 +322,7 @@ func checkManifest(m *prismv1.SnapshotManifest) ([]*prismv1.SnapshotFile, int64,
 // receiveFile writes file i of the manifest from its chunks, or keeps
 // the one an earlier copy left (had, the caller's SnapshotRequest.have
 // entry of its name) when the sender says it is that file.
-func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.SnapshotFile, had *prismv1.SnapshotFile, res *Result, progress func(int64)) error {
+func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.SnapshotFile, had *prismv1.SnapshotFile, res *Result, progress func(n int64, sent bool)) error {
 	first, err := stream.Recv()
 	if err == io.EOF {
 		return fmt.Errorf("the stream ended at byte 0 of %d", f.GetSize())
@@ -321,9 +336,23 @@ func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.Snaps
 		case had == nil || had.GetSize() != f.GetSize() || had.GetCrc32C() != first.GetCrc32C() || len(first.GetData()) > 0 || !first.GetEof():
 			return errors.New("the sender kept a file this copy does not hold as it says")
 		}
+		// Synced before the copy counts as complete: the copy that left
+		// it may have died before its sync (its bytes only in the page
+		// cache, which held for the checksum).
+		k, err := fs.Open(fs.PathJoin(dir, f.GetName()))
+		if err != nil {
+			return err
+		}
+		err = k.Sync()
+		if cerr := k.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
 		res.Reused++
 		res.ReusedBytes += f.GetSize()
-		progress(f.GetSize())
+		progress(f.GetSize(), false)
 		return nil
 	}
 	w, err := fs.Create(fs.PathJoin(dir, f.GetName()), vfs.WriteCategoryUnspecified)
@@ -356,7 +385,7 @@ func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.Snaps
 			return err
 		}
 		off += int64(len(c.GetData()))
-		progress(int64(len(c.GetData())))
+		progress(int64(len(c.GetData())), true)
 		if !c.GetEof() {
 			if c, err = stream.Recv(); err == io.EOF {
 				return fmt.Errorf("the stream ended at byte %d of %d", off, f.GetSize())
@@ -416,38 +445,48 @@ func held(fs vfs.FS, staged string, check func(done, total int64)) ([]*prismv1.S
 			continue
 		}
 		st, err := fs.Stat(fs.PathJoin(staged, n))
-		if err != nil {
-			return nil, err
-		}
-		if st.IsDir() {
-			continue
+		if err != nil || st.IsDir() {
+			continue // not offered: the copy clears or rewrites it
 		}
 		out = append(out, &prismv1.SnapshotFile{Name: n, Size: st.Size()})
 		total += st.Size()
 	}
 	buf := make([]byte, 1<<20)
+	readable := out[:0]
 	for _, f := range out {
-		r, err := fs.Open(fs.PathJoin(staged, f.Name))
-		if err != nil {
-			return nil, err
-		}
-		var sum uint32
-		for {
-			n, err := r.Read(buf)
-			sum = crc32.Update(sum, castagnoli, buf[:n])
+		sum, n, err := checksum(fs, fs.PathJoin(staged, f.Name), buf, func(n int) {
 			done += int64(n)
 			if check != nil {
 				check(done, total)
 			}
-			if err == io.EOF {
-				break
-			} else if err != nil {
-				r.Close()
-				return nil, err
-			}
+		})
+		if err != nil || n != f.Size {
+			continue // unreadable (or changed): not offered
 		}
-		r.Close()
 		f.Crc32C = sum
+		readable = append(readable, f)
 	}
-	return out, nil
+	return readable, nil
+}
+
+// checksum reads file path whole: its CRC-32C and length.
+func checksum(fs vfs.FS, path string, buf []byte, read func(int)) (uint32, int64, error) {
+	r, err := fs.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer r.Close()
+	var sum uint32
+	var size int64
+	for {
+		n, err := r.Read(buf)
+		sum = crc32.Update(sum, castagnoli, buf[:n])
+		size += int64(n)
+		read(n)
+		if err == io.EOF {
+			return sum, size, nil
+		} else if err != nil {
+			return 0, 0, err
+		}
+	}
 }
