@@ -196,6 +196,9 @@ store (a version switch carries the updates, and so the difference, along).`,
 				return err
 			}
 			defer s.Close()
+			if rep, ok := s.Swapped(); ok {
+				fmt.Fprintf(cmd.ErrOrStderr(), "swapped in the copy of another worker's store that prism store copy staged in %s; the store's files from before are in %s (remove it once the worker serves)\n", db, rep.Replaced)
+			}
 			model := args[0]
 			switch {
 			case activate > 0:
