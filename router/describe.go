@@ -55,9 +55,17 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 			}
 		}
 		slices.Sort(inSync)
+		var stranded []string
+		for id, k := range m.known {
+			// The heartbeat's rule for a worker no replay can catch up.
+			if _, out := m.diverged[id]; !out && s.workers[id] != nil && k < m.next && k < m.floor {
+				stranded = append(stranded, id)
+			}
+		}
+		slices.Sort(stranded)
 		out[name] = &prismv1.ModelUpdates{
 			Acknowledged: m.committed, Numbered: m.next, LeftOut: left,
-			Settling: now.Before(s.settles(m)), InSync: inSync,
+			Settling: now.Before(s.settles(m)), InSync: inSync, Stranded: stranded,
 		}
 	}
 	return out

@@ -24,7 +24,8 @@ type FleetRow struct {
 	ID    string
 	// State is what the router does with the worker for this model:
 	// serving; behind (lacks acknowledged updates: caught up, then
-	// serves); diverged (its copy differs from its peers': out for
+	// serves); stranded (behind by updates the router's log no longer
+	// holds: out until its store is replaced); diverged (its copy differs from its peers': out for
 	// good, replace its store); left out (claims updates the sequencer
 	// never numbered); settling (the router's start-up window: no
 	// lookups yet); unhealthy (it says so); or unknown (the router does
@@ -110,6 +111,8 @@ func fleetState(resp *prismv1.ListResponse, w *prismv1.WorkerInfo, model string,
 			return "left out" // claims updates never numbered
 		}
 		return "diverged" // found by the router, its store not told yet
+	case slices.Contains(u.GetStranded(), id):
+		return "stranded"
 	default:
 		return "behind"
 	}
@@ -160,13 +163,14 @@ func WriteFleet(out io.Writer, resp *prismv1.ListResponse) error {
 // FleetProblems are what in resp needs an operator (prism status
 // --check): each model, or shard of one, no worker serves in a role
 // (its requests fail), and each worker out of a model for good
-// (diverged, or left out claiming updates never numbered). Workers
-// behind or settling are not problems: they serve once caught up.
+// (diverged, left out claiming updates never numbered, or stranded
+// behind the router's log). Workers behind or settling are not
+// problems: they serve once caught up.
 func FleetProblems(resp *prismv1.ListResponse) []string {
 	rows := Fleet(resp)
 	out := fleetGaps(rows)
 	for _, r := range rows {
-		if strings.HasPrefix(r.State, "diverged") || r.State == "left out" {
+		if outForGood(r.State) {
 			out = append(out, fmt.Sprintf("%s: %s worker %s (%s) is %s", r.Model, r.Role, r.Addr, r.ID, r.State))
 		}
 	}
@@ -174,7 +178,7 @@ func FleetProblems(resp *prismv1.ListResponse) []string {
 }
 
 // fleetMends says, for each embedding worker out of a model for good
-// (diverged, left out), how to mend it: its store replaced by a copy of
+// (diverged, left out, stranded), how to mend it: its store replaced by a copy of
 // a worker serving every model (and shard) it holds, in sync, and out of
 // none (prism store copy refuses a store marking a model diverged),
 // whose address it names (the first by address), or that none does
@@ -201,7 +205,7 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 	for _, id := range ids {
 		var why string
 		for _, m := range slices.Sorted(maps.Keys(workers[id])) {
-			if st := workers[id][m].state; strings.HasPrefix(st, "diverged") || st == "left out" {
+			if st := workers[id][m].state; outForGood(st) {
 				why = fmt.Sprintf("%s: %s", m, st)
 				break
 			}
@@ -230,8 +234,8 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 				}
 			}
 			for _, h := range workers[src] {
-				if strings.HasPrefix(h.state, "diverged") || h.state == "left out" {
-					ok = false // its store marks a model out: no copy to take
+				if outForGood(h.state) {
+					ok = false // out of a model itself: no copy to take
 				}
 			}
 			if ok {
@@ -246,6 +250,13 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 		out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; mend it on its host: prism store copy --from %s --db ITS_STORE, then restart it", addr[id], why, from))
 	}
 	return out
+}
+
+// outForGood says whether a worker in state st is out of a model until
+// its store is replaced: diverged, left out (claiming updates never
+// numbered) or stranded (behind the router's log).
+func outForGood(st string) bool {
+	return strings.HasPrefix(st, "diverged") || st == "left out" || st == "stranded"
 }
 
 // fleetGaps says, for each model of rows, which role no worker serves

@@ -36,6 +36,8 @@ func TestFleetStates(t *testing.T) {
 			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 7, InSync: []string{"e"}}}}, "serving", 7, 7},
 		{"behind", emb("e", []string{"m"}, map[string]int64{"m": 5}),
 			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 8}}}, "behind", 5, 7},
+		{"behind the log", emb("e", []string{"m"}, map[string]int64{"m": 2}),
+			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 8, Stranded: []string{"e"}}}}, "stranded", 2, 7},
 		{"settling", emb("e", []string{"m"}, map[string]int64{"m": 7}),
 			&prismv1.ListResponse{Updates: map[string]*prismv1.ModelUpdates{"m": {Acknowledged: 7, Numbered: 7, Settling: true}}}, "settling", 7, 7},
 		{"diverged, its store not told yet", emb("e", []string{"m"}, map[string]int64{"m": 7}),

@@ -435,6 +435,16 @@ func (h *seqScript) do(line string) []string {
 		h.s.tick(h.now)
 	case "resign":
 		h.s.resign(h.now)
+	case "describe":
+		// What Registry/List says of each sequence (prism status reads it).
+		var out []string
+		d := h.s.describe(h.now)
+		for _, key := range slices.Sorted(maps.Keys(d)) {
+			u := d[key]
+			out = append(out, fmt.Sprintf("%s: acknowledged=%d numbered=%d in_sync=%s left_out=%s stranded=%s settling=%v", key,
+				u.GetAcknowledged(), u.GetNumbered(), strings.Join(u.GetInSync(), ","), strings.Join(u.GetLeftOut(), ","), strings.Join(u.GetStranded(), ","), u.GetSettling()))
+		}
+		return out
 	case "serving":
 		var out []string
 		for _, id := range slices.Sorted(maps.Keys(h.s.workers)) {

@@ -1952,7 +1952,12 @@ type ModelUpdates struct {
 	// in_sync are the ids of the live workers the sequencing router sends
 	// the model's lookups to (holding every acknowledged update), as of
 	// this answer: a follower's own copy of their announcements may lag.
-	InSync        []string `protobuf:"bytes,5,rep,name=in_sync,json=inSync,proto3" json:"in_sync,omitempty"`
+	InSync []string `protobuf:"bytes,5,rep,name=in_sync,json=inSync,proto3" json:"in_sync,omitempty"`
+	// stranded are the ids of live workers behind by updates the router's
+	// log no longer holds (or that were behind when an in-memory router
+	// restarted): no replay brings them back; a copy of a serving
+	// worker's store does (prism store copy).
+	Stranded      []string `protobuf:"bytes,6,rep,name=stranded,proto3" json:"stranded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2018,6 +2023,13 @@ func (x *ModelUpdates) GetSettling() bool {
 func (x *ModelUpdates) GetInSync() []string {
 	if x != nil {
 		return x.InSync
+	}
+	return nil
+}
+
+func (x *ModelUpdates) GetStranded() []string {
+	if x != nil {
+		return x.Stranded
 	}
 	return nil
 }
@@ -2517,13 +2529,14 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\tsequencer\x18\x04 \x01(\tR\tsequencer\x1aR\n" +
 	"\fUpdatesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12,\n" +
-	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\x9e\x01\n" +
+	"\x05value\x18\x02 \x01(\v2\x16.prism.v1.ModelUpdatesR\x05value:\x028\x01\"\xba\x01\n" +
 	"\fModelUpdates\x12\"\n" +
 	"\facknowledged\x18\x01 \x01(\x03R\facknowledged\x12\x1a\n" +
 	"\bnumbered\x18\x02 \x01(\x03R\bnumbered\x12\x19\n" +
 	"\bleft_out\x18\x03 \x03(\tR\aleftOut\x12\x1a\n" +
 	"\bsettling\x18\x04 \x01(\bR\bsettling\x12\x17\n" +
-	"\ain_sync\x18\x05 \x03(\tR\x06inSync\"\xba\x01\n" +
+	"\ain_sync\x18\x05 \x03(\tR\x06inSync\x12\x1a\n" +
+	"\bstranded\x18\x06 \x03(\tR\bstranded\"\xba\x01\n" +
 	"\x10UpdateLogRequest\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12;\n" +
 	"\x05after\x18\x02 \x03(\v2%.prism.v1.UpdateLogRequest.AfterEntryR\x05after\x12\x1b\n" +

@@ -39,19 +39,23 @@ func newStatusCmd() *cobra.Command {
 and prints a row per worker and model: its role, address, state
 (serving; behind: lacks acknowledged embedding updates and is being
 caught up; diverged: its copy of the tables differs from its peers',
-out of serving for good until its store is replaced; left out: it
-claims updates the router never numbered; settling: the router's
+out of serving for good until its store is replaced; stranded: behind
+by updates the router's log no longer holds, out until its store is
+replaced too; left out: it claims updates the router never numbered;
+settling: the router's
 start-up window; unhealthy), the updates it holds against the last
 acknowledged, and its requests in flight. Then a line for each model
 (or shard) that no worker serves in a role: its requests fail. A router
 that follows another for updates does not know which embedding workers
-are in sync: it names the one that does, to ask instead. The caller needs an admin
+are in sync: it names the one that does, to ask instead. For each
+worker out for good it names a worker to copy its store from
+(prism store copy). The caller needs an admin
 certificate (--certs DIR, as made by prism certs init or prism up), or
 any role's folder: inside a tier's Pod, --certs with the folder the
 chart mounts.
 --json prints the registry's answer as JSON instead; --check exits
 non-zero when a model or shard has no worker serving it in a role, or a
-worker is out for good (diverged, left out), for scripts.`,
+worker is out for good (diverged, left out, stranded), for scripts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := flagval.Positive(cmd.Flags(), "timeout"); err != nil {
@@ -99,7 +103,7 @@ worker is out for good (diverged, left out), for scripts.`,
 	f := cmd.Flags()
 	f.StringVar(&addr, "router", "127.0.0.1:8500", "the router's gRPC address")
 	f.BoolVar(&asJSON, "json", false, "print the registry's answer (prism.v1.ListResponse) as JSON")
-	f.BoolVar(&check, "check", false, "exit non-zero when a model (or shard) has no worker serving it in a role, or a worker is out for good (diverged, left out); behind and settling workers pass")
+	f.BoolVar(&check, "check", false, "exit non-zero when a model (or shard) has no worker serving it in a role, or a worker is out for good (diverged, left out, stranded); behind and settling workers pass")
 	f.DurationVar(&timeout, "timeout", 10*time.Second, "how long to wait for the router's answer")
 	tlsFlags.Register(cmd, auth.Admin)
 	return cmd
