@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/internal/leview"
+	"github.com/prism-serve/prism/internal/readyline"
+)
+
+// TestStrandedWorkerMendedByCopy: a worker behind when a router that
+// keeps its update log in memory restarts can never be replayed what it
+// lacks (no router holds it). prism status shows it stranded, out for
+// good for --check, and names a serving worker to copy from; prism
+// store copy from that worker, staged while the stranded one runs, and
+// its restart bring it back in sync. On real processes, mutual TLS.
+func TestStrandedWorkerMendedByCopy(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	certs := newCerts(t)
+	routerArgs := func(addr string) []string {
+		return []string{"serve", "router", "--certs", certs, "--addr", addr, "--heartbeat", "200ms", "--update-quorum", "one"}
+	}
+	router := startProc(t, readyline.Router, routerArgs("127.0.0.1:0")...)
+	embArgs := func(db string) []string {
+		return []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
+	}
+	startProc(t, readyline.Embedding, embArgs("db-a")...)
+	b := startProc(t, readyline.Embedding, embArgs("db-b")...)
+	reg := prismv1.NewRegistryClient(dialRestartable(t, router.addr, certs))
+	awaitList(t, reg, "two embedding workers", func(r *prismv1.ListResponse) bool { return len(embeddingWorkers(r)) == 2 })
+
+	// B down; A alone applies an update (quorum one).
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	awaitList(t, reg, "one embedding worker", func(r *prismv1.ListResponse) bool { return len(embeddingWorkers(r)) == 1 })
+	upd := prismv1.NewEmbeddingsClient(dialRestartable(t, router.addr, certs))
+	row := make([]float32, cfg.EmbDim)
+	row[0] = 1
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: leview.Bytes(row)})
+		if err == nil {
+			if resp.GetWorkers() != 1 {
+				t.Fatalf("update answered %v, want A applying it", resp)
+			}
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("update: %v", err)
+		}
+	}
+	// The router restarts with its log lost; B comes back holding none.
+	router.cmd.Process.Kill()
+	router.cmd.Wait()
+	startProc(t, readyline.Router, routerArgs(router.addr)...)
+	b = startProc(t, readyline.Embedding, embArgs("db-b")...)
+	var stranded, serving string
+	after := awaitList(t, reg, "B stranded", func(r *prismv1.ListResponse) bool {
+		u := r.GetUpdates()[cfg.Name]
+		if len(embeddingWorkers(r)) != 2 || len(u.GetStranded()) != 1 || len(u.GetInSync()) != 1 {
+			return false
+		}
+		stranded, serving = u.GetStranded()[0], u.GetInSync()[0]
+		return true
+	})
+	var aAddr string
+	for _, w := range embeddingWorkers(after) {
+		if w.GetId() == serving {
+			aAddr = w.GetAddr()
+		}
+	}
+	out, err := run(t, nil, "status", "--router", router.addr, "--certs", certs)
+	if err != nil {
+		t.Fatalf("prism status: %v\n%s", err, out)
+	}
+	t.Logf("prism status:\n%s", out)
+	var row2 string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasSuffix(line, " "+stranded) {
+			row2 = line
+		}
+	}
+	if !strings.Contains(row2, " stranded ") || !strings.Contains(out, "prism store copy --from "+aAddr+" --db ITS_STORE") {
+		t.Fatalf("prism status: B's row %q, and no mend from A (%s)", row2, aAddr)
+	}
+	if out, err := run(t, nil, "status", "--router", router.addr, "--certs", certs, "--check"); err == nil || !strings.Contains(out, "is stranded") {
+		t.Fatalf("prism status --check with a stranded worker: %v\n%s", err, out)
+	}
+
+	// The mend.
+	if out, err := run(t, nil, "store", "copy", "--from", aAddr, "--db", filepath.Join(dir, "db-b"), "--certs", certs); err != nil || !strings.Contains(out, "staged in") {
+		t.Fatalf("store copy: %v\n%s", err, out)
+	}
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	startProc(t, readyline.Embedding, embArgs("db-b")...)
+	awaitList(t, reg, "B mended: both in sync at update 1", func(r *prismv1.ListResponse) bool {
+		u := r.GetUpdates()[cfg.Name]
+		ws := embeddingWorkers(r)
+		return len(ws) == 2 && len(u.GetInSync()) == 2 && len(u.GetStranded()) == 0 && !slices.ContainsFunc(ws, func(w *prismv1.WorkerInfo) bool { return w.GetUpdateSeq()[cfg.Name] != 1 })
+	})
+}
