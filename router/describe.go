@@ -55,20 +55,26 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 			}
 		}
 		slices.Sort(inSync)
-		var stranded []string
-		for id, k := range m.known {
-			// The heartbeat's rule for a worker no replay can catch up.
-			if _, out := m.diverged[id]; !out && s.workers[id] != nil && k < m.next && k < m.floor {
-				stranded = append(stranded, id)
-			}
-		}
-		slices.Sort(stranded)
 		out[name] = &prismv1.ModelUpdates{
 			Acknowledged: m.committed, Numbered: m.next, LeftOut: left,
-			Settling: now.Before(s.settles(m)), InSync: inSync, Stranded: stranded,
+			Settling: now.Before(s.settles(m)), InSync: inSync, Stranded: s.stranded(m),
 		}
 	}
 	return out
+}
+
+// stranded is the live workers of sequence m behind by updates its log
+// no longer holds (the heartbeat's rule: they get no replay), sorted:
+// out until their store is replaced by a copy of a serving worker's.
+func (s *sequencer) stranded(m *modelSeq) []string {
+	var ids []string
+	for id, k := range m.known {
+		if _, diverged := m.diverged[id]; !diverged && s.workers[id] != nil && k < m.next && k < m.floor {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // describe is the driver's: the sequencer's view now.
@@ -116,11 +122,17 @@ type updateLogCollector struct{ r *Router }
 // serving for a diverged copy. They never come back under their id (the
 // operator's mend is a new worker on a copy of an up-to-date store), so
 // unlike embedding_workers_behind this does not pass by itself.
+// strandedDesc: the live embedding workers each sequence cannot catch
+// up (behind by updates its log no longer holds); like diverged ones
+// they do not come back by themselves.
+var strandedDesc = prometheus.NewDesc("prism_router_embedding_workers_stranded", "Live embedding workers of a model (a sequence: a model, or a shard of one, MODEL#shardK) behind by updates the sequencing router's log no longer holds (or that were behind when a router keeping its log in memory restarted): no replay catches them up; they serve again once their store is replaced with a copy of a serving worker's (prism store copy). Counted in prism_router_embedding_workers_behind too.", []string{"model"}, nil)
+
 var divergedDesc = prometheus.NewDesc("prism_router_embedding_workers_diverged", "Live embedding workers the sequencing router holds out of serving a model (a sequence: a model, or a shard of one, MODEL#shardK) because their copy diverged from their peers' (they answered an update otherwise than the others did); they take no lookups and no updates until replaced with a copy of an up-to-date worker's store.", []string{"model"}, nil)
 
 func (updateLogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- updateLogBytesDesc
 	ch <- divergedDesc
+	ch <- strandedDesc
 }
 
 func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
@@ -133,7 +145,7 @@ func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range []struct {
 		desc *prometheus.Desc
 		p    *atomic.Pointer[map[string]int64]
-	}{{updateLogBytesDesc, &d.logBytes}, {divergedDesc, &d.divergedN}} {
+	}{{updateLogBytesDesc, &d.logBytes}, {divergedDesc, &d.divergedN}, {strandedDesc, &d.strandedN}} {
 		p := g.p.Load()
 		if p == nil {
 			continue

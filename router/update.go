@@ -345,6 +345,9 @@ type updateDriver struct {
 	// holds out for a diverged copy (modelSeq.diverged), published as
 	// logBytes is.
 	divergedN atomic.Pointer[map[string]int64]
+	// strandedN is, per sequence, how many live embedding workers are
+	// behind by updates its log no longer holds (sequencer.stranded).
+	strandedN atomic.Pointer[map[string]int64]
 }
 
 // updateClient is an Update handler waiting for its answer.
@@ -720,6 +723,7 @@ func (d *updateDriver) publishLogBytes() {
 		}
 		return n
 	})
+	publishBy(&d.strandedN, d.seq.models, func(m *modelSeq) int64 { return int64(len(d.seq.stranded(m))) })
 }
 
 // publishBy stores in p, per sequence whose value is not 0, its value,

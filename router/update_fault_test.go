@@ -121,13 +121,19 @@ func TestDivergentAnswersReported(t *testing.T) {
 // divergedGauge is r's prism_router_embedding_workers_diverged of model
 // (0 when the router reports none).
 func divergedGauge(t *testing.T, r *Router, model string) float64 {
+	return seqGauge(t, r, divergedDesc, model)
+}
+
+// seqGauge is r's gauge desc (one of updateLogCollector's) of model
+// (0 when the router reports none).
+func seqGauge(t *testing.T, r *Router, desc *prometheus.Desc, model string) float64 {
 	t.Helper()
 	ch := make(chan prometheus.Metric, 16)
 	updateLogCollector{r}.Collect(ch)
 	close(ch)
 	v := 0.0
 	for m := range ch {
-		if m.Desc() != divergedDesc {
+		if m.Desc() != desc {
 			continue
 		}
 		var pb dto.Metric

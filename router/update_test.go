@@ -539,6 +539,20 @@ func TestUpdateLogBudget(t *testing.T) {
 	if n := rig.logs.count("misses updates the router no longer holds"); n != 1 {
 		t.Fatalf("the stale worker was reported %d times, want once", n)
 	}
+	// A gauge (and its alert, PrismEmbeddingWorkerStranded) says it
+	// will not come back by itself, and Registry/List names it.
+	if got := seqGauge(t, rig.r, strandedDesc, "m"); got != 1 {
+		t.Fatalf("prism_router_embedding_workers_stranded{model=m} = %v, want 1", got)
+	}
+	if u, _ := rig.r.describeUpdates(); !slices.Equal(u["m"].GetStranded(), []string{"cpu" + rig.addr[1]}) {
+		t.Fatalf("Registry/List's stranded: %v", u["m"].GetStranded())
+	}
+	rig.r.Reg.Remove("cpu" + rig.addr[1])
+	rig.r.upd.tick(context.Background()) // a heartbeat with B gone, not announcing
+	rig.r.upd.wait()
+	if got := seqGauge(t, rig.r, strandedDesc, "m"); got != 0 {
+		t.Fatalf("prism_router_embedding_workers_stranded{model=m} = %v after the worker left, want 0", got)
+	}
 }
 
 // A router that has just started neither numbers updates nor serves a
