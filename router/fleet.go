@@ -178,29 +178,13 @@ func FleetProblems(resp *prismv1.ListResponse) []string {
 }
 
 // fleetMends says, for each embedding worker out of a model for good
-// (diverged, left out, stranded), how to mend it: its store replaced by a copy of
-// a worker serving every model (and shard) it holds, in sync, and out of
-// none (prism store copy refuses a store marking a model diverged),
-// whose address it names (the first by address), or that none does
-// yet. A router that does not sequence updates knows no worker in
-// sync: the line names the one that does (sequencer), to ask.
+// (diverged, left out, stranded), how to mend it: its store replaced by
+// a copy of a worker CopySource picks for the models (and shards) it
+// holds, whose address it names, or that none does yet. A router that
+// does not sequence updates knows no worker in sync: the line names
+// the one that does (sequencer), to ask.
 func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string {
-	type held struct{ shard, state string }
-	workers := map[string]map[string]held{} // id -> model -> its row's
-	addr := map[string]string{}
-	for _, r := range rows {
-		if r.Role != "embedding" {
-			continue
-		}
-		if workers[r.ID] == nil {
-			workers[r.ID] = map[string]held{}
-		}
-		workers[r.ID][r.Model] = held{r.Shard, r.State}
-		addr[r.ID] = r.Addr
-	}
-	ids := slices.SortedFunc(maps.Keys(workers), func(a, b string) int {
-		return cmp.Or(strings.Compare(addr[a], addr[b]), strings.Compare(a, b))
-	})
+	workers, addr, ids := embeddingHolds(rows)
 	var out []string
 	for _, id := range ids {
 		var why string
@@ -221,28 +205,11 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; %s names a worker to copy its store from (prism store copy)", addr[id], why, ask))
 			continue
 		}
-		from := ""
-		for _, src := range ids {
-			if src == id {
-				continue
-			}
-			ok := true
-			for m, h := range workers[id] {
-				if sh, has := workers[src][m]; !has || sh.shard != h.shard || sh.state != "serving" {
-					ok = false
-					break
-				}
-			}
-			for _, h := range workers[src] {
-				if outForGood(h.state) {
-					ok = false // out of a model itself: no copy to take
-				}
-			}
-			if ok {
-				from = addr[src]
-				break
-			}
+		need := map[string]string{}
+		for m, h := range workers[id] {
+			need[m] = h.shard
 		}
+		from := CopySource(rows, need, id)
 		if from == "" {
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; no worker serves all of its models (and shards) in sync to copy a store from yet", addr[id], why))
 			continue
@@ -250,6 +217,62 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 		out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; mend it on its host: prism store copy --from %s --db ITS_STORE, then restart it", addr[id], why, from))
 	}
 	return out
+}
+
+// held is an embedding worker's row of a model: its shard and state.
+type held struct{ shard, state string }
+
+// embeddingHolds indexes rows' embedding workers: id -> model -> held,
+// id -> address, and the ids by address.
+func embeddingHolds(rows []FleetRow) (map[string]map[string]held, map[string]string, []string) {
+	workers := map[string]map[string]held{}
+	addr := map[string]string{}
+	for _, r := range rows {
+		if r.Role != "embedding" {
+			continue
+		}
+		if workers[r.ID] == nil {
+			workers[r.ID] = map[string]held{}
+		}
+		workers[r.ID][r.Model] = held{r.Shard, r.State}
+		addr[r.ID] = r.Addr
+	}
+	ids := slices.SortedFunc(maps.Keys(workers), func(a, b string) int {
+		return cmp.Or(strings.Compare(addr[a], addr[b]), strings.Compare(a, b))
+	})
+	return workers, addr, ids
+}
+
+// CopySource is the address of an embedding worker (the first by
+// address, but exclude, an id) to copy a store from for a worker
+// holding need (model -> shard, Fleet's "K/N" or "" for the whole
+// model; a shard "K/" matches any count): one serving each of those in
+// sync, and out of no model itself (prism store copy refuses a store
+// marking a model diverged). "" when none does.
+func CopySource(rows []FleetRow, need map[string]string, exclude string) string {
+	workers, addr, ids := embeddingHolds(rows)
+	for _, src := range ids {
+		if src == exclude {
+			continue
+		}
+		ok := true
+		for m, shard := range need {
+			h, has := workers[src][m]
+			if !has || h.state != "serving" || (h.shard != shard && !(strings.HasSuffix(shard, "/") && strings.HasPrefix(h.shard, shard))) {
+				ok = false
+				break
+			}
+		}
+		for _, h := range workers[src] {
+			if outForGood(h.state) {
+				ok = false // out of a model itself: no copy to take
+			}
+		}
+		if ok {
+			return addr[src]
+		}
+	}
+	return ""
 }
 
 // outForGood says whether a worker in state st is out of a model until

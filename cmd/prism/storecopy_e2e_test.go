@@ -108,4 +108,32 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 		ws := embeddingWorkers(r)
 		return len(ws) == 2 && len(u.GetInSync()) == 2 && len(u.GetStranded()) == 0 && !slices.ContainsFunc(ws, func(w *prismv1.WorkerInfo) bool { return w.GetUpdateSeq()[cfg.Name] != 1 })
 	})
+
+	// A new replica, C, seeded from a worker the router names (as the
+	// chart's Pods start): it serves in sync at once, holding update 1,
+	// where a store ingested from the plan would hold none and be
+	// stranded. --seed leaves a store already there alone, and takes a
+	// router that does not answer for nothing to copy.
+	seed := func(routerAddr, db string) string {
+		t.Helper()
+		out, err := run(t, nil, "store", "copy", "--router", routerAddr, "--model", cfg.Name, "--db", filepath.Join(dir, db), "--seed", "--certs", filepath.Join(certs, "embedding"))
+		if err != nil {
+			t.Fatalf("store copy --seed: %v\n%s", err, out)
+		}
+		return out
+	}
+	if out := seed(router.addr, "db-c"); !strings.Contains(out, "names 127.0.0.1:") || !strings.Contains(out, "swapped in") {
+		t.Fatalf("seeding C:\n%s", out)
+	}
+	if out := seed(router.addr, "db-c"); !strings.Contains(out, "holds a store already") {
+		t.Fatalf("seeding C again:\n%s", out)
+	}
+	if out := seed("127.0.0.1:1", "db-d"); !strings.Contains(out, "nothing to copy from") {
+		t.Fatalf("seeding from a router that does not answer:\n%s", out)
+	}
+	startProc(t, readyline.Embedding, embArgs("db-c")...)
+	awaitList(t, reg, "C serving in sync at update 1", func(r *prismv1.ListResponse) bool {
+		u := r.GetUpdates()[cfg.Name]
+		return len(embeddingWorkers(r)) == 3 && len(u.GetInSync()) == 3 && len(u.GetStranded()) == 0
+	})
 }
