@@ -227,8 +227,13 @@ func checkWorkloads(t *testing.T, objs []object) {
 		if len(emb.Spec.VolumeClaimTemplates) != 1 {
 			t.Errorf("%s: %d volume claim templates, want 1 (the Pebble store)", name, len(emb.Spec.VolumeClaimTemplates))
 		}
-		if init := emb.Spec.Template.Spec.InitContainers; len(init) == 0 || !strings.Contains(strings.Join(init[0].Command, " "), "prism ingest") {
+		if init := ingestSteps(emb.Spec.Template.Spec.InitContainers); len(init) == 0 || !strings.Contains(strings.Join(init[0].Command, " "), "prism ingest") {
 			t.Errorf("%s: no init step running prism ingest: %+v", name, init)
+		}
+		// Before it, the seed step: a new replica copies a serving
+		// worker's store (prism store copy --seed).
+		if init := emb.Spec.Template.Spec.InitContainers; len(init) == 0 || init[0].Name != "seed" || !strings.Contains(strings.Join(init[0].Command, " "), "prism store copy --router") || !slices.Contains(init[0].Command, "--seed") {
+			t.Errorf("%s: the first init step is not the seed (prism store copy --router ... --seed): %+v", name, init)
 		}
 		if emb.Spec.Template.Spec.Containers[0].StartupProbe == nil {
 			t.Errorf("%s: no startup probe to wait out the hot tier's preload", name)
@@ -515,7 +520,7 @@ func checkEnvRefs(t *testing.T, workload string, spec corev1.PodSpec) {
 }
 
 // knownCommands are the prism subcommands the chart runs.
-var knownCommands = [][]string{{"serve", "router"}, {"serve", "embedding"}, {"serve", "dense"}, {"ingest"}, {"store", "versions"}, {"loan"}}
+var knownCommands = [][]string{{"serve", "router"}, {"serve", "embedding"}, {"serve", "dense"}, {"ingest"}, {"store", "versions"}, {"store", "copy"}, {"loan"}}
 
 // commandLines returns every prism command line of the workloads: a
 // container's args (the image's entrypoint is prism) and the prism
@@ -834,6 +839,18 @@ func TestFlagProblemsCatchesUnknown(t *testing.T) {
 // fails the init step, naming the model the plan holds, instead of
 // passing while the check never finds the model, so every start of the
 // pod ingested the plan again.
+// ingestSteps are the embedding pods' ingest init steps (one per model),
+// without the seed step before them.
+func ingestSteps(init []corev1.Container) []corev1.Container {
+	var out []corev1.Container
+	for _, c := range init {
+		if strings.HasPrefix(c.Name, "ingest-") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 func TestIngestInitStep(t *testing.T) {
 	bin, err := filepath.Abs(prismBinary(t))
 	if err != nil {
@@ -852,7 +869,7 @@ func TestIngestInitStep(t *testing.T) {
 		}
 		out := run(t, helm, append(slices.Clone(helmTemplate), "--set", "models[0].name="+name, "--set", "models[0].plan="+folder)...)
 		emb := find[*appsv1.StatefulSet](t, decode(t, out), "StatefulSet", "prism-embedding")
-		init := emb.Spec.Template.Spec.InitContainers
+		init := ingestSteps(emb.Spec.Template.Spec.InitContainers)
 		if len(init) != 1 || len(init[0].Command) != 3 {
 			t.Fatalf("init containers %+v: want one sh -c script", init)
 		}
@@ -944,7 +961,7 @@ func TestShardedIngestInitStep(t *testing.T) {
 		var scripts []string
 		for k := range shards {
 			sts := find[*appsv1.StatefulSet](t, objs, "StatefulSet", fmt.Sprintf("prism-embedding-shard-%d", k))
-			init := sts.Spec.Template.Spec.InitContainers
+			init := ingestSteps(sts.Spec.Template.Spec.InitContainers)
 			if len(init) != 1 || len(init[0].Command) != 3 {
 				t.Fatalf("shard %d: init containers %+v: want one sh -c script", k, init)
 			}
@@ -1065,7 +1082,7 @@ func TestIngestInitStepHotBytes(t *testing.T) {
 			if c.shards > 0 {
 				name += "-shard-1"
 			}
-			init := find[*appsv1.StatefulSet](t, objs, "StatefulSet", name).Spec.Template.Spec.InitContainers
+			init := ingestSteps(find[*appsv1.StatefulSet](t, objs, "StatefulSet", name).Spec.Template.Spec.InitContainers)
 			if len(init) != 1 || len(init[0].Command) != 3 {
 				t.Fatalf("init containers %+v: want one sh -c script", init)
 			}
