@@ -179,7 +179,7 @@ func FleetProblems(resp *prismv1.ListResponse) []string {
 
 // fleetMends says, for each embedding worker out of a model for good
 // (diverged, left out, stranded), how to mend it: its store replaced by
-// a copy of a worker CopySource picks for the models (and shards) it
+// a copy of the first worker CopySources names for the models (and shards) it
 // holds, whose address it names, or that none does yet. A router that
 // does not sequence updates knows no worker in sync: the line names
 // the one that does (sequencer), to ask.
@@ -209,7 +209,10 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 		for m, h := range workers[id] {
 			need[m] = h.shard
 		}
-		from := CopySource(rows, need, id)
+		from := ""
+		if srcs := CopySources(rows, need, id); len(srcs) > 0 {
+			from = srcs[0]
+		}
 		if from == "" {
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; no worker serves all of its models (and shards) in sync to copy a store from yet", addr[id], why))
 			continue
@@ -243,22 +246,21 @@ func embeddingHolds(rows []FleetRow) (map[string]map[string]held, map[string]str
 	return workers, addr, ids
 }
 
-// CopySource is the address of an embedding worker (the first by
-// address, but exclude, an id) to copy a store from for a worker
-// holding need (model -> shard, Fleet's "K/N" or "" for the whole
-// model; a shard "K/" matches any count): one serving each of those in
-// sync, and out of no model itself (prism store copy refuses a store
-// marking a model diverged). "" when none does.
-func CopySource(rows []FleetRow, need map[string]string, exclude string) string {
+// CopySources are the addresses of the embedding workers (by address,
+// but exclude, an id) to copy a store from for a worker holding need
+// (model -> shard, Fleet's "K/N", or "" for the whole model): each
+// serving every one of those in sync, and out of no model itself (prism
+// store copy refuses a store marking a model diverged).
+func CopySources(rows []FleetRow, need map[string]string, exclude string) []string {
 	workers, addr, ids := embeddingHolds(rows)
+	var out []string
 	for _, src := range ids {
 		if src == exclude {
 			continue
 		}
 		ok := true
 		for m, shard := range need {
-			h, has := workers[src][m]
-			if !has || h.state != "serving" || (h.shard != shard && !(strings.HasSuffix(shard, "/") && strings.HasPrefix(h.shard, shard))) {
+			if h, has := workers[src][m]; !has || h.state != "serving" || h.shard != shard {
 				ok = false
 				break
 			}
@@ -269,10 +271,10 @@ func CopySource(rows []FleetRow, need map[string]string, exclude string) string 
 			}
 		}
 		if ok {
-			return addr[src]
+			out = append(out, addr[src])
 		}
 	}
-	return ""
+	return out
 }
 
 // outForGood says whether a worker in state st is out of a model until

@@ -114,21 +114,24 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 	// where a store ingested from the plan would hold none and be
 	// stranded. --seed leaves a store already there alone, and takes a
 	// router that does not answer for nothing to copy.
-	seed := func(routerAddr, db string) string {
+	seed := func(routerAddr, model, db string) string {
 		t.Helper()
-		out, err := run(t, nil, "store", "copy", "--router", routerAddr, "--model", cfg.Name, "--db", filepath.Join(dir, db), "--seed", "--certs", filepath.Join(certs, "embedding"))
+		out, err := run(t, nil, "store", "copy", "--router", routerAddr, "--model", model, "--db", filepath.Join(dir, db), "--seed", "--seed-wait", "1s", "--certs", filepath.Join(certs, "embedding"))
 		if err != nil {
 			t.Fatalf("store copy --seed: %v\n%s", err, out)
 		}
 		return out
 	}
-	if out := seed(router.addr, "db-c"); !strings.Contains(out, "names 127.0.0.1:") || !strings.Contains(out, "swapped in") {
+	if out := seed(router.addr, cfg.Name, "db-c"); !strings.Contains(out, "names 127.0.0.1:") || !strings.Contains(out, "swapped in") {
 		t.Fatalf("seeding C:\n%s", out)
 	}
-	if out := seed(router.addr, "db-c"); !strings.Contains(out, "holds a store already") {
+	if out := seed(router.addr, cfg.Name, "db-c"); !strings.Contains(out, "holds a store already") {
 		t.Fatalf("seeding C again:\n%s", out)
 	}
-	if out := seed("127.0.0.1:1", "db-d"); !strings.Contains(out, "nothing to copy from") {
+	if out := seed(router.addr, "never-updated", "db-d"); !strings.Contains(out, "numbered no update of never-updated") || !strings.Contains(out, "nothing copied (--seed)") {
+		t.Fatalf("seeding a model with no update:\n%s", out)
+	}
+	if out := seed("127.0.0.1:1", cfg.Name, "db-e"); !strings.Contains(out, "after --seed-wait 1s") || !strings.Contains(out, "nothing copied (--seed)") {
 		t.Fatalf("seeding from a router that does not answer:\n%s", out)
 	}
 	startProc(t, readyline.Embedding, embArgs("db-c")...)

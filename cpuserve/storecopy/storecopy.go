@@ -490,3 +490,34 @@ func checksum(fs vfs.FS, path string, buf []byte, read func(int)) (uint32, int64
 		}
 	}
 }
+
+// DropIncomplete removes the staged copy in store folder dst unless it
+// is complete (the store's next open swaps that one in): a copy cut
+// short that no run will go on with, which would keep its bytes on a
+// volume sized for one store. It holds the copy's lock meanwhile
+// (another copy writing there is an error); false when there was none
+// to drop. fs nil: vfs.Default.
+func DropIncomplete(dst string, fs vfs.FS) (bool, error) {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	staged := fs.PathJoin(dst, store.StagedDirName)
+	if _, err := fs.Stat(staged); err != nil {
+		return false, nil
+	}
+	if _, err := fs.Stat(fs.PathJoin(staged, store.StagedCompleteName)); err == nil {
+		return false, nil
+	}
+	lock, err := fs.Lock(fs.PathJoin(staged, store.StagedLockName))
+	if err != nil {
+		return false, fmt.Errorf("drop the incomplete copy in %s: could not take the copy's lock (another prism store copy writing there?): %w", staged, err)
+	}
+	defer lock.Close()
+	if _, err := fs.Stat(fs.PathJoin(staged, store.StagedCompleteName)); err == nil {
+		return false, nil // completed meanwhile
+	}
+	if err := fs.RemoveAll(staged); err != nil {
+		return false, fmt.Errorf("drop the incomplete copy in %s: %w", staged, err)
+	}
+	return true, store.SyncDir(fs, dst)
+}

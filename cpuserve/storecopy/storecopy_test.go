@@ -567,3 +567,40 @@ func TestReceiveResumes(t *testing.T) {
 		}
 	}
 }
+
+// TestDropIncomplete: a copy cut short that no run goes on with is
+// dropped (its bytes would stay on a volume sized for one store); a
+// complete one, which the next open swaps in, is not; one another copy
+// holds is an error.
+func TestDropIncomplete(t *testing.T) {
+	fs := vfs.NewMem()
+	if dropped, err := DropIncomplete("dst", fs); err != nil || dropped {
+		t.Fatalf("nothing staged: %v, %v", dropped, err)
+	}
+	good := source(t, fs)
+	s := sliceStream(clone(good[:len(good)/2]))
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs}); err == nil {
+		t.Fatal("half a stream accepted")
+	}
+	l, err := fs.Lock(fs.PathJoin("dst", store.StagedDirName, store.StagedLockName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DropIncomplete("dst", fs); err == nil {
+		t.Fatal("dropped a copy another holds")
+	}
+	l.Close()
+	if dropped, err := DropIncomplete("dst", fs); err != nil || !dropped {
+		t.Fatalf("an incomplete copy: %v, %v", dropped, err)
+	}
+	if _, err := fs.Stat(fs.PathJoin("dst", store.StagedDirName)); err == nil {
+		t.Fatal("the incomplete copy is still there")
+	}
+	s = sliceStream(clone(good))
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs}); err != nil {
+		t.Fatal(err)
+	}
+	if dropped, err := DropIncomplete("dst", fs); err != nil || dropped {
+		t.Fatalf("a complete copy: %v, %v", dropped, err)
+	}
+}
