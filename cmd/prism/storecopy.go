@@ -266,12 +266,11 @@ func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (source
 	need := map[string]string{}
 	updated := false
 	for _, m := range j.models {
-		key := m
+		key := prismv1.UpdateSeqKey(m, -1)
+		need[m] = ""
 		if j.shards > 0 {
-			need[m] = fmt.Sprintf("%d/%d", j.shard, j.shards)
-			key = fmt.Sprintf("%s#shard%d", m, j.shard)
-		} else {
-			need[m] = ""
+			need[m] = fmt.Sprintf("%d/%d", j.shard, j.shards) // Fleet's shard column
+			key = prismv1.UpdateSeqKey(m, int32(j.shard))
 		}
 		u := resp.GetUpdates()[key]
 		if u.GetSettling() {
