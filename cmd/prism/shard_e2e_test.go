@@ -287,6 +287,32 @@ func TestShardedTableWise(t *testing.T) {
 	if _, err := rec.Recommend(context.Background(), req); err != nil {
 		t.Fatalf("after shard %d came back: %v", holder, err)
 	}
+	// A new replica of the holder's shard seeds its store from the worker
+	// the router names for that shard (prism store copy --router --seed,
+	// the chart's first init step): the holder's, update 1 included; a
+	// shard never updated has nothing to copy (its ingest is as good).
+	seed := func(k int, db string) string {
+		t.Helper()
+		out, err := run(t, nil, "store", "copy", "--router", router.addr, "--model", cfg.Name, "--shard", fmt.Sprint(k), "--shards", "3",
+			"--db", filepath.Join(dir, db), "--seed", "--seed-wait", "5s", "--certs", filepath.Join(certs, "embedding"))
+		if err != nil {
+			t.Fatalf("seed shard %d: %v\n%s", k, err, out)
+		}
+		return out
+	}
+	if out := seed(holder, "db-seed"); !strings.Contains(out, "names "+shards[holder].addr+" ") || !strings.Contains(out, "updates applied 1") || !strings.Contains(out, "swapped in") {
+		t.Fatalf("seeding a replica of shard %d (its worker at %s):\n%s", holder, shards[holder].addr, out)
+	}
+	for k := range 3 {
+		if _, updated := at[k]; k != holder && at[k] == 0 && updated {
+			out := seed(k, fmt.Sprintf("db-seed-%d", k))
+			if !strings.Contains(out, "numbered no update") {
+				t.Fatalf("seeding a replica of shard %d, never updated:\n%s", k, out)
+			}
+			t.Logf("seeding shard %d, never updated: %s", k, out)
+			break
+		}
+	}
 
 	// A reshard under the same router: the model sharded in two, its
 	// workers on stores ingested for it, replace the three. Their stores
