@@ -68,7 +68,7 @@ func (s *sequencer) describe(now time.Time) map[string]*prismv1.ModelUpdates {
 // of a serving worker's. The heartbeat finds them (modelSeq.stale: it
 // logs each and replays them nothing); read from that set, not the
 // known map, since every step publishes the count (a walk of every
-// worker there cost 68 us a step with 1,000 workers).
+// worker there cost 75-83 us a step with 1,000 workers: BENCHMARKS.md).
 func (s *sequencer) stranded(m *modelSeq) []string {
 	var ids []string
 	for id := range m.stale {

@@ -581,7 +581,7 @@ func (s *sequencer) restoreCopy(model string, next, committed, floor int64, log 
 	s.restore(model, next, committed, floor, log)
 	m := s.models[model]
 	m.handedOut, m.copied = false, true
-	s.restoreMarks(model, diverged, "the update log copied from the previous sequencing router records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)")
+	s.restoreMarks(model, diverged, "the update log copied from the previous sequencing router records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it")
 }
 
 // owe is the event "the previous holder acknowledged model's updates up

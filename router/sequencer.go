@@ -451,7 +451,7 @@ func (s *sequencer) markedDiverged(w *prismv1.WorkerInfo) {
 		}
 		m.diverged[w.GetId()] = seq
 		s.any = true // inSync asks from now on
-		s.logf(slog.LevelError, "embedding worker's store records that its copy of the model diverged from its peers' (a router found it answering an update otherwise than they did); it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)",
+		s.logf(slog.LevelError, "embedding worker's store records that its copy of the model diverged from its peers' (a router found it answering an update otherwise than they did); it stays out of serving the model and takes no updates: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it",
 			"model", key, "worker", w.GetId(), "seq", seq)
 	}
 }
@@ -700,7 +700,7 @@ func (s *sequencer) tick(now time.Time) {
 			if k < m.floor {
 				if !m.stale[id] {
 					m.stale[id] = true
-					s.logf(slog.LevelError, "embedding worker misses updates the router no longer holds; it stays out of serving: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)",
+					s.logf(slog.LevelError, "embedding worker misses updates the router no longer holds; it stays out of serving: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it",
 						"model", model, "worker", id, "holds", k, "missing_from", k+1, "router_holds_from", m.floor+1, "latest", m.next)
 				}
 				continue

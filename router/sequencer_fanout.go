@@ -394,7 +394,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 		if _, live := s.workers[worker]; live {
 			if _, already := m.diverged[worker]; !already {
 				m.diverged[worker] = seq
-				s.logf(slog.LevelError, "embedding worker holds another update under a number this router gave its own (numbered by another sequencer: a router that lost the election, a second router, or before an in-memory router restarted); its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)",
+				s.logf(slog.LevelError, "embedding worker holds another update under a number this router gave its own (numbered by another sequencer: a router that lost the election, a second router, or before an in-memory router restarted); its copy differs and it stays out of serving the model: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it",
 					"model", model, "worker", worker, "seq", seq)
 				s.persist(model, m, nil, m.floor) // the mark (logChange.Diverged)
 			}
@@ -498,7 +498,7 @@ func (s *sequencer) applied(now time.Time, client uint64, model, worker string, 
 			if _, live := s.workers[id]; live {
 				m.diverged[id] = f.seq
 				marked = true
-				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)",
+				s.logf(slog.LevelError, "embedding worker refused an update other workers applied; its copy differs and it stays out of serving the model: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it",
 					"model", model, "worker", id, "seq", f.seq, "refusal", f.refusers[id])
 			}
 		}

@@ -183,7 +183,7 @@ func (s *sequencer) replayed(model string, m *modelSeq, worker string, seq int64
 				if err != nil {
 					args = append(args, "refusal", err)
 				}
-				s.logf(slog.LevelError, "embedding worker answered a replayed update otherwise than the workers before it; its copy differs and it stays out of serving the model: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)", args...)
+				s.logf(slog.LevelError, "embedding worker answered a replayed update otherwise than the workers before it; its copy differs and it stays out of serving the model: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it", args...)
 				s.persist(model, m, nil, m.floor) // the mark (logChange.Diverged)
 			}
 		}

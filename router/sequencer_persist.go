@@ -58,7 +58,7 @@ func divergedCopy(m *modelSeq) map[string]int64 {
 // serving and takes no updates, as before the restart, and the answer
 // to its announcement tells it (divergedOf), so its store records it.
 func (s *sequencer) restoreDiverged(model string, marks map[string]int64) {
-	s.restoreMarks(model, marks, "the update log records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)")
+	s.restoreMarks(model, marks, "the update log records that an embedding worker's copy of the model diverged from its peers'; it stays out of serving the model and takes no updates: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it")
 }
 
 // restoreOutcomes is the event "the update log read back at start holds

@@ -306,7 +306,7 @@ func TestShardedTableWise(t *testing.T) {
 	for k := range 3 {
 		if _, updated := at[k]; k != holder && at[k] == 0 && updated {
 			out := seed(k, fmt.Sprintf("db-seed-%d", k))
-			if !strings.Contains(out, "numbered no update") {
+			if !strings.Contains(out, "no update of") {
 				t.Fatalf("seeding a replica of shard %d, never updated:\n%s", k, out)
 			}
 			t.Logf("seeding shard %d, never updated: %s", k, out)

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -79,9 +80,11 @@ when one is sending a copy already).
 before their ingest step): it copies only into a folder holding no store (a
 staged copy, or a swap cut short, is swapped in instead), and when there is
 nothing to copy, because the models have had no update (a store ingested from
-the plan is as good), it copies nothing and says so. While it cannot tell (the
-router unreachable, in its start-up window, an election under way, no worker
-serving), it asks again for --seed-wait, then copies nothing. A store ingested
+the plan is as good: the router numbered none, and the workers of the models it
+has registered hold none), it copies nothing and says so. While it cannot tell
+(the router unreachable, in its start-up window, an election under way, no
+worker of the models registered yet, none serving), it asks again for
+--seed-wait, then copies nothing. A store ingested
 from the plan instead would lack the models' updates, which the router's log
 may no longer hold: the worker would stay out, stranded.`,
 		Args: cobra.NoArgs,
@@ -141,7 +144,7 @@ func (j *copyJob) run(ctx context.Context) error {
 	for {
 		sources, nothing, err := j.sources(ctx, j.routerAddr, true)
 		if nothing {
-			return j.nothingToCopy("the router numbered no update of " + j.what())
+			return j.nothingToCopy("no update of " + j.what() + ", by the router or its workers")
 		}
 		if err == nil && len(sources) == 0 {
 			err = fmt.Errorf("router %s: no embedding worker serves %s in sync (prism status --router %s)", j.routerAddr, j.what(), j.routerAddr)
@@ -236,11 +239,14 @@ func spread(sources []string) []string {
 }
 
 // sources asks the router at addr (Registry/List) for the embedding
-// workers to copy from (router.CopySources). nothing: the router
-// sequences updates, is past its start-up window, and numbered none of
-// the models' (a store ingested from the plan is as good). A router
-// that does not sequence is asked for the one that does, followed once
-// (follow).
+// workers to copy from (router.CopySources). nothing: the models (of
+// the shard) have had no update, so a store ingested from the plan is
+// as good: the router sequences updates, is past the models' start-up
+// window, numbered none of theirs, and the workers of theirs it has
+// registered (one at least: a router just started knows no model until
+// its workers announce, and would read as "no update") hold none. A
+// router that does not sequence is asked for the one that does,
+// followed once (follow). An error is "cannot tell yet".
 func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (sources []string, nothing bool, err error) {
 	creds, err := j.tlsFlags.Dial(auth.Admin, auth.Router)
 	if err != nil {
@@ -277,6 +283,20 @@ func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (source
 			return nil, false, fmt.Errorf("router %s is in its start-up window", addr)
 		}
 		updated = updated || u.GetNumbered() > 0 || u.GetAcknowledged() > 0
+		registered := false
+		for _, w := range resp.GetWorkers() {
+			if w.GetRole() != prismv1.Role_ROLE_EMBEDDING || !slices.Contains(w.GetModels(), m) || prismv1.UpdateSeqKeyOf(w, m) != key {
+				continue
+			}
+			if j.shards > 0 && int(w.GetShards()[m].GetShards()) != j.shards {
+				continue // another sharding's worker
+			}
+			registered = true
+			updated = updated || w.GetUpdateSeq()[m] > 0
+		}
+		if !registered && !updated {
+			return nil, false, fmt.Errorf("router %s has no embedding worker of %s registered (just started, or none up yet)", addr, j.what())
+		}
 	}
 	if !updated {
 		return nil, true, nil

@@ -112,8 +112,8 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 	// A new replica, C, seeded from a worker the router names (as the
 	// chart's Pods start): it serves in sync at once, holding update 1,
 	// where a store ingested from the plan would hold none and be
-	// stranded. --seed leaves a store already there alone, and takes a
-	// router that does not answer for nothing to copy.
+	// stranded. --seed leaves a store already there alone, and copies
+	// nothing after --seed-wait while it cannot tell.
 	seed := func(routerAddr, model, db string) string {
 		t.Helper()
 		out, err := run(t, nil, "store", "copy", "--router", routerAddr, "--model", model, "--db", filepath.Join(dir, db), "--seed", "--seed-wait", "1s", "--certs", filepath.Join(certs, "embedding"))
@@ -128,8 +128,10 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 	if out := seed(router.addr, cfg.Name, "db-c"); !strings.Contains(out, "holds a store already") {
 		t.Fatalf("seeding C again:\n%s", out)
 	}
-	if out := seed(router.addr, "never-updated", "db-d"); !strings.Contains(out, "numbered no update of never-updated") || !strings.Contains(out, "nothing copied (--seed)") {
-		t.Fatalf("seeding a model with no update:\n%s", out)
+	// A model no worker serves: a router just started knows none either,
+	// so it cannot tell, and after the wait copies nothing.
+	if out := seed(router.addr, "unserved", "db-d"); !strings.Contains(out, "no embedding worker of unserved registered") || !strings.Contains(out, "nothing copied (--seed)") {
+		t.Fatalf("seeding a model no worker serves:\n%s", out)
 	}
 	if out := seed("127.0.0.1:1", cfg.Name, "db-e"); !strings.Contains(out, "after --seed-wait 1s") || !strings.Contains(out, "nothing copied (--seed)") {
 		t.Fatalf("seeding from a router that does not answer:\n%s", out)

@@ -105,7 +105,7 @@ func (s *Server) Announced(resp *prismv1.AnnounceResponse) error {
 			continue
 		}
 		if marked {
-			s.log.Error("the sequencing router found this worker's copy of the model diverged from its other workers' (it answered an update otherwise than they did); recorded in the store, so no router sends it the model's lookups or updates: stop it and give it a copy of an up-to-date worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE)",
+			s.log.Error("the sequencing router found this worker's copy of the model diverged from its other workers' (it answered an update otherwise than they did); recorded in the store, so no router sends it the model's lookups or updates: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it",
 				"model", model, "seq", seq)
 		}
 	}
