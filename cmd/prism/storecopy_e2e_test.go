@@ -46,18 +46,7 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 	upd := prismv1.NewEmbeddingsClient(dialRestartable(t, router.addr, certs))
 	row := make([]float32, cfg.EmbDim)
 	row[0] = 1
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		resp, err := upd.Update(context.Background(), &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: leview.Bytes(row)})
-		if err == nil {
-			if resp.GetWorkers() != 1 {
-				t.Fatalf("update answered %v, want A applying it", resp)
-			}
-			break
-		}
-		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
-			t.Fatalf("update: %v", err)
-		}
-	}
+	updateByOne(t, upd, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: leview.Bytes(row)})
 	// The router restarts with its log lost; B comes back holding none.
 	router.cmd.Process.Kill()
 	router.cmd.Wait()
@@ -141,4 +130,23 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 		u := r.GetUpdates()[cfg.Name]
 		return len(embeddingWorkers(r)) == 3 && len(u.GetInSync()) == 3 && len(u.GetStranded()) == 0
 	})
+}
+
+// updateByOne sends req until the router takes it (Unavailable while it
+// settles, for up to 10 s) and fails the test unless one worker applied
+// it.
+func updateByOne(t *testing.T, upd prismv1.EmbeddingsClient, req *prismv1.UpdateRequest) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := upd.Update(context.Background(), req)
+		if err == nil {
+			if resp.GetWorkers() != 1 {
+				t.Fatalf("update answered %v, want one worker applying it", resp)
+			}
+			return
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("update: %v", err)
+		}
+	}
 }
