@@ -25,8 +25,8 @@ type FleetRow struct {
 	// State is what the router does with the worker for this model:
 	// serving; behind (lacks acknowledged updates: caught up, then
 	// serves); stranded (behind by updates the router's log no longer
-	// holds: out until its store is replaced); diverged (its copy differs from its peers': out for
-	// good, replace its store); left out (claims updates the sequencer
+	// holds: out until its store is replaced); diverged (its copy
+	// differs from its peers': out for good, replace its store); left out (claims updates the sequencer
 	// never numbered); settling (the router's start-up window: no
 	// lookups yet); unhealthy (it says so); or unknown (the router does
 	// not sequence updates and did not say).
@@ -37,6 +37,9 @@ type FleetRow struct {
 	Holds, Acknowledged int64
 	Outstanding         int64
 }
+
+// ShardLabel is FleetRow.Shard of shard k of n: "k/n".
+func ShardLabel(k, n int) string { return fmt.Sprintf("%d/%d", k, n) }
 
 // Fleet is resp's workers, one row for each worker and model it
 // serves, ordered by model, role (embedding first), shard and address.
@@ -51,7 +54,7 @@ func Fleet(resp *prismv1.ListResponse) []FleetRow {
 		for _, model := range w.GetModels() {
 			r := FleetRow{Model: model, Role: role, Addr: w.GetAddr(), ID: w.GetId(), Holds: -1, Acknowledged: -1, Outstanding: w.GetOutstanding()}
 			if ref := w.GetShards()[model]; ref.GetShards() > 0 {
-				r.Shard = fmt.Sprintf("%d/%d", ref.GetShard(), ref.GetShards())
+				r.Shard = ShardLabel(int(ref.GetShard()), int(ref.GetShards()))
 			}
 			r.State = fleetState(resp, w, model, &r)
 			rows = append(rows, r)

@@ -91,8 +91,8 @@ may no longer hold: the worker would stay out, stranded.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rate != "" {
 				var err error
-				if j.rate, err = flagval.Bytes(strings.TrimSuffix(rate, "/s")); err != nil || j.rate <= 0 {
-					return fmt.Errorf("--rate %q: want bytes a second, e.g. 200MiB/s", rate)
+				if j.rate, err = flagval.Bytes(strings.TrimSuffix(rate, "/s")); err != nil || j.rate < storecopy.MinRate {
+					return fmt.Errorf("--rate %q: want bytes a second, at least 1MiB/s, e.g. 200MiB/s", rate)
 				}
 			}
 			if (j.from == "") == (j.routerAddr == "") {
@@ -275,7 +275,7 @@ func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (source
 		key := prismv1.UpdateSeqKey(m, -1)
 		need[m] = ""
 		if j.shards > 0 {
-			need[m] = fmt.Sprintf("%d/%d", j.shard, j.shards) // Fleet's shard column
+			need[m] = router.ShardLabel(j.shard, j.shards)
 			key = prismv1.UpdateSeqKey(m, int32(j.shard))
 		}
 		u := resp.GetUpdates()[key]

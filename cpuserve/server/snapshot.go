@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"hash/crc32"
 	"io"
 	"time"
 
@@ -13,13 +12,12 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/cpuserve/storecopy"
 	"github.com/prism-serve/prism/internal/auth"
 )
 
 // snapshotChunk is the most file bytes a SnapshotChunk carries.
 const snapshotChunk = 1 << 20
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Snapshot streams a checkpoint of the whole store (store.Checkpoint):
 // the manifest, then each file in chunks, each file's last chunk with
@@ -29,6 +27,9 @@ func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.Embedding
 	ctx := stream.Context()
 	if err := ctxErr(ctx, "on arrival"); err != nil {
 		return err
+	}
+	if r := req.GetRate(); r < 0 || (r > 0 && r < storecopy.MinRate) {
+		return status.Errorf(codes.InvalidArgument, "snapshot rate %d bytes a second: want 0 (unpaced) or at least %d", r, storecopy.MinRate)
 	}
 	c, err := s.st.Checkpoint()
 	switch {
@@ -60,7 +61,7 @@ func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.Embedding
 		have[h.GetName()] = h
 	}
 	buf := make([]byte, snapshotChunk)
-	pace := newPacer(req.GetRate())
+	pace := storecopy.NewPacer(req.GetRate())
 	var reused int
 	var reusedBytes int64
 	for i, f := range c.Files {
@@ -89,7 +90,7 @@ func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.Embedding
 	return nil
 }
 
-func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.Checkpoint, i int32, f store.CheckpointFile, buf []byte, pace *pacer) error {
+func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.Checkpoint, i int32, f store.CheckpointFile, buf []byte, pace *storecopy.Pacer) error {
 	r, err := c.Open(f.Name)
 	if err != nil {
 		return status.Errorf(codes.Internal, "copy of the store: %v", err)
@@ -99,9 +100,9 @@ func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.
 	var sum uint32
 	for {
 		n, err := io.ReadFull(r, buf)
-		pace.read(stream.Context(), n)
+		pace.Read(stream.Context(), n)
 		if n > 0 {
-			sum = crc32.Update(sum, castagnoli, buf[:n])
+			sum = storecopy.CRC32C(sum, buf[:n])
 			if off+int64(n) > f.Size {
 				return status.Errorf(codes.Internal, "copy of the store: %s grew past its %d bytes (a checkpoint's files do not change)", f.Name, f.Size)
 			}
@@ -127,54 +128,13 @@ func (s *Server) sendFile(stream prismv1.EmbeddingTier_SnapshotServer, c *store.
 	}
 }
 
-// fileCRC is the CRC-32C of the checkpoint's file name.
-func fileCRC(ctx context.Context, c *store.Checkpoint, name string, buf []byte, pace *pacer) (uint32, error) {
+// fileCRC is the CRC-32C of the checkpoint's file name, read at pace.
+func fileCRC(ctx context.Context, c *store.Checkpoint, name string, buf []byte, pace *storecopy.Pacer) (uint32, error) {
 	r, err := c.Open(name)
 	if err != nil {
 		return 0, err
 	}
 	defer r.Close()
-	var sum uint32
-	for {
-		n, err := r.Read(buf)
-		pace.read(ctx, n)
-		sum = crc32.Update(sum, castagnoli, buf[:n])
-		if errors.Is(err, io.EOF) {
-			return sum, nil
-		} else if err != nil {
-			return 0, err
-		}
-	}
-}
-
-// pacer holds a copy's reads of the store's files to a rate
-// (SnapshotRequest.rate): after each read, it sleeps off the lead the
-// bytes read so far have over the rate. A nil pacer does not pace.
-type pacer struct {
-	rate  float64
-	start time.Time
-	done  int64
-}
-
-func newPacer(rate int64) *pacer {
-	if rate <= 0 {
-		return nil
-	}
-	return &pacer{rate: float64(rate), start: time.Now()}
-}
-
-func (p *pacer) read(ctx context.Context, n int) {
-	if p == nil {
-		return
-	}
-	p.done += int64(n)
-	due := time.Duration(float64(p.done) / p.rate * float64(time.Second))
-	if ahead := due - time.Since(p.start); ahead > 0 {
-		t := time.NewTimer(ahead)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
-	}
+	sum, _, err := storecopy.Checksum(r, buf, func(n int) { pace.Read(ctx, n) })
+	return sum, err
 }

@@ -61,6 +61,17 @@ func TestSnapshotCopy(t *testing.T) {
 	if held := s.Models(); !slices.Equal(slices.Sorted(slices.Values(held)), want) {
 		t.Fatalf("the store after the swap holds %v", held)
 	}
+	// A pace that would hold the one copy at a time for hours, or none
+	// at all, is bad input.
+	for _, rate := range []int64{-1, 1, storecopy.MinRate - 1} {
+		stream, err := f.client.Snapshot(context.Background(), &prismv1.SnapshotRequest{Rate: rate})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("snapshot at rate %d: %v, want InvalidArgument", rate, err)
+		}
+	}
 	// A second copy right after: the first's checkpoint is gone.
 	if _, err := storecopy.Receive(open, t.TempDir(), storecopy.Options{}); err != nil {
 		t.Fatalf("a second copy: %v", err)

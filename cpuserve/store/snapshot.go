@@ -322,27 +322,33 @@ func lockStaged(fs vfs.FS, staged string, wait bool) (io.Closer, error) {
 // store makes (ingest staging, checkpoints being sent).
 func storeEntry(fs vfs.FS, dir, n string) bool {
 	switch {
-	case n == swapJournal, n == swapJournal+".tmp", n == stagedDir, n == lockFile,
-		strings.HasPrefix(n, "."), strings.HasPrefix(n, replacedPrefix), n == "lost+found":
+	case swapKeeps(n):
 		return false
-	case n == stagingDir, strings.HasPrefix(n, checkpointPrefix):
+	case storeFolder(n):
 		return true
 	}
 	st, err := fs.Stat(fs.PathJoin(dir, n))
 	return err == nil && !st.IsDir()
 }
 
+// swapKeeps says whether entry n of a store folder is one a swap leaves
+// where it is: its own (journal, the staged copy, earlier swaps' kept
+// stores), Pebble's lock, and what a volume holds besides the store
+// (lost+found, hidden entries).
+func swapKeeps(n string) bool {
+	return n == swapJournal || n == swapJournal+".tmp" || n == stagedDir || n == lockFile ||
+		strings.HasPrefix(n, ".") || strings.HasPrefix(n, replacedPrefix) || n == "lost+found"
+}
+
+// storeFolder says whether entry n of a store folder is a folder the
+// store makes (ingest staging, checkpoints being sent).
+func storeFolder(n string) bool { return n == stagingDir || strings.HasPrefix(n, checkpointPrefix) }
+
 // ReservedName says whether a file named n may not be part of a copy:
-// a name the staged folder or the swap keeps for itself, or one the
-// swap would not treat as the store's.
+// a name the swap leaves in place or treats as a folder, or one the
+// staged folder keeps for itself.
 func ReservedName(n string) bool {
-	switch {
-	case n == stagedComplete, n == stagedLock, n == lockFile, n == stagedDir, n == swapJournal,
-		n == swapJournal+".tmp", n == stagingDir, n == "lost+found",
-		strings.HasPrefix(n, "."), strings.HasPrefix(n, replacedPrefix), strings.HasPrefix(n, checkpointPrefix):
-		return true
-	}
-	return false
+	return swapKeeps(n) || storeFolder(n) || n == stagedComplete || n == stagedLock
 }
 
 func nonEmpty(fs vfs.FS, dir string) bool {

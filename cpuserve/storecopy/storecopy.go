@@ -17,11 +17,9 @@ package storecopy
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	iofs "io/fs"
 	"strings"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -32,8 +30,6 @@ import (
 // MaxFiles bounds a manifest: a store of that many files is not one
 // Pebble keeps (its files are 64 MiB and up once compacted).
 const MaxFiles = 1 << 20
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Stream is the receiving end of a Snapshot call.
 type Stream interface {
@@ -54,9 +50,9 @@ type Options struct {
 	// copy is refused when the manifest's bytes do not fit (nil: asked
 	// of FS).
 	Free func(dir string) (uint64, error)
-	// Rate, if positive, bounds the copy to that many bytes a second
-	// (the sender, a serving worker, reads its files at the pace the
-	// stream is read: gRPC's flow control holds it back).
+	// Rate, if positive (at least MinRate), bounds the sender's reads of
+	// its files for the copy to that many bytes a second
+	// (SnapshotRequest.rate: the sender paces them).
 	Rate int64
 	// AllowDiverged takes a copy whose own store marks a model
 	// diverged (refused otherwise: it would not mend anything), and
@@ -183,22 +179,12 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 	if avail, err := free(staged); err == nil && uint64(need) > avail {
 		return res, fmt.Errorf("copy into %s: the copy needs %d more bytes and the disk has %d free", dst, need, avail)
 	}
-	var done, received int64
-	start := time.Now()
+	var done int64
 	for i, f := range files {
-		if err := receiveFile(stream, fs, staged, int32(i), f, haveOf[f.GetName()], &res, func(n int64, sent bool) {
+		if err := receiveFile(stream, fs, staged, int32(i), f, haveOf[f.GetName()], &res, func(n int64) {
 			done += n
 			if o.Progress != nil {
 				o.Progress(done, total)
-			}
-			if o.Rate > 0 && sent {
-				// The sender paces its reads (SnapshotRequest.rate);
-				// this holds a sender of an earlier release too.
-				received += n
-				due := time.Duration(float64(received) / float64(o.Rate) * float64(time.Second))
-				if ahead := due - time.Since(start); ahead > 0 {
-					time.Sleep(ahead)
-				}
 			}
 		}); err != nil {
 			return res, fmt.Errorf("copy into %s: %s: %w", dst, f.GetName(), err)
@@ -322,7 +308,7 @@ func checkManifest(m *prismv1.SnapshotManifest) ([]*prismv1.SnapshotFile, int64,
 // receiveFile writes file i of the manifest from its chunks, or keeps
 // the one an earlier copy left (had, the caller's SnapshotRequest.have
 // entry of its name) when the sender says it is that file.
-func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.SnapshotFile, had *prismv1.SnapshotFile, res *Result, progress func(n int64, sent bool)) error {
+func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.SnapshotFile, had *prismv1.SnapshotFile, res *Result, progress func(n int64)) error {
 	first, err := stream.Recv()
 	if err == io.EOF {
 		return fmt.Errorf("the stream ended at byte 0 of %d", f.GetSize())
@@ -352,7 +338,7 @@ func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.Snaps
 		}
 		res.Reused++
 		res.ReusedBytes += f.GetSize()
-		progress(f.GetSize(), false)
+		progress(f.GetSize())
 		return nil
 	}
 	w, err := fs.Create(fs.PathJoin(dir, f.GetName()), vfs.WriteCategoryUnspecified)
@@ -380,12 +366,12 @@ func receiveFile(stream Stream, fs vfs.FS, dir string, i int32, f *prismv1.Snaps
 		}
 		// Summed before the write: a writer may scribble on what it was
 		// given (Pebble's in-memory files do, in race builds).
-		sum = crc32.Update(sum, castagnoli, c.GetData())
+		sum = CRC32C(sum, c.GetData())
 		if _, err := w.Write(c.GetData()); err != nil {
 			return err
 		}
 		off += int64(len(c.GetData()))
-		progress(int64(len(c.GetData())), true)
+		progress(int64(len(c.GetData())))
 		if !c.GetEof() {
 			if c, err = stream.Recv(); err == io.EOF {
 				return fmt.Errorf("the stream ended at byte %d of %d", off, f.GetSize())
@@ -441,7 +427,7 @@ func held(fs vfs.FS, staged string, check func(done, total int64)) ([]*prismv1.S
 	var out []*prismv1.SnapshotFile
 	var total, done int64
 	for _, n := range names {
-		if n == store.StagedCompleteName || n == store.StagedLockName || store.ReservedName(n) {
+		if store.ReservedName(n) {
 			continue
 		}
 		st, err := fs.Stat(fs.PathJoin(staged, n))
@@ -476,19 +462,7 @@ func checksum(fs vfs.FS, path string, buf []byte, read func(int)) (uint32, int64
 		return 0, 0, err
 	}
 	defer r.Close()
-	var sum uint32
-	var size int64
-	for {
-		n, err := r.Read(buf)
-		sum = crc32.Update(sum, castagnoli, buf[:n])
-		size += int64(n)
-		read(n)
-		if err == io.EOF {
-			return sum, size, nil
-		} else if err != nil {
-			return 0, 0, err
-		}
-	}
+	return Checksum(r, buf, read)
 }
 
 // DropIncomplete removes the staged copy in store folder dst unless it

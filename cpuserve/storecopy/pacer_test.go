@@ -1,4 +1,4 @@
-package server
+package storecopy
 
 import (
 	"context"
@@ -10,10 +10,10 @@ import (
 // lower bound: a busy machine is slower); a cancelled copy stops
 // waiting; no rate, no wait.
 func TestPacer(t *testing.T) {
-	p := newPacer(10 << 20) // 10 MiB/s
+	p := NewPacer(10 << 20) // 10 MiB/s
 	start := time.Now()
 	for range 3 {
-		p.read(context.Background(), 1<<20)
+		p.Read(context.Background(), 1<<20)
 	}
 	if took := time.Since(start); took < 290*time.Millisecond {
 		t.Fatalf("3 MiB at 10 MiB/s in %v", took)
@@ -21,10 +21,10 @@ func TestPacer(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	start = time.Now()
-	p.read(ctx, 100<<20) // ten seconds due
+	p.Read(ctx, 100<<20) // ten seconds due
 	if took := time.Since(start); took > 5*time.Second {
 		t.Fatalf("a cancelled copy waited %v", took)
 	}
-	var none *pacer = newPacer(0)
-	none.read(context.Background(), 1<<30)
+	none := NewPacer(0)
+	none.Read(context.Background(), 1<<30)
 }
