@@ -265,6 +265,15 @@ func (e *elected) diverged(w *prismv1.WorkerInfo) map[string]int64 {
 	return nil
 }
 
+// stranded is the leading term's driver's stranded (nil while this
+// router does not lead).
+func (e *elected) stranded(w *prismv1.WorkerInfo) []string {
+	if t := e.term.Load(); t.d != nil {
+		return t.d.stranded(w)
+	}
+	return nil
+}
+
 // tick is one heartbeat of the leading term.
 func (e *elected) tick() {
 	if t := e.term.Load(); t.d != nil {

@@ -193,6 +193,13 @@ type Registry struct {
 	// records the mark and it announces it to every router from then on.
 	// Called under mu, after observe has taken the announcement.
 	diverged func(w *prismv1.WorkerInfo) map[string]int64
+	// stranded, when set, is what the router sequencing updates found of
+	// an embedding worker's models: those whose updates it lacks and the
+	// router's log no longer holds (sequencer.strandedOf). Every answer
+	// tells it (AnnounceResponse.stranded), so a worker that mends itself
+	// (prism serve embedding --mend) knows to. Called under mu, after
+	// observe.
+	stranded func(w *prismv1.WorkerInfo) []string
 }
 
 type roleModel struct {
@@ -494,6 +501,9 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		}
 		if r.diverged != nil {
 			resp.Diverged = r.diverged(w)
+		}
+		if r.stranded != nil {
+			resp.Stranded = r.stranded(w)
 		}
 	}
 	return resp, nil

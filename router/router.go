@@ -436,6 +436,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.Reg.eligible = r.el.inSync
 		r.Reg.epoch = r.el.epoch
 		r.Reg.diverged = r.el.diverged
+		r.Reg.stranded = r.el.stranded
 		r.log.Info("the router that sequences embedding updates is elected", "self", o.Election.Identity())
 		return r, nil
 	}
@@ -462,12 +463,14 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync
 	r.Reg.diverged = r.upd.diverged
+	r.Reg.stranded = r.upd.stranded
 	if o.Sequencer != "" {
 		r.fol = newFollower(o.Sequencer, r.sequencerConn, o.UpdateQuorum, r.Reg.now, o.Heartbeat)
 		r.Reg.observe = r.fol.announced
 		r.Reg.gone = r.fol.gone
 		r.Reg.eligible = r.fol.inSync
 		r.Reg.diverged = nil // the sequencer's answer tells the workers
+		r.Reg.stranded = nil
 		r.log.Info("embedding updates go to another router", "sequencer", o.Sequencer)
 	}
 	return r, nil

@@ -786,3 +786,23 @@ func (s *sequencer) divergedOf(w *prismv1.WorkerInfo) map[string]int64 {
 	}
 	return out
 }
+
+// strandedOf is what the answer to w's announcement tells it of the
+// models whose updates it lacks and this sequencer's log no longer holds
+// (AnnounceResponse.stranded; stranded's rule): the models it serves,
+// sorted. Nil when none. It changes nothing.
+func (s *sequencer) strandedOf(w *prismv1.WorkerInfo) []string {
+	var out []string
+	id := w.GetId()
+	for _, model := range w.GetModels() {
+		m := s.models[keyOf(w, model)]
+		if m == nil || !m.stale[id] {
+			continue
+		}
+		if _, diverged := m.diverged[id]; !diverged && m.known[id] < m.floor {
+			out = append(out, model)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

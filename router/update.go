@@ -638,6 +638,17 @@ func (d *updateDriver) diverged(w *prismv1.WorkerInfo) map[string]int64 {
 	return d.seq.divergedOf(w)
 }
 
+// stranded is the sequencer's strandedOf for an embedding worker's
+// announcement.
+func (d *updateDriver) stranded(w *prismv1.WorkerInfo) []string {
+	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.seq.strandedOf(w)
+}
+
 // tick is one heartbeat (Run calls it); replays it starts run under ctx.
 func (d *updateDriver) tick(ctx context.Context) {
 	d.step(func(now time.Time) {

@@ -57,6 +57,9 @@ type seqCN struct {
 	// Unset: a worker of an earlier release, which reads no epoch.
 	fence bool
 	epoch uint64
+	// stranded is what the latest answer to its announcement said of
+	// its models stranded (AnnounceResponse.stranded).
+	stranded []string
 	// marks are the diverged marks its store recorded from the answers
 	// to its announcements (AnnounceResponse.diverged), announced back
 	// (WorkerInfo.diverged), as a worker of this release does.
@@ -216,6 +219,9 @@ func (rig *updateRig) announce() {
 		}})
 		if err == nil {
 			f.told(resp.GetDiverged())
+			f.mu.Lock()
+			f.stranded = resp.GetStranded()
+			f.mu.Unlock()
 		}
 	}
 }
@@ -546,6 +552,12 @@ func TestUpdateLogBudget(t *testing.T) {
 	}
 	if u, _ := rig.r.describeUpdates(); !slices.Equal(u["m"].GetStranded(), []string{"cpu" + rig.addr[1]}) {
 		t.Fatalf("Registry/List's stranded: %v", u["m"].GetStranded())
+	}
+	// The answer to its announcement tells it (a worker mending itself
+	// copies a serving one's store); the worker in sync is told nothing.
+	rig.announce()
+	if !slices.Equal(b.stranded, []string{"m"}) || a.stranded != nil {
+		t.Fatalf("the answers to the announcements said stranded: %v to the stranded worker, %v to the one in sync", b.stranded, a.stranded)
 	}
 	rig.r.Reg.Remove("cpu" + rig.addr[1])
 	rig.r.upd.tick(context.Background()) // a heartbeat with B gone, not announcing

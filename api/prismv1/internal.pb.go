@@ -1658,8 +1658,17 @@ type AnnounceResponse struct {
 	// dense_addrs is the whole list, and an empty one means no dense
 	// workers.
 	DenseUnchanged bool `protobuf:"varint,6,opt,name=dense_unchanged,json=denseUnchanged,proto3" json:"dense_unchanged,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// stranded, in the answer to an embedding worker from the router that
+	// sequences its updates, names the worker's models (whole, or the
+	// shard it holds) whose updates it lacks and the router's log no
+	// longer holds (ModelUpdates.stranded): no replay catches it up, and
+	// it is out of their lookups until its store is replaced with a copy
+	// of a serving worker's. A worker mending itself (prism serve
+	// embedding --mend) copies one and restarts. Unset by routers of
+	// earlier releases and by a router that does not sequence.
+	Stranded      []string `protobuf:"bytes,7,rep,name=stranded,proto3" json:"stranded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AnnounceResponse) Reset() {
@@ -1732,6 +1741,13 @@ func (x *AnnounceResponse) GetDenseUnchanged() bool {
 		return x.DenseUnchanged
 	}
 	return false
+}
+
+func (x *AnnounceResponse) GetStranded() []string {
+	if x != nil {
+		return x.Stranded
+	}
+	return nil
 }
 
 type LeaveRequest struct {
@@ -2506,7 +2522,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"dense_held\x18\x02 \x01(\v2\x15.prism.v1.ListVersionR\tdenseHeld\"9\n" +
 	"\vListVersion\x12\x18\n" +
 	"\aprocess\x18\x01 \x01(\x06R\aprocess\x12\x10\n" +
-	"\x03gen\x18\x02 \x01(\x04R\x03gen\"\xd4\x02\n" +
+	"\x03gen\x18\x02 \x01(\x04R\x03gen\"\xf0\x02\n" +
 	"\x10AnnounceResponse\x12!\n" +
 	"\fheartbeat_ms\x18\x01 \x01(\x03R\vheartbeatMs\x12\x1f\n" +
 	"\vdense_addrs\x18\x02 \x03(\tR\n" +
@@ -2514,7 +2530,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12D\n" +
 	"\bdiverged\x18\x04 \x03(\v2(.prism.v1.AnnounceResponse.DivergedEntryR\bdiverged\x12:\n" +
 	"\rdense_version\x18\x05 \x01(\v2\x15.prism.v1.ListVersionR\fdenseVersion\x12'\n" +
-	"\x0fdense_unchanged\x18\x06 \x01(\bR\x0edenseUnchanged\x1a;\n" +
+	"\x0fdense_unchanged\x18\x06 \x01(\bR\x0edenseUnchanged\x12\x1a\n" +
+	"\bstranded\x18\a \x03(\tR\bstranded\x1a;\n" +
 	"\rDivergedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\x1e\n" +

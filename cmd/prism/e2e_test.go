@@ -772,7 +772,8 @@ func embeddingWorkers(resp *prismv1.ListResponse) (out []*prismv1.WorkerInfo) {
 // records the mark and it announces it, so the router restarted (in
 // memory: it never saw the divergent update) still sends it no lookups.
 // Before, the restarted router took its update number for an up-to-date
-// copy and sent it lookups of its differing rows.
+// copy and sent it lookups of its differing rows. (--mend=false: the
+// workers leave the mend to the operator, so the refuser stays out.)
 func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -788,7 +789,7 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 	}
 	router := startProc(t, readyline.Router, routerArgs("127.0.0.1:0")...)
 	for i, plan := range []string{bigPart, part} {
-		startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", plan, "--db", filepath.Join(dir, fmt.Sprintf("db%d", i)), "--router", router.addr)
+		startProc(t, readyline.Embedding, "serve", "embedding", "--certs", certs, "--plan", plan, "--db", filepath.Join(dir, fmt.Sprintf("db%d", i)), "--router", router.addr, "--mend=false")
 	}
 	conn := dialRestartable(t, router.addr, certs)
 	reg := prismv1.NewRegistryClient(conn)
@@ -895,7 +896,8 @@ func TestDivergedWorkerOutAfterRouterRestart(t *testing.T) {
 // its number. B is then diverged and out of serving. Before, the
 // restarted router learnt the update's outcome from B's refusal, the
 // first answer it saw: B was not marked, and served its copy lacking the
-// row, as in sync.
+// row, as in sync. (--mend=false: the operator's mend, prism store
+// copy, is the one tested here.)
 func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -908,7 +910,7 @@ func TestReplayDivergedAfterRouterRestart(t *testing.T) {
 	}
 	router := startProc(t, readyline.Router, routerArgs("127.0.0.1:0")...)
 	embArgs := func(plan, db string) []string {
-		return []string{"serve", "embedding", "--certs", certs, "--plan", plan, "--db", filepath.Join(dir, db), "--router", router.addr}
+		return []string{"serve", "embedding", "--certs", certs, "--plan", plan, "--db", filepath.Join(dir, db), "--router", router.addr, "--mend=false"}
 	}
 	startProc(t, readyline.Embedding, embArgs(bigPart, "db-a")...)
 	b := startProc(t, readyline.Embedding, embArgs(part, "db-b")...)

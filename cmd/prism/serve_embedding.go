@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -13,6 +14,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/server"
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/cpuserve/storecopy"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
 	"github.com/prism-serve/prism/internal/flagval"
@@ -36,6 +38,10 @@ func newServeEmbeddingCmd() *cobra.Command {
 	var maxInflightSamples int64
 	var dictFrames, directReads, warmRestart bool
 	var warmEvery, shutdownGrace time.Duration
+	// Mending itself from a serving worker's store (mend.go).
+	var mend bool
+	var mendRate string
+	var mendEvery time.Duration
 	cmd := &cobra.Command{
 		Use:     "embedding --db DIR --plan DIR [--plan DIR ...]",
 		Aliases: []string{"cpu"},
@@ -70,6 +76,13 @@ at --advertise-addr.`,
 			}
 			if err := checkMissParallel(missParallel); err != nil {
 				return err
+			}
+			rate, err := flagval.Bytes(strings.TrimSuffix(mendRate, "/s"))
+			if err != nil || rate < storecopy.MinRate {
+				return fmt.Errorf("--mend-rate %q: want bytes a second, at least 1MiB/s, e.g. 200MiB/s", mendRate)
+			}
+			if mendEvery <= 0 {
+				return fmt.Errorf("--mend-every %v: want a positive interval", mendEvery)
 			}
 			if db == "" {
 				return fmt.Errorf("--db is required")
@@ -124,8 +137,11 @@ at --advertise-addr.`,
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			sigCtx, stop := signalContext()
 			defer stop()
+			// A worker that mended itself ends (restart) to be restarted.
+			ctx, restart := context.WithCancelCause(sigCtx)
+			defer restart(nil)
 			st, err := store.Open(db, &so)
 			if err != nil {
 				return err
@@ -206,7 +222,17 @@ at --advertise-addr.`,
 			}
 			prismv1.RegisterEmbeddingTierServer(s.GRPC, srv)
 			s.Registry.MustRegister(srv.Collectors()...)
-			return s.ServeWorker(ctx, serve.WorkerOptions{
+			if mend && router != "" {
+				routers, err := serve.ParseRouters(router)
+				if err != nil {
+					return err
+				}
+				m := newMender(db, routers, tlsFlags, rate, mendEvery, log)
+				m.out, m.news, m.restart = srv.OutForGood, srv.OutNews(), restart
+				m.info = func() *prismv1.WorkerInfo { return srv.WorkerInfo("", "") }
+				go m.run(ctx)
+			}
+			err = s.ServeWorker(ctx, serve.WorkerOptions{
 				Router:        router,
 				AdvertiseAddr: advertise,
 				Announced: func(r *prismv1.AnnounceResponse) {
@@ -219,6 +245,12 @@ at --advertise-addr.`,
 				Ready:       func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
 				DialOptions: []grpc.DialOption{toRouter},
 			})
+			var mended *errMended
+			if errors.As(context.Cause(ctx), &mended) && err == nil {
+				log.Warn("mend: "+mended.Error(), "from", mended.from)
+				return mended
+			}
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -246,6 +278,9 @@ at --advertise-addr.`,
 	// Trust and admission (router-side trust work).
 	f.BoolVar(&dictFrames, "dictionary-frames", true, "send a cut tensor that is one id's row per sample dictionary-encoded in micro-batches of 32 samples or more (each distinct row looked up and sent once; --dictionary-frames=false sends every row)")
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
+	f.BoolVar(&mend, "mend", true, "with --router: when the sequencing router finds this worker's copy of a model diverged from its peers', or behind by updates its log no longer holds (stranded), copy a serving worker's whole store into --db (staged beside the store, at --mend-rate) and exit, so that the restart (Kubernetes, prism up, systemd) swaps it in; the store's files from before are kept in --db/replaced-<time>. false: leave it to the operator (prism store copy)")
+	f.StringVar(&mendRate, "mend-rate", "200MiB/s", "with --mend: bound the copy to this many bytes a second of the worker copied, so it keeps its disk for its lookups")
+	f.DurationVar(&mendEvery, "mend-every", time.Hour, "with --mend: copy again only this long after the last copy swapped into --db (the newest replaced-<time> folder), so a worker whose build answers updates otherwise than its peers' does not copy a store after each one")
 	return cmd
 }
 

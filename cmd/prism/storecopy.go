@@ -42,6 +42,20 @@ type copyJob struct {
 	seed          bool
 	seedWait      time.Duration
 	out, errOut   io.Writer
+	// self is not an admin but the embedding worker mending itself
+	// (mend.go): it dials with its own certificate, holds db open (so
+	// the copy is staged), and logs the copy itself (received).
+	self     bool
+	received storecopy.Result
+}
+
+// role is the certificate the copy dials with: an admin's, or an
+// embedding worker's when it mends itself.
+func (j *copyJob) role() auth.Role {
+	if j.self {
+		return auth.Embedding
+	}
+	return auth.Admin
 }
 
 func newStoreCopyCmd() *cobra.Command {
@@ -248,26 +262,9 @@ func spread(sources []string) []string {
 // router that does not sequence is asked for the one that does,
 // followed once (follow). An error is "cannot tell yet".
 func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (sources []string, nothing bool, err error) {
-	creds, err := j.tlsFlags.Dial(auth.Admin, auth.Router)
+	resp, addr, err := sequencerList(ctx, &j.tlsFlags, j.role(), addr, follow)
 	if err != nil {
 		return nil, false, err
-	}
-	conn, err := grpc.NewClient(addr, creds, serve.ListDialOption())
-	if err != nil {
-		return nil, false, fmt.Errorf("dial router %s: %w", addr, err)
-	}
-	defer conn.Close()
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := prismv1.NewRegistryClient(conn).List(lctx, &prismv1.ListRequest{})
-	if err != nil {
-		return nil, false, fmt.Errorf("router %s: %w", addr, err)
-	}
-	if resp.GetNotSequencing() {
-		if seq := resp.GetSequencer(); follow && seq != "" && seq != addr {
-			return j.sources(ctx, seq, false) // only it knows who is in sync
-		}
-		return nil, false, fmt.Errorf("router %s does not sequence embedding updates and names none that does (an election under way?)", addr)
 	}
 	need := map[string]string{}
 	updated := false
@@ -304,16 +301,52 @@ func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (source
 	return router.CopySources(router.Fleet(resp), need, ""), false, nil
 }
 
+// sequencerList is the Registry/List answer of the router at addr, or,
+// when it does not sequence embedding updates, of the one it names that
+// does (followed once, with follow): only that one knows which workers
+// are in sync. It returns the address of the router that answered.
+func sequencerList(ctx context.Context, tlsFlags *authflag.Flags, role auth.Role, addr string, follow bool) (*prismv1.ListResponse, string, error) {
+	creds, err := tlsFlags.Dial(role, auth.Router)
+	if err != nil {
+		return nil, addr, err
+	}
+	conn, err := grpc.NewClient(addr, creds, serve.ListDialOption())
+	if err != nil {
+		return nil, addr, fmt.Errorf("dial router %s: %w", addr, err)
+	}
+	defer conn.Close()
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := prismv1.NewRegistryClient(conn).List(lctx, &prismv1.ListRequest{})
+	if err != nil {
+		return nil, addr, fmt.Errorf("router %s: %w", addr, err)
+	}
+	if resp.GetNotSequencing() {
+		if seq := resp.GetSequencer(); follow && seq != "" && seq != addr {
+			return sequencerList(ctx, tlsFlags, role, seq, false)
+		}
+		return nil, addr, fmt.Errorf("router %s does not sequence embedding updates and names none that does (an election under way?)", addr)
+	}
+	return resp, addr, nil
+}
+
 // copyFrom copies the store of the worker at from into j.db and swaps
 // it in (or stages it for the process holding j.db).
 func (j *copyJob) copyFrom(ctx context.Context, from string) error {
-	creds, err := j.tlsFlags.Dial(auth.Admin, auth.Embedding)
+	_, err := j.copyIn(ctx, from)
+	return err
+}
+
+// copyIn is copyFrom, saying whether the copy was staged for the
+// process holding j.db (the worker) rather than swapped in.
+func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err error) {
+	creds, err := j.tlsFlags.Dial(j.role(), auth.Embedding)
 	if err != nil {
-		return err
+		return false, err
 	}
 	conn, err := grpc.NewClient(from, creds)
 	if err != nil {
-		return fmt.Errorf("dial embedding worker %s: %w", from, err)
+		return false, fmt.Errorf("dial embedding worker %s: %w", from, err)
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
@@ -323,6 +356,16 @@ func (j *copyJob) copyFrom(ctx context.Context, from string) error {
 		return client.Snapshot(ctx, req)
 	}
 	var bar, checkBar *progress.Bar
+	if j.self {
+		// A worker mending itself: its log says what it copied
+		// (mender.try), with no bars in it, and it holds j.db open.
+		res, err := storecopy.Receive(open, j.db, storecopy.Options{Rate: j.rate})
+		if err != nil {
+			return false, fmt.Errorf("%w (copying from embedding worker %s)", err, from)
+		}
+		j.received = res
+		return true, nil
+	}
 	res, err := storecopy.Receive(open, j.db, storecopy.Options{AllowDiverged: j.allowDiverged, Rate: j.rate,
 		Check: func(done, total int64) {
 			if checkBar == nil {
@@ -343,7 +386,7 @@ func (j *copyJob) copyFrom(ctx context.Context, from string) error {
 		bar.Done()
 	}
 	if err != nil {
-		return fmt.Errorf("%w (copying from embedding worker %s)", err, from)
+		return false, fmt.Errorf("%w (copying from embedding worker %s)", err, from)
 	}
 	out := j.out
 	fmt.Fprintf(out, "received a copy of %s's store (%s): %d files, %s", from, res.Source, res.Files, progress.Bytes(res.Bytes))
@@ -361,17 +404,17 @@ func (j *copyJob) copyFrom(ctx context.Context, from string) error {
 	s, err := store.Open(j.db, &store.Options{HotBytes: -1})
 	if errors.Is(err, syscall.EAGAIN) {
 		fmt.Fprintf(out, "staged in %s: the process holding %s (its worker) swaps it in at its next start; restart it\n", res.Staged, j.db)
-		return nil
+		return true, nil
 	} else if err != nil {
-		return fmt.Errorf("swap the copy in: %w (unless the swap was made, the copy stays staged in %s for the store's next open)", err, res.Staged)
+		return false, fmt.Errorf("swap the copy in: %w (unless the swap was made, the copy stays staged in %s for the store's next open)", err, res.Staged)
 	}
 	rep, swapped := s.Swapped()
 	if err := s.Close(); err != nil {
-		return err
+		return false, err
 	}
 	if !swapped {
-		return fmt.Errorf("the copy staged in %s was not swapped in (another process swapped or replaced it meanwhile?)", res.Staged)
+		return false, fmt.Errorf("the copy staged in %s was not swapped in (another process swapped or replaced it meanwhile?)", res.Staged)
 	}
 	fmt.Fprintf(out, "swapped in: %s is the copy now; its files from before are in %s (remove that folder once the worker serves)\n", j.db, rep.Replaced)
-	return nil
+	return false, nil
 }

@@ -21,7 +21,9 @@ import (
 // lacks (no router holds it). prism status shows it stranded, out for
 // good for --check, and names a serving worker to copy from; prism
 // store copy from that worker, staged while the stranded one runs, and
-// its restart bring it back in sync. On real processes, mutual TLS.
+// its restart bring it back in sync. On real processes, mutual TLS. The
+// workers are told not to mend themselves (--mend=false): the operator's
+// path; TestStrandedWorkerMendsItself is the default's.
 func TestStrandedWorkerMendedByCopy(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -32,7 +34,7 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 	}
 	router := startProc(t, readyline.Router, routerArgs("127.0.0.1:0")...)
 	embArgs := func(db string) []string {
-		return []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
+		return []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr, "--mend=false"}
 	}
 	startProc(t, readyline.Embedding, embArgs("db-a")...)
 	b := startProc(t, readyline.Embedding, embArgs("db-b")...)
@@ -130,6 +132,68 @@ func TestStrandedWorkerMendedByCopy(t *testing.T) {
 		u := r.GetUpdates()[cfg.Name]
 		return len(embeddingWorkers(r)) == 3 && len(u.GetInSync()) == 3 && len(u.GetStranded()) == 0
 	})
+}
+
+// TestStrandedWorkerMendsItself: the stranded worker of
+// TestStrandedWorkerMendedByCopy, serving with the default --mend, is
+// told by the router's answer that it is stranded, copies the serving
+// worker's store into its own folder (staged: it holds the store open)
+// and exits, saying why; its restart (what Kubernetes or prism up does)
+// swaps the copy in, and it serves in sync at update 1, its store from
+// before kept in replaced-<time>. On real processes, mutual TLS.
+func TestStrandedWorkerMendsItself(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, part, cfg := partitioned(t, dir, "dlrm-tiny")
+	certs := newCerts(t)
+	routerArgs := func(addr string) []string {
+		return []string{"serve", "router", "--certs", certs, "--addr", addr, "--heartbeat", "200ms", "--update-quorum", "one"}
+	}
+	router := startProc(t, readyline.Router, routerArgs("127.0.0.1:0")...)
+	embArgs := func(db string) []string {
+		return []string{"serve", "embedding", "--certs", certs, "--plan", part, "--db", filepath.Join(dir, db), "--router", router.addr}
+	}
+	startProc(t, readyline.Embedding, embArgs("db-a")...)
+	b := startProc(t, readyline.Embedding, embArgs("db-b")...)
+	reg := prismv1.NewRegistryClient(dialRestartable(t, router.addr, certs))
+	awaitList(t, reg, "two embedding workers", func(r *prismv1.ListResponse) bool { return len(embeddingWorkers(r)) == 2 })
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	awaitList(t, reg, "one embedding worker", func(r *prismv1.ListResponse) bool { return len(embeddingWorkers(r)) == 1 })
+	upd := prismv1.NewEmbeddingsClient(dialRestartable(t, router.addr, certs))
+	row := make([]float32, cfg.EmbDim)
+	row[0] = 1
+	updateByOne(t, upd, &prismv1.UpdateRequest{Model: cfg.Name, Table: "emb_l.0.weight", Ids: []int64{1}, Rows: leview.Bytes(row)})
+	router.cmd.Process.Kill()
+	router.cmd.Wait()
+	startProc(t, readyline.Router, routerArgs(router.addr)...)
+	b = startProc(t, readyline.Embedding, embArgs("db-b")...)
+
+	exited := make(chan error, 1)
+	go func() { exited <- b.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if code := b.cmd.ProcessState.ExitCode(); err == nil || code == 0 {
+			t.Fatalf("the stranded worker exited with %v (code %d), want a failure so that it is restarted", err, code)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the stranded worker did not mend itself and exit within 90 s; its stderr:\n%s", b.log.String())
+	}
+	if log := b.log.String(); !strings.Contains(log, "stranded") || !strings.Contains(log, "exiting to be restarted: a copy of embedding worker 127.0.0.1:") {
+		t.Fatalf("the stranded worker's stderr does not say it mended itself:\n%s", log)
+	}
+	b = startProc(t, readyline.Embedding, embArgs("db-b")...)
+	awaitList(t, reg, "B mended itself: both in sync at update 1", func(r *prismv1.ListResponse) bool {
+		u := r.GetUpdates()[cfg.Name]
+		ws := embeddingWorkers(r)
+		return len(ws) == 2 && len(u.GetInSync()) == 2 && len(u.GetStranded()) == 0 && !slices.ContainsFunc(ws, func(w *prismv1.WorkerInfo) bool { return w.GetUpdateSeq()[cfg.Name] != 1 })
+	})
+	if !strings.Contains(b.log.String(), "swapped in the copy") {
+		t.Errorf("the restarted worker does not say it swapped the copy in:\n%s", b.log.String())
+	}
+	if kept, _ := filepath.Glob(filepath.Join(dir, "db-b", "replaced-*")); len(kept) != 1 {
+		t.Fatalf("B's store from before the copy: %v, want one folder replaced-*", kept)
+	}
 }
 
 // updateByOne sends req until the router takes it (Unavailable while it

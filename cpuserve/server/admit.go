@@ -105,11 +105,67 @@ func (s *Server) Announced(resp *prismv1.AnnounceResponse) error {
 			continue
 		}
 		if marked {
-			s.log.Error("the sequencing router found this worker's copy of the model diverged from its other workers' (it answered an update otherwise than they did); recorded in the store, so no router sends it the model's lookups or updates: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it",
+			s.log.Error("the sequencing router found this worker's copy of the model diverged from its other workers' (it answered an update otherwise than they did); recorded in the store, so no router sends it the model's lookups or updates: give it a copy of a serving worker's store (prism store copy --from A_SERVING_WORKER --db ITS_STORE) and restart it, or serve with --mend, which does that by itself",
 				"model", model, "seq", seq)
+			s.tellOut()
+		}
+	}
+	for _, model := range resp.GetStranded() {
+		if _, served := s.models[model]; !served {
+			continue
+		}
+		s.strandedMu.Lock()
+		told := s.stranded[model]
+		if !told {
+			if s.stranded == nil {
+				s.stranded = map[string]bool{}
+			}
+			s.stranded[model] = true
+		}
+		s.strandedMu.Unlock()
+		if !told {
+			s.log.Error("the sequencing router no longer holds updates of the model this worker lacks (stranded): no router sends it the model's lookups or updates until its store is replaced with a copy of a serving worker's (prism store copy --from A_SERVING_WORKER --db ITS_STORE, then a restart), or serve with --mend, which does that by itself",
+				"model", model)
+			s.tellOut()
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// tellOut wakes a reader of OutNews.
+func (s *Server) tellOut() {
+	select {
+	case s.outNews <- struct{}{}:
+	default:
+	}
+}
+
+// OutNews hears when a model this worker serves is newly out for good
+// (OutForGood): a router's answer marked it diverged or said it is
+// stranded.
+func (s *Server) OutNews() <-chan struct{} { return s.outNews }
+
+// OutForGood is, per model this worker serves that no router sends
+// lookups or updates of until its store is replaced with a copy of a
+// serving worker's, why: "diverged at update N" (its store's mark, which
+// outlives the process) or "stranded" (a router's answer this process
+// heard). Empty when none.
+func (s *Server) OutForGood() (map[string]string, error) {
+	out := map[string]string{}
+	marks, err := s.st.Diverged()
+	for model, seq := range marks {
+		if _, served := s.models[model]; served {
+			out[model] = fmt.Sprintf("diverged at update %d", seq)
+		}
+	}
+	s.strandedMu.Lock()
+	defer s.strandedMu.Unlock()
+	for model := range s.stranded {
+		if _, marked := out[model]; !marked {
+			out[model] = "stranded"
+		}
+	}
+	return out, err
 }
 
 // checkDense refuses a dense_addr the router has not registered: the

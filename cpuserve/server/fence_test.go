@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -139,5 +140,73 @@ func TestDivergedMarkRecorded(t *testing.T) {
 	}
 	if got, err := fx.st.Diverged(); err != nil || got[model] != base+1 {
 		t.Fatalf("its store records %v, %v", got, err)
+	}
+}
+
+// TestOutForGood: what a worker mending itself (prism serve embedding
+// --mend) acts on: the models its store marks diverged and those the
+// sequencing router said it is stranded on (kept for the process's
+// life, as no replay brings it back), each heard of once on OutNews; a
+// model it does not serve is neither, and an answer that says nothing
+// (another router's) takes nothing back.
+func TestOutForGood(t *testing.T) {
+	fx := ownFixture(t)
+	model := fx.plan.Model.Name
+	news := func() bool {
+		select {
+		case <-fx.srv.OutNews():
+			return true
+		default:
+			return false
+		}
+	}
+	if out, err := fx.srv.OutForGood(); err != nil || len(out) != 0 || news() {
+		t.Fatalf("a fresh worker: out %v, %v", out, err)
+	}
+	for _, step := range []struct {
+		resp *prismv1.AnnounceResponse
+		want string // model's reason, "" none
+		news bool
+	}{
+		{&prismv1.AnnounceResponse{Stranded: []string{"other"}}, "", false},
+		{&prismv1.AnnounceResponse{Stranded: []string{model}}, "stranded", true},
+		{&prismv1.AnnounceResponse{Stranded: []string{model}}, "stranded", false},
+		{&prismv1.AnnounceResponse{}, "stranded", false},
+		{&prismv1.AnnounceResponse{Diverged: map[string]int64{model: 0}}, "stranded", false}, // no update 0: not recorded
+	} {
+		if err := fx.srv.Announced(step.resp); err != nil && len(step.resp.GetDiverged()) == 0 {
+			t.Fatal(err)
+		}
+		out, err := fx.srv.OutForGood()
+		if err != nil || out[model] != step.want || len(out) > 1 {
+			t.Fatalf("after %v: out %v, %v; want %s %q", step.resp, out, err, model, step.want)
+		}
+		if got := news(); got != step.news {
+			t.Fatalf("after %v: news %v, want %v", step.resp, got, step.news)
+		}
+	}
+}
+
+// TestOutForGoodDiverged: a diverged mark is out for good, from the
+// answer that marks it and, the store holding it, after a restart.
+func TestOutForGoodDiverged(t *testing.T) {
+	fx := ownFixture(t)
+	model, tab := fx.plan.Model.Name, fx.plan.Tables[0]
+	base := fx.srv.WorkerInfo("w", "addr").GetUpdateSeq()[model]
+	if _, err := fx.srv.Update(context.Background(), &prismv1.ApplyUpdateRequest{Seq: base + 1, Fresh: true,
+		Update: &prismv1.UpdateRequest{Model: model, Table: tab.Name, Ids: []int64{4}, Rows: leview.Bytes(make([]float32, tab.Dim))}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.srv.Announced(&prismv1.AnnounceResponse{Diverged: map[string]int64{model: base + 1}, Stranded: []string{model}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fx.srv.OutNews():
+	default:
+		t.Fatal("no news of the model diverged")
+	}
+	want := fmt.Sprintf("diverged at update %d", base+1)
+	if out, err := fx.srv.OutForGood(); err != nil || len(out) != 1 || out[model] != want {
+		t.Fatalf("out %v, %v; want %s %q (the mark, not stranded)", out, err, model, want)
 	}
 }

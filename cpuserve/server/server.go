@@ -147,6 +147,14 @@ type Server struct {
 	denseAddrs atomic.Pointer[denseList]
 	denseMu    sync.Mutex
 	asked      atomic.Uint64
+
+	// stranded holds the models the sequencing router said this worker
+	// is stranded on (AnnounceResponse.stranded), kept for the process's
+	// life: only a copy of a serving worker's store brings it back.
+	// outNews hears of each model newly out for good (OutForGood).
+	strandedMu sync.Mutex
+	stranded   map[string]bool
+	outNews    chan struct{}
 }
 
 var _ prismv1.EmbeddingTierServer = (*Server)(nil)
@@ -162,7 +170,7 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{st: st, opts: o, log: o.Logger, floods: lograte.New(o.Logger, lograte.DefaultWindow), models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{},
+	s := &Server{st: st, opts: o, log: o.Logger, floods: lograte.New(o.Logger, lograte.DefaultWindow), models: map[string]*model{}, shards: map[string]*shardRef{}, conns: map[string]*grpc.ClientConn{}, outNews: make(chan struct{}, 1),
 		inUse: map[*grpc.ClientConn]int{}, retired: map[*grpc.ClientConn]bool{}}
 	s.met = newMetrics(s)
 	plans := make([]*plan.Plan, len(o.Plans))

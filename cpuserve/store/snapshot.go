@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -175,7 +176,45 @@ func (s *Store) Swapped() (SwapReport, bool) { return s.swapped, s.swapped.Repla
 // (tests fix it).
 var swapStamp = defaultSwapStamp
 
-func defaultSwapStamp() string { return time.Now().UTC().Format("20060102T150405Z") }
+func defaultSwapStamp() string { return time.Now().UTC().Format(swapStampLayout) }
+
+// swapStampLayout is the time format of a replaced folder's name.
+const swapStampLayout = "20060102T150405Z"
+
+// LastSwap is when a copy was last swapped into the store folder dir
+// (the newest of its replaced-<time> folders, which the operator
+// removes), and false when none is there: a worker mending itself
+// (prism serve embedding --mend) copies again only some time after its
+// last copy, so a worker whose build answers updates otherwise than its
+// peers' does not copy a store after each update.
+func LastSwap(fs vfs.FS, dir string) (time.Time, bool, error) {
+	names, err := fs.List(dir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return time.Time{}, false, nil
+		}
+		return time.Time{}, false, err
+	}
+	var last time.Time
+	found := false
+	for _, n := range names {
+		stamp, ok := strings.CutPrefix(n, replacedPrefix)
+		if !ok {
+			continue
+		}
+		if i := strings.IndexByte(stamp, '-'); i >= 0 {
+			stamp = stamp[:i] // replaced-<time>-k: the k-th swap of that second
+		}
+		t, err := time.Parse(swapStampLayout, stamp)
+		if err != nil {
+			continue // not a swap's folder
+		}
+		if !found || t.After(last) {
+			last, found = t, true
+		}
+	}
+	return last, found, nil
+}
 
 // swapStaged swaps a complete staged copy (StagedDir) into the store
 // folder dir, or finishes a swap a crash interrupted; it does nothing

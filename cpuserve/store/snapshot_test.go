@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -418,5 +419,53 @@ func TestCopySwapMissingMark(t *testing.T) {
 	_, err := Open("bad", &Options{FS: fs})
 	if err == nil || !strings.Contains(err.Error(), "lacks its COMPLETE mark") {
 		t.Fatalf("open over a half swap without the mark: %v", err)
+	}
+}
+
+// TestLastSwap: the time of the newest replaced-<time> folder (the k-th
+// swap of a second counts as that second), none without one, and names
+// that only look like one are not swaps.
+func TestLastSwap(t *testing.T) {
+	for _, tc := range []struct {
+		names []string
+		want  string // "" none
+	}{
+		{nil, ""},
+		{[]string{"000001.log", "MANIFEST-000001", "copy-in", "replaced-", "replaced-yesterday", "replaced-2026"}, ""},
+		{[]string{"replaced-20261130T235959Z"}, "20261130T235959Z"},
+		{[]string{"replaced-20261130T235959Z", "replaced-20261201T000000Z-2", "replaced-20261201T000000Z", "replaced-20261101T120000Z"}, "20261201T000000Z"},
+		{[]string{"replaced-20261201T101010Z-3", "replaced-20261201T101009Z"}, "20261201T101010Z"},
+	} {
+		fs := vfs.NewMem()
+		if err := fs.MkdirAll("db", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range tc.names {
+			if err := fs.MkdirAll(fs.PathJoin("db", n), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, ok, err := LastSwap(fs, "db")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want, _ := time.Parse(swapStampLayout, tc.want); ok != (tc.want != "") || (ok && !got.Equal(want)) {
+			t.Errorf("%v: LastSwap %v %v, want %q", tc.names, got, ok, tc.want)
+		}
+	}
+	if _, ok, err := LastSwap(vfs.NewMem(), "missing"); ok || err != nil {
+		t.Errorf("a folder not there: %v %v", ok, err)
+	}
+	// A real swap's folder is read back as the swap's time.
+	fs := vfs.NewMem()
+	copyStores(t, fs)
+	stageGood(t, fs)
+	s, err := swapOpen(fs, "bad", "20261201T043900Z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if got, ok, _ := LastSwap(fs, "bad"); !ok || got.Format(swapStampLayout) != "20261201T043900Z" {
+		t.Fatalf("after a swap: %v %v", got, ok)
 	}
 }

@@ -19,8 +19,9 @@ import (
 // worker only it knows of. heartbeat_ms is the
 // shortest router's. epoch is the answering router's own, delivered
 // with its answer (not merged: the worker keeps the highest it heard,
-// store.RaiseEpoch), 0 in a delivery no answer caused; so is diverged
-// (the worker records each mark, store.MarkDiverged), nil in one.
+// store.RaiseEpoch), 0 in a delivery no answer caused; so are diverged
+// (the worker records each mark, store.MarkDiverged) and stranded (the
+// worker keeps each model named, server.OutForGood), nil in one.
 type answers struct {
 	mu  sync.Mutex
 	now func() time.Time
@@ -57,12 +58,12 @@ func (a *answers) heard(router string, resp *prismv1.AnnounceResponse, err error
 			hb = time.Second
 		}
 		a.by[router] = routerAnswer{dense: resp.GetDenseAddrs(), heartbeat: hb, at: now}
-		a.deliver(true, resp.GetEpoch(), resp.GetDiverged())
+		a.deliver(true, resp)
 		return
 	}
 	if r, ok := a.by[router]; ok && now.Sub(r.at) > silentHeartbeats*r.heartbeat {
 		delete(a.by, router)
-		a.deliver(false, 0, nil)
+		a.deliver(false, nil)
 	}
 }
 
@@ -84,14 +85,15 @@ func (a *answers) forget(router string) {
 	defer a.mu.Unlock()
 	if _, ok := a.by[router]; ok {
 		delete(a.by, router)
-		a.deliver(false, 0, nil)
+		a.deliver(false, nil)
 	}
 }
 
-// deliver hands the merged answer to out, with epoch and diverged:
-// always, or only when the union changed; a.mu held, so deliveries keep
-// the order of the merges.
-func (a *answers) deliver(always bool, epoch uint64, diverged map[string]int64) {
+// deliver hands the merged answer to out, with the epoch, diverged
+// marks and stranded models of own (the answer that caused it, nil for
+// none): always, or only when the union changed; a.mu held, so
+// deliveries keep the order of the merges.
+func (a *answers) deliver(always bool, own *prismv1.AnnounceResponse) {
 	union := map[string]bool{}
 	var hb time.Duration
 	for _, r := range a.by {
@@ -108,6 +110,6 @@ func (a *answers) deliver(always bool, epoch uint64, diverged map[string]int64) 
 	}
 	a.sent, a.told = dense, true
 	if a.out != nil {
-		a.out(&prismv1.AnnounceResponse{HeartbeatMs: hb.Milliseconds(), DenseAddrs: dense, Epoch: epoch, Diverged: diverged})
+		a.out(&prismv1.AnnounceResponse{HeartbeatMs: hb.Milliseconds(), DenseAddrs: dense, Epoch: own.GetEpoch(), Diverged: own.GetDiverged(), Stranded: own.GetStranded()})
 	}
 }

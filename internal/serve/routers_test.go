@@ -182,17 +182,21 @@ func TestAnswers(t *testing.T) {
 // election epoch (AnnounceResponse.epoch), never merged away: the
 // worker hears the sequencing router's epoch from that router's answer
 // before it announces to it again (issue 14), and a delivery no answer
-// caused carries none.
+// caused carries none. So are the diverged marks and stranded models
+// the sequencing router tells (a worker mending itself acts on them).
 func TestAnswersEpoch(t *testing.T) {
 	now := time.Unix(0, 0)
-	var got []uint64
-	a := newAnswers(func(r *prismv1.AnnounceResponse) { got = append(got, r.GetEpoch()) }, func() time.Time { return now })
-	a.heard("holder", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"a"}, Epoch: 7}, nil)
+	var got []string
+	a := newAnswers(func(r *prismv1.AnnounceResponse) {
+		got = append(got, fmt.Sprintf("%d %v %v", r.GetEpoch(), r.GetDiverged(), r.GetStranded()))
+	}, func() time.Time { return now })
+	told := &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"a"}, Epoch: 7, Diverged: map[string]int64{"m": 3}, Stranded: []string{"n"}}
+	a.heard("holder", told, nil)
 	a.heard("follower", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"b"}}, nil)
-	a.heard("holder", &prismv1.AnnounceResponse{HeartbeatMs: 100, DenseAddrs: []string{"a"}, Epoch: 7}, nil)
+	a.heard("holder", told, nil)
 	a.forget("follower")
-	if want := []uint64{7, 0, 7, 0}; !slices.Equal(got, want) {
-		t.Errorf("delivered epochs %v, want %v", got, want)
+	if want := []string{"7 map[m:3] [n]", "0 map[] []", "7 map[m:3] [n]", "0 map[] []"}; !slices.Equal(got, want) {
+		t.Errorf("delivered %q, want %q", got, want)
 	}
 }
 
