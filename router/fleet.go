@@ -36,6 +36,9 @@ type FleetRow struct {
 	// (a dense worker, or a model with no update).
 	Holds, Acknowledged int64
 	Outstanding         int64
+	// Mends: an embedding worker replacing its own store with a serving
+	// worker's copy when it is out for good (WorkerInfo.mends).
+	Mends bool
 }
 
 // ShardLabel is FleetRow.Shard of shard k of n: "k/n".
@@ -52,7 +55,7 @@ func Fleet(resp *prismv1.ListResponse) []FleetRow {
 	for _, w := range resp.GetWorkers() {
 		role := strings.ToLower(strings.TrimPrefix(w.GetRole().String(), "ROLE_"))
 		for _, model := range w.GetModels() {
-			r := FleetRow{Model: model, Role: role, Addr: w.GetAddr(), ID: w.GetId(), Holds: -1, Acknowledged: -1, Outstanding: w.GetOutstanding()}
+			r := FleetRow{Model: model, Role: role, Addr: w.GetAddr(), ID: w.GetId(), Holds: -1, Acknowledged: -1, Outstanding: w.GetOutstanding(), Mends: w.GetMends()}
 			if ref := w.GetShards()[model]; ref.GetShards() > 0 {
 				r.Shard = ShardLabel(int(ref.GetShard()), int(ref.GetShards()))
 			}
@@ -188,6 +191,10 @@ func FleetProblems(resp *prismv1.ListResponse) []string {
 // the one that does (sequencer), to ask.
 func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string {
 	workers, addr, ids := embeddingHolds(rows)
+	mends := map[string]bool{}
+	for _, r := range rows {
+		mends[r.ID] = mends[r.ID] || r.Mends
+	}
 	var out []string
 	for _, id := range ids {
 		var why string
@@ -216,11 +223,14 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 		if srcs := CopySources(rows, need, id); len(srcs) > 0 {
 			from = srcs[0]
 		}
-		if from == "" {
+		switch {
+		case from == "":
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; no worker serves all of its models (and shards) in sync to copy a store from yet", addr[id], why))
-			continue
+		case mends[id]:
+			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good until it mends itself (--mend): it copies a serving worker's store (%s) and restarts; its log's \"mend:\" lines say how far, or why not", addr[id], why, from))
+		default:
+			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; mend it on its host: prism store copy --from %s --db ITS_STORE, then restart it", addr[id], why, from))
 		}
-		out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; mend it on its host: prism store copy --from %s --db ITS_STORE, then restart it", addr[id], why, from))
 	}
 	return out
 }

@@ -162,6 +162,13 @@ func TestFleetMends(t *testing.T) {
 	if got := fleetMends(rows, false, ""); !slices.Equal(got, want) {
 		t.Fatalf("fleetMends = %q, want %q", got, want)
 	}
+	// A worker serving with --mend (WorkerInfo.mends) copies by itself.
+	mending := slices.Clone(rows)
+	mending[0].Mends, mending[1].Mends = true, true
+	want = []string{`embedding worker h1:1 (a: diverged at 3) is out for good until it mends itself (--mend): it copies a serving worker's store (h3:1) and restarts; its log's "mend:" lines say how far, or why not`}
+	if got := fleetMends(mending, false, ""); !slices.Equal(got, want) {
+		t.Fatalf("fleetMends of a worker mending itself = %q, want %q", got, want)
+	}
 	// A source whose store marks another model out is no source.
 	rows = append(rows, FleetRow{Model: "c", Role: "embedding", Addr: "h3:1", ID: "w3", State: "diverged at 5"})
 	got := fleetMends(rows, false, "")

@@ -1097,7 +1097,13 @@ type WorkerInfo struct {
 	// a replica ingested after a model update may number the same content
 	// otherwise. The router answers a content with the highest number its
 	// workers give it.
-	Version       map[string]int64 `protobuf:"bytes,15,rep,name=version,proto3" json:"version,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Version map[string]int64 `protobuf:"bytes,15,rep,name=version,proto3" json:"version,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// mends, from an embedding worker: it replaces its own store with a
+	// copy of a serving worker's when a router finds it diverged or
+	// stranded (prism serve embedding --mend), so prism status says it
+	// mends itself rather than asking for prism store copy. Unset by
+	// workers of earlier releases.
+	Mends         bool `protobuf:"varint,16,opt,name=mends,proto3" json:"mends,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1235,6 +1241,13 @@ func (x *WorkerInfo) GetVersion() map[string]int64 {
 		return x.Version
 	}
 	return nil
+}
+
+func (x *WorkerInfo) GetMends() bool {
+	if x != nil {
+		return x.Mends
+	}
+	return false
 }
 
 // JaggedInputs are a model's jagged inputs: inputs[i] holds every
@@ -2453,7 +2466,7 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\bdense_us\x18\x02 \x01(\x03R\adenseUs\x12\x14\n" +
 	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\x12\x1d\n" +
 	"\n" +
-	"task_names\x18\x04 \x03(\tR\ttaskNames\"\xca\t\n" +
+	"task_names\x18\x04 \x03(\tR\ttaskNames\"\xe0\t\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\"\n" +
@@ -2473,7 +2486,8 @@ const file_api_prismv1_internal_proto_rawDesc = "" +
 	"\bsharding\x18\f \x03(\v2\".prism.v1.WorkerInfo.ShardingEntryR\bsharding\x12>\n" +
 	"\bdiverged\x18\r \x03(\v2\".prism.v1.WorkerInfo.DivergedEntryR\bdiverged\x12;\n" +
 	"\acontent\x18\x0e \x03(\v2!.prism.v1.WorkerInfo.ContentEntryR\acontent\x12;\n" +
-	"\aversion\x18\x0f \x03(\v2!.prism.v1.WorkerInfo.VersionEntryR\aversion\x1a<\n" +
+	"\aversion\x18\x0f \x03(\v2!.prism.v1.WorkerInfo.VersionEntryR\aversion\x12\x14\n" +
+	"\x05mends\x18\x10 \x01(\bR\x05mends\x1a<\n" +
 	"\x0eUpdateSeqEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aM\n" +

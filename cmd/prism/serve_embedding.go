@@ -222,6 +222,7 @@ at --advertise-addr.`,
 			}
 			prismv1.RegisterEmbeddingTierServer(s.GRPC, srv)
 			s.Registry.MustRegister(srv.Collectors()...)
+			info := srv.WorkerInfo
 			if mend && router != "" {
 				routers, err := serve.ParseRouters(router)
 				if err != nil {
@@ -231,6 +232,11 @@ at --advertise-addr.`,
 				m.out, m.news, m.restart = srv.OutForGood, srv.OutNews(), restart
 				m.info = func() *prismv1.WorkerInfo { return srv.WorkerInfo("", "") }
 				go m.run(ctx)
+				info = func(id, addr string) *prismv1.WorkerInfo {
+					w := srv.WorkerInfo(id, addr)
+					w.Mends = true // prism status: it mends itself
+					return w
+				}
 			}
 			err = s.ServeWorker(ctx, serve.WorkerOptions{
 				Router:        router,
@@ -241,7 +247,7 @@ at --advertise-addr.`,
 					}
 				},
 				Prompt:      prompt,
-				Info:        srv.WorkerInfo,
+				Info:        info,
 				Ready:       func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
 				DialOptions: []grpc.DialOption{toRouter},
 			})
