@@ -50,15 +50,16 @@ start() {
 	started=$!
 	pids+=("$started")
 }
-# inSync N: whether the router names N embedding workers of the model in
-# sync and none stranded.
+# inSync N: whether the router names N embedding workers of the model, all
+# in sync (or the model has had no update), none stranded.
 inSync() {
 	"$PRISM" status --router "$raddr" --certs "$CERTS" --json 2>/dev/null | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
-u = r.get("updates", {}).get(sys.argv[1], {})
+n = int(sys.argv[2])
+u = r.get("updates", {}).get(sys.argv[1])  # none: no update yet, all serve
 emb = [w for w in r.get("workers", []) if w.get("role") == "ROLE_EMBEDDING"]
-sys.exit(0 if len(emb) == int(sys.argv[2]) and len(u.get("inSync", [])) == int(sys.argv[2]) and not u.get("stranded") else 1)' "$model" "$1"
+sys.exit(0 if len(emb) == n and (u is None or (len(u.get("inSync", [])) == n and not u.get("stranded") and not u.get("settling"))) else 1)' "$model" "$1"
 }
 waitFor() { # waitFor SECONDS CMD...: polls CMD every 0.2 s
 	local deadline=$(($(date +%s) + $1))

@@ -123,7 +123,7 @@ returns to: each retrained model's ingest adds a whole version.`,
 			}
 			defer s.Close()
 			if rep, ok := s.Swapped(); ok {
-				fmt.Fprintf(cmd.ErrOrStderr(), "swapped in the copy of another worker's store that prism store copy staged in %s; the store's files from before are in %s (remove it once the worker serves)\n", db, rep.Replaced)
+				fmt.Fprintf(cmd.ErrOrStderr(), "swapped in the copy of another worker's store that prism store copy staged in %s; %s\n", db, keptNote(rep))
 			}
 			if ifChanged {
 				name := cmp.Or(model, p.Model.Name, filepath.Base(args[0])) // store.Ingest's rule

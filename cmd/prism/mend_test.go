@@ -89,8 +89,11 @@ func TestMenderTry(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db := t.TempDir()
-			for _, n := range tc.replaced {
+			for _, n := range tc.replaced { // each holding a store replaced
 				if err := os.Mkdir(filepath.Join(db, n), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(db, n, "MANIFEST-000001"), nil, 0o644); err != nil {
 					t.Fatal(err)
 				}
 			}

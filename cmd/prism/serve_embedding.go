@@ -148,7 +148,7 @@ at --advertise-addr.`,
 			}
 			defer st.Close()
 			if rep, ok := st.Swapped(); ok {
-				log.Info("swapped in the copy of another worker's store that prism store copy staged; the store's files from before are kept, remove their folder once this worker serves", "db", db, "files", rep.Files, "kept", rep.Replaced)
+				log.Info("swapped in the copy of another worker's store that prism store copy staged; the store's files from before, if any, are kept: remove their folder once this worker serves", "db", db, "files", rep.Files, "kept", rep.Replaced)
 			}
 			var bar *progress.Bar
 			var barModel string

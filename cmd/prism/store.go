@@ -189,7 +189,7 @@ store (a version switch carries the updates, and so the difference, along).`,
 			}
 			defer s.Close()
 			if rep, ok := s.Swapped(); ok {
-				fmt.Fprintf(cmd.ErrOrStderr(), "swapped in the copy of another worker's store that prism store copy staged in %s; the store's files from before are in %s (remove it once the worker serves)\n", db, rep.Replaced)
+				fmt.Fprintf(cmd.ErrOrStderr(), "swapped in the copy of another worker's store that prism store copy staged in %s; %s\n", db, keptNote(rep))
 			}
 			model := args[0]
 			switch {

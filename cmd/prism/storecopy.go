@@ -212,7 +212,7 @@ func (j *copyJob) seeded() (bool, error) {
 			return true, err
 		}
 		if ok {
-			fmt.Fprintf(j.out, "swapped in the copy staged before (its files from before are in %s): nothing copied (--seed)\n", rep.Replaced)
+			fmt.Fprintf(j.out, "swapped in the copy staged before (%s): nothing copied (--seed)\n", rep.Kept())
 			return true, nil
 		}
 	}
@@ -415,6 +415,15 @@ func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err err
 	if !swapped {
 		return false, fmt.Errorf("the copy staged in %s was not swapped in (another process swapped or replaced it meanwhile?)", res.Staged)
 	}
-	fmt.Fprintf(out, "swapped in: %s is the copy now; its files from before are in %s (remove that folder once the worker serves)\n", j.db, rep.Replaced)
+	fmt.Fprintf(out, "swapped in: %s is the copy now; %s\n", j.db, keptNote(rep))
 	return false, nil
+}
+
+// keptNote says where a swap kept the store's files from before, and
+// to remove them once the worker serves.
+func keptNote(rep store.SwapReport) string {
+	if rep.Replaced == "" {
+		return rep.Kept()
+	}
+	return rep.Kept() + " (remove that folder once the worker serves)"
 }

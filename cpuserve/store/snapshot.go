@@ -163,14 +163,24 @@ func (s *Store) Dir() string { return s.dir }
 // SwapReport is what Open's swap of a staged copy did.
 type SwapReport struct {
 	// Replaced is the folder, inside the store's, that holds the
-	// store's files from before the swap.
+	// store's files from before the swap; "" when the folder held no
+	// store (a new replica's first copy).
 	Replaced string
 	// Files is the copy's files moved in.
 	Files int
+	swapped bool
+}
+
+// Kept says where the store's files from before the swap are.
+func (r SwapReport) Kept() string {
+	if r.Replaced == "" {
+		return "the folder held no store before"
+	}
+	return "its files from before are in " + r.Replaced
 }
 
 // Swapped is the swap of a staged copy this Open made, if any.
-func (s *Store) Swapped() (SwapReport, bool) { return s.swapped, s.swapped.Replaced != "" }
+func (s *Store) Swapped() (SwapReport, bool) { return s.swapped, s.swapped.swapped }
 
 // swapStamp names a swap's replaced folder: the time, to the second
 // (tests fix it).
@@ -183,7 +193,8 @@ const swapStampLayout = "20060102T150405Z"
 
 // LastSwap is when a copy was last swapped into the store folder dir
 // (the newest of its replaced-<time> folders, which the operator
-// removes), and false when none is there: a worker mending itself
+// removes; an empty one replaced no store and does not count), and
+// false when none is there: a worker mending itself
 // (prism serve embedding --mend) copies again only some time after its
 // last copy, so a worker whose build answers updates otherwise than its
 // peers' does not copy a store after each update.
@@ -208,6 +219,9 @@ func LastSwap(fs vfs.FS, dir string) (time.Time, bool, error) {
 		t, err := time.Parse(swapStampLayout, stamp)
 		if err != nil {
 			continue // not a swap's folder
+		}
+		if held, err := fs.List(fs.PathJoin(dir, n)); err == nil && len(held) == 0 {
+			continue // replaced no store: a first copy (a swap cut short before removing it)
 		}
 		if !found || t.After(last) {
 			last, found = t, true
@@ -334,7 +348,15 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 	if err := SyncDir(fs, dir); err != nil {
 		return SwapReport{}, wrap(err)
 	}
-	return SwapReport{Replaced: fs.PathJoin(dir, replaced), Files: moved}, nil
+	kept := fs.PathJoin(dir, replaced)
+	if names, err := fs.List(kept); err == nil && len(names) == 0 {
+		// The folder held no store (a new replica's seed): nothing to
+		// keep, and no mend for LastSwap to count.
+		if err := fs.Remove(kept); err == nil {
+			kept = ""
+		}
+	}
+	return SwapReport{Replaced: kept, Files: moved, swapped: true}, nil
 }
 
 // lockStaged takes the staged folder's lock: nil, nil when a copy holds

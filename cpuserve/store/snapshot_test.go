@@ -444,6 +444,16 @@ func TestLastSwap(t *testing.T) {
 			if err := fs.MkdirAll(fs.PathJoin("db", n), 0o755); err != nil {
 				t.Fatal(err)
 			}
+			f, err := fs.Create(fs.PathJoin("db", n, "MANIFEST-000001"), vfs.WriteCategoryUnspecified)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+		}
+		// An empty one (a swap into a folder holding no store, cut
+		// short before it removed it) replaced nothing.
+		if err := fs.MkdirAll(fs.PathJoin("db", "replaced-20271231T000000Z"), 0o755); err != nil {
+			t.Fatal(err)
 		}
 		got, ok, err := LastSwap(fs, "db")
 		if err != nil {
@@ -467,5 +477,40 @@ func TestLastSwap(t *testing.T) {
 	s.Close()
 	if got, ok, _ := LastSwap(fs, "bad"); !ok || got.Format(swapStampLayout) != "20261201T043900Z" {
 		t.Fatalf("after a swap: %v %v", got, ok)
+	}
+	// A copy into a folder holding no store (a new replica's seed) keeps
+	// no folder and is no mend: a worker seeded so mends itself at once
+	// if it is stranded or diverged.
+	if err := fs.MkdirAll("new", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	good, err := Open("good", &Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := good.Checkpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage(t, fs, c, "new")
+	c.Close()
+	good.Close()
+	s, err = swapOpen(fs, "new", "20261201T044000Z")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, ok := s.Swapped()
+	s.Close()
+	if !ok || rep.Replaced != "" || rep.Files == 0 || rep.Kept() != "the folder held no store before" {
+		t.Fatalf("the seed's swap: %+v %v (%s)", rep, ok, rep.Kept())
+	}
+	if names, _ := fs.List("new"); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, replacedPrefix) }) {
+		t.Fatalf("the seed left %v", names)
+	}
+	if _, ok, _ := LastSwap(fs, "new"); ok {
+		t.Fatal("the seed counted as a mend")
+	}
+	if got := held(t, fs, "new", true); got != held(t, fs, "good", true) {
+		t.Fatalf("the seeded store: %s", got)
 	}
 }
