@@ -167,7 +167,7 @@ type SwapReport struct {
 	// store (a new replica's first copy).
 	Replaced string
 	// Files is the copy's files moved in.
-	Files int
+	Files   int
 	swapped bool
 }
 
