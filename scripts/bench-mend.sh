@@ -110,6 +110,30 @@ for r in $(seq 1 "$ROUNDS"); do
 	t1=$(now)
 	grep -q "exiting to be restarted" "$WORK/b.log" || { echo "bench-mend: B exited without mending itself:" >&2; tail -20 "$WORK/b.log" >&2; exit 1; }
 	bytes=$(grep -o 'bytes=[0-9]*' "$WORK/b.log" | tail -1 | cut -d= -f2)
+	cp "$WORK/b.log" "$WORK/b-mend-$r.log"
+	# Where B's time went, from its log's stamps: its start-up (the store
+	# opened, the hot tier preloaded), until the router's answer said it
+	# is stranded, until a worker to copy from was named, the copy.
+	python3 - "$WORK/b-mend-$r.log" "$t0" <<'PY'
+import re, sys, datetime
+t0 = float(sys.argv[2])
+marks = [("serving", "msg=serving "), ("told stranded", "(stranded)"), ("copy started", "mend: replacing"), ("copy received", "mend: received"), ("exit", "mend: exiting")]
+at = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"time=(\S+)", line)
+    if not m:
+        continue
+    t = datetime.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp()
+    for name, pat in marks:
+        if pat in line and name not in at:
+            at[name] = t
+prev, out = t0, []
+for name, _ in marks:
+    if name in at:
+        out.append(f"{name} +{at[name] - prev:.2f} s")
+        prev = at[name]
+print("  B: " + ", ".join(out))
+PY
 	embedding b
 	bpid=$epid
 	waitFor 300 inSync 2 || { echo "bench-mend: B did not serve in sync after its restart" >&2; tail -20 "$WORK/b.log" >&2; exit 1; }
