@@ -198,10 +198,13 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 	var out []string
 	for _, id := range ids {
 		var why string
+		selfMends := mends[id] // it mends itself only when told: diverged, stranded
 		for _, m := range slices.Sorted(maps.Keys(workers[id])) {
 			if st := workers[id][m].state; outForGood(st) {
-				why = fmt.Sprintf("%s: %s", m, st)
-				break
+				if why == "" {
+					why = fmt.Sprintf("%s: %s", m, st)
+				}
+				selfMends = selfMends && st != "left out"
 			}
 		}
 		if why == "" {
@@ -226,7 +229,7 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 		switch {
 		case from == "":
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; no worker serves all of its models (and shards) in sync to copy a store from yet", addr[id], why))
-		case mends[id]:
+		case selfMends:
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good until it mends itself (--mend): it copies a serving worker's store (%s) and restarts; its log's \"mend:\" lines say how far, or why not", addr[id], why, from))
 		default:
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; mend it on its host: prism store copy --from %s --db ITS_STORE, then restart it", addr[id], why, from))

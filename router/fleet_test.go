@@ -169,6 +169,13 @@ func TestFleetMends(t *testing.T) {
 	if got := fleetMends(mending, false, ""); !slices.Equal(got, want) {
 		t.Fatalf("fleetMends of a worker mending itself = %q, want %q", got, want)
 	}
+	// Not when it is left out (claiming updates never numbered): no
+	// router tells it so, and it does not copy.
+	mending[0].State = "left out"
+	want = []string{"embedding worker h1:1 (a: left out) is out for good; mend it on its host: prism store copy --from h3:1 --db ITS_STORE, then restart it"}
+	if got := fleetMends(mending, false, ""); !slices.Equal(got, want) {
+		t.Fatalf("fleetMends of a worker left out = %q, want %q", got, want)
+	}
 	// A source whose store marks another model out is no source.
 	rows = append(rows, FleetRow{Model: "c", Role: "embedding", Addr: "h3:1", ID: "w3", State: "diverged at 5"})
 	got := fleetMends(rows, false, "")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/cpuserve/storecopy"
 	"github.com/prism-serve/prism/internal/auth"
 	"github.com/prism-serve/prism/internal/auth/authflag"
 	"github.com/prism-serve/prism/router"
@@ -42,37 +43,45 @@ const (
 )
 
 // mender is an embedding worker mending itself (prism serve embedding
-// --mend): when a model it serves is out for good (the sequencing
-// router marked its copy diverged, or said it is stranded: behind by
-// updates the router's log no longer holds), it asks the routers for a
-// worker serving its models in sync, copies that worker's whole store
-// into its own folder (staged: it holds the store open), and ends the
+// --mend): when a model it serves is out for good (its store marks its
+// copy diverged, or the sequencing router says it is stranded: behind by
+// updates the router's log no longer holds, which the router's view is
+// asked again to confirm), it asks the routers for the workers serving
+// its models in sync, copies one's whole store into its own folder
+// (staged: it holds the store open), checks the copy holds every model
+// it serves and every update it applied of those not out, and ends the
 // process (restart) so that its restart swaps the copy in. It copies
-// again only every, after the last swap in the folder, so a worker whose
-// own build answers updates otherwise than its peers' (and diverges
-// again after each copy) does not copy a store after each update.
+// again only every after the last copy it staged (store.RecordMend), so
+// a worker whose build answers updates otherwise than its peers' (and
+// diverges again after each copy) does not copy a store after each
+// update.
 type mender struct {
 	db      string
 	routers []string
-	tls     authflag.Flags
-	rate    int64
 	every   time.Duration
-	// out is what the worker serves (OutForGood, OutNews) and what a
-	// copy must hold (Info: its models, and the shard of each).
-	out     func() (map[string]string, error)
-	news    <-chan struct{}
-	info    func() *prismv1.WorkerInfo
-	log     *slog.Logger
+	// out is why each model is out for good (server.OutForGood), news
+	// hears of a model newly out, forget drops a model the router no
+	// longer says is stranded, and info is the worker's registry entry
+	// under its current id.
+	out    func() (map[string]string, error)
+	news   <-chan struct{}
+	forget func(models ...string)
+	info   func() *prismv1.WorkerInfo
+	log    *slog.Logger
+	// restart ends the process with an errMended.
 	restart func(error)
 	now     func() time.Time
 	// copyFrom copies a worker's store into db, staged for the
-	// process's next open (copyJob.copyIn), and says it was; a
-	// variable for the tests.
-	copyFrom func(ctx context.Context, from string) (staged bool, err error)
-	// list is a router's (the sequencing one's) Registry/List.
-	list func(ctx context.Context, addr string) (*prismv1.ListResponse, error)
-	// retry is the wait before the next attempt after a failed one.
-	retry time.Duration
+	// process's next open (copyJob.copyIn); list is a router's (the
+	// sequencing one's) Registry/List; withdraw takes back a staged
+	// copy; variables for the tests.
+	copyFrom func(ctx context.Context, from string) (storecopy.Result, error)
+	list     func(ctx context.Context, addr string) (*prismv1.ListResponse, error)
+	withdraw func() error
+	// retry is the wait before the next attempt after a failed one;
+	// attempts counts them, so each starts from another source.
+	retry    time.Duration
+	attempts int
 }
 
 // again is the wait before the next attempt after a failed one.
@@ -81,25 +90,27 @@ func (m *mender) again() time.Duration {
 	return m.retry
 }
 
+// mendProgressEvery is how often the log says how far a copy is.
+const mendProgressEvery = 10 * time.Second
+
 func newMender(db string, routers []string, tls authflag.Flags, rate int64, every time.Duration, log *slog.Logger) *mender {
-	m := &mender{db: db, routers: routers, tls: tls, rate: rate, every: every, log: log, now: time.Now}
-	m.copyFrom = func(ctx context.Context, from string) (bool, error) {
-		j := &copyJob{tlsFlags: tls, db: db, rate: rate, self: true}
-		staged, err := j.copyIn(ctx, from)
-		if err == nil {
-			r := j.received
-			var held []string
-			for _, ms := range r.Models {
-				held = append(held, fmt.Sprintf("%s: version %d, updates applied %d", ms.Name, ms.Version, ms.Applied))
+	m := &mender{db: db, routers: routers, every: every, log: log, now: time.Now}
+	m.copyFrom = func(ctx context.Context, from string) (storecopy.Result, error) {
+		var said time.Time
+		j := &copyJob{tlsFlags: tls, db: db, rate: rate, self: true, progress: func(done, total int64) {
+			if time.Since(said) >= mendProgressEvery {
+				said = time.Now()
+				log.Info("mend: copying", "from", from, "bytes", done, "of", total)
 			}
-			log.Warn("mend: received a copy of a serving worker's store", "from", from, "store", r.Source, "files", r.Files, "bytes", r.Bytes, "kept_from_an_earlier_copy", r.Reused, "models", held, "staged", r.Staged)
-		}
-		return staged, err
+		}}
+		_, err := j.copyIn(ctx, from)
+		return j.received, err
 	}
 	m.list = func(ctx context.Context, addr string) (*prismv1.ListResponse, error) {
 		resp, _, err := sequencerList(ctx, &tls, auth.Embedding, addr, true)
 		return resp, err
 	}
+	m.withdraw = func() error { return storecopy.Withdraw(db, nil) }
 	return m
 }
 
@@ -148,58 +159,48 @@ func (m *mender) run(ctx context.Context) {
 
 // try is one attempt at mending the models out (model -> why): it
 // returns whether a copy was staged (restart called), else how long to
-// wait before the next.
+// wait before the next (0: until news).
 func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.Level, string, ...any)) (bool, time.Duration) {
-	models := slices.Sorted(maps.Keys(out))
-	var whys []string
-	for _, model := range models {
-		whys = append(whys, model+": "+out[model])
-	}
-	why := strings.Join(whys, "; ")
-	last, swapped, err := store.LastSwap(vfs.Default, m.db)
+	last, mended, err := store.LastMend(vfs.Default, m.db)
 	if err != nil {
-		say(slog.LevelError, "mend: cannot read when a copy was last swapped into the store", "db", m.db, "err", err)
+		say(slog.LevelError, "mend: cannot read when this worker last mended itself", "db", m.db, "err", err)
 		return false, m.again()
 	}
-	if next := last.Add(m.every); swapped && m.now().Before(next) {
-		say(slog.LevelError, "mend: out of serving again within --mend-every of the last copy swapped into the store, so not copying again until then: if the worker diverged again, its build (plan, release) answers updates otherwise than its peers'; serve the build they serve",
-			"out", why, "last_copy", last.Format(time.RFC3339), "next_try", next.Format(time.RFC3339), "kept", "replaced-* in "+m.db)
+	if next := last.Add(m.every); mended && m.now().Before(next) {
+		msg := "mend: out of serving again within --mend-every of this worker's last copy, so not copying again until then: "
+		if anyDiverged(out) {
+			msg += "diverged again, its build (plan, release) answers updates otherwise than its peers'; serve the build they serve"
+		} else {
+			msg += "stranded again, the router's update log trims faster than a copy and a restart take; raise the router's --update-log-bytes, or keep the log with --update-log-dir"
+		}
+		say(slog.LevelError, msg, "out", whyOut(out), "last_copy", last.Format(time.RFC3339), "next_try", next.Format(time.RFC3339))
 		return false, next.Sub(m.now()) + time.Second
 	}
-	sources, err := m.sources(ctx)
-	if err == nil && len(sources) == 0 {
-		err = errors.New("no embedding worker serves this worker's models in sync")
-	}
+	w := m.info()
+	resp, err := m.listAny(ctx)
 	if err != nil {
-		say(slog.LevelWarn, "mend: no worker to copy from yet; asking the routers again", "out", why, "err", err)
+		say(slog.LevelWarn, "mend: no router answers; asking again", "out", whyOut(out), "err", err)
 		return false, m.again()
 	}
-	m.log.Warn("mend: replacing this worker's store with a copy of a serving worker's (it stays out of the models' lookups meanwhile)", "out", why, "sources", sources, "db", m.db)
-	for _, src := range spread(sources) {
-		staged, err := m.copyFrom(ctx, src)
-		switch {
-		case err == nil && staged:
-			m.restart(&errMended{from: src, staged: m.db + "/" + store.StagedDirName})
-			return true, 0
-		case status.Code(err) == codes.ResourceExhausted:
-			m.log.Info("mend: the worker asked is sending a copy already; trying the next", "from", src)
-		case ctx.Err() != nil:
-			return false, 0
-		default:
-			say(slog.LevelError, "mend: the copy failed; trying again later (a copy cut short goes on where it stopped)", "from", src, "err", err)
-			return false, m.again()
+	// A model said stranded must be so in the sequencing router's view
+	// now (its store's diverged mark is this worker's own, for good).
+	var gone []string
+	for model, why := range out {
+		if why != "stranded" {
+			continue
+		}
+		if u := resp.GetUpdates()[prismv1.UpdateSeqKeyOf(w, model)]; !slices.Contains(u.GetStranded(), w.GetId()) {
+			gone = append(gone, model)
+			delete(out, model)
 		}
 	}
-	say(slog.LevelWarn, "mend: every worker to copy from is sending a copy already; trying again later", "sources", sources)
-	return false, m.again()
-}
-
-// sources asks the routers, in turn, for the workers serving every model
-// this worker serves (and of a sharded model the same shard) in sync
-// (router.CopySources): a copy must hold them all, since it replaces the
-// whole store.
-func (m *mender) sources(ctx context.Context) ([]string, error) {
-	w := m.info()
+	if len(gone) > 0 {
+		m.log.Info("mend: the sequencing router no longer says this worker is stranded", "models", gone)
+		m.forget(gone...)
+	}
+	if len(out) == 0 {
+		return false, 0
+	}
 	need := map[string]string{}
 	for _, model := range w.GetModels() {
 		need[model] = ""
@@ -207,16 +208,108 @@ func (m *mender) sources(ctx context.Context) ([]string, error) {
 			need[model] = router.ShardLabel(int(ref.GetShard()), int(ref.GetShards()))
 		}
 	}
+	sources := router.CopySources(router.Fleet(resp), need, w.GetId())
+	if len(sources) == 0 {
+		say(slog.LevelWarn, "mend: no worker serves this worker's models in sync to copy from yet; asking the routers again", "out", whyOut(out))
+		return false, m.again()
+	}
+	// From another source each attempt: one that keeps failing (its
+	// disk, a model it marks diverged) does not block the others.
+	sources = spread(sources)
+	k := m.attempts % len(sources)
+	sources = append(sources[k:len(sources):len(sources)], sources[:k]...)
+	m.attempts++
+	m.log.Warn("mend: replacing this worker's store with a copy of a serving worker's (it stays out of the models' lookups meanwhile)", "out", whyOut(out), "sources", sources, "db", m.db)
+	for _, src := range sources {
+		res, err := m.copyFrom(ctx, src)
+		switch {
+		case ctx.Err() != nil:
+			return false, 0
+		case status.Code(err) == codes.ResourceExhausted:
+			m.log.Info("mend: the worker asked is sending a copy already; trying the next", "from", src)
+			continue
+		case err != nil:
+			m.log.Warn("mend: the copy failed; trying the next worker (a copy cut short goes on where it stopped)", "from", src, "err", err)
+			continue
+		}
+		var held []string
+		for _, ms := range res.Models {
+			held = append(held, fmt.Sprintf("%s: version %d, updates applied %d", ms.Name, ms.Version, ms.Applied))
+		}
+		if lacks := m.lacks(res, out); lacks != "" {
+			m.log.Warn("mend: the copy does not hold what this worker must; withdrawn, trying the next worker", "from", src, "lacks", lacks, "models", held)
+			if err := m.withdraw(); err != nil {
+				m.log.Error("mend: cannot withdraw the copy; stopping, so that it is not swapped in", "err", err)
+				return false, m.again()
+			}
+			continue
+		}
+		m.log.Warn("mend: received a copy of a serving worker's store", "from", src, "store", res.Source, "files", res.Files, "bytes", res.Bytes, "kept_from_an_earlier_copy", res.Reused, "models", held, "staged", res.Staged)
+		if err := store.RecordMend(vfs.Default, m.db, m.now()); err != nil {
+			// Without the record --mend-every cannot hold back a next
+			// copy; the one staged is good and is swapped in anyway.
+			m.log.Error("mend: cannot record the copy's time (--mend-every will not hold back the next copy)", "err", err)
+		}
+		m.restart(&errMended{from: src, staged: res.Staged})
+		return true, 0
+	}
+	say(slog.LevelWarn, "mend: no worker gave a usable copy; trying again later", "out", whyOut(out), "sources", sources)
+	return false, m.again()
+}
+
+// lacks says what a received copy lacks of what this worker must hold
+// ("" nothing): every model it serves, and of each not out for good
+// (which it still serves, taking updates) every update it applied, so no
+// acknowledged update it alone may hold is lost with its store.
+func (m *mender) lacks(res storecopy.Result, out map[string]string) string {
+	w := m.info() // after the copy: the updates applied meanwhile count
+	copied := map[string]storecopy.ModelState{}
+	for _, ms := range res.Models {
+		copied[ms.Name] = ms
+	}
+	var missing []string
+	for _, model := range w.GetModels() {
+		ms, ok := copied[model]
+		switch {
+		case !ok:
+			missing = append(missing, model)
+		case ms.Diverged > 0:
+			missing = append(missing, fmt.Sprintf("%s (the copy marks it diverged at %d)", model, ms.Diverged))
+		case out[model] == "" && ms.Applied < w.GetUpdateSeq()[model]:
+			missing = append(missing, fmt.Sprintf("%s updates %d..%d", model, ms.Applied+1, w.GetUpdateSeq()[model]))
+		}
+	}
+	return strings.Join(missing, "; ")
+}
+
+// listAny is the first answer of the routers asked in turn.
+func (m *mender) listAny(ctx context.Context) (*prismv1.ListResponse, error) {
 	var errs []error
 	for _, addr := range m.routers {
 		resp, err := m.list(ctx, addr)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		if err == nil {
+			return resp, nil
 		}
-		// Not itself: it is out for good in the router's view, which
-		// CopySources leaves out.
-		return router.CopySources(router.Fleet(resp), need, ""), nil
+		errs = append(errs, err)
 	}
 	return nil, errors.Join(errs...)
+}
+
+// whyOut writes out (model -> why) in model order.
+func whyOut(out map[string]string) string {
+	var whys []string
+	for _, model := range slices.Sorted(maps.Keys(out)) {
+		whys = append(whys, model+": "+out[model])
+	}
+	return strings.Join(whys, "; ")
+}
+
+// anyDiverged says whether a model of out is out as diverged.
+func anyDiverged(out map[string]string) bool {
+	for _, why := range out {
+		if strings.HasPrefix(why, "diverged") {
+			return true
+		}
+	}
+	return false
 }

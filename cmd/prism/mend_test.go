@@ -4,137 +4,180 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/prism-serve/prism/api/prismv1"
+	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/cpuserve/storecopy"
 	"github.com/prism-serve/prism/internal/auth/authflag"
 )
 
-// TestMenderTry: one attempt of a worker mending itself (--mend), on
-// fakes for the routers' List and the copy. It copies only from a worker
-// serving every model it serves (a sharded model's same shard) in sync,
-// tries the next on one busy sending a copy, and ends the process
-// (restart) once a copy is staged; it copies nothing within --mend-every
-// of the last copy swapped in, nor while no router answers or names a
-// source, and waits longer after each failed attempt, up to mendRetry.
-func TestMenderTry(t *testing.T) {
-	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	emb := func(id string, models []string, shard int32, seq int64) *prismv1.WorkerInfo {
+// menderFleet is the routers' view in TestMenderTry: the worker mending
+// (self) serves m, shard 1 of 2 of s, and t, and is stranded on m and
+// diverged on s; a serves m alone; b m, t and shard 0 of s; c and d
+// serve what self does, in sync. self holds update 7 of t, in sync.
+func menderFleet() *prismv1.ListResponse {
+	emb := func(id string, shard int32, models ...string) *prismv1.WorkerInfo {
 		w := &prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-" + id, Models: models, Healthy: true, UpdateSeq: map[string]int64{}}
 		for _, m := range models {
-			w.UpdateSeq[m] = seq
-			if shard >= 0 && m == "s" {
+			w.UpdateSeq[m] = map[string]int64{"m": 5, "s": 5, "t": 7}[m]
+			if m == "s" {
 				w.Shards = map[string]*prismv1.ShardRef{m: {Shard: shard, Shards: 2}}
 			}
 		}
 		return w
 	}
-	// The fleet: the worker mending (self) serves m and shard 1 of 2 of
-	// s; a serves m alone; b m and shard 0 of s; c and d both, shard 1.
-	fleet := &prismv1.ListResponse{
-		Workers: []*prismv1.WorkerInfo{
-			emb("self", []string{"m", "s"}, 1, 0),
-			emb("a", []string{"m"}, -1, 5),
-			emb("b", []string{"m", "s"}, 0, 5),
-			emb("c", []string{"m", "s"}, 1, 5),
-			emb("d", []string{"m", "s"}, 1, 5),
-		},
+	self := emb("self", 1, "m", "s", "t")
+	self.UpdateSeq["m"], self.Diverged = 0, map[string]int64{"s": 3}
+	return &prismv1.ListResponse{
+		Workers: []*prismv1.WorkerInfo{self, emb("a", -1, "m"), emb("b", 0, "m", "s", "t"), emb("c", 1, "m", "s", "t"), emb("d", 1, "m", "s", "t")},
 		Updates: map[string]*prismv1.ModelUpdates{
 			"m":        {Acknowledged: 5, Numbered: 5, InSync: []string{"a", "b", "c", "d"}, Stranded: []string{"self"}},
+			"t":        {Acknowledged: 7, Numbered: 7, InSync: []string{"self", "b", "c", "d"}},
 			"s#shard0": {Acknowledged: 5, Numbered: 5, InSync: []string{"b"}},
-			"s#shard1": {Acknowledged: 5, Numbered: 5, InSync: []string{"c", "d"}, Stranded: []string{"self"}},
+			"s#shard1": {Acknowledged: 5, Numbered: 5, InSync: []string{"c", "d"}, LeftOut: []string{"self"}},
 		},
 	}
+}
+
+// TestMenderTry: one attempt of a worker mending itself (--mend), on
+// fakes for the routers' List and the copy. It copies only from a worker
+// serving every model it serves (a sharded model's same shard) in sync,
+// not itself; it tries the next worker after one busy, failing, or whose
+// copy lacks a model it serves or an update it applied of a model it is
+// in sync on (that copy withdrawn), and ends the process (restart) once a
+// good copy is staged, recording when. It copies nothing within
+// --mend-every of its last copy, while no router answers or names a
+// source, or once the router no longer says it is stranded (then it
+// forgets it), and waits longer after each failed attempt, up to
+// mendRetry; each attempt starts from another source.
+func TestMenderTry(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	good := storecopy.Result{Files: 9, Bytes: 1 << 20, Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5}, {Name: "t", Applied: 7}}}
+	lacksT := storecopy.Result{Models: good.Models[:2]}
+	behindT := storecopy.Result{Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5}, {Name: "t", Applied: 6}}}
+	fleet := func(string) (*prismv1.ListResponse, error) { return menderFleet(), nil }
 	for _, tc := range []struct {
-		name     string
-		replaced []string // replaced-<time> folders in the store folder
-		list     func(addr string) (*prismv1.ListResponse, error)
-		copy     map[string]error // per source; absent: staged
-		tried    []string         // the sources copied from, in order (any order of c, d: sorted)
-		restart  string           // the source of the copy that ended the process, "" none
-		wait     time.Duration
+		name    string
+		mended  time.Time // the last mend recorded (zero: none)
+		out     map[string]string
+		list    func(addr string) (*prismv1.ListResponse, error)
+		copy    map[int]error            // per source asked, in turn; absent: the copy made
+		copied  map[int]storecopy.Result // per source asked, in turn; absent: good
+		tried   int                      // sources copied from
+		restart bool                     // a good copy staged, the process ended
+		wait    time.Duration
+		forgot  []string
+		said    string // in the log
 	}{
-		{name: "copied", list: func(string) (*prismv1.ListResponse, error) { return fleet, nil }, tried: []string{"addr-c"}, restart: "addr-c"},
-		{name: "the first busy", list: func(string) (*prismv1.ListResponse, error) { return fleet, nil },
-			copy:  map[string]error{"addr-c": status.Error(codes.ResourceExhausted, "busy"), "addr-d": status.Error(codes.ResourceExhausted, "busy")},
-			tried: []string{"addr-c", "addr-d"}, wait: mendFirstRetry},
-		{name: "a copy failing", list: func(string) (*prismv1.ListResponse, error) { return fleet, nil },
-			copy:  map[string]error{"addr-c": errors.New("disk full"), "addr-d": errors.New("disk full")},
-			tried: []string{"addr-c"}, wait: mendFirstRetry},
-		{name: "copied an hour after the last copy", replaced: []string{"replaced-20261201T105959Z", "replaced-20261130T120000Z"},
-			list: func(string) (*prismv1.ListResponse, error) { return fleet, nil }, tried: []string{"addr-c"}, restart: "addr-c"},
-		{name: "within --mend-every of the last copy", replaced: []string{"replaced-20261201T113000Z-2", "replaced-20261130T120000Z"},
-			list: func(string) (*prismv1.ListResponse, error) { return fleet, nil }, wait: 30*time.Minute + time.Second},
+		{name: "copied", list: fleet, tried: 1, restart: true},
+		{name: "the first busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy")}, tried: 2, restart: true},
+		{name: "the first failing", list: fleet, copy: map[int]error{0: errors.New("disk error")}, tried: 2, restart: true},
+		{name: "both busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy"), 1: status.Error(codes.ResourceExhausted, "busy")},
+			tried: 2, wait: mendFirstRetry, said: "no worker gave a usable copy"},
+		{name: "a copy lacking a model served", list: fleet, copied: map[int]storecopy.Result{0: lacksT}, tried: 2, restart: true, said: "lacks=t"},
+		{name: "a copy behind on a model in sync", list: fleet, copied: map[int]storecopy.Result{0: behindT, 1: behindT},
+			tried: 2, wait: mendFirstRetry, said: `lacks="t updates 7..7"`},
+		{name: "an hour after the last copy", mended: now.Add(-time.Hour - time.Second), list: fleet, tried: 1, restart: true},
+		{name: "diverged within --mend-every of the last copy", mended: now.Add(-30 * time.Minute), list: fleet, wait: 30*time.Minute + time.Second, said: "its build"},
+		{name: "stranded within --mend-every of the last copy", mended: now.Add(-30 * time.Minute), out: map[string]string{"m": "stranded"}, list: fleet,
+			wait: 30*time.Minute + time.Second, said: "--update-log-bytes"},
 		{name: "no router answering", list: func(addr string) (*prismv1.ListResponse, error) {
 			return nil, status.Errorf(codes.Unavailable, "router %s down", addr)
-		}, wait: mendFirstRetry},
+		}, wait: mendFirstRetry, said: "no router answers"},
 		{name: "the second router answering", list: func(addr string) (*prismv1.ListResponse, error) {
 			if addr == "r1" {
 				return nil, status.Error(codes.Unavailable, "down")
 			}
-			return fleet, nil
-		}, tried: []string{"addr-c"}, restart: "addr-c"},
+			return menderFleet(), nil
+		}, tried: 1, restart: true},
 		{name: "no worker in sync holding the same shard", list: func(string) (*prismv1.ListResponse, error) {
-			f := &prismv1.ListResponse{Workers: fleet.Workers[:3], Updates: fleet.Updates}
+			f := menderFleet()
+			f.Workers = f.Workers[:3]
 			return f, nil
-		}, wait: mendFirstRetry},
+		}, wait: mendFirstRetry, said: "no worker serves"},
+		{name: "no longer stranded", out: map[string]string{"m": "stranded"}, list: func(string) (*prismv1.ListResponse, error) {
+			f := menderFleet()
+			f.Updates["m"].Stranded = nil
+			return f, nil
+		}, forgot: []string{"m"}, said: "no longer says"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db := t.TempDir()
-			for _, n := range tc.replaced { // each holding a store replaced
-				if err := os.Mkdir(filepath.Join(db, n), 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(filepath.Join(db, n, "MANIFEST-000001"), nil, 0o644); err != nil {
+			if !tc.mended.IsZero() {
+				if err := store.RecordMend(vfs.Default, db, tc.mended); err != nil {
 					t.Fatal(err)
 				}
 			}
 			var logs strings.Builder
 			m := newMender(db, []string{"r1", "r2"}, authflag.Flags{}, 1<<20, time.Hour, slog.New(slog.NewTextHandler(&logs, nil)))
 			m.now = func() time.Time { return now }
-			m.info = func() *prismv1.WorkerInfo { return fleet.Workers[0] }
+			m.info = func() *prismv1.WorkerInfo { return menderFleet().Workers[0] }
 			m.list = func(_ context.Context, addr string) (*prismv1.ListResponse, error) { return tc.list(addr) }
 			var tried []string
-			m.copyFrom = func(_ context.Context, from string) (bool, error) {
+			m.copyFrom = func(_ context.Context, from string) (storecopy.Result, error) {
 				tried = append(tried, from)
-				if err := tc.copy[from]; err != nil {
-					return false, err
+				if err := tc.copy[len(tried)-1]; err != nil {
+					return storecopy.Result{}, err
 				}
-				return true, nil
+				res, ok := tc.copied[len(tried)-1]
+				if !ok {
+					res = good
+				}
+				res.Staged = filepath.Join(db, store.StagedDirName)
+				return res, nil
 			}
+			withdrawn := 0
+			m.withdraw = func() error { withdrawn++; return nil }
+			var forgot []string
+			m.forget = func(models ...string) { forgot = append(forgot, models...) }
 			var restarted error
 			m.restart = func(err error) { restarted = err }
-			out := map[string]string{"m": "stranded", "s": "diverged at update 3"}
+			out := tc.out
+			if out == nil {
+				out = map[string]string{"m": "stranded", "s": "diverged at update 3"}
+			}
 			staged, wait := m.try(context.Background(), out, func(l slog.Level, msg string, args ...any) { m.log.Log(context.Background(), l, msg, args...) })
-			// c and d are both sources: spread picks the first by host.
-			slices.Sort(tried)
-			if !slices.Equal(tried, tc.tried) && !(len(tc.tried) == 1 && len(tried) == 1 && (tried[0] == "addr-c" || tried[0] == "addr-d")) {
-				t.Errorf("copied from %v, want %v", tried, tc.tried)
+			if len(tried) != tc.tried || slices.Contains(tried, "addr-self") || slices.ContainsFunc(tried, func(s string) bool { return s != "addr-c" && s != "addr-d" }) {
+				t.Errorf("copied from %v, want %d of c and d", tried, tc.tried)
+			}
+			if len(tried) == 2 && tried[0] == tried[1] {
+				t.Errorf("copied from %v: the same worker twice", tried)
 			}
 			var mended *errMended
+			last, recorded, _ := store.LastMend(vfs.Default, db)
 			switch {
-			case tc.restart != "" && (!staged || !errors.As(restarted, &mended) || (mended.from != "addr-c" && mended.from != "addr-d")):
-				t.Errorf("staged %v, restart %v; want the process ended after a copy from c or d", staged, restarted)
-			case tc.restart == "" && (staged || restarted != nil):
+			case tc.restart && (!staged || !errors.As(restarted, &mended) || mended.from != tried[len(tried)-1]):
+				t.Errorf("staged %v, restart %v; want the process ended after the copy from %s", staged, restarted, tried[len(tried)-1])
+			case tc.restart && (!recorded || !last.Equal(now)):
+				t.Errorf("the mend recorded %v %v, want %v", last, recorded, now)
+			case !tc.restart && (staged || restarted != nil):
 				t.Errorf("staged %v, restart %v; want neither", staged, restarted)
+			}
+			if want := len(tc.copied); tc.restart && withdrawn != want || !tc.restart && tc.copied != nil && withdrawn != tc.tried {
+				t.Errorf("withdrew %d copies", withdrawn)
 			}
 			if wait != tc.wait {
 				t.Errorf("wait %v, want %v\n%s", wait, tc.wait, logs.String())
 			}
-			if staged && mended != nil && !strings.Contains(mended.Error(), filepath.Join(db, "copy-in")) {
-				t.Errorf("the exit says %q, not where the copy is staged", mended.Error())
+			if !slices.Equal(forgot, tc.forgot) {
+				t.Errorf("forgot %v, want %v", forgot, tc.forgot)
+			}
+			if !strings.Contains(logs.String(), tc.said) {
+				t.Errorf("the log does not say %q:\n%s", tc.said, logs.String())
 			}
 		})
 	}
-	// Failed attempts wait longer each time, up to mendRetry.
+	// Failed attempts wait longer each time, up to mendRetry, and each
+	// starts from another source.
 	m := &mender{}
 	var waits []time.Duration
 	for range 6 {
@@ -142,5 +185,19 @@ func TestMenderTry(t *testing.T) {
 	}
 	if want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second}; !slices.Equal(waits, want) {
 		t.Errorf("waits after failed attempts %v, want %v", waits, want)
+	}
+	m = newMender(t.TempDir(), []string{"r1"}, authflag.Flags{}, 1<<20, time.Hour, slog.New(slog.DiscardHandler))
+	m.info = func() *prismv1.WorkerInfo { return menderFleet().Workers[0] }
+	m.list = func(context.Context, string) (*prismv1.ListResponse, error) { return menderFleet(), nil }
+	var first []string
+	m.copyFrom = func(_ context.Context, from string) (storecopy.Result, error) {
+		first = append(first, from)
+		return storecopy.Result{}, errors.New("disk error")
+	}
+	for range 2 {
+		m.try(context.Background(), map[string]string{"m": "stranded"}, func(slog.Level, string, ...any) {})
+	}
+	if len(first) != 4 || first[0] == first[2] {
+		t.Errorf("two attempts copied from %v; want each to start from another worker", first)
 	}
 }

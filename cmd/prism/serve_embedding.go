@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -223,17 +224,28 @@ at --advertise-addr.`,
 			prismv1.RegisterEmbeddingTierServer(s.GRPC, srv)
 			s.Registry.MustRegister(srv.Collectors()...)
 			info := srv.WorkerInfo
-			if mend && router != "" {
+			mended := make(chan struct{}) // the mender ended (closed at once without one)
+			if !mend || router == "" {
+				close(mended)
+			} else {
 				routers, err := serve.ParseRouters(router)
 				if err != nil {
 					return err
 				}
+				// The id the worker last announced under: the routers'
+				// view of it (stranded or not) is under that id.
+				var id atomic.Pointer[string]
+				id.Store(new(string))
 				m := newMender(db, routers, tlsFlags, rate, mendEvery, log)
-				m.out, m.news, m.restart = srv.OutForGood, srv.OutNews(), restart
-				m.info = func() *prismv1.WorkerInfo { return srv.WorkerInfo("", "") }
-				go m.run(ctx)
-				info = func(id, addr string) *prismv1.WorkerInfo {
-					w := srv.WorkerInfo(id, addr)
+				m.out, m.news, m.forget, m.restart = srv.OutForGood, srv.OutNews(), srv.ForgetStranded, restart
+				m.info = func() *prismv1.WorkerInfo { return srv.WorkerInfo(*id.Load(), "") }
+				go func() {
+					defer close(mended)
+					m.run(ctx)
+				}()
+				info = func(announced, addr string) *prismv1.WorkerInfo {
+					id.Store(&announced)
+					w := srv.WorkerInfo(announced, addr)
 					w.Mends = true // prism status: it mends itself
 					return w
 				}
@@ -251,10 +263,14 @@ at --advertise-addr.`,
 				Ready:       func(addr string) { readyline.WriteEmbedding(cmd.OutOrStdout(), addr) },
 				DialOptions: []grpc.DialOption{toRouter},
 			})
-			var mended *errMended
-			if errors.As(context.Cause(ctx), &mended) && err == nil {
-				log.Warn("mend: "+mended.Error(), "from", mended.from)
-				return mended
+			// The mender ends (a copy under way stops, its staged files
+			// kept for the next) before the store closes.
+			restart(nil)
+			<-mended
+			var staged *errMended
+			if errors.As(context.Cause(ctx), &staged) && err == nil {
+				log.Warn("mend: "+staged.Error(), "from", staged.from)
+				return staged
 			}
 			return err
 		},

@@ -47,6 +47,7 @@ type copyJob struct {
 	// the copy is staged), and logs the copy itself (received).
 	self     bool
 	received storecopy.Result
+	progress func(done, total int64)
 }
 
 // role is the certificate the copy dials with: an admin's, or an
@@ -359,7 +360,7 @@ func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err err
 	if j.self {
 		// A worker mending itself: its log says what it copied
 		// (mender.try), with no bars in it, and it holds j.db open.
-		res, err := storecopy.Receive(open, j.db, storecopy.Options{Rate: j.rate})
+		res, err := storecopy.Receive(open, j.db, storecopy.Options{Rate: j.rate, Progress: j.progress})
 		if err != nil {
 			return false, fmt.Errorf("%w (copying from embedding worker %s)", err, from)
 		}

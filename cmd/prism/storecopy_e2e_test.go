@@ -274,7 +274,7 @@ func TestMendSurvivesKills(t *testing.T) {
 	sp.a.cmd.Process.Kill()
 	sp.a.cmd.Wait()
 	await(b, "the copy failing", "mend: the copy failed")
-	await(b, "no source", "mend: no worker to copy from yet")
+	await(b, "no source", "mend: no worker serves this worker's models in sync")
 	sp.a = startProc(t, readyline.Embedding, sp.embArgs("db-a")...)
 	awaitMendExit(t, b, 90*time.Second)
 	log := b.log.String()

@@ -140,6 +140,17 @@ func (s *Server) tellOut() {
 	}
 }
 
+// ForgetStranded drops models from what the routers said this worker is
+// stranded on: the sequencing router no longer says so (another router
+// took over, its log reaching further back).
+func (s *Server) ForgetStranded(models ...string) {
+	s.strandedMu.Lock()
+	defer s.strandedMu.Unlock()
+	for _, m := range models {
+		delete(s.stranded, m)
+	}
+}
+
 // OutNews hears when a model this worker serves is newly out for good
 // (OutForGood): a router's answer marked it diverged or said it is
 // stranded.

@@ -56,6 +56,9 @@ const (
 	swapJournal = "copy-swap"
 	// replacedPrefix names the folders a swap moves a store's files to.
 	replacedPrefix = "replaced-"
+	// mendStamp records when a worker mending itself last staged a copy
+	// (RecordMend); the swap leaves it in place.
+	mendStamp = "copy-mended"
 	// lockFile is Pebble's lock, which stays where it is.
 	lockFile = "LOCK"
 )
@@ -191,43 +194,56 @@ func defaultSwapStamp() string { return time.Now().UTC().Format(swapStampLayout)
 // swapStampLayout is the time format of a replaced folder's name.
 const swapStampLayout = "20060102T150405Z"
 
-// LastSwap is when a copy was last swapped into the store folder dir
-// (the newest of its replaced-<time> folders, which the operator
-// removes; an empty one replaced no store and does not count), and
-// false when none is there: a worker mending itself
-// (prism serve embedding --mend) copies again only some time after its
-// last copy, so a worker whose build answers updates otherwise than its
-// peers' does not copy a store after each update.
-func LastSwap(fs vfs.FS, dir string) (time.Time, bool, error) {
-	names, err := fs.List(dir)
+// RecordMend writes, durably, that a worker mending itself (prism serve
+// embedding --mend) staged a copy of another worker's store in the store
+// folder dir at t: a file the swap leaves where it is (mendStamp), so
+// operators may remove the replaced-<time> folders without losing it.
+func RecordMend(fs vfs.FS, dir string, t time.Time) error {
+	tmp := fs.PathJoin(dir, mendStamp+".tmp")
+	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintln(f, t.UTC().Format(time.RFC3339)); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := fs.Rename(tmp, fs.PathJoin(dir, mendStamp)); err != nil {
+		return err
+	}
+	return SyncDir(fs, dir)
+}
+
+// LastMend is when a worker mending itself last staged a copy in the
+// store folder dir (RecordMend), and false when it never did: it copies
+// again only some time after, so a worker whose build answers updates
+// otherwise than its peers' (and diverges again after each copy) does
+// not copy a store after each update.
+func LastMend(fs vfs.FS, dir string) (time.Time, bool, error) {
+	f, err := fs.Open(fs.PathJoin(dir, mendStamp))
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return time.Time{}, false, nil
 		}
 		return time.Time{}, false, err
 	}
-	var last time.Time
-	found := false
-	for _, n := range names {
-		stamp, ok := strings.CutPrefix(n, replacedPrefix)
-		if !ok {
-			continue
-		}
-		if i := strings.IndexByte(stamp, '-'); i >= 0 {
-			stamp = stamp[:i] // replaced-<time>-k: the k-th swap of that second
-		}
-		t, err := time.Parse(swapStampLayout, stamp)
-		if err != nil {
-			continue // not a swap's folder
-		}
-		if held, err := fs.List(fs.PathJoin(dir, n)); err == nil && len(held) == 0 {
-			continue // replaced no store: a first copy (a swap cut short before removing it)
-		}
-		if !found || t.After(last) {
-			last, found = t, true
-		}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 128))
+	if err != nil {
+		return time.Time{}, false, err
 	}
-	return last, found, nil
+	t, err := time.Parse(time.RFC3339, strings.TrimSpace(string(b)))
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("%s: %q is not a time (remove the file to forget the last mend)", fs.PathJoin(dir, mendStamp), b)
+	}
+	return t, true, nil
 }
 
 // swapStaged swaps a complete staged copy (StagedDir) into the store
@@ -351,7 +367,7 @@ func swapStaged(fs vfs.FS, dir, stamp string) (SwapReport, error) {
 	kept := fs.PathJoin(dir, replaced)
 	if names, err := fs.List(kept); err == nil && len(names) == 0 {
 		// The folder held no store (a new replica's seed): nothing to
-		// keep, and no mend for LastSwap to count.
+		// keep.
 		if err := fs.Remove(kept); err == nil {
 			kept = ""
 		}
@@ -394,10 +410,10 @@ func storeEntry(fs vfs.FS, dir, n string) bool {
 
 // swapKeeps says whether entry n of a store folder is one a swap leaves
 // where it is: its own (journal, the staged copy, earlier swaps' kept
-// stores), Pebble's lock, and what a volume holds besides the store
+// stores, the last mend's time), Pebble's lock, and what a volume holds besides the store
 // (lost+found, hidden entries).
 func swapKeeps(n string) bool {
-	return n == swapJournal || n == swapJournal+".tmp" || n == stagedDir || n == lockFile ||
+	return n == swapJournal || n == swapJournal+".tmp" || n == mendStamp || n == mendStamp+".tmp" || n == stagedDir || n == lockFile ||
 		strings.HasPrefix(n, ".") || strings.HasPrefix(n, replacedPrefix) || n == "lost+found"
 }
 

@@ -422,65 +422,53 @@ func TestCopySwapMissingMark(t *testing.T) {
 	}
 }
 
-// TestLastSwap: the time of the newest replaced-<time> folder (the k-th
-// swap of a second counts as that second), none without one, and names
-// that only look like one are not swaps.
-func TestLastSwap(t *testing.T) {
-	for _, tc := range []struct {
-		names []string
-		want  string // "" none
-	}{
-		{nil, ""},
-		{[]string{"000001.log", "MANIFEST-000001", "copy-in", "replaced-", "replaced-yesterday", "replaced-2026"}, ""},
-		{[]string{"replaced-20261130T235959Z"}, "20261130T235959Z"},
-		{[]string{"replaced-20261130T235959Z", "replaced-20261201T000000Z-2", "replaced-20261201T000000Z", "replaced-20261101T120000Z"}, "20261201T000000Z"},
-		{[]string{"replaced-20261201T101010Z-3", "replaced-20261201T101009Z"}, "20261201T101010Z"},
-	} {
-		fs := vfs.NewMem()
-		if err := fs.MkdirAll("db", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, n := range tc.names {
-			if err := fs.MkdirAll(fs.PathJoin("db", n), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			f, err := fs.Create(fs.PathJoin("db", n, "MANIFEST-000001"), vfs.WriteCategoryUnspecified)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
-		}
-		// An empty one (a swap into a folder holding no store, cut
-		// short before it removed it) replaced nothing.
-		if err := fs.MkdirAll(fs.PathJoin("db", "replaced-20271231T000000Z"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		got, ok, err := LastSwap(fs, "db")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want, _ := time.Parse(swapStampLayout, tc.want); ok != (tc.want != "") || (ok && !got.Equal(want)) {
-			t.Errorf("%v: LastSwap %v %v, want %q", tc.names, got, ok, tc.want)
-		}
-	}
-	if _, ok, err := LastSwap(vfs.NewMem(), "missing"); ok || err != nil {
-		t.Errorf("a folder not there: %v %v", ok, err)
-	}
-	// A real swap's folder is read back as the swap's time.
+// TestLastMend: the time RecordMend wrote, none before, an error for a
+// file that is not one; a swap leaves the record where it is (the
+// operator removes replaced-<time> folders without losing it), and a
+// copy may not carry one.
+func TestLastMend(t *testing.T) {
 	fs := vfs.NewMem()
 	copyStores(t, fs)
+	if _, ok, err := LastMend(fs, "bad"); ok || err != nil {
+		t.Fatalf("before any mend: %v %v", ok, err)
+	}
+	at := time.Date(2026, 12, 1, 4, 39, 0, 0, time.UTC)
+	if err := RecordMend(fs, "bad", at); err != nil {
+		t.Fatal(err)
+	}
 	stageGood(t, fs)
 	s, err := swapOpen(fs, "bad", "20261201T043900Z")
 	if err != nil {
 		t.Fatal(err)
 	}
+	rep, ok := s.Swapped()
 	s.Close()
-	if got, ok, _ := LastSwap(fs, "bad"); !ok || got.Format(swapStampLayout) != "20261201T043900Z" {
-		t.Fatalf("after a swap: %v %v", got, ok)
+	if !ok || rep.Replaced == "" {
+		t.Fatalf("swap: %+v %v", rep, ok)
+	}
+	if got, ok, err := LastMend(fs, "bad"); !ok || err != nil || !got.Equal(at) {
+		t.Fatalf("after the swap: %v %v %v, want %v", got, ok, err, at)
+	}
+	if _, err := fs.Stat(fs.PathJoin(rep.Replaced, mendStamp)); err == nil {
+		t.Fatal("the swap moved the mend's record with the replaced store")
+	}
+	if err := fs.RemoveAll(rep.Replaced); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := LastMend(fs, "bad"); !ok {
+		t.Fatal("removing the replaced store forgot the mend")
+	}
+	if !ReservedName(mendStamp) {
+		t.Fatalf("a copy may carry %s", mendStamp)
+	}
+	f, _ := fs.Create(fs.PathJoin("bad", mendStamp), vfs.WriteCategoryUnspecified)
+	f.Write([]byte("yesterday\n"))
+	f.Close()
+	if _, _, err := LastMend(fs, "bad"); err == nil || !strings.Contains(err.Error(), "not a time") {
+		t.Fatalf("a record that is not a time: %v", err)
 	}
 	// A copy into a folder holding no store (a new replica's seed) keeps
-	// no folder and is no mend: a worker seeded so mends itself at once
-	// if it is stranded or diverged.
+	// no folder.
 	if err := fs.MkdirAll("new", 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -499,16 +487,13 @@ func TestLastSwap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, ok := s.Swapped()
+	rep, ok = s.Swapped()
 	s.Close()
 	if !ok || rep.Replaced != "" || rep.Files == 0 || rep.Kept() != "the folder held no store before" {
 		t.Fatalf("the seed's swap: %+v %v (%s)", rep, ok, rep.Kept())
 	}
 	if names, _ := fs.List("new"); slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, replacedPrefix) }) {
 		t.Fatalf("the seed left %v", names)
-	}
-	if _, ok, _ := LastSwap(fs, "new"); ok {
-		t.Fatal("the seed counted as a mend")
 	}
 	if got := held(t, fs, "new", true); got != held(t, fs, "good", true) {
 		t.Fatalf("the seeded store: %s", got)

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"os"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -494,4 +495,26 @@ func DropIncomplete(dst string, fs vfs.FS) (bool, error) {
 		return false, fmt.Errorf("drop the incomplete copy in %s: %w", staged, err)
 	}
 	return true, store.SyncDir(fs, dst)
+}
+
+// Withdraw takes back a complete copy staged in store folder dst (its
+// COMPLETE mark removed, synced), so the store's next open does not swap
+// it in: a worker mending itself withdraws a copy that does not hold
+// what it must (a model it serves, an update it applied). Its files stay
+// for the next copy to keep where the new sender's match. It holds the
+// copy's lock meanwhile. fs nil: vfs.Default.
+func Withdraw(dst string, fs vfs.FS) error {
+	if fs == nil {
+		fs = vfs.Default
+	}
+	staged := fs.PathJoin(dst, store.StagedDirName)
+	lock, err := fs.Lock(fs.PathJoin(staged, store.StagedLockName))
+	if err != nil {
+		return fmt.Errorf("withdraw the copy staged in %s: could not take the copy's lock: %w", staged, err)
+	}
+	defer lock.Close()
+	if err := fs.Remove(fs.PathJoin(staged, store.StagedCompleteName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("withdraw the copy staged in %s: %w", staged, err)
+	}
+	return store.SyncDir(fs, staged)
 }

@@ -597,3 +597,40 @@ func TestDropIncomplete(t *testing.T) {
 		t.Fatalf("a complete copy: %v, %v", dropped, err)
 	}
 }
+
+// TestWithdraw: a complete copy withdrawn is not swapped in by the
+// store's next open, and the next copy keeps its files (none sent
+// again) and is complete again.
+func TestWithdraw(t *testing.T) {
+	fs := vfs.NewMem()
+	good := source(t, fs)
+	s := sliceStream(clone(good))
+	first, err := Receive(fromSlice(&s), "dst", Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Withdraw("dst", fs); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open("dst", &store.Options{FS: fs, HotBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, swapped := st.Swapped()
+	st.Close()
+	if swapped {
+		t.Fatal("a withdrawn copy was swapped in")
+	}
+	var req *prismv1.SnapshotRequest
+	s = sliceStream(clone(good))
+	again, err := Receive(func(r *prismv1.SnapshotRequest) (Stream, error) { req = r; return &s, nil }, "dst", Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(req.GetHave()) != first.Files {
+		t.Fatalf("the next copy named %d files it holds, want the withdrawn copy's %d", len(req.GetHave()), first.Files)
+	}
+	if _, err := fs.Stat(fs.PathJoin(again.Staged, store.StagedCompleteName)); err != nil {
+		t.Fatalf("the next copy is not complete: %v", err)
+	}
+}
