@@ -139,5 +139,7 @@ PY
 	waitFor 300 inSync 2 || { echo "bench-mend: B did not serve in sync after its restart" >&2; tail -20 "$WORK/b.log" >&2; exit 1; }
 	t2=$(now)
 	python3 -c "import sys; a,b,c,n=map(float,sys.argv[1:5]); print(f'round {sys.argv[5]}: stranded B copied {n/1e9:.2f} GB and exited {b-a:.2f} s after its start ({n/(b-a)/1e6:.0f} MB/s overall); restart to both in sync {c-b:.2f} s; out of serving {c-a:.2f} s')" "$t0" "$t1" "$t2" "${bytes:-0}" "$r"
-	rm -rf "$WORK"/db-b/replaced-*
+	# The next round is a mend of its own: the store from before and the
+	# record of this copy (--mend-every would hold the next back) go.
+	rm -rf "$WORK"/db-b/replaced-* "$WORK"/db-b/copy-mended
 done
