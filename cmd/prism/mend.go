@@ -234,7 +234,11 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 		}
 		var held []string
 		for _, ms := range res.Models {
-			held = append(held, fmt.Sprintf("%s: version %d, updates applied %d", ms.Name, ms.Version, ms.Applied))
+			h := fmt.Sprintf("%s: version %d, updates applied %d", ms.Name, ms.Version, ms.Applied)
+			if ms.Shards > 0 {
+				h += ", " + shardOf(ms.Shard, ms.Shards)
+			}
+			held = append(held, h)
 		}
 		if lacks := m.lacks(res, out); lacks != "" {
 			m.log.Warn("mend: the copy does not hold what this worker must; withdrawn, trying the next worker", "from", src, "lacks", lacks, "models", held)
@@ -258,7 +262,8 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 }
 
 // lacks says what a received copy lacks of what this worker must hold
-// ("" nothing): every model it serves, and of each not out for good
+// ("" nothing): every model it serves, of a sharded one the same shard
+// (a source resharded since the router's answer), and of each not out for good
 // (which it still serves, taking updates) every update it applied, so no
 // acknowledged update it alone may hold is lost with its store.
 func (m *mender) lacks(res storecopy.Result, out map[string]string) string {
@@ -275,11 +280,21 @@ func (m *mender) lacks(res storecopy.Result, out map[string]string) string {
 			missing = append(missing, model)
 		case ms.Diverged > 0:
 			missing = append(missing, fmt.Sprintf("%s (the copy marks it diverged at %d)", model, ms.Diverged))
+		case ms.Shard != int(w.GetShards()[model].GetShard()) || ms.Shards != int(w.GetShards()[model].GetShards()):
+			missing = append(missing, fmt.Sprintf("%s %s (the copy holds %s)", model, shardOf(int(w.GetShards()[model].GetShard()), int(w.GetShards()[model].GetShards())), shardOf(ms.Shard, ms.Shards)))
 		case out[model] == "" && ms.Applied < w.GetUpdateSeq()[model]:
 			missing = append(missing, fmt.Sprintf("%s updates %d..%d", model, ms.Applied+1, w.GetUpdateSeq()[model]))
 		}
 	}
 	return strings.Join(missing, "; ")
+}
+
+// shardOf names shard k of n ("the whole model" when n is 0).
+func shardOf(k, n int) string {
+	if n == 0 {
+		return "the whole model"
+	}
+	return "shard " + router.ShardLabel(k, n)
 }
 
 // listAny is the first answer of the routers asked in turn.

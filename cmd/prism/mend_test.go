@@ -61,9 +61,10 @@ func menderFleet() *prismv1.ListResponse {
 // mendRetry; each attempt starts from another source.
 func TestMenderTry(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	good := storecopy.Result{Files: 9, Bytes: 1 << 20, Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5}, {Name: "t", Applied: 7}}}
+	good := storecopy.Result{Files: 9, Bytes: 1 << 20, Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5, Shard: 1, Shards: 2}, {Name: "t", Applied: 7}}}
 	lacksT := storecopy.Result{Models: good.Models[:2]}
-	behindT := storecopy.Result{Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5}, {Name: "t", Applied: 6}}}
+	behindT := storecopy.Result{Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5, Shard: 1, Shards: 2}, {Name: "t", Applied: 6}}}
+	otherShard := storecopy.Result{Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5, Shard: 0, Shards: 2}, {Name: "t", Applied: 7}}}
 	fleet := func(string) (*prismv1.ListResponse, error) { return menderFleet(), nil }
 	for _, tc := range []struct {
 		name    string
@@ -84,6 +85,7 @@ func TestMenderTry(t *testing.T) {
 		{name: "both busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy"), 1: status.Error(codes.ResourceExhausted, "busy")},
 			tried: 2, wait: mendFirstRetry, said: "no worker gave a usable copy"},
 		{name: "a copy lacking a model served", list: fleet, copied: map[int]storecopy.Result{0: lacksT}, tried: 2, restart: true, said: "lacks=t"},
+		{name: "a copy of another shard", list: fleet, copied: map[int]storecopy.Result{0: otherShard}, tried: 2, restart: true, said: `lacks="s shard 1/2 (the copy holds shard 0/2)"`},
 		{name: "a copy behind on a model in sync", list: fleet, copied: map[int]storecopy.Result{0: behindT, 1: behindT},
 			tried: 2, wait: mendFirstRetry, said: `lacks="t updates 7..7"`},
 		{name: "an hour after the last copy", mended: now.Add(-time.Hour - time.Second), list: fleet, tried: 1, restart: true},

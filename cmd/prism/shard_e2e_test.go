@@ -300,7 +300,7 @@ func TestShardedTableWise(t *testing.T) {
 		}
 		return out
 	}
-	if out := seed(holder, "db-seed"); !strings.Contains(out, "names "+shards[holder].addr+" ") || !strings.Contains(out, "updates applied 1") || !strings.Contains(out, "swapped in") {
+	if out := seed(holder, "db-seed"); !strings.Contains(out, "names "+shards[holder].addr+" ") || !strings.Contains(out, fmt.Sprintf("updates applied 1, shard %d/3", holder)) || !strings.Contains(out, "swapped in") {
 		t.Fatalf("seeding a replica of shard %d (its worker at %s):\n%s", holder, shards[holder].addr, out)
 	}
 	for k := range 3 {

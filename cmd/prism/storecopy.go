@@ -397,6 +397,9 @@ func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err err
 	fmt.Fprintln(out)
 	for _, m := range res.Models {
 		fmt.Fprintf(out, "  %s: version %d, updates applied %d", m.Name, m.Version, m.Applied)
+		if m.Shards > 0 {
+			fmt.Fprintf(out, ", %s", shardOf(m.Shard, m.Shards))
+		}
 		if m.Diverged > 0 {
 			fmt.Fprintf(out, ", DIVERGED at %d (the worker copied is out of serving itself: copy one prism status shows serving)", m.Diverged)
 		}

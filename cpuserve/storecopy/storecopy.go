@@ -70,6 +70,9 @@ type ModelState struct {
 	// Diverged is the update at which the copy's own mark says it
 	// diverged (0: none): a copy of a store that is itself diverged.
 	Diverged int64
+	// Shard of Shards is the shard of a sharded model's tables the copy
+	// holds (Shards 0: the whole model).
+	Shard, Shards int
 }
 
 // Result is what Receive did.
@@ -413,7 +416,15 @@ func inspect(fs vfs.FS, dir string) ([]ModelState, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, ModelState{Name: name, Version: s.ActiveVersion(name), Applied: seq, Diverged: marks[name]})
+		ref, sharded, err := s.Shard(name)
+		if err != nil {
+			return nil, err
+		}
+		ms := ModelState{Name: name, Version: s.ActiveVersion(name), Applied: seq, Diverged: marks[name]}
+		if sharded {
+			ms.Shard, ms.Shards = ref.Shard, ref.Shards
+		}
+		out = append(out, ms)
 	}
 	return out, nil
 }
