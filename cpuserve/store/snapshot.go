@@ -199,26 +199,7 @@ const swapStampLayout = "20060102T150405Z"
 // folder dir at t: a file the swap leaves where it is (mendStamp), so
 // operators may remove the replaced-<time> folders without losing it.
 func RecordMend(fs vfs.FS, dir string, t time.Time) error {
-	tmp := fs.PathJoin(dir, mendStamp+".tmp")
-	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
-	if err != nil {
-		return err
-	}
-	if _, err := fmt.Fprintln(f, t.UTC().Format(time.RFC3339)); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := fs.Rename(tmp, fs.PathJoin(dir, mendStamp)); err != nil {
-		return err
-	}
-	return SyncDir(fs, dir)
+	return writeWhole(fs, dir, mendStamp, t.UTC().Format(time.RFC3339)+"\n")
 }
 
 // LastMend is when a worker mending itself last staged a copy in the
@@ -460,13 +441,20 @@ func readJournal(fs vfs.FS, path string) (phase int, replaced string, err error)
 	return phase, replaced, nil
 }
 
+// writeJournal records a swap's phase and replaced folder (writeWhole).
 func writeJournal(fs vfs.FS, dir string, phase int, replaced string) error {
-	tmp := fs.PathJoin(dir, swapJournal+".tmp")
+	return writeWhole(fs, dir, swapJournal, fmt.Sprintf("%d %s\n", phase, replaced))
+}
+
+// writeWhole writes content as file name in dir, whole or not at all:
+// into name.tmp, synced, renamed over name, the folder synced.
+func writeWhole(fs vfs.FS, dir, name, content string) error {
+	tmp := fs.PathJoin(dir, name+".tmp")
 	f, err := fs.Create(tmp, vfs.WriteCategoryUnspecified)
 	if err != nil {
 		return err
 	}
-	if _, err := fmt.Fprintf(f, "%d %s\n", phase, replaced); err != nil {
+	if _, err := io.WriteString(f, content); err != nil {
 		f.Close()
 		return err
 	}
@@ -477,7 +465,7 @@ func writeJournal(fs vfs.FS, dir string, phase int, replaced string) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := fs.Rename(tmp, fs.PathJoin(dir, swapJournal)); err != nil {
+	if err := fs.Rename(tmp, fs.PathJoin(dir, name)); err != nil {
 		return err
 	}
 	return SyncDir(fs, dir)

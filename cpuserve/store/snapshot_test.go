@@ -217,17 +217,7 @@ func TestCopySwapResumes(t *testing.T) {
 		want := held(t, fs, "good", true)
 		wantOld := held(t, fs, "bad", true)
 		before, _ := fs.List("bad")
-		good, err := Open("good", &Options{FS: fs})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := good.Checkpoint()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stage(t, fs, c, "bad")
-		c.Close()
-		good.Close()
+		stageGood(t, fs)
 
 		ok := k
 		s, err := Open("bad", &Options{FS: failRename{FS: fs, ok: &ok}})
@@ -309,7 +299,10 @@ func TestCheckpointLeftoversRemoved(t *testing.T) {
 }
 
 // stageGood stages a checkpoint of "good" into "bad" (copyStores).
-func stageGood(t *testing.T, fs vfs.FS) {
+func stageGood(t *testing.T, fs vfs.FS) { t.Helper(); stageGoodIn(t, fs, "bad") }
+
+// stageGoodIn stages a checkpoint of "good" in store folder dst.
+func stageGoodIn(t *testing.T, fs vfs.FS, dst string) {
 	t.Helper()
 	good, err := Open("good", &Options{FS: fs})
 	if err != nil {
@@ -321,7 +314,7 @@ func stageGood(t *testing.T, fs vfs.FS) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	stage(t, fs, c, "bad")
+	stage(t, fs, c, dst)
 }
 
 // TestCopySwapsKeepEachStore: two swaps within one second (or a clock
@@ -472,17 +465,7 @@ func TestLastMend(t *testing.T) {
 	if err := fs.MkdirAll("new", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	good, err := Open("good", &Options{FS: fs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := good.Checkpoint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stage(t, fs, c, "new")
-	c.Close()
-	good.Close()
+	stageGoodIn(t, fs, "new")
 	s, err = swapOpen(fs, "new", "20261201T044000Z")
 	if err != nil {
 		t.Fatal(err)
