@@ -72,12 +72,11 @@ type mender struct {
 	restart func(error)
 	now     func() time.Time
 	// copyFrom copies a worker's store into db, staged for the
-	// process's next open (copyJob.copyIn); list is a router's (the
-	// sequencing one's) Registry/List; withdraw takes back a staged
-	// copy; variables for the tests.
-	copyFrom func(ctx context.Context, from string) (storecopy.Result, error)
+	// process's next open (copyJob.copyIn) if accept takes it (else left
+	// incomplete); list is a router's (the sequencing one's)
+	// Registry/List; variables for the tests.
+	copyFrom func(ctx context.Context, from string, accept func(storecopy.Result) error) (storecopy.Result, error)
 	list     func(ctx context.Context, addr string) (*prismv1.ListResponse, error)
-	withdraw func() error
 	// retry is the wait before the next attempt after a failed one;
 	// attempts counts them, so each starts from another source.
 	retry    time.Duration
@@ -95,9 +94,9 @@ const mendProgressEvery = 10 * time.Second
 
 func newMender(db string, routers []string, tls authflag.Flags, rate int64, every time.Duration, log *slog.Logger) *mender {
 	m := &mender{db: db, routers: routers, every: every, log: log, now: time.Now}
-	m.copyFrom = func(ctx context.Context, from string) (storecopy.Result, error) {
+	m.copyFrom = func(ctx context.Context, from string, accept func(storecopy.Result) error) (storecopy.Result, error) {
 		var said time.Time
-		j := &copyJob{tlsFlags: tls, db: db, rate: rate, self: true, progress: func(done, total int64) {
+		j := &copyJob{tlsFlags: tls, db: db, rate: rate, self: true, accept: accept, progress: func(done, total int64) {
 			if time.Since(said) >= mendProgressEvery {
 				said = time.Now()
 				log.Info("mend: copying", "from", from, "bytes", done, "of", total)
@@ -110,7 +109,6 @@ func newMender(db string, routers []string, tls authflag.Flags, rate int64, ever
 		resp, _, err := sequencerList(ctx, &tls, auth.Embedding, addr, true)
 		return resp, err
 	}
-	m.withdraw = func() error { return storecopy.Withdraw(db, nil) }
 	return m
 }
 
@@ -220,35 +218,31 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 	sources = append(sources[k:len(sources):len(sources)], sources[:k]...)
 	m.attempts++
 	m.log.Warn("mend: replacing this worker's store with a copy of a serving worker's (it stays out of the models' lookups meanwhile)", "out", whyOut(out), "sources", sources, "db", m.db)
+	// The updates it holds before the copy (the source's checkpoint is
+	// taken after): those it applies meanwhile are recent, and the
+	// router's log replays them after the restart.
+	before := m.info().GetUpdateSeq()
 	for _, src := range sources {
-		res, err := m.copyFrom(ctx, src)
+		// Judged before the copy is marked complete: one refused is
+		// never swapped in, whatever happens after.
+		res, err := m.copyFrom(ctx, src, func(res storecopy.Result) error {
+			if lacks := m.lacks(res, out, before); lacks != "" {
+				return fmt.Errorf("the copy does not hold what this worker must: %s", lacks)
+			}
+			return nil
+		})
 		switch {
+		case err == nil:
 		case ctx.Err() != nil:
 			return false, 0
 		case status.Code(err) == codes.ResourceExhausted:
 			m.log.Info("mend: the worker asked is sending a copy already; trying the next", "from", src)
 			continue
-		case err != nil:
-			m.log.Warn("mend: the copy failed; trying the next worker (a copy cut short goes on where it stopped)", "from", src, "err", err)
+		default:
+			m.log.Warn("mend: the copy failed or was not taken; trying the next worker (a copy cut short goes on where it stopped)", "from", src, "err", err, "models", heldOf(res))
 			continue
 		}
-		var held []string
-		for _, ms := range res.Models {
-			h := fmt.Sprintf("%s: version %d, updates applied %d", ms.Name, ms.Version, ms.Applied)
-			if ms.Shards > 0 {
-				h += ", " + shardOf(ms.Shard, ms.Shards)
-			}
-			held = append(held, h)
-		}
-		if lacks := m.lacks(res, out); lacks != "" {
-			m.log.Warn("mend: the copy does not hold what this worker must; withdrawn, trying the next worker", "from", src, "lacks", lacks, "models", held)
-			if err := m.withdraw(); err != nil {
-				m.log.Error("mend: cannot withdraw the copy; stopping, so that it is not swapped in", "err", err)
-				return false, m.again()
-			}
-			continue
-		}
-		m.log.Warn("mend: received a copy of a serving worker's store", "from", src, "store", res.Source, "files", res.Files, "bytes", res.Bytes, "kept_from_an_earlier_copy", res.Reused, "models", held, "staged", res.Staged)
+		m.log.Warn("mend: received a copy of a serving worker's store", "from", src, "store", res.Source, "files", res.Files, "bytes", res.Bytes, "kept_from_an_earlier_copy", res.Reused, "models", heldOf(res), "staged", res.Staged)
 		if err := store.RecordMend(vfs.Default, m.db, m.now()); err != nil {
 			// Without the record --mend-every cannot hold back a next
 			// copy; the one staged is good and is swapped in anyway.
@@ -261,13 +255,27 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 	return false, m.again()
 }
 
+// heldOf writes what a copy holds, per model.
+func heldOf(res storecopy.Result) []string {
+	var held []string
+	for _, ms := range res.Models {
+		h := fmt.Sprintf("%s: version %d, updates applied %d", ms.Name, ms.Version, ms.Applied)
+		if ms.Shards > 0 {
+			h += ", " + shardOf(ms.Shard, ms.Shards)
+		}
+		held = append(held, h)
+	}
+	return held
+}
+
 // lacks says what a received copy lacks of what this worker must hold
 // ("" nothing): every model it serves, of a sharded one the same shard
-// (a source resharded since the router's answer), and of each not out for good
-// (which it still serves, taking updates) every update it applied, so no
-// acknowledged update it alone may hold is lost with its store.
-func (m *mender) lacks(res storecopy.Result, out map[string]string) string {
-	w := m.info() // after the copy: the updates applied meanwhile count
+// (a source resharded since the router's answer), and of each not out
+// for good (which it still serves, taking updates) every update it held
+// before the copy (before), so no acknowledged update it alone may hold
+// is lost with its store.
+func (m *mender) lacks(res storecopy.Result, out map[string]string, before map[string]int64) string {
+	w := m.info()
 	copied := map[string]storecopy.ModelState{}
 	for _, ms := range res.Models {
 		copied[ms.Name] = ms
@@ -282,8 +290,8 @@ func (m *mender) lacks(res storecopy.Result, out map[string]string) string {
 			missing = append(missing, fmt.Sprintf("%s (the copy marks it diverged at %d)", model, ms.Diverged))
 		case ms.Shard != int(w.GetShards()[model].GetShard()) || ms.Shards != int(w.GetShards()[model].GetShards()):
 			missing = append(missing, fmt.Sprintf("%s %s (the copy holds %s)", model, shardOf(int(w.GetShards()[model].GetShard()), int(w.GetShards()[model].GetShards())), shardOf(ms.Shard, ms.Shards)))
-		case out[model] == "" && ms.Applied < w.GetUpdateSeq()[model]:
-			missing = append(missing, fmt.Sprintf("%s updates %d..%d", model, ms.Applied+1, w.GetUpdateSeq()[model]))
+		case out[model] == "" && ms.Applied < before[model]:
+			missing = append(missing, fmt.Sprintf("%s updates %d..%d", model, ms.Applied+1, before[model]))
 		}
 	}
 	return strings.Join(missing, "; ")

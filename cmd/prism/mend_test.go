@@ -78,16 +78,19 @@ func TestMenderTry(t *testing.T) {
 		wait    time.Duration
 		forgot  []string
 		said    string // in the log
+		// during: the worker applies update 8 of t while it copies.
+		during bool
 	}{
 		{name: "copied", list: fleet, tried: 1, restart: true},
 		{name: "the first busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy")}, tried: 2, restart: true},
 		{name: "the first failing", list: fleet, copy: map[int]error{0: errors.New("disk error")}, tried: 2, restart: true},
 		{name: "both busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy"), 1: status.Error(codes.ResourceExhausted, "busy")},
 			tried: 2, wait: mendFirstRetry, said: "no worker gave a usable copy"},
-		{name: "a copy lacking a model served", list: fleet, copied: map[int]storecopy.Result{0: lacksT}, tried: 2, restart: true, said: "lacks=t"},
-		{name: "a copy of another shard", list: fleet, copied: map[int]storecopy.Result{0: otherShard}, tried: 2, restart: true, said: `lacks="s shard 1/2 (the copy holds shard 0/2)"`},
+		{name: "a copy lacking a model served", list: fleet, copied: map[int]storecopy.Result{0: lacksT}, tried: 2, restart: true, said: "must: t"},
+		{name: "a copy of another shard", list: fleet, copied: map[int]storecopy.Result{0: otherShard}, tried: 2, restart: true, said: "must: s shard 1/2 (the copy holds shard 0/2)"},
+		{name: "updates applied during the copy", list: fleet, during: true, tried: 1, restart: true},
 		{name: "a copy behind on a model in sync", list: fleet, copied: map[int]storecopy.Result{0: behindT, 1: behindT},
-			tried: 2, wait: mendFirstRetry, said: `lacks="t updates 7..7"`},
+			tried: 2, wait: mendFirstRetry, said: "must: t updates 7..7"},
 		{name: "an hour after the last copy", mended: now.Add(-time.Hour - time.Second), list: fleet, tried: 1, restart: true},
 		{name: "diverged within --mend-every of the last copy", mended: now.Add(-30 * time.Minute), list: fleet, wait: 30*time.Minute + time.Second, said: "its build"},
 		{name: "stranded within --mend-every of the last copy", mended: now.Add(-30 * time.Minute), out: map[string]string{"m": "stranded"}, list: fleet,
@@ -122,10 +125,17 @@ func TestMenderTry(t *testing.T) {
 			var logs strings.Builder
 			m := newMender(db, []string{"r1", "r2"}, authflag.Flags{}, 1<<20, time.Hour, slog.New(slog.NewTextHandler(&logs, nil)))
 			m.now = func() time.Time { return now }
-			m.info = func() *prismv1.WorkerInfo { return menderFleet().Workers[0] }
-			m.list = func(_ context.Context, addr string) (*prismv1.ListResponse, error) { return tc.list(addr) }
 			var tried []string
-			m.copyFrom = func(_ context.Context, from string) (storecopy.Result, error) {
+			m.info = func() *prismv1.WorkerInfo {
+				w := menderFleet().Workers[0]
+				if tc.during && len(tried) > 0 {
+					w.UpdateSeq["t"] = 8
+				}
+				return w
+			}
+			m.list = func(_ context.Context, addr string) (*prismv1.ListResponse, error) { return tc.list(addr) }
+			refused := 0
+			m.copyFrom = func(_ context.Context, from string, accept func(storecopy.Result) error) (storecopy.Result, error) {
 				tried = append(tried, from)
 				if err := tc.copy[len(tried)-1]; err != nil {
 					return storecopy.Result{}, err
@@ -134,11 +144,13 @@ func TestMenderTry(t *testing.T) {
 				if !ok {
 					res = good
 				}
+				if err := accept(res); err != nil {
+					refused++ // left incomplete, as Receive leaves it
+					return res, err
+				}
 				res.Staged = filepath.Join(db, store.StagedDirName)
 				return res, nil
 			}
-			withdrawn := 0
-			m.withdraw = func() error { withdrawn++; return nil }
 			var forgot []string
 			m.forget = func(models ...string) { forgot = append(forgot, models...) }
 			var restarted error
@@ -164,8 +176,8 @@ func TestMenderTry(t *testing.T) {
 			case !tc.restart && (staged || restarted != nil):
 				t.Errorf("staged %v, restart %v; want neither", staged, restarted)
 			}
-			if want := len(tc.copied); tc.restart && withdrawn != want || !tc.restart && tc.copied != nil && withdrawn != tc.tried {
-				t.Errorf("withdrew %d copies", withdrawn)
+			if want := len(tc.copied); tc.restart && refused != want || !tc.restart && tc.copied != nil && refused != tc.tried {
+				t.Errorf("refused %d copies", refused)
 			}
 			if wait != tc.wait {
 				t.Errorf("wait %v, want %v\n%s", wait, tc.wait, logs.String())
@@ -192,7 +204,7 @@ func TestMenderTry(t *testing.T) {
 	m.info = func() *prismv1.WorkerInfo { return menderFleet().Workers[0] }
 	m.list = func(context.Context, string) (*prismv1.ListResponse, error) { return menderFleet(), nil }
 	var first []string
-	m.copyFrom = func(_ context.Context, from string) (storecopy.Result, error) {
+	m.copyFrom = func(_ context.Context, from string, _ func(storecopy.Result) error) (storecopy.Result, error) {
 		first = append(first, from)
 		return storecopy.Result{}, errors.New("disk error")
 	}

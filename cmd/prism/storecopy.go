@@ -48,6 +48,7 @@ type copyJob struct {
 	self     bool
 	received storecopy.Result
 	progress func(done, total int64)
+	accept   func(storecopy.Result) error
 }
 
 // role is the certificate the copy dials with: an admin's, or an
@@ -360,11 +361,11 @@ func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err err
 	if j.self {
 		// A worker mending itself: its log says what it copied
 		// (mender.try), with no bars in it, and it holds j.db open.
-		res, err := storecopy.Receive(open, j.db, storecopy.Options{Rate: j.rate, Progress: j.progress})
+		res, err := storecopy.Receive(open, j.db, storecopy.Options{Rate: j.rate, Progress: j.progress, Accept: j.accept, Context: ctx})
+		j.received = res
 		if err != nil {
 			return false, fmt.Errorf("%w (copying from embedding worker %s)", err, from)
 		}
-		j.received = res
 		return true, nil
 	}
 	res, err := storecopy.Receive(open, j.db, storecopy.Options{AllowDiverged: j.allowDiverged, Rate: j.rate,

@@ -15,11 +15,11 @@
 package storecopy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	iofs "io/fs"
-	"os"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -55,6 +55,15 @@ type Options struct {
 	// its files for the copy to that many bytes a second
 	// (SnapshotRequest.rate: the sender paces them).
 	Rate int64
+	// Accept, if set, judges the copy received (its models: Result)
+	// before it is marked complete: an error refuses it, and it is left
+	// incomplete (its files kept for the next copy), so no open swaps it
+	// in. A worker mending itself checks the copy holds what it must.
+	Accept func(Result) error
+	// Context, if set, ends a Receive early (its checksums of what an
+	// earlier copy left, which may be a whole store): the stream's own
+	// context ends the rest.
+	Context context.Context
 	// AllowDiverged takes a copy whose own store marks a model
 	// diverged (refused otherwise: it would not mend anything), and
 	// one lacking a model the store it replaces holds.
@@ -132,7 +141,11 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 	res := Result{Staged: staged}
 	// What the store being replaced holds, if no process holds it.
 	res.Replacing, _ = inspect(fs, dst)
-	have, err := held(fs, staged, o.Check)
+	ctx := o.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	have, err := held(ctx, fs, staged, o.Check)
 	if err != nil {
 		return res, fmt.Errorf("copy into %s: read what an earlier copy left: %w", dst, err)
 	}
@@ -208,6 +221,11 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 	}
 	if err := mends(res, o.AllowDiverged); err != nil {
 		return res, fmt.Errorf("copy into %s: %w; nothing staged (--allow-diverged takes it anyway)", dst, err)
+	}
+	if o.Accept != nil {
+		if err := o.Accept(res); err != nil {
+			return res, fmt.Errorf("copy into %s: not taken: %w; nothing staged", dst, err)
+		}
 	}
 	c, err := fs.Create(fs.PathJoin(staged, store.StagedCompleteName), vfs.WriteCategoryUnspecified)
 	if err != nil {
@@ -431,7 +449,7 @@ func inspect(fs vfs.FS, dir string) ([]ModelState, error) {
 
 // held lists the files an earlier copy left in the staged folder, each
 // with its size and checksum (read whole: check reports the bytes).
-func held(fs vfs.FS, staged string, check func(done, total int64)) ([]*prismv1.SnapshotFile, error) {
+func held(ctx context.Context, fs vfs.FS, staged string, check func(done, total int64)) ([]*prismv1.SnapshotFile, error) {
 	names, err := fs.List(staged)
 	if err != nil {
 		return nil, err
@@ -452,12 +470,18 @@ func held(fs vfs.FS, staged string, check func(done, total int64)) ([]*prismv1.S
 	buf := make([]byte, 1<<20)
 	readable := out[:0]
 	for _, f := range out {
-		sum, n, err := checksum(fs, fs.PathJoin(staged, f.Name), buf, func(n int) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		sum, n, err := checksum(ctx, fs, fs.PathJoin(staged, f.Name), buf, func(n int) {
 			done += int64(n)
 			if check != nil {
 				check(done, total)
 			}
 		})
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		if err != nil || n != f.Size {
 			continue // unreadable (or changed): not offered
 		}
@@ -467,14 +491,28 @@ func held(fs vfs.FS, staged string, check func(done, total int64)) ([]*prismv1.S
 	return readable, nil
 }
 
-// checksum reads file path whole: its CRC-32C and length.
-func checksum(fs vfs.FS, path string, buf []byte, read func(int)) (uint32, int64, error) {
+// checksum reads file path whole: its CRC-32C and length; it stops when
+// ctx ends.
+func checksum(ctx context.Context, fs vfs.FS, path string, buf []byte, read func(int)) (uint32, int64, error) {
 	r, err := fs.Open(path)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer r.Close()
-	return Checksum(r, buf, read)
+	return Checksum(ctxReader{ctx, r}, buf, read)
+}
+
+// ctxReader is r until ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }
 
 // DropIncomplete removes the staged copy in store folder dst unless it
@@ -506,26 +544,4 @@ func DropIncomplete(dst string, fs vfs.FS) (bool, error) {
 		return false, fmt.Errorf("drop the incomplete copy in %s: %w", staged, err)
 	}
 	return true, store.SyncDir(fs, dst)
-}
-
-// Withdraw takes back a complete copy staged in store folder dst (its
-// COMPLETE mark removed, synced), so the store's next open does not swap
-// it in: a worker mending itself withdraws a copy that does not hold
-// what it must (a model it serves, an update it applied). Its files stay
-// for the next copy to keep where the new sender's match. It holds the
-// copy's lock meanwhile. fs nil: vfs.Default.
-func Withdraw(dst string, fs vfs.FS) error {
-	if fs == nil {
-		fs = vfs.Default
-	}
-	staged := fs.PathJoin(dst, store.StagedDirName)
-	lock, err := fs.Lock(fs.PathJoin(staged, store.StagedLockName))
-	if err != nil {
-		return fmt.Errorf("withdraw the copy staged in %s: could not take the copy's lock: %w", staged, err)
-	}
-	defer lock.Close()
-	if err := fs.Remove(fs.PathJoin(staged, store.StagedCompleteName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("withdraw the copy staged in %s: %w", staged, err)
-	}
-	return store.SyncDir(fs, staged)
 }

@@ -598,39 +598,45 @@ func TestDropIncomplete(t *testing.T) {
 	}
 }
 
-// TestWithdraw: a complete copy withdrawn is not swapped in by the
-// store's next open, and the next copy keeps its files (none sent
-// again) and is complete again.
-func TestWithdraw(t *testing.T) {
+// TestReceiveAccept: a copy its caller's Accept refuses is left
+// incomplete (no open swaps it in) with its files, which the next copy
+// names as held; a Receive whose Context has ended reads nothing of
+// them.
+func TestReceiveAccept(t *testing.T) {
 	fs := vfs.NewMem()
 	good := source(t, fs)
 	s := sliceStream(clone(good))
-	first, err := Receive(fromSlice(&s), "dst", Options{FS: fs})
-	if err != nil {
-		t.Fatal(err)
+	var judged Result
+	_, err := Receive(fromSlice(&s), "dst", Options{FS: fs, Accept: func(r Result) error {
+		judged = r
+		return errors.New("lacks model x")
+	}})
+	if err == nil || !strings.Contains(err.Error(), "not taken: lacks model x") {
+		t.Fatalf("a copy refused by Accept: %v", err)
 	}
-	if err := Withdraw("dst", fs); err != nil {
-		t.Fatal(err)
+	if len(judged.Models) != 1 || judged.Models[0].Name != "m" || judged.Models[0].Applied != 3 {
+		t.Fatalf("Accept judged %+v", judged.Models)
 	}
-	st, err := store.Open("dst", &store.Options{FS: fs, HotBytes: -1})
-	if err != nil {
-		t.Fatal(err)
+	staged := fs.PathJoin("dst", store.StagedDirName)
+	if _, err := fs.Stat(fs.PathJoin(staged, store.StagedCompleteName)); err == nil {
+		t.Fatal("a refused copy is marked complete")
 	}
-	_, swapped := st.Swapped()
-	st.Close()
-	if swapped {
-		t.Fatal("a withdrawn copy was swapped in")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	s = sliceStream(clone(good))
+	if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs, Context: ctx}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a Receive whose context ended: %v", err)
 	}
 	var req *prismv1.SnapshotRequest
 	s = sliceStream(clone(good))
-	again, err := Receive(func(r *prismv1.SnapshotRequest) (Stream, error) { req = r; return &s, nil }, "dst", Options{FS: fs})
+	res, err := Receive(func(r *prismv1.SnapshotRequest) (Stream, error) { req = r; return &s, nil }, "dst", Options{FS: fs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(req.GetHave()) != first.Files {
-		t.Fatalf("the next copy named %d files it holds, want the withdrawn copy's %d", len(req.GetHave()), first.Files)
+	if len(req.GetHave()) != res.Files {
+		t.Fatalf("the next copy named %d files it holds, want the refused copy's %d", len(req.GetHave()), res.Files)
 	}
-	if _, err := fs.Stat(fs.PathJoin(again.Staged, store.StagedCompleteName)); err != nil {
+	if _, err := fs.Stat(fs.PathJoin(staged, store.StagedCompleteName)); err != nil {
 		t.Fatalf("the next copy is not complete: %v", err)
 	}
 }
