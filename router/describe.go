@@ -127,10 +127,11 @@ type updateLogCollector struct{ r *Router }
 // unlike embedding_workers_behind this does not pass by itself.
 // strandedDesc: the live embedding workers each sequence cannot catch
 // up (behind by updates its log no longer holds); like diverged ones
-// they do not come back by themselves.
-var strandedDesc = prometheus.NewDesc("prism_router_embedding_workers_stranded", "Live embedding workers of a model (a sequence: a model, or a shard of one, MODEL#shardK) behind by updates the sequencing router's log no longer holds (or that were behind when a router keeping its log in memory restarted): no replay catches them up; they serve again once their store is replaced with a copy of a serving worker's (prism store copy). Counted in prism_router_embedding_workers_behind too.", []string{"model"}, nil)
+// they come back only on a copy of a serving worker's store, which a
+// worker serving with --mend makes by itself.
+var strandedDesc = prometheus.NewDesc("prism_router_embedding_workers_stranded", "Live embedding workers of a model (a sequence: a model, or a shard of one, MODEL#shardK) behind by updates the sequencing router's log no longer holds (or that were behind when a router keeping its log in memory restarted): no replay catches them up; they serve again once their store is replaced with a copy of a serving worker's (by themselves with --mend, the default; else prism store copy). Counted in prism_router_embedding_workers_behind too.", []string{"model"}, nil)
 
-var divergedDesc = prometheus.NewDesc("prism_router_embedding_workers_diverged", "Live embedding workers the sequencing router holds out of serving a model (a sequence: a model, or a shard of one, MODEL#shardK) because their copy diverged from their peers' (they answered an update otherwise than the others did); they take no lookups and no updates until replaced with a copy of an up-to-date worker's store.", []string{"model"}, nil)
+var divergedDesc = prometheus.NewDesc("prism_router_embedding_workers_diverged", "Live embedding workers the sequencing router holds out of serving a model (a sequence: a model, or a shard of one, MODEL#shardK) because their copy diverged from their peers' (they answered an update otherwise than the others did); they take no lookups and no updates until replaced with a copy of an up-to-date worker's store (by themselves with --mend, the default; else prism store copy).", []string{"model"}, nil)
 
 func (updateLogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- updateLogBytesDesc

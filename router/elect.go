@@ -255,23 +255,14 @@ func (e *elected) inSync(w *prismv1.WorkerInfo, model string) bool {
 	return e.fol.inSync(w, model)
 }
 
-// diverged is the registry's hook for the answer to an announcement:
-// what the term's sequencer found of w's copies while this router
-// leads (nil otherwise: the holder's answer tells the worker).
-func (e *elected) diverged(w *prismv1.WorkerInfo) map[string]int64 {
+// outOf is the registry's hook for the answer to an announcement: what
+// the term's sequencer found of w's copies while this router leads (nil
+// otherwise: the holder's answer tells the worker).
+func (e *elected) outOf(w *prismv1.WorkerInfo) (map[string]int64, []string) {
 	if t := e.term.Load(); t.d != nil {
-		return t.d.diverged(w)
+		return t.d.outOf(w)
 	}
-	return nil
-}
-
-// stranded is the leading term's driver's stranded (nil while this
-// router does not lead).
-func (e *elected) stranded(w *prismv1.WorkerInfo) []string {
-	if t := e.term.Load(); t.d != nil {
-		return t.d.stranded(w)
-	}
-	return nil
+	return nil, nil
 }
 
 // tick is one heartbeat of the leading term.

@@ -186,20 +186,16 @@ type Registry struct {
 	// heartbeat on (elect.go). Called under mu, which the change of holder
 	// holds too: an answer after the change carries the new epoch.
 	epoch func() uint64
-	// diverged, when set, is what the router sequencing updates found of
-	// an embedding worker's copies: per model, the update at which its
-	// copy diverged from its peers' (sequencer.divergedOf). Every answer
-	// to the worker tells it (AnnounceResponse.diverged), so its store
-	// records the mark and it announces it to every router from then on.
+	// outOf, when set, is what the router sequencing updates found of an
+	// embedding worker's models: per model, the update at which its copy
+	// diverged from its peers' (sequencer.divergedOf), and the models
+	// whose updates it lacks and the router's log no longer holds
+	// (sequencer.strandedOf). Every answer to the worker tells it
+	// (AnnounceResponse.diverged, .stranded): its store records each
+	// mark and it announces it to every router from then on, and a
+	// worker that mends itself (prism serve embedding --mend) knows to.
 	// Called under mu, after observe has taken the announcement.
-	diverged func(w *prismv1.WorkerInfo) map[string]int64
-	// stranded, when set, is what the router sequencing updates found of
-	// an embedding worker's models: those whose updates it lacks and the
-	// router's log no longer holds (sequencer.strandedOf). Every answer
-	// tells it (AnnounceResponse.stranded), so a worker that mends itself
-	// (prism serve embedding --mend) knows to. Called under mu, after
-	// observe.
-	stranded func(w *prismv1.WorkerInfo) []string
+	outOf func(w *prismv1.WorkerInfo) (diverged map[string]int64, stranded []string)
 }
 
 type roleModel struct {
@@ -499,11 +495,8 @@ func (r *Registry) Announce(ctx context.Context, req *prismv1.AnnounceRequest) (
 		if r.epoch != nil {
 			resp.Epoch = r.epoch()
 		}
-		if r.diverged != nil {
-			resp.Diverged = r.diverged(w)
-		}
-		if r.stranded != nil {
-			resp.Stranded = r.stranded(w)
+		if r.outOf != nil {
+			resp.Diverged, resp.Stranded = r.outOf(w)
 		}
 	}
 	return resp, nil

@@ -435,8 +435,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.Reg.gone = r.el.gone
 		r.Reg.eligible = r.el.inSync
 		r.Reg.epoch = r.el.epoch
-		r.Reg.diverged = r.el.diverged
-		r.Reg.stranded = r.el.stranded
+		r.Reg.outOf = r.el.outOf
 		r.log.Info("the router that sequences embedding updates is elected", "self", o.Election.Identity())
 		return r, nil
 	}
@@ -462,15 +461,13 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	r.Reg.observe = r.upd.announced
 	r.Reg.gone = r.upd.gone
 	r.Reg.eligible = r.upd.inSync
-	r.Reg.diverged = r.upd.diverged
-	r.Reg.stranded = r.upd.stranded
+	r.Reg.outOf = r.upd.outOf
 	if o.Sequencer != "" {
 		r.fol = newFollower(o.Sequencer, r.sequencerConn, o.UpdateQuorum, r.Reg.now, o.Heartbeat)
 		r.Reg.observe = r.fol.announced
 		r.Reg.gone = r.fol.gone
 		r.Reg.eligible = r.fol.inSync
-		r.Reg.diverged = nil // the sequencer's answer tells the workers
-		r.Reg.stranded = nil
+		r.Reg.outOf = nil // the sequencer's answer tells the workers
 		r.log.Info("embedding updates go to another router", "sequencer", o.Sequencer)
 	}
 	return r, nil

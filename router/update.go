@@ -627,26 +627,16 @@ func (d *updateDriver) inSync(w *prismv1.WorkerInfo, model string) bool {
 	return d.seq.inSync(w, model, d.now())
 }
 
-// diverged is the registry's hook for the answer to an announcement:
-// what the sequencer found of w's copies (sequencer.divergedOf).
-func (d *updateDriver) diverged(w *prismv1.WorkerInfo) map[string]int64 {
+// outOf is the registry's hook for the answer to an announcement: what
+// the sequencer found of w's copies (sequencer.divergedOf) and models
+// (sequencer.strandedOf), under one hold of its lock.
+func (d *updateDriver) outOf(w *prismv1.WorkerInfo) (map[string]int64, []string) {
 	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
-		return nil
+		return nil, nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.seq.divergedOf(w)
-}
-
-// stranded is the sequencer's strandedOf for an embedding worker's
-// announcement.
-func (d *updateDriver) stranded(w *prismv1.WorkerInfo) []string {
-	if w.GetRole() != prismv1.Role_ROLE_EMBEDDING {
-		return nil
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.seq.strandedOf(w)
+	return d.seq.divergedOf(w), d.seq.strandedOf(w)
 }
 
 // tick is one heartbeat (Run calls it); replays it starts run under ctx.

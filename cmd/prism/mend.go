@@ -72,7 +72,7 @@ type mender struct {
 	restart func(error)
 	now     func() time.Time
 	// copyFrom copies a worker's store into db, staged for the
-	// process's next open (copyJob.copyIn) if accept takes it (else left
+	// process's next open (receiveFrom) if accept takes it (else left
 	// incomplete); list is a router's (the sequencing one's)
 	// Registry/List; variables for the tests.
 	copyFrom func(ctx context.Context, from string, accept func(storecopy.Result) error) (storecopy.Result, error)
@@ -95,15 +95,14 @@ const mendProgressEvery = 10 * time.Second
 func newMender(db string, routers []string, tls authflag.Flags, rate int64, every time.Duration, log *slog.Logger) *mender {
 	m := &mender{db: db, routers: routers, every: every, log: log, now: time.Now}
 	m.copyFrom = func(ctx context.Context, from string, accept func(storecopy.Result) error) (storecopy.Result, error) {
+		// Staged, not swapped in: this worker holds db open.
 		var said time.Time
-		j := &copyJob{tlsFlags: tls, db: db, rate: rate, self: true, accept: accept, progress: func(done, total int64) {
+		return receiveFrom(ctx, &tls, auth.Embedding, from, db, storecopy.Options{Rate: rate, Accept: accept, Progress: func(done, total int64) {
 			if time.Since(said) >= mendProgressEvery {
 				said = time.Now()
 				log.Info("mend: copying", "from", from, "bytes", done, "of", total)
 			}
-		}}
-		_, err := j.copyIn(ctx, from)
-		return j.received, err
+		}})
 	}
 	m.list = func(ctx context.Context, addr string) (*prismv1.ListResponse, error) {
 		resp, _, err := sequencerList(ctx, &tls, auth.Embedding, addr, true)

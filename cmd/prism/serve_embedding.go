@@ -302,7 +302,7 @@ at --advertise-addr.`,
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
 	f.BoolVar(&mend, "mend", true, "with --router: when the sequencing router finds this worker's copy of a model diverged from its peers', or behind by updates its log no longer holds (stranded), copy a serving worker's whole store into --db (staged beside the store, at --mend-rate) and exit, so that the restart (Kubernetes, prism up, systemd) swaps it in; the store's files from before are kept in --db/replaced-<time>. false: leave it to the operator (prism store copy)")
 	f.StringVar(&mendRate, "mend-rate", "200MiB/s", "with --mend: bound the copy to this many bytes a second of the worker copied, so it keeps its disk for its lookups")
-	f.DurationVar(&mendEvery, "mend-every", time.Hour, "with --mend: copy again only this long after the last copy swapped into --db (the newest replaced-<time> folder), so a worker whose build answers updates otherwise than its peers' does not copy a store after each one")
+	f.DurationVar(&mendEvery, "mend-every", time.Hour, "with --mend: copy again only this long after this worker's last copy (recorded in --db/copy-mended, which the swap leaves in place), so a worker whose build answers updates otherwise than its peers' does not copy a store after each one")
 	return cmd
 }
 

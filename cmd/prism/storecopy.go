@@ -42,22 +42,6 @@ type copyJob struct {
 	seed          bool
 	seedWait      time.Duration
 	out, errOut   io.Writer
-	// self is not an admin but the embedding worker mending itself
-	// (mend.go): it dials with its own certificate, holds db open (so
-	// the copy is staged), and logs the copy itself (received).
-	self     bool
-	received storecopy.Result
-	progress func(done, total int64)
-	accept   func(storecopy.Result) error
-}
-
-// role is the certificate the copy dials with: an admin's, or an
-// embedding worker's when it mends itself.
-func (j *copyJob) role() auth.Role {
-	if j.self {
-		return auth.Embedding
-	}
-	return auth.Admin
 }
 
 func newStoreCopyCmd() *cobra.Command {
@@ -264,7 +248,7 @@ func spread(sources []string) []string {
 // router that does not sequence is asked for the one that does,
 // followed once (follow). An error is "cannot tell yet".
 func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (sources []string, nothing bool, err error) {
-	resp, addr, err := sequencerList(ctx, &j.tlsFlags, j.role(), addr, follow)
+	resp, addr, err := sequencerList(ctx, &j.tlsFlags, auth.Admin, addr, follow)
 	if err != nil {
 		return nil, false, err
 	}
@@ -332,6 +316,33 @@ func sequencerList(ctx context.Context, tlsFlags *authflag.Flags, role auth.Role
 	return resp, addr, nil
 }
 
+// receiveFrom receives a copy of the store of the embedding worker at
+// from into store folder db (storecopy.Receive with o, its Context
+// ctx), dialling it with role's certificate: an admin's (prism store
+// copy), or an embedding worker's mending itself.
+func receiveFrom(ctx context.Context, tlsFlags *authflag.Flags, role auth.Role, from, db string, o storecopy.Options) (storecopy.Result, error) {
+	creds, err := tlsFlags.Dial(role, auth.Embedding)
+	if err != nil {
+		return storecopy.Result{}, err
+	}
+	conn, err := grpc.NewClient(from, creds)
+	if err != nil {
+		return storecopy.Result{}, fmt.Errorf("dial embedding worker %s: %w", from, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	client := prismv1.NewEmbeddingTierClient(conn)
+	o.Context = ctx
+	res, err := storecopy.Receive(func(req *prismv1.SnapshotRequest) (storecopy.Stream, error) {
+		return client.Snapshot(ctx, req)
+	}, db, o)
+	if err != nil {
+		return res, fmt.Errorf("%w (copying from embedding worker %s)", err, from)
+	}
+	return res, nil
+}
+
 // copyFrom copies the store of the worker at from into j.db and swaps
 // it in (or stages it for the process holding j.db).
 func (j *copyJob) copyFrom(ctx context.Context, from string) error {
@@ -342,33 +353,8 @@ func (j *copyJob) copyFrom(ctx context.Context, from string) error {
 // copyIn is copyFrom, saying whether the copy was staged for the
 // process holding j.db (the worker) rather than swapped in.
 func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err error) {
-	creds, err := j.tlsFlags.Dial(j.role(), auth.Embedding)
-	if err != nil {
-		return false, err
-	}
-	conn, err := grpc.NewClient(from, creds)
-	if err != nil {
-		return false, fmt.Errorf("dial embedding worker %s: %w", from, err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	client := prismv1.NewEmbeddingTierClient(conn)
-	open := func(req *prismv1.SnapshotRequest) (storecopy.Stream, error) {
-		return client.Snapshot(ctx, req)
-	}
 	var bar, checkBar *progress.Bar
-	if j.self {
-		// A worker mending itself: its log says what it copied
-		// (mender.try), with no bars in it, and it holds j.db open.
-		res, err := storecopy.Receive(open, j.db, storecopy.Options{Rate: j.rate, Progress: j.progress, Accept: j.accept, Context: ctx})
-		j.received = res
-		if err != nil {
-			return false, fmt.Errorf("%w (copying from embedding worker %s)", err, from)
-		}
-		return true, nil
-	}
-	res, err := storecopy.Receive(open, j.db, storecopy.Options{AllowDiverged: j.allowDiverged, Rate: j.rate,
+	res, err := receiveFrom(ctx, &j.tlsFlags, auth.Admin, from, j.db, storecopy.Options{AllowDiverged: j.allowDiverged, Rate: j.rate,
 		Check: func(done, total int64) {
 			if checkBar == nil {
 				checkBar = progress.New(j.errOut, "check what an earlier copy left", total, true)
@@ -388,7 +374,7 @@ func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err err
 		bar.Done()
 	}
 	if err != nil {
-		return false, fmt.Errorf("%w (copying from embedding worker %s)", err, from)
+		return false, err
 	}
 	out := j.out
 	fmt.Fprintf(out, "received a copy of %s's store (%s): %d files, %s", from, res.Source, res.Files, progress.Bytes(res.Bytes))

@@ -149,8 +149,9 @@ type Server struct {
 	asked      atomic.Uint64
 
 	// stranded holds the models the sequencing router said this worker
-	// is stranded on (AnnounceResponse.stranded), kept for the process's
-	// life: only a copy of a serving worker's store brings it back.
+	// is stranded on (AnnounceResponse.stranded), kept until the mender
+	// finds the router no longer says so (ForgetStranded): no replay
+	// brings it back, only a copy of a serving worker's store.
 	// outNews hears of each model newly out for good (OutForGood).
 	strandedMu sync.Mutex
 	stranded   map[string]bool
