@@ -81,6 +81,8 @@ type mender struct {
 	// attempts counts them, so each starts from another source.
 	retry    time.Duration
 	attempts int
+	// metrics, nil without a registry (tests).
+	metrics *mendMetrics
 }
 
 // again is the wait before the next attempt after a failed one.
@@ -98,6 +100,7 @@ func newMender(db string, routers []string, tls authflag.Flags, rate int64, ever
 		// Staged, not swapped in: this worker holds db open.
 		var said time.Time
 		return receiveFrom(ctx, &tls, auth.Embedding, from, db, storecopy.Options{Rate: rate, Accept: accept, Progress: func(done, total int64) {
+			m.metrics.progress(done, total)
 			if time.Since(said) >= mendProgressEvery {
 				said = time.Now()
 				log.Info("mend: copying", "from", from, "bytes", done, "of", total)
@@ -126,8 +129,11 @@ func (m *mender) run(ctx context.Context) {
 		out, err := m.out()
 		if err != nil {
 			say(slog.LevelError, "mend: cannot read which models are out for good", "err", err)
+			m.metrics.set(mendWaiting)
 			wait = m.again()
-		} else if len(out) > 0 {
+		} else if len(out) == 0 {
+			m.metrics.set(mendIdle)
+		} else {
 			var staged bool
 			staged, wait = m.try(ctx, out, say)
 			if staged {
@@ -161,8 +167,10 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 	last, mended, err := store.LastMend(vfs.Default, m.db)
 	if err != nil {
 		say(slog.LevelError, "mend: cannot read when this worker last mended itself", "db", m.db, "err", err)
+		m.metrics.set(mendWaiting)
 		return false, m.again()
 	}
+	m.metrics.mended(last, mended)
 	if next := last.Add(m.every); mended && m.now().Before(next) {
 		msg := "mend: out of serving again within --mend-every of this worker's last copy, so not copying again until then: "
 		if anyDiverged(out) {
@@ -171,12 +179,14 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 			msg += "stranded again, the router's update log trims faster than a copy and a restart take; raise the router's --update-log-bytes, or keep the log with --update-log-dir"
 		}
 		say(slog.LevelError, msg, "out", whyOut(out), "last_copy", last.Format(time.RFC3339), "next_try", next.Format(time.RFC3339))
+		m.metrics.set(mendHeld)
 		return false, next.Sub(m.now()) + time.Second
 	}
 	w := m.info()
 	resp, err := m.listAny(ctx)
 	if err != nil {
 		say(slog.LevelWarn, "mend: no router answers; asking again", "out", whyOut(out), "err", err)
+		m.metrics.set(mendWaiting)
 		return false, m.again()
 	}
 	// A model said stranded must be so in the sequencing router's view
@@ -196,6 +206,7 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 		m.forget(gone...)
 	}
 	if len(out) == 0 {
+		m.metrics.set(mendIdle)
 		return false, 0
 	}
 	need := map[string]string{}
@@ -208,6 +219,7 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 	sources := router.CopySources(router.Fleet(resp), need, w.GetId())
 	if len(sources) == 0 {
 		say(slog.LevelWarn, "mend: no worker serves this worker's models in sync to copy from yet; asking the routers again", "out", whyOut(out))
+		m.metrics.set(mendWaiting)
 		return false, m.again()
 	}
 	// From another source each attempt: one that keeps failing (its
@@ -221,36 +233,50 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 	// taken after): those it applies meanwhile are recent, and the
 	// router's log replays them after the restart.
 	before := m.info().GetUpdateSeq()
+	m.metrics.set(mendCopying)
 	for _, src := range sources {
 		// Judged before the copy is marked complete: one refused is
 		// never swapped in, whatever happens after.
+		refused := false
 		res, err := m.copyFrom(ctx, src, func(res storecopy.Result) error {
 			if lacks := m.lacks(res, out, before); lacks != "" {
+				refused = true
 				return fmt.Errorf("the copy does not hold what this worker must: %s", lacks)
 			}
 			return nil
 		})
+		m.metrics.progress(0, 0)
 		switch {
 		case err == nil:
 		case ctx.Err() != nil:
 			return false, 0
 		case status.Code(err) == codes.ResourceExhausted:
+			m.metrics.attempt("busy")
 			m.log.Info("mend: the worker asked is sending a copy already; trying the next", "from", src)
 			continue
 		default:
+			if refused {
+				m.metrics.attempt("refused")
+			} else {
+				m.metrics.attempt("failed")
+			}
 			m.log.Warn("mend: the copy failed or was not taken; trying the next worker (a copy cut short goes on where it stopped)", "from", src, "err", err, "models", heldOf(res))
 			continue
 		}
 		m.log.Warn("mend: received a copy of a serving worker's store", "from", src, "store", res.Source, "files", res.Files, "bytes", res.Bytes, "kept_from_an_earlier_copy", res.Reused, "models", heldOf(res), "staged", res.Staged)
+		m.metrics.attempt("staged")
 		if err := store.RecordMend(vfs.Default, m.db, m.now()); err != nil {
 			// Without the record --mend-every cannot hold back a next
 			// copy; the one staged is good and is swapped in anyway.
 			m.log.Error("mend: cannot record the copy's time (--mend-every will not hold back the next copy)", "err", err)
+		} else {
+			m.metrics.mended(m.now(), true)
 		}
 		m.restart(&errMended{from: src, staged: res.Staged})
 		return true, 0
 	}
 	say(slog.LevelWarn, "mend: no worker gave a usable copy; trying again later", "out", whyOut(out), "sources", sources)
+	m.metrics.set(mendWaiting)
 	return false, m.again()
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -80,21 +82,31 @@ func TestMenderTry(t *testing.T) {
 		said    string // in the log
 		// during: the worker applies update 8 of t while it copies.
 		during bool
+		// state is prism_embedding_mend_state's after the attempt
+		// (default: copying when restart, else waiting), outcomes
+		// prism_embedding_mend_copies_total's (default: staged 1 when
+		// restart).
+		state    string
+		outcomes map[string]float64
 	}{
 		{name: "copied", list: fleet, tried: 1, restart: true},
-		{name: "the first busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy")}, tried: 2, restart: true},
-		{name: "the first failing", list: fleet, copy: map[int]error{0: errors.New("disk error")}, tried: 2, restart: true},
+		{name: "the first busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy")}, tried: 2, restart: true,
+			outcomes: map[string]float64{"busy": 1, "staged": 1}},
+		{name: "the first failing", list: fleet, copy: map[int]error{0: errors.New("disk error")}, tried: 2, restart: true,
+			outcomes: map[string]float64{"failed": 1, "staged": 1}},
 		{name: "both busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy"), 1: status.Error(codes.ResourceExhausted, "busy")},
-			tried: 2, wait: mendFirstRetry, said: "no worker gave a usable copy"},
-		{name: "a copy lacking a model served", list: fleet, copied: map[int]storecopy.Result{0: lacksT}, tried: 2, restart: true, said: "must: t"},
-		{name: "a copy of another shard", list: fleet, copied: map[int]storecopy.Result{0: otherShard}, tried: 2, restart: true, said: "must: s shard 1/2 (the copy holds shard 0/2)"},
+			tried: 2, wait: mendFirstRetry, said: "no worker gave a usable copy", outcomes: map[string]float64{"busy": 2}},
+		{name: "a copy lacking a model served", list: fleet, copied: map[int]storecopy.Result{0: lacksT}, tried: 2, restart: true, said: "must: t",
+			outcomes: map[string]float64{"refused": 1, "staged": 1}},
+		{name: "a copy of another shard", list: fleet, copied: map[int]storecopy.Result{0: otherShard}, tried: 2, restart: true, said: "must: s shard 1/2 (the copy holds shard 0/2)",
+			outcomes: map[string]float64{"refused": 1, "staged": 1}},
 		{name: "updates applied during the copy", list: fleet, during: true, tried: 1, restart: true},
 		{name: "a copy behind on a model in sync", list: fleet, copied: map[int]storecopy.Result{0: behindT, 1: behindT},
-			tried: 2, wait: mendFirstRetry, said: "must: t updates 7..7"},
+			tried: 2, wait: mendFirstRetry, said: "must: t updates 7..7", outcomes: map[string]float64{"refused": 2}},
 		{name: "an hour after the last copy", mended: now.Add(-time.Hour - time.Second), list: fleet, tried: 1, restart: true},
-		{name: "diverged within --mend-every of the last copy", mended: now.Add(-30 * time.Minute), list: fleet, wait: 30*time.Minute + time.Second, said: "its build"},
+		{name: "diverged within --mend-every of the last copy", mended: now.Add(-30 * time.Minute), list: fleet, wait: 30*time.Minute + time.Second, said: "its build", state: mendHeld},
 		{name: "stranded within --mend-every of the last copy", mended: now.Add(-30 * time.Minute), out: map[string]string{"m": "stranded"}, list: fleet,
-			wait: 30*time.Minute + time.Second, said: "--update-log-bytes"},
+			wait: 30*time.Minute + time.Second, said: "--update-log-bytes", state: mendHeld},
 		{name: "no router answering", list: func(addr string) (*prismv1.ListResponse, error) {
 			return nil, status.Errorf(codes.Unavailable, "router %s down", addr)
 		}, wait: mendFirstRetry, said: "no router answers"},
@@ -113,7 +125,7 @@ func TestMenderTry(t *testing.T) {
 			f := menderFleet()
 			f.Updates["m"].Stranded = nil
 			return f, nil
-		}, forgot: []string{"m"}, said: "no longer says"},
+		}, forgot: []string{"m"}, said: "no longer says", state: mendIdle},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			db := t.TempDir()
@@ -125,6 +137,7 @@ func TestMenderTry(t *testing.T) {
 			var logs strings.Builder
 			m := newMender(db, []string{"r1", "r2"}, authflag.Flags{}, 1<<20, time.Hour, slog.New(slog.NewTextHandler(&logs, nil)))
 			m.now = func() time.Time { return now }
+			m.metrics = newMendMetrics()
 			var tried []string
 			m.info = func() *prismv1.WorkerInfo {
 				w := menderFleet().Workers[0]
@@ -188,6 +201,31 @@ func TestMenderTry(t *testing.T) {
 			if !strings.Contains(logs.String(), tc.said) {
 				t.Errorf("the log does not say %q:\n%s", tc.said, logs.String())
 			}
+			state, outcomes := tc.state, tc.outcomes
+			if state == "" && tc.restart {
+				state = mendCopying
+			} else if state == "" {
+				state = mendWaiting
+			}
+			if outcomes == nil && tc.restart {
+				outcomes = map[string]float64{"staged": 1}
+			}
+			for _, s := range mendStates {
+				if got, want := value(m.metrics.state.WithLabelValues(s)), b2f(s == state); got != want {
+					t.Errorf("prism_embedding_mend_state{state=%q} = %v, want %v", s, got, want)
+				}
+			}
+			for _, o := range []string{"staged", "refused", "busy", "failed"} {
+				if got := value(m.metrics.attempts.WithLabelValues(o)); got != outcomes[o] {
+					t.Errorf("prism_embedding_mend_copies_total{outcome=%q} = %v, want %v", o, got, outcomes[o])
+				}
+			}
+			if got, want := value(m.metrics.last), float64(last.Unix()); recorded && got != want {
+				t.Errorf("prism_embedding_last_mend_timestamp_seconds = %v, want %v", got, want)
+			}
+			if got := value(m.metrics.copied); got != 0 {
+				t.Errorf("prism_embedding_mend_copy_bytes = %v after the attempt, want 0", got)
+			}
 		})
 	}
 	// Failed attempts wait longer each time, up to mendRetry, and each
@@ -214,4 +252,23 @@ func TestMenderTry(t *testing.T) {
 	if len(first) != 4 || first[0] == first[2] {
 		t.Errorf("two attempts copied from %v; want each to start from another worker", first)
 	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// value reads a gauge's or counter's value.
+func value(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	if m.Gauge != nil {
+		return m.Gauge.GetValue()
+	}
+	return m.Counter.GetValue()
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
@@ -239,6 +240,11 @@ at --advertise-addr.`,
 				m := newMender(db, routers, tlsFlags, rate, mendEvery, log)
 				m.out, m.news, m.forget, m.restart = srv.OutForGood, srv.OutNews(), srv.ForgetStranded, restart
 				m.info = func() *prismv1.WorkerInfo { return srv.WorkerInfo(*id.Load(), "") }
+				m.metrics = newMendMetrics()
+				if last, ok, err := store.LastMend(vfs.Default, db); err == nil {
+					m.metrics.mended(last, ok)
+				}
+				s.Registry.MustRegister(m.metrics.collectors()...)
 				go func() {
 					defer close(mended)
 					m.run(ctx)
