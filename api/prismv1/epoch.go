@@ -20,9 +20,11 @@ import (
 // plus one in the low 31 bits. Ordered epochs compare as integers, also
 // across a Lease deleted and made again: the new Lease is made after
 // the old one was deleted, so its holds follow every hold of the old
-// one. (Two Leases made within one second of each other, or by API
-// servers whose clocks disagree by more than the time between the
-// deletion and the new Lease, are not ordered right; docs/architecture.md.)
+// one. Two Leases made within one second of each other are ordered by
+// the count, which the maker of the second starts above the first's
+// (kubelease's Elector.floor); Leases made by API servers whose clocks
+// disagree by more than the time between the deletion and the new
+// Lease are not ordered right (docs/architecture.md).
 //
 // An epoch without the mark is a legacy epoch, as routers of releases
 // before it write: a hash of the Lease's uid in the high 32 bits, so

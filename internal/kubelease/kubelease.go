@@ -21,6 +21,7 @@ import (
 
 	coordv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -124,6 +125,15 @@ type Elector struct {
 	// in a Lease made anew (wrote); 0: not known.
 	epoch   uint64
 	changed chan struct{}
+	// heard is the highest epoch of any Lease this elector has read or
+	// written (every router reads the Lease each retry period), and
+	// leaseUID and leaseCount the Lease last read or written and the
+	// highest count of holder changes it had: a Lease this elector makes
+	// starts its count above heard's, and an update of it never lowers
+	// its count (floor).
+	heard      uint64
+	leaseUID   types.UID
+	leaseCount int32
 }
 
 // New makes an Elector; it reaches the API server only in Run.
@@ -177,20 +187,90 @@ type watchedLeases struct {
 	e *Elector
 }
 
+func (w watchedLeases) Get(ctx context.Context, name string, o metav1.GetOptions) (*coordv1.Lease, error) {
+	out, err := w.LeaseInterface.Get(ctx, name, o)
+	if err == nil {
+		w.e.read(out)
+	}
+	return out, err
+}
+
 func (w watchedLeases) Create(ctx context.Context, l *coordv1.Lease, o metav1.CreateOptions) (*coordv1.Lease, error) {
+	heard := w.e.floor(l, true)
 	out, err := w.LeaseInterface.Create(ctx, l, o)
 	if err == nil {
+		w.e.read(out)
+		if ep := Epoch(out.CreationTimestamp.Time, ptrOr(out.Spec.LeaseTransitions, -1)); ep != 0 && ep < heard {
+			// Its creation time is below the old Lease's: the count
+			// cannot order it (the API server's clock is behind the one
+			// that made the old Lease).
+			w.e.o.Logger.Warn("made the update sequencing lease anew, but the API server stamped it with a creation time before the previous Lease's (its clock is behind): the workers that heard of the previous Lease's holds refuse the updates of this one's until it is made anew once more", "lease", w.e.o.Namespace+"/"+w.e.o.Name, "epoch", prismv1.FormatEpoch(ep), "previous", prismv1.FormatEpoch(heard))
+		}
 		w.e.wrote(out)
 	}
 	return out, err
 }
 
 func (w watchedLeases) Update(ctx context.Context, l *coordv1.Lease, o metav1.UpdateOptions) (*coordv1.Lease, error) {
+	w.e.floor(l, false)
 	out, err := w.LeaseInterface.Update(ctx, l, o)
 	if err == nil {
+		w.e.read(out)
 		w.e.wrote(out)
 	}
 	return out, err
+}
+
+// read notes a Lease read or written: its epoch, if above every one
+// heard, and its count of holder changes.
+func (e *Elector) read(l *coordv1.Lease) {
+	if l == nil || l.Spec.LeaseTransitions == nil {
+		return
+	}
+	n := *l.Spec.LeaseTransitions
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ep := Epoch(l.CreationTimestamp.Time, n); ep > e.heard {
+		e.heard = ep
+	}
+	switch {
+	case l.UID == "":
+	case l.UID != e.leaseUID:
+		e.leaseUID, e.leaseCount = l.UID, n
+	case n > e.leaseCount:
+		e.leaseCount = n
+	}
+}
+
+// floor raises the count of holder changes of a Lease about to be
+// written: a Lease made (create) counts on from the highest epoch heard,
+// so that a Lease made in the same second as the one it replaces (or
+// with a creation time equal to it) still has its holds' epochs above
+// every hold of the old one (the time alone, whole seconds, would not
+// order them); an update of the Lease last read counts at least as many
+// changes as it had (client-go writes the count it made the Lease with,
+// which the raise above does not reach). It returns the highest epoch
+// heard.
+func (e *Elector) floor(l *coordv1.Lease, create bool) uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := ptrOr(l.Spec.LeaseTransitions, 0)
+	switch {
+	case create && e.heard != 0:
+		// heard's low bits are its count plus one: one change more.
+		n = max(n, int32(e.heard&(prismv1.OrderedEpoch-1)))
+	case !create && l.UID != "" && l.UID == e.leaseUID:
+		n = max(n, e.leaseCount)
+	}
+	l.Spec.LeaseTransitions = &n
+	return e.heard
+}
+
+func ptrOr[T any](p *T, or T) T {
+	if p == nil {
+		return or
+	}
+	return *p
 }
 
 // wrote is the API server's answer to a write of the elector's lock. A

@@ -35,6 +35,10 @@ type cluster struct {
 	// failGet, when set, is the number of the Get of a Lease (counted
 	// from 1 over every client) that fails, as a call cut short.
 	failGet, gets atomic.Int64
+	// sameSecond stamps every Lease with the first one's creation time,
+	// as an API server does for a Lease made within the second its
+	// predecessor was.
+	sameSecond atomic.Bool
 }
 
 func newCluster() *cluster {
@@ -67,6 +71,9 @@ func (c *cluster) client(cut *atomic.Bool) *fakecoordination.FakeCoordinationV1 
 		if l, ok := a.(clienttesting.CreateAction).GetObject().(*coordv1.Lease); ok {
 			n := c.made.Add(1)
 			l.CreationTimestamp = metav1.NewTime(created(n))
+			if c.sameSecond.Load() {
+				l.CreationTimestamp = metav1.NewTime(created(1))
+			}
 			l.UID = types.UID(fmt.Sprintf("lease-%d", n))
 		}
 		return false, nil, nil // the tracker below stores it
@@ -341,12 +348,12 @@ func TestRecreatedLeaseOrdered(t *testing.T) {
 			if cl.made.Load() != 2 {
 				t.Fatalf("%s holds at %s with %d Leases made, want the second", x.name, prismv1.FormatEpoch(v.epoch), cl.made.Load())
 			}
-			// c's hold is the new Lease's first; b, making it anew on its
-			// renewal, carries the count it last saw into it (client-go;
-			// TestHolderRemakesItsLease).
+			// c's hold is the new Lease's first (c never read the old
+			// one); b, making it anew on its renewal, counts on from the
+			// hold it had (Elector.floor; TestHolderRemakesItsLease).
 			count := uint32(1)
 			if x == b {
-				count = 2
+				count = 3
 			}
 			if uint32(v.epoch)&^prismv1.OrderedEpoch != count || v.epoch <= old {
 				t.Fatalf("%s's hold of the new Lease: epoch %s, after %s: want hold %d, above the old Lease's", x.name, prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(old), count)
@@ -377,8 +384,8 @@ func TestRecreatedLeaseOrdered(t *testing.T) {
 // anew (client-go creates it when it finds none, in the same hold, with
 // no new start of leading). The elector reports the new Lease's epoch
 // for its hold (Elector.wrote), above the old one's, without reporting
-// a stop in between; client-go carries the count it last saw into the
-// new Lease. (TestRecreatedLeaseOrdered's other router almost always
+// a stop in between; the count it makes the new Lease with goes on from
+// the old Lease's hold (Elector.floor), and its renewals keep it. (TestRecreatedLeaseOrdered's other router almost always
 // makes the new Lease first, so it does not reach this path.)
 func TestHolderRemakesItsLease(t *testing.T) {
 	cl := newCluster()
@@ -413,13 +420,63 @@ func TestHolderRemakesItsLease(t *testing.T) {
 				t.Fatalf("b reported %q while its Lease was made anew (views %v): want its hold to go on", w.leader, views)
 			}
 		}
-		want := uint64(created(2).Unix())<<32 | prismv1.OrderedEpoch | 2
+		// Its count goes on from the epoch it held (hold 2): hold 3.
+		want := uint64(created(2).Unix())<<32 | prismv1.OrderedEpoch | 3
 		if cl.made.Load() != 2 || v.epoch != want || !prismv1.EpochStale(v.epoch, old) {
 			t.Fatalf("b's hold in the Lease it made anew: epoch %s (%d Leases made), want %s, above %s", prismv1.FormatEpoch(v.epoch), cl.made.Load(), prismv1.FormatEpoch(want), prismv1.FormatEpoch(old))
 		}
 		return
 	}
 	t.Fatalf("b's epoch still %s after its Lease was deleted (last view %v)", prismv1.FormatEpoch(b.last().epoch), b.last())
+}
+
+// TestRecreatedLeaseSameSecond: a Lease deleted and made anew by
+// another router within the second the old one was made (so both have
+// one creation time) is ordered by its count: the maker counts on from
+// the highest epoch it read (Elector.floor), so its hold is above every
+// hold of the old Lease, and the workers refuse the cut-off holder's
+// updates. (Made from a count of zero, as client-go makes a Lease, its
+// first hold would have the old Lease's first hold's epoch.)
+func TestRecreatedLeaseSameSecond(t *testing.T) {
+	cl := newCluster()
+	cl.sameSecond.Store(true)
+	a := cl.start(t, "10.0.0.1:8500")
+	waitFor(t, a, "10.0.0.1:8500", 5*time.Second)
+	b := cl.start(t, "10.0.0.2:8500")
+	waitFor(t, b, "10.0.0.1:8500", 5*time.Second)
+	old := a.last().epoch
+	// a is cut off (neither renews nor makes the Lease anew), and the
+	// Lease is deleted: b, which read it, makes it anew.
+	a.cut.Store(true)
+	gvr := coordv1.SchemeGroupVersion.WithResource("leases")
+	if err := cl.tracker.Delete(gvr, "prism", "prism-router-sequencer"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, b, "10.0.0.2:8500", 5*time.Second)
+	v := b.last()
+	for deadline := time.Now().Add(5 * retryPeriod); v.epoch == 0 && time.Now().Before(deadline); v = b.last() {
+		// The hold began before its epoch could be read: a renewal names it.
+		time.Sleep(10 * time.Millisecond)
+	}
+	if cl.made.Load() != 2 || v.epoch>>32 != old>>32 {
+		t.Fatalf("b holds at %s with %d Leases made, want the second, made in the first's second (%s)", prismv1.FormatEpoch(v.epoch), cl.made.Load(), prismv1.FormatEpoch(old))
+	}
+	if v.epoch <= old || !prismv1.EpochStale(v.epoch, old) || !prismv1.EpochRaises(old, v.epoch) {
+		t.Fatalf("b's hold of the Lease made anew in the same second: epoch %s, want above the old Lease's %s", prismv1.FormatEpoch(v.epoch), prismv1.FormatEpoch(old))
+	}
+	// b's renewals keep the count it made the Lease with (client-go
+	// writes the one it asked for, zero).
+	time.Sleep(4 * retryPeriod)
+	if w := b.last(); w.leader != b.name || w.epoch != v.epoch {
+		t.Fatalf("after b's renewals: %q at %s, want b at %s", w.leader, prismv1.FormatEpoch(w.epoch), prismv1.FormatEpoch(v.epoch))
+	}
+	l, err := cl.tracker.Get(gvr, "prism", "prism-router-sequencer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Epoch(l.(*coordv1.Lease).CreationTimestamp.Time, *l.(*coordv1.Lease).Spec.LeaseTransitions); got != v.epoch {
+		t.Fatalf("the stored Lease's epoch %s, want b's %s", prismv1.FormatEpoch(got), prismv1.FormatEpoch(v.epoch))
+	}
 }
 
 // TestEpochBounds: an epoch is ordered, the creation time's seconds
