@@ -131,12 +131,17 @@ type updateLogCollector struct{ r *Router }
 // worker serving with --mend makes by itself.
 var strandedDesc = prometheus.NewDesc("prism_router_embedding_workers_stranded", "Live embedding workers of a model (a sequence: a model, or a shard of one, MODEL#shardK) behind by updates the sequencing router's log no longer holds (or that were behind when a router keeping its log in memory restarted): no replay catches them up; they serve again once their store is replaced with a copy of a serving worker's (by themselves with --mend, the default; else prism store copy). Counted in prism_router_embedding_workers_behind too.", []string{"model"}, nil)
 
+// behindDesc: the embedding workers each sequence leaves out for lacking
+// acknowledged updates, while this router sequences.
+var behindDesc = prometheus.NewDesc("prism_router_embedding_workers_behind", "Embedding workers left out of serving a model (a sequence: a model, or a shard of one, MODEL#shardK) because they lack acknowledged updates; reported by the router sequencing updates only.", []string{"model"}, nil)
+
 var divergedDesc = prometheus.NewDesc("prism_router_embedding_workers_diverged", "Live embedding workers the sequencing router holds out of serving a model (a sequence: a model, or a shard of one, MODEL#shardK) because their copy diverged from their peers' (they answered an update otherwise than the others did); they take no lookups and no updates until replaced with a copy of an up-to-date worker's store (by themselves with --mend, the default; else prism store copy).", []string{"model"}, nil)
 
 func (updateLogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- updateLogBytesDesc
 	ch <- divergedDesc
 	ch <- strandedDesc
+	ch <- behindDesc
 }
 
 func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
@@ -149,7 +154,7 @@ func (c updateLogCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, g := range []struct {
 		desc *prometheus.Desc
 		p    *atomic.Pointer[map[string]int64]
-	}{{updateLogBytesDesc, &d.logBytes}, {divergedDesc, &d.divergedN}, {strandedDesc, &d.strandedN}} {
+	}{{updateLogBytesDesc, &d.logBytes}, {divergedDesc, &d.divergedN}, {strandedDesc, &d.strandedN}, {behindDesc, &d.behindN}} {
 		p := g.p.Load()
 		if p == nil {
 			continue

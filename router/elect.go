@@ -156,7 +156,7 @@ func (e *elected) setLeader(addr string, epoch uint64) {
 	next := &term{leader: addr}
 	if addr == e.self {
 		o := e.r.opts
-		next.d = newUpdateDriver(newSequencer(now, o.Heartbeat, o.UpdateLogBytes, o.UpdateLogTotalBytes, o.UpdateQuorum), reg.now, e.r.log, e.r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, e.r.applyUpdate)
+		next.d = newUpdateDriver(newSequencer(now, o.Heartbeat, o.UpdateLogBytes, o.UpdateLogTotalBytes, o.UpdateQuorum), reg.now, e.r.log, o.DefaultTimeout, o.UpdateWorkerTimeout, e.r.applyUpdate)
 		next.d.floods = e.r.floods
 		next.settled = now.Add(3 * o.Heartbeat)
 		next.ctx, next.cancel = context.WithCancel(context.Background())

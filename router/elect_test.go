@@ -1106,3 +1106,64 @@ func TestResignGivesUpTheElection(t *testing.T) {
 		r.Close()
 	}
 }
+
+// behindMetric is the router's prism_router_embedding_workers_behind,
+// by model ("" none reported).
+func behindMetric(t *testing.T, r *Router) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(updateLogCollector{r})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, mf := range mfs {
+		if mf.GetName() != "prism_router_embedding_workers_behind" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			out = append(out, fmt.Sprintf("%s=%v", m.GetLabel()[0].GetValue(), m.GetGauge().GetValue()))
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// TestElectedBehindEndsWithHold: the holder reports the workers behind
+// on updates; once it loses the election it reports none (the gauge
+// stayed at the last value its sequencer set, and
+// PrismEmbeddingWorkersBehind paged on the old holder for as long as it
+// ran), and the new holder reports its own judgement.
+func TestElectedBehindEndsWithHold(t *testing.T) {
+	rig := newElectRig(t, 3)
+	a, b := 0, 1
+	rig.lead(a)
+	rig.advance()
+	if err := rig.update(a, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Worker 2 is down for the next update: behind once it announces.
+	rig.cns[2].mu.Lock()
+	rig.cns[2].down = true
+	rig.cns[2].mu.Unlock()
+	if err := rig.update(a, 2, 2); err != nil {
+		t.Fatal(err) // acknowledged by the quorum's two
+	}
+	rig.cns[2].mu.Lock()
+	rig.cns[2].down = false
+	rig.cns[2].gate, rig.cns[2].entered = make(chan struct{}), make(chan struct{}, 8) // no catch-up yet
+	rig.cns[2].mu.Unlock()
+	rig.announce()
+	rig.rs[a].el.tick() // the heartbeat's judgement (Router.Run's ticker)
+	if got := behindMetric(t, rig.rs[a]); got != "m=1" {
+		t.Fatalf("holder A reports behind %q, want m=1; held %d\n%s", got, rig.cns[2].held(), rig.logs.String())
+	}
+	rig.lead(b)
+	if got := behindMetric(t, rig.rs[a]); got != "" {
+		t.Fatalf("A, no longer the holder, reports behind %q, want none", got)
+	}
+	rig.cns[2].mu.Lock()
+	close(rig.cns[2].gate)
+	rig.cns[2].gate = nil
+	rig.cns[2].mu.Unlock()
+}

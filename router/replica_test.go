@@ -164,7 +164,7 @@ func FuzzUpdateLog(f *testing.F) {
 		s := newSequencer(time.Unix(0, 0), time.Second, 1<<20, 0, QuorumOne)
 		s.restore("m", 9, 8, 2, entries(3, 9))
 		s.restore("n", 4, 4, 4, nil)
-		d := newUpdateDriver(s, time.Now, nil, nil, time.Second, 0, nil)
+		d := newUpdateDriver(s, time.Now, nil, time.Second, 0, nil)
 		d.term = 1
 		resp, err := d.readLog(req)
 		if err != nil {
@@ -340,7 +340,7 @@ func TestUpdateLogCopyConverges(t *testing.T) {
 			}
 			s.restore(name, next, next-int64(r.IntN(2))*min(next, 1), floor, log)
 		}
-		d := newUpdateDriver(s, time.Now, nil, nil, time.Second, 0, nil)
+		d := newUpdateDriver(s, time.Now, nil, time.Second, 0, nil)
 		d.term, d.epoch, d.pageBytes = 7, 3, int64(150+r.IntN(2000))
 		var c replica
 		switch r.IntN(3) {
@@ -402,7 +402,7 @@ func TestUpdateLogEntriesBeforeNumbers(t *testing.T) {
 		s.restore(fmt.Sprintf("a-model-without-updates-due-%02d", i), 1, 1, 1, nil)
 	}
 	s.restore("z-model", 3, 3, 0, entries(1, 3))
-	d := newUpdateDriver(s, time.Now, nil, nil, time.Second, 0, nil)
+	d := newUpdateDriver(s, time.Now, nil, time.Second, 0, nil)
 	d.pageBytes = 300 // below the twenty models' numbers
 	var c replica
 	for range 16 {

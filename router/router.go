@@ -314,7 +314,6 @@ type routerMetrics struct {
 	// stage are stages' observers, by stageNames' index.
 	stage   [len(stageNames)]prometheus.Observer
 	workers *prometheus.GaugeVec
-	behind  *prometheus.GaugeVec
 	// streamed counts the requests of RecommendStream streams by their
 	// answer's code: a stream is one RPC to internal/serve's counters,
 	// OK however many of its requests failed.
@@ -407,10 +406,9 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 	}
 	r.m.workers = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "workers", Help: "Registered workers by role."}, []string{"role"})
 	r.m.models = newModelMetrics(r.Reg.Known)
-	r.m.behind = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "embedding_workers_behind", Help: "Embedding workers left out of serving a model because they lack acknowledged updates."}, []string{"model"})
 	if reg != nil {
 		admitShare := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admit_share", Help: "The share of the time to its deadline a request may be predicted to take and be admitted (--admit-share is its ceiling; it shrinks while admitted requests miss their deadlines)."}, r.share.get)
-		reg.MustRegister(r.m.microBatches, r.m.streamed, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.behind, r.m.models.requests, r.m.models.seconds, copyLagCollector{r}, updateLogCollector{r}, opsCollector{r})
+		reg.MustRegister(r.m.microBatches, r.m.streamed, r.m.retries, r.m.rejected, r.m.inflight, &r.preds, admitShare, r.m.stages, r.m.workers, r.m.models.requests, r.m.models.seconds, copyLagCollector{r}, updateLogCollector{r}, opsCollector{r})
 		if r.lim != nil {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "prism", Subsystem: "router", Name: "admission_limit_samples", Help: "The adaptive limit on samples in flight (--admit-limit; 0 until its first window closes)."}, r.lim.limitNow))
 		}
@@ -439,7 +437,7 @@ func Open(o Options, reg prometheus.Registerer) (*Router, error) {
 		r.log.Info("the router that sequences embedding updates is elected", "self", o.Election.Identity())
 		return r, nil
 	}
-	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateLogTotalBytes, o.UpdateQuorum), r.Reg.now, r.log, r.m.behind, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
+	r.upd = newUpdateDriver(newSequencer(r.Reg.now(), o.Heartbeat, o.UpdateLogBytes, o.UpdateLogTotalBytes, o.UpdateQuorum), r.Reg.now, r.log, o.DefaultTimeout, o.UpdateWorkerTimeout, r.applyUpdate)
 	r.upd.floods = r.floods
 	r.upd.pageBytes = min(maxLogPage, int64(o.MaxMessageBytes-logPageMargin))
 	r.upd.seq.mergeBytes = mergeBytesFor(o.MaxMessageBytes)

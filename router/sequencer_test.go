@@ -172,7 +172,7 @@ func (h *seqScript) write(m message) {
 func (h *seqScript) newSeq() *sequencer {
 	s := newSequencer(h.now, h.heartbeat, h.logBytes, h.totalBytes, h.quorum)
 	if h.workerTimeout > 0 {
-		newUpdateDriver(s, func() time.Time { return h.now }, nil, nil, time.Second, h.workerTimeout, nil)
+		newUpdateDriver(s, func() time.Time { return h.now }, nil, time.Second, h.workerTimeout, nil)
 	}
 	if h.mergeBytes >= 0 {
 		s.mergeBytes = h.mergeBytes

@@ -34,7 +34,7 @@ func TestSplitUpdateWriteFailsForOnePart(t *testing.T) {
 		<-gates[addr]
 		return &prismv1.UpdateResponse{Workers: 1}, nil
 	}
-	d := newUpdateDriver(seq, now, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, time.Second, 0, call)
+	d := newUpdateDriver(seq, now, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Second, 0, call)
 	good, err := openUpdateLog("good", vfs.NewMem())
 	if err != nil {
 		t.Fatal(err)

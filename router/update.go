@@ -281,9 +281,8 @@ func (u *Updater) served(model string) bool {
 type updateDriver struct {
 	now func() time.Time
 	// call applies req on the worker at addr.
-	call   func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)
-	log    *slog.Logger
-	behind *prometheus.GaugeVec
+	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)
+	log  *slog.Logger
 	// floods, when set, writes the sequencer's records keyed by Flood
 	// (the router's Limiter, closed by its Run; nil: written plainly).
 	floods *lograte.Limiter
@@ -348,6 +347,12 @@ type updateDriver struct {
 	// strandedN is, per sequence, how many live embedding workers are
 	// behind by updates its log no longer holds (sequencer.stranded).
 	strandedN atomic.Pointer[map[string]int64]
+	// behindN is, per sequence, how many embedding workers it leaves out
+	// of serving for lacking acknowledged updates (the sequencer's
+	// msgBehind), published as logBytes is: reported only while this
+	// driver sequences, so a router that lost the election reports none
+	// (a gauge set by the last driver stayed at its last value).
+	behindN atomic.Pointer[map[string]int64]
 }
 
 // updateClient is an Update handler waiting for its answer.
@@ -446,13 +451,7 @@ func (d *updateDriver) step(event func(now time.Time)) {
 				answers[i] <- updateAnswer{m.Resp, m.Err} // buffered: never blocks
 			}
 		case msgBehind:
-			switch {
-			case d.behind == nil:
-			case m.Behind < 0: // the sequence was dropped
-				d.behind.DeleteLabelValues(m.Model)
-			default:
-				d.behind.WithLabelValues(m.Model).Set(float64(m.Behind))
-			}
+			d.setBehind(m.Model, int64(m.Behind))
 		case msgLog:
 			if m.Flood != "" && d.floods != nil {
 				d.floods.Log(m.Level, m.Flood, m.Text, m.Attrs...)
@@ -647,9 +646,9 @@ func (d *updateDriver) tick(ctx context.Context) {
 	})
 }
 
-func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, behind *prometheus.GaugeVec, timeout, workerTimeout time.Duration,
+func newUpdateDriver(seq *sequencer, now func() time.Time, log *slog.Logger, timeout, workerTimeout time.Duration,
 	call func(ctx context.Context, addr string, req *prismv1.ApplyUpdateRequest) (*prismv1.UpdateResponse, error)) *updateDriver {
-	d := &updateDriver{seq: seq, now: now, log: log, behind: behind, timeout: timeout, workerTimeout: workerTimeout, call: call, term: newTerm(), pageBytes: maxLogPage, runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
+	d := &updateDriver{seq: seq, now: now, log: log, timeout: timeout, workerTimeout: workerTimeout, call: call, term: newTerm(), pageBytes: maxLogPage, runCtx: context.Background(), clients: map[uint64]*updateClient{}, durable: map[string]int64{}}
 	d.wcond = sync.NewCond(&d.wmu)
 	seq.ended = d.clientEnded
 	// A worker whose update or replay is still within workerTimeout is
@@ -725,6 +724,26 @@ func (d *updateDriver) publishLogBytes() {
 		return n
 	})
 	publishBy(&d.strandedN, d.seq.models, func(m *modelSeq) int64 { return int64(len(d.seq.stranded(m))) })
+}
+
+// setBehind publishes n workers behind in sequence key (behindN; n < 0:
+// the sequence was dropped).
+func (d *updateDriver) setBehind(key string, n int64) {
+	var next map[string]int64
+	if last := d.behindN.Load(); last != nil {
+		if v, ok := (*last)[key]; ok && v == n || !ok && n < 0 {
+			return
+		}
+		next = maps.Clone(*last)
+	} else {
+		next = map[string]int64{}
+	}
+	if n < 0 {
+		delete(next, key)
+	} else {
+		next[key] = n
+	}
+	d.behindN.Store(&next)
 }
 
 // publishBy stores in p, per sequence whose value is not 0, its value,

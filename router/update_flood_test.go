@@ -220,7 +220,7 @@ func gatedDriver(t *testing.T) (d *updateDriver, req func(id int64) *prismv1.Upd
 		mu.Unlock()
 		return &prismv1.UpdateResponse{Workers: 1}, nil
 	}
-	d = newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
+	d = newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), time.Second, 0, call)
 	d.announced(&prismv1.WorkerInfo{Id: "w1", Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-w1", Models: []string{"m"}, Healthy: true})
 	req = func(id int64) *prismv1.UpdateRequest {
 		return &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{id}, Rows: binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(id)))}

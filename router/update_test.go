@@ -674,7 +674,7 @@ func TestCancelledWhileQueuedTakesNoNumber(t *testing.T) {
 		}
 		return &prismv1.UpdateResponse{Workers: 1}, ctx.Err()
 	}
-	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), nil, time.Second, 0, call)
+	d := newUpdateDriver(newSequencer(start, time.Second, 1<<20, 0, QuorumOne), func() time.Time { return now }, slog.New(slog.DiscardHandler), time.Second, 0, call)
 	for _, id := range []string{"w1", "w2"} {
 		d.announced(&prismv1.WorkerInfo{Id: id, Role: prismv1.Role_ROLE_EMBEDDING, Addr: "addr-" + id, Models: []string{"m"}, Healthy: true})
 	}
