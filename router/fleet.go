@@ -19,9 +19,14 @@ type FleetRow struct {
 	// Shard is "K/N" for a worker holding one shard of the model's
 	// embedding tables, "" for the whole model.
 	Shard string
-	Role  string
-	Addr  string
-	ID    string
+	// Sharding is the fingerprint of the sharding plan the worker's
+	// shard comes from (ShardRef.sharding; "": the whole model, or a
+	// worker of a release that does not say): two shardings of one count
+	// place tables otherwise.
+	Sharding string
+	Role     string
+	Addr     string
+	ID       string
 	// State is what the router does with the worker for this model:
 	// serving; behind (lacks acknowledged updates: caught up, then
 	// serves); stranded (behind by updates the router's log no longer
@@ -58,6 +63,7 @@ func Fleet(resp *prismv1.ListResponse) []FleetRow {
 			r := FleetRow{Model: model, Role: role, Addr: w.GetAddr(), ID: w.GetId(), Holds: -1, Acknowledged: -1, Outstanding: w.GetOutstanding(), Mends: w.GetMends()}
 			if ref := w.GetShards()[model]; ref.GetShards() > 0 {
 				r.Shard = ShardLabel(int(ref.GetShard()), int(ref.GetShards()))
+				r.Sharding = ref.GetSharding()
 			}
 			r.State = fleetState(resp, w, model, &r)
 			rows = append(rows, r)
@@ -218,9 +224,9 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 			out = append(out, fmt.Sprintf("embedding worker %s (%s) is out for good; %s names a worker to copy its store from (prism store copy)", addr[id], why, ask))
 			continue
 		}
-		need := map[string]string{}
+		need := map[string]ShardNeed{}
 		for m, h := range workers[id] {
-			need[m] = h.shard
+			need[m] = ShardNeed{h.shard, h.sharding}
 		}
 		from := ""
 		if srcs := CopySources(rows, need, id); len(srcs) > 0 {
@@ -238,8 +244,9 @@ func fleetMends(rows []FleetRow, notSequencing bool, sequencer string) []string 
 	return out
 }
 
-// held is an embedding worker's row of a model: its shard and state.
-type held struct{ shard, state string }
+// held is an embedding worker's row of a model: its shard, the
+// sharding's fingerprint and its state.
+type held struct{ shard, sharding, state string }
 
 // embeddingHolds indexes rows' embedding workers: id -> model -> held,
 // id -> address, and the ids by address.
@@ -253,7 +260,7 @@ func embeddingHolds(rows []FleetRow) (map[string]map[string]held, map[string]str
 		if workers[r.ID] == nil {
 			workers[r.ID] = map[string]held{}
 		}
-		workers[r.ID][r.Model] = held{r.Shard, r.State}
+		workers[r.ID][r.Model] = held{r.Shard, r.Sharding, r.State}
 		addr[r.ID] = r.Addr
 	}
 	ids := slices.SortedFunc(maps.Keys(workers), func(a, b string) int {
@@ -262,12 +269,18 @@ func embeddingHolds(rows []FleetRow) (map[string]map[string]held, map[string]str
 	return workers, addr, ids
 }
 
+// ShardNeed is what a store copy must hold of a model: Shard, Fleet's
+// "K/N" ("" the whole model), of the sharding whose fingerprint is
+// Sharding ("": of any, as when not known).
+type ShardNeed struct{ Shard, Sharding string }
+
 // CopySources are the addresses of the embedding workers (by address,
 // but exclude, an id) to copy a store from for a worker holding need
-// (model -> shard, Fleet's "K/N", or "" for the whole model): each
-// serving every one of those in sync, and out of no model itself (prism
-// store copy refuses a store marking a model diverged).
-func CopySources(rows []FleetRow, need map[string]string, exclude string) []string {
+// (model -> its shard): each serving every one of those in sync (a
+// sharded model's same shard of the same sharding, where both name
+// theirs), and out of no model itself (prism store copy refuses a store
+// marking a model diverged).
+func CopySources(rows []FleetRow, need map[string]ShardNeed, exclude string) []string {
 	workers, addr, ids := embeddingHolds(rows)
 	var out []string
 	for _, src := range ids {
@@ -276,7 +289,7 @@ func CopySources(rows []FleetRow, need map[string]string, exclude string) []stri
 		}
 		ok := true
 		for m, shard := range need {
-			if h, has := workers[src][m]; !has || h.state != "serving" || h.shard != shard {
+			if h, has := workers[src][m]; !has || h.state != "serving" || h.shard != shard.Shard || shard.Sharding != "" && h.sharding != "" && h.sharding != shard.Sharding {
 				ok = false
 				break
 			}

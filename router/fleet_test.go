@@ -187,4 +187,20 @@ func TestFleetMends(t *testing.T) {
 	if got := fleetMends(rows[:3], true, "r0:8500"); !slices.Equal(got, want) {
 		t.Fatalf("fleetMends, not sequencing = %q, want %q", got, want)
 	}
+	// Of a sharded model, the same shard of the same sharding: a worker
+	// of another sharding with as many shards places tables otherwise.
+	// One naming none (an earlier release) is taken.
+	resharded := []FleetRow{
+		{Model: "b", Role: "embedding", Addr: "h1:1", ID: "w1", Shard: "1/2", Sharding: "fpA", State: "stranded"},
+		{Model: "b", Role: "embedding", Addr: "h2:1", ID: "w2", Shard: "1/2", Sharding: "fpB", State: "serving"},
+	}
+	for _, tc := range []struct {
+		sharding, want string
+	}{{"fpB", ""}, {"fpA", "h4:1"}, {"", "h4:1"}} {
+		rows := append(slices.Clone(resharded), FleetRow{Model: "b", Role: "embedding", Addr: "h4:1", ID: "w4", Shard: "1/2", Sharding: tc.sharding, State: "serving"})
+		got := CopySources(rows, map[string]ShardNeed{"b": {"1/2", "fpA"}}, "w1")
+		if want := []string{tc.want}; tc.want == "" && len(got) != 0 || tc.want != "" && !slices.Equal(got, want) {
+			t.Errorf("CopySources for fpA's shard 1/2, h4:1 of sharding %q = %q, want %q", tc.sharding, got, tc.want)
+		}
+	}
 }

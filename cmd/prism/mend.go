@@ -209,11 +209,11 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 		m.metrics.set(mendIdle)
 		return false, 0
 	}
-	need := map[string]string{}
+	need := map[string]router.ShardNeed{}
 	for _, model := range w.GetModels() {
-		need[model] = ""
+		need[model] = router.ShardNeed{}
 		if ref := w.GetShards()[model]; ref.GetShards() > 0 {
-			need[model] = router.ShardLabel(int(ref.GetShard()), int(ref.GetShards()))
+			need[model] = router.ShardNeed{Shard: router.ShardLabel(int(ref.GetShard()), int(ref.GetShards())), Sharding: ref.GetSharding()}
 		}
 	}
 	sources := router.CopySources(router.Fleet(resp), need, w.GetId())

@@ -252,13 +252,13 @@ func (j *copyJob) sources(ctx context.Context, addr string, follow bool) (source
 	if err != nil {
 		return nil, false, err
 	}
-	need := map[string]string{}
+	need := map[string]router.ShardNeed{}
 	updated := false
 	for _, m := range j.models {
 		key := prismv1.UpdateSeqKey(m, -1)
-		need[m] = ""
+		need[m] = router.ShardNeed{}
 		if j.shards > 0 {
-			need[m] = router.ShardLabel(j.shard, j.shards)
+			need[m] = router.ShardNeed{Shard: router.ShardLabel(j.shard, j.shards)}
 			key = prismv1.UpdateSeqKey(m, int32(j.shard))
 		}
 		u := resp.GetUpdates()[key]
