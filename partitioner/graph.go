@@ -71,7 +71,7 @@ func NewGraph(m *pb.ModelProto) (*Graph, error) {
 	producer := map[string]int{}
 	for i, n := range nodes {
 		if n.GetDomain() != "" && n.GetDomain() != "ai.onnx" {
-			return nil, fmt.Errorf("node %q: operator domain %q is not supported (standard ONNX ops only)%s", nodeName(n, i), n.GetDomain(), domainHint(n))
+			return nil, fmt.Errorf("node %q: operator domain %q is not supported (standard ONNX ops only)%s%s", nodeName(n, i), n.GetDomain(), domainHint(n), localFunctionHint(n))
 		}
 		for _, o := range n.GetOutput() {
 			if o == "" {

@@ -87,6 +87,9 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := inlineFunctions(m); err != nil {
+		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
+	}
 	if err := checkArity(m.GetGraph(), modelOpset(m), ""); err != nil {
 		return nil, fmt.Errorf("partition %q: %w", modelPath, err)
 	}

@@ -2,6 +2,7 @@ package partitioner
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -134,9 +135,27 @@ func parseGraph(text string) (*pb.ModelProto, error) {
 	// blocks inside): the last node's subgraph attribute ATTR ("body").
 	var body []string
 	depth := 0
+	// fn holds the lines of a "function DOMAIN NAME IN,... -> OUT,...
+	// [ATTR,...]" ... "endfunction" block: a model-local function
+	// (FunctionProto) whose nodes are written like the graph's.
+	var fn []string
+	var funcs []*pb.FunctionProto
 	for ln, line := range strings.Split(text, "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 {
+			continue
+		}
+		if fn != nil {
+			if f[0] != "endfunction" {
+				fn = append(fn, line)
+				continue
+			}
+			fp, err := parseFunction(fn)
+			if err != nil {
+				return nil, fmt.Errorf("function ending on line %d: %w", ln+1, err)
+			}
+			funcs = append(funcs, fp)
+			fn = nil
 			continue
 		}
 		if body != nil {
@@ -171,6 +190,9 @@ func parseGraph(text string) (*pb.ModelProto, error) {
 			}
 			body, depth = []string{line}, 1
 			continue
+		case "function":
+			fn = []string{line}
+			continue
 		case "input":
 			err = parseInput(gp, f[1:])
 		case "output":
@@ -190,7 +212,47 @@ func parseGraph(text string) (*pb.ModelProto, error) {
 			return nil, fmt.Errorf("line %d %q: %w", ln+1, line, err)
 		}
 	}
-	return &pb.ModelProto{IrVersion: 8, OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}}, Graph: gp}, nil
+	m := &pb.ModelProto{IrVersion: 8, OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}}, Graph: gp, Functions: funcs}
+	for _, fp := range funcs {
+		if !slices.ContainsFunc(m.OpsetImport, func(o *pb.OperatorSetIdProto) bool { return o.GetDomain() == fp.GetDomain() }) {
+			m.OpsetImport = append(m.OpsetImport, &pb.OperatorSetIdProto{Domain: fp.GetDomain(), Version: 1})
+		}
+	}
+	return m, nil
+}
+
+// parseFunction parses a "function DOMAIN NAME IN,... -> OUT,...
+// [ATTR,...]" block (its header line first, "endfunction" left off):
+// the function imports opset 18 of the default domain.
+func parseFunction(lines []string) (*pb.FunctionProto, error) {
+	h := strings.Fields(lines[0])
+	if len(h) < 6 || len(h) > 7 || h[4] != "->" {
+		return nil, fmt.Errorf("want function DOMAIN NAME IN,... -> OUT,... [ATTR,...]")
+	}
+	body, err := parseGraph(strings.Join(lines[1:], "\n"))
+	if err != nil {
+		return nil, err
+	}
+	fp := &pb.FunctionProto{
+		Domain:      h[1],
+		Name:        h[2],
+		Input:       strings.Split(h[3], ","),
+		Output:      strings.Split(h[5], ","),
+		Node:        body.Graph.Node,
+		OpsetImport: []*pb.OperatorSetIdProto{{Version: 18}},
+	}
+	if len(h) == 7 {
+		fp.Attribute = strings.Split(h[6], ",")
+	}
+	for _, n := range fp.Node {
+		if d := n.GetDomain(); d != "" && !slices.ContainsFunc(fp.OpsetImport, func(o *pb.OperatorSetIdProto) bool { return o.GetDomain() == d }) {
+			fp.OpsetImport = append(fp.OpsetImport, &pb.OperatorSetIdProto{Domain: d, Version: 1})
+		}
+	}
+	for _, sub := range body.Functions {
+		return nil, fmt.Errorf("function %s inside function %s", sub.GetName(), fp.Name)
+	}
+	return fp, nil
 }
 
 func parseType(s string) (pb.TensorProto_DataType, error) {
@@ -334,6 +396,10 @@ func parseNode(gp *pb.GraphProto, f []string) error {
 		return out
 	}
 	n := &pb.NodeProto{OpType: f[0], Input: names(f[1]), Output: names(f[3])}
+	// DOMAIN::OP: an op of another domain (a model-local function's).
+	if d, op, ok := strings.Cut(f[0], "::"); ok {
+		n.Domain, n.OpType = d, op
+	}
 	if f[1] == "-" {
 		n.Input = nil
 	}
@@ -355,6 +421,16 @@ func parseAttr(s string) (*pb.AttributeProto, error) {
 		return nil, fmt.Errorf("attribute %q: want NAME=VALUE", s)
 	}
 	a := &pb.AttributeProto{Name: name}
+	// @REF:TYPE: a reference to the enclosing function's attribute REF.
+	if ref, ok := strings.CutPrefix(val, "@"); ok {
+		ref, typ, _ := strings.Cut(ref, ":")
+		v, ok := pb.AttributeProto_AttributeType_value[strings.ToUpper(typ)]
+		if !ok {
+			return nil, fmt.Errorf("attribute %q: want @REF:TYPE (int, ints, float, string, ...)", s)
+		}
+		a.RefAttrName, a.Type = ref, pb.AttributeProto_AttributeType(v)
+		return a, nil
+	}
 	if len(val) >= 2 && val[0] == '"' && val[len(val)-1] == '"' {
 		a.Type, a.S = pb.AttributeProto_STRING, []byte(val[1:len(val)-1])
 		return a, nil

@@ -45,9 +45,20 @@ func TestPartitionVariantsDataDriven(t *testing.T) {
 			if d.HasArg("opset") {
 				var opset int
 				d.ScanArgs(t, "opset", &opset)
-				m.OpsetImport = []*pb.OperatorSetIdProto{{Version: int64(opset)}}
+				imports := m.OpsetImport
+				for _, f := range m.Functions {
+					imports = append(imports, f.OpsetImport...)
+				}
+				for _, o := range imports {
+					if o.GetDomain() == "" {
+						o.Version = int64(opset)
+					}
+				}
 			}
 			nameBodies(m.Graph)
+			for _, f := range m.Functions {
+				nameBodies(&pb.GraphProto{Node: f.Node})
+			}
 			r := rand.New(rand.NewPCG(1, 2))
 			for _, in := range m.Graph.Initializer {
 				if in.GetDataType() == int32(pb.TensorProto_BOOL) && len(in.Int32Data) == 0 {

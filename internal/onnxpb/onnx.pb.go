@@ -1,7 +1,7 @@
 // A proto3 subset of the ONNX IR (onnx/onnx.proto, IR version 10) with the
 // official field numbers, so files written by PyTorch, tf2onnx or ONNX
 // Runtime decode here and files written here load there. Fields Prism never
-// reads (training info, functions, sparse tensors, sequence and map types)
+// reads (training info, sparse tensors, sequence and map types)
 // are left out; protobuf keeps them as unknown fields, so a model read and
 // written again loses nothing.
 //
@@ -276,7 +276,7 @@ func (x TensorProto_DataType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TensorProto_DataType.Descriptor instead.
 func (TensorProto_DataType) EnumDescriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{6, 0}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{7, 0}
 }
 
 type TensorProto_DataLocation int32
@@ -322,7 +322,7 @@ func (x TensorProto_DataLocation) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TensorProto_DataLocation.Descriptor instead.
 func (TensorProto_DataLocation) EnumDescriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{6, 1}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{7, 1}
 }
 
 type AttributeProto struct {
@@ -676,8 +676,12 @@ type ModelProto struct {
 	DocString       string                    `protobuf:"bytes,6,opt,name=doc_string,json=docString,proto3" json:"doc_string,omitempty"`
 	Graph           *GraphProto               `protobuf:"bytes,7,opt,name=graph,proto3" json:"graph,omitempty"`
 	MetadataProps   []*StringStringEntryProto `protobuf:"bytes,14,rep,name=metadata_props,json=metadataProps,proto3" json:"metadata_props,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Model-local functions (torch.onnx.export(dynamo=True, optimize=False)
+	// writes torchlib's, export_modules_as_functions modules'): the
+	// partitioner inlines them.
+	Functions     []*FunctionProto `protobuf:"bytes,25,rep,name=functions,proto3" json:"functions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelProto) Reset() {
@@ -773,6 +777,145 @@ func (x *ModelProto) GetMetadataProps() []*StringStringEntryProto {
 	return nil
 }
 
+func (x *ModelProto) GetFunctions() []*FunctionProto {
+	if x != nil {
+		return x.Functions
+	}
+	return nil
+}
+
+type FunctionProto struct {
+	state          protoimpl.MessageState    `protogen:"open.v1"`
+	Name           string                    `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Input          []string                  `protobuf:"bytes,4,rep,name=input,proto3" json:"input,omitempty"`
+	Output         []string                  `protobuf:"bytes,5,rep,name=output,proto3" json:"output,omitempty"`
+	Attribute      []string                  `protobuf:"bytes,6,rep,name=attribute,proto3" json:"attribute,omitempty"`
+	AttributeProto []*AttributeProto         `protobuf:"bytes,11,rep,name=attribute_proto,json=attributeProto,proto3" json:"attribute_proto,omitempty"`
+	Node           []*NodeProto              `protobuf:"bytes,7,rep,name=node,proto3" json:"node,omitempty"`
+	DocString      string                    `protobuf:"bytes,8,opt,name=doc_string,json=docString,proto3" json:"doc_string,omitempty"`
+	OpsetImport    []*OperatorSetIdProto     `protobuf:"bytes,9,rep,name=opset_import,json=opsetImport,proto3" json:"opset_import,omitempty"`
+	Domain         string                    `protobuf:"bytes,10,opt,name=domain,proto3" json:"domain,omitempty"`
+	Overload       string                    `protobuf:"bytes,13,opt,name=overload,proto3" json:"overload,omitempty"`
+	ValueInfo      []*ValueInfoProto         `protobuf:"bytes,12,rep,name=value_info,json=valueInfo,proto3" json:"value_info,omitempty"`
+	MetadataProps  []*StringStringEntryProto `protobuf:"bytes,14,rep,name=metadata_props,json=metadataProps,proto3" json:"metadata_props,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *FunctionProto) Reset() {
+	*x = FunctionProto{}
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FunctionProto) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FunctionProto) ProtoMessage() {}
+
+func (x *FunctionProto) ProtoReflect() protoreflect.Message {
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FunctionProto.ProtoReflect.Descriptor instead.
+func (*FunctionProto) Descriptor() ([]byte, []int) {
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *FunctionProto) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FunctionProto) GetInput() []string {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *FunctionProto) GetOutput() []string {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *FunctionProto) GetAttribute() []string {
+	if x != nil {
+		return x.Attribute
+	}
+	return nil
+}
+
+func (x *FunctionProto) GetAttributeProto() []*AttributeProto {
+	if x != nil {
+		return x.AttributeProto
+	}
+	return nil
+}
+
+func (x *FunctionProto) GetNode() []*NodeProto {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *FunctionProto) GetDocString() string {
+	if x != nil {
+		return x.DocString
+	}
+	return ""
+}
+
+func (x *FunctionProto) GetOpsetImport() []*OperatorSetIdProto {
+	if x != nil {
+		return x.OpsetImport
+	}
+	return nil
+}
+
+func (x *FunctionProto) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *FunctionProto) GetOverload() string {
+	if x != nil {
+		return x.Overload
+	}
+	return ""
+}
+
+func (x *FunctionProto) GetValueInfo() []*ValueInfoProto {
+	if x != nil {
+		return x.ValueInfo
+	}
+	return nil
+}
+
+func (x *FunctionProto) GetMetadataProps() []*StringStringEntryProto {
+	if x != nil {
+		return x.MetadataProps
+	}
+	return nil
+}
+
 type StringStringEntryProto struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -783,7 +926,7 @@ type StringStringEntryProto struct {
 
 func (x *StringStringEntryProto) Reset() {
 	*x = StringStringEntryProto{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[4]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +938,7 @@ func (x *StringStringEntryProto) String() string {
 func (*StringStringEntryProto) ProtoMessage() {}
 
 func (x *StringStringEntryProto) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[4]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +951,7 @@ func (x *StringStringEntryProto) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StringStringEntryProto.ProtoReflect.Descriptor instead.
 func (*StringStringEntryProto) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{4}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StringStringEntryProto) GetKey() string {
@@ -841,7 +984,7 @@ type GraphProto struct {
 
 func (x *GraphProto) Reset() {
 	*x = GraphProto{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[5]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +996,7 @@ func (x *GraphProto) String() string {
 func (*GraphProto) ProtoMessage() {}
 
 func (x *GraphProto) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[5]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +1009,7 @@ func (x *GraphProto) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GraphProto.ProtoReflect.Descriptor instead.
 func (*GraphProto) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{5}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GraphProto) GetNode() []*NodeProto {
@@ -948,7 +1091,7 @@ type TensorProto struct {
 
 func (x *TensorProto) Reset() {
 	*x = TensorProto{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[6]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -960,7 +1103,7 @@ func (x *TensorProto) String() string {
 func (*TensorProto) ProtoMessage() {}
 
 func (x *TensorProto) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[6]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -973,7 +1116,7 @@ func (x *TensorProto) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorProto.ProtoReflect.Descriptor instead.
 func (*TensorProto) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{6}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TensorProto) GetDims() []int64 {
@@ -1090,7 +1233,7 @@ type TensorShapeProto struct {
 
 func (x *TensorShapeProto) Reset() {
 	*x = TensorShapeProto{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[7]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1245,7 @@ func (x *TensorShapeProto) String() string {
 func (*TensorShapeProto) ProtoMessage() {}
 
 func (x *TensorShapeProto) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[7]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1258,7 @@ func (x *TensorShapeProto) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorShapeProto.ProtoReflect.Descriptor instead.
 func (*TensorShapeProto) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{7}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TensorShapeProto) GetDim() []*TensorShapeProto_Dimension {
@@ -1138,7 +1281,7 @@ type TypeProto struct {
 
 func (x *TypeProto) Reset() {
 	*x = TypeProto{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[8]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1293,7 @@ func (x *TypeProto) String() string {
 func (*TypeProto) ProtoMessage() {}
 
 func (x *TypeProto) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[8]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1306,7 @@ func (x *TypeProto) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TypeProto.ProtoReflect.Descriptor instead.
 func (*TypeProto) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{8}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TypeProto) GetValue() isTypeProto_Value {
@@ -1209,7 +1352,7 @@ type OperatorSetIdProto struct {
 
 func (x *OperatorSetIdProto) Reset() {
 	*x = OperatorSetIdProto{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[9]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1221,7 +1364,7 @@ func (x *OperatorSetIdProto) String() string {
 func (*OperatorSetIdProto) ProtoMessage() {}
 
 func (x *OperatorSetIdProto) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[9]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1234,7 +1377,7 @@ func (x *OperatorSetIdProto) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorSetIdProto.ProtoReflect.Descriptor instead.
 func (*OperatorSetIdProto) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{9}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OperatorSetIdProto) GetDomain() string {
@@ -1261,7 +1404,7 @@ type TensorProto_Segment struct {
 
 func (x *TensorProto_Segment) Reset() {
 	*x = TensorProto_Segment{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[10]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1416,7 @@ func (x *TensorProto_Segment) String() string {
 func (*TensorProto_Segment) ProtoMessage() {}
 
 func (x *TensorProto_Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[10]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1429,7 @@ func (x *TensorProto_Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorProto_Segment.ProtoReflect.Descriptor instead.
 func (*TensorProto_Segment) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{6, 0}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{7, 0}
 }
 
 func (x *TensorProto_Segment) GetBegin() int64 {
@@ -1317,7 +1460,7 @@ type TensorShapeProto_Dimension struct {
 
 func (x *TensorShapeProto_Dimension) Reset() {
 	*x = TensorShapeProto_Dimension{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[11]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1472,7 @@ func (x *TensorShapeProto_Dimension) String() string {
 func (*TensorShapeProto_Dimension) ProtoMessage() {}
 
 func (x *TensorShapeProto_Dimension) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[11]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1485,7 @@ func (x *TensorShapeProto_Dimension) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TensorShapeProto_Dimension.ProtoReflect.Descriptor instead.
 func (*TensorShapeProto_Dimension) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{7, 0}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{8, 0}
 }
 
 func (x *TensorShapeProto_Dimension) GetValue() isTensorShapeProto_Dimension_Value {
@@ -1403,7 +1546,7 @@ type TypeProto_Tensor struct {
 
 func (x *TypeProto_Tensor) Reset() {
 	*x = TypeProto_Tensor{}
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[12]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1415,7 +1558,7 @@ func (x *TypeProto_Tensor) String() string {
 func (*TypeProto_Tensor) ProtoMessage() {}
 
 func (x *TypeProto_Tensor) ProtoReflect() protoreflect.Message {
-	mi := &file_internal_onnxpb_onnx_proto_msgTypes[12]
+	mi := &file_internal_onnxpb_onnx_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1428,7 +1571,7 @@ func (x *TypeProto_Tensor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TypeProto_Tensor.ProtoReflect.Descriptor instead.
 func (*TypeProto_Tensor) Descriptor() ([]byte, []int) {
-	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{8, 0}
+	return file_internal_onnxpb_onnx_proto_rawDescGZIP(), []int{9, 0}
 }
 
 func (x *TypeProto_Tensor) GetElemType() int32 {
@@ -1509,7 +1652,7 @@ const file_internal_onnxpb_onnx_proto_rawDesc = "" +
 	"\tattribute\x18\x05 \x03(\v2\x1a.prism.onnx.AttributeProtoR\tattribute\x12\x1d\n" +
 	"\n" +
 	"doc_string\x18\x06 \x01(\tR\tdocString\x12I\n" +
-	"\x0emetadata_props\x18\t \x03(\v2\".prism.onnx.StringStringEntryProtoR\rmetadataProps\"\x93\x03\n" +
+	"\x0emetadata_props\x18\t \x03(\v2\".prism.onnx.StringStringEntryProtoR\rmetadataProps\"\xcc\x03\n" +
 	"\n" +
 	"ModelProto\x12\x1d\n" +
 	"\n" +
@@ -1522,6 +1665,23 @@ const file_internal_onnxpb_onnx_proto_rawDesc = "" +
 	"\n" +
 	"doc_string\x18\x06 \x01(\tR\tdocString\x12,\n" +
 	"\x05graph\x18\a \x01(\v2\x16.prism.onnx.GraphProtoR\x05graph\x12I\n" +
+	"\x0emetadata_props\x18\x0e \x03(\v2\".prism.onnx.StringStringEntryProtoR\rmetadataProps\x127\n" +
+	"\tfunctions\x18\x19 \x03(\v2\x19.prism.onnx.FunctionProtoR\tfunctions\"\xfb\x03\n" +
+	"\rFunctionProto\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05input\x18\x04 \x03(\tR\x05input\x12\x16\n" +
+	"\x06output\x18\x05 \x03(\tR\x06output\x12\x1c\n" +
+	"\tattribute\x18\x06 \x03(\tR\tattribute\x12C\n" +
+	"\x0fattribute_proto\x18\v \x03(\v2\x1a.prism.onnx.AttributeProtoR\x0eattributeProto\x12)\n" +
+	"\x04node\x18\a \x03(\v2\x15.prism.onnx.NodeProtoR\x04node\x12\x1d\n" +
+	"\n" +
+	"doc_string\x18\b \x01(\tR\tdocString\x12A\n" +
+	"\fopset_import\x18\t \x03(\v2\x1e.prism.onnx.OperatorSetIdProtoR\vopsetImport\x12\x16\n" +
+	"\x06domain\x18\n" +
+	" \x01(\tR\x06domain\x12\x1a\n" +
+	"\boverload\x18\r \x01(\tR\boverload\x129\n" +
+	"\n" +
+	"value_info\x18\f \x03(\v2\x1a.prism.onnx.ValueInfoProtoR\tvalueInfo\x12I\n" +
 	"\x0emetadata_props\x18\x0e \x03(\v2\".prism.onnx.StringStringEntryProtoR\rmetadataProps\"@\n" +
 	"\x16StringStringEntryProto\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1643,7 +1803,7 @@ func file_internal_onnxpb_onnx_proto_rawDescGZIP() []byte {
 }
 
 var file_internal_onnxpb_onnx_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_internal_onnxpb_onnx_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_internal_onnxpb_onnx_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_internal_onnxpb_onnx_proto_goTypes = []any{
 	(Version)(0),                       // 0: prism.onnx.Version
 	(AttributeProto_AttributeType)(0),  // 1: prism.onnx.AttributeProto.AttributeType
@@ -1653,49 +1813,56 @@ var file_internal_onnxpb_onnx_proto_goTypes = []any{
 	(*ValueInfoProto)(nil),             // 5: prism.onnx.ValueInfoProto
 	(*NodeProto)(nil),                  // 6: prism.onnx.NodeProto
 	(*ModelProto)(nil),                 // 7: prism.onnx.ModelProto
-	(*StringStringEntryProto)(nil),     // 8: prism.onnx.StringStringEntryProto
-	(*GraphProto)(nil),                 // 9: prism.onnx.GraphProto
-	(*TensorProto)(nil),                // 10: prism.onnx.TensorProto
-	(*TensorShapeProto)(nil),           // 11: prism.onnx.TensorShapeProto
-	(*TypeProto)(nil),                  // 12: prism.onnx.TypeProto
-	(*OperatorSetIdProto)(nil),         // 13: prism.onnx.OperatorSetIdProto
-	(*TensorProto_Segment)(nil),        // 14: prism.onnx.TensorProto.Segment
-	(*TensorShapeProto_Dimension)(nil), // 15: prism.onnx.TensorShapeProto.Dimension
-	(*TypeProto_Tensor)(nil),           // 16: prism.onnx.TypeProto.Tensor
+	(*FunctionProto)(nil),              // 8: prism.onnx.FunctionProto
+	(*StringStringEntryProto)(nil),     // 9: prism.onnx.StringStringEntryProto
+	(*GraphProto)(nil),                 // 10: prism.onnx.GraphProto
+	(*TensorProto)(nil),                // 11: prism.onnx.TensorProto
+	(*TensorShapeProto)(nil),           // 12: prism.onnx.TensorShapeProto
+	(*TypeProto)(nil),                  // 13: prism.onnx.TypeProto
+	(*OperatorSetIdProto)(nil),         // 14: prism.onnx.OperatorSetIdProto
+	(*TensorProto_Segment)(nil),        // 15: prism.onnx.TensorProto.Segment
+	(*TensorShapeProto_Dimension)(nil), // 16: prism.onnx.TensorShapeProto.Dimension
+	(*TypeProto_Tensor)(nil),           // 17: prism.onnx.TypeProto.Tensor
 }
 var file_internal_onnxpb_onnx_proto_depIdxs = []int32{
 	1,  // 0: prism.onnx.AttributeProto.type:type_name -> prism.onnx.AttributeProto.AttributeType
-	10, // 1: prism.onnx.AttributeProto.t:type_name -> prism.onnx.TensorProto
-	9,  // 2: prism.onnx.AttributeProto.g:type_name -> prism.onnx.GraphProto
-	12, // 3: prism.onnx.AttributeProto.tp:type_name -> prism.onnx.TypeProto
-	10, // 4: prism.onnx.AttributeProto.tensors:type_name -> prism.onnx.TensorProto
-	9,  // 5: prism.onnx.AttributeProto.graphs:type_name -> prism.onnx.GraphProto
-	12, // 6: prism.onnx.AttributeProto.type_protos:type_name -> prism.onnx.TypeProto
-	12, // 7: prism.onnx.ValueInfoProto.type:type_name -> prism.onnx.TypeProto
-	8,  // 8: prism.onnx.ValueInfoProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
+	11, // 1: prism.onnx.AttributeProto.t:type_name -> prism.onnx.TensorProto
+	10, // 2: prism.onnx.AttributeProto.g:type_name -> prism.onnx.GraphProto
+	13, // 3: prism.onnx.AttributeProto.tp:type_name -> prism.onnx.TypeProto
+	11, // 4: prism.onnx.AttributeProto.tensors:type_name -> prism.onnx.TensorProto
+	10, // 5: prism.onnx.AttributeProto.graphs:type_name -> prism.onnx.GraphProto
+	13, // 6: prism.onnx.AttributeProto.type_protos:type_name -> prism.onnx.TypeProto
+	13, // 7: prism.onnx.ValueInfoProto.type:type_name -> prism.onnx.TypeProto
+	9,  // 8: prism.onnx.ValueInfoProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
 	4,  // 9: prism.onnx.NodeProto.attribute:type_name -> prism.onnx.AttributeProto
-	8,  // 10: prism.onnx.NodeProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
-	13, // 11: prism.onnx.ModelProto.opset_import:type_name -> prism.onnx.OperatorSetIdProto
-	9,  // 12: prism.onnx.ModelProto.graph:type_name -> prism.onnx.GraphProto
-	8,  // 13: prism.onnx.ModelProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
-	6,  // 14: prism.onnx.GraphProto.node:type_name -> prism.onnx.NodeProto
-	10, // 15: prism.onnx.GraphProto.initializer:type_name -> prism.onnx.TensorProto
-	5,  // 16: prism.onnx.GraphProto.input:type_name -> prism.onnx.ValueInfoProto
-	5,  // 17: prism.onnx.GraphProto.output:type_name -> prism.onnx.ValueInfoProto
-	5,  // 18: prism.onnx.GraphProto.value_info:type_name -> prism.onnx.ValueInfoProto
-	8,  // 19: prism.onnx.GraphProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
-	14, // 20: prism.onnx.TensorProto.segment:type_name -> prism.onnx.TensorProto.Segment
-	8,  // 21: prism.onnx.TensorProto.external_data:type_name -> prism.onnx.StringStringEntryProto
-	3,  // 22: prism.onnx.TensorProto.data_location:type_name -> prism.onnx.TensorProto.DataLocation
-	8,  // 23: prism.onnx.TensorProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
-	15, // 24: prism.onnx.TensorShapeProto.dim:type_name -> prism.onnx.TensorShapeProto.Dimension
-	16, // 25: prism.onnx.TypeProto.tensor_type:type_name -> prism.onnx.TypeProto.Tensor
-	11, // 26: prism.onnx.TypeProto.Tensor.shape:type_name -> prism.onnx.TensorShapeProto
-	27, // [27:27] is the sub-list for method output_type
-	27, // [27:27] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	9,  // 10: prism.onnx.NodeProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
+	14, // 11: prism.onnx.ModelProto.opset_import:type_name -> prism.onnx.OperatorSetIdProto
+	10, // 12: prism.onnx.ModelProto.graph:type_name -> prism.onnx.GraphProto
+	9,  // 13: prism.onnx.ModelProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
+	8,  // 14: prism.onnx.ModelProto.functions:type_name -> prism.onnx.FunctionProto
+	4,  // 15: prism.onnx.FunctionProto.attribute_proto:type_name -> prism.onnx.AttributeProto
+	6,  // 16: prism.onnx.FunctionProto.node:type_name -> prism.onnx.NodeProto
+	14, // 17: prism.onnx.FunctionProto.opset_import:type_name -> prism.onnx.OperatorSetIdProto
+	5,  // 18: prism.onnx.FunctionProto.value_info:type_name -> prism.onnx.ValueInfoProto
+	9,  // 19: prism.onnx.FunctionProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
+	6,  // 20: prism.onnx.GraphProto.node:type_name -> prism.onnx.NodeProto
+	11, // 21: prism.onnx.GraphProto.initializer:type_name -> prism.onnx.TensorProto
+	5,  // 22: prism.onnx.GraphProto.input:type_name -> prism.onnx.ValueInfoProto
+	5,  // 23: prism.onnx.GraphProto.output:type_name -> prism.onnx.ValueInfoProto
+	5,  // 24: prism.onnx.GraphProto.value_info:type_name -> prism.onnx.ValueInfoProto
+	9,  // 25: prism.onnx.GraphProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
+	15, // 26: prism.onnx.TensorProto.segment:type_name -> prism.onnx.TensorProto.Segment
+	9,  // 27: prism.onnx.TensorProto.external_data:type_name -> prism.onnx.StringStringEntryProto
+	3,  // 28: prism.onnx.TensorProto.data_location:type_name -> prism.onnx.TensorProto.DataLocation
+	9,  // 29: prism.onnx.TensorProto.metadata_props:type_name -> prism.onnx.StringStringEntryProto
+	16, // 30: prism.onnx.TensorShapeProto.dim:type_name -> prism.onnx.TensorShapeProto.Dimension
+	17, // 31: prism.onnx.TypeProto.tensor_type:type_name -> prism.onnx.TypeProto.Tensor
+	12, // 32: prism.onnx.TypeProto.Tensor.shape:type_name -> prism.onnx.TensorShapeProto
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_internal_onnxpb_onnx_proto_init() }
@@ -1703,10 +1870,10 @@ func file_internal_onnxpb_onnx_proto_init() {
 	if File_internal_onnxpb_onnx_proto != nil {
 		return
 	}
-	file_internal_onnxpb_onnx_proto_msgTypes[8].OneofWrappers = []any{
+	file_internal_onnxpb_onnx_proto_msgTypes[9].OneofWrappers = []any{
 		(*TypeProto_TensorType)(nil),
 	}
-	file_internal_onnxpb_onnx_proto_msgTypes[11].OneofWrappers = []any{
+	file_internal_onnxpb_onnx_proto_msgTypes[12].OneofWrappers = []any{
 		(*TensorShapeProto_Dimension_DimValue)(nil),
 		(*TensorShapeProto_Dimension_DimParam)(nil),
 	}
@@ -1716,7 +1883,7 @@ func file_internal_onnxpb_onnx_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_internal_onnxpb_onnx_proto_rawDesc), len(file_internal_onnxpb_onnx_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,192 @@
+package partitioner
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	pb "github.com/prism-serve/prism/internal/onnxpb"
+)
+
+// TestInlineFunctions inlines model-local functions written in the text
+// form of the data-driven tests and checks the graph's nodes (OP
+// inputs -> outputs attrs), or the error.
+func TestInlineFunctions(t *testing.T) {
+	for _, tc := range []struct {
+		name, graph string
+		// edit changes the parsed model (what the text form cannot say).
+		edit func(m *pb.ModelProto)
+		want string
+	}{{
+		name: "attribute reference given",
+		graph: `input x float [N,4]
+node f::F x -> y alpha=2.5
+output y float [N,4]
+function f F a -> b alpha
+node LeakyRelu a -> b alpha=@alpha:float
+endfunction`,
+		want: "LeakyRelu x -> y alpha=2.5",
+	}, {
+		name: "attribute reference neither given nor defaulted is left off",
+		graph: `input x float [N,4]
+node f::F x -> y
+output y float [N,4]
+function f F a -> b alpha
+node LeakyRelu a -> b alpha=@alpha:float
+endfunction`,
+		want: "LeakyRelu x -> y",
+	}, {
+		name: "attribute default",
+		graph: `input x float [N,4]
+node f::F x -> y
+output y float [N,4]
+function f F a -> b
+node LeakyRelu a -> b alpha=@alpha:float
+endfunction`,
+		edit: func(m *pb.ModelProto) {
+			m.Functions[0].AttributeProto = []*pb.AttributeProto{{Name: "alpha", Type: pb.AttributeProto_FLOAT, F: 0.5}}
+		},
+		want: "LeakyRelu x -> y alpha=0.5",
+	}, {
+		name: "nested calls, internal names prefixed, unused output",
+		graph: `input x float [N,4]
+node f::Outer x -> y,_
+output y float [N,4]
+function f Outer a -> b,c
+node f::Inner a -> t
+node Relu t -> b
+node Neg t -> c
+endfunction
+function f Inner p -> q
+node Abs p -> q
+endfunction`,
+		want: "Abs x -> y/Outer.1/t\nRelu y/Outer.1/t -> y\nNeg y/Outer.1/t -> y/Outer.1/c",
+	}, {
+		name: "a function returning its input",
+		graph: `input x float [N,4]
+node f::F x -> y,z
+output y float [N,4]
+output z float [N,4]
+function f F a -> a,b
+node Relu a -> b
+endfunction`,
+		want: "Identity x -> y\nRelu x -> z",
+	}, {
+		name: "a prefixed name the model has is not reused",
+		graph: `input x float [N,4]
+node Relu x -> y/F.1/t
+node f::F y/F.1/t -> y
+output y float [N,4]
+function f F a -> b
+node Abs a -> t
+node Neg t -> b
+endfunction`,
+		want: "Relu x -> y/F.1/t\nAbs y/F.1/t -> y/F.2/t\nNeg y/F.2/t -> y",
+	}, {
+		name: "calls in a Loop body",
+		graph: `input x float [N,4]
+input n int64 []
+init c bool [] = 1
+node Loop n,c -> l
+body
+input i int64 []
+input ci bool []
+node Identity ci -> co
+node f::F x -> r
+output co bool []
+output r float [N,4]
+end
+output l float [N,4]
+function f F a -> b
+node Relu a -> b
+endfunction`,
+		want: "Loop n,c -> l body{Identity ci -> co; Relu x -> r}",
+	}, {
+		name: "a function calling itself",
+		graph: `input x float [N,4]
+node f::F x -> y
+output y float [N,4]
+function f F a -> b
+node f::F a -> b
+endfunction`,
+		want: `error: local function f::F is called more than 32 calls deep (a function calling itself, which ONNX does not allow?)`,
+	}, {
+		name: "an attribute the function does not take",
+		graph: `input x float [N,4]
+node f::F x -> y beta=1
+output y float [N,4]
+function f F a -> b
+node Relu a -> b
+endfunction`,
+		want: `error: node "y" calls local function f::F with attribute "beta", which it does not take`,
+	}, {
+		name: "too many inputs",
+		graph: `input x float [N,4]
+node f::F x,x -> y
+output y float [N,4]
+function f F a -> b
+node Relu a -> b
+endfunction`,
+		want: `error: node "y" calls local function f::F with 2 inputs; it takes 1`,
+	}, {
+		name: "another opset",
+		graph: `input x float [N,4]
+node f::F x -> y
+output y float [N,4]
+function f F a -> b
+node Relu a -> b
+endfunction`,
+		edit: func(m *pb.ModelProto) { m.OpsetImport[0].Version = 13 },
+		want: `error: local function f::F imports opset 18 of domain "" and the model opset 13: the partitioner inlines local functions and cannot run one under another opset; export with the function inlined (torch.onnx.export(..., dynamo=True) with optimize=True, or onnx.inliner.inline_local_functions)`,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := parseGraph(tc.graph)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.edit != nil {
+				tc.edit(m)
+			}
+			var got string
+			if err := inlineFunctions(m); err != nil {
+				got = "error: " + err.Error()
+			} else {
+				got = nodesText(m.GetGraph().GetNode())
+				if len(m.GetFunctions()) != 0 {
+					t.Errorf("functions left: %d", len(m.GetFunctions()))
+				}
+				for _, o := range m.GetOpsetImport() {
+					if o.GetDomain() == "f" {
+						t.Errorf("opset import of the functions' domain left")
+					}
+				}
+			}
+			if got != tc.want {
+				t.Errorf("got\n%s\nwant\n%s", got, tc.want)
+			}
+		})
+	}
+}
+
+// nodesText writes ns one a line: OP inputs -> outputs, the attributes
+// that are not references, subgraphs in braces.
+func nodesText(ns []*pb.NodeProto) string {
+	var lines []string
+	for _, n := range ns {
+		s := n.GetOpType() + " " + strings.Join(n.GetInput(), ",") + " -> " + strings.Join(n.GetOutput(), ",")
+		for _, a := range n.GetAttribute() {
+			switch {
+			case a.GetRefAttrName() != "":
+				s += " " + a.GetName() + "=@" + a.GetRefAttrName()
+			case a.GetType() == pb.AttributeProto_FLOAT:
+				s += " " + a.GetName() + "=" + fmtG(a.GetF())
+			case a.GetType() == pb.AttributeProto_GRAPH:
+				s += " " + a.GetName() + "{" + strings.ReplaceAll(nodesText(a.GetG().GetNode()), "\n", "; ") + "}"
+			}
+		}
+		lines = append(lines, s)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func fmtG(f float32) string { return strconv.FormatFloat(float64(f), 'g', -1, 32) }
