@@ -2,6 +2,7 @@ package partitioner
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -66,6 +67,7 @@ func inlineFunctions(m *pb.ModelProto) error {
 		return err
 	}
 	m.Graph.Node = nodes
+	foldConstantIfs(m.Graph)
 	fdomains := map[string]bool{}
 	for k := range funcs {
 		fdomains[k.domain] = true
@@ -303,6 +305,9 @@ func renameNode(c *pb.NodeProto, prefix string, name func(string) string, attrs 
 			// caller's scope, and keeps its names.
 			r := proto.Clone(v).(*pb.AttributeProto)
 			r.Name, r.RefAttrName = a.GetName(), ""
+			if c.GetOpType() == "Constant" && c.GetDomain() == "" {
+				r = constantValue(r)
+			}
 			kept = append(kept, r)
 			continue
 		}
@@ -340,4 +345,231 @@ func localFunctionHint(n *pb.NodeProto) string {
 		return " (a call of a local function the model does not define: export again with torch.onnx.export(..., dynamo=True) and optimize=True, which inlines functions)"
 	}
 	return ""
+}
+
+// foldConstantIfs replaces every If whose condition is known from
+// Constant nodes (an inlined ONNX Script function's Python if on an
+// attribute: If(Equal(Constant(@mode), Constant(0)))) by the nodes of the
+// branch it takes, in g and in the subgraphs of its nodes, and drops the
+// Constants and comparisons that computed only conditions. What the
+// model computes is unchanged: it is what ONNX Runtime runs.
+func foldConstantIfs(g *pb.GraphProto) {
+	g.Node = foldIfs(g.GetNode(), map[string]int64{})
+}
+
+func foldIfs(ns []*pb.NodeProto, outer map[string]int64) []*pb.NodeProto {
+	known := maps.Clone(outer)
+	producer := map[string]*pb.NodeProto{}
+	var out []*pb.NodeProto
+	conds := map[*pb.NodeProto]bool{}
+	for _, n := range ns {
+		if n.GetOpType() == "If" && n.GetDomain() == "" && len(n.GetInput()) == 1 {
+			if v, ok := known[n.GetInput()[0]]; ok {
+				branch := "else_branch"
+				if v != 0 {
+					branch = "then_branch"
+				}
+				var b *pb.GraphProto
+				for _, a := range n.GetAttribute() {
+					if a.GetName() == branch {
+						b = a.GetG()
+					}
+				}
+				if b != nil && len(b.GetOutput()) == len(n.GetOutput()) && len(b.GetInitializer()) == 0 {
+					if p := producer[n.GetInput()[0]]; p != nil {
+						conds[p] = true
+					}
+					out = append(out, takeBranch(n, b, known)...)
+					continue
+				}
+			}
+		}
+		for _, a := range n.GetAttribute() {
+			for _, b := range attrBodies(a) {
+				b.Node = foldIfs(b.GetNode(), known)
+			}
+		}
+		if v, ok := constScalar(n, known); ok {
+			known[n.GetOutput()[0]] = v
+		}
+		for _, o := range n.GetOutput() {
+			producer[o] = n
+		}
+		out = append(out, n)
+	}
+	// The conditions' nodes nothing else reads, and what only they read.
+	for len(conds) > 0 {
+		read := map[string]bool{}
+		for _, n := range out {
+			for _, s := range n.GetInput() {
+				read[s] = true
+			}
+			for _, s := range outerReads(n) {
+				read[s] = true
+			}
+		}
+		next := map[*pb.NodeProto]bool{}
+		out = slices.DeleteFunc(out, func(n *pb.NodeProto) bool {
+			if !conds[n] || read[n.GetOutput()[0]] {
+				return false
+			}
+			for _, s := range n.GetInput() {
+				if p := producer[s]; p != nil && (p.GetOpType() == "Constant" || constOps[p.GetOpType()]) {
+					next[p] = true
+				}
+			}
+			return true
+		})
+		conds = next
+	}
+	return out
+}
+
+// constOps are the ops constScalar computes.
+var constOps = map[string]bool{"Equal": true, "Not": true, "Cast": true, "Identity": true}
+
+// takeBranch is the nodes of branch b of If n: its outputs renamed to
+// n's (an Identity for one the branch passes through from outside).
+func takeBranch(n *pb.NodeProto, b *pb.GraphProto, known map[string]int64) []*pb.NodeProto {
+	rename := map[string]string{}
+	produced := map[string]bool{}
+	for _, x := range b.GetNode() {
+		for _, o := range x.GetOutput() {
+			produced[o] = true
+		}
+	}
+	var tail []*pb.NodeProto
+	for i, o := range b.GetOutput() {
+		want := n.GetOutput()[i]
+		if want == "" {
+			continue
+		}
+		if _, twice := rename[o.GetName()]; produced[o.GetName()] && !twice {
+			rename[o.GetName()] = want
+			continue
+		}
+		tail = append(tail, &pb.NodeProto{Name: n.GetName() + "/" + want, OpType: "Identity", Input: []string{o.GetName()}, Output: []string{want}})
+	}
+	nodes := slices.Clone(b.GetNode())
+	renameValues(nodes, rename)
+	for _, t := range tail {
+		if r, ok := rename[t.Input[0]]; ok {
+			t.Input[0] = r
+		}
+	}
+	return append(foldIfs(nodes, known), tail...)
+}
+
+// renameValues renames the values ns (and their subgraphs) read and
+// write by rename.
+func renameValues(ns []*pb.NodeProto, rename map[string]string) {
+	for _, x := range ns {
+		for i, s := range x.Input {
+			if r, ok := rename[s]; ok {
+				x.Input[i] = r
+			}
+		}
+		for i, s := range x.Output {
+			if r, ok := rename[s]; ok {
+				x.Output[i] = r
+			}
+		}
+		for _, a := range x.GetAttribute() {
+			for _, b := range attrBodies(a) {
+				renameValues(b.GetNode(), rename)
+				for _, o := range b.GetOutput() {
+					if r, ok := rename[o.GetName()]; ok {
+						o.Name = r
+					}
+				}
+			}
+		}
+	}
+}
+
+// constScalar is the value of n's one output when it is a scalar (or
+// one-element) integer or bool Constant, or a comparison, Not, Cast or
+// Identity of known ones.
+func constScalar(n *pb.NodeProto, known map[string]int64) (int64, bool) {
+	if n.GetDomain() != "" || len(n.GetOutput()) != 1 {
+		return 0, false
+	}
+	arg := func(i int) (int64, bool) {
+		if i >= len(n.GetInput()) {
+			return 0, false
+		}
+		v, ok := known[n.GetInput()[i]]
+		return v, ok
+	}
+	switch n.GetOpType() {
+	case "Constant":
+		if len(n.GetAttribute()) != 1 {
+			return 0, false
+		}
+		a := n.GetAttribute()[0]
+		switch a.GetName() {
+		case "value_int":
+			return a.GetI(), true
+		case "value_ints":
+			if len(a.GetInts()) == 1 {
+				return a.GetInts()[0], true
+			}
+		case "value":
+			t := a.GetT()
+			if t.GetDataLocation() == pb.TensorProto_EXTERNAL || len(t.GetRawData()) > 0 {
+				return 0, false
+			}
+			switch {
+			case len(t.GetInt64Data()) == 1:
+				return t.GetInt64Data()[0], true
+			case len(t.GetInt32Data()) == 1:
+				return int64(t.GetInt32Data()[0]), true
+			}
+		}
+	case "Equal":
+		a, ok1 := arg(0)
+		b, ok2 := arg(1)
+		if ok1 && ok2 && len(n.GetInput()) == 2 {
+			if a == b {
+				return 1, true
+			}
+			return 0, true
+		}
+	case "Not":
+		if a, ok := arg(0); ok {
+			if a == 0 {
+				return 1, true
+			}
+			return 0, true
+		}
+	case "Cast":
+		a, ok := arg(0)
+		switch pb.TensorProto_DataType(attrInt(n, "to", 0)) {
+		case pb.TensorProto_BOOL:
+			if ok && a != 0 {
+				return 1, true
+			}
+			return 0, ok
+		case pb.TensorProto_INT64, pb.TensorProto_INT32:
+			return a, ok
+		}
+	case "Identity":
+		return arg(0)
+	}
+	return 0, false
+}
+
+// constantValue is a Constant's value_int or value_float attribute as
+// its value tensor: the proto3 subset writes no zero scalar, and ONNX
+// Runtime refuses a value_int without its value ("Attribute 'value_int'
+// expect an integer"), which mode=0 (sum) of torchlib's EmbeddingBag
+// would be once inlined.
+func constantValue(a *pb.AttributeProto) *pb.AttributeProto {
+	switch a.GetName() {
+	case "value_int":
+		return &pb.AttributeProto{Name: "value", Type: pb.AttributeProto_TENSOR, T: &pb.TensorProto{DataType: int32(pb.TensorProto_INT64), Int64Data: []int64{a.GetI()}}}
+	case "value_float":
+		return &pb.AttributeProto{Name: "value", Type: pb.AttributeProto_TENSOR, T: &pb.TensorProto{DataType: int32(pb.TensorProto_FLOAT), FloatData: []float32{a.GetF()}}}
+	}
+	return a
 }
