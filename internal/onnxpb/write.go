@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -179,7 +181,11 @@ func WriteModel(path string, m *ModelProto, opts WriteOptions) (err error) {
 			return fmt.Errorf("write external data %q: %w", dataPath, err)
 		}
 	}
+	zeros := markZeroScalars(m)
 	buf, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	for _, a := range zeros {
+		a.ProtoReflect().SetUnknown(nil)
+	}
 	if err != nil {
 		return fmt.Errorf("write model %q: encode: %w", path, err)
 	}
@@ -198,4 +204,56 @@ func WriteModel(path string, m *ModelProto, opts WriteOptions) (err error) {
 // packedSize estimates the bytes of a tensor stored in typed fields.
 func packedSize(t *TensorProto) int {
 	return 4*len(t.GetFloatData()) + 4*len(t.GetInt32Data()) + 8*len(t.GetInt64Data()) + 8*len(t.GetDoubleData()) + 8*len(t.GetUint64Data())
+}
+
+// markZeroScalars makes the encoding of m carry the value of every INT
+// attribute of 0 and FLOAT attribute of 0 (in its graphs, subgraphs and
+// functions), and returns the attributes it marked. ONNX's schema is
+// proto2, where AttributeProto's i and f have presence; this package's
+// subset is proto3, which writes no zero scalar, and a reader that asks
+// whether the value is there (ONNX Runtime's Constant for value_int or
+// value_float, onnx.checker) refuses the attribute: "Attribute
+// 'value_int' expect an integer". The value is added as an unknown
+// field with the scalar's own number, which the marshaller writes as
+// is; WriteModel clears the marks after encoding.
+func markZeroScalars(m *ModelProto) []*AttributeProto {
+	var marked []*AttributeProto
+	var nodes func(ns []*NodeProto)
+	attr := func(a *AttributeProto) {
+		if a.GetRefAttrName() != "" {
+			return // a reference to the calling node's attribute: no value
+		}
+		var b []byte
+		switch {
+		case a.GetType() == AttributeProto_INT && a.GetI() == 0:
+			b = protowire.AppendVarint(protowire.AppendTag(nil, 3, protowire.VarintType), 0)
+		case a.GetType() == AttributeProto_FLOAT && a.GetF() == 0 && !math.Signbit(float64(a.GetF())):
+			b = protowire.AppendFixed32(protowire.AppendTag(nil, 2, protowire.Fixed32Type), 0)
+		}
+		if b != nil {
+			a.ProtoReflect().SetUnknown(b)
+			marked = append(marked, a)
+		}
+		if g := a.GetG(); g != nil {
+			nodes(g.GetNode())
+		}
+		for _, g := range a.GetGraphs() {
+			nodes(g.GetNode())
+		}
+	}
+	nodes = func(ns []*NodeProto) {
+		for _, n := range ns {
+			for _, a := range n.GetAttribute() {
+				attr(a)
+			}
+		}
+	}
+	nodes(m.GetGraph().GetNode())
+	for _, f := range m.GetFunctions() {
+		nodes(f.GetNode())
+		for _, a := range f.GetAttributeProto() {
+			attr(a)
+		}
+	}
+	return marked
 }
