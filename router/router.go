@@ -1544,6 +1544,10 @@ func retryable(ctx context.Context, err error) bool {
 	switch status.Code(err) {
 	case codes.Unavailable, codes.Aborted, codes.Internal, codes.Unknown, codes.ResourceExhausted, codes.Canceled:
 		return true
+	case codes.DataLoss:
+		// A damaged block of the worker's store: a replica's copy of
+		// the rows is intact.
+		return true
 	case codes.NotFound:
 		// The worker does not serve the model, or the version pinned
 		// (each serves its active one): a replica that does may.

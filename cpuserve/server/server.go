@@ -637,6 +637,11 @@ func storeStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, store.ErrClosed):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, store.ErrCorrupt):
+		// A damaged block of this worker's store (the message names
+		// the file): its rows are lost here, not at a peer's, so the
+		// router tries another replica.
+		return status.Error(codes.DataLoss, err.Error())
 	case errors.Is(err, store.ErrDiskFull):
 		// Nothing written, no number taken: the router catches the
 		// worker up once space is freed.

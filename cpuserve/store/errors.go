@@ -3,6 +3,8 @@ package store
 import (
 	"errors"
 	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // Bad input. Lookup and Upsert wrap these with what was wrong (table,
@@ -21,7 +23,10 @@ var (
 	ErrBadRequest = errors.New("bad request")
 	// ErrClosed is returned after Close.
 	ErrClosed = errors.New("store closed")
-	// ErrCorrupt means a row the catalog promises is missing or malformed.
+	// ErrCorrupt means a row the catalog promises is missing or malformed,
+	// or a block of the store's files is damaged (its checksum does not
+	// match): the store, not the request, is at fault, and another
+	// worker's copy may serve.
 	ErrCorrupt = errors.New("store corrupt")
 )
 
@@ -76,4 +81,37 @@ func (e *badRequest) Unwrap() []error { return []error{e.err, ErrBadRequest} }
 // included).
 func badRequestf(format string, a ...any) error {
 	return &badRequest{fmt.Errorf(format, a...)}
+}
+
+// corruptError is a read that found a damaged block in one of the
+// store's files (Pebble's checksum): ErrCorrupt and Pebble's error both
+// (errors.Is), with the file named and what to do.
+type corruptError struct {
+	path string
+	err  error
+}
+
+func (e *corruptError) Error() string {
+	// firstLine: Pebble joins a detail carrier on a line of its own.
+	return fmt.Sprintf("store file %s is damaged (%s): the rows it holds cannot be read; replace the store with a copy of a serving worker's (prism store copy) or ingest the plan into a new --db", e.path, firstLine(e.err))
+}
+
+func (e *corruptError) Unwrap() []error { return []error{ErrCorrupt, e.err} }
+
+// explainCorrupt returns err, naming the damaged file where it is
+// Pebble's corruption error (a block whose checksum does not match, a
+// truncated table file).
+func explainCorrupt(err error) error {
+	if err == nil || !pebble.IsCorruptionError(err) {
+		return err
+	}
+	var ce *corruptError
+	if errors.As(err, &ce) {
+		return err
+	}
+	path := "(unnamed)"
+	if info := pebble.ExtractDataCorruptionInfo(err); info != nil {
+		path = info.Path
+	}
+	return &corruptError{path: path, err: err}
 }

@@ -107,7 +107,7 @@ func (s *Store) Lookup(model string, batch []TableLookup) error {
 	if nMiss > 0 {
 		if err := s.readMisses(jobs, sc); err != nil {
 			s.m.errors.Add(1)
-			return fmt.Errorf("model %q: %w", model, err)
+			return fmt.Errorf("model %q: %w", model, explainCorrupt(err))
 		}
 	}
 	t2 := time.Now()

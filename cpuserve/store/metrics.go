@@ -22,6 +22,9 @@ type counters struct {
 	blockReadBytes               atomic.Int64
 	// directReads is shared with the table files (dropBehindFS).
 	directReads *atomic.Int64
+	// corruptions is shared with Pebble's event listener
+	// (reportCorruption).
+	corruptions *atomic.Int64
 }
 
 // Metrics is a snapshot of the store's counters.
@@ -48,6 +51,10 @@ type Metrics struct {
 	// DirectReads is the table file reads served with O_DIRECT
 	// (Options.DirectReads), past the page cache.
 	DirectReads int64
+	// Corruptions is the reads that found a damaged block in the
+	// store's files (a checksum that does not match, a truncated file);
+	// the log names each file once.
+	Corruptions int64
 	// HotRestoredRows is the rows a warm restart read back into the hot
 	// tier (Options.WarmRestart).
 	HotRestoredRows int64
@@ -95,7 +102,7 @@ func (s *Store) Metrics() Metrics {
 		PebbleReads: s.m.pebbleReads.Load(), PebbleBytes: s.m.pebbleBytes.Load(),
 		MissReadNanos: s.m.missNanos.Load(), BlockReadNanos: s.m.blockReadNanos.Load(), BlockReadBytes: s.m.blockReadBytes.Load(),
 		LookupNanos: s.m.lookupNanos.Load(), GatherNanos: s.m.gatherNanos.Load(), FinishNanos: s.m.finishNanos.Load(),
-		DirectReads: s.m.directReads.Load(), HotRestoredRows: s.warm.rows.Load(),
+		DirectReads: s.m.directReads.Load(), Corruptions: s.m.corruptions.Load(), HotRestoredRows: s.warm.rows.Load(),
 		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
 		TableCopies: s.m.copies.Load(), CopiedRows: s.m.copiedRows.Load(), CarriedRows: s.m.carriedRows.Load(),
@@ -156,6 +163,7 @@ func NewCollector(s *Store) *Collector {
 	add("miss_read_seconds_total", "Wall time lookups spent reading hot-tier misses from Pebble.", ctr, func(m Metrics) float64 { return float64(m.MissReadNanos) / 1e9 })
 	add("block_read_seconds_total", "Time Pebble iterators of lookups spent reading blocks not in the block cache (summed over concurrent readers).", ctr, func(m Metrics) float64 { return float64(m.BlockReadNanos) / 1e9 })
 	add("block_read_bytes_total", "Bytes of the blocks lookups read from files.", ctr, func(m Metrics) float64 { return float64(m.BlockReadBytes) })
+	add("corrupt_reads_total", "Reads that found a damaged block in the store's files (the log names each file once); the store must be replaced.", ctr, func(m Metrics) float64 { return float64(m.Corruptions) })
 	add("direct_reads_total", "Table file reads served with O_DIRECT, past the page cache.", ctr, func(m Metrics) float64 { return float64(m.DirectReads) })
 	add("hot_restored_rows_total", "Rows a warm restart read back into the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotRestoredRows) })
 	add("block_cache_hits_total", "Pebble block cache hits.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheHits) })

@@ -1,8 +1,12 @@
 package store
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -189,4 +193,44 @@ type fatalExits struct{ pebble.Logger }
 func (l fatalExits) Fatalf(format string, args ...any) {
 	l.Logger.Fatalf(format, args...)
 	pebble.DefaultLogger.Fatalf(format, args...)
+}
+
+// reportCorruption is the store's Pebble EventListener.DataCorruption:
+// it counts every read that found a damaged block (Metrics.Corruptions)
+// and logs the first of each file, naming it, the tables whose keys it
+// holds, and what to do. The read itself fails with the error.
+func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64) func(pebble.DataCorruptionInfo) {
+	var mu sync.Mutex
+	logged := map[string]bool{}
+	return func(info pebble.DataCorruptionInfo) {
+		n.Add(1)
+		mu.Lock()
+		first := !logged[info.Path]
+		logged[info.Path] = true
+		mu.Unlock()
+		if !first {
+			return
+		}
+		tables := "unknown tables"
+		if len(info.Bounds.Start) >= 4 && len(info.Bounds.End.Key) >= 4 {
+			lo, hi := binary.BigEndian.Uint32(info.Bounds.Start), binary.BigEndian.Uint32(info.Bounds.End.Key)
+			tables = fmt.Sprintf("physical tables %d to %d", lo, hi)
+			if lo == hi {
+				tables = fmt.Sprintf("physical table %d", lo)
+			}
+		}
+		l.Errorf("store %q: %s is damaged (%s, holding rows of %s): lookups of its rows fail (DataLoss) and the rest is served; replace the store with a copy of a serving worker's (prism store copy) or ingest the plan into a new --db", dir, info.Path, firstLine(info.Details), tables)
+	}
+}
+
+// firstLine is err's message up to its first line break.
+func firstLine(err error) string {
+	if err == nil {
+		return "no detail"
+	}
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	return msg
 }

@@ -120,8 +120,16 @@ func (s *Store) Preload(ctx context.Context) error {
 				next++
 				mu.Unlock()
 				rows, err := s.preloadTable(ctx, v.tier, tv)
+				damaged := err != nil && pebble.IsCorruptionError(err)
+				if damaged {
+					// The rest of the table's rows enter on
+					// their misses; those of the damaged block
+					// are refused to the lookups that ask for
+					// them, and the rest of the store serves.
+					s.opts.Logger.Errorf("store %q: preload of table %q stopped after %d rows: %v", s.dir, tv.name, rows, explainCorrupt(err))
+				}
 				mu.Lock()
-				if err != nil && firstErr == nil {
+				if err != nil && !damaged && firstErr == nil {
 					firstErr = err
 				}
 				s.pre.Rows += rows

@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -178,6 +179,14 @@ func Open(dir string, o *Options) (*Store, error) {
 		ReadOnly:           opts.ReadOnly,
 		FormatMajorVersion: pebble.FormatNewest,
 	}
+	// A read that finds a damaged block (bit rot, a torn or truncated
+	// table file) fails with the error, which names the file
+	// (explainCorrupt), and the rest of the store goes on serving.
+	// Pebble's default for it is the Logger's Fatalf, which fatalExits
+	// makes the end of the process: every restart read the damaged block
+	// again (Open's scan, the preload) and the worker never served.
+	corruptions := new(atomic.Int64)
+	po.EventListener = &pebble.EventListener{DataCorruption: reportCorruption(dir, opts.Logger, corruptions)}
 	directReads := new(atomic.Int64)
 	if opts.DropBehind {
 		po.FS = dropBehindFS{FS: po.FS, direct: opts.DirectReads, reads: directReads}
@@ -238,7 +247,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		if lock != nil {
 			lock.Close()
 		}
-		return nil, fmt.Errorf("open store %q: %w", dir, inuse.Explain(err))
+		return nil, fmt.Errorf("open store %q: %w%s", dir, inuse.Explain(err), damagedHint(err))
 	}
 	cat, err := loadCatalog(db)
 	if err == nil && len(cat.Models) == 0 && len(cat.Tables) == 0 {
@@ -249,10 +258,11 @@ func Open(dir string, o *Options) (*Store, error) {
 		if lock != nil {
 			lock.Close()
 		}
-		return nil, fmt.Errorf("open store %q: %w", dir, err)
+		return nil, fmt.Errorf("open store %q: %w", dir, explainCorrupt(err))
 	}
 	s := &Store{opts: opts, dir: dir, db: db, lock: lock, popts: po, cat: cat, carryBatchBytes: carryBatchBytes, swapped: swapped}
 	s.m.directReads = directReads
+	s.m.corruptions = corruptions
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
 	s.missPoint.Store(opts.MissReads == MissPoint)
@@ -291,6 +301,17 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	s.startWarm(afterWarm)
 	return s, nil
+}
+
+// damagedHint is what to do about a store Pebble refused to open for a
+// file that is damaged, cut short or missing (a table file of another
+// size than its MANIFEST records, one it names that is not there): no
+// part of such a store is served, so it is replaced.
+func damagedHint(err error) string {
+	if !pebble.IsCorruptionError(err) && !errors.Is(err, fs.ErrNotExist) && !strings.Contains(err.Error(), "object size mismatch") {
+		return ""
+	}
+	return " (the store's files are damaged or incomplete: replace the store with a copy of a serving worker's, prism store copy, or ingest the plans into a new --db)"
 }
 
 // Close closes the store; lookups after Close fail with ErrClosed. A
@@ -751,7 +772,12 @@ func (s *Store) dropUnreachable() error {
 		ok = it.SeekGE(hi)
 	}
 	if err := it.Close(); err != nil {
-		return err
+		if !pebble.IsCorruptionError(err) {
+			return err
+		}
+		// Housekeeping: the damaged file is named in the log and
+		// refused to the lookups of its rows; the store serves the rest.
+		s.opts.Logger.Errorf("store %q: looking for rows of forgotten tables: %v; the tables after it were not looked at", s.dir, explainCorrupt(err))
 	}
 	return s.deleteTables(context.Background(), drop)
 }
