@@ -189,3 +189,63 @@ func truncateHalf(t *testing.T, path string, size int64) {
 		t.Fatal(err)
 	}
 }
+
+// TestLostManifestMarker deletes the marker of a store's current
+// MANIFEST (Pebble's CURRENT), as a damaged directory or an operator's
+// clean-up would. Open refuses the folder, naming what is missing and
+// the mend, and leaves every file of the store in place; before, Pebble
+// opened it as no store, started an empty one over it and deleted the
+// table files, and a serving worker given its plan ingested it again:
+// the updates made since were lost without a word.
+func TestLostManifestMarker(t *testing.T) {
+	a := &testTable{name: "a", rows: 300, dim: 4, seed: 1}
+	pl := writePlan(t, "m", []*testTable{a})
+	dir := filepath.Join(t.TempDir(), "db")
+	s, err := Open(dir, &Options{FS: vfs.Default, HotBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Ingest(context.Background(), pl, IngestOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.UpsertSeq("m", "a", []int64{7}, fill(4, 9), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	markers, _ := filepath.Glob(filepath.Join(dir, "marker.manifest.*"))
+	if len(markers) != 1 {
+		t.Fatalf("manifest markers %v, want one", markers)
+	}
+	if err := os.Remove(markers[0]); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := filepath.Glob(filepath.Join(dir, "*"))
+	for _, o := range []*Options{{FS: vfs.Default, HotBytes: -1}, {FS: vfs.Default, HotBytes: -1, MustExist: true}} {
+		s, err := Open(dir, o)
+		if err == nil {
+			s.Close()
+			t.Fatalf("MustExist %v: a store without its MANIFEST marker opened", o.MustExist)
+		}
+		if !strings.Contains(err.Error(), "marker.manifest") || !strings.Contains(err.Error(), "prism store copy") {
+			t.Errorf("MustExist %v: %v, want the marker named and the mend", o.MustExist, err)
+		}
+		after, _ := filepath.Glob(filepath.Join(dir, "*"))
+		if !slices.Equal(before, after) {
+			t.Fatalf("MustExist %v: the store's files were %v, now %v", o.MustExist, before, after)
+		}
+	}
+	// The mend the error names opens the store, the update kept.
+	if err := os.WriteFile(markers[0], nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, &Options{FS: vfs.Default, HotBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if seq, err := s.AppliedSeq("m"); err != nil || seq != 1 {
+		t.Fatalf("applied seq %d, %v after the marker was put back, want 1", seq, err)
+	}
+}
