@@ -228,6 +228,10 @@ func Open(dir string, o *Options) (*Store, error) {
 			lock.Close()
 			return nil, fmt.Errorf("open store %q: %w", dir, err)
 		}
+		if err := checkManifest(opts.FS, dir); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("open store %q: %w", dir, err)
+		}
 		po.Lock = lock
 	}
 	if opts.MustExist {

@@ -1,0 +1,147 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"strings"
+
+	"github.com/cockroachdb/pebble/v2/record"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// Pebble's MANIFEST is a log of records in 32 KiB blocks, each record in
+// chunks with a 7-byte header: a masked CRC-32C of the chunk's type and
+// payload, the payload's length and the chunk's type (record.go in
+// pebble/record; the legacy format, which the MANIFEST is written in).
+const (
+	manifestBlock      = 32 << 10
+	manifestHeader     = 7
+	manifestFullChunk  = 1
+	manifestFirstChunk = 2
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func maskedCRC(b []byte) uint32 {
+	c := crc32.Update(0, castagnoli, b)
+	return (c>>15 | c<<17) + 0xa282ead8
+}
+
+// checkManifest refuses a store whose current MANIFEST holds a record
+// that does not check (bit rot, a torn write) followed by records that
+// do. Pebble reads a MANIFEST up to its first bad record and takes the
+// rest for the torn tail of a crash, which can only be its last record
+// (Pebble syncs each before going on): it opens the store without the
+// table files the later records add and deletes them as obsolete, the
+// rows (ingested tables, flushed updates, the catalog) lost and nothing
+// said. A bad last record, the tail a crash leaves, is Pebble's to
+// ignore, as it does.
+func checkManifest(fsys vfs.FS, dir string) error {
+	name := currentManifest(fsys, dir)
+	if name == "" {
+		return nil // no store, or no marker: checkManifestMarker's
+	}
+	path := fsys.PathJoin(dir, name)
+	f, err := fsys.Open(path)
+	if err != nil {
+		return nil // pebble.Open says why
+	}
+	defer f.Close()
+	rr := record.NewReader(f, 0)
+	var bad int64
+	for {
+		off := rr.Offset()
+		r, err := rr.Next()
+		if err == nil {
+			_, err = io.Copy(io.Discard, r)
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			if !record.IsInvalidRecord(err) {
+				return nil
+			}
+			bad = off
+			break
+		}
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	rest := make([]byte, st.Size()-bad)
+	if _, err := f.ReadAt(rest, bad); err != nil && err != io.EOF {
+		return nil
+	}
+	if at, ok := validChunkAfter(rest, bad); ok {
+		return fmt.Errorf("%s is damaged: the record at byte %d does not check, and a whole record follows at byte %d (a crash tears only the last): opened, the store would lose the table files the records after it add, and they would be deleted; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", path, bad, at)
+	}
+	return nil
+}
+
+// validChunkAfter looks in rest, the MANIFEST from the bad record at
+// offset base on, for the start of a record whose chunk checks (a full
+// or first chunk): anywhere in the bad record's block (its length may
+// be what is damaged), and along the chunks of each later block, which
+// start at the block's start.
+func validChunkAfter(rest []byte, base int64) (int64, bool) {
+	ok := func(p int64) bool { // p: an offset into rest
+		if p+manifestHeader > int64(len(rest)) {
+			return false
+		}
+		h := rest[p:]
+		typ := h[6]
+		n := int64(binary.LittleEndian.Uint16(h[4:6]))
+		inBlock := manifestBlock - (base+p)%manifestBlock
+		if (typ != manifestFullChunk && typ != manifestFirstChunk) || manifestHeader+n > inBlock || p+manifestHeader+n > int64(len(rest)) {
+			return false
+		}
+		return binary.LittleEndian.Uint32(h[0:4]) == maskedCRC(h[6:manifestHeader+n])
+	}
+	firstBlockEnd := manifestBlock - base%manifestBlock
+	for p := int64(1); p < firstBlockEnd && p < int64(len(rest)); p++ {
+		if ok(p) {
+			return base + p, true
+		}
+	}
+	for blk := firstBlockEnd; blk < int64(len(rest)); blk += manifestBlock {
+		for p := blk; p+manifestHeader <= blk+manifestBlock && p+manifestHeader <= int64(len(rest)); {
+			if ok(p) {
+				return base + p, true
+			}
+			n := int64(binary.LittleEndian.Uint16(rest[p+4 : p+6]))
+			if rest[p+6] < manifestFullChunk || rest[p+6] > 4 {
+				break
+			}
+			p += manifestHeader + n
+		}
+	}
+	return 0, false
+}
+
+// currentManifest is the file name of the MANIFEST the store's marker
+// names ("" when there is none).
+func currentManifest(fsys vfs.FS, dir string) string {
+	names, err := fsys.List(dir)
+	if err != nil {
+		return ""
+	}
+	best, iter := "", ""
+	for _, n := range names {
+		rest, ok := strings.CutPrefix(n, "marker.manifest.")
+		if !ok {
+			continue
+		}
+		it, value, ok := strings.Cut(rest, ".")
+		if !ok || !strings.HasPrefix(value, "MANIFEST-") {
+			continue
+		}
+		if it > iter { // zero-padded iteration numbers
+			best, iter = value, it
+		}
+	}
+	return best
+}
