@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/prism-serve/prism/internal/pebblecheck"
 )
 
 // recLogger is an Options.Logger that keeps its Errorf lines.
@@ -288,7 +290,7 @@ func TestDamagedManifest(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			name := currentManifest(vfs.Default, dir)
+			name := pebblecheck.CurrentManifest(vfs.Default, dir)
 			path := filepath.Join(dir, name)
 			st, err := os.Stat(path)
 			if err != nil {

@@ -19,11 +19,11 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/objstorage/objstorageprovider"
 	"github.com/cockroachdb/pebble/v2/sstable"
-	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/prism-serve/prism/cpuserve/store/hot"
 	"github.com/prism-serve/prism/internal/diskfull"
 	"github.com/prism-serve/prism/internal/inuse"
+	"github.com/prism-serve/prism/internal/pebblecheck"
 	"github.com/prism-serve/prism/plan"
 )
 
@@ -224,13 +224,9 @@ func Open(dir string, o *Options) (*Store, error) {
 			lock.Close()
 			return nil, fmt.Errorf("open store %q: %w", dir, err)
 		}
-		if err := checkManifestMarker(opts.FS, dir); err != nil {
+		if err := pebblecheck.Check(opts.FS, dir); err != nil {
 			lock.Close()
-			return nil, fmt.Errorf("open store %q: %w", dir, err)
-		}
-		if err := checkManifest(opts.FS, dir); err != nil {
-			lock.Close()
-			return nil, fmt.Errorf("open store %q: %w", dir, err)
+			return nil, fmt.Errorf("open store %q: %w; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", dir, err)
 		}
 		po.Lock = lock
 	}
@@ -310,43 +306,6 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	s.startWarm(afterWarm)
 	return s, nil
-}
-
-// checkManifestMarker refuses a folder that holds a store's files but no
-// marker of its current MANIFEST (Pebble's CURRENT: a file named
-// marker.manifest.N.MANIFEST-M), lost or deleted. Pebble would open it
-// as no store at all, start an empty one over it (its MANIFEST-000001
-// written anew) and delete every table file as obsolete, and a worker
-// given its plans would ingest them again: the model's updates and
-// versions lost, and nothing said. A store never past its first
-// MANIFEST and without table files (a creation cut short) is opened.
-func checkManifestMarker(fsys vfs.FS, dir string) error {
-	desc, err := pebble.Peek(dir, fsys)
-	if err != nil || desc.Exists {
-		return nil // pebble.Open says what is wrong, if anything
-	}
-	names, err := fsys.List(dir)
-	if err != nil {
-		return nil
-	}
-	var tables, manifests []string
-	for _, n := range names {
-		switch {
-		case strings.HasSuffix(n, ".sst"):
-			tables = append(tables, n)
-		case strings.HasPrefix(n, "MANIFEST-"):
-			manifests = append(manifests, n)
-		}
-	}
-	if len(tables) == 0 && len(manifests) <= 1 {
-		return nil
-	}
-	slices.Sort(manifests)
-	newest := "none"
-	if len(manifests) > 0 {
-		newest = manifests[len(manifests)-1]
-	}
-	return fmt.Errorf("the folder holds a store's files (%d table files, MANIFEST files %v) but no marker.manifest.* naming its current MANIFEST: the store is damaged, and was not opened (it would have been started anew and its files deleted). Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again; to try the newest MANIFEST, create the empty file %s", len(tables), manifests, fsys.PathJoin(dir, "marker.manifest.000001."+newest))
 }
 
 // damagedHint is what to do about a store Pebble refused to open for a

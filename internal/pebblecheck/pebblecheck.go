@@ -1,12 +1,18 @@
-package store
+// Package pebblecheck finds damage to a Pebble database's own files that
+// Pebble opens over without a word, losing data: a lost marker of the
+// current MANIFEST, a MANIFEST record that does not check with records
+// after it. Call Check before pebble.Open of a database that may exist.
+package pebblecheck
 
 import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 	"strings"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/record"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
@@ -29,19 +35,65 @@ func maskedCRC(b []byte) uint32 {
 	return (c>>15 | c<<17) + 0xa282ead8
 }
 
-// checkManifest refuses a store whose current MANIFEST holds a record
+// Check returns what is wrong with the Pebble database in dir, if it
+// is damaged in a way Pebble would open over and lose data (nil when
+// there is no database there, or none of that damage: pebble.Open says
+// what else is wrong).
+func Check(fsys vfs.FS, dir string) error {
+	if err := checkMarker(fsys, dir); err != nil {
+		return err
+	}
+	return checkManifest(fsys, dir)
+}
+
+// checkMarker refuses a folder that holds a database's files but no
+// marker of its current MANIFEST (Pebble's CURRENT: a file named
+// marker.manifest.N.MANIFEST-M), lost or deleted. Pebble would open it
+// as no database at all, start an empty one over it (its
+// MANIFEST-000001 written anew) and delete every table file as
+// obsolete, nothing said. A database never past its first MANIFEST and
+// without table files (a creation cut short) passes.
+func checkMarker(fsys vfs.FS, dir string) error {
+	desc, err := pebble.Peek(dir, fsys)
+	if err != nil || desc.Exists {
+		return nil // pebble.Open says what is wrong, if anything
+	}
+	names, err := fsys.List(dir)
+	if err != nil {
+		return nil
+	}
+	var tables, manifests []string
+	for _, n := range names {
+		switch {
+		case strings.HasSuffix(n, ".sst"):
+			tables = append(tables, n)
+		case strings.HasPrefix(n, "MANIFEST-"):
+			manifests = append(manifests, n)
+		}
+	}
+	if len(tables) == 0 && len(manifests) <= 1 {
+		return nil
+	}
+	slices.Sort(manifests)
+	newest := "none"
+	if len(manifests) > 0 {
+		newest = manifests[len(manifests)-1]
+	}
+	return fmt.Errorf("the folder holds a Pebble database's files (%d table files, MANIFEST files %v) but no marker.manifest.* naming its current MANIFEST (opened, it would have been started anew and its files deleted; to try the newest MANIFEST, create the empty file %s)", len(tables), manifests, fsys.PathJoin(dir, "marker.manifest.000001."+newest))
+}
+
+// checkManifest refuses a database whose current MANIFEST holds a record
 // that does not check (bit rot, a torn write) followed by records that
 // do. Pebble reads a MANIFEST up to its first bad record and takes the
 // rest for the torn tail of a crash, which can only be its last record
-// (Pebble syncs each before going on): it opens the store without the
-// table files the later records add and deletes them as obsolete, the
-// rows (ingested tables, flushed updates, the catalog) lost and nothing
-// said. A bad last record, the tail a crash leaves, is Pebble's to
+// (Pebble syncs each before going on): it opens the database without
+// the table files the later records add and deletes them as obsolete,
+// their keys lost and nothing said. A bad last record, the tail a crash leaves, is Pebble's to
 // ignore, as it does.
 func checkManifest(fsys vfs.FS, dir string) error {
-	name := currentManifest(fsys, dir)
+	name := CurrentManifest(fsys, dir)
 	if name == "" {
-		return nil // no store, or no marker: checkManifestMarker's
+		return nil // no database, or no marker: checkMarker's
 	}
 	path := fsys.PathJoin(dir, name)
 	f, err := fsys.Open(path)
@@ -77,7 +129,7 @@ func checkManifest(fsys vfs.FS, dir string) error {
 		return nil
 	}
 	if at, ok := validChunkAfter(rest, bad); ok {
-		return fmt.Errorf("%s is damaged: the record at byte %d does not check, and a whole record follows at byte %d (a crash tears only the last): opened, the store would lose the table files the records after it add, and they would be deleted; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", path, bad, at)
+		return fmt.Errorf("%s is damaged: the record at byte %d does not check, and a whole record follows at byte %d (a crash tears only the last; opened, the database would lose the table files the records after it add, and they would be deleted)", path, bad, at)
 	}
 	return nil
 }
@@ -122,9 +174,9 @@ func validChunkAfter(rest []byte, base int64) (int64, bool) {
 	return 0, false
 }
 
-// currentManifest is the file name of the MANIFEST the store's marker
+// CurrentManifest is the file name of the MANIFEST the store's marker
 // names ("" when there is none).
-func currentManifest(fsys vfs.FS, dir string) string {
+func CurrentManifest(fsys vfs.FS, dir string) string {
 	names, err := fsys.List(dir)
 	if err != nil {
 		return ""
