@@ -18,6 +18,7 @@ import (
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/internal/diskfull"
 	"github.com/prism-serve/prism/internal/inuse"
+	"github.com/prism-serve/prism/internal/pebblecheck"
 )
 
 // updateLog keeps the sequencer's update logs in a Pebble folder
@@ -67,6 +68,11 @@ type restoredModel struct {
 func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
 	if fs == nil {
 		fs = vfs.Default
+	}
+	if _, err := fs.Stat(dir); err == nil {
+		if err := pebblecheck.Check(fs, dir); err != nil {
+			return nil, fmt.Errorf("open update log %q: %w; the log was not opened. Restore the folder, or remove it: the restarted router then takes the workers' numbering, and a worker behind them is mended by a copy of an up-to-date worker's store", dir, err)
+		}
 	}
 	db, err := pebble.Open(dir, &pebble.Options{FS: diskfull.Wait(fs, dir, "update log", updateLogMemTable, pebble.DefaultLogger.Errorf), Logger: quietPebble{}, FormatMajorVersion: pebble.FormatNewest, MemTableSize: updateLogMemTable})
 	if err != nil {
