@@ -63,11 +63,17 @@ type mender struct {
 	// hears of a model newly out, forget drops a model the router no
 	// longer says is stranded, and info is the worker's registry entry
 	// under its current id.
-	out    func() (map[string]string, error)
-	news   <-chan struct{}
-	forget func(models ...string)
-	info   func() *prismv1.WorkerInfo
-	log    *slog.Logger
+	out  func() (map[string]string, error)
+	news <-chan struct{}
+	// damaged is the first file of the store a read found damaged ("":
+	// none; store.Damaged), and damageNews hears of one: the worker
+	// copies a serving worker's store then too, its models still in
+	// sync (nil in tests that do not damage).
+	damaged    func() string
+	damageNews <-chan struct{}
+	forget     func(models ...string)
+	info       func() *prismv1.WorkerInfo
+	log        *slog.Logger
 	// restart ends the process with an errMended.
 	restart func(error)
 	now     func() time.Time
@@ -126,7 +132,7 @@ func (m *mender) run(ctx context.Context) {
 	}
 	for {
 		wait := time.Duration(0) // until news
-		out, err := m.out()
+		out, err := m.outOrDamaged()
 		if err != nil {
 			say(slog.LevelError, "mend: cannot read which models are out for good", "err", err)
 			m.metrics.set(mendWaiting)
@@ -149,6 +155,7 @@ func (m *mender) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 		case <-m.news:
+		case <-m.damageNews:
 		case <-after:
 		}
 		if t != nil {
@@ -159,6 +166,31 @@ func (m *mender) run(ctx context.Context) {
 		}
 	}
 }
+
+// damagedWhy prefixes why a model is to be copied when the worker's
+// store is damaged: it still serves the model, in sync.
+const damagedWhy = "store damaged: "
+
+// outOrDamaged is out (model -> why), and when the store is damaged
+// every other model the worker serves as damaged (damagedWhy).
+func (m *mender) outOrDamaged() (map[string]string, error) {
+	out, err := m.out()
+	if err != nil || m.damaged == nil {
+		return out, err
+	}
+	if file := m.damaged(); file != "" {
+		for _, model := range m.info().GetModels() {
+			if _, ok := out[model]; !ok {
+				out[model] = damagedWhy + file
+			}
+		}
+	}
+	return out, nil
+}
+
+// inSync says whether a model out for why is still served in sync (its
+// updates taken): none out, or the store damaged.
+func inSync(why string) bool { return why == "" || strings.HasPrefix(why, damagedWhy) }
 
 // try is one attempt at mending the models out (model -> why): it
 // returns whether a copy was staged (restart called), else how long to
@@ -173,9 +205,12 @@ func (m *mender) try(ctx context.Context, out map[string]string, say func(slog.L
 	m.metrics.mended(last, mended)
 	if next := last.Add(m.every); mended && m.now().Before(next) {
 		msg := "mend: out of serving again within --mend-every of this worker's last copy, so not copying again until then: "
-		if anyDiverged(out) {
+		switch {
+		case anyDiverged(out):
 			msg += "diverged again, its build (plan, release) answers updates otherwise than its peers'; serve the build they serve"
-		} else {
+		case anyDamaged(out):
+			msg += "its store damaged again, the disk (or what writes to it) damages what is written; replace the volume, then copy a serving worker's store (prism store copy)"
+		default:
 			msg += "stranded again, the router's update log trims faster than a copy and a restart take; raise the router's --update-log-bytes, or keep the log with --update-log-dir"
 		}
 		say(slog.LevelError, msg, "out", whyOut(out), "last_copy", last.Format(time.RFC3339), "next_try", next.Format(time.RFC3339))
@@ -315,7 +350,7 @@ func (m *mender) lacks(res storecopy.Result, out map[string]string, before map[s
 			missing = append(missing, fmt.Sprintf("%s (the copy marks it diverged at %d)", model, ms.Diverged))
 		case ms.Shard != int(w.GetShards()[model].GetShard()) || ms.Shards != int(w.GetShards()[model].GetShards()):
 			missing = append(missing, fmt.Sprintf("%s %s (the copy holds %s)", model, shardOf(int(w.GetShards()[model].GetShard()), int(w.GetShards()[model].GetShards())), shardOf(ms.Shard, ms.Shards)))
-		case out[model] == "" && ms.Applied < before[model]:
+		case inSync(out[model]) && ms.Applied < before[model]:
 			missing = append(missing, fmt.Sprintf("%s updates %d..%d", model, ms.Applied+1, before[model]))
 		}
 	}
@@ -350,6 +385,16 @@ func whyOut(out map[string]string) string {
 		whys = append(whys, model+": "+out[model])
 	}
 	return strings.Join(whys, "; ")
+}
+
+// anyDamaged says whether a model of out is out for a damaged store.
+func anyDamaged(out map[string]string) bool {
+	for _, why := range out {
+		if strings.HasPrefix(why, damagedWhy) {
+			return true
+		}
+	}
+	return false
 }
 
 // anyDiverged says whether a model of out is out as diverged.

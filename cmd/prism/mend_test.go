@@ -88,6 +88,9 @@ func TestMenderTry(t *testing.T) {
 		// restart).
 		state    string
 		outcomes map[string]float64
+		// damaged: the store names a damaged file, and no model is out
+		// otherwise.
+		damaged string
 	}{
 		{name: "copied", list: fleet, tried: 1, restart: true},
 		{name: "the first busy", list: fleet, copy: map[int]error{0: status.Error(codes.ResourceExhausted, "busy")}, tried: 2, restart: true,
@@ -121,6 +124,11 @@ func TestMenderTry(t *testing.T) {
 			f.Workers = f.Workers[:3]
 			return f, nil
 		}, wait: mendFirstRetry, said: "no worker serves"},
+		{name: "a damaged store", damaged: "db/000010.sst", list: fleet, tried: 1, restart: true},
+		{name: "a damaged store, copies behind on a model it serves in sync", damaged: "db/000010.sst", list: fleet, copied: map[int]storecopy.Result{0: behindT, 1: behindT},
+			tried: 2, wait: mendFirstRetry, said: "must: t updates 7..7", outcomes: map[string]float64{"refused": 2}},
+		{name: "damaged within --mend-every of the last copy", damaged: "db/000010.sst", mended: now.Add(-30 * time.Minute), list: fleet,
+			wait: 30*time.Minute + time.Second, said: "store damaged again", state: mendHeld},
 		{name: "no longer stranded", out: map[string]string{"m": "stranded"}, list: func(string) (*prismv1.ListResponse, error) {
 			f := menderFleet()
 			f.Updates["m"].Stranded = nil
@@ -169,9 +177,15 @@ func TestMenderTry(t *testing.T) {
 			var restarted error
 			m.restart = func(err error) { restarted = err }
 			out := tc.out
-			if out == nil {
+			switch {
+			case tc.damaged != "":
+				out = map[string]string{}
+			case out == nil:
 				out = map[string]string{"m": "stranded", "s": "diverged at update 3"}
 			}
+			m.out = func() (map[string]string, error) { return out, nil }
+			m.damaged = func() string { return tc.damaged }
+			out, _ = m.outOrDamaged()
 			staged, wait := m.try(context.Background(), out, func(l slog.Level, msg string, args ...any) { m.log.Log(context.Background(), l, msg, args...) })
 			if len(tried) != tc.tried || slices.Contains(tried, "addr-self") || slices.ContainsFunc(tried, func(s string) bool { return s != "addr-c" && s != "addr-d" }) {
 				t.Errorf("copied from %v, want %d of c and d", tried, tc.tried)

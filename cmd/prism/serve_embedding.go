@@ -144,6 +144,15 @@ at --advertise-addr.`,
 			// A worker that mended itself ends (restart) to be restarted.
 			ctx, restart := context.WithCancelCause(sigCtx)
 			defer restart(nil)
+			// A read finding a damaged file of the store tells the mender
+			// (--mend), which replaces the store with a serving worker's.
+			damageNews := make(chan struct{}, 1)
+			so.OnDamage = func(string) {
+				select {
+				case damageNews <- struct{}{}:
+				default:
+				}
+			}
 			st, err := store.Open(db, &so)
 			if err != nil {
 				return err
@@ -239,6 +248,7 @@ at --advertise-addr.`,
 				id.Store(new(string))
 				m := newMender(db, routers, tlsFlags, rate, mendEvery, log)
 				m.out, m.news, m.forget, m.restart = srv.OutForGood, srv.OutNews(), srv.ForgetStranded, restart
+				m.damaged, m.damageNews = st.Damaged, damageNews
 				m.info = func() *prismv1.WorkerInfo { return srv.WorkerInfo(*id.Load(), "") }
 				m.metrics = newMendMetrics()
 				if last, ok, err := store.LastMend(vfs.Default, db); err == nil {
@@ -306,7 +316,7 @@ at --advertise-addr.`,
 	// Trust and admission (router-side trust work).
 	f.BoolVar(&dictFrames, "dictionary-frames", true, "send a cut tensor that is one id's row per sample dictionary-encoded in micro-batches of 32 samples or more (each distinct row looked up and sent once; --dictionary-frames=false sends every row)")
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
-	f.BoolVar(&mend, "mend", true, "with --router: when the sequencing router finds this worker's copy of a model diverged from its peers', or behind by updates its log no longer holds (stranded), copy a serving worker's whole store into --db (staged beside the store, at --mend-rate) and exit, so that the restart (Kubernetes, prism up, systemd) swaps it in; the store's files from before are kept in --db/replaced-<time>. false: leave it to the operator (prism store copy)")
+	f.BoolVar(&mend, "mend", true, "with --router: when the sequencing router finds this worker's copy of a model diverged from its peers', or behind by updates its log no longer holds (stranded), or a read finds a file of its store damaged, copy a serving worker's whole store into --db (staged beside the store, at --mend-rate) and exit, so that the restart (Kubernetes, prism up, systemd) swaps it in; the store's files from before are kept in --db/replaced-<time>. false: leave it to the operator (prism store copy)")
 	f.StringVar(&mendRate, "mend-rate", "200MiB/s", "with --mend: bound the copy to this many bytes a second of the worker copied, so it keeps its disk for its lookups")
 	f.DurationVar(&mendEvery, "mend-every", time.Hour, "with --mend: copy again only this long after this worker's last copy (recorded in --db/copy-mended, which the swap leaves in place), so a worker whose build answers updates otherwise than its peers' does not copy a store after each one")
 	return cmd

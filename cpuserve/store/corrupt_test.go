@@ -87,7 +87,10 @@ func TestCorruptTableFile(t *testing.T) {
 			tc.damage(t, filepath.Join(dir, file), size)
 
 			log := &recLogger{}
-			s, err = Open(dir, &Options{FS: vfs.Default, HotBytes: tc.hotBytes, Logger: log})
+			var heard []string
+			var heardMu sync.Mutex
+			onDamage := func(path string) { heardMu.Lock(); heard = append(heard, path); heardMu.Unlock() }
+			s, err = Open(dir, &Options{FS: vfs.Default, HotBytes: tc.hotBytes, Logger: log, OnDamage: onDamage})
 			if tc.maxBad == 0 {
 				if err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "prism store copy") {
 					t.Fatalf("open of a store with a damaged %s: %v, want a refusal naming the file and the mend", file, err)
@@ -125,8 +128,13 @@ func TestCorruptTableFile(t *testing.T) {
 			if len(bad) == 0 || int64(len(bad)) > tc.maxBad {
 				t.Fatalf("%d rows of %d refused, want 1 to %d", len(bad), a.rows, tc.maxBad)
 			}
-			if m := s.Metrics(); false {
-				t.Errorf("no corrupt read counted: %+v", m)
+			if m := s.Metrics(); m.Corruptions < int64(len(bad)) {
+				t.Errorf("%d corrupt reads counted, want at least the %d rows refused", m.Corruptions, len(bad))
+			}
+			heardMu.Lock()
+			defer heardMu.Unlock()
+			if len(heard) != 1 || !strings.HasSuffix(heard[0], file) || !strings.HasSuffix(s.Damaged(), file) {
+				t.Errorf("OnDamage heard %q, Damaged() = %q; want %s once", heard, s.Damaged(), file)
 			}
 			if n := log.count(file, "is damaged", "holding rows of"); n != 1 {
 				t.Errorf("%d log lines name %s as damaged, want 1: %q", n, file, log.lines)

@@ -59,6 +59,10 @@ type Options struct {
 	// Logger receives Pebble's log; nil discards informational lines.
 	// Its Fatalf ends the process even if it returns (fatalExits).
 	Logger pebble.Logger
+	// OnDamage, when set, is called (on a goroutine of Pebble's read)
+	// with the path of each file of the store a read first found
+	// damaged: an embedding worker mending itself (--mend) hears of it.
+	OnDamage func(path string)
 	// DropBehind drops the table files' pages from the kernel's page
 	// cache as they are read (dropbehind.go): for a store under a memory
 	// budget, where the hot tier and the block cache are the caches and
@@ -199,18 +203,20 @@ func (l fatalExits) Fatalf(format string, args ...any) {
 // it counts every read that found a damaged block (Metrics.Corruptions)
 // and logs the first of each file, naming it, the tables whose keys it
 // holds, and what to do. The read itself fails with the error.
-func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64) func(pebble.DataCorruptionInfo) {
+func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64, first *atomic.Pointer[string], notify func(string)) func(pebble.DataCorruptionInfo) {
 	var mu sync.Mutex
 	logged := map[string]bool{}
 	return func(info pebble.DataCorruptionInfo) {
 		n.Add(1)
 		mu.Lock()
-		first := !logged[info.Path]
+		isFirst := !logged[info.Path]
 		logged[info.Path] = true
 		mu.Unlock()
-		if !first {
+		if !isFirst {
 			return
 		}
+		path := info.Path
+		first.CompareAndSwap(nil, &path)
 		tables := "unknown tables"
 		if len(info.Bounds.Start) >= 4 && len(info.Bounds.End.Key) >= 4 {
 			lo, hi := binary.BigEndian.Uint32(info.Bounds.Start), binary.BigEndian.Uint32(info.Bounds.End.Key)
@@ -219,7 +225,10 @@ func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64) func(pebble.
 				tables = fmt.Sprintf("physical table %d", lo)
 			}
 		}
-		l.Errorf("store %q: %s is damaged (%s, holding rows of %s): lookups of its rows fail (DataLoss) and the rest is served; replace the store with a copy of a serving worker's (prism store copy) or ingest the plan into a new --db", dir, info.Path, firstLine(info.Details), tables)
+		l.Errorf("store %q: %s is damaged (%s, holding rows of %s): lookups of its rows fail (DataLoss) and the rest is served; replace the store with a copy of a serving worker's (prism store copy; a worker serving with --mend does) or ingest the plan into a new --db", dir, info.Path, firstLine(info.Details), tables)
+		if notify != nil {
+			notify(path)
+		}
 	}
 }
 

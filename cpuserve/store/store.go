@@ -33,6 +33,9 @@ type Store struct {
 	opts Options
 	dir  string
 	db   *pebble.DB
+	// damaged is the first file of the store a read found damaged in
+	// this process (nil: none; Damaged).
+	damaged *atomic.Pointer[string]
 	// lock is the folder's lock when Open took it (to swap a staged
 	// copy in first); Pebble does not release it, Close does.
 	lock  *pebble.Lock
@@ -186,8 +189,8 @@ func Open(dir string, o *Options) (*Store, error) {
 	// Pebble's default for it is the Logger's Fatalf, which fatalExits
 	// makes the end of the process: every restart read the damaged block
 	// again (Open's scan, the preload) and the worker never served.
-	corruptions := new(atomic.Int64)
-	po.EventListener = &pebble.EventListener{DataCorruption: reportCorruption(dir, opts.Logger, corruptions)}
+	corruptions, damaged := new(atomic.Int64), new(atomic.Pointer[string])
+	po.EventListener = &pebble.EventListener{DataCorruption: reportCorruption(dir, opts.Logger, corruptions, damaged, opts.OnDamage)}
 	directReads := new(atomic.Int64)
 	if opts.DropBehind {
 		po.FS = dropBehindFS{FS: po.FS, direct: opts.DirectReads, reads: directReads}
@@ -268,6 +271,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	s := &Store{opts: opts, dir: dir, db: db, lock: lock, popts: po, cat: cat, carryBatchBytes: carryBatchBytes, swapped: swapped}
 	s.m.directReads = directReads
 	s.m.corruptions = corruptions
+	s.damaged = damaged
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
 	s.missPoint.Store(opts.MissReads == MissPoint)
@@ -306,6 +310,16 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	s.startWarm(afterWarm)
 	return s, nil
+}
+
+// Damaged is the first file of the store a read of this process found
+// damaged (a block whose checksum does not match), "" when none: its
+// rows cannot be read here until the store is replaced.
+func (s *Store) Damaged() string {
+	if p := s.damaged.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // damagedHint is what to do about a store Pebble refused to open for a
