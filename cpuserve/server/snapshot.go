@@ -31,6 +31,12 @@ func (s *Server) Snapshot(req *prismv1.SnapshotRequest, stream prismv1.Embedding
 	if r := req.GetRate(); r < 0 || (r > 0 && r < storecopy.MinRate) {
 		return status.Errorf(codes.InvalidArgument, "snapshot rate %d bytes a second: want 0 (unpaced) or at least %d", r, storecopy.MinRate)
 	}
+	if f := s.st.Damaged(); f != "" {
+		// Its files would carry the damage to the copy (each file's
+		// checksum is of its bytes as they are now), and opening a store
+		// does not read every block.
+		return status.Errorf(codes.FailedPrecondition, "this worker's store has a damaged file (%s): copy from another worker", f)
+	}
 	c, err := s.st.Checkpoint()
 	switch {
 	case errors.Is(err, store.ErrCheckpointBusy):
