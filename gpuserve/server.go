@@ -209,6 +209,12 @@ func New(o Options) (*Server, error) {
 			return nil, fmt.Errorf("load %s: model %q is served twice", dir, m.name)
 		}
 		if m.content, err = m.plan.Content(dir); err != nil {
+			if pd := (*plan.PartDamagedError)(nil); errors.As(err, &pd) && pd.Role == "dense" {
+				m.batcher.Close()
+				m.closeSessions()
+				s.Close()
+				return nil, fmt.Errorf("load %s: %w", dir, err)
+			}
 			// A copy of the plan without every ONNX part (a dense host
 			// given plan.json and dense.onnx only): its model cannot be
 			// told from another, so it pairs with any embedding worker.

@@ -516,6 +516,18 @@ func (pl *Placement) write(dir, modelDir string, p *plan.Plan, o Options) error 
 			return err
 		}
 	}
+	// Each part's checksum, which a tier loading it checks (plan.Content).
+	p.PartSHA256 = map[string]string{}
+	for _, f := range []string{p.DenseModel, p.CPUModel, p.PreModel} {
+		if f == "" {
+			continue
+		}
+		sum, err := plan.PartSum(filepath.Join(dir, f))
+		if err != nil {
+			return err
+		}
+		p.PartSHA256[f] = sum
+	}
 	if len(p.Tables) == 0 {
 		return nil
 	}

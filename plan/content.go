@@ -53,9 +53,34 @@ func (p *Plan) Content(dir string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("plan %s: the content of its %s part: %w", dir, part.role, err)
 		}
+		if want, ok := p.PartSHA256[part.file]; ok && want != fmt.Sprintf("%x", sum) {
+			return "", &PartDamagedError{Role: part.role, Path: path, Want: want, Got: fmt.Sprintf("%x", sum)}
+		}
 		fmt.Fprintf(h, "%s %x\n", part.role, sum)
 	}
 	return fmt.Sprintf("%016x", h.Sum64()), nil
+}
+
+// PartDamagedError is Content's error for a part whose bytes do not
+// match the SHA-256 plan.json records for it (PartSHA256): damaged, or
+// replaced after partitioning. Role is "dense", "cpu" or "pre": the tier
+// running that part refuses the plan.
+type PartDamagedError struct {
+	Role, Path, Want, Got string
+}
+
+func (e *PartDamagedError) Error() string {
+	return fmt.Sprintf("%s does not match the SHA-256 plan.json records for it (%s; the file's is %s): it was damaged or replaced after partitioning; partition the model again, or restore the plan folder from a copy (changed on purpose, optimized or quantized: remove its entry from plan.json's part_sha256)", e.Path, e.Want, e.Got)
+}
+
+// PartSum is the SHA-256 (hex) of the part file at path, as PartSHA256
+// records it.
+func PartSum(path string) (string, error) {
+	sum, err := fileSHA256(path)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%x", sum), nil
 }
 
 func fileSHA256(path string) ([]byte, error) {

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,4 +96,50 @@ func TestContent(t *testing.T) {
 
 func twoTasks(a, b string) []TensorInfo {
 	return []TensorInfo{{Name: a, DType: "float32", Shape: []int64{1}}, {Name: b, DType: "float32", Shape: []int64{1}}}
+}
+
+// TestContentPartDamaged: a part whose bytes are not those plan.json
+// records (PartSHA256) is a PartDamagedError naming the file and its
+// role; the recorded bytes pass; a plan recording none (earlier
+// releases) is not checked.
+func TestContentPartDamaged(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{"dense.onnx": "dense", "cpu.onnx": "cpu"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum := func(name string) string {
+		s, err := PartSum(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	p := &Plan{DenseModel: "dense.onnx", CPUModel: "cpu.onnx", Tables: []Table{{Name: "a", SHA256: "aa11"}},
+		PartSHA256: map[string]string{"dense.onnx": sum("dense.onnx"), "cpu.onnx": sum("cpu.onnx")}}
+	want, err := p.Content(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := &Plan{DenseModel: "dense.onnx", CPUModel: "cpu.onnx", Tables: []Table{{Name: "a", SHA256: "aa11"}}}
+	if got, err := old.Content(dir); err != nil || got != want {
+		t.Fatalf("the same parts without recorded sums: %q, %v; want %q", got, err, want)
+	}
+	for _, tc := range []struct{ file, role string }{{"dense.onnx", "dense"}, {"cpu.onnx", "cpu"}} {
+		if err := os.WriteFile(filepath.Join(dir, tc.file), []byte("damaged"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := p.Content(dir)
+		var pd *PartDamagedError
+		if !errors.As(err, &pd) || pd.Role != tc.role || !strings.Contains(err.Error(), tc.file) || !strings.Contains(err.Error(), "partition the model again") {
+			t.Errorf("%s damaged: %v, want a PartDamagedError of role %s naming it", tc.file, err, tc.role)
+		}
+		if _, err := old.Content(dir); err != nil {
+			t.Errorf("%s changed, no sums recorded: %v", tc.file, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, tc.file), []byte(strings.TrimSuffix(tc.file, ".onnx")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

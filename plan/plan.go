@@ -72,6 +72,12 @@ type Plan struct {
 	// naming them in PreOutput read. The embedding tier runs it through
 	// ONNX Runtime on each micro-batch before the lookups.
 	PreModel string `json:"pre_model,omitempty"`
+	// PartSHA256 is, per ONNX part file the partitioner wrote (DenseModel,
+	// CPUModel, PreModel), the SHA-256 of its bytes (hex): a part damaged
+	// or replaced since is refused when a tier loads it (Content), where
+	// it would otherwise score with other weights without a word. Plans
+	// of earlier releases have none (not checked).
+	PartSHA256 map[string]string `json:"part_sha256,omitempty"`
 	// Cost is the cost report of the chosen cut.
 	Cost CostReport `json:"cost"`
 	// Sharding, if set, spreads the tables over shards (shard.go).

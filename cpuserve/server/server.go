@@ -209,7 +209,11 @@ func New(ctx context.Context, st *store.Store, o Options) (*Server, error) {
 		}
 		m, err := loadModel(dir, p, so)
 		if err == nil {
-			if m.content, err = p.Content(dir); err != nil {
+			var pd *plan.PartDamagedError
+			if m.content, err = p.Content(dir); errors.As(err, &pd) && pd.Role != "dense" {
+				// A part this tier runs (cpu.onnx, pre.onnx).
+				err = fmt.Errorf("load %s: %w", dir, err)
+			} else if err != nil {
 				// As the dense tier: a copy of the plan lacking an ONNX
 				// part the embedding tier does not run (dense.onnx).
 				s.log.Warn("model content unknown: the router pairs this worker with dense workers of any content", "model", name, "err", err)
