@@ -401,6 +401,13 @@ func (d *updateDriver) step(event func(now time.Time)) {
 	answers := make([]chan updateAnswer, len(msgs))
 	since := make([]uint64, len(msgs))
 	for i, m := range msgs {
+		if m.Type == msgBehind {
+			// Published under mu, in the sequencer's order: after the
+			// unlock a slower step's count (a dropped sequence's) could
+			// land after a later step's and stay.
+			d.setBehind(m.Model, int64(m.Behind))
+			continue
+		}
 		c := d.clients[m.Client] // the sequencer answers a client once, after its applies
 		switch {
 		case m.Type == msgApply && c != nil:
@@ -450,8 +457,6 @@ func (d *updateDriver) step(event func(now time.Time)) {
 			if answers[i] != nil {
 				answers[i] <- updateAnswer{m.Resp, m.Err} // buffered: never blocks
 			}
-		case msgBehind:
-			d.setBehind(m.Model, int64(m.Behind))
 		case msgLog:
 			if m.Flood != "" && d.floods != nil {
 				d.floods.Log(m.Level, m.Flood, m.Text, m.Attrs...)
@@ -727,7 +732,7 @@ func (d *updateDriver) publishLogBytes() {
 }
 
 // setBehind publishes n workers behind in sequence key (behindN; n < 0:
-// the sequence was dropped).
+// the sequence was dropped); under mu.
 func (d *updateDriver) setBehind(key string, n int64) {
 	var next map[string]int64
 	if last := d.behindN.Load(); last != nil {
