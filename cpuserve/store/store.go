@@ -232,6 +232,15 @@ func Open(dir string, o *Options) (*Store, error) {
 			return nil, fmt.Errorf("open store %q: %w; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", dir, err)
 		}
 		po.Lock = lock
+	} else if err == nil {
+		// Read-only (prism store copy's look at a received copy, which
+		// decides whether it is taken): Pebble deletes nothing then, but
+		// it would open a store missing its marker as none and one with
+		// a damaged MANIFEST as of the damage, its later tables, models
+		// and updates missing, nothing said.
+		if err := pebblecheck.Check(opts.FS, dir); err != nil {
+			return nil, fmt.Errorf("open store %q: %w; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", dir, err)
+		}
 	}
 	if opts.MustExist {
 		// Before Open, which would make the folder and its LOCK file
