@@ -354,10 +354,22 @@ func localFunctionHint(n *pb.NodeProto) string {
 // Constants and comparisons that computed only conditions. What the
 // model computes is unchanged: it is what ONNX Runtime runs.
 func foldConstantIfs(g *pb.GraphProto) {
-	g.Node = foldIfs(g.GetNode(), map[string]int64{})
+	g.Node = foldIfs(g.GetNode(), map[string]int64{}, graphOutputSet(g))
 }
 
-func foldIfs(ns []*pb.NodeProto, outer map[string]int64) []*pb.NodeProto {
+// graphOutputSet is the set of g's output names.
+func graphOutputSet(g *pb.GraphProto) map[string]bool {
+	out := map[string]bool{}
+	for _, o := range g.GetOutput() {
+		out[o.GetName()] = true
+	}
+	return out
+}
+
+// foldIfs folds the Ifs of ns (outer: the values known from enclosing
+// scopes); keep is what is read beside ns's nodes (the graph's outputs),
+// so a condition's node making one stays.
+func foldIfs(ns []*pb.NodeProto, outer map[string]int64, keep map[string]bool) []*pb.NodeProto {
 	known := maps.Clone(outer)
 	producer := map[string]*pb.NodeProto{}
 	var out []*pb.NodeProto
@@ -386,7 +398,7 @@ func foldIfs(ns []*pb.NodeProto, outer map[string]int64) []*pb.NodeProto {
 		}
 		for _, a := range n.GetAttribute() {
 			for _, b := range attrBodies(a) {
-				b.Node = foldIfs(b.GetNode(), known)
+				b.Node = foldIfs(b.GetNode(), known, graphOutputSet(b))
 			}
 		}
 		if v, ok := constScalar(n, known); ok {
@@ -399,7 +411,7 @@ func foldIfs(ns []*pb.NodeProto, outer map[string]int64) []*pb.NodeProto {
 	}
 	// The conditions' nodes nothing else reads, and what only they read.
 	for len(conds) > 0 {
-		read := map[string]bool{}
+		read := maps.Clone(keep)
 		for _, n := range out {
 			for _, s := range n.GetInput() {
 				read[s] = true
@@ -457,7 +469,16 @@ func takeBranch(n *pb.NodeProto, b *pb.GraphProto, known map[string]int64) []*pb
 			t.Input[0] = r
 		}
 	}
-	return append(foldIfs(nodes, known), tail...)
+	// What the enclosing scope reads of the branch's nodes is the If's
+	// outputs (renamed above) and what the tail passes on.
+	keep := map[string]bool{}
+	for _, o := range n.GetOutput() {
+		keep[o] = true
+	}
+	for _, t := range tail {
+		keep[t.Input[0]] = true
+	}
+	return append(foldIfs(nodes, known, keep), tail...)
 }
 
 // renameValues renames the values ns (and their subgraphs) read and

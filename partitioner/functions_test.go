@@ -190,3 +190,116 @@ func nodesText(ns []*pb.NodeProto) string {
 }
 
 func fmtG(f float32) string { return strconv.FormatFloat(float64(f), 'g', -1, 32) }
+
+// TestFoldConstantIfKeepsGraphOutputs: an If whose condition Constants
+// decide is replaced by its branch, and the condition's nodes are
+// dropped only where nothing reads them: a graph's output (a Loop
+// body's condition out, or the model's own) is read too. Dropped, the
+// output was left with no node making it.
+func TestFoldConstantIfKeepsGraphOutputs(t *testing.T) {
+	for _, tc := range []struct{ name, graph, want string }{{
+		name: "the model's output",
+		graph: `input x float [N,4]
+node Constant - -> k value_int=1
+node Constant - -> one value_int=1
+node Equal k,one -> c
+node If c -> y
+body then_branch
+  node Relu x -> r
+  output r float [N,4]
+end
+body else_branch
+  node Neg x -> n
+  output n float [N,4]
+end
+output y float [N,4]
+output c bool []`,
+		want: "Constant  -> k\nConstant  -> one\nEqual k,one -> c\nRelu x -> y",
+	}, {
+		name: "a Loop body's condition out",
+		graph: `input x float [N,4]
+input n int64 []
+init c0 bool [] = 1
+node Loop n,c0 -> l
+body
+input i int64 []
+input ci bool []
+node Constant - -> k value_int=1
+node Constant - -> one value_int=1
+node Equal k,one -> co
+node If co -> r
+body then_branch
+  node Relu x -> rr
+  output rr float [N,4]
+end
+body else_branch
+  node Neg x -> rn
+  output rn float [N,4]
+end
+output co bool []
+output r float [N,4]
+end
+output l float [N,4]`,
+		want: "Loop n,c0 -> l body{Constant  -> k; Constant  -> one; Equal k,one -> co; Relu x -> r}",
+	}, {
+		name: "a branch's output that decides an If within it",
+		graph: `input x float [N,4]
+node Constant - -> k value_int=1
+node Constant - -> one value_int=1
+node Equal k,one -> c
+node If c -> y,b
+body then_branch
+  node Constant - -> k2 value_int=1
+  node Equal k2,one -> c2
+  node If c2 -> r
+  body then_branch
+    node Relu x -> rr
+    output rr float [N,4]
+  end
+  body else_branch
+    node Neg x -> rn
+    output rn float [N,4]
+  end
+  output r float [N,4]
+  output c2 bool []
+end
+body else_branch
+  node Neg x -> n
+  node Not c -> nb
+  output n float [N,4]
+  output nb bool []
+end
+node Not b -> nb2
+output y float [N,4]
+output nb2 bool []`,
+		want: "Constant  -> one\nConstant  -> k2\nEqual k2,one -> b\nRelu x -> y\nNot b -> nb2",
+	}, {
+		name: "a condition nothing else reads goes",
+		graph: `input x float [N,4]
+node Constant - -> k value_int=1
+node Constant - -> one value_int=1
+node Equal k,one -> c
+node If c -> y
+body then_branch
+  node Relu x -> r
+  output r float [N,4]
+end
+body else_branch
+  node Neg x -> n
+  output n float [N,4]
+end
+output y float [N,4]`,
+		want: "Relu x -> y",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := parseGraph(tc.graph)
+			if err != nil {
+				t.Fatal(err)
+			}
+			foldConstantIfs(m.GetGraph())
+			if got := nodesText(m.GetGraph().GetNode()); got != tc.want {
+				t.Errorf("got\n%s\nwant\n%s", got, tc.want)
+			}
+		})
+	}
+}
