@@ -53,6 +53,10 @@ type Options struct {
 	// Batch.MaxQueue: a request the queue could never hold is refused as
 	// too large rather than as overload).
 	MaxSamples int
+	// Memory is the bytes this process may use, against which a batch's
+	// inputs are checked (batchFits); 0: the machine's memory or its
+	// memory cgroup's limit (memlimit.Read), a negative value: no check.
+	Memory int64
 	// NVML is the device library for discovery (nvml.New() in production);
 	// nil skips discovery and serves on the CPU execution provider.
 	NVML   nvml.Interface
@@ -375,6 +379,15 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 			m.taskNames = nil
 		}
 	}
+	bo := o.Batch
+	if fb := plan.DenseFixedBatch(); fb > 0 {
+		// Batches of one request each: the router sends micro-batches of
+		// exactly fb (router/fixedbatch.go).
+		m.fixed, bo.MaxBatch = int(fb), int(fb)
+	}
+	if err := batchFits(m.name, m.spec, bo.MaxBatch, o.memory()); err != nil {
+		return nil, fmt.Errorf("load %s: %w", dir, err)
+	}
 	path, err := planFile(dir, plan.DenseModel)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", dir, err)
@@ -394,12 +407,6 @@ func loadModel(dir string, o Options, cuda bool) (*model, error) {
 	if got := m.sessions[0].InputNames(); !sameNames(got, plan.Cut) {
 		m.closeSessions()
 		return nil, fmt.Errorf("load %s: dense model inputs %v differ from the plan's cut", dir, got)
-	}
-	bo := o.Batch
-	if fb := plan.DenseFixedBatch(); fb > 0 {
-		// Batches of one request each: the router sends micro-batches of
-		// exactly fb (router/fixedbatch.go).
-		m.fixed, bo.MaxBatch = int(fb), int(fb)
 	}
 	var runners []Runner
 	for _, sess := range m.sessions {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -114,6 +115,9 @@ at --advertise-addr.`,
 				NVML:         nvml.New(),
 				Logger:       log.With("tier", "dense"),
 			})
+			if be := (*gpuserve.BatchMemoryError)(nil); errors.As(err, &be) && be.MaxBatch == maxBatch {
+				return fmt.Errorf("--max-batch %d: %w", maxBatch, err)
+			}
 			if err != nil {
 				return err
 			}

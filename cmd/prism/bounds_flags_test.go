@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAbsurdFlagValuesRefused: a value a typo makes absurd (extra
+// digits, a malformed address) is refused at startup with one line
+// naming the flag, exit status 1, before the process allocates, spawns
+// or serves anything: no panic, no hang, no worker that serves and then
+// misbehaves.
+func TestAbsurdFlagValuesRefused(t *testing.T) {
+	dir := t.TempDir()
+	model, part := filepath.Join(dir, "m"), filepath.Join(dir, "p")
+	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", model); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := run(t, nil, "partition", filepath.Join(model, "model.onnx"), "-o", part); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	dense := []string{"serve", "dense", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--plan", part}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		// The warm-up run allocated the batch: makeslice panicked past
+		// int64, and below it the OOM killer came.
+		{"dense max-batch past int64", append(dense, "--max-batch", "9223372036854775807"), "--max-batch 9223372036854775807: load " + part + `: model "dlrm-tiny": a batch of 9223372036854775807 samples`},
+		{"dense max-batch 1e12", append(dense, "--max-batch", "1000000000000"), "of memory this process may use: want at most"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, prismBin, tc.args...).CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("prism %s still running after 30s (took the value and served):\n%s", strings.Join(tc.args, " "), out)
+			}
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 1 {
+				t.Fatalf("prism %s: %v, want exit status 1:\n%s", strings.Join(tc.args, " "), err, out)
+			}
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if last := lines[len(lines)-1]; !strings.HasPrefix(last, "prism: ") || !strings.Contains(last, tc.want) {
+				t.Errorf("last line %q, want a 'prism: ' line containing %q", last, tc.want)
+			}
+			if s := string(out); strings.Contains(s, "goroutine ") || strings.Contains(s, "panic") {
+				t.Errorf("stack trace in output:\n%s", s)
+			}
+		})
+	}
+}
