@@ -33,6 +33,18 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		// int64, and below it the OOM killer came.
 		{"dense max-batch past int64", append(dense, "--max-batch", "9223372036854775807"), "--max-batch 9223372036854775807: load " + part + `: model "dlrm-tiny": a batch of 9223372036854775807 samples`},
 		{"dense max-batch 1e12", append(dense, "--max-batch", "1000000000000"), "of memory this process may use: want at most"},
+		// Ten thousand ONNX Runtime threads on a 2-core machine: the
+		// worker served, and after SIGTERM spun at 194% CPU for 12
+		// minutes until killed.
+		{"dense threads", append(dense, "--threads", "100000"), "--threads 100000: want at most"},
+		{"embedding threads", []string{"serve", "embedding", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--plan", part, "--db", filepath.Join(dir, "db"), "--threads", "100000"}, "--threads 100000: want at most"},
+		{"score threads", []string{"score", filepath.Join(model, "model.onnx"), "--threads", "100000"}, "--threads 100000: want at most"},
+		{"up threads", []string{"up", "--insecure", "--model", part, "--threads", "100000"}, "--threads 100000: want at most"},
+		{"tune threads", []string{"tune", "--insecure", "--model", part, "--threads", "1,100000"}, "--threads 100000: want at most"},
+		// As many processes as asked for (not run before the fix).
+		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
+		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},
+		{"up replicas", []string{"up", "--insecure", "--model", part, "--replicas", "100000"}, "--replicas 100000: want at most"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

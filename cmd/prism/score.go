@@ -29,6 +29,9 @@ every performance figure is a ratio against it.`,
 			if err := flagval.NonNegative(cmd.Flags(), "show", "warmup"); err != nil {
 				return err
 			}
+			if err := flagval.AtMostPerCore(cmd.Flags(), "threads"); err != nil {
+				return err
+			}
 			switch {
 			case o.Batch <= 0:
 				return errors.New("score: --batch must be positive")

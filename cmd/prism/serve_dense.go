@@ -73,6 +73,9 @@ at --advertise-addr.`,
 			if threads < 0 {
 				return fmt.Errorf("--threads %d: want 0 (the cores shared among the sessions) or more", threads)
 			}
+			if err := flagval.AtMostPerCore(cmd.Flags(), "threads"); err != nil {
+				return err
+			}
 			serve.LightHeapGC()
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {

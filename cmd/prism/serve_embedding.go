@@ -69,6 +69,9 @@ at --advertise-addr.`,
 			if err := flagval.NonNegative(cmd.Flags(), "warm-snapshot-every", "threads"); err != nil {
 				return err
 			}
+			if err := flagval.AtMostPerCore(cmd.Flags(), "threads"); err != nil {
+				return err
+			}
 			// Checked here, naming the flag: the store's and the server's
 			// own checks said "preload", "miss parallel" and "threads".
 			switch store.PreloadMode(preload) {

@@ -241,6 +241,13 @@ func changedAlias(fl *pflag.FlagSet, f *pflag.Flag) string {
 // so that they ran at their defaults: a micro-batch of 0 ran the
 // router's 512, a max-delay of 0 the dense tier's 2 ms. (A --ready-timeout
 // of 0 up refused itself, as "ready timeout", without the flag's name.)
+//
+// A count of threads or of workers is bounded by the machine's cores:
+// --threads 10000 started as many threads in every dense worker, and
+// --dense-workers as many processes.
 func checkUpFlags(fl *pflag.FlagSet) error {
-	return flagval.Positive(fl, "micro-batch", "max-delay", "dense-sessions", "replicas", "ready-timeout")
+	if err := flagval.Positive(fl, "micro-batch", "max-delay", "dense-sessions", "replicas", "ready-timeout"); err != nil {
+		return err
+	}
+	return flagval.AtMostPerCore(fl, "threads", "dense-workers", "gpu-workers", "embedding-workers", "cpu-workers", "replicas")
 }

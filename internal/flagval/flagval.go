@@ -7,6 +7,7 @@ package flagval
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -108,6 +109,34 @@ func atLeast(fs *pflag.FlagSet, zero bool, names []string) error {
 			return fmt.Errorf("--%s %s: want a positive value", name, v)
 		case math.IsInf(x, 1):
 			return fmt.Errorf("--%s %s: want a finite number", name, v)
+		}
+	}
+	return nil
+}
+
+// PerCore is the most a flag sizing threads or processes on a machine
+// of cpus cores takes: four a core, and at least 16. More only contend
+// for the cores (ONNX Runtime sizes its pools at one thread a core), and
+// the extra digits of a typo started ten thousand threads that a
+// SIGTERM no longer stopped.
+func PerCore(cpus int) int { return max(4*cpus, 16) }
+
+// AtMostPerCore refuses, among the flags of fs named, any set on the
+// command line above PerCore of this machine's cores (runtime.NumCPU).
+func AtMostPerCore(fs *pflag.FlagSet, names ...string) error {
+	return atMostPerCore(fs, runtime.NumCPU(), names)
+}
+
+func atMostPerCore(fs *pflag.FlagSet, cpus int, names []string) error {
+	limit := PerCore(cpus)
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil || !f.Changed {
+			continue
+		}
+		v := f.Value.String()
+		if n, err := strconv.ParseFloat(v, 64); err == nil && n > float64(limit) {
+			return fmt.Errorf("--%s %s: want at most %d on this machine of %d cores (four a core, at least 16)", name, v, limit, cpus)
 		}
 	}
 	return nil

@@ -107,3 +107,34 @@ func TestPositive(t *testing.T) {
 		}
 	}
 }
+
+func TestAtMostPerCore(t *testing.T) {
+	for _, tc := range []struct {
+		cpus int
+		args []string
+		bad  string
+	}{
+		{2, nil, ""},
+		{2, []string{"--threads", "16"}, ""},
+		{2, []string{"--threads", "0"}, ""},
+		{2, []string{"--threads", "-1"}, ""}, // the lower bound is the command's
+		{2, []string{"--threads", "17"}, "--threads 17: want at most 16 on this machine of 2 cores (four a core, at least 16)"},
+		{2, []string{"--threads", "10000"}, "--threads 10000: want at most 16"},
+		{64, []string{"--threads", "256"}, ""},
+		{64, []string{"--threads", "257"}, "--threads 257: want at most 256 on this machine of 64 cores"},
+		{2, []string{"--workers", "1000"}, "--workers 1000: want at most 16"},
+		{2, []string{"--free", "1000"}, ""}, // not checked
+	} {
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		fs.Int("threads", 1, "")
+		fs.Int("workers", 0, "")
+		fs.Int("free", 0, "")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := atMostPerCore(fs, tc.cpus, []string{"threads", "workers", "absent"})
+		if got := fmt.Sprint(err); tc.bad == "" && err != nil || tc.bad != "" && !strings.Contains(got, tc.bad) {
+			t.Errorf("%d cores, %v: %v, want %q", tc.cpus, tc.args, err, tc.bad)
+		}
+	}
+}
