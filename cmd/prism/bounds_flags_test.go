@@ -41,6 +41,11 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"score threads", []string{"score", filepath.Join(model, "model.onnx"), "--threads", "100000"}, "--threads 100000: want at most"},
 		{"up threads", []string{"up", "--insecure", "--model", part, "--threads", "100000"}, "--threads 100000: want at most"},
 		{"tune threads", []string{"tune", "--insecure", "--model", part, "--threads", "1,100000"}, "--threads 100000: want at most"},
+		// The router served, warned every second that it could not
+		// reach its sequencer, and forwarded updates there.
+		{"router sequencer without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--sequencer", "10xb"}, `--sequencer "10xb": want HOST:PORT`},
+		{"router sequencer unbracketed IPv6", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--sequencer", "fd00::5:8500"}, `--sequencer "fd00::5:8500": want HOST:PORT`},
+		{"router sequencer is itself", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:18577", "--metrics-addr", "off", "--sequencer", "127.0.0.1:18577"}, "--sequencer 127.0.0.1:18577 is this router's own --addr"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

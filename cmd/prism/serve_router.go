@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -111,6 +112,19 @@ func newServeRouterCmd() *cobra.Command {
 				// and keeps one id live per worker's own certificate.
 				ro.Peer = auth.Peer
 				ro.PeerInstance = func(ctx context.Context) bool { return auth.PeerInstance(ctx) != "" }
+			}
+			// A --sequencer without a port (a typo, a missing :8500) was
+			// taken: the router served, warned every few seconds that it
+			// could not reach it, and forwarded every update there to fail.
+			if ro.Sequencer != "" {
+				if host, port, err := net.SplitHostPort(ro.Sequencer); err != nil || host == "" || port == "" {
+					return fmt.Errorf("--sequencer %q: want HOST:PORT, the address of the router that orders embedding updates (an IPv6 address in brackets: [fd00::5]:8500)", ro.Sequencer)
+				}
+				// It then followed itself, warning each second that its
+				// sequencer "does not sequence embedding updates now".
+				if ro.Sequencer == so.Addr {
+					return fmt.Errorf("--sequencer %s is this router's own --addr: give the sequencing router no --sequencer, and every other router its address", ro.Sequencer)
+				}
 			}
 			s, err := serve.New("router", so)
 			if err != nil {
