@@ -46,6 +46,10 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"router sequencer without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--sequencer", "10xb"}, `--sequencer "10xb": want HOST:PORT`},
 		{"router sequencer unbracketed IPv6", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--sequencer", "fd00::5:8500"}, `--sequencer "fd00::5:8500": want HOST:PORT`},
 		{"router sequencer is itself", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:18577", "--metrics-addr", "off", "--sequencer", "127.0.0.1:18577"}, "--sequencer 127.0.0.1:18577 is this router's own --addr"},
+		// Without a memory budget (no cgroup) the hot tier and the block
+		// cache took any size, bounds they would grow to.
+		{"embedding hot-bytes past memory", []string{"serve", "embedding", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--plan", part, "--db", filepath.Join(dir, "db"), "--memory-limit", "off", "--hot-bytes", "1e18"}, "--hot-bytes 1e18: 931322574.6GiB, more than this machine"},
+		{"embedding cache-bytes past memory", []string{"serve", "embedding", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--plan", part, "--db", filepath.Join(dir, "db"), "--memory-limit", "off", "--cache-bytes", "1e18"}, "--cache-bytes 1e18: 931322574.6GiB, more than this machine"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

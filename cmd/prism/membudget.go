@@ -60,6 +60,27 @@ func memoryLimitSpec(spec string, l memlimit.Limits) (memlimit.Limits, error) {
 	}
 }
 
+// pastMachine refuses, when there is no memory budget (no cgroup's
+// limit, --memory-limit off) to check them against, a hot tier or block
+// cache set past the machine's memory: taken, they were bounds the
+// worker would grow to, into the OOM killer. Under a budget applyBudget
+// checks them, with what else it holds.
+// hot and cache are the flags' values as typed.
+func pastMachine(so store.Options, l memlimit.Limits, hot, cache string) error {
+	if l.Cgroup > 0 || l.Physical <= 0 {
+		return nil
+	}
+	for _, c := range []struct {
+		flag, typed string
+		n           int64
+	}{{"--hot-bytes", hot, so.HotBytes}, {"--cache-bytes", cache, so.CacheBytes}} {
+		if c.n > l.Physical {
+			return fmt.Errorf("%s %s: %s, more than this machine's %s of memory", c.flag, c.typed, flagval.FormatBytes(c.n), flagval.FormatBytes(l.Physical))
+		}
+	}
+	return nil
+}
+
 // memBudget is an embedding worker's memory budget, nil without a limit.
 type memBudget struct {
 	b store.Budget

@@ -123,3 +123,32 @@ func TestMemoryLimitFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestPastMachine: without a budget to check them against, a hot tier or
+// block cache past the machine's memory is refused, naming the flag as
+// typed; under a cgroup's limit the budget checks them (applyBudget), and
+// an unknown machine checks nothing.
+func TestPastMachine(t *testing.T) {
+	machine := memlimit.Limits{Physical: 8 << 30}
+	for _, tc := range []struct {
+		name       string
+		hot, cache int64
+		l          memlimit.Limits
+		want       string // "" passes
+	}{
+		{"defaults", 0, 0, machine, ""},
+		{"hot tier disabled", -1, 0, machine, ""},
+		{"the whole machine", 8 << 30, 8 << 30, machine, ""},
+		{"hot past it", 1e18, 0, machine, "--hot-bytes H: 931322574.6GiB, more than this machine's 8GiB of memory"},
+		{"cache past it", 0, 9 << 30, machine, "--cache-bytes C: 9GiB, more than this machine's 8GiB of memory"},
+		{"under a cgroup the budget checks", 1e18, 1e18, memlimit.Limits{Physical: 8 << 30, Cgroup: 4 << 30}, ""},
+		{"machine unknown", 1e18, 1e18, memlimit.Limits{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := pastMachine(store.Options{HotBytes: tc.hot, CacheBytes: tc.cache}, tc.l, "H", "C")
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || err.Error() != tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -135,8 +135,12 @@ at --advertise-addr.`,
 					// The store took 0 for its 256 MiB.
 					return fmt.Errorf("--cache-bytes %s: want a positive size", cacheBytes)
 				}
+
 			} else if mem.Cgroup > 0 {
 				so.CacheBytes = store.CacheBytesFor(mem.Cgroup)
+			}
+			if err := pastMachine(so, mem, hotBytes, cacheBytes); err != nil {
+				return err
 			}
 			budget, err := applyBudget(&so, mem.Cgroup)
 			if err != nil {
