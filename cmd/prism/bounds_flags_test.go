@@ -50,6 +50,11 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		// cache took any size, bounds they would grow to.
 		{"embedding hot-bytes past memory", []string{"serve", "embedding", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--plan", part, "--db", filepath.Join(dir, "db"), "--memory-limit", "off", "--hot-bytes", "1e18"}, "--hot-bytes 1e18: 931322574.6GiB, more than this machine"},
 		{"embedding cache-bytes past memory", []string{"serve", "embedding", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--plan", part, "--db", filepath.Join(dir, "db"), "--memory-limit", "off", "--cache-bytes", "1e18"}, "--cache-bytes 1e18: 931322574.6GiB, more than this machine"},
+		// The planner said "shards 0, want at least 1"; ingest compared
+		// the 0 with the plan's count and advised prism shard --shards 0.
+		{"shard shards 0", []string{"shard", part, "--shards", "0"}, "--shards 0: want 1 to 4096"},
+		{"shard shards past the most", []string{"shard", part, "--shards", "5000"}, "--shards 5000: want 1 to 4096"},
+		{"ingest shards 0", []string{"ingest", part, "--db", filepath.Join(dir, "db"), "--shard", "0", "--shards", "0"}, "--shards 0: want 1 to 4096"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

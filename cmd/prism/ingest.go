@@ -105,6 +105,10 @@ returns to: each retrained model's ingest adds a whole version.`,
 			}
 			if cmd.Flags().Changed("shards") {
 				switch {
+				// It was compared with the plan's count, and the error
+				// advised "run prism shard --shards 0".
+				case shards < 1 || shards > plan.MaxShards:
+					return fmt.Errorf("--shards %d: want 1 to %d, the plan's shard count", shards, plan.MaxShards)
 				case io.Shard == nil:
 					return fmt.Errorf("--shards %d needs --shard K", shards)
 				case p.Sharding == nil:

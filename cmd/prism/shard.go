@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/plan"
 	"github.com/prism-serve/prism/sharding"
 )
 
@@ -38,6 +39,10 @@ prism ingest PLAN_DIR --db DIR --shard K.`,
 			// Criteo sample or Zipf 1.05, the fair share plus 25%).
 			if err := flagval.Positive(cmd.Flags(), "tolerance", "zipf"); err != nil {
 				return err
+			}
+			// The planner's own check said "shards 0, want at least 1".
+			if o.Shards < 1 || o.Shards > plan.MaxShards {
+				return fmt.Errorf("--shards %d: want 1 to %d (the embedding workers holding a part of the tables)", o.Shards, plan.MaxShards)
 			}
 			var err error
 			if o.ShardBytes, err = flagval.Bytes(shardBytes); err != nil {
