@@ -55,6 +55,8 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"shard shards 0", []string{"shard", part, "--shards", "0"}, "--shards 0: want 1 to 4096"},
 		{"shard shards past the most", []string{"shard", part, "--shards", "5000"}, "--shards 5000: want 1 to 4096"},
 		{"ingest shards 0", []string{"ingest", part, "--db", filepath.Join(dir, "db"), "--shard", "0", "--shards", "0"}, "--shards 0: want 1 to 4096"},
+		// Written, and expired before any tier read them.
+		{"certs validity 1ns", []string{"certs", "init", filepath.Join(dir, "certs"), "--validity", "1ns"}, "--validity 1ns: want at least 1h"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

@@ -58,6 +58,11 @@ certificates expire with it at the latest.`,
 			if err := flagval.Positive(cmd.Flags(), "validity"); err != nil {
 				return err
 			}
+			// --validity 1ns (or 1s meant as a year) wrote a set expired
+			// by the time a tier read it.
+			if validity < time.Hour {
+				return fmt.Errorf("--validity %s: want at least 1h (Go durations: 8760h is a year)", validity)
+			}
 			err := auth.InitCerts(args[0], auth.CertOptions{Hosts: hosts, Validity: validity, Instances: instances, CACert: caCert, CAKey: caKey})
 			if errors.Is(err, auth.ErrCAExists) {
 				return fmt.Errorf("%w: use it as it is, or give certs init a new folder", err)
