@@ -3,6 +3,7 @@ package loan
 import (
 	"fmt"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -143,13 +144,19 @@ func ParseSpec(s string) (Spec, error) {
 	var d capacity.Options
 	d.EnsureDefaults()
 	c.Target, c.High, c.MinLease, c.CoolDown, c.Exact = d.Target, d.High, d.MinLease, d.CoolDown, true
-	given := map[string]bool{}
+	given, seen := map[string]bool{}, map[string]bool{}
 	if rest != "" {
 		for kv := range strings.SplitSeq(rest, ",") {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
 				return sp, fmt.Errorf("loan %q: %q is not KEY=VALUE", s, kv)
 			}
+			// A key given twice took its last value silently (max=2,...,
+			// max=20); promo=, pool= and taint= are lists.
+			if seen[k] && k != "promo" && k != "pool" && k != "taint" {
+				return sp, fmt.Errorf("loan %q: %s= is given twice", s, k)
+			}
+			seen[k] = true
 			var err error
 			dur := func(d *time.Duration) { *d, err = time.ParseDuration(v); given[k] = true }
 			num := func(f *float64) {
@@ -202,6 +209,11 @@ func ParseSpec(s string) (Spec, error) {
 					sp.Promotions = append(sp.Promotions, p)
 				}
 			case "addr":
+				// addr=10xb was taken, and the controller's listen
+				// failed only once the tiers had started.
+				if _, port, perr := net.SplitHostPort(v); perr != nil || port == "" {
+					err = fmt.Errorf("%q: want HOST:PORT (port 0: chosen by the OS)", v)
+				}
 				sp.Addr = v
 			case "namespace", "template", "pool", "taint", "priority-class", "resource", "kubeconfig", "idle-refresh":
 				if !kube {

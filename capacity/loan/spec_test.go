@@ -78,6 +78,12 @@ func TestParseSpec(t *testing.T) {
 		{"local:max=2,policy=predictive,promo=2026-11-11T00:00:00Z/0s/3", "duration 0s must be positive"},
 		{"local:max=2,policy=predictive,promo=2026-11-11T00:00:00Z/2h/NaN", "factor NaN must be a positive number"},
 		{"local:max=2,policy=predictive,promo=2026-11-11T00:00:00Z/2h/-1", "factor -1 must be a positive number"},
+		// Taken: the last of a key given twice won, and a malformed addr
+		// failed only once the tiers had started.
+		{"local:max=2,max=20", "max= is given twice"},
+		{"local:max=2,tick=1s,tick=2s", "tick= is given twice"},
+		{"local:max=2,addr=10xb", `addr: "10xb": want HOST:PORT`},
+		{"local:max=2,addr=127.0.0.1:", `addr: "127.0.0.1:": want HOST:PORT`},
 	} {
 		if _, err := ParseSpec(tc.in); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseSpec(%q) = %v, want an error with %q", tc.in, err, tc.want)

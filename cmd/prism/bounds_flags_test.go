@@ -57,6 +57,10 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"ingest shards 0", []string{"ingest", part, "--db", filepath.Join(dir, "db"), "--shard", "0", "--shards", "0"}, "--shards 0: want 1 to 4096"},
 		// Written, and expired before any tier read them.
 		{"certs validity 1ns", []string{"certs", "init", filepath.Join(dir, "certs"), "--validity", "1ns"}, "--validity 1ns: want at least 1h"},
+		// A local loan's slots are dense worker processes on this
+		// machine; its addr failed only once the tiers had started.
+		{"up local loan max", []string{"up", "--insecure", "--model", filepath.Join(dir, "none"), "--loan", "local:max=99999999999"}, "max=99999999999: want at most"},
+		{"up local loan addr", []string{"up", "--insecure", "--model", filepath.Join(dir, "none"), "--loan", "local:max=2,addr=10xb"}, `addr: "10xb": want HOST:PORT`},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

@@ -33,6 +33,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/gpuserve/devices"
 	"github.com/prism-serve/prism/internal/auth"
+	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/readyline"
 	"github.com/prism-serve/prism/internal/serve"
 	"github.com/prism-serve/prism/internal/supervise"
@@ -216,6 +217,11 @@ func (c *Config) loanSpec() (loan.Spec, error) {
 	}
 	if sp.Provider != "local" {
 		return loan.Spec{}, fmt.Errorf("--loan %s: prism up lends only local slots; the %s lender runs beside the routers on the cluster: prism loan --lender %s", c.Loan, sp.Provider, c.Loan)
+	}
+	// Each local slot is a dense worker process on this machine, as
+	// --dense-workers is: max=99999999999 was taken.
+	if cpus := runtime.NumCPU(); sp.Max > flagval.PerCore(cpus) {
+		return loan.Spec{}, fmt.Errorf("--loan %s: max=%d: want at most %d local dense workers on this machine of %d cores (four a core, at least 16)", c.Loan, sp.Max, flagval.PerCore(cpus), cpus)
 	}
 	return sp, nil
 }
