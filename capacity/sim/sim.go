@@ -133,11 +133,24 @@ func (c *Config) Validate() error {
 	}
 	if c.Tick <= 0 {
 		errs = append(errs, fmt.Errorf("tick %v must be positive", c.Tick))
+	} else if end > 0 && end/c.Tick > maxTicks {
+		// Every tick is a point of the result: a tick of 1ms over a
+		// day's trace grew past 6 GB in 30 s on its way to the OOM
+		// killer.
+		least := (end + maxTicks - 1) / maxTicks
+		if least > time.Millisecond {
+			least = (least + time.Millisecond - 1).Truncate(time.Millisecond)
+		}
+		errs = append(errs, fmt.Errorf("tick %v: the trace's %v is %d ticks of it, more than %d: want a tick of at least %v", c.Tick, end, end/c.Tick, maxTicks, least))
 	} else if c.Controller.BorrowTimeout <= c.Tick {
 		errs = append(errs, fmt.Errorf("borrow timeout %v must exceed the tick (%v): a borrow is seen delivered a tick after it is asked for at the soonest", c.Controller.BorrowTimeout, c.Tick))
 	}
 	if c.Owned < 0 || c.LenderIdle < 0 {
 		errs = append(errs, fmt.Errorf("owned %d and lender idle %d must not be negative", c.Owned, c.LenderIdle))
+	}
+	// Each owned worker is simulated: a billion grew past 3 GB in 30 s.
+	if c.Owned > MaxOwned {
+		errs = append(errs, fmt.Errorf("owned %d: want at most %d, more than any cluster has", c.Owned, MaxOwned))
 	}
 	if c.CapacityPerWorker > 0 && !math.IsInf(c.CapacityPerWorker, 0) && len(c.Rates) > 0 {
 		// The peak, bounded above: the highest rate times the highest
@@ -166,6 +179,15 @@ func (c *Config) Validate() error {
 // controller's own bound): far more than any cluster has, far from
 // overflowing the report's counts.
 const maxWorkers = 1 << 30
+
+// maxTicks bounds a simulation's ticks, each a point of its result
+// (about 1.2 KB a tick for the two policies of prism plan loan): a
+// day's trace at 100ms ticks is 864,000.
+const maxTicks = 1 << 20
+
+// MaxOwned bounds the owned workers, each simulated: a million GPUs,
+// more than any cluster has.
+const MaxOwned = 1 << 20
 
 // maxFactor bounds the product of promotion factors in force at once:
 // 1 (no promotion on), or the product at a promotion's start or end,

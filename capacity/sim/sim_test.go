@@ -205,6 +205,10 @@ func TestConfigErrors(t *testing.T) {
 		{func(c *Config) { c.Controller.Low = 0.9 }, "0 < low <= target < high <= 1"},
 		{func(c *Config) { c.Promotions[0].Factor = -1 }, "factor -1 must be a positive number"},
 		{func(c *Config) { c.Owned = -1 }, "owned -1"},
+		// Each simulated: a tick of 1ms over a day's trace grew past
+		// 6 GB in 30 s, a billion owned workers past 3 GB.
+		{func(c *Config) { c.Tick = c.Step * time.Duration(len(c.Rates)) / (maxTicks + 1) }, "ticks of it, more than 1048576: want a tick of at least"},
+		{func(c *Config) { c.Owned = MaxOwned + 1 }, "owned 1048577: want at most 1048576"},
 		{func(c *Config) { c.Reclaims = []time.Duration{c.Step * time.Duration(len(c.Rates))} }, "past the trace's end"},
 		{func(c *Config) { c.Promotions[0].Start = c.Step * time.Duration(len(c.Rates)+1) }, "starts past the trace's end"},
 		// A peak no cluster has: the report's GPU counts overflowed (a

@@ -47,6 +47,9 @@ survived, and writes report.json and loan.png to --out.`,
 			if err := flagval.NonNegative(cmd.Flags(), "owned", "lender-idle", "startup", "drain", "grace", "min-lease", "cool-down"); err != nil {
 				return err
 			}
+			if c.Base.Owned > sim.MaxOwned {
+				return fmt.Errorf("--owned %d: want at most %d, more than any cluster has", c.Base.Owned, sim.MaxOwned)
+			}
 			var err error
 			if c.Trace, err = dataFlag("qps", trace, sim.QPSTrace); err != nil {
 				return err
