@@ -2,7 +2,9 @@ package mig
 
 import (
 	"fmt"
+	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,4 +256,22 @@ func TestGreedyLargeIsFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("100 services: %d GPUs (whole GPUs %d) in %v", len(p.GPUs), WholeGPUs(m, svcs), time.Since(t0))
+}
+
+// TestGreedyDemandPastTheBound: a demand no million GPUs serve is
+// refused at once with the bound's message, however large: 1e18 left the
+// greedy's gain at 0 against float64 rounding ("demand left that no
+// layout serves"), and 1e9 took seconds of layouts to refuse.
+func TestGreedyDemandPastTheBound(t *testing.T) {
+	m := A100_40GB
+	for _, d := range []float64{1.5e6, 1e9, 1e18, 1e300, math.Inf(1)} {
+		start := time.Now()
+		_, err := Greedy(m, []Service{{Name: "x", Demand: d, Throughput: DefaultThroughput(m, 1)}})
+		if err == nil || !strings.Contains(err.Error(), "need more than 1000000 GPUs") {
+			t.Errorf("demand %g: %v, want the bound's error", d, err)
+		}
+		if el := time.Since(start); el > time.Second {
+			t.Errorf("demand %g: refused after %v, want at once", d, el)
+		}
+	}
 }

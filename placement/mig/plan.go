@@ -166,6 +166,21 @@ func greedyBuild(m Model, svcs []Service) (*Plan, error) {
 	rem := make([]float64, len(svcs))
 	for i, s := range svcs {
 		rem[i] = s.Demand
+		// One service alone needs at least its demand over the most a
+		// GPU serves of it: past the bound it is said at once (a demand
+		// of 1e18 left the greedy's gain at 0 against float64 rounding:
+		// "demand left that no layout serves"; 1e9 took 4 s to refuse).
+		perGPU := 0.0
+		for _, l := range layouts {
+			t := 0.0
+			for _, inst := range l {
+				t += s.Throughput[inst.Profile]
+			}
+			perGPU = max(perGPU, t)
+		}
+		if perGPU > 0 && !(s.Demand/perGPU <= maxGreedyGPUs) {
+			return nil, fmt.Errorf("the demands need more than %d GPUs: check their unit (full-GPU equivalents, or requests/s with a full GPU's throughput)", maxGreedyGPUs)
+		}
 	}
 	plan := &Plan{}
 	for iter := 0; ; iter++ {
