@@ -61,6 +61,10 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		// machine; its addr failed only once the tiers had started.
 		{"up local loan max", []string{"up", "--insecure", "--model", filepath.Join(dir, "none"), "--loan", "local:max=99999999999"}, "max=99999999999: want at most"},
 		{"up local loan addr", []string{"up", "--insecure", "--model", filepath.Join(dir, "none"), "--loan", "local:max=2,addr=10xb"}, `addr: "10xb": want HOST:PORT`},
+		// "fatal error: runtime: out of memory", exit status 2, and a
+		// stack trace.
+		{"store bench batch", []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--batch", "1000000000000"}, "--batch 1000000000000 over --batches 2000"},
+		{"store bench dim", []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--dim", "1000000000"}, "--dim 1000000000: the 26 tables'"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

@@ -21,6 +21,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/models"
 	"github.com/prism-serve/prism/plan"
@@ -88,6 +90,30 @@ type Env struct {
 	IO *IOStats
 }
 
+// fits refuses a run whose tables (built in memory, float32) or ids
+// (drawn ahead of the timed part: warm-up and measured batches) would
+// take more than half of memory bytes (0: unknown, no check): --batch,
+// --batches or --dim with a typo's extra digits ended in "fatal error:
+// runtime: out of memory" and a stack trace. In float64: no product
+// overflows.
+func fits(cfg Config, rows []int64, dim int, memory int64) error {
+	if memory <= 0 {
+		return nil
+	}
+	var all float64
+	for _, r := range rows {
+		all += float64(r)
+	}
+	half := float64(memory) / 2
+	if b := all * float64(dim) * 4; b > half {
+		return fmt.Errorf("--dim %d: the %d tables' %.0f rows take %s at that width, more than half of the %s of memory", dim, len(rows), all, flagval.FormatBytes(int64(min(b, 1<<62))), flagval.FormatBytes(memory))
+	}
+	if b := float64(cfg.warmup()+cfg.Batches) * float64(len(rows)) * float64(cfg.Batch) * 8; b > half {
+		return fmt.Errorf("--batch %d over --batches %d (and --warmup %d): the ids drawn ahead take %s, more than half of the %s of memory", cfg.Batch, cfg.Batches, cfg.warmup(), flagval.FormatBytes(int64(min(b, 1<<62))), flagval.FormatBytes(memory))
+	}
+	return nil
+}
+
 // Setup builds the tables (seeded), writes the plan, and ingests it into
 // Dir/db unless the store there already holds the model.
 func Setup(cfg Config) (*Env, error) {
@@ -107,6 +133,9 @@ func Setup(cfg Config) (*Env, error) {
 		if n := len(mc.Bottom); n > 0 {
 			mc.Bottom = append(append([]int(nil), mc.Bottom[:n-1]...), cfg.Dim)
 		}
+	}
+	if err := fits(cfg, mc.TableRows, mc.EmbDim, memlimit.Read().Effective()); err != nil {
+		return nil, err
 	}
 	// The table sizes are in the name: a --work folder kept from a run
 	// with other --max-rows or --rows-scale then gets a plan and a model
