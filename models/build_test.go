@@ -77,7 +77,12 @@ func TestScaled(t *testing.T) {
 			t.Errorf("%+v: rows %v, want %v", tc.o, got.TableRows, tc.want)
 		}
 	}
-	for _, bad := range []models.ScaleOptions{{RowsScale: -1}, {RowsScale: math.NaN()}, {MaxRows: -5}} {
+	// Past int64 a table kept its preset's rows, silently; under a cap
+	// it is the cap.
+	if got, err := base.Scaled(models.ScaleOptions{RowsScale: 1e18, MaxRows: 1000}); err != nil || !reflect.DeepEqual(got.TableRows, []int64{1000, 1000, 1000}) {
+		t.Errorf("rows-scale 1e18 under max-rows 1000: %v, %v; want every table at 1000", got.TableRows, err)
+	}
+	for _, bad := range []models.ScaleOptions{{RowsScale: -1}, {RowsScale: math.NaN()}, {MaxRows: -5}, {RowsScale: 1e18}, {RowsScale: 1e300}} {
 		if _, err := base.Scaled(bad); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}

@@ -161,8 +161,17 @@ func (c Config) Scaled(o ScaleOptions) (Config, error) {
 	rows := make([]int64, len(c.TableRows))
 	for k, r := range c.TableRows {
 		if o.RowsScale > 0 && o.RowsScale != 1 {
-			s := int64(math.Ceil(float64(r) * o.RowsScale))
-			r = max(s, min(r, MinScaledRows))
+			// Past int64 the conversion gave a negative count, and the
+			// table kept its preset's rows: rows-scale 1e18 built the
+			// preset as it is, silently.
+			f := math.Ceil(float64(r) * o.RowsScale)
+			if o.MaxRows > 0 {
+				f = min(f, float64(o.MaxRows)) // capped below
+			}
+			if !(f < 1<<62) {
+				return c, fmt.Errorf("rows-scale %g gives table %d %g rows: more than any table can hold", o.RowsScale, k, f)
+			}
+			r = max(int64(f), min(r, MinScaledRows))
 		}
 		if o.MaxRows > 0 {
 			r = min(r, o.MaxRows)

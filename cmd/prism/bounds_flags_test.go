@@ -65,6 +65,10 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		// stack trace.
 		{"store bench batch", []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--batch", "1000000000000"}, "--batch 1000000000000 over --batches 2000"},
 		{"store bench dim", []string{"store", "bench", "--model", "dlrm-tiny", "--work", filepath.Join(dir, "sb"), "--dim", "1000000000"}, "--dim 1000000000: the 26 tables'"},
+		// Past int64 rows: "panic: makeslice: len out of range"; past it
+		// the preset was built as it is, silently.
+		{"models build rows-scale 1e12", []string{"models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "big"), "--rows-scale", "1e12"}, "lower --rows-scale or --max-rows"},
+		{"models build rows-scale 1e18", []string{"models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "big"), "--rows-scale", "1e18"}, "rows-scale 1e+18 gives table 0"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

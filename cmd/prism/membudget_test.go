@@ -8,6 +8,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/flagval"
 	"github.com/prism-serve/prism/internal/memlimit"
+	"github.com/prism-serve/prism/models"
 )
 
 // raiseProcs leaves GOMAXPROCS alone without a budget and when it was set
@@ -147,6 +148,31 @@ func TestPastMachine(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			err := pastMachine(store.Options{HotBytes: tc.hot, CacheBytes: tc.cache}, tc.l, "H", "C")
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || err.Error() != tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestBuildFits: a model whose tables take more than the memory is
+// refused before they are allocated, naming the flags that size them.
+func TestBuildFits(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		rows []int64
+		dim  int
+		mem  int64
+		want string // "" passes
+	}{
+		{"dlrm-tiny", []int64{1000, 13300}, 16, 8 << 30, ""},
+		{"exactly the memory", []int64{1 << 20}, 2048, 8 << 30, ""},
+		{"one row past it", []int64{1<<20 + 1}, 2048, 8 << 30, "its 1 tables' 1048577 rows of width 2048 take 8.0GiB, more than the 8GiB of memory this process may use: lower --rows-scale or --max-rows"},
+		{"rows-scale 1e12", []int64{1e15, 1.33e16}, 16, 8 << 30, "its 2 tables' 14300000000000000 rows of width 16 take 852346420.3GiB"},
+		{"memory unknown", []int64{1e15}, 16, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := buildFits(models.Config{TableRows: tc.rows, EmbDim: tc.dim}, tc.mem)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
