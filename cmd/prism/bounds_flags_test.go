@@ -69,6 +69,8 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		// the preset was built as it is, silently.
 		{"models build rows-scale 1e12", []string{"models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "big"), "--rows-scale", "1e12"}, "lower --rows-scale or --max-rows"},
 		{"models build rows-scale 1e18", []string{"models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "big"), "--rows-scale", "1e18"}, "rows-scale 1e+18 gives table 0"},
+		// "fatal error: runtime: out of memory", exit status 2.
+		{"score samples", []string{"score", filepath.Join(model, "model.onnx"), "--samples", "1000000000000"}, "--samples 1000000000000: drawn at once"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/prism-serve/prism/internal/atomicfile"
+	"github.com/prism-serve/prism/internal/flagval"
+	"github.com/prism-serve/prism/internal/memlimit"
 	"github.com/prism-serve/prism/internal/modelrun"
 	pb "github.com/prism-serve/prism/internal/onnxpb"
 	"github.com/prism-serve/prism/internal/ort"
@@ -354,6 +356,9 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // draw makes o.Samples synthetic samples up front, cut into batches.
 func draw(sig models.Signature, o Options) ([]*models.Batch, error) {
+	if err := drawFits(sig, o.Samples, memlimit.Read().Effective()); err != nil {
+		return nil, err
+	}
 	var batches []*models.Batch
 	src, err := models.NewSynthetic(sig, models.SyntheticOptions{Seed: o.Seed, ZipfS: o.Zipf})
 	if err != nil {
@@ -460,4 +465,24 @@ func LogLoss(p, y []float32) float64 {
 		}
 	}
 	return s / float64(len(y))
+}
+
+// drawFits refuses synthetic samples whose inputs, drawn at once (8
+// bytes a value, the widest an input takes), would take more than half
+// of memory bytes (0: unknown, no check): --samples 1000000000000 ended
+// in "fatal error: runtime: out of memory" and a stack trace. In
+// float64: no product overflows.
+func drawFits(sig models.Signature, samples int, memory int64) error {
+	width := 0
+	for _, in := range sig.Inputs {
+		width += max(in.Width, 1)
+	}
+	if memory <= 0 || width == 0 {
+		return nil
+	}
+	if b := float64(samples) * float64(width) * 8; b > float64(memory)/2 {
+		return fmt.Errorf("score: --samples %d: drawn at once, their %d input values a sample take %s, more than half of the %s of memory this process may use: want at most %d",
+			samples, width, flagval.FormatBytes(int64(min(b, 1<<62))), flagval.FormatBytes(memory), memory/2/int64(width*8))
+	}
+	return nil
 }
