@@ -71,6 +71,12 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"models build rows-scale 1e18", []string{"models", "build", "dlrm-tiny", "-o", filepath.Join(dir, "big"), "--rows-scale", "1e18"}, "rows-scale 1e+18 gives table 0"},
 		// "fatal error: runtime: out of memory", exit status 2.
 		{"score samples", []string{"score", filepath.Join(model, "model.onnx"), "--samples", "1000000000000"}, "--samples 1000000000000: drawn at once"},
+		// Addresses without a port: refused, but the errors named no
+		// flag ("router address "10xb": want HOST:PORT", "listen 10xb").
+		{"dense router without a port", append(dense, "--router", "10xb"), `--router "10xb": address "10xb": want HOST:PORT`},
+		{"router addr without a port", []string{"serve", "router", "--insecure", "--addr", "10xb", "--metrics-addr", "off"}, "router: --addr 10xb: listen tcp"},
+		{"router http-addr without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--http-addr", "10xb"}, "router: --http-addr 10xb: listen tcp"},
+		{"dense metrics-addr without a port", []string{"serve", "dense", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "1.5.2", "--plan", part}, "dense: --metrics-addr 1.5.2: listen tcp"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

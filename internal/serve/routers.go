@@ -40,7 +40,7 @@ func ParseRouters(s string) ([]string, error) {
 		}
 		host, port, err := net.SplitHostPort(r)
 		if err != nil || host == "" || port == "" {
-			return nil, fmt.Errorf("router address %q: want HOST:PORT", r)
+			return nil, fmt.Errorf("--router %q: address %q: want HOST:PORT", s, r)
 		}
 		// An IP address in its one form ([0:0:0:0:0:0:0:1]:8500 is
 		// [::1]:8500), so that one router written twice two ways is

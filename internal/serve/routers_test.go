@@ -229,8 +229,9 @@ func TestResolveRouter(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"router", ":7000", "router:"} {
-		if _, err := ParseRouters(bad); err == nil {
-			t.Errorf("ParseRouters(%q): no error", bad)
+		// Naming the flag: "router address "0": want HOST:PORT" did not.
+		if _, err := ParseRouters(bad); err == nil || !strings.HasPrefix(err.Error(), fmt.Sprintf("--router %q: address %q: want HOST:PORT", bad, bad)) {
+			t.Errorf("ParseRouters(%q): %v, want an error naming --router", bad, err)
 		}
 	}
 }

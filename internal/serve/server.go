@@ -172,13 +172,13 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 	var err error
 	if s.lis = o.Listener; s.lis == nil {
 		if s.lis, err = net.Listen("tcp", o.Addr); err != nil {
-			return nil, fmt.Errorf("%s: listen %s: %w", name, o.Addr, err)
+			return nil, fmt.Errorf("%s: --addr %s: %w", name, o.Addr, err)
 		}
 	}
 	if o.MetricsAddr != "off" {
 		if s.mlis, err = net.Listen("tcp", o.MetricsAddr); err != nil {
 			s.lis.Close()
-			return nil, fmt.Errorf("%s: metrics listen %s: %w", name, o.MetricsAddr, err)
+			return nil, fmt.Errorf("%s: --metrics-addr %s: %w", name, o.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
 		// OpenMetrics to a scraper that asks for it (Prometheus does):
@@ -210,7 +210,7 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 			if s.mlis != nil {
 				s.mlis.Close()
 			}
-			return nil, fmt.Errorf("%s: HTTP listen %s: %w", name, o.HTTPAddr, err)
+			return nil, fmt.Errorf("%s: --http-addr %s: %w", name, o.HTTPAddr, err)
 		}
 	}
 	unary, stream := []grpc.UnaryServerInterceptor{s.unaryMetrics}, []grpc.StreamServerInterceptor{s.streamMetrics}
