@@ -77,6 +77,11 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"router addr without a port", []string{"serve", "router", "--insecure", "--addr", "10xb", "--metrics-addr", "off"}, "router: --addr 10xb: listen tcp"},
 		{"router http-addr without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--http-addr", "10xb"}, "router: --http-addr 10xb: listen tcp"},
 		{"dense metrics-addr without a port", []string{"serve", "dense", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "1.5.2", "--plan", part}, "dense: --metrics-addr 1.5.2: listen tcp"},
+		// Refused, naming no flag: "candidates "0": ...", "clients must
+		// not be negative", "the run needs a positive request cap".
+		{"loadgen candidates 0", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--candidates", "0"}, `--candidates "0": want a positive count`},
+		{"loadgen negative clients", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--clients", "-1"}, "--clients -1: want 0 or more"},
+		{"loadgen max-requests 0", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--max-requests", "0"}, "--max-requests 0: want a positive value"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

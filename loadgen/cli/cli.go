@@ -168,6 +168,14 @@ HTTP status when the body is not the router's JSON), so the report,
 			if err := flagval.Positive(cmd.Flags(), "update-rows"); err != nil {
 				return err
 			}
+			// The run's own checks named no flag ("clients must not be
+			// negative", "the run needs a positive request cap").
+			if err := flagval.Positive(cmd.Flags(), "max-requests"); err != nil {
+				return err
+			}
+			if err := flagval.NonNegative(cmd.Flags(), "clients"); err != nil {
+				return err
+			}
 			if len(f.modelArgs) > 0 {
 				mix, err := loadgen.ParseMix(f.modelArgs)
 				if err != nil {
@@ -606,7 +614,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	}
 	cand, err := loadgen.ParseCandidates(f.candidates)
 	if err != nil {
-		return fmt.Errorf("loadgen: %w", err)
+		return fmt.Errorf("loadgen: --%w", err)
 	}
 	if f.stream == 0 && f.printRequests > 0 {
 		// Printed requests are for trying a server by hand: the same
