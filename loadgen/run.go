@@ -95,7 +95,11 @@ type Options struct {
 	// 10000). When reached the generator waits; the wait counts in the
 	// latency of the requests it delays, and shows as send lag.
 	MaxInFlight int
-	// Timeout is each request's deadline (default 10s).
+	// Timeout is each request's deadline (default 10s). An open-loop
+	// arrival the generator gets to only Timeout or more after its
+	// intended time (behind its rate, or waiting on MaxInFlight) is not
+	// sent: it is recorded as DeadlineExceeded at its deadline, so a run
+	// ends by Duration + Timeout.
 	Timeout time.Duration
 	// SLO is the latency target for attainment (default 60ms, MLPerf
 	// DLRMv2's server bound).
@@ -183,6 +187,9 @@ type job struct {
 	upd      *prismv1.UpdateRequest
 	samples  int // candidates of a request, rows of an update
 	model    int // the request's model in a mix (Requests.Models), else 0
+	// expired: not built, its deadline passed before the generator got
+	// to it (the producer's check); recorded, never sent.
+	expired bool
 }
 
 // source is what a run sends: it builds the next job (from the
@@ -284,6 +291,20 @@ func run(ctx context.Context, o Options, src source, mix []ModelShare) (*Summary
 				capped = true
 				return
 			}
+			// An arrival already late by the request timeout is not
+			// built: its deadline, counted from its intended time as its
+			// latency is, has passed (expire below). A generator that
+			// could not keep up with the rate sent every arrival of the
+			// window however late: --rate 1e6 for --duration 2s was still
+			// sending 35 s on, toward --max-requests.
+			if sched != nil && since()-at >= o.Timeout {
+				select {
+				case jobs <- job{intended: at, expired: true}:
+					continue
+				case <-ctx.Done():
+					return
+				}
+			}
 			j, err := src.next()
 			if err != nil {
 				genErr = err
@@ -354,6 +375,21 @@ func run(ctx context.Context, o Options, src source, mix []ModelShare) (*Summary
 			tr.done(traceID, model, done-j.intended, status.Code(err))
 		}
 	}
+	// expire records an arrival whose deadline passed before it could be
+	// sent (the generator, or --max-inflight, behind the rate) as the
+	// client would have seen it: offered, and DeadlineExceeded at its
+	// deadline.
+	expire := func(j job) {
+		at := j.intended + o.Timeout
+		err := status.Errorf(codes.DeadlineExceeded, "not sent: the generator was %v or more behind its schedule, past the request timeout (--rate above what it, or --max-inflight, can send)", o.Timeout)
+		for _, r := range []*Recorder{rec, modelRec(j)} {
+			if r != nil {
+				r.Sent(j.intended, at)
+				r.Failed(err)
+				r.Done(j.intended, at, j.samples, codes.DeadlineExceeded)
+			}
+		}
+	}
 	if o.Clients == 0 {
 		sem := make(chan struct{}, o.MaxInFlight)
 		for j := range jobs {
@@ -363,6 +399,10 @@ func run(ctx context.Context, o Options, src source, mix []ModelShare) (*Summary
 			if ctx.Err() != nil {
 				break
 			}
+			if j.expired || since()-j.intended >= o.Timeout {
+				expire(j)
+				continue
+			}
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -371,6 +411,13 @@ func run(ctx context.Context, o Options, src source, mix []ModelShare) (*Summary
 			}
 			if ctx.Err() != nil {
 				break
+			}
+			// Its deadline may have passed while --max-inflight requests
+			// were out.
+			if since()-j.intended >= o.Timeout {
+				<-sem
+				expire(j)
+				continue
 			}
 			sentAt := since()
 			rec.Sent(j.intended, sentAt)
