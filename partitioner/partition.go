@@ -62,6 +62,10 @@ type Result struct {
 // side (Options.ForceCPU, Options.ForceGPU).
 var ErrForced = errors.New("cannot honour a forced placement")
 
+// ErrCostsTooLarge: the cost model's figures (bandwidth, FLOP rates,
+// launch time) make the graph's costs too large for the exact min-cut.
+var ErrCostsTooLarge = errors.New("costs too large to solve exactly")
+
 // ErrUnrecognised marks a model with tables whose lookups the
 // partitioner cannot recognise (see Options.AllowDenseOnly).
 var ErrUnrecognised = errors.New("embedding tables not recognised as lookups")

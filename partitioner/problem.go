@@ -62,7 +62,7 @@ func (p *problem) solve() ([]bool, int64, error) {
 		finite = addSat(finite, t.bytes)
 	}
 	if finite >= math.MaxInt64/4 {
-		return nil, 0, errors.New("costs too large to solve exactly")
+		return nil, 0, ErrCostsTooLarge
 	}
 	inf := finite + 1
 	net := newFlowNet(n + 2)

@@ -82,6 +82,8 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"loadgen candidates 0", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--candidates", "0"}, `--candidates "0": want a positive count`},
 		{"loadgen negative clients", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--clients", "-1"}, "--clients -1: want 0 or more"},
 		{"loadgen max-requests 0", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--max-requests", "0"}, "--max-requests 0: want a positive value"},
+		// "costs too large to solve exactly", naming no flag.
+		{"partition launch 1e18", []string{"partition", filepath.Join(model, "model.onnx"), "--report-only", "--gpu-launch-us", "1e18"}, "costs too large to solve exactly (check the cost model: --net-gbps"},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

@@ -76,6 +76,10 @@ and prints a report.`,
 				return fmt.Errorf("%w\n(--allow-batch-dependent writes the plan all the same)", err)
 			case errors.Is(err, partitioner.ErrForced):
 				return fmt.Errorf("%w (check --force-cpu/--force-gpu)", err)
+			case errors.Is(err, partitioner.ErrCostsTooLarge):
+				// It named no flag: --gpu-launch-us 1e18 or --net-gbps
+				// 1e-300 gave it.
+				return fmt.Errorf("%w (check the cost model: --net-gbps, --cpu-gflops, --gpu-gflops, --gpu-launch-us)", err)
 			}
 			if err != nil {
 				return err
