@@ -84,6 +84,7 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"loadgen max-requests 0", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--max-requests", "0"}, "--max-requests 0: want a positive value"},
 		// "costs too large to solve exactly", naming no flag.
 		{"partition launch 1e18", []string{"partition", filepath.Join(model, "model.onnx"), "--report-only", "--gpu-launch-us", "1e18"}, "costs too large to solve exactly (check the cost model: --net-gbps"},
+		{"router advertise-addr without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--sequencer-lease", "ns/lease", "--kubeconfig", filepath.Join(dir, "none"), "--advertise-addr", "10xb"}, `--advertise-addr "10xb": want HOST:PORT`},
 		// As many processes as asked for (not run before the fix).
 		{"up dense workers", []string{"up", "--insecure", "--model", part, "--dense-workers", "100000"}, "--dense-workers 100000: want at most"},
 		{"up embedding workers", []string{"up", "--insecure", "--model", part, "--embedding-workers", "100000"}, "--embedding-workers 100000: want at most"},

@@ -140,6 +140,11 @@ func newServeRouterCmd() *cobra.Command {
 				if lo.Identity == "" {
 					return errors.New("--sequencer-lease needs --advertise-addr: the address the other routers dial this one at (on Kubernetes, the pod's DNS name or IP and the port)")
 				}
+				// The lease's own check said "identity ..." and pointed
+				// at --kubeconfig and --sequencer-lease-duration.
+				if host, port, err := net.SplitHostPort(lo.Identity); err != nil || host == "" || port == "" {
+					return fmt.Errorf("--advertise-addr %q: want HOST:PORT, the address the other routers dial this one at (an IPv6 address in brackets: [fd00::5]:8500)", lo.Identity)
+				}
 				lo.Logger = log
 				if ro.Election, err = kubelease.New(lo); err != nil {
 					return fmt.Errorf("--sequencer-lease: %w (--kubeconfig, --sequencer-lease-duration)", err)
