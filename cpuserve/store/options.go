@@ -203,7 +203,7 @@ func (l fatalExits) Fatalf(format string, args ...any) {
 // it counts every read that found a damaged block (Metrics.Corruptions)
 // and logs the first of each file, naming it, the tables whose keys it
 // holds, and what to do. The read itself fails with the error.
-func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64, first *atomic.Pointer[string], notify func(string)) func(pebble.DataCorruptionInfo) {
+func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64, first *atomic.Pointer[string], notify func(string), names func(lo, hi uint32) string) func(pebble.DataCorruptionInfo) {
 	var mu sync.Mutex
 	logged := map[string]bool{}
 	return func(info pebble.DataCorruptionInfo) {
@@ -223,6 +223,9 @@ func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64, first *atomi
 			tables = fmt.Sprintf("physical tables %d to %d", lo, hi)
 			if lo == hi {
 				tables = fmt.Sprintf("physical table %d", lo)
+			}
+			if served := names(lo, hi); served != "" {
+				tables += ": " + served
 			}
 		}
 		l.Errorf("store %q: %s is damaged (%s, holding rows of %s): lookups of its rows fail (DataLoss) and the rest is served; replace the store with a copy of a serving worker's (prism store copy; a worker serving with --mend does) or ingest the plan into a new --db", dir, info.Path, firstLine(info.Details), tables)

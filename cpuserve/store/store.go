@@ -190,7 +190,17 @@ func Open(dir string, o *Options) (*Store, error) {
 	// makes the end of the process: every restart read the damaged block
 	// again (Open's scan, the preload) and the worker never served.
 	corruptions, damaged := new(atomic.Int64), new(atomic.Pointer[string])
-	po.EventListener = &pebble.EventListener{DataCorruption: reportCorruption(dir, opts.Logger, corruptions, damaged, opts.OnDamage)}
+	// The served tables a damaged file holds rows of, by name, from the
+	// published view (no lock: the report comes on a reading goroutine);
+	// none before the store's first view.
+	var opened atomic.Pointer[Store]
+	names := func(lo, hi uint32) string {
+		if s := opened.Load(); s != nil {
+			return s.servedTables(lo, hi)
+		}
+		return ""
+	}
+	po.EventListener = &pebble.EventListener{DataCorruption: reportCorruption(dir, opts.Logger, corruptions, damaged, opts.OnDamage, names)}
 	directReads := new(atomic.Int64)
 	if opts.DropBehind {
 		po.FS = dropBehindFS{FS: po.FS, direct: opts.DirectReads, reads: directReads}
@@ -281,6 +291,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	s.m.directReads = directReads
 	s.m.corruptions = corruptions
 	s.damaged = damaged
+	opened.Store(s)
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
 	s.missPoint.Store(opts.MissReads == MissPoint)
@@ -319,6 +330,25 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	s.startWarm(afterWarm)
 	return s, nil
+}
+
+// servedTables names the tables of the published view whose physical
+// table is in [lo, hi] ("MODEL/TABLE", sorted), "" when none.
+func (s *Store) servedTables(lo, hi uint32) string {
+	v := s.view.Load()
+	if v == nil {
+		return ""
+	}
+	var out []string
+	for _, m := range v.models {
+		for _, t := range m.tables {
+			if t.id >= lo && t.id <= hi {
+				out = append(out, m.name+"/"+t.name)
+			}
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }
 
 // Damaged is the first file of the store a read of this process found
