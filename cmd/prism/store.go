@@ -21,8 +21,8 @@ func init() { subcommands = append(subcommands, newStoreCmd) }
 
 // newStoreCmd is `prism store`: embedding store jobs besides ingest.
 func newStoreCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "store", Short: "Embedding store: benchmarks, versions, a copy from a serving worker"}
-	cmd.AddCommand(newStoreBenchCmd(), newStoreVersionsCmd(), newStoreCopyCmd())
+	cmd := &cobra.Command{Use: "store", Short: "Embedding store: benchmarks, versions, a copy from a serving worker, a check of every block"}
+	cmd.AddCommand(newStoreBenchCmd(), newStoreVersionsCmd(), newStoreCopyCmd(), newStoreCheckCmd())
 	return cmd
 }
 

@@ -353,8 +353,17 @@ func (j *copyJob) copyFrom(ctx context.Context, from string) error {
 // copyIn is copyFrom, saying whether the copy was staged for the
 // process holding j.db (the worker) rather than swapped in.
 func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err error) {
-	var bar, checkBar *progress.Bar
+	var bar, checkBar, verifyBar *progress.Bar
 	res, err := receiveFrom(ctx, &j.tlsFlags, auth.Admin, from, j.db, storecopy.Options{AllowDiverged: j.allowDiverged, Rate: j.rate,
+		Verify: func(done, total int64) {
+			if bar != nil {
+				bar.Done()
+			}
+			if verifyBar == nil {
+				verifyBar = progress.New(j.errOut, "check the copy's blocks", total, true)
+			}
+			verifyBar.Set(done)
+		},
 		Check: func(done, total int64) {
 			if checkBar == nil {
 				checkBar = progress.New(j.errOut, "check what an earlier copy left", total, true)
@@ -372,6 +381,9 @@ func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err err
 		}})
 	if bar != nil {
 		bar.Done()
+	}
+	if verifyBar != nil {
+		verifyBar.Done()
 	}
 	if err != nil {
 		return false, err

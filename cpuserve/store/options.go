@@ -199,6 +199,19 @@ func (l fatalExits) Fatalf(format string, args ...any) {
 	pebble.DefaultLogger.Fatalf(format, args...)
 }
 
+// tablesOf names physical tables lo to hi, then those of them served
+// (names: "MODEL/TABLE, ...", "" when none).
+func tablesOf(lo, hi uint32, names func(lo, hi uint32) string) string {
+	tables := fmt.Sprintf("physical tables %d to %d", lo, hi)
+	if lo == hi {
+		tables = fmt.Sprintf("physical table %d", lo)
+	}
+	if served := names(lo, hi); served != "" {
+		tables += ": " + served
+	}
+	return tables
+}
+
 // reportCorruption is the store's Pebble EventListener.DataCorruption:
 // it counts every read that found a damaged block (Metrics.Corruptions)
 // and logs the first of each file, naming it, the tables whose keys it
@@ -219,14 +232,7 @@ func reportCorruption(dir string, l pebble.Logger, n *atomic.Int64, first *atomi
 		first.CompareAndSwap(nil, &path)
 		tables := "unknown tables"
 		if len(info.Bounds.Start) >= 4 && len(info.Bounds.End.Key) >= 4 {
-			lo, hi := binary.BigEndian.Uint32(info.Bounds.Start), binary.BigEndian.Uint32(info.Bounds.End.Key)
-			tables = fmt.Sprintf("physical tables %d to %d", lo, hi)
-			if lo == hi {
-				tables = fmt.Sprintf("physical table %d", lo)
-			}
-			if served := names(lo, hi); served != "" {
-				tables += ": " + served
-			}
+			tables = tablesOf(binary.BigEndian.Uint32(info.Bounds.Start), binary.BigEndian.Uint32(info.Bounds.End.Key), names)
 		}
 		l.Errorf("store %q: %s is damaged (%s, holding rows of %s): lookups of its rows fail (DataLoss) and the rest is served; replace the store with a copy of a serving worker's (prism store copy; a worker serving with --mend does) or ingest the plan into a new --db", dir, info.Path, firstLine(info.Details), tables)
 		if notify != nil {

@@ -351,6 +351,30 @@ func (s *Store) servedTables(lo, hi uint32) string {
 	return strings.Join(out, ", ")
 }
 
+// FileTables names the tables whose rows table file name (a file of
+// the store's folder, "000123.sst") holds: "physical tables LO to HI"
+// (or "physical table N"), then the served ones ("MODEL/TABLE"), as
+// the damage log line does; "" when the store does not list the file.
+func (s *Store) FileTables(name string) string {
+	levels, err := s.db.SSTables()
+	if err != nil {
+		return ""
+	}
+	for _, level := range levels {
+		for _, t := range level {
+			if fmt.Sprintf("%s.sst", t.BackingSSTNum) != name {
+				continue
+			}
+			lo, hi := t.Smallest.UserKey, t.Largest.UserKey
+			if len(lo) < 4 || len(hi) < 4 {
+				return ""
+			}
+			return tablesOf(binary.BigEndian.Uint32(lo), binary.BigEndian.Uint32(hi), s.servedTables)
+		}
+	}
+	return ""
+}
+
 // Damaged is the first file of the store a read of this process found
 // damaged (a block whose checksum does not match), "" when none: its
 // rows cannot be read here until the store is replaced.

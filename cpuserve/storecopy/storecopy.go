@@ -26,6 +26,7 @@ import (
 
 	"github.com/prism-serve/prism/api/prismv1"
 	"github.com/prism-serve/prism/cpuserve/store"
+	"github.com/prism-serve/prism/internal/pebblecheck"
 )
 
 // MaxFiles bounds a manifest: a store of that many files is not one
@@ -47,6 +48,9 @@ type Options struct {
 	// Check, if set, is called as the files an earlier copy left in the
 	// staged folder are read for their checksums: done of total.
 	Check func(done, total int64)
+	// Verify, if set, is called as the copy's table files are read back
+	// for their blocks' checksums, once all are in: done of total.
+	Verify func(done, total int64)
 	// Free, if set, is the bytes free on the store folder's disk; the
 	// copy is refused when the manifest's bytes do not fit (nil: asked
 	// of FS).
@@ -216,6 +220,24 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 	if err := store.SyncDir(fs, staged); err != nil {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
+	// Each file's checksum above is of its bytes as the sender read
+	// them: a block damaged on the sender's disk (bit rot its own reads
+	// have not reached yet) came with it, and opening a store reads few
+	// blocks. Every block is read back here, before the copy can count
+	// as complete.
+	damaged, err := pebblecheck.Tables(ctx, fs, staged, o.Verify)
+	if ctx.Err() != nil {
+		return res, fmt.Errorf("copy into %s: %w", dst, ctx.Err())
+	} else if err != nil {
+		return res, fmt.Errorf("copy into %s: check the copy's table files: %w", dst, err)
+	}
+	if len(damaged) > 0 {
+		// Not kept for a next copy to take as received whole.
+		for _, d := range damaged {
+			_ = fs.Remove(d.Path)
+		}
+		return res, fmt.Errorf("copy into %s: %w%s; the store copied (%s) holds the damage, unless a file kept from an earlier copy was damaged here: nothing staged, copy another worker (and mend that one)", dst, damaged[0], more(len(damaged)-1), res.Source)
+	}
 	if res.Models, err = inspect(fs, staged); err != nil {
 		return res, fmt.Errorf("copy into %s: the copy received does not open as a store: %w", dst, err)
 	}
@@ -242,6 +264,14 @@ func Receive(open Open, dst string, o Options) (Result, error) {
 		return res, fmt.Errorf("copy into %s: %w", dst, err)
 	}
 	return res, nil
+}
+
+// more is " (and n more)" when n > 0.
+func more(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (and %d more)", n)
 }
 
 // clearStaged removes what the staged folder holds but its lock and

@@ -138,6 +138,38 @@ func clone(cs []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
 	return out
 }
 
+// damageTable flips a byte of the first table file (*.sst) in the
+// stream cs, as the sender's disk would have, its chunks' checksum
+// being of the bytes as damaged.
+func damageTable(cs []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+	file := int32(-1)
+	for i, f := range cs[0].GetManifest().GetFiles() {
+		if strings.HasSuffix(f.GetName(), ".sst") {
+			file = int32(i)
+			break
+		}
+	}
+	if file < 0 {
+		panic("no table file in the stream")
+	}
+	var sum uint32
+	flipped := false
+	for _, c := range cs[1:] {
+		if c.GetFile() != file {
+			continue
+		}
+		if !flipped && len(c.Data) > 10 {
+			c.Data[10] ^= 0x5a // in the first data block
+			flipped = true
+		}
+		sum = crc32.Update(sum, castagnoli, c.Data)
+		if c.Eof {
+			c.Crc32C = sum
+		}
+	}
+	return cs
+}
+
 // firstData is the index of the first chunk with data.
 func firstData(cs []*prismv1.SnapshotChunk) int {
 	for i, c := range cs {
@@ -224,6 +256,12 @@ func TestReceive(t *testing.T) {
 			c[firstData(c)].Data[0] ^= 1
 			return c
 		}, want: "corrupted on the way"},
+		{name: "damaged at the sender", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
+			// A table file's block damaged on the sender's disk (bit
+			// rot its reads had not reached): sent as read, its
+			// checksum the sender's of the damaged bytes.
+			return damageTable(c)
+		}, want: "is damaged"},
 		{name: "gap", edit: func(c []*prismv1.SnapshotChunk) []*prismv1.SnapshotChunk {
 			i := firstData(c)
 			c[i].Offset++
@@ -291,6 +329,16 @@ func TestReceive(t *testing.T) {
 				}
 				if got := applied(t, fs, "dst"); got != "seq 1 row1 [-1 0]" {
 					t.Fatalf("the store after a refused copy: %s", got)
+				}
+				if tc.name == "damaged at the sender" {
+					// The damaged file is not kept for a next copy to
+					// take as received whole.
+					names, _ := fs.List(fs.PathJoin("dst", store.StagedDirName))
+					for _, n := range names {
+						if strings.HasSuffix(n, ".sst") && strings.Contains(err.Error(), n) {
+							t.Fatalf("the damaged %s is kept in the staged folder", n)
+						}
+					}
 				}
 				return
 			}

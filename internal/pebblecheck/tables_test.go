@@ -1,0 +1,117 @@
+package pebblecheck
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+)
+
+// writeDB writes a Pebble database of n keys in dir, flushed to table
+// files, and returns its table files' names.
+func writeDB(t *testing.T, dir string, n int) []string {
+	t.Helper()
+	db, err := pebble.Open(dir, &pebble.Options{FormatMajorVersion: pebble.FormatNewest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	val := make([]byte, 64)
+	for i := range n {
+		for j := range val {
+			val[j] = byte(i + j)
+		}
+		if err := db.Set(fmt.Appendf(nil, "key%08d", i), val, pebble.NoSync); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	names, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("no table files in %s (%v)", dir, err)
+	}
+	return names
+}
+
+// TestTables damages a table file as the disk it was read from would,
+// and checks Tables names it, while it passes every intact one (and
+// reports progress over the whole folder).
+func TestTables(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, path string)
+		want   string // "" : no damage found
+	}{
+		{"intact", func(*testing.T, string) {}, ""},
+		{"flip-data", func(t *testing.T, path string) { flipAt(t, path, 0.3) }, "checksum"},
+		{"flip-near-end", func(t *testing.T, path string) { flipAt(t, path, 0.9) }, "is damaged"},
+		{"truncated", func(t *testing.T, path string) {
+			st, _ := os.Stat(path)
+			if err := os.Truncate(path, st.Size()/2); err != nil {
+				t.Fatal(err)
+			}
+		}, "is damaged"},
+		{"not-a-table", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte("this is not a table file at all, but it is long enough to hold a footer's bytes"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}, "is damaged"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			ssts := writeDB(t, dir, 20000)
+			tc.damage(t, ssts[0])
+			var last, total int64
+			damaged, err := Tables(context.Background(), vfs.Default, dir, func(c, tot int64) { last, total = c, tot })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if last != total || total == 0 {
+				t.Fatalf("progress ended at %d of %d bytes", last, total)
+			}
+			if tc.want == "" {
+				if len(damaged) > 0 {
+					t.Fatalf("an intact database: %v", damaged)
+				}
+				return
+			}
+			if len(damaged) != 1 || damaged[0].Path != ssts[0] || !strings.Contains(damaged[0].Error(), tc.want) {
+				t.Fatalf("Tables of a database with %s damaged: %v, want it alone, the error with %q", ssts[0], damaged, tc.want)
+			}
+		})
+	}
+}
+
+// TestTablesCancelled: a check of a large store stops when its context
+// ends.
+func TestTablesCancelled(t *testing.T) {
+	dir := t.TempDir()
+	writeDB(t, dir, 100)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Tables(ctx, vfs.Default, dir, nil); err != context.Canceled {
+		t.Fatalf("Tables with its context ended: %v", err)
+	}
+}
+
+// flipAt flips one byte at fraction at of the file at path.
+func flipAt(t *testing.T, path string, at float64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[int(float64(len(b))*at)] ^= 0x5a
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
