@@ -391,6 +391,19 @@ func foldIfs(ns []*pb.NodeProto, outer map[string]int64, keep map[string]bool) [
 					if p := producer[n.GetInput()[0]]; p != nil {
 						conds[p] = true
 					}
+					// What only the branch not taken read goes too (the
+					// Shape of the ids torchlib's embedding bag
+					// concatenates to its offsets unless
+					// include_last_offset).
+					for _, a := range n.GetAttribute() {
+						if a.GetName() != branch && a.GetG() != nil {
+							for _, name := range freeNames(a.GetG()) {
+								if p := producer[name]; p != nil {
+									conds[p] = true
+								}
+							}
+						}
+					}
 					out = append(out, takeBranch(n, b, known)...)
 					continue
 				}
@@ -409,7 +422,8 @@ func foldIfs(ns []*pb.NodeProto, outer map[string]int64, keep map[string]bool) [
 		}
 		out = append(out, n)
 	}
-	// The conditions' nodes nothing else reads, and what only they read.
+	// The conditions' nodes (and those the branches not taken read)
+	// nothing else reads, and what only they read.
 	for len(conds) > 0 {
 		read := maps.Clone(keep)
 		for _, n := range out {
@@ -422,11 +436,11 @@ func foldIfs(ns []*pb.NodeProto, outer map[string]int64, keep map[string]bool) [
 		}
 		next := map[*pb.NodeProto]bool{}
 		out = slices.DeleteFunc(out, func(n *pb.NodeProto) bool {
-			if !conds[n] || read[n.GetOutput()[0]] {
+			if !conds[n] || slices.ContainsFunc(n.GetOutput(), func(o string) bool { return o != "" && read[o] }) {
 				return false
 			}
-			for _, s := range n.GetInput() {
-				if p := producer[s]; p != nil && (p.GetOpType() == "Constant" || constOps[p.GetOpType()]) {
+			for _, s := range append(slices.Clone(n.GetInput()), outerReads(n)...) {
+				if p := producer[s]; p != nil {
 					next[p] = true
 				}
 			}

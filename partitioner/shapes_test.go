@@ -291,6 +291,12 @@ func parseInput(gp *pb.GraphProto, f []string) error {
 	if len(f) < 2 || len(f) > 3 {
 		return fmt.Errorf("want NAME TYPE [DIMS]")
 	}
+	if f[1] == "-" && len(f) == 2 {
+		// No type given (a Loop's sequence state, which the proto
+		// subset has no type for): ONNX Runtime infers it.
+		gp.Input = append(gp.Input, &pb.ValueInfoProto{Name: f[0]})
+		return nil
+	}
 	elem, err := parseType(f[1])
 	if err != nil {
 		return err

@@ -104,6 +104,12 @@ func TestPartitionVariantsDataDriven(t *testing.T) {
 						fmt.Fprintf(&b, " pre.onnx %s", l.PreOutput)
 					}
 					fmt.Fprintf(&b, " bag %d", l.Bag)
+					if l.Offsets != "" {
+						fmt.Fprintf(&b, " offsets %s", l.Offsets)
+						if l.LastOffset {
+							b.WriteString(" last")
+						}
+					}
 					if l.Rank1 {
 						b.WriteString(" rank1")
 					}
