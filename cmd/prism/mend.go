@@ -350,6 +350,8 @@ func (m *mender) lacks(res storecopy.Result, out map[string]string, before map[s
 			missing = append(missing, fmt.Sprintf("%s (the copy marks it diverged at %d)", model, ms.Diverged))
 		case ms.Shard != int(w.GetShards()[model].GetShard()) || ms.Shards != int(w.GetShards()[model].GetShards()):
 			missing = append(missing, fmt.Sprintf("%s %s (the copy holds %s)", model, shardOf(int(w.GetShards()[model].GetShard()), int(w.GetShards()[model].GetShards())), shardOf(ms.Shard, ms.Shards)))
+		case ms.Shards > 0 && ms.Sharding != "" && w.GetShards()[model].GetSharding() != "" && ms.Sharding != w.GetShards()[model].GetSharding():
+			missing = append(missing, fmt.Sprintf("%s %s of sharding %s (the copy holds that shard of sharding %s: the plan was sharded again)", model, shardOf(ms.Shard, ms.Shards), w.GetShards()[model].GetSharding(), ms.Sharding))
 		case inSync(out[model]) && ms.Applied < before[model]:
 			missing = append(missing, fmt.Sprintf("%s updates %d..%d", model, ms.Applied+1, before[model]))
 		}

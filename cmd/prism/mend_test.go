@@ -32,7 +32,7 @@ func menderFleet() *prismv1.ListResponse {
 		for _, m := range models {
 			w.UpdateSeq[m] = map[string]int64{"m": 5, "s": 5, "t": 7}[m]
 			if m == "s" {
-				w.Shards = map[string]*prismv1.ShardRef{m: {Shard: shard, Shards: 2}}
+				w.Shards = map[string]*prismv1.ShardRef{m: {Shard: shard, Shards: 2, Sharding: "00000000000000aa"}}
 			}
 		}
 		return w
@@ -67,6 +67,7 @@ func TestMenderTry(t *testing.T) {
 	lacksT := storecopy.Result{Models: good.Models[:2]}
 	behindT := storecopy.Result{Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5, Shard: 1, Shards: 2}, {Name: "t", Applied: 6}}}
 	otherShard := storecopy.Result{Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5, Shard: 0, Shards: 2}, {Name: "t", Applied: 7}}}
+	otherSharding := storecopy.Result{Models: []storecopy.ModelState{{Name: "m", Applied: 5}, {Name: "s", Applied: 5, Shard: 1, Shards: 2, Sharding: "00000000000000bb"}, {Name: "t", Applied: 7}}}
 	fleet := func(string) (*prismv1.ListResponse, error) { return menderFleet(), nil }
 	for _, tc := range []struct {
 		name    string
@@ -102,6 +103,9 @@ func TestMenderTry(t *testing.T) {
 		{name: "a copy lacking a model served", list: fleet, copied: map[int]storecopy.Result{0: lacksT}, tried: 2, restart: true, said: "must: t",
 			outcomes: map[string]float64{"refused": 1, "staged": 1}},
 		{name: "a copy of another shard", list: fleet, copied: map[int]storecopy.Result{0: otherShard}, tried: 2, restart: true, said: "must: s shard 1/2 (the copy holds shard 0/2)",
+			outcomes: map[string]float64{"refused": 1, "staged": 1}},
+		{name: "a copy of the same shard of another sharding", list: fleet, copied: map[int]storecopy.Result{0: otherSharding}, tried: 2, restart: true,
+			said:     "must: s shard 1/2 of sharding 00000000000000aa (the copy holds that shard of sharding 00000000000000bb",
 			outcomes: map[string]float64{"refused": 1, "staged": 1}},
 		{name: "updates applied during the copy", list: fleet, during: true, tried: 1, restart: true},
 		{name: "a copy behind on a model in sync", list: fleet, copied: map[int]storecopy.Result{0: behindT, 1: behindT},

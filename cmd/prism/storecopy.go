@@ -64,8 +64,11 @@ Pod, its volume mounted at --db) restart it once the copy is staged. The
 store's own files are kept in a folder replaced-<time> inside --db; remove it
 once the worker serves again. The worker asked must serve the same models (and
 shard) and be in sync (prism status: serving); the copy carries its updates,
-versions and marks. A copy whose own store marks a model diverged, or that
-lacks a model the store it replaces holds (checked when no process holds
+versions and marks. Every block of the copy's table files is read back
+against its checksum before it counts (a worker's disk can damage a block its
+own reads have not reached). A copy whose own store marks a model diverged,
+or that lacks a model the store it replaces holds or holds another shard of
+it (another number, or the plan sharded again; checked when no process holds
 --db), is refused unless --allow-diverged. A copy cut short goes on where it
 stopped when run again. Needs an admin or an embedding worker's certificate
 (--certs DIR: inside a worker's Pod, the folder the chart mounts).
@@ -122,7 +125,7 @@ may no longer hold: the worker would stay out, stranded.`,
 	f.DurationVar(&j.seedWait, "seed-wait", 2*time.Minute, "with --seed: how long to keep asking while the router cannot tell what to copy")
 	f.StringVar(&j.db, "db", "", "the store folder to replace (made if missing)")
 	f.StringVar(&rate, "rate", "", "bound the copy to this many bytes a second (e.g. 200MiB/s), so the worker copied keeps its disk for its lookups; unbounded by default")
-	f.BoolVar(&j.allowDiverged, "allow-diverged", false, "take a copy whose store marks a model diverged, or that lacks a model the store it replaces holds")
+	f.BoolVar(&j.allowDiverged, "allow-diverged", false, "take a copy whose store marks a model diverged, or that lacks a model the store it replaces holds, or holds another shard of it")
 	_ = cmd.MarkFlagRequired("db")
 	j.tlsFlags.Register(cmd, auth.Admin)
 	return cmd
@@ -398,6 +401,9 @@ func (j *copyJob) copyIn(ctx context.Context, from string) (staged bool, err err
 		fmt.Fprintf(out, "  %s: version %d, updates applied %d", m.Name, m.Version, m.Applied)
 		if m.Shards > 0 {
 			fmt.Fprintf(out, ", %s", shardOf(m.Shard, m.Shards))
+			if m.Sharding != "" {
+				fmt.Fprintf(out, " of sharding %s", m.Sharding)
+			}
 		}
 		if m.Diverged > 0 {
 			fmt.Fprintf(out, ", DIVERGED at %d (the worker copied is out of serving itself: copy one prism status shows serving)", m.Diverged)

@@ -70,7 +70,9 @@ type Options struct {
 	Context context.Context
 	// AllowDiverged takes a copy whose own store marks a model
 	// diverged (refused otherwise: it would not mend anything), and
-	// one lacking a model the store it replaces holds.
+	// one lacking a model the store it replaces holds, or holding
+	// another shard of it (another number, or the same number of
+	// another sharding).
 	AllowDiverged bool
 }
 
@@ -86,6 +88,11 @@ type ModelState struct {
 	// Shard of Shards is the shard of a sharded model's tables the copy
 	// holds (Shards 0: the whole model).
 	Shard, Shards int
+	// Sharding is the fingerprint of the sharding the copy's shard was
+	// ingested for ("" for the whole model, or a store of an earlier
+	// release): a plan sharded again into as many shards places other
+	// tables and rows under the same shard number.
+	Sharding string
 }
 
 // Result is what Receive did.
@@ -300,29 +307,44 @@ func clearStaged(fs vfs.FS, staged string, keep map[string]bool) error {
 
 // mends refuses a copy that would not mend the store: one whose own
 // marks say a model diverged, or one lacking a model the store it
-// replaces holds (another shard's worker, another model set), unless
-// allowed.
+// replaces holds or holding another shard of it (another shard's
+// worker, a worker of the plan sharded again, another model set),
+// unless allowed.
 func mends(res Result, allow bool) error {
 	if allow {
 		return nil
 	}
-	held := map[string]bool{}
+	held := map[string]ModelState{}
 	for _, m := range res.Models {
-		held[m.Name] = true
+		held[m.Name] = m
 		if m.Diverged > 0 {
 			return fmt.Errorf("the worker copied is itself diverged: its store marks %s diverged at update %d (copy a worker prism status shows serving)", m.Name, m.Diverged)
 		}
 	}
 	var lacking []string
 	for _, m := range res.Replacing {
-		if !held[m.Name] {
+		c, ok := held[m.Name]
+		switch {
+		case !ok:
 			lacking = append(lacking, m.Name)
+		case c.Shard != m.Shard || c.Shards != m.Shards:
+			lacking = append(lacking, fmt.Sprintf("%s %s (the copy holds %s)", m.Name, shardName(m.Shard, m.Shards), shardName(c.Shard, c.Shards)))
+		case m.Sharding != "" && c.Sharding != "" && m.Sharding != c.Sharding:
+			lacking = append(lacking, fmt.Sprintf("%s %s of sharding %s (the copy holds that shard of sharding %s)", m.Name, shardName(m.Shard, m.Shards), m.Sharding, c.Sharding))
 		}
 	}
 	if len(lacking) > 0 {
-		return fmt.Errorf("the copy lacks model(s) %s, which the store it replaces holds (copy a worker serving the same models)", strings.Join(lacking, ", "))
+		return fmt.Errorf("the copy lacks model(s) %s, which the store it replaces holds (copy a worker serving the same models, and shards)", strings.Join(lacking, ", "))
 	}
 	return nil
+}
+
+// shardName names shard k of n ("the whole model" when n is 0).
+func shardName(k, n int) string {
+	if n == 0 {
+		return "the whole model"
+	}
+	return fmt.Sprintf("shard %d/%d", k, n)
 }
 
 // checkManifest refuses a manifest whose names could leave the staged
@@ -470,7 +492,7 @@ func inspect(fs vfs.FS, dir string) ([]ModelState, error) {
 		}
 		ms := ModelState{Name: name, Version: s.ActiveVersion(name), Applied: seq, Diverged: marks[name]}
 		if sharded {
-			ms.Shard, ms.Shards = ref.Shard, ref.Shards
+			ms.Shard, ms.Shards, ms.Sharding = ref.Shard, ref.Shards, ref.Sharding
 		}
 		out = append(out, ms)
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/prism-serve/prism/cpuserve/store"
 	"github.com/prism-serve/prism/internal/tablefile"
 	"github.com/prism-serve/prism/plan"
+	"github.com/prism-serve/prism/sharding"
 )
 
 // sliceStream replays chunks, then io.EOF.
@@ -686,5 +688,89 @@ func TestReceiveAccept(t *testing.T) {
 	}
 	if _, err := fs.Stat(fs.PathJoin(staged, store.StagedCompleteName)); err != nil {
 		t.Fatalf("the next copy is not complete: %v", err)
+	}
+}
+
+// TestReceiveRefusesOtherShard: a copy into a store holding shard k of
+// a sharding must hold that shard of that sharding: another shard, or
+// the same shard number of the plan sharded again (other rows under
+// it), is refused naming both, unless allowed; the same shard is
+// taken.
+func TestReceiveRefusesOtherShard(t *testing.T) {
+	sharded := func(reverse bool) string {
+		dir := testPlan(t)
+		p, err := plan.Read(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := sharding.Plan(sharding.Tables(p, nil), sharding.Options{Shards: 2, ShardBytes: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Sharding, err = sharding.Section(p, r, "uniform"); err != nil {
+			t.Fatal(err)
+		}
+		if tp := p.Sharding.Tables[0]; tp.Placement != plan.RowWise || len(tp.Shards) != 2 {
+			t.Fatalf("table a placed %+v, want row-wise over both shards", tp)
+		} else if reverse {
+			slices.Reverse(tp.Shards)
+		}
+		if err := plan.Write(dir, p); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	planA, planB := sharded(false), sharded(true)
+	fs := vfs.NewMem()
+	stream := func(name, dir string, shard int) []*prismv1.SnapshotChunk {
+		s, err := store.Open(name, &store.Options{FS: fs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if _, err := s.Ingest(context.Background(), dir, store.IngestOptions{Shard: &shard}); err != nil {
+			t.Fatal(err)
+		}
+		if name != "src" {
+			return nil
+		}
+		c, err := s.Checkpoint()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return chunksOf(t, fs, c, 1000)
+	}
+	for _, tc := range []struct {
+		name  string
+		plan  string
+		shard int
+		want  string
+	}{
+		{"same shard", planA, 1, ""},
+		{"other shard", planA, 0, "m shard 1/2 (the copy holds shard 0/2)"},
+		{"other sharding", planB, 1, "of sharding"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_ = fs.RemoveAll("src")
+			_ = fs.RemoveAll("dst")
+			good := stream("src", tc.plan, tc.shard)
+			stream("dst", planA, 1)
+			s := sliceStream(clone(good))
+			res, err := Receive(fromSlice(&s), "dst", Options{FS: fs})
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Receive: %v (copy %+v, replacing %+v), want an error with %q", err, res.Models, res.Replacing, tc.want)
+			}
+			s = sliceStream(clone(good))
+			if _, err := Receive(fromSlice(&s), "dst", Options{FS: fs, AllowDiverged: true}); err != nil {
+				t.Fatalf("allowed: %v", err)
+			}
+		})
 	}
 }
