@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -74,9 +75,30 @@ func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
 			return nil, fmt.Errorf("open update log %q: %w; the log was not opened. Restore the folder, or remove it: the restarted router then takes the workers' numbering, and a worker behind them is mended by a copy of an up-to-date worker's store", dir, err)
 		}
 	}
-	db, err := pebble.Open(dir, &pebble.Options{FS: diskfull.Wait(fs, dir, "update log", updateLogMemTable, pebble.DefaultLogger.Errorf), Logger: quietPebble{}, FormatMajorVersion: pebble.FormatNewest, MemTableSize: updateLogMemTable})
+	// A damaged block read later fails that read (the write or
+	// heartbeat rewriting the log says so) rather than taking Pebble's
+	// default, the logger's Fatalf: the router would exit at every read.
+	listener := &pebble.EventListener{DataCorruption: func(info pebble.DataCorruptionInfo) {
+		detail := "no detail"
+		if info.Details != nil {
+			detail, _, _ = strings.Cut(info.Details.Error(), "\n")
+		}
+		pebble.DefaultLogger.Errorf("update log %q: %s is damaged (%s): restore the folder, or remove it with the router stopped (the restarted router then takes the workers' numbering)", dir, info.Path, detail)
+	}}
+	db, err := pebble.Open(dir, &pebble.Options{FS: diskfull.Wait(fs, dir, "update log", updateLogMemTable, pebble.DefaultLogger.Errorf), Logger: quietPebble{}, FormatMajorVersion: pebble.FormatNewest, MemTableSize: updateLogMemTable, EventListener: listener})
 	if err != nil {
 		return nil, fmt.Errorf("open update log %q: %w", dir, inuse.Explain(err))
+	}
+	// Every block of the log's table files, read once (the log is
+	// --update-log-bytes at most): a damaged one found here is refused
+	// with what to do, before any of the log is restored.
+	damaged, err := pebblecheck.Tables(context.Background(), fs, dir, nil)
+	if err == nil && len(damaged) > 0 {
+		err = fmt.Errorf("%w; the log was not restored. Restore the folder, or remove it: the restarted router then takes the workers' numbering, and a worker behind them is mended by a copy of an up-to-date worker's store", damaged[0])
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open update log %q: %w", dir, err)
 	}
 	if err := ownKeysOnly(db); err != nil {
 		db.Close()

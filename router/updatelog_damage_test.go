@@ -73,3 +73,49 @@ func TestUpdateLogLostMarker(t *testing.T) {
 		t.Fatalf("read back %+v, %v; want model m at 3 with its 3 entries", got, err)
 	}
 }
+
+// TestUpdateLogDamagedTable damages a block of the update log's table
+// file, as bit rot would: the router refuses to start on it, naming
+// the file and what to do (before, the restore's read of the block took
+// Pebble's default, the logger's Fatalf, and the router exited at every
+// start with Pebble's message).
+func TestUpdateLogDamagedTable(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "log")
+	l, err := openUpdateLog(dir, vfs.Default)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := int64(1); seq <= 3; seq++ {
+		entry := &prismv1.ApplyUpdateRequest{Seq: seq, Update: &prismv1.UpdateRequest{Model: "m", Table: "t", Ids: []int64{seq}, Rows: make([]byte, 4)}}
+		if err := l.write([]message{{Type: msgPersist, Model: "m", Persist: &logChange{Next: seq, Committed: seq, Entry: entry}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ssts, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if len(ssts) != 1 {
+		t.Fatalf("table files %v, want one", ssts)
+	}
+	b, err := os.ReadFile(ssts[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[10] ^= 0x5a // in the first data block
+	if err := os.WriteFile(ssts[0], b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l, err = openUpdateLog(dir, vfs.Default)
+	if err == nil {
+		got, lerr := l.load()
+		l.Close()
+		t.Fatalf("an update log with a damaged table file opened; load: %+v, %v", got, lerr)
+	}
+	if !strings.Contains(err.Error(), filepath.Base(ssts[0])) || !strings.Contains(err.Error(), "is damaged") || !strings.Contains(err.Error(), "remove it") {
+		t.Errorf("%v: want the file named and the mend", err)
+	}
+}
