@@ -71,7 +71,9 @@ func openUpdateLog(dir string, fs vfs.FS) (*updateLog, error) {
 		fs = vfs.Default
 	}
 	if _, err := fs.Stat(dir); err == nil {
-		if err := pebblecheck.Check(fs, dir); err != nil {
+		if err := pebblecheck.Check(fs, dir); errors.Is(err, pebblecheck.ErrSettingsOnly) {
+			return nil, fmt.Errorf("open update log %q: %w", dir, err)
+		} else if err != nil {
 			return nil, fmt.Errorf("open update log %q: %w; the log was not opened. Restore the folder, or remove it: the restarted router then takes the workers' numbering, and a worker behind them is mended by a copy of an up-to-date worker's store", dir, err)
 		}
 	}

@@ -239,7 +239,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		}
 		if err := pebblecheck.Check(opts.FS, dir); err != nil {
 			lock.Close()
-			return nil, fmt.Errorf("open store %q: %w; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", dir, err)
+			return nil, damagedFiles(dir, err)
 		}
 		po.Lock = lock
 	} else if err == nil {
@@ -249,7 +249,7 @@ func Open(dir string, o *Options) (*Store, error) {
 		// a damaged MANIFEST as of the damage, its later tables, models
 		// and updates missing, nothing said.
 		if err := pebblecheck.Check(opts.FS, dir); err != nil {
-			return nil, fmt.Errorf("open store %q: %w; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", dir, err)
+			return nil, damagedFiles(dir, err)
 		}
 	}
 	if opts.MustExist {
@@ -330,6 +330,16 @@ func Open(dir string, o *Options) (*Store, error) {
 	}
 	s.startWarm(afterWarm)
 	return s, nil
+}
+
+// damagedFiles is Open's error for the damage pebblecheck found in
+// store folder dir: with the mend, unless the damage is to settings
+// only (the error says what to do then).
+func damagedFiles(dir string, err error) error {
+	if errors.Is(err, pebblecheck.ErrSettingsOnly) {
+		return fmt.Errorf("open store %q: %w", dir, err)
+	}
+	return fmt.Errorf("open store %q: %w; the store was not opened. Replace it with a copy of a serving worker's (prism store copy), or move its files away and ingest the plans again", dir, err)
 }
 
 // servedTables names the tables of the published view whose physical

@@ -6,10 +6,12 @@ package pebblecheck
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -43,7 +45,58 @@ func Check(fsys vfs.FS, dir string) error {
 	if err := checkMarker(fsys, dir); err != nil {
 		return err
 	}
+	if err := checkOptions(fsys, dir); err != nil {
+		return err
+	}
 	return checkManifest(fsys, dir)
+}
+
+// ErrSettingsOnly is in Check's error for a damaged OPTIONS file: the
+// data is whole, and removing the file is the mend.
+var ErrSettingsOnly = errors.New("it records only Pebble's settings; remove it, and the next open writes it anew")
+
+// checkOptions names the OPTIONS file Pebble would refuse the database
+// for (garbage in it, a torn write): Pebble's own error names neither
+// the file nor that it holds only settings (Pebble writes a new one at
+// every open for writing), so removing it is the mend.
+func checkOptions(fsys vfs.FS, dir string) error {
+	names, err := fsys.List(dir)
+	if err != nil {
+		return nil
+	}
+	latest, num := "", uint64(0)
+	for _, n := range names {
+		rest, ok := strings.CutPrefix(n, "OPTIONS-")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseUint(rest, 10, 64)
+		if err != nil {
+			continue
+		}
+		if latest == "" || v > num {
+			latest, num = n, v
+		}
+	}
+	if latest == "" {
+		return nil
+	}
+	path := fsys.PathJoin(dir, latest)
+	f, err := fsys.Open(path)
+	if err != nil {
+		return nil // pebble.Open says why
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		return nil
+	}
+	o := &pebble.Options{}
+	o.EnsureDefaults()
+	if err := o.CheckCompatibility(dir, string(b)); err != nil {
+		return fmt.Errorf("%s is damaged, or another program's (%v): %w", path, err, ErrSettingsOnly)
+	}
+	return nil
 }
 
 // checkMarker refuses a folder that holds a database's files but no

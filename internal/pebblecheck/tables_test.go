@@ -2,6 +2,7 @@ package pebblecheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -114,4 +115,40 @@ func flipAt(t *testing.T, path string, at float64) {
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestCheckOptions: garbage in the latest OPTIONS file is named, as
+// settings only (ErrSettingsOnly); an older one is not read, and an
+// intact database passes.
+func TestCheckOptions(t *testing.T) {
+	dir := t.TempDir()
+	writeDB(t, dir, 10)
+	if err := Check(vfs.Default, dir); err != nil {
+		t.Fatalf("an intact database: %v", err)
+	}
+	opts, _ := filepath.Glob(filepath.Join(dir, "OPTIONS-*"))
+	if len(opts) != 1 {
+		t.Fatalf("OPTIONS files %v, want one", opts)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "OPTIONS-000000"), []byte("garbage [[["), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Check(vfs.Default, dir); err != nil {
+		t.Fatalf("garbage in an older OPTIONS file, which Pebble does not read: %v", err)
+	}
+	if err := os.WriteFile(opts[0], []byte("garbage [[["), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := Check(vfs.Default, dir)
+	if !errors.Is(err, ErrSettingsOnly) || !strings.Contains(err.Error(), opts[0]) {
+		t.Fatalf("garbage in %s: %v, want it named as settings only", opts[0], err)
+	}
+	if err := os.Remove(opts[0]); err != nil {
+		t.Fatal(err)
+	}
+	db, err := pebble.Open(dir, &pebble.Options{})
+	if err != nil {
+		t.Fatalf("the mend, the file removed: %v", err)
+	}
+	db.Close()
 }
