@@ -41,6 +41,13 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		{"score threads", []string{"score", filepath.Join(model, "model.onnx"), "--threads", "100000"}, "--threads 100000: want at most"},
 		{"up threads", []string{"up", "--insecure", "--model", part, "--threads", "100000"}, "--threads 100000: want at most"},
 		{"tune threads", []string{"tune", "--insecure", "--model", part, "--threads", "1,100000"}, "--threads 100000: want at most"},
+		// An empty address was taken for the default (127.0.0.1:0): a
+		// port nobody asked for.
+		{"router addr empty", []string{"serve", "router", "--insecure", "--addr", "", "--metrics-addr", "off"}, "--addr '': want HOST:PORT"},
+		{"router http-addr port past 65535", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--http-addr", "127.0.0.1:99999"}, `port "99999" is not a number`},
+		{"embedding metrics-addr empty", []string{"serve", "embedding", "--insecure", "--metrics-addr", "", "--plan", part, "--db", filepath.Join(dir, "db")}, "--metrics-addr '': want HOST:PORT"},
+		{"dense addr empty", append(dense, "--addr", ""), "--addr '': want HOST:PORT"},
+		{"up addr empty", []string{"up", "--insecure", "--model", part, "--addr", ""}, "--addr '': want HOST:PORT"},
 		// The router served, warned every second that it could not
 		// reach its sequencer, and forwarded updates there.
 		{"router sequencer without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--sequencer", "10xb"}, `--sequencer "10xb": want HOST:PORT`},
@@ -74,9 +81,9 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		// Addresses without a port: refused, but the errors named no
 		// flag ("router address "10xb": want HOST:PORT", "listen 10xb").
 		{"dense router without a port", append(dense, "--router", "10xb"), `--router "10xb": address "10xb": want HOST:PORT`},
-		{"router addr without a port", []string{"serve", "router", "--insecure", "--addr", "10xb", "--metrics-addr", "off"}, "router: --addr 10xb: listen tcp"},
-		{"router http-addr without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--http-addr", "10xb"}, "router: --http-addr 10xb: listen tcp"},
-		{"dense metrics-addr without a port", []string{"serve", "dense", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "1.5.2", "--plan", part}, "dense: --metrics-addr 1.5.2: listen tcp"},
+		{"router addr without a port", []string{"serve", "router", "--insecure", "--addr", "10xb", "--metrics-addr", "off"}, "--addr 10xb: want HOST:PORT (address 10xb: missing port in address)"},
+		{"router http-addr without a port", []string{"serve", "router", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "off", "--http-addr", "10xb"}, "--http-addr 10xb: want HOST:PORT (address 10xb: missing port in address)"},
+		{"dense metrics-addr without a port", []string{"serve", "dense", "--insecure", "--addr", "127.0.0.1:0", "--metrics-addr", "1.5.2", "--plan", part}, "--metrics-addr 1.5.2: want HOST:PORT (address 1.5.2: missing port in address)"},
 		// Refused, naming no flag: "candidates "0": ...", "clients must
 		// not be negative", "the run needs a positive request cap".
 		{"loadgen candidates 0", []string{"loadgen", "--fake", "--model", "dlrm-tiny", "--duration", "1s", "--candidates", "0"}, `--candidates "0": want a positive count`},

@@ -52,6 +52,9 @@ at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The server took a --max-message-bytes of 0 or less for 64 MiB.
+			if err := flagval.ListenAddrs(cmd.Flags(), "addr", "metrics-addr"); err != nil {
+				return err
+			}
 			if err := flagval.Positive(cmd.Flags(), "max-delay", "max-samples", "sessions", "max-message-bytes", "shutdown-grace"); err != nil {
 				return err
 			}

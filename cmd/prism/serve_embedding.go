@@ -62,6 +62,9 @@ at --advertise-addr.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// The server takes 0 or less for its defaults.
+			if err := flagval.ListenAddrs(cmd.Flags(), "addr", "metrics-addr"); err != nil {
+				return err
+			}
 			if err := flagval.Positive(cmd.Flags(), "max-samples", "max-inflight-samples", "shutdown-grace"); err != nil {
 				return err
 			}

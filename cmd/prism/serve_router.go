@@ -40,6 +40,14 @@ func newServeRouterCmd() *cobra.Command {
 		Short: "Run the router: Recommend API, micro-batch pipelining, worker registry",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := flagval.ListenAddrs(cmd.Flags(), "addr", "metrics-addr"); err != nil {
+				return err
+			}
+			if so.HTTPAddr != "" {
+				if err := flagval.ListenAddr("http-addr", so.HTTPAddr); err != nil {
+					return err
+				}
+			}
 			if err := flagval.Positive(cmd.Flags(), "micro-batch", "max-candidates", "max-inflight", "heartbeat", "default-timeout", "stream-window",
 				"max-message-bytes", "max-context-bytes", "max-streams", "update-worker-timeout", "max-workers", "shutdown-grace",
 				// The router and the lease took 0 or less for their

@@ -246,6 +246,14 @@ func changedAlias(fl *pflag.FlagSet, f *pflag.Flag) string {
 // --threads 10000 started as many threads in every dense worker, and
 // --dense-workers as many processes.
 func checkUpFlags(fl *pflag.FlagSet) error {
+	if err := flagval.ListenAddrs(fl, "addr"); err != nil {
+		return err
+	}
+	if f := fl.Lookup("http-addr"); f != nil && f.Value.String() != "" {
+		if err := flagval.ListenAddr("http-addr", f.Value.String()); err != nil {
+			return err
+		}
+	}
 	if err := flagval.Positive(fl, "micro-batch", "max-delay", "dense-sessions", "replicas", "ready-timeout"); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ package flagval
 import (
 	"fmt"
 	"math"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -137,6 +138,43 @@ func atMostPerCore(fs *pflag.FlagSet, cpus int, names []string) error {
 		v := f.Value.String()
 		if n, err := strconv.ParseFloat(v, 64); err == nil && n > float64(limit) {
 			return fmt.Errorf("--%s %s: want at most %d on this machine of %d cores (four a core, at least 16)", name, v, limit, cpus)
+		}
+	}
+	return nil
+}
+
+// ListenAddrs checks the flags names of fs that were given (addresses
+// to listen on) with ListenAddr; "off", where a flag takes it, passes.
+func ListenAddrs(fs *pflag.FlagSet, names ...string) error {
+	for _, name := range names {
+		f := fs.Lookup(name)
+		if f == nil || !f.Changed || f.Value.String() == "off" {
+			continue
+		}
+		if err := ListenAddr(name, f.Value.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ListenAddr checks value, an address to listen on given by flag name:
+// HOST:PORT, HOST empty for every interface and PORT 0 for one the
+// operating system chooses. An empty value, which the standard library
+// takes for every interface on a port it chooses, is refused: a server
+// reachable from anywhere on a port nobody asked for is never what was
+// meant.
+func ListenAddr(name, value string) error {
+	if value == "" {
+		return fmt.Errorf("--%s '': want HOST:PORT (127.0.0.1:0: this host only, a port the OS chooses; :PORT: every interface)", name)
+	}
+	_, port, err := net.SplitHostPort(value)
+	if err != nil {
+		return fmt.Errorf("--%s %s: want HOST:PORT (%v)", name, value, err)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil && port != "" {
+		if _, lerr := net.LookupPort("tcp", port); lerr != nil {
+			return fmt.Errorf("--%s %s: port %q is not a number from 0 to 65535 nor a service name", name, value, port)
 		}
 	}
 	return nil

@@ -138,3 +138,26 @@ func TestAtMostPerCore(t *testing.T) {
 		}
 	}
 }
+
+func TestListenAddr(t *testing.T) {
+	for _, tc := range []struct {
+		value, want string // want: "" to pass
+	}{
+		{"127.0.0.1:0", ""},
+		{":8500", ""},
+		{"[::1]:8500", ""},
+		{"localhost:http", ""},
+		{"127.0.0.1:", ""},
+		{"", "want HOST:PORT"},
+		{"8500", "missing port"},
+		{"fd00::5:8500", "too many colons"},
+		{"127.0.0.1:65536", "not a number from 0 to 65535"},
+		{"127.0.0.1:-1", "not a number from 0 to 65535"},
+		{"127.0.0.1:nosuchservice", "nor a service name"},
+	} {
+		err := ListenAddr("addr", tc.value)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("ListenAddr(%q) = %v, want %q", tc.value, err, tc.want)
+		}
+	}
+}
