@@ -90,7 +90,16 @@ and prints a report.`,
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", out)
 			if verifyN > 0 {
-				rep, err := verify.Verify(args[0], out, verifyN, verifySeed)
+				var bar *progress.Bar
+				rep, err := verify.VerifyProgress(args[0], out, verifyN, verifySeed, func(done, n int) {
+					if bar == nil {
+						bar = progress.New(cmd.ErrOrStderr(), "verify", int64(n), false)
+					}
+					bar.Set(int64(done))
+				})
+				if bar != nil {
+					bar.Done()
+				}
 				if err != nil {
 					return err
 				}

@@ -30,6 +30,12 @@ type Report struct {
 // and with the partition in dir, and fails if any output differs by more
 // than Tolerance.
 func Verify(modelPath, dir string, n int, seed uint64) (Report, error) {
+	return VerifyProgress(modelPath, dir, n, seed, nil)
+}
+
+// VerifyProgress is Verify calling progress (if set) after each chunk
+// of samples: done of n.
+func VerifyProgress(modelPath, dir string, n int, seed uint64, progress func(done, n int)) (Report, error) {
 	if n <= 0 {
 		return Report{}, fmt.Errorf("verify: need at least one sample")
 	}
@@ -45,7 +51,7 @@ func Verify(modelPath, dir string, n int, seed uint64) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	return VerifySource(modelPath, dir, src, n)
+	return verifySource(modelPath, dir, src, n, progress)
 }
 
 // signature is what the samples of Verify are drawn for: the model's
@@ -78,6 +84,10 @@ func signature(meta *pb.ModelProto, dir string) (models.Signature, error) {
 // VerifySource is Verify on n samples drawn from src, for a caller that
 // knows better what valid inputs are.
 func VerifySource(modelPath, dir string, src models.Source, n int) (Report, error) {
+	return verifySource(modelPath, dir, src, n, nil)
+}
+
+func verifySource(modelPath, dir string, src models.Source, n int, progress func(done, n int)) (Report, error) {
 	if n <= 0 {
 		return Report{}, fmt.Errorf("verify: need at least one sample")
 	}
@@ -154,6 +164,9 @@ func VerifySource(modelPath, dir string, src models.Source, n int) (Report, erro
 		}
 		done += k
 		rep.Samples = done
+		if progress != nil {
+			progress(done, n)
+		}
 	}
 	if rep.MaxAbsErr > Tolerance || math.IsNaN(rep.MaxAbsErr) {
 		return rep, fmt.Errorf("verify: partitioned output differs from the monolithic model by %g (> %g)", rep.MaxAbsErr, Tolerance)
