@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -96,6 +97,9 @@ func Setup(ctx context.Context, service string, log *slog.Logger) (shutdown func
 	}
 	protocol, err := Protocol(os.Getenv)
 	if err != nil {
+		return none, false, fmt.Errorf("tracing: %w", err)
+	}
+	if err := checkEndpoint(os.Getenv); err != nil {
 		return none, false, fmt.Errorf("tracing: %w", err)
 	}
 	if w := portHint(os.Getenv, protocol); w != "" {
@@ -183,6 +187,28 @@ func Protocol(getenv func(string) string) (string, error) {
 		}
 	}
 	return ProtocolGRPC, nil
+}
+
+// checkEndpoint refuses an endpoint that names no collector (a typo,
+// a stray value): the exporter took it, every export failed, and the
+// SDK's error, once a minute, did not say the endpoint was at fault. A
+// URL with scheme http or https and a host passes, as does HOST:PORT
+// (what gRPC users write).
+func checkEndpoint(getenv func(string) string) error {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		endpoint := strings.TrimSpace(getenv(k))
+		if endpoint == "" {
+			continue
+		}
+		if u, err := url.Parse(endpoint); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
+			return nil
+		}
+		if host, port, err := net.SplitHostPort(endpoint); err == nil && host != "" && port != "" && !strings.Contains(endpoint, "/") {
+			return nil
+		}
+		return fmt.Errorf("%s=%s names no collector: want a URL such as http://collector:4317 (https:// for TLS), or HOST:PORT", k, endpoint)
+	}
+	return nil
 }
 
 // portHint is a warning when the endpoint's port is the collector's

@@ -555,3 +555,30 @@ func setupLogged(t *testing.T) (*syncBuffer, func(context.Context) error) {
 	}
 	return buf, shutdown
 }
+
+// TestCheckEndpoint: an endpoint naming no collector is refused at
+// start, naming the variable (the exporter took "10xb" and every export
+// failed); URLs and HOST:PORT pass, and the traces endpoint, which
+// wins, is the one judged.
+func TestCheckEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string // "" to pass
+	}{
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317"}, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example"}, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "[::1]:4317"}, ""},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "10xb"}, "OTEL_EXPORTER_OTLP_ENDPOINT=10xb names no collector"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "grpc://collector:4317"}, "names no collector"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://"}, "names no collector"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317/v1/traces"}, "names no collector"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "oops", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=oops"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces", "OTEL_EXPORTER_OTLP_ENDPOINT": "oops"}, ""},
+	} {
+		err := checkEndpoint(func(k string) string { return tc.env[k] })
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%v: %v, want %q", tc.env, err, tc.want)
+		}
+	}
+}
