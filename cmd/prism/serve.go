@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,6 +38,40 @@ func newServeCmd() *cobra.Command {
 // down gracefully, finishing the requests in flight.
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// signalContextForce is signalContext for a command that stops child
+// processes: the second SIGINT or SIGTERM, after the first cancelled
+// ctx, closes force (the children are then killed instead of drained).
+// With signal.NotifyContext a second Ctrl-C was swallowed: prism up
+// whose embedding worker hung took the router's grace and then the
+// worker's 15 s whatever the user pressed.
+func signalContextForce() (ctx context.Context, force <-chan struct{}, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	forced, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case <-ch:
+			close(forced)
+		case <-done:
+		}
+	}()
+	var once sync.Once
+	return ctx, forced, func() {
+		once.Do(func() {
+			signal.Stop(ch)
+			close(done)
+			cancel()
+		})
+	}
 }
 
 // newLogger is the tiers' logger on stderr, with the flag named in errors.

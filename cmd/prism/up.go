@@ -98,8 +98,9 @@ K) unless its store already holds it.`,
 				return fmt.Errorf("up: --memory-limit: %w", err)
 			}
 			c.MemoryLimit = mem
-			ctx, stop := signalContext()
+			ctx, force, stop := signalContextForce()
 			defer stop()
+			c.Force = force
 			c.Stdout, c.Stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			c.CUDAUnavailable = gpuserve.CUDAUnavailable
 			if c.Insecure {

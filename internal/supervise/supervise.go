@@ -62,11 +62,16 @@ type Options struct {
 	// Stdout receives the children's stdout lines, tagged "[name] "
 	// (default os.Stdout).
 	Stdout io.Writer
-	// Logf reports restarts (default: discarded).
+	// Logf reports restarts and children killed at shutdown (default:
+	// discarded).
 	Logf func(format string, args ...any)
 	// Grace is how long a child has to exit after SIGTERM at shutdown
 	// before it is killed (default 15s).
 	Grace time.Duration
+	// Force, once closed, ends the grace of every child Shutdown is
+	// stopping or is yet to stop: they are killed at once (a second
+	// Ctrl-C from a user who will not wait for the drain). Nil: never.
+	Force <-chan struct{}
 	// RestartDelay is the pause before a dead child is started again
 	// (default 1s), so a child that cannot start does not spin.
 	RestartDelay time.Duration
@@ -291,15 +296,28 @@ func (s *Supervisor) wait(c *Child) error {
 	return c.err
 }
 
-// stop sends SIGTERM and waits up to Grace for the exit, then kills.
+// stop sends SIGTERM and waits up to Grace for the exit (or until
+// Force is closed), then kills, saying so: a shutdown that took the
+// whole grace said nothing of the child it waited for.
 func (s *Supervisor) stop(c *Child) {
 	s.signal(c, syscall.SIGTERM)
 	exited := make(chan struct{})
 	go func() { s.wait(c); close(exited) }()
+	grace := time.NewTimer(s.o.Grace)
+	defer grace.Stop()
 	select {
 	case <-exited:
-	case <-time.After(s.o.Grace):
-		s.signal(c, os.Kill)
-		<-exited
+		return
+	case <-s.o.Force:
+		select {
+		case <-exited:
+			return
+		default:
+		}
+		s.o.Logf("killing %s: stop forced", c.Name)
+	case <-grace.C:
+		s.o.Logf("%s still running %s after SIGTERM: killed", c.Name, s.o.Grace)
 	}
+	s.signal(c, os.Kill)
+	<-exited
 }

@@ -389,6 +389,68 @@ func TestShutdownKillsAfterGrace(t *testing.T) {
 	}
 }
 
+// TestShutdownForced: children that ignore SIGTERM are killed as soon
+// as Force is closed, not a grace later, each stage's in turn, and the
+// log names each one killed. Without Force, a stubborn child is killed
+// after the grace with a line that says so (the shutdown said nothing
+// of what it waited for).
+func TestShutdownForced(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		force   bool
+		grace   time.Duration
+		atLeast time.Duration // the shutdown's least duration
+		atMost  time.Duration
+		log     []string
+	}{
+		{name: "grace", grace: 200 * time.Millisecond, atLeast: 400 * time.Millisecond, atMost: 5 * time.Second,
+			log: []string{"router still running 200ms after SIGTERM: killed", "embedding0 still running 200ms after SIGTERM: killed"}},
+		{name: "forced", force: true, grace: time.Minute, atMost: 5 * time.Second,
+			log: []string{"killing router: stop forced", "killing embedding0: stop forced"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakes()
+			f.behave["router"], f.behave["embedding0"] = "stubborn", "stubborn"
+			l := &logs{}
+			force := make(chan struct{})
+			s := New(Options{Starter: f, Stdout: io.Discard, Logf: l.logf, Grace: tc.grace, Force: force})
+			for i, name := range []string{"router", "embedding0", "dense0"} {
+				if _, err := s.Start(context.Background(), &Child{Name: name, Ready: readyline.Dense, Stage: i}, time.Second); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.force {
+				time.AfterFunc(50*time.Millisecond, func() { close(force) })
+			}
+			start := time.Now()
+			s.Shutdown()
+			el := time.Since(start)
+			if el < tc.atLeast || el > tc.atMost {
+				t.Errorf("shutdown took %v, want %v to %v", el, tc.atLeast, tc.atMost)
+			}
+			for _, name := range []string{"router", "embedding0"} {
+				if sigs := f.proc(name, 0).signals(); len(sigs) != 2 || sigs[0] != syscall.SIGTERM || sigs[1] != os.Kill {
+					t.Errorf("%s got %v, want SIGTERM then a kill", name, sigs)
+				}
+			}
+			for _, want := range tc.log {
+				if !strings.Contains(l.String(), want) {
+					t.Errorf("log lacks %q:\n%s", want, l.String())
+				}
+			}
+			if tc.force {
+				return // dense0, draining when its stage came, is killed too
+			}
+			if sigs := f.proc("dense0", 0).signals(); len(sigs) != 1 || sigs[0] != syscall.SIGTERM {
+				t.Errorf("dense0 (which stops on SIGTERM) got %v, want SIGTERM alone", sigs)
+			}
+			if strings.Contains(l.String(), "dense0") {
+				t.Errorf("log names dense0, which exited on SIGTERM:\n%s", l.String())
+			}
+		})
+	}
+}
+
 func TestEchoTagsLines(t *testing.T) {
 	f := newFakes()
 	var out strings.Builder

@@ -148,6 +148,10 @@ type Config struct {
 	// Both are written from several goroutines: they must be safe for
 	// concurrent use, as os.Stdout and os.Stderr are.
 	Stdout, Stderr io.Writer
+	// Force, once closed while up stops (ctx ended), kills the children
+	// still draining instead of waiting out their grace: the command
+	// closes it on a second SIGINT or SIGTERM. Nil: never.
+	Force <-chan struct{}
 }
 
 // Shutdown stages: the router first (it drains the requests in flight,
@@ -416,6 +420,7 @@ func Run(ctx context.Context, c Config) error {
 		Starter: &supervise.Exec{Path: c.Exe, Stderr: c.Stderr},
 		Stdout:  metrics,
 		Logf:    func(format string, args ...any) { fmt.Fprintf(c.Stderr, "up: "+format+"\n", args...) },
+		Force:   c.Force,
 	})
 	defer sup.Shutdown()
 
@@ -450,7 +455,7 @@ func Run(ctx context.Context, c Config) error {
 	// A signal during start-up (ctx ends) stops it as one after it would.
 	stopping := func(err error) error {
 		if ctx.Err() != nil {
-			fmt.Fprintln(c.Stderr, "up: stopping")
+			fmt.Fprintln(c.Stderr, c.stoppingLine())
 			return nil
 		}
 		return err
@@ -511,8 +516,18 @@ func Run(ctx context.Context, c Config) error {
 	// A child that dies is restarted (Supervise, above) and a worker
 	// registers again.
 	<-ctx.Done()
-	fmt.Fprintln(c.Stderr, "up: stopping")
+	fmt.Fprintln(c.Stderr, c.stoppingLine())
 	return nil
+}
+
+// stoppingLine is what up says as it stops its children: each tier
+// drains for up to its grace (the router's calls in flight first), so a
+// user waiting at the terminal is told how to cut that short.
+func (c *Config) stoppingLine() string {
+	if c.Force == nil {
+		return "up: stopping"
+	}
+	return "up: stopping (the tiers drain their calls in flight; Ctrl-C again kills them now)"
 }
 
 // startWorkers starts the workers and returns once each has printed its

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/internal/readyline"
+)
+
+// waitLog waits up to within for p's stderr to hold s.
+func waitLog(t *testing.T, p *proc, s string, within time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(within); !strings.Contains(p.log.String(), s); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no %q in its log after %v:\n%s", s, within, p.log.String())
+		}
+	}
+}
+
+// exitWithin waits up to within for p to exit and returns how long it
+// took, failing the test (and killing p) past it.
+func exitWithin(t *testing.T, p *proc, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+		return time.Since(start)
+	case <-time.After(within):
+		p.cmd.Process.Kill()
+		<-done
+		t.Fatalf("still running %v on:\n%s", within, p.log.String())
+		return 0
+	}
+}
+
+// alive says whether process pid exists (a zombie counts: its parent
+// has not reaped it).
+func alive(pid int) bool {
+	return !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+// TestUpSecondSignalKills: a user presses Ctrl-C at prism up whose
+// embedding worker hangs (stopped: it cannot drain), then Ctrl-C again.
+// The second one kills the tiers at once and up exits, saying which it
+// killed, and leaves none of them running; a prism up on the same store
+// then starts. The second Ctrl-C was swallowed: up waited out the
+// worker's 15 s grace whatever the user pressed.
+func TestUpSecondSignalKills(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, part, _ := partitioned(t, dir, "dlrm-tiny")
+	db := filepath.Join(dir, "db")
+	args := []string{"up", "--model", part, "--addr", "127.0.0.1:0", "--db", db, "--dense-workers", "1", "--insecure"}
+	u := startProc(t, readyline.Up, args...)
+	var kids []int
+	for _, name := range []string{"serve router", "serve embedding", "serve dense"} {
+		pid := childPID(t, u.cmd.Process.Pid, name)
+		if pid == 0 {
+			t.Fatalf("no %q child of prism up", name)
+		}
+		kids = append(kids, pid)
+	}
+	emb := kids[1]
+	syscall.Kill(emb, syscall.SIGSTOP)
+	t.Cleanup(func() {
+		if alive(emb) {
+			syscall.Kill(emb, syscall.SIGKILL)
+			syscall.Kill(emb, syscall.SIGCONT)
+		}
+	})
+	u.cmd.Process.Signal(syscall.SIGINT)
+	waitLog(t, u, "up: stopping", 10*time.Second)
+	time.Sleep(500 * time.Millisecond) // into the drain
+	u.cmd.Process.Signal(syscall.SIGINT)
+	took := exitWithin(t, u, 40*time.Second)
+	t.Logf("up exited %v after the second Ctrl-C", took.Round(time.Millisecond))
+	if took > 5*time.Second {
+		t.Errorf("up exited %v after the second Ctrl-C: it waited for its hung worker instead of killing it", took.Round(time.Millisecond))
+	}
+	if !strings.Contains(u.log.String(), "killing embedding0: stop forced") {
+		t.Errorf("up's log does not say it killed the hung worker:\n%s", u.log.String())
+	}
+	for _, pid := range kids {
+		if alive(pid) {
+			t.Errorf("child %d of prism up still runs after it exited", pid)
+		}
+	}
+	// The store of the killed worker opens, its lock gone: up starts.
+	startProc(t, readyline.Up, args...)
+}
