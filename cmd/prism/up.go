@@ -35,7 +35,8 @@ on loopback ports, waits until every model has both tiers registered (and,
 for a model that has had embedding updates, a worker holding every
 acknowledged one), and prints the Recommend address. The router's update
 log is kept beside the store, DB-router-log. Workers that die are restarted and register
-again. Ctrl-C stops everything gracefully.
+again. Ctrl-C stops everything gracefully (the tiers drain their calls in
+flight); a second Ctrl-C kills them at once.
 
 A model sharded with prism shard (plan.json sharding) is served by one
 embedding worker per shard (--replicas R: R per shard); --db is then the
