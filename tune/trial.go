@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prism-serve/prism/internal/readyline"
@@ -146,6 +147,11 @@ func (t *ProcessTrialer) Trial(ctx context.Context, n int, c Config, startRPS fl
 	}
 	cmd := exec.CommandContext(ctx, t.Exe, args...)
 	cmd.Stdout, cmd.Stderr = log, log
+	// Tied to tune's life as prism up is (supervise.Exec): tune killed
+	// outright (SIGKILL, the OOM killer) left the load generator running
+	// its remaining find-max steps (49 s measured) against a stack that
+	// was gone, writing its result into a folder no run owned.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	fmt.Fprintf(log, "[tune] %s %v\n", t.Exe, args)
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -93,4 +94,50 @@ func TestUpSecondSignalKills(t *testing.T) {
 	}
 	// The store of the killed worker opens, its lock gone: up starts.
 	startProc(t, readyline.Up, args...)
+}
+
+// TestTuneKilledLeavesNoLoadGenerator: prism tune killed outright
+// (SIGKILL: the kubelet after the grace, the OOM killer) while a trial's
+// load generator runs leaves no process of the trial running: prism up
+// and its tiers stop (they had Pdeathsig), and so does the load
+// generator. It lived on for the rest of its find-max steps (49 s
+// measured with the default 8 steps of 6 s), sending to a stack that was
+// gone and writing its result into a tune folder no run owned.
+func TestTuneKilledLeavesNoLoadGenerator(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("-short: a real prism up trial")
+	}
+	_, db, _, _, args := tuneGrid(t)
+	dir := filepath.Dir(db) // every process of the test's names it
+	args = append(args, "--steps", "8", "--step", "5s")
+	cmd := exec.Command(prismBin, args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	var lg int
+	for end := time.Now().Add(2 * time.Minute); lg == 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no load generator child of prism tune in 2 minutes")
+		}
+		lg = childPID(t, cmd.Process.Pid, "loadgen --target")
+	}
+	time.Sleep(time.Second) // into its first step
+	cmd.Process.Kill()
+	cmd.Wait()
+	var left []string
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		if left = processesNaming(dir); len(left) == 0 {
+			break
+		}
+	}
+	if len(left) > 0 {
+		t.Errorf("15 s after prism tune was killed, processes of its trial still run:\n%s", strings.Join(left, "\n"))
+	}
+	if alive(lg) {
+		syscall.Kill(lg, syscall.SIGKILL)
+	}
 }
