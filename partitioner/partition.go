@@ -56,6 +56,10 @@ type Result struct {
 	Plan      *plan.Plan
 	Placement *Placement
 	Elapsed   time.Duration
+	// Removed lists the temporary folders of earlier runs into the same
+	// output folder, stopped part way (Ctrl-C, SIGKILL), that this run
+	// removed.
+	Removed []string
 }
 
 // ErrForced marks an error caused by the nodes the caller forced onto a
@@ -165,7 +169,14 @@ func Partition(modelPath, outDir string, o Options) (*Result, error) {
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, fmt.Errorf("partition: %w", err)
 	}
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(outDir)+".partial-")
+	partial := "." + filepath.Base(filepath.Clean(outDir)) + ".partial-"
+	// A run stopped part way (Ctrl-C, SIGKILL: no deferred removal runs)
+	// left its temporary folder, as big as the partition, hidden beside
+	// outDir; each such run added one, and none was ever removed.
+	if res.Removed, err = removePartials(parent, partial); err != nil {
+		return nil, fmt.Errorf("partition: %w", err)
+	}
+	tmp, err := os.MkdirTemp(parent, partial)
 	if err != nil {
 		return nil, fmt.Errorf("partition: %w", err)
 	}
@@ -293,6 +304,29 @@ func checkOutDir(dir string, overwrite bool) error {
 		return fmt.Errorf("partition: %q: %w", dir, ErrOutputExists)
 	}
 	return nil
+}
+
+// removePartials removes the folders in parent whose names start with
+// prefix (the temporary folders of runs stopped part way, and the
+// ".old" folder of one stopped while replacing its output) and lists
+// them.
+func removePartials(parent, prefix string) ([]string, error) {
+	ents, err := os.ReadDir(parent)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		p := filepath.Join(parent, e.Name())
+		if err := os.RemoveAll(p); err != nil {
+			return removed, fmt.Errorf("remove the partial output of an earlier run: %w", err)
+		}
+		removed = append(removed, p)
+	}
+	return removed, nil
 }
 
 // replaceDir moves tmp to dir, replacing what was there.

@@ -84,6 +84,9 @@ and prints a report.`,
 			if err != nil {
 				return err
 			}
+			for _, r := range res.Removed {
+				fmt.Fprintf(cmd.ErrOrStderr(), "partition: removed %s, the partial output of an earlier run stopped part way\n", r)
+			}
 			fmt.Fprint(cmd.OutOrStdout(), res.Report())
 			if o.ReportOnly {
 				return nil
