@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -117,7 +118,9 @@ returns to: each retrained model's ingest adds a whole version.`,
 					return fmt.Errorf("%s: the plan is sharded into %d shards, not %d (--shards): run prism shard --shards %d, or serve %d shards", args[0], p.Sharding.Shards, shards, shards, p.Sharding.Shards)
 				}
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			// SIGTERM too (a Pod deleted during the chart's ingest step):
+			// the store is then closed as after Ctrl-C, not dropped.
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			_, statErr := os.Stat(db)
 			made := errors.Is(statErr, fs.ErrNotExist)
@@ -170,6 +173,11 @@ returns to: each retrained model's ingest adds a whole version.`,
 					// store behind in the folder this run made.
 					s.Close()
 					os.RemoveAll(db)
+				}
+				if ctx.Err() != nil {
+					// It said "ingest table "t": context canceled" and no
+					// more: what is kept and what to do.
+					return fmt.Errorf("%w\nstopped by a signal: what it wrote is kept; run the same command again to go on where it stopped", err)
 				}
 				return err
 			}

@@ -201,6 +201,55 @@ func TestPartitionInterrupted(t *testing.T) {
 	}
 }
 
+// TestIngestInterrupted: prism ingest given SIGINT or SIGTERM while it
+// writes the tables exits non-zero saying that what it wrote is kept
+// and to run it again, and the same command then completes, the store
+// holding the plan (--if-changed finds nothing to do). SIGTERM (a Pod
+// deleted during the chart's ingest step) killed it on the spot with
+// no word; SIGINT said only "context canceled".
+func TestIngestInterrupted(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	mdir, part := filepath.Join(dir, "model"), filepath.Join(dir, "part")
+	if text, err := run(t, nil, "models", "build", "dlrm-kaggle", "--rows-scale", "0.035", "-o", mdir); err != nil {
+		t.Fatalf("%v: %s", err, text)
+	}
+	if text, err := run(t, nil, "partition", filepath.Join(mdir, "model.onnx"), "-o", part); err != nil {
+		t.Fatalf("%v: %s", err, text)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			db := filepath.Join(dir, "db-"+strings.ReplaceAll(sig.String(), " ", "-"))
+			cmd := exec.Command(prismBin, "ingest", part, "--db", db)
+			var stderr syncBuffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			for end := time.Now().Add(time.Minute); !strings.Contains(stderr.String(), "ingest: "); time.Sleep(time.Millisecond) {
+				if time.Now().After(end) {
+					cmd.Process.Kill()
+					t.Fatalf("no progress of the ingest in a minute:\n%s", stderr.String())
+				}
+			}
+			cmd.Process.Signal(sig)
+			if err := cmd.Wait(); err == nil {
+				t.Skipf("ingest finished before the %v reached it", sig)
+			}
+			if !strings.Contains(stderr.String(), "run the same command again") {
+				t.Errorf("ingest stopped by %v does not say what to do:\n%s", sig, stderr.String())
+			}
+			if text, err := run(t, nil, "ingest", part, "--db", db); err != nil {
+				t.Fatalf("ingest again: %v\n%s", err, text)
+			}
+			text, err := run(t, nil, "ingest", part, "--db", db, "--if-changed")
+			if err != nil || !strings.Contains(text, "holds the plan's tables already") {
+				t.Errorf("after the ingest run again, the store does not hold the plan: %v\n%s", err, text)
+			}
+		})
+	}
+}
+
 // partials lists the hidden partial folders of prism partition in dir.
 func partials(dir string) []string {
 	var out []string
