@@ -280,3 +280,33 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.b.String()
 }
+
+// TestLoadgenTerminated: a load generator sent SIGTERM (a container
+// stopped, a CI job's timeout) stops as Ctrl-C stops it, printing and
+// writing its partial result (it ended without either).
+func TestLoadgenTerminated(t *testing.T) {
+	t.Parallel()
+	out := filepath.Join(t.TempDir(), "lg")
+	cmd := exec.Command(prismBin, "loadgen", "--fake", "--model", "dlrm-tiny", "--candidates", "10", "--rate", "50", "--duration", "1m", "--out", out)
+	var stdout, stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("loadgen still running 20s after SIGTERM:\n%s%s", stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stdout.String()+stderr.String(), "throughput") {
+		t.Errorf("no partial result printed:\n%s%s", stdout.String(), stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, "summary.json")); err != nil {
+		t.Errorf("no summary written: %v\n%s%s", err, stdout.String(), stderr.String())
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -251,7 +252,9 @@ HTTP status when the body is not the router's JSON), so the report,
 			if f.pool < 0 {
 				return fmt.Errorf("--pool %d: want 0 (draw every request during the run) or more", f.pool)
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			// SIGTERM (a container stopped, kill, a timeout) as Ctrl-C:
+			// the run stops and its partial result is written.
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return run(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
