@@ -554,11 +554,17 @@ func constScalar(n *pb.NodeProto, known map[string]int64) (int64, bool) {
 			if t.GetDataLocation() == pb.TensorProto_EXTERNAL || len(t.GetRawData()) > 0 {
 				return 0, false
 			}
-			switch {
-			case len(t.GetInt64Data()) == 1:
-				return t.GetInt64Data()[0], true
-			case len(t.GetInt32Data()) == 1:
-				return int64(t.GetInt32Data()[0]), true
+			// int32_data also holds float16, bfloat16 and float8 values
+			// as their bits: only the integer and bool types are read.
+			switch pb.TensorProto_DataType(t.GetDataType()) {
+			case pb.TensorProto_INT64:
+				if len(t.GetInt64Data()) == 1 {
+					return t.GetInt64Data()[0], true
+				}
+			case pb.TensorProto_INT32, pb.TensorProto_INT16, pb.TensorProto_INT8, pb.TensorProto_UINT16, pb.TensorProto_UINT8, pb.TensorProto_BOOL:
+				if len(t.GetInt32Data()) == 1 {
+					return int64(t.GetInt32Data()[0]), true
+				}
 			}
 		}
 	case "Equal":

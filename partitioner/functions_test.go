@@ -197,7 +197,10 @@ func fmtG(f float32) string { return strconv.FormatFloat(float64(f), 'g', -1, 32
 // body's condition out, or the model's own) is read too. Dropped, the
 // output was left with no node making it.
 func TestFoldConstantIfKeepsGraphOutputs(t *testing.T) {
-	for _, tc := range []struct{ name, graph, want string }{{
+	for _, tc := range []struct {
+		name, graph, want string
+		edit              func(*pb.GraphProto)
+	}{{
 		name: "the model's output",
 		graph: `input x float [N,4]
 node Constant - -> k value_int=1
@@ -290,11 +293,59 @@ body else_branch
 end
 output y float [N,4]`,
 		want: "Relu x -> y",
+	}, {
+		name: "what only the branch not taken read goes",
+		graph: `input x float [N,4]
+node Constant - -> k value_int=1
+node Constant - -> one value_int=1
+node Equal k,one -> c
+node Shape x -> s
+node Shape x -> s2
+node Size s2 -> z
+node Identity s2 -> kept
+node If c -> y
+body then_branch
+  node Relu x -> r
+  output r float [N,4]
+end
+body else_branch
+  node Reshape x,s -> n
+  node Reshape x,z -> n2
+  output n float [N,4]
+end
+output y float [N,4]
+output kept int64 [2]`,
+		want: "Shape x -> s2\nIdentity s2 -> kept\nRelu x -> y",
+	}, {
+		// -0.0 as float16 bits (0x8000) in int32_data: not a known
+		// value (read as its bits it was 32768, true, and the wrong
+		// branch was taken).
+		name: "a float16 condition is not read as its bits",
+		graph: `input x float [N,4]
+node Constant - -> h value_int=0
+node Cast h -> c to=9
+node If c -> y
+body then_branch
+  node Relu x -> r
+  output r float [N,4]
+end
+body else_branch
+  node Neg x -> n
+  output n float [N,4]
+end
+output y float [N,4]`,
+		edit: func(g *pb.GraphProto) {
+			g.Node[0].Attribute = []*pb.AttributeProto{{Name: "value", Type: pb.AttributeProto_TENSOR, T: &pb.TensorProto{DataType: int32(pb.TensorProto_FLOAT16), Int32Data: []int32{0x8000}}}}
+		},
+		want: "Constant  -> h\nCast h -> c\nIf c -> y then_branch{Relu x -> r} else_branch{Neg x -> n}",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := parseGraph(tc.graph)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if tc.edit != nil {
+				tc.edit(m.GetGraph())
 			}
 			foldConstantIfs(m.GetGraph())
 			if got := nodesText(m.GetGraph().GetNode()); got != tc.want {
