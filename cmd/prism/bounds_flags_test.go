@@ -118,3 +118,25 @@ func TestAbsurdFlagValuesRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestShardImbalanceWarned: a sharding past its --tolerance (1000
+// shards of dlrm-tiny's 14,300 rows) is written but warned of, naming
+// the busiest shard's share; a balanced one is not.
+func TestShardImbalanceWarned(t *testing.T) {
+	dir := t.TempDir()
+	model, part := filepath.Join(dir, "m"), filepath.Join(dir, "p")
+	if out, err := run(t, nil, "models", "build", "dlrm-tiny", "-o", model); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if out, err := run(t, nil, "partition", filepath.Join(model, "model.onnx"), "-o", part); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	out, err := run(t, nil, "shard", part, "--shards", "1000", "--zipf", "1.05")
+	if err != nil || !strings.Contains(out, "warning: imbalance") || !strings.Contains(out, "fewer --shards") {
+		t.Fatalf("1000 shards: %v, want a warning:\n%s", err, out)
+	}
+	out, err = run(t, nil, "shard", part, "--shards", "2", "--zipf", "1.05")
+	if err != nil || strings.Contains(out, "warning: imbalance") {
+		t.Fatalf("2 shards: %v, want no warning:\n%s", err, out)
+	}
+}
