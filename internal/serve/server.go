@@ -185,6 +185,12 @@ func New(name string, o Options, extra ...grpc.ServerOption) (*Server, error) {
 		// the only format that carries the latency histograms'
 		// exemplars, the trace ids of sampled requests.
 		mux.Handle("/metrics", promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{EnableOpenMetrics: true}))
+		switch v := os.Getenv("PRISM_PPROF"); v {
+		case "", "0", "1":
+		default:
+			// "true" or "yes" left profiling off without a word.
+			s.Log.Warn("PRISM_PPROF is neither 1 (serve /debug/pprof/ beside /metrics) nor 0: profiling stays off", "PRISM_PPROF", v)
+		}
 		if os.Getenv("PRISM_PPROF") == "1" {
 			// Profiling for the engineer chasing where the time goes;
 			// off unless asked for, since it exposes internals.
