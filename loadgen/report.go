@@ -21,8 +21,11 @@ type Summary struct {
 	// Kind is "" for Recommend requests, "updates" for embedding
 	// updates: then a request is an update, its samples are its rows and
 	// OK is acknowledged.
-	Kind         string           `json:"kind,omitempty"`
-	Mode         string           `json:"mode"` // "open" or "closed"
+	Kind string `json:"kind,omitempty"`
+	Mode string `json:"mode"` // "open" or "closed"
+	// Interrupted says the run was stopped by a signal (Ctrl-C,
+	// SIGTERM) before its duration: a partial result.
+	Interrupted  bool             `json:"interrupted,omitempty"`
 	Clients      int              `json:"clients,omitempty"`
 	DurationS    float64          `json:"duration_s"` // until the last answer
 	Sent         int64            `json:"sent"`
@@ -206,7 +209,11 @@ func (s *Summary) WriteText(w io.Writer) {
 	if s.Mode == "closed" {
 		fmt.Fprintf(w, " (%d clients)", s.Clients)
 	}
-	fmt.Fprintf(w, ", %.1fs\n", s.DurationS)
+	fmt.Fprintf(w, ", %.1fs", s.DurationS)
+	if s.Interrupted {
+		fmt.Fprint(w, " (interrupted: a partial result)")
+	}
+	fmt.Fprintln(w)
 	what, perSecond, samples, per := units(s.Kind)
 	fmt.Fprintf(w, "%-11s sent %d  ok %d  errors %d\n", what, s.Sent, s.OK, s.Errors)
 	if len(s.ErrorsByCode) > 0 {

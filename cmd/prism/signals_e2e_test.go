@@ -306,7 +306,9 @@ func TestLoadgenTerminated(t *testing.T) {
 	if !strings.Contains(stdout.String()+stderr.String(), "throughput") {
 		t.Errorf("no partial result printed:\n%s%s", stdout.String(), stderr.String())
 	}
-	if _, err := os.Stat(filepath.Join(out, "summary.json")); err != nil {
+	if b, err := os.ReadFile(filepath.Join(out, "summary.json")); err != nil {
 		t.Errorf("no summary written: %v\n%s%s", err, stdout.String(), stderr.String())
+	} else if !strings.Contains(string(b), `"interrupted": true`) || !strings.Contains(stdout.String(), "interrupted: a partial result") {
+		t.Errorf("the partial result is not marked interrupted:\n%s\n%s", b, stdout.String())
 	}
 }

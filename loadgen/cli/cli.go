@@ -852,6 +852,7 @@ func run(ctx context.Context, stdout, stderr io.Writer, f flags) error {
 	if err != nil {
 		return err
 	}
+	sum.Interrupted = ctx.Err() != nil
 	sum.WriteText(stdout)
 	if f.out != "" {
 		if err := sum.WriteDir(f.out); err != nil {
