@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -39,7 +40,8 @@ func newServeEmbeddingCmd() *cobra.Command {
 	// Trust and admission (router-side trust work).
 	var maxInflightSamples int64
 	var dictFrames, directReads, warmRestart bool
-	var warmEvery, shutdownGrace time.Duration
+	var warmEvery, shutdownGrace, scrubEvery time.Duration
+	var scrubRate string
 	// Mending itself from a serving worker's store (mend.go).
 	var mend bool
 	var mendRate string
@@ -91,6 +93,13 @@ at --advertise-addr.`,
 			}
 			if mendEvery <= 0 {
 				return fmt.Errorf("--mend-every %v: want a positive interval", mendEvery)
+			}
+			if scrubEvery < 0 {
+				return fmt.Errorf("--scrub-every %v: want an interval, or 0 (no scrub)", scrubEvery)
+			}
+			scrubBytes, err := flagval.Bytes(strings.TrimSuffix(scrubRate, "/s"))
+			if err != nil || scrubBytes < 1<<20 {
+				return fmt.Errorf("--scrub-rate %q: want bytes a second, at least 1MiB/s, e.g. 32MiB/s", scrubRate)
 			}
 			if db == "" {
 				return fmt.Errorf("--db is required")
@@ -276,6 +285,11 @@ at --advertise-addr.`,
 					return w
 				}
 			}
+			scrubbed := make(chan struct{}) // the scrub ended
+			go func() {
+				defer close(scrubbed)
+				scrubLoop(ctx, st, scrubEvery, scrubBytes, log)
+			}()
 			err = s.ServeWorker(ctx, serve.WorkerOptions{
 				Router:        router,
 				AdvertiseAddr: advertise,
@@ -293,6 +307,7 @@ at --advertise-addr.`,
 			// kept for the next) before the store closes.
 			restart(nil)
 			<-mended
+			<-scrubbed
 			var staged *errMended
 			if errors.As(context.Cause(ctx), &staged) && err == nil {
 				log.Warn("mend: "+staged.Error(), "from", staged.from)
@@ -327,6 +342,8 @@ at --advertise-addr.`,
 	f.BoolVar(&dictFrames, "dictionary-frames", true, "send a cut tensor that is one id's row per sample dictionary-encoded in micro-batches of 32 samples or more (each distinct row looked up and sent once; --dictionary-frames=false sends every row)")
 	f.Int64Var(&maxInflightSamples, "max-inflight-samples", server.DefaultMaxInflightSamples, "samples of the lookups in flight at once; beyond it a lookup gets ResourceExhausted")
 	f.BoolVar(&mend, "mend", true, "with --router: when the sequencing router finds this worker's copy of a model diverged from its peers', or behind by updates its log no longer holds (stranded), or a read finds a file of its store damaged, copy a serving worker's whole store into --db (staged beside the store, at --mend-rate) and exit, so that the restart (Kubernetes, prism up, systemd) swaps it in; the store's files from before are kept in --db/replaced-<time>. false: leave it to the operator (prism store copy)")
+	f.DurationVar(&scrubEvery, "scrub-every", 24*time.Hour, "read every block of the store's table files against its checksum this often, in the background at --scrub-rate, so damage no lookup has read yet (cold rows, rows the hot tier holds) is found and mended (--mend) before it travels in a copy or outlives the other replicas (0: never)")
+	f.StringVar(&scrubRate, "scrub-rate", "32MiB/s", "bound the scrub's reads to this many bytes a second, so it keeps the disk for lookups")
 	f.StringVar(&mendRate, "mend-rate", "200MiB/s", "with --mend: bound the copy to this many bytes a second of the worker copied, so it keeps its disk for its lookups")
 	f.DurationVar(&mendEvery, "mend-every", time.Hour, "with --mend: copy again only this long after this worker's last copy (recorded in --db/copy-mended, which the swap leaves in place), so a worker whose build answers updates otherwise than its peers' does not copy a store after each one")
 	return cmd
@@ -339,4 +356,35 @@ func checkMissParallel(n int) error {
 		return fmt.Errorf("--miss-parallel %d: want 1 to 64 (0: %d)", n, store.DefaultMissParallel)
 	}
 	return nil
+}
+
+// scrubLoop scrubs st (Store.Scrub) every `every` at rate bytes a
+// second until ctx ends; 0 never. The first pass waits a whole
+// interval: a start-up reads the store already (ingest, preload).
+func scrubLoop(ctx context.Context, st *store.Store, every time.Duration, rate int64, log *slog.Logger) {
+	if every <= 0 {
+		return
+	}
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		rep, err := st.Scrub(ctx, rate)
+		switch {
+		case ctx.Err() != nil || errors.Is(err, store.ErrClosed):
+			return
+		case err != nil:
+			log.Error("scrub: the store's files could not be read whole; trying again at the next interval", "err", err, "every", every)
+		case len(rep.Damaged) > 0:
+			log.Warn("scrub: table files of the store are damaged (each logged with its tables above); with --mend the worker replaces its store", "damaged", rep.Damaged, "files", rep.Files, "bytes", rep.Bytes, "elapsed", time.Since(start).Round(time.Millisecond))
+		default:
+			log.Info("scrub: every block of the store's table files checks", "files", rep.Files, "bytes", rep.Bytes, "elapsed", time.Since(start).Round(time.Millisecond))
+		}
+		t.Reset(every)
+	}
 }

@@ -6,6 +6,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prism-serve/prism/internal/readyline"
 )
 
 // TestStoreCheck: prism store check passes an intact store, and names
@@ -68,5 +71,38 @@ func TestStoreCheck(t *testing.T) {
 	out, err = run(t, nil, "store", "check", "--db", db)
 	if err == nil || !strings.Contains(out, "DAMAGED "+copied) || !strings.Contains(out, "2 damaged table file(s)") {
 		t.Fatalf("check of a store with a damaged staged copy: %v:\n%s", err, out)
+	}
+}
+
+// TestServeScrubFindsDamage: a serving embedding worker's background
+// scrub (--scrub-every) finds a damaged block that no lookup has read
+// (the hot tier off: nothing preloaded) and reports it as a read would:
+// the file and its table logged, the scrub's own line after.
+func TestServeScrubFindsDamage(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	_, part, _ := partitioned(t, dir, "dlrm-tiny")
+	db := filepath.Join(dir, "db")
+	if out, err := run(t, nil, "ingest", part, "--db", db); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	ssts, _ := filepath.Glob(filepath.Join(db, "*.sst"))
+	if len(ssts) < 2 {
+		t.Fatalf("the store has %d table files", len(ssts))
+	}
+	damaged := ssts[len(ssts)/2]
+	b, err := os.ReadFile(damaged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[10] ^= 0x5a
+	if err := os.WriteFile(damaged, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := startProc(t, readyline.Embedding, "serve", "embedding", "--insecure", "--db", db, "--plan", part,
+		"--hot-bytes", "-1", "--scrub-every", "300ms", "--metrics-addr", "off")
+	waitLog(t, w, "scrub: table files of the store are damaged", 30*time.Second)
+	if log := w.log.String(); !strings.Contains(log, filepath.Base(damaged)+" is damaged") || !strings.Contains(log, "dlrm-tiny/") {
+		t.Fatalf("the damaged file and its table are not named:\n%s", log)
 	}
 }

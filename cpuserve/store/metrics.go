@@ -2,6 +2,7 @@ package store
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -58,6 +59,10 @@ type Metrics struct {
 	// HotRestoredRows is the rows a warm restart read back into the hot
 	// tier (Options.WarmRestart).
 	HotRestoredRows int64
+	// ScrubbedBytes is the table file bytes Scrub has checked;
+	// LastScrub when its last whole pass ended (zero: none).
+	ScrubbedBytes int64
+	LastScrub     time.Time
 	// Upserts is acknowledged Upsert calls; UpsertRows their rows.
 	Upserts, UpsertRows int64
 	// UpsertLagNanos is the summed time from an Upsert call to its ack
@@ -103,11 +108,15 @@ func (s *Store) Metrics() Metrics {
 		MissReadNanos: s.m.missNanos.Load(), BlockReadNanos: s.m.blockReadNanos.Load(), BlockReadBytes: s.m.blockReadBytes.Load(),
 		LookupNanos: s.m.lookupNanos.Load(), GatherNanos: s.m.gatherNanos.Load(), FinishNanos: s.m.finishNanos.Load(),
 		DirectReads: s.m.directReads.Load(), Corruptions: s.m.corruptions.Load(), HotRestoredRows: s.warm.rows.Load(),
+		ScrubbedBytes: s.scrubbed.Load(),
 		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
 		TableCopies: s.m.copies.Load(), CopiedRows: s.m.copiedRows.Load(), CarriedRows: s.m.carriedRows.Load(),
 		HotBytes: v.tier.Budget(), HotSlots: hs.Slots, HotUsed: hs.Used,
 		HotAdmissions: hs.Admissions, HotRejections: hs.Rejections, HotEvictions: hs.Evictions,
+	}
+	if t := s.lastScrub.Load(); t != 0 {
+		m.LastScrub = time.Unix(0, t)
 	}
 	if !s.closed.Load() {
 		bc := s.db.Metrics().BlockCache
@@ -164,6 +173,13 @@ func NewCollector(s *Store) *Collector {
 	add("block_read_seconds_total", "Time Pebble iterators of lookups spent reading blocks not in the block cache (summed over concurrent readers).", ctr, func(m Metrics) float64 { return float64(m.BlockReadNanos) / 1e9 })
 	add("block_read_bytes_total", "Bytes of the blocks lookups read from files.", ctr, func(m Metrics) float64 { return float64(m.BlockReadBytes) })
 	add("corrupt_reads_total", "Reads that found a damaged block in the store's files (the log names each file once); the store must be replaced.", ctr, func(m Metrics) float64 { return float64(m.Corruptions) })
+	add("scrubbed_bytes_total", "Table file bytes the background scrub (serve embedding --scrub-every) read and checked against their checksums.", ctr, func(m Metrics) float64 { return float64(m.ScrubbedBytes) })
+	add("last_scrub_timestamp_seconds", "When the scrub last read every block of the store (0: not since start).", gauge, func(m Metrics) float64 {
+		if m.LastScrub.IsZero() {
+			return 0
+		}
+		return float64(m.LastScrub.UnixNano()) / 1e9
+	})
 	add("direct_reads_total", "Table file reads served with O_DIRECT, past the page cache.", ctr, func(m Metrics) float64 { return float64(m.DirectReads) })
 	add("hot_restored_rows_total", "Rows a warm restart read back into the hot tier.", ctr, func(m Metrics) float64 { return float64(m.HotRestoredRows) })
 	add("block_cache_hits_total", "Pebble block cache hits.", ctr, func(m Metrics) float64 { return float64(m.BlockCacheHits) })

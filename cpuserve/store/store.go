@@ -36,6 +36,12 @@ type Store struct {
 	// damaged is the first file of the store a read found damaged in
 	// this process (nil: none; Damaged).
 	damaged *atomic.Pointer[string]
+	// reportDamage reports a damaged file as Pebble's reads do (Scrub's
+	// finds).
+	reportDamage func(pebble.DataCorruptionInfo)
+	// scrubbed counts the bytes Scrub has checked; lastScrub is when the
+	// last whole one ended (unix nanoseconds, 0: none).
+	scrubbed, lastScrub atomic.Int64
 	// lock is the folder's lock when Open took it (to swap a staged
 	// copy in first); Pebble does not release it, Close does.
 	lock  *pebble.Lock
@@ -200,7 +206,8 @@ func Open(dir string, o *Options) (*Store, error) {
 		}
 		return ""
 	}
-	po.EventListener = &pebble.EventListener{DataCorruption: reportCorruption(dir, opts.Logger, corruptions, damaged, opts.OnDamage, names)}
+	reportDamage := reportCorruption(dir, opts.Logger, corruptions, damaged, opts.OnDamage, names)
+	po.EventListener = &pebble.EventListener{DataCorruption: reportDamage}
 	directReads := new(atomic.Int64)
 	if opts.DropBehind {
 		po.FS = dropBehindFS{FS: po.FS, direct: opts.DirectReads, reads: directReads}
@@ -291,6 +298,7 @@ func Open(dir string, o *Options) (*Store, error) {
 	s.m.directReads = directReads
 	s.m.corruptions = corruptions
 	s.damaged = damaged
+	s.reportDamage = reportDamage
 	opened.Store(s)
 	s.closeCtx, s.closeCancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
