@@ -109,7 +109,7 @@ func (s *Store) Metrics() Metrics {
 		LookupNanos: s.m.lookupNanos.Load(), GatherNanos: s.m.gatherNanos.Load(), FinishNanos: s.m.finishNanos.Load(),
 		DirectReads: s.m.directReads.Load(), Corruptions: s.m.corruptions.Load(), HotRestoredRows: s.warm.rows.Load(),
 		ScrubbedBytes: s.scrubbed.Load(),
-		Upserts: s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
+		Upserts:       s.m.upserts.Load(), UpsertRows: s.m.upsertRows.Load(),
 		UpsertLagNanos: s.m.upsertNanos.Load(), LastUpsertLagNanos: s.m.lastUpsertNanos.Load(),
 		TableCopies: s.m.copies.Load(), CopiedRows: s.m.copiedRows.Load(), CarriedRows: s.m.carriedRows.Load(),
 		HotBytes: v.tier.Budget(), HotSlots: hs.Slots, HotUsed: hs.Used,
