@@ -121,8 +121,11 @@ type Driver struct {
 	owned         map[string]string // id: its address
 	settleUntil   time.Time
 	scrapeFailing bool // the last scrape failed
-	events        []Event
-	lastObs       capacity.ModelObs
+	// events is the timeline (record), dropped how many of its oldest
+	// events were let go (maxEvents).
+	events  []Event
+	dropped int
+	lastObs capacity.ModelObs
 }
 
 // New returns a driver; it starts nothing.
@@ -418,6 +421,11 @@ func (d *Driver) observe(now time.Time, dem demand, ws []*prismv1.WorkerInfo, le
 		}
 		m.Workers = append(m.Workers, w)
 	}
+	// A worker the lender no longer lends (returned) is forgotten: kept,
+	// one per borrow, they grew without bound (an id lent again is a new
+	// worker, reported anew).
+	maps.DeleteFunc(d.failed, func(id string, _ bool) bool { return !lentIDs[id] })
+	maps.DeleteFunc(d.serving, func(id string, _ bool) bool { return !lentIDs[id] })
 	listed := map[string]string{}
 	for _, w := range ws {
 		if w.GetRole() != prismv1.Role_ROLE_DENSE || lentAddr[w.GetAddr()] {
@@ -535,6 +543,14 @@ func (d *Driver) act(ctx context.Context, now time.Time, dec capacity.Decision) 
 	d.mu.Unlock()
 }
 
+// maxEvents bounds the timeline GET /loan shows: its newest events. A
+// loan runs for weeks, borrowing for every peak (and, with a lender that
+// cannot start workers, retrying every few ticks); the whole history
+// grew the process and every GET /loan copied and sent it. The counts
+// (Status.Counts by kind and reason, Status.Startup's count of workers
+// serving) cover the whole run.
+const maxEvents = 1000
+
 // record appends ev to the timeline. d.mu is held.
 func (d *Driver) record(now time.Time, ev Event) {
 	ev.T = now.Sub(d.start).Seconds()
@@ -546,6 +562,19 @@ func (d *Driver) record(now time.Time, ev Event) {
 		ev.Borrowed += n
 	}
 	d.events = append(d.events, ev)
+	if n := len(d.events) - maxEvents; n >= maxEvents {
+		// Dropped in bulk, into a new array, so that a record costs O(1)
+		// over time and the old events are freed.
+		d.dropped += n
+		d.events = append(make([]Event, 0, 2*maxEvents), d.events[n:]...)
+	}
+}
+
+// timeline is the newest maxEvents events, a copy, and how many older
+// ones were dropped. d.mu is held.
+func (d *Driver) timeline() ([]Event, int) {
+	skip := max(0, len(d.events)-maxEvents)
+	return append([]Event{}, d.events[skip:]...), d.dropped + skip
 }
 
 // Stats are the controller's counters.
@@ -575,10 +604,13 @@ type Status struct {
 	Borrowed int                   `json:"borrowed"`
 	Workers  []capacity.LentWorker `json:"workers"`
 	Events   []Event               `json:"events"`
-	Counts   map[string]int        `json:"events_by_kind_reason"`
-	Startup  map[string]float64    `json:"decision_to_serving_s"`
-	GPUHours float64               `json:"borrowed_gpu_hours"`
-	Capacity float64               `json:"capacity_per_worker_rps"`
+	// EventsDropped counts the events older than Events, no longer kept
+	// (maxEvents); Counts and Startup still count them.
+	EventsDropped int                `json:"events_dropped"`
+	Counts        map[string]int     `json:"events_by_kind_reason"`
+	Startup       map[string]float64 `json:"decision_to_serving_s"`
+	GPUHours      float64            `json:"borrowed_gpu_hours"`
+	Capacity      float64            `json:"capacity_per_worker_rps"`
 	// CutOff is the work still in flight on workers released at a
 	// deadline (a reclaim's grace ended): requests dropped.
 	CutOff int            `json:"released_in_flight"`
@@ -591,7 +623,8 @@ func (d *Driver) Status() Status {
 	defer d.mu.Unlock()
 	s := d.ctl.Stats()
 	// Empty lists are [], not null, for the readers of GET /loan.
-	st := Status{Provider: d.o.Provider.Name(), Workers: append([]capacity.LentWorker{}, d.o.Provider.Workers()...), Events: append([]Event{}, d.events...), Counts: map[string]int{},
+	events, dropped := d.timeline()
+	st := Status{Provider: d.o.Provider.Name(), Workers: append([]capacity.LentWorker{}, d.o.Provider.Workers()...), Events: events, EventsDropped: dropped, Counts: map[string]int{},
 		GPUHours: s.BorrowedGPUSeconds / 3600, Capacity: d.lastObs.CapacityPerWorker, CutOff: s.ReleasedWithInFlight,
 		Last: map[string]any{"offered_rps": d.lastObs.Offered, "shed_rps": d.lastObs.Shed, "p99_s": d.lastObs.P99.Seconds(), "queue": d.lastObs.QueueDepth}}
 	for _, n := range s.Borrowed {

@@ -22,9 +22,12 @@ type fakeLender struct {
 	max, seq int
 	// slowDrain: a drained worker runs on (it holds work) until returned.
 	slowDrain bool
-	workers   map[string]*capacity.LentWorker
-	reclaims  chan capacity.ProviderReclaim
-	log       []string
+	// deadOnArrival: a borrowed worker never starts (no address, not
+	// running): a failed borrow.
+	deadOnArrival bool
+	workers       map[string]*capacity.LentWorker
+	reclaims      chan capacity.ProviderReclaim
+	log           []string
 }
 
 func (f *fakeLender) Name() string { return "fake" }
@@ -41,6 +44,9 @@ func (f *fakeLender) Borrow(_ context.Context, model string, n int) ([]string, e
 		f.seq++
 		id := fmt.Sprintf("w%d", f.seq)
 		f.workers[id] = &capacity.LentWorker{ID: id, Model: model, Addr: "addr-" + id, Running: true, Lent: time.Now()}
+		if f.deadOnArrival {
+			f.workers[id].Addr, f.workers[id].Running = "", false
+		}
 		ids = append(ids, id)
 		f.log = append(f.log, "borrow "+id)
 	}
