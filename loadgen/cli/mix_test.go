@@ -124,8 +124,11 @@ func TestLoadgenCLIMixFindMax(t *testing.T) {
 	if m == nil {
 		t.Fatalf("want the highest total rate, bound by dcnv2-tiny:\n%s", out)
 	}
-	if rate, _ := strconv.ParseFloat(m[1], 64); rate < 20 || rate >= 100 {
-		t.Fatalf("found %v req/s in total: want at least the first trial's 20 and under dcnv2-tiny's limit, 100 at half the requests\n%s", rate, out)
+	// Under dcnv2-tiny's limit, always; not bounded below: on a machine
+	// busy enough to stall the first trial (20 req/s) past the SLO the
+	// search rightly goes lower (it found 12.7 req/s once in CI's suite).
+	if rate, _ := strconv.ParseFloat(m[1], 64); rate <= 0 || rate >= 100 {
+		t.Fatalf("found %v req/s in total: want a rate under dcnv2-tiny's limit, 100 at half the requests\n%s", rate, out)
 	}
 	if !strings.Contains(out, "model       dcnv2-tiny  share 50.0%") {
 		t.Fatalf("the best trial's report lacks the models:\n%s", out)
